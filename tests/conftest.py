@@ -1,0 +1,43 @@
+"""Shared test settings: hypothesis profiles, the gpu marker, the interpreter switch."""
+
+import os
+
+import pytest
+import torch
+
+# Without a GPU, run kernels in Triton's interpreter. This must happen before any kernel module
+# is imported (triton.jit reads it at decoration time).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+_common = dict(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                           HealthCheck.filter_too_much, HealthCheck.differing_executors],
+    print_blob=True,
+)
+# ci: interpreter-sized and derandomized, so a CI run is reproducible and bounded in time.
+settings.register_profile("ci", max_examples=60, derandomize=True, **_common)
+# gpu: more examples; strategies draw larger shapes when a GPU is present.
+settings.register_profile("gpu", max_examples=150, **_common)
+# dev: quick local iterations.
+settings.register_profile("dev", max_examples=10, **_common)
+settings.load_profile(os.environ.get("TKIT_HYPOTHESIS_PROFILE",
+                                     "gpu" if torch.cuda.is_available() else "ci"))
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (runs on the device machine)")
+    skip_slow = pytest.mark.skip(reason="slow; set TKIT_SLOW=1")
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(skip_gpu)
+        if "slow" in item.keywords and os.environ.get("TKIT_SLOW") != "1":
+            item.add_marker(skip_slow)
+
+
+@pytest.fixture
+def device():
+    return "cuda" if torch.cuda.is_available() else "cpu"

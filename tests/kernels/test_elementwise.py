@@ -1,0 +1,157 @@
+"""Elementwise family: fuzzing against the reference rule, autograd, registration, errors."""
+
+import pytest
+import torch
+
+import tkit
+from tkit import registry
+from tkit.kernels import _common
+from tkit.kernels import elementwise as ew
+from tkit.testing import check_against_reference, fuzz, make_tensor
+
+SPECS = [s for s in registry.all_specs() if s.family == "elementwise"]
+IDS = [s.name for s in SPECS]
+ON_GPU = torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_fuzz_against_reference(spec):
+    recipe = dict(spec.fuzz())
+    fn = recipe.pop("fn", spec.fn)
+    ref = recipe.pop("reference", spec.reference)
+    fuzz(fn, ref, **recipe)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_check_cases(spec, device):
+    for case in spec.check_cases():
+        args, kwargs = case.make(device)
+        check_against_reference(spec.fn, spec.reference, args, kwargs)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_opcheck(spec):
+    op, args, kwargs = spec.opcheck()
+    torch.library.opcheck(op, args, kwargs)
+
+
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "residual_add", "silu", "gelu",
+                                  "gelu_tanh", "relu", "silu_mul", "gelu_mul"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gradients(name, dtype, device):
+    spec = registry.get(name)
+    n = 1 if name in ("silu", "gelu", "gelu_tanh", "relu") else 2
+    shapes = [(7, 33), (33,)][:n]  # the second input broadcasts: its gradient is reduced
+    args = [make_tensor(s, dtype, seed=i, device=device) for i, s in enumerate(shapes)]
+    check_against_reference(spec.fn, spec.reference, args, grad=True)
+
+
+def test_cast_gradient(device):
+    x = make_tensor((9, 17), torch.float32, seed=3, device=device).requires_grad_()
+    scale = torch.tensor([0.25], device=device)
+    y = tkit.cast(x, torch.float16, scale)
+    g = torch.randn(y.shape, device=device).half()
+    y.backward(g)
+    torch.testing.assert_close(x.grad, g.float() / 0.25)
+
+
+@pytest.mark.parametrize("fn", [tkit.add, tkit.silu_mul])
+def test_torch_compile_fullgraph(fn, device):
+    a = make_tensor((6, 40), torch.float16, seed=1, device=device)
+    b = make_tensor((40,), torch.float16, seed=2, device=device)
+    backend = "inductor" if ON_GPU else "aot_eager"  # no C++ toolchain needed on CPU
+    compiled = torch.compile(lambda a, b: fn(a, b) * 2, fullgraph=True, backend=backend)
+    torch.testing.assert_close(compiled(a, b), fn(a, b) * 2)
+
+
+def test_direct_and_dispatched_paths_agree(device, monkeypatch):
+    a = make_tensor((5, 64), torch.float32, seed=1, device=device)
+    b = make_tensor((5, 64), torch.float32, "transposed", seed=2, device=device)
+    direct = tkit.mul(a, b)
+    monkeypatch.setattr(_common._env, "NO_DIRECT", True)
+    assert not _common.use_direct_path(a, b)
+    torch.testing.assert_close(tkit.mul(a, b), direct, rtol=0, atol=0)
+
+
+def test_int64_index_path(device, monkeypatch):
+    """The 64-bit offset code path computes the same thing (forced on at a small size; the
+    GPU test below crosses 2**31 for real)."""
+    monkeypatch.setattr(_common, "needs_int64", lambda *t: True)
+    for layout in ("contiguous", "transposed"):
+        a = make_tensor((33, 70), torch.float16, layout, seed=1, device=device)
+        b = make_tensor((70,), torch.float16, seed=2, device=device)
+        check_against_reference(tkit.add, torch.add, [a, b])
+
+
+def test_needs_int64_counts_span():
+    small = torch.empty(0)
+    assert not _common.needs_int64(small)
+    big_view = torch.empty_strided((2, 2), (2**31, 1), device="meta")  # span only
+    assert _common.needs_int64(big_view)
+
+
+def test_collapse_dims_merges_contiguous_runs():
+    # a contiguous (2, 3, 4) tensor and a broadcast row: the first two dims merge
+    merged = ew.collapse_dims((2, 3, 4), [[12, 4, 1], [0, 0, 1], [12, 4, 1]])
+    assert merged == [(6, [4, 0, 4]), (4, [1, 1, 1])]
+    # everything contiguous: one run of stride 1
+    assert ew.collapse_dims((2, 1, 5), [[5, 5, 1], [5, 5, 1]]) == [(10, [1, 1])]
+
+
+@pytest.mark.parametrize(
+    "call, exc, words",
+    [
+        (lambda d: tkit.add(torch.ones(3, dtype=torch.int32, device=d), torch.ones(3, device=d)),
+         TypeError, "a has dtype int32"),
+        (lambda d: tkit.add(torch.ones(3, device=d), torch.ones(4, device=d)),
+         ValueError, "do not broadcast"),
+        (lambda d: tkit.silu_mul(torch.ones(3, device=d), [1.0]), TypeError, "b must be"),
+        (lambda d: tkit.gelu(torch.ones(3, device=d), approximate="fast"),
+         ValueError, "approximate"),
+        (lambda d: tkit.cast(torch.ones(3, device=d), torch.int8), TypeError, "dtype"),
+        (lambda d: tkit.cast(torch.ones(3, device=d), torch.float16, torch.ones(2, device=d)),
+         ValueError, "scale must hold one element"),
+        (lambda d: tkit.add(torch.ones(3, dtype=torch.float64, device=d),
+                            torch.ones(3, device=d)), TypeError, "float64"),
+    ],
+)
+def test_bad_input_errors(call, exc, words, device):
+    with pytest.raises(exc, match=words):
+        call(device)
+
+
+def test_cpu_tensor_without_interpreter_is_refused(monkeypatch):
+    monkeypatch.setattr(_common._env, "INTERPRET", False)
+    with pytest.raises(ValueError, match="a is on the CPU"):
+        tkit.add(torch.ones(3), torch.ones(3))
+
+
+@pytest.mark.gpu
+def test_mixed_devices_refused():
+    with pytest.raises(ValueError, match="b is on"):
+        tkit.add(torch.ones(3, device="cuda"), torch.ones(3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["contiguous", "broadcast"])
+def test_more_than_2_31_elements(layout):
+    """Offsets past 2**31 elements: check the tail, where 32-bit math would wrap."""
+    n = 2**31 + 4096
+    a = torch.randn(n // 4096, 4096, device="cuda", dtype=torch.bfloat16)
+    b = (torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16) if layout == "broadcast"
+         else torch.randn_like(a))
+    out = tkit.add(a, b)
+    for rows in (slice(0, 3), slice(-3, None)):
+        torch.testing.assert_close(out[rows], (a[rows].float() + b[rows if b.shape[0] > 1
+                                   else slice(None)].float()).bfloat16(), rtol=0, atol=0)
+    del out, a, b
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+def test_fp8_cast_matches_torch():
+    x = torch.randn(4096, 1000, device="cuda", dtype=torch.bfloat16) * 50
+    scale = torch.tensor([0.05], device="cuda")
+    got = tkit.cast(x, torch.float8_e4m3fn, scale)
+    want = (x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))

@@ -1,0 +1,48 @@
+"""tkit: Triton-first GPU kernels for LLM workloads, with CUDA escape hatches.
+
+The public ops are imported lazily, so that ``import tkit`` stays cheap and the CLI can switch on
+Triton's interpreter (``TRITON_INTERPRET=1``) on a machine without a GPU before any kernel module
+is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    # elementwise
+    "add": "tkit.kernels.elementwise",
+    "sub": "tkit.kernels.elementwise",
+    "mul": "tkit.kernels.elementwise",
+    "residual_add": "tkit.kernels.elementwise",
+    "silu": "tkit.kernels.elementwise",
+    "gelu": "tkit.kernels.elementwise",
+    "relu": "tkit.kernels.elementwise",
+    "act_mul": "tkit.kernels.elementwise",
+    "silu_mul": "tkit.kernels.elementwise",
+    "gelu_mul": "tkit.kernels.elementwise",
+    "cast": "tkit.kernels.elementwise",
+}
+_SUBMODULES = {"registry", "testing", "bench", "ir", "cuda_ext", "kernels"}
+# `tkit.ir` is the public face of tkit.ir_tools
+_ALIASES = {"ir": "tkit.ir_tools"}
+
+__all__ = sorted(list(_EXPORTS) + list(_SUBMODULES))
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(_ALIASES.get(name, f"tkit.{name}"))
+    else:
+        raise AttributeError(f"module 'tkit' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,30 @@
+"""Every environment switch tkit reads, read once at import.
+
+TRITON_INTERPRET=1   run Triton kernels on CPU tensors through Triton's interpreter (Triton's own
+                     switch; it must be set before any kernel module is imported).
+TKIT_POISON=1        fill every output tkit allocates with NaN before the launch, so a test sees
+                     any element a kernel forgot to write (tests also turn this on per call with
+                     ``tkit.testing.poisoned_outputs()``).
+TKIT_CACHE_DIR       where measured device ceilings are cached (default ~/.cache/tkit).
+TKIT_HYPOTHESIS_PROFILE  ``ci`` (derandomized, interpreter-sized) or ``gpu`` (larger shapes, more
+                     examples); default ``ci``.
+TKIT_NO_DIRECT=1     always go through the registered torch.library op, even in eager mode.
+TKIT_SLOW=1          run tests marked slow.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+INTERPRET: bool = _flag("TRITON_INTERPRET")
+POISON: bool = _flag("TKIT_POISON")
+CACHE_DIR: Path = Path(os.environ.get("TKIT_CACHE_DIR", Path.home() / ".cache" / "tkit"))
+HYPOTHESIS_PROFILE: str = os.environ.get("TKIT_HYPOTHESIS_PROFILE", "ci")
+NO_DIRECT: bool = _flag("TKIT_NO_DIRECT")
+SLOW: bool = _flag("TKIT_SLOW")

@@ -1,0 +1,165 @@
+"""What every kernel module shares: input validation, output allocation, launching.
+
+Validation happens here, before anything launches, and every error names the argument.
+All launches go through :func:`launch`, which lets :mod:`tkit.ir` capture a kernel's arguments
+instead of running it (that is how the IR of any tkit op is compiled on a machine without a GPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+
+from tkit import _env
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FP8_DTYPES = (torch.float8_e4m3fn,)
+
+_state = threading.local()
+
+
+def _capturing() -> list | None:
+    return getattr(_state, "capture", None)
+
+
+def _poisoning() -> bool:
+    return _env.POISON or getattr(_state, "poison", False)
+
+
+@contextlib.contextmanager
+def poisoned_outputs(enabled: bool = True):
+    """Fill every output tkit allocates with NaN (or the dtype's max for integers)."""
+    old = getattr(_state, "poison", False)
+    _state.poison = enabled
+    try:
+        yield
+    finally:
+        _state.poison = old
+
+
+@dataclass
+class KernelLaunch:
+    """One launch as tkit would make it: the kernel, its grid and its keyword arguments."""
+
+    kernel: Any
+    grid: Any
+    kwargs: dict
+
+
+@contextlib.contextmanager
+def capture_launches():
+    """Record launches instead of running them (meta tensors allowed). Yields the list."""
+    old = _capturing()
+    _state.capture = []
+    try:
+        yield _state.capture
+    finally:
+        _state.capture = old
+
+
+def launch(kernel, grid, **kwargs) -> None:
+    """Launch ``kernel[grid](**kwargs)``, or record it while :func:`capture_launches` is active."""
+    cap = _capturing()
+    if cap is not None:
+        cap.append(KernelLaunch(kernel, grid, kwargs))
+        return
+    kernel[grid](**kwargs)
+
+
+def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Allocate an output; NaN-filled when outputs are being poisoned."""
+    out = torch.empty(tuple(shape), dtype=dtype, device=device)
+    if _poisoning() and out.numel() and device.type != "meta":
+        if out.dtype.is_floating_point:
+            out.fill_(float("nan"))
+        else:
+            out.fill_(torch.iinfo(out.dtype).max)
+    return out
+
+
+def check_tensor(
+    t: Any,
+    name: str,
+    dtypes: Iterable[torch.dtype] = FLOAT_DTYPES,
+    *,
+    ndim: int | None = None,
+    min_ndim: int | None = None,
+) -> torch.Tensor:
+    """Type, dtype, rank and device checks for one tensor argument."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    dtypes = tuple(dtypes)
+    if t.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; supported: {names}")
+    if ndim is not None and t.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if min_ndim is not None and t.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimensions, got {tuple(t.shape)}")
+    check_device(t, name)
+    return t
+
+
+def check_device(t: torch.Tensor, name: str) -> None:
+    dev = t.device.type
+    if dev == "cuda":
+        return
+    if dev == "meta" and _capturing() is not None:
+        return
+    if dev == "cpu" and _env.INTERPRET:
+        return
+    if dev == "cpu":
+        raise ValueError(
+            f"{name} is on the CPU; tkit kernels need a CUDA tensor "
+            "(or TRITON_INTERPRET=1 set before importing tkit, to run them in Triton's interpreter)"
+        )
+    raise ValueError(f"{name} is on device {t.device}; tkit kernels need a CUDA tensor")
+
+
+def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
+    items = [(n, t) for n, t in tensors.items() if t is not None]
+    first_name, first = items[0]
+    for n, t in items[1:]:
+        if t.device != first.device:
+            raise ValueError(f"{n} is on {t.device} but {first_name} is on {first.device}")
+    return first.device
+
+
+def needs_int64(*tensors: torch.Tensor) -> bool:
+    """True when some element offset in these tensors can reach 2**31: index math goes 64-bit."""
+    for t in tensors:
+        if t is None or t.numel() == 0:
+            continue
+        span = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) + t.storage_offset()
+        if span >= 2**31 - 1 or t.numel() >= 2**31 - 1:
+            return True
+    return False
+
+
+def use_direct_path(*tensors: torch.Tensor | None) -> bool:
+    """Eager calls skip the torch.library dispatcher (a few microseconds a call) when nothing
+    needs it: not tracing under torch.compile, no autograd, not capturing launches."""
+    if _env.NO_DIRECT or torch.compiler.is_compiling():
+        return False
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return False
+    return True
+
+
+def next_power_of_2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def interpreter_configs(configs: list, small: Any) -> list:
+    """Under the interpreter, autotuning cannot time anything: keep one small config."""
+    return [small] if _env.INTERPRET else configs
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")

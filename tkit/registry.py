@@ -1,0 +1,145 @@
+"""One spec per op: the spine that bench, ir, tests and the CLI all read.
+
+A spec ties together the public function, a PyTorch reference (called on float64 copies for the
+reference and on the inputs themselves for the same-precision peer), the cost model, input
+builders at benchmark sizes and at interpreter sizes, the fuzzing recipe, and the baselines.
+Specs live in ``tkit/specs/<family>.py`` (a ``SPECS`` list each); adding an op means adding its
+kernel module and one spec there.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+#: Spec modules, in the order a reader learns the families.
+SPEC_MODULES = (
+    "tkit.specs.elementwise",
+)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The least work an op must do: bytes through device memory (each input read once, each
+    output written once) and floating-point operations."""
+
+    bytes: float
+    flops: float = 0.0
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+
+@dataclass
+class Case:
+    """One input configuration: ``make(device)`` returns ``(args, kwargs)`` for the op."""
+
+    label: str
+    make: Callable[[str], tuple[tuple, dict]]
+    group: str = "default"  # e.g. contiguous / strided / broadcast: reports group by it
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class OpSpec:
+    name: str
+    family: str
+    fn: Callable
+    reference: Callable
+    cost: Callable[..., Cost]
+    bench_cases: Callable[[], list[Case]]
+    check_cases: Callable[[], list[Case]]
+    fuzz: Callable[[], dict]  # keyword arguments for tkit.testing.fuzz
+    baselines: dict[str, Callable[[], Callable | None]] = field(default_factory=dict)
+    opcheck: Callable[[], tuple[Any, tuple, dict]] | None = None  # (op, args, kwargs) on CPU/GPU
+    bound: str = "memory"  # which ceiling the roofline percentage is taken against
+    doc: str = ""
+
+    def available_baselines(self) -> dict[str, Callable]:
+        out = {}
+        for name, factory in self.baselines.items():
+            fn = factory()
+            if fn is not None:
+                out[name] = fn
+        return out
+
+
+_SPECS: dict[str, OpSpec] | None = None
+
+
+def _load() -> dict[str, OpSpec]:
+    global _SPECS
+    if _SPECS is None:
+        specs: dict[str, OpSpec] = {}
+        for mod in SPEC_MODULES:
+            for spec in importlib.import_module(mod).SPECS:
+                if spec.name in specs:
+                    raise RuntimeError(f"two specs named {spec.name!r}")
+                specs[spec.name] = spec
+        _SPECS = specs
+    return _SPECS
+
+
+def all_specs() -> list[OpSpec]:
+    return list(_load().values())
+
+
+def names() -> list[str]:
+    return list(_load())
+
+
+def get(name_or_fn) -> OpSpec:
+    """The spec of an op, by name (``"rms_norm"``) or by its public function (``tkit.rms_norm``)."""
+    specs = _load()
+    if callable(name_or_fn) and not isinstance(name_or_fn, str):
+        for spec in specs.values():
+            if spec.fn is name_or_fn:
+                return spec
+        raise KeyError(f"{getattr(name_or_fn, '__name__', name_or_fn)!r} is not a tkit op")
+    if name_or_fn not in specs:
+        close = [n for n in specs if name_or_fn in n or n in name_or_fn]
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise KeyError(f"unknown op {name_or_fn!r}{hint} (known: {', '.join(specs)})")
+    return specs[name_or_fn]
+
+
+def select(patterns: list[str] | None) -> list[OpSpec]:
+    """Specs whose name or family matches one of ``patterns`` (all when empty)."""
+    specs = all_specs()
+    if not patterns:
+        return specs
+    out = [s for s in specs if any(p == s.name or p == s.family for p in patterns)]
+    unknown = [p for p in patterns if not any(p in (s.name, s.family) for s in specs)]
+    if unknown:
+        raise KeyError(f"unknown op or family: {', '.join(unknown)} (known: {', '.join(names())})")
+    return out
+
+
+# ---- helpers the spec modules share -------------------------------------------------------
+def unique_bytes(t: torch.Tensor) -> int:
+    """Bytes an op must read from ``t``: broadcast (stride-0) dimensions count once."""
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            n *= size
+    return n * t.element_size() if t.numel() else 0
+
+
+def torch_compile_baseline(fn: Callable) -> Callable[[], Callable | None]:
+    """A baseline factory: ``torch.compile(fn)``, built on first use."""
+
+    def factory():
+        if not torch.cuda.is_available():
+            return None
+        return torch.compile(fn, dynamic=False)
+
+    return factory
+
+
+def eager_baseline(fn: Callable) -> Callable[[], Callable]:
+    return lambda: fn

@@ -1,0 +1,1 @@
+"""Op specs by family; see tkit.registry."""

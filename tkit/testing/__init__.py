@@ -1,0 +1,43 @@
+"""Testing tools for tkit ops and for Triton kernels of your own.
+
+* :func:`fuzz` property-tests a function against a PyTorch reference over hypothesis-drawn
+  shapes, dtypes and layouts, with outputs poisoned, and shrinks a failure to a reproducer.
+* :func:`assert_close_to_reference` is the comparison rule (kernel error <= 2x the error of PyTorch
+  in the same precision + one unit of rounding).
+* :func:`make_tensor` builds random inputs in any layout; :mod:`tkit.testing.strategies` has the
+  hypothesis strategies; :func:`poisoned_outputs` NaN-fills every output tkit allocates.
+"""
+
+from tkit.kernels._common import poisoned_outputs
+from tkit.testing.compare import (
+    ReferenceMismatch,
+    assert_close_to_reference,
+    eps,
+    max_error,
+)
+from tkit.testing.fuzz import check_against_reference, fuzz
+from tkit.testing.tensors import LAYOUTS, default_device, make_tensor
+
+__all__ = [
+    "LAYOUTS",
+    "ReferenceMismatch",
+    "assert_close_to_reference",
+    "check_against_reference",
+    "default_device",
+    "eps",
+    "fuzz",
+    "make_tensor",
+    "max_error",
+    "opcheck",
+    "poisoned_outputs",
+    "strategies",
+]
+
+from tkit.testing import strategies  # noqa: E402
+
+
+def opcheck(op, args, kwargs=None, **opts):
+    """``torch.library.opcheck`` on a tkit op (schema, fake tensor, autograd registration)."""
+    import torch
+
+    return torch.library.opcheck(op, args, kwargs or {}, **opts)
