@@ -97,7 +97,7 @@ def check_tensor(
     dtypes = tuple(dtypes)
     if t.dtype not in dtypes:
         names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; supported: {names}")
+        raise TypeError(f"{name} has dtype {dtype_name(t.dtype)}; supported: {names}")
     if ndim is not None and t.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
     if min_ndim is not None and t.ndim < min_ndim:

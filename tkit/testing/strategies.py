@@ -10,7 +10,8 @@ from tkit.testing.tensors import LAYOUTS
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def dim_sizes(*, tile: int = 128, max_size: int = 300, allow_zero: bool = True) -> st.SearchStrategy:
+def dim_sizes(*, tile: int = 128, max_size: int = 300,
+              allow_zero: bool = True) -> st.SearchStrategy:
     """One dimension's size, biased to the values that break kernels: 0, 1, small odd numbers,
     tile - 1 / tile / tile + 1, non-powers of two, and anything up to ``max_size``."""
     special = [1, 2, 3, 5, 7, 17, 33, 65, 100, 127, tile - 1, tile, tile + 1]
