@@ -25,6 +25,18 @@ _EXPORTS = {
     "silu_mul": "tkit.kernels.elementwise",
     "gelu_mul": "tkit.kernels.elementwise",
     "cast": "tkit.kernels.elementwise",
+    # reductions
+    "softmax": "tkit.kernels.softmax",
+    "log_softmax": "tkit.kernels.softmax",
+    "rms_norm": "tkit.kernels.norm",
+    "layer_norm": "tkit.kernels.norm",
+    # GEMM
+    "matmul": "tkit.kernels.matmul",
+    "matmul_fp8": "tkit.kernels.matmul",
+    "grouped_matmul": "tkit.kernels.matmul",
+    # attention
+    "flash_attention": "tkit.kernels.attention",
+    "flash_attention_varlen": "tkit.kernels.attention",
 }
 _SUBMODULES = {"registry", "testing", "bench", "ir", "cuda_ext", "kernels"}
 # `tkit.ir` is the public face of tkit.ir_tools
