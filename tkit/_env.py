@@ -10,6 +10,8 @@ TKIT_HYPOTHESIS_PROFILE  ``ci`` (derandomized, interpreter-sized) or ``gpu`` (la
                      examples); default ``ci``.
 TKIT_NO_DIRECT=1     always go through the registered torch.library op, even in eager mode.
 TKIT_SLOW=1          run tests marked slow.
+TKIT_NO_AUTOTUNE=1   use each kernel's first (default) config instead of autotuning: GPU test runs
+                     see hundreds of shapes and would otherwise spend their time tuning.
 """
 
 from __future__ import annotations
@@ -28,3 +30,4 @@ CACHE_DIR: Path = Path(os.environ.get("TKIT_CACHE_DIR", Path.home() / ".cache" /
 HYPOTHESIS_PROFILE: str = os.environ.get("TKIT_HYPOTHESIS_PROFILE", "ci")
 NO_DIRECT: bool = _flag("TKIT_NO_DIRECT")
 SLOW: bool = _flag("TKIT_SLOW")
+NO_AUTOTUNE: bool = _flag("TKIT_NO_AUTOTUNE")

@@ -157,8 +157,18 @@ def next_power_of_2(n: int) -> int:
 
 
 def interpreter_configs(configs: list, small: Any) -> list:
-    """Under the interpreter, autotuning cannot time anything: keep one small config."""
-    return [small] if _env.INTERPRET else configs
+    """The configs to autotune over on this backend. Under the interpreter autotuning cannot
+    time anything: one config, ``small`` (few large programs: the interpreter pays per
+    program). With TKIT_NO_AUTOTUNE=1, the first config, which is therefore the default."""
+    if _env.INTERPRET:
+        return [small]
+    return configs[:1] if _env.NO_AUTOTUNE else configs
+
+
+def size_class(n: int) -> int:
+    """log2 bucket of a size: an autotune key that retunes per order of magnitude, not per
+    shape (an elementwise op sees a new size at nearly every call in a server)."""
+    return max(int(n), 1).bit_length()
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -54,11 +54,12 @@ def _flat_configs():
     # A block of 1024..8192 elements per program: at 16-byte accesses, 4 to 16 vectors per thread
     # with 4 or 8 warps, enough loads in flight to cover HBM latency. Smaller blocks only add
     # programs; larger ones spill registers on the 3-operand ops.
-    configs = [
+    # The first is the default when autotuning is off.
+    configs = [triton.Config({"BLOCK": 4096}, num_warps=8)] + [
         triton.Config({"BLOCK": block}, num_warps=warps)
         for block in (1024, 2048, 4096, 8192)
         for warps in (4, 8)
-        if block // (warps * 32) >= 4
+        if block // (warps * 32) >= 4 and (block, warps) != (4096, 8)
     ]
     # the interpreter pays per program, not per element: one large block
     return C.interpreter_configs(configs, triton.Config({"BLOCK": 4096}, num_warps=4))
@@ -118,7 +119,7 @@ def _apply(a, b, scale_ptr, OP: tl.constexpr, HAS_SCALE: tl.constexpr):
 
 @triton.jit
 def _ew_flat_kernel(
-    a_ptr, b_ptr, out_ptr, scale_ptr, n_elements,
+    a_ptr, b_ptr, out_ptr, scale_ptr, n_elements, size_class,
     OP: tl.constexpr, HAS_B: tl.constexpr, HAS_SCALE: tl.constexpr, INT64: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -126,6 +127,7 @@ def _ew_flat_kernel(
 
     a_ptr, b_ptr: inputs (b_ptr unused when HAS_B is false); out_ptr: output;
     scale_ptr: one float32 divisor for casts (unused when HAS_SCALE is false).
+    size_class: unused by the kernel; the autotune key (log2 bucket of n_elements).
     """
     pid = tl.program_id(0)
     if INT64:
@@ -143,7 +145,7 @@ def _ew_flat_kernel(
     tl.store(out_ptr + offs, r.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_ew_flat_autotuned = triton.autotune(configs=_flat_configs(), key=["n_elements"])(_ew_flat_kernel)
+_ew_flat_autotuned = triton.autotune(configs=_flat_configs(), key=["size_class"])(_ew_flat_kernel)
 
 
 @triton.jit
@@ -262,7 +264,8 @@ def _launch(op: str, a: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor,
                     scale_ptr=scale if scale is not None else a)
     if len(merged) <= 1 and all(s == 1 for _, sts in merged for s in sts):
         grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]),)
-        C.launch(_ew_flat_autotuned, grid, **ptr_args, n_elements=n, **flags)
+        C.launch(_ew_flat_autotuned, grid, **ptr_args, n_elements=n,
+                 size_class=C.size_class(n), **flags)
         return out
     if len(merged) > 5:
         raise NotImplementedError(
