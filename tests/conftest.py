@@ -21,7 +21,7 @@ _common = dict(
 # ci: interpreter-sized and derandomized, so a CI run is reproducible and bounded in time.
 settings.register_profile("ci", max_examples=60, derandomize=True, **_common)
 # gpu: more examples; strategies draw larger shapes when a GPU is present.
-settings.register_profile("gpu", max_examples=150, **_common)
+settings.register_profile("gpu", max_examples=50, **_common)
 # dev: quick local iterations.
 settings.register_profile("dev", max_examples=10, **_common)
 settings.load_profile(os.environ.get("TKIT_HYPOTHESIS_PROFILE",
