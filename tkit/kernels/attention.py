@@ -1,0 +1,901 @@
+"""FlashAttention forward and backward in Triton, with the variants LLMs use.
+
+Math, per batch b and query head h (key/value head ``h // group`` for GQA/MQA):
+
+    S = scale * Q K^T                        (seqlen_q x seqlen_k), scale = 1/sqrt(head_dim)
+    S = cap * tanh(S / cap)                  with softcap = cap > 0
+    S[i, j] = -inf   unless key j is visible from query i (below)
+    P = softmax(S, dim=-1),  O = P V,  lse[i] = logsumexp(S[i, :])
+
+Visibility: keys and queries are aligned to the bottom-right corner, ``shift = seqlen_k -
+seqlen_q`` (flash-attn's convention). Key j is visible from query i when
+``i + shift - left <= j <= i + shift + right``, where ``window_size = (left, right)`` and -1
+means unbounded; ``causal`` is ``right = 0``. A row with no visible key gives O = 0 and
+lse = -inf (never NaN).
+
+The forward never materialises S: it walks key blocks with the online softmax (running row max m,
+running sum l, rescaling the accumulator by exp(m_old - m_new)), in base 2 with log2(e) folded
+into the scale so that each score costs one FMA and one exp2. Key blocks are split in three
+ranges per query block: blocks partly visible before the fully visible ones (window's left edge),
+the fully visible blocks (no mask arithmetic at all), and blocks partly visible after them (the
+causal diagonal, the window's right edge, the ragged end of the keys).
+
+Backward (FlashAttention-2): ``delta[i] = rowsum(dO * O)`` (minus dlse when the lse is used
+downstream), then one kernel per key block that recomputes P^T block by block and accumulates
+dK and dV, looping over every query head of its GQA group (so dK/dV are reduced over the group
+in-kernel, no atomics), and one kernel per query block that accumulates dQ. Both are
+deterministic.
+
+Cost model (B batch, H query heads, D head dim): the matmuls are 4*B*H*Sq*Sk*D FLOPs forward
+(half that when causal), and the backward does 2.5x the forward's FLOPs (five matmuls instead of
+two). HBM traffic is Q, K, V read and O written once, plus K and V re-read once per query block:
+about (2*Sq + 2*Sk*ceil(Sq/BLOCK_M)) * B*H*D*itemsize bytes; at S=4096, D=128 and BLOCK_M=128
+the intensity is ~ 2*BLOCK_M = 256 FLOP/byte, over the H200's ~170 FLOP/byte balance point:
+compute-bound, the ceiling is the tensor cores (cuBLAS bf16 GEMM: 720 TFLOP/s).
+
+Layout: (batch, seqlen, heads, head_dim) with arbitrary strides (q, k, v may be views of one
+packed qkv tensor); varlen tensors are (total_tokens, heads, head_dim) with ``cu_seqlens``.
+Head dims up to 256; a non-power-of-2 head dim is padded in-kernel to BLOCK_D with masks. Batch,
+head and sequence start offsets are 64-bit; offsets inside one (batch, head) stay 32-bit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from tkit.kernels import _common as C
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+MAX_HEAD_DIM = 256
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# Autotune configs
+# --------------------------------------------------------------------------------------------
+def _smem_limit() -> int:
+    try:
+        dev = torch.cuda.current_device()
+        props = triton.runtime.driver.active.utils.get_device_properties(dev)
+        return int(props["max_shared_mem"])
+    except Exception:  # no GPU: nothing to prune against
+        return 1 << 30
+
+
+def _fwd_smem(cfg, block_d: int, itemsize: int) -> int:
+    # Q tile resident, K and V tiles multi-buffered over num_stages
+    bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
+    return (bm * block_d + cfg.num_stages * 2 * bn * block_d) * itemsize
+
+
+def _bwd_smem(cfg, block_d: int, itemsize: int) -> int:
+    # dK/dV kernel: K, V resident; Q and dO tiles multi-buffered; P^T/dS^T staged for the dots
+    bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
+    return (2 * bn * block_d + cfg.num_stages * 2 * bm * block_d + 2 * bm * bn) * itemsize
+
+
+def _prune(smem_fn):
+    def prune(configs, named_args, **kwargs):
+        block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
+        q = named_args["Q"]
+        limit = _smem_limit()
+        kept = [c for c in configs if smem_fn(c, block_d, q.element_size()) <= limit]
+        # never prune everything: keep the smallest configuration
+        return kept or [min(configs, key=lambda c: smem_fn(c, block_d, q.element_size()))]
+
+    return prune
+
+
+def _fwd_configs():
+    # BLOCK_M=128 with 8 warps is the Hopper sweet spot (two warpgroups of wgmma m64); BLOCK_N
+    # 64/128 and 2..4 stages trade shared memory for latency hiding; 64x64 with 4 warps serves
+    # short sequences and D=256, where a 128-row tile does not fit shared memory with 3 stages.
+    configs = [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
+        for bm, bn, s, w in [
+            (128, 64, 3, 8), (128, 64, 4, 8), (128, 128, 3, 8), (128, 128, 2, 8),
+            (128, 32, 3, 4), (64, 64, 3, 4), (64, 64, 2, 4),
+        ]
+    ]
+    return C.interpreter_configs(configs, triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}))
+
+
+def _bwd_configs():
+    # dK/dV: BLOCK_N keys resident, BLOCK_M queries streamed; dQ reuses the same pair.
+    configs = [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
+        for bm, bn, s, w in [
+            (64, 128, 2, 8), (64, 128, 3, 8), (32, 128, 3, 4), (64, 64, 3, 4), (32, 64, 2, 4),
+        ]
+    ]
+    return C.interpreter_configs(configs, triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}))
+
+
+_TUNE_KEY = ["seqlen_q", "seqlen_k", "HEAD_DIM", "MASK_LO", "MASK_HI", "SOFTCAP", "VARLEN"]
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------
+@triton.jit
+def _seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, VARLEN: tl.constexpr):
+    """(first token, length) of sequence ``b`` for queries and keys."""
+    if VARLEN:
+        q_start = tl.load(CU_Q + b)
+        q_len = tl.load(CU_Q + b + 1) - q_start
+        k_start = tl.load(CU_K + b)
+        k_len = tl.load(CU_K + b + 1) - k_start
+    else:
+        q_start = 0
+        q_len = seqlen_q
+        k_start = 0
+        k_len = seqlen_k
+    return q_start, q_len, k_start, k_len
+
+
+@triton.jit
+def _scores(qk, qk_scale, cap_scale, SOFTCAP: tl.constexpr):
+    """Scores in base-2 units; with SOFTCAP also tanh(.) (for the backward's derivative)."""
+    if SOFTCAP:
+        x = qk * cap_scale
+        # tanh(x) = 1 - 2 / (exp(2x) + 1): exact limits at +-inf, no libdevice call
+        t = 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
+        s = t * qk_scale
+    else:
+        t = qk
+        s = qk * qk_scale
+    return s, t
+
+
+@triton.jit
+def _visible(rows, cols, q_len, k_len, shift, wl, wr,
+             MASK_LO: tl.constexpr, MASK_HI: tl.constexpr):
+    """Mask of visible (query row, key column) pairs; rows and cols broadcast against each
+    other."""
+    ok = (rows < q_len) & (cols < k_len)
+    if MASK_HI:
+        ok = ok & (cols <= rows + shift + wr)
+    if MASK_LO:
+        ok = ok & (cols >= rows + shift - wl)
+    return ok
+
+
+@triton.jit
+def _key_ranges(m0, q_len, k_len, shift, wl, wr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                MASK_LO: tl.constexpr, MASK_HI: tl.constexpr):
+    """Key block ranges for query rows [m0, m0 + BLOCK_M): [lo, full_lo) partly visible,
+    [full_lo, full_hi) fully visible to every row, [full_hi, hi) partly visible."""
+    lo = 0
+    hi = k_len
+    if MASK_LO:
+        lo = tl.maximum(m0 + shift - wl, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
+    if MASK_HI:
+        hi = tl.minimum(k_len, tl.maximum(m0 + BLOCK_M + shift + wr, 0))
+    hi = tl.maximum(hi, lo)
+    full_lo = lo
+    if MASK_LO:
+        full_lo = tl.maximum(m0 + BLOCK_M - 1 + shift - wl, 0)
+        full_lo = ((full_lo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_end = k_len
+    if MASK_HI:
+        full_end = tl.minimum(k_len, tl.maximum(m0 + shift + wr + 1, 0))
+    full_hi = (full_end // BLOCK_N) * BLOCK_N
+    # rows past q_len are padding; a block with padded rows is only "fully visible" for the
+    # columns, which is all the masks below need (padded rows are never stored)
+    full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _query_ranges(n0, q_len, k_len, shift, wl, wr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  MASK_LO: tl.constexpr, MASK_HI: tl.constexpr):
+    """Query block ranges that see keys [n0, n0 + BLOCK_N): partly / fully / partly."""
+    lo = 0
+    hi = q_len
+    if MASK_HI:
+        lo = tl.maximum(n0 - shift - wr, 0)
+        lo = (lo // BLOCK_M) * BLOCK_M
+    if MASK_LO:
+        hi = tl.minimum(q_len, tl.maximum(n0 + BLOCK_N - shift + wl, 0))
+    hi = tl.maximum(hi, lo)
+    full_lo = lo
+    if MASK_HI:
+        full_lo = tl.maximum(n0 + BLOCK_N - 1 - shift - wr, 0)
+        full_lo = ((full_lo + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_end = q_len
+    if MASK_LO:
+        full_end = tl.minimum(q_len, tl.maximum(n0 - shift + wl + 1, 0))
+    full_hi = (full_end // BLOCK_M) * BLOCK_M
+    full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)
+    if n0 + BLOCK_N > k_len:  # ragged last key block: every query block needs the key mask
+        full_lo = hi
+        full_hi = hi
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, K, V, sks, skd, svs, svd,
+               start, end, offs_m, offs_n, offs_d, q_len, k_len, shift, wl, wr,
+               qk_scale, cap_scale,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+               MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
+               SOFTCAP: tl.constexpr, PREC: tl.constexpr, WARP_SPEC: tl.constexpr):
+    dmask = offs_d < HEAD_DIM
+    for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPEC):
+        cols = start_n + offs_n
+        kt_ptrs = K + cols[None, :] * sks + offs_d[:, None] * skd
+        v_ptrs = V + cols[:, None] * svs + offs_d[None, :] * svd
+        if MASKED:
+            kt = tl.load(kt_ptrs, mask=dmask[:, None] & (cols[None, :] < k_len), other=0.0)
+        elif HEAD_DIM == BLOCK_D:
+            kt = tl.load(kt_ptrs)
+        else:
+            kt = tl.load(kt_ptrs, mask=dmask[:, None], other=0.0)
+        qk = tl.dot(q, kt, input_precision=PREC)
+        s, t = _scores(qk, qk_scale, cap_scale, SOFTCAP)
+        if MASKED:
+            ok = _visible(offs_m[:, None], cols[None, :], q_len, k_len, shift, wl, wr,
+                          MASK_LO, MASK_HI)
+            s = tl.where(ok, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # a row that has seen no visible key yet keeps m = -inf: subtract 0 instead
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = m_new
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if MASKED:
+            v = tl.load(v_ptrs, mask=dmask[None, :] & (cols[:, None] < k_len), other=0.0)
+        elif HEAD_DIM == BLOCK_D:
+            v = tl.load(v_ptrs)
+        else:
+            v = tl.load(v_ptrs, mask=dmask[None, :], other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    Q, K, V, O, LSE, CU_Q, CU_K,
+    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, sob, sos, soh, sod,
+    slb, slh, sls,
+    seqlen_q, seqlen_k, H, GROUP, qk_scale, cap_scale, wl, wr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_LO: tl.constexpr,
+    MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr,
+    WARP_SPEC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One program: BLOCK_M query rows of one (batch, query head).
+
+    Q, K, V, O: (batch, seqlen, heads, head_dim) addressed through strides ``s?b, s?s, s?h,
+    s?d`` (varlen: ``s?b`` = 0 and sequences start at CU_Q[b] / CU_K[b]); LSE: float32 at
+    ``b*slb + h*slh + token*sls``. ``qk_scale`` = scale*log2(e) (softcap: cap*log2(e), and
+    ``cap_scale`` = scale/cap); ``wl``/``wr`` the window's left/right extent (used only when
+    MASK_LO/MASK_HI). ``seqlen_q``/``seqlen_k`` are the lengths (varlen: the maxima, unused).
+    """
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    q_start, q_len, k_start, k_len = _seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    hk = h // GROUP
+    b64 = b.to(tl.int64)
+    Q += b64 * sqb + h.to(tl.int64) * sqh + q_start.to(tl.int64) * sqs
+    K += b64 * skb + hk.to(tl.int64) * skh + k_start.to(tl.int64) * sks
+    V += b64 * svb + hk.to(tl.int64) * svh + k_start.to(tl.int64) * svs
+    O += b64 * sob + h.to(tl.int64) * soh + q_start.to(tl.int64) * sos
+    LSE += b64 * slb + h.to(tl.int64) * slh + q_start.to(tl.int64) * sls
+    shift = k_len - q_len
+
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_mask = (offs_m[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(Q + offs_m[:, None] * sqs + offs_d[None, :] * sqd, mask=q_mask, other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = _key_ranges(m0, q_len, k_len, shift, wl, wr,
+                                           BLOCK_M, BLOCK_N, MASK_LO, MASK_HI)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, sks, skd, svs, svd, lo, full_lo,
+                               offs_m, offs_n, offs_d, q_len, k_len, shift, wl, wr,
+                               qk_scale, cap_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True,
+                               MASK_LO, MASK_HI, SOFTCAP, PREC, False)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, sks, skd, svs, svd, full_lo, full_hi,
+                               offs_m, offs_n, offs_d, q_len, k_len, shift, wl, wr,
+                               qk_scale, cap_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False,
+                               MASK_LO, MASK_HI, SOFTCAP, PREC, WARP_SPEC)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, sks, skd, svs, svd, full_hi, hi,
+                               offs_m, offs_n, offs_d, q_len, k_len, shift, wl, wr,
+                               qk_scale, cap_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True,
+                               MASK_LO, MASK_HI, SOFTCAP, PREC, False)
+    empty = l_i == 0.0  # no visible key: O = 0, lse = -inf
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    log_l = tl.log2(tl.where(empty, 1.0, l_i))
+    lse = tl.where(empty, float("-inf"), (m_i + log_l) * 0.6931471805599453)  # natural log
+    tl.store(O + offs_m[:, None] * sos + offs_d[None, :] * sod, out.to(O.dtype.element_ty),
+             mask=q_mask)
+    tl.store(LSE + offs_m * sls, lse, mask=offs_m < q_len)
+
+
+_attn_fwd_autotuned = triton.autotune(
+    configs=_fwd_configs(), key=_TUNE_KEY,
+    prune_configs_by={"early_config_prune": _prune(_fwd_smem)},
+)(_attn_fwd_kernel)
+
+
+@triton.jit
+def _attn_bwd_delta_kernel(
+    O, DO, DELTA, CU_Q, sob, sos, soh, sod, sdb, sds, sdh, sdd, slb, slh, sls,
+    seqlen_q, H, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, VARLEN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] (float32, the LSE's layout)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    q_start, q_len, _, _ = _seq_bounds(CU_Q, CU_Q, b, seqlen_q, seqlen_q, VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+    s64 = q_start.to(tl.int64)
+    O += b64 * sob + h64 * soh + s64 * sos
+    DO += b64 * sdb + h64 * sdh + s64 * sds
+    DELTA += b64 * slb + h64 * slh + s64 * sls
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(O + offs_m[:, None] * sos + offs_d[None, :] * sod, mask=mask, other=0.0)
+    do = tl.load(DO + offs_m[:, None] * sds + offs_d[None, :] * sdd, mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + offs_m * sls, delta, mask=offs_m < q_len)
+
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, sqs, sqd, sds, sdd, sls,
+                    start, end, offs_n, offs_mb, offs_d, q_len, k_len, shift, wl, wr,
+                    qk_scale, cap_scale,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
+                    MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+                    PREC: tl.constexpr):
+    dmask = offs_d < HEAD_DIM
+    for start_m in range(start, end, BLOCK_M):
+        rows = start_m + offs_mb
+        rmask = rows < q_len
+        qt = tl.load(Q + rows[None, :] * sqs + offs_d[:, None] * sqd,
+                     mask=dmask[:, None] & rmask[None, :], other=0.0)
+        do = tl.load(DO + rows[:, None] * sds + offs_d[None, :] * sdd,
+                     mask=rmask[:, None] & dmask[None, :], other=0.0)
+        lse = tl.load(LSE + rows * sls, mask=rmask, other=0.0) * 1.4426950408889634
+        delta = tl.load(DELTA + rows * sls, mask=rmask, other=0.0)
+        qkt = tl.dot(k, qt, input_precision=PREC)  # (BLOCK_N, BLOCK_M)
+        st, tt = _scores(qkt, qk_scale, cap_scale, SOFTCAP)
+        pt = tl.exp2(st - lse[None, :])
+        if MASKED:
+            ok = _visible(rows[None, :], offs_n[:, None], q_len, k_len, shift, wl, wr,
+                          MASK_LO, MASK_HI)
+            pt = tl.where(ok, pt, 0.0)
+        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PREC)
+        dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
+        dst = pt * (dpt - delta[None, :])
+        if SOFTCAP:
+            dst = dst * (1.0 - tt * tt)
+        dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=PREC)
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
+    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, sdb, sds, sdh, sdd,
+    sdkb, sdks, sdkh, sdkd, sdvb, sdvs, sdvh, sdvd, slb, slh, sls,
+    seqlen_q, seqlen_k, HK, GROUP, sm_scale, qk_scale, cap_scale, wl, wr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_LO: tl.constexpr,
+    MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One program: BLOCK_N keys of one (batch, key/value head), summed over the GROUP query
+    heads that share it. DO: the output gradient (strides ``sd*``); DK, DV: outputs (strides
+    ``sdk*``, ``sdv*``); LSE, DELTA: float32 rows (layout ``slb, slh, sls``); other arguments
+    as in :func:`_attn_fwd_kernel`; ``sm_scale`` the softmax scale."""
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // HK
+    hk = pid_bh % HK
+    q_start, q_len, k_start, k_len = _seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, VARLEN)
+    n0 = pid_n * BLOCK_N
+    if n0 >= k_len:
+        return
+    b64 = b.to(tl.int64)
+    hk64 = hk.to(tl.int64)
+    qs64 = q_start.to(tl.int64)
+    ks64 = k_start.to(tl.int64)
+    K += b64 * skb + hk64 * skh + ks64 * sks
+    V += b64 * svb + hk64 * svh + ks64 * svs
+    DK += b64 * sdkb + hk64 * sdkh + ks64 * sdks
+    DV += b64 * sdvb + hk64 * sdvh + ks64 * sdvs
+    shift = k_len - q_len
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_mb = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    kv_mask = (offs_n[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM)
+    k = tl.load(K + offs_n[:, None] * sks + offs_d[None, :] * skd, mask=kv_mask, other=0.0)
+    v = tl.load(V + offs_n[:, None] * svs + offs_d[None, :] * svd, mask=kv_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = _query_ranges(n0, q_len, k_len, shift, wl, wr,
+                                             BLOCK_M, BLOCK_N, MASK_LO, MASK_HI)
+    for g in range(0, GROUP):
+        h64 = (hk * GROUP + g).to(tl.int64)
+        Qh = Q + b64 * sqb + h64 * sqh + qs64 * sqs
+        DOh = DO + b64 * sdb + h64 * sdh + qs64 * sds
+        LSEh = LSE + b64 * slb + h64 * slh + qs64 * sls
+        DELTAh = DELTA + b64 * slb + h64 * slh + qs64 * sls
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, sqs, sqd, sds, sdd, sls,
+                                 lo, full_lo, offs_n, offs_mb, offs_d, q_len, k_len, shift,
+                                 wl, wr, qk_scale, cap_scale, HEAD_DIM, BLOCK_M, True,
+                                 MASK_LO, MASK_HI, SOFTCAP, PREC)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, sqs, sqd, sds, sdd, sls,
+                                 full_lo, full_hi, offs_n, offs_mb, offs_d, q_len, k_len, shift,
+                                 wl, wr, qk_scale, cap_scale, HEAD_DIM, BLOCK_M, False,
+                                 MASK_LO, MASK_HI, SOFTCAP, PREC)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, sqs, sqd, sds, sdd, sls,
+                                 full_hi, hi, offs_n, offs_mb, offs_d, q_len, k_len, shift,
+                                 wl, wr, qk_scale, cap_scale, HEAD_DIM, BLOCK_M, True,
+                                 MASK_LO, MASK_HI, SOFTCAP, PREC)
+    dk = dk * sm_scale
+    tl.store(DK + offs_n[:, None] * sdks + offs_d[None, :] * sdkd, dk.to(DK.dtype.element_ty),
+             mask=kv_mask)
+    tl.store(DV + offs_n[:, None] * sdvs + offs_d[None, :] * sdvd, dv.to(DV.dtype.element_ty),
+             mask=kv_mask)
+
+
+@triton.jit
+def _bwd_dq_inner(dq, q, do, lse, delta, K, V, sks, skd, svs, svd,
+                  start, end, offs_m, offs_nb, offs_d, q_len, k_len, shift, wl, wr,
+                  qk_scale, cap_scale,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                  MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+                  PREC: tl.constexpr):
+    dmask = offs_d < HEAD_DIM
+    for start_n in range(start, end, BLOCK_N):
+        cols = start_n + offs_nb
+        cmask = cols < k_len
+        kt = tl.load(K + cols[None, :] * sks + offs_d[:, None] * skd,
+                     mask=dmask[:, None] & cmask[None, :], other=0.0)
+        vt = tl.load(V + cols[None, :] * svs + offs_d[:, None] * svd,
+                     mask=dmask[:, None] & cmask[None, :], other=0.0)
+        qk = tl.dot(q, kt, input_precision=PREC)
+        s, t = _scores(qk, qk_scale, cap_scale, SOFTCAP)
+        p = tl.exp2(s - lse[:, None])
+        if MASKED:
+            ok = _visible(offs_m[:, None], cols[None, :], q_len, k_len, shift, wl, wr,
+                          MASK_LO, MASK_HI)
+            p = tl.where(ok, p, 0.0)
+        dp = tl.dot(do, vt, input_precision=PREC)
+        ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=PREC)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
+    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, sdb, sds, sdh, sdd,
+    sdqb, sdqs, sdqh, sdqd, slb, slh, sls,
+    seqlen_q, seqlen_k, H, GROUP, sm_scale, qk_scale, cap_scale, wl, wr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_LO: tl.constexpr,
+    MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One program: dQ for BLOCK_M query rows of one (batch, query head); DQ strides
+    ``sdq*``; other arguments as in :func:`_attn_bwd_dkdv_kernel`."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    q_start, q_len, k_start, k_len = _seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    hk = h // GROUP
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+    hk64 = hk.to(tl.int64)
+    qs64 = q_start.to(tl.int64)
+    ks64 = k_start.to(tl.int64)
+    Q += b64 * sqb + h64 * sqh + qs64 * sqs
+    DO += b64 * sdb + h64 * sdh + qs64 * sds
+    DQ += b64 * sdqb + h64 * sdqh + qs64 * sdqs
+    LSE += b64 * slb + h64 * slh + qs64 * sls
+    DELTA += b64 * slb + h64 * slh + qs64 * sls
+    K += b64 * skb + hk64 * skh + ks64 * sks
+    V += b64 * svb + hk64 * svh + ks64 * svs
+    shift = k_len - q_len
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_nb = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    rmask = offs_m < q_len
+    mask = rmask[:, None] & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(Q + offs_m[:, None] * sqs + offs_d[None, :] * sqd, mask=mask, other=0.0)
+    do = tl.load(DO + offs_m[:, None] * sds + offs_d[None, :] * sdd, mask=mask, other=0.0)
+    lse = tl.load(LSE + offs_m * sls, mask=rmask, other=0.0) * 1.4426950408889634
+    delta = tl.load(DELTA + offs_m * sls, mask=rmask, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = _key_ranges(m0, q_len, k_len, shift, wl, wr,
+                                           BLOCK_M, BLOCK_N, MASK_LO, MASK_HI)
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, K, V, sks, skd, svs, svd, lo, full_lo,
+                       offs_m, offs_nb, offs_d, q_len, k_len, shift, wl, wr, qk_scale,
+                       cap_scale, HEAD_DIM, BLOCK_N, True, MASK_LO, MASK_HI, SOFTCAP, PREC)
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, K, V, sks, skd, svs, svd, full_lo, full_hi,
+                       offs_m, offs_nb, offs_d, q_len, k_len, shift, wl, wr, qk_scale,
+                       cap_scale, HEAD_DIM, BLOCK_N, False, MASK_LO, MASK_HI, SOFTCAP, PREC)
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, K, V, sks, skd, svs, svd, full_hi, hi,
+                       offs_m, offs_nb, offs_d, q_len, k_len, shift, wl, wr, qk_scale,
+                       cap_scale, HEAD_DIM, BLOCK_N, True, MASK_LO, MASK_HI, SOFTCAP, PREC)
+    dq = dq * sm_scale
+    tl.store(DQ + offs_m[:, None] * sdqs + offs_d[None, :] * sdqd, dq.to(DQ.dtype.element_ty),
+             mask=mask)
+
+
+_attn_bwd_dkdv_autotuned = triton.autotune(
+    configs=_bwd_configs(), key=_TUNE_KEY,
+    prune_configs_by={"early_config_prune": _prune(_bwd_smem)},
+)(_attn_bwd_dkdv_kernel)
+_attn_bwd_dq_autotuned = triton.autotune(
+    configs=_bwd_configs(), key=_TUNE_KEY,
+    prune_configs_by={"early_config_prune": _prune(_bwd_smem)},
+)(_attn_bwd_dq_kernel)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation and launchers
+# --------------------------------------------------------------------------------------------
+def _strides4(t: torch.Tensor, varlen: bool) -> tuple[int, int, int, int]:
+    """(batch, seq, head, dim) strides; a varlen tensor (tokens, heads, dim) has batch 0."""
+    if varlen:
+        return (0, t.stride(0), t.stride(1), t.stride(2))
+    return tuple(t.stride())
+
+
+def _lse_strides(lse: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
+    if varlen:  # (heads, total_q)
+        return (0, lse.stride(0), lse.stride(1))
+    return tuple(lse.stride())  # (batch, heads, seqlen_q)
+
+
+def _flags(head_dim, causal, window, softcap, varlen, dtype):
+    wl, wr = window
+    if causal:
+        wr = 0
+    return dict(
+        HEAD_DIM=head_dim, BLOCK_D=max(16, C.next_power_of_2(head_dim)),
+        MASK_LO=wl >= 0, MASK_HI=wr >= 0, SOFTCAP=softcap > 0.0, VARLEN=varlen,
+        PREC="ieee" if dtype == torch.float32 else "tf32",
+    ), max(wl, 0), max(wr, 0)
+
+
+def _scales(scale: float, softcap: float) -> tuple[float, float]:
+    """(qk_scale, cap_scale) as the kernels take them."""
+    if softcap > 0.0:
+        return softcap * LOG2E, scale / softcap
+    return scale * LOG2E, 1.0
+
+
+def _check_inputs(q, k, v, varlen, window_size, softcap, softmax_scale):
+    nd = 3 if varlen else 4
+    layout = "(total_tokens, heads, head_dim)" if varlen else "(batch, seqlen, heads, head_dim)"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        C.check_tensor(t, name, DTYPES)
+        if t.ndim != nd:
+            raise ValueError(f"{name} must be {layout}, got shape {tuple(t.shape)}")
+    C.check_same_device(q=q, k=k, v=v)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k, v must share a dtype, got {C.dtype_name(q.dtype)}, "
+                        f"{C.dtype_name(k.dtype)}, {C.dtype_name(v.dtype)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    d = q.shape[-1]
+    if k.shape[-1] != d:
+        raise ValueError(f"q and k must have the same head_dim, got {d} and {k.shape[-1]}")
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim {d} is not supported (1 to {MAX_HEAD_DIM})")
+    if not varlen and k.shape[0] != q.shape[0]:
+        raise ValueError(f"q and k must have the same batch size, got {q.shape[0]} and "
+                         f"{k.shape[0]}")
+    hq, hk = q.shape[-2], k.shape[-2]
+    if hk == 0 or hq % hk != 0:
+        raise ValueError(f"the number of query heads ({hq}) must be a multiple of the number of "
+                         f"key/value heads ({hk})")
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or any(int(w) != w or w < -1 for w in window_size)):
+        raise ValueError(f"window_size must be a pair (left, right) of ints >= -1, "
+                         f"got {window_size!r}")
+    if softcap < 0:
+        raise ValueError(f"softcap must be >= 0 (0 turns it off), got {softcap}")
+    if softmax_scale is not None and not softmax_scale > 0:
+        raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
+
+
+def _check_cu(cu, name, batch_hint=None):
+    C.check_tensor(cu, name, (torch.int32,), ndim=1)
+    if cu.shape[0] < 1:
+        raise ValueError(f"{name} must hold batch + 1 offsets, got shape {tuple(cu.shape)}")
+
+
+def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
+              config=None):
+    """Launch the forward; returns (out, lse). ``config`` (a dict with BLOCK_M, BLOCK_N,
+    num_warps, num_stages and optionally WARP_SPEC) bypasses the autotuner."""
+    varlen = cu_q is not None
+    hq, hk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    if varlen:
+        batch = cu_q.shape[0] - 1
+        out = C.empty(q.shape, q.dtype, q.device)
+        lse = C.empty((hq, q.shape[0]), torch.float32, q.device)
+        sq, sk = max_q, max_k
+    else:
+        batch, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+        out = C.empty(q.shape, q.dtype, q.device)
+        lse = C.empty((batch, hq, sq), torch.float32, q.device)
+    if batch == 0 or sq == 0 or hq == 0:
+        return out, lse
+    flags, wl, wr = _flags(d, causal, (wl, wr), softcap, varlen, q.dtype)
+    qk_scale, cap_scale = _scales(scale, softcap)
+    dummy = cu_q if varlen else q
+    args = dict(
+        Q=q, K=k, V=v, O=out, LSE=lse, CU_Q=dummy, CU_K=cu_k if varlen else q,
+        **_named("sq", _strides4(q, varlen)), **_named("sk", _strides4(k, varlen)),
+        **_named("sv", _strides4(v, varlen)), **_named("so", _strides4(out, varlen)),
+        **_named("sl", _lse_strides(lse, varlen), dims="bhs"),
+        seqlen_q=sq, seqlen_k=sk, H=hq, GROUP=hq // hk, qk_scale=qk_scale,
+        cap_scale=cap_scale, wl=wl, wr=wr, **flags,
+    )
+    if config is None:
+        grid = lambda meta: (triton.cdiv(sq, meta["BLOCK_M"]), batch * hq)
+        C.launch(_attn_fwd_autotuned, grid, **args, WARP_SPEC=False)
+    else:
+        cfg = dict(config)
+        cfg.setdefault("WARP_SPEC", False)
+        grid = (triton.cdiv(sq, cfg["BLOCK_M"]), batch * hq)
+        C.launch(_attn_fwd_kernel, grid, **args, **cfg)
+    return out, lse
+
+
+def _named(prefix, strides, dims="bshd"):
+    return {f"{prefix}{c}": s for c, s in zip(dims, strides)}
+
+
+def _bwd_impl(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr,
+              softcap, config=None):
+    """Launch the backward; returns (dq, dk, dv). ``config`` bypasses the autotuners."""
+    varlen = cu_q is not None
+    hq, hk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    dq = C.empty(q.shape, q.dtype, q.device)
+    dk = C.empty(k.shape, k.dtype, k.device)
+    dv = C.empty(v.shape, v.dtype, v.device)
+    if varlen:
+        batch, sq, sk = cu_q.shape[0] - 1, max_q, max_k
+    else:
+        batch, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+    if batch == 0 or hq == 0 or (sq == 0 and sk == 0):
+        return dq, dk, dv
+    flags, wl, wr = _flags(d, causal, (wl, wr), softcap, varlen, q.dtype)
+    qk_scale, cap_scale = _scales(scale, softcap)
+    delta = C.empty(lse.shape, torch.float32, q.device)
+    lse_st = _named("sl", _lse_strides(lse, varlen), dims="bhs")
+    cu_q_arg = cu_q if varlen else q
+    cu_k_arg = cu_k if varlen else q
+    if sq > 0:
+        block_m = 64
+        C.launch(_attn_bwd_delta_kernel, (triton.cdiv(sq, block_m), batch * hq),
+                 O=out, DO=do, DELTA=delta, CU_Q=cu_q_arg,
+                 **_named("so", _strides4(out, varlen)), **_named("sd", _strides4(do, varlen)),
+                 **lse_st, seqlen_q=sq, H=hq, HEAD_DIM=d, BLOCK_D=flags["BLOCK_D"],
+                 VARLEN=varlen, BLOCK_M=block_m)
+        if dlse is not None:  # d lse_i / d S_ij = P_ij: folds into delta
+            delta = delta - dlse.to(torch.float32)
+    common = dict(
+        Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, CU_Q=cu_q_arg, CU_K=cu_k_arg,
+        **_named("sq", _strides4(q, varlen)), **_named("sk", _strides4(k, varlen)),
+        **_named("sv", _strides4(v, varlen)), **_named("sd", _strides4(do, varlen)),
+        **lse_st, seqlen_q=sq, seqlen_k=sk, GROUP=hq // hk, sm_scale=scale,
+        qk_scale=qk_scale, cap_scale=cap_scale, wl=wl, wr=wr, **flags,
+    )
+    dkdv_args = dict(common, DK=dk, DV=dv, **_named("sdk", _strides4(dk, varlen)),
+                     **_named("sdv", _strides4(dv, varlen)), HK=hk)
+    dq_args = dict(common, DQ=dq, **_named("sdq", _strides4(dq, varlen)), H=hq)
+    if config is None:
+        C.launch(_attn_bwd_dkdv_autotuned,
+                 lambda meta: (triton.cdiv(sk, meta["BLOCK_N"]), batch * hk), **dkdv_args)
+        C.launch(_attn_bwd_dq_autotuned,
+                 lambda meta: (triton.cdiv(sq, meta["BLOCK_M"]), batch * hq), **dq_args)
+    else:
+        cfg = dict(config)
+        C.launch(_attn_bwd_dkdv_kernel, (triton.cdiv(sk, cfg["BLOCK_N"]), batch * hk),
+                 **dkdv_args, **cfg)
+        C.launch(_attn_bwd_dq_kernel, (triton.cdiv(sq, cfg["BLOCK_M"]), batch * hq),
+                 **dq_args, **cfg)
+    return dq, dk, dv
+
+
+# --------------------------------------------------------------------------------------------
+# torch.library registration (custom op + fake + autograd)
+# --------------------------------------------------------------------------------------------
+@torch.library.custom_op("tkit::flash_attn_fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],  # noqa: UP045
+            max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float,
+            window_left: int, window_right: int, softcap: float,
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                     softmax_scale, window_left, window_right, softcap)
+
+
+@_fwd_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+      window_left, window_right, softcap):
+    out = q.new_empty(q.shape)
+    if cu_seqlens_q is not None:
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    else:
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("tkit::flash_attn_bwd", mutates_args=())
+def _bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor],  # noqa: UP045
+            cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],  # noqa: UP045
+            max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float,
+            window_left: int, window_right: int, softcap: float,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _bwd_impl(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                     max_seqlen_k, causal, softmax_scale, window_left, window_right, softcap)
+
+
+@_bwd_op.register_fake
+def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+      causal, softmax_scale, window_left, window_right, softcap):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _fwd_setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.opts = (max_q, max_k, causal, scale, wl, wr, softcap)
+
+
+def _fwd_backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = _bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, *ctx.opts)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+_fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup)
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+def _resolve(q, causal, softmax_scale, window_size, softcap):
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    wl, wr = (int(w) for w in window_size)
+    return bool(causal), scale, wl, wr, float(softcap)
+
+
+def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1),
+                    softcap=0.0, return_lse=False):
+    """Scaled dot-product attention, FlashAttention style (never materialises the scores).
+
+    Parameters
+    ----------
+    q : Tensor (batch, seqlen_q, heads_q, head_dim), float16, bfloat16 or float32
+    k, v : Tensor (batch, seqlen_k, heads_kv, head_dim); heads_q a multiple of heads_kv
+        (GQA/MQA). Any strides (e.g. views of one packed qkv tensor).
+    causal : bool
+        Mask keys after the query, aligned to the bottom-right corner when seqlen_q != seqlen_k.
+    softmax_scale : float, optional
+        Default 1/sqrt(head_dim).
+    window_size : (int, int)
+        Sliding window (left, right); -1 is unbounded. Key j is visible from query i when
+        ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right``.
+    softcap : float
+        When > 0, scores become ``softcap * tanh(scores / softcap)`` before the softmax.
+    return_lse : bool
+        Also return the log-sum-exp of each row's scores, float32 (batch, heads_q, seqlen_q).
+
+    Returns
+    -------
+    out : Tensor like q; or (out, lse). Rows with no visible key give 0 and lse -inf.
+    """
+    _check_inputs(q, k, v, False, window_size, softcap, softmax_scale)
+    causal, scale, wl, wr, softcap = _resolve(q, causal, softmax_scale, window_size, softcap)
+    sq, sk = q.shape[1], k.shape[1]
+    if C.use_direct_path(q, k, v):
+        out, lse = _fwd_impl(q, k, v, None, None, sq, sk, causal, scale, wl, wr, softcap)
+    else:
+        out, lse = _fwd_op(q, k, v, None, None, sq, sk, causal, scale, wl, wr, softcap)
+    return (out, lse) if return_lse else out
+
+
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                           causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
+                           return_lse=False):
+    """:func:`flash_attention` over packed sequences of different lengths, without padding.
+
+    Parameters
+    ----------
+    q : Tensor (total_q, heads_q, head_dim); k, v : Tensor (total_k, heads_kv, head_dim)
+    cu_seqlens_q, cu_seqlens_k : int32 Tensor (batch + 1,)
+        Cumulative sequence lengths: sequence b is ``q[cu_seqlens_q[b]:cu_seqlens_q[b+1]]``.
+    max_seqlen_q, max_seqlen_k : int
+        The longest sequence (sizes the grid; never read from the device).
+    Other options as in :func:`flash_attention`; the lse is (heads_q, total_q).
+    """
+    _check_inputs(q, k, v, True, window_size, softcap, softmax_scale)
+    _check_cu(cu_seqlens_q, "cu_seqlens_q")
+    _check_cu(cu_seqlens_k, "cu_seqlens_k")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length, got "
+                         f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
+    C.check_same_device(q=q, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if int(m) != m or m < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {m!r}")
+    causal, scale, wl, wr, softcap = _resolve(q, causal, softmax_scale, window_size, softcap)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
+            scale, wl, wr, softcap)
+    if C.use_direct_path(q, k, v):
+        out, lse = _fwd_impl(*args)
+    else:
+        out, lse = _fwd_op(*args)
+    return (out, lse) if return_lse else out
+
+
+def cost(q, k, v, *args, causal=False, backward=False, **kwargs):
+    """(bytes, flops) of one call: Q, K, V read and O written once; 4*B*H*Sq*Sk*D FLOPs
+    (half when causal), 2.5x that for the backward."""
+    from tkit.registry import Cost
+
+    if q.ndim == 4:
+        b, sq, h, d = q.shape
+        sk = k.shape[1]
+        pairs = b * sq * sk
+    else:  # varlen: args are cu_seqlens_q, cu_seqlens_k
+        cu_q, cu_k = args[0], args[1]
+        lq = (cu_q[1:] - cu_q[:-1]).double()
+        lk = (cu_k[1:] - cu_k[:-1]).double()
+        pairs = float((lq * lk).sum())
+        h, d = q.shape[1], q.shape[2]
+    flops = 4.0 * pairs * h * d * (0.5 if causal else 1.0)
+    nbytes = (q.numel() * 2 + k.numel() + v.numel()) * q.element_size()
+    if backward:
+        flops *= 2.5
+        nbytes *= 2
+    return Cost(nbytes, flops)
