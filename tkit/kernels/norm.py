@@ -1,0 +1,558 @@
+"""RMSNorm (optionally fused with the residual add) and LayerNorm, forward and backward.
+
+Math, per row h of length N (float32 inside, rounded once on store; w = weight, b = bias):
+
+    rms_norm     rstd = 1 / sqrt(mean(h^2) + eps)            y = h * rstd * w
+    layer_norm   mu = mean(h), rstd = 1 / sqrt(mean((h - mu)^2) + eps)
+                                                            y = (h - mu) * rstd * w + b
+    residual     h = x + residual, rounded to x's dtype and stored; y is the norm of that
+                 stored h (what the next layer's residual stream holds), both in one pass.
+
+The variance is computed two-pass on chip: the row (or chunk) sits in registers, its mean is
+taken first and then the mean of squared deviations, so there is no E[x^2] - E[x]^2
+cancellation. Rows longer than one chunk combine chunk moments with Chan's parallel rule.
+
+Backward (xhat = (h - mu) * rstd, mu = 0 for RMSNorm; g = dy * w):
+
+    dx = rstd * (g - mean(g) - xhat * mean(g * xhat))       (no mean(g) term for RMSNorm)
+    dw = sum over rows of dy * xhat,  db = sum over rows of dy
+    with the residual form, the gradient of h adds dh (h is an output too), and x and
+    residual both receive dx.
+
+Cost model: forward reads M*N (+ M*N residual) + N, writes M*N (+ M*N h); backward reads h, dy
+(+ dh), writes dx, plus the small dw/db partials. A few FLOPs per element: memory-bound at any N.
+
+Kernels:
+
+* ``_norm_fwd_kernel``: rows of up to 64 KiB in registers (ROWS rows a program for short rows,
+  ``SINGLE``); longer rows loop over BLOCK_N chunks twice in one program (moments, then
+  normalize; the second read of a row just read is mostly served by L2).
+* ``_norm_bwd_kernel``: grid (G, chunks). Each of G programs walks a strided set of row tiles
+  and accumulates its dw/db partial in float32 registers, writing one (G, N) partial row;
+  ``_col_sum_kernel`` then reduces the G partials (the Triton-tutorial / Liger pattern). Rows
+  up to 32 KiB compute their statistics in registers; longer rows take them from
+  ``_norm_bwd_stats_kernel`` (one program a row, looping over chunks).
+
+The forward saves nothing but its inputs (or h): the backward recomputes mean and rstd from the
+row it has to read anyway, which saves a launch's worth of writes and keeps the ops simple.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from tkit import _env
+from tkit.kernels import _common as C
+from tkit.kernels.softmax import OVERRIDE, _row_offsets, as_rows, row_config
+
+#: Largest row a program holds in registers: 64 KiB forward; 32 KiB backward (it holds h, dy
+#: and w and their products).
+FWD_SINGLE_MAX_BYTES = 64 * 1024
+BWD_SINGLE_MAX_BYTES = 32 * 1024
+
+
+def _chunk() -> int:
+    return OVERRIDE.get("norm_chunk", 4096 if _env.INTERPRET else 8192)
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------
+@triton.jit
+def _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
+            HAS_RES: tl.constexpr, STORE_H: tl.constexpr):
+    """One (rows x cols) tile of h in float32: x, or x + residual rounded to h's dtype (stored
+    when STORE_H)."""
+    x = tl.load(x_ptr + rows[:, None] * sxm + cols[None, :] * sxn, mask=mask, other=0.0,
+                eviction_policy="evict_first").to(tl.float32)
+    if HAS_RES:
+        r = tl.load(r_ptr + rows[:, None] * srm + cols[None, :] * srn, mask=mask, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+        h = (x + r).to(h_ptr.dtype.element_ty)
+        if STORE_H:
+            tl.store(h_ptr + rows[:, None] * shm + cols[None, :], h, mask=mask)
+        x = h.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _norm_fwd_kernel(
+    x_ptr, r_ptr, h_ptr, w_ptr, b_ptr, y_ptr, M, N, sxm, sxn, srm, srn, shm, sym, eps,
+    IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, INT64: tl.constexpr,
+):
+    """y = norm(h) * w (+ b) for ROWS rows a program.
+
+    x_ptr, r_ptr: input and residual rows (row strides sxm/srm, column strides sxn/srn; r_ptr
+    unused without HAS_RES); h_ptr: x + residual output (row stride shm, contiguous columns);
+    w_ptr, b_ptr: weight and bias (N,); y_ptr: output, row stride sym. SINGLE: the whole row
+    fits one BLOCK_N tile; otherwise ROWS is 1 and the row is walked in BLOCK_N chunks twice.
+    """
+    rows, rmask = _row_offsets(tl.program_id(0), M, ROWS, INT64)
+    if SINGLE:
+        cols = tl.arange(0, BLOCK_N)
+        cmask = cols < N
+        mask = rmask[:, None] & cmask[None, :]
+        h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
+                    HAS_RES, True)
+        if IS_RMS:
+            d = h
+        else:
+            mean = tl.sum(h, axis=1) / N
+            d = tl.where(mask, h - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / N + eps)
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        y = d * rstd[:, None] * w[None, :]
+        if HAS_BIAS:
+            y += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + rows[:, None] * sym + cols[None, :], y.to(y_ptr.dtype.element_ty),
+                 mask=mask)
+    else:
+        count = tl.zeros((ROWS,), dtype=tl.float32)
+        mean = tl.zeros((ROWS,), dtype=tl.float32)
+        m2 = tl.zeros((ROWS,), dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = rmask[:, None] & (cols < N)[None, :]
+            h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
+                        HAS_RES, True)
+            if IS_RMS:
+                m2 += tl.sum(h * h, axis=1)
+            else:
+                # Chan et al.: combine this chunk's (count, mean, M2) with the running ones
+                nc = tl.minimum(N - start, BLOCK_N).to(tl.float32)
+                mc = tl.sum(h, axis=1) / nc
+                dc = tl.where(mask, h - mc[:, None], 0.0)
+                delta = mc - mean
+                total = count + nc
+                mean += delta * (nc / total)
+                m2 += tl.sum(dc * dc, axis=1) + delta * delta * (count * nc / total)
+                count = total
+        rstd = 1.0 / tl.sqrt(m2 / N + eps)
+        tl.debug_barrier()  # h written above is read back below
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            cmask = cols < N
+            mask = rmask[:, None] & cmask[None, :]
+            if HAS_RES:
+                h = tl.load(h_ptr + rows[:, None] * shm + cols[None, :], mask=mask,
+                            other=0.0).to(tl.float32)
+            else:
+                h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
+                            False, False)
+            if not IS_RMS:
+                h = h - mean[:, None]
+            w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            y = h * rstd[:, None] * w[None, :]
+            if HAS_BIAS:
+                y += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+            tl.store(y_ptr + rows[:, None] * sym + cols[None, :], y.to(y_ptr.dtype.element_ty),
+                     mask=mask)
+
+
+@triton.jit
+def _norm_bwd_stats_kernel(
+    h_ptr, w_ptr, dy_ptr, stats_ptr, N, shm, shn, sdym, sdyn, eps,
+    IS_RMS: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr,
+):
+    """Per-row statistics for long rows: stats[row] = (mean, rstd, mean(g), mean(g * xhat)).
+
+    h_ptr: the normalized input (row/column strides shm/shn); dy_ptr: output gradient
+    (sdym/sdyn); w_ptr: weight (N,); stats_ptr: float32 (M, 4).
+    """
+    row = tl.program_id(0)
+    if INT64:
+        row = row.to(tl.int64)
+    count = 0.0
+    mean = 0.0
+    m2 = 0.0
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < N
+        h = tl.load(h_ptr + row * shm + cols * shn, mask=mask, other=0.0).to(tl.float32)
+        if IS_RMS:
+            m2 += tl.sum(h * h, axis=0)
+        else:
+            nc = tl.minimum(N - start, BLOCK_N).to(tl.float32)
+            mc = tl.sum(h, axis=0) / nc
+            dc = tl.where(mask, h - mc, 0.0)
+            delta = mc - mean
+            total = count + nc
+            mean += delta * (nc / total)
+            m2 += tl.sum(dc * dc, axis=0) + delta * delta * (count * nc / total)
+            count = total
+    rstd = 1.0 / tl.sqrt(m2 / N + eps)
+    s1 = 0.0
+    s2 = 0.0
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < N
+        h = tl.load(h_ptr + row * shm + cols * shn, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * sdym + cols * sdyn, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        g = dy * w
+        s1 += tl.sum(g, axis=0)
+        s2 += tl.sum(g * (h - mean) * rstd, axis=0)
+    tl.store(stats_ptr + row * 4 + 0, mean)
+    tl.store(stats_ptr + row * 4 + 1, rstd)
+    tl.store(stats_ptr + row * 4 + 2, s1 / N)
+    tl.store(stats_ptr + row * 4 + 3, s2 / N)
+
+
+@triton.jit
+def _norm_bwd_kernel(
+    h_ptr, w_ptr, dy_ptr, dres_ptr, dx_ptr, dw_ptr, db_ptr, stats_ptr,
+    M, N, shm, shn, sdym, sdyn, sdrm, sdrn, sdxm, eps,
+    IS_RMS: tl.constexpr, HAS_DRES: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, INT64: tl.constexpr,
+):
+    """dx for the row tiles g, g + G, g + 2G, ... (G = programs along axis 0) in the column
+    chunk of axis 1, plus this program's dw/db partials.
+
+    h_ptr: normalized input (strides shm/shn); dy_ptr, dres_ptr: gradients of y and of h
+    (the latter only with HAS_DRES); dx_ptr: output, row stride sdxm; dw_ptr, db_ptr: float32
+    (G, N) partials; stats_ptr: (M, 4) per-row statistics when not SINGLE.
+    """
+    g = tl.program_id(0)
+    G = tl.num_programs(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    dw = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    db = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for tile in range(g, tl.cdiv(M, ROWS), G):
+        rows, rmask = _row_offsets(tile, M, ROWS, INT64)
+        mask = rmask[:, None] & cmask[None, :]
+        h = tl.load(h_ptr + rows[:, None] * shm + cols[None, :] * shn, mask=mask,
+                    other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows[:, None] * sdym + cols[None, :] * sdyn, mask=mask,
+                     other=0.0).to(tl.float32)
+        gy = dy * w[None, :]
+        if SINGLE:
+            if IS_RMS:
+                d = h
+            else:
+                mean = tl.sum(h, axis=1) / N
+                d = tl.where(mask, h - mean[:, None], 0.0)
+            rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / N + eps)
+            xhat = d * rstd[:, None]
+            c2 = tl.sum(gy * xhat, axis=1) / N
+            dx = gy - xhat * c2[:, None]
+            if not IS_RMS:
+                dx -= (tl.sum(gy, axis=1) / N)[:, None]
+        else:
+            st = stats_ptr + rows * 4
+            mean = tl.load(st + 0, mask=rmask, other=0.0)
+            rstd = tl.load(st + 1, mask=rmask, other=0.0)
+            c1 = tl.load(st + 2, mask=rmask, other=0.0)
+            c2 = tl.load(st + 3, mask=rmask, other=0.0)
+            if IS_RMS:
+                xhat = h * rstd[:, None]
+                dx = gy - xhat * c2[:, None]
+            else:
+                xhat = tl.where(mask, (h - mean[:, None]) * rstd[:, None], 0.0)
+                dx = gy - c1[:, None] - xhat * c2[:, None]
+        dx = dx * rstd[:, None]
+        if HAS_DRES:
+            dx += tl.load(dres_ptr + rows[:, None] * sdrm + cols[None, :] * sdrn, mask=mask,
+                          other=0.0).to(tl.float32)
+        tl.store(dx_ptr + rows[:, None] * sdxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty),
+                 mask=mask)
+        dw += tl.sum(dy * xhat, axis=0)
+        if HAS_BIAS:
+            db += tl.sum(dy, axis=0)
+    tl.store(dw_ptr + g * N + cols, dw, mask=cmask)
+    if HAS_BIAS:
+        tl.store(db_ptr + g * N + cols, db, mask=cmask)
+
+
+@triton.jit
+def _col_sum_kernel(part_ptr, out_ptr, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[n] = sum_g part[g, n]: part_ptr is float32 (G, N) contiguous; out_ptr (N,)."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    acc = tl.zeros((BLOCK_G, BLOCK_N), dtype=tl.float32)
+    for start in range(0, G, BLOCK_G):
+        gs = start + tl.arange(0, BLOCK_G)
+        acc += tl.load(part_ptr + gs[:, None] * N + cols[None, :],
+                       mask=(gs < G)[:, None] & cmask[None, :], other=0.0)
+    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=cmask)
+
+
+# --------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------
+def _fwd_config(N: int, itemsize: int) -> tuple[int, int, int, bool]:
+    """(BLOCK_N, ROWS, num_warps, SINGLE): rows up to 64 KiB in registers (see
+    ``softmax.row_config``); longer rows in chunks of 8192 columns with 16 warps."""
+    if N * itemsize <= OVERRIDE.get("norm_fwd_single_bytes", FWD_SINGLE_MAX_BYTES):
+        block_n, rows, warps = row_config(N, itemsize)
+        return block_n, rows, warps, True
+    return _chunk(), 1, 4 if _env.INTERPRET else 16, False
+
+
+def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms):
+    """Returns (y, h); h is None without residual."""
+    N = x.shape[-1]
+    y = C.empty(x.shape, x.dtype, x.device)
+    h = C.empty(x.shape, x.dtype, x.device) if residual is not None else None
+    if y.numel() == 0:
+        return y, h
+    x2 = as_rows(x)
+    r2 = as_rows(residual) if residual is not None else x2
+    y2 = y.view(-1, N)
+    h2 = h.view(-1, N) if h is not None else y2
+    M = x2.shape[0]
+    block_n, rows, warps, single = _fwd_config(N, x.element_size())
+    C.launch(_norm_fwd_kernel, (triton.cdiv(M, rows),), x_ptr=x2, r_ptr=r2, h_ptr=h2,
+             w_ptr=weight, b_ptr=bias if bias is not None else weight, y_ptr=y2, M=M, N=N,
+             sxm=x2.stride(0), sxn=x2.stride(1), srm=r2.stride(0), srn=r2.stride(1),
+             shm=h2.stride(0), sym=y2.stride(0), eps=float(eps), IS_RMS=is_rms,
+             HAS_RES=residual is not None, HAS_BIAS=bias is not None, ROWS=rows,
+             BLOCK_N=block_n, SINGLE=single, INT64=C.needs_int64(x2, r2, y2), num_warps=warps)
+    return y, h
+
+
+def _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias):
+    """Returns (dx, dweight, dbias); dbias has shape (0,) without bias."""
+    N = h.shape[-1]
+    dx = C.empty(h.shape, h.dtype, h.device)
+    dw = C.empty((N,), weight.dtype, h.device)
+    db = C.empty((N,) if has_bias else (0,), weight.dtype, h.device)
+    if h.numel() == 0:
+        dw.zero_()
+        db.zero_()
+        return dx, dw, db
+    h2, dy2, dx2 = as_rows(h), as_rows(dy), dx.view(-1, N)
+    dr2 = as_rows(dres) if dres is not None else dy2
+    M = h2.shape[0]
+    itemsize = h.element_size()
+    single = N * itemsize <= OVERRIDE.get("norm_bwd_single_bytes", BWD_SINGLE_MAX_BYTES)
+    int64 = C.needs_int64(h2, dy2, dx2, dr2)
+    if single:
+        block_n, rows, warps = row_config(N, itemsize)
+        nchunk = 1
+        stats = dx2  # unused
+    else:
+        block_n, rows, warps = _chunk(), 1, (4 if _env.INTERPRET else 8)
+        nchunk = triton.cdiv(N, block_n)
+        stats = torch.empty((M, 4), dtype=torch.float32, device=h.device)
+        C.launch(_norm_bwd_stats_kernel, (M,), h_ptr=h2, w_ptr=weight, dy_ptr=dy2,
+                 stats_ptr=stats, N=N, shm=h2.stride(0), shn=h2.stride(1),
+                 sdym=dy2.stride(0), sdyn=dy2.stride(1), eps=float(eps), IS_RMS=is_rms,
+                 BLOCK_N=block_n, INT64=int64, num_warps=4 if _env.INTERPRET else 16)
+    tiles = triton.cdiv(M, rows)
+    # enough programs for ~2 waves of the SMs; each writes one (N,) float32 partial row
+    G = OVERRIDE.get("norm_bwd_programs", max(1, (2 * _sm_count(h.device)) // nchunk))
+    G = max(1, min(tiles, G))
+    dw_part = torch.empty((G, N), dtype=torch.float32, device=h.device)
+    db_part = torch.empty((G, N), dtype=torch.float32, device=h.device) if has_bias else dw_part
+    C.launch(_norm_bwd_kernel, (G, nchunk), h_ptr=h2, w_ptr=weight, dy_ptr=dy2, dres_ptr=dr2,
+             dx_ptr=dx2, dw_ptr=dw_part, db_ptr=db_part, stats_ptr=stats, M=M, N=N,
+             shm=h2.stride(0), shn=h2.stride(1), sdym=dy2.stride(0), sdyn=dy2.stride(1),
+             sdrm=dr2.stride(0), sdrn=dr2.stride(1), sdxm=dx2.stride(0), eps=float(eps),
+             IS_RMS=is_rms, HAS_DRES=dres is not None, HAS_BIAS=has_bias, ROWS=rows,
+             BLOCK_N=block_n, SINGLE=single, INT64=int64, num_warps=warps)
+    sum_block = 256 if not _env.INTERPRET else C.next_power_of_2(min(N, 4096))
+    for part, out in ((dw_part, dw),) + (((db_part, db),) if has_bias else ()):
+        C.launch(_col_sum_kernel, (triton.cdiv(N, sum_block),), part_ptr=part, out_ptr=out,
+                 G=G, N=N, BLOCK_G=min(32, C.next_power_of_2(G)), BLOCK_N=sum_block,
+                 num_warps=4)
+    return dx, dw, db
+
+
+# --------------------------------------------------------------------------------------------
+# torch.library registration
+# --------------------------------------------------------------------------------------------
+def _like(x):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("tkit::rms_norm", mutates_args=())
+def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _norm_fwd_impl(x, weight, None, None, eps, True)[0]
+
+
+@_rms_norm_op.register_fake
+def _(x, weight, eps):
+    return _like(x)
+
+
+@torch.library.custom_op("tkit::rms_norm_residual", mutates_args=())
+def _rms_norm_residual_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _norm_fwd_impl(x, weight, None, residual, eps, True)
+
+
+@_rms_norm_residual_op.register_fake
+def _(x, residual, weight, eps):
+    return _like(x), _like(x)
+
+
+@torch.library.custom_op("tkit::layer_norm", mutates_args=())
+def _layer_norm_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],  # noqa: UP045
+                   eps: float) -> torch.Tensor:
+    return _norm_fwd_impl(x, weight, bias, None, eps, False)[0]
+
+
+@_layer_norm_op.register_fake
+def _(x, weight, bias, eps):
+    return _like(x)
+
+
+@torch.library.custom_op("tkit::norm_backward", mutates_args=())
+def _norm_bwd_op(h: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor,
+                 dres: Optional[torch.Tensor], eps: float, is_rms: bool,  # noqa: UP045
+                 has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias)
+
+
+@_norm_bwd_op.register_fake
+def _(h, weight, dy, dres, eps, is_rms, has_bias):
+    N = h.shape[-1]
+    return (_like(h), weight.new_empty((N,)), weight.new_empty((N,) if has_bias else (0,)))
+
+
+def _rms_setup(ctx, inputs, output):
+    x, weight, eps = inputs
+    ctx.eps = eps
+    ctx.save_for_backward(x, weight)
+
+
+def _rms_backward(ctx, dy):
+    x, weight = ctx.saved_tensors
+    dx, dw, _ = _norm_bwd_op(x, weight, dy, None, ctx.eps, True, False)
+    return dx, dw, None
+
+
+_rms_norm_op.register_autograd(_rms_backward, setup_context=_rms_setup)
+
+
+def _rms_res_setup(ctx, inputs, output):
+    x, residual, weight, eps = inputs
+    ctx.eps = eps
+    ctx.dtypes = (x.dtype, residual.dtype)
+    ctx.save_for_backward(output[1], weight)
+
+
+def _rms_res_backward(ctx, dy, dh):
+    h, weight = ctx.saved_tensors
+    if dy is None:
+        dy = torch.zeros_like(h)
+    dx, dw, _ = _norm_bwd_op(h, weight, dy, dh, ctx.eps, True, False)
+    return dx.to(ctx.dtypes[0]), dx.to(ctx.dtypes[1]), dw, None
+
+
+_rms_norm_residual_op.register_autograd(_rms_res_backward, setup_context=_rms_res_setup)
+
+
+def _ln_setup(ctx, inputs, output):
+    x, weight, bias, eps = inputs
+    ctx.eps = eps
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(x, weight)
+
+
+def _ln_backward(ctx, dy):
+    x, weight = ctx.saved_tensors
+    dx, dw, db = _norm_bwd_op(x, weight, dy, None, ctx.eps, False, ctx.has_bias)
+    return dx, dw, (db if ctx.has_bias else None), None
+
+
+_layer_norm_op.register_autograd(_ln_backward, setup_context=_ln_setup)
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+def _check_norm(x, weight, bias=None, residual=None, eps=0.0):
+    C.check_tensor(x, "x", min_ndim=1)
+    C.check_tensor(weight, "weight", ndim=1)
+    N = x.shape[-1]
+    if weight.shape[0] != N:
+        raise ValueError(f"weight must have shape ({N},) to match x's last dimension, "
+                         f"got {tuple(weight.shape)}")
+    if bias is not None:
+        C.check_tensor(bias, "bias", ndim=1)
+        if bias.shape != weight.shape:
+            raise ValueError(f"bias must have shape ({N},), got {tuple(bias.shape)}")
+    if residual is not None:
+        C.check_tensor(residual, "residual")
+        if residual.shape != x.shape:
+            raise ValueError(f"residual must have x's shape {tuple(x.shape)}, "
+                             f"got {tuple(residual.shape)}")
+        if residual.dtype != x.dtype:
+            raise TypeError(f"residual has dtype {C.dtype_name(residual.dtype)} but x has "
+                            f"{C.dtype_name(x.dtype)}; they must match")
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
+        raise ValueError(f"eps must be a non-negative float, got {eps!r}")
+    C.check_same_device(x=x, weight=weight, bias=bias, residual=residual)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+             residual: torch.Tensor | None = None):
+    """RMSNorm over the last dimension: ``x / sqrt(mean(x^2) + eps) * weight``.
+
+    Parameters
+    ----------
+    x : Tensor
+        float32/float16/bfloat16 CUDA tensor, any leading shape; rows may be strided (any
+        column stride works; leading dimensions that do not merge into one row stride are
+        copied first).
+    weight : Tensor
+        (N,), any of the three float dtypes.
+    eps : float
+    residual : Tensor, optional
+        Same shape and dtype as ``x``. When given, ``h = x + residual`` is computed and
+        normalized in one pass, and ``(rms_norm(h), h)`` is returned: the fused add + norm of
+        inference engines.
+
+    Returns
+    -------
+    Tensor, or (Tensor, Tensor) with ``residual``
+        In ``x``'s dtype, contiguous. Differentiable in x, residual and weight.
+    """
+    _check_norm(x, weight, residual=residual, eps=eps)
+    if residual is None:
+        if C.use_direct_path(x, weight):
+            return _norm_fwd_impl(x, weight, None, None, eps, True)[0]
+        return _rms_norm_op(x, weight, float(eps))
+    if C.use_direct_path(x, weight, residual):
+        return _norm_fwd_impl(x, weight, None, residual, eps, True)
+    return _rms_norm_residual_op(x, residual, weight, float(eps))
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm over the last dimension: ``(x - mean) / sqrt(var + eps) * weight + bias``.
+
+    The variance is the biased one (as ``torch.nn.functional.layer_norm``), computed two-pass on
+    chip (Chan's combination across chunks for rows over 64 KiB). ``bias`` may be None.
+    Shapes, dtypes and layouts as :func:`rms_norm`.
+    """
+    _check_norm(x, weight, bias=bias, eps=eps)
+    if C.use_direct_path(x, weight, bias):
+        return _norm_fwd_impl(x, weight, bias, None, eps, False)[0]
+    return _layer_norm_op(x, weight, bias, float(eps))
+
+
+def cost(x: torch.Tensor, residual: bool = False, backward: bool = False, bias: bool = False):
+    """Bytes and FLOPs of one call: rows read and written once, weight/bias once."""
+    from tkit.registry import Cost
+
+    n, N, e = x.numel(), x.shape[-1], x.element_size()
+    if backward:
+        tensors = 3 + (1 if residual else 0)  # h, dy (+ dh) read, dx written
+    else:
+        tensors = 2 + (2 if residual else 0)  # x (+ residual) read, y (+ h) written
+    return Cost(tensors * n * e + (2 if bias else 1) * N * e, 6 * n)
