@@ -1,0 +1,649 @@
+"""Compile any tkit op or Triton kernel ahead of time, for any NVIDIA target, without a GPU.
+
+How a kernel becomes IR here:
+
+1. ``resolve``: a tkit op (its function or registry name) is called on meta tensors inside
+   ``tkit.kernels._common.capture_launches()``, which records the kernel, grid and keyword
+   arguments of every launch instead of running it. A user's ``@triton.jit`` / autotuned
+   kernel is taken with the launch arguments given.
+2. ``specialize``: the arguments become an ``ASTSource`` signature the way Triton's launcher
+   specializes them (``JITFunction.run`` -> ``native_specialize_impl``): tensors become
+   ``*bf16``-style pointers, divisible by 16 when 16-byte aligned; integers equal to 1 become
+   constexprs, multiples of 16 carry ``tt.divisibility``; ``tl.constexpr`` parameters and the
+   chosen autotune config are constants. So the kernel compiled here is the one that would run.
+3. ``triton.compile`` for ``GPUTarget("cuda", cap, 32)``; results are cached in-process.
+
+Kernels created while ``TRITON_INTERPRET=1`` is set are ``InterpretedFunction`` objects; they
+are rebuilt as ``JITFunction`` (with their callees) for compilation, so IR works under the
+interpreter too. Under the interpreter, tkit's autotuned kernels carry only their interpreter
+config (``_common.interpreter_configs``); pass ``config=`` to pick other block sizes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import triton
+
+__all__ = ["IRError", "CompiledIR", "compile", "parse_arch", "STAGES"]
+
+STAGES = ("source", "ttir", "ttgir", "llir", "ptx", "sass")
+# NVIDIA targets that tkit.ir compiles for (Triton 3.x supports compute capability >= 8.0 here)
+SUPPORTED_CAPS = (80, 86, 87, 89, 90, 100, 103, 120)
+_OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion",
+                 "launch_pdl")
+
+
+class IRError(ValueError):
+    """Bad input to tkit.ir: unknown op, unsupported arch, arguments that do not fit the kernel."""
+
+
+# --------------------------------------------------------------------------------------------
+# Targets
+# --------------------------------------------------------------------------------------------
+def parse_arch(arch: str | int | None) -> int:
+    """``"sm_90"``, ``"sm_90a"``, ``"90"``, ``90``, ``(9, 0)`` -> 90; None -> the local GPU
+    (sm_90 without one)."""
+    if arch is None:
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            return major * 10 + minor
+        return 90
+    if isinstance(arch, tuple):
+        arch = arch[0] * 10 + arch[1]
+    text = str(arch).strip().lower()
+    m = re.fullmatch(r"(?:sm_?|compute_?)?(\d{2,3})a?", text)
+    if not m:
+        if text.startswith("gfx"):
+            raise IRError(f"arch {arch!r} is an AMD target; tkit.ir compiles for NVIDIA targets "
+                          f"only ({_arch_list()})")
+        raise IRError(f"arch {arch!r} not understood; use e.g. 'sm_80' or 'sm_90' "
+                      f"({_arch_list()})")
+    cap = int(m.group(1))
+    if cap not in SUPPORTED_CAPS:
+        raise IRError(f"arch {arch!r}: Triton {triton.__version__} cannot target sm_{cap} here; "
+                      f"supported: {_arch_list()}")
+    return cap
+
+
+def _arch_list() -> str:
+    return ", ".join(f"sm_{c}" for c in SUPPORTED_CAPS)
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels: unwrap autotuners/heuristics, rebuild interpreter kernels as JITFunctions
+# --------------------------------------------------------------------------------------------
+def _interpreted_type():
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except Exception:  # pragma: no cover
+        return ()
+    return InterpretedFunction
+
+
+_JIT_MEMO: dict[int, Any] = {}
+
+
+def as_jit(fn):
+    """The ``JITFunction`` for ``fn`` (rebuilt from an ``InterpretedFunction``, with every
+    interpreted callee in its globals rebuilt too)."""
+    from triton.runtime.jit import JITFunction
+
+    if isinstance(fn, JITFunction):
+        return fn
+    interp = _interpreted_type()
+    if not (interp and isinstance(fn, interp)):
+        raise IRError(f"{fn!r} is not a Triton kernel (@triton.jit)")
+    if id(fn) in _JIT_MEMO:
+        return _JIT_MEMO[id(fn)]
+    jit = JITFunction(fn.fn, **fn.kwargs)
+    _JIT_MEMO[id(fn)] = jit
+    scope = dict(fn.fn.__globals__)
+    for name, value in list(scope.items()):
+        if isinstance(value, interp):
+            scope[name] = as_jit(value)
+    jit.__globals__ = scope
+    return jit
+
+
+def unwrap(kernel):
+    """(autotuner or None, [heuristics], jit function) for a launchable Triton object."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
+
+    tuner, heuristics = None, []
+    obj = kernel
+    while True:
+        if isinstance(obj, Autotuner):
+            tuner = tuner or obj
+            obj = obj.fn
+        elif isinstance(obj, Heuristics):
+            heuristics.append(obj)
+            obj = obj.fn
+        else:
+            break
+    return tuner, heuristics, as_jit(obj)
+
+
+def is_kernel(obj) -> bool:
+    from triton.runtime.autotuner import Autotuner, Heuristics
+    from triton.runtime.jit import JITFunction
+
+    interp = _interpreted_type()
+    return isinstance(obj, (JITFunction, Autotuner, Heuristics)) or bool(
+        interp and isinstance(obj, interp))
+
+
+# --------------------------------------------------------------------------------------------
+# Arguments
+# --------------------------------------------------------------------------------------------
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "f16": torch.float16,
+           "fp32": torch.float32, "f32": torch.float32, "fp8": torch.float8_e4m3fn,
+           "fp8e4m3": torch.float8_e4m3fn, "fp8e5m2": torch.float8_e5m2,
+           "int32": torch.int32, "i32": torch.int32, "int64": torch.int64,
+           "int8": torch.int8, "bfloat16": torch.bfloat16, "float16": torch.float16,
+           "float32": torch.float32}
+
+
+def parse_dtype(text: str | torch.dtype) -> torch.dtype:
+    if isinstance(text, torch.dtype):
+        return text
+    key = text.strip().lower().replace("torch.", "")
+    if key not in _DTYPES:
+        raise IRError(f"dtype {text!r} not understood; use one of {', '.join(_DTYPES)}")
+    return _DTYPES[key]
+
+
+def parse_shape(text: str) -> tuple[tuple[int, ...], torch.dtype | None]:
+    """``"4096x4096:bf16"`` -> ((4096, 4096), torch.bfloat16); the dtype part is optional."""
+    shape_part, _, dtype_part = text.partition(":")
+    try:
+        shape = tuple(int(s) for s in re.split(r"[x,]", shape_part.strip()) if s)
+    except ValueError:
+        raise IRError(f"shape {text!r} not understood; write e.g. 4096x4096:bf16") from None
+    return shape, (parse_dtype(dtype_part) if dtype_part else None)
+
+
+def to_meta(x):
+    """A meta tensor with x's shape, strides, storage offset and dtype; ``(shape, dtype)``
+    specs become contiguous meta tensors; anything else is returned unchanged."""
+    if isinstance(x, torch.Tensor):
+        if x.device.type == "meta":
+            return x
+        base = torch.empty(x.untyped_storage().nbytes() // x.element_size() or 1,
+                           dtype=x.dtype, device="meta")
+        return base.as_strided(x.shape, x.stride(), x.storage_offset())
+    if (isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], torch.dtype)
+            and isinstance(x[0], (tuple, list, torch.Size))):
+        return torch.empty(tuple(x[0]), dtype=x[1], device="meta")
+    return x
+
+
+def _tensor_aligned(t: torch.Tensor) -> bool:
+    if t.device.type == "meta":  # allocations are 256-byte aligned; views shift by the offset
+        return (t.storage_offset() * t.element_size()) % 16 == 0
+    return t.data_ptr() % 16 == 0
+
+
+def _ptr_type(t: torch.Tensor) -> str:
+    from triton.runtime.jit import mangle_type
+
+    if t.device.type == "meta":
+        return {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32",
+                torch.float64: "*fp64", torch.float8_e4m3fn: "*fp8e4nv",
+                torch.float8_e5m2: "*fp8e5", torch.int8: "*i8", torch.uint8: "*u8",
+                torch.int16: "*i16", torch.int32: "*i32", torch.int64: "*i64",
+                torch.bool: "*i1"}[t.dtype]
+    return mangle_type(t)
+
+
+@dataclass
+class Signature:
+    signature: dict[str, str]
+    constexprs: dict[tuple, Any]
+    attrs: dict[tuple, list]
+    options: dict[str, Any]
+
+    def key(self):
+        return (tuple(self.signature.items()), tuple(sorted((k, repr(v)) for k, v in
+                                                            self.constexprs.items())),
+                tuple(sorted((k, repr(v)) for k, v in self.attrs.items())),
+                tuple(sorted(self.options.items())))
+
+
+def specialize(jit, args: dict[str, Any], options: dict[str, Any], backend) -> Signature:
+    """The signature, constants and attributes Triton's launcher would derive from ``args``."""
+    from triton._C.libtriton import native_specialize_impl
+
+    names = [p.name for p in jit.params]
+    missing = [p.name for p in jit.params if p.name not in args
+               and p._param.default is inspect.Parameter.empty]
+    unknown = [k for k in args if k not in names]
+    if missing or unknown:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing)}")
+        if unknown:
+            parts.append(f"unexpected {', '.join(unknown)}")
+        raise IRError(f"arguments do not match kernel {jit.fn.__name__}"
+                      f"({', '.join(names)}): {'; '.join(parts)}")
+    sig, consts, attrs = {}, {}, {}
+    for i, p in enumerate(jit.params):
+        value = args[p.name] if p.name in args else p._param.default
+        if isinstance(value, tuple) and not p.is_constexpr:
+            raise IRError(f"argument {p.name}: tuple arguments are not supported by tkit.ir")
+        if p.is_constexpr:
+            sig[p.name] = "constexpr"
+            consts[(i,)] = value
+            continue
+        if isinstance(value, torch.Tensor):
+            sig[p.name] = _ptr_type(value)
+            if not p.do_not_specialize_on_alignment and _tensor_aligned(value):
+                attrs[(i,)] = backend.parse_attr("D")
+            continue
+        if value is not None and not isinstance(value, (int, float, bool)):
+            raise IRError(f"argument {p.name} of kernel {jit.fn.__name__}: cannot pass a "
+                          f"{type(value).__name__} (tensors, numbers, None or constexprs)")
+        ty, attr = native_specialize_impl(type(backend), value, False,
+                                          not p.do_not_specialize, True)
+        if p.annotation_type and isinstance(p.annotation_type, str):
+            ty = p.annotation_type
+        sig[p.name] = ty
+        if ty == "constexpr":
+            consts[(i,)] = value
+        elif attr:
+            attrs[(i,)] = backend.parse_attr(attr)
+    return Signature(sig, consts, attrs, dict(options))
+
+
+# --------------------------------------------------------------------------------------------
+# Compiled result
+# --------------------------------------------------------------------------------------------
+def _bin(tool: str) -> str:
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", tool)
+    if os.path.exists(path):
+        return path
+    found = shutil.which(tool)
+    if not found:
+        raise IRError(f"{tool} not found (looked in the Triton wheel and on PATH)")
+    return found
+
+
+def _run_tool(args: list[str]) -> str:
+    res = subprocess.run(args, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{os.path.basename(args[0])} failed: {res.stderr.strip()[:2000]}")
+    return res.stdout + res.stderr
+
+
+@dataclass
+class CompiledIR:
+    """One kernel compiled ahead of time: every stage's text, Triton's metadata, and what was
+    chosen (arch, config, signature)."""
+
+    name: str
+    cap: int
+    asm: dict
+    metadata: Any
+    jit: Any
+    signature: Signature
+    config: dict  # the autotune config's kwargs and options actually used ({} if none)
+    configs_available: int = 1
+    note: str = ""
+    launches: list = field(default_factory=list)  # names of every kernel the op launched
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.cap}" + ("a" if self.cap in (90, 100, 103) else "")
+
+    @property
+    def num_warps(self) -> int:
+        return self.metadata.num_warps
+
+    @property
+    def num_stages(self) -> int:
+        return self.metadata.num_stages
+
+    @property
+    def shared(self) -> int:
+        return self.metadata.shared
+
+    def _cubin_path(self) -> str:
+        if "cubin_path" not in self._cache:
+            fd, path = tempfile.mkstemp(suffix=".cubin", prefix=f"tkit_{self.name}_")
+            with os.fdopen(fd, "wb") as f:
+                f.write(self.asm["cubin"])
+            self._cache["cubin_path"] = path
+        return self._cache["cubin_path"]
+
+    def sass(self, line_info: bool = False) -> str:
+        """SASS from the Triton wheel's cuobjdump (nvdisasm with source lines when asked)."""
+        key = f"sass{int(line_info)}"
+        if key not in self._cache:
+            if line_info:
+                text = _run_tool([_bin("nvdisasm"), "-g", "-c", self._cubin_path()])
+            else:
+                text = _run_tool([_bin("cuobjdump"), "-sass", self._cubin_path()])
+            self._cache[key] = text
+        return self._cache[key]
+
+    def resources(self) -> dict:
+        """Registers per thread, spills (local memory / 4, as Triton's driver counts them),
+        static shared memory, from ``cuobjdump -res-usage`` on the cubin."""
+        if "res" not in self._cache:
+            text = _run_tool([_bin("cuobjdump"), "-res-usage", self._cubin_path()])
+            m = re.search(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)", text)
+            if not m:
+                raise RuntimeError(f"cannot read resource usage from cuobjdump:\n{text}")
+            reg, stack, shared, local = map(int, m.groups())
+            self._cache["res"] = dict(n_regs=reg, n_spills=local // 4, stack=stack,
+                                      static_shared=shared, local_bytes=local)
+        return self._cache["res"]
+
+    @property
+    def n_regs(self) -> int:
+        return self.resources()["n_regs"]
+
+    @property
+    def n_spills(self) -> int:
+        return self.resources()["n_spills"]
+
+    def stage(self, stage: str, locs: bool = False) -> str:
+        """The text of one stage. TTIR/TTGIR/LLIR lose their location annotations unless
+        ``locs``; ``source`` is the kernel's Python source."""
+        if stage not in STAGES:
+            close = difflib.get_close_matches(stage, STAGES, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise IRError(f"unknown stage {stage!r}{hint} (stages: {', '.join(STAGES)})")
+        if stage == "source":
+            return self.jit.src if hasattr(self.jit, "src") else inspect.getsource(self.jit.fn)
+        if stage == "sass":
+            return self.sass()
+        text = self.asm[stage]
+        if not locs and stage in ("ttir", "ttgir"):
+            text = strip_locs(text)
+        if isinstance(text, bytes):
+            text = text.decode()
+        return text
+
+    def source_file(self) -> str:
+        return inspect.getsourcefile(self.jit.fn)
+
+    def first_line(self) -> int:
+        return self.jit.starting_line_number
+
+
+def strip_locs(text: str) -> str:
+    """MLIR text without ``loc(...)`` annotations and ``#locN = ...`` definitions."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("#loc"):
+            continue
+        out.append(_strip_loc_calls(line))
+    return "\n".join(out) + "\n"
+
+
+def _strip_loc_calls(line: str) -> str:
+    # remove every " loc(...)" with balanced parentheses
+    while True:
+        i = line.find(" loc(")
+        if i < 0:
+            return line
+        depth, j = 0, i + 4
+        while j < len(line):
+            if line[j] == "(":
+                depth += 1
+            elif line[j] == ")":
+                depth -= 1
+                if depth == 0:
+                    break
+            j += 1
+        line = line[:i] + line[j + 1:]
+
+
+# --------------------------------------------------------------------------------------------
+# Compilation
+# --------------------------------------------------------------------------------------------
+_COMPILED: dict[tuple, Any] = {}
+
+
+@functools.cache
+def _backend(cap: int):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    return make_backend(GPUTarget("cuda", cap, 32))
+
+
+def _compile(jit, sig: Signature, cap: int):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    key = (id(jit), jit.fn.__qualname__, sig.key(), cap)
+    if key not in _COMPILED:
+        src = ASTSource(jit, sig.signature, sig.constexprs, sig.attrs)
+        try:
+            _COMPILED[key] = triton.compile(src, target=GPUTarget("cuda", cap, 32),
+                                            options=sig.options)
+        except Exception as e:
+            raise IRError(f"compiling {jit.fn.__name__} for sm_{cap} failed: "
+                          f"{type(e).__name__}: {str(e)[:3000]}") from e
+    return _COMPILED[key]
+
+
+def _config_to_dict(cfg) -> dict:
+    d = dict(cfg.kwargs)
+    d.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if getattr(cfg, "num_ctas", 1) != 1:
+        d["num_ctas"] = cfg.num_ctas
+    if getattr(cfg, "maxnreg", None):
+        d["maxnreg"] = cfg.maxnreg
+    return d
+
+
+def parse_config(text: str) -> dict | int:
+    """CLI config: ``"2"`` (index) or ``"BLOCK=1024,num_warps=8"``."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        k, eq, v = part.partition("=")
+        if not eq:
+            raise IRError(f"config {text!r}: write NAME=VALUE pairs, e.g. BLOCK=1024,num_warps=8")
+        try:
+            out[k.strip()] = int(v)
+        except ValueError:
+            out[k.strip()] = {"true": True, "false": False}.get(v.strip().lower(), v.strip())
+    return out
+
+
+def _choose_config(tuner, args: dict, config) -> tuple[dict, str]:
+    """The config dict to compile and a note on how it was chosen."""
+    if tuner is None:
+        if config is None:
+            return {}, ""
+        if isinstance(config, int):
+            raise IRError("config given as an index, but the kernel is not autotuned")
+        cfg = config if isinstance(config, dict) else _config_to_dict(config)
+        return dict(cfg), "config given"
+    configs = list(tuner.configs)
+    if config is None:
+        # the tuned one if this process has tuned this key, else the first
+        key = [args[k] for k in tuner.keys if k in args]
+        key += [str(v.dtype) for k, v in args.items()
+                if k in tuner.arg_names and hasattr(v, "dtype")]
+        tuned = tuner.cache.get(tuple(key))
+        if tuned is not None:
+            return _config_to_dict(tuned), "the tuned config (autotune cache)"
+        return _config_to_dict(configs[0]), f"config 0 of {len(configs)} (not tuned yet)"
+    if isinstance(config, int):
+        if not 0 <= config < len(configs):
+            raise IRError(f"config index {config} out of range: the kernel has "
+                          f"{len(configs)} autotune configs")
+        return _config_to_dict(configs[config]), f"config {config} of {len(configs)}"
+    if isinstance(config, triton.Config):
+        return _config_to_dict(config), "config given"
+    if isinstance(config, dict):
+        # a partial dict overrides the first config (e.g. {"num_stages": 2})
+        base = _config_to_dict(configs[0])
+        base.update(config)
+        return base, "config given" + (" (over config 0)" if len(config) < len(base) else "")
+    raise IRError(f"config must be an index, a dict or a triton.Config, got {type(config)}")
+
+
+def compile_launch(kernel, kwargs: dict, cap: int, config=None) -> CompiledIR:
+    """Compile one launch (kernel + keyword arguments) for sm_{cap}."""
+    tuner, heuristics, jit = unwrap(kernel)
+    args = {k: to_meta(v) for k, v in kwargs.items()}
+    options = {k: args.pop(k) for k in list(args) if k in _OPTION_NAMES}
+    cfg, note = _choose_config(tuner, args, config)
+    for k, v in cfg.items():
+        if k in _OPTION_NAMES:
+            options[k] = v
+        else:
+            args[k] = v
+    for h in reversed(heuristics):
+        for name, fn in h.values.items():
+            if name not in args:
+                args[name] = fn(args)
+    backend = _backend(cap)
+    sig = specialize(jit, args, options, backend)
+    k = _compile(jit, sig, cap)
+    used = {**{k2: v for k2, v in cfg.items()}, "num_warps": k.metadata.num_warps,
+            "num_stages": k.metadata.num_stages}
+    n_cfg = len(tuner.configs) if tuner is not None else 1
+    return CompiledIR(name=k.metadata.name, cap=cap, asm=k.asm, metadata=k.metadata, jit=jit,
+                      signature=sig, config=used, configs_available=n_cfg, note=note)
+
+
+# --------------------------------------------------------------------------------------------
+# Targets: tkit ops and user kernels
+# --------------------------------------------------------------------------------------------
+def _spec_for(target):
+    from tkit import registry
+
+    try:
+        return registry.get(target)
+    except KeyError as e:
+        msg = str(e.args[0]) if e.args else str(e)
+        if isinstance(target, str):
+            close = difflib.get_close_matches(target, registry.names(), n=3, cutoff=0.5)
+            if close and "did you mean" not in msg:
+                msg += f"; did you mean {', '.join(close)}?"
+        raise IRError(msg) from None
+
+
+def capture(fn, args, kwargs) -> list:
+    """Call a tkit op on meta tensors and return its recorded launches."""
+    from tkit.kernels import _common
+
+    margs = tuple(to_meta(a) for a in args)
+    mkwargs = {k: to_meta(v) for k, v in kwargs.items()}
+    with _common.capture_launches() as launches:
+        try:
+            fn(*margs, **mkwargs)
+        except (TypeError, ValueError) as e:
+            raise IRError(f"{getattr(fn, '__name__', fn)}: {e}") from e
+    return list(launches)
+
+
+def op_case_args(spec, case=None):
+    """Arguments of one of the op's benchmark cases (meta tensors): the first, or the one
+    whose label contains ``case`` (or with that index)."""
+    cases = spec.bench_cases()
+    if not cases:
+        raise IRError(f"op {spec.name} has no benchmark cases; pass its arguments")
+    if case is None:
+        chosen = cases[0]
+    elif isinstance(case, int) or (isinstance(case, str) and case.isdigit()):
+        i = int(case)
+        if not 0 <= i < len(cases):
+            raise IRError(f"case {i} out of range: {spec.name} has {len(cases)} cases")
+        chosen = cases[i]
+    else:
+        matches = [c for c in cases if case in c.label]
+        if not matches:
+            labels = "; ".join(c.label for c in cases)
+            raise IRError(f"no case of {spec.name} matches {case!r} (cases: {labels})")
+        chosen = matches[0]
+    args, kwargs = chosen.make("meta")
+    return chosen.label, args, kwargs
+
+
+def replace_shapes(args: tuple, shapes: list) -> tuple:
+    """Replace the tensor arguments, in order, by contiguous meta tensors of ``shapes``
+    (``(shape, dtype or None)`` pairs; None keeps the original dtype)."""
+    out, i = [], 0
+    for a in args:
+        if isinstance(a, torch.Tensor) and i < len(shapes):
+            shape, dtype = shapes[i]
+            out.append(torch.empty(shape, dtype=dtype or a.dtype, device="meta"))
+            i += 1
+        else:
+            out.append(a)
+    if i < len(shapes):
+        raise IRError(f"{len(shapes)} shapes given but the op takes {i} tensor arguments")
+    return tuple(out)
+
+
+def compile(target, *args, arch=None, config=None, launch=0, case=None, shapes=None,
+            **kwargs) -> CompiledIR:
+    """Compile ``target`` ahead of time and return every stage.
+
+    target : a tkit op (function or registry name), or a Triton kernel (``@triton.jit``,
+        ``triton.autotune``/``triton.heuristics`` wrapped).
+    args, kwargs : for an op, its arguments (tensors, meta tensors or ``(shape, dtype)``
+        pairs; none: the op's first benchmark case, or ``case``); for a kernel, its launch
+        arguments (positional or by name, constexprs and ``num_warps``/``num_stages`` too).
+    arch : ``"sm_80"``, ``"sm_90"``/``"sm_90a"``...; default the local GPU, else sm_90.
+    config : autotune config: index, dict (partial dicts override config 0) or triton.Config;
+        default the tuned one if this process tuned it, else the first.
+    launch : for an op that launches several kernels, which one (index or kernel name).
+    """
+    cap = parse_arch(arch)
+    if is_kernel(target):
+        _, _, jit = unwrap(target)
+        names = [p.name for p in jit.params]
+        if len(args) > len(names):
+            raise IRError(f"kernel {jit.fn.__name__} takes {len(names)} arguments "
+                          f"({', '.join(names)}), got {len(args)} positional")
+        for name, value in zip(names, args):
+            if name in kwargs:
+                raise IRError(f"argument {name} given twice")
+            kwargs[name] = value
+        return compile_launch(target, kwargs, cap, config)
+    if not (isinstance(target, str) or callable(target)):
+        raise IRError(f"cannot compile {target!r}: give a tkit op, its name, or a Triton kernel")
+    spec = _spec_for(target)
+    label = ""
+    if not args and not kwargs:
+        label, args, kwargs = op_case_args(spec, case)
+    if shapes:
+        args = replace_shapes(tuple(args), shapes)
+    launches = capture(spec.fn, args, kwargs)
+    if not launches:
+        raise IRError(f"{spec.name} launched no kernel for these arguments (empty input?)")
+    names = [unwrap(lc.kernel)[2].fn.__name__ for lc in launches]
+    if isinstance(launch, str):
+        if launch not in names:
+            raise IRError(f"{spec.name} launches {', '.join(names)}; no kernel {launch!r}")
+        launch = names.index(launch)
+    if not 0 <= launch < len(launches):
+        raise IRError(f"launch {launch} out of range: {spec.name} launches {len(launches)} "
+                      f"kernel(s): {', '.join(names)}")
+    ir = compile_launch(launches[launch].kernel, launches[launch].kwargs, cap, config)
+    ir.launches = names
+    ir.note = "; ".join(filter(None, [f"op {spec.name}" + (f", case '{label}'" if label else ""),
+                                      ir.note]))
+    return ir
