@@ -1,0 +1,245 @@
+"""CUDA escape hatches: raw CUDA (and CuTe) kernels loaded at run time through cupy.
+
+Triton cannot express everything (wgmma issued by hand, register reallocation between warp
+groups, TMA multicast...). Kernels that need it live in ``csrc/*.cu``, are compiled and launched
+by :mod:`tkit.cuda_ext._loader`, and are chosen by compute capability from one table,
+:data:`DISPATCH`. Anything the table does not cover, or that cannot run here (no cupy, no GPU,
+no compiler, a compile error), falls back to the Triton kernel; :func:`status` says which path
+each op takes on this machine and why the others are off.
+
+Public entry points:
+
+* :func:`matmul` ``(a, b, out_dtype=None)``: bf16 GEMM through the best CUDA path for this GPU
+  (raises :class:`CudaPathUnavailable`, naming the reason, when there is none). ``tkit.matmul``
+  calls it for ``backend="cuda"``.
+* :func:`sgemm` ``(a, b, step)``: the fp32 SGEMM ladder of tutorial chapter 05.
+* :func:`matmul_mma`, :func:`matmul_wgmma`: one path each, for benchmarks and tests.
+* :func:`status`: a dict (printed readably) of every op's path; ``tkit info`` prints it.
+* :func:`cute_layouts`: the CuTe printout of the tiled-MMA layouts (host program; tutorial 06b).
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import torch
+
+from tkit.cuda_ext import _loader
+from tkit.cuda_ext.gemm import (
+    SGEMM_STEPS,
+    check_gemm_operands,
+    matmul_mma,
+    matmul_wgmma,
+    sgemm,
+)
+
+__all__ = [
+    "DISPATCH",
+    "SGEMM_STEPS",
+    "CudaPathUnavailable",
+    "cute_layouts",
+    "matmul",
+    "matmul_mma",
+    "matmul_wgmma",
+    "select_matmul_path",
+    "sgemm",
+    "status",
+    "unavailable_reason",
+]
+
+
+class CudaPathUnavailable(RuntimeError):
+    """No CUDA path can run this call here; the message says why."""
+
+
+#: compute-capability major -> (path name, launcher, how it is compiled). Order inside a
+#: major: first that works wins (sm_90 falls back to the sm_80 kernel, which runs there too).
+DISPATCH = {
+    9: [("sm90a_wgmma", matmul_wgmma, dict(source="gemm_wgmma_sm90.cu", backend="nvcc",
+                                           arch="90a")),
+        ("sm80_mma", matmul_mma, dict(source="gemm_mma_sm80.cu", backend="nvrtc"))],
+    8: [("sm80_mma", matmul_mma, dict(source="gemm_mma_sm80.cu", backend="nvrtc"))],
+}
+
+_compile_failures: dict[tuple, str] = {}
+
+
+def _environment_reason(device: int | None = None) -> str | None:
+    """Why no CUDA path can run at all here, or None."""
+    cupy, why = _loader.import_cupy()
+    if cupy is None:
+        return why
+    if not torch.cuda.is_available():
+        return "no CUDA GPU visible to torch"
+    return None
+
+
+def _try_compile(source: str, backend: str, arch: str | None) -> str | None:
+    """Compile (and cache) one module; return the failure reason or None."""
+    dev = torch.cuda.current_device()
+    key = (source, backend, arch, dev)
+    if key in _compile_failures:
+        return _compile_failures[key]
+    if backend == "nvcc" and _loader.nvcc_path() is None:
+        return "nvcc not found (the sm_90a build needs nvcc: cupy's NVRTC path adds its own arch)"
+    try:
+        _loader.load_module(source, backend=backend, arch=arch if backend == "nvcc" else None)
+    except Exception as e:  # keep the log: status() reports it
+        msg = f"compile error: {type(e).__name__}: {str(e).strip()[:400]}"
+        _compile_failures[key] = msg
+        return msg
+    return None
+
+
+def _candidates(device: int | None = None):
+    """[(path, launcher, reason-or-None)] for this device's compute capability."""
+    why = _environment_reason()
+    if why is not None:
+        return [], why
+    major, minor = torch.cuda.get_device_capability(device)
+    table = DISPATCH.get(major)
+    if table is None:
+        return [], (f"compute capability {major}.{minor} has no CUDA path (table covers "
+                    f"{', '.join(f'{k}.x' for k in sorted(DISPATCH))}); Triton runs")
+    out = []
+    for name, fn, how in table:
+        if name == "sm90a_wgmma" and minor != 0:
+            out.append((name, fn, f"sm_90a code needs compute capability 9.0, got {major}.{minor}"))
+            continue
+        out.append((name, fn, _try_compile(how["source"], how["backend"], how.get("arch"))))
+    return out, None
+
+
+def select_matmul_path(device: int | None = None) -> tuple[str | None, str]:
+    """(path name or None, explanation) for bf16 matmul on this machine."""
+    cands, why = _candidates(device)
+    if why is not None:
+        return None, why
+    reasons = []
+    for name, _fn, reason in cands:
+        if reason is None:
+            return name, "; ".join(reasons) if reasons else "preferred path for this GPU"
+        reasons.append(f"{name}: {reason}")
+    return None, "; ".join(reasons)
+
+
+def unavailable_reason(a, b, out_dtype=None) -> str | None:
+    """Why :func:`matmul` cannot take this call (None when it can): checks the environment and
+    the operands without launching anything, so callers can fall back without an exception."""
+    why = _environment_reason()
+    if why is not None:
+        return why
+    try:
+        check_gemm_operands(a, b, (torch.bfloat16,))
+    except (TypeError, ValueError) as e:
+        return str(e)
+    if out_dtype not in (None, torch.bfloat16, torch.float32):
+        return f"out_dtype {out_dtype} is not supported (bfloat16 or float32)"
+    path, why = select_matmul_path(a.device.index)
+    if path is None:
+        return why
+    return None
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None, *,
+           path: str | None = None) -> torch.Tensor:
+    """bf16 ``a @ b`` (fp32 accumulation) through the CUDA path chosen by :data:`DISPATCH`.
+
+    Parameters
+    ----------
+    a, b : Tensor
+        bf16, 2-D, row-major contiguous, 16-byte aligned, on a CUDA device; ``a`` is M x K,
+        ``b`` is K x N with K and N multiples of 8. M is free.
+    out_dtype : dtype, optional
+        bfloat16 (default) or float32 (float32 goes through the sm_80 kernel).
+    path : str, optional
+        Force ``"sm90a_wgmma"`` or ``"sm80_mma"`` instead of the table's choice.
+
+    Raises
+    ------
+    CudaPathUnavailable
+        When no CUDA path can run here (no cupy, no GPU, wrong arch, compile error): the message
+        says which. ``TypeError`` / ``ValueError`` name the offending argument.
+    """
+    why = _environment_reason()
+    if why is not None:
+        raise CudaPathUnavailable(f"no CUDA matmul path: {why}")
+    check_gemm_operands(a, b, (torch.bfloat16,))
+    with torch.cuda.device(a.device):
+        cands, why = _candidates(a.device.index)
+        if why is not None:
+            raise CudaPathUnavailable(f"no CUDA matmul path: {why}")
+        if out_dtype == torch.float32:  # only the sm_80 kernel writes fp32
+            cands = [c for c in cands if c[0] == "sm80_mma"]
+        if path is not None:
+            known = [c[0] for c in cands]
+            cands = [c for c in cands if c[0] == path]
+            if not cands:
+                raise CudaPathUnavailable(f"path {path!r} is not in this GPU's table "
+                                          f"(available: {', '.join(known) or 'none'})")
+        reasons = []
+        for name, fn, reason in cands:
+            if reason is None:
+                return fn(a, b, out_dtype)
+            reasons.append(f"{name}: {reason}")
+        raise CudaPathUnavailable("no CUDA matmul path: " + ("; ".join(reasons) or "none"))
+
+
+class Status(dict):
+    """``status()``'s dict, printed as a short report."""
+
+    def __str__(self) -> str:
+        lines = ["CUDA escape hatches (tkit.cuda_ext):"]
+        for k in ("cupy", "gpu", "nvcc", "cute_headers"):
+            lines.append(f"  {k:13s} {self[k]}")
+        for op, info in self["ops"].items():
+            lines.append(f"  {op:13s} -> {info['path']}: {info['why']}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def status(compile: bool = True) -> Status:
+    """Which path each op takes on this machine, and why the others are off.
+
+    With ``compile=False`` nothing is compiled: the report then says what would be tried.
+    """
+    cupy, cupy_why = _loader.import_cupy()
+    gpu = "none visible to torch"
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        gpu = f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
+    info = Status(
+        cupy=cupy.__version__ if cupy is not None else f"off: {cupy_why}",
+        gpu=gpu,
+        nvcc=_loader.nvcc_version() or "not found",
+        cute_headers=_loader.cutlass_include() or "not found (pip install nvidia-cutlass)",
+        ops={},
+    )
+    env_why = _environment_reason()
+    if env_why is not None:
+        for op in ("matmul", "sgemm"):
+            info["ops"][op] = {"path": "triton" if op == "matmul" else "unavailable",
+                               "why": f"CUDA paths off: {env_why}"}
+        return info
+    if not compile:
+        major, _ = torch.cuda.get_device_capability()
+        names = [n for n, _f, _h in DISPATCH.get(major, [])]
+        info["ops"]["matmul"] = {"path": names[0] if names else "triton",
+                                 "why": "not compiled yet (status(compile=True) checks)"}
+        info["ops"]["sgemm"] = {"path": "sgemm.cu via NVRTC", "why": "not compiled yet"}
+        return info
+    path, why = select_matmul_path()
+    info["ops"]["matmul"] = {"path": path or "triton", "why": why}
+    err = _try_compile("sgemm.cu", "nvrtc", None)
+    info["ops"]["sgemm"] = {"path": "unavailable" if err else "sgemm.cu via NVRTC",
+                            "why": err or f"steps: {', '.join(SGEMM_STEPS)}"}
+    return info
+
+
+def cute_layouts() -> str:
+    """Build and run csrc/cute_tiled_mma_layouts.cu (a host program: no GPU needed) and return
+    what CuTe prints: the (thread, value) -> coordinate layouts of the mma.sync and wgmma atoms
+    and the 128-byte swizzled shared-memory atoms."""
+    exe = _loader.compile_executable("cute_tiled_mma_layouts.cu")
+    return subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout

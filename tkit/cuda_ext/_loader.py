@@ -1,0 +1,320 @@
+"""Compile, cache and launch the CUDA sources in ``tkit/cuda_ext/csrc``.
+
+Two ways in:
+
+* :func:`load_module` compiles a source for the GPU in this process and returns a
+  ``cupy.RawModule``. ``backend="nvrtc"`` (the default) hands the source to NVRTC through cupy;
+  cupy picks ``-arch=sm_XY`` from the device. ``backend="nvcc"`` runs ``nvcc -cubin`` (the CuTe
+  headers of the ``nvidia-cutlass`` wheel on the include path) and loads the cubin: it is the way
+  to an arch-specific target such as ``sm_90a`` (wgmma, setmaxnreg), which cupy's NVRTC path
+  cannot ask for (it appends its own ``-arch``).
+* :func:`compile_cubin` runs nvcc alone, no GPU and no cupy needed: the compile-only tests and
+  ``tkit.ir``-style reading of SASS (:func:`sass`) use it on CPU machines.
+
+Every source gets ``#line 1 "<path>"`` prepended so compiler errors name the real file. Compiled
+modules are cached in memory by (source hash, options, arch, toolchain version, backend), and
+cubins on disk under ``$TKIT_CACHE_DIR/cuda_ext`` by the same key (NVRTC builds go to cupy's own
+disk cache, which keys on the same things).
+
+Launches go through the driver (``cuLaunchKernel``) on torch's current stream, with every
+argument typed: tensors as their ``data_ptr()`` (64-bit), ``np.int32`` / ``np.float32`` scalars,
+and ``bytes`` for by-value structs such as a 128-byte ``CUtensorMap``. Untyped Python numbers are
+refused, so the C signature and the Python call cannot drift apart silently.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tkit import _env
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+_lock = threading.Lock()
+_modules: dict[tuple, object] = {}
+
+
+class CompileError(RuntimeError):
+    """A CUDA source failed to compile; the message carries the compiler's log."""
+
+
+# ---- toolchain discovery (all cheap, none needs a GPU) ---------------------------------------
+def import_cupy():
+    """``(cupy, None)`` or ``(None, reason)``."""
+    try:
+        import cupy  # noqa: F401
+        from cupy_backends.cuda.api import driver  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install
+        return None, f"cupy is not importable ({type(e).__name__}: {e})"
+    return cupy, None
+
+
+@functools.cache
+def nvcc_path() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and (Path(root) / "bin" / "nvcc").exists():
+            return str(Path(root) / "bin" / "nvcc")
+    return None
+
+
+@functools.cache
+def nvcc_version() -> str | None:
+    nvcc = nvcc_path()
+    if nvcc is None:
+        return None
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    last = [line for line in out.splitlines() if line.strip()]
+    return last[-1].strip() if last else "unknown"
+
+
+@functools.cache
+def cutlass_include() -> str | None:
+    """CuTe/CUTLASS headers shipped by the ``nvidia-cutlass`` wheel, if installed."""
+    try:
+        import cutlass_library
+    except Exception:
+        return None
+    inc = Path(cutlass_library.__file__).resolve().parent / "source" / "include"
+    return str(inc) if (inc / "cute").is_dir() else None
+
+
+@functools.cache
+def cuda_binutil(name: str) -> str | None:
+    """``cuobjdump`` / ``nvdisasm``: from the CUDA install or else from the Triton wheel."""
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        import triton
+    except Exception:
+        return None
+    p = Path(triton.__file__).resolve().parent / "backends" / "nvidia" / "bin" / name
+    return str(p) if p.exists() else None
+
+
+def _nvrtc_version() -> str:
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+
+        major, minor = nvrtc.getVersion()
+        return f"nvrtc {major}.{minor}"
+    except Exception as e:
+        return f"nvrtc unknown ({type(e).__name__})"
+
+
+# ---- sources ---------------------------------------------------------------------------------
+def source_path(name: str) -> Path:
+    path = CSRC / name
+    if not path.exists():
+        known = ", ".join(sorted(p.name for p in CSRC.glob("*.cu")))
+        raise FileNotFoundError(f"no CUDA source {name!r} in {CSRC} (have: {known})")
+    return path
+
+
+def read_source(name: str) -> str:
+    """The source with a ``#line`` directive, so diagnostics name the file in csrc/."""
+    path = source_path(name)
+    return f'#line 1 "{path}"\n' + path.read_text()
+
+
+def source_hash(name: str) -> str:
+    return hashlib.sha256(source_path(name).read_bytes()).hexdigest()[:16]
+
+
+def _key_digest(*parts) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
+
+
+def gencode(arch: str) -> str:
+    """``"90a"`` -> ``-gencode=arch=compute_90a,code=sm_90a``."""
+    return f"-gencode=arch=compute_{arch},code=sm_{arch}"
+
+
+# ---- nvcc: compile-only, and the arch-specific runtime path ----------------------------------
+def compile_cubin(
+    name: str,
+    arch: str,
+    options: tuple[str, ...] = (),
+    *,
+    cache_dir: str | Path | None = None,
+    cute: bool = False,
+) -> Path:
+    """``nvcc -cubin`` one source for one arch; cached on disk by (source, options, arch, nvcc).
+
+    Raises :class:`CompileError` with the compiler log, or ``FileNotFoundError`` without nvcc.
+    """
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise FileNotFoundError("nvcc is not on the PATH (nor under CUDA_HOME/CUDA_PATH)")
+    opts = list(options)
+    if cute:
+        inc = cutlass_include()
+        if inc is None:
+            raise FileNotFoundError("CuTe headers not found: pip install nvidia-cutlass")
+        opts += ["-std=c++17", f"-I{inc}"]
+    cache = Path(cache_dir) if cache_dir is not None else _env.CACHE_DIR / "cuda_ext"
+    cache.mkdir(parents=True, exist_ok=True)
+    key = _key_digest(source_hash(name), tuple(opts), arch, nvcc_version(), "nvcc")
+    out = cache / f"{Path(name).stem}-{arch}-{key}.cubin"
+    if out.exists():
+        return out
+    src = cache / f"{Path(name).stem}-{key}.cu"
+    src.write_text(read_source(name))
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    cmd = [nvcc, "-cubin", gencode(arch), "-O3", "-lineinfo", *opts, "-o", str(tmp), str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise CompileError(f"nvcc failed on {name} for sm_{arch}:\n{' '.join(cmd)}\n"
+                           f"{proc.stderr.strip()}")
+    os.replace(tmp, out)
+    return out
+
+
+def compile_executable(name: str, *, cache_dir: str | Path | None = None) -> Path:
+    """Build a host program (the CuTe layout printer) with nvcc; cached like cubins."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise FileNotFoundError("nvcc is not on the PATH")
+    inc = cutlass_include()
+    if inc is None:
+        raise FileNotFoundError("CuTe headers not found: pip install nvidia-cutlass")
+    cache = Path(cache_dir) if cache_dir is not None else _env.CACHE_DIR / "cuda_ext"
+    cache.mkdir(parents=True, exist_ok=True)
+    key = _key_digest(source_hash(name), nvcc_version(), inc, "exe")
+    out = cache / f"{Path(name).stem}-{key}"
+    if out.exists():
+        return out
+    src = cache / f"{Path(name).stem}-{key}.cu"
+    src.write_text(read_source(name))
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    cmd = [nvcc, "-std=c++17", f"-I{inc}", "-o", str(tmp), str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise CompileError(f"nvcc failed on {name}:\n{proc.stderr.strip()}")
+    os.replace(tmp, out)
+    return out
+
+
+def sass(cubin: str | Path) -> str:
+    """SASS of a cubin (``cuobjdump -sass``)."""
+    tool = cuda_binutil("cuobjdump")
+    if tool is None:
+        raise FileNotFoundError("cuobjdump not found (CUDA install or the Triton wheel)")
+    proc = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"cuobjdump failed on {cubin}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def resource_usage(name: str, arch: str, options: tuple[str, ...] = ()) -> str:
+    """ptxas's register / spill / shared-memory report for every kernel of a source."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise FileNotFoundError("nvcc is not on the PATH")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / Path(name).name
+        src.write_text(read_source(name))
+        proc = subprocess.run([nvcc, "-cubin", gencode(arch), "-O3", "-Xptxas", "-v", *options,
+                               "-o", str(Path(d) / "k.cubin"), str(src)],
+                              capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise CompileError(proc.stderr.strip())
+    return proc.stderr
+
+
+# ---- runtime: load through cupy ----------------------------------------------------------------
+def device_arch(device: torch.device | int | None = None) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{major}{minor}"
+
+
+def load_module(name: str, *, backend: str = "nvrtc", arch: str | None = None,
+                options: tuple[str, ...] = (), device: int | None = None):
+    """A ``cupy.RawModule`` for ``csrc/<name>`` built for the current device.
+
+    ``backend="nvrtc"``: compiled by NVRTC for the device's own ``sm_XY``.
+    ``backend="nvcc"``: compiled by nvcc for ``arch`` (e.g. ``"90a"``) and loaded as a cubin.
+    """
+    cupy, why = import_cupy()
+    if cupy is None:
+        raise RuntimeError(why)
+    if backend not in ("nvrtc", "nvcc"):
+        raise ValueError(f"backend must be 'nvrtc' or 'nvcc', got {backend!r}")
+    dev = torch.cuda.current_device() if device is None else device
+    arch = arch or device_arch(dev)
+    toolchain = _nvrtc_version() if backend == "nvrtc" else nvcc_version()
+    key = (source_hash(name), tuple(options), arch, toolchain, backend, dev)
+    with _lock:
+        mod = _modules.get(key)
+        if mod is not None:
+            return mod
+        with cupy.cuda.Device(dev):
+            if backend == "nvrtc":
+                mod = cupy.RawModule(code=read_source(name), options=tuple(options),
+                                     backend="nvrtc")
+                try:
+                    mod.compile()
+                except Exception as e:
+                    raise CompileError(f"NVRTC failed on {name}: {e}") from e
+            else:
+                cubin = compile_cubin(name, arch, tuple(options),
+                                      cute="cute" in name or "-DTKIT_CUTE" in options)
+                mod = cupy.RawModule(path=str(cubin))
+        _modules[key] = mod
+        return mod
+
+
+def get_kernel(module, kernel_name: str) -> int:
+    """The ``CUfunction`` handle of one kernel of a loaded module."""
+    return module.get_function(kernel_name).kernel.ptr
+
+
+def _c_arg(x, i: int):
+    if isinstance(x, torch.Tensor):
+        return ctypes.c_uint64(x.data_ptr())
+    if isinstance(x, np.int32):
+        return ctypes.c_int32(int(x))
+    if isinstance(x, np.int64):
+        return ctypes.c_int64(int(x))
+    if isinstance(x, np.float32):
+        return ctypes.c_float(float(x))
+    if isinstance(x, (bytes, bytearray)):
+        return (ctypes.c_ubyte * len(x)).from_buffer_copy(bytes(x))
+    raise TypeError(f"kernel argument {i} has type {type(x).__name__}; pass a torch.Tensor, "
+                    "np.int32, np.int64, np.float32 or bytes (typed, so the C signature is "
+                    "matched exactly)")
+
+
+_MAX_DYN_SMEM = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_smem_set: dict[tuple[int, int], bool] = {}
+
+
+def launch(func: int, grid: tuple[int, ...], block: tuple[int, ...], args: tuple,
+           *, smem: int = 0, stream: int | None = None) -> None:
+    """``cuLaunchKernel`` on torch's current stream with typed arguments."""
+    from cupy_backends.cuda.api import driver
+
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    block = tuple(block) + (1,) * (3 - len(block))
+    if smem > 48 * 1024 and not _smem_set.get((func, smem)):
+        driver.funcSetAttribute(func, _MAX_DYN_SMEM, smem)
+        _smem_set[(func, smem)] = True
+    cargs = [_c_arg(a, i) for i, a in enumerate(args)]
+    params = (ctypes.c_void_p * len(cargs))(*[ctypes.addressof(c) for c in cargs])
+    if stream is None:
+        stream = torch.cuda.current_stream().cuda_stream
+    driver.launchKernel(func, *grid, *block, smem, stream, ctypes.addressof(params), 0)
