@@ -1,0 +1,252 @@
+"""Specs of the attention family (tkit/kernels/attention.py)."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+import tkit
+from tkit.kernels import attention as A
+from tkit.registry import Case, OpSpec
+from tkit.testing.tensors import make_tensor
+
+BF16 = torch.bfloat16
+ON_GPU = torch.cuda.is_available()
+
+
+# ---- references (PyTorch; float64 copies for the reference, the inputs' dtype for the peer) --
+def visible_mask(sq: int, sk: int, causal: bool, window_size, device) -> torch.Tensor:
+    """(sq, sk) bool: key j visible from query i, bottom-right aligned."""
+    wl, wr = window_size
+    if causal:
+        wr = 0
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    shift = sk - sq
+    ok = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if wr >= 0:
+        ok &= j <= i + shift + wr
+    if wl >= 0:
+        ok &= j >= i + shift - wl
+    return ok
+
+
+def ref_attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1),
+                  softcap=0.0, return_lse=False):
+    """Attention written out in PyTorch, (batch, seqlen, heads, head_dim) layout."""
+    b, sq, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    if hq != hk:
+        k = k.repeat_interleave(hq // hk, dim=2)
+        v = v.repeat_interleave(hq // hk, dim=2)
+    scale = softmax_scale if softmax_scale is not None else d ** -0.5
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    ok = visible_mask(sq, sk, causal, window_size, q.device)
+    any_visible = ok.any(-1, keepdim=True)
+    s = s.masked_fill(~ok, float("-inf"))
+    s = torch.where(any_visible, s, torch.zeros((), dtype=s.dtype, device=s.device))
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    p = torch.exp(s - lse) * any_visible
+    out = torch.einsum("bhqk,bkhd->bqhd", p.to(v.dtype), v)
+    if not return_lse:
+        return out
+    lse = torch.where(any_visible, lse, float("-inf"))[..., 0]
+    return out, lse.float() if lse.dtype != torch.float64 else lse
+
+
+def ref_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         return_lse=False, **kw):
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    outs, lses = [], []
+    for b in range(len(cq) - 1):
+        r = ref_attention(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]],
+                          v[None, ck[b]:ck[b + 1]], return_lse=True, **kw)
+        outs.append(r[0][0])
+        lses.append(r[1][0])
+    out = torch.cat(outs, 0) if outs else q.new_empty(q.shape)
+    if not return_lse:
+        return out
+    lse = torch.cat(lses, 1) if lses else q.new_empty((q.shape[1], 0))
+    return out, lse
+
+
+# ---- baselines: SDPA's flash and cuDNN backends on (B, H, S, D) views -----------------------
+def _sdpa(backend_name: str):
+    def factory():
+        if not ON_GPU:
+            return None
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = getattr(SDPBackend, backend_name)
+
+        def run(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1),
+                softcap=0.0, return_lse=False):
+            if window_size != (-1, -1) or softcap:
+                raise NotImplementedError("SDPA has no window/softcap")
+            if causal and q.shape[1] != k.shape[1]:
+                raise NotImplementedError("SDPA's causal mask is top-left aligned")
+            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+            with sdpa_kernel(backend):
+                o = torch.nn.functional.scaled_dot_product_attention(
+                    qt, kt, vt, is_causal=causal, scale=softmax_scale,
+                    enable_gqa=q.shape[2] != k.shape[2])
+            return o.transpose(1, 2)
+
+        return run
+
+    return factory
+
+
+# ---- costs -------------------------------------------------------------------------------------
+def cost_attention(q, k, v, *, causal=False, **kw):
+    return A.cost(q, k, v, causal=causal)
+
+
+def cost_attention_varlen(q, k, v, cu_q, cu_k, *args, causal=False, **kw):
+    return A.cost(q, k, v, cu_q, cu_k, causal=causal)
+
+
+# ---- inputs ------------------------------------------------------------------------------------
+def _qkv(b, sq, sk, hq, hk, d, dtype, packed=False, seed=0):
+    def build(device):
+        if packed:  # q, k, v as views of one (b, s, 3, h, d) projection output
+            qkv = make_tensor((b, sq, 3, hq, d), dtype, seed=seed, device=device)
+            return qkv.unbind(2)
+        q = make_tensor((b, sq, hq, d), dtype, seed=seed, device=device)
+        k = make_tensor((b, sk, hk, d), dtype, seed=seed + 1, device=device)
+        v = make_tensor((b, sk, hk, d), dtype, seed=seed + 2, device=device)
+        return q, k, v
+
+    return build
+
+
+def _case(b, sq, sk, hq, hk, d, dtype=BF16, group="dense", packed=False, **kw):
+    build = _qkv(b, sq, sk, hq, hk, d, dtype, packed)
+    opts = "".join(f" {k}={v}" for k, v in kw.items())
+    label = f"B{b} Sq{sq} Sk{sk} H{hq}/{hk} D{d}{' packed' if packed else ''}{opts}"
+    return Case(label, lambda device: (build(device), dict(kw)), group,
+                meta=dict(batch=b, seqlen_q=sq, seqlen_k=sk, heads=hq, heads_kv=hk, head_dim=d))
+
+
+def bench_cases():
+    cases = [
+        _case(4, 4096, 4096, 16, 16, 128),
+        _case(4, 4096, 4096, 16, 16, 128, causal=True),
+        _case(4, 4096, 4096, 16, 16, 64, causal=True),
+        _case(4, 4096, 4096, 16, 16, 256, causal=True),
+        _case(4, 4096, 4096, 32, 8, 128, causal=True, group="gqa"),
+        _case(4, 4096, 4096, 16, 16, 128, causal=True, packed=True, group="strided"),
+        _case(4, 4096, 4096, 16, 16, 128, causal=True, window_size=(1024, 0), group="window"),
+    ]
+    for s in (512, 1024, 2048, 8192, 16384):  # 16K tokens a batch at every length
+        cases.append(_case(max(1, 16384 // s), s, s, 16, 16, 128, causal=True, group="seqlen"))
+    return cases
+
+
+def check_cases():
+    f16 = torch.float16
+    return [
+        _case(2, 37, 37, 2, 2, 64, f16),
+        _case(1, 65, 33, 4, 2, 80, f16, causal=True),
+        _case(1, 33, 70, 2, 1, 32, f16, window_size=(9, 4)),
+        _case(1, 40, 40, 2, 2, 48, f16, packed=True, causal=True, softcap=5.0),
+    ]
+
+
+def _varlen_case(lengths, h, hk, d, dtype=BF16, causal=False):
+    def build(device):
+        total = sum(lengths)
+        q = make_tensor((total, h, d), dtype, seed=1, device=device)
+        k = make_tensor((total, hk, d), dtype, seed=2, device=device)
+        v = make_tensor((total, hk, d), dtype, seed=3, device=device)
+        cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()),
+                          dtype=torch.int32, device=device)
+        m = max(lengths)
+        return (q, k, v, cu, cu, m, m), dict(causal=causal)
+
+    label = f"{len(lengths)} seqs {min(lengths)}..{max(lengths)} H{h}/{hk} D{d}"
+    return Case(label + (" causal" if causal else ""), build, "varlen")
+
+
+def varlen_bench_cases():
+    # a mixed batch of 16K tokens: a few long documents, many short ones
+    lengths = [4096, 3000, 2048, 2048, 1500, 1024, 777, 512, 512, 300, 200, 200, 100, 60, 7, 1]
+    lengths.append(16384 - sum(lengths))
+    return [_varlen_case(lengths, 16, 16, 128, causal=True),
+            _varlen_case(lengths, 32, 8, 128, causal=False)]
+
+
+def varlen_check_cases():
+    return [_varlen_case([1, 37, 64, 5], 2, 1, 64, torch.float16, causal=True),
+            _varlen_case([33, 20], 2, 2, 80, torch.float16)]
+
+
+# ---- fuzz recipes ------------------------------------------------------------------------------
+HEAD_DIMS = (16, 32, 48, 64, 80) if not ON_GPU else (32, 64, 80, 96, 128, 192, 256)
+SEQLENS = (1, 2, 7, 17, 31, 32, 33, 63, 64, 65, 70) if not ON_GPU else (
+    1, 7, 63, 64, 65, 127, 128, 129, 255, 300, 513)
+
+
+@st.composite
+def attention_shapes(draw, seqlens=SEQLENS, head_dims=HEAD_DIMS):
+    """((b, sq, hq, d), (b, sk, hk, d), (b, sk, hk, d)) with hq a multiple of hk."""
+    b = draw(st.sampled_from((1, 1, 2)))
+    sq = draw(st.one_of(st.sampled_from(seqlens), st.integers(1, max(seqlens))))
+    sk = draw(st.one_of(st.just(sq), st.sampled_from(seqlens)))
+    hk = draw(st.sampled_from((1, 2)))
+    hq = hk * draw(st.sampled_from((1, 1, 2, 3)))
+    d = draw(st.sampled_from(head_dims))
+    return (b, sq, hq, d), (b, sk, hk, d), (b, sk, hk, d)
+
+
+def attention_options():
+    window = st.one_of(st.just((-1, -1)), st.tuples(st.integers(-1, 40), st.integers(-1, 40)))
+    return st.fixed_dictionaries({
+        "causal": st.booleans(),
+        "window_size": window,
+        "softcap": st.sampled_from((0.0, 0.0, 2.0, 30.0)),
+        "return_lse": st.booleans(),
+    })
+
+
+def _fuzz():
+    from tkit.testing.tensors import LAYOUTS
+
+    dtypes = (torch.float16, torch.bfloat16) if ON_GPU else (torch.float16, torch.float32)
+    return dict(shapes=attention_shapes(), dtypes=dtypes, layouts=LAYOUTS,
+                kwargs=attention_options())
+
+
+def _opcheck():
+    dev = "cuda" if ON_GPU else "cpu"
+    q = make_tensor((1, 17, 2, 32), torch.float32, seed=1, device=dev).requires_grad_()
+    k = make_tensor((1, 20, 1, 32), torch.float32, seed=2, device=dev).requires_grad_()
+    v = make_tensor((1, 20, 1, 32), torch.float32, seed=3, device=dev).requires_grad_()
+    return torch.ops.tkit.flash_attn_fwd.default, (q, k, v, None, None, 17, 20, True,
+                                                   32 ** -0.5, -1, 0, 0.0), {}
+
+
+def _opcheck_varlen():
+    dev = "cuda" if ON_GPU else "cpu"
+    q = make_tensor((9, 2, 16), torch.float32, seed=1, device=dev).requires_grad_()
+    k = make_tensor((9, 2, 16), torch.float32, seed=2, device=dev).requires_grad_()
+    v = make_tensor((9, 2, 16), torch.float32, seed=3, device=dev).requires_grad_()
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32, device=dev)
+    return torch.ops.tkit.flash_attn_fwd.default, (q, k, v, cu, cu, 5, 5, False, 0.25, -1, -1,
+                                                   0.0), {}
+
+
+SPECS = [
+    OpSpec(name="flash_attention", family="attention", fn=tkit.flash_attention,
+           reference=ref_attention, cost=cost_attention, bench_cases=bench_cases,
+           check_cases=check_cases, fuzz=_fuzz,
+           baselines={"sdpa_flash": _sdpa("FLASH_ATTENTION"),
+                      "sdpa_cudnn": _sdpa("CUDNN_ATTENTION")},
+           opcheck=_opcheck, bound="compute"),
+    OpSpec(name="flash_attention_varlen", family="attention", fn=tkit.flash_attention_varlen,
+           reference=ref_attention_varlen, cost=cost_attention_varlen,
+           bench_cases=varlen_bench_cases, check_cases=varlen_check_cases, fuzz=_fuzz,
+           opcheck=_opcheck_varlen, bound="compute"),
+]
