@@ -304,6 +304,8 @@ def _fwd_config(N: int, itemsize: int) -> tuple[int, int, int, bool]:
 def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms):
     """Returns (y, h); h is None without residual."""
     N = x.shape[-1]
+    weight = weight.contiguous()  # (N,): a copy only for a strided weight
+    bias = bias.contiguous() if bias is not None else None
     y = C.empty(x.shape, x.dtype, x.device)
     h = C.empty(x.shape, x.dtype, x.device) if residual is not None else None
     if y.numel() == 0:
@@ -326,6 +328,7 @@ def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms):
 def _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias):
     """Returns (dx, dweight, dbias); dbias has shape (0,) without bias."""
     N = h.shape[-1]
+    weight = weight.contiguous()
     dx = C.empty(h.shape, h.dtype, h.device)
     dw = C.empty((N,), weight.dtype, h.device)
     db = C.empty((N,) if has_bias else (0,), weight.dtype, h.device)
