@@ -41,6 +41,8 @@ from tkit import _env
 CSRC = Path(__file__).resolve().parent / "csrc"
 _lock = threading.Lock()
 _modules: dict[tuple, object] = {}
+#: source -> how it was built when that differs from what was asked (status() reports it)
+notes: dict[str, str] = {}
 
 
 class CompileError(RuntimeError):
@@ -269,7 +271,12 @@ def load_module(name: str, *, backend: str = "nvrtc", arch: str | None = None,
                 try:
                     mod.compile()
                 except Exception as e:
-                    raise CompileError(f"NVRTC failed on {name}: {e}") from e
+                    if nvcc_path() is None:
+                        raise CompileError(f"NVRTC failed on {name}: {e}") from e
+                    # the same source through nvcc for the device's own arch; recorded so
+                    # status() can say so
+                    notes[name] = f"NVRTC failed ({type(e).__name__}), built by nvcc instead"
+                    mod = cupy.RawModule(path=str(compile_cubin(name, arch, tuple(options))))
             else:
                 cubin = compile_cubin(name, arch, tuple(options),
                                       cute="cute" in name or "-DTKIT_CUTE" in options)

@@ -51,8 +51,6 @@ def check_gemm_operands(a, b, dtypes, *, need_multiple_of_8: bool = True) -> tup
                             f"takes {names}")
         if t.ndim != 2:
             raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
-        if t.device.type != "cuda":
-            raise ValueError(f"{name} is on {t.device}; the CUDA path needs a CUDA tensor")
     if a.dtype != b.dtype:
         raise TypeError(f"a is {_common.dtype_name(a.dtype)} but b is "
                         f"{_common.dtype_name(b.dtype)}")
@@ -76,6 +74,9 @@ def check_gemm_operands(a, b, dtypes, *, need_multiple_of_8: bool = True) -> tup
         if N % 8:
             raise ValueError(f"N = {N} (b.shape[1]) must be a multiple of 8: rows of b must be "
                              "16-byte aligned for cp.async / TMA")
+    for name, t in (("a", a), ("b", b)):
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} is on {t.device}; the CUDA path needs a CUDA tensor")
     return M, N, K
 
 
