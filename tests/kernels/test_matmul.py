@@ -1,0 +1,345 @@
+"""GEMM family: fuzzing every path against the reference rule, epilogues, batching, autograd,
+registration, the path heuristics, errors; bf16 and fp8 on the GPU."""
+
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tkit
+from tkit import registry
+from tkit.kernels import _common
+from tkit.kernels import matmul as mm
+from tkit.specs import matmul as spec_mm
+from tkit.testing import check_against_reference, fuzz, make_tensor
+
+SPECS = [s for s in registry.all_specs() if s.family == "matmul"]
+IDS = [s.name for s in SPECS]
+ON_GPU = torch.cuda.is_available()
+CPU_DTYPES = (torch.float32, torch.float16)  # the interpreter's bf16 dot is garbage
+
+
+def _gpu_only(spec):
+    if spec.name == "matmul_fp8" and not ON_GPU:
+        pytest.skip("float8 conversion is wrong in the interpreter (docs/NOTES.md): GPU only")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_fuzz_against_reference(spec):
+    _gpu_only(spec)
+    recipe = dict(spec.fuzz())
+    fn = recipe.pop("fn", spec.fn)
+    ref = recipe.pop("reference", spec.reference)
+    fuzz(fn, ref, **recipe)
+
+
+def _forced(path):
+    def fn(a, b, with_bias=False, activation=None, with_residual=False):
+        bias, res = spec_mm._fuzz_epilogue(a, b, with_bias, with_residual)
+        return mm._matmul_impl(a, b, bias, res, activation=activation, allow_tf32=False,
+                               path=path)
+
+    fn.__qualname__ = f"matmul[path={path}]"
+    return fn
+
+
+@st.composite
+def _aligned_shapes(draw):
+    # TMA needs 16-byte row strides: dims that are multiples of 8 (fp16) / 4 (fp32)
+    M, N, K = (8 * draw(st.integers(1, 20)) for _ in range(3))
+    return (M, K), (K, N)
+
+
+@pytest.mark.parametrize("path", ["ptr", "tma", "splitk"])
+def test_fuzz_each_path(path):
+    """Every kernel, forced, on any layout it accepts (the auto heuristic only picks TMA on a
+    Hopper GPU and split-K for skinny shapes)."""
+    kw = st.fixed_dictionaries({"with_bias": st.booleans(),
+                                "activation": st.sampled_from([None, "silu", "gelu_tanh"]),
+                                "with_residual": st.booleans()})
+    if path == "tma":
+        shapes, layouts = _aligned_shapes(), ("contiguous", "transposed")
+    else:
+        shapes = spec_mm.matmul_shapes().filter(lambda s: len(s[0]) == 2 and len(s[1]) == 2)
+        layouts = ("contiguous", "transposed", "sliced", "offset", "broadcast")
+    fuzz(_forced(path), spec_mm.fuzz_matmul_ref, shapes=shapes,
+         dtypes=spec_mm.S.gpu_dtypes(), layouts=layouts, kwargs=kw, max_examples=20)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_check_cases(spec, device):
+    for case in spec.check_cases():
+        args, kwargs = case.make(device)
+        check_against_reference(spec.fn, spec.reference, args, kwargs)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_opcheck(spec):
+    built = spec.opcheck()
+    if built is None:
+        pytest.skip(f"{spec.name}: opcheck needs a GPU")
+    op, args, kwargs = built
+    torch.library.opcheck(op, args, kwargs)
+
+
+@pytest.mark.parametrize("case", ["plain", "epilogue", "batched", "shared_weight"])
+def test_gradients(case, device):
+    dt = torch.float32
+    a = make_tensor((2, 9, 20) if case in ("batched", "shared_weight") else (9, 20), dt, seed=1,
+                    device=device)
+    b = make_tensor((2, 20, 12) if case == "batched" else (20, 12), dt, "transposed", seed=2,
+                    device=device)
+    kw = dict(allow_tf32=False)
+    args = [a, b]
+    if case == "epilogue":
+        args += [make_tensor((12,), dt, seed=3, device=device), "gelu",
+                 make_tensor((12,), dt, seed=4, device=device)]  # residual broadcast: reduced
+    check_against_reference(tkit.matmul, spec_mm.ref_matmul, args, kw, grad=True)
+
+
+@pytest.mark.parametrize("M, N, K", [(0, 5, 7), (5, 0, 7), (5, 7, 0), (1, 1, 1), (3, 9, 1),
+                                     (1, 70, 33), (65, 1, 129)])
+def test_odd_shapes(M, N, K, device):
+    a = make_tensor((M, K), torch.float16, seed=1, device=device)
+    b = make_tensor((K, N), torch.float16, "transposed", seed=2, device=device)
+    bias = make_tensor((N,), torch.float16, seed=3, device=device)
+    check_against_reference(tkit.matmul, spec_mm.ref_matmul, [a, b, bias, "silu"])
+
+
+@pytest.mark.parametrize("a_shape, b_shape, a_layout, b_layout", [
+    ((3, 17, 20), (20, 9), "contiguous", "transposed"),   # folded into one (51, 20) GEMM
+    ((3, 17, 20), (3, 20, 9), "transposed", "contiguous"),  # a batched column-major: batch grid
+    ((2, 1, 17, 20), (3, 20, 9), "contiguous", "sliced"),  # broadcast batch dims
+    ((2, 3, 17, 20), (2, 3, 20, 9), "permuted", "contiguous"),  # batch dims that do not merge
+    ((4, 17, 20), (1, 20, 9), "offset", "contiguous"),
+])
+def test_batched(a_shape, b_shape, a_layout, b_layout, device):
+    a = make_tensor(a_shape, torch.float32, a_layout, seed=1, device=device)
+    b = make_tensor(b_shape, torch.float32, b_layout, seed=2, device=device)
+    res = make_tensor((17, 9), torch.float32, seed=3, device=device)
+    check_against_reference(tkit.matmul, spec_mm.ref_matmul, [a, b, None, "relu", res],
+                            dict(allow_tf32=False))
+
+
+def test_scale_epilogue(device):
+    """Per-tensor and per-row/column scales (the fp8 epilogue), checked on fp16 operands on CPU
+    since the interpreter cannot convert float8."""
+    a = make_tensor((33, 40), torch.float16, seed=1, device=device)
+    b = make_tensor((40, 70), torch.float16, "transposed", seed=2, device=device)
+    sa = torch.rand(33, device=device) + 0.5
+    sb = torch.rand(70, device=device) + 0.5
+    for path in ("ptr", "tma", "splitk"):
+        if path == "tma":
+            b2 = make_tensor((40, 72), torch.float16, "transposed", seed=2, device=device)
+            sb2 = torch.rand(72, device=device) + 0.5
+        else:
+            b2, sb2 = b, sb
+        for s_a, s_b in ((sa, sb2), (sa[:1], sb2[:1])):
+            out = mm._matmul_impl(a, b2, scale_a=s_a, scale_b=s_b, out_dtype=torch.float32,
+                                  path=path)
+            want = (a.double() @ b2.double()) * (s_a.double().reshape(-1, 1) if s_a.numel() > 1
+                                                 else s_a.double())
+            want = want * (s_b.double() if s_b.numel() == 1 else s_b.double().reshape(1, -1))
+            torch.testing.assert_close(out.double(), want, rtol=2e-3, atol=2e-3)
+
+
+def test_grouped_list_form(device):
+    xs = [make_tensor((m, 24), torch.float16, seed=m, device=device) for m in (5, 0, 33)]
+    ws = [make_tensor((24, 40), torch.float16, "transposed", seed=10 + i, device=device)
+          for i in range(3)]
+    outs = tkit.grouped_matmul(xs, ws)
+    assert [o.shape for o in outs] == [(5, 40), (0, 40), (33, 40)]
+    for x, w, o in zip(xs, ws, outs):
+        check_against_reference(lambda x, w, o=o: o, torch.matmul, [x, w])
+
+
+@pytest.mark.parametrize("fn", ["matmul", "epilogue", "grouped"])
+def test_torch_compile_fullgraph(fn, device):
+    a = make_tensor((6, 40), torch.float16, seed=1, device=device)
+    b = make_tensor((40, 24), torch.float16, "transposed", seed=2, device=device)
+    bias = make_tensor((24,), torch.float16, seed=3, device=device)
+    offs = torch.tensor([0, 2, 6], dtype=torch.int32, device=device)
+    b3 = torch.stack([b, b * 0.5])
+    calls = {
+        "matmul": lambda a, b: tkit.matmul(a, b) * 2,
+        "epilogue": lambda a, b: tkit.matmul(a, b, bias, "silu", a[:, :24]) * 2,
+        "grouped": lambda a, b: tkit.grouped_matmul(a, b3, offs) * 2,
+    }
+    backend = "inductor" if ON_GPU else "aot_eager"
+    compiled = torch.compile(calls[fn], fullgraph=True, backend=backend)
+    torch.testing.assert_close(compiled(a, b), calls[fn](a, b))
+
+
+def test_direct_and_dispatched_paths_agree(device, monkeypatch):
+    a = make_tensor((5, 64), torch.float32, seed=1, device=device)
+    b = make_tensor((64, 7), torch.float32, "transposed", seed=2, device=device)
+    direct = tkit.matmul(a, b, activation="gelu")
+    monkeypatch.setattr(_common._env, "NO_DIRECT", True)
+    torch.testing.assert_close(tkit.matmul(a, b, activation="gelu"), direct, rtol=0, atol=0)
+
+
+def test_splitk_is_deterministic(device):
+    a = make_tensor((3, 2048), torch.float32, seed=1, device=device)
+    b = make_tensor((2048, 96), torch.float32, "transposed", seed=2, device=device)
+    p = mm.plan(a, b, path="splitk")
+    assert p.config["SPLIT_K"] > 1
+    first = mm._matmul_impl(a, b, path="splitk")
+    for _ in range(2):
+        assert torch.equal(mm._matmul_impl(a, b, path="splitk"), first)
+
+
+def test_splitk_heuristic_at_decode_shapes():
+    # the H200's 132 SMs: M=1, K=4096, N=14336 -> 112 weight slabs of 128 columns, 4x132/112
+    # -> split 8, leaving 4 K-steps of 128 per program
+    cfg = mm.splitk_config(1, 14336, 4096, 132)
+    assert (cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]) == (128, 128, 8)
+    assert mm.splitk_config(16, 14336, 4096, 132)["BLOCK_M"] == 16
+    assert mm.splitk_config(1, 100, 64, 132)["SPLIT_K"] == 1  # too little K to split
+
+
+def test_plan_picks_paths():
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    big_a, big_b = torch.empty(4096, 4096, **meta), torch.empty(4096, 4096, **meta)
+    assert mm.plan(big_a, big_b).path == "tma"  # meta tensors plan for an sm_90 (tkit.ir)
+    assert mm.plan(big_a, big_b.t()).path == "tma"  # column-major B: a transposed descriptor
+    assert mm.plan(torch.empty(16, 4096, **meta), torch.empty(14336, 4096, **meta).t()).path \
+        == "splitk"
+    sliced = torch.empty(4096, 8192, **meta)[:, ::2]
+    p = mm.plan(big_a, sliced)
+    assert p.path == "ptr" and "TMA" in p.reason
+    assert mm.plan(torch.empty(128, 64, **meta), torch.empty(104, 64, **meta).t()).path == "tma"
+    assert mm.plan(torch.empty(128, 64, **meta), torch.empty(64, 99, **meta)).path == "ptr"
+
+
+def test_capture_shows_the_kernel():
+    """tkit.ir's view: launches recorded on meta tensors name the kernel that would run."""
+    a = torch.empty(2048, 1024, device="meta", dtype=torch.bfloat16)
+    w = torch.empty(4096, 1024, device="meta", dtype=torch.bfloat16)
+    with _common.capture_launches() as launches:
+        tkit.matmul(a, w.t())
+    assert len(launches) == 1 and launches[0].kwargs["B_TRANS"] is True
+    assert "tma" in launches[0].kernel.fn.__name__
+    with _common.capture_launches() as launches:
+        tkit.matmul(a[:4], w.t())
+    assert [k.kernel.__name__ for k in launches] == ["_matmul_splitk_kernel",
+                                                     "_splitk_reduce_kernel"]
+
+
+def test_cuda_backend_unavailable_is_a_clear_error(device, monkeypatch):
+    if "cuda_ext" in vars(tkit):
+        monkeypatch.delattr(tkit, "cuda_ext")
+    monkeypatch.setitem(sys.modules, "tkit.cuda_ext", None)
+    a = make_tensor((4, 8), torch.float32, seed=1, device=device)
+    with pytest.raises(RuntimeError, match="backend='cuda' needs tkit.cuda_ext"):
+        tkit.matmul(a, a.t(), backend="cuda")
+
+
+def test_cuda_backend_dispatch(device, monkeypatch):
+    class FakeCudaExt:
+        calls = []
+
+        @staticmethod
+        def dispatch(name, a, b):
+            FakeCudaExt.calls.append(name)
+            return torch.matmul(a, b)
+
+    monkeypatch.setitem(sys.modules, "tkit.cuda_ext", FakeCudaExt)
+    monkeypatch.setattr(tkit, "cuda_ext", FakeCudaExt, raising=False)
+    a = make_tensor((4, 8), torch.float32, seed=1, device=device)
+    b = make_tensor((8, 5), torch.float32, seed=2, device=device)
+    bias = make_tensor((5,), torch.float32, seed=3, device=device)
+    out = tkit.matmul(a, b, bias, "relu", backend="cuda")
+    assert FakeCudaExt.calls == ["matmul"]
+    torch.testing.assert_close(out, torch.relu(a @ b + bias))
+
+
+@pytest.mark.parametrize(
+    "call, exc, words",
+    [
+        (lambda d: tkit.matmul(torch.ones(3, 4, device=d), torch.ones(5, 6, device=d)),
+         ValueError, r"a.shape\[-1\]=4 != b.shape\[-2\]=5"),
+        (lambda d: tkit.matmul(torch.ones(4, device=d), torch.ones(4, 6, device=d)),
+         ValueError, "a must have at least 2 dimensions"),
+        (lambda d: tkit.matmul(torch.ones(3, 4, device=d), torch.ones(4, 6, device=d).half()),
+         TypeError, "b has dtype float16 but a has float32"),
+        (lambda d: tkit.matmul(torch.ones(3, 4, device=d), torch.ones(4, 6, device=d),
+                               torch.ones(5, device=d)), ValueError, "bias must have shape"),
+        (lambda d: tkit.matmul(torch.ones(3, 4, device=d), torch.ones(4, 6, device=d),
+                               activation="tanh"), ValueError, "activation must be one of"),
+        (lambda d: tkit.matmul(torch.ones(3, 4, device=d), torch.ones(4, 6, device=d),
+                               residual=torch.ones(2, 6, device=d)), ValueError, "residual"),
+        (lambda d: tkit.matmul(torch.ones(2, 3, 4, device=d), torch.ones(3, 4, 6, device=d)),
+         ValueError, "batch dimensions"),
+        (lambda d: tkit.matmul(torch.ones(3, 4, device=d), torch.ones(4, 6, device=d),
+                               backend="cublas"), ValueError, "backend must be"),
+        (lambda d: tkit.matmul(torch.ones(3, 4, device=d, dtype=torch.float64),
+                               torch.ones(4, 6, device=d)), TypeError, "a has dtype float64"),
+        (lambda d: tkit.matmul_fp8(torch.ones(3, 4, device=d), torch.ones(4, 6, device=d),
+                                   torch.ones(1, device=d), torch.ones(1, device=d)),
+         TypeError, "a has dtype float32"),
+        (lambda d: tkit.matmul_fp8(torch.ones(3, 4, device=d).to(torch.float8_e4m3fn),
+                                   torch.ones(4, 6, device=d).to(torch.float8_e4m3fn),
+                                   torch.ones(2, device=d), torch.ones(1, device=d)),
+         ValueError, "scale_a must hold 1 element"),
+        (lambda d: tkit.grouped_matmul(torch.ones(5, 4, device=d), torch.ones(2, 4, 3, device=d),
+                                       torch.tensor([0, 5], dtype=torch.int32, device=d)),
+         ValueError, "offsets must have G"),
+        (lambda d: tkit.grouped_matmul(torch.ones(5, 4, device=d), torch.ones(2, 4, 3, device=d),
+                                       torch.tensor([0, 2, 5.0], device=d)),
+         TypeError, "offsets has dtype float32"),
+    ],
+)
+def test_bad_input_errors(call, exc, words, device):
+    with pytest.raises(exc, match=words):
+        call(device)
+
+
+# ---- GPU only ----------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["tma", "ptr", "splitk"])
+@pytest.mark.parametrize("b_layout", ["contiguous", "transposed"])
+def test_bf16_paths_at_size(path, b_layout):
+    M = 16 if path == "splitk" else 1000
+    a = make_tensor((M, 2048), torch.bfloat16, seed=1)
+    b = make_tensor((2048, 3072), torch.bfloat16, b_layout, seed=2)
+    bias = make_tensor((3072,), torch.bfloat16, seed=3)
+    res = make_tensor((M, 3072), torch.bfloat16, seed=4)
+
+    def fn(a, b, bias, act, res):
+        return mm._matmul_impl(a, b, bias, res, activation=act, path=path)
+
+    check_against_reference(fn, spec_mm.ref_matmul, [a, b, bias, "silu", res])
+
+
+@pytest.mark.gpu
+def test_hopper_plan_is_tma():
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("needs sm_90")
+    a = torch.empty(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    assert mm.plan(a, a).path == "tma"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("per_row", [False, True])
+def test_fp8_matches_scaled_mm(per_row):
+    M, N, K = 512, 768, 1024
+    a = (torch.randn(M, K, device="cuda")).to(torch.float8_e4m3fn)
+    b = (torch.randn(N, K, device="cuda")).to(torch.float8_e4m3fn).t()
+    sa = torch.rand(M, 1, device="cuda") + 0.5 if per_row else torch.tensor([0.7], device="cuda")
+    sb = torch.rand(1, N, device="cuda") + 0.5 if per_row else torch.tensor([0.3], device="cuda")
+    got = tkit.matmul_fp8(a, b, sa, sb)
+    want = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2 * want.abs().max())
+
+
+@pytest.mark.gpu
+@settings(max_examples=30)
+@given(m=st.sampled_from([1, 7, 64, 129, 1000]), bias=st.booleans())
+def test_bf16_linear_layout(m, bias):
+    x = make_tensor((m, 1024), torch.bfloat16, seed=m)
+    w = make_tensor((1536, 1024), torch.bfloat16, seed=1)
+    bb = make_tensor((1536,), torch.bfloat16, seed=2) if bias else None
+    check_against_reference(lambda x, w, bb: tkit.matmul(x, w.t(), bb),
+                            lambda x, w, bb: spec_mm.ref_matmul(x, w.t(), bb), [x, w, bb])

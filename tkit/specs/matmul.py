@@ -1,0 +1,340 @@
+"""Specs of the GEMM family (tkit/kernels/matmul.py)."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+import tkit
+from tkit.registry import Case, Cost, OpSpec, eager_baseline, unique_bytes
+from tkit.testing import strategies as S
+from tkit.testing.tensors import LAYOUTS, make_tensor
+
+BF16 = torch.bfloat16
+FP8 = torch.float8_e4m3fn
+
+#: (N, K) of the Llama-3 projections, as the weights of y = x @ W^T: name -> (N, K)
+LLAMA_SHAPES = {
+    "8B qkv": (6144, 4096), "8B o": (4096, 4096), "8B gate_up": (28672, 4096),
+    "8B down": (4096, 14336),
+    "70B qkv": (10240, 8192), "70B o": (8192, 8192), "70B gate_up": (57344, 8192),
+    "70B down": (8192, 28672),
+}
+LLAMA_M = (1, 16, 64, 256, 1024, 4096, 16384)
+
+
+# ---- references ----------------------------------------------------------------------------
+def _act(y, activation):
+    if not activation:
+        return y
+    if activation == "silu":
+        return torch.nn.functional.silu(y)
+    if activation in ("gelu", "gelu_tanh"):
+        return torch.nn.functional.gelu(y, approximate="tanh" if activation == "gelu_tanh"
+                                        else "none")
+    return torch.relu(y)
+
+
+def ref_matmul(a, b, bias=None, activation=None, residual=None, out_dtype=None,
+               allow_tf32=True, backend="auto"):
+    """PyTorch: matmul, then the epilogue as separate ops (in the inputs' dtype for the peer)."""
+    y = torch.matmul(a, b)
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    y = _act(y, activation)
+    if residual is not None:
+        y = y + residual.to(y.dtype)
+    if out_dtype is not None and y.dtype != torch.float64:
+        y = y.to(out_dtype)
+    return y
+
+
+def ref_matmul_fp8(a, b, scale_a, scale_b, out_dtype=BF16, bias=None, activation=None,
+                   residual=None):
+    """torch._scaled_mm's math: (a @ b) * scale_a * scale_b in float32 (float64 for the
+    reference), then the epilogue of :func:`ref_matmul`."""
+    wide = torch.float64 if a.dtype == torch.float64 else torch.float32
+    sa = scale_a.to(wide).reshape(-1, 1) if scale_a.numel() > 1 else scale_a.to(wide)
+    sb = scale_b.to(wide).reshape(1, -1) if scale_b.numel() > 1 else scale_b.to(wide)
+    y = (a.to(wide) @ b.to(wide)) * sa * sb
+    if bias is not None:
+        y = y + bias.to(wide)
+    y = _act(y, activation)
+    if residual is not None:
+        y = y + residual.to(wide)
+    return y if wide == torch.float64 else y.to(out_dtype)
+
+
+def ref_grouped_matmul(a, b, offsets, out_dtype=None):
+    offs = offsets.tolist()
+    outs = [a[offs[g]:offs[g + 1]] @ b[g] for g in range(b.shape[0])]
+    y = torch.cat(outs) if outs else a.new_zeros((a.shape[0], b.shape[2]))
+    return y.to(out_dtype) if out_dtype is not None and y.dtype != torch.float64 else y
+
+
+# ---- costs -----------------------------------------------------------------------------------
+def cost_matmul(a, b, bias=None, activation=None, residual=None, out_dtype=None, **kw):
+    from tkit.kernels.matmul import cost
+
+    c = cost(a, b, out_dtype=out_dtype)
+    extra = (unique_bytes(bias) if bias is not None else 0) + \
+        (unique_bytes(residual) if residual is not None else 0)
+    return Cost(c.bytes + extra, c.flops)
+
+
+def cost_matmul_fp8(a, b, scale_a, scale_b, out_dtype=BF16, **kw):
+    return cost_matmul(a, b, out_dtype=out_dtype)
+
+
+def cost_grouped(a, b, offsets, out_dtype=None):
+    T, K = a.shape
+    N = b.shape[2]
+    es = a.element_size()
+    return Cost(T * K * es + unique_bytes(b) + T * N * es, 2.0 * T * N * K)
+
+
+# ---- inputs ----------------------------------------------------------------------------------
+def _mm_case(M, N, K, dtype=BF16, *, b_layout="contiguous", label=None, group="square",
+             epilogue=False, a_layout="contiguous"):
+    def build(device):
+        a = make_tensor((M, K), dtype, a_layout, seed=1, device=device)
+        b = make_tensor((K, N), dtype, b_layout, seed=2, device=device, scale=K ** -0.5)
+        kw = {}
+        if epilogue:
+            kw = dict(bias=make_tensor((N,), dtype, seed=3, device=device), activation="silu",
+                      residual=make_tensor((M, N), dtype, seed=4, device=device))
+        return (a, b), kw
+
+    lab = label or f"{M}x{N}x{K} {'B^T' if b_layout == 'transposed' else 'B'}"
+    return Case(lab, build, group, meta=dict(M=M, N=N, K=K))
+
+
+def _bench_matmul():
+    cases = [_mm_case(4096, 4096, 4096), _mm_case(8192, 8192, 8192),
+             _mm_case(4096, 4096, 4096, b_layout="transposed"),
+             _mm_case(8192, 8192, 8192, b_layout="transposed"),
+             _mm_case(8192, 8192, 8192, a_layout="transposed", label="8192^3 A^T"),
+             _mm_case(8192, 8192, 8192, epilogue=True, label="8192^3 bias+silu+residual",
+                      group="epilogue")]
+    for M in (1, 16, 64):
+        cases.append(_mm_case(M, 14336, 4096, b_layout="transposed", group="skinny",
+                              label=f"M={M} K=4096 N=14336 (weight W^T)"))
+    for name, (N, K) in LLAMA_SHAPES.items():
+        for M in LLAMA_M:
+            cases.append(_mm_case(M, N, K, b_layout="transposed", group="llama",
+                                  label=f"llama-3 {name} M={M}"))
+    return cases
+
+
+def _check_matmul():
+    f16 = torch.float16
+    return [
+        _mm_case(37, 70, 45, f16, label="37x70x45"),
+        _mm_case(64, 96, 80, f16, b_layout="transposed", a_layout="transposed",
+                 label="A^T B^T 64x96x80"),
+        _mm_case(3, 300, 256, f16, b_layout="transposed", group="skinny", label="M=3 skinny"),
+        _mm_case(33, 65, 17, f16, epilogue=True, group="epilogue", label="fused epilogue"),
+    ]
+
+
+def _bench_fp8():
+    def build(M, N, K, per_row):
+        def make(device):
+            a = make_tensor((M, K), torch.float32, seed=1, device=device).to(FP8)
+            b = make_tensor((N, K), torch.float32, seed=2, device=device).to(FP8).t()
+            sa = (torch.rand(M, 1, device=device) + 0.5) if per_row else \
+                torch.tensor([0.7], device=device)
+            sb = (torch.rand(1, N, device=device) + 0.5) if per_row else \
+                torch.tensor([0.3], device=device)
+            return (a, b, sa, sb), {}
+
+        return make
+
+    return [Case(f"fp8 {s}^3 {'row/col' if r else 'tensor'} scales", build(s, s, s, r), "fp8")
+            for s in (4096, 8192) for r in (False, True)]
+
+
+def _bench_grouped():
+    def build(G, tokens, N, K):
+        def make(device):
+            gen = torch.Generator().manual_seed(0)
+            sizes = torch.multinomial(torch.ones(G), tokens, replacement=True, generator=gen)
+            counts = torch.bincount(sizes, minlength=G)
+            offs = torch.zeros(G + 1, dtype=torch.int32)
+            offs[1:] = counts.cumsum(0)
+            a = make_tensor((tokens, K), BF16, seed=1, device=device)
+            b = make_tensor((G, N, K), BF16, seed=2, device=device).transpose(1, 2)
+            return (a, b, offs.to(device)), {}
+
+        return make
+
+    return [Case(f"MoE G={G} tokens={t} N={n} K={k}", build(G, t, n, k), "grouped")
+            for G, t, n, k in [(8, 16384, 14336, 4096), (64, 8192, 2048, 4096),
+                               (128, 4096, 1536, 2048)]]
+
+
+def _check_grouped():
+    def make(device):
+        offs = torch.tensor([0, 5, 5, 40, 41], dtype=torch.int32, device=device)
+        a = make_tensor((41, 24), torch.float16, seed=1, device=device)
+        b = make_tensor((4, 24, 33), torch.float16, "transposed", seed=2, device=device)
+        return (a, b, offs), {}
+
+    return [Case("4 groups (one empty) fp16", make, "grouped")]
+
+
+# ---- fuzz recipes ------------------------------------------------------------------------------
+@st.composite
+def matmul_shapes(draw, max_mn=150, max_k=150):
+    """((batch..., M, K), (batch'..., K, N)): batches equal, broadcast or absent on b."""
+    M = draw(S.dim_sizes(tile=64, max_size=max_mn))
+    N = draw(S.dim_sizes(tile=64, max_size=max_mn))
+    K = draw(S.dim_sizes(tile=32, max_size=max_k))
+    nb = draw(st.sampled_from([0, 0, 1, 2]))
+    batch = tuple(draw(st.integers(1, 3)) for _ in range(nb))
+    b_batch = draw(st.sampled_from([batch, (), tuple(1 for _ in batch)]))
+    return (*batch, M, K), (*b_batch, K, N)
+
+
+def fuzz_matmul_fn(a, b, with_bias=False, activation=None, with_residual=False,
+                   allow_tf32=False):
+    """tkit.matmul with an epilogue built from the inputs (bias: a row of b; residual: a@b's
+    shape, from a fixed seed), so that the reference sees the same values."""
+    bias, res = _fuzz_epilogue(a, b, with_bias, with_residual)
+    return tkit.matmul(a, b, bias, activation, res, allow_tf32=allow_tf32)
+
+
+def fuzz_matmul_ref(a, b, with_bias=False, activation=None, with_residual=False,
+                    allow_tf32=False):
+    bias, res = _fuzz_epilogue(a, b, with_bias, with_residual)
+    return ref_matmul(a, b, bias, activation, res)
+
+
+def _fuzz_epilogue(a, b, with_bias, with_residual):
+    N = b.shape[-1]
+    bias = res = None
+    if with_bias:
+        bias = make_tensor((N,), torch.float32, seed=11, device=a.device).to(a.dtype)
+    if with_residual:
+        shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], N)
+        res = make_tensor(shape, torch.float32, seed=12, device=a.device).to(a.dtype)
+    return bias, res
+
+
+def _fuzz_matmul():
+    kw = st.fixed_dictionaries({
+        "with_bias": st.booleans(),
+        "activation": st.sampled_from([None, "silu", "gelu", "relu"]),
+        "with_residual": st.booleans(),
+    })
+    return dict(fn=fuzz_matmul_fn, reference=fuzz_matmul_ref, shapes=matmul_shapes(),
+                dtypes=S.gpu_dtypes(), layouts=LAYOUTS, kwargs=kw)
+
+
+def _fuzz_fp8():
+    # GPU only: the interpreter converts float8 wrongly (docs/NOTES.md)
+    def fn(a, b, per_row=False):
+        sa, sb = _fp8_scales(a, b, per_row)
+        return tkit.matmul_fp8(a.to(FP8), b.to(FP8), sa, sb)
+
+    def ref(a, b, per_row=False):
+        sa, sb = _fp8_scales(a, b, per_row)
+        out = torch.float64 if a.dtype == torch.float64 else BF16
+        return ref_matmul_fp8(a.float().to(FP8), b.float().to(FP8), sa, sb, out)
+
+    shapes = st.tuples(S.dim_sizes(tile=128, max_size=300, allow_zero=False),
+                       S.dim_sizes(tile=128, max_size=300, allow_zero=False),
+                       st.sampled_from([16, 32, 48, 128, 256])).map(
+        lambda mnk: ((mnk[0], mnk[2]), (mnk[2], mnk[1])))
+    return dict(fn=fn, reference=ref, shapes=shapes, dtypes=(torch.float32,),
+                layouts=("contiguous", "transposed"),
+                kwargs=st.fixed_dictionaries({"per_row": st.booleans()}), factor=2.0)
+
+
+def _fp8_scales(a, b, per_row):
+    dev = a.device
+    if per_row:
+        return (torch.linspace(0.5, 1.5, a.shape[0], device=dev).reshape(-1, 1),
+                torch.linspace(0.25, 2.0, b.shape[1], device=dev).reshape(1, -1))
+    return torch.tensor([0.5], device=dev), torch.tensor([1.5], device=dev)
+
+
+@st.composite
+def grouped_shapes(draw):
+    """((T, K), (G, K, N)); the split of T into groups comes from :func:`grouped_offsets`."""
+    G = draw(st.integers(1, 6))
+    T = draw(st.sampled_from([0, 1, 5, 33, 64, 100, 161]))
+    K = draw(S.dim_sizes(tile=32, max_size=80, allow_zero=False))
+    N = draw(S.dim_sizes(tile=64, max_size=100, allow_zero=False))
+    return (T, K), (G, K, N)
+
+
+def grouped_offsets(tensors, dtype, device):
+    """Offsets that split a's T rows into b's G groups, some empty, from a seed of (T, G)."""
+    T, G = tensors[0].shape[0], tensors[1].shape[0]
+    gen = torch.Generator().manual_seed(T * 31 + G)
+    cuts = torch.randint(0, T + 1, (G - 1,), generator=gen).sort().values
+    offs = torch.cat([torch.zeros(1, dtype=torch.int64), cuts, torch.tensor([T])])
+    return (offs.to(torch.int32).to(device),)
+
+
+def _fuzz_grouped():
+    return dict(shapes=grouped_shapes(), dtypes=S.gpu_dtypes(), extra_args=grouped_offsets,
+                layouts=("contiguous", "transposed", "sliced"))
+
+
+# ---- opcheck ----------------------------------------------------------------------------------
+def _opcheck_matmul():
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    a = make_tensor((9, 16), torch.float32, seed=1, device=dev).requires_grad_()
+    b = make_tensor((16, 12), torch.float32, "transposed", seed=2, device=dev).requires_grad_()
+    bias = make_tensor((12,), torch.float32, seed=3, device=dev).requires_grad_()
+    return torch.ops.tkit.matmul.default, (a, b, bias, None, None, None, "silu", None, False,
+                                           "auto"), {}
+
+
+def _opcheck_grouped():
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    a = make_tensor((10, 16), torch.float32, seed=1, device=dev)
+    b = make_tensor((3, 16, 8), torch.float32, seed=2, device=dev)
+    offs = torch.tensor([0, 4, 4, 10], dtype=torch.int32, device=dev)
+    return torch.ops.tkit.grouped_matmul.default, (a, b, offs, None), {}
+
+
+def _opcheck_fp8():
+    if not torch.cuda.is_available():
+        return None
+    a = make_tensor((32, 64), torch.float32, seed=1, device="cuda").to(FP8)
+    b = make_tensor((48, 64), torch.float32, seed=2, device="cuda").to(FP8).t()
+    sa = torch.tensor([0.5], device="cuda")
+    sb = torch.rand(48, device="cuda")
+    return torch.ops.tkit.matmul.default, (a, b, None, None, sa, sb, "", BF16, True, "auto"), {}
+
+
+# ---- baselines ----------------------------------------------------------------------------------
+def _cublas():
+    return ref_matmul  # torch.matmul + separate epilogue ops: cuBLAS on the GPU
+
+
+def _scaled_mm():
+    def fn(a, b, scale_a, scale_b, out_dtype=BF16, **kw):
+        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+
+    return fn
+
+
+SPECS = [
+    OpSpec(name="matmul", family="matmul", fn=tkit.matmul, reference=ref_matmul,
+           cost=cost_matmul, bench_cases=_bench_matmul, check_cases=_check_matmul,
+           fuzz=_fuzz_matmul, baselines={"cuBLAS (torch)": _cublas}, opcheck=_opcheck_matmul,
+           bound="compute", doc="a @ b with fused bias/activation/residual"),
+    OpSpec(name="matmul_fp8", family="matmul", fn=tkit.matmul_fp8, reference=ref_matmul_fp8,
+           cost=cost_matmul_fp8, bench_cases=_bench_fp8, check_cases=lambda: [],
+           fuzz=_fuzz_fp8, baselines={"torch._scaled_mm": _scaled_mm}, opcheck=_opcheck_fp8,
+           bound="compute", doc="float8_e4m3fn GEMM with per-tensor / per-row / per-col scales"),
+    OpSpec(name="grouped_matmul", family="matmul", fn=tkit.grouped_matmul,
+           reference=ref_grouped_matmul, cost=cost_grouped, bench_cases=_bench_grouped,
+           check_cases=_check_grouped, fuzz=_fuzz_grouped,
+           baselines={"torch loop": eager_baseline(ref_grouped_matmul)},
+           opcheck=_opcheck_grouped, bound="compute", doc="many GEMMs in one launch (MoE)"),
+]
