@@ -178,3 +178,34 @@ def test_zero_sized():
         if cx.unavailable_reason(a, b) is not None:
             pytest.skip(cx.unavailable_reason(a, b))
         torch.testing.assert_close(cx.matmul(a, b).float(), (a.float() @ b.float()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or _major() not in (8, 9), reason="needs sm_80 or sm_90")
+@pytest.mark.parametrize("dtype", [BF16, torch.float32])
+def test_dispatch_any_layout_and_batch(dtype):
+    a = make_tensor((3, 72, 136), dtype, "transposed", seed=5)
+    b = make_tensor((136, 264), dtype, seed=6)
+    check_against_reference(lambda x, y: cx.dispatch("matmul", x, y), torch.matmul, [a, b],
+                            floor=_fp32_floor(a[0], b) if dtype == torch.float32 else None)
+
+
+def test_dispatch_unknown_op():
+    with pytest.raises(KeyError, match="no CUDA op"):
+        cx.dispatch("conv", None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU or _major() not in (8, 9), reason="needs sm_80 or sm_90")
+def test_tkit_matmul_backend_cuda():
+    import tkit
+
+    a = make_tensor((257, 512), BF16, seed=7)
+    b = make_tensor((512, 384), BF16, seed=8)
+    try:
+        out = tkit.matmul(a, b, backend="cuda")
+    except TypeError as e:
+        pytest.skip(f"tkit.matmul has no backend switch yet ({e})")
+    check_against_reference(lambda x, y: tkit.matmul(x, y, backend="cuda"), torch.matmul,
+                            [a, b])
+    assert out.shape == (257, 384)

@@ -20,6 +20,7 @@ Public entry points:
 
 from __future__ import annotations
 
+import functools
 import subprocess
 
 import torch
@@ -38,6 +39,7 @@ __all__ = [
     "SGEMM_STEPS",
     "CudaPathUnavailable",
     "cute_layouts",
+    "dispatch",
     "matmul",
     "matmul_mma",
     "matmul_wgmma",
@@ -183,6 +185,61 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = Non
                 return fn(a, b, out_dtype)
             reasons.append(f"{name}: {reason}")
         raise CudaPathUnavailable("no CUDA matmul path: " + ("; ".join(reasons) or "none"))
+
+
+def _as_row_major(t: torch.Tensor) -> torch.Tensor:
+    ok = t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] and t.data_ptr() % 16 == 0
+    return t if ok else t.contiguous()
+
+
+def _matmul_general(a: torch.Tensor, b: torch.Tensor, out_dtype=None) -> torch.Tensor:
+    """``a @ b`` for any layout and leading batch dims: copies to row-major where needed and
+    loops over the batch (each GEMM is large enough for one launch to fill the GPU)."""
+    if a.dtype == torch.float32 and b.dtype == torch.float32 and out_dtype in (None,
+                                                                               torch.float32):
+        fn = _sgemm_best
+    elif a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16:
+        fn = functools.partial(matmul, out_dtype=out_dtype)
+    else:
+        raise CudaPathUnavailable(
+            f"no CUDA kernel for {a.dtype} x {b.dtype} (bf16 tensor-core GEMMs, fp32 SGEMM)")
+    why = _environment_reason()
+    if why is not None:
+        raise CudaPathUnavailable(f"no CUDA matmul path: {why}")
+    if a.ndim < 2 or b.ndim < 2:
+        raise ValueError(f"a and b need at least 2 dims, got {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}")
+    K, N = b.shape[-2], b.shape[-1]
+    if a.dtype == torch.bfloat16 and (K % 8 or N % 8):
+        raise CudaPathUnavailable(f"K = {K} and N = {N} must be multiples of 8 for the CUDA "
+                                  "GEMMs (16-byte rows for cp.async / TMA)")
+    if a.ndim == 2 and b.ndim == 2:
+        return fn(_as_row_major(a), _as_row_major(b))
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a3 = a.expand(*batch, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
+    b3 = b.expand(*batch, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
+    outs = [fn(_as_row_major(x), _as_row_major(y)) for x, y in zip(a3, b3)]
+    return torch.stack(outs).reshape(*batch, a.shape[-2], N)
+
+
+def _sgemm_best(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    M, K = a.shape
+    N = b.shape[1]
+    step = "cp_async" if (M % 128 == 0 and N % 128 == 0 and K % 8 == 0) else "2d_blocking"
+    return sgemm(a, b, step)
+
+
+#: op name -> callable, for :func:`dispatch`
+OPS = {"matmul": _matmul_general, "sgemm": sgemm}
+
+
+def dispatch(op: str, *args, **kwargs):
+    """Run ``op`` through its CUDA path: ``dispatch("matmul", a, b, out_dtype=None)`` takes any
+    layout and batch dims (bf16 -> tensor-core GEMM of this GPU's table, fp32 -> the best SGEMM
+    step); raises :class:`CudaPathUnavailable` naming the reason when there is no CUDA path."""
+    if op not in OPS:
+        raise KeyError(f"no CUDA op {op!r} (have: {', '.join(OPS)})")
+    return OPS[op](*args, **kwargs)
 
 
 class Status(dict):
