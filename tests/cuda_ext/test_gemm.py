@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import tkit.cuda_ext as cx
+from tkit import registry
 from tkit.cuda_ext import _loader
 from tkit.cuda_ext.gemm import check_gemm_operands
-from tkit.testing import check_against_reference, make_tensor
+from tkit.testing import check_against_reference, fuzz, make_tensor
 
 ON_GPU = torch.cuda.is_available()
 BF16 = torch.bfloat16
@@ -209,3 +210,35 @@ def test_tkit_matmul_backend_cuda():
     check_against_reference(lambda x, y: tkit.matmul(x, y, backend="cuda"), torch.matmul,
                             [a, b])
     assert out.shape == (257, 384)
+
+
+SPECS = [s for s in registry.all_specs() if s.family == "cuda_ext"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
+def test_spec_check_cases(spec):
+    if spec.name == "cuda_matmul_wgmma" and _major() != 9:
+        pytest.skip("the wgmma kernel needs sm_90a")
+    if spec.family == "cuda_ext" and _major() not in (8, 9) and "sgemm" not in spec.name:
+        pytest.skip("no tensor-core CUDA path for this GPU")
+    for case in spec.check_cases():
+        args, kwargs = case.make("cuda")
+        floor = _fp32_floor(*args) if args[0].dtype == torch.float32 else None
+        check_against_reference(spec.fn, spec.reference, args, kwargs, floor=floor)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", [s for s in SPECS if s.name in (
+    "cuda_matmul_mma", "cuda_matmul_wgmma", "cuda_sgemm_2d_blocking", "cuda_sgemm_cp_async")],
+    ids=lambda s: s.name)
+def test_spec_fuzz(spec):
+    if spec.name == "cuda_matmul_wgmma" and _major() != 9:
+        pytest.skip("the wgmma kernel needs sm_90a")
+    if spec.name == "cuda_matmul_mma" and _major() not in (8, 9):
+        pytest.skip("needs sm_80 or sm_90")
+    recipe = spec.fuzz()
+    fp32 = recipe["dtypes"] == (torch.float32,)
+    # fp32 sums: the sqrt(K) noise floor at K <= 320, |a|,|b| ~ 4 sigma
+    fuzz(spec.fn, spec.reference, **recipe, floor=2.0**-23 * 320 * 16 if fp32 else None,
+         max_examples=40)
