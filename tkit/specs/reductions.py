@@ -142,9 +142,12 @@ def _norm_check(kind):
 
 # ---- fuzz recipes --------------------------------------------------------------------------
 def _hidden_sizes():
-    # odd hidden sizes (interpreter-sized ones; 4097+ are in a dedicated test) and the usual
-    return st.one_of(S.dim_sizes(max_size=300, allow_zero=False),
-                     st.sampled_from([1, 3, 127, 128, 129, 1000]))
+    # odd hidden sizes (interpreter-sized ones; 4097+ are in a dedicated test) and the usual.
+    # N = 1 is left to a dedicated test: there dx = w*dy*eps/(x^2+eps)^1.5 is ~1e-6 of the
+    # terms it is computed from, so the rule's floor (one ulp of the reference's magnitude)
+    # asks for digits the cancellation has already lost, in torch's formula as in ours.
+    return st.one_of(S.dim_sizes(max_size=300, allow_zero=False).filter(lambda n: n > 1),
+                     st.sampled_from([3, 127, 128, 129, 1000]))
 
 
 @st.composite
