@@ -527,6 +527,21 @@ def splitk_config(M: int, N: int, K: int, num_sms: int) -> dict:
                 num_warps=4)
 
 
+def tma_config(M: int, N: int, K: int, elem_size: int = 2) -> dict:
+    """A fixed TMA config for a shape, without autotuning (benchmark sweeps; callers that cannot
+    afford a tuning pass). 128x256 tiles when there are enough of them to fill the SMs about
+    twice (a 128x256 tile is 85 FLOP/byte against 64 for 128x128); 128x128 otherwise, since
+    fewer, larger tiles leave SMs idle. BLOCK_K is 64 bytes-worth x2: 64 for 16-bit, 128 fp8,
+    32 fp32."""
+    bk = {1: 128, 2: 64, 4: 32}[elem_size]
+    big = triton.cdiv(M, 128) * triton.cdiv(N, 256) >= 2 * 132
+    if big:
+        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=bk, GROUP_M=8, EPI_SUBTILE=True,
+                    FLATTEN=True, num_warps=8, num_stages=3 if elem_size == 2 else 4)
+    return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=bk, GROUP_M=8, EPI_SUBTILE=True,
+                FLATTEN=True, num_warps=8, num_stages=4)
+
+
 def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None, *,
          path: str | None = None) -> MatmulPlan:
     """Which kernel ``matmul(a, b)`` runs for 2-D operands (after batch folding), and why."""
@@ -744,15 +759,19 @@ def _cuda_matmul(a, b, out, bias, residual, scale_a, scale_b, activation):
     """backend="cuda": the CUDA escape hatch of tkit.cuda_ext, epilogue applied unfused."""
     try:
         from tkit import cuda_ext
-        dispatch = cuda_ext.dispatch
+        call = getattr(cuda_ext, "matmul", None)
+        if call is None:
+            dispatch = cuda_ext.dispatch
+            call = functools.partial(dispatch, "matmul")
     except (ImportError, AttributeError) as e:
         raise RuntimeError(
-            "backend='cuda' needs tkit.cuda_ext.dispatch('matmul', a, b), which is not "
-            f"available here ({e}); use backend='triton' or 'auto'"
+            "backend='cuda' needs tkit.cuda_ext.matmul(a, b) (or dispatch('matmul', a, b)), "
+            f"which is not available here ({e}); use backend='triton' or 'auto'"
         ) from None
     if scale_a is not None or scale_b is not None:
         raise NotImplementedError("backend='cuda' does not take fp8 scales; use 'triton'")
-    y = dispatch("matmul", a, b).float()
+    # tkit.cuda_ext raises its own CudaPathUnavailable, naming the reason, when it cannot run
+    y = call(a, b).float()
     if bias is not None:
         y = y + bias.float()
     if activation:
