@@ -122,8 +122,17 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 # ---- mma.sync (sm_80 path) -------------------------------------------------------------------
-def matmul_mma(a: torch.Tensor, b: torch.Tensor, out_dtype=None) -> torch.Tensor:
-    """bf16 ``a @ b`` with mma.sync + ldmatrix + cp.async (csrc/gemm_mma_sm80.cu)."""
+def _defines(**kw) -> tuple[str, ...]:
+    """Compile-time overrides (``-DSTAGES=3``); None keeps the source's default."""
+    return tuple(f"-D{k.upper()}={int(v)}" for k, v in kw.items() if v is not None)
+
+
+def matmul_mma(a: torch.Tensor, b: torch.Tensor, out_dtype=None, *, stages: int | None = None,
+               group_m: int | None = None) -> torch.Tensor:
+    """bf16 ``a @ b`` with mma.sync + ldmatrix + cp.async (csrc/gemm_mma_sm80.cu).
+
+    ``stages`` / ``group_m`` override the source's pipeline depth and raster grouping (each
+    value compiles its own module; for tuning sweeps)."""
     M, N, K = check_gemm_operands(a, b, (torch.bfloat16,))
     out_dtype = out_dtype or torch.bfloat16
     if out_dtype not in (torch.bfloat16, torch.float32):
@@ -133,10 +142,12 @@ def matmul_mma(a: torch.Tensor, b: torch.Tensor, out_dtype=None) -> torch.Tensor
         return triv
     c = _common.empty((M, N), out_dtype, a.device)
     name = "gemm_mma_bf16" if out_dtype == torch.bfloat16 else "gemm_mma_bf16_f32out"
-    func = _loader.get_kernel(_loader.load_module(MMA_SM80["source"]), name)
-    grid = (triton_cdiv(M, MMA_SM80["bm"]) * triton_cdiv(N, MMA_SM80["bn"]),)
-    _loader.launch(func, grid, (MMA_SM80["threads"],), (a, b, c, *_i32(M, N, K)),
-                   smem=MMA_SM80["smem"])
+    cfg = MMA_SM80
+    opts = _defines(stages=stages, group_m=group_m)
+    func = _loader.get_kernel(_loader.load_module(cfg["source"], options=opts), name)
+    grid = (triton_cdiv(M, cfg["bm"]) * triton_cdiv(N, cfg["bn"]),)
+    smem = (stages or cfg["stages"]) * (cfg["bm"] + cfg["bn"]) * cfg["bk"] * 2
+    _loader.launch(func, grid, (cfg["threads"],), (a, b, c, *_i32(M, N, K)), smem=smem)
     return c
 
 
@@ -183,9 +194,15 @@ def _num_sms(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def matmul_wgmma(a: torch.Tensor, b: torch.Tensor, out_dtype=None) -> torch.Tensor:
+def matmul_wgmma(a: torch.Tensor, b: torch.Tensor, out_dtype=None, *,
+                 stages: int | None = None, group_m: int | None = None,
+                 inflight: bool | None = None, persistent: bool = True) -> torch.Tensor:
     """bf16 ``a @ b`` with TMA + wgmma, warp-specialized and persistent
-    (csrc/gemm_wgmma_sm90.cu, sm_90a)."""
+    (csrc/gemm_wgmma_sm90.cu, sm_90a).
+
+    Tuning knobs (each compiles its own module): ``stages`` (3 or 4: 48 KiB a stage),
+    ``group_m`` (raster grouping), ``inflight`` (keep one wgmma group in flight across k-steps),
+    ``persistent=False`` launches one CTA per tile instead of one per SM."""
     M, N, K = check_gemm_operands(a, b, (torch.bfloat16,))
     out_dtype = out_dtype or torch.bfloat16
     if out_dtype != torch.bfloat16:
@@ -195,12 +212,18 @@ def matmul_wgmma(a: torch.Tensor, b: torch.Tensor, out_dtype=None) -> torch.Tens
         return triv
     c = _common.empty((M, N), out_dtype, a.device)
     cfg = WGMMA_SM90
-    mod = _loader.load_module(cfg["source"], backend="nvcc", arch="90a")
+    st = stages or cfg["stages"]
+    if st * (cfg["bm"] + cfg["bn"]) * cfg["bk"] * 2 + 1280 > 227 * 1024:
+        raise ValueError(f"stages={st} needs more than the 227 KiB of shared memory per block")
+    opts = _defines(stages=stages, group_m=group_m,
+                    wgmma_inflight=None if inflight is None else int(inflight))
+    mod = _loader.load_module(cfg["source"], backend="nvcc", arch="90a", options=opts)
     func = _loader.get_kernel(mod, "gemm_wgmma_bf16")
     map_a = tensor_map_2d(a, 64, cfg["bm"])
     map_b = tensor_map_2d(b, 64, cfg["bk"])
     tiles = triton_cdiv(M, cfg["bm"]) * triton_cdiv(N, cfg["bn"])
-    grid = (min(tiles, _num_sms(a.device.index or 0)),)
+    grid = (min(tiles, _num_sms(a.device.index or 0)) if persistent else tiles,)
+    smem = st * (cfg["bm"] + cfg["bn"]) * cfg["bk"] * 2 + 1024 + 256
     _loader.launch(func, grid, (cfg["threads"],), (map_a, map_b, c, *_i32(M, N, K)),
-                   smem=cfg["smem"])
+                   smem=smem)
     return c

@@ -17,9 +17,13 @@
 #define BM 128
 #define BN 128
 #define BK 32
+#ifndef STAGES  // overridable with -DSTAGES=... (scripts/gpu_cuda_ext.py sweeps it)
 #define STAGES 4
+#endif
 #define THREADS 256
+#ifndef GROUP_M  // overridable with -DGROUP_M=... (scripts/gpu_cuda_ext.py sweeps it)
 #define GROUP_M 8
+#endif
 
 typedef unsigned short bf16_t;
 

@@ -29,10 +29,17 @@
 #define BM 128
 #define BN 256
 #define BK 64
+#ifndef STAGES  // overridable with -DSTAGES=... (scripts/gpu_cuda_ext.py sweeps it)
 #define STAGES 4
+#endif
 #define CONSUMERS 2
 #define THREADS (128 * (CONSUMERS + 1))
+#ifndef GROUP_M  // overridable with -DGROUP_M=... (scripts/gpu_cuda_ext.py sweeps it)
 #define GROUP_M 16
+#endif
+#ifndef WGMMA_INFLIGHT  // 1: keep one wgmma group in flight across k-steps (wait_group 1)
+#define WGMMA_INFLIGHT 0
+#endif
 #define A_STAGE_BYTES (BM * BK * 2)
 #define B_STAGE_BYTES (BK * BN * 2)
 #define STAGE_BYTES (A_STAGE_BYTES + B_STAGE_BYTES)
@@ -123,6 +130,10 @@ __device__ __forceinline__ void wgmma_commit() {
 }
 __device__ __forceinline__ void wgmma_wait0() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_wait1() {
+  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
 }
 
 __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
@@ -219,9 +230,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_wgmma_bf16(
           wgmma_m64n256k16(d, da, db);
         }
         wgmma_commit();
+#if WGMMA_INFLIGHT
+        // keep this k-step's wgmma in flight; the previous one is done: release its stage
+        wgmma_wait1();
+        if (kt > 0 && t == 0) mbar_arrive(empty((it - 1) % STAGES));
+#else
         wgmma_wait0();
         if (t == 0) mbar_arrive(empty(s));
+#endif
       }
+#if WGMMA_INFLIGHT
+      wgmma_wait0();
+      if (KT > 0 && t == 0) mbar_arrive(empty((it - 1) % STAGES));
+#endif
       // epilogue: accumulator fragment of m64nNk16: d[4j + {0,1}] at (row, 8j + 2*(lane%4) +
       // {0,1}), d[4j + {2,3}] eight rows below; row = 16*warp + lane/4
       int row0 = tm * BM + c * 64 + warp * 16 + lane / 4;
