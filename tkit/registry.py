@@ -146,6 +146,13 @@ def torch_compile_baseline(fn: Callable) -> Callable[[], Callable | None]:
     def factory():
         if not torch.cuda.is_available():
             return None
+        # Benchmarks see many shapes and layouts of one reference (and references built by one
+        # closure share a code object): past dynamo's default limit of 8 recompiles it would
+        # silently run eager, and the baseline would be torch eager under another name.
+        import torch._dynamo as dynamo
+
+        dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 1024)
+        dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 1024)
         return torch.compile(fn, dynamic=False)
 
     return factory

@@ -54,15 +54,18 @@ def _flat_configs():
     # A block of 1024..8192 elements per program: at 16-byte accesses, 4 to 16 vectors per thread
     # with 4 or 8 warps, enough loads in flight to cover HBM latency. Smaller blocks only add
     # programs; larger ones spill registers on the 3-operand ops.
-    # The first is the default when autotuning is off.
-    configs = [triton.Config({"BLOCK": 4096}, num_warps=8)] + [
-        triton.Config({"BLOCK": block}, num_warps=warps)
+    # EVICT: "evict_first" marks the streamed inputs as not worth keeping in L2; measured both
+    # ways (scripts/gpu_elementwise.py). The first config is the default when autotuning is off.
+    configs = [triton.Config({"BLOCK": 4096, "EVICT": ""}, num_warps=8)] + [
+        triton.Config({"BLOCK": block, "EVICT": evict}, num_warps=warps)
         for block in (1024, 2048, 4096, 8192)
         for warps in (4, 8)
-        if block // (warps * 32) >= 4 and (block, warps) != (4096, 8)
+        for evict in ("", "evict_first")
+        if block // (warps * 32) >= 4 and (block, warps, evict) != (4096, 8, "")
     ]
     # the interpreter pays per program, not per element: one large block
-    return C.interpreter_configs(configs, triton.Config({"BLOCK": 4096}, num_warps=4))
+    return C.interpreter_configs(configs, triton.Config({"BLOCK": 4096, "EVICT": ""},
+                                                        num_warps=4))
 
 
 # --------------------------------------------------------------------------------------------
@@ -121,9 +124,12 @@ def _apply(a, b, scale_ptr, OP: tl.constexpr, HAS_SCALE: tl.constexpr):
 def _ew_flat_kernel(
     a_ptr, b_ptr, out_ptr, scale_ptr, n_elements, size_class,
     OP: tl.constexpr, HAS_B: tl.constexpr, HAS_SCALE: tl.constexpr, INT64: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, EVICT: tl.constexpr, EVEN: tl.constexpr,
 ):
     """out[i] = OP(a[i], b[i]) over ``n_elements`` contiguous elements.
+
+    EVEN (set when BLOCK divides n_elements) drops the bounds mask; EVICT is the inputs'
+    L2 eviction policy ("" or "evict_first").
 
     a_ptr, b_ptr: inputs (b_ptr unused when HAS_B is false); out_ptr: output;
     scale_ptr: one float32 divisor for casts (unused when HAS_SCALE is false).
@@ -135,17 +141,27 @@ def _ew_flat_kernel(
     else:
         start = pid * BLOCK
     offs = start + tl.arange(0, BLOCK)
-    mask = offs < n_elements
-    a = tl.load(a_ptr + offs, mask=mask, eviction_policy="evict_first").to(tl.float32)
-    if HAS_B:
-        b = tl.load(b_ptr + offs, mask=mask, eviction_policy="evict_first").to(tl.float32)
+    if EVEN:
+        a = tl.load(a_ptr + offs, eviction_policy=EVICT).to(tl.float32)
+        if HAS_B:
+            b = tl.load(b_ptr + offs, eviction_policy=EVICT).to(tl.float32)
+        else:
+            b = a
+        r = _apply(a, b, scale_ptr, OP, HAS_SCALE)
+        tl.store(out_ptr + offs, r.to(out_ptr.dtype.element_ty))
     else:
-        b = a
-    r = _apply(a, b, scale_ptr, OP, HAS_SCALE)
-    tl.store(out_ptr + offs, r.to(out_ptr.dtype.element_ty), mask=mask)
+        mask = offs < n_elements
+        a = tl.load(a_ptr + offs, mask=mask, eviction_policy=EVICT).to(tl.float32)
+        if HAS_B:
+            b = tl.load(b_ptr + offs, mask=mask, eviction_policy=EVICT).to(tl.float32)
+        else:
+            b = a
+        r = _apply(a, b, scale_ptr, OP, HAS_SCALE)
+        tl.store(out_ptr + offs, r.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_ew_flat_autotuned = triton.autotune(configs=_flat_configs(), key=["size_class"])(_ew_flat_kernel)
+_ew_flat_autotuned = triton.autotune(configs=_flat_configs(), key=["size_class"])(
+    triton.heuristics({"EVEN": lambda a: a["n_elements"] % a["BLOCK"] == 0})(_ew_flat_kernel))
 
 
 @triton.jit
