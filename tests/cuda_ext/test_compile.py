@@ -88,9 +88,13 @@ def test_mma_sync_gemm(build, arch):
         assert len(re.findall(r"HMMA\.16816\.F32\.BF16", k[name])) == 32
 
 
+@pytest.mark.parametrize("options", [(), ("-DWGMMA_INFLIGHT=1",), ("-DSTAGES=3",)],
+                         ids=["default", "inflight", "3stages"])
 @needs_cuobjdump
-def test_wgmma_gemm(build):
-    k = kernels_sass(build("gemm_wgmma_sm90.cu", "90a"))
+def test_wgmma_gemm(build, cubin_dir, options):
+    cubin = (build("gemm_wgmma_sm90.cu", "90a") if not options else
+             _loader.compile_cubin("gemm_wgmma_sm90.cu", "90a", options, cache_dir=cubin_dir))
+    k = kernels_sass(cubin)
     sass = k["gemm_wgmma_bf16"]
     ops = opcodes(sass)
     assert "HGMMA" in ops, "no HGMMA: wgmma did not survive to SASS"
