@@ -1,4 +1,5 @@
-"""Shared test settings: hypothesis profiles, the gpu marker, the interpreter switch."""
+"""Shared test settings for tests/ and tutorials/: hypothesis profiles, the gpu marker, the
+interpreter switch."""
 
 import os
 
