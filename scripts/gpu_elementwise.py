@@ -76,6 +76,28 @@ def main():
             print(f"  {k:<32} {t * 1e3:8.1f} us  {nbytes / t / 1e9:5.2f} TB/s  "
                   f"x compile {comp / t:5.3f}")
         results.append({"case": cname, "median_ms": med, "bytes": nbytes})
+    # Eager dispatch overhead on a small input: the direct path against the torch.library op.
+    import time
+
+    x = torch.randn(4096, device="cuda", dtype=BF16)
+    calls = {"direct path": lambda: ew.add(x, x),
+             "torch.ops.tkit.binary": lambda: torch.ops.tkit.binary(x, x, "add", None),
+             "torch add": lambda: x + x}
+    host_us = {}
+    for _ in range(2):
+        for k, fn in calls.items():
+            for _ in range(200):
+                fn()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(2000):
+                fn()
+            torch.cuda.synchronize()
+            host_us[k] = (time.perf_counter() - t0) / 2000 * 1e6
+    print("\n== per-call time, 4096-element add, eager (host-bound):")
+    for k, v in host_us.items():
+        print(f"  {k:<24} {v:6.1f} us")
+    results.append({"case": "dispatch overhead", "host_us": host_us})
     cfg = ew._ew_flat_autotuned.best_config
     print("autotuner's pick (last case):", cfg)
     with open(os.path.join(OUT, "gpu_elementwise.json"), "w") as f:
