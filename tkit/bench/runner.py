@@ -44,6 +44,8 @@ def environment() -> dict:
 
 
 def _git_sha() -> str:
+    if os.environ.get("TKIT_GIT_SHA"):  # set by scripts/gpu_run.sh callers: no .git there
+        return os.environ["TKIT_GIT_SHA"]
     try:
         root = Path(__file__).resolve().parents[2]
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
