@@ -211,6 +211,14 @@ def section_skinny():
                 if v != base[key]:
                     cfg = dict(base, **{key: v})
                     variants[f"splitk {key}={v}"] = cfg
+        # combinations the single-knob neighbours cannot reach: more programs per SM with less
+        # shared memory each (BK=64, 3 stages), or fewer programs streaming longer K runs
+        for combo in (dict(BLOCK_K=64, NUM_STAGES=3, SPLIT_K=base["SPLIT_K"] * 2),
+                      dict(BLOCK_N=64, BLOCK_K=256, NUM_STAGES=3),
+                      dict(BLOCK_N=256, BLOCK_K=64, NUM_STAGES=4, num_warps=8),
+                      dict(SPLIT_K=max(1, base["SPLIT_K"] // 2), NUM_STAGES=3)):
+            cfg = dict(base, **combo)
+            variants["splitk " + _cfg_str(cfg)] = cfg
         if SMOKE or M == 64:  # M=64: the split choice only
             variants = {k: v for k, v in variants.items() if "heuristic" in k or "SPLIT" in k}
         if SMOKE:
