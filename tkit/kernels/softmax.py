@@ -18,7 +18,8 @@ FLOP/byte balance point: memory-bound at every N, the ceiling is the copy bandwi
 
 Two paths, picked by the row's size in bytes:
 
-* **fused** (rows up to 64 KiB: 32768 bf16/fp16 or 16384 fp32 columns): each program holds
+* **fused** (rows up to 64 KiB forward, 32 KiB backward: 32768 / 16384 bf16 columns; see
+  ``FUSED_MAX_BYTES``): each program holds
   ROWS whole rows in registers, computes max, sum and output in one read. ROWS > 1 packs short
   rows so that a program still moves a few KiB.
 * **split** (longer rows, tested to 1M columns): online softmax across programs. Pass 1: the
@@ -42,10 +43,12 @@ import triton.language as tl
 from tkit import _env
 from tkit.kernels import _common as C
 
-#: Largest row held in registers by one program, in bytes (64 KiB: 32768 16-bit values over
-#: 16 warps is 64 float32 values a thread, the most that stays out of local memory).
+#: Largest row held in registers by one program, in bytes: 64 KiB forward (32768 16-bit values
+#: over 32 warps, 53 registers, no spills on sm_90a); 32 KiB backward (it holds y and dy: at
+#: 64 KiB ptxas spills 96 bytes a thread).
 FUSED_MAX_BYTES = 64 * 1024
-#: Columns per program on the split path (16 KiB of bf16: a program of 8 warps, 4 vectors a
+FUSED_MAX_BYTES_BWD = 32 * 1024
+#: Columns per program on the split path (16 KiB of bf16: a program of 16 warps, 16 values a
 #: thread), and the row-batch size that keeps a batch's reread in L2.
 SPLIT_CHUNK = 8192
 L2_BATCH_BYTES = 24 * 1024 * 1024
@@ -61,25 +64,30 @@ OVERRIDE: dict = {}
 def row_config(N: int, itemsize: int) -> tuple[int, int, int]:
     """(BLOCK_N, ROWS, num_warps) for the fused one-row-per-program kernels.
 
-    Derived from the copy kernel's rule of thumb: a thread should keep about four 16-byte
-    vectors in flight, and a program should move at least ~8 KiB so that launch and reduction
-    overheads are amortized. Short rows are packed ROWS to a program to reach that; warps grow
-    with the row up to 16 (more warps only lengthen the cross-warp reduction).
+    How it was derived: a program should move at least ~8 KiB (short rows are packed ROWS to
+    a program to reach that, so launch and reduction costs are amortized), and a thread should
+    hold about 16 values of a tile (two to four 16-byte vectors in flight). Fewer warps with
+    more values each push the register count past 128 and the SM down to one resident program
+    (ptxas on sm_90a: 8 warps at N=8192 bf16 use 127-161 registers, 16 warps about half that),
+    which leaves too few bytes in flight to cover HBM latency. The same rule as Liger-Kernel's
+    ``calculate_settings`` (16 warps at 8192, 32 at 32768). The GPU script compares neighbours.
     """
     block_n = C.next_power_of_2(N)
-    vec = max(1, 16 // itemsize)
     if _env.INTERPRET:
         # the interpreter pays per program: few, large programs
         rows = max(1, min(64, 8192 // block_n))
         return block_n, OVERRIDE.get("rows", rows), 4
-    rows = max(1, min(32, (8192 // itemsize) // block_n))
+    rows = max(1, min(64, (8192 // itemsize) // block_n))
     elems = rows * block_n
-    warps = max(1, min(16, elems // (vec * 32 * 4)))
-    warps = triton.next_power_of_2(warps)
+    warps = triton.next_power_of_2(max(1, elems // 512))
+    warps = max(4, min(32, warps))
     return block_n, OVERRIDE.get("rows", rows), OVERRIDE.get("num_warps", warps)
 
 
-def fused_max_cols(itemsize: int) -> int:
+def fused_max_cols(itemsize: int, backward: bool = False) -> int:
+    if backward:
+        return OVERRIDE.get("fused_max_bytes_bwd", OVERRIDE.get("fused_max_bytes",
+                                                                FUSED_MAX_BYTES_BWD)) // itemsize
     return OVERRIDE.get("fused_max_bytes", FUSED_MAX_BYTES) // itemsize
 
 
@@ -262,7 +270,8 @@ def _split_launch(a2, b2, out2, backward, log):
     batch = M if batch_bytes <= 0 else max(1, batch_bytes // row_bytes)
     int64 = C.needs_int64(a2, out2, p1) or (b2 is not None and C.needs_int64(b2))
     b = b2 if b2 is not None else a2
-    warps = 4 if _env.INTERPRET else max(4, min(16, chunk // (32 * 8 * 4) * 2))
+    # 16 values a thread, as in row_config
+    warps = 4 if _env.INTERPRET else OVERRIDE.get("split_warps", max(4, min(32, chunk // 512)))
     common = dict(a_ptr=a2, b_ptr=b, p1_ptr=p1, p2_ptr=p2, N=N, sam=a2.stride(0),
                   san=a2.stride(1), sbm=b.stride(0), sbn=b.stride(1), NCHUNK=nchunk,
                   BACKWARD=backward, LOG=log, CHUNK=chunk, INT64=int64)
@@ -298,7 +307,7 @@ def _softmax_bwd_impl(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool) ->
         return dx.movedim(-1, dim)
     y2, dy2, dx2 = as_rows(ym), as_rows(dym), dx.view(-1, ym.shape[-1])
     M, N = y2.shape
-    if N > fused_max_cols(y.element_size()):
+    if N > fused_max_cols(y.element_size(), backward=True):
         _split_launch(y2, dy2, dx2, backward=True, log=log)
     else:
         block_n, rows, warps = row_config(N, y.element_size())
