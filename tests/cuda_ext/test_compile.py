@@ -139,6 +139,10 @@ def test_cute_prints_tiled_mma_layouts(cubin_dir):
     # the wgmma m64n256 accumulator: d[4j + 2h + e] at (16 warp + lane/4 + 8h, 8j + 2(lane%4) + e)
     assert "((_4,_8,_4),(_2,_2,_32)):((_128,_1,_16),(_64,_8,_512))" in out
     assert "Sw<3,4,3>" in out
+    # the descriptors CuTe derives for the Hopper kernel's shared-memory stage are the ones the
+    # kernel builds by hand (smem_desc(addr, 16, 1024) for A, (addr, 8192, 1024) for B)
+    assert "desc A: LBO 16 B, SBO 1024 B, layout type 1" in out
+    assert "desc B: LBO 8192 B, SBO 1024 B, layout type 1" in out
 
 
 def test_nvrtc_compiles_runtime_sources():

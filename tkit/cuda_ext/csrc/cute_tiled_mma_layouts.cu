@@ -42,5 +42,31 @@ int main() {
   printf("\n==== GMMA::Layout_MN_SW128_Atom<bf16> (B tile atom)\n");
   print(GMMA::Layout_MN_SW128_Atom<bfloat16_t>{});
   printf("\n");
+
+  // The shared-memory stage of gemm_wgmma_sm90.cu, as CuTe sees it, and the wgmma descriptors
+  // CuTe derives for one k16 slice: the kernel writes the same numbers by hand
+  // (A: SBO 1024 B; B: LBO 8192 B, SBO 1024 B; layout type 1 = 128-byte swizzle).
+  static bfloat16_t stage[256 * 64] __attribute__((aligned(1024)));
+  auto layout_b = tile_to_shape(GMMA::Layout_MN_SW128_Atom<bfloat16_t>{}, Shape<_256, _64>{},
+                                Step<_2, _1>{});  // 4 TMA boxes of 64 n x 64 k, k-rows first
+  auto layout_a = tile_to_shape(GMMA::Layout_K_SW128_Atom<bfloat16_t>{}, Shape<_64, _64>{});
+  printf("==== B stage (n, k) -> element: ");
+  print(layout_b);
+  printf("\n==== A stage, one consumer's 64 rows (m, k) -> element: ");
+  print(layout_a);
+  printf("\n");
+  auto slice_b = local_tile(make_tensor(make_smem_ptr(stage), layout_b), Shape<_256, _16>{},
+                            make_coord(0, 1));
+  auto slice_a = local_tile(make_tensor(make_smem_ptr(stage), layout_a), Shape<_64, _16>{},
+                            make_coord(0, 1));
+  // (the start address needs a device; on the host CuTe leaves it 0 and says so on stdout)
+  auto desc_b = GMMA::make_gmma_desc<GMMA::Major::MN>(slice_b);
+  auto desc_a = GMMA::make_gmma_desc<GMMA::Major::K>(slice_a);
+  printf("desc A: LBO %u B, SBO %u B, layout type %u\n",
+         16u * desc_a.bitfield.leading_byte_offset_, 16u * desc_a.bitfield.stride_byte_offset_,
+         (unsigned)desc_a.bitfield.layout_type_);
+  printf("desc B: LBO %u B, SBO %u B, layout type %u\n",
+         16u * desc_b.bitfield.leading_byte_offset_, 16u * desc_b.bitfield.stride_byte_offset_,
+         (unsigned)desc_b.bitfield.layout_type_);
   return 0;
 }

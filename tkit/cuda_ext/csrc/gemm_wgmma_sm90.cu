@@ -107,6 +107,8 @@ __device__ __forceinline__ u64 smem_desc(unsigned addr, unsigned lbo, unsigned s
 __device__ __forceinline__ void wgmma_m64n256k16(float* d, u64 desc_a, u64 desc_b) {
   asm volatile(
       "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"  // scale-d: 1 accumulates into d, 0 overwrites it
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
@@ -116,10 +118,10 @@ __device__ __forceinline__ void wgmma_m64n256k16(float* d, u64 desc_a, u64 desc_
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, 1, 1, 1, 0, 1;\n"
+      "}, %128, %129, p, 1, 1, 0, 1;\n"
       "}\n"
       : F8(0), F8(8), F8(16), F8(24), F8(32), F8(40), F8(48), F8(56), F8(64), F8(72), F8(80), F8(88), F8(96), F8(104), F8(112), F8(120)
-      : "l"(desc_a), "l"(desc_b));
+      : "l"(desc_a), "l"(desc_b), "r"(1));
 }
 
 __device__ __forceinline__ void wgmma_fence() {
