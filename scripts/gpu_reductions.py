@@ -1,0 +1,340 @@
+"""Reduction family on the GPU: correctness at benchmark sizes, then timings against baselines.
+
+    python scripts/gpu_reductions.py            # everything, < 120 s on an H200
+    OUT=/some/dir python scripts/gpu_reductions.py --budget 100
+
+Sections (in this order, each skipped with a note once the time budget is spent):
+  1. copy ceiling measured in this run (1 GiB bf16 clone: bytes read + written)
+  2. correctness at benchmark sizes (bf16; error against a float32 reference vs. torch's bf16
+     error, the DESIGN rule on the GPU without moving 256 MiB tensors to the host)
+  3. forward at M=16384 x N=8192 bf16: tkit (heuristic config and neighbour configs), torch
+     eager, torch.compile, Liger-Kernel when importable
+  4. backward at N=8192 (rms_norm, layer_norm, softmax): tkit kernels alone vs. autograd of
+     torch eager / torch.compile / Liger
+  5. the N sweep, 1024..262144 at 256 MiB (+ softmax at 1M columns): tkit vs. torch.compile and
+     Liger, with tkit's long-row variants (split/loop thresholds, L2 batching) side by side
+Output: a table on stdout, all rows as JSON in $OUT/gpu_reductions.json (default ./out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import tkit  # noqa: E402
+from tkit import registry  # noqa: E402
+from tkit.kernels import norm as nk  # noqa: E402
+from tkit.kernels import softmax as sk  # noqa: E402
+
+REF_COPY_TBS = 4.25  # FACTS.md, same device
+ROWS: list[dict] = []
+T0 = time.time()
+
+
+def elapsed():
+    return time.time() - T0
+
+
+@contextlib.contextmanager
+def override(**kw):
+    old = dict(sk.OVERRIDE)
+    sk.OVERRIDE.update(kw)
+    try:
+        yield
+    finally:
+        sk.OVERRIDE.clear()
+        sk.OVERRIDE.update(old)
+
+
+def bench(fn, rep=40):
+    try:
+        fn()
+        torch.cuda.synchronize()
+        ms = triton.testing.do_bench(fn, warmup=10, rep=rep, quantiles=[0.5, 0.2, 0.8])
+        return [float(m) for m in ms]
+    except Exception as e:  # a baseline that fails to compile must not stop the run
+        return f"{type(e).__name__}: {str(e)[:160]}"
+
+
+def record(section, op, case, provider, ms, nbytes, ceiling, **extra):
+    row = dict(section=section, op=op, case=case, provider=provider, **extra)
+    if isinstance(ms, str):
+        row["error"] = ms
+    else:
+        tbs = nbytes / (ms[0] * 1e-3) / 1e12
+        row.update(median_ms=ms[0], p20_ms=ms[1], p80_ms=ms[2], bytes=nbytes, tbs=tbs,
+                   pct_ceiling=100 * tbs / ceiling)
+    ROWS.append(row)
+    return row
+
+
+# ---- 1. ceiling -------------------------------------------------------------------------------
+def copy_ceiling():
+    x = torch.empty(2**29, dtype=torch.bfloat16, device="cuda").normal_()
+    y = torch.empty_like(x)
+    ms = bench(lambda x=x, y=y: y.copy_(x), rep=100)
+    x = y = None
+    tbs = 2 * 2**30 / (ms[0] * 1e-3) / 1e12
+    ROWS.append(dict(section="ceiling", op="copy", case="1 GiB bf16", provider="torch",
+                     median_ms=ms[0], tbs=tbs))
+    return tbs
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+def _call(fn, args, kwargs):
+    return lambda: fn(*args, **kwargs)
+
+
+def fwd_fns(name, args, kwargs):
+    spec = registry.get(name)
+    fns = {"tkit": _call(spec.fn, args, kwargs)}
+    for prov, fn in spec.available_baselines().items():
+        fns[prov] = _call(fn, args, kwargs)
+    return fns
+
+
+def fwd_bytes(name, args, kwargs):
+    return registry.get(name).cost(*args, **kwargs).bytes
+
+
+def check(name, args, kwargs, label):
+    """bf16 output vs. float32 reference, against torch's own bf16 error (factor 2 + 1 ulp)."""
+    spec = registry.get(name)
+    with torch.no_grad():
+        out = spec.fn(*args, **kwargs)
+        ref = spec.reference(*[a.float() if torch.is_tensor(a) else a for a in args], **kwargs)
+        peer = spec.reference(*args, **kwargs)
+    outs = out if isinstance(out, tuple) else (out,)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    peers = peer if isinstance(peer, tuple) else (peer,)
+    ok = True
+    worst = []
+    for o, r, p in zip(outs, refs, peers):
+        fin = torch.isfinite(r)
+        err = (o.float() - r).abs()[fin].max().item()
+        perr = (p.float() - r).abs()[fin].max().item()
+        bound = 2 * perr + 2**-7 * r[fin].abs().max().item()
+        nan_bad = bool((~torch.isfinite(o) & fin).any())
+        ok &= err <= bound and not nan_bad
+        worst.append((err, perr))
+    ROWS.append(dict(section="check", op=name, case=label, ok=ok, errors=worst))
+    return ok
+
+
+def make_case(name, label):
+    for case in registry.get(name).bench_cases():
+        if case.label == label:
+            return case.make("cuda")
+    raise KeyError(label)
+
+
+# ---- 3. forward at the target shape -------------------------------------------------------------
+FWD_VARIANTS = {
+    # neighbours of the heuristic (16 warps at N=8192 bf16)
+    "tkit w8": dict(num_warps=8), "tkit w32": dict(num_warps=32),
+}
+
+
+def forward_target(ceiling):
+    for name in ("rms_norm", "rms_norm_residual", "layer_norm", "softmax", "log_softmax"):
+        args, kwargs = make_case(name, "16384x8192 bf16")
+        nbytes = fwd_bytes(name, args, kwargs)
+        for prov, fn in fwd_fns(name, args, kwargs).items():
+            record("forward", name, "16384x8192", prov, bench(fn), nbytes, ceiling)
+        for vname, ov in FWD_VARIANTS.items():
+            with override(**ov):
+                record("forward", name, "16384x8192", vname,
+                       bench(_call(registry.get(name).fn, args, kwargs)), nbytes, ceiling)
+        args = None
+        torch.cuda.empty_cache()
+
+
+# ---- 4. backward -------------------------------------------------------------------------------
+def backward_target(ceiling, shape=(16384, 8192)):
+    M, N = shape
+    dev = "cuda"
+    bf = torch.bfloat16
+    x = torch.randn(shape, device=dev, dtype=bf)
+    w = (1 + 0.1 * torch.randn(N, device=dev)).to(bf)
+    b = (0.1 * torch.randn(N, device=dev)).to(bf)
+    dy = torch.randn(shape, device=dev, dtype=bf)
+    nbytes = 3 * M * N * 2 + 2 * N * 2
+    y_sm = tkit.softmax(x)
+
+    tk = {
+        "rms_norm": lambda: nk._norm_bwd_impl(x, w, dy, None, 1e-6, True, False),
+        "layer_norm": lambda: nk._norm_bwd_impl(x, w, dy, None, 1e-5, False, True),
+        "softmax": lambda: sk._softmax_bwd_impl(y_sm, dy, 1, False),
+    }
+    variants = {
+        "rms_norm": {"tkit w16": dict(norm_bwd_warps=16), "tkit G=1xSM": dict(
+            norm_bwd_programs=132), "tkit G=4xSM": dict(norm_bwd_programs=528)},
+        "layer_norm": {"tkit w16": dict(norm_bwd_warps=16)},
+        "softmax": {"tkit w16": dict(num_warps=16)},
+    }
+    for name, fn in tk.items():
+        # correctness of the tkit backward at this size against float32 autograd
+        spec = registry.get(name)
+        xs = [x.float().requires_grad_(), w.float().requires_grad_(), b.float().requires_grad_()]
+        inputs = {"rms_norm": xs[:2], "layer_norm": xs, "softmax": xs[:1]}[name]
+        ref_out = spec.reference(*inputs)
+        ref_grads = torch.autograd.grad(ref_out, inputs, dy.float())
+        got = fn()
+        got = got if isinstance(got, tuple) else (got,)
+        errs = [((g.float() - r).abs().max().item(), r.abs().max().item())
+                for g, r in zip(got, ref_grads)]
+        ROWS.append(dict(section="check", op=name + " backward", case="16384x8192", errors=errs,
+                         ok=all(e <= 0.05 * max(s, 1e-3) for e, s in errs)))
+        del ref_out, ref_grads, xs, inputs
+        record("backward", name, "16384x8192", "tkit", bench(fn), nbytes, ceiling)
+        for vname, ov in variants[name].items():
+            with override(**ov):
+                record("backward", name, "16384x8192", vname, bench(fn), nbytes, ceiling)
+        # baselines: autograd.grad through their forward graph (backward kernels only)
+        for prov, f in spec.available_baselines().items():
+            try:
+                xi = x.detach().requires_grad_()
+                wi = w.detach().requires_grad_()
+                bi = b.detach().requires_grad_()
+                ins = {"rms_norm": (xi, wi), "layer_norm": (xi, wi, bi), "softmax": (xi,)}[name]
+                out = f(*ins)
+                ms = bench(lambda out=out, ins=ins: torch.autograd.grad(out, ins, dy,
+                                                                        retain_graph=True))
+            except Exception as e:
+                ms = f"{type(e).__name__}: {str(e)[:160]}"
+            record("backward", name, "16384x8192", prov, ms, nbytes, ceiling)
+            out = None
+        torch.cuda.empty_cache()
+
+
+# ---- 5. sweep ----------------------------------------------------------------------------------
+SWEEP_VARIANTS = {
+    "softmax": {
+        "tkit no-L2-batch": dict(l2_batch_bytes=0),
+        "tkit chunk16k": dict(chunk=16384),
+        "tkit fused<=32KiB": dict(fused_max_bytes=32 * 1024),
+    },
+    "rms_norm": {
+        "tkit single<=64KiB": dict(norm_fwd_single_bytes=64 * 1024),
+        "tkit chunk16k": dict(norm_chunk=16384),
+    },
+    "layer_norm": {"tkit single<=64KiB": dict(norm_fwd_single_bytes=64 * 1024)},
+    "rms_norm_residual": {},
+}
+
+
+def sweep(ceiling, budget, ops):
+    for name in ops:
+        cases = [c for c in registry.get(name).bench_cases() if c.group in ("sweep", "long")]
+        for case in cases:
+            if elapsed() > budget:
+                ROWS.append(dict(section="sweep", op=name, case=case.label, skipped="budget"))
+                continue
+            args, kwargs = case.make("cuda")
+            nbytes = fwd_bytes(name, args, kwargs)
+            check(name, args, kwargs, case.label)
+            fns = fwd_fns(name, args, kwargs)
+            for prov, fn in fns.items():
+                record("sweep", name, case.label, prov, bench(fn), nbytes, ceiling,
+                       N=args[0].shape[-1])
+            n = args[0].shape[-1]
+            for vname, ov in SWEEP_VARIANTS.get(name, {}).items():
+                if n < 16384:
+                    continue  # the long-row knobs do nothing on short rows
+                with override(**ov):
+                    record("sweep", name, case.label, vname,
+                           bench(_call(registry.get(name).fn, args, kwargs)), nbytes,
+                           ceiling, N=n)
+            args = fns = None
+            torch.cuda.empty_cache()
+
+
+# ---- report ------------------------------------------------------------------------------------
+def table():
+    lines = []
+    by = {}
+    for r in ROWS:
+        if r.get("section") in ("forward", "backward", "sweep") and "tbs" in r:
+            by.setdefault((r["section"], r["op"], r["case"]), {})[r["provider"]] = r["tbs"]
+    lines.append(f"{'section':9} {'op':18} {'case':24} {'tkit':>6} {'best var':>16} "
+                 f"{'eager':>6} {'compile':>7} {'liger':>6} {'%ceil':>6} {'x best base':>11}")
+    for (sec, op, case), p in by.items():
+        t = p.get("tkit", float("nan"))
+        var = {k: v for k, v in p.items() if k.startswith("tkit ")}
+        bv = max(var.items(), key=lambda kv: kv[1]) if var else ("", float("nan"))
+        base = max([p.get("torch.compile", 0), p.get("liger", 0)]) or float("nan")
+        lines.append(
+            f"{sec:9} {op:18} {case:24} {t:6.2f} {bv[0][5:]:>10} {bv[1]:5.2f} "
+            f"{p.get('torch', float('nan')):6.2f} {p.get('torch.compile', float('nan')):7.2f} "
+            f"{p.get('liger', float('nan')):6.2f} {100 * t / CEIL:6.1f} {t / base:11.2f}")
+    return "\n".join(lines)
+
+
+CEIL = REF_COPY_TBS
+
+
+def main():
+    global CEIL
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget", type=float, default=105.0, help="seconds before sections stop")
+    ap.add_argument("--sweep-ops", default="rms_norm,softmax,layer_norm,rms_norm_residual")
+    opts = ap.parse_args()
+    out_dir = Path(os.environ.get("OUT", "./out"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    # one torch.compile'd reference serves every shape of the sweep: without this, dynamo stops
+    # recompiling after 8 shapes and silently runs the rest eagerly
+    for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 512)
+    CEIL = copy_ceiling()
+    print(f"copy ceiling this run: {CEIL:.2f} TB/s (FACTS.md: {REF_COPY_TBS})", flush=True)
+    for name in ("rms_norm", "rms_norm_residual", "layer_norm", "softmax", "log_softmax"):
+        args, kwargs = make_case(name, "16384x8192 bf16")
+        ok = check(name, args, kwargs, "16384x8192")
+        print(f"check {name:18} 16384x8192: {'ok' if ok else 'FAIL'}", flush=True)
+        args = None
+    forward_target(CEIL)
+    print(f"[{elapsed():.0f}s] forward done", flush=True)
+    backward_target(CEIL)
+    print(f"[{elapsed():.0f}s] backward done", flush=True)
+    sweep(CEIL, opts.budget, [s for s in opts.sweep_ops.split(",") if s])
+    print(f"[{elapsed():.0f}s] sweep done", flush=True)
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                             text=True).stdout.strip()
+    except Exception:
+        sha = ""
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                triton=triton.__version__, git_sha=sha, copy_ceiling_tbs=CEIL,
+                seconds=elapsed())
+    (out_dir / "gpu_reductions.json").write_text(json.dumps(dict(meta=meta, rows=ROWS),
+                                                            indent=1, default=str))
+    fails = [r for r in ROWS if r.get("section") == "check" and not r.get("ok")]
+    errors = [r for r in ROWS if "error" in r]
+    skipped = [r for r in ROWS if "skipped" in r]
+    print("\nTB/s (bytes read + written); %ceil against this run's copy; "
+          "'x best base' = tkit / max(torch.compile, liger)")
+    print(table())
+    print(f"\nchecks failed: {len(fails)}  " + "; ".join(
+        f"{r['op']} {r['case']} {r['errors']}" for r in fails))
+    print(f"providers that errored: {len(errors)}  " + "; ".join(
+        f"{r['op']} {r['case']} {r['provider']}: {r['error'][:80]}" for r in errors[:8]))
+    print(f"skipped for time: {len(skipped)}; total {elapsed():.0f}s; "
+          f"json: {out_dir / 'gpu_reductions.json'}")
+
+
+if __name__ == "__main__":
+    main()
