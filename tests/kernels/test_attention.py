@@ -1,0 +1,263 @@
+"""Attention family: fuzzing against the float64 reference (forward, lse and gradients), varlen
+packing, fully masked rows, registration, torch.compile, errors; GPU-only bf16 and large cases."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tkit
+from tkit import registry
+from tkit.kernels import _common
+from tkit.kernels import attention as A
+from tkit.specs import attention as S
+from tkit.testing import check_against_reference, fuzz, make_tensor
+
+ON_GPU = torch.cuda.is_available()
+SPEC = registry.get("flash_attention")
+VARLEN_SPEC = registry.get("flash_attention_varlen")
+CPU_DTYPES = (torch.float16, torch.float32)  # the interpreter's bf16 dot is garbage
+DTYPES = (torch.float16, torch.bfloat16) if ON_GPU else CPU_DTYPES
+# Gradient checks get an absolute floor: where a row's softmax is one-hot (one visible key) the
+# reference dQ is exactly 0, while the kernel's dS = P * (dP - delta) keeps the float32 rounding
+# of two dot products that agree only to ~1e-7 relative (|dP| up to ~10 with unit inputs).
+GRAD_FLOOR = 1e-5
+
+
+def _qkv(b, sq, sk, hq, hk, d, dtype, device, seed=0):
+    return (make_tensor((b, sq, hq, d), dtype, seed=seed, device=device),
+            make_tensor((b, sk, hk, d), dtype, seed=seed + 1, device=device),
+            make_tensor((b, sk, hk, d), dtype, seed=seed + 2, device=device))
+
+
+# ---- fuzzing -------------------------------------------------------------------------------
+def test_fuzz_forward():
+    fuzz(SPEC.fn, SPEC.reference, **SPEC.fuzz(), max_examples=None if ON_GPU else 40)
+
+
+def test_fuzz_gradients():
+    recipe = SPEC.fuzz()
+    # layouts are covered by the forward fuzz; here contiguous and views of a packed tensor
+    recipe["layouts"] = ("contiguous", "sliced", "transposed")
+    fuzz(SPEC.fn, SPEC.reference, **recipe, grad=True, floor=GRAD_FLOOR,
+         max_examples=None if ON_GPU else 25)
+
+
+@st.composite
+def _varlen_batch(draw):
+    n = draw(st.integers(1, 4))
+    lens_q = draw(st.lists(st.sampled_from((1, 2, 9, 31, 32, 33, 47)), min_size=n, max_size=n))
+    same = draw(st.booleans())
+    lens_k = lens_q if same else draw(st.lists(st.integers(0, 40), min_size=n, max_size=n))
+    hk = draw(st.sampled_from((1, 2)))
+    hq = hk * draw(st.sampled_from((1, 2)))
+    d = draw(st.sampled_from((16, 40, 64)))
+    return lens_q, lens_k, hq, hk, d
+
+
+@settings(max_examples=None if ON_GPU else 20)
+@given(batch=_varlen_batch(), dtype=st.sampled_from(DTYPES), opts=S.attention_options(),
+       seed=st.integers(0, 2**16), grad=st.booleans())
+def test_varlen_against_reference(batch, dtype, opts, seed, grad):
+    device = "cuda" if ON_GPU else "cpu"
+    lens_q, lens_k, hq, hk, d = batch
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32,
+                        device=device)
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32,
+                        device=device)
+    q = make_tensor((sum(lens_q), hq, d), dtype, seed=seed, device=device)
+    k = make_tensor((sum(lens_k), hk, d), dtype, seed=seed + 1, device=device)
+    v = make_tensor((sum(lens_k), hk, d), dtype, seed=seed + 2, device=device)
+    check_against_reference(VARLEN_SPEC.fn, VARLEN_SPEC.reference,
+                            [q, k, v, cu_q, cu_k, max(lens_q), max(lens_k)], opts, grad=grad,
+                            floor=GRAD_FLOOR if grad else None)
+
+
+@pytest.mark.parametrize("name", ["flash_attention", "flash_attention_varlen"])
+def test_check_cases(name, device):
+    spec = registry.get(name)
+    for case in spec.check_cases():
+        args, kwargs = case.make(device)
+        check_against_reference(spec.fn, spec.reference, args, dict(kwargs, return_lse=True),
+                                grad=True)
+
+
+# ---- targeted cases ------------------------------------------------------------------------
+@pytest.mark.parametrize("sq, sk, hq, hk, d", [
+    (1, 1, 1, 1, 16),        # one token
+    (31, 33, 2, 2, 64),      # tile - 1 / tile + 1 (interpreter tile 32)
+    (65, 64, 3, 1, 96),      # MQA, non-power-of-2 head dim
+    (17, 70, 4, 2, 40),      # seqlen_q < seqlen_k: bottom-right causal
+])
+@pytest.mark.parametrize("dtype", CPU_DTYPES if not ON_GPU else DTYPES)
+def test_causal_shapes_with_gradients(sq, sk, hq, hk, d, dtype, device):
+    args = _qkv(1, sq, sk, hq, hk, d, dtype, device)
+    check_against_reference(tkit.flash_attention, S.ref_attention, args,
+                            dict(causal=True, return_lse=True), grad=True, floor=GRAD_FLOOR)
+
+
+def test_fully_masked_rows_give_zero_and_minus_inf(device):
+    # seqlen_q > seqlen_k with causal: the first sq - sk rows see no key; a window (0, 0) with
+    # sk < sq too. Output 0, lse -inf, gradients finite.
+    for kw in (dict(causal=True), dict(window_size=(0, 0))):
+        q, k, v = (t.requires_grad_() for t in _qkv(1, 40, 9, 2, 2, 32, torch.float16, device))
+        out, lse = tkit.flash_attention(q, k, v, return_lse=True, **kw)
+        assert torch.all(out[:, :31] == 0)
+        assert torch.all(lse[:, :, :31] == float("-inf"))
+        assert torch.isfinite(out).all() and torch.isfinite(lse[:, :, 31:]).all()
+        out.sum().backward()
+        for t in (q, k, v):
+            assert torch.isfinite(t.grad).all()
+        assert torch.all(q.grad[:, :31] == 0)
+
+
+def test_packed_qkv_views(device):
+    qkv = make_tensor((2, 45, 3, 2, 64), torch.float16, seed=4, device=device)
+    q, k, v = qkv.unbind(2)
+    assert not q.is_contiguous()
+    check_against_reference(tkit.flash_attention, S.ref_attention, [q, k, v],
+                            dict(causal=True), grad=True)
+
+
+def test_lse_gradient_flows(device):
+    """A loss that uses the lse (as ring/context-parallel attention does) backpropagates."""
+    args = _qkv(1, 20, 33, 2, 1, 32, torch.float32, device)
+
+    def fn(q, k, v):
+        out, lse = tkit.flash_attention(q, k, v, causal=True, return_lse=True)
+        return out.sum(-1) + lse.transpose(1, 2)
+
+    def ref(q, k, v):
+        out, lse = S.ref_attention(q, k, v, causal=True, return_lse=True)
+        return out.sum(-1) + lse.transpose(1, 2).to(out.dtype)
+
+    check_against_reference(fn, ref, args, grad=True)
+
+
+def test_forward_is_deterministic(device):
+    args = _qkv(2, 50, 50, 2, 2, 64, torch.float16, device)
+    a = tkit.flash_attention(*args, causal=True)
+    b = tkit.flash_attention(*args, causal=True)
+    assert torch.equal(a, b)
+
+
+def test_explicit_config_path_matches_autotuned(device):
+    args = _qkv(1, 40, 40, 2, 2, 32, torch.float16, device)
+    out, _ = A._fwd_impl(*args, None, None, 40, 40, True, 32 ** -0.5, -1, -1, 0.0,
+                         config=dict(BLOCK_M=16, BLOCK_N=16))
+    torch.testing.assert_close(out, tkit.flash_attention(*args, causal=True), atol=2e-3,
+                               rtol=0)
+
+
+def test_empty_inputs(device):
+    q, k, v = _qkv(1, 0, 5, 2, 2, 32, torch.float16, device)
+    out, lse = tkit.flash_attention(q, k, v, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (1, 2, 0)
+    q, k, v = _qkv(1, 4, 0, 2, 2, 32, torch.float16, device)
+    out, lse = tkit.flash_attention(q, k, v, return_lse=True)
+    assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+
+
+# ---- registration, compile, direct path ----------------------------------------------------
+@pytest.mark.parametrize("spec", [SPEC, VARLEN_SPEC], ids=["dense", "varlen"])
+def test_opcheck(spec):
+    op, args, kwargs = spec.opcheck()
+    torch.library.opcheck(op, args, kwargs)
+
+
+def test_torch_compile_fullgraph(device):
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 33, 33, 4, 2, 32, torch.float16, device))
+    backend = "inductor" if ON_GPU else "aot_eager"
+
+    def f(q, k, v):
+        return tkit.flash_attention(q, k, v, causal=True, window_size=(8, -1)) * 2
+
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
+    got = compiled(q, k, v)
+    want = f(q, k, v)
+    torch.testing.assert_close(got, want)
+    (g_got,) = torch.autograd.grad(got.sum(), q)
+    (g_want,) = torch.autograd.grad(want.sum(), q)
+    torch.testing.assert_close(g_got, g_want)
+
+
+def test_direct_and_dispatched_paths_agree(device, monkeypatch):
+    args = _qkv(1, 21, 30, 2, 1, 48, torch.float16, device)
+    direct = tkit.flash_attention(*args, causal=True)
+    monkeypatch.setattr(_common._env, "NO_DIRECT", True)
+    assert not _common.use_direct_path(*args)
+    torch.testing.assert_close(tkit.flash_attention(*args, causal=True), direct, rtol=0, atol=0)
+
+
+# ---- errors --------------------------------------------------------------------------------
+def _t(*shape, dtype=torch.float16, device="cpu"):
+    return torch.randn(shape, device=device).to(dtype)
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda d: tkit.flash_attention(_t(1, 4, 2, 8, device=d), _t(1, 4, 2, 8, device=d),
+                                    _t(1, 4, 2, 8, dtype=torch.float32, device=d)),
+     TypeError, "share a dtype"),
+    (lambda d: tkit.flash_attention(_t(1, 4, 2, 8, dtype=torch.float64, device=d),
+                                    _t(1, 4, 2, 8, device=d), _t(1, 4, 2, 8, device=d)),
+     TypeError, "q has dtype float64"),
+    (lambda d: tkit.flash_attention(_t(4, 2, 8, device=d), _t(4, 2, 8, device=d),
+                                    _t(4, 2, 8, device=d)), ValueError, "q must be"),
+    (lambda d: tkit.flash_attention(_t(1, 4, 2, 512, device=d), _t(1, 4, 2, 512, device=d),
+                                    _t(1, 4, 2, 512, device=d)), ValueError, "head_dim 512"),
+    (lambda d: tkit.flash_attention(_t(1, 4, 3, 8, device=d), _t(1, 4, 2, 8, device=d),
+                                    _t(1, 4, 2, 8, device=d)), ValueError, "multiple"),
+    (lambda d: tkit.flash_attention(_t(1, 4, 2, 8, device=d), _t(1, 4, 2, 16, device=d),
+                                    _t(1, 4, 2, 16, device=d)), ValueError, "head_dim"),
+    (lambda d: tkit.flash_attention(_t(1, 4, 2, 8, device=d), _t(1, 4, 2, 8, device=d),
+                                    _t(1, 5, 2, 8, device=d)), ValueError, "k and v"),
+    (lambda d: tkit.flash_attention(_t(2, 4, 2, 8, device=d), _t(1, 4, 2, 8, device=d),
+                                    _t(1, 4, 2, 8, device=d)), ValueError, "batch"),
+    (lambda d: tkit.flash_attention(*[_t(1, 4, 2, 8, device=d)] * 3, window_size=(-2, 0)),
+     ValueError, "window_size"),
+    (lambda d: tkit.flash_attention(*[_t(1, 4, 2, 8, device=d)] * 3, softcap=-1.0),
+     ValueError, "softcap"),
+    (lambda d: tkit.flash_attention_varlen(
+        *[_t(4, 2, 8, device=d)] * 3, torch.tensor([0, 4], device=d),
+        torch.tensor([0, 4], dtype=torch.int32, device=d), 4, 4),
+     TypeError, "cu_seqlens_q has dtype int64"),
+])
+def test_bad_input_errors(call, exc, words, device):
+    with pytest.raises(exc, match=words):
+        call(device)
+
+
+def test_cpu_tensor_without_interpreter_is_refused(monkeypatch):
+    monkeypatch.setattr(_common._env, "INTERPRET", False)
+    with pytest.raises(ValueError, match="q is on the CPU"):
+        tkit.flash_attention(*[torch.randn(1, 4, 2, 8).half()] * 3)
+
+
+# ---- GPU only ------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 80, 96, 112, 128, 192, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_bf16_head_dims(d, causal):
+    args = _qkv(2, 300, 300, 4, 2, d, torch.bfloat16, "cuda")
+    check_against_reference(tkit.flash_attention, S.ref_attention, args,
+                            dict(causal=causal, return_lse=True), grad=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(window_size=(256, 0)),
+                                dict(causal=True, softcap=30.0)])
+def test_gpu_long_sequence(kw):
+    args = _qkv(1, 2048, 2048, 2, 1, 128, torch.bfloat16, "cuda")
+    check_against_reference(tkit.flash_attention, S.ref_attention, args, kw, grad=True,
+                            ref_dtype=torch.float32)
+
+
+@pytest.mark.gpu
+def test_gpu_backward_is_deterministic():
+    q, k, v = (t.requires_grad_() for t in _qkv(2, 1000, 1000, 8, 2, 128, torch.bfloat16,
+                                                 "cuda"))
+    do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
+    g1 = torch.autograd.grad(tkit.flash_attention(q, k, v, causal=True), (q, k, v), do)
+    g2 = torch.autograd.grad(tkit.flash_attention(q, k, v, causal=True), (q, k, v), do)
+    for a, b in zip(g1, g2):
+        assert torch.equal(a, b)
