@@ -343,3 +343,27 @@ def test_bf16_linear_layout(m, bias):
     bb = make_tensor((1536,), torch.bfloat16, seed=2) if bias else None
     check_against_reference(lambda x, w, bb: tkit.matmul(x, w.t(), bb),
                             lambda x, w, bb: spec_mm.ref_matmul(x, w.t(), bb), [x, w, bb])
+
+
+@pytest.mark.parametrize("path", ["ptr", "tma"])
+def test_autotuned_kernels(path, device, monkeypatch):
+    """AUTOTUNE=True goes through triton.autotune (one config in the interpreter)."""
+    monkeypatch.setattr(mm, "AUTOTUNE", True)
+    a = make_tensor((40, 48), torch.float16, seed=1, device=device)
+    b = make_tensor((48, 72), torch.float16, "transposed", seed=2, device=device)
+    bias = make_tensor((72,), torch.float16, seed=3, device=device)
+
+    def fn(a, b, bias):
+        return mm._matmul_impl(a, b, bias, path=path)
+
+    check_against_reference(fn, lambda a, b, bias: a @ b + bias, [a, b, bias])
+
+
+def test_fixed_configs_per_shape_class(monkeypatch):
+    monkeypatch.setattr(mm._env, "INTERPRET", False)
+    big = mm.tma_config(8192, 8192, 8192)
+    assert (big["BLOCK_M"], big["BLOCK_N"], big["BLOCK_K"], big["num_warps"]) == (128, 256, 64, 8)
+    assert mm.tma_config(512, 4096, 4096)["BLOCK_N"] == 128  # 32 tiles of 128x256: too few
+    assert mm.tma_config(8192, 8192, 8192, elem_size=1)["BLOCK_K"] == 128  # fp8 k-step
+    assert mm.ptr_config(100, 4096, 4096)["BLOCK_M"] == 64
+    assert mm.ptr_config(8192, 8192, 8192, elem_size=4)["BLOCK_K"] == 32

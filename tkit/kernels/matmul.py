@@ -53,6 +53,12 @@ from tkit.kernels import _common as C
 from tkit.kernels.elementwise import _activation, _activation_grad, _sum_to
 
 ACTIVATIONS = (None, "silu", "gelu", "gelu_tanh", "relu")
+#: Autotune the TMA and pointer kernels per (M, N, K) instead of taking the fixed per-shape-class
+#: configs of :func:`tma_config` / :func:`ptr_config`. Off by default: every constexpr
+#: combination (dtype, layout, epilogue flags) x every config is a compile (~2 s each for a
+#: 128x256 tile), and every new M a tuning pass, which a serving loop with varying batch sizes
+#: cannot afford. scripts/gpu_matmul.py measures both so the fixed table can follow the tuner.
+AUTOTUNE = False
 FP8 = torch.float8_e4m3fn
 _SKINNY_M = 64  # at or below this M the GEMM is weight-streaming (memory-bound): split-K path
 _SKINNY_MIN_WEIGHT = 1 << 20  # K*N below this fits in L2 many times over: not worth splitting
@@ -527,12 +533,31 @@ def splitk_config(M: int, N: int, K: int, num_sms: int) -> dict:
                 num_warps=4)
 
 
+_INTERPRETER_TILE = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=4, num_warps=4)
+
+
+def ptr_config(M: int, N: int, K: int, elem_size: int = 2) -> dict:
+    """The pointer kernel's fixed config per shape class (the sm_80 path, and strided operands
+    on sm_90). Classes follow the tile-intensity argument of the module docstring: 128x256
+    (85 FLOP/byte) when there are >= 2 waves of such tiles on 132 SMs, 128x128 when M >= 128,
+    64x128 below (a 128-row tile would be mostly padding)."""
+    if _env.INTERPRET:
+        return dict(_INTERPRETER_TILE)
+    bk = {1: 128, 2: 64, 4: 32}[elem_size]
+    if triton.cdiv(M, 128) * triton.cdiv(N, 256) >= 2 * 132:
+        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=bk, GROUP_M=8, num_warps=8, num_stages=3)
+    if M >= 128:
+        return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=bk, GROUP_M=8, num_warps=8, num_stages=3)
+    return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=bk, GROUP_M=8, num_warps=4, num_stages=4)
+
+
 def tma_config(M: int, N: int, K: int, elem_size: int = 2) -> dict:
-    """A fixed TMA config for a shape, without autotuning (benchmark sweeps; callers that cannot
-    afford a tuning pass). 128x256 tiles when there are enough of them to fill the SMs about
-    twice (a 128x256 tile is 85 FLOP/byte against 64 for 128x128); 128x128 otherwise, since
-    fewer, larger tiles leave SMs idle. BLOCK_K is 64 bytes-worth x2: 64 for 16-bit, 128 fp8,
-    32 fp32."""
+    """A fixed TMA config for a shape, without autotuning (the default; see ``AUTOTUNE``).
+    128x256 tiles when there are enough of them to fill the SMs about twice (a 128x256 tile is
+    85 FLOP/byte against 64 for 128x128); 128x128 otherwise, since fewer, larger tiles leave SMs
+    idle. BLOCK_K is 128 bytes of K: 64 for 16-bit, 128 for fp8, 32 for fp32."""
+    if _env.INTERPRET:
+        return dict(_INTERPRETER_TILE, EPI_SUBTILE=True, FLATTEN=True)
     bk = {1: 128, 2: 64, 4: 32}[elem_size]
     big = triton.cdiv(M, 128) * triton.cdiv(N, 256) >= 2 * 132
     if big:
@@ -628,6 +653,8 @@ def _launch_ptr(a3, b3, out3, res3, epi, ieee, config=None):
     if res3 is not None:
         epi = dict(epi, res_ptr=res3)
     stride_rb = res3.stride(0) if res3 is not None else 0
+    if config is None and not AUTOTUNE:
+        config = ptr_config(M, N, K, a3.element_size())
     kernel = _matmul_kernel if config else _matmul_autotuned
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), B)
     C.launch(kernel, grid, a_ptr=a3, b_ptr=b3, c_ptr=out3, M=M, N=N, K=K,
@@ -643,6 +670,8 @@ def _launch_tma(a, b, out, epi, ieee, num_sms, config=None):
     M, K = a.shape
     N = b.shape[1]
     _ensure_tma_allocator()
+    if config is None and not AUTOTUNE:
+        config = tma_config(M, N, K, a.element_size())
     kernel = _matmul_tma_kernel if config else _matmul_tma_autotuned
 
     def grid(meta):
