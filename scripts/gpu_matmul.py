@@ -78,9 +78,9 @@ def timeit(fn, graph=False):
         ms = (time.perf_counter() - t) * 1e3
         return ms, ms, ms
     if graph:
-        r = do_bench_cudagraph(fn, rep=30, quantiles=[0.5, 0.2, 0.8])
+        r = do_bench_cudagraph(fn, rep=15, quantiles=[0.5, 0.2, 0.8])
     else:
-        r = do_bench(fn, warmup=10, rep=40, quantiles=[0.5, 0.2, 0.8])
+        r = do_bench(fn, warmup=5, rep=25, quantiles=[0.5, 0.2, 0.8])
     return tuple(float(x) for x in r)
 
 
@@ -214,7 +214,7 @@ def section_skinny():
         base = mm.splitk_config(M, N, K, sms)
         variants = {f"splitk heuristic {_cfg_str(base)}": base}
         for key, vals in (("SPLIT_K", (2, 4, 16)), ("BLOCK_N", (64, 256)), ("BLOCK_K", (64, 256)),
-                          ("NUM_STAGES", (3, 6)), ("num_warps", (8,))):
+                          ("NUM_STAGES", (3,))):
             for v in vals:
                 if v != base[key]:
                     cfg = dict(base, **{key: v})
