@@ -367,3 +367,9 @@ def test_fixed_configs_per_shape_class(monkeypatch):
     assert mm.tma_config(8192, 8192, 8192, elem_size=1)["BLOCK_K"] == 128  # fp8 k-step
     assert mm.ptr_config(100, 4096, 4096)["BLOCK_M"] == 64
     assert mm.ptr_config(8192, 8192, 8192, elem_size=4)["BLOCK_K"] == 32
+
+
+def test_huge_weight_avoids_32_bit_split_k():
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    x, w = torch.empty(8, 8192, **meta), torch.empty(8192, 270000, **meta)
+    assert mm.plan(x, w).path != "splitk"

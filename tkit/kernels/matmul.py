@@ -581,7 +581,9 @@ def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
         return MatmulPlan(path, "forced", cfg)
     if K == 0:
         return MatmulPlan("ptr", "K = 0: the output is the epilogue of zeros")
-    if M <= _SKINNY_M and K * N >= _SKINNY_MIN_WEIGHT:
+    if M <= _SKINNY_M and K * N >= _SKINNY_MIN_WEIGHT and not C.needs_int64(a, b):
+        # (the split-K kernel's index math is 32-bit; a weight past 2**31 elements takes the
+        # pointer kernel's 64-bit path)
         return MatmulPlan("splitk", f"M={M} <= {_SKINNY_M} with a {K}x{N} weight: "
                           "memory-bound, split-K streams the weight", splitk_config(M, N, K, sms))
     if major >= 9:
