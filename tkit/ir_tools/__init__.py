@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import sys
 
-from tkit.ir_tools.compile import STAGES, CompiledIR, IRError, parse_arch
-from tkit.ir_tools.compile import compile as _compile
+from tkit.ir_tools.aot import STAGES, CompiledIR, IRError, parse_arch
+from tkit.ir_tools.aot import compile as _compile
 from tkit.ir_tools.layouts import Layout, describe, parse_layout, parse_layouts
 from tkit.ir_tools.summary import (
     Diff,

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from tkit.ir_tools.compile import STAGES, IRError, parse_config, parse_shape
+from tkit.ir_tools.aot import STAGES, IRError, parse_config, parse_shape
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -16,13 +16,14 @@ and uses ``#ttg.slice<{dim = 1, parent = #blocked}>`` and
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
 
 __all__ = ["Layout", "parse_layouts", "parse_layout", "describe", "tensor_types"]
 
-_ALIAS_RE = re.compile(r"^#(\w+)\s*=\s*(#ttg\.\w+<.*>)\s*$", re.MULTILINE)
+_ALIAS_RE = re.compile(r"^#(\w+)\s*=\s*(#ttg\.\w+(?:<.*>)?)\s*$", re.MULTILINE)
 _INLINE_RE = re.compile(r"#ttg\.(slice|dot_op)<\{[^{}]*\}>")
 _TENSOR_RE = re.compile(r"tensor<([0-9x]+)x([a-z0-9!._<>]+?), #(\w+)>")
 
@@ -43,8 +44,10 @@ class Layout:
 def _value(v: str):
     v = v.strip()
     if v.startswith("["):
-        inner = v[1:-1].strip()
-        return [int(x) for x in inner.split(",")] if inner else []
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v
     if v in ("true", "false"):
         return v == "true"
     try:
@@ -127,9 +130,9 @@ _ELT_BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64, "i1": 8, "i8": 8, "i16
 def _elt_bits(uses: list[str]) -> list[tuple[str, int]]:
     out = []
     for u in uses:
-        elt = u.split("x")[-1]
-        if elt.startswith("!tt.ptr"):
-            continue
+        m = re.search(r"!tt\.ptr<(\w+)>$", u)
+        # a tensor of pointers: the type it loads or stores
+        elt = m.group(1) if m else u.split("x")[-1]
         bits = _ELT_BITS.get(elt)
         if bits and (elt, bits) not in out:
             out.append((elt, bits))

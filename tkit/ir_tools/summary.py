@@ -12,7 +12,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tkit.ir_tools.compile import CompiledIR, strip_locs
+from tkit.ir_tools.aot import CompiledIR, strip_locs
 from tkit.ir_tools.layouts import parse_layouts
 
 __all__ = ["Summary", "summarize", "occupancy", "ptx_histogram", "sass_histogram",
@@ -309,11 +309,16 @@ def summarize(ir: CompiledIR) -> Summary:
 def _resolve_line(ir: CompiledIR, line) -> int:
     if isinstance(line, int):
         return line
-    src = ir.stage("source").splitlines()
+    src = _raw_source(ir)
     hits = [i for i, s in enumerate(src) if line in s]
     if not hits:
         raise ValueError(f"no line of {ir.jit.fn.__name__} contains {line!r}")
     return ir.first_line() + hits[0]
+
+
+def _raw_source(ir: CompiledIR) -> list[str]:
+    # the lines from first_line() on (decorators included), as inspect.getsourcelines gives them
+    return [s.rstrip("\n") for s in ir.jit.raw_src]
 
 
 def source_map(ir: CompiledIR, line) -> dict:
@@ -342,7 +347,7 @@ def source_map(ir: CompiledIR, line) -> dict:
             continue
         if current and _SASS_RE.search(raw):
             sass_lines.append(raw.strip())
-    src = ir.stage("source").splitlines()
+    src = _raw_source(ir)
     rel = lineno - ir.first_line()
     text = src[rel].strip() if 0 <= rel < len(src) else ""
     return dict(line=lineno, text=text, ptx=ptx_lines, sass=sass_lines)
@@ -357,8 +362,6 @@ def _flatten(d, prefix=""):
         key = f"{prefix}{k}"
         if isinstance(v, dict):
             out.update(_flatten(v, key + "."))
-        elif k == "layouts":
-            out[key] = [lay["text"] if "text" in lay else lay["words"] for lay in v]
         else:
             out[key] = v
     return out

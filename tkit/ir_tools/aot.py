@@ -21,6 +21,7 @@ config (``_common.interpreter_configs``); pass ``config=`` to pick other block s
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import inspect
@@ -28,7 +29,9 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +117,88 @@ def as_jit(fn):
             scope[name] = as_jit(value)
     jit.__globals__ = scope
     return jit
+
+
+def _lang_objects() -> list:
+    import triton.language as tl
+
+    objs = [m for name, m in list(sys.modules.items())
+            if m is not None and name.startswith("triton.language")]
+    return objs + [tl.tensor, tl.dtype, tl.core.tensor_descriptor_base]
+
+
+def _from_interpreter(value) -> bool:
+    fn = value.func if isinstance(value, functools.partial) else value
+    code = getattr(fn, "__code__", None)
+    return bool(code and code.co_filename.endswith(os.path.join("runtime", "interpreter.py")))
+
+
+def _unpatched(value):
+    """The original of an interpreter wrapper ``lambda *a, member=member, **kw``."""
+    while _from_interpreter(value) and "member" in (getattr(value, "__kwdefaults__", None) or {}):
+        value = value.__kwdefaults__["member"]
+    return value
+
+
+def _snapshot_language() -> dict:
+    snap = {}
+    for obj in _lang_objects():
+        for name, value in list(vars(obj).items()):
+            snap[(id(obj), name)] = (obj, name, _unpatched(value))
+    return snap
+
+
+# Triton's interpreter patches triton.language while it runs a kernel, and a device-function
+# call (``InterpretedFunction.__call__``) leaves some of its patches in place (triton 3.6).
+# The code generator must see the real language, so compilation puts these originals back for
+# its duration. Taken at import, i.e. before tests run any kernel.
+_LANGUAGE = _snapshot_language()
+
+
+@contextlib.contextmanager
+def _real_language():
+    changed = []
+    for obj, name, original in _LANGUAGE.values():
+        current = vars(obj).get(name, original)
+        if current is not original and _from_interpreter(current):
+            changed.append((obj, name, current))
+            setattr(obj, name, original)
+    for obj in _lang_objects():  # wrappers from patches made before the snapshot
+        for name, value in list(vars(obj).items()):
+            if _from_interpreter(value) and _unpatched(value) is not value:
+                changed.append((obj, name, value))
+                setattr(obj, name, _unpatched(value))
+    try:
+        yield
+    finally:
+        for obj, name, value in reversed(changed):
+            setattr(obj, name, value)
+
+
+@contextlib.contextmanager
+def _jit_language(jit):
+    """While compiling under the interpreter, swap every ``InterpretedFunction`` attribute of
+    the triton.language modules (``tl.cdiv``, ``tl.sum`` are ``@jit`` functions there) and of
+    the modules the kernel's globals name for its JITFunction, so that the code generator never
+    calls into the interpreter."""
+    interp = _interpreted_type()
+    if not interp:
+        yield
+        return
+    modules = [m for name, m in list(sys.modules.items())
+               if m is not None and name.startswith("triton.language")]
+    modules += [v for v in jit.__globals__.values() if isinstance(v, types.ModuleType)]
+    swapped = []
+    for mod in dict.fromkeys(modules):
+        for name, value in list(vars(mod).items()):
+            if isinstance(value, interp):
+                swapped.append((mod, name, value))
+                setattr(mod, name, as_jit(value))
+    try:
+        yield
+    finally:
+        for mod, name, value in reversed(swapped):
+            setattr(mod, name, value)
 
 
 def unwrap(kernel):
@@ -433,8 +518,9 @@ def _compile(jit, sig: Signature, cap: int):
     if key not in _COMPILED:
         src = ASTSource(jit, sig.signature, sig.constexprs, sig.attrs)
         try:
-            _COMPILED[key] = triton.compile(src, target=GPUTarget("cuda", cap, 32),
-                                            options=sig.options)
+            with _real_language(), _jit_language(jit):
+                _COMPILED[key] = triton.compile(src, target=GPUTarget("cuda", cap, 32),
+                                                options=sig.options)
         except Exception as e:
             raise IRError(f"compiling {jit.fn.__name__} for sm_{cap} failed: "
                           f"{type(e).__name__}: {str(e)[:3000]}") from e
@@ -553,7 +639,7 @@ def capture(fn, args, kwargs) -> list:
     with _common.capture_launches() as launches:
         try:
             fn(*margs, **mkwargs)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, NotImplementedError) as e:
             raise IRError(f"{getattr(fn, '__name__', fn)}: {e}") from e
     return list(launches)
 
@@ -626,6 +712,10 @@ def compile(target, *args, arch=None, config=None, launch=0, case=None, shapes=N
     if not (isinstance(target, str) or callable(target)):
         raise IRError(f"cannot compile {target!r}: give a tkit op, its name, or a Triton kernel")
     spec = _spec_for(target)
+    if spec.family == "cuda_ext":
+        raise IRError(f"op {spec.name} is a CUDA C++ kernel (tkit.cuda_ext), not a Triton "
+                      "kernel; tkit.ir compiles Triton kernels (read its SASS with cuobjdump on "
+                      "the cubin that tkit.cuda_ext builds)")
     label = ""
     if not args and not kwargs:
         label, args, kwargs = op_case_args(spec, case)
