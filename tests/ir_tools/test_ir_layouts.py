@@ -19,7 +19,7 @@ module attributes {"ttg.num-warps" = 8 : i32} {
     %q = ttng.warp_group_dot_wait %acc {pendings = 1 : i32} : tensor<128x128xf32, #mma>
   }
 }
-"""
+"""  # noqa: E501  (TTGIR lines as Triton prints them)
 
 
 def test_blocked_in_words():
