@@ -68,6 +68,10 @@ def _smem_limit() -> int:
         return 1 << 30
 
 
+def _env_interpret() -> bool:
+    return C._env.INTERPRET
+
+
 def _fwd_smem(cfg, block_d: int, itemsize: int) -> int:
     # Q tile resident, K and V tiles multi-buffered over num_stages
     bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
@@ -89,10 +93,15 @@ def _prune(smem_fn):
         block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
         q = named_args["Q"]
         limit = _smem_limit()
-        kept = [c for c in configs if smem_fn(c, block_d, q.element_size()) <= limit]
+        tma = tma_ok(named_args["K"], named_args["V"]) and not _env_interpret()
+        kept = [c for c in configs if smem_fn(c, block_d, q.element_size()) <= limit
+                and (tma or not c.kwargs.get("USE_TMA", False))]
+        if kept:
+            return kept
         # never prune everything (TKIT_NO_AUTOTUNE keeps one config): fall back to a small tile
-        return kept or [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_stages=2,
-                                      num_warps=4)]
+        extra = {k: False for k in ("USE_TMA", "WARP_SPEC") if k in configs[0].kwargs}
+        return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32, **extra}, num_stages=2,
+                              num_warps=4)]
 
     return prune
 
@@ -101,14 +110,19 @@ def _fwd_configs():
     # BLOCK_M=128 with 8 warps is the Hopper sweet spot (two warpgroups of wgmma m64); BLOCK_N
     # 64/128 and 2..4 stages trade shared memory for latency hiding; 64x64 with 4 warps serves
     # short sequences and D=256, where a 128-row tile does not fit shared memory with 3 stages.
+    # Each tile is tried with K/V through TMA descriptors and through pointer loads (the TMA
+    # ones are pruned when the strides do not allow them).
     configs = [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "USE_TMA": tma, "WARP_SPEC": False},
+                      num_stages=s, num_warps=w)
         for bm, bn, s, w in [
             (128, 64, 3, 8), (128, 64, 4, 8), (128, 128, 3, 8), (128, 128, 2, 8),
             (128, 32, 3, 4), (64, 64, 3, 4), (64, 64, 2, 4),
         ]
+        for tma in (True, False)
     ]
-    return C.interpreter_configs(configs, triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}))
+    small = triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "USE_TMA": False, "WARP_SPEC": False})
+    return C.interpreter_configs(configs, small)
 
 
 def _bwd_configs():
@@ -244,18 +258,21 @@ def _fwd_inner(acc, l_i, m_i, q, K, V, sks, skd, svs, svd,
                qk_scale, cap_scale,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
-               SOFTCAP: tl.constexpr, PREC: tl.constexpr, WARP_SPEC: tl.constexpr):
+               SOFTCAP: tl.constexpr, PREC: tl.constexpr, WARP_SPEC: tl.constexpr,
+               USE_TMA: tl.constexpr):
     dmask = offs_d < HEAD_DIM
     for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPEC):
         cols = start_n + offs_n
-        kt_ptrs = K + cols[None, :] * sks + offs_d[:, None] * skd
-        v_ptrs = V + cols[:, None] * svs + offs_d[None, :] * svd
-        if MASKED:
-            kt = tl.load(kt_ptrs, mask=dmask[:, None] & (cols[None, :] < k_len), other=0.0)
-        elif HEAD_DIM == BLOCK_D:
-            kt = tl.load(kt_ptrs)
+        if USE_TMA:  # K, V are tensor descriptors: out-of-range rows/columns read as zeros
+            kt = tl.trans(K.load([start_n, 0]))
         else:
-            kt = tl.load(kt_ptrs, mask=dmask[:, None], other=0.0)
+            kt_ptrs = K + cols[None, :] * sks + offs_d[:, None] * skd
+            if MASKED:
+                kt = tl.load(kt_ptrs, mask=dmask[:, None] & (cols[None, :] < k_len), other=0.0)
+            elif HEAD_DIM == BLOCK_D:
+                kt = tl.load(kt_ptrs)
+            else:
+                kt = tl.load(kt_ptrs, mask=dmask[:, None], other=0.0)
         qk = tl.dot(q, kt, input_precision=PREC)
         s, t = _scores(qk, qk_scale, cap_scale, SOFTCAP)
         if MASKED:
@@ -272,12 +289,16 @@ def _fwd_inner(acc, l_i, m_i, q, K, V, sks, skd, svs, svd,
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        if MASKED:
-            v = tl.load(v_ptrs, mask=dmask[None, :] & (cols[:, None] < k_len), other=0.0)
-        elif HEAD_DIM == BLOCK_D:
-            v = tl.load(v_ptrs)
+        if USE_TMA:
+            v = V.load([start_n, 0])
         else:
-            v = tl.load(v_ptrs, mask=dmask[None, :], other=0.0)
+            v_ptrs = V + cols[:, None] * svs + offs_d[None, :] * svd
+            if MASKED:
+                v = tl.load(v_ptrs, mask=dmask[None, :] & (cols[:, None] < k_len), other=0.0)
+            elif HEAD_DIM == BLOCK_D:
+                v = tl.load(v_ptrs)
+            else:
+                v = tl.load(v_ptrs, mask=dmask[None, :], other=0.0)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
         m_i = m_new
     return acc, l_i, m_i
@@ -291,7 +312,8 @@ def _attn_fwd_kernel(
     seqlen_q, seqlen_k, H, GROUP, qk_scale, cap_scale, wl, wr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_LO: tl.constexpr,
     MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr,
-    WARP_SPEC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    WARP_SPEC: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """One program: BLOCK_M query rows of one (batch, query head).
 
@@ -300,6 +322,9 @@ def _attn_fwd_kernel(
     ``b*slb + h*slh + token*sls``. ``qk_scale`` = scale*log2(e) (softcap: cap*log2(e), and
     ``cap_scale`` = scale/cap); ``wl``/``wr`` the window's left/right extent (used only when
     MASK_LO/MASK_HI). ``seqlen_q``/``seqlen_k`` are the lengths (varlen: the maxima, unused).
+    USE_TMA reads K and V through device-side tensor descriptors (TMA on Hopper; needs unit
+    head-dim strides and 16-byte aligned rows); WARP_SPEC asks for warp specialization of the
+    unmasked loop.
     """
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -327,20 +352,25 @@ def _attn_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if USE_TMA:
+        K = tl.make_tensor_descriptor(K, shape=[k_len, HEAD_DIM], strides=[sks, 1],
+                                      block_shape=[BLOCK_N, BLOCK_D])
+        V = tl.make_tensor_descriptor(V, shape=[k_len, HEAD_DIM], strides=[svs, 1],
+                                      block_shape=[BLOCK_N, BLOCK_D])
     lo, full_lo, full_hi, hi = _key_ranges(m0, q_len, k_len, shift, wl, wr,
                                            BLOCK_M, BLOCK_N, MASK_LO, MASK_HI)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, sks, skd, svs, svd, lo, full_lo,
                                offs_m, offs_n, offs_d, q_len, k_len, shift, wl, wr,
                                qk_scale, cap_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True,
-                               MASK_LO, MASK_HI, SOFTCAP, PREC, False)
+                               MASK_LO, MASK_HI, SOFTCAP, PREC, False, USE_TMA)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, sks, skd, svs, svd, full_lo, full_hi,
                                offs_m, offs_n, offs_d, q_len, k_len, shift, wl, wr,
                                qk_scale, cap_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False,
-                               MASK_LO, MASK_HI, SOFTCAP, PREC, WARP_SPEC)
+                               MASK_LO, MASK_HI, SOFTCAP, PREC, WARP_SPEC, USE_TMA)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, sks, skd, svs, svd, full_hi, hi,
                                offs_m, offs_n, offs_d, q_len, k_len, shift, wl, wr,
                                qk_scale, cap_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True,
-                               MASK_LO, MASK_HI, SOFTCAP, PREC, False)
+                               MASK_LO, MASK_HI, SOFTCAP, PREC, False, USE_TMA)
     empty = l_i == 0.0  # no visible key: O = 0, lse = -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     log_l = tl.log2(tl.where(empty, 1.0, l_i))
@@ -691,13 +721,49 @@ def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
     )
     if config is None:
         grid = lambda meta: (triton.cdiv(sq, meta["BLOCK_M"]), batch * hq)
-        C.launch(_attn_fwd_autotuned, grid, **args, WARP_SPEC=False)
+        if q.device.type == "cuda" and tma_ok(k, v):
+            _set_tma_allocator(q.device)
+        C.launch(_attn_fwd_autotuned, grid, **args)
     else:
         cfg = dict(config)
         cfg.setdefault("WARP_SPEC", False)
+        cfg.setdefault("USE_TMA", False)
+        if cfg["USE_TMA"]:
+            if not tma_ok(k, v):
+                raise ValueError("USE_TMA needs k and v with unit head_dim stride and 16-byte "
+                                 "aligned rows")
+            _set_tma_allocator(q.device)
         grid = (triton.cdiv(sq, cfg["BLOCK_M"]), batch * hq)
         C.launch(_attn_fwd_kernel, grid, **args, **cfg)
     return out, lse
+
+
+def tma_ok(*tensors: torch.Tensor) -> bool:
+    """Can these (.., seqlen, heads, head_dim) tensors be read through tensor descriptors?
+    TMA needs the innermost stride 1, the other strides and the base 16-byte aligned."""
+    for t in tensors:
+        es = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16:
+            return False
+        if any((st * es) % 16 for st in t.stride()[:-1]):
+            return False
+    return True
+
+
+_TMA_ALLOCATOR_SET = False
+
+
+def _set_tma_allocator(device) -> None:
+    # device-side tensor descriptors need a small global scratch buffer per launch
+    global _TMA_ALLOCATOR_SET
+    if _TMA_ALLOCATOR_SET:
+        return
+
+    def alloc(size: int, alignment: int, stream):
+        return torch.empty(size, device=device, dtype=torch.int8)
+
+    triton.set_allocator(alloc)
+    _TMA_ALLOCATOR_SET = True
 
 
 def _named(prefix, strides, dims="bshd"):
