@@ -35,7 +35,14 @@ Four kernels:
   ``offsets`` (the MoE layout), one ``b`` per group.
 
 Which one runs for a call is :func:`plan`'s decision; it returns the path and the reason, and
-``tkit.ir`` shows the launched kernel.
+``tkit.ir`` shows the launched kernel. Configs are fixed per shape class by default
+(:func:`tma_config`, :func:`ptr_config`, :func:`splitk_config`, each with its derivation);
+``AUTOTUNE = True`` tunes the TMA and pointer kernels per shape over pruned config lists
+instead. ``scripts/gpu_matmul.py`` times the alternatives side by side on the H200.
+
+Not here yet: a TMA path for batched operands (3-D descriptors; batched problems with a shared
+weight are folded into M and do take it), grouped_matmul's backward, a Hopper (TMA/wgmma) grouped
+kernel, and a one-launch split-K (a semaphore instead of the second kernel).
 """
 
 from __future__ import annotations
