@@ -116,8 +116,7 @@ def _fwd_configs():
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "USE_TMA": tma, "WARP_SPEC": False},
                       num_stages=s, num_warps=w)
         for bm, bn, s, w in [
-            (128, 64, 3, 8), (128, 64, 4, 8), (128, 128, 3, 8), (128, 128, 2, 8),
-            (128, 32, 3, 4), (64, 64, 3, 4), (64, 64, 2, 4),
+            (128, 64, 3, 8), (128, 64, 4, 8), (128, 128, 2, 8), (64, 64, 3, 4), (64, 64, 2, 4),
         ]
         for tma in (True, False)
     ]
@@ -129,9 +128,7 @@ def _bwd_configs():
     # dK/dV: BLOCK_N keys resident, BLOCK_M queries streamed; dQ reuses the same pair.
     configs = [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
-        for bm, bn, s, w in [
-            (64, 128, 2, 8), (64, 128, 3, 8), (32, 128, 3, 4), (64, 64, 3, 4), (32, 64, 2, 4),
-        ]
+        for bm, bn, s, w in [(64, 128, 2, 8), (32, 128, 3, 4), (64, 64, 3, 4), (32, 64, 2, 4)]
     ]
     return C.interpreter_configs(configs, triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}))
 

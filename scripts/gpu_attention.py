@@ -1,0 +1,418 @@
+"""FlashAttention on the H200: correctness at benchmark sizes, kernel variants side by side,
+SDPA's flash and cuDNN backends as baselines. Finishes in about two minutes.
+
+    python scripts/gpu_attention.py            # all sections; OUT=./out by default
+    python scripts/gpu_attention.py main sweep # only some sections (main, head_dims, sweep, varlen)
+    python scripts/gpu_attention.py --dry      # CPU plumbing check under the interpreter
+
+Sections:
+  main       B=4 H=16 S=4096 D=128 bf16: forward variants (TMA vs pointer loads, warp
+             specialization on/off, BLOCK_N 64/128, 2..4 stages) non-causal and causal, the
+             autotuned choice, backward configs (causal and not), SDPA flash / cuDNN, errors
+             against a float32 reference.
+  head_dims  D=64 and D=256, causal, forward and backward.
+  sweep      seqlen 512..16384 at 16K tokens a batch, causal, forward and backward.
+  varlen     a mixed-length batch of 16K tokens (causal), against SDPA on the padded batch.
+
+FLOPs: 4*B*H*Sq*Sk*D forward (half when causal), backward 2.5x the forward. The ceiling is a
+bf16 cuBLAS GEMM at 4096^3 measured in the same run. Full rows go to $OUT/gpu_attention.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+DRY = "--dry" in sys.argv
+if DRY:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+import tkit  # noqa: E402
+from tkit.kernels import attention as A  # noqa: E402
+from tkit.specs.attention import ref_attention  # noqa: E402
+
+DEV = "cpu" if DRY else "cuda"
+DT = torch.float16 if DRY else torch.bfloat16
+T0 = time.time()
+BUDGET_S = float(os.environ.get("ATTN_BUDGET_S", 105))
+ROWS: list[dict] = []
+ISSUE_TARGETS = {("fwd", False): 485, ("fwd", True): 425, ("bwd", True): 305}
+
+# variants of the forward at the main shape: (BLOCK_M, BLOCK_N, stages, warps, TMA, warp spec)
+FWD_VARIANTS = [
+    (128, 64, 3, 8, True, False),
+    (128, 64, 3, 8, False, False),
+    (128, 64, 3, 8, True, True),
+    (128, 64, 3, 8, False, True),
+    (128, 64, 4, 8, True, False),
+    (128, 64, 2, 8, True, False),
+    (128, 128, 2, 8, True, False),
+    (128, 128, 2, 8, False, False),
+    (64, 64, 3, 4, True, False),
+]
+BWD_VARIANTS = [(64, 128, 2, 8), (32, 128, 3, 4), (64, 64, 3, 4)]
+if DRY:
+    FWD_VARIANTS = [(16, 16, 1, 4, True, False), (16, 16, 1, 4, False, False)]
+    BWD_VARIANTS = [(16, 16, 1, 4)]
+
+
+def left() -> float:
+    return BUDGET_S - (time.time() - T0)
+
+
+def bench(fn) -> tuple[float, float, float]:
+    if DRY:
+        t = time.time()
+        fn()
+        ms = (time.time() - t) * 1e3
+        return ms, ms, ms
+    q = triton.testing.do_bench(fn, warmup=10, rep=40, quantiles=[0.5, 0.2, 0.8])
+    return tuple(q)
+
+
+def fwd_cfg(v):
+    bm, bn, s, w, tma, ws = v
+    return dict(BLOCK_M=bm, BLOCK_N=bn, num_stages=s, num_warps=w, USE_TMA=tma, WARP_SPEC=ws)
+
+
+def bwd_cfg(v):
+    bm, bn, s, w = v
+    return dict(BLOCK_M=bm, BLOCK_N=bn, num_stages=s, num_warps=w)
+
+
+def vname(v) -> str:
+    if len(v) == 6:
+        bm, bn, s, w, tma, ws = v
+        return f"{bm}x{bn} s{s} w{w} {'tma' if tma else 'ptr'}{' ws' if ws else ''}"
+    bm, bn, s, w = v
+    return f"{bm}x{bn} s{s} w{w}"
+
+
+def flops(b, h, sq, sk, d, causal, direction):
+    f = 4.0 * b * h * sq * sk * d * (0.5 if causal else 1.0)
+    return f * (2.5 if direction == "bwd" else 1.0)
+
+
+def record(section, shape, direction, causal, provider, times, fl, ceiling, note="", err=None):
+    med, p20, p80 = times
+    tf = fl / (med * 1e-3) / 1e12
+    row = dict(section=section, shape=shape, direction=direction, causal=causal,
+               provider=provider, median_ms=med, p20_ms=p20, p80_ms=p80, tflops=tf,
+               pct_of_gemm=100.0 * tf / ceiling if ceiling else None, note=note, error=err)
+    ROWS.append(row)
+    print(f"  {section:9s} {shape:24s} {direction} {'causal' if causal else 'full  '} "
+          f"{provider:28s} {med:8.3f} ms {tf:7.1f} TFLOP/s"
+          + (f"  err {err:.2e}" if err is not None else "") + (f"  {note}" if note else ""),
+          flush=True)
+    return row
+
+
+def make_qkv(b, sq, sk, h, hk, d, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    q = torch.randn(b, sq, h, d, device=DEV, dtype=DT, generator=g)
+    k = torch.randn(b, sk, hk, d, device=DEV, dtype=DT, generator=g)
+    v = torch.randn(b, sk, hk, d, device=DEV, dtype=DT, generator=g)
+    return q, k, v
+
+
+def sdpa_fns():
+    if DRY:
+        return {}
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def make(backend):
+        def run(qt, kt, vt, causal):
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    qt, kt, vt, is_causal=causal, enable_gqa=qt.shape[1] != kt.shape[1])
+        return run
+
+    return {"sdpa_flash": make(SDPBackend.FLASH_ATTENTION),
+            "sdpa_cudnn": make(SDPBackend.CUDNN_ATTENTION)}
+
+
+def gemm_ceiling() -> float:
+    if DRY:
+        return 0.0
+    a = torch.randn(4096, 4096, device=DEV, dtype=DT)
+    b = torch.randn(4096, 4096, device=DEV, dtype=DT)
+    ms = triton.testing.do_bench(lambda: a @ b, warmup=10, rep=50, return_mode="median")
+    return 2 * 4096**3 / (ms * 1e-3) / 1e12
+
+
+def time_baselines(section, shape, q, k, v, causal, ceiling, directions=("fwd", "bwd"),
+                   out_ref=None):
+    """SDPA flash / cuDNN on (B, H, S, D) views; returns {provider: {dir: tflops}}."""
+    b, sq, h, d = q.shape
+    sk = k.shape[1]
+    res = {}
+    qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
+    for name, fn in sdpa_fns().items():
+        res[name] = {}
+        try:
+            out = fn(qt, kt, vt, causal)
+            err = None
+            if out_ref is not None:
+                err = (out.transpose(1, 2).float() - out_ref).abs().max().item()
+            if "fwd" in directions:
+                r = record(section, shape, "fwd", causal, name,
+                           bench(lambda fn=fn: fn(qt, kt, vt, causal)),
+                           flops(b, h, sq, sk, d, causal, "fwd"), ceiling, err=err)
+                res[name]["fwd"] = r["tflops"]
+            if "bwd" in directions:
+                do = torch.randn_like(out)
+                r = record(section, shape, "bwd", causal, name,
+                           bench(lambda out=out, do=do: torch.autograd.grad(
+                               out, (qt, kt, vt), do, retain_graph=True)),
+                           flops(b, h, sq, sk, d, causal, "bwd"), ceiling)
+                res[name]["bwd"] = r["tflops"]
+        except Exception as e:  # a backend that cannot run this shape
+            print(f"  {name}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+    return res
+
+
+def tkit_fwd(q, k, v, causal, cfg):
+    sq, sk, d = q.shape[1], k.shape[1], q.shape[-1]
+    return A._fwd_impl(q, k, v, None, None, sq, sk, causal, d ** -0.5, -1, -1, 0.0, config=cfg)
+
+
+def tkit_bwd(do, q, k, v, out, lse, causal, cfg):
+    sq, sk, d = q.shape[1], k.shape[1], q.shape[-1]
+    return A._bwd_impl(do, q, k, v, out, lse, None, None, None, sq, sk, causal, d ** -0.5,
+                       -1, -1, 0.0, config=cfg)
+
+
+def run_shape(section, b, s, h, d, ceiling, fwd_variants, bwd_variants, causals=(False, True),
+              bwd_causals=(True,), autotuned=False, check=False):
+    """Time forward/backward variants and the SDPA baselines at one shape."""
+    shape = f"B{b} S{s} H{h} D{d}"
+    q, k, v = make_qkv(b, s, s, h, h, d)
+    best = {}
+    for causal in causals:
+        if left() < 0:
+            print(f"  (time budget spent: skipping {shape})")
+            return best
+        out_ref = None
+        if check:  # float32 reference at benchmark size
+            out_ref = ref_attention(q.float(), k.float(), v.float(), causal=causal)
+        time_baselines(section, shape, q, k, v, causal, ceiling, out_ref=out_ref,
+                              directions=("fwd", "bwd") if causal in bwd_causals else ("fwd",))
+        results = []
+        for var in fwd_variants:
+            cfg = fwd_cfg(var)
+            try:
+                out, lse = tkit_fwd(q, k, v, causal, cfg)
+                err = (out.float() - out_ref).abs().max().item() if out_ref is not None else None
+                r = record(section, shape, "fwd", causal, "tkit " + vname(var),
+                           bench(lambda c=causal, cfg=cfg: tkit_fwd(q, k, v, c, cfg)),
+                           flops(b, h, s, s, d, causal, "fwd"), ceiling, err=err)
+                results.append((r["tflops"], var))
+            except Exception as e:
+                print(f"  tkit {vname(var)}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+        if autotuned:
+            try:
+                fn = lambda c=causal: tkit.flash_attention(q, k, v, causal=c)  # noqa: E731
+                fn()
+                r = record(section, shape, "fwd", causal, "tkit autotuned", bench(fn),
+                           flops(b, h, s, s, d, causal, "fwd"), ceiling,
+                           note=_target("fwd", causal, None))
+                ROWS[-1]["chosen"] = _chosen(A._attn_fwd_autotuned)
+                print(f"    autotuner chose {ROWS[-1]['chosen']}")
+            except Exception:
+                traceback.print_exc()
+        if results:
+            tf, var = max(results)
+            best[("fwd", causal)] = var
+            print(f"    best forward {'causal' if causal else 'full'}: {vname(var)} {tf:.1f} "
+                  f"TFLOP/s{_target('fwd', causal, tf)}")
+        if causal not in bwd_causals or not bwd_variants or left() < 0:
+            continue
+        var = best.get(("fwd", causal), fwd_variants[0])
+        out, lse = tkit_fwd(q, k, v, causal, fwd_cfg(var))
+        do = torch.randn_like(out)
+        if check:
+            qr, kr, vr = (t.float().requires_grad_() for t in (q, k, v))
+            ref = ref_attention(qr, kr, vr, causal=causal)
+            grads_ref = torch.autograd.grad(ref, (qr, kr, vr), do.float())
+            del ref
+        bres = []
+        for bvar in bwd_variants:
+            cfg = bwd_cfg(bvar)
+            try:
+                grads = tkit_bwd(do, q, k, v, out, lse, causal, cfg)
+                err = None
+                if check:
+                    err = max((g.float() - r).abs().max().item()
+                              for g, r in zip(grads, grads_ref))
+                r = record(section, shape, "bwd", causal, "tkit " + vname(bvar),
+                           bench(lambda a=(do, q, k, v, out, lse, causal, cfg): tkit_bwd(*a)),
+                           flops(b, h, s, s, d, causal, "bwd"), ceiling, err=err)
+                bres.append((r["tflops"], bvar))
+            except Exception as e:
+                print(f"  tkit bwd {vname(bvar)}: {type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:120]}")
+        if check:
+            del grads_ref
+        if bres:
+            tf, bvar = max(bres)
+            best[("bwd", causal)] = bvar
+            print(f"    best backward {'causal' if causal else 'full'}: {vname(bvar)} {tf:.1f} "
+                  f"TFLOP/s{_target('bwd', causal, tf)}")
+    return best
+
+
+def _target(direction, causal, tf) -> str:
+    t = ISSUE_TARGETS.get((direction, causal))
+    if t is None or tf is None:
+        return ""
+    return f" (issue target {t}: {'met' if tf >= t else 'NOT met'})"
+
+
+def _chosen(tuner) -> str:
+    cfg = getattr(tuner, "best_config", None)
+    return str(cfg) if cfg is not None else "?"
+
+
+def finish_ratios():
+    """Add the ratio of every tkit row to each baseline row of the same shape and direction."""
+    key = lambda r: (r["section"], r["shape"], r["direction"], r["causal"])  # noqa: E731
+    base = {}
+    for r in ROWS:
+        if r["provider"].startswith("sdpa"):
+            base.setdefault(key(r), {})[r["provider"]] = r["tflops"]
+    for r in ROWS:
+        for name, tf in base.get(key(r), {}).items():
+            r[f"x_{name}"] = r["tflops"] / tf if tf else None
+
+
+def varlen_section(ceiling, fwd_var, bwd_var):
+    lengths = [4096, 3000, 2048, 2048, 1500, 1024, 777, 512, 512, 300, 200, 200, 100, 60, 7, 1]
+    lengths.append(16384 - sum(lengths))
+    h, d = 16, 128
+    if DRY:
+        lengths, h, d = [40, 7, 1, 20], 2, 32
+    total = sum(lengths)
+    g = torch.Generator(device=DEV).manual_seed(3)
+    q = torch.randn(total, h, d, device=DEV, dtype=DT, generator=g)
+    k = torch.randn(total, h, d, device=DEV, dtype=DT, generator=g)
+    v = torch.randn(total, h, d, device=DEV, dtype=DT, generator=g)
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32,
+                      device=DEV)
+    m = max(lengths)
+    fl = sum(4.0 * h * d * n * n * 0.5 for n in lengths)
+    shape = f"{len(lengths)} seqs {min(lengths)}..{m}"
+    scale = d ** -0.5
+
+    def fn():
+        return A._fwd_impl(q, k, v, cu, cu, m, m, True, scale, -1, -1, 0.0,
+                           config=fwd_cfg(fwd_var))
+
+    out, lse = fn()
+    # correctness: each sequence against SDPA's math (float32) on that slice
+    err = 0.0
+    for i in range(len(lengths)):
+        a, bnd = cu[i].item(), cu[i + 1].item()
+        ref = ref_attention(q[None, a:bnd].float(), k[None, a:bnd].float(),
+                            v[None, a:bnd].float(), causal=True)[0]
+        err = max(err, (out[a:bnd].float() - ref).abs().max().item())
+    record("varlen", shape, "fwd", True, "tkit " + vname(fwd_var), bench(fn), fl, ceiling,
+           err=err)
+    do = torch.randn_like(out)
+    record("varlen", shape, "bwd", True, "tkit " + vname(bwd_var),
+           bench(lambda: A._bwd_impl(do, q, k, v, out, lse, None, cu, cu, m, m, True, scale,
+                                     -1, -1, 0.0, config=bwd_cfg(bwd_var))),
+           2.5 * fl, ceiling)
+    # baseline: SDPA on the same tokens padded to the longest sequence (what varlen avoids)
+    if not DRY:
+        n = len(lengths)
+        qp = torch.zeros(n, h, m, d, device=DEV, dtype=DT)
+        for i in range(n):
+            a, bnd = cu[i].item(), cu[i + 1].item()
+            qp[i, :, : bnd - a] = q[a:bnd].transpose(0, 1)
+        for name, f in sdpa_fns().items():
+            try:
+                record("varlen", shape, "fwd", True, name + " (padded)",
+                       bench(lambda f=f: f(qp, qp, qp, True)), fl, ceiling,
+                       note="padded to the longest sequence")
+            except Exception as e:
+                print(f"  {name}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+
+
+def print_table(ceiling):
+    print("\n== summary (TFLOP/s; x = ratio to the baseline; % of the bf16 GEMM ceiling "
+          f"{ceiling:.0f} TFLOP/s)")
+    hdr = (f"{'section':9s} {'shape':24s} {'dir':3s} {'mask':6s} {'provider':28s} "
+           f"{'ms':>8s} {'TF/s':>7s} {'%gemm':>6s} {'x flash':>7s} {'x cudnn':>7s}")
+    print(hdr)
+    for r in ROWS:
+        pct = f"{r['pct_of_gemm']:.0f}" if r.get("pct_of_gemm") else "-"
+        xf = f"{r['x_sdpa_flash']:.2f}" if r.get("x_sdpa_flash") else "-"
+        xc = f"{r['x_sdpa_cudnn']:.2f}" if r.get("x_sdpa_cudnn") else "-"
+        print(f"{r['section']:9s} {r['shape']:24s} {r['direction']:3s} "
+              f"{'causal' if r['causal'] else 'full':6s} {r['provider'][:28]:28s} "
+              f"{r['median_ms']:8.3f} {r['tflops']:7.1f} {pct:>6s} {xf:>7s} {xc:>7s}")
+
+
+def main():
+    sections = [a for a in sys.argv[1:] if not a.startswith("-")] or [
+        "main", "head_dims", "sweep", "varlen"]
+    ceiling = gemm_ceiling()
+    print(f"bf16 GEMM 4096^3: {ceiling:.0f} TFLOP/s; torch {torch.__version__}, "
+          f"triton {triton.__version__}", flush=True)
+    best = {}
+    if "main" in sections:
+        print("== main: B=4 H=16 S=4096 D=128")
+        if DRY:
+            best = run_shape("main", 1, 40, 2, 32, ceiling, FWD_VARIANTS, BWD_VARIANTS,
+                             bwd_causals=(False, True), autotuned=True, check=True)
+        else:
+            best = run_shape("main", 4, 4096, 16, 128, ceiling, FWD_VARIANTS, BWD_VARIANTS,
+                             bwd_causals=(False, True), autotuned=True, check=True)
+    fwd_best = best.get(("fwd", True), FWD_VARIANTS[0])
+    bwd_best = best.get(("bwd", True), BWD_VARIANTS[0])
+    if "head_dims" in sections and left() > 0:
+        print("== head dims 64 and 256, causal")
+        if DRY:
+            run_shape("head_dims", 1, 33, 2, 64, ceiling, FWD_VARIANTS[:1], BWD_VARIANTS,
+                      causals=(True,))
+        else:
+            run_shape("head_dims", 4, 4096, 16, 64, ceiling,
+                      [fwd_best, (128, 128, 2, 8, True, False)], [bwd_best], causals=(True,))
+            run_shape("head_dims", 4, 4096, 16, 256, ceiling,
+                      [(64, 64, 2, 4, True, False), (128, 32, 2, 8, True, False),
+                       (64, 32, 3, 4, True, False)],
+                      [(32, 64, 2, 4), (64, 64, 1, 8)], causals=(True,))
+    if "sweep" in sections and left() > 0:
+        print("== seqlen sweep at 16K tokens a batch, D=128, causal")
+        lens = (16, 48) if DRY else (512, 1024, 2048, 8192, 16384)
+        for s in lens:
+            b = max(1, 16384 // s) if not DRY else 1
+            run_shape("sweep", b, s, 16 if not DRY else 2, 128 if not DRY else 32, ceiling,
+                      [fwd_best], [bwd_best], causals=(True,))
+    if "varlen" in sections and left() > 0:
+        print("== varlen")
+        try:
+            varlen_section(ceiling, fwd_best, bwd_best)
+        except Exception:
+            traceback.print_exc()
+    finish_ratios()
+    print_table(ceiling)
+    out = os.environ.get("OUT", "./out")
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "gpu_attention.json")
+    meta = dict(device=torch.cuda.get_device_name() if not DRY else "cpu (dry run)",
+                torch=torch.__version__, triton=triton.__version__, gemm_ceiling=ceiling,
+                seconds=time.time() - T0)
+    with open(path, "w") as f:
+        json.dump(dict(meta=meta, rows=ROWS), f, indent=1, default=str)
+    print(f"wrote {path} ({len(ROWS)} rows) in {time.time() - T0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
