@@ -221,17 +221,23 @@ def backward_target(ceiling, shape=(16384, 8192)):
 
 # ---- 5. sweep ----------------------------------------------------------------------------------
 SWEEP_VARIANTS = {
+    # long-row knobs, compared at N >= 16384 only (they do nothing on shorter rows)
     "softmax": {
         "tkit no-L2-batch": dict(l2_batch_bytes=0),
         "tkit chunk16k": dict(chunk=16384),
+        "tkit chunk4k": dict(chunk=4096),
         "tkit fused<=32KiB": dict(fused_max_bytes=32 * 1024),
     },
     "rms_norm": {
-        "tkit single<=64KiB": dict(norm_fwd_single_bytes=64 * 1024),
+        "tkit loop": dict(norm_long="loop"),
+        "tkit no-L2-batch": dict(l2_batch_bytes=0),
         "tkit chunk16k": dict(norm_chunk=16384),
+        "tkit single<=64KiB": dict(norm_fwd_single_bytes=64 * 1024),
     },
-    "layer_norm": {"tkit single<=64KiB": dict(norm_fwd_single_bytes=64 * 1024)},
-    "rms_norm_residual": {},
+    "layer_norm": {"tkit loop": dict(norm_long="loop"),
+                   "tkit single<=64KiB": dict(norm_fwd_single_bytes=64 * 1024)},
+    "rms_norm_residual": {"tkit loop": dict(norm_long="loop"),
+                          "tkit no-L2-batch": dict(l2_batch_bytes=0)},
 }
 
 

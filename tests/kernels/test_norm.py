@@ -32,10 +32,12 @@ def _inputs(kind, shape, dtype, device, layout="contiguous"):
     return [x, w, 0.1 * make_tensor(shape[-1:], dtype, seed=4, device=device)]
 
 
-@pytest.fixture
-def force_chunked(monkeypatch):
-    """Every row through the long-row paths (forward chunk loop, backward stats kernel), in
-    chunks of 64 columns."""
+@pytest.fixture(params=["split", "loop"])
+def force_chunked(monkeypatch, request):
+    """Every row through the long-row paths (forward: split across programs, or one program
+    looping; backward: stats kernel), in chunks of 64 columns, in several row batches."""
+    monkeypatch.setitem(sm.OVERRIDE, "norm_long", request.param)
+    monkeypatch.setitem(sm.OVERRIDE, "l2_batch_bytes", 1000)
     monkeypatch.setitem(sm.OVERRIDE, "norm_fwd_single_bytes", 0)
     monkeypatch.setitem(sm.OVERRIDE, "norm_bwd_single_bytes", 0)
     monkeypatch.setitem(sm.OVERRIDE, "norm_chunk", 64)

@@ -25,8 +25,12 @@ Cost model: forward reads M*N (+ M*N residual) + N, writes M*N (+ M*N h); backwa
 Kernels:
 
 * ``_norm_fwd_kernel``: rows of up to 32 KiB in registers (ROWS rows a program for short rows,
-  ``SINGLE``); longer rows loop over BLOCK_N chunks twice in one program (moments, then
-  normalize; the second read of a row just read is mostly served by L2).
+  ``SINGLE``). Longer rows take the split path by default: ``_norm_partial_kernel`` computes
+  each (row, chunk)'s moments (and writes h), ``_norm_apply_kernel`` combines a row's chunk
+  moments and normalizes its chunk, in row batches sized so that the reread is served by L2
+  (the structure of softmax's split path). ``OVERRIDE["norm_long"] = "loop"`` selects the
+  alternative, one program per long row looping over its chunks twice (fewer, larger programs;
+  at 262144 columns 132 SMs x 512 KiB rows in flight exceed the L2, so its reread may miss).
 * ``_norm_bwd_kernel``: grid (G, chunks). Each of G programs walks a strided set of row tiles
   and accumulates its dw/db partial in float32 registers, writing one (G, N) partial row;
   ``_col_sum_kernel`` then reduces the G partials (the Triton-tutorial / Liger pattern). Rows
@@ -47,7 +51,7 @@ import triton.language as tl
 
 from tkit import _env
 from tkit.kernels import _common as C
-from tkit.kernels.softmax import OVERRIDE, _row_offsets, as_rows, row_config
+from tkit.kernels.softmax import L2_BATCH_BYTES, OVERRIDE, _row_offsets, as_rows, row_config
 
 #: Largest row a program holds in registers (ptxas on sm_90a, bf16): 32 KiB forward (16384
 #: columns over 32 warps, 64 registers, no spills; at 64 KiB layer_norm spills 188 bytes a
@@ -72,11 +76,12 @@ def _sm_count(device: torch.device) -> int:
 # --------------------------------------------------------------------------------------------
 @triton.jit
 def _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
-            HAS_RES: tl.constexpr, STORE_H: tl.constexpr):
+            HAS_RES: tl.constexpr, STORE_H: tl.constexpr, EVICT: tl.constexpr):
     """One (rows x cols) tile of h in float32: x, or x + residual rounded to h's dtype (stored
-    when STORE_H)."""
+    when STORE_H). EVICT is the loads' L2 policy: "evict_first" for data read once,
+    "evict_last" for data the same launch sequence reads again."""
     x = tl.load(x_ptr + rows[:, None] * sxm + cols[None, :] * sxn, mask=mask, other=0.0,
-                eviction_policy="evict_first").to(tl.float32)
+                eviction_policy=EVICT).to(tl.float32)
     if HAS_RES:
         r = tl.load(r_ptr + rows[:, None] * srm + cols[None, :] * srn, mask=mask, other=0.0,
                     eviction_policy="evict_first").to(tl.float32)
@@ -106,7 +111,7 @@ def _norm_fwd_kernel(
         cmask = cols < N
         mask = rmask[:, None] & cmask[None, :]
         h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
-                    HAS_RES, True)
+                    HAS_RES, True, "evict_first")
         if IS_RMS:
             d = h
         else:
@@ -127,7 +132,7 @@ def _norm_fwd_kernel(
             cols = start + tl.arange(0, BLOCK_N)
             mask = rmask[:, None] & (cols < N)[None, :]
             h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
-                        HAS_RES, True)
+                        HAS_RES, True, "evict_last")
             if IS_RMS:
                 m2 += tl.sum(h * h, axis=1)
             else:
@@ -151,7 +156,7 @@ def _norm_fwd_kernel(
                             other=0.0).to(tl.float32)
             else:
                 h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
-                            False, False)
+                            False, False, "evict_first")
             if not IS_RMS:
                 h = h - mean[:, None]
             w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
@@ -160,6 +165,78 @@ def _norm_fwd_kernel(
                 y += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
             tl.store(y_ptr + rows[:, None] * sym + cols[None, :], y.to(y_ptr.dtype.element_ty),
                      mask=mask)
+
+
+@triton.jit
+def _norm_partial_kernel(
+    x_ptr, r_ptr, h_ptr, p1_ptr, p2_ptr, row0, N, sxm, sxn, srm, srn, shm, NCHUNK,
+    IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, CHUNK: tl.constexpr, INT64: tl.constexpr,
+):
+    """Pass 1 of the split forward for long rows: one (row, chunk) a program, chunks of a row
+    adjacent. Writes h = x + residual for the chunk (HAS_RES) and the chunk's moments:
+    p2 = sum h^2 (RMSNorm), or p1 = chunk mean and p2 = sum (h - p1)^2 (LayerNorm), float32
+    (M, NCHUNK) at row ``row0 + local row``."""
+    pid = tl.program_id(0)
+    row = pid // NCHUNK
+    c = pid % NCHUNK
+    if INT64:
+        row = row.to(tl.int64)
+    grow = row + row0
+    rows = tl.full((1,), 0, row.dtype) + grow
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    mask = (cols < N)[None, :]
+    h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm, HAS_RES, True,
+                "evict_last")
+    if IS_RMS:
+        tl.store(p2_ptr + grow * NCHUNK + c + tl.arange(0, 1), tl.sum(h * h, axis=1))
+    else:
+        nc = tl.minimum(N - c * CHUNK, CHUNK).to(tl.float32)
+        mc = tl.sum(h, axis=1) / nc
+        d = tl.where(mask, h - mc[:, None], 0.0)
+        tl.store(p1_ptr + grow * NCHUNK + c + tl.arange(0, 1), mc)
+        tl.store(p2_ptr + grow * NCHUNK + c + tl.arange(0, 1), tl.sum(d * d, axis=1))
+
+
+@triton.jit
+def _norm_apply_kernel(
+    x_ptr, h_ptr, w_ptr, b_ptr, y_ptr, p1_ptr, p2_ptr, row0, N, sxm, sxn, shm, sym, eps,
+    NCHUNK, IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_C: tl.constexpr, INT64: tl.constexpr,
+):
+    """Pass 2 of the split forward: combine the row's chunk moments (LayerNorm: the parallel
+    rule M2 = sum_c M2_c + n_c (mean_c - mean)^2), then normalize one chunk. The chunk is
+    reread from h (HAS_RES) or x; the launcher sizes row batches so that this reread hits L2."""
+    pid = tl.program_id(0)
+    row = pid // NCHUNK
+    c = pid % NCHUNK
+    if INT64:
+        row = row.to(tl.int64)
+    grow = row + row0
+    cc = tl.arange(0, BLOCK_C)
+    cmask_c = cc < NCHUNK
+    p2 = tl.load(p2_ptr + grow * NCHUNK + cc, mask=cmask_c, other=0.0)
+    if IS_RMS:
+        rstd = 1.0 / tl.sqrt(tl.sum(p2, axis=0) / N + eps)
+        mean = 0.0
+    else:
+        p1 = tl.load(p1_ptr + grow * NCHUNK + cc, mask=cmask_c, other=0.0)
+        n_c = tl.where(cmask_c, tl.minimum(N - cc * CHUNK, CHUNK), 0).to(tl.float32)
+        mean = tl.sum(n_c * p1, axis=0) / N
+        dm = p1 - mean
+        rstd = 1.0 / tl.sqrt(tl.sum(p2 + n_c * dm * dm, axis=0) / N + eps)
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < N
+    if HAS_RES:
+        h = tl.load(h_ptr + grow * shm + cols, mask=mask, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+    else:
+        h = tl.load(x_ptr + grow * sxm + cols * sxn, mask=mask, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = (h - mean) * rstd * w
+    if HAS_BIAS:
+        y += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + grow * sym + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -303,6 +380,36 @@ def _fwd_config(N: int, itemsize: int) -> tuple[int, int, int, bool]:
     return _chunk(), 1, 4 if _env.INTERPRET else 16, False
 
 
+def _norm_fwd_split(x2, r2, h2, weight, bias, y2, eps, is_rms):
+    """Long rows: (row, chunk) programs for the moments, then (row, chunk) programs that
+    combine and normalize, in row batches of about ``L2_BATCH_BYTES`` so the second read of a
+    batch comes from L2 (the same structure as softmax's split path)."""
+    M, N = x2.shape
+    chunk = _chunk()
+    nchunk = triton.cdiv(N, chunk)
+    p1 = torch.empty((M, nchunk), dtype=torch.float32, device=x2.device)
+    p2 = torch.empty((M, nchunk), dtype=torch.float32, device=x2.device)
+    has_res = r2 is not None
+    row_bytes = N * x2.element_size() * (3 if has_res else 1)
+    batch_bytes = OVERRIDE.get("l2_batch_bytes", L2_BATCH_BYTES)
+    batch = M if batch_bytes <= 0 else max(1, batch_bytes // row_bytes)
+    int64 = C.needs_int64(x2, y2, p1) or (has_res and C.needs_int64(r2))
+    warps = 4 if _env.INTERPRET else OVERRIDE.get("split_warps", max(4, min(32, chunk // 512)))
+    r = r2 if has_res else x2
+    for row0 in range(0, M, batch):
+        grid = (min(batch, M - row0) * nchunk,)
+        C.launch(_norm_partial_kernel, grid, x_ptr=x2, r_ptr=r, h_ptr=h2, p1_ptr=p1, p2_ptr=p2,
+                 row0=row0, N=N, sxm=x2.stride(0), sxn=x2.stride(1), srm=r.stride(0),
+                 srn=r.stride(1), shm=h2.stride(0), NCHUNK=nchunk, IS_RMS=is_rms,
+                 HAS_RES=has_res, CHUNK=chunk, INT64=int64, num_warps=warps)
+        C.launch(_norm_apply_kernel, grid, x_ptr=x2, h_ptr=h2, w_ptr=weight,
+                 b_ptr=bias if bias is not None else weight, y_ptr=y2, p1_ptr=p1, p2_ptr=p2,
+                 row0=row0, N=N, sxm=x2.stride(0), sxn=x2.stride(1), shm=h2.stride(0),
+                 sym=y2.stride(0), eps=float(eps), NCHUNK=nchunk, IS_RMS=is_rms,
+                 HAS_RES=has_res, HAS_BIAS=bias is not None, CHUNK=chunk,
+                 BLOCK_C=C.next_power_of_2(nchunk), INT64=int64, num_warps=warps)
+
+
 def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms):
     """Returns (y, h); h is None without residual."""
     N = x.shape[-1]
@@ -318,6 +425,10 @@ def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms):
     h2 = h.view(-1, N) if h is not None else y2
     M = x2.shape[0]
     block_n, rows, warps, single = _fwd_config(N, x.element_size())
+    if not single and OVERRIDE.get("norm_long", "split") == "split":
+        _norm_fwd_split(x2, r2 if residual is not None else None, h2, weight, bias, y2, eps,
+                        is_rms)
+        return y, h
     C.launch(_norm_fwd_kernel, (triton.cdiv(M, rows),), x_ptr=x2, r_ptr=r2, h_ptr=h2,
              w_ptr=weight, b_ptr=bias if bias is not None else weight, y_ptr=y2, M=M, N=N,
              sxm=x2.stride(0), sxn=x2.stride(1), srm=r2.stride(0), srn=r2.stride(1),
