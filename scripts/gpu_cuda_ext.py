@@ -33,6 +33,12 @@ from pathlib import Path
 
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run from anywhere without installing tkit
+    sys.path.insert(0, str(ROOT))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])  # for the probe subprocess
+
 START = time.time()
 ANCHOR_CUBLAS = {4096: 720.0, 8192: 679.0}  # FACTS.md, bf16 TFLOP/s
 FP32_PEAK = 132 * 128 * 2 * 1.98e9 / 1e12  # SMs x FP32 lanes x FMA x boost clock: ~66.9
