@@ -224,6 +224,8 @@ SWEEP_VARIANTS = {
     # long-row knobs, compared at N >= 16384 only (they do nothing on shorter rows)
     "softmax": {
         "tkit no-L2-batch": dict(l2_batch_bytes=0),
+        "tkit 24MB batches": dict(max_batches=1 << 20),
+        "tkit 48MB batches": dict(l2_batch_bytes=48 << 20, max_batches=1 << 20),
         "tkit chunk16k": dict(chunk=16384),
         "tkit chunk4k": dict(chunk=4096),
         "tkit fused<=32KiB": dict(fused_max_bytes=32 * 1024),
@@ -231,6 +233,7 @@ SWEEP_VARIANTS = {
     "rms_norm": {
         "tkit loop": dict(norm_long="loop"),
         "tkit no-L2-batch": dict(l2_batch_bytes=0),
+        "tkit 24MB batches": dict(max_batches=1 << 20),
         "tkit chunk16k": dict(norm_chunk=16384),
         "tkit single<=64KiB": dict(norm_fwd_single_bytes=64 * 1024),
     },
@@ -265,6 +268,23 @@ def sweep(ceiling, budget, ops):
                            ceiling, N=n)
             args = fns = None
             torch.cuda.empty_cache()
+
+
+# ---- host overhead ----------------------------------------------------------------------------
+def overhead(ceiling):
+    """Tiny inputs: the time is the host's launch cost (the split paths launch 2 kernels per row
+    batch, so this says how many batches the GPU time can hide)."""
+    cases = {
+        "rms_norm 1x1024 (1 launch)": (tkit.rms_norm, (torch.randn(1, 1024, device="cuda"),
+                                                        torch.ones(1024, device="cuda"))),
+        "softmax 1x1024 (1 launch)": (tkit.softmax, (torch.randn(1, 1024, device="cuda"),)),
+        "softmax 1x65536 (2 launches)": (tkit.softmax, (torch.randn(1, 65536,
+                                                                    device="cuda"),)),
+        "torch.softmax 1x1024": (torch.softmax, (torch.randn(1, 1024, device="cuda"), -1)),
+    }
+    for label, (fn, args) in cases.items():
+        record("overhead", label.split()[0], label, "tkit" if "torch" not in label else "torch",
+               bench(_call(fn, args, {})), 1, ceiling)
 
 
 # ---- report ------------------------------------------------------------------------------------
@@ -312,6 +332,7 @@ def main():
         ok = check(name, args, kwargs, "16384x8192")
         print(f"check {name:18} 16384x8192: {'ok' if ok else 'FAIL'}", flush=True)
         args = None
+    overhead(CEIL)
     forward_target(CEIL)
     print(f"[{elapsed():.0f}s] forward done", flush=True)
     backward_target(CEIL)
@@ -334,6 +355,9 @@ def main():
     print("\nTB/s (bytes read + written); %ceil against this run's copy; "
           "'x best base' = tkit / max(torch.compile, liger)")
     print(table())
+    for r in ROWS:
+        if r.get("section") == "overhead" and "median_ms" in r:
+            print(f"host/launch overhead: {r['case']:32} {r['median_ms'] * 1e3:7.1f} us")
     print(f"\nchecks failed: {len(fails)}  " + "; ".join(
         f"{r['op']} {r['case']} {r['errors']}" for r in fails))
     print(f"providers that errored: {len(errors)}  " + "; ".join(

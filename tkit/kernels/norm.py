@@ -51,7 +51,7 @@ import triton.language as tl
 
 from tkit import _env
 from tkit.kernels import _common as C
-from tkit.kernels.softmax import L2_BATCH_BYTES, OVERRIDE, _row_offsets, as_rows, row_config
+from tkit.kernels.softmax import OVERRIDE, _row_offsets, as_rows, row_batch, row_config
 
 #: Largest row a program holds in registers (ptxas on sm_90a, bf16): 32 KiB forward (16384
 #: columns over 32 warps, 64 registers, no spills; at 64 KiB layer_norm spills 188 bytes a
@@ -382,7 +382,7 @@ def _fwd_config(N: int, itemsize: int) -> tuple[int, int, int, bool]:
 
 def _norm_fwd_split(x2, r2, h2, weight, bias, y2, eps, is_rms):
     """Long rows: (row, chunk) programs for the moments, then (row, chunk) programs that
-    combine and normalize, in row batches of about ``L2_BATCH_BYTES`` so the second read of a
+    combine and normalize, in row batches (``softmax.row_batch``) so the second read of a
     batch comes from L2 (the same structure as softmax's split path)."""
     M, N = x2.shape
     chunk = _chunk()
@@ -391,8 +391,7 @@ def _norm_fwd_split(x2, r2, h2, weight, bias, y2, eps, is_rms):
     p2 = torch.empty((M, nchunk), dtype=torch.float32, device=x2.device)
     has_res = r2 is not None
     row_bytes = N * x2.element_size() * (3 if has_res else 1)
-    batch_bytes = OVERRIDE.get("l2_batch_bytes", L2_BATCH_BYTES)
-    batch = M if batch_bytes <= 0 else max(1, batch_bytes // row_bytes)
+    batch = row_batch(M, row_bytes)
     int64 = C.needs_int64(x2, y2, p1) or (has_res and C.needs_int64(r2))
     warps = 4 if _env.INTERPRET else OVERRIDE.get("split_warps", max(4, min(32, chunk // 512)))
     r = r2 if has_res else x2

@@ -52,6 +52,7 @@ FUSED_MAX_BYTES_BWD = 32 * 1024
 #: thread), and the row-batch size that keeps a batch's reread in L2.
 SPLIT_CHUNK = 8192
 L2_BATCH_BYTES = 24 * 1024 * 1024
+MAX_BATCHES = 8
 
 #: Settings the GPU script overrides to compare configurations side by side (keys: num_warps,
 #: rows, fused_max_bytes, chunk, l2_batch_bytes). Empty in normal use.
@@ -82,6 +83,17 @@ def row_config(N: int, itemsize: int) -> tuple[int, int, int]:
     warps = triton.next_power_of_2(max(1, elems // 512))
     warps = max(4, min(32, warps))
     return block_n, OVERRIDE.get("rows", rows), OVERRIDE.get("num_warps", warps)
+
+
+def row_batch(M: int, row_bytes: int) -> int:
+    """Rows per batch of the split paths: about ``L2_BATCH_BYTES`` of input, so that pass 2
+    rereads a batch from L2, but at most ``MAX_BATCHES`` batches, because every batch costs two
+    launches of host time (a few microseconds each) against ~6 us of HBM time per 24 MB."""
+    batch_bytes = OVERRIDE.get("l2_batch_bytes", L2_BATCH_BYTES)
+    if batch_bytes <= 0:
+        return M
+    batch = max(1, batch_bytes // row_bytes)
+    return max(batch, triton.cdiv(M, OVERRIDE.get("max_batches", MAX_BATCHES)))
 
 
 def fused_max_cols(itemsize: int, backward: bool = False) -> int:
@@ -266,8 +278,7 @@ def _split_launch(a2, b2, out2, backward, log):
     p1 = torch.empty((M, nchunk), dtype=torch.float32, device=dev)
     p2 = torch.empty((M, nchunk), dtype=torch.float32, device=dev)
     row_bytes = N * a2.element_size() * (2 if backward else 1)
-    batch_bytes = OVERRIDE.get("l2_batch_bytes", L2_BATCH_BYTES)
-    batch = M if batch_bytes <= 0 else max(1, batch_bytes // row_bytes)
+    batch = row_batch(M, row_bytes)
     int64 = C.needs_int64(a2, out2, p1) or (b2 is not None and C.needs_int64(b2))
     b = b2 if b2 is not None else a2
     # 16 values a thread, as in row_config
