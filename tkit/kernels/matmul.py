@@ -697,9 +697,15 @@ def _launch_splitk(a, b, out, epi, ieee, cfg):
     M, K = a.shape
     N = b.shape[1]
     split = cfg["SPLIT_K"]
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    if split == 1:  # nothing to reduce: the pointer kernel with this tile, epilogue included
+        tile = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=cfg["BLOCK_K"], GROUP_M=1,
+                    num_warps=cfg["num_warps"], num_stages=cfg["NUM_STAGES"])
+        r3 = epi["res_ptr"].unsqueeze(0) if epi["HAS_RES"] else None
+        _launch_ptr(a.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0), r3, epi, ieee, tile)
+        return
     # partials are float32 and fully overwritten: a plain allocation, never poisoned
     ws = torch.empty((split, M, N), dtype=torch.float32, device=a.device)
-    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     C.launch(_matmul_splitk_kernel, (triton.cdiv(N, bn), triton.cdiv(M, bm), split),
              a_ptr=a, b_ptr=b, ws_ptr=ws, M=M, N=N, K=K,
              stride_am=a.stride(0), stride_ak=a.stride(1),
