@@ -377,7 +377,8 @@ def main():
         f"{r['op']} {r['case']} {r['errors']}" for r in fails))
     print(f"providers that errored: {len(errors)}  " + "; ".join(
         f"{r['op']} {r['case']} {r['provider']}: {r['error'][:80]}" for r in errors[:8]))
-    print(f"skipped for time: {len(skipped)}; total {elapsed():.0f}s; "
+    print(f"skipped for time: {len(skipped)} " + ", ".join(
+        f"{r['op']} {r['case']}" for r in skipped) + f"; total {elapsed():.0f}s; "
           f"json: {out_dir / 'gpu_reductions.json'}")
 
 
