@@ -94,7 +94,8 @@ def _interpreted_type():
     return InterpretedFunction
 
 
-_JIT_MEMO: dict[int, Any] = {}
+# keyed by the InterpretedFunction itself (not its id: ids of collected objects are reused)
+_JIT_MEMO: dict[Any, Any] = {}
 
 
 def as_jit(fn):
@@ -107,10 +108,10 @@ def as_jit(fn):
     interp = _interpreted_type()
     if not (interp and isinstance(fn, interp)):
         raise IRError(f"{fn!r} is not a Triton kernel (@triton.jit)")
-    if id(fn) in _JIT_MEMO:
-        return _JIT_MEMO[id(fn)]
+    if fn in _JIT_MEMO:
+        return _JIT_MEMO[fn]
     jit = JITFunction(fn.fn, **fn.kwargs)
-    _JIT_MEMO[id(fn)] = jit
+    _JIT_MEMO[fn] = jit
     scope = dict(fn.fn.__globals__)
     for name, value in list(scope.items()):
         if isinstance(value, interp):
@@ -519,12 +520,13 @@ def _compile(jit, sig: Signature, cap: int):
         src = ASTSource(jit, sig.signature, sig.constexprs, sig.attrs)
         try:
             with _real_language(), _jit_language(jit):
-                _COMPILED[key] = triton.compile(src, target=GPUTarget("cuda", cap, 32),
-                                                options=sig.options)
+                kernel = triton.compile(src, target=GPUTarget("cuda", cap, 32),
+                                        options=sig.options)
+            _COMPILED[key] = (jit, kernel)  # the jit kept alive: its id is in the key
         except Exception as e:
             raise IRError(f"compiling {jit.fn.__name__} for sm_{cap} failed: "
                           f"{type(e).__name__}: {str(e)[:3000]}") from e
-    return _COMPILED[key]
+    return _COMPILED[key][1]
 
 
 def _config_to_dict(cfg) -> dict:
@@ -663,8 +665,33 @@ def op_case_args(spec, case=None):
             labels = "; ".join(c.label for c in cases)
             raise IRError(f"no case of {spec.name} matches {case!r} (cases: {labels})")
         chosen = matches[0]
-    args, kwargs = chosen.make("meta")
-    return chosen.label, args, kwargs
+    return chosen.label, *_make_meta(chosen)
+
+
+@contextlib.contextmanager
+def _meta_draws():
+    """Random float draws go straight to the meta device: cases draw on the CPU and move to
+    ``device`` (seconds for a benchmark-sized case), but meta tensors need no values."""
+    randn, rand = torch.randn, torch.rand
+
+    def meta(fn):
+        def draw(*size, generator=None, device=None, **kw):
+            return fn(*size, device="meta", **kw)
+        return draw
+
+    torch.randn, torch.rand = meta(randn), meta(rand)
+    try:
+        yield
+    finally:
+        torch.randn, torch.rand = randn, rand
+
+
+def _make_meta(case):
+    try:
+        with _meta_draws():
+            return case.make("meta")
+    except Exception:  # a case that reads drawn values on the host: draw them for real
+        return case.make("meta")
 
 
 def replace_shapes(args: tuple, shapes: list) -> tuple:
