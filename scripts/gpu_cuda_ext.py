@@ -39,6 +39,9 @@ if str(ROOT) not in sys.path:  # run from anywhere without installing tkit
     sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])  # for the probe subprocess
+# the probe below tests every wgmma variant in a subprocess; the library's own first-use
+# self-test (one more subprocess per variant) would only repeat it
+os.environ.setdefault("TKIT_WGMMA_SELFTEST", "0")
 
 START = time.time()
 ANCHOR_CUBLAS = {4096: 720.0, 8192: 679.0}  # FACTS.md, bf16 TFLOP/s

@@ -7,10 +7,6 @@ tiles: one row, tile +/- 1, odd M, K not a multiple of the k tile.
 
 import functools
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,38 +27,16 @@ def _major():
 
 
 # The Hopper kernel waits on mbarriers: a protocol bug would hang the GPU, and with it the
-# whole test session. Run it once in a subprocess with a timeout first; if that fails, the
-# dispatcher stops choosing it (so the other tests still run on the mma.sync path),
-# test_wgmma_probe fails with the reason and the wgmma-only tests skip.
-_PROBE = """
-import torch, tkit.cuda_ext as cx
-for M, N, K in ((129, 264, 200), (1024, 1024, 1024)):
-    a = torch.randn(M, K, device="cuda").bfloat16()
-    b = torch.randn(K, N, device="cuda").bfloat16()
-    c = cx.matmul_wgmma(a, b)
-    torch.cuda.synchronize()
-    err = (c.float() - a.float() @ b.float()).abs().max().item()
-    assert err < 0.05 * K ** 0.5, (M, N, K, err)
-print("PROBE OK")
-"""
-
-
+# whole test session. tkit.cuda_ext runs it once in a subprocess with a timeout before trusting
+# it (gemm.wgmma_selftest, cached on disk); if that fails, the dispatcher does not choose it (so
+# the other tests still run on the mma.sync path), test_wgmma_probe fails with the reason and
+# the wgmma-only tests skip.
 @functools.cache
 def wgmma_probe() -> str | None:
     """None when the wgmma kernel runs and is roughly right, else why not."""
     if not ON_GPU or torch.cuda.get_device_capability() != (9, 0):
         return "needs compute capability 9.0"
-    try:
-        root = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
-        proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
-                              timeout=120, env=env)
-    except subprocess.TimeoutExpired:
-        return "the wgmma probe timed out (hang: an mbarrier phase never completed?)"
-    if "PROBE OK" not in proc.stdout:
-        return f"the wgmma probe failed: {(proc.stdout + proc.stderr)[-1500:]}"
-    return None
+    return cx.wgmma_selftest()
 
 
 @pytest.fixture(autouse=True)

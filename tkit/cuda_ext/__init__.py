@@ -32,6 +32,7 @@ from tkit.cuda_ext.gemm import (
     matmul_mma,
     matmul_wgmma,
     sgemm,
+    wgmma_selftest,
 )
 
 __all__ = [
@@ -108,7 +109,10 @@ def _candidates(device: int | None = None):
         if name == "sm90a_wgmma" and minor != 0:
             out.append((name, fn, f"sm_90a code needs compute capability 9.0, got {major}.{minor}"))
             continue
-        out.append((name, fn, _try_compile(how["source"], how["backend"], how.get("arch"))))
+        why = _try_compile(how["source"], how["backend"], how.get("arch"))
+        if why is None and name == "sm90a_wgmma":
+            why = wgmma_selftest()  # once per machine: a hang is caught in a subprocess
+        out.append((name, fn, why))
     return out, None
 
 

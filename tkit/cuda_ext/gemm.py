@@ -2,7 +2,7 @@
 
 Cost of every GEMM here: 2*M*N*K flops; (M*K + K*N) * in_itemsize + M*N * out_itemsize bytes
 at the least. At 4096^3 bf16 that is 137 GFLOP over 100 MB: 1365 flop/byte, far above the
-H200's ridge point (~230 flop/byte for bf16 tensor cores), so these kernels are judged by
+H200's ridge point (~165 flop/byte: 700 TFLOP/s over 4.25 TB/s), so these kernels are judged by
 TFLOP/s against cuBLAS; fp32 on CUDA cores (67 TFLOP/s peak on the H200) is judged the same way.
 
 Each launcher validates every tensor (dtype, device, shape, strides, 16-byte alignment) before
@@ -194,6 +194,67 @@ def _num_sms(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+# ---- first-use self-test of the wgmma kernel ---------------------------------------------------
+# The Hopper kernel synchronizes through mbarriers; a protocol bug would not raise, it would
+# hang the GPU and the process with it. Until a build of it has run correctly on this machine,
+# each process runs it once in a subprocess with a timeout, and records success on disk
+# (keyed by source hash, compile options, device and toolchain), so the cost (~10 s) is paid
+# once per machine and source version. TKIT_WGMMA_SELFTEST=0 skips the check.
+_SELFTEST_CODE = """
+import json, math, sys, torch
+from tkit.cuda_ext.gemm import matmul_wgmma
+kw = json.loads(sys.argv[1])
+for M, N, K in ((129, 264, 200), (1024, 1024, 1024)):
+    g = torch.Generator(device="cuda").manual_seed(M)
+    a = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+    b = torch.randn(K, N, device="cuda", generator=g).bfloat16()
+    c = matmul_wgmma(a, b, **kw)
+    torch.cuda.synchronize()
+    err = (c.float() - a.float() @ b.float()).abs().max().item()
+    assert err < 0.05 * math.sqrt(K), f"{M}x{N}x{K}: max error {err}"
+print("SELFTEST OK")
+"""
+_selftest_results: dict[tuple, str | None] = {}
+
+
+def wgmma_selftest(**kw) -> str | None:
+    """None when this build of the wgmma kernel has run correctly here, else why not."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tkit import _env
+
+    if os.environ.get("TKIT_WGMMA_SELFTEST", "1") == "0":
+        return None
+    opts = {k: v for k, v in sorted(kw.items()) if v is not None}
+    key = (_loader.source_hash(WGMMA_SM90["source"]), json.dumps(opts),
+           torch.cuda.get_device_name(), _loader.nvcc_version())
+    if key in _selftest_results:
+        return _selftest_results[key]
+    marker = _env.CACHE_DIR / "cuda_ext" / f"wgmma-selftest-{_loader._key_digest(*key)}.ok"
+    if marker.exists():
+        _selftest_results[key] = None
+        return None
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "TKIT_WGMMA_SELFTEST": "0", "PYTHONPATH": os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    try:
+        proc = subprocess.run([sys.executable, "-c", _SELFTEST_CODE, json.dumps(opts)],
+                              capture_output=True, text=True, timeout=120, env=env)
+        why = None if "SELFTEST OK" in proc.stdout else (
+            "self-test failed: " + (proc.stdout + proc.stderr).strip()[-600:])
+    except subprocess.TimeoutExpired:
+        why = "self-test timed out after 120 s (the kernel hangs: an mbarrier never completed)"
+    if why is None:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("ok\n")
+    _selftest_results[key] = why
+    return why
+
+
 def matmul_wgmma(a: torch.Tensor, b: torch.Tensor, out_dtype=None, *,
                  stages: int | None = None, group_m: int | None = None,
                  inflight: bool | None = None, persistent: bool = True) -> torch.Tensor:
@@ -212,6 +273,9 @@ def matmul_wgmma(a: torch.Tensor, b: torch.Tensor, out_dtype=None, *,
         return triv
     c = _common.empty((M, N), out_dtype, a.device)
     cfg = WGMMA_SM90
+    why = wgmma_selftest(stages=stages, group_m=group_m, inflight=inflight)
+    if why is not None:
+        raise RuntimeError(f"the wgmma kernel is off on this machine: {why}")
     st = stages or cfg["stages"]
     if st * (cfg["bm"] + cfg["bn"]) * cfg["bk"] * 2 + 1280 > 227 * 1024:
         raise ValueError(f"stages={st} needs more than the 227 KiB of shared memory per block")
