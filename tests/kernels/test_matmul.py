@@ -373,3 +373,12 @@ def test_huge_weight_avoids_32_bit_split_k():
     meta = dict(device="meta", dtype=torch.bfloat16)
     x, w = torch.empty(8, 8192, **meta), torch.empty(8192, 270000, **meta)
     assert mm.plan(x, w).path != "splitk"
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+def test_grouped_gradients(dtype, device):
+    a = make_tensor((70, 24), dtype, seed=1, device=device)
+    b = make_tensor((4, 24, 33), dtype, "transposed", seed=2, device=device)
+    offs = torch.tensor([0, 5, 5, 40, 70], dtype=torch.int32, device=device)  # one group empty
+    check_against_reference(tkit.grouped_matmul, spec_mm.ref_grouped_matmul, [a, b, offs],
+                            grad=True)

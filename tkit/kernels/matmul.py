@@ -41,7 +41,7 @@ Which one runs for a call is :func:`plan`'s decision; it returns the path and th
 instead. ``scripts/gpu_matmul.py`` times the alternatives side by side on the H200.
 
 Not here yet: a TMA path for batched operands (3-D descriptors; batched problems with a shared
-weight are folded into M and do take it), grouped_matmul's backward, a Hopper (TMA/wgmma) grouped
+weight are folded into M and do take it), a Hopper (TMA/wgmma) grouped
 kernel, and a one-launch split-K (a semaphore instead of the second kernel).
 """
 
@@ -462,6 +462,40 @@ def _grouped_matmul_kernel(
                  mask=mask_m[:, None] & (offs_n[None, :] < N))
 
 
+@triton.jit
+def _grouped_wgrad_kernel(
+    a_ptr, g_ptr, db_ptr, off_ptr, K, N,
+    stride_am, stride_ak, stride_gm, stride_gn, stride_dg, stride_dk, stride_dn,
+    IEEE: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    """db[g] = a[rows of g].T @ grad[rows of g]: the weight gradient of grouped_matmul.
+
+    a_ptr (T, K), g_ptr (T, N) output gradient, db_ptr (G, K, N) float32; program_id(0) is the
+    group, program_id(1) one (BLOCK_K, BLOCK_N) tile of db[g]. Rows are reduced in BLOCK_R steps,
+    in order (deterministic); an empty group writes zeros.
+    """
+    grp = tl.program_id(0)
+    pid = tl.program_id(1)
+    num_n = tl.cdiv(N, BLOCK_N)
+    offs_k = (pid // num_n) * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs_n = (pid % num_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    s = tl.load(off_ptr + grp).to(tl.int32)
+    e = tl.load(off_ptr + grp + 1).to(tl.int32)
+    offs_r = tl.arange(0, BLOCK_R)
+    acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    for r0 in range(s, e, BLOCK_R):
+        rows = r0 + offs_r
+        mr = rows < e
+        at = tl.load(a_ptr + rows[None, :].to(tl.int64) * stride_am + offs_k[:, None] * stride_ak,
+                     mask=mr[None, :] & (offs_k[:, None] < K), other=0.0)
+        gt = tl.load(g_ptr + rows[:, None].to(tl.int64) * stride_gm + offs_n[None, :] * stride_gn,
+                     mask=mr[:, None] & (offs_n[None, :] < N), other=0.0)
+        acc = _dot(at, gt, acc, IEEE)
+    d_ptrs = (db_ptr + grp.to(tl.int64) * stride_dg + offs_k[:, None] * stride_dk
+              + offs_n[None, :] * stride_dn)
+    tl.store(d_ptrs, acc, mask=(offs_k[:, None] < K) & (offs_n[None, :] < N))
+
+
 # --------------------------------------------------------------------------------------------
 # Planning: which kernel runs, and why
 # --------------------------------------------------------------------------------------------
@@ -855,6 +889,22 @@ def _grouped_impl(a, b, offsets, out_dtype=None, config=None):
     return out
 
 
+def _grouped_wgrad_impl(a, grad, offsets, G, b_dtype):
+    T, K = a.shape
+    N = grad.shape[1]
+    db = torch.empty((G, K, N), dtype=torch.float32, device=a.device)
+    if db.numel() == 0:
+        return db.to(b_dtype)
+    cfg = (dict(BLOCK_K=32, BLOCK_N=64, BLOCK_R=32, num_warps=4) if a.device.type == "cpu"
+           else dict(BLOCK_K=128, BLOCK_N=128, BLOCK_R=64, num_warps=8, num_stages=3))
+    grid = (G, triton.cdiv(K, cfg["BLOCK_K"]) * triton.cdiv(N, cfg["BLOCK_N"]))
+    C.launch(_grouped_wgrad_kernel, grid, a_ptr=a, g_ptr=grad, db_ptr=db, off_ptr=offsets,
+             K=K, N=N, stride_am=a.stride(0), stride_ak=a.stride(1),
+             stride_gm=grad.stride(0), stride_gn=grad.stride(1), stride_dg=db.stride(0),
+             stride_dk=db.stride(1), stride_dn=db.stride(2), IEEE=False, **cfg)
+    return db.to(b_dtype)
+
+
 def _grouped_config(T, N, G, device) -> dict:
     if device.type == "cpu":
         return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=32, num_warps=4)
@@ -933,6 +983,36 @@ def _grouped_op(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
 @_grouped_op.register_fake
 def _(a, b, offsets, out_dtype):
     return a.new_empty((a.shape[0], b.shape[2]), dtype=out_dtype or a.dtype)
+
+
+def _grouped_setup(ctx, inputs, output):
+    a, b, offsets, out_dtype = inputs
+    ctx.save_for_backward(a, b, offsets)
+
+
+def _grouped_backward(ctx, grad):
+    """d a = grouped(grad, b^T) (one launch, b^T a strided view); d b[g] = a_g^T grad_g."""
+    a, b, offsets = ctx.saved_tensors
+    ga = gb = None
+    if ctx.needs_input_grad[0]:
+        ga = _grouped_op(grad.to(a.dtype), b.transpose(1, 2), offsets, a.dtype)
+    if ctx.needs_input_grad[1]:
+        gb = _grouped_wgrad_op(a, grad.to(a.dtype), offsets, b.shape[0], b.dtype)
+    return ga, gb, None, None
+
+
+@torch.library.custom_op("tkit::grouped_matmul_wgrad", mutates_args=())
+def _grouped_wgrad_op(a: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor, G: int,
+                      b_dtype: torch.dtype) -> torch.Tensor:
+    return _grouped_wgrad_impl(a, grad, offsets, G, b_dtype)
+
+
+@_grouped_wgrad_op.register_fake
+def _(a, grad, offsets, G, b_dtype):
+    return a.new_empty((G, a.shape[1], grad.shape[1]), dtype=b_dtype)
+
+
+_grouped_op.register_autograd(_grouped_backward, setup_context=_grouped_setup)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1092,7 +1172,8 @@ def grouped_matmul(a, b, offsets: torch.Tensor | None = None,
     -------
     Tensor (T, N), or a list of (M_g, N) views of one output for list inputs. The list form
     concatenates its inputs first (one copy of a and b); pass the packed form to avoid it.
-    Forward only for now (no autograd).
+    Differentiable: the input gradient is one more grouped launch, the weight gradient a
+    per-group reduction over rows (deterministic).
     """
     if isinstance(a, (list, tuple)):
         if not isinstance(b, (list, tuple)) or len(a) != len(b):

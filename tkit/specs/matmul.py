@@ -301,7 +301,8 @@ def _opcheck_grouped():
     a = make_tensor((10, 16), torch.float32, seed=1, device=dev)
     b = make_tensor((3, 16, 8), torch.float32, seed=2, device=dev)
     offs = torch.tensor([0, 4, 4, 10], dtype=torch.int32, device=dev)
-    return torch.ops.tkit.grouped_matmul.default, (a, b, offs, None), {}
+    return torch.ops.tkit.grouped_matmul.default, (a.requires_grad_(), b.requires_grad_(), offs,
+                                                   None), {}
 
 
 def _opcheck_fp8():
