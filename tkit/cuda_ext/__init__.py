@@ -16,6 +16,8 @@ Public entry points:
 * :func:`matmul_mma`, :func:`matmul_wgmma`: one path each, for benchmarks and tests.
 * :func:`status`: a dict (printed readably) of every op's path; ``tkit info`` prints it.
 * :func:`cute_layouts`: the CuTe printout of the tiled-MMA layouts (host program; tutorial 06b).
+* :func:`compile_cubin`, :func:`sass`, :func:`resource_usage`: nvcc ahead of time, no GPU
+  needed: ``sass(compile_cubin("gemm_wgmma_sm90.cu", "90a"))``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import subprocess
 import torch
 
 from tkit.cuda_ext import _loader
+from tkit.cuda_ext._loader import compile_cubin, resource_usage, sass
 from tkit.cuda_ext.gemm import (
     SGEMM_STEPS,
     check_gemm_operands,
@@ -39,15 +42,19 @@ __all__ = [
     "DISPATCH",
     "SGEMM_STEPS",
     "CudaPathUnavailable",
+    "compile_cubin",
     "cute_layouts",
     "dispatch",
     "matmul",
     "matmul_mma",
     "matmul_wgmma",
+    "resource_usage",
+    "sass",
     "select_matmul_path",
     "sgemm",
     "status",
     "unavailable_reason",
+    "wgmma_selftest",
 ]
 
 
