@@ -725,6 +725,14 @@ def compile(target, *args, arch=None, config=None, launch=0, case=None, shapes=N
     launch : for an op that launches several kernels, which one (index or kernel name).
     """
     cap = parse_arch(arch)
+    arch_note = "" if arch is not None or torch.cuda.is_available() else \
+        "no local GPU: arch defaults to sm_90"
+    ir = _compile_target(target, args, kwargs, cap, config, launch, case, shapes)
+    ir.note = "; ".join(filter(None, [ir.note, arch_note]))
+    return ir
+
+
+def _compile_target(target, args, kwargs, cap, config, launch, case, shapes) -> CompiledIR:
     if is_kernel(target):
         _, _, jit = unwrap(target)
         names = [p.name for p in jit.params]
