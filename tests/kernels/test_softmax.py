@@ -172,3 +172,16 @@ def test_long_row_sums_to_one():
     s = tkit.softmax(x).double().sum(-1)
     assert (s - 1).abs().max().item() < 1e-4
     assert math.isfinite(tkit.log_softmax(x).float().sum().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [8192, 2**20])
+def test_more_than_2_31_elements(n):
+    """Offsets past 2**31 elements (fused and split paths): the last rows."""
+    x = torch.randn(2**31 // n + 3, n, device="cuda", dtype=torch.bfloat16)
+    y = tkit.softmax(x)
+    tail = slice(-3, None)
+    torch.testing.assert_close(y[tail].float(), torch.softmax(x[tail].float(), -1),
+                               rtol=2e-2, atol=1e-5)
+    del x, y
+    torch.cuda.empty_cache()
