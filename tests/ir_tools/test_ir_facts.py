@@ -187,6 +187,11 @@ def test_unknown_op_suggests_names():
         ir.compile("rms_nrom", arch="sm_90")
 
 
+def test_arch_spellings():
+    assert [ir.parse_arch(a) for a in ("sm_80", "sm_90", "sm_90a", "90", 80, (9, 0))] == \
+        [80, 90, 90, 90, 80, 90]
+
+
 @pytest.mark.parametrize("arch", ["sm_70", "gfx90a", "hopper"])
 def test_arch_triton_cannot_target(arch):
     with pytest.raises(ir.IRError, match="arch"):
@@ -215,6 +220,9 @@ def test_cli_summary_and_errors(capsys):
     assert "_ew_flat_kernel for sm_90a" in out and "ld.global 128-bit" in out
     assert cli_main(["silu", "--arch", "sm_90", "--stage", "ptx", "--shape", "1000x8:fp32"]) == 0
     assert ".target sm_90a" in capsys.readouterr().out
+    assert cli_main(["add", "--arch", "sm_90", "--line", "tl.store"]) == 0
+    out = capsys.readouterr().out
+    assert "tl.store(out_ptr" in out and re.search(r"st\.global[\w.:]*\.v4\.b32", out)
     assert cli_main(["addd", "--arch", "sm_90"]) == 2
     assert "did you mean add" in capsys.readouterr().err
     assert cli_main(["add", "--arch", "sm_70"]) == 2

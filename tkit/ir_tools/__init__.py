@@ -10,7 +10,7 @@
 tensors, meta tensors or ``(shape, dtype)`` pairs; with none, an op uses its first benchmark
 case. Compilation is ahead of time (``triton.compile`` for ``GPUTarget("cuda", cap, 32)``), so
 everything works on a machine without a GPU; SASS comes from the cuobjdump/nvdisasm that the
-Triton wheel carries. See ``tkit/ir_tools/compile.py`` for how launches are captured and
+Triton wheel carries. See ``tkit/ir_tools/aot.py`` for how launches are captured and
 specialized.
 """
 

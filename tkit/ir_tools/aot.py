@@ -608,8 +608,10 @@ def compile_launch(kernel, kwargs: dict, cap: int, config=None) -> CompiledIR:
     backend = _backend(cap)
     sig = specialize(jit, args, options, backend)
     k = _compile(jit, sig, cap)
-    used = {**{k2: v for k2, v in cfg.items()}, "num_warps": k.metadata.num_warps,
-            "num_stages": k.metadata.num_stages}
+    # every constexpr the kernel was specialized on, then the launch options
+    used = {p.name: args.get(p.name, p._param.default) for p in jit.params if p.is_constexpr}
+    used.update({k2: v for k2, v in cfg.items() if k2 not in _OPTION_NAMES})
+    used.update(num_warps=k.metadata.num_warps, num_stages=k.metadata.num_stages)
     n_cfg = len(tuner.configs) if tuner is not None else 1
     return CompiledIR(name=k.metadata.name, cap=cap, asm=k.asm, metadata=k.metadata, jit=jit,
                       signature=sig, config=used, configs_available=n_cfg, note=note)
