@@ -149,7 +149,9 @@ def test_aot_compile_is_the_kernel_that_runs():
     tkit.add(a, a)
     torch.cuda.synchronize()
     k = ir.compile(tkit.add, a, a)
-    assert "tuned" in k.note
+    # with several configs the autotuner ran and its choice is compiled; TKIT_NO_AUTOTUNE=1
+    # leaves one config, the first
+    assert "tuned config" in k.note or k.configs_available == 1
     from tkit.kernels import elementwise as ew
 
     jit = irc.unwrap(ew._ew_flat_autotuned)[2]
