@@ -24,7 +24,7 @@ Cost model: forward reads M*N (+ M*N residual) + N, writes M*N (+ M*N h); backwa
 
 Kernels:
 
-* ``_norm_fwd_kernel``: rows of up to 32 KiB in registers (ROWS rows a program for short rows,
+* ``_norm_fwd_kernel``: rows of up to 64 KiB in registers (ROWS rows a program for short rows,
   ``SINGLE``). Longer rows take the split path by default: ``_norm_partial_kernel`` computes
   each (row, chunk)'s moments (and writes h), ``_norm_apply_kernel`` combines a row's chunk
   moments and normalizes its chunk, in row batches sized so that the reread is served by L2
@@ -34,7 +34,7 @@ Kernels:
 * ``_norm_bwd_kernel``: grid (G, chunks). Each of G programs walks a strided set of row tiles
   and accumulates its dw/db partial in float32 registers, writing one (G, N) partial row;
   ``_col_sum_kernel`` then reduces the G partials (the Triton-tutorial / Liger pattern). Rows
-  up to 16 KiB compute their statistics in registers; longer rows take them from
+  up to 32 KiB compute their statistics in registers; longer rows take them from
   ``_norm_bwd_stats_kernel`` (one program a row, looping over chunks).
 
 The forward saves nothing but its inputs (or h): the backward recomputes mean and rstd from the
@@ -53,12 +53,12 @@ from tkit import _env
 from tkit.kernels import _common as C
 from tkit.kernels.softmax import OVERRIDE, _row_offsets, as_rows, row_batch, row_config
 
-#: Largest row a program holds in registers (ptxas on sm_90a, bf16): 32 KiB forward (16384
-#: columns over 32 warps, 64 registers, no spills; at 64 KiB layer_norm spills 188 bytes a
-#: thread); 16 KiB backward (8192 columns over 32 warps; it also keeps w and the dw/db partials,
-#: and at 16384 columns spills 116-472 bytes).
-FWD_SINGLE_MAX_BYTES = 32 * 1024
-BWD_SINGLE_MAX_BYTES = 16 * 1024
+#: Largest row a program holds in registers (ptxas for sm_90a on tkit's launches, bf16):
+#: 64 KiB forward (32768 columns over 32 warps: 62-63 registers, no spills) and 32 KiB
+#: backward (16384 columns over 32 warps: 64 registers, no spills; it also holds w and the
+#: dw/db partials).
+FWD_SINGLE_MAX_BYTES = 64 * 1024
+BWD_SINGLE_MAX_BYTES = 32 * 1024
 
 
 def _chunk() -> int:
@@ -372,7 +372,7 @@ def _col_sum_kernel(part_ptr, out_ptr, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.
 # Launchers
 # --------------------------------------------------------------------------------------------
 def _fwd_config(N: int, itemsize: int) -> tuple[int, int, int, bool]:
-    """(BLOCK_N, ROWS, num_warps, SINGLE): rows up to 32 KiB in registers (see
+    """(BLOCK_N, ROWS, num_warps, SINGLE): rows up to 64 KiB in registers (see
     ``softmax.row_config``); longer rows in chunks of 8192 columns with 16 warps."""
     if N * itemsize <= OVERRIDE.get("norm_fwd_single_bytes", FWD_SINGLE_MAX_BYTES):
         block_n, rows, warps = row_config(N, itemsize)
@@ -457,7 +457,7 @@ def _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias):
     if single:
         block_n, rows, warps = row_config(N, itemsize)
         # twice the forward's warps: h, dy, w and the dw/db partials all live in registers
-        # (N=8192 bf16: 16 warps use 128 registers and spill, 32 warps use 64 and do not)
+        # (N=8192 bf16: 16 warps use 120-127 registers, 32 warps 64)
         warps = OVERRIDE.get("norm_bwd_warps", warps if _env.INTERPRET else min(32, 2 * warps))
         nchunk = 1
         stats = dx2  # unused
@@ -655,7 +655,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     """LayerNorm over the last dimension: ``(x - mean) / sqrt(var + eps) * weight + bias``.
 
     The variance is the biased one (as ``torch.nn.functional.layer_norm``), computed two-pass on
-    chip (Chan's combination across chunks for rows over 32 KiB). ``bias`` may be None.
+    chip (Chan's combination across chunks for rows over 64 KiB). ``bias`` may be None.
     Shapes, dtypes and layouts as :func:`rms_norm`.
     """
     _check_norm(x, weight, bias=bias, eps=eps)

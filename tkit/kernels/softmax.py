@@ -18,10 +18,9 @@ FLOP/byte balance point: memory-bound at every N, the ceiling is the copy bandwi
 
 Two paths, picked by the row's size in bytes:
 
-* **fused** (rows up to 64 KiB forward, 32 KiB backward: 32768 / 16384 bf16 columns; see
-  ``FUSED_MAX_BYTES``): each program holds
-  ROWS whole rows in registers, computes max, sum and output in one read. ROWS > 1 packs short
-  rows so that a program still moves a few KiB.
+* **fused** (rows up to 64 KiB: 32768 bf16 columns; see ``FUSED_MAX_BYTES``): each program
+  holds ROWS whole rows in registers, computes max, sum and output in one read. ROWS > 1 packs
+  short rows so that a program still moves a few KiB.
 * **split** (longer rows, tested to 1M columns): online softmax across programs. Pass 1: the
   program for (row, chunk) reduces its CHUNK columns to a partial (m_c, s_c) with
   s_c = sum exp(x - m_c). Pass 2: the program for (row, chunk) combines all partials of its row
@@ -43,11 +42,11 @@ import triton.language as tl
 from tkit import _env
 from tkit.kernels import _common as C
 
-#: Largest row held in registers by one program, in bytes: 64 KiB forward (32768 16-bit values
-#: over 32 warps, 53 registers, no spills on sm_90a); 32 KiB backward (it holds y and dy: at
-#: 64 KiB ptxas spills 96 bytes a thread).
+#: Largest row held in registers by one program, in bytes: 64 KiB forward and backward
+#: (32768 16-bit values over 32 warps: 58 / 64 registers, no spills, ptxas for sm_90a on the
+#: launches tkit makes). Beyond that the split path.
 FUSED_MAX_BYTES = 64 * 1024
-FUSED_MAX_BYTES_BWD = 32 * 1024
+FUSED_MAX_BYTES_BWD = 64 * 1024
 #: Columns per program on the split path (16 KiB of bf16: a program of 16 warps, 16 values a
 #: thread), and the row-batch size that keeps a batch's reread in L2.
 SPLIT_CHUNK = 8192
@@ -67,11 +66,11 @@ def row_config(N: int, itemsize: int) -> tuple[int, int, int]:
 
     How it was derived: a program should move at least ~8 KiB (short rows are packed ROWS to
     a program to reach that, so launch and reduction costs are amortized), and a thread should
-    hold about 16 values of a tile (two to four 16-byte vectors in flight). Fewer warps with
-    more values each push the register count past 128 and the SM down to one resident program
-    (ptxas on sm_90a: 8 warps at N=8192 bf16 use 127-161 registers, 16 warps about half that),
-    which leaves too few bytes in flight to cover HBM latency. The same rule as Liger-Kernel's
-    ``calculate_settings`` (16 warps at 8192, 32 at 32768). The GPU script compares neighbours.
+    hold about 16 values of a tile (two to four 16-byte vectors in flight), which keeps every
+    kernel of the family at or under 64 registers (ptxas, sm_90a: at N=8192 bf16, 16 warps use
+    32-40 registers; 8 warps 53-63), so that two or more programs fit on an SM. The same rule
+    as Liger-Kernel's ``calculate_settings`` (16 warps at 8192, 32 at 32768). The GPU script
+    times the neighbours.
     """
     block_n = C.next_power_of_2(N)
     if _env.INTERPRET:
