@@ -33,6 +33,10 @@ about (2*Sq + 2*Sk*ceil(Sq/BLOCK_M)) * B*H*D*itemsize bytes; at S=4096, D=128 an
 the intensity is ~ 2*BLOCK_M = 256 FLOP/byte, over the H200's ~170 FLOP/byte balance point:
 compute-bound, the ceiling is the tensor cores (cuBLAS bf16 GEMM: 720 TFLOP/s).
 
+Grid: (batch * heads, query blocks) for the forward and dQ, (batch * kv heads, key blocks) for
+dK/dV. With a causal mask the forward and dQ run their query blocks last-first, so the longest
+key ranges start in the first wave and the short ones fill the tail.
+
 Layout: (batch, seqlen, heads, head_dim) with arbitrary strides (q, k, v may be views of one
 packed qkv tensor); varlen tensors are (total_tokens, heads, head_dim) with ``cu_seqlens``.
 Head dims up to 256; a non-power-of-2 head dim is padded in-kernel to BLOCK_D with masks. Batch,
@@ -323,8 +327,10 @@ def _attn_fwd_kernel(
     head-dim strides and 16-byte aligned rows); WARP_SPEC asks for warp specialization of the
     unmasked loop.
     """
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    if MASK_HI:  # causal: the longest key ranges (last query blocks) start first
+        pid_m = tl.num_programs(1) - 1 - pid_m
     b = pid_bh // H
     h = pid_bh % H
     q_start, q_len, k_start, k_len = _seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, VARLEN)
@@ -460,8 +466,8 @@ def _attn_bwd_dkdv_kernel(
     heads that share it. DO: the output gradient (strides ``sd*``); DK, DV: outputs (strides
     ``sdk*``, ``sdv*``); LSE, DELTA: float32 rows (layout ``slb, slh, sls``); other arguments
     as in :func:`_attn_fwd_kernel`; ``sm_scale`` the softmax scale."""
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(0)
+    pid_n = tl.program_id(1)  # causal: the first key blocks, the longest, start first
     b = pid_bh // HK
     hk = pid_bh % HK
     q_start, q_len, k_start, k_len = _seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, VARLEN)
@@ -554,8 +560,10 @@ def _attn_bwd_dq_kernel(
 ):
     """One program: dQ for BLOCK_M query rows of one (batch, query head); DQ strides
     ``sdq*``; other arguments as in :func:`_attn_bwd_dkdv_kernel`."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    if MASK_HI:  # causal: the longest key ranges (last query blocks) start first
+        pid_m = tl.num_programs(1) - 1 - pid_m
     b = pid_bh // H
     h = pid_bh % H
     q_start, q_len, k_start, k_len = _seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, VARLEN)
@@ -717,7 +725,7 @@ def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
         cap_scale=cap_scale, wl=wl, wr=wr, **flags,
     )
     if config is None:
-        grid = lambda meta: (triton.cdiv(sq, meta["BLOCK_M"]), batch * hq)
+        grid = lambda meta: (batch * hq, triton.cdiv(sq, meta["BLOCK_M"]))
         if q.device.type == "cuda" and tma_ok(k, v):
             _set_tma_allocator(q.device)
         C.launch(_attn_fwd_autotuned, grid, **args)
@@ -730,7 +738,7 @@ def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
                 raise ValueError("USE_TMA needs k and v with unit head_dim stride and 16-byte "
                                  "aligned rows")
             _set_tma_allocator(q.device)
-        grid = (triton.cdiv(sq, cfg["BLOCK_M"]), batch * hq)
+        grid = (batch * hq, triton.cdiv(sq, cfg["BLOCK_M"]))
         C.launch(_attn_fwd_kernel, grid, **args, **cfg)
     return out, lse
 
@@ -808,14 +816,14 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, causal, sca
     dq_args = dict(common, DQ=dq, **_named("sdq", _strides4(dq, varlen)), H=hq)
     if config is None:
         C.launch(_attn_bwd_dkdv_autotuned,
-                 lambda meta: (triton.cdiv(sk, meta["BLOCK_N"]), batch * hk), **dkdv_args)
+                 lambda meta: (batch * hk, triton.cdiv(sk, meta["BLOCK_N"])), **dkdv_args)
         C.launch(_attn_bwd_dq_autotuned,
-                 lambda meta: (triton.cdiv(sq, meta["BLOCK_M"]), batch * hq), **dq_args)
+                 lambda meta: (batch * hq, triton.cdiv(sq, meta["BLOCK_M"])), **dq_args)
     else:
         cfg = dict(config)
-        C.launch(_attn_bwd_dkdv_kernel, (triton.cdiv(sk, cfg["BLOCK_N"]), batch * hk),
+        C.launch(_attn_bwd_dkdv_kernel, (batch * hk, triton.cdiv(sk, cfg["BLOCK_N"])),
                  **dkdv_args, **cfg)
-        C.launch(_attn_bwd_dq_kernel, (triton.cdiv(sq, cfg["BLOCK_M"]), batch * hq),
+        C.launch(_attn_bwd_dq_kernel, (batch * hq, triton.cdiv(sq, cfg["BLOCK_M"])),
                  **dq_args, **cfg)
     return dq, dk, dv
 
