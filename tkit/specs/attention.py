@@ -137,10 +137,10 @@ def bench_cases():
         _case(4, 4096, 4096, 16, 16, 64, causal=True),
         _case(4, 4096, 4096, 16, 16, 256, causal=True),
         _case(4, 4096, 4096, 32, 8, 128, causal=True, group="gqa"),
-        _case(4, 4096, 4096, 16, 16, 128, causal=True, packed=True, group="strided"),
-        _case(4, 4096, 4096, 16, 16, 128, causal=True, window_size=(1024, 0), group="window"),
     ]
-    for s in (512, 1024, 2048, 8192, 16384):  # 16K tokens a batch at every length
+    # (packed qkv views and sliding windows are timed by scripts/gpu_attention.py's variants;
+    # every extra mask or layout here costs an autotuning pass over all configs on the GPU)
+    for s in (512, 2048, 16384):  # 16K tokens a batch at every length
         cases.append(_case(max(1, 16384 // s), s, s, 16, 16, 128, causal=True, group="seqlen"))
     return cases
 
@@ -174,8 +174,7 @@ def varlen_bench_cases():
     # a mixed batch of 16K tokens: a few long documents, many short ones
     lengths = [4096, 3000, 2048, 2048, 1500, 1024, 777, 512, 512, 300, 200, 200, 100, 60, 7, 1]
     lengths.append(16384 - sum(lengths))
-    return [_varlen_case(lengths, 16, 16, 128, causal=True),
-            _varlen_case(lengths, 32, 8, 128, causal=False)]
+    return [_varlen_case(lengths, 16, 16, 128, causal=True)]
 
 
 def varlen_check_cases():
