@@ -179,7 +179,8 @@ def sass_histogram(sass: str) -> dict[str, int]:
 def pipelining(ttgir: str, ptx: str, num_stages: int) -> dict:
     """Evidence that loads were software-pipelined, from TTGIR and PTX."""
     buffers = [int(m) for m in re.findall(
-        r"ttg\.local_alloc\s*(?::|\{[^}]*\}\s*:)\s*\(\)\s*->\s*!ttg\.memdesc<(\d+)x\d+x", ttgir)]
+        r"ttg\.local_alloc\s*(?::|\{[^}]*\}\s*:)\s*\(\)\s*->\s*!ttg\.memdesc<(\d+)x\d+x\d+x",
+        ttgir)]  # multi-buffered operand tiles: (slots) x rows x cols; barriers are 2-D
     async_copies = len(re.findall(r"ttg\.async_copy_global_to_local", ttgir))
     async_waits = sorted({int(n) for n in re.findall(r"ttg\.async_wait[^\n]*\{num = (\d+)",
                                                      ttgir)})
