@@ -2,7 +2,8 @@
 SDPA's flash and cuDNN backends as baselines. Finishes in about two minutes.
 
     python scripts/gpu_attention.py            # all sections; OUT=./out by default
-    python scripts/gpu_attention.py main sweep # only some sections (main, head_dims, sweep, varlen)
+    python scripts/gpu_attention.py main sweep # only some sections (main, head_dims, extras,
+                                               # sweep, varlen)
     python scripts/gpu_attention.py --dry      # CPU plumbing check under the interpreter
 
 Sections stop starting once ATTN_BUDGET_S (default 105 s) is spent; most of the time is
@@ -15,6 +16,7 @@ Sections:
              autotuned choice, backward configs (causal and not), SDPA flash / cuDNN, errors
              against a float32 reference.
   head_dims  D=64 and D=256, causal, forward and backward.
+  extras     packed qkv views, sliding window (1024, 0), softcap, GQA 32/8 (with SDPA), causal.
   sweep      seqlen 512..16384 at 16K tokens a batch, causal, forward and backward.
   varlen     a mixed-length batch of 16K tokens (causal), against SDPA on the padded batch.
 
@@ -111,7 +113,7 @@ def record(section, shape, direction, causal, provider, times, fl, ceiling, note
                pct_of_gemm=100.0 * tf / ceiling if ceiling else None, note=note, error=err)
     ROWS.append(row)
     print(f"  {section:9s} {shape:24s} {direction} {'causal' if causal else 'full  '} "
-          f"{provider:28s} {med:8.3f} ms {tf:7.1f} TFLOP/s"
+          f"{provider:38s} {med:8.3f} ms {tf:7.1f} TFLOP/s"
           + (f"  err {err:.2e}" if err is not None else "") + (f"  {note}" if note else ""),
           flush=True)
     return row
@@ -351,10 +353,47 @@ def varlen_section(ceiling, fwd_var, bwd_var):
                 print(f"  {name}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
 
 
+def extras_section(ceiling, fwd_var, bwd_var):
+    """Packed qkv views, a sliding window and GQA at the main shape, with the best configs."""
+    b, s, h, d = (1, 48, 2, 32) if DRY else (4, 4096, 16, 128)
+    g = torch.Generator(device=DEV).manual_seed(5)
+    qkv = torch.randn(b, s, 3, h, d, device=DEV, dtype=DT, generator=g)
+    q, k, v = qkv.unbind(2)
+    scale = d ** -0.5
+    shape = f"B{b} S{s} H{h} D{d}"
+    full = flops(b, h, s, s, d, True, "fwd")
+    cfg = fwd_cfg(fwd_var)
+    record("extras", shape, "fwd", True, "tkit packed qkv " + vname(fwd_var),
+           bench(lambda: A._fwd_impl(q, k, v, None, None, s, s, True, scale, -1, -1, 0.0,
+                                     config=cfg)), full, ceiling)
+    w = 1024 if not DRY else 8
+    # causal with a 1024-key window: each row sees min(i + 1, w + 1) keys
+    pairs = sum(min(i + 1, w + 1) for i in range(s))
+    record("extras", shape, "fwd", True, f"tkit window ({w}, 0) " + vname(fwd_var),
+           bench(lambda: A._fwd_impl(q, k, v, None, None, s, s, True, scale, w, 0, 0.0,
+                                     config=cfg)),
+           4.0 * b * h * pairs * d, ceiling, note="FLOPs of the visible pairs")
+    record("extras", shape, "fwd", True, "tkit softcap 30 " + vname(fwd_var),
+           bench(lambda: A._fwd_impl(q, k, v, None, None, s, s, True, scale, -1, -1, 30.0,
+                                     config=cfg)), full, ceiling)
+    hk = max(1, h // 4)
+    q, k, v = make_qkv(b, s, s, 2 * h, hk, d)
+    gshape = f"B{b} S{s} H{2 * h}/{hk} D{d}"
+    out, lse = tkit_fwd(q, k, v, True, cfg)
+    record("extras", gshape, "fwd", True, "tkit GQA " + vname(fwd_var),
+           bench(lambda: tkit_fwd(q, k, v, True, cfg)),
+           flops(b, 2 * h, s, s, d, True, "fwd"), ceiling)
+    do = torch.randn_like(out)
+    record("extras", gshape, "bwd", True, "tkit GQA " + vname(bwd_var),
+           bench(lambda: tkit_bwd(do, q, k, v, out, lse, True, bwd_cfg(bwd_var))),
+           flops(b, 2 * h, s, s, d, True, "bwd"), ceiling)
+    time_baselines("extras", gshape, q, k, v, True, ceiling)
+
+
 def print_table(ceiling):
     print("\n== summary (TFLOP/s; x = ratio to the baseline; % of the bf16 GEMM ceiling "
           f"{ceiling:.0f} TFLOP/s)")
-    hdr = (f"{'section':9s} {'shape':24s} {'dir':3s} {'mask':6s} {'provider':28s} "
+    hdr = (f"{'section':9s} {'shape':24s} {'dir':3s} {'mask':6s} {'provider':38s} "
            f"{'ms':>8s} {'TF/s':>7s} {'%gemm':>6s} {'x flash':>7s} {'x cudnn':>7s}")
     print(hdr)
     for r in ROWS:
@@ -362,13 +401,13 @@ def print_table(ceiling):
         xf = f"{r['x_sdpa_flash']:.2f}" if r.get("x_sdpa_flash") else "-"
         xc = f"{r['x_sdpa_cudnn']:.2f}" if r.get("x_sdpa_cudnn") else "-"
         print(f"{r['section']:9s} {r['shape']:24s} {r['direction']:3s} "
-              f"{'causal' if r['causal'] else 'full':6s} {r['provider'][:28]:28s} "
+              f"{'causal' if r['causal'] else 'full':6s} {r['provider'][:38]:38s} "
               f"{r['median_ms']:8.3f} {r['tflops']:7.1f} {pct:>6s} {xf:>7s} {xc:>7s}")
 
 
 def main():
     sections = [a for a in sys.argv[1:] if not a.startswith("-")] or [
-        "main", "head_dims", "sweep", "varlen"]
+        "main", "head_dims", "extras", "sweep", "varlen"]
     ceiling = gemm_ceiling()
     print(f"bf16 GEMM 4096^3: {ceiling:.0f} TFLOP/s; torch {torch.__version__}, "
           f"triton {triton.__version__}", flush=True)
@@ -403,6 +442,12 @@ def main():
             b = max(1, 16384 // s) if not DRY else 1
             run_shape("sweep", b, s, 16 if not DRY else 2, 128 if not DRY else 32, ceiling,
                       [fwd_best], [bwd_best], causals=(True,))
+    if "extras" in sections and left() > 0:
+        print("== packed qkv, window, softcap, GQA (causal)")
+        try:
+            extras_section(ceiling, fwd_best, bwd_best)
+        except Exception:
+            traceback.print_exc()
     if "varlen" in sections and left() > 0:
         print("== varlen")
         try:
