@@ -765,7 +765,7 @@ def _set_tma_allocator(device) -> None:
         return
 
     def alloc(size: int, alignment: int, stream):
-        return torch.empty(size, device=device, dtype=torch.int8)
+        return torch.empty(size, device="cuda", dtype=torch.int8)  # the current device
 
     triton.set_allocator(alloc)
     _TMA_ALLOCATOR_SET = True
