@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -410,6 +411,7 @@ class CompiledIR:
             with os.fdopen(fd, "wb") as f:
                 f.write(self.asm["cubin"])
             self._cache["cubin_path"] = path
+            weakref.finalize(self, _unlink, path)
         return self._cache["cubin_path"]
 
     def sass(self, line_info: bool = False) -> str:
@@ -467,6 +469,11 @@ class CompiledIR:
 
     def first_line(self) -> int:
         return self.jit.starting_line_number
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def strip_locs(text: str) -> str:
