@@ -15,8 +15,8 @@ status=0
 if [[ $stages == *tests* ]]; then
   # Autotuning off: hundreds of fuzzed shapes would otherwise be spent tuning. The benchmark
   # below verifies the tuned configs at benchmark sizes.
-  TKIT_NO_AUTOTUNE=1 timeout ${TEST_TIMEOUT:-240} python3 -m pytest ${TESTS:-tests} -q -x \
-    -p no:cacheprovider --durations=15 2>&1 | tee "$OUT/tests.log" | tail -40
+  TKIT_NO_AUTOTUNE=1 timeout ${TEST_TIMEOUT:-240} python3 -m pytest ${TESTS:-tests} -q ${PYTEST_ARGS:-} \
+    -p no:cacheprovider -rf --durations=15 2>&1 | tee "$OUT/tests.log" | tail -40
   status=$(( status | ${PIPESTATUS[0]} ))
 fi
 if [[ $stages == *bench* ]]; then
