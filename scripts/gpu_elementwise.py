@@ -1,5 +1,6 @@
-"""Elementwise variants on the H200: block size, warps, eviction hint, masking, against torch
-eager and torch.compile, interleaved. Writes $OUT/gpu_elementwise.json."""
+"""Elementwise variants on the H200: block size, warps, masking, against torch eager and
+torch.compile, interleaved. Writes $OUT/gpu_elementwise.json. (An "evict_first" load hint was
+measured here too and cost 4-5% everywhere: benchmarks/results/h200-2026-11-29-a-*.)"""
 
 import json
 import os
@@ -23,21 +24,20 @@ def variants_for(op, a, b, out, scale=None):
         for warps in (4, 8, 16):
             if block // (warps * 32) < 2:
                 continue
-            for evict in ("", "evict_first"):
-                for even in (True, False):
-                    if even and n % block:
-                        continue
-                    name = f"B{block} w{warps} {evict or 'no-hint'} {'nomask' if even else 'mask'}"
+            for even in (True, False):
+                if even and n % block:
+                    continue
+                name = f"B{block} w{warps} {'nomask' if even else 'mask'}"
 
-                    def run(block=block, warps=warps, evict=evict, even=even):
-                        ew._ew_flat_kernel[(triton.cdiv(n, block),)](
-                            a_ptr=a, b_ptr=b if b is not None else a, out_ptr=out,
-                            scale_ptr=scale if scale is not None else a, n_elements=n,
-                            size_class=0, OP=op, HAS_B=b is not None,
-                            HAS_SCALE=scale is not None, INT64=False, BLOCK=block, EVICT=evict,
-                            EVEN=even, num_warps=warps)
+                def run(block=block, warps=warps, even=even):
+                    ew._ew_flat_kernel[(triton.cdiv(n, block),)](
+                        a_ptr=a, b_ptr=b if b is not None else a, out_ptr=out,
+                        scale_ptr=scale if scale is not None else a, n_elements=n,
+                        size_class=0, OP=op, HAS_B=b is not None,
+                        HAS_SCALE=scale is not None, INT64=False, BLOCK=block, EVEN=even,
+                        num_warps=warps)
 
-                    res[name] = run
+                res[name] = run
     return res
 
 
