@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         return cmd_bench(args)
     if args.command == "ir":
-        _prepare_backend()
+        # no interpreter switch: tkit.ir compiles ahead of time, and under the interpreter the
+        # autotuned kernels would only offer their interpreter config
         from tkit.ir_tools import cli as ir_cli
 
         return ir_cli.run(args)
