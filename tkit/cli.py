@@ -19,6 +19,15 @@ def _prepare_backend() -> bool:
     return False
 
 
+def _print_nested(d: dict, indent: int) -> None:
+    for k, v in d.items():
+        if isinstance(v, dict):
+            print(" " * indent + f"{k}:")
+            _print_nested(v, indent + 2)
+        else:
+            print(" " * indent + f"{k}: {v}")
+
+
 def cmd_info(args) -> int:
     import platform
 
@@ -51,14 +60,11 @@ def cmd_info(args) -> int:
         print(f"CUDA escape hatches: unavailable ({type(e).__name__}: {e})")
     else:
         print("CUDA escape hatches:")
-        if isinstance(st, dict):
-            for k, v in st.items():
-                print(f"  {k}: {v}")
-        else:
-            print("  " + str(st).replace("\n", "\n  "))
+        _print_nested(st if isinstance(st, dict) else {"status": st}, indent=2)
     print("ops:")
     for spec in registry.all_specs():
-        print(f"  {spec.name:<24} {spec.family:<12} {path}")
+        where = "CUDA through cupy (see above)" if spec.family == "cuda_ext" else path
+        print(f"  {spec.name:<24} {spec.family:<12} {where}")
     return 0
 
 
