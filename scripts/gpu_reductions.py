@@ -1,6 +1,7 @@
 """Reduction family on the GPU: correctness at benchmark sizes, then timings against baselines.
 
     python scripts/gpu_reductions.py            # everything, stops adding cases at 110 s
+    python scripts/gpu_reductions.py --ns 8192,32768,65536,262144,long   # the decisive sweep Ns
     OUT=/some/dir python scripts/gpu_reductions.py --sections sweep --sweep-ops softmax
 
 torch.compile's cold compiles (one per shape and op) dominate the run time; cases the budget
@@ -145,8 +146,8 @@ def make_case(name, label):
 
 # ---- 3. forward at the target shape -------------------------------------------------------------
 FWD_VARIANTS = {
-    # neighbours of the heuristic (16 warps at N=8192 bf16)
-    "tkit w8": dict(num_warps=8), "tkit w32": dict(num_warps=32),
+    # neighbours of the heuristic (N=8192 bf16: 16 warps; layer_norm 8, rms_norm_residual 32)
+    "tkit w8": dict(num_warps=8), "tkit w16": dict(num_warps=16), "tkit w32": dict(num_warps=32),
 }
 
 
@@ -181,11 +182,12 @@ def backward_target(ceiling, shape=(16384, 8192)):
         "layer_norm": lambda: nk._norm_bwd_impl(x, w, dy, None, 1e-5, False, True),
         "softmax": lambda: sk._softmax_bwd_impl(y_sm, dy, 1, False),
     }
-    variants = {
-        "rms_norm": {"tkit w16": dict(norm_bwd_warps=16), "tkit G=1xSM": dict(
-            norm_bwd_programs=132), "tkit G=4xSM": dict(norm_bwd_programs=528)},
-        "layer_norm": {"tkit w16": dict(norm_bwd_warps=16)},
-        "softmax": {"tkit w16": dict(num_warps=16)},
+    variants = {  # the default is 16 warps for all three (the norms had 32 before)
+        "rms_norm": {"tkit w32": dict(norm_bwd_warps=32), "tkit G=1xSM": dict(
+            norm_bwd_programs=132)},
+        "layer_norm": {"tkit w32": dict(norm_bwd_warps=32), "tkit G=1xSM": dict(
+            norm_bwd_programs=132)},
+        "softmax": {"tkit w8": dict(num_warps=8)},
     }
     for name, fn in tk.items():
         # correctness of the tkit backward at this size against float32 autograd
@@ -224,28 +226,29 @@ def backward_target(ceiling, shape=(16384, 8192)):
 
 # ---- 5. sweep ----------------------------------------------------------------------------------
 SWEEP_VARIANTS = {
-    # long-row knobs, compared at N >= 16384 only (they do nothing on shorter rows)
+    # long-row knobs, compared at N >= 16384 only (they do nothing on shorter rows). Defaults
+    # since the 2026-11-29 run: softmax split in one row batch, norms "loop" past 64 KiB rows.
     "softmax": {
-        "tkit no-L2-batch": dict(l2_batch_bytes=0),
-        "tkit 24MB batches": dict(max_batches=1 << 20),
-        "tkit 48MB batches": dict(l2_batch_bytes=48 << 20, max_batches=1 << 20),
+        "tkit 24MB batches": dict(l2_batch_bytes=24 << 20),
         "tkit chunk16k": dict(chunk=16384),
-        "tkit chunk4k": dict(chunk=4096),
-        "tkit fused<=32KiB": dict(fused_max_bytes=32 * 1024),
         "tkit fused<=128KiB": dict(fused_max_bytes=128 * 1024),
     },
     "rms_norm": {
-        "tkit loop": dict(norm_long="loop"),
-        "tkit no-L2-batch": dict(l2_batch_bytes=0),
-        "tkit 24MB batches": dict(max_batches=1 << 20),
-        "tkit chunk16k": dict(norm_chunk=16384),
-        "tkit single<=32KiB": dict(norm_fwd_single_bytes=32 * 1024),
+        "tkit split": dict(norm_long="split"),
+        "tkit loop chunk16k": dict(norm_chunk=16384),
+        "tkit w16": dict(num_warps=16),
     },
-    "layer_norm": {"tkit loop": dict(norm_long="loop"),
-                   "tkit single<=32KiB": dict(norm_fwd_single_bytes=32 * 1024)},
-    "rms_norm_residual": {"tkit loop": dict(norm_long="loop"),
-                          "tkit no-L2-batch": dict(l2_batch_bytes=0)},
+    "layer_norm": {"tkit split": dict(norm_long="split"),
+                   "tkit loop chunk16k": dict(norm_chunk=16384),
+                   "tkit w32": dict(num_warps=32)},
+    "rms_norm_residual": {"tkit split": dict(norm_long="split")},
 }
+
+
+def _selected(case):
+    if case.group == "long":
+        return "long" in NS_GROUPS
+    return any(case.label == f"sweep N={n}" for n in NS)
 
 
 def sweep(ceiling, budget, ops):
@@ -254,6 +257,8 @@ def sweep(ceiling, budget, ops):
         for case in cases:
             if elapsed() > budget:
                 ROWS.append(dict(section="sweep", op=name, case=case.label, skipped="budget"))
+                continue
+            if (NS or NS_GROUPS) and not _selected(case):
                 continue
             args, kwargs = case.make("cuda")
             nbytes = fwd_bytes(name, args, kwargs)
@@ -313,6 +318,8 @@ def table():
 
 
 CEIL = REF_COPY_TBS
+NS: list[int] = []  # --ns: sweep only these N (empty: all)
+NS_GROUPS: list[str] = []
 
 
 def main():
@@ -323,7 +330,13 @@ def main():
     ap.add_argument("--sections", default="forward,sweep1,backward,sweep",
                     help="forward, sweep1 (rms_norm sweep), backward, sweep (the other ops)")
     ap.add_argument("--sweep-ops", default="softmax,layer_norm,rms_norm_residual")
+    ap.add_argument("--ns", default="",
+                    help="comma-separated sweep N values to run (and 'long' for the 1M-column "
+                         "softmax case); default all")
     opts = ap.parse_args()
+    global NS, NS_GROUPS
+    NS = [int(v) for v in opts.ns.split(",") if v.strip().isdigit()]
+    NS_GROUPS = [v for v in opts.ns.split(",") if v.strip() and not v.strip().isdigit()]
     out_dir = Path(os.environ.get("OUT", "./out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)

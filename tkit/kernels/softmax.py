@@ -26,8 +26,11 @@ Two paths, picked by the row's size in bytes:
   s_c = sum exp(x - m_c). Pass 2: the program for (row, chunk) combines all partials of its row
   with the online-softmax rule  m = max_c m_c,  s = sum_c s_c * exp(m_c - m)  (a chunk of only
   -inf contributes 0), then rereads its chunk and writes the output. The reread costs a third
-  pass over the input; the launcher processes rows in batches of about ``L2_BATCH_BYTES`` so
-  that the reread of a batch is served by the H200's 60 MB L2 rather than HBM.
+  pass over the input. By default all rows go in one batch (two launches): on the H200 at a
+  256 MiB input, N=65536..262144 bf16, one batch ran at 2.33 TB/s and batches of 24 MB (so
+  that the reread hits L2) at 0.54-1.2 TB/s, because every batch costs two launches of host
+  time (~100 us a pair, measured on a 1x65536 row) against ~6 us of HBM time per 24 MB.
+  ``OVERRIDE["l2_batch_bytes"]`` still selects row batches (tests use it).
 
 The backward uses the same two paths with the row sum (sum dy*y or sum dy) in place of (m, s).
 Index math is 64-bit when an offset can reach 2**31 (``INT64``).
@@ -48,9 +51,10 @@ from tkit.kernels import _common as C
 FUSED_MAX_BYTES = 64 * 1024
 FUSED_MAX_BYTES_BWD = 64 * 1024
 #: Columns per program on the split path (16 KiB of bf16: a program of 16 warps, 16 values a
-#: thread), and the row-batch size that keeps a batch's reread in L2.
+#: thread), and the row-batch size of the split paths: 0 = one batch (see the module
+#: docstring: host launch time, not the L2, decides; 24 MiB batches measured 2-4x slower).
 SPLIT_CHUNK = 8192
-L2_BATCH_BYTES = 24 * 1024 * 1024
+L2_BATCH_BYTES = 0
 MAX_BATCHES = 8
 
 #: Settings the GPU script overrides to compare configurations side by side (keys: num_warps,
@@ -85,9 +89,10 @@ def row_config(N: int, itemsize: int) -> tuple[int, int, int]:
 
 
 def row_batch(M: int, row_bytes: int) -> int:
-    """Rows per batch of the split paths: about ``L2_BATCH_BYTES`` of input, so that pass 2
-    rereads a batch from L2, but at most ``MAX_BATCHES`` batches, because every batch costs two
-    launches of host time (a few microseconds each) against ~6 us of HBM time per 24 MB."""
+    """Rows per batch of the split paths: all of them by default (``L2_BATCH_BYTES`` = 0);
+    with a positive ``l2_batch_bytes`` override, about that many bytes of input (so that pass 2
+    rereads a batch from L2), but at most ``max_batches`` batches, because every batch costs
+    two launches of host time (~100 us a pair on the H200 machine)."""
     batch_bytes = OVERRIDE.get("l2_batch_bytes", L2_BATCH_BYTES)
     if batch_bytes <= 0:
         return M
