@@ -250,3 +250,24 @@ def test_more_than_2_31_elements():
                                rtol=2e-2, atol=2e-2)
     del x, y
     torch.cuda.empty_cache()
+
+
+def test_gpu_launch_configs_are_the_measured_ones(monkeypatch):
+    """The configs a GPU launch gets (host-side heuristics only, no kernel runs): the variants
+    that measured best on the H200 (see the docstrings of ``norm._fwd_config`` and
+    ``softmax.row_batch``)."""
+    from tkit import _env
+
+    monkeypatch.setattr(_env, "INTERPRET", False)
+    bf16 = 2
+    assert norm._fwd_config(8192, bf16) == (8192, 1, 16, True)
+    assert norm._fwd_config(8192, bf16, is_rms=True, has_res=True)[2] == 32
+    assert norm._fwd_config(8192, bf16, is_rms=False)[2] == 8
+    assert norm._fwd_config(16384, bf16, is_rms=False)[2] == 16
+    assert norm._fwd_config(32768, bf16, is_rms=False)[2] == 32
+    assert norm._fwd_config(1024, bf16, is_rms=False)[1:3] == (4, 8)
+    assert norm._fwd_config(65536, bf16) == (8192, 1, 16, False)  # the "loop" path
+    assert "norm_long" not in sm.OVERRIDE  # default: "loop" past 64 KiB rows
+    assert sm.row_batch(4096, 512 * 1024) == 4096  # the split paths: one row batch
+    monkeypatch.setitem(sm.OVERRIDE, "num_warps", 16)
+    assert norm._fwd_config(8192, bf16, is_rms=False)[2] == 16  # an override wins
