@@ -150,7 +150,11 @@ def _norm_fwd_kernel(
                 count = total
         rstd = 1.0 / tl.sqrt(m2 / N + eps)
         tl.debug_barrier()  # h written above is read back below
-        for start in range(0, N, BLOCK_N):
+        # the second walk goes last chunk first: the chunks read last are the likeliest to
+        # still be in L2 (a walk in the same order would reread the oldest first)
+        last = (tl.cdiv(N, BLOCK_N) - 1) * BLOCK_N
+        for i in range(0, N, BLOCK_N):
+            start = last - i
             cols = start + tl.arange(0, BLOCK_N)
             cmask = cols < N
             mask = rmask[:, None] & cmask[None, :]
@@ -208,8 +212,10 @@ def _norm_apply_kernel(
 ):
     """Pass 2 of the split forward: combine the row's chunk moments (LayerNorm: the parallel
     rule M2 = sum_c M2_c + n_c (mean_c - mean)^2), then normalize one chunk. The chunk is
-    reread from h (HAS_RES) or x (in row batches when ``l2_batch_bytes`` is set)."""
-    pid = tl.program_id(0)
+    reread from h (HAS_RES) or x (in row batches when ``l2_batch_bytes`` is set). Programs run
+    in the reverse order of pass 1's, so the first rereads are of the data pass 1 read last
+    (the likeliest to still be in L2)."""
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
     row = pid // NCHUNK
     c = pid % NCHUNK
     if INT64:
@@ -276,7 +282,9 @@ def _norm_bwd_stats_kernel(
     rstd = 1.0 / tl.sqrt(m2 / N + eps)
     s1 = 0.0
     s2 = 0.0
-    for start in range(0, N, BLOCK_N):
+    last = (tl.cdiv(N, BLOCK_N) - 1) * BLOCK_N
+    for i in range(0, N, BLOCK_N):  # last chunk first: the likeliest to still be in L2
+        start = last - i
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < N
         h = tl.load(h_ptr + row * shm + cols * shn, mask=mask, other=0.0).to(tl.float32)
@@ -383,9 +391,11 @@ def _fwd_config(N: int, itemsize: int, is_rms: bool = True,
 
     * LayerNorm takes two reductions a row (mean, then squared deviations), each a round trip
       through shared memory and a barrier across the program's warps: 8 warps ran at 3.79 TB/s,
-      16 warps 3.53, 32 warps 2.73. So LayerNorm keeps 32 values a thread (warps = elements /
-      1024, at least 8): N=8192 gets 8 warps and N=16384 16 warps (the same per-thread shape,
-      ~53-63 registers, two programs an SM; 32 warps there measured 2.44).
+      16 warps 3.53, 32 warps 2.73 (ptxas, sm_90a: 163 / 64 / 40 registers, so 8 warps is one
+      program an SM and still the fastest). So LayerNorm keeps 32 values a thread (warps =
+      elements / 1024, at least 8): N=8192 gets 8 warps and N=16384 16 warps (the same
+      per-thread shape; 127 registers, one program an SM as with 32 warps, which measured
+      2.44 there against rms_norm's 3.88).
     * The residual form (4 tensors a row) ran at 3.91 TB/s with 32 warps against 3.86 with 16.
     """
     if N * itemsize <= OVERRIDE.get("norm_fwd_single_bytes", FWD_SINGLE_MAX_BYTES):

@@ -224,8 +224,11 @@ def _split_apply_kernel(
 
     Forward (online-softmax combine): m = max_c p1, s = sum_c p2 * exp(p1 - m).
     Backward: the row sum is sum_c p2. out_ptr: output rows, row stride som, contiguous columns.
+    Programs run in the reverse order of pass 1's: the first rereads are of the chunks pass 1
+    read last, the likeliest to still be in L2 (in pass 1's order every reread of an input
+    larger than the L2 would miss).
     """
-    pid = tl.program_id(0)
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
     row = pid // NCHUNK
     c = pid % NCHUNK
     if INT64:
