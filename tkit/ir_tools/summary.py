@@ -8,6 +8,7 @@ Triton's metadata), never from the inputs that asked for them.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -326,11 +327,13 @@ def source_map(ir: CompiledIR, line) -> dict:
     """PTX and SASS produced for one Python line of the kernel (an absolute line number in
     its file, or a piece of its text such as ``"tl.dot"``)."""
     lineno = _resolve_line(ir, line)
-    path = ir.source_file()
+    # Compare file names only: Triton's compile cache is keyed on the kernel's source, not its
+    # path, so a kernel compiled earlier from another checkout carries that checkout's paths.
+    path = os.path.basename(ir.source_file())
     ptx = ir.asm["ptx"]
     files = {m.group(1): m.group(2) for m in re.finditer(r'^\s*\.file\s+(\d+)\s+"([^"]+)"',
                                                          ptx, re.MULTILINE)}
-    ids = {i for i, f in files.items() if f == path}
+    ids = {i for i, f in files.items() if os.path.basename(f) == path}
     ptx_lines, current = [], False
     for raw in ptx.splitlines():
         s = raw.strip()
@@ -344,7 +347,7 @@ def source_map(ir: CompiledIR, line) -> dict:
     for raw in ir.sass(line_info=True).splitlines():
         m = re.search(r'//## File "([^"]+)", line (\d+)', raw)
         if m:
-            current = m.group(1) == path and int(m.group(2)) == lineno
+            current = os.path.basename(m.group(1)) == path and int(m.group(2)) == lineno
             continue
         if current and _SASS_RE.search(raw):
             sass_lines.append(raw.strip())
