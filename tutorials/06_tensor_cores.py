@@ -77,6 +77,13 @@ def intensity_table() -> str:
 # on the H200's 228 KB. For decode (M = 1..64) the tile is BM=16 high whatever we do: the
 # intensity is ~M FLOP/B, far below the balance point, and the goal becomes streaming the
 # weight at copy bandwidth (tkit's split-K path).
+#
+# The biggest tile is not always the best one: the persistent kernel runs ceil(tiles / SMs)
+# *waves*, so a tile shape costs about waves x (BM x BN) / (its per-FLOP efficiency). At
+# M=256, N=4096 there are only 32 tiles of 128x256 for 132 SMs (100 SMs idle), while 64x128
+# tiles make 128 and fill the machine; at M=1024 the same N gives 128 tiles of 128x256, one
+# whole wave, and the big tile wins again. `mm.tma_config` makes exactly this choice; the
+# split-K path makes the same kind of choice for decode, aiming at about two programs per SM.
 
 # %% [markdown]
 # ## 2. The tiled kernel

@@ -191,11 +191,13 @@ def test_splitk_is_deterministic(device):
 
 
 def test_splitk_heuristic_at_decode_shapes():
-    # the H200's 132 SMs: M=1, K=4096, N=14336 -> 112 weight slabs of 128 columns, 4x132/112
-    # -> split 8, leaving 4 K-steps of 128 per program
+    # the H200's 132 SMs: M=1, K=4096, N=14336 -> 112 weight slabs of 128 columns; about two
+    # programs per SM -> split 2 (the measured best of 2/4/8/16 at M=1, 16 and 64)
     cfg = mm.splitk_config(1, 14336, 4096, 132)
-    assert (cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]) == (128, 128, 8)
+    assert (cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]) == (128, 128, 2)
     assert mm.splitk_config(16, 14336, 4096, 132)["BLOCK_M"] == 16
+    assert mm.splitk_config(1, 4096, 4096, 132)["SPLIT_K"] == 8  # 32 slabs
+    assert mm.splitk_config(64, 4096, 4096, 132)["SPLIT_K"] == 4  # BLOCK_M=64: at most 4
     assert mm.splitk_config(1, 100, 64, 132)["SPLIT_K"] == 1  # too little K to split
 
 
@@ -365,8 +367,42 @@ def test_fixed_configs_per_shape_class(monkeypatch):
     assert (big["BLOCK_M"], big["BLOCK_N"], big["BLOCK_K"], big["num_warps"]) == (128, 256, 64, 8)
     assert mm.tma_config(512, 4096, 4096)["BLOCK_N"] == 128  # 32 tiles of 128x256: too few
     assert mm.tma_config(8192, 8192, 8192, elem_size=1)["BLOCK_K"] == 128  # fp8 k-step
+    # fewer tiles than SMs: 64x128 tiles fill the SMs (M=256, N=4096: 128 tiles, one wave)
+    mid = mm.tma_config(256, 4096, 4096)
+    assert (mid["BLOCK_M"], mid["BLOCK_N"], mid["num_warps"]) == (64, 128, 4)
+    # 128 tiles of 128x256 are one whole wave: the big tile
+    assert mm.tma_config(1024, 4096, 4096)["BLOCK_N"] == 256
     assert mm.ptr_config(100, 4096, 4096)["BLOCK_M"] == 64
     assert mm.ptr_config(8192, 8192, 8192, elem_size=4)["BLOCK_K"] == 32
+
+
+def test_row_major_residual_is_read_by_tma():
+    """A row-major (M, N) residual goes through a TMA descriptor; a broadcast one does not."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    a, b = torch.empty(256, 64, **meta), torch.empty(64, 128, **meta)
+    for res, tma in ((torch.empty(256, 128, **meta), True), (torch.empty(128, **meta), False)):
+        with _common.capture_launches() as launches:
+            mm._matmul_impl(a, b, None, res, path="tma")
+        kw = launches[0].kwargs
+        assert kw.get("RES_TMA", False) is tma and kw["HAS_RES"] is not tma
+
+
+def test_tma_residual_epilogue(device):
+    """The TMA-read residual lands after the activation, in both epilogue layouts."""
+    a = make_tensor((40, 24), torch.float16, seed=1, device=device)
+    b = make_tensor((32, 24), torch.float16, seed=2, device=device).t()
+    bias = make_tensor((32,), torch.float16, seed=3, device=device)
+    res = make_tensor((40, 32), torch.float16, seed=4, device=device)
+    for subtile in (True, False):
+        cfg = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, GROUP_M=4, EPI_SUBTILE=subtile,
+                   FLATTEN=True, num_warps=4)
+
+        def fn(a, b, bias, res, cfg=cfg):
+            return mm._matmul_impl(a, b, bias, res, activation="silu", path="tma", config=cfg)
+
+        check_against_reference(
+            fn, lambda a, b, bias, res: torch.nn.functional.silu(a @ b + bias) + res,
+            [a, b, bias, res])
 
 
 def test_huge_weight_avoids_32_bit_split_k():

@@ -67,6 +67,9 @@ ACTIVATIONS = (None, "silu", "gelu", "gelu_tanh", "relu")
 #: cannot afford. scripts/gpu_matmul.py measures both so the fixed table can follow the tuner.
 AUTOTUNE = False
 FP8 = torch.float8_e4m3fn
+#: Read a row-major residual through a TMA descriptor in the TMA kernel's epilogue (RES_TMA);
+#: False falls back to per-element pointer loads (kept for the GPU script's comparison).
+RESIDUAL_TMA = True
 _SKINNY_M = 64  # at or below this M the GEMM is weight-streaming (memory-bound): split-K path
 _SKINNY_MIN_WEIGHT = 1 << 20  # K*N below this fits in L2 many times over: not worth splitting
 
@@ -262,6 +265,7 @@ def _matmul_tma_kernel(
     HAS_RES: tl.constexpr, IEEE: tl.constexpr, NUM_SMS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EPI_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr = False,
+    RES_TMA: tl.constexpr = False,
 ):
     """Persistent TMA GEMM for 2-D problems: NUM_SMS programs walk the tiles in grouped order.
 
@@ -269,7 +273,11 @@ def _matmul_tma_kernel(
     the (K, M) matrix a.T with row stride ``stride_a``. b_ptr: (K, N) row stride ``stride_b``,
     or when B_TRANS the (N, K) matrix b.T (the layout of an nn.Linear weight). c_ptr: (M, N)
     contiguous rows of stride ``stride_cm``. Scales, bias and residual as in ``_matmul_kernel``.
-    TMA needs 16-byte aligned bases and row strides, which the launcher checks.
+    TMA needs 16-byte aligned bases and row strides, which the launcher checks. RES_TMA: the
+    residual is a row-major (M, N) tensor of row stride ``stride_rm`` read through a TMA
+    descriptor (one bulk copy per half-tile instead of 32 four-byte loads per thread in the
+    accumulator's layout, each a half-used 32-byte sector); the launcher then passes
+    HAS_RES=False.
     """
     dtype = c_ptr.dtype.element_ty
     if A_TRANS:
@@ -290,6 +298,13 @@ def _matmul_tma_kernel(
     else:
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1],
                                            block_shape=[BLOCK_M, BLOCK_N])
+    if RES_TMA:
+        if EPI_SUBTILE:
+            r_desc = tl.make_tensor_descriptor(res_ptr, shape=[M, N], strides=[stride_rm, 1],
+                                               block_shape=[BLOCK_M, BLOCK_N // 2])
+        else:
+            r_desc = tl.make_tensor_descriptor(res_ptr, shape=[M, N], strides=[stride_rm, 1],
+                                               block_shape=[BLOCK_M, BLOCK_N])
     start_pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -326,17 +341,23 @@ def _matmul_tma_kernel(
             acc0 = _epilogue(acc0, offs_m, offs_n0, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
                              res_ptr, stride_rm, stride_rn,
                              SCALE_A, SCALE_B, HAS_BIAS, ACT, HAS_RES)
+            if RES_TMA:
+                acc0 = acc0 + r_desc.load([off_m, off_n]).to(tl.float32)
             c_desc.store([off_m, off_n], acc0.to(dtype))
             offs_n1 = offs_n0 + BLOCK_N // 2
             acc1 = _epilogue(acc1, offs_m, offs_n1, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
                              res_ptr, stride_rm, stride_rn,
                              SCALE_A, SCALE_B, HAS_BIAS, ACT, HAS_RES)
+            if RES_TMA:
+                acc1 = acc1 + r_desc.load([off_m, off_n + BLOCK_N // 2]).to(tl.float32)
             c_desc.store([off_m, off_n + BLOCK_N // 2], acc1.to(dtype))
         else:
             offs_n = off_n + tl.arange(0, BLOCK_N)
             acc = _epilogue(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
                             res_ptr, stride_rm, stride_rn,
                             SCALE_A, SCALE_B, HAS_BIAS, ACT, HAS_RES)
+            if RES_TMA:
+                acc = acc + r_desc.load([off_m, off_n]).to(tl.float32)
             c_desc.store([off_m, off_n], acc.to(dtype))
 
 
@@ -553,25 +574,39 @@ def _lead_stride(t: torch.Tensor, trans: bool) -> int:
 def splitk_config(M: int, N: int, K: int, num_sms: int) -> dict:
     """The split-K heuristic for M <= 64.
 
-    Derivation: the work is streaming K*N weight bytes; a program streams one BLOCK_N-wide slab.
-    To keep HBM saturated the H200 needs a few programs resident per SM with several loads in
-    flight each (Little's law: 4.8 TB/s x ~1 us latency ~ 5 MB in flight, ~38 KB per SM), so we
-    aim at >= 4 programs per SM: split = next power of 2 of 4*SMs / (N/BLOCK_N * M tiles),
-    clamped so that each split still has >= 4 K-steps (fewer would let the partial-sum traffic,
-    SPLIT*M*N*4 bytes written and read back, rival the weight). BLOCK_N=128, BLOCK_K=128 and 4
-    stages keep 4 x (16x128 + 128x128) x 2 bytes ~ 144 KB of loads in flight per program; the
-    GPU script times the neighbours of this choice.
+    Derivation: the work is streaming K*N weight bytes; a program streams one BLOCK_N-wide slab
+    of BLOCK_K-deep steps with NUM_STAGES - 1 loads in flight: at BLOCK_N=BLOCK_K=128 and 4
+    stages that is ~100 KB per program, more than HBM latency needs (Little's law: 4.8 TB/s x
+    ~1 us ~ 5 MB in flight, ~38 KB per SM). Programs beyond about two per SM only add
+    partial-sum traffic (SPLIT*M*N*4 bytes written and read back), a longer tail and waves that
+    do not fit at once. Measured on the H200
+    (M=1 and 16, K=4096, N=14336, 112 slabs): split 2 (224 programs, ~1.7 per SM) streams
+    3.53 / 3.48 TB/s, split 4 3.43 / 3.25, split 8 3.27 / 2.99, split 16 3.11 / 2.89; at M=64
+    (BLOCK_M=64) the order is the same and steeper (split 2: 2.81 TB/s, 8: 1.74). So the split
+    is the power of 2 nearest to 2*SMs / slabs (about two programs per SM), at least 2 (the
+    reduce kernel applies the epilogue; one split would leave < 1 program per SM at these
+    widths), at most 4 when BLOCK_M is 64, and clamped so that each split keeps >= 4 K-steps.
+    Occupancy (ptxas via tkit.ir, sm_90): at BLOCK_M=16 the kernel takes 72 KB of shared memory
+    at 3 stages and 108 KB at 4, so 2-3 programs fit per SM and the 224 programs of split 2 all
+    stream at once (split 8's 896 ran in ~3.4 waves, which is why 3 stages helped there: +6%).
+    4 stages, the measured best at split 2. The GPU script times the neighbours of this choice.
     """
     block_m = max(16, min(64, C.next_power_of_2(M)))
     block_n = 128 if N >= 128 else max(16, C.next_power_of_2(N))
     block_k = 128 if K >= 128 else max(16, C.next_power_of_2(K))
     tiles = triton.cdiv(N, block_n) * triton.cdiv(M, block_m)
-    want = max(1, C.next_power_of_2(triton.cdiv(4 * num_sms, tiles)))
+    ratio = 2 * num_sms / tiles
+    want = 1
+    while want * 2 <= ratio * 1.41:  # nearest power of 2 on a log scale
+        want *= 2
+    want = max(2, want)
+    if block_m >= 64:
+        want = min(want, 4)
     k_steps = triton.cdiv(K, block_k)
     while want > 1 and k_steps // want < 4:
         want //= 2
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=want, NUM_STAGES=4,
-                num_warps=4)
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=want,
+                NUM_STAGES=4, num_warps=4)
 
 
 _INTERPRETER_TILE = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=4, num_warps=4)
@@ -592,20 +627,35 @@ def ptr_config(M: int, N: int, K: int, elem_size: int = 2) -> dict:
     return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=bk, GROUP_M=8, num_warps=4, num_stages=4)
 
 
-def tma_config(M: int, N: int, K: int, elem_size: int = 2) -> dict:
+#: TMA tile candidates (BLOCK_M, BLOCK_N, num_warps, bf16 stages, relative per-tile efficiency).
+#: Efficiencies from the H200 run at 4096^3: 128x256 757 TFLOP/s, 128x128 684 (0.90); 64x128
+#: (one warpgroup, m64n128 wgmma) is put at 0.70.
+_TMA_TILES = ((128, 256, 8, 3, 1.0), (128, 128, 8, 4, 0.90), (64, 128, 4, 4, 0.70))
+
+
+def tma_config(M: int, N: int, K: int, elem_size: int = 2, num_sms: int = 132) -> dict:
     """A fixed TMA config for a shape, without autotuning (the default; see ``AUTOTUNE``).
-    128x256 tiles when there are enough of them to fill the SMs about twice (a 128x256 tile is
-    85 FLOP/byte against 64 for 128x128); 128x128 otherwise, since fewer, larger tiles leave SMs
-    idle. BLOCK_K is 128 bytes of K: 64 for 16-bit, 128 for fp8, 32 for fp32."""
+
+    The persistent kernel runs ceil(tiles / SMs) waves of tiles, so the time of a tile shape is
+    about waves x (BLOCK_M x BLOCK_N) / efficiency: 128x256 tiles (85 FLOP/byte, the fastest per
+    FLOP) win whenever they make whole waves (4096^3, 8192^3: 0.97-1.12x cuBLAS measured), while
+    a problem with fewer tiles than SMs (M=256, N=4096: 32 tiles of 128x256) is better cut into
+    64x128 tiles that occupy every SM. BLOCK_K is 128 bytes of K: 64 for 16-bit, 128 for fp8,
+    32 for fp32."""
     if _env.INTERPRET:
         return dict(_INTERPRETER_TILE, EPI_SUBTILE=True, FLATTEN=True)
     bk = {1: 128, 2: 64, 4: 32}[elem_size]
-    big = triton.cdiv(M, 128) * triton.cdiv(N, 256) >= 2 * 132
-    if big:
-        return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=bk, GROUP_M=8, EPI_SUBTILE=True,
-                    FLATTEN=True, num_warps=8, num_stages=3 if elem_size == 2 else 4)
-    return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=bk, GROUP_M=8, EPI_SUBTILE=True,
-                FLATTEN=True, num_warps=8, num_stages=4)
+    best = None
+    for bm, bn, warps, stages, eff in _TMA_TILES:
+        waves = triton.cdiv(triton.cdiv(M, bm) * triton.cdiv(N, bn), num_sms)
+        t = waves * bm * bn / eff
+        if best is None or t < best[0] * 0.999:
+            best = (t, bm, bn, warps, stages)
+    _, bm, bn, warps, stages = best
+    if elem_size == 4 and bn == 256:
+        stages = 4  # fp32: BLOCK_K=32, 4 stages fit (fp8 at 3 stages measured 1.031x vs 1.023x)
+    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, EPI_SUBTILE=True,
+                FLATTEN=True, num_warps=warps, num_stages=stages)
 
 
 def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None, *,
@@ -714,12 +764,20 @@ def _launch_tma(a, b, out, epi, ieee, num_sms, config=None):
     N = b.shape[1]
     _ensure_tma_allocator()
     if config is None and not AUTOTUNE:
-        config = tma_config(M, N, K, a.element_size())
+        config = tma_config(M, N, K, a.element_size(), num_sms)
     kernel = _matmul_tma_kernel if config else _matmul_tma_autotuned
 
     def grid(meta):
         tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
         return (max(1, min(num_sms, tiles)),)
+
+    res = epi["res_ptr"] if epi["HAS_RES"] else None
+    if RESIDUAL_TMA and res is not None and res.dim() == 2 and tuple(res.shape) == (M, N) \
+            and res.stride(0) > 0 and res.element_size() <= 2 and _tma_ok(res) == (True, False):
+        # a row-major 16-bit residual is read by TMA (see the kernel's RES_TMA); its staging
+        # buffer is 32 KB at 128x256 tiles (a float32 one, 64 KB, would not fit next to the
+        # pipeline stages)
+        epi = dict(epi, HAS_RES=False, RES_TMA=True)
 
     C.launch(kernel, grid, a_ptr=a, b_ptr=b, c_ptr=out, M=M, N=N, K=K,
              stride_a=_lead_stride(a, a_trans), stride_b=_lead_stride(b, b_trans),
