@@ -3,6 +3,7 @@ packing, fully masked rows, registration, torch.compile, errors; GPU-only bf16 a
 
 import pytest
 import torch
+import triton
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -231,6 +232,27 @@ def test_cpu_tensor_without_interpreter_is_refused(monkeypatch):
     monkeypatch.setattr(_common._env, "INTERPRET", False)
     with pytest.raises(ValueError, match="q is on the CPU"):
         tkit.flash_attention(*[torch.randn(1, 4, 2, 8).half()] * 3)
+
+
+# ---- autotuning ------------------------------------------------------------------------------
+def test_config_pruning_with_keyword_launch(monkeypatch):
+    # tkit launches with keywords only, so Triton's autotuner hands the pruner an empty
+    # ``named_args`` and everything in ``kwargs``
+    monkeypatch.setattr(A, "_smem_limit", lambda: 232448)  # the H200's per-block limit
+    monkeypatch.setattr(A, "_env_interpret", lambda: False)
+    q = torch.empty(1, 8, 2, 128, dtype=torch.float16)
+    configs = [triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "USE_TMA": tma, "WARP_SPEC": False},
+                             num_stages=3, num_warps=8) for tma in (False, True)]
+    prune = A._prune(A._fwd_smem)
+    assert prune(configs, {}, Q=q, K=q, V=q, BLOCK_D=128) == configs
+    # non-16-byte-aligned rows: the TMA config goes
+    odd = torch.empty(1, 8, 2, 7, dtype=torch.float16)
+    assert prune(configs, {}, Q=odd, K=odd, V=odd, BLOCK_D=8) == configs[:1]
+    # too much shared memory for every config (D=256 with 128x64 over 3 stages): a fallback
+    (kept,) = prune(configs, {}, Q=q, K=q, V=q, BLOCK_D=256)
+    assert (kept.kwargs["BLOCK_M"], kept.kwargs["BLOCK_N"]) == (64, 32)
+    bwd = [triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_stages=3, num_warps=8)]
+    assert A._prune(A._bwd_smem("dq"))(bwd, {}, Q=q, K=q, V=q, BLOCK_D=128) == bwd
 
 
 # ---- GPU only ------------------------------------------------------------------------------

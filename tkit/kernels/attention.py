@@ -82,22 +82,30 @@ def _fwd_smem(cfg, block_d: int, itemsize: int) -> int:
     return (bm * block_d + cfg.num_stages * 2 * bn * block_d) * itemsize
 
 
-def _bwd_smem(cfg, block_d: int, itemsize: int) -> int:
+def _bwd_smem(kind: str):
     # the dK/dV kernel keeps K, V resident and streams Q, dO over num_stages; the dQ kernel keeps
     # Q, dO resident and streams K, V; both stage a BLOCK_M x BLOCK_N tile for the dots (these
     # estimates match the compiler's figures for sm_90 within ~20%, on the high side)
-    bm, bn, s = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_stages
-    dkdv = 2 * bn * block_d + s * 2 * bm * block_d
-    dq = 2 * bm * block_d + s * 2 * bn * block_d
-    return (max(dkdv, dq) + bm * bn) * itemsize
+    def smem(cfg, block_d: int, itemsize: int) -> int:
+        bm, bn, s = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_stages
+        if kind == "dkdv":
+            tiles = 2 * bn * block_d + s * 2 * bm * block_d
+        else:
+            tiles = 2 * bm * block_d + s * 2 * bn * block_d
+        return (tiles + bm * bn) * itemsize
+
+    return smem
 
 
 def _prune(smem_fn):
     def prune(configs, named_args, **kwargs):
-        block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
-        q = named_args["Q"]
+        # the autotuner passes the positional arguments as ``named_args`` and the keyword ones
+        # as ``kwargs``; tkit launches with keywords only, so look in both
+        args = {**named_args, **kwargs}
+        block_d = args["BLOCK_D"]
+        q = args["Q"]
         limit = _smem_limit()
-        tma = tma_ok(named_args["K"], named_args["V"]) and not _env_interpret()
+        tma = tma_ok(args["K"], args["V"]) and not _env_interpret()
         kept = [c for c in configs if smem_fn(c, block_d, q.element_size()) <= limit
                 and (tma or not c.kwargs.get("USE_TMA", False))]
         if kept:
@@ -111,29 +119,44 @@ def _prune(smem_fn):
 
 
 def _fwd_configs():
-    # BLOCK_M=128 with 8 warps is the Hopper sweet spot (two warpgroups of wgmma m64); BLOCK_N
-    # 64/128 and 2..4 stages trade shared memory for latency hiding; 64x64 with 4 warps serves
-    # short sequences and D=256, where a 128-row tile does not fit shared memory with 3 stages.
-    # Each tile is tried with K/V through TMA descriptors and through pointer loads (the TMA
-    # ones are pruned when the strides do not allow them).
+    # Measured on the H200 (B=4 H=16 S=4096 D=128 bf16, triton 3.6): non-causal, 128x64 s3 w8
+    # with pointer loads and a warp-specialized unmasked loop is the fastest (468 TFLOP/s,
+    # against 439-444 for the same tile through TMA or without warp specialization); causal,
+    # 64x64 s3 w4 through TMA (431, against 415 for 128x64 s3 w8 ptr ws): the shorter query
+    # tile wastes less work on the diagonal. BLOCK_N=128 (2 stages) lost (358-380), and two
+    # stages with TMA descriptors crash Triton 3.6's ptxas (error -11), so neither is listed.
+    # A fourth stage is offered to the pointer/warp-specialized tile (with TMA, 4 stages beat 3
+    # by 1%). Warp specialization with 4 warps fails to compile (MLIR pass failure, not caught
+    # by the autotuner), so only the 8-warp tiles use it. 64x32 s3 is the tile that fits shared
+    # memory at D=256. The first config is the default under TKIT_NO_AUTOTUNE.
     configs = [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "USE_TMA": tma, "WARP_SPEC": False},
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "USE_TMA": tma, "WARP_SPEC": ws},
                       num_stages=s, num_warps=w)
-        for bm, bn, s, w in [
-            (128, 64, 3, 8), (128, 64, 4, 8), (128, 128, 2, 8), (64, 64, 3, 4), (64, 64, 2, 4),
+        for bm, bn, s, w, tma, ws in [
+            (128, 64, 3, 8, False, True), (128, 64, 4, 8, False, True),
+            (128, 64, 3, 8, True, True), (64, 64, 3, 4, True, False),
+            (64, 64, 3, 4, False, False), (64, 32, 3, 4, True, False),
         ]
-        for tma in (True, False)
     ]
     small = triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "USE_TMA": False, "WARP_SPEC": False})
     return C.interpreter_configs(configs, small)
 
 
-def _bwd_configs():
-    # dK/dV: BLOCK_N keys resident, BLOCK_M queries streamed; dQ reuses the same pair.
-    configs = [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
-        for bm, bn, s, w in [(64, 128, 2, 8), (32, 128, 3, 4), (64, 64, 3, 4), (32, 64, 2, 4)]
-    ]
+def _bwd_configs(kind: str):
+    # dK/dV ("dkdv"): BLOCK_N keys resident, BLOCK_M queries streamed; dQ ("dq"): BLOCK_M
+    # queries resident, BLOCK_N keys streamed. The two kernels are tuned apart: each wants its
+    # resident tile large and its streamed tile small. Measured with one config for both (H200,
+    # main shape, causal): 64x64 s3 w4 255 TFLOP/s, 64x128 s2 w8 224, 32x128 s3 w4 97. Compiled
+    # for sm_90 at D=128: dK/dV 32x128 w4 keeps 976 bytes a thread on the stack (hence its 97)
+    # and dQ 128x32 w4 168, so neither is offered; dQ 128x64 w8 s2 fits in 235 registers with
+    # no stack. At D=256 only 32x64 s2 w4 and 64x64 s1 w8 fit shared memory (measured there:
+    # 82 and 109 TFLOP/s). The first config is the default under TKIT_NO_AUTOTUNE.
+    if kind == "dkdv":
+        tiles = [(64, 64, 3, 4), (64, 128, 2, 8), (64, 128, 3, 8), (64, 64, 1, 8), (32, 64, 2, 4)]
+    else:
+        tiles = [(64, 64, 3, 4), (128, 64, 2, 8), (128, 64, 3, 8), (64, 64, 1, 8), (32, 64, 2, 4)]
+    configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
+               for bm, bn, s, w in tiles]
     return C.interpreter_configs(configs, triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}))
 
 
@@ -275,18 +298,30 @@ def _fwd_inner(acc, l_i, m_i, q, K, V, sks, skd, svs, svd,
             else:
                 kt = tl.load(kt_ptrs, mask=dmask[:, None], other=0.0)
         qk = tl.dot(q, kt, input_precision=PREC)
-        s, t = _scores(qk, qk_scale, cap_scale, SOFTCAP)
+        if SOFTCAP:
+            s, t = _scores(qk, qk_scale, cap_scale, SOFTCAP)
+        else:
+            # scale > 0 commutes with the row max: take the max of the raw scores and fold the
+            # scale into the exponent's argument, one FMA a score (qk * scale - m) instead of a
+            # multiply and a subtract
+            s = qk
         if MASKED:
             ok = _visible(offs_m[:, None], cols[None, :], q_len, k_len, shift, wl, wr,
                           MASK_LO, MASK_HI)
             s = tl.where(ok, s, float("-inf"))
+        if SOFTCAP:
             m_new = tl.maximum(m_i, tl.max(s, 1))
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        if MASKED:
             # a row that has seen no visible key yet keeps m = -inf: subtract 0 instead
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
-            m_new = tl.maximum(m_i, tl.max(s, 1))
             m_use = m_new
-        p = tl.exp2(s - m_use[:, None])
+        if SOFTCAP:
+            p = tl.exp2(s - m_use[:, None])
+        else:
+            p = tl.exp2(s * qk_scale - m_use[:, None])
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
@@ -611,12 +646,12 @@ def _attn_bwd_dq_kernel(
 
 
 _attn_bwd_dkdv_autotuned = triton.autotune(
-    configs=_bwd_configs(), key=_TUNE_KEY,
-    prune_configs_by={"early_config_prune": _prune(_bwd_smem)},
+    configs=_bwd_configs("dkdv"), key=_TUNE_KEY,
+    prune_configs_by={"early_config_prune": _prune(_bwd_smem("dkdv"))},
 )(_attn_bwd_dkdv_kernel)
 _attn_bwd_dq_autotuned = triton.autotune(
-    configs=_bwd_configs(), key=_TUNE_KEY,
-    prune_configs_by={"early_config_prune": _prune(_bwd_smem)},
+    configs=_bwd_configs("dq"), key=_TUNE_KEY,
+    prune_configs_by={"early_config_prune": _prune(_bwd_smem("dq"))},
 )(_attn_bwd_dq_kernel)
 
 
