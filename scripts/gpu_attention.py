@@ -309,6 +309,9 @@ def _tuner_report(tuner, label, fl):
     """Print every config the autotuner timed at its last new key, best first (with TFLOP/s
     when ``fl`` is the FLOPs of one call)."""
     timings = getattr(tuner, "configs_timings", None) or {}
+    if timings:
+        print(f"    {label}s: {len(timings)} timed in {getattr(tuner, 'bench_time', 0):.1f} s "
+              f"(compiles included); {time.time() - T0:.0f} s into the run", flush=True)
     rows = []
     for cfg, t in timings.items():
         ms = t[0] if isinstance(t, (list, tuple)) else t
