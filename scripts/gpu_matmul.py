@@ -237,10 +237,14 @@ def section_skinny():
                       dict(BLOCK_K=64, NUM_STAGES=4)):  # 72 KB: three programs per SM
             cfg = dict(base, **combo)
             variants["splitk " + _cfg_str(cfg)] = cfg
+        # the one-launch split-K: the last program of each tile reduces (no second kernel)
+        for sp in (base["SPLIT_K"], base["SPLIT_K"] * 2):
+            variants[f"splitk SPLIT_K={sp} one launch (FUSED_REDUCE)"] = dict(
+                base, SPLIT_K=sp, FUSED_REDUCE=True)
         if SMOKE or M == 64:  # M=64: the split choice only
             variants = {k: v for k, v in variants.items() if "heuristic" in k or "SPLIT" in k}
         if SMOKE:
-            variants = dict(list(variants.items())[:2])
+            variants = dict(list(variants.items())[:2] + list(variants.items())[-2:])
         for name, cfg in variants.items():
             def run(cfg=cfg):
                 return mm._matmul_impl(x, b, path="splitk", config=cfg)

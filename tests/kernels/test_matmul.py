@@ -190,6 +190,29 @@ def test_splitk_is_deterministic(device):
         assert torch.equal(mm._matmul_impl(a, b, path="splitk"), first)
 
 
+@pytest.mark.parametrize("split", [2, 3])
+def test_splitk_one_launch(split, device):
+    """FUSED_REDUCE: the last program of a tile reduces in split order: the same bits as the
+    two-launch path, every time, with the counters left at zero for the next call."""
+    a = make_tensor((5, 512), torch.float16, seed=1, device=device)
+    b = make_tensor((200, 512), torch.float16, "contiguous", seed=2, device=device).t()
+    bias = make_tensor((200,), torch.float16, seed=3, device=device)
+    res = make_tensor((5, 200), torch.float16, seed=4, device=device)
+    cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, SPLIT_K=split, NUM_STAGES=2, num_warps=4)
+
+    def run(a, b, bias, res, fused=True):
+        return mm._matmul_impl(a, b, bias, res, activation="silu", path="splitk",
+                               config=dict(cfg, FUSED_REDUCE=fused))
+
+    two = run(a, b, bias, res, fused=False)
+    for _ in range(2):
+        assert torch.equal(run(a, b, bias, res), two)
+    assert not mm._splitk_counters(a.device, 1).any()
+    check_against_reference(
+        run, lambda a, b, bias, res: torch.nn.functional.silu(a @ b + bias) + res,
+        [a, b, bias, res])
+
+
 def test_splitk_heuristic_at_decode_shapes():
     # the H200's 132 SMs: M=1, K=4096, N=14336 -> 112 weight slabs of 128 columns; about two
     # programs per SM -> split 2 (the measured best of 2/4/8/16 at M=1, 16 and 64)

@@ -31,6 +31,9 @@ Four kernels:
   is split across programs so that enough of them stream the weight at once; each writes a
   float32 partial tile, and a second kernel sums the partials in a fixed order (deterministic,
   no atomics) and applies the epilogue.
+  ``_matmul_splitk_fused_kernel`` (config ``FUSED_REDUCE=True``, opt-in) does both in one
+  launch: the last program to finish a tile (per-tile arrival counter) sums the partials in
+  split order and applies the epilogue.
 * ``_grouped_matmul_kernel``: many problems in one launch, rows of ``a`` split into groups by
   ``offsets`` (the MoE layout), one ``b`` per group.
 
@@ -41,8 +44,8 @@ Which one runs for a call is :func:`plan`'s decision; it returns the path and th
 instead. ``scripts/gpu_matmul.py`` times the alternatives side by side on the H200.
 
 Not here yet: a TMA path for batched operands (3-D descriptors; batched problems with a shared
-weight are folded into M and do take it), a Hopper (TMA/wgmma) grouped
-kernel, and a one-launch split-K (a semaphore instead of the second kernel).
+weight are folded into M and do take it), a Hopper (TMA/wgmma) grouped kernel, and per-stream
+counters that would let the one-launch split-K be the default.
 """
 
 from __future__ import annotations
@@ -406,6 +409,63 @@ def _matmul_splitk_kernel(
         b_ptrs += BLOCK_K * stride_bk
     ws_ptrs = ws_ptr + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :]
     tl.store(ws_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _matmul_splitk_fused_kernel(
+    a_ptr, b_ptr, ws_ptr, cnt_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,
+    stride_bias,
+    SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+    HAS_RES: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Split-K in one launch: ``_matmul_splitk_kernel``'s K-slice, then the program that
+    finishes a tile last (a per-tile arrival counter) sums the SPLIT_K partials in split order
+    (deterministic: the same order whoever arrives last), applies the epilogue and writes c.
+
+    ws_ptr float32 (SPLIT_K, M, N); cnt_ptr int32, one zeroed counter per (pid_m, pid_n) tile,
+    left at zero again by the last program; c_ptr and the epilogue pointers as in
+    ``_splitk_reduce_kernel``.
+    """
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_am = offs_m % M
+    offs_bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
+    k_begin = pid_k * tiles_per_split
+    k_end = tl.minimum(k_begin + tiles_per_split, k_tiles)
+    offs_k = k_begin * BLOCK_K + tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in tl.range(k_begin, k_end, num_stages=NUM_STAGES):
+        k_left = K - kt * BLOCK_K
+        a = tl.load(a_ptrs, mask=offs_k[None, :] - k_begin * BLOCK_K < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] - k_begin * BLOCK_K < k_left, other=0.0,
+                    eviction_policy="evict_first")
+        acc = _dot(a, b, acc, IEEE)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tile_ptrs = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
+    tl.store(tile_ptrs + pid_k * M * N, acc, mask=mask)
+    tl.debug_barrier()  # every thread's partial is stored before the (releasing) arrival
+    cnt = cnt_ptr + pid_m * tl.num_programs(0) + pid_n
+    arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+    if arrived == SPLIT_K - 1:
+        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            total += tl.load(tile_ptrs + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+        total = _epilogue(total, offs_m, offs_n, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
+                          res_ptr, stride_rm, stride_rn, SCALE_A, SCALE_B, HAS_BIAS, ACT, HAS_RES)
+        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(cnt, 0)  # ready for the next launch
 
 
 @triton.jit
@@ -785,6 +845,24 @@ def _launch_tma(a, b, out, epi, ieee, num_sms, config=None):
              NUM_SMS=num_sms, **_launch_kwargs(config))
 
 
+_COUNTERS: dict = {}
+
+
+def _splitk_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Per-tile arrival counters of the one-launch split-K (config ``FUSED_REDUCE=True``, opt-in
+    for now), zeroed once and left at zero by every launch, so calls need no memset. One buffer
+    per device: two such launches running concurrently on different streams would share it,
+    which is why it is not the default yet (and why the buffer must exist before a CUDA graph
+    capture: the first call is eager)."""
+    key = (device.type, device.index)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n or device.type == "meta":
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        if device.type != "meta":
+            _COUNTERS[key] = buf
+    return buf
+
+
 def _launch_splitk(a, b, out, epi, ieee, cfg):
     M, K = a.shape
     N = b.shape[1]
@@ -798,6 +876,16 @@ def _launch_splitk(a, b, out, epi, ieee, cfg):
         return
     # partials are float32 and fully overwritten: a plain allocation, never poisoned
     ws = torch.empty((split, M, N), dtype=torch.float32, device=a.device)
+    if cfg.get("FUSED_REDUCE"):
+        grid = (triton.cdiv(N, bn), triton.cdiv(M, bm), split)
+        C.launch(_matmul_splitk_fused_kernel, grid, a_ptr=a, b_ptr=b, ws_ptr=ws,
+                 cnt_ptr=_splitk_counters(a.device, grid[0] * grid[1]), c_ptr=out,
+                 M=M, N=N, K=K, stride_am=a.stride(0), stride_ak=a.stride(1),
+                 stride_bk=b.stride(0), stride_bn=b.stride(1), stride_cm=out.stride(0),
+                 stride_cn=out.stride(1), **epi, IEEE=ieee, SPLIT_K=split,
+                 NUM_STAGES=cfg["NUM_STAGES"], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=cfg["BLOCK_K"],
+                 num_warps=cfg["num_warps"])
+        return
     C.launch(_matmul_splitk_kernel, (triton.cdiv(N, bn), triton.cdiv(M, bm), split),
              a_ptr=a, b_ptr=b, ws_ptr=ws, M=M, N=N, K=K,
              stride_am=a.stride(0), stride_ak=a.stride(1),
