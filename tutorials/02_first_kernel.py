@@ -78,10 +78,18 @@ def test_fuzz_add_with_hypothesis():
 # `triton.testing.do_bench` for this). Report three ways: time, TB/s, percent of the measured
 # copy ceiling, and beside the baselines *in the same run*.
 #
-# Measured on the H200 (2026-11-29, `python tutorials/02_first_kernel.py`): see the table it
-# prints; this first version with BLOCK=1024 and 4 warps is within a few percent of tkit.add,
-# because an add has nothing to hide: one load per operand and a store. Chapter 03 shows the
-# cases where the access pattern, not the arithmetic, decides.
+# Measured on the H200 (2026-11-29, `python tutorials/02_first_kernel.py`, copy ceiling measured
+# in the same run at 4.22 TB/s; benchmarks/results/h200-2026-11-29-b-final.log):
+#
+#     first kernel (BLOCK=1024)   188.6 us  4.27 TB/s  101.1% of copy
+#     first kernel (BLOCK=4096)   189.9 us  4.24 TB/s  100.5% of copy
+#     tkit.add                    189.6 us  4.25 TB/s  100.6% of copy
+#     torch                       188.7 us  4.27 TB/s  101.1% of copy
+#
+# The first version is already on the ceiling (a little over the copy's own figure: a copy
+# reads and writes one stream each, an add reads two, and HBM does slightly better on that
+# mix). An add has nothing to hide: one load per operand and a store. Chapter 03 shows what
+# happens when the access pattern, not the arithmetic, decides.
 
 # %%
 if __name__ == "__main__":
