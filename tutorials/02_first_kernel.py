@@ -86,9 +86,10 @@ def test_fuzz_add_with_hypothesis():
 #     tkit.add                    189.6 us  4.25 TB/s  100.6% of copy
 #     torch                       188.7 us  4.27 TB/s  101.1% of copy
 #
-# The first version is already on the ceiling (a little over the copy's own figure: a copy
-# reads and writes one stream each, an add reads two, and HBM does slightly better on that
-# mix). An add has nothing to hide: one load per operand and a store. Chapter 03 shows what
+# The first version is already on the ceiling, even a little over the copy's own figure (a copy
+# reads one stream per stream written, an add two; that mix ran about 1% faster here, a
+# measurement, not an explanation). An add has nothing to hide: one load per operand and a
+# store. Chapter 03 shows what
 # happens when the access pattern, not the arithmetic, decides.
 
 # %%
