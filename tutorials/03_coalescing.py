@@ -101,29 +101,19 @@ def test_versions_agree_with_reference():
 #
 # No GPU is needed to see the vector width: compile ahead of time for sm_90 and read the PTX.
 # The vectorized version loads with `ld.global.v4.b32` (16 bytes: 8 bf16); the scalar one with
-# `ld.global.b16` (2 bytes). `tkit.ir` (chapter 07) does this for any kernel; here the
-# mechanics are spelled out.
+# `ld.global.b16` (2 bytes). `tkit.ir` (chapter 07) compiles any kernel from (shape, dtype)
+# pairs standing for its tensors, with the same specialization Triton's launcher would apply
+# (16-byte aligned pointers, sizes divisible by 16), and works whether or not this process also
+# runs kernels in the interpreter.
 
 # %%
-def ptx_of(kernel, signature: dict, constexprs: dict, num_warps: int, arch: int = 90) -> str:
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
-
-    fn = kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)
-    # pointers are 16-byte aligned and n divisible by 16, as Triton's launcher would detect
-    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values())
-             if t.startswith("*") or t == "i32"}
-    src = ASTSource(fn, {**signature, **{k: "constexpr" for k in constexprs}}, constexprs,
-                    attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                              options={"num_warps": num_warps})
-    return compiled.asm["ptx"]
-
-
 def _flat_ptx(block, warps):
-    sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32"}
-    return ptx_of(add_flat_kernel, sig, {"BLOCK": block}, warps)
+    import tkit.ir_tools as ir
+
+    n = 16384 * 8192
+    t = ((n,), torch.bfloat16)
+    return ir.compile(add_flat_kernel, t, t, t, n, BLOCK=block, num_warps=warps,
+                      arch="sm_90").asm["ptx"]
 
 
 def test_vectorized_version_uses_16_byte_loads():
