@@ -10,6 +10,10 @@ TKIT_HYPOTHESIS_PROFILE  ``ci`` (derandomized, interpreter-sized) or ``gpu`` (la
                      examples); default ``ci``.
 TKIT_NO_DIRECT=1     always go through the registered torch.library op, even in eager mode.
 TKIT_SLOW=1          run tests marked slow.
+TKIT_WGMMA_SELFTEST=0  skip the one-time subprocess self-test of the hand-written Hopper GEMM
+                     before its first use on a machine (the self-test guards against a hang).
+TKIT_GIT_SHA         the git sha stamped on benchmark rows where the tree has no .git (the copy
+                     sent to a GPU machine).
 TKIT_NO_AUTOTUNE=1   use each kernel's first (default) config instead of autotuning: GPU test runs
                      see hundreds of shapes and would otherwise spend their time tuning.
 """
@@ -31,3 +35,5 @@ HYPOTHESIS_PROFILE: str = os.environ.get("TKIT_HYPOTHESIS_PROFILE", "ci")
 NO_DIRECT: bool = _flag("TKIT_NO_DIRECT")
 SLOW: bool = _flag("TKIT_SLOW")
 NO_AUTOTUNE: bool = _flag("TKIT_NO_AUTOTUNE")
+WGMMA_SELFTEST: bool = os.environ.get("TKIT_WGMMA_SELFTEST", "1").strip() != "0"
+GIT_SHA: str = os.environ.get("TKIT_GIT_SHA", "")

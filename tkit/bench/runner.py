@@ -7,7 +7,6 @@ temperature then touches every provider alike instead of whichever ran last.
 
 from __future__ import annotations
 
-import os
 import platform
 import statistics
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from tkit import _env
 from tkit.bench.ceilings import Ceilings
 from tkit.bench.progress import Progress
 from tkit.bench.timing import time_fn
@@ -44,8 +44,8 @@ def environment() -> dict:
 
 
 def _git_sha() -> str:
-    if os.environ.get("TKIT_GIT_SHA"):  # set by scripts/gpu_run.sh callers: no .git there
-        return os.environ["TKIT_GIT_SHA"]
+    if _env.GIT_SHA:  # set by the callers of scripts/gpu_*.sh: no .git on the GPU machine
+        return _env.GIT_SHA
     try:
         root = Path(__file__).resolve().parents[2]
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
@@ -54,7 +54,7 @@ def _git_sha() -> str:
                                cwd=root, capture_output=True, text=True, timeout=5).stdout.strip()
         return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else "?"
     except Exception:
-        return os.environ.get("TKIT_GIT_SHA", "?")
+        return "?"
 
 
 def _verify(spec: OpSpec, args, kwargs) -> tuple[bool, str]:

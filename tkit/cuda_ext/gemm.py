@@ -227,7 +227,7 @@ def wgmma_selftest(**kw) -> str | None:
 
     from tkit import _env
 
-    if os.environ.get("TKIT_WGMMA_SELFTEST", "1") == "0":
+    if not _env.WGMMA_SELFTEST:
         return None
     opts = {k: v for k, v in sorted(kw.items()) if v is not None}
     key = (_loader.source_hash(WGMMA_SM90["source"]), json.dumps(opts),
