@@ -195,11 +195,30 @@ def test_sass_shows_each_step():
 # ## 3. Measure (GPU)
 #
 # `python tutorials/05_gemm_cuda_cores.py` times every step at 4096^3 against cuBLAS fp32
-# (TF32 off) and the fp32 peak. The lead's H200 runs of `scripts/gpu_cuda_ext.py` are
-# recorded under `benchmarks/results/`; the figures belong here once measured. What to
-# expect from the model above: naive a few TFLOP/s, smem tiling 2-3x better, register
-# blocking the big jump (2-D blocking into the 50-70% of peak range), vectorized loads and
-# double buffering the last 10-20%, cuBLAS fp32 near 75-85% of peak.
+# (TF32 off) and the fp32 peak. What the model above predicted: naive a few TFLOP/s, smem
+# tiling 2-3x better, register blocking the big jump (2-D blocking into the 50-70% of peak
+# range), vectorized loads and double buffering the last 10-20%, cuBLAS fp32 near 75-85% of
+# peak.
+#
+# Measured on the H200 (2026-11-29, `scripts/gpu_cuda_ext.py`, do_bench medians, 4096^3 fp32,
+# benchmarks/results/h200-2026-11-29-a-cuda_ext.log; peak 66.9 TFLOP/s by the datasheet):
+#
+#     step                 ms      TFLOP/s  of cuBLAS  of peak
+#     naive              23.543      5.8      11.4%     8.7%
+#     smem tiling        15.840      8.7      16.9%    13.0%
+#     1-D blocking        8.620     15.9      31.1%    23.8%
+#     2-D blocking        6.883     20.0      39.0%    29.8%
+#     vectorized          3.383     40.6      79.3%    60.7%
+#     cp.async            3.400     40.4      79.0%    60.4%
+#     cuBLAS fp32         2.685     51.2     100.0%    76.5%
+#
+# Two predictions missed. Smem tiling gained 1.5x, not 2-3x, and 2-D blocking reached 30% of
+# peak, not 50-70%; the vectorized step then doubled it. The SASS counts above already showed
+# ptxas turning the 2-D step's shared loads into 128-bit ones, so the doubling came from the
+# global loads and stores and the bank conflicts the vectorized step removes (transposed A
+# tile, padded rows), more than the model credited them with. Double buffering with cp.async
+# gained nothing at this size: with 2 blocks per SM, the other block already hides the load
+# latency.
 
 
 # %%
