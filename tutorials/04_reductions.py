@@ -242,8 +242,8 @@ def test_tkit_split_path_equals_fused_path():
 # 16384 x 8192 bf16: rms_norm 3.84 TB/s (torch eager 0.60, torch.compile 4.12), fused
 # residual + rms_norm 3.95 (eager 1.00, compile 3.98), layer_norm 3.64 (compile 3.63), softmax
 # 3.87 (compile 1.73): eager RMSNorm is 6.4x slower than the fused kernel here, less than the
-# 9x of the traffic count because eager's separate kernels each run near the copy ceiling on
-# their own passes only part of the time. Long rows (N = 262144): rms_norm 2.63 TB/s, softmax
+# ~9x the traffic count gives (not examined further; the count treats every intermediate pass
+# as HBM traffic, an upper bound). Long rows (N = 262144): rms_norm 2.63 TB/s, softmax
 # 2.34, about the 2/3-of-copy bound of a three-pass schedule whose reread misses L2.
 
 # %%
