@@ -371,18 +371,11 @@ _matmul_tma_autotuned = triton.autotune(
 
 
 @triton.jit
-def _matmul_splitk_kernel(
-    a_ptr, b_ptr, ws_ptr, M, N, K,
-    stride_am, stride_ak, stride_bk, stride_bn,
-    IEEE: tl.constexpr, SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """One K-slice of one (BLOCK_M, BLOCK_N) tile, written as float32 to ws[split, M, N].
-
-    a_ptr (M, K), b_ptr (K, N), any strides. program_id(0) walks N (the long dimension: one
-    program per weight slab), program_id(1) M, program_id(2) the K split. A split whose K range
-    is empty writes zeros, so the workspace needs no initialization.
-    """
+def _splitk_slice(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                  IEEE: tl.constexpr, SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """This program's K-slice of its (BLOCK_M, BLOCK_N) tile, in float32: program_id(0) walks
+    N, program_id(1) M, program_id(2) the K split. Returns (acc, offs_m, offs_n)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -407,6 +400,26 @@ def _matmul_splitk_kernel(
         acc = _dot(a, b, acc, IEEE)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
+    return acc, offs_m, offs_n
+
+
+@triton.jit
+def _matmul_splitk_kernel(
+    a_ptr, b_ptr, ws_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn,
+    IEEE: tl.constexpr, SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One K-slice of one (BLOCK_M, BLOCK_N) tile, written as float32 to ws[split, M, N].
+
+    a_ptr (M, K), b_ptr (K, N), any strides. program_id(0) walks N (the long dimension: one
+    program per weight slab), program_id(1) M, program_id(2) the K split. A split whose K range
+    is empty writes zeros, so the workspace needs no initialization.
+    """
+    acc, offs_m, offs_n = _splitk_slice(
+        a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+        IEEE, SPLIT_K, NUM_STAGES, BLOCK_M, BLOCK_N, BLOCK_K)
+    pid_k = tl.program_id(2)
     ws_ptrs = ws_ptr + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :]
     tl.store(ws_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
@@ -428,29 +441,12 @@ def _matmul_splitk_fused_kernel(
     left at zero again by the last program; c_ptr and the epilogue pointers as in
     ``_splitk_reduce_kernel``.
     """
+    acc, offs_m, offs_n = _splitk_slice(
+        a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+        IEEE, SPLIT_K, NUM_STAGES, BLOCK_M, BLOCK_N, BLOCK_K)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_am = offs_m % M
-    offs_bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
-    k_begin = pid_k * tiles_per_split
-    k_end = tl.minimum(k_begin + tiles_per_split, k_tiles)
-    offs_k = k_begin * BLOCK_K + tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in tl.range(k_begin, k_end, num_stages=NUM_STAGES):
-        k_left = K - kt * BLOCK_K
-        a = tl.load(a_ptrs, mask=offs_k[None, :] - k_begin * BLOCK_K < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=offs_k[:, None] - k_begin * BLOCK_K < k_left, other=0.0,
-                    eviction_policy="evict_first")
-        acc = _dot(a, b, acc, IEEE)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tile_ptrs = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
     tl.store(tile_ptrs + pid_k * M * N, acc, mask=mask)
