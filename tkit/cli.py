@@ -92,7 +92,8 @@ def cmd_bench(args) -> int:
           f"bf16 matmul {c.bf16_tflops:.0f} TFLOP/s")
     rows = runner.bench_specs(specs, c, rounds=args.rounds, rep_ms=args.rep_ms,
                               baselines=not args.no_baselines, groups=args.group,
-                              cuda_graph=args.cuda_graph, progress=args.progress)
+                              cuda_graph=args.cuda_graph, progress=args.progress,
+                              quick=args.quick)
     print(report.terminal_table(rows))
     env = runner.environment()
     jpath, mpath = report.write_results(rows, out_dir, c, env, stem=args.stem)
@@ -115,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rounds", type=int, default=3, help="interleaved rounds per case")
     b.add_argument("--rep-ms", type=int, default=100, help="timing window per measurement")
     b.add_argument("--group", action="append", help="only cases of this group (repeatable)")
+    b.add_argument("--quick", action="store_true",
+                   help="each op's first (headline) case only: the whole toolkit in minutes")
     b.add_argument("--no-baselines", action="store_true")
     b.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays")
     b.add_argument("--remeasure", action="store_true", help="measure the ceilings again")

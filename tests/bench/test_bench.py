@@ -58,6 +58,17 @@ def test_cli_bench_without_gpu_checks_ops_in_the_interpreter(capsys, tmp_path):
     assert "silu_mul" in out and "passed, 0 failed" in out
 
 
+def test_quick_plan_takes_each_ops_first_case_of_the_chosen_groups():
+    specs = registry.select(["add", "silu"])
+    full = runner.plan_cases(specs)
+    quick = runner.plan_cases(specs, quick=True)
+    assert [(s.name, c.label) for s, c in quick] == [
+        (s.name, s.bench_cases()[0].label) for s in specs]
+    assert len(full) > len(quick)
+    strided = runner.plan_cases(specs, groups=["strided"], quick=True)
+    assert strided and all(c.group == "strided" for _, c in strided)
+
+
 def test_cli_rejects_unknown_op():
     with pytest.raises(KeyError, match="unknown op or family: nope"):
         cli.main(["bench", "nope"])

@@ -57,6 +57,16 @@ def _git_sha() -> str:
         return "?"
 
 
+def plan_cases(specs: list[OpSpec], groups: list[str] | None = None, quick: bool = False):
+    """(spec, case) pairs to run: the cases of the chosen groups; with ``quick``, each op's
+    first such case (its headline shape), so that a whole-toolkit run takes minutes."""
+    plan = []
+    for spec in specs:
+        cases = [c for c in spec.bench_cases() if not groups or c.group in groups]
+        plan += [(spec, c) for c in (cases[:1] if quick else cases)]
+    return plan
+
+
 def _verify(spec: OpSpec, args, kwargs) -> tuple[bool, str]:
     """The reference rule at benchmark size, with a float32 reference (float64 would take
     minutes on the GPU for the large GEMM and attention cases)."""
@@ -80,10 +90,11 @@ def bench_specs(
     cuda_graph: bool = False,
     verify: bool = True,
     progress: bool | None = None,
+    quick: bool = False,
 ) -> list[dict]:
     """Time every bench case of every spec; one row per (case, provider)."""
     env = environment()
-    plan = [(s, c) for s in specs for c in s.bench_cases() if not groups or c.group in groups]
+    plan = plan_cases(specs, groups, quick)
     bar = Progress(len(plan), "bench", progress)
     rows: list[dict] = []
     compiled: dict[str, dict] = {}
