@@ -734,7 +734,7 @@ def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
         return MatmulPlan("splitk", f"M={M} <= {_SKINNY_M} with a {K}x{N} weight: "
                           "memory-bound, split-K streams the weight", splitk_config(M, N, K, sms))
     if major >= 9:
-        out_es = torch.empty((), dtype=out_dtype).element_size()
+        out_es = out_dtype.itemsize
         if not (_tma_ok(a)[0] and _tma_ok(b)[0]):
             return MatmulPlan("ptr", "an operand's strides or alignment are not TMA-compatible")
         if (N * out_es) % 16:
@@ -1187,7 +1187,8 @@ def _check_operands(a, b, dtypes):
 def _check_epilogue(out_shape, device, bias, activation, residual):
     if bias is not None:
         C.check_tensor(bias, "bias", ndim=1)
-        C.check_same_device(bias=bias, a=torch.empty(0, device=device))
+        if bias.device != device:
+            raise ValueError(f"bias is on {bias.device} but a is on {device}")
         if bias.shape[0] != out_shape[-1]:
             raise ValueError(f"bias must have shape ({out_shape[-1]},) (N), got "
                              f"{tuple(bias.shape)}")
@@ -1195,7 +1196,8 @@ def _check_epilogue(out_shape, device, bias, activation, residual):
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     if residual is not None:
         C.check_tensor(residual, "residual")
-        C.check_same_device(residual=residual, a=torch.empty(0, device=device))
+        if residual.device != device:
+            raise ValueError(f"residual is on {residual.device} but a is on {device}")
         try:
             ok = torch.broadcast_shapes(residual.shape, out_shape) == torch.Size(out_shape)
         except RuntimeError:
@@ -1361,7 +1363,7 @@ def cost(a: torch.Tensor, b: torch.Tensor, *args, out_dtype=None, **kwargs):
     from tkit.registry import Cost, unique_bytes
 
     shape = _out_shape(a, b)
-    out_es = torch.empty((), dtype=out_dtype or _default_out_dtype(a.dtype)).element_size()
+    out_es = (out_dtype or _default_out_dtype(a.dtype)).itemsize
     n = 1
     for s in shape:
         n *= s
