@@ -134,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] != "ir":
+        # before build_parser: it imports tkit.ir_tools, and importing that before the
+        # interpreter switch leaves the interpreter unable to run nested jit functions
+        _prepare_backend()
     args = build_parser().parse_args(argv)
     if args.command == "info":
         return cmd_info(args)

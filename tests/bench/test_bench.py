@@ -69,6 +69,21 @@ def test_quick_plan_takes_each_ops_first_case_of_the_chosen_groups():
     assert strided and all(c.group == "strided" for _, c in strided)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of tkit bench")
+def test_tkit_bench_command_in_a_fresh_process_without_gpu(tmp_path):
+    """The README's main command as a user runs it: a new process, no TRITON_INTERPRET set."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-m", "tkit.cli", "bench", "add", "silu",
+                          "--out", str(tmp_path)], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "timings need a CUDA GPU" in out.stdout and "passed, 0 failed" in out.stdout
+
+
 def test_cli_rejects_unknown_op():
     with pytest.raises(KeyError, match="unknown op or family: nope"):
         cli.main(["bench", "nope"])
