@@ -133,13 +133,19 @@ def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
 
 def needs_int64(*tensors: torch.Tensor) -> bool:
     """True when some element offset in these tensors can reach 2**31: index math goes 64-bit."""
-    for t in tensors:
-        if t is None or t.numel() == 0:
-            continue
-        span = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) + t.storage_offset()
-        if span >= 2**31 - 1 or t.numel() >= 2**31 - 1:
-            return True
-    return False
+    return any(t is not None and span_needs_int64(t.shape, t.stride(), t.storage_offset())
+               for t in tensors)
+
+
+def span_needs_int64(shape, stride, storage_offset: int = 0) -> bool:
+    """:func:`needs_int64` for one tensor given as (shape, stride, storage offset)."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    if numel == 0:
+        return False
+    span = sum((s - 1) * abs(st) for s, st in zip(shape, stride)) + storage_offset
+    return span >= 2**31 - 1 or numel >= 2**31 - 1
 
 
 def use_direct_path(*tensors: torch.Tensor | None) -> bool:

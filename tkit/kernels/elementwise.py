@@ -33,6 +33,7 @@ Index math is 32-bit unless some offset can reach 2**31 (then ``INT64`` is set).
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -221,12 +222,14 @@ def _ew_strided_kernel(
 # --------------------------------------------------------------------------------------------
 # Launcher
 # --------------------------------------------------------------------------------------------
-def _broadcast_strides(t: torch.Tensor, shape: tuple[int, ...]) -> list[int]:
-    """Strides of ``t`` viewed at the broadcast ``shape`` (0 on broadcast dimensions)."""
-    lead = len(shape) - t.ndim
+def _broadcast_meta_strides(meta: tuple, shape: tuple[int, ...]) -> list[int]:
+    """Strides of a tensor given as (shape, stride, offset) viewed at the broadcast ``shape``
+    (0 on broadcast dimensions)."""
+    tshape, tstride, _ = meta
+    lead = len(shape) - len(tshape)
     strides = [0] * len(shape)
-    for i in range(t.ndim):
-        strides[lead + i] = 0 if (t.shape[i] == 1 and shape[lead + i] != 1) else t.stride(i)
+    for i in range(len(tshape)):
+        strides[lead + i] = 0 if (tshape[i] == 1 and shape[lead + i] != 1) else tstride[i]
     return strides
 
 
@@ -262,47 +265,66 @@ def _strided_tile(rows: int, N: int, transposed: bool) -> tuple[int, int, int]:
     return block_m, block_n, 4 if block_m * block_n <= 2048 else 8
 
 
-def _launch(op: str, a: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor,
-            scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Run ``op`` into the preallocated ``out`` (inputs already validated and broadcastable)."""
-    n = out.numel()
-    if n == 0:
-        return out
-    shape = tuple(out.shape)
-    operands = [a] + ([b] if b is not None else []) + [out]
-    strides = [_broadcast_strides(t, shape) for t in operands]
+def _meta(t: torch.Tensor) -> tuple:
+    return tuple(t.shape), tuple(t.stride()), t.storage_offset()
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(op: str, has_scale: bool, metas: tuple) -> tuple:
+    """What ``_launch`` launches for operands of these (shape, stride, storage offset) triples
+    (a, [b,] out): ("flat", kwargs) or ("strided", kwargs, grid). Cached: the layout analysis
+    is most of a small op's host time, and a model calls the same shapes over and over."""
+    shape = metas[-1][0]
+    n = 1
+    for s in shape:
+        n *= s
+    strides = [_broadcast_meta_strides(m, shape) for m in metas]
     merged = collapse_dims(shape, strides)
-    int64 = C.needs_int64(*operands)
-    flags = dict(OP=op, HAS_B=b is not None, HAS_SCALE=scale is not None, INT64=int64)
-    ptr_args = dict(a_ptr=a, b_ptr=b if b is not None else a, out_ptr=out,
-                    scale_ptr=scale if scale is not None else a)
+    int64 = any(C.span_needs_int64(*m) for m in metas)
+    flags = dict(OP=op, HAS_B=len(metas) == 3, HAS_SCALE=has_scale, INT64=int64)
     if len(merged) <= 1 and all(s == 1 for _, sts in merged for s in sts):
-        grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]),)
-        C.launch(_ew_flat_autotuned, grid, **ptr_args, n_elements=n,
-                 size_class=C.size_class(n), **flags)
-        return out
+        return "flat", dict(n_elements=n, size_class=C.size_class(n), **flags), None
     if len(merged) > 5:
         raise NotImplementedError(
             f"elementwise {op}: this layout needs {len(merged)} strided dimensions after merging "
             "contiguous ones (at most 5 are supported); call .contiguous() on an input first"
         )
-    merged = [(1, [0] * len(operands))] * (5 - len(merged)) + merged
+    merged = [(1, [0] * len(metas))] * (5 - len(merged)) + merged
     sizes = [m[0] for m in merged]
-    st = [[m[1][k] for m in merged] for k in range(len(operands))]
+    st = [[m[1][k] for m in merged] for k in range(len(metas))]
     sa, so = st[0], st[-1]
-    sb = st[1] if b is not None else sa
+    sb = st[1] if len(metas) == 3 else sa
     rows = sizes[0] * sizes[1] * sizes[2] * sizes[3]
     transposed = any(t[3] == 1 and t[4] != 1 for t in st)
     block_m, block_n, warps = _strided_tile(rows, sizes[4], transposed)
     grid = (triton.cdiv(rows, block_m) * triton.cdiv(sizes[4], block_n),)
-    C.launch(
-        _ew_strided_kernel, grid, **ptr_args,
+    kwargs = dict(
         D0=sizes[0], D1=sizes[1], D2=sizes[2], M=sizes[3], N=sizes[4],
         sa0=sa[0], sa1=sa[1], sa2=sa[2], sam=sa[3], san=sa[4],
         sb0=sb[0], sb1=sb[1], sb2=sb[2], sbm=sb[3], sbn=sb[4],
         so0=so[0], so1=so[1], so2=so[2], som=so[3], son=so[4],
         **flags, BATCHED=rows != sizes[3], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
     )
+    return "strided", kwargs, grid
+
+
+def _flat_grid(meta):
+    return (triton.cdiv(meta["n_elements"], meta["BLOCK"]),)
+
+
+def _launch(op: str, a: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor,
+            scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Run ``op`` into the preallocated ``out`` (inputs already validated and broadcastable)."""
+    if out.numel() == 0:
+        return out
+    metas = (_meta(a),) + ((_meta(b),) if b is not None else ()) + (_meta(out),)
+    kind, kwargs, grid = _plan(op, scale is not None, metas)
+    ptr_args = dict(a_ptr=a, b_ptr=b if b is not None else a, out_ptr=out,
+                    scale_ptr=scale if scale is not None else a)
+    if kind == "flat":
+        C.launch(_ew_flat_autotuned, _flat_grid, **ptr_args, **kwargs)
+    else:
+        C.launch(_ew_strided_kernel, grid, **ptr_args, **kwargs)
     return out
 
 
