@@ -158,6 +158,34 @@ def use_direct_path(*tensors: torch.Tensor | None) -> bool:
     return True
 
 
+def broadcast_shapes(*shapes) -> tuple[int, ...]:
+    """torch.broadcast_shapes for concrete shapes in plain Python (torch's costs tens of
+    microseconds a call, a visible part of a small op's eager latency); ValueError when they do
+    not broadcast. Fake-tensor (torch.compile) paths keep torch's, which handles symbolic sizes."""
+    # plain loops: torch.compile traces this (validation runs in the traced public function)
+    n = 0
+    for s in shapes:
+        n = max(n, len(s))
+    out = [1] * n
+    for s in shapes:
+        lead = n - len(s)
+        for i in range(len(s)):
+            x = s[i]
+            if x != 1:
+                if out[lead + i] != 1 and out[lead + i] != x:
+                    raise ValueError(f"shapes {[tuple(t) for t in shapes]} do not broadcast")
+                out[lead + i] = x
+    return tuple(out)
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for launch grids. ``triton.cdiv`` is a jit function: called from host code
+    it costs a few microseconds of argument handling, and a GEMM launch made eight such calls.
+    Written for non-negative operands without negation: a grid function may receive Triton
+    ``constexpr`` values (an argument equal to 1 is specialized), whose ``//`` truncates."""
+    return (a + b - 1) // b
+
+
 def next_power_of_2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 

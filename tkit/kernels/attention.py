@@ -760,7 +760,7 @@ def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
         cap_scale=cap_scale, wl=wl, wr=wr, **flags,
     )
     if config is None:
-        grid = lambda meta: (batch * hq, triton.cdiv(sq, meta["BLOCK_M"]))
+        grid = lambda meta: (batch * hq, C.cdiv(sq, meta["BLOCK_M"]))
         if q.device.type == "cuda" and tma_ok(k, v):
             _set_tma_allocator(q.device)
         C.launch(_attn_fwd_autotuned, grid, **args)
@@ -773,7 +773,7 @@ def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
                 raise ValueError("USE_TMA needs k and v with unit head_dim stride and 16-byte "
                                  "aligned rows")
             _set_tma_allocator(q.device)
-        grid = (batch * hq, triton.cdiv(sq, cfg["BLOCK_M"]))
+        grid = (batch * hq, C.cdiv(sq, cfg["BLOCK_M"]))
         C.launch(_attn_fwd_kernel, grid, **args, **cfg)
     return out, lse
 
@@ -832,7 +832,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, causal, sca
     cu_k_arg = cu_k if varlen else q
     if sq > 0:
         block_m = 64
-        C.launch(_attn_bwd_delta_kernel, (triton.cdiv(sq, block_m), batch * hq),
+        C.launch(_attn_bwd_delta_kernel, (C.cdiv(sq, block_m), batch * hq),
                  O=out, DO=do, DELTA=delta, CU_Q=cu_q_arg,
                  **_named("so", _strides4(out, varlen)), **_named("sd", _strides4(do, varlen)),
                  **lse_st, seqlen_q=sq, H=hq, HEAD_DIM=d, BLOCK_D=flags["BLOCK_D"],
@@ -851,14 +851,14 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, causal, sca
     dq_args = dict(common, DQ=dq, **_named("sdq", _strides4(dq, varlen)), H=hq)
     if config is None:
         C.launch(_attn_bwd_dkdv_autotuned,
-                 lambda meta: (batch * hk, triton.cdiv(sk, meta["BLOCK_N"])), **dkdv_args)
+                 lambda meta: (batch * hk, C.cdiv(sk, meta["BLOCK_N"])), **dkdv_args)
         C.launch(_attn_bwd_dq_autotuned,
-                 lambda meta: (batch * hq, triton.cdiv(sq, meta["BLOCK_M"])), **dq_args)
+                 lambda meta: (batch * hq, C.cdiv(sq, meta["BLOCK_M"])), **dq_args)
     else:
         cfg = dict(config)
-        C.launch(_attn_bwd_dkdv_kernel, (batch * hk, triton.cdiv(sk, cfg["BLOCK_N"])),
+        C.launch(_attn_bwd_dkdv_kernel, (batch * hk, C.cdiv(sk, cfg["BLOCK_N"])),
                  **dkdv_args, **cfg)
-        C.launch(_attn_bwd_dq_kernel, (batch * hq, triton.cdiv(sq, cfg["BLOCK_M"])),
+        C.launch(_attn_bwd_dq_kernel, (batch * hq, C.cdiv(sq, cfg["BLOCK_M"])),
                  **dq_args, **cfg)
     return dq, dk, dv
 

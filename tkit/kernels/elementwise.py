@@ -297,7 +297,7 @@ def _plan(op: str, has_scale: bool, metas: tuple) -> tuple:
     rows = sizes[0] * sizes[1] * sizes[2] * sizes[3]
     transposed = any(t[3] == 1 and t[4] != 1 for t in st)
     block_m, block_n, warps = _strided_tile(rows, sizes[4], transposed)
-    grid = (triton.cdiv(rows, block_m) * triton.cdiv(sizes[4], block_n),)
+    grid = (C.cdiv(rows, block_m) * C.cdiv(sizes[4], block_n),)
     kwargs = dict(
         D0=sizes[0], D1=sizes[1], D2=sizes[2], M=sizes[3], N=sizes[4],
         sa0=sa[0], sa1=sa[1], sa2=sa[2], sam=sa[3], san=sa[4],
@@ -309,7 +309,7 @@ def _plan(op: str, has_scale: bool, metas: tuple) -> tuple:
 
 
 def _flat_grid(meta):
-    return (triton.cdiv(meta["n_elements"], meta["BLOCK"]),)
+    return (C.cdiv(meta["n_elements"], meta["BLOCK"]),)
 
 
 def _launch(op: str, a: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor,
@@ -329,20 +329,13 @@ def _launch(op: str, a: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor,
 
 
 def _broadcast_shape(a: torch.Tensor, b: torch.Tensor, names=("a", "b")) -> tuple[int, ...]:
-    # plain Python: torch.broadcast_shapes costs tens of microseconds a call, a visible part of
-    # a small op's eager latency
-    sa, sb = a.shape, b.shape
-    n = max(len(sa), len(sb))
-    sa, sb = (1,) * (n - len(sa)) + tuple(sa), (1,) * (n - len(sb)) + tuple(sb)
-    out = []
-    for x, y in zip(sa, sb):
-        if x != y and x != 1 and y != 1:
-            raise ValueError(
-                f"{names[0]} of shape {tuple(a.shape)} and {names[1]} of shape "
-                f"{tuple(b.shape)} do not broadcast"
-            )
-        out.append(y if x == 1 else x)
-    return tuple(out)
+    try:
+        return C.broadcast_shapes(a.shape, b.shape)
+    except ValueError:
+        raise ValueError(
+            f"{names[0]} of shape {tuple(a.shape)} and {names[1]} of shape "
+            f"{tuple(b.shape)} do not broadcast"
+        ) from None
 
 
 def _check_binary(a, b, names=("a", "b")):

@@ -650,7 +650,7 @@ def splitk_config(M: int, N: int, K: int, num_sms: int) -> dict:
     block_m = max(16, min(64, C.next_power_of_2(M)))
     block_n = 128 if N >= 128 else max(16, C.next_power_of_2(N))
     block_k = 128 if K >= 128 else max(16, C.next_power_of_2(K))
-    tiles = triton.cdiv(N, block_n) * triton.cdiv(M, block_m)
+    tiles = C.cdiv(N, block_n) * C.cdiv(M, block_m)
     ratio = 2 * num_sms / tiles
     want = 1
     while want * 2 <= ratio * 1.41:  # nearest power of 2 on a log scale
@@ -658,7 +658,7 @@ def splitk_config(M: int, N: int, K: int, num_sms: int) -> dict:
     want = max(2, want)
     if block_m >= 64:
         want = min(want, 4)
-    k_steps = triton.cdiv(K, block_k)
+    k_steps = C.cdiv(K, block_k)
     while want > 1 and k_steps // want < 4:
         want //= 2
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=want,
@@ -676,7 +676,7 @@ def ptr_config(M: int, N: int, K: int, elem_size: int = 2) -> dict:
     if _env.INTERPRET:
         return dict(_INTERPRETER_TILE)
     bk = {1: 128, 2: 64, 4: 32}[elem_size]
-    if triton.cdiv(M, 128) * triton.cdiv(N, 256) >= 2 * 132:
+    if C.cdiv(M, 128) * C.cdiv(N, 256) >= 2 * 132:
         return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=bk, GROUP_M=8, num_warps=8, num_stages=3)
     if M >= 128:
         return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=bk, GROUP_M=8, num_warps=8, num_stages=3)
@@ -703,7 +703,7 @@ def tma_config(M: int, N: int, K: int, elem_size: int = 2, num_sms: int = 132) -
     bk = {1: 128, 2: 64, 4: 32}[elem_size]
     best = None
     for bm, bn, warps, stages, eff in _TMA_TILES:
-        waves = triton.cdiv(triton.cdiv(M, bm) * triton.cdiv(N, bn), num_sms)
+        waves = C.cdiv(C.cdiv(M, bm) * C.cdiv(N, bn), num_sms)
         t = waves * bm * bn / eff
         if best is None or t < best[0] * 0.999:
             best = (t, bm, bn, warps, stages)
@@ -805,7 +805,7 @@ def _launch_ptr(a3, b3, out3, res3, epi, ieee, config=None):
     if config is None and not AUTOTUNE:
         config = ptr_config(M, N, K, a3.element_size())
     kernel = _matmul_kernel if config else _matmul_autotuned
-    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), B)
+    grid = lambda meta: (C.cdiv(M, meta["BLOCK_M"]) * C.cdiv(N, meta["BLOCK_N"]), B)
     C.launch(kernel, grid, a_ptr=a3, b_ptr=b3, c_ptr=out3, M=M, N=N, K=K,
              stride_ab=a3.stride(0), stride_am=a3.stride(1), stride_ak=a3.stride(2),
              stride_bb=b3.stride(0), stride_bk=b3.stride(1), stride_bn=b3.stride(2),
@@ -824,7 +824,7 @@ def _launch_tma(a, b, out, epi, ieee, num_sms, config=None):
     kernel = _matmul_tma_kernel if config else _matmul_tma_autotuned
 
     def grid(meta):
-        tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])
+        tiles = C.cdiv(M, meta["BLOCK_M"]) * C.cdiv(N, meta["BLOCK_N"])
         return (max(1, min(num_sms, tiles)),)
 
     res = epi["res_ptr"] if epi["HAS_RES"] else None
@@ -873,7 +873,7 @@ def _launch_splitk(a, b, out, epi, ieee, cfg):
     # partials are float32 and fully overwritten: a plain allocation, never poisoned
     ws = torch.empty((split, M, N), dtype=torch.float32, device=a.device)
     if cfg.get("FUSED_REDUCE"):
-        grid = (triton.cdiv(N, bn), triton.cdiv(M, bm), split)
+        grid = (C.cdiv(N, bn), C.cdiv(M, bm), split)
         C.launch(_matmul_splitk_fused_kernel, grid, a_ptr=a, b_ptr=b, ws_ptr=ws,
                  cnt_ptr=_splitk_counters(a.device, grid[0] * grid[1]), c_ptr=out,
                  M=M, N=N, K=K, stride_am=a.stride(0), stride_ak=a.stride(1),
@@ -882,14 +882,14 @@ def _launch_splitk(a, b, out, epi, ieee, cfg):
                  NUM_STAGES=cfg["NUM_STAGES"], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=cfg["BLOCK_K"],
                  num_warps=cfg["num_warps"])
         return
-    C.launch(_matmul_splitk_kernel, (triton.cdiv(N, bn), triton.cdiv(M, bm), split),
+    C.launch(_matmul_splitk_kernel, (C.cdiv(N, bn), C.cdiv(M, bm), split),
              a_ptr=a, b_ptr=b, ws_ptr=ws, M=M, N=N, K=K,
              stride_am=a.stride(0), stride_ak=a.stride(1),
              stride_bk=b.stride(0), stride_bn=b.stride(1),
              IEEE=ieee, SPLIT_K=split, NUM_STAGES=cfg["NUM_STAGES"], BLOCK_M=bm, BLOCK_N=bn,
              BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"])
     rbn = 128 if N >= 128 else max(16, C.next_power_of_2(N))
-    C.launch(_splitk_reduce_kernel, (triton.cdiv(N, rbn), triton.cdiv(M, bm)),
+    C.launch(_splitk_reduce_kernel, (C.cdiv(N, rbn), C.cdiv(M, bm)),
              ws_ptr=ws, c_ptr=out, M=M, N=N, stride_cm=out.stride(0), stride_cn=out.stride(1),
              **epi, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=rbn, num_warps=4)
 
@@ -963,7 +963,7 @@ def _matmul_into(a, b, out, res, scale_a, scale_b, bias, activation, ieee, path,
 def _matmul_impl(a, b, bias=None, residual=None, scale_a=None, scale_b=None, activation=None,
                  out_dtype=None, allow_tf32=True, backend="auto", path=None, config=None):
     out_dtype = out_dtype or _default_out_dtype(a.dtype)
-    batch = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    batch = C.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     M, N = a.shape[-2], b.shape[-1]
     out = C.empty((*batch, M, N), out_dtype, a.device)
     if out.numel() == 0:
@@ -1022,7 +1022,7 @@ def _grouped_impl(a, b, offsets, out_dtype=None, config=None):
         return out
     cfg = dict(config or _grouped_config(T, N, G, a.device))
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    grid = (triton.cdiv(T, bm) + G, triton.cdiv(N, bn))
+    grid = (C.cdiv(T, bm) + G, C.cdiv(N, bn))
     C.launch(_grouped_matmul_kernel, grid, a_ptr=a, b_ptr=b, c_ptr=out, off_ptr=offsets,
              G=G, N=N, K=K, stride_am=a.stride(0), stride_ak=a.stride(1),
              stride_bg=b.stride(0), stride_bk=b.stride(1), stride_bn=b.stride(2),
@@ -1039,7 +1039,7 @@ def _grouped_wgrad_impl(a, grad, offsets, G, b_dtype):
         return db.to(b_dtype)
     cfg = (dict(BLOCK_K=32, BLOCK_N=64, BLOCK_R=32, num_warps=4) if a.device.type == "cpu"
            else dict(BLOCK_K=128, BLOCK_N=128, BLOCK_R=64, num_warps=8, num_stages=3))
-    grid = (G, triton.cdiv(K, cfg["BLOCK_K"]) * triton.cdiv(N, cfg["BLOCK_N"]))
+    grid = (G, C.cdiv(K, cfg["BLOCK_K"]) * C.cdiv(N, cfg["BLOCK_N"]))
     C.launch(_grouped_wgrad_kernel, grid, a_ptr=a, g_ptr=grad, db_ptr=db, off_ptr=offsets,
              K=K, N=N, stride_am=a.stride(0), stride_ak=a.stride(1),
              stride_gm=grad.stride(0), stride_gn=grad.stride(1), stride_dg=db.stride(0),
@@ -1178,8 +1178,8 @@ def _check_operands(a, b, dtypes):
                          f"be multiplied: a.shape[-1]={a.shape[-1]} != b.shape[-2]="
                          f"{b.shape[-2]}")
     try:
-        return _out_shape(a, b)
-    except RuntimeError:
+        return (*C.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    except ValueError:
         raise ValueError(f"the batch dimensions of a {tuple(a.shape[:-2])} and b "
                          f"{tuple(b.shape[:-2])} do not broadcast") from None
 

@@ -415,7 +415,7 @@ def _norm_fwd_split(x2, r2, h2, weight, bias, y2, eps, is_rms):
     default) (the same structure as softmax's split path)."""
     M, N = x2.shape
     chunk = _chunk()
-    nchunk = triton.cdiv(N, chunk)
+    nchunk = C.cdiv(N, chunk)
     p1 = torch.empty((M, nchunk), dtype=torch.float32, device=x2.device)
     p2 = torch.empty((M, nchunk), dtype=torch.float32, device=x2.device)
     has_res = r2 is not None
@@ -457,7 +457,7 @@ def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms):
         _norm_fwd_split(x2, r2 if residual is not None else None, h2, weight, bias, y2, eps,
                         is_rms)
         return y, h
-    C.launch(_norm_fwd_kernel, (triton.cdiv(M, rows),), x_ptr=x2, r_ptr=r2, h_ptr=h2,
+    C.launch(_norm_fwd_kernel, (C.cdiv(M, rows),), x_ptr=x2, r_ptr=r2, h_ptr=h2,
              w_ptr=weight, b_ptr=bias if bias is not None else weight, y_ptr=y2, M=M, N=N,
              sxm=x2.stride(0), sxn=x2.stride(1), srm=r2.stride(0), srn=r2.stride(1),
              shm=h2.stride(0), sym=y2.stride(0), eps=float(eps), IS_RMS=is_rms,
@@ -492,13 +492,13 @@ def _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias):
         stats = dx2  # unused
     else:
         block_n, rows, warps = _chunk(), 1, (4 if _env.INTERPRET else 32)
-        nchunk = triton.cdiv(N, block_n)
+        nchunk = C.cdiv(N, block_n)
         stats = torch.empty((M, 4), dtype=torch.float32, device=h.device)
         C.launch(_norm_bwd_stats_kernel, (M,), h_ptr=h2, w_ptr=weight, dy_ptr=dy2,
                  stats_ptr=stats, N=N, shm=h2.stride(0), shn=h2.stride(1),
                  sdym=dy2.stride(0), sdyn=dy2.stride(1), eps=float(eps), IS_RMS=is_rms,
                  BLOCK_N=block_n, INT64=int64, num_warps=4 if _env.INTERPRET else 16)
-    tiles = triton.cdiv(M, rows)
+    tiles = C.cdiv(M, rows)
     # enough programs for ~2 waves of the SMs; each writes one (N,) float32 partial row
     G = OVERRIDE.get("norm_bwd_programs", max(1, (2 * _sm_count(h.device)) // nchunk))
     G = max(1, min(tiles, G))
@@ -512,7 +512,7 @@ def _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias):
              BLOCK_N=block_n, SINGLE=single, INT64=int64, num_warps=warps)
     sum_block = 256 if not _env.INTERPRET else C.next_power_of_2(min(N, 4096))
     for part, out in ((dw_part, dw),) + (((db_part, db),) if has_bias else ()):
-        C.launch(_col_sum_kernel, (triton.cdiv(N, sum_block),), part_ptr=part, out_ptr=out,
+        C.launch(_col_sum_kernel, (C.cdiv(N, sum_block),), part_ptr=part, out_ptr=out,
                  G=G, N=N, BLOCK_G=min(32, C.next_power_of_2(G)), BLOCK_N=sum_block,
                  num_warps=4)
     return dx, dw, db

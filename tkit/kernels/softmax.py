@@ -97,7 +97,7 @@ def row_batch(M: int, row_bytes: int) -> int:
     if batch_bytes <= 0:
         return M
     batch = max(1, batch_bytes // row_bytes)
-    return max(batch, triton.cdiv(M, OVERRIDE.get("max_batches", MAX_BATCHES)))
+    return max(batch, C.cdiv(M, OVERRIDE.get("max_batches", MAX_BATCHES)))
 
 
 def fused_max_cols(itemsize: int, backward: bool = False) -> int:
@@ -280,7 +280,7 @@ def _split_launch(a2, b2, out2, backward, log):
     """The two-pass split path over (M, N) rows, in row batches sized for L2."""
     M, N = a2.shape
     chunk = split_chunk()
-    nchunk = triton.cdiv(N, chunk)
+    nchunk = C.cdiv(N, chunk)
     dev = a2.device
     p1 = torch.empty((M, nchunk), dtype=torch.float32, device=dev)
     p2 = torch.empty((M, nchunk), dtype=torch.float32, device=dev)
@@ -312,7 +312,7 @@ def _softmax_fwd_impl(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
         _split_launch(x2, None, y2, backward=False, log=log)
     else:
         block_n, rows, warps = row_config(N, x.element_size())
-        C.launch(_softmax_fwd_kernel, (triton.cdiv(M, rows),), x_ptr=x2, y_ptr=y2, M=M, N=N,
+        C.launch(_softmax_fwd_kernel, (C.cdiv(M, rows),), x_ptr=x2, y_ptr=y2, M=M, N=N,
                  sxm=x2.stride(0), sxn=x2.stride(1), sym=y2.stride(0), LOG=log, ROWS=rows,
                  BLOCK_N=block_n, INT64=C.needs_int64(x2, y2), num_warps=warps)
     return out.movedim(-1, dim)
@@ -329,7 +329,7 @@ def _softmax_bwd_impl(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool) ->
         _split_launch(y2, dy2, dx2, backward=True, log=log)
     else:
         block_n, rows, warps = row_config(N, y.element_size())
-        C.launch(_softmax_bwd_kernel, (triton.cdiv(M, rows),), y_ptr=y2, dy_ptr=dy2, dx_ptr=dx2,
+        C.launch(_softmax_bwd_kernel, (C.cdiv(M, rows),), y_ptr=y2, dy_ptr=dy2, dx_ptr=dx2,
                  M=M, N=N, sym=y2.stride(0), syn=y2.stride(1), sdym=dy2.stride(0),
                  sdyn=dy2.stride(1), sdxm=dx2.stride(0), LOG=log, ROWS=rows, BLOCK_N=block_n,
                  INT64=C.needs_int64(y2, dy2, dx2), num_warps=warps)
