@@ -115,15 +115,7 @@ def test_ladder_intensities():
 
 # %%
 def sass_by_kernel(arch: str = "90") -> dict[str, str]:
-    out, name = {}, None
-    for line in _loader.sass(_loader.compile_cubin("sgemm.cu", arch)).splitlines():
-        m = re.search(r"Function : (\S+)", line)
-        if m:
-            name = m.group(1)
-            out[name] = ""
-        elif name:
-            out[name] += line + "\n"
-    return out
+    return _loader.sass_by_function(_loader.compile_cubin("sgemm.cu", arch))
 
 
 def histogram(sass: str) -> Counter:

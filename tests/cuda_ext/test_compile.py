@@ -40,17 +40,7 @@ def build(cubin_dir):
     return _build
 
 
-def kernels_sass(cubin) -> dict[str, str]:
-    """{kernel name: its SASS}."""
-    out, name = {}, None
-    for line in _loader.sass(cubin).splitlines():
-        m = re.search(r"Function : (\S+)", line)
-        if m:
-            name = m.group(1)
-            out[name] = ""
-        elif name:
-            out[name] += line + "\n"
-    return out
+kernels_sass = _loader.sass_by_function
 
 
 def opcodes(sass: str) -> set[str]:

@@ -28,6 +28,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -218,6 +219,20 @@ def sass(cubin: str | Path) -> str:
     if proc.returncode != 0:
         raise RuntimeError(f"cuobjdump failed on {cubin}: {proc.stderr.strip()}")
     return proc.stdout
+
+
+def sass_by_function(cubin: str | Path) -> dict[str, str]:
+    """{kernel name: its SASS} for every function of a cubin."""
+    out: dict[str, str] = {}
+    name = None
+    for line in sass(cubin).splitlines():
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            name = m.group(1)
+            out[name] = ""
+        elif name:
+            out[name] += line + "\n"
+    return out
 
 
 def resource_usage(name: str, arch: str, options: tuple[str, ...] = ()) -> str:
