@@ -96,6 +96,19 @@ def _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
 
 
 @triton.jit
+def _centered_rstd(h, mask, N, eps, IS_RMS: tl.constexpr):
+    """Rows held whole in registers: (d, rstd) with d = h (RMSNorm) or h - mean(h) (LayerNorm,
+    zero outside ``mask``), rstd = 1 / sqrt(mean(d^2) + eps): the two-pass variance."""
+    if IS_RMS:
+        d = h
+    else:
+        mean = tl.sum(h, axis=1) / N
+        d = tl.where(mask, h - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / N + eps)
+    return d, rstd
+
+
+@triton.jit
 def _norm_fwd_kernel(
     x_ptr, r_ptr, h_ptr, w_ptr, b_ptr, y_ptr, M, N, sxm, sxn, srm, srn, shm, sym, eps,
     IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr,
@@ -115,12 +128,7 @@ def _norm_fwd_kernel(
         mask = rmask[:, None] & cmask[None, :]
         h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
                     HAS_RES, True, "evict_first")
-        if IS_RMS:
-            d = h
-        else:
-            mean = tl.sum(h, axis=1) / N
-            d = tl.where(mask, h - mean[:, None], 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / N + eps)
+        d, rstd = _centered_rstd(h, mask, N, eps, IS_RMS)
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
         y = d * rstd[:, None] * w[None, :]
         if HAS_BIAS:
@@ -329,12 +337,7 @@ def _norm_bwd_kernel(
                      other=0.0).to(tl.float32)
         gy = dy * w[None, :]
         if SINGLE:
-            if IS_RMS:
-                d = h
-            else:
-                mean = tl.sum(h, axis=1) / N
-                d = tl.where(mask, h - mean[:, None], 0.0)
-            rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / N + eps)
+            d, rstd = _centered_rstd(h, mask, N, eps, IS_RMS)
             xhat = d * rstd[:, None]
             c2 = tl.sum(gy * xhat, axis=1) / N
             dx = gy - xhat * c2[:, None]
