@@ -112,7 +112,7 @@ def _centered_rstd(h, mask, N, eps, IS_RMS: tl.constexpr):
 def _norm_fwd_kernel(
     x_ptr, r_ptr, h_ptr, w_ptr, b_ptr, y_ptr, M, N, sxm, sxn, srm, srn, shm, sym, eps,
     IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr,
 ):
     """y = norm(h) * w (+ b) for ROWS rows a program.
 
@@ -120,6 +120,7 @@ def _norm_fwd_kernel(
     unused without HAS_RES); h_ptr: x + residual output (row stride shm, contiguous columns);
     w_ptr, b_ptr: weight and bias (N,); y_ptr: output, row stride sym. SINGLE: the whole row
     fits one BLOCK_N tile; otherwise ROWS is 1 and the row is walked in BLOCK_N chunks twice.
+    EVICT: the L2 policy of the single-tile loads ("" for none, or "evict_first").
     """
     rows, rmask = _row_offsets(tl.program_id(0), M, ROWS, INT64)
     if SINGLE:
@@ -127,7 +128,7 @@ def _norm_fwd_kernel(
         cmask = cols < N
         mask = rmask[:, None] & cmask[None, :]
         h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
-                    HAS_RES, True, "evict_first")
+                    HAS_RES, True, EVICT)
         d, rstd = _centered_rstd(h, mask, N, eps, IS_RMS)
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
         y = d * rstd[:, None] * w[None, :]
@@ -312,14 +313,17 @@ def _norm_bwd_kernel(
     h_ptr, w_ptr, dy_ptr, dres_ptr, dx_ptr, dw_ptr, db_ptr, stats_ptr,
     M, N, shm, shn, sdym, sdyn, sdrm, sdrn, sdxm, eps,
     IS_RMS: tl.constexpr, HAS_DRES: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, INT64: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """dx for the row tiles g, g + G, g + 2G, ... (G = programs along axis 0) in the column
     chunk of axis 1, plus this program's dw/db partials.
 
     h_ptr: normalized input (strides shm/shn); dy_ptr, dres_ptr: gradients of y and of h
     (the latter only with HAS_DRES); dx_ptr: output, row stride sdxm; dw_ptr, db_ptr: float32
-    (G, N) partials; stats_ptr: (M, 4) per-row statistics when not SINGLE.
+    (G, N) partials; stats_ptr: (M, 4) per-row statistics when not SINGLE. PREFETCH: the loads
+    of the next row tile are issued before this tile's reductions (software pipelining by
+    hand: a program that holds a whole 8192-column row uses most of an SM's registers, so no
+    second program hides its load latency).
     """
     g = tl.program_id(0)
     G = tl.num_programs(0)
@@ -328,13 +332,29 @@ def _norm_bwd_kernel(
     w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     dw = tl.zeros((BLOCK_N,), dtype=tl.float32)
     db = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if PREFETCH:
+        rows, rmask = _row_offsets(g, M, ROWS, INT64)
+        mask = rmask[:, None] & cmask[None, :]
+        h_next = tl.load(h_ptr + rows[:, None] * shm + cols[None, :] * shn, mask=mask, other=0.0)
+        dy_next = tl.load(dy_ptr + rows[:, None] * sdym + cols[None, :] * sdyn, mask=mask,
+                          other=0.0)
     for tile in range(g, tl.cdiv(M, ROWS), G):
         rows, rmask = _row_offsets(tile, M, ROWS, INT64)
         mask = rmask[:, None] & cmask[None, :]
-        h = tl.load(h_ptr + rows[:, None] * shm + cols[None, :] * shn, mask=mask,
-                    other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + rows[:, None] * sdym + cols[None, :] * sdyn, mask=mask,
-                     other=0.0).to(tl.float32)
+        if PREFETCH:
+            h = h_next.to(tl.float32)
+            dy = dy_next.to(tl.float32)
+            nrows, nrmask = _row_offsets(tile + G, M, ROWS, INT64)
+            nmask = nrmask[:, None] & cmask[None, :]
+            h_next = tl.load(h_ptr + nrows[:, None] * shm + cols[None, :] * shn, mask=nmask,
+                             other=0.0)
+            dy_next = tl.load(dy_ptr + nrows[:, None] * sdym + cols[None, :] * sdyn,
+                              mask=nmask, other=0.0)
+        else:
+            h = tl.load(h_ptr + rows[:, None] * shm + cols[None, :] * shn, mask=mask,
+                        other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + rows[:, None] * sdym + cols[None, :] * sdyn, mask=mask,
+                         other=0.0).to(tl.float32)
         gy = dy * w[None, :]
         if SINGLE:
             d, rstd = _centered_rstd(h, mask, N, eps, IS_RMS)
@@ -465,7 +485,8 @@ def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms):
              sxm=x2.stride(0), sxn=x2.stride(1), srm=r2.stride(0), srn=r2.stride(1),
              shm=h2.stride(0), sym=y2.stride(0), eps=float(eps), IS_RMS=is_rms,
              HAS_RES=residual is not None, HAS_BIAS=bias is not None, ROWS=rows,
-             BLOCK_N=block_n, SINGLE=single, INT64=C.needs_int64(x2, r2, y2), num_warps=warps)
+             BLOCK_N=block_n, SINGLE=single, INT64=C.needs_int64(x2, r2, y2),
+             EVICT=OVERRIDE.get("norm_evict", "evict_first"), num_warps=warps)
     return y, h
 
 
@@ -512,7 +533,8 @@ def _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias):
              shm=h2.stride(0), shn=h2.stride(1), sdym=dy2.stride(0), sdyn=dy2.stride(1),
              sdrm=dr2.stride(0), sdrn=dr2.stride(1), sdxm=dx2.stride(0), eps=float(eps),
              IS_RMS=is_rms, HAS_DRES=dres is not None, HAS_BIAS=has_bias, ROWS=rows,
-             BLOCK_N=block_n, SINGLE=single, INT64=int64, num_warps=warps)
+             BLOCK_N=block_n, SINGLE=single, INT64=int64,
+             PREFETCH=OVERRIDE.get("norm_bwd_prefetch", True), num_warps=warps)
     sum_block = 256 if not _env.INTERPRET else C.next_power_of_2(min(N, 4096))
     for part, out in ((dw_part, dw),) + (((db_part, db),) if has_bias else ()):
         C.launch(_col_sum_kernel, (C.cdiv(N, sum_block),), part_ptr=part, out_ptr=out,
