@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from tkit.cuda_ext import _loader
+from tkit.cuda_ext.gemm import MMA_VARIANTS, WGMMA_VARIANTS, mma_config, wgmma_config
 
 pytestmark = pytest.mark.skipif(_loader.nvcc_path() is None,
                                 reason="nvcc not on the PATH: compile-only checks need it")
@@ -76,6 +77,45 @@ def test_mma_sync_gemm(build, arch):
         assert not ops & {"LDL", "STL"}, f"{name}: local memory traffic (spills)"
         # 4 x 4 mma per warp and k16 step, two k16 steps per 32-wide k tile, unrolled
         assert len(re.findall(r"HMMA\.16816\.F32\.BF16", k[name])) == 32
+
+
+@pytest.mark.parametrize("variant", [v for v in MMA_VARIANTS if v != "base"])
+@pytest.mark.parametrize("arch", ["80", "90"])
+@needs_cuobjdump
+def test_mma_sync_gemm_variants(cubin_dir, variant, arch):
+    """Every tile variant of the sweep builds for sm_80 (and the H200's sm_90, through the same
+    ptxas) with tensor-core code, cp.async, ldmatrix, no spills, every mma unrolled."""
+    cfg = mma_config(variant)
+    k = kernels_sass(_loader.compile_cubin("gemm_mma_sm80.cu", arch, cfg["options"],
+                                           cache_dir=cubin_dir))
+    per_k_tile = (cfg["bm"] // cfg["warps_m"] // 16) * (cfg["bn"] // cfg["warps_n"] // 8) * (
+        cfg["bk"] // 16)
+    for name in ("gemm_mma_bf16", "gemm_mma_bf16_f32out"):
+        ops = opcodes(k[name])
+        assert {"HMMA", "LDGSTS", "LDSM"} <= ops, f"{variant} {name}: missing tensor-core code"
+        assert not ops & {"LDL", "STL"}, f"{variant} {name}: local memory traffic (spills)"
+        assert len(re.findall(r"HMMA\.16816\.F32\.BF16", k[name])) == per_k_tile
+    if cfg["epi_smem"]:  # the staged bf16 epilogue stores 16 bytes a thread
+        assert re.search(r"STG\.E\.128", k["gemm_mma_bf16"]), f"{variant}: no 16-byte stores"
+
+
+@pytest.mark.parametrize("variant", [v for v in WGMMA_VARIANTS if v != "base"])
+@needs_cuobjdump
+def test_wgmma_gemm_variants(cubin_dir, variant):
+    cfg = wgmma_config(variant)
+    assert cfg["smem"] <= 227 * 1024, f"{variant}: {cfg['smem']} bytes of shared memory"
+    sass = kernels_sass(_loader.compile_cubin("gemm_wgmma_sm90.cu", "90a", cfg["options"],
+                                              cache_dir=cubin_dir))["gemm_wgmma_bf16"]
+    ops = opcodes(sass)
+    assert re.search(r"HGMMA\.64x256x16\.F32\.BF16", sass), f"{variant}: no HGMMA"
+    assert {"UTMALDG", "SYNCS", "USETMAXREG"} <= ops, f"{variant}: {ops}"
+    assert not ops & {"LDL", "STL"}, f"{variant}: local memory traffic (spills)"
+    if cfg["epi_tma"]:
+        assert "UTMASTG" in ops, f"{variant}: no TMA stores in the epilogue"
+        assert "STG" not in ops, f"{variant}: the TMA epilogue still stores from registers"
+    if cfg["cluster_m"] == 2:
+        assert re.search(r"UTMALDG\.2D\.MULTICAST", sass), f"{variant}: no multicast loads"
+        assert "UCGABAR_WAIT" in ops, f"{variant}: no cluster barrier"
 
 
 @pytest.mark.parametrize("options", [(), ("-DWGMMA_INFLIGHT=1",), ("-DSTAGES=3",)],

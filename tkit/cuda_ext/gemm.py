@@ -38,6 +38,47 @@ WGMMA_SM90["smem"] = WGMMA_SM90["stages"] * (
 ) + 1024 + 256  # stages + alignment slack + barriers
 MMA_SM80["smem"] = MMA_SM80["stages"] * (MMA_SM80["bm"] + MMA_SM80["bn"]) * MMA_SM80["bk"] * 2
 
+# Compile-time variants of the mma.sync kernel (macros of csrc/gemm_mma_sm80.cu), for sweeps
+# (scripts/gpu_cuda_ext_sweep.py). "base" is the default build. The big tiles give each warp
+# 64 x 64 (8 ldmatrix.x4 for 32 mma per k16 step instead of 6 for 16: the 64 x 32 warp tile
+# asks ~128 B/clk of shared memory, the SM's whole bandwidth); frag_pipe double-buffers
+# fragments across k16 steps, epi_smem stages the bf16 tile for 16-byte stores.
+MMA_VARIANTS: dict[str, dict] = {
+    "base": {},
+    "128x128k32s4_pipe_epi": dict(frag_pipe=1, epi_smem=1),
+    "128x256k32s4": dict(bn=256, frag_pipe=1),
+    "128x256k32s4_epi": dict(bn=256, frag_pipe=1, epi_smem=1),
+    "128x256k32s3_epi": dict(bn=256, stages=3, frag_pipe=1, epi_smem=1),
+    "128x256k64s3_epi": dict(bn=256, bk=64, stages=3, frag_pipe=1, epi_smem=1),
+    "128x256k64s4_epi": dict(bn=256, bk=64, stages=4, frag_pipe=1, epi_smem=1),
+    "256x128k32s4_epi": dict(bm=256, warps_m=4, warps_n=2, frag_pipe=1, epi_smem=1),
+    "256x128k64s3_epi": dict(bm=256, bk=64, stages=3, warps_m=4, warps_n=2, frag_pipe=1,
+                             epi_smem=1),
+}
+
+
+def mma_config(variant: str | None = None, **overrides) -> dict:
+    """Tile parameters of one mma.sync build: defaults, then the variant, then overrides (None
+    keeps what is there). Keys: bm, bn, bk, warps_m, warps_n, stages, group_m, frag_pipe,
+    epi_smem, min_blocks; plus the derived threads, smem (bytes) and the -D options."""
+    if variant is not None and variant not in MMA_VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(MMA_VARIANTS)}, got {variant!r}")
+    cfg = dict(bm=128, bn=128, bk=32, warps_m=2, warps_n=4, stages=4, group_m=None,
+               frag_pipe=0, epi_smem=0, min_blocks=None)
+    cfg.update(MMA_VARIANTS.get(variant or "base", {}))
+    cfg.update({k: v for k, v in overrides.items() if v is not None})
+    pipe = cfg["stages"] * (cfg["bm"] + cfg["bn"]) * cfg["bk"] * 2
+    epi = cfg["bm"] * (cfg["bn"] + 8) * 2 if cfg["epi_smem"] else 0
+    cfg["threads"] = 32 * cfg["warps_m"] * cfg["warps_n"]
+    cfg["smem"] = max(pipe, epi)
+    # only what differs from the source's defaults goes on the command line, so the default
+    # build keeps its cache key
+    base = dict(bm=128, bn=128, bk=32, warps_m=2, warps_n=4, stages=4, frag_pipe=0, epi_smem=0)
+    cfg["options"] = _defines(**{k: v for k, v in cfg.items()
+                                 if k in base and v != base[k]},
+                              group_m=cfg["group_m"], min_blocks=cfg["min_blocks"])
+    return cfg
+
 
 # ---- validation ------------------------------------------------------------------------------
 def check_gemm_operands(a, b, dtypes, *, need_multiple_of_8: bool = True) -> tuple[int, int, int]:
@@ -128,11 +169,12 @@ def _defines(**kw) -> tuple[str, ...]:
 
 
 def matmul_mma(a: torch.Tensor, b: torch.Tensor, out_dtype=None, *, stages: int | None = None,
-               group_m: int | None = None) -> torch.Tensor:
+               group_m: int | None = None, variant: str | None = None) -> torch.Tensor:
     """bf16 ``a @ b`` with mma.sync + ldmatrix + cp.async (csrc/gemm_mma_sm80.cu).
 
-    ``stages`` / ``group_m`` override the source's pipeline depth and raster grouping (each
-    value compiles its own module; for tuning sweeps)."""
+    ``variant`` names a build of :data:`MMA_VARIANTS` (None: the default 128x128x32 one);
+    ``stages`` / ``group_m`` override its pipeline depth and raster grouping (each build
+    compiles its own module; for tuning sweeps)."""
     M, N, K = check_gemm_operands(a, b, (torch.bfloat16,))
     out_dtype = out_dtype or torch.bfloat16
     if out_dtype not in (torch.bfloat16, torch.float32):
@@ -142,12 +184,14 @@ def matmul_mma(a: torch.Tensor, b: torch.Tensor, out_dtype=None, *, stages: int 
         return triv
     c = _common.empty((M, N), out_dtype, a.device)
     name = "gemm_mma_bf16" if out_dtype == torch.bfloat16 else "gemm_mma_bf16_f32out"
-    cfg = MMA_SM80
-    opts = _defines(stages=stages, group_m=group_m)
-    func = _loader.get_kernel(_loader.load_module(cfg["source"], options=opts), name)
+    cfg = mma_config(variant, stages=stages, group_m=group_m)
+    if cfg["smem"] > 227 * 1024:
+        raise ValueError(f"mma variant {variant!r} needs {cfg['smem']} bytes of shared memory, "
+                         "more than the 227 KiB a block can have")
+    func = _loader.get_kernel(_loader.load_module(MMA_SM80["source"], options=cfg["options"]),
+                              name)
     grid = (triton_cdiv(M, cfg["bm"]) * triton_cdiv(N, cfg["bn"]),)
-    smem = (stages or cfg["stages"]) * (cfg["bm"] + cfg["bn"]) * cfg["bk"] * 2
-    _loader.launch(func, grid, (cfg["threads"],), (a, b, c, *_i32(M, N, K)), smem=smem)
+    _loader.launch(func, grid, (cfg["threads"],), (a, b, c, *_i32(M, N, K)), smem=cfg["smem"])
     return c
 
 
@@ -204,7 +248,7 @@ _SELFTEST_CODE = """
 import json, math, sys, torch
 from tkit.cuda_ext.gemm import matmul_wgmma
 kw = json.loads(sys.argv[1])
-for M, N, K in ((129, 264, 200), (1024, 1024, 1024)):
+for M, N, K in ((129, 264, 200), (300, 520, 136), (1024, 1024, 1024)):
     g = torch.Generator(device="cuda").manual_seed(M)
     a = torch.randn(M, K, device="cuda", generator=g).bfloat16()
     b = torch.randn(K, N, device="cuda", generator=g).bfloat16()
@@ -255,39 +299,101 @@ def wgmma_selftest(**kw) -> str | None:
     return why
 
 
+# Compile-time variants of the wgmma kernel (macros of csrc/gemm_wgmma_sm90.cu), for sweeps
+# (scripts/gpu_cuda_ext_sweep.py); "base" is the default build (700.8 TFLOP/s at 4096^3 on the
+# H200, 0.90x cuBLAS). epi_tma: epilogue through shared memory + TMA stores, overlapped with the
+# next tile's mainloop; cluster_m=2: 2x1 clusters with the B tile multicast.
+WGMMA_VARIANTS: dict[str, dict] = {
+    "base": {},
+    "epi_tma": dict(epi_tma=True),
+    "epi_tma_s3": dict(epi_tma=True, stages=3, epi_split=1),
+    "cluster2": dict(cluster_m=2),
+    "cluster2_epi_tma": dict(cluster_m=2, epi_tma=True),
+    "cluster2_epi_tma_g8": dict(cluster_m=2, epi_tma=True, group_m=8),
+    "cluster2_epi_tma_inflight": dict(cluster_m=2, epi_tma=True, inflight=True),
+}
+
+
+def wgmma_config(variant: str | None = None, **overrides) -> dict:
+    """One wgmma build: defaults, then the variant, then overrides (None keeps what is there).
+    Keys: stages, group_m, inflight, epi_tma, epi_split, cluster_m, persistent, ctas (grid size
+    of the persistent launch; None: one CTA per SM); derived: smem (bytes), options (-D...)."""
+    if variant is not None and variant not in WGMMA_VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(WGMMA_VARIANTS)}, got {variant!r}")
+    cfg = dict(stages=None, group_m=None, inflight=None, epi_tma=None, epi_split=None,
+               cluster_m=None, persistent=True, ctas=None)
+    cfg.update(WGMMA_VARIANTS.get(variant or "base", {}))
+    cfg.update({k: v for k, v in overrides.items() if v is not None})
+    if cfg["cluster_m"] not in (None, 1, 2):
+        raise ValueError(f"cluster_m must be 1 or 2, got {cfg['cluster_m']}")
+    st = cfg["stages"] or WGMMA_SM90["stages"]
+    split = cfg["epi_split"] or 2
+    c_bytes = 2 * 64 * (WGMMA_SM90["bn"] // split) * 2 if cfg["epi_tma"] else 0
+    cfg["smem"] = st * (WGMMA_SM90["bm"] + WGMMA_SM90["bn"]) * WGMMA_SM90["bk"] * 2 + c_bytes \
+        + 1024 + 256
+    cfg["options"] = _defines(
+        stages=cfg["stages"], group_m=cfg["group_m"],
+        wgmma_inflight=None if cfg["inflight"] is None else int(cfg["inflight"]),
+        epi_tma=None if cfg["epi_tma"] is None else int(cfg["epi_tma"]),
+        epi_split=cfg["epi_split"],
+        cluster_m=None if cfg["cluster_m"] in (None, 1) else cfg["cluster_m"])
+    return cfg
+
+
 def matmul_wgmma(a: torch.Tensor, b: torch.Tensor, out_dtype=None, *,
                  stages: int | None = None, group_m: int | None = None,
-                 inflight: bool | None = None, persistent: bool = True) -> torch.Tensor:
+                 inflight: bool | None = None, persistent: bool | None = None,
+                 variant: str | None = None, epi_tma: bool | None = None,
+                 epi_split: int | None = None, cluster_m: int | None = None,
+                 ctas: int | None = None) -> torch.Tensor:
     """bf16 ``a @ b`` with TMA + wgmma, warp-specialized and persistent
     (csrc/gemm_wgmma_sm90.cu, sm_90a).
 
-    Tuning knobs (each compiles its own module): ``stages`` (3 or 4: 48 KiB a stage),
+    ``variant`` names a build of :data:`WGMMA_VARIANTS` (None: the default). Tuning knobs on
+    top (each build compiles its own module): ``stages`` (3 or 4: 48 KiB a stage),
     ``group_m`` (raster grouping), ``inflight`` (keep one wgmma group in flight across k-steps),
-    ``persistent=False`` launches one CTA per tile instead of one per SM."""
+    ``epi_tma`` / ``epi_split`` (epilogue through shared memory and TMA stores, in that many
+    parts per consumer), ``cluster_m`` (2: clusters of 2 CTAs sharing B by TMA multicast);
+    ``persistent=False`` launches one CTA per tile instead of one per SM, ``ctas`` sets the
+    persistent grid's size."""
     M, N, K = check_gemm_operands(a, b, (torch.bfloat16,))
     out_dtype = out_dtype or torch.bfloat16
     if out_dtype != torch.bfloat16:
         raise TypeError(f"the wgmma path writes bfloat16; out_dtype {out_dtype} is not supported")
+    cfg = wgmma_config(variant, stages=stages, group_m=group_m, inflight=inflight,
+                       persistent=persistent, epi_tma=epi_tma, epi_split=epi_split,
+                       cluster_m=cluster_m, ctas=ctas)
+    if cfg["smem"] > 227 * 1024:
+        raise ValueError(f"this wgmma build needs {cfg['smem']} bytes of shared memory, more "
+                         "than the 227 KiB of a block")
     triv = _trivial(M, N, K, out_dtype, a.device)
     if triv is not None:
         return triv
     c = _common.empty((M, N), out_dtype, a.device)
-    cfg = WGMMA_SM90
-    why = wgmma_selftest(stages=stages, group_m=group_m, inflight=inflight)
+    # the self-test is keyed by the compiled build (its -D options), not by launch knobs
+    why = wgmma_selftest(**_selftest_kw(cfg))
     if why is not None:
         raise RuntimeError(f"the wgmma kernel is off on this machine: {why}")
-    st = stages or cfg["stages"]
-    if st * (cfg["bm"] + cfg["bn"]) * cfg["bk"] * 2 + 1280 > 227 * 1024:
-        raise ValueError(f"stages={st} needs more than the 227 KiB of shared memory per block")
-    opts = _defines(stages=stages, group_m=group_m,
-                    wgmma_inflight=None if inflight is None else int(inflight))
-    mod = _loader.load_module(cfg["source"], backend="nvcc", arch="90a", options=opts)
+    mod = _loader.load_module(WGMMA_SM90["source"], backend="nvcc", arch="90a",
+                              options=cfg["options"])
     func = _loader.get_kernel(mod, "gemm_wgmma_bf16")
-    map_a = tensor_map_2d(a, 64, cfg["bm"])
-    map_b = tensor_map_2d(b, 64, cfg["bk"])
-    tiles = triton_cdiv(M, cfg["bm"]) * triton_cdiv(N, cfg["bn"])
-    grid = (min(tiles, _num_sms(a.device.index or 0)) if persistent else tiles,)
-    smem = st * (cfg["bm"] + cfg["bn"]) * cfg["bk"] * 2 + 1024 + 256
-    _loader.launch(func, grid, (cfg["threads"],), (map_a, map_b, c, *_i32(M, N, K)),
-                   smem=smem)
+    bm, bn = WGMMA_SM90["bm"], WGMMA_SM90["bn"]
+    maps = [tensor_map_2d(a, 64, bm), tensor_map_2d(b, 64, WGMMA_SM90["bk"])]
+    if cfg["epi_tma"]:
+        maps.append(tensor_map_2d(c, 64, 64))
+    cm = cfg["cluster_m"] or 1
+    units = triton_cdiv(triton_cdiv(M, bm), cm) * triton_cdiv(N, bn)  # clusters' tiles
+    if cfg["persistent"]:
+        n = cfg["ctas"] or _num_sms(a.device.index or 0)
+        grid = (max(1, min(units, n // cm)) * cm,)
+    else:
+        grid = (units * cm,)
+    _loader.launch(func, grid, (WGMMA_SM90["threads"],), (*maps, c, *_i32(M, N, K)),
+                   smem=cfg["smem"])
     return c
+
+
+def _selftest_kw(cfg: dict) -> dict:
+    """The keyword arguments that select a compiled build, as the self-test passes them on."""
+    keys = ("stages", "group_m", "inflight", "epi_tma", "epi_split", "cluster_m")
+    return {k: cfg[k] for k in keys if cfg.get(k) is not None}

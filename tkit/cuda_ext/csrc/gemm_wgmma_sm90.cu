@@ -25,6 +25,26 @@
 // The tensor maps are built on the host (cuTensorMapEncodeTiled) and passed by value as
 // __grid_constant__ kernel parameters, 128 bytes each.
 // No headers: compiles under NVRTC and nvcc (-arch sm_90a: wgmma and setmaxnreg need the "a").
+//
+// Compile-time variants (defaults: the kernel as first measured, 700.8 TFLOP/s at 4096^3):
+//   WGMMA_INFLIGHT=1  wgmma.wait_group 1: one k-step's wgmmas stay in flight while the next
+//                     ones are issued; a stage is released one k-step later (so with 4 stages
+//                     only ~3 are loading: it measured like STAGES=3 on the H200)
+//   EPI_TMA=1         epilogue through shared memory and TMA stores: each consumer writes its
+//                     64 x 256 bf16 result into 128-byte-swizzled 64 x 64 boxes (conflict-free
+//                     32-bit stores), one thread issues cp.async.bulk.tensor stores, and the
+//                     consumers go straight back to the next tile's mainloop while TMA drains
+//                     them (out-of-range rows/columns are clipped by TMA). EPI_SPLIT parts per
+//                     consumer, staged one after another through a buffer of 64 x BN/EPI_SPLIT:
+//                     2 parts (16 KiB a consumer) fit next to 4 stages in 227 KiB.
+//   CLUSTER_M=2       clusters of 2 CTAs on consecutive tile-rows (same B tile): each CTA loads
+//                     half of the B tile and multicasts it to both (cp.async.bulk.tensor
+//                     .multicast::cluster), cutting L2->SM traffic per CTA from 48 to 32 KiB a
+//                     k-step. A stage is free only when the consumers of both CTAs released it:
+//                     empty[s] counts CONSUMERS x CLUSTER_M arrivals, remote ones via mapa +
+//                     mbarrier.arrive.shared::cluster. Both CTAs of a cluster walk the same
+//                     cluster tiles (an odd last tile-row: the upper CTA loads zeros, stores
+//                     nothing) and meet at a cluster barrier before exiting.
 
 #define BM 128
 #define BN 256
@@ -40,6 +60,25 @@
 #ifndef WGMMA_INFLIGHT  // 1: keep one wgmma group in flight across k-steps (wait_group 1)
 #define WGMMA_INFLIGHT 0
 #endif
+#ifndef EPI_TMA
+#define EPI_TMA 0
+#endif
+#ifndef EPI_SPLIT
+#define EPI_SPLIT 2
+#endif
+#ifndef CLUSTER_M
+#define CLUSTER_M 1
+#endif
+#if CLUSTER_M != 1 && CLUSTER_M != 2
+#error "CLUSTER_M must be 1 or 2"
+#endif
+#if BN % (64 * EPI_SPLIT)
+#error "EPI_SPLIT must split BN into whole 64-column boxes"
+#endif
+#define GROUP_MC (GROUP_M / CLUSTER_M > 0 ? GROUP_M / CLUSTER_M : 1)  // in cluster tile-rows
+#define C_PART_COLS (BN / EPI_SPLIT)
+#define C_PART_BYTES (64 * C_PART_COLS * 2)  // one consumer's staging buffer
+#define C_BYTES (EPI_TMA ? CONSUMERS * C_PART_BYTES : 0)
 #define A_STAGE_BYTES (BM * BK * 2)
 #define B_STAGE_BYTES (BK * BN * 2)
 #define STAGE_BYTES (A_STAGE_BYTES + B_STAGE_BYTES)
@@ -79,6 +118,23 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   }
 }
 
+// remote (or local) arrive on the mbarrier at the same offset in CTA `rank` of this cluster
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
+  asm volatile(
+      "{\n .reg .b32 ra;\n"
+      " mapa.shared::cluster.u32 ra, %0, %1;\n"
+      " mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n"
+      ::"r"(bar), "r"(rank) : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
 // ---- TMA ------------------------------------------------------------------------------------
 __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, int c0, int c1,
                                             unsigned bar) {
@@ -88,6 +144,40 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, in
       " [%0], [%1, {%2, %3}], [%4];\n"
       ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
+}
+
+// the same box into the same shared offset of every CTA in cta_mask; complete_tx on each one's
+// mbarrier at the same offset
+__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const TmaDesc* map, int c0,
+                                                      int c1, unsigned bar,
+                                                      unsigned short cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n"
+      ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+__device__ __forceinline__ void tma_store_2d(const TmaDesc* map, unsigned src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+               ::"l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(src) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait_read0() {  // earlier stores have read shared memory
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait0() {  // earlier stores are complete
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_smem() {  // st.shared -> visible to TMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void named_bar(unsigned id, unsigned count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
 // ---- wgmma ------------------------------------------------------------------------------------
@@ -146,16 +236,35 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
 
 __device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n, int& tm,
                                             int& tn) {
-  int width = GROUP_M * tiles_n;
+  int width = GROUP_MC * tiles_n;
   int group = tile / width;
-  int first_m = group * GROUP_M;
-  int gsize = min(tiles_m - first_m, GROUP_M);
+  int first_m = group * GROUP_MC;
+  int gsize = min(tiles_m - first_m, GROUP_MC);
   tm = first_m + (tile % width) % gsize;
   tn = (tile % width) / gsize;
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_wgmma_bf16(
+// a consumer is done with stage s: tell the producer of every CTA that writes into it
+__device__ __forceinline__ void release_stage(unsigned bar) {
+#if CLUSTER_M > 1
+#pragma unroll
+  for (unsigned r = 0; r < CLUSTER_M; ++r) mbar_arrive_cluster(bar, r);
+#else
+  mbar_arrive(bar);
+#endif
+}
+
+#if CLUSTER_M > 1
+#define CLUSTER_ATTR __cluster_dims__(CLUSTER_M, 1, 1)
+#else
+#define CLUSTER_ATTR
+#endif
+
+extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_wgmma_bf16(
     const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
+#if EPI_TMA
+    const __grid_constant__ TmaDesc tma_c,  // C, boxes of 64 x 64, 128-byte swizzle
+#endif
     bf16_t* __restrict__ C, int M, int N, int K) {
   extern __shared__ unsigned char smem_raw[];
   // 128-byte swizzled tiles must start on a 1024-byte boundary
@@ -164,7 +273,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_wgmma_bf16(
   unsigned char* smem = smem_raw + pad;
   unsigned sA = smem_u32(smem);
   unsigned sB = sA + STAGES * A_STAGE_BYTES;
-  unsigned bars = sB + STAGES * B_STAGE_BYTES;  // full[STAGES], then empty[STAGES]
+  unsigned sC = sB + STAGES * B_STAGE_BYTES;  // EPI_TMA staging (C_BYTES, 1024-aligned)
+  unsigned bars = sC + C_BYTES;  // full[STAGES], then empty[STAGES]
   auto full = [&](int s) { return bars + 8u * s; };
   auto empty = [&](int s) { return bars + 8u * (STAGES + s); };
 
@@ -172,15 +282,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_wgmma_bf16(
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full(s), 1);
-      mbar_init(empty(s), CONSUMERS);
+      mbar_init(empty(s), CONSUMERS * CLUSTER_M);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   }
   __syncthreads();
+#if CLUSTER_M > 1
+  cluster_sync();  // the peer's barriers are initialized before anyone signals them
+  const int rank = (int)cluster_rank();
+#else
+  const int rank = 0;
+#endif
 
   int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-  int num_tiles = tiles_m * tiles_n;
+  // work units: CLUSTER_M consecutive tile-rows x one tile-column; CTA `rank` takes row `rank`
+  int units_m = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;
+  int num_units = units_m * tiles_n;
+  int unit0 = blockIdx.x / CLUSTER_M, unit_stride = gridDim.x / CLUSTER_M;
   int KT = (K + BK - 1) / BK;
 
   if (wg == 0) {
@@ -190,19 +309,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_wgmma_bf16(
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_a)));
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_b)));
       int it = 0;
-      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-        int tm, tn;
-        tile_coords(tile, tiles_m, tiles_n, tm, tn);
+      for (int unit = unit0; unit < num_units; unit += unit_stride) {
+        int um, tn;
+        tile_coords(unit, units_m, tiles_n, um, tn);
+        int tm = um * CLUSTER_M + rank;
         for (int kt = 0; kt < KT; ++kt, ++it) {
           int s = it % STAGES;
           unsigned round = it / STAGES;
           mbar_wait(empty(s), (round & 1) ^ 1);  // round 0 passes: the stage starts free
           mbar_expect_tx(full(s), STAGE_BYTES);
           tma_load_2d(sA + s * A_STAGE_BYTES, &tma_a, kt * BK, tm * BM, full(s));
+#if CLUSTER_M > 1
+          // this CTA's share of the B boxes, into the same stage of every CTA of the cluster
+#pragma unroll
+          for (int jj = 0; jj < BN / 64 / CLUSTER_M; ++jj) {
+            int j = rank * (BN / 64 / CLUSTER_M) + jj;
+            tma_load_2d_multicast(sB + s * B_STAGE_BYTES + j * (BK * 128), &tma_b,
+                                  tn * BN + 64 * j, kt * BK, full(s),
+                                  (unsigned short)((1u << CLUSTER_M) - 1));
+          }
+#else
 #pragma unroll
           for (int j = 0; j < BN / 64; ++j)
             tma_load_2d(sB + s * B_STAGE_BYTES + j * (BK * 128), &tma_b, tn * BN + 64 * j,
                         kt * BK, full(s));
+#endif
         }
       }
     }
@@ -213,9 +344,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_wgmma_bf16(
     int warp = t / 32, lane = t % 32;
     float d[128];
     int it = 0;
-    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-      int tm, tn;
-      tile_coords(tile, tiles_m, tiles_n, tm, tn);
+    for (int unit = unit0; unit < num_units; unit += unit_stride) {
+      int um, tn;
+      tile_coords(unit, units_m, tiles_n, um, tn);
+      int tm = um * CLUSTER_M + rank;
 #pragma unroll
       for (int i = 0; i < 128; ++i) d[i] = 0.f;
       for (int kt = 0; kt < KT; ++kt, ++it) {
@@ -235,16 +367,47 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_wgmma_bf16(
 #if WGMMA_INFLIGHT
         // keep this k-step's wgmma in flight; the previous one is done: release its stage
         wgmma_wait1();
-        if (kt > 0 && t == 0) mbar_arrive(empty((it - 1) % STAGES));
+        if (kt > 0 && t == 0) release_stage(empty((it - 1) % STAGES));
 #else
         wgmma_wait0();
-        if (t == 0) mbar_arrive(empty(s));
+        if (t == 0) release_stage(empty(s));
 #endif
       }
 #if WGMMA_INFLIGHT
       wgmma_wait0();
-      if (KT > 0 && t == 0) mbar_arrive(empty((it - 1) % STAGES));
+      if (KT > 0 && t == 0) release_stage(empty((it - 1) % STAGES));
 #endif
+#if EPI_TMA
+      // accumulator d[4j + 2h + {0,1}] at (row 16*warp + lane/4 + 8h, col 8j + 2*(lane%4)):
+      // into 64 x 64 boxes, 128-byte rows, 16-byte chunk index XOR (row & 7) (the swizzle TMA
+      // reads). One 32-bit store instruction: 8 rows x 4 lanes -> 32 distinct banks.
+      unsigned cbuf = sC + c * C_PART_BYTES;
+#pragma unroll
+      for (int part = 0; part < EPI_SPLIT; ++part) {
+        if (t == 0) bulk_wait_read0();  // the buffer's previous stores have read it
+        named_bar(1 + c, 128);
+#pragma unroll
+        for (int jj = 0; jj < C_PART_COLS / 8; ++jj) {
+          int j = part * (C_PART_COLS / 8) + jj;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            int row = warp * 16 + lane / 4 + 8 * h;
+            unsigned addr = cbuf + (jj / 8) * 8192 + row * 128 + (((jj % 8) ^ (row & 7)) << 4) +
+                            (lane % 4) * 4;
+            st_shared_u32(addr, pack_bf16x2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]));
+          }
+        }
+        fence_proxy_async_smem();
+        named_bar(1 + c, 128);
+        if (t == 0) {
+#pragma unroll
+          for (int box = 0; box < C_PART_COLS / 64; ++box)
+            tma_store_2d(&tma_c, cbuf + box * 8192, tn * BN + part * C_PART_COLS + box * 64,
+                         tm * BM + c * 64);
+          bulk_commit();
+        }
+      }
+#else
       // epilogue: accumulator fragment of m64nNk16: d[4j + {0,1}] at (row, 8j + 2*(lane%4) +
       // {0,1}), d[4j + {2,3}] eight rows below; row = 16*warp + lane/4
       int row0 = tm * BM + c * 64 + warp * 16 + lane / 4;
@@ -260,6 +423,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_wgmma_bf16(
                 pack_bf16x2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
         }
       }
+#endif
     }
+#if EPI_TMA
+    if (t == 0) bulk_wait0();  // the last stores are done before the CTA (and its smem) ends
+#endif
   }
+#if CLUSTER_M > 1
+  // no CTA leaves while its peer may still arrive on its barriers or multicast into it
+  cluster_sync();
+#endif
 }
