@@ -150,6 +150,32 @@ def test_explicit_config_path_matches_autotuned(device):
                                rtol=0)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_tile_order_does_not_change_results(causal, device):
+    # HEAD_GROUP only reorders (batch, head, query block) tiles: every order writes every
+    # tile, with the same values (3 does not divide the 2 * 3 = 6 pairs: a partial section)
+    b, s, hq, hk, d = 2, 40, 3, 1, 32
+    args = _qkv(b, s, s, hq, hk, d, torch.float16, device)
+    cfg = dict(BLOCK_M=16, BLOCK_N=16)
+    with _common.poisoned_outputs():
+        outs = [A._fwd_impl(*args, None, None, s, s, causal, d ** -0.5, -1, -1, 0.0,
+                            config=dict(cfg, HEAD_GROUP=g)) for g in (1, 3, 4, 6, 100)]
+    ref = S.ref_attention(*(t.double() for t in args), causal=causal, return_lse=True)
+    for out, lse in outs:
+        assert not out.isnan().any() and not lse.isnan().any()
+        torch.testing.assert_close(out, outs[0][0], atol=0, rtol=0)
+        torch.testing.assert_close(lse, outs[0][1], atol=0, rtol=0)
+    torch.testing.assert_close(outs[0][0].double(), ref[0], atol=2e-3, rtol=0)
+
+
+def test_fwd_head_group():
+    # S=4096, D=128, bf16: K+V = 2 MB a head, 16 heads in the 32 MB budget; GQA multiplies
+    assert A.fwd_head_group(4096, 128, 2, 1) == 16
+    assert A.fwd_head_group(4096, 128, 2, 4) == 64
+    assert A.fwd_head_group(3000, 128, 2, 1) == 16    # 21 fit: rounded down to a power of 2
+    assert A.fwd_head_group(1 << 20, 256, 4, 1) == 1  # one head alone overflows the budget
+
+
 def test_empty_inputs(device):
     q, k, v = _qkv(1, 0, 5, 2, 2, 32, torch.float16, device)
     out, lse = tkit.flash_attention(q, k, v, return_lse=True)

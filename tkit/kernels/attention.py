@@ -35,7 +35,13 @@ compute-bound, the ceiling is the tensor cores (cuBLAS bf16 GEMM: 720 TFLOP/s).
 
 Grid: (batch * heads, query blocks) for the forward and dQ, (batch * kv heads, key blocks) for
 dK/dV. With a causal mask the forward and dQ run their query blocks last-first, so the longest
-key ranges start in the first wave and the short ones fill the tail.
+key ranges start in the first wave and the short ones fill the tail. The forward walks its tiles
+in sections of ``fwd_head_group`` (batch, head) pairs whose K and V fit a 32 MB share of L2
+(FlashAttention-3's scheduler does the same). Why (an estimate, not yet measured): each
+program streams all of its head's K/V (2 MB at S=4096, D=128, bf16); in the plain order every
+head of a query block is in flight at once (64 heads, 128 MB at the benchmark shape, over the
+60 MB L2), so only ~2 programs share a head's K/V and most K/V tiles come from HBM at
+~1.5-3 TB/s of demand; within a section of 16 heads, ~8 programs share each head's K/V.
 
 Layout: (batch, seqlen, heads, head_dim) with arbitrary strides (q, k, v may be views of one
 packed qkv tensor); varlen tensors are (total_tokens, heads, head_dim) with ``cu_seqlens``.
@@ -129,6 +135,10 @@ def _fwd_configs():
     # by 1%). Warp specialization with 4 warps fails to compile (MLIR pass failure, not caught
     # by the autotuner), so only the 8-warp tiles use it. 64x32 s3 is the tile that fits shared
     # memory at D=256. The first config is the default under TKIT_NO_AUTOTUNE.
+    # WARP_SPEC is a no-op on sm_90 with Triton 3.6 (checked in the TTGIR: the loop keeps its
+    # tt.warp_specialize attribute and no partition is made; the Hopper pass makes none for
+    # this loop), so "ws" and plain configs are the same kernel and their measured gaps
+    # (468 vs 439 in one run) are run-to-run noise.
     configs = [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "USE_TMA": tma, "WARP_SPEC": ws},
                       num_stages=s, num_warps=w)
@@ -345,7 +355,7 @@ def _attn_fwd_kernel(
     Q, K, V, O, LSE, CU_Q, CU_K,
     sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, sob, sos, soh, sod,
     slb, slh, sls,
-    seqlen_q, seqlen_k, H, GROUP, qk_scale, cap_scale, wl, wr,
+    seqlen_q, seqlen_k, H, GROUP, HEAD_GROUP, qk_scale, cap_scale, wl, wr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_LO: tl.constexpr,
     MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr,
     WARP_SPEC: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -360,12 +370,27 @@ def _attn_fwd_kernel(
     MASK_LO/MASK_HI). ``seqlen_q``/``seqlen_k`` are the lengths (varlen: the maxima, unused).
     USE_TMA reads K and V through device-side tensor descriptors (TMA on Hopper; needs unit
     head-dim strides and 16-byte aligned rows); WARP_SPEC asks for warp specialization of the
-    unmasked loop.
+    unmasked loop (Triton 3.6 leaves it a no-op on sm_90: the loop keeps the attribute and no
+    partition is made).
+
+    Tile order: the grid is (batch * heads, query blocks) and runs in launch order (axis 0
+    fastest); that order is remapped to sections of HEAD_GROUP (batch, head) pairs, query
+    blocks in the outer order and heads in the inner one inside a section, so the programs
+    in flight share the K/V of a few heads in L2 (HEAD_GROUP >= batch * heads gives the
+    plain order: every head of one query block, then the next block). With a causal mask the
+    query blocks of a section run last-first, so the longest key ranges start first.
     """
-    pid_bh = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    n_bh = tl.num_programs(0)
+    n_m = tl.num_programs(1)
+    tile = tl.program_id(1) * n_bh + tl.program_id(0)
+    section = tile // (HEAD_GROUP * n_m)
+    first_bh = section * HEAD_GROUP
+    heads_here = tl.minimum(HEAD_GROUP, n_bh - first_bh)
+    r = tile - first_bh * n_m
+    pid_m = r // heads_here
+    pid_bh = first_bh + r % heads_here
     if MASK_HI:  # causal: the longest key ranges (last query blocks) start first
-        pid_m = tl.num_programs(1) - 1 - pid_m
+        pid_m = n_m - 1 - pid_m
     b = pid_bh // H
     h = pid_bh % H
     q_start, q_len, k_start, k_len = _seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, VARLEN)
@@ -734,7 +759,9 @@ def _check_cu(cu, name, batch_hint=None):
 def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
               config=None):
     """Launch the forward; returns (out, lse). ``config`` (a dict with BLOCK_M, BLOCK_N,
-    num_warps, num_stages and optionally WARP_SPEC) bypasses the autotuner."""
+    num_warps, num_stages and optionally USE_TMA, WARP_SPEC) bypasses the autotuner;
+    its optional HEAD_GROUP entry (the tile order's section size) overrides
+    :func:`fwd_head_group`."""
     varlen = cu_q is not None
     hq, hk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     if varlen:
@@ -759,13 +786,17 @@ def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
         seqlen_q=sq, seqlen_k=sk, H=hq, GROUP=hq // hk, qk_scale=qk_scale,
         cap_scale=cap_scale, wl=wl, wr=wr, **flags,
     )
+    cfg = dict(config) if config is not None else {}
+    head_group = cfg.pop("HEAD_GROUP", None)
+    if head_group is None:
+        head_group = fwd_head_group(sk, d, q.element_size(), hq // hk)
+    args["HEAD_GROUP"] = max(1, min(int(head_group), batch * hq))
     if config is None:
         grid = lambda meta: (batch * hq, C.cdiv(sq, meta["BLOCK_M"]))
         if q.device.type == "cuda" and tma_ok(k, v):
             _set_tma_allocator(q.device)
         C.launch(_attn_fwd_autotuned, grid, **args)
     else:
-        cfg = dict(config)
         cfg.setdefault("WARP_SPEC", False)
         cfg.setdefault("USE_TMA", False)
         if cfg["USE_TMA"]:
@@ -776,6 +807,20 @@ def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
         grid = (batch * hq, C.cdiv(sq, cfg["BLOCK_M"]))
         C.launch(_attn_fwd_kernel, grid, **args, **cfg)
     return out, lse
+
+
+# K and V bytes that the programs in flight should share in L2 (the H200 has 60 MB in two
+# halves); FlashAttention-3's tile scheduler uses the same 32 MB budget
+_L2_KV_BUDGET = 32 << 20
+
+
+def fwd_head_group(seqlen_k: int, head_dim: int, itemsize: int, group: int) -> int:
+    """(batch, query head) pairs per section of the forward's tile order: as many key/value
+    heads as fit ``_L2_KV_BUDGET`` (a power of 2, at least 1), times the GQA group (query heads
+    of one key/value head read the same K/V)."""
+    kv_bytes = 2 * max(seqlen_k, 1) * head_dim * itemsize
+    n = max(1, _L2_KV_BUDGET // kv_bytes)
+    return (1 << (n.bit_length() - 1)) * max(group, 1)
 
 
 def tma_ok(*tensors: torch.Tensor) -> bool:
