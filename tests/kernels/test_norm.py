@@ -260,7 +260,9 @@ def test_gpu_launch_configs_are_the_measured_ones(monkeypatch):
 
     monkeypatch.setattr(_env, "INTERPRET", False)
     bf16 = 2
-    assert norm._fwd_config(8192, bf16) == (8192, 1, 16, True)
+    assert norm._fwd_config(8192, bf16) == (8192, 2, 8, True)  # two rows, 8 warps
+    assert norm._fwd_config(4096, bf16)[1:3] == (2, 4)  # 8 KiB rows: paired too
+    assert norm._fwd_evict == ""  # the forward loads carry no L2 hint
     assert norm._fwd_config(8192, bf16, is_rms=True, has_res=True)[2] == 32
     assert norm._fwd_config(8192, bf16, is_rms=False)[2] == 8
     assert norm._fwd_config(16384, bf16, is_rms=False)[2] == 16

@@ -38,7 +38,11 @@ Kernels:
   and accumulates its dw/db partial in float32 registers, writing one (G, N) partial row;
   ``_col_sum_kernel`` then reduces the G partials (the Triton-tutorial / Liger pattern). Rows
   up to 32 KiB compute their statistics in registers; longer rows take them from
-  ``_norm_bwd_stats_kernel`` (one program a row, looping over chunks).
+  ``_norm_bwd_stats_kernel`` (one program a row, looping over chunks). G is one program an SM
+  and each program loads its next row tile before reducing the current one (``PREFETCH``):
+  a program holding a whole 8 KiB row fills an SM's register file, so nothing else hides its
+  load latency. H200, M=16384 x N=8192 bf16: rms_norm 2.32 -> 3.81 TB/s, layer_norm
+  2.28 -> 3.38 (54% -> 90% and 80% of the copy ceiling).
 
 The forward saves nothing but its inputs (or h): the backward recomputes mean and rstd from the
 row it has to read anyway, which saves a launch's worth of writes and keeps the ops simple.
@@ -62,6 +66,12 @@ from tkit.kernels.softmax import OVERRIDE, _row_offsets, as_rows, row_batch, row
 #: dw/db partials).
 FWD_SINGLE_MAX_BYTES = 64 * 1024
 BWD_SINGLE_MAX_BYTES = 32 * 1024
+
+
+#: L2 policy of the forward's single-tile loads. "evict_first" (read once) measured slower in
+#: every config on the H200 (2026-11-30, M=16384 x N=8192 bf16, best config each way):
+#: rms_norm 3.89 -> 4.05 TB/s without it, layer_norm 3.82 -> 4.02, residual 3.90 -> 3.97.
+_fwd_evict = ""
 
 
 def _chunk() -> int:
@@ -420,6 +430,10 @@ def _fwd_config(N: int, itemsize: int, is_rms: bool = True,
       per-thread shape; 127 registers, one program an SM as with 32 warps, which measured
       2.44 there against rms_norm's 3.88).
     * The residual form (4 tensors a row) ran at 3.91 TB/s with 32 warps against 3.86 with 16.
+    * Plain RMSNorm at 8 KiB rows (2026-11-30, without the eviction hint, see ``_fwd_evict``):
+      two rows a program with 8 warps 4.04 TB/s, 4 warps 4.05, 16 warps 3.97; one row with
+      16 warps 3.99, 8 warps 3.96. So rows of 8-16 KiB that ``row_config`` gives a program of
+      their own are paired, at half the warps (the same values a thread).
     """
     if N * itemsize <= OVERRIDE.get("norm_fwd_single_bytes", FWD_SINGLE_MAX_BYTES):
         block_n, rows, warps = row_config(N, itemsize)
@@ -428,6 +442,9 @@ def _fwd_config(N: int, itemsize: int, is_rms: bool = True,
                 warps = min(warps, max(8, (block_n * rows) // 1024))
             elif has_res and warps == 16 and rows == 1:
                 warps = 32
+            elif (not has_res and rows == 1 and "rows" not in OVERRIDE
+                  and 8192 <= block_n * itemsize <= 16384):
+                rows, warps = 2, max(4, warps // 2)
         return block_n, rows, warps, True
     return _chunk(), 1, 4 if _env.INTERPRET else 16, False
 
@@ -486,7 +503,7 @@ def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms):
              shm=h2.stride(0), sym=y2.stride(0), eps=float(eps), IS_RMS=is_rms,
              HAS_RES=residual is not None, HAS_BIAS=bias is not None, ROWS=rows,
              BLOCK_N=block_n, SINGLE=single, INT64=C.needs_int64(x2, r2, y2),
-             EVICT=OVERRIDE.get("norm_evict", "evict_first"), num_warps=warps)
+             EVICT=OVERRIDE.get("norm_evict", _fwd_evict), num_warps=warps)
     return y, h
 
 
@@ -509,8 +526,9 @@ def _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias):
     int64 = C.needs_int64(h2, dy2, dx2, dr2)
     if single:
         block_n, rows, warps = row_config(N, itemsize)
-        # the forward's warps (N=8192 bf16: 16 warps, 120-127 registers): 16 warps measured
-        # 2.29 TB/s (rms_norm) and 2.20 (layer_norm) against 2.22 and 1.93 with 32 warps
+        # the forward's warps (N=8192 bf16: 16 warps, 120-127 registers). Measured with
+        # PREFETCH (H200, 2026-11-30): 16 warps 3.81 TB/s (rms_norm) and 3.38 (layer_norm)
+        # against 3.76 and 2.09 with 32 warps; without PREFETCH 2.32 / 2.28
         warps = OVERRIDE.get("norm_bwd_warps", warps)
         nchunk = 1
         stats = dx2  # unused
@@ -524,7 +542,10 @@ def _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias):
                  BLOCK_N=block_n, INT64=int64, num_warps=4 if _env.INTERPRET else 16)
     tiles = C.cdiv(M, rows)
     # enough programs for ~2 waves of the SMs; each writes one (N,) float32 partial row
-    G = OVERRIDE.get("norm_bwd_programs", max(1, (2 * _sm_count(h.device)) // nchunk))
+    # one program an SM: at 8192 bf16 columns a program takes 120-127 registers x 512 threads,
+    # the whole register file, so a second wave would only add a tail (measured, with
+    # PREFETCH: rms_norm 3.81 TB/s at 1 x SMs against 3.67 at 2 x SMs; layer_norm 3.38 / 3.15)
+    G = OVERRIDE.get("norm_bwd_programs", max(1, _sm_count(h.device) // nchunk))
     G = max(1, min(tiles, G))
     dw_part = torch.empty((G, N), dtype=torch.float32, device=h.device)
     db_part = torch.empty((G, N), dtype=torch.float32, device=h.device) if has_bias else dw_part
