@@ -82,7 +82,32 @@ def main():
         pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(22)
         profiles[name] = s.getvalue()
         print(f"---- profile: {name} (200 calls)\n" + "\n".join(s.getvalue().splitlines()[:40]))
-    (out / "hostprof.json").write_text(json.dumps(dict(rows=rows, profiles=profiles), indent=1))
+    # GPU time of the same calls: is a slow eager call host- or device-bound?
+    from torch.profiler import ProfilerActivity, profile
+    kernels = {}
+    for name in ("matmul M=1 K4096 N14336", "matmul 64^3", "add 4096"):
+        fn = cases[name][0]
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(50):
+                fn()
+            torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=12)
+        kernels[name] = table
+        print(f"---- torch.profiler: {name} (50 calls)\n{table}")
+    WT = W.t().contiguous().t()  # the nn.Linear weight layout: (N, K) storage, used as W^T
+    for label, b_ in (("row-major W", W), ("nn.Linear layout", WT)):
+        g0, g1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(5):
+            tkit.matmul(v1, b_)
+        g0.record()
+        for _ in range(100):
+            tkit.matmul(v1, b_)
+        g1.record()
+        torch.cuda.synchronize()
+        print(f"matmul M=1 {label}: {g0.elapsed_time(g1) / 100 * 1e3:.1f} us per call (events, "
+              f"back to back)")
+    data = dict(rows=rows, profiles=profiles, kernels=kernels)
+    (out / "hostprof.json").write_text(json.dumps(data, indent=1))
 
 
 if __name__ == "__main__":
