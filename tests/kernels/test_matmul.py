@@ -180,6 +180,31 @@ def test_direct_and_dispatched_paths_agree(device, monkeypatch):
     torch.testing.assert_close(tkit.matmul(a, b, activation="gelu"), direct, rtol=0, atol=0)
 
 
+def test_signature_cache(device):
+    """Eager 2-D calls validate and plan once per signature: a repeat with new data is still
+    right, a new layout or alignment is a new entry, and bad input still raises."""
+    mm._FAST.clear()
+    a = make_tensor((5, 64), torch.float32, seed=1, device=device)
+    b = make_tensor((64, 40), torch.float32, "transposed", seed=2, device=device)
+    bias = make_tensor((40,), torch.float32, seed=3, device=device)
+    ref = lambda a, b: (a.double() @ b.double() + bias.double()).relu()
+    tkit.matmul(a, b, bias, "relu")
+    assert len(mm._FAST) == 1
+    a2 = make_tensor((5, 64), torch.float32, seed=4, device=device)
+    torch.testing.assert_close(tkit.matmul(a2, b, bias, "relu").double(), ref(a2, b),
+                               rtol=1e-4, atol=1e-4)
+    assert len(mm._FAST) == 1  # the same signature: served from the cache
+    flat = torch.randn(5 * 64 + 1, device=device)
+    a3 = flat[1:].view(5, 64)  # same shape and strides, base address 4 bytes off: a new entry
+    torch.testing.assert_close(tkit.matmul(a3, b, bias, "relu").double(), ref(a3, b),
+                               rtol=1e-4, atol=1e-4)
+    assert len(mm._FAST) == 2
+    with pytest.raises(ValueError, match="cannot be multiplied"):
+        tkit.matmul(a, b.t())
+    with pytest.raises(ValueError, match="bias must have shape"):
+        tkit.matmul(a, b, bias[:7])
+
+
 def test_splitk_is_deterministic(device):
     a = make_tensor((3, 2048), torch.float32, seed=1, device=device)
     b = make_tensor((2048, 96), torch.float32, "transposed", seed=2, device=device)
