@@ -281,6 +281,20 @@ def test_config_pruning_with_keyword_launch(monkeypatch):
     assert A._prune(A._bwd_smem("dq"))(bwd, {}, Q=q, K=q, V=q, BLOCK_D=128) == bwd
 
 
+def test_no_autotune_default_is_the_first_tile_that_fits(monkeypatch):
+    # TKIT_NO_AUTOTUNE launches the first of _FWD_TILES that fits shared memory at the head dim
+    monkeypatch.setattr(A, "_smem_limit", lambda: 232448)
+    monkeypatch.setattr(A, "_env_interpret", lambda: False)
+
+    def tile(d, itemsize=2, tma=True):
+        c = A._fwd_default_config(d, itemsize, tma)
+        return c["BLOCK_M"], c["BLOCK_N"], c["num_stages"], c["num_warps"], c["USE_TMA"]
+
+    assert tile(64) == tile(128) == (128, 64, 3, 8, False)
+    assert tile(256) == (128, 64, 2, 8, False)
+    assert tile(256, itemsize=4, tma=False) == (64, 32, 2, 4, False)  # the pruner's fallback
+
+
 # ---- GPU only ------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 80, 96, 112, 128, 192, 256])

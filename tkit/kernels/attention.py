@@ -103,25 +103,41 @@ def _bwd_smem(kind: str):
     return smem
 
 
-def _prune(smem_fn):
+def _prune(smem_fn, tma=None):
+    """The autotuner's early pruner: configs whose shared memory fits and, where K/V cannot be
+    read through TMA, no TMA configs (``tma`` given: that answer, and ``itemsize`` may stand
+    in for Q)."""
     def prune(configs, named_args, **kwargs):
         # the autotuner passes the positional arguments as ``named_args`` and the keyword ones
         # as ``kwargs``; tkit launches with keywords only, so look in both
         args = {**named_args, **kwargs}
         block_d = args["BLOCK_D"]
-        q = args["Q"]
+        itemsize = args["itemsize"] if "itemsize" in args else args["Q"].element_size()
         limit = _smem_limit()
-        tma = tma_ok(args["K"], args["V"]) and not _env_interpret()
-        kept = [c for c in configs if smem_fn(c, block_d, q.element_size()) <= limit
-                and (tma or not c.kwargs.get("USE_TMA", False))]
+        use_tma = (tma if tma is not None else tma_ok(args["K"], args["V"])) \
+            and not _env_interpret()
+        kept = [c for c in configs if smem_fn(c, block_d, itemsize) <= limit
+                and (use_tma or not c.kwargs.get("USE_TMA", False))]
         if kept:
             return kept
-        # never prune everything (TKIT_NO_AUTOTUNE keeps one config): fall back to a small tile
+        # never prune everything: fall back to a small tile
         extra = {k: False for k in ("USE_TMA", "WARP_SPEC") if k in configs[0].kwargs}
         return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32, **extra}, num_stages=2,
                               num_warps=4)]
 
     return prune
+
+
+# The forward's tiles (BLOCK_M, BLOCK_N, num_stages, num_warps, USE_TMA, WARP_SPEC), in order
+# of preference: under TKIT_NO_AUTOTUNE the first that fits (shared memory, TMA-able inputs) is
+# the default (``_fwd_default_config``): on the H200 in 16-bit, 128x64 s3 w8 ptr up to D=128,
+# 128x64 s2 w8 ptr at D=256 (64x64 s3 w4 ptr would fit there too, with 224 KB of shared memory).
+_FWD_TILES = [
+    (128, 64, 3, 8, False, True), (128, 64, 4, 8, False, True),
+    (128, 64, 2, 8, False, False), (64, 64, 3, 4, False, False),
+    (128, 64, 3, 8, True, True), (64, 64, 3, 4, True, False),
+    (64, 32, 3, 4, True, False),
+]
 
 
 def _fwd_configs():
@@ -133,23 +149,36 @@ def _fwd_configs():
     # stages with TMA descriptors crash Triton 3.6's ptxas (error -11), so neither is listed.
     # A fourth stage is offered to the pointer/warp-specialized tile (with TMA, 4 stages beat 3
     # by 1%). Warp specialization with 4 warps fails to compile (MLIR pass failure, not caught
-    # by the autotuner), so only the 8-warp tiles use it. 64x32 s3 is the tile that fits shared
-    # memory at D=256. The first config is the default under TKIT_NO_AUTOTUNE.
+    # by the autotuner), so only the 8-warp tiles use it.
     # WARP_SPEC is a no-op on sm_90 with Triton 3.6 (checked in the TTGIR: the loop keeps its
     # tt.warp_specialize attribute and no partition is made; the Hopper pass makes none for
     # this loop), so "ws" and plain configs are the same kernel and their measured gaps
     # (468 vs 439 in one run) are run-to-run noise.
+    # A sweep with tile orders (scripts/gpu_attention_sweep.py, one timing each, +-8% noise):
+    # 64x64 s3 w4 ptr led causal (446); at D=256, 128x64 s2 w8 ptr gave 481 / 489 (non-causal /
+    # causal) against 363-388 for 64x32 s3 w4 TMA, the only tile listed there before. Compiled
+    # for sm_90 (bf16, causal and not): 128x64 s2 w8 ptr takes 127-139 registers at D=64,
+    # 188-224 at D=128, 255 at D=256 with 192 KB shared, no spills; 64x64 s3 w4 ptr 138-157,
+    # 174-212, and 255 with 224 KB shared at D=256, no spills.
     configs = [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "USE_TMA": tma, "WARP_SPEC": ws},
                       num_stages=s, num_warps=w)
-        for bm, bn, s, w, tma, ws in [
-            (128, 64, 3, 8, False, True), (128, 64, 4, 8, False, True),
-            (128, 64, 3, 8, True, True), (64, 64, 3, 4, True, False),
-            (64, 64, 3, 4, False, False), (64, 32, 3, 4, True, False),
-        ]
+        for bm, bn, s, w, tma, ws in _FWD_TILES
     ]
-    small = triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "USE_TMA": False, "WARP_SPEC": False})
-    return C.interpreter_configs(configs, small)
+    if _env_interpret():
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "USE_TMA": False,
+                               "WARP_SPEC": False})]
+    # TKIT_NO_AUTOTUNE does not go through the autotuner (``_fwd_default_config``)
+    return configs
+
+
+def _fwd_default_config(block_d: int, itemsize: int, tma: bool) -> dict:
+    """The config launched under TKIT_NO_AUTOTUNE: the first of ``_FWD_TILES`` that fits shared
+    memory at this head dim (and needs no TMA where the inputs cannot take it)."""
+    for c in _prune(_fwd_smem, tma=tma)(_fwd_configs(), {"BLOCK_D": block_d},
+                                         itemsize=itemsize)[:1]:
+        return dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
+    raise AssertionError("unreachable: the pruner never returns nothing")
 
 
 def _bwd_configs(kind: str):
@@ -791,12 +820,14 @@ def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
     if head_group is None:
         head_group = fwd_head_group(sk, d, q.element_size(), hq // hk)
     args["HEAD_GROUP"] = max(1, min(int(head_group), batch * hq))
-    if config is None:
+    if config is None and C._env.NO_AUTOTUNE and not _env_interpret():
+        cfg = _fwd_default_config(flags["BLOCK_D"], q.element_size(), tma_ok(k, v))
+    if not cfg:
         grid = lambda meta: (batch * hq, C.cdiv(sq, meta["BLOCK_M"]))
         if q.device.type == "cuda" and tma_ok(k, v):
             _set_tma_allocator(q.device)
         C.launch(_attn_fwd_autotuned, grid, **args)
-    else:
+    else:  # a config given, or TKIT_NO_AUTOTUNE's default
         cfg.setdefault("WARP_SPEC", False)
         cfg.setdefault("USE_TMA", False)
         if cfg["USE_TMA"]:
