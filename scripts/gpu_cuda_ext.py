@@ -72,7 +72,7 @@ def kernels(cx, include_wgmma: bool):
         out[f"sgemm_{step}"] = ((lambda s: lambda a, b: cx.sgemm(a, b, s))(step),
                                 torch.float32, ok)
     bf16_ok = lambda M, N, K: K % 8 == 0 and N % 8 == 0  # noqa: E731
-    for st in (3, 4, 5):
+    for st in (2, 3, 4):  # the default mma build: 256x128x64, 3 stages (48 KiB a stage)
         out[f"mma_s{st}"] = ((lambda s: lambda a, b: cx.matmul_mma(a, b, stages=s))(st),
                              torch.bfloat16, bf16_ok)
     out["mma_f32out"] = (lambda a, b: cx.matmul_mma(a, b, torch.float32), torch.bfloat16,
@@ -86,14 +86,14 @@ def kernels(cx, include_wgmma: bool):
 
 WGMMA_VARIANTS = {
     "wgmma": {},
-    "wgmma_s3": {"stages": 3},
+    "wgmma_direct_s4": {"variant": "direct_s4"},  # the default is 3 stages, TMA epilogue
     "wgmma_inflight": {"inflight": True},
     "wgmma_nonpersistent": {"persistent": False},
     "wgmma_group8": {"group_m": 8},
 }
 
 DEFAULTS = {"sgemm_naive", "sgemm_smem", "sgemm_1d_blocking", "sgemm_2d_blocking",
-            "sgemm_vectorized", "sgemm_cp_async", "mma_s4", "mma_f32out", "wgmma"}
+            "sgemm_vectorized", "sgemm_cp_async", "mma_s3", "mma_f32out", "wgmma"}
 SHAPES = [(1, 8, 8), (16, 16, 16), (127, 136, 72), (128, 128, 64), (129, 264, 200),
           (256, 384, 136), (300, 1000, 520), (512, 512, 512), (1000, 4104, 1032),
           (2048, 2048, 2048), (4096, 4096, 4096)]
@@ -262,7 +262,7 @@ def main():
     ap.add_argument("--sanitize", action="store_true")
     ap.add_argument("--probe", action="store_true")
     ap.add_argument("--no-probe", action="store_true", help="trust wgmma without the probe")
-    ap.add_argument("--kernels", default="", help="comma-separated subset, e.g. mma_s4,wgmma")
+    ap.add_argument("--kernels", default="", help="comma-separated subset, e.g. mma_s3,wgmma")
     args = ap.parse_args()
     if args.probe:
         return probe()
@@ -298,7 +298,7 @@ def main():
         ks = {k: v for k, v in ks.items() if k in ("sgemm_naive", "sgemm_smem",
                                                    "sgemm_1d_blocking", "sgemm_2d_blocking",
                                                    "sgemm_vectorized", "sgemm_cp_async",
-                                                   "mma_s4", "wgmma")
+                                                   "mma_s3", "wgmma")
               or k in args.kernels.split(",")}
         check_all(cx, ks, SANITIZE_SHAPES, results)
         bad = [r for r in results if not r["ok"]]

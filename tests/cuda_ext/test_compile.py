@@ -14,7 +14,14 @@ import sys
 import pytest
 
 from tkit.cuda_ext import _loader
-from tkit.cuda_ext.gemm import MMA_VARIANTS, WGMMA_VARIANTS, mma_config, wgmma_config
+from tkit.cuda_ext.gemm import (
+    MMA_DEFAULT_VARIANT,
+    MMA_VARIANTS,
+    WGMMA_DEFAULT_VARIANT,
+    WGMMA_VARIANTS,
+    mma_config,
+    wgmma_config,
+)
 
 pytestmark = pytest.mark.skipif(_loader.nvcc_path() is None,
                                 reason="nvcc not on the PATH: compile-only checks need it")
@@ -75,11 +82,25 @@ def test_mma_sync_gemm(build, arch):
         ops = opcodes(k[name])
         assert {"HMMA", "LDGSTS", "LDSM"} <= ops, f"{name}: {ops & {'HMMA', 'LDGSTS', 'LDSM'}}"
         assert not ops & {"LDL", "STL"}, f"{name}: local memory traffic (spills)"
-        # 4 x 4 mma per warp and k16 step, two k16 steps per 32-wide k tile, unrolled
-        assert len(re.findall(r"HMMA\.16816\.F32\.BF16", k[name])) == 32
+        # the default build (256x128x64, 4 x 2 warps of 64 x 64): 4 x 8 mma per warp and k16
+        # step, four k16 steps per 64-wide k tile, unrolled
+        assert len(re.findall(r"HMMA\.16816\.F32\.BF16", k[name])) == 128
+    assert re.search(r"STG\.E\.128", k["gemm_mma_bf16"]), "no 16-byte stores (EPI_SMEM)"
 
 
-@pytest.mark.parametrize("variant", [v for v in MMA_VARIANTS if v != "base"])
+def test_default_builds_have_no_options():
+    """The default variants are the sources' macro defaults: the build the dispatcher compiles
+    (no -D options) is the one the sweeps measured as the default."""
+    assert mma_config()["options"] == () and mma_config()["variant"] == MMA_DEFAULT_VARIANT
+    assert wgmma_config()["options"] == () and wgmma_config()["variant"] == WGMMA_DEFAULT_VARIANT
+    assert mma_config("default")["options"] == wgmma_config("default")["options"] == ()
+    opts = {v: mma_config(v)["options"] for v in MMA_VARIANTS}
+    assert len(set(opts.values())) == len(opts), "two mma variants name the same build"
+    opts = {v: wgmma_config(v)["options"] for v in WGMMA_VARIANTS}
+    assert len(set(opts.values())) == len(opts), "two wgmma variants name the same build"
+
+
+@pytest.mark.parametrize("variant", [v for v in MMA_VARIANTS if v != MMA_DEFAULT_VARIANT])
 @pytest.mark.parametrize("arch", ["80", "90"])
 @needs_cuobjdump
 def test_mma_sync_gemm_variants(cubin_dir, variant, arch):
@@ -99,7 +120,7 @@ def test_mma_sync_gemm_variants(cubin_dir, variant, arch):
         assert re.search(r"STG\.E\.128", k["gemm_mma_bf16"]), f"{variant}: no 16-byte stores"
 
 
-@pytest.mark.parametrize("variant", [v for v in WGMMA_VARIANTS if v != "base"])
+@pytest.mark.parametrize("variant", [v for v in WGMMA_VARIANTS if v != WGMMA_DEFAULT_VARIANT])
 @needs_cuobjdump
 def test_wgmma_gemm_variants(cubin_dir, variant):
     cfg = wgmma_config(variant)
@@ -118,8 +139,9 @@ def test_wgmma_gemm_variants(cubin_dir, variant):
         assert "UCGABAR_WAIT" in ops, f"{variant}: no cluster barrier"
 
 
-@pytest.mark.parametrize("options", [(), ("-DWGMMA_INFLIGHT=1",), ("-DSTAGES=3",)],
-                         ids=["default", "inflight", "3stages"])
+@pytest.mark.parametrize("options", [(), ("-DWGMMA_INFLIGHT=1",),
+                                     ("-DSTAGES=4", "-DEPI_TMA=0", "-DEPI_SPLIT=2")],
+                         ids=["default", "inflight", "direct_s4"])
 @needs_cuobjdump
 def test_wgmma_gemm(build, cubin_dir, options):
     cubin = (build("gemm_wgmma_sm90.cu", "90a") if not options else
@@ -133,6 +155,8 @@ def test_wgmma_gemm(build, cubin_dir, options):
     assert "SYNCS" in ops, "no mbarrier operations (SYNCS.*)"
     assert "USETMAXREG" in ops, "no setmaxnreg (USETMAXREG)"
     assert not ops & {"LDL", "STL"}, "local memory traffic (spills) in the Hopper GEMM"
+    if "-DEPI_TMA=0" not in options:  # the default epilogue: TMA stores
+        assert "UTMASTG" in ops, "no TMA stores (UTMASTG) in the epilogue"
 
 
 def test_resource_usage_no_spills():

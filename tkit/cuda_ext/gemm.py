@@ -31,53 +31,101 @@ SGEMM_STEPS = {
     "cp_async": ("sgemm_cp_async", (256,), (128, 128), True),
 }
 
-MMA_SM80 = dict(source="gemm_mma_sm80.cu", bm=128, bn=128, bk=32, stages=4, threads=256)
-WGMMA_SM90 = dict(source="gemm_wgmma_sm90.cu", bm=128, bn=256, bk=64, stages=4, threads=384)
+# The tile parameters of each default build (the macros' defaults in csrc/): the measured best
+# of the issue #7 sweep on the H200 (scripts/gpu_cuda_ext_sweep.py).
+MMA_DEFAULTS = dict(bm=256, bn=128, bk=64, warps_m=4, warps_n=2, stages=3, frag_pipe=1,
+                    epi_smem=1)
+WGMMA_DEFAULTS = dict(stages=3, group_m=16, inflight=False, epi_tma=True, epi_split=1,
+                      cluster_m=1)
+MMA_SM80 = dict(source="gemm_mma_sm80.cu", threads=256,
+                **{k: MMA_DEFAULTS[k] for k in ("bm", "bn", "bk", "stages")})
+MMA_SM80["smem"] = MMA_SM80["stages"] * (MMA_SM80["bm"] + MMA_SM80["bn"]) * MMA_SM80["bk"] * 2
+WGMMA_SM90 = dict(source="gemm_wgmma_sm90.cu", bm=128, bn=256, bk=64,
+                  stages=WGMMA_DEFAULTS["stages"], threads=384)
 WGMMA_SM90["smem"] = WGMMA_SM90["stages"] * (
     WGMMA_SM90["bm"] * WGMMA_SM90["bk"] * 2 + WGMMA_SM90["bk"] * WGMMA_SM90["bn"] * 2
-) + 1024 + 256  # stages + alignment slack + barriers
-MMA_SM80["smem"] = MMA_SM80["stages"] * (MMA_SM80["bm"] + MMA_SM80["bn"]) * MMA_SM80["bk"] * 2
+) + 2 * 64 * WGMMA_SM90["bn"] * 2 + 1024 + 256  # stages + C staging + alignment + barriers
+
+
+def _mma(bm, bn, bk, stages, warps_m, warps_n, pipe, epi, **extra):
+    return dict(bm=bm, bn=bn, bk=bk, stages=stages, warps_m=warps_m, warps_n=warps_n,
+                frag_pipe=pipe, epi_smem=epi, **extra)
+
 
 # Compile-time variants of the mma.sync kernel (macros of csrc/gemm_mma_sm80.cu), for sweeps
-# (scripts/gpu_cuda_ext_sweep.py). "base" is the default build. The big tiles give each warp
-# 64 x 64 (8 ldmatrix.x4 for 32 mma per k16 step instead of 6 for 16: the 64 x 32 warp tile
-# asks ~128 B/clk of shared memory, the SM's whole bandwidth); frag_pipe double-buffers
-# fragments across k16 steps, epi_smem stages the bf16 tile for 16-byte stores.
+# (scripts/gpu_cuda_ext_sweep.py); each spells out its whole tile. MMA_DEFAULT_VARIANT is the
+# build with no -D options. The big tiles give each warp 64 x 64 (8 ldmatrix.x4 for 32 mma per
+# k16 step instead of 6 for 16: the 64 x 32 warp tile asks ~128 B/clk of shared memory, the SM's
+# whole bandwidth); frag_pipe double-buffers fragments across k16 steps, epi_smem stages the bf16
+# tile for 16-byte stores. H200, ratio to cuBLAS at 4096^3 / 8192^3 (first sweep):
+#   128x128k32s4 0.43/0.46 (the original kernel), 128x256k32s4_epi 0.59/0.61,
+#   256x128k64s3_epi 0.59/0.64 (the default).
+# The *_2cta builds: 128 x 128 tiles of 4 warps (64 x 64 each), two blocks per SM (96 / 64 KiB
+# of shared memory, <= 255 registers at 128 threads), so one block's barrier and epilogue
+# overlap the other's mma work (not measured yet).
 MMA_VARIANTS: dict[str, dict] = {
-    "base": {},
-    "128x128k32s4_pipe_epi": dict(frag_pipe=1, epi_smem=1),
-    "128x256k32s4": dict(bn=256, frag_pipe=1),
-    "128x256k32s4_epi": dict(bn=256, frag_pipe=1, epi_smem=1),
-    "128x256k32s3_epi": dict(bn=256, stages=3, frag_pipe=1, epi_smem=1),
-    "128x256k64s3_epi": dict(bn=256, bk=64, stages=3, frag_pipe=1, epi_smem=1),
-    "128x256k64s4_epi": dict(bn=256, bk=64, stages=4, frag_pipe=1, epi_smem=1),
-    "256x128k32s4_epi": dict(bm=256, warps_m=4, warps_n=2, frag_pipe=1, epi_smem=1),
-    "256x128k64s3_epi": dict(bm=256, bk=64, stages=3, warps_m=4, warps_n=2, frag_pipe=1,
-                             epi_smem=1),
+    "128x128k32s4": _mma(128, 128, 32, 4, 2, 4, 0, 0),
+    "128x128k32s4_pipe_epi": _mma(128, 128, 32, 4, 2, 4, 1, 1),
+    "128x256k32s4": _mma(128, 256, 32, 4, 2, 4, 1, 0),
+    "128x256k32s4_epi": _mma(128, 256, 32, 4, 2, 4, 1, 1),
+    "128x256k32s3_epi": _mma(128, 256, 32, 3, 2, 4, 1, 1),
+    "128x256k64s3_epi": _mma(128, 256, 64, 3, 2, 4, 1, 1),
+    "128x256k64s4_epi": _mma(128, 256, 64, 4, 2, 4, 1, 1),
+    "256x128k32s4_epi": _mma(256, 128, 32, 4, 4, 2, 1, 1),
+    "256x128k64s3_epi": _mma(256, 128, 64, 3, 4, 2, 1, 1),
+    "128x128k64s3_2cta": _mma(128, 128, 64, 3, 2, 2, 1, 1, min_blocks=2),
+    "128x128k32s4_2cta": _mma(128, 128, 32, 4, 2, 2, 1, 1, min_blocks=2),
 }
+MMA_DEFAULT_VARIANT = "256x128k64s3_epi"
+# where the default's 144 KiB of shared memory do not fit (sm_86 / sm_89: 99 KiB a block)
+MMA_SMALL_VARIANT = "128x256k32s3_epi"
 
 
 def mma_config(variant: str | None = None, **overrides) -> dict:
-    """Tile parameters of one mma.sync build: defaults, then the variant, then overrides (None
-    keeps what is there). Keys: bm, bn, bk, warps_m, warps_n, stages, group_m, frag_pipe,
-    epi_smem, min_blocks; plus the derived threads, smem (bytes) and the -D options."""
-    if variant is not None and variant not in MMA_VARIANTS:
+    """Tile parameters of one mma.sync build: defaults (:data:`MMA_DEFAULTS`), then the variant
+    (None or "default": :data:`MMA_DEFAULT_VARIANT`), then overrides (None keeps what is
+    there). Keys: bm, bn, bk, warps_m, warps_n, stages, group_m, frag_pipe, epi_smem,
+    min_blocks; plus the derived threads, smem (bytes) and the -D options."""
+    if variant in (None, "default"):
+        variant = MMA_DEFAULT_VARIANT
+    if variant not in MMA_VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(MMA_VARIANTS)}, got {variant!r}")
-    cfg = dict(bm=128, bn=128, bk=32, warps_m=2, warps_n=4, stages=4, group_m=None,
-               frag_pipe=0, epi_smem=0, min_blocks=None)
-    cfg.update(MMA_VARIANTS.get(variant or "base", {}))
+    cfg = dict(MMA_DEFAULTS, group_m=None, min_blocks=None)
+    cfg.update(MMA_VARIANTS[variant])
     cfg.update({k: v for k, v in overrides.items() if v is not None})
+    cfg["variant"] = variant
     pipe = cfg["stages"] * (cfg["bm"] + cfg["bn"]) * cfg["bk"] * 2
     epi = cfg["bm"] * (cfg["bn"] + 8) * 2 if cfg["epi_smem"] else 0
     cfg["threads"] = 32 * cfg["warps_m"] * cfg["warps_n"]
     cfg["smem"] = max(pipe, epi)
     # only what differs from the source's defaults goes on the command line, so the default
-    # build keeps its cache key
-    base = dict(bm=128, bn=128, bk=32, warps_m=2, warps_n=4, stages=4, frag_pipe=0, epi_smem=0)
+    # build has no options (the build the dispatcher compiles and the compile tests check)
     cfg["options"] = _defines(**{k: v for k, v in cfg.items()
-                                 if k in base and v != base[k]},
+                                 if k in MMA_DEFAULTS and v != MMA_DEFAULTS[k]},
                               group_m=cfg["group_m"], min_blocks=cfg["min_blocks"])
     return cfg
+
+
+@functools.cache
+def _max_smem_optin(device: int) -> int:
+    """Shared memory a block may opt in to on this device (227 KiB on sm_90, 163 on sm_80,
+    99 on sm_86 / sm_89)."""
+    props = torch.cuda.get_device_properties(device)
+    n = getattr(props, "shared_memory_per_block_optin", None)
+    if n:
+        return int(n)
+    major, minor = props.major, props.minor
+    return {(8, 0): 163, (8, 7): 163, (9, 0): 227}.get((major, minor), 99) * 1024
+
+
+def default_mma_variant(device: int | None = None) -> str:
+    """The mma.sync build :func:`matmul_mma` runs without ``variant``: the default where its
+    shared memory fits, else :data:`MMA_SMALL_VARIANT`."""
+    if device is None:
+        device = torch.cuda.current_device()
+    if mma_config(MMA_DEFAULT_VARIANT)["smem"] <= _max_smem_optin(device):
+        return MMA_DEFAULT_VARIANT
+    return MMA_SMALL_VARIANT
 
 
 # ---- validation ------------------------------------------------------------------------------
@@ -172,9 +220,9 @@ def matmul_mma(a: torch.Tensor, b: torch.Tensor, out_dtype=None, *, stages: int 
                group_m: int | None = None, variant: str | None = None) -> torch.Tensor:
     """bf16 ``a @ b`` with mma.sync + ldmatrix + cp.async (csrc/gemm_mma_sm80.cu).
 
-    ``variant`` names a build of :data:`MMA_VARIANTS` (None: the default 128x128x32 one);
-    ``stages`` / ``group_m`` override its pipeline depth and raster grouping (each build
-    compiles its own module; for tuning sweeps)."""
+    ``variant`` names a build of :data:`MMA_VARIANTS` (None: :func:`default_mma_variant`, the
+    256x128x64 one where it fits); ``stages`` / ``group_m`` override its pipeline depth and
+    raster grouping (each build compiles its own module; for tuning sweeps)."""
     M, N, K = check_gemm_operands(a, b, (torch.bfloat16,))
     out_dtype = out_dtype or torch.bfloat16
     if out_dtype not in (torch.bfloat16, torch.float32):
@@ -182,12 +230,16 @@ def matmul_mma(a: torch.Tensor, b: torch.Tensor, out_dtype=None, *, stages: int 
     triv = _trivial(M, N, K, out_dtype, a.device)
     if triv is not None:
         return triv
+    if variant is None:
+        variant = default_mma_variant(a.device.index)
+    cfg = mma_config(variant, stages=stages, group_m=group_m)
+    limit = _max_smem_optin(a.device.index if a.device.index is not None else
+                            torch.cuda.current_device())
+    if cfg["smem"] > limit:
+        raise ValueError(f"mma variant {variant!r} needs {cfg['smem']} bytes of shared memory, "
+                         f"more than the {limit} a block can have on this GPU")
     c = _common.empty((M, N), out_dtype, a.device)
     name = "gemm_mma_bf16" if out_dtype == torch.bfloat16 else "gemm_mma_bf16_f32out"
-    cfg = mma_config(variant, stages=stages, group_m=group_m)
-    if cfg["smem"] > 227 * 1024:
-        raise ValueError(f"mma variant {variant!r} needs {cfg['smem']} bytes of shared memory, "
-                         "more than the 227 KiB a block can have")
     func = _loader.get_kernel(_loader.load_module(MMA_SM80["source"], options=cfg["options"]),
                               name)
     grid = (triton_cdiv(M, cfg["bm"]) * triton_cdiv(N, cfg["bn"]),)
@@ -274,7 +326,8 @@ def wgmma_selftest(**kw) -> str | None:
     if not _env.WGMMA_SELFTEST:
         return None
     opts = {k: v for k, v in sorted(kw.items()) if v is not None}
-    key = (_loader.source_hash(WGMMA_SM90["source"]), json.dumps(opts),
+    # keyed by the build (its -D options), so equal builds asked for differently share it
+    key = (_loader.source_hash(WGMMA_SM90["source"]), json.dumps(wgmma_config(**opts)["options"]),
            torch.cuda.get_device_name(), _loader.nvcc_version())
     if key in _selftest_results:
         return _selftest_results[key]
@@ -300,43 +353,52 @@ def wgmma_selftest(**kw) -> str | None:
 
 
 # Compile-time variants of the wgmma kernel (macros of csrc/gemm_wgmma_sm90.cu), for sweeps
-# (scripts/gpu_cuda_ext_sweep.py); "base" is the default build (700.8 TFLOP/s at 4096^3 on the
-# H200, 0.90x cuBLAS). epi_tma: epilogue through shared memory + TMA stores, overlapped with the
-# next tile's mainloop; cluster_m=2: 2x1 clusters with the B tile multicast.
+# (scripts/gpu_cuda_ext_sweep.py); WGMMA_DEFAULT_VARIANT is the build with no -D options.
+# epi_tma: epilogue through shared memory + TMA stores, overlapped with the next tile's
+# mainloop (epi_split parts a consumer); cluster_m=2: 2x1 clusters with the B tile multicast.
+# H200, ratio to cuBLAS at 4096^3 / 8192^3 (first sweep): direct_s4 (the original kernel)
+# 0.951/0.998, epi_tma 0.994/1.003, epi_tma_s3 0.996/1.036 (the default), cluster2_epi_tma
+# 0.987/1.024; cluster2_epi_tma_s3 (the two best at 8192^3 together) not measured yet.
 WGMMA_VARIANTS: dict[str, dict] = {
-    "base": {},
-    "epi_tma": dict(epi_tma=True),
-    "epi_tma_s3": dict(epi_tma=True, stages=3, epi_split=1),
-    "cluster2": dict(cluster_m=2),
-    "cluster2_epi_tma": dict(cluster_m=2, epi_tma=True),
-    "cluster2_epi_tma_g8": dict(cluster_m=2, epi_tma=True, group_m=8),
-    "cluster2_epi_tma_inflight": dict(cluster_m=2, epi_tma=True, inflight=True),
+    "epi_tma_s3": {},
+    "direct_s4": dict(stages=4, epi_tma=False, epi_split=2),
+    "epi_tma": dict(stages=4, epi_split=2),
+    "cluster2": dict(stages=4, epi_tma=False, epi_split=2, cluster_m=2),
+    "cluster2_epi_tma": dict(stages=4, epi_split=2, cluster_m=2),
+    "cluster2_epi_tma_g8": dict(stages=4, epi_split=2, cluster_m=2, group_m=8),
+    "cluster2_epi_tma_inflight": dict(stages=4, epi_split=2, cluster_m=2, inflight=True),
+    "cluster2_epi_tma_s3": dict(cluster_m=2),
 }
+WGMMA_DEFAULT_VARIANT = "epi_tma_s3"
+_WGMMA_BUILD_KEYS = tuple(WGMMA_DEFAULTS)  # the keys that select a compiled build
 
 
 def wgmma_config(variant: str | None = None, **overrides) -> dict:
-    """One wgmma build: defaults, then the variant, then overrides (None keeps what is there).
-    Keys: stages, group_m, inflight, epi_tma, epi_split, cluster_m, persistent, ctas (grid size
-    of the persistent launch; None: one CTA per SM); derived: smem (bytes), options (-D...)."""
-    if variant is not None and variant not in WGMMA_VARIANTS:
+    """One wgmma build: defaults (:data:`WGMMA_DEFAULTS`), then the variant (None or "default":
+    :data:`WGMMA_DEFAULT_VARIANT`), then overrides (None keeps what is there). Keys: stages,
+    group_m, inflight, epi_tma, epi_split, cluster_m, persistent, ctas (grid size of the
+    persistent launch; None: one CTA per SM); derived: smem (bytes), options (-D...: only
+    what differs from the source's defaults)."""
+    if variant in (None, "default"):
+        variant = WGMMA_DEFAULT_VARIANT
+    if variant not in WGMMA_VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(WGMMA_VARIANTS)}, got {variant!r}")
-    cfg = dict(stages=None, group_m=None, inflight=None, epi_tma=None, epi_split=None,
-               cluster_m=None, persistent=True, ctas=None)
-    cfg.update(WGMMA_VARIANTS.get(variant or "base", {}))
+    cfg = dict(WGMMA_DEFAULTS, persistent=True, ctas=None)
+    cfg.update(WGMMA_VARIANTS[variant])
     cfg.update({k: v for k, v in overrides.items() if v is not None})
-    if cfg["cluster_m"] not in (None, 1, 2):
+    cfg["variant"] = variant
+    if cfg["cluster_m"] not in (1, 2):
         raise ValueError(f"cluster_m must be 1 or 2, got {cfg['cluster_m']}")
-    st = cfg["stages"] or WGMMA_SM90["stages"]
-    split = cfg["epi_split"] or 2
+    cfg["inflight"], cfg["epi_tma"] = bool(cfg["inflight"]), bool(cfg["epi_tma"])
+    st, split = cfg["stages"], cfg["epi_split"]
     c_bytes = 2 * 64 * (WGMMA_SM90["bn"] // split) * 2 if cfg["epi_tma"] else 0
     cfg["smem"] = st * (WGMMA_SM90["bm"] + WGMMA_SM90["bn"]) * WGMMA_SM90["bk"] * 2 + c_bytes \
         + 1024 + 256
+    diff = {k: cfg[k] for k in _WGMMA_BUILD_KEYS if cfg[k] != WGMMA_DEFAULTS[k]}
     cfg["options"] = _defines(
-        stages=cfg["stages"], group_m=cfg["group_m"],
-        wgmma_inflight=None if cfg["inflight"] is None else int(cfg["inflight"]),
-        epi_tma=None if cfg["epi_tma"] is None else int(cfg["epi_tma"]),
-        epi_split=cfg["epi_split"],
-        cluster_m=None if cfg["cluster_m"] in (None, 1) else cfg["cluster_m"])
+        stages=diff.get("stages"), group_m=diff.get("group_m"),
+        wgmma_inflight=diff.get("inflight"), epi_tma=diff.get("epi_tma"),
+        epi_split=diff.get("epi_split"), cluster_m=diff.get("cluster_m"))
     return cfg
 
 
@@ -349,8 +411,9 @@ def matmul_wgmma(a: torch.Tensor, b: torch.Tensor, out_dtype=None, *,
     """bf16 ``a @ b`` with TMA + wgmma, warp-specialized and persistent
     (csrc/gemm_wgmma_sm90.cu, sm_90a).
 
-    ``variant`` names a build of :data:`WGMMA_VARIANTS` (None: the default). Tuning knobs on
-    top (each build compiles its own module): ``stages`` (3 or 4: 48 KiB a stage),
+    ``variant`` names a build of :data:`WGMMA_VARIANTS` (None: :data:`WGMMA_DEFAULT_VARIANT`,
+    3 stages and the TMA epilogue in one part). Tuning knobs on top (each build compiles its own
+    module): ``stages`` (3 or 4: 48 KiB a stage; 4 needs ``epi_split=2`` or ``epi_tma=False``),
     ``group_m`` (raster grouping), ``inflight`` (keep one wgmma group in flight across k-steps),
     ``epi_tma`` / ``epi_split`` (epilogue through shared memory and TMA stores, in that many
     parts per consumer), ``cluster_m`` (2: clusters of 2 CTAs sharing B by TMA multicast);
@@ -394,6 +457,6 @@ def matmul_wgmma(a: torch.Tensor, b: torch.Tensor, out_dtype=None, *,
 
 
 def _selftest_kw(cfg: dict) -> dict:
-    """The keyword arguments that select a compiled build, as the self-test passes them on."""
-    keys = ("stages", "group_m", "inflight", "epi_tma", "epi_split", "cluster_m")
-    return {k: cfg[k] for k in keys if cfg.get(k) is not None}
+    """The keyword arguments that select a compiled build (those that differ from the defaults),
+    as the self-test passes them on."""
+    return {k: cfg[k] for k in _WGMMA_BUILD_KEYS if cfg[k] != WGMMA_DEFAULTS[k]}

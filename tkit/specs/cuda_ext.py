@@ -124,7 +124,7 @@ def _bf16_spec(name, fn, doc):
 
 SPECS = [_sgemm_spec(step) for step in cuda_ext.SGEMM_STEPS] + [
     _bf16_spec("cuda_matmul_mma", cuda_ext.matmul_mma,
-               "bf16 GEMM, mma.sync + ldmatrix + 4-stage cp.async (sm_80 path)"),
+               "bf16 GEMM, mma.sync + ldmatrix + 3-stage cp.async, 256x128x64 (sm_80 path)"),
     _bf16_spec("cuda_matmul_wgmma", cuda_ext.matmul_wgmma,
                "bf16 GEMM, TMA + mbarrier + wgmma, warp-specialized, persistent (sm_90a path)"),
     _bf16_spec("cuda_matmul", cuda_ext.matmul,

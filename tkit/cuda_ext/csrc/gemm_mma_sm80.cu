@@ -5,18 +5,24 @@
 // M, N and K are otherwise free: out-of-range 16-byte chunks are zero-filled by cp.async's
 // src-size operand and stores are guarded.
 //
-// Block tile 128 x 128 x 32, 8 warps as 2 (M) x 4 (N), each warp 64 x 32 = 4 x 4 mma.m16n8k16.
-// STAGES shared-memory buffers filled by cp.async (LDGSTS): the loads for tile kt+STAGES-1 are
-// in flight while tile kt is multiplied. Fragments come from shared memory by ldmatrix (A) and
-// ldmatrix.trans (B, stored k-major as it is in memory). Shared tiles are XOR-swizzled in
-// 16-byte chunks so that the 8 row addresses of one ldmatrix phase hit 8 different bank groups:
-//   A (rows of 32 bf16 = 4 chunks):   chunk ^ ((row >> 1) & 3)
-//   B (rows of 128 bf16 = 16 chunks): chunk ^ (row & 7)
+// Default build (the fastest of the issue #7 sweep on the H200: 418 / 423 TFLOP/s at 4096^3 /
+// 8192^3, 0.59x / 0.64x cuBLAS): block tile 256 x 128 x 64, 8 warps as 4 (M) x 2 (N), each warp
+// 64 x 64 = 4 x 8 mma.m16n8k16 per k16 step (8 ldmatrix.x4 for 32 mma). STAGES (3)
+// shared-memory buffers filled by cp.async (LDGSTS): the loads for tile kt+STAGES-1 are in flight
+// while tile kt is multiplied; 144 KiB of shared memory, one block per SM. Fragments come from
+// shared memory by ldmatrix (A) and ldmatrix.trans (B, stored k-major as it is in memory),
+// double-buffered in registers across k16 steps (FRAG_PIPE); the bf16 epilogue goes through
+// shared memory for 16-byte stores (EPI_SMEM). Shared tiles are XOR-swizzled in 16-byte chunks
+// so that the 8 row addresses of one ldmatrix phase hit 8 different bank groups:
+//   A, BK = 64 (rows of 8 chunks):    chunk ^ (row & 7)
+//   A, BK = 32 (rows of 4 chunks):    chunk ^ ((row >> 1) & 3)
+//   B (rows of BN/8 chunks):          chunk ^ (row & 7)
+// The first kernel of this file (128 x 128 x 32, 2 x 4 warps of 64 x 32, 4 stages, no fragment
+// pipelining, direct stores; 0.43x cuBLAS) is the variant 128x128k32s4 of MMA_VARIANTS.
 // No headers: compiles under NVRTC and nvcc.
 
 // Every tile parameter is a macro with the defaults above, so one source gives the variants that
-// tkit.cuda_ext.gemm.MMA_VARIANTS compiles (-DBN=256 -DBK=64 ...); the default build is the
-// original 128x128x32 kernel, unchanged.
+// tkit.cuda_ext.gemm.MMA_VARIANTS compiles (-DBM=128 -DBK=32 ...).
 //   BM, BN, BK        block tile (BK 32 or 64); WARPS_M x WARPS_N warps, warp tile
 //                     (BM/WARPS_M) x (BN/WARPS_N), a multiple of 16 x 16
 //   STAGES, GROUP_M   cp.async pipeline depth; tile-rows per raster group (L2 reuse of B)
@@ -28,32 +34,32 @@
 //                     conflicts), then 16-byte coalesced global stores (fp32 output stays direct)
 //   MIN_BLOCKS        __launch_bounds__ minimum blocks per SM
 #ifndef BM
-#define BM 128
+#define BM 256
 #endif
 #ifndef BN
 #define BN 128
 #endif
 #ifndef BK
-#define BK 32
+#define BK 64
 #endif
 #ifndef WARPS_M
-#define WARPS_M 2
+#define WARPS_M 4
 #endif
 #ifndef WARPS_N
-#define WARPS_N 4
+#define WARPS_N 2
 #endif
 #ifndef STAGES  // overridable with -DSTAGES=... (scripts/gpu_cuda_ext.py sweeps it)
-#define STAGES 4
+#define STAGES 3
 #endif
 #define THREADS (32 * WARPS_M * WARPS_N)
 #ifndef GROUP_M  // overridable with -DGROUP_M=... (scripts/gpu_cuda_ext.py sweeps it)
 #define GROUP_M 8
 #endif
 #ifndef FRAG_PIPE
-#define FRAG_PIPE 0
+#define FRAG_PIPE 1
 #endif
 #ifndef EPI_SMEM
-#define EPI_SMEM 0
+#define EPI_SMEM 1
 #endif
 #ifndef MIN_BLOCKS  // 0: no minimum (the original build)
 #define MIN_BLOCKS 0

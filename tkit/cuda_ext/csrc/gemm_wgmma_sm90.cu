@@ -4,7 +4,11 @@
 // Needs K % 8 == 0 and N % 8 == 0 (TMA wants 16-byte global strides) and 16-byte aligned bases;
 // any M, N, K otherwise: TMA zero-fills out-of-bounds boxes and the epilogue guards its stores.
 //
-// Block tile 128 x 256 x 64, STAGES shared-memory stages of 48 KiB (A 16 KiB + B 32 KiB).
+// Block tile 128 x 256 x 64, STAGES (3) shared-memory stages of 48 KiB (A 16 KiB + B 32 KiB)
+// and the epilogue through shared memory + TMA stores (EPI_TMA, one 64 KiB part: EPI_SPLIT 1):
+// the default build is the fastest of the issue #7 sweep on the H200 (0.996x / 1.036x cuBLAS
+// at 4096^3 / 8192^3). The first kernel (4 stages, stores from registers: 0.95x / 1.00x) is
+// the variant direct_s4 of WGMMA_VARIANTS.
 // 384 threads = 3 warpgroups:
 //   warpgroup 0, the producer: gives registers back (setmaxnreg.dec 24); one thread waits for a
 //     free stage (empty[s]), announces the bytes to come (mbarrier.arrive.expect_tx) and issues
@@ -26,7 +30,7 @@
 // __grid_constant__ kernel parameters, 128 bytes each.
 // No headers: compiles under NVRTC and nvcc (-arch sm_90a: wgmma and setmaxnreg need the "a").
 //
-// Compile-time variants (defaults: the kernel as first measured, 700.8 TFLOP/s at 4096^3):
+// Compile-time variants (defaults: STAGES 3, EPI_TMA 1, EPI_SPLIT 1, GROUP_M 16, CLUSTER_M 1):
 //   WGMMA_INFLIGHT=1  wgmma.wait_group 1: one k-step's wgmmas stay in flight while the next
 //                     ones are issued; a stage is released one k-step later (so with 4 stages
 //                     only ~3 are loading: it measured like STAGES=3 on the H200)
@@ -36,7 +40,8 @@
 //                     consumers go straight back to the next tile's mainloop while TMA drains
 //                     them (out-of-range rows/columns are clipped by TMA). EPI_SPLIT parts per
 //                     consumer, staged one after another through a buffer of 64 x BN/EPI_SPLIT:
-//                     2 parts (16 KiB a consumer) fit next to 4 stages in 227 KiB.
+//                     1 part (32 KiB a consumer) fits next to 3 stages, 2 parts (16 KiB)
+//                     next to 4 stages in 227 KiB. EPI_TMA=0: stores from registers.
 //   CLUSTER_M=2       clusters of 2 CTAs on consecutive tile-rows (same B tile): each CTA loads
 //                     half of the B tile and multicasts it to both (cp.async.bulk.tensor
 //                     .multicast::cluster), cutting L2->SM traffic per CTA from 48 to 32 KiB a
@@ -50,7 +55,7 @@
 #define BN 256
 #define BK 64
 #ifndef STAGES  // overridable with -DSTAGES=... (scripts/gpu_cuda_ext.py sweeps it)
-#define STAGES 4
+#define STAGES 3
 #endif
 #define CONSUMERS 2
 #define THREADS (128 * (CONSUMERS + 1))
@@ -61,10 +66,10 @@
 #define WGMMA_INFLIGHT 0
 #endif
 #ifndef EPI_TMA
-#define EPI_TMA 0
+#define EPI_TMA 1
 #endif
 #ifndef EPI_SPLIT
-#define EPI_SPLIT 2
+#define EPI_SPLIT 1
 #endif
 #ifndef CLUSTER_M
 #define CLUSTER_M 1
