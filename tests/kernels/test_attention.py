@@ -169,10 +169,10 @@ def test_tile_order_does_not_change_results(causal, device):
 
 
 def test_fwd_head_group():
-    # S=4096, D=128, bf16: K+V = 2 MB a head, 16 heads in the 32 MB budget; GQA multiplies
-    assert A.fwd_head_group(4096, 128, 2, 1) == 16
-    assert A.fwd_head_group(4096, 128, 2, 4) == 64
-    assert A.fwd_head_group(3000, 128, 2, 1) == 16    # 21 fit: rounded down to a power of 2
+    # S=4096, D=128, bf16: K+V = 2 MB a head, 4 heads in the 8 MB budget; GQA multiplies
+    assert A.fwd_head_group(4096, 128, 2, 1) == 4
+    assert A.fwd_head_group(4096, 128, 2, 4) == 16
+    assert A.fwd_head_group(3000, 128, 2, 1) == 4     # 5 fit: rounded down to a power of 2
     assert A.fwd_head_group(1 << 20, 256, 4, 1) == 1  # one head alone overflows the budget
 
 

@@ -633,29 +633,28 @@ def splitk_config(M: int, N: int, K: int, num_sms: int) -> dict:
     Derivation: the work is streaming K*N weight bytes; a program streams one BLOCK_N-wide slab
     of BLOCK_K-deep steps with NUM_STAGES - 1 loads in flight: at BLOCK_N=BLOCK_K=128 and 4
     stages that is ~100 KB per program, more than HBM latency needs (Little's law: 4.8 TB/s x
-    ~1 us ~ 5 MB in flight, ~38 KB per SM). Programs beyond about two per SM only add
-    partial-sum traffic (SPLIT*M*N*4 bytes written and read back), a longer tail and waves that
-    do not fit at once. Measured on the H200
-    (M=1 and 16, K=4096, N=14336, 112 slabs): split 2 (224 programs, ~1.7 per SM) streams
-    3.53 / 3.48 TB/s, split 4 3.43 / 3.25, split 8 3.27 / 2.99, split 16 3.11 / 2.89; at M=64
-    (BLOCK_M=64) the order is the same and steeper (split 2: 2.81 TB/s, 8: 1.74). So the split
-    is the power of 2 nearest to 2*SMs / slabs (about two programs per SM), at least 2 (the
-    reduce kernel applies the epilogue; one split would leave < 1 program per SM at these
-    widths), at most 4 when BLOCK_M is 64, and clamped so that each split keeps >= 4 K-steps.
-    Occupancy (ptxas via tkit.ir, sm_90): at BLOCK_M=16 the kernel takes 72 KB of shared memory
-    at 3 stages and 108 KB at 4, so 2-3 programs fit per SM and the 224 programs of split 2 all
-    stream at once (split 8's 896 ran in ~3.4 waves, which is why 3 stages helped there: +6%).
-    4 stages, the measured best at split 2. The GPU script times the neighbours of this choice.
+    ~1 us ~ 5 MB in flight, ~38 KB per SM). So about one program per SM is enough, and every
+    program beyond that adds partial-sum traffic (SPLIT*M*N*4 bytes written and read back), a
+    reduce launch, a longer tail and waves that do not fit at once. Measured on the H200, M=1
+    and 16, K=4096, N=14336 (112 slabs of 128 columns), CUDA-graph replay, median of 3
+    interleaved rounds (2026-11-30): split 1 (112 programs, no reduce kernel) with 4 stages
+    3.63 / 3.85 TB/s of weight (cuBLAS 3.80 / 3.81), 3 stages 3.38 / 3.74; split 2 with 4
+    stages 3.47 / 3.43; BLOCK_N=64 split 1 3.19 / 3.80. An earlier run (2026-11-29) ordered
+    split 2 > 4 > 8 > 16 at M=1, 16 and 64 (split 2: 3.53 / 3.48 / 2.81 TB/s, 8: 3.27 / 2.99
+    / 1.74). So the split is the power of 2 nearest to SMs / slabs (about one program per SM),
+    at least 1 (split 1 is the pointer kernel with this tile, epilogue included), at most 4
+    when BLOCK_M is 64, and clamped so that each split keeps >= 4 K-steps. Occupancy (ptxas
+    via tkit.ir, sm_90): at BLOCK_M=16 the kernel takes 108 KB of shared memory at 4 stages, so
+    2 programs fit per SM. ``scripts/gpu_skinny.py`` times the neighbours of this choice.
     """
     block_m = max(16, min(64, C.next_power_of_2(M)))
     block_n = 128 if N >= 128 else max(16, C.next_power_of_2(N))
     block_k = 128 if K >= 128 else max(16, C.next_power_of_2(K))
     tiles = C.cdiv(N, block_n) * C.cdiv(M, block_m)
-    ratio = 2 * num_sms / tiles
+    ratio = num_sms / tiles
     want = 1
     while want * 2 <= ratio * 1.41:  # nearest power of 2 on a log scale
         want *= 2
-    want = max(2, want)
     if block_m >= 64:
         want = min(want, 4)
     k_steps = C.cdiv(K, block_k)
