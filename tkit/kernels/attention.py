@@ -190,13 +190,30 @@ def _bwd_configs(kind: str):
     # and dQ 128x32 w4 168, so neither is offered; dQ 128x64 w8 s2 fits in 235 registers with
     # no stack. At D=256 only 32x64 s2 w4 and 64x64 s1 w8 fit shared memory (measured there:
     # 82 and 109 TFLOP/s). The first config is the default under TKIT_NO_AUTOTUNE.
+    return C.interpreter_configs(_bwd_tiles(kind),
+                                 triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}))
+
+
+def _bwd_tiles(kind: str) -> list:
     if kind == "dkdv":
         tiles = [(64, 64, 3, 4), (64, 128, 2, 8), (64, 128, 3, 8), (64, 64, 1, 8), (32, 64, 2, 4)]
     else:
         tiles = [(64, 64, 3, 4), (128, 64, 2, 8), (128, 64, 3, 8), (64, 64, 1, 8), (32, 64, 2, 4)]
-    configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
-               for bm, bn, s, w in tiles]
-    return C.interpreter_configs(configs, triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}))
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
+            for bm, bn, s, w in tiles]
+
+
+def _bwd_default_config(kind: str, block_d: int, itemsize: int) -> dict:
+    """The config launched under TKIT_NO_AUTOTUNE: the first backward tile that fits shared
+    memory at this head dim. (Triton skips an autotuner's pruner when one config is left, so
+    keeping only the first config would launch 64x64 s3 at D=256: 263 KB of shared memory, an
+    OutOfResources error on the H200.)"""
+    smem, limit = _bwd_smem(kind), _smem_limit()
+    for c in _bwd_tiles(kind):
+        if smem(c, block_d, itemsize) <= limit:
+            return dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
+    c = _bwd_tiles(kind)[-1]
+    return dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
 
 
 _TUNE_KEY = ["seqlen_q", "seqlen_k", "HEAD_DIM", "MASK_LO", "MASK_HI", "SOFTCAP", "VARLEN"]
@@ -929,7 +946,13 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, causal, sca
     dkdv_args = dict(common, DK=dk, DV=dv, **_named("sdk", _strides4(dk, varlen)),
                      **_named("sdv", _strides4(dv, varlen)), HK=hk)
     dq_args = dict(common, DQ=dq, **_named("sdq", _strides4(dq, varlen)), H=hq)
-    if config is None:
+    if config is None and C._env.NO_AUTOTUNE and not _env_interpret():
+        block_d, es = flags["BLOCK_D"], q.element_size()
+        c1, c2 = _bwd_default_config("dkdv", block_d, es), _bwd_default_config("dq", block_d, es)
+        C.launch(_attn_bwd_dkdv_kernel, (batch * hk, C.cdiv(sk, c1["BLOCK_N"])),
+                 **dkdv_args, **c1)
+        C.launch(_attn_bwd_dq_kernel, (batch * hq, C.cdiv(sq, c2["BLOCK_M"])), **dq_args, **c2)
+    elif config is None:
         C.launch(_attn_bwd_dkdv_autotuned,
                  lambda meta: (batch * hk, C.cdiv(sk, meta["BLOCK_N"])), **dkdv_args)
         C.launch(_attn_bwd_dq_autotuned,
