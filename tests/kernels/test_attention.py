@@ -286,13 +286,28 @@ def test_no_autotune_default_is_the_first_tile_that_fits(monkeypatch):
     monkeypatch.setattr(A, "_smem_limit", lambda: 232448)
     monkeypatch.setattr(A, "_env_interpret", lambda: False)
 
-    def tile(d, itemsize=2, tma=True):
-        c = A._fwd_default_config(d, itemsize, tma)
+    def tile(d, itemsize=2, tma=True, block_d=None):
+        c = A._fwd_default_config(block_d or d, itemsize, tma, d)
         return c["BLOCK_M"], c["BLOCK_N"], c["num_stages"], c["num_warps"], c["USE_TMA"]
 
     assert tile(64) == tile(128) == (128, 64, 3, 8, False)
     assert tile(256) == (128, 64, 2, 8, False)
     assert tile(256, itemsize=4, tma=False) == (64, 32, 2, 4, False)  # the pruner's fallback
+    # D=192 pads to 256: the 128x64 two-stage pointer tile (a misaligned-address fault there on
+    # the H200, causal) is pruned, and the next tile that fits is taken
+    assert tile(192, block_d=256) == (64, 64, 3, 4, False)
+
+
+def test_padded_head_dims_prune_the_faulting_tile(monkeypatch):
+    monkeypatch.setattr(A, "_smem_limit", lambda: 232448)
+    monkeypatch.setattr(A, "_env_interpret", lambda: False)
+    q = torch.empty(1, 8, 1, 192, dtype=torch.bfloat16)
+    prune = A._prune(A._fwd_smem)
+    configs = A._fwd_configs()  # the full list: the interpreter check is patched off
+    padded = prune(configs, {}, Q=q, K=q, V=q, BLOCK_D=256, HEAD_DIM=192)
+    exact = prune(configs, {}, Q=q, K=q, V=q, BLOCK_D=256, HEAD_DIM=256)
+    assert any(A._faults_when_padded(c) for c in exact)
+    assert not any(A._faults_when_padded(c) for c in padded) and padded
 
 
 # ---- GPU only ------------------------------------------------------------------------------

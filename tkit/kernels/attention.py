@@ -116,8 +116,10 @@ def _prune(smem_fn, tma=None):
         limit = _smem_limit()
         use_tma = (tma if tma is not None else tma_ok(args["K"], args["V"])) \
             and not _env_interpret()
+        padded = args.get("HEAD_DIM", block_d) != block_d
         kept = [c for c in configs if smem_fn(c, block_d, itemsize) <= limit
-                and (use_tma or not c.kwargs.get("USE_TMA", False))]
+                and (use_tma or not c.kwargs.get("USE_TMA", False))
+                and not (padded and _faults_when_padded(c))]
         if kept:
             return kept
         # never prune everything: fall back to a small tile
@@ -126,6 +128,16 @@ def _prune(smem_fn, tma=None):
                               num_warps=4)]
 
     return prune
+
+
+def _faults_when_padded(c) -> bool:
+    """128x64 two-stage pointer-load forward at a padded head dim: on the H200 (Triton 3.6,
+    2026-11-30) D=192 (BLOCK_D=256) causal stopped with "CUDA error: misaligned address", a
+    sticky error that fails everything after it in the process (non-causal passed; D=256 and
+    D=128 ran in every sweep). Kept to unpadded head dims until the cause is known."""
+    kw = c.kwargs
+    return (kw.get("BLOCK_M") == 128 and c.num_stages == 2 and not kw.get("USE_TMA", False)
+            and "WARP_SPEC" in kw)
 
 
 # The forward's tiles (BLOCK_M, BLOCK_N, num_stages, num_warps, USE_TMA, WARP_SPEC), in order
@@ -172,10 +184,11 @@ def _fwd_configs():
     return configs
 
 
-def _fwd_default_config(block_d: int, itemsize: int, tma: bool) -> dict:
+def _fwd_default_config(block_d: int, itemsize: int, tma: bool, head_dim: int) -> dict:
     """The config launched under TKIT_NO_AUTOTUNE: the first of ``_FWD_TILES`` that fits shared
     memory at this head dim (and needs no TMA where the inputs cannot take it)."""
-    for c in _prune(_fwd_smem, tma=tma)(_fwd_configs(), {"BLOCK_D": block_d},
+    for c in _prune(_fwd_smem, tma=tma)(_fwd_configs(), {"BLOCK_D": block_d,
+                                                         "HEAD_DIM": head_dim},
                                          itemsize=itemsize)[:1]:
         return dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
     raise AssertionError("unreachable: the pruner never returns nothing")
@@ -838,7 +851,7 @@ def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
         head_group = fwd_head_group(sk, d, q.element_size(), hq // hk)
     args["HEAD_GROUP"] = max(1, min(int(head_group), batch * hq))
     if config is None and C._env.NO_AUTOTUNE and not _env_interpret():
-        cfg = _fwd_default_config(flags["BLOCK_D"], q.element_size(), tma_ok(k, v))
+        cfg = _fwd_default_config(flags["BLOCK_D"], q.element_size(), tma_ok(k, v), d)
     if not cfg:
         grid = lambda meta: (batch * hq, C.cdiv(sq, meta["BLOCK_M"]))
         if q.device.type == "cuda" and tma_ok(k, v):
