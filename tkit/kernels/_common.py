@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import triton
 
 from tkit import _env
 
@@ -187,7 +186,10 @@ def cdiv(a: int, b: int) -> int:
 
 
 def next_power_of_2(n: int) -> int:
-    return triton.next_power_of_2(max(int(n), 1))
+    """The smallest power of 2 >= n (1 for n <= 1), in plain Python: ``triton.next_power_of_2``
+    is a ConstexprFunction whose host-side call costs microseconds."""
+    n = int(n)
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def interpreter_configs(configs: list, small: Any) -> list:

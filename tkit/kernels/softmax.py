@@ -86,7 +86,7 @@ def row_config(N: int, itemsize: int) -> tuple[int, int, int]:
         return block_n, OVERRIDE.get("rows", rows), 4
     rows = max(1, min(64, (4096 // itemsize) // block_n))
     elems = rows * block_n
-    warps = triton.next_power_of_2(max(1, elems // 512))
+    warps = C.next_power_of_2(max(1, elems // 512))
     warps = max(4, min(32, warps))
     return block_n, OVERRIDE.get("rows", rows), OVERRIDE.get("num_warps", warps)
 
