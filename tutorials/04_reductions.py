@@ -237,14 +237,22 @@ def test_tkit_split_path_equals_fused_path():
 #
 # `python tutorials/04_reductions.py` on the H200 prints every step: time, TB/s, percent of the
 # copy ceiling, beside torch eager and torch.compile in the same run. The family's full
-# benchmark (backward, the N sweep, Liger-Kernel) is `scripts/gpu_reductions.py`; its run of
-# 2026-11-29 (benchmarks/results/h200-2026-11-29-b-final.log, copy 4.22 TB/s) measured, at
-# 16384 x 8192 bf16: rms_norm 3.84 TB/s (torch eager 0.60, torch.compile 4.12), fused
-# residual + rms_norm 3.95 (eager 1.00, compile 3.98), layer_norm 3.64 (compile 3.63), softmax
-# 3.87 (compile 1.73): eager RMSNorm is 6.4x slower than the fused kernel here, less than the
-# ~9x the traffic count gives (not examined further; the count treats every intermediate pass
-# as HBM traffic, an upper bound). Long rows (N = 262144): rms_norm 2.63 TB/s, softmax
-# 2.34, about the 2/3-of-copy bound of a three-pass schedule whose reread misses L2.
+# benchmark (backward, the N sweep, Liger-Kernel when installed) is `scripts/gpu_reductions.py`;
+# its run of 2026-11-30 (benchmarks/results/h200-2026-11-30-e-final.log, copy 4.24 TB/s)
+# measured, at 16384 x 8192 bf16: rms_norm 4.06 TB/s (torch eager 0.62, torch.compile 4.15),
+# fused residual + rms_norm 4.01 (eager 1.02, compile 4.01), layer_norm 4.00 (compile 3.66),
+# softmax 3.85 (compile 1.74): eager RMSNorm is 6.5x slower than the fused kernel here, less
+# than the ~9x the traffic count gives (the count treats every intermediate pass as HBM
+# traffic, an upper bound). Long rows (N = 262144): rms_norm 2.66 TB/s, softmax 2.35, about
+# the 2/3-of-copy bound of a schedule whose reread misses L2.
+#
+# Two measured lessons from tuning these kernels (scripts/gpu_norm_sweep.py, 2026-11-30):
+# an `eviction_policy="evict_first"` hint on loads that are read once cost 2-5% in every
+# config (rms_norm 3.89 -> 4.05 TB/s without it); and the backward, whose program holds a
+# whole 8192-column row plus the weight and the dweight partial (120-127 registers x 512
+# threads: one program fills an SM's register file), ran at 54% of copy until each program
+# issued the loads of its next row before reducing the current one (90% for rms_norm, 80% for
+# layer_norm). When occupancy cannot hide latency, the program has to.
 
 # %%
 if __name__ == "__main__":

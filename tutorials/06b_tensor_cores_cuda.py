@@ -349,6 +349,20 @@ def test_mbarrier_protocol():
 # USETMAXREG (setmaxnreg). Neither touches local memory (LDL/STL). Triton's own GEMM for
 # sm_90 reaches the same instructions; `python tutorials/06b_tensor_cores_cuda.py` prints
 # its SASS histogram next to these through `tkit.ir` (chapter 06 reads it in detail).
+#
+# ## 7. Measured (H200, 2026-11-30, `scripts/gpu_cuda_ext_sweep.py --focus`)
+#
+# Median of three interleaved rounds, bf16, ratio to cuBLAS in the same run
+# (benchmarks/results/h200-2026-11-30-c-cuda-ext-sweep.json): the wgmma kernel (3 stages, TMA
+# epilogue) 720 TFLOP/s at 4096^3 = 1.024x cuBLAS, 684 at 8192^3 = 1.024x; with a 2-CTA
+# cluster multicasting B, 1.003x / 1.033x. The mma.sync kernel (256x128x64 tile, 3 stages,
+# fragments double-buffered, epilogue staged through shared memory) 404 / 386-405 TFLOP/s =
+# 0.575x / 0.58-0.61x; Triton's own matmul compiled to mma.sync (DISABLE_MMA_V3=1, autotuned
+# over 7 configs) 382 / 387 = 0.544x / 0.580x in the same rounds. Two independent mma.sync
+# GEMMs stop near 0.6x of the wgmma one: on Hopper, mma.sync is not the instruction that
+# reaches the tensor cores' peak. What moved the hand-written kernels: for mma.sync, the tile
+# (128x128 -> 256x128 per CTA: 0.43x -> 0.59x), for wgmma, getting the epilogue off the
+# critical path (registers -> shared -> TMA store: 0.95x -> 1.02x at 4096^3).
 
 
 # %%
