@@ -81,19 +81,27 @@ MMA_DEFAULT_VARIANT = "256x128k64s3_epi"
 MMA_SMALL_VARIANT = "128x256k32s3_epi"
 
 
+def _variant_config(variant, default: str, variants: dict, base: dict, overrides: dict) -> dict:
+    """A named build (None or "default": ``default``) over ``base``, then the overrides that are
+    not None; ValueError naming the choices for an unknown name."""
+    if variant in (None, "default"):
+        variant = default
+    if variant not in variants:
+        raise ValueError(f"variant must be one of {', '.join(variants)}, got {variant!r}")
+    cfg = dict(base)
+    cfg.update(variants[variant])
+    cfg.update({k: v for k, v in overrides.items() if v is not None})
+    cfg["variant"] = variant
+    return cfg
+
+
 def mma_config(variant: str | None = None, **overrides) -> dict:
     """Tile parameters of one mma.sync build: defaults (:data:`MMA_DEFAULTS`), then the variant
     (None or "default": :data:`MMA_DEFAULT_VARIANT`), then overrides (None keeps what is
     there). Keys: bm, bn, bk, warps_m, warps_n, stages, group_m, frag_pipe, epi_smem,
     min_blocks; plus the derived threads, smem (bytes) and the -D options."""
-    if variant in (None, "default"):
-        variant = MMA_DEFAULT_VARIANT
-    if variant not in MMA_VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(MMA_VARIANTS)}, got {variant!r}")
-    cfg = dict(MMA_DEFAULTS, group_m=None, min_blocks=None)
-    cfg.update(MMA_VARIANTS[variant])
-    cfg.update({k: v for k, v in overrides.items() if v is not None})
-    cfg["variant"] = variant
+    cfg = _variant_config(variant, MMA_DEFAULT_VARIANT, MMA_VARIANTS,
+                          dict(MMA_DEFAULTS, group_m=None, min_blocks=None), overrides)
     pipe = cfg["stages"] * (cfg["bm"] + cfg["bn"]) * cfg["bk"] * 2
     epi = cfg["bm"] * (cfg["bn"] + 8) * 2 if cfg["epi_smem"] else 0
     cfg["threads"] = 32 * cfg["warps_m"] * cfg["warps_n"]
@@ -379,14 +387,8 @@ def wgmma_config(variant: str | None = None, **overrides) -> dict:
     group_m, inflight, epi_tma, epi_split, cluster_m, persistent, ctas (grid size of the
     persistent launch; None: one CTA per SM); derived: smem (bytes), options (-D...: only
     what differs from the source's defaults)."""
-    if variant in (None, "default"):
-        variant = WGMMA_DEFAULT_VARIANT
-    if variant not in WGMMA_VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(WGMMA_VARIANTS)}, got {variant!r}")
-    cfg = dict(WGMMA_DEFAULTS, persistent=True, ctas=None)
-    cfg.update(WGMMA_VARIANTS[variant])
-    cfg.update({k: v for k, v in overrides.items() if v is not None})
-    cfg["variant"] = variant
+    cfg = _variant_config(variant, WGMMA_DEFAULT_VARIANT, WGMMA_VARIANTS,
+                          dict(WGMMA_DEFAULTS, persistent=True, ctas=None), overrides)
     if cfg["cluster_m"] not in (1, 2):
         raise ValueError(f"cluster_m must be 1 or 2, got {cfg['cluster_m']}")
     cfg["inflight"], cfg["epi_tma"] = bool(cfg["inflight"]), bool(cfg["epi_tma"])
