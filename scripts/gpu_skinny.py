@@ -67,8 +67,13 @@ def main():
             fns[name] = lambda x=x, cfg=cfg: mm._matmul_impl(x, b, path="splitk", config=cfg)
         fns["tkit.matmul public (graph)"] = lambda x=x: tkit.matmul(x, b)
         errs = {}
-        for name, fn in fns.items():
-            got = fn().float()
+        for name, fn in list(fns.items()):
+            try:
+                got = fn().float()
+            except Exception as e:  # e.g. a 64-row tile that does not fit shared memory
+                print(f"  {name}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+                del fns[name]
+                continue
             errs[name] = ((got - ref).abs().max() / ref.abs().max()).item()
         times = {n: [] for n in fns}
         for _ in range(args.rounds):
