@@ -151,6 +151,18 @@ def test_many_rows_per_program_partials(device, monkeypatch):
                             _inputs("layer_norm", (300, 24), torch.float32, device), grad=True)
 
 
+@pytest.mark.parametrize("name", ["rms_norm", "layer_norm", "rms_norm_residual"])
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_backward_variants(name, prefetch, device, monkeypatch):
+    """The backward with and without the prefetch of the next row tile, with few programs so
+    each walks many row tiles (the prefetch's masked loads past the last tile included)."""
+    monkeypatch.setitem(sm.OVERRIDE, "norm_bwd_prefetch", prefetch)
+    monkeypatch.setitem(sm.OVERRIDE, "norm_bwd_programs", 3)
+    spec = registry.get(name)
+    check_against_reference(spec.fn, spec.reference,
+                            _inputs(name, (37, 129), torch.float32, device), grad=True)
+
+
 def test_int64_index_path(device, monkeypatch):
     from tkit.kernels import _common
 
