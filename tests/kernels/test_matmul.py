@@ -203,6 +203,8 @@ def test_signature_cache(device):
         tkit.matmul(a, b.t())
     with pytest.raises(ValueError, match="bias must have shape"):
         tkit.matmul(a, b, bias[:7])
+    with pytest.raises(ValueError, match="backend"):  # a cached signature, a bad option
+        tkit.matmul(a, b, bias, "relu", backend="cublas")
 
 
 def test_splitk_is_deterministic(device):

@@ -1238,7 +1238,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
         (broadcast batch..., M, N), contiguous. :func:`plan` says which kernel runs.
     """
     direct = C.use_direct_path(a, b, bias, residual)
-    if direct and backend != "cuda" and a.ndim == 2 and b.ndim == 2:
+    if direct and backend in ("auto", "triton") and a.ndim == 2 and b.ndim == 2:
         # eager 2-D calls: validation and planning once per call signature (a decode step
         # repeats the same few signatures; the kernels there last ~30 us, about what this
         # Python costs)
@@ -1252,7 +1252,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     if backend not in ("auto", "triton", "cuda"):
         raise ValueError(f"backend must be 'auto', 'triton' or 'cuda', got {backend!r}")
     if direct:
-        if backend != "cuda" and a.ndim == 2 and b.ndim == 2:
+        if backend in ("auto", "triton") and a.ndim == 2 and b.ndim == 2:
             od = out_dtype or _default_out_dtype(a.dtype)
             p = plan(a, b, od)
             ieee = a.dtype == torch.float32 and not allow_tf32
