@@ -209,13 +209,9 @@ def sgemm(a: torch.Tensor, b: torch.Tensor, step: str = "cp_async") -> torch.Ten
         return triv
     c = _common.empty((M, N), torch.float32, a.device)
     func = _loader.get_kernel(_loader.load_module("sgemm.cu"), kernel)
-    grid = (triton_cdiv(N, bn), triton_cdiv(M, bm))
+    grid = (_common.cdiv(N, bn), _common.cdiv(M, bm))
     _loader.launch(func, grid, block, (a, b, c, *_i32(M, N, K)))
     return c
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # ---- mma.sync (sm_80 path) -------------------------------------------------------------------
@@ -250,7 +246,7 @@ def matmul_mma(a: torch.Tensor, b: torch.Tensor, out_dtype=None, *, stages: int 
     name = "gemm_mma_bf16" if out_dtype == torch.bfloat16 else "gemm_mma_bf16_f32out"
     func = _loader.get_kernel(_loader.load_module(MMA_SM80["source"], options=cfg["options"]),
                               name)
-    grid = (triton_cdiv(M, cfg["bm"]) * triton_cdiv(N, cfg["bn"]),)
+    grid = (_common.cdiv(M, cfg["bm"]) * _common.cdiv(N, cfg["bn"]),)
     _loader.launch(func, grid, (cfg["threads"],), (a, b, c, *_i32(M, N, K)), smem=cfg["smem"])
     return c
 
@@ -447,7 +443,7 @@ def matmul_wgmma(a: torch.Tensor, b: torch.Tensor, out_dtype=None, *,
     if cfg["epi_tma"]:
         maps.append(tensor_map_2d(c, 64, 64))
     cm = cfg["cluster_m"] or 1
-    units = triton_cdiv(triton_cdiv(M, bm), cm) * triton_cdiv(N, bn)  # clusters' tiles
+    units = _common.cdiv(_common.cdiv(M, bm), cm) * _common.cdiv(N, bn)  # clusters' tiles
     if cfg["persistent"]:
         n = cfg["ctas"] or _num_sms(a.device.index or 0)
         grid = (max(1, min(units, n // cm)) * cm,)

@@ -186,14 +186,19 @@ def _fwd_configs():
     return configs
 
 
+def _first_kept(smem_fn, configs, block_d: int, itemsize: int, tma: bool,
+                head_dim: int) -> dict:
+    """The first config the autotuner's pruner keeps, as launch keywords (TKIT_NO_AUTOTUNE:
+    Triton skips the pruner of an autotuner left with one config, so tkit applies it)."""
+    c = _prune(smem_fn, tma=tma)(configs, {"BLOCK_D": block_d, "HEAD_DIM": head_dim},
+                                 itemsize=itemsize)[0]
+    return dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
+
+
 def _fwd_default_config(block_d: int, itemsize: int, tma: bool, head_dim: int) -> dict:
     """The config launched under TKIT_NO_AUTOTUNE: the first of ``_FWD_TILES`` that fits shared
     memory at this head dim (and needs no TMA where the inputs cannot take it)."""
-    for c in _prune(_fwd_smem, tma=tma)(_fwd_configs(), {"BLOCK_D": block_d,
-                                                         "HEAD_DIM": head_dim},
-                                         itemsize=itemsize)[:1]:
-        return dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
-    raise AssertionError("unreachable: the pruner never returns nothing")
+    return _first_kept(_fwd_smem, _fwd_configs(), block_d, itemsize, tma, head_dim)
 
 
 def _bwd_configs(kind: str):
@@ -223,12 +228,7 @@ def _bwd_default_config(kind: str, block_d: int, itemsize: int) -> dict:
     memory at this head dim. (Triton skips an autotuner's pruner when one config is left, so
     keeping only the first config would launch 64x64 s3 at D=256: 263 KB of shared memory, an
     OutOfResources error on the H200.)"""
-    smem, limit = _bwd_smem(kind), _smem_limit()
-    for c in _bwd_tiles(kind):
-        if smem(c, block_d, itemsize) <= limit:
-            return dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
-    c = _bwd_tiles(kind)[-1]
-    return dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
+    return _first_kept(_bwd_smem(kind), _bwd_tiles(kind), block_d, itemsize, False, block_d)
 
 
 _TUNE_KEY = ["seqlen_q", "seqlen_k", "HEAD_DIM", "MASK_LO", "MASK_HI", "SOFTCAP", "VARLEN"]

@@ -1238,7 +1238,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
         (broadcast batch..., M, N), contiguous. :func:`plan` says which kernel runs.
     """
     direct = C.use_direct_path(a, b, bias, residual)
-    if direct and backend in ("auto", "triton") and a.ndim == 2 and b.ndim == 2:
+    cacheable = direct and backend in ("auto", "triton") and a.ndim == 2 and b.ndim == 2
+    if cacheable:
         # eager 2-D calls: validation and planning once per call signature (a decode step
         # repeats the same few signatures; the kernels there last ~30 us, about what this
         # Python costs)
@@ -1251,15 +1252,15 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     _check_epilogue(out_shape, a.device, bias, activation, residual)
     if backend not in ("auto", "triton", "cuda"):
         raise ValueError(f"backend must be 'auto', 'triton' or 'cuda', got {backend!r}")
+    if cacheable:
+        od = out_dtype or _default_out_dtype(a.dtype)
+        p = plan(a, b, od)
+        ieee = a.dtype == torch.float32 and not allow_tf32
+        if len(_FAST) >= _FAST_MAX:
+            _FAST.clear()
+        _FAST[key] = (od, ieee, p)
+        return _run_fast(a, b, bias, residual, activation, od, ieee, p)
     if direct:
-        if backend in ("auto", "triton") and a.ndim == 2 and b.ndim == 2:
-            od = out_dtype or _default_out_dtype(a.dtype)
-            p = plan(a, b, od)
-            ieee = a.dtype == torch.float32 and not allow_tf32
-            if len(_FAST) >= _FAST_MAX:
-                _FAST.clear()
-            _FAST[key] = (od, ieee, p)
-            return _run_fast(a, b, bias, residual, activation, od, ieee, p)
         return _matmul_impl(a, b, bias, residual, None, None, activation, out_dtype, allow_tf32,
                             backend)
     return _matmul_op(a, b, bias, residual, None, None, activation or "", out_dtype, allow_tf32,

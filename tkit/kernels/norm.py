@@ -333,6 +333,17 @@ def _norm_bwd_stats_kernel(
 
 
 @triton.jit
+def _load_h_dy(h_ptr, dy_ptr, tile, cols, cmask, M, shm, shn, sdym, sdyn, ROWS: tl.constexpr,
+               INT64: tl.constexpr):
+    """Row tile ``tile`` of h and dy in their own dtype (zeros outside the matrix)."""
+    rows, rmask = _row_offsets(tile, M, ROWS, INT64)
+    mask = rmask[:, None] & cmask[None, :]
+    h = tl.load(h_ptr + rows[:, None] * shm + cols[None, :] * shn, mask=mask, other=0.0)
+    dy = tl.load(dy_ptr + rows[:, None] * sdym + cols[None, :] * sdyn, mask=mask, other=0.0)
+    return h, dy
+
+
+@triton.jit
 def _norm_bwd_kernel(
     h_ptr, w_ptr, dy_ptr, dres_ptr, dx_ptr, dw_ptr, db_ptr, stats_ptr,
     M, N, shm, shn, sdym, sdyn, sdrm, sdrn, sdxm, eps,
@@ -357,28 +368,20 @@ def _norm_bwd_kernel(
     dw = tl.zeros((BLOCK_N,), dtype=tl.float32)
     db = tl.zeros((BLOCK_N,), dtype=tl.float32)
     if PREFETCH:
-        rows, rmask = _row_offsets(g, M, ROWS, INT64)
-        mask = rmask[:, None] & cmask[None, :]
-        h_next = tl.load(h_ptr + rows[:, None] * shm + cols[None, :] * shn, mask=mask, other=0.0)
-        dy_next = tl.load(dy_ptr + rows[:, None] * sdym + cols[None, :] * sdyn, mask=mask,
-                          other=0.0)
+        h_next, dy_next = _load_h_dy(h_ptr, dy_ptr, g, cols, cmask, M, shm, shn, sdym, sdyn,
+                                     ROWS, INT64)
     for tile in range(g, tl.cdiv(M, ROWS), G):
         rows, rmask = _row_offsets(tile, M, ROWS, INT64)
         mask = rmask[:, None] & cmask[None, :]
         if PREFETCH:
-            h = h_next.to(tl.float32)
-            dy = dy_next.to(tl.float32)
-            nrows, nrmask = _row_offsets(tile + G, M, ROWS, INT64)
-            nmask = nrmask[:, None] & cmask[None, :]
-            h_next = tl.load(h_ptr + nrows[:, None] * shm + cols[None, :] * shn, mask=nmask,
-                             other=0.0)
-            dy_next = tl.load(dy_ptr + nrows[:, None] * sdym + cols[None, :] * sdyn,
-                              mask=nmask, other=0.0)
+            h, dy = h_next, dy_next
+            h_next, dy_next = _load_h_dy(h_ptr, dy_ptr, tile + G, cols, cmask, M, shm, shn,
+                                         sdym, sdyn, ROWS, INT64)
         else:
-            h = tl.load(h_ptr + rows[:, None] * shm + cols[None, :] * shn, mask=mask,
-                        other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + rows[:, None] * sdym + cols[None, :] * sdyn, mask=mask,
-                         other=0.0).to(tl.float32)
+            h, dy = _load_h_dy(h_ptr, dy_ptr, tile, cols, cmask, M, shm, shn, sdym, sdyn,
+                               ROWS, INT64)
+        h = h.to(tl.float32)
+        dy = dy.to(tl.float32)
         gy = dy * w[None, :]
         if SINGLE:
             d, rstd = _centered_rstd(h, mask, N, eps, IS_RMS)
@@ -557,10 +560,10 @@ def _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias):
                  sdym=dy2.stride(0), sdyn=dy2.stride(1), eps=float(eps), IS_RMS=is_rms,
                  BLOCK_N=block_n, INT64=int64, num_warps=4 if _env.INTERPRET else 16)
     tiles = C.cdiv(M, rows)
-    # enough programs for ~2 waves of the SMs; each writes one (N,) float32 partial row
-    # one program an SM: at 8192 bf16 columns a program takes 120-127 registers x 512 threads,
-    # the whole register file, so a second wave would only add a tail (measured, with
-    # PREFETCH: rms_norm 3.81 TB/s at 1 x SMs against 3.67 at 2 x SMs; layer_norm 3.38 / 3.15)
+    # each program writes one (N,) float32 partial row; one program an SM: at 8192 bf16
+    # columns a program takes 120-127 registers x 512 threads, the whole register file, so a
+    # second wave would only add a tail (measured, with PREFETCH: rms_norm 3.81 TB/s at
+    # 1 x SMs against 3.67 at 2 x SMs; layer_norm 3.38 / 3.15)
     G = OVERRIDE.get("norm_bwd_programs", max(1, _sm_count(h.device) // nchunk))
     G = max(1, min(tiles, G))
     dw_part = torch.empty((G, N), dtype=torch.float32, device=h.device)
