@@ -177,16 +177,19 @@ def backward_target(ceiling, shape=(16384, 8192)):
     nbytes = 3 * M * N * 2 + 2 * N * 2
     y_sm = tkit.softmax(x)
 
+    # the (mean, rstd) rows that the forward saves when autograd will need them
+    st_rms = nk._norm_fwd_impl(x, w, None, None, 1e-6, True, True)[2]
+    st_ln = nk._norm_fwd_impl(x, w, b, None, 1e-5, False, True)[2]
     tk = {
-        "rms_norm": lambda: nk._norm_bwd_impl(x, w, dy, None, 1e-6, True, False),
-        "layer_norm": lambda: nk._norm_bwd_impl(x, w, dy, None, 1e-5, False, True),
+        "rms_norm": lambda: nk._norm_bwd_impl(x, w, dy, None, 1e-6, True, False, st_rms),
+        "layer_norm": lambda: nk._norm_bwd_impl(x, w, dy, None, 1e-5, False, True, st_ln),
         "softmax": lambda: sk._softmax_bwd_impl(y_sm, dy, 1, False),
     }
     variants = {  # the default is 16 warps for all three (the norms had 32 before)
-        "rms_norm": {"tkit w32": dict(norm_bwd_warps=32), "tkit G=1xSM": dict(
-            norm_bwd_programs=132)},
-        "layer_norm": {"tkit w32": dict(norm_bwd_warps=32), "tkit G=1xSM": dict(
-            norm_bwd_programs=132)},
+        "rms_norm": {"tkit recompute stats": dict(norm_bwd_fstats=False),
+                     "tkit w32": dict(norm_bwd_warps=32)},
+        "layer_norm": {"tkit recompute stats": dict(norm_bwd_fstats=False),
+                       "tkit w32": dict(norm_bwd_warps=32)},
         "softmax": {"tkit w8": dict(num_warps=8)},
     }
     for name, fn in tk.items():

@@ -153,14 +153,53 @@ def test_many_rows_per_program_partials(device, monkeypatch):
 
 @pytest.mark.parametrize("name", ["rms_norm", "layer_norm", "rms_norm_residual"])
 @pytest.mark.parametrize("prefetch", [False, True])
-def test_backward_variants(name, prefetch, device, monkeypatch):
+@pytest.mark.parametrize("fstats", [False, True], ids=["recompute-stats", "forward-stats"])
+def test_backward_variants(name, prefetch, fstats, device, monkeypatch):
     """The backward with and without the prefetch of the next row tile, with few programs so
-    each walks many row tiles (the prefetch's masked loads past the last tile included)."""
+    each walks many row tiles (the prefetch's masked loads past the last tile included), and
+    with the forward's (mean, rstd) or statistics recomputed from h."""
     monkeypatch.setitem(sm.OVERRIDE, "norm_bwd_prefetch", prefetch)
     monkeypatch.setitem(sm.OVERRIDE, "norm_bwd_programs", 3)
+    monkeypatch.setitem(sm.OVERRIDE, "norm_bwd_fstats", fstats)
     spec = registry.get(name)
     check_against_reference(spec.fn, spec.reference,
                             _inputs(name, (37, 129), torch.float32, device), grad=True)
+
+
+@pytest.mark.parametrize("fstats", [False, True], ids=["recompute-stats", "forward-stats"])
+def test_chunked_backward_stats(fstats, force_chunked, device, monkeypatch):
+    """Long rows (stats kernel) with the forward's statistics or without them."""
+    monkeypatch.setitem(sm.OVERRIDE, "norm_bwd_fstats", fstats)
+    for name in ("layer_norm", "rms_norm_residual"):
+        spec = registry.get(name)
+        check_against_reference(spec.fn, spec.reference,
+                                _inputs(name, (6, 150), torch.float32, device), grad=True)
+
+
+@pytest.mark.parametrize("is_rms", [True, False])
+def test_forward_saves_row_stats(is_rms, device):
+    """The (mean, rstd) rows the forward saves for the backward, on every forward path, are
+    those of a float64 computation (mean 0 for RMSNorm)."""
+    x, w, b = _inputs("layer_norm", (2, 3, 300), torch.float32, device)
+    x64 = x.detach().double().reshape(-1, 300)
+    mean = torch.zeros(6, dtype=torch.float64, device=x.device) if is_rms else x64.mean(1)
+    var = (x64 * x64).mean(1) if is_rms else x64.var(1, unbiased=False)
+    rstd = (var + 1e-5).rsqrt()
+    for path in ({}, {"norm_fwd_single_bytes": 0, "norm_chunk": 64, "norm_long": "loop"},
+                 {"norm_fwd_single_bytes": 0, "norm_chunk": 64, "norm_long": "split"}):
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in path.items():
+                mp.setitem(sm.OVERRIDE, k, v)
+            for save in (False, True):
+                y, _, stats = norm._norm_fwd_impl(x, w, None if is_rms else b, None, 1e-5,
+                                                  is_rms, save)
+                assert stats.dtype == torch.float32
+                if not save:
+                    assert stats.shape == (0, 2)
+                    continue
+                assert stats.shape == (6, 2), path
+                torch.testing.assert_close(stats[:, 0].double(), mean, atol=1e-6, rtol=0)
+                torch.testing.assert_close(stats[:, 1].double(), rstd, atol=0, rtol=1e-5)
 
 
 def test_int64_index_path(device, monkeypatch):

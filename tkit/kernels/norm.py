@@ -44,8 +44,13 @@ Kernels:
   load latency. H200, M=16384 x N=8192 bf16: rms_norm 2.32 -> 3.81 TB/s, layer_norm
   2.28 -> 3.38 (54% -> 90% and 80% of the copy ceiling).
 
-The forward saves nothing but its inputs (or h): the backward recomputes mean and rstd from the
-row it has to read anyway, which saves a launch's worth of writes and keeps the ops simple.
+When autograd will need them, the forward also stores each row's (mean, rstd) (8 bytes a
+row, float32): the backward then reduces once a row instead of two (RMSNorm) or three
+(LayerNorm) times. Each reduction of a row held by a whole program is a chain of shuffles, a
+shared-memory round trip and barriers that no other program on the SM overlaps (one program
+fills the register file), so the chain's length, not the bytes, is what the backward's time
+beyond the copy is made of. Without saved statistics (``_norm_bwd_impl(stats=None)``) the
+backward recomputes them, pairing independent sums in each round.
 """
 
 from __future__ import annotations
@@ -121,22 +126,25 @@ def _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
 
 @triton.jit
 def _centered_rstd(h, mask, N, eps, IS_RMS: tl.constexpr):
-    """Rows held whole in registers: (d, rstd) with d = h (RMSNorm) or h - mean(h) (LayerNorm,
-    zero outside ``mask``), rstd = 1 / sqrt(mean(d^2) + eps): the two-pass variance."""
+    """Rows held whole in registers: (d, mean, rstd) with d = h (RMSNorm, mean 0) or
+    h - mean(h) (LayerNorm, zero outside ``mask``), rstd = 1 / sqrt(mean(d^2) + eps): the
+    two-pass variance."""
     if IS_RMS:
         d = h
+        mean = tl.zeros((h.shape[0],), dtype=tl.float32)
     else:
         mean = tl.sum(h, axis=1) / N
         d = tl.where(mask, h - mean[:, None], 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / N + eps)
-    return d, rstd
+    return d, mean, rstd
 
 
 @triton.jit
 def _norm_fwd_kernel(
-    x_ptr, r_ptr, h_ptr, w_ptr, b_ptr, y_ptr, M, N, sxm, sxn, srm, srn, shm, sym, eps,
-    IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr,
+    x_ptr, r_ptr, h_ptr, w_ptr, b_ptr, y_ptr, stats_ptr, M, N, sxm, sxn, srm, srn, shm, sym,
+    eps, IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, INT64: tl.constexpr,
+    EVICT: tl.constexpr, SAVE_STATS: tl.constexpr,
 ):
     """y = norm(h) * w (+ b) for ROWS rows a program.
 
@@ -145,6 +153,8 @@ def _norm_fwd_kernel(
     w_ptr, b_ptr: weight and bias (N,); y_ptr: output, row stride sym. SINGLE: the whole row
     fits one BLOCK_N tile; otherwise ROWS is 1 and the row is walked in BLOCK_N chunks twice.
     EVICT: the L2 policy of the single-tile loads ("" for none, or "evict_first").
+    SAVE_STATS: store (mean, rstd) of each row to stats_ptr, float32 (M, 2) (mean 0 for
+    RMSNorm), for the backward.
     """
     rows, rmask = _row_offsets(tl.program_id(0), M, ROWS, INT64)
     if SINGLE:
@@ -153,7 +163,10 @@ def _norm_fwd_kernel(
         mask = rmask[:, None] & cmask[None, :]
         h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
                     HAS_RES, True, EVICT)
-        d, rstd = _centered_rstd(h, mask, N, eps, IS_RMS)
+        d, mean, rstd = _centered_rstd(h, mask, N, eps, IS_RMS)
+        if SAVE_STATS:
+            tl.store(stats_ptr + rows * 2, mean, mask=rmask)
+            tl.store(stats_ptr + rows * 2 + 1, rstd, mask=rmask)
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
         y = d * rstd[:, None] * w[None, :]
         if HAS_BIAS:
@@ -182,6 +195,9 @@ def _norm_fwd_kernel(
                 m2 += tl.sum(dc * dc, axis=1) + delta * delta * (count * nc / total)
                 count = total
         rstd = 1.0 / tl.sqrt(m2 / N + eps)
+        if SAVE_STATS:
+            tl.store(stats_ptr + rows * 2, mean, mask=rmask)
+            tl.store(stats_ptr + rows * 2 + 1, rstd, mask=rmask)
         tl.debug_barrier()  # h written above is read back below
         # the second walk goes last chunk first: the chunks read last are the likeliest to
         # still be in L2 (a walk in the same order would reread the oldest first)
@@ -239,9 +255,10 @@ def _norm_partial_kernel(
 
 @triton.jit
 def _norm_apply_kernel(
-    x_ptr, h_ptr, w_ptr, b_ptr, y_ptr, p1_ptr, p2_ptr, row0, N, sxm, sxn, shm, sym, eps,
-    NCHUNK, IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr,
+    x_ptr, h_ptr, w_ptr, b_ptr, y_ptr, p1_ptr, p2_ptr, stats_ptr, row0, N, sxm, sxn, shm, sym,
+    eps, NCHUNK, IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_C: tl.constexpr, INT64: tl.constexpr,
+    SAVE_STATS: tl.constexpr,
 ):
     """Pass 2 of the split forward: combine the row's chunk moments (LayerNorm: the parallel
     rule M2 = sum_c M2_c + n_c (mean_c - mean)^2), then normalize one chunk. The chunk is
@@ -266,6 +283,9 @@ def _norm_apply_kernel(
         mean = tl.sum(n_c * p1, axis=0) / N
         dm = p1 - mean
         rstd = 1.0 / tl.sqrt(tl.sum(p2 + n_c * dm * dm, axis=0) / N + eps)
+    if SAVE_STATS and c == 0:  # (mean, rstd) for the backward, once a row
+        tl.store(stats_ptr + grow * 2, mean)
+        tl.store(stats_ptr + grow * 2 + 1, rstd)
     cols = c * CHUNK + tl.arange(0, CHUNK)
     mask = cols < N
     if HAS_RES:
@@ -283,13 +303,15 @@ def _norm_apply_kernel(
 
 @triton.jit
 def _norm_bwd_stats_kernel(
-    h_ptr, w_ptr, dy_ptr, stats_ptr, N, shm, shn, sdym, sdyn, eps,
+    h_ptr, w_ptr, dy_ptr, stats_ptr, fs_ptr, N, shm, shn, sdym, sdyn, eps,
     IS_RMS: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr,
+    HAS_FSTATS: tl.constexpr,
 ):
     """Per-row statistics for long rows: stats[row] = (mean, rstd, mean(g), mean(g * xhat)).
 
     h_ptr: the normalized input (row/column strides shm/shn); dy_ptr: output gradient
-    (sdym/sdyn); w_ptr: weight (N,); stats_ptr: float32 (M, 4).
+    (sdym/sdyn); w_ptr: weight (N,); stats_ptr: float32 (M, 4); fs_ptr: the forward's (M, 2)
+    (mean, rstd) with HAS_FSTATS, which saves the first walk over the row.
     """
     row = tl.program_id(0)
     if INT64:
@@ -297,7 +319,7 @@ def _norm_bwd_stats_kernel(
     count = 0.0
     mean = 0.0
     m2 = 0.0
-    for start in range(0, N, BLOCK_N):
+    for start in range(0, 0 if HAS_FSTATS else N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < N
         h = tl.load(h_ptr + row * shm + cols * shn, mask=mask, other=0.0).to(tl.float32)
@@ -312,7 +334,11 @@ def _norm_bwd_stats_kernel(
             mean += delta * (nc / total)
             m2 += tl.sum(dc * dc, axis=0) + delta * delta * (count * nc / total)
             count = total
-    rstd = 1.0 / tl.sqrt(m2 / N + eps)
+    if HAS_FSTATS:
+        mean = tl.load(fs_ptr + row * 2)
+        rstd = tl.load(fs_ptr + row * 2 + 1)
+    else:
+        rstd = 1.0 / tl.sqrt(m2 / N + eps)
     s1 = 0.0
     s2 = 0.0
     last = (tl.cdiv(N, BLOCK_N) - 1) * BLOCK_N
@@ -333,32 +359,46 @@ def _norm_bwd_stats_kernel(
 
 
 @triton.jit
-def _load_h_dy(h_ptr, dy_ptr, tile, cols, cmask, M, shm, shn, sdym, sdyn, ROWS: tl.constexpr,
-               INT64: tl.constexpr):
-    """Row tile ``tile`` of h and dy in their own dtype (zeros outside the matrix)."""
+def _load_h_dy(h_ptr, dy_ptr, fs_ptr, tile, cols, cmask, M, shm, shn, sdym, sdyn,
+               ROWS: tl.constexpr, INT64: tl.constexpr, HAS_FSTATS: tl.constexpr):
+    """Row tile ``tile`` of h and dy in their own dtype (zeros outside the matrix), and the
+    forward's (mean, rstd) of its rows with HAS_FSTATS (zeros otherwise)."""
     rows, rmask = _row_offsets(tile, M, ROWS, INT64)
     mask = rmask[:, None] & cmask[None, :]
     h = tl.load(h_ptr + rows[:, None] * shm + cols[None, :] * shn, mask=mask, other=0.0)
     dy = tl.load(dy_ptr + rows[:, None] * sdym + cols[None, :] * sdyn, mask=mask, other=0.0)
-    return h, dy
+    if HAS_FSTATS:
+        mean = tl.load(fs_ptr + rows * 2, mask=rmask, other=0.0)
+        rstd = tl.load(fs_ptr + rows * 2 + 1, mask=rmask, other=0.0)
+    else:
+        mean = tl.zeros((ROWS,), dtype=tl.float32)
+        rstd = tl.zeros((ROWS,), dtype=tl.float32)
+    return h, dy, mean, rstd
 
 
 @triton.jit
 def _norm_bwd_kernel(
-    h_ptr, w_ptr, dy_ptr, dres_ptr, dx_ptr, dw_ptr, db_ptr, stats_ptr,
+    h_ptr, w_ptr, dy_ptr, dres_ptr, dx_ptr, dw_ptr, db_ptr, stats_ptr, fs_ptr,
     M, N, shm, shn, sdym, sdyn, sdrm, sdrn, sdxm, eps,
     IS_RMS: tl.constexpr, HAS_DRES: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, INT64: tl.constexpr, PREFETCH: tl.constexpr,
+    HAS_FSTATS: tl.constexpr,
 ):
     """dx for the row tiles g, g + G, g + 2G, ... (G = programs along axis 0) in the column
     chunk of axis 1, plus this program's dw/db partials.
 
     h_ptr: normalized input (strides shm/shn); dy_ptr, dres_ptr: gradients of y and of h
     (the latter only with HAS_DRES); dx_ptr: output, row stride sdxm; dw_ptr, db_ptr: float32
-    (G, N) partials; stats_ptr: (M, 4) per-row statistics when not SINGLE. PREFETCH: the loads
-    of the next row tile are issued before this tile's reductions (software pipelining by
-    hand: a program that holds a whole 8192-column row uses most of an SM's registers, so no
-    second program hides its load latency).
+    (G, N) partials; stats_ptr: (M, 4) per-row statistics when not SINGLE; fs_ptr: the
+    forward's (M, 2) (mean, rstd) with HAS_FSTATS (SINGLE only). PREFETCH: the loads of the
+    next row tile are issued before this tile's reductions (software pipelining by hand: a
+    program that holds a whole 8192-column row uses most of an SM's registers, so no second
+    program hides its load latency).
+
+    Reductions a row (SINGLE): with the forward's statistics one round, sum(g * d) (and
+    sum(g) beside it for LayerNorm); without them, sum(h) (with sum(g)), then sum(d^2) (with
+    sum(g * d)): mean(g * xhat) is taken as rstd * mean(g * d), so it needs no rstd first.
+    Each round is a shuffle + shared-memory + barrier chain that nothing else on the SM hides.
     """
     g = tl.program_id(0)
     G = tl.num_programs(0)
@@ -368,28 +408,38 @@ def _norm_bwd_kernel(
     dw = tl.zeros((BLOCK_N,), dtype=tl.float32)
     db = tl.zeros((BLOCK_N,), dtype=tl.float32)
     if PREFETCH:
-        h_next, dy_next = _load_h_dy(h_ptr, dy_ptr, g, cols, cmask, M, shm, shn, sdym, sdyn,
-                                     ROWS, INT64)
+        h_next, dy_next, mean_next, rstd_next = _load_h_dy(
+            h_ptr, dy_ptr, fs_ptr, g, cols, cmask, M, shm, shn, sdym, sdyn, ROWS, INT64,
+            HAS_FSTATS)
     for tile in range(g, tl.cdiv(M, ROWS), G):
         rows, rmask = _row_offsets(tile, M, ROWS, INT64)
         mask = rmask[:, None] & cmask[None, :]
         if PREFETCH:
-            h, dy = h_next, dy_next
-            h_next, dy_next = _load_h_dy(h_ptr, dy_ptr, tile + G, cols, cmask, M, shm, shn,
-                                         sdym, sdyn, ROWS, INT64)
+            h, dy, mean, rstd = h_next, dy_next, mean_next, rstd_next
+            h_next, dy_next, mean_next, rstd_next = _load_h_dy(
+                h_ptr, dy_ptr, fs_ptr, tile + G, cols, cmask, M, shm, shn, sdym, sdyn, ROWS,
+                INT64, HAS_FSTATS)
         else:
-            h, dy = _load_h_dy(h_ptr, dy_ptr, tile, cols, cmask, M, shm, shn, sdym, sdyn,
-                               ROWS, INT64)
+            h, dy, mean, rstd = _load_h_dy(h_ptr, dy_ptr, fs_ptr, tile, cols, cmask, M, shm,
+                                           shn, sdym, sdyn, ROWS, INT64, HAS_FSTATS)
         h = h.to(tl.float32)
         dy = dy.to(tl.float32)
         gy = dy * w[None, :]
         if SINGLE:
-            d, rstd = _centered_rstd(h, mask, N, eps, IS_RMS)
+            if IS_RMS:
+                d = h
+            else:
+                c1 = tl.sum(gy, axis=1) / N
+                if not HAS_FSTATS:
+                    mean = tl.sum(h, axis=1) / N
+                d = tl.where(mask, h - mean[:, None], 0.0)
+            if not HAS_FSTATS:
+                rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / N + eps)
+            gd = tl.sum(gy * d, axis=1) / N
             xhat = d * rstd[:, None]
-            c2 = tl.sum(gy * xhat, axis=1) / N
-            dx = gy - xhat * c2[:, None]
+            dx = gy - xhat * (gd * rstd)[:, None]
             if not IS_RMS:
-                dx -= (tl.sum(gy, axis=1) / N)[:, None]
+                dx -= c1[:, None]
         else:
             st = stats_ptr + rows * 4
             mean = tl.load(st + 0, mask=rmask, other=0.0)
@@ -468,7 +518,7 @@ def _fwd_config(N: int, itemsize: int, is_rms: bool = True,
     return _fwd_loop_chunk(), 1, 4 if _env.INTERPRET else 16, False
 
 
-def _norm_fwd_split(x2, r2, h2, weight, bias, y2, eps, is_rms):
+def _norm_fwd_split(x2, r2, h2, weight, bias, y2, stats, eps, is_rms):
     """Long rows, ``norm_long="split"``: (row, chunk) programs for the moments, then (row,
     chunk) programs that combine and normalize, in row batches (``softmax.row_batch``: one by
     default) (the same structure as softmax's split path)."""
@@ -491,21 +541,29 @@ def _norm_fwd_split(x2, r2, h2, weight, bias, y2, eps, is_rms):
                  HAS_RES=has_res, CHUNK=chunk, INT64=int64, num_warps=warps)
         C.launch(_norm_apply_kernel, grid, x_ptr=x2, h_ptr=h2, w_ptr=weight,
                  b_ptr=bias if bias is not None else weight, y_ptr=y2, p1_ptr=p1, p2_ptr=p2,
-                 row0=row0, N=N, sxm=x2.stride(0), sxn=x2.stride(1), shm=h2.stride(0),
-                 sym=y2.stride(0), eps=float(eps), NCHUNK=nchunk, IS_RMS=is_rms,
+                 stats_ptr=stats if stats is not None else p1, row0=row0, N=N,
+                 sxm=x2.stride(0), sxn=x2.stride(1), shm=h2.stride(0), sym=y2.stride(0),
+                 eps=float(eps), NCHUNK=nchunk, IS_RMS=is_rms,
                  HAS_RES=has_res, HAS_BIAS=bias is not None, CHUNK=chunk,
-                 BLOCK_C=C.next_power_of_2(nchunk), INT64=int64, num_warps=warps)
+                 BLOCK_C=C.next_power_of_2(nchunk), INT64=int64,
+                 SAVE_STATS=stats is not None, num_warps=warps)
 
 
-def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms):
-    """Returns (y, h); h is None without residual."""
+def _stats_shape(x: torch.Tensor, save_stats: bool) -> tuple[int, int]:
+    return ((x.numel() // x.shape[-1] if x.shape[-1] else 0) if save_stats else 0, 2)
+
+
+def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms, save_stats=False):
+    """Returns (y, h, stats); h is None without residual; stats is the float32 (rows, 2)
+    (mean, rstd) of every row with ``save_stats`` (mean 0 for RMSNorm), else a (0, 2) tensor."""
     N = x.shape[-1]
     weight = weight.contiguous()  # (N,): a copy only for a strided weight
     bias = bias.contiguous() if bias is not None else None
     y = C.empty(x.shape, x.dtype, x.device)
     h = C.empty(x.shape, x.dtype, x.device) if residual is not None else None
+    stats = torch.empty(_stats_shape(x, save_stats), dtype=torch.float32, device=x.device)
     if y.numel() == 0:
-        return y, h
+        return y, h, stats
     x2 = as_rows(x)
     r2 = as_rows(residual) if residual is not None else x2
     y2 = y.view(-1, N)
@@ -513,21 +571,25 @@ def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms):
     M = x2.shape[0]
     block_n, rows, warps, single = _fwd_config(N, x.element_size(), is_rms, residual is not None)
     if not single and OVERRIDE.get("norm_long", "loop") == "split":
-        _norm_fwd_split(x2, r2 if residual is not None else None, h2, weight, bias, y2, eps,
-                        is_rms)
-        return y, h
+        _norm_fwd_split(x2, r2 if residual is not None else None, h2, weight, bias, y2,
+                        stats if save_stats else None, eps, is_rms)
+        return y, h, stats
     C.launch(_norm_fwd_kernel, (C.cdiv(M, rows),), x_ptr=x2, r_ptr=r2, h_ptr=h2,
-             w_ptr=weight, b_ptr=bias if bias is not None else weight, y_ptr=y2, M=M, N=N,
+             w_ptr=weight, b_ptr=bias if bias is not None else weight, y_ptr=y2,
+             stats_ptr=stats if save_stats else y2, M=M, N=N,
              sxm=x2.stride(0), sxn=x2.stride(1), srm=r2.stride(0), srn=r2.stride(1),
              shm=h2.stride(0), sym=y2.stride(0), eps=float(eps), IS_RMS=is_rms,
              HAS_RES=residual is not None, HAS_BIAS=bias is not None, ROWS=rows,
              BLOCK_N=block_n, SINGLE=single, INT64=C.needs_int64(x2, r2, y2),
-             EVICT=OVERRIDE.get("norm_evict", _fwd_evict), num_warps=warps)
-    return y, h
+             EVICT=OVERRIDE.get("norm_evict", _fwd_evict), SAVE_STATS=save_stats,
+             num_warps=warps)
+    return y, h, stats
 
 
-def _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias):
-    """Returns (dx, dweight, dbias); dbias has shape (0,) without bias."""
+def _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias, stats=None):
+    """Returns (dx, dweight, dbias); dbias has shape (0,) without bias. ``stats``: the
+    forward's (rows, 2) (mean, rstd) (``_norm_fwd_impl(save_stats=True)``), or None (or a
+    (0, 2) tensor) to recompute them."""
     N = h.shape[-1]
     weight = weight.contiguous()
     dx = C.empty(h.shape, h.dtype, h.device)
@@ -543,6 +605,9 @@ def _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias):
     itemsize = h.element_size()
     single = N * itemsize <= OVERRIDE.get("norm_bwd_single_bytes", BWD_SINGLE_MAX_BYTES)
     int64 = C.needs_int64(h2, dy2, dx2, dr2)
+    fstats = stats is not None and stats.shape[0] == M and M > 0
+    fstats = fstats and OVERRIDE.get("norm_bwd_fstats", True)
+    fs = stats if fstats else dx2  # unused without fstats
     if single:
         block_n, rows, warps = row_config(N, itemsize)
         # the forward's warps (N=8192 bf16: 16 warps, 120-127 registers). Measured with
@@ -550,15 +615,16 @@ def _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias):
         # against 3.76 and 2.09 with 32 warps; without PREFETCH 2.32 / 2.28
         warps = OVERRIDE.get("norm_bwd_warps", warps)
         nchunk = 1
-        stats = dx2  # unused
+        stats_bwd = dx2  # unused
     else:
         block_n, rows, warps = _chunk(), 1, (4 if _env.INTERPRET else 32)
         nchunk = C.cdiv(N, block_n)
-        stats = torch.empty((M, 4), dtype=torch.float32, device=h.device)
+        stats_bwd = torch.empty((M, 4), dtype=torch.float32, device=h.device)
         C.launch(_norm_bwd_stats_kernel, (M,), h_ptr=h2, w_ptr=weight, dy_ptr=dy2,
-                 stats_ptr=stats, N=N, shm=h2.stride(0), shn=h2.stride(1),
+                 stats_ptr=stats_bwd, fs_ptr=fs, N=N, shm=h2.stride(0), shn=h2.stride(1),
                  sdym=dy2.stride(0), sdyn=dy2.stride(1), eps=float(eps), IS_RMS=is_rms,
-                 BLOCK_N=block_n, INT64=int64, num_warps=4 if _env.INTERPRET else 16)
+                 BLOCK_N=block_n, INT64=int64, HAS_FSTATS=fstats,
+                 num_warps=4 if _env.INTERPRET else 16)
     tiles = C.cdiv(M, rows)
     # each program writes one (N,) float32 partial row; one program an SM: at 8192 bf16
     # columns a program takes 120-127 registers x 512 threads, the whole register file, so a
@@ -569,12 +635,14 @@ def _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias):
     dw_part = torch.empty((G, N), dtype=torch.float32, device=h.device)
     db_part = torch.empty((G, N), dtype=torch.float32, device=h.device) if has_bias else dw_part
     C.launch(_norm_bwd_kernel, (G, nchunk), h_ptr=h2, w_ptr=weight, dy_ptr=dy2, dres_ptr=dr2,
-             dx_ptr=dx2, dw_ptr=dw_part, db_ptr=db_part, stats_ptr=stats, M=M, N=N,
+             dx_ptr=dx2, dw_ptr=dw_part, db_ptr=db_part, stats_ptr=stats_bwd, fs_ptr=fs, M=M,
+             N=N,
              shm=h2.stride(0), shn=h2.stride(1), sdym=dy2.stride(0), sdyn=dy2.stride(1),
              sdrm=dr2.stride(0), sdrn=dr2.stride(1), sdxm=dx2.stride(0), eps=float(eps),
              IS_RMS=is_rms, HAS_DRES=dres is not None, HAS_BIAS=has_bias, ROWS=rows,
              BLOCK_N=block_n, SINGLE=single, INT64=int64,
-             PREFETCH=OVERRIDE.get("norm_bwd_prefetch", True), num_warps=warps)
+             PREFETCH=OVERRIDE.get("norm_bwd_prefetch", True),
+             HAS_FSTATS=fstats and single, num_warps=warps)
     sum_block = 256 if not _env.INTERPRET else C.next_power_of_2(min(N, 4096))
     for part, out in ((dw_part, dw),) + (((db_part, db),) if has_bias else ()):
         C.launch(_col_sum_kernel, (C.cdiv(N, sum_block),), part_ptr=part, out_ptr=out,
@@ -590,98 +658,117 @@ def _like(x):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+def _stats_like(x, save_stats):
+    return x.new_empty(_stats_shape(x, save_stats), dtype=torch.float32)
+
+
+# Each forward op also returns the rows' (mean, rstd) when ``save_stats`` (the public functions
+# ask for them when autograd will need them): 8 bytes a row, which spare the backward its
+# statistics reductions (LayerNorm: two of its three rounds of shuffles and barriers a row).
 @torch.library.custom_op("tkit::rms_norm", mutates_args=())
-def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return _norm_fwd_impl(x, weight, None, None, eps, True)[0]
+def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 save_stats: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    y, _, stats = _norm_fwd_impl(x, weight, None, None, eps, True, save_stats)
+    return y, stats
 
 
 @_rms_norm_op.register_fake
-def _(x, weight, eps):
-    return _like(x)
+def _(x, weight, eps, save_stats=False):
+    return _like(x), _stats_like(x, save_stats)
 
 
 @torch.library.custom_op("tkit::rms_norm_residual", mutates_args=())
 def _rms_norm_residual_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return _norm_fwd_impl(x, weight, None, residual, eps, True)
+                          eps: float, save_stats: bool = False
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _norm_fwd_impl(x, weight, None, residual, eps, True, save_stats)
 
 
 @_rms_norm_residual_op.register_fake
-def _(x, residual, weight, eps):
-    return _like(x), _like(x)
+def _(x, residual, weight, eps, save_stats=False):
+    return _like(x), _like(x), _stats_like(x, save_stats)
 
 
 @torch.library.custom_op("tkit::layer_norm", mutates_args=())
 def _layer_norm_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],  # noqa: UP045
-                   eps: float) -> torch.Tensor:
-    return _norm_fwd_impl(x, weight, bias, None, eps, False)[0]
+                   eps: float, save_stats: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    y, _, stats = _norm_fwd_impl(x, weight, bias, None, eps, False, save_stats)
+    return y, stats
 
 
 @_layer_norm_op.register_fake
-def _(x, weight, bias, eps):
-    return _like(x)
+def _(x, weight, bias, eps, save_stats=False):
+    return _like(x), _stats_like(x, save_stats)
 
 
 @torch.library.custom_op("tkit::norm_backward", mutates_args=())
 def _norm_bwd_op(h: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor,
-                 dres: Optional[torch.Tensor], eps: float, is_rms: bool,  # noqa: UP045
+                 dres: Optional[torch.Tensor], stats: Optional[torch.Tensor],  # noqa: UP045
+                 eps: float, is_rms: bool,
                  has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias)
+    return _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias, stats)
 
 
 @_norm_bwd_op.register_fake
-def _(h, weight, dy, dres, eps, is_rms, has_bias):
+def _(h, weight, dy, dres, stats, eps, is_rms, has_bias):
     N = h.shape[-1]
     return (_like(h), weight.new_empty((N,)), weight.new_empty((N,) if has_bias else (0,)))
 
 
 def _rms_setup(ctx, inputs, output):
-    x, weight, eps = inputs
+    x, weight, eps = inputs[:3]
     ctx.eps = eps
-    ctx.save_for_backward(x, weight)
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(x, weight, output[1])
 
 
-def _rms_backward(ctx, dy):
-    x, weight = ctx.saved_tensors
-    dx, dw, _ = _norm_bwd_op(x, weight, dy, None, ctx.eps, True, False)
-    return dx, dw, None
+def _rms_backward(ctx, dy, _dstats):
+    x, weight, stats = ctx.saved_tensors
+    dx, dw, _ = _norm_bwd_op(x, weight, dy, None, stats, ctx.eps, True, False)
+    return dx, dw, None, None
 
 
 _rms_norm_op.register_autograd(_rms_backward, setup_context=_rms_setup)
 
 
 def _rms_res_setup(ctx, inputs, output):
-    x, residual, weight, eps = inputs
+    x, residual, weight, eps = inputs[:4]
     ctx.eps = eps
     ctx.dtypes = (x.dtype, residual.dtype)
-    ctx.save_for_backward(output[1], weight)
+    ctx.mark_non_differentiable(output[2])
+    ctx.save_for_backward(output[1], weight, output[2])
 
 
-def _rms_res_backward(ctx, dy, dh):
-    h, weight = ctx.saved_tensors
+def _rms_res_backward(ctx, dy, dh, _dstats):
+    h, weight, stats = ctx.saved_tensors
     if dy is None:
         dy = torch.zeros_like(h)
-    dx, dw, _ = _norm_bwd_op(h, weight, dy, dh, ctx.eps, True, False)
-    return dx.to(ctx.dtypes[0]), dx.to(ctx.dtypes[1]), dw, None
+    dx, dw, _ = _norm_bwd_op(h, weight, dy, dh, stats, ctx.eps, True, False)
+    return dx.to(ctx.dtypes[0]), dx.to(ctx.dtypes[1]), dw, None, None
 
 
 _rms_norm_residual_op.register_autograd(_rms_res_backward, setup_context=_rms_res_setup)
 
 
 def _ln_setup(ctx, inputs, output):
-    x, weight, bias, eps = inputs
+    x, weight, bias, eps = inputs[:4]
     ctx.eps = eps
     ctx.has_bias = bias is not None
-    ctx.save_for_backward(x, weight)
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(x, weight, output[1])
 
 
-def _ln_backward(ctx, dy):
-    x, weight = ctx.saved_tensors
-    dx, dw, db = _norm_bwd_op(x, weight, dy, None, ctx.eps, False, ctx.has_bias)
-    return dx, dw, (db if ctx.has_bias else None), None
+def _ln_backward(ctx, dy, _dstats):
+    x, weight, stats = ctx.saved_tensors
+    dx, dw, db = _norm_bwd_op(x, weight, dy, None, stats, ctx.eps, False, ctx.has_bias)
+    return dx, dw, (db if ctx.has_bias else None), None, None
 
 
 _layer_norm_op.register_autograd(_ln_backward, setup_context=_ln_setup)
+
+
+def _wants_stats(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 # --------------------------------------------------------------------------------------------
@@ -738,10 +825,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     if residual is None:
         if C.use_direct_path(x, weight):
             return _norm_fwd_impl(x, weight, None, None, eps, True)[0]
-        return _rms_norm_op(x, weight, float(eps))
+        return _rms_norm_op(x, weight, float(eps), _wants_stats(x, weight))[0]
     if C.use_direct_path(x, weight, residual):
-        return _norm_fwd_impl(x, weight, None, residual, eps, True)
-    return _rms_norm_residual_op(x, residual, weight, float(eps))
+        return _norm_fwd_impl(x, weight, None, residual, eps, True)[:2]
+    return _rms_norm_residual_op(x, residual, weight, float(eps),
+                                 _wants_stats(x, weight, residual))[:2]
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -755,7 +843,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     _check_norm(x, weight, bias=bias, eps=eps)
     if C.use_direct_path(x, weight, bias):
         return _norm_fwd_impl(x, weight, bias, None, eps, False)[0]
-    return _layer_norm_op(x, weight, bias, float(eps))
+    return _layer_norm_op(x, weight, bias, float(eps), _wants_stats(x, weight, bias))[0]
 
 
 def cost(x: torch.Tensor, residual: bool = False, backward: bool = False, bias: bool = False):

@@ -186,12 +186,12 @@ def _opcheck(op_name, kind):
         if kind == "softmax":
             return op, (x, -1, False), {}
         if kind == "rms":
-            return op, (x, w, 1e-6), {}
+            return op, (x, w, 1e-6, True), {}
         if kind == "res":
             r = make_tensor((5, 7), torch.float32, seed=2, device=dev).requires_grad_()
-            return op, (x, r, w, 1e-6), {}
+            return op, (x, r, w, 1e-6, True), {}
         b = make_tensor((7,), torch.float32, seed=3, device=dev).requires_grad_()
-        return op, (x, w, b, 1e-5), {}
+        return op, (x, w, b, 1e-5, True), {}
 
     return build
 
