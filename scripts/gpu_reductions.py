@@ -148,6 +148,9 @@ def make_case(name, label):
 FWD_VARIANTS = {
     # neighbours of the heuristic (N=8192 bf16: 16 warps; layer_norm 8, rms_norm_residual 32)
     "tkit w8": dict(num_warps=8), "tkit w16": dict(num_warps=16), "tkit w32": dict(num_warps=32),
+    # the norms' persistent forward (next row tile prefetched): forced on / off / 2 programs an SM
+    "tkit persist": dict(norm_fwd_persist=True), "tkit no persist": dict(norm_fwd_persist=False),
+    "tkit persist 2xSM": dict(norm_fwd_persist=True, norm_fwd_programs=264),
 }
 
 
@@ -248,6 +251,9 @@ SWEEP_VARIANTS = {
 }
 
 
+PERSIST_OPS = ("rms_norm", "layer_norm", "rms_norm_residual")
+
+
 def _selected(case):
     if case.group == "long":
         return "long" in NS_GROUPS
@@ -271,6 +277,13 @@ def sweep(ceiling, budget, ops):
                 record("sweep", name, case.label, prov, bench(fn), nbytes, ceiling,
                        N=args[0].shape[-1])
             n = args[0].shape[-1]
+            if name in PERSIST_OPS:  # the persistent forward, forced on and off, at every N
+                for vname, ov in (("tkit persist", dict(norm_fwd_persist=True)),
+                                  ("tkit no persist", dict(norm_fwd_persist=False))):
+                    with override(**ov):
+                        record("sweep", name, case.label, vname,
+                               bench(_call(registry.get(name).fn, args, kwargs)), nbytes,
+                               ceiling, N=n)
             for vname, ov in SWEEP_VARIANTS.get(name, {}).items():
                 if n < 16384:
                     continue  # the long-row knobs do nothing on short rows

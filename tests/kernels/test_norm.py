@@ -166,6 +166,20 @@ def test_backward_variants(name, prefetch, fstats, device, monkeypatch):
                             _inputs(name, (37, 129), torch.float32, device), grad=True)
 
 
+@pytest.mark.parametrize("name", ["rms_norm", "layer_norm", "rms_norm_residual"])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_persistent_forward(name, rows, device, monkeypatch):
+    """The persistent forward (programs walk row tiles, the next one prefetched), with few
+    programs so each walks many tiles, the last one ragged."""
+    monkeypatch.setitem(sm.OVERRIDE, "norm_fwd_persist", True)
+    monkeypatch.setitem(sm.OVERRIDE, "norm_fwd_programs", 3)
+    monkeypatch.setitem(sm.OVERRIDE, "rows", rows)
+    spec = registry.get(name)
+    check_against_reference(spec.fn, spec.reference,
+                            _inputs(name, (2, 19, 129), torch.float32, device, "sliced"),
+                            grad=True)
+
+
 @pytest.mark.parametrize("fstats", [False, True], ids=["recompute-stats", "forward-stats"])
 def test_chunked_backward_stats(fstats, force_chunked, device, monkeypatch):
     """Long rows (stats kernel) with the forward's statistics or without them."""

@@ -77,6 +77,8 @@ BWD_SINGLE_MAX_BYTES = 32 * 1024
 #: an SM, so nothing hides a program's load latency. LayerNorm and the residual form were not
 #: measured that way and keep the 64 KiB limit.
 RMS_FWD_SINGLE_MAX_BYTES = 32 * 1024
+#: Row tiles from this size take the persistent forward (``_fwd_persist``).
+FWD_PERSIST_BYTES = 16 * 1024
 
 
 #: L2 policy of the forward's single-tile loads. "evict_first" (read once) measured slower in
@@ -140,11 +142,42 @@ def _centered_rstd(h, mask, N, eps, IS_RMS: tl.constexpr):
 
 
 @triton.jit
+def _load_xr(x_ptr, r_ptr, tile, cols, cmask, M, sxm, sxn, srm, srn, ROWS: tl.constexpr,
+             INT64: tl.constexpr, HAS_RES: tl.constexpr):
+    """Row tile ``tile`` of x (and the residual) in their own dtype, zeros outside the matrix
+    (r is x's tile again without HAS_RES, unused)."""
+    rows, rmask = _row_offsets(tile, M, ROWS, INT64)
+    mask = rmask[:, None] & cmask[None, :]
+    x = tl.load(x_ptr + rows[:, None] * sxm + cols[None, :] * sxn, mask=mask, other=0.0)
+    r = x
+    if HAS_RES:
+        r = tl.load(r_ptr + rows[:, None] * srm + cols[None, :] * srn, mask=mask, other=0.0)
+    return x, r
+
+
+@triton.jit
+def _fwd_rows(h, rows, rmask, cols, cmask, w_ptr, b_ptr, y_ptr, stats_ptr, N, sym, eps,
+              IS_RMS: tl.constexpr, HAS_BIAS: tl.constexpr, SAVE_STATS: tl.constexpr):
+    """Normalize a tile of whole rows held in registers (float32) and store y (and stats)."""
+    mask = rmask[:, None] & cmask[None, :]
+    d, mean, rstd = _centered_rstd(h, mask, N, eps, IS_RMS)
+    if SAVE_STATS:
+        tl.store(stats_ptr + rows * 2, mean, mask=rmask)
+        tl.store(stats_ptr + rows * 2 + 1, rstd, mask=rmask)
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    y = d * rstd[:, None] * w[None, :]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rows[:, None] * sym + cols[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
 def _norm_fwd_kernel(
     x_ptr, r_ptr, h_ptr, w_ptr, b_ptr, y_ptr, stats_ptr, M, N, sxm, sxn, srm, srn, shm, sym,
     eps, IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, INT64: tl.constexpr,
-    EVICT: tl.constexpr, SAVE_STATS: tl.constexpr,
+    EVICT: tl.constexpr, SAVE_STATS: tl.constexpr, PERSIST: tl.constexpr,
 ):
     """y = norm(h) * w (+ b) for ROWS rows a program.
 
@@ -154,26 +187,41 @@ def _norm_fwd_kernel(
     fits one BLOCK_N tile; otherwise ROWS is 1 and the row is walked in BLOCK_N chunks twice.
     EVICT: the L2 policy of the single-tile loads ("" for none, or "evict_first").
     SAVE_STATS: store (mean, rstd) of each row to stats_ptr, float32 (M, 2) (mean 0 for
-    RMSNorm), for the backward.
+    RMSNorm), for the backward. PERSIST (SINGLE only): the programs walk row tiles g, g + G,
+    ... and load the next tile before reducing the current one, as the backward does (a
+    program that fills an SM's register file has nothing else to hide its load latency).
     """
-    rows, rmask = _row_offsets(tl.program_id(0), M, ROWS, INT64)
-    if SINGLE:
+    if SINGLE and PERSIST:
+        cols = tl.arange(0, BLOCK_N)
+        cmask = cols < N
+        g = tl.program_id(0)
+        G = tl.num_programs(0)
+        x_next, r_next = _load_xr(x_ptr, r_ptr, g, cols, cmask, M, sxm, sxn, srm, srn, ROWS,
+                                  INT64, HAS_RES)
+        for tile in range(g, tl.cdiv(M, ROWS), G):
+            rows, rmask = _row_offsets(tile, M, ROWS, INT64)
+            xt, rt = x_next, r_next
+            x_next, r_next = _load_xr(x_ptr, r_ptr, tile + G, cols, cmask, M, sxm, sxn, srm,
+                                      srn, ROWS, INT64, HAS_RES)
+            h = xt.to(tl.float32)
+            if HAS_RES:
+                hs = (h + rt.to(tl.float32)).to(h_ptr.dtype.element_ty)
+                tl.store(h_ptr + rows[:, None] * shm + cols[None, :], hs,
+                         mask=rmask[:, None] & cmask[None, :])
+                h = hs.to(tl.float32)
+            _fwd_rows(h, rows, rmask, cols, cmask, w_ptr, b_ptr, y_ptr, stats_ptr, N, sym, eps,
+                      IS_RMS, HAS_BIAS, SAVE_STATS)
+    elif SINGLE:
+        rows, rmask = _row_offsets(tl.program_id(0), M, ROWS, INT64)
         cols = tl.arange(0, BLOCK_N)
         cmask = cols < N
         mask = rmask[:, None] & cmask[None, :]
         h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
                     HAS_RES, True, EVICT)
-        d, mean, rstd = _centered_rstd(h, mask, N, eps, IS_RMS)
-        if SAVE_STATS:
-            tl.store(stats_ptr + rows * 2, mean, mask=rmask)
-            tl.store(stats_ptr + rows * 2 + 1, rstd, mask=rmask)
-        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-        y = d * rstd[:, None] * w[None, :]
-        if HAS_BIAS:
-            y += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + rows[:, None] * sym + cols[None, :], y.to(y_ptr.dtype.element_ty),
-                 mask=mask)
+        _fwd_rows(h, rows, rmask, cols, cmask, w_ptr, b_ptr, y_ptr, stats_ptr, N, sym, eps,
+                  IS_RMS, HAS_BIAS, SAVE_STATS)
     else:
+        rows, rmask = _row_offsets(tl.program_id(0), M, ROWS, INT64)
         count = tl.zeros((ROWS,), dtype=tl.float32)
         mean = tl.zeros((ROWS,), dtype=tl.float32)
         m2 = tl.zeros((ROWS,), dtype=tl.float32)
@@ -518,6 +566,17 @@ def _fwd_config(N: int, itemsize: int, is_rms: bool = True,
     return _fwd_loop_chunk(), 1, 4 if _env.INTERPRET else 16, False
 
 
+def _fwd_persist(tile_bytes: int, warps: int) -> bool:
+    """Persistent forward with the next tile prefetched (``PERSIST``): for tiles of at least
+    ``norm_fwd_persist_bytes`` (default 16 KiB: one program a tile then fills an SM); a
+    ``norm_fwd_persist`` override forces it on or off."""
+    if _env.INTERPRET and "norm_fwd_persist" not in OVERRIDE:
+        return False
+    if "norm_fwd_persist" in OVERRIDE:
+        return bool(OVERRIDE["norm_fwd_persist"])
+    return tile_bytes >= OVERRIDE.get("norm_fwd_persist_bytes", FWD_PERSIST_BYTES)
+
+
 def _norm_fwd_split(x2, r2, h2, weight, bias, y2, stats, eps, is_rms):
     """Long rows, ``norm_long="split"``: (row, chunk) programs for the moments, then (row,
     chunk) programs that combine and normalize, in row batches (``softmax.row_batch``: one by
@@ -574,7 +633,11 @@ def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms, save_stats=False):
         _norm_fwd_split(x2, r2 if residual is not None else None, h2, weight, bias, y2,
                         stats if save_stats else None, eps, is_rms)
         return y, h, stats
-    C.launch(_norm_fwd_kernel, (C.cdiv(M, rows),), x_ptr=x2, r_ptr=r2, h_ptr=h2,
+    tiles = C.cdiv(M, rows)
+    persist = single and _fwd_persist(N * x.element_size() * rows, warps)
+    grid = (min(tiles, OVERRIDE.get("norm_fwd_programs", _sm_count(x.device))) if persist
+            else tiles,)
+    C.launch(_norm_fwd_kernel, grid, x_ptr=x2, r_ptr=r2, h_ptr=h2,
              w_ptr=weight, b_ptr=bias if bias is not None else weight, y_ptr=y2,
              stats_ptr=stats if save_stats else y2, M=M, N=N,
              sxm=x2.stride(0), sxn=x2.stride(1), srm=r2.stride(0), srn=r2.stride(1),
@@ -582,7 +645,7 @@ def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms, save_stats=False):
              HAS_RES=residual is not None, HAS_BIAS=bias is not None, ROWS=rows,
              BLOCK_N=block_n, SINGLE=single, INT64=C.needs_int64(x2, r2, y2),
              EVICT=OVERRIDE.get("norm_evict", _fwd_evict), SAVE_STATS=save_stats,
-             num_warps=warps)
+             PERSIST=persist, num_warps=warps)
     return y, h, stats
 
 
