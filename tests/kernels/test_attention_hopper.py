@@ -1,0 +1,228 @@
+"""The Gluon sm_90 attention forward: its scope (``supported``), its compiled schedule (ahead of
+time on any machine: the PTX and SASS must show the asynchronous wgmmas with one group in flight
+inside the key loop), and on an H200 its outputs against the float64 reference."""
+
+import os
+import re
+import subprocess
+
+import pytest
+import torch
+import triton
+
+from tkit.kernels import attention_hopper as AH
+from tkit.specs import attention as S
+from tkit.testing import check_against_reference, make_tensor
+
+ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def _qkv(b, sq, sk, hq, hk, d, dtype, device, seed=0):
+    return (make_tensor((b, sq, hq, d), dtype, seed=seed, device=device),
+            make_tensor((b, sk, hk, d), dtype, seed=seed + 1, device=device),
+            make_tensor((b, sk, hk, d), dtype, seed=seed + 2, device=device))
+
+
+# ---- scope ---------------------------------------------------------------------------------
+def _cpu(shape=(2, 64, 4, 128), dtype=torch.bfloat16, hk=None):
+    q = torch.zeros(shape, dtype=dtype)
+    kshape = (shape[0], shape[1], hk or shape[2], shape[3])
+    return q, torch.zeros(kshape, dtype=dtype), torch.zeros(kshape, dtype=dtype)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(varlen=True), "varlen"),
+    (dict(window=(128, 0)), "window"),
+    (dict(softcap=30.0), "softcap"),
+])
+def test_unsupported_features(kwargs, words):
+    assert words in AH.supported(*_cpu(), causal=True, **kwargs)
+
+
+def test_unsupported_dtype_and_head_dim():
+    assert "dtype" in AH.supported(*_cpu(dtype=torch.float32))
+    for d in (32, 96, 256):
+        assert "head_dim" in AH.supported(*_cpu(shape=(1, 16, 2, d)))
+    q, k, v = _cpu()
+    assert "dtypes" in AH.supported(q, k.half(), v)
+    assert "multiple" in AH.supported(*_cpu(shape=(1, 16, 6, 64), hk=4))
+
+
+def test_unsupported_strides():
+    q, k, v = _cpu()
+    # head_dim not contiguous
+    qt = q.transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert "unit head_dim stride" in AH.supported(qt, k, v)
+    # rows 2 bytes apart from 16-byte alignment: a slice of a wider last dim
+    wide = torch.zeros(2, 64, 4, 129, dtype=torch.bfloat16)[..., :128]
+    assert "16 bytes" in AH.supported(wide, k, v)
+    # base pointer off by one element
+    flat = torch.zeros(2 * 64 * 4 * 128 + 1, dtype=torch.bfloat16)[1:].view(2, 64, 4, 128)
+    assert "16-byte aligned" in AH.supported(flat, k, v)
+    # broadcast batch (stride 0) cannot be described to TMA
+    kb = k[:1].expand(2, -1, -1, -1)
+    assert "strides" in AH.supported(q, kb, kb)
+
+
+def test_supported_layouts_reach_the_device_check():
+    """Views TMA can read (a packed qkv tensor, size-1 dims with odd strides) pass every check
+    but the device one on a CPU."""
+    qkv = torch.zeros(2, 64, 3, 4, 128, dtype=torch.float16)
+    q, k, v = qkv.unbind(2)
+    assert "CUDA" in AH.supported(q, k, v, causal=True)
+    one = torch.zeros(1, 64, 1, 64, dtype=torch.bfloat16).as_strided((1, 64, 1, 64),
+                                                                    (7, 64, 3, 1))
+    assert "CUDA" in AH.supported(one, one, one)
+    assert AH._tma_strides(one) == [64, 64, 64, 1]
+
+
+def test_configs_fit_shared_memory():
+    for d in AH.HEAD_DIMS:
+        cfgs = AH.configs(d)
+        assert cfgs and AH.default_config(d) == cfgs[0]
+        assert all(AH._smem_bytes(c["BLOCK_N"], c["STAGES"], d) <= AH.SMEM_LIMIT for c in cfgs)
+
+
+# ---- compiled schedule (ahead of time, no GPU needed) --------------------------------------
+def _loop_bodies(ptx: str) -> list[str]:
+    """The PTX between each label and the last backward branch to it (the loops)."""
+    lines = ptx.splitlines()
+    bodies = []
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\$L__BB\d+_\d+):", line)
+        if not m:
+            continue
+        label = m.group(1)
+        ends = [j for j in range(i + 1, len(lines))
+                if re.search(r"\bbra(\.uni)?\s+" + re.escape(label) + ";", lines[j])]
+        if ends:
+            bodies.append("\n".join(lines[i:ends[-1] + 1]))
+    return bodies
+
+
+def _tool(name, *args):
+    return subprocess.run([os.path.join(BIN, name), *args], capture_output=True, text=True,
+                          check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    cache = {}
+
+    def get(d, causal, dtype=torch.bfloat16, config=None):
+        key = (d, causal, dtype, tuple(sorted((config or {}).items())))
+        if key not in cache:
+            k = AH.compile_sm90(d, causal, dtype, config)
+            path = tmp_path_factory.mktemp("cubin") / "k.cubin"
+            path.write_bytes(k.asm["cubin"])
+            cache[key] = (k, _tool("cuobjdump", "-sass", str(path)),
+                          _tool("cuobjdump", "--dump-resource-usage", str(path)))
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_compiled_schedule(compiled, d, causal):
+    k, sass, usage = compiled(d, causal)
+    ptx = k.asm["ptx"]
+    assert "wgmma.mma_async" in ptx
+    loops = [b for b in _loop_bodies(ptx) if "wgmma.mma_async" in b]
+    # the unmasked and the masked key loops each keep one wgmma group (PV) in flight while
+    # the softmax's exponentials run, then wait for it
+    assert len(loops) >= 2, "expected two key loops with wgmmas"
+    for body in loops:
+        assert "wgmma.wait_group.sync.aligned 1;" in body
+        assert "wgmma.wait_group.sync.aligned 0;" in body
+        assert body.index("wgmma.wait_group.sync.aligned 1;") < body.index("ex2.approx") \
+            < body.index("wgmma.wait_group.sync.aligned 0;")
+        assert body.count("wgmma.commit_group") == 2  # QK^T and PV, one group each
+        assert "cp.async.bulk.tensor" in body  # the ring is refilled by TMA inside the loop
+        assert "ld.shared" not in body and "st.shared" not in body  # P stays in registers
+    assert "HGMMA" in sass and "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass
+    assert "UTMALDG" in sass
+    # no spills: no local memory, no stack
+    assert re.search(r"LOCAL:0\b", usage) and re.search(r"STACK:0\b", usage), usage
+    assert not re.search(r"\b(LDL|STL)\b", sass)
+    regs = int(re.search(r"REG:(\d+)", usage).group(1))
+    assert regs <= 255
+    assert k.metadata.shared <= AH.SMEM_LIMIT
+
+
+def test_compiled_fp16_and_every_config(compiled):
+    k, _, _ = compiled(128, True, torch.float16)
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in k.asm["ptx"]
+    for cfg in AH.configs(128)[1:3]:  # a sample of the others (all are swept on the GPU)
+        k, sass, usage = compiled(128, False, torch.bfloat16, cfg)
+        assert "HGMMA" in sass and re.search(r"LOCAL:0\b", usage)
+        assert k.metadata.shared <= AH.SMEM_LIMIT
+
+
+# ---- GPU -----------------------------------------------------------------------------------
+def _fn(causal, config=None):
+    def fn(q, k, v, **kw):
+        return AH.forward(q, k, v, causal=causal, config=config)
+    return fn
+
+
+def _ref(causal):
+    def ref(q, k, v, **kw):
+        return S.ref_attention(q, k, v, causal=causal, return_lse=True)
+    return ref
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("s", [1, 63, 64, 65, 127, 128, 1000, 4096])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_seqlens(s, causal):
+    args = _qkv(2 if s <= 1000 else 1, s, s, 4, 2, 128, torch.bfloat16, "cuda")
+    assert AH.supported(*args, causal=causal) is None
+    check_against_reference(_fn(causal), _ref(causal), args,
+                            ref_dtype=torch.float64 if s <= 1000 else torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("sq, sk", [(100, 300), (300, 100), (1, 257), (257, 1), (65, 200)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_unequal_lengths(sq, sk, causal):
+    # seqlen_q > seqlen_k with causal: the first sq - sk rows see no key (O = 0, lse = -inf)
+    args = _qkv(2, sq, sk, 4, 4, 64, torch.float16, "cuda", seed=3)
+    check_against_reference(_fn(causal), _ref(causal), args)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("hq, hk", [(16, 4), (8, 1)])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_gqa_head_dims_dtypes(hq, hk, d, dtype):
+    args = _qkv(2, 333, 333, hq, hk, d, dtype, "cuda", seed=5)
+    for causal in (False, True):
+        check_against_reference(_fn(causal), _ref(causal), args)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_every_config(d):
+    args = _qkv(1, 700, 700, 4, 2, d, torch.bfloat16, "cuda", seed=7)
+    for cfg in AH.configs(d):
+        for causal in (False, True):
+            check_against_reference(_fn(causal, cfg), _ref(causal), args)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
+def test_gpu_packed_qkv_and_fully_masked_rows():
+    qkv = make_tensor((2, 200, 3, 4, 128), torch.bfloat16, seed=9, device="cuda")
+    q, k, v = qkv.unbind(2)
+    assert AH.supported(q, k, v, causal=True) is None
+    check_against_reference(_fn(True), _ref(True), [q, k, v])
+    q, k, v = _qkv(1, 300, 40, 2, 2, 64, torch.bfloat16, "cuda", seed=11)
+    out, lse = AH.forward(q, k, v, causal=True)
+    assert torch.all(out[:, :260] == 0) and torch.all(lse[:, :, :260] == float("-inf"))
+    assert torch.isfinite(out).all() and torch.isfinite(lse[:, :, 260:]).all()

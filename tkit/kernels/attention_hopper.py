@@ -1,0 +1,452 @@
+"""FlashAttention forward for Hopper (sm_90) in Gluon, with the QK^T and PV wgmmas overlapped
+with the softmax.
+
+Same math, conventions and outputs as :mod:`tkit.kernels.attention` (its ``_fwd_impl``):
+``S = scale * Q K^T`` in base 2 (``qk_scale = scale * log2(e)``, exp2), bottom-right causal
+alignment when ``seqlen_q != seqlen_k``, a row with no visible key gives O = 0 and lse = -inf,
+lse in natural log, float32 (batch, heads, seqlen_q). Scope (:func:`supported`): sm_90, 16-bit
+inputs in the (batch, seqlen, heads, head_dim) layout with TMA-compatible strides, head_dim 64
+or 128, GQA/MQA, causal or not; no window, softcap or varlen (those stay on the Triton kernel).
+
+Why a second kernel: Triton 3.6 issues the QK^T wgmma of a key block, waits for it to complete
+(``wgmma.wait_group 0``) and only then runs the exponentials, so the tensor cores idle during
+the softmax; its pipeliner cannot make that dot asynchronous because its result is used in the
+same iteration. Here the schedule is written out by hand. Per CTA, BLOCK_M = 128 query rows in
+two warpgroups (num_warps = 8, warps along M: each warpgroup owns 64 rows and issues its own
+wgmmas); per key block j, in program order:
+
+    wait K_j (mbarrier)         S_j = Q K_j^T        issued async (A = Q from shared memory)
+    wait V_{j-1} (mbarrier)     O  += P_{j-1} V_{j-1} issued async (A = P from registers)
+    wgmma.wait_group 1          S_j is ready, PV_{j-1} may still run
+    softmax of S_j              row max, exp2, row sum: overlaps PV_{j-1} on the tensor cores
+    wgmma.wait_group 0          O is ready
+    O *= alpha_j;  P_j = bf16(p_j) in the wgmma A-operand register layout
+    CTA barrier, then TMA refill of the ring slot of block j-1 with block j-1+STAGES
+
+K and V tiles stream through a ring of STAGES shared-memory slots (one mbarrier per tile for
+K and one for V); Q is loaded once by TMA and reused as the staging buffer of the output's TMA
+store. A slot is refilled only after both warpgroups have passed the wait that retires the last
+wgmma reading it (the CTA barrier: the TMA is issued by one thread, while each warpgroup only
+knows about its own wgmmas).
+
+Causal key ranges as in attention.py: the key blocks fully visible to every row of the query
+block run without mask arithmetic, then the diagonal blocks (and the ragged end of the keys)
+with it. TMA zero-fills rows past seqlen_k (and seqlen_q), so the masked scores are the only
+place where the ragged end matters. Tile order: the L2 sections of
+:func:`tkit.kernels.attention.fwd_head_group` and, when causal, the last query blocks first.
+
+Cost model: as the Triton forward, 4*B*H*Sq*Sk*D FLOPs (half when causal), compute-bound at
+the benchmark shape; shared memory per CTA is (BLOCK_M + 2 * STAGES * BLOCK_N) * D * itemsize.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from tkit.kernels import _common as C
+from tkit.kernels.attention import LOG2E, fwd_head_group
+
+BLOCK_M = 128
+NUM_WARPS = 8
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+# Shared memory per block on sm_90 (227 KB); the kernel's own need is computed in _smem_bytes.
+SMEM_LIMIT = 232448
+
+# (BLOCK_N, STAGES) candidates, in order of preference; a config is kept for a head dim when
+# its shared memory fits (``configs``). The first that fits is the default.
+CONFIGS = [
+    (128, 2), (128, 3), (64, 3), (64, 4), (64, 6), (128, 4),
+]
+
+
+def _smem_bytes(block_n: int, stages: int, head_dim: int, itemsize: int = 2) -> int:
+    tiles = (BLOCK_M + 2 * stages * block_n) * head_dim * itemsize
+    return tiles + 16 * 2 * stages + 64  # mbarriers (8 bytes each) and slack for alignment
+
+
+def configs(head_dim: int, itemsize: int = 2) -> list[dict]:
+    """The configs of :data:`CONFIGS` that fit shared memory at this head dim, as dicts."""
+    return [dict(BLOCK_N=bn, STAGES=s, num_warps=NUM_WARPS) for bn, s in CONFIGS
+            if _smem_bytes(bn, s, head_dim, itemsize) <= SMEM_LIMIT]
+
+
+def default_config(head_dim: int, itemsize: int = 2) -> dict:
+    return configs(head_dim, itemsize)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Scope
+# --------------------------------------------------------------------------------------------
+def _tma_strides(t: torch.Tensor) -> list[int]:
+    """The strides a TMA descriptor gets for ``t``: a dimension of size 1 is never stepped
+    through, so its stride (arbitrary after some views) is replaced by a valid one."""
+    return [st if n > 1 else t.shape[-1] for n, st in zip(t.shape, t.stride())]
+
+
+def _tma_reason(t: torch.Tensor, name: str) -> str | None:
+    es = t.element_size()
+    if t.stride(-1) != 1:
+        return f"{name} needs a unit head_dim stride for TMA (got {t.stride(-1)})"
+    if t.data_ptr() % 16:
+        return f"{name}'s base pointer is not 16-byte aligned (TMA)"
+    for n, st in zip(t.shape[:-1], t.stride()[:-1]):
+        if n > 1 and (st <= 0 or (st * es) % 16):
+            return (f"{name}'s strides {tuple(t.stride())} are not positive multiples of 16 "
+                    "bytes (TMA)")
+    return None
+
+
+def supported(q, k, v, causal=False, window=(-1, -1), softcap=0.0, varlen=False):
+    """None when :func:`forward` handles these inputs, else the reason it does not.
+
+    The checks that need no GPU come first (features, dtype, shapes, strides), the device
+    last, so that every reason can be seen on a machine without a GPU."""
+    if varlen:
+        return "varlen is not supported"
+    if window is not None and tuple(window) != (-1, -1):
+        return "sliding windows are not supported"
+    if softcap:
+        return "softcap is not supported"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            return f"{name} is not a tensor"
+        if t.ndim != 4:
+            return f"{name} is not (batch, seqlen, heads, head_dim)"
+        if t.dtype not in DTYPES:
+            return f"dtype {t.dtype} is not float16/bfloat16"
+    if not (q.dtype == k.dtype == v.dtype):
+        return "q, k, v have different dtypes"
+    d = q.shape[-1]
+    if d not in HEAD_DIMS or k.shape[-1] != d or v.shape[-1] != d:
+        return f"head_dim {d} is not one of {HEAD_DIMS}"
+    if k.shape != v.shape or k.shape[0] != q.shape[0]:
+        return "k and v must match, with the batch of q"
+    hq, hk = q.shape[2], k.shape[2]
+    if hk == 0 or hq % hk:
+        return f"query heads ({hq}) are not a multiple of key/value heads ({hk})"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        reason = _tma_reason(t, name)
+        if reason is not None:
+            return reason
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            return f"{name} is not on a CUDA device"
+    if not (q.device == k.device == v.device):
+        return "q, k, v are on different devices"
+    cap = torch.cuda.get_device_capability(q.device)
+    if tuple(cap) != (9, 0):
+        return f"compute capability {tuple(cap)} is not (9, 0)"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel
+# --------------------------------------------------------------------------------------------
+@gluon.jit
+def _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, tile, b, hk, n_tiles,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """TMA K and V of key block ``tile`` into ring slot tile % STAGES (skipped past the last
+    block)."""
+    slot = tile % STAGES
+    pred = tile < n_tiles
+    kb = k_bars.index(slot)
+    vb = v_bars.index(slot)
+    mbarrier.expect(kb, k_desc.block_type.nbytes, pred=pred)
+    mbarrier.expect(vb, v_desc.block_type.nbytes, pred=pred)
+    gl.thread_barrier()
+    tma.async_copy_global_to_shared(k_desc, [b, tile * BLOCK_N, hk, 0], kb, k_smem.index(slot),
+                                    pred=pred)
+    tma.async_copy_global_to_shared(v_desc, [b, tile * BLOCK_N, hk, 0], vb, v_smem.index(slot),
+                                    pred=pred)
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, qk_scale, n0, rows, seqlen_k, shift,
+                  s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                  MASKED: gl.constexpr):
+    """Online softmax of one score tile (raw Q K^T, float32): returns p (unnormalised, float32),
+    the new running max/sum and alpha = exp2(m_old - m_new), the accumulator's rescale."""
+    if MASKED:
+        cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        ok = gl.expand_dims(cols < seqlen_k, 0)
+        if CAUSAL:
+            ok = ok & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + shift, 1))
+        s = gl.where(ok, s, float("-inf"))
+    # scale > 0 commutes with the max: one FMA a score in the exponent's argument
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    if MASKED:  # a row with no visible key so far keeps m = -inf: subtract 0 instead
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
+    alpha = gl.exp2(m_i - m_use)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
+                qk_scale, rows, seqlen_k, shift, b, hk, n_tiles,
+                s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+    """Key block j >= 1: S_j issued, PV_{j-1} issued, softmax of S_j under PV_{j-1}."""
+    slot = j % STAGES
+    mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+    k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    s_tok = warpgroup_mma(q_smem, k_t, s_zero, use_acc=False, is_async=True)
+    prev = j - 1
+    pslot = prev % STAGES
+    mbarrier.wait(v_bars.index(pslot), (prev // STAGES) & 1)
+    v_prev = v_smem.index(pslot).reshape([BLOCK_N, HEAD_DIM])
+    o_tok = warpgroup_mma(p, v_prev, o, is_async=True)
+    s = warpgroup_mma_wait(1, deps=(s_tok, q_smem, k_t))[0]
+    p_new, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, seqlen_k,
+                                           shift, s_layout, BLOCK_N, CAUSAL, MASKED)
+    o = warpgroup_mma_wait(0, deps=(o_tok, p, v_prev))[0]
+    o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+    p = gl.convert_layout(p_new.to(q_smem.dtype), p_layout)
+    # refill slot pslot once both warpgroups are past the wgmmas that read it (the CTA barrier
+    # inside _issue_kv)
+    _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, prev + STAGES, b, hk, n_tiles,
+              BLOCK_N, STAGES)
+    return o, p, m_i, l_i
+
+
+# integer arguments are not specialized (no recompiles across sequence lengths or head counts;
+# none of them feeds a vectorized address: memory goes through the TMA descriptors)
+@gluon.jit(do_not_specialize=["slb", "slh", "seqlen_q", "seqlen_k", "H", "GROUP", "HEAD_GROUP"])
+def _attn_fwd_hopper_kernel(
+    q_desc, k_desc, v_desc, o_desc, LSE, slb, slh,
+    seqlen_q, seqlen_k, H, GROUP, HEAD_GROUP, qk_scale,
+    CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+):
+    """One program: BLOCK_M query rows of one (batch, query head).
+
+    q_desc, o_desc: TMA descriptors over (batch, seqlen_q, heads, head_dim), block
+    [1, BLOCK_M, 1, head_dim]; k_desc, v_desc: over (batch, seqlen_k, kv heads, head_dim),
+    block [1, BLOCK_N, 1, head_dim]; LSE: float32 at ``b*slb + h*slh + row`` (rows contiguous).
+    ``qk_scale`` = scale*log2(e); GROUP = query heads per key/value head; HEAD_GROUP the
+    section size of the tile order (see attention.py's ``_attn_fwd_kernel``).
+    """
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+    dtype: gl.constexpr = q_desc.dtype
+    NW: gl.constexpr = gl.num_warps()
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    # ---- tile order: sections of HEAD_GROUP (batch, head) pairs; causal: last blocks first
+    n_bh = gl.num_programs(0)
+    n_m = gl.num_programs(1)
+    tile = gl.program_id(1) * n_bh + gl.program_id(0)
+    section = tile // (HEAD_GROUP * n_m)
+    first_bh = section * HEAD_GROUP
+    heads_here = gl.minimum(n_bh - first_bh, HEAD_GROUP)
+    r = tile - first_bh * n_m
+    pid_m = r // heads_here
+    pid_bh = first_bh + r % heads_here
+    if CAUSAL:
+        pid_m = n_m - 1 - pid_m
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUP
+    m0 = pid_m * BLOCK_M
+
+    # ---- key ranges: [0, n_full) fully visible blocks, [n_full, n_tiles) masked ones
+    shift = seqlen_k - seqlen_q
+    if CAUSAL:
+        hi = gl.minimum(gl.maximum(m0 + BLOCK_M + shift, 0), seqlen_k)
+        full_end = gl.minimum(gl.maximum(m0 + shift + 1, 0), seqlen_k)
+    else:
+        hi = seqlen_k
+        full_end = seqlen_k
+    # at least one block: a query block that sees no key masks all of block 0 (O = 0,
+    # lse = -inf come out of the same code)
+    n_tiles = gl.maximum((hi + BLOCK_N - 1) // BLOCK_N, 1)
+    n_full = full_end // BLOCK_N
+
+    # ---- shared memory: Q (later the output's staging buffer), K/V rings, mbarriers
+    q_smem4 = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    q_smem = q_smem4.reshape([BLOCK_M, HEAD_DIM])
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+    fence_async_shared()
+
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, m0, h, 0], q_bar, q_smem4)
+    for i in gl.static_range(STAGES):
+        _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, b, hk, n_tiles,
+                  BLOCK_N, STAGES)
+
+    rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+    o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+
+    # ---- block 0: S_0 and its softmax (masked: it may be a diagonal or ragged block)
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_bars.index(0), 0)
+    k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    s_tok = warpgroup_mma(q_smem, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                          use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s_tok, q_smem, k_t))[0]
+    p0, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, seqlen_k, shift,
+                                        s_layout, BLOCK_N, CAUSAL, True)
+    p = gl.convert_layout(p0.to(dtype), p_layout)
+
+    # ---- blocks 1..: fully visible ones without masks, then the masked ones
+    for j in range(1, n_full):
+        o, p, m_i, l_i = _block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, k_bars, v_bars,
+                                     k_desc, v_desc, qk_scale, rows, seqlen_k, shift, b, hk,
+                                     n_tiles, s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N,
+                                     HEAD_DIM, STAGES, CAUSAL, False)
+    for j in range(gl.maximum(n_full, 1), n_tiles):
+        o, p, m_i, l_i = _block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, k_bars, v_bars,
+                                     k_desc, v_desc, qk_scale, rows, seqlen_k, shift, b, hk,
+                                     n_tiles, s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N,
+                                     HEAD_DIM, STAGES, CAUSAL, True)
+
+    # ---- last PV
+    last = n_tiles - 1
+    lslot = last % STAGES
+    mbarrier.wait(v_bars.index(lslot), (last // STAGES) & 1)
+    v_last = v_smem.index(lslot).reshape([BLOCK_N, HEAD_DIM])
+    o_tok = warpgroup_mma(p, v_last, o, is_async=True)
+    o = warpgroup_mma_wait(0, deps=(o_tok, p, v_last))[0]
+
+    # ---- epilogue: O / l through the Q buffer and a TMA store; lse in natural log
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+    inv_l = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout))
+    out = (o * gl.expand_dims(inv_l, 1)).to(dtype)
+    gl.thread_barrier()  # every warpgroup's last wgmma reading Q has retired
+    q_smem.store(out)
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(o_desc, [b, m0, h, 0], q_smem4)
+    lse_ptrs = LSE + b.to(gl.int64) * slb + h.to(gl.int64) * slh + rows
+    gl.store(lse_ptrs, lse, mask=rows < seqlen_q)
+    tma.store_wait(0)
+    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+
+
+# --------------------------------------------------------------------------------------------
+# Launcher
+# --------------------------------------------------------------------------------------------
+def _gl_dtype(dtype: torch.dtype):
+    return gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+
+
+def smem_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
+    """The shared layout of a [1, block_rows, 1, head_dim] TMA tile: the widest swizzle."""
+    return gl.NVMMASharedLayout.get_default_for([1, block_rows, 1, head_dim], _gl_dtype(dtype))
+
+
+def _descriptor(t: torch.Tensor, block_rows: int):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    d = t.shape[-1]
+    return TensorDescriptor(t, list(t.shape), _tma_strides(t), [1, block_rows, 1, d],
+                            smem_layout(block_rows, d, t.dtype))
+
+
+def forward(q, k, v, causal=False, scale=None, config=None):
+    """(out, lse) for inputs that :func:`supported` accepts; ``config`` a dict with BLOCK_N,
+    STAGES (and num_warps = 8) from :func:`configs`, default :func:`default_config`, and
+    optionally HEAD_GROUP (the tile order's section size)."""
+    reason = supported(q, k, v, causal)
+    if reason is not None:
+        raise ValueError(f"the Hopper attention forward does not apply: {reason}")
+    batch, sq, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    out = C.empty(q.shape, q.dtype, q.device)
+    lse = C.empty((batch, hq, sq), torch.float32, q.device)
+    if batch == 0 or sq == 0 or hq == 0:
+        return out, lse
+    if sk == 0:  # no key at all: every row is empty
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    cfg = dict(default_config(d, q.element_size()) if config is None else config)
+    head_group = cfg.pop("HEAD_GROUP", None)
+    if head_group is None:
+        head_group = fwd_head_group(sk, d, q.element_size(), hq // hk)
+    head_group = max(1, min(int(head_group), batch * hq))
+    num_warps = cfg.pop("num_warps", NUM_WARPS)
+    grid = (batch * hq, triton.cdiv(sq, BLOCK_M))
+    C.launch(_attn_fwd_hopper_kernel, grid,
+             q_desc=_descriptor(q, BLOCK_M), k_desc=_descriptor(k, cfg["BLOCK_N"]),
+             v_desc=_descriptor(v, cfg["BLOCK_N"]), o_desc=_descriptor(out, BLOCK_M),
+             LSE=lse, slb=lse.stride(0), slh=lse.stride(1),
+             seqlen_q=sq, seqlen_k=sk, H=hq, GROUP=hq // hk, HEAD_GROUP=head_group,
+             qk_scale=scale * LOG2E, CAUSAL=bool(causal), BLOCK_N=cfg["BLOCK_N"],
+             STAGES=cfg["STAGES"], num_warps=num_warps)
+    return out, lse
+
+
+# --------------------------------------------------------------------------------------------
+# Ahead-of-time compilation (no GPU needed): the IR, PTX and cubin for sm_90
+# --------------------------------------------------------------------------------------------
+def compile_sm90(head_dim: int = 128, causal: bool = False, dtype: torch.dtype = torch.bfloat16,
+                 config: dict | None = None):
+    """Compile the kernel for sm_90 ahead of time; returns Triton's compiled kernel (``.asm``
+    holds ``ttgir``, ``ptx``, ``cubin``; ``.metadata.shared`` the shared memory in bytes)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    cfg = dict(default_config(head_dim) if config is None else config)
+    tname = "bf16" if dtype == torch.bfloat16 else "fp16"
+
+    def desc(rows):
+        layout = smem_layout(rows, head_dim, dtype)
+        return f"tensordesc<{tname}[1, {rows}, 1, {head_dim}],{layout!r}>"
+
+    signature = dict(
+        q_desc=desc(BLOCK_M), k_desc=desc(cfg["BLOCK_N"]), v_desc=desc(cfg["BLOCK_N"]),
+        o_desc=desc(BLOCK_M), LSE="*fp32", slb="i32", slh="i32", seqlen_q="i32",
+        seqlen_k="i32", H="i32", GROUP="i32", HEAD_GROUP="i32", qk_scale="fp32",
+        CAUSAL="constexpr", BLOCK_N="constexpr", STAGES="constexpr",
+    )
+    names = list(signature)
+    constexprs = {(names.index("CAUSAL"),): bool(causal),
+                  (names.index("BLOCK_N"),): cfg["BLOCK_N"],
+                  (names.index("STAGES"),): cfg["STAGES"]}
+    src = GluonASTSource(_attn_fwd_hopper_kernel, signature, constexprs)
+    # under TRITON_INTERPRET=1 the combine functions of gl.max/gl.sum (triton.language's own
+    # @jit helpers) are interpreter objects: compile against the real language
+    from tkit.ir_tools.aot import _jit_language, _real_language
+
+    with _real_language(), _jit_language(_attn_fwd_hopper_kernel):
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=cfg.get("num_warps", NUM_WARPS)))
