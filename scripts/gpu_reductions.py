@@ -151,6 +151,7 @@ FWD_VARIANTS = {
     # the norms' persistent forward (next row tile prefetched): forced on / off / 2 programs an SM
     "tkit persist": dict(norm_fwd_persist=True), "tkit no persist": dict(norm_fwd_persist=False),
     "tkit persist 2xSM": dict(norm_fwd_persist=True, norm_fwd_programs=264),
+    "tkit no evict": dict(softmax_evict=""),
 }
 
 
@@ -235,9 +236,11 @@ SWEEP_VARIANTS = {
     # long-row knobs, compared at N >= 16384 only (they do nothing on shorter rows). Defaults
     # since the 2026-11-29 run: softmax split in one row batch, norms "loop" past 64 KiB rows.
     "softmax": {
-        "tkit 24MB batches": dict(l2_batch_bytes=24 << 20),
-        "tkit chunk16k": dict(chunk=16384),
+        "tkit split": dict(softmax_long="split"),
+        "tkit loop chunk8k": dict(loop_chunk=8192),
+        "tkit loop from 32KiB": dict(fused_max_bytes=32 * 1024),
         "tkit fused<=128KiB": dict(fused_max_bytes=128 * 1024),
+        "tkit no evict": dict(softmax_evict=""),
     },
     "rms_norm": {
         "tkit split": dict(norm_long="split"),
@@ -249,9 +252,6 @@ SWEEP_VARIANTS = {
                    "tkit w32": dict(num_warps=32)},
     "rms_norm_residual": {"tkit split": dict(norm_long="split")},
 }
-
-
-PERSIST_OPS = ("rms_norm", "layer_norm", "rms_norm_residual")
 
 
 def _selected(case):
@@ -277,15 +277,8 @@ def sweep(ceiling, budget, ops):
                 record("sweep", name, case.label, prov, bench(fn), nbytes, ceiling,
                        N=args[0].shape[-1])
             n = args[0].shape[-1]
-            if name in PERSIST_OPS:  # the persistent forward, forced on and off, at every N
-                for vname, ov in (("tkit persist", dict(norm_fwd_persist=True)),
-                                  ("tkit no persist", dict(norm_fwd_persist=False))):
-                    with override(**ov):
-                        record("sweep", name, case.label, vname,
-                               bench(_call(registry.get(name).fn, args, kwargs)), nbytes,
-                               ceiling, N=n)
             for vname, ov in SWEEP_VARIANTS.get(name, {}).items():
-                if n < 16384:
+                if n < 16384 and "softmax_evict" not in ov:
                     continue  # the long-row knobs do nothing on short rows
                 with override(**ov):
                     record("sweep", name, case.label, vname,

@@ -22,8 +22,16 @@ INF = float("inf")
 def force_split(monkeypatch):
     """Send every row through the split online-softmax path, in chunks of 16 columns."""
     monkeypatch.setitem(sm.OVERRIDE, "fused_max_bytes", 1)
+    monkeypatch.setitem(sm.OVERRIDE, "softmax_long", "split")
     monkeypatch.setitem(sm.OVERRIDE, "chunk", 16)
     monkeypatch.setitem(sm.OVERRIDE, "l2_batch_bytes", 64)  # several row batches too
+
+
+def _force_long(monkeypatch, path, chunk):
+    """Every row past the fused limit, through ``path`` ("split" or "loop") in chunks."""
+    monkeypatch.setitem(sm.OVERRIDE, "fused_max_bytes", 1)
+    monkeypatch.setitem(sm.OVERRIDE, "softmax_long", path)
+    monkeypatch.setitem(sm.OVERRIDE, "chunk" if path == "split" else "loop_chunk", chunk)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
@@ -39,18 +47,20 @@ def test_check_cases(spec, device):
                                 grad=args[0].dtype != torch.bfloat16 or ON_GPU)
 
 
+@pytest.mark.parametrize("path", ["split", "loop"])
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_online_split_path_agrees_with_two_pass(log, dtype, device, monkeypatch):
-    """The split path (per-chunk (max, sum) partials combined with the online-softmax rule)
-    gives the same rows as the fused path (max, then sum, on the whole row in registers), to
-    float32 rounding; and both pass the reference rule."""
+def test_online_split_path_agrees_with_two_pass(path, log, dtype, device, monkeypatch):
+    """The long-row paths (split: per-chunk (max, sum) partials combined with the online-
+    softmax rule; loop: one program carrying a running (max, sum) over the chunks) give the
+    same rows as the fused path (max, then sum, on the whole row in registers), to float32
+    rounding; and both pass the reference rule."""
     fn = tkit.log_softmax if log else tkit.softmax
     x = make_tensor((9, 333), dtype, seed=4, device=device) * 4
     x[2, :200] -= 30  # chunks whose max is far below the row's: the rescaling matters
+    x[3, 200:] += 30  # and a max that grows late: the running sum is rescaled
     fused = fn(x)
-    monkeypatch.setitem(sm.OVERRIDE, "fused_max_bytes", 1)
-    monkeypatch.setitem(sm.OVERRIDE, "chunk", 32)
+    _force_long(monkeypatch, path, 32)
     online = fn(x)
     tol = 4 * torch.finfo(dtype).eps
     torch.testing.assert_close(online.float(), fused.float(), rtol=tol, atol=tol)
@@ -68,12 +78,11 @@ def test_online_combine_rule_in_float64():
     torch.testing.assert_close((x - m).exp() / s, torch.softmax(x, 0), rtol=1e-12, atol=0)
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["fused", "split"])
+@pytest.mark.parametrize("path", ["fused", "split", "loop"])
 @pytest.mark.parametrize("log", [False, True])
-def test_inf_rows_match_torch(split, log, device, monkeypatch):
-    if split:
-        monkeypatch.setitem(sm.OVERRIDE, "fused_max_bytes", 1)
-        monkeypatch.setitem(sm.OVERRIDE, "chunk", 16)
+def test_inf_rows_match_torch(path, log, device, monkeypatch):
+    if path != "fused":
+        _force_long(monkeypatch, path, 16)
     x = make_tensor((5, 40), torch.float32, seed=2, device=device)
     x[0] = -INF                  # all -inf: NaN everywhere, as torch
     x[1, :20] = -INF             # a whole chunk of -inf: contributes nothing

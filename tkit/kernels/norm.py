@@ -77,8 +77,13 @@ BWD_SINGLE_MAX_BYTES = 32 * 1024
 #: an SM, so nothing hides a program's load latency. LayerNorm and the residual form were not
 #: measured that way and keep the 64 KiB limit.
 RMS_FWD_SINGLE_MAX_BYTES = 32 * 1024
-#: Row tiles from this size take the persistent forward (``_fwd_persist``).
-FWD_PERSIST_BYTES = 16 * 1024
+#: Row tiles from this size take the persistent forward (``_fwd_persist``); 0 = never. Measured
+#: on the H200 (2026-11-30, 256 MiB bf16, forced on / off, same run): slower everywhere it
+#: applies: rms_norm N=4096 3.04 / 3.94 TB/s, N=8192 3.73 / 4.02, N=16384 3.81 / 3.91;
+#: layer_norm N=8192 3.07 / 3.98, N=16384 3.70 / 3.74, N=32768 2.01 / 3.18; residual N=32768
+#: 3.04 / 4.00. (The backward walks tiles because it accumulates dw/db partials a program, and
+#: there the prefetch paid; the forward has no such need, and one program a tile ran faster.)
+FWD_PERSIST_BYTES = 0
 
 
 #: L2 policy of the forward's single-tile loads. "evict_first" (read once) measured slower in
@@ -574,7 +579,7 @@ def _fwd_persist(tile_bytes: int, warps: int) -> bool:
         return False
     if "norm_fwd_persist" in OVERRIDE:
         return bool(OVERRIDE["norm_fwd_persist"])
-    return tile_bytes >= OVERRIDE.get("norm_fwd_persist_bytes", FWD_PERSIST_BYTES)
+    return tile_bytes >= OVERRIDE.get("norm_fwd_persist_bytes", FWD_PERSIST_BYTES) > 0
 
 
 def _norm_fwd_split(x2, r2, h2, weight, bias, y2, stats, eps, is_rms):
@@ -670,6 +675,12 @@ def _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias, stats=None):
     int64 = C.needs_int64(h2, dy2, dx2, dr2)
     fstats = stats is not None and stats.shape[0] == M and M > 0
     fstats = fstats and OVERRIDE.get("norm_bwd_fstats", True)
+    # rows held in registers: the forward's statistics serve RMSNorm only. H200, M=16384 x
+    # N=8192 bf16 (2026-11-30): rms_norm 3.87 TB/s with them, 3.82 without; layer_norm 2.66
+    # with them against 3.43 recomputing (two rounds of paired sums) -- the same 128
+    # registers and no spills in both builds, so the cause is in ptxas's schedule, not seen
+    # in the SASS counts. The long-row path uses them for both (they save a walk over the row).
+    fstats_single = fstats and (is_rms or OVERRIDE.get("norm_bwd_fstats") is True)
     fs = stats if fstats else dx2  # unused without fstats
     if single:
         block_n, rows, warps = row_config(N, itemsize)
@@ -705,7 +716,7 @@ def _norm_bwd_impl(h, weight, dy, dres, eps, is_rms, has_bias, stats=None):
              IS_RMS=is_rms, HAS_DRES=dres is not None, HAS_BIAS=has_bias, ROWS=rows,
              BLOCK_N=block_n, SINGLE=single, INT64=int64,
              PREFETCH=OVERRIDE.get("norm_bwd_prefetch", True),
-             HAS_FSTATS=fstats and single, num_warps=warps)
+             HAS_FSTATS=fstats_single and single, num_warps=warps)
     sum_block = 256 if not _env.INTERPRET else C.next_power_of_2(min(N, 4096))
     for part, out in ((dw_part, dw),) + (((db_part, db),) if has_bias else ()):
         C.launch(_col_sum_kernel, (C.cdiv(N, sum_block),), part_ptr=part, out_ptr=out,

@@ -54,6 +54,12 @@ FUSED_MAX_BYTES_BWD = 64 * 1024
 #: thread), and the row-batch size of the split paths: 0 = one batch (see the module
 #: docstring: host launch time, not the L2, decides; 24 MiB batches measured 2-4x slower).
 SPLIT_CHUNK = 8192
+#: Forward rows past the fused limit: "loop" (one program a row, online softmax over chunks of
+#: LOOP_CHUNK columns with 16 warps, then a second walk; ``_softmax_loop_kernel``) or "split"
+#: (across programs, two launches). L2 policy of the fused forward's loads: FUSED_EVICT.
+LONG_FWD = "loop"
+LOOP_CHUNK = 16384
+FUSED_EVICT = "evict_first"
 L2_BATCH_BYTES = 0
 MAX_BATCHES = 8
 
@@ -131,17 +137,19 @@ def _row_offsets(pid, M, ROWS: tl.constexpr, INT64: tl.constexpr):
 def _softmax_fwd_kernel(
     x_ptr, y_ptr, M, N, sxm, sxn, sym,
     LOG: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr,
+    EVICT: tl.constexpr,
 ):
     """y[r, :] = softmax(x[r, :]) for ROWS rows a program, whole rows in registers.
 
     x_ptr: input rows, row stride sxm, column stride sxn (1 in the common case; Triton then
     specializes it and loads 16-byte vectors); y_ptr: output, row stride sym, columns contiguous.
+    EVICT: the loads' L2 policy ("" or "evict_first").
     """
     rows, rmask = _row_offsets(tl.program_id(0), M, ROWS, INT64)
     cols = tl.arange(0, BLOCK_N)
     mask = rmask[:, None] & (cols < N)[None, :]
     x = tl.load(x_ptr + rows[:, None] * sxm + cols[None, :] * sxn, mask=mask,
-                other=-float("inf"), eviction_policy="evict_first").to(tl.float32)
+                other=-float("inf"), eviction_policy=EVICT).to(tl.float32)
     m = tl.max(x, axis=1)
     z = x - m[:, None]
     e = tl.exp(z)
@@ -151,6 +159,52 @@ def _softmax_fwd_kernel(
     else:
         y = e * (1.0 / s)[:, None]
     tl.store(y_ptr + rows[:, None] * sym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_loop_kernel(
+    x_ptr, y_ptr, N, sxm, sxn, sym,
+    LOG: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr,
+):
+    """Long rows, one program a row: online softmax over BLOCK_N chunks (running max m and
+    sum s = sum exp(x - m), rescaled by exp(m_old - m_new) when the max grows), then a second
+    walk, last chunk first (the likeliest to still be in L2), that writes the output.
+
+    x_ptr: input, row stride sxm, column stride sxn; y_ptr: output, row stride sym.
+    A row of only -inf (or one holding +inf) gives NaN everywhere, as the fused kernel does.
+    """
+    row = tl.program_id(0)
+    if INT64:
+        row = row.to(tl.int64)
+    LOG2E: tl.constexpr = 1.4426950408889634
+    m = tl.full((1,), float("-inf"), tl.float32)
+    s = tl.zeros((1,), tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        x = tl.load(x_ptr + row * sxm + cols[None, :] * sxn, mask=(cols < N)[None, :],
+                    other=-float("inf"), eviction_policy="evict_last").to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=1))
+        # while every value so far is -inf, subtract 0 (exp(-inf - -inf) would be NaN)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp2((m - m_use) * LOG2E) + tl.sum(tl.exp2((x - m_use[:, None]) * LOG2E),
+                                                      axis=1)
+        m = m_new
+    if LOG:
+        log_s = tl.log(s)
+    else:
+        inv = 1.0 / s
+    last = (tl.cdiv(N, BLOCK_N) - 1) * BLOCK_N
+    for i in range(0, N, BLOCK_N):
+        start = last - i
+        cols = start + tl.arange(0, BLOCK_N)
+        cmask = (cols < N)[None, :]
+        x = tl.load(x_ptr + row * sxm + cols[None, :] * sxn, mask=cmask, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+        if LOG:
+            y = (x - m[:, None]) - log_s[:, None]  # as the fused kernel rounds it
+        else:
+            y = tl.exp2((x - m[:, None]) * LOG2E) * inv[:, None]
+        tl.store(y_ptr + row * sym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=cmask)
 
 
 @triton.jit
@@ -312,12 +366,20 @@ def _softmax_fwd_impl(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     x2, y2 = as_rows(xm), out.view(-1, xm.shape[-1])
     M, N = x2.shape
     if N > fused_max_cols(x.element_size()):
-        _split_launch(x2, None, y2, backward=False, log=log)
+        if OVERRIDE.get("softmax_long", LONG_FWD) == "loop":
+            chunk = OVERRIDE.get("loop_chunk", 4096 if _env.INTERPRET else LOOP_CHUNK)
+            C.launch(_softmax_loop_kernel, (M,), x_ptr=x2, y_ptr=y2, N=N, sxm=x2.stride(0),
+                     sxn=x2.stride(1), sym=y2.stride(0), LOG=log, BLOCK_N=chunk,
+                     INT64=C.needs_int64(x2, y2),
+                     num_warps=4 if _env.INTERPRET else max(4, min(32, chunk // 1024)))
+        else:
+            _split_launch(x2, None, y2, backward=False, log=log)
     else:
         block_n, rows, warps = row_config(N, x.element_size())
         C.launch(_softmax_fwd_kernel, (C.cdiv(M, rows),), x_ptr=x2, y_ptr=y2, M=M, N=N,
                  sxm=x2.stride(0), sxn=x2.stride(1), sym=y2.stride(0), LOG=log, ROWS=rows,
-                 BLOCK_N=block_n, INT64=C.needs_int64(x2, y2), num_warps=warps)
+                 BLOCK_N=block_n, INT64=C.needs_int64(x2, y2),
+                 EVICT=OVERRIDE.get("softmax_evict", FUSED_EVICT), num_warps=warps)
     return out.movedim(-1, dim)
 
 
