@@ -246,6 +246,8 @@ SWEEP_VARIANTS = {
         "tkit split": dict(norm_long="split"),
         "tkit loop chunk16k": dict(norm_chunk=16384),
         "tkit w16": dict(num_warps=16),
+        "tkit 1 row w8": dict(rows=1, num_warps=8),
+        "tkit 1 row w16": dict(rows=1, num_warps=16),
     },
     "layer_norm": {"tkit split": dict(norm_long="split"),
                    "tkit loop chunk16k": dict(norm_chunk=16384),
@@ -278,7 +280,7 @@ def sweep(ceiling, budget, ops):
                        N=args[0].shape[-1])
             n = args[0].shape[-1]
             for vname, ov in SWEEP_VARIANTS.get(name, {}).items():
-                if n < 16384 and "softmax_evict" not in ov:
+                if n < 16384 and not {"softmax_evict", "num_warps", "rows"} & ov.keys():
                     continue  # the long-row knobs do nothing on short rows
                 with override(**ov):
                     record("sweep", name, case.label, vname,

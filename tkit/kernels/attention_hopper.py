@@ -198,7 +198,7 @@ def _softmax_step(s, m_i, l_i, qk_scale, n0, rows, seqlen_k, shift,
 
 
 @gluon.jit
-def _block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
+def _block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_desc, v_desc,
                 qk_scale, rows, seqlen_k, shift, b, hk, n_tiles,
                 s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -217,6 +217,10 @@ def _block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, k_bars, v_bars, k_des
     s = warpgroup_mma_wait(1, deps=(s_tok, q_smem, k_t))[0]
     p_new, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, seqlen_k,
                                            shift, s_layout, BLOCK_N, CAUSAL, MASKED)
+    # a basic-block boundary (a wait on Q's barrier, whose phase completed long ago): without
+    # it ptxas schedules the wgmma.wait_group 0 below up into the softmax, before the
+    # exponentials, and they no longer overlap the PV wgmma
+    mbarrier.wait(q_bar, 0)
     o = warpgroup_mma_wait(0, deps=(o_tok, p, v_prev))[0]
     o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
     p = gl.convert_layout(p_new.to(q_smem.dtype), p_layout)
@@ -321,12 +325,14 @@ def _attn_fwd_hopper_kernel(
 
     # ---- blocks 1..: fully visible ones without masks, then the masked ones
     for j in range(1, n_full):
-        o, p, m_i, l_i = _block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, k_bars, v_bars,
+        o, p, m_i, l_i = _block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars,
+                                     v_bars,
                                      k_desc, v_desc, qk_scale, rows, seqlen_k, shift, b, hk,
                                      n_tiles, s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N,
                                      HEAD_DIM, STAGES, CAUSAL, False)
     for j in range(gl.maximum(n_full, 1), n_tiles):
-        o, p, m_i, l_i = _block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, k_bars, v_bars,
+        o, p, m_i, l_i = _block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars,
+                                     v_bars,
                                      k_desc, v_desc, qk_scale, rows, seqlen_k, shift, b, hk,
                                      n_tiles, s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N,
                                      HEAD_DIM, STAGES, CAUSAL, True)
