@@ -101,6 +101,21 @@ def _loop_bodies(ptx: str) -> list[str]:
     return bodies
 
 
+def _ex2_between_waits(sass: str) -> list[int]:
+    """MUFU.EX2 count between each WARPGROUP.DEPBAR.LE gsb0, 0x1 and the next 0x0: the
+    exponentials that run while the PV wgmma is in flight (ptxas may move the waits)."""
+    counts, inside = [], False
+    for line in sass.splitlines():
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
+            counts.append(0)
+            inside = True
+        elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line:
+            inside = False
+        elif inside and "MUFU.EX2" in line:
+            counts[-1] += 1
+    return counts
+
+
 def _tool(name, *args):
     return subprocess.run([os.path.join(BIN, name), *args], capture_output=True, text=True,
                           check=True).stdout
@@ -142,6 +157,11 @@ def test_compiled_schedule(compiled, d, causal):
         assert "cp.async.bulk.tensor" in body  # the ring is refilled by TMA inside the loop
         assert "ld.shared" not in body and "st.shared" not in body  # P stays in registers
     assert "HGMMA" in sass and "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass
+    # and in the SASS, after ptxas's scheduling, every exponential of the tile (BLOCK_N / 2 a
+    # thread, plus the rescale factors) still sits between the two waits
+    block_n = AH.default_config(d)["BLOCK_N"]
+    between = _ex2_between_waits(sass)
+    assert len(between) == 2 and all(n >= block_n // 2 for n in between), between
     assert "UTMALDG" in sass
     # no spills: no local memory, no stack
     assert re.search(r"LOCAL:0\b", usage) and re.search(r"STACK:0\b", usage), usage
@@ -157,6 +177,7 @@ def test_compiled_fp16_and_every_config(compiled):
     for cfg in AH.configs(128)[1:3]:  # a sample of the others (all are swept on the GPU)
         k, sass, usage = compiled(128, False, torch.bfloat16, cfg)
         assert "HGMMA" in sass and re.search(r"LOCAL:0\b", usage)
+        assert all(n >= cfg["BLOCK_N"] // 2 for n in _ex2_between_waits(sass))
         assert k.metadata.shared <= AH.SMEM_LIMIT
 
 

@@ -19,6 +19,8 @@ wgmmas); per key block j, in program order:
     wait V_{j-1} (mbarrier)     O  += P_{j-1} V_{j-1} issued async (A = P from registers)
     wgmma.wait_group 1          S_j is ready, PV_{j-1} may still run
     softmax of S_j              row max, exp2, row sum: overlaps PV_{j-1} on the tensor cores
+    wait Q's (completed) mbarrier: a basic-block boundary that keeps ptxas from hoisting
+                                the next wait above the exponentials
     wgmma.wait_group 0          O is ready
     O *= alpha_j;  P_j = bf16(p_j) in the wgmma A-operand register layout
     CTA barrier, then TMA refill of the ring slot of block j-1 with block j-1+STAGES
