@@ -22,6 +22,8 @@ near 0.6x cuBLAS on the H200, that is the chip's mma.sync ceiling, not one kerne
    triton.testing.do_bench median (do_bench zeroes a 256 MB buffer before every run: L2 flushed).
    The figure is the median over rounds; the ratio is to cuBLAS's median of the same size.
 $OUT/cute_sm80.json (default ./out) is rewritten after every step; a table is printed at the end.
+Needs nvcc and the CuTe headers of the nvidia-cutlass wheel (a py3-none-any wheel; installed
+with --no-deps it is enough for the headers).
 """
 
 from __future__ import annotations
@@ -329,6 +331,12 @@ def main():
                          epi_smem=cfg["epi_smem"]))
     save()
 
+    meta["cute_include"] = _loader.cutlass_include()
+    if meta["cute_include"] is None:  # every build would fail the same way
+        log("CuTe headers not found: the nvidia-cutlass wheel (pure Python + headers, no "
+            "dependencies needed for the headers) must be installed or carried, e.g. "
+            "pip install --no-deps --target /tmp/site nvidia_cutlass-*.whl and /tmp/site on "
+            "PYTHONPATH")
     failed, resources = compile_all(variants, arch)
     for v in variants:
         rows.append(dict(kind="compile", provider=f"cute:{v}", ok=v not in failed,
