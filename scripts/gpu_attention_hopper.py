@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -44,6 +46,7 @@ JSONL = OUT / "attention_hopper.jsonl"
 JSON = OUT / "attention_hopper.json"
 T0 = time.time()
 ROUNDS = 3
+STEP_TIMEOUT_S = float(os.environ.get("HOPPER_ATTN_STEP_TIMEOUT_S", 90))
 BENCH_SHAPE = dict(b=4, s=4096, h=16)
 TARGETS = {(128, False): 485, (128, True): 425}
 # tkit's Triton forward at its two best measured tiles (attention.py's _FWD_TILES notes):
@@ -325,8 +328,15 @@ def child(phase: str, start: int, steps: list[dict]) -> None:
 # --------------------------------------------------------------------------------------------
 # Parent
 # --------------------------------------------------------------------------------------------
+def _pump(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
 def run_phase(phase: str, steps: list[dict], deadline: float) -> None:
-    """Run the steps in child processes; after a child dies, continue from the next step."""
+    """Run the steps in child processes; after a child dies (or hangs: a step running over
+    STEP_TIMEOUT_S, e.g. a kernel that never finishes), continue from the next step."""
     spec = OUT / f"attention_hopper_{phase}_steps.json"
     spec.write_text(json.dumps(steps))
     start = 0
@@ -334,28 +344,41 @@ def run_phase(phase: str, steps: list[dict], deadline: float) -> None:
         cmd = [sys.executable, __file__, "--child", phase, str(start), str(spec)]
         if DRY:
             cmd.append("--dry")
-        last = start - 1
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env=dict(os.environ, OUT=str(OUT))) as p:
-            tail = []
-            for line in p.stdout:
-                if line.startswith("DONE "):
-                    last = int(line.split()[1])
-                elif line.startswith("ROW "):
-                    _print_row(json.loads(line[4:]))
-                else:
-                    tail = (tail + [line.rstrip()])[-15:]
-                if time.time() > deadline:
-                    p.kill()
-                    print(f"[{phase}] deadline reached; stopping", flush=True)
-                    break
-            p.wait()
-        if p.returncode not in (0, None) and last + 1 < len(steps):
-            print(f"[{phase}] child exited {p.returncode} after step {last}; output tail:\n  "
-                  + "\n  ".join(tail[-8:]), flush=True)
-            emit(dict(phase=phase, step=last + 1, ok=False, error=f"child exited "
-                      f"{p.returncode}", tail=tail[-8:]))
-        start = last + 2 if p.returncode not in (0, None) else len(steps)
+        last, tail, reason = start - 1, [], None
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=dict(os.environ, OUT=str(OUT)))
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=_pump, args=(p.stdout, lines), daemon=True).start()
+        step_t0 = time.time()
+        while True:
+            try:
+                line = lines.get(timeout=1.0)
+            except queue.Empty:
+                line = ""
+            if line is None:
+                break
+            if line.startswith("DONE "):
+                last, step_t0 = int(line.split()[1]), time.time()
+            elif line.startswith("ROW "):
+                _print_row(json.loads(line[4:]))
+            elif line:
+                tail = (tail + [line.rstrip()])[-15:]
+            if time.time() > deadline or time.time() - step_t0 > STEP_TIMEOUT_S:
+                reason = "deadline" if time.time() > deadline else "step timeout (hang?)"
+                p.kill()
+                break
+        p.wait()
+        if (p.returncode != 0 or reason) and last + 1 < len(steps):
+            bad = steps[last + 1]
+            print(f"[{phase}] child exited {p.returncode} ({reason or 'died'}) in step "
+                  f"{last + 1}; output tail:\n  " + "\n  ".join(tail[-8:]), flush=True)
+            emit(dict(phase=phase, step=last + 1, ok=False, d=bad.get("d"),
+                      config=bad.get("config"), provider=bad.get("provider"),
+                      error=f"child exited {p.returncode} ({reason or 'died'})",
+                      tail=tail[-8:]))
+            start = last + 2
+        else:
+            start = len(steps)
 
 
 def _print_row(r: dict) -> None:
@@ -385,10 +408,10 @@ def main() -> None:
     print(f"== check (every config, {len(CHECK_SHAPES)} shapes each)", flush=True)
     run_phase("check", check_steps(), T0 + 0.55 * budget)
     rows = read_rows()
+    checked = [r for r in rows if r.get("phase") == "check" and r.get("config")]
     failed = {(r["d"], json.dumps(r["config"], sort_keys=True))
-              for r in rows if r.get("phase") == "check" and not r.get("ok") and "config" in r}
-    seen = {(r["d"], json.dumps(r["config"], sort_keys=True)): r["config"]
-            for r in rows if r.get("phase") == "check" and "config" in r}
+              for r in checked if not r.get("ok")}
+    seen = {(r["d"], json.dumps(r["config"], sort_keys=True)): r["config"] for r in checked}
     passed = {}
     for (d, key), cfg in seen.items():
         if (d, key) not in failed:
