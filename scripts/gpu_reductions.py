@@ -151,7 +151,7 @@ FWD_VARIANTS = {
     # the norms' persistent forward (next row tile prefetched): forced on / off / 2 programs an SM
     "tkit persist": dict(norm_fwd_persist=True), "tkit no persist": dict(norm_fwd_persist=False),
     "tkit persist 2xSM": dict(norm_fwd_persist=True, norm_fwd_programs=264),
-    "tkit no evict": dict(softmax_evict=""),
+    "tkit evict_first": dict(softmax_evict="evict_first"),
 }
 
 
@@ -233,26 +233,26 @@ def backward_target(ceiling, shape=(16384, 8192)):
 
 # ---- 5. sweep ----------------------------------------------------------------------------------
 SWEEP_VARIANTS = {
-    # long-row knobs, compared at N >= 16384 only (they do nothing on shorter rows). Defaults
-    # since the 2026-11-29 run: softmax split in one row batch, norms "loop" past 64 KiB rows.
+    # long-row knobs, compared at N >= 16384 only (they do nothing on shorter rows), and
+    # row/warp/eviction knobs at every N
     "softmax": {
         "tkit split": dict(softmax_long="split"),
         "tkit loop chunk8k": dict(loop_chunk=8192),
-        "tkit loop from 32KiB": dict(fused_max_bytes=32 * 1024),
-        "tkit fused<=128KiB": dict(fused_max_bytes=128 * 1024),
-        "tkit no evict": dict(softmax_evict=""),
+        "tkit fused<=64KiB": dict(fused_max_bytes=64 * 1024),
+        "tkit evict_first": dict(softmax_evict="evict_first"),
     },
     "rms_norm": {
-        "tkit split": dict(norm_long="split"),
-        "tkit loop chunk16k": dict(norm_chunk=16384),
+        "tkit loop chunk8k": dict(norm_chunk=8192),
         "tkit w16": dict(num_warps=16),
         "tkit 1 row w8": dict(rows=1, num_warps=8),
-        "tkit 1 row w16": dict(rows=1, num_warps=16),
     },
-    "layer_norm": {"tkit split": dict(norm_long="split"),
-                   "tkit loop chunk16k": dict(norm_chunk=16384),
+    "layer_norm": {"tkit loop from 32KiB": dict(norm_fwd_single_bytes=16 * 1024),
+                   "tkit loop from 32KiB chunk8k": dict(norm_fwd_single_bytes=16 * 1024,
+                                                        norm_chunk=8192),
                    "tkit w32": dict(num_warps=32)},
-    "rms_norm_residual": {"tkit split": dict(norm_long="split")},
+    "rms_norm_residual": {"tkit loop from 32KiB": dict(norm_fwd_single_bytes=16 * 1024),
+                          "tkit loop from 32KiB chunk8k": dict(
+                              norm_fwd_single_bytes=16 * 1024, norm_chunk=8192)},
 }
 
 

@@ -215,7 +215,8 @@ def test_online_softmax_equals_two_pass():
 
 
 def test_tkit_split_path_equals_fused_path():
-    """tkit's split (online) path against its fused two-pass path on the same rows."""
+    """tkit's two online long-row paths (split across programs; one program looping over the
+    row) against its fused two-pass path on the same rows."""
     import tkit
     from tkit.kernels import softmax as sk
     from tkit.testing import make_tensor
@@ -223,13 +224,15 @@ def test_tkit_split_path_equals_fused_path():
     x = make_tensor((6, 3000), torch.float32, seed=3, device=DEVICE) * 8
     fused = tkit.softmax(x)
     old = dict(sk.OVERRIDE)
-    sk.OVERRIDE.update(fused_max_bytes=1, chunk=256)  # force the split path
-    try:
-        split = tkit.softmax(x)
-    finally:
-        sk.OVERRIDE.clear()
-        sk.OVERRIDE.update(old)
-    torch.testing.assert_close(split, fused, rtol=1e-6, atol=1e-7)
+    for path, chunk_key in (("split", "chunk"), ("loop", "loop_chunk")):
+        # force the long-row path, in chunks of 256 columns
+        sk.OVERRIDE.update({"fused_max_bytes": 1, "softmax_long": path, chunk_key: 256})
+        try:
+            online = tkit.softmax(x)
+        finally:
+            sk.OVERRIDE.clear()
+            sk.OVERRIDE.update(old)
+        torch.testing.assert_close(online, fused, rtol=1e-6, atol=1e-7)
 
 
 # %% [markdown]

@@ -817,13 +817,56 @@ def _check_cu(cu, name, batch_hint=None):
         raise ValueError(f"{name} must hold batch + 1 offsets, got shape {tuple(cu.shape)}")
 
 
+#: Forward cases (head_dim, causal) that go to the Gluon kernel of
+#: :mod:`tkit.kernels.attention_hopper` on sm_90 when it supports the inputs: where it measured
+#: faster than this module's autotuned Triton kernel (H200, B=4 H=16 S=4096 bf16, 3 interleaved
+#: rounds, 2026-11-30, TFLOP/s Gluon / Triton): D=128 499.4 / 475.7 non-causal and 455.0 /
+#: 413.3 causal; D=64 causal 375.2 / 362.4. D=64 non-causal stays here (411.2 / 424.5).
+#: Set ``HOPPER_FWD_CASES = frozenset()`` to keep every forward on the Triton kernel.
+HOPPER_FWD_CASES = frozenset({(128, False), (128, True), (64, True)})
+
+
+def _hopper_forward(q, k, v, causal, window, softcap):
+    """The attention_hopper module when its forward takes these inputs, else None."""
+    if (q.shape[-1], bool(causal)) not in HOPPER_FWD_CASES or q.device.type != "cuda":
+        return None
+    try:
+        from tkit.kernels import attention_hopper
+    except ImportError:  # a Triton without Gluon's Hopper API: the Triton kernel serves
+        return None
+    if attention_hopper.supported(q, k, v, causal, window, softcap) is not None:
+        return None
+    return attention_hopper
+
+
+def fwd_backend(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0) -> str:
+    """Which forward kernel ``flash_attention`` launches for these inputs, and why:
+    "gluon (sm_90, ...)" or "triton (...)"."""
+    if (q.shape[-1], bool(causal)) not in HOPPER_FWD_CASES:
+        return f"triton (head_dim {q.shape[-1]}, causal={bool(causal)} not in HOPPER_FWD_CASES)"
+    try:
+        from tkit.kernels import attention_hopper
+    except ImportError as e:
+        return f"triton (Gluon unavailable: {e})"
+    reason = attention_hopper.supported(q, k, v, causal, window_size, softcap)
+    if reason is not None:
+        return f"triton ({reason})"
+    return "gluon (sm_90 wgmma overlapped with the softmax)"
+
+
 def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
               config=None):
-    """Launch the forward; returns (out, lse). ``config`` (a dict with BLOCK_M, BLOCK_N,
-    num_warps, num_stages and optionally USE_TMA, WARP_SPEC) bypasses the autotuner;
+    """Launch the forward; returns (out, lse). Without ``config``, the inputs and cases that
+    the Gluon Hopper kernel serves go there (``HOPPER_FWD_CASES``). ``config`` (a dict with
+    BLOCK_M, BLOCK_N, num_warps, num_stages and optionally USE_TMA, WARP_SPEC) launches this
+    module's Triton kernel with it, bypassing the autotuner;
     its optional HEAD_GROUP entry (the tile order's section size) overrides
     :func:`fwd_head_group`."""
     varlen = cu_q is not None
+    if config is None and not varlen:
+        hopper = _hopper_forward(q, k, v, causal, (wl, wr), softcap)
+        if hopper is not None:
+            return hopper.forward(q, k, v, causal, scale)
     hq, hk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     if varlen:
         batch = cu_q.shape[0] - 1

@@ -45,21 +45,30 @@ import triton.language as tl
 from tkit import _env
 from tkit.kernels import _common as C
 
-#: Largest row held in registers by one program, in bytes: 64 KiB forward and backward
+#: Largest row held in registers by one program, in bytes: 32 KiB forward, 64 KiB backward
 #: (32768 16-bit values over 32 warps: 58 / 64 registers, no spills, ptxas for sm_90a on the
-#: launches tkit makes). Beyond that the split path.
-FUSED_MAX_BYTES = 64 * 1024
+#: launches tkit makes). Beyond that the long-row paths. The forward's limit was 64 KiB until
+#: the loop path measured faster at N=32768 bf16 (H200, 256 MiB, 2026-11-30): 3.44 TB/s
+#: against 2.95 for one row a program in registers (1024 threads x 58 registers fill an SM, so
+#: nothing hides a program's latency).
+FUSED_MAX_BYTES = 32 * 1024
 FUSED_MAX_BYTES_BWD = 64 * 1024
 #: Columns per program on the split path (16 KiB of bf16: a program of 16 warps, 16 values a
 #: thread), and the row-batch size of the split paths: 0 = one batch (see the module
 #: docstring: host launch time, not the L2, decides; 24 MiB batches measured 2-4x slower).
 SPLIT_CHUNK = 8192
 #: Forward rows past the fused limit: "loop" (one program a row, online softmax over chunks of
-#: LOOP_CHUNK columns with 16 warps, then a second walk; ``_softmax_loop_kernel``) or "split"
-#: (across programs, two launches). L2 policy of the fused forward's loads: FUSED_EVICT.
+#: LOOP_CHUNK columns with 16 warps, then a second walk; ``_softmax_loop_kernel``) when there
+#: are at least as many rows as SMs, else "split" (a row across programs, two launches). H200,
+#: 256 MiB bf16 (2026-11-30): loop 3.31 / 2.90 / 2.63 TB/s at N=65536 / 131072 / 262144 against
+#: 2.34 / 2.34 / 2.33 for split; at 128 rows of 1M columns split 2.31, loop 2.07 (128 programs
+#: for 132 SMs).
 LONG_FWD = "loop"
 LOOP_CHUNK = 16384
-FUSED_EVICT = "evict_first"
+#: L2 policy of the fused forward's loads. "evict_first" cost 1-5% (H200, 256 MiB bf16,
+#: 2026-11-30, with / without): N=1024 3.99 / 4.10 TB/s, 4096 3.79 / 3.97, 8192 3.83 / 4.02,
+#: 16384 3.79 / 3.85, as in the norms and elementwise kernels.
+FUSED_EVICT = ""
 L2_BATCH_BYTES = 0
 MAX_BATCHES = 8
 
@@ -114,6 +123,12 @@ def fused_max_cols(itemsize: int, backward: bool = False) -> int:
         return OVERRIDE.get("fused_max_bytes_bwd", OVERRIDE.get("fused_max_bytes",
                                                                 FUSED_MAX_BYTES_BWD)) // itemsize
     return OVERRIDE.get("fused_max_bytes", FUSED_MAX_BYTES) // itemsize
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def split_chunk() -> int:
@@ -366,7 +381,8 @@ def _softmax_fwd_impl(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     x2, y2 = as_rows(xm), out.view(-1, xm.shape[-1])
     M, N = x2.shape
     if N > fused_max_cols(x.element_size()):
-        if OVERRIDE.get("softmax_long", LONG_FWD) == "loop":
+        default_long = LONG_FWD if M >= _sm_count(x.device) else "split"
+        if OVERRIDE.get("softmax_long", default_long) == "loop":
             chunk = OVERRIDE.get("loop_chunk", 4096 if _env.INTERPRET else LOOP_CHUNK)
             C.launch(_softmax_loop_kernel, (M,), x_ptr=x2, y_ptr=y2, N=N, sxm=x2.stride(0),
                      sxn=x2.stride(1), sym=y2.stride(0), LOG=log, BLOCK_N=chunk,
