@@ -337,10 +337,13 @@ def quick_section(ceiling):
         fn = lambda c=causal: tkit.flash_attention(q, k, v, causal=c)  # noqa: E731
         err = (fn().float() - out_ref).abs().max().item()
         del out_ref
-        _tuner_report(A._attn_fwd_autotuned, "fwd config", fl)
+        backend = A.fwd_backend(q, k, v, causal)
+        if backend.startswith("triton"):
+            _tuner_report(A._attn_fwd_autotuned, "fwd config", fl)
         r = record("quick", shape, "fwd", causal, "tkit (registered op, autotuned)", bench(fn),
                    fl, ceiling, err=err)
-        r["chosen"] = _chosen(A._attn_fwd_autotuned)
+        r["chosen"] = (_chosen(A._attn_fwd_autotuned) if backend.startswith("triton")
+                       else backend)
         print(f"    autotuner chose {r['chosen']}{_target('fwd', causal, r['tflops'])}")
     causal = True
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
@@ -477,8 +480,11 @@ def main():
           f"triton {triton.__version__}", flush=True)
     best = {}
     if "quick" in sections:
-        print("== quick: B=4 H=16 S=4096 D=128, the registered op (autotuned) beside SDPA")
-        quick_section(ceiling)
+        # QUICK_ROUNDS > 1 repeats the section (baselines and tkit interleaved), for medians
+        for rnd in range(int(os.environ.get("QUICK_ROUNDS", "1"))):
+            print(f"== quick (round {rnd + 1}): B=4 H=16 S=4096 D=128, as a user calls it, "
+                  "beside SDPA")
+            quick_section(ceiling)
     if "main" in sections:
         print("== main: B=4 H=16 S=4096 D=128")
         if DRY:
