@@ -331,11 +331,12 @@ def test_gpu_launch_configs_are_the_measured_ones(monkeypatch):
     assert norm._fwd_config(8192, bf16, is_rms=True, has_res=True)[2] == 32
     assert norm._fwd_config(8192, bf16, is_rms=False)[2] == 8
     assert norm._fwd_config(16384, bf16, is_rms=False)[2] == 16
-    assert norm._fwd_config(32768, bf16, is_rms=False)[2] == 32
     assert norm._fwd_config(1024, bf16, is_rms=False)[1:3] == (2, 4)  # 4 KiB a program
     assert norm._fwd_config(65536, bf16) == (16384, 1, 16, False)  # the "loop" path
     assert norm._fwd_config(32768, bf16)[3] is False  # plain RMSNorm loops from 64 KiB rows
-    assert norm._fwd_config(32768, bf16, is_rms=False)[3] is True
+    assert norm._fwd_config(32768, bf16, is_rms=False)[3] is False  # LayerNorm as well
+    assert norm._fwd_config(32768, bf16, has_res=True)[3] is True  # the residual form not
+    assert norm._fwd_persist(64 * 1024, 16) is False  # the persistent forward is off
     assert "norm_long" not in sm.OVERRIDE  # default: "loop" past 64 KiB rows
     assert sm.row_batch(4096, 512 * 1024) == 4096  # the split paths: one row batch
     monkeypatch.setitem(sm.OVERRIDE, "num_warps", 16)

@@ -74,8 +74,9 @@ BWD_SINGLE_MAX_BYTES = 32 * 1024
 #: Plain RMSNorm takes the chunked "loop" path from 64 KiB rows: at N=32768 bf16 (256 MiB,
 #: H200, 2026-11-30) the loop with 16384-column chunks ran at 3.86 TB/s against 3.69-3.73 for
 #: one row a program in registers (16 or 32 warps), whose 1024 threads x 64 registers fill
-#: an SM, so nothing hides a program's load latency. LayerNorm and the residual form were not
-#: measured that way and keep the 64 KiB limit.
+#: an SM, so nothing hides a program's load latency. LayerNorm too (2026-11-30, N=32768: loop
+#: 3.34 TB/s, one row in registers 3.20; at N=16384 the loop lost, 3.29 against 3.74). The
+#: residual form keeps the 64 KiB limit (N=32768: 3.98 in registers, 3.93 looping).
 RMS_FWD_SINGLE_MAX_BYTES = 32 * 1024
 #: Row tiles from this size take the persistent forward (``_fwd_persist``); 0 = never. Measured
 #: on the H200 (2026-11-30, 256 MiB bf16, forced on / off, same run): slower everywhere it
@@ -556,7 +557,7 @@ def _fwd_config(N: int, itemsize: int, is_rms: bool = True,
       16 warps 3.99, 8 warps 3.96. So rows of 8-16 KiB that ``row_config`` gives a program of
       their own are paired, at half the warps (the same values a thread).
     """
-    single_max = RMS_FWD_SINGLE_MAX_BYTES if is_rms and not has_res else FWD_SINGLE_MAX_BYTES
+    single_max = FWD_SINGLE_MAX_BYTES if has_res else RMS_FWD_SINGLE_MAX_BYTES
     if N * itemsize <= OVERRIDE.get("norm_fwd_single_bytes", single_max):
         block_n, rows, warps = row_config(N, itemsize)
         if not _env.INTERPRET and "num_warps" not in OVERRIDE:
