@@ -216,6 +216,38 @@ def test_compiler_facts_on_sm90():
 # time share K/V in L2 (8 MB), against 446 TFLOP/s when every head of a query block runs
 # before the next block.
 
+# %% [markdown]
+# ## Writing the overlap by hand: Gluon (`tkit/kernels/attention_hopper.py`)
+#
+# What the Triton kernel cannot express, Triton's lower-level dialect Gluon can: explicit
+# layouts, `warpgroup_mma(..., is_async=True)` and `warpgroup_mma_wait(num_outstanding=...)`,
+# TMA copies and mbarriers. The Hopper kernel keeps the same math and tile order and writes the
+# schedule out for each key block j: issue S_j = Q K_j^T, issue O += P_{j-1} V_{j-1}, wait
+# until only one group is in flight (`wgmma.wait_group 1`: S_j is ready, the PV product may
+# still run), do the softmax of S_j while it does, then `wait_group 0` and rescale O. K and V
+# stream through a ring of TMA buffers. The PTX (below, compiled without a GPU) shows the
+# `wait_group 1` inside the loop that the Triton kernel's PTX lacks.
+#
+# Measured on the H200 (2026-11-30, `benchmarks/results/h200-2026-11-30-i-attention-hopper.json`,
+# B4 S4096 H16 D128 bf16, medians of 3 interleaved rounds): 499.4 TFLOP/s non-causal and 455.0
+# causal, against 475.7 / 413.3 for the Triton kernel's best tile and 586.7 / 519.6 for cuDNN
+# in the same rounds. `tkit.flash_attention` dispatches to it on sm_90 at head_dim 128 (and 64
+# causal); through the public function, three later rounds gave 520 / 477 / 461 non-causal
+# and 464 / 437 / 426 causal (`h200-2026-11-30-j-attention-quick.log`): the machine's power
+# and clocks move the figures by ~10% between rounds, cuDNN's by ~1%. What is left to cuDNN:
+# both warpgroups still meet at a CTA barrier every key block (the TMA ring is refilled by one
+# thread for both), so their softmaxes coincide; FlashAttention-3 gives the loads to a
+# producer warp and staggers the two warpgroups (ping-pong).
+
+
+def test_gluon_kernel_keeps_one_wgmma_group_in_flight():
+    from tkit.kernels import attention_hopper as AH
+
+    ptx = AH.compile_sm90(128, causal=False).asm["ptx"]
+    assert "wgmma.wait_group.sync.aligned 1;" in ptx  # the softmax overlaps a wgmma
+    assert "ex2.approx" in ptx
+
+
 # %%
 if __name__ == "__main__":
     t = traffic()
