@@ -6,14 +6,23 @@ forward and SDPA's flash and cuDNN backends. About three minutes.
     python scripts/gpu_attention_hopper.py --dry    # CPU plumbing check (a reference stands in
                                                     # for the kernels; numbers mean nothing)
 
+    # a short run (about 2.5 minutes): three configs, D=128 only
+    HOPPER_ATTN_CONFIGS="128,3;128,3,ws;64,4,ws" HOPPER_ATTN_DIMS=128 \
+        python scripts/gpu_attention_hopper.py
+
+Environment: HOPPER_ATTN_CONFIGS restricts the Gluon configs to a ';'-separated list of
+"BLOCK_N,STAGES" or "BLOCK_N,STAGES,ws" (the warp-specialized kernel), kept in that order where
+they fit the head dim; HOPPER_ATTN_DIMS restricts the head dims (comma-separated, of 128 and
+64); HOPPER_ATTN_BUDGET_S (230) and HOPPER_ATTN_STEP_TIMEOUT_S (90) bound the run and a step.
+
 Phases, each in child processes so that a launch leaving a sticky CUDA error (a fault) costs
 only its own step: the parent restarts a child from the step after the one that died.
 
-  check  per head dim (128, 64) and config of ``attention_hopper.configs``: seqlen 1, 65, 1000
-         (causal and not), seqlen_q != seqlen_k both ways (causal), GQA 16/4 and MQA 8/1, fp16
-         and bf16, outputs NaN-poisoned, judged by tkit's reference rule (kernel error <= 2x
-         PyTorch's same-precision error + one rounding unit). A config that fails anywhere is
-         left out of the timings.
+  check  per head dim (128, 64) and config of ``attention_hopper.configs`` (with and without
+         warp specialization): seqlen 1, 65, 1000 (causal and not), seqlen_q != seqlen_k both
+         ways (causal), GQA 16/4 and MQA 8/1, fp16 and bf16, outputs NaN-poisoned, judged by
+         tkit's reference rule (kernel error <= 2x PyTorch's same-precision error + one
+         rounding unit). A config that fails anywhere is left out of the timings.
   time   B=4 H=16 S=4096 bf16, D=128 and D=64, causal and not, 3 interleaved rounds: every
          config that passed, tkit's Triton forward (its two best measured configs, through
          ``attention._fwd_impl``), SDPA flash and cuDNN. ``triton.testing.do_bench`` medians
@@ -59,7 +68,8 @@ TRITON_CONFIGS = {
 }
 # (name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, causal, dtype); each config compiles
 # once per (dtype, causal) (the kernel does not specialize on its integer arguments), so fp16,
-# the same code with another element type, is checked on the first config of a head dim only
+# the same code with another element type, is checked on the first config of each kernel (with
+# and without warp specialization) of a head dim only
 CHECK_SHAPES = [
     ("s1", 2, 1, 1, 4, 2, False, "bf16"),
     ("s65 causal", 2, 65, 65, 4, 2, True, "bf16"),
@@ -136,22 +146,74 @@ def emit(row: dict) -> None:
 # --------------------------------------------------------------------------------------------
 # Steps
 # --------------------------------------------------------------------------------------------
-def check_steps() -> list[dict]:
+def head_dims() -> list[int]:
+    """HOPPER_ATTN_DIMS (e.g. "128" or "128,64"), default both."""
+    text = os.environ.get("HOPPER_ATTN_DIMS", "").strip()
+    if not text:
+        return [128, 64]
+    dims = [int(x) for x in text.replace(";", ",").split(",") if x.strip()]
+    bad = [d for d in dims if d not in (128, 64)]
+    if bad:
+        raise SystemExit(f"HOPPER_ATTN_DIMS: head dims {bad} are not 128 or 64")
+    return dims
+
+
+def wanted_configs() -> list[tuple] | None:
+    """HOPPER_ATTN_CONFIGS as (BLOCK_N, STAGES, WS) keys, or None for every config."""
+    text = os.environ.get("HOPPER_ATTN_CONFIGS", "").strip()
+    if not text:
+        return None
+    keys = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        fields = [f.strip().lower() for f in part.split(",")]
+        try:
+            bn, st = int(fields[0]), int(fields[1])
+        except (IndexError, ValueError):
+            raise SystemExit(f"HOPPER_ATTN_CONFIGS: {part!r} is not BLOCK_N,STAGES[,ws]") \
+                from None
+        if len(fields) > 3 or (len(fields) == 3 and fields[2] not in ("ws", "")):
+            raise SystemExit(f"HOPPER_ATTN_CONFIGS: {part!r} is not BLOCK_N,STAGES[,ws]")
+        keys.append((bn, st, len(fields) == 3 and fields[2] == "ws"))
+    return keys
+
+
+def selected_configs(d: int) -> list[dict]:
+    """The configs of ``attention_hopper.configs(d)`` that HOPPER_ATTN_CONFIGS names, in its
+    order (those that do not fit this head dim are left out, with a note)."""
     from tkit.kernels import attention_hopper as AH
 
-    return [dict(phase="check", d=d, config=cfg, first=i == 0) for d in (128, 64)
-            for i, cfg in enumerate(AH.configs(d))]
+    fits = AH.configs(d)
+    keys = wanted_configs()
+    if keys is None:
+        return fits
+    by_key = {AH._cfg_key(c): c for c in fits}
+    missing = [k for k in keys if k not in by_key]
+    if missing:
+        print(f"  note: D{d}: {missing} not among the configs that fit "
+              f"({sorted(by_key)}); left out", flush=True)
+    return [by_key[k] for k in keys if k in by_key]
+
+
+def check_steps() -> list[dict]:
+    steps = []
+    for d in head_dims():
+        seen_kinds = set()
+        for cfg in selected_configs(d):
+            ws = bool(cfg.get("WS", False))
+            steps.append(dict(phase="check", d=d, config=cfg, first=ws not in seen_kinds))
+            seen_kinds.add(ws)
+    return steps
 
 
 def cfg_name(cfg: dict) -> str:
-    return f"gluon n{cfg['BLOCK_N']} s{cfg['STAGES']}"
+    return f"gluon n{cfg['BLOCK_N']} s{cfg['STAGES']}" + (" ws" if cfg.get("WS") else "")
 
 
 def time_steps(passed: dict) -> list[dict]:
     """3 rounds; in each, every (head dim, causal) case with every provider."""
     steps = []
     for rnd in range(ROUNDS):
-        for d in (128, 64):
+        for d in head_dims():
             for causal in (False, True):
                 provs = [("gluon", cfg_name(c), c) for c in passed.get(d, [])]
                 provs += [("triton", n, c) for n, c in TRITON_CONFIGS.items()]
@@ -384,7 +446,7 @@ def run_phase(phase: str, steps: list[dict], deadline: float) -> None:
 def _print_row(r: dict) -> None:
     if r.get("phase") == "check":
         status = "ok" if r.get("ok") else "FAIL " + r.get("error", "")[:200]
-        print(f"  check D{r['d']} {r['provider']:16s} {r['shape']:22s} {status}", flush=True)
+        print(f"  check D{r['d']} {r['provider']:19s} {r['shape']:22s} {status}", flush=True)
     elif r.get("phase") == "time":
         tag = "causal" if r["causal"] else "full  "
         if r.get("ok"):
@@ -405,8 +467,10 @@ def main() -> None:
     if JSONL.exists():
         JSONL.unlink()
     budget = float(os.environ.get("HOPPER_ATTN_BUDGET_S", 230))
-    print(f"== check (every config, {len(CHECK_SHAPES)} shapes each)", flush=True)
-    run_phase("check", check_steps(), T0 + 0.55 * budget)
+    steps = check_steps()
+    print(f"== check ({len(steps)} configs over head dims {head_dims()}, up to "
+          f"{len(CHECK_SHAPES)} shapes each)", flush=True)
+    run_phase("check", steps, T0 + 0.55 * budget)
     rows = read_rows()
     checked = [r for r in rows if r.get("phase") == "check" and r.get("config")]
     failed = {(r["d"], json.dumps(r["config"], sort_keys=True))
@@ -422,7 +486,8 @@ def main() -> None:
     print(f"== time ({ROUNDS} interleaved rounds)", flush=True)
     run_phase("time", time_steps(passed), T0 + budget)
     write_json()
-    print("\n== median over rounds (TFLOP/s), B=4 H=16 S=4096 bf16", flush=True)
+    print("\n== median over rounds (TFLOP/s), B=4 H=16 S=4096 bf16 (ws: warp-specialized)",
+          flush=True)
     print(f"{'D':>4} {'mask':7s} {'provider':26s} {'ms':>8s} {'TFLOP/s':>8s} {'rounds':>6s}"
           f"  target", flush=True)
     for r in summary(read_rows()):

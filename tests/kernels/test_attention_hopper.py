@@ -1,6 +1,8 @@
-"""The Gluon sm_90 attention forward: its scope (``supported``), its compiled schedule (ahead of
+"""The Gluon sm_90 attention forward: its scope (``supported``), its compiled schedules (ahead of
 time on any machine: the PTX and SASS must show the asynchronous wgmmas with one group in flight
-inside the key loop), and on an H200 its outputs against the float64 reference."""
+inside the key loop; for the warp-specialized kernel also the loader partition and only
+warpgroup-local barriers in the key loop), and on an H200 its outputs against the float64
+reference, with and without warp specialization."""
 
 import os
 import re
@@ -83,7 +85,20 @@ def test_configs_fit_shared_memory():
         assert cfgs and AH.default_config(d) in cfgs
         assert (AH.default_config(d)["BLOCK_N"], AH.default_config(d)["STAGES"]) == \
             AH.DEFAULTS[d]  # the measured best fits
-        assert all(AH._smem_bytes(c["BLOCK_N"], c["STAGES"], d) <= AH.SMEM_LIMIT for c in cfgs)
+        assert all(AH._smem_bytes(c["BLOCK_N"], c["STAGES"], d, ws=c.get("WS", False))
+                   <= AH.SMEM_LIMIT for c in cfgs)
+        # the warp-specialized configs are offered, but not the default until measured
+        ws = AH.configs(d, ws=True)
+        assert ws and all(c["WS"] and c["num_warps"] == 4 and c["maxnreg"] == AH.WS_MAXNREG
+                          for c in ws)
+        assert not AH.default_config(d).get("WS", False)
+        assert len(cfgs) == len(AH.configs(d, ws=False)) + len(ws)
+    # the empty barriers and the partitions' shared state are counted
+    assert AH._smem_bytes(128, 3, 128, ws=True) > AH._smem_bytes(128, 3, 128)
+    # three warpgroups at the launch cap fit the register file, and the partitions' shares add
+    # up to it (the default partition gets what the workers leave)
+    assert AH.WS_MAXNREG * 3 * 128 <= 65536
+    assert 2 * AH.WS_CONSUMER_REGS.value + AH.WS_LOADER_REGS.value == 3 * AH.WS_MAXNREG
 
 
 # ---- compiled schedule (ahead of time, no GPU needed) --------------------------------------
@@ -101,6 +116,20 @@ def _loop_bodies(ptx: str) -> list[str]:
         if ends:
             bodies.append("\n".join(lines[i:ends[-1] + 1]))
     return bodies
+
+
+def _inner_wgmma_loops(ptx: str) -> list[str]:
+    """The innermost loops that issue wgmmas (the key loops; the warp-specialized kernel also
+    has the workers' dispatch loop around its partitions, which is left out)."""
+    bodies = _loop_bodies(ptx)
+    labels = [b.splitlines()[0].split(":")[0] for b in bodies]
+    inner = [b for b in bodies
+             if not any(lab + ":" in b.split("\n", 1)[1] for lab in labels)]
+    return [b for b in inner if "wgmma.mma_async" in b]
+
+
+def _bar_syncs(body: str) -> list[str]:
+    return re.findall(r"\bbar\.sync\s+[^;]*;", body)
 
 
 def _ex2_between_waits(sass: str) -> list[int]:
@@ -183,6 +212,73 @@ def test_compiled_fp16_and_every_config(compiled):
         assert k.metadata.shared <= AH.SMEM_LIMIT
 
 
+WS_SAMPLE = [AH.config_dict(128, 3, True), AH.config_dict(64, 4, True)]
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_compiled_warp_specialized(compiled, d, causal):
+    """The WS kernel: two consumer partitions with the key loops (QK^T and PV async, PV in
+    flight under the exponentials, slots released by mbarrier arrive, no TMA and no barrier
+    across warpgroups inside), a loader loop with every TMA of K and V, registers moved from
+    the loader to the consumers, no spills."""
+    for cfg in WS_SAMPLE:
+        k, sass, usage = compiled(d, causal, torch.bfloat16, cfg)
+        ptx = k.asm["ptx"]
+        loops = _inner_wgmma_loops(ptx)
+        # per consumer warpgroup: the unmasked and the masked key loop
+        assert len(loops) == 4, len(loops)
+        for body in loops:
+            assert body.count("wgmma.commit_group") == 2
+            assert body.index("wgmma.wait_group.sync.aligned 1;") < body.index("ex2.approx") \
+                < body.index("wgmma.wait_group.sync.aligned 0;")
+            assert "mbarrier.arrive.shared::cta.b64" in body  # the slot goes back to the loader
+            assert body.index("wgmma.wait_group.sync.aligned 0;") \
+                < body.index("mbarrier.arrive.shared::cta.b64")
+            assert "cp.async.bulk.tensor" not in body and "expect_tx" not in body
+            assert "ld.shared" not in body and "st.shared" not in body
+            # only warpgroup-local barriers: a named barrier over 128 threads, two a block
+            bars = _bar_syncs(body)
+            assert len(bars) == 2 and all(re.fullmatch(r"bar\.sync\s+\d+,\s*128;", b)
+                                          for b in bars), bars
+        # the two consumers use different named barriers
+        ids = {re.match(r"bar\.sync\s+(\d+)", b).group(1) for body in loops
+               for b in _bar_syncs(body)}
+        assert len(ids) == 2, ids
+        # the loader: one loop waiting on the empty barriers and issuing K and V
+        loader = [b for b in _loop_bodies(ptx) if "cp.async.bulk.tensor" in b
+                  and "wgmma" not in b]
+        assert loader and all(b.count("cp.async.bulk.tensor") >= 2 and "try_wait" in b
+                              and not _bar_syncs(b) for b in loader)
+        assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{AH.WS_LOADER_REGS.value};",
+                         ptx)
+        assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{AH.WS_CONSUMER_REGS.value};",
+                         ptx)
+        # SASS: HGMMA, every exponential of a tile between the waits in all four loops
+        assert "HGMMA" in sass and "UTMALDG" in sass
+        between = _ex2_between_waits(sass)
+        assert len(between) == 4 and all(n >= cfg["BLOCK_N"] // 2 for n in between), between
+        assert re.search(r"LOCAL:0\b", usage) and re.search(r"STACK:0\b", usage), usage
+        assert not re.search(r"\b(LDL|STL)\b", sass)
+        assert k.metadata.shared <= AH._smem_bytes(cfg["BLOCK_N"], cfg["STAGES"], d, ws=True)
+        assert k.metadata.shared <= AH.SMEM_LIMIT
+
+
+def test_warp_specialized_has_fewer_barriers_in_the_key_loop(compiled):
+    """Per key block, per consumer warpgroup: the non-WS kernel runs three barriers over both
+    warpgroups (bar.sync 0: every thread of the CTA); the WS kernel two over its own 128
+    threads."""
+    for d in (64, 128):
+        k0, _, _ = compiled(d, False)
+        k1, _, _ = compiled(d, False, torch.bfloat16, AH.config_dict(*AH.DEFAULTS[d], True))
+        base = [_bar_syncs(b) for b in _inner_wgmma_loops(k0.asm["ptx"])]
+        ws = [_bar_syncs(b) for b in _inner_wgmma_loops(k1.asm["ptx"])]
+        assert base and all(len(b) == 3 and all(re.fullmatch(r"bar\.sync\s+0;", x) for x in b)
+                            for b in base), base
+        assert ws and all(len(b) == 2 for b in ws), ws
+        assert max(map(len, ws)) < min(map(len, base))
+
+
 # ---- GPU -----------------------------------------------------------------------------------
 def _fn(causal, config=None):
     def fn(q, k, v, **kw):
@@ -196,56 +292,71 @@ def _ref(causal):
     return ref
 
 
+# the default schedule (None: default_config) and the warp-specialized one at its default
+# tile, for the tests below that do not sweep every config
+SCHEDULES = [pytest.param(None, id="default"),
+             pytest.param(True, id="ws")]
+
+
+def _schedule_config(ws, d):
+    return None if ws is None else AH.config_dict(*AH.DEFAULTS[d], True)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("ws", SCHEDULES)
 @pytest.mark.parametrize("s", [1, 63, 64, 65, 127, 128, 1000, 4096])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_seqlens(s, causal):
+def test_gpu_seqlens(s, causal, ws):
     args = _qkv(2 if s <= 1000 else 1, s, s, 4, 2, 128, torch.bfloat16, "cuda")
     assert AH.supported(*args, causal=causal) is None
-    check_against_reference(_fn(causal), _ref(causal), args,
+    check_against_reference(_fn(causal, _schedule_config(ws, 128)), _ref(causal), args,
                             ref_dtype=torch.float64 if s <= 1000 else torch.float32)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("ws", SCHEDULES)
 @pytest.mark.parametrize("sq, sk", [(100, 300), (300, 100), (1, 257), (257, 1), (65, 200)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_unequal_lengths(sq, sk, causal):
+def test_gpu_unequal_lengths(sq, sk, causal, ws):
     # seqlen_q > seqlen_k with causal: the first sq - sk rows see no key (O = 0, lse = -inf)
     args = _qkv(2, sq, sk, 4, 4, 64, torch.float16, "cuda", seed=3)
-    check_against_reference(_fn(causal), _ref(causal), args)
+    check_against_reference(_fn(causal, _schedule_config(ws, 64)), _ref(causal), args)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("ws", SCHEDULES)
 @pytest.mark.parametrize("hq, hk", [(16, 4), (8, 1)])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_gqa_head_dims_dtypes(hq, hk, d, dtype):
+def test_gpu_gqa_head_dims_dtypes(hq, hk, d, dtype, ws):
     args = _qkv(2, 333, 333, hq, hk, d, dtype, "cuda", seed=5)
     for causal in (False, True):
-        check_against_reference(_fn(causal), _ref(causal), args)
+        check_against_reference(_fn(causal, _schedule_config(ws, d)), _ref(causal), args)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("ws", [False, True], ids=["plain", "ws"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_gpu_every_config(d):
+def test_gpu_every_config(d, ws):
     args = _qkv(1, 700, 700, 4, 2, d, torch.bfloat16, "cuda", seed=7)
-    for cfg in AH.configs(d):
+    for cfg in AH.configs(d, ws=ws):
         for causal in (False, True):
             check_against_reference(_fn(causal, cfg), _ref(causal), args)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
-def test_gpu_packed_qkv_and_fully_masked_rows():
+@pytest.mark.parametrize("ws", SCHEDULES)
+def test_gpu_packed_qkv_and_fully_masked_rows(ws):
     qkv = make_tensor((2, 200, 3, 4, 128), torch.bfloat16, seed=9, device="cuda")
     q, k, v = qkv.unbind(2)
     assert AH.supported(q, k, v, causal=True) is None
-    check_against_reference(_fn(True), _ref(True), [q, k, v])
+    check_against_reference(_fn(True, _schedule_config(ws, 128)), _ref(True), [q, k, v])
     q, k, v = _qkv(1, 300, 40, 2, 2, 64, torch.bfloat16, "cuda", seed=11)
-    out, lse = AH.forward(q, k, v, causal=True)
+    out, lse = AH.forward(q, k, v, causal=True, config=_schedule_config(ws, 64))
     assert torch.all(out[:, :260] == 0) and torch.all(lse[:, :, :260] == float("-inf"))
     assert torch.isfinite(out).all() and torch.isfinite(lse[:, :, 260:]).all()

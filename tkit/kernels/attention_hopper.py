@@ -37,8 +37,26 @@ with it. TMA zero-fills rows past seqlen_k (and seqlen_q), so the masked scores 
 place where the ragged end matters. Tile order: the L2 sections of
 :func:`tkit.kernels.attention.fwd_head_group` and, when causal, the last query blocks first.
 
+Warp-specialized variant (config ``WS=True``, :func:`_attn_fwd_hopper_ws_kernel`): the same
+per-block math, but the CTA is split with ``gl.warp_specialize`` into three partitions: consumer
+warpgroup 0 (the default partition, 4 warps), consumer warpgroup 1 (4 warps) and a 1-warp
+loader. Each consumer owns 64 query rows with its own half of Q (its own TMA tile) and runs the
+schedule above on them, through its own epilogue. The loader issues every TMA (Q, then K and V
+of each key block) and refills a ring slot once both consumers have arrived on the slot's
+"empty" mbarrier (count 2: one arrive per warpgroup, after the wgmma.wait_group that retires
+PV of that block). Nothing in the key loop synchronizes the two warpgroups any more: the
+barriers left there are Triton's, each over one warpgroup's 128 threads (``bar.sync id,
+128``, two a block, both inserted by Triton: one at the loop head, ahead of the mbarrier
+waits, one ahead of the arrive, which one thread issues for the warpgroup), so the two
+softmaxes can drift apart and one warpgroup's wgmmas run under the other's exponentials.
+Registers: the loader's warpgroup is cut to 24 a thread and each consumer warpgroup gets 240
+(launch cap WS_MAXNREG = 168 for 3 warpgroups). That cap also means one CTA an SM at D=64,
+where the non-WS kernel (108 to 167 registers a thread) holds two wherever its shared memory
+allows.
+
 Cost model: as the Triton forward, 4*B*H*Sq*Sk*D FLOPs (half when causal), compute-bound at
-the benchmark shape; shared memory per CTA is (BLOCK_M + 2 * STAGES * BLOCK_N) * D * itemsize.
+the benchmark shape; shared memory per CTA is (BLOCK_M + 2 * STAGES * BLOCK_N) * D * itemsize
+plus the mbarriers (``_smem_bytes``).
 """
 
 from __future__ import annotations
@@ -67,36 +85,76 @@ DTYPES = (torch.float16, torch.bfloat16)
 # Shared memory per block on sm_90 (227 KB); the kernel's own need is computed in _smem_bytes.
 SMEM_LIMIT = 232448
 
-# (BLOCK_N, STAGES) candidates; a config is kept for a head dim when its shared memory fits
+# (BLOCK_N, STAGES[, WS]) candidates; a config is kept for a head dim when its shared memory fits
 # (``configs``). Measured on the H200 (B=4 H=16 S=4096 bf16, median of 3 interleaved rounds,
 # 2026-11-30, TFLOP/s, non-causal / causal): D=128: n128 s3 499.4 / 455.0, n64 s4 464.8 /
 # 433.6, n128 s2 447.4 / 398.5, n64 s3 446.4 / 430.5, n64 s6 445.4 / 425.8 (tkit's Triton
 # forward 475.7 / 413.3 at its best tile, SDPA flash 347.9 / 303.0, cuDNN 586.7 / 519.6 in the
 # same rounds); D=64: n64 s4 411.2 / 375.2, n128 s3 340.3 / 304.8 (Triton 424.5 / 362.4).
-# ``DEFAULTS`` holds the best per head dim.
+# ``DEFAULTS`` holds the best per head dim. The warp-specialized configs (third entry True)
+# are not measured yet.
 CONFIGS = [
     (128, 3), (128, 2), (64, 4), (64, 3), (64, 6), (128, 4),
+    (128, 3, True), (128, 2, True), (64, 4, True), (64, 6, True),
 ]
 DEFAULTS = {128: (128, 3), 64: (64, 4)}
 
+# Warp-specialized launch: 4 warps (consumer warpgroup 0, the default partition) + 4 (consumer
+# warpgroup 1) + 1 (loader) = 9 warps, 3 warpgroups once rounded. Registers are allotted per
+# warpgroup (setmaxnreg): the loader's warpgroup drops to 24 a thread, each consumer
+# warpgroup gets 240 (D=128 needs about 200 in the non-WS kernel); the launch cap of 168 a
+# thread keeps 3 warpgroups within the 64K-register file (168 * 384 <= 65536) and is what the
+# default partition's share is computed from (3 * 168 - 240 - 24 = 240).
+WS_CONSUMER_REGS = gl.constexpr(240)
+WS_LOADER_REGS = gl.constexpr(24)
+WS_MAXNREG = 168
 
-def _smem_bytes(block_n: int, stages: int, head_dim: int, itemsize: int = 2) -> int:
+
+def _smem_bytes(block_n: int, stages: int, head_dim: int, itemsize: int = 2,
+                ws: bool = False) -> int:
     tiles = (BLOCK_M + 2 * stages * block_n) * head_dim * itemsize
-    return tiles + 16 * 2 * stages + 64  # mbarriers (8 bytes each) and slack for alignment
+    if not ws:  # mbarriers (8 bytes each, counted twice over) and slack for alignment
+        return tiles + 16 * 2 * stages + 64
+    # and per slot an empty barrier; the warp-specialized region also keeps the values it
+    # hands to the worker partitions in shared memory (232 to 256 bytes in the compiled
+    # configs, with alignment; ``metadata.shared`` is checked against this in the tests)
+    return tiles + 16 * 3 * stages + 64 + 256
 
 
-def configs(head_dim: int, itemsize: int = 2) -> list[dict]:
-    """The configs of :data:`CONFIGS` that fit shared memory at this head dim, as dicts."""
-    return [dict(BLOCK_N=bn, STAGES=s, num_warps=NUM_WARPS) for bn, s in CONFIGS
-            if _smem_bytes(bn, s, head_dim, itemsize) <= SMEM_LIMIT]
+def _cfg_key(c) -> tuple:
+    """(BLOCK_N, STAGES, WS) of a config dict or tuple."""
+    if isinstance(c, dict):
+        return c["BLOCK_N"], c["STAGES"], bool(c.get("WS", False))
+    return c[0], c[1], bool(c[2]) if len(c) > 2 else False
+
+
+def config_dict(block_n: int, stages: int, ws: bool = False) -> dict:
+    """The launch config of one candidate: the warp-specialized kernel runs num_warps = 4 in
+    its default partition and the register cap WS_MAXNREG (see above)."""
+    if ws:
+        return dict(BLOCK_N=block_n, STAGES=stages, WS=True, num_warps=4, maxnreg=WS_MAXNREG)
+    return dict(BLOCK_N=block_n, STAGES=stages, num_warps=NUM_WARPS)
+
+
+def configs(head_dim: int, itemsize: int = 2, ws: bool | None = None) -> list[dict]:
+    """The configs of :data:`CONFIGS` that fit shared memory at this head dim, as dicts (only
+    the warp-specialized ones with ``ws=True``, only the others with ``ws=False``)."""
+    out = []
+    for c in CONFIGS:
+        bn, st, w = _cfg_key(c)
+        if ws is not None and w != ws:
+            continue
+        if _smem_bytes(bn, st, head_dim, itemsize, w) <= SMEM_LIMIT:
+            out.append(config_dict(bn, st, w))
+    return out
 
 
 def default_config(head_dim: int, itemsize: int = 2) -> dict:
     """The measured best of :data:`DEFAULTS` where it fits, else the first config that does."""
     fits = configs(head_dim, itemsize)
-    bn, st = DEFAULTS.get(head_dim, (None, None))
+    want = DEFAULTS.get(head_dim)
     for c in fits:
-        if (c["BLOCK_N"], c["STAGES"]) == (bn, st):
+        if want is not None and _cfg_key(c) == _cfg_key(want):
             return c
     return fits[0]
 
@@ -245,6 +303,26 @@ def _block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars
     return o, p, m_i, l_i
 
 
+@gluon.jit
+def _tile_origin(H, GROUP, HEAD_GROUP, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+    """(batch, query head, key/value head, first query row) of this program. Tile order:
+    sections of HEAD_GROUP (batch, head) pairs; causal: the last query blocks first."""
+    n_bh = gl.num_programs(0)
+    n_m = gl.num_programs(1)
+    tile = gl.program_id(1) * n_bh + gl.program_id(0)
+    section = tile // (HEAD_GROUP * n_m)
+    first_bh = section * HEAD_GROUP
+    heads_here = gl.minimum(n_bh - first_bh, HEAD_GROUP)
+    r = tile - first_bh * n_m
+    pid_m = r // heads_here
+    pid_bh = first_bh + r % heads_here
+    if CAUSAL:
+        pid_m = n_m - 1 - pid_m
+    b = pid_bh // H
+    h = pid_bh % H
+    return b, h, h // GROUP, pid_m * BLOCK_M
+
+
 # integer arguments are not specialized (no recompiles across sequence lengths or head counts;
 # none of them feeds a vectorized address: memory goes through the TMA descriptors)
 @gluon.jit(do_not_specialize=["slb", "slh", "seqlen_q", "seqlen_k", "H", "GROUP", "HEAD_GROUP"])
@@ -271,22 +349,7 @@ def _attn_fwd_hopper_kernel(
         version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
 
-    # ---- tile order: sections of HEAD_GROUP (batch, head) pairs; causal: last blocks first
-    n_bh = gl.num_programs(0)
-    n_m = gl.num_programs(1)
-    tile = gl.program_id(1) * n_bh + gl.program_id(0)
-    section = tile // (HEAD_GROUP * n_m)
-    first_bh = section * HEAD_GROUP
-    heads_here = gl.minimum(n_bh - first_bh, HEAD_GROUP)
-    r = tile - first_bh * n_m
-    pid_m = r // heads_here
-    pid_bh = first_bh + r % heads_here
-    if CAUSAL:
-        pid_m = n_m - 1 - pid_m
-    b = pid_bh // H
-    h = pid_bh % H
-    hk = h // GROUP
-    m0 = pid_m * BLOCK_M
+    b, h, hk, m0 = _tile_origin(H, GROUP, HEAD_GROUP, BLOCK_M, CAUSAL)
 
     # ---- key ranges: [0, n_full) fully visible blocks, [n_full, n_tiles) masked ones
     shift = seqlen_k - seqlen_q
@@ -380,6 +443,191 @@ def _attn_fwd_hopper_kernel(
 
 
 # --------------------------------------------------------------------------------------------
+# Warp-specialized kernel (config WS=True)
+# --------------------------------------------------------------------------------------------
+@gluon.jit
+def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
+                 empty_bars, b, h, hk, m0, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """The loader partition (one warp): both halves of Q, then K and V of every key block into
+    the ring. Slot t % STAGES is refilled with block t once both consumer warpgroups have
+    arrived on its empty barrier for block t - STAGES."""
+    HALF_M: gl.constexpr = q_desc.block_type.shape[1]
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, m0, h, 0], q_bar, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [b, m0 + HALF_M, h, 0], q_bar, q_smem.index(1))
+    for t in range(n_tiles):
+        slot = t % STAGES
+        # a fresh mbarrier reads as if the phase before phase 0 had completed: the first
+        # STAGES waits (parity 1) return at once
+        mbarrier.wait(empty_bars.index(slot), ((t // STAGES) & 1) ^ 1)
+        kb = k_bars.index(slot)
+        vb = v_bars.index(slot)
+        mbarrier.expect(kb, k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [b, t * BLOCK_N, hk, 0], kb, k_smem.index(slot))
+        mbarrier.expect(vb, v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [b, t * BLOCK_N, hk, 0], vb, v_smem.index(slot))
+
+
+@gluon.jit
+def _ws_block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars,
+                   qk_scale, rows, seqlen_k, shift,
+                   s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+                   HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+    """Key block j >= 1 for one consumer warpgroup: as _block_step, but the slot of block
+    j-1 is handed back to the loader by an mbarrier arrive (no CTA barrier, no TMA here)."""
+    slot = j % STAGES
+    mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+    k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout)
+    s_tok = warpgroup_mma(q_smem, k_t, s_zero, use_acc=False, is_async=True)
+    prev = j - 1
+    pslot = prev % STAGES
+    mbarrier.wait(v_bars.index(pslot), (prev // STAGES) & 1)
+    v_prev = v_smem.index(pslot).reshape([BLOCK_N, HEAD_DIM])
+    o_tok = warpgroup_mma(p, v_prev, o, is_async=True)
+    s = warpgroup_mma_wait(1, deps=(s_tok, q_smem, k_t))[0]
+    p_new, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, seqlen_k,
+                                           shift, s_layout, BLOCK_N, CAUSAL, MASKED)
+    # the basic-block boundary of _block_step: keeps the wait below after the exponentials
+    mbarrier.wait(q_bar, 0)
+    o = warpgroup_mma_wait(0, deps=(o_tok, p, v_prev))[0]
+    # PV_{j-1} (the slot's last reader in this warpgroup) has retired: release the slot
+    mbarrier.arrive(empty_bars.index(pslot), count=1)
+    o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+    p = gl.convert_layout(p_new.to(q_smem.dtype), p_layout)
+    return o, p, m_i, l_i
+
+
+@gluon.jit
+def _ws_consumer(WG: gl.constexpr, o_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
+                 empty_bars, LSE, slb, slh, b, h, m0, seqlen_q, seqlen_k, n_tiles, qk_scale,
+                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """One consumer warpgroup (partition of 4 warps): query rows m0 + WG*HALF_M + [0, HALF_M)
+    against every key block of the CTA's range, then its own epilogue (output through its half
+    of the Q buffer and a TMA store, lse)."""
+    HALF_M: gl.constexpr = o_desc.block_type.shape[1]
+    HEAD_DIM: gl.constexpr = o_desc.block_type.shape[3]
+    dtype: gl.constexpr = o_desc.dtype
+    NW: gl.constexpr = gl.num_warps()
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    q4 = q_smem.index(WG)
+    q_half = q4.reshape([HALF_M, HEAD_DIM])
+    mh = m0 + WG * HALF_M
+    # every warpgroup runs the CTA's n_tiles key blocks (it arrives on each slot once), but
+    # leaves the mask arithmetic out of the blocks fully visible to its own first row
+    shift = seqlen_k - seqlen_q
+    if CAUSAL:
+        full_end = gl.minimum(gl.maximum(mh + shift + 1, 0), seqlen_k)
+    else:
+        full_end = seqlen_k
+    n_full = gl.minimum(full_end // BLOCK_N, n_tiles)
+
+    rows = mh + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))
+    m_i = gl.full([HALF_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([HALF_M], gl.float32, gl.SliceLayout(1, s_layout))
+    o = gl.zeros([HALF_M, HEAD_DIM], gl.float32, o_layout)
+
+    # ---- block 0 (masked)
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_bars.index(0), 0)
+    k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    s_tok = warpgroup_mma(q_half, k_t, gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout),
+                          use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s_tok, q_half, k_t))[0]
+    p0, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, seqlen_k, shift,
+                                        s_layout, BLOCK_N, CAUSAL, True)
+    p = gl.convert_layout(p0.to(dtype), p_layout)
+
+    for j in range(1, n_full):
+        o, p, m_i, l_i = _ws_block_step(j, o, p, m_i, l_i, q_half, k_smem, v_smem, q_bar,
+                                        k_bars, v_bars, empty_bars, qk_scale, rows, seqlen_k,
+                                        shift, s_layout, o_layout, p_layout, HALF_M, BLOCK_N,
+                                        HEAD_DIM, STAGES, CAUSAL, False)
+    for j in range(gl.maximum(n_full, 1), n_tiles):
+        o, p, m_i, l_i = _ws_block_step(j, o, p, m_i, l_i, q_half, k_smem, v_smem, q_bar,
+                                        k_bars, v_bars, empty_bars, qk_scale, rows, seqlen_k,
+                                        shift, s_layout, o_layout, p_layout, HALF_M, BLOCK_N,
+                                        HEAD_DIM, STAGES, CAUSAL, True)
+
+    # ---- last PV (nothing waits for its slot: the loader has issued its last block)
+    last = n_tiles - 1
+    lslot = last % STAGES
+    mbarrier.wait(v_bars.index(lslot), (last // STAGES) & 1)
+    v_last = v_smem.index(lslot).reshape([BLOCK_N, HEAD_DIM])
+    o_tok = warpgroup_mma(p, v_last, o, is_async=True)
+    o = warpgroup_mma_wait(0, deps=(o_tok, p, v_last))[0]
+
+    # ---- epilogue: this warpgroup's half of the Q buffer (only its own wgmmas read it)
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+    inv_l = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout))
+    out = (o * gl.expand_dims(inv_l, 1)).to(dtype)
+    gl.thread_barrier()  # every warp of the warpgroup is past its last wait
+    q_half.store(out)
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(o_desc, [b, mh, h, 0], q4)
+    lse_ptrs = LSE + b.to(gl.int64) * slb + h.to(gl.int64) * slh + rows
+    gl.store(lse_ptrs, lse, mask=rows < seqlen_q)
+    tma.store_wait(0)
+
+
+@gluon.jit(do_not_specialize=["slb", "slh", "seqlen_q", "seqlen_k", "H", "GROUP", "HEAD_GROUP"])
+def _attn_fwd_hopper_ws_kernel(
+    q_desc, k_desc, v_desc, o_desc, LSE, slb, slh,
+    seqlen_q, seqlen_k, H, GROUP, HEAD_GROUP, qk_scale,
+    CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+):
+    """As _attn_fwd_hopper_kernel (same arguments), warp-specialized: q_desc and o_desc have
+    blocks of HALF_M = BLOCK_M / 2 rows, one per consumer warpgroup. Launched with
+    num_warps = 4 (the default partition, consumer warpgroup 0); a second 4-warp partition is
+    consumer warpgroup 1 and a 1-warp partition the loader."""
+    HALF_M: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_M: gl.constexpr = 2 * HALF_M
+    dtype: gl.constexpr = q_desc.dtype
+    b, h, hk, m0 = _tile_origin(H, GROUP, HEAD_GROUP, BLOCK_M, CAUSAL)
+    shift = seqlen_k - seqlen_q
+    if CAUSAL:
+        hi = gl.minimum(gl.maximum(m0 + BLOCK_M + shift, 0), seqlen_k)
+    else:
+        hi = seqlen_k
+    n_tiles = gl.maximum((hi + BLOCK_N - 1) // BLOCK_N, 1)
+
+    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=2)  # one arrive per consumer warpgroup
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_ws_consumer, (0, o_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars,
+                        LSE, slb, slh, b, h, m0, seqlen_q, seqlen_k, n_tiles, qk_scale, CAUSAL,
+                        BLOCK_N, STAGES)),
+        (_ws_consumer, (1, o_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars,
+                        LSE, slb, slh, b, h, m0, seqlen_q, seqlen_k, n_tiles, qk_scale, CAUSAL,
+                        BLOCK_N, STAGES)),
+        (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
+                        empty_bars, b, h, hk, m0, n_tiles, BLOCK_N, STAGES)),
+    ], [4, 1], [WS_CONSUMER_REGS, WS_LOADER_REGS])
+
+
+
+# --------------------------------------------------------------------------------------------
 # Launcher
 # --------------------------------------------------------------------------------------------
 def _gl_dtype(dtype: torch.dtype):
@@ -401,8 +649,9 @@ def _descriptor(t: torch.Tensor, block_rows: int):
 
 def forward(q, k, v, causal=False, scale=None, config=None):
     """(out, lse) for inputs that :func:`supported` accepts; ``config`` a dict with BLOCK_N,
-    STAGES (and num_warps = 8) from :func:`configs`, default :func:`default_config`, and
-    optionally HEAD_GROUP (the tile order's section size)."""
+    STAGES (WS, num_warps, maxnreg) from :func:`configs`, default :func:`default_config`, and
+    optionally HEAD_GROUP (the tile order's section size). WS=True runs the warp-specialized
+    kernel."""
     reason = supported(q, k, v, causal)
     if reason is not None:
         raise ValueError(f"the Hopper attention forward does not apply: {reason}")
@@ -423,15 +672,23 @@ def forward(q, k, v, causal=False, scale=None, config=None):
     if head_group is None:
         head_group = fwd_head_group(sk, d, q.element_size(), hq // hk)
     head_group = max(1, min(int(head_group), batch * hq))
-    num_warps = cfg.pop("num_warps", NUM_WARPS)
+    ws = bool(cfg.pop("WS", False))
+    extra = {}
+    if ws:  # q and o tiles of one consumer warpgroup; the launch of config_dict
+        kernel, q_rows = _attn_fwd_hopper_ws_kernel, BLOCK_M // 2
+        num_warps = cfg.pop("num_warps", 4)
+        extra["maxnreg"] = cfg.pop("maxnreg", WS_MAXNREG)
+    else:
+        kernel, q_rows = _attn_fwd_hopper_kernel, BLOCK_M
+        num_warps = cfg.pop("num_warps", NUM_WARPS)
     grid = (batch * hq, triton.cdiv(sq, BLOCK_M))
-    C.launch(_attn_fwd_hopper_kernel, grid,
-             q_desc=_descriptor(q, BLOCK_M), k_desc=_descriptor(k, cfg["BLOCK_N"]),
-             v_desc=_descriptor(v, cfg["BLOCK_N"]), o_desc=_descriptor(out, BLOCK_M),
+    C.launch(kernel, grid,
+             q_desc=_descriptor(q, q_rows), k_desc=_descriptor(k, cfg["BLOCK_N"]),
+             v_desc=_descriptor(v, cfg["BLOCK_N"]), o_desc=_descriptor(out, q_rows),
              LSE=lse, slb=lse.stride(0), slh=lse.stride(1),
              seqlen_q=sq, seqlen_k=sk, H=hq, GROUP=hq // hk, HEAD_GROUP=head_group,
              qk_scale=scale * LOG2E, CAUSAL=bool(causal), BLOCK_N=cfg["BLOCK_N"],
-             STAGES=cfg["STAGES"], num_warps=num_warps)
+             STAGES=cfg["STAGES"], num_warps=num_warps, **extra)
     return out, lse
 
 
@@ -446,6 +703,9 @@ def compile_sm90(head_dim: int = 128, causal: bool = False, dtype: torch.dtype =
     from triton.experimental.gluon._runtime import GluonASTSource
 
     cfg = dict(default_config(head_dim) if config is None else config)
+    ws = bool(cfg.get("WS", False))
+    kernel = _attn_fwd_hopper_ws_kernel if ws else _attn_fwd_hopper_kernel
+    q_rows = BLOCK_M // 2 if ws else BLOCK_M
     tname = "bf16" if dtype == torch.bfloat16 else "fp16"
 
     def desc(rows):
@@ -453,8 +713,8 @@ def compile_sm90(head_dim: int = 128, causal: bool = False, dtype: torch.dtype =
         return f"tensordesc<{tname}[1, {rows}, 1, {head_dim}],{layout!r}>"
 
     signature = dict(
-        q_desc=desc(BLOCK_M), k_desc=desc(cfg["BLOCK_N"]), v_desc=desc(cfg["BLOCK_N"]),
-        o_desc=desc(BLOCK_M), LSE="*fp32", slb="i32", slh="i32", seqlen_q="i32",
+        q_desc=desc(q_rows), k_desc=desc(cfg["BLOCK_N"]), v_desc=desc(cfg["BLOCK_N"]),
+        o_desc=desc(q_rows), LSE="*fp32", slb="i32", slh="i32", seqlen_q="i32",
         seqlen_k="i32", H="i32", GROUP="i32", HEAD_GROUP="i32", qk_scale="fp32",
         CAUSAL="constexpr", BLOCK_N="constexpr", STAGES="constexpr",
     )
@@ -462,11 +722,13 @@ def compile_sm90(head_dim: int = 128, causal: bool = False, dtype: torch.dtype =
     constexprs = {(names.index("CAUSAL"),): bool(causal),
                   (names.index("BLOCK_N"),): cfg["BLOCK_N"],
                   (names.index("STAGES"),): cfg["STAGES"]}
-    src = GluonASTSource(_attn_fwd_hopper_kernel, signature, constexprs)
+    src = GluonASTSource(kernel, signature, constexprs)
+    options = dict(num_warps=cfg.get("num_warps", 4 if ws else NUM_WARPS))
+    if ws:
+        options["maxnreg"] = cfg.get("maxnreg", WS_MAXNREG)
     # under TRITON_INTERPRET=1 the combine functions of gl.max/gl.sum (triton.language's own
     # @jit helpers) are interpreter objects: compile against the real language
     from tkit.ir_tools.aot import _jit_language, _real_language
 
-    with _real_language(), _jit_language(_attn_fwd_hopper_kernel):
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=cfg.get("num_warps", NUM_WARPS)))
+    with _real_language(), _jit_language(kernel):
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
