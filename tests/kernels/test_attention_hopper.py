@@ -79,19 +79,21 @@ def test_supported_layouts_reach_the_device_check():
     assert AH._tma_strides(one) == [64, 64, 64, 1]
 
 
+def test_default_at_d128_is_warp_specialized():
+    assert AH.default_config(128).get("WS") is True  # measured fastest at D=128
+
+
 def test_configs_fit_shared_memory():
     for d in AH.HEAD_DIMS:
         cfgs = AH.configs(d)
         assert cfgs and AH.default_config(d) in cfgs
-        assert (AH.default_config(d)["BLOCK_N"], AH.default_config(d)["STAGES"]) == \
-            AH.DEFAULTS[d]  # the measured best fits
+        assert AH._cfg_key(AH.default_config(d)) == AH._cfg_key(AH.DEFAULTS[d])  # it fits
         assert all(AH._smem_bytes(c["BLOCK_N"], c["STAGES"], d, ws=c.get("WS", False))
                    <= AH.SMEM_LIMIT for c in cfgs)
-        # the warp-specialized configs are offered, but not the default until measured
         ws = AH.configs(d, ws=True)
         assert ws and all(c["WS"] and c["num_warps"] == 4 and c["maxnreg"] == AH.WS_MAXNREG
                           for c in ws)
-        assert not AH.default_config(d).get("WS", False)
+        assert AH.default_config(d).get("WS", False) == AH._cfg_key(AH.DEFAULTS[d])[2]
         assert len(cfgs) == len(AH.configs(d, ws=False)) + len(ws)
     # the empty barriers and the partitions' shared state are counted
     assert AH._smem_bytes(128, 3, 128, ws=True) > AH._smem_bytes(128, 3, 128)
@@ -169,10 +171,16 @@ def compiled(tmp_path_factory):
     return get
 
 
+def _plain(d):
+    """The one-partition kernel at the default tile of head dim ``d``."""
+    return AH.config_dict(*AH.DEFAULTS[d][:2], False)
+
+
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_compiled_schedule(compiled, d, causal):
-    k, sass, usage = compiled(d, causal)
+    """The one-partition schedule (the warp-specialized one: further below)."""
+    k, sass, usage = compiled(d, causal, torch.bfloat16, _plain(d))
     ptx = k.asm["ptx"]
     assert "wgmma.mma_async" in ptx
     loops = [b for b in _loop_bodies(ptx) if "wgmma.mma_async" in b]
@@ -190,7 +198,7 @@ def test_compiled_schedule(compiled, d, causal):
     assert "HGMMA" in sass and "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass
     # and in the SASS, after ptxas's scheduling, every exponential of the tile (BLOCK_N / 2 a
     # thread, plus the rescale factors) still sits between the two waits
-    block_n = AH.default_config(d)["BLOCK_N"]
+    block_n = _plain(d)["BLOCK_N"]
     between = _ex2_between_waits(sass)
     assert len(between) == 2 and all(n >= block_n // 2 for n in between), between
     assert "UTMALDG" in sass
@@ -269,8 +277,8 @@ def test_warp_specialized_has_fewer_barriers_in_the_key_loop(compiled):
     warpgroups (bar.sync 0: every thread of the CTA); the WS kernel two over its own 128
     threads."""
     for d in (64, 128):
-        k0, _, _ = compiled(d, False)
-        k1, _, _ = compiled(d, False, torch.bfloat16, AH.config_dict(*AH.DEFAULTS[d], True))
+        k0, _, _ = compiled(d, False, torch.bfloat16, _plain(d))
+        k1, _, _ = compiled(d, False, torch.bfloat16, AH.config_dict(*AH.DEFAULTS[d][:2], True))
         base = [_bar_syncs(b) for b in _inner_wgmma_loops(k0.asm["ptx"])]
         ws = [_bar_syncs(b) for b in _inner_wgmma_loops(k1.asm["ptx"])]
         assert base and all(len(b) == 3 and all(re.fullmatch(r"bar\.sync\s+0;", x) for x in b)
@@ -292,14 +300,15 @@ def _ref(causal):
     return ref
 
 
-# the default schedule (None: default_config) and the warp-specialized one at its default
-# tile, for the tests below that do not sweep every config
-SCHEDULES = [pytest.param(None, id="default"),
+# both schedules (one partition; warp-specialized) at the default tile of the head dim, for the
+# tests below that do not sweep every config (the default config itself is what
+# tkit.flash_attention launches: tests/kernels/test_attention.py)
+SCHEDULES = [pytest.param(False, id="plain"),
              pytest.param(True, id="ws")]
 
 
 def _schedule_config(ws, d):
-    return None if ws is None else AH.config_dict(*AH.DEFAULTS[d], True)
+    return AH.config_dict(*AH.DEFAULTS[d][:2], ws)
 
 
 @pytest.mark.gpu

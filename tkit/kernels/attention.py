@@ -820,8 +820,9 @@ def _check_cu(cu, name, batch_hint=None):
 #: Forward cases (head_dim, causal) that go to the Gluon kernel of
 #: :mod:`tkit.kernels.attention_hopper` on sm_90 when it supports the inputs: where it measured
 #: faster than this module's autotuned Triton kernel (H200, B=4 H=16 S=4096 bf16, 3 interleaved
-#: rounds, 2026-11-30, TFLOP/s Gluon / Triton): D=128 499.4 / 475.7 non-causal and 455.0 /
-#: 413.3 causal; D=64 causal 375.2 / 362.4. D=64 non-causal stays here (411.2 / 424.5).
+#: rounds, 2026-11-30, TFLOP/s Gluon / Triton): D=128, warp-specialized, 580.6 / 479.1
+#: non-causal and 569.8 / 426.4 causal; D=64 causal (not warp-specialized) 375.2 / 362.4.
+#: D=64 non-causal stays here (411.2 / 424.5).
 #: Set ``HOPPER_FWD_CASES = frozenset()`` to keep every forward on the Triton kernel.
 HOPPER_FWD_CASES = frozenset({(128, False), (128, True), (64, True)})
 
@@ -851,7 +852,11 @@ def fwd_backend(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0) -> str
     reason = attention_hopper.supported(q, k, v, causal, window_size, softcap)
     if reason is not None:
         return f"triton ({reason})"
-    return "gluon (sm_90 wgmma overlapped with the softmax)"
+    from tkit.kernels.attention_hopper import default_config
+
+    ws = default_config(q.shape[-1], q.element_size()).get("WS", False)
+    return ("gluon (sm_90, wgmma overlapped with the softmax"
+            + (", warp-specialized TMA loader)" if ws else ")"))
 
 
 def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,

@@ -91,13 +91,15 @@ SMEM_LIMIT = 232448
 # 433.6, n128 s2 447.4 / 398.5, n64 s3 446.4 / 430.5, n64 s6 445.4 / 425.8 (tkit's Triton
 # forward 475.7 / 413.3 at its best tile, SDPA flash 347.9 / 303.0, cuDNN 586.7 / 519.6 in the
 # same rounds); D=64: n64 s4 411.2 / 375.2, n128 s3 340.3 / 304.8 (Triton 424.5 / 362.4).
-# ``DEFAULTS`` holds the best per head dim. The warp-specialized configs (third entry True)
-# are not measured yet.
+# Warp-specialized (third entry True), a later run (h200-2026-11-30-l, 3 rounds, D=128):
+# n128 s3 ws 580.6 / 569.8, n64 s4 ws 516.1 / 485.5, n128 s2 ws 447.8 / 395.4, beside n128 s3
+# 499.9 / 455.0, Triton 479.1 / 426.4, SDPA flash 341.3 / 304.3 and cuDNN 587.2 / 505.8 in
+# the same rounds. ``DEFAULTS`` holds the best per head dim (D=64: WS not measured yet).
 CONFIGS = [
     (128, 3), (128, 2), (64, 4), (64, 3), (64, 6), (128, 4),
     (128, 3, True), (128, 2, True), (64, 4, True), (64, 6, True),
 ]
-DEFAULTS = {128: (128, 3), 64: (64, 4)}
+DEFAULTS = {128: (128, 3, True), 64: (64, 4)}
 
 # Warp-specialized launch: 4 warps (consumer warpgroup 0, the default partition) + 4 (consumer
 # warpgroup 1) + 1 (loader) = 9 warps, 3 warpgroups once rounded. Registers are allotted per
