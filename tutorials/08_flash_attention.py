@@ -234,10 +234,17 @@ def test_compiler_facts_on_sm90():
 # in the same rounds. `tkit.flash_attention` dispatches to it on sm_90 at head_dim 128 (and 64
 # causal); through the public function, three later rounds gave 520 / 477 / 461 non-causal
 # and 464 / 437 / 426 causal (`h200-2026-11-30-j-attention-quick.log`): the machine's power
-# and clocks move the figures by ~10% between rounds, cuDNN's by ~1%. What is left to cuDNN:
-# both warpgroups still meet at a CTA barrier every key block (the TMA ring is refilled by one
-# thread for both), so their softmaxes coincide; FlashAttention-3 gives the loads to a
-# producer warp and staggers the two warpgroups (ping-pong).
+# and clocks move the figures by ~10% between rounds, cuDNN's by ~1%.
+#
+# That kernel's two warpgroups still met at a CTA barrier every key block (one thread refilled
+# the TMA ring for both), so their softmaxes coincided. Giving the loads to a one-warp loader
+# partition (`gl.warp_specialize`, FlashAttention-3's producer), with each consumer warpgroup
+# releasing a ring slot through an mbarrier arrive once its wgmmas are retired, leaves each
+# warpgroup only its own 128-thread barriers: 580.6 / 569.8 TFLOP/s (non-causal / causal)
+# against 499.9 / 455.0 without the loader and 587.2 / 505.8 for cuDNN, same rounds
+# (`h200-2026-11-30-l-*`). It is `tkit.flash_attention`'s forward at head_dim 128 on sm_90;
+# through the public function, medians of 3 rounds: 582.2 / 535.8, 1.65x / 1.79x SDPA's flash
+# backend and 0.87x / 0.92x cuDNN (`h200-2026-11-30-m-attention-quick.log`).
 
 
 def test_gluon_kernel_keeps_one_wgmma_group_in_flight():
