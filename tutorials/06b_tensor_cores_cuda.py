@@ -363,6 +363,13 @@ def test_mbarrier_protocol():
 # reaches the tensor cores' peak. What moved the hand-written kernels: for mma.sync, the tile
 # (128x128 -> 256x128 per CTA: 0.43x -> 0.59x), for wgmma, getting the epilogue off the
 # critical path (registers -> shared -> TMA store: 0.95x -> 1.02x at 4096^3).
+#
+# A third mma.sync GEMM, written with CuTe's sm80 building blocks (`csrc/gemm_cute_sm80.cu`:
+# a TiledMMA over the 16x8x16 bf16 atom, ldmatrix and cp.async copy atoms, swizzled shared
+# tiles; 7 tile builds), settled the question in a later run
+# (`h200-2026-11-30-i-cute-sm80.json`, 3 rounds): its best build 464 / 460 TFLOP/s = 0.604x /
+# 0.582x cuBLAS (769 / 790 TFLOP/s that run), the hand-written kernel 0.560x / 0.530x beside it.
+# Three implementations, one a library's own building blocks, all stop at 0.5-0.6x.
 
 
 # %%
