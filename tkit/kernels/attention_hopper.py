@@ -272,16 +272,18 @@ def _softmax_step(s, m_i, l_i, qk_scale, n0, rows, seqlen_k, shift,
 
 
 @gluon.jit
-def _block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_desc, v_desc,
-                qk_scale, rows, seqlen_k, shift, b, hk, n_tiles,
-                s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
-    """Key block j >= 1: S_j issued, PV_{j-1} issued, softmax of S_j under PV_{j-1}."""
+def _overlapped_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
+                     qk_scale, rows, seqlen_k, shift,
+                     s_layout: gl.constexpr, ROWS_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                     MASKED: gl.constexpr):
+    """Key block j >= 1, the part both schedules share: S_j issued, PV_{j-1} issued, the
+    softmax of S_j under PV_{j-1}, then PV_{j-1} retired. Returns (o, p_j unconverted, m, l,
+    alpha, the ring slot of block j-1, now free of this warpgroup's readers)."""
     slot = j % STAGES
     mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
     k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    s_zero = gl.zeros([ROWS_M, BLOCK_N], gl.float32, s_layout)
     s_tok = warpgroup_mma(q_smem, k_t, s_zero, use_acc=False, is_async=True)
     prev = j - 1
     pslot = prev % STAGES
@@ -296,11 +298,32 @@ def _block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars
     # exponentials, and they no longer overlap the PV wgmma
     mbarrier.wait(q_bar, 0)
     o = warpgroup_mma_wait(0, deps=(o_tok, p, v_prev))[0]
+    return o, p_new, m_i, l_i, alpha, pslot
+
+
+@gluon.jit
+def _rescale(o, p_new, alpha, o_layout: gl.constexpr, p_layout: gl.constexpr,
+             dtype: gl.constexpr):
+    """O *= alpha_j; P_j in the wgmma A-operand register layout."""
     o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-    p = gl.convert_layout(p_new.to(q_smem.dtype), p_layout)
+    return o, gl.convert_layout(p_new.to(dtype), p_layout)
+
+
+@gluon.jit
+def _block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_desc, v_desc,
+                qk_scale, rows, seqlen_k, shift, b, hk, n_tiles,
+                s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+    """Key block j >= 1 of the one-partition kernel: the overlapped step, then the ring slot
+    of block j-1 refilled by TMA."""
+    o, p_new, m_i, l_i, alpha, pslot = _overlapped_step(
+        j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, qk_scale, rows,
+        seqlen_k, shift, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, MASKED)
+    o, p = _rescale(o, p_new, alpha, o_layout, p_layout, q_smem.dtype)
     # refill slot pslot once both warpgroups are past the wgmmas that read it (the CTA barrier
     # inside _issue_kv)
-    _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, prev + STAGES, b, hk, n_tiles,
+    _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j - 1 + STAGES, b, hk, n_tiles,
               BLOCK_N, STAGES)
     return o, p, m_i, l_i
 
@@ -476,28 +499,14 @@ def _ws_block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars, v_b
                    s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
                    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
-    """Key block j >= 1 for one consumer warpgroup: as _block_step, but the slot of block
-    j-1 is handed back to the loader by an mbarrier arrive (no CTA barrier, no TMA here)."""
-    slot = j % STAGES
-    mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-    k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-    s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout)
-    s_tok = warpgroup_mma(q_smem, k_t, s_zero, use_acc=False, is_async=True)
-    prev = j - 1
-    pslot = prev % STAGES
-    mbarrier.wait(v_bars.index(pslot), (prev // STAGES) & 1)
-    v_prev = v_smem.index(pslot).reshape([BLOCK_N, HEAD_DIM])
-    o_tok = warpgroup_mma(p, v_prev, o, is_async=True)
-    s = warpgroup_mma_wait(1, deps=(s_tok, q_smem, k_t))[0]
-    p_new, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, seqlen_k,
-                                           shift, s_layout, BLOCK_N, CAUSAL, MASKED)
-    # the basic-block boundary of _block_step: keeps the wait below after the exponentials
-    mbarrier.wait(q_bar, 0)
-    o = warpgroup_mma_wait(0, deps=(o_tok, p, v_prev))[0]
+    """Key block j >= 1 for one consumer warpgroup: the overlapped step, then the slot of
+    block j-1 handed back to the loader by an mbarrier arrive (no CTA barrier, no TMA here)."""
+    o, p_new, m_i, l_i, alpha, pslot = _overlapped_step(
+        j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, qk_scale, rows,
+        seqlen_k, shift, s_layout, HALF_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, MASKED)
     # PV_{j-1} (the slot's last reader in this warpgroup) has retired: release the slot
     mbarrier.arrive(empty_bars.index(pslot), count=1)
-    o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-    p = gl.convert_layout(p_new.to(q_smem.dtype), p_layout)
+    o, p = _rescale(o, p_new, alpha, o_layout, p_layout, q_smem.dtype)
     return o, p, m_i, l_i
 
 
