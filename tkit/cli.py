@@ -61,6 +61,9 @@ def cmd_info(args) -> int:
     else:
         print("CUDA escape hatches:")
         _print_nested(st if isinstance(st, dict) else {"status": st}, indent=2)
+    from tkit.kernels.attention import hopper_status
+
+    print(f"flash_attention forward: {hopper_status()}")
     print("ops:")
     for spec in registry.all_specs():
         where = "CUDA through cupy (see above)" if spec.family == "cuda_ext" else path

@@ -93,6 +93,10 @@ def test_cli_info_runs(capsys):
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
     assert "silu_mul" in out and "torch" in out
+    # which attention forward runs here, and why
+    assert "flash_attention forward: " in out
+    if not torch.cuda.is_available():
+        assert "needs an sm_90 GPU; none here" in out
 
 
 @pytest.mark.gpu

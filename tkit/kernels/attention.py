@@ -840,6 +840,23 @@ def _hopper_forward(q, k, v, causal, window, softcap):
     return attention_hopper
 
 
+def hopper_status(device=None) -> str:
+    """Whether this machine's flash_attention forward can take the Gluon Hopper kernel, and
+    for which cases (``tkit info`` prints it)."""
+    cases = ", ".join(f"D={d}{' causal' if c else ''}" for d, c in sorted(HOPPER_FWD_CASES))
+    try:
+        from tkit.kernels import attention_hopper  # noqa: F401
+    except ImportError as e:
+        return f"Triton kernel only (Gluon unavailable: {e})"
+    if not torch.cuda.is_available():
+        return f"Triton kernel (the Gluon kernel for {cases} needs an sm_90 GPU; none here)"
+    cap = torch.cuda.get_device_capability(device)
+    if tuple(cap) != (9, 0):
+        return f"Triton kernel (the Gluon kernel needs sm_90; this GPU is sm_{cap[0]}{cap[1]})"
+    return (f"Gluon sm_90 kernel for {cases} with 16-bit TMA-able inputs and no window, "
+            "softcap or varlen; the Triton kernel for the rest")
+
+
 def fwd_backend(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0) -> str:
     """Which forward kernel ``flash_attention`` launches for these inputs, and why:
     "gluon (sm_90, ...)" or "triton (...)"."""
