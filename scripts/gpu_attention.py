@@ -472,6 +472,12 @@ def print_table(ceiling):
               f"{r['median_ms']:8.3f} {r['tflops']:7.1f} {pct:>6s} {xf:>7s} {xc:>7s}")
 
 
+def _git_sha() -> str:
+    from tkit.bench.runner import git_sha
+
+    return git_sha()
+
+
 def main():
     sections = [a for a in sys.argv[1:] if not a.startswith("-")] or [
         "main", "head_dims", "extras", "sweep", "varlen"]
@@ -533,7 +539,7 @@ def main():
     path = os.path.join(out, "gpu_attention.json")
     meta = dict(device=torch.cuda.get_device_name() if not DRY else "cpu (dry run)",
                 torch=torch.__version__, triton=triton.__version__, gemm_ceiling=ceiling,
-                seconds=time.time() - T0)
+                seconds=time.time() - T0, git_sha=_git_sha())
     with open(path, "w") as f:
         json.dump(dict(meta=meta, rows=ROWS), f, indent=1, default=str)
     print(f"wrote {path} ({len(ROWS)} rows) in {time.time() - T0:.0f} s")

@@ -116,9 +116,19 @@ def summary(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _git_head() -> str:
+    """The checkout's commit (git is called directly: this parent never imports tkit/torch)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=5).stdout.strip()
+    except Exception:
+        return "?"
+
+
 def write_json() -> None:
     rows = read_rows()
-    meta = dict(elapsed_s=time.time() - T0, dry=DRY)
+    meta = dict(elapsed_s=time.time() - T0, dry=DRY,
+                git_sha=os.environ.get("TKIT_GIT_SHA") or _git_head())
     try:  # versions from a child (the parent never imports torch: no CUDA context there)
         if "torch" not in sys.modules:
             raise ImportError

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -148,11 +147,9 @@ def flops(b, h, s, d, causal):
 
 
 def git_sha() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except Exception:
-        return "?"
+    from tkit.bench.runner import git_sha as sha
+
+    return sha()
 
 
 def sdpa(backend_name):

@@ -275,8 +275,9 @@ def main():
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                 status=json.loads(json.dumps(dict(cx.status()), default=str)))
     try:
-        meta["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
-                                     capture_output=True, text=True).stdout.strip()
+        from tkit.bench.runner import git_sha
+
+        meta["git"] = git_sha()
     except Exception:
         pass
     print(cx.status())

@@ -381,8 +381,9 @@ def main():
         import triton
 
         meta["triton"] = triton.__version__
-        meta["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                     capture_output=True, text=True).stdout.strip()
+        from tkit.bench.runner import git_sha
+
+        meta["git"] = git_sha()
     except Exception:
         pass
     rows: list[dict] = []

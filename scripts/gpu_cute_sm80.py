@@ -310,9 +310,9 @@ def main():
         import triton
 
         meta["triton"] = triton.__version__
-        meta["git"] = os.environ.get("TKIT_GIT_SHA") or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-            text=True).stdout.strip()
+        from tkit.bench.runner import git_sha
+
+        meta["git"] = git_sha()
     except Exception:
         pass
     rows: list[dict] = []

@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -526,8 +525,9 @@ def main():
     out_dir = Path(os.environ.get("OUT", "./out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+        from tkit.bench.runner import git_sha
+
+        sha = git_sha()
     except Exception:
         sha = ""
     meta = dict(device=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu (interpreter)",

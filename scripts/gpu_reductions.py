@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -380,8 +379,9 @@ def main():
         sweep(CEIL, opts.budget, [s for s in opts.sweep_ops.split(",") if s])
         print(f"[{elapsed():.0f}s] sweep done", flush=True)
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                             text=True).stdout.strip()
+        from tkit.bench.runner import git_sha
+
+        sha = git_sha()
     except Exception:
         sha = ""
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,

@@ -34,7 +34,7 @@ def environment() -> dict:
         "python": platform.python_version(),
         "cuda": torch.version.cuda,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "git_sha": _git_sha(),
+        "git_sha": git_sha(),
     }
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
@@ -43,7 +43,9 @@ def environment() -> dict:
     return env
 
 
-def _git_sha() -> str:
+def git_sha() -> str:
+    """The commit a measurement ran: TKIT_GIT_SHA when set (the GPU machine's copy of the tree
+    may carry a stale .git), else ``git rev-parse`` here (+dirty for uncommitted changes)."""
     if _env.GIT_SHA:  # set by the callers of scripts/gpu_*.sh: no .git on the GPU machine
         return _env.GIT_SHA
     try:
@@ -55,6 +57,9 @@ def _git_sha() -> str:
         return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else "?"
     except Exception:
         return "?"
+
+
+_git_sha = git_sha
 
 
 def plan_cases(specs: list[OpSpec], groups: list[str] | None = None, quick: bool = False):
