@@ -827,17 +827,19 @@ def _check_cu(cu, name, batch_hint=None):
 HOPPER_FWD_CASES = frozenset({(128, False), (128, True), (64, True)})
 
 
-def _hopper_forward(q, k, v, causal, window, softcap):
-    """The attention_hopper module when its forward takes these inputs, else None."""
-    if (q.shape[-1], bool(causal)) not in HOPPER_FWD_CASES or q.device.type != "cuda":
-        return None
+def _hopper_choice(q, k, v, causal, window, softcap):
+    """(the attention_hopper module, None) when its forward takes these inputs, else (None,
+    the reason it does not)."""
+    if (q.shape[-1], bool(causal)) not in HOPPER_FWD_CASES:
+        return None, f"head_dim {q.shape[-1]}, causal={bool(causal)} not in HOPPER_FWD_CASES"
+    if q.device.type != "cuda":
+        return None, "not on a CUDA device"
     try:
         from tkit.kernels import attention_hopper
-    except ImportError:  # a Triton without Gluon's Hopper API: the Triton kernel serves
-        return None
-    if attention_hopper.supported(q, k, v, causal, window, softcap) is not None:
-        return None
-    return attention_hopper
+    except ImportError as e:  # a Triton without Gluon's Hopper API: the Triton kernel serves
+        return None, f"Gluon unavailable: {e}"
+    reason = attention_hopper.supported(q, k, v, causal, window, softcap)
+    return (attention_hopper, None) if reason is None else (None, reason)
 
 
 def hopper_status(device=None) -> str:
@@ -860,18 +862,10 @@ def hopper_status(device=None) -> str:
 def fwd_backend(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0) -> str:
     """Which forward kernel ``flash_attention`` launches for these inputs, and why:
     "gluon (sm_90, ...)" or "triton (...)"."""
-    if (q.shape[-1], bool(causal)) not in HOPPER_FWD_CASES:
-        return f"triton (head_dim {q.shape[-1]}, causal={bool(causal)} not in HOPPER_FWD_CASES)"
-    try:
-        from tkit.kernels import attention_hopper
-    except ImportError as e:
-        return f"triton (Gluon unavailable: {e})"
-    reason = attention_hopper.supported(q, k, v, causal, window_size, softcap)
-    if reason is not None:
+    hopper, reason = _hopper_choice(q, k, v, causal, window_size, softcap)
+    if hopper is None:
         return f"triton ({reason})"
-    from tkit.kernels.attention_hopper import default_config
-
-    ws = default_config(q.shape[-1], q.element_size()).get("WS", False)
+    ws = hopper.default_config(q.shape[-1], q.element_size()).get("WS", False)
     return ("gluon (sm_90, wgmma overlapped with the softmax"
             + (", warp-specialized TMA loader)" if ws else ")"))
 
@@ -886,7 +880,7 @@ def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
     :func:`fwd_head_group`."""
     varlen = cu_q is not None
     if config is None and not varlen:
-        hopper = _hopper_forward(q, k, v, causal, (wl, wr), softcap)
+        hopper, _ = _hopper_choice(q, k, v, causal, (wl, wr), softcap)
         if hopper is not None:
             return hopper.forward(q, k, v, causal, scale)
     hq, hk, d = q.shape[-2], k.shape[-2], q.shape[-1]
