@@ -329,6 +329,55 @@ def _block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars
 
 
 @gluon.jit
+def _first_block(q_smem, k_smem, q_bar, k_bars, m_i, l_i, qk_scale, rows, seqlen_k, shift,
+                 s_layout: gl.constexpr, p_layout: gl.constexpr, ROWS_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr):
+    """Key block 0: S_0 and its softmax (masked: it may be a diagonal or ragged block), P_0 in
+    the wgmma A-operand layout."""
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_bars.index(0), 0)
+    k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    s_tok = warpgroup_mma(q_smem, k_t, gl.zeros([ROWS_M, BLOCK_N], gl.float32, s_layout),
+                          use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s_tok, q_smem, k_t))[0]
+    p0, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, seqlen_k, shift,
+                                        s_layout, BLOCK_N, CAUSAL, True)
+    return gl.convert_layout(p0.to(q_smem.dtype), p_layout), m_i, l_i
+
+
+@gluon.jit
+def _last_pv(o, p, v_smem, v_bars, n_tiles, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+             STAGES: gl.constexpr):
+    """O += P V of the last key block, waited for."""
+    last = n_tiles - 1
+    lslot = last % STAGES
+    mbarrier.wait(v_bars.index(lslot), (last // STAGES) & 1)
+    v_last = v_smem.index(lslot).reshape([BLOCK_N, HEAD_DIM])
+    o_tok = warpgroup_mma(p, v_last, o, is_async=True)
+    return warpgroup_mma_wait(0, deps=(o_tok, p, v_last))[0]
+
+
+@gluon.jit
+def _epilogue(o, m_i, l_i, rows, out_smem, out_smem4, o_desc, LSE, slb, slh, b, h, row0,
+              seqlen_q, o_layout: gl.constexpr):
+    """O / l stored through ``out_smem`` (the Q buffer, once every wgmma reading it has
+    retired) and a TMA store at row ``row0``; lse in natural log (-inf for empty rows)."""
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+    inv_l = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout))
+    out = (o * gl.expand_dims(inv_l, 1)).to(out_smem.dtype)
+    gl.thread_barrier()  # every warp is past its last wait: the Q buffer is free
+    out_smem.store(out)
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(o_desc, [b, row0, h, 0], out_smem4)
+    lse_ptrs = LSE + b.to(gl.int64) * slb + h.to(gl.int64) * slh + rows
+    gl.store(lse_ptrs, lse, mask=rows < seqlen_q)
+    tma.store_wait(0)
+
+
+@gluon.jit
 def _tile_origin(H, GROUP, HEAD_GROUP, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
     """(batch, query head, key/value head, first query row) of this program. Tile order:
     sections of HEAD_GROUP (batch, head) pairs; causal: the last query blocks first."""
@@ -415,15 +464,9 @@ def _attn_fwd_hopper_kernel(
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
 
     # ---- block 0: S_0 and its softmax (masked: it may be a diagonal or ragged block)
-    mbarrier.wait(q_bar, 0)
-    mbarrier.wait(k_bars.index(0), 0)
-    k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-    s_tok = warpgroup_mma(q_smem, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
-                          use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=(s_tok, q_smem, k_t))[0]
-    p0, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, seqlen_k, shift,
-                                        s_layout, BLOCK_N, CAUSAL, True)
-    p = gl.convert_layout(p0.to(dtype), p_layout)
+    p, m_i, l_i = _first_block(q_smem, k_smem, q_bar, k_bars, m_i, l_i, qk_scale, rows,
+                               seqlen_k, shift, s_layout, p_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
+                               CAUSAL)
 
     # ---- blocks 1..: fully visible ones without masks, then the masked ones
     for j in range(1, n_full):
@@ -439,28 +482,10 @@ def _attn_fwd_hopper_kernel(
                                      n_tiles, s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N,
                                      HEAD_DIM, STAGES, CAUSAL, True)
 
-    # ---- last PV
-    last = n_tiles - 1
-    lslot = last % STAGES
-    mbarrier.wait(v_bars.index(lslot), (last // STAGES) & 1)
-    v_last = v_smem.index(lslot).reshape([BLOCK_N, HEAD_DIM])
-    o_tok = warpgroup_mma(p, v_last, o, is_async=True)
-    o = warpgroup_mma_wait(0, deps=(o_tok, p, v_last))[0]
-
-    # ---- epilogue: O / l through the Q buffer and a TMA store; lse in natural log
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
-    inv_l = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout))
-    out = (o * gl.expand_dims(inv_l, 1)).to(dtype)
-    gl.thread_barrier()  # every warpgroup's last wgmma reading Q has retired
-    q_smem.store(out)
-    fence_async_shared()
-    gl.thread_barrier()
-    tma.async_copy_shared_to_global(o_desc, [b, m0, h, 0], q_smem4)
-    lse_ptrs = LSE + b.to(gl.int64) * slb + h.to(gl.int64) * slh + rows
-    gl.store(lse_ptrs, lse, mask=rows < seqlen_q)
-    tma.store_wait(0)
+    # ---- last PV, then O / l through the Q buffer and a TMA store; lse in natural log
+    o = _last_pv(o, p, v_smem, v_bars, n_tiles, BLOCK_N, HEAD_DIM, STAGES)
+    _epilogue(o, m_i, l_i, rows, q_smem, q_smem4, o_desc, LSE, slb, slh, b, h, m0, seqlen_q,
+              o_layout)
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
@@ -519,7 +544,6 @@ def _ws_consumer(WG: gl.constexpr, o_desc, q_smem, k_smem, v_smem, q_bar, k_bars
     of the Q buffer and a TMA store, lse)."""
     HALF_M: gl.constexpr = o_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = o_desc.block_type.shape[3]
-    dtype: gl.constexpr = o_desc.dtype
     NW: gl.constexpr = gl.num_warps()
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16])
@@ -545,15 +569,9 @@ def _ws_consumer(WG: gl.constexpr, o_desc, q_smem, k_smem, v_smem, q_bar, k_bars
     o = gl.zeros([HALF_M, HEAD_DIM], gl.float32, o_layout)
 
     # ---- block 0 (masked)
-    mbarrier.wait(q_bar, 0)
-    mbarrier.wait(k_bars.index(0), 0)
-    k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-    s_tok = warpgroup_mma(q_half, k_t, gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout),
-                          use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=(s_tok, q_half, k_t))[0]
-    p0, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, seqlen_k, shift,
-                                        s_layout, BLOCK_N, CAUSAL, True)
-    p = gl.convert_layout(p0.to(dtype), p_layout)
+    p, m_i, l_i = _first_block(q_half, k_smem, q_bar, k_bars, m_i, l_i, qk_scale, rows,
+                               seqlen_k, shift, s_layout, p_layout, HALF_M, BLOCK_N, HEAD_DIM,
+                               CAUSAL)
 
     for j in range(1, n_full):
         o, p, m_i, l_i = _ws_block_step(j, o, p, m_i, l_i, q_half, k_smem, v_smem, q_bar,
@@ -566,28 +584,11 @@ def _ws_consumer(WG: gl.constexpr, o_desc, q_smem, k_smem, v_smem, q_bar, k_bars
                                         shift, s_layout, o_layout, p_layout, HALF_M, BLOCK_N,
                                         HEAD_DIM, STAGES, CAUSAL, True)
 
-    # ---- last PV (nothing waits for its slot: the loader has issued its last block)
-    last = n_tiles - 1
-    lslot = last % STAGES
-    mbarrier.wait(v_bars.index(lslot), (last // STAGES) & 1)
-    v_last = v_smem.index(lslot).reshape([BLOCK_N, HEAD_DIM])
-    o_tok = warpgroup_mma(p, v_last, o, is_async=True)
-    o = warpgroup_mma_wait(0, deps=(o_tok, p, v_last))[0]
-
-    # ---- epilogue: this warpgroup's half of the Q buffer (only its own wgmmas read it)
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
-    inv_l = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout))
-    out = (o * gl.expand_dims(inv_l, 1)).to(dtype)
-    gl.thread_barrier()  # every warp of the warpgroup is past its last wait
-    q_half.store(out)
-    fence_async_shared()
-    gl.thread_barrier()
-    tma.async_copy_shared_to_global(o_desc, [b, mh, h, 0], q4)
-    lse_ptrs = LSE + b.to(gl.int64) * slb + h.to(gl.int64) * slh + rows
-    gl.store(lse_ptrs, lse, mask=rows < seqlen_q)
-    tma.store_wait(0)
+    # ---- last PV (nothing waits for its slot: the loader has issued its last block), then
+    # the epilogue through this warpgroup's half of the Q buffer (only its own wgmmas read it)
+    o = _last_pv(o, p, v_smem, v_bars, n_tiles, BLOCK_N, HEAD_DIM, STAGES)
+    _epilogue(o, m_i, l_i, rows, q_half, q4, o_desc, LSE, slb, slh, b, h, mh, seqlen_q,
+              o_layout)
 
 
 @gluon.jit(do_not_specialize=["slb", "slh", "seqlen_q", "seqlen_k", "H", "GROUP", "HEAD_GROUP"])
