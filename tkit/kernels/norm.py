@@ -569,7 +569,7 @@ def _fwd_config(N: int, itemsize: int, is_rms: bool = True,
                   and 8192 <= block_n * itemsize <= 16384):
                 rows, warps = 2, max(4, warps // 2)
         return block_n, rows, warps, True
-    return _fwd_loop_chunk(), 1, 4 if _env.INTERPRET else 16, False
+    return _fwd_loop_chunk(), 1, 4 if _env.INTERPRET else OVERRIDE.get("norm_loop_warps", 16), False
 
 
 def _fwd_persist(tile_bytes: int, warps: int) -> bool:

@@ -1,0 +1,227 @@
+"""Decide close calls of the reduction sweep: interleaved rounds, medians, and what
+torch.compile's kernels are.
+
+    python scripts/gpu_norm_focus.py --cases rms_norm:8192,layer_norm:16384 --rounds 5
+
+For each (op, N) of the 256 MiB sweep (``registry`` bench cases "sweep N=..."): tkit's default,
+torch.compile, Liger-Kernel (when importable) and tkit variants (config overrides) are timed in
+``--rounds`` rounds, the provider order rotated every round, and the median of the round
+medians is reported. torch.compile's generated Triton kernels for the case are saved under
+$OUT/inductor/ with the config its autotuner chose (XBLOCK, R0_BLOCK, num_warps, ...), so a gap
+can be read off the kernel rather than guessed.
+
+Output: a table on stdout and $OUT/gpu_norm_focus.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_reductions import check, copy_ceiling, fwd_bytes, fwd_fns, make_case, override  # noqa: E402
+
+from tkit import registry  # noqa: E402
+
+LOOP = dict(norm_fwd_single_bytes=0)  # force the chunked loop path of the norm forward
+
+VARIANTS = {
+    "rms_norm": {
+        "loop c2k w4": dict(LOOP, norm_chunk=2048, norm_loop_warps=4),
+        "loop c2k w8": dict(LOOP, norm_chunk=2048, norm_loop_warps=8),
+        "loop c2k w16": dict(LOOP, norm_chunk=2048, norm_loop_warps=16),
+        "loop c4k w8": dict(LOOP, norm_chunk=4096, norm_loop_warps=8),
+        "loop c4k w16": dict(LOOP, norm_chunk=4096, norm_loop_warps=16),
+        "loop c8k w16": dict(LOOP, norm_chunk=8192, norm_loop_warps=16),
+        "rows1 w8": dict(rows=1, num_warps=8),
+        "rows1 w16": dict(rows=1, num_warps=16),
+    },
+    "layer_norm": {
+        "loop c2k w8": dict(LOOP, norm_chunk=2048, norm_loop_warps=8),
+        "loop c2k w16": dict(LOOP, norm_chunk=2048, norm_loop_warps=16),
+        "loop c4k w8": dict(LOOP, norm_chunk=4096, norm_loop_warps=8),
+        "loop c4k w16": dict(LOOP, norm_chunk=4096, norm_loop_warps=16),
+        "loop c8k w16": dict(LOOP, norm_chunk=8192, norm_loop_warps=16),
+        "rows2 w4": dict(rows=2, num_warps=4),
+        "rows4 w4": dict(rows=4, num_warps=4),
+        "rows4 w8": dict(rows=4, num_warps=8),
+    },
+    "rms_norm_residual": {
+        "loop c2k w8": dict(LOOP, norm_chunk=2048, norm_loop_warps=8),
+        "loop c4k w16": dict(LOOP, norm_chunk=4096, norm_loop_warps=16),
+        "loop c8k w16": dict(LOOP, norm_chunk=8192, norm_loop_warps=16),
+        "rows2 w4": dict(rows=2, num_warps=4),
+        "rows4 w4": dict(rows=4, num_warps=4),
+        "rows4 w8": dict(rows=4, num_warps=8),
+    },
+    "softmax": {
+        "rows2 w4": dict(rows=2, num_warps=4),
+        "rows4 w4": dict(rows=4, num_warps=4),
+        "rows4 w8": dict(rows=4, num_warps=8),
+        "rows8 w8": dict(rows=8, num_warps=8),
+    },
+}
+SHORT_ONLY = ("rows",)  # row-packing variants apply to short rows only
+
+
+def inductor_kernels():
+    """{module name: [(kernel name, [config dicts])]} of every inductor module loaded so far."""
+    from torch._inductor.codecache import PyCodeCache
+
+    mods = getattr(PyCodeCache, "modules", None)
+    if mods is None:
+        mods = list(getattr(PyCodeCache, "cache", {}).values())
+    out = {}
+    for mod in list(mods):
+        found = []
+        for name, obj in vars(mod).items():
+            launchers = getattr(obj, "launchers", None)
+            if launchers is None or not hasattr(obj, "fn"):
+                continue
+            cfgs = []
+            for ln in launchers:
+                c = getattr(ln, "config", None)
+                if c is not None:
+                    cfgs.append(dict(kwargs=dict(c.kwargs), num_warps=c.num_warps,
+                                     num_stages=c.num_stages))
+            found.append((name, cfgs, getattr(obj, "configs", None) and len(obj.configs)))
+        if found:
+            out[getattr(mod, "__file__", str(id(mod)))] = found
+    return out
+
+
+def bench(fn, rep):
+    try:
+        fn()
+        torch.cuda.synchronize()
+        return float(triton.testing.do_bench(fn, warmup=5, rep=rep, return_mode="median"))
+    except Exception as e:  # a variant that fails must not stop the run
+        return f"{type(e).__name__}: {str(e)[:160]}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="rms_norm:8192,rms_norm:32768,layer_norm:16384")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rep", type=int, default=30, help="do_bench rep (ms) per measurement")
+    ap.add_argument("--budget", type=float, default=400.0)
+    ap.add_argument("--variants", default="all", help="'all', 'none' or comma-separated names")
+    opts = ap.parse_args()
+    out_dir = Path(os.environ.get("OUT", "./out"))
+    (out_dir / "inductor").mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    torch.manual_seed(0)
+    ceiling = copy_ceiling()
+    print(f"copy ceiling this run: {ceiling:.2f} TB/s", flush=True)
+    results = []
+    for item in opts.cases.split(","):
+        name, n = item.split(":")
+        n = int(n)
+        if time.time() - t0 > opts.budget:
+            results.append(dict(op=name, N=n, skipped="budget"))
+            continue
+        args, kwargs = make_case(name, f"sweep N={n}")
+        nbytes = fwd_bytes(name, args, kwargs)
+        ok = check(name, args, kwargs, f"N={n}")
+        try:
+            before = set(inductor_kernels())
+        except Exception as e:  # introspection of torch internals must not stop the run
+            print(f"inductor introspection failed: {e!r}", flush=True)
+            before = None
+        provs = dict(fwd_fns(name, args, kwargs))
+        provs.pop("torch", None)  # eager is far behind at every N; not a decision
+        spec_fn = registry.get(name).fn
+        for vname, ov in VARIANTS.get(name, {}).items():
+            if opts.variants == "none" or (opts.variants != "all"
+                                           and vname not in opts.variants.split(",")):
+                continue
+            if any(k in ov for k in SHORT_ONLY) and n > 8192:
+                continue
+
+            def run(ov=ov, f=spec_fn, a=args, kw=kwargs):
+                with override(**ov):
+                    f(*a, **kw)
+            provs["tkit " + vname] = run
+        for fn in provs.values():  # warm up: compiles and autotuning outside the rounds
+            bench(fn, 5)
+        try:
+            after = inductor_kernels() if before is not None else {}
+        except Exception as e:
+            print(f"inductor introspection failed: {e!r}", flush=True)
+            after = {}
+        ind = {k: v for k, v in after.items() if k not in (before or ())}
+        for path in ind:
+            try:
+                src = Path(path).read_text()
+                (out_dir / "inductor" / f"{name}_{n}_{Path(path).stem[:12]}.py").write_text(src)
+            except OSError:
+                pass
+        times = {p: [] for p in provs}
+        names = list(provs)
+        for r in range(opts.rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for p in order:
+                ms = bench(provs[p], opts.rep)
+                times[p].append(ms)
+        row = dict(op=name, N=n, bytes=nbytes, check_ok=ok,
+                   inductor=[k for v in ind.values() for k in v], providers={})
+        for p, ts in times.items():
+            good = [t for t in ts if isinstance(t, float)]
+            if not good:
+                row["providers"][p] = dict(error=ts[0])
+                continue
+            med = statistics.median(good)
+            row["providers"][p] = dict(median_ms=med, rounds_ms=good,
+                                       tbs=nbytes / (med * 1e-3) / 1e12)
+        base = max([row["providers"].get(b, {}).get("tbs", 0) for b in ("torch.compile",
+                                                                          "liger")])
+        row["best_base_tbs"] = base
+        results.append(row)
+        line = f"{name:18} N={n:<7} check={'ok' if ok else 'FAIL'} "
+        line += " ".join(f"{p}={v.get('tbs', float('nan')):.3f}"
+                         for p, v in row["providers"].items())
+        print(line, flush=True)
+        for k in row["inductor"]:
+            print(f"   inductor {k[0]}: chosen {k[1]} of {k[2]} configs", flush=True)
+        args = provs = None
+        torch.cuda.empty_cache()
+    try:
+        from tkit.bench.runner import git_sha
+
+        sha = git_sha()
+    except Exception:
+        sha = ""
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                triton=triton.__version__, git_sha=sha, copy_ceiling_tbs=ceiling,
+                rounds=opts.rounds, seconds=time.time() - t0)
+    (out_dir / "gpu_norm_focus.json").write_text(json.dumps(dict(meta=meta, rows=results),
+                                                            indent=1, default=str))
+    print("\nmedian of rounds, TB/s; ratio = provider / max(torch.compile, liger)")
+    for row in results:
+        if "providers" not in row:
+            print(f"{row['op']:18} N={row['N']:<7} skipped ({row.get('skipped')})")
+            continue
+        base = row["best_base_tbs"] or float("nan")
+        best = max(((p, v["tbs"]) for p, v in row["providers"].items() if "tbs" in v
+                    and p.startswith("tkit")), key=lambda kv: kv[1])
+        t = row["providers"].get("tkit", {}).get("tbs", float("nan"))
+        print(f"{row['op']:18} N={row['N']:<7} tkit {t:.3f} ({t / base:.3f}x)  best tkit "
+              f"{best[0]!r} {best[1]:.3f} ({best[1] / base:.3f}x)  compile "
+              f"{row['providers'].get('torch.compile', {}).get('tbs', float('nan')):.3f}  "
+              f"liger {row['providers'].get('liger', {}).get('tbs', float('nan')):.3f}")
+    print(f"total {time.time() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
