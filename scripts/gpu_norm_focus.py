@@ -36,43 +36,24 @@ from tkit import registry  # noqa: E402
 
 LOOP = dict(norm_fwd_single_bytes=0)  # force the chunked loop path of the norm forward
 
-VARIANTS = {
-    "rms_norm": {
-        "loop c2k w4": dict(LOOP, norm_chunk=2048, norm_loop_warps=4),
-        "loop c2k w8": dict(LOOP, norm_chunk=2048, norm_loop_warps=8),
-        "loop c2k w16": dict(LOOP, norm_chunk=2048, norm_loop_warps=16),
-        "loop c4k w8": dict(LOOP, norm_chunk=4096, norm_loop_warps=8),
-        "loop c4k w16": dict(LOOP, norm_chunk=4096, norm_loop_warps=16),
-        "loop c8k w16": dict(LOOP, norm_chunk=8192, norm_loop_warps=16),
-        "rows1 w8": dict(rows=1, num_warps=8),
-        "rows1 w16": dict(rows=1, num_warps=16),
-    },
-    "layer_norm": {
-        "loop c2k w8": dict(LOOP, norm_chunk=2048, norm_loop_warps=8),
-        "loop c2k w16": dict(LOOP, norm_chunk=2048, norm_loop_warps=16),
-        "loop c4k w8": dict(LOOP, norm_chunk=4096, norm_loop_warps=8),
-        "loop c4k w16": dict(LOOP, norm_chunk=4096, norm_loop_warps=16),
-        "loop c8k w16": dict(LOOP, norm_chunk=8192, norm_loop_warps=16),
-        "rows2 w4": dict(rows=2, num_warps=4),
-        "rows4 w4": dict(rows=4, num_warps=4),
-        "rows4 w8": dict(rows=4, num_warps=8),
-    },
-    "rms_norm_residual": {
-        "loop c2k w8": dict(LOOP, norm_chunk=2048, norm_loop_warps=8),
-        "loop c4k w16": dict(LOOP, norm_chunk=4096, norm_loop_warps=16),
-        "loop c8k w16": dict(LOOP, norm_chunk=8192, norm_loop_warps=16),
-        "rows2 w4": dict(rows=2, num_warps=4),
-        "rows4 w4": dict(rows=4, num_warps=4),
-        "rows4 w8": dict(rows=4, num_warps=8),
-    },
-    "softmax": {
-        "rows2 w4": dict(rows=2, num_warps=4),
-        "rows4 w4": dict(rows=4, num_warps=4),
-        "rows4 w8": dict(rows=4, num_warps=8),
-        "rows8 w8": dict(rows=8, num_warps=8),
-    },
-}
-SHORT_ONLY = ("rows",)  # row-packing variants apply to short rows only
+# the forward's loop path (chunk, warps): two walks over the row, the second from L2
+LOOP_SHAPES = [(2048, 8), (2048, 16), (4096, 8), (4096, 16), (8192, 16), (8192, 32),
+               (16384, 16), (16384, 32), (32768, 32)]
+# rows a program x warps of the single-tile path, for short rows
+ROW_SHAPES = [(1, 1), (1, 2), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8)]
+
+
+def _variants(name: str, n: int) -> dict[str, dict]:
+    out = {}
+    if name in ("rms_norm", "layer_norm", "rms_norm_residual"):
+        for chunk, warps in LOOP_SHAPES:
+            if chunk <= max(n, 2048) and chunk // warps >= 128:
+                out[f"loop c{chunk // 1024}k w{warps}"] = dict(LOOP, norm_chunk=chunk,
+                                                              norm_loop_warps=warps)
+    if n <= 2048:
+        for rows, warps in ROW_SHAPES:
+            out[f"rows{rows} w{warps}"] = dict(rows=rows, num_warps=warps)
+    return out
 
 
 def inductor_kernels():
@@ -142,11 +123,9 @@ def main():
         provs = dict(fwd_fns(name, args, kwargs))
         provs.pop("torch", None)  # eager is far behind at every N; not a decision
         spec_fn = registry.get(name).fn
-        for vname, ov in VARIANTS.get(name, {}).items():
+        for vname, ov in _variants(name, n).items():
             if opts.variants == "none" or (opts.variants != "all"
                                            and vname not in opts.variants.split(",")):
-                continue
-            if any(k in ov for k in SHORT_ONLY) and n > 8192:
                 continue
 
             def run(ov=ov, f=spec_fn, a=args, kw=kwargs):

@@ -118,6 +118,22 @@ def test_layer_norm_variance_is_stable_chunked(force_chunked, device):
     assert (tkit.layer_norm(x, w, None).double() - want).abs().max().item() < 0.1
 
 
+@pytest.mark.parametrize("chunk", [64, 256])
+def test_layer_norm_loop_variance_tracks_a_drifting_row(chunk, monkeypatch, device):
+    """The loop path's per-lane Welford update and its lane combine: a row whose level moves
+    from chunk to chunk (a large mean, a step of 1 halfway, a spread of 1e-2), a partial last
+    chunk, and rows shorter than a chunk."""
+    monkeypatch.setitem(sm.OVERRIDE, "norm_long", "loop")
+    monkeypatch.setitem(sm.OVERRIDE, "norm_fwd_single_bytes", 0)
+    monkeypatch.setitem(sm.OVERRIDE, "norm_chunk", chunk)
+    for n in (1000, 37):
+        x = make_tensor((3, n), torch.float32, seed=5, device=device) * 1e-2 + 1e4
+        x[:, n // 2:] += 1.0
+        w = torch.ones(n, device=device)
+        want = ref_layer_norm(x.double(), w.double())
+        assert (tkit.layer_norm(x, w, None).double() - want).abs().max().item() < 0.05
+
+
 def test_residual_output_is_sum_and_norm_uses_it(device):
     x = make_tensor((4, 100), torch.float16, seed=1, device=device)
     r = make_tensor((4, 100), torch.float16, seed=2, device=device)

@@ -228,26 +228,36 @@ def _norm_fwd_kernel(
                   IS_RMS, HAS_BIAS, SAVE_STATS)
     else:
         rows, rmask = _row_offsets(tl.program_id(0), M, ROWS, INT64)
-        count = tl.zeros((ROWS,), dtype=tl.float32)
-        mean = tl.zeros((ROWS,), dtype=tl.float32)
-        m2 = tl.zeros((ROWS,), dtype=tl.float32)
+        # per-lane accumulators, reduced across the program once after the walk (a
+        # cross-warp reduction a chunk costs a shared-memory round trip and barriers each
+        # time): RMSNorm sums h^2 a lane; LayerNorm runs Welford's update a lane, every full
+        # lane having seen k values after chunk k (only the last chunk is partial)
+        lane_mean = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+        lane_m2 = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             mask = rmask[:, None] & (cols < N)[None, :]
             h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
                         HAS_RES, True, "evict_last")
             if IS_RMS:
-                m2 += tl.sum(h * h, axis=1)
+                lane_m2 += h * h
             else:
-                # Chan et al.: combine this chunk's (count, mean, M2) with the running ones
-                nc = tl.minimum(N - start, BLOCK_N).to(tl.float32)
-                mc = tl.sum(h, axis=1) / nc
-                dc = tl.where(mask, h - mc[:, None], 0.0)
-                delta = mc - mean
-                total = count + nc
-                mean += delta * (nc / total)
-                m2 += tl.sum(dc * dc, axis=1) + delta * delta * (count * nc / total)
-                count = total
+                inv_k = 1.0 / (start // BLOCK_N + 1)
+                delta = h - lane_mean
+                lane_mean = tl.where(mask, lane_mean + delta * inv_k, lane_mean)
+                lane_m2 = tl.where(mask, lane_m2 + delta * (h - lane_mean), lane_m2)
+        if IS_RMS:
+            mean = tl.zeros((ROWS,), dtype=tl.float32)
+            m2 = tl.sum(lane_m2, axis=1)
+        else:
+            # combine the lanes (count c, mean m, M2 q): mean = sum(c m) / N,
+            # M2 = sum(q + c (m - mean)^2), the exact parallel form of the variance
+            lane = tl.arange(0, BLOCK_N)
+            nfull = N // BLOCK_N
+            cnt = (nfull + (lane < N - nfull * BLOCK_N).to(tl.int32)).to(tl.float32)
+            mean = tl.sum(lane_mean * cnt[None, :], axis=1) / N
+            dm = lane_mean - mean[:, None]
+            m2 = tl.sum(lane_m2 + cnt[None, :] * dm * dm, axis=1)
         rstd = 1.0 / tl.sqrt(m2 / N + eps)
         if SAVE_STATS:
             tl.store(stats_ptr + rows * 2, mean, mask=rmask)
