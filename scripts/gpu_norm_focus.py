@@ -153,7 +153,18 @@ def main():
             for p in order:
                 ms = bench(provs[p], opts.rep)
                 times[p].append(ms)
+        graphs = {}  # the same calls replayed from a CUDA graph: kernel time, no host time
+        for p in ("tkit", "torch.compile", "liger"):
+            if p in provs:
+                try:
+                    graphs[p] = float(triton.testing.do_bench_cudagraph(
+                        provs[p], rep=opts.rep, return_mode="median"))
+                except Exception as e:
+                    graphs[p] = f"{type(e).__name__}: {str(e)[:120]}"
         row = dict(op=name, N=n, bytes=nbytes, check_ok=ok,
+                   graph={p: (dict(median_ms=v, tbs=nbytes / (v * 1e-3) / 1e12)
+                              if isinstance(v, float) else dict(error=v))
+                          for p, v in graphs.items()},
                    inductor=[k for v in ind.values() for k in v], providers={})
         for p, ts in times.items():
             good = [t for t in ts if isinstance(t, float)]
@@ -171,6 +182,8 @@ def main():
         line += " ".join(f"{p}={v.get('tbs', float('nan')):.3f}"
                          for p, v in row["providers"].items())
         print(line, flush=True)
+        print("   cuda graph: " + " ".join(f"{p}={v.get('tbs', float('nan')):.3f}"
+                                           for p, v in row["graph"].items()), flush=True)
         for k in row["inductor"]:
             print(f"   inductor {k[0]}: chosen {k[1]} of {k[2]} configs", flush=True)
         args = provs = None

@@ -77,6 +77,20 @@ def test_chunked_long_row_path(name, dtype, force_chunked, device):
                             _inputs(name, (5, 3, 150), dtype, device, "sliced"), grad=True)
 
 
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("n", [256, 1280])
+def test_loop_path_whole_chunks(name, n, monkeypatch, device):
+    """The forward's loop path when every chunk is full (no masks): unrolled at compile time
+    (4 chunks of 64) and a run-time loop (20 chunks, over STATIC_CHUNKS_MAX)."""
+    monkeypatch.setitem(sm.OVERRIDE, "norm_long", "loop")
+    monkeypatch.setitem(sm.OVERRIDE, "norm_fwd_single_bytes", 0)
+    monkeypatch.setitem(sm.OVERRIDE, "norm_chunk", 64)
+    assert norm._static_chunks(n, 64, False) == (n // 64 if n // 64 <= 16 else 0)
+    spec = registry.get(name)
+    check_against_reference(spec.fn, spec.reference,
+                            _inputs(name, (5, n), torch.float16, device, "offset"), grad=False)
+
+
 @pytest.mark.parametrize("layout", ["transposed", "offset", "permuted"])
 def test_strided_rows(layout, device):
     """Leading shape, strided rows, a non-unit column stride (transposed), storage offset."""
@@ -126,7 +140,7 @@ def test_layer_norm_loop_variance_tracks_a_drifting_row(chunk, monkeypatch, devi
     monkeypatch.setitem(sm.OVERRIDE, "norm_long", "loop")
     monkeypatch.setitem(sm.OVERRIDE, "norm_fwd_single_bytes", 0)
     monkeypatch.setitem(sm.OVERRIDE, "norm_chunk", chunk)
-    for n in (1000, 37):
+    for n in (1000, 37, 256, 1280):  # partial last chunk, short row, whole chunks
         x = make_tensor((3, n), torch.float32, seed=5, device=device) * 1e-2 + 1e4
         x[:, n // 2:] += 1.0
         w = torch.ones(n, device=device)

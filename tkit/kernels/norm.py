@@ -179,11 +179,35 @@ def _fwd_rows(h, rows, rmask, cols, cmask, w_ptr, b_ptr, y_ptr, stats_ptr, N, sy
 
 
 @triton.jit
+def _loop_mask(rmask, cols, N, EVEN: tl.constexpr):
+    """The (ROWS, BLOCK_N) mask of one chunk of the loop path; all true (folded away by the
+    compiler) when EVEN says every chunk is full and the one row of the program exists."""
+    if EVEN:
+        return tl.full((rmask.shape[0], cols.shape[0]), True, tl.int1)
+    return rmask[:, None] & (cols < N)[None, :]
+
+
+@triton.jit
+def _lane_update(h, mask, k, lane_mean, lane_m2, IS_RMS: tl.constexpr):
+    """One chunk into the loop path's per-lane accumulators: the sum of h^2 (RMSNorm), or
+    Welford's running mean and M2 of the k values a lane has seen (LayerNorm; ``mask``: lanes
+    past the row end keep their state)."""
+    if IS_RMS:
+        lane_m2 += h * h
+    else:
+        delta = h - lane_mean
+        lane_mean = tl.where(mask, lane_mean + delta * (1.0 / k), lane_mean)
+        lane_m2 = tl.where(mask, lane_m2 + delta * (h - lane_mean), lane_m2)
+    return lane_mean, lane_m2
+
+
+@triton.jit
 def _norm_fwd_kernel(
     x_ptr, r_ptr, h_ptr, w_ptr, b_ptr, y_ptr, stats_ptr, M, N, sxm, sxn, srm, srn, shm, sym,
     eps, IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, INT64: tl.constexpr,
     EVICT: tl.constexpr, SAVE_STATS: tl.constexpr, PERSIST: tl.constexpr,
+    NCHUNK: tl.constexpr = 0, EVEN: tl.constexpr = False,
 ):
     """y = norm(h) * w (+ b) for ROWS rows a program.
 
@@ -196,6 +220,10 @@ def _norm_fwd_kernel(
     RMSNorm), for the backward. PERSIST (SINGLE only): the programs walk row tiles g, g + G,
     ... and load the next tile before reducing the current one, as the backward does (a
     program that fills an SM's register file has nothing else to hide its load latency).
+    NCHUNK (loop path): the number of BLOCK_N chunks of a row when the first walk is unrolled
+    at compile time, 0 for a run-time loop (long rows). EVEN (loop path, ROWS = 1): N is a
+    multiple of BLOCK_N, so the loads and stores need no mask (no predicate registers: an SM
+    has 7 a thread, and a predicated load each would cap the loads in flight).
     """
     if SINGLE and PERSIST:
         cols = tl.arange(0, BLOCK_N)
@@ -234,18 +262,23 @@ def _norm_fwd_kernel(
         # lane having seen k values after chunk k (only the last chunk is partial)
         lane_mean = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
         lane_m2 = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            mask = rmask[:, None] & (cols < N)[None, :]
-            h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
-                        HAS_RES, True, "evict_last")
-            if IS_RMS:
-                lane_m2 += h * h
-            else:
-                inv_k = 1.0 / (start // BLOCK_N + 1)
-                delta = h - lane_mean
-                lane_mean = tl.where(mask, lane_mean + delta * inv_k, lane_mean)
-                lane_m2 = tl.where(mask, lane_m2 + delta * (h - lane_mean), lane_m2)
+        if NCHUNK > 0:
+            # the chunk count known at compile time: the walk is unrolled and every chunk's
+            # load can be issued before the first update (all of a row in flight at once)
+            for c in tl.static_range(NCHUNK):
+                cols = c * BLOCK_N + tl.arange(0, BLOCK_N)
+                mask = _loop_mask(rmask, cols, N, EVEN)
+                h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
+                            HAS_RES, True, "evict_last")
+                lane_mean, lane_m2 = _lane_update(h, mask, c + 1, lane_mean, lane_m2, IS_RMS)
+        else:
+            for start in range(0, N, BLOCK_N):
+                cols = start + tl.arange(0, BLOCK_N)
+                mask = _loop_mask(rmask, cols, N, EVEN)
+                h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
+                            HAS_RES, True, "evict_last")
+                lane_mean, lane_m2 = _lane_update(h, mask, start // BLOCK_N + 1, lane_mean,
+                                                  lane_m2, IS_RMS)
         if IS_RMS:
             mean = tl.zeros((ROWS,), dtype=tl.float32)
             m2 = tl.sum(lane_m2, axis=1)
@@ -269,8 +302,10 @@ def _norm_fwd_kernel(
         for i in range(0, N, BLOCK_N):
             start = last - i
             cols = start + tl.arange(0, BLOCK_N)
+            mask = _loop_mask(rmask, cols, N, EVEN)
             cmask = cols < N
-            mask = rmask[:, None] & cmask[None, :]
+            if EVEN:
+                cmask = tl.full((BLOCK_N,), True, tl.int1)
             if HAS_RES:
                 h = tl.load(h_ptr + rows[:, None] * shm + cols[None, :], mask=mask,
                             other=0.0).to(tl.float32)
@@ -582,6 +617,23 @@ def _fwd_config(N: int, itemsize: int, is_rms: bool = True,
     return _fwd_loop_chunk(), 1, 4 if _env.INTERPRET else OVERRIDE.get("norm_loop_warps", 16), False
 
 
+#: The loop path's first walk is unrolled at compile time for rows of up to this many chunks
+#: (``NCHUNK``; one build per chunk count) and up to ``STATIC_VALUES_MAX`` values a thread, so
+#: that all of a row's loads are in flight before the first update, as in the code
+#: torch.compile generates for fixed shapes. Longer rows loop.
+STATIC_CHUNKS_MAX = 16
+STATIC_VALUES_MAX = 64
+
+
+def _static_chunks(N: int, block_n: int, single: bool, warps: int = 4) -> int:
+    if single:
+        return 0
+    n = C.cdiv(N, block_n)
+    if n * block_n > STATIC_VALUES_MAX * 32 * warps and "norm_static_chunks_max" not in OVERRIDE:
+        return 0
+    return n if n <= OVERRIDE.get("norm_static_chunks_max", STATIC_CHUNKS_MAX) else 0
+
+
 def _fwd_persist(tile_bytes: int, warps: int) -> bool:
     """Persistent forward with the next tile prefetched (``PERSIST``): for tiles of at least
     ``norm_fwd_persist_bytes`` (default 16 KiB: one program a tile then fills an SM); a
@@ -661,7 +713,8 @@ def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms, save_stats=False):
              HAS_RES=residual is not None, HAS_BIAS=bias is not None, ROWS=rows,
              BLOCK_N=block_n, SINGLE=single, INT64=C.needs_int64(x2, r2, y2),
              EVICT=OVERRIDE.get("norm_evict", _fwd_evict), SAVE_STATS=save_stats,
-             PERSIST=persist, num_warps=warps)
+             PERSIST=persist, NCHUNK=_static_chunks(N, block_n, single, warps),
+             EVEN=not single and rows == 1 and N % block_n == 0, num_warps=warps)
     return y, h, stats
 
 
