@@ -98,7 +98,10 @@ def main():
     ap.add_argument("--rep", type=int, default=30, help="do_bench rep (ms) per measurement")
     ap.add_argument("--budget", type=float, default=400.0)
     ap.add_argument("--variants", default="all", help="'all', 'none' or comma-separated names")
+    ap.add_argument("--placement", default="", help="rms_norm Ns at which to time tkit writing "
+                    "its output at three fixed addresses")
     opts = ap.parse_args()
+    opts.placement = [int(v) for v in opts.placement.split(",") if v.strip()]
     out_dir = Path(os.environ.get("OUT", "./out"))
     (out_dir / "inductor").mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -132,8 +135,30 @@ def main():
                 with override(**ov):
                     f(*a, **kw)
             provs["tkit " + vname] = run
-        for fn in provs.values():  # warm up: compiles and autotuning outside the rounds
+        if name == "rms_norm" and n in opts.placement:
+            # the output written at fixed, different addresses: does placement alone move the
+            # time? (tkit allocates y with C.empty; these variants hand it a preallocated one)
+            from tkit.kernels import _common as C
+
+            bufs = [torch.empty_like(args[0]) for _ in range(3)]
+            for i, buf in enumerate(bufs):
+                def placed(buf=buf, f=spec_fn, a=args, kw=kwargs):
+                    orig = C.empty
+                    C.empty = lambda *_a, **_k: buf
+                    try:
+                        return f(*a, **kw)
+                    finally:
+                        C.empty = orig
+                provs[f"tkit y@{i}"] = placed
+        ptrs = {}
+        for p, fn in provs.items():  # warm up: compiles and autotuning outside the rounds
             bench(fn, 5)
+            out = fn()
+            out = out[0] if isinstance(out, (tuple, list)) else out
+            if torch.is_tensor(out):
+                ptrs[p] = hex(out.data_ptr())
+        ptrs["x"] = hex(args[0].data_ptr())
+        out = None
         try:
             after = inductor_kernels() if before is not None else {}
         except Exception as e:
@@ -161,7 +186,7 @@ def main():
                         provs[p], rep=opts.rep, return_mode="median"))
                 except Exception as e:
                     graphs[p] = f"{type(e).__name__}: {str(e)[:120]}"
-        row = dict(op=name, N=n, bytes=nbytes, check_ok=ok,
+        row = dict(op=name, N=n, bytes=nbytes, check_ok=ok, data_ptrs=ptrs,
                    graph={p: (dict(median_ms=v, tbs=nbytes / (v * 1e-3) / 1e12)
                               if isinstance(v, float) else dict(error=v))
                           for p, v in graphs.items()},
@@ -184,6 +209,7 @@ def main():
         print(line, flush=True)
         print("   cuda graph: " + " ".join(f"{p}={v.get('tbs', float('nan')):.3f}"
                                            for p, v in row["graph"].items()), flush=True)
+        print(f"   data_ptrs: {ptrs}", flush=True)
         for k in row["inductor"]:
             print(f"   inductor {k[0]}: chosen {k[1]} of {k[2]} configs", flush=True)
         args = provs = None

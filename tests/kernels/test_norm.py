@@ -355,17 +355,29 @@ def test_gpu_launch_configs_are_the_measured_ones(monkeypatch):
 
     monkeypatch.setattr(_env, "INTERPRET", False)
     bf16 = 2
-    assert norm._fwd_config(8192, bf16) == (8192, 2, 8, True)  # two rows, 8 warps
-    assert norm._fwd_config(4096, bf16)[1:3] == (2, 4)  # 8 KiB rows: paired too
+    # plain RMSNorm: rows of up to 2048 columns in registers (two 1024-column rows a program),
+    # longer ones walked twice in chunks (norm.LOOP_SHAPES)
+    assert norm._fwd_config(1024, bf16) == (1024, 2, 4, True)
+    assert norm._fwd_config(4096, bf16) == (4096, 1, 8, False)
+    assert norm._fwd_config(8192, bf16) == (8192, 1, 16, False)
+    assert norm._fwd_config(16384, bf16) == (8192, 1, 16, False)
+    assert norm._fwd_config(32768, bf16) == (16384, 1, 32, False)
+    assert norm._fwd_config(262144, bf16) == (32768, 1, 32, False)
     assert norm._fwd_evict == ""  # the forward loads carry no L2 hint
-    assert norm._fwd_config(8192, bf16, is_rms=True, has_res=True)[2] == 32
-    assert norm._fwd_config(8192, bf16, is_rms=False)[2] == 8
-    assert norm._fwd_config(16384, bf16, is_rms=False)[2] == 16
+    # the residual form: loops from 2048 columns
+    assert norm._fwd_config(1024, bf16, has_res=True)[3] is True
+    assert norm._fwd_config(4096, bf16, has_res=True) == (2048, 1, 8, False)
+    assert norm._fwd_config(8192, bf16, has_res=True) == (8192, 1, 32, False)
+    assert norm._fwd_config(65536, bf16, has_res=True) == (16384, 1, 32, False)
+    # LayerNorm: in registers up to 8192 columns (8 warps there), then loops
+    assert norm._fwd_config(8192, bf16, is_rms=False) == (8192, 1, 8, True)
     assert norm._fwd_config(1024, bf16, is_rms=False)[1:3] == (2, 4)  # 4 KiB a program
-    assert norm._fwd_config(65536, bf16) == (16384, 1, 16, False)  # the "loop" path
-    assert norm._fwd_config(32768, bf16)[3] is False  # plain RMSNorm loops from 64 KiB rows
-    assert norm._fwd_config(32768, bf16, is_rms=False)[3] is False  # LayerNorm as well
-    assert norm._fwd_config(32768, bf16, has_res=True)[3] is True  # the residual form not
+    assert norm._fwd_config(16384, bf16, is_rms=False) == (2048, 1, 16, False)
+    assert norm._fwd_config(32768, bf16, is_rms=False) == (8192, 1, 32, False)
+    # the loop's first walk is unrolled up to 16 chunks and 64 values a thread
+    assert norm._static_chunks(16384, 2048, False, 16) == 8
+    assert norm._static_chunks(65536, 32768, False, 32) == 2
+    assert norm._static_chunks(262144, 32768, False, 32) == 0
     assert norm._fwd_persist(64 * 1024, 16) is False  # the persistent forward is off
     assert "norm_long" not in sm.OVERRIDE  # default: "loop" past 64 KiB rows
     assert sm.row_batch(4096, 512 * 1024) == 4096  # the split paths: one row batch

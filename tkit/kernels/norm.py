@@ -71,13 +71,42 @@ from tkit.kernels.softmax import OVERRIDE, _row_offsets, as_rows, row_batch, row
 #: dw/db partials).
 FWD_SINGLE_MAX_BYTES = 64 * 1024
 BWD_SINGLE_MAX_BYTES = 32 * 1024
-#: Plain RMSNorm takes the chunked "loop" path from 64 KiB rows: at N=32768 bf16 (256 MiB,
-#: H200, 2026-11-30) the loop with 16384-column chunks ran at 3.86 TB/s against 3.69-3.73 for
-#: one row a program in registers (16 or 32 warps), whose 1024 threads x 64 registers fill
-#: an SM, so nothing hides a program's load latency. LayerNorm too (2026-11-30, N=32768: loop
-#: 3.34 TB/s, one row in registers 3.20; at N=16384 the loop lost, 3.29 against 3.74). The
-#: residual form keeps the 64 KiB limit (N=32768: 3.98 in registers, 3.93 looping).
+#: Plain RMSNorm took the chunked "loop" path from 64 KiB rows before ``LOOP_SHAPES`` (still
+#: the rule in the interpreter and under a ``norm_fwd_single_bytes`` override).
 RMS_FWD_SINGLE_MAX_BYTES = 32 * 1024
+#: The forward's loop path on the GPU: (largest N, chunk, warps) rows, first match wins;
+#: chunk 0 = the row held in registers (``row_config``). The loop path walks a row twice, the
+#: second walk from L2, with per-lane accumulators and, up to 16 chunks, the first walk
+#: unrolled with all its loads issued up front. It beat a row held in registers from 4096
+#: columns for RMSNorm, 2048 for the residual form and 16384 for LayerNorm: its programs hold
+#: far fewer registers (30-60 against 120+), so several share an SM and hide each other's
+#: latency. H200, 256 MiB bf16, 2026-11-30, medians of 3 interleaved rounds (TB/s, loop shape
+#: against the row in registers): rms_norm N=4096 4.16 (c4k w8) / 3.98, N=16384 4.10 (c8k w16)
+#: / 3.92, N=32768 4.08 (c16k w32) / loop c16k w16 4.06, N=65536 3.68 (c32k w32) / 3.43 (c16k
+#: w16); layer_norm N=16384 3.84 (c2k w16) / 3.76, N=32768 3.65 (c8k w32) / 3.05 (c16k w16),
+#: N=65536 3.12 / 2.70; residual N=4096 4.14 (c2k w8) / 3.94, N=8192 4.20 (c8k w32) / 4.02,
+#: N=16384 4.11 (c16k w32) / 3.98, N=65536 3.93 / 3.60. torch.compile generates the same
+#: structure (inductor's looped reduction, R0_BLOCK 2048-32768).
+LOOP_SHAPES = {
+    "rms_norm": ((2048, 0, 0), (4096, 4096, 8), (16384, 8192, 16), (32768, 16384, 32),
+                 (None, 32768, 32)),
+    "rms_norm_residual": ((1024, 0, 0), (4096, 2048, 8), (8192, 8192, 32),
+                          (None, 16384, 32)),
+    "layer_norm": ((8192, 0, 0), (16384, 2048, 16), (None, 8192, 32)),
+}
+
+
+def _loop_shape(N: int, is_rms: bool, has_res: bool) -> tuple[int, int]:
+    """(chunk, warps) of the forward for rows of N columns on the GPU; chunk 0: one row (or
+    several) in registers."""
+    table = LOOP_SHAPES["layer_norm" if not is_rms else
+                        "rms_norm_residual" if has_res else "rms_norm"]
+    for max_n, chunk, warps in table:
+        if max_n is None or N <= max_n:
+            return chunk, warps
+    raise AssertionError("LOOP_SHAPES ends with a catch-all row")
+
+
 #: Row tiles from this size take the persistent forward (``_fwd_persist``); 0 = never. Measured
 #: on the H200 (2026-11-30, 256 MiB bf16, forced on / off, same run): slower everywhere it
 #: applies: rms_norm N=4096 3.04 / 3.94 TB/s, N=8192 3.73 / 4.02, N=16384 3.81 / 3.91;
@@ -118,17 +147,25 @@ def _sm_count(device: torch.device) -> int:
 def _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
             HAS_RES: tl.constexpr, STORE_H: tl.constexpr, EVICT: tl.constexpr):
     """One (rows x cols) tile of h in float32: x, or x + residual rounded to h's dtype (stored
-    when STORE_H). EVICT is the loads' L2 policy: "evict_first" for data read once,
-    "evict_last" for data the same launch sequence reads again."""
-    x = tl.load(x_ptr + rows[:, None] * sxm + cols[None, :] * sxn, mask=mask, other=0.0,
-                eviction_policy=EVICT).to(tl.float32)
+    when STORE_H). EVICT is the L2 policy of the data a later walk reads again: x's loads, or
+    with HAS_RES the store of h ("evict_last" in the loop path's first walk); x and the
+    residual are then read once and take no hint (an "evict_first" hint measured slower)."""
     if HAS_RES:
-        r = tl.load(r_ptr + rows[:, None] * srm + cols[None, :] * srn, mask=mask, other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)
+        x = tl.load(x_ptr + rows[:, None] * sxm + cols[None, :] * sxn, mask=mask,
+                    other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + rows[:, None] * srm + cols[None, :] * srn, mask=mask,
+                    other=0.0).to(tl.float32)
         h = (x + r).to(h_ptr.dtype.element_ty)
         if STORE_H:
-            tl.store(h_ptr + rows[:, None] * shm + cols[None, :], h, mask=mask)
+            if EVICT == "evict_last":
+                tl.store(h_ptr + rows[:, None] * shm + cols[None, :], h, mask=mask,
+                         eviction_policy="evict_last")
+            else:
+                tl.store(h_ptr + rows[:, None] * shm + cols[None, :], h, mask=mask)
         x = h.to(tl.float32)
+    else:
+        x = tl.load(x_ptr + rows[:, None] * sxm + cols[None, :] * sxn, mask=mask, other=0.0,
+                    eviction_policy=EVICT).to(tl.float32)
     return x
 
 
@@ -583,9 +620,11 @@ def _col_sum_kernel(part_ptr, out_ptr, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.
 # --------------------------------------------------------------------------------------------
 def _fwd_config(N: int, itemsize: int, is_rms: bool = True,
                 has_res: bool = False) -> tuple[int, int, int, bool]:
-    """(BLOCK_N, ROWS, num_warps, SINGLE): rows up to 64 KiB (plain RMSNorm: 32 KiB) in
-    registers (see ``softmax.row_config``); longer rows in chunks of 16384 columns with 16
-    warps (``_fwd_loop_chunk``).
+    """(BLOCK_N, ROWS, num_warps, SINGLE): on the GPU, ``LOOP_SHAPES`` says whether a row is
+    held in registers (see ``softmax.row_config``) or walked in chunks, and with which shape;
+    in the interpreter (and under a ``norm_fwd_single_bytes`` override) rows up to 64 KiB
+    (plain RMSNorm: 32 KiB) are held in registers, longer ones walked in chunks of
+    ``_fwd_loop_chunk()`` columns.
 
     Measured departures from ``row_config`` (H200, M=16384 x N=8192 bf16):
 
@@ -602,8 +641,15 @@ def _fwd_config(N: int, itemsize: int, is_rms: bool = True,
       16 warps 3.99, 8 warps 3.96. So rows of 8-16 KiB that ``row_config`` gives a program of
       their own are paired, at half the warps (the same values a thread).
     """
-    single_max = FWD_SINGLE_MAX_BYTES if has_res else RMS_FWD_SINGLE_MAX_BYTES
-    if N * itemsize <= OVERRIDE.get("norm_fwd_single_bytes", single_max):
+    if _env.INTERPRET or "norm_fwd_single_bytes" in OVERRIDE:
+        single_max = FWD_SINGLE_MAX_BYTES if has_res else RMS_FWD_SINGLE_MAX_BYTES
+        single = N * itemsize <= OVERRIDE.get("norm_fwd_single_bytes", single_max)
+        chunk, loop_warps = _fwd_loop_chunk(), 16
+    else:
+        chunk, loop_warps = _loop_shape(N, is_rms, has_res)
+        single = chunk == 0
+        chunk = OVERRIDE.get("norm_chunk", chunk)
+    if single:
         block_n, rows, warps = row_config(N, itemsize)
         if not _env.INTERPRET and "num_warps" not in OVERRIDE:
             if not is_rms:
@@ -614,7 +660,9 @@ def _fwd_config(N: int, itemsize: int, is_rms: bool = True,
                   and 8192 <= block_n * itemsize <= 16384):
                 rows, warps = 2, max(4, warps // 2)
         return block_n, rows, warps, True
-    return _fwd_loop_chunk(), 1, 4 if _env.INTERPRET else OVERRIDE.get("norm_loop_warps", 16), False
+    if _env.INTERPRET:
+        return chunk, 1, 4, False
+    return chunk, 1, OVERRIDE.get("norm_loop_warps", loop_warps), False
 
 
 #: The loop path's first walk is unrolled at compile time for rows of up to this many chunks
