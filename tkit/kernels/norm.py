@@ -225,6 +225,15 @@ def _loop_mask(rmask, cols, N, EVEN: tl.constexpr):
 
 
 @triton.jit
+def _chan_combine(ma, qa, na, mb, qb, nb):
+    """Two (mean, M2, count) summaries into one (Chan et al.); empty ones (count 0) drop out."""
+    n = na + nb
+    w = tl.where(n > 0, nb / tl.maximum(n, 1.0), 0.0)
+    d = mb - ma
+    return ma + d * w, qa + qb + d * d * na * w, n
+
+
+@triton.jit
 def _lane_update(h, mask, k, lane_mean, lane_m2, IS_RMS: tl.constexpr):
     """One chunk into the loop path's per-lane accumulators: the sum of h^2 (RMSNorm), or
     Welford's running mean and M2 of the k values a lane has seen (LayerNorm; ``mask``: lanes
@@ -244,7 +253,8 @@ def _norm_fwd_kernel(
     eps, IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, INT64: tl.constexpr,
     EVICT: tl.constexpr, SAVE_STATS: tl.constexpr, PERSIST: tl.constexpr,
-    NCHUNK: tl.constexpr = 0, EVEN: tl.constexpr = False,
+    NCHUNK: tl.constexpr = 0, EVEN: tl.constexpr = False, TREE: tl.constexpr = False,
+    FORWARD2: tl.constexpr = False,
 ):
     """y = norm(h) * w (+ b) for ROWS rows a program.
 
@@ -260,7 +270,9 @@ def _norm_fwd_kernel(
     NCHUNK (loop path): the number of BLOCK_N chunks of a row when the first walk is unrolled
     at compile time, 0 for a run-time loop (long rows). EVEN (loop path, ROWS = 1): N is a
     multiple of BLOCK_N, so the loads and stores need no mask (no predicate registers: an SM
-    has 7 a thread, and a predicated load each would cap the loads in flight).
+    has 7 a thread, and a predicated load each would cap the loads in flight). TREE
+    (LayerNorm loop path): combine the lanes' (mean, M2, count) in one reduction (Chan's
+    pairwise form) instead of two sums. FORWARD2: the second walk goes first chunk first.
     """
     if SINGLE and PERSIST:
         cols = tl.arange(0, BLOCK_N)
@@ -325,9 +337,15 @@ def _norm_fwd_kernel(
             lane = tl.arange(0, BLOCK_N)
             nfull = N // BLOCK_N
             cnt = (nfull + (lane < N - nfull * BLOCK_N).to(tl.int32)).to(tl.float32)
-            mean = tl.sum(lane_mean * cnt[None, :], axis=1) / N
-            dm = lane_mean - mean[:, None]
-            m2 = tl.sum(lane_m2 + cnt[None, :] * dm * dm, axis=1)
+            if TREE:
+                # one reduction: Chan's pairwise combination of (mean, M2, count)
+                mean, m2, _ = tl.reduce(
+                    (lane_mean, lane_m2, tl.broadcast_to(cnt[None, :], (ROWS, BLOCK_N))), 1,
+                    _chan_combine)
+            else:
+                mean = tl.sum(lane_mean * cnt[None, :], axis=1) / N
+                dm = lane_mean - mean[:, None]
+                m2 = tl.sum(lane_m2 + cnt[None, :] * dm * dm, axis=1)
         rstd = 1.0 / tl.sqrt(m2 / N + eps)
         if SAVE_STATS:
             tl.store(stats_ptr + rows * 2, mean, mask=rmask)
@@ -337,7 +355,7 @@ def _norm_fwd_kernel(
         # still be in L2 (a walk in the same order would reread the oldest first)
         last = (tl.cdiv(N, BLOCK_N) - 1) * BLOCK_N
         for i in range(0, N, BLOCK_N):
-            start = last - i
+            start = i if FORWARD2 else last - i
             cols = start + tl.arange(0, BLOCK_N)
             mask = _loop_mask(rmask, cols, N, EVEN)
             cmask = cols < N
@@ -762,7 +780,9 @@ def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms, save_stats=False):
              BLOCK_N=block_n, SINGLE=single, INT64=C.needs_int64(x2, r2, y2),
              EVICT=OVERRIDE.get("norm_evict", _fwd_evict), SAVE_STATS=save_stats,
              PERSIST=persist, NCHUNK=_static_chunks(N, block_n, single, warps),
-             EVEN=not single and rows == 1 and N % block_n == 0, num_warps=warps)
+             EVEN=not single and rows == 1 and N % block_n == 0,
+             TREE=OVERRIDE.get("norm_tree", False), FORWARD2=OVERRIDE.get("norm_forward2", False),
+             num_warps=warps)
     return y, h, stats
 
 
