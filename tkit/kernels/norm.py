@@ -225,10 +225,17 @@ def _loop_mask(rmask, cols, N, EVEN: tl.constexpr):
 
 
 @triton.jit
+def _add_pair(a, b, c, d):
+    return a + c, b + d
+
+
+@triton.jit
 def _chan_combine(ma, qa, na, mb, qb, nb):
-    """Two (mean, M2, count) summaries into one (Chan et al.); empty ones (count 0) drop out."""
+    """Two (mean, M2, count) summaries into one (Chan et al.); empty ones (count 0) drop out.
+    The weight nb / n takes the approximate division (2 ulp; an IEEE division is ~20
+    instructions, and a tree reduction runs a dozen of these a thread)."""
     n = na + nb
-    w = tl.where(n > 0, nb / tl.maximum(n, 1.0), 0.0)
+    w = tl.where(n > 0, tl.math.fdiv(nb, tl.maximum(n, 1.0)), 0.0)
     d = mb - ma
     return ma + d * w, qa + qb + d * d * na * w, n
 
@@ -254,7 +261,7 @@ def _norm_fwd_kernel(
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, INT64: tl.constexpr,
     EVICT: tl.constexpr, SAVE_STATS: tl.constexpr, PERSIST: tl.constexpr,
     NCHUNK: tl.constexpr = 0, EVEN: tl.constexpr = False, TREE: tl.constexpr = False,
-    FORWARD2: tl.constexpr = False,
+    FORWARD2: tl.constexpr = False, SHIFT: tl.constexpr = False,
 ):
     """y = norm(h) * w (+ b) for ROWS rows a program.
 
@@ -337,7 +344,17 @@ def _norm_fwd_kernel(
             lane = tl.arange(0, BLOCK_N)
             nfull = N // BLOCK_N
             cnt = (nfull + (lane < N - nfull * BLOCK_N).to(tl.int32)).to(tl.float32)
-            if TREE:
+            if SHIFT:
+                # one reduction of sums taken about the row's first value k0 (the shifted-data
+                # form: its rounding grows with (mean - k0)^2 / var, at most N)
+                k0 = tl.load(x_ptr + rows * sxm, mask=rmask, other=0.0).to(tl.float32)
+                dk = lane_mean - k0[:, None]
+                s1, s2 = tl.reduce((cnt[None, :] * dk, lane_m2 + cnt[None, :] * dk * dk), 1,
+                                   _add_pair)
+                mk = s1 / N
+                mean = k0 + mk
+                m2 = tl.maximum(s2 - N * mk * mk, 0.0)
+            elif TREE:
                 # one reduction: Chan's pairwise combination of (mean, M2, count)
                 mean, m2, _ = tl.reduce(
                     (lane_mean, lane_m2, tl.broadcast_to(cnt[None, :], (ROWS, BLOCK_N))), 1,
@@ -782,6 +799,7 @@ def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms, save_stats=False):
              PERSIST=persist, NCHUNK=_static_chunks(N, block_n, single, warps),
              EVEN=not single and rows == 1 and N % block_n == 0,
              TREE=OVERRIDE.get("norm_tree", False), FORWARD2=OVERRIDE.get("norm_forward2", False),
+             SHIFT=OVERRIDE.get("norm_shift", False),
              num_warps=warps)
     return y, h, stats
 
