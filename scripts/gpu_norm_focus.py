@@ -54,6 +54,7 @@ def _variants(name: str, n: int) -> dict[str, dict]:
         # the loop path's lane combine (LayerNorm) and second-walk direction, at the default
         # shape
         out["tree"] = dict(norm_tree=True)
+        out["w evict_last"] = dict(norm_w_evict="evict_last")
         out["fwd2"] = dict(norm_forward2=True)
         out["tree fwd2"] = dict(norm_tree=True, norm_forward2=True)
         out["tree fwd2 c4k"] = dict(norm_tree=True, norm_forward2=True, norm_chunk=4096)

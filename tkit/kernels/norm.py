@@ -261,7 +261,7 @@ def _norm_fwd_kernel(
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, INT64: tl.constexpr,
     EVICT: tl.constexpr, SAVE_STATS: tl.constexpr, PERSIST: tl.constexpr,
     NCHUNK: tl.constexpr = 0, EVEN: tl.constexpr = False, TREE: tl.constexpr = False,
-    FORWARD2: tl.constexpr = False, SHIFT: tl.constexpr = False,
+    FORWARD2: tl.constexpr = False, SHIFT: tl.constexpr = False, W_EVICT: tl.constexpr = "",
 ):
     """y = norm(h) * w (+ b) for ROWS rows a program.
 
@@ -386,10 +386,12 @@ def _norm_fwd_kernel(
                             False, False, "evict_first")
             if not IS_RMS:
                 h = h - mean[:, None]
-            w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + cols, mask=cmask, other=0.0,
+                        eviction_policy=W_EVICT).to(tl.float32)
             y = h * rstd[:, None] * w[None, :]
             if HAS_BIAS:
-                y += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+                y += tl.load(b_ptr + cols, mask=cmask, other=0.0,
+                             eviction_policy=W_EVICT).to(tl.float32)[None, :]
             tl.store(y_ptr + rows[:, None] * sym + cols[None, :], y.to(y_ptr.dtype.element_ty),
                      mask=mask)
 
@@ -799,7 +801,7 @@ def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms, save_stats=False):
              PERSIST=persist, NCHUNK=_static_chunks(N, block_n, single, warps),
              EVEN=not single and rows == 1 and N % block_n == 0,
              TREE=OVERRIDE.get("norm_tree", False), FORWARD2=OVERRIDE.get("norm_forward2", False),
-             SHIFT=OVERRIDE.get("norm_shift", False),
+             SHIFT=OVERRIDE.get("norm_shift", False), W_EVICT=OVERRIDE.get("norm_w_evict", ""),
              num_warps=warps)
     return y, h, stats
 
