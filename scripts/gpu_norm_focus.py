@@ -50,14 +50,6 @@ def _variants(name: str, n: int) -> dict[str, dict]:
             if chunk <= max(n, 2048) and chunk // warps >= 128:
                 out[f"loop c{chunk // 1024}k w{warps}"] = dict(LOOP, norm_chunk=chunk,
                                                               norm_loop_warps=warps)
-    if name in ("rms_norm", "layer_norm", "rms_norm_residual"):
-        # the loop path's lane combine (LayerNorm) and second-walk direction, at the default
-        # shape
-        out["tree"] = dict(norm_tree=True)
-        out["w evict_last"] = dict(norm_w_evict="evict_last")
-        out["fwd2"] = dict(norm_forward2=True)
-        out["tree fwd2"] = dict(norm_tree=True, norm_forward2=True)
-        out["tree fwd2 c4k"] = dict(norm_tree=True, norm_forward2=True, norm_chunk=4096)
     if n <= 2048:
         for rows, warps in ROW_SHAPES:
             out[f"rows{rows} w{warps}"] = dict(rows=rows, num_warps=warps)

@@ -173,10 +173,11 @@ def test_loop_and_row_kernels_match_reference():
 #
 # The production kernel (tkit/kernels/norm.py) adds what the measurements asked for: short rows
 # packed several to a program (a 1024-column row is only 2 KiB: too little work for a program),
-# the warp count scaled with the row, `evict_first` on loads read once, the residual add fused
-# (`h = x + residual` written and normalized in the same pass: 4 tensors of traffic instead of
-# 6 for add-then-norm), strided rows, long rows in chunks, and a backward whose dweight is
-# reduced through per-program float32 partials.
+# the warp count scaled with the row, no L2 hint on loads read once (an `evict_first` hint
+# measured slower), the residual add fused (`h = x + residual` written and normalized in the
+# same pass: 4 tensors of traffic instead of 6 for add-then-norm), strided rows, rows of 4096
+# columns and more walked twice in chunks (below), and a backward whose dweight is reduced
+# through per-program float32 partials.
 
 # %% [markdown]
 # ## Online softmax, derived
@@ -256,6 +257,21 @@ def test_tkit_split_path_equals_fused_path():
 # threads: one program fills an SM's register file), ran at 54% of copy until each program
 # issued the loads of its next row before reducing the current one (90% for rms_norm, 80% for
 # layer_norm). When occupancy cannot hide latency, the program has to.
+#
+# A third lesson came from reading what torch.compile generates for the same ops (inductor's
+# looped reduction, `scripts/gpu_norm_focus.py` saves its kernels and chosen configs): for rows
+# of 4096 columns and more it does not hold the row in registers. It walks the row twice, in
+# chunks of 2048-32768 columns: the first walk accumulates per lane (each thread keeps its own
+# running sum of squares, or its own Welford mean and M2, and the threads are combined once at
+# the end), the second walk rereads the row from L2 to normalize it. Such a program holds
+# 30-60 registers instead of 120+, several programs share an SM, and the fixed row length lets
+# the compiler issue every chunk's load before the first update. tkit's loop path now does the
+# same: the chunk count is a compile-time constant up to 16 chunks (one build per count) and a
+# row made of whole chunks takes no masks, so no load waits for a predicate register (a thread
+# has 7). H200, 256 MiB bf16, medians of 3 interleaved rounds (runs q and r of 2026-11-30):
+# rms_norm N=4096 3.98 -> 4.15 TB/s, N=16384 3.92 -> 4.06, N=65536 3.43 -> 3.62; the residual
+# form N=8192 4.02 -> 4.09; layer_norm N=32768 3.05 -> 3.64. One point stayed behind:
+# layer_norm at N=16384, 3.83 TB/s against torch.compile's 3.97.
 
 # %%
 if __name__ == "__main__":

@@ -8,9 +8,11 @@ Math, per row h of length N (float32 inside, rounded once on store; w = weight, 
     residual     h = x + residual, rounded to x's dtype and stored; y is the norm of that
                  stored h (what the next layer's residual stream holds), both in one pass.
 
-The variance is computed two-pass on chip: the row (or chunk) sits in registers, its mean is
-taken first and then the mean of squared deviations, so there is no E[x^2] - E[x]^2
-cancellation. Rows longer than one chunk combine chunk moments with Chan's parallel rule.
+The variance never takes E[x^2] - E[x]^2 (which cancels): a row held in registers takes its
+mean first and then the mean of squared deviations (two-pass); a row walked in chunks keeps a
+Welford mean and M2 in each lane, and the lanes are combined with the exact parallel form
+(mean = sum(c m) / N, then M2 = sum(q + c (m - mean)^2)); the split path combines its chunks'
+moments with Chan's rule.
 
 Backward (xhat = (h - mu) * rstd, mu = 0 for RMSNorm; g = dy * w):
 
@@ -24,11 +26,13 @@ Cost model: forward reads M*N (+ M*N residual) + N, writes M*N (+ M*N h); backwa
 
 Kernels:
 
-* ``_norm_fwd_kernel``: rows of up to 64 KiB in registers (ROWS rows a program for short rows,
-  ``SINGLE``). Longer rows (the default, "loop"): one program per row, looping over its chunks
-  twice (moments, then normalize; the second read mostly hits L2), one launch. H200, bf16,
-  256 MiB input, N=65536 / 131072 / 262144: rms_norm 2.75 / 2.65 / 2.60 TB/s (torch.compile
-  2.72 / 2.59 / 2.57), layer_norm 2.49 / 2.40 / 1.99 (compile 2.24 / 2.15 / 2.05).
+* ``_norm_fwd_kernel``: short rows in registers (ROWS rows a program, ``SINGLE``); from the
+  lengths in ``LOOP_SHAPES`` (RMSNorm 4096 columns, the residual form 2048, LayerNorm 16384)
+  the "loop" path: one program per row, walking its chunks twice (per-lane moments, then
+  normalize; the second read mostly hits L2), one launch. H200, bf16, 256 MiB input (runs q
+  and r of 2026-11-30), N=65536 / 131072 / 262144: rms_norm 3.62 / 3.24 / 2.84 TB/s
+  (torch.compile 2.72 / 2.59 / 2.57), layer_norm 3.10 / 2.81 / 2.59 (compile 2.25 / 2.17 /
+  2.05).
   ``OVERRIDE["norm_long"] = "split"`` selects the alternative: ``_norm_partial_kernel``
   computes each (row, chunk)'s moments (and writes h), ``_norm_apply_kernel`` combines a row's
   chunk moments and normalizes its chunk (softmax's split structure). It measured 0.57-0.67
@@ -225,22 +229,6 @@ def _loop_mask(rmask, cols, N, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _add_pair(a, b, c, d):
-    return a + c, b + d
-
-
-@triton.jit
-def _chan_combine(ma, qa, na, mb, qb, nb):
-    """Two (mean, M2, count) summaries into one (Chan et al.); empty ones (count 0) drop out.
-    The weight nb / n takes the approximate division (2 ulp; an IEEE division is ~20
-    instructions, and a tree reduction runs a dozen of these a thread)."""
-    n = na + nb
-    w = tl.where(n > 0, tl.math.fdiv(nb, tl.maximum(n, 1.0)), 0.0)
-    d = mb - ma
-    return ma + d * w, qa + qb + d * d * na * w, n
-
-
-@triton.jit
 def _lane_update(h, mask, k, lane_mean, lane_m2, IS_RMS: tl.constexpr):
     """One chunk into the loop path's per-lane accumulators: the sum of h^2 (RMSNorm), or
     Welford's running mean and M2 of the k values a lane has seen (LayerNorm; ``mask``: lanes
@@ -260,8 +248,7 @@ def _norm_fwd_kernel(
     eps, IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, INT64: tl.constexpr,
     EVICT: tl.constexpr, SAVE_STATS: tl.constexpr, PERSIST: tl.constexpr,
-    NCHUNK: tl.constexpr = 0, EVEN: tl.constexpr = False, TREE: tl.constexpr = False,
-    FORWARD2: tl.constexpr = False, SHIFT: tl.constexpr = False, W_EVICT: tl.constexpr = "",
+    NCHUNK: tl.constexpr = 0, EVEN: tl.constexpr = False,
 ):
     """y = norm(h) * w (+ b) for ROWS rows a program.
 
@@ -277,9 +264,7 @@ def _norm_fwd_kernel(
     NCHUNK (loop path): the number of BLOCK_N chunks of a row when the first walk is unrolled
     at compile time, 0 for a run-time loop (long rows). EVEN (loop path, ROWS = 1): N is a
     multiple of BLOCK_N, so the loads and stores need no mask (no predicate registers: an SM
-    has 7 a thread, and a predicated load each would cap the loads in flight). TREE
-    (LayerNorm loop path): combine the lanes' (mean, M2, count) in one reduction (Chan's
-    pairwise form) instead of two sums. FORWARD2: the second walk goes first chunk first.
+    has 7 a thread, and a predicated load each would cap the loads in flight).
     """
     if SINGLE and PERSIST:
         cols = tl.arange(0, BLOCK_N)
@@ -344,25 +329,9 @@ def _norm_fwd_kernel(
             lane = tl.arange(0, BLOCK_N)
             nfull = N // BLOCK_N
             cnt = (nfull + (lane < N - nfull * BLOCK_N).to(tl.int32)).to(tl.float32)
-            if SHIFT:
-                # one reduction of sums taken about the row's first value k0 (the shifted-data
-                # form: its rounding grows with (mean - k0)^2 / var, at most N)
-                k0 = tl.load(x_ptr + rows * sxm, mask=rmask, other=0.0).to(tl.float32)
-                dk = lane_mean - k0[:, None]
-                s1, s2 = tl.reduce((cnt[None, :] * dk, lane_m2 + cnt[None, :] * dk * dk), 1,
-                                   _add_pair)
-                mk = s1 / N
-                mean = k0 + mk
-                m2 = tl.maximum(s2 - N * mk * mk, 0.0)
-            elif TREE:
-                # one reduction: Chan's pairwise combination of (mean, M2, count)
-                mean, m2, _ = tl.reduce(
-                    (lane_mean, lane_m2, tl.broadcast_to(cnt[None, :], (ROWS, BLOCK_N))), 1,
-                    _chan_combine)
-            else:
-                mean = tl.sum(lane_mean * cnt[None, :], axis=1) / N
-                dm = lane_mean - mean[:, None]
-                m2 = tl.sum(lane_m2 + cnt[None, :] * dm * dm, axis=1)
+            mean = tl.sum(lane_mean * cnt[None, :], axis=1) / N
+            dm = lane_mean - mean[:, None]
+            m2 = tl.sum(lane_m2 + cnt[None, :] * dm * dm, axis=1)
         rstd = 1.0 / tl.sqrt(m2 / N + eps)
         if SAVE_STATS:
             tl.store(stats_ptr + rows * 2, mean, mask=rmask)
@@ -372,7 +341,7 @@ def _norm_fwd_kernel(
         # still be in L2 (a walk in the same order would reread the oldest first)
         last = (tl.cdiv(N, BLOCK_N) - 1) * BLOCK_N
         for i in range(0, N, BLOCK_N):
-            start = i if FORWARD2 else last - i
+            start = last - i
             cols = start + tl.arange(0, BLOCK_N)
             mask = _loop_mask(rmask, cols, N, EVEN)
             cmask = cols < N
@@ -386,12 +355,10 @@ def _norm_fwd_kernel(
                             False, False, "evict_first")
             if not IS_RMS:
                 h = h - mean[:, None]
-            w = tl.load(w_ptr + cols, mask=cmask, other=0.0,
-                        eviction_policy=W_EVICT).to(tl.float32)
+            w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
             y = h * rstd[:, None] * w[None, :]
             if HAS_BIAS:
-                y += tl.load(b_ptr + cols, mask=cmask, other=0.0,
-                             eviction_policy=W_EVICT).to(tl.float32)[None, :]
+                y += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
             tl.store(y_ptr + rows[:, None] * sym + cols[None, :], y.to(y_ptr.dtype.element_ty),
                      mask=mask)
 
@@ -800,8 +767,6 @@ def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms, save_stats=False):
              EVICT=OVERRIDE.get("norm_evict", _fwd_evict), SAVE_STATS=save_stats,
              PERSIST=persist, NCHUNK=_static_chunks(N, block_n, single, warps),
              EVEN=not single and rows == 1 and N % block_n == 0,
-             TREE=OVERRIDE.get("norm_tree", False), FORWARD2=OVERRIDE.get("norm_forward2", False),
-             SHIFT=OVERRIDE.get("norm_shift", False), W_EVICT=OVERRIDE.get("norm_w_evict", ""),
              num_warps=warps)
     return y, h, stats
 
@@ -1063,7 +1028,8 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     """LayerNorm over the last dimension: ``(x - mean) / sqrt(var + eps) * weight + bias``.
 
     The variance is the biased one (as ``torch.nn.functional.layer_norm``), computed two-pass on
-    chip (Chan's combination across chunks for rows over 64 KiB). ``bias`` may be None.
+    chip, or with per-lane Welford updates for rows walked in chunks (see the module docstring);
+    never as E[x^2] - E[x]^2. ``bias`` may be None.
     Shapes, dtypes and layouts as :func:`rms_norm`.
     """
     _check_norm(x, weight, bias=bias, eps=eps)
