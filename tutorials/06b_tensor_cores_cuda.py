@@ -370,6 +370,25 @@ def test_mbarrier_protocol():
 # (`h200-2026-11-30-i-cute-sm80.json`, 3 rounds): its best build 464 / 460 TFLOP/s = 0.604x /
 # 0.582x cuBLAS (769 / 790 TFLOP/s that run), the hand-written kernel 0.560x / 0.530x beside it.
 # Three implementations, one a library's own building blocks, all stop at 0.5-0.6x.
+#
+# Why, measured twice more (run p and v of the third session):
+#
+# * The instruction's own ceiling. `tkit.cuda_ext.mma_peak` issues nothing but
+#   `mma.sync.m16n8k16` from registers (independent accumulator chains, no memory in the loop;
+#   `scripts/gpu_mma_peak.py`). Every saturating configuration lands on 0.666 mma per SM per
+#   clock: 2729 FLOP per SM per clock, two thirds of the 4096 that wgmma reaches, 645-655
+#   TFLOP/s at the ~1.8 GHz such a kernel holds (cuBLAS: 786 / 725 TFLOP/s at 4096^3 before and
+#   after the sweep).
+# * Where the GEMM loses the rest. Nsight Compute on one 4096^3 launch (clocks locked by ncu):
+#   the CuTe kernel keeps the tensor pipe busy 80.6% of its cycles, shared memory at 54% of its
+#   wavefront rate (so not the bottleneck), and its warps wait mostly on the busy tensor pipe
+#   (38% of the cycles between issues) and on fixed-latency dependencies (35%). cuBLAS's
+#   wgmma kernel keeps the pipe 90.4% busy at 3706 FLOP per SM per clock.
+#
+# So at equal clocks even a perfect mma.sync GEMM, tensor pipe busy every cycle, would reach
+# 2729 / 3706 = 0.74x of cuBLAS on this chip. The 0.8x an Ampere-class kernel can aim for
+# against cuBLAS on an A100 is out of reach on Hopper with this instruction: the wgmma path
+# (section 5) is the one that matches cuBLAS.
 
 
 # %%
