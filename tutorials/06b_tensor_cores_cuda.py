@@ -388,7 +388,7 @@ def test_mbarrier_protocol():
 # So at equal clocks even a perfect mma.sync GEMM, tensor pipe busy every cycle, would reach
 # 2729 / 3706 = 0.74x of cuBLAS on this chip. The 0.8x an Ampere-class kernel can aim for
 # against cuBLAS on an A100 is out of reach on Hopper with this instruction: the wgmma path
-# (section 5) is the one that matches cuBLAS.
+# (sections 3-5) is the one that matches cuBLAS.
 
 
 # %%
