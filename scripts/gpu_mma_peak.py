@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -218,14 +217,23 @@ def main():
         if b is None:
             print(f"  {d:10s} no configuration ran")
             continue
+        # the rate per clock comes from one block's loop cycles, which are the SM's only when
+        # that block is alone on its SM: with several blocks an SM, blocks that do not overlap
+        # fully make the clock read low and the rate high, so take it from 1-block rows
+        solo = [r for r in sw["rows"] if r.get("blocks_per_sm") == 1
+                and "flops_per_sm_per_clk" in r]
+        per_clk = max(solo, key=lambda r: r["flops_per_sm_per_clk"]) if solo else None
         line = (f"  {d:10s} {b['tflops']:7.1f} TFLOP/s (max launch {b['tflops_max']:.1f}) "
                 f"ilp {b['ilp']} warps/block {b['warps_per_block']} blocks/SM "
-                f"{b['blocks_per_sm']}; {b.get('flops_per_sm_per_clk', math.nan):.0f} flop/SM/clk "
-                f"at ~{b.get('sm_clock_mhz', math.nan):.0f} MHz")
-        if meta["capability"] == [9, 0] and "flops_per_sm_per_clk" in b:
-            frac = b["flops_per_sm_per_clk"] / HOPPER_DENSE_FLOPS_PER_SM_CLK
-            b["hopper_dense_peak_fraction"] = frac
-            line += f" = {frac:.2f} of Hopper's dense 4096 flop/SM/clk"
+                f"{b['blocks_per_sm']}")
+        if per_clk is not None:
+            line += (f"; one block an SM: {per_clk['flops_per_sm_per_clk']:.0f} flop/SM/clk at "
+                     f"~{per_clk['sm_clock_mhz']:.0f} MHz")
+            sw["flops_per_sm_per_clk_one_block"] = per_clk["flops_per_sm_per_clk"]
+            if meta["capability"] == [9, 0]:
+                frac = per_clk["flops_per_sm_per_clk"] / HOPPER_DENSE_FLOPS_PER_SM_CLK
+                b["hopper_dense_peak_fraction"] = frac
+                line += f" = {frac:.2f} of Hopper's dense 4096 flop/SM/clk"
         print(line)
     best = result["sweeps"].get("bf16", {}).get("best")
     if best is not None and result["cublas"]:

@@ -213,7 +213,10 @@ def mma_sync_peak(dtype: str = "bf16", *, ilp: int = 4, warps_per_block: int = 8
     fastest launch), ``cycles`` (median over blocks of warp 0's clock64 cycles in the loop),
     ``sm_clock_mhz`` (cycles / median time: the SM clock under this load, a slight
     underestimate since the launch has ramp-up), ``mma_per_sm_per_clk`` and
-    ``flops_per_sm_per_clk`` (from ``cycles``), and ``check_rel_err`` when ``check``.
+    ``flops_per_sm_per_clk`` (from ``cycles``), and ``check_rel_err`` when ``check``. The
+    three cycle-based figures hold when ``blocks_per_sm`` is 1: with several blocks an SM,
+    blocks that do not overlap for the whole launch make one block's cycles shorter than the
+    SM's (on the H200 the clock then read ~1.1-1.4 GHz against ~1.8 with one block).
     """
     check_args(dtype, ilp, warps_per_block, blocks_per_sm, iters, data, reps, warmup, target_ms)
     if backend not in ("nvrtc", "nvcc"):
