@@ -75,7 +75,7 @@ from tkit.kernels.softmax import OVERRIDE, _row_offsets, as_rows, row_batch, row
 #: dw/db partials).
 FWD_SINGLE_MAX_BYTES = 64 * 1024
 BWD_SINGLE_MAX_BYTES = 32 * 1024
-#: Plain RMSNorm took the chunked "loop" path from 64 KiB rows before ``LOOP_SHAPES`` (still
+#: Plain RMSNorm took the chunked "loop" path for rows over 32 KiB before ``LOOP_SHAPES`` (still
 #: the rule in the interpreter and under a ``norm_fwd_single_bytes`` override).
 RMS_FWD_SINGLE_MAX_BYTES = 32 * 1024
 #: The forward's loop path on the GPU: (largest N, chunk, warps) rows, first match wins;
@@ -263,8 +263,8 @@ def _norm_fwd_kernel(
     program that fills an SM's register file has nothing else to hide its load latency).
     NCHUNK (loop path): the number of BLOCK_N chunks of a row when the first walk is unrolled
     at compile time, 0 for a run-time loop (long rows). EVEN (loop path, ROWS = 1): N is a
-    multiple of BLOCK_N, so the loads and stores need no mask (no predicate registers: an SM
-    has 7 a thread, and a predicated load each would cap the loads in flight).
+    multiple of BLOCK_N, so the loads and stores need no mask and no predicate register (a
+    thread has 7, and one held by each predicated load capped the loads in flight).
     """
     if SINGLE and PERSIST:
         cols = tl.arange(0, BLOCK_N)
