@@ -30,9 +30,11 @@ import triton.testing
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import gpu_reductions  # noqa: E402
 from gpu_reductions import check, copy_ceiling, fwd_bytes, fwd_fns, make_case, override  # noqa: E402
 
 from tkit import registry  # noqa: E402
+from tkit.bench.runner import git_sha  # noqa: E402
 
 LOOP = dict(norm_fwd_single_bytes=0)  # force the chunked loop path of the norm forward
 
@@ -83,12 +85,10 @@ def inductor_kernels():
 
 
 def bench(fn, rep):
-    try:
-        fn()
-        torch.cuda.synchronize()
-        return float(triton.testing.do_bench(fn, warmup=5, rep=rep, return_mode="median"))
-    except Exception as e:  # a variant that fails must not stop the run
-        return f"{type(e).__name__}: {str(e)[:160]}"
+    """Median ms of ``fn`` (gpu_reductions.bench: do_bench, L2 flushed), or the error text of a
+    provider that fails (it must not stop the run)."""
+    ms = gpu_reductions.bench(fn, rep=rep)
+    return ms if isinstance(ms, str) else ms[0]
 
 
 def main():
@@ -217,14 +217,8 @@ def main():
             print(f"   inductor {k[0]}: chosen {k[1]} of {k[2]} configs", flush=True)
         args = provs = None
         torch.cuda.empty_cache()
-    try:
-        from tkit.bench.runner import git_sha
-
-        sha = git_sha()
-    except Exception:
-        sha = ""
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                triton=triton.__version__, git_sha=sha, copy_ceiling_tbs=ceiling,
+                triton=triton.__version__, git_sha=git_sha(), copy_ceiling_tbs=ceiling,
                 rounds=opts.rounds, seconds=time.time() - t0)
     (out_dir / "gpu_norm_focus.json").write_text(json.dumps(dict(meta=meta, rows=results),
                                                             indent=1, default=str))

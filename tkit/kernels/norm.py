@@ -203,6 +203,19 @@ def _load_xr(x_ptr, r_ptr, tile, cols, cmask, M, sxm, sxn, srm, srn, ROWS: tl.co
 
 
 @triton.jit
+def _scale_store(d, rstd, rows, cols, cmask, mask, w_ptr, b_ptr, y_ptr, sym,
+                 HAS_BIAS: tl.constexpr):
+    """y = d * rstd * w (+ b) for a (rows x cols) tile of centered values d, stored in y's
+    dtype."""
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    y = d * rstd[:, None] * w[None, :]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rows[:, None] * sym + cols[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
 def _fwd_rows(h, rows, rmask, cols, cmask, w_ptr, b_ptr, y_ptr, stats_ptr, N, sym, eps,
               IS_RMS: tl.constexpr, HAS_BIAS: tl.constexpr, SAVE_STATS: tl.constexpr):
     """Normalize a tile of whole rows held in registers (float32) and store y (and stats)."""
@@ -211,12 +224,7 @@ def _fwd_rows(h, rows, rmask, cols, cmask, w_ptr, b_ptr, y_ptr, stats_ptr, N, sy
     if SAVE_STATS:
         tl.store(stats_ptr + rows * 2, mean, mask=rmask)
         tl.store(stats_ptr + rows * 2 + 1, rstd, mask=rmask)
-    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    y = d * rstd[:, None] * w[None, :]
-    if HAS_BIAS:
-        y += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rows[:, None] * sym + cols[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=mask)
+    _scale_store(d, rstd, rows, cols, cmask, mask, w_ptr, b_ptr, y_ptr, sym, HAS_BIAS)
 
 
 @triton.jit
@@ -355,12 +363,7 @@ def _norm_fwd_kernel(
                             False, False, "evict_first")
             if not IS_RMS:
                 h = h - mean[:, None]
-            w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-            y = h * rstd[:, None] * w[None, :]
-            if HAS_BIAS:
-                y += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-            tl.store(y_ptr + rows[:, None] * sym + cols[None, :], y.to(y_ptr.dtype.element_ty),
-                     mask=mask)
+            _scale_store(h, rstd, rows, cols, cmask, mask, w_ptr, b_ptr, y_ptr, sym, HAS_BIAS)
 
 
 @triton.jit
