@@ -377,15 +377,12 @@ def main():
     meta = dict(device=torch.cuda.get_device_name(), capability=cap, torch=torch.__version__,
                 sizes=sizes, variants=names, rounds=args.rounds, rep_ms=args.rep_ms,
                 focus=args.focus)
-    try:
-        import triton
+    import triton
 
-        meta["triton"] = triton.__version__
-        from tkit.bench.runner import git_sha
+    from tkit.bench.runner import git_sha
 
-        meta["git"] = git_sha()
-    except Exception:
-        pass
+    meta["triton"] = triton.__version__
+    meta["git"] = git_sha()  # TKIT_GIT_SHA, else git rev-parse; "?" when neither answers
     rows: list[dict] = []
 
     def save():

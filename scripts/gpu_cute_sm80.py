@@ -306,15 +306,12 @@ def main():
                 nvcc=_loader.nvcc_version(), sizes=sizes, variants=variants,
                 default_variant=CUTE_DEFAULT_VARIANT, mma_default=default_mma_variant(),
                 rounds=args.rounds, rep_ms=args.rep_ms)
-    try:
-        import triton
+    import triton
 
-        meta["triton"] = triton.__version__
-        from tkit.bench.runner import git_sha
+    from tkit.bench.runner import git_sha
 
-        meta["git"] = git_sha()
-    except Exception:
-        pass
+    meta["triton"] = triton.__version__
+    meta["git"] = git_sha()  # TKIT_GIT_SHA, else git rev-parse; "?" when neither answers
     rows: list[dict] = []
 
     def save():
