@@ -52,6 +52,18 @@ def _variants(name: str, n: int) -> dict[str, dict]:
             if chunk <= max(n, 2048) and chunk // warps >= 128:
                 out[f"loop c{chunk // 1024}k w{warps}"] = dict(LOOP, norm_chunk=chunk,
                                                               norm_loop_warps=warps)
+    if name == "layer_norm":
+        # the lane combine (two sums / one Chan reduce), the second walk's order, and the
+        # first walk unrolled or a run-time loop
+        for chunk, warps in ((2048, 16), (4096, 16), (8192, 16), (8192, 32), (16384, 32)):
+            if chunk > n or chunk // warps < 128:
+                continue
+            for chan, rev2, static in ((True, False, 16), (True, False, 0), (False, False, 16),
+                                       (True, True, 16)):
+                out[f"c{chunk // 1024}k w{warps} {'chan' if chan else 'sum2'} "
+                    f"{'rev' if rev2 else 'fwd'} {'unroll' if static else 'loop'}"] = dict(
+                    LOOP, norm_chunk=chunk, norm_loop_warps=warps, norm_chan=chan,
+                    norm_rev2=rev2, norm_static_chunks_max=static)
     if n <= 2048:
         for rows, warps in ROW_SHAPES:
             out[f"rows{rows} w{warps}"] = dict(rows=rows, num_warps=warps)

@@ -77,11 +77,19 @@ def test_chunked_long_row_path(name, dtype, force_chunked, device):
                             _inputs(name, (5, 3, 150), dtype, device, "sliced"), grad=True)
 
 
+#: the loop path's LayerNorm lane combine and second-walk order: two sums and last chunk
+#: first (the default), one Chan reduce and column order
+LOOP_STYLES = [{}, {"norm_chan": True, "norm_rev2": False}]
+
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("n", [256, 1280])
-def test_loop_path_whole_chunks(name, n, monkeypatch, device):
+@pytest.mark.parametrize("style", LOOP_STYLES, ids=["sum2-rev", "chan-fwd"])
+def test_loop_path_whole_chunks(name, n, style, monkeypatch, device):
     """The forward's loop path when every chunk is full (no masks): unrolled at compile time
     (4 chunks of 64) and a run-time loop (20 chunks, over STATIC_CHUNKS_MAX)."""
+    for k, v in style.items():
+        monkeypatch.setitem(sm.OVERRIDE, k, v)
     monkeypatch.setitem(sm.OVERRIDE, "norm_long", "loop")
     monkeypatch.setitem(sm.OVERRIDE, "norm_fwd_single_bytes", 0)
     monkeypatch.setitem(sm.OVERRIDE, "norm_chunk", 64)
@@ -133,10 +141,13 @@ def test_layer_norm_variance_is_stable_chunked(force_chunked, device):
 
 
 @pytest.mark.parametrize("chunk", [64, 256])
-def test_layer_norm_loop_variance_tracks_a_drifting_row(chunk, monkeypatch, device):
+@pytest.mark.parametrize("style", LOOP_STYLES, ids=["sum2-rev", "chan-fwd"])
+def test_layer_norm_loop_variance_tracks_a_drifting_row(chunk, style, monkeypatch, device):
     """The loop path's per-lane Welford update and its lane combine: a row whose level moves
     from chunk to chunk (a large mean, a step of 1 halfway, a spread of 1e-2), a partial last
-    chunk, and rows shorter than a chunk."""
+    chunk, and rows shorter than a chunk (lanes that saw nothing: count 0)."""
+    for k, v in style.items():
+        monkeypatch.setitem(sm.OVERRIDE, k, v)
     monkeypatch.setitem(sm.OVERRIDE, "norm_long", "loop")
     monkeypatch.setitem(sm.OVERRIDE, "norm_fwd_single_bytes", 0)
     monkeypatch.setitem(sm.OVERRIDE, "norm_chunk", chunk)

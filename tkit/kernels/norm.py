@@ -251,12 +251,23 @@ def _lane_update(h, mask, k, lane_mean, lane_m2, IS_RMS: tl.constexpr):
 
 
 @triton.jit
+def _chan_combine(m1, q1, n1, m2, q2, n2):
+    """Chan et al.'s pairwise combine of two (mean, M2, count) summaries; empty ones (count
+    0) add nothing."""
+    d = m2 - m1
+    n = n1 + n2
+    f = tl.where(n == 0.0, 0.0, n2 / n)
+    return m1 + d * f, q1 + q2 + d * d * n1 * f, n
+
+
+@triton.jit
 def _norm_fwd_kernel(
     x_ptr, r_ptr, h_ptr, w_ptr, b_ptr, y_ptr, stats_ptr, M, N, sxm, sxn, srm, srn, shm, sym,
     eps, IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, INT64: tl.constexpr,
     EVICT: tl.constexpr, SAVE_STATS: tl.constexpr, PERSIST: tl.constexpr,
-    NCHUNK: tl.constexpr = 0, EVEN: tl.constexpr = False,
+    NCHUNK: tl.constexpr = 0, EVEN: tl.constexpr = False, CHAN: tl.constexpr = False,
+    REV2: tl.constexpr = True,
 ):
     """y = norm(h) * w (+ b) for ROWS rows a program.
 
@@ -273,6 +284,9 @@ def _norm_fwd_kernel(
     at compile time, 0 for a run-time loop (long rows). EVEN (loop path, ROWS = 1): N is a
     multiple of BLOCK_N, so the loads and stores need no mask and no predicate register (a
     thread has 7, and one held by each predicated load capped the loads in flight).
+    CHAN (loop path, LayerNorm): the lanes' (count, mean, M2) are combined by one three-value
+    reduction with Chan's pairwise update instead of two sums (the mean, then the squared
+    deviations from it). REV2 (loop path): the second walk goes last chunk first.
     """
     if SINGLE and PERSIST:
         cols = tl.arange(0, BLOCK_N)
@@ -332,24 +346,33 @@ def _norm_fwd_kernel(
             mean = tl.zeros((ROWS,), dtype=tl.float32)
             m2 = tl.sum(lane_m2, axis=1)
         else:
-            # combine the lanes (count c, mean m, M2 q): mean = sum(c m) / N,
-            # M2 = sum(q + c (m - mean)^2), the exact parallel form of the variance
+            # combine the lanes (count c, mean m, M2 q), exactly
             lane = tl.arange(0, BLOCK_N)
             nfull = N // BLOCK_N
             cnt = (nfull + (lane < N - nfull * BLOCK_N).to(tl.int32)).to(tl.float32)
-            mean = tl.sum(lane_mean * cnt[None, :], axis=1) / N
-            dm = lane_mean - mean[:, None]
-            m2 = tl.sum(lane_m2 + cnt[None, :] * dm * dm, axis=1)
+            if CHAN:
+                # pairwise (Chan et al.): one reduction of three values
+                mean, m2, _n = tl.reduce(
+                    (lane_mean, lane_m2, tl.broadcast_to(cnt[None, :], (ROWS, BLOCK_N))), 1,
+                    _chan_combine)
+            else:
+                # mean = sum(c m) / N, then M2 = sum(q + c (m - mean)^2): two reductions
+                mean = tl.sum(lane_mean * cnt[None, :], axis=1) / N
+                dm = lane_mean - mean[:, None]
+                m2 = tl.sum(lane_m2 + cnt[None, :] * dm * dm, axis=1)
         rstd = 1.0 / tl.sqrt(m2 / N + eps)
         if SAVE_STATS:
             tl.store(stats_ptr + rows * 2, mean, mask=rmask)
             tl.store(stats_ptr + rows * 2 + 1, rstd, mask=rmask)
         tl.debug_barrier()  # h written above is read back below
-        # the second walk goes last chunk first: the chunks read last are the likeliest to
-        # still be in L2 (a walk in the same order would reread the oldest first)
+        # REV2: the second walk goes last chunk first, the chunks read last being the
+        # likeliest to still be in L2 (in the same order it rereads the oldest first)
         last = (tl.cdiv(N, BLOCK_N) - 1) * BLOCK_N
         for i in range(0, N, BLOCK_N):
-            start = last - i
+            if REV2:
+                start = last - i
+            else:
+                start = i
             cols = start + tl.arange(0, BLOCK_N)
             mask = _loop_mask(rmask, cols, N, EVEN)
             cmask = cols < N
@@ -684,7 +707,7 @@ def _static_chunks(N: int, block_n: int, single: bool, warps: int = 4) -> int:
     if single:
         return 0
     n = C.cdiv(N, block_n)
-    if n * block_n > STATIC_VALUES_MAX * 32 * warps and "norm_static_chunks_max" not in OVERRIDE:
+    if n * block_n > OVERRIDE.get("norm_static_values_max", STATIC_VALUES_MAX) * 32 * warps:
         return 0
     return n if n <= OVERRIDE.get("norm_static_chunks_max", STATIC_CHUNKS_MAX) else 0
 
@@ -770,6 +793,7 @@ def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms, save_stats=False):
              EVICT=OVERRIDE.get("norm_evict", _fwd_evict), SAVE_STATS=save_stats,
              PERSIST=persist, NCHUNK=_static_chunks(N, block_n, single, warps),
              EVEN=not single and rows == 1 and N % block_n == 0,
+             CHAN=OVERRIDE.get("norm_chan", False), REV2=OVERRIDE.get("norm_rev2", True),
              num_warps=warps)
     return y, h, stats
 
