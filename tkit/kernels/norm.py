@@ -350,8 +350,18 @@ def _norm_fwd_kernel(
             lane = tl.arange(0, BLOCK_N)
             nfull = N // BLOCK_N
             cnt = (nfull + (lane < N - nfull * BLOCK_N).to(tl.int32)).to(tl.float32)
-            if CHAN:
-                # pairwise (Chan et al.): one reduction of three values
+            if CHAN and EVEN:
+                # pairwise (Chan et al.), one reduction of three values. Every lane has seen
+                # c = N / BLOCK_N values, and Chan's update depends on the counts' ratios
+                # alone, M2 scaling with c: so the lanes enter with count 1 and M2 / c, and
+                # the result's M2 is scaled back by c. Constant counts let the compiler fold
+                # the thread-local part of the combine (its divisions) away.
+                c_lane = (N // BLOCK_N).to(tl.float32)
+                mean, m2, _n = tl.reduce(
+                    (lane_mean, lane_m2 * (1.0 / c_lane),
+                     tl.full((ROWS, BLOCK_N), 1.0, tl.float32)), 1, _chan_combine)
+                m2 = m2 * c_lane
+            elif CHAN:
                 mean, m2, _n = tl.reduce(
                     (lane_mean, lane_m2, tl.broadcast_to(cnt[None, :], (ROWS, BLOCK_N))), 1,
                     _chan_combine)
