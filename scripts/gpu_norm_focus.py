@@ -54,16 +54,21 @@ def _variants(name: str, n: int) -> dict[str, dict]:
                                                               norm_loop_warps=warps)
     if name == "layer_norm":
         # the lane combine (two sums / one Chan reduce), the second walk's order, and the
-        # first walk unrolled or a run-time loop
+        # second walk unrolled at compile time ("s2") or a run-time loop
         for chunk, warps in ((2048, 16), (4096, 16), (8192, 16), (8192, 32), (16384, 32)):
             if chunk > n or chunk // warps < 128:
                 continue
-            for chan, rev2, static in ((True, False, 16), (True, False, 0), (False, False, 16),
-                                       (True, True, 16)):
+            for chan, rev2, static2 in ((True, False, True), (True, True, True),
+                                        (False, False, True), (False, True, True),
+                                        (True, False, False), (False, False, False)):
                 out[f"c{chunk // 1024}k w{warps} {'chan' if chan else 'sum2'} "
-                    f"{'rev' if rev2 else 'fwd'} {'unroll' if static else 'loop'}"] = dict(
+                    f"{'rev' if rev2 else 'fwd'}{' s2' if static2 else ''}"] = dict(
                     LOOP, norm_chunk=chunk, norm_loop_warps=warps, norm_chan=chan,
-                    norm_rev2=rev2, norm_static_chunks_max=static)
+                    norm_rev2=rev2, norm_static2=static2)
+    if name in ("rms_norm", "rms_norm_residual"):
+        out["s2"] = dict(norm_static2=True)
+        out["fwd s2"] = dict(norm_static2=True, norm_rev2=False)
+        out["fwd"] = dict(norm_rev2=False)
     if n <= 2048:
         for rows, warps in ROW_SHAPES:
             out[f"rows{rows} w{warps}"] = dict(rows=rows, num_warps=warps)

@@ -77,14 +77,18 @@ def test_chunked_long_row_path(name, dtype, force_chunked, device):
                             _inputs(name, (5, 3, 150), dtype, device, "sliced"), grad=True)
 
 
-#: the loop path's LayerNorm lane combine and second-walk order: two sums and last chunk
-#: first (the default), one Chan reduce and column order
-LOOP_STYLES = [{}, {"norm_chan": True, "norm_rev2": False}]
+#: the loop path's LayerNorm lane combine, second-walk order and second walk unrolled or not:
+#: two sums, last chunk first, a run-time loop (the first default); one Chan reduce, column
+#: order, unrolled; and the two mixed
+LOOP_STYLES = [{}, {"norm_chan": True, "norm_rev2": False, "norm_static2": True},
+               {"norm_chan": True, "norm_static2": False},
+               {"norm_rev2": True, "norm_static2": True}]
+LOOP_STYLE_IDS = ["sum2-rev", "chan-fwd-s2", "chan-rev", "sum2-rev-s2"]
 
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("n", [256, 1280])
-@pytest.mark.parametrize("style", LOOP_STYLES, ids=["sum2-rev", "chan-fwd"])
+@pytest.mark.parametrize("style", LOOP_STYLES, ids=LOOP_STYLE_IDS)
 def test_loop_path_whole_chunks(name, n, style, monkeypatch, device):
     """The forward's loop path when every chunk is full (no masks): unrolled at compile time
     (4 chunks of 64) and a run-time loop (20 chunks, over STATIC_CHUNKS_MAX)."""
@@ -141,7 +145,7 @@ def test_layer_norm_variance_is_stable_chunked(force_chunked, device):
 
 
 @pytest.mark.parametrize("chunk", [64, 256])
-@pytest.mark.parametrize("style", LOOP_STYLES, ids=["sum2-rev", "chan-fwd"])
+@pytest.mark.parametrize("style", LOOP_STYLES, ids=LOOP_STYLE_IDS)
 def test_layer_norm_loop_variance_tracks_a_drifting_row(chunk, style, monkeypatch, device):
     """The loop path's per-lane Welford update and its lane combine: a row whose level moves
     from chunk to chunk (a large mean, a step of 1 halfway, a spread of 1e-2), a partial last

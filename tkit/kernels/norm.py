@@ -267,7 +267,7 @@ def _norm_fwd_kernel(
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr, INT64: tl.constexpr,
     EVICT: tl.constexpr, SAVE_STATS: tl.constexpr, PERSIST: tl.constexpr,
     NCHUNK: tl.constexpr = 0, EVEN: tl.constexpr = False, CHAN: tl.constexpr = False,
-    REV2: tl.constexpr = True,
+    REV2: tl.constexpr = True, STATIC2: tl.constexpr = False,
 ):
     """y = norm(h) * w (+ b) for ROWS rows a program.
 
@@ -286,7 +286,8 @@ def _norm_fwd_kernel(
     thread has 7, and one held by each predicated load capped the loads in flight).
     CHAN (loop path, LayerNorm): the lanes' (count, mean, M2) are combined by one three-value
     reduction with Chan's pairwise update instead of two sums (the mean, then the squared
-    deviations from it). REV2 (loop path): the second walk goes last chunk first.
+    deviations from it). REV2 (loop path): the second walk goes last chunk first. STATIC2
+    (loop path with NCHUNK): the second walk is unrolled at compile time as well.
     """
     if SINGLE and PERSIST:
         cols = tl.arange(0, BLOCK_N)
@@ -376,27 +377,46 @@ def _norm_fwd_kernel(
             tl.store(stats_ptr + rows * 2 + 1, rstd, mask=rmask)
         tl.debug_barrier()  # h written above is read back below
         # REV2: the second walk goes last chunk first, the chunks read last being the
-        # likeliest to still be in L2 (in the same order it rereads the oldest first)
-        last = (tl.cdiv(N, BLOCK_N) - 1) * BLOCK_N
-        for i in range(0, N, BLOCK_N):
-            if REV2:
-                start = last - i
-            else:
-                start = i
-            cols = start + tl.arange(0, BLOCK_N)
-            mask = _loop_mask(rmask, cols, N, EVEN)
-            cmask = cols < N
-            if EVEN:
-                cmask = tl.full((BLOCK_N,), True, tl.int1)
-            if HAS_RES:
-                h = tl.load(h_ptr + rows[:, None] * shm + cols[None, :], mask=mask,
-                            other=0.0).to(tl.float32)
-            else:
-                h = _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
-                            False, False, "evict_first")
-            if not IS_RMS:
-                h = h - mean[:, None]
-            _scale_store(h, rstd, rows, cols, cmask, mask, w_ptr, b_ptr, y_ptr, sym, HAS_BIAS)
+        # likeliest to still be in L2 (in the same order it rereads the oldest first).
+        # STATIC2: unrolled at compile time too, so that its loads can be issued ahead
+        if STATIC2 and NCHUNK > 0:
+            for c in tl.static_range(NCHUNK):
+                start = ((NCHUNK - 1 - c) if REV2 else c) * BLOCK_N
+                _second_chunk(start, rows, rmask, mean, rstd, x_ptr, h_ptr, w_ptr, b_ptr,
+                              y_ptr, N, sxm, sxn, shm, sym, IS_RMS, HAS_RES, HAS_BIAS, BLOCK_N,
+                              EVEN)
+        else:
+            last = (tl.cdiv(N, BLOCK_N) - 1) * BLOCK_N
+            for i in range(0, N, BLOCK_N):
+                if REV2:
+                    start = last - i
+                else:
+                    start = i
+                _second_chunk(start, rows, rmask, mean, rstd, x_ptr, h_ptr, w_ptr, b_ptr,
+                              y_ptr, N, sxm, sxn, shm, sym, IS_RMS, HAS_RES, HAS_BIAS, BLOCK_N,
+                              EVEN)
+
+
+@triton.jit
+def _second_chunk(start, rows, rmask, mean, rstd, x_ptr, h_ptr, w_ptr, b_ptr, y_ptr, N, sxm,
+                  sxn, shm, sym, IS_RMS: tl.constexpr, HAS_RES: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
+    """One chunk of the loop path's second walk: h reread (from L2, most of it), centered
+    (LayerNorm), scaled and stored."""
+    cols = start + tl.arange(0, BLOCK_N)
+    mask = _loop_mask(rmask, cols, N, EVEN)
+    cmask = cols < N
+    if EVEN:
+        cmask = tl.full((BLOCK_N,), True, tl.int1)
+    if HAS_RES:
+        h = tl.load(h_ptr + rows[:, None] * shm + cols[None, :], mask=mask,
+                    other=0.0).to(tl.float32)
+    else:
+        h = tl.load(x_ptr + rows[:, None] * sxm + cols[None, :] * sxn, mask=mask, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+    if not IS_RMS:
+        h = h - mean[:, None]
+    _scale_store(h, rstd, rows, cols, cmask, mask, w_ptr, b_ptr, y_ptr, sym, HAS_BIAS)
 
 
 @triton.jit
@@ -804,6 +824,7 @@ def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms, save_stats=False):
              PERSIST=persist, NCHUNK=_static_chunks(N, block_n, single, warps),
              EVEN=not single and rows == 1 and N % block_n == 0,
              CHAN=OVERRIDE.get("norm_chan", False), REV2=OVERRIDE.get("norm_rev2", True),
+             STATIC2=OVERRIDE.get("norm_static2", False),
              num_warps=warps)
     return y, h, stats
 
