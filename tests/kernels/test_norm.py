@@ -387,8 +387,21 @@ def test_gpu_launch_configs_are_the_measured_ones(monkeypatch):
     # LayerNorm: in registers up to 8192 columns (8 warps there), then loops
     assert norm._fwd_config(8192, bf16, is_rms=False) == (8192, 1, 8, True)
     assert norm._fwd_config(1024, bf16, is_rms=False)[1:3] == (2, 4)  # 4 KiB a program
-    assert norm._fwd_config(16384, bf16, is_rms=False) == (2048, 1, 16, False)
+    assert norm._fwd_config(16384, bf16, is_rms=False) == (4096, 1, 16, False)
     assert norm._fwd_config(32768, bf16, is_rms=False) == (8192, 1, 32, False)
+    assert norm._fwd_config(65536, bf16, is_rms=False) == (16384, 1, 32, False)
+    assert norm._fwd_config(131072, bf16, is_rms=False) == (8192, 1, 32, False)
+    # the loop's styles (LOOP_SHAPES): LayerNorm at 16384 and 65536 columns combines its lanes
+    # with one Chan reduce; rows with an unrolled first walk there and RMSNorm's 16k-32k
+    # unroll the second walk too, in column order; the rest keep two sums, last chunk first
+    assert norm._loop_flags(16384, False, False) == dict(CHAN=True, REV2=False, STATIC2=True)
+    assert norm._loop_flags(32768, False, False) == dict(CHAN=False, REV2=False, STATIC2=True)
+    assert norm._loop_flags(262144, False, False) == dict(CHAN=False, REV2=True, STATIC2=False)
+    assert norm._loop_flags(16384, True, False) == dict(CHAN=False, REV2=False, STATIC2=True)
+    assert norm._loop_flags(65536, True, False) == dict(CHAN=False, REV2=True, STATIC2=False)
+    assert norm._loop_flags(16384, True, True) == dict(CHAN=False, REV2=True, STATIC2=False)
+    assert norm._static_chunks(16384, 4096, False, 16) == 4
+    assert norm._static_chunks(65536, 16384, False, 32) == 4
     # the loop's first walk is unrolled up to 16 chunks and 64 values a thread
     assert norm._static_chunks(16384, 2048, False, 16) == 8
     assert norm._static_chunks(65536, 32768, False, 32) == 2

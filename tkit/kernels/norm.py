@@ -78,9 +78,9 @@ BWD_SINGLE_MAX_BYTES = 32 * 1024
 #: Plain RMSNorm took the chunked "loop" path for rows over 32 KiB before ``LOOP_SHAPES`` (still
 #: the rule in the interpreter and under a ``norm_fwd_single_bytes`` override).
 RMS_FWD_SINGLE_MAX_BYTES = 32 * 1024
-#: The forward's loop path on the GPU: (largest N, chunk, warps) rows, first match wins;
-#: chunk 0 = the row held in registers (``row_config``). The loop path walks a row twice, the
-#: second walk from L2, with per-lane accumulators and, up to 16 chunks, the first walk
+#: The forward's loop path on the GPU: (largest N, chunk, warps, style) rows, first match
+#: wins; chunk 0 = the row held in registers (``row_config``). The loop path walks a row twice,
+#: the second walk from L2, with per-lane accumulators and, up to 16 chunks, the first walk
 #: unrolled with all its loads issued up front. It beat a row held in registers from 4096
 #: columns for RMSNorm, 2048 for the residual form and 16384 for LayerNorm: its programs hold
 #: far fewer registers (30-60 against 120+), so several share an SM and hide each other's
@@ -91,24 +91,48 @@ RMS_FWD_SINGLE_MAX_BYTES = 32 * 1024
 #: N=65536 3.12 / 2.70; residual N=4096 4.14 (c2k w8) / 3.94, N=8192 4.20 (c8k w32) / 4.02,
 #: N=16384 4.11 (c16k w32) / 3.98, N=65536 3.93 / 3.60. torch.compile generates the same
 #: structure (inductor's looped reduction, R0_BLOCK 2048-32768).
+#:
+#: style (``LOOP_STYLES``): "chan", LayerNorm's lanes combined by one Chan reduce (else two
+#: sums); "fwd", the second walk in column order (else last chunk first); "s2", the second walk
+#: unrolled at compile time when the first is. The last two let the compiler see a fixed-shape
+#: row, as in torch.compile's kernels (constant N: both walks unrolled), and issue the second
+#: walk's loads ahead. Same run, 5 interleaved rounds (2026-11-30, git fd398cf), TB/s:
+#: layer_norm N=16384 c4k w16 chan fwd s2 3.996 against c2k w16 sum2 rev 3.796 (torch.compile
+#: 3.941); N=32768 c8k w32 sum2 fwd s2 3.775 / 3.656; N=65536 c16k w32 chan fwd s2 3.314 /
+#: c8k w32 3.086; rms_norm N=16384 fwd s2 4.120 / 4.064, N=32768 4.104 / 4.087. Longer rows
+#: (no unrolled walk) and the residual form measured no better in any style.
 LOOP_SHAPES = {
-    "rms_norm": ((2048, 0, 0), (4096, 4096, 8), (16384, 8192, 16), (32768, 16384, 32),
-                 (None, 32768, 32)),
-    "rms_norm_residual": ((1024, 0, 0), (4096, 2048, 8), (8192, 8192, 32),
-                          (None, 16384, 32)),
-    "layer_norm": ((8192, 0, 0), (16384, 2048, 16), (None, 8192, 32)),
+    "rms_norm": ((2048, 0, 0, ""), (4096, 4096, 8, ""), (16384, 8192, 16, "fwd s2"),
+                 (32768, 16384, 32, "fwd s2"), (None, 32768, 32, "")),
+    "rms_norm_residual": ((1024, 0, 0, ""), (4096, 2048, 8, ""), (8192, 8192, 32, ""),
+                          (None, 16384, 32, "")),
+    "layer_norm": ((8192, 0, 0, ""), (16384, 4096, 16, "chan fwd s2"),
+                   (32768, 8192, 32, "fwd s2"), (65536, 16384, 32, "chan fwd s2"),
+                   (None, 8192, 32, "")),
 }
+LOOP_STYLES = ("chan", "fwd", "s2")
 
 
-def _loop_shape(N: int, is_rms: bool, has_res: bool) -> tuple[int, int]:
-    """(chunk, warps) of the forward for rows of N columns on the GPU; chunk 0: one row (or
-    several) in registers."""
+def _loop_shape(N: int, is_rms: bool, has_res: bool) -> tuple[int, int, str]:
+    """(chunk, warps, style) of the forward for rows of N columns on the GPU; chunk 0: one row
+    (or several) in registers."""
     table = LOOP_SHAPES["layer_norm" if not is_rms else
                         "rms_norm_residual" if has_res else "rms_norm"]
-    for max_n, chunk, warps in table:
+    for max_n, chunk, warps, style in table:
         if max_n is None or N <= max_n:
-            return chunk, warps
+            assert set(style.split()) <= set(LOOP_STYLES), style
+            return chunk, warps, style
     raise AssertionError("LOOP_SHAPES ends with a catch-all row")
+
+
+def _loop_flags(N: int, is_rms: bool, has_res: bool) -> dict:
+    """CHAN / REV2 / STATIC2 of the loop path for rows of N columns: ``LOOP_SHAPES``' style on
+    the GPU (none in the interpreter), each overridable (``norm_chan``, ``norm_rev2``,
+    ``norm_static2``)."""
+    style = "" if _env.INTERPRET else _loop_shape(N, is_rms, has_res)[2].split()
+    return dict(CHAN=OVERRIDE.get("norm_chan", "chan" in style),
+                REV2=OVERRIDE.get("norm_rev2", "fwd" not in style),
+                STATIC2=OVERRIDE.get("norm_static2", "s2" in style))
 
 
 #: Row tiles from this size take the persistent forward (``_fwd_persist``); 0 = never. Measured
@@ -706,7 +730,7 @@ def _fwd_config(N: int, itemsize: int, is_rms: bool = True,
         single = N * itemsize <= OVERRIDE.get("norm_fwd_single_bytes", single_max)
         chunk, loop_warps = _fwd_loop_chunk(), 16
     else:
-        chunk, loop_warps = _loop_shape(N, is_rms, has_res)
+        chunk, loop_warps, _style = _loop_shape(N, is_rms, has_res)
         single = chunk == 0
         chunk = OVERRIDE.get("norm_chunk", chunk)
     if single:
@@ -823,8 +847,7 @@ def _norm_fwd_impl(x, weight, bias, residual, eps, is_rms, save_stats=False):
              EVICT=OVERRIDE.get("norm_evict", _fwd_evict), SAVE_STATS=save_stats,
              PERSIST=persist, NCHUNK=_static_chunks(N, block_n, single, warps),
              EVEN=not single and rows == 1 and N % block_n == 0,
-             CHAN=OVERRIDE.get("norm_chan", False), REV2=OVERRIDE.get("norm_rev2", True),
-             STATIC2=OVERRIDE.get("norm_static2", False),
+             **_loop_flags(N, is_rms, residual is not None),
              num_warps=warps)
     return y, h, stats
 
