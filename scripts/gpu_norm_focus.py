@@ -69,6 +69,7 @@ def _variants(name: str, n: int) -> dict[str, dict]:
         out["s2"] = dict(norm_static2=True)
         out["fwd s2"] = dict(norm_static2=True, norm_rev2=False)
         out["fwd"] = dict(norm_rev2=False)
+        out["rev loop"] = dict(norm_static2=False, norm_rev2=True)
     if n <= 2048:
         for rows, warps in ROW_SHAPES:
             out[f"rows{rows} w{warps}"] = dict(rows=rows, num_warps=warps)
