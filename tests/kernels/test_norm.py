@@ -239,26 +239,28 @@ def test_chunked_backward_stats(fstats, force_chunked, device, monkeypatch):
 def test_forward_saves_row_stats(is_rms, device):
     """The (mean, rstd) rows the forward saves for the backward, on every forward path, are
     those of a float64 computation (mean 0 for RMSNorm)."""
-    x, w, b = _inputs("layer_norm", (2, 3, 300), torch.float32, device)
-    x64 = x.detach().double().reshape(-1, 300)
-    mean = torch.zeros(6, dtype=torch.float64, device=x.device) if is_rms else x64.mean(1)
-    var = (x64 * x64).mean(1) if is_rms else x64.var(1, unbiased=False)
-    rstd = (var + 1e-5).rsqrt()
-    for path in ({}, {"norm_fwd_single_bytes": 0, "norm_chunk": 64, "norm_long": "loop"},
-                 {"norm_fwd_single_bytes": 0, "norm_chunk": 64, "norm_long": "split"}):
-        with pytest.MonkeyPatch.context() as mp:
-            for k, v in path.items():
-                mp.setitem(sm.OVERRIDE, k, v)
-            for save in (False, True):
-                y, _, stats = norm._norm_fwd_impl(x, w, None if is_rms else b, None, 1e-5,
-                                                  is_rms, save)
-                assert stats.dtype == torch.float32
-                if not save:
-                    assert stats.shape == (0, 2)
-                    continue
-                assert stats.shape == (6, 2), path
-                torch.testing.assert_close(stats[:, 0].double(), mean, atol=1e-6, rtol=0)
-                torch.testing.assert_close(stats[:, 1].double(), rstd, atol=0, rtol=1e-5)
+    loop = {"norm_fwd_single_bytes": 0, "norm_chunk": 64, "norm_long": "loop"}
+    paths = [{}, loop, dict(loop, norm_long="split")] + [dict(loop, **st) for st in LOOP_STYLES[1:]]
+    for n in (300, 256):  # a partial last chunk; whole chunks (the Chan combine's count-1 form)
+        x, w, b = _inputs("layer_norm", (2, 3, n), torch.float32, device)
+        x64 = x.detach().double().reshape(-1, n)
+        mean = torch.zeros(6, dtype=torch.float64, device=x.device) if is_rms else x64.mean(1)
+        var = (x64 * x64).mean(1) if is_rms else x64.var(1, unbiased=False)
+        rstd = (var + 1e-5).rsqrt()
+        for path in paths:
+            with pytest.MonkeyPatch.context() as mp:
+                for k, v in path.items():
+                    mp.setitem(sm.OVERRIDE, k, v)
+                for save in (False, True):
+                    y, _, stats = norm._norm_fwd_impl(x, w, None if is_rms else b, None, 1e-5,
+                                                      is_rms, save)
+                    assert stats.dtype == torch.float32
+                    if not save:
+                        assert stats.shape == (0, 2)
+                        continue
+                    assert stats.shape == (6, 2), path
+                    torch.testing.assert_close(stats[:, 0].double(), mean, atol=1e-6, rtol=0)
+                    torch.testing.assert_close(stats[:, 1].double(), rstd, atol=0, rtol=1e-5)
 
 
 def test_int64_index_path(device, monkeypatch):
