@@ -46,6 +46,26 @@ def _chan(m1, q1, w1, m2, q2, w2):
 
 
 @triton.jit
+def _lane_step(v, mean, m2, wt, first, k, LANE_DIV: tl.constexpr):
+    """Welford's update of each lane with its k-th value v (``first``: k == 1, a compile-time
+    or run-time condition): mean += (v - mean) / k by a division by the running count
+    (LANE_DIV, as torch.compile does) or a multiplication by 1 / k."""
+    if first:
+        mean = v
+        m2 = tl.zeros(v.shape, tl.float32)
+        wt = tl.full(v.shape, 1.0, tl.float32)
+    else:
+        d = v - mean
+        wt = wt + 1.0
+        if LANE_DIV:
+            mean = mean + d / wt
+        else:
+            mean = mean + d * (1.0 / k)
+        m2 = m2 + d * (v - mean)
+    return mean, m2, wt
+
+
+@triton.jit
 def _ln_probe(x_ptr, w_ptr, b_ptr, y_ptr, stats_ptr, N: tl.constexpr, eps,
               BLOCK: tl.constexpr, UNROLL: tl.constexpr, LANE_DIV: tl.constexpr,
               CHAN: tl.constexpr, REV: tl.constexpr, WB_EVICT: tl.constexpr,
@@ -60,32 +80,11 @@ def _ln_probe(x_ptr, w_ptr, b_ptr, y_ptr, stats_ptr, N: tl.constexpr, eps,
     if UNROLL:
         for c in tl.static_range(NCH):
             v = tl.load(base + c * BLOCK + lane, eviction_policy=X1_EVICT).to(tl.float32)
-            if c == 0:
-                mean = v
-                wt = tl.full((BLOCK,), 1.0, tl.float32)
-            else:
-                d = v - mean
-                wt = wt + 1.0
-                if LANE_DIV:
-                    mean = mean + d / wt
-                else:
-                    mean = mean + d * (1.0 / (c + 1))
-                m2 = m2 + d * (v - mean)
+            mean, m2, wt = _lane_step(v, mean, m2, wt, c == 0, c + 1, LANE_DIV)
     else:
         for off in range(0, N, BLOCK):
             v = tl.load(base + off + lane, eviction_policy=X1_EVICT).to(tl.float32)
-            if off == 0:
-                mean = v
-                m2 = tl.zeros((BLOCK,), tl.float32)
-                wt = tl.full((BLOCK,), 1.0, tl.float32)
-            else:
-                d = v - mean
-                wt = wt + 1.0
-                if LANE_DIV:
-                    mean = mean + d / wt
-                else:
-                    mean = mean + d * (1.0 / (off // BLOCK + 1))
-                m2 = m2 + d * (v - mean)
+            mean, m2, wt = _lane_step(v, mean, m2, wt, off == 0, off // BLOCK + 1, LANE_DIV)
     if CHAN:
         mu, q, _w = tl.reduce((mean, m2, wt), 0, _chan)
     else:
