@@ -34,8 +34,6 @@ import argparse
 import functools
 import json
 import os
-import queue
-import subprocess
 import sys
 import threading
 import time
@@ -51,6 +49,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 # the child process below checks every wgmma build; the library's own first-use self-test
 # (one more subprocess per build) would only repeat it
 os.environ.setdefault("TKIT_WGMMA_SELFTEST", "0")
+
+from tkit.bench.isolate import child_loop, supervise  # noqa: E402
 
 START = time.time()
 ODD_SHAPES = [(129, 264, 200), (300, 520, 136), (1000, 1032, 1032)]
@@ -165,82 +165,25 @@ def child_check(names, sizes):
 
     from tkit.testing import check_against_reference
 
-    for name in names:
-        print(f"BEGIN {name}", flush=True)
-        t0 = time.time()
-        try:
-            fn = runner(name)
-            for i, (M, N, K) in enumerate(ODD_SHAPES + [(s, s, s) for s in sizes]):
-                a, b = fresh((M, K), 2 * i + 1), fresh((K, N), 2 * i + 2)
-                check_against_reference(fn, torch.matmul, [a, b])
-            torch.cuda.synchronize()
-            print(f"OK {name} {time.time() - t0:.1f}", flush=True)
-        except Exception as e:
-            msg = f"{type(e).__name__}: {str(e)}".replace("\n", " ")[:400]
-            print(f"BAD {name} {msg}", flush=True)
-            if "illegal" in msg or "CUDA_ERROR" in msg or "launch failure" in msg:
-                print("CONTEXT_LOST", flush=True)
-                return
+    def check_one(name):
+        fn = runner(name)
+        for i, (M, N, K) in enumerate(ODD_SHAPES + [(s, s, s) for s in sizes]):
+            a, b = fresh((M, K), 2 * i + 1), fresh((K, N), 2 * i + 2)
+            check_against_reference(fn, torch.matmul, [a, b])
+        torch.cuda.synchronize()
 
-
-def _pump(stream, q):
-    for line in stream:
-        q.put(line)
-    q.put(None)
+    child_loop(names, check_one)
 
 
 def check_variants(names, sizes, first_deadline=75.0, deadline=40.0, total=90.0):
-    """{name: 'ok' or why not}; a child that stops answering is killed and restarted."""
-    status: dict[str, str] = {}
-    todo = list(names)
-    t_end = time.time() + total
-    while todo and time.time() < t_end:
-        cmd = [sys.executable, __file__, "--child-check", ",".join(todo),
-               "--sizes", ",".join(map(str, sizes))]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
-        current, limit, tail = None, time.time() + first_deadline, []
-        while True:
-            try:
-                line = lines.get(timeout=max(0.1, min(limit, t_end) - time.time()))
-            except queue.Empty:
-                line = "TIMEOUT"
-            if line is None:  # the child ended
-                if current is not None:
-                    status[current] = "child died: " + " | ".join(tail[-5:])[-400:]
-                    todo.remove(current)
-                break
-            line = line.rstrip("\n")
-            if line == "TIMEOUT":
-                os.killpg(proc.pid, 9)
-                proc.wait()
-                if current is not None:
-                    status[current] = (f"no answer within {deadline:.0f} s (hang: an mbarrier "
-                                       "phase never completed?)")
-                    todo.remove(current)
-                break
-            if line.startswith("BEGIN "):
-                current, limit, tail = line.split()[1], time.time() + deadline, []
-                # the first launch of each build compiles it (NVRTC / module load)
-            elif line.startswith(("OK ", "BAD ")):
-                name = line.split()[1]
-                status[name] = "ok" if line.startswith("OK ") else line.split(" ", 2)[2]
-                log(f"check {name:32s} {status[name][:200]}")
-                if name in todo:
-                    todo.remove(name)
-                current = None
-            elif line == "CONTEXT_LOST":
-                proc.wait()
-                break
-            else:
-                tail.append(line)
-        if proc.poll() is None:
-            proc.wait()
-    for name in todo:
-        status.setdefault(name, "not checked: time budget")
-    return status
+    """{name: 'ok' or why not}; a child that stops answering is killed and restarted (the
+    first launch of each build compiles it: NVRTC / module load)."""
+    status = supervise(
+        lambda todo: [sys.executable, __file__, "--child-check", ",".join(todo),
+                      "--sizes", ",".join(map(str, sizes))],
+        names, deadline=deadline, total=total, first_deadline=first_deadline,
+        hang_hint=" (hang: an mbarrier phase never completed?)", log=log)
+    return {n: st for n, (st, _) in status.items()}
 
 
 # ---- step 3: timing ------------------------------------------------------------------------

@@ -33,10 +33,7 @@ import functools
 import json
 import math
 import os
-import queue
-import subprocess
 import sys
-import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +44,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+from tkit.bench.isolate import child_loop, supervise  # noqa: E402
 
 START = time.time()
 CUBLAS = "cuBLAS"
@@ -139,93 +138,28 @@ def child_check(names, shapes):
     for i, (M, N, K) in enumerate(shapes):
         a, b = fresh((M, K), 2 * i + 11), fresh((K, N), 2 * i + 12)
         refs.append((a, b, (a.double() @ b.double()), a @ b))
-    for name in names:
-        print(f"BEGIN {name}", flush=True)
-        t0 = time.time()
-        try:
-            fn = provider_fn(name)
-            errs = []
-            for a, b, ref, peer in refs:
-                with poisoned_outputs():
-                    out = fn(a, b)
-                torch.cuda.synchronize()
-                r = assert_close_to_reference(out, ref, peer,
-                                              name=f"{name} {tuple(a.shape)}x{tuple(b.shape)}")
-                errs.append(r)
-            print(f"OK {name} {time.time() - t0:.1f} {json.dumps(errs, default=str)}",
-                  flush=True)
-        except Exception as e:
-            msg = f"{type(e).__name__}: {e}".replace("\n", " ")[:500]
-            print(f"BAD {name} {msg}", flush=True)
-            if any(s in msg for s in ("illegal", "CUDA_ERROR", "launch failure", "misaligned")):
-                print("CONTEXT_LOST", flush=True)
-                return
 
+    def check_one(name):
+        fn = provider_fn(name)
+        errs = []
+        for a, b, ref, peer in refs:
+            with poisoned_outputs():
+                out = fn(a, b)
+            torch.cuda.synchronize()
+            errs.append(assert_close_to_reference(
+                out, ref, peer, name=f"{name} {tuple(a.shape)}x{tuple(b.shape)}"))
+        return errs
 
-def _pump(stream, q):
-    for line in stream:
-        q.put(line)
-    q.put(None)
+    child_loop(names, check_one)
 
 
 def check_all(names, shapes, deadline=60.0, total=100.0):
     """{name: ('ok', errors) or (why, None)}; a child that dies or hangs is replaced."""
-    status: dict[str, tuple] = {}
-    todo = list(names)
-    t_end = time.time() + total
     shape_arg = ";".join(",".join(map(str, s)) for s in shapes)
-    while todo and time.time() < t_end:
-        cmd = [sys.executable, __file__, "--child-check", ",".join(todo), "--shapes", shape_arg]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
-        current, limit, tail, progressed = None, time.time() + deadline, [], False
-        while True:
-            try:
-                line = lines.get(timeout=max(0.1, min(limit, t_end) - time.time()))
-            except queue.Empty:
-                os.killpg(proc.pid, 9)
-                proc.wait()
-                if current is not None:
-                    status[current] = (f"no answer within {deadline:.0f} s", None)
-                    todo.remove(current)
-                break
-            if line is None:  # the child ended
-                why = "child died: " + " | ".join(tail[-5:])[-500:]
-                if current is not None:
-                    status[current] = (why, None)
-                    todo.remove(current)
-                elif not progressed:  # before its first build: it would die again
-                    status.update({n: (why, None) for n in todo})
-                    todo.clear()
-                break
-            line = line.rstrip("\n")
-            if line.startswith("BEGIN "):
-                current, limit, tail = line.split()[1], time.time() + deadline, []
-                progressed = True
-            elif line.startswith("OK "):
-                _, name, secs, errs = line.split(" ", 3)
-                status[name] = ("ok", json.loads(errs))
-                log(f"check {name:32s} ok ({secs} s)")
-                todo.remove(name)
-                current = None
-            elif line.startswith("BAD "):
-                _, name, why = line.split(" ", 2)
-                status[name] = (why, None)
-                log(f"check {name:32s} FAILED {why[:300]}")
-                todo.remove(name)
-                current = None
-            elif line == "CONTEXT_LOST":
-                proc.wait()
-                break
-            else:
-                tail.append(line)
-        if proc.poll() is None:
-            proc.wait()
-    for name in todo:
-        status.setdefault(name, ("not checked: time budget", None))
-    return status
+    return supervise(
+        lambda todo: [sys.executable, __file__, "--child-check", ",".join(todo),
+                      "--shapes", shape_arg],
+        names, deadline=deadline, total=total, log=log)
 
 
 # ---- step 3: timing --------------------------------------------------------------------------
