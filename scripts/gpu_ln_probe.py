@@ -35,14 +35,7 @@ import gpu_reductions  # noqa: E402
 
 import tkit  # noqa: E402
 from tkit.bench.runner import git_sha  # noqa: E402
-
-
-@triton.jit
-def _chan(m1, q1, w1, m2, q2, w2):
-    d = m2 - m1
-    w = w1 + w2
-    f = tl.where(w == 0.0, 0.0, w2 / w)
-    return m1 + d * f, q1 + q2 + d * d * w1 * f, w
+from tkit.kernels.norm import _chan_combine  # noqa: E402
 
 
 @triton.jit
@@ -86,7 +79,7 @@ def _ln_probe(x_ptr, w_ptr, b_ptr, y_ptr, stats_ptr, N: tl.constexpr, eps,
             v = tl.load(base + off + lane, eviction_policy=X1_EVICT).to(tl.float32)
             mean, m2, wt = _lane_step(v, mean, m2, wt, off == 0, off // BLOCK + 1, LANE_DIV)
     if CHAN:
-        mu, q, _w = tl.reduce((mean, m2, wt), 0, _chan)
+        mu, q, _w = tl.reduce((mean, m2, wt), 0, _chan_combine)
     else:
         mu = tl.sum(mean, axis=0) / BLOCK
         dm = mean - mu
