@@ -34,6 +34,7 @@ import argparse
 import functools
 import json
 import os
+import statistics
 import sys
 import threading
 import time
@@ -207,13 +208,13 @@ def time_all(names, sizes, rounds, rep_ms, rows, extra=()):
                                                rep=rep_ms, return_mode="median"))
                 except Exception as e:
                     errors[p] = f"{type(e).__name__}: {str(e)[:300]}"
-        base = median(samples["cuBLAS"]) if samples["cuBLAS"] else float("nan")
+        base = statistics.median(samples["cuBLAS"]) if samples["cuBLAS"] else float("nan")
         for p, _ in providers:
             row = dict(kind="time", provider=p, M=size, N=size, K=size, dtype="bfloat16")
             if p in errors:
                 row["error"] = errors[p]
             if samples[p]:
-                ms = median(samples[p])
+                ms = statistics.median(samples[p])
                 row.update(ms=ms, ms_rounds=samples[p], tflops=flops / ms / 1e9,
                            ratio_cublas=base / ms)
             rows.append(row)
@@ -221,12 +222,6 @@ def time_all(names, sizes, rounds, rep_ms, rows, extra=()):
                 f"{row['tflops']:7.1f} TFLOP/s  {row['ratio_cublas']:.3f}x cuBLAS"
                 if "tflops" in row else row.get("error", "")))
         torch.cuda.empty_cache()
-
-
-def median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 # ---- step 3: the Triton references -------------------------------------------------------------

@@ -33,6 +33,7 @@ import functools
 import json
 import math
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -163,12 +164,6 @@ def check_all(names, shapes, deadline=60.0, total=100.0):
 
 
 # ---- step 3: timing --------------------------------------------------------------------------
-def median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
-
-
 def time_size(names, size, rounds, rep_ms, rows, save):
     import torch
     from triton.testing import do_bench
@@ -191,13 +186,13 @@ def time_size(names, size, rounds, rep_ms, rows, save):
         log(f"{size}^3 round {r + 1}/{rounds}: " + ", ".join(
             f"{p.split(':')[-1]} {flops / samples[p][-1] / 1e9:.0f}"
             for p, _ in providers if samples[p]) + " TFLOP/s")
-    base = median(samples[CUBLAS]) if samples[CUBLAS] else float("nan")
+    base = statistics.median(samples[CUBLAS]) if samples[CUBLAS] else float("nan")
     for p, _ in providers:
         row = dict(kind="time", provider=p, M=size, N=size, K=size, dtype="bfloat16")
         if p in errors:
             row["error"] = errors[p]
         if samples[p]:
-            ms = median(samples[p])
+            ms = statistics.median(samples[p])
             row.update(ms=ms, ms_rounds=samples[p], tflops=flops / ms / 1e9,
                        ratio_cublas=base / ms)
         rows.append(row)
