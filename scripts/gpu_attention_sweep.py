@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -318,12 +319,6 @@ def run_focus(b, s, h, d, variants, causals, rounds, autotuned=False, extra=0.0)
         del ref
 
 
-def _median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
-
-
 def summarize():
     """Per (shape, causal): every provider's median TFLOP/s over its timings, with the spread
     (min-max as % of the median, n timings); x<baseline>: the ratio of medians, and with
@@ -341,7 +336,7 @@ def summarize():
         for prov, rs in by.items():
             tf = [r["tflops"] for r in rs if r["tflops"]]
             if tf:
-                m = _median(tf)
+                m = statistics.median(tf)
                 stats[prov] = (m, 100 * (max(tf) - min(tf)) / m, len(tf))
         base = {k[5:]: v[0] for k, v in stats.items() if k.startswith("sdpa")}
         base_round = {}  # (baseline, round) -> TFLOP/s
@@ -364,7 +359,8 @@ def summarize():
             for k, v in base.items():
                 rr = [r["tflops"] / base_round[(k, r["round"])] for r in rs
                       if r["tflops"] and (k, r["round"]) in base_round]
-                x.append(f"x{k} {m / v:.3f}" + (f" (per round {_median(rr):.3f})" if rr else ""))
+                per_round = f" (per round {statistics.median(rr):.3f})" if rr else ""
+                x.append(f"x{k} {m / v:.3f}" + per_round)
             errs = [r["max_abs_err_vs_sdpa_flash"] for r in rs
                     if r["max_abs_err_vs_sdpa_flash"] is not None]
             notes = sorted({r["note"] for r in rs if r["note"]})
