@@ -111,6 +111,8 @@ LOOP_SHAPES = {
                    (None, 8192, 32, "")),
 }
 LOOP_STYLES = ("chan", "fwd", "s2")
+assert all(set(row[3].split()) <= set(LOOP_STYLES) for rows in LOOP_SHAPES.values()
+           for row in rows), "LOOP_SHAPES: unknown style"
 
 
 def _loop_shape(N: int, is_rms: bool, has_res: bool) -> tuple[int, int, str]:
@@ -120,7 +122,6 @@ def _loop_shape(N: int, is_rms: bool, has_res: bool) -> tuple[int, int, str]:
                         "rms_norm_residual" if has_res else "rms_norm"]
     for max_n, chunk, warps, style in table:
         if max_n is None or N <= max_n:
-            assert set(style.split()) <= set(LOOP_STYLES), style
             return chunk, warps, style
     raise AssertionError("LOOP_SHAPES ends with a catch-all row")
 
