@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import torch
-from hypothesis import strategies as st
 
 import tkit
 from tkit.kernels import attention as A
-from tkit.registry import Case, OpSpec
+from tkit.registry import Case, OpSpec, lazy_composite, optional_module
 from tkit.testing.tensors import make_tensor
+
+# hypothesis is a test dependency: imported when a fuzz recipe is first used
+st = optional_module("hypothesis.strategies")
 
 BF16 = torch.bfloat16
 ON_GPU = torch.cuda.is_available()
@@ -188,7 +190,7 @@ SEQLENS = (1, 2, 7, 17, 31, 32, 33, 63, 64, 65, 70) if not ON_GPU else (
     1, 7, 63, 64, 65, 127, 128, 129, 255, 300, 513)
 
 
-@st.composite
+@lazy_composite
 def attention_shapes(draw, seqlens=SEQLENS, head_dims=HEAD_DIMS):
     """((b, sq, hq, d), (b, sk, hk, d), (b, sk, hk, d)) with hq a multiple of hk."""
     b = draw(st.sampled_from((1, 1, 2)))

@@ -9,12 +9,14 @@ from __future__ import annotations
 import functools
 
 import torch
-from hypothesis import strategies as st
 
 from tkit import cuda_ext
-from tkit.registry import Case, Cost, OpSpec, eager_baseline
-from tkit.testing import strategies as S
+from tkit.registry import Case, Cost, OpSpec, eager_baseline, optional_module
 from tkit.testing.tensors import make_tensor
+
+# hypothesis is a test dependency: imported when a fuzz recipe is first used
+st = optional_module("hypothesis.strategies")
+S = optional_module("tkit.testing.strategies")
 
 BF16 = torch.bfloat16
 
