@@ -24,8 +24,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-#: words in an exception's text that mean the CUDA context is gone
-CONTEXT_LOST_MARKERS = ("illegal", "CUDA_ERROR", "launch failure", "misaligned")
+#: words in an exception's text that mean the CUDA context is gone (a device-side assert and
+#: torch's AcceleratorError, which carries the sticky CUDA errors, poison it as a fault does)
+CONTEXT_LOST_MARKERS = ("illegal", "CUDA_ERROR", "launch failure", "misaligned",
+                        "device-side assert", "AcceleratorError")
+
+
+def context_lost(e: BaseException) -> bool:
+    """Whether an exception leaves the process's CUDA context unusable."""
+    msg = f"{type(e).__name__}: {e}"
+    return any(s in msg for s in CONTEXT_LOST_MARKERS)
 
 
 def child_loop(names: list[str], check_one: Callable[[str], Any]) -> None:
@@ -41,7 +49,7 @@ def child_loop(names: list[str], check_one: Callable[[str], Any]) -> None:
         except Exception as e:
             msg = f"{type(e).__name__}: {e}".replace("\n", " ")[:500]
             print(f"BAD {name} {msg}", flush=True)
-            if any(s in msg for s in CONTEXT_LOST_MARKERS):
+            if context_lost(e):
                 print("CONTEXT_LOST", flush=True)
                 return
 
@@ -54,15 +62,19 @@ def _pump(stream, q):
 
 def supervise(argv_for: Callable[[list[str]], list[str]], names: list[str], *,
               deadline: float, total: float, first_deadline: float | None = None,
-              hang_hint: str = "", log: Callable[[str], None] = print) -> dict[str, tuple]:
+              hang_hint: str = "", log: Callable[[str], None] = print,
+              on_begin: Callable[[str], None] | None = None,
+              on_answer: Callable[[str, tuple], None] | None = None) -> dict[str, tuple]:
     """{name: ("ok", payload or None) or (why not, None)} for every name.
 
     argv_for(todo): the child's command line for the names still to check. deadline: seconds
     a build may take from its BEGIN line; first_deadline: before the child's first BEGIN (its
     start-up, imports and first compiles; default ``deadline``); total: the budget of the whole
     check, after which the names left are "not checked: time budget". A child that ends
-    before its first BEGIN would end again: every name left is marked with its output."""
-    status: dict[str, tuple] = {}
+    before its first BEGIN would end again: every name left is marked with its output.
+    on_begin(name) is called when a child starts a name, on_answer(name, answer) as soon as a
+    name has its answer (for progress reports while the rest runs)."""
+    status = _Answers(on_answer)
     todo = list(names)
     t_end = time.time() + total
     first = deadline if first_deadline is None else first_deadline
@@ -95,6 +107,8 @@ def supervise(argv_for: Callable[[list[str]], list[str]], names: list[str], *,
             if line.startswith("BEGIN "):
                 current, limit, tail = line.split()[1], time.time() + deadline, []
                 progressed = True
+                if on_begin is not None:
+                    on_begin(current)
             elif line.startswith("OK "):
                 parts = line.split(" ", 3)
                 name, secs = parts[1], parts[2]
@@ -118,5 +132,23 @@ def supervise(argv_for: Callable[[list[str]], list[str]], names: list[str], *,
         if proc.poll() is None:
             proc.wait()
     for name in todo:
-        status.setdefault(name, ("not checked: time budget", None))
-    return status
+        if name not in status:
+            status[name] = ("not checked: time budget", None)
+    return dict(status)
+
+
+class _Answers(dict):
+    """The answers so far, telling ``on_answer`` of each new one."""
+
+    def __init__(self, on_answer):
+        super().__init__()
+        self._on_answer = on_answer
+
+    def __setitem__(self, name, answer):
+        super().__setitem__(name, answer)
+        if self._on_answer is not None:
+            self._on_answer(name, answer)
+
+    def update(self, other):
+        for name, answer in dict(other).items():
+            self[name] = answer

@@ -43,6 +43,9 @@ def _gemm_case(M, N, K, dtype, seed=0):
                 M == N == K else "rectangular", meta=dict(M=M, N=N, K=K))
 
 
+GPU_ONLY = "raw CUDA, no interpreter: checked on a GPU; tests/cuda_ext compiles it on a CPU"
+
+
 def _gpu_only(cases):
     return cases if torch.cuda.is_available() else []
 
@@ -103,7 +106,7 @@ def _sgemm_spec(step):
         bench_cases=lambda: [_gemm_case(4096, 4096, 4096, torch.float32)],
         check_cases=lambda: _gpu_only(check),
         fuzz=functools.partial(_fuzz_sgemm, strict),
-        baselines={"cuBLAS fp32": _cublas}, bound="compute",
+        baselines={"cuBLAS fp32": _cublas}, bound="compute", no_check_reason=GPU_ONLY,
         doc=f"SGEMM ladder step '{step}': {_LADDER_DOC[step]} (tutorials/05)")
 
 
@@ -121,7 +124,7 @@ def _bf16_spec(name, fn, doc):
         fuzz=lambda: _fuzz(BF16, 8),
         baselines={"cuBLAS": _cublas, "triton": _triton_matmul,
                    "torch (reference)": eager_baseline(ref_matmul)},
-        bound="compute", doc=doc)
+        bound="compute", doc=doc, no_check_reason=GPU_ONLY)
 
 
 SPECS = [_sgemm_spec(step) for step in cuda_ext.SGEMM_STEPS] + [

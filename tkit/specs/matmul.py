@@ -345,7 +345,9 @@ SPECS = [
     OpSpec(name="matmul_fp8", family="matmul", fn=tkit.matmul_fp8, reference=ref_matmul_fp8,
            cost=cost_matmul_fp8, bench_cases=_bench_fp8, check_cases=lambda: [],
            fuzz=_fuzz_fp8, baselines={"torch._scaled_mm": _scaled_mm}, opcheck=_opcheck_fp8,
-           bound="compute", doc="float8_e4m3fn GEMM with per-tensor / per-row / per-col scales"),
+           bound="compute", doc="float8_e4m3fn GEMM with per-tensor / per-row / per-col scales",
+           no_check_reason="Triton's interpreter converts float8 wrongly (docs/NOTES.md); "
+           "verified at benchmark sizes on a GPU"),
     OpSpec(name="grouped_matmul", family="matmul", fn=tkit.grouped_matmul,
            reference=ref_grouped_matmul, cost=cost_grouped, bench_cases=_bench_grouped,
            check_cases=_check_grouped, fuzz=_fuzz_grouped,

@@ -1,0 +1,52 @@
+"""Specs whose cases pass, raise, lose the CUDA context and kill their process, for the tests of
+a ``tkit bench`` run that survives its failures (no GPU needed: a fake timer stands in)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from tkit.bench.timing import Timing
+from tkit.registry import Case, Cost, OpSpec
+
+
+def fake_op(a, b, mode="ok"):
+    if mode == "raise":
+        raise ValueError("boom: this case's kernel refuses its inputs")
+    if mode == "lost":
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    if mode == "die":
+        print("about to die", flush=True)
+        os._exit(3)
+    return a + b
+
+
+def fake_reference(a, b, mode="ok"):
+    return a + b
+
+
+def fake_time_fn(fn, **kw):
+    """Calls ``fn`` once (so that its failures surface) and reports 1 ms."""
+    fn()
+    return Timing(1.0, 0.9, 1.1)
+
+
+def _case(mode):
+    def make(device):
+        a = torch.randn(64, 32, generator=torch.Generator().manual_seed(1)).to(device)
+        b = torch.randn(64, 32, generator=torch.Generator().manual_seed(2)).to(device)
+        return (a, b), {"mode": mode}
+
+    return Case(f"64x32 {mode}", make, "fake")
+
+
+def spec(name, modes):
+    return OpSpec(name=name, family="fake", fn=fake_op, reference=fake_reference,
+                  cost=lambda a, b, mode="ok": Cost(bytes=3 * a.numel() * a.element_size(),
+                                                    flops=a.numel()),
+                  bench_cases=lambda: [_case(m) for m in modes], check_cases=lambda: [],
+                  fuzz=lambda: {}, baselines={"torch": lambda: fake_reference})
+
+
+SPECS = [spec("fake_a", ["ok", "raise", "lost"]), spec("fake_b", ["die", "ok"])]
