@@ -242,3 +242,60 @@ def test_softmax_check_raises_no_numpy_warning_in_the_interpreter():
     assert all(r["ok"] for r in rows)
     assert not [w for w in caught if issubclass(w.category, RuntimeWarning)], \
         [str(w.message) for w in caught]
+
+
+def test_reporter_draws_a_bar_and_keeps_the_lines(capsys):
+    pytest.importorskip("tqdm")
+    import io
+
+    from tkit.bench.progress import Reporter
+
+    out = io.StringIO()
+    rep = Reporter(2, "bench", bar=True, out=out)
+    rows = _rows()
+    for r in rows:
+        r["case_seconds"] = 3.0
+    rep.begin("add n")
+    rep.done(rows)
+    rep.close()
+    assert "add n: tkit 3.20 TB/s (80% of roofline); best baseline torch 1.60 TB/s, x2.00" \
+        in out.getvalue()
+    assert "1/2" in capsys.readouterr().err  # the bar, on stderr
+
+
+# ---- the CLI needs only the runtime dependencies --------------------------------------------
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of tkit bench")
+@pytest.mark.parametrize("commands", [
+    # one process for the commands that switch the interpreter on, one for tkit ir (which
+    # compiles ahead of time without it): a torch import each
+    [(["info"], "flash_attention forward:"), (["bench", "--help"], "--case-timeout"),
+     (["bench", "add", "--quick"], "1 passed, 0 failed")],
+    [(["ir", "add", "--summary"], "add")],
+], ids=["info-bench", "ir"])
+def test_cli_runs_without_hypothesis(commands):
+    """A `pip install -e .` without the test extra: importing hypothesis fails."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "sys.modules['hypothesis'] = None\n"
+        "from tkit.cli import main\n"
+        f"for argv in {[argv for argv, _ in commands]!r}:\n"
+        "    try:\n"
+        "        rc = main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        rc = e.code\n"
+        "    print(f'== {argv} exit {rc}', flush=True)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "hypothesis" not in out.stderr, out.stderr[-2000:]
+    rest = out.stdout
+    for argv, expect in commands:
+        head, sep, rest = rest.partition(f"== {argv} exit ")
+        assert sep, f"{argv} did not finish: {out.stdout[-2000:]}{out.stderr[-2000:]}"
+        assert rest.startswith("0"), f"{argv}: exit {rest[:3]}\n{head[-2000:]}"
+        assert expect in head, head[-2000:]
