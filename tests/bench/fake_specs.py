@@ -11,7 +11,22 @@ from tkit.bench.timing import Timing
 from tkit.registry import Case, Cost, OpSpec
 
 
+def _fault(a):
+    """A Triton kernel that stores far past ``a``'s memory: an illegal address on a GPU."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _store_far_away(x_ptr):
+        tl.store(x_ptr + (1 << 40), 1.0)
+
+    _store_far_away[(1,)](a)
+    torch.cuda.synchronize()
+
+
 def fake_op(a, b, mode="ok"):
+    if mode == "fault":
+        _fault(a)
     if mode == "raise":
         raise ValueError("boom: this case's kernel refuses its inputs")
     if mode == "lost":
@@ -50,3 +65,5 @@ def spec(name, modes):
 
 
 SPECS = [spec("fake_a", ["ok", "raise", "lost"]), spec("fake_b", ["die", "ok"])]
+#: on a GPU: a real fault, with real timings around it
+GPU_SPECS = [spec("fake_gpu", ["ok", "fault", "ok"])]

@@ -154,9 +154,8 @@ def test_a_case_that_raises_is_reported_and_the_rest_run_in_process(monkeypatch,
     assert (tmp_path / "fake.md").exists()
 
 
-def test_isolated_run_survives_an_error_a_lost_context_and_a_dead_child(tmp_path, capsys):
-    """Each case in a child: the lost context and the dead child cost their case only; a new
-    child runs the rest; the results file and the plot are written."""
+def _child_command(tmp_path, specs="SPECS", fake_timer=True):
+    """A child that looks cases up in tests/bench/fake_specs.py."""
     import sys
     import textwrap
     from pathlib import Path
@@ -168,13 +167,20 @@ def test_isolated_run_survives_an_error_a_lost_context_and_a_dead_child(tmp_path
         sys.path[:0] = [{str(here)!r}, {str(here.parents[1])!r}]
         import fake_specs
         from tkit.bench import child, runner
-        runner.time_fn = fake_specs.fake_time_fn
-        child.main(sys.argv[1:], specs=fake_specs.SPECS)
+        if {fake_timer!r}:
+            runner.time_fn = fake_specs.fake_time_fn
+        child.main(sys.argv[1:], specs=fake_specs.{specs})
     """))
+    return [sys.executable, str(script)]
+
+
+def test_isolated_run_survives_an_error_a_lost_context_and_a_dead_child(tmp_path, capsys):
+    """Each case in a child: the lost context and the dead child cost their case only; a new
+    child runs the rest; the results file and the plot are written."""
     import fake_specs
 
     rows = runner.bench_specs(fake_specs.SPECS, CEIL, rounds=1, device="cpu", isolate=True,
-                              child_command=[sys.executable, str(script)], progress=False,
+                              child_command=_child_command(tmp_path), progress=False,
                               case_timeout=120)
     ok, failed = _ok_and_failed(rows)
     assert ok == {"64x32 ok"}  # fake_a's and fake_b's ok cases share a label
@@ -299,3 +305,43 @@ def test_cli_runs_without_hypothesis(commands):
         assert sep, f"{argv} did not finish: {out.stdout[-2000:]}{out.stderr[-2000:]}"
         assert rest.startswith("0"), f"{argv}: exit {rest[:3]}\n{head[-2000:]}"
         assert expect in head, head[-2000:]
+
+
+# ---- on the GPU ---------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_isolated_run_on_gpu_survives_an_illegal_address(tmp_path, capsys):
+    """A kernel that stores out of bounds loses its child's CUDA context: that case fails with
+    the CUDA error, a new child times the next one."""
+    import fake_specs
+
+    rows = runner.bench_specs(fake_specs.GPU_SPECS, CEIL, rounds=1, rep_ms=10, isolate=True,
+                              child_command=_child_command(tmp_path, "GPU_SPECS", False),
+                              progress=False, case_timeout=300)
+    mine = [r for r in rows if r["provider"] == "tkit"]
+    assert [bool(r["median_ms"]) for r in mine] == [True, False, True]
+    assert "illegal" in mine[1]["note"] or "CUDA" in mine[1]["note"], mine[1]["note"]
+
+
+@pytest.mark.gpu
+def test_isolated_run_of_a_registered_op_on_gpu():
+    rows = runner.bench_specs(registry.select(["add"]), CEIL, rounds=1, rep_ms=10, quick=True,
+                              isolate=True, progress=False)
+    tk = next(r for r in rows if r["provider"] == "tkit")
+    assert tk["ok"] and tk["median_ms"] > 0 and tk["case_seconds"] > 0
+    assert {r["provider"] for r in rows} >= {"tkit", "torch", "torch.compile"}
+
+
+@pytest.mark.gpu
+def test_tkit_bench_command_on_gpu_writes_results_and_plot(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("matplotlib")
+    out = subprocess.run([sys.executable, "-m", "tkit.cli", "bench", "add", "rms_norm",
+                          "--quick", "--plot", "--rounds", "1", "--out", str(tmp_path),
+                          "--stem", "t"], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "estimated wall time" in out.stdout and "[2/2" in out.stdout
+    assert (tmp_path / "t.json").exists() and (tmp_path / "t.png").exists()

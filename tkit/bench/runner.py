@@ -196,7 +196,7 @@ def _bench_isolated(todo, ceilings, env, opts, reporter, case_timeout, child_com
         reporter.done(case_rows)
 
     supervise(lambda ids: cmd + [json.dumps(child_opts), ",".join(ids)],
-              [p.id for p in todo], deadline=case_timeout, first_deadline=300.0 + case_timeout,
+              [p.id for p in todo], deadline=case_timeout, first_deadline=300.0,
               total=float("inf"), hang_hint=" (hung? --case-timeout sets the limit)",
               log=lambda msg: None, on_begin=on_begin, on_answer=on_answer)
     return [r for p in todo for r in answers.get(p.id, [])]
