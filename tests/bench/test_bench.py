@@ -199,6 +199,35 @@ def test_isolated_run_survives_an_error_a_lost_context_and_a_dead_child(tmp_path
     assert (tmp_path / "fake.png").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="drives the GPU path of the CLI on a CPU")
+def test_cli_bench_gpu_path_reports_failures_and_writes_everything(monkeypatch, tmp_path,
+                                                                   capsys):
+    """tkit bench as on a GPU (ceilings, timer and specs faked): the estimate, a line per case,
+    the failures named at the end, the results and the plot written, exit status 1."""
+    import fake_specs
+
+    from tkit.bench import ceilings
+
+    monkeypatch.setattr(cli, "_prepare_backend", lambda: True)
+    monkeypatch.setattr(registry, "_SPECS", {s.name: s for s in fake_specs.SPECS[:1]})
+    monkeypatch.setattr(ceilings, "get", lambda remeasure=False: CEIL)
+    monkeypatch.setattr(runner, "time_fn", fake_specs.fake_time_fn)
+    env = runner.environment()
+    monkeypatch.setattr(runner, "environment", lambda: {**env, "device": CEIL.device})
+    argv = ["bench", "fake_a", "--in-process", "--plot", "--out", str(tmp_path), "--stem", "x"]
+    assert cli.main(argv) == 1
+    out = capsys.readouterr().out
+    assert "3 cases, estimated wall time ~" in out and "(an estimate:" in out
+    assert "[3/3" in out and "fake_a 64x32 raise: ValueError: boom" in out
+    data = json.loads((tmp_path / "x.json").read_text())
+    assert len([r for r in data["rows"] if r["provider"] == "tkit"]) == 3
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "x.png").exists()
+    # the next run's estimate comes from this one's case times
+    assert cli.main(argv) == 1
+    assert "3 timed by the run in" in capsys.readouterr().out
+
+
 def test_estimate_reads_the_previous_runs_case_times(tmp_path):
     from tkit.bench import estimate
 

@@ -240,7 +240,7 @@ def bench_case(spec, case, ceilings, env, cache=None, *, rounds=3, rep_ms=100, b
                 failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
                 if name == "tkit":
                     traceback.print_exc()
-    if device == "cuda":
+    if torch.cuda.is_initialized():
         torch.cuda.synchronize()  # an asynchronous fault is this case's, not the next one's
         torch.cuda.empty_cache()
     rows = []
