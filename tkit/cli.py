@@ -120,17 +120,19 @@ def _check_without_gpu(args, specs) -> int:
         print("  --plot: ignored here (no timings to plot without a GPU)")
     todo = runner.check_plan(specs, args.group, args.quick)
     checked = list(dict.fromkeys(s.name for s, _ in todo))
-    skipped = []
+    skipped: dict[str, list[str]] = {}  # why -> ops
     for s in specs:
         if s.name in checked:
             continue
-        if not s.check_cases():
-            skipped.append(f"{s.name} ({s.no_check_reason or 'no check cases'})")
-        else:
-            skipped.append(f"{s.name} (no check case in group {', '.join(args.group)})")
+        why = (s.no_check_reason or "no check cases" if not s.check_cases() else
+               f"no check case in group {', '.join(args.group)}")
+        skipped.setdefault(why, []).append(s.name)
+    n_skipped = sum(len(ops) for ops in skipped.values())
     print(f"checking {len(checked)} ops ({len(todo)} cases): {', '.join(checked) or 'none'}")
     if skipped:
-        print(f"skipped {len(skipped)} ops:\n  " + "\n  ".join(skipped))
+        print(f"skipped {n_skipped} ops:")
+        for why, ops in skipped.items():
+            print(f"  {', '.join(ops)}: {why}")
     print()
     reporter = Reporter(len(todo), "check", bar=args.progress,
                         lines=not (args.progress or (args.progress is None
@@ -140,7 +142,7 @@ def _check_without_gpu(args, specs) -> int:
         print(report.check_table(rows))
     bad = [r for r in rows if not r["ok"]]
     print(f"\n{len(rows) - len(bad)} passed, {len(bad)} failed; {len(checked)} ops checked, "
-          f"{len(skipped)} skipped")
+          f"{n_skipped} skipped")
     if not rows:
         print("nothing was checked: the chosen ops run on a CUDA GPU only")
         return 1

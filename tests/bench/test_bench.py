@@ -249,8 +249,8 @@ def test_cli_without_gpu_names_what_it_checked_and_skipped(capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "checking 1 ops (1 cases): add" in out
-    assert "matmul_fp8 (Triton's interpreter converts float8 wrongly" in out
-    assert "cuda_matmul (raw CUDA, no interpreter" in out
+    assert "matmul_fp8: Triton's interpreter converts float8 wrongly" in out
+    assert "cuda_matmul: raw CUDA, no interpreter" in out
     assert "--plot: ignored" in out and "--quick: each op's first check case" in out
     rc = cli.main(["bench", "matmul_fp8"])
     out = capsys.readouterr().out
