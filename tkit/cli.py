@@ -97,6 +97,8 @@ def cmd_bench(args) -> int:
         specs = registry.select(args.ops)
     except KeyError as e:
         return _usage_error(e.args[0])
+    if args.case_timeout <= 0:
+        return _usage_error(f"--case-timeout must be positive, got {args.case_timeout}")
     bad_groups = _unknown_groups(specs, args.group)
     if bad_groups:
         return _usage_error(bad_groups)
@@ -228,10 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-baselines", action="store_true")
     b.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays")
     b.add_argument("--remeasure", action="store_true", help="measure the ceilings again")
-    b.add_argument("--plot", action="store_true", help="write a roofline PNG")
+    b.add_argument("--plot", action="store_true", help="write a roofline PNG (GPU runs)")
     b.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="a live progress bar (default: when stderr is a terminal); a line per "
-                   "finished case is printed either way")
+                   help="a live progress bar (default: when stderr is a terminal); on a GPU a "
+                   "line per finished case is printed either way")
     b.add_argument("--in-process", action="store_true",
                    help="run the cases in this process (debugging): a fault that loses the "
                    "CUDA context then fails every later case")
