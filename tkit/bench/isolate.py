@@ -86,14 +86,26 @@ def supervise(argv_for: Callable[[list[str]], list[str]], names: list[str], *,
         current, limit, tail, progressed = None, time.time() + first, [], False
         while True:
             try:
-                line = lines.get(timeout=max(0.1, min(limit, t_end) - time.time()))
+                # wake up every second: a child that ended while a process it started (a
+                # compile worker) still holds its output open sends no end of file
+                wait = min(limit, t_end, time.time() + 1.0) - time.time()
+                line = lines.get(timeout=max(0.1, wait))
             except queue.Empty:
-                os.killpg(proc.pid, 9)
-                proc.wait()
-                if current is not None:
-                    status[current] = (f"no answer within {deadline:.0f} s{hang_hint}", None)
-                    todo.remove(current)
-                break
+                if proc.poll() is not None:  # ended: its last lines, if any, then the end
+                    try:
+                        line = lines.get(timeout=1.0)
+                    except queue.Empty:
+                        line = None
+                elif time.time() < min(limit, t_end):
+                    continue
+                else:
+                    os.killpg(proc.pid, 9)
+                    proc.wait()
+                    if current is not None:
+                        status[current] = (f"no answer within {deadline:.0f} s{hang_hint}",
+                                           None)
+                        todo.remove(current)
+                    break
             if line is None:  # the child ended
                 why = "child died: " + " | ".join(tail[-5:])[-500:]
                 if current is not None:
