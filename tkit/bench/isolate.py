@@ -1,9 +1,10 @@
 """Check kernels one by one in a child process that may hang or lose its CUDA context.
 
 A kernel that faults (illegal address, misaligned access) leaves the process's CUDA context
-unusable, and one that deadlocks (an mbarrier phase that never completes) never returns. The
-GPU scripts that check many builds (``scripts/gpu_cuda_ext_sweep.py``,
-``scripts/gpu_cute_sm80.py``) therefore run the checks in a child and supervise it here:
+unusable, and one that deadlocks (an mbarrier phase that never completes) never returns.
+``tkit bench`` (each benchmark case: :mod:`tkit.bench.child`) and the GPU scripts that check
+many builds (``scripts/gpu_cuda_ext_sweep.py``, ``scripts/gpu_cute_sm80.py``) therefore run
+the work in a child and supervise it here:
 
 * child side, ``child_loop(names, check_one)``: for each name prints ``BEGIN name``, then
   ``OK name seconds [payload as JSON]`` or ``BAD name why``; after an error that poisons the
