@@ -227,21 +227,30 @@ def test_cli_bench_gpu_path_reports_failures_and_writes_everything(monkeypatch, 
     assert (tmp_path / "x.png").exists()
     # the next run's estimate comes from this one's case times
     assert cli.main(argv) == 1
-    assert "3 timed by the run in" in capsys.readouterr().out
+    assert "3 timed by earlier runs" in capsys.readouterr().out
 
 
 def test_estimate_reads_the_previous_runs_case_times(tmp_path):
+    import os
+
     from tkit.bench import estimate
 
-    rows = [{"op": "add", "case": "a", "case_seconds": 12.0, "provider": "tkit"}]
-    (tmp_path / "old.json").write_text(json.dumps({"environment": {"device": "H"}, "rows": rows}))
-    est = estimate.estimate([("add", "elementwise", "a"), ("add", "elementwise", "b")],
-                            tmp_path, "H")
-    assert est["timed"] == 1 and est["per_case"][0] == 12.0
-    assert est["per_case"][1] == estimate.FAMILY_SECONDS["elementwise"]
-    assert "an estimate" in estimate.describe(est, 2) and "old.json" in estimate.describe(est, 2)
-    other = estimate.estimate([("add", "elementwise", "a")], tmp_path, "another GPU")
-    assert other["timed"] == 0
+    def write(name, rows, device="H", mtime=0):
+        path = tmp_path / name
+        path.write_text(json.dumps({"environment": {"device": device}, "rows": rows}))
+        os.utime(path, (mtime, mtime))
+
+    write("old.json", [{"op": "add", "case": "a", "case_seconds": 12.0},
+                       {"op": "mul", "case": "c", "case_seconds": 5.0}], mtime=1000)
+    write("new.json", [{"op": "add", "case": "a", "case_seconds": 10.0}], mtime=2000)
+    write("elsewhere.json", [{"op": "add", "case": "b", "case_seconds": 99.0}], device="other")
+    est = estimate.estimate([("add", "elementwise", "a"), ("add", "elementwise", "b"),
+                             ("mul", "elementwise", "c")], tmp_path, "H")
+    assert est["timed"] == 2 and est["per_case"] == [
+        10.0, estimate.FAMILY_SECONDS["elementwise"], 5.0]  # the newest file's time wins
+    text = estimate.describe(est, 3)
+    assert "an estimate" in text and "2 timed by earlier runs (2 files in" in text
+    assert estimate.estimate([("add", "elementwise", "a")], tmp_path, "another")["timed"] == 0
 
 
 # ---- what tkit bench says without a GPU ----------------------------------------------------

@@ -3,7 +3,7 @@
 A case's wall time is mostly first-call work (Triton autotuning and compiles, torch.compile of
 the baselines, cuDNN/cuBLAS heuristics), then the timing itself (rounds x providers x the
 timing window). Each finished case records its wall time in its rows (``case_seconds``); the
-next run on the same device reads them from the newest results file in the output folder.
+next run on the same device reads them from the results files in the output folder.
 Cases no earlier run timed take their family's figure from :data:`FAMILY_SECONDS`.
 """
 
@@ -23,10 +23,13 @@ DEFAULT_SECONDS = 7.5
 _TIMING_OVERHEAD = 2.0
 
 
-def previous_timings(out_dir: str | Path, device: str) -> tuple[dict, Path | None]:
-    """{(op, case): seconds} from the newest results file in ``out_dir`` written on
-    ``device`` whose rows carry case wall times; ({}, None) when there is none."""
+def previous_timings(out_dir: str | Path, device: str) -> tuple[dict, list[Path]]:
+    """{(op, case): seconds} from the results files in ``out_dir`` written on ``device`` whose
+    rows carry case wall times, the newest file's time where several have a case; and the files
+    that gave one."""
     files = sorted(Path(out_dir).glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    times: dict = {}
+    used: list[Path] = []
     for path in files:
         try:
             data = json.loads(path.read_text())
@@ -34,11 +37,13 @@ def previous_timings(out_dir: str | Path, device: str) -> tuple[dict, Path | Non
             continue
         if not isinstance(data, dict) or (data.get("environment") or {}).get("device") != device:
             continue
-        times = {(r["op"], r["case"]): r["case_seconds"] for r in data.get("rows", [])
-                 if isinstance(r, dict) and r.get("case_seconds") is not None}
-        if times:
-            return times, path
-    return {}, None
+        n = len(times)
+        for r in data.get("rows", []):
+            if isinstance(r, dict) and r.get("case_seconds") is not None:
+                times.setdefault((r["op"], r["case"]), r["case_seconds"])
+        if len(times) > n:
+            used.append(path)
+    return times, used
 
 
 def case_seconds(family: str, rounds: int = 3, rep_ms: int = 100, providers: int = 3) -> float:
@@ -51,8 +56,8 @@ def case_seconds(family: str, rounds: int = 3, rep_ms: int = 100, providers: int
 
 def estimate(planned, out_dir, device: str, rounds: int = 3, rep_ms: int = 100) -> dict:
     """{"seconds": total, "per_case": [...], "timed": cases timed by an earlier run,
-    "source": that run's file or None}. ``planned``: (op name, family, case label) triples."""
-    previous, source = previous_timings(out_dir, device)
+    "sources": those runs' files}. ``planned``: (op name, family, case label) triples."""
+    previous, sources = previous_timings(out_dir, device)
     per_case, timed = [], 0
     for op, family, label in planned:
         if (op, label) in previous:
@@ -61,7 +66,7 @@ def estimate(planned, out_dir, device: str, rounds: int = 3, rep_ms: int = 100) 
         else:
             per_case.append(case_seconds(family, rounds, rep_ms))
     return {"seconds": sum(per_case), "per_case": per_case, "timed": timed,
-            "source": source if timed else None}
+            "sources": sources if timed else []}
 
 
 def describe(est: dict, n_cases: int) -> str:
@@ -70,7 +75,9 @@ def describe(est: dict, n_cases: int) -> str:
     when = f"{total / 60:.0f} min" if total >= 90 else f"{total:.0f} s"
     parts = []
     if est["timed"]:
-        parts.append(f"{est['timed']} timed by the run in {est['source']}")
+        files = est["sources"]
+        where = str(files[0]) if len(files) == 1 else f"{len(files)} files in {files[0].parent}"
+        parts.append(f"{est['timed']} timed by earlier runs ({where})")
     if n_cases - est["timed"]:
         parts.append(f"{n_cases - est['timed']} from the per-family table in "
                      f"tkit/bench/estimate.py")
