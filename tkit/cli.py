@@ -71,32 +71,125 @@ def cmd_info(args) -> int:
     return 0
 
 
+def _usage_error(msg: str) -> int:
+    print(f"tkit bench: {msg}", file=sys.stderr)
+    return 2
+
+
+def _unknown_groups(specs, groups) -> str:
+    """An error message for the groups that no case of ``specs`` is in (empty if none)."""
+    from tkit.registry import suggest
+
+    known = [c.group for s in specs for c in (*s.bench_cases(), *s.check_cases())]
+    bad = [g for g in groups or [] if g not in known]
+    if not bad:
+        return ""
+    hints = "".join(f"\n  --group {g!r}: no case of the chosen ops is in it{suggest(g, known)}"
+                    for g in bad)
+    return f"unknown group:{hints}\n(their groups: {', '.join(dict.fromkeys(known))})"
+
+
 def cmd_bench(args) -> int:
     has_gpu = _prepare_backend()
     from tkit import registry
-    from tkit.bench import report, runner
 
-    specs = registry.select(args.ops)
-    out_dir = Path(args.out)
+    try:
+        specs = registry.select(args.ops)
+    except KeyError as e:
+        return _usage_error(e.args[0])
+    if args.case_timeout <= 0:
+        return _usage_error(f"--case-timeout must be positive, got {args.case_timeout}")
+    bad_groups = _unknown_groups(specs, args.group)
+    if bad_groups:
+        return _usage_error(bad_groups)
     if not has_gpu:
-        print("tkit bench: timings need a CUDA GPU, and none is visible here.\n"
-              "Checking every op against its reference in Triton's interpreter at small sizes "
-              "instead.\n")
-        rows = runner.check_specs(specs, progress=args.progress)
+        return _check_without_gpu(args, specs)
+    return _bench_on_gpu(args, specs)
+
+
+def _check_without_gpu(args, specs) -> int:
+    from tkit.bench import report, runner
+    from tkit.bench.progress import Reporter
+
+    print("tkit bench: timings need a CUDA GPU, and none is visible here.\n"
+          "Checking ops against their references in Triton's interpreter at small sizes "
+          "instead; nothing is timed and no results file is written.")
+    if args.quick:
+        print("  --quick: each op's first check case only")
+    if args.group:
+        print(f"  --group {', '.join(args.group)}: the check cases of these groups only")
+    if args.plot:
+        print("  --plot: ignored here (no timings to plot without a GPU)")
+    todo = runner.check_plan(specs, args.group, args.quick)
+    checked = list(dict.fromkeys(s.name for s, _ in todo))
+    skipped: dict[str, list[str]] = {}  # why -> ops
+    for s in specs:
+        if s.name in checked:
+            continue
+        why = (s.no_check_reason or "no check cases" if not s.check_cases() else
+               f"no check case in group {', '.join(args.group)}")
+        skipped.setdefault(why, []).append(s.name)
+    n_skipped = sum(len(ops) for ops in skipped.values())
+    print(f"checking {len(checked)} ops ({len(todo)} cases): {', '.join(checked) or 'none'}")
+    if skipped:
+        print(f"skipped {n_skipped} ops:")
+        for why, ops in skipped.items():
+            print(f"  {', '.join(ops)}: {why}")
+    print()
+    reporter = Reporter(len(todo), "check", bar=args.progress,
+                        lines=not (args.progress or (args.progress is None
+                                                     and sys.stderr.isatty())))
+    rows = runner.check_specs(specs, groups=args.group, quick=args.quick, reporter=reporter)
+    if rows:
         print(report.check_table(rows))
-        bad = [r for r in rows if not r["ok"]]
-        print(f"\n{len(rows) - len(bad)} passed, {len(bad)} failed")
-        return 1 if bad else 0
+    bad = [r for r in rows if not r["ok"]]
+    print(f"\n{len(rows) - len(bad)} passed, {len(bad)} failed; {len(checked)} ops checked, "
+          f"{n_skipped} skipped")
+    if not rows:
+        print("nothing was checked here (the skipped ops above say why)")
+        return 1
+    return 1 if bad else 0
+
+
+def _bench_on_gpu(args, specs) -> int:
+    import torch
 
     from tkit.bench import ceilings as ceil
+    from tkit.bench import estimate, runner
+    from tkit.bench.progress import Reporter
 
+    out_dir = Path(args.out)
     c = ceil.get(remeasure=args.remeasure)
+    torch.cuda.empty_cache()  # the children get the memory the measurement used
     print(f"ceilings on {c.device}: copy {c.copy_tbps:.2f} TB/s, "
           f"bf16 matmul {c.bf16_tflops:.0f} TFLOP/s")
+    todo = runner.plan(specs, args.group, args.quick)
+    planned = {p.spec.name for p in todo}
+    none = [s.name for s in specs if s.name not in planned]
+    if none:
+        print(f"no bench case in group {', '.join(args.group or [])} for: {', '.join(none)}")
+    if not todo:
+        print("nothing to time")
+        return 1
+    est = estimate.estimate([(p.spec.name, p.spec.family, p.case.label) for p in todo],
+                            out_dir, c.device, args.rounds, args.rep_ms)
+    print(estimate.describe(est, len(todo)))
+    print("each case runs in a child process (a fault costs that case only)" if
+          not args.in_process else "cases run in this process (--in-process): a fault that "
+          "loses the CUDA context fails every later case")
+    reporter = Reporter(len(todo), "bench", bar=args.progress)
     rows = runner.bench_specs(specs, c, rounds=args.rounds, rep_ms=args.rep_ms,
                               baselines=not args.no_baselines, groups=args.group,
-                              cuda_graph=args.cuda_graph, progress=args.progress,
-                              quick=args.quick)
+                              cuda_graph=args.cuda_graph, quick=args.quick,
+                              isolate=not args.in_process, case_timeout=args.case_timeout,
+                              reporter=reporter)
+    return _report(args, rows, c, out_dir)
+
+
+def _report(args, rows, c, out_dir) -> int:
+    """The table, the results files and the plot, whatever failed; the exit status."""
+    from tkit.bench import report, runner
+
     print(report.terminal_table(rows))
     env = runner.environment()
     jpath, mpath = report.write_results(rows, out_dir, c, env, stem=args.stem)
@@ -105,14 +198,27 @@ def cmd_bench(args) -> int:
         png = report.plot_roofline(rows, c, mpath.with_suffix(".png"))
         if png:
             print(f"wrote {png}")
-    return 0 if all(r["ok"] for r in rows if r["provider"] == "tkit") else 1
+    mine = [r for r in rows if r["provider"] == "tkit"]
+    failed = [r for r in mine if not r["median_ms"]]
+    wrong = [r for r in mine if r["median_ms"] and not r["ok"]]
+    print(f"{len(mine)} cases: {len(mine) - len(failed) - len(wrong)} timed and verified, "
+          f"{len(wrong)} timed but wrong, {len(failed)} failed")
+    for r in failed + wrong:
+        print(f"  {r['op']} {r['case']}: {r['note'][:300]}")
+    return 1 if failed or wrong else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tkit", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="device, versions, ceilings, and the path each op takes")
-    b = sub.add_parser("bench", help="benchmark ops against baselines (checks them on CPU)")
+    b = sub.add_parser(
+        "bench", help="benchmark ops against baselines (checks them on CPU)",
+        description="Time tkit ops and their baselines on a CUDA GPU (each case in a child "
+        "process), or, without a GPU, check them against their references in Triton's "
+        "interpreter.",
+        epilog="exit status: 0 every case ran and was right; 1 a case failed, was wrong, or "
+        "nothing could be run here; 2 an unknown op, family or group.")
     b.add_argument("ops", nargs="*", help="op names or families (default: all)")
     b.add_argument("--out", default="benchmarks/results", help="where JSON/markdown go")
     b.add_argument("--stem", default=None, help="file name stem (default: device-date)")
@@ -124,9 +230,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-baselines", action="store_true")
     b.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays")
     b.add_argument("--remeasure", action="store_true", help="measure the ceilings again")
-    b.add_argument("--plot", action="store_true", help="write a roofline PNG")
-    b.add_argument("--progress", action="store_true", default=None,
-                   help="force the progress bar (default: when stderr is a terminal)")
+    b.add_argument("--plot", action="store_true", help="write a roofline PNG (GPU runs)")
+    b.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a live progress bar (default: when stderr is a terminal); on a GPU a "
+                   "line per finished case is printed either way")
+    b.add_argument("--in-process", action="store_true",
+                   help="run the cases in this process (debugging): a fault that loses the "
+                   "CUDA context then fails every later case")
+    b.add_argument("--case-timeout", type=float, default=900.0,
+                   help="seconds a case may take before its child is killed (default 900)")
     try:
         from tkit.ir_tools import cli as ir_cli
     except ImportError:

@@ -9,6 +9,8 @@ kernel module and one spec there.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,6 +65,8 @@ class OpSpec:
     opcheck: Callable[[], tuple[Any, tuple, dict]] | None = None  # (op, args, kwargs) on CPU/GPU
     bound: str = "memory"  # which ceiling the roofline percentage is taken against
     doc: str = ""
+    #: why ``check_cases()`` is empty on a machine without a GPU (``tkit bench`` says so)
+    no_check_reason: str = ""
 
     def available_baselines(self) -> dict[str, Callable]:
         out = {}
@@ -118,19 +122,62 @@ def get(name_or_fn) -> OpSpec:
     return specs[name_or_fn]
 
 
+def suggest(word: str, choices) -> str:
+    """"; did you mean X?" for the choices closest to a mistyped ``word`` (empty if none)."""
+    choices = list(dict.fromkeys(choices))
+    close = difflib.get_close_matches(word, choices, n=3, cutoff=0.6)
+    close += [c for c in choices if c not in close and (word in c or c in word)][:3 - len(close)]
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+
 def select(patterns: list[str] | None) -> list[OpSpec]:
     """Specs whose name or family matches one of ``patterns`` (all when empty)."""
     specs = all_specs()
     if not patterns:
         return specs
     out = [s for s in specs if any(p == s.name or p == s.family for p in patterns)]
-    unknown = [p for p in patterns if not any(p in (s.name, s.family) for s in specs)]
+    known = [s.name for s in specs] + [s.family for s in specs]
+    unknown = [p for p in patterns if p not in known]
     if unknown:
-        raise KeyError(f"unknown op or family: {', '.join(unknown)} (known: {', '.join(names())})")
+        hints = "".join(f"\n  {p!r}{suggest(p, known)}" for p in unknown)
+        families = ", ".join(dict.fromkeys(s.family for s in specs))
+        raise KeyError(f"unknown op or family:{hints}\n(ops: {', '.join(names())}; "
+                       f"families: {families})")
     return out
 
 
 # ---- helpers the spec modules share -------------------------------------------------------
+class optional_module:
+    """A module imported on first attribute access. Spec modules reach hypothesis through it:
+    the CLI (``tkit info``, ``tkit bench``, ``tkit ir``) imports every spec but needs only the
+    runtime dependencies, and hypothesis is a test dependency used where fuzzing happens."""
+
+    def __init__(self, name: str, extra: str = "test"):
+        self._name, self._extra = name, extra
+
+    def __getattr__(self, attr):
+        try:
+            module = importlib.import_module(self._name)
+        except ModuleNotFoundError as e:
+            raise ModuleNotFoundError(
+                f"{self._name} is needed here (pip install 'tkit[{self._extra}]')",
+                name=e.name) from e
+        return getattr(module, attr)
+
+
+def lazy_composite(fn: Callable) -> Callable:
+    """``@hypothesis.strategies.composite``, applied when the strategy is first asked for
+    instead of when the spec module is imported."""
+
+    @functools.wraps(fn)
+    def strategy(*args, **kwargs):
+        from hypothesis import strategies as st
+
+        return st.composite(fn)(*args, **kwargs)
+
+    return strategy
+
+
 def unique_bytes(t: torch.Tensor) -> int:
     """Bytes an op must read from ``t``: broadcast (stride-0) dimensions count once."""
     n = 1

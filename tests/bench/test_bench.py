@@ -84,9 +84,15 @@ def test_tkit_bench_command_in_a_fresh_process_without_gpu(tmp_path):
     assert "timings need a CUDA GPU" in out.stdout and "passed, 0 failed" in out.stdout
 
 
-def test_cli_rejects_unknown_op():
-    with pytest.raises(KeyError, match="unknown op or family: nope"):
-        cli.main(["bench", "nope"])
+def test_cli_rejects_unknown_op_and_group_with_suggestions(capsys):
+    assert cli.main(["bench", "rms_nrom"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown op or family" in err and "'rms_nrom'; did you mean rms_norm?" in err
+    assert cli.main(["bench", "add", "--group", "strieded"]) == 2
+    err = capsys.readouterr().err
+    assert "--group 'strieded'" in err and "did you mean strided?" in err
+    assert cli.main(["bench", "add", "--case-timeout", "0"]) == 2
+    assert "--case-timeout must be positive" in capsys.readouterr().err
 
 
 def test_cli_info_runs(capsys):
@@ -109,3 +115,273 @@ def test_bench_on_gpu_measures_and_verifies(tmp_path):
     tk = next(r for r in rows if r["provider"] == "tkit")
     assert tk["ok"] and tk["median_ms"] > 0 and tk["tbps"] > 0
     assert {r["provider"] for r in rows} >= {"tkit", "torch", "torch.compile"}
+
+
+# ---- a run that survives its failures -------------------------------------------------------
+def _ok_and_failed(rows):
+    mine = {r["case"]: r for r in rows if r["provider"] == "tkit"}
+    return ({c for c, r in mine.items() if r["median_ms"]},
+            {c: r["note"] for c, r in mine.items() if not r["median_ms"]})
+
+
+def _write_and_report(rows, tmp_path, capsys):
+    import argparse
+
+    args = argparse.Namespace(stem="fake", plot=True)
+    rc = cli._report(args, rows, CEIL, tmp_path)
+    out = capsys.readouterr().out
+    data = json.loads((tmp_path / "fake.json").read_text())
+    return rc, out, data
+
+
+def test_a_case_that_raises_is_reported_and_the_rest_run_in_process(monkeypatch, tmp_path,
+                                                                     capsys):
+    import fake_specs
+
+    monkeypatch.setattr(runner, "time_fn", fake_specs.fake_time_fn)
+    rows = runner.bench_specs(fake_specs.SPECS[:1], CEIL, rounds=1, device="cpu",
+                              progress=False)
+    ok, failed = _ok_and_failed(rows)
+    assert ok == {"64x32 ok"}
+    assert "ValueError: boom" in failed["64x32 raise"]
+    assert "illegal memory access" in failed["64x32 lost"]
+    out = capsys.readouterr().out
+    # one line a finished case, failures with their error
+    assert "[2/3" in out and "fake_a 64x32 raise: FAILED ValueError: boom" in out
+    assert "fake_a 64x32 ok: tkit" in out and "best baseline torch" in out
+    rc, out, data = _write_and_report(rows, tmp_path, capsys)
+    assert rc == 1 and "1 timed and verified, 0 timed but wrong, 2 failed" in out
+    assert len(data["rows"]) == 1 + 2 + 1  # ok: tkit + torch; the failures: tkit each
+    assert all(r["case_seconds"] is not None for r in data["rows"])
+    assert (tmp_path / "fake.md").exists()
+
+
+def _child_command(tmp_path, specs="SPECS", fake_timer=True):
+    """A child that looks cases up in tests/bench/fake_specs.py."""
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(here)!r}, {str(here.parents[1])!r}]
+        import fake_specs
+        from tkit.bench import child, runner
+        if {fake_timer!r}:
+            runner.time_fn = fake_specs.fake_time_fn
+        child.main(sys.argv[1:], specs=fake_specs.{specs})
+    """))
+    return [sys.executable, str(script)]
+
+
+def test_isolated_run_survives_an_error_a_lost_context_and_a_dead_child(tmp_path, capsys):
+    """Each case in a child: the lost context and the dead child cost their case only; a new
+    child runs the rest; the results file and the plot are written."""
+    import fake_specs
+
+    rows = runner.bench_specs(fake_specs.SPECS, CEIL, rounds=1, device="cpu", isolate=True,
+                              child_command=_child_command(tmp_path), progress=False,
+                              case_timeout=120)
+    ok, failed = _ok_and_failed(rows)
+    assert ok == {"64x32 ok"}  # fake_a's and fake_b's ok cases share a label
+    assert sum(1 for r in rows if r["provider"] == "tkit" and r["median_ms"]) == 2
+    assert "ValueError: boom" in failed["64x32 raise"]
+    assert "illegal memory access" in failed["64x32 lost"]
+    assert failed["64x32 die"].startswith("child died") and "about to die" in failed["64x32 die"]
+    out = capsys.readouterr().out
+    assert "[5/5" in out and "fake_b 64x32 die: FAILED child died" in out
+    rc, out, data = _write_and_report(rows, tmp_path, capsys)
+    assert rc == 1 and "2 timed and verified, 0 timed but wrong, 3 failed" in out
+    assert [(r["op"], r["case"]) for r in data["rows"] if r["provider"] == "tkit"] == [
+        ("fake_a", "64x32 ok"), ("fake_a", "64x32 raise"), ("fake_a", "64x32 lost"),
+        ("fake_b", "64x32 die"), ("fake_b", "64x32 ok")]
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "fake.png").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="drives the GPU path of the CLI on a CPU")
+def test_cli_bench_gpu_path_reports_failures_and_writes_everything(monkeypatch, tmp_path,
+                                                                   capsys):
+    """tkit bench as on a GPU (ceilings, timer and specs faked): the estimate, a line per case,
+    the failures named at the end, the results and the plot written, exit status 1."""
+    import fake_specs
+
+    from tkit.bench import ceilings
+
+    monkeypatch.setattr(cli, "_prepare_backend", lambda: True)
+    monkeypatch.setattr(registry, "_SPECS", {s.name: s for s in fake_specs.SPECS[:1]})
+    monkeypatch.setattr(ceilings, "get", lambda remeasure=False: CEIL)
+    monkeypatch.setattr(runner, "time_fn", fake_specs.fake_time_fn)
+    env = runner.environment()
+    monkeypatch.setattr(runner, "environment", lambda: {**env, "device": CEIL.device})
+    argv = ["bench", "fake_a", "--in-process", "--plot", "--out", str(tmp_path), "--stem", "x"]
+    assert cli.main(argv) == 1
+    out = capsys.readouterr().out
+    assert "3 cases, estimated wall time ~" in out and "(an estimate:" in out
+    assert "[3/3" in out and "fake_a 64x32 raise: ValueError: boom" in out
+    data = json.loads((tmp_path / "x.json").read_text())
+    assert len([r for r in data["rows"] if r["provider"] == "tkit"]) == 3
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "x.png").exists()
+    # the next run's estimate comes from this one's case times
+    assert cli.main(argv) == 1
+    assert "3 timed by earlier runs" in capsys.readouterr().out
+
+
+def test_estimate_reads_the_previous_runs_case_times(tmp_path):
+    import os
+
+    from tkit.bench import estimate
+
+    def write(name, rows, device="H", mtime=0):
+        path = tmp_path / name
+        path.write_text(json.dumps({"environment": {"device": device}, "rows": rows}))
+        os.utime(path, (mtime, mtime))
+
+    write("old.json", [{"op": "add", "case": "a", "case_seconds": 12.0},
+                       {"op": "mul", "case": "c", "case_seconds": 5.0}], mtime=1000)
+    write("new.json", [{"op": "add", "case": "a", "case_seconds": 10.0}], mtime=2000)
+    write("elsewhere.json", [{"op": "add", "case": "b", "case_seconds": 99.0}], device="other")
+    est = estimate.estimate([("add", "elementwise", "a"), ("add", "elementwise", "b"),
+                             ("mul", "elementwise", "c")], tmp_path, "H")
+    assert est["timed"] == 2 and est["per_case"] == [
+        10.0, estimate.FAMILY_SECONDS["elementwise"], 5.0]  # the newest file's time wins
+    text = estimate.describe(est, 3)
+    assert "an estimate" in text and "2 timed by earlier runs (2 files in" in text
+    assert estimate.estimate([("add", "elementwise", "a")], tmp_path, "another")["timed"] == 0
+
+
+# ---- what tkit bench says without a GPU ----------------------------------------------------
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of tkit bench")
+def test_cli_without_gpu_names_what_it_checked_and_skipped(capsys):
+    rc = cli.main(["bench", "add", "matmul_fp8", "cuda_matmul", "--quick", "--plot"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "checking 1 ops (1 cases): add" in out
+    assert "matmul_fp8: Triton's interpreter converts float8 wrongly" in out
+    assert "cuda_matmul: raw CUDA, no interpreter" in out
+    assert "--plot: ignored" in out and "--quick: each op's first check case" in out
+    rc = cli.main(["bench", "matmul_fp8"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "nothing was checked" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of tkit bench")
+def test_cli_group_applies_to_the_check_cases(capsys):
+    assert cli.main(["bench", "add", "--group", "broadcast"]) == 0
+    out = capsys.readouterr().out
+    assert "checking 1 ops (2 cases)" in out and "+ row" in out and "transposed" not in out
+
+
+def test_softmax_check_raises_no_numpy_warning_in_the_interpreter():
+    """Rows past M in a softmax program's last block held -inf - -inf (NaN, never stored), and
+    the interpreter's numpy printed "invalid value encountered in subtract" above tkit bench's
+    table."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rows = runner.check_specs(registry.select(["softmax", "log_softmax"]), progress=False,
+                                  quick=True)
+    assert all(r["ok"] for r in rows)
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)], \
+        [str(w.message) for w in caught]
+
+
+def test_reporter_draws_a_bar_and_keeps_the_lines(capsys):
+    pytest.importorskip("tqdm")
+    import io
+
+    from tkit.bench.progress import Reporter
+
+    out = io.StringIO()
+    rep = Reporter(2, "bench", bar=True, out=out)
+    rows = _rows()
+    for r in rows:
+        r["case_seconds"] = 3.0
+    rep.begin("add n")
+    rep.done(rows)
+    rep.close()
+    assert "add n: tkit 3.20 TB/s (80% of roofline); best baseline torch 1.60 TB/s, x2.00" \
+        in out.getvalue()
+    assert "1/2" in capsys.readouterr().err  # the bar, on stderr
+
+
+# ---- the CLI needs only the runtime dependencies --------------------------------------------
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of tkit bench")
+@pytest.mark.parametrize("commands", [
+    # one process for the commands that switch the interpreter on, one for tkit ir (which
+    # compiles ahead of time without it): a torch import each
+    [(["info"], "flash_attention forward:"), (["bench", "--help"], "--case-timeout"),
+     (["bench", "add", "--quick"], "1 passed, 0 failed")],
+    [(["ir", "add", "--summary"], "add")],
+], ids=["info-bench", "ir"])
+def test_cli_runs_without_hypothesis(commands):
+    """A `pip install -e .` without the test extra: importing hypothesis fails."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "sys.modules['hypothesis'] = None\n"
+        "from tkit.cli import main\n"
+        f"for argv in {[argv for argv, _ in commands]!r}:\n"
+        "    try:\n"
+        "        rc = main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        rc = e.code\n"
+        "    print(f'== {argv} exit {rc}', flush=True)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "hypothesis" not in out.stderr, out.stderr[-2000:]
+    rest = out.stdout
+    for argv, expect in commands:
+        head, sep, rest = rest.partition(f"== {argv} exit ")
+        assert sep, f"{argv} did not finish: {out.stdout[-2000:]}{out.stderr[-2000:]}"
+        assert rest.startswith("0"), f"{argv}: exit {rest[:3]}\n{head[-2000:]}"
+        assert expect in head, head[-2000:]
+
+
+# ---- on the GPU ---------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_isolated_run_on_gpu_survives_an_illegal_address(tmp_path, capsys):
+    """A kernel that stores out of bounds loses its child's CUDA context: that case fails with
+    the CUDA error, a new child times the next one."""
+    import fake_specs
+
+    rows = runner.bench_specs(fake_specs.GPU_SPECS, CEIL, rounds=1, rep_ms=10, isolate=True,
+                              child_command=_child_command(tmp_path, "GPU_SPECS", False),
+                              progress=False, case_timeout=300)
+    mine = [r for r in rows if r["provider"] == "tkit"]
+    assert [bool(r["median_ms"]) for r in mine] == [True, False, True]
+    assert "illegal" in mine[1]["note"] or "CUDA" in mine[1]["note"], mine[1]["note"]
+
+
+@pytest.mark.gpu
+def test_isolated_run_of_a_registered_op_on_gpu():
+    rows = runner.bench_specs(registry.select(["add"]), CEIL, rounds=1, rep_ms=10, quick=True,
+                              isolate=True, progress=False)
+    tk = next(r for r in rows if r["provider"] == "tkit")
+    assert tk["ok"] and tk["median_ms"] > 0 and tk["case_seconds"] > 0
+    assert {r["provider"] for r in rows} >= {"tkit", "torch", "torch.compile"}
+
+
+@pytest.mark.gpu
+def test_tkit_bench_command_on_gpu_writes_results_and_plot(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("matplotlib")
+    out = subprocess.run([sys.executable, "-m", "tkit.cli", "bench", "add", "rms_norm",
+                          "--quick", "--plot", "--rounds", "1", "--out", str(tmp_path),
+                          "--stem", "t"], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "estimated wall time" in out.stdout and "[2/2" in out.stdout
+    assert (tmp_path / "t.json").exists() and (tmp_path / "t.png").exists()

@@ -3,6 +3,7 @@ its context, hangs and dies (no GPU: the child is a plain Python script)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -36,6 +37,11 @@ CHILD = textwrap.dedent("""
         if kind == "die":
             print("last words", flush=True)
             os._exit(3)
+        if kind == "orphan":  # leaves a process behind that holds stdout open
+            import subprocess
+            p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(90)"])
+            print(f"orphaned {{p.pid}}", flush=True)
+            os._exit(4)
 
     child_loop(sys.argv[1].split(","), check_one)
 """)
@@ -91,3 +97,21 @@ def test_names_left_when_the_budget_ends(child):
                        log=lambda m: None)
     assert status["hang-a"][0].startswith("no answer")
     assert status["good-b"] == ("not checked: time budget", None)
+
+
+def test_a_child_that_dies_leaving_its_output_open_is_seen_at_once(child):
+    """A compile worker that outlives its child keeps the pipe open: no end of file comes, and
+    the death must not wait for the case's deadline."""
+    import time
+
+    argv_for, started = child
+    t0 = time.time()
+    status = supervise(argv_for, ["orphan-a", "good-b"], deadline=60.0, first_deadline=60.0,
+                       total=120.0, log=lambda m: None)
+    elapsed = time.time() - t0
+    why = status["orphan-a"][0]
+    if why.startswith("child died: orphaned "):
+        os.kill(int(why.split()[-1]), 9)  # the process it left behind
+    assert why.startswith("child died: orphaned")
+    assert status["good-b"] == ("ok", {"err": 6})
+    assert elapsed < 30

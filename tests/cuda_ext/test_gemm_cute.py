@@ -36,6 +36,9 @@ from tkit.testing import check_against_reference, make_tensor
 
 ON_GPU = torch.cuda.is_available()
 BF16 = torch.bfloat16
+# its GPU tests build with nvcc and the CuTe headers: they skip where those are missing
+# (tests/cuda_ext/conftest.py)
+pytestmark = pytest.mark.cute
 KERNELS = ("gemm_cute_bf16", "gemm_cute_bf16_f32out")
 
 _why_no_build = (

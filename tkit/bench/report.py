@@ -43,6 +43,40 @@ def summary(rows: list[dict]) -> list[dict]:
     return out
 
 
+def case_line(rows: list[dict]) -> str:
+    """One finished case in a line: tkit's figure (TFLOP/s for compute-bound ops, TB/s for the
+    rest) and % of roofline, the fastest baseline and tkit's speed-up over it."""
+    mine = next((r for r in rows if r["provider"] == "tkit"), rows[0])
+    head = f"{mine['op']} {mine['case']}:"
+    secs = f" ({mine['case_seconds']:.0f} s)" if mine.get("case_seconds") is not None else ""
+    if not mine["median_ms"]:
+        return f"{head} FAILED {mine['note'][:300]}{secs}"
+
+    def figure(r):
+        if r["bound"] == "compute":
+            return f"{r['tflops']:.1f} TFLOP/s"
+        return f"{r['tbps']:.2f} TB/s"
+
+    text = f"{head} tkit {figure(mine)}"
+    if mine["pct_of_roofline"] is not None:
+        text += f" ({mine['pct_of_roofline']:.0f}% of roofline)"
+    if not mine["ok"]:
+        text += f" WRONG: {mine['note'][:200]}"
+    others = [r for r in rows if r["provider"] != "tkit" and r["median_ms"]]
+    if others:
+        best = min(others, key=lambda r: r["median_ms"])
+        text += (f"; best baseline {best['provider']} {figure(best)}, "
+                 f"x{best['median_ms'] / mine['median_ms']:.2f}")
+    return text + secs
+
+
+def check_line(rows: list[dict]) -> str:
+    """One checked case in a line (machines without a GPU)."""
+    r = rows[0]
+    verdict = "ok" if r["ok"] else f"FAILED {r['note']}"
+    return f"{r['op']} {r['case']}: {verdict} ({r['seconds']:.1f} s)"
+
+
 def _baseline_names(lines):
     names: list[str] = []
     for ln in lines:
@@ -61,7 +95,7 @@ def _table(lines, sep="  ", markdown=False) -> str:
         cells = [ln["op"], ln["case"], _fmt(ln["ms"], ".4f"), _fmt(ln["TB/s"], ".2f"),
                  _fmt(ln["TFLOP/s"], ".1f"), _fmt(ln["% roofline"], ".1f")]
         cells += [_fmt(ln["vs"].get(n), ".2f") for n in names]
-        cells.append("yes" if ln["ok"] else f"NO {ln['note']}")
+        cells.append("yes" if ln["ok"] else f"NO {ln['note'][:100]}")
         body.append(cells)
     if markdown:
         lines_ = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -12,15 +12,15 @@ import statistics
 import subprocess
 import time
 import traceback
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from tkit import _env
 from tkit.bench.ceilings import Ceilings
-from tkit.bench.progress import Progress
 from tkit.bench.timing import time_fn
-from tkit.registry import OpSpec
+from tkit.registry import Case, OpSpec
 
 
 def environment() -> dict:
@@ -62,14 +62,34 @@ def git_sha() -> str:
 _git_sha = git_sha
 
 
-def plan_cases(specs: list[OpSpec], groups: list[str] | None = None, quick: bool = False):
-    """(spec, case) pairs to run: the cases of the chosen groups; with ``quick``, each op's
-    first such case (its headline shape), so that a whole-toolkit run takes minutes."""
-    plan = []
+@dataclass(frozen=True)
+class Planned:
+    """One case to run: ``id`` (``op/index`` into the op's bench cases) names it to a child."""
+
+    spec: OpSpec
+    index: int
+    case: Case
+
+    @property
+    def id(self) -> str:
+        return f"{self.spec.name}/{self.index}"
+
+
+def plan(specs: list[OpSpec], groups: list[str] | None = None,
+         quick: bool = False) -> list[Planned]:
+    """The cases to run: those of the chosen groups; with ``quick``, each op's first such case
+    (its headline shape), so that a whole-toolkit run takes minutes."""
+    out = []
     for spec in specs:
-        cases = [c for c in spec.bench_cases() if not groups or c.group in groups]
-        plan += [(spec, c) for c in (cases[:1] if quick else cases)]
-    return plan
+        cases = [Planned(spec, i, c) for i, c in enumerate(spec.bench_cases())
+                 if not groups or c.group in groups]
+        out += cases[:1] if quick else cases
+    return out
+
+
+def plan_cases(specs: list[OpSpec], groups: list[str] | None = None, quick: bool = False):
+    """(spec, case) pairs of :func:`plan`."""
+    return [(p.spec, p.case) for p in plan(specs, groups, quick)]
 
 
 def _verify(spec: OpSpec, args, kwargs) -> tuple[bool, str]:
@@ -96,33 +116,115 @@ def bench_specs(
     verify: bool = True,
     progress: bool | None = None,
     quick: bool = False,
+    isolate: bool = False,
+    case_timeout: float = 900.0,
+    child_command: list[str] | None = None,
+    device: str = "cuda",
+    reporter=None,
 ) -> list[dict]:
-    """Time every bench case of every spec; one row per (case, provider)."""
+    """Time every bench case of every spec; one row per (case, provider).
+
+    A case that raises is reported as failed (a row for tkit with the error as its note) and the
+    rest run. With ``isolate`` the cases run in a child process (``python -m tkit.bench.child``,
+    or ``child_command``) under :func:`tkit.bench.isolate.supervise`: a case that faults (an
+    illegal address leaves the CUDA context unusable), hangs past ``case_timeout`` seconds or
+    kills the child costs that case only; a new child takes the rest. In-process (the default
+    here, and ``tkit bench --in-process``) is for debugging: a fault there fails every later
+    case too. ``reporter`` (:class:`tkit.bench.progress.Reporter`) hears of each case."""
+    from tkit.bench.progress import Reporter
+
+    todo = plan(specs, groups, quick)
+    opts = dict(rounds=rounds, rep_ms=rep_ms, baselines=baselines, cuda_graph=cuda_graph,
+                verify=verify, device=device)
+    reporter = reporter or Reporter(len(todo), "bench", bar=progress)
     env = environment()
-    plan = plan_cases(specs, groups, quick)
-    bar = Progress(len(plan), "bench", progress)
-    rows: list[dict] = []
-    compiled: dict[str, dict] = {}
-    for spec, case in plan:
-        bar.step(f"{spec.name} {case.label}")
-        if spec.name not in compiled:
-            compiled[spec.name] = spec.available_baselines() if baselines else {}
-        rows += _bench_case(spec, case, compiled[spec.name], ceilings, env, rounds=rounds,
-                            rep_ms=rep_ms, cuda_graph=cuda_graph, verify=verify)
-        torch.cuda.empty_cache()
-    bar.close()
+    if isolate:
+        rows = _bench_isolated(todo, ceilings, env, opts, reporter, case_timeout, child_command)
+    else:
+        rows = []
+        cache: dict[str, dict] = {}
+        for p in todo:
+            reporter.begin(f"{p.spec.name} {p.case.label}")
+            t0 = time.time()
+            try:
+                case_rows = bench_case(p.spec, p.case, ceilings, env, cache, **opts)
+            except Exception as e:
+                case_rows = failed_rows(p.spec, p.case, f"{type(e).__name__}: {e}", ceilings,
+                                        env)
+            _stamp(case_rows, time.time() - t0)
+            reporter.done(case_rows)
+            rows += case_rows
+    reporter.close()
     return rows
 
 
-def _bench_case(spec, case, baselines, ceilings, env, *, rounds, rep_ms, cuda_graph, verify):
+def _stamp(rows: list[dict], seconds: float) -> None:
+    # the case's wall time (inputs, verification, compiles, autotuning, every provider's
+    # timing): what the next run's estimate of its length is made from
+    for r in rows:
+        r["case_seconds"] = round(seconds, 1)
+
+
+def _bench_isolated(todo, ceilings, env, opts, reporter, case_timeout, child_command):
+    import json
+    import sys
+
+    from tkit.bench.isolate import supervise
+
+    by_id = {p.id: p for p in todo}
+    child_opts = {**opts, "ceilings": asdict(ceilings) if ceilings else None}
+    cmd = child_command or [sys.executable, "-m", "tkit.bench.child"]
+    answers: dict[str, list[dict]] = {}
+    clock = {"t": time.time()}
+
+    def on_begin(case_id):
+        p = by_id[case_id]
+        reporter.begin(f"{p.spec.name} {p.case.label}")
+
+    def on_answer(case_id, answer):
+        p = by_id[case_id]
+        why, payload = answer
+        if why == "ok" and payload:
+            case_rows = payload
+        else:
+            case_rows = failed_rows(p.spec, p.case, why, ceilings, env)
+        # time since the previous answer: child start-ups and restarts count to the case
+        now = time.time()
+        _stamp(case_rows, now - clock["t"])
+        clock["t"] = now
+        answers[case_id] = case_rows
+        reporter.done(case_rows)
+
+    supervise(lambda ids: cmd + [json.dumps(child_opts), ",".join(ids)],
+              [p.id for p in todo], deadline=case_timeout, first_deadline=300.0,
+              total=float("inf"), hang_hint=" (hung? --case-timeout sets the limit)",
+              log=lambda msg: None, on_begin=on_begin, on_answer=on_answer)
+    return [r for p in todo for r in answers.get(p.id, [])]
+
+
+def failed_rows(spec, case, why: str, ceilings, env) -> list[dict]:
+    """The row of a case that could not be measured: tkit's, not ok, the reason as its note."""
+    return [_row(spec, case, "tkit", None, None, ceilings, env, ok=False,
+                 note=" ".join(why.split())[:500])]
+
+
+def bench_case(spec, case, ceilings, env, cache=None, *, rounds=3, rep_ms=100, baselines=True,
+               cuda_graph=False, verify=True, device="cuda") -> list[dict]:
+    """Time one case: tkit and its baselines, interleaved; one row per provider. Raises when
+    the case cannot run (its inputs, its verification, tkit itself) or when the CUDA context
+    is lost, so that a supervising parent knows to start a new process."""
+    from tkit.bench.isolate import context_lost
+
+    cache = {} if cache is None else cache
+    if spec.name not in cache:  # torch.compile baselines: built once an op, reused by its cases
+        cache[spec.name] = spec.available_baselines() if baselines else {}
     try:
-        args, kwargs = case.make("cuda")
+        args, kwargs = case.make(device)
     except torch.OutOfMemoryError:
-        return [_row(spec, case, "tkit", None, None, ceilings, env, ok=False,
-                     note="out of memory building inputs")]
+        return failed_rows(spec, case, "out of memory building inputs", ceilings, env)
     cost = spec.cost(*args, **kwargs)
     ok, note = _verify(spec, args, kwargs) if verify else (True, "not verified")
-    providers = {"tkit": spec.fn, **baselines}
+    providers = {"tkit": spec.fn, **cache[spec.name]}
     samples: dict[str, list] = {p: [] for p in providers}
     failed: dict[str, str] = {}
     for _ in range(rounds):
@@ -133,9 +235,14 @@ def _bench_case(spec, case, baselines, ceilings, env, *, rounds, rep_ms, cuda_gr
                 samples[name].append(time_fn(lambda fn=fn: fn(*args, **kwargs),
                                              rep_ms=rep_ms, cuda_graph=cuda_graph))
             except Exception as e:  # a baseline that cannot run this case
+                if context_lost(e):
+                    raise
                 failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
                 if name == "tkit":
                     traceback.print_exc()
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # an asynchronous fault is this case's, not the next one's
+        torch.cuda.empty_cache()
     rows = []
     for name in providers:
         ts = samples[name]
@@ -172,28 +279,44 @@ def _row(spec, case, provider, cost, times, ceilings, env, ok=True, note=""):
     return row
 
 
-def check_specs(specs: list[OpSpec], progress: bool | None = None) -> list[dict]:
-    """Check every op against its reference at interpreter sizes (machines without a GPU)."""
+def check_plan(specs: list[OpSpec], groups: list[str] | None = None,
+               quick: bool = False) -> list[tuple[OpSpec, Case]]:
+    """(spec, case) pairs to check in the interpreter: the check cases of the chosen groups;
+    with ``quick``, each op's first such case."""
+    out = []
+    for spec in specs:
+        cases = [c for c in spec.check_cases() if not groups or c.group in groups]
+        out += [(spec, c) for c in (cases[:1] if quick else cases)]
+    return out
+
+
+def check_specs(specs: list[OpSpec], progress: bool | None = None,
+                groups: list[str] | None = None, quick: bool = False,
+                reporter=None) -> list[dict]:
+    """Check ops against their references at interpreter sizes (machines without a GPU)."""
+    from tkit.bench.progress import Reporter
     from tkit.testing import check_against_reference
     from tkit.testing.compare import ReferenceMismatch
 
     env = environment()
-    plan = [(s, c) for s in specs for c in s.check_cases()]
-    bar = Progress(len(plan), "check", progress)
+    todo = check_plan(specs, groups, quick)
+    reporter = reporter or Reporter(len(todo), "check", bar=progress)
     rows = []
-    for spec, case in plan:
-        bar.step(f"{spec.name} {case.label}")
+    for spec, case in todo:
+        reporter.begin(f"{spec.name} {case.label}")
         t0 = time.time()
-        args, kwargs = case.make("cpu")
         try:
+            args, kwargs = case.make("cpu")
             check_against_reference(spec.fn, spec.reference, args, kwargs)
             ok, note = True, ""
         except ReferenceMismatch as e:
             ok, note = False, str(e).splitlines()[0][:160]
         except Exception as e:
             ok, note = False, f"{type(e).__name__}: {str(e).splitlines()[0][:140]}"
-        rows.append({"op": spec.name, "family": spec.family, "case": case.label,
-                     "group": case.group, "ok": ok, "note": note,
-                     "seconds": round(time.time() - t0, 2), **env})
-    bar.close()
+        row = {"op": spec.name, "family": spec.family, "case": case.label,
+               "group": case.group, "ok": ok, "note": note,
+               "seconds": round(time.time() - t0, 2), **env}
+        reporter.done([row], check=True)
+        rows.append(row)
+    reporter.close()
     return rows

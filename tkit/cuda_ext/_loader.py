@@ -93,6 +93,19 @@ def cutlass_include() -> str | None:
     return str(inc) if (inc / "cute").is_dir() else None
 
 
+def missing(*, nvcc: bool = False, cute: bool = False) -> str | None:
+    """Why a CUDA path cannot be built here, naming what to install (None when it can): every
+    path needs cupy; the nvcc backend needs nvcc; the CuTe GEMM also the CuTe headers."""
+    _, why = import_cupy()
+    if why is not None:
+        return f"{why}: pip install 'tkit[cuda]'"
+    if (nvcc or cute) and nvcc_path() is None:
+        return "nvcc is not on the PATH (nor under CUDA_HOME/CUDA_PATH)"
+    if cute and cutlass_include() is None:
+        return "CuTe headers not found: pip install nvidia-cutlass (or 'tkit[cuda]')"
+    return None
+
+
 @functools.cache
 def cuda_binutil(name: str) -> str | None:
     """``cuobjdump`` / ``nvdisasm``: from the CUDA install or else from the Triton wheel."""

@@ -165,10 +165,13 @@ def _softmax_fwd_kernel(
     mask = rmask[:, None] & (cols < N)[None, :]
     x = tl.load(x_ptr + rows[:, None] * sxm + cols[None, :] * sxn, mask=mask,
                 other=-float("inf"), eviction_policy=EVICT).to(tl.float32)
-    m = tl.max(x, axis=1)
+    # rows past M hold only -inf: a finite max and a sum of 1 keep them free of NaN and of
+    # division by zero (never stored, but numpy warns in the interpreter); a real row of -inf
+    # keeps its NaN
+    m = tl.where(rmask, tl.max(x, axis=1), 0.0)
     z = x - m[:, None]
     e = tl.exp(z)
-    s = tl.sum(e, axis=1)
+    s = tl.where(rmask, tl.sum(e, axis=1), 1.0)
     if LOG:
         y = z - tl.log(s)[:, None]
     else:

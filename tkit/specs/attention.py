@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import torch
-from hypothesis import strategies as st
 
 import tkit
 from tkit.kernels import attention as A
-from tkit.registry import Case, OpSpec
+from tkit.registry import Case, OpSpec, lazy_composite, optional_module
 from tkit.testing.tensors import make_tensor
+
+# hypothesis is a test dependency: imported when a fuzz recipe is first used
+st = optional_module("hypothesis.strategies")
 
 BF16 = torch.bfloat16
 ON_GPU = torch.cuda.is_available()
@@ -155,7 +157,15 @@ def check_cases():
     ]
 
 
-def _varlen_case(lengths, h, hk, d, dtype=BF16, causal=False):
+def _varlen_case(lengths, h, hk, d, dtype=BF16, causal=False, total=None):
+    """A packed batch of sequences of ``lengths`` tokens (each >= 1; summing to ``total`` when
+    given), checked here so that a wrong list fails when the case is built, not in a kernel."""
+    lengths = [int(n) for n in lengths]
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"lengths must all be >= 1, got {lengths}")
+    if total is not None and sum(lengths) != total:
+        raise ValueError(f"lengths sum to {sum(lengths)}, not total={total}: {lengths}")
+
     def build(device):
         total = sum(lengths)
         q = make_tensor((total, h, d), dtype, seed=1, device=device)
@@ -167,14 +177,16 @@ def _varlen_case(lengths, h, hk, d, dtype=BF16, causal=False):
         return (q, k, v, cu, cu, m, m), dict(causal=causal)
 
     label = f"{len(lengths)} seqs {min(lengths)}..{max(lengths)} H{h}/{hk} D{d}"
-    return Case(label + (" causal" if causal else ""), build, "varlen")
+    return Case(label + (" causal" if causal else ""), build, "varlen",
+                meta=dict(seqlens=len(lengths), tokens=sum(lengths)))
 
 
 def varlen_bench_cases():
-    # a mixed batch of 16K tokens: a few long documents, many short ones
-    lengths = [4096, 3000, 2048, 2048, 1500, 1024, 777, 512, 512, 300, 200, 200, 100, 60, 7, 1]
+    # a mixed batch of 16K tokens: a few long documents, many short ones; the last one takes
+    # what is left of the 16K
+    lengths = [4096, 3000, 2048, 2048, 1500, 1024, 777, 512, 512, 300, 200, 200, 100, 60, 5, 1]
     lengths.append(16384 - sum(lengths))
-    return [_varlen_case(lengths, 16, 16, 128, causal=True)]
+    return [_varlen_case(lengths, 16, 16, 128, causal=True, total=16384)]
 
 
 def varlen_check_cases():
@@ -188,7 +200,7 @@ SEQLENS = (1, 2, 7, 17, 31, 32, 33, 63, 64, 65, 70) if not ON_GPU else (
     1, 7, 63, 64, 65, 127, 128, 129, 255, 300, 513)
 
 
-@st.composite
+@lazy_composite
 def attention_shapes(draw, seqlens=SEQLENS, head_dims=HEAD_DIMS):
     """((b, sq, hq, d), (b, sk, hk, d), (b, sk, hk, d)) with hq a multiple of hk."""
     b = draw(st.sampled_from((1, 1, 2)))

@@ -9,12 +9,14 @@ from __future__ import annotations
 import functools
 
 import torch
-from hypothesis import strategies as st
 
 from tkit import cuda_ext
-from tkit.registry import Case, Cost, OpSpec, eager_baseline
-from tkit.testing import strategies as S
+from tkit.registry import Case, Cost, OpSpec, eager_baseline, optional_module
 from tkit.testing.tensors import make_tensor
+
+# hypothesis is a test dependency: imported when a fuzz recipe is first used
+st = optional_module("hypothesis.strategies")
+S = optional_module("tkit.testing.strategies")
 
 BF16 = torch.bfloat16
 
@@ -39,6 +41,9 @@ def _gemm_case(M, N, K, dtype, seed=0):
 
     return Case(f"{M}x{N}x{K} {str(dtype).replace('torch.', '')}", make, "square" if
                 M == N == K else "rectangular", meta=dict(M=M, N=N, K=K))
+
+
+GPU_ONLY = "raw CUDA, no interpreter: checked on a GPU; tests/cuda_ext compiles it on a CPU"
 
 
 def _gpu_only(cases):
@@ -101,7 +106,7 @@ def _sgemm_spec(step):
         bench_cases=lambda: [_gemm_case(4096, 4096, 4096, torch.float32)],
         check_cases=lambda: _gpu_only(check),
         fuzz=functools.partial(_fuzz_sgemm, strict),
-        baselines={"cuBLAS fp32": _cublas}, bound="compute",
+        baselines={"cuBLAS fp32": _cublas}, bound="compute", no_check_reason=GPU_ONLY,
         doc=f"SGEMM ladder step '{step}': {_LADDER_DOC[step]} (tutorials/05)")
 
 
@@ -119,7 +124,7 @@ def _bf16_spec(name, fn, doc):
         fuzz=lambda: _fuzz(BF16, 8),
         baselines={"cuBLAS": _cublas, "triton": _triton_matmul,
                    "torch (reference)": eager_baseline(ref_matmul)},
-        bound="compute", doc=doc)
+        bound="compute", doc=doc, no_check_reason=GPU_ONLY)
 
 
 SPECS = [_sgemm_spec(step) for step in cuda_ext.SGEMM_STEPS] + [

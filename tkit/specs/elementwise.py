@@ -5,12 +5,22 @@ from __future__ import annotations
 import functools
 
 import torch
-from hypothesis import strategies as st
 
 import tkit
-from tkit.registry import Case, Cost, OpSpec, eager_baseline, torch_compile_baseline, unique_bytes
-from tkit.testing import strategies as S
+from tkit.registry import (
+    Case,
+    Cost,
+    OpSpec,
+    eager_baseline,
+    optional_module,
+    torch_compile_baseline,
+    unique_bytes,
+)
 from tkit.testing.tensors import LAYOUTS, make_tensor
+
+# hypothesis is a test dependency: imported when a fuzz recipe is first used
+st = optional_module("hypothesis.strategies")
+S = optional_module("tkit.testing.strategies")
 
 BF16 = torch.bfloat16
 # 16384 x 8192 bf16 is 256 MiB a tensor: 4x the L2, enough work to fill the chip many times over.

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import torch
-from hypothesis import strategies as st
 
 import tkit
-from tkit.registry import Case, Cost, OpSpec, eager_baseline, unique_bytes
-from tkit.testing import strategies as S
+from tkit.registry import (
+    Case,
+    Cost,
+    OpSpec,
+    eager_baseline,
+    lazy_composite,
+    optional_module,
+    unique_bytes,
+)
 from tkit.testing.tensors import LAYOUTS, make_tensor
+
+# hypothesis is a test dependency: imported when a fuzz recipe is first used
+st = optional_module("hypothesis.strategies")
+S = optional_module("tkit.testing.strategies")
 
 BF16 = torch.bfloat16
 FP8 = torch.float8_e4m3fn
@@ -184,7 +194,7 @@ def _check_grouped():
 
 
 # ---- fuzz recipes ------------------------------------------------------------------------------
-@st.composite
+@lazy_composite
 def matmul_shapes(draw, max_mn=150, max_k=150):
     """((batch..., M, K), (batch'..., K, N)): batches equal, broadcast or absent on b."""
     M = draw(S.dim_sizes(tile=64, max_size=max_mn))
@@ -262,7 +272,7 @@ def _fp8_scales(a, b, per_row):
     return torch.tensor([0.5], device=dev), torch.tensor([1.5], device=dev)
 
 
-@st.composite
+@lazy_composite
 def grouped_shapes(draw):
     """((T, K), (G, K, N)); the split of T into groups comes from :func:`grouped_offsets`."""
     G = draw(st.integers(1, 6))
@@ -335,7 +345,9 @@ SPECS = [
     OpSpec(name="matmul_fp8", family="matmul", fn=tkit.matmul_fp8, reference=ref_matmul_fp8,
            cost=cost_matmul_fp8, bench_cases=_bench_fp8, check_cases=lambda: [],
            fuzz=_fuzz_fp8, baselines={"torch._scaled_mm": _scaled_mm}, opcheck=_opcheck_fp8,
-           bound="compute", doc="float8_e4m3fn GEMM with per-tensor / per-row / per-col scales"),
+           bound="compute", doc="float8_e4m3fn GEMM with per-tensor / per-row / per-col scales",
+           no_check_reason="Triton's interpreter converts float8 wrongly (docs/NOTES.md); "
+           "verified at benchmark sizes on a GPU"),
     OpSpec(name="grouped_matmul", family="matmul", fn=tkit.grouped_matmul,
            reference=ref_grouped_matmul, cost=cost_grouped, bench_cases=_bench_grouped,
            check_cases=_check_grouped, fuzz=_fuzz_grouped,

@@ -8,12 +8,22 @@ Bench groups: ``default`` (the M=16384 x N=8192 bf16 target shape), ``sweep`` (N
 from __future__ import annotations
 
 import torch
-from hypothesis import strategies as st
 
 import tkit
-from tkit.registry import Case, Cost, OpSpec, eager_baseline, torch_compile_baseline
-from tkit.testing import strategies as S
+from tkit.registry import (
+    Case,
+    Cost,
+    OpSpec,
+    eager_baseline,
+    lazy_composite,
+    optional_module,
+    torch_compile_baseline,
+)
 from tkit.testing.tensors import LAYOUTS, make_tensor
+
+# hypothesis is a test dependency: imported when a fuzz recipe is first used
+st = optional_module("hypothesis.strategies")
+S = optional_module("tkit.testing.strategies")
 
 BF16 = torch.bfloat16
 BIG = (16384, 8192)
@@ -150,7 +160,7 @@ def _hidden_sizes():
                      st.sampled_from([3, 127, 128, 129, 1000]))
 
 
-@st.composite
+@lazy_composite
 def _norm_shapes(draw, n_inputs):
     n = draw(_hidden_sizes())
     lead = draw(S.shapes(min_dims=0, max_dims=3, max_size=40, max_numel=max(1, 4096 // n)))

@@ -33,7 +33,16 @@ __all__ = [
     "strategies",
 ]
 
-from tkit.testing import strategies  # noqa: E402
+
+
+def __getattr__(name: str):
+    # the strategies need hypothesis, a test dependency: imported on first use, so that
+    # check_against_reference and make_tensor (which tkit bench uses) need only the runtime ones
+    if name == "strategies":
+        import importlib
+
+        return importlib.import_module("tkit.testing.strategies")
+    raise AttributeError(f"module 'tkit.testing' has no attribute {name!r}")
 
 
 def opcheck(op, args, kwargs=None, **opts):

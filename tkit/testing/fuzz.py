@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from hypothesis import given, note, settings
-from hypothesis import strategies as st
 
 from tkit.kernels._common import poisoned_outputs
 from tkit.testing.compare import ReferenceMismatch, assert_close_to_reference
-from tkit.testing.strategies import seeds
 from tkit.testing.tensors import default_device, describe, make_tensor
+
+# hypothesis is imported where fuzzing happens: check_against_reference (and tkit bench, which
+# uses it) needs only the runtime dependencies
+if TYPE_CHECKING:
+    from hypothesis import strategies as st
 
 
 def _as_strategy(x):
+    from hypothesis import strategies as st
+
     if isinstance(x, st.SearchStrategy):
         return x
     return st.sampled_from(tuple(x))
@@ -132,6 +137,11 @@ def fuzz(
     A failure is shrunk by hypothesis to the smallest case and raised with the call that
     reproduces it, written with :func:`tkit.testing.make_tensor`.
     """
+    from hypothesis import given, note, settings
+    from hypothesis import strategies as st
+
+    from tkit.testing.strategies import seeds
+
     device = device or default_device()
     dtype_st, layout_st = _as_strategy(dtypes), _as_strategy(layouts)
     kwargs_st = kwargs if kwargs is not None else st.just({})

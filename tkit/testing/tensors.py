@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Sequence
 
 import torch
 
 #: Layout names understood by :func:`make_tensor`. ``broadcast`` gives a read-only expanded view.
 LAYOUTS = ("contiguous", "transposed", "sliced", "offset", "permuted", "broadcast")
+
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def without_values():
+    """Inside, :func:`make_tensor` allocates its tensors without drawing values (the memory is
+    left uninitialized): benchmark-size inputs (GiB of them) can then be built on a CPU in
+    milliseconds to check their shapes, layouts and offset tensors, which are built apart."""
+    old = getattr(_state, "no_values", False)
+    _state.no_values = True
+    try:
+        yield
+    finally:
+        _state.no_values = old
 
 
 def default_device() -> str:
@@ -38,6 +56,8 @@ def make_tensor(
     gen = torch.Generator().manual_seed(seed)
 
     def randn(*s):
+        if getattr(_state, "no_values", False):
+            return torch.empty(s, dtype=dtype, device=device)
         return (torch.randn(s, generator=gen) * scale).to(dtype).to(device)
 
     nd = len(shape)

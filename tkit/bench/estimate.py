@@ -1,0 +1,84 @@
+"""How long a ``tkit bench`` run will take, printed (as an estimate) before it starts.
+
+A case's wall time is mostly first-call work (Triton autotuning and compiles, torch.compile of
+the baselines, cuDNN/cuBLAS heuristics), then the timing itself (rounds x providers x the
+timing window). Each finished case records its wall time in its rows (``case_seconds``); the
+next run on the same device reads them from the results files in the output folder.
+Cases no earlier run timed take their family's figure from :data:`FAMILY_SECONDS`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+#: seconds a case, by family, at the default 3 rounds of 100 ms; derived in docs/NOTES.md
+#: ("tkit bench: wall time a case") from the H200 quick run that issue #17 reports and from
+#: the first-call time of a new attention variant
+FAMILY_SECONDS = {"elementwise": 7.5, "reductions": 7.5, "matmul": 7.5, "attention": 16.0,
+                  "cuda_ext": 7.5}
+DEFAULT_SECONDS = 7.5
+#: the timing part of a case, per provider and round: do_bench's warm-up (25 ms) and its
+#: window, and as much again for its own calibration and L2 flushes
+_TIMING_OVERHEAD = 2.0
+
+
+def previous_timings(out_dir: str | Path, device: str) -> tuple[dict, list[Path]]:
+    """{(op, case): seconds} from the results files in ``out_dir`` written on ``device`` whose
+    rows carry case wall times, the newest file's time where several have a case; and the files
+    that gave one."""
+    files = sorted(Path(out_dir).glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    times: dict = {}
+    used: list[Path] = []
+    for path in files:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict) or (data.get("environment") or {}).get("device") != device:
+            continue
+        n = len(times)
+        for r in data.get("rows", []):
+            if isinstance(r, dict) and r.get("case_seconds") is not None:
+                times.setdefault((r["op"], r["case"]), r["case_seconds"])
+        if len(times) > n:
+            used.append(path)
+    return times, used
+
+
+def case_seconds(family: str, rounds: int = 3, rep_ms: int = 100, providers: int = 3) -> float:
+    """The table's figure for one case, scaled for rounds and timing windows other than the
+    defaults (3 rounds, 100 ms, three providers)."""
+    base = FAMILY_SECONDS.get(family, DEFAULT_SECONDS)
+    timing = lambda r, ms: r * providers * (25 + ms) * _TIMING_OVERHEAD / 1e3
+    return max(1.0, base - timing(3, 100) + timing(rounds, rep_ms))
+
+
+def estimate(planned, out_dir, device: str, rounds: int = 3, rep_ms: int = 100) -> dict:
+    """{"seconds": total, "per_case": [...], "timed": cases timed by an earlier run,
+    "sources": those runs' files}. ``planned``: (op name, family, case label) triples."""
+    previous, sources = previous_timings(out_dir, device)
+    per_case, timed = [], 0
+    for op, family, label in planned:
+        if (op, label) in previous:
+            per_case.append(float(previous[(op, label)]))
+            timed += 1
+        else:
+            per_case.append(case_seconds(family, rounds, rep_ms))
+    return {"seconds": sum(per_case), "per_case": per_case, "timed": timed,
+            "sources": sources if timed else []}
+
+
+def describe(est: dict, n_cases: int) -> str:
+    """One line for the start of a run."""
+    total = est["seconds"]
+    when = f"{total / 60:.0f} min" if total >= 90 else f"{total:.0f} s"
+    parts = []
+    if est["timed"]:
+        files = est["sources"]
+        where = str(files[0]) if len(files) == 1 else f"{len(files)} files in {files[0].parent}"
+        parts.append(f"{est['timed']} timed by earlier runs ({where})")
+    if n_cases - est["timed"]:
+        parts.append(f"{n_cases - est['timed']} from the per-family table in "
+                     f"tkit/bench/estimate.py")
+    return f"{n_cases} cases, estimated wall time ~{when} (an estimate: {'; '.join(parts)})"
