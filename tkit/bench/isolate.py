@@ -120,20 +120,22 @@ class _Child:
 
 def supervise(argv_for: Callable[[list[str]], list[str]], names: list[str], *,
               deadline: float, total: float, first_deadline: float | None = None,
-              hang_hint: str = "", log: Callable[[str], None] = print) -> dict[str, tuple]:
+              hang_hint: str = "", log: Callable[[str], None] = print,
+              env: dict | None = None) -> dict[str, tuple]:
     """{name: ("ok", payload or None) or (why not, None)} for every name.
 
     argv_for(todo): the child's command line for the names still to check. deadline: seconds
     a build may take from its BEGIN line; first_deadline: before the child's first BEGIN (its
     start-up, imports and first compiles; default ``deadline``); total: the budget of the whole
     check, after which the names left are "not checked: time budget". A child that ends
-    before its first BEGIN would end again: every name left is marked with its output."""
+    before its first BEGIN would end again: every name left is marked with its output. env: the
+    children's environment (default: this process's)."""
     status: dict[str, tuple] = {}
     todo = list(names)
     t_end = time.time() + total
     first = deadline if first_deadline is None else first_deadline
     while todo and time.time() < t_end:
-        child = _Child(argv_for(todo))
+        child = _Child(argv_for(todo), env=env)
         current, limit, progressed = None, time.time() + first, False
         while True:
             try:
