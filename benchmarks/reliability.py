@@ -131,7 +131,7 @@ def _fuzz_op(name: str, examples: int, budget_s: float) -> dict:
             raise  # child_loop ends this child; a fresh one takes the remaining ops
         row["status"] = "crash" if stats.crashed else "fail"
         row["error"] = f"{type(e).__name__}: {e}"[:3000]
-    row.update(examples=stats.examples, skipped=stats.skipped,
+    row.update(examples=stats.examples, stopped_by_budget=stats.stopped,
                mismatches=stats.failed - stats.crashed, crashed=stats.crashed,
                distinct_shapes=len(stats.shapes), seconds=round(stats.seconds, 1))
     return row
@@ -298,7 +298,7 @@ def run_sanitizer(specs, args, rows: Rows, deadline: float, sanitizer: str) -> N
 
 
 def run_fuzz(specs, args, rows: Rows, deadline: float) -> None:
-    from tkit.bench.isolate import supervise
+    from tkit.bench.isolate import context_lost, supervise
 
     env = _child_env()
     order = sorted(specs, key=lambda s: FAMILY_WEIGHT.get(s.family, 5))
@@ -321,8 +321,9 @@ def run_fuzz(specs, args, rows: Rows, deadline: float) -> None:
             if how == "ok":
                 row.update(payload)
             else:
-                row.update(status="crash" if "child died" in how or "CUDA" in how
-                           or "illegal" in how else "not run" if "budget" in how else "error",
+                crash = "child died" in how or context_lost(how)
+                row.update(status="crash" if crash else "not run" if "budget" in how
+                           else "timeout" if how.startswith("no answer") else "error",
                            error=how, examples=None)
             rows.add(row)
 

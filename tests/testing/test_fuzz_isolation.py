@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -103,7 +104,16 @@ def test_a_lost_context_in_process_stops_at_once_with_its_reproducer():
 def test_budget_stops_running_examples():
     stats = fuzz(torch.add, torch.add, shapes=same_shape_twice(), max_examples=20,
                  isolate=False, budget_s=0.0)
-    assert stats.examples == 0 and stats.skipped == 20
+    assert stats.examples == 0 and stats.stopped
+
+    def fails_from_10(a, b):
+        time.sleep(0.01)
+        return a + b + (1.0 if a.numel() >= 10 else 0.0)
+
+    # past the budget a failure is still reported, shrunk as far as the budget allowed
+    with pytest.raises(ReferenceMismatch, match="reproduce: "):
+        fuzz(fails_from_10, torch.add, shapes=same_shape_twice(), max_examples=200,
+             isolate=False, budget_s=0.2)
 
 
 SCRIPT = textwrap.dedent("""

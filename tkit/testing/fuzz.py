@@ -208,6 +208,11 @@ class KernelCrashed(AssertionError):
     """The kernel took down the process running it (a signal, a lost CUDA context or a hang)."""
 
 
+class _BudgetSpent(BaseException):
+    """Raised inside the hypothesis test when ``budget_s`` is spent and nothing has failed: a
+    BaseException, so that hypothesis stops at once instead of drawing the examples left."""
+
+
 class _ContextLost(BaseException):
     """Raised inside the hypothesis test when the CUDA context of this process is lost: a
     BaseException, so that hypothesis stops at once instead of "shrinking" on examples that all
@@ -271,12 +276,12 @@ def _raise_failure(result: dict, repro: str):
 @dataclass
 class FuzzStats:
     """What a fuzz call did: examples run (shrinking included), how many failed or crashed,
-    how many were skipped past ``budget_s``, and the seconds spent."""
+    whether ``budget_s`` stopped it, and the seconds spent."""
 
     examples: int = 0
     failed: int = 0
     crashed: int = 0
-    skipped: int = 0
+    stopped: bool = False
     seconds: float = 0.0
     shapes: set = field(default_factory=set)
 
@@ -335,9 +340,9 @@ def fuzz(
         ``reference`` and ``extra_args`` must then be importable by module and name (module
         level of a module or of the script being run; not lambdas or closures).
     budget_s : float, optional
-        Stop running examples after this many seconds: later examples pass without running
-        (hypothesis still draws them, in microseconds) and are counted as skipped. For
-        campaigns with a time limit; a failure found before the limit is still shrunk, within it.
+        Stop after this many seconds (``stats.stopped``; no error): for campaigns with a time
+        limit. A failure found before the limit is still raised, shrunk as far as the limit
+        allowed.
     stats : FuzzStats, optional
         Filled in as examples run (also returned), so a caller sees the counts after a failure.
 
@@ -376,6 +381,7 @@ def fuzz(
                 f"sent by module and name: define them at module level of a module the child "
                 f"can import (the same sys.path as here), or pass isolate=False.")
     t_start = time.time()
+    last_failure: list[BaseException] = []
 
     @given(shape_tuple=shapes, dtype=dtype_st, data=st.data(), kw=kwargs_st, seed=seeds())
     def run(shape_tuple, dtype, data, kw, seed):
@@ -389,8 +395,7 @@ def fuzz(
         repro += "".join(f", {k}={v!r}" for k, v in kw.items()) + ")"
         note(f"reproduce: {repro}")
         if budget_s is not None and time.time() - t_start > budget_s:
-            stats.skipped += 1
-            return
+            raise _BudgetSpent  # ends hypothesis at once (while shrinking too: see below)
         stats.examples += 1
         stats.shapes.add(tuple(s[0] for s in specs))
         example = dict(fn=fn, reference=reference, specs=specs, extra_args=extra_args, kw=kw,
@@ -409,12 +414,14 @@ def fuzz(
                 if context_lost(f"{type(e).__name__}: {e}"):
                     raise _ContextLost(f"{type(e).__name__}: {e}\n  reproduce: {repro}") from e
                 raise
-        except KernelCrashed:
+        except KernelCrashed as e:
             stats.failed += 1
             stats.crashed += 1
+            last_failure[:] = [e]
             raise
-        except Exception:
+        except Exception as e:
             stats.failed += 1
+            last_failure[:] = [e]  # hypothesis tries smaller candidates only: the smallest yet
             raise
         finally:
             stats.seconds = time.time() - t_start
@@ -422,6 +429,13 @@ def fuzz(
     run = settings(deadline=None, **({"max_examples": max_examples} if max_examples else {}))(run)
     try:
         run()
+    except _BudgetSpent:
+        stats.stopped = True
+        if last_failure:  # the budget ran out while shrinking: the smallest failure found
+            e = last_failure[0]
+            if hasattr(e, "add_note"):
+                e.add_note(f"(shrinking stopped when budget_s={budget_s} ran out)")
+            raise e from None
     except _ContextLost as e:
         stats.crashed += 1
         raise KernelCrashed(
