@@ -82,7 +82,12 @@ def test_a_function_the_child_cannot_import_is_a_clear_error():
     with pytest.raises(TypeError, match="module level"):
         fuzz(local_add, torch.add, shapes=same_shape_twice(), max_examples=2, isolate=True)
     with pytest.raises(TypeError, match="module level"):
-        fuzz(add_far_past_100, lambda a, b: a + b, shapes=same_shape_twice(), max_examples=2)
+        fuzz(add_far_past_100, lambda a, b: a + b, shapes=same_shape_twice(), max_examples=2,
+             isolate=True)
+    # by default it says why and runs here (tests written before isolation keep working)
+    with pytest.warns(UserWarning, match="runs in this process.*module level"):
+        stats = fuzz(local_add, torch.add, shapes=same_shape_twice(), max_examples=2)
+    assert stats.examples == 2
 
 
 def test_a_lost_context_in_process_stops_at_once_with_its_reproducer():

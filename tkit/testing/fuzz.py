@@ -21,6 +21,7 @@ import os
 import pickle
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -273,6 +274,23 @@ def _raise_failure(result: dict, repro: str):
     raise exc
 
 
+def _start_isolated(fn, reference, extra_args, timeout: float) -> Worker:
+    """The worker, once it has imported the functions; TypeError saying why it cannot."""
+    # fail before hypothesis starts if the child cannot get at the functions
+    for what, obj in (("fn", fn), ("reference", reference), ("extra_args", extra_args)):
+        _dumps(obj, f"`{what}` ({getattr(obj, '__qualname__', obj)!r})")
+    worker = _worker(timeout)
+    loaded = _ask_worker(worker, {"kind": "load", "fn": fn, "reference": reference,
+                                  "extra_args": extra_args})
+    if loaded["outcome"] != "pass":
+        raise TypeError(
+            f"fuzz(isolate=True): the child process could not import the functions "
+            f"({loaded.get('type')}: {loaded.get('message', loaded.get('why'))}). They are "
+            f"sent by module and name: define them at module level of a module the child "
+            f"can import (the same sys.path as here), or pass isolate=False.")
+    return worker
+
+
 @dataclass
 class FuzzStats:
     """What a fuzz call did: examples run (shrinking included), how many failed or crashed,
@@ -338,7 +356,9 @@ def fuzz(
         Default: on for kernels of your own, off for tkit's ops (their launches are validated
         and sanitizer-checked, and the test suite calls fuzz hundreds of times). ``fn``,
         ``reference`` and ``extra_args`` must then be importable by module and name (module
-        level of a module or of the script being run; not lambdas or closures).
+        level of a module or of the script being run; not lambdas or closures): ``True``
+        raises a TypeError saying so where they are not; the default warns and runs them in
+        this process.
     budget_s : float, optional
         Stop after this many seconds (``stats.stopped``; no error): for campaigns with a time
         limit. A failure found before the limit is still raised, shrunk as far as the limit
@@ -364,22 +384,17 @@ def fuzz(
                                                         "__qualname__", repr(fn))
     options = dict(factor=factor, grad=grad, floor=floor)
     stats = stats if stats is not None else FuzzStats()
-    if isolate is None:
-        isolate = not _owned_by_tkit(fn)
     worker = None
-    if isolate:
-        # fail before hypothesis starts if the child cannot get at the functions
-        for what, obj in (("fn", fn), ("reference", reference), ("extra_args", extra_args)):
-            _dumps(obj, f"`{what}` ({getattr(obj, '__qualname__', obj)!r})")
-        worker = _worker(timeout)
-        loaded = _ask_worker(worker, {"kind": "load", "fn": fn, "reference": reference,
-                                      "extra_args": extra_args})
-        if loaded["outcome"] != "pass":
-            raise TypeError(
-                f"fuzz(isolate=True): the child process could not import the functions "
-                f"({loaded.get('type')}: {loaded.get('message', loaded.get('why'))}). They are "
-                f"sent by module and name: define them at module level of a module the child "
-                f"can import (the same sys.path as here), or pass isolate=False.")
+    if isolate or (isolate is None and not _owned_by_tkit(fn)):
+        try:
+            worker = _start_isolated(fn, reference, extra_args, timeout)
+        except TypeError as e:
+            if isolate:
+                raise
+            # the default asked for isolation, the functions cannot travel: run them here
+            # rather than fail a test that ran before isolation existed, and say so
+            warnings.warn(f"fuzz({name}) runs in this process, so a crash of the kernel ends "
+                          f"it: {e}", stacklevel=2)
     t_start = time.time()
     last_failure: list[BaseException] = []
 
