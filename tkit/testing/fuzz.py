@@ -429,14 +429,11 @@ def fuzz(
                 if context_lost(f"{type(e).__name__}: {e}"):
                     raise _ContextLost(f"{type(e).__name__}: {e}\n  reproduce: {repro}") from e
                 raise
-        except KernelCrashed as e:
-            stats.failed += 1
-            stats.crashed += 1
-            last_failure[:] = [e]
-            raise
         except Exception as e:
             stats.failed += 1
-            last_failure[:] = [e]  # hypothesis tries smaller candidates only: the smallest yet
+            stats.crashed += isinstance(e, KernelCrashed)
+            # hypothesis tries smaller candidates only: the latest failure is the smallest yet
+            last_failure[:] = [e, repro]
             raise
         finally:
             stats.seconds = time.time() - t_start
@@ -447,8 +444,10 @@ def fuzz(
     except _BudgetSpent:
         stats.stopped = True
         if last_failure:  # the budget ran out while shrinking: the smallest failure found
-            e = last_failure[0]
+            e, repro = last_failure
             if hasattr(e, "add_note"):
+                if repro not in str(e):
+                    e.add_note(f"reproduce: {repro}")
                 e.add_note(f"(shrinking stopped when budget_s={budget_s} ran out)")
             raise e from None
     except _ContextLost as e:
