@@ -9,8 +9,9 @@ the campaign:
 
 1. sanitizer: each op under ``compute-sanitizer --tool memcheck`` (and ``--tool racecheck``
    for the kernels that use shared memory: GEMMs, attention, the row reductions of softmax and
-   the norms) on its check cases and on derandomized fuzz examples, whose strategies put sizes
-   0, 1, odd and tile +/- 1 first; plus, under memcheck, one elementwise op and one reduction
+   the norms) on its check cases and on derandomized fuzz examples drawn at interpreter sizes
+   (sizes 0, 1, odd and tile +/- 1 come first; large ones would only cost time under the
+   instrumentation); plus, under memcheck, one elementwise op and one reduction
    on more than 2**31 elements (32-bit offsets overflow there). ``TKIT_NO_AUTOTUNE=1`` keeps
    every launch to one compile, and ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` gives every tensor
    its own allocation, so that memcheck sees an access past a tensor's end (inside one of
@@ -188,6 +189,11 @@ def _huge(name: str) -> dict:
 def child_sanitize(op: str, examples: int, budget_s: float, huge: bool) -> None:
     """The program compute-sanitizer runs: the op's check cases and fuzz examples (or its huge
     case); prints one RESULT line."""
+    from tkit.testing import strategies
+
+    # edge sizes are what the sanitizer is for; GPU-sized draws (up to 1M elements) would only
+    # cost time under its instrumentation (racecheck especially)
+    strategies.GPU_SIZES = False
     t0 = time.time()
     result: dict = {"op": op}
     if huge:
