@@ -260,7 +260,8 @@ def _sanitizer_tasks(specs, tools) -> list[tuple[str, str, bool]]:
     return tasks
 
 
-def run_sanitizer(specs, args, rows: Rows, deadline: float, sanitizer: str) -> None:
+def run_sanitizer(specs, args, rows: Rows, deadline: float, sanitizer: str,
+                  huge: bool = True) -> None:
     env = _child_env()
     env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
 
@@ -298,7 +299,7 @@ def run_sanitizer(specs, args, rows: Rows, deadline: float, sanitizer: str) -> N
               f"{'?' if n is None else n} {'errors' if tool == 'memcheck' else 'hazards'} "
               f"({status}, {row['seconds']} s)", flush=True)
 
-    tasks = _sanitizer_tasks(specs, args.tools.split(","))
+    tasks = [t for t in _sanitizer_tasks(specs, args.tools.split(",")) if huge or not t[2]]
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         list(pool.map(one, tasks))
 
@@ -370,6 +371,9 @@ def main(argv=None) -> int:
     ap.add_argument("--task-timeout", type=float, default=150.0,
                     help="seconds one sanitizer run may take")
     ap.add_argument("--tools", default="memcheck,racecheck")
+    ap.add_argument("--sanitizer", help="compute-sanitizer to run (default: found on PATH or "
+                    "in /usr/local/cuda/bin); given explicitly, it runs without a GPU too (the "
+                    "CPU test passes a stand-in)")
     ap.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
                     help="child processes at once")
     part = ap.add_mutually_exclusive_group()
@@ -411,14 +415,15 @@ def main(argv=None) -> int:
           f"rows to {out}", flush=True)
 
     if not args.fuzz_only:
-        sanitizer = find_sanitizer()
-        if not on_gpu or sanitizer is None:
+        sanitizer = args.sanitizer or (find_sanitizer() if on_gpu else None)
+        if sanitizer is None:
             why = "no GPU" if not on_gpu else "compute-sanitizer not found"
             rows.add({"part": "sanitizer", "op": None, "status": f"not run: {why}"})
             print(f"sanitizer: not run ({why})", flush=True)
         else:
             share = 1.0 if args.sanitizer_only else args.sanitizer_share
-            run_sanitizer(specs, args, rows, t_start + share * args.budget, sanitizer)
+            run_sanitizer(specs, args, rows, t_start + share * args.budget, sanitizer,
+                          huge=on_gpu)
     if not args.sanitizer_only:
         run_fuzz(specs, args, rows, deadline)
     summary = summarize(rows.rows)

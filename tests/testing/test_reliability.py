@@ -84,14 +84,17 @@ def test_sanitizer_tasks_racecheck_only_where_shared_memory_is_used(rel):
         "rms_norm", "matmul", "matmul_fp8", "grouped_matmul"}
 
 
-def _campaign(tmp_path, *extra):
+def _campaign_parts(tmp_path, *extra):
     out = tmp_path / "rel.jsonl"
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, str(SCRIPT), "--fuzz-only", "--jobs", "1",
-                        "--out", str(out), *extra],
+    p = subprocess.run([sys.executable, str(SCRIPT), "--jobs", "1", "--out", str(out), *extra],
                        capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     return [json.loads(ln) for ln in out.read_text().splitlines()], p.stdout
+
+
+def _campaign(tmp_path, *extra):
+    return _campaign_parts(tmp_path, "--fuzz-only", *extra)
 
 
 def test_a_tiny_fuzz_campaign_under_the_interpreter(tmp_path):
@@ -117,3 +120,31 @@ def test_the_budget_stops_examples_cleanly_and_records_what_ran(tmp_path):
         assert r["status"] == "pass", r
         assert 0 < r["examples"] < 1000 and r["stopped_by_budget"]
     assert sorted(rows[-1]["fuzz_ops_short"]) == ["add", "relu"]
+
+
+STAND_IN = """#!/bin/sh
+# compute-sanitizer's command line, its summary line, no instrumentation
+shift 4  # --tool NAME --print-limit N
+"$@"
+echo "========= ERROR SUMMARY: 0 errors"
+"""
+
+
+def test_the_sanitizer_part_end_to_end_with_a_stand_in(tmp_path):
+    # no GPU here: a stand-in for compute-sanitizer runs the child as the real one would and
+    # prints a clean summary; the row must carry that count and the child's own result
+    stand_in = tmp_path / "compute-sanitizer"
+    stand_in.write_text(STAND_IN)
+    stand_in.chmod(0o755)
+    rows, _ = _campaign_parts(tmp_path, "--sanitizer-only", "--sanitizer", str(stand_in),
+                              "--ops", "add", "--sanitizer-examples", "2", "--budget", "300",
+                              "--tools", "memcheck")
+    sn = [r for r in rows if r["part"] == "sanitizer"]
+    assert len(sn) == 1 and sn[0]["op"] == "add" and sn[0]["tool"] == "memcheck"
+    assert sn[0]["errors"] == 0 and sn[0]["status"] == "exit 0", sn[0]
+    from tkit import registry
+
+    result = sn[0]["result"]
+    assert result["check_cases"] == len(registry.get("add").check_cases())
+    assert result["check_failures"] == [] and result["fuzz"]["examples"] == 2
+    assert rows[-1]["sanitizer_runs"] == 1 and rows[-1]["sanitizer_incomplete"] == []
