@@ -72,7 +72,7 @@ def test_every_outcome_is_reported_and_a_child_is_replaced(child):
     assert status["bad-b"] == ("ValueError: wrong answer", None)
     assert status["ctx-c"][0].startswith("RuntimeError: CUDA_ERROR")
     assert status["hang-e"] == ("no answer within 3 s (hang?)", None)
-    assert status["die-f"][0] == "child died: last words"
+    assert status["die-f"][0] == "child died (exit code 3): last words"
     # a new child after the lost context, the hang and the death, each on what was left
     assert started == [names, names[3:], names[5:], names[6:]]
     assert any("FAILED" in m for m in logged) and any(" ok (" in m for m in logged)
@@ -87,8 +87,8 @@ def test_a_child_that_dies_before_its_first_build_is_not_restarted(tmp_path):
 
     status = supervise(argv_for, ["a", "b"], deadline=5.0, total=30.0, log=lambda m: None)
     assert len(starts) == 1
-    assert status == {"a": ("child died: no GPU here", None), "b": ("child died: no GPU here",
-                                                                    None)}
+    why = "child died (exit code 1): no GPU here"
+    assert status == {"a": (why, None), "b": (why, None)}
 
 
 def test_names_left_when_the_budget_ends(child):

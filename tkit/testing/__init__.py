@@ -1,7 +1,8 @@
 """Testing tools for tkit ops and for Triton kernels of your own.
 
 * :func:`fuzz` property-tests a function against a PyTorch reference over hypothesis-drawn
-  shapes, dtypes and layouts, with outputs poisoned, and shrinks a failure to a reproducer.
+  shapes, dtypes and layouts, with outputs poisoned, and shrinks a failure to a reproducer; a
+  kernel that crashes its process is reported as a failure too (``KernelCrashed``).
 * :func:`assert_close_to_reference` is the comparison rule (kernel error <= 2x the error of PyTorch
   in the same precision + one unit of rounding).
 * :func:`make_tensor` builds random inputs in any layout; :mod:`tkit.testing.strategies` has the
@@ -15,11 +16,13 @@ from tkit.testing.compare import (
     eps,
     max_error,
 )
-from tkit.testing.fuzz import check_against_reference, fuzz
+from tkit.testing.fuzz import FuzzStats, KernelCrashed, check_against_reference, fuzz
 from tkit.testing.tensors import LAYOUTS, default_device, make_tensor
 
 __all__ = [
     "LAYOUTS",
+    "FuzzStats",
+    "KernelCrashed",
     "ReferenceMismatch",
     "assert_close_to_reference",
     "check_against_reference",

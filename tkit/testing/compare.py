@@ -84,8 +84,13 @@ def assert_close_to_reference(
     bound = factor * peer_err + floor
     if not err <= bound:
         where = ((o - r).abs() * finite).flatten().argmax().item()
-        idx = list(torch.unravel_index(torch.tensor(where), o.shape)) if o.ndim else []
-        idx = tuple(int(i) for i in idx)
+        # divmod, not torch.unravel_index: its first call imports torch._refs (seconds), which
+        # every forked fuzz example would pay again
+        idx = []
+        for size in reversed(o.shape):
+            where, i = divmod(where, size)
+            idx.append(i)
+        idx = tuple(reversed(idx))
         raise ReferenceMismatch(
             f"{name}: max error {err:.3g} > {factor} x peer error {peer_err:.3g} + floor "
             f"{floor:.3g} (dtype {out.dtype}); worst at {idx}: got {o[idx].item():.6g}, "

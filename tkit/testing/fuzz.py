@@ -1,12 +1,34 @@
-"""``fuzz``: property-test a kernel against a reference over shapes, dtypes and layouts."""
+"""``fuzz``: property-test a kernel against a reference over shapes, dtypes and layouts.
+
+A kernel under test may crash the process that runs it: an out-of-bounds access in Triton's
+interpreter is a segmentation fault, one on a GPU loses the CUDA context (every later launch in
+that process fails too). ``fuzz(isolate=True)`` therefore runs each example in a child
+(:mod:`tkit.testing._worker`, supervised by :class:`tkit.bench.isolate.Worker`) and turns a
+crash into an ordinary failure inside the hypothesis test, so hypothesis shrinks it like any
+other and prints the reproducer. Only the example's description crosses to the child (shapes,
+dtypes, layouts, seeds and keyword arguments; the functions by module and name): the child
+rebuilds the tensors with :func:`make_tensor`, which is deterministic.
+"""
 
 from __future__ import annotations
 
+import atexit
+import base64
+import importlib
+import importlib.util
+import itertools
+import os
+import pickle
+import sys
+import time
+import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
+from tkit.bench.isolate import Worker, context_lost
 from tkit.kernels._common import poisoned_outputs
 from tkit.testing.compare import ReferenceMismatch, assert_close_to_reference
 from tkit.testing.tensors import default_device, describe, make_tensor
@@ -97,6 +119,201 @@ def check_against_reference(
                                   name=f"gradient of input {float_idx[k]}")
 
 
+# ---- one example, in this process or in the worker --------------------------------------------
+_NO_DRIVER_HINT = (
+    "Triton found no GPU driver, so it cannot launch a kernel on this machine. To run Triton "
+    "kernels on the CPU, turn on Triton's interpreter before the module that defines your "
+    "kernels is imported (triton.jit reads the switch when it decorates a function): run "
+    "`TRITON_INTERPRET=1 python your_script.py` (or `TRITON_INTERPRET=1 pytest ...`), or put "
+    "`import os; os.environ['TRITON_INTERPRET'] = '1'` at the very top of the script or of "
+    "conftest.py, before anything imports triton. fuzz then draws CPU tensors.")
+
+
+def run_example(fn, reference, specs, extra_args, kw, device, scale, options) -> None:
+    """Build the inputs of one example from their descriptions and check ``fn`` on them (raises
+    ReferenceMismatch or whatever ``fn`` raises)."""
+    tensors = [make_tensor(s, d, lay, seed=sd, device=device, scale=scale)
+               for s, d, lay, sd in specs]
+    args = list(tensors) + list(extra_args(tensors, specs[0][1], device) if extra_args else ())
+    try:
+        check_against_reference(fn, reference, args, kw, **options)
+    except RuntimeError as e:
+        if "active drivers" in str(e):
+            raise RuntimeError(_NO_DRIVER_HINT) from e
+        raise
+
+
+# ---- sending functions to the worker by reference ----------------------------------------------
+def _main_ref() -> str:
+    """How a child finds this process's ``__main__``: its module name when run with ``-m``,
+    else its file."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":
+        return spec.name
+    path = getattr(main, "__file__", None)
+    if not path:
+        raise TypeError(
+            "fuzz(isolate=True) runs the kernel in a child process, which imports it by module "
+            "and name, but this __main__ has no file (an interactive session or `python -c`). "
+            "Put the function in a module or a script file, or pass isolate=False.")
+    return os.path.abspath(path)
+
+
+_MAINS: dict[str, object] = {}
+
+
+def _main_attr(ref: str, qualname: str):
+    """In the child: the object ``qualname`` of the parent's ``__main__``, imported under
+    another name so that its ``if __name__ == "__main__":`` block does not run."""
+    mod = _MAINS.get(ref)
+    if mod is None:
+        if ref.endswith(".py") or os.sep in ref:
+            spec = importlib.util.spec_from_file_location("__tkit_fuzz_main__", ref)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules["__tkit_fuzz_main__"] = mod
+            spec.loader.exec_module(mod)
+        else:
+            mod = importlib.import_module(ref)
+        _MAINS[ref] = mod
+    obj = mod
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class _ByReference(pickle.Pickler):
+    def reducer_override(self, obj):
+        if getattr(obj, "__module__", None) == "__main__" and isinstance(obj, type | _FUNC):
+            qual = getattr(obj, "__qualname__", "")
+            if "<" not in qual:  # a lambda or a local function: let pickle say so below
+                return _main_attr, (_main_ref(), qual)
+        return NotImplemented
+
+
+_FUNC = type(_main_attr)
+
+
+def _dumps(obj, what: str = "") -> str:
+    import io
+
+    buf = io.BytesIO()
+    try:
+        _ByReference(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        raise TypeError(
+            f"fuzz(isolate=True) runs the kernel in a child process, which imports {what} by "
+            f"module and name, and that failed: {e}. Define the function (and any function it "
+            "is given) at module level of an importable module or script, not as a lambda, "
+            "a closure or inside a test; or pass isolate=False to run in this process.") from e
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+# ---- the worker --------------------------------------------------------------------------------
+class KernelCrashed(AssertionError):
+    """The kernel took down the process running it (a signal, a lost CUDA context or a hang)."""
+
+
+class _BudgetSpent(BaseException):
+    """Raised inside the hypothesis test when ``budget_s`` is spent and nothing has failed: a
+    BaseException, so that hypothesis stops at once instead of drawing the examples left."""
+
+
+class _ContextLost(BaseException):
+    """Raised inside the hypothesis test when the CUDA context of this process is lost: a
+    BaseException, so that hypothesis stops at once instead of "shrinking" on examples that all
+    fail because the context is gone."""
+
+
+_WORKER: Worker | None = None
+_COUNTER = itertools.count()
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _worker(timeout: float) -> Worker:
+    """The process's one worker, shared by every fuzz call (its start-up is paid once)."""
+    global _WORKER
+    if _WORKER is None:
+        env = dict(os.environ)
+        # the child imports what this process can: the same sys.path, in the same order
+        env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
+        env["TKIT_FUZZ_FORK"] = "1" if _interpreting() and not torch.cuda.is_available() else "0"
+        _WORKER = Worker([sys.executable, "-m", "tkit.testing._worker"], deadline=timeout,
+                         first_deadline=timeout + 120.0, env=env,
+                         hang_hint=" (a hang: killed; see fuzz's timeout)")
+        atexit.register(_WORKER.close)
+    _WORKER.deadline = timeout
+    return _WORKER
+
+
+def _ask_worker(worker: Worker, request: dict) -> dict:
+    status, payload = worker.ask(f"ex{next(_COUNTER)}", _dumps(request))
+    if status == "ok":
+        return payload
+    if status.startswith("child died") or status.startswith("no answer"):
+        return {"outcome": "crash", "why": status}
+    if context_lost(status):
+        return {"outcome": "crash", "why": f"the CUDA context was lost: {status}"}
+    return {"outcome": "fail", "type": "RuntimeError", "message": status, "traceback": ""}
+
+
+def _raise_failure(result: dict, repro: str):
+    if result["outcome"] == "crash":
+        raise KernelCrashed(f"the kernel crashed: {result['why']}\n  reproduce: {repro}")
+    exc = None
+    if "exception" in result:
+        try:
+            exc = pickle.loads(base64.b64decode(result["exception"]))
+        except Exception:
+            exc = None
+    if isinstance(exc, ReferenceMismatch):
+        raise ReferenceMismatch(f"{exc}\n  reproduce: {repro}")
+    if exc is None:
+        exc = RuntimeError(f"{result['type']}: {result['message']}")
+    tb = result.get("traceback", "")
+    if tb and hasattr(exc, "add_note"):
+        exc.add_note("in the fuzz worker:\n" + tb)
+    raise exc
+
+
+def _start_isolated(fn, reference, extra_args, timeout: float) -> Worker:
+    """The worker, once it has imported the functions; TypeError saying why it cannot."""
+    # fail before hypothesis starts if the child cannot get at the functions
+    for what, obj in (("fn", fn), ("reference", reference), ("extra_args", extra_args)):
+        _dumps(obj, f"`{what}` ({getattr(obj, '__qualname__', obj)!r})")
+    worker = _worker(timeout)
+    loaded = _ask_worker(worker, {"kind": "load", "fn": fn, "reference": reference,
+                                  "extra_args": extra_args})
+    if loaded["outcome"] != "pass":
+        raise TypeError(
+            f"fuzz(isolate=True): the child process could not import the functions "
+            f"({loaded.get('type')}: {loaded.get('message', loaded.get('why'))}). They are "
+            f"sent by module and name: define them at module level of a module the child "
+            f"can import (the same sys.path as here), or pass isolate=False.")
+    return worker
+
+
+@dataclass
+class FuzzStats:
+    """What a fuzz call did: examples run (shrinking included), how many failed or crashed,
+    whether ``budget_s`` stopped it, and the seconds spent."""
+
+    examples: int = 0
+    failed: int = 0
+    crashed: int = 0
+    stopped: bool = False
+    seconds: float = 0.0
+    shapes: set = field(default_factory=set)
+
+
+def _owned_by_tkit(fn) -> bool:
+    target = getattr(fn, "func", fn)  # functools.partial
+    return (getattr(target, "__module__", "") or "").split(".")[0] == "tkit"
+
+
 def fuzz(
     fn: Callable,
     reference: Callable,
@@ -112,7 +329,11 @@ def fuzz(
     floor: float | None = None,
     max_examples: int | None = None,
     device: str | None = None,
-) -> None:
+    isolate: bool | None = None,
+    timeout: float = 600.0,
+    budget_s: float | None = None,
+    stats: FuzzStats | None = None,
+) -> FuzzStats:
     """Property-test ``fn`` against ``reference`` with hypothesis.
 
     Parameters
@@ -133,9 +354,33 @@ def fuzz(
         ``extra_args(tensors, dtype, device) -> tuple`` appends non-random arguments.
     grad : bool
         Also compare input gradients (factor 3).
+    isolate : bool, optional
+        Run each example in a child process, so that a kernel that crashes (a segmentation
+        fault in the interpreter, a lost CUDA context, a hang past ``timeout`` seconds) is
+        reported as a failure with its shrunk reproducer instead of ending this process.
+        Default: on for kernels of your own, off for tkit's ops (their launches are validated
+        and sanitizer-checked, and the test suite calls fuzz hundreds of times). ``fn``,
+        ``reference`` and ``extra_args`` must then be importable by module and name (module
+        level of a module or of the script being run; not lambdas or closures): ``True``
+        raises a TypeError saying so where they are not; the default warns and runs them in
+        this process.
+    budget_s : float, optional
+        Stop after this many seconds (``stats.stopped``; no error): for campaigns with a time
+        limit. A failure found before the limit is still raised, shrunk as far as the limit
+        allowed.
+    stats : FuzzStats, optional
+        Filled in as examples run (also returned), so a caller sees the counts after a failure.
 
     A failure is shrunk by hypothesis to the smallest case and raised with the call that
     reproduces it, written with :func:`tkit.testing.make_tensor`.
+
+    Outputs that tkit allocates are filled with NaN before the launch (``poisoned_outputs``),
+    so an element a tkit kernel never writes fails the comparison. Outputs your own ``fn``
+    allocates (``torch.empty``) are not poisoned: an element it never writes holds whatever the
+    allocator returned, which may happen to pass; allocate with ``torch.full(..., nan)`` while
+    testing to catch it.
+
+    Deadlines are off (the first call of a kernel compiles it).
     """
     from hypothesis import given, note, settings
     from hypothesis import strategies as st
@@ -145,28 +390,82 @@ def fuzz(
     device = device or default_device()
     dtype_st, layout_st = _as_strategy(dtypes), _as_strategy(layouts)
     kwargs_st = kwargs if kwargs is not None else st.just({})
-    name = getattr(fn, "__qualname__", repr(fn))
+    name = getattr(fn, "__qualname__", None) or getattr(getattr(fn, "func", None),
+                                                        "__qualname__", repr(fn))
+    options = dict(factor=factor, grad=grad, floor=floor)
+    stats = stats if stats is not None else FuzzStats()
+    worker = None
+    if isolate or (isolate is None and not _owned_by_tkit(fn)):
+        try:
+            worker = _start_isolated(fn, reference, extra_args, timeout)
+        except TypeError as e:
+            if isolate:
+                raise
+            # the default asked for isolation, the functions cannot travel: run them here
+            # rather than fail a test that ran before isolation existed, and say so
+            warnings.warn(f"fuzz({name}) runs in this process, so a crash of the kernel ends "
+                          f"it: {e}", stacklevel=2)
+    t_start = time.time()
+    last_failure: list[BaseException] = []
 
     @given(shape_tuple=shapes, dtype=dtype_st, data=st.data(), kw=kwargs_st, seed=seeds())
     def run(shape_tuple, dtype, data, kw, seed):
         specs = []
         for i, shape in enumerate(shape_tuple):
             layout = data.draw(layout_st, label=f"layout of input {i}")
-            specs.append((shape, dtype, layout, seed + i))
-        tensors = [make_tensor(s, d, lay, seed=sd, device=device, scale=scale)
-                   for s, d, lay, sd in specs]
-        args = list(tensors) + list(extra_args(tensors, dtype, device) if extra_args else ())
+            specs.append((tuple(shape), dtype, layout, seed + i))
         repro = f"{name}(" + ", ".join(describe(*s) for s in specs)
         if extra_args:
             repro += ", *extra_args"
         repro += "".join(f", {k}={v!r}" for k, v in kw.items()) + ")"
         note(f"reproduce: {repro}")
+        if budget_s is not None and time.time() - t_start > budget_s:
+            raise _BudgetSpent  # ends hypothesis at once (while shrinking too: see below)
+        stats.examples += 1
+        stats.shapes.add(tuple(s[0] for s in specs))
+        example = dict(fn=fn, reference=reference, specs=specs, extra_args=extra_args, kw=kw,
+                       device=device, scale=scale, options=options)
         try:
-            check_against_reference(fn, reference, args, kw, factor=factor, grad=grad,
-                                    floor=floor)
-        except ReferenceMismatch as e:
-            raise ReferenceMismatch(f"{e}\n  reproduce: {repro}") from None
+            if worker is not None:
+                result = _ask_worker(worker, {"kind": "example", "example": example})
+                if result["outcome"] != "pass":
+                    _raise_failure(result, repro)
+                return
+            try:
+                run_example(**example)
+            except ReferenceMismatch as e:
+                raise ReferenceMismatch(f"{e}\n  reproduce: {repro}") from None
+            except Exception as e:
+                if context_lost(f"{type(e).__name__}: {e}"):
+                    raise _ContextLost(f"{type(e).__name__}: {e}\n  reproduce: {repro}") from e
+                raise
+        except Exception as e:
+            stats.failed += 1
+            stats.crashed += isinstance(e, KernelCrashed)
+            # hypothesis tries smaller candidates only: the latest failure is the smallest yet
+            last_failure[:] = [e, repro]
+            raise
+        finally:
+            stats.seconds = time.time() - t_start
 
-    if max_examples is not None:
-        run = settings(max_examples=max_examples)(run)
-    run()
+    run = settings(deadline=None, **({"max_examples": max_examples} if max_examples else {}))(run)
+    try:
+        run()
+    except _BudgetSpent:
+        stats.stopped = True
+        if last_failure:  # the budget ran out while shrinking: the smallest failure found
+            e, repro = last_failure
+            if hasattr(e, "add_note"):
+                if repro not in str(e):
+                    e.add_note(f"reproduce: {repro}")
+                e.add_note(f"(shrinking stopped when budget_s={budget_s} ran out)")
+            raise e from None
+    except _ContextLost as e:
+        stats.crashed += 1
+        raise KernelCrashed(
+            f"the kernel lost this process's CUDA context: {e}\n(not shrunk: every later "
+            "example in this process would fail the same way; fuzz(isolate=True) runs each in "
+            "a child and shrinks)") from e.__cause__
+    finally:
+        stats.seconds = time.time() - t_start
+    return stats

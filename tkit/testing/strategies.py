@@ -23,7 +23,9 @@ def dim_sizes(*, tile: int = 128, max_size: int = 300,
     return st.integers(0, 19).flatmap(lambda k: st.just(0) if k == 0 else nonzero)
 
 
-_ON_GPU = torch.cuda.is_available()
+#: draw GPU-sized shapes (see :func:`shapes`); set it False for interpreter-sized ones where
+#: edge sizes matter and large ones only cost time (runs under compute-sanitizer)
+GPU_SIZES: bool = torch.cuda.is_available()
 
 
 @st.composite
@@ -32,8 +34,8 @@ def shapes(draw, *, min_dims: int = 1, max_dims: int = 4, tile: int = 128,
     """A shape whose dims come from :func:`dim_sizes`, kept under ``max_numel`` elements.
     Defaults: interpreter-sized on CPU (300 per dim, 16K elements), larger on a GPU (3000 per
     dim, 1M elements)."""
-    max_size = max_size or (3000 if _ON_GPU else 300)
-    max_numel = max_numel or (1 << 20 if _ON_GPU else 1 << 14)
+    max_size = max_size or (3000 if GPU_SIZES else 300)
+    max_numel = max_numel or (1 << 20 if GPU_SIZES else 1 << 14)
     nd = draw(st.integers(min_dims, max_dims))
     dims = []
     for _ in range(nd):

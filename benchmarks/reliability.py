@@ -1,0 +1,437 @@
+"""Reliability campaign: every registered op under compute-sanitizer, and fuzzed on the GPU.
+
+    python benchmarks/reliability.py                      # the whole campaign, ~7 minutes
+    python benchmarks/reliability.py --ops add rms_norm --examples 200 --fuzz-only
+    TRITON_INTERPRET=1 python benchmarks/reliability.py --ops add --examples 3 --fuzz-only
+
+Two parts, each op in child processes so that a crash or a lost CUDA context costs one op, not
+the campaign:
+
+1. sanitizer: each op under ``compute-sanitizer --tool memcheck`` (and ``--tool racecheck``
+   for the kernels that use shared memory: GEMMs, attention, the row reductions of softmax and
+   the norms) on its check cases and on derandomized fuzz examples drawn at interpreter sizes
+   (sizes 0, 1, odd and tile +/- 1 come first; large ones would only cost time under the
+   instrumentation); plus, under memcheck, one elementwise op and one reduction
+   on more than 2**31 elements (32-bit offsets overflow there). ``TKIT_NO_AUTOTUNE=1`` keeps
+   every launch to one compile, and ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` gives every tensor
+   its own allocation, so that memcheck sees an access past a tensor's end (inside one of
+   the caching allocator's blocks it would be a valid address).
+2. fuzz: each op's ``fuzz`` recipe from the registry under the reference rule, up to
+   ``--examples`` examples (derandomized: the same examples every run), several ops at once
+   (``--jobs`` children; the host side of hypothesis, references and compiles is the cost,
+   not the GPU).
+
+Time: ``--budget`` seconds for the whole run (default 420), split between the parts (the
+sanitizer's unused share passes to the fuzzing). Each op gets a slice of what is left; an op
+that reaches its slice stops running examples cleanly and records how many ran, so the
+defaults fit about 8 minutes of an H200 machine whatever the compile times turn out to be.
+Per-example cost on the GPU: a launch (tens of microseconds) plus the reference in float64,
+the comparison on the host (milliseconds at the GPU strategies' sizes of up to 1M elements)
+and a JIT compile (about a second) for each new dtype / layout / constexpr combination, which
+the first hundred examples of an op mostly pay.
+
+Output: long-form JSON lines (one row per op and part, then a summary), appended to
+``--out`` (default ``benchmarks/results/<device>-<date>-reliability.jsonl``), each row stamped
+with device, versions and git sha.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+#: families whose kernels stage data in shared memory: racecheck runs on them
+RACECHECK_FAMILIES = ("reductions", "matmul", "attention", "cuda_ext")
+#: cuda_ext kernels that use no shared memory
+NO_SHARED = ("cuda_sgemm_naive",)
+#: ops run on more than 2**31 elements under memcheck
+HUGE_OPS = ("add", "rms_norm")
+#: heavier families first, so that lanes share them out
+FAMILY_WEIGHT = {"attention": 0, "matmul": 1, "cuda_ext": 2, "reductions": 3, "elementwise": 4}
+
+
+# ---- compute-sanitizer's output --------------------------------------------------------------
+_ERRORS = re.compile(r"ERROR SUMMARY: (\d+) errors?")
+_RACES = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, "
+                    r"(\d+) warnings?\)")
+
+
+def parse_sanitizer(text: str) -> dict:
+    """Counts from compute-sanitizer's summary lines (None where a line is missing: the run
+    was cut short) and the first reports, for the row."""
+    out = {"errors": None, "hazards": None, "race_errors": None, "race_warnings": None}
+    m = _ERRORS.search(text)
+    if m:
+        out["errors"] = int(m.group(1))
+    m = _RACES.search(text)
+    if m:
+        out["hazards"], out["race_errors"], out["race_warnings"] = map(int, m.groups())
+    reports = [ln.strip("= ").strip() for ln in text.splitlines()
+               if ln.startswith("=========") and re.search(
+                   r"Invalid|Error|Race|out of bounds|misaligned|Program hit", ln)
+               and "SUMMARY" not in ln]
+    out["first_reports"] = reports[:5]
+    return out
+
+
+def find_sanitizer() -> str | None:
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for base in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
+        path = Path(base) / "bin" / "compute-sanitizer"
+        if base and path.exists():
+            return str(path)
+    return None
+
+
+# ---- child side ------------------------------------------------------------------------------
+def _load_profile(examples: int) -> None:
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile(
+        "reliability", max_examples=max(1, examples), derandomize=True, database=None,
+        deadline=None, print_blob=False,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                               HealthCheck.filter_too_much, HealthCheck.differing_executors])
+    settings.load_profile("reliability")
+
+
+def _fuzz_op(name: str, examples: int, budget_s: float) -> dict:
+    """Fuzz one op in this process; the counts, also when it fails."""
+    from tkit import registry
+    from tkit.testing import FuzzStats, fuzz
+
+    spec = registry.get(name)
+    recipe = dict(spec.fuzz())
+    fn, ref = recipe.pop("fn", spec.fn), recipe.pop("reference", spec.reference)
+    recipe.pop("max_examples", None)  # the campaign's count and time slice decide
+    stats = FuzzStats()
+    row = {"max_examples": examples, "budget_s": round(budget_s, 1)}
+    try:
+        fuzz(fn, ref, **recipe, max_examples=examples, budget_s=budget_s, stats=stats,
+             isolate=False)
+        row["status"] = "pass"
+    except Exception as e:
+        from tkit.bench.isolate import context_lost
+
+        if context_lost(f"{type(e).__name__}: {e}"):
+            raise  # child_loop ends this child; a fresh one takes the remaining ops
+        row["status"] = "crash" if stats.crashed else "fail"
+        row["error"] = f"{type(e).__name__}: {e}"[:3000]
+    row.update(examples=stats.examples, stopped_by_budget=stats.stopped,
+               mismatches=stats.failed - stats.crashed, crashed=stats.crashed,
+               distinct_shapes=len(stats.shapes), seconds=round(stats.seconds, 1))
+    return row
+
+
+def child_fuzz(ops: list[str], examples: int, until: float) -> None:
+    from tkit.bench.isolate import child_loop
+
+    _load_profile(examples)
+    done = [0]
+
+    def check_one(name):
+        left = len(ops) - done[0]
+        done[0] += 1
+        return _fuzz_op(name, examples, max(1.0, (until - time.time()) / max(left, 1)))
+
+    child_loop(ops, check_one)
+
+
+def _huge(name: str) -> dict:
+    """One launch on more than 2**31 elements; its output checked where an int32 offset would
+    have wrapped (the last rows) and at the start."""
+    import torch
+
+    import tkit
+    from tkit.testing.compare import max_error
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    if name == "add":
+        n = 2**31 + 1025
+        a = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=gen)
+        b = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=gen)
+        out = tkit.add(a, b)
+        wrong = 0
+        for sl in (slice(0, 1 << 20), slice(n - (1 << 20), n)):
+            wrong += int((out[sl] != (a[sl] + b[sl])).sum())  # both round one fp32 sum
+        return {"case": f"add {n} bf16", "elements": n, "wrong_elements_checked": wrong}
+    if name == "rms_norm":
+        N = 4096
+        M = 2**31 // N + 3
+        x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, generator=gen)
+        w = 1 + 0.1 * torch.randn(N, device="cuda", dtype=torch.bfloat16, generator=gen)
+        out = tkit.rms_norm(x, w)
+        errs = []
+        for rows in (slice(0, 4), slice(M - 4, M)):
+            xr = x[rows].double()
+            ref = xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+            errs.append(max_error(out[rows], ref))
+        return {"case": f"rms_norm {M}x{N} bf16", "elements": M * N,
+                "max_error_checked": max(errs), "ok": max(errs) < 0.05}
+    raise ValueError(f"no huge case for {name}")
+
+
+def child_sanitize(op: str, examples: int, budget_s: float, huge: bool) -> None:
+    """The program compute-sanitizer runs: the op's check cases and fuzz examples (or its huge
+    case); prints one RESULT line."""
+    from tkit.testing import strategies
+
+    # edge sizes are what the sanitizer is for; GPU-sized draws (up to 1M elements) would only
+    # cost time under its instrumentation (racecheck especially)
+    strategies.GPU_SIZES = False
+    t0 = time.time()
+    result: dict = {"op": op}
+    if huge:
+        result.update(_huge(op))
+    else:
+        from tkit import registry
+        from tkit.testing import check_against_reference
+
+        spec = registry.get(op)
+        failed, cases = [], spec.check_cases()
+        device = "cuda"
+        import torch
+
+        if not torch.cuda.is_available():
+            device = "cpu"
+        for case in cases:
+            args, kwargs = case.make(device)
+            try:
+                check_against_reference(spec.fn, spec.reference, args, kwargs)
+            except Exception as e:
+                failed.append(f"{case.label}: {type(e).__name__}: {str(e)[:200]}")
+        _load_profile(examples)
+        result["check_cases"] = len(cases)
+        result["check_failures"] = failed
+        result["fuzz"] = _fuzz_op(op, examples, max(1.0, budget_s - (time.time() - t0)))
+    result["seconds"] = round(time.time() - t0, 1)
+    print("RESULT " + json.dumps(result, default=str), flush=True)
+
+
+# ---- parent side -----------------------------------------------------------------------------
+class Rows:
+    """Long-form rows appended to the results file as they come (a cut-short run keeps what
+    it measured)."""
+
+    def __init__(self, path: Path, env: dict):
+        self.path, self.env, self.rows = path, env, []
+        self.lock = threading.Lock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def add(self, row: dict) -> None:
+        row = {**row, **self.env}
+        with self.lock:
+            self.rows.append(row)
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row, default=str) + "\n")
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    env["TKIT_NO_AUTOTUNE"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "")
+                                                       .split(os.pathsep) if p])
+    return env
+
+
+def _sanitizer_tasks(specs, tools) -> list[tuple[str, str, bool]]:
+    tasks = [(op, "memcheck", True) for op in HUGE_OPS
+             if "memcheck" in tools and op in {s.name for s in specs}]
+    if "memcheck" in tools:
+        tasks += [(s.name, "memcheck", False) for s in specs]
+    if "racecheck" in tools:
+        tasks += [(s.name, "racecheck", False) for s in specs
+                  if s.family in RACECHECK_FAMILIES and s.name not in NO_SHARED]
+    return tasks
+
+
+def run_sanitizer(specs, args, rows: Rows, deadline: float, sanitizer: str,
+                  huge: bool = True) -> None:
+    env = _child_env()
+    env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+
+    def one(task):
+        op, tool, huge = task
+        left = deadline - time.time()
+        row = {"part": "sanitizer", "op": op, "tool": tool, "case": "huge" if huge else "edge"}
+        if left < 20:
+            rows.add({**row, "status": "not run: time budget"})
+            return
+        timeout = min(args.task_timeout, left)
+        argv = [sanitizer, "--tool", tool, "--print-limit", "10", sys.executable,
+                str(Path(__file__).resolve()), "--child", "sanitize", "--op", op,
+                "--examples", str(args.sanitizer_examples),
+                "--child-budget", str(max(5.0, timeout - 30.0))]  # sanitizer start and exit
+        if huge:
+            argv.append("--huge")
+        t0 = time.time()
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
+            text, status = p.stdout + p.stderr, f"exit {p.returncode}"
+        except subprocess.TimeoutExpired as e:
+            text = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) \
+                else (e.stdout or "")
+            status = f"timeout after {timeout:.0f} s"
+        parsed = parse_sanitizer(text)
+        result = next((json.loads(ln[7:]) for ln in text.splitlines()
+                       if ln.startswith("RESULT ")), None)
+        row.update(parsed, status=status, seconds=round(time.time() - t0, 1), result=result)
+        if result is None:
+            row["output_tail"] = text[-1500:]
+        rows.add(row)
+        n = parsed["errors"] if tool == "memcheck" else parsed["hazards"]
+        print(f"sanitizer {tool:9s} {op:28s} {row['case']:5s} "
+              f"{'?' if n is None else n} {'errors' if tool == 'memcheck' else 'hazards'} "
+              f"({status}, {row['seconds']} s)", flush=True)
+
+    tasks = [t for t in _sanitizer_tasks(specs, args.tools.split(",")) if huge or not t[2]]
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(one, tasks))
+
+
+def run_fuzz(specs, args, rows: Rows, deadline: float) -> None:
+    from tkit.bench.isolate import context_lost, supervise
+
+    env = _child_env()
+    order = sorted(specs, key=lambda s: FAMILY_WEIGHT.get(s.family, 5))
+    lanes = [[s.name for s in order[i::args.jobs]] for i in range(args.jobs)]
+    lanes = [lane for lane in lanes if lane]
+
+    def lane(names):
+        total = max(1.0, deadline - time.time())
+
+        def argv_for(todo):
+            return [sys.executable, str(Path(__file__).resolve()), "--child", "fuzz",
+                    "--ops", ",".join(todo), "--examples", str(args.examples),
+                    "--until", str(deadline)]
+
+        status = supervise(argv_for, names, deadline=total + 60.0, total=total + 30.0,
+                           log=lambda m: print("fuzz " + m, flush=True), env=env)
+        for name in names:
+            how, payload = status[name]
+            row = {"part": "fuzz", "op": name}
+            if how == "ok":
+                row.update(payload)
+            else:
+                crash = "child died" in how or context_lost(how)
+                row.update(status="crash" if crash else "not run" if "budget" in how
+                           else "timeout" if how.startswith("no answer") else "error",
+                           error=how, examples=None)
+            rows.add(row)
+
+    with concurrent.futures.ThreadPoolExecutor(len(lanes)) as pool:
+        list(pool.map(lane, lanes))
+
+
+def summarize(rows: list[dict]) -> dict:
+    fz = [r for r in rows if r.get("part") == "fuzz"]
+    sn = [r for r in rows if r.get("part") == "sanitizer"]
+    return {
+        "part": "summary",
+        "fuzz_ops": len(fz),
+        "fuzz_examples": sum(r.get("examples") or 0 for r in fz),
+        "fuzz_ops_failed": sorted(r["op"] for r in fz if r.get("status") in ("fail", "crash")),
+        "fuzz_ops_short": sorted(r["op"] for r in fz
+                                 if (r.get("examples") or 0) < (r.get("max_examples") or 0)),
+        "sanitizer_runs": len(sn),
+        "memcheck_errors": sum(r.get("errors") or 0 for r in sn if r.get("tool") == "memcheck"),
+        "racecheck_hazards": sum(r.get("hazards") or 0 for r in sn
+                                 if r.get("tool") == "racecheck"),
+        "sanitizer_ops_with_errors": sorted({r["op"] for r in sn if (r.get("errors") or 0)
+                                             or (r.get("hazards") or 0)}),
+        "sanitizer_incomplete": sorted(f"{r['op']}/{r['tool']}/{r['case']}" for r in sn
+                                       if r.get("errors") is None and r.get("hazards") is None),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ops", nargs="*", help="op or family names (default: every op)")
+    ap.add_argument("--examples", type=int, default=1000, help="fuzz examples per op")
+    ap.add_argument("--budget", type=float, default=420.0, help="seconds for the whole run")
+    ap.add_argument("--sanitizer-share", type=float, default=0.45,
+                    help="part of the budget for the sanitizer when both parts run")
+    ap.add_argument("--sanitizer-examples", type=int, default=10,
+                    help="fuzz examples per op under the sanitizer (after its check cases)")
+    ap.add_argument("--task-timeout", type=float, default=150.0,
+                    help="seconds one sanitizer run may take")
+    ap.add_argument("--tools", default="memcheck,racecheck")
+    ap.add_argument("--sanitizer", help="compute-sanitizer to run (default: found on PATH or "
+                    "in /usr/local/cuda/bin); given explicitly, it runs without a GPU too (the "
+                    "CPU test passes a stand-in)")
+    ap.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
+                    help="child processes at once")
+    part = ap.add_mutually_exclusive_group()
+    part.add_argument("--sanitizer-only", action="store_true")
+    part.add_argument("--fuzz-only", action="store_true")
+    ap.add_argument("--out", type=Path, help="JSON lines file to append to")
+    # child modes (run by this script itself)
+    ap.add_argument("--child", choices=("fuzz", "sanitize"), help=argparse.SUPPRESS)
+    ap.add_argument("--op", help=argparse.SUPPRESS)
+    ap.add_argument("--until", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--child-budget", type=float, default=60.0, help=argparse.SUPPRESS)
+    ap.add_argument("--huge", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.child == "fuzz":
+        child_fuzz(args.ops[0].split(","), args.examples, args.until)
+        return 0
+    if args.child == "sanitize":
+        child_sanitize(args.op, args.examples, args.child_budget, args.huge)
+        return 0
+
+    t_start = time.time()
+    deadline = t_start + args.budget
+    import torch
+
+    from tkit import registry
+    from tkit.bench.runner import environment
+
+    env = environment()
+    env["run"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    specs = registry.select(args.ops)
+    on_gpu = torch.cuda.is_available()
+    if not on_gpu and not args.ops:
+        specs = [s for s in specs if s.family != "cuda_ext"]  # raw CUDA: no interpreter
+    dev = "".join(c if c.isalnum() else "-" for c in env["device"].lower()).strip("-")
+    out = args.out or ROOT / "benchmarks" / "results" / f"{dev}-{env['date']}-reliability.jsonl"
+    rows = Rows(out, env)
+    print(f"reliability: {len(specs)} ops, budget {args.budget:.0f} s, {args.jobs} jobs, "
+          f"rows to {out}", flush=True)
+
+    if not args.fuzz_only:
+        sanitizer = args.sanitizer or (find_sanitizer() if on_gpu else None)
+        if sanitizer is None:
+            why = "no GPU" if not on_gpu else "compute-sanitizer not found"
+            rows.add({"part": "sanitizer", "op": None, "status": f"not run: {why}"})
+            print(f"sanitizer: not run ({why})", flush=True)
+        else:
+            share = 1.0 if args.sanitizer_only else args.sanitizer_share
+            run_sanitizer(specs, args, rows, t_start + share * args.budget, sanitizer,
+                          huge=on_gpu)
+    if not args.sanitizer_only:
+        run_fuzz(specs, args, rows, deadline)
+    summary = summarize(rows.rows)
+    summary["seconds"] = round(time.time() - t_start, 1)
+    rows.add(summary)
+    print(json.dumps(summary, indent=1), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
