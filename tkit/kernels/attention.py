@@ -60,6 +60,8 @@ import triton
 import triton.language as tl
 
 from tkit.kernels import _common as C
+from tkit.kernels._numerics import INTERPRET as _INTERPRET
+from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -238,6 +240,16 @@ _TUNE_KEY = ["seqlen_q", "seqlen_k", "HEAD_DIM", "MASK_LO", "MASK_HI", "SOFTCAP"
 # Kernels
 # --------------------------------------------------------------------------------------------
 @triton.jit
+def _dot(a, b, acc=None, input_precision: tl.constexpr = None):
+    """``tl.dot``; under the interpreter on float32 copies of bfloat16 / fp8 operands (see
+    :mod:`tkit.kernels._numerics`)."""
+    if _INTERPRET:
+        a = _interpreter_operand(a)
+        b = _interpreter_operand(b)
+    return tl.dot(a, b, acc, input_precision=input_precision)
+
+
+@triton.jit
 def _seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, VARLEN: tl.constexpr):
     """(first token, length) of sequence ``b`` for queries and keys."""
     if VARLEN:
@@ -368,7 +380,7 @@ def _fwd_inner(acc, l_i, m_i, q, K, V, sks, skd, svs, svd,
                 kt = tl.load(kt_ptrs)
             else:
                 kt = tl.load(kt_ptrs, mask=dmask[:, None], other=0.0)
-        qk = tl.dot(q, kt, input_precision=PREC)
+        qk = _dot(q, kt, input_precision=PREC)
         if SOFTCAP:
             s, t = _scores(qk, qk_scale, cap_scale, SOFTCAP)
         else:
@@ -406,7 +418,7 @@ def _fwd_inner(acc, l_i, m_i, q, K, V, sks, skd, svs, svd,
                 v = tl.load(v_ptrs)
             else:
                 v = tl.load(v_ptrs, mask=dmask[None, :], other=0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
+        acc = _dot(p.to(v.dtype), v, acc, input_precision=PREC)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -557,19 +569,19 @@ def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, sqs, sqd, sds, sdd, sls,
                      mask=rmask[:, None] & dmask[None, :], other=0.0)
         lse = tl.load(LSE + rows * sls, mask=rmask, other=0.0) * 1.4426950408889634
         delta = tl.load(DELTA + rows * sls, mask=rmask, other=0.0)
-        qkt = tl.dot(k, qt, input_precision=PREC)  # (BLOCK_N, BLOCK_M)
+        qkt = _dot(k, qt, input_precision=PREC)  # (BLOCK_N, BLOCK_M)
         st, tt = _scores(qkt, qk_scale, cap_scale, SOFTCAP)
         pt = tl.exp2(st - lse[None, :])
         if MASKED:
             ok = _visible(rows[None, :], offs_n[:, None], q_len, k_len, shift, wl, wr,
                           MASK_LO, MASK_HI)
             pt = tl.where(ok, pt, 0.0)
-        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PREC)
-        dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
+        dv = _dot(pt.to(do.dtype), do, dv, input_precision=PREC)
+        dpt = _dot(v, tl.trans(do), input_precision=PREC)
         dst = pt * (dpt - delta[None, :])
         if SOFTCAP:
             dst = dst * (1.0 - tt * tt)
-        dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=PREC)
+        dk = _dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=PREC)
     return dk, dv
 
 
@@ -654,18 +666,18 @@ def _bwd_dq_inner(dq, q, do, lse, delta, K, V, sks, skd, svs, svd,
                      mask=dmask[:, None] & cmask[None, :], other=0.0)
         vt = tl.load(V + cols[None, :] * svs + offs_d[:, None] * svd,
                      mask=dmask[:, None] & cmask[None, :], other=0.0)
-        qk = tl.dot(q, kt, input_precision=PREC)
+        qk = _dot(q, kt, input_precision=PREC)
         s, t = _scores(qk, qk_scale, cap_scale, SOFTCAP)
         p = tl.exp2(s - lse[:, None])
         if MASKED:
             ok = _visible(offs_m[:, None], cols[None, :], q_len, k_len, shift, wl, wr,
                           MASK_LO, MASK_HI)
             p = tl.where(ok, p, 0.0)
-        dp = tl.dot(do, vt, input_precision=PREC)
+        dp = _dot(do, vt, input_precision=PREC)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
             ds = ds * (1.0 - t * t)
-        dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=PREC)
+        dq = _dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=PREC)
     return dq
 
 

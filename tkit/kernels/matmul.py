@@ -60,6 +60,8 @@ import triton.language as tl
 
 from tkit import _env
 from tkit.kernels import _common as C
+from tkit.kernels._numerics import INTERPRET as _INTERPRET
+from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
 from tkit.kernels.elementwise import _activation, _activation_grad, _sum_to
 
 ACTIVATIONS = (None, "silu", "gelu", "gelu_tanh", "relu")
@@ -193,6 +195,11 @@ def _epilogue(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
 
 @triton.jit
 def _dot(a, b, acc, IEEE: tl.constexpr):
+    if _INTERPRET:
+        # the interpreter multiplies bfloat16 operands as raw 16-bit integers and reads an fp8
+        # NaN as 480: hand it float32 operands (exact products, as the tensor cores compute)
+        a = _interpreter_operand(a)
+        b = _interpreter_operand(b)
     if IEEE:
         acc = tl.dot(a, b, acc, input_precision="ieee")
     else:
