@@ -60,6 +60,7 @@ import triton
 import triton.language as tl
 
 from tkit.kernels import _common as C
+from tkit.kernels import _offsets
 from tkit.kernels._numerics import INTERPRET as _INTERPRET
 from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
 
@@ -1258,9 +1259,17 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ----------
     q : Tensor (total_q, heads_q, head_dim); k, v : Tensor (total_k, heads_kv, head_dim)
     cu_seqlens_q, cu_seqlens_k : int32 Tensor (batch + 1,)
-        Cumulative sequence lengths: sequence b is ``q[cu_seqlens_q[b]:cu_seqlens_q[b+1]]``.
+        Cumulative sequence lengths: sequence b is ``q[cu_seqlens_q[b]:cu_seqlens_q[b+1]]``;
+        non-decreasing, from 0 to total_q (total_k).
     max_seqlen_q, max_seqlen_k : int
-        The longest sequence (sizes the grid; never read from the device).
+        At least the longest sequence (sizes the grid; never read from the device).
+
+    cu_seqlens and max_seqlen are checked before the launch when cu_seqlens is on the host
+    (always so in the interpreter), and on the device under ``TKIT_CHECK=1``. Unchecked invalid
+    values cannot make the kernels touch memory outside the tensors: sequence b takes tokens
+    [bound(b), bound(b+1)) where bound(j) is the largest of cu_seqlens[:j+1] clamped to
+    [0, total], cut to its first max_seqlen tokens; tokens in no sequence get out = 0,
+    lse = -inf, and zero gradients.
     Other options as in :func:`flash_attention`; the lse is (heads_q, total_q).
     """
     _check_inputs(q, k, v, True, window_size, softcap, softmax_scale)
@@ -1273,6 +1282,11 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if int(m) != m or m < 0:
             raise ValueError(f"{name} must be a non-negative int, got {m!r}")
+    for t, x, cu, m in (("q", q, cu_seqlens_q, max_seqlen_q), ("k", k, cu_seqlens_k,
+                                                                 max_seqlen_k)):
+        if _offsets.values_checked(cu):
+            _offsets.check_values(cu, f"cu_seqlens_{t}", x.shape[0], f"{t}.shape[0]", int(m),
+                                  f"max_seqlen_{t}")
     causal, scale, wl, wr, softcap = _resolve(q, causal, softmax_scale, window_size, softcap)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
             scale, wl, wr, softcap)

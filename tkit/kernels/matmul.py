@@ -60,6 +60,7 @@ import triton.language as tl
 
 from tkit import _env
 from tkit.kernels import _common as C
+from tkit.kernels import _offsets
 from tkit.kernels._numerics import INTERPRET as _INTERPRET
 from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
 from tkit.kernels.elementwise import _activation, _activation_grad, _sum_to
@@ -1058,6 +1059,7 @@ def _grouped_impl(a, b, offsets, out_dtype=None, config=None):
         return out
     cfg = dict(config or _grouped_config(T, N, G, a.device))
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    offsets = offsets.contiguous()  # read densely by the kernel
     # one tile more per group than cdiv(T, bm), and one each for the rows before the first
     # group and after the last (zeros; see the kernel)
     grid = (C.cdiv(T, bm) + G + 2, C.cdiv(N, bn))
@@ -1078,6 +1080,7 @@ def _grouped_wgrad_impl(a, grad, offsets, G, b_dtype):
     cfg = (dict(BLOCK_K=32, BLOCK_N=64, BLOCK_R=32, num_warps=4) if a.device.type == "cpu"
            else dict(BLOCK_K=128, BLOCK_N=128, BLOCK_R=64, num_warps=8, num_stages=3))
     grid = (G, C.cdiv(K, cfg["BLOCK_K"]) * C.cdiv(N, cfg["BLOCK_N"]))
+    offsets = offsets.contiguous()
     C.launch(_grouped_wgrad_kernel, grid, a_ptr=a, g_ptr=grad, db_ptr=db, off_ptr=offsets,
              T=T, G=G, K=K, N=N, stride_am=a.stride(0), stride_ak=a.stride(1),
              stride_gm=grad.stride(0), stride_gn=grad.stride(1), stride_dg=db.stride(0),
@@ -1395,6 +1398,11 @@ def grouped_matmul(a, b, offsets: torch.Tensor | None = None,
     offsets : Tensor
         (G + 1,) int32 or int64 on a's device, non-decreasing, offsets[0] = 0 and
         offsets[G] = T. Read on the device only (no host sync). Omitted for list inputs.
+        Checked before the launch when on the host (always so in the interpreter), and on the
+        device under ``TKIT_CHECK=1``. Unchecked invalid offsets cannot make the kernel touch
+        memory outside a, b or the output: group g takes rows [bound(g), bound(g+1)) where
+        bound(j) is the largest of offsets[:j+1] clamped to [0, T], and rows in no group are
+        zeros.
     out_dtype : torch.dtype, optional
 
     Returns
@@ -1438,6 +1446,8 @@ def grouped_matmul(a, b, offsets: torch.Tensor | None = None,
         raise ValueError(f"offsets must have G + 1 = {b.shape[0] + 1} entries, got "
                          f"{offsets.shape[0]}")
     _check_out_dtype(out_dtype)
+    if _offsets.values_checked(offsets):
+        _offsets.check_values(offsets, "offsets", a.shape[0], "a.shape[0]")
     if C.use_direct_path(a, b):
         return _grouped_impl(a, b, offsets, out_dtype)
     return _grouped_op(a, b, offsets, out_dtype)
