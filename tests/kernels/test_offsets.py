@@ -209,7 +209,8 @@ g = torch.Generator().manual_seed(0)
 rnd = lambda *s: torch.randn(*s, generator=g)
 case, values = sys.argv[1], [int(x) for x in sys.argv[2].split(",")]
 if case == "grouped":
-    a, dout = guarded((10, 16), torch.float32, rnd(10, 16)), guarded((10, 8), torch.float32, rnd(10, 8))
+    a = guarded((10, 16), torch.float32, rnd(10, 16))
+    dout = guarded((10, 8), torch.float32, rnd(10, 8))
     b = guarded((3, 16, 8), torch.float32, rnd(3, 16, 8))
     off = guarded((4,), torch.int64, torch.tensor(values))
     outs = [torch.ops.tkit.grouped_matmul(a, b, off, None),
