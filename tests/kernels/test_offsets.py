@@ -294,3 +294,16 @@ def test_unchecked_device_offsets_give_clamped_result():
         out = tkit.grouped_matmul(a, b, torch.tensor(offsets, dtype=I32, device="cuda"))
     torch.testing.assert_close(out.cpu().double(), _grouped_clamped_ref(a.cpu(), b.cpu(), offsets),
                                atol=2e-2, rtol=2e-2)
+
+
+def test_sequence_past_32_bit_offsets_is_refused(device):
+    """Offsets inside one sequence are 32-bit in the attention kernels: a sequence whose
+    elements (here those of the output, laid out like q) span 2**31 is refused before the
+    launch instead of wrapping around. (An expanded tensor: no memory behind it.)"""
+    n = 600_000  # x 32 heads x 128 = 2.46e9 elements
+    q = torch.zeros(1, 1, 1, device=device).expand(n, 32, 128)
+    cu = torch.tensor([0, n], dtype=I32, device=device)
+    with pytest.raises(ValueError, match="q: one sequence of 600000 tokens spans"):
+        tkit.flash_attention_varlen(q, q, q, cu, cu, n, n)
+    with pytest.raises(ValueError, match="q: one sequence of 600000 tokens spans"):
+        tkit.flash_attention(q[None], q[None], q[None])

@@ -863,6 +863,22 @@ def _scales(scale: float, softcap: float) -> tuple[float, float]:
     return scale * LOG2E, 1.0
 
 
+def _check_sequence_spans(q, k, v, seqlen_q, seqlen_k):
+    """Offsets inside one (sequence, head) are 32-bit in the kernels (batch, head and sequence
+    starts are 64-bit): refuse a sequence whose elements span 2**31 or more in any tensor the
+    kernels address that way (the inputs, and outputs and gradients laid out like q, k, v)."""
+    for name, t, s in (("q", q, seqlen_q), ("k", k, seqlen_k), ("v", v, seqlen_k)):
+        if s <= 0:
+            continue
+        d = t.shape[-1]
+        dense = t.shape[-2] * d  # the token stride of an output or gradient
+        span = (s - 1) * max(abs(t.stride(-3)), dense) + (d - 1) * max(abs(t.stride(-1)), 1)
+        if span >= 2**31 - 1:
+            raise ValueError(f"{name}: one sequence of {s} tokens spans {span} elements (token "
+                             f"stride {max(abs(t.stride(-3)), dense)}); offsets inside a "
+                             "sequence are 32-bit, so at most 2**31 - 1 are supported")
+
+
 def _check_inputs(q, k, v, varlen, window_size, softcap, softmax_scale):
     nd = 3 if varlen else 4
     layout = "(total_tokens, heads, head_dim)" if varlen else "(batch, seqlen, heads, head_dim)"
@@ -1243,6 +1259,7 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
     _check_inputs(q, k, v, False, window_size, softcap, softmax_scale)
     causal, scale, wl, wr, softcap = _resolve(q, causal, softmax_scale, window_size, softcap)
     sq, sk = q.shape[1], k.shape[1]
+    _check_sequence_spans(q, k, v, sq, sk)
     if C.use_direct_path(q, k, v):
         out, lse = _fwd_impl(q, k, v, None, None, sq, sk, causal, scale, wl, wr, softcap)
     else:
@@ -1287,6 +1304,9 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         if _offsets.values_checked(cu):
             _offsets.check_values(cu, f"cu_seqlens_{t}", x.shape[0], f"{t}.shape[0]", int(m),
                                   f"max_seqlen_{t}")
+    # the kernels cut every sequence to max_seqlen: that bounds the offsets inside one
+    _check_sequence_spans(q, k, v, min(int(max_seqlen_q), q.shape[0]),
+                          min(int(max_seqlen_k), k.shape[0]))
     causal, scale, wl, wr, softcap = _resolve(q, causal, softmax_scale, window_size, softcap)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
             scale, wl, wr, softcap)
