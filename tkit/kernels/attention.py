@@ -47,7 +47,9 @@ share a head's K/V while it is in L2. Measured on the H200 (3 interleaved rounds
 Layout: (batch, seqlen, heads, head_dim) with arbitrary strides (q, k, v may be views of one
 packed qkv tensor); varlen tensors are (total_tokens, heads, head_dim) with ``cu_seqlens``.
 Head dims up to 256; a non-power-of-2 head dim is padded in-kernel to BLOCK_D with masks. Batch,
-head and sequence start offsets are 64-bit; offsets inside one (batch, head) stay 32-bit.
+head and sequence start offsets are 64-bit; offsets inside one (batch, head) stay 32-bit (a
+sequence whose elements span 2**31 is refused before the launch). Varlen ``cu_seqlens`` are
+clamped in-kernel (see :func:`_varlen_span`), so no value of them reaches outside a tensor.
 """
 
 from __future__ import annotations
