@@ -14,6 +14,13 @@ TKIT_WGMMA_SELFTEST=0  skip the one-time subprocess self-test of the hand-writte
                      before its first use on a machine (the self-test guards against a hang).
 TKIT_GIT_SHA         the git sha stamped on benchmark rows where the tree has no .git (the copy
                      sent to a GPU machine).
+TKIT_CHECK=1         full validation of index tensors (grouped_matmul's offsets, varlen attention's
+                     cu_seqlens and max_seqlen): monotonic, in range, first 0, last the total,
+                     segments no longer than max_seqlen, with a ValueError naming the argument
+                     and its first bad entry. It reads device tensors (one sync per call), so it
+                     is off by default; host tensors (and every call in the interpreter) are
+                     checked always. The kernels clamp offsets either way: no value reads or
+                     writes outside a tensor.
 TKIT_NO_AUTOTUNE=1   use each kernel's first (default) config instead of autotuning: GPU test runs
                      see hundreds of shapes and would otherwise spend their time tuning.
 """
@@ -35,5 +42,6 @@ HYPOTHESIS_PROFILE: str = os.environ.get("TKIT_HYPOTHESIS_PROFILE", "ci")
 NO_DIRECT: bool = _flag("TKIT_NO_DIRECT")
 SLOW: bool = _flag("TKIT_SLOW")
 NO_AUTOTUNE: bool = _flag("TKIT_NO_AUTOTUNE")
+CHECK: bool = _flag("TKIT_CHECK")
 WGMMA_SELFTEST: bool = os.environ.get("TKIT_WGMMA_SELFTEST", "1").strip() != "0"
 GIT_SHA: str = os.environ.get("TKIT_GIT_SHA", "")

@@ -17,7 +17,7 @@ from tkit.testing import check_against_reference, fuzz, make_tensor
 ON_GPU = torch.cuda.is_available()
 SPEC = registry.get("flash_attention")
 VARLEN_SPEC = registry.get("flash_attention_varlen")
-CPU_DTYPES = (torch.float16, torch.float32)  # the interpreter's bf16 dot is garbage
+CPU_DTYPES = (torch.float16, torch.float32)  # bf16 in the interpreter: test_bf16_everywhere
 DTYPES = (torch.float16, torch.bfloat16) if ON_GPU else CPU_DTYPES
 # Gradient checks get an absolute floor: where a row's softmax is one-hot (one visible key) the
 # reference dQ is exactly 0, while the kernel's dS = P * (dP - delta) keeps the float32 rounding

@@ -18,7 +18,7 @@ from tkit.testing import check_against_reference, fuzz, make_tensor
 SPECS = [s for s in registry.all_specs() if s.family == "matmul"]
 IDS = [s.name for s in SPECS]
 ON_GPU = torch.cuda.is_available()
-CPU_DTYPES = (torch.float32, torch.float16)  # the interpreter's bf16 dot is garbage
+CPU_DTYPES = (torch.float32, torch.float16)  # bf16 in the interpreter: test_bf16_everywhere
 
 
 def _gpu_only(spec):

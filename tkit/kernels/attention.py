@@ -47,7 +47,9 @@ share a head's K/V while it is in L2. Measured on the H200 (3 interleaved rounds
 Layout: (batch, seqlen, heads, head_dim) with arbitrary strides (q, k, v may be views of one
 packed qkv tensor); varlen tensors are (total_tokens, heads, head_dim) with ``cu_seqlens``.
 Head dims up to 256; a non-power-of-2 head dim is padded in-kernel to BLOCK_D with masks. Batch,
-head and sequence start offsets are 64-bit; offsets inside one (batch, head) stay 32-bit.
+head and sequence start offsets are 64-bit; offsets inside one (batch, head) stay 32-bit (a
+sequence whose elements span 2**31 is refused before the launch). Varlen ``cu_seqlens`` are
+clamped in-kernel (see :func:`_varlen_span`), so no value of them reaches outside a tensor.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ import triton
 import triton.language as tl
 
 from tkit.kernels import _common as C
+from tkit.kernels import _offsets
+from tkit.kernels._numerics import INTERPRET as _INTERPRET
+from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -238,19 +243,81 @@ _TUNE_KEY = ["seqlen_q", "seqlen_k", "HEAD_DIM", "MASK_LO", "MASK_HI", "SOFTCAP"
 # Kernels
 # --------------------------------------------------------------------------------------------
 @triton.jit
-def _seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, VARLEN: tl.constexpr):
-    """(first token, length) of sequence ``b`` for queries and keys."""
+def _dot(a, b, acc=None, input_precision: tl.constexpr = None):
+    """``tl.dot``; under the interpreter on float32 copies of bfloat16 / fp8 operands (see
+    :mod:`tkit.kernels._numerics`)."""
+    if _INTERPRET:
+        a = _interpreter_operand(a)
+        b = _interpreter_operand(b)
+    return tl.dot(a, b, acc, input_precision=input_precision)
+
+
+@triton.jit
+def _varlen_span(CU, b, total, CU_BLOCK: tl.constexpr):
+    """[start, end) of sequence ``b``: bound(j) is the largest of CU[0..j] clamped to
+    [0, total], sequence b is [bound(b), bound(b+1)). For valid cu_seqlens (non-decreasing, 0 to
+    total) that is CU[b]:CU[b+1]; whatever CU holds, sequences stay inside the tensors and never
+    overlap. CU is read in CU_BLOCK chunks, up to entry b + 1 only."""
+    start = b * 0
+    end = b * 0
+    for c0 in range(0, b + 2, CU_BLOCK):
+        idx = c0 + tl.arange(0, CU_BLOCK)
+        c = tl.load(CU + idx, mask=idx <= b + 1, other=0)
+        c = tl.minimum(tl.maximum(c, 0), total)
+        start = tl.maximum(start, tl.max(tl.where(idx <= b, c, 0), 0))
+        end = tl.maximum(end, tl.max(c, 0))
+    return start, end
+
+
+@triton.jit
+def _seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, total_q, total_k, VARLEN: tl.constexpr,
+                CU_BLOCK: tl.constexpr):
+    """(first token, length, end) of sequence ``b`` for queries, then for keys. Varlen: the
+    span of :func:`_varlen_span`, its length cut to seqlen_q / seqlen_k (max_seqlen_q/k, which
+    size the grid): tokens past the cut belong to no sequence."""
     if VARLEN:
-        q_start = tl.load(CU_Q + b)
-        q_len = tl.load(CU_Q + b + 1) - q_start
-        k_start = tl.load(CU_K + b)
-        k_len = tl.load(CU_K + b + 1) - k_start
+        q_start, q_end = _varlen_span(CU_Q, b, total_q, CU_BLOCK)
+        k_start, k_end = _varlen_span(CU_K, b, total_k, CU_BLOCK)
+        q_len = tl.minimum(q_end - q_start, seqlen_q)
+        k_len = tl.minimum(k_end - k_start, seqlen_k)
     else:
         q_start = 0
         q_len = seqlen_q
+        q_end = seqlen_q
         k_start = 0
         k_len = seqlen_k
-    return q_start, q_len, k_start, k_len
+        k_end = seqlen_k
+    return q_start, q_len, q_end, k_start, k_len, k_end
+
+
+@triton.jit
+def _zero_rows(X, sxs, sxd, L, sls, start, end, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_M: tl.constexpr, HAS_L: tl.constexpr):
+    """X[start:end] = 0 (rows of stride ``sxs``) and, with HAS_L, L[start:end] = -inf."""
+    offs_d = tl.arange(0, BLOCK_D)
+    for r0 in range(start, end, BLOCK_M):
+        rows = (r0 + tl.arange(0, BLOCK_M)).to(tl.int64)
+        rmask = rows < end
+        tl.store(X + rows[:, None] * sxs + offs_d[None, :] * sxd,
+                 tl.zeros([BLOCK_M, BLOCK_D], dtype=X.dtype.element_ty),
+                 mask=rmask[:, None] & (offs_d < HEAD_DIM)[None, :])
+        if HAS_L:
+            tl.store(L + rows * sls, tl.full([BLOCK_M], float("-inf"), tl.float32), mask=rmask)
+
+
+@triton.jit
+def _zero_outside(X, sxs, sxd, L, sls, b, n_seq, start, length, end, total,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                  HAS_L: tl.constexpr):
+    """Varlen rows that belong to no sequence (possible only with invalid cu_seqlens or
+    max_seqlen) get defined values: zeros (and lse -inf, as a row with no visible key). One
+    program per (sequence, head) calls this: it covers its sequence's tokens past the cut to
+    max_seqlen, and the first / last sequence the tokens before / after every sequence."""
+    _zero_rows(X, sxs, sxd, L, sls, start + length, end, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_L)
+    if b == 0:
+        _zero_rows(X, sxs, sxd, L, sls, 0, start, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_L)
+    if b == n_seq - 1:
+        _zero_rows(X, sxs, sxd, L, sls, end, total, HEAD_DIM, BLOCK_D, BLOCK_M, HAS_L)
 
 
 @triton.jit
@@ -368,7 +435,7 @@ def _fwd_inner(acc, l_i, m_i, q, K, V, sks, skd, svs, svd,
                 kt = tl.load(kt_ptrs)
             else:
                 kt = tl.load(kt_ptrs, mask=dmask[:, None], other=0.0)
-        qk = tl.dot(q, kt, input_precision=PREC)
+        qk = _dot(q, kt, input_precision=PREC)
         if SOFTCAP:
             s, t = _scores(qk, qk_scale, cap_scale, SOFTCAP)
         else:
@@ -406,7 +473,7 @@ def _fwd_inner(acc, l_i, m_i, q, K, V, sks, skd, svs, svd,
                 v = tl.load(v_ptrs)
             else:
                 v = tl.load(v_ptrs, mask=dmask[None, :], other=0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
+        acc = _dot(p.to(v.dtype), v, acc, input_precision=PREC)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -417,10 +484,11 @@ def _attn_fwd_kernel(
     sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, sob, sos, soh, sod,
     slb, slh, sls,
     seqlen_q, seqlen_k, H, GROUP, HEAD_GROUP, qk_scale, cap_scale, wl, wr,
+    total_q, total_k, n_seq,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_LO: tl.constexpr,
     MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr,
     WARP_SPEC: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, CU_BLOCK: tl.constexpr = 1,
 ):
     """One program: BLOCK_M query rows of one (batch, query head).
 
@@ -454,7 +522,13 @@ def _attn_fwd_kernel(
         pid_m = n_m - 1 - pid_m
     b = pid_bh // H
     h = pid_bh % H
-    q_start, q_len, k_start, k_len = _seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, VARLEN)
+    q_start, q_len, q_end, k_start, k_len, k_end = _seq_bounds(
+        CU_Q, CU_K, b, seqlen_q, seqlen_k, total_q, total_k, VARLEN, CU_BLOCK)
+    if VARLEN:
+        if pid_m == 0:
+            h64 = h.to(tl.int64)
+            _zero_outside(O + h64 * soh, sos, sod, LSE + h64 * slh, sls, b, n_seq, q_start,
+                          q_len, q_end, total_q, HEAD_DIM, BLOCK_D, BLOCK_M, True)
     m0 = pid_m * BLOCK_M
     if m0 >= q_len:
         return
@@ -513,15 +587,16 @@ _attn_fwd_autotuned = triton.autotune(
 @triton.jit
 def _attn_bwd_delta_kernel(
     O, DO, DELTA, CU_Q, sob, sos, soh, sod, sdb, sds, sdh, sdd, slb, slh, sls,
-    seqlen_q, H, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, VARLEN: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    seqlen_q, H, total_q, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, VARLEN: tl.constexpr,
+    BLOCK_M: tl.constexpr, CU_BLOCK: tl.constexpr = 1,
 ):
     """delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] (float32, the LSE's layout)."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    q_start, q_len, _, _ = _seq_bounds(CU_Q, CU_Q, b, seqlen_q, seqlen_q, VARLEN)
+    q_start, q_len, _, _, _, _ = _seq_bounds(CU_Q, CU_Q, b, seqlen_q, seqlen_q, total_q, total_q,
+                                             VARLEN, CU_BLOCK)
     m0 = pid_m * BLOCK_M
     if m0 >= q_len:
         return
@@ -557,19 +632,19 @@ def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, sqs, sqd, sds, sdd, sls,
                      mask=rmask[:, None] & dmask[None, :], other=0.0)
         lse = tl.load(LSE + rows * sls, mask=rmask, other=0.0) * 1.4426950408889634
         delta = tl.load(DELTA + rows * sls, mask=rmask, other=0.0)
-        qkt = tl.dot(k, qt, input_precision=PREC)  # (BLOCK_N, BLOCK_M)
+        qkt = _dot(k, qt, input_precision=PREC)  # (BLOCK_N, BLOCK_M)
         st, tt = _scores(qkt, qk_scale, cap_scale, SOFTCAP)
         pt = tl.exp2(st - lse[None, :])
         if MASKED:
             ok = _visible(rows[None, :], offs_n[:, None], q_len, k_len, shift, wl, wr,
                           MASK_LO, MASK_HI)
             pt = tl.where(ok, pt, 0.0)
-        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PREC)
-        dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
+        dv = _dot(pt.to(do.dtype), do, dv, input_precision=PREC)
+        dpt = _dot(v, tl.trans(do), input_precision=PREC)
         dst = pt * (dpt - delta[None, :])
         if SOFTCAP:
             dst = dst * (1.0 - tt * tt)
-        dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=PREC)
+        dk = _dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=PREC)
     return dk, dv
 
 
@@ -579,9 +654,10 @@ def _attn_bwd_dkdv_kernel(
     sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, sdb, sds, sdh, sdd,
     sdkb, sdks, sdkh, sdkd, sdvb, sdvs, sdvh, sdvd, slb, slh, sls,
     seqlen_q, seqlen_k, HK, GROUP, sm_scale, qk_scale, cap_scale, wl, wr,
+    total_q, total_k, n_seq,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_LO: tl.constexpr,
     MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CU_BLOCK: tl.constexpr = 1,
 ):
     """One program: BLOCK_N keys of one (batch, key/value head), summed over the GROUP query
     heads that share it. DO: the output gradient (strides ``sd*``); DK, DV: outputs (strides
@@ -591,7 +667,15 @@ def _attn_bwd_dkdv_kernel(
     pid_n = tl.program_id(1)  # causal: the first key blocks, the longest, start first
     b = pid_bh // HK
     hk = pid_bh % HK
-    q_start, q_len, k_start, k_len = _seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, VARLEN)
+    q_start, q_len, q_end, k_start, k_len, k_end = _seq_bounds(
+        CU_Q, CU_K, b, seqlen_q, seqlen_k, total_q, total_k, VARLEN, CU_BLOCK)
+    if VARLEN:
+        if pid_n == 0:  # keys of no sequence get zero gradients
+            hk64 = hk.to(tl.int64)
+            _zero_outside(DK + hk64 * sdkh, sdks, sdkd, DK, 0, b, n_seq, k_start, k_len, k_end,
+                          total_k, HEAD_DIM, BLOCK_D, BLOCK_N, False)
+            _zero_outside(DV + hk64 * sdvh, sdvs, sdvd, DV, 0, b, n_seq, k_start, k_len, k_end,
+                          total_k, HEAD_DIM, BLOCK_D, BLOCK_N, False)
     n0 = pid_n * BLOCK_N
     if n0 >= k_len:
         return
@@ -654,18 +738,18 @@ def _bwd_dq_inner(dq, q, do, lse, delta, K, V, sks, skd, svs, svd,
                      mask=dmask[:, None] & cmask[None, :], other=0.0)
         vt = tl.load(V + cols[None, :] * svs + offs_d[:, None] * svd,
                      mask=dmask[:, None] & cmask[None, :], other=0.0)
-        qk = tl.dot(q, kt, input_precision=PREC)
+        qk = _dot(q, kt, input_precision=PREC)
         s, t = _scores(qk, qk_scale, cap_scale, SOFTCAP)
         p = tl.exp2(s - lse[:, None])
         if MASKED:
             ok = _visible(offs_m[:, None], cols[None, :], q_len, k_len, shift, wl, wr,
                           MASK_LO, MASK_HI)
             p = tl.where(ok, p, 0.0)
-        dp = tl.dot(do, vt, input_precision=PREC)
+        dp = _dot(do, vt, input_precision=PREC)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
             ds = ds * (1.0 - t * t)
-        dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=PREC)
+        dq = _dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=PREC)
     return dq
 
 
@@ -675,9 +759,10 @@ def _attn_bwd_dq_kernel(
     sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, sdb, sds, sdh, sdd,
     sdqb, sdqs, sdqh, sdqd, slb, slh, sls,
     seqlen_q, seqlen_k, H, GROUP, sm_scale, qk_scale, cap_scale, wl, wr,
+    total_q, total_k, n_seq,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_LO: tl.constexpr,
     MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, PREC: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CU_BLOCK: tl.constexpr = 1,
 ):
     """One program: dQ for BLOCK_M query rows of one (batch, query head); DQ strides
     ``sdq*``; other arguments as in :func:`_attn_bwd_dkdv_kernel`."""
@@ -687,7 +772,12 @@ def _attn_bwd_dq_kernel(
         pid_m = tl.num_programs(1) - 1 - pid_m
     b = pid_bh // H
     h = pid_bh % H
-    q_start, q_len, k_start, k_len = _seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, VARLEN)
+    q_start, q_len, q_end, k_start, k_len, k_end = _seq_bounds(
+        CU_Q, CU_K, b, seqlen_q, seqlen_k, total_q, total_k, VARLEN, CU_BLOCK)
+    if VARLEN:
+        if tl.program_id(1) == 0:  # queries of no sequence get zero gradients
+            _zero_outside(DQ + h.to(tl.int64) * sdqh, sdqs, sdqd, DQ, 0, b, n_seq, q_start,
+                          q_len, q_end, total_q, HEAD_DIM, BLOCK_D, BLOCK_M, False)
     m0 = pid_m * BLOCK_M
     if m0 >= q_len:
         return
@@ -773,6 +863,22 @@ def _scales(scale: float, softcap: float) -> tuple[float, float]:
     if softcap > 0.0:
         return softcap * LOG2E, scale / softcap
     return scale * LOG2E, 1.0
+
+
+def _check_sequence_spans(q, k, v, seqlen_q, seqlen_k):
+    """Offsets inside one (sequence, head) are 32-bit in the kernels (batch, head and sequence
+    starts are 64-bit): refuse a sequence whose elements span 2**31 or more in any tensor the
+    kernels address that way (the inputs, and outputs and gradients laid out like q, k, v)."""
+    for name, t, s in (("q", q, seqlen_q), ("k", k, seqlen_k), ("v", v, seqlen_k)):
+        if s <= 0:
+            continue
+        d = t.shape[-1]
+        dense = t.shape[-2] * d  # the token stride of an output or gradient
+        span = (s - 1) * max(abs(t.stride(-3)), dense) + (d - 1) * max(abs(t.stride(-1)), 1)
+        if span >= 2**31 - 1:
+            raise ValueError(f"{name}: one sequence of {s} tokens spans {span} elements (token "
+                             f"stride {max(abs(t.stride(-3)), dense)}); offsets inside a "
+                             "sequence are 32-bit, so at most 2**31 - 1 are supported")
 
 
 def _check_inputs(q, k, v, varlen, window_size, softcap, softmax_scale):
@@ -889,11 +995,15 @@ def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
         out = C.empty(q.shape, q.dtype, q.device)
         lse = C.empty((hq, q.shape[0]), torch.float32, q.device)
         sq, sk = max_q, max_k
+        cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()  # the kernels read them densely
     else:
         batch, sq, sk = q.shape[0], q.shape[1], k.shape[1]
         out = C.empty(q.shape, q.dtype, q.device)
         lse = C.empty((batch, hq, sq), torch.float32, q.device)
     if batch == 0 or sq == 0 or hq == 0:
+        if varlen:  # tokens in no sequence (possible only for invalid arguments): defined values
+            out.zero_()
+            lse.fill_(float("-inf"))
         return out, lse
     flags, wl, wr = _flags(d, causal, (wl, wr), softcap, varlen, q.dtype)
     qk_scale, cap_scale = _scales(scale, softcap)
@@ -904,7 +1014,7 @@ def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
         **_named("sv", _strides4(v, varlen)), **_named("so", _strides4(out, varlen)),
         **_named("sl", _lse_strides(lse, varlen), dims="bhs"),
         seqlen_q=sq, seqlen_k=sk, H=hq, GROUP=hq // hk, qk_scale=qk_scale,
-        cap_scale=cap_scale, wl=wl, wr=wr, **flags,
+        cap_scale=cap_scale, wl=wl, wr=wr, **_varlen_args(q, k, batch, varlen), **flags,
     )
     cfg = dict(config) if config is not None else {}
     head_group = cfg.pop("HEAD_GROUP", None)
@@ -977,6 +1087,13 @@ def _set_tma_allocator(device) -> None:
     _TMA_ALLOCATOR_SET = True
 
 
+def _varlen_args(q, k, batch, varlen) -> dict:
+    """The kernels' arguments for clamping cu_seqlens: token counts, the number of sequences
+    and the chunk in which cu_seqlens is read (up to 1024 entries at a time)."""
+    return dict(total_q=q.shape[0], total_k=k.shape[0], n_seq=batch,
+                CU_BLOCK=min(C.next_power_of_2(batch + 1), 1024) if varlen else 1)
+
+
 def _named(prefix, strides, dims="bshd"):
     return {f"{prefix}{c}": s for c, s in zip(dims, strides)}
 
@@ -991,6 +1108,14 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, causal, sca
     dv = C.empty(v.shape, v.dtype, v.device)
     if varlen:
         batch, sq, sk = cu_q.shape[0] - 1, max_q, max_k
+        cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
+        # with no query (key) block to launch, no program writes the zeros of tokens in no
+        # sequence (possible only for invalid arguments)
+        if batch == 0 or hq == 0 or sq == 0:
+            dq.zero_()
+        if batch == 0 or hq == 0 or sk == 0:
+            dk.zero_()
+            dv.zero_()
     else:
         batch, sq, sk = q.shape[0], q.shape[1], k.shape[1]
     if batch == 0 or hq == 0 or (sq == 0 and sk == 0):
@@ -1006,8 +1131,9 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, causal, sca
         C.launch(_attn_bwd_delta_kernel, (C.cdiv(sq, block_m), batch * hq),
                  O=out, DO=do, DELTA=delta, CU_Q=cu_q_arg,
                  **_named("so", _strides4(out, varlen)), **_named("sd", _strides4(do, varlen)),
-                 **lse_st, seqlen_q=sq, H=hq, HEAD_DIM=d, BLOCK_D=flags["BLOCK_D"],
-                 VARLEN=varlen, BLOCK_M=block_m)
+                 **lse_st, seqlen_q=sq, H=hq, total_q=q.shape[0], HEAD_DIM=d,
+                 BLOCK_D=flags["BLOCK_D"], VARLEN=varlen, BLOCK_M=block_m,
+                 CU_BLOCK=_varlen_args(q, k, batch, varlen)["CU_BLOCK"])
         if dlse is not None:  # d lse_i / d S_ij = P_ij: folds into delta
             delta = delta - dlse.to(torch.float32)
     common = dict(
@@ -1015,7 +1141,8 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, causal, sca
         **_named("sq", _strides4(q, varlen)), **_named("sk", _strides4(k, varlen)),
         **_named("sv", _strides4(v, varlen)), **_named("sd", _strides4(do, varlen)),
         **lse_st, seqlen_q=sq, seqlen_k=sk, GROUP=hq // hk, sm_scale=scale,
-        qk_scale=qk_scale, cap_scale=cap_scale, wl=wl, wr=wr, **flags,
+        qk_scale=qk_scale, cap_scale=cap_scale, wl=wl, wr=wr,
+        **_varlen_args(q, k, batch, varlen), **flags,
     )
     dkdv_args = dict(common, DK=dk, DV=dv, **_named("sdk", _strides4(dk, varlen)),
                      **_named("sdv", _strides4(dv, varlen)), HK=hk)
@@ -1134,6 +1261,7 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
     _check_inputs(q, k, v, False, window_size, softcap, softmax_scale)
     causal, scale, wl, wr, softcap = _resolve(q, causal, softmax_scale, window_size, softcap)
     sq, sk = q.shape[1], k.shape[1]
+    _check_sequence_spans(q, k, v, sq, sk)
     if C.use_direct_path(q, k, v):
         out, lse = _fwd_impl(q, k, v, None, None, sq, sk, causal, scale, wl, wr, softcap)
     else:
@@ -1150,9 +1278,17 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ----------
     q : Tensor (total_q, heads_q, head_dim); k, v : Tensor (total_k, heads_kv, head_dim)
     cu_seqlens_q, cu_seqlens_k : int32 Tensor (batch + 1,)
-        Cumulative sequence lengths: sequence b is ``q[cu_seqlens_q[b]:cu_seqlens_q[b+1]]``.
+        Cumulative sequence lengths: sequence b is ``q[cu_seqlens_q[b]:cu_seqlens_q[b+1]]``;
+        non-decreasing, from 0 to total_q (total_k).
     max_seqlen_q, max_seqlen_k : int
-        The longest sequence (sizes the grid; never read from the device).
+        At least the longest sequence (sizes the grid; never read from the device).
+
+    cu_seqlens and max_seqlen are checked before the launch when cu_seqlens is on the host
+    (always so in the interpreter), and on the device under ``TKIT_CHECK=1``. Unchecked invalid
+    values cannot make the kernels touch memory outside the tensors: sequence b takes tokens
+    [bound(b), bound(b+1)) where bound(j) is the largest of cu_seqlens[:j+1] clamped to
+    [0, total], cut to its first max_seqlen tokens; tokens in no sequence get out = 0,
+    lse = -inf, and zero gradients.
     Other options as in :func:`flash_attention`; the lse is (heads_q, total_q).
     """
     _check_inputs(q, k, v, True, window_size, softcap, softmax_scale)
@@ -1165,6 +1301,14 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if int(m) != m or m < 0:
             raise ValueError(f"{name} must be a non-negative int, got {m!r}")
+    for t, x, cu, m in (("q", q, cu_seqlens_q, max_seqlen_q), ("k", k, cu_seqlens_k,
+                                                                 max_seqlen_k)):
+        if _offsets.values_checked(cu):
+            _offsets.check_values(cu, f"cu_seqlens_{t}", x.shape[0], f"{t}.shape[0]", int(m),
+                                  f"max_seqlen_{t}")
+    # the kernels cut every sequence to max_seqlen: that bounds the offsets inside one
+    _check_sequence_spans(q, k, v, min(int(max_seqlen_q), q.shape[0]),
+                          min(int(max_seqlen_k), k.shape[0]))
     causal, scale, wl, wr, softcap = _resolve(q, causal, softmax_scale, window_size, softcap)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
             scale, wl, wr, softcap)

@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from tkit.kernels import _common as C
+from tkit.kernels._numerics import fp8_keep_nan
 
 # Ops and their arity. "cast" is the identity before the store's conversion.
 BINARY_OPS = ("add", "sub", "mul")
@@ -121,6 +122,17 @@ def _apply(a, b, scale_ptr, OP: tl.constexpr, HAS_SCALE: tl.constexpr):
 
 
 @triton.jit
+def _out_value(r, out_ptr, OP: tl.constexpr):
+    """float32 ``r`` in the output's dtype; an fp8 cast keeps NaN NaN whatever the backend's
+    conversion does with it (Triton's interpreter writes 384.0)."""
+    if OP == "cast_fp8":
+        y = fp8_keep_nan(r)
+    else:
+        y = r.to(out_ptr.dtype.element_ty)
+    return y
+
+
+@triton.jit
 def _ew_flat_kernel(
     a_ptr, b_ptr, out_ptr, scale_ptr, n_elements, size_class,
     OP: tl.constexpr, HAS_B: tl.constexpr, HAS_SCALE: tl.constexpr, INT64: tl.constexpr,
@@ -147,7 +159,7 @@ def _ew_flat_kernel(
         else:
             b = a
         r = _apply(a, b, scale_ptr, OP, HAS_SCALE)
-        tl.store(out_ptr + offs, r.to(out_ptr.dtype.element_ty))
+        tl.store(out_ptr + offs, _out_value(r, out_ptr, OP))
     else:
         mask = offs < n_elements
         a = tl.load(a_ptr + offs, mask=mask).to(tl.float32)
@@ -156,7 +168,7 @@ def _ew_flat_kernel(
         else:
             b = a
         r = _apply(a, b, scale_ptr, OP, HAS_SCALE)
-        tl.store(out_ptr + offs, r.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + offs, _out_value(r, out_ptr, OP), mask=mask)
 
 
 _ew_flat_autotuned = triton.autotune(configs=_flat_configs(), key=["size_class"])(
@@ -216,7 +228,7 @@ def _ew_strided_kernel(
         b = a
     r = _apply(a, b, scale_ptr, OP, HAS_SCALE)
     tl.store(out_ptr + (o_row[:, None] + rn[None, :] * son),
-             r.to(out_ptr.dtype.element_ty), mask=mask)
+             _out_value(r, out_ptr, OP), mask=mask)
 
 
 # --------------------------------------------------------------------------------------------

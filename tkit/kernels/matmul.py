@@ -60,6 +60,9 @@ import triton.language as tl
 
 from tkit import _env
 from tkit.kernels import _common as C
+from tkit.kernels import _offsets
+from tkit.kernels._numerics import INTERPRET as _INTERPRET
+from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
 from tkit.kernels.elementwise import _activation, _activation_grad, _sum_to
 
 ACTIVATIONS = (None, "silu", "gelu", "gelu_tanh", "relu")
@@ -193,6 +196,11 @@ def _epilogue(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
 
 @triton.jit
 def _dot(a, b, acc, IEEE: tl.constexpr):
+    if _INTERPRET:
+        # the interpreter multiplies bfloat16 operands as raw 16-bit integers and reads an fp8
+        # NaN as 480: hand it float32 operands (exact products, as the tensor cores compute)
+        a = _interpreter_operand(a)
+        b = _interpreter_operand(b)
     if IEEE:
         acc = tl.dot(a, b, acc, input_precision="ieee")
     else:
@@ -490,65 +498,89 @@ def _splitk_reduce_kernel(
 
 @triton.jit
 def _grouped_matmul_kernel(
-    a_ptr, b_ptr, c_ptr, off_ptr, G, N, K,
+    a_ptr, b_ptr, c_ptr, off_ptr, T, G, N, K,
     stride_am, stride_ak, stride_bg, stride_bk, stride_bn, stride_cm, stride_cn,
-    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    IEEE: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """c[rows of group g] = a[rows of group g] @ b[g], every group in one launch.
 
-    a_ptr (T, K) and c_ptr (T, N), rows of group g being off[g]:off[g+1]; b_ptr (G, K, N) any
-    strides; off_ptr int32/int64 (G+1,) non-decreasing. program_id(0) enumerates M tiles of all
-    groups back to back (the grid is an upper bound, cdiv(T, BLOCK_M) + G, since the group sizes
-    are on the device); a program past the last tile returns. program_id(1) walks N.
+    a_ptr (T, K) and c_ptr (T, N); b_ptr (G, K, N) any strides; off_ptr int32/int64 (G+1,).
+    The rows of group g are [bound(g), bound(g+1)) where bound(j) is the largest of off[0..j]
+    clamped to [0, T]: for valid offsets (non-decreasing, 0 to T) exactly off[g]:off[g+1],
+    and whatever the offsets hold, groups stay inside a and c and never overlap. Rows before
+    bound(0) or from bound(G) on belong to no group and are written as zeros (so no value of
+    the offsets leaves memory unwritten or reads outside a tensor).
+
+    program_id(0) enumerates M tiles back to back: the leading rows of no group, every group,
+    the trailing rows of no group (the grid is an upper bound, cdiv(T, BLOCK_M) + G + 2, since
+    the group sizes are on the device); a program past the last tile returns. program_id(1)
+    walks N. Row offsets are 64-bit; INT64 makes the K and N offsets 64-bit too.
     """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    # find this tile's group: a scan over G scalars (cheap next to a tile of K work)
-    tile_start = pid_m * 0
-    row0 = pid_m * 0
-    row_end = pid_m * 0
+    # find this tile's rows: a scan over G scalars (cheap next to a tile of K work)
+    s = tl.minimum(tl.maximum(tl.load(off_ptr).to(tl.int64), 0), T)
+    t = tl.cdiv(s, BLOCK_M)
+    hit = pid_m < t
+    row0 = tl.where(hit, pid_m.to(tl.int64) * BLOCK_M, 0)
+    row_end = tl.where(hit, s, 0)
+    gap = hit.to(tl.int32)  # a tile of rows in no group: zeros
     group = pid_m * 0
+    tile_start = t
     for g in range(G):
-        s = tl.load(off_ptr + g).to(tl.int32)
-        e = tl.load(off_ptr + g + 1).to(tl.int32)
+        e = tl.minimum(tl.maximum(tl.load(off_ptr + g + 1).to(tl.int64), s), T)
         t = tl.cdiv(e - s, BLOCK_M)
         hit = (pid_m >= tile_start) & (pid_m < tile_start + t)
         row0 = tl.where(hit, s + (pid_m - tile_start) * BLOCK_M, row0)
         row_end = tl.where(hit, e, row_end)
         group = tl.where(hit, g, group)
+        gap = tl.where(hit, 0, gap)
         tile_start += t
+        s = e
+    t = tl.cdiv(T - s, BLOCK_M)
+    hit = (pid_m >= tile_start) & (pid_m < tile_start + t)
+    row0 = tl.where(hit, s + (pid_m - tile_start) * BLOCK_M, row0)
+    row_end = tl.where(hit, T, row_end)
+    gap = tl.where(hit, 1, gap)
     if row0 < row_end:
         offs_m = row0 + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        if INT64:
+            offs_n = offs_n.to(tl.int64)
+            offs_k = offs_k.to(tl.int64)
         mask_m = offs_m < row_end
         offs_bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
-        a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :] * stride_ak
+        a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
         b_ptrs = (b_ptr + group.to(tl.int64) * stride_bg + offs_k[:, None] * stride_bk
                   + offs_bn[None, :] * stride_bn)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
+        for k in range(0, tl.cdiv(K, BLOCK_K) * (1 - gap)):
             k_left = K - k * BLOCK_K
             a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
             acc = _dot(a, b, acc, IEEE)
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
-        c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
+        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
                  mask=mask_m[:, None] & (offs_n[None, :] < N))
 
 
 @triton.jit
 def _grouped_wgrad_kernel(
-    a_ptr, g_ptr, db_ptr, off_ptr, K, N,
+    a_ptr, g_ptr, db_ptr, off_ptr, T, G, K, N,
     stride_am, stride_ak, stride_gm, stride_gn, stride_dg, stride_dk, stride_dn,
-    IEEE: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+    IEEE: tl.constexpr, INT64: tl.constexpr, G_BLOCK: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     """db[g] = a[rows of g].T @ grad[rows of g]: the weight gradient of grouped_matmul.
 
-    a_ptr (T, K), g_ptr (T, N) output gradient, db_ptr (G, K, N) float32; program_id(0) is the
-    group, program_id(1) one (BLOCK_K, BLOCK_N) tile of db[g]. Rows are reduced in BLOCK_R steps,
+    a_ptr (T, K), g_ptr (T, N) output gradient, db_ptr (G, K, N) float32; the rows of group g
+    as in :func:`_grouped_matmul_kernel` (the running maximum of the clamped offsets, read
+    here as one vector of G_BLOCK >= G + 1 entries). program_id(0) is the group,
+    program_id(1) one (BLOCK_K, BLOCK_N) tile of db[g]. Rows are reduced in BLOCK_R steps,
     in order (deterministic); an empty group writes zeros.
     """
     grp = tl.program_id(0)
@@ -556,16 +588,22 @@ def _grouped_wgrad_kernel(
     num_n = tl.cdiv(N, BLOCK_N)
     offs_k = (pid // num_n) * BLOCK_K + tl.arange(0, BLOCK_K)
     offs_n = (pid % num_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-    s = tl.load(off_ptr + grp).to(tl.int32)
-    e = tl.load(off_ptr + grp + 1).to(tl.int32)
+    if INT64:
+        offs_k = offs_k.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+    idx = tl.arange(0, G_BLOCK)
+    bounds = tl.load(off_ptr + idx, mask=idx <= G, other=0).to(tl.int64)
+    bounds = tl.minimum(tl.maximum(bounds, 0), T)
+    s = tl.max(tl.where(idx <= grp, bounds, 0), 0)
+    e = tl.max(tl.where(idx <= grp + 1, bounds, 0), 0)
     offs_r = tl.arange(0, BLOCK_R)
     acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
     for r0 in range(s, e, BLOCK_R):
         rows = r0 + offs_r
         mr = rows < e
-        at = tl.load(a_ptr + rows[None, :].to(tl.int64) * stride_am + offs_k[:, None] * stride_ak,
+        at = tl.load(a_ptr + rows[None, :] * stride_am + offs_k[:, None] * stride_ak,
                      mask=mr[None, :] & (offs_k[:, None] < K), other=0.0)
-        gt = tl.load(g_ptr + rows[:, None].to(tl.int64) * stride_gm + offs_n[None, :] * stride_gn,
+        gt = tl.load(g_ptr + rows[:, None] * stride_gm + offs_n[None, :] * stride_gn,
                      mask=mr[:, None] & (offs_n[None, :] < N), other=0.0)
         acc = _dot(at, gt, acc, IEEE)
     d_ptrs = (db_ptr + grp.to(tl.int64) * stride_dg + offs_k[:, None] * stride_dk
@@ -1021,12 +1059,15 @@ def _grouped_impl(a, b, offsets, out_dtype=None, config=None):
         return out
     cfg = dict(config or _grouped_config(T, N, G, a.device))
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    grid = (C.cdiv(T, bm) + G, C.cdiv(N, bn))
+    offsets = offsets.contiguous()  # read densely by the kernel
+    # one tile more per group than cdiv(T, bm), and one each for the rows before the first
+    # group and after the last (zeros; see the kernel)
+    grid = (C.cdiv(T, bm) + G + 2, C.cdiv(N, bn))
     C.launch(_grouped_matmul_kernel, grid, a_ptr=a, b_ptr=b, c_ptr=out, off_ptr=offsets,
-             G=G, N=N, K=K, stride_am=a.stride(0), stride_ak=a.stride(1),
+             T=T, G=G, N=N, K=K, stride_am=a.stride(0), stride_ak=a.stride(1),
              stride_bg=b.stride(0), stride_bk=b.stride(1), stride_bn=b.stride(2),
              stride_cm=out.stride(0), stride_cn=out.stride(1),
-             IEEE=False, **cfg)
+             IEEE=False, INT64=C.needs_int64(a, b, out), **cfg)
     return out
 
 
@@ -1039,10 +1080,12 @@ def _grouped_wgrad_impl(a, grad, offsets, G, b_dtype):
     cfg = (dict(BLOCK_K=32, BLOCK_N=64, BLOCK_R=32, num_warps=4) if a.device.type == "cpu"
            else dict(BLOCK_K=128, BLOCK_N=128, BLOCK_R=64, num_warps=8, num_stages=3))
     grid = (G, C.cdiv(K, cfg["BLOCK_K"]) * C.cdiv(N, cfg["BLOCK_N"]))
+    offsets = offsets.contiguous()
     C.launch(_grouped_wgrad_kernel, grid, a_ptr=a, g_ptr=grad, db_ptr=db, off_ptr=offsets,
-             K=K, N=N, stride_am=a.stride(0), stride_ak=a.stride(1),
+             T=T, G=G, K=K, N=N, stride_am=a.stride(0), stride_ak=a.stride(1),
              stride_gm=grad.stride(0), stride_gn=grad.stride(1), stride_dg=db.stride(0),
-             stride_dk=db.stride(1), stride_dn=db.stride(2), IEEE=False, **cfg)
+             stride_dk=db.stride(1), stride_dn=db.stride(2), IEEE=False,
+             INT64=C.needs_int64(a, grad, db), G_BLOCK=C.next_power_of_2(G + 1), **cfg)
     return db.to(b_dtype)
 
 
@@ -1355,6 +1398,11 @@ def grouped_matmul(a, b, offsets: torch.Tensor | None = None,
     offsets : Tensor
         (G + 1,) int32 or int64 on a's device, non-decreasing, offsets[0] = 0 and
         offsets[G] = T. Read on the device only (no host sync). Omitted for list inputs.
+        Checked before the launch when on the host (always so in the interpreter), and on the
+        device under ``TKIT_CHECK=1``. Unchecked invalid offsets cannot make the kernel touch
+        memory outside a, b or the output: group g takes rows [bound(g), bound(g+1)) where
+        bound(j) is the largest of offsets[:j+1] clamped to [0, T], and rows in no group are
+        zeros.
     out_dtype : torch.dtype, optional
 
     Returns
@@ -1398,6 +1446,8 @@ def grouped_matmul(a, b, offsets: torch.Tensor | None = None,
         raise ValueError(f"offsets must have G + 1 = {b.shape[0] + 1} entries, got "
                          f"{offsets.shape[0]}")
     _check_out_dtype(out_dtype)
+    if _offsets.values_checked(offsets):
+        _offsets.check_values(offsets, "offsets", a.shape[0], "a.shape[0]")
     if C.use_direct_path(a, b):
         return _grouped_impl(a, b, offsets, out_dtype)
     return _grouped_op(a, b, offsets, out_dtype)
