@@ -1,4 +1,6 @@
-"""The Triton and numpy versions tkit runs with, checked once where the kernels are imported.
+"""What tkit needs from the Triton (and numpy) it runs with: the supported range, the one pair
+inside it whose interpreter breaks (checked once, where the kernels are imported), and the
+compile options tkit sets instead of leaving them to a default that moves between releases.
 
 pyproject declares triton >= 3.6, < 3.10 (3.6 is what torch's CUDA builds bring, 3.9 what pip
 resolves on its own; CI runs the suite under both). One combination inside those ranges is
@@ -54,3 +56,17 @@ def check_interpreter() -> None:
     problem = interpreter_problem(triton.__version__, numpy.__version__, interpret)
     if problem:
         raise ImportError(problem)
+
+
+# Compile options tkit always sets, so that what is compiled does not depend on a default that
+# moves between Triton releases. FP fusion (mul + add -> fma) is on by default through 3.9,
+# which warns on every compile that leaves the choice to it (its default turns to off in 3.10);
+# tkit's kernels and their measurements assume fusion, so it is requested explicitly. Used by
+# every ahead-of-time compile (tkit.ir, attention_hopper.compile_sm90); an explicit option in a
+# call still wins.
+COMPILE_DEFAULTS = {"enable_fp_fusion": True}
+
+
+def compile_options(options: dict | None = None) -> dict:
+    """``options`` over :data:`COMPILE_DEFAULTS`: what tkit passes to ``triton.compile``."""
+    return {**COMPILE_DEFAULTS, **(options or {})}

@@ -39,6 +39,8 @@ from typing import Any
 import torch
 import triton
 
+from tkit._compat import compile_options
+
 __all__ = ["IRError", "CompiledIR", "compile", "parse_arch", "STAGES", "ptxas_path"]
 
 STAGES = ("source", "ttir", "ttgir", "llir", "ptx", "sass")
@@ -377,19 +379,6 @@ def ptxas_path(cap: int) -> str:
     except ImportError:  # pragma: no cover - a Triton without the NVIDIA backend
         return _bin("ptxas")
     return get_ptxas(cap).path
-
-
-# Compile options tkit always sets, so that what is compiled does not depend on a default that
-# moves between Triton releases. FP fusion (mul + add -> fma) is on by default through 3.9,
-# which warns when the choice is left to it (the default turns to off in 3.10); tkit's kernels
-# and their measurements assume fusion, so it is requested explicitly. An explicit option in a
-# call still wins.
-COMPILE_DEFAULTS = {"enable_fp_fusion": True}
-
-
-def compile_options(options: dict | None = None) -> dict:
-    """``options`` over :data:`COMPILE_DEFAULTS`: what tkit passes to ``triton.compile``."""
-    return {**COMPILE_DEFAULTS, **(options or {})}
 
 
 def _run_tool(args: list[str]) -> str:

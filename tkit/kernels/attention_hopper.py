@@ -745,7 +745,8 @@ def compile_sm90(head_dim: int = 128, causal: bool = False, dtype: torch.dtype =
     src = GluonASTSource(kernel, signature, constexprs)
     # under TRITON_INTERPRET=1 the combine functions of gl.max/gl.sum (triton.language's own
     # @jit helpers) are interpreter objects: compile against the real language
-    from tkit.ir_tools.aot import _jit_language, _real_language, compile_options
+    from tkit._compat import compile_options
+    from tkit.ir_tools.aot import _jit_language, _real_language
 
     options = compile_options(dict(num_warps=cfg.get("num_warps", 4 if ws else NUM_WARPS)))
     if ws:
