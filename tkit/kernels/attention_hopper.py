@@ -80,7 +80,7 @@ from tkit.kernels.attention import LOG2E, fwd_head_group
 
 # The Gluon API moves between the Triton versions tkit supports (pyproject's range). 3.9 renamed
 # the TMA copies to ``async_load`` / ``async_store`` (the old names are stubs that raise) and
-# replaced ``cta_barrier()`` by ``gl.barrier()`` (the same CTA-wide barrier op); 3.6 has
+# replaced ``gl.thread_barrier()`` by ``gl.barrier()`` (the same CTA-wide barrier op); 3.6 has
 # only the old names. The kernels below call these aliases, never the moved names directly.
 if hasattr(tma, "async_load"):
     tma_load, tma_store = tma.async_load, tma.async_store
