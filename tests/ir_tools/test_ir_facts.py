@@ -7,6 +7,7 @@ the handful of compiles made by the fixtures.
 
 import re
 import subprocess
+import warnings
 
 import pytest
 import torch
@@ -117,9 +118,12 @@ def test_num_stages_changes_the_reported_pipelining(dot90):
     assert "3x128x64xf16" in d.unified and "2x128x64xf16" in d.unified
 
 
-def _ptxas_v(ptx: str, arch: str) -> dict:
-    res = subprocess.run([irc._bin("ptxas"), "-v", f"--gpu-name={arch}", "-", "-o", "/dev/null"],
-                         input=ptx, capture_output=True, text=True, check=True)
+def _ptxas_v(ptx: str, arch: str, cap: int) -> dict:
+    # the ptxas Triton assembled this PTX with: the wheel's other one may be of an older CUDA
+    # and reject the PTX's .version (triton 3.9 at sm_90: exit 255, "Unsupported .version")
+    res = subprocess.run([irc.ptxas_path(cap), "-v", f"--gpu-name={arch}", "-", "-o", "/dev/null"],
+                         input=ptx, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
     out = res.stderr + res.stdout
     regs = int(re.search(r"Used (\d+) registers", out).group(1))
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
@@ -130,7 +134,7 @@ def _ptxas_v(ptx: str, arch: str) -> dict:
 def test_registers_and_shared_memory_agree_with_the_compiled_kernel(which, request):
     k = request.getfixturevalue(which)
     s = ir.summary(k, echo=False)
-    ref = _ptxas_v(k.asm["ptx"], k.arch)
+    ref = _ptxas_v(k.asm["ptx"], k.arch, k.cap)
     assert s.resources["n_regs"] == ref["regs"]
     assert s.resources["n_spills"] * 4 == ref["spill_stores"]
     assert s.resources["shared"] == k.metadata.shared
@@ -183,7 +187,42 @@ def test_config_selects_autotune_configs():
     assert re.search(r"tensor<1024x", a.asm["ttgir"])
 
 
+def test_compiles_choose_fp_fusion_explicitly():
+    """Triton 3.9 warns on every compile that leaves FP fusion to its default (which turns to
+    off in 3.10); tkit asks for fusion, the choice its kernels were measured with."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        k = _dot("sm_90", num_stages=2, num_warps=4)  # a compile no other test makes
+    assert not [w for w in caught if "FP_FUSION" in str(w.message)], caught
+    assert k.metadata.enable_fp_fusion is True
+    off = ir.compile(_dot_kernel, F16, F16, F16, 2048, 2048, 2048, 2048, 2048, 2048, BM=BM,
+                     BN=BN, BK=BK, num_warps=4, num_stages=2, enable_fp_fusion=False,
+                     arch="sm_90")
+    assert off.metadata.enable_fp_fusion is False  # an explicit choice still wins
+
+
 # ---- bad input ----------------------------------------------------------------------------
+def test_python_wrapper_is_refused_with_a_hint():
+    from tkit.kernels import elementwise as ew
+
+    def my_add(x, y):  # a wrapper that launches a kernel, as users write them
+        return ew._ew_flat_autotuned(x, y)
+
+    with pytest.raises(ir.IRError, match=r"not a tkit op.*@triton\.jit function itself"
+                                         r".*_ew_flat_autotuned"):
+        ir.show(my_add, stage="ptx", arch="sm_90")
+
+
+def test_one_shape_per_tensor_argument(capsys):
+    with pytest.raises(ir.IRError, match=r"1 shape\(s\) given but rms_norm takes 2 tensor"
+                                         r".*--shape '\d+x\d+:bf16;\d+:bf16'"):
+        ir.compile("rms_norm", arch="sm_90", shapes=[((64, 4096), torch.bfloat16)])
+    assert cli_main(["rms_norm", "--arch", "sm_90", "--summary",
+                     "--shape", "64x4096:bf16;4096:bf16"]) == 0
+    assert "shapes 64x4096:bf16;4096:bf16" in capsys.readouterr().out
+
+
+
 def test_unknown_op_suggests_names():
     with pytest.raises(ir.IRError, match=r"unknown op 'rms_nrom'.*rms_norm"):
         ir.compile("rms_nrom", arch="sm_90")

@@ -39,7 +39,9 @@ from typing import Any
 import torch
 import triton
 
-__all__ = ["IRError", "CompiledIR", "compile", "parse_arch", "STAGES"]
+from tkit._compat import compile_options
+
+__all__ = ["IRError", "CompiledIR", "compile", "parse_arch", "STAGES", "ptxas_path"]
 
 STAGES = ("source", "ttir", "ttgir", "llir", "ptx", "sass")
 # NVIDIA targets that tkit.ir compiles for (Triton 3.x supports compute capability >= 8.0 here)
@@ -365,6 +367,20 @@ def _bin(tool: str) -> str:
     return found
 
 
+def ptxas_path(cap: int) -> str:
+    """The ptxas Triton itself runs for sm_{cap}. The wheel carries two (``ptxas`` and
+    ``ptxas-blackwell``, of different CUDA releases) and picks one by arch, with a cut-over that
+    moved between releases (sm_100 in 3.6, sm_90 in 3.9); the PTX it emits declares the
+    ``.version`` of the ptxas it chose, which the other one may reject ("Unsupported .version"),
+    so re-assembling Triton's PTX needs the same choice (``TRITON_PTXAS_PATH`` and friends
+    included)."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+    except ImportError:  # pragma: no cover - a Triton without the NVIDIA backend
+        return _bin("ptxas")
+    return get_ptxas(cap).path
+
+
 def _run_tool(args: list[str]) -> str:
     res = subprocess.run(args, capture_output=True, text=True)
     if res.returncode != 0:
@@ -613,7 +629,7 @@ def compile_launch(kernel, kwargs: dict, cap: int, config=None) -> CompiledIR:
             if name not in args:
                 args[name] = fn(args)
     backend = _backend(cap)
-    sig = specialize(jit, args, options, backend)
+    sig = specialize(jit, args, compile_options(options), backend)
     k = _compile(jit, sig, cap)
     # every constexpr the kernel was specialized on, then the launch options
     used = {p.name: args.get(p.name, p._param.default) for p in jit.params if p.is_constexpr}
@@ -638,7 +654,32 @@ def _spec_for(target):
             close = difflib.get_close_matches(target, registry.names(), n=3, cutoff=0.5)
             if close and "did you mean" not in msg:
                 msg += f"; did you mean {', '.join(close)}?"
+        else:
+            msg += _wrapper_hint(target)
         raise IRError(msg) from None
+
+
+def _wrapper_hint(fn) -> str:
+    """For a plain Python function given where an op or a kernel was expected (typically the
+    wrapper that launches a ``@triton.jit`` kernel): say to pass the kernel, naming the ones
+    the function refers to."""
+    scope = dict(getattr(fn, "__globals__", {}))
+    code = getattr(fn, "__code__", None)
+    names = getattr(code, "co_names", ()) + getattr(code, "co_freevars", ())
+    for name, cell in zip(getattr(code, "co_freevars", ()), getattr(fn, "__closure__", ()) or ()):
+        with contextlib.suppress(ValueError):  # an empty cell
+            scope[name] = cell.cell_contents
+    kernels = [n for n in names if n in scope and is_kernel(scope[n])]
+    modules = [scope[n] for n in names if isinstance(scope.get(n), types.ModuleType)]
+    kernels += [f"{m.__name__}.{n}" for m in modules for n in names
+                if is_kernel(getattr(m, n, None))]
+    hint = ("; tkit.ir compiles a tkit op (tkit.add or 'add') or a Triton kernel: pass the "
+            "@triton.jit function itself with its launch arguments, e.g. "
+            "tkit.ir.show(my_kernel, x, y, out, n, BLOCK=1024), not a Python function that "
+            "launches it")
+    if kernels:
+        hint += f" ({getattr(fn, '__name__', 'it')} launches {', '.join(kernels)})"
+    return hint
 
 
 def capture(fn, args, kwargs) -> list:
@@ -703,19 +744,31 @@ def _make_meta(case):
         return case.make("meta")
 
 
-def replace_shapes(args: tuple, shapes: list) -> tuple:
+def _shape_text(t: torch.Tensor) -> str:
+    dtype = next((k for k, v in _DTYPES.items() if v == t.dtype), str(t.dtype))
+    return "x".join(map(str, t.shape)) + f":{dtype}"
+
+
+def replace_shapes(args: tuple, shapes: list, op: str = "the op") -> tuple:
     """Replace the tensor arguments, in order, by contiguous meta tensors of ``shapes``
-    (``(shape, dtype or None)`` pairs; None keeps the original dtype)."""
+    (``(shape, dtype or None)`` pairs; None keeps the original dtype). One shape per tensor
+    argument: replacing some and keeping the others (from a benchmark case of other sizes)
+    would mostly give a mismatch the op rejects, so a short list is refused with the full list
+    that would do."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if len(shapes) != len(tensors):
+        example = ";".join(_shape_text(t) for t in tensors)
+        raise IRError(f"{len(shapes)} shape(s) given but {op} takes {len(tensors)} tensor "
+                      f"argument(s): give one per tensor, in order, e.g. "
+                      f"--shape '{example}' (shapes=[...] in Python)")
     out, i = [], 0
     for a in args:
-        if isinstance(a, torch.Tensor) and i < len(shapes):
+        if isinstance(a, torch.Tensor):
             shape, dtype = shapes[i]
             out.append(torch.empty(shape, dtype=dtype or a.dtype, device="meta"))
             i += 1
         else:
             out.append(a)
-    if i < len(shapes):
-        raise IRError(f"{len(shapes)} shapes given but the op takes {i} tensor arguments")
     return tuple(out)
 
 
@@ -764,7 +817,9 @@ def _compile_target(target, args, kwargs, cap, config, launch, case, shapes) -> 
     if not args and not kwargs:
         label, args, kwargs = op_case_args(spec, case)
     if shapes:
-        args = replace_shapes(tuple(args), shapes)
+        args = replace_shapes(tuple(args), shapes, spec.name)
+        label = "shapes " + ";".join(_shape_text(a) for a in args
+                                     if isinstance(a, torch.Tensor))
     launches = capture(spec.fn, args, kwargs)
     if not launches:
         raise IRError(f"{spec.name} launched no kernel for these arguments (empty input?)")
@@ -778,6 +833,7 @@ def _compile_target(target, args, kwargs, cap, config, launch, case, shapes) -> 
                       f"kernel(s): {', '.join(names)}")
     ir = compile_launch(launches[launch].kernel, launches[launch].kwargs, cap, config)
     ir.launches = names
-    ir.note = "; ".join(filter(None, [f"op {spec.name}" + (f", case '{label}'" if label else ""),
+    where = (f", {label}" if label.startswith("shapes ") else f", case '{label}'") if label else ""
+    ir.note = "; ".join(filter(None, [f"op {spec.name}" + where,
                                       ir.note]))
     return ir

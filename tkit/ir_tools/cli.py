@@ -29,8 +29,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="autotune config: an index, or NAME=VALUE pairs such as "
                         "BLOCK=1024,num_warps=8,num_stages=3 (over config 0)")
     p.add_argument("--shape", action="append", default=None, metavar="SHAPE[:DTYPE]",
-                   help="replace the op's tensor arguments in order, e.g. --shape 4096x4096:bf16 "
-                        "(repeat, or separate with ';')")
+                   help="one shape per tensor argument of the op, in order (repeat --shape, or "
+                        "separate with ';'); e.g. rms_norm takes x and weight: "
+                        "--shape '64x4096:bf16;4096:bf16'")
     p.add_argument("--case", default=None,
                    help="which benchmark case of the op (index or part of its label)")
     p.add_argument("--launch", default="0",

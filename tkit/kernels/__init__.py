@@ -1,1 +1,6 @@
 """Triton kernels, one module per op family. Import the public functions from ``tkit``."""
+
+from tkit._compat import check_interpreter
+
+# before any kernel is defined: a Triton/numpy pair whose interpreter breaks fails here, by name
+check_interpreter()

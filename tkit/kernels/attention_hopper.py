@@ -78,6 +78,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from tkit.kernels import _common as C
 from tkit.kernels.attention import LOG2E, fwd_head_group
 
+# The Gluon API moves between the Triton versions tkit supports (pyproject's range). 3.9 renamed
+# the TMA copies to ``async_load`` / ``async_store`` (the old names are stubs that raise) and
+# replaced ``gl.thread_barrier()`` by ``gl.barrier()`` (the same CTA-wide barrier op); 3.6 has
+# only the old names. The kernels below call these aliases, never the moved names directly.
+if hasattr(tma, "async_load"):
+    tma_load, tma_store = tma.async_load, tma.async_store
+else:
+    tma_load, tma_store = tma.async_copy_global_to_shared, tma.async_copy_shared_to_global
+cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+
 BLOCK_M = 128
 NUM_WARPS = 8
 HEAD_DIMS = (64, 128)
@@ -240,11 +250,9 @@ def _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, tile, b, hk, n_til
     vb = v_bars.index(slot)
     mbarrier.expect(kb, k_desc.block_type.nbytes, pred=pred)
     mbarrier.expect(vb, v_desc.block_type.nbytes, pred=pred)
-    gl.thread_barrier()
-    tma.async_copy_global_to_shared(k_desc, [b, tile * BLOCK_N, hk, 0], kb, k_smem.index(slot),
-                                    pred=pred)
-    tma.async_copy_global_to_shared(v_desc, [b, tile * BLOCK_N, hk, 0], vb, v_smem.index(slot),
-                                    pred=pred)
+    cta_barrier()
+    tma_load(k_desc, [b, tile * BLOCK_N, hk, 0], kb, k_smem.index(slot), pred=pred)
+    tma_load(v_desc, [b, tile * BLOCK_N, hk, 0], vb, v_smem.index(slot), pred=pred)
 
 
 @gluon.jit
@@ -367,11 +375,11 @@ def _epilogue(o, m_i, l_i, rows, out_smem, out_smem4, o_desc, LSE, slb, slh, b, 
     lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
     inv_l = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout))
     out = (o * gl.expand_dims(inv_l, 1)).to(out_smem.dtype)
-    gl.thread_barrier()  # every warp is past its last wait: the Q buffer is free
+    cta_barrier()  # every warp is past its last wait: the Q buffer is free
     out_smem.store(out)
     fence_async_shared()
-    gl.thread_barrier()
-    tma.async_copy_shared_to_global(o_desc, [b, row0, h, 0], out_smem4)
+    cta_barrier()
+    tma_store(o_desc, [b, row0, h, 0], out_smem4)
     lse_ptrs = LSE + b.to(gl.int64) * slb + h.to(gl.int64) * slh + rows
     gl.store(lse_ptrs, lse, mask=rows < seqlen_q)
     tma.store_wait(0)
@@ -453,7 +461,7 @@ def _attn_fwd_hopper_kernel(
     fence_async_shared()
 
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, m0, h, 0], q_bar, q_smem4)
+    tma_load(q_desc, [b, m0, h, 0], q_bar, q_smem4)
     for i in gl.static_range(STAGES):
         _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, b, hk, n_tiles,
                   BLOCK_N, STAGES)
@@ -503,8 +511,8 @@ def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, 
     arrived on its empty barrier for block t - STAGES."""
     HALF_M: gl.constexpr = q_desc.block_type.shape[1]
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, m0, h, 0], q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [b, m0 + HALF_M, h, 0], q_bar, q_smem.index(1))
+    tma_load(q_desc, [b, m0, h, 0], q_bar, q_smem.index(0))
+    tma_load(q_desc, [b, m0 + HALF_M, h, 0], q_bar, q_smem.index(1))
     for t in range(n_tiles):
         slot = t % STAGES
         # a fresh mbarrier reads as if the phase before phase 0 had completed: the first
@@ -513,9 +521,9 @@ def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, 
         kb = k_bars.index(slot)
         vb = v_bars.index(slot)
         mbarrier.expect(kb, k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b, t * BLOCK_N, hk, 0], kb, k_smem.index(slot))
+        tma_load(k_desc, [b, t * BLOCK_N, hk, 0], kb, k_smem.index(slot))
         mbarrier.expect(vb, v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [b, t * BLOCK_N, hk, 0], vb, v_smem.index(slot))
+        tma_load(v_desc, [b, t * BLOCK_N, hk, 0], vb, v_smem.index(slot))
 
 
 @gluon.jit
@@ -735,12 +743,14 @@ def compile_sm90(head_dim: int = 128, causal: bool = False, dtype: torch.dtype =
                   (names.index("BLOCK_N"),): cfg["BLOCK_N"],
                   (names.index("STAGES"),): cfg["STAGES"]}
     src = GluonASTSource(kernel, signature, constexprs)
-    options = dict(num_warps=cfg.get("num_warps", 4 if ws else NUM_WARPS))
-    if ws:
-        options["maxnreg"] = cfg.get("maxnreg", WS_MAXNREG)
     # under TRITON_INTERPRET=1 the combine functions of gl.max/gl.sum (triton.language's own
     # @jit helpers) are interpreter objects: compile against the real language
+    from tkit._compat import compile_options
     from tkit.ir_tools.aot import _jit_language, _real_language
+
+    options = compile_options(dict(num_warps=cfg.get("num_warps", 4 if ws else NUM_WARPS)))
+    if ws:
+        options["maxnreg"] = cfg.get("maxnreg", WS_MAXNREG)
 
     with _real_language(), _jit_language(kernel):
         return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
