@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from tkit import _env
+from tkit.kernels import _launch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP8_DTYPES = (torch.float8_e4m3fn,)
@@ -63,12 +64,16 @@ def capture_launches():
 
 
 def launch(kernel, grid, **kwargs) -> None:
-    """Launch ``kernel[grid](**kwargs)``, or record it while :func:`capture_launches` is active."""
-    cap = _capturing()
+    """Launch ``kernel[grid](**kwargs)``, or record it while :func:`capture_launches` is active.
+
+    The launch goes through :func:`tkit.kernels._launch.run`: an autotuned kernel runs the
+    config chosen without timing, and the compiled kernel is launched directly from a cache
+    keyed by Triton's specialization of the arguments."""
+    cap = getattr(_state, "capture", None)
     if cap is not None:
         cap.append(KernelLaunch(kernel, grid, kwargs))
         return
-    kernel[grid](**kwargs)
+    _launch.run(kernel, grid, kwargs)
 
 
 def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
