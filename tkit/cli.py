@@ -72,6 +72,10 @@ def cmd_info(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.group and "latency" in args.group:  # host latency: its own measurement
+        from tkit.bench import latency
+
+        return latency.run_cli(args.ops, args.out, args.stem)
     has_gpu = _prepare_backend()
     from tkit import registry
     from tkit.bench import report, runner

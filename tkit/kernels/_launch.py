@@ -107,7 +107,7 @@ def _make_binder(fn):
     ns = {"_spec": _spec, "_T": torch.Tensor, "_U": _Unsupported}
     n_required = 0
     optional = []
-    for i, (kp, sp) in enumerate(zip(params, sig_params)):
+    for i, sp in enumerate(sig_params):
         if sp.kind not in (sp.POSITIONAL_OR_KEYWORD, sp.KEYWORD_ONLY):
             return None
         name = f"p{i}"
@@ -149,7 +149,9 @@ def _state(fn) -> _KernelState | None:
         return st
     with _lock:
         st = None
-        if isinstance(fn, JITFunction):
+        # a subclass with its own launch (anything but Gluon's, which only swaps the binder
+        # and the AST source) takes Triton's path
+        if isinstance(fn, JITFunction) and type(fn).run is JITFunction.run:
             try:
                 bind = _make_binder(fn)
             except Exception:  # noqa: BLE001 - a signature we cannot generate for
