@@ -343,3 +343,26 @@ def test_clear_disk_cache(tuning_dir):
     assert _tuning.cache_dir().exists()
     _tuning.clear_disk_cache()
     assert not _tuning.cache_dir().exists()
+
+
+def test_memo_separates_what_a_pruner_reads(tuning_dir):
+    """The pruner's answer is memoized: inputs it answers differently for (unit inner stride,
+    alignment, dtype) must not share an entry."""
+
+    def needs_unit_stride(configs, named, **kw):
+        x = {**named, **kw}["x_ptr"]
+        ok = x.stride(-1) == 1 and x.data_ptr() % 16 == 0
+        return configs[2:] if ok else configs[:1]
+
+    at = _autotuner(needs_unit_stride)
+    base = torch.empty(4096, dtype=torch.float16)
+
+    def pick(x):
+        kw = _tune_args()
+        kw["x_ptr"] = x
+        return _tuning.config_for(at, kw)
+
+    assert pick(base.view(256, 16)) is CONFIGS[2]
+    assert pick(base.view(16, 256)[:, ::17]) is CONFIGS[0]  # inner stride 17: 17 % 16 == 1
+    assert pick(base[1:].view(-1)[:16]) is CONFIGS[0]  # unaligned
+    assert pick(base.view(256, 16)) is CONFIGS[2]

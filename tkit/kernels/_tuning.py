@@ -58,11 +58,11 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "tuned"
 # keys
 # --------------------------------------------------------------------------------------------
 def _base_fn(at):
-    fn = getattr(at, "base_fn", None)
-    if fn is None:
-        fn = at
-        while hasattr(fn, "fn") and not hasattr(fn, "src"):
-            fn = fn.fn
+    """The JIT function under an autotuner's wrappers (Triton's own ``base_fn`` is the plain
+    Python function, which has neither the parameters nor the source text needed here)."""
+    fn = at
+    while hasattr(fn, "fn") and not hasattr(fn, "params"):
+        fn = fn.fn
     return fn
 
 
@@ -76,22 +76,50 @@ def source_hash(at) -> str:
     """sha256 of the kernel's source text (not Triton's cache_key: that includes the line
     number, which any edit above the kernel moves)."""
     fn = _base_fn(at)
-    src = getattr(fn, "src", None) or getattr(fn, "_src", None) or ""
+    src = getattr(fn, "src", None) or getattr(fn, "_src", None)
+    if not src:
+        import inspect
+
+        src = inspect.getsource(getattr(fn, "fn", fn))
     return hashlib.sha256(src.encode()).hexdigest()[:16]
 
 
-def _exact_key(at, kwargs: dict) -> tuple:
-    """What the choice may depend on: the autotune key's values, then for every tensor its
-    dtype and, where the kernel has a pruner, its alignment and strides mod 16 (the attention
-    pruner keeps TMA configs only for TMA-able K and V, which the autotune key does not say)."""
-    vals = [kwargs.get(k) for k in at.keys]
-    T = torch.Tensor
-    if at.early_config_prune is None:
-        vals += [v.dtype for v in kwargs.values() if isinstance(v, T)]
-    else:
-        vals += [(v.dtype, v.data_ptr() % 16, tuple(s % 16 for s in v.stride()))
-                 for v in kwargs.values() if isinstance(v, T)]
-    return tuple(vals)
+def _layout(v):
+    if isinstance(v, torch.Tensor):  # subclasses (nn.Parameter)
+        return v.dtype, v.data_ptr() % 16, v.stride()
+    return None
+
+
+def _make_key_fn(at):
+    """Generate ``key(kw)`` for one autotuner: the autotune key's values, then for every
+    tensor argument its dtype, base alignment (mod 16) and exact strides; straight-line code
+    (a generic walk over the arguments cost several microseconds a call).
+
+    This is what the choice may depend on: an early pruner may read the key, dtypes and
+    layouts (the attention pruner keeps TMA configs only for TMA-able K and V, which the
+    autotune key does not say), nothing else, since its answer is memoized under this key.
+    Exact strides make the memo finer than needed (an entry per distinct layout); a miss
+    costs one pruner call, never a timing."""
+    fn = _base_fn(at)
+    names = [p.name for p in getattr(fn, "params", ()) if not p.is_constexpr]
+    if not names:
+        return None
+    keys = ", ".join(f"kw.get({k!r})" for k in at.keys)
+    items = []
+    lines = ["def key(kw):"]
+    for i, n in enumerate(names):
+        lines.append(f"    p{i} = kw.get({n!r})")
+        items.append(f"((p{i}.dtype, p{i}.data_ptr() % 16, p{i}.stride()) "
+                     f"if type(p{i}) is _T else _L(p{i}))")
+    lines.append(f"    return ({keys}{', ' if keys else ''}{', '.join(items)},)")
+    ns = {"_T": torch.Tensor, "_L": _layout}
+    exec("\n".join(lines), ns)  # noqa: S102 - generated from the kernel's own signature
+    return ns["key"]
+
+
+def _generic_key(at, kwargs: dict) -> tuple:
+    return tuple(kwargs.get(k) for k in at.keys) + tuple(
+        _layout(v) for v in kwargs.values() if isinstance(v, torch.Tensor))
 
 
 def _bucket(v):
@@ -282,15 +310,28 @@ def config_kwargs_for(at, kwargs: dict) -> dict | None:
     return _memo_entry(at, kwargs)[1]
 
 
+#: id(Autotuner) -> its generated key function (None: the generic one)
+_key_fns: dict[int, object] = {}
+_MEMO_MAX = 8192
+
+
 def _memo_entry(at, kwargs: dict):
     memo = _memo.get(id(at))
     if memo is None:
-        memo = _memo.setdefault(id(at), {})
-    key = _exact_key(at, kwargs)
+        with _lock:
+            memo = _memo.setdefault(id(at), {})
+            try:
+                _key_fns[id(at)] = _make_key_fn(at)
+            except Exception:  # noqa: BLE001 - a signature we cannot generate for
+                _key_fns[id(at)] = None
+    key_fn = _key_fns.get(id(at))
+    key = key_fn(kwargs) if key_fn is not None else _generic_key(at, kwargs)
     hit = memo.get(key)
     if hit is None:
         cfg, _ = choose(at, kwargs)
         hit = (cfg, None if cfg.pre_hook is not None else cfg.all_kwargs())
+        if len(memo) >= _MEMO_MAX:  # a server that sees ever new layouts: start over
+            memo.clear()
         memo[key] = hit
     return hit
 
