@@ -44,6 +44,7 @@ class _NoopCompiled(_launch.CompiledKernel):
     run = None
 
     def __init__(self):
+        self.module = None  # Triton 3.9's __del__ unloads a module when one is set
         self.function = 1
         self.packed_metadata = None
         self.calls = 0

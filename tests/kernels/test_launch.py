@@ -43,6 +43,7 @@ class FakeCompiled(_launch.CompiledKernel):
     run = None
 
     def __init__(self, tag):
+        self.module = None  # Triton 3.9's __del__ unloads a module when one is set
         self.function = object()
         self.packed_metadata = ("meta", tag)
         self.tag = tag
@@ -366,3 +367,13 @@ def test_memo_separates_what_a_pruner_reads(tuning_dir):
     assert pick(base.view(16, 256)[:, ::17]) is CONFIGS[0]  # inner stride 17: 17 % 16 == 1
     assert pick(base[1:].view(-1)[:16]) is CONFIGS[0]  # unaligned
     assert pick(base.view(256, 16)) is CONFIGS[2]
+
+
+@given(st.lists(st.tuples(st.sampled_from([0, 1, 2, 3, 1000, 2**16, 2**20]),
+                          st.sampled_from([0, 1, 7, 2**10, 2**20, 2**31])), max_size=4),
+       st.sampled_from([0, 5, 2**30, 2**31 - 10]))
+def test_needs_int64_bound_agrees_with_the_span(dims, offset):
+    shape = [d for d, _ in dims]
+    stride = [s for _, s in dims]
+    t = torch.empty_strided(shape, stride, device="meta").as_strided(shape, stride, offset)
+    assert C.needs_int64(t) == C.span_needs_int64(shape, stride, offset)

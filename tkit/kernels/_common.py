@@ -136,9 +136,21 @@ def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
 
 
 def needs_int64(*tensors: torch.Tensor) -> bool:
-    """True when some element offset in these tensors can reach 2**31: index math goes 64-bit."""
-    return any(t is not None and span_needs_int64(t.shape, t.stride(), t.storage_offset())
-               for t in tensors)
+    """True when some element offset in these tensors can reach 2**31: index math goes 64-bit.
+
+    The exact span walk runs only for tensors near the limit: the span, sum((size - 1) *
+    |stride|) + offset, is at most numel * max|stride| + offset, and that bound takes three
+    calls into torch (this runs on every eager launch of several ops)."""
+    for t in tensors:
+        if t is None:
+            continue
+        st = t.stride()
+        big = max(max(st, default=1), -min(st, default=0), 1)
+        if t.numel() * big + t.storage_offset() < 2**31 - 1:
+            continue
+        if span_needs_int64(t.shape, st, t.storage_offset()):
+            return True
+    return False
 
 
 def span_needs_int64(shape, stride, storage_offset: int = 0) -> bool:
