@@ -132,6 +132,7 @@ def test_key_separates_what_triton_specializes():
     assert k(scale=1.0) == k(scale=3.5)  # floats are not specialized
     assert k(flag=True) == k(flag=False)
     assert k(OUT="a") != k(OUT="b") and k(BLOCK=64) != k(BLOCK=128)  # constexprs by value
+    assert k(OUT=True) != k(OUT=1) != k(OUT=1.0) != k(OUT=True)  # and by type
     assert k(num_warps=4) != k(num_warps=8) and k() != k(num_warps=4)
 
 

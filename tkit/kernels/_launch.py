@@ -123,7 +123,10 @@ def _make_binder(fn):
     for i, kp in enumerate(params):
         name = names[i]
         if kp.is_constexpr:
-            key_items.append(name)
+            # by value, and by type where equal values of two types would collide (True == 1
+            # == 1.0, but Triton compiles each apart)
+            key_items.append(f"({name} if type({name}) is int or type({name}) is str "
+                             f"else (type({name}), {name}))")
         else:
             # the common cases inline: a plain tensor; an int in i32 range (1: Triton makes it
             # a constant; 16: divisible by 16; 0: neither); the rest through _spec, whose
