@@ -98,7 +98,8 @@ def check_tensor(
     """Type, dtype, rank and device checks for one tensor argument."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    dtypes = tuple(dtypes)
+    if type(dtypes) is not tuple:
+        dtypes = tuple(dtypes)
     if t.dtype not in dtypes:
         names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
         raise TypeError(f"{name} has dtype {dtype_name(t.dtype)}; supported: {names}")
@@ -106,11 +107,14 @@ def check_tensor(
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
     if min_ndim is not None and t.ndim < min_ndim:
         raise ValueError(f"{name} must have at least {min_ndim} dimensions, got {tuple(t.shape)}")
-    check_device(t, name)
+    if not t.is_cuda:  # is_cuda is a flag; t.device builds a torch.device each call
+        check_device(t, name)
     return t
 
 
 def check_device(t: torch.Tensor, name: str) -> None:
+    if t.is_cuda:
+        return
     dev = t.device.type
     if dev == "cuda":
         return
@@ -129,6 +133,10 @@ def check_device(t: torch.Tensor, name: str) -> None:
 def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
     items = [(n, t) for n, t in tensors.items() if t is not None]
     first_name, first = items[0]
+    if first.is_cuda:  # the common case without building a torch.device per tensor
+        idx = first.get_device()
+        if all(t.is_cuda and t.get_device() == idx for _, t in items):
+            return first.device
     for n, t in items[1:]:
         if t.device != first.device:
             raise ValueError(f"{n} is on {t.device} but {first_name} is on {first.device}")
