@@ -110,9 +110,9 @@ def _make_key_fn(at):
     for i, n in enumerate(names):
         lines.append(f"    p{i} = kw.get({n!r})")
         items.append(f"((p{i}.dtype, p{i}.data_ptr() % 16, p{i}.stride()) "
-                     f"if type(p{i}) is _T else _L(p{i}))")
+                     f"if type(p{i}) is _T else None if type(p{i}) in _SCALARS else _L(p{i}))")
     lines.append(f"    return ({keys}{', ' if keys else ''}{', '.join(items)},)")
-    ns = {"_T": torch.Tensor, "_L": _layout}
+    ns = {"_T": torch.Tensor, "_L": _layout, "_SCALARS": (int, float, bool, type(None))}
     exec("\n".join(lines), ns)  # noqa: S102 - generated from the kernel's own signature
     return ns["key"]
 
