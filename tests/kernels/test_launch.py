@@ -378,3 +378,14 @@ def test_needs_int64_bound_agrees_with_the_span(dims, offset):
     stride = [s for _, s in dims]
     t = torch.empty_strided(shape, stride, device="meta").as_strided(shape, stride, offset)
     assert C.needs_int64(t) == C.span_needs_int64(shape, stride, offset)
+
+
+def test_choice_is_recorded_where_triton_keeps_it(tuning_dir):
+    """tkit.ir compiles "the tuned config" from the autotuner's cache: the launched one."""
+    at = _autotuner(lambda configs, named, **kw: configs[1:])
+    args = _tune_args()
+    _tuning.config_for(at, args)
+    assert at.best_config is CONFIGS[1]
+    assert list(at.cache.values()) == [CONFIGS[1]]
+    key = next(iter(at.cache))
+    assert key[0] == args["n"] and "torch.float16" in key

@@ -333,7 +333,22 @@ def _memo_entry(at, kwargs: dict):
         if len(memo) >= _MEMO_MAX:  # a server that sees ever new layouts: start over
             memo.clear()
         memo[key] = hit
+        _tell_autotuner(at, kwargs, cfg)
+    at.best_config = hit[0]
     return hit
+
+
+def _tell_autotuner(at, kwargs: dict, cfg) -> None:
+    """Record the choice where Triton's autotuner keeps its own (``cache`` under its key,
+    ``best_config``), so that what reads the autotuner (tkit.ir compiling "the config that
+    runs", scripts that report the chosen config) sees the config tkit launched."""
+    try:
+        names = set(at.arg_names)
+        key = [kwargs[k] for k in at.keys if k in kwargs]
+        key += [str(v.dtype) for k, v in kwargs.items() if k in names and hasattr(v, "dtype")]
+        at.cache[tuple(key)] = cfg
+    except Exception:  # noqa: BLE001 - informational only; another Triton may keep it elsewhere
+        pass
 
 
 def record(at, kwargs: dict) -> None:
