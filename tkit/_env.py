@@ -21,8 +21,15 @@ TKIT_CHECK=1         full validation of index tensors (grouped_matmul's offsets,
                      is off by default; host tensors (and every call in the interpreter) are
                      checked always. The kernels clamp offsets either way: no value reads or
                      writes outside a tensor.
-TKIT_NO_AUTOTUNE=1   use each kernel's first (default) config instead of autotuning: GPU test runs
-                     see hundreds of shapes and would otherwise spend their time tuning.
+TKIT_NO_AUTOTUNE=1   use each kernel's first (default) config (after its pruner), ignoring the tuned
+                     tables: reproducible runs and GPU test runs.
+TKIT_AUTOTUNE=1      tune at call time: an autotuned kernel benchmarks its configs the first time
+                     it sees a size bucket and writes the winner to the tuning cache
+                     ($TKIT_CACHE_DIR/autotune/). Without it no call ever benchmarks: a config
+                     comes from that cache, then the shipped table (tkit/kernels/tuned/), then
+                     the kernel's first config that its pruner keeps.
+TKIT_NO_FAST_LAUNCH=1  launch every kernel through ``kernel[grid](**kwargs)`` instead of the cached
+                     compiled kernel (``tkit.kernels._launch``): a switch for bisecting.
 """
 
 from __future__ import annotations
@@ -43,5 +50,7 @@ NO_DIRECT: bool = _flag("TKIT_NO_DIRECT")
 SLOW: bool = _flag("TKIT_SLOW")
 NO_AUTOTUNE: bool = _flag("TKIT_NO_AUTOTUNE")
 CHECK: bool = _flag("TKIT_CHECK")
+AUTOTUNE: bool = _flag("TKIT_AUTOTUNE")
+NO_FAST_LAUNCH: bool = _flag("TKIT_NO_FAST_LAUNCH")
 WGMMA_SELFTEST: bool = os.environ.get("TKIT_WGMMA_SELFTEST", "1").strip() != "0"
 GIT_SHA: str = os.environ.get("TKIT_GIT_SHA", "")

@@ -90,6 +90,10 @@ def _unknown_groups(specs, groups) -> str:
 
 
 def cmd_bench(args) -> int:
+    if args.group and "latency" in args.group:  # host latency: its own measurement
+        from tkit.bench import latency
+
+        return latency.run_cli(args.ops, args.out, args.stem)
     has_gpu = _prepare_backend()
     from tkit import registry
 

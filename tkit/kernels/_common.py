@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from tkit import _env
+from tkit.kernels import _launch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP8_DTYPES = (torch.float8_e4m3fn,)
@@ -63,12 +64,16 @@ def capture_launches():
 
 
 def launch(kernel, grid, **kwargs) -> None:
-    """Launch ``kernel[grid](**kwargs)``, or record it while :func:`capture_launches` is active."""
-    cap = _capturing()
+    """Launch ``kernel[grid](**kwargs)``, or record it while :func:`capture_launches` is active.
+
+    The launch goes through :func:`tkit.kernels._launch.run`: an autotuned kernel runs the
+    config chosen without timing, and the compiled kernel is launched directly from a cache
+    keyed by Triton's specialization of the arguments."""
+    cap = getattr(_state, "capture", None)
     if cap is not None:
         cap.append(KernelLaunch(kernel, grid, kwargs))
         return
-    kernel[grid](**kwargs)
+    _launch.run(kernel, grid, kwargs)
 
 
 def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -93,7 +98,8 @@ def check_tensor(
     """Type, dtype, rank and device checks for one tensor argument."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    dtypes = tuple(dtypes)
+    if type(dtypes) is not tuple:
+        dtypes = tuple(dtypes)
     if t.dtype not in dtypes:
         names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
         raise TypeError(f"{name} has dtype {dtype_name(t.dtype)}; supported: {names}")
@@ -101,11 +107,14 @@ def check_tensor(
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
     if min_ndim is not None and t.ndim < min_ndim:
         raise ValueError(f"{name} must have at least {min_ndim} dimensions, got {tuple(t.shape)}")
-    check_device(t, name)
+    if not t.is_cuda:  # is_cuda is a flag; t.device builds a torch.device each call
+        check_device(t, name)
     return t
 
 
 def check_device(t: torch.Tensor, name: str) -> None:
+    if t.is_cuda:
+        return
     dev = t.device.type
     if dev == "cuda":
         return
@@ -124,6 +133,10 @@ def check_device(t: torch.Tensor, name: str) -> None:
 def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
     items = [(n, t) for n, t in tensors.items() if t is not None]
     first_name, first = items[0]
+    if first.is_cuda:  # the common case without building a torch.device per tensor
+        idx = first.get_device()
+        if all(t.is_cuda and t.get_device() == idx for _, t in items):
+            return first.device
     for n, t in items[1:]:
         if t.device != first.device:
             raise ValueError(f"{n} is on {t.device} but {first_name} is on {first.device}")
@@ -131,9 +144,21 @@ def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
 
 
 def needs_int64(*tensors: torch.Tensor) -> bool:
-    """True when some element offset in these tensors can reach 2**31: index math goes 64-bit."""
-    return any(t is not None and span_needs_int64(t.shape, t.stride(), t.storage_offset())
-               for t in tensors)
+    """True when some element offset in these tensors can reach 2**31: index math goes 64-bit.
+
+    The exact span walk runs only for tensors near the limit: the span, sum((size - 1) *
+    |stride|) + offset, is at most numel * max|stride| + offset, and that bound takes three
+    calls into torch (this runs on every eager launch of several ops)."""
+    for t in tensors:
+        if t is None:
+            continue
+        st = t.stride()
+        big = max(max(st, default=1), -min(st, default=0), 1)
+        if t.numel() * big + t.storage_offset() < 2**31 - 1:
+            continue
+        if span_needs_int64(t.shape, st, t.storage_offset()):
+            return True
+    return False
 
 
 def span_needs_int64(shape, stride, storage_offset: int = 0) -> bool:

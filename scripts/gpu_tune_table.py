@@ -1,0 +1,102 @@
+"""Measure and write the shipped tuning table for this GPU (tkit/kernels/tuned/<device>.json).
+
+Runs every autotuned tkit kernel at representative sizes with TKIT_AUTOTUNE=1, so Triton's
+autotuner times each config list once per size bucket; each winner lands in a tuning cache
+under $OUT (not the user's ~/.cache), which is then copied to $OUT/tuned/<device>.json in the
+format ``tkit.kernels._tuning`` reads. Commit that file as tkit/kernels/tuned/<device>.json:
+processes on that device then serve those configs without timing anything.
+
+    python scripts/gpu_tune_table.py [--quick]        # $OUT/tuned/<device>.json, a summary
+
+Kernels covered: the elementwise flat kernel (size classes from decode to 256 MiB), the
+attention forward (decode, prefill at head dims 64/128/256, causal or not) and backward. The
+GEMMs choose their configs by ``matmul.ptr_config``/``tma_config`` and are not tuned here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+OUT = Path(os.environ.get("OUT", "out"))
+os.environ["TKIT_AUTOTUNE"] = "1"
+os.environ["TKIT_CACHE_DIR"] = str(OUT / "tune-cache")
+os.environ.pop("TKIT_NO_AUTOTUNE", None)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import tkit  # noqa: E402
+from tkit.kernels import _tuning  # noqa: E402
+
+
+def cases(quick: bool):
+    bf = torch.bfloat16
+    dev = "cuda"
+    sizes = [4096, 14336, 1 << 16, 1 << 20, 1 << 24, 1 << 27]
+    if quick:
+        sizes = [4096, 1 << 20]
+    for n in sizes:
+        a, b = torch.randn(n, device=dev, dtype=bf), torch.randn(n, device=dev, dtype=bf)
+        yield f"add {n}", lambda a=a, b=b: tkit.add(a, b)
+        yield f"silu_mul {n}", lambda a=a, b=b: tkit.silu_mul(a, b)
+        yield f"cast fp8 {n}", lambda a=a: tkit.cast(a, torch.float8_e4m3fn)
+    shapes = [  # (B, Sq, Sk, Hq, Hkv, D, causal)
+        (1, 1, 4096, 32, 8, 128, False), (32, 1, 8192, 32, 8, 128, False),
+        (4, 4096, 4096, 16, 16, 128, False), (4, 4096, 4096, 16, 16, 128, True),
+        (4, 4096, 4096, 32, 32, 64, True), (4, 4096, 4096, 16, 16, 256, True),
+        (1, 512, 512, 32, 8, 128, True),
+    ]
+    if quick:
+        shapes = shapes[:1] + shapes[3:4]
+    for B, sq, sk, hq, hk, d, causal in shapes:
+        q = torch.randn(B, sq, hq, d, device=dev, dtype=bf)
+        k = torch.randn(B, sk, hk, d, device=dev, dtype=bf)
+        v = torch.randn(B, sk, hk, d, device=dev, dtype=bf)
+        yield (f"attention fwd B{B} {sq}x{sk} H{hq}/{hk} D{d} causal={causal}",
+               lambda q=q, k=k, v=v, c=causal: tkit.flash_attention(q, k, v, causal=c))
+    q = torch.randn(4, 4096, 16, 128, device=dev, dtype=bf, requires_grad=True)
+    k = torch.randn(4, 4096, 16, 128, device=dev, dtype=bf, requires_grad=True)
+    v = torch.randn(4, 4096, 16, 128, device=dev, dtype=bf, requires_grad=True)
+
+    def bwd():
+        tkit.flash_attention(q, k, v, causal=True).sum().backward()
+
+    yield "attention fwd+bwd B4 4096 H16 D128 causal", bwd
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="two sizes of each kind")
+    args = ap.parse_args()
+    for name, fn in cases(args.quick):
+        t0 = time.time()
+        try:
+            fn()
+            torch.cuda.synchronize()
+            print(f"tuned {name:50s} {time.time() - t0:6.1f} s", flush=True)
+        except Exception as e:  # noqa: BLE001 - one failing case must not lose the others
+            print(f"FAILED {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    src = _tuning.disk_cache_path()
+    dst = OUT / "tuned" / f"{_tuning.device_slug()}.json"
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if not src.exists():
+        print(f"no tuning cache was written ({src}): nothing was autotuned")
+        return 1
+    shutil.copyfile(src, dst)
+    data = json.loads(dst.read_text())
+    for kname, entry in data.get("kernels", {}).items():
+        print(f"\n{kname}")
+        for bucket, cfg in sorted(entry.get("configs", {}).items()):
+            print(f"  {bucket}: {cfg}")
+    print(f"\nwrote {dst}; commit it as tkit/kernels/tuned/{dst.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

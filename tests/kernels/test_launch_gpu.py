@@ -1,0 +1,150 @@
+"""The launch fast path on the GPU: every op through the cached compiled kernel gives what
+Triton's own launch path gives, with inputs whose alignment, strides and size-1 dimensions
+change between calls (a kernel specialized for one must never serve the other); and every
+registered op is captured in a CUDA graph and replayed on new data, equal to eager."""
+
+import pytest
+import torch
+
+import tkit
+from tkit.kernels import _launch
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+BF = torch.bfloat16
+
+
+def _r(*shape, dtype=BF, offset=0):
+    """Random data; ``offset`` elements into a larger buffer (offset 1 of a 2-byte dtype: a
+    pointer that is not 16-byte aligned)."""
+    n = 1
+    for s in shape:
+        n *= s
+    buf = torch.randn(n + offset, device=DEV, dtype=torch.float32).to(dtype)
+    return buf[offset:].view(shape)
+
+
+def _fp8(*shape):
+    return (torch.randn(*shape, device=DEV) * 4).to(torch.float8_e4m3fn)
+
+
+def _offsets(T, G):
+    cuts = torch.sort(torch.randint(0, T + 1, (G - 1,), device=DEV)).values
+    z = torch.zeros(1, device=DEV, dtype=torch.int64)
+    return torch.cat([z, cuts, z + T]).to(torch.int32)
+
+
+# name -> (make inputs(offset) -> tuple, call(*inputs) -> tensor or tuple)
+CASES = {
+    "add": (lambda o: (_r(1, 4096, offset=o), _r(1, 4096)), tkit.add),
+    "add_bcast": (lambda o: (_r(7, 1, 96, offset=o), _r(5, 96)), tkit.add),
+    "sub_T": (lambda o: (_r(64, 48, offset=o).t(), _r(48, 64)), tkit.sub),
+    "mul_fp32": (lambda o: (_r(3, 1000, dtype=torch.float32, offset=o),
+                            _r(3, 1000, dtype=torch.float32)), tkit.mul),
+    "residual_add": (lambda o: (_r(2, 4096, offset=o), _r(2, 4096, dtype=torch.float32)),
+                     tkit.residual_add),
+    "silu": (lambda o: (_r(1, 4097, offset=o),), tkit.silu),
+    "gelu": (lambda o: (_r(33, 100, offset=o),), tkit.gelu),
+    "relu": (lambda o: (_r(16, 16, offset=o),), tkit.relu),
+    "silu_mul": (lambda o: (_r(1, 14336, offset=o), _r(1, 14336)), tkit.silu_mul),
+    "gelu_mul_chunk": (lambda o: _r(4, 2 * 1000, offset=o).chunk(2, -1), tkit.gelu_mul),
+    "cast_fp8": (lambda o: (_r(8, 4096, offset=o),
+                            torch.rand(1, device=DEV, dtype=torch.float32) + 0.5),
+                 lambda x, s: tkit.cast(x, torch.float8_e4m3fn, s).float()),
+    "softmax": (lambda o: (_r(1, 4096, offset=o),), tkit.softmax),
+    "softmax_rows": (lambda o: (_r(37, 1000, offset=o),), tkit.softmax),
+    "log_softmax": (lambda o: (_r(4, 30000, offset=o),), tkit.log_softmax),
+    "rms_norm": (lambda o: (_r(1, 4096, offset=o), _r(4096)), tkit.rms_norm),
+    "rms_norm_rows": (lambda o: (_r(100, 1000, offset=o), _r(1000)), tkit.rms_norm),
+    "rms_norm_residual": (lambda o: (_r(3, 4096, offset=o), _r(4096), _r(3, 4096)),
+                          lambda x, w, r: tkit.rms_norm(x, w, residual=r)),
+    "layer_norm": (lambda o: (_r(5, 2048, offset=o), _r(2048), _r(2048)), tkit.layer_norm),
+    "matmul_M1": (lambda o: (_r(1, 4096, offset=o), _r(4096, 4096)), tkit.matmul),
+    "matmul_linear": (lambda o: (_r(16, 4096, offset=o), _r(4096, 1024).t().contiguous().t()),
+                      tkit.matmul),
+    "matmul_bias": (lambda o: (_r(64, 256, offset=o), _r(256, 384), _r(384)),
+                    lambda a, b, bias: tkit.matmul(a, b, bias, activation="gelu")),
+    "matmul_fp8": (lambda o: (_fp8(64, 256), _fp8(512, 256).t(),
+                              torch.rand(1, device=DEV) + 0.5, torch.rand(1, device=DEV) + 0.5),
+                   tkit.matmul_fp8),
+    "grouped_matmul": (lambda o: (_r(200, 128, offset=o), _r(4, 128, 96), _offsets(200, 4)),
+                       tkit.grouped_matmul),
+    "attn_decode": (lambda o: (_r(1, 1, 32, 128, offset=o), _r(1, 4096, 8, 128),
+                               _r(1, 4096, 8, 128)), tkit.flash_attention),
+    "attn_prefill": (lambda o: (_r(2, 300, 8, 64, offset=o), _r(2, 300, 2, 64),
+                                _r(2, 300, 2, 64)),
+                     lambda q, k, v: tkit.flash_attention(q, k, v, causal=True)),
+    "attn_varlen": (lambda o: (_r(250, 4, 64, offset=o), _r(250, 4, 64), _r(250, 4, 64),
+                               torch.tensor([0, 100, 250], device=DEV, dtype=torch.int32)),
+                    lambda q, k, v, cu: tkit.flash_attention_varlen(q, k, v, cu, cu, 150, 150,
+                                                                    causal=True)),
+}
+
+
+def _eq(a, b):
+    if isinstance(a, (tuple, list)):
+        return all(_eq(x, y) for x, y in zip(a, b))
+    return torch.equal(a, b) or (a.isnan() == b.isnan()).all() and torch.equal(
+        a.nan_to_num(0), b.nan_to_num(0))
+
+
+def _slow(fn, *args):
+    old = _launch.set_enabled(False)
+    try:
+        return fn(*args)
+    finally:
+        _launch.set_enabled(old)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fast_path_equals_tritons_path(name):
+    """Aligned and unaligned inputs alternate (the unaligned call comes after an aligned one
+    has cached its kernel): each result equals Triton's own launch of the same op, bit for
+    bit (same kernel, same config)."""
+    make, fn = CASES[name]
+    assert _launch._enabled, "the fast path is off (TKIT_NO_FAST_LAUNCH set?)"
+    before = dict(_launch.stats)
+    for offset in (0, 1, 0, 8, 1):
+        inputs = make(offset)
+        got = fn(*inputs)
+        torch.cuda.synchronize()
+        want = _slow(fn, *inputs)
+        assert _eq(got, want), f"{name} offset {offset}"
+    assert _launch.stats["fast"] > before["fast"], "no call took the fast path"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_cuda_graph_capture_and_replay(name):
+    make, fn = CASES[name]
+    static = make(0)
+    fn(*static)  # compile and cache outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn(*static)  # warm-up on the side stream, as torch recommends
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            out = fn(*static)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(2):
+        fresh = make(0)
+        for s, f in zip(static, fresh):
+            if s.dtype.is_floating_point:  # offsets and cu_seqlens keep their (valid) values
+                s.copy_(f)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _eq(out, fn(*static)), name
+
+
+def test_autotuned_kernel_served_without_timing(monkeypatch):
+    """A new attention variant's first call compiles one config and benchmarks none."""
+    from triton.runtime.autotuner import Autotuner
+
+    calls = []
+    monkeypatch.setattr(Autotuner, "_bench", lambda *a, **k: calls.append(1) or [1.0])
+    q = _r(1, 70, 4, 96)
+    tkit.flash_attention(q, q, q, causal=True, softcap=30.0)
+    torch.cuda.synchronize()
+    assert not calls

@@ -1,0 +1,236 @@
+"""Host latency: wall time per eager call at decode sizes, tkit beside torch, and both under
+CUDA-graph replay.
+
+At decode sizes a kernel runs for a few microseconds, so an eager call costs whatever the host
+spends launching it. Each figure is the wall clock of ``calls`` back-to-back calls divided by
+``calls`` (synchronized before and after), as a median over ``rounds`` bursts with the 20th and
+80th percentiles. Providers:
+
+* ``tkit``, ``torch`` (eager; F.rms_norm, F.linear, SDPA ...), ``torch.compile`` (the torch
+  function compiled, default mode: what a user would write; skipped with a note if it fails);
+* ``tkit+graph``, ``torch+graph``: the same call captured ``GRAPH_CALLS`` times in one CUDA
+  graph, replayed; the time per call is the GPU time plus a share of one replay launch.
+
+Rows are the long-form rows of :mod:`tkit.bench.report` with ``group`` = "latency", ``bound`` =
+"host", the times in milliseconds and no bytes or FLOPs (the figure is not a throughput).
+
+    tkit bench --group latency [--out DIR]      # or: python -m tkit.bench.latency
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+GRAPH_CALLS = 20
+
+
+@dataclass
+class LatencyCase:
+    op: str
+    family: str
+    label: str
+    make: Callable[[], tuple]  # inputs
+    tkit: Callable
+    torch: Callable
+    compile_ok: bool = True
+    meta: dict = field(default_factory=dict)
+
+
+def decode_cases(device: str = "cuda", dtype=torch.bfloat16) -> list[LatencyCase]:
+    """The decode-step calls of issue #14 (bf16): one token of a Llama-3-8B-sized layer."""
+    import torch.nn.functional as F
+
+    import tkit
+
+    def r(*shape):
+        return torch.randn(*shape, device=device, dtype=dtype)
+
+    def sdpa(q, k, v):
+        # (B, S, H, D) -> SDPA's (B, H, S, D); GQA through enable_gqa
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                              v.transpose(1, 2), enable_gqa=True).transpose(1, 2)
+
+    return [
+        LatencyCase("add", "elementwise", "(1, 4096)", lambda: (r(1, 4096), r(1, 4096)),
+                    tkit.add, torch.add),
+        LatencyCase("rms_norm", "norm", "(1, 4096)", lambda: (r(1, 4096), r(4096)),
+                    lambda x, w: tkit.rms_norm(x, w, 1e-6),
+                    lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6)),
+        LatencyCase("silu_mul", "elementwise", "(1, 14336)", lambda: (r(1, 14336), r(1, 14336)),
+                    tkit.silu_mul, lambda a, b: F.silu(a) * b),
+        LatencyCase("softmax", "softmax", "(1, 4096)", lambda: (r(1, 4096),),
+                    tkit.softmax, lambda x: torch.softmax(x, -1)),
+        LatencyCase("matmul", "matmul", "M=1, 4096x4096 (nn.Linear weight)",
+                    lambda: (r(1, 4096), r(4096, 4096)),
+                    lambda x, w: tkit.matmul(x, w.t()), F.linear),
+        LatencyCase("flash_attention", "attention", "q (1,1,32,128), 4096 keys, GQA 4",
+                    lambda: (r(1, 1, 32, 128), r(1, 4096, 8, 128), r(1, 4096, 8, 128)),
+                    tkit.flash_attention, sdpa),
+    ]
+
+
+def wall_per_call_ms(fn: Callable[[], object], calls: int, rounds: int, warmup: int = 50):
+    """(median, p20, p80) over ``rounds`` bursts of wall time per call, in milliseconds."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        per.append((time.perf_counter() - t0) / calls * 1e3)
+    per.sort()
+    q = statistics.quantiles(per, n=10) if len(per) > 1 else per * 9
+    return statistics.median(per), q[1], q[7]
+
+
+def graph_of(fn: Callable[[], object], n: int = GRAPH_CALLS) -> Callable[[], object]:
+    """``fn`` called ``n`` times, captured in one CUDA graph; returns a replay function that
+    stands for ``n`` calls."""
+    fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        fn()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=s):
+            for _ in range(n):
+                fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    return g.replay
+
+
+def _row(case: LatencyCase, provider: str, times, env: dict, ok=True, note="", calls=0):
+    med, p20, p80 = times if times else (None, None, None)
+    return {
+        "op": case.op, "family": case.family, "case": case.label, "group": "latency",
+        "provider": provider, "bound": "host", "ok": ok, "note": note,
+        "bytes": None, "flops": None, "median_ms": med, "p20_ms": p20, "p80_ms": p80,
+        "tbps": None, "tflops": None, "pct_of_roofline": None,
+        "copy_tbps_ceiling": None, "bf16_tflops_ceiling": None,
+        "metric": f"wall per call, {calls} back-to-back calls", **case.meta, **env,
+    }
+
+
+def run(calls: int = 2000, rounds: int = 7, compile: bool = True, graphs: bool = True,
+        ops: list[str] | None = None, log=print) -> list[dict]:
+    from tkit.bench.runner import environment
+
+    env = environment()
+    rows = []
+    for case in decode_cases():
+        if ops and case.op not in ops:
+            continue
+        inputs = case.make()
+        ok, note = True, ""
+        try:
+            got, want = case.tkit(*inputs), case.torch(*inputs)
+            torch.cuda.synchronize()
+            if not torch.allclose(got.float(), want.float(), atol=5e-2, rtol=5e-2):
+                ok, note = False, "tkit differs from torch"
+        except Exception as e:  # noqa: BLE001 - a row says what failed, the run goes on
+            ok, note = False, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        providers: list[tuple[str, Callable]] = [
+            ("tkit", lambda c=case, x=inputs: c.tkit(*x)),
+            ("torch", lambda c=case, x=inputs: c.torch(*x)),
+        ]
+        if compile and case.compile_ok:
+            try:
+                compiled = torch.compile(case.torch)
+                compiled(*inputs)
+                providers.append(("torch.compile", lambda f=compiled, x=inputs: f(*x)))
+            except Exception as e:  # noqa: BLE001
+                rows.append(_row(case, "torch.compile", None, env, ok=False,
+                                 note=f"compile failed: {type(e).__name__}", calls=calls))
+        for name, fn in providers:
+            try:
+                t = wall_per_call_ms(fn, calls, rounds)
+                rows.append(_row(case, name, t, env, ok=ok if name == "tkit" else True,
+                                 note=note if name == "tkit" else "", calls=calls))
+            except Exception as e:  # noqa: BLE001
+                rows.append(_row(case, name, None, env, ok=False,
+                                 note=f"{type(e).__name__}: {str(e)[:100]}", calls=calls))
+        if graphs:
+            for name, fn in providers[:2]:
+                try:
+                    replay = graph_of(fn)
+                    n = max(1, calls // GRAPH_CALLS)
+                    med, p20, p80 = wall_per_call_ms(replay, n, rounds, warmup=5)
+                    t = (med / GRAPH_CALLS, p20 / GRAPH_CALLS, p80 / GRAPH_CALLS)
+                    rows.append(_row(case, f"{name}+graph", t, env, calls=n * GRAPH_CALLS))
+                except Exception as e:  # noqa: BLE001
+                    rows.append(_row(case, f"{name}+graph", None, env, ok=False,
+                                     note=f"{type(e).__name__}: {str(e)[:100]}"))
+        line = "  ".join(f"{r['provider']} {r['median_ms'] * 1e3:7.1f} us" if r["median_ms"]
+                         else f"{r['provider']} -" for r in rows if r["case"] == case.label)
+        log(f"{case.op:16s} {case.label:36s} {line}{'' if ok else '  ' + note}")
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """One line per case: microseconds per call for every provider."""
+    provs: list[str] = []
+    for r in rows:
+        if r["provider"] not in provs:
+            provs.append(r["provider"])
+    out = ["| op | case | " + " | ".join(f"{p} us" for p in provs) + " |",
+           "|" + " --- |" * (2 + len(provs))]
+    cases: dict = {}
+    for r in rows:
+        cases.setdefault((r["op"], r["case"]), {})[r["provider"]] = r["median_ms"]
+    for (op, case), d in cases.items():
+        cells = [f"{d[p] * 1e3:.1f}" if d.get(p) else "-" for p in provs]
+        out.append(f"| {op} | {case} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("ops", nargs="*", help="op names (default: all decode cases)")
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--out", default=None, help="write <stem>.json/.md here")
+    ap.add_argument("--stem", default=None)
+    args = ap.parse_args(argv)
+    return run_cli(args.ops, args.out, args.stem, calls=args.calls, rounds=args.rounds,
+                   compile=not args.no_compile, graphs=not args.no_graphs)
+
+
+def run_cli(ops, out, stem, **kw) -> int:
+    if not torch.cuda.is_available():
+        print("tkit bench --group latency: needs a CUDA GPU (host latency is measured on one)")
+        return 1
+    rows = run(ops=ops or None, **kw)
+    print()
+    print(table(rows))
+    if out:
+        from tkit.bench import report
+        from tkit.bench.runner import environment
+
+        env = environment()
+        if stem is None:
+            dev = "".join(c if c.isalnum() else "-" for c in env["device"]).lower().strip("-")
+            stem = f"{dev}-{env['date']}-latency"
+        jpath, mpath = report.write_results(rows, out, None, env, stem=stem)
+        mpath.write_text(f"# host latency per eager call: {env['device']}, {env['date']}\n\n"
+                         f"torch {env['torch']}, triton {env['triton']}, git {env['git_sha']}."
+                         "\n\n" + table(rows) + "\n")
+        print(f"\nwrote {jpath} and {mpath}")
+    return 0 if all(r["ok"] for r in rows if r["provider"] == "tkit") else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
