@@ -9,7 +9,8 @@ meets at ``barrier.sync 1``; the workers read them, then every thread meets at
 ``barrier.sync 1`` again before anything else runs; at the end the exit state is stored between
 two more CTA-wide barriers (docs/NOTES.md has the PTX). The tests below check that claim instead
 of trusting it: the racecheck hazards of tkit's kernel sit only at those two lines and the
-minimal kernel of ``ws_racecheck_probe.py`` (no shared memory of its own) shows the same kind,
+minimal kernel of ``ws_racecheck_probe.py`` (no shared memory of its own), launched with tkit's
+partition sizes and register split, shows the same kind,
 and a race on the captured values (a tile's batch, head or first row) would show as a wrong or
 non-deterministic output, which 100 repeated launches over many CTAs would catch.
 """
@@ -85,6 +86,8 @@ def test_ws_racecheck_hazards_are_the_lowering_protocol():
     lines = {int(n) for f, n in where if f == "attention_hopper.py"}
     assert lines <= {def_line, ws_line}, (
         f"racecheck hazards in tkit's own code at attention_hopper.py lines {sorted(lines)}")
-    n_min, _ = _racecheck("minimal")
-    assert n_min > 0, ("the minimal warp-specialized kernel shows no hazard, so tkit's "
-                       f"{n_tkit} are not the lowering's")
+    # the minimal kernel with tkit's partition sizes and register split: 4 + 4 + 1 warps padded
+    # to 3 warpgroups, setmaxnreg steps (two 1-warp workers showed no hazard)
+    n_min, _ = _racecheck("shaped")
+    assert n_min > 0, ("the minimal warp-specialized kernel shaped as tkit's shows no hazard, so "
+                       f"tkit's {n_tkit} are not the lowering's")
