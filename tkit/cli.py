@@ -103,6 +103,8 @@ def cmd_bench(args) -> int:
         return _usage_error(e.args[0])
     if args.case_timeout <= 0:
         return _usage_error(f"--case-timeout must be positive, got {args.case_timeout}")
+    if args.rounds is not None and args.rounds < 1:
+        return _usage_error(f"--rounds must be at least 1, got {args.rounds}")
     bad_groups = _unknown_groups(specs, args.group)
     if bad_groups:
         return _usage_error(bad_groups)
@@ -163,6 +165,8 @@ def _bench_on_gpu(args, specs) -> int:
     from tkit.bench.progress import Reporter
 
     out_dir = Path(args.out)
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
     c = ceil.get(remeasure=args.remeasure)
     torch.cuda.empty_cache()  # the children get the memory the measurement used
     print(f"ceilings on {c.device}: copy {c.copy_tbps:.2f} TB/s, "
@@ -226,7 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("ops", nargs="*", help="op names or families (default: all)")
     b.add_argument("--out", default="benchmarks/results", help="where JSON/markdown go")
     b.add_argument("--stem", default=None, help="file name stem (default: device-date)")
-    b.add_argument("--rounds", type=int, default=3, help="interleaved rounds per case")
+    b.add_argument("--rounds", type=int, default=None,
+                   help="interleaved rounds per case (default 3; 1 with --quick, whose case "
+                   "time goes mostly to first calls: compiles and torch.compile's baselines)")
     b.add_argument("--rep-ms", type=int, default=100, help="timing window per measurement")
     b.add_argument("--group", action="append", help="only cases of this group (repeatable)")
     b.add_argument("--quick", action="store_true",

@@ -93,6 +93,8 @@ def test_cli_rejects_unknown_op_and_group_with_suggestions(capsys):
     assert "--group 'strieded'" in err and "did you mean strided?" in err
     assert cli.main(["bench", "add", "--case-timeout", "0"]) == 2
     assert "--case-timeout must be positive" in capsys.readouterr().err
+    assert cli.main(["bench", "add", "--rounds", "0"]) == 2
+    assert "--rounds must be at least 1" in capsys.readouterr().err
 
 
 def test_cli_info_runs(capsys):
