@@ -448,6 +448,12 @@ def fuzz(
         finally:
             stats.seconds = time.time() - t_start
 
+    # Every fuzz call runs this same inner function, so hypothesis would file all their failing
+    # examples under one database key and replay one call's failures into another's run. The
+    # functions under test tell them apart.
+    run.hypothesis.inner_test._hypothesis_internal_add_digest = "|".join(
+        f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', repr(f))}"
+        for f in (fn, reference)).encode()
     run = settings(deadline=None, **({"max_examples": max_examples} if max_examples else {}))(run)
     try:
         run()
