@@ -119,14 +119,15 @@ def test_grouped_matmul_clamps_offsets(offsets, device):
         out = torch.ops.tkit.grouped_matmul(a, b, off, None)
         da = torch.ops.tkit.grouped_matmul(dout, b.transpose(1, 2), off, None)
         db = torch.ops.tkit.grouped_matmul_wgrad(a, dout, off, 3, torch.float32)
+    tol = dict(atol=1e-4, rtol=1e-4) if device == "cpu" else dict(atol=2e-2, rtol=2e-2)  # tf32
     torch.testing.assert_close(out.cpu().double(), _grouped_clamped_ref(a.cpu(), b.cpu(), offsets),
-                               atol=1e-4, rtol=1e-4)
+                               **tol)
     torch.testing.assert_close(da.cpu().double(), _grouped_clamped_ref(
-        dout.cpu(), b.cpu().transpose(1, 2), offsets), atol=1e-4, rtol=1e-4)
+        dout.cpu(), b.cpu().transpose(1, 2), offsets), **tol)
     bd = _bounds(offsets, 10)
     db_ref = torch.stack([a.cpu()[bd[j]:bd[j + 1]].double().T @ dout.cpu()[bd[j]:bd[j + 1]].double()
                           for j in range(3)])
-    torch.testing.assert_close(db.cpu().double(), db_ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(db.cpu().double(), db_ref, **tol)
 
 
 def _varlen_clamped_ref(q, k, v, cu_q, cu_k, max_q, max_k, causal):
