@@ -389,3 +389,27 @@ def test_choice_is_recorded_where_triton_keeps_it(tuning_dir):
     assert list(at.cache.values()) == [CONFIGS[1]]
     key = next(iter(at.cache))
     assert key[0] == args["n"] and "torch.float16" in key
+
+
+def test_tensor_descriptor_keys():
+    """Host tensor descriptors (the Gluon Hopper attention passes them): same key only where
+    Triton's specialization is the same."""
+    gluon = pytest.importorskip("triton.experimental.gluon")
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GTD
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    gl = gluon.language
+    t = torch.empty(64, 128, dtype=torch.bfloat16)
+    lay = gl.NVMMASharedLayout.get_default_for([16, 128], gl.bfloat16)
+    lay32 = gl.NVMMASharedLayout.get_default_for([32, 128], gl.bfloat16)
+    descs = [GTD.from_tensor(t, [16, 128], lay), GTD.from_tensor(t[16:], [16, 128], lay),
+             GTD.from_tensor(t, [32, 128], lay32), GTD.from_tensor(t.half(), [16, 128], lay),
+             TensorDescriptor.from_tensor(t, [16, 128]),
+             TensorDescriptor.from_tensor(t, [32, 128])]
+    for a in descs:
+        for b in descs:
+            ka, kb = _key(**_args(a, a))[1], _key(**_args(b, b))[1]
+            if ka == kb:
+                assert (native_specialize_impl(BaseBackend, a, False, True, True)
+                        == native_specialize_impl(BaseBackend, b, False, True, True))
+    assert len({_key(**_args(d, d)) for d in descs}) == 5  # t and t[16:] share one

@@ -81,6 +81,13 @@ def _spec(v):
         return None
     if isinstance(v, torch.Tensor):  # subclasses (nn.Parameter) land here
         return (v.dtype, v.data_ptr() % 16 == 0)
+    if hasattr(v, "block_shape") and hasattr(v, "base"):
+        # a host tensor descriptor (triton.tools / Gluon): Triton specializes on its dtype,
+        # block shape and (Gluon) shared-memory layout; the launcher encodes the rest per call.
+        # Rank and padding are added to be safe; an unhashable layout fails the cache lookup,
+        # which sends the call through Triton's path.
+        return ("desc", type(v), v.base.dtype, tuple(v.block_shape), getattr(v, "layout", None),
+                getattr(v, "padding", None), len(v.shape))
     raise _Unsupported(type(v).__name__)
 
 
