@@ -110,8 +110,22 @@ def test_a_child_that_dies_leaving_its_output_open_is_seen_at_once(child):
                        total=120.0, log=lambda m: None)
     elapsed = time.time() - t0
     why = status["orphan-a"][0]
-    if why.startswith("child died: orphaned "):
+    if why.startswith("child died (exit code 4): orphaned "):
         os.kill(int(why.split()[-1]), 9)  # the process it left behind
-    assert why.startswith("child died: orphaned")
+    assert why.startswith("child died (exit code 4): orphaned")
     assert status["good-b"] == ("ok", {"err": 6})
     assert elapsed < 30
+
+
+def test_child_loop_keeps_the_tail_of_a_long_error(capsys):
+    from tkit.bench.isolate import child_loop
+
+    long = "CUDA error: misaligned address " + "explanation " * 100 + "reproduce: f(x)"
+
+    def check(name):
+        raise RuntimeError(long)
+
+    child_loop(["a"], check)
+    bad = [line for line in capsys.readouterr().out.splitlines() if line.startswith("BAD a ")]
+    assert len(bad) == 1 and len(bad[0]) <= 1010
+    assert "misaligned address" in bad[0] and bad[0].endswith("reproduce: f(x)")

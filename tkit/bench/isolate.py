@@ -46,6 +46,17 @@ def context_lost(e: BaseException | str) -> bool:
     return any(s in msg for s in CONTEXT_LOST_MARKERS)
 
 
+def one_line(text: str, limit: int = 1000) -> str:
+    """``text`` on one line, at most ``limit`` characters: the head and the tail, since an
+    error's tail often carries what matters most (fuzz's reproducer follows CUDA's long
+    explanation of a lost context)."""
+    text = text.replace("\n", " ")
+    if len(text) <= limit:
+        return text
+    head = limit // 3
+    return text[:head] + " ... " + text[len(text) - (limit - head - 5):]
+
+
 def child_loop(names: Iterable[str], check_one: Callable[[str], Any]) -> None:
     """Run ``check_one(name)`` for each name, reporting on stdout in the protocol above; a
     non-None return value is the OK line's payload."""
@@ -57,8 +68,7 @@ def child_loop(names: Iterable[str], check_one: Callable[[str], Any]) -> None:
             tail = "" if payload is None else " " + json.dumps(payload, default=str)
             print(f"OK {name} {time.time() - t0:.1f}{tail}", flush=True)
         except Exception as e:
-            msg = f"{type(e).__name__}: {e}".replace("\n", " ")[:500]
-            print(f"BAD {name} {msg}", flush=True)
+            print(f"BAD {name} {one_line(f'{type(e).__name__}: {e}')}", flush=True)
             if context_lost(e):
                 print("CONTEXT_LOST", flush=True)
                 return
