@@ -115,10 +115,18 @@ def as_jit(fn):
         return _JIT_MEMO[fn]
     jit = JITFunction(fn.fn, **fn.kwargs)
     _JIT_MEMO[fn] = jit
+    import triton.language as tl
+
+    from tkit.kernels import _numerics
+
     scope = dict(fn.fn.__globals__)
     for name, value in list(scope.items()):
         if isinstance(value, interp):
             scope[name] = as_jit(value)
+        elif value is _numerics.INTERPRET:
+            # the kernels' ``if INTERPRET:`` workarounds are for the interpreter's own
+            # arithmetic: the GPU build compiled here must not carry them
+            scope[name] = tl.constexpr(False)
     jit.__globals__ = scope
     return jit
 
