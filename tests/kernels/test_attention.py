@@ -44,6 +44,12 @@ def test_fuzz_gradients():
          max_examples=None if ON_GPU else 25)
 
 
+def test_varlen_fuzz_recipe():
+    """The spec's own recipe (the one tkit bench's campaign fuzzes with) builds cu_seqlens."""
+    fuzz(VARLEN_SPEC.fn, VARLEN_SPEC.reference, **VARLEN_SPEC.fuzz(),
+         max_examples=None if ON_GPU else 10)
+
+
 @st.composite
 def _varlen_batch(draw):
     n = draw(st.integers(1, 4))

@@ -230,6 +230,37 @@ def _fuzz():
                 kwargs=attention_options())
 
 
+@lazy_composite
+def varlen_shapes(draw, seqlens=SEQLENS, head_dims=HEAD_DIMS):
+    """((T, hq, d), (T, hk, d), (T, hk, d)): a packed batch of T tokens, split into sequences
+    by :func:`varlen_offsets` (the same lengths for queries and keys)."""
+    t = draw(st.one_of(st.sampled_from(seqlens), st.integers(1, 2 * max(seqlens))))
+    hk = draw(st.sampled_from((1, 2)))
+    hq = hk * draw(st.sampled_from((1, 2, 3)))
+    d = draw(st.sampled_from(head_dims))
+    return (t, hq, d), (t, hk, d), (t, hk, d)
+
+
+def varlen_offsets(tensors, dtype, device):
+    """(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k): T tokens cut into 1-4
+    sequences of at least one token, from a seed of the shapes."""
+    t, hq = tensors[0].shape[0], tensors[0].shape[1]
+    gen = torch.Generator().manual_seed(t * 31 + hq)
+    n = min(t, 1 + int(torch.randint(0, 4, (1,), generator=gen)))
+    cuts = (torch.randperm(t - 1, generator=gen)[:n - 1] + 1).sort().values if n > 1 else \
+        torch.zeros(0, dtype=torch.int64)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), cuts, torch.tensor([t])])
+    longest = int((cu[1:] - cu[:-1]).max())
+    cu = cu.to(torch.int32).to(device)
+    return cu, cu, longest, longest
+
+
+def _fuzz_varlen():
+    dtypes = (torch.float16, torch.bfloat16) if ON_GPU else (torch.float16, torch.float32)
+    return dict(shapes=varlen_shapes(), dtypes=dtypes, extra_args=varlen_offsets,
+                layouts=("contiguous", "sliced"), kwargs=attention_options())
+
+
 def _opcheck():
     dev = "cuda" if ON_GPU else "cpu"
     q = make_tensor((1, 17, 2, 32), torch.float32, seed=1, device=dev).requires_grad_()
@@ -258,6 +289,6 @@ SPECS = [
            opcheck=_opcheck, bound="compute"),
     OpSpec(name="flash_attention_varlen", family="attention", fn=tkit.flash_attention_varlen,
            reference=ref_attention_varlen, cost=cost_attention_varlen,
-           bench_cases=varlen_bench_cases, check_cases=varlen_check_cases, fuzz=_fuzz,
+           bench_cases=varlen_bench_cases, check_cases=varlen_check_cases, fuzz=_fuzz_varlen,
            opcheck=_opcheck_varlen, bound="compute"),
 ]
