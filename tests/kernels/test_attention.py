@@ -45,7 +45,7 @@ def test_fuzz_gradients():
 
 
 def test_varlen_fuzz_recipe():
-    """The spec's own recipe (the one tkit bench's campaign fuzzes with) builds cu_seqlens."""
+    """The spec's own recipe (the one benchmarks/reliability.py fuzzes with) builds cu_seqlens."""
     fuzz(VARLEN_SPEC.fn, VARLEN_SPEC.reference, **VARLEN_SPEC.fuzz(),
          max_examples=None if ON_GPU else 10)
 
