@@ -65,7 +65,8 @@ def test_fuzz_each_path(path):
         shapes = spec_mm.matmul_shapes().filter(lambda s: len(s[0]) == 2 and len(s[1]) == 2)
         layouts = ("contiguous", "transposed", "sliced", "offset", "broadcast")
     fuzz(_forced(path), spec_mm.fuzz_matmul_ref, shapes=shapes,
-         dtypes=spec_mm.S.gpu_dtypes(), layouts=layouts, kwargs=kw, max_examples=20)
+         dtypes=spec_mm.S.gpu_dtypes(), layouts=layouts, kwargs=kw, max_examples=20,
+         isolate=False)  # a closure: a child could not import it
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
