@@ -103,6 +103,8 @@ def cmd_bench(args) -> int:
         return _usage_error(e.args[0])
     if args.case_timeout <= 0:
         return _usage_error(f"--case-timeout must be positive, got {args.case_timeout}")
+    if args.warm_jobs < 0:
+        return _usage_error(f"--warm-jobs must be 0 or more, got {args.warm_jobs}")
     if args.rounds is not None and args.rounds < 1:
         return _usage_error(f"--rounds must be at least 1, got {args.rounds}")
     bad_groups = _unknown_groups(specs, args.group)
@@ -180,7 +182,8 @@ def _bench_on_gpu(args, specs) -> int:
         print("nothing to time")
         return 1
     est = estimate.estimate([(p.spec.name, p.spec.family, p.case.label) for p in todo],
-                            out_dir, c.device, args.rounds, args.rep_ms)
+                            out_dir, c.device, args.rounds, args.rep_ms,
+                            0 if args.in_process else args.warm_jobs)
     print(estimate.describe(est, len(todo)))
     print("each case runs in a child process (a fault costs that case only)" if
           not args.in_process else "cases run in this process (--in-process): a fault that "
@@ -190,7 +193,7 @@ def _bench_on_gpu(args, specs) -> int:
                               baselines=not args.no_baselines, groups=args.group,
                               cuda_graph=args.cuda_graph, quick=args.quick,
                               isolate=not args.in_process, case_timeout=args.case_timeout,
-                              reporter=reporter)
+                              reporter=reporter, warm_jobs=args.warm_jobs)
     return _report(args, rows, c, out_dir)
 
 
@@ -214,6 +217,12 @@ def _report(args, rows, c, out_dir) -> int:
     for r in failed + wrong:
         print(f"  {r['op']} {r['case']}: {r['note'][:300]}")
     return 1 if failed or wrong else 0
+
+
+def _default_warm_jobs() -> int:
+    import os
+
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -247,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--in-process", action="store_true",
                    help="run the cases in this process (debugging): a fault that loses the "
                    "CUDA context then fails every later case")
+    b.add_argument("--warm-jobs", type=int, default=_default_warm_jobs(),
+                   help="child processes that make every case's first calls (compiles, "
+                   "torch.compile of the baselines) in parallel before the timing, which "
+                   "runs one case at a time (default: half the CPU cores, at most 8; 0: no "
+                   "warm-up; not with --in-process)")
     b.add_argument("--case-timeout", type=float, default=900.0,
                    help="seconds a case may take before its child is killed (default 900)")
     try:

@@ -24,7 +24,22 @@ def _fault(a):
     torch.cuda.synchronize()
 
 
+def _log(what: str) -> None:
+    """With FAKE_BENCH_LOG set: a line a call (process id, what, inductor's compile threads,
+    whether the process is a warm-up child), for tests of which process made which call in
+    what order."""
+    import sys
+
+    path = os.environ.get("FAKE_BENCH_LOG")
+    if path:
+        warm = '"warm": true' in " ".join(sys.argv)
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()} {what} {os.environ.get('TORCHINDUCTOR_COMPILE_THREADS')} "
+                    f"{'warm' if warm else 'timing'}\n")
+
+
 def fake_op(a, b, mode="ok"):
+    _log(mode)
     if mode == "fault":
         _fault(a)
     if mode == "raise":
@@ -43,6 +58,7 @@ def fake_reference(a, b, mode="ok"):
 
 def fake_time_fn(fn, **kw):
     """Calls ``fn`` once (so that its failures surface) and reports 1 ms."""
+    _log("timed")
     fn()
     return Timing(1.0, 0.9, 1.1)
 

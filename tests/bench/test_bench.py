@@ -95,6 +95,8 @@ def test_cli_rejects_unknown_op_and_group_with_suggestions(capsys):
     assert "--case-timeout must be positive" in capsys.readouterr().err
     assert cli.main(["bench", "add", "--rounds", "0"]) == 2
     assert "--rounds must be at least 1" in capsys.readouterr().err
+    assert cli.main(["bench", "add", "--warm-jobs", "-1"]) == 2
+    assert "--warm-jobs must be 0 or more" in capsys.readouterr().err
 
 
 def test_cli_info_runs(capsys):
@@ -203,6 +205,37 @@ def test_isolated_run_survives_an_error_a_lost_context_and_a_dead_child(tmp_path
     assert (tmp_path / "fake.png").exists()
 
 
+def test_warm_up_makes_every_cases_first_calls_in_parallel_before_any_timing(
+        tmp_path, capsys, monkeypatch):
+    """--warm-jobs: every case's first calls run in that many processes before the first case
+    is timed; a case that fails or kills its process in the warm-up is still timed and
+    reported; rows carry the warm-up's seconds for the next run's estimate."""
+    import fake_specs
+
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv("FAKE_BENCH_LOG", str(log))
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    rows = runner.bench_specs(fake_specs.SPECS, CEIL, rounds=1, device="cpu", isolate=True,
+                              child_command=_child_command(tmp_path), progress=False,
+                              case_timeout=120, warm_jobs=2)
+    calls = [line.split() for line in log.read_text().splitlines()]
+    first = next(i for i, c in enumerate(calls) if c[3] == "timing")
+    warm, timed = calls[:first], calls[first:]
+    assert all(c[3] == "timing" for c in timed)  # nothing warms up once the timing begins
+    assert sorted(c[1] for c in warm) == ["die", "lost", "ok", "ok", "raise"]
+    assert len({c[0] for c in warm}) >= 2  # two processes at once (and one more after "die")
+    assert not {c[0] for c in warm} & {c[0] for c in timed}
+    assert all(c[2] == "1" for c in calls)  # inductor compiles in the child, no worker pool
+    out = capsys.readouterr().out
+    assert "warming up 5 cases in 2 processes" in out and "warmed up in" in out
+    # the lost context and the dead child; a case that raises is left to the timing pass
+    assert "2 cases failed to warm up (timed anyway): fake_a/2, fake_b/0" in out
+    ok, failed = _ok_and_failed(rows)
+    assert ok == {"64x32 ok"} and set(failed) == {"64x32 raise", "64x32 lost", "64x32 die"}
+    oks = [r for r in rows if r["provider"] == "tkit" and r["median_ms"]]
+    assert len(oks) == 2 and all(r["warm_seconds"] is not None for r in oks)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="drives the GPU path of the CLI on a CPU")
 def test_cli_bench_gpu_path_reports_failures_and_writes_everything(monkeypatch, tmp_path,
                                                                    capsys):
@@ -253,6 +286,13 @@ def test_estimate_reads_the_previous_runs_case_times(tmp_path):
     text = estimate.describe(est, 3)
     assert "an estimate" in text and "2 timed by earlier runs (2 files in" in text
     assert estimate.estimate([("add", "elementwise", "a")], tmp_path, "another")["timed"] == 0
+    # with a warm-up in 4 processes, a case's first-call time is shared four ways
+    write("warm.json", [{"op": "sub", "case": "w", "case_seconds": 2.0, "warm_seconds": 8.0}],
+          mtime=3000)
+    est = estimate.estimate([("sub", "elementwise", "w"), ("add", "elementwise", "a")],
+                            tmp_path, "H", warm_jobs=4)
+    timing = 1.0 + 3 * 3 * 125 * 2.0 / 1e3  # 3 rounds x 3 providers, 100 ms windows
+    assert est["per_case"] == pytest.approx([2.0 + 8.0 / 4, timing + (10.0 - timing) / 4])
 
 
 # ---- what tkit bench says without a GPU ----------------------------------------------------
@@ -367,9 +407,9 @@ def test_isolated_run_on_gpu_survives_an_illegal_address(tmp_path, capsys):
 @pytest.mark.gpu
 def test_isolated_run_of_a_registered_op_on_gpu():
     rows = runner.bench_specs(registry.select(["add"]), CEIL, rounds=1, rep_ms=10, quick=True,
-                              isolate=True, progress=False)
+                              isolate=True, progress=False, warm_jobs=1)
     tk = next(r for r in rows if r["provider"] == "tkit")
-    assert tk["ok"] and tk["median_ms"] > 0 and tk["case_seconds"] > 0
+    assert tk["ok"] and tk["median_ms"] > 0 and tk["case_seconds"] > 0 and tk["warm_seconds"]
     assert {r["provider"] for r in rows} >= {"tkit", "torch", "torch.compile"}
 
 

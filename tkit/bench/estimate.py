@@ -1,10 +1,13 @@
 """How long a ``tkit bench`` run will take, printed (as an estimate) before it starts.
 
-A case's wall time is mostly first-call work (Triton autotuning and compiles, torch.compile of
-the baselines, cuDNN/cuBLAS heuristics), then the timing itself (rounds x providers x the
-timing window). Each finished case records its wall time in its rows (``case_seconds``); the
-next run on the same device reads them from the results files in the output folder.
-Cases no earlier run timed take their family's figure from :data:`FAMILY_SECONDS`.
+A case's wall time is mostly first-call work (Triton compiles, torch.compile of the baselines,
+cuDNN/cuBLAS heuristics), then the timing itself (rounds x providers x the timing window).
+With a warm-up (``--warm-jobs``), the first calls run before the timing in several processes
+at once, so their share of the total is divided by the number of processes. Each finished case
+records its timing pass's wall time in its rows (``case_seconds``) and its warm-up's
+(``warm_seconds``); the next run on the same device reads them from the results files in the
+output folder. Cases no earlier run timed take their family's figure from
+:data:`FAMILY_SECONDS`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ _TIMING_OVERHEAD = 2.0
 
 
 def previous_timings(out_dir: str | Path, device: str) -> tuple[dict, list[Path]]:
-    """{(op, case): seconds} from the results files in ``out_dir`` written on ``device`` whose
+    """{(op, case): (case seconds, warm-up seconds or None)} from the results files in ``out_dir`` written on ``device`` whose
     rows carry case wall times, the newest file's time where several have a case; and the files
     that gave one."""
     files = sorted(Path(out_dir).glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
@@ -40,7 +43,8 @@ def previous_timings(out_dir: str | Path, device: str) -> tuple[dict, list[Path]
         n = len(times)
         for r in data.get("rows", []):
             if isinstance(r, dict) and r.get("case_seconds") is not None:
-                times.setdefault((r["op"], r["case"]), r["case_seconds"])
+                times.setdefault((r["op"], r["case"]), (r["case_seconds"],
+                                                        r.get("warm_seconds")))
         if len(times) > n:
             used.append(path)
     return times, used
@@ -54,17 +58,26 @@ def case_seconds(family: str, rounds: int = 3, rep_ms: int = 100, providers: int
     return max(1.0, base - timing(3, 100) + timing(rounds, rep_ms))
 
 
-def estimate(planned, out_dir, device: str, rounds: int = 3, rep_ms: int = 100) -> dict:
+def estimate(planned, out_dir, device: str, rounds: int = 3, rep_ms: int = 100,
+             warm_jobs: int = 0) -> dict:
     """{"seconds": total, "per_case": [...], "timed": cases timed by an earlier run,
-    "sources": those runs' files}. ``planned``: (op name, family, case label) triples."""
+    "sources": those runs' files}. ``planned``: (op name, family, case label) triples;
+    ``warm_jobs``: the processes of the warm-up (0: none)."""
     previous, sources = previous_timings(out_dir, device)
     per_case, timed = [], 0
+    timing = 1.0 + rounds * 3 * (25 + rep_ms) * _TIMING_OVERHEAD / 1e3
     for op, family, label in planned:
         if (op, label) in previous:
-            per_case.append(float(previous[(op, label)]))
+            seconds, warm = previous[(op, label)]
             timed += 1
         else:
-            per_case.append(case_seconds(family, rounds, rep_ms))
+            seconds, warm = case_seconds(family, rounds, rep_ms), None
+        seconds = float(seconds)
+        if warm is None and warm_jobs:  # a run without warm-up: its first calls were timed
+            warm, seconds = max(0.0, seconds - timing), min(seconds, timing)
+        if warm is not None:
+            seconds += float(warm) / warm_jobs if warm_jobs else float(warm)
+        per_case.append(seconds)
     return {"seconds": sum(per_case), "per_case": per_case, "timed": timed,
             "sources": sources if timed else []}
 

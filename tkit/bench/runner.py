@@ -121,6 +121,7 @@ def bench_specs(
     child_command: list[str] | None = None,
     device: str = "cuda",
     reporter=None,
+    warm_jobs: int = 0,
 ) -> list[dict]:
     """Time every bench case of every spec; one row per (case, provider).
 
@@ -138,6 +139,9 @@ def bench_specs(
                 verify=verify, device=device)
     reporter = reporter or Reporter(len(todo), "bench", bar=progress)
     env = environment()
+    warmed: dict[str, tuple] = {}
+    if isolate and warm_jobs > 0 and todo:
+        warmed = warm_cases(todo, opts, warm_jobs, case_timeout, child_command)
     if isolate:
         rows = _bench_isolated(todo, ceilings, env, opts, reporter, case_timeout, child_command)
     else:
@@ -155,6 +159,11 @@ def bench_specs(
             reporter.done(case_rows)
             rows += case_rows
     reporter.close()
+    ids = {(p.spec.name, p.case.label): p.id for p in todo}
+    for r in rows:  # the warm-up's share of a case, for the next run's estimate
+        how, payload = warmed.get(ids.get((r["op"], r["case"]), ""), (None, None))
+        if how == "ok" and payload:
+            r["warm_seconds"] = payload.get("seconds")
     return rows
 
 
@@ -163,6 +172,82 @@ def _stamp(rows: list[dict], seconds: float) -> None:
     # timing): what the next run's estimate of its length is made from
     for r in rows:
         r["case_seconds"] = round(seconds, 1)
+
+
+def child_env() -> dict:
+    """The environment of the bench's children: inductor compiles in the child itself (its
+    pool of compile workers would take seconds to start in every child, and eight children
+    with a pool of one worker per core each would oversubscribe the host). Warm-up and timing
+    children share it, so that inductor's cache keys (which include its config) match."""
+    import os
+
+    return {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS":
+            os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "1")}
+
+
+def warm_cases(todo, opts, jobs, case_timeout, child_command, out=None) -> dict[str, tuple]:
+    """Run every case's first calls in ``jobs`` child processes at once; {case id: answer}.
+    A case whose warm-up fails is timed (and its failure reported) by the timing pass all the
+    same: the warm-up only fills caches. One line when it starts and one when it ends."""
+    import concurrent.futures
+    import json
+    import sys
+
+    from tkit.bench.isolate import supervise
+
+    out = out or sys.stdout
+    jobs = max(1, min(jobs, len(todo)))
+    # the same op's cases on one lane: its baselines are built once per child
+    order = sorted(todo, key=lambda p: p.spec.name)
+    lanes = [[p.id for p in order[i::jobs]] for i in range(jobs)]
+    child_opts = {**opts, "warm": True}
+    cmd = child_command or [sys.executable, "-m", "tkit.bench.child"]
+    env = child_env()
+    t0 = time.time()
+    print(f"warming up {len(todo)} cases in {jobs} processes (compiles and the baselines' "
+          f"torch.compile, into the on-disk caches)", file=out, flush=True)
+
+    def lane(ids):
+        return supervise(lambda left: cmd + [json.dumps(child_opts), ",".join(left)], ids,
+                         deadline=case_timeout, first_deadline=300.0, total=float("inf"),
+                         log=lambda msg: None, env=env)
+
+    answers: dict[str, tuple] = {}
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        for status in pool.map(lane, lanes):
+            answers.update(status)
+    bad = sorted(i for i, (why, _) in answers.items() if why != "ok")
+    print(f"warmed up in {time.time() - t0:.0f} s" +
+          (f"; {len(bad)} cases failed to warm up (timed anyway): {', '.join(bad[:8])}"
+           if bad else ""), file=out, flush=True)
+    return answers
+
+
+def warm_case(spec, case, cache=None, *, baselines=True, device="cuda", **_timing) -> dict:
+    """A case's first calls, untimed and unchecked: tkit's kernels compile and every baseline
+    makes its first call (torch.compile's compile among them). Raises when the CUDA context is
+    lost; other errors are left for the timing pass to report."""
+    from tkit.bench.isolate import context_lost
+
+    t0 = time.time()
+    cache = {} if cache is None else cache
+    if spec.name not in cache:
+        cache[spec.name] = spec.available_baselines() if baselines else {}
+    try:
+        args, kwargs = case.make(device)
+    except torch.OutOfMemoryError:
+        return {"seconds": round(time.time() - t0, 1)}
+    for fn in (spec.fn, *cache[spec.name].values()):
+        try:
+            fn(*args, **kwargs)
+        except Exception as e:
+            if context_lost(e):
+                raise
+    del args, kwargs
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return {"seconds": round(time.time() - t0, 1)}
 
 
 def _bench_isolated(todo, ceilings, env, opts, reporter, case_timeout, child_command):
@@ -198,7 +283,7 @@ def _bench_isolated(todo, ceilings, env, opts, reporter, case_timeout, child_com
     supervise(lambda ids: cmd + [json.dumps(child_opts), ",".join(ids)],
               [p.id for p in todo], deadline=case_timeout, first_deadline=300.0,
               total=float("inf"), hang_hint=" (hung? --case-timeout sets the limit)",
-              log=lambda msg: None, on_begin=on_begin, on_answer=on_answer)
+              log=lambda msg: None, on_begin=on_begin, on_answer=on_answer, env=child_env())
     return [r for p in todo for r in answers.get(p.id, [])]
 
 
