@@ -27,9 +27,9 @@ _TIMING_OVERHEAD = 2.0
 
 
 def previous_timings(out_dir: str | Path, device: str) -> tuple[dict, list[Path]]:
-    """{(op, case): (case seconds, warm-up seconds or None)} from the results files in ``out_dir`` written on ``device`` whose
-    rows carry case wall times, the newest file's time where several have a case; and the files
-    that gave one."""
+    """{(op, case): (case seconds, warm-up seconds or None)} from the results files in
+    ``out_dir`` written on ``device`` whose rows carry case wall times, the newest file's time
+    where several have a case; and the files that gave one."""
     files = sorted(Path(out_dir).glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
     times: dict = {}
     used: list[Path] = []
