@@ -32,6 +32,10 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+#: the largest tensor drawn on the CPU whatever the device (see make_tensor)
+_HOST_DRAW_MAX = 1 << 22
+
+
 def make_tensor(
     shape: Sequence[int],
     dtype: torch.dtype = torch.float32,
@@ -48,17 +52,24 @@ def make_tensor(
     ``permuted`` (dims stored in reversed order); ``broadcast`` (the first non-unit dim has
     stride 0). Values are drawn in float32 from ``seed`` and rounded to ``dtype``, so the same
     call always gives the same tensor: failures print calls of this function as reproducers.
+    Tensors of up to 2^22 elements are drawn on the CPU (the same values on any machine); larger
+    ones on ``device`` by its own generator (the same values on the same kind of device), since
+    drawing a benchmark's 10^8 elements on the CPU takes seconds.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     device = device or default_device()
     shape = tuple(int(s) for s in shape)
-    gen = torch.Generator().manual_seed(seed)
 
     def randn(*s):
         if getattr(_state, "no_values", False):
             return torch.empty(s, dtype=dtype, device=device)
-        return (torch.randn(s, generator=gen) * scale).to(dtype).to(device)
+        n = 1
+        for d in s:
+            n *= d
+        where = "cpu" if n <= _HOST_DRAW_MAX or torch.device(device).type != "cuda" else device
+        gen = torch.Generator(device=where).manual_seed(seed)
+        return (torch.randn(s, generator=gen, device=where) * scale).to(dtype).to(device)
 
     nd = len(shape)
     if layout == "transposed" and nd >= 2:
