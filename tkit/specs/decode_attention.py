@@ -393,9 +393,10 @@ def fuzz_append_ref(k, v, k_cache, v_cache, fp8=None):
 def _slots(tokens, n_slots, device):
     gen = torch.Generator().manual_seed(tokens * 13 + n_slots)
     slots = torch.randperm(n_slots, generator=gen)[:tokens]
+    slots = torch.cat([slots, torch.full((max(0, tokens - n_slots),), -1)])
     if tokens > 1:
         slots[1] = -1  # a skipped token
-    return torch.cat([slots, torch.full((max(0, tokens - n_slots),), -1)]).to(device)
+    return slots.to(device)
 
 
 def _append_targets(k_cache, v_cache, fp8):
