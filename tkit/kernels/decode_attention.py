@@ -114,15 +114,15 @@ class DecodeConfig:
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int) -> DecodeConfig:
         """The default for this head dim and cache element size. Not measured yet (no GPU
-        run of this kernel so far): 64-key tiles, 4 warps, 3 stages keep 3 x 32 KB of K/V in
-        flight per program at D=128 in 16 bits, two programs per SM; at D=256 the tile is
-        halved so the same bytes stay in flight within shared memory. The interpreter pays per
-        tile, not per element, but tests want several tiles and splits on tiny caches: 16-key
-        tiles there."""
+        run of this kernel so far; docs/NOTES.md has what the sm_90 compile shows): K tiles of
+        16 KB (64 keys at D=128 in 16 bits, 32 at D=256, 128 for fp8 at D=128: an fp8 tile
+        converted in registers costs ~200 registers a thread, two programs an SM, so each
+        must bring more bytes), 4 warps, 3 stages. The interpreter pays per tile, not per
+        element, but tests want several tiles and splits on tiny caches: 16-key tiles there."""
         if _env.INTERPRET:
             return cls(block_n=16, block_m=16, num_stages=1)
         block_d = max(16, C.next_power_of_2(head_dim))
-        block_n = 32 if block_d * cache_itemsize > 256 else 64
+        block_n = max(16, min(128, (16 << 10) // (block_d * cache_itemsize)))
         return cls(block_n=block_n)
 
 
@@ -261,14 +261,14 @@ def _decode_tiles(acc, l_i, m_i, q, K, V, KS, VS, BT, start, end, L, qpos, offs_
         cols = start_n + offs_n
         blk, row = _key_rows(BT, start_n, cols, L, b64, n_blocks, sbtn, PAGE_SIZE, PAGED,
                              BLOCK_N)
-        kt_ptrs = K + (blk * skn + row * skp)[None, :] + offs_d[:, None] * skd
+        k_ptrs = K + (blk * skn + row * skp)[:, None] + offs_d[None, :] * skd
         if HEAD_DIM == BLOCK_D:
-            kt = tl.load(kt_ptrs)
+            k = tl.load(k_ptrs)
         else:
-            kt = tl.load(kt_ptrs, mask=dmask[:, None], other=0.0)
-        if kt.dtype != q.dtype:  # fp8 cache: to the query's dtype in registers
-            kt = kt.to(q.dtype)
-        qk = _dot(q, kt, input_precision=PREC)
+            k = tl.load(k_ptrs, mask=dmask[None, :], other=0.0)
+        if k.dtype != q.dtype:  # fp8 cache: to the query's dtype in registers
+            k = k.to(q.dtype)
+        qk = _dot(q, tl.trans(k), input_precision=PREC)
         if SCALE_K == 2:  # per token and head
             ks = tl.load(KS + blk * sksn + row * sksp)
             qk = qk * ks[None, :]
