@@ -468,3 +468,33 @@ def test_cuda_graph_replay_with_new_lengths_and_tables():
         g.replay()
         eager = tkit.decode_attention(q, k, v, lens, block_table=table)
         assert torch.equal(out, eager)
+
+
+def test_torch_compile_fullgraph():
+    q, k, v, table = _paged(2, 2, 4, 2, 32, 8, 3, torch.float16, seed=141)
+    lens = _lens(20, 9)
+    kn = make_tensor((2, 2, 32), torch.float16, seed=142, device=_dev())
+    slots = torch.tensor([int(table[1, 1]) * 8 + 1, int(table[1, 1]) * 8 + 2], device=_dev())
+    backend = "inductor" if ON_GPU else "aot_eager"
+
+    def f(q, k, v, lens, table, kn, slots):
+        tkit.append_kv(kn, kn, k, v, slots)
+        out, lse = tkit.decode_attention(q, k, v, lens, block_table=table, return_lse=True)
+        return tkit.merge_attention_states(out, lse, out * 0.5, lse - 1.0)
+
+    k2, v2 = k.clone(), v.clone()
+    got = torch.compile(f, fullgraph=True, backend=backend)(q, k, v, lens, table, kn, slots)
+    want = f(q, k2, v2, lens, table, kn, slots)
+    assert torch.equal(k, k2) and torch.equal(v, v2)  # the in-place append happened once
+    torch.testing.assert_close(got, want)
+
+
+def test_direct_and_dispatched_paths_agree(monkeypatch):
+    from tkit.kernels import _common
+
+    q, k, v, table = _paged(2, 1, 4, 2, 32, 8, 3, torch.float16, seed=151)
+    args = (q, k, v, _lens(24, 5))
+    direct = tkit.decode_attention(*args, block_table=table, return_lse=True)
+    monkeypatch.setattr(_common._env, "NO_DIRECT", True)
+    dispatched = tkit.decode_attention(*args, block_table=table, return_lse=True)
+    assert torch.equal(direct[0], dispatched[0]) and torch.equal(direct[1], dispatched[1])
