@@ -393,6 +393,7 @@ def _small():
     (lambda a: a.update(v_cache=a["v_cache"][..., :8]), ValueError, "k_cache and v_cache"),
     (lambda a: a.update(q=a["q"][:, :, :3]), ValueError, "multiple of the 2 key/value heads"),
     (lambda a: a.update(q=a["q"].expand(2, 17, 4, 16)), ValueError, "seqlen_q = 17"),
+    (lambda a: a.update(q=a["q"][:, :, :, :8]), ValueError, "same head_dim, got 8 and 16"),
     (lambda a: a.update(k_scale=torch.tensor(1.0, device=_dev())), ValueError,
      "k_scale is given but k_cache is float16"),
     (lambda a: a.update(num_splits=0), ValueError, "num_splits"),

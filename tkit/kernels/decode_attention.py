@@ -596,6 +596,8 @@ def _check_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sc
         raise TypeError(f"k_cache has dtype {C.dtype_name(k_cache.dtype)} but q has "
                         f"{C.dtype_name(q.dtype)}: a 16-bit cache must match q's dtype "
                         "(float8_e4m3fn caches take any q dtype)")
+    if b > 65535:  # the grid's batch axis (CUDA's limit on grid y and z)
+        raise ValueError(f"q: batch = {b} is more than 65535 sequences a call")
     if not 1 <= sq <= MAX_SEQLEN_Q:
         raise ValueError(f"q: seqlen_q = {sq} (q.shape[1]) must be from 1 to {MAX_SEQLEN_Q}")
     if k_cache.shape[-1] != d:
