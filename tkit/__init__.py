@@ -37,6 +37,9 @@ _EXPORTS = {
     # attention
     "flash_attention": "tkit.kernels.attention",
     "flash_attention_varlen": "tkit.kernels.attention",
+    "decode_attention": "tkit.kernels.decode_attention",
+    "append_kv": "tkit.kernels.decode_attention",
+    "merge_attention_states": "tkit.kernels.decode_attention",
 }
 _SUBMODULES = {"registry", "testing", "bench", "ir", "cuda_ext", "kernels"}
 # `tkit.ir` is the public face of tkit.ir_tools

@@ -24,6 +24,7 @@ SPEC_MODULES = (
     "tkit.specs.reductions",
     "tkit.specs.matmul",
     "tkit.specs.attention",
+    "tkit.specs.decode_attention",
     "tkit.specs.cuda_ext",
     "tkit.specs.model",
 )

@@ -1,0 +1,501 @@
+"""Decode attention over a (paged) KV cache, append_kv, merge_attention_states: fuzzing against
+the float64 reference (fp16/fp32 and fp8 caches), targeted lengths / pages / GQA / head dims /
+splits, round trips, merging, clamping of garbage tables and lengths, errors, registration."""
+
+import pytest
+import torch
+
+import tkit
+from tkit import registry
+from tkit.kernels import decode_attention as DA
+from tkit.specs import decode_attention as S
+from tkit.testing import check_against_reference, fuzz, make_tensor, poisoned_outputs
+
+ON_GPU = torch.cuda.is_available()
+DTYPES = (torch.float16, torch.bfloat16) if ON_GPU else (torch.float16, torch.float32)
+I32 = torch.int32
+FP8 = torch.float8_e4m3fn
+SPEC = registry.get("decode_attention")
+
+
+def _dev():
+    return "cuda" if ON_GPU else "cpu"
+
+
+def _paged(b, sq, hq, hk, d, page, per_seq, dtype, seed=0, extra_blocks=0):
+    """q, k_cache, v_cache (b * per_seq + extra_blocks blocks) and a shuffled block table."""
+    dev = _dev()
+    nb = b * per_seq + extra_blocks
+    q = make_tensor((b, sq, hq, d), dtype, seed=seed, device=dev)
+    k = make_tensor((nb, page, hk, d), dtype, seed=seed + 1, device=dev)
+    v = make_tensor((nb, page, hk, d), dtype, seed=seed + 2, device=dev)
+    gen = torch.Generator().manual_seed(seed + 3)
+    table = S.paged_table(b, per_seq, nb, gen).to(dev)
+    return q, k, v, table
+
+
+def _lens(*n):
+    return torch.tensor(n, dtype=I32, device=_dev())
+
+
+# ---- fuzzing -------------------------------------------------------------------------------
+def test_fuzz_decode():
+    recipe = dict(SPEC.fuzz())
+    fn, ref = recipe.pop("fn"), recipe.pop("reference")
+    fuzz(fn, ref, **recipe, max_examples=None if ON_GPU else 40)
+
+
+@pytest.mark.parametrize("name", ["append_kv", "merge_attention_states"])
+def test_fuzz_append_and_merge(name):
+    recipe = dict(registry.get(name).fuzz())
+    fn, ref = recipe.pop("fn"), recipe.pop("reference")
+    fuzz(fn, ref, **recipe, max_examples=None if ON_GPU else 20)
+
+
+@pytest.mark.parametrize("name", ["decode_attention", "append_kv", "merge_attention_states"])
+def test_check_cases(name):
+    spec = registry.get(name)
+    for case in spec.check_cases():
+        args, kwargs = case.make(_dev())
+        check_against_reference(spec.fn, spec.reference, args, kwargs)
+
+
+# ---- targeted cases ------------------------------------------------------------------------
+@pytest.mark.parametrize("page", [1, 4, 16, 32])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lengths_around_pages(page, dtype):
+    # interpreter tiles are 16 keys: page 32 holds two tiles, page 4 gathers four pages a tile
+    per_seq = max(1, 48 // page) + 1
+    q, k, v, table = _paged(6, 1, 4, 2, 32, page, per_seq, dtype, seed=page)
+    n = per_seq * page
+    lens = _lens(0, 1, page - 1 if page > 1 else 2, page + 1, 2 * page + 1 if 2 * page < n else n,
+                 n)
+    check_against_reference(tkit.decode_attention, S.ref_decode_attention, [q, k, v, lens],
+                            dict(block_table=table, return_lse=True))
+
+
+@pytest.mark.parametrize("sq, hq, hk", [(1, 1, 1), (1, 8, 1), (4, 8, 2), (16, 2, 2), (3, 6, 2)])
+def test_gqa_and_seqlen_q(sq, hq, hk):
+    # rows = sq * group: 1, 8, 16, 32 (two interpreter M tiles), 9 (padded)
+    q, k, v, table = _paged(2, sq, hq, hk, 64, 8, 5, torch.float16, seed=sq * 10 + hq)
+    for causal in (True, False):
+        check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                [q, k, v, _lens(37, 11)],
+                                dict(block_table=table, causal=causal, return_lse=True))
+
+
+@pytest.mark.parametrize("d", [16, 40, 64, 96, 128, 256])
+def test_head_dims_dense(d):
+    dev = _dev()
+    q = make_tensor((2, 2, 4, d), torch.float16, seed=d, device=dev)
+    k = make_tensor((2, 35, 2, d), torch.float16, seed=d + 1, device=dev)
+    v = make_tensor((2, 35, 2, d), torch.float16, seed=d + 2, device=dev)
+    check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                            [q, k, v, _lens(35, 18)], dict(return_lse=True))
+
+
+@pytest.mark.parametrize("opts", [
+    dict(window_size=(5, -1)), dict(window_size=(17, -1), causal=False),
+    dict(window_size=(0, 0), causal=False), dict(window_size=(3, 2), causal=False),
+    dict(softcap=2.0), dict(softcap=30.0, window_size=(9, -1)), dict(softmax_scale=0.3),
+])
+def test_window_softcap(opts):
+    q, k, v, table = _paged(2, 3, 4, 2, 32, 8, 6, torch.float32, seed=7)
+    check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                            [q, k, v, _lens(45, 3)],
+                            dict(block_table=table, return_lse=True, **opts))
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 5, 128])
+def test_splits(splits):
+    q, k, v, table = _paged(2, 2, 4, 2, 32, 8, 10, torch.float16, seed=11)
+    lens = _lens(80, 9)  # 5 tiles and 1 tile: most splits of sequence 1 are empty
+    check_against_reference(tkit.decode_attention, S.ref_decode_attention, [q, k, v, lens],
+                            dict(block_table=table, num_splits=splits, return_lse=True))
+
+
+def test_splits_agree_with_one_split():
+    q, k, v, table = _paged(1, 1, 2, 1, 64, 16, 6, torch.float32, seed=12)
+    lens = _lens(90)
+    one = tkit.decode_attention(q, k, v, lens, block_table=table, num_splits=1,
+                                return_lse=True)
+    for s in (2, 4, 6):
+        many = tkit.decode_attention(q, k, v, lens, block_table=table, num_splits=s,
+                                     return_lse=True)
+        torch.testing.assert_close(many[0], one[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(many[1], one[1], atol=1e-5, rtol=1e-5)
+
+
+def test_shared_pages_and_overlong_table():
+    # sequences 0 and 2 share pages (a common prefix), table columns past the length hold -1
+    q, k, v, table = _paged(3, 1, 4, 2, 32, 4, 6, torch.float16, seed=13)
+    table[2, :3] = table[0, :3]
+    table[1, 2:] = -1
+    check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                            [q, k, v, _lens(24, 8, 13)], dict(block_table=table))
+
+
+@pytest.mark.parametrize("mode", ["tensor", "token"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_fp8_cache(mode, paged):
+    dev = _dev()
+    q = make_tensor((2, 2, 4, 64), torch.float16, seed=21, device=dev)
+    kf = make_tensor((8, 8, 2, 64), torch.float32, seed=22, device=dev)
+    vf = make_tensor((8, 8, 2, 64), torch.float32, seed=23, device=dev)
+    table = S.paged_table(2, 4, 8, torch.Generator().manual_seed(1)).to(dev)
+    k, v, bt, ks, vs = S._fuzz_inputs(q, kf, vf, table, paged, mode)
+    assert k.dtype == FP8 and (ks.ndim == 0) == (mode == "tensor")
+    check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                            [q, k, v, _lens(32, 13)],
+                            dict(block_table=bt, k_scale=ks, v_scale=vs, return_lse=True))
+
+
+def test_bf16_in_the_interpreter():
+    # bf16 arithmetic is wrong in the interpreter unless the kernel upcasts (FACTS.md)
+    q, k, v, table = _paged(2, 2, 4, 2, 32, 8, 4, torch.bfloat16, seed=31)
+    check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                            [q, k, v, _lens(30, 5)], dict(block_table=table))
+
+
+def test_strided_inputs():
+    # q and the caches as views: q transposed in memory, caches every other element of d
+    dev = _dev()
+    q = make_tensor((2, 1, 4, 32), torch.float16, "transposed", seed=41, device=dev)
+    k = make_tensor((6, 8, 2, 32), torch.float16, "sliced", seed=42, device=dev)
+    v = make_tensor((6, 8, 2, 32), torch.float16, "offset", seed=43, device=dev)
+    table = torch.tensor([[5, 0, 3], [1, 4, 2]], dtype=I32, device=dev)
+    check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                            [q, k, v, _lens(20, 17)], dict(block_table=table))
+
+
+def test_zero_length_gives_zero_and_minus_inf():
+    q, k, v, table = _paged(2, 3, 2, 1, 16, 4, 2, torch.float16, seed=51)
+    with poisoned_outputs():
+        out, lse = tkit.decode_attention(q, k, v, _lens(0, 2), block_table=table,
+                                         num_splits=2, return_lse=True)
+    assert torch.all(out[0] == 0) and torch.all(lse[0] == float("-inf"))
+    # 2 keys, 3 new tokens, causal: the first query (position -1) sees nothing
+    assert torch.all(out[1, 0] == 0) and torch.all(lse[1, :, 0] == float("-inf"))
+    assert torch.isfinite(out[1, 1:]).all() and torch.isfinite(lse[1, :, 1:]).all()
+
+
+# ---- split heuristic ---------------------------------------------------------------------
+def test_choose_num_splits():
+    # the issue's shapes on 132 SMs, two programs an SM, 64-key tiles, 2 MB of K+V a split
+    def splits(b, hk, length, d=128, itemsize=2):
+        floor = -(-2 * length * d * itemsize // (2 << 20))
+        return DA.choose_num_splits(b * hk, -(-length // 64), 132, min_splits=floor)
+
+    assert splits(32, 8, 8192) == 2       # 512 programs, 1.94 waves of 264
+    assert splits(128, 8, 1024) == 1      # 1024 programs already fill the machine
+    assert splits(1, 8, 131072) == 32     # 256 programs for one long sequence
+    assert splits(32, 8, 32768) == 8      # the longest of a mixed batch in 4096-key runs
+    assert DA.choose_num_splits(4, 3, 132) == 3  # never more splits than tiles
+    assert DA.choose_num_splits(0, 10, 132) == 1
+
+
+def test_num_splits_from_shapes_only():
+    # the plan reads shapes, never cache_seqlens (no host sync; capturable in a CUDA graph)
+    q, k, v, table = _paged(1, 1, 4, 1, 32, 16, 8, torch.float16)
+    a = DA.plan_splits(q, k, table)
+    with DA.decode_config(num_splits=3):
+        assert DA.plan_splits(q, k, table)[0] == 3
+    assert DA.plan_splits(q, k, table, num_splits=5)[0] == 5
+    assert DA.plan_splits(q, k, table, num_splits=1000)[0] == 8  # at most one split per tile
+    assert a[0] >= 1
+    with pytest.raises(TypeError, match="unknown DecodeConfig field"):
+        with DA.decode_config(blok_n=32):
+            pass
+
+
+def test_config_override_gives_same_results():
+    q, k, v, table = _paged(2, 2, 4, 2, 32, 8, 6, torch.float16, seed=61)
+    lens = _lens(47, 20)
+    ref = tkit.decode_attention(q, k, v, lens, block_table=table)
+    with DA.decode_config(block_n=32, num_splits=2):
+        other = tkit.decode_attention(q, k, v, lens, block_table=table)
+    torch.testing.assert_close(other, ref, atol=2e-3, rtol=0)
+
+
+# ---- append_kv, merge ----------------------------------------------------------------------
+@pytest.mark.parametrize("fp8", [None, "tensor", "token"])
+def test_append_kv_round_trip(fp8):
+    """Tokens appended through slot_mapping then read by decode_attention give attention over
+    those tokens (fp8: over their quantized values)."""
+    dev = _dev()
+    b, hk, d, page, per_seq = 2, 2, 32, 4, 5
+    nb = b * per_seq
+    table = S.paged_table(b, per_seq, nb, torch.Generator().manual_seed(3)).to(dev)
+    lens = [17, 6]
+    k = make_tensor((sum(lens), hk, d), torch.float16, seed=71, device=dev)
+    v = make_tensor((sum(lens), hk, d), torch.float16, seed=72, device=dev)
+    slots = []
+    for i, n in enumerate(lens):
+        for p in range(n):
+            slots.append(int(table[i, p // page]) * page + p % page)
+    slots = torch.tensor(slots, dtype=torch.int64, device=dev)
+    cdt = FP8 if fp8 else torch.float16
+    kc = torch.zeros((nb, page, hk, d), dtype=cdt, device=dev)
+    vc = torch.zeros((nb, page, hk, d), dtype=cdt, device=dev)
+    ks = vs = None
+    if fp8 == "tensor":
+        ks, vs = torch.tensor(0.01, device=dev), torch.tensor(0.02, device=dev)
+    elif fp8 == "token":
+        ks = torch.full((nb, page, hk), float("nan"), device=dev)
+        vs = torch.full((nb, page, hk), float("nan"), device=dev)
+    tkit.append_kv(k, v, kc, vc, slots, k_scale=ks, v_scale=vs)
+    (rk, rks), (rv, rvs) = S.ref_append_kv(
+        k, v, torch.zeros_like(kc), torch.zeros_like(vc), slots,
+        k_scale=torch.full_like(ks, float("nan")) if fp8 == "token" else ks,
+        v_scale=torch.full_like(vs, float("nan")) if fp8 == "token" else vs)
+    assert torch.equal(kc.float(), rk.float()) and torch.equal(vc.float(), rv.float())
+    if fp8 == "token":
+        assert torch.equal(ks.nan_to_num(-1), rks.nan_to_num(-1))
+        assert torch.equal(vs.nan_to_num(-1), rvs.nan_to_num(-1))
+    # decode over the written cache = attention over the same (dequantized) tokens
+    q = make_tensor((b, 1, 4, d), torch.float16, seed=73, device=dev)
+    out = tkit.decode_attention(q, kc, vc, _lens(*lens), block_table=table, k_scale=ks,
+                                v_scale=vs)
+    starts = [0, lens[0]]
+    for i, n in enumerate(lens):
+        kk, vv = k[starts[i]:starts[i] + n].double(), v[starts[i]:starts[i] + n].double()
+        if fp8:
+            pos = slots[starts[i]:starts[i] + n]
+            kk = kc.view(nb * page, hk, d)[pos].double() * (
+                ks.view(nb * page, hk)[pos][..., None].double() if fp8 == "token"
+                else ks.double())
+            vv = vc.view(nb * page, hk, d)[pos].double() * (
+                vs.view(nb * page, hk)[pos][..., None].double() if fp8 == "token"
+                else vs.double())
+        ref = S.ref_attention(q[i:i + 1].double(), kk[None], vv[None], causal=True)
+        assert (out[i:i + 1].double() - ref).abs().max() < 2e-3
+
+
+def test_append_kv_skips_and_dense_cache():
+    dev = _dev()
+    k = make_tensor((3, 2, 16), torch.float32, seed=81, device=dev)
+    v = make_tensor((3, 2, 16), torch.float32, seed=82, device=dev)
+    kc = torch.zeros((2, 10, 2, 16), device=dev)  # dense: (batch, max_len, ...) = page 10
+    vc = torch.zeros((2, 10, 2, 16), device=dev)
+    slots = torch.tensor([13, -1, 0], dtype=torch.int64, device=dev)
+    tkit.append_kv(k, v, kc, vc, slots)
+    assert torch.equal(kc[1, 3], k[0]) and torch.equal(vc[0, 0], v[2])
+    assert int((kc != 0).any(-1).any(-1).sum()) == 2
+
+
+def test_merge_of_two_halves_equals_the_whole():
+    dev = _dev()
+    b, hq, hk, d, n, m = 2, 4, 2, 32, 50, 21
+    for sq, causal in ((1, True), (3, False)):
+        q = make_tensor((b, sq, hq, d), torch.float32, seed=91 + sq, device=dev)
+        k = make_tensor((b, n, hk, d), torch.float32, seed=92, device=dev)
+        v = make_tensor((b, n, hk, d), torch.float32, seed=93, device=dev)
+        whole = tkit.decode_attention(q, k, v, _lens(n, n), causal=causal, return_lse=True)
+        first = tkit.decode_attention(q, k[:, :m], v[:, :m], _lens(m, m), causal=causal,
+                                      return_lse=True)
+        rest = tkit.decode_attention(q, k[:, m:], v[:, m:], _lens(n - m, n - m), causal=causal,
+                                     return_lse=True)
+        o, lse = tkit.merge_attention_states(first[0], first[1], rest[0], rest[1])
+        torch.testing.assert_close(o, whole[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse, whole[1], atol=1e-5, rtol=1e-5)
+
+
+def test_merge_with_empty_parts_and_token_major():
+    dev = _dev()
+    oa = make_tensor((5, 3, 16), torch.float16, seed=1, device=dev)
+    ob = make_tensor((5, 3, 16), torch.float16, seed=2, device=dev)
+    la = make_tensor((3, 5), torch.float32, seed=3, device=dev)
+    lb = make_tensor((3, 5), torch.float32, seed=4, device=dev)
+    la[0] = float("-inf")
+    lb[0, :2] = float("-inf")
+    o, lse = tkit.merge_attention_states(oa, la, ob, lb)
+    ro, rl = S.ref_merge_attention_states(oa.double(), la.double(), ob.double(), lb.double())
+    assert torch.all(o[:2, 0] == 0) and torch.all(lse[0, :2] == float("-inf"))
+    torch.testing.assert_close(o.double(), ro, atol=2e-3, rtol=0)
+    torch.testing.assert_close(lse.double(), rl, atol=1e-6, rtol=0)
+
+
+# ---- memory safety: garbage tables and lengths are clamped --------------------------------
+def _guarded(x, guard=64):
+    """``x``'s values inside a larger buffer of NaN: a read outside ``x`` poisons the output."""
+    buf = torch.full((x.numel() + 2 * guard,), float("nan"), dtype=x.dtype, device=x.device)
+    buf[guard:guard + x.numel()] = x.reshape(-1)
+    return buf[guard:guard + x.numel()].view(x.shape)
+
+
+@pytest.mark.parametrize("page", [2, 16])
+def test_garbage_block_table_and_lengths_are_clamped(page):
+    """The registered op does not validate (the public function does): garbage reaches the
+    kernel. Block indices clamp to [0, num_blocks - 1], lengths to [0, max_blocks * page]."""
+    q, k, v, table = _paged(4, 2, 4, 2, 32, page, 3, torch.float32, seed=101)
+    k, v = _guarded(k), _guarded(v)
+    nb = k.shape[0]
+    bad = table.clone()
+    bad[0, 1] = 10**9
+    bad[1, 0] = -(2**31)
+    bad[2] = torch.tensor([nb, -1, 2**31 - 1], dtype=I32)
+    lens = _lens(3 * page, 10**6, -5, 2**31 - 1)
+    with poisoned_outputs():
+        out, lse = torch.ops.tkit.decode_attention(q, k, v, lens, bad, None, None,
+                                                   32 ** -0.5, -1, 0, 0.0, 2)
+    clamped = bad.clamp(0, nb - 1)
+    cl = lens.clamp(0, 3 * page)
+    ref, ref_lse = S.ref_decode_attention(q.double(), k.double(), v.double(), cl,
+                                          block_table=clamped, return_lse=True)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
+    assert torch.all(lse[2] == ref_lse[2].float())  # length -5: nothing visible
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=0)
+
+
+def test_garbage_lengths_dense():
+    dev = _dev()
+    q = make_tensor((2, 1, 2, 16), torch.float32, seed=111, device=dev)
+    k = _guarded(make_tensor((2, 20, 1, 16), torch.float32, seed=112, device=dev))
+    v = _guarded(make_tensor((2, 20, 1, 16), torch.float32, seed=113, device=dev))
+    out = torch.ops.tkit.decode_attention(q, k, v, _lens(25, 2**31 - 1), None, None, None,
+                                          0.25, -1, 0, 0.0, 0)[0]
+    ref = S.ref_decode_attention(q.double(), k.double(), v.double(), _lens(20, 20),
+                                 softmax_scale=0.25)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
+
+
+def test_append_kv_skips_slots_outside_the_cache():
+    dev = _dev()
+    k = make_tensor((3, 1, 16), torch.float32, seed=121, device=dev)
+    kc = _guarded(torch.zeros((2, 4, 1, 16), device=dev))
+    vc = _guarded(torch.zeros((2, 4, 1, 16), device=dev))
+    base = kc._base
+    slots = torch.tensor([8, 2**40, 3], dtype=torch.int64, device=dev)
+    torch.ops.tkit.append_kv(k, k, kc, vc, slots, None, None)
+    assert torch.equal(kc.view(8, 16)[3], k[2, 0])
+    assert int((kc != 0).any(-1).sum()) == 1
+    assert base[:64].isnan().all() and base[-64:].isnan().all()
+
+
+# ---- errors name the argument --------------------------------------------------------------
+def _small():
+    q, k, v, table = _paged(2, 1, 4, 2, 16, 4, 2, torch.float16)
+    return q, k, v, table, _lens(5, 8)
+
+
+@pytest.mark.parametrize("change, exc, match", [
+    (lambda a: a.update(block_table=a["block_table"].long()), TypeError, "block_table"),
+    (lambda a: a.update(block_table=a["block_table"][:1]), ValueError, r"block_table must be"),
+    (lambda a: a.update(cache_seqlens=_lens(5, 9)), ValueError,
+     r"cache_seqlens\[1\] = 9 is outside \[0, block_table.shape\[1\] \* page_size = 8\]"),
+    (lambda a: a.update(cache_seqlens=_lens(5)), ValueError, "cache_seqlens must have batch"),
+    (lambda a: a.update(cache_seqlens=a["cache_seqlens"].long()), TypeError, "cache_seqlens"),
+    (lambda a: a.update(k_cache=a["k_cache"][:, :3], v_cache=a["v_cache"][:, :3]), ValueError,
+     "page_size = 3"),
+    (lambda a: a.update(k_cache=a["k_cache"].float(), v_cache=a["v_cache"].float()), TypeError,
+     "k_cache has dtype float32 but q has float16"),
+    (lambda a: a.update(v_cache=a["v_cache"][..., :8]), ValueError, "k_cache and v_cache"),
+    (lambda a: a.update(q=a["q"][:, :, :3]), ValueError, "multiple of the 2 key/value heads"),
+    (lambda a: a.update(q=a["q"].expand(2, 17, 4, 16)), ValueError, "seqlen_q = 17"),
+    (lambda a: a.update(q=a["q"][:, :, :, :8]), ValueError, "same head_dim, got 8 and 16"),
+    (lambda a: a.update(k_scale=torch.tensor(1.0, device=_dev())), ValueError,
+     "k_scale is given but k_cache is float16"),
+    (lambda a: a.update(num_splits=0), ValueError, "num_splits"),
+    (lambda a: a.update(window_size=(2,)), ValueError, "window_size"),
+    (lambda a: a["block_table"].__setitem__((1, 1), 4), ValueError,
+     r"block_table\[1, 1\] = 4 is outside \[0, num_blocks = 4\)"),
+])
+def test_errors_name_the_argument(change, exc, match):
+    q, k, v, table, lens = _small()
+    a = dict(q=q, k_cache=k, v_cache=v, cache_seqlens=lens, block_table=table)
+    change(a)
+    with pytest.raises(exc, match=match):
+        tkit.decode_attention(**a)
+
+
+def test_fp8_scale_shape_error():
+    q, k, v, table, lens = _small()
+    k8, v8 = k.float().to(FP8), v.float().to(FP8)
+    with pytest.raises(ValueError, match=r"k_scale must be a 0-d float32 tensor .* \(4, 4, 2\)"):
+        tkit.decode_attention(q, k8, v8, lens, block_table=table,
+                              k_scale=torch.ones(4, 4, device=q.device))
+    with pytest.raises(TypeError, match="v_scale has dtype float16"):
+        tkit.decode_attention(q, k8, v8, lens, block_table=table,
+                              v_scale=torch.ones((), dtype=torch.float16, device=q.device))
+
+
+def test_append_kv_errors():
+    dev = _dev()
+    k = torch.randn(3, 2, 16, device=dev)
+    kc = torch.zeros(2, 4, 2, 16, device=dev)
+    ok = torch.tensor([0, 1, -1], dtype=torch.int64, device=dev)
+    with pytest.raises(TypeError, match="slot_mapping"):
+        tkit.append_kv(k, k, kc, kc.clone(), ok.int())
+    with pytest.raises(ValueError, match=r"slot_mapping must have one slot per token \(3\)"):
+        tkit.append_kv(k, k, kc, kc.clone(), ok[:2])
+    with pytest.raises(ValueError, match=r"slot_mapping\[1\] = 8 is outside \[0, num_blocks"):
+        tkit.append_kv(k, k, kc, kc.clone(), torch.tensor([0, 8, 1], device=dev))
+    with pytest.raises(ValueError, match="k is .* but k_cache holds"):
+        tkit.append_kv(k[:, :1], k[:, :1], kc, kc.clone(), ok)
+
+
+def test_merge_errors():
+    o = torch.zeros(2, 1, 3, 16)
+    lse = torch.zeros(2, 3, 1)
+    with pytest.raises(ValueError, match=r"lse_b must have shape \(2, 3, 1\)"):
+        tkit.merge_attention_states(o, lse, o, lse.transpose(1, 2))
+    with pytest.raises(TypeError, match="lse_a has dtype float16"):
+        tkit.merge_attention_states(o, lse.half(), o, lse)
+
+
+# ---- registration --------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["decode_attention", "append_kv", "merge_attention_states"])
+def test_opcheck(name):
+    op, args, kwargs = registry.get(name).opcheck()
+    torch.library.opcheck(op, args, kwargs)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_with_new_lengths_and_tables():
+    """Captured once at the largest shapes, replayed with new lengths and block tables:
+    results exact against eager calls on the same values."""
+    q, k, v, table = _paged(4, 1, 8, 2, 128, 16, 32, torch.bfloat16, seed=131)
+    lens = _lens(512, 1, 300, 17)
+    tkit.decode_attention(q, k, v, lens, block_table=table)  # compile outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = tkit.decode_attention(q, k, v, lens, block_table=table)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        lens.copy_(torch.randint(0, 513, (4,), generator=gen).to(I32))
+        table.copy_(S.paged_table(4, 32, 128, gen))
+        g.replay()
+        eager = tkit.decode_attention(q, k, v, lens, block_table=table)
+        assert torch.equal(out, eager)
+
+
+def test_torch_compile_fullgraph():
+    q, k, v, table = _paged(2, 2, 4, 2, 32, 8, 3, torch.float16, seed=141)
+    lens = _lens(20, 9)
+    kn = make_tensor((2, 2, 32), torch.float16, seed=142, device=_dev())
+    slots = torch.tensor([int(table[1, 1]) * 8 + 1, int(table[1, 1]) * 8 + 2], device=_dev())
+    backend = "inductor" if ON_GPU else "aot_eager"
+
+    def f(q, k, v, lens, table, kn, slots):
+        tkit.append_kv(kn, kn, k, v, slots)
+        out, lse = tkit.decode_attention(q, k, v, lens, block_table=table, return_lse=True)
+        return tkit.merge_attention_states(out, lse, out * 0.5, lse - 1.0)
+
+    k2, v2 = k.clone(), v.clone()
+    got = torch.compile(f, fullgraph=True, backend=backend)(q, k, v, lens, table, kn, slots)
+    want = f(q, k2, v2, lens, table, kn, slots)
+    assert torch.equal(k, k2) and torch.equal(v, v2)  # the in-place append happened once
+    torch.testing.assert_close(got, want)
+
+
+def test_direct_and_dispatched_paths_agree(monkeypatch):
+    from tkit.kernels import _common
+
+    q, k, v, table = _paged(2, 1, 4, 2, 32, 8, 3, torch.float16, seed=151)
+    args = (q, k, v, _lens(24, 5))
+    direct = tkit.decode_attention(*args, block_table=table, return_lse=True)
+    monkeypatch.setattr(_common._env, "NO_DIRECT", True)
+    dispatched = tkit.decode_attention(*args, block_table=table, return_lse=True)
+    assert torch.equal(direct[0], dispatched[0]) and torch.equal(direct[1], dispatched[1])
