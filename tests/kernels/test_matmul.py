@@ -471,3 +471,42 @@ def test_grouped_gradients(dtype, device):
     offs = torch.tensor([0, 5, 5, 40, 70], dtype=torch.int32, device=device)  # one group empty
     check_against_reference(tkit.grouped_matmul, spec_mm.ref_grouped_matmul, [a, b, offs],
                             grad=True)
+
+
+@pytest.mark.parametrize("allow_tf32", [True, False])
+def test_grouped_float32_precision_follows_allow_tf32(allow_tf32, device):
+    """float32 grouped GEMMs, forward and both gradients, run the full-float32 dot with
+    ``allow_tf32=False`` and tf32 tensor cores by default, as ``tkit.matmul`` does; other dtypes
+    are unaffected. The interpreter computes float32 dots exactly either way, so what is checked
+    is the kernels' IEEE argument."""
+    def launches_of(dtype, **kw):
+        a = make_tensor((10, 16), dtype, seed=1, device=device).requires_grad_()
+        b = make_tensor((3, 16, 8), dtype, "transposed", seed=2, device=device).requires_grad_()
+        offs = torch.tensor([0, 4, 4, 10], dtype=torch.int32, device=device)
+        with _common.capture_launches() as launches:
+            tkit.grouped_matmul(a, b, offs, **kw).sum().backward()
+        return launches
+
+    launches = launches_of(torch.float32, allow_tf32=allow_tf32)
+    assert [lc.kernel.__name__ for lc in launches] == [
+        "_grouped_matmul_kernel", "_grouped_matmul_kernel", "_grouped_wgrad_kernel"]
+    assert [lc.kwargs["IEEE"] for lc in launches] == [not allow_tf32] * 3
+    with _common.capture_launches() as mm_launches:
+        tkit.matmul(make_tensor((10, 16), torch.float32, seed=1, device=device),
+                    make_tensor((16, 8), torch.float32, seed=2, device=device),
+                    allow_tf32=allow_tf32)
+    assert mm_launches[-1].kwargs["IEEE"] is (not allow_tf32)
+    assert [lc.kwargs["IEEE"] for lc in launches_of(torch.float16, allow_tf32=False)] == \
+        [False] * 3
+
+
+def test_grouped_fuzz_recipe_compares_full_float32():
+    """The fuzz recipe's reference rule measures torch's float32 matmul (no tf32 rounding), so
+    the recipe runs the kernel in full float32 too."""
+    recipe = registry.get("grouped_matmul").fuzz()
+    a = torch.empty(10, 16, device="meta")
+    b = torch.empty(3, 16, 8, device="meta")
+    offs = torch.tensor([0, 4, 4, 10], dtype=torch.int32, device="meta")
+    with _common.capture_launches() as launches:
+        recipe.get("fn", tkit.grouped_matmul)(a, b, offs)
+    assert [lc.kwargs["IEEE"] for lc in launches] == [True]
