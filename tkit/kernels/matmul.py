@@ -237,9 +237,12 @@ def _matmul_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     # rows / columns past the edge read a valid row (modulo) instead of masking every load;
-    # they are masked on the store
-    offs_am = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
-    offs_bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    # they are masked on the store. No multiple_of / max_contiguous hints on them: a tile that
+    # wraps restarts at 0 mid-tile, so a vector after the wrap starts at N's remainder, and a
+    # 16-byte load claimed aligned there faults (misaligned address) when N is not a multiple
+    # of the vector. Triton proves the contiguity it can from M's and N's divisibility.
+    offs_am = offs_m % M
+    offs_bn = offs_n % N
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = (a_ptr + pid_b * stride_ab + offs_am[:, None] * stride_am
               + offs_k[None, :] * stride_ak)
@@ -390,7 +393,7 @@ def _splitk_slice(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_am = offs_m % M
-    offs_bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    offs_bn = offs_n % N  # no alignment hints: see _matmul_kernel
     k_tiles = tl.cdiv(K, BLOCK_K)
     tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
     k_begin = pid_k * tiles_per_split
@@ -551,7 +554,7 @@ def _grouped_matmul_kernel(
             offs_n = offs_n.to(tl.int64)
             offs_k = offs_k.to(tl.int64)
         mask_m = offs_m < row_end
-        offs_bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+        offs_bn = offs_n % N  # no alignment hints: see _matmul_kernel
         a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
         b_ptrs = (b_ptr + group.to(tl.int64) * stride_bg + offs_k[:, None] * stride_bk
                   + offs_bn[None, :] * stride_bn)
@@ -653,9 +656,15 @@ def _tma_ok(t: torch.Tensor) -> tuple[bool, bool]:
         ok, trans, lead = True, True, s1 if cols > 1 else rows
     else:
         return False, False
-    ok = ok and (lead * es) % 16 == 0 and t.data_ptr() % 16 == 0 if t.device.type != "meta" \
-        else ok and (lead * es) % 16 == 0
-    return ok, trans
+    return ok and (lead * es) % 16 == 0 and _aligned16(t), trans
+
+
+def _aligned16(t: torch.Tensor) -> bool:
+    """Whether ``t``'s first element is 16-byte aligned. A meta tensor (tkit.ir) has no address:
+    its storage is taken as aligned (as allocations are) and its view's offset decides."""
+    if t.device.type == "meta":
+        return (t.storage_offset() * t.element_size()) % 16 == 0
+    return t.data_ptr() % 16 == 0
 
 
 def _lead_stride(t: torch.Tensor, trans: bool) -> int:
@@ -869,8 +878,9 @@ def _launch_tma(a, b, out, epi, ieee, num_sms, config=None):
             and res.stride(0) > 0 and res.element_size() <= 2 and _tma_ok(res) == (True, False):
         # a row-major 16-bit residual is read by TMA (see the kernel's RES_TMA); its staging
         # buffer is 32 KB at 128x256 tiles (a float32 one, 64 KB, would not fit next to the
-        # pipeline stages)
-        epi = dict(epi, HAS_RES=False, RES_TMA=True)
+        # pipeline stages). Its row stride is the one _tma_ok checked: a single row's own
+        # stride(0) may be anything, and a descriptor stride must be a multiple of 16 bytes.
+        epi = dict(epi, HAS_RES=False, RES_TMA=True, stride_rm=_lead_stride(res, False))
 
     C.launch(kernel, grid, a_ptr=a, b_ptr=b, c_ptr=out, M=M, N=N, K=K,
              stride_a=_lead_stride(a, a_trans), stride_b=_lead_stride(b, b_trans),
