@@ -374,8 +374,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sanitizer", help="compute-sanitizer to run (default: found on PATH or "
                     "in /usr/local/cuda/bin); given explicitly, it runs without a GPU too (the "
                     "CPU test passes a stand-in)")
-    ap.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
-                    help="child processes at once")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="child processes at once (default: one a CPU core: a fuzz lane's "
+                    "time is mostly Triton compiles, one core each)")
     part = ap.add_mutually_exclusive_group()
     part.add_argument("--sanitizer-only", action="store_true")
     part.add_argument("--fuzz-only", action="store_true")

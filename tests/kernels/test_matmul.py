@@ -471,3 +471,181 @@ def test_grouped_gradients(dtype, device):
     offs = torch.tensor([0, 5, 5, 40, 70], dtype=torch.int32, device=device)  # one group empty
     check_against_reference(tkit.grouped_matmul, spec_mm.ref_grouped_matmul, [a, b, offs],
                             grad=True)
+
+
+@pytest.mark.parametrize("allow_tf32", [True, False])
+def test_grouped_float32_precision_follows_allow_tf32(allow_tf32, device):
+    """float32 grouped GEMMs, forward and both gradients, run the full-float32 dot with
+    ``allow_tf32=False`` and tf32 tensor cores by default, as ``tkit.matmul`` does; other dtypes
+    are unaffected. The interpreter computes float32 dots exactly either way, so what is checked
+    is the kernels' IEEE argument."""
+    def launches_of(dtype, **kw):
+        a = make_tensor((10, 16), dtype, seed=1, device=device).requires_grad_()
+        b = make_tensor((3, 16, 8), dtype, "transposed", seed=2, device=device).requires_grad_()
+        offs = torch.tensor([0, 4, 4, 10], dtype=torch.int32, device=device)
+        with _common.capture_launches() as launches:
+            tkit.grouped_matmul(a, b, offs, **kw).sum().backward()
+        return launches
+
+    launches = launches_of(torch.float32, allow_tf32=allow_tf32)
+    assert [lc.kernel.__name__ for lc in launches] == [
+        "_grouped_matmul_kernel", "_grouped_matmul_kernel", "_grouped_wgrad_kernel"]
+    assert [lc.kwargs["IEEE"] for lc in launches] == [not allow_tf32] * 3
+    with _common.capture_launches() as mm_launches:
+        tkit.matmul(make_tensor((10, 16), torch.float32, seed=1, device=device),
+                    make_tensor((16, 8), torch.float32, seed=2, device=device),
+                    allow_tf32=allow_tf32)
+    assert mm_launches[-1].kwargs["IEEE"] is (not allow_tf32)
+    assert [lc.kwargs["IEEE"] for lc in launches_of(torch.float16, allow_tf32=False)] == \
+        [False] * 3
+
+
+def test_grouped_fuzz_recipe_compares_full_float32():
+    """The fuzz recipe's reference rule measures torch's float32 matmul (no tf32 rounding), so
+    the recipe runs the kernel in full float32 too."""
+    recipe = registry.get("grouped_matmul").fuzz()
+    a = torch.empty(10, 16, device="meta")
+    b = torch.empty(3, 16, 8, device="meta")
+    offs = torch.tensor([0, 4, 4, 10], dtype=torch.int32, device="meta")
+    with _common.capture_launches() as launches:
+        recipe.get("fn", tkit.grouped_matmul)(a, b, offs)
+    assert [lc.kwargs["IEEE"] for lc in launches] == [True]
+
+
+# ---- alignment: what a launch may assume about its operands' addresses --------------------
+def _load_widths(launch, var: str) -> set[int]:
+    """Bytes moved by each global load (or cp.async copy) that the kernel's
+    ``{var} = tl.load(...)`` line compiles to, in the launch's sm_90 PTX (ahead of time)."""
+    import re
+    from pathlib import Path
+
+    from tkit.ir_tools import aot
+
+    ir = aot.compile_launch(launch.kernel, launch.kwargs, 90)
+    src = Path(mm.__file__).read_text().splitlines()
+    lines = {i + 1 for i, text in enumerate(src)
+             if re.match(rf"\s*{var} = tl\.load\({var}_ptrs", text)}
+    widths, current = set(), False
+    for raw in ir.asm["ptx"].splitlines():
+        m = re.match(r"\s*\.loc\s+\d+\s+(\d+)\s+\d+", raw)
+        if m:
+            current = int(m.group(1)) in lines
+            continue
+        if not current:
+            continue
+        m = re.search(r"cp\.async\.c[ag]\.shared\.global[^,]*,[^,]*,\s*(0x[0-9a-f]+|\d+)", raw)
+        if m:
+            widths.add(int(m.group(1), 0))
+            continue
+        m = re.search(r"ld\.global\S*?(?:\.v(\d))?\.b(\d+)\s", raw)
+        if m:
+            widths.add(int(m.group(1) or 1) * int(m.group(2)) // 8)
+    return widths
+
+
+def _gpu_launches(monkeypatch, fn):
+    """The launches ``fn`` makes as on an sm_90 GPU (host-side decisions only; nothing runs)."""
+    monkeypatch.setattr(_common._env, "INTERPRET", False)
+    with _common.capture_launches() as launches:
+        fn()
+    return launches
+
+
+@pytest.mark.parametrize("b_layout", ["broadcast", "column slice"])
+@pytest.mark.parametrize("path", ["ptr", "splitk"])
+def test_wrapped_tiles_load_no_misaligned_vectors(b_layout, path, monkeypatch):
+    """The last column tile of b wraps around N (the kernels read columns ``n % N`` instead of
+    masking). When N is not a multiple of the load's vector (8 fp16 here), a vector after the
+    wrap starts at N's remainder: a 16-byte load or cp.async there is a misaligned address on
+    the GPU. So with such an N, b's loads must be element-wide, even where b's base and row
+    stride are 16-byte aligned (a broadcast row: stride 0; a slice of a wider matrix) so that
+    the compiler could vectorize them."""
+    K, N = 8192, 100
+    dt = torch.float16
+    a = torch.empty(16, K, dtype=dt, device="meta")
+    b = (torch.empty(1, N, dtype=dt, device="meta").expand(K, N) if b_layout == "broadcast"
+         else torch.empty(K, 256, dtype=dt, device="meta")[:, :N])
+    launches = _gpu_launches(monkeypatch, lambda: mm._matmul_impl(a, b, path=path))
+    assert _load_widths(launches[0], "b") == {2}
+
+
+def test_grouped_wrapped_tiles_load_no_misaligned_vectors(monkeypatch):
+    dt = torch.float16
+    a = torch.empty(300, 64, dtype=dt, device="meta")
+    b = torch.empty(4, 64, 256, dtype=dt, device="meta")[:, :, :100]
+    offs = torch.tensor([0, 10, 100, 200, 300], dtype=torch.int32, device="meta")
+    launches = _gpu_launches(monkeypatch, lambda: mm._grouped_impl(a, b, offs))
+    assert _load_widths(launches[0], "b") == {2}
+
+
+def test_aligned_operands_keep_vector_loads(monkeypatch):
+    """N a multiple of 16 and a 16-byte row stride: b's loads stay 16-byte wide (the compiler
+    proves it from the arguments' divisibility)."""
+    a = torch.empty(64, 64, dtype=torch.float16, device="meta")
+    b = torch.empty(64, 208, dtype=torch.float16, device="meta")
+    launches = _gpu_launches(monkeypatch, lambda: mm._matmul_impl(a, b, path="ptr"))
+    assert 16 in _load_widths(launches[0], "b")
+
+
+def _on_hopper(monkeypatch):
+    monkeypatch.setattr(mm, "_arch", lambda device: (9, 132))
+
+
+def _at_offset(shape, dtype, elements, transposed=False):
+    """A contiguous (or column-major) view whose first element sits ``elements`` past a fresh
+    allocation's start."""
+    n = 1
+    for s in shape:
+        n *= s
+    flat = torch.randn(n + elements).to(dtype)[elements:]
+    if transposed:
+        return flat.view(shape[::-1]).t()
+    return flat.view(shape)
+
+
+def test_tma_eligibility_looks_at_addresses(monkeypatch):
+    """TMA takes an operand only if its base address and row stride are 16-byte aligned: a
+    bf16 view one element into its storage has 16-byte strides but a 2-byte-aligned base."""
+    _on_hopper(monkeypatch)
+    bf16 = torch.bfloat16
+    a, b = _at_offset((128, 64), bf16, 0), _at_offset((64, 128), bf16, 0)
+    assert a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
+    assert mm.plan(a, b).path == "tma"
+    for a2, b2 in ((_at_offset((128, 64), bf16, 1), b), (a, _at_offset((64, 128), bf16, 1)),
+                   (a, _at_offset((64, 128), bf16, 1, transposed=True)),
+                   (_at_offset((128, 64), bf16, 8), b)):  # 16 bytes in: aligned again
+        want = "tma" if a2.data_ptr() % 16 == 0 and b2.data_ptr() % 16 == 0 else "ptr"
+        assert mm.plan(a2, b2).path == want
+    # tkit.ir plans on meta tensors: a view's storage offset decides there
+    meta = torch.empty(128 * 64 + 1, dtype=bf16, device="meta")
+    assert mm.plan(meta[1:].view(128, 64), b.to("meta")).path == "ptr"
+    assert mm.plan(meta[:-1].view(128, 64), b.to("meta")).path == "tma"
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+def test_tma_residual_needs_an_aligned_address(offset, monkeypatch):
+    """The TMA kernel reads a row-major 16-bit residual through a descriptor only when the
+    residual's own base and row stride allow it; otherwise through pointers."""
+    _on_hopper(monkeypatch)
+    bf16 = torch.bfloat16
+    a, b = _at_offset((128, 64), bf16, 0), _at_offset((64, 128), bf16, 0)
+    res = _at_offset((128, 128), bf16, offset)
+    with _common.capture_launches() as launches:
+        tkit.matmul(a, b, residual=res)
+    (launch,) = launches
+    assert launch.kwargs.get("RES_TMA", False) is (offset == 0)
+    assert launch.kwargs["HAS_RES"] is (offset == 1)
+
+
+def test_tma_residual_row_stride_of_one_row(monkeypatch):
+    """M = 1: a residual row cut from a matrix of odd width has a row stride that is no
+    multiple of 16 bytes; the descriptor gets the stride that eligibility checked."""
+    _on_hopper(monkeypatch)
+    bf16 = torch.bfloat16
+    a, b = _at_offset((1, 64), bf16, 0), _at_offset((64, 128), bf16, 0)
+    res = torch.randn(2, 131).to(bf16)[:1, :128]
+    with _common.capture_launches() as launches:
+        tkit.matmul(a, b, residual=res)
+    (launch,) = launches
+    assert launch.kwargs["RES_TMA"] is True
+    assert launch.kwargs["stride_rm"] * 2 % 16 == 0

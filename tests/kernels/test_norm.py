@@ -263,6 +263,45 @@ def test_forward_saves_row_stats(is_rms, device):
                     torch.testing.assert_close(stats[:, 1].double(), rstd, atol=0, rtol=1e-5)
 
 
+def _fwd_ptx(kind, n, dtype, monkeypatch, rows=37):
+    """PTX of the forward as a GPU launch (sm_90) of the op with saved statistics compiles it,
+    ahead of time: the config the GPU gets, not the interpreter's."""
+    from tkit import _env
+    from tkit.ir_tools import aot
+    from tkit.kernels import _common
+
+    monkeypatch.setattr(_env, "INTERPRET", False)
+    x = torch.empty(rows, n, dtype=dtype, device="meta")
+    w = torch.empty(n, dtype=dtype, device="meta")
+    b = torch.empty(n, dtype=dtype, device="meta") if kind == "layer_norm" else None
+    r = torch.empty(rows, n, dtype=dtype, device="meta") if kind == "rms_norm_residual" else None
+    with _common.capture_launches() as launches:
+        norm._norm_fwd_impl(x, w, b, r, 1e-5, kind != "layer_norm", True)
+    (launch,) = launches
+    return aot.compile_launch(launch.kernel, launch.kwargs, 90).asm["ptx"], launch.kwargs
+
+
+@pytest.mark.parametrize("kind, n, dtype", [
+    ("rms_norm", 3, torch.float32),           # 4 lanes a row, 64 rows a program
+    ("rms_norm_residual", 17, torch.bfloat16),  # a row on one warp's 32 lanes
+    ("layer_norm", 33, torch.float32),        # a row on 2 warps of 32 lanes
+    ("layer_norm", 100, torch.bfloat16),
+])
+def test_row_statistics_are_equal_in_every_lane(kind, n, dtype, monkeypatch):
+    """Every lane that holds a copy of a row's (mean, rstd) holds the same bits. The saved
+    statistics are stored through a layout conversion in which each such lane writes the same
+    shared-memory word: copies that differ are a write-write race (racecheck's WAW hazard in
+    the reliability campaign), and which one is saved is left to chance. A butterfly step
+    leaves equal copies when it is ``op(x, shfl(x))`` with a commutative op and nothing fused
+    into it (the square of the variance contracted into the first add was the defect)."""
+    from tkit.ir_tools.lanes import butterfly_asymmetries
+
+    ptx, kwargs = _fwd_ptx(kind, n, dtype, monkeypatch)
+    assert kwargs["SINGLE"] and kwargs["SAVE_STATS"]
+    assert "shfl.sync.bfly" in ptx  # the rows are reduced across lanes
+    assert butterfly_asymmetries(ptx) == []
+
+
 def test_int64_index_path(device, monkeypatch):
     from tkit.kernels import _common
 
@@ -362,6 +401,62 @@ def test_more_than_2_31_elements():
                                rtol=2e-2, atol=2e-2)
     del x, y
     torch.cuda.empty_cache()
+
+
+_RACE_PROBE = """
+import torch
+from tkit.kernels import norm
+g = torch.Generator(device="cuda").manual_seed(0)
+for n in (2, 3, 17, 33, 100, 129, 1000):
+    for dt in (torch.float32, torch.bfloat16):
+        x = torch.randn(37, n, device="cuda", generator=g).to(dt)
+        w = 1 + 0.1 * torch.randn(n, device="cuda", generator=g).to(dt)
+        b = 0.1 * torch.randn(n, device="cuda", generator=g).to(dt)
+        for is_rms, bias, res in ((True, None, None), (True, None, x.flip(0)),
+                                  (False, b, None)):
+            norm._norm_fwd_impl(x, w, bias, res, 1e-5, is_rms, True)
+torch.cuda.synchronize()
+print("done")
+"""
+
+
+@pytest.mark.gpu
+def test_saved_stats_race_free_under_racecheck():
+    """The forward with saved statistics at the shapes whose rows are reduced within a warp:
+    racecheck reports no hazard (it reported WAW hazards at the statistics' store)."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    if not os.path.exists(exe):
+        pytest.skip("compute-sanitizer not found")
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               TKIT_NO_AUTOTUNE="1")
+    out = subprocess.run([exe, "--tool", "racecheck", sys.executable, "-c", _RACE_PROBE],
+                         capture_output=True, text=True, timeout=600, env=env)
+    text = out.stdout + out.stderr
+    assert "done" in out.stdout, text[-3000:]
+    m = re.search(r"RACECHECK SUMMARY: (\d+) hazards?", text)
+    assert m is not None and int(m.group(1)) == 0, text[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [3, 17, 100])
+def test_saved_stats_are_deterministic_on_gpu(n):
+    """Repeated forwards save bit-identical statistics (a race between lanes holding
+    different copies would not)."""
+    x, w, b = _inputs("layer_norm", (4099, n), torch.float32, "cuda")
+    for is_rms in (True, False):
+        first = norm._norm_fwd_impl(x, w, None if is_rms else b, None, 1e-5, is_rms, True)[2]
+        for _ in range(20):
+            again = norm._norm_fwd_impl(x, w, None if is_rms else b, None, 1e-5, is_rms,
+                                        True)[2]
+            assert torch.equal(again, first)
 
 
 def test_gpu_launch_configs_are_the_measured_ones(monkeypatch):

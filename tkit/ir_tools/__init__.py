@@ -5,6 +5,7 @@
     tkit.ir.summary(my_kernel, a, b, c, n, BLOCK=1024, num_warps=4)   # any @triton.jit kernel
     tkit.ir.diff(tkit.ir.compile(k, *args, num_stages=2), tkit.ir.compile(k, *args, num_stages=4))
     tkit.ir.source_map(ir, "tl.dot")                           # PTX/SASS of one Python line
+    tkit.ir.butterfly_asymmetries(ir.asm["ptx"])               # lanes left with unequal copies
 
 ``target`` is a tkit op (function or registry name) or a Triton kernel; arguments may be real
 tensors, meta tensors or ``(shape, dtype)`` pairs; with none, an op uses its first benchmark
@@ -20,6 +21,7 @@ import sys
 
 from tkit.ir_tools.aot import STAGES, CompiledIR, IRError, parse_arch
 from tkit.ir_tools.aot import compile as _compile
+from tkit.ir_tools.lanes import butterfly_asymmetries
 from tkit.ir_tools.layouts import Layout, describe, parse_layout, parse_layouts
 from tkit.ir_tools.summary import (
     Diff,
@@ -34,7 +36,8 @@ from tkit.ir_tools.summary import source_map as _source_map
 
 __all__ = ["compile", "show", "summary", "diff", "source_map", "layouts", "IRError",
            "CompiledIR", "Summary", "Diff", "Layout", "STAGES", "parse_arch", "parse_layout",
-           "parse_layouts", "describe", "occupancy", "ptx_histogram", "sass_histogram"]
+           "parse_layouts", "describe", "occupancy", "ptx_histogram", "sass_histogram",
+           "butterfly_asymmetries"]
 
 
 def compile(target, *args, arch=None, config=None, **kwargs) -> CompiledIR:

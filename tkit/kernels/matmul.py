@@ -237,9 +237,12 @@ def _matmul_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     # rows / columns past the edge read a valid row (modulo) instead of masking every load;
-    # they are masked on the store
-    offs_am = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
-    offs_bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    # they are masked on the store. No multiple_of / max_contiguous hints on them: a tile that
+    # wraps restarts at 0 mid-tile, so a vector after the wrap starts at N's remainder, and a
+    # 16-byte load claimed aligned there faults (misaligned address) when N is not a multiple
+    # of the vector. Triton proves the contiguity it can from M's and N's divisibility.
+    offs_am = offs_m % M
+    offs_bn = offs_n % N
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = (a_ptr + pid_b * stride_ab + offs_am[:, None] * stride_am
               + offs_k[None, :] * stride_ak)
@@ -390,7 +393,7 @@ def _splitk_slice(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_am = offs_m % M
-    offs_bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    offs_bn = offs_n % N  # no alignment hints: see _matmul_kernel
     k_tiles = tl.cdiv(K, BLOCK_K)
     tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
     k_begin = pid_k * tiles_per_split
@@ -551,7 +554,7 @@ def _grouped_matmul_kernel(
             offs_n = offs_n.to(tl.int64)
             offs_k = offs_k.to(tl.int64)
         mask_m = offs_m < row_end
-        offs_bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+        offs_bn = offs_n % N  # no alignment hints: see _matmul_kernel
         a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
         b_ptrs = (b_ptr + group.to(tl.int64) * stride_bg + offs_k[:, None] * stride_bk
                   + offs_bn[None, :] * stride_bn)
@@ -653,9 +656,15 @@ def _tma_ok(t: torch.Tensor) -> tuple[bool, bool]:
         ok, trans, lead = True, True, s1 if cols > 1 else rows
     else:
         return False, False
-    ok = ok and (lead * es) % 16 == 0 and t.data_ptr() % 16 == 0 if t.device.type != "meta" \
-        else ok and (lead * es) % 16 == 0
-    return ok, trans
+    return ok and (lead * es) % 16 == 0 and _aligned16(t), trans
+
+
+def _aligned16(t: torch.Tensor) -> bool:
+    """Whether ``t``'s first element is 16-byte aligned. A meta tensor (tkit.ir) has no address:
+    its storage is taken as aligned (as allocations are) and its view's offset decides."""
+    if t.device.type == "meta":
+        return (t.storage_offset() * t.element_size()) % 16 == 0
+    return t.data_ptr() % 16 == 0
 
 
 def _lead_stride(t: torch.Tensor, trans: bool) -> int:
@@ -869,8 +878,9 @@ def _launch_tma(a, b, out, epi, ieee, num_sms, config=None):
             and res.stride(0) > 0 and res.element_size() <= 2 and _tma_ok(res) == (True, False):
         # a row-major 16-bit residual is read by TMA (see the kernel's RES_TMA); its staging
         # buffer is 32 KB at 128x256 tiles (a float32 one, 64 KB, would not fit next to the
-        # pipeline stages)
-        epi = dict(epi, HAS_RES=False, RES_TMA=True)
+        # pipeline stages). Its row stride is the one _tma_ok checked: a single row's own
+        # stride(0) may be anything, and a descriptor stride must be a multiple of 16 bytes.
+        epi = dict(epi, HAS_RES=False, RES_TMA=True, stride_rm=_lead_stride(res, False))
 
     C.launch(kernel, grid, a_ptr=a, b_ptr=b, c_ptr=out, M=M, N=N, K=K,
              stride_a=_lead_stride(a, a_trans), stride_b=_lead_stride(b, b_trans),
@@ -1049,7 +1059,7 @@ def _torch_activation(x: torch.Tensor, act: str | None) -> torch.Tensor:
     return torch.relu(x)
 
 
-def _grouped_impl(a, b, offsets, out_dtype=None, config=None):
+def _grouped_impl(a, b, offsets, out_dtype=None, config=None, allow_tf32=True):
     T, K = a.shape
     G, _, N = b.shape
     out = C.empty((T, N), out_dtype or a.dtype, a.device)
@@ -1067,11 +1077,12 @@ def _grouped_impl(a, b, offsets, out_dtype=None, config=None):
              T=T, G=G, N=N, K=K, stride_am=a.stride(0), stride_ak=a.stride(1),
              stride_bg=b.stride(0), stride_bk=b.stride(1), stride_bn=b.stride(2),
              stride_cm=out.stride(0), stride_cn=out.stride(1),
-             IEEE=False, INT64=C.needs_int64(a, b, out), **cfg)
+             IEEE=a.dtype == torch.float32 and not allow_tf32,
+             INT64=C.needs_int64(a, b, out), **cfg)
     return out
 
 
-def _grouped_wgrad_impl(a, grad, offsets, G, b_dtype):
+def _grouped_wgrad_impl(a, grad, offsets, G, b_dtype, allow_tf32=True):
     T, K = a.shape
     N = grad.shape[1]
     db = torch.empty((G, K, N), dtype=torch.float32, device=a.device)
@@ -1084,7 +1095,8 @@ def _grouped_wgrad_impl(a, grad, offsets, G, b_dtype):
     C.launch(_grouped_wgrad_kernel, grid, a_ptr=a, g_ptr=grad, db_ptr=db, off_ptr=offsets,
              T=T, G=G, K=K, N=N, stride_am=a.stride(0), stride_ak=a.stride(1),
              stride_gm=grad.stride(0), stride_gn=grad.stride(1), stride_dg=db.stride(0),
-             stride_dk=db.stride(1), stride_dn=db.stride(2), IEEE=False,
+             stride_dk=db.stride(1), stride_dn=db.stride(2),
+             IEEE=a.dtype == torch.float32 and not allow_tf32,
              INT64=C.needs_int64(a, grad, db), G_BLOCK=C.next_power_of_2(G + 1), **cfg)
     return db.to(b_dtype)
 
@@ -1160,17 +1172,19 @@ _matmul_op.register_autograd(_matmul_backward, setup_context=_matmul_setup)
 
 @torch.library.custom_op("tkit::grouped_matmul", mutates_args=())
 def _grouped_op(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
-                out_dtype: Optional[torch.dtype]) -> torch.Tensor:  # noqa: UP045
-    return _grouped_impl(a, b, offsets, out_dtype)
+                out_dtype: Optional[torch.dtype],  # noqa: UP045
+                allow_tf32: bool = True) -> torch.Tensor:
+    return _grouped_impl(a, b, offsets, out_dtype, allow_tf32=allow_tf32)
 
 
 @_grouped_op.register_fake
-def _(a, b, offsets, out_dtype):
+def _(a, b, offsets, out_dtype, allow_tf32=True):
     return a.new_empty((a.shape[0], b.shape[2]), dtype=out_dtype or a.dtype)
 
 
 def _grouped_setup(ctx, inputs, output):
-    a, b, offsets, out_dtype = inputs
+    a, b, offsets, out_dtype, *rest = inputs
+    ctx.allow_tf32 = rest[0] if rest else True
     ctx.save_for_backward(a, b, offsets)
 
 
@@ -1179,20 +1193,21 @@ def _grouped_backward(ctx, grad):
     a, b, offsets = ctx.saved_tensors
     ga = gb = None
     if ctx.needs_input_grad[0]:
-        ga = _grouped_op(grad.to(a.dtype), b.transpose(1, 2), offsets, a.dtype)
+        ga = _grouped_op(grad.to(a.dtype), b.transpose(1, 2), offsets, a.dtype, ctx.allow_tf32)
     if ctx.needs_input_grad[1]:
-        gb = _grouped_wgrad_op(a, grad.to(a.dtype), offsets, b.shape[0], b.dtype)
-    return ga, gb, None, None
+        gb = _grouped_wgrad_op(a, grad.to(a.dtype), offsets, b.shape[0], b.dtype,
+                               ctx.allow_tf32)
+    return ga, gb, None, None, None
 
 
 @torch.library.custom_op("tkit::grouped_matmul_wgrad", mutates_args=())
 def _grouped_wgrad_op(a: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor, G: int,
-                      b_dtype: torch.dtype) -> torch.Tensor:
-    return _grouped_wgrad_impl(a, grad, offsets, G, b_dtype)
+                      b_dtype: torch.dtype, allow_tf32: bool = True) -> torch.Tensor:
+    return _grouped_wgrad_impl(a, grad, offsets, G, b_dtype, allow_tf32)
 
 
 @_grouped_wgrad_op.register_fake
-def _(a, grad, offsets, G, b_dtype):
+def _(a, grad, offsets, G, b_dtype, allow_tf32=True):
     return a.new_empty((G, a.shape[1], grad.shape[1]), dtype=b_dtype)
 
 
@@ -1384,7 +1399,7 @@ def matmul_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
 
 
 def grouped_matmul(a, b, offsets: torch.Tensor | None = None,
-                   out_dtype: torch.dtype | None = None):
+                   out_dtype: torch.dtype | None = None, *, allow_tf32: bool = True):
     """Many GEMMs in one launch: ``a[offsets[g]:offsets[g+1]] @ b[g]`` for every group g.
 
     Parameters
@@ -1404,6 +1419,11 @@ def grouped_matmul(a, b, offsets: torch.Tensor | None = None,
         bound(j) is the largest of offsets[:j+1] clamped to [0, T], and rows in no group are
         zeros.
     out_dtype : torch.dtype, optional
+    allow_tf32 : bool
+        float32 inputs on tf32 tensor cores (default) or in full float32 (``False``), as in
+        :func:`matmul`, for the forward and both gradients. torch's own float32 matmul is full
+        float32 unless ``torch.backends.cuda.matmul.allow_tf32`` is set: pass ``False`` to
+        compare with it (tf32 keeps 10 mantissa bits of each operand: errors near 1e-3).
 
     Returns
     -------
@@ -1431,7 +1451,8 @@ def grouped_matmul(a, b, offsets: torch.Tensor | None = None,
         for s in sizes:
             offs.append(offs[-1] + s)
         packed = grouped_matmul(torch.cat(list(a)), torch.stack(list(b)),
-                                torch.tensor(offs, dtype=torch.int32).to(a[0].device), out_dtype)
+                                torch.tensor(offs, dtype=torch.int32).to(a[0].device), out_dtype,
+                                allow_tf32=allow_tf32)
         return list(packed.split(sizes))
     C.check_tensor(a, "a", ndim=2)
     C.check_tensor(b, "b", ndim=3)
@@ -1449,8 +1470,8 @@ def grouped_matmul(a, b, offsets: torch.Tensor | None = None,
     if _offsets.values_checked(offsets):
         _offsets.check_values(offsets, "offsets", a.shape[0], "a.shape[0]")
     if C.use_direct_path(a, b):
-        return _grouped_impl(a, b, offsets, out_dtype)
-    return _grouped_op(a, b, offsets, out_dtype)
+        return _grouped_impl(a, b, offsets, out_dtype, allow_tf32=allow_tf32)
+    return _grouped_op(a, b, offsets, out_dtype, allow_tf32)
 
 
 def cost(a: torch.Tensor, b: torch.Tensor, *args, out_dtype=None, **kwargs):

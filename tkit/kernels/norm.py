@@ -68,6 +68,7 @@ import triton.language as tl
 
 from tkit import _env
 from tkit.kernels import _common as C
+from tkit.kernels._numerics import INTERPRET as _INTERPRET
 from tkit.kernels.softmax import OVERRIDE, _row_offsets, as_rows, row_batch, row_config
 
 #: Largest row a program holds in registers (ptxas for sm_90a on tkit's launches, bf16):
@@ -200,6 +201,27 @@ def _load_h(x_ptr, r_ptr, h_ptr, rows, cols, mask, sxm, sxn, srm, srn, shm,
 
 
 @triton.jit
+def _square(d):
+    """d * d rounded on its own, never contracted into the add that consumes it.
+
+    A row reduced within one warp leaves a copy of its sum in every lane of the row, and those
+    copies must be bitwise equal: the saved statistics are stored through a layout conversion
+    in which every such lane writes the same shared-memory word (the store of the owner lane
+    alone reaches global memory). A plain ``d * d`` lets the compiler fuse the square into
+    the butterfly's first add, ``fma(d_i, d_i, shfl(d_j * d_j))``, which lane i and lane j
+    round differently: racecheck then sees two lanes write one word with different values,
+    and which copy is saved is a race. With the square rounded first, every butterfly step is
+    ``a + b`` in one lane and ``b + a`` in its partner, equal bit for bit. An explicit
+    rounding mode is what keeps both LLVM and ptxas from contracting a multiply; libdevice's
+    ``mul_rn`` would also flush subnormal squares to zero. (The interpreter runs no PTX and
+    never contracts.)"""
+    if _INTERPRET:
+        return d * d
+    return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $1;", "=r,r", [d], dtype=tl.float32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
 def _centered_rstd(h, mask, N, eps, IS_RMS: tl.constexpr):
     """Rows held whole in registers: (d, mean, rstd) with d = h (RMSNorm, mean 0) or
     h - mean(h) (LayerNorm, zero outside ``mask``), rstd = 1 / sqrt(mean(d^2) + eps): the
@@ -210,7 +232,7 @@ def _centered_rstd(h, mask, N, eps, IS_RMS: tl.constexpr):
     else:
         mean = tl.sum(h, axis=1) / N
         d = tl.where(mask, h - mean[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / N + eps)
+    rstd = 1.0 / tl.sqrt(tl.sum(_square(d), axis=1) / N + eps)
     return d, mean, rstd
 
 

@@ -291,9 +291,15 @@ def grouped_offsets(tensors, dtype, device):
     return (offs.to(torch.int32).to(device),)
 
 
+def fuzz_grouped_fn(a, b, offsets, out_dtype=None):
+    """tkit.grouped_matmul with ``allow_tf32=False``: the reference rule's peer for float32 is
+    torch's float32 matmul, which does not round operands to tf32 (as in the matmul recipe)."""
+    return tkit.grouped_matmul(a, b, offsets, out_dtype, allow_tf32=False)
+
+
 def _fuzz_grouped():
-    return dict(shapes=grouped_shapes(), dtypes=S.gpu_dtypes(), extra_args=grouped_offsets,
-                layouts=("contiguous", "transposed", "sliced"))
+    return dict(fn=fuzz_grouped_fn, shapes=grouped_shapes(), dtypes=S.gpu_dtypes(),
+                extra_args=grouped_offsets, layouts=("contiguous", "transposed", "sliced"))
 
 
 # ---- opcheck ----------------------------------------------------------------------------------
