@@ -72,7 +72,87 @@ def decode_cases(device: str = "cuda", dtype=torch.bfloat16) -> list[LatencyCase
         LatencyCase("flash_attention", "attention", "q (1,1,32,128), 4096 keys, GQA 4",
                     lambda: (r(1, 1, 32, 128), r(1, 4096, 8, 128), r(1, 4096, 8, 128)),
                     tkit.flash_attention, sdpa),
+        LatencyCase("decode_attention", "attention", "q (1,1,32,128), cache 4096, GQA 4",
+                    lambda: (r(1, 1, 32, 128), r(1, 4096, 8, 128), r(1, 4096, 8, 128),
+                             torch.full((1,), 4096, dtype=torch.int32, device=device)),
+                    tkit.decode_attention, lambda q, k, v, lens: sdpa(q, k, v)),
     ]
+
+
+def first_call_cases(device: str = "cuda") -> list[LatencyCase]:
+    """The decode cases, and a variant no other case builds (head dim 96, softcap, a window):
+    what a process pays the first time it meets a kernel."""
+    import tkit
+
+    def r(*shape):
+        return torch.randn(*shape, device=device, dtype=torch.bfloat16)
+
+    variant = LatencyCase(
+        "flash_attention", "attention", "new variant: D=96, softcap 30, window (64, 0)",
+        lambda: (r(1, 128, 16, 96), r(1, 128, 16, 96), r(1, 128, 16, 96)),
+        lambda q, k, v: tkit.flash_attention(q, k, v, causal=True, softcap=30.0,
+                                             window_size=(64, 0)),
+        lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)))
+    return decode_cases(device) + [variant]
+
+
+def _first_calls_child(provider: str) -> None:
+    """In a new process: for each first-call case, the wall time of its first call (inputs
+    built and the CUDA context made beforehand), as JSON lines on stdout."""
+    import json
+
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    for i, case in enumerate(first_call_cases()):
+        inputs = case.make()
+        torch.cuda.synchronize()
+        fn = case.tkit if provider == "tkit" else case.torch
+        t0 = time.perf_counter()
+        try:
+            fn(*inputs)
+            torch.cuda.synchronize()
+            print(json.dumps({"i": i, "s": time.perf_counter() - t0}), flush=True)
+        except Exception as e:  # noqa: BLE001 - the parent reports it
+            print(json.dumps({"i": i, "error": f"{type(e).__name__}: {e}"[:200]}), flush=True)
+
+
+def first_call_rows(env: dict, log=print) -> list[dict]:
+    """First call of each case in a new process: tkit with an empty compile cache ("cold":
+    Triton compiles), tkit again over the cache the cold run filled ("warm disk cache": what a
+    restarted server pays), and torch's own first call in a new process."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    cases = first_call_cases("meta")
+    rows = []
+    with tempfile.TemporaryDirectory() as cache:
+        for provider, label in (("tkit", "tkit cold"), ("tkit", "tkit warm cache"),
+                                ("torch", "torch")):
+            env_vars = {**os.environ, "TRITON_CACHE_DIR": os.path.join(cache, "triton"),
+                        "TKIT_CACHE_DIR": os.path.join(cache, "tkit")}
+            proc = subprocess.run([sys.executable, "-m", "tkit.bench.latency",
+                                   "--first-calls-child", provider], env=env_vars,
+                                  capture_output=True, text=True, timeout=600)
+            got = {}
+            for line in proc.stdout.splitlines():
+                if line.startswith("{"):
+                    d = json.loads(line)
+                    got[d["i"]] = d
+            for i, case in enumerate(cases):
+                d = got.get(i, {"error": (proc.stderr.strip().splitlines() or ["no answer"])[-1]})
+                t = (d["s"] * 1e3,) * 3 if "s" in d else None
+                row = _row(case, label, t, env, ok=t is not None, note=d.get("error", ""))
+                row["group"] = "first call"
+                row["metric"] = "wall time of the first call in a new process"
+                rows.append(row)
+            log(f"first call, {label:16s} " + "  ".join(
+                f"{c.op} {got[i]['s'] * 1e3:.0f} ms" if "s" in got.get(i, {}) else f"{c.op} -"
+                for i, c in enumerate(cases)))
+    return rows
 
 
 def wall_per_call_ms(fn: Callable[[], object], calls: int, rounds: int, warmup: int = 50):
@@ -124,7 +204,7 @@ def _row(case: LatencyCase, provider: str, times, env: dict, ok=True, note="", c
 
 
 def run(calls: int = 2000, rounds: int = 7, compile: bool = True, graphs: bool = True,
-        ops: list[str] | None = None, log=print) -> list[dict]:
+        ops: list[str] | None = None, first_calls: bool = True, log=print) -> list[dict]:
     from tkit.bench.runner import environment
 
     env = environment()
@@ -176,6 +256,8 @@ def run(calls: int = 2000, rounds: int = 7, compile: bool = True, graphs: bool =
         line = "  ".join(f"{r['provider']} {r['median_ms'] * 1e3:7.1f} us" if r["median_ms"]
                          else f"{r['provider']} -" for r in rows if r["case"] == case.label)
         log(f"{case.op:16s} {case.label:36s} {line}{'' if ok else '  ' + note}")
+    if first_calls and not ops:
+        rows += first_call_rows(env, log)
     return rows
 
 
@@ -196,6 +278,24 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def tables(rows: list[dict]) -> str:
+    """The per-call table, and the first calls' (milliseconds) under it."""
+    per_call = [r for r in rows if r["group"] == "latency"]
+    first = [r for r in rows if r["group"] == "first call"]
+    text = table(per_call)
+    if first:
+        provs = list(dict.fromkeys(r["provider"] for r in first))
+        cells: dict = {}
+        for r in first:
+            cells.setdefault((r["op"], r["case"]), {})[r["provider"]] = r["median_ms"]
+        text += ("\n\nFirst call in a new process (ms):\n\n| op | case | " +
+                 " | ".join(provs) + " |\n|" + " --- |" * (2 + len(provs)) + "\n" +
+                 "\n".join(f"| {op} | {case} | " + " | ".join(
+                     f"{d[p]:.0f}" if d.get(p) else "-" for p in provs) + " |"
+                     for (op, case), d in cells.items()))
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("ops", nargs="*", help="op names (default: all decode cases)")
@@ -205,7 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--out", default=None, help="write <stem>.json/.md here")
     ap.add_argument("--stem", default=None)
+    ap.add_argument("--first-calls-child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.first_calls_child:
+        _first_calls_child(args.first_calls_child)
+        return 0
     return run_cli(args.ops, args.out, args.stem, calls=args.calls, rounds=args.rounds,
                    compile=not args.no_compile, graphs=not args.no_graphs)
 
@@ -216,7 +320,7 @@ def run_cli(ops, out, stem, **kw) -> int:
         return 1
     rows = run(ops=ops or None, **kw)
     print()
-    print(table(rows))
+    print(tables(rows))
     if out:
         from tkit.bench import report
         from tkit.bench.runner import environment
@@ -228,7 +332,7 @@ def run_cli(ops, out, stem, **kw) -> int:
         jpath, mpath = report.write_results(rows, out, None, env, stem=stem)
         mpath.write_text(f"# host latency per eager call: {env['device']}, {env['date']}\n\n"
                          f"torch {env['torch']}, triton {env['triton']}, git {env['git_sha']}."
-                         "\n\n" + table(rows) + "\n")
+                         "\n\n" + tables(rows) + "\n")
         print(f"\nwrote {jpath} and {mpath}")
     return 0 if all(r["ok"] for r in rows if r["provider"] == "tkit") else 1
 

@@ -14,8 +14,15 @@ import torch
 import torch.nn.functional as F
 
 import tkit
-from tkit.registry import Case, Cost, OpSpec, eager_baseline, lazy_composite, \
-    optional_module, torch_compile_baseline
+from tkit.registry import (
+    Case,
+    Cost,
+    OpSpec,
+    eager_baseline,
+    lazy_composite,
+    optional_module,
+    torch_compile_baseline,
+)
 from tkit.testing import make_tensor
 
 st = optional_module("hypothesis.strategies")
@@ -129,10 +136,22 @@ def _fuzz():
                 kwargs=st.just({"heads": TINY["heads"], "kv_heads": TINY["kv_heads"]}))
 
 
+def _tkit_compiled():
+    """torch.compile (fullgraph) over the layer of tkit ops: the registered ops must trace
+    without a graph break, and the compiled layer should be no slower than the eager one."""
+    if not torch.cuda.is_available():
+        return None
+    import torch._dynamo as dynamo
+
+    dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 1024)
+    return torch.compile(llama_layer, dynamic=False, fullgraph=True)
+
+
 SPECS = [
     OpSpec(name="llama_layer", family="model", fn=llama_layer, reference=ref_llama_layer,
            cost=cost_llama_layer, bench_cases=_bench, check_cases=_check, fuzz=_fuzz,
            baselines={"torch": eager_baseline(ref_llama_layer),
-                      "torch.compile": torch_compile_baseline(ref_llama_layer)},
+                      "torch.compile": torch_compile_baseline(ref_llama_layer),
+                      "tkit+torch.compile": _tkit_compiled},
            bound="compute", doc=__doc__.splitlines()[0]),
 ]
