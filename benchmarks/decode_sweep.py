@@ -23,9 +23,7 @@ import torch
 
 def main(argv=None) -> int:
     from tkit import registry
-    from tkit.bench.runner import _verify, environment
-    from tkit.bench.timing import time_fn
-    from tkit.kernels import decode_attention as DA
+    from tkit.bench.runner import environment
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="0,1,3,6", help="indices into the op's bench cases")
@@ -47,49 +45,55 @@ def main(argv=None) -> int:
     rows = []
     picked = [int(i) for i in args.cases.split(",")]
     for idx in picked:
-        t_end = time.time() + args.budget / len(picked)
-        case = cases[idx]
-        a, kw = case.make("cuda")
-        cost = spec.cost(*a, **kw)
-        best = None
-        results = []
-        for name in ("sdpa_cudnn",):
-            if name in baselines:
-                try:
-                    t = time_fn(lambda f=baselines[name]: f(*a, **kw))
-                    results.append((name, t.median_ms, True))
-                except Exception as e:  # noqa: BLE001 - a baseline that declines the case
-                    results.append((name, None, f"{type(e).__name__}"))
-        for block_n, warps, stages in grid:
-            if time.time() > t_end:
-                break
-            label = f"block_n={block_n} warps={warps} stages={stages}"
-            try:
-                with DA.decode_config(block_n=block_n, num_warps=warps, num_stages=stages):
-                    ok, note = _verify(spec, a, kw)
-                    t = time_fn(lambda: spec.fn(*a, **kw))
-                results.append((label, t.median_ms, ok or note))
-            except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
-                results.append((label, None, f"{type(e).__name__}: {str(e)[:80]}"))
-        print(f"\n{case.label}  ({cost.bytes / 1e9:.2f} GB)")
-        for label, ms, ok in results:
-            tbps = cost.bytes / (ms * 1e-3) / 1e12 if ms else None
-            if ms and ok is True and label != "sdpa_cudnn" and (best is None or ms < best[1]):
-                best = (label, ms)
-            print(f"  {label:36s} " + (f"{ms * 1e3:8.1f} us {tbps:5.2f} TB/s" if ms else "  -")
-                  + ("" if ok is True else f"  {ok}"))
-            rows.append({"op": spec.name, "case": case.label, "provider": label,
-                         "median_ms": ms, "tbps": tbps, "ok": ok is True,
-                         "note": "" if ok is True else str(ok), **env})
-        if best:
-            print(f"  best: {best[0]}")
-        del a, kw
+        rows += _sweep_case(spec, cases[idx], grid, baselines, env,
+                            time.time() + args.budget / len(picked))
         torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "a") as f:
             for r in rows:
                 f.write(json.dumps(r, default=str) + "\n")
     return 0
+
+
+def _sweep_case(spec, case, grid, baselines, env, t_end) -> list[dict]:
+    from tkit.bench.runner import _verify
+    from tkit.bench.timing import time_fn
+    from tkit.kernels import decode_attention as DA
+
+    a, kw = case.make("cuda")
+    cost = spec.cost(*a, **kw)
+    results = []
+    if "sdpa_cudnn" in baselines:
+        try:
+            t = time_fn(lambda: baselines["sdpa_cudnn"](*a, **kw))
+            results.append(("sdpa_cudnn", t.median_ms, True))
+        except Exception as e:  # noqa: BLE001 - a baseline that declines the case
+            results.append(("sdpa_cudnn", None, type(e).__name__))
+    for block_n, warps, stages in grid:
+        if time.time() > t_end:
+            break
+        label = f"block_n={block_n} warps={warps} stages={stages}"
+        try:
+            with DA.decode_config(block_n=block_n, num_warps=warps, num_stages=stages):
+                ok, note = _verify(spec, a, kw)
+                t = time_fn(lambda: spec.fn(*a, **kw))
+            results.append((label, t.median_ms, ok or note))
+        except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
+            results.append((label, None, f"{type(e).__name__}: {str(e)[:80]}"))
+    print(f"\n{case.label}  ({cost.bytes / 1e9:.2f} GB)")
+    rows, best = [], None
+    for label, ms, ok in results:
+        tbps = cost.bytes / (ms * 1e-3) / 1e12 if ms else None
+        if ms and ok is True and label != "sdpa_cudnn" and (best is None or ms < best[1]):
+            best = (label, ms)
+        print(f"  {label:36s} " + (f"{ms * 1e3:8.1f} us {tbps:5.2f} TB/s" if ms else "  -")
+              + ("" if ok is True else f"  {ok}"))
+        rows.append({"op": spec.name, "case": case.label, "provider": label, "median_ms": ms,
+                     "tbps": tbps, "ok": ok is True, "note": "" if ok is True else str(ok),
+                     **env})
+    if best:
+        print(f"  best: {best[0]}")
+    return rows
 
 
 if __name__ == "__main__":
