@@ -45,6 +45,10 @@ from tkit.kernels import _launch
 
 #: the one switch the public functions read per call (see :func:`refresh`)
 ON = False
+#: plans for CPU tensors too: only for the host-cost harness and tests, which stand a no-op
+#: launcher in for Triton's (a CPU tensor never reaches a plan otherwise: the device check
+#: refuses it unless the interpreter runs, and then plans are off)
+CPU_OK = False
 #: plans kept per cache before it starts over (a server that sees ever new shapes)
 MAX_PLANS = 4096
 
@@ -123,6 +127,9 @@ def build(rec: list, inputs: tuple, outputs: tuple):
     if not ON:
         return None
     tensors = inputs + outputs
+    if not CPU_OK and any(t is not None and not t.is_cuda for t in tensors):
+        # keys hold device indices, -1 for CPU and meta alike: plans are for CUDA tensors
+        return False
     for o in outputs:
         # outputs must be fresh, contiguous, aligned allocations that torch.empty reproduces
         if type(o) is not torch.Tensor or not o.is_contiguous() or o.storage_offset():
