@@ -79,13 +79,14 @@ def cases():
     W = torch.randn(4096, 4096, dtype=bf)
     q = torch.randn(1, 1, 32, 128, dtype=bf)
     k = torch.randn(1, 4096, 8, 128, dtype=bf)
+    v = torch.randn(1, 4096, 8, 128, dtype=bf)
     return {
         "add (1,4096)": lambda: tkit.add(a, b),
         "rms_norm (1,4096)": lambda: tkit.rms_norm(a, w),
         "silu_mul (1,14336)": lambda: tkit.silu_mul(g, u),
         "softmax (1,4096)": lambda: tkit.softmax(a),
         "matmul M=1 4096x4096": lambda: tkit.matmul(x1, W),
-        "flash_attention decode 4096 GQA4": lambda: tkit.flash_attention(q, k, k),
+        "flash_attention decode 4096 GQA4": lambda: tkit.flash_attention(q, k, v),
     }
 
 

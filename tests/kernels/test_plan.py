@@ -130,8 +130,9 @@ def _normal(launches, inputs, outputs):
         for v in args:
             if isinstance(v, torch.Tensor):
                 hits = [n for n, t in named if t.data_ptr() == v.data_ptr()]
-                assert len(hits) == 1, hits
-                norm.append(hits[0])
+                assert len(hits) <= 1, hits
+                # none: an output the op does not return (attention's lse without return_lse)
+                norm.append(hits[0] if hits else ("hidden", v.shape, v.stride(), v.dtype))
             else:
                 norm.append(v)
         res.append((ck, tuple(norm)))
@@ -171,6 +172,16 @@ CASES = {
                        lambda x, w: tkit.rms_norm(x, w, 1e-5)),
     "rms_norm_residual": (lambda: (torch.randn(3, 512), torch.randn(512), torch.randn(3, 512)),
                           lambda x, w, r: tkit.rms_norm(x, w, residual=r)),
+    "matmul_M1": (lambda: (torch.randn(1, 512).to(BF), torch.randn(512, 256).to(BF)),
+                  tkit.matmul),
+    "matmul_linear_act": (lambda: (torch.randn(16, 128), torch.randn(64, 128).t()),
+                          lambda a, b: tkit.matmul(a, b, activation="silu")),
+    "attn_decode": (lambda: (torch.randn(1, 1, 8, 64).to(BF), torch.randn(1, 300, 2, 64).to(BF),
+                             torch.randn(1, 300, 2, 64).to(BF)), tkit.flash_attention),
+    "attn_causal_lse": (lambda: (torch.randn(2, 40, 4, 32), torch.randn(2, 40, 4, 32),
+                                 torch.randn(2, 40, 4, 32)),
+                        lambda q, k, v: tkit.flash_attention(q, k, v, causal=True,
+                                                             return_lse=True)),
 }
 
 
@@ -373,3 +384,55 @@ def test_jit_plans_are_for_cuda_tensors(jitplans, monkeypatch):
         tkit.add(a, b)
     delta = {k: _launch.stats[k] - before[k] for k in ("plan", "plan_built", "plan_refused")}
     assert delta == {"plan": 0, "plan_built": 0, "plan_refused": 1}  # marked once
+
+
+@jit
+def test_jit_aliased_inputs_give_up_after_a_few_calls(jitplans):
+    """``add(x, x)``: which input a launch argument stands for is ambiguous, so no plan; after
+    TRANSIENT_LIMIT such calls the signature stops paying for the recording."""
+    x = torch.randn(4, 64)
+    before = dict(_launch.stats)
+    for _ in range(_plan.TRANSIENT_LIMIT + 3):
+        tkit.add(x, x)  # (the stand-in launcher computes nothing)
+    delta = {k: _launch.stats[k] - before[k] for k in ("plan", "plan_miss", "plan_built")}
+    assert delta == {"plan": 0, "plan_miss": _plan.TRANSIENT_LIMIT, "plan_built": 0}
+
+
+@jit
+def test_jit_outputs_written_by_torch_ops_get_no_plan(jitplans, monkeypatch):
+    """An ordinary path that touches its output with a torch op (a memset before an atomic
+    kernel, say), or returns an output no launch wrote: torch.empty plus the launches would
+    not reproduce it, so the signature keeps the ordinary path."""
+    from tkit.kernels import elementwise as ew
+
+    launch = ew._launch
+
+    def zeroing(op, a, b, out, scale=None):
+        out.zero_()
+        return launch(op, a, b, out, scale)
+
+    a, b = torch.randn(4, 64), torch.randn(4, 64)
+    monkeypatch.setattr(ew, "_launch", zeroing)
+    before = dict(_launch.stats)
+    for _ in range(3):
+        tkit.add(a, b)
+    monkeypatch.setattr(ew, "_launch", launch)
+    # an output made by torch alone, no launch at all
+    monkeypatch.setattr(ew, "_binary_impl", lambda a, b, op, out_dtype: torch.sub(a, b))
+    for _ in range(3):
+        tkit.sub(a, b)
+    delta = {k: _launch.stats[k] - before[k] for k in ("plan", "plan_built", "plan_refused")}
+    assert delta == {"plan": 0, "plan_built": 0, "plan_refused": 2}
+
+
+@jit
+def test_jit_plans_under_inference_mode(jitplans):
+    """Serving code runs under torch.inference_mode (outputs are inference tensors)."""
+    a, b = torch.randn(4, 64), torch.randn(4, 64)
+    with torch.inference_mode():
+        before = dict(_launch.stats)
+        for _ in range(3):
+            out = tkit.add(a, b)
+        assert out.is_inference()
+    assert _launch.stats["plan"] - before["plan"] == 2
+    assert _launch.stats["plan_built"] - before["plan_built"] == 1

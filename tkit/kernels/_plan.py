@@ -20,11 +20,16 @@ data pointer, which carries the offset, so an int32/int64 choice made for one of
 for any other. A plan is only ever built from a call that the ordinary path validated and
 launched, so validation errors keep coming from there.
 
-A recorded launch's tensor arguments are matched to the call's inputs and outputs by data
-pointer (views such as ``x.view(-1, N)`` share it; Triton's launcher only reads the pointer).
-A launch argument that matches none of them (a temporary, a contiguous copy) or more than one
-(``add(x, x)``) makes the signature unplannable: permanently for the first (``False`` is
-stored and later calls skip the recording), for this call only for the second.
+A plan's outputs come from ``torch.empty`` and its launches: the ordinary path of a planned op
+must write its outputs with the recorded launches only. A call gets no plan when an output (of
+nonzero size) is not an argument of any launch, or was touched by an in-place torch op (its
+version counter moved; inference tensors have none, so under ``torch.inference_mode`` this rests
+on the ops themselves). A recorded launch's tensor arguments are matched to the call's inputs and
+outputs by data pointer (views such as ``x.view(-1, N)`` share it; Triton's launcher only reads
+the pointer). A launch argument that matches none of them (a
+temporary, a contiguous copy) or more than one (``add(x, x)``) makes the signature unplannable:
+permanently for the first (``False`` is stored and later calls skip the recording), for this call
+only for the second (for good after :data:`TRANSIENT_LIMIT` such calls).
 
 Plans are off (:data:`ON` false) whenever the ordinary path must run each call: under the
 interpreter, TKIT_NO_FAST_LAUNCH / TKIT_NO_DIRECT, ``_launch.set_enabled(False)``, while any
@@ -51,6 +56,14 @@ ON = False
 CPU_OK = False
 #: plans kept per cache before it starts over (a server that sees ever new shapes)
 MAX_PLANS = 4096
+
+#: argument types a plan may replay as constants (values of the signature, not of the call)
+_CONST_TYPES = (int, float, bool, str)
+
+#: calls of one signature that may fail to give a plan for reasons of their own (aliased
+#: tensors, an unaligned output) before the signature is given up
+TRANSIENT_LIMIT = 3
+_transient: dict = {}
 
 _lock = threading.Lock()
 _off_reasons = {"capture": 0, "poison": 0}
@@ -92,6 +105,7 @@ def clear() -> None:
     """Forget every plan (compiled kernels, configs or tables changed)."""
     for c in _caches:
         c.clear()
+    _transient.clear()
 
 
 def _on_launch_change(cleared: bool) -> None:
@@ -110,7 +124,19 @@ def store(cache: dict, key, rec: list, inputs: tuple, outputs: tuple):
     plan = build(rec, inputs, outputs)
     if plan is None:
         stats["plan_refused"] += 1
-        return None
+        # a signature whose calls keep aliasing two tensors (``f(x, x)``) would pay for the
+        # recording every call: after a few, it keeps the ordinary path for good
+        tk = (id(cache), key)
+        n = _transient.get(tk, 0) + 1
+        if n < TRANSIENT_LIMIT:
+            if len(_transient) >= MAX_PLANS:
+                _transient.clear()
+            _transient[tk] = n
+            return None
+        _transient.pop(tk, None)
+        plan = False
+        cache[key] = False
+        return plan
     if len(cache) >= MAX_PLANS:
         cache.clear()
     cache[key] = plan
@@ -131,9 +157,12 @@ def build(rec: list, inputs: tuple, outputs: tuple):
         # keys hold device indices, -1 for CPU and meta alike: plans are for CUDA tensors
         return False
     for o in outputs:
-        # outputs must be fresh, contiguous, aligned allocations that torch.empty reproduces
-        if type(o) is not torch.Tensor or not o.is_contiguous() or o.storage_offset():
-            return False
+        # outputs must be fresh, contiguous, aligned allocations that torch.empty reproduces,
+        # written by the launches alone: an in-place torch op (zero_, fill_, copy_; on any
+        # view of it) bumps the version counter that Triton's launches leave alone
+        if (type(o) is not torch.Tensor or not o.is_contiguous() or o.storage_offset()
+                or (not o.is_inference() and o._version)):
+            return False  # (inference tensors keep no version counter: not checked there)
         if o.data_ptr() % 16:
             return None
     ptrs = [t.data_ptr() if t is not None else None for t in tensors]
@@ -153,12 +182,19 @@ def build(rec: list, inputs: tuple, outputs: tuple):
                     # two of the call's tensors share memory this time
                     return False if not slots else None
                 pattern.append(slots[0])
-            else:
+            elif v is None or type(v) in _CONST_TYPES:
                 pattern.append(-1)
                 consts.append(v)
+            else:
+                # a host tensor descriptor or a tuple holds a pointer of this call: not a
+                # constant (TMA descriptors would have to be rebuilt per call)
+                return False
         launcher = compiled.run  # the C launcher's wrapper (the handles are loaded by now)
         launches.append((tuple(pattern), (launcher, *grid, compiled.function,
                                           compiled.packed_metadata, *consts)))
+    used = {s for pattern, _ in launches for s in pattern}
+    if any(o.numel() and len(inputs) + j not in used for j, o in enumerate(outputs)):
+        return False  # an output no launch writes (made by torch ops from a temporary)
     n_in = len(inputs)
     shape = tuple((tuple(o.shape), o.dtype, o.device) for o in outputs)
     code_key = (n_in, len(outputs), tuple(p for p, _ in launches))
