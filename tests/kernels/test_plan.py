@@ -192,7 +192,11 @@ def test_jit_plan_launches_what_the_ordinary_path_launches(jitplans, name):
     hit) and hands the launcher the kernel, grid, stream and arguments that the ordinary path
     hands it for the same inputs."""
     make, fn = CASES[name]
-    rec = _Recorder(jitplans)
+    _plan_vs_ordinary(jitplans, make, fn)
+
+
+def _plan_vs_ordinary(made, make, fn):
+    rec = _Recorder(made)
     with torch.no_grad():  # inference: the Parameter case must take the plan too
         inputs = make()
         fn(*inputs)  # miss: ordinary path, compiles (the stand-in), records the plan
@@ -214,6 +218,22 @@ def test_jit_plan_launches_what_the_ordinary_path_launches(jitplans, name):
         assert (g.shape, g.stride(), g.dtype, g.device) == (r.shape, r.stride(), r.dtype,
                                                             r.device)
     assert all(args[3] == 77 for _, args in planned)  # the stream of this call
+    return planned
+
+
+@jit
+def test_jit_split_k_plan_allocates_its_partials(jitplans, monkeypatch):
+    """The decode GEMM on an sm_90 with 132 SMs: split-K into float32 partials (scratch from
+    ``_common.scratch``) and a reduce launch; the plan allocates the partials per call."""
+    from tkit.kernels import matmul as mm
+
+    monkeypatch.setattr(mm, "_arch", lambda device: (9, 132))
+    a, w = torch.randn(1, 4096).to(BF), torch.randn(4096, 4096).to(BF)
+    assert mm.plan(a, w).path == "splitk" and mm.plan(a, w).config["SPLIT_K"] > 1
+    planned = _plan_vs_ordinary(jitplans, lambda: (a, w), tkit.matmul)
+    assert len(planned) == 2
+    ws = [v for v in planned[0][1] if isinstance(v, tuple) and v[0] == "hidden"]
+    assert len(ws) == 1 and ws[0][3] == torch.float32
 
 
 @jit

@@ -89,6 +89,15 @@ def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> tor
     return out
 
 
+def scratch(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Allocate a temporary that the launches write in full before they read it (split-K
+    partials): an eager plan allocates it afresh per call (never poisoned: not an output)."""
+    t = torch.empty(tuple(shape), dtype=dtype, device=device)
+    if _launch._recorders:
+        _launch.record_scratch(t)
+    return t
+
+
 def check_tensor(
     t: Any,
     name: str,

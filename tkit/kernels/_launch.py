@@ -265,13 +265,30 @@ _recorders = 0
 _tls = threading.local()
 
 
+class Recording(list):
+    """The launches of one recorded call, and the scratch tensors it allocated
+    (:func:`record_scratch`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scratch: list = []
+
+
+def record_scratch(t) -> None:
+    """Note a scratch tensor (allocated by ``torch.empty`` and fully written by the launches
+    before they read it) of the call being recorded, if any."""
+    rec = getattr(_tls, "rec", None)
+    if rec is not None:
+        rec.scratch.append(t)
+
+
 @contextlib.contextmanager
 def recording():
     """Collect what :func:`run` launches in this thread: (compiled kernel, (grid0, grid1,
     grid2), args in parameter order) per launch, None where a launch took Triton's own path."""
     global _recorders
     old = getattr(_tls, "rec", None)
-    rec: list = []
+    rec = Recording()
     _tls.rec = rec
     with _lock:
         _recorders += 1

@@ -24,12 +24,14 @@ A plan's outputs come from ``torch.empty`` and its launches: the ordinary path o
 must write its outputs with the recorded launches only. A call gets no plan when an output (of
 nonzero size) is not an argument of any launch, or was touched by an in-place torch op (its
 version counter moved; inference tensors have none, so under ``torch.inference_mode`` this rests
-on the ops themselves). A recorded launch's tensor arguments are matched to the call's inputs and
-outputs by data pointer (views such as ``x.view(-1, N)`` share it; Triton's launcher only reads
-the pointer). A launch argument that matches none of them (a
-temporary, a contiguous copy) or more than one (``add(x, x)``) makes the signature unplannable:
-permanently for the first (``False`` is stored and later calls skip the recording), for this call
-only for the second (for good after :data:`TRANSIENT_LIMIT` such calls).
+on the ops themselves). A recorded launch's tensor arguments are matched to the call's inputs
+and outputs by data pointer (views such as ``x.view(-1, N)`` share it; Triton's launcher only
+reads the pointer). Scratch tensors that the op allocated through ``_common.scratch`` (fully
+written before read: split-K partials) are allocated afresh per call like outputs. A launch
+argument that matches none of them (another temporary, a contiguous copy) or more than one
+(``add(x, x)``) makes the signature unplannable: permanently for the first (``False`` is stored
+and later calls skip the recording), for this call only for the second (for good after
+:data:`TRANSIENT_LIMIT` such calls).
 
 Plans are off (:data:`ON` false) whenever the ordinary path must run each call: under the
 interpreter, TKIT_NO_FAST_LAUNCH / TKIT_NO_DIRECT, ``_launch.set_enabled(False)``, while any
@@ -152,14 +154,15 @@ def build(rec: list, inputs: tuple, outputs: tuple):
     cannot have a plan, ``None`` when only this call could not give one."""
     if not ON:
         return None
-    tensors = inputs + outputs
+    scratch = tuple(getattr(rec, "scratch", ()))
+    tensors = inputs + outputs + scratch
     if not CPU_OK and any(t is not None and not t.is_cuda for t in tensors):
         # keys hold device indices, -1 for CPU and meta alike: plans are for CUDA tensors
         return False
-    for o in outputs:
-        # outputs must be fresh, contiguous, aligned allocations that torch.empty reproduces,
-        # written by the launches alone: an in-place torch op (zero_, fill_, copy_; on any
-        # view of it) bumps the version counter that Triton's launches leave alone
+    for o in outputs + scratch:
+        # outputs and scratch must be fresh, contiguous, aligned allocations that torch.empty
+        # reproduces, written by the launches alone: an in-place torch op (zero_, fill_,
+        # copy_; on any view of it) bumps the version counter that Triton's launches leave
         if (type(o) is not torch.Tensor or not o.is_contiguous() or o.storage_offset()
                 or (not o.is_inference() and o._version)):
             return False  # (inference tensors keep no version counter: not checked there)
@@ -196,8 +199,8 @@ def build(rec: list, inputs: tuple, outputs: tuple):
     if any(o.numel() and len(inputs) + j not in used for j, o in enumerate(outputs)):
         return False  # an output no launch writes (made by torch ops from a temporary)
     n_in = len(inputs)
-    shape = tuple((tuple(o.shape), o.dtype, o.device) for o in outputs)
-    code_key = (n_in, len(outputs), tuple(p for p, _ in launches))
+    shape = tuple((tuple(o.shape), o.dtype, o.device) for o in outputs + scratch)
+    code_key = (n_in, len(outputs), len(scratch), tuple(p for p, _ in launches))
     make = _codegen_cache.get(code_key)
     if make is None:
         make = _codegen(*code_key)
@@ -208,24 +211,25 @@ def build(rec: list, inputs: tuple, outputs: tuple):
     return make(torch.empty, stats, _launch.hook_lists(), *values)
 
 
-def _codegen(n_in: int, n_out: int, patterns: tuple):
+def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple):
     """Source of ``make(empty, stats, hooks, *values) -> go`` for one plan structure: the
     values become closure cells, so ``go`` is straight-line code with no lookups."""
     params = []
     body = []
     ins = [f"t{i}" for i in range(n_in)]
-    outs = [f"t{n_in + j}" for j in range(n_out)]
+    allocs = [f"t{n_in + j}" for j in range(n_out + n_scratch)]
+    outs = allocs[:n_out]
     for j in range(len(patterns)):
         params += [f"r{j}", f"g{j}a", f"g{j}b", f"g{j}c", f"f{j}", f"m{j}"]
         params += [f"c{j}_{k}" for k, s in enumerate(patterns[j]) if s < 0]
-    for j in range(n_out):
+    for j in range(len(allocs)):
         params += [f"s{j}", f"d{j}", f"v{j}"]
     body.append("        if enter or exit_:")  # a profiler attached: Triton's path calls it
     body.append("            return None")
-    for j, o in enumerate(outs):
+    for j, o in enumerate(allocs):
         body.append(f"        {o} = empty(s{j}, dtype=d{j}, device=v{j})")
-    if outs:
-        body.append(f"        if ({' | '.join(o + '.data_ptr()' for o in outs)}) & 15:")
+    if allocs:
+        body.append(f"        if ({' | '.join(o + '.data_ptr()' for o in allocs)}) & 15:")
         body.append("            return None")
     for j, pat in enumerate(patterns):
         args = [f"t{s}" if s >= 0 else f"c{j}_{k}" for k, s in enumerate(pat)]

@@ -910,7 +910,7 @@ def _launch_splitk(a, b, out, epi, ieee, cfg):
         _launch_ptr(a.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0), r3, epi, ieee, tile)
         return
     # partials are float32 and fully overwritten: a plain allocation, never poisoned
-    ws = torch.empty((split, M, N), dtype=torch.float32, device=a.device)
+    ws = C.scratch((split, M, N), torch.float32, a.device)
     if cfg.get("FUSED_REDUCE"):
         grid = (C.cdiv(N, bn), C.cdiv(M, bm), split)
         C.launch(_matmul_splitk_fused_kernel, grid, a_ptr=a, b_ptr=b, ws_ptr=ws,
