@@ -12,9 +12,11 @@ calls in thread CPU time (the minimum keeps other processes' load on a shared ma
   through the launch layer's cached-kernel path (the state before plans).
 * ``registered``: through the registered torch.library op (TKIT_NO_DIRECT=1: what torch.compile,
   autograd and fake tensors use).
-* ``floor``: ``torch.empty`` of the call's outputs plus the launcher call with the recorded
+* ``floor``: ``torch.empty`` of the call's outputs (and scratch) plus the launcher call with the recorded
   arguments: what no Python layer can avoid. ``eager - floor`` is what tkit adds.
 * ``calls``: Python function calls a call (cProfile), eager / no plan.
+
+matmul picks its kernel as on an sm_90 with 132 SMs (split-K and a reduce launch at M=1).
 
     python scripts/host_overhead.py [--json FILE] [--profile OP]  # no TRITON_INTERPRET
 
@@ -121,12 +123,17 @@ def floor_fn(fn):
     """``torch.empty`` of fn's outputs + each recorded launch's launcher call, or None."""
     if _plan is None:
         return None
-    with _launch.recording() as rec:
-        out = fn()
-    if any(r is None for r in rec):
+    on = _plan.ON
+    _plan.ON = False  # the ordinary path, whose launches are recorded
+    try:
+        with _launch.recording() as rec:
+            out = fn()
+    finally:
+        _plan.ON = on
+    if not rec or any(r is None for r in rec):
         return None
     outs = out if isinstance(out, tuple) else (out,)
-    specs = [(tuple(o.shape), o.dtype, o.device) for o in outs]
+    specs = [(tuple(o.shape), o.dtype, o.device) for o in outs + tuple(rec.scratch)]
     launches = [(ck.run, g, ck.function, ck.packed_metadata, args) for ck, g, args in rec]
     empty = torch.empty
 
@@ -152,6 +159,10 @@ def main():
         _plan.CPU_OK = True
     _launch.JITFunction.run = _fake_jit_run
     torch.set_grad_enabled(False)  # inference, as a decode step runs
+    # matmul chooses its path as on the H200 (132 SMs): split-K with a reduce at M=1
+    from tkit.kernels import matmul as mm
+
+    mm._arch = lambda device: (9, 132)
     rows = []
     fmt = lambda v, w=6: f"{v:{w}.1f}" if v is not None else " " * (w - 1) + "-"  # noqa: E731
     print(f"{'us a call':34s} {'eager':>6s} {'no plan':>7s} {'registered':>10s} {'floor':>6s}"
