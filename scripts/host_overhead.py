@@ -12,8 +12,8 @@ calls in thread CPU time (the minimum keeps other processes' load on a shared ma
   through the launch layer's cached-kernel path (the state before plans).
 * ``registered``: through the registered torch.library op (TKIT_NO_DIRECT=1: what torch.compile,
   autograd and fake tensors use).
-* ``floor``: ``torch.empty`` of the call's outputs (and scratch) plus the launcher call with the recorded
-  arguments: what no Python layer can avoid. ``eager - floor`` is what tkit adds.
+* ``floor``: ``torch.empty`` of the call's outputs (and scratch) plus the launcher call with the
+  recorded arguments: what no Python layer can avoid. ``eager - floor`` is what tkit adds.
 * ``calls``: Python function calls a call (cProfile), eager / no plan.
 
 matmul picks its kernel as on an sm_90 with 132 SMs (split-K and a reduce launch at M=1).

@@ -25,6 +25,9 @@ What runs per call here (``run``):
    the call Triton itself ends with. Key miss: ``JITFunction.run`` compiles (or finds its own
    cached binary), launches, and returns the ``CompiledKernel``, which is stored under the key.
 
+Above this layer, :mod:`tkit.kernels._plan` records what one whole eager call launched
+(:func:`recording`) and replays it per signature, skipping even steps 1-3.
+
 Full autotuning is opt-in (``TKIT_AUTOTUNE=1``): the call goes through Triton's autotuner,
 and the winner is written to the on-disk cache (:mod:`tkit.kernels._tuning`), which later
 processes read without tuning.
