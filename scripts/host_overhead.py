@@ -1,26 +1,34 @@
 """tkit's own host time per eager call at decode sizes, on a machine without a GPU.
 
-Two figures per op, microseconds a call (the best of 40 bursts of 200 calls: the minimum
-and thread CPU time keep other processes' load on a shared machine out of the figure):
+Only the last step of a launch is replaced: the compiled kernel's launcher (``CompiledKernel.run``,
+Triton's C launcher on a GPU) is a no-op that counts its calls. Everything else runs for real on
+CPU tensors: the public function, its checks, the eager plan lookup, ``torch.empty``, the binder
+and key of :mod:`tkit.kernels._launch`, config choice, and (in the ``registered`` column) the
+torch.library custom-op dispatch. Figures are microseconds a call, the best of 40 bursts of 200
+calls in thread CPU time (the minimum keeps other processes' load on a shared machine out).
 
-* ``capture``: with launches captured (``capture_launches``): validation, allocation and
-  planning, nothing of Triton.
-* ``whole call``: the call through :mod:`tkit.kernels._launch`'s fast path with the compiled
-  kernel replaced by a no-op (no driver here): what tkit adds on top of Triton's C launcher
-  (about 3 us on the H200).
-* ``launch layer only``: the captured launches of one call replayed through ``_launch.run``
-  (config choice, heuristics, specialization key, cache lookup).
+* ``eager``: the public function as a user calls it (plans on, where the op has them).
+* ``no plan``: the same with eager plans off: every call validates and plans afresh and goes
+  through the launch layer's cached-kernel path (the state before plans).
+* ``registered``: through the registered torch.library op (TKIT_NO_DIRECT=1: what torch.compile,
+  autograd and fake tensors use).
+* ``floor``: ``torch.empty`` of the call's outputs (and scratch) plus the launcher call with the
+  recorded arguments: what no Python layer can avoid. ``eager - floor`` is what tkit adds.
+* ``calls``: Python function calls a call (cProfile), eager / no plan.
 
-    python scripts/host_overhead.py [--profile OP]      # no TRITON_INTERPRET: real JIT kernels
+matmul picks its kernel as on an sm_90 with 132 SMs (split-K and a reduce launch at M=1).
+
+    python scripts/host_overhead.py [--json FILE] [--profile OP]  # no TRITON_INTERPRET
 
 Run it without TRITON_INTERPRET (kernels must be ``JITFunction`` objects); CPU tensors stand in
-for CUDA ones.
+for CUDA ones. It also runs on an older checkout (columns it cannot fill print "-").
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import os
 import pstats
 import sys
@@ -34,8 +42,12 @@ import torch  # noqa: E402
 
 import tkit  # noqa: E402
 from tkit import _env  # noqa: E402
-from tkit.kernels import _common as C  # noqa: E402
 from tkit.kernels import _launch  # noqa: E402
+
+try:
+    from tkit.kernels import _plan  # noqa: E402
+except ImportError:  # a checkout from before eager plans
+    _plan = None
 
 
 class _NoopCompiled(_launch.CompiledKernel):
@@ -69,13 +81,14 @@ def cases():
     W = torch.randn(4096, 4096, dtype=bf)
     q = torch.randn(1, 1, 32, 128, dtype=bf)
     k = torch.randn(1, 4096, 8, 128, dtype=bf)
+    v = torch.randn(1, 4096, 8, 128, dtype=bf)
     return {
         "add (1,4096)": lambda: tkit.add(a, b),
         "rms_norm (1,4096)": lambda: tkit.rms_norm(a, w),
         "silu_mul (1,14336)": lambda: tkit.silu_mul(g, u),
         "softmax (1,4096)": lambda: tkit.softmax(a),
         "matmul M=1 4096x4096": lambda: tkit.matmul(x1, W),
-        "flash_attention decode 4096 GQA4": lambda: tkit.flash_attention(q, k, k),
+        "flash_attention decode 4096 GQA4": lambda: tkit.flash_attention(q, k, v),
     }
 
 
@@ -91,43 +104,99 @@ def per_call_us(fn, n=200, rounds=40) -> float:
     return best
 
 
-def capture_mode(fn):
-    def call():
-        with C.capture_launches():
-            fn()
-    return call
+def calls_per_call(fn, n=200) -> float:
+    fn()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        fn()
+    pr.disable()
+    return pstats.Stats(pr).total_calls / n
+
+
+def _set_plans(on: bool) -> None:
+    if _plan is not None:
+        _plan.ON = on
+
+
+def floor_fn(fn):
+    """``torch.empty`` of fn's outputs + each recorded launch's launcher call, or None."""
+    if _plan is None:
+        return None
+    on = _plan.ON
+    _plan.ON = False  # the ordinary path, whose launches are recorded
+    try:
+        with _launch.recording() as rec:
+            out = fn()
+    finally:
+        _plan.ON = on
+    if not rec or any(r is None for r in rec):
+        return None
+    outs = out if isinstance(out, tuple) else (out,)
+    specs = [(tuple(o.shape), o.dtype, o.device) for o in outs + tuple(rec.scratch)]
+    launches = [(ck.run, g, ck.function, ck.packed_metadata, args) for ck, g, args in rec]
+    empty = torch.empty
+
+    def floor():
+        for s, d, v in specs:
+            empty(s, dtype=d, device=v)
+        for run, g, f, md, args in launches:
+            run(g[0], g[1], g[2], 0, f, md, None, None, None, *args)
+    return floor
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", default=None, help="cProfile this case (a name prefix)")
+    ap.add_argument("--json", default=None, help="write the rows here (JSON lines)")
     ap.add_argument("-n", type=int, default=200)
     args = ap.parse_args()
     # CPU tensors pass tkit's device check as under the interpreter; kernels stay JIT functions
     _env.INTERPRET = True
     _launch._enabled = True
     _launch._device_stream = lambda: (0, 0)
+    if _plan is not None:
+        _plan.CPU_OK = True
     _launch.JITFunction.run = _fake_jit_run
+    torch.set_grad_enabled(False)  # inference, as a decode step runs
+    # matmul chooses its path as on the H200 (132 SMs): split-K with a reduce at M=1
+    from tkit.kernels import matmul as mm
+
+    mm._arch = lambda device: (9, 132)
     rows = []
+    fmt = lambda v, w=6: f"{v:{w}.1f}" if v is not None else " " * (w - 1) + "-"  # noqa: E731
+    print(f"{'us a call':34s} {'eager':>6s} {'no plan':>7s} {'registered':>10s} {'floor':>6s}"
+          f" {'eager-floor':>11s}  calls (eager / no plan)")
     for name, fn in cases().items():
         try:
-            cap = per_call_us(capture_mode(fn), args.n)
-            full = per_call_us(fn, args.n)
+            _set_plans(True)
+            eager = per_call_us(fn, args.n)
+            ncalls = calls_per_call(fn)
+            fl = floor_fn(fn)
+            floor = per_call_us(fl, args.n) if fl is not None else None
+            _set_plans(False)
+            noplan = per_call_us(fn, args.n)
+            ncalls_noplan = calls_per_call(fn)
+            _env.NO_DIRECT = True
+            try:
+                registered = per_call_us(fn, args.n)
+            finally:
+                _env.NO_DIRECT = False
+            _set_plans(True)
         except Exception as e:  # noqa: BLE001 - report and go on (a CUDA-only step on CPU)
             print(f"{name:34s} skipped: {type(e).__name__}: {str(e)[:80]}")
             continue
-        with C.capture_launches() as launches:
-            fn()
-
-        def relaunch():
-            for lc in launches:
-                _launch.run(lc.kernel, lc.grid, dict(lc.kwargs))
-
-        only = per_call_us(relaunch, args.n)
-        rows.append((name, cap, full, only))
-        print(f"{name:34s} capture {cap:6.1f} us   whole call {full:6.1f} us   "
-              f"launch layer only {only:5.1f} us ({len(launches)} launch)")
+        row = dict(op=name, eager_us=eager, no_plan_us=noplan, registered_us=registered,
+                   floor_us=floor, calls=ncalls, calls_no_plan=ncalls_noplan)
+        rows.append(row)
+        over = eager - floor if floor is not None else None
+        print(f"{name:34s} {fmt(eager)} {fmt(noplan, 7)} {fmt(registered, 10)} {fmt(floor)} "
+              f"{fmt(over, 11)}  {ncalls:.0f} / {ncalls_noplan:.0f}")
     print("launch path counters:", _launch.stats)
+    if args.json:
+        with open(args.json, "a") as fh:
+            for r in rows:
+                fh.write(json.dumps(r) + "\n")
     if args.profile:
         fn = next(f for n, f in cases().items() if n.startswith(args.profile))
         pr = cProfile.Profile()

@@ -113,6 +113,24 @@ def test_fast_path_equals_tritons_path(name):
     assert _launch.stats["fast"] > before["fast"], "no call took the fast path"
 
 
+PLANNED = [n for n in CASES if not n.startswith(("matmul", "grouped", "attn", "layer_norm"))]
+
+
+@pytest.mark.parametrize("name", PLANNED)
+def test_eager_plan_equals_tritons_path(name):
+    """Repeat eager calls are served by their plan (tkit.kernels._plan), bit for bit what
+    Triton's own launch gives; a new alignment between them gets its own plan."""
+    make, fn = CASES[name]
+    before = _launch.stats["plan"]
+    with torch.no_grad():
+        for offset in (0, 0, 1, 1, 0):
+            inputs = make(offset)
+            got = fn(*inputs)
+            torch.cuda.synchronize()
+            assert _eq(got, _slow(fn, *inputs)), f"{name} offset {offset}"
+    assert _launch.stats["plan"] >= before + 3, "repeat calls did not take their plan"
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_cuda_graph_capture_and_replay(name):
     make, fn = CASES[name]

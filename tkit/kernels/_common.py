@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from tkit import _env
-from tkit.kernels import _launch
+from tkit.kernels import _launch, _plan
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP8_DTYPES = (torch.float8_e4m3fn,)
@@ -38,7 +38,8 @@ def poisoned_outputs(enabled: bool = True):
     old = getattr(_state, "poison", False)
     _state.poison = enabled
     try:
-        yield
+        with _plan.off("poison") if enabled else contextlib.nullcontext():
+            yield
     finally:
         _state.poison = old
 
@@ -58,7 +59,8 @@ def capture_launches():
     old = _capturing()
     _state.capture = []
     try:
-        yield _state.capture
+        with _plan.off("capture"):  # a plan would launch instead of recording
+            yield _state.capture
     finally:
         _state.capture = old
 
@@ -85,6 +87,15 @@ def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> tor
         else:
             out.fill_(torch.iinfo(out.dtype).max)
     return out
+
+
+def scratch(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Allocate a temporary that the launches write in full before they read it (split-K
+    partials): an eager plan allocates it afresh per call (never poisoned: not an output)."""
+    t = torch.empty(tuple(shape), dtype=dtype, device=device)
+    if _launch._recorders:
+        _launch.record_scratch(t)
+    return t
 
 
 def check_tensor(

@@ -25,6 +25,9 @@ What runs per call here (``run``):
    the call Triton itself ends with. Key miss: ``JITFunction.run`` compiles (or finds its own
    cached binary), launches, and returns the ``CompiledKernel``, which is stored under the key.
 
+Above this layer, :mod:`tkit.kernels._plan` records what one whole eager call launched
+(:func:`recording`) and replays it per signature, skipping even steps 1-3.
+
 Full autotuning is opt-in (``TKIT_AUTOTUNE=1``): the call goes through Triton's autotuner,
 and the winner is written to the on-disk cache (:mod:`tkit.kernels._tuning`), which later
 processes read without tuning.
@@ -32,6 +35,7 @@ processes read without tuning.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import torch
@@ -218,6 +222,18 @@ def _knobs_runtime():
     return _runtime_knobs
 
 
+def hook_lists():
+    """The lists Triton's launch hooks live in (``HookChain.calls``, mutated in place when a
+    profiler attaches), for a per-call check that costs two loads; None on a Triton whose hooks
+    are not HookChains (then plans stay off)."""
+    rt = _knobs_runtime()
+    enter, exit_ = rt.launch_enter_hook, rt.launch_exit_hook
+    if isinstance(getattr(enter, "calls", None), list) and isinstance(
+            getattr(exit_, "calls", None), list):
+        return enter.calls, exit_.calls
+    return None
+
+
 def _hooks_active() -> bool:
     """A profiler (proton) or a stage-inspection hook is attached: Triton's path calls them."""
     rt = _knobs_runtime()
@@ -246,12 +262,68 @@ def _device_stream():
     return dev, _driver[1](dev)
 
 
+#: threads recording launches for a plan (:mod:`tkit.kernels._plan`); 0 keeps ``run`` free of
+#: the thread-local lookup
+_recorders = 0
+_tls = threading.local()
+
+
+class Recording(list):
+    """The launches of one recorded call, and the scratch tensors it allocated
+    (:func:`record_scratch`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scratch: list = []
+
+
+def record_scratch(t) -> None:
+    """Note a scratch tensor (allocated by ``torch.empty`` and fully written by the launches
+    before they read it) of the call being recorded, if any."""
+    rec = getattr(_tls, "rec", None)
+    if rec is not None:
+        rec.scratch.append(t)
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect what :func:`run` launches in this thread: (compiled kernel, (grid0, grid1,
+    grid2), args in parameter order) per launch, None where a launch took Triton's own path."""
+    global _recorders
+    old = getattr(_tls, "rec", None)
+    rec = Recording()
+    _tls.rec = rec
+    with _lock:
+        _recorders += 1
+    try:
+        yield rec
+    finally:
+        with _lock:
+            _recorders -= 1
+        _tls.rec = old
+
+
+def _record(item) -> None:
+    rec = getattr(_tls, "rec", None)
+    if rec is not None:
+        rec.append(item)
+
+
+def _grid3(grid, kw):
+    if callable(grid):
+        grid = grid(kw)
+    n = len(grid)
+    return grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
+
+
 def run(kernel, grid, kwargs: dict) -> None:
     """Launch ``kernel[grid](**kwargs)`` through the cached compiled kernel where possible.
     ``kwargs`` becomes the launch's own: config and heuristic values are added to it."""
     fn, kw = resolve(kernel, kwargs)
     if fn is None:  # TKIT_AUTOTUNE: Triton's autotuner times the configs; keep the winner
         # (or a config with a pre_hook, which only Triton's autotuner runs)
+        if _recorders:
+            _record(None)
         kernel[grid](**kwargs)
         if isinstance(kernel, Autotuner):
             _tuning().record(kernel, kwargs)
@@ -262,6 +334,8 @@ def run(kernel, grid, kwargs: dict) -> None:
             st = _state(fn)
         if st is None:
             stats["fallback"] += 1
+            if _recorders:
+                _record(None)
             fn[grid](**kw)
             return
     dev, stream = _device_stream()
@@ -270,6 +344,8 @@ def run(kernel, grid, kwargs: dict) -> None:
         compiled = st.cache.get(key)
     except (_Unsupported, KeyError, TypeError):  # TypeError: an unhashable constexpr
         stats["fallback"] += 1
+        if _recorders:
+            _record(None)
         fn[grid](**kw)
         return
     if compiled is None or _hooks_active():
@@ -277,15 +353,28 @@ def run(kernel, grid, kwargs: dict) -> None:
         compiled = fn.run(grid=grid, warmup=False, **kw)
         # an asynchronous compile returns a future; only a ready kernel that has launched (its
         # handles loaded) is kept
-        if isinstance(compiled, CompiledKernel) and compiled.function is not None:
+        ok = isinstance(compiled, CompiledKernel) and compiled.function is not None
+        if ok:
             st.cache[key] = compiled
+        if _recorders:
+            _record((compiled, _grid3(grid, kw), args) if ok else None)
         return
-    if callable(grid):
-        grid = grid(kw)
-    n = len(grid)
+    g = _grid3(grid, kw)
     stats["fast"] += 1
-    compiled.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream,
+    compiled.run(g[0], g[1], g[2], stream,
                  compiled.function, compiled.packed_metadata, None, None, None, *args)
+    if _recorders:
+        _record((compiled, g, args))
+
+
+#: callbacks of the layers above (the plans of :mod:`tkit.kernels._plan`) run by
+#: :func:`set_enabled` and :func:`clear`
+_listeners: list = []
+
+
+def on_change(fn) -> None:
+    """Call ``fn(cleared: bool)`` after :func:`set_enabled` (False) and :func:`clear` (True)."""
+    _listeners.append(fn)
 
 
 def set_enabled(enabled: bool) -> bool:
@@ -293,10 +382,15 @@ def set_enabled(enabled: bool) -> bool:
     global _enabled
     old = _enabled
     _enabled = bool(enabled) and not _env.INTERPRET and JITFunction is not None
+    for fn in _listeners:
+        fn(False)
     return old
 
 
 def clear() -> None:
-    """Forget every cached compiled kernel (Triton's own caches are untouched)."""
+    """Forget every cached compiled kernel and every plan built on them (Triton's own caches
+    are untouched)."""
     with _lock:
         _states.clear()
+    for fn in _listeners:
+        fn(True)

@@ -249,6 +249,9 @@ def clear_disk_cache() -> None:
         _tables.clear()
         _memo.clear()
         _recorded.clear()
+    from tkit.kernels import _plan  # eager plans hold configs chosen from the cleared cache
+
+    _plan.clear()
 
 
 # --------------------------------------------------------------------------------------------

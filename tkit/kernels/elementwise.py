@@ -41,6 +41,8 @@ import triton
 import triton.language as tl
 
 from tkit.kernels import _common as C
+from tkit.kernels import _launch as L
+from tkit.kernels import _plan as P
 from tkit.kernels._numerics import fp8_keep_nan
 
 # Ops and their arity. "cast" is the identity before the store's conversion.
@@ -540,14 +542,54 @@ _cast_op.register_autograd(_cast_backward, setup_context=_cast_setup)
 
 
 # --------------------------------------------------------------------------------------------
+# Eager plans (tkit.kernels._plan): a repeated eager call with the same signature allocates its
+# output and calls the launcher, nothing else. The key holds everything the ordinary path reads
+# from the arguments; the ordinary path validates, launches and records the plan on a miss.
+# --------------------------------------------------------------------------------------------
+_T = torch.Tensor
+_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+_plans = P.new_cache()
+
+
+def _planned(key, slow, inputs, *args):
+    """A miss: the ordinary path, recorded, and the plan kept for the next call."""
+    P.stats["plan_miss"] += 1
+    with P.recording() as rec:
+        out = slow(*args)
+    P.store(_plans, key, rec, inputs, (out,))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------
-def _binary(a, b, op, out_dtype=None):
+def _binary_slow(a, b, op, out_dtype=None):
     _check_binary(a, b)
     _check_out_dtype(out_dtype)
     if C.use_direct_path(a, b):
         return _binary_impl(a, b, op, out_dtype)
     return _binary_op(a, b, op, out_dtype)
+
+
+def _binary(a, b, op, out_dtype=None):
+    if (P.ON and type(a) is _T and type(b) is _T and not _compiling()
+            and not (_grad_enabled() and (a.requires_grad or b.requires_grad))):
+        dev, stream = L._device_stream()
+        key = (op, out_dtype, dev,
+               a.shape, a.stride(), a.dtype, a.get_device(), not a.data_ptr() & 15,
+               b.shape, b.stride(), b.dtype, b.get_device(), not b.data_ptr() & 15)
+        try:
+            plan = _plans.get(key)
+        except TypeError:  # an unhashable option: the ordinary path names it
+            plan = False
+        if plan:
+            out = plan(stream, a, b)
+            if out is not None:
+                return out
+        elif plan is None:
+            return _planned(key, _binary_slow, (a, b), a, b, op, out_dtype)
+    return _binary_slow(a, b, op, out_dtype)
 
 
 def add(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -585,6 +627,27 @@ def residual_add(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     (a float32 stream with bfloat16 blocks); this adds in float32 and rounds once to the
     stream's dtype. Shapes broadcast as in :func:`add`.
     """
+    if (P.ON and type(x) is _T and type(residual) is _T and not _compiling()
+            and not (_grad_enabled() and (x.requires_grad or residual.requires_grad))):
+        dev, stream = L._device_stream()
+        key = ("residual_add", dev,
+               x.shape, x.stride(), x.dtype, x.get_device(), not x.data_ptr() & 15,
+               residual.shape, residual.stride(), residual.dtype, residual.get_device(),
+               not residual.data_ptr() & 15)
+        try:
+            plan = _plans.get(key)
+        except TypeError:  # an unhashable option: the ordinary path names it
+            plan = False
+        if plan:
+            out = plan(stream, x, residual)
+            if out is not None:
+                return out
+        elif plan is None:
+            return _planned(key, _residual_add_slow, (x, residual), x, residual)
+    return _residual_add_slow(x, residual)
+
+
+def _residual_add_slow(x, residual):
     C.check_tensor(x, "x")
     C.check_tensor(residual, "residual")
     C.check_same_device(x=x, residual=residual)
@@ -594,11 +657,29 @@ def residual_add(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     return _binary_op(x, residual, "add", residual.dtype)
 
 
-def _unary(x, act):
+def _unary_slow(x, act):
     C.check_tensor(x, "x")
     if C.use_direct_path(x):
         return _unary_impl(x, act)
     return _unary_op(x, act)
+
+
+def _unary(x, act):
+    if (P.ON and type(x) is _T and not _compiling()
+            and not (_grad_enabled() and x.requires_grad)):
+        dev, stream = L._device_stream()
+        key = (act, dev, x.shape, x.stride(), x.dtype, x.get_device(), not x.data_ptr() & 15)
+        try:
+            plan = _plans.get(key)
+        except TypeError:  # an unhashable option: the ordinary path names it
+            plan = False
+        if plan:
+            out = plan(stream, x)
+            if out is not None:
+                return out
+        elif plan is None:
+            return _planned(key, _unary_slow, (x,), x, act)
+    return _unary_slow(x, act)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
@@ -629,6 +710,26 @@ def act_mul(a: torch.Tensor, b: torch.Tensor, activation: str = "silu", *,
     approximate : {"none", "tanh"}
         For gelu only.
     """
+    if (P.ON and type(a) is _T and type(b) is _T and not _compiling()
+            and not (_grad_enabled() and (a.requires_grad or b.requires_grad))):
+        dev, stream = L._device_stream()
+        key = ("act_mul", activation, approximate, dev,
+               a.shape, a.stride(), a.dtype, a.get_device(), not a.data_ptr() & 15,
+               b.shape, b.stride(), b.dtype, b.get_device(), not b.data_ptr() & 15)
+        try:
+            plan = _plans.get(key)
+        except TypeError:  # an unhashable option: the ordinary path names it
+            plan = False
+        if plan:
+            out = plan(stream, a, b)
+            if out is not None:
+                return out
+        elif plan is None:
+            return _planned(key, _act_mul_slow, (a, b), a, b, activation, approximate)
+    return _act_mul_slow(a, b, activation, approximate)
+
+
+def _act_mul_slow(a, b, activation, approximate):
     act = _check_act(activation, approximate)
     _check_binary(a, b)
     if C.use_direct_path(a, b):
@@ -660,6 +761,41 @@ def cast(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = None)
         ``dtype``; for float8_e4m3fn it saturates to +-448 first, so that
         ``torch._scaled_mm(..., scale_a=scale)`` dequantizes it. NaN stays NaN.
     """
+    if (P.ON and type(x) is _T and not _compiling()
+            and not (_grad_enabled() and x.requires_grad)):
+        dev, stream = L._device_stream()
+        if scale is None:
+            key = ("cast", dtype, dev,
+                   x.shape, x.stride(), x.dtype, x.get_device(), not x.data_ptr() & 15)
+            try:
+                plan = _plans.get(key)
+            except TypeError:  # an unhashable option: the ordinary path names it
+                plan = False
+            if plan:
+                out = plan(stream, x)
+                if out is not None:
+                    return out
+            elif plan is None:
+                return _planned(key, _cast_slow, (x,), x, dtype, None)
+        elif type(scale) is _T and not (_grad_enabled() and scale.requires_grad):
+            key = ("cast", dtype, dev,
+                   x.shape, x.stride(), x.dtype, x.get_device(), not x.data_ptr() & 15,
+                   scale.shape, scale.stride(), scale.dtype, scale.get_device(),
+                   not scale.data_ptr() & 15)
+            try:
+                plan = _plans.get(key)
+            except TypeError:  # an unhashable option: the ordinary path names it
+                plan = False
+            if plan:
+                out = plan(stream, x, scale)
+                if out is not None:
+                    return out
+            elif plan is None:
+                return _planned(key, _cast_slow, (x, scale), x, dtype, scale)
+    return _cast_slow(x, dtype, scale)
+
+
+def _cast_slow(x, dtype, scale):
     C.check_tensor(x, "x")
     if dtype not in C.FLOAT_DTYPES + C.FP8_DTYPES:
         names = ", ".join(C.dtype_name(d) for d in C.FLOAT_DTYPES + C.FP8_DTYPES)

@@ -60,7 +60,9 @@ import triton.language as tl
 
 from tkit import _env
 from tkit.kernels import _common as C
+from tkit.kernels import _launch as L
 from tkit.kernels import _offsets
+from tkit.kernels import _plan as P
 from tkit.kernels._numerics import INTERPRET as _INTERPRET
 from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
 from tkit.kernels.elementwise import _activation, _activation_grad, _sum_to
@@ -918,7 +920,7 @@ def _launch_splitk(a, b, out, epi, ieee, cfg):
         _launch_ptr(a.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0), r3, epi, ieee, tile)
         return
     # partials are float32 and fully overwritten: a plain allocation, never poisoned
-    ws = torch.empty((split, M, N), dtype=torch.float32, device=a.device)
+    ws = C.scratch((split, M, N), torch.float32, a.device)
     if cfg.get("FUSED_REDUCE"):
         grid = (C.cdiv(N, bn), C.cdiv(M, bm), split)
         C.launch(_matmul_splitk_fused_kernel, grid, a_ptr=a, b_ptr=b, ws_ptr=ws,
@@ -1295,6 +1297,40 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     Tensor
         (broadcast batch..., M, N), contiguous. :func:`plan` says which kernel runs.
     """
+    if (P.ON and type(a) is _T and (type(b) is _T or type(b) is _Param) and bias is None
+            and residual is None and backend == "auto" and not _compiling()
+            and not (_grad_enabled() and (a.requires_grad or b.requires_grad))):
+        # the eager plan (tkit.kernels._plan): the key holds all the ordinary path reads
+        dev, stream = L._device_stream()
+        key = (activation, out_dtype, allow_tf32, dev,
+               a.shape, a.stride(), a.dtype, a.get_device(), not a.data_ptr() & 15,
+               b.shape, b.stride(), b.dtype, b.get_device(), not b.data_ptr() & 15)
+        try:
+            p = _plans.get(key)
+        except TypeError:  # an unhashable option: the ordinary path names it
+            p = False
+        if p:
+            out = p(stream, a, b)
+            if out is not None:
+                return out
+        elif p is None:
+            P.stats["plan_miss"] += 1
+            with P.recording() as rec:
+                out = _matmul_slow(a, b, None, activation, None, out_dtype, allow_tf32,
+                                   backend)
+            P.store(_plans, key, rec, (a, b), (out,))
+            return out
+    return _matmul_slow(a, b, bias, activation, residual, out_dtype, allow_tf32, backend)
+
+
+_T = torch.Tensor
+_Param = torch.nn.Parameter
+_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+_plans = P.new_cache()
+
+
+def _matmul_slow(a, b, bias, activation, residual, out_dtype, allow_tf32, backend):
     direct = C.use_direct_path(a, b, bias, residual)
     cacheable = direct and backend in ("auto", "triton") and a.ndim == 2 and b.ndim == 2
     if cacheable:

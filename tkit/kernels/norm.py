@@ -68,6 +68,8 @@ import triton.language as tl
 
 from tkit import _env
 from tkit.kernels import _common as C
+from tkit.kernels import _launch as L
+from tkit.kernels import _plan as P
 from tkit.kernels._numerics import INTERPRET as _INTERPRET
 from tkit.kernels.softmax import OVERRIDE, _row_offsets, as_rows, row_batch, row_config
 
@@ -1134,6 +1136,55 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     Tensor, or (Tensor, Tensor) with ``residual``
         In ``x``'s dtype, contiguous. Differentiable in x, residual and weight.
     """
+    if (P.ON and type(x) is _T and (type(weight) is _T or type(weight) is _Param)
+            and type(eps) is float and not OVERRIDE and not _compiling()):
+        dev, stream = L._device_stream()
+        if residual is None:
+            if not (_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+                key = (eps, dev, x.shape, x.stride(), x.dtype, x.get_device(),
+                       not x.data_ptr() & 15, weight.shape, weight.stride(), weight.dtype,
+                       weight.get_device(), not weight.data_ptr() & 15)
+                plan = _plans.get(key)
+                if plan:
+                    y = plan(stream, x, weight)
+                    if y is not None:
+                        return y
+                elif plan is None:
+                    P.stats["plan_miss"] += 1
+                    with P.recording() as rec:
+                        y = _rms_norm_slow(x, weight, eps, None)
+                    P.store(_plans, key, rec, (x, weight), (y,))
+                    return y
+        elif type(residual) is _T and not (_grad_enabled() and (
+                x.requires_grad or weight.requires_grad or residual.requires_grad)):
+            key = (eps, dev, x.shape, x.stride(), x.dtype, x.get_device(),
+                   not x.data_ptr() & 15, weight.shape, weight.stride(), weight.dtype,
+                   weight.get_device(), not weight.data_ptr() & 15,
+                   residual.shape, residual.stride(), residual.dtype, residual.get_device(),
+                   not residual.data_ptr() & 15)
+            plan = _plans.get(key)
+            if plan:
+                yh = plan(stream, x, weight, residual)
+                if yh is not None:
+                    return yh
+            elif plan is None:
+                P.stats["plan_miss"] += 1
+                with P.recording() as rec:
+                    yh = _rms_norm_slow(x, weight, eps, residual)
+                P.store(_plans, key, rec, (x, weight, residual), yh)
+                return yh
+    return _rms_norm_slow(x, weight, eps, residual)
+
+
+_T = torch.Tensor
+_Param = torch.nn.Parameter
+_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+#: eager plans (tkit.kernels._plan); the keys hold all the ordinary path reads
+_plans = P.new_cache()
+
+
+def _rms_norm_slow(x, weight, eps, residual):
     _check_norm(x, weight, residual=residual, eps=eps)
     if residual is None:
         if C.use_direct_path(x, weight):

@@ -1,0 +1,458 @@
+"""Eager plans (tkit.kernels._plan): a repeated eager call launches from its per-signature plan,
+with what the ordinary path would launch; anything Triton specializes on, or the ordinary path
+reads, gives another plan; everything that needs the ordinary path still gets it.
+
+Plans need real ``JITFunction`` kernels, which the interpreter does not have: the tests marked
+``jit`` run in a child pytest without TRITON_INTERPRET (``test_plans_in_a_jit_process``), with
+CPU tensors standing in for CUDA ones and a stand-in compiled kernel that records its launches
+(Triton's C launcher cannot run here). The rest run in this process, under the interpreter when
+there is no GPU."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tkit
+from tkit import _env
+from tkit.kernels import _common as C
+from tkit.kernels import _launch, _plan
+
+JIT_CHILD = os.environ.get("TKIT_PLAN_JIT_CHILD") == "1"
+jit = pytest.mark.skipif(not JIT_CHILD, reason="runs in test_plans_in_a_jit_process's child")
+BF = torch.bfloat16
+
+
+# --------------------------------------------------------------------------------------------
+# in this process
+# --------------------------------------------------------------------------------------------
+@pytest.mark.skipif(JIT_CHILD, reason="the parent's test")
+def test_plans_in_a_jit_process():
+    """Run this file's ``jit`` tests in a process where kernels are JIT functions."""
+    env = dict(os.environ, TRITON_INTERPRET="0", TKIT_PLAN_JIT_CHILD="1")
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                          __file__, "-k", "test_jit_"], env=env, cwd=root, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    summary = res.stdout.strip().split("\n")[-1]
+    assert " passed" in summary and "skipped" not in summary, res.stdout[-4000:]
+
+
+@pytest.mark.skipif(JIT_CHILD or not _env.INTERPRET, reason="the interpreter's case")
+def test_interpreter_takes_the_ordinary_path(device):
+    """Under TRITON_INTERPRET plans are off: results are the interpreter's and no plan counts."""
+    assert _plan.ON is False
+    before = dict(_launch.stats)
+    a, b = torch.randn(3, 100, device=device), torch.randn(100, device=device)
+    for _ in range(3):
+        torch.testing.assert_close(tkit.add(a, b), a + b)
+        torch.testing.assert_close(tkit.softmax(a), torch.softmax(a, -1))
+        torch.testing.assert_close(tkit.silu_mul(a, a), torch.nn.functional.silu(a) * a)
+        w = torch.randn(100, device=device)
+        torch.testing.assert_close(tkit.rms_norm(a, w, 1e-6),
+                                   torch.nn.functional.rms_norm(a, (100,), w, 1e-6))
+    assert _launch.stats["plan"] == before["plan"]
+    assert _launch.stats["plan_built"] == before["plan_built"]
+
+
+# --------------------------------------------------------------------------------------------
+# in the child: JIT kernels, a stand-in compiled kernel
+# --------------------------------------------------------------------------------------------
+class FakeCompiled(_launch.CompiledKernel):
+    """Records each launch (the arguments Triton's launcher would get); nothing runs."""
+
+    run = None
+
+    def __init__(self, kwargs):
+        self.module = None  # Triton 3.9's __del__ unloads a module when one is set
+        self.function = object()
+        self.packed_metadata = ("meta", id(self))
+        self.kwargs = kwargs
+        self.launches = []
+        self.run = self._run
+
+    def _run(self, *args):
+        self.launches.append(args)
+
+
+@pytest.fixture
+def jitplans(monkeypatch):
+    """Plans on with CPU tensors: the device check passes them (as under the interpreter),
+    Triton's JIT launch compiles nothing and returns a FakeCompiled (listed in the yield)."""
+    made = []
+
+    def fake_run(self, *args, grid, warmup, **kwargs):
+        ck = FakeCompiled(kwargs)
+        made.append(ck)
+        return ck
+
+    assert not _env.INTERPRET and isinstance(
+        tkit.kernels.elementwise._ew_strided_kernel, _launch.JITFunction)
+    monkeypatch.setattr(_env, "INTERPRET", True)  # read by the device check only, per call
+    monkeypatch.setattr(_launch, "_enabled", True)
+    monkeypatch.setattr(_launch, "_device_stream", lambda: (0, 77))
+    monkeypatch.setattr(_launch.JITFunction, "run", fake_run)
+    monkeypatch.setattr(_plan, "CPU_OK", True)
+    _launch.clear()
+    _plan.refresh()
+    assert _plan.ON
+    yield made
+    _launch.clear()
+
+
+class _Recorder:
+    """Numbers every launch so that the last one can be found across compiled kernels."""
+
+    def __init__(self, made):
+        self.made = made
+
+    def take(self):
+        """The launches made since the last take: (compiled, args) in order."""
+        out = []
+        for ck in self.made:
+            for args in ck.launches[getattr(ck, "_taken", 0):]:
+                out.append((ck, args))
+            ck._taken = len(ck.launches)
+        return out
+
+
+def _normal(launches, inputs, outputs):
+    """Launches with every tensor argument named by the call tensor it points into."""
+    named = [(f"in{i}", t) for i, t in enumerate(inputs)] + [
+        (f"out{i}", t) for i, t in enumerate(outputs)]
+    res = []
+    for ck, args in launches:
+        norm = []
+        for v in args:
+            if isinstance(v, torch.Tensor):
+                hits = [n for n, t in named if t.data_ptr() == v.data_ptr()]
+                assert len(hits) <= 1, hits
+                # none: an output the op does not return (attention's lse without return_lse)
+                norm.append(hits[0] if hits else ("hidden", v.shape, v.stride(), v.dtype))
+            else:
+                norm.append(v)
+        res.append((ck, tuple(norm)))
+    return res
+
+
+def _outs(r):
+    return r if isinstance(r, tuple) else (r,)
+
+
+def _buf(n, dtype=BF, offset=0):
+    return torch.randn(n + offset).to(dtype)[offset:]
+
+
+CASES = {
+    "add": (lambda: (torch.randn(1, 4096).to(BF), torch.randn(1, 4096).to(BF)), tkit.add),
+    "add_bcast": (lambda: (torch.randn(7, 1, 96), torch.randn(5, 96)), tkit.add),
+    "sub_T": (lambda: (torch.randn(64, 48).t(), torch.randn(48, 64)), tkit.sub),
+    "mul_out_dtype": (lambda: (torch.randn(3, 100).to(BF), torch.randn(3, 100).to(BF)),
+                      lambda a, b: tkit.mul(a, b, out_dtype=torch.float32)),
+    "residual_add": (lambda: (torch.randn(2, 64).to(BF), torch.randn(2, 64)),
+                     tkit.residual_add),
+    "silu": (lambda: (torch.randn(1, 4097),), tkit.silu),
+    "gelu_tanh": (lambda: (torch.randn(33, 100),), lambda x: tkit.gelu(x, "tanh")),
+    "silu_mul": (lambda: (torch.randn(1, 14336).to(BF), torch.randn(1, 14336).to(BF)),
+                 tkit.silu_mul),
+    "gelu_mul_chunk": (lambda: torch.randn(4, 2000).chunk(2, -1), tkit.gelu_mul),
+    "cast": (lambda: (torch.randn(8, 64),), lambda x: tkit.cast(x, BF)),
+    "cast_scale": (lambda: (torch.randn(8, 64), torch.rand(1) + 0.5),
+                   lambda x, s: tkit.cast(x, torch.float8_e4m3fn, s)),
+    "softmax": (lambda: (torch.randn(1, 4096).to(BF),), tkit.softmax),
+    "log_softmax_rows": (lambda: (torch.randn(37, 1000),), tkit.log_softmax),
+    "rms_norm": (lambda: (torch.randn(1, 4096).to(BF), torch.randn(4096).to(BF)),
+                 tkit.rms_norm),
+    "rms_norm_param": (lambda: (torch.randn(3, 256).to(BF),
+                                torch.nn.Parameter(torch.randn(256).to(BF))),
+                       lambda x, w: tkit.rms_norm(x, w, 1e-5)),
+    "rms_norm_residual": (lambda: (torch.randn(3, 512), torch.randn(512), torch.randn(3, 512)),
+                          lambda x, w, r: tkit.rms_norm(x, w, residual=r)),
+    "matmul_M1": (lambda: (torch.randn(1, 512).to(BF), torch.randn(512, 256).to(BF)),
+                  tkit.matmul),
+    "matmul_linear_act": (lambda: (torch.randn(16, 128), torch.randn(64, 128).t()),
+                          lambda a, b: tkit.matmul(a, b, activation="silu")),
+    "attn_decode": (lambda: (torch.randn(1, 1, 8, 64).to(BF), torch.randn(1, 300, 2, 64).to(BF),
+                             torch.randn(1, 300, 2, 64).to(BF)), tkit.flash_attention),
+    "attn_causal_lse": (lambda: (torch.randn(2, 40, 4, 32), torch.randn(2, 40, 4, 32),
+                                 torch.randn(2, 40, 4, 32)),
+                        lambda q, k, v: tkit.flash_attention(q, k, v, causal=True,
+                                                             return_lse=True)),
+}
+
+
+@jit
+@pytest.mark.parametrize("name", list(CASES))
+def test_jit_plan_launches_what_the_ordinary_path_launches(jitplans, name):
+    """The second call of a signature is served by its plan (no launch-layer work, one plan
+    hit) and hands the launcher the kernel, grid, stream and arguments that the ordinary path
+    hands it for the same inputs."""
+    make, fn = CASES[name]
+    _plan_vs_ordinary(jitplans, make, fn)
+
+
+def _plan_vs_ordinary(made, make, fn):
+    rec = _Recorder(made)
+    with torch.no_grad():  # inference: the Parameter case must take the plan too
+        inputs = make()
+        fn(*inputs)  # miss: ordinary path, compiles (the stand-in), records the plan
+        rec.take()
+        before = dict(_launch.stats)
+        got = fn(*inputs)
+        planned = _normal(rec.take(), inputs, _outs(got))
+        assert _launch.stats["plan"] == before["plan"] + 1
+        assert (_launch.stats["fast"], _launch.stats["slow"]) == (before["fast"],
+                                                                 before["slow"])
+        _plan.ON = False
+        try:
+            ref = fn(*inputs)
+        finally:
+            _plan.refresh()
+        ordinary = _normal(rec.take(), inputs, _outs(ref))
+    assert planned and planned == ordinary
+    for g, r in zip(_outs(got), _outs(ref)):
+        assert (g.shape, g.stride(), g.dtype, g.device) == (r.shape, r.stride(), r.dtype,
+                                                            r.device)
+    assert all(args[3] == 77 for _, args in planned)  # the stream of this call
+    return planned
+
+
+@jit
+def test_jit_split_k_plan_allocates_its_partials(jitplans, monkeypatch):
+    """The decode GEMM on an sm_90 with 132 SMs: split-K into float32 partials (scratch from
+    ``_common.scratch``) and a reduce launch; the plan allocates the partials per call."""
+    from tkit.kernels import matmul as mm
+
+    monkeypatch.setattr(mm, "_arch", lambda device: (9, 132))
+    a, w = torch.randn(1, 4096).to(BF), torch.randn(4096, 4096).to(BF)
+    assert mm.plan(a, w).path == "splitk" and mm.plan(a, w).config["SPLIT_K"] > 1
+    planned = _plan_vs_ordinary(jitplans, lambda: (a, w), tkit.matmul)
+    assert len(planned) == 2
+    ws = [v for v in planned[0][1] if isinstance(v, tuple) and v[0] == "hidden"]
+    assert len(ws) == 1 and ws[0][3] == torch.float32
+
+
+@jit
+def test_jit_what_triton_specializes_gets_another_plan(jitplans):
+    """Alignment, strides, dtype, a size-1 dimension, an option: each a new plan (and where
+    Triton specializes, a new compiled kernel); the same signature again: no new plan."""
+    buf = _buf(2 * 4096 + 8)
+    a = buf[:4096].view(1, 4096)
+    b = _buf(4096).view(1, 4096)
+    with torch.no_grad():
+        def built(fn, *args):
+            n = _launch.stats["plan_built"]
+            fn(*args)
+            return _launch.stats["plan_built"] - n
+
+        assert built(tkit.add, a, b) == 1
+        assert built(tkit.add, a, b) == 0
+        assert built(tkit.add, buf[8:4104].view(1, 4096), b) == 0  # 16 bytes on: aligned
+        made = len(jitplans)
+        assert built(tkit.add, buf[1:4097].view(1, 4096), b) == 1  # 2 bytes on: unaligned
+        assert len(jitplans) == made + 1  # ... and Triton compiles another binary
+        assert built(tkit.add, a, buf[3:4099].view(1, 4096)) == 1
+        assert built(tkit.add, a.float(), b) == 1  # dtype
+        assert built(tkit.add, a.view(64, 64).t(), b.view(64, 64)) == 1  # strides
+        assert built(tkit.add, a.view(64, 64), b.view(64, 64)) == 1  # shape
+        assert built(tkit.sub, a, b) == 1  # the op
+        assert built(lambda x, y: tkit.add(x, y, out_dtype=torch.float32), a, b) == 1
+        x = _buf(4096).view(1, 4096)
+        w = _buf(4096)
+        assert built(tkit.rms_norm, x, w) == 1
+        assert built(lambda x, w: tkit.rms_norm(x, w, 1e-5), x, w) == 1  # eps
+        assert built(tkit.softmax, x) == 1
+        assert built(lambda x: tkit.softmax(x, 0), x) == 1  # dim
+
+
+@jit
+def test_jit_an_unaligned_output_is_never_served_by_an_aligned_plan(jitplans, monkeypatch):
+    """An allocator that returns a pointer off 16 bytes (a custom one could): the plan steps
+    aside and the ordinary path launches a kernel compiled for it."""
+    a, b = _buf(4096).view(1, 4096), _buf(4096).view(1, 4096)
+    real_empty = torch.empty
+    skew = [False]
+
+    def empty(*shape, **kw):
+        if not skew[0]:
+            return real_empty(*shape, **kw)
+        size = shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape
+        n = 1
+        for s in size:
+            n *= s
+        return real_empty(n + 1, **kw)[1:].view(size)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    with torch.no_grad():
+        tkit.add(a, b)
+        tkit.add(a, b)
+        hits = _launch.stats["plan"]
+        skew[0] = True
+        made = len(jitplans)
+        out = tkit.add(a, b)
+    assert out.data_ptr() % 16 and _launch.stats["plan"] == hits
+    assert len(jitplans) == made + 1  # a new compile for the unaligned output
+
+
+@jit
+def test_jit_the_ordinary_path_when_it_is_needed(jitplans):
+    """Autograd, a profiler's launch hook, captures (tkit.ir), poisoned outputs, experiment
+    overrides: no plan serves these calls."""
+    from triton import knobs
+
+    from tkit.kernels import softmax as sm
+
+    a, b = torch.randn(4, 64), torch.randn(4, 64)
+    tkit.add(a, b)
+    tkit.add(a, b)
+    hits = _launch.stats["plan"]
+    tkit.add(a, b)
+    assert _launch.stats["plan"] == hits + 1
+    hits += 1
+    # autograd: the registered op, whose output carries a grad_fn
+    ar = a.clone().requires_grad_()
+    assert tkit.add(ar, b).grad_fn is not None
+    with torch.no_grad():
+        assert tkit.add(ar, b).grad_fn is None  # no grad needed: plans serve it
+    assert _launch.stats["plan"] == hits + 1
+    hits += 1
+    # a launch hook (proton attaches this way): Triton's own launch, which calls it
+    seen = []
+    hook = lambda *args, **kw: seen.append(1)  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        tkit.add(a, b)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert _launch.stats["plan"] == hits and _launch.stats["slow"] > 0
+    # capture and poisoning switch plans off in every thread while active
+    with C.capture_launches() as launches:
+        tkit.add(a, b)
+    assert len(launches) == 1 and _plan.ON
+    with C.poisoned_outputs():
+        assert not _plan.ON
+        tkit.add(a, b)
+    assert _plan.ON and _launch.stats["plan"] == hits
+    x = torch.randn(2, 300)
+    tkit.softmax(x)
+    tkit.softmax(x)
+    hits = _launch.stats["plan"]
+    sm.OVERRIDE["num_warps"] = 8
+    try:
+        tkit.softmax(x)
+    finally:
+        sm.OVERRIDE.clear()
+    assert _launch.stats["plan"] == hits
+    tkit.softmax(x)
+    assert _launch.stats["plan"] == hits + 1
+
+
+@jit
+def test_jit_validation_still_names_the_argument(jitplans):
+    """With plans built for a signature, a bad call of the same op still fails in the ordinary
+    path's checks (values equal to a planned key's but of another type included)."""
+    a, b = torch.randn(4, 64), torch.randn(4, 64)
+    x, w = torch.randn(2, 64), torch.randn(64)
+    for _ in range(2):
+        tkit.add(a, b)
+        tkit.softmax(x, 1)
+        tkit.rms_norm(x, w, 1.0)
+    with pytest.raises(ValueError, match="a of shape .* and b of shape"):
+        tkit.add(a, torch.randn(3, 64))
+    with pytest.raises(TypeError, match="b has dtype int32"):
+        tkit.add(a, b.int())
+    with pytest.raises(TypeError, match="dim must be an int"):
+        tkit.softmax(x, True)  # == 1, a planned key
+    with pytest.raises(TypeError, match="dim must be an int"):
+        tkit.softmax(x, 1.0)
+    with pytest.raises(ValueError, match="eps must be"):
+        tkit.rms_norm(x, w, True)  # == 1.0, a planned key
+    with pytest.raises(ValueError, match="weight must have shape"):
+        tkit.rms_norm(x, torch.randn(63))
+    with pytest.raises(TypeError, match="out_dtype"):
+        tkit.add(a, b, out_dtype=[torch.float32])  # unhashable: the ordinary path says so
+    with pytest.raises(ValueError, match="approximate"):
+        tkit.gelu_mul(a, b, approximate="fast")
+
+
+@jit
+def test_jit_meta_tensors_capture_through_the_launch_path(jitplans):
+    """tkit.ir's capture of an op on meta tensors, with plans on and plans built for the same
+    shapes on real tensors."""
+    a, b = torch.randn(1, 4096).to(BF), torch.randn(1, 4096).to(BF)
+    tkit.add(a, b)
+    tkit.add(a, b)
+    am, bm = a.to("meta"), b.to("meta")
+    with C.capture_launches() as launches:
+        out = tkit.add(am, bm)
+    assert out.device.type == "meta" and len(launches) == 1
+    assert launches[0].kwargs["a_ptr"] is am
+
+
+@jit
+def test_jit_plans_are_for_cuda_tensors(jitplans, monkeypatch):
+    """Keys hold device indices (-1 for CPU and meta alike): outside the harness no plan is
+    built for tensors that are not on a CUDA device."""
+    monkeypatch.setattr(_plan, "CPU_OK", False)
+    a, b = torch.randn(4, 64), torch.randn(4, 64)
+    before = dict(_launch.stats)
+    for _ in range(3):
+        tkit.add(a, b)
+    delta = {k: _launch.stats[k] - before[k] for k in ("plan", "plan_built", "plan_refused")}
+    assert delta == {"plan": 0, "plan_built": 0, "plan_refused": 1}  # marked once
+
+
+@jit
+def test_jit_aliased_inputs_give_up_after_a_few_calls(jitplans):
+    """``add(x, x)``: which input a launch argument stands for is ambiguous, so no plan; after
+    TRANSIENT_LIMIT such calls the signature stops paying for the recording."""
+    x = torch.randn(4, 64)
+    before = dict(_launch.stats)
+    for _ in range(_plan.TRANSIENT_LIMIT + 3):
+        tkit.add(x, x)  # (the stand-in launcher computes nothing)
+    delta = {k: _launch.stats[k] - before[k] for k in ("plan", "plan_miss", "plan_built")}
+    assert delta == {"plan": 0, "plan_miss": _plan.TRANSIENT_LIMIT, "plan_built": 0}
+
+
+@jit
+def test_jit_outputs_written_by_torch_ops_get_no_plan(jitplans, monkeypatch):
+    """An ordinary path that touches its output with a torch op (a memset before an atomic
+    kernel, say), or returns an output no launch wrote: torch.empty plus the launches would
+    not reproduce it, so the signature keeps the ordinary path."""
+    from tkit.kernels import elementwise as ew
+
+    launch = ew._launch
+
+    def zeroing(op, a, b, out, scale=None):
+        out.zero_()
+        return launch(op, a, b, out, scale)
+
+    a, b = torch.randn(4, 64), torch.randn(4, 64)
+    monkeypatch.setattr(ew, "_launch", zeroing)
+    before = dict(_launch.stats)
+    for _ in range(3):
+        tkit.add(a, b)
+    monkeypatch.setattr(ew, "_launch", launch)
+    # an output made by torch alone, no launch at all
+    monkeypatch.setattr(ew, "_binary_impl", lambda a, b, op, out_dtype: torch.sub(a, b))
+    for _ in range(3):
+        tkit.sub(a, b)
+    delta = {k: _launch.stats[k] - before[k] for k in ("plan", "plan_built", "plan_refused")}
+    assert delta == {"plan": 0, "plan_built": 0, "plan_refused": 2}
+
+
+@jit
+def test_jit_plans_under_inference_mode(jitplans):
+    """Serving code runs under torch.inference_mode (outputs are inference tensors)."""
+    a, b = torch.randn(4, 64), torch.randn(4, 64)
+    with torch.inference_mode():
+        before = dict(_launch.stats)
+        for _ in range(3):
+            out = tkit.add(a, b)
+        assert out.is_inference()
+    assert _launch.stats["plan"] - before["plan"] == 2
+    assert _launch.stats["plan_built"] - before["plan_built"] == 1

@@ -1,0 +1,249 @@
+"""Per-signature launch plans: an eager call that has been seen before only allocates its
+outputs and calls Triton's C launcher.
+
+Why: after :mod:`tkit.kernels._launch` cached the compiled kernels, a small eager call still
+spent most of its host time in Python that gives the same answer for the same inputs every
+time: validation, broadcasting, layout analysis, config choice, the specialization key, the grid
+(docs/NOTES.md, "Host time per eager call"). A plan is all of that, computed once per
+signature by the ordinary path and recorded:
+
+    signature (the op's own key) -> a generated function ``go(stream, *inputs) -> outputs``
+    that allocates the outputs (``torch.empty``), checks their 16-byte alignment and calls each
+    recorded launch's launcher with the recorded grid and constant arguments.
+
+The signature key is built by the public function from the inputs alone, and must hold
+everything the ordinary path reads from them: every tensor's shape, strides, dtype, device
+index and whether its data pointer is 16-byte aligned (Triton specializes on exactly that, so
+the key is never coarser than Triton's); the current device (compiled kernels are loaded per
+device); every scalar option. Storage offsets are left out on purpose: kernels index from the
+data pointer, which carries the offset, so an int32/int64 choice made for one offset is right
+for any other. A plan is only ever built from a call that the ordinary path validated and
+launched, so validation errors keep coming from there.
+
+A plan's outputs come from ``torch.empty`` and its launches: the ordinary path of a planned op
+must write its outputs with the recorded launches only. A call gets no plan when an output (of
+nonzero size) is not an argument of any launch, or was touched by an in-place torch op (its
+version counter moved; inference tensors have none, so under ``torch.inference_mode`` this rests
+on the ops themselves). A recorded launch's tensor arguments are matched to the call's inputs
+and outputs by data pointer (views such as ``x.view(-1, N)`` share it; Triton's launcher only
+reads the pointer). Scratch tensors that the op allocated through ``_common.scratch`` (fully
+written before read: split-K partials) are allocated afresh per call like outputs. A launch
+argument that matches none of them (another temporary, a contiguous copy) or more than one
+(``add(x, x)``) makes the signature unplannable: permanently for the first (``False`` is stored
+and later calls skip the recording), for this call only for the second (for good after
+:data:`TRANSIENT_LIMIT` such calls).
+
+Plans are off (:data:`ON` false) whenever the ordinary path must run each call: under the
+interpreter, TKIT_NO_FAST_LAUNCH / TKIT_NO_DIRECT, ``_launch.set_enabled(False)``, while any
+thread captures launches (``tkit.ir``) or poisons outputs, and per call while a Triton launch
+hook (a profiler) is attached. The public functions also skip them under torch.compile, for
+tensor subclasses (fake, functional tensors) and when autograd needs the registered op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+
+from tkit import _env
+from tkit.kernels import _launch
+
+#: the one switch the public functions read per call (see :func:`refresh`)
+ON = False
+#: plans for CPU tensors too: only for the host-cost harness and tests, which stand a no-op
+#: launcher in for Triton's (a CPU tensor never reaches a plan otherwise: the device check
+#: refuses it unless the interpreter runs, and then plans are off)
+CPU_OK = False
+#: plans kept per cache before it starts over (a server that sees ever new shapes)
+MAX_PLANS = 4096
+
+#: argument types a plan may replay as constants (values of the signature, not of the call)
+_CONST_TYPES = (int, float, bool, str)
+
+#: calls of one signature that may fail to give a plan for reasons of their own (aliased
+#: tensors, an unaligned output) before the signature is given up
+TRANSIENT_LIMIT = 3
+_transient: dict = {}
+
+_lock = threading.Lock()
+_off_reasons = {"capture": 0, "poison": 0}
+_caches: list[dict] = []
+_codegen_cache: dict = {}
+stats = _launch.stats
+stats.update(plan=0, plan_miss=0, plan_built=0, plan_refused=0)
+
+
+def refresh() -> None:
+    """Recompute :data:`ON` after any of its inputs changed."""
+    global ON
+    ON = bool(_launch._enabled and not _env.NO_DIRECT and not _env.POISON
+              and not any(_off_reasons.values()) and _launch.hook_lists() is not None)
+
+
+@contextlib.contextmanager
+def off(reason: str):
+    """Plans off in every thread while this is active (captures and poisoning are rare and
+    per-thread; counting them globally keeps the per-call check to one global)."""
+    with _lock:
+        _off_reasons[reason] += 1
+        refresh()
+    try:
+        yield
+    finally:
+        with _lock:
+            _off_reasons[reason] -= 1
+            refresh()
+
+
+def new_cache() -> dict:
+    cache: dict = {}
+    _caches.append(cache)
+    return cache
+
+
+def clear() -> None:
+    """Forget every plan (compiled kernels, configs or tables changed)."""
+    for c in _caches:
+        c.clear()
+    _transient.clear()
+
+
+def _on_launch_change(cleared: bool) -> None:
+    refresh()
+    if cleared:
+        clear()
+
+
+_launch.on_change(_on_launch_change)
+recording = _launch.recording
+
+
+def store(cache: dict, key, rec: list, inputs: tuple, outputs: tuple):
+    """Build the plan for ``key`` from one recorded call and keep it (or ``False`` for a
+    signature that can never have one). Returns what was stored (None: nothing)."""
+    plan = build(rec, inputs, outputs)
+    if plan is None:
+        stats["plan_refused"] += 1
+        # a signature whose calls keep aliasing two tensors (``f(x, x)``) would pay for the
+        # recording every call: after a few, it keeps the ordinary path for good
+        tk = (id(cache), key)
+        n = _transient.get(tk, 0) + 1
+        if n < TRANSIENT_LIMIT:
+            if len(_transient) >= MAX_PLANS:
+                _transient.clear()
+            _transient[tk] = n
+            return None
+        _transient.pop(tk, None)
+        plan = False
+        cache[key] = False
+        return plan
+    if len(cache) >= MAX_PLANS:
+        cache.clear()
+    cache[key] = plan
+    if plan is False:
+        stats["plan_refused"] += 1
+    else:
+        stats["plan_built"] += 1
+    return plan
+
+
+def build(rec: list, inputs: tuple, outputs: tuple):
+    """The generated ``go(stream, *inputs)`` for a recorded call; ``False`` when the signature
+    cannot have a plan, ``None`` when only this call could not give one."""
+    if not ON:
+        return None
+    scratch = tuple(getattr(rec, "scratch", ()))
+    tensors = inputs + outputs + scratch
+    if not CPU_OK and any(t is not None and not t.is_cuda for t in tensors):
+        # keys hold device indices, -1 for CPU and meta alike: plans are for CUDA tensors
+        return False
+    for o in outputs + scratch:
+        # outputs and scratch must be fresh, contiguous, aligned allocations that torch.empty
+        # reproduces, written by the launches alone: an in-place torch op (zero_, fill_,
+        # copy_; on any view of it) bumps the version counter that Triton's launches leave
+        if (type(o) is not torch.Tensor or not o.is_contiguous() or o.storage_offset()
+                or (not o.is_inference() and o._version)):
+            return False  # (inference tensors keep no version counter: not checked there)
+        if o.data_ptr() % 16:
+            return None
+    ptrs = [t.data_ptr() if t is not None else None for t in tensors]
+    launches = []
+    for item in rec:
+        if item is None:  # Triton's own path (an argument the binder does not know, hooks)
+            return False
+        compiled, grid, args = item
+        pattern = []
+        consts = []
+        for v in args:
+            if isinstance(v, torch.Tensor):
+                p = v.data_ptr()
+                slots = [i for i, q in enumerate(ptrs) if q == p]
+                if len(slots) != 1:
+                    # no slot: a temporary or a copy (structural, never plannable); several:
+                    # two of the call's tensors share memory this time
+                    return False if not slots else None
+                pattern.append(slots[0])
+            elif v is None or type(v) in _CONST_TYPES:
+                pattern.append(-1)
+                consts.append(v)
+            else:
+                # a host tensor descriptor or a tuple holds a pointer of this call: not a
+                # constant (TMA descriptors would have to be rebuilt per call)
+                return False
+        launcher = compiled.run  # the C launcher's wrapper (the handles are loaded by now)
+        launches.append((tuple(pattern), (launcher, *grid, compiled.function,
+                                          compiled.packed_metadata, *consts)))
+    used = {s for pattern, _ in launches for s in pattern}
+    if any(o.numel() and len(inputs) + j not in used for j, o in enumerate(outputs)):
+        return False  # an output no launch writes (made by torch ops from a temporary)
+    n_in = len(inputs)
+    shape = tuple((tuple(o.shape), o.dtype, o.device) for o in outputs + scratch)
+    code_key = (n_in, len(outputs), len(scratch), tuple(p for p, _ in launches))
+    make = _codegen_cache.get(code_key)
+    if make is None:
+        make = _codegen(*code_key)
+        _codegen_cache[code_key] = make
+    values = [v for _, vals in launches for v in vals]
+    for s, dt, dev in shape:
+        values += [s, dt, dev]
+    return make(torch.empty, stats, _launch.hook_lists(), *values)
+
+
+def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple):
+    """Source of ``make(empty, stats, hooks, *values) -> go`` for one plan structure: the
+    values become closure cells, so ``go`` is straight-line code with no lookups."""
+    params = []
+    body = []
+    ins = [f"t{i}" for i in range(n_in)]
+    allocs = [f"t{n_in + j}" for j in range(n_out + n_scratch)]
+    outs = allocs[:n_out]
+    for j in range(len(patterns)):
+        params += [f"r{j}", f"g{j}a", f"g{j}b", f"g{j}c", f"f{j}", f"m{j}"]
+        params += [f"c{j}_{k}" for k, s in enumerate(patterns[j]) if s < 0]
+    for j in range(len(allocs)):
+        params += [f"s{j}", f"d{j}", f"v{j}"]
+    body.append("        if enter or exit_:")  # a profiler attached: Triton's path calls it
+    body.append("            return None")
+    for j, o in enumerate(allocs):
+        body.append(f"        {o} = empty(s{j}, dtype=d{j}, device=v{j})")
+    if allocs:
+        body.append(f"        if ({' | '.join(o + '.data_ptr()' for o in allocs)}) & 15:")
+        body.append("            return None")
+    for j, pat in enumerate(patterns):
+        args = [f"t{s}" if s >= 0 else f"c{j}_{k}" for k, s in enumerate(pat)]
+        body.append(f"        r{j}(g{j}a, g{j}b, g{j}c, stream, f{j}, m{j}, None, None, None"
+                    + "".join(", " + a for a in args) + ")")
+    body.append("        stats['plan'] += 1")
+    ret = outs[0] if n_out == 1 else "(" + ", ".join(outs) + ("," if n_out == 1 else "") + ")"
+    body.append(f"        return {ret}")
+    src = (f"def make(empty, stats, hooks, {', '.join(params)}):\n"
+           "    enter, exit_ = hooks\n"
+           f"    def go(stream, {', '.join(ins)}):\n" + "\n".join(body) + "\n    return go\n")
+    ns: dict = {}
+    exec(src, ns)  # noqa: S102 - generated from the recorded launch structure
+    return ns["make"]
+
+
+refresh()
