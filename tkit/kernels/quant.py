@@ -53,7 +53,7 @@ import triton.language as tl
 
 from tkit import _env
 from tkit.kernels import _common as C
-from tkit.kernels._numerics import fp8_keep_nan
+from tkit.kernels._numerics import fp8_keep_nan, round_to
 from tkit.kernels.softmax import as_rows
 
 FP8 = torch.float8_e4m3fn
@@ -150,7 +150,7 @@ def _values(X, B, R, W, H, rows, cols, mask, sxm, sxk, sbm, sbk, srm, srk, shm,
             h = a * tl.sigmoid(a) * b
         elif HAS_RES:
             r = tl.load(R + r2 * srm + cols * srk, mask=mask, other=0.0)
-            hs = (x.to(tl.float32) + r.to(tl.float32)).to(H.dtype.element_ty)
+            hs = round_to(x.to(tl.float32) + r.to(tl.float32), H.dtype.element_ty)
             if STORE_H:
                 tl.store(H + r2 * shm + cols, hs, mask=mask)
             h = hs.to(tl.float32)

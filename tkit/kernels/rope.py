@@ -45,7 +45,7 @@ import triton.language as tl
 
 from tkit import _env
 from tkit.kernels import _common as C
-from tkit.kernels._numerics import fp8_keep_nan
+from tkit.kernels._numerics import fp8_keep_nan, round_to
 from tkit.kernels.decode_attention import FP8, append_kv_checks
 
 POS_DTYPES = (torch.int32, torch.int64)
@@ -195,7 +195,7 @@ def _to_cache(y, sc, XC, QUANT: tl.constexpr):
     """float32 ``y`` in the cache's dtype: rounded, or divided by the scale and saturated to
     +-448 (NaN kept) for an fp8 cache."""
     if QUANT == 0:
-        out = y.to(XC.dtype.element_ty)
+        out = round_to(y, XC.dtype.element_ty)
     else:
         if len(y.shape) == 4:
             r = y / sc[:, :, None, None]
@@ -270,7 +270,7 @@ def _rope_kernel(
         xb = bi[:, None] * sqb + si[:, None] * sqs + h[None, :] * sqh
         ob = bi[:, None] * sob + si[:, None] * sos + h[None, :] * soh
         ya, yb = _load_rotate(Q, xb, sqd, m2, cos, sin, HALF, BLOCK_HALF, IS_NEOX)
-        _store_rot(QO, ob, sod, m2, ya.to(QO.dtype.element_ty), yb.to(QO.dtype.element_ty),
+        _store_rot(QO, ob, sod, m2, round_to(ya, QO.dtype.element_ty), round_to(yb, QO.dtype.element_ty),
                    HALF, BLOCK_HALF, IS_NEOX)
         if COPY_PASS and PASS > 0:
             pi, pm = _pass_offsets(xb, sqd, m2, ROT, PASS, BLOCK_P)
@@ -290,7 +290,7 @@ def _rope_kernel(
         xb = bi[:, None] * skb + si[:, None] * sks + h[None, :] * skh
         ob = bi[:, None] * skob + si[:, None] * skos + h[None, :] * skoh
         ya, yb = _load_rotate(K, xb, skd, m2, cos, sin, HALF, BLOCK_HALF, IS_NEOX)
-        _store_rot(KO, ob, skod, m2, ya.to(KO.dtype.element_ty), yb.to(KO.dtype.element_ty),
+        _store_rot(KO, ob, skod, m2, round_to(ya, KO.dtype.element_ty), round_to(yb, KO.dtype.element_ty),
                    HALF, BLOCK_HALF, IS_NEOX)
         if PASS > 0:
             pi, pm = _pass_offsets(xb, skd, m2, ROT, PASS, BLOCK_P)
