@@ -22,8 +22,9 @@ Kernel (``_rope_kernel``, one launch for q, k and, fused, v): a program takes BL
 loads their positions (clamped to [0, max_position - 1]: no value reads outside the table) and
 their cos/sin rows once, then walks q's heads and k's heads (and v's) in tiles of
 (BLOCK_T, BLOCK_H, R/2). neox loads the two halves of each head as two contiguous runs; GPT-J
-loads (R/2, 2) pairs and splits them in registers, so every access is a contiguous run of the
-head row (16-byte vectors when the head dim's stride is 1). Offsets are 32-bit unless some
+loads the run x[0:R] and splits it into pairs in registers, so every access is a contiguous run
+of the head row (16-byte vectors when the head dim's stride is 1: sm_90 PTX of the bench cases
+has only ld/st.global.v4 for q and k). Offsets are 32-bit unless some
 tensor spans 2**31 elements (``INT64``); cache offsets are always 64-bit (block index x block
 stride). The fused cache write uses ``tkit.append_kv``'s format and fp8 rules: per-tensor
 ``x / scale`` saturated to +-448, or per-(token, head) scales amax / 448 computed here and
@@ -118,25 +119,26 @@ def _rot_offsets(base, d_stride, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
                  IS_NEOX: tl.constexpr):
     """Offsets of the rotated pairs of a (BLOCK_T, BLOCK_H) set of head rows starting at
     ``base``: neox (a, b) = (x[i], x[HALF + i]), each (T, H, BLOCK_HALF); GPT-J one
-    (T, H, BLOCK_HALF, 2) tile of x[2i + j] (returned twice)."""
-    i = tl.arange(0, BLOCK_HALF)
+    (T, H, 2 * BLOCK_HALF) run x[0 .. 2 * HALF) (returned twice), split into pairs in
+    registers (a load of (HALF, 2) offsets compiled to 4-byte accesses on sm_90; a contiguous
+    run reshaped after the load gives 16-byte ones)."""
     if IS_NEOX:
+        i = tl.arange(0, BLOCK_HALF)
         oa = base[:, :, None] + (i * d_stride)[None, None, :]
         ob = base[:, :, None] + ((i + HALF) * d_stride)[None, None, :]
     else:
-        j = tl.arange(0, 2)
-        d = 2 * i[:, None] + j[None, :]
-        oa = base[:, :, None, None] + (d * d_stride)[None, None, :, :]
+        d = tl.arange(0, 2 * BLOCK_HALF)
+        oa = base[:, :, None] + (d * d_stride)[None, None, :]
         ob = oa
     return oa, ob
 
 
 @triton.jit
 def _rot_mask(m2, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, IS_NEOX: tl.constexpr):
-    i = tl.arange(0, BLOCK_HALF)
-    m3 = m2[:, :, None] & (i < HALF)[None, None, :]
-    if not IS_NEOX:
-        m3 = m3[:, :, :, None] & (tl.arange(0, 2) < 2)[None, None, None, :]
+    if IS_NEOX:
+        m3 = m2[:, :, None] & (tl.arange(0, BLOCK_HALF) < HALF)[None, None, :]
+    else:
+        m3 = m2[:, :, None] & (tl.arange(0, 2 * BLOCK_HALF) < 2 * HALF)[None, None, :]
     return m3
 
 
@@ -151,7 +153,7 @@ def _load_rotate(X, base, d_stride, m2, cos, sin, HALF: tl.constexpr,
         b = tl.load(X + ob, mask=m, other=0.0).to(tl.float32)
     else:
         x = tl.load(X + oa, mask=m, other=0.0).to(tl.float32)
-        a, b = tl.split(x)
+        a, b = tl.split(tl.reshape(x, (x.shape[0], x.shape[1], BLOCK_HALF, 2)))
     c = cos[:, None, :]
     s = sin[:, None, :]
     return a * c - b * s, b * c + a * s
@@ -167,7 +169,8 @@ def _store_rot(Y, base, d_stride, m2, ya, yb, HALF: tl.constexpr, BLOCK_HALF: tl
         tl.store(Y + oa, ya, mask=m)
         tl.store(Y + ob, yb, mask=m)
     else:
-        tl.store(Y + oa, tl.join(ya, yb), mask=m)
+        y = tl.reshape(tl.join(ya, yb), (ya.shape[0], ya.shape[1], 2 * BLOCK_HALF))
+        tl.store(Y + oa, y, mask=m)
 
 
 @triton.jit
@@ -270,8 +273,8 @@ def _rope_kernel(
         xb = bi[:, None] * sqb + si[:, None] * sqs + h[None, :] * sqh
         ob = bi[:, None] * sob + si[:, None] * sos + h[None, :] * soh
         ya, yb = _load_rotate(Q, xb, sqd, m2, cos, sin, HALF, BLOCK_HALF, IS_NEOX)
-        _store_rot(QO, ob, sod, m2, round_to(ya, QO.dtype.element_ty), round_to(yb, QO.dtype.element_ty),
-                   HALF, BLOCK_HALF, IS_NEOX)
+        _store_rot(QO, ob, sod, m2, round_to(ya, QO.dtype.element_ty),
+                   round_to(yb, QO.dtype.element_ty), HALF, BLOCK_HALF, IS_NEOX)
         if COPY_PASS and PASS > 0:
             pi, pm = _pass_offsets(xb, sqd, m2, ROT, PASS, BLOCK_P)
             po, _pm = _pass_offsets(ob, sod, m2, ROT, PASS, BLOCK_P)
@@ -290,8 +293,8 @@ def _rope_kernel(
         xb = bi[:, None] * skb + si[:, None] * sks + h[None, :] * skh
         ob = bi[:, None] * skob + si[:, None] * skos + h[None, :] * skoh
         ya, yb = _load_rotate(K, xb, skd, m2, cos, sin, HALF, BLOCK_HALF, IS_NEOX)
-        _store_rot(KO, ob, skod, m2, round_to(ya, KO.dtype.element_ty), round_to(yb, KO.dtype.element_ty),
-                   HALF, BLOCK_HALF, IS_NEOX)
+        _store_rot(KO, ob, skod, m2, round_to(ya, KO.dtype.element_ty),
+                   round_to(yb, KO.dtype.element_ty), HALF, BLOCK_HALF, IS_NEOX)
         if PASS > 0:
             pi, pm = _pass_offsets(xb, skd, m2, ROT, PASS, BLOCK_P)
             if COPY_PASS or APPEND:
