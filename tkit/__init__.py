@@ -40,6 +40,15 @@ _EXPORTS = {
     "decode_attention": "tkit.kernels.decode_attention",
     "append_kv": "tkit.kernels.decode_attention",
     "merge_attention_states": "tkit.kernels.decode_attention",
+    # rotary embeddings
+    "rope": "tkit.kernels.rope",
+    "rope_cache": "tkit.kernels.rope",
+    "rope_append_kv": "tkit.kernels.rope",
+    # dynamic quantization and fused producers of quantized activations
+    "quantize_fp8": "tkit.kernels.quant",
+    "quantize_int8": "tkit.kernels.quant",
+    "rms_norm_quant": "tkit.kernels.quant",
+    "silu_mul_quant": "tkit.kernels.quant",
 }
 _SUBMODULES = {"registry", "testing", "bench", "ir", "cuda_ext", "kernels"}
 # `tkit.ir` is the public face of tkit.ir_tools

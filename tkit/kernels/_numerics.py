@@ -65,3 +65,17 @@ def fp8_keep_nan(r):
     bits = y.to(tl.uint8, bitcast=True)
     bits = tl.where(r != r, (bits | 0x7F).to(tl.uint8), bits)
     return bits.to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
+def round_to(x, dtype: tl.constexpr):
+    """float32 ``x`` rounded to ``dtype`` (``x.to(dtype)``). Triton 3.6's interpreter truncates
+    float32 -> bfloat16 (1.0 + 6.9/128 -> 1.0 + 6/128, where torch and the GPU's cvt.rn give
+    1.0 + 7/128); under ``INTERPRET`` the rounding to nearest even is done on the bits first,
+    so that the conversion only has to drop zeros. NaN and infinities pass unchanged."""
+    if INTERPRET:
+        if dtype == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            x = tl.where(x == x, rounded.to(tl.float32, bitcast=True), x)
+    return x.to(dtype)

@@ -934,6 +934,15 @@ def append_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=Non
         0-d: the given per-tensor scale; shaped like the cache without head_dim: per token and
         head, computed here (amax over head_dim / 448) and stored at the token's slot.
     """
+    append_kv_checks(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    if C.use_direct_path(k, v):
+        _append_impl(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    else:
+        _append_op(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+
+
+def append_kv_checks(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> None:
+    """The validation of :func:`append_kv` (shared with :func:`tkit.rope_append_kv`)."""
     C.check_tensor(k, "k", Q_DTYPES, ndim=3)
     C.check_tensor(v, "v", Q_DTYPES, ndim=3)
     C.check_tensor(k_cache, "k_cache", CACHE_DTYPES, ndim=4)
@@ -965,10 +974,6 @@ def append_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=Non
             if not -1 <= s < n_slots:
                 raise ValueError(f"slot_mapping[{i}] = {s} is outside [0, num_blocks * "
                                  f"page_size = {n_slots}) (and not -1: skip)")
-    if C.use_direct_path(k, v):
-        _append_impl(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-    else:
-        _append_op(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
 def merge_attention_states(o_a, lse_a, o_b, lse_b):
