@@ -203,7 +203,13 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
         # NaN as 480: hand it float32 operands (exact products, as the tensor cores compute)
         a = _interpreter_operand(a)
         b = _interpreter_operand(b)
-    if IEEE:
+    if a.dtype.is_fp8():
+        # Hopper's fp8 tensor cores keep about 14 bits of a running sum that stays inside the
+        # MMA chain, so over K = 8192 the error grew past one bf16 rounding of the result;
+        # each BLOCK_K step (128 elements) starts a fresh MMA sum, added to acc in float32
+        # (DeepSeek-V3's promotion interval).
+        acc += tl.dot(a, b)
+    elif IEEE:
         acc = tl.dot(a, b, acc, input_precision="ieee")
     else:
         acc = tl.dot(a, b, acc)
