@@ -165,6 +165,9 @@ CASES = {
                    lambda x, s: tkit.cast(x, torch.float8_e4m3fn, s)),
     "softmax": (lambda: (torch.randn(1, 4096).to(BF),), tkit.softmax),
     "log_softmax_rows": (lambda: (torch.randn(37, 1000),), tkit.log_softmax),
+    # few long rows on a GPU of 132 SMs: the split path, two launches over float32 partials
+    "log_softmax_split": (lambda: (torch.randn(4, 30000).to(BF),), lambda x: _as_on_h200(
+        lambda: tkit.log_softmax(x))),
     "rms_norm": (lambda: (torch.randn(1, 4096).to(BF), torch.randn(4096).to(BF)),
                  tkit.rms_norm),
     "rms_norm_param": (lambda: (torch.randn(3, 256).to(BF),
@@ -183,6 +186,17 @@ CASES = {
                         lambda q, k, v: tkit.flash_attention(q, k, v, causal=True,
                                                              return_lse=True)),
 }
+
+
+def _as_on_h200(call):
+    """``call()`` with softmax's path choice seeing 132 SMs (a CPU counts as one)."""
+    from tkit.kernels import softmax as sm
+
+    old, sm._sm_count = sm._sm_count, lambda device: 132
+    try:
+        return call()
+    finally:
+        sm._sm_count = old
 
 
 @jit

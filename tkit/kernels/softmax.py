@@ -359,8 +359,10 @@ def _split_launch(a2, b2, out2, backward, log):
     chunk = split_chunk()
     nchunk = C.cdiv(N, chunk)
     dev = a2.device
-    p1 = torch.empty((M, nchunk), dtype=torch.float32, device=dev)
-    p2 = torch.empty((M, nchunk), dtype=torch.float32, device=dev)
+    # per-chunk partials, written in full by the first pass before the second reads them:
+    # scratch, so that an eager plan allocates them afresh instead of refusing the signature
+    p1 = C.scratch((M, nchunk), torch.float32, dev)
+    p2 = C.scratch((M, nchunk), torch.float32, dev)
     row_bytes = N * a2.element_size() * (2 if backward else 1)
     batch = row_batch(M, row_bytes)
     int64 = C.needs_int64(a2, out2, p1) or (b2 is not None and C.needs_int64(b2))
