@@ -40,6 +40,9 @@ _EXPORTS = {
     "decode_attention": "tkit.kernels.decode_attention",
     "append_kv": "tkit.kernels.decode_attention",
     "merge_attention_states": "tkit.kernels.decode_attention",
+    # sampling
+    "sample": "tkit.kernels.sampling",
+    "speculative_accept": "tkit.kernels.sampling",
 }
 _SUBMODULES = {"registry", "testing", "bench", "ir", "cuda_ext", "kernels"}
 # `tkit.ir` is the public face of tkit.ir_tools

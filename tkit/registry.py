@@ -25,6 +25,7 @@ SPEC_MODULES = (
     "tkit.specs.matmul",
     "tkit.specs.attention",
     "tkit.specs.decode_attention",
+    "tkit.specs.sampling",
     "tkit.specs.cuda_ext",
     "tkit.specs.model",
 )
