@@ -19,8 +19,14 @@ import torch
 
 import tkit
 from tkit.kernels import sampling as SK
-from tkit.registry import Case, Cost, OpSpec, eager_baseline, optional_module, \
-    torch_compile_baseline
+from tkit.registry import (
+    Case,
+    Cost,
+    OpSpec,
+    eager_baseline,
+    optional_module,
+    torch_compile_baseline,
+)
 from tkit.testing.tensors import make_tensor
 
 st = optional_module("hypothesis.strategies")
