@@ -49,6 +49,9 @@ _EXPORTS = {
     "quantize_int8": "tkit.kernels.quant",
     "rms_norm_quant": "tkit.kernels.quant",
     "silu_mul_quant": "tkit.kernels.quant",
+    # sampling
+    "sample": "tkit.kernels.sampling",
+    "speculative_accept": "tkit.kernels.sampling",
 }
 _SUBMODULES = {"registry", "testing", "bench", "ir", "cuda_ext", "kernels"}
 # `tkit.ir` is the public face of tkit.ir_tools
