@@ -113,17 +113,21 @@ class DecodeConfig:
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int) -> DecodeConfig:
-        """The default for this head dim and cache element size. Not measured yet (no GPU
-        run of this kernel so far; docs/NOTES.md has what the sm_90 compile shows): K tiles of
+        """The default for this head dim and cache element size (docs/NOTES.md has the H200
+        sweep of B32 D128, dense and paged, and what the sm_90 compile shows): K tiles of
         16 KB (64 keys at D=128 in 16 bits, 32 at D=256, 128 for fp8 at D=128: an fp8 tile
         converted in registers costs ~200 registers a thread, two programs an SM, so each
-        must bring more bytes), 4 warps, 3 stages. The interpreter pays per tile, not per
+        must bring more bytes), 4 warps, 2 or 3 stages (below). The interpreter pays per tile, not per
         element, but tests want several tiles and splits on tiny caches: 16-key tiles there."""
         if _env.INTERPRET:
             return cls(block_n=16, block_m=16, num_stages=1)
         block_d = max(16, C.next_power_of_2(head_dim))
         block_n = max(16, min(128, (16 << 10) // (block_d * cache_itemsize)))
-        return cls(block_n=block_n)
+        # 16-bit D=128: two stages of K+V (64 KB) leave room for three programs an SM where
+        # three stages (96 KB) leave two, and a dense cache then read 4.1 TB/s instead of 3.5
+        # (a paged one the same 4.0); other head dims and fp8 keep three until measured
+        stages = 2 if cache_itemsize == 2 and block_d == 128 else 3
+        return cls(block_n=block_n, num_stages=stages)
 
 
 _overrides = threading.local()
