@@ -117,8 +117,9 @@ class DecodeConfig:
         sweep of B32 D128, dense and paged, and what the sm_90 compile shows): K tiles of
         16 KB (64 keys at D=128 in 16 bits, 32 at D=256, 128 for fp8 at D=128: an fp8 tile
         converted in registers costs ~200 registers a thread, two programs an SM, so each
-        must bring more bytes), 4 warps, 2 or 3 stages (below). The interpreter pays per tile, not per
-        element, but tests want several tiles and splits on tiny caches: 16-key tiles there."""
+        must bring more bytes), 4 warps, 2 or 3 stages (below). The interpreter pays per tile,
+        not per element, but tests want several tiles and splits on tiny caches: 16-key tiles
+        there."""
         if _env.INTERPRET:
             return cls(block_n=16, block_m=16, num_stages=1)
         block_d = max(16, C.next_power_of_2(head_dim))
