@@ -165,6 +165,14 @@ CASES = {
                    lambda x, s: tkit.cast(x, torch.float8_e4m3fn, s)),
     "softmax": (lambda: (torch.randn(1, 4096).to(BF),), tkit.softmax),
     "log_softmax_rows": (lambda: (torch.randn(37, 1000),), tkit.log_softmax),
+    # the registered ops (what a torch.compile graph calls): served by plans too
+    "op_binary": (lambda: (torch.randn(3, 64).to(BF), torch.randn(64).to(BF)),
+                  lambda a, b: torch.ops.tkit.binary(a, b, "add", None)),
+    "op_unary": (lambda: (torch.randn(5, 33),), lambda x: torch.ops.tkit.unary(x, "silu")),
+    "op_act_mul": (lambda: (torch.randn(2, 300).to(BF), torch.randn(2, 300).to(BF)),
+                   lambda a, b: torch.ops.tkit.act_mul(a, b, "silu")),
+    "op_cast_scaled": (lambda: (torch.randn(8, 64), torch.rand(1) + 0.5),
+                       lambda x, s: torch.ops.tkit.cast(x, torch.float8_e4m3fn, s)),
     # few long rows on a GPU of 132 SMs: the split path, two launches over float32 partials
     "log_softmax_split": (lambda: (torch.randn(4, 30000).to(BF),), lambda x: _as_on_h200(
         lambda: tkit.log_softmax(x))),
