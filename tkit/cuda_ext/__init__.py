@@ -101,13 +101,27 @@ def _try_compile(source: str, backend: str, arch: str | None) -> str | None:
     return None
 
 
+_CANDIDATES: dict = {}
+
+
 def _candidates(device: int | None = None):
-    """[(path, launcher, reason-or-None)] for this device's compute capability."""
+    """[(path, launcher, reason-or-None)] for this device's compute capability, worked out once
+    a device and dispatch table: every call asked again (two source-file hashes, a module-cache
+    lookup and the self-test's key), which cost more host time than a 4096^3 wgmma GEMM runs,
+    so the dispatched matmul measured at mma.sync's speed or below (H200, 2026-12-01)."""
     why = _environment_reason()
     if why is not None:
         return [], why
-    major, minor = torch.cuda.get_device_capability(device)
+    dev = torch.cuda.current_device() if device is None else device
+    major, minor = torch.cuda.get_device_capability(dev)
     table = DISPATCH.get(major)
+    key = (dev, major, minor, None if table is None else tuple(map(id, table)))
+    if key not in _CANDIDATES:
+        _CANDIDATES[key] = _find_candidates(major, minor, table)
+    return _CANDIDATES[key]
+
+
+def _find_candidates(major, minor, table):
     if table is None:
         return [], (f"compute capability {major}.{minor} has no CUDA path (table covers "
                     f"{', '.join(f'{k}.x' for k in sorted(DISPATCH))}); Triton runs")

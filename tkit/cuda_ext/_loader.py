@@ -145,8 +145,20 @@ def read_source(name: str) -> str:
     return f'#line 1 "{path}"\n' + path.read_text()
 
 
+_HASHES: dict = {}
+
+
 def source_hash(name: str) -> str:
-    return hashlib.sha256(source_path(name).read_bytes()).hexdigest()[:16]
+    """The source's content hash, kept per (path, mtime, size): launchers key their modules and
+    self-tests on it every call, and reading and hashing the file each time cost tens of
+    microseconds a launch."""
+    path = source_path(name)
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    digest = _HASHES.get(key)
+    if digest is None:
+        digest = _HASHES[key] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return digest
 
 
 def _key_digest(*parts) -> str:
