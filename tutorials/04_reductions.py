@@ -60,7 +60,7 @@ def eager_rms_norm(x, weight, eps=1e-6):
 
 def test_eager_moves_about_ten_times_the_bytes():
     # 9x the traffic; measured on the H200 the gap is 13x (0.32 vs 4.17 TB/s-equivalent for
-    # torch.compile, FACTS.md): on top of the traffic, six launches and a float32 round trip.
+    # torch.compile, docs/FACTS.md): on top of the traffic, six launches and a float32 round trip.
     assert 8 <= eager_traffic_ratio() <= 10
 
 

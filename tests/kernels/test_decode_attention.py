@@ -151,7 +151,7 @@ def test_fp8_cache(mode, paged):
 
 
 def test_bf16_in_the_interpreter():
-    # bf16 arithmetic is wrong in the interpreter unless the kernel upcasts (FACTS.md)
+    # bf16 arithmetic is wrong in the interpreter unless the kernel upcasts (docs/FACTS.md)
     q, k, v, table = _paged(2, 2, 4, 2, 32, 8, 4, torch.bfloat16, seed=31)
     check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                             [q, k, v, _lens(30, 5)], dict(block_table=table))
