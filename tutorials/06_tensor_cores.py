@@ -226,7 +226,7 @@ def test_hopper_path_uses_wgmma_and_tma():
 # The tile sizes of the table, the textbook kernel against tkit's kernels and cuBLAS at 4096^3.
 # Expect the textbook kernel to track the table's ordering (small tiles starved of bandwidth)
 # and to stop well short of cuBLAS even at 128x256: mma.sync with register operands cannot keep
-# Hopper's tensor cores fed. The TMA + wgmma kernel closes that gap (scripts/gpu_matmul.py has
+# Hopper's tensor cores fed. The TMA + wgmma kernel closes that gap (`tkit bench matmul` has
 # the full comparison of its configs).
 
 # %%

@@ -322,7 +322,8 @@ def test_readme_table_shows_the_latest_row_of_each_op_case_and_provider(tmp_path
     assert "| h200-b | f00d |" in table[0] and "4.21 TB/s" in table[0]
     assert "| torch | 0.2 |" in table[1] and "| h200-a |" in table[1]
     assert "## NVIDIA H200 (`h200.jsonl`)" in text and "reliability" not in text
-    assert "1 rows from 1 probe-script runs: `h200-s` (1)" in text
+    assert "1 rows from 1 runs of probe scripts and other benchmarks" in text
+    assert "`h200-s` (1)" in text
 
 
 def test_convert_reads_tkit_bench_and_script_result_files(tmp_path):

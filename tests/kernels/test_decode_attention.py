@@ -181,7 +181,7 @@ def test_zero_length_gives_zero_and_minus_inf():
 
 # ---- split heuristic ---------------------------------------------------------------------
 def test_choose_num_splits():
-    # the shapes on 132 SMs, two programs an SM, 64-key tiles, 2 MB of K+V a split
+    # the bench shapes on 132 SMs, two programs an SM, 64-key tiles, 2 MB of K+V a split
     def splits(b, hk, length, d=128, itemsize=2):
         floor = -(-2 * length * d * itemsize // (2 << 20))
         return DA.choose_num_splits(b * hk, -(-length // 64), 132, min_splits=floor)

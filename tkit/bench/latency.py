@@ -43,7 +43,7 @@ class LatencyCase:
 
 
 def decode_cases(device: str = "cuda", dtype=torch.bfloat16) -> list[LatencyCase]:
-    """The decode-step calls of issue #14 (bf16): one token of a Llama-3-8B-sized layer."""
+    """The calls of one decode step (bf16): one token of a Llama-3-8B-sized layer."""
     import torch.nn.functional as F
 
     import tkit

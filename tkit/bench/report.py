@@ -291,7 +291,8 @@ def readme_text(out_dir: str | Path) -> str:
             runs: OrderedDict = OrderedDict()
             for r in others:
                 runs.setdefault(r["run"], [r.get("source"), 0])[1] += 1
-            md += [f"{len(others)} rows from {len(runs)} probe-script runs: "
+            md += [f"{len(others)} rows from {len(runs)} runs of probe scripts and other "
+                   "benchmarks (`source` in the file): "
                    + ", ".join(f"`{run}` ({n})" for run, (_, n) in runs.items()) + ".", ""]
     return "\n".join(md)
 
