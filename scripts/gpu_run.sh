@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: GPU tests, the benchmark, and the families' tuning scripts.
+# One call on the GPU machine: GPU tests, the benchmark, and named measurement scripts.
 # Usage: scripts/gpu_run.sh [tests] [bench] [scripts] [-- OPS...]; results go under $OUT.
 # Env: TESTS (pytest paths, default tests), OPS (bench ops/families, default all),
-#      SCRIPTS (which scripts/gpu_*.py, default all), BENCH_ARGS (extra tkit bench args).
+#      SCRIPTS (scripts to run, e.g. "benchmarks/tune_table.py scripts/gpu_ir.py"; default
+#      scripts/gpu_ir.py), BENCH_ARGS (extra tkit bench args). The bench stage appends its rows
+#      to $OUT/<device>.jsonl: append those to benchmarks/results/<device>.jsonl when committing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./out}
@@ -25,7 +27,7 @@ if [[ $stages == *bench* ]]; then
   status=$(( status | ${PIPESTATUS[0]} ))
 fi
 if [[ $stages == *scripts* ]]; then
-  for s in ${SCRIPTS:-scripts/gpu_*.py}; do
+  for s in ${SCRIPTS:-scripts/gpu_ir.py}; do
     [[ -f $s ]] || continue
     echo "== $s"
     timeout ${SCRIPT_TIMEOUT:-180} python3 "$s" 2>&1 | tee "$OUT/$(basename "$s" .py).log" | tail -40

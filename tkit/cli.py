@@ -204,7 +204,9 @@ def _report(args, rows, c, out_dir) -> int:
     print(report.terminal_table(rows))
     env = runner.environment()
     jpath, mpath = report.write_results(rows, out_dir, c, env, stem=args.stem)
-    print(f"\nwrote {jpath} and {mpath}")
+    print(f"\nwrote {jpath} and {mpath}; appended the rows to "
+          f"{report.long_form_path(out_dir, env.get('device', ''))} "
+          f"and rewrote {report.write_readme(out_dir)}")
     if args.plot:
         png = report.plot_roofline(rows, c, mpath.with_suffix(".png"))
         if png:
@@ -237,7 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit status: 0 every case ran and was right; 1 a case failed, was wrong, or "
         "nothing could be run here; 2 an unknown op, family or group.")
     b.add_argument("ops", nargs="*", help="op names or families (default: all)")
-    b.add_argument("--out", default="benchmarks/results", help="where JSON/markdown go")
+    b.add_argument("--out", default="benchmarks/results",
+                   help="where the run's JSON/markdown go; its rows are appended to "
+                   "<out>/<device>.jsonl and <out>/README.md is regenerated")
     b.add_argument("--stem", default=None, help="file name stem (default: device-date)")
     b.add_argument("--rounds", type=int, default=None,
                    help="interleaved rounds per case (default 3; 1 with --quick, whose case "

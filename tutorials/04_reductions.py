@@ -60,7 +60,7 @@ def eager_rms_norm(x, weight, eps=1e-6):
 
 def test_eager_moves_about_ten_times_the_bytes():
     # 9x the traffic; measured on the H200 the gap is 13x (0.32 vs 4.17 TB/s-equivalent for
-    # torch.compile, FACTS.md): on top of the traffic, six launches and a float32 round trip.
+    # torch.compile, docs/FACTS.md): on top of the traffic, six launches and a float32 round trip.
     assert 8 <= eager_traffic_ratio() <= 10
 
 
@@ -241,7 +241,7 @@ def test_tkit_split_path_equals_fused_path():
 #
 # `python tutorials/04_reductions.py` on the H200 prints every step: time, TB/s, percent of the
 # copy ceiling, beside torch eager and torch.compile in the same run. The family's full
-# benchmark (backward, the N sweep, Liger-Kernel when installed) is `scripts/gpu_reductions.py`;
+# benchmark (backward, the N sweep, Liger-Kernel when installed) is `tkit bench reductions`;
 # its run of 2026-11-30 (benchmarks/results/h200-2026-11-30-e-final.log, copy 4.24 TB/s)
 # measured, at 16384 x 8192 bf16: rms_norm 4.06 TB/s (torch eager 0.62, torch.compile 4.15),
 # fused residual + rms_norm 4.01 (eager 1.02, compile 4.01), layer_norm 4.00 (compile 3.66),
@@ -250,7 +250,7 @@ def test_tkit_split_path_equals_fused_path():
 # traffic, an upper bound). Long rows (N = 262144): rms_norm 2.66 TB/s, softmax 2.35, about
 # the 2/3-of-copy bound of a schedule whose reread misses L2.
 #
-# Two measured lessons from tuning these kernels (scripts/gpu_norm_sweep.py, 2026-11-30):
+# Two measured lessons from tuning these kernels (H200, 2026-11-30, docs/NOTES.md):
 # an `eviction_policy="evict_first"` hint on loads that are read once cost 2-5% in every
 # config (rms_norm 3.89 -> 4.05 TB/s without it); and the backward, whose program holds a
 # whole 8192-column row plus the weight and the dweight partial (120-127 registers x 512
@@ -259,7 +259,8 @@ def test_tkit_split_path_equals_fused_path():
 # layer_norm). When occupancy cannot hide latency, the program has to.
 #
 # A third lesson came from reading what torch.compile generates for the same ops (inductor's
-# looped reduction, `scripts/gpu_norm_focus.py` saves its kernels and chosen configs): for rows
+# looped reduction; the H200 norm focus runs of 2026-11-30 saved its kernels and chosen configs
+# in benchmarks/results/h200-2026-11-30-*-norm-focus.json): for rows
 # of 4096 columns and more it does not hold the row in registers. It walks the row twice, in
 # chunks of 2048-32768 columns: the first walk accumulates per lane (each thread keeps its own
 # running sum of squares, or its own Welford mean and M2, and the threads are combined once at
@@ -273,17 +274,17 @@ def test_tkit_split_path_equals_fused_path():
 # form N=8192 4.02 -> 4.09; layer_norm N=32768 3.05 -> 3.64. One point stayed behind:
 # layer_norm at N=16384, 3.83 TB/s against torch.compile's 3.97.
 #
-# The fourth lesson is how that point was found: not by more configs, but by rebuilding the
-# faster kernel by hand (`scripts/gpu_ln_probe.py`) and changing one thing at a time until it
-# was as slow as ours. torch.compile bakes the row length into its kernel, so both walks
-# unroll and the second walk's loads issue ahead too; and its Welford combine (Chan's pairwise
-# rule, one three-value reduction instead of two sums) runs on counts the compiler can see,
-# so the divisions of the thread-local part fold away. tkit keeps N a run-time argument (one
-# build serves every row length with the same chunk count) but makes the same facts visible:
-# the second walk is unrolled on the constexpr chunk count, and on whole chunks the lanes
-# enter the Chan reduce with count 1 and M2 / c (the rule depends only on the counts' ratios;
-# M2 is scaled back by c). layer_norm N=16384: 3.80 -> 4.02 TB/s, 1.01x torch.compile (run za
-# of 2026-11-30); `norm.LOOP_SHAPES` records which style each row length takes.
+# The fourth lesson is how that point was found: not by more configs, but by rebuilding the faster
+# kernel by hand (a probe: benchmarks/results/h200-2026-11-30-w-ln-probe.log) and changing one thing
+# at a time until it was as slow as ours. torch.compile bakes the row length into its kernel, so
+# both walks unroll and the second walk's loads issue ahead too; and its Welford combine (Chan's
+# pairwise rule, one three-value reduction instead of two sums) runs on counts the compiler can see,
+# so the divisions of the thread-local part fold away. tkit keeps N a run-time argument (one build
+# serves every row length with the same chunk count) but makes the same facts visible: the second
+# walk is unrolled on the constexpr chunk count, and on whole chunks the lanes enter the Chan reduce
+# with count 1 and M2 / c (the rule depends only on the counts' ratios; M2 is scaled back by c).
+# layer_norm N=16384: 3.80 -> 4.02 TB/s, 1.01x torch.compile (run za of 2026-11-30);
+# `norm.LOOP_SHAPES` records which style each row length takes.
 
 # %%
 if __name__ == "__main__":

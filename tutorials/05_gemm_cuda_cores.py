@@ -10,7 +10,7 @@
 # Run it: `pytest tutorials/05_gemm_cuda_cores.py` on any machine with nvcc (the kernels are
 # compiled ahead of time and their SASS read; no GPU needed), `python
 # tutorials/05_gemm_cuda_cores.py` on a GPU for the measurements
-# (`scripts/gpu_cuda_ext.py` measures the same ladder beside cuBLAS).
+# (`tkit bench cuda_ext` measures the same ladder beside cuBLAS).
 
 # %%
 from __future__ import annotations
@@ -192,7 +192,7 @@ def test_sass_shows_each_step():
 # range), vectorized loads and double buffering the last 10-20%, cuBLAS fp32 near 75-85% of
 # peak.
 #
-# Measured on the H200 (2026-11-29, `scripts/gpu_cuda_ext.py`, do_bench medians, 4096^3 fp32,
+# Measured on the H200 (2026-11-29, do_bench medians, 4096^3 fp32,
 # benchmarks/results/h200-2026-11-29-a-cuda_ext.log; peak 66.9 TFLOP/s by the datasheet):
 #
 #     step                 ms      TFLOP/s  of cuBLAS  of peak

@@ -41,8 +41,8 @@ from tkit.kernels import matmul as mm  # noqa: E402
 
 # %%
 H200_BF16_DENSE_TFLOPS = 989.0  # datasheet dense bf16
-H200_HBM_TBS = 4.8  # datasheet; the measured copy ceiling is 4.25 TB/s (FACTS.md)
-CUBLAS_4096_TFLOPS = 720.0  # measured on the H200 (FACTS.md)
+H200_HBM_TBS = 4.8  # datasheet; the measured copy ceiling is 4.25 TB/s (docs/FACTS.md)
+CUBLAS_4096_TFLOPS = 720.0  # measured on the H200 (docs/FACTS.md)
 
 
 def tile_intensity(bm: int, bn: int) -> float:
@@ -202,7 +202,7 @@ def test_tiled_kernel_matches_torch(shape):
     M, N, K = shape
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     a = torch.randn(M, K, device=dev, dtype=torch.float16)  # fp16: the interpreter's bf16
-    b = torch.randn(K, N, device=dev, dtype=torch.float16)  # dot is wrong (FACTS.md)
+    b = torch.randn(K, N, device=dev, dtype=torch.float16)  # dot is wrong (docs/FACTS.md)
     out = tiled_matmul(a, b)
     ref = (a.double() @ b.double())
     assert (out.double() - ref).abs().max() <= 2 * (a @ b).double().sub(ref).abs().max() + 1e-2
@@ -226,7 +226,7 @@ def test_hopper_path_uses_wgmma_and_tma():
 # The tile sizes of the table, the textbook kernel against tkit's kernels and cuBLAS at 4096^3.
 # Expect the textbook kernel to track the table's ordering (small tiles starved of bandwidth)
 # and to stop well short of cuBLAS even at 128x256: mma.sync with register operands cannot keep
-# Hopper's tensor cores fed. The TMA + wgmma kernel closes that gap (scripts/gpu_matmul.py has
+# Hopper's tensor cores fed. The TMA + wgmma kernel closes that gap (`tkit bench matmul` has
 # the full comparison of its configs).
 
 # %%

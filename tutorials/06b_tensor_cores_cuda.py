@@ -350,7 +350,7 @@ def test_mbarrier_protocol():
 # sm_90 reaches the same instructions; `python tutorials/06b_tensor_cores_cuda.py` prints
 # its SASS histogram next to these through `tkit.ir` (chapter 06 reads it in detail).
 #
-# ## 7. Measured (H200, 2026-11-30, `scripts/gpu_cuda_ext_sweep.py --focus`)
+# ## 7. Measured (H200, 2026-11-30, the GEMM builds' sweep in interleaved rounds)
 #
 # Median of three interleaved rounds, bf16, ratio to cuBLAS in the same run
 # (benchmarks/results/h200-2026-11-30-c-cuda-ext-sweep.json): the wgmma kernel (3 stages, TMA
@@ -375,7 +375,7 @@ def test_mbarrier_protocol():
 #
 # * The instruction's own ceiling. `tkit.cuda_ext.mma_peak` issues nothing but
 #   `mma.sync.m16n8k16` from registers (independent accumulator chains, no memory in the loop;
-#   `scripts/gpu_mma_peak.py`). Every saturating configuration lands on 0.666 mma per SM per
+#   `h200-2026-11-30-p-mma-peak.json`). Every saturating configuration lands on 0.666 mma per SM per
 #   clock: 2729 FLOP per SM per clock, two thirds of the 4096 that wgmma reaches, 645-655
 #   TFLOP/s at the ~1.8 GHz such a kernel holds (cuBLAS: 786 / 725 TFLOP/s at 4096^3 before and
 #   after the sweep).

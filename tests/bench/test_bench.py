@@ -265,6 +265,92 @@ def test_cli_bench_gpu_path_reports_failures_and_writes_everything(monkeypatch, 
     assert "3 timed by earlier runs" in capsys.readouterr().out
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="drives the GPU path of the CLI on a CPU")
+def test_cli_bench_appends_long_form_rows_to_the_devices_file(monkeypatch, tmp_path, capsys):
+    """tkit bench (GPU path faked) appends its rows to <out>/<device>.jsonl with the run id, the
+    environment and the times; a rerun under the same stem replaces its rows, another appends."""
+    import fake_specs
+
+    from tkit.bench import ceilings
+
+    monkeypatch.setattr(cli, "_prepare_backend", lambda: True)
+    monkeypatch.setattr(registry, "_SPECS", {s.name: s for s in fake_specs.SPECS[:1]})
+    monkeypatch.setattr(ceilings, "get", lambda remeasure=False: CEIL)
+    monkeypatch.setattr(runner, "time_fn", fake_specs.fake_time_fn)
+    env = {**runner.environment(), "device": "NVIDIA Test GPU", "git_sha": "abc1234"}
+    monkeypatch.setattr(runner, "environment", lambda: env)
+    argv = ["bench", "fake_a", "--in-process", "--out", str(tmp_path)]
+    cli.main(argv + ["--stem", "run1"])
+    path = tmp_path / "test-gpu.jsonl"
+    assert path.name in capsys.readouterr().out
+    rows = report.read_long_form(path)
+    per_run = json.loads((tmp_path / "run1.json").read_text())["rows"]
+    assert len(rows) == len(per_run) > 0  # the per-run file is still written
+    assert list(rows[0])[:9] == list(report.LONG_FIELDS)
+    for r in rows:
+        assert r["run"] == "run1" and r["device"] == "NVIDIA Test GPU"
+        assert r["git_sha"] == "abc1234" and r["torch"] == torch.__version__
+        assert r["date"] == env["date"] and r["source"] == "tkit bench"
+    timed = [r for r in rows if r["median_ms"]]
+    assert timed and all(r["p20_ms"] <= r["median_ms"] <= r["p80_ms"] for r in timed)
+    assert {(r["op"], r["provider"]) for r in timed} >= {("fake_a", "tkit")}
+    cli.main(argv + ["--stem", "run1"])  # the same run again: replaced, not doubled
+    assert len(report.read_long_form(path)) == len(rows)
+    cli.main(argv + ["--stem", "run2"])
+    runs = [r["run"] for r in report.read_long_form(path)]
+    assert runs == ["run1"] * len(rows) + ["run2"] * len(rows)
+    readme = (tmp_path / "README.md").read_text()  # regenerated from the long-form file
+    assert "| fake_a | 64x32 ok |" in readme and "run2" in readme and "run1 |" not in readme
+
+
+def test_readme_table_shows_the_latest_row_of_each_op_case_and_provider(tmp_path):
+    def row(run, date, provider, ms, **kw):
+        return {"run": run, "date": date, "device": "NVIDIA H200", "op": "add",
+                "case": "16384x8192", "provider": provider, "median_ms": ms, "p20_ms": ms * 0.99,
+                "p80_ms": ms * 1.01, "tbps": 0.8 / ms, "bound": "memory", "ok": True,
+                "group": "elementwise", "git_sha": "f00d", **kw}
+
+    lines = [row("h200-a", "2026-11-29", "tkit", 0.25), row("h200-a", "2026-11-29", "torch", 0.2),
+             row("h200-b", "2026-11-30", "tkit", 0.19),
+             row("h200-s", "2026-11-30", "tkit 128x64", 0.3, source="script (sweep)")]
+    (tmp_path / "h200.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (tmp_path / "h200-2026-12-01-x-reliability.jsonl").write_text('{"run": "x", "op": "add"}\n')
+    text = report.write_readme(tmp_path).read_text()
+    table = [ln for ln in text.splitlines() if ln.startswith("| add")]
+    assert len(table) == 2  # tkit's newest row and torch's; the script's row is counted below
+    assert table[0].startswith("| add | 16384x8192 | elementwise | tkit | 0.19 |")
+    assert "| h200-b | f00d |" in table[0] and "4.21 TB/s" in table[0]
+    assert "| torch | 0.2 |" in table[1] and "| h200-a |" in table[1]
+    assert "## NVIDIA H200 (`h200.jsonl`)" in text and "reliability" not in text
+    assert "1 rows from 1 runs of probe scripts and other benchmarks" in text
+    assert "`h200-s` (1)" in text
+
+
+def test_convert_reads_tkit_bench_and_script_result_files(tmp_path):
+    bench = {"environment": {"device": "NVIDIA H200", "date": "2026-12-01", "git_sha": "aa"},
+             "rows": [{"op": "add", "case": "c", "provider": "tkit", "median_ms": 1.0,
+                       "p20_ms": 0.9, "p80_ms": 1.1, "device": "NVIDIA H200"}]}
+    script = {"meta": {"device": "NVIDIA H200", "git_sha": "bb", "torch": "2.11"},
+              "rows": [{"section": "square", "shape": "4096^3", "provider": "cuBLAS", "ms": 0.2,
+                        "p20": 0.19, "p80": 0.21, "tflops": 700.0},
+                       {"kind": "config", "provider": "mma:base"},  # nothing timed: skipped
+                       {"op": "rms_norm", "N": 1024, "check_ok": True,
+                        "providers": {"tkit": {"median_ms": 0.13, "tbs": 4.1}}}]}
+    (tmp_path / "h200-2026-12-01-a-quick.json").write_text(json.dumps(bench))
+    (tmp_path / "h200-2026-11-29-b-matmul.json").write_text(json.dumps(script))
+    out = tmp_path / "out"
+    counts = report.convert(sorted(tmp_path.glob("*.json")), out)
+    assert counts == {out / "h200.jsonl": 3}
+    rows = report.read_long_form(out / "h200.jsonl")
+    assert [(r["run"], r["op"], r["case"], r["provider"], r["median_ms"]) for r in rows] == [
+        ("h200-2026-11-29-b-matmul", "matmul", "square 4096^3", "cuBLAS", 0.2),
+        ("h200-2026-11-29-b-matmul", "rms_norm", "N=1024 events", "tkit", 0.13),
+        ("h200-2026-12-01-a-quick", "add", "c", "tkit", 1.0)]
+    assert rows[0]["p80_ms"] == 0.21 and rows[0]["git_sha"] == "bb"
+    assert rows[0]["date"] == "2026-11-29" and rows[0]["source"] == "script (matmul)"
+    assert rows[2]["git_sha"] == "aa" and rows[2]["source"] == "tkit bench"
+
+
 def test_estimate_reads_the_previous_runs_case_times(tmp_path):
     import os
 

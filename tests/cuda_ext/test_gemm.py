@@ -1,6 +1,6 @@
 """The CUDA GEMMs: argument validation and dispatch everywhere; correctness on the GPU.
 
-GPU tests compare against the reference rule of DESIGN.md (float64 reference, PyTorch in the
+GPU tests compare against the reference rule of docs/DESIGN.md (float64 reference, PyTorch in the
 same precision as the peer) with outputs NaN-poisoned before the launch, at shapes that break
 tiles: one row, tile +/- 1, odd M, K not a multiple of the k tile.
 """

@@ -151,7 +151,7 @@ def test_fp8_cache(mode, paged):
 
 
 def test_bf16_in_the_interpreter():
-    # bf16 arithmetic is wrong in the interpreter unless the kernel upcasts (FACTS.md)
+    # bf16 arithmetic is wrong in the interpreter unless the kernel upcasts (docs/FACTS.md)
     q, k, v, table = _paged(2, 2, 4, 2, 32, 8, 4, torch.bfloat16, seed=31)
     check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                             [q, k, v, _lens(30, 5)], dict(block_table=table))
@@ -181,7 +181,7 @@ def test_zero_length_gives_zero_and_minus_inf():
 
 # ---- split heuristic ---------------------------------------------------------------------
 def test_choose_num_splits():
-    # the shapes on 132 SMs, two programs an SM, 64-key tiles, 2 MB of K+V a split
+    # the bench shapes on 132 SMs, two programs an SM, 64-key tiles, 2 MB of K+V a split
     def splits(b, hk, length, d=128, itemsize=2):
         floor = -(-2 * length * d * itemsize // (2 << 20))
         return DA.choose_num_splits(b * hk, -(-length // 64), 132, min_splits=floor)

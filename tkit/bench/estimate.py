@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 
 #: seconds a case, by family, at the default 3 rounds of 100 ms; derived in docs/NOTES.md
-#: ("tkit bench: wall time a case") from the H200 quick run that issue #17 reports and from
-#: the first-call time of a new attention variant
+#: ("tkit bench: wall time a case") from an H200 `tkit bench --quick` run (20 cases in 153 s,
+#: first calls included) and from the first-call time of a new attention variant
 FAMILY_SECONDS = {"elementwise": 7.5, "reductions": 7.5, "matmul": 7.5, "attention": 16.0,
                   "cuda_ext": 7.5}
 DEFAULT_SECONDS = 7.5

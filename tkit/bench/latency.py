@@ -43,7 +43,7 @@ class LatencyCase:
 
 
 def decode_cases(device: str = "cuda", dtype=torch.bfloat16) -> list[LatencyCase]:
-    """The decode-step calls of issue #14 (bf16): one token of a Llama-3-8B-sized layer."""
+    """The calls of one decode step (bf16): one token of a Llama-3-8B-sized layer."""
     import torch.nn.functional as F
 
     import tkit
@@ -333,7 +333,9 @@ def run_cli(ops, out, stem, **kw) -> int:
         mpath.write_text(f"# host latency per eager call: {env['device']}, {env['date']}\n\n"
                          f"torch {env['torch']}, triton {env['triton']}, git {env['git_sha']}."
                          "\n\n" + tables(rows) + "\n")
-        print(f"\nwrote {jpath} and {mpath}")
+        print(f"\nwrote {jpath} and {mpath}; appended the rows to "
+              f"{report.long_form_path(out, env['device'])} and rewrote "
+              f"{report.write_readme(out)}")
     return 0 if all(r["ok"] for r in rows if r["provider"] == "tkit") else 1
 
 

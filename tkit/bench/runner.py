@@ -46,7 +46,7 @@ def environment() -> dict:
 def git_sha() -> str:
     """The commit a measurement ran: TKIT_GIT_SHA when set (the GPU machine's copy of the tree
     may carry a stale .git), else ``git rev-parse`` here (+dirty for uncommitted changes)."""
-    if _env.GIT_SHA:  # set by the callers of scripts/gpu_*.sh: no .git on the GPU machine
+    if _env.GIT_SHA:  # set by scripts/gpu_run.sh's callers: no .git on the GPU machine
         return _env.GIT_SHA
     try:
         root = Path(__file__).resolve().parents[2]

@@ -31,8 +31,9 @@ SGEMM_STEPS = {
     "cp_async": ("sgemm_cp_async", (256,), (128, 128), True),
 }
 
-# The tile parameters of each default build (the macros' defaults in csrc/): the measured best
-# of the issue #7 sweep on the H200 (scripts/gpu_cuda_ext_sweep.py).
+# The tile parameters of each default build (the macros' defaults in csrc/): the fastest build
+# of the tile/stage/epilogue sweep run on the H200 (docs/NOTES.md; benchmarks/results/
+# h200-2026-11-30-{b,c}-cuda-ext-sweep.json, tutorial 06b section 7).
 MMA_DEFAULTS = dict(bm=256, bn=128, bk=64, warps_m=4, warps_n=2, stages=3, frag_pipe=1,
                     epi_smem=1)
 WGMMA_DEFAULTS = dict(stages=3, group_m=16, inflight=False, epi_tma=True, epi_split=1,
@@ -53,7 +54,7 @@ def _mma(bm, bn, bk, stages, warps_m, warps_n, pipe, epi, **extra):
 
 
 # Compile-time variants of the mma.sync kernel (macros of csrc/gemm_mma_sm80.cu), for sweeps
-# (scripts/gpu_cuda_ext_sweep.py); each spells out its whole tile. MMA_DEFAULT_VARIANT is the
+# (tutorial 06b, section 7); each spells out its whole tile. MMA_DEFAULT_VARIANT is the
 # build with no -D options. The big tiles give each warp 64 x 64 (8 ldmatrix.x4 for 32 mma per
 # k16 step instead of 6 for 16: the 64 x 32 warp tile asks ~128 B/clk of shared memory, the SM's
 # whole bandwidth); frag_pipe double-buffers fragments across k16 steps, epi_smem stages the bf16
@@ -357,7 +358,7 @@ def wgmma_selftest(**kw) -> str | None:
 
 
 # Compile-time variants of the wgmma kernel (macros of csrc/gemm_wgmma_sm90.cu), for sweeps
-# (scripts/gpu_cuda_ext_sweep.py); WGMMA_DEFAULT_VARIANT is the build with no -D options.
+# (tutorial 06b, section 7); WGMMA_DEFAULT_VARIANT is the build with no -D options.
 # epi_tma: epilogue through shared memory + TMA stores, overlapped with the next tile's
 # mainloop (epi_split parts a consumer); cluster_m=2: 2x1 clusters with the B tile multicast.
 # H200, ratio to cuBLAS at 4096^3 / 8192^3 (first sweep): direct_s4 (the original kernel)

@@ -3,7 +3,8 @@
 The same algorithm as :func:`tkit.cuda_ext.gemm.matmul_mma` (mma.sync m16n8k16 + ldmatrix +
 cp.async multi-stage pipeline, fragments double-buffered across k16 blocks), written with CuTe's
 sm80 atoms and swizzled shared-memory layouts instead of by hand: a second, independent
-implementation for issue #7, which asks whether mma.sync can reach 0.8x cuBLAS on the H200.
+implementation, written to tell whether the hand-written kernel's ~0.6x cuBLAS on the H200 is
+the ceiling of mma.sync there or of that one kernel (0.8x cuBLAS was the aim).
 Cost: 2*M*N*K flops, as every GEMM of :mod:`tkit.cuda_ext.gemm`.
 
 Operands follow :func:`~tkit.cuda_ext.gemm.matmul_mma`: ``a`` [M, K] and ``b`` [K, N], both bf16,
@@ -46,7 +47,7 @@ def _cute(bm, bn, bk, stages, warps_m, warps_n, epi=1, min_blocks=0):
                 epi_smem=epi, min_blocks=min_blocks)
 
 
-# Compile-time builds for the sweep (scripts/gpu_cute_sm80.py); each spells out its whole tile.
+# Compile-time builds for the sweep (h200-2026-11-30-i-cute-sm80.json); each spells out its tile.
 # Warp tiles: 64 x 64 (4 x 8 mma per k16 block for 8 ldmatrix.x4) except *_w2x4 on 128 x 128
 # (64 x 32). The 128-thread builds ask for two blocks per SM (their 64 / 96 KiB of shared memory
 # and <= 255 registers fit twice), so one block's barrier and epilogue overlap the other's mma

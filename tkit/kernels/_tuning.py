@@ -11,7 +11,7 @@ Triton's autotuner benchmarked every config (docs/NOTES.md). For an ``Autotuner`
    and by size bucket; a changed kernel or another Triton/torch version simply misses.
    To clear it: ``rm -rf ~/.cache/tkit/autotune`` (or :func:`clear_disk_cache`).
 3. The shipped table for the device, ``tkit/kernels/tuned/<device>.json`` (same format; written
-   by ``scripts/gpu_tune_table.py`` on that device and committed).
+   by ``benchmarks/tune_table.py`` on that device and committed).
 4. The first config the kernel's pruner keeps (the heuristic on any other device).
 
 A table entry is only served if the same config (every keyword, warps, stages) is among the

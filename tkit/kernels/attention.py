@@ -175,7 +175,7 @@ def _fwd_configs():
     # tt.warp_specialize attribute and no partition is made; the Hopper pass makes none for
     # this loop), so "ws" and plain configs are the same kernel and their measured gaps
     # (468 vs 439 in one run) are run-to-run noise.
-    # A sweep with tile orders (scripts/gpu_attention_sweep.py, one timing each, +-8% noise):
+    # A sweep with tile orders (H200, 2026-11-30, one timing each, +-8% noise):
     # 64x64 s3 w4 ptr led causal (446); at D=256, 128x64 s2 w8 ptr gave 481 / 489 (non-causal /
     # causal) against 363-388 for 64x32 s3 w4 TMA, the only tile listed there before. Compiled
     # for sm_90 (bf16, causal and not): 128x64 s2 w8 ptr takes 127-139 registers at D=64,

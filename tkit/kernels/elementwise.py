@@ -58,7 +58,7 @@ def _flat_configs():
     # A block of 1024..8192 elements per program: at 16-byte accesses, 4 to 16 vectors per thread
     # with 4 or 8 warps, enough loads in flight to cover HBM latency. Smaller blocks only add
     # programs; larger ones spill registers on the 3-operand ops.
-    # Measured on the H200 (scripts/gpu_elementwise.py, benchmarks/results/*-a-elementwise.log):
+    # Measured on the H200 (benchmarks/results/h200-2026-11-29-a-elementwise.log):
     # at 16384 x 8192 bf16 every config from 1024 to 8192 elements with 4-16 warps lands within
     # 1% of torch.compile (188.7 us for add); an "evict_first" hint on the loads cost 4-5% in
     # every config (197 us), so there is none. The first config is the default when autotuning

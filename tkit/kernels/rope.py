@@ -74,7 +74,7 @@ class RopeConfig:
         """Not measured yet (no GPU run of this kernel so far). The reasoning: a tile of
         block_t x block_h x R/2 pairs is ~4096 elements (8 KiB of bf16 in, 8 out: 16 values,
         two 16-byte vectors a thread per half with 4 warps) and a program walks 10-20 such
-        tiles at the issue's shape (16384 tokens x (32 + 8) heads x 128): 4096 programs, ~31 a
+        tiles at the bench shape (16384 tokens x (32 + 8) heads x 128): 4096 programs, ~31 a
         SM, few registers (cos/sin and one tile), so many programs share an SM and hide each
         other's latency. The interpreter pays per program: few, large ones."""
         half = C.next_power_of_2(max(1, rotary_dim // 2))

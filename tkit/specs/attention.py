@@ -140,7 +140,7 @@ def bench_cases():
         _case(4, 4096, 4096, 16, 16, 256, causal=True),
         _case(4, 4096, 4096, 32, 8, 128, causal=True, group="gqa"),
     ]
-    # (packed qkv views and sliding windows are timed by scripts/gpu_attention.py's variants;
+    # (packed qkv views and sliding windows were timed once beside these, docs/NOTES.md;
     # every extra mask or layout here costs an autotuning pass over all configs on the GPU)
     for s in (512, 2048, 16384):  # 16K tokens a batch at every length
         cases.append(_case(max(1, 16384 // s), s, s, 16, 16, 128, causal=True, group="seqlen"))

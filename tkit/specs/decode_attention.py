@@ -179,7 +179,7 @@ def _decode_case(b, hq, hk, d, max_len, *, sq=1, page=None, lengths="full", fp8=
 
 
 def bench_cases():
-    """The issue's "Must show" table (#15): B=32 Hq=32 Hkv=8 D=128 L=8192 bf16 dense, paged
+    """The shapes decode attention is judged on: B=32 Hq=32 Hkv=8 D=128 L=8192 bf16 dense, paged
     with pages of 16 and 64 in shuffled order; one long sequence; many short ones; mixed
     lengths; fp8 caches with per-token-head scales; 4 new tokens; D=64 and D=256."""
     return [

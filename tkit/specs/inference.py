@@ -1,7 +1,7 @@
 """Specs of the inference family: RoPE (tkit/kernels/rope.py) and dynamic quantization with its
 fused producers (tkit/kernels/quant.py).
 
-Bench cases are the issue's (#16) "Must show" shapes: RoPE in place over 16384 tokens x (32 + 8)
+Bench cases are Llama-3-8B prefill shapes: RoPE in place over 16384 tokens x (32 + 8)
 heads x 128 (bf16), RoPE fused with the paged-cache write, quantize_fp8 per token and 1x128,
 rms_norm_quant with the residual and silu_mul_quant at 16384 x 4096 / 14336. The baselines are
 the references themselves (the same composition) in torch eager and under torch.compile.
@@ -36,7 +36,7 @@ S = optional_module("tkit.testing.strategies")
 BF16 = torch.bfloat16
 FP8 = torch.float8_e4m3fn
 ON_GPU = torch.cuda.is_available()
-#: the issue's RoPE shape: Llama-3-8B's 32 query and 8 KV heads of 128, 16384 tokens
+#: the RoPE bench shape: Llama-3-8B's 32 query and 8 KV heads of 128, 16384 tokens
 ROPE_T, ROPE_HQ, ROPE_HK, ROPE_D = 16384, 32, 8, 128
 
 

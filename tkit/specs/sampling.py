@@ -9,8 +9,8 @@ boundary, within ~1e-6): on random inputs about one row in 10^5-10^6.
 Tests check the distributions themselves statistically (tests/kernels/test_sampling.py).
 
 Bench cases: batch 128, vocab 128256 (Llama 3), bf16 logits: temperature + top_k=50 +
-top_p=0.9 (issue #16's target, <= 0.15 ms on the H200; torch measured 0.374 ms top-k first,
-2.47 ms through a full sort), temperature alone, top_k alone, min_p.
+top_p=0.9 (the aim is <= 0.15 ms on the H200; torch measured 0.374 ms top-k first,
+2.47 ms through a full sort, docs/FACTS.md), temperature alone, top_k alone, min_p.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 // bf16 GEMM on tensor cores with mma.sync, written with CuTe's sm80 building blocks: an
-// independent implementation of the Ampere-style kernel of gemm_mma_sm80.cu, for issue #7
-// (is ~0.6x cuBLAS the ceiling of mma.sync on the H200, or the ceiling of one kernel?).
+// independent implementation of the Ampere-style kernel of gemm_mma_sm80.cu, written to tell
+// whether ~0.6x cuBLAS is the ceiling of mma.sync on the H200 or the ceiling of one kernel.
 //
 // C[M,N] = A[M,K] @ B[K,N]; A, B bf16 row-major contiguous, 16-byte aligned; fp32 accumulation;
 // C bf16 (or fp32). No edge predication: M % BM == 0, N % BN == 0 and K % BK == 0 (the launcher,

@@ -5,7 +5,7 @@
 // M, N and K are otherwise free: out-of-range 16-byte chunks are zero-filled by cp.async's
 // src-size operand and stores are guarded.
 //
-// Default build (the fastest of the issue #7 sweep on the H200: 418 / 423 TFLOP/s at 4096^3 /
+// Default build (the fastest of the tile/stage sweep on the H200: 418 / 423 TFLOP/s at 4096^3 /
 // 8192^3, 0.59x / 0.64x cuBLAS): block tile 256 x 128 x 64, 8 warps as 4 (M) x 2 (N), each warp
 // 64 x 64 = 4 x 8 mma.m16n8k16 per k16 step (8 ldmatrix.x4 for 32 mma). STAGES (3)
 // shared-memory buffers filled by cp.async (LDGSTS): the loads for tile kt+STAGES-1 are in flight
@@ -48,11 +48,11 @@
 #ifndef WARPS_N
 #define WARPS_N 2
 #endif
-#ifndef STAGES  // overridable with -DSTAGES=... (scripts/gpu_cuda_ext.py sweeps it)
+#ifndef STAGES  // overridable with -DSTAGES=... (the build sweeps vary it)
 #define STAGES 3
 #endif
 #define THREADS (32 * WARPS_M * WARPS_N)
-#ifndef GROUP_M  // overridable with -DGROUP_M=... (scripts/gpu_cuda_ext.py sweeps it)
+#ifndef GROUP_M  // overridable with -DGROUP_M=... (the build sweeps vary it)
 #define GROUP_M 8
 #endif
 #ifndef FRAG_PIPE

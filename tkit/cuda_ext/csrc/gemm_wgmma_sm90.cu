@@ -6,7 +6,7 @@
 //
 // Block tile 128 x 256 x 64, STAGES (3) shared-memory stages of 48 KiB (A 16 KiB + B 32 KiB)
 // and the epilogue through shared memory + TMA stores (EPI_TMA, one 64 KiB part: EPI_SPLIT 1):
-// the default build is the fastest of the issue #7 sweep on the H200 (0.996x / 1.036x cuBLAS
+// the default build is the fastest of the tile/stage sweep on the H200 (0.996x / 1.036x cuBLAS
 // at 4096^3 / 8192^3). The first kernel (4 stages, stores from registers: 0.95x / 1.00x) is
 // the variant direct_s4 of WGMMA_VARIANTS.
 // 384 threads = 3 warpgroups:
@@ -54,12 +54,12 @@
 #define BM 128
 #define BN 256
 #define BK 64
-#ifndef STAGES  // overridable with -DSTAGES=... (scripts/gpu_cuda_ext.py sweeps it)
+#ifndef STAGES  // overridable with -DSTAGES=... (the build sweeps vary it)
 #define STAGES 3
 #endif
 #define CONSUMERS 2
 #define THREADS (128 * (CONSUMERS + 1))
-#ifndef GROUP_M  // overridable with -DGROUP_M=... (scripts/gpu_cuda_ext.py sweeps it)
+#ifndef GROUP_M  // overridable with -DGROUP_M=... (the build sweeps vary it)
 #define GROUP_M 16
 #endif
 #ifndef WGMMA_INFLIGHT  // 1: keep one wgmma group in flight across k-steps (wait_group 1)

@@ -6,7 +6,7 @@ under $OUT (not the user's ~/.cache), which is then copied to $OUT/tuned/<device
 format ``tkit.kernels._tuning`` reads. Commit that file as tkit/kernels/tuned/<device>.json:
 processes on that device then serve those configs without timing anything.
 
-    python scripts/gpu_tune_table.py [--quick]        # $OUT/tuned/<device>.json, a summary
+    python benchmarks/tune_table.py [--quick]        # $OUT/tuned/<device>.json, a summary
 
 Kernels covered: the elementwise flat kernel (size classes from decode to 256 MiB), the
 attention forward (decode, prefill at head dims 64/128/256, causal or not) and backward. The
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import tkit  # noqa: E402
+from tkit.bench.runner import environment  # noqa: E402
 from tkit.kernels import _tuning  # noqa: E402
 
 
@@ -74,6 +74,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="two sizes of each kind")
     args = ap.parse_args()
+    env = environment()
+    print(f"{env['device']}, torch {env['torch']}, triton {env['triton']}, git {env['git_sha']}",
+          flush=True)
     for name, fn in cases(args.quick):
         t0 = time.time()
         try:
@@ -88,8 +91,9 @@ def main():
     if not src.exists():
         print(f"no tuning cache was written ({src}): nothing was autotuned")
         return 1
-    shutil.copyfile(src, dst)
-    data = json.loads(dst.read_text())
+    data = json.loads(src.read_text())
+    data["measured"] = {k: env.get(k) for k in ("device", "date", "git_sha", "torch", "triton")}
+    dst.write_text(json.dumps(data, indent=1))
     for kname, entry in data.get("kernels", {}).items():
         print(f"\n{kname}")
         for bucket, cfg in sorted(entry.get("configs", {}).items()):

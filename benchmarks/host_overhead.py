@@ -18,7 +18,14 @@ calls in thread CPU time (the minimum keeps other processes' load on a shared ma
 
 matmul picks its kernel as on an sm_90 with 132 SMs (split-K and a reduce launch at M=1).
 
-    python scripts/host_overhead.py [--json FILE] [--profile OP]  # no TRITON_INTERPRET
+    python benchmarks/host_overhead.py [--json FILE] [--out DIR] [--profile OP]
+
+(without TRITON_INTERPRET)
+
+``--json FILE`` appends the rows (with device, versions and git sha from ``tkit.bench``) as JSON
+lines; ``--out DIR`` also appends them to DIR's long-form file (``cpu.jsonl``: op, case, provider
+= eager / no plan / registered / floor, ``median_ms`` = the best burst's time a call) under the
+run id ``<date>-host-overhead``.
 
 Run it without TRITON_INTERPRET (kernels must be ``JITFunction`` objects); CPU tensors stand in
 for CUDA ones. It also runs on an older checkout (columns it cannot fill print "-").
@@ -42,6 +49,8 @@ import torch  # noqa: E402
 
 import tkit  # noqa: E402
 from tkit import _env  # noqa: E402
+from tkit.bench import report  # noqa: E402
+from tkit.bench.runner import environment  # noqa: E402
 from tkit.kernels import _launch  # noqa: E402
 
 try:
@@ -145,10 +154,29 @@ def floor_fn(fn):
     return floor
 
 
+def _long_rows(rows):
+    """One long-form row a (call, column): op and case from the call's name, the column as the
+    provider, the best burst's time a call as ``median_ms`` (a minimum, see the docstring)."""
+    out = []
+    for r in rows:
+        op, _, case = r["op"].partition(" ")
+        for provider, key in (("eager", "eager_us"), ("no plan", "no_plan_us"),
+                              ("registered", "registered_us"), ("floor", "floor_us")):
+            us = r[key]
+            out.append({"op": op, "case": case, "group": "host overhead", "provider": provider,
+                        "median_ms": us / 1e3 if us is not None else None, "p20_ms": None,
+                        "p80_ms": None, "statistic": "best of bursts, thread CPU time",
+                        "calls": r["calls"] if provider == "eager" else
+                        r["calls_no_plan"] if provider == "no plan" else None})
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", default=None, help="cProfile this case (a name prefix)")
     ap.add_argument("--json", default=None, help="write the rows here (JSON lines)")
+    ap.add_argument("--out", default=None,
+                    help="append the rows to this results folder's long-form file too")
     ap.add_argument("-n", type=int, default=200)
     args = ap.parse_args()
     # CPU tensors pass tkit's device check as under the interpreter; kernels stay JIT functions
@@ -164,6 +192,8 @@ def main():
 
     mm._arch = lambda device: (9, 132)
     rows = []
+    env = environment()
+    print(f"{env['device']}, torch {env['torch']}, triton {env['triton']}, git {env['git_sha']}")
     fmt = lambda v, w=6: f"{v:{w}.1f}" if v is not None else " " * (w - 1) + "-"  # noqa: E731
     print(f"{'us a call':34s} {'eager':>6s} {'no plan':>7s} {'registered':>10s} {'floor':>6s}"
           f" {'eager-floor':>11s}  calls (eager / no plan)")
@@ -187,7 +217,7 @@ def main():
             print(f"{name:34s} skipped: {type(e).__name__}: {str(e)[:80]}")
             continue
         row = dict(op=name, eager_us=eager, no_plan_us=noplan, registered_us=registered,
-                   floor_us=floor, calls=ncalls, calls_no_plan=ncalls_noplan)
+                   floor_us=floor, calls=ncalls, calls_no_plan=ncalls_noplan, **env)
         rows.append(row)
         over = eager - floor if floor is not None else None
         print(f"{name:34s} {fmt(eager)} {fmt(noplan, 7)} {fmt(registered, 10)} {fmt(floor)} "
@@ -197,6 +227,11 @@ def main():
         with open(args.json, "a") as fh:
             for r in rows:
                 fh.write(json.dumps(r) + "\n")
+    if args.out and rows:
+        path = report.append_long_form(_long_rows(rows), args.out, env,
+                                       run=f"{env['date']}-host-overhead",
+                                       source="benchmarks/host_overhead.py")
+        print(f"appended {len(rows) * 4} rows to {path}")
     if args.profile:
         fn = next(f for n, f in cases().items() if n.startswith(args.profile))
         pr = cProfile.Profile()
