@@ -72,6 +72,8 @@ import triton.language as tl
 
 from tkit import _env
 from tkit.kernels import _common as C
+from tkit.kernels import _launch as _L
+from tkit.kernels import _plan as P
 from tkit.kernels._numerics import INTERPRET as _INTERPRET
 from tkit.kernels._numerics import fp8_keep_nan as _fp8_keep_nan
 from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
@@ -645,22 +647,28 @@ def _check_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sc
     if num_splits is not None and (int(num_splits) != num_splits or num_splits < 1):
         raise ValueError(f"num_splits must be an int >= 1 (or None: chosen), got {num_splits!r}")
     if _values_checked(cache_seqlens):
-        lens = cache_seqlens.tolist()
-        for i, n in enumerate(lens):
-            if not 0 <= n <= max_len:
-                what = "k_cache.shape[1]" if block_table is None else \
-                    "block_table.shape[1] * page_size"
-                raise ValueError(f"cache_seqlens[{i}] = {n} is outside [0, {what} = {max_len}]")
-        if block_table is not None and _values_checked(block_table):
-            p, nb = k_cache.shape[1], k_cache.shape[0]
-            rows = block_table.tolist()
-            for i, n in enumerate(lens):
-                for j in range((n + p - 1) // p):
-                    if not 0 <= rows[i][j] < nb:
-                        raise ValueError(f"block_table[{i}, {j}] = {rows[i][j]} is outside "
-                                         f"[0, num_blocks = {nb}) (a page of the "
-                                         f"{n} tokens of sequence {i})")
+        _check_decode_values(k_cache, cache_seqlens, block_table, max_len)
     return ks, vs, max_len
+
+
+def _check_decode_values(k_cache, cache_seqlens, block_table, max_len) -> None:
+    """The values of ``cache_seqlens`` (and of the pages they use in ``block_table``), read on
+    the host: called where :func:`_values_checked` says so."""
+    lens = cache_seqlens.tolist()
+    for i, n in enumerate(lens):
+        if not 0 <= n <= max_len:
+            what = "k_cache.shape[1]" if block_table is None else \
+                "block_table.shape[1] * page_size"
+            raise ValueError(f"cache_seqlens[{i}] = {n} is outside [0, {what} = {max_len}]")
+    if block_table is not None and _values_checked(block_table):
+        p, nb = k_cache.shape[1], k_cache.shape[0]
+        rows = block_table.tolist()
+        for i, n in enumerate(lens):
+            for j in range((n + p - 1) // p):
+                if not 0 <= rows[i][j] < nb:
+                    raise ValueError(f"block_table[{i}, {j}] = {rows[i][j]} is outside "
+                                     f"[0, num_blocks = {nb}) (a page of the "
+                                     f"{n} tokens of sequence {i})")
 
 
 # --------------------------------------------------------------------------------------------
@@ -724,8 +732,10 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         o_st, l_st = out.stride(), lse.stride()
         o_split, l_split = 0, 0
     else:
-        o_part = C.empty((b, sq, hq, splits, d), torch.float32, q.device)
-        l_part = C.empty((b, hq, sq, splits), torch.float32, q.device)
+        # scratch: written in full by the split kernel before the combine reads it (an eager
+        # plan allocates it afresh per call)
+        o_part = C.scratch((b, sq, hq, splits, d), torch.float32, q.device)
+        l_part = C.scratch((b, hq, sq, splits), torch.float32, q.device)
         s = o_part.stride()
         o_st, o_split = (s[0], s[1], s[2], s[4]), s[3]
         s = l_part.stride()
@@ -906,9 +916,63 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None,
     -------
     out : Tensor like q; or (out, lse).
     """
-    ks_mode, vs_mode, _ = _check_decode(q, k_cache, v_cache, cache_seqlens, block_table,
-                                        k_scale, v_scale, window_size, softcap,
-                                        softmax_scale, num_splits)
+    if (P.ON and type(q) is _T and type(k_cache) is _T and type(v_cache) is _T
+            and type(cache_seqlens) is _T and type(block_table) in _OPT_T
+            and type(k_scale) in _OPT_T and type(v_scale) in _OPT_T
+            and not getattr(_overrides, "value", None) and not _compiling()
+            and not (_grad_enabled() and q.requires_grad)):
+        # the eager plan (tkit.kernels._plan): the key holds all the ordinary path reads (the
+        # SM count and config follow from the device index and the shapes)
+        dev, stream = _L._device_stream()
+        key = (causal, softmax_scale, window_size, softcap, num_splits, dev, _sig(q),
+               _sig(k_cache), _sig(v_cache), _sig(cache_seqlens), _sig(block_table),
+               _sig(k_scale), _sig(v_scale))
+        try:
+            plan = _plans.get(key)
+        except TypeError:  # an unhashable option: the ordinary path names it
+            plan = False
+        if plan:
+            if _env.CHECK or not cache_seqlens.is_cuda:  # values are read per call
+                _check_decode_values(k_cache, cache_seqlens, block_table,
+                                     k_cache.shape[1] if block_table is None
+                                     else block_table.shape[1] * k_cache.shape[1])
+            out_lse = plan(stream, q, k_cache, v_cache, cache_seqlens, block_table, k_scale,
+                           v_scale)
+            if out_lse is not None:
+                return out_lse if return_lse else out_lse[0]
+        elif plan is None:
+            P.stats["plan_miss"] += 1
+            with P.recording() as rec:
+                out_lse = _decode_slow(q, k_cache, v_cache, cache_seqlens, block_table,
+                                       softmax_scale, causal, window_size, softcap, k_scale,
+                                       v_scale, num_splits)
+            P.store(_plans, key, rec, (q, k_cache, v_cache, cache_seqlens, block_table,
+                                       k_scale, v_scale), out_lse)
+            return out_lse if return_lse else out_lse[0]
+    out, lse = _decode_slow(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale,
+                            causal, window_size, softcap, k_scale, v_scale, num_splits)
+    return (out, lse) if return_lse else out
+
+
+_T = torch.Tensor
+_OPT_T = (torch.Tensor, type(None))
+_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+_plans = P.new_cache()
+
+
+def _sig(t):
+    """What Triton and the ordinary path read of one (optional) tensor argument."""
+    if t is None:
+        return None
+    return t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15
+
+
+def _decode_slow(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal,
+                 window_size, softcap, k_scale, v_scale, num_splits):
+    """(out, lse) through validation and the launcher (the registered op when needed)."""
+    _check_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
+                  window_size, softcap, softmax_scale, num_splits)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     wl, wr = (int(w) for w in window_size)
     if causal:
@@ -917,10 +981,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None,
     args = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, scale, wl, wr,
             float(softcap), splits)
     if C.use_direct_path(q):
-        out, lse = _decode_impl(*args)
-    else:
-        out, lse = _decode_op(*args)
-    return (out, lse) if return_lse else out
+        return _decode_impl(*args)
+    return _decode_op(*args)
 
 
 def append_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None):
@@ -939,6 +1001,34 @@ def append_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=Non
         0-d: the given per-tensor scale; shaped like the cache without head_dim: per token and
         head, computed here (amax over head_dim / 448) and stored at the token's slot.
     """
+    if (P.ON and type(k) is _T and type(v) is _T and type(k_cache) is _T
+            and type(v_cache) is _T and type(slot_mapping) is _T and type(k_scale) in _OPT_T
+            and type(v_scale) in _OPT_T and not _compiling()
+            and not (_grad_enabled() and (k.requires_grad or v.requires_grad))):
+        # the eager plan: no outputs, the launches write the caches (and per-token scales)
+        dev, stream = _L._device_stream()
+        key = (dev, _sig(k), _sig(v), _sig(k_cache), _sig(v_cache), _sig(slot_mapping),
+               _sig(k_scale), _sig(v_scale))
+        plan = _append_plans.get(key)
+        args = (k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+        if plan:
+            if _env.CHECK or not slot_mapping.is_cuda:  # values are read per call
+                _check_slot_values(slot_mapping, k_cache)
+            if plan(stream, *args) is not None:
+                return
+        elif plan is None:
+            P.stats["plan_miss"] += 1
+            with P.recording() as rec:
+                _append_slow(*args)
+            P.store(_append_plans, key, rec, args, ())
+            return
+    _append_slow(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+
+
+_append_plans = P.new_cache()
+
+
+def _append_slow(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> None:
     append_kv_checks(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     if C.use_direct_path(k, v):
         _append_impl(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
@@ -973,12 +1063,16 @@ def append_kv_checks(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> 
                             f"{C.dtype_name(k.dtype)}")
     _check_scale(k_scale, "k_scale", k_cache, "k_cache")
     _check_scale(v_scale, "v_scale", v_cache, "v_cache")
-    n_slots = k_cache.shape[0] * k_cache.shape[1]
     if _values_checked(slot_mapping):
-        for i, s in enumerate(slot_mapping.tolist()):
-            if not -1 <= s < n_slots:
-                raise ValueError(f"slot_mapping[{i}] = {s} is outside [0, num_blocks * "
-                                 f"page_size = {n_slots}) (and not -1: skip)")
+        _check_slot_values(slot_mapping, k_cache)
+
+
+def _check_slot_values(slot_mapping, k_cache) -> None:
+    n_slots = k_cache.shape[0] * k_cache.shape[1]
+    for i, s in enumerate(slot_mapping.tolist()):
+        if not -1 <= s < n_slots:
+            raise ValueError(f"slot_mapping[{i}] = {s} is outside [0, num_blocks * "
+                             f"page_size = {n_slots}) (and not -1: skip)")
 
 
 def merge_attention_states(o_a, lse_a, o_b, lse_b):
@@ -996,6 +1090,30 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b):
     -------
     (o, lse): o in o_a's dtype, lse float32.
     """
+    if (P.ON and type(o_a) is _T and type(lse_a) is _T and type(o_b) is _T
+            and type(lse_b) is _T and not _compiling()
+            and not (_grad_enabled() and (o_a.requires_grad or o_b.requires_grad
+                                          or lse_a.requires_grad or lse_b.requires_grad))):
+        dev, stream = _L._device_stream()
+        key = (dev, _sig(o_a), _sig(lse_a), _sig(o_b), _sig(lse_b))
+        plan = _merge_plans.get(key)
+        if plan:
+            out_lse = plan(stream, o_a, lse_a, o_b, lse_b)
+            if out_lse is not None:
+                return out_lse
+        elif plan is None:
+            P.stats["plan_miss"] += 1
+            with P.recording() as rec:
+                out_lse = _merge_slow(o_a, lse_a, o_b, lse_b)
+            P.store(_merge_plans, key, rec, (o_a, lse_a, o_b, lse_b), out_lse)
+            return out_lse
+    return _merge_slow(o_a, lse_a, o_b, lse_b)
+
+
+_merge_plans = P.new_cache()
+
+
+def _merge_slow(o_a, lse_a, o_b, lse_b):
     C.check_tensor(o_a, "o_a", Q_DTYPES)
     C.check_tensor(o_b, "o_b", Q_DTYPES)
     C.check_tensor(lse_a, "lse_a", (torch.float32,))
