@@ -396,6 +396,8 @@ def test_decode_kernel_matches_reference():
 # * The fp8 cache is the miss: half the bytes should take half the time (~130 us), it took
 #   335.5 us, slower than bf16. Its bytes are fine; its instructions are not: converting fp8 to
 #   bf16 in registers costs ~200 registers a thread, two programs an SM, too few bytes in flight.
+#   The default has since changed (cheaper conversion, 128-key tiles converted 32 keys at a
+#   time: see `DecodeConfig.for_device`); it has not been timed on the GPU yet.
 # * Host time: an eager call cost 120.6 us against 29.9 for torch's SDPA (12.5 vs 9.3 us under
 #   CUDA-graph replay), more than the 263-304 us kernel at small batches; decode steps are
 #   captured in CUDA graphs or, eager, served by per-signature plans.
