@@ -255,6 +255,203 @@ def test_gluon_kernel_keeps_one_wgmma_group_in_flight():
     assert "ex2.approx" in ptx
 
 
+
+# %% [markdown]
+# ## Decode: one new token against a long KV cache (`tkit.decode_attention`)
+#
+# Generating a token runs attention with seqlen_q = 1 (a few with speculative decoding) over
+# every key and value the sequence has cached. The shapes change the whole picture, so predict
+# first, per call and per generated token. Take a Llama-3-8B-like layer: 32 query heads, 8
+# key/value heads (GQA group 4), D = 128, bf16, a batch of 32 sequences of 8192 cached tokens.
+#
+# * **bytes**: K and V of every cached token are read once: 2 * L * Hkv * D * 2 bytes per
+#   sequence and layer, 33.6 MB; 1.07 GB for the batch. q and O (32 x 32 x 128 x 2 bytes) are
+#   noise.
+# * **FLOPs**: two products of 2 * L * D per query head: 4 * L * Hq * D = 134 MFLOP a sequence.
+# * **intensity**: FLOP / byte = 2 * group * seqlen_q / itemsize = 4, against a ridge of
+#   720 / 4.25 = 170 FLOP/byte on the H200. Decode attention is memory-bound by 40x: its floor is
+#   the copy bandwidth, 1.07 GB / 4.25 TB/s = 253 us a call, and nothing about the tensor cores
+#   matters except that they must not slow the stream down.
+#
+# Per generated token this layer's attention moves 33.6 MB of one sequence's cache (plus the
+# write of one new K/V row in `tkit.append_kv`): at 32 layers, 1.07 GB of KV reads per token of
+# one sequence at 8192 tokens of context, 0.25 ms at the copy ceiling before any weight is read.
+
+# %%
+DEC = dict(b=32, hq=32, hk=8, d=128, length=8192, item=2)
+H200_SMS = 132
+
+
+def decode_traffic(b=32, hq=32, hk=8, d=128, length=8192, item=2, sq=1) -> dict:
+    """Bytes, FLOPs and the floor time of one decode call (every sequence `length` long)."""
+    kv = 2.0 * b * length * hk * d * item
+    qo = 2.0 * b * sq * hq * d * 2
+    flops = 4.0 * b * length * hq * sq * d
+    return dict(kv_bytes=kv, bytes=kv + qo, flops=flops, intensity=flops / (kv + qo),
+                ridge=GEMM_TFLOPS / HBM_TBPS, floor_us=(kv + qo) / (HBM_TBPS * 1e12) * 1e6,
+                per_seq_layer_bytes=kv / b)
+
+
+def test_decode_is_memory_bound():
+    t = decode_traffic(**DEC)
+    assert abs(t["kv_bytes"] - 1.074e9) < 0.001e9
+    assert abs(t["per_seq_layer_bytes"] - 33.55e6) < 0.01e6
+    assert 3.9 < t["intensity"] <= 4.0 and t["ridge"] / t["intensity"] > 40
+    assert 252 < t["floor_us"] < 254
+    # the same with an fp8 cache: half the bytes, the same FLOPs, still 20x under the ridge
+    t8 = decode_traffic(**{**DEC, "item": 1})
+    assert abs(t8["kv_bytes"] - t["kv_bytes"] / 2) < 1 and t8["ridge"] / t8["intensity"] > 20
+
+
+# %% [markdown]
+# ### Why one program per (sequence, kv head) is not enough
+#
+# A prefill kernel has B * H * S / BLOCK_M programs; decode has one query row per head. The
+# natural grid is one program per (sequence, kv head), each walking all of its keys: 32 x 8 =
+# 256 programs here, and only 8 for a single long sequence (B = 1, L = 131072). An SM streams
+# from HBM only as fast as it keeps bytes in flight (Little's law: 4.25 TB/s x ~1 us of latency
+# is ~4 MB in flight across the chip, ~32 KB an SM), and a decode program holds one or two K/V
+# tiles in flight (16-32 KB). 8 programs on 132 SMs leave 124 SMs idle: the B = 1 call could
+# reach at most 8/132 of the bandwidth. Even 256 programs are under one full wave when two or
+# three programs fit on an SM, and the SMs that get one program finish early.
+#
+# **Split-KV** (flash-decoding) cuts each program's keys into `num_splits` runs; each split
+# writes a partial O and its log-sum-exp in float32, and a second small kernel merges the
+# splits: O = sum_s exp(lse_s - lse) O_s with lse = logsumexp_s(lse_s) (the same algebra as the
+# online softmax above, once per split instead of once per block). tkit chooses the split count
+# on the host from the SM count, batch, kv heads and the *largest possible* length (the cache's
+# shape, never `cache_seqlens`: no host sync, so the call can be captured in a CUDA graph), and
+# at least enough splits that none streams more than 2 MB (so one long sequence of a mixed
+# batch is not a tail). The partials cost (D + 1) * 4 bytes per split, query head and
+# sequence: at 2 splits and 32 heads, 33 KB against 33.6 MB of cache. The function below asks
+# tkit's planner: B = 1 at 131072 keys gets 32 splits (8 -> 256 programs), B = 32 at 8192 gets
+# 2 (256 -> 512), B = 128 at 1024 none (1024 programs already fill the 264 slots of two
+# programs an SM about four times).
+#
+# **GQA packing**: the 4 query heads of one kv head read the same K and V. One program takes
+# all 4 rows (padded to the 16 rows `tl.dot` needs), so each K/V byte leaves HBM once instead of
+# 4 times: the MMA runs at 4/16 of its rows, which costs nothing in a memory-bound kernel.
+
+# %%
+def decode_grid(b=32, hq=32, hk=8, d=128, length=8192, item=2, sq=1, sms=H200_SMS):
+    """(programs without split, num_splits, programs with split) as tkit plans them for an
+    H200 (from shapes only; the H200 default config for a 16-bit D=128 cache)."""
+    from tkit.kernels import decode_attention as da
+
+    cfg = da.DecodeConfig(block_n=64, num_stages=2)
+    q = torch.empty(b, sq, hq, d, device="meta", dtype=torch.bfloat16)
+    kc = torch.empty(b, length, hk, d, device="meta",
+                     dtype=torch.bfloat16 if item == 2 else torch.float8_e4m3fn)
+    splits, _, _, n_m = da.plan_splits(q, kc, None, config=cfg)  # meta tensors: 132 SMs
+    return b * hk * n_m, splits, b * hk * n_m * splits
+
+
+def test_split_kv_fills_the_sms():
+    # one sequence: 8 programs become 256 (32 splits of 4096 keys, 2 MB each), two an SM
+    assert decode_grid(b=1, length=131072) == (8, 32, 256)
+    # B32: 256 programs leave some SMs with one program, some with two: 2 splits, 512
+    assert decode_grid(**DEC) == (256, 2, 512)
+    # B128 L1024: 1024 programs are ~4 waves of 264 slots already: no split
+    assert decode_grid(b=128, length=1024) == (1024, 1, 1024)
+    # GQA packing: the 4 heads of a group are one program's rows, K/V read once, not 4x
+    per_head = decode_traffic(**{**DEC, "hq": 8})["kv_bytes"] * 4  # a program per query head
+    assert per_head == 4 * decode_traffic(**DEC)["kv_bytes"]
+
+
+def test_decode_kernel_matches_reference():
+    from tkit.specs.decode_attention import ref_decode_attention
+
+    g = torch.Generator().manual_seed(0)
+    dt = torch.bfloat16 if torch.cuda.is_available() else torch.float16
+    q = torch.randn(2, 1, 8, 64, generator=g).to(dt).to(_device())
+    kc, vc = (torch.randn(2, 200, 2, 64, generator=g).to(dt).to(_device()) for _ in range(2))
+    lens = torch.tensor([200, 37], dtype=torch.int32, device=_device())
+    out = tkit.decode_attention(q, kc, vc, lens, num_splits=3)  # split-KV plus the merge
+    ref = ref_decode_attention(q.double(), kc.double(), vc.double(), lens)
+    peer = ref_decode_attention(q, kc, vc, lens)
+    err, peer_err = (out.double() - ref).abs().max(), (peer.double() - ref).abs().max()
+    assert err <= 2 * peer_err + 1e-3
+
+
+# %% [markdown]
+# ### Measured on the H200 (2026-12-01), against the prediction
+#
+# From docs/NOTES.md, "NVIDIA H200, 2026-12-01, second session" (run i, bytes = K and V read;
+# copy ceiling 4.25 TB/s):
+#
+# | case | us | TB/s | % of copy | x SDPA flash | x SDPA cuDNN |
+# | --- | --- | --- | --- | --- | --- |
+# | B32 Hq32/Hkv8 D128 L8192 dense | 304.1 | 3.53 | 83% | 1.39 | 0.84 |
+# | same, page 64 shuffled | 263.1 | 4.08 | 96% | 1.67 | 0.96 |
+# | B1 L131072 dense | 142.3 | 3.77 | 89% | 1.10 | 0.97 |
+# | B128 L1024 dense | 146.1 | 3.69 | 87% | 1.51 | 0.95 |
+# | B32 L8192 page 64, fp8 per-token-head scales | 335.5 | 1.65 | 39% | - | - |
+#
+# * The prediction was 253 us for the B32 case; the paged cache took 263.1 us (96% of the
+#   copy ceiling), the dense one 304.1 us. The sweep in the same notes found the dense
+#   shortfall in the pipeline depth (3.54 TB/s at 3 stages, 4.11 at 2, which leaves room for a
+#   third program an SM); 16-bit D=128 caches default to 2 stages since.
+# * The single long sequence, 8 programs without splitting, reached 3.77 TB/s: split-KV turned
+#   a grid of 6% of the SMs into a full one.
+# * The fp8 cache is the miss: half the bytes should take half the time (~130 us), it took
+#   335.5 us, slower than bf16. Its bytes are fine; its instructions are not: converting fp8 to
+#   bf16 in registers costs ~200 registers a thread, two programs an SM, too few bytes in flight.
+#   The default has since changed (cheaper conversion, 128-key tiles converted 32 keys at a
+#   time: see `DecodeConfig.for_device`); it has not been timed on the GPU yet.
+# * Host time: an eager call cost 120.6 us against 29.9 for torch's SDPA (12.5 vs 9.3 us under
+#   CUDA-graph replay), more than the 263-304 us kernel at small batches; decode steps are
+#   captured in CUDA graphs or, eager, served by per-signature plans.
+
+# %%
+MEASURED_H200 = {  # docs/NOTES.md, H200 2026-12-01 second session, run i: (us, TB/s)
+    "dense": (304.1, 3.53), "page64": (263.1, 4.08), "fp8_page64": (335.5, 1.65),
+}
+
+
+def test_measured_figures_against_the_prediction():
+    t = decode_traffic(**DEC)
+    for name in ("dense", "page64"):
+        us, tbps = MEASURED_H200[name]
+        assert abs(t["kv_bytes"] / (us * 1e-6) / 1e12 - tbps) < 0.01  # the notes' own bytes
+        assert t["floor_us"] <= us < 1.25 * t["floor_us"]  # within 25% of the floor
+    us8, tb8 = MEASURED_H200["fp8_page64"]
+    t8 = decode_traffic(**{**DEC, "item": 1})
+    assert abs(t8["kv_bytes"] / (us8 * 1e-6) / 1e12 - tb8) < 0.05
+    assert us8 > 2 * t8["floor_us"]  # the fp8 path's shortfall
+
+
+def measure_decode(b=32, hq=32, hk=8, d=128, length=8192, page=None):
+    """On a GPU: tkit.decode_attention and SDPA (flash, cuDNN; dense K/V) in us and TB/s."""
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dev, dt = "cuda", torch.bfloat16
+    q = torch.randn(b, 1, hq, d, device=dev, dtype=dt)
+    k, v = (torch.randn(b, length, hk, d, device=dev, dtype=dt) for _ in range(2))
+    lens = torch.full((b,), length, dtype=torch.int32, device=dev)
+    kw = {}
+    kc, vc = k, v
+    if page:  # the same keys in shuffled pages
+        nb = b * length // page
+        perm = torch.randperm(nb, device=dev)
+        kc, vc = (torch.empty(nb, page, hk, d, device=dev, dtype=dt) for _ in range(2))
+        kc[perm] = k.reshape(nb, page, hk, d)
+        vc[perm] = v.reshape(nb, page, hk, d)
+        kw["block_table"] = perm.view(b, length // page).to(torch.int32)
+    runs = {"tkit": lambda: tkit.decode_attention(q, kc, vc, lens, **kw)}
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    for name, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION),
+                     ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+        def run(be=be):
+            with sdpa_kernel(be):
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
+                                                                        enable_gqa=True)
+        runs[name] = run
+    kv = decode_traffic(b, hq, hk, d, length)["kv_bytes"]
+    return {n: (ms * 1e3, kv / (ms * 1e-3) / 1e12)
+            for n, ms in ((n, triton.testing.do_bench(f, return_mode="median"))
+                          for n, f in runs.items())}
+
 # %%
 if __name__ == "__main__":
     t = traffic()
@@ -286,3 +483,17 @@ if __name__ == "__main__":
                 print(f"{'causal' if causal else 'full  '} {name:10s} {ms:.3f} ms "
                       f"{tf:6.1f} TFLOP/s = {100 * tf / GEMM_TFLOPS:.0f}% of the GEMM ceiling; "
                       f"prediction {fl / (GEMM_TFLOPS * 1e12) * 1e3:.3f} ms")
+    td = decode_traffic(**DEC)
+    print(f"decode B32 Hq32/Hkv8 D128 L8192: {td['kv_bytes'] / 1e9:.2f} GB of K/V, "
+          f"{td['intensity']:.1f} FLOP/byte (ridge {td['ridge']:.0f}) -> "
+          f">= {td['floor_us']:.0f} us")
+    for args in (dict(b=1, length=131072), DEC):
+        progs, splits, total = decode_grid(**args)
+        print(f"  B{args['b']} L{args['length']}: {progs} programs -> {splits} splits, "
+              f"{total} programs on {H200_SMS} SMs")
+    if torch.cuda.is_available():
+        for page in (None, 64):
+            for name, (us, tbps) in measure_decode(page=page).items():
+                print(f"decode {'dense ' if page is None else 'page64'} {name:10s} {us:7.1f} us "
+                      f"{tbps:5.2f} TB/s = {100 * tbps / HBM_TBPS:.0f}% of copy; prediction "
+                      f"{td['floor_us']:.0f} us")

@@ -217,6 +217,27 @@ def test_config_override_gives_same_results():
     torch.testing.assert_close(other, ref, atol=2e-3, rtol=0)
 
 
+@pytest.mark.parametrize("page", [8, 32])
+def test_sub_tiles_match_whole_tiles(page):
+    """Tiles of 64 keys taken in sub-tiles of 16 (the fp8 default's structure: block_n 128,
+    sub_n 32 on a GPU): an fp8 cache with per-token scales, windowed and causal, several
+    splits and several seqlen_q; against the reference and against whole 64-key tiles."""
+    q, k, v, table = _paged(3, 2, 8, 2, 32, page, 128 // page, torch.float16, seed=83)
+    k8, v8 = k.to(FP8), v.to(FP8)
+    ks = (torch.rand(k.shape[:-1], generator=torch.Generator().manual_seed(5)) + 0.5).to(k.device)
+    vs = (torch.rand(k.shape[:-1], generator=torch.Generator().manual_seed(6)) + 0.5).to(k.device)
+    lens = _lens(128, 77, 5)
+    kw = dict(block_table=table, k_scale=ks, v_scale=vs, window_size=(50, -1),
+              return_lse=True)
+    with DA.decode_config(block_n=64, sub_n=16, num_splits=2):
+        check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                [q, k8, v8, lens], kw)
+        sub = tkit.decode_attention(q, k8, v8, lens, **kw)
+    with DA.decode_config(block_n=64, num_splits=2):
+        whole = tkit.decode_attention(q, k8, v8, lens, **kw)
+    torch.testing.assert_close(sub, whole, atol=2e-3, rtol=0)
+
+
 # ---- append_kv, merge ----------------------------------------------------------------------
 @pytest.mark.parametrize("fp8", [None, "tensor", "token"])
 def test_append_kv_round_trip(fp8):

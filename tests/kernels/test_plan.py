@@ -193,7 +193,52 @@ CASES = {
                                  torch.randn(2, 40, 4, 32)),
                         lambda q, k, v: tkit.flash_attention(q, k, v, causal=True,
                                                              return_lse=True)),
+    # decode attention (split-KV over float32 scratch partials on 132 SMs), paged with an fp8
+    # cache and per-token scales, GQA 4; the cache writer (no outputs) and the merge
+    "decode_dense_split": (lambda: _decode_inputs(), lambda *a: _decode_on_h200(
+        lambda: tkit.decode_attention(*a))),
+    "decode_paged_fp8_lse": (lambda: _decode_inputs(paged=True, fp8=True),
+                             lambda q, k, v, n, bt, ks, vs: _decode_on_h200(
+                                 lambda: tkit.decode_attention(q, k, v, n, block_table=bt,
+                                                               k_scale=ks, v_scale=vs,
+                                                               return_lse=True))),
+    "decode_one_split_window": (lambda: _decode_inputs()[:4], lambda q, k, v, n:
+                                tkit.decode_attention(q, k, v, n, window_size=(100, 0),
+                                                      num_splits=1, return_lse=True)),
+    "append_kv_fp8_tok": (lambda: (torch.randn(3, 2, 64).to(BF), torch.randn(3, 2, 64).to(BF),
+                                   torch.zeros(8, 16, 2, 64).to(torch.float8_e4m3fn),
+                                   torch.zeros(8, 16, 2, 64).to(torch.float8_e4m3fn),
+                                   torch.tensor([5, -1, 100]), torch.ones(8, 16, 2),
+                                   torch.ones(8, 16, 2)),
+                          lambda k, v, kc, vc, s, ks, vs: tkit.append_kv(
+                              k, v, kc, vc, s, k_scale=ks, v_scale=vs) or ()),
+    "merge_states_3d": (lambda: (torch.randn(5, 4, 64).to(BF), torch.randn(4, 5),
+                                 torch.randn(5, 4, 64).to(BF), torch.randn(4, 5)),
+                        tkit.merge_attention_states),
 }
+
+
+def _decode_inputs(paged=False, fp8=False):
+    q = torch.randn(2, 1, 8, 64).to(BF)
+    n = torch.tensor([300, 77], dtype=torch.int32)
+    if not paged:
+        return q, torch.randn(2, 320, 2, 64).to(BF), torch.randn(2, 320, 2, 64).to(BF), n
+    dt = torch.float8_e4m3fn if fp8 else BF
+    k, v = torch.randn(48, 16, 2, 64).to(dt), torch.randn(48, 16, 2, 64).to(dt)
+    bt = torch.randperm(48).to(torch.int32).view(2, 24)
+    ks, vs = (torch.rand(48, 16, 2), torch.rand(48, 16, 2)) if fp8 else (None, None)
+    return q, k, v, n, bt, ks, vs
+
+
+def _decode_on_h200(call):
+    """``call()`` with decode's split choice seeing 132 SMs (splits > 1 here)."""
+    from tkit.kernels import decode_attention as da
+
+    old, da._sm_count = da._sm_count, lambda device: 132
+    try:
+        return call()
+    finally:
+        da._sm_count = old
 
 
 def _as_on_h200(call):
@@ -256,6 +301,40 @@ def test_jit_split_k_plan_allocates_its_partials(jitplans, monkeypatch):
     assert len(planned) == 2
     ws = [v for v in planned[0][1] if isinstance(v, tuple) and v[0] == "hidden"]
     assert len(ws) == 1 and ws[0][3] == torch.float32
+
+
+@jit
+def test_jit_decode_plan_allocates_its_split_partials(jitplans):
+    """decode_attention on 132 SMs: the split kernel writes float32 partials (scratch) that the
+    combine launch reads; the plan allocates them per call. A new length is the same plan (the
+    lengths are read on the device), a window or a longer cache another."""
+    q, k, v, n = _decode_inputs()
+    planned = _plan_vs_ordinary(jitplans, lambda: (q, k, v, n),
+                                lambda *a: _decode_on_h200(lambda: tkit.decode_attention(*a)))
+    assert len(planned) == 2
+    hidden = [x for x in planned[0][1] if isinstance(x, tuple) and x[0] == "hidden"]
+    assert len(hidden) == 2 and all(h[3] == torch.float32 for h in hidden)
+    with torch.no_grad():
+        def built(fn, *args):
+            m = _launch.stats["plan_built"]
+            _decode_on_h200(lambda: fn(*args))
+            return _launch.stats["plan_built"] - m
+
+        assert built(tkit.decode_attention, q, k, v, n) == 0
+        assert built(tkit.decode_attention, q, k, v,
+                     torch.tensor([5, 320], dtype=torch.int32)) == 0
+        assert built(lambda *a: tkit.decode_attention(*a, window_size=(64, -1)), q, k, v, n) == 1
+        k2, v2 = torch.randn(2, 640, 2, 64).to(BF), torch.randn(2, 640, 2, 64).to(BF)
+        assert built(tkit.decode_attention, q, k2, v2, n) == 1
+        # the lengths' values are still checked per call where they are on the host
+        with pytest.raises(ValueError, match="cache_seqlens"):
+            tkit.decode_attention(q, k, v, torch.tensor([321, 1], dtype=torch.int32))
+        for _ in range(2):
+            tkit.append_kv(k[0, :3], v[0, :3], k, v, torch.tensor([0, 1, 2]))
+        hits = _launch.stats["plan"]
+        with pytest.raises(ValueError, match="slot_mapping"):
+            tkit.append_kv(k[0, :3], v[0, :3], k, v, torch.tensor([0, 1, 9999]))
+        assert _launch.stats["plan"] == hits
 
 
 @jit

@@ -72,6 +72,8 @@ import triton.language as tl
 
 from tkit import _env
 from tkit.kernels import _common as C
+from tkit.kernels import _launch as _L
+from tkit.kernels import _plan as P
 from tkit.kernels._numerics import INTERPRET as _INTERPRET
 from tkit.kernels._numerics import fp8_keep_nan as _fp8_keep_nan
 from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
@@ -94,6 +96,8 @@ class DecodeConfig:
     """Launch parameters of the decode kernels.
 
     block_n: keys per tile (a power of 2 >= 16), independent of the page size.
+    sub_n: keys per sub-tile (a power of 2 >= 16 dividing block_n; None: block_n): a tile's
+        loads are in flight together, its converted operands live one sub-tile at a time.
     block_m: the most packed (query, head) rows in one M tile (a power of 2 >= 16).
     num_warps, num_stages: of the split kernel (the software pipeline streams K/V tiles).
     num_splits: None lets :func:`choose_num_splits` decide; an int forces it (the call's own
@@ -104,6 +108,7 @@ class DecodeConfig:
     """
 
     block_n: int = 64
+    sub_n: Optional[int] = None  # noqa: UP045
     block_m: int = 64
     num_warps: int = 4
     num_stages: int = 3
@@ -114,16 +119,23 @@ class DecodeConfig:
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int) -> DecodeConfig:
         """The default for this head dim and cache element size (docs/NOTES.md has the H200
-        sweep of B32 D128, dense and paged, and what the sm_90 compile shows): K tiles of
-        16 KB (64 keys at D=128 in 16 bits, 32 at D=256, 128 for fp8 at D=128: an fp8 tile
-        converted in registers costs ~200 registers a thread, two programs an SM, so each
-        must bring more bytes), 4 warps, 2 or 3 stages (below). The interpreter pays per tile,
-        not per element, but tests want several tiles and splits on tiny caches: 16-key tiles
-        there."""
+        sweep of B32 D128, dense and paged): K tiles of 16 KB (64 keys at D=128 in 16 bits,
+        32 at D=256, 128 for fp8 at D=128), 4 warps, 2 or 3 stages (below). The interpreter
+        pays per tile, not per element, but tests want several tiles and splits on tiny
+        caches: 16-key tiles there.
+
+        fp8 at D=128 (sm_90a compile, B32 Hq32/Hkv8 L8192 page 64, per-token scales; Triton
+        3.6 gives each loop one ring slot of K and V whatever num_stages says, so the bytes in
+        flight an SM are resident programs x one K+V tile): whole 128-key tiles at 3 stages
+        took 201 registers, 2 programs an SM, 66 KB in flight; 128-key tiles in sub-tiles of
+        32 keys at 2 stages take 168 registers, 3 programs, 99 KB in flight, no spills (64-key
+        sub-tiles: 255 registers; 64-key tiles: 168-190 registers, 50 KB). Not yet timed."""
         if _env.INTERPRET:
             return cls(block_n=16, block_m=16, num_stages=1)
         block_d = max(16, C.next_power_of_2(head_dim))
         block_n = max(16, min(128, (16 << 10) // (block_d * cache_itemsize)))
+        if cache_itemsize == 1 and block_d == 128:
+            return cls(block_n=128, sub_n=32, num_stages=2)
         # 16-bit D=128: two stages of K+V (64 KB) leave room for three programs an SM where
         # three stages (96 KB) leave two, and a dense cache then read 4.1 TB/s instead of 3.5
         # (a paged one the same 4.0); other head dims and fp8 keep three until measured
@@ -230,6 +242,17 @@ def _softcap(qk, qk_scale, cap_scale, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
+def _from_fp8(x, dtype: tl.constexpr):
+    """An fp8 tile in ``dtype`` (every step exact). To bfloat16 through float32: Triton's
+    direct path on sm_90 is e4m3x2 -> f16x2 (one F2FP a pair) and then one F2F.BF16.F16 an
+    element, on the SM's slow conversion pipe (16 a clock); through float32 the second step is
+    an HADD2.F32 an element and one F2FP.BF16.F32.PACK_AB a pair."""
+    if dtype == tl.bfloat16:
+        return x.to(tl.float32).to(tl.bfloat16)
+    return x.to(dtype)
+
+
+@triton.jit
 def _key_rows(BT, start_n, cols, L, b64, n_blocks, sbtn,
               PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, BLOCK_N: tl.constexpr):
     """(block index, row in block) of key positions ``cols`` (clamped to [0, L - 1]), as int64.
@@ -252,60 +275,81 @@ def _key_rows(BT, start_n, cols, L, b64, n_blocks, sbtn,
 
 
 @triton.jit
+def _decode_tile(acc, l_i, m_i, q, K, V, KS, VS, BT, start_n, L, qpos, offs_n, offs_d,
+                  b64, n_blocks, shift, wl, wr, qk_scale, cap_scale,
+                  skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
+                  PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
+                  MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+                  SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr):
+    """One sub-tile of SUB_N keys from ``start_n``: the online-softmax update."""
+    dmask = offs_d < HEAD_DIM
+    cols = start_n + offs_n
+    blk, row = _key_rows(BT, start_n, cols, L, b64, n_blocks, sbtn, PAGE_SIZE, PAGED,
+                         SUB_N)
+    k_ptrs = K + (blk * skn + row * skp)[:, None] + offs_d[None, :] * skd
+    if HEAD_DIM == BLOCK_D:
+        k = tl.load(k_ptrs)
+    else:
+        k = tl.load(k_ptrs, mask=dmask[None, :], other=0.0)
+    if k.dtype != q.dtype:  # fp8 cache: to the query's dtype in registers
+        k = _from_fp8(k, q.dtype)
+    qk = _dot(q, tl.trans(k), input_precision=PREC)
+    if SCALE_K == 2:  # per token and head
+        ks = tl.load(KS + blk * sksn + row * sksp)
+        qk = qk * ks[None, :]
+    s = _softcap(qk, qk_scale, cap_scale, SOFTCAP)
+    if MASKED:
+        ok = (cols < L)[None, :]
+        if MASK_HI:
+            ok = ok & (cols[None, :] <= qpos[:, None] + shift + wr)
+        if MASK_LO:
+            ok = ok & (cols[None, :] >= qpos[:, None] + shift - wl)
+        s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MASKED:  # a row that has seen no visible key keeps m = -inf: subtract 0 instead
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    v_ptrs = V + (blk * svn + row * svp)[:, None] + offs_d[None, :] * svd
+    if HEAD_DIM == BLOCK_D:
+        v = tl.load(v_ptrs)
+    else:
+        v = tl.load(v_ptrs, mask=dmask[None, :], other=0.0)
+    if v.dtype != q.dtype:
+        v = _from_fp8(v, q.dtype)
+    if SCALE_V == 2:
+        vs = tl.load(VS + blk * svsn + row * svsp)
+        p = p * vs[None, :]
+    acc = _dot(p.to(q.dtype), v, acc, input_precision=PREC)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _decode_tiles(acc, l_i, m_i, q, K, V, KS, VS, BT, start, end, L, qpos, offs_n, offs_d,
                   b64, n_blocks, shift, wl, wr, qk_scale, cap_scale,
                   skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SUB_N: tl.constexpr,
                   PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
                   MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
                   SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr):
     """Online softmax over the key tiles [start, end) (multiples of BLOCK_N); MASKED tiles
-    evaluate visibility, the others are fully visible to every row."""
-    dmask = offs_d < HEAD_DIM
-    for start_n in range(start, end, BLOCK_N):
-        cols = start_n + offs_n
-        blk, row = _key_rows(BT, start_n, cols, L, b64, n_blocks, sbtn, PAGE_SIZE, PAGED,
-                             BLOCK_N)
-        k_ptrs = K + (blk * skn + row * skp)[:, None] + offs_d[None, :] * skd
-        if HEAD_DIM == BLOCK_D:
-            k = tl.load(k_ptrs)
-        else:
-            k = tl.load(k_ptrs, mask=dmask[None, :], other=0.0)
-        if k.dtype != q.dtype:  # fp8 cache: to the query's dtype in registers
-            k = k.to(q.dtype)
-        qk = _dot(q, tl.trans(k), input_precision=PREC)
-        if SCALE_K == 2:  # per token and head
-            ks = tl.load(KS + blk * sksn + row * sksp)
-            qk = qk * ks[None, :]
-        s = _softcap(qk, qk_scale, cap_scale, SOFTCAP)
-        if MASKED:
-            ok = (cols < L)[None, :]
-            if MASK_HI:
-                ok = ok & (cols[None, :] <= qpos[:, None] + shift + wr)
-            if MASK_LO:
-                ok = ok & (cols[None, :] >= qpos[:, None] + shift - wl)
-            s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        if MASKED:  # a row that has seen no visible key keeps m = -inf: subtract 0 instead
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_use = m_new
-        p = tl.exp2(s - m_use[:, None])
-        alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        v_ptrs = V + (blk * svn + row * svp)[:, None] + offs_d[None, :] * svd
-        if HEAD_DIM == BLOCK_D:
-            v = tl.load(v_ptrs)
-        else:
-            v = tl.load(v_ptrs, mask=dmask[None, :], other=0.0)
-        if v.dtype != q.dtype:
-            v = v.to(q.dtype)
-        if SCALE_V == 2:
-            vs = tl.load(VS + blk * svsn + row * svsp)
-            p = p * vs[None, :]
-        acc = _dot(p.to(q.dtype), v, acc, input_precision=PREC)
-        m_i = m_new
+    evaluate visibility, the others are fully visible to every row. A tile is taken in
+    BLOCK_N // SUB_N sub-tiles of SUB_N keys (``offs_n`` is SUB_N long): the loads of a whole
+    tile are issued together (the pipeline streams tiles), but only one sub-tile's converted
+    operands are live in registers at a time (fp8 caches: see DecodeConfig)."""
+    for start_t in range(start, end, BLOCK_N):
+        for j in tl.static_range(BLOCK_N // SUB_N):
+            acc, l_i, m_i = _decode_tile(
+                acc, l_i, m_i, q, K, V, KS, VS, BT, start_t + j * SUB_N, L, qpos, offs_n, offs_d,
+                b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd,
+                sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, SUB_N, PAGE_SIZE, PAGED, MASKED,
+                MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
     return acc, l_i, m_i
 
 
@@ -317,7 +361,7 @@ def _decode_split_kernel(
     sob, sos, soh, sod, slb, slh, sls, sos_split, sls_split,
     seqlen_q, max_len, n_blocks, GROUP, num_splits, qk_scale, cap_scale, wl, wr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+    BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
     MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -350,7 +394,7 @@ def _decode_split_kernel(
     row_ok = rows < n_rows
     qpos = rows // GROUP
     heads = (hk * GROUP + rows % GROUP).to(tl.int64)
-    offs_n = tl.arange(0, BLOCK_N)
+    offs_n = tl.arange(0, SUB_N)
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < HEAD_DIM
     q_off = b64 * sqb + qpos.to(tl.int64) * sqs + heads * sqh
@@ -398,17 +442,17 @@ def _decode_split_kernel(
     acc, l_i, m_i = _decode_tiles(
         acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, t0, a, L, qpos, offs_n, offs_d, b64, n_blocks,
         shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn, sksp, svsn,
-        svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, True, MASK_LO, MASK_HI,
+        svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, True, MASK_LO, MASK_HI,
         SOFTCAP, SCALE_K, SCALE_V, PREC)
     acc, l_i, m_i = _decode_tiles(
         acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, a, c, L, qpos, offs_n, offs_d, b64, n_blocks,
         shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn, sksp, svsn,
-        svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, False, MASK_LO, MASK_HI,
+        svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, False, MASK_LO, MASK_HI,
         SOFTCAP, SCALE_K, SCALE_V, PREC)
     acc, l_i, m_i = _decode_tiles(
         acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, c, t1, L, qpos, offs_n, offs_d, b64, n_blocks,
         shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn, sksp, svsn,
-        svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, True, MASK_LO, MASK_HI,
+        svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, True, MASK_LO, MASK_HI,
         SOFTCAP, SCALE_K, SCALE_V, PREC)
 
     empty = l_i == 0.0  # no visible key in this split: O = 0, lse = -inf
@@ -645,22 +689,28 @@ def _check_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sc
     if num_splits is not None and (int(num_splits) != num_splits or num_splits < 1):
         raise ValueError(f"num_splits must be an int >= 1 (or None: chosen), got {num_splits!r}")
     if _values_checked(cache_seqlens):
-        lens = cache_seqlens.tolist()
-        for i, n in enumerate(lens):
-            if not 0 <= n <= max_len:
-                what = "k_cache.shape[1]" if block_table is None else \
-                    "block_table.shape[1] * page_size"
-                raise ValueError(f"cache_seqlens[{i}] = {n} is outside [0, {what} = {max_len}]")
-        if block_table is not None and _values_checked(block_table):
-            p, nb = k_cache.shape[1], k_cache.shape[0]
-            rows = block_table.tolist()
-            for i, n in enumerate(lens):
-                for j in range((n + p - 1) // p):
-                    if not 0 <= rows[i][j] < nb:
-                        raise ValueError(f"block_table[{i}, {j}] = {rows[i][j]} is outside "
-                                         f"[0, num_blocks = {nb}) (a page of the "
-                                         f"{n} tokens of sequence {i})")
+        _check_decode_values(k_cache, cache_seqlens, block_table, max_len)
     return ks, vs, max_len
+
+
+def _check_decode_values(k_cache, cache_seqlens, block_table, max_len) -> None:
+    """The values of ``cache_seqlens`` (and of the pages they use in ``block_table``), read on
+    the host: called where :func:`_values_checked` says so."""
+    lens = cache_seqlens.tolist()
+    for i, n in enumerate(lens):
+        if not 0 <= n <= max_len:
+            what = "k_cache.shape[1]" if block_table is None else \
+                "block_table.shape[1] * page_size"
+            raise ValueError(f"cache_seqlens[{i}] = {n} is outside [0, {what} = {max_len}]")
+    if block_table is not None and _values_checked(block_table):
+        p, nb = k_cache.shape[1], k_cache.shape[0]
+        rows = block_table.tolist()
+        for i, n in enumerate(lens):
+            for j in range((n + p - 1) // p):
+                if not 0 <= rows[i][j] < nb:
+                    raise ValueError(f"block_table[{i}, {j}] = {rows[i][j]} is outside "
+                                     f"[0, num_blocks = {nb}) (a page of the "
+                                     f"{n} tokens of sequence {i})")
 
 
 # --------------------------------------------------------------------------------------------
@@ -711,6 +761,10 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         max_len, page, n_blocks = k_cache.shape[1], 1, b
         bt, bt_strides = cache_seqlens, (0, 0)
     block_d = max(16, C.next_power_of_2(d))
+    sub_n = min(cfg.sub_n or cfg.block_n, cfg.block_n)  # an override of block_n alone
+    if sub_n < 16 or cfg.block_n % sub_n or sub_n & (sub_n - 1):
+        raise ValueError(f"DecodeConfig: sub_n = {cfg.sub_n} must be a power of 2 >= 16 that "
+                         f"divides block_n = {cfg.block_n}")
     scale_k = 0 if k_scale is None else (1 if k_scale.ndim == 0 else 2)
     scale_v = 0 if v_scale is None else (1 if v_scale.ndim == 0 else 2)
     ks_strides = k_scale.stride() if scale_k == 2 else (0, 0, 0)
@@ -724,8 +778,10 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         o_st, l_st = out.stride(), lse.stride()
         o_split, l_split = 0, 0
     else:
-        o_part = C.empty((b, sq, hq, splits, d), torch.float32, q.device)
-        l_part = C.empty((b, hq, sq, splits), torch.float32, q.device)
+        # scratch: written in full by the split kernel before the combine reads it (an eager
+        # plan allocates it afresh per call)
+        o_part = C.scratch((b, sq, hq, splits, d), torch.float32, q.device)
+        l_part = C.scratch((b, hq, sq, splits), torch.float32, q.device)
         s = o_part.stride()
         o_st, o_split = (s[0], s[1], s[2], s[4]), s[3]
         s = l_part.stride()
@@ -743,7 +799,8 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         seqlen_q=sq, max_len=max_len, n_blocks=n_blocks, GROUP=hq // hk, num_splits=splits,
         qk_scale=qk_scale, cap_scale=cap_scale, wl=max(window_left, 0),
         wr=max(window_right, 0),
-        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=cfg.block_n, PAGE_SIZE=page,
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
+        SUB_N=sub_n, PAGE_SIZE=page,
         PAGED=paged, MASK_LO=window_left >= 0, MASK_HI=window_right >= 0,
         SOFTCAP=softcap > 0.0, SCALE_K=scale_k, SCALE_V=scale_v,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
@@ -906,9 +963,63 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None,
     -------
     out : Tensor like q; or (out, lse).
     """
-    ks_mode, vs_mode, _ = _check_decode(q, k_cache, v_cache, cache_seqlens, block_table,
-                                        k_scale, v_scale, window_size, softcap,
-                                        softmax_scale, num_splits)
+    if (P.ON and type(q) is _T and type(k_cache) is _T and type(v_cache) is _T
+            and type(cache_seqlens) is _T and type(block_table) in _OPT_T
+            and type(k_scale) in _OPT_T and type(v_scale) in _OPT_T
+            and not getattr(_overrides, "value", None) and not _compiling()
+            and not (_grad_enabled() and q.requires_grad)):
+        # the eager plan (tkit.kernels._plan): the key holds all the ordinary path reads (the
+        # SM count and config follow from the device index and the shapes)
+        dev, stream = _L._device_stream()
+        key = (causal, softmax_scale, window_size, softcap, num_splits, dev, _sig(q),
+               _sig(k_cache), _sig(v_cache), _sig(cache_seqlens), _sig(block_table),
+               _sig(k_scale), _sig(v_scale))
+        try:
+            plan = _plans.get(key)
+        except TypeError:  # an unhashable option: the ordinary path names it
+            plan = False
+        if plan:
+            if _env.CHECK or not cache_seqlens.is_cuda:  # values are read per call
+                _check_decode_values(k_cache, cache_seqlens, block_table,
+                                     k_cache.shape[1] if block_table is None
+                                     else block_table.shape[1] * k_cache.shape[1])
+            out_lse = plan(stream, q, k_cache, v_cache, cache_seqlens, block_table, k_scale,
+                           v_scale)
+            if out_lse is not None:
+                return out_lse if return_lse else out_lse[0]
+        elif plan is None:
+            P.stats["plan_miss"] += 1
+            with P.recording() as rec:
+                out_lse = _decode_slow(q, k_cache, v_cache, cache_seqlens, block_table,
+                                       softmax_scale, causal, window_size, softcap, k_scale,
+                                       v_scale, num_splits)
+            P.store(_plans, key, rec, (q, k_cache, v_cache, cache_seqlens, block_table,
+                                       k_scale, v_scale), out_lse)
+            return out_lse if return_lse else out_lse[0]
+    out, lse = _decode_slow(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale,
+                            causal, window_size, softcap, k_scale, v_scale, num_splits)
+    return (out, lse) if return_lse else out
+
+
+_T = torch.Tensor
+_OPT_T = (torch.Tensor, type(None))
+_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+_plans = P.new_cache()
+
+
+def _sig(t):
+    """What Triton and the ordinary path read of one (optional) tensor argument."""
+    if t is None:
+        return None
+    return t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15
+
+
+def _decode_slow(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal,
+                 window_size, softcap, k_scale, v_scale, num_splits):
+    """(out, lse) through validation and the launcher (the registered op when needed)."""
+    _check_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
+                  window_size, softcap, softmax_scale, num_splits)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     wl, wr = (int(w) for w in window_size)
     if causal:
@@ -917,10 +1028,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None,
     args = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, scale, wl, wr,
             float(softcap), splits)
     if C.use_direct_path(q):
-        out, lse = _decode_impl(*args)
-    else:
-        out, lse = _decode_op(*args)
-    return (out, lse) if return_lse else out
+        return _decode_impl(*args)
+    return _decode_op(*args)
 
 
 def append_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None):
@@ -939,6 +1048,34 @@ def append_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=Non
         0-d: the given per-tensor scale; shaped like the cache without head_dim: per token and
         head, computed here (amax over head_dim / 448) and stored at the token's slot.
     """
+    if (P.ON and type(k) is _T and type(v) is _T and type(k_cache) is _T
+            and type(v_cache) is _T and type(slot_mapping) is _T and type(k_scale) in _OPT_T
+            and type(v_scale) in _OPT_T and not _compiling()
+            and not (_grad_enabled() and (k.requires_grad or v.requires_grad))):
+        # the eager plan: no outputs, the launches write the caches (and per-token scales)
+        dev, stream = _L._device_stream()
+        key = (dev, _sig(k), _sig(v), _sig(k_cache), _sig(v_cache), _sig(slot_mapping),
+               _sig(k_scale), _sig(v_scale))
+        plan = _append_plans.get(key)
+        args = (k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+        if plan:
+            if _env.CHECK or not slot_mapping.is_cuda:  # values are read per call
+                _check_slot_values(slot_mapping, k_cache)
+            if plan(stream, *args) is not None:
+                return
+        elif plan is None:
+            P.stats["plan_miss"] += 1
+            with P.recording() as rec:
+                _append_slow(*args)
+            P.store(_append_plans, key, rec, args, ())
+            return
+    _append_slow(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+
+
+_append_plans = P.new_cache()
+
+
+def _append_slow(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> None:
     append_kv_checks(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     if C.use_direct_path(k, v):
         _append_impl(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
@@ -973,12 +1110,16 @@ def append_kv_checks(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> 
                             f"{C.dtype_name(k.dtype)}")
     _check_scale(k_scale, "k_scale", k_cache, "k_cache")
     _check_scale(v_scale, "v_scale", v_cache, "v_cache")
-    n_slots = k_cache.shape[0] * k_cache.shape[1]
     if _values_checked(slot_mapping):
-        for i, s in enumerate(slot_mapping.tolist()):
-            if not -1 <= s < n_slots:
-                raise ValueError(f"slot_mapping[{i}] = {s} is outside [0, num_blocks * "
-                                 f"page_size = {n_slots}) (and not -1: skip)")
+        _check_slot_values(slot_mapping, k_cache)
+
+
+def _check_slot_values(slot_mapping, k_cache) -> None:
+    n_slots = k_cache.shape[0] * k_cache.shape[1]
+    for i, s in enumerate(slot_mapping.tolist()):
+        if not -1 <= s < n_slots:
+            raise ValueError(f"slot_mapping[{i}] = {s} is outside [0, num_blocks * "
+                             f"page_size = {n_slots}) (and not -1: skip)")
 
 
 def merge_attention_states(o_a, lse_a, o_b, lse_b):
@@ -996,6 +1137,30 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b):
     -------
     (o, lse): o in o_a's dtype, lse float32.
     """
+    if (P.ON and type(o_a) is _T and type(lse_a) is _T and type(o_b) is _T
+            and type(lse_b) is _T and not _compiling()
+            and not (_grad_enabled() and (o_a.requires_grad or o_b.requires_grad
+                                          or lse_a.requires_grad or lse_b.requires_grad))):
+        dev, stream = _L._device_stream()
+        key = (dev, _sig(o_a), _sig(lse_a), _sig(o_b), _sig(lse_b))
+        plan = _merge_plans.get(key)
+        if plan:
+            out_lse = plan(stream, o_a, lse_a, o_b, lse_b)
+            if out_lse is not None:
+                return out_lse
+        elif plan is None:
+            P.stats["plan_miss"] += 1
+            with P.recording() as rec:
+                out_lse = _merge_slow(o_a, lse_a, o_b, lse_b)
+            P.store(_merge_plans, key, rec, (o_a, lse_a, o_b, lse_b), out_lse)
+            return out_lse
+    return _merge_slow(o_a, lse_a, o_b, lse_b)
+
+
+_merge_plans = P.new_cache()
+
+
+def _merge_slow(o_a, lse_a, o_b, lse_b):
     C.check_tensor(o_a, "o_a", Q_DTYPES)
     C.check_tensor(o_b, "o_b", Q_DTYPES)
     C.check_tensor(lse_a, "lse_a", (torch.float32,))
