@@ -243,17 +243,18 @@ def _check_group(group_size, K: int, K_name: str = "K") -> None:
         raise ValueError(f"group_size={group_size} does not divide {K_name}={K}")
 
 
-def _check_packed(qweight, scales, zeros, group_size) -> tuple[int, int]:
+def _check_packed(qweight, scales, zeros, group_size,
+                  scale_dtypes=SCALE_DTYPES) -> tuple[int, int]:
     """(K, N) of a packed weight, after checking the three tensors against each other."""
     C.check_tensor(qweight, "qweight", (torch.int32,), ndim=2)
-    C.check_tensor(scales, "scales", SCALE_DTYPES, ndim=2)
+    C.check_tensor(scales, "scales", scale_dtypes, ndim=2)
     K, N = qweight.shape[0] * 8, qweight.shape[1]
     _check_group(group_size, K, "K (8 * qweight.shape[0])")
     if tuple(scales.shape) != (K // group_size, N):
         raise ValueError(f"scales must have shape (K // group_size, N) = "
                          f"({K // group_size}, {N}), got {tuple(scales.shape)}")
     if zeros is not None:
-        C.check_tensor(zeros, "zeros", SCALE_DTYPES, ndim=2)
+        C.check_tensor(zeros, "zeros", scale_dtypes, ndim=2)
         if zeros.shape != scales.shape:
             raise ValueError(f"zeros must have the shape of scales {tuple(scales.shape)}, got "
                              f"{tuple(zeros.shape)}")
@@ -369,7 +370,7 @@ def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor,
                     dtype: torch.dtype | None = None) -> torch.Tensor:
     """The weight (N, K) a packed INT4 weight stands for, ``(q - z) * s``, computed in
     ``dtype`` (default: scales' dtype; float64 for the reference)."""
-    K, N = _check_packed(qweight, scales, zeros, group_size)
+    K, N = _check_packed(qweight, scales, zeros, group_size, (*SCALE_DTYPES, torch.float64))
     dtype = dtype or scales.dtype
     q = unpack_int4(qweight).to(dtype).reshape(N, K // group_size, group_size)
     s = scales.t().to(dtype)[:, :, None]
