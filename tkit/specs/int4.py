@@ -43,7 +43,7 @@ def cost_matmul_int4(a, qweight, scales, zeros=None, group_size=128, bias=None):
 # ---- inputs --------------------------------------------------------------------------------------
 def _codes(K: int, N: int, device, seed: int) -> torch.Tensor:
     """Random packed codes int32 (K // 8, N); uninitialized under ``without_values``."""
-    if getattr(T._state, "no_values", False):
+    if getattr(T._state, "no_values", False) or torch.device(device).type == "meta":
         return torch.empty((K // 8, N), dtype=torch.int32, device=device)
     gen = torch.Generator(device=device).manual_seed(seed)
     return torch.randint(-2 ** 31, 2 ** 31 - 1, (K // 8, N), generator=gen, dtype=torch.int32,
