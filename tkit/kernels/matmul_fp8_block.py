@@ -251,8 +251,8 @@ def matmul_fp8_block(a, b, scale_a, scale_b, out_dtype, bias, activation, residu
     M, K = a.shape
     N = b.shape[1]
     kb, nb = C.cdiv(K, BLOCK), C.cdiv(N, BLOCK)
-    C.check_tensor(scale_a, "scale_a", (torch.float32,), ndim=2)
-    C.check_tensor(scale_b, "scale_b", (torch.float32,), ndim=2)
+    C.check_tensor(scale_a, "scale_a", (torch.float32,))
+    C.check_tensor(scale_b, "scale_b", (torch.float32,))
     if tuple(scale_a.shape) != (M, kb):
         raise ValueError(f"block scales: scale_a must have shape (M, ceil(K / 128)) = "
                          f"({M}, {kb}) (one per 1x128 group of a), got {tuple(scale_a.shape)}")
