@@ -142,7 +142,8 @@ def _matmul_int4_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     offs_kq = tl.arange(0, BLOCK_K // 8)
     shifts = tl.arange(0, 8) * 4
-    a_ptrs = a_ptr + offs_am[:, None] * stride_am + (k_begin * BLOCK_K + offs_k)[None, :] * stride_ak
+    a_ptrs = (a_ptr + offs_am[:, None] * stride_am
+              + (k_begin * BLOCK_K + offs_k)[None, :] * stride_ak)
     q_ptrs = (q_ptr + (k_begin * (BLOCK_K // 8) + offs_kq)[:, None] * stride_qk
               + offs_bn[None, :] * stride_qn)
     dtype = a_ptr.dtype.element_ty

@@ -18,7 +18,8 @@ are BLOCK_M + BLOCK_N floats a step, next to (BLOCK_M + BLOCK_N) * 128 bytes of 
 Kernels: ``_fp8_block_tma_kernel`` (Hopper: persistent, TMA descriptors, the tile order and
 configs of matmul's TMA kernel) and ``_fp8_block_kernel`` (pointer-based, any strides, sm_80+
 and the interpreter); :func:`tkit.kernels.matmul.plan` picks between them as for matmul
-(split-K shapes take the pointer kernel with the split-K tile, unsplit). The kernels of the
+(shapes it would split along K take the pointer kernel with ``ptr_config``'s tile, unsplit:
+a block-scaled split-K is not written yet). The kernels of the
 per-tensor and per-row/column modes are separate and unchanged.
 """
 
