@@ -107,6 +107,22 @@ def test_split_k_sums_in_order(split):
         torch.testing.assert_close(out, base, rtol=0, atol=1e-2)
 
 
+def test_config_override_is_scoped_and_checked():
+    M, N, K, G = 2, 40, 256, 64
+    q, s, z = tkit.quantize_int4(make_tensor((N, K), F16, seed=2), G)
+    a = make_tensor((M, K), F16, seed=1)
+    base = tkit.matmul_int4(a, q, s, z, group_size=G)
+    with I4.int4_config(split_k=4, block_k=32, block_n=16):
+        assert I4.current_config(M, N, K, G, 4).split_k == 4
+        split = tkit.matmul_int4(a, q, s, z, group_size=G)
+    torch.testing.assert_close(split, base, rtol=0, atol=1e-2)
+    with pytest.raises(TypeError, match="unknown Int4Config field"):
+        with I4.int4_config(block=4):
+            pass
+    with I4.int4_config(block_k=128), pytest.raises(ValueError, match="block_k=128"):
+        tkit.matmul_int4(a, q, s, z, group_size=G)
+
+
 def test_leading_dims_and_strided_activations():
     N, K, G = 24, 64, 32
     q, s, z = tkit.quantize_int4(make_tensor((N, K), F16, seed=2), G)

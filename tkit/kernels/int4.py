@@ -44,6 +44,9 @@ x split 2); partials in float32 are summed in a fixed order by matmul's
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -99,6 +102,38 @@ class Int4Config:
             return Int4Config(bm, bn, bk, want, num_warps=4, num_stages=4)
         bm = 64 if M <= 128 else 128
         return Int4Config(bm, bn, bk, 1, num_warps=8 if bm == 128 else 4, num_stages=3)
+
+
+_overrides = threading.local()
+_FIELDS = tuple(f.name for f in dataclasses.fields(Int4Config))
+
+
+@contextlib.contextmanager
+def int4_config(**overrides):
+    """Override fields of :class:`Int4Config` for the calls made inside (this thread only),
+    e.g. ``with int4_config(split_k=4, num_stages=3): ...``; an unknown field is a TypeError
+    naming it, and a block_k that does not divide the group size a ValueError at the call.
+    For experiments (the H200 sweep of this table) and tests; calls never tune."""
+    unknown = [k for k in overrides if k not in _FIELDS]
+    if unknown:
+        raise TypeError(f"unknown Int4Config field(s) {unknown}; known: {list(_FIELDS)}")
+    old = getattr(_overrides, "value", {})
+    _overrides.value = {**old, **overrides}
+    try:
+        yield
+    finally:
+        _overrides.value = old
+
+
+def current_config(M: int, N: int, K: int, group_size: int, num_sms: int) -> Int4Config:
+    cfg = Int4Config.for_shape(M, N, K, group_size, num_sms)
+    over = getattr(_overrides, "value", None)
+    if over:
+        cfg = dataclasses.replace(cfg, **over)
+        if group_size % cfg.block_k or cfg.block_k < 16 or cfg.block_k & (cfg.block_k - 1):
+            raise ValueError(f"block_k={cfg.block_k} must be a power of 2 >= 16 dividing "
+                             f"group_size={group_size}")
+    return cfg
 
 
 def _block_k(group_size: int) -> int:
@@ -192,7 +227,7 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         if bias is not None:
             out += bias.to(out.dtype)
         return out
-    cfg = config or Int4Config.for_shape(M, N, K, group_size, _arch(a.device)[1])
+    cfg = config or current_config(M, N, K, group_size, _arch(a.device)[1])
     split = cfg.split_k
     grid = (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m), split)
     ws = C.scratch((split, M, N), torch.float32, a.device) if split > 1 else out
@@ -487,4 +522,4 @@ def cost(a, qweight, scales, zeros=None, *, group_size=128, bias=None, **kwargs)
 
 
 __all__ = ["matmul_int4", "quantize_int4", "dequantize_int4", "int4_from_awq", "int4_from_gptq",
-           "pack_int4", "unpack_int4", "Int4Config"]
+           "pack_int4", "unpack_int4", "Int4Config", "int4_config"]
