@@ -3,8 +3,9 @@
 Bench cases are issue #16's: group 128 at K=4096, N=14336 (Llama-3-8B's gate/up half) and
 K=N=8192 for M in 1 and 16, and an M sweep 1..4096 at K=4096, N=14336 that shows where INT4
 stops winning against cuBLAS bf16. Baselines: cuBLAS bf16 ``F.linear`` on the dequantized
-weight (dequantized once per weight, outside the timing), and torch's own int4 kernel
-(``aten._weight_int4pack_mm``, tinygemm) where this torch build has it for the device.
+weight (dequantized once per weight, outside the timing), torch's own int4 kernel
+(``aten._weight_int4pack_mm``, tinygemm) where this torch build has it for the device, and
+gemlite where it is installed (each factory returns None when its probe fails).
 """
 
 from __future__ import annotations
@@ -219,12 +220,58 @@ def _torch_int4():
     return fn
 
 
+def _gemlite_linear(q, s, z, group_size, dtype):
+    """A gemlite W4A16 layer holding tkit's weight (codes (N, K), scales and zeros (N, K / G);
+    gemlite dequantizes ``(q - z) * s`` as tkit does)."""
+    import gemlite
+    from gemlite.core import DType
+
+    cls = getattr(gemlite.core, "GemLiteLinearTriton", None) or gemlite.GemLiteLinear
+    K, N = q.shape[0] * 8, q.shape[1]
+    dt = DType.BF16 if dtype == BF16 else DType.FP16
+    layer = cls(4, group_size=group_size, in_features=K, out_features=N, input_dtype=dt,
+                output_dtype=dt)
+    zeros = z if z is not None else torch.full_like(s, float(I4.SYM_ZERO))
+    layer.pack(I4.unpack_int4(q), s.t().contiguous().to(dtype),
+               zeros.t().contiguous().to(dtype), None)
+    return layer
+
+
+def _gemlite():
+    """gemlite (pip, a pure-Triton W4A16 library), or None where it is not installed or its
+    API does not give tkit's numbers on a probe (issue #16 asks for it beside tkit)."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        w = torch.randn(256, 512, device="cuda")
+        q, s, z = tkit.quantize_int4(w.to(torch.float16), 128)
+        x = torch.randn(4, 512, device="cuda", dtype=torch.float16)
+        y = _gemlite_linear(q, s, z, 128, torch.float16)(x)
+        ref = ref_matmul_int4(x.float(), q, s.float(), z.float(), 128)
+        if not torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-1):
+            return None
+    except Exception:  # noqa: BLE001 (not installed, or another API: not available here)
+        return None
+    cache: dict = {}
+
+    def fn(a, qweight, scales, zeros=None, group_size=128, bias=None):
+        key = (qweight.data_ptr(), scales.data_ptr(), group_size, a.dtype)
+        if key not in cache:
+            cache.clear()
+            cache[key] = _gemlite_linear(qweight, scales, zeros, group_size, a.dtype)
+        y = cache[key](a)
+        return y + bias if bias is not None else y
+
+    return fn
+
+
 SPECS = [
     OpSpec(name="matmul_int4", family="matmul", fn=tkit.matmul_int4, reference=ref_matmul_int4,
            cost=cost_matmul_int4, bench_cases=_bench_int4, check_cases=_check_int4,
            fuzz=_fuzz_int4,
            baselines={"cuBLAS bf16 (F.linear, dequantized)": _cublas_dequantized,
-                      "torch int4 (_weight_int4pack_mm)": _torch_int4},
+                      "torch int4 (_weight_int4pack_mm)": _torch_int4,
+                      "gemlite": _gemlite},
            opcheck=_opcheck_int4, bound="memory",
            doc="INT4 weight-only GEMM (W4A16), per-group scales and zeros"),
 ]
