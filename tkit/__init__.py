@@ -34,6 +34,11 @@ _EXPORTS = {
     "matmul": "tkit.kernels.matmul",
     "matmul_fp8": "tkit.kernels.matmul",
     "grouped_matmul": "tkit.kernels.matmul",
+    "matmul_int4": "tkit.kernels.int4",
+    "quantize_int4": "tkit.kernels.int4",
+    "dequantize_int4": "tkit.kernels.int4",
+    "int4_from_awq": "tkit.kernels.int4",
+    "int4_from_gptq": "tkit.kernels.int4",
     # attention
     "flash_attention": "tkit.kernels.attention",
     "flash_attention_varlen": "tkit.kernels.attention",

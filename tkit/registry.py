@@ -23,6 +23,7 @@ SPEC_MODULES = (
     "tkit.specs.elementwise",
     "tkit.specs.reductions",
     "tkit.specs.matmul",
+    "tkit.specs.int4",
     "tkit.specs.attention",
     "tkit.specs.decode_attention",
     "tkit.specs.inference",

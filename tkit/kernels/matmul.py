@@ -1420,7 +1420,10 @@ def matmul_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
         Hopper, as for ``torch._scaled_mm``.
     scale_a, scale_b : Tensor
         float32 dequantization scales: one element (per-tensor), or M (per-row of a,
-        shape (M,) or (M, 1)) / N (per-column of b, shape (N,) or (1, N)).
+        shape (M,) or (M, 1)) / N (per-column of b, shape (N,) or (1, N)); or block scales
+        (DeepSeek-V3): scale_a (M, ceil(K / 128)) per 1x128 group of a row of a and scale_b
+        (ceil(K / 128), ceil(N / 128)) per 128x128 block of b, applied to each 128-deep K
+        step's MMA sum inside the K loop (tkit/kernels/matmul_fp8_block.py).
     out_dtype : torch.dtype
         bfloat16 (default), float16 or float32.
     bias, activation, residual
@@ -1431,6 +1434,11 @@ def matmul_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
     out_shape = _check_operands(a, b, C.FP8_DTYPES)
     _check_out_dtype(out_dtype)
     _check_epilogue(out_shape, a.device, bias, activation, residual)
+    from tkit.kernels import matmul_fp8_block as _block
+
+    if _block.is_block_scaled(a, b, scale_a, scale_b):
+        return _block.matmul_fp8_block(a, b, scale_a, scale_b, out_dtype, bias, activation,
+                                       residual)
     scale_a = _check_scale(scale_a, "scale_a", a.shape[0], "per row of a")
     scale_b = _check_scale(scale_b, "scale_b", b.shape[1], "per column of b")
     C.check_same_device(a=a, scale_a=scale_a, scale_b=scale_b)

@@ -64,15 +64,30 @@ def ref_matmul_fp8(a, b, scale_a, scale_b, out_dtype=BF16, bias=None, activation
     """torch._scaled_mm's math: (a @ b) * scale_a * scale_b in float32 (float64 for the
     reference), then the epilogue of :func:`ref_matmul`."""
     wide = torch.float64 if a.dtype == torch.float64 else torch.float32
-    sa = scale_a.to(wide).reshape(-1, 1) if scale_a.numel() > 1 else scale_a.to(wide)
-    sb = scale_b.to(wide).reshape(1, -1) if scale_b.numel() > 1 else scale_b.to(wide)
-    y = (a.to(wide) @ b.to(wide)) * sa * sb
+    if _block_scaled(a, b, scale_a, scale_b):
+        # DeepSeek-V3's block scales: each element of a times its 1x128 group's scale, each
+        # of b times its 128x128 block's, then one matmul (the same sum, regrouped)
+        M, K = a.shape
+        N = b.shape[1]
+        sa = scale_a.to(wide).repeat_interleave(128, 1)[:, :K]
+        sb = scale_b.to(wide).repeat_interleave(128, 0).repeat_interleave(128, 1)[:K, :N]
+        y = (a.to(wide) * sa) @ (b.to(wide) * sb)
+    else:
+        sa = scale_a.to(wide).reshape(-1, 1) if scale_a.numel() > 1 else scale_a.to(wide)
+        sb = scale_b.to(wide).reshape(1, -1) if scale_b.numel() > 1 else scale_b.to(wide)
+        y = (a.to(wide) @ b.to(wide)) * sa * sb
     if bias is not None:
         y = y + bias.to(wide)
     y = _act(y, activation)
     if residual is not None:
         y = y + residual.to(wide)
     return y if wide == torch.float64 else y.to(out_dtype)
+
+
+def _block_scaled(a, b, scale_a, scale_b):
+    from tkit.kernels.matmul_fp8_block import is_block_scaled
+
+    return is_block_scaled(a, b, scale_a, scale_b)
 
 
 def ref_grouped_matmul(a, b, offsets, out_dtype=None):
@@ -160,8 +175,49 @@ def _bench_fp8():
 
         return make
 
-    return [Case(f"fp8 {s}^3 {'row/col' if r else 'tensor'} scales", build(s, s, s, r), "fp8")
-            for s in (4096, 8192) for r in (False, True)]
+    cases = [Case(f"fp8 {s}^3 {'row/col' if r else 'tensor'} scales", build(s, s, s, r), "fp8")
+             for s in (4096, 8192) for r in (False, True)]
+    cases.append(_fp8_block_case(8192, 8192, 8192, "fp8 8192^3 block scales (1x128, 128x128)"))
+    for (N, K), name in DEEPSEEK_V3_SHAPES.items():
+        for M in DEEPSEEK_V3_M:
+            cases.append(_fp8_block_case(M, N, K, f"fp8 block DeepSeek-V3 {name} M={M}",
+                                         group="fp8 block DeepSeek-V3"))
+    return cases
+
+
+#: (N, K) of DeepSeek-V3's dense GEMMs (DeepGEMM's table): the fused q_a + kv_a projection,
+#: q_b, kv_b, o, and an expert's gate/up and down (intermediate 2048); hidden size 7168
+DEEPSEEK_V3_SHAPES = {(2112, 7168): "q_a+kv_a", (24576, 1536): "q_b", (32768, 512): "kv_b",
+                      (7168, 16384): "o", (4096, 7168): "expert gate_up",
+                      (7168, 2048): "expert down"}
+DEEPSEEK_V3_M = (64, 128, 4096)
+
+
+def _fp8_block_case(M, N, K, label, group="fp8 block", dtype=torch.float32):
+    """a (M, K) and b = w.t() of a (N, K) weight in fp8 with DeepSeek-V3's block scales:
+    scale_a (M, K / 128) per 1x128 group, scale_b (K / 128, N / 128) per 128x128 block."""
+    def make(device):
+        a = make_tensor((M, K), dtype, seed=1, device=device).to(FP8)
+        b = make_tensor((N, K), dtype, seed=2, device=device).to(FP8).t()
+        kb, nb = -(-K // 128), -(-N // 128)
+        sa = torch.rand(M, kb, device=device) + 0.5
+        sb = (torch.rand(kb, nb, device=device) + 0.5) * K ** -0.5
+        return (a, b, sa, sb), {}
+
+    return Case(label, make, group, meta=dict(M=M, N=N, K=K))
+
+
+def fp8_block_check_cases():
+    """Block-scaled check cases (they pass in the interpreter too: tests/kernels/
+    test_matmul_fp8_block.py runs them there)."""
+    return [_fp8_block_case(33, 200, 384, "block scales 33x200x384 (N, K partial blocks)"),
+            _fp8_block_case(5, 130, 260, "block scales 5x130x260 (K tail)")]
+
+
+def _check_fp8():
+    # the registry's CPU check of matmul_fp8 stays off (no_check_reason; tkit bench's CPU
+    # report is tested on it); on a GPU the block-scaled cases are checked
+    return fp8_block_check_cases() if torch.cuda.is_available() else []
 
 
 def _bench_grouped():
@@ -246,12 +302,12 @@ def _fuzz_matmul():
 
 def _fuzz_fp8():
     # GPU only: the interpreter converts float8 wrongly (docs/NOTES.md)
-    def fn(a, b, per_row=False):
-        sa, sb = _fp8_scales(a, b, per_row)
+    def fn(a, b, per_row=False, block=False):
+        sa, sb = _fp8_scales(a, b, per_row, block)
         return tkit.matmul_fp8(a.to(FP8), b.to(FP8), sa, sb)
 
-    def ref(a, b, per_row=False):
-        sa, sb = _fp8_scales(a, b, per_row)
+    def ref(a, b, per_row=False, block=False):
+        sa, sb = _fp8_scales(a, b, per_row, block)
         out = torch.float64 if a.dtype == torch.float64 else BF16
         return ref_matmul_fp8(a.float().to(FP8), b.float().to(FP8), sa, sb, out)
 
@@ -261,11 +317,16 @@ def _fuzz_fp8():
         lambda mnk: ((mnk[0], mnk[2]), (mnk[2], mnk[1])))
     return dict(fn=fn, reference=ref, shapes=shapes, dtypes=(torch.float32,),
                 layouts=("contiguous", "transposed"),
-                kwargs=st.fixed_dictionaries({"per_row": st.booleans()}), factor=2.0)
+                kwargs=st.fixed_dictionaries({"per_row": st.booleans(),
+                                              "block": st.booleans()}), factor=2.0)
 
 
-def _fp8_scales(a, b, per_row):
+def _fp8_scales(a, b, per_row, block=False):
     dev = a.device
+    if block:  # DeepSeek-V3's 1x128 / 128x128 block scales
+        kb, nb = -(-a.shape[1] // 128), -(-b.shape[1] // 128)
+        return (torch.linspace(0.5, 1.5, a.shape[0] * kb, device=dev).reshape(-1, kb),
+                torch.linspace(0.25, 2.0, kb * nb, device=dev).reshape(kb, nb))
     if per_row:
         return (torch.linspace(0.5, 1.5, a.shape[0], device=dev).reshape(-1, 1),
                 torch.linspace(0.25, 2.0, b.shape[1], device=dev).reshape(1, -1))
@@ -321,8 +382,18 @@ def _opcheck_grouped():
                                                    None), {}
 
 
+def _opcheck_fp8_block():
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    (a, b, sa, sb), _ = _fp8_block_case(16, 130, 256, "opcheck").make(dev)
+    bias = make_tensor((130,), BF16, seed=3, device=dev)
+    return torch.ops.tkit.matmul_fp8_block.default, (a, b, sa, sb, bias, None, "silu", BF16), {}
+
+
 def _opcheck_fp8():
     if not torch.cuda.is_available():
+        # torch's CPU kernels cannot multiply float8 (opcheck's schema test does):
+        # tests/kernels/test_matmul_fp8_block.py checks the block op's fake and autograd
+        # registration on the CPU
         return None
     a = make_tensor((32, 64), torch.float32, seed=1, device="cuda").to(FP8)
     b = make_tensor((48, 64), torch.float32, seed=2, device="cuda").to(FP8).t()
@@ -338,6 +409,11 @@ def _cublas():
 
 def _scaled_mm():
     def fn(a, b, scale_a, scale_b, out_dtype=BF16, **kw):
+        if _block_scaled(a, b, scale_a, scale_b):
+            # torch 2.11's _scaled_mm refuses block scales ("Invalid scaling configuration"):
+            # the comparison point is its per-tensor GEMM of the same operands (issue #16)
+            one = torch.ones((), device=a.device)
+            return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=out_dtype)
         return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
 
     return fn
@@ -349,9 +425,10 @@ SPECS = [
            fuzz=_fuzz_matmul, baselines={"cuBLAS (torch)": _cublas}, opcheck=_opcheck_matmul,
            bound="compute", doc="a @ b with fused bias/activation/residual"),
     OpSpec(name="matmul_fp8", family="matmul", fn=tkit.matmul_fp8, reference=ref_matmul_fp8,
-           cost=cost_matmul_fp8, bench_cases=_bench_fp8, check_cases=lambda: [],
+           cost=cost_matmul_fp8, bench_cases=_bench_fp8, check_cases=_check_fp8,
            fuzz=_fuzz_fp8, baselines={"torch._scaled_mm": _scaled_mm}, opcheck=_opcheck_fp8,
-           bound="compute", doc="float8_e4m3fn GEMM with per-tensor / per-row / per-col scales",
+           bound="compute", doc="float8_e4m3fn GEMM with per-tensor / per-row / per-col or "
+           "1x128 / 128x128 block scales",
            no_check_reason="Triton's interpreter converts float8 wrongly (docs/NOTES.md); "
            "verified at benchmark sizes on a GPU"),
     OpSpec(name="grouped_matmul", family="matmul", fn=tkit.grouped_matmul,

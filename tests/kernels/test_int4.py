@@ -1,0 +1,270 @@
+"""INT4 weight-only GEMM (tkit.matmul_int4) and its weight tools: the packed layout bit for bit,
+quantize/dequantize round trips within int4 rounding, the GEMM against a float64 reference
+(dequantize, then matmul) under the reference rule, split-K and the compute tile, the AWQ and
+GPTQ converters against hand-packed checkpoints, errors, registration."""
+
+import pytest
+import torch
+
+import tkit
+from tkit import _env, registry
+from tkit.kernels import int4 as I4
+from tkit.testing import (
+    assert_close_to_reference,
+    check_against_reference,
+    fuzz,
+    make_tensor,
+    opcheck,
+    poisoned_outputs,
+)
+
+ON_GPU = torch.cuda.is_available()
+DEV = "cuda" if ON_GPU else "cpu"
+F16, BF16 = torch.float16, torch.bfloat16
+
+
+# ---- layout -------------------------------------------------------------------------------------
+def test_pack_layout_bit_for_bit():
+    """qweight[i, n] holds q[n, 8*i + j] in bits 4*j .. 4*j + 3 (GPTQ's qweight layout)."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (5, 24), generator=g)
+    packed = I4.pack_int4(q)
+    assert packed.dtype == torch.int32 and packed.shape == (3, 5)
+    for i in range(3):
+        for n in range(5):
+            word = 0
+            for j in range(8):
+                word |= int(q[n, 8 * i + j]) << (4 * j)
+            assert packed[i, n].item() == (word - (1 << 32) if word >= 1 << 31 else word)
+    assert torch.equal(I4.unpack_int4(packed), q.to(torch.uint8))
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("dtype,group_size", [(F16, 128), (BF16, 32), (torch.float32, 16)])
+def test_quantize_round_trip(symmetric, dtype, group_size):
+    N, K = 33, 256
+    w = make_tensor((N, K), dtype, seed=3)
+    q, s, z = tkit.quantize_int4(w, group_size, symmetric=symmetric)
+    assert q.shape == (K // 8, N) and s.shape == (K // group_size, N)
+    assert (z is None) == symmetric
+    wd = tkit.dequantize_int4(q, s, z, group_size=group_size, dtype=torch.float64)
+    err = (wd - w.double()).abs().reshape(N, K // group_size, group_size)
+    step = s.double().t()[:, :, None]
+    # half a step of rounding, plus the rounding of s (and of the range's ends) to its dtype
+    slack = {F16: 2e-3, BF16: 1.6e-2, torch.float32: 1e-6}[dtype] * 16
+    assert (err <= step * (0.5 + slack) + 1e-6).all(), float((err / step).max())
+    codes = I4.unpack_int4(q)
+    assert int(codes.max()) <= 15
+    if not symmetric:  # the group's minimum and maximum are reached (the range is used)
+        assert int(codes.min()) == 0 and int(codes.max()) == 15
+
+
+def test_quantize_constant_group_is_finite():
+    w = torch.zeros(4, 32)
+    w[1] = 3.0
+    for sym in (False, True):
+        q, s, z = tkit.quantize_int4(w, 16, symmetric=sym)
+        wd = tkit.dequantize_int4(q, s, z, group_size=16, dtype=torch.float64)
+        assert torch.isfinite(s).all()
+        torch.testing.assert_close(wd, w.double(), rtol=0, atol=0.5 if sym else 1e-6)
+
+
+# ---- the GEMM -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("M,N,K,G,dtype,sym,bias", [
+    (1, 100, 256, 128, F16, False, False),
+    (3, 70, 96, 32, BF16, False, True),
+    (16, 64, 128, 64, F16, True, False),
+    (65, 33, 64, 16, BF16, True, True),
+])
+def test_matmul_int4_against_reference(M, N, K, G, dtype, sym, bias):
+    w = make_tensor((N, K), dtype, seed=2)
+    q, s, z = tkit.quantize_int4(w, G, symmetric=sym)
+    a = make_tensor((M, K), dtype, seed=1)
+    kw = dict(group_size=G)
+    if bias:
+        kw["bias"] = make_tensor((N,), dtype, seed=5)
+    spec = registry.get("matmul_int4")
+    check_against_reference(spec.fn, spec.reference, (a, q, s, z), kw)
+
+
+@pytest.mark.parametrize("split", [1, 2, 3, 8])
+def test_split_k_sums_in_order(split):
+    """Every split of K gives the same result as no split (fixed-order reduction), with the bias
+    applied once by the reduce kernel."""
+    M, N, K, G = 3, 40, 512, 64
+    w = make_tensor((N, K), F16, seed=2)
+    q, s, z = tkit.quantize_int4(w, G)
+    a = make_tensor((M, K), F16, seed=1)
+    bias = make_tensor((N,), F16, seed=5)
+    cfg = I4.Int4Config(16, 32, 64, split)
+    with poisoned_outputs():
+        out = I4._matmul_int4_impl(a, q, s, z, G, bias, cfg)
+    w16 = tkit.dequantize_int4(q, s, z, group_size=G, dtype=F16)
+    ref = a.double() @ w16.double().T + bias.double()
+    assert_close_to_reference(out, ref, a @ w16.T + bias)
+    if split > 1:
+        base = I4._matmul_int4_impl(a, q, s, z, G, bias, I4.Int4Config(16, 32, 64, 1))
+        torch.testing.assert_close(out, base, rtol=0, atol=1e-2)
+
+
+def test_config_override_is_scoped_and_checked():
+    M, N, K, G = 2, 40, 256, 64
+    q, s, z = tkit.quantize_int4(make_tensor((N, K), F16, seed=2), G)
+    a = make_tensor((M, K), F16, seed=1)
+    base = tkit.matmul_int4(a, q, s, z, group_size=G)
+    with I4.int4_config(split_k=4, block_k=32, block_n=16):
+        assert I4.current_config(M, N, K, G, 4).split_k == 4
+        split = tkit.matmul_int4(a, q, s, z, group_size=G)
+    torch.testing.assert_close(split, base, rtol=0, atol=1e-2)
+    with pytest.raises(TypeError, match="unknown Int4Config field"):
+        with I4.int4_config(block=4):
+            pass
+    with I4.int4_config(block_k=128), pytest.raises(ValueError, match="block_k=128"):
+        tkit.matmul_int4(a, q, s, z, group_size=G)
+
+
+def test_leading_dims_and_strided_activations():
+    N, K, G = 24, 64, 32
+    q, s, z = tkit.quantize_int4(make_tensor((N, K), F16, seed=2), G)
+    a = make_tensor((2, 3, 2 * K), F16, seed=1)[..., ::2]  # strided, 3-D
+    out = tkit.matmul_int4(a, q, s, z, group_size=G)
+    assert out.shape == (2, 3, N)
+    w16 = tkit.dequantize_int4(q, s, z, group_size=G, dtype=F16)
+    assert_close_to_reference(out, a.double() @ w16.double().T, a @ w16.T)
+
+
+def test_empty_rows():
+    q, s, z = tkit.quantize_int4(make_tensor((8, 32), F16, seed=2), 16)
+    out = tkit.matmul_int4(torch.empty(0, 32, dtype=F16), q, s, z, group_size=16)
+    assert out.shape == (0, 8)
+
+
+def test_config_heuristic():
+    """Decode shapes split K to about two programs per SM; large M takes one compute tile."""
+    c = I4.Int4Config.for_shape(1, 14336, 4096, 128, 132)
+    assert (c.block_m, c.block_k) == (16, 128)
+    if not _env.INTERPRET:  # 112 column slabs of 128 x split 2 on 132 SMs
+        assert c.split_k == 2
+    big = I4.Int4Config.for_shape(4096, 14336, 4096, 128, 132)
+    assert big.split_k == 1 and big.block_m == 128
+    assert I4.Int4Config.for_shape(1, 4096, 4096, 32, 132).block_k == 32
+
+
+# ---- converters -------------------------------------------------------------------------------
+def _awq_pack_cols(x):
+    """AutoAWQ's WQLinear_GEMM packing, written out: word c of a row holds column
+    8*c + order[i] in bits 4*i, order = [0, 2, 4, 6, 1, 3, 5, 7]."""
+    order = [0, 2, 4, 6, 1, 3, 5, 7]
+    R, Cn = x.shape
+    out = torch.zeros(R, Cn // 8, dtype=torch.int64)
+    for c in range(Cn // 8):
+        for i in range(8):
+            out[:, c] |= x[:, 8 * c + order[i]].to(torch.int64) << (4 * i)
+    return torch.where(out >= 2 ** 31, out - 2 ** 32, out).to(torch.int32)
+
+
+def _gptq_pack(iw, zeros):
+    """AutoGPTQ's QuantLinear.pack, written out: qweight (K // 8, N) packs 8 consecutive input
+    rows per word, in order; qzeros (K // G, N // 8) packs 8 columns per word, in order, after
+    ``zeros -= 1``."""
+    K, N = iw.shape
+    qw = torch.zeros(K // 8, N, dtype=torch.int64)
+    for i in range(K // 8):
+        for j in range(8):
+            qw[i] |= iw[8 * i + j].to(torch.int64) << (4 * j)
+    zm = (zeros - 1) & 0xF
+    qz = torch.zeros(zeros.shape[0], N // 8, dtype=torch.int64)
+    for c in range(N // 8):
+        for j in range(8):
+            qz[:, c] |= zm[:, 8 * c + j].to(torch.int64) << (4 * j)
+    wrap = lambda t: torch.where(t >= 2 ** 31, t - 2 ** 32, t).to(torch.int32)  # noqa: E731
+    return wrap(qw), wrap(qz)
+
+
+def _checkpoint(K=64, N=16, G=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    iw = torch.randint(0, 16, (K, N), generator=g)  # codes, (in, out) as checkpoints hold them
+    zeros = torch.randint(1, 16, (K // G, N), generator=g)
+    scales = (torch.rand(K // G, N, generator=g) * 0.02 + 0.001).to(F16)
+    w = ((iw - zeros.repeat_interleave(G, 0)).double()
+         * scales.double().repeat_interleave(G, 0)).t()  # (N, K), the nn.Linear weight
+    return iw, zeros, scales, w
+
+
+def test_int4_from_awq_hand_packed():
+    iw, zeros, scales, w = _checkpoint()
+    q, s, z = tkit.int4_from_awq(_awq_pack_cols(iw), _awq_pack_cols(zeros), scales)
+    wd = tkit.dequantize_int4(q, s, z, group_size=32, dtype=torch.float64)
+    assert torch.equal(wd, w)
+    a = make_tensor((3, 64), F16, seed=1)
+    out = tkit.matmul_int4(a, q, s, z, group_size=32)
+    assert_close_to_reference(out, a.double() @ w.T, (a @ w.to(F16).T), name="awq matmul")
+
+
+@pytest.mark.parametrize("with_g_idx", [False, True])
+def test_int4_from_gptq_hand_packed(with_g_idx):
+    iw, zeros, scales, w = _checkpoint(seed=1)
+    qw, qz = _gptq_pack(iw, zeros)
+    g_idx = torch.arange(64, dtype=torch.int32) // 32 if with_g_idx else None
+    q, s, z = tkit.int4_from_gptq(qw, qz, scales, g_idx)
+    assert torch.equal(q, qw)  # tkit's layout is GPTQ's qweight
+    wd = tkit.dequantize_int4(q, s, z, group_size=32, dtype=torch.float64)
+    assert torch.equal(wd, w)
+
+
+def test_int4_from_gptq_v2_and_act_order():
+    iw, zeros, scales, w = _checkpoint(seed=2)
+    qw, qz_minus_one = _gptq_pack(iw, zeros + 1)  # packs zeros + 1 - 1 = the zeros themselves
+    q, s, z = tkit.int4_from_gptq(qw, qz_minus_one, scales, checkpoint_format="gptq_v2")
+    assert torch.equal(tkit.dequantize_int4(q, s, z, group_size=32, dtype=torch.float64), w)
+    perm = torch.randperm(64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="act-order"):
+        tkit.int4_from_gptq(qw, qz_minus_one, scales, (torch.arange(64) // 32)[perm])
+
+
+# ---- errors -----------------------------------------------------------------------------------
+def test_bad_arguments_are_named():
+    w = make_tensor((16, 64), F16, seed=2)
+    q, s, z = tkit.quantize_int4(w, 32)
+    a = make_tensor((2, 64), F16, seed=1)
+    with pytest.raises(ValueError, match="group_size=48 does not divide K=64"):
+        tkit.quantize_int4(w, 48)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        tkit.quantize_int4(w, 8)
+    with pytest.raises(TypeError, match="a has dtype float32"):
+        tkit.matmul_int4(a.float(), q, s, z, group_size=32)
+    with pytest.raises(TypeError, match="qweight has dtype"):
+        tkit.matmul_int4(a, q.to(torch.int64), s, z, group_size=32)
+    with pytest.raises(ValueError, match="a.shape\\[-1\\]=32"):
+        tkit.matmul_int4(a[:, :32], q, s, z, group_size=32)
+    with pytest.raises(ValueError, match="scales must have shape"):
+        tkit.matmul_int4(a, q, s, z, group_size=16)
+    with pytest.raises(ValueError, match="zeros must have the shape"):
+        tkit.matmul_int4(a, q, s, z[:1], group_size=32)
+    with pytest.raises(ValueError, match="bias must have shape"):
+        tkit.matmul_int4(a, q, s, z, group_size=32, bias=torch.zeros(5, dtype=F16))
+    with pytest.raises(ValueError, match="group_size=64 does not divide K"):
+        tkit.matmul_int4(make_tensor((2, 96), F16, seed=1), *tkit.quantize_int4(
+            make_tensor((16, 96), F16, seed=2), 32), group_size=64)
+    with pytest.raises(ValueError, match="checkpoint_format"):
+        tkit.int4_from_gptq(q, torch.zeros(2, 2, dtype=torch.int32), s, checkpoint_format="x")
+
+
+# ---- registry ---------------------------------------------------------------------------------
+def test_check_cases():
+    spec = registry.get("matmul_int4")
+    for case in spec.check_cases():
+        args, kwargs = case.make(DEV)
+        check_against_reference(spec.fn, spec.reference, args, kwargs)
+
+
+def test_fuzz():
+    spec = registry.get("matmul_int4")
+    recipe = dict(spec.fuzz())
+    fn, ref = recipe.pop("fn"), recipe.pop("reference")
+    fuzz(fn, ref, **recipe, max_examples=None if ON_GPU else 8)
+
+
+def test_opcheck():
+    op, args, kwargs = registry.get("matmul_int4").opcheck()
+    opcheck(op, args, kwargs)

@@ -1,0 +1,126 @@
+"""Block-scaled FP8 GEMM (tkit.matmul_fp8 with DeepSeek-V3's 1x128 / 128x128 scales): against a
+float64 reference that applies the scales block by block, partial blocks along K and N, both
+operand layouts, the epilogue, the pointer and (on a GPU) TMA kernels, the mode detection next
+to the per-tensor and per-row/column modes, errors, registration."""
+
+import pytest
+import torch
+
+import tkit
+from tkit import registry
+from tkit.kernels import matmul_fp8_block as FB
+from tkit.testing import assert_close_to_reference, check_against_reference, opcheck
+
+ON_GPU = torch.cuda.is_available()
+DEV = "cuda" if ON_GPU else "cpu"
+F8 = torch.float8_e4m3fn
+
+
+def _operands(M, N, K, b_trans=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(M, K, generator=g).to(F8)
+    w = torch.randn(N, K, generator=g).to(F8)
+    b = w.t() if b_trans else w.t().contiguous()
+    kb, nb = -(-K // 128), -(-N // 128)
+    sa = torch.rand(M, kb, generator=g) + 0.5
+    sb = (torch.rand(kb, nb, generator=g) + 0.5) * K ** -0.5
+    return a.to(DEV), b.to(DEV), sa.to(DEV), sb.to(DEV)
+
+
+def _blockwise_ref(a, b, sa, sb):
+    """The definition, one K block at a time: sum_kb sa[:, kb] * sb[kb, n // 128] * partial."""
+    M, K = a.shape
+    N = b.shape[1]
+    a, b, sa, sb = a.cpu().double(), b.cpu().double(), sa.cpu().double(), sb.cpu().double()
+    out = torch.zeros(M, N, dtype=torch.float64)
+    cols = torch.arange(N) // 128
+    for kb in range(sa.shape[1]):
+        sl = slice(kb * 128, min(K, (kb + 1) * 128))
+        out += (a[:, sl] @ b[sl]) * sa[:, kb:kb + 1] * sb[kb, cols][None, :]
+    return out
+
+
+@pytest.mark.parametrize("M,N,K,b_trans", [(33, 200, 384, True), (5, 128, 128, False),
+                                           (70, 130, 260, True), (1, 256, 512, False)])
+def test_block_scaled_against_float64(M, N, K, b_trans):
+    a, b, sa, sb = _operands(M, N, K, b_trans)
+    out = tkit.matmul_fp8(a, b, sa, sb, out_dtype=torch.float32)
+    ref = _blockwise_ref(a, b, sa, sb)
+    # float32 output: only the order of float32 additions differs from the reference
+    assert_close_to_reference(out, ref, floor=1e-5 * float(ref.abs().max()))
+    # the registry's reference (regrouped: scale the operands, then one matmul) agrees
+    spec_ref = registry.get("matmul_fp8").reference(a.double(), b.double(), sa, sb)
+    torch.testing.assert_close(spec_ref.cpu(), ref, rtol=1e-12, atol=1e-9)
+
+
+def test_block_scaled_epilogue_bf16():
+    a, b, sa, sb = _operands(40, 160, 256, seed=1)
+    g = torch.Generator().manual_seed(5)
+    bias = torch.randn(160, generator=g).to(torch.bfloat16).to(DEV)
+    res = torch.randn(40, 160, generator=g).to(torch.bfloat16).to(DEV)
+    spec = registry.get("matmul_fp8")
+    check_against_reference(spec.fn, spec.reference, (a, b, sa, sb),
+                            dict(bias=bias, activation="silu", residual=res))
+
+
+def test_scales_are_applied_per_block():
+    """Scaling one K block of a row, or one 128x128 block of b, moves exactly the outputs it
+    feeds (a kernel applying the scales in the epilogue could not get this right)."""
+    a, b, sa, sb = _operands(8, 256, 384, seed=2)
+    base = tkit.matmul_fp8(a, b, sa, sb, out_dtype=torch.float32)
+    sa2 = sa.clone()
+    sa2[3, 1] *= 2
+    sb2 = sb.clone()
+    sb2[2, 1] *= 4
+    got = tkit.matmul_fp8(a, b, sa2, sb2, out_dtype=torch.float32)
+    ref = _blockwise_ref(a, b, sa2, sb2)
+    assert_close_to_reference(got, ref, floor=1e-5 * float(ref.abs().max()))
+    assert not torch.allclose(got[3], base[3])
+    assert torch.equal(got[:3, :128], base[:3, :128])
+
+
+def test_block_mode_detection_leaves_other_modes_alone():
+    a, b, _, _ = _operands(16, 256, 256, seed=3)
+    K, N = 256, 256
+    assert FB.is_block_scaled(a, b, torch.ones(16, 2), torch.ones(2, 2))
+    assert not FB.is_block_scaled(a, b, torch.ones(1), torch.ones(1))
+    assert not FB.is_block_scaled(a, b, torch.ones(16, 1), torch.ones(1, N))
+    assert not FB.is_block_scaled(a, b, torch.ones(16), torch.ones(N))
+    del K
+
+
+def test_block_scaled_errors_name_the_argument():
+    a, b, sa, sb = _operands(16, 256, 384)
+    with pytest.raises(ValueError, match="scale_b must have shape .* = \\(3, 2\\)"):
+        tkit.matmul_fp8(a, b, sa, torch.ones(1, device=DEV))
+    with pytest.raises(ValueError, match="scale_a must have shape .* = \\(16, 3\\)"):
+        tkit.matmul_fp8(a, b, sa[:, :2], sb)
+    with pytest.raises(TypeError, match="scale_b has dtype float16"):
+        tkit.matmul_fp8(a, b, sa, sb.half())
+
+
+def test_check_cases_and_opcheck():
+    from tkit.specs.matmul import fp8_block_check_cases
+
+    spec = registry.get("matmul_fp8")
+    for case in fp8_block_check_cases():
+        args, kwargs = case.make(DEV)
+        check_against_reference(spec.fn, spec.reference, args, kwargs)
+    from tkit.specs.matmul import _opcheck_fp8_block
+
+    op, args, kwargs = _opcheck_fp8_block()
+    # torch's CPU kernels cannot multiply float8, which opcheck's schema test does
+    utils = None if ON_GPU else ("test_faketensor", "test_autograd_registration",
+                                 "test_aot_dispatch_dynamic")
+    opcheck(op, args, kwargs, **({"test_utils": utils} if utils else {}))
+
+
+@pytest.mark.parametrize("b_trans", [True, False])
+def test_block_scaled_tma_path(b_trans):
+    """The Hopper kernel, forced (the interpreter runs tensor descriptors too); TMA needs
+    16-byte row strides, so N is a multiple of 16 here; partial blocks along M, N and K."""
+    a, b, sa, sb = _operands(40, 144, 320, b_trans) if not ON_GPU else \
+        _operands(300, 528, 1088, b_trans)
+    out = FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.float32, path="tma")
+    ref = _blockwise_ref(a, b, sa, sb)
+    assert_close_to_reference(out, ref, floor=1e-4 * float(ref.abs().max()))

@@ -1,0 +1,525 @@
+"""INT4 weight-only GEMM (W4A16): ``out = a @ dequant(w).T + bias`` for an nn.Linear weight.
+
+Math. ``w`` (N, K) is stored as 4-bit unsigned codes ``q`` in [0, 15] with one scale ``s`` and
+one zero point ``z`` per group of ``group_size`` consecutive K values of a row:
+
+    dequant(w)[n, k] = (q[n, k] - z[k // G, n]) * s[k // G, n]
+
+Symmetric weights (``zeros=None``) take ``z = 8``: codes 0..15 are the signed values -8..7.
+The kernel dequantizes in float32, rounds the weight tile once to a's dtype (fp16 / bf16) and
+multiplies on the tensor cores with a float32 accumulator; the reference rule's peer does the
+same in torch (dequantize in a's dtype, then a @ w.T).
+
+Layout (tkit's; chosen for the kernel, and the same as GPTQ's ``qweight``):
+
+    qweight  int32 (K // 8, N): qweight[i, n] holds q[n, 8*i + j] in bits 4*j .. 4*j + 3,
+             j = 0..7 (eight consecutive K values of one output column, low nibble first)
+    scales   (K // G, N), float16 / bfloat16 / float32 (row g: the scales of group g)
+    zeros    (K // G, N), same dtype as scales, or None (symmetric, z = 8). Zero points are
+             kept as floats in code units (integers for AWQ/GPTQ and quantize_int4), so any
+             checkpoint's convention is one exact conversion.
+
+Why this layout: a (BLOCK_K // 8, BLOCK_N) int32 tile is contiguous along N, so a program
+loads 16-byte vectors (four columns) and one int32 is unpacked into eight K values of the
+same column with shifts and masks in registers: ``(q[:, None, :] >> 4*j) & 15`` reshaped to
+(BLOCK_K, BLOCK_N) is already the K-major B operand of ``tl.dot``; no transpose, no shared
+memory round trip before the MMA operand conversion. Scales and zeros of one K-step are one
+row (BLOCK_K divides G), loaded once per step.
+
+Cost model: FLOPs = 2*M*N*K; bytes = K*N/2 (weight) + 2 * (K/G)*N*s_size (scales, zeros)
++ M*K*a_size + M*N*out_size. At M = 1..16 the weight bytes dominate (K=4096, N=14336, G=128:
+29.4 MB of codes + 1.8 MB of fp16 scales and zeros, against 117 MB for bf16): memory-bound,
+so the target is the copy bandwidth over ~4x fewer bytes than a bf16 GEMV. The arithmetic
+intensity is ~4*M FLOP/byte, so INT4 stops winning when the bf16 GEMM turns compute-bound
+itself (M ~ 200 on the H200) and falls behind past that (the dequantization is extra work
+per weight element per M tile).
+
+Kernel: ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M tiles, (2) K splits.
+Decode (M <= 64): BLOCK_M = 16..64, BLOCK_N = 128, BLOCK_K = min(128, G), and the K dimension
+split so that about two programs per SM stream the weight (K=4096, N=14336: 112 column slabs
+x split 2); partials in float32 are summed in a fixed order by matmul's
+``_splitk_reduce_kernel``, which applies the bias (deterministic, no atomics). Larger M:
+64/128 x 128 tiles, no split: dequantize the tile in registers, then tl.dot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from tkit import _env
+from tkit.kernels import _common as C
+from tkit.kernels._numerics import round_to
+from tkit.kernels.matmul import _arch, _dot, _splitk_reduce_kernel
+
+ACT_DTYPES = (torch.float16, torch.bfloat16)
+SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: the zero point of symmetric weights (codes 0..15 are -8..7)
+SYM_ZERO = 8
+
+
+# --------------------------------------------------------------------------------------------
+# Launch configuration
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Int4Config:
+    """Launch parameters of ``_matmul_int4_kernel``. BLOCK_K must divide the group size (one
+    scale row per K step) and be a power of 2 >= 16; split_k > 1 adds the reduce launch."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+
+    @staticmethod
+    def for_shape(M: int, N: int, K: int, group_size: int, num_sms: int = 132) -> Int4Config:
+        """Heuristic, not yet measured (issue #16's H200 session will): decode shapes stream
+        the weight with about two programs per SM (each holds NUM_STAGES - 1 steps of
+        BLOCK_K x BLOCK_N / 2 bytes in flight: 24 KB at 128 x 128 and 4 stages, so two per SM
+        cover HBM latency, ~38 KB per SM by Little's law); larger M takes a compute tile."""
+        bk = _block_k(group_size)
+        bn = 128 if N >= 128 else max(16, C.next_power_of_2(N))
+        if _env.INTERPRET:  # the interpreter pays per program and per element: small tiles
+            bn = min(bn, 64)
+        if M <= 64:
+            bm = max(16, min(64, C.next_power_of_2(M)))
+            tiles = C.cdiv(N, bn) * C.cdiv(M, bm)
+            want = 1
+            while want * 2 <= 2 * num_sms / tiles * 1.41:  # nearest power of 2 (log scale)
+                want *= 2
+            k_steps = K // bk
+            while want > 1 and k_steps // want < 4:
+                want //= 2
+            return Int4Config(bm, bn, bk, want, num_warps=4, num_stages=4)
+        bm = 64 if M <= 128 else 128
+        return Int4Config(bm, bn, bk, 1, num_warps=8 if bm == 128 else 4, num_stages=3)
+
+
+_overrides = threading.local()
+_FIELDS = tuple(f.name for f in dataclasses.fields(Int4Config))
+
+
+@contextlib.contextmanager
+def int4_config(**overrides):
+    """Override fields of :class:`Int4Config` for the calls made inside (this thread only),
+    e.g. ``with int4_config(split_k=4, num_stages=3): ...``; an unknown field is a TypeError
+    naming it, and a block_k that does not divide the group size a ValueError at the call.
+    For experiments (the H200 sweep of this table) and tests; calls never tune."""
+    unknown = [k for k in overrides if k not in _FIELDS]
+    if unknown:
+        raise TypeError(f"unknown Int4Config field(s) {unknown}; known: {list(_FIELDS)}")
+    old = getattr(_overrides, "value", {})
+    _overrides.value = {**old, **overrides}
+    try:
+        yield
+    finally:
+        _overrides.value = old
+
+
+def current_config(M: int, N: int, K: int, group_size: int, num_sms: int) -> Int4Config:
+    cfg = Int4Config.for_shape(M, N, K, group_size, num_sms)
+    over = getattr(_overrides, "value", None)
+    if over:
+        cfg = dataclasses.replace(cfg, **over)
+        if group_size % cfg.block_k or cfg.block_k < 16 or cfg.block_k & (cfg.block_k - 1):
+            raise ValueError(f"block_k={cfg.block_k} must be a power of 2 >= 16 dividing "
+                             f"group_size={group_size}")
+    return cfg
+
+
+def _block_k(group_size: int) -> int:
+    bk = 128
+    while group_size % bk:
+        bk //= 2
+    return bk
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel
+# --------------------------------------------------------------------------------------------
+@triton.jit
+def _matmul_int4_kernel(
+    a_ptr, q_ptr, s_ptr, z_ptr, c_ptr, ws_ptr, bias_ptr, M, N, K,
+    stride_am, stride_ak, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn,
+    stride_cm, stride_cn, stride_bias,
+    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One (BLOCK_M, BLOCK_N) tile over this program's K range.
+
+    a_ptr (M, K) fp16/bf16 any strides; q_ptr int32 (K // 8, N) in the layout of the module
+    docstring; s_ptr / z_ptr (K // GROUP, N). SPLIT_K == 1: bias and the store to c_ptr
+    (M, N) here; otherwise the float32 partial goes to ws_ptr[pid_k] (SPLIT_K, M, N),
+    contiguous, summed by ``_splitk_reduce_kernel``. K is a multiple of GROUP, GROUP of
+    BLOCK_K (the launcher checks), so no K masks.
+    """
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_am = offs_m % M  # rows / columns past the edge read a valid one; masked on the store
+    offs_bn = offs_n % N
+    k_tiles = K // BLOCK_K
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    k_begin = pid_k * per_split
+    k_end = tl.minimum(k_begin + per_split, k_tiles)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_kq = tl.arange(0, BLOCK_K // 8)
+    shifts = tl.arange(0, 8) * 4
+    a_ptrs = (a_ptr + offs_am[:, None] * stride_am
+              + (k_begin * BLOCK_K + offs_k)[None, :] * stride_ak)
+    q_ptrs = (q_ptr + (k_begin * (BLOCK_K // 8) + offs_kq)[:, None] * stride_qk
+              + offs_bn[None, :] * stride_qn)
+    dtype = a_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in tl.range(k_begin, k_end, num_stages=NUM_STAGES):
+        a = tl.load(a_ptrs)
+        # the weight is read once: do not let it push the activations out of L2
+        q = tl.load(q_ptrs, eviction_policy="evict_first")
+        g = (kt * BLOCK_K) // GROUP
+        s = tl.load(s_ptr + g * stride_sg + offs_bn * stride_sn).to(tl.float32)
+        # (BLOCK_K // 8, 8, BLOCK_N) nibbles -> (BLOCK_K, BLOCK_N): row 8*i + j is nibble j of
+        # packed row i (the arithmetic shift's sign bits are masked off)
+        nib = (q[:, None, :] >> shifts[None, :, None]) & 0xF
+        w = tl.reshape(nib, (BLOCK_K, BLOCK_N)).to(tl.float32)
+        if HAS_ZEROS:
+            z = tl.load(z_ptr + g * stride_zg + offs_bn * stride_zn).to(tl.float32)
+            w = (w - z[None, :]) * s[None, :]
+        else:
+            w = (w - 8.0) * s[None, :]
+        acc = _dot(a, round_to(w, dtype), acc, False)
+        a_ptrs += BLOCK_K * stride_ak
+        q_ptrs += (BLOCK_K // 8) * stride_qk
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)
+            acc = acc + bias.to(tl.float32)[None, :]
+        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        ws_ptrs = ws_ptr + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :]
+        tl.store(ws_ptrs, acc, mask=mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Launch
+# --------------------------------------------------------------------------------------------
+def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
+    M, K = a.shape
+    N = qweight.shape[1]
+    out = C.empty((M, N), a.dtype, a.device)
+    if out.numel() == 0:
+        return out
+    if K == 0:
+        out.zero_()
+        if bias is not None:
+            out += bias.to(out.dtype)
+        return out
+    cfg = config or current_config(M, N, K, group_size, _arch(a.device)[1])
+    split = cfg.split_k
+    grid = (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m), split)
+    ws = C.scratch((split, M, N), torch.float32, a.device) if split > 1 else out
+    z = zeros if zeros is not None else scales
+    C.launch(_matmul_int4_kernel, grid, a_ptr=a, q_ptr=qweight, s_ptr=scales, z_ptr=z,
+             c_ptr=out, ws_ptr=ws, bias_ptr=bias if bias is not None else scales,
+             M=M, N=N, K=K, stride_am=a.stride(0), stride_ak=a.stride(1),
+             stride_qk=qweight.stride(0), stride_qn=qweight.stride(1),
+             stride_sg=scales.stride(0), stride_sn=scales.stride(1),
+             stride_zg=z.stride(0), stride_zn=z.stride(1),
+             stride_cm=out.stride(0), stride_cn=out.stride(1),
+             stride_bias=bias.stride(0) if bias is not None else 0,
+             GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
+             SPLIT_K=split, NUM_STAGES=cfg.num_stages, BLOCK_M=cfg.block_m,
+             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps)
+    if split > 1:
+        rbn = 128 if N >= 128 else max(16, C.next_power_of_2(N))
+        C.launch(_splitk_reduce_kernel, (C.cdiv(N, rbn), C.cdiv(M, cfg.block_m)),
+                 ws_ptr=ws, c_ptr=out, sa_ptr=ws, sb_ptr=ws,
+                 bias_ptr=bias if bias is not None else ws, res_ptr=ws, M=M, N=N,
+                 stride_cm=out.stride(0), stride_cn=out.stride(1), stride_rm=0, stride_rn=0,
+                 stride_bias=bias.stride(0) if bias is not None else 0, SPLIT_K=split,
+                 SCALE_A=0, SCALE_B=0, HAS_BIAS=bias is not None, ACT="", HAS_RES=False,
+                 BLOCK_M=cfg.block_m, BLOCK_N=rbn, num_warps=4)
+    return out
+
+
+@torch.library.custom_op("tkit::matmul_int4", mutates_args=())
+def _matmul_int4_op(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                    zeros: Optional[torch.Tensor], group_size: int,  # noqa: UP045
+                    bias: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
+    return _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias)
+
+
+@_matmul_int4_op.register_fake
+def _(a, qweight, scales, zeros, group_size, bias):
+    return a.new_empty((a.shape[0], qweight.shape[1]))
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+def _check_group(group_size, K: int, K_name: str = "K") -> None:
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise TypeError(f"group_size must be an int, got {type(group_size).__name__}")
+    if group_size <= 0 or group_size % 16:
+        raise ValueError(f"group_size must be a positive multiple of 16, got {group_size}")
+    if K % group_size:
+        raise ValueError(f"group_size={group_size} does not divide {K_name}={K}")
+
+
+def _check_packed(qweight, scales, zeros, group_size,
+                  scale_dtypes=SCALE_DTYPES) -> tuple[int, int]:
+    """(K, N) of a packed weight, after checking the three tensors against each other."""
+    C.check_tensor(qweight, "qweight", (torch.int32,), ndim=2)
+    C.check_tensor(scales, "scales", scale_dtypes, ndim=2)
+    K, N = qweight.shape[0] * 8, qweight.shape[1]
+    _check_group(group_size, K, "K (8 * qweight.shape[0])")
+    if tuple(scales.shape) != (K // group_size, N):
+        raise ValueError(f"scales must have shape (K // group_size, N) = "
+                         f"({K // group_size}, {N}), got {tuple(scales.shape)}")
+    if zeros is not None:
+        C.check_tensor(zeros, "zeros", scale_dtypes, ndim=2)
+        if zeros.shape != scales.shape:
+            raise ValueError(f"zeros must have the shape of scales {tuple(scales.shape)}, got "
+                             f"{tuple(zeros.shape)}")
+    C.check_same_device(qweight=qweight, scales=scales, zeros=zeros)
+    return K, N
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+def matmul_int4(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                zeros: torch.Tensor | None = None, *, group_size: int = 128,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``a @ dequant(w).T + bias`` for an INT4 weight in tkit's layout (module docstring).
+
+    Parameters
+    ----------
+    a : Tensor
+        (..., K) float16 or bfloat16, any strides.
+    qweight : Tensor
+        int32 (K // 8, N), from :func:`quantize_int4`, :func:`int4_from_awq` or
+        :func:`int4_from_gptq`.
+    scales : Tensor
+        (K // group_size, N) float16 / bfloat16 / float32.
+    zeros : Tensor, optional
+        (K // group_size, N), scales' dtype, zero points in code units; None: symmetric (8).
+    group_size : int
+        A multiple of 16 that divides K.
+    bias : Tensor, optional
+        (N,).
+
+    Returns
+    -------
+    Tensor (..., N) in a's dtype.
+    """
+    C.check_tensor(a, "a", ACT_DTYPES, min_ndim=1)
+    K, N = _check_packed(qweight, scales, zeros, group_size)
+    if a.shape[-1] != K:
+        raise ValueError(f"a.shape[-1]={a.shape[-1]} must equal K = 8 * qweight.shape[0] = {K}")
+    if zeros is not None and zeros.dtype != scales.dtype:
+        raise TypeError(f"zeros has dtype {C.dtype_name(zeros.dtype)} but scales has "
+                        f"{C.dtype_name(scales.dtype)}")
+    if bias is not None:
+        C.check_tensor(bias, "bias", C.FLOAT_DTYPES, ndim=1)
+        if bias.shape[0] != N:
+            raise ValueError(f"bias must have shape ({N},) (N), got {tuple(bias.shape)}")
+    C.check_same_device(a=a, qweight=qweight, bias=bias)
+    lead = a.shape[:-1]
+    a2 = a.reshape(-1, K)
+    if C.use_direct_path(a2, scales, zeros, bias):
+        out = _matmul_int4_impl(a2, qweight, scales, zeros, group_size, bias)
+    else:
+        out = _matmul_int4_op(a2, qweight, scales, zeros, group_size, bias)
+    return out.reshape(*lead, N)
+
+
+def quantize_int4(w: torch.Tensor, group_size: int = 128, symmetric: bool = False):
+    """Quantize an nn.Linear weight (N, K) to tkit's INT4 layout (round to nearest).
+
+    Asymmetric (default, AWQ's rule): per group, ``s = (max - min) / 15`` (1 where max = min),
+    ``z = clamp(round(-min / s), 0, 15)``, ``q = clamp(round(w / s) + z, 0, 15)``.
+    Symmetric: ``s = amax / 7`` (1 where amax = 0), ``q = clamp(round(w / s), -8, 7) + 8``,
+    ``zeros`` is None. Rounding is half to even, in float32.
+
+    Returns
+    -------
+    (qweight int32 (K // 8, N), scales (K // group_size, N), zeros (K // group_size, N) or
+    None); scales and zeros in w's dtype for float16 / bfloat16 weights, else float32.
+    Round trip: |dequant(q) - w| <= s / 2 (plus the rounding of s and z to their dtype).
+    """
+    C.check_tensor(w, "w", C.FLOAT_DTYPES, ndim=2)
+    N, K = w.shape
+    _check_group(group_size, K)
+    sdt = w.dtype if w.dtype in (torch.float16, torch.bfloat16) else torch.float32
+    g = w.detach().float().reshape(N, K // group_size, group_size)
+    if symmetric:
+        amax = g.abs().amax(-1, keepdim=True)
+        s = torch.where(amax > 0, amax / 7.0, torch.ones_like(amax)).to(sdt)
+        q = torch.clamp(torch.round(g / s.float()), -8, 7) + SYM_ZERO
+        zeros = None
+    else:
+        lo = g.amin(-1, keepdim=True)
+        hi = g.amax(-1, keepdim=True)
+        s = torch.where(hi > lo, (hi - lo) / 15.0, torch.ones_like(hi)).to(sdt)
+        z = torch.clamp(torch.round(-lo / s.float()), 0, 15)
+        q = torch.clamp(torch.round(g / s.float()) + z, 0, 15)
+        zeros = z.reshape(N, -1).t().contiguous().to(sdt)
+    qweight = pack_int4(q.reshape(N, K).to(torch.uint8))
+    return qweight, s.reshape(N, -1).t().contiguous(), zeros
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """Codes ``q`` (N, K) in [0, 15] (any integer dtype) -> tkit's qweight, int32 (K // 8, N)."""
+    N, K = q.shape
+    if K % 8:
+        raise ValueError(f"K={K} must be a multiple of 8 to pack")
+    t = q.t().to(torch.int64).reshape(K // 8, 8, N)
+    shifts = (torch.arange(8, device=q.device, dtype=torch.int64) * 4).reshape(1, 8, 1)
+    packed = (t << shifts).sum(1)
+    return torch.where(packed >= 2 ** 31, packed - 2 ** 32, packed).to(torch.int32).contiguous()
+
+
+def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
+    """tkit's qweight int32 (K // 8, N) -> codes (N, K) uint8 in [0, 15]."""
+    k8, N = qweight.shape
+    shifts = (torch.arange(8, device=qweight.device, dtype=torch.int32) * 4).reshape(1, 8, 1)
+    q = (qweight[:, None, :] >> shifts) & 0xF
+    return q.reshape(k8 * 8, N).t().to(torch.uint8)
+
+
+def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor,
+                    zeros: torch.Tensor | None = None, *, group_size: int = 128,
+                    dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The weight (N, K) a packed INT4 weight stands for, ``(q - z) * s``, computed in
+    ``dtype`` (default: scales' dtype; float64 for the reference)."""
+    K, N = _check_packed(qweight, scales, zeros, group_size, (*SCALE_DTYPES, torch.float64))
+    dtype = dtype or scales.dtype
+    q = unpack_int4(qweight).to(dtype).reshape(N, K // group_size, group_size)
+    s = scales.t().to(dtype)[:, :, None]
+    z = zeros.t().to(dtype)[:, :, None] if zeros is not None else SYM_ZERO
+    return ((q - z) * s).reshape(N, K)
+
+
+def _unpack_cols(packed: torch.Tensor, order) -> torch.Tensor:
+    """int32 (R, C // 8) packed 8 to a word along the columns -> (R, C) codes, where bits
+    4*i .. 4*i + 3 of word c hold column 8*c + order[i]."""
+    R, C8 = packed.shape
+    shifts = (torch.arange(8, device=packed.device, dtype=torch.int32) * 4)
+    nib = (packed[:, :, None] >> shifts) & 0xF  # (R, C8, 8): nibble i
+    out = torch.empty_like(nib)
+    out[:, :, list(order)] = nib
+    return out.reshape(R, C8 * 8)
+
+
+#: AutoAWQ's nibble order: bits 4*i of a packed word hold column 8*c + AWQ_ORDER[i]
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def int4_from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor):
+    """tkit's INT4 layout from an AutoAWQ "GEMM" checkpoint (``WQLinear_GEMM``, version gemm).
+
+    AWQ format (AutoAWQ's ``WQLinear_GEMM.from_linear`` / ``awq.utils.packing_utils``):
+
+    * ``qweight`` int32 (K, N // 8): row k is input channel k; 8 output columns are packed
+      per word in the interleaved order [0, 2, 4, 6, 1, 3, 5, 7]: bits 4*i .. 4*i + 3 of word
+      c hold column 8*c + [0, 2, 4, 6, 1, 3, 5, 7][i] (AutoAWQ unpacks with the reverse
+      order [0, 4, 1, 5, 2, 6, 3, 7]).
+    * ``qzeros`` int32 (K // G, N // 8), packed the same way; zero points used as stored.
+    * ``scales`` float16 (K // G, N).
+    * ``w[n, k] = (q[k, n] - z[k // G, n]) * s[k // G, n]``.
+
+    Returns (qweight, scales, zeros) for :func:`matmul_int4` with ``group_size = K //
+    scales.shape[0]``; scales keep their dtype, zeros take it. Exact (no rounding).
+    """
+    C.check_tensor(qweight, "qweight", (torch.int32,), ndim=2)
+    C.check_tensor(qzeros, "qzeros", (torch.int32,), ndim=2)
+    C.check_tensor(scales, "scales", SCALE_DTYPES, ndim=2)
+    K, N = qweight.shape[0], qweight.shape[1] * 8
+    if scales.shape[1] != N or scales.shape[0] == 0 or K % scales.shape[0]:
+        raise ValueError(f"scales must have shape (K // G, N) with N = 8 * qweight.shape[1] = "
+                         f"{N} and K // G dividing K = {K}, got {tuple(scales.shape)}")
+    if tuple(qzeros.shape) != (scales.shape[0], N // 8):
+        raise ValueError(f"qzeros must have shape ({scales.shape[0]}, {N // 8}), got "
+                         f"{tuple(qzeros.shape)}")
+    q = _unpack_cols(qweight, AWQ_ORDER)  # (K, N)
+    z = _unpack_cols(qzeros, AWQ_ORDER)
+    return pack_int4(q.t()), scales.contiguous(), z.to(scales.dtype).contiguous()
+
+
+def int4_from_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                   g_idx: torch.Tensor | None = None, *, checkpoint_format: str = "gptq"):
+    """tkit's INT4 layout from an AutoGPTQ / GPTQModel 4-bit checkpoint.
+
+    GPTQ format (AutoGPTQ ``QuantLinear.pack``):
+
+    * ``qweight`` int32 (K // 8, N): bits 4*j .. 4*j + 3 of qweight[i, n] hold q[8*i + j, n]
+      (packed along K, in order) -- the layout tkit uses, so it is taken as is.
+    * ``qzeros`` int32 (K // G, N // 8): packed along N in order (bits 4*j: column 8*c + j).
+      ``checkpoint_format="gptq"`` (AutoGPTQ, and GPTQModel's v1 checkpoints) stores every
+      zero point minus one (``zeros -= 1`` before packing; the kernels add it back), so
+      z = stored + 1 (wrapping 15 + 1 to 16 is kept as 16: it is what the original model
+      computed). ``"gptq_v2"`` (GPTQModel's internal format) stores z itself.
+    * ``scales`` float16 (K // G, N); ``g_idx`` int32 (K,), the group of each input channel:
+      ``k // G`` unless the model was quantized with act-order (desc_act), which is not
+      supported here yet (a permutation of K would have to travel with the weight).
+    * ``w[n, k] = (q[k, n] - z[g_idx[k], n]) * s[g_idx[k], n]``.
+
+    Returns (qweight, scales, zeros) for :func:`matmul_int4` with ``group_size = K //
+    scales.shape[0]``. Exact.
+    """
+    C.check_tensor(qweight, "qweight", (torch.int32,), ndim=2)
+    C.check_tensor(qzeros, "qzeros", (torch.int32,), ndim=2)
+    C.check_tensor(scales, "scales", SCALE_DTYPES, ndim=2)
+    if checkpoint_format not in ("gptq", "gptq_v2"):
+        raise ValueError(f"checkpoint_format must be 'gptq' or 'gptq_v2', got "
+                         f"{checkpoint_format!r}")
+    K, N = qweight.shape[0] * 8, qweight.shape[1]
+    if scales.shape[1] != N or scales.shape[0] == 0 or K % scales.shape[0]:
+        raise ValueError(f"scales must have shape (K // G, N) with N = qweight.shape[1] = {N} "
+                         f"and K // G dividing K = {K}, got {tuple(scales.shape)}")
+    groups = scales.shape[0]
+    if tuple(qzeros.shape) != (groups, C.cdiv(N, 8)):
+        raise ValueError(f"qzeros must have shape ({groups}, {C.cdiv(N, 8)}), got "
+                         f"{tuple(qzeros.shape)}")
+    G = K // groups
+    if g_idx is not None:
+        C.check_tensor(g_idx, "g_idx", (torch.int32, torch.int64), ndim=1)
+        want = torch.arange(K, device=g_idx.device) // G
+        if g_idx.shape[0] != K or not torch.equal(g_idx.to(torch.int64), want):
+            raise ValueError("g_idx is not k // group_size (an act-order / desc_act "
+                             "checkpoint): not supported yet")
+    z = _unpack_cols(qzeros, range(8))[:, :N].to(scales.dtype)
+    if checkpoint_format == "gptq":
+        z = z + 1
+    return qweight.contiguous(), scales.contiguous(), z.contiguous()
+
+
+def cost(a, qweight, scales, zeros=None, *, group_size=128, bias=None, **kwargs):
+    """(bytes, FLOPs): codes, scales, zeros, a and bias read once, the output written once."""
+    from tkit.registry import Cost
+
+    K, N = qweight.shape[0] * 8, qweight.shape[1]
+    M = a.numel() // max(K, 1)
+    nbytes = (qweight.numel() * 4 + scales.numel() * scales.element_size()
+              + (zeros.numel() * zeros.element_size() if zeros is not None else 0)
+              + M * K * a.element_size() + M * N * a.element_size()
+              + (bias.numel() * bias.element_size() if bias is not None else 0))
+    return Cost(nbytes, 2.0 * M * N * K)
+
+
+__all__ = ["matmul_int4", "quantize_int4", "dequantize_int4", "int4_from_awq", "int4_from_gptq",
+           "pack_int4", "unpack_int4", "Int4Config", "int4_config"]

@@ -1,0 +1,267 @@
+"""Block-scaled FP8 GEMM (the DeepSeek-V3 recipe), the ``scale_a`` / ``scale_b`` block mode of
+:func:`tkit.matmul_fp8`.
+
+Math. ``a`` (M, K) and ``b`` (K, N) are float8_e4m3fn; ``scale_a`` (M, ceil(K / 128)) float32
+holds one scale per 1x128 group of a row of a, ``scale_b`` (ceil(K / 128), ceil(N / 128))
+float32 one per 128x128 block of b:
+
+    out[m, n] = sum over k-blocks kb of  sa[m, kb] * sb[kb, n // 128] * (a[m, kb] . b[kb, n])
+
+then the epilogue of :func:`tkit.matmul` (bias, activation, residual), rounded once.
+
+The scales change every 128 values of K, so they cannot wait for the epilogue: each K step
+is exactly one block (BLOCK_K = 128), its MMA sum starts fresh and is added to the float32
+accumulator times ``sa[:, None] * sb[None, :]`` (DeepSeek-V3's promotion; the per-tensor path
+already promotes every 128-element step for accuracy, see matmul's ``_dot``). The scale loads
+are BLOCK_M + BLOCK_N floats a step, next to (BLOCK_M + BLOCK_N) * 128 bytes of operands.
+
+Kernels: ``_fp8_block_tma_kernel`` (Hopper: persistent, TMA descriptors, the tile order and
+configs of matmul's TMA kernel) and ``_fp8_block_kernel`` (pointer-based, any strides, sm_80+
+and the interpreter); :func:`tkit.kernels.matmul.plan` picks between them as for matmul
+(shapes it would split along K take the pointer kernel with ``ptr_config``'s tile, unsplit:
+a block-scaled split-K is not written yet). The kernels of the
+per-tensor and per-row/column modes are separate and unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from tkit.kernels import _common as C
+from tkit.kernels import matmul as MM
+from tkit.kernels._numerics import INTERPRET as _INTERPRET
+from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
+
+BLOCK = 128  # the scale block along K (and N for b)
+
+
+@triton.jit
+def _scaled_step(a, b, sa, sb, acc):
+    """acc += (a @ b) * sa[:, None] * sb[None, :]: one K block, its own MMA sum."""
+    if _INTERPRET:
+        a = _interpreter_operand(a)
+        b = _interpreter_operand(b)
+    return acc + tl.dot(a, b) * sa[:, None] * sb[None, :]
+
+
+@triton.jit
+def _fp8_block_kernel(
+    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """Pointer-based block-scaled GEMM, one output tile per program (grouped order).
+    BLOCK_K must be 128; BLOCK_N may span several 128-column scale blocks."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = MM._tile_pid(pid, num_pid_m, num_pid_n, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_am = offs_m % M  # see matmul's _matmul_kernel: valid rows, masked on the store
+    offs_bn = offs_n % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    sa_ptrs = sa_ptr + offs_am * stride_sam
+    sb_ptrs = sb_ptr + (offs_bn // 128) * stride_sbn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        sa = tl.load(sa_ptrs + k * stride_sak)
+        sb = tl.load(sb_ptrs + k * stride_sbk)
+        acc = _scaled_step(a, b, sa, sb, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    acc = MM._epilogue(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
+                       res_ptr, stride_rm, stride_rn, 0, 0, HAS_BIAS, ACT, HAS_RES)
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fp8_block_tma_kernel(
+    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K,
+    stride_a, stride_b, stride_cm, stride_sam, stride_sak, stride_sbk, stride_sbn,
+    stride_rm, stride_rn, stride_bias,
+    A_TRANS: tl.constexpr, B_TRANS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr, NUM_SMS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EPI_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
+):
+    """Persistent TMA block-scaled GEMM: matmul's ``_matmul_tma_kernel`` with the scales of
+    each K block applied to its MMA sum (operand layouts and the epilogue as there)."""
+    dtype = c_ptr.dtype.element_ty
+    if A_TRANS:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[K, M], strides=[stride_a, 1],
+                                           block_shape=[BLOCK_K, BLOCK_M])
+    else:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_a, 1],
+                                           block_shape=[BLOCK_M, BLOCK_K])
+    if B_TRANS:
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_b, 1],
+                                           block_shape=[BLOCK_N, BLOCK_K])
+    else:
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1],
+                                           block_shape=[BLOCK_K, BLOCK_N])
+    if EPI_SUBTILE:
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1],
+                                           block_shape=[BLOCK_M, BLOCK_N // 2])
+    else:
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1],
+                                           block_shape=[BLOCK_M, BLOCK_N])
+    start_pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    tile_id_c = start_pid - NUM_SMS
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=FLATTEN):
+        pid_m, pid_n = MM._tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        sa_ptrs = sa_ptr + ((off_m + tl.arange(0, BLOCK_M)) % M) * stride_sam
+        sb_ptrs = sb_ptr + (((off_n + tl.arange(0, BLOCK_N)) % N) // 128) * stride_sbn
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            if A_TRANS:
+                a = a_desc.load([off_k, off_m]).T
+            else:
+                a = a_desc.load([off_m, off_k])
+            if B_TRANS:
+                b = b_desc.load([off_n, off_k]).T
+            else:
+                b = b_desc.load([off_k, off_n])
+            sa = tl.load(sa_ptrs + ki * stride_sak)
+            sb = tl.load(sb_ptrs + ki * stride_sbk)
+            acc = _scaled_step(a, b, sa, sb, acc)
+        tile_id_c += NUM_SMS
+        pid_m, pid_n = MM._tile_pid(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        if EPI_SUBTILE:
+            acc = tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2))
+            acc = tl.permute(acc, (0, 2, 1))
+            acc0, acc1 = tl.split(acc)
+            offs_n0 = off_n + tl.arange(0, BLOCK_N // 2)
+            acc0 = MM._epilogue(acc0, offs_m, offs_n0, M, N, sa_ptr, sb_ptr, bias_ptr,
+                                stride_bias, res_ptr, stride_rm, stride_rn, 0, 0, HAS_BIAS,
+                                ACT, HAS_RES)
+            c_desc.store([off_m, off_n], acc0.to(dtype))
+            acc1 = MM._epilogue(acc1, offs_m, offs_n0 + BLOCK_N // 2, M, N, sa_ptr, sb_ptr,
+                                bias_ptr, stride_bias, res_ptr, stride_rm, stride_rn, 0, 0,
+                                HAS_BIAS, ACT, HAS_RES)
+            c_desc.store([off_m, off_n + BLOCK_N // 2], acc1.to(dtype))
+        else:
+            offs_n = off_n + tl.arange(0, BLOCK_N)
+            acc = MM._epilogue(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
+                               res_ptr, stride_rm, stride_rn, 0, 0, HAS_BIAS, ACT, HAS_RES)
+            c_desc.store([off_m, off_n], acc.to(dtype))
+
+
+# --------------------------------------------------------------------------------------------
+# Launch
+# --------------------------------------------------------------------------------------------
+def _ptr_tile(M, N, K) -> dict:
+    if MM._env.INTERPRET:
+        return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=BLOCK, GROUP_M=4, num_warps=4)
+    cfg = MM.ptr_config(M, N, K, 1)
+    cfg["BLOCK_K"] = BLOCK
+    return cfg
+
+
+def _fp8_block_impl(a, b, scale_a, scale_b, bias=None, residual=None, activation=None,
+                    out_dtype=torch.bfloat16, path=None, config=None):
+    M, K = a.shape
+    N = b.shape[1]
+    out = C.empty((M, N), out_dtype, a.device)
+    if out.numel() == 0:
+        return out
+    res = residual.expand(M, N) if residual is not None else None
+    p = MM.plan(a, b, out_dtype, path=path)
+    common = dict(a_ptr=a, b_ptr=b, c_ptr=out, sa_ptr=scale_a, sb_ptr=scale_b,
+                  bias_ptr=bias if bias is not None else scale_a,
+                  res_ptr=res if res is not None else scale_a, M=M, N=N, K=K,
+                  stride_sam=scale_a.stride(0), stride_sak=scale_a.stride(1),
+                  stride_sbk=scale_b.stride(0), stride_sbn=scale_b.stride(1),
+                  stride_rm=res.stride(0) if res is not None else 0,
+                  stride_rn=res.stride(1) if res is not None else 0,
+                  stride_bias=bias.stride(0) if bias is not None else 0,
+                  HAS_BIAS=bias is not None, ACT=activation or "", HAS_RES=res is not None)
+    if p.path == "tma":
+        _, a_trans = MM._tma_ok(a)
+        _, b_trans = MM._tma_ok(b)
+        sms = MM._arch(a.device)[1]
+        cfg = dict(config or MM.tma_config(M, N, K, 1, sms), BLOCK_K=BLOCK)
+        MM._ensure_tma_allocator()
+        tiles = C.cdiv(M, cfg["BLOCK_M"]) * C.cdiv(N, cfg["BLOCK_N"])
+        C.launch(_fp8_block_tma_kernel, (max(1, min(sms, tiles)),), **common,
+                 stride_a=MM._lead_stride(a, a_trans), stride_b=MM._lead_stride(b, b_trans),
+                 stride_cm=out.stride(0), A_TRANS=a_trans, B_TRANS=b_trans, NUM_SMS=sms,
+                 **cfg)
+        return out
+    cfg = dict(config or _ptr_tile(M, N, K), BLOCK_K=BLOCK)
+    for key in ("SPLIT_K", "NUM_STAGES", "EPI_SUBTILE", "FLATTEN"):
+        cfg.pop(key, None)
+    grid = (C.cdiv(M, cfg["BLOCK_M"]) * C.cdiv(N, cfg["BLOCK_N"]),)
+    C.launch(_fp8_block_kernel, grid, **common, stride_am=a.stride(0), stride_ak=a.stride(1),
+             stride_bk=b.stride(0), stride_bn=b.stride(1), stride_cm=out.stride(0),
+             stride_cn=out.stride(1), **cfg)
+    return out
+
+
+@torch.library.custom_op("tkit::matmul_fp8_block", mutates_args=())
+def _fp8_block_op(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
+                  scale_b: torch.Tensor, bias: Optional[torch.Tensor],  # noqa: UP045
+                  residual: Optional[torch.Tensor], activation: str,  # noqa: UP045
+                  out_dtype: torch.dtype) -> torch.Tensor:
+    return _fp8_block_impl(a, b, scale_a, scale_b, bias, residual, activation or None, out_dtype)
+
+
+@_fp8_block_op.register_fake
+def _(a, b, scale_a, scale_b, bias, residual, activation, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+def is_block_scaled(a, b, scale_a, scale_b) -> bool:
+    """Whether the scales are in the block layout: scale_b (ceil(K/128), ceil(N/128)) with more
+    than one element (never a per-tensor or per-column shape, which (1, N) with N > 1 is not)."""
+    K, N = a.shape[1], b.shape[1]
+    blk = (C.cdiv(K, BLOCK), C.cdiv(N, BLOCK))
+    sa_blk = (a.shape[0], C.cdiv(K, BLOCK))
+    return (isinstance(scale_b, torch.Tensor) and scale_b.ndim == 2 and scale_b.numel() > 1
+            and tuple(scale_b.shape) == blk
+            and not (tuple(scale_b.shape) == (1, N))) or (
+        isinstance(scale_a, torch.Tensor) and scale_a.ndim == 2 and scale_a.shape[1] > 1
+        and tuple(scale_a.shape) == sa_blk)
+
+
+def matmul_fp8_block(a, b, scale_a, scale_b, out_dtype, bias, activation, residual):
+    """The block mode of :func:`tkit.matmul_fp8` (a, b, the epilogue already validated there)."""
+    M, K = a.shape
+    N = b.shape[1]
+    kb, nb = C.cdiv(K, BLOCK), C.cdiv(N, BLOCK)
+    C.check_tensor(scale_a, "scale_a", (torch.float32,))
+    C.check_tensor(scale_b, "scale_b", (torch.float32,))
+    if tuple(scale_a.shape) != (M, kb):
+        raise ValueError(f"block scales: scale_a must have shape (M, ceil(K / 128)) = "
+                         f"({M}, {kb}) (one per 1x128 group of a), got {tuple(scale_a.shape)}")
+    if tuple(scale_b.shape) != (kb, nb):
+        raise ValueError(f"block scales: scale_b must have shape (ceil(K / 128), ceil(N / 128))"
+                         f" = ({kb}, {nb}) (one per 128x128 block of b), got "
+                         f"{tuple(scale_b.shape)}")
+    C.check_same_device(a=a, scale_a=scale_a, scale_b=scale_b)
+    if C.use_direct_path(a, b, bias, residual):
+        return _fp8_block_impl(a, b, scale_a, scale_b, bias, residual, activation, out_dtype)
+    return _fp8_block_op(a, b, scale_a, scale_b, bias, residual, activation or "", out_dtype)
