@@ -136,9 +136,10 @@ class DecodeConfig:
         block_n = max(16, min(128, (16 << 10) // (block_d * cache_itemsize)))
         if cache_itemsize == 1 and block_d == 128:
             return cls(block_n=128, sub_n=32, num_stages=2)
-        # 16-bit D=128: two stages of K+V (64 KB) leave room for three programs an SM where
-        # three stages (96 KB) leave two, and a dense cache then read 4.1 TB/s instead of 3.5
-        # (a paged one the same 4.0); other head dims and fp8 keep three until measured
+        # 16-bit D=128, dense: two stages take 39 KB of shared memory and four programs fit an
+        # SM (the register limit), three take 72 KB and three fit; the dense cache then read
+        # 4.1 TB/s instead of 3.5 (a paged cache, whose loop keeps one K/V buffer at either
+        # setting, read 4.0 both ways); other head dims keep three until measured
         stages = 2 if cache_itemsize == 2 and block_d == 128 else 3
         return cls(block_n=block_n, num_stages=stages)
 
