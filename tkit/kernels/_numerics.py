@@ -56,6 +56,14 @@ def _round_to_e4m3(r):
 
 
 @triton.jit
+def saturate_fp8(r):
+    """float32 ``r`` clamped to e4m3fn's +-448 with NaN left NaN. Not ``tl.minimum`` /
+    ``tl.maximum``: on a GPU they return the other operand for a NaN (PTX min/max), so a NaN
+    became -448 (triton 3.9's interpreter behaves the same; 3.6's kept the NaN)."""
+    return tl.where(r > 448.0, 448.0, tl.where(r < -448.0, -448.0, r))
+
+
+@triton.jit
 def fp8_keep_nan(r):
     """float32 ``r`` rounded to float8_e4m3fn with NaN kept NaN (0x7F, sign kept, as torch does).
     ``r`` must already be saturated to +-448: e4m3fn has no infinity."""

@@ -77,6 +77,7 @@ from tkit.kernels import _plan as P
 from tkit.kernels._numerics import INTERPRET as _INTERPRET
 from tkit.kernels._numerics import fp8_keep_nan as _fp8_keep_nan
 from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
+from tkit.kernels._numerics import saturate_fp8 as _saturate_fp8
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256
@@ -597,7 +598,7 @@ def _append_kv_kernel(
             sc = tl.where(amax > 0.0, amax / 448.0, 1.0)
             tl.store(XS + blk * ssn + row * ssp + h64 * ssh, sc, mask=hmask)
             y = xf / sc[:, None]
-        y = tl.minimum(tl.maximum(y, -448.0), 448.0)  # NaN stays NaN
+        y = _saturate_fp8(y)
         tl.store(dst, _fp8_keep_nan(y), mask=mask)
 
 

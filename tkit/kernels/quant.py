@@ -53,7 +53,7 @@ import triton.language as tl
 
 from tkit import _env
 from tkit.kernels import _common as C
-from tkit.kernels._numerics import fp8_keep_nan, round_to
+from tkit.kernels._numerics import fp8_keep_nan, round_to, saturate_fp8
 from tkit.kernels.softmax import as_rows
 
 FP8 = torch.float8_e4m3fn
@@ -193,7 +193,7 @@ def _quant_store(y, amax, Y, S, rows, rmask, grp, cols, mask, sym, ssm, ssg, ub,
         tl.store(S + rows[:, None] * ssm + grp[None, :] * ssg, sc, mask=smask)
     r = y / sc[:, :, None]
     if OUT == "fp8":
-        r = tl.minimum(tl.maximum(r, -448.0), 448.0)  # NaN stays NaN
+        r = saturate_fp8(r)
         q = fp8_keep_nan(r)
     else:
         r = tl.minimum(tl.maximum(r, -127.0), 127.0)

@@ -46,7 +46,7 @@ import triton.language as tl
 
 from tkit import _env
 from tkit.kernels import _common as C
-from tkit.kernels._numerics import fp8_keep_nan, round_to
+from tkit.kernels._numerics import fp8_keep_nan, round_to, saturate_fp8
 from tkit.kernels.decode_attention import FP8, append_kv_checks
 
 POS_DTYPES = (torch.int32, torch.int64)
@@ -204,7 +204,7 @@ def _to_cache(y, sc, XC, QUANT: tl.constexpr):
             r = y / sc[:, :, None, None]
         else:
             r = y / sc[:, :, None]
-        r = tl.minimum(tl.maximum(r, -448.0), 448.0)  # NaN stays NaN
+        r = saturate_fp8(r)
         out = fp8_keep_nan(r)
     return out
 
