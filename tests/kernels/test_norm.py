@@ -471,6 +471,7 @@ def test_gpu_config_selection_follows_the_table(kind, monkeypatch):
         assert cfg.chan == ("chan" in row[3]) and cfg.rev2 == ("fwd" not in row[3])
         assert cfg.nchunk in (0, -(-n // cfg.block_n))
         assert not cfg.static2 or cfg.nchunk > 0
+    assert NormConfig.for_device(n, torch.bfloat16, is_rms=is_rms, has_res=has_res) == cfg
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.rows = 3
 

@@ -98,6 +98,12 @@ def _ov(key, default):
     return _STATE.current.get(key, default)
 
 
+def _itemsize(itemsize_or_dtype) -> int:
+    if isinstance(itemsize_or_dtype, torch.dtype):
+        return itemsize_or_dtype.itemsize
+    return int(itemsize_or_dtype)
+
+
 def sm_count(device: torch.device, default: int) -> int:
     """SMs of ``device``; ``default`` off the GPU (the interpreter, meta tensors)."""
     if device.type != "cuda":
@@ -204,8 +210,11 @@ class NormConfig:
     @staticmethod
     def for_device(n: int, itemsize: int, *, is_rms: bool = True,
                    has_res: bool = False) -> NormConfig:
-        """The configuration for rows of ``n`` columns of ``itemsize`` bytes (the GPU's
-        table, or the interpreter's few large programs), under the active overrides."""
+        """The configuration for rows of ``n`` columns of ``itemsize`` bytes (or a dtype;
+        the GPU's table, or the interpreter's few large programs), under the active
+        overrides."""
+        if type(itemsize) is not int:
+            itemsize = _itemsize(itemsize)
         if not _STATE.current:
             return _norm_config_cached(n, itemsize, is_rms, has_res, _env.INTERPRET)
         return _norm_config(n, itemsize, is_rms, has_res)
@@ -297,6 +306,9 @@ class NormBwdConfig:
     @staticmethod
     def for_device(m: int, n: int, itemsize: int, *, is_rms: bool, has_stats: bool,
                    device: torch.device) -> NormBwdConfig:
+        """The backward's configuration for an (m, n) input of ``itemsize`` bytes (or a
+        dtype); ``has_stats``: the forward saved (mean, rstd)."""
+        itemsize = _itemsize(itemsize)
         ov = _STATE.current
         single = n * itemsize <= ov.get("norm_bwd_single_bytes", NORM_BWD_SINGLE_MAX_BYTES)
         fstats = has_stats and ov.get("norm_bwd_fstats", True)
@@ -339,6 +351,8 @@ class SoftmaxConfig:
     @staticmethod
     def for_device(m: int, n: int, itemsize: int, *, device: torch.device,
                    backward: bool = False) -> SoftmaxConfig:
+        """The configuration for (m, n) rows of ``itemsize`` bytes (or a dtype)."""
+        itemsize = _itemsize(itemsize)
         ov = _STATE.current
         if backward:
             limit = ov.get("fused_max_bytes_bwd", ov.get("fused_max_bytes",
