@@ -26,10 +26,10 @@ _EXPORTS = {
     "gelu_mul": "tkit.kernels.elementwise",
     "cast": "tkit.kernels.elementwise",
     # reductions
-    "softmax": "tkit.kernels.softmax",
-    "log_softmax": "tkit.kernels.softmax",
-    "rms_norm": "tkit.kernels.norm",
-    "layer_norm": "tkit.kernels.norm",
+    "softmax": "tkit.kernels.reductions",
+    "log_softmax": "tkit.kernels.reductions",
+    "rms_norm": "tkit.kernels.reductions",
+    "layer_norm": "tkit.kernels.reductions",
     # GEMM
     "matmul": "tkit.kernels.matmul",
     "matmul_fp8": "tkit.kernels.matmul",

@@ -113,7 +113,8 @@ def rms_norm_loop(x, weight, eps=1e-6, BLOCK=256, num_warps=1):
 # With one warp the second level disappears. The PTX below shows both, compiled ahead of time
 # for sm_90 (no GPU needed). More warps put more loads in flight per row (the HBM latency must
 # be covered by bytes in flight), at the price of that shared-memory round trip: tkit's
-# heuristic (tkit/kernels/softmax.py `row_config`) gives each thread about 16 values.
+# heuristic (tkit/kernels/reductions/config.py `row_config`) gives each thread about 16
+# values.
 
 # %%
 @triton.jit
@@ -171,7 +172,7 @@ def test_loop_and_row_kernels_match_reference():
 # %% [markdown]
 # ## Step 3: tkit.rms_norm
 #
-# The production kernel (tkit/kernels/norm.py) adds what the measurements asked for: short rows
+# The production kernel (tkit/kernels/reductions/) adds what the measurements asked for: short rows
 # packed several to a program (a 1024-column row is only 2 KiB: too little work for a program),
 # the warp count scaled with the row, no L2 hint on loads read once (an `evict_first` hint
 # measured slower), the residual add fused (`h = x + residual` written and normalized in the
@@ -219,20 +220,15 @@ def test_tkit_split_path_equals_fused_path():
     """tkit's two online long-row paths (split across programs; one program looping over the
     row) against its fused two-pass path on the same rows."""
     import tkit
-    from tkit.kernels import softmax as sk
+    from tkit.kernels.reductions import overrides
     from tkit.testing import make_tensor
 
     x = make_tensor((6, 3000), torch.float32, seed=3, device=DEVICE) * 8
     fused = tkit.softmax(x)
-    old = dict(sk.OVERRIDE)
     for path, chunk_key in (("split", "chunk"), ("loop", "loop_chunk")):
         # force the long-row path, in chunks of 256 columns
-        sk.OVERRIDE.update({"fused_max_bytes": 1, "softmax_long": path, chunk_key: 256})
-        try:
+        with overrides(fused_max_bytes=1, softmax_long=path, **{chunk_key: 256}):
             online = tkit.softmax(x)
-        finally:
-            sk.OVERRIDE.clear()
-            sk.OVERRIDE.update(old)
         torch.testing.assert_close(online, fused, rtol=1e-6, atol=1e-7)
 
 
@@ -274,17 +270,17 @@ def test_tkit_split_path_equals_fused_path():
 # form N=8192 4.02 -> 4.09; layer_norm N=32768 3.05 -> 3.64. One point stayed behind:
 # layer_norm at N=16384, 3.83 TB/s against torch.compile's 3.97.
 #
-# The fourth lesson is how that point was found: not by more configs, but by rebuilding the faster
-# kernel by hand (a probe: benchmarks/results/h200-2026-11-30-w-ln-probe.log) and changing one thing
-# at a time until it was as slow as ours. torch.compile bakes the row length into its kernel, so
-# both walks unroll and the second walk's loads issue ahead too; and its Welford combine (Chan's
-# pairwise rule, one three-value reduction instead of two sums) runs on counts the compiler can see,
-# so the divisions of the thread-local part fold away. tkit keeps N a run-time argument (one build
-# serves every row length with the same chunk count) but makes the same facts visible: the second
-# walk is unrolled on the constexpr chunk count, and on whole chunks the lanes enter the Chan reduce
-# with count 1 and M2 / c (the rule depends only on the counts' ratios; M2 is scaled back by c).
-# layer_norm N=16384: 3.80 -> 4.02 TB/s, 1.01x torch.compile (run za of 2026-11-30);
-# `norm.LOOP_SHAPES` records which style each row length takes.
+# The fourth lesson is how that point was found: not by more configs, but by rebuilding the
+# faster kernel by hand (a probe: benchmarks/results/h200-2026-11-30-w-ln-probe.log) and changing one thing at a time until it
+# was as slow as ours. torch.compile bakes the row length into its kernel, so both walks
+# unroll and the second walk's loads issue ahead too; and its Welford combine (Chan's pairwise
+# rule, one three-value reduction instead of two sums) runs on counts the compiler can see,
+# so the divisions of the thread-local part fold away. tkit keeps N a run-time argument (one
+# build serves every row length with the same chunk count) but makes the same facts visible:
+# the second walk is unrolled on the constexpr chunk count, and on whole chunks the lanes
+# enter the Chan reduce with count 1 and M2 / c (the rule depends only on the counts' ratios;
+# M2 is scaled back by c). layer_norm N=16384: 3.80 -> 4.02 TB/s, 1.01x torch.compile (run za
+# of 2026-11-30); `reductions.config.LOOP_SHAPES` records which style each row length takes.
 
 # %%
 if __name__ == "__main__":
@@ -299,7 +295,7 @@ if __name__ == "__main__":
     import triton.testing
 
     import tkit
-    from tkit.kernels import softmax as sk
+    from tkit.kernels.reductions import overrides
 
     x = torch.randn(16384, 8192, device="cuda", dtype=torch.bfloat16)
     w = (1 + 0.1 * torch.randn(8192, device="cuda")).to(torch.bfloat16)
@@ -333,8 +329,7 @@ if __name__ == "__main__":
         report(f"softmax N={n}: torch.compile", lambda xs=xs: compiled_softmax(xs))
         report(f"softmax N={n}: tkit", lambda xs=xs: tkit.softmax(xs))
         if n == 262144:
-            # 24 MiB row batches keep the reread in L2 but cost two launches each: on the
-            # H200 0.6 TB/s against 2.3 for the default single batch (host time decides)
-            sk.OVERRIDE["l2_batch_bytes"] = 24 << 20
-            report(f"softmax N={n}: tkit, 24 MiB L2 batches", lambda xs=xs: tkit.softmax(xs))
-            sk.OVERRIDE.clear()
+            # the split path (a row across programs, two launches) that rows take when there
+            # are fewer of them than SMs, against the default loop path (docs/NOTES.md)
+            with overrides(softmax_long="split"):
+                report(f"softmax N={n}: tkit, split path", lambda xs=xs: tkit.softmax(xs))

@@ -1,13 +1,16 @@
 """Norm family: RMSNorm (plain and fused with the residual add) and LayerNorm, forward and
 backward, against the reference rule; chunked long-row paths; registration; errors."""
 
+import contextlib
+import dataclasses
+
 import pytest
 import torch
 
 import tkit
 from tkit import registry
-from tkit.kernels import norm
-from tkit.kernels import softmax as sm
+from tkit.kernels.reductions import NormBwdConfig, NormConfig, ops, overrides
+from tkit.kernels.reductions import config as rconfig
 from tkit.specs.reductions import (
     ODD_HIDDEN,
     ref_layer_norm,
@@ -32,15 +35,18 @@ def _inputs(kind, shape, dtype, device, layout="contiguous"):
     return [x, w, 0.1 * make_tensor(shape[-1:], dtype, seed=4, device=device)]
 
 
-@pytest.fixture(params=["split", "loop"])
-def force_chunked(monkeypatch, request):
-    """Every row through the long-row paths (forward: split across programs, or one program
-    looping; backward: stats kernel), in chunks of 64 columns, in several row batches."""
-    monkeypatch.setitem(sm.OVERRIDE, "norm_long", request.param)
-    monkeypatch.setitem(sm.OVERRIDE, "l2_batch_bytes", 1000)
-    monkeypatch.setitem(sm.OVERRIDE, "norm_fwd_single_bytes", 0)
-    monkeypatch.setitem(sm.OVERRIDE, "norm_bwd_single_bytes", 0)
-    monkeypatch.setitem(sm.OVERRIDE, "norm_chunk", 64)
+@pytest.fixture
+def override():
+    """``override(key=value, ...)``: reductions overrides in force until the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **keys: stack.enter_context(overrides(**keys))
+
+
+@pytest.fixture
+def force_chunked(override):
+    """Every row through the long-row paths (forward: one program looping over its row;
+    backward: stats kernel), in chunks of 64 columns."""
+    override(norm_fwd_single_bytes=0, norm_bwd_single_bytes=0, norm_chunk=64)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=NAMES)
@@ -89,15 +95,16 @@ LOOP_STYLE_IDS = ["sum2-rev", "chan-fwd-s2", "chan-rev", "sum2-rev-s2"]
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("n", [256, 1280])
 @pytest.mark.parametrize("style", LOOP_STYLES, ids=LOOP_STYLE_IDS)
-def test_loop_path_whole_chunks(name, n, style, monkeypatch, device):
+def test_loop_path_whole_chunks(name, n, style, override, device):
     """The forward's loop path when every chunk is full (no masks): unrolled at compile time
     (4 chunks of 64) and a run-time loop (20 chunks, over STATIC_CHUNKS_MAX)."""
     for k, v in style.items():
-        monkeypatch.setitem(sm.OVERRIDE, k, v)
-    monkeypatch.setitem(sm.OVERRIDE, "norm_long", "loop")
-    monkeypatch.setitem(sm.OVERRIDE, "norm_fwd_single_bytes", 0)
-    monkeypatch.setitem(sm.OVERRIDE, "norm_chunk", 64)
-    assert norm._static_chunks(n, 64, False) == (n // 64 if n // 64 <= 16 else 0)
+        override(**{k: v})
+    override(norm_fwd_single_bytes=0)
+    override(norm_chunk=64)
+    cfg = NormConfig.for_device(n, 2, is_rms=name != "layer_norm",
+                                has_res=name == "rms_norm_residual")
+    assert not cfg.single and cfg.even and cfg.nchunk == (n // 64 if n // 64 <= 16 else 0)
     spec = registry.get(name)
     check_against_reference(spec.fn, spec.reference,
                             _inputs(name, (5, n), torch.float16, device, "offset"), grad=False)
@@ -146,15 +153,14 @@ def test_layer_norm_variance_is_stable_chunked(force_chunked, device):
 
 @pytest.mark.parametrize("chunk", [64, 256])
 @pytest.mark.parametrize("style", LOOP_STYLES, ids=LOOP_STYLE_IDS)
-def test_layer_norm_loop_variance_tracks_a_drifting_row(chunk, style, monkeypatch, device):
+def test_layer_norm_loop_variance_tracks_a_drifting_row(chunk, style, override, device):
     """The loop path's per-lane Welford update and its lane combine: a row whose level moves
     from chunk to chunk (a large mean, a step of 1 halfway, a spread of 1e-2), a partial last
     chunk, and rows shorter than a chunk (lanes that saw nothing: count 0)."""
     for k, v in style.items():
-        monkeypatch.setitem(sm.OVERRIDE, k, v)
-    monkeypatch.setitem(sm.OVERRIDE, "norm_long", "loop")
-    monkeypatch.setitem(sm.OVERRIDE, "norm_fwd_single_bytes", 0)
-    monkeypatch.setitem(sm.OVERRIDE, "norm_chunk", chunk)
+        override(**{k: v})
+    override(norm_fwd_single_bytes=0)
+    override(norm_chunk=chunk)
     for n in (1000, 37, 256, 1280):  # partial last chunk, short row, whole chunks
         x = make_tensor((3, n), torch.float32, seed=5, device=device) * 1e-2 + 1e4
         x[:, n // 2:] += 1.0
@@ -189,9 +195,9 @@ def test_layer_norm_without_bias(device):
     check_against_reference(tkit.layer_norm, ref_layer_norm, [x, w], grad=True)
 
 
-def test_many_rows_per_program_partials(device, monkeypatch):
+def test_many_rows_per_program_partials(device, override):
     """Few programs each walking many row tiles: the dw/db partial sums over rows."""
-    monkeypatch.setitem(sm.OVERRIDE, "norm_bwd_programs", 3)
+    override(norm_bwd_programs=3)
     check_against_reference(tkit.layer_norm, ref_layer_norm,
                             _inputs("layer_norm", (300, 24), torch.float32, device), grad=True)
 
@@ -199,36 +205,22 @@ def test_many_rows_per_program_partials(device, monkeypatch):
 @pytest.mark.parametrize("name", ["rms_norm", "layer_norm", "rms_norm_residual"])
 @pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("fstats", [False, True], ids=["recompute-stats", "forward-stats"])
-def test_backward_variants(name, prefetch, fstats, device, monkeypatch):
+def test_backward_variants(name, prefetch, fstats, device, override):
     """The backward with and without the prefetch of the next row tile, with few programs so
     each walks many row tiles (the prefetch's masked loads past the last tile included), and
     with the forward's (mean, rstd) or statistics recomputed from h."""
-    monkeypatch.setitem(sm.OVERRIDE, "norm_bwd_prefetch", prefetch)
-    monkeypatch.setitem(sm.OVERRIDE, "norm_bwd_programs", 3)
-    monkeypatch.setitem(sm.OVERRIDE, "norm_bwd_fstats", fstats)
+    override(norm_bwd_prefetch=prefetch)
+    override(norm_bwd_programs=3)
+    override(norm_bwd_fstats=fstats)
     spec = registry.get(name)
     check_against_reference(spec.fn, spec.reference,
                             _inputs(name, (37, 129), torch.float32, device), grad=True)
 
 
-@pytest.mark.parametrize("name", ["rms_norm", "layer_norm", "rms_norm_residual"])
-@pytest.mark.parametrize("rows", [1, 4])
-def test_persistent_forward(name, rows, device, monkeypatch):
-    """The persistent forward (programs walk row tiles, the next one prefetched), with few
-    programs so each walks many tiles, the last one ragged."""
-    monkeypatch.setitem(sm.OVERRIDE, "norm_fwd_persist", True)
-    monkeypatch.setitem(sm.OVERRIDE, "norm_fwd_programs", 3)
-    monkeypatch.setitem(sm.OVERRIDE, "rows", rows)
-    spec = registry.get(name)
-    check_against_reference(spec.fn, spec.reference,
-                            _inputs(name, (2, 19, 129), torch.float32, device, "sliced"),
-                            grad=True)
-
-
 @pytest.mark.parametrize("fstats", [False, True], ids=["recompute-stats", "forward-stats"])
-def test_chunked_backward_stats(fstats, force_chunked, device, monkeypatch):
+def test_chunked_backward_stats(fstats, force_chunked, device, override):
     """Long rows (stats kernel) with the forward's statistics or without them."""
-    monkeypatch.setitem(sm.OVERRIDE, "norm_bwd_fstats", fstats)
+    override(norm_bwd_fstats=fstats)
     for name in ("layer_norm", "rms_norm_residual"):
         spec = registry.get(name)
         check_against_reference(spec.fn, spec.reference,
@@ -239,8 +231,8 @@ def test_chunked_backward_stats(fstats, force_chunked, device, monkeypatch):
 def test_forward_saves_row_stats(is_rms, device):
     """The (mean, rstd) rows the forward saves for the backward, on every forward path, are
     those of a float64 computation (mean 0 for RMSNorm)."""
-    loop = {"norm_fwd_single_bytes": 0, "norm_chunk": 64, "norm_long": "loop"}
-    paths = [{}, loop, dict(loop, norm_long="split")] + [dict(loop, **st) for st in LOOP_STYLES[1:]]
+    loop = {"norm_fwd_single_bytes": 0, "norm_chunk": 64}
+    paths = [{}, loop] + [dict(loop, **st) for st in LOOP_STYLES[1:]]
     for n in (300, 256):  # a partial last chunk; whole chunks (the Chan combine's count-1 form)
         x, w, b = _inputs("layer_norm", (2, 3, n), torch.float32, device)
         x64 = x.detach().double().reshape(-1, n)
@@ -248,11 +240,9 @@ def test_forward_saves_row_stats(is_rms, device):
         var = (x64 * x64).mean(1) if is_rms else x64.var(1, unbiased=False)
         rstd = (var + 1e-5).rsqrt()
         for path in paths:
-            with pytest.MonkeyPatch.context() as mp:
-                for k, v in path.items():
-                    mp.setitem(sm.OVERRIDE, k, v)
+            with overrides(**path):
                 for save in (False, True):
-                    y, _, stats = norm._norm_fwd_impl(x, w, None if is_rms else b, None, 1e-5,
+                    y, _, stats = ops._norm_fwd_impl(x, w, None if is_rms else b, None, 1e-5,
                                                       is_rms, save)
                     assert stats.dtype == torch.float32
                     if not save:
@@ -276,7 +266,7 @@ def _fwd_ptx(kind, n, dtype, monkeypatch, rows=37):
     b = torch.empty(n, dtype=dtype, device="meta") if kind == "layer_norm" else None
     r = torch.empty(rows, n, dtype=dtype, device="meta") if kind == "rms_norm_residual" else None
     with _common.capture_launches() as launches:
-        norm._norm_fwd_impl(x, w, b, r, 1e-5, kind != "layer_norm", True)
+        ops._norm_fwd_impl(x, w, b, r, 1e-5, kind != "layer_norm", True)
     (launch,) = launches
     return aot.compile_launch(launch.kernel, launch.kwargs, 90).asm["ptx"], launch.kwargs
 
@@ -374,7 +364,6 @@ def test_cost():
     w = torch.empty(8192, dtype=torch.bfloat16, device="meta")
     assert registry.get("rms_norm").cost(x, w).bytes == 2 * x.numel() * 2 + 8192 * 2
     assert registry.get("rms_norm_residual").cost(x, x, w).bytes == 4 * x.numel() * 2 + 8192 * 2
-    assert norm.cost(x, backward=True).bytes == 3 * x.numel() * 2 + 8192 * 2
     assert rms_norm_residual.__name__ == "rms_norm_residual"
 
 
@@ -405,7 +394,7 @@ def test_more_than_2_31_elements():
 
 _RACE_PROBE = """
 import torch
-from tkit.kernels import norm
+from tkit.kernels.reductions import ops as norm
 g = torch.Generator(device="cuda").manual_seed(0)
 for n in (2, 3, 17, 33, 100, 129, 1000):
     for dt in (torch.float32, torch.bfloat16):
@@ -414,7 +403,7 @@ for n in (2, 3, 17, 33, 100, 129, 1000):
         b = 0.1 * torch.randn(n, device="cuda", generator=g).to(dt)
         for is_rms, bias, res in ((True, None, None), (True, None, x.flip(0)),
                                   (False, b, None)):
-            norm._norm_fwd_impl(x, w, bias, res, 1e-5, is_rms, True)
+            ops._norm_fwd_impl(x, w, bias, res, 1e-5, is_rms, True)
 torch.cuda.synchronize()
 print("done")
 """
@@ -452,59 +441,65 @@ def test_saved_stats_are_deterministic_on_gpu(n):
     different copies would not)."""
     x, w, b = _inputs("layer_norm", (4099, n), torch.float32, "cuda")
     for is_rms in (True, False):
-        first = norm._norm_fwd_impl(x, w, None if is_rms else b, None, 1e-5, is_rms, True)[2]
+        first = ops._norm_fwd_impl(x, w, None if is_rms else b, None, 1e-5, is_rms, True)[2]
         for _ in range(20):
-            again = norm._norm_fwd_impl(x, w, None if is_rms else b, None, 1e-5, is_rms,
+            again = ops._norm_fwd_impl(x, w, None if is_rms else b, None, 1e-5, is_rms,
                                         True)[2]
             assert torch.equal(again, first)
 
 
-def test_gpu_launch_configs_are_the_measured_ones(monkeypatch):
-    """The configs a GPU launch gets (host-side heuristics only, no kernel runs): the variants
-    that measured best on the H200 (see the docstrings of ``norm._fwd_config`` and
-    ``softmax.row_batch``)."""
+@pytest.mark.parametrize("kind", ["rms_norm", "rms_norm_residual", "layer_norm"])
+def test_gpu_config_selection_follows_the_table(kind, monkeypatch):
+    """NormConfig.for_device on the GPU (host-side only): rows up to the table's first length
+    in registers, longer ones walked in the table's chunks and warps; every config frozen,
+    cached per shape and consistent (chunk counts, whole chunks, styles)."""
     from tkit import _env
 
     monkeypatch.setattr(_env, "INTERPRET", False)
-    bf16 = 2
-    # plain RMSNorm: rows of up to 2048 columns in registers (two 1024-column rows a program),
-    # longer ones walked twice in chunks (norm.LOOP_SHAPES)
-    assert norm._fwd_config(1024, bf16) == (1024, 2, 4, True)
-    assert norm._fwd_config(4096, bf16) == (4096, 1, 8, False)
-    assert norm._fwd_config(8192, bf16) == (8192, 1, 16, False)
-    assert norm._fwd_config(16384, bf16) == (8192, 1, 16, False)
-    assert norm._fwd_config(32768, bf16) == (16384, 1, 32, False)
-    assert norm._fwd_config(262144, bf16) == (32768, 1, 32, False)
-    assert norm._fwd_evict == ""  # the forward loads carry no L2 hint
-    # the residual form: loops from 2048 columns
-    assert norm._fwd_config(1024, bf16, has_res=True)[3] is True
-    assert norm._fwd_config(4096, bf16, has_res=True) == (2048, 1, 8, False)
-    assert norm._fwd_config(8192, bf16, has_res=True) == (8192, 1, 32, False)
-    assert norm._fwd_config(65536, bf16, has_res=True) == (16384, 1, 32, False)
-    # LayerNorm: in registers up to 8192 columns (8 warps there), then loops
-    assert norm._fwd_config(8192, bf16, is_rms=False) == (8192, 1, 8, True)
-    assert norm._fwd_config(1024, bf16, is_rms=False)[1:3] == (2, 4)  # 4 KiB a program
-    assert norm._fwd_config(16384, bf16, is_rms=False) == (4096, 1, 16, False)
-    assert norm._fwd_config(32768, bf16, is_rms=False) == (8192, 1, 32, False)
-    assert norm._fwd_config(65536, bf16, is_rms=False) == (16384, 1, 32, False)
-    assert norm._fwd_config(131072, bf16, is_rms=False) == (8192, 1, 32, False)
-    # the loop's styles (LOOP_SHAPES): LayerNorm at 16384 and 65536 columns combines its lanes
-    # with one Chan reduce; rows with an unrolled first walk there and RMSNorm's 16k-32k
-    # unroll the second walk too, in column order; the rest keep two sums, last chunk first
-    assert norm._loop_flags(16384, False, False) == dict(CHAN=True, REV2=False, STATIC2=True)
-    assert norm._loop_flags(32768, False, False) == dict(CHAN=False, REV2=False, STATIC2=True)
-    assert norm._loop_flags(262144, False, False) == dict(CHAN=False, REV2=True, STATIC2=False)
-    assert norm._loop_flags(16384, True, False) == dict(CHAN=False, REV2=False, STATIC2=True)
-    assert norm._loop_flags(65536, True, False) == dict(CHAN=False, REV2=True, STATIC2=False)
-    assert norm._loop_flags(16384, True, True) == dict(CHAN=False, REV2=True, STATIC2=False)
-    assert norm._static_chunks(16384, 4096, False, 16) == 4
-    assert norm._static_chunks(65536, 16384, False, 32) == 4
-    # the loop's first walk is unrolled up to 16 chunks and 64 values a thread
-    assert norm._static_chunks(16384, 2048, False, 16) == 8
-    assert norm._static_chunks(65536, 32768, False, 32) == 2
-    assert norm._static_chunks(262144, 32768, False, 32) == 0
-    assert norm._fwd_persist(64 * 1024, 16) is False  # the persistent forward is off
-    assert "norm_long" not in sm.OVERRIDE  # default: "loop" past 64 KiB rows
-    assert sm.row_batch(4096, 512 * 1024) == 4096  # the split paths: one row batch
-    monkeypatch.setitem(sm.OVERRIDE, "num_warps", 16)
-    assert norm._fwd_config(8192, bf16, is_rms=False)[2] == 16  # an override wins
+    is_rms, has_res = kind != "layer_norm", kind == "rms_norm_residual"
+    table = rconfig.LOOP_SHAPES[kind]
+    for n in (1024, 1000, 4096, 8192, 16384, 32768, 65536, 262144, 262147):
+        cfg = NormConfig.for_device(n, 2, is_rms=is_rms, has_res=has_res)
+        assert cfg is NormConfig.for_device(n, 2, is_rms=is_rms, has_res=has_res)
+        row = next(r for r in table if r[0] is None or n <= r[0])
+        assert cfg.single == (row[1] == 0), (n, cfg)
+        if cfg.single:
+            assert cfg.block_n >= n and cfg.nchunk == 0 and cfg.rows * cfg.block_n * 2 >= 4096
+            continue
+        assert (cfg.block_n, cfg.rows, cfg.warps) == (row[1], 1, row[2])
+        assert cfg.even == (n % cfg.block_n == 0)
+        assert cfg.chan == ("chan" in row[3]) and cfg.rev2 == ("fwd" not in row[3])
+        assert cfg.nchunk in (0, -(-n // cfg.block_n))
+        assert not cfg.static2 or cfg.nchunk > 0
+    assert NormConfig.for_device(n, torch.bfloat16, is_rms=is_rms, has_res=has_res) == cfg
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.rows = 3
+
+
+def test_overrides_change_the_config_inside_the_block_only(monkeypatch):
+    from tkit import _env
+
+    monkeypatch.setattr(_env, "INTERPRET", False)
+    base = NormConfig.for_device(8192, 2, is_rms=False)
+    assert base.single and base.warps == 8
+    with overrides(num_warps=16):
+        assert NormConfig.for_device(8192, 2, is_rms=False).warps == 16  # an override wins
+        with overrides(norm_fwd_single_bytes=0, norm_chunk=1024):
+            inner = NormConfig.for_device(8192, 2, is_rms=False)
+            assert not inner.single and inner.block_n == 1024
+        assert NormConfig.for_device(8192, 2, is_rms=False).single  # the outer block again
+    assert rconfig.active() == {} and NormConfig.for_device(8192, 2, is_rms=False) == base
+    with overrides(norm_bwd_programs=3, norm_bwd_prefetch=False):
+        bwd = NormBwdConfig.for_device(300, 24, 4, is_rms=False, has_stats=True,
+                                       device=torch.device("cpu"))
+        assert bwd.programs == 3 and not bwd.prefetch and bwd.single
+
+
+def test_launchers_take_a_config(device):
+    """A config passed to the launcher is the one launched: a loop-path config on short rows
+    gives the same result as the default."""
+    x, w, b = _inputs("layer_norm", (5, 300), torch.float32, device)
+    cfg = NormConfig(block_n=64, rows=1, warps=4, single=False)
+    want = ops._norm_fwd_impl(x, w, b, None, 1e-5, False)[0]
+    got = ops._norm_fwd_impl(x, w, b, None, 1e-5, False, config=cfg)[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -243,13 +243,13 @@ def _decode_on_h200(call):
 
 def _as_on_h200(call):
     """``call()`` with softmax's path choice seeing 132 SMs (a CPU counts as one)."""
-    from tkit.kernels import softmax as sm
+    from tkit.kernels.reductions import config
 
-    old, sm._sm_count = sm._sm_count, lambda device: 132
+    old, config.sm_count = config.sm_count, lambda device, default: 132
     try:
         return call()
     finally:
-        sm._sm_count = old
+        config.sm_count = old
 
 
 @jit
@@ -405,7 +405,7 @@ def test_jit_the_ordinary_path_when_it_is_needed(jitplans):
     overrides: no plan serves these calls."""
     from triton import knobs
 
-    from tkit.kernels import softmax as sm
+    from tkit.kernels.reductions import overrides
 
     a, b = torch.randn(4, 64), torch.randn(4, 64)
     tkit.add(a, b)
@@ -442,11 +442,8 @@ def test_jit_the_ordinary_path_when_it_is_needed(jitplans):
     tkit.softmax(x)
     tkit.softmax(x)
     hits = _launch.stats["plan"]
-    sm.OVERRIDE["num_warps"] = 8
-    try:
+    with overrides(num_warps=8):
         tkit.softmax(x)
-    finally:
-        sm.OVERRIDE.clear()
     assert _launch.stats["plan"] == hits
     tkit.softmax(x)
     assert _launch.stats["plan"] == hits + 1

@@ -1,6 +1,8 @@
 """Softmax family: fuzzing against the reference rule, the split (online) path against the fused
 two-pass form, -inf rows, long rows, autograd, registration, errors."""
 
+import contextlib
+import dataclasses
 import math
 
 import pytest
@@ -8,7 +10,8 @@ import torch
 
 import tkit
 from tkit import registry
-from tkit.kernels import softmax as sm
+from tkit.kernels.reductions import SoftmaxConfig, ops, overrides
+from tkit.kernels.reductions import config as rconfig
 from tkit.specs.reductions import ref_log_softmax, ref_softmax
 from tkit.testing import check_against_reference, fuzz, make_tensor
 
@@ -19,19 +22,23 @@ INF = float("inf")
 
 
 @pytest.fixture
-def force_split(monkeypatch):
+def force_split():
     """Send every row through the split online-softmax path, in chunks of 16 columns."""
-    monkeypatch.setitem(sm.OVERRIDE, "fused_max_bytes", 1)
-    monkeypatch.setitem(sm.OVERRIDE, "softmax_long", "split")
-    monkeypatch.setitem(sm.OVERRIDE, "chunk", 16)
-    monkeypatch.setitem(sm.OVERRIDE, "l2_batch_bytes", 64)  # several row batches too
+    with overrides(fused_max_bytes=1, softmax_long="split", chunk=16):
+        yield
 
 
-def _force_long(monkeypatch, path, chunk):
-    """Every row past the fused limit, through ``path`` ("split" or "loop") in chunks."""
-    monkeypatch.setitem(sm.OVERRIDE, "fused_max_bytes", 1)
-    monkeypatch.setitem(sm.OVERRIDE, "softmax_long", path)
-    monkeypatch.setitem(sm.OVERRIDE, "chunk" if path == "split" else "loop_chunk", chunk)
+def _force_long(stack, path, chunk):
+    """Every row past the fused limit, through ``path`` ("split" or "loop") in chunks, until
+    ``stack`` (an ExitStack) closes."""
+    stack.enter_context(overrides(fused_max_bytes=1, softmax_long=path,
+                                  **{"chunk" if path == "split" else "loop_chunk": chunk}))
+
+
+@pytest.fixture
+def stack():
+    with contextlib.ExitStack() as s:
+        yield s
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
@@ -50,7 +57,7 @@ def test_check_cases(spec, device):
 @pytest.mark.parametrize("path", ["split", "loop"])
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_online_split_path_agrees_with_two_pass(path, log, dtype, device, monkeypatch):
+def test_online_split_path_agrees_with_two_pass(path, log, dtype, device, stack):
     """The long-row paths (split: per-chunk (max, sum) partials combined with the online-
     softmax rule; loop: one program carrying a running (max, sum) over the chunks) give the
     same rows as the fused path (max, then sum, on the whole row in registers), to float32
@@ -60,7 +67,7 @@ def test_online_split_path_agrees_with_two_pass(path, log, dtype, device, monkey
     x[2, :200] -= 30  # chunks whose max is far below the row's: the rescaling matters
     x[3, 200:] += 30  # and a max that grows late: the running sum is rescaled
     fused = fn(x)
-    _force_long(monkeypatch, path, 32)
+    _force_long(stack, path, 32)
     online = fn(x)
     tol = 4 * torch.finfo(dtype).eps
     torch.testing.assert_close(online.float(), fused.float(), rtol=tol, atol=tol)
@@ -80,9 +87,9 @@ def test_online_combine_rule_in_float64():
 
 @pytest.mark.parametrize("path", ["fused", "split", "loop"])
 @pytest.mark.parametrize("log", [False, True])
-def test_inf_rows_match_torch(path, log, device, monkeypatch):
+def test_inf_rows_match_torch(path, log, device, stack):
     if path != "fused":
-        _force_long(monkeypatch, path, 16)
+        _force_long(stack, path, 16)
     x = make_tensor((5, 40), torch.float32, seed=2, device=device)
     x[0] = -INF                  # all -inf: NaN everywhere, as torch
     x[1, :20] = -INF             # a whole chunk of -inf: contributes nothing
@@ -163,7 +170,74 @@ def test_bad_input_errors(call, exc, words, device):
 def test_cost():
     x = torch.empty(16384, 8192, dtype=torch.bfloat16, device="meta")
     assert registry.get("softmax").cost(x).bytes == 2 * 16384 * 8192 * 2
-    assert sm.cost(x, backward=True).bytes == 3 * 16384 * 8192 * 2
+    # one cost function per op, the family's own
+    from tkit.kernels import reductions
+
+    assert registry.get("softmax").cost is reductions.cost_softmax
+    assert registry.get("layer_norm").cost is reductions.cost_layer_norm
+    assert registry.get("softmax").cost(x).flops == 5 * x.numel()
+
+
+def test_override_unknown_key_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="l2_batch_bytes.*norm_long"):
+        with overrides(num_warps=8, l2_batch_bytes=64, norm_long="split"):
+            pass
+    with pytest.raises(TypeError, match="num_warps"):
+        with overrides(num_warps="8"):
+            pass
+    with pytest.raises(ValueError, match="softmax_long"):
+        with overrides(softmax_long="persistent"):
+            pass
+    assert rconfig.active() == {}
+
+
+def test_override_is_scoped_and_thread_local():
+    import threading
+
+    seen = {}
+    with overrides(num_warps=8):
+        with overrides(rows=2):
+            assert rconfig.active() == {"num_warps": 8, "rows": 2}
+            t = threading.Thread(target=lambda: seen.update(rconfig.active()))
+            t.start()
+            t.join()
+        assert rconfig.active() == {"num_warps": 8}
+        with pytest.raises(RuntimeError):
+            with overrides(rows=4):
+                raise RuntimeError("the block's error")
+        assert rconfig.active() == {"num_warps": 8}
+    assert rconfig.active() == {} and seen == {}
+
+
+def test_softmax_config_selection(monkeypatch):
+    """SoftmaxConfig.for_device on the GPU (host-side only): rows up to 32 KiB fused (64 KiB
+    backward), longer ones the loop path with at least as many rows as SMs, else split."""
+    from tkit import _env
+
+    monkeypatch.setattr(_env, "INTERPRET", False)
+    monkeypatch.setattr(rconfig, "sm_count", lambda device, default: 132)
+    dev = torch.device("cpu")
+    fused = SoftmaxConfig.for_device(16384, 8192, 2, device=dev)
+    assert fused.path == "fused" and fused.block_n == 8192 and fused.rows == 1
+    assert SoftmaxConfig.for_device(4096, 16384, 2, device=dev).path == "fused"
+    assert SoftmaxConfig.for_device(4096, 16385, 2, device=dev).path == "loop"
+    assert SoftmaxConfig.for_device(128, 2**20, 2, device=dev).path == "split"
+    assert SoftmaxConfig.for_device(4096, 32768, 2, device=dev, backward=True).path == "fused"
+    assert SoftmaxConfig.for_device(4096, 65536, 2, device=dev, backward=True).path == "split"
+    with overrides(softmax_long="split", chunk=4096):
+        cfg = SoftmaxConfig.for_device(4096, 65536, 2, device=dev)
+        assert (cfg.path, cfg.block_n) == ("split", 4096)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fused.rows = 2
+
+
+def test_softmax_launcher_takes_a_config(device):
+    x = make_tensor((3, 100), torch.float32, seed=3, device=device)
+    want = torch.softmax(x.double(), -1)
+    for cfg in (SoftmaxConfig("loop", 32, 1, 4), SoftmaxConfig("split", 32, 1, 4),
+                SoftmaxConfig("fused", 128, 2, 4)):
+        got = ops._softmax_fwd_impl(x, 1, False, config=cfg)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
 
 
 # ---- GPU -----------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ import triton.language as tl
 from tkit import _env
 from tkit.kernels import _common as C
 from tkit.kernels._numerics import fp8_keep_nan, round_to, saturate_fp8
-from tkit.kernels.softmax import as_rows
+from tkit.kernels.reductions import as_rows
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -84,9 +84,10 @@ class QuantConfig:
     @classmethod
     def for_device(cls) -> QuantConfig:
         """Not measured yet (no GPU run of this kernel so far); the shape follows the norm
-        kernels' measured rule (``softmax.row_config``): ~4 KiB of input a program, 16 values
-        of an input a thread, rows of up to 32 KiB of bf16 held in registers (N=8192 rms_norm
-        measured 4.05 TB/s that way). The interpreter pays per program: large tiles."""
+        kernels' measured rule (``tkit.kernels.reductions.config.row_config``): ~4 KiB of
+        input a program, 16 values of an input a thread, rows of up to 32 KiB of bf16 held in
+        registers (N=8192 rms_norm measured 4.05 TB/s that way). The interpreter pays per
+        program: large tiles."""
         if _env.INTERPRET:
             return cls(max_tile=16384, tile=8192, sub_group=128, num_warps=4)
         return cls()
@@ -485,7 +486,7 @@ def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     the residual stream for the next layer). ``y_fp8 * scales ~ rms_norm(h) * weight``,
     quantized from float32 (not rounded to x's dtype first).
     """
-    from tkit.kernels.norm import _check_norm
+    from tkit.kernels.reductions.ops import _check_norm
 
     _check_norm(x, weight, residual=residual, eps=eps)
     g = _check_group(group_size, x.shape[-1])

@@ -1,4 +1,4 @@
-"""Specs of the reduction family (tkit/kernels/softmax.py, tkit/kernels/norm.py).
+"""Specs of the reduction family (tkit/kernels/reductions/).
 
 Bench groups: ``default`` (the M=16384 x N=8192 bf16 target shape), ``sweep`` (N from 1024 to
 262144 at a fixed 256 MiB input, M = 2**27 / N rows of bf16) and ``long`` (softmax rows of
@@ -10,9 +10,14 @@ from __future__ import annotations
 import torch
 
 import tkit
+from tkit.kernels.reductions import (
+    cost_layer_norm,
+    cost_rms_norm,
+    cost_rms_norm_residual,
+    cost_softmax,
+)
 from tkit.registry import (
     Case,
-    Cost,
     OpSpec,
     eager_baseline,
     lazy_composite,
@@ -59,31 +64,6 @@ def ref_layer_norm(x, weight, bias=None, eps=1e-5):
 def rms_norm_residual(x, residual, weight, eps=1e-6):
     """``tkit.rms_norm(x, weight, eps, residual=residual)`` with the residual positional."""
     return tkit.rms_norm(x, weight, eps, residual=residual)
-
-
-# ---- costs ---------------------------------------------------------------------------------
-def cost_softmax(x, dim=-1):
-    return Cost(2 * x.numel() * x.element_size(), 5 * x.numel())
-
-
-def cost_rms_norm(x, weight, eps=1e-6):
-    return Cost(2 * x.numel() * x.element_size() + weight.numel() * weight.element_size(),
-                4 * x.numel())
-
-
-def cost_rms_norm_residual(x, residual, weight, eps=1e-6):
-    return Cost(4 * x.numel() * x.element_size() + weight.numel() * weight.element_size(),
-                5 * x.numel())
-
-
-def cost_layer_norm(x, weight, bias=None, eps=1e-5):
-    wb = weight.numel() * weight.element_size() * (2 if bias is not None else 1)
-    return Cost(2 * x.numel() * x.element_size() + wb, 7 * x.numel())
-
-
-#: backward bytes: (tensors read + written) per element of x
-BACKWARD_TENSORS = {"softmax": 3, "log_softmax": 3, "rms_norm": 3, "rms_norm_residual": 4,
-                    "layer_norm": 3}
 
 
 # ---- inputs --------------------------------------------------------------------------------
