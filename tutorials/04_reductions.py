@@ -270,17 +270,17 @@ def test_tkit_split_path_equals_fused_path():
 # form N=8192 4.02 -> 4.09; layer_norm N=32768 3.05 -> 3.64. One point stayed behind:
 # layer_norm at N=16384, 3.83 TB/s against torch.compile's 3.97.
 #
-# The fourth lesson is how that point was found: not by more configs, but by rebuilding the
-# faster kernel by hand (a probe: benchmarks/results/h200-2026-11-30-w-ln-probe.log) and changing one thing at a time until it
-# was as slow as ours. torch.compile bakes the row length into its kernel, so both walks
-# unroll and the second walk's loads issue ahead too; and its Welford combine (Chan's pairwise
-# rule, one three-value reduction instead of two sums) runs on counts the compiler can see,
-# so the divisions of the thread-local part fold away. tkit keeps N a run-time argument (one
-# build serves every row length with the same chunk count) but makes the same facts visible:
-# the second walk is unrolled on the constexpr chunk count, and on whole chunks the lanes
-# enter the Chan reduce with count 1 and M2 / c (the rule depends only on the counts' ratios;
-# M2 is scaled back by c). layer_norm N=16384: 3.80 -> 4.02 TB/s, 1.01x torch.compile (run za
-# of 2026-11-30); `reductions.config.LOOP_SHAPES` records which style each row length takes.
+# The fourth lesson is how that point was found: not by more configs, but by rebuilding the faster
+# kernel by hand (a probe: benchmarks/results/h200-2026-11-30-w-ln-probe.log) and changing one
+# thing at a time until it was as slow as ours. torch.compile bakes the row length into its
+# kernel, so both walks unroll and the second walk's loads issue ahead too; and its Welford
+# combine (Chan's pairwise rule, one three-value reduction instead of two sums) runs on counts the
+# compiler can see, so the divisions of the thread-local part fold away. tkit keeps N a run-time
+# argument (one build serves every row length with the same chunk count) but makes the same facts
+# visible: the second walk is unrolled on the constexpr chunk count, and on whole chunks the lanes
+# enter the Chan reduce with count 1 and M2 / c (the rule depends only on the counts' ratios; M2
+# is scaled back by c). layer_norm N=16384: 3.80 -> 4.02 TB/s, 1.01x torch.compile (run za of
+# 2026-11-30); `reductions.config.LOOP_SHAPES` records which style each row length takes.
 
 # %%
 if __name__ == "__main__":
