@@ -71,8 +71,8 @@ def test_traffic_prediction():
 # %% [markdown]
 # So the prediction: FlashAttention at this shape is bound by the tensor cores, 0.76 ms at the
 # cuBLAS ceiling (720 TFLOP/s) non-causal and 0.38 ms causal; standard attention cannot beat
-# 2 ms however fast its matmuls are. The targets (485 / 425 TFLOP/s forward) are 67% and
-# 59% of the GEMM ceiling: attention loses some to the softmax between its matmuls.
+# 2 ms however fast its matmuls are. A realistic aim is 485 / 425 TFLOP/s forward, 67% and 59%
+# of the GEMM ceiling: attention loses some to the softmax between its matmuls.
 #
 # ## From online softmax to FlashAttention
 #
@@ -200,8 +200,8 @@ def test_compiler_facts_on_sm90():
 # %% [markdown]
 # ## Measure (GPU): against the prediction and SDPA
 #
-# `scripts/gpu_attention.py` does this in full (variants side by side, backward, head dims,
-# sequence lengths, varlen); below is the one-shape version.
+# `tkit bench flash_attention flash_attention_varlen` does this in full (every benchmark case
+# against SDPA's backends); below is the one-shape version.
 #
 # Measured on the H200 (2026-11-30, benchmarks/results/h200-2026-11-30-d-final.log, B4 S4096
 # H16 D128 bf16): the registered op, autotuned, ran the forward at 462.6 TFLOP/s non-causal

@@ -82,7 +82,7 @@ class Int4Config:
 
     @staticmethod
     def for_shape(M: int, N: int, K: int, group_size: int, num_sms: int = 132) -> Int4Config:
-        """Heuristic, not yet measured (issue #16's H200 session will): decode shapes stream
+        """Heuristic, not yet measured on a GPU: decode shapes stream
         the weight with about two programs per SM (each holds NUM_STAGES - 1 steps of
         BLOCK_K x BLOCK_N / 2 bytes in flight: 24 KB at 128 x 128 and 4 stages, so two per SM
         cover HBM latency, ~38 KB per SM by Little's law); larger M takes a compute tile."""

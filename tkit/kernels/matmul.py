@@ -41,7 +41,7 @@ Which one runs for a call is :func:`plan`'s decision; it returns the path and th
 ``tkit.ir`` shows the launched kernel. Configs are fixed per shape class by default
 (:func:`tma_config`, :func:`ptr_config`, :func:`splitk_config`, each with its derivation);
 ``AUTOTUNE = True`` tunes the TMA and pointer kernels per shape over pruned config lists
-instead. ``scripts/gpu_matmul.py`` times the alternatives side by side on the H200.
+instead; docs/NOTES.md has the H200 timings of the alternatives side by side.
 
 Not here yet: a TMA path for batched operands (3-D descriptors; batched problems with a shared
 weight are folded into M and do take it), a Hopper (TMA/wgmma) grouped kernel, and per-stream
@@ -72,7 +72,7 @@ ACTIVATIONS = (None, "silu", "gelu", "gelu_tanh", "relu")
 #: configs of :func:`tma_config` / :func:`ptr_config`. Off by default: every constexpr
 #: combination (dtype, layout, epilogue flags) x every config is a compile (~2 s each for a
 #: 128x256 tile), and every new M a tuning pass, which a serving loop with varying batch sizes
-#: cannot afford. scripts/gpu_matmul.py measures both so the fixed table can follow the tuner.
+#: cannot afford. docs/NOTES.md has both measured, so that the fixed table follows the tuner.
 AUTOTUNE = False
 FP8 = torch.float8_e4m3fn
 #: Read a row-major residual through a TMA descriptor in the TMA kernel's epilogue (RES_TMA);
@@ -700,7 +700,7 @@ def splitk_config(M: int, N: int, K: int, num_sms: int) -> dict:
     at least 1 (split 1 is the pointer kernel with this tile, epilogue included), at most 4
     when BLOCK_M is 64, and clamped so that each split keeps >= 4 K-steps. Occupancy (ptxas
     via tkit.ir, sm_90): at BLOCK_M=16 the kernel takes 108 KB of shared memory at 4 stages, so
-    2 programs fit per SM. ``scripts/gpu_skinny.py`` times the neighbours of this choice.
+    2 programs fit per SM. docs/NOTES.md has the timings of the neighbours of this choice.
     """
     block_m = max(16, min(64, C.next_power_of_2(M)))
     block_n = 128 if N >= 128 else max(16, C.next_power_of_2(N))

@@ -1,6 +1,6 @@
 """Spec of the INT4 weight-only GEMM (tkit/kernels/int4.py).
 
-Bench cases are issue #16's: group 128 at K=4096, N=14336 (Llama-3-8B's gate/up half) and
+Bench cases: group 128 at K=4096, N=14336 (Llama-3-8B's gate/up half) and
 K=N=8192 for M in 1 and 16, and an M sweep 1..4096 at K=4096, N=14336 that shows where INT4
 stops winning against cuBLAS bf16. Baselines: cuBLAS bf16 ``F.linear`` on the dequantized
 weight (dequantized once per weight, outside the timing), torch's own int4 kernel
@@ -243,7 +243,7 @@ def _gemlite_linear(q, s, z, group_size, dtype):
 
 def _gemlite():
     """gemlite (pip, a pure-Triton W4A16 library), or None where it is not installed or its
-    API does not give tkit's numbers on a probe (issue #16 asks for it beside tkit)."""
+    API does not give tkit's numbers on a probe (the pure-Triton peer to stand beside)."""
     if not torch.cuda.is_available():
         return None
     try:

@@ -411,7 +411,7 @@ def _scaled_mm():
     def fn(a, b, scale_a, scale_b, out_dtype=BF16, **kw):
         if _block_scaled(a, b, scale_a, scale_b):
             # torch 2.11's _scaled_mm refuses block scales ("Invalid scaling configuration"):
-            # the comparison point is its per-tensor GEMM of the same operands (issue #16)
+            # the comparison point is its per-tensor GEMM of the same operands
             one = torch.ones((), device=a.device)
             return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=out_dtype)
         return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
