@@ -468,7 +468,6 @@ def _spec_accept_kernel(
     u = _uniform(seed, stream, 1, ks)
     accept = (pt >= pd) | (u * pd < pt)
     j = tl.min(tl.where(kmask & (accept == 0), ks, K), axis=0)  # first rejection, K if none
-    resid = j < K
     j64 = j.to(tl.int64)
     tp_row = TP + row64 * stpb + j64 * stpk
     dp_row = DP + row64 * sdpb + tl.minimum(j64, K - 1) * sdpk
@@ -481,7 +480,10 @@ def _spec_accept_kernel(
         cm = cols < V
         c64 = cols.to(tl.int64)
         q_t = tl.load(tp_row + c64 * stpv, mask=cm, other=0.0).to(tl.float32)
-        q_d = tl.load(dp_row + c64 * sdpv, mask=cm & resid, other=0.0).to(tl.float32)
+        # the scalar condition broadcast by a comparison: triton 3.9's interpreter makes an
+        # int32 mask of a block & scalar and refuses it
+        q_d = tl.load(dp_row + c64 * sdpv, mask=cm & (cols * 0 + j < K),
+                      other=0.0).to(tl.float32)
         q_r = tl.maximum(q_t - q_d, 0.0)
         inv_e = 1.0 / -tl.log(_uniform_block(seed, stream, 2 + j, start, BLOCK))
         s_r = q_r * inv_e
