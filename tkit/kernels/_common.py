@@ -8,6 +8,7 @@ instead of running it (that is how the IR of any tkit op is compiled on a machin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -245,3 +246,35 @@ def size_class(n: int) -> int:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+class ConfigOverrides:
+    """Scoped, validated overrides of a frozen config dataclass's fields, per thread: the
+    one mechanism behind ``decode_config(...)``, ``rope_config(...)`` and the other families'
+    override contexts. ``scope(**fields)`` is the context manager (an unknown field is a
+    TypeError naming it), ``apply(cfg)`` returns the config with the active overrides,
+    ``active()`` whether any is set (an eager plan must not serve an overridden call)."""
+
+    def __init__(self, cls):
+        self._cls, self._local = cls, threading.local()
+        self._fields = tuple(f.name for f in dataclasses.fields(cls))
+
+    @contextlib.contextmanager
+    def scope(self, **overrides):
+        unknown = [k for k in overrides if k not in self._fields]
+        if unknown:
+            raise TypeError(f"unknown {self._cls.__name__} field(s) {unknown}; "
+                            f"known: {list(self._fields)}")
+        old = getattr(self._local, "value", {})
+        self._local.value = {**old, **overrides}
+        try:
+            yield
+        finally:
+            self._local.value = old
+
+    def active(self) -> bool:
+        return bool(getattr(self._local, "value", None))
+
+    def apply(self, cfg):
+        over = getattr(self._local, "value", None)
+        return dataclasses.replace(cfg, **over) if over else cfg

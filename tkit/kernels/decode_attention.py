@@ -58,11 +58,8 @@ the interpreter) or under ``TKIT_CHECK=1``.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 import math
-import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -145,29 +142,18 @@ class DecodeConfig:
         return cls(block_n=block_n, num_stages=stages)
 
 
-_overrides = threading.local()
-_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
+_OVERRIDES = C.ConfigOverrides(DecodeConfig)
 
 
-@contextlib.contextmanager
 def decode_config(**overrides):
     """Override fields of :class:`DecodeConfig` for the calls made inside (this thread only);
     an unknown field is a TypeError naming it. For experiments and tests; calls never tune."""
-    unknown = [k for k in overrides if k not in _FIELDS]
-    if unknown:
-        raise TypeError(f"unknown DecodeConfig field(s) {unknown}; known: {list(_FIELDS)}")
-    old = getattr(_overrides, "value", {})
-    _overrides.value = {**old, **overrides}
-    try:
-        yield
-    finally:
-        _overrides.value = old
+    return _OVERRIDES.scope(**overrides)
 
 
 def current_config(head_dim: int, cache_itemsize: int) -> DecodeConfig:
     cfg = DecodeConfig.for_device(head_dim, cache_itemsize)
-    over = getattr(_overrides, "value", None)
-    return dataclasses.replace(cfg, **over) if over else cfg
+    return _OVERRIDES.apply(cfg)
 
 
 @functools.cache
@@ -968,7 +954,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None,
     if (P.ON and type(q) is _T and type(k_cache) is _T and type(v_cache) is _T
             and type(cache_seqlens) is _T and type(block_table) in _OPT_T
             and type(k_scale) in _OPT_T and type(v_scale) in _OPT_T
-            and not getattr(_overrides, "value", None) and not _compiling()
+            and not _OVERRIDES.active() and not _compiling()
             and not (_grad_enabled() and q.requires_grad)):
         # the eager plan (tkit.kernels._plan): the key holds all the ordinary path reads (the
         # SM count and config follow from the device index and the shapes)

@@ -44,9 +44,6 @@ x split 2); partials in float32 are summed in a fixed order by matmul's
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -104,32 +101,21 @@ class Int4Config:
         return Int4Config(bm, bn, bk, 1, num_warps=8 if bm == 128 else 4, num_stages=3)
 
 
-_overrides = threading.local()
-_FIELDS = tuple(f.name for f in dataclasses.fields(Int4Config))
+_OVERRIDES = C.ConfigOverrides(Int4Config)
 
 
-@contextlib.contextmanager
 def int4_config(**overrides):
     """Override fields of :class:`Int4Config` for the calls made inside (this thread only),
     e.g. ``with int4_config(split_k=4, num_stages=3): ...``; an unknown field is a TypeError
     naming it, and a block_k that does not divide the group size a ValueError at the call.
     For experiments (the H200 sweep of this table) and tests; calls never tune."""
-    unknown = [k for k in overrides if k not in _FIELDS]
-    if unknown:
-        raise TypeError(f"unknown Int4Config field(s) {unknown}; known: {list(_FIELDS)}")
-    old = getattr(_overrides, "value", {})
-    _overrides.value = {**old, **overrides}
-    try:
-        yield
-    finally:
-        _overrides.value = old
+    return _OVERRIDES.scope(**overrides)
 
 
 def current_config(M: int, N: int, K: int, group_size: int, num_sms: int) -> Int4Config:
     cfg = Int4Config.for_shape(M, N, K, group_size, num_sms)
-    over = getattr(_overrides, "value", None)
-    if over:
-        cfg = dataclasses.replace(cfg, **over)
+    if _OVERRIDES.active():
+        cfg = _OVERRIDES.apply(cfg)
         if group_size % cfg.block_k or cfg.block_k < 16 or cfg.block_k & (cfg.block_k - 1):
             raise ValueError(f"block_k={cfg.block_k} must be a power of 2 >= 16 dividing "
                              f"group_size={group_size}")

@@ -41,9 +41,6 @@ mostly from L2, quantizes. Offsets are 32-bit unless a tensor spans 2**31 elemen
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -93,29 +90,18 @@ class QuantConfig:
         return cls()
 
 
-_overrides = threading.local()
-_FIELDS = tuple(f.name for f in dataclasses.fields(QuantConfig))
+_OVERRIDES = C.ConfigOverrides(QuantConfig)
 
 
-@contextlib.contextmanager
 def quant_config(**overrides):
     """Override fields of :class:`QuantConfig` for the calls made inside (this thread only);
     an unknown field is a TypeError naming it. For experiments and tests; calls never tune."""
-    unknown = [k for k in overrides if k not in _FIELDS]
-    if unknown:
-        raise TypeError(f"unknown QuantConfig field(s) {unknown}; known: {list(_FIELDS)}")
-    old = getattr(_overrides, "value", {})
-    _overrides.value = {**old, **overrides}
-    try:
-        yield
-    finally:
-        _overrides.value = old
+    return _OVERRIDES.scope(**overrides)
 
 
 def current_config() -> QuantConfig:
     cfg = QuantConfig.for_device()
-    over = getattr(_overrides, "value", None)
-    return dataclasses.replace(cfg, **over) if over else cfg
+    return _OVERRIDES.apply(cfg)
 
 
 # --------------------------------------------------------------------------------------------

@@ -33,10 +33,7 @@ stored at the slot; slot -1 (or any slot outside the cache) skips the write.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import math
-import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -86,29 +83,18 @@ class RopeConfig:
         return cls(block_t=block_t, block_h=block_h, num_warps=4)
 
 
-_overrides = threading.local()
-_FIELDS = tuple(f.name for f in dataclasses.fields(RopeConfig))
+_OVERRIDES = C.ConfigOverrides(RopeConfig)
 
 
-@contextlib.contextmanager
 def rope_config(**overrides):
     """Override fields of :class:`RopeConfig` for the calls made inside (this thread only);
     an unknown field is a TypeError naming it. For experiments and tests; calls never tune."""
-    unknown = [k for k in overrides if k not in _FIELDS]
-    if unknown:
-        raise TypeError(f"unknown RopeConfig field(s) {unknown}; known: {list(_FIELDS)}")
-    old = getattr(_overrides, "value", {})
-    _overrides.value = {**old, **overrides}
-    try:
-        yield
-    finally:
-        _overrides.value = old
+    return _OVERRIDES.scope(**overrides)
 
 
 def current_config(rotary_dim: int, max_heads: int) -> RopeConfig:
     cfg = RopeConfig.for_device(rotary_dim, max_heads)
-    over = getattr(_overrides, "value", None)
-    return dataclasses.replace(cfg, **over) if over else cfg
+    return _OVERRIDES.apply(cfg)
 
 
 # --------------------------------------------------------------------------------------------

@@ -64,9 +64,6 @@ reads two probability rows (draft and target) per sequence plus the gathers.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -122,29 +119,18 @@ class SampleConfig:
         return cls()
 
 
-_overrides = threading.local()
-_FIELDS = tuple(f.name for f in dataclasses.fields(SampleConfig))
+_OVERRIDES = C.ConfigOverrides(SampleConfig)
 
 
-@contextlib.contextmanager
 def sample_config(**overrides):
     """Override fields of :class:`SampleConfig` for the calls made inside (this thread only);
     an unknown field is a TypeError naming it. For experiments and tests; calls never tune."""
-    unknown = [k for k in overrides if k not in _FIELDS]
-    if unknown:
-        raise TypeError(f"unknown SampleConfig field(s) {unknown}; known: {list(_FIELDS)}")
-    old = getattr(_overrides, "value", {})
-    _overrides.value = {**old, **overrides}
-    try:
-        yield
-    finally:
-        _overrides.value = old
+    return _OVERRIDES.scope(**overrides)
 
 
 def current_config(vocab: int) -> SampleConfig:
     cfg = SampleConfig.for_device(vocab)
-    over = getattr(_overrides, "value", None)
-    cfg = dataclasses.replace(cfg, **over) if over else cfg
+    cfg = _OVERRIDES.apply(cfg)
     for name in ("block", "pivots", "cap", "cap_chunk"):
         v = getattr(cfg, name)
         if v < 1 or v & (v - 1):
