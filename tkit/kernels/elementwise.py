@@ -563,6 +563,22 @@ def _planned(key, slow, inputs, *args):
     return out
 
 
+def _serve(key, stream, slow, inputs, *args):
+    """The eager call of signature ``key``: its plan's launch on a hit, else ``slow(*args)``
+    (recorded as the signature's plan on a first miss)."""
+    try:
+        plan = _plans.get(key)
+    except TypeError:  # an unhashable option: the ordinary path names it
+        plan = False
+    if plan:
+        out = plan(stream, *inputs)
+        if out is not None:
+            return out
+    elif plan is None:
+        return _planned(key, slow, inputs, *args)
+    return slow(*args)
+
+
 def _op_planned(what, impl, tensors, *args):
     """A registered op's implementation: what a torch.compile graph, the autograd path and
     ``torch.ops.tkit.*`` run. Its arguments were checked before the dispatcher (the public
@@ -574,13 +590,7 @@ def _op_planned(what, impl, tensors, *args):
         key = ("op", *what, dev) + tuple(
             x for t in tensors
             for x in (t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15))
-        plan = _plans.get(key)
-        if plan:
-            out = plan(stream, *tensors)
-            if out is not None:
-                return out
-        elif plan is None:
-            return _planned(key, impl, tensors, *args)
+        return _serve(key, stream, impl, tensors, *args)
     return impl(*args)
 
 
@@ -602,16 +612,7 @@ def _binary(a, b, op, out_dtype=None):
         key = (op, out_dtype, dev,
                a.shape, a.stride(), a.dtype, a.get_device(), not a.data_ptr() & 15,
                b.shape, b.stride(), b.dtype, b.get_device(), not b.data_ptr() & 15)
-        try:
-            plan = _plans.get(key)
-        except TypeError:  # an unhashable option: the ordinary path names it
-            plan = False
-        if plan:
-            out = plan(stream, a, b)
-            if out is not None:
-                return out
-        elif plan is None:
-            return _planned(key, _binary_slow, (a, b), a, b, op, out_dtype)
+        return _serve(key, stream, _binary_slow, (a, b), a, b, op, out_dtype)
     return _binary_slow(a, b, op, out_dtype)
 
 
@@ -657,16 +658,7 @@ def residual_add(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
                x.shape, x.stride(), x.dtype, x.get_device(), not x.data_ptr() & 15,
                residual.shape, residual.stride(), residual.dtype, residual.get_device(),
                not residual.data_ptr() & 15)
-        try:
-            plan = _plans.get(key)
-        except TypeError:  # an unhashable option: the ordinary path names it
-            plan = False
-        if plan:
-            out = plan(stream, x, residual)
-            if out is not None:
-                return out
-        elif plan is None:
-            return _planned(key, _residual_add_slow, (x, residual), x, residual)
+        return _serve(key, stream, _residual_add_slow, (x, residual), x, residual)
     return _residual_add_slow(x, residual)
 
 
@@ -692,16 +684,7 @@ def _unary(x, act):
             and not (_grad_enabled() and x.requires_grad)):
         dev, stream = L._device_stream()
         key = (act, dev, x.shape, x.stride(), x.dtype, x.get_device(), not x.data_ptr() & 15)
-        try:
-            plan = _plans.get(key)
-        except TypeError:  # an unhashable option: the ordinary path names it
-            plan = False
-        if plan:
-            out = plan(stream, x)
-            if out is not None:
-                return out
-        elif plan is None:
-            return _planned(key, _unary_slow, (x,), x, act)
+        return _serve(key, stream, _unary_slow, (x,), x, act)
     return _unary_slow(x, act)
 
 
@@ -739,16 +722,7 @@ def act_mul(a: torch.Tensor, b: torch.Tensor, activation: str = "silu", *,
         key = ("act_mul", activation, approximate, dev,
                a.shape, a.stride(), a.dtype, a.get_device(), not a.data_ptr() & 15,
                b.shape, b.stride(), b.dtype, b.get_device(), not b.data_ptr() & 15)
-        try:
-            plan = _plans.get(key)
-        except TypeError:  # an unhashable option: the ordinary path names it
-            plan = False
-        if plan:
-            out = plan(stream, a, b)
-            if out is not None:
-                return out
-        elif plan is None:
-            return _planned(key, _act_mul_slow, (a, b), a, b, activation, approximate)
+        return _serve(key, stream, _act_mul_slow, (a, b), a, b, activation, approximate)
     return _act_mul_slow(a, b, activation, approximate)
 
 
@@ -790,31 +764,13 @@ def cast(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = None)
         if scale is None:
             key = ("cast", dtype, dev,
                    x.shape, x.stride(), x.dtype, x.get_device(), not x.data_ptr() & 15)
-            try:
-                plan = _plans.get(key)
-            except TypeError:  # an unhashable option: the ordinary path names it
-                plan = False
-            if plan:
-                out = plan(stream, x)
-                if out is not None:
-                    return out
-            elif plan is None:
-                return _planned(key, _cast_slow, (x,), x, dtype, None)
+            return _serve(key, stream, _cast_slow, (x,), x, dtype, None)
         elif type(scale) is _T and not (_grad_enabled() and scale.requires_grad):
             key = ("cast", dtype, dev,
                    x.shape, x.stride(), x.dtype, x.get_device(), not x.data_ptr() & 15,
                    scale.shape, scale.stride(), scale.dtype, scale.get_device(),
                    not scale.data_ptr() & 15)
-            try:
-                plan = _plans.get(key)
-            except TypeError:  # an unhashable option: the ordinary path names it
-                plan = False
-            if plan:
-                out = plan(stream, x, scale)
-                if out is not None:
-                    return out
-            elif plan is None:
-                return _planned(key, _cast_slow, (x, scale), x, dtype, scale)
+            return _serve(key, stream, _cast_slow, (x, scale), x, dtype, scale)
     return _cast_slow(x, dtype, scale)
 
 
