@@ -514,7 +514,7 @@ def _fuzz_rms_norm_quant():
 def _fuzz_silu_mul_quant():
     return dict(shapes=quant_shapes(2), dtypes=S.FLOAT_DTYPES,
                 layouts=("contiguous", "sliced", "offset", "transposed"),
-                kwargs=_group_kwargs())
+                kwargs=_group_kwargs(), ulps=4.0)
 
 
 # ---- opcheck -----------------------------------------------------------------------------------
@@ -606,5 +606,8 @@ SPECS = [
            reference=ref_silu_mul_quant, cost=cost_silu_mul_quant,
            bench_cases=silu_mul_quant_bench_cases, check_cases=silu_mul_quant_check_cases,
            fuzz=_fuzz_silu_mul_quant, baselines=_baselines(ref_silu_mul_quant),
-           opcheck=_opcheck_quant("silu"), bound="memory"),
+           opcheck=_opcheck_quant("silu"), bound="memory",
+           # the scales are amax / 448 of silu(a) * b, whose exp is the GPU's (within 2 ulp;
+           # 3 ulp seen at the amax element against torch's float32 at 16384 x 14336)
+           ulps=4.0),
 ]
