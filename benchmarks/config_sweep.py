@@ -62,7 +62,7 @@ def sweep(label, ctx, variants, name, index=0, rows=None):
                     continue
                 if times.get(json.dumps(v), 0) is None:
                     continue
-                t = time_fn(lambda: spec.fn(*args, **kwargs), rep_ms=60).median
+                t = time_fn(lambda: spec.fn(*args, **kwargs), rep_ms=60).median_ms
             times.setdefault(json.dumps(v), []).append(t)
     base = min(times["{}"])
     for v, ts in times.items():
@@ -123,7 +123,7 @@ def sweep_matmul_fp8(rows):
         flops = 2 * n ** 3
         def peer_call(a=a, b=b, one=one):
             return torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)
-        t_peer = min(time_fn(peer_call).median for _ in range(ROUNDS))
+        t_peer = min(time_fn(peer_call).median_ms for _ in range(ROUNDS))
         print(f"matmul_fp8 {n}^3 torch._scaled_mm {t_peer * 1e3:8.1f} us "
               f"{flops / t_peer / 1e9:7.1f} TFLOP/s")
         rows.append(dict(family="matmul_fp8", case=f"{n}^3", config="torch._scaled_mm",
@@ -142,7 +142,7 @@ def sweep_matmul_fp8(rows):
             except Exception as e:  # a config that does not fit or is wrong: say which
                 print(f"matmul_fp8 {n}^3 {cfg} FAILED {type(e).__name__}: {str(e)[:120]}")
                 continue
-            t = min(time_fn(run).median for _ in range(ROUNDS))
+            t = min(time_fn(run).median_ms for _ in range(ROUNDS))
             print(f"matmul_fp8 {n}^3 {bm}x{bn} w{w} s{s} {t * 1e3:8.1f} us "
                   f"{flops / t / 1e9:7.1f} TFLOP/s {t_peer / t:5.3f}x _scaled_mm {ok}")
             rows.append(dict(family="matmul_fp8", case=f"{n}^3", config=cfg, median_ms=t,

@@ -151,14 +151,6 @@ def _values(X, B, R, W, H, rows, cols, mask, sxm, sxk, sbm, sbk, srm, srk, shm,
 
 
 @triton.jit
-def _rstd(ss, K, eps):
-    """1 / sqrt(ss / K + eps) with IEEE-rounded division and square root: the scales are
-    amax / 448 of the normalized row, and the GPU's approximate forms moved them by an ulp
-    against torch's (and the quantized values across rounding ties)."""
-    return tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(ss, tl.zeros_like(ss) + K) + eps))
-
-
-@triton.jit
 def _abs_nonan(v):
     return tl.where(v == v, tl.abs(v), 0.0)
 
@@ -177,20 +169,22 @@ def _quant_store(y, amax, Y, S, rows, rmask, grp, cols, mask, sym, ssm, ssg, ub,
     elif UB_MODE == 2:
         a = tl.minimum(a, tl.load(UB).to(tl.float32))
     if OUT == "fp8":
-        sc = tl.maximum(tl.math.div_rn(a, 448.0), 1.0 / (448.0 * 512.0))
+        sc = tl.maximum(a / 448.0, 1.0 / (448.0 * 512.0))
     else:
-        sc = tl.where(a > 0.0, tl.math.div_rn(a, 127.0), 1.0)
+        sc = tl.where(a > 0.0, a / 127.0, 1.0)
     # a per-row scale is stored by every chunk of a walked row: the same 4 bytes
     if PER_ROW:
         tl.store(S + rows * ssm, tl.max(sc, 1), mask=rmask)
     else:
         smask = rmask[:, None] & (grp < NG)[None, :]
         tl.store(S + rows[:, None] * ssm + grp[None, :] * ssg, sc, mask=smask)
-    r = tl.math.div_rn(y, sc[:, :, None])
     if OUT == "fp8":
-        r = saturate_fp8(r)
+        r = saturate_fp8(y / sc[:, :, None])
         q = fp8_keep_nan(r)
     else:
+        # IEEE division, as torch divides two tensors: the quotient decides a round-half-even
+        # tie, and the GPU's approximate division moved values across ties (-63 for -64)
+        r = tl.math.div_rn(y, sc[:, :, None])
         r = tl.minimum(tl.maximum(r, -127.0), 127.0)
         # round half to even: exact in float32 for |r| < 2**22 (IEEE add, no reassociation)
         r = (r + 12582912.0) - 12582912.0
@@ -223,7 +217,7 @@ def _quant_kernel(
         v, h = _values(X, B, R, W, H, rows, cols, mask, sxm, sxk, sbm, sbk, srm, srk, shm,
                        OP, HAS_RES, True, False)
         if IS_RMS:
-            rstd = _rstd(tl.sum(tl.sum(h * h, 2), 1), K, eps)
+            rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(h * h, 2), 1) / K + eps)
             v = v * rstd[:, None, None]
         amax = tl.max(tl.max(_abs_nonan(v), 2), 1)
         _quant_store(v, amax, Y, S, rows, rmask, grp, cols, mask, sym, ssm, ssg, ub, UB, NG,
@@ -248,7 +242,7 @@ def _quant_kernel(
                 ss += tl.sum(tl.sum(h * h, 2), 1)
             amax = tl.maximum(amax, tl.max(tl.max(_abs_nonan(v), 2), 1))
         if IS_RMS:
-            rstd = _rstd(ss, K, eps)
+            rstd = 1.0 / tl.sqrt(ss / K + eps)
             amax = amax * rstd
         tl.debug_barrier()  # h written above is read back below
         # second walk: last chunk first (the likeliest to still be in L2)
