@@ -54,13 +54,22 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 #: families whose kernels stage data in shared memory: racecheck runs on them
-RACECHECK_FAMILIES = ("reductions", "matmul", "attention", "cuda_ext")
+RACECHECK_FAMILIES = ("reductions", "matmul", "attention", "cuda_ext", "inference",
+                      "sampling")
 #: cuda_ext kernels that use no shared memory
 NO_SHARED = ("cuda_sgemm_naive",)
 #: ops run on more than 2**31 elements under memcheck
 HUGE_OPS = ("add", "rms_norm")
+#: ops the fuzz part leaves out, and why (the row says so)
+FUZZ_EXCLUDED = {
+    "llama_layer": "a model spec: a composition of registered ops that are fuzzed one by one "
+                   "(its recipe draws only the token count, 1..40, so it adds no new inputs "
+                   "to any kernel), and each example runs a whole layer's launches and "
+                   "compiles; check cases and the sanitizer still run it",
+}
 #: heavier families first, so that lanes share them out
-FAMILY_WEIGHT = {"attention": 0, "matmul": 1, "cuda_ext": 2, "reductions": 3, "elementwise": 4}
+FAMILY_WEIGHT = {"model": 0, "attention": 0, "matmul": 1, "inference": 2, "sampling": 2,
+                 "cuda_ext": 3, "reductions": 3, "elementwise": 4}
 
 
 # ---- compute-sanitizer's output --------------------------------------------------------------
@@ -110,20 +119,29 @@ def _load_profile(examples: int) -> None:
     settings.load_profile("reliability")
 
 
-def _fuzz_op(name: str, examples: int, budget_s: float) -> dict:
-    """Fuzz one op in this process; the counts, also when it fails."""
+def _fuzz_op(name: str, examples: int, budget_s: float, compile_share: float = 0.0) -> dict:
+    """Fuzz one op in this process; the counts, also when it fails. ``compile_share``: the
+    part of ``budget_s`` that Triton compiles may take before examples that need a new
+    kernel variant are refused (0: no bound)."""
+    import torch
+
     from tkit import registry
     from tkit.testing import FuzzStats, fuzz
+    from tkit.testing.tensors import default_device
 
     spec = registry.get(name)
     recipe = dict(spec.fuzz())
     fn, ref = recipe.pop("fn", spec.fn), recipe.pop("reference", spec.reference)
     recipe.pop("max_examples", None)  # the campaign's count and time slice decide
     stats = FuzzStats()
-    row = {"max_examples": examples, "budget_s": round(budget_s, 1)}
+    compile_budget = round(compile_share * budget_s, 1) if compile_share > 0 else None
+    row = {"max_examples": examples, "budget_s": round(budget_s, 1),
+           "compile_budget_s": compile_budget,
+           # where the float64 reference and the comparison run: the inputs' device
+           "reference_device": default_device()}
     try:
         fuzz(fn, ref, **recipe, max_examples=examples, budget_s=budget_s, stats=stats,
-             isolate=False)
+             isolate=False, compile_budget_s=compile_budget)
         row["status"] = "pass"
     except Exception as e:
         from tkit.bench.isolate import context_lost
@@ -132,24 +150,29 @@ def _fuzz_op(name: str, examples: int, budget_s: float) -> dict:
             raise  # child_loop ends this child; a fresh one takes the remaining ops
         row["status"] = "crash" if stats.crashed else "fail"
         row["error"] = f"{type(e).__name__}: {e}"[:3000]
-    row.update(examples=stats.examples, stopped_by_budget=stats.stopped,
-               mismatches=stats.failed - stats.crashed, crashed=stats.crashed,
-               distinct_shapes=len(stats.shapes), seconds=round(stats.seconds, 1))
+    row.update(stats.as_row())
+    row["mismatches"] = stats.failed - stats.crashed
+    if torch.cuda.is_available():
+        row["gpu_max_memory_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     return row
 
 
-def child_fuzz(ops: list[str], examples: int, until: float) -> None:
-    from tkit.bench.isolate import child_loop
+def child_fuzz(examples: int, max_numel: int | None) -> None:
+    """A fuzz lane's child: ops asked one at a time on stdin (``op {"budget_s": ...,
+    "compile_share": ...}``), one row each on stdout (the protocol of tkit.bench.isolate)."""
+    from tkit.bench.isolate import child_loop, stdin_requests
+    from tkit.testing import strategies
 
+    if max_numel:
+        strategies.GPU_MAX_NUMEL = max_numel
     _load_profile(examples)
-    done = [0]
+    bodies: dict[str, str] = {}
 
     def check_one(name):
-        left = len(ops) - done[0]
-        done[0] += 1
-        return _fuzz_op(name, examples, max(1.0, (until - time.time()) / max(left, 1)))
+        req = json.loads(bodies.pop(name))
+        return _fuzz_op(name, examples, req["budget_s"], req.get("compile_share", 0.0))
 
-    child_loop(ops, check_one)
+    child_loop(stdin_requests(bodies), check_one)
 
 
 def _huge(name: str) -> dict:
@@ -300,42 +323,115 @@ def run_sanitizer(specs, args, rows: Rows, deadline: float, sanitizer: str,
               f"({status}, {row['seconds']} s)", flush=True)
 
     tasks = [t for t in _sanitizer_tasks(specs, args.tools.split(",")) if huge or not t[2]]
+    # the longest first (racecheck of the GEMMs and attention: up to a minute each), so that
+    # the short ones fill the lanes at the end instead of one long one running alone
+    family = {s.name: s.family for s in specs}
+    tasks.sort(key=lambda t: (FAMILY_WEIGHT.get(family.get(t[0]), 5), t[1] != "racecheck"))
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         list(pool.map(one, tasks))
 
 
-def run_fuzz(specs, args, rows: Rows, deadline: float) -> None:
-    from tkit.bench.isolate import context_lost, supervise
-
-    env = _child_env()
+def fuzz_order(specs) -> list[str]:
+    """The ops to fuzz, heaviest first (their compiles are the longest: a lane that takes one
+    late would run past the others), excluded ones left out."""
     order = sorted(specs, key=lambda s: FAMILY_WEIGHT.get(s.family, 5))
-    lanes = [[s.name for s in order[i::args.jobs]] for i in range(args.jobs)]
-    lanes = [lane for lane in lanes if lane]
+    return [s.name for s in order if s.name not in FUZZ_EXCLUDED]
 
-    def lane(names):
-        total = max(1.0, deadline - time.time())
 
-        def argv_for(todo):
-            return [sys.executable, str(Path(__file__).resolve()), "--child", "fuzz",
-                    "--ops", ",".join(todo), "--examples", str(args.examples),
-                    "--until", str(deadline)]
+def op_slice(left_s: float, jobs: int, waiting: int, running: int) -> float:
+    """Seconds for the next op: an equal share of the lane-seconds left among it, the ops
+    still waiting and the ones running (each of those holds a lane until it ends), and never
+    past the deadline. An op that reaches its examples early gives its time back: the next
+    op's share is worked out when it starts."""
+    share = left_s * jobs / max(1, waiting + running + 1)
+    return max(0.0, min(left_s - 5.0, share))
 
-        status = supervise(argv_for, names, deadline=total + 60.0, total=total + 30.0,
-                           log=lambda m: print("fuzz " + m, flush=True), env=env)
-        for name in names:
-            how, payload = status[name]
-            row = {"part": "fuzz", "op": name}
-            if how == "ok":
-                row.update(payload)
-            else:
-                crash = "child died" in how or context_lost(how)
-                row.update(status="crash" if crash else "not run" if "budget" in how
-                           else "timeout" if how.startswith("no answer") else "error",
-                           error=how, examples=None)
-            rows.add(row)
 
-    with concurrent.futures.ThreadPoolExecutor(len(lanes)) as pool:
-        list(pool.map(lane, lanes))
+def run_fuzz(specs, args, rows: Rows, deadline: float) -> None:
+    """The fuzz part: ``--jobs`` lanes, each one long-lived child that takes the next op from
+    one queue (so that lanes share the ops out as they finish, not in fixed lists)."""
+    from tkit.bench.isolate import Worker, context_lost
+
+    for s in specs:
+        if s.name in FUZZ_EXCLUDED:
+            rows.add({"part": "fuzz", "op": s.name, "status": "excluded",
+                      "reason": FUZZ_EXCLUDED[s.name], "examples": None})
+    todo = fuzz_order(specs)
+    if not todo:
+        return
+    env = _child_env()
+    jobs = max(1, min(args.jobs, len(todo)))
+    lock = threading.Lock()
+    running = [0]
+    left0 = deadline - time.time()
+    print(f"fuzz: {len(todo)} ops on {jobs} lanes in {left0:.0f} s: about "
+          f"{left0 * jobs / len(todo):.0f} s an op ({args.examples} examples, compiles "
+          f"bounded to {args.compile_share:.0%} of an op's time)", flush=True)
+    argv = [sys.executable, str(Path(__file__).resolve()), "--child", "fuzz",
+            "--examples", str(args.examples), "--max-numel", str(args.max_numel)]
+
+    def lane(_):
+        worker = Worker(argv, deadline=60.0, first_deadline=120.0, env=env,
+                        hang_hint=" (killed)")
+        try:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    name = todo.pop(0)
+                    left = deadline - time.time()
+                    budget = op_slice(left, jobs, len(todo), running[0])
+                    running[0] += 1
+                row = {"part": "fuzz", "op": name}
+                try:
+                    if budget < 5.0:
+                        row.update(status="not run: time budget", examples=None)
+                        continue
+                    # an example past the op's time (a compile, shrinking) is let finish
+                    worker.deadline = budget + 90.0
+                    worker.first_deadline = budget + 150.0
+                    how, payload = worker.ask(name, json.dumps(
+                        {"budget_s": budget, "compile_share": args.compile_share}))
+                    if how == "ok":
+                        row.update(payload)
+                    else:
+                        crash = "child died" in how or context_lost(how)
+                        row.update(status="crash" if crash else "timeout"
+                                   if how.startswith("no answer") else "error",
+                                   error=how, examples=None)
+                finally:
+                    with lock:
+                        running[0] -= 1
+                    rows.add(row)
+                    print(f"fuzz {name:28s} {row.get('status')}: {row.get('examples')} "
+                          f"examples in {row.get('seconds')} s (budget {budget:.0f} s, "
+                          f"compiles {row.get('compile_s')} s, {row.get('variants')} "
+                          f"variants)", flush=True)
+        finally:
+            worker.close()
+
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(lane, range(jobs)))
+
+
+FUZZ_COLUMNS = ("status", "examples", "seconds", "budget_s", "compile_s", "variants",
+                "rejected_new_variant", "replayed", "make_s", "fn_s", "reference_s",
+                "compare_s")
+
+
+def fuzz_table(rows: list[dict]) -> str:
+    """One line an op: where its fuzzing time went."""
+    fz = [r for r in rows if r.get("part") == "fuzz"]
+    if not fz:
+        return ""
+    lines = [f"{'op':28s} " + " ".join(f"{c[:10]:>10s}" for c in FUZZ_COLUMNS)]
+    for r in sorted(fz, key=lambda r: r["op"]):
+        cells = []
+        for c in FUZZ_COLUMNS:
+            v = r.get(c)
+            cells.append(f"{'-' if v is None else str(v)[:10]:>10s}")
+        lines.append(f"{r['op']:28s} " + " ".join(cells))
+    return "\n".join(lines)
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -346,8 +442,16 @@ def summarize(rows: list[dict]) -> dict:
         "fuzz_ops": len(fz),
         "fuzz_examples": sum(r.get("examples") or 0 for r in fz),
         "fuzz_ops_failed": sorted(r["op"] for r in fz if r.get("status") in ("fail", "crash")),
-        "fuzz_ops_short": sorted(r["op"] for r in fz
-                                 if (r.get("examples") or 0) < (r.get("max_examples") or 0)),
+        "fuzz_ops_short": sorted(r["op"] for r in fz if r.get("status") != "excluded"
+                                 and (r.get("examples") or 0) < (r.get("max_examples") or 0)),
+        "fuzz_ops_not_run": sorted(r["op"] for r in fz if r.get("examples") is None
+                                   and r.get("status") != "excluded"),
+        "fuzz_ops_excluded": sorted(r["op"] for r in fz if r.get("status") == "excluded"),
+        "fuzz_min_examples": min((r["examples"] for r in fz if r.get("examples") is not None),
+                                 default=None),
+        "fuzz_mismatches": sum(r.get("mismatches") or 0 for r in fz),
+        "fuzz_compile_s": round(sum(r.get("compile_s") or 0 for r in fz), 1),
+        "fuzz_variants": sum(r.get("variants") or 0 for r in fz),
         "sanitizer_runs": len(sn),
         "memcheck_errors": sum(r.get("errors") or 0 for r in sn if r.get("tool") == "memcheck"),
         "racecheck_hazards": sum(r.get("hazards") or 0 for r in sn
@@ -363,9 +467,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", nargs="*", help="op or family names (default: every op)")
     ap.add_argument("--examples", type=int, default=1000, help="fuzz examples per op")
-    ap.add_argument("--budget", type=float, default=420.0, help="seconds for the whole run")
-    ap.add_argument("--sanitizer-share", type=float, default=0.45,
-                    help="part of the budget for the sanitizer when both parts run")
+    ap.add_argument("--budget", type=float, default=500.0, help="seconds for the whole run")
+    ap.add_argument("--sanitizer-share", type=float, default=0.3,
+                    help="part of the budget for the sanitizer when both parts run (what it "
+                    "leaves passes to the fuzzing)")
+    ap.add_argument("--compile-share", type=float, default=0.45,
+                    help="part of an op's fuzz time that Triton compiles may take; after it, "
+                    "examples that need a new kernel variant are refused and examples re-run "
+                    "compiled ones on new sizes of the same compile class (0: unbounded)")
+    ap.add_argument("--max-numel", type=int, default=1 << 18,
+                    help="largest input the GPU-sized shape strategies draw in the fuzz part "
+                    "(inputs are drawn on the host; 32-bit offsets have the huge case)")
     ap.add_argument("--sanitizer-examples", type=int, default=10,
                     help="fuzz examples per op under the sanitizer (after its check cases)")
     ap.add_argument("--task-timeout", type=float, default=150.0,
@@ -384,13 +496,12 @@ def main(argv=None) -> int:
     # child modes (run by this script itself)
     ap.add_argument("--child", choices=("fuzz", "sanitize"), help=argparse.SUPPRESS)
     ap.add_argument("--op", help=argparse.SUPPRESS)
-    ap.add_argument("--until", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--child-budget", type=float, default=60.0, help=argparse.SUPPRESS)
     ap.add_argument("--huge", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.child == "fuzz":
-        child_fuzz(args.ops[0].split(","), args.examples, args.until)
+        child_fuzz(args.examples, args.max_numel)
         return 0
     if args.child == "sanitize":
         child_sanitize(args.op, args.examples, args.child_budget, args.huge)
@@ -429,8 +540,20 @@ def main(argv=None) -> int:
         run_fuzz(specs, args, rows, deadline)
     summary = summarize(rows.rows)
     summary["seconds"] = round(time.time() - t_start, 1)
+    n_fuzz = len(fuzz_order(specs))
+    if not args.sanitizer_only and n_fuzz:
+        # what an op gets when the sanitizer uses its whole share: the figure to size the run by
+        fuzz_s = args.budget * (1.0 if args.fuzz_only else 1.0 - args.sanitizer_share)
+        summary["expected_op_budget_s"] = round(fuzz_s * min(args.jobs, n_fuzz) / n_fuzz, 1)
     rows.add(summary)
+    table = fuzz_table(rows.rows)
+    if table:
+        print(table, flush=True)
     print(json.dumps(summary, indent=1), flush=True)
+    if "expected_op_budget_s" in summary:
+        print(f"expected per-op fuzz budget: {summary['expected_op_budget_s']} s "
+              f"({n_fuzz} ops, {min(args.jobs, n_fuzz)} lanes, compiles up to "
+              f"{args.compile_share:.0%} of it)", flush=True)
     return 0
 
 
