@@ -344,7 +344,7 @@ def op_slice(left_s: float, jobs: int, waiting: int, running: int) -> float:
     past the deadline. An op that reaches its examples early gives its time back: the next
     op's share is worked out when it starts."""
     share = left_s * jobs / max(1, waiting + running + 1)
-    return max(0.0, min(left_s - 5.0, share))
+    return max(0.0, min(left_s - 2.0, share))
 
 
 def run_fuzz(specs, args, rows: Rows, deadline: float) -> None:
@@ -384,7 +384,7 @@ def run_fuzz(specs, args, rows: Rows, deadline: float) -> None:
                     running[0] += 1
                 row = {"part": "fuzz", "op": name}
                 try:
-                    if budget < 5.0:
+                    if budget < 1.0:
                         row.update(status="not run: time budget", examples=None)
                         continue
                     # an example past the op's time (a compile, shrinking) is let finish
