@@ -1,38 +1,72 @@
 """Reliability campaign: every registered op under compute-sanitizer, and fuzzed on the GPU.
 
-    python benchmarks/reliability.py                      # the whole campaign, ~7 minutes
+    python benchmarks/reliability.py --out "$OUT/reliability.jsonl"   # the whole campaign
     python benchmarks/reliability.py --ops add rms_norm --examples 200 --fuzz-only
     TRITON_INTERPRET=1 python benchmarks/reliability.py --ops add --examples 3 --fuzz-only
+
+On the H200 machine (16 cores, one GPU) the whole campaign is one command of at most 10
+minutes: ``--budget`` (default 500 s) covers both parts, and every op stops cleanly at its
+slice, so the run ends at the budget whatever the compile times turn out to be. It needs
+hypothesis and compute-sanitizer (found on PATH or in /usr/local/cuda/bin).
 
 Two parts, each op in child processes so that a crash or a lost CUDA context costs one op, not
 the campaign:
 
 1. sanitizer: each op under ``compute-sanitizer --tool memcheck`` (and ``--tool racecheck``
-   for the kernels that use shared memory: GEMMs, attention, the row reductions of softmax and
-   the norms) on its check cases and on derandomized fuzz examples drawn at interpreter sizes
-   (sizes 0, 1, odd and tile +/- 1 come first; large ones would only cost time under the
-   instrumentation); plus, under memcheck, one elementwise op and one reduction
-   on more than 2**31 elements (32-bit offsets overflow there). ``TKIT_NO_AUTOTUNE=1`` keeps
-   every launch to one compile, and ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` gives every tensor
-   its own allocation, so that memcheck sees an access past a tensor's end (inside one of
-   the caching allocator's blocks it would be a valid address).
+   for the families whose kernels use shared memory: GEMMs, attention, the row reductions of
+   softmax, the norms, the quantizers and the samplers) on its check cases and on
+   derandomized fuzz examples drawn at interpreter sizes (sizes 0, 1, odd and tile +/- 1 come
+   first; large ones would only cost time under the instrumentation); plus, under memcheck,
+   one elementwise op and one reduction on more than 2**31 elements (32-bit offsets overflow
+   there). ``TKIT_NO_AUTOTUNE=1`` keeps every launch to one compile, and
+   ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` gives every tensor its own allocation, so that
+   memcheck sees an access past a tensor's end. The longest runs (racecheck of the GEMMs and
+   attention) start first. It gets ``--sanitizer-share`` of the budget (default 0.3); what it
+   leaves passes to the fuzzing.
 2. fuzz: each op's ``fuzz`` recipe from the registry under the reference rule, up to
-   ``--examples`` examples (derandomized: the same examples every run), several ops at once
-   (``--jobs`` children; the host side of hypothesis, references and compiles is the cost,
-   not the GPU).
+   ``--examples`` (default 1000) examples, derandomized. ``--jobs`` lanes (default one a
+   core), each one long-lived child that takes the next op from one shared queue, heaviest
+   families first; an op's slice is worked out when it starts (an equal share of the
+   lane-seconds left among it, the ops waiting and the ops running), so an op that reaches its
+   examples early gives its time to the ones after it. Examples run in the lane's process
+   (``fuzz(isolate=False)``: the lane is the isolation; a lost context ends that child and a
+   fresh one takes the next op). ``llama_layer`` is left out (``FUZZ_EXCLUDED`` says why; its
+   row says so).
 
-Time: ``--budget`` seconds for the whole run (default 420), split between the parts (the
-sanitizer's unused share passes to the fuzzing). Each op gets a slice of what is left; an op
-that reaches its slice stops running examples cleanly and records how many ran, so the
-defaults fit about 8 minutes of an H200 machine whatever the compile times turn out to be.
-Per-example cost on the GPU: a launch (tens of microseconds) plus the reference in float64,
-the comparison on the host (milliseconds at the GPU strategies' sizes of up to 1M elements)
-and a JIT compile (about a second) for each new dtype / layout / constexpr combination, which
-the first hundred examples of an op mostly pay.
+Where an example's time goes on a GPU. Everything but compiles is milliseconds: hypothesis
+draws the example (about 1 ms), ``make_tensor`` draws the inputs on the host and copies them
+over (the GPU-sized strategies are capped at ``--max-numel``, default 2**18 elements, about
+1 ms an input), the op launches (tens of microseconds, outputs poisoned), the float64
+reference and the same-precision peer run on the GPU next to the inputs, and so does the
+comparison (a few small reductions and syncs). The previous campaign's raw-CUDA ops, which
+compile nothing, ran 1000 examples in 39 s under 16 lanes. The cost is Triton's JIT: a new
+compile (about a second; several for attention) for every new specialization key, and shapes
+drawn at random change the key often (each integer argument is specialized on == 1 and
+% 16, each pointer on 16-byte alignment, block sizes follow the next power of two), so the
+last campaign fuzzed only 55-240 examples an op in its 50-100 s slices. The fuzz part therefore
+bounds the variety (``tkit.testing.variants``): compiles may take ``--compile-share`` of an
+op's slice (default 0.45); after that an example whose launch would compile a new variant is
+rejected in Triton's compile hook, before anything compiles, and half the examples re-run an
+example that passed (its dtype, layouts and options) on new values and new sizes of the same
+compile class (sizes above 32 moved by multiples of 16 within their power of two, equal sizes
+kept equal), so the examples keep coming on compiled kernels with the checks unchanged. A
+failure lifts the bound so that shrinking compiles what it needs. With 42 ops on 16 lanes in
+about 350 s of fuzzing, an op gets about 130 s: up to about 60 s of compiles and 1000
+examples at 20-40 ms.
 
 Output: long-form JSON lines (one row per op and part, then a summary), appended to
 ``--out`` (default ``benchmarks/results/<device>-<date>-reliability.jsonl``), each row stamped
-with device, versions and git sha.
+with device, versions and git sha. A fuzz row has ``status`` (pass / fail / crash / timeout /
+excluded / not run), ``examples`` (run to the end; rejected ones not counted), ``mismatches``,
+``seconds`` and ``budget_s`` (its slice), and where the time went: ``make_s``, ``fn_s``
+(launches and their compiles), ``reference_s`` (float64 copies and both references),
+``compare_s``, ``compiles`` / ``variants`` / ``compile_s`` (Triton compiles, counted by its
+JIT hooks; 0 in the interpreter), ``compile_budget_s``, ``rejected_new_variant``,
+``replayed`` and ``replay_invalid`` (replays the op refused as inputs), ``distinct_shapes``,
+``reference_device`` and ``gpu_max_memory_gb``. The summary has the totals, the ops that
+failed, fell short of ``--examples`` or did not run, and ``expected_op_budget_s`` (the slice
+an op gets when the sanitizer uses its whole share), also printed at the end under a table
+of the fuzz rows.
 """
 
 from __future__ import annotations

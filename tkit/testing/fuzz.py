@@ -33,7 +33,7 @@ from tkit.bench.isolate import Worker, context_lost
 from tkit.kernels._common import poisoned_outputs
 from tkit.testing.compare import ReferenceMismatch, assert_close_to_reference
 from tkit.testing.tensors import default_device, describe, make_tensor
-from tkit.testing.variants import NewVariant, Variants, same_class_sizes
+from tkit.testing.variants import NewVariant, Variants, is_new_variant, same_class_sizes
 
 # hypothesis is imported where fuzzing happens: check_against_reference (and tkit bench, which
 # uses it) needs only the runtime dependencies
@@ -553,6 +553,10 @@ def fuzz(
             except ReferenceMismatch as e:
                 raise ReferenceMismatch(f"{e}\n  reproduce: {repro}") from None
             except Exception as e:
+                if is_new_variant(e):  # re-raised under another type on its way here
+                    counted = False
+                    stats.rejected += 1
+                    reject()
                 if context_lost(f"{type(e).__name__}: {e}"):
                     raise _ContextLost(f"{type(e).__name__}: {e}\n  reproduce: {repro}") from e
                 if replay:

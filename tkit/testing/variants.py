@@ -17,11 +17,21 @@ from __future__ import annotations
 
 import time
 
+#: in NewVariant's message, so that one wrapped in another exception is still recognised
+MARKER = "[tkit: compile budget spent]"
+
 
 class NewVariant(BaseException):
     """Raised in Triton's compile hook when the compile budget is spent and a launch would
     compile a new variant. A BaseException, so that a wrapper's ``except Exception`` fallback
     does not swallow it (and compile another kernel instead)."""
+
+
+def is_new_variant(e: BaseException) -> bool:
+    """``e`` is a :class:`NewVariant`, or carries one (re-raised under another type, as a
+    C++ layer may do)."""
+    return isinstance(e, NewVariant) or MARKER in str(e) or (
+        e.__cause__ is not None and is_new_variant(e.__cause__))
 
 
 class Variants:
@@ -52,7 +62,7 @@ class Variants:
     def before_compile(self, *, key, fn=None, **_):
         if self.bounded and self.spent:
             self.refused += 1
-            raise NewVariant(f"compile budget spent: {self.describe()}")
+            raise NewVariant(f"{MARKER} {self.describe()}")
         self._t0[self._name(fn, key)] = time.perf_counter()
         return None  # falsy: Triton goes on and compiles
 
