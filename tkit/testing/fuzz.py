@@ -281,6 +281,12 @@ class _ContextLost(BaseException):
     fail because the context is gone."""
 
 
+class _BoundReached(BaseException):
+    """Raised inside the hypothesis test of fuzz's first phase when the compile budget is
+    spent (an example would compile a new variant): ends the phase at once; the second phase
+    goes on from the examples that passed (see ``fuzz(compile_budget_s=...)``)."""
+
+
 _WORKER: Worker | None = None
 _COUNTER = itertools.count()
 
@@ -452,17 +458,19 @@ def fuzz(
         limit. A failure found before the limit is still raised, shrunk as far as the limit
         allowed.
     compile_budget_s, max_variants : optional
-        Bound the kernel variants compiled (:mod:`tkit.testing.variants`): once this many
-        seconds went to Triton compiles (or this many variants compiled), an example whose
-        launch would compile a new variant is rejected before it compiles (hypothesis draws
-        another), and half the examples from then on re-run an example that passed (its
-        dtype, layouts and options) on new values and new sizes of the same compile class
-        (sizes above 32 moved by multiples of 16 within their power of two; equal sizes stay
-        equal), so that the examples keep coming on the variants already compiled. A replayed
-        example the op refuses as inputs (an exception other than a mismatch or a crash, from
-        a size relation the move broke) is rejected too and counted. Once an example has
-        failed the bound is lifted, so that shrinking compiles what it needs. In this process
-        only (not with ``isolate``).
+        Bound the kernel variants compiled (:mod:`tkit.testing.variants`). The recipe's
+        examples run until this many seconds went to Triton compiles (or this many variants
+        compiled) and an example would compile one more: that example is rejected before
+        anything compiles, and a second hypothesis run takes the examples left. Half of its
+        examples re-run one that passed before (its dtype, layouts and options) on new values
+        and new sizes of the same compile class (sizes above 32 moved by multiples of 16 within
+        their power of two; equal sizes stay equal), half are fresh draws of the recipe; either
+        is rejected (``stats.rejected``) when it would compile a new variant, and a replay the
+        op refuses as inputs (an exception other than a mismatch or a crash, from a size
+        relation the move broke) is rejected too (``stats.replay_invalid``). So the examples
+        keep coming on the variants already compiled, checked by the same rule. Once an
+        example has failed the bound is lifted, so that shrinking compiles what it needs. In
+        this process only (not with ``isolate``).
     stats : FuzzStats, optional
         Filled in as examples run (also returned), so a caller sees the counts after a failure.
 
@@ -507,25 +515,10 @@ def fuzz(
     variants = Variants(compile_budget_s, max_variants) if worker is None else None
     stats.variants = variants
     pool: list = []  # examples that passed before the compile budget was spent
-    # once set, stays set (a failure lifts the bound but must replay the same way)
-    exploiting = [False]
     times = stats.times if worker is None else None
 
-    @given(shape_tuple=shapes, dtype=dtype_st, data=st.data(), kw=kwargs_st, seed=seeds())
-    def run(shape_tuple, dtype, data, kw, seed):
-        layouts_e = None
-        if bounded and variants.bounded and variants.spent and pool:
-            exploiting[0] = True
-        replay = exploiting[0] and data.draw(st.booleans(), label="replay a compiled example")
-        if replay:
-            shape_tuple, dtype, layouts_e, kw = pool[data.draw(
-                st.integers(0, len(pool) - 1), label="compiled example")]
-            shape_tuple = _move_sizes(shape_tuple, data)
-        specs = []
-        for i, shape in enumerate(shape_tuple):
-            layout = (layouts_e[i] if layouts_e is not None
-                      else data.draw(layout_st, label=f"layout of input {i}"))
-            specs.append((tuple(shape), dtype, layout, seed + i))
+    def check(specs, kw, phase: int, replay: bool) -> None:
+        """Run one example (its specs and keyword arguments) and keep the counts."""
         repro = f"{name}(" + ", ".join(describe(*s) for s in specs)
         if extra_args:
             repro += ", *extra_args"
@@ -549,6 +542,8 @@ def fuzz(
             except NewVariant:
                 counted = False
                 stats.rejected += 1
+                if phase == 1:
+                    raise _BoundReached from None
                 reject()
             except ReferenceMismatch as e:
                 raise ReferenceMismatch(f"{e}\n  reproduce: {repro}") from None
@@ -556,6 +551,8 @@ def fuzz(
                 if is_new_variant(e):  # re-raised under another type on its way here
                     counted = False
                     stats.rejected += 1
+                    if phase == 1:
+                        raise _BoundReached from None
                     reject()
                 if context_lost(f"{type(e).__name__}: {e}"):
                     raise _ContextLost(f"{type(e).__name__}: {e}\n  reproduce: {repro}") from e
@@ -569,10 +566,10 @@ def fuzz(
             finally:
                 if counted:
                     stats.examples += 1
-                    stats.replayed += bool(replay)
+                    stats.replayed += replay
                     stats.shapes.add(tuple(s[0] for s in specs))
-            if bounded and variants.bounded and not variants.spent and len(pool) < 4096:
-                pool.append((tuple(tuple(s[0]) for s in specs), dtype,
+            if phase == 1 and bounded and len(pool) < 4096:
+                pool.append((tuple(tuple(s[0]) for s in specs), specs[0][1] if specs else None,
                              tuple(s[2] for s in specs), kw))
         except UnsatisfiedAssumption:
             raise  # a rejected example (above): not a failure
@@ -587,16 +584,57 @@ def fuzz(
         finally:
             stats.seconds = time.time() - t_start
 
-    # Every fuzz call runs this same inner function, so hypothesis would file all their failing
-    # examples under one database key and replay one call's failures into another's run. The
-    # functions under test tell them apart.
-    run.hypothesis.inner_test._hypothesis_internal_add_digest = "|".join(
-        f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', repr(f))}"
-        for f in (fn, reference)).encode()
+    def draw_fresh(data, shape_tuple, dtype, seed):
+        specs = []
+        for i, shape in enumerate(shape_tuple):
+            layout = data.draw(layout_st, label=f"layout of input {i}")
+            specs.append((tuple(shape), dtype, layout, seed + i))
+        return specs
+
+    # phase 1: the recipe's examples (all of them when nothing bounds the compiles)
+    @given(shape_tuple=shapes, dtype=dtype_st, data=st.data(), kw=kwargs_st, seed=seeds())
+    def run(shape_tuple, dtype, data, kw, seed):
+        check(draw_fresh(data, shape_tuple, dtype, seed), kw, 1, False)
+
+    # phase 2, once the compile budget is spent: half the examples replay one that passed in
+    # phase 1 on new values and moved sizes, half are fresh draws; either is rejected when it
+    # would compile a new variant. Its own test, over the frozen pool, so that its draws are
+    # the same function of hypothesis's choices every time (hypothesis replays them).
+    @given(data=st.data(), seed=seeds())
+    def run_bounded(data, seed):
+        if data.draw(st.booleans(), label="replay a compiled example"):
+            shape_tuple, dtype, layouts_e, kw = data.draw(st.sampled_from(frozen),
+                                                          label="compiled example")
+            shape_tuple = _move_sizes(shape_tuple, data)
+            specs = [(tuple(shape), dtype, layouts_e[i], seed + i)
+                     for i, shape in enumerate(shape_tuple)]
+            check(specs, kw, 2, True)
+        else:
+            shape_tuple = data.draw(shapes, label="shapes")
+            dtype = data.draw(dtype_st, label="dtype")
+            kw = data.draw(kwargs_st, label="kwargs")
+            check(draw_fresh(data, shape_tuple, dtype, seed), kw, 2, False)
+
+    # Every fuzz call runs these same inner functions, so hypothesis would file all their
+    # failing examples under one database key and replay one call's failures into another's
+    # run. The functions under test tell them apart.
+    digest = "|".join(f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', repr(f))}"
+                      for f in (fn, reference))
+    run.hypothesis.inner_test._hypothesis_internal_add_digest = digest.encode()
+    run_bounded.hypothesis.inner_test._hypothesis_internal_add_digest = (
+        digest + "|bounded").encode()
     run = settings(deadline=None, **({"max_examples": max_examples} if max_examples else {}))(run)
+    frozen: list = []
     try:
         with variants or contextlib.nullcontext():
-            run()
+            try:
+                run()
+            except _BoundReached:
+                frozen[:] = pool
+            if frozen:
+                left = (max_examples or settings().max_examples) - stats.examples
+                if left > 0:
+                    settings(deadline=None, max_examples=left)(run_bounded)()
     except _BudgetSpent:
         stats.stopped = True
         if last_failure:  # the budget ran out while shrinking: the smallest failure found
