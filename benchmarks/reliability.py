@@ -209,6 +209,115 @@ def child_fuzz(examples: int, max_numel: int | None) -> None:
     child_loop(stdin_requests(bodies), check_one)
 
 
+# ---- compile variety counted on a CPU (--count-variants) --------------------------------------
+class _Compiled:
+    """What Triton's compile hooks are told of a stand-in compile: the kernel's name."""
+
+    def __init__(self, name):
+        self.name = name
+
+
+def _launch_key(launch) -> tuple:
+    """Triton's specialization key of one recorded launch, as far as the host can tell it:
+    the kernel, each constexpr by value, each tensor's dtype and 16-byte alignment (its
+    storage offset: a meta tensor has no address), each other argument's class (== 1, % 16,
+    int range) unless the kernel does not specialize it."""
+    import torch
+
+    from tkit.kernels import _launch as L
+
+    fn, kw = L.resolve(launch.kernel, dict(launch.kwargs))
+    if fn is None:  # tuned by timing: one compile per config, counted once here
+        return ("autotuned", repr(launch.kernel))
+    const = {p.name for p in fn.params if p.is_constexpr}
+    plain = {p.name for p in fn.params
+             if p.num in set(getattr(fn, "do_not_specialize", ()) or ())}
+    items = []
+    for k, v in sorted(kw.items()):
+        if k in const:
+            items.append((k, repr(v)))
+        elif isinstance(v, torch.Tensor):
+            items.append((k, v.dtype, (v.storage_offset() * v.element_size()) % 16 == 0))
+        elif k in plain:
+            items.append((k, type(v).__name__))
+        else:
+            try:
+                items.append((k, L._spec(v)))
+            except Exception:
+                items.append((k, type(v).__name__))
+    return (getattr(fn, "__name__", repr(fn)), tuple(items))
+
+
+def _stand_in(fn, compiled: set):
+    """``fn`` run on meta copies of its arguments with its launches recorded, not run; each
+    launch whose key is new goes through Triton's compile hooks as a compile would (so that
+    fuzz's bound counts and refuses it). Returns a constant: the comparison is not the point."""
+    import torch
+    from triton import knobs
+
+    from tkit.ir_tools.aot import to_meta
+    from tkit.kernels import _common
+
+    def run(*args, **kwargs):
+        args = [to_meta(a) for a in args]
+        kwargs = {k: to_meta(v) for k, v in kwargs.items()}
+        with _common.capture_launches() as launches:
+            fn(*args, **kwargs)
+        rt = knobs.runtime
+        for launch in launches:
+            key = _launch_key(launch)
+            if key in compiled:
+                continue
+            if rt.jit_cache_hook is not None:
+                rt.jit_cache_hook(key=key, fn=_Compiled(key[0]))
+            compiled.add(key)
+            if rt.jit_post_compile_hook is not None:
+                rt.jit_post_compile_hook(key=key, fn=_Compiled(key[0]))
+        return torch.zeros(1)
+
+    return run
+
+
+def _zero(*args, **kwargs):
+    import torch
+
+    return torch.zeros(1)
+
+
+def count_variants(name: str, examples: int, max_variants: int | None,
+                   max_numel: int) -> dict:
+    """The op's fuzz recipe at GPU sizes on a CPU, its launches recorded on meta tensors
+    instead of run: how many kernel variants its examples would compile, and with
+    ``max_variants``, how many examples the bounded run reaches (rejected, replayed). Forward
+    launches only (no gradients); the paths a CPU's meta tensors take (no Hopper kernels)."""
+    from tkit import registry
+    from tkit.testing import FuzzStats, fuzz, strategies
+
+    strategies.GPU_SIZES = True
+    strategies.GPU_MAX_NUMEL = max_numel
+    spec = registry.get(name)
+    recipe = dict(spec.fuzz())
+    fn = recipe.pop("fn", spec.fn)
+    for k in ("reference", "max_examples", "grad", "factor", "floor", "scale"):
+        recipe.pop(k, None)
+    stats = FuzzStats()
+    row = {"part": "variants", "op": name, "max_examples": examples,
+           "max_variants": max_variants}
+    t0 = time.time()
+    try:
+        fuzz(_stand_in(fn, set()), _zero, **recipe, max_examples=examples, isolate=False,
+             stats=stats, max_variants=max_variants, device="cpu")
+        row["status"] = "pass"
+    except Exception as e:
+        row["status"] = "error"
+        row["error"] = f"{type(e).__name__}: {e}"[:500]
+    out = stats.as_row()
+    row.update({k: out[k] for k in ("examples", "variants", "rejected_new_variant", "replayed",
+                                    "replay_invalid", "distinct_shapes")})
+    row["seconds"] = round(time.time() - t0, 1)
+    return row
+
+
 def _huge(name: str) -> dict:
     """One launch on more than 2**31 elements; its output checked where an int32 offset would
     have wrapped (the last rows) and at the start."""
@@ -527,6 +636,13 @@ def main(argv=None) -> int:
     part.add_argument("--sanitizer-only", action="store_true")
     part.add_argument("--fuzz-only", action="store_true")
     ap.add_argument("--out", type=Path, help="JSON lines file to append to")
+    ap.add_argument("--count-variants", action="store_true",
+                    help="no GPU needed: run each op's recipe at GPU sizes with its launches "
+                    "recorded on meta tensors, not run, and count the kernel variants its "
+                    "examples would compile (with --max-variants, the bounded run's counts); "
+                    "run without TRITON_INTERPRET")
+    ap.add_argument("--max-variants", type=int,
+                    help="with --count-variants: the bound on compiled variants")
     # child modes (run by this script itself)
     ap.add_argument("--child", choices=("fuzz", "sanitize"), help=argparse.SUPPRESS)
     ap.add_argument("--op", help=argparse.SUPPRESS)
@@ -541,6 +657,8 @@ def main(argv=None) -> int:
         child_sanitize(args.op, args.examples, args.child_budget, args.huge)
         return 0
 
+    if args.count_variants:
+        return main_count_variants(args)
     t_start = time.time()
     deadline = t_start + args.budget
     import torch
@@ -589,6 +707,30 @@ def main(argv=None) -> int:
               f"({n_fuzz} ops, {min(args.jobs, n_fuzz)} lanes, compiles up to "
               f"{args.compile_share:.0%} of it)", flush=True)
     return 0
+
+
+def main_count_variants(args) -> int:
+    """``--count-variants``: one row an op (and a table), each op in this process."""
+    from tkit import registry
+
+    if os.environ.get("TRITON_INTERPRET", "").strip() in ("1", "true"):
+        print("--count-variants records launches of the compiled kernels: run it without "
+              "TRITON_INTERPRET", file=sys.stderr)
+        return 2
+    _load_profile(args.examples)
+    specs = registry.select(args.ops)
+    rows = []
+    for name in fuzz_order(specs):
+        if registry.get(name).family == "cuda_ext":
+            continue  # raw CUDA: nothing compiles per call
+        row = count_variants(name, args.examples, args.max_variants, args.max_numel)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    return 0 if all(r["status"] == "pass" for r in rows) else 1
 
 
 if __name__ == "__main__":
