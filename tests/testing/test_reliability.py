@@ -191,3 +191,25 @@ def test_the_sanitizer_part_end_to_end_with_a_stand_in(tmp_path):
     assert result["check_cases"] == len(registry.get("add").check_cases())
     assert result["check_failures"] == [] and result["fuzz"]["examples"] == 2
     assert rows[-1]["sanitizer_runs"] == 1 and rows[-1]["sanitizer_incomplete"] == []
+
+
+def test_count_variants_bounds_the_compiles_and_keeps_the_examples_coming(tmp_path):
+    # no GPU and no interpreter: add's launches recorded on meta tensors at GPU sizes; 150
+    # examples would compile dozens of variants, the bounded run reaches its 150 examples on 12
+    out = tmp_path / "variants.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    rows = {}
+    for bound in (None, 12):
+        argv = [sys.executable, str(SCRIPT), "--count-variants", "--ops", "add",
+                "--examples", "150", "--out", str(out)]
+        if bound:
+            argv += ["--max-variants", str(bound)]
+        p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+        assert p.returncode == 0, p.stdout + p.stderr
+        rows[bound] = json.loads(out.read_text().splitlines()[-1])
+    free, bounded = rows[None], rows[12]
+    assert free["examples"] == 150 and free["variants"] > 30
+    assert bounded["examples"] == 150 and bounded["variants"] == 12
+    assert bounded["replayed"] > 0 and bounded["rejected_new_variant"] > 0
+    assert bounded["replay_invalid"] == 0
