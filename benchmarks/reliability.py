@@ -3,6 +3,7 @@
     python benchmarks/reliability.py --out "$OUT/reliability.jsonl"   # the whole campaign
     python benchmarks/reliability.py --ops add rms_norm --examples 200 --fuzz-only
     TRITON_INTERPRET=1 python benchmarks/reliability.py --ops add --examples 3 --fuzz-only
+    python benchmarks/reliability.py --count-variants --max-variants 48   # CPU, no interpreter
 
 On the H200 machine (16 cores, one GPU) the whole campaign is one command of at most 10
 minutes: ``--budget`` (default 500 s) covers both parts, and every op stops cleanly at its
@@ -44,15 +45,25 @@ compile (about a second; several for attention) for every new specialization key
 drawn at random change the key often (each integer argument is specialized on == 1 and
 % 16, each pointer on 16-byte alignment, block sizes follow the next power of two), so the
 last campaign fuzzed only 55-240 examples an op in its 50-100 s slices. The fuzz part therefore
-bounds the variety (``tkit.testing.variants``): compiles may take ``--compile-share`` of an
-op's slice (default 0.45); after that an example whose launch would compile a new variant is
-rejected in Triton's compile hook, before anything compiles, and half the examples re-run an
-example that passed (its dtype, layouts and options) on new values and new sizes of the same
-compile class (sizes above 32 moved by multiples of 16 within their power of two, equal sizes
-kept equal), so the examples keep coming on compiled kernels with the checks unchanged. A
-failure lifts the bound so that shrinking compiles what it needs. With 42 ops on 16 lanes in
-about 350 s of fuzzing, an op gets about 130 s: up to about 60 s of compiles and 1000
-examples at 20-40 ms.
+bounds the variety (``tkit.testing.variants``): the recipe's examples run until compiles have
+taken ``--compile-share`` of the op's slice (default 0.45) and an example would compile a new
+variant; that one is rejected in Triton's compile hook, before anything compiles, and a second
+hypothesis run takes the examples left: half re-run an example that passed (its dtype,
+layouts and options) on new values and new sizes of the same compile class (within their
+power of two, keeping their remainder modulo 16 above 32 and their divisibility by 16 below;
+0, 1 and 2 kept; equal sizes kept equal), half are fresh draws of the recipe, and either is
+rejected when it would compile a new variant. So the examples keep coming on compiled
+kernels, checked by the same rule. A failure lifts the bound so that shrinking compiles what
+it needs. With 42 ops on 16 lanes in about 350 s of fuzzing, an op gets about 130 s: up to
+about 60 s of compiles and 1000 examples at 20-40 ms (plus the rejected ones, a few ms each:
+the inputs are built and the op runs up to its launch).
+
+``--count-variants`` estimates that variety without a GPU: each op's recipe at GPU sizes, its
+launches recorded on meta tensors instead of run, each launch's specialization key worked
+out on the host and passed through Triton's compile hooks as a compile would be (forward
+launches only, and the paths meta tensors take). Unbounded it gives the variants 1000
+examples would compile (add 300, rms_norm about 260); with ``--max-variants`` it shows
+that the bounded run still reaches its examples.
 
 Output: long-form JSON lines (one row per op and part, then a summary), appended to
 ``--out`` (default ``benchmarks/results/<device>-<date>-reliability.jsonl``), each row stamped

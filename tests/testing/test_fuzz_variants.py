@@ -67,8 +67,10 @@ def _fresh():
 
 
 def test_same_class_sizes_keep_the_specialization():
-    assert list(same_class_sizes(7)) == [7] and list(same_class_sizes(32)) == [32]
-    assert list(same_class_sizes(100)) == [68, 84, 100, 116]
+    assert same_class_sizes(1) == (1,) and same_class_sizes(2) == (2,)
+    assert same_class_sizes(7) == (5, 6, 7, 8) and same_class_sizes(32) == (32,)
+    assert same_class_sizes(17) == tuple(range(17, 32)) and same_class_sizes(3) == (3, 4)
+    assert same_class_sizes(100) == (68, 84, 100, 116)
     for d in (33, 64, 65, 100, 128, 1000, 2999):
         got = list(same_class_sizes(d))
         assert d in got and len(got) > 1

@@ -186,7 +186,7 @@ def run_example(fn, reference, specs, extra_args, kw, device, scale, options,
 
 
 def _move_sizes(shape_tuple, data) -> tuple:
-    """``shape_tuple`` with each distinct size above 32 moved to a size of the same compile
+    """``shape_tuple`` with each distinct size above 2 moved to a size of the same compile
     class (:func:`same_class_sizes`), the same everywhere it occurs (sizes that must match
     still do)."""
     from hypothesis import strategies as st
@@ -463,8 +463,9 @@ def fuzz(
         compiled) and an example would compile one more: that example is rejected before
         anything compiles, and a second hypothesis run takes the examples left. Half of its
         examples re-run one that passed before (its dtype, layouts and options) on new values
-        and new sizes of the same compile class (sizes above 32 moved by multiples of 16 within
-        their power of two; equal sizes stay equal), half are fresh draws of the recipe; either
+        and new sizes of the same compile class (within their power of two, keeping their
+        remainder modulo 16 above 32 and their divisibility by 16 below; equal sizes stay
+        equal), half are fresh draws of the recipe; either
         is rejected (``stats.rejected``) when it would compile a new variant, and a replay the
         op refuses as inputs (an exception other than a mismatch or a crash, from a size
         relation the move broke) is rejected too (``stats.replay_invalid``). So the examples

@@ -116,14 +116,18 @@ class Variants:
             self._saved = None
 
 
-def same_class_sizes(d: int) -> range:
-    """Sizes that compile like ``d`` in the kernels tkit writes: the same remainder modulo 16
-    (so sizes, strides and their products keep their ``== 1`` / ``% 16`` specialization and
-    pointer offsets their alignment) and the same next power of two (block sizes derived from
-    it). Sizes up to 32 only stand for themselves: they are the edge cases."""
-    if d <= 32:
-        return range(d, d + 1)
+def same_class_sizes(d: int) -> tuple:
+    """Sizes that likely compile like ``d`` in the kernels tkit writes (a size that does not
+    is refused by the compile hook, at the cost of one rejected example). Above 32: the same
+    remainder modulo 16 (so sizes, strides and their products keep their ``% 16``
+    specialization and pointer offsets their alignment) and the same next power of two (block
+    sizes derived from it). From 3 to 32: the same next power of two and the same ``% 16``
+    (5 -> 5..7, 17 -> 17..31). 0, 1 and 2 stand for themselves."""
+    if d <= 2:
+        return (d,)
     k = (d - 1).bit_length()
     lo, hi = (1 << (k - 1)) + 1, 1 << k
+    if d <= 32:
+        return tuple(x for x in range(lo, hi + 1) if (x % 16 == 0) == (d % 16 == 0))
     first = lo + (d - lo) % 16
-    return range(first, hi + 1, 16)
+    return tuple(range(first, hi + 1, 16))
