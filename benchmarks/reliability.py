@@ -179,6 +179,8 @@ def _fuzz_op(name: str, examples: int, budget_s: float, compile_share: float = 0
     fn, ref = recipe.pop("fn", spec.fn), recipe.pop("reference", spec.reference)
     recipe.pop("max_examples", None)  # the campaign's count and time slice decide
     stats = FuzzStats()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     compile_budget = round(compile_share * budget_s, 1) if compile_share > 0 else None
     row = {"max_examples": examples, "budget_s": round(budget_s, 1),
            "compile_budget_s": compile_budget,
