@@ -48,15 +48,15 @@ last campaign fuzzed only 55-240 examples an op in its 50-100 s slices. The fuzz
 bounds the variety (``tkit.testing.variants``): the recipe's examples run until compiles have
 taken ``--compile-share`` of the op's slice (default 0.45) and an example would compile a new
 variant; that one is rejected in Triton's compile hook, before anything compiles, and a second
-hypothesis run takes the examples left: half re-run an example that passed (its dtype,
-layouts and options) on new values and new sizes of the same compile class (within their
-power of two, keeping their remainder modulo 16 above 32 and their divisibility by 16 below;
-0, 1 and 2 kept; equal sizes kept equal), half are fresh draws of the recipe, and either is
-rejected when it would compile a new variant. So the examples keep coming on compiled
-kernels, checked by the same rule. A failure lifts the bound so that shrinking compiles what
-it needs. With 42 ops on 16 lanes in about 350 s of fuzzing, an op gets about 130 s: up to
-about 60 s of compiles and 1000 examples at 20-40 ms (plus the rejected ones, a few ms each:
-the inputs are built and the op runs up to its launch).
+hypothesis run takes the examples left: three in four re-run an example that passed (its dtype,
+layouts and options) on new values and with some sizes moved within their compile class (within
+their power of two, keeping their remainder modulo 16 above 32 and their divisibility by 16
+below; 0, 1 and 2 kept; equal sizes kept equal), one in four is a fresh draw of the recipe, and
+either is rejected when it would compile a new variant. So the examples keep coming on compiled
+kernels, checked by the same rule. A failure lifts the bound so that shrinking compiles what it
+needs. With 42 ops on 16 lanes in about 350 s of fuzzing, an op gets about 130 s: up to about
+60 s of compiles and 1000 examples at 20-40 ms (plus the rejected ones, a few ms each: the
+inputs are built and the op runs up to its launch).
 
 ``--count-variants`` estimates that variety without a GPU: each op's recipe at GPU sizes, its
 launches recorded on meta tensors instead of run, each launch's specialization key worked
