@@ -39,7 +39,8 @@ draws the example (about 1 ms), ``make_tensor`` draws the inputs on the host and
 over (the GPU-sized strategies are capped at ``--max-numel``, default 2**18 elements, about
 1 ms an input), the op launches (tens of microseconds, outputs poisoned), the float64
 reference and the same-precision peer run on the GPU next to the inputs, and so does the
-comparison (a few small reductions and syncs). The previous campaign's raw-CUDA ops, which
+comparison (a few small reductions read back in one transfer an output: every wait for the
+device costs more when 16 processes share it). The previous campaign's raw-CUDA ops, which
 compile nothing, ran 1000 examples in 39 s under 16 lanes. The cost is Triton's JIT: a new
 compile (about a second; several for attention) for every new specialization key, and shapes
 drawn at random change the key often (each integer argument is specialized on == 1 and
@@ -71,7 +72,8 @@ with device, versions and git sha. A fuzz row has ``status`` (pass / fail / cras
 excluded / not run), ``examples`` (run to the end; rejected ones not counted), ``mismatches``,
 ``seconds`` and ``budget_s`` (its slice), and where the time went: ``make_s``, ``fn_s``
 (launches and their compiles), ``reference_s`` (float64 copies and both references),
-``compare_s``, ``compiles`` / ``variants`` / ``compile_s`` (Triton compiles, counted by its
+``compare_s`` (one read of the results an output: on a GPU the device's work lands here),
+``compiles`` / ``variants`` / ``compile_s`` (Triton compiles, counted by its
 JIT hooks; 0 in the interpreter), ``compile_budget_s``, ``rejected_new_variant``,
 ``replayed`` and ``replay_invalid`` (replays the op refused as inputs), ``distinct_shapes``,
 ``reference_device`` and ``gpu_max_memory_gb``. The summary has the totals, the ops that

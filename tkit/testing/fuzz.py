@@ -80,10 +80,11 @@ def check_against_reference(
 
     The reference and the comparison run where the inputs live: on a GPU, float64 on the GPU
     (a copy to the host and float64 on its CPU cost milliseconds an example at GPU sizes).
-    ``times``: seconds of ``fn`` (its compiles included; synchronized on a GPU so that its
-    kernels count here), ``reference`` and ``compare`` are added to it."""
+    ``times``: host seconds of ``fn`` (its compiles included), ``reference`` and ``compare``
+    are added to it (the device's work counts where the host waits for it: the comparison,
+    which reads every result in one transfer)."""
     kwargs = kwargs or {}
-    clock = _Clock(times, inputs)
+    clock = _Clock(times)
     is_float = [isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs]
     float_idx = [i for i, f in enumerate(is_float) if f]
 
@@ -137,20 +138,18 @@ def check_against_reference(
 
 
 class _Clock:
-    """Seconds between laps added to ``times[name]`` (nothing when ``times`` is None); on a
-    GPU each lap first waits for the device, so a phase's kernels count in that phase."""
+    """Host seconds between laps added to ``times[name]`` (nothing when ``times`` is None).
+    It does not wait for the device: on a GPU a phase's kernels count where the host next
+    waits for them (the comparison reads its results), since every wait costs time in a
+    campaign whose processes share one GPU."""
 
-    def __init__(self, times: dict | None, inputs=()):
+    def __init__(self, times: dict | None):
         self.times = times
-        self.cuda = times is not None and any(
-            isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
         self.t = time.perf_counter()
 
     def lap(self, name: str) -> None:
         if self.times is None:
             return
-        if self.cuda:
-            torch.cuda.synchronize()
         now = time.perf_counter()
         self.times[name] = self.times.get(name, 0.0) + now - self.t
         self.t = now
