@@ -42,3 +42,12 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device():
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def full_checks(monkeypatch):
+    """TKIT_CHECK=1 for one test: the values of index tensors on the device (lengths, tables,
+    slots, positions, per-row options) are read and checked too, as host tensors always are."""
+    from tkit import _env
+
+    monkeypatch.setattr(_env, "CHECK", True)

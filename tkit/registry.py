@@ -72,6 +72,8 @@ class OpSpec:
     doc: str = ""
     #: why ``check_cases()`` is empty on a machine without a GPU (``tkit bench`` says so)
     no_check_reason: str = ""
+    #: units of rounding in the comparison floor (see tkit.testing.compare)
+    ulps: float = 1.0
 
     def available_baselines(self) -> dict[str, Callable]:
         out = {}

@@ -60,7 +60,7 @@ def test_quantize_round_trip(symmetric, dtype, group_size):
 
 
 def test_quantize_constant_group_is_finite():
-    w = torch.zeros(4, 32)
+    w = torch.zeros(4, 32, device=DEV)
     w[1] = 3.0
     for sym in (False, True):
         q, s, z = tkit.quantize_int4(w, 16, symmetric=sym)
@@ -135,7 +135,7 @@ def test_leading_dims_and_strided_activations():
 
 def test_empty_rows():
     q, s, z = tkit.quantize_int4(make_tensor((8, 32), F16, seed=2), 16)
-    out = tkit.matmul_int4(torch.empty(0, 32, dtype=F16), q, s, z, group_size=16)
+    out = tkit.matmul_int4(torch.empty(0, 32, dtype=F16, device=DEV), q, s, z, group_size=16)
     assert out.shape == (0, 8)
 
 
@@ -193,7 +193,9 @@ def _checkpoint(K=64, N=16, G=32, seed=0):
 
 def test_int4_from_awq_hand_packed():
     iw, zeros, scales, w = _checkpoint()
-    q, s, z = tkit.int4_from_awq(_awq_pack_cols(iw), _awq_pack_cols(zeros), scales)
+    packed = (_awq_pack_cols(iw), _awq_pack_cols(zeros), scales)
+    q, s, z = tkit.int4_from_awq(*(t.to(DEV) for t in packed))
+    w = w.to(DEV)
     wd = tkit.dequantize_int4(q, s, z, group_size=32, dtype=torch.float64)
     assert torch.equal(wd, w)
     a = make_tensor((3, 64), F16, seed=1)
@@ -205,7 +207,8 @@ def test_int4_from_awq_hand_packed():
 def test_int4_from_gptq_hand_packed(with_g_idx):
     iw, zeros, scales, w = _checkpoint(seed=1)
     qw, qz = _gptq_pack(iw, zeros)
-    g_idx = torch.arange(64, dtype=torch.int32) // 32 if with_g_idx else None
+    g_idx = torch.arange(64, dtype=torch.int32, device=DEV) // 32 if with_g_idx else None
+    qw, qz, scales, w = qw.to(DEV), qz.to(DEV), scales.to(DEV), w.to(DEV)
     q, s, z = tkit.int4_from_gptq(qw, qz, scales, g_idx)
     assert torch.equal(q, qw)  # tkit's layout is GPTQ's qweight
     wd = tkit.dequantize_int4(q, s, z, group_size=32, dtype=torch.float64)
@@ -215,11 +218,13 @@ def test_int4_from_gptq_hand_packed(with_g_idx):
 def test_int4_from_gptq_v2_and_act_order():
     iw, zeros, scales, w = _checkpoint(seed=2)
     qw, qz_minus_one = _gptq_pack(iw, zeros + 1)  # packs zeros + 1 - 1 = the zeros themselves
+    qw, qz_minus_one, scales, w = (t.to(DEV) for t in (qw, qz_minus_one, scales, w))
     q, s, z = tkit.int4_from_gptq(qw, qz_minus_one, scales, checkpoint_format="gptq_v2")
     assert torch.equal(tkit.dequantize_int4(q, s, z, group_size=32, dtype=torch.float64), w)
     perm = torch.randperm(64, generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="act-order"):
-        tkit.int4_from_gptq(qw, qz_minus_one, scales, (torch.arange(64) // 32)[perm])
+        g_idx = (torch.arange(64, device=DEV) // 32)[perm.to(DEV)]
+        tkit.int4_from_gptq(qw, qz_minus_one, scales, g_idx)
 
 
 # ---- errors -----------------------------------------------------------------------------------
@@ -242,12 +247,13 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="zeros must have the shape"):
         tkit.matmul_int4(a, q, s, z[:1], group_size=32)
     with pytest.raises(ValueError, match="bias must have shape"):
-        tkit.matmul_int4(a, q, s, z, group_size=32, bias=torch.zeros(5, dtype=F16))
+        tkit.matmul_int4(a, q, s, z, group_size=32, bias=torch.zeros(5, dtype=F16, device=DEV))
     with pytest.raises(ValueError, match="group_size=64 does not divide K"):
         tkit.matmul_int4(make_tensor((2, 96), F16, seed=1), *tkit.quantize_int4(
             make_tensor((16, 96), F16, seed=2), 32), group_size=64)
     with pytest.raises(ValueError, match="checkpoint_format"):
-        tkit.int4_from_gptq(q, torch.zeros(2, 2, dtype=torch.int32), s, checkpoint_format="x")
+        tkit.int4_from_gptq(q, torch.zeros(2, 2, dtype=torch.int32, device=DEV), s,
+                            checkpoint_format="x")
 
 
 # ---- registry ---------------------------------------------------------------------------------

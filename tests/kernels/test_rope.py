@@ -143,7 +143,7 @@ def test_rope_int64_offsets_and_config_override(monkeypatch):
             pass
 
 
-def test_positions_out_of_range_are_clamped_and_checked():
+def test_positions_out_of_range_are_clamped_and_checked(full_checks):
     q, k = _qk((6,), 2, 1, 16, torch.float32)
     cs = tkit.rope_cache(10, 16, device=_dev())
     bad = torch.tensor([0, 3, -5, 10, 1000, 9], device=_dev())
@@ -263,7 +263,7 @@ def test_rope_append_equals_rope_then_append_kv(is_neox, fp8, dtype, d, rot):
             torch.testing.assert_close(ks, rks.float(), rtol=1e-6, atol=0)
 
 
-def test_rope_append_checks_slots_and_shapes():
+def test_rope_append_checks_slots_and_shapes(full_checks):
     q, k, v, pos, cs, kc, vc, slots, ks, vs = _append_inputs(7, 2, 1, 16, torch.float32, 4, 3,
                                                              16)
     with pytest.raises(ValueError, match=r"slot_mapping\[3\]"):
@@ -274,7 +274,8 @@ def test_rope_append_checks_slots_and_shapes():
     with pytest.raises(ValueError, match="k and v must have the same shape"):
         tkit.rope_append_kv(q, k, v[:, :, :8], pos, cs, kc, vc, slots)
     with pytest.raises(ValueError, match="k_scale is given"):
-        tkit.rope_append_kv(q, k, v, pos, cs, kc, vc, slots, k_scale=torch.tensor(1.0))
+        tkit.rope_append_kv(q, k, v, pos, cs, kc, vc, slots,
+                            k_scale=torch.tensor(1.0, device=_dev()))
     out = tkit.rope_append_kv(q, k, v, pos, cs, kc, vc, slots)
     assert out[0] is q and out[1] is k
 

@@ -243,20 +243,21 @@ def test_empty_and_single_column():
     (lambda x: tkit.sample(x, temperature="hot"), "temperature must be a float"),
     (lambda x: tkit.sample(x, top_k=0), "top_k must be >= 1"),
     (lambda x: tkit.sample(x, top_k=2.5), "top_k must be an int"),
-    (lambda x: tkit.sample(x, top_k=torch.ones(4)), "top_k has dtype float32"),
-    (lambda x: tkit.sample(x, top_k=torch.ones(3, dtype=torch.int64)),
+    (lambda x: tkit.sample(x, top_k=torch.ones(4, device=x.device)), "top_k has dtype float32"),
+    (lambda x: tkit.sample(x, top_k=torch.ones(3, dtype=torch.int64, device=x.device)),
      "top_k must have one value per row"),
     (lambda x: tkit.sample(x, top_p=0.0), r"top_p must be in \(0, 1\]"),
     (lambda x: tkit.sample(x, top_p=1.5), r"top_p must be in \(0, 1\]"),
-    (lambda x: tkit.sample(x, top_p=torch.tensor([0.5, 2.0, 0.5, 0.5])), r"top_p\[1\]"),
+    (lambda x: tkit.sample(x, top_p=torch.tensor([0.5, 2.0, 0.5, 0.5], device=x.device)),
+     r"top_p\[1\]"),
     (lambda x: tkit.sample(x, min_p=-0.1), r"min_p must be in \[0, 1\]"),
     (lambda x: tkit.sample(x, seed=-1), r"seed must be in \[0, 2\*\*63\)"),
     (lambda x: tkit.sample(x, seed=1.5), "seed must be an int"),
-    (lambda x: tkit.sample(x, seed=torch.ones(4)), "seed has dtype float32"),
-    (lambda x: tkit.sample(x, seed=torch.ones(2, dtype=torch.int64)),
+    (lambda x: tkit.sample(x, seed=torch.ones(4, device=x.device)), "seed has dtype float32"),
+    (lambda x: tkit.sample(x, seed=torch.ones(2, dtype=torch.int64, device=x.device)),
      "seed must be an int or have one value per row"),
 ])
-def test_sample_errors_name_the_argument(call, match):
+def test_sample_errors_name_the_argument(call, match, full_checks):
     x = torch.randn(4, 10, device=DEV)
     with pytest.raises((ValueError, TypeError), match=match):
         call(x)
@@ -330,7 +331,7 @@ def test_speculative_seeds_reproduce():
     (lambda i, d, t: (i.clone().fill_(20), d, t), r"draft_token_ids\[0, 0\] = 20"),
     (lambda i, d, t: (i, d.long(), t), "draft_probs has dtype int64"),
 ])
-def test_speculative_errors_name_the_argument(mutate, match):
+def test_speculative_errors_name_the_argument(mutate, match, full_checks):
     gen = torch.Generator().manual_seed(6)
     args = mutate(*_spec_probs(2, 2, 20, gen))
     with pytest.raises((ValueError, TypeError), match=match):

@@ -87,7 +87,7 @@ def off(reason: str):
     """Plans off in every thread while this is active (captures and poisoning are rare and
     per-thread; counting them globally keeps the per-call check to one global)."""
     with _lock:
-        _off_reasons[reason] += 1
+        _off_reasons[reason] = _off_reasons.get(reason, 0) + 1
         refresh()
     try:
         yield

@@ -578,12 +578,12 @@ def _append_kv_kernel(
     else:
         xf = x.to(tl.float32)
         if QUANT == 1:
-            y = xf / tl.load(XS)
+            y = tl.math.div_rn(xf, tl.load(XS))
         else:
             amax = tl.max(tl.abs(xf), 1)
-            sc = tl.where(amax > 0.0, amax / 448.0, 1.0)
+            sc = tl.where(amax > 0.0, tl.math.div_rn(amax, 448.0), 1.0)
             tl.store(XS + blk * ssn + row * ssp + h64 * ssh, sc, mask=hmask)
-            y = xf / sc[:, None]
+            y = tl.math.div_rn(xf, sc[:, None])
         y = _saturate_fp8(y)
         tl.store(dst, _fp8_keep_nan(y), mask=mask)
 

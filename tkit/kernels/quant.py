@@ -178,11 +178,13 @@ def _quant_store(y, amax, Y, S, rows, rmask, grp, cols, mask, sym, ssm, ssg, ub,
     else:
         smask = rmask[:, None] & (grp < NG)[None, :]
         tl.store(S + rows[:, None] * ssm + grp[None, :] * ssg, sc, mask=smask)
-    r = y / sc[:, :, None]
     if OUT == "fp8":
-        r = saturate_fp8(r)
+        r = saturate_fp8(y / sc[:, :, None])
         q = fp8_keep_nan(r)
     else:
+        # IEEE division, as torch divides two tensors: the quotient decides a round-half-even
+        # tie, and the GPU's approximate division moved values across ties (-63 for -64)
+        r = tl.math.div_rn(y, sc[:, :, None])
         r = tl.minimum(tl.maximum(r, -127.0), 127.0)
         # round half to even: exact in float32 for |r| < 2**22 (IEEE add, no reassociation)
         r = (r + 12582912.0) - 12582912.0

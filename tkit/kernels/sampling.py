@@ -99,7 +99,7 @@ class SampleConfig:
     max_iters: bound on search passes (the key interval closes within ~32 / log2(pivots+1)).
     """
 
-    block: int = 4096
+    block: int = 8192
     num_warps: int = 16
     pivots: int = 4
     cap: int = 256
@@ -109,9 +109,9 @@ class SampleConfig:
 
     @classmethod
     def for_device(cls, vocab: int) -> SampleConfig:
-        """Defaults, not measured yet (no GPU run of these kernels so far): 4096-element steps
-        over 16 warps (8 values a thread: 16-byte loads of bf16 in flight, the [4, 4096]
-        pivot compares at 32 a thread), CAP 256 (top_k = 50 with room for the search to stop
+        """8192-element steps over 16 warps: 1.20x the 4096-element steps at batch 128,
+        vocab 128256, temperature + top-k 50 + top-p 0.9 on the H200 (docs/NOTES.md; 32 warps
+        and 16384-element steps were slower), CAP 256 (top_k = 50 with room for the search to stop
         early). The interpreter pays per program and per step, tests want several blocks and
         both finishes on small vocabularies: 16-element steps, CAP 16."""
         if _env.INTERPRET:

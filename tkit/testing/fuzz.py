@@ -72,6 +72,7 @@ def check_against_reference(
     grad_factor: float = 3.0,
     ref_dtype: torch.dtype = torch.float64,
     floor: float | None = None,
+    ulps: float = 1.0,
     times: dict | None = None,
 ) -> None:
     """One check of the DESIGN rule: run ``fn`` (outputs poisoned), ``reference`` in
@@ -110,7 +111,8 @@ def check_against_reference(
     if len(outs) != len(refs):
         raise ReferenceMismatch(f"{len(outs)} outputs but the reference gives {len(refs)}")
     for i, (o, r, p) in enumerate(zip(outs, refs, peers)):
-        assert_close_to_reference(o, r, p, factor=factor, floor=floor, name=f"output {i}")
+        assert_close_to_reference(o, r, p, factor=factor, floor=floor, ulps=ulps,
+                                  name=f"output {i}")
     clock.lap("compare")
     if not grad:
         return
@@ -132,7 +134,7 @@ def check_against_reference(
             continue
         if g is None:
             raise ReferenceMismatch(f"input {float_idx[k]} got no gradient")
-        assert_close_to_reference(g, gr, gp, factor=grad_factor, floor=floor,
+        assert_close_to_reference(g, gr, gp, factor=grad_factor, floor=floor, ulps=ulps,
                                   name=f"gradient of input {float_idx[k]}")
     clock.lap("compare")
 
@@ -414,6 +416,7 @@ def fuzz(
     factor: float = 2.0,
     grad: bool = False,
     floor: float | None = None,
+    ulps: float = 1.0,
     max_examples: int | None = None,
     device: str | None = None,
     isolate: bool | None = None,
@@ -443,6 +446,10 @@ def fuzz(
         ``extra_args(tensors, dtype, device) -> tuple`` appends non-random arguments.
     grad : bool
         Also compare input gradients (factor 3).
+    floor, ulps : optional
+        The comparison's noise floor: ``floor`` absolute, or ``ulps`` units of rounding of the
+        output dtype at the reference's largest magnitude (default 1; see
+        :func:`tkit.testing.assert_close_to_reference`).
     isolate : bool, optional
         Run each example in a child process, so that a kernel that crashes (a segmentation
         fault in the interpreter, a lost CUDA context, a hang past ``timeout`` seconds) is
@@ -497,7 +504,7 @@ def fuzz(
     kwargs_st = kwargs if kwargs is not None else st.just({})
     name = getattr(fn, "__qualname__", None) or getattr(getattr(fn, "func", None),
                                                         "__qualname__", repr(fn))
-    options = dict(factor=factor, grad=grad, floor=floor)
+    options = dict(factor=factor, grad=grad, floor=floor, ulps=ulps)
     stats = stats if stats is not None else FuzzStats()
     worker = None
     if isolate or (isolate is None and not _owned_by_tkit(fn)):
