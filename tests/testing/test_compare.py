@@ -56,3 +56,14 @@ def test_a_non_finite_peer_widens_or_breaks_the_bound_as_before():
     assert_close_to_reference(out, ref, torch.tensor([float("inf"), 2.0]))
     with pytest.raises(ReferenceMismatch):
         assert_close_to_reference(out, ref, torch.tensor([float("nan"), 2.0]))
+
+
+def test_ulps_widen_the_float32_floor_only():
+    ref = torch.tensor([1.0], dtype=torch.float64)
+    out = torch.tensor([1.0 + 3 * 2.0**-23])  # 3 units off, no peer
+    with pytest.raises(ReferenceMismatch):
+        assert_close_to_reference(out, ref)
+    assert_close_to_reference(out, ref, ulps=4)
+    half = torch.tensor([1.0 + 2 * 2.0**-10], dtype=torch.float16)
+    with pytest.raises(ReferenceMismatch):
+        assert_close_to_reference(half, ref, ulps=4)  # one unit for low precision
