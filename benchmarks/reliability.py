@@ -219,7 +219,12 @@ def child_fuzz(examples: int, max_numel: int | None) -> None:
 
     def check_one(name):
         req = json.loads(bodies.pop(name))
-        return _fuzz_op(name, examples, req["budget_s"], req.get("compile_share", 0.0))
+        # the slice counts from now (this child's start-up came out of it), never past the
+        # campaign's deadline, and at least a second (an op always runs some examples)
+        budget = req["budget_s"]
+        if "until" in req:
+            budget = min(budget, req["until"] - time.time())
+        return _fuzz_op(name, examples, max(1.0, budget), req.get("compile_share", 0.0))
 
     child_loop(stdin_requests(bodies), check_one)
 
@@ -543,14 +548,16 @@ def run_fuzz(specs, args, rows: Rows, deadline: float) -> None:
                     running[0] += 1
                 row = {"part": "fuzz", "op": name}
                 try:
-                    if budget < 1.0:
+                    if left < -30.0:  # far past the deadline (a hung lane came back late)
                         row.update(status="not run: time budget", examples=None)
                         continue
                     # an example past the op's time (a compile, shrinking) is let finish
+                    budget = max(1.0, budget)
                     worker.deadline = budget + 90.0
                     worker.first_deadline = budget + 150.0
                     how, payload = worker.ask(name, json.dumps(
-                        {"budget_s": budget, "compile_share": args.compile_share}))
+                        {"budget_s": budget, "until": deadline,
+                         "compile_share": args.compile_share}))
                     if how == "ok":
                         row.update(payload)
                     else:
