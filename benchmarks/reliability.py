@@ -1,38 +1,85 @@
 """Reliability campaign: every registered op under compute-sanitizer, and fuzzed on the GPU.
 
-    python benchmarks/reliability.py                      # the whole campaign, ~7 minutes
+    python benchmarks/reliability.py --out "$OUT/reliability.jsonl"   # the whole campaign
     python benchmarks/reliability.py --ops add rms_norm --examples 200 --fuzz-only
     TRITON_INTERPRET=1 python benchmarks/reliability.py --ops add --examples 3 --fuzz-only
+    python benchmarks/reliability.py --count-variants --max-variants 48   # CPU, no interpreter
+
+On the H200 machine (16 cores, one GPU) the whole campaign is one command of at most 10
+minutes: ``--budget`` (default 500 s) covers both parts, and every op stops cleanly at its
+slice, so the run ends at the budget whatever the compile times turn out to be. It needs
+hypothesis and compute-sanitizer (found on PATH or in /usr/local/cuda/bin).
 
 Two parts, each op in child processes so that a crash or a lost CUDA context costs one op, not
 the campaign:
 
 1. sanitizer: each op under ``compute-sanitizer --tool memcheck`` (and ``--tool racecheck``
-   for the kernels that use shared memory: GEMMs, attention, the row reductions of softmax and
-   the norms) on its check cases and on derandomized fuzz examples drawn at interpreter sizes
-   (sizes 0, 1, odd and tile +/- 1 come first; large ones would only cost time under the
-   instrumentation); plus, under memcheck, one elementwise op and one reduction
-   on more than 2**31 elements (32-bit offsets overflow there). ``TKIT_NO_AUTOTUNE=1`` keeps
-   every launch to one compile, and ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` gives every tensor
-   its own allocation, so that memcheck sees an access past a tensor's end (inside one of
-   the caching allocator's blocks it would be a valid address).
+   for the families whose kernels use shared memory: GEMMs, attention, the row reductions of
+   softmax, the norms, the quantizers and the samplers) on its check cases and on
+   derandomized fuzz examples drawn at interpreter sizes (sizes 0, 1, odd and tile +/- 1 come
+   first; large ones would only cost time under the instrumentation); plus, under memcheck,
+   one elementwise op and one reduction on more than 2**31 elements (32-bit offsets overflow
+   there). ``TKIT_NO_AUTOTUNE=1`` keeps every launch to one compile, and
+   ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` gives every tensor its own allocation, so that
+   memcheck sees an access past a tensor's end. The longest runs (racecheck of the GEMMs and
+   attention) start first. It gets ``--sanitizer-share`` of the budget (default 0.3); what it
+   leaves passes to the fuzzing.
 2. fuzz: each op's ``fuzz`` recipe from the registry under the reference rule, up to
-   ``--examples`` examples (derandomized: the same examples every run), several ops at once
-   (``--jobs`` children; the host side of hypothesis, references and compiles is the cost,
-   not the GPU).
+   ``--examples`` (default 1000) examples, derandomized. ``--jobs`` lanes (default one a
+   core), each one long-lived child that takes the next op from one shared queue, heaviest
+   families first; an op's slice is worked out when it starts (an equal share of the
+   lane-seconds left among it, the ops waiting and the ops running), so an op that reaches its
+   examples early gives its time to the ones after it. Examples run in the lane's process
+   (``fuzz(isolate=False)``: the lane is the isolation; a lost context ends that child and a
+   fresh one takes the next op). ``llama_layer`` is left out (``FUZZ_EXCLUDED`` says why; its
+   row says so).
 
-Time: ``--budget`` seconds for the whole run (default 420), split between the parts (the
-sanitizer's unused share passes to the fuzzing). Each op gets a slice of what is left; an op
-that reaches its slice stops running examples cleanly and records how many ran, so the
-defaults fit about 8 minutes of an H200 machine whatever the compile times turn out to be.
-Per-example cost on the GPU: a launch (tens of microseconds) plus the reference in float64,
-the comparison on the host (milliseconds at the GPU strategies' sizes of up to 1M elements)
-and a JIT compile (about a second) for each new dtype / layout / constexpr combination, which
-the first hundred examples of an op mostly pay.
+Where an example's time goes on a GPU. Everything but compiles is milliseconds: hypothesis
+draws the example (about 1 ms), ``make_tensor`` draws the inputs on the host and copies them
+over (the GPU-sized strategies are capped at ``--max-numel``, default 2**18 elements, about
+1 ms an input), the op launches (tens of microseconds, outputs poisoned), the float64
+reference and the same-precision peer run on the GPU next to the inputs, and so does the
+comparison (a few small reductions read back in one transfer an output: every wait for the
+device costs more when 16 processes share it). The previous campaign's raw-CUDA ops, which
+compile nothing, ran 1000 examples in 39 s under 16 lanes. The cost is Triton's JIT: a new
+compile (about a second; several for attention) for every new specialization key, and shapes
+drawn at random change the key often (each integer argument is specialized on == 1 and
+% 16, each pointer on 16-byte alignment, block sizes follow the next power of two), so the
+last campaign fuzzed only 55-240 examples an op in its 50-100 s slices. The fuzz part therefore
+bounds the variety (``tkit.testing.variants``): the recipe's examples run until compiles have
+taken ``--compile-share`` of the op's slice (default 0.45) and an example would compile a new
+variant; that one is rejected in Triton's compile hook, before anything compiles, and a second
+hypothesis run takes the examples left: three in four re-run an example that passed (its dtype,
+layouts and options) on new values and with some sizes moved within their compile class (within
+their power of two, keeping their remainder modulo 16 above 32 and their divisibility by 16
+below; 0, 1 and 2 kept; equal sizes kept equal), one in four is a fresh draw of the recipe, and
+either is rejected when it would compile a new variant. So the examples keep coming on compiled
+kernels, checked by the same rule. A failure lifts the bound so that shrinking compiles what it
+needs. With 42 ops on 16 lanes in about 350 s of fuzzing, an op gets about 130 s: up to about
+60 s of compiles and 1000 examples at 20-40 ms (plus the rejected ones, a few ms each: the
+inputs are built and the op runs up to its launch).
+
+``--count-variants`` estimates that variety without a GPU: each op's recipe at GPU sizes, its
+launches recorded on meta tensors instead of run, each launch's specialization key worked
+out on the host and passed through Triton's compile hooks as a compile would be (forward
+launches only, and the paths meta tensors take). Unbounded it gives the variants 1000
+examples would compile (add 300, rms_norm about 260); with ``--max-variants`` it shows
+that the bounded run still reaches its examples.
 
 Output: long-form JSON lines (one row per op and part, then a summary), appended to
 ``--out`` (default ``benchmarks/results/<device>-<date>-reliability.jsonl``), each row stamped
-with device, versions and git sha.
+with device, versions and git sha. A fuzz row has ``status`` (pass / fail / crash / timeout /
+excluded / not run), ``examples`` (run to the end; rejected ones not counted), ``mismatches``,
+``seconds`` and ``budget_s`` (its slice), and where the time went: ``make_s``, ``fn_s``
+(launches and their compiles), ``reference_s`` (float64 copies and both references),
+``compare_s`` (one read of the results an output: on a GPU the device's work lands here),
+``compiles`` / ``variants`` / ``compile_s`` (Triton compiles, counted by its
+JIT hooks; 0 in the interpreter), ``compile_budget_s``, ``rejected_new_variant``,
+``replayed`` and ``replay_invalid`` (replays the op refused as inputs), ``distinct_shapes``,
+``reference_device`` and ``gpu_max_memory_gb``. The summary has the totals, the ops that
+failed, fell short of ``--examples`` or did not run, and ``expected_op_budget_s`` (the slice
+an op gets when the sanitizer uses its whole share), also printed at the end under a table
+of the fuzz rows.
 """
 
 from __future__ import annotations
@@ -54,13 +101,22 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 #: families whose kernels stage data in shared memory: racecheck runs on them
-RACECHECK_FAMILIES = ("reductions", "matmul", "attention", "cuda_ext")
+RACECHECK_FAMILIES = ("reductions", "matmul", "attention", "cuda_ext", "inference",
+                      "sampling")
 #: cuda_ext kernels that use no shared memory
 NO_SHARED = ("cuda_sgemm_naive",)
 #: ops run on more than 2**31 elements under memcheck
 HUGE_OPS = ("add", "rms_norm")
+#: ops the fuzz part leaves out, and why (the row says so)
+FUZZ_EXCLUDED = {
+    "llama_layer": "a model spec: a composition of registered ops that are fuzzed one by one "
+                   "(its recipe draws only the token count, 1..40, so it adds no new inputs "
+                   "to any kernel), and each example runs a whole layer's launches and "
+                   "compiles; check cases and the sanitizer still run it",
+}
 #: heavier families first, so that lanes share them out
-FAMILY_WEIGHT = {"attention": 0, "matmul": 1, "cuda_ext": 2, "reductions": 3, "elementwise": 4}
+FAMILY_WEIGHT = {"model": 0, "attention": 0, "matmul": 1, "inference": 2, "sampling": 2,
+                 "cuda_ext": 3, "reductions": 3, "elementwise": 4}
 
 
 # ---- compute-sanitizer's output --------------------------------------------------------------
@@ -110,20 +166,31 @@ def _load_profile(examples: int) -> None:
     settings.load_profile("reliability")
 
 
-def _fuzz_op(name: str, examples: int, budget_s: float) -> dict:
-    """Fuzz one op in this process; the counts, also when it fails."""
+def _fuzz_op(name: str, examples: int, budget_s: float, compile_share: float = 0.0) -> dict:
+    """Fuzz one op in this process; the counts, also when it fails. ``compile_share``: the
+    part of ``budget_s`` that Triton compiles may take before examples that need a new
+    kernel variant are refused (0: no bound)."""
+    import torch
+
     from tkit import registry
     from tkit.testing import FuzzStats, fuzz
+    from tkit.testing.tensors import default_device
 
     spec = registry.get(name)
     recipe = dict(spec.fuzz())
     fn, ref = recipe.pop("fn", spec.fn), recipe.pop("reference", spec.reference)
     recipe.pop("max_examples", None)  # the campaign's count and time slice decide
     stats = FuzzStats()
-    row = {"max_examples": examples, "budget_s": round(budget_s, 1)}
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    compile_budget = round(compile_share * budget_s, 1) if compile_share > 0 else None
+    row = {"max_examples": examples, "budget_s": round(budget_s, 1),
+           "compile_budget_s": compile_budget,
+           # where the float64 reference and the comparison run: the inputs' device
+           "reference_device": default_device()}
     try:
         fuzz(fn, ref, **recipe, max_examples=examples, budget_s=budget_s, stats=stats,
-             isolate=False)
+             isolate=False, compile_budget_s=compile_budget)
         row["status"] = "pass"
     except Exception as e:
         from tkit.bench.isolate import context_lost
@@ -132,24 +199,144 @@ def _fuzz_op(name: str, examples: int, budget_s: float) -> dict:
             raise  # child_loop ends this child; a fresh one takes the remaining ops
         row["status"] = "crash" if stats.crashed else "fail"
         row["error"] = f"{type(e).__name__}: {e}"[:3000]
-    row.update(examples=stats.examples, stopped_by_budget=stats.stopped,
-               mismatches=stats.failed - stats.crashed, crashed=stats.crashed,
-               distinct_shapes=len(stats.shapes), seconds=round(stats.seconds, 1))
+    row.update(stats.as_row())
+    row["mismatches"] = stats.failed - stats.crashed
+    if torch.cuda.is_available():
+        row["gpu_max_memory_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     return row
 
 
-def child_fuzz(ops: list[str], examples: int, until: float) -> None:
-    from tkit.bench.isolate import child_loop
+def child_fuzz(examples: int, max_numel: int | None) -> None:
+    """A fuzz lane's child: ops asked one at a time on stdin (``op {"budget_s": ...,
+    "compile_share": ...}``), one row each on stdout (the protocol of tkit.bench.isolate)."""
+    from tkit.bench.isolate import child_loop, stdin_requests
+    from tkit.testing import strategies
 
+    if max_numel:
+        strategies.GPU_MAX_NUMEL = max_numel
     _load_profile(examples)
-    done = [0]
+    bodies: dict[str, str] = {}
 
     def check_one(name):
-        left = len(ops) - done[0]
-        done[0] += 1
-        return _fuzz_op(name, examples, max(1.0, (until - time.time()) / max(left, 1)))
+        req = json.loads(bodies.pop(name))
+        # the slice counts from now (this child's start-up came out of it), never past the
+        # campaign's deadline, and at least a second (an op always runs some examples)
+        budget = req["budget_s"]
+        if "until" in req:
+            budget = min(budget, req["until"] - time.time())
+        return _fuzz_op(name, examples, max(1.0, budget), req.get("compile_share", 0.0))
 
-    child_loop(ops, check_one)
+    child_loop(stdin_requests(bodies), check_one)
+
+
+# ---- compile variety counted on a CPU (--count-variants) --------------------------------------
+class _Compiled:
+    """What Triton's compile hooks are told of a stand-in compile: the kernel's name."""
+
+    def __init__(self, name):
+        self.name = name
+
+
+def _launch_key(launch) -> tuple:
+    """Triton's specialization key of one recorded launch, as far as the host can tell it:
+    the kernel, each constexpr by value, each tensor's dtype and 16-byte alignment (its
+    storage offset: a meta tensor has no address), each other argument's class (== 1, % 16,
+    int range) unless the kernel does not specialize it."""
+    import torch
+
+    from tkit.kernels import _launch as L
+
+    fn, kw = L.resolve(launch.kernel, dict(launch.kwargs))
+    if fn is None:  # tuned by timing: one compile per config, counted once here
+        return ("autotuned", repr(launch.kernel))
+    const = {p.name for p in fn.params if p.is_constexpr}
+    plain = {p.name for p in fn.params
+             if p.num in set(getattr(fn, "do_not_specialize", ()) or ())}
+    items = []
+    for k, v in sorted(kw.items()):
+        if k in const:
+            items.append((k, repr(v)))
+        elif isinstance(v, torch.Tensor):
+            items.append((k, v.dtype, (v.storage_offset() * v.element_size()) % 16 == 0))
+        elif k in plain:
+            items.append((k, type(v).__name__))
+        else:
+            try:
+                items.append((k, L._spec(v)))
+            except Exception:
+                items.append((k, type(v).__name__))
+    return (getattr(fn, "__name__", repr(fn)), tuple(items))
+
+
+def _stand_in(fn, compiled: set):
+    """``fn`` run on meta copies of its arguments with its launches recorded, not run; each
+    launch whose key is new goes through Triton's compile hooks as a compile would (so that
+    fuzz's bound counts and refuses it). Returns a constant: the comparison is not the point."""
+    import torch
+    from triton import knobs
+
+    from tkit.ir_tools.aot import to_meta
+    from tkit.kernels import _common
+
+    def run(*args, **kwargs):
+        args = [to_meta(a) for a in args]
+        kwargs = {k: to_meta(v) for k, v in kwargs.items()}
+        with _common.capture_launches() as launches:
+            fn(*args, **kwargs)
+        rt = knobs.runtime
+        for launch in launches:
+            key = _launch_key(launch)
+            if key in compiled:
+                continue
+            if rt.jit_cache_hook is not None:
+                rt.jit_cache_hook(key=key, fn=_Compiled(key[0]))
+            compiled.add(key)
+            if rt.jit_post_compile_hook is not None:
+                rt.jit_post_compile_hook(key=key, fn=_Compiled(key[0]))
+        return torch.zeros(1)
+
+    return run
+
+
+def _zero(*args, **kwargs):
+    import torch
+
+    return torch.zeros(1)
+
+
+def count_variants(name: str, examples: int, max_variants: int | None,
+                   max_numel: int) -> dict:
+    """The op's fuzz recipe at GPU sizes on a CPU, its launches recorded on meta tensors
+    instead of run: how many kernel variants its examples would compile, and with
+    ``max_variants``, how many examples the bounded run reaches (rejected, replayed). Forward
+    launches only (no gradients); the paths a CPU's meta tensors take (no Hopper kernels)."""
+    from tkit import registry
+    from tkit.testing import FuzzStats, fuzz, strategies
+
+    strategies.GPU_SIZES = True
+    strategies.GPU_MAX_NUMEL = max_numel
+    spec = registry.get(name)
+    recipe = dict(spec.fuzz())
+    fn = recipe.pop("fn", spec.fn)
+    for k in ("reference", "max_examples", "grad", "factor", "floor", "scale"):
+        recipe.pop(k, None)
+    stats = FuzzStats()
+    row = {"part": "variants", "op": name, "max_examples": examples,
+           "max_variants": max_variants}
+    t0 = time.time()
+    try:
+        fuzz(_stand_in(fn, set()), _zero, **recipe, max_examples=examples, isolate=False,
+             stats=stats, max_variants=max_variants, device="cpu")
+        row["status"] = "pass"
+    except Exception as e:
+        # a recipe that reads input values on the host cannot run on meta tensors
+        row["status"] = "not countable" if "meta tensor" in str(e) else "error"
+        row["error"] = f"{type(e).__name__}: {e}"[:500]
+    out = stats.as_row()
+    row.update({k: out[k] for k in ("examples", "variants", "rejected_new_variant", "replayed",
+                                    "replay_invalid", "distinct_shapes")})
+    row["seconds"] = round(time.time() - t0, 1)
+    return row
 
 
 def _huge(name: str) -> dict:
@@ -300,42 +487,117 @@ def run_sanitizer(specs, args, rows: Rows, deadline: float, sanitizer: str,
               f"({status}, {row['seconds']} s)", flush=True)
 
     tasks = [t for t in _sanitizer_tasks(specs, args.tools.split(",")) if huge or not t[2]]
+    # the longest first (racecheck of the GEMMs and attention: up to a minute each), so that
+    # the short ones fill the lanes at the end instead of one long one running alone
+    family = {s.name: s.family for s in specs}
+    tasks.sort(key=lambda t: (FAMILY_WEIGHT.get(family.get(t[0]), 5), t[1] != "racecheck"))
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         list(pool.map(one, tasks))
 
 
-def run_fuzz(specs, args, rows: Rows, deadline: float) -> None:
-    from tkit.bench.isolate import context_lost, supervise
-
-    env = _child_env()
+def fuzz_order(specs) -> list[str]:
+    """The ops to fuzz, heaviest first (their compiles are the longest: a lane that takes one
+    late would run past the others), excluded ones left out."""
     order = sorted(specs, key=lambda s: FAMILY_WEIGHT.get(s.family, 5))
-    lanes = [[s.name for s in order[i::args.jobs]] for i in range(args.jobs)]
-    lanes = [lane for lane in lanes if lane]
+    return [s.name for s in order if s.name not in FUZZ_EXCLUDED]
 
-    def lane(names):
-        total = max(1.0, deadline - time.time())
 
-        def argv_for(todo):
-            return [sys.executable, str(Path(__file__).resolve()), "--child", "fuzz",
-                    "--ops", ",".join(todo), "--examples", str(args.examples),
-                    "--until", str(deadline)]
+def op_slice(left_s: float, jobs: int, waiting: int, running: int) -> float:
+    """Seconds for the next op: an equal share of the lane-seconds left among it, the ops
+    still waiting and the ones running (each of those holds a lane until it ends), and never
+    past the deadline. An op that reaches its examples early gives its time back: the next
+    op's share is worked out when it starts."""
+    share = left_s * jobs / max(1, waiting + running + 1)
+    return max(0.0, min(left_s - 2.0, share))
 
-        status = supervise(argv_for, names, deadline=total + 60.0, total=total + 30.0,
-                           log=lambda m: print("fuzz " + m, flush=True), env=env)
-        for name in names:
-            how, payload = status[name]
-            row = {"part": "fuzz", "op": name}
-            if how == "ok":
-                row.update(payload)
-            else:
-                crash = "child died" in how or context_lost(how)
-                row.update(status="crash" if crash else "not run" if "budget" in how
-                           else "timeout" if how.startswith("no answer") else "error",
-                           error=how, examples=None)
-            rows.add(row)
 
-    with concurrent.futures.ThreadPoolExecutor(len(lanes)) as pool:
-        list(pool.map(lane, lanes))
+def run_fuzz(specs, args, rows: Rows, deadline: float) -> None:
+    """The fuzz part: ``--jobs`` lanes, each one long-lived child that takes the next op from
+    one queue (so that lanes share the ops out as they finish, not in fixed lists)."""
+    from tkit.bench.isolate import Worker, context_lost
+
+    for s in specs:
+        if s.name in FUZZ_EXCLUDED:
+            rows.add({"part": "fuzz", "op": s.name, "status": "excluded",
+                      "reason": FUZZ_EXCLUDED[s.name], "examples": None})
+    todo = fuzz_order(specs)
+    if not todo:
+        return
+    env = _child_env()
+    jobs = max(1, min(args.jobs, len(todo)))
+    lock = threading.Lock()
+    running = [0]
+    left0 = deadline - time.time()
+    print(f"fuzz: {len(todo)} ops on {jobs} lanes in {left0:.0f} s: about "
+          f"{left0 * jobs / len(todo):.0f} s an op ({args.examples} examples, compiles "
+          f"bounded to {args.compile_share:.0%} of an op's time)", flush=True)
+    argv = [sys.executable, str(Path(__file__).resolve()), "--child", "fuzz",
+            "--examples", str(args.examples), "--max-numel", str(args.max_numel)]
+
+    def lane(_):
+        worker = Worker(argv, deadline=60.0, first_deadline=120.0, env=env,
+                        hang_hint=" (killed)")
+        try:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    name = todo.pop(0)
+                    left = deadline - time.time()
+                    budget = op_slice(left, jobs, len(todo), running[0])
+                    running[0] += 1
+                row = {"part": "fuzz", "op": name}
+                try:
+                    if left < -30.0:  # far past the deadline (a hung lane came back late)
+                        row.update(status="not run: time budget", examples=None)
+                        continue
+                    # an example past the op's time (a compile, shrinking) is let finish
+                    budget = max(1.0, budget)
+                    worker.deadline = budget + 90.0
+                    worker.first_deadline = budget + 150.0
+                    how, payload = worker.ask(name, json.dumps(
+                        {"budget_s": budget, "until": deadline,
+                         "compile_share": args.compile_share}))
+                    if how == "ok":
+                        row.update(payload)
+                    else:
+                        crash = "child died" in how or context_lost(how)
+                        row.update(status="crash" if crash else "timeout"
+                                   if how.startswith("no answer") else "error",
+                                   error=how, examples=None)
+                finally:
+                    with lock:
+                        running[0] -= 1
+                    rows.add(row)
+                    print(f"fuzz {name:28s} {row.get('status')}: {row.get('examples')} "
+                          f"examples in {row.get('seconds')} s (budget {budget:.0f} s, "
+                          f"compiles {row.get('compile_s')} s, {row.get('variants')} "
+                          f"variants)", flush=True)
+        finally:
+            worker.close()
+
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(lane, range(jobs)))
+
+
+FUZZ_COLUMNS = ("status", "examples", "seconds", "budget_s", "compile_s", "variants",
+                "rejected_new_variant", "replayed", "make_s", "fn_s", "reference_s",
+                "compare_s")
+
+
+def fuzz_table(rows: list[dict]) -> str:
+    """One line an op: where its fuzzing time went."""
+    fz = [r for r in rows if r.get("part") == "fuzz"]
+    if not fz:
+        return ""
+    lines = [f"{'op':28s} " + " ".join(f"{c[:10]:>10s}" for c in FUZZ_COLUMNS)]
+    for r in sorted(fz, key=lambda r: r["op"]):
+        cells = []
+        for c in FUZZ_COLUMNS:
+            v = r.get(c)
+            cells.append(f"{'-' if v is None else str(v)[:10]:>10s}")
+        lines.append(f"{r['op']:28s} " + " ".join(cells))
+    return "\n".join(lines)
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -346,8 +608,16 @@ def summarize(rows: list[dict]) -> dict:
         "fuzz_ops": len(fz),
         "fuzz_examples": sum(r.get("examples") or 0 for r in fz),
         "fuzz_ops_failed": sorted(r["op"] for r in fz if r.get("status") in ("fail", "crash")),
-        "fuzz_ops_short": sorted(r["op"] for r in fz
-                                 if (r.get("examples") or 0) < (r.get("max_examples") or 0)),
+        "fuzz_ops_short": sorted(r["op"] for r in fz if r.get("status") != "excluded"
+                                 and (r.get("examples") or 0) < (r.get("max_examples") or 0)),
+        "fuzz_ops_not_run": sorted(r["op"] for r in fz if r.get("examples") is None
+                                   and r.get("status") != "excluded"),
+        "fuzz_ops_excluded": sorted(r["op"] for r in fz if r.get("status") == "excluded"),
+        "fuzz_min_examples": min((r["examples"] for r in fz if r.get("examples") is not None),
+                                 default=None),
+        "fuzz_mismatches": sum(r.get("mismatches") or 0 for r in fz),
+        "fuzz_compile_s": round(sum(r.get("compile_s") or 0 for r in fz), 1),
+        "fuzz_variants": sum(r.get("variants") or 0 for r in fz),
         "sanitizer_runs": len(sn),
         "memcheck_errors": sum(r.get("errors") or 0 for r in sn if r.get("tool") == "memcheck"),
         "racecheck_hazards": sum(r.get("hazards") or 0 for r in sn
@@ -363,9 +633,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", nargs="*", help="op or family names (default: every op)")
     ap.add_argument("--examples", type=int, default=1000, help="fuzz examples per op")
-    ap.add_argument("--budget", type=float, default=420.0, help="seconds for the whole run")
-    ap.add_argument("--sanitizer-share", type=float, default=0.45,
-                    help="part of the budget for the sanitizer when both parts run")
+    ap.add_argument("--budget", type=float, default=500.0, help="seconds for the whole run")
+    ap.add_argument("--sanitizer-share", type=float, default=0.3,
+                    help="part of the budget for the sanitizer when both parts run (what it "
+                    "leaves passes to the fuzzing)")
+    ap.add_argument("--compile-share", type=float, default=0.45,
+                    help="part of an op's fuzz time that Triton compiles may take; after it, "
+                    "examples that need a new kernel variant are refused and examples re-run "
+                    "compiled ones on new sizes of the same compile class (0: unbounded)")
+    ap.add_argument("--max-numel", type=int, default=1 << 18,
+                    help="largest input the GPU-sized shape strategies draw in the fuzz part "
+                    "(inputs are drawn on the host; 32-bit offsets have the huge case)")
     ap.add_argument("--sanitizer-examples", type=int, default=10,
                     help="fuzz examples per op under the sanitizer (after its check cases)")
     ap.add_argument("--task-timeout", type=float, default=150.0,
@@ -381,21 +659,29 @@ def main(argv=None) -> int:
     part.add_argument("--sanitizer-only", action="store_true")
     part.add_argument("--fuzz-only", action="store_true")
     ap.add_argument("--out", type=Path, help="JSON lines file to append to")
+    ap.add_argument("--count-variants", action="store_true",
+                    help="no GPU needed: run each op's recipe at GPU sizes with its launches "
+                    "recorded on meta tensors, not run, and count the kernel variants its "
+                    "examples would compile (with --max-variants, the bounded run's counts); "
+                    "run without TRITON_INTERPRET")
+    ap.add_argument("--max-variants", type=int,
+                    help="with --count-variants: the bound on compiled variants")
     # child modes (run by this script itself)
     ap.add_argument("--child", choices=("fuzz", "sanitize"), help=argparse.SUPPRESS)
     ap.add_argument("--op", help=argparse.SUPPRESS)
-    ap.add_argument("--until", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--child-budget", type=float, default=60.0, help=argparse.SUPPRESS)
     ap.add_argument("--huge", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.child == "fuzz":
-        child_fuzz(args.ops[0].split(","), args.examples, args.until)
+        child_fuzz(args.examples, args.max_numel)
         return 0
     if args.child == "sanitize":
         child_sanitize(args.op, args.examples, args.child_budget, args.huge)
         return 0
 
+    if args.count_variants:
+        return main_count_variants(args)
     t_start = time.time()
     deadline = t_start + args.budget
     import torch
@@ -429,9 +715,45 @@ def main(argv=None) -> int:
         run_fuzz(specs, args, rows, deadline)
     summary = summarize(rows.rows)
     summary["seconds"] = round(time.time() - t_start, 1)
+    n_fuzz = len(fuzz_order(specs))
+    if not args.sanitizer_only and n_fuzz:
+        # what an op gets when the sanitizer uses its whole share: the figure to size the run by
+        fuzz_s = args.budget * (1.0 if args.fuzz_only else 1.0 - args.sanitizer_share)
+        summary["expected_op_budget_s"] = round(fuzz_s * min(args.jobs, n_fuzz) / n_fuzz, 1)
     rows.add(summary)
+    table = fuzz_table(rows.rows)
+    if table:
+        print(table, flush=True)
     print(json.dumps(summary, indent=1), flush=True)
+    if "expected_op_budget_s" in summary:
+        print(f"expected per-op fuzz budget: {summary['expected_op_budget_s']} s "
+              f"({n_fuzz} ops, {min(args.jobs, n_fuzz)} lanes, compiles up to "
+              f"{args.compile_share:.0%} of it)", flush=True)
     return 0
+
+
+def main_count_variants(args) -> int:
+    """``--count-variants``: one row an op (and a table), each op in this process."""
+    from tkit import registry
+
+    if os.environ.get("TRITON_INTERPRET", "").strip() in ("1", "true"):
+        print("--count-variants records launches of the compiled kernels: run it without "
+              "TRITON_INTERPRET", file=sys.stderr)
+        return 2
+    _load_profile(args.examples)
+    specs = registry.select(args.ops)
+    rows = []
+    for name in fuzz_order(specs):
+        if registry.get(name).family == "cuda_ext":
+            continue  # raw CUDA: nothing compiles per call
+        row = count_variants(name, args.examples, args.max_variants, args.max_numel)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    return 0 if all(r["status"] in ("pass", "not countable") for r in rows) else 1
 
 
 if __name__ == "__main__":

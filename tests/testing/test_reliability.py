@@ -104,9 +104,19 @@ def test_a_tiny_fuzz_campaign_under_the_interpreter(tmp_path):
     assert fz[0]["status"] == "pass" and fz[0]["examples"] == 3
     assert not fz[0]["stopped_by_budget"]
     assert fz[0]["mismatches"] == 0 and fz[0]["git_sha"] and fz[0]["device"] == "cpu"
+    # where the time went: the phases of the examples, the compiles (none in the interpreter)
+    # and where the float64 reference ran
+    for key in ("make_s", "fn_s", "reference_s", "compare_s", "compiles", "variants",
+                "compile_s", "rejected_new_variant", "replayed", "budget_s",
+                "compile_budget_s"):
+        assert key in fz[0], key
+    assert fz[0]["compiles"] == 0 and fz[0]["reference_device"] == "cpu"
+    assert fz[0]["make_s"] + fz[0]["fn_s"] + fz[0]["reference_s"] + fz[0]["compare_s"] <= \
+        fz[0]["seconds"]
     summary = rows[-1]
     assert summary["part"] == "summary" and summary["fuzz_examples"] == 3
-    assert summary["fuzz_ops_short"] == []
+    assert summary["fuzz_ops_short"] == [] and summary["fuzz_min_examples"] == 3
+    assert summary["expected_op_budget_s"] == 300.0
 
 
 def test_the_budget_stops_examples_cleanly_and_records_what_ran(tmp_path):
@@ -120,6 +130,39 @@ def test_the_budget_stops_examples_cleanly_and_records_what_ran(tmp_path):
         assert r["status"] == "pass", r
         assert 0 < r["examples"] < 1000 and r["stopped_by_budget"]
     assert sorted(rows[-1]["fuzz_ops_short"]) == ["add", "relu"]
+
+
+def test_the_op_slices_share_the_lane_seconds_out(rel):
+    # 42 ops on 16 lanes in 350 s: 133 s each at the start
+    assert rel.op_slice(350.0, 16, 41, 0) == pytest.approx(350 * 16 / 42)
+    # later, with 3 ops waiting and 15 running: an equal share of what is left
+    assert rel.op_slice(100.0, 16, 3, 15) == pytest.approx(100 * 16 / 19)
+    # the last op alone may take what is left, not past the deadline
+    assert rel.op_slice(100.0, 16, 0, 0) == 98.0 and rel.op_slice(1.0, 16, 0, 0) == 0.0
+
+
+def test_every_registered_op_has_a_recipe_the_campaign_runs_or_a_reason(rel):
+    from tkit import registry
+
+    specs = registry.all_specs()
+    order = rel.fuzz_order(specs)
+    assert set(order) | set(rel.FUZZ_EXCLUDED) == {s.name for s in specs}
+    assert set(rel.FUZZ_EXCLUDED) == {"llama_layer"}
+    for s in specs:
+        recipe = s.fuzz()
+        assert "shapes" in recipe, s.name
+    # the heaviest compiles go first
+    fam = {s.name: s.family for s in specs}
+    assert fam[order[0]] == "attention" and fam[order[-1]] == "elementwise"
+
+
+def test_an_excluded_op_gets_a_row_with_its_reason(tmp_path):
+    rows, _ = _campaign(tmp_path, "--ops", "llama_layer", "--examples", "2", "--budget", "60")
+    fz = [r for r in rows if r["part"] == "fuzz"]
+    assert fz == [r for r in fz if r["op"] == "llama_layer"] and len(fz) == 1
+    assert fz[0]["status"] == "excluded" and "model spec" in fz[0]["reason"]
+    assert rows[-1]["fuzz_ops_excluded"] == ["llama_layer"]
+    assert rows[-1]["fuzz_ops_short"] == [] and rows[-1]["fuzz_ops_not_run"] == []
 
 
 STAND_IN = """#!/bin/sh
@@ -148,3 +191,25 @@ def test_the_sanitizer_part_end_to_end_with_a_stand_in(tmp_path):
     assert result["check_cases"] == len(registry.get("add").check_cases())
     assert result["check_failures"] == [] and result["fuzz"]["examples"] == 2
     assert rows[-1]["sanitizer_runs"] == 1 and rows[-1]["sanitizer_incomplete"] == []
+
+
+def test_count_variants_bounds_the_compiles_and_keeps_the_examples_coming(tmp_path):
+    # no GPU and no interpreter: add's launches recorded on meta tensors at GPU sizes; 150
+    # examples would compile dozens of variants, the bounded run reaches its 150 examples on 12
+    out = tmp_path / "variants.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    rows = {}
+    for bound in (None, 12):
+        argv = [sys.executable, str(SCRIPT), "--count-variants", "--ops", "add",
+                "--examples", "150", "--out", str(out)]
+        if bound:
+            argv += ["--max-variants", str(bound)]
+        p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+        assert p.returncode == 0, p.stdout + p.stderr
+        rows[bound] = json.loads(out.read_text().splitlines()[-1])
+    free, bounded = rows[None], rows[12]
+    assert free["examples"] == 150 and free["variants"] > 30
+    assert bounded["examples"] == 150 and bounded["variants"] == 12
+    assert bounded["replayed"] > 0 and bounded["rejected_new_variant"] > 0
+    assert bounded["replay_invalid"] == 0

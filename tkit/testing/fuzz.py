@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import importlib
 import importlib.util
 import itertools
@@ -32,6 +33,7 @@ from tkit.bench.isolate import Worker, context_lost
 from tkit.kernels._common import poisoned_outputs
 from tkit.testing.compare import ReferenceMismatch, assert_close_to_reference
 from tkit.testing.tensors import default_device, describe, make_tensor
+from tkit.testing.variants import NewVariant, Variants, is_new_variant, same_class_sizes
 
 # hypothesis is imported where fuzzing happens: check_against_reference (and tkit bench, which
 # uses it) needs only the runtime dependencies
@@ -71,11 +73,19 @@ def check_against_reference(
     ref_dtype: torch.dtype = torch.float64,
     floor: float | None = None,
     ulps: float = 1.0,
+    times: dict | None = None,
 ) -> None:
     """One check of the DESIGN rule: run ``fn`` (outputs poisoned), ``reference`` in
     ``ref_dtype`` and ``reference`` in the inputs' own precision; compare. With ``grad``, also
-    backpropagate one random output gradient through all three and compare input gradients."""
+    backpropagate one random output gradient through all three and compare input gradients.
+
+    The reference and the comparison run where the inputs live: on a GPU, float64 on the GPU
+    (a copy to the host and float64 on its CPU cost milliseconds an example at GPU sizes).
+    ``times``: host seconds of ``fn`` (its compiles included), ``reference`` and ``compare``
+    are added to it (the device's work counts where the host waits for it: the comparison,
+    which reads every result in one transfer)."""
     kwargs = kwargs or {}
+    clock = _Clock(times)
     is_float = [isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs]
     float_idx = [i for i, f in enumerate(is_float) if f]
 
@@ -89,17 +99,21 @@ def check_against_reference(
         return out
 
     inputs, hp_inputs, peer_inputs = prepare(None), prepare(ref_dtype), prepare(None)
+    clock.lap("reference")  # the float64 copies
     with poisoned_outputs():
         out = fn(*inputs, **kwargs)
+    clock.lap("fn")
     with torch.set_grad_enabled(grad):
         ref = reference(*hp_inputs, **kwargs)
         peer = reference(*peer_inputs, **kwargs)
+    clock.lap("reference")
     outs, refs, peers = _tensors(out), _tensors(ref), _tensors(peer)
     if len(outs) != len(refs):
         raise ReferenceMismatch(f"{len(outs)} outputs but the reference gives {len(refs)}")
     for i, (o, r, p) in enumerate(zip(outs, refs, peers)):
         assert_close_to_reference(o, r, p, factor=factor, floor=floor, ulps=ulps,
                                   name=f"output {i}")
+    clock.lap("compare")
     if not grad:
         return
     gen = torch.Generator().manual_seed(1234)
@@ -111,14 +125,36 @@ def check_against_reference(
             [o for o, _ in used], [ins[i] for i in float_idx],
             [d.to(o.dtype) for o, d in used], allow_unused=True)
 
-    for k, (g, gr, gp) in enumerate(zip(grads(inputs, outs), grads(hp_inputs, refs),
-                                        grads(peer_inputs, peers))):
+    g_fn = grads(inputs, outs)
+    clock.lap("fn")
+    g_ref, g_peer = grads(hp_inputs, refs), grads(peer_inputs, peers)
+    clock.lap("reference")
+    for k, (g, gr, gp) in enumerate(zip(g_fn, g_ref, g_peer)):
         if gr is None:
             continue
         if g is None:
             raise ReferenceMismatch(f"input {float_idx[k]} got no gradient")
         assert_close_to_reference(g, gr, gp, factor=grad_factor, floor=floor, ulps=ulps,
                                   name=f"gradient of input {float_idx[k]}")
+    clock.lap("compare")
+
+
+class _Clock:
+    """Host seconds between laps added to ``times[name]`` (nothing when ``times`` is None).
+    It does not wait for the device: on a GPU a phase's kernels count where the host next
+    waits for them (the comparison reads its results), since every wait costs time in a
+    campaign whose processes share one GPU."""
+
+    def __init__(self, times: dict | None):
+        self.times = times
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        if self.times is None:
+            return
+        now = time.perf_counter()
+        self.times[name] = self.times.get(name, 0.0) + now - self.t
+        self.t = now
 
 
 # ---- one example, in this process or in the worker --------------------------------------------
@@ -131,18 +167,38 @@ _NO_DRIVER_HINT = (
     "conftest.py, before anything imports triton. fuzz then draws CPU tensors.")
 
 
-def run_example(fn, reference, specs, extra_args, kw, device, scale, options) -> None:
+def run_example(fn, reference, specs, extra_args, kw, device, scale, options,
+                times: dict | None = None) -> None:
     """Build the inputs of one example from their descriptions and check ``fn`` on them (raises
-    ReferenceMismatch or whatever ``fn`` raises)."""
+    ReferenceMismatch or whatever ``fn`` raises). ``times``: see check_against_reference, plus
+    ``make`` (building the inputs)."""
+    t0 = time.perf_counter()
     tensors = [make_tensor(s, d, lay, seed=sd, device=device, scale=scale)
                for s, d, lay, sd in specs]
     args = list(tensors) + list(extra_args(tensors, specs[0][1], device) if extra_args else ())
+    if times is not None:
+        times["make"] = times.get("make", 0.0) + time.perf_counter() - t0
     try:
-        check_against_reference(fn, reference, args, kw, **options)
+        check_against_reference(fn, reference, args, kw, **options, times=times)
     except RuntimeError as e:
         if "active drivers" in str(e):
             raise RuntimeError(_NO_DRIVER_HINT) from e
         raise
+
+
+def _move_sizes(shape_tuple, data) -> tuple:
+    """``shape_tuple`` with some of its distinct sizes above 2 (each one drawn to move or
+    stay) moved to a size of the same compile class (:func:`same_class_sizes`), the same
+    everywhere it occurs (sizes that must match still do)."""
+    from hypothesis import strategies as st
+
+    moved = {}
+    for d in sorted({d for shape in shape_tuple for d in shape}):
+        sizes = same_class_sizes(d)
+        # each size moves or stays (moving all at once changes the compile key more often)
+        if len(sizes) > 1 and data.draw(st.booleans(), label=f"move {d}"):
+            moved[d] = sizes[data.draw(st.integers(0, len(sizes) - 1), label=f"size for {d}")]
+    return tuple(tuple(moved.get(d, d) for d in shape) for shape in shape_tuple)
 
 
 # ---- sending functions to the worker by reference ----------------------------------------------
@@ -227,6 +283,12 @@ class _ContextLost(BaseException):
     fail because the context is gone."""
 
 
+class _BoundReached(BaseException):
+    """Raised inside the hypothesis test of fuzz's first phase when the compile budget is
+    spent (an example would compile a new variant): ends the phase at once; the second phase
+    goes on from the examples that passed (see ``fuzz(compile_budget_s=...)``)."""
+
+
 _WORKER: Worker | None = None
 _COUNTER = itertools.count()
 
@@ -301,7 +363,16 @@ def _start_isolated(fn, reference, extra_args, timeout: float) -> Worker:
 @dataclass
 class FuzzStats:
     """What a fuzz call did: examples run (shrinking included), how many failed or crashed,
-    whether ``budget_s`` stopped it, and the seconds spent."""
+    whether ``budget_s`` stopped it, and the seconds spent.
+
+    Where the time went (examples run in this process only): ``times`` holds the seconds of
+    building inputs (``make``), of ``fn`` (its compiles included), of the references
+    (``reference``, the float64 copies included) and of the comparisons (``compare``); the rest
+    of ``seconds`` is hypothesis (drawing, shrinking) and rejected examples. With a compile
+    budget (``fuzz(compile_budget_s=...)``): ``variants`` counts the compiles, ``rejected``
+    the examples refused because they needed a new variant once it was spent, ``replayed`` the
+    examples that re-ran a compiled example's dtype, layouts and options on new sizes of the
+    same compile class and new values, ``replay_invalid`` those the op refused as inputs."""
 
     examples: int = 0
     failed: int = 0
@@ -309,6 +380,22 @@ class FuzzStats:
     stopped: bool = False
     seconds: float = 0.0
     shapes: set = field(default_factory=set)
+    times: dict = field(default_factory=dict)
+    rejected: int = 0
+    replayed: int = 0
+    replay_invalid: int = 0
+    variants: object = None  # tkit.testing.variants.Variants, when counted
+
+    def as_row(self) -> dict:
+        """The counts as a flat dict (a campaign's row)."""
+        row = {"examples": self.examples, "failed": self.failed, "crashed": self.crashed,
+               "stopped_by_budget": self.stopped, "seconds": round(self.seconds, 2),
+               "distinct_shapes": len(self.shapes), "rejected_new_variant": self.rejected,
+               "replayed": self.replayed, "replay_invalid": self.replay_invalid}
+        row.update({f"{k}_s": round(v, 2) for k, v in sorted(self.times.items())})
+        if self.variants is not None:
+            row.update(self.variants.as_row())
+        return row
 
 
 def _owned_by_tkit(fn) -> bool:
@@ -336,6 +423,8 @@ def fuzz(
     timeout: float = 600.0,
     budget_s: float | None = None,
     stats: FuzzStats | None = None,
+    compile_budget_s: float | None = None,
+    max_variants: int | None = None,
 ) -> FuzzStats:
     """Property-test ``fn`` against ``reference`` with hypothesis.
 
@@ -375,6 +464,21 @@ def fuzz(
         Stop after this many seconds (``stats.stopped``; no error): for campaigns with a time
         limit. A failure found before the limit is still raised, shrunk as far as the limit
         allowed.
+    compile_budget_s, max_variants : optional
+        Bound the kernel variants compiled (:mod:`tkit.testing.variants`). The recipe's
+        examples run until this many seconds went to Triton compiles (or this many variants
+        compiled) and an example would compile one more: that example is rejected before
+        anything compiles, and a second hypothesis run takes the examples left. Three in four
+        of its examples re-run one that passed before (its dtype, layouts and options) on new
+        values and with some sizes moved within their compile class (within their power of
+        two, keeping their remainder modulo 16 above 32 and their divisibility by 16 below;
+        equal sizes stay equal), one in four is a fresh draw of the recipe; either
+        is rejected (``stats.rejected``) when it would compile a new variant, and a replay the
+        op refuses as inputs (an exception other than a mismatch or a crash, from a size
+        relation the move broke) is rejected too (``stats.replay_invalid``). So the examples
+        keep coming on the variants already compiled, checked by the same rule. Once an
+        example has failed the bound is lifted, so that shrinking compiles what it needs. In
+        this process only (not with ``isolate``).
     stats : FuzzStats, optional
         Filled in as examples run (also returned), so a caller sees the counts after a failure.
 
@@ -389,8 +493,9 @@ def fuzz(
 
     Deadlines are off (the first call of a kernel compiles it).
     """
-    from hypothesis import given, note, settings
+    from hypothesis import given, note, reject, settings
     from hypothesis import strategies as st
+    from hypothesis.errors import UnsatisfiedAssumption
 
     from tkit.testing.strategies import seeds
 
@@ -414,13 +519,14 @@ def fuzz(
                           f"it: {e}", stacklevel=2)
     t_start = time.time()
     last_failure: list[BaseException] = []
+    bounded = worker is None and (compile_budget_s is not None or max_variants is not None)
+    variants = Variants(compile_budget_s, max_variants) if worker is None else None
+    stats.variants = variants
+    pool: list = []  # examples that passed before the compile budget was spent
+    times = stats.times if worker is None else None
 
-    @given(shape_tuple=shapes, dtype=dtype_st, data=st.data(), kw=kwargs_st, seed=seeds())
-    def run(shape_tuple, dtype, data, kw, seed):
-        specs = []
-        for i, shape in enumerate(shape_tuple):
-            layout = data.draw(layout_st, label=f"layout of input {i}")
-            specs.append((tuple(shape), dtype, layout, seed + i))
+    def check(specs, kw, phase: int, replay: bool) -> None:
+        """Run one example (its specs and keyword arguments) and keep the counts."""
         repro = f"{name}(" + ", ".join(describe(*s) for s in specs)
         if extra_args:
             repro += ", *extra_args"
@@ -428,42 +534,116 @@ def fuzz(
         note(f"reproduce: {repro}")
         if budget_s is not None and time.time() - t_start > budget_s:
             raise _BudgetSpent  # ends hypothesis at once (while shrinking too: see below)
-        stats.examples += 1
-        stats.shapes.add(tuple(s[0] for s in specs))
         example = dict(fn=fn, reference=reference, specs=specs, extra_args=extra_args, kw=kw,
                        device=device, scale=scale, options=options)
         try:
             if worker is not None:
+                stats.examples += 1
+                stats.shapes.add(tuple(s[0] for s in specs))
                 result = _ask_worker(worker, {"kind": "example", "example": example})
                 if result["outcome"] != "pass":
                     _raise_failure(result, repro)
                 return
+            counted = True
             try:
-                run_example(**example)
+                run_example(**example, times=times)
+            except NewVariant:
+                counted = False
+                stats.rejected += 1
+                if phase == 1:
+                    raise _BoundReached from None
+                reject()
             except ReferenceMismatch as e:
                 raise ReferenceMismatch(f"{e}\n  reproduce: {repro}") from None
             except Exception as e:
+                if is_new_variant(e):  # re-raised under another type on its way here
+                    counted = False
+                    stats.rejected += 1
+                    if phase == 1:
+                        raise _BoundReached from None
+                    reject()
                 if context_lost(f"{type(e).__name__}: {e}"):
                     raise _ContextLost(f"{type(e).__name__}: {e}\n  reproduce: {repro}") from e
+                if replay:
+                    # new sizes broke a relation between them that the recipe keeps: not an
+                    # example of the op's inputs
+                    counted = False
+                    stats.replay_invalid += 1
+                    reject()
                 raise
+            finally:
+                if counted:
+                    stats.examples += 1
+                    stats.replayed += replay
+                    stats.shapes.add(tuple(s[0] for s in specs))
+            if phase == 1 and bounded and len(pool) < 4096:
+                pool.append((tuple(tuple(s[0]) for s in specs), specs[0][1] if specs else None,
+                             tuple(s[2] for s in specs), kw))
+        except UnsatisfiedAssumption:
+            raise  # a rejected example (above): not a failure
         except Exception as e:
             stats.failed += 1
             stats.crashed += isinstance(e, KernelCrashed)
+            if variants is not None:
+                variants.bounded = False  # shrinking may compile what it needs
             # hypothesis tries smaller candidates only: the latest failure is the smallest yet
             last_failure[:] = [e, repro]
             raise
         finally:
             stats.seconds = time.time() - t_start
 
-    # Every fuzz call runs this same inner function, so hypothesis would file all their failing
-    # examples under one database key and replay one call's failures into another's run. The
-    # functions under test tell them apart.
-    run.hypothesis.inner_test._hypothesis_internal_add_digest = "|".join(
-        f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', repr(f))}"
-        for f in (fn, reference)).encode()
+    def draw_fresh(data, shape_tuple, dtype, seed):
+        specs = []
+        for i, shape in enumerate(shape_tuple):
+            layout = data.draw(layout_st, label=f"layout of input {i}")
+            specs.append((tuple(shape), dtype, layout, seed + i))
+        return specs
+
+    # phase 1: the recipe's examples (all of them when nothing bounds the compiles)
+    @given(shape_tuple=shapes, dtype=dtype_st, data=st.data(), kw=kwargs_st, seed=seeds())
+    def run(shape_tuple, dtype, data, kw, seed):
+        check(draw_fresh(data, shape_tuple, dtype, seed), kw, 1, False)
+
+    # phase 2, once the compile budget is spent: three examples in four replay one that passed
+    # in phase 1 on new values and moved sizes, one is a fresh draw (most of those need a new
+    # variant where the recipe's key variety is large); either is rejected when it would
+    # compile a new variant. Its own test, over the frozen pool, so that its draws are the
+    # same function of hypothesis's choices every time (hypothesis replays them).
+    @given(data=st.data(), seed=seeds())
+    def run_bounded(data, seed):
+        if data.draw(st.integers(0, 3), label="fresh (0) or replay"):
+            shape_tuple, dtype, layouts_e, kw = data.draw(st.sampled_from(frozen),
+                                                          label="compiled example")
+            shape_tuple = _move_sizes(shape_tuple, data)
+            specs = [(tuple(shape), dtype, layouts_e[i], seed + i)
+                     for i, shape in enumerate(shape_tuple)]
+            check(specs, kw, 2, True)
+        else:
+            shape_tuple = data.draw(shapes, label="shapes")
+            dtype = data.draw(dtype_st, label="dtype")
+            kw = data.draw(kwargs_st, label="kwargs")
+            check(draw_fresh(data, shape_tuple, dtype, seed), kw, 2, False)
+
+    # Every fuzz call runs these same inner functions, so hypothesis would file all their
+    # failing examples under one database key and replay one call's failures into another's
+    # run. The functions under test tell them apart.
+    digest = "|".join(f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', repr(f))}"
+                      for f in (fn, reference))
+    run.hypothesis.inner_test._hypothesis_internal_add_digest = digest.encode()
+    run_bounded.hypothesis.inner_test._hypothesis_internal_add_digest = (
+        digest + "|bounded").encode()
     run = settings(deadline=None, **({"max_examples": max_examples} if max_examples else {}))(run)
+    frozen: list = []
     try:
-        run()
+        with variants or contextlib.nullcontext():
+            try:
+                run()
+            except _BoundReached:
+                frozen[:] = pool
+            if frozen:
+                left = (max_examples or settings().max_examples) - stats.examples
+                if left > 0:
+                    settings(deadline=None, max_examples=left)(run_bounded)()
     except _BudgetSpent:
         stats.stopped = True
         if last_failure:  # the budget ran out while shrinking: the smallest failure found

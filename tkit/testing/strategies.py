@@ -26,6 +26,10 @@ def dim_sizes(*, tile: int = 128, max_size: int = 300,
 #: draw GPU-sized shapes (see :func:`shapes`); set it False for interpreter-sized ones where
 #: edge sizes matter and large ones only cost time (runs under compute-sanitizer)
 GPU_SIZES: bool = torch.cuda.is_available()
+#: the GPU-sized bounds of :func:`shapes` (a campaign that runs thousands of examples lowers
+#: the element count: inputs are drawn on the host, and 32-bit offsets are checked apart)
+GPU_MAX_SIZE: int = 3000
+GPU_MAX_NUMEL: int = 1 << 20
 
 
 @st.composite
@@ -34,8 +38,8 @@ def shapes(draw, *, min_dims: int = 1, max_dims: int = 4, tile: int = 128,
     """A shape whose dims come from :func:`dim_sizes`, kept under ``max_numel`` elements.
     Defaults: interpreter-sized on CPU (300 per dim, 16K elements), larger on a GPU (3000 per
     dim, 1M elements)."""
-    max_size = max_size or (3000 if GPU_SIZES else 300)
-    max_numel = max_numel or (1 << 20 if GPU_SIZES else 1 << 14)
+    max_size = max_size or (GPU_MAX_SIZE if GPU_SIZES else 300)
+    max_numel = max_numel or (GPU_MAX_NUMEL if GPU_SIZES else 1 << 14)
     nd = draw(st.integers(min_dims, max_dims))
     dims = []
     for _ in range(nd):
