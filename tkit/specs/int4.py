@@ -236,7 +236,7 @@ def _gemlite_linear(q, s, z, group_size, dtype):
     layer = cls(4, group_size=group_size, in_features=K, out_features=N, input_dtype=dt,
                 output_dtype=dt)
     zeros = z if z is not None else torch.full_like(s, float(I4.SYM_ZERO))
-    layer.pack(I4.unpack_int4(q), s.t().contiguous().to(dtype),
+    layer.pack(I4.unpack_int4(q).contiguous(), s.t().contiguous().to(dtype),
                zeros.t().contiguous().to(dtype), None)
     return layer
 
