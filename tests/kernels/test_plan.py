@@ -232,7 +232,7 @@ def _decode_inputs(paged=False, fp8=False):
 
 def _decode_on_h200(call):
     """``call()`` with decode's split choice seeing 132 SMs (splits > 1 here)."""
-    from tkit.kernels import decode_attention as da
+    from tkit.kernels import decode as da
 
     old, da._sm_count = da._sm_count, lambda device: 132
     try:

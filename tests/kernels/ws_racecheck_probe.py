@@ -57,7 +57,7 @@ def run_minimal(shaped: bool, programs: int = 264) -> None:
 
 
 def run_tkit() -> None:
-    from tkit.kernels import attention_hopper as H
+    from tkit.kernels.attention import hopper as H
 
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(1, 300, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g)

@@ -44,7 +44,7 @@ import triton.language as tl
 from tkit import _env
 from tkit.kernels import _common as C
 from tkit.kernels._numerics import fp8_keep_nan, round_to, saturate_fp8
-from tkit.kernels.decode_attention import FP8, append_kv_checks
+from tkit.kernels.decode import FP8, append_kv_checks
 
 POS_DTYPES = (torch.int32, torch.int64)
 CS_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -1423,7 +1423,7 @@ def matmul_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
         shape (M,) or (M, 1)) / N (per-column of b, shape (N,) or (1, N)); or block scales
         (DeepSeek-V3): scale_a (M, ceil(K / 128)) per 1x128 group of a row of a and scale_b
         (ceil(K / 128), ceil(N / 128)) per 128x128 block of b, applied to each 128-deep K
-        step's MMA sum inside the K loop (tkit/kernels/matmul_fp8_block.py).
+        step's MMA sum inside the K loop (tkit/kernels/matmul/fp8_block.py).
     out_dtype : torch.dtype
         bfloat16 (default), float16 or float32.
     bias, activation, residual
@@ -1434,7 +1434,7 @@ def matmul_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
     out_shape = _check_operands(a, b, C.FP8_DTYPES)
     _check_out_dtype(out_dtype)
     _check_epilogue(out_shape, a.device, bias, activation, residual)
-    from tkit.kernels import matmul_fp8_block as _block
+    from tkit.kernels.matmul import fp8_block as _block
 
     if _block.is_block_scaled(a, b, scale_a, scale_b):
         return _block.matmul_fp8_block(a, b, scale_a, scale_b, out_dtype, bias, activation,

@@ -926,7 +926,7 @@ def _check_cu(cu, name, batch_hint=None):
 
 
 #: Forward cases (head_dim, causal) that go to the Gluon kernel of
-#: :mod:`tkit.kernels.attention_hopper` on sm_90 when it supports the inputs: where it measured
+#: :mod:`tkit.kernels.attention.hopper` on sm_90 when it supports the inputs: where it measured
 #: faster than this module's autotuned Triton kernel (H200, B=4 H=16 S=4096 bf16, 3 interleaved
 #: rounds, 2026-11-30, TFLOP/s Gluon / Triton): D=128, warp-specialized, 580.6 / 479.1
 #: non-causal and 569.8 / 426.4 causal; D=64 causal (not warp-specialized) 375.2 / 362.4.
@@ -943,7 +943,7 @@ def _hopper_choice(q, k, v, causal, window, softcap):
     if q.device.type != "cuda":
         return None, "not on a CUDA device"
     try:
-        from tkit.kernels import attention_hopper
+        from tkit.kernels.attention import hopper as attention_hopper
     except ImportError as e:  # a Triton without Gluon's Hopper API: the Triton kernel serves
         return None, f"Gluon unavailable: {e}"
     reason = attention_hopper.supported(q, k, v, causal, window, softcap)
@@ -955,7 +955,7 @@ def hopper_status(device=None) -> str:
     for which cases (``tkit info`` prints it)."""
     cases = ", ".join(f"D={d}{' causal' if c else ''}" for d, c in sorted(HOPPER_FWD_CASES))
     try:
-        from tkit.kernels import attention_hopper  # noqa: F401
+        from tkit.kernels.attention import hopper as attention_hopper  # noqa: F401
     except ImportError as e:
         return f"Triton kernel only (Gluon unavailable: {e})"
     if not torch.cuda.is_available():
