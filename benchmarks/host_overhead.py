@@ -188,9 +188,11 @@ def main():
     _launch.JITFunction.run = _fake_jit_run
     torch.set_grad_enabled(False)  # inference, as a decode step runs
     # matmul chooses its path as on the H200 (132 SMs): split-K with a reduce at M=1
-    from tkit.kernels import matmul as mm
 
-    mm._arch = lambda device: (9, 132)
+    from tkit.kernels import _device
+
+    _device.capability = lambda device=None: (9, 0)
+    _device.sm_count = lambda device: 132
     rows = []
     env = environment()
     print(f"{env['device']}, torch {env['torch']}, triton {env['triton']}, git {env['git_sha']}")

@@ -58,7 +58,6 @@ the interpreter) or under ``TKIT_CHECK=1``.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -69,6 +68,7 @@ import triton.language as tl
 
 from tkit import _env
 from tkit.kernels import _common as C
+from tkit.kernels import _device as D
 from tkit.kernels import _launch as _L
 from tkit.kernels import _plan as P
 from tkit.kernels._numerics import INTERPRET as _INTERPRET
@@ -154,20 +154,6 @@ def decode_config(**overrides):
 def current_config(head_dim: int, cache_itemsize: int) -> DecodeConfig:
     cfg = DecodeConfig.for_device(head_dim, cache_itemsize)
     return _OVERRIDES.apply(cfg)
-
-
-@functools.cache
-def _cuda_sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _sm_count(device: torch.device) -> int:
-    """SMs of the device; the H200's 132 for meta tensors (tkit.ir plans for sm_90), and a
-    small machine in the interpreter (so tests see splits on tiny caches)."""
-    if device.type == "cuda":
-        return _cuda_sm_count(device.index if device.index is not None
-                              else torch.cuda.current_device())
-    return 132 if device.type == "meta" else 4
 
 
 def choose_num_splits(work: int, n_tiles: int, sms: int, *, ctas_per_sm: int = 2,
@@ -722,7 +708,7 @@ def plan_splits(q, k_cache, block_table, num_splits: int = 0,
     splits = num_splits or cfg.num_splits
     if not splits:
         kv_bytes = 2 * max_len * d * k_cache.element_size()
-        splits = choose_num_splits(b * hk * n_m, n_tiles, _sm_count(q.device),
+        splits = choose_num_splits(b * hk * n_m, n_tiles, D.sm_count(q.device),
                                    ctas_per_sm=cfg.ctas_per_sm,
                                    min_splits=C.cdiv(kv_bytes, cfg.split_bytes))
     splits = max(1, min(int(splits), MAX_SPLITS, max(n_tiles, 1)))
@@ -1176,7 +1162,7 @@ def cost(q, k_cache, v_cache, cache_seqlens, *, block_table=None, k_scale=None, 
     """(bytes, flops) of one call: K and V of every valid token read once (and their
     per-token scales), q read and out written; 4 * sum(L) * heads_q * seqlen_q * head_dim
     FLOPs. Reads ``cache_seqlens`` (host code for reports, never on the call path)."""
-    from tkit.registry import Cost
+    from tkit._cost import Cost
 
     b, sq, hq, d = q.shape
     hk = k_cache.shape[2]

@@ -509,7 +509,7 @@ def silu_mul_quant(a: torch.Tensor, b: torch.Tensor, group_size: int | None = No
 def cost(x, *, group_size=None, out_itemsize=1, inputs=1, residual=False, weight=None):
     """Bytes of one call: ``inputs`` tensors like x read (+ the residual and the h write),
     the quantized output and the float32 scales written, the weight read."""
-    from tkit.registry import Cost
+    from tkit._cost import Cost
 
     n, K = x.numel(), x.shape[-1]
     rows = n // K if K else 0

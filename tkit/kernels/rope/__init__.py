@@ -712,7 +712,7 @@ def cost(q, k, positions=None, cos_sin_cache=None, *, inplace=False, rotary_dim=
          **kw):
     """Bytes of one :func:`rope` call: in place the rotary part of q and k read and written,
     out of place all of q and k read and written; positions and one table row a token."""
-    from tkit.registry import Cost
+    from tkit._cost import Cost
 
     d = q.shape[-1]
     r = rotary_dim or (cos_sin_cache.shape[1] if cos_sin_cache is not None else d)

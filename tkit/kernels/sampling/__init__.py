@@ -748,7 +748,7 @@ def speculative_accept(draft_token_ids, draft_probs, target_probs, *, seed=None)
 
 def cost(logits, **kw):
     """Bytes of one :func:`sample`: the logits read once (plus the ids written)."""
-    from tkit.registry import Cost
+    from tkit._cost import Cost
 
     return Cost(logits.numel() * logits.element_size() + 8 * logits.shape[0], 0.0)
 
@@ -756,7 +756,7 @@ def cost(logits, **kw):
 def cost_speculative(draft_token_ids, draft_probs, target_probs, **kw):
     """Bytes of one :func:`speculative_accept`: per row one draft and one target probability
     row read (the residual's, or the bonus row's), the gathers and the outputs."""
-    from tkit.registry import Cost
+    from tkit._cost import Cost
 
     b, k = draft_token_ids.shape
     v = draft_probs.shape[-1]
