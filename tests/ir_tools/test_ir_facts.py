@@ -158,7 +158,7 @@ def test_aot_compile_is_the_kernel_that_runs():
     assert "tuned config" in k.note or k.configs_available == 1
     from tkit.kernels import elementwise as ew
 
-    jit = irc.unwrap(ew._ew_flat_autotuned)[2]
+    jit = irc.unwrap(ew._kernels._ew_flat_autotuned)[2]
     kernels = {}
     for c in jit.device_caches[torch.cuda.current_device()][0].values():
         c._init_handles()
@@ -206,7 +206,7 @@ def test_python_wrapper_is_refused_with_a_hint():
     from tkit.kernels import elementwise as ew
 
     def my_add(x, y):  # a wrapper that launches a kernel, as users write them
-        return ew._ew_flat_autotuned(x, y)
+        return ew._kernels._ew_flat_autotuned(x, y)
 
     with pytest.raises(ir.IRError, match=r"not a tkit op.*@triton\.jit function itself"
                                          r".*_ew_flat_autotuned"):

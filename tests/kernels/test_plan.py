@@ -91,7 +91,7 @@ def jitplans(monkeypatch):
         return ck
 
     assert not _env.INTERPRET and isinstance(
-        tkit.kernels.elementwise._ew_strided_kernel, _launch.JITFunction)
+        tkit.kernels.elementwise._kernels._ew_strided_kernel, _launch.JITFunction)
     monkeypatch.setattr(_env, "INTERPRET", True)  # read by the device check only, per call
     monkeypatch.setattr(_launch, "_enabled", True)
     monkeypatch.setattr(_launch, "_device_stream", lambda: (0, 77))
@@ -522,18 +522,18 @@ def test_jit_outputs_written_by_torch_ops_get_no_plan(jitplans, monkeypatch):
     not reproduce it, so the signature keeps the ordinary path."""
     from tkit.kernels import elementwise as ew
 
-    launch = ew._launch
+    launch = ew.ops._launch
 
     def zeroing(op, a, b, out, scale=None):
         out.zero_()
         return launch(op, a, b, out, scale)
 
     a, b = torch.randn(4, 64), torch.randn(4, 64)
-    monkeypatch.setattr(ew, "_launch", zeroing)
+    monkeypatch.setattr(ew.ops, "_launch", zeroing)
     before = dict(_launch.stats)
     for _ in range(3):
         tkit.add(a, b)
-    monkeypatch.setattr(ew, "_launch", launch)
+    monkeypatch.setattr(ew.ops, "_launch", launch)
     # an output made by torch alone, no launch at all
     monkeypatch.setattr(ew, "_binary_impl", lambda a, b, op, out_dtype: torch.sub(a, b))
     for _ in range(3):

@@ -8,7 +8,7 @@ import triton.language as tl
 
 from tkit.kernels._numerics import INTERPRET as _INTERPRET
 from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
-from tkit.kernels.elementwise import _activation
+from tkit.kernels.elementwise._kernels import _activation
 from tkit.kernels.matmul.config import _prune, _ptr_configs, _tma_configs
 
 

@@ -11,7 +11,7 @@ import torch
 from tkit import _hooks
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
-from tkit.kernels.elementwise import _activation_grad, _sum_to
+from tkit.kernels.elementwise.ops import _activation_grad, _sum_to
 from tkit.kernels.matmul import config as MC
 from tkit.kernels.matmul._kernels import (
     _grouped_matmul_kernel,
