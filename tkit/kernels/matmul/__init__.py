@@ -43,6 +43,18 @@ Which one runs for a call is :func:`plan`'s decision; it returns the path and th
 ``config.AUTOTUNE = True`` tunes the TMA and pointer kernels per shape over pruned config lists
 instead; docs/NOTES.md has the H200 timings of the alternatives side by side.
 
+The package: ``config.py`` (constants, autotune lists, the fixed tiles, :func:`plan`),
+``_kernels.py`` (the Triton code), ``ops.py`` (launchers, checks, torch.library), this module
+(the public functions and ``cost``), and two variants of the same GEMM beside them:
+``fp8_block.py`` (block-scaled fp8, the DeepSeek-V3 recipe behind :func:`matmul_fp8`'s block
+mode) and ``int4.py`` (``matmul_int4``, the INT4 weight-only GEMM, with
+``quantize_int4``/``dequantize_int4`` and the AWQ/GPTQ converters). INT4 lives here and not in
+``quant/``: its kernel is a matmul (the split-K reduce, ``_dot`` and the tile plan are this
+family's, and the registry counts it in the matmul family), and its quantize helpers only
+produce that kernel's packed weight format, offline; ``quant/`` is the dynamic per-token
+activation quantization that runs in the forward pass. Both import ``config`` and
+``_kernels``, never this module, so the package has no import cycle.
+
 Not here yet: a TMA path for batched operands (3-D descriptors; batched problems with a shared
 weight are folded into M and do take it), a Hopper (TMA/wgmma) grouped kernel, and per-stream
 counters that would let the one-launch split-K be the default.

@@ -21,9 +21,6 @@ ACTIVATIONS = (None, "silu", "gelu", "gelu_tanh", "relu")
 #: cannot afford. docs/NOTES.md has both measured, so that the fixed table follows the tuner.
 AUTOTUNE = False
 FP8 = torch.float8_e4m3fn
-#: Read a row-major residual through a TMA descriptor in the TMA kernel's epilogue (RES_TMA);
-#: False falls back to per-element pointer loads (kept for the GPU script's comparison).
-RESIDUAL_TMA = True
 _SKINNY_M = 64  # at or below this M the GEMM is weight-streaming (memory-bound): split-K path
 _SKINNY_MIN_WEIGHT = 1 << 20  # K*N below this fits in L2 many times over: not worth splitting
 

@@ -100,7 +100,7 @@ def _launch_tma(a, b, out, epi, ieee, num_sms, config=None):
         return (max(1, min(num_sms, tiles)),)
 
     res = epi["res_ptr"] if epi["HAS_RES"] else None
-    if MC.RESIDUAL_TMA and res is not None and res.dim() == 2 and tuple(res.shape) == (M, N) \
+    if res is not None and res.dim() == 2 and tuple(res.shape) == (M, N) \
             and res.stride(0) > 0 and res.element_size() <= 2 and _tma_ok(res) == (True, False):
         # a row-major 16-bit residual is read by TMA (see the kernel's RES_TMA); its staging
         # buffer is 32 KB at 128x256 tiles (a float32 one, 64 KB, would not fit next to the
