@@ -31,7 +31,7 @@ store. A slot is refilled only after both warpgroups have passed the wait that r
 wgmma reading it (the CTA barrier: the TMA is issued by one thread, while each warpgroup only
 knows about its own wgmmas).
 
-Causal key ranges as in attention.py: the key blocks fully visible to every row of the query
+Causal key ranges as in _kernels.py: the key blocks fully visible to every row of the query
 block run without mask arithmetic, then the diagonal blocks (and the ragged end of the keys)
 with it. TMA zero-fills rows past seqlen_k (and seqlen_q), so the masked scores are the only
 place where the ragged end matters. Tile order: the L2 sections of
@@ -421,7 +421,7 @@ def _attn_fwd_hopper_kernel(
     [1, BLOCK_M, 1, head_dim]; k_desc, v_desc: over (batch, seqlen_k, kv heads, head_dim),
     block [1, BLOCK_N, 1, head_dim]; LSE: float32 at ``b*slb + h*slh + row`` (rows contiguous).
     ``qk_scale`` = scale*log2(e); GROUP = query heads per key/value head; HEAD_GROUP the
-    section size of the tile order (see attention.py's ``_attn_fwd_kernel``).
+    section size of the tile order (see _kernels.py's ``_attn_fwd_kernel``).
     """
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]

@@ -29,7 +29,7 @@ def _softcap(qk, qk_scale, cap_scale, SOFTCAP: tl.constexpr):
     """Scores in base-2 units (softcap: cap * log2e * tanh(qk * scale / cap))."""
     if SOFTCAP:
         x = qk * cap_scale
-        # tanh without libdevice (the interpreter has none); series near 0 (see attention.py)
+        # tanh without libdevice (the interpreter has none); series near 0 (as in attention)
         ax = tl.abs(x)
         e = tl.exp2(ax * -2.8853900817779268)
         t_big = (1.0 - e) / (1.0 + e)
