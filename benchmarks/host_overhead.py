@@ -187,8 +187,8 @@ def main():
         _plan.CPU_OK = True
     _launch.JITFunction.run = _fake_jit_run
     torch.set_grad_enabled(False)  # inference, as a decode step runs
-    # matmul chooses its path as on the H200 (132 SMs): split-K with a reduce at M=1
-
+    # the kernels plan as on the H200 (sm_90, 132 SMs): matmul takes split-K with a reduce at
+    # M=1 (before issue #19 only matmul was patched; decode's split count now sees 132 SMs too)
     from tkit.kernels import _device
 
     _device.capability = lambda device=None: (9, 0)
