@@ -3,8 +3,9 @@
     python tests/ir_tools/sass_identity.py record FAMILY [FILE]   # hashes of every default build
     python tests/ir_tools/sass_identity.py check  FAMILY [FILE]   # the same builds, compared
 
-FAMILY is one of: matmul, attention, decode, rope, quant, sampling, elementwise ("all" runs
-each in turn). FILE defaults to ``sass_baseline_<FAMILY>.json`` next to this script.
+FAMILY is one of: matmul, attention, attention_bwd, decode, rope, quant, sampling,
+elementwise ("all" runs each in turn). FILE defaults to ``sass_baseline_<FAMILY>.json`` next
+to this script.
 
 Every op of the family is called on each of its registry bench and check cases, captured on
 meta tensors (no GPU, TRITON_INTERPRET unset), and every launched kernel is compiled for sm_90a
@@ -12,6 +13,8 @@ with tkit.ir; the SASS (cuobjdump from the Triton wheel) is hashed per (op, case
 The attention family adds the Gluon Hopper forward (which needs a CUDA tensor to be chosen at
 run time): each of its ``HOPPER_FWD_CASES`` in bf16 and fp16, at its default config, compiled
 ahead of time by ``compile_sm90``. Meta tensors plan as an sm_90 with the H200's 132 SMs.
+attention_bwd launches flash_attention's backward (delta, dK/dV, dQ kernels) on the inputs
+of each flash_attention case, from the family's internal ``_bwd_impl``.
 The reductions family has its own script (reductions_sass.py), which also covers backwards.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 import tempfile
@@ -33,6 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FAMILIES = {
     "matmul": ("matmul", "matmul_fp8", "grouped_matmul", "matmul_int4"),
     "attention": ("flash_attention", "flash_attention_varlen"),
+    "attention_bwd": ("flash_attention",),
     "decode": ("decode_attention", "append_kv", "merge_attention_states"),
     "rope": ("rope", "rope_append_kv"),
     "quant": ("quantize_fp8", "quantize_int8", "rms_norm_quant", "silu_mul_quant"),
@@ -70,16 +75,36 @@ def _h(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _attention_bwd():
+    try:
+        from tkit.kernels.attention.ops import _bwd_impl  # the package layout
+    except ImportError:
+        from tkit.kernels.attention import _bwd_impl  # the flat layout
+
+    def run(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
+            **_):
+        scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        wl, wr = (int(w) for w in window_size)
+        b, sq, hq = q.shape[:3]
+        out = torch.empty_like(q)
+        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+        _bwd_impl(torch.empty_like(q), q, k, v, out, lse, None, None, None, sq, k.shape[1],
+                  bool(causal), float(scale), wl, wr, float(softcap))
+    return run
+
+
 def hashes(family: str, only: str | None = None) -> dict:
     from tkit import registry
     from tkit.ir_tools.aot import _make_meta, compile_launch, unwrap
     from tkit.kernels import _common
 
     ops = FAMILIES[family]
+    bwd = _attention_bwd() if family == "attention_bwd" else None
     result = {}
     for spec in registry.all_specs():
         if spec.name not in ops or (only and spec.name != only):
             continue
+        fn = bwd or spec.fn
         cases = [("bench", c) for c in spec.bench_cases()] + \
                 [("check", c) for c in spec.check_cases()]
         for kind, case in cases:
@@ -94,7 +119,7 @@ def hashes(family: str, only: str | None = None) -> dict:
                     print(key, result[key], flush=True)
                     continue
                 n0 = len(launches)
-                spec.fn(*args, **kwargs)
+                fn(*args, **kwargs)
             for i, lc in enumerate(list(launches)[n0:]):
                 name = unwrap(lc.kernel)[2].fn.__name__
                 ir = compile_launch(lc.kernel, dict(lc.kwargs), 90)

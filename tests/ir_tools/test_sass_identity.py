@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-FAMILIES = ["matmul", "attention", "decode", "rope", "quant", "sampling", "elementwise"]
+FAMILIES = [
+    "matmul", "attention", "attention_bwd", "decode", "rope", "quant", "sampling", "elementwise"]
 
 
 @pytest.mark.slow
