@@ -540,7 +540,7 @@ def _load_widths(launch, var: str) -> set[int]:
     from tkit.ir_tools import aot
 
     ir = aot.compile_launch(launch.kernel, launch.kwargs, 90)
-    src = Path(mm.__file__).read_text().splitlines()
+    src = Path(mm._kernels.__file__).read_text().splitlines()
     lines = {i + 1 for i, text in enumerate(src)
              if re.match(rf"\s*{var} = tl\.load\({var}_ptrs", text)}
     widths, current = set(), False
