@@ -203,10 +203,10 @@ def test_compiles_choose_fp_fusion_explicitly():
 
 # ---- bad input ----------------------------------------------------------------------------
 def test_python_wrapper_is_refused_with_a_hint():
-    from tkit.kernels import elementwise as ew
+    from tkit.kernels.elementwise import _kernels as ew
 
     def my_add(x, y):  # a wrapper that launches a kernel, as users write them
-        return ew._kernels._ew_flat_autotuned(x, y)
+        return ew._ew_flat_autotuned(x, y)
 
     with pytest.raises(ir.IRError, match=r"not a tkit op.*@triton\.jit function itself"
                                          r".*_ew_flat_autotuned"):
