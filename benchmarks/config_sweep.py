@@ -115,7 +115,7 @@ def sweep_sample(rows):
 
 
 def sweep_matmul_fp8(rows):
-    from tkit.kernels import matmul as MM
+    from tkit.kernels.matmul import ops as MM
     from tkit.testing.compare import assert_close_to_reference
 
     # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): BLOCK_K is also the interval at which the
@@ -159,7 +159,7 @@ def sweep_matmul_fp8(rows):
 
 
 def sweep_int4(rows):
-    from tkit.kernels import int4 as I4
+    from tkit.kernels.matmul import int4 as I4
 
     grid = [dict(block_n=n, split_k=k, num_stages=st, num_warps=w)
             for n, k, st, w in ((128, 4, 4, 4), (128, 8, 4, 4), (64, 4, 4, 4), (64, 8, 4, 4),

@@ -2,7 +2,7 @@
 
 For each chosen bench case of ``decode_attention`` (tkit/specs/decode_attention.py), every
 combination of keys per tile, warps and pipeline stages runs under
-:func:`tkit.kernels.decode_attention.decode_config`, is checked against the float32 reference
+:func:`tkit.kernels.decode.decode_config`, is checked against the float32 reference
 once, and is timed as ``tkit bench`` times (L2 flushed, medians); SDPA's cuDNN backend on the
 same dense tensors is timed in the same run where it applies. Prints a table and appends
 long-form rows (JSON lines) to ``--out``. The defaults in ``DecodeConfig.for_device`` come from
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
 def _sweep_case(spec, case, grid, baselines, env, t_end) -> list[dict]:
     from tkit.bench.runner import _verify
     from tkit.bench.timing import time_fn
-    from tkit.kernels import decode_attention as DA
+    from tkit.kernels import decode as DA
 
     a, kw = case.make("cuda")
     cost = spec.cost(*a, **kw)

@@ -187,10 +187,12 @@ def main():
         _plan.CPU_OK = True
     _launch.JITFunction.run = _fake_jit_run
     torch.set_grad_enabled(False)  # inference, as a decode step runs
-    # matmul chooses its path as on the H200 (132 SMs): split-K with a reduce at M=1
-    from tkit.kernels import matmul as mm
+    # the kernels plan as on the H200 (sm_90, 132 SMs): matmul takes split-K with a reduce at
+    # M=1 (before issue #19 only matmul was patched; decode's split count now sees 132 SMs too)
+    from tkit.kernels import _device
 
-    mm._arch = lambda device: (9, 132)
+    _device.capability = lambda device=None: (9, 0)
+    _device.sm_count = lambda device: 132
     rows = []
     env = environment()
     print(f"{env['device']}, torch {env['torch']}, triton {env['triton']}, git {env['git_sha']}")

@@ -7,7 +7,10 @@ is imported.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+
+from tkit import _hooks
 
 __version__ = "0.1.0"
 
@@ -34,17 +37,17 @@ _EXPORTS = {
     "matmul": "tkit.kernels.matmul",
     "matmul_fp8": "tkit.kernels.matmul",
     "grouped_matmul": "tkit.kernels.matmul",
-    "matmul_int4": "tkit.kernels.int4",
-    "quantize_int4": "tkit.kernels.int4",
-    "dequantize_int4": "tkit.kernels.int4",
-    "int4_from_awq": "tkit.kernels.int4",
-    "int4_from_gptq": "tkit.kernels.int4",
+    "matmul_int4": "tkit.kernels.matmul.int4",
+    "quantize_int4": "tkit.kernels.matmul.int4",
+    "dequantize_int4": "tkit.kernels.matmul.int4",
+    "int4_from_awq": "tkit.kernels.matmul.int4",
+    "int4_from_gptq": "tkit.kernels.matmul.int4",
     # attention
     "flash_attention": "tkit.kernels.attention",
     "flash_attention_varlen": "tkit.kernels.attention",
-    "decode_attention": "tkit.kernels.decode_attention",
-    "append_kv": "tkit.kernels.decode_attention",
-    "merge_attention_states": "tkit.kernels.decode_attention",
+    "decode_attention": "tkit.kernels.decode",
+    "append_kv": "tkit.kernels.decode",
+    "merge_attention_states": "tkit.kernels.decode",
     # rotary embeddings
     "rope": "tkit.kernels.rope",
     "rope_cache": "tkit.kernels.rope",
@@ -63,6 +66,30 @@ _SUBMODULES = {"registry", "testing", "bench", "ir", "cuda_ext", "kernels"}
 _ALIASES = {"ir": "tkit.ir_tools"}
 
 __all__ = sorted(list(_EXPORTS) + list(_SUBMODULES))
+
+
+def _cuda_matmul():
+    from tkit import cuda_ext
+
+    call = getattr(cuda_ext, "matmul", None)
+    if call is None:
+        import functools
+
+        call = functools.partial(cuda_ext.dispatch, "matmul")
+    return call
+
+
+@contextlib.contextmanager
+def _aot_compile_context(jit):
+    from tkit.ir_tools.aot import _jit_language, _real_language
+
+    with _real_language(), _jit_language(jit):
+        yield
+
+
+# the layers above the kernels plug in here (tkit/_hooks.py), so the kernels import none of them
+_hooks.cuda_matmul = _cuda_matmul
+_hooks.aot_compile_context = _aot_compile_context
 
 
 def __getattr__(name: str):

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from tkit._cost import Cost, unique_bytes  # noqa: F401  (the specs read them here)
+
 #: Spec modules, in the order a reader learns the families.
 SPEC_MODULES = (
     "tkit.specs.elementwise",
@@ -31,19 +33,6 @@ SPEC_MODULES = (
     "tkit.specs.cuda_ext",
     "tkit.specs.model",
 )
-
-
-@dataclass(frozen=True)
-class Cost:
-    """The least work an op must do: bytes through device memory (each input read once, each
-    output written once) and floating-point operations."""
-
-    bytes: float
-    flops: float = 0.0
-
-    @property
-    def intensity(self) -> float:
-        return self.flops / self.bytes if self.bytes else float("inf")
 
 
 @dataclass
@@ -183,15 +172,6 @@ def lazy_composite(fn: Callable) -> Callable:
         return st.composite(fn)(*args, **kwargs)
 
     return strategy
-
-
-def unique_bytes(t: torch.Tensor) -> int:
-    """Bytes an op must read from ``t``: broadcast (stride-0) dimensions count once."""
-    n = 1
-    for size, stride in zip(t.shape, t.stride()):
-        if stride != 0:
-            n *= size
-    return n * t.element_size() if t.numel() else 0
 
 
 def torch_compile_baseline(fn: Callable) -> Callable[[], Callable | None]:

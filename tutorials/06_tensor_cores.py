@@ -165,7 +165,7 @@ def compile_both():
     b = torch.empty(4096, 4096, device="meta", dtype=torch.bfloat16)
     hopper = ir.compile(tkit.matmul, a, b, arch="sm_90", config=HOPPER_CONFIG)
     # sm_80 has no TMA: force the pointer kernel the dispatcher picks there
-    ampere = ir.compile(mm._matmul_kernel, *_ptr_args(a, b), arch="sm_80", **AMPERE_CONFIG)
+    ampere = ir.compile(mm._kernels._matmul_kernel, *_ptr_args(a, b), arch="sm_80", **AMPERE_CONFIG)
     return hopper, ampere
 
 

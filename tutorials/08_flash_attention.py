@@ -6,7 +6,7 @@
 # it walks K and V in blocks and keeps the softmax *online* (chapter 04), so the scores live in
 # registers and the op becomes compute-bound. This chapter predicts the traffic of both forms,
 # derives the blocked algorithm from chapter 04's online softmax, walks through tkit's Triton
-# kernel (`tkit/kernels/attention.py`) with `tkit.ir`, and measures it against the prediction.
+# kernel (`tkit/kernels/attention/`) with `tkit.ir`, and measures it against the prediction.
 #
 # Run it: `python tutorials/08_flash_attention.py` (on a GPU it times tkit against SDPA's
 # backends); `pytest tutorials/08_flash_attention.py` checks every claim on any machine.
@@ -217,7 +217,7 @@ def test_compiler_facts_on_sm90():
 # before the next block.
 
 # %% [markdown]
-# ## Writing the overlap by hand: Gluon (`tkit/kernels/attention_hopper.py`)
+# ## Writing the overlap by hand: Gluon (`tkit/kernels/attention/hopper.py`)
 #
 # What the Triton kernel cannot express, Triton's lower-level dialect Gluon can: explicit
 # layouts, `warpgroup_mma(..., is_async=True)` and `warpgroup_mma_wait(num_outstanding=...)`,
@@ -248,7 +248,7 @@ def test_compiler_facts_on_sm90():
 
 
 def test_gluon_kernel_keeps_one_wgmma_group_in_flight():
-    from tkit.kernels import attention_hopper as AH
+    from tkit.kernels.attention import hopper as AH
 
     ptx = AH.compile_sm90(128, causal=False).asm["ptx"]
     assert "wgmma.wait_group.sync.aligned 1;" in ptx  # the softmax overlaps a wgmma
@@ -336,7 +336,7 @@ def test_decode_is_memory_bound():
 def decode_grid(b=32, hq=32, hk=8, d=128, length=8192, item=2, sq=1, sms=H200_SMS):
     """(programs without split, num_splits, programs with split) as tkit plans them for an
     H200 (from shapes only; the H200 default config for a 16-bit D=128 cache)."""
-    from tkit.kernels import decode_attention as da
+    from tkit.kernels import decode as da
 
     cfg = da.DecodeConfig(block_n=64, num_stages=2)
     q = torch.empty(b, sq, hq, d, device="meta", dtype=torch.bfloat16)

@@ -29,7 +29,11 @@ def _entries():
     try:
         from tkit.kernels.reductions import config as D
         from tkit.kernels.reductions import ops as O
-        D.sm_count = lambda device, default: SMS  # noqa: E731
+        try:
+            from tkit.kernels import _device
+            _device.sm_count = lambda device: SMS  # noqa: E731
+        except ImportError:
+            D.sm_count = lambda device, default: SMS  # noqa: E731
         return (O._norm_fwd_impl, O._norm_bwd_impl, O._softmax_fwd_impl, O._softmax_bwd_impl)
     except ImportError:
         from tkit.kernels import norm as N

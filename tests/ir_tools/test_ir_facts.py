@@ -158,7 +158,7 @@ def test_aot_compile_is_the_kernel_that_runs():
     assert "tuned config" in k.note or k.configs_available == 1
     from tkit.kernels import elementwise as ew
 
-    jit = irc.unwrap(ew._ew_flat_autotuned)[2]
+    jit = irc.unwrap(ew._kernels._ew_flat_autotuned)[2]
     kernels = {}
     for c in jit.device_caches[torch.cuda.current_device()][0].values():
         c._init_handles()
@@ -203,7 +203,7 @@ def test_compiles_choose_fp_fusion_explicitly():
 
 # ---- bad input ----------------------------------------------------------------------------
 def test_python_wrapper_is_refused_with_a_hint():
-    from tkit.kernels import elementwise as ew
+    from tkit.kernels.elementwise import _kernels as ew
 
     def my_add(x, y):  # a wrapper that launches a kernel, as users write them
         return ew._ew_flat_autotuned(x, y)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import tkit
 from tkit import registry
-from tkit.kernels import _common
+from tkit.kernels import _common, _device
 from tkit.kernels import attention as A
 from tkit.specs import attention as S
 from tkit.testing import check_against_reference, fuzz, make_tensor
@@ -270,12 +270,12 @@ def test_cpu_tensor_without_interpreter_is_refused(monkeypatch):
 def test_config_pruning_with_keyword_launch(monkeypatch):
     # tkit launches with keywords only, so Triton's autotuner hands the pruner an empty
     # ``named_args`` and everything in ``kwargs``
-    monkeypatch.setattr(A, "_smem_limit", lambda: 232448)  # the H200's per-block limit
-    monkeypatch.setattr(A, "_env_interpret", lambda: False)
+    monkeypatch.setattr(_device, "smem_limit", lambda: 232448)  # the H200's per-block limit
+    monkeypatch.setattr(A.config, "_env_interpret", lambda: False)
     q = torch.empty(1, 8, 2, 128, dtype=torch.float16)
     configs = [triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "USE_TMA": tma, "WARP_SPEC": False},
                              num_stages=3, num_warps=8) for tma in (False, True)]
-    prune = A._prune(A._fwd_smem)
+    prune = A.config._prune(A.config._fwd_smem)
     assert prune(configs, {}, Q=q, K=q, V=q, BLOCK_D=128) == configs
     # non-16-byte-aligned rows: the TMA config goes
     odd = torch.empty(1, 8, 2, 7, dtype=torch.float16)
@@ -284,16 +284,16 @@ def test_config_pruning_with_keyword_launch(monkeypatch):
     (kept,) = prune(configs, {}, Q=q, K=q, V=q, BLOCK_D=256)
     assert (kept.kwargs["BLOCK_M"], kept.kwargs["BLOCK_N"]) == (64, 32)
     bwd = [triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_stages=3, num_warps=8)]
-    assert A._prune(A._bwd_smem("dq"))(bwd, {}, Q=q, K=q, V=q, BLOCK_D=128) == bwd
+    assert A.config._prune(A.config._bwd_smem("dq"))(bwd, {}, Q=q, K=q, V=q, BLOCK_D=128) == bwd
 
 
 def test_no_autotune_default_is_the_first_tile_that_fits(monkeypatch):
     # TKIT_NO_AUTOTUNE launches the first of _FWD_TILES that fits shared memory at the head dim
-    monkeypatch.setattr(A, "_smem_limit", lambda: 232448)
-    monkeypatch.setattr(A, "_env_interpret", lambda: False)
+    monkeypatch.setattr(_device, "smem_limit", lambda: 232448)
+    monkeypatch.setattr(A.config, "_env_interpret", lambda: False)
 
     def tile(d, itemsize=2, tma=True, block_d=None):
-        c = A._fwd_default_config(block_d or d, itemsize, tma, d)
+        c = A.config._fwd_default_config(block_d or d, itemsize, tma, d)
         return c["BLOCK_M"], c["BLOCK_N"], c["num_stages"], c["num_warps"], c["USE_TMA"]
 
     assert tile(64) == tile(128) == (128, 64, 3, 8, False)
@@ -305,15 +305,15 @@ def test_no_autotune_default_is_the_first_tile_that_fits(monkeypatch):
 
 
 def test_padded_head_dims_prune_the_faulting_tile(monkeypatch):
-    monkeypatch.setattr(A, "_smem_limit", lambda: 232448)
-    monkeypatch.setattr(A, "_env_interpret", lambda: False)
+    monkeypatch.setattr(_device, "smem_limit", lambda: 232448)
+    monkeypatch.setattr(A.config, "_env_interpret", lambda: False)
     q = torch.empty(1, 8, 1, 192, dtype=torch.bfloat16)
-    prune = A._prune(A._fwd_smem)
-    configs = A._fwd_configs()  # the full list: the interpreter check is patched off
+    prune = A.config._prune(A.config._fwd_smem)
+    configs = A.config._fwd_configs()  # the full list: the interpreter check is patched off
     padded = prune(configs, {}, Q=q, K=q, V=q, BLOCK_D=256, HEAD_DIM=192)
     exact = prune(configs, {}, Q=q, K=q, V=q, BLOCK_D=256, HEAD_DIM=256)
-    assert any(A._faults_when_padded(c) for c in exact)
-    assert not any(A._faults_when_padded(c) for c in padded) and padded
+    assert any(A.config._faults_when_padded(c) for c in exact)
+    assert not any(A.config._faults_when_padded(c) for c in padded) and padded
 
 
 # ---- GPU only ------------------------------------------------------------------------------
@@ -325,9 +325,9 @@ def test_gpu_bf16_head_dims(d, causal, hopper, monkeypatch):
     """Every head dim through the public function, with the Gluon Hopper forward where it is
     dispatched (D=128, D=64 causal on sm_90) and with the Triton kernel for everything."""
     if not hopper:
-        if (d, causal) not in A.HOPPER_FWD_CASES:
+        if (d, causal) not in A.config.HOPPER_FWD_CASES:
             pytest.skip("the Triton kernel serves this case either way")
-        monkeypatch.setattr(A, "HOPPER_FWD_CASES", frozenset())
+        monkeypatch.setattr(A.config, "HOPPER_FWD_CASES", frozenset())
     args = _qkv(2, 300, 300, 4, 2, d, torch.bfloat16, "cuda")
     check_against_reference(tkit.flash_attention, S.ref_attention, args,
                             dict(causal=causal, return_lse=True), grad=True)
@@ -342,7 +342,7 @@ def test_gpu_forward_backends_agree():
     for causal in (False, True):
         o1, l1 = A._fwd_impl(q, k, v, None, None, 700, 900, causal, 0.088, -1, -1, 0.0)
         o2, l2 = A._fwd_impl(q, k, v, None, None, 700, 900, causal, 0.088, -1, -1, 0.0,
-                             config=A._fwd_default_config(128, 2, True, 128))
+                             config=A.config._fwd_default_config(128, 2, True, 128))
         torch.testing.assert_close(o1.float(), o2.float(), atol=2e-2, rtol=2e-2)
         torch.testing.assert_close(l1, l2, atol=1e-3, rtol=1e-4)
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import triton
 
-from tkit.kernels import attention_hopper as AH
+from tkit.kernels.attention import hopper as AH
 from tkit.specs import attention as S
 from tkit.testing import check_against_reference, make_tensor
 

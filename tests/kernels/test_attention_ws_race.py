@@ -55,7 +55,7 @@ PARALLEL = 6
 def _hopper():
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the warp-specialized forward runs on sm_90 only")
-    from tkit.kernels import attention_hopper as H
+    from tkit.kernels.attention import hopper as H
 
     return H
 
@@ -153,9 +153,9 @@ def test_ws_racecheck_ladder(ladder):
     ws_line = first + next(i for i, s in enumerate(src) if "gl.warp_specialize(" in s)
     def_line = first + next(i for i, s in enumerate(src) if s.lstrip().startswith("def "))
     lines = {int(w.split(":")[1]) for w in ladder["tkit"]["where"]
-             if w.startswith("attention_hopper.py:")}
+             if w.startswith("hopper.py:")}
     assert lines <= {def_line, ws_line}, (
-        f"racecheck hazards in tkit's own code at attention_hopper.py lines {sorted(lines)}")
+        f"racecheck hazards in tkit's own code at attention/hopper.py lines {sorted(lines)}")
 
 
 @pytest.mark.gpu

@@ -7,7 +7,7 @@ import torch
 
 import tkit
 from tkit import registry
-from tkit.kernels import decode_attention as DA
+from tkit.kernels import decode as DA
 from tkit.specs import decode_attention as S
 from tkit.testing import check_against_reference, fuzz, make_tensor, poisoned_outputs
 

@@ -77,26 +77,26 @@ def test_int64_index_path(device, monkeypatch):
     """The 64-bit offset code path computes the same thing (forced on at a small size; the
     GPU test below crosses 2**31 for real)."""
     monkeypatch.setattr(_common, "span_needs_int64", lambda *m: True)
-    ew._plan.cache_clear()  # launch plans are cached per layout
+    ew.ops._plan.cache_clear()  # launch plans are cached per layout
     try:
         for layout in ("contiguous", "transposed"):
             a = make_tensor((33, 70), torch.float16, layout, seed=1, device=device)
             b = make_tensor((70,), torch.float16, seed=2, device=device)
-            assert ew._plan("add", False, (ew._meta(a), ew._meta(b), ew._meta(a + b)))[1][
-                "INT64"]
+            metas = (ew.ops._meta(a), ew.ops._meta(b), ew.ops._meta(a + b))
+            assert ew.ops._plan("add", False, metas)[1]["INT64"]
             check_against_reference(tkit.add, torch.add, [a, b])
     finally:
-        ew._plan.cache_clear()
+        ew.ops._plan.cache_clear()
 
 
 def test_launch_plans_are_cached_per_layout(device):
-    ew._plan.cache_clear()
+    ew.ops._plan.cache_clear()
     a = make_tensor((16, 64), torch.float32, "transposed", seed=1, device=device)
     tkit.silu(a)
     tkit.silu(make_tensor((16, 64), torch.float32, "transposed", seed=2, device=device))
-    assert ew._plan.cache_info().hits == 1 and ew._plan.cache_info().misses == 1
+    assert ew.ops._plan.cache_info().hits == 1 and ew.ops._plan.cache_info().misses == 1
     tkit.silu(make_tensor((16, 65), torch.float32, "transposed", seed=2, device=device))
-    assert ew._plan.cache_info().misses == 2
+    assert ew.ops._plan.cache_info().misses == 2
 
 
 def test_needs_int64_counts_span():

@@ -8,7 +8,7 @@ import torch
 
 import tkit
 from tkit import _env, registry
-from tkit.kernels import int4 as I4
+from tkit.kernels.matmul import int4 as I4
 from tkit.testing import (
     assert_close_to_reference,
     check_against_reference,

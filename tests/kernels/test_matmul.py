@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import tkit
 from tkit import registry
-from tkit.kernels import _common
+from tkit.kernels import _common, _device
 from tkit.kernels import matmul as mm
 from tkit.specs import matmul as spec_mm
 from tkit.testing import check_against_reference, fuzz, make_tensor
@@ -235,7 +235,7 @@ def test_splitk_one_launch(split, device):
     two = run(a, b, bias, res, fused=False)
     for _ in range(2):
         assert torch.equal(run(a, b, bias, res), two)
-    assert not mm._splitk_counters(a.device, 1).any()
+    assert not mm.ops._splitk_counters(a.device, 1).any()
     check_against_reference(
         run, lambda a, b, bias, res: torch.nn.functional.silu(a @ b + bias) + res,
         [a, b, bias, res])
@@ -421,7 +421,7 @@ def test_bf16_linear_layout(m, bias):
 @pytest.mark.parametrize("path", ["ptr", "tma"])
 def test_autotuned_kernels(path, device, monkeypatch):
     """AUTOTUNE=True goes through triton.autotune (one config in the interpreter)."""
-    monkeypatch.setattr(mm, "AUTOTUNE", True)
+    monkeypatch.setattr(mm.config, "AUTOTUNE", True)
     a = make_tensor((40, 48), torch.float16, seed=1, device=device)
     b = make_tensor((48, 72), torch.float16, "transposed", seed=2, device=device)
     bias = make_tensor((72,), torch.float16, seed=3, device=device)
@@ -433,7 +433,7 @@ def test_autotuned_kernels(path, device, monkeypatch):
 
 
 def test_fixed_configs_per_shape_class(monkeypatch):
-    monkeypatch.setattr(mm._env, "INTERPRET", False)
+    monkeypatch.setattr(mm.config._env, "INTERPRET", False)
     big = mm.tma_config(8192, 8192, 8192)
     assert (big["BLOCK_M"], big["BLOCK_N"], big["BLOCK_K"], big["num_warps"]) == (128, 256, 64, 8)
     assert mm.tma_config(512, 4096, 4096)["BLOCK_N"] == 128  # 32 tiles of 128x256: too few
@@ -540,7 +540,7 @@ def _load_widths(launch, var: str) -> set[int]:
     from tkit.ir_tools import aot
 
     ir = aot.compile_launch(launch.kernel, launch.kwargs, 90)
-    src = Path(mm.__file__).read_text().splitlines()
+    src = Path(mm._kernels.__file__).read_text().splitlines()
     lines = {i + 1 for i, text in enumerate(src)
              if re.match(rf"\s*{var} = tl\.load\({var}_ptrs", text)}
     widths, current = set(), False
@@ -606,7 +606,8 @@ def test_aligned_operands_keep_vector_loads(monkeypatch):
 
 
 def _on_hopper(monkeypatch):
-    monkeypatch.setattr(mm, "_arch", lambda device: (9, 132))
+    monkeypatch.setattr(_device, "capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(_device, "sm_count", lambda device: 132)
 
 
 def _at_offset(shape, dtype, elements, transposed=False):

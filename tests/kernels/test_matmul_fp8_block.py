@@ -8,7 +8,7 @@ import torch
 
 import tkit
 from tkit import registry
-from tkit.kernels import matmul_fp8_block as FB
+from tkit.kernels.matmul import fp8_block as FB
 from tkit.testing import assert_close_to_reference, check_against_reference, opcheck
 
 ON_GPU = torch.cuda.is_available()

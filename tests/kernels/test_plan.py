@@ -19,7 +19,7 @@ import torch
 import tkit
 from tkit import _env
 from tkit.kernels import _common as C
-from tkit.kernels import _launch, _plan
+from tkit.kernels import _device, _launch, _plan
 
 JIT_CHILD = os.environ.get("TKIT_PLAN_JIT_CHILD") == "1"
 jit = pytest.mark.skipif(not JIT_CHILD, reason="runs in test_plans_in_a_jit_process's child")
@@ -91,7 +91,7 @@ def jitplans(monkeypatch):
         return ck
 
     assert not _env.INTERPRET and isinstance(
-        tkit.kernels.elementwise._ew_strided_kernel, _launch.JITFunction)
+        tkit.kernels.elementwise._kernels._ew_strided_kernel, _launch.JITFunction)
     monkeypatch.setattr(_env, "INTERPRET", True)  # read by the device check only, per call
     monkeypatch.setattr(_launch, "_enabled", True)
     monkeypatch.setattr(_launch, "_device_stream", lambda: (0, 77))
@@ -232,24 +232,22 @@ def _decode_inputs(paged=False, fp8=False):
 
 def _decode_on_h200(call):
     """``call()`` with decode's split choice seeing 132 SMs (splits > 1 here)."""
-    from tkit.kernels import decode_attention as da
 
-    old, da._sm_count = da._sm_count, lambda device: 132
+    old, _device.sm_count = _device.sm_count, lambda device: 132
     try:
         return call()
     finally:
-        da._sm_count = old
+        _device.sm_count = old
 
 
 def _as_on_h200(call):
     """``call()`` with softmax's path choice seeing 132 SMs (a CPU counts as one)."""
-    from tkit.kernels.reductions import config
 
-    old, config.sm_count = config.sm_count, lambda device, default: 132
+    old, _device.sm_count = _device.sm_count, lambda device: 132
     try:
         return call()
     finally:
-        config.sm_count = old
+        _device.sm_count = old
 
 
 @jit
@@ -294,7 +292,8 @@ def test_jit_split_k_plan_allocates_its_partials(jitplans, monkeypatch):
     ``_common.scratch``) and a reduce launch; the plan allocates the partials per call."""
     from tkit.kernels import matmul as mm
 
-    monkeypatch.setattr(mm, "_arch", lambda device: (9, 132))
+    monkeypatch.setattr(_device, "capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(_device, "sm_count", lambda device: 132)
     a, w = torch.randn(1, 4096).to(BF), torch.randn(4096, 4096).to(BF)
     assert mm.plan(a, w).path == "splitk" and mm.plan(a, w).config["SPLIT_K"] > 1
     planned = _plan_vs_ordinary(jitplans, lambda: (a, w), tkit.matmul)
@@ -523,18 +522,18 @@ def test_jit_outputs_written_by_torch_ops_get_no_plan(jitplans, monkeypatch):
     not reproduce it, so the signature keeps the ordinary path."""
     from tkit.kernels import elementwise as ew
 
-    launch = ew._launch
+    launch = ew.ops._launch
 
     def zeroing(op, a, b, out, scale=None):
         out.zero_()
         return launch(op, a, b, out, scale)
 
     a, b = torch.randn(4, 64), torch.randn(4, 64)
-    monkeypatch.setattr(ew, "_launch", zeroing)
+    monkeypatch.setattr(ew.ops, "_launch", zeroing)
     before = dict(_launch.stats)
     for _ in range(3):
         tkit.add(a, b)
-    monkeypatch.setattr(ew, "_launch", launch)
+    monkeypatch.setattr(ew.ops, "_launch", launch)
     # an output made by torch alone, no launch at all
     monkeypatch.setattr(ew, "_binary_impl", lambda a, b, op, out_dtype: torch.sub(a, b))
     for _ in range(3):

@@ -14,6 +14,7 @@ import torch
 import tkit
 from tkit import registry
 from tkit.kernels import sampling as SK
+from tkit.kernels.sampling import _kernels as SKK
 from tkit.specs import sampling as S
 from tkit.testing import check_against_reference, fuzz, make_tensor, opcheck
 
@@ -89,8 +90,8 @@ def test_philox_matches_triton():
     @triton.jit
     def kernel(O, seed, stream, N: tl.constexpr):
         i = tl.arange(0, N)
-        tl.store(O + i, SK._uniform(seed, stream, 2, i))
-        tl.store(O + N + i, SK._uniform_block(seed, stream, 2, 0, N))
+        tl.store(O + i, SKK._uniform(seed, stream, 2, i))
+        tl.store(O + N + i, SKK._uniform_block(seed, stream, 2, 0, N))
 
     out = torch.empty(64, device=DEV)
     for seed in (0, 12345, 2**40 + 17, 2**62 + 5):

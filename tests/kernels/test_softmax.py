@@ -10,6 +10,7 @@ import torch
 
 import tkit
 from tkit import registry
+from tkit.kernels import _device
 from tkit.kernels.reductions import SoftmaxConfig, ops, overrides
 from tkit.kernels.reductions import config as rconfig
 from tkit.specs.reductions import ref_log_softmax, ref_softmax
@@ -215,7 +216,7 @@ def test_softmax_config_selection(monkeypatch):
     from tkit import _env
 
     monkeypatch.setattr(_env, "INTERPRET", False)
-    monkeypatch.setattr(rconfig, "sm_count", lambda device, default: 132)
+    monkeypatch.setattr(_device, "sm_count", lambda device: 132)
     dev = torch.device("cpu")
     fused = SoftmaxConfig.for_device(16384, 8192, 2, device=dev)
     assert fused.path == "fused" and fused.block_n == 8192 and fused.rows == 1

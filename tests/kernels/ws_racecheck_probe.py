@@ -257,7 +257,7 @@ def compile_sm90(variant: str):
 if __name__ == "__main__":
     which = sys.argv[1]
     if which == "tkit":
-        from tkit.kernels import attention_hopper as H
+        from tkit.kernels.attention import hopper as H
 
         g = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(1, 300, 4, 128, device="cuda", dtype=torch.bfloat16,

@@ -1,4 +1,4 @@
-"""Triton kernels, one module per op family. Import the public functions from ``tkit``."""
+"""Triton kernels, one package per op family. Import the public functions from ``tkit``."""
 
 from tkit._compat import check_interpreter
 

@@ -17,7 +17,10 @@ from typing import Any
 import torch
 
 from tkit import _env
-from tkit.kernels import _launch, _plan
+from tkit.kernels import _launch, _plan, _tuning
+
+# tuned configs cleared from disk: forget the eager plans built on them
+_tuning.on_clear(_plan.clear)
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP8_DTYPES = (torch.float8_e4m3fn,)

@@ -240,6 +240,18 @@ def write_entry(path: Path, name: str, src: str, bucket: str, cfg: dict,
         _tables[path] = data
 
 
+#: called after :func:`clear_disk_cache`: the eager plans (tkit.kernels._plan) hold configs
+#: chosen from the cleared cache; tkit.kernels._common registers their ``clear`` (this module
+#: sits below _launch and _plan, and imports neither)
+_on_clear: list = []
+
+
+def on_clear(fn) -> None:
+    """Call ``fn()`` after every :func:`clear_disk_cache`."""
+    if fn not in _on_clear:
+        _on_clear.append(fn)
+
+
 def clear_disk_cache() -> None:
     """Delete every tuned config cached on this machine (``$TKIT_CACHE_DIR/autotune``)."""
     import shutil
@@ -249,9 +261,8 @@ def clear_disk_cache() -> None:
         _tables.clear()
         _memo.clear()
         _recorded.clear()
-    from tkit.kernels import _plan  # eager plans hold configs chosen from the cleared cache
-
-    _plan.clear()
+    for fn in _on_clear:
+        fn()
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Specs of the attention family (tkit/kernels/attention.py)."""
+"""Specs of the attention family (tkit/kernels/attention/)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """Specs of decode attention, append_kv and merge_attention_states
-(tkit/kernels/decode_attention.py), in the attention family."""
+(tkit/kernels/decode/), in the attention family."""
 
 from __future__ import annotations
 
 import torch
 
 import tkit
-from tkit.kernels import decode_attention as DA
+from tkit.kernels import decode as DA
 from tkit.registry import Case, Cost, OpSpec, lazy_composite, optional_module
 from tkit.specs.attention import ref_attention
 from tkit.testing.tensors import make_tensor

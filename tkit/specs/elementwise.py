@@ -1,4 +1,4 @@
-"""Specs of the elementwise family (tkit/kernels/elementwise.py)."""
+"""Specs of the elementwise family (tkit/kernels/elementwise/)."""
 
 from __future__ import annotations
 

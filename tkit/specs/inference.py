@@ -1,5 +1,5 @@
-"""Specs of the inference family: RoPE (tkit/kernels/rope.py) and dynamic quantization with its
-fused producers (tkit/kernels/quant.py).
+"""Specs of the inference family: RoPE (tkit/kernels/rope/) and dynamic quantization with its
+fused producers (tkit/kernels/quant/).
 
 Bench cases are Llama-3-8B prefill shapes: RoPE in place over 16384 tokens x (32 + 8)
 heads x 128 (bf16), RoPE fused with the paged-cache write, quantize_fp8 per token and 1x128,

@@ -1,4 +1,4 @@
-"""Spec of the INT4 weight-only GEMM (tkit/kernels/int4.py).
+"""Spec of the INT4 weight-only GEMM (tkit/kernels/matmul/int4.py).
 
 Bench cases: group 128 at K=4096, N=14336 (Llama-3-8B's gate/up half) and
 K=N=8192 for M in 1 and 16, and an M sweep 1..4096 at K=4096, N=14336 that shows where INT4
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 import tkit
-from tkit.kernels import int4 as I4
+from tkit.kernels.matmul import int4 as I4
 from tkit.registry import Case, OpSpec, lazy_composite, optional_module
 from tkit.testing import tensors as T
 from tkit.testing.tensors import make_tensor

@@ -1,4 +1,4 @@
-"""Specs of the GEMM family (tkit/kernels/matmul.py)."""
+"""Specs of the GEMM family (tkit/kernels/matmul/)."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def ref_matmul_fp8(a, b, scale_a, scale_b, out_dtype=BF16, bias=None, activation
 
 
 def _block_scaled(a, b, scale_a, scale_b):
-    from tkit.kernels.matmul_fp8_block import is_block_scaled
+    from tkit.kernels.matmul.fp8_block import is_block_scaled
 
     return is_block_scaled(a, b, scale_a, scale_b)
 

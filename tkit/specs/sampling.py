@@ -1,4 +1,4 @@
-"""Specs of sampling (tkit/kernels/sampling.py): ``sample`` and ``speculative_accept``.
+"""Specs of sampling (tkit/kernels/sampling/): ``sample`` and ``speculative_accept``.
 
 The reference rule for random ops: the references below draw the *same* noise as the kernels
 (:func:`tkit.kernels.sampling.philox_uniform` is Philox-4x32-10 in torch, bit for bit), apply

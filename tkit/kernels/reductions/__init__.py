@@ -233,7 +233,7 @@ BACKWARD_TENSORS = {"softmax": 3, "log_softmax": 3, "rms_norm": 3, "rms_norm_res
 
 
 def _cost(n_bytes, flops):
-    from tkit.registry import Cost
+    from tkit._cost import Cost
 
     return Cost(n_bytes, flops)
 

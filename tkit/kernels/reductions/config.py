@@ -24,6 +24,7 @@ import torch
 
 from tkit import _env
 from tkit.kernels import _common as C
+from tkit.kernels import _device as D
 
 # --------------------------------------------------------------------------------------------
 # Overrides: a scoped, validated context
@@ -102,13 +103,6 @@ def _itemsize(itemsize_or_dtype) -> int:
     if isinstance(itemsize_or_dtype, torch.dtype):
         return itemsize_or_dtype.itemsize
     return int(itemsize_or_dtype)
-
-
-def sm_count(device: torch.device, default: int) -> int:
-    """SMs of ``device``; ``default`` off the GPU (the interpreter, meta tensors)."""
-    if device.type != "cuda":
-        return default
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,7 +319,7 @@ class NormBwdConfig:
             nchunk = C.cdiv(n, block_n)
         # one program an SM: a program holding an 8 KiB row fills the register file, so a
         # second wave would only add a tail
-        programs = ov.get("norm_bwd_programs", max(1, sm_count(device, 4) // nchunk))
+        programs = ov.get("norm_bwd_programs", max(1, D.sm_count(device) // nchunk))
         programs = max(1, min(C.cdiv(m, rows), programs))
         return NormBwdConfig(block_n=block_n, rows=rows, warps=warps, single=single,
                              programs=programs, prefetch=ov.get("norm_bwd_prefetch", True),
@@ -364,7 +358,7 @@ class SoftmaxConfig:
             return SoftmaxConfig("fused", block_n, rows, warps)
         # the loop path when there are at least as many rows as SMs, else split (NOTES)
         path = "split" if backward else ov.get(
-            "softmax_long", "loop" if m >= sm_count(device, 1) else "split")
+            "softmax_long", "loop" if m >= D.sm_count(device) else "split")
         if path == "loop":
             chunk = ov.get("loop_chunk", 4096 if _env.INTERPRET else SOFTMAX_LOOP_CHUNK)
             warps = 4 if _env.INTERPRET else max(4, min(32, chunk // 1024))

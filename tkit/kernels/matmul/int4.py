@@ -53,8 +53,9 @@ import triton.language as tl
 
 from tkit import _env
 from tkit.kernels import _common as C
+from tkit.kernels import _device as D
 from tkit.kernels._numerics import round_to
-from tkit.kernels.matmul import _arch, _dot, _splitk_reduce_kernel
+from tkit.kernels.matmul._kernels import _dot, _splitk_reduce_kernel
 
 ACT_DTYPES = (torch.float16, torch.bfloat16)
 SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -213,7 +214,7 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         if bias is not None:
             out += bias.to(out.dtype)
         return out
-    cfg = config or current_config(M, N, K, group_size, _arch(a.device)[1])
+    cfg = config or current_config(M, N, K, group_size, D.sm_count(a.device))
     split = cfg.split_k
     grid = (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m), split)
     ws = C.scratch((split, M, N), torch.float32, a.device) if split > 1 else out
@@ -496,7 +497,7 @@ def int4_from_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Te
 
 def cost(a, qweight, scales, zeros=None, *, group_size=128, bias=None, **kwargs):
     """(bytes, FLOPs): codes, scales, zeros, a and bias read once, the output written once."""
-    from tkit.registry import Cost
+    from tkit._cost import Cost
 
     K, N = qweight.shape[0] * 8, qweight.shape[1]
     M = a.numel() // max(K, 1)

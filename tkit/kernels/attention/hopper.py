@@ -31,7 +31,7 @@ store. A slot is refilled only after both warpgroups have passed the wait that r
 wgmma reading it (the CTA barrier: the TMA is issued by one thread, while each warpgroup only
 knows about its own wgmmas).
 
-Causal key ranges as in attention.py: the key blocks fully visible to every row of the query
+Causal key ranges as in _kernels.py: the key blocks fully visible to every row of the query
 block run without mask arithmetic, then the diagonal blocks (and the ragged end of the keys)
 with it. TMA zero-fills rows past seqlen_k (and seqlen_q), so the masked scores are the only
 place where the ragged end matters. Tile order: the L2 sections of
@@ -75,8 +75,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from tkit import _hooks
 from tkit.kernels import _common as C
-from tkit.kernels.attention import LOG2E, fwd_head_group
+from tkit.kernels import _device as D
+from tkit.kernels.attention.config import LOG2E, fwd_head_group
 
 # The Gluon API moves between the Triton versions tkit supports (pyproject's range). 3.9 renamed
 # the TMA copies to ``async_load`` / ``async_store`` (the old names are stubs that raise) and
@@ -93,7 +95,7 @@ NUM_WARPS = 8
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
 # Shared memory per block on sm_90 (227 KB); the kernel's own need is computed in _smem_bytes.
-SMEM_LIMIT = 232448
+SMEM_LIMIT = D.SM90_SMEM_LIMIT
 
 # (BLOCK_N, STAGES[, WS]) candidates; a config is kept for a head dim when its shared memory fits
 # (``configs``). Measured on the H200 (B=4 H=16 S=4096 bf16, median of 3 interleaved rounds,
@@ -230,7 +232,7 @@ def supported(q, k, v, causal=False, window=(-1, -1), softcap=0.0, varlen=False)
             return f"{name} is not on a CUDA device"
     if not (q.device == k.device == v.device):
         return "q, k, v are on different devices"
-    cap = torch.cuda.get_device_capability(q.device)
+    cap = D.capability(q.device)
     if tuple(cap) != (9, 0):
         return f"compute capability {tuple(cap)} is not (9, 0)"
     return None
@@ -419,7 +421,7 @@ def _attn_fwd_hopper_kernel(
     [1, BLOCK_M, 1, head_dim]; k_desc, v_desc: over (batch, seqlen_k, kv heads, head_dim),
     block [1, BLOCK_N, 1, head_dim]; LSE: float32 at ``b*slb + h*slh + row`` (rows contiguous).
     ``qk_scale`` = scale*log2(e); GROUP = query heads per key/value head; HEAD_GROUP the
-    section size of the tile order (see attention.py's ``_attn_fwd_kernel``).
+    section size of the tile order (see _kernels.py's ``_attn_fwd_kernel``).
     """
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
@@ -746,11 +748,10 @@ def compile_sm90(head_dim: int = 128, causal: bool = False, dtype: torch.dtype =
     # under TRITON_INTERPRET=1 the combine functions of gl.max/gl.sum (triton.language's own
     # @jit helpers) are interpreter objects: compile against the real language
     from tkit._compat import compile_options
-    from tkit.ir_tools.aot import _jit_language, _real_language
 
     options = compile_options(dict(num_warps=cfg.get("num_warps", 4 if ws else NUM_WARPS)))
     if ws:
         options["maxnreg"] = cfg.get("maxnreg", WS_MAXNREG)
 
-    with _real_language(), _jit_language(kernel):
+    with _hooks.compile_context(kernel):  # tkit.ir_tools.aot's, set by tkit/__init__
         return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)

@@ -31,10 +31,13 @@ import torch
 import triton
 import triton.language as tl
 
+from tkit import _env
 from tkit.kernels import _common as C
-from tkit.kernels import matmul as MM
+from tkit.kernels import _device as D
 from tkit.kernels._numerics import INTERPRET as _INTERPRET
 from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
+from tkit.kernels.matmul import _kernels as MK
+from tkit.kernels.matmul import config as MC
 
 BLOCK = 128  # the scale block along K (and N for b)
 
@@ -61,7 +64,7 @@ def _fp8_block_kernel(
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = MM._tile_pid(pid, num_pid_m, num_pid_n, GROUP_M)
+    pid_m, pid_n = MK._tile_pid(pid, num_pid_m, num_pid_n, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_am = offs_m % M  # see matmul's _matmul_kernel: valid rows, masked on the store
@@ -81,7 +84,7 @@ def _fp8_block_kernel(
         acc = _scaled_step(a, b, sa, sb, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-    acc = MM._epilogue(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
+    acc = MK._epilogue(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
                        res_ptr, stride_rm, stride_rn, 0, 0, HAS_BIAS, ACT, HAS_RES)
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -126,7 +129,7 @@ def _fp8_block_tma_kernel(
     num_tiles = num_pid_m * num_pid_n
     tile_id_c = start_pid - NUM_SMS
     for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=FLATTEN):
-        pid_m, pid_n = MM._tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = MK._tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         sa_ptrs = sa_ptr + ((off_m + tl.arange(0, BLOCK_M)) % M) * stride_sam
@@ -146,7 +149,7 @@ def _fp8_block_tma_kernel(
             sb = tl.load(sb_ptrs + ki * stride_sbk)
             acc = _scaled_step(a, b, sa, sb, acc)
         tile_id_c += NUM_SMS
-        pid_m, pid_n = MM._tile_pid(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = MK._tile_pid(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         offs_m = off_m + tl.arange(0, BLOCK_M)
@@ -155,17 +158,17 @@ def _fp8_block_tma_kernel(
             acc = tl.permute(acc, (0, 2, 1))
             acc0, acc1 = tl.split(acc)
             offs_n0 = off_n + tl.arange(0, BLOCK_N // 2)
-            acc0 = MM._epilogue(acc0, offs_m, offs_n0, M, N, sa_ptr, sb_ptr, bias_ptr,
+            acc0 = MK._epilogue(acc0, offs_m, offs_n0, M, N, sa_ptr, sb_ptr, bias_ptr,
                                 stride_bias, res_ptr, stride_rm, stride_rn, 0, 0, HAS_BIAS,
                                 ACT, HAS_RES)
             c_desc.store([off_m, off_n], acc0.to(dtype))
-            acc1 = MM._epilogue(acc1, offs_m, offs_n0 + BLOCK_N // 2, M, N, sa_ptr, sb_ptr,
+            acc1 = MK._epilogue(acc1, offs_m, offs_n0 + BLOCK_N // 2, M, N, sa_ptr, sb_ptr,
                                 bias_ptr, stride_bias, res_ptr, stride_rm, stride_rn, 0, 0,
                                 HAS_BIAS, ACT, HAS_RES)
             c_desc.store([off_m, off_n + BLOCK_N // 2], acc1.to(dtype))
         else:
             offs_n = off_n + tl.arange(0, BLOCK_N)
-            acc = MM._epilogue(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
+            acc = MK._epilogue(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
                                res_ptr, stride_rm, stride_rn, 0, 0, HAS_BIAS, ACT, HAS_RES)
             c_desc.store([off_m, off_n], acc.to(dtype))
 
@@ -174,9 +177,9 @@ def _fp8_block_tma_kernel(
 # Launch
 # --------------------------------------------------------------------------------------------
 def _ptr_tile(M, N, K) -> dict:
-    if MM._env.INTERPRET:
+    if _env.INTERPRET:
         return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=BLOCK, GROUP_M=4, num_warps=4)
-    cfg = MM.ptr_config(M, N, K, 1)
+    cfg = MC.ptr_config(M, N, K, 1)
     cfg["BLOCK_K"] = BLOCK
     return cfg
 
@@ -189,7 +192,7 @@ def _fp8_block_impl(a, b, scale_a, scale_b, bias=None, residual=None, activation
     if out.numel() == 0:
         return out
     res = residual.expand(M, N) if residual is not None else None
-    p = MM.plan(a, b, out_dtype, path=path)
+    p = MC.plan(a, b, out_dtype, path=path)
     common = dict(a_ptr=a, b_ptr=b, c_ptr=out, sa_ptr=scale_a, sb_ptr=scale_b,
                   bias_ptr=bias if bias is not None else scale_a,
                   res_ptr=res if res is not None else scale_a, M=M, N=N, K=K,
@@ -200,14 +203,14 @@ def _fp8_block_impl(a, b, scale_a, scale_b, bias=None, residual=None, activation
                   stride_bias=bias.stride(0) if bias is not None else 0,
                   HAS_BIAS=bias is not None, ACT=activation or "", HAS_RES=res is not None)
     if p.path == "tma":
-        _, a_trans = MM._tma_ok(a)
-        _, b_trans = MM._tma_ok(b)
-        sms = MM._arch(a.device)[1]
-        cfg = dict(config or MM.tma_config(M, N, K, 1, sms), BLOCK_K=BLOCK)
-        MM._ensure_tma_allocator()
+        _, a_trans = MC._tma_ok(a)
+        _, b_trans = MC._tma_ok(b)
+        sms = D.sm_count(a.device)
+        cfg = dict(config or MC.tma_config(M, N, K, 1, sms), BLOCK_K=BLOCK)
+        D.ensure_tma_allocator()
         tiles = C.cdiv(M, cfg["BLOCK_M"]) * C.cdiv(N, cfg["BLOCK_N"])
         C.launch(_fp8_block_tma_kernel, (max(1, min(sms, tiles)),), **common,
-                 stride_a=MM._lead_stride(a, a_trans), stride_b=MM._lead_stride(b, b_trans),
+                 stride_a=MC._lead_stride(a, a_trans), stride_b=MC._lead_stride(b, b_trans),
                  stride_cm=out.stride(0), A_TRANS=a_trans, B_TRANS=b_trans, NUM_SMS=sms,
                  **cfg)
         return out

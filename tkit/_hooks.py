@@ -1,0 +1,25 @@
+"""What the layers above the kernels plug into them (arrows point down: tkit.kernels never
+imports tkit.cuda_ext or tkit.ir_tools). ``tkit/__init__`` sets both on import, before any
+kernel module can be imported; tests may replace them.
+
+cuda_matmul          () -> callable(a, b): the GEMM of tkit.cuda_ext, for
+                     ``tkit.matmul(..., backend="cuda")``; raises ImportError or AttributeError
+                     when tkit.cuda_ext cannot give one.
+aot_compile_context  (jit function) -> context manager under which an ahead-of-time compile
+                     (``tkit.kernels.attention.hopper.compile_sm90``) sees the real
+                     triton.language even under TRITON_INTERPRET=1 (tkit.ir_tools.aot's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+cuda_matmul: Callable[[], Callable] | None = None
+aot_compile_context: Callable[[Any], contextlib.AbstractContextManager] | None = None
+
+
+def compile_context(jit) -> contextlib.AbstractContextManager:
+    """The registered :data:`aot_compile_context` for ``jit``, a no-op when none is set."""
+    return contextlib.nullcontext() if aot_compile_context is None else aot_compile_context(jit)

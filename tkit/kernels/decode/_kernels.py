@@ -1,0 +1,404 @@
+"""The decode family's Triton code (``@triton.jit`` only): the split-KV decode kernel over a
+paged or dense cache, the combine and merge kernels, and the KV append."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tkit.kernels._numerics import INTERPRET as _INTERPRET
+from tkit.kernels._numerics import fp8_keep_nan as _fp8_keep_nan
+from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
+from tkit.kernels._numerics import saturate_fp8 as _saturate_fp8
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------
+@triton.jit
+def _dot(a, b, acc=None, input_precision: tl.constexpr = None):
+    """``tl.dot``; under the interpreter on float32 copies of bfloat16 / fp8 operands."""
+    if _INTERPRET:
+        a = _interpreter_operand(a)
+        b = _interpreter_operand(b)
+    return tl.dot(a, b, acc, input_precision=input_precision)
+
+
+@triton.jit
+def _softcap(qk, qk_scale, cap_scale, SOFTCAP: tl.constexpr):
+    """Scores in base-2 units (softcap: cap * log2e * tanh(qk * scale / cap))."""
+    if SOFTCAP:
+        x = qk * cap_scale
+        # tanh without libdevice (the interpreter has none); series near 0 (as in attention)
+        ax = tl.abs(x)
+        e = tl.exp2(ax * -2.8853900817779268)
+        t_big = (1.0 - e) / (1.0 + e)
+        t_big = tl.where(x < 0.0, -t_big, t_big)
+        x2 = x * x
+        t_small = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * (
+            -0.05396825396825397 + x2 * 0.021869488536155203))))
+        s = tl.where(ax < 0.2, t_small, t_big) * qk_scale
+    else:
+        s = qk * qk_scale
+    return s
+
+
+@triton.jit
+def _from_fp8(x, dtype: tl.constexpr):
+    """An fp8 tile in ``dtype`` (every step exact). To bfloat16 through float32: Triton's
+    direct path on sm_90 is e4m3x2 -> f16x2 (one F2FP a pair) and then one F2F.BF16.F16 an
+    element, on the SM's slow conversion pipe (16 a clock); through float32 the second step is
+    an HADD2.F32 an element and one F2FP.BF16.F32.PACK_AB a pair."""
+    if dtype == tl.bfloat16:
+        return x.to(tl.float32).to(tl.bfloat16)
+    return x.to(dtype)
+
+
+@triton.jit
+def _key_rows(BT, start_n, cols, L, b64, n_blocks, sbtn,
+              PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(block index, row in block) of key positions ``cols`` (clamped to [0, L - 1]), as int64.
+    Paged: the block comes from the block table (row BT of it), clamped to [0, n_blocks - 1];
+    dense: the block is the sequence, the row the position."""
+    c = tl.minimum(cols, L - 1)
+    if PAGED:
+        if PAGE_SIZE >= BLOCK_N:  # the whole tile is in one page: one table entry
+            blk = tl.load(BT + (start_n // PAGE_SIZE) * sbtn)
+            blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
+            blk = tl.broadcast_to(blk, [BLOCK_N])
+        else:
+            blk = tl.load(BT + (c // PAGE_SIZE) * sbtn)
+            blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
+        row = (c % PAGE_SIZE).to(tl.int64)
+    else:
+        blk = tl.broadcast_to(b64, [BLOCK_N])
+        row = c.to(tl.int64)
+    return blk, row
+
+
+@triton.jit
+def _decode_tile(acc, l_i, m_i, q, K, V, KS, VS, BT, start_n, L, qpos, offs_n, offs_d,
+                  b64, n_blocks, shift, wl, wr, qk_scale, cap_scale,
+                  skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
+                  PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
+                  MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+                  SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr):
+    """One sub-tile of SUB_N keys from ``start_n``: the online-softmax update."""
+    dmask = offs_d < HEAD_DIM
+    cols = start_n + offs_n
+    blk, row = _key_rows(BT, start_n, cols, L, b64, n_blocks, sbtn, PAGE_SIZE, PAGED,
+                         SUB_N)
+    k_ptrs = K + (blk * skn + row * skp)[:, None] + offs_d[None, :] * skd
+    if HEAD_DIM == BLOCK_D:
+        k = tl.load(k_ptrs)
+    else:
+        k = tl.load(k_ptrs, mask=dmask[None, :], other=0.0)
+    if k.dtype != q.dtype:  # fp8 cache: to the query's dtype in registers
+        k = _from_fp8(k, q.dtype)
+    qk = _dot(q, tl.trans(k), input_precision=PREC)
+    if SCALE_K == 2:  # per token and head
+        ks = tl.load(KS + blk * sksn + row * sksp)
+        qk = qk * ks[None, :]
+    s = _softcap(qk, qk_scale, cap_scale, SOFTCAP)
+    if MASKED:
+        ok = (cols < L)[None, :]
+        if MASK_HI:
+            ok = ok & (cols[None, :] <= qpos[:, None] + shift + wr)
+        if MASK_LO:
+            ok = ok & (cols[None, :] >= qpos[:, None] + shift - wl)
+        s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MASKED:  # a row that has seen no visible key keeps m = -inf: subtract 0 instead
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    v_ptrs = V + (blk * svn + row * svp)[:, None] + offs_d[None, :] * svd
+    if HEAD_DIM == BLOCK_D:
+        v = tl.load(v_ptrs)
+    else:
+        v = tl.load(v_ptrs, mask=dmask[None, :], other=0.0)
+    if v.dtype != q.dtype:
+        v = _from_fp8(v, q.dtype)
+    if SCALE_V == 2:
+        vs = tl.load(VS + blk * svsn + row * svsp)
+        p = p * vs[None, :]
+    acc = _dot(p.to(q.dtype), v, acc, input_precision=PREC)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _decode_tiles(acc, l_i, m_i, q, K, V, KS, VS, BT, start, end, L, qpos, offs_n, offs_d,
+                  b64, n_blocks, shift, wl, wr, qk_scale, cap_scale,
+                  skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SUB_N: tl.constexpr,
+                  PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
+                  MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+                  SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr):
+    """Online softmax over the key tiles [start, end) (multiples of BLOCK_N); MASKED tiles
+    evaluate visibility, the others are fully visible to every row. A tile is taken in
+    BLOCK_N // SUB_N sub-tiles of SUB_N keys (``offs_n`` is SUB_N long): the loads of a whole
+    tile are issued together (the pipeline streams tiles), but only one sub-tile's converted
+    operands are live in registers at a time (fp8 caches: see DecodeConfig)."""
+    for start_t in range(start, end, BLOCK_N):
+        for j in tl.static_range(BLOCK_N // SUB_N):
+            acc, l_i, m_i = _decode_tile(
+                acc, l_i, m_i, q, K, V, KS, VS, BT, start_t + j * SUB_N, L, qpos, offs_n, offs_d,
+                b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd,
+                sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, SUB_N, PAGE_SIZE, PAGED, MASKED,
+                MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, KS, VS, SEQLENS, BT, O, LSE,
+    sqb, sqs, sqh, sqd, skn, skp, skh, skd, svn, svp, svh, svd,
+    sksn, sksp, sksh, svsn, svsp, svsh, s_len, sbtb, sbtn,
+    sob, sos, soh, sod, slb, slh, sls, sos_split, sls_split,
+    seqlen_q, max_len, n_blocks, GROUP, num_splits, qk_scale, cap_scale, wl, wr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+    MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+    SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
+):
+    """One program: the packed rows of one M tile of one (sequence, kv head), over split
+    ``s`` of its keys. Grid (num_splits * M tiles, heads_kv, batch), M tiles fastest.
+
+    Q: (batch, seqlen_q, heads_q, head_dim) strides ``sq*``; K, V: blocks x rows x heads x dim
+    (dense: the block is the sequence) strides ``sk*`` / ``sv*``; KS, VS: per-tensor scale
+    (SCALE_* = 1, a 0-d tensor) or per (block, row, head) (SCALE_* = 2, strides ``sks*`` /
+    ``svs*``); SEQLENS (batch,) int32; BT: block table (``sbtb``, ``sbtn``), PAGED only.
+    O, LSE: with one split the final output (O like Q, LSE (batch, heads_q, seqlen_q));
+    with several, float32 partials whose split index has strides ``sos_split`` /
+    ``sls_split`` and whose other strides follow the same (batch, query, head, dim) names.
+    ``qk_scale`` = softmax scale * log2(e) (softcap: cap * log2(e); ``cap_scale`` = scale /
+    cap); ``wl``, ``wr`` the window (used when MASK_LO / MASK_HI; causal is wr = 0)."""
+    pid = tl.program_id(0)
+    hk = tl.program_id(1)
+    b = tl.program_id(2)
+    n_m = tl.num_programs(0) // num_splits
+    split = pid // n_m
+    mb = pid % n_m
+    b64 = b.to(tl.int64)
+    L = tl.load(SEQLENS + b64 * s_len)
+    L = tl.minimum(tl.maximum(L, 0), max_len)
+    shift = L - seqlen_q
+    n_rows = seqlen_q * GROUP
+
+    # packed rows: query position i = r // GROUP, head hk * GROUP + r % GROUP
+    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < n_rows
+    qpos = rows // GROUP
+    heads = (hk * GROUP + rows % GROUP).to(tl.int64)
+    offs_n = tl.arange(0, SUB_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < HEAD_DIM
+    q_off = b64 * sqb + qpos.to(tl.int64) * sqs + heads * sqh
+    q = tl.load(Q + q_off[:, None] + offs_d[None, :] * sqd,
+                mask=row_ok[:, None] & dmask[None, :], other=0.0)
+
+    # the key range of this M tile: [lo, hi), fully visible to every row in [full_lo, full_hi)
+    i_lo = (mb * BLOCK_M) // GROUP
+    i_hi = (tl.minimum(mb * BLOCK_M + BLOCK_M, n_rows) - 1) // GROUP
+    lo = 0
+    hi = L
+    full_lo = 0
+    full_end = L
+    if MASK_LO:
+        lo = (tl.maximum(i_lo + shift - wl, 0) // BLOCK_N) * BLOCK_N
+        full_lo = tl.maximum(i_hi + shift - wl, 0)
+        full_lo = ((full_lo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    if MASK_HI:
+        hi = tl.minimum(L, tl.maximum(i_hi + shift + wr + 1, 0))
+        full_end = tl.minimum(L, tl.maximum(i_lo + shift + wr + 1, 0))
+    hi = tl.maximum(hi, lo)
+    # this split's run of tiles
+    n_tiles = (hi - lo + BLOCK_N - 1) // BLOCK_N
+    per = (n_tiles + num_splits - 1) // num_splits
+    t0 = tl.minimum(lo + split * per * BLOCK_N, hi)
+    t1 = tl.minimum(t0 + per * BLOCK_N, hi)
+    a = tl.minimum(tl.maximum(full_lo, t0), t1)
+    full_hi = (full_end // BLOCK_N) * BLOCK_N
+    c = tl.minimum(tl.maximum(full_hi, a), t1)
+
+    KS += hk.to(tl.int64) * sksh
+    VS += hk.to(tl.int64) * svsh
+    Kh = K + hk.to(tl.int64) * skh
+    Vh = V + hk.to(tl.int64) * svh
+    BTb = BT + b64 * sbtb
+    if SCALE_K == 1:  # per tensor: folded into the score scale
+        ks0 = tl.load(KS)
+        if SOFTCAP:
+            cap_scale = cap_scale * ks0
+        else:
+            qk_scale = qk_scale * ks0
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc, l_i, m_i = _decode_tiles(
+        acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, t0, a, L, qpos, offs_n, offs_d, b64, n_blocks,
+        shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn, sksp, svsn,
+        svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, True, MASK_LO, MASK_HI,
+        SOFTCAP, SCALE_K, SCALE_V, PREC)
+    acc, l_i, m_i = _decode_tiles(
+        acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, a, c, L, qpos, offs_n, offs_d, b64, n_blocks,
+        shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn, sksp, svsn,
+        svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, False, MASK_LO, MASK_HI,
+        SOFTCAP, SCALE_K, SCALE_V, PREC)
+    acc, l_i, m_i = _decode_tiles(
+        acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, c, t1, L, qpos, offs_n, offs_d, b64, n_blocks,
+        shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn, sksp, svsn,
+        svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, True, MASK_LO, MASK_HI,
+        SOFTCAP, SCALE_K, SCALE_V, PREC)
+
+    empty = l_i == 0.0  # no visible key in this split: O = 0, lse = -inf
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if SCALE_V == 1:
+        out = out * tl.load(VS)
+    lse = tl.where(empty, float("-inf"),
+                   (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    split64 = split.to(tl.int64)
+    o_off = b64 * sob + qpos.to(tl.int64) * sos + heads * soh + split64 * sos_split
+    tl.store(O + o_off[:, None] + offs_d[None, :] * sod, out.to(O.dtype.element_ty),
+             mask=row_ok[:, None] & dmask[None, :])
+    l_off = b64 * slb + heads * slh + qpos.to(tl.int64) * sls + split64 * sls_split
+    tl.store(LSE + l_off, lse, mask=row_ok)
+
+
+@triton.jit
+def _merge_rows(OA, LA, OB, LB, O, LSE, n_parts, sa_part, sla_part,
+                a_off, la_off, b_off, lb_off, o_off, l_off, sad, sbd, sod,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                TWO: tl.constexpr):
+    """One output row from ``n_parts`` partial rows (stride ``sa_part`` / ``sla_part`` between
+    parts of A) or, with TWO, from one row of A and one of B: O = sum_s w_s O_s / sum_s w_s
+    with w_s = exp(lse_s - max lse), lse = max + log(sum w); all -inf gives O = 0, -inf."""
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < HEAD_DIM
+    if TWO:
+        la = tl.load(LA + la_off)
+        lb = tl.load(LB + lb_off)
+        m = tl.maximum(la, lb)
+        m_use = tl.where(m == float("-inf"), 0.0, m)
+        wa = tl.exp(la - m_use)
+        wb = tl.exp(lb - m_use)
+        tot = wa + wb
+        oa = tl.load(OA + a_off + offs_d * sad, mask=dmask, other=0.0).to(tl.float32)
+        ob = tl.load(OB + b_off + offs_d * sbd, mask=dmask, other=0.0).to(tl.float32)
+        # a part whose weight is 0 contributes nothing (even where its O is not finite)
+        acc = tl.where(wa > 0.0, wa * oa, 0.0) + tl.where(wb > 0.0, wb * ob, 0.0)
+    else:
+        offs_s = tl.arange(0, BLOCK_S)
+        m = tl.full([BLOCK_S], float("-inf"), tl.float32)
+        for s0 in range(0, n_parts, BLOCK_S):
+            sidx = s0 + offs_s
+            ls = tl.load(LA + la_off + sidx.to(tl.int64) * sla_part, mask=sidx < n_parts,
+                         other=float("-inf"))
+            m = tl.maximum(m, ls)
+        m = tl.max(m, 0)
+        m_use = tl.where(m == float("-inf"), 0.0, m)
+        acc = tl.zeros([BLOCK_D], tl.float32)
+        tot_v = tl.zeros([BLOCK_S], tl.float32)
+        for s0 in range(0, n_parts, BLOCK_S):
+            sidx = s0 + offs_s
+            smask = sidx < n_parts
+            ls = tl.load(LA + la_off + sidx.to(tl.int64) * sla_part, mask=smask,
+                         other=float("-inf"))
+            w = tl.exp(ls - m_use)
+            tot_v += w
+            o = tl.load(OA + a_off + sidx.to(tl.int64)[:, None] * sa_part
+                        + offs_d[None, :] * sad, mask=smask[:, None] & dmask[None, :],
+                        other=0.0).to(tl.float32)
+            acc += tl.sum(tl.where(w[:, None] > 0.0, w[:, None] * o, 0.0), 0)
+        tot = tl.sum(tot_v, 0)
+    empty = tot == 0.0
+    out = acc / tl.where(empty, 1.0, tot)
+    lse = tl.where(empty, float("-inf"), m_use + tl.log(tl.where(empty, 1.0, tot)))
+    tl.store(O + o_off + offs_d * sod, out.to(O.dtype.element_ty), mask=dmask)
+    tl.store(LSE + l_off, lse)
+
+
+@triton.jit
+def _decode_combine_kernel(
+    OP, LP, O, LSE, sopb, sops, soph, sopk, sopd, slpb, slph, slps, slpk,
+    sob, sos, soh, sod, slb, slh, sls, H, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """One program: one (sequence, query, head) row of O and LSE from the ``num_splits``
+    float32 partials. Grid (seqlen_q * heads_q, batch)."""
+    pid = tl.program_id(0)
+    b64 = tl.program_id(1).to(tl.int64)
+    i = (pid // H).to(tl.int64)
+    h = (pid % H).to(tl.int64)
+    _merge_rows(OP, LP, OP, LP, O, LSE, num_splits, sopk, slpk,
+                b64 * sopb + i * sops + h * soph, b64 * slpb + h * slph + i * slps, 0, 0,
+                b64 * sob + i * sos + h * soh, b64 * slb + h * slh + i * sls,
+                sopd, sopd, sod, HEAD_DIM, BLOCK_D, BLOCK_S, False)
+
+
+@triton.jit
+def _merge_states_kernel(
+    OA, LA, OB, LB, O, LSE,
+    sab, sas, sah, sad, slab, slah, slas, sbb, sbs, sbh, sbd, slbb, slbh, slbs,
+    sob, sos, soh, sod, slb, slh, sls, H,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One program: one (batch, query, head) row of merge_attention_states. Grid
+    (seqlen * heads, batch)."""
+    pid = tl.program_id(0)
+    b64 = tl.program_id(1).to(tl.int64)
+    i = (pid // H).to(tl.int64)
+    h = (pid % H).to(tl.int64)
+    _merge_rows(OA, LA, OB, LB, O, LSE, 2, 0, 0,
+                b64 * sab + i * sas + h * sah, b64 * slab + h * slah + i * slas,
+                b64 * sbb + i * sbs + h * sbh, b64 * slbb + h * slbh + i * slbs,
+                b64 * sob + i * sos + h * soh, b64 * slb + h * slh + i * sls,
+                sad, sbd, sod, HEAD_DIM, BLOCK_D, 1, True)
+
+
+@triton.jit
+def _append_kv_kernel(
+    X, XC, XS, SLOT, n_slots, page_size,
+    sxt, sxh, sxd, scn, scp, sch, scd, ssn, ssp, ssh, s_slot, HKV,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+    QUANT: tl.constexpr,
+):
+    """One program: token t's (heads, head_dim) of X written to slot SLOT[t] of the cache XC
+    (blocks x rows x heads x dim; slot = block * page_size + row). A slot < 0 or >= n_slots
+    is skipped. QUANT 1: fp8 with the per-tensor scale XS (x / scale, saturated to +-448);
+    QUANT 2: fp8 with per-(block, row, head) scales amax / 448 computed here and stored to XS.
+    Grid (tokens, head blocks)."""
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(SLOT + t * s_slot).to(tl.int64)
+    if (slot < 0) | (slot >= n_slots):
+        return
+    blk = slot // page_size
+    row = slot % page_size
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    hmask = heads < HKV
+    mask = hmask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    h64 = heads.to(tl.int64)
+    x = tl.load(X + t * sxt + h64[:, None] * sxh + offs_d[None, :] * sxd, mask=mask, other=0.0)
+    dst = XC + blk * scn + row * scp + h64[:, None] * sch + offs_d[None, :] * scd
+    if QUANT == 0:
+        tl.store(dst, x.to(XC.dtype.element_ty), mask=mask)
+    else:
+        xf = x.to(tl.float32)
+        if QUANT == 1:
+            y = tl.math.div_rn(xf, tl.load(XS))
+        else:
+            amax = tl.max(tl.abs(xf), 1)
+            sc = tl.where(amax > 0.0, tl.math.div_rn(amax, 448.0), 1.0)
+            tl.store(XS + blk * ssn + row * ssp + h64 * ssh, sc, mask=hmask)
+            y = tl.math.div_rn(xf, sc[:, None])
+        y = _saturate_fp8(y)
+        tl.store(dst, _fp8_keep_nan(y), mask=mask)
+
+

@@ -1,0 +1,123 @@
+"""The decode family's configuration: constants, :class:`DecodeConfig` with its measured
+``for_device`` and the scoped overrides (:func:`decode_config`), and :func:`choose_num_splits`,
+the split-KV heuristic. Plain Python, no kernel."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from tkit import _env
+from tkit.kernels import _common as C
+
+LOG2E = 1.4426950408889634
+MAX_HEAD_DIM = 256
+MAX_SEQLEN_Q = 16
+MAX_SPLITS = 128
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, FP8)
+
+
+# --------------------------------------------------------------------------------------------
+# Launch configuration
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch parameters of the decode kernels.
+
+    block_n: keys per tile (a power of 2 >= 16), independent of the page size.
+    sub_n: keys per sub-tile (a power of 2 >= 16 dividing block_n; None: block_n): a tile's
+        loads are in flight together, its converted operands live one sub-tile at a time.
+    block_m: the most packed (query, head) rows in one M tile (a power of 2 >= 16).
+    num_warps, num_stages: of the split kernel (the software pipeline streams K/V tiles).
+    num_splits: None lets :func:`choose_num_splits` decide; an int forces it (the call's own
+        ``num_splits`` argument wins over both).
+    ctas_per_sm: resident programs per SM that the split heuristic counts as slots.
+    split_bytes: K+V bytes one split should stream at most (the split heuristic's floor on the
+        number of splits, so that the longest sequence of a mixed batch is not one long tail).
+    """
+
+    block_n: int = 64
+    sub_n: Optional[int] = None  # noqa: UP045
+    block_m: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    num_splits: Optional[int] = None  # noqa: UP045
+    ctas_per_sm: int = 2
+    split_bytes: int = 2 << 20
+
+    @classmethod
+    def for_device(cls, head_dim: int, cache_itemsize: int) -> DecodeConfig:
+        """The default for this head dim and cache element size (docs/NOTES.md has the H200
+        sweep of B32 D128, dense and paged): K tiles of 16 KB (64 keys at D=128 in 16 bits,
+        32 at D=256, 128 for fp8 at D=128), 4 warps, 2 or 3 stages (below). The interpreter
+        pays per tile, not per element, but tests want several tiles and splits on tiny
+        caches: 16-key tiles there.
+
+        fp8 at D=128 (sm_90a compile, B32 Hq32/Hkv8 L8192 page 64, per-token scales; Triton
+        3.6 gives each loop one ring slot of K and V whatever num_stages says, so the bytes in
+        flight an SM are resident programs x one K+V tile): whole 128-key tiles at 3 stages
+        took 201 registers, 2 programs an SM, 66 KB in flight; 128-key tiles in sub-tiles of
+        32 keys at 2 stages take 168 registers, 3 programs, 99 KB in flight, no spills (64-key
+        sub-tiles: 255 registers; 64-key tiles: 168-190 registers, 50 KB). Not yet timed."""
+        if _env.INTERPRET:
+            return cls(block_n=16, block_m=16, num_stages=1)
+        block_d = max(16, C.next_power_of_2(head_dim))
+        block_n = max(16, min(128, (16 << 10) // (block_d * cache_itemsize)))
+        if cache_itemsize == 1 and block_d == 128:
+            return cls(block_n=128, sub_n=32, num_stages=2)
+        # 16-bit D=128, dense: two stages take 39 KB of shared memory and four programs fit an
+        # SM (the register limit), three take 72 KB and three fit; the dense cache then read
+        # 4.1 TB/s instead of 3.5 (a paged cache, whose loop keeps one K/V buffer at either
+        # setting, read 4.0 both ways); other head dims keep three until measured
+        stages = 2 if cache_itemsize == 2 and block_d == 128 else 3
+        return cls(block_n=block_n, num_stages=stages)
+
+
+_OVERRIDES = C.ConfigOverrides(DecodeConfig)
+
+
+def decode_config(**overrides):
+    """Override fields of :class:`DecodeConfig` for the calls made inside (this thread only);
+    an unknown field is a TypeError naming it. For experiments and tests; calls never tune."""
+    return _OVERRIDES.scope(**overrides)
+
+
+def current_config(head_dim: int, cache_itemsize: int) -> DecodeConfig:
+    cfg = DecodeConfig.for_device(head_dim, cache_itemsize)
+    return _OVERRIDES.apply(cfg)
+
+
+def choose_num_splits(work: int, n_tiles: int, sms: int, *, ctas_per_sm: int = 2,
+                      min_splits: int = 1, max_splits: int = MAX_SPLITS) -> int:
+    """Splits of each (sequence, kv head, M tile) program's keys.
+
+    ``work``: programs without splitting (batch * kv heads * M tiles); ``n_tiles``: key tiles
+    of the longest possible sequence; ``min_splits``: the floor from ``split_bytes``. Among
+    ``min_splits .. max_splits`` (no more than there are tiles) take the smallest whose waves
+    over ``sms * ctas_per_sm`` slots are at least 85% as full as the best's (FlashAttention-2's
+    rule, with the floor added: its batch-wide wave count ignores that one long sequence of a
+    mixed batch would be a tail of few programs)."""
+    cap = max(1, min(max_splits, n_tiles))
+    lo = max(1, min(min_splits, cap))
+    if work <= 0:
+        return 1
+    slots = max(1, sms * ctas_per_sm)
+    if lo == 1 and work >= 0.8 * slots:
+        return 1
+    eff = {}
+    for s in range(lo, cap + 1):
+        waves = work * s / slots
+        eff[s] = waves / math.ceil(waves)
+    best = max(eff.values())
+    for s in range(lo, cap + 1):
+        if eff[s] >= 0.85 * best:
+            return s
+    return lo
+
+

@@ -1,0 +1,354 @@
+"""GEMM: ``out = act(scale_a * scale_b * (a @ b) + bias) + residual``, rounded once to out_dtype.
+
+Math. ``a`` is (..., M, K), ``b`` is (..., K, N) (leading dims broadcast), accumulation is in
+float32 whatever the inputs (fp16/bf16 on tensor cores; fp32 on tf32 tensor cores unless
+``allow_tf32=False``; float8_e4m3fn on fp8 tensor cores). The epilogue, in float32, applies in
+this order: per-tensor / per-row (M) ``scale_a`` and per-tensor / per-column (N) ``scale_b``,
+``bias`` (N,), the activation (silu, gelu, gelu_tanh, relu), ``residual`` (broadcast to the
+output), then one rounding to ``out_dtype``.
+
+Cost model: FLOPs = 2*M*N*K per batch; bytes >= (M*K + K*N) * in_size + M*N * out_size.
+Arithmetic intensity of the whole problem at 4096^3 bf16 is ~1365 FLOP/byte, far past the
+H200's balance point (~990 TFLOP/s dense bf16 / 4.8 TB/s ~ 200 FLOP/byte): compute-bound.
+What matters is the intensity of one *tile*: a BM x BN tile with K-step BK loads
+(BM + BN) * BK * 2 bytes for 2 * BM * BN * BK FLOPs, i.e. BM*BN/(BM+BN) FLOP/byte from L2/HBM:
+64 for 128x128, 85 for 128x256, 128 for 256x256. Tiles must be large for the operands to come
+from shared memory fast enough, and L2 reuse across tiles (grouped ordering) makes up the rest.
+At M <= 64 (decode) the problem flips: intensity ~ M FLOP/byte, memory-bound, and the goal is
+streaming the K*N weight at copy bandwidth.
+
+Four kernels:
+
+* ``_matmul_tma_kernel`` (Hopper, sm_90): persistent (one program per SM walks tiles with a
+  grouped, L2-friendly order), operands through device-side TMA tensor descriptors
+  (``tl.make_tensor_descriptor``; a column-major operand is described as its transpose and
+  transposed in shared memory, no copy), wgmma, ``tl.range(..., flatten=True)`` so that loads
+  for the next tile are issued while the epilogue of this one runs, and an optional epilogue
+  split into two half-tiles (less register pressure, two smaller TMA stores).
+* ``_matmul_kernel`` (portable, sm_80 and any strides or batch): pointer-based tiles with
+  grouped ordering; ``num_stages`` >= 3 becomes cp.async pipelining on sm_80 and later.
+* ``_matmul_splitk_kernel`` + ``_splitk_reduce_kernel`` (M <= 64, large K*N): the K dimension
+  is split across programs so that enough of them stream the weight at once; each writes a
+  float32 partial tile, and a second kernel sums the partials in a fixed order (deterministic,
+  no atomics) and applies the epilogue.
+  ``_matmul_splitk_fused_kernel`` (config ``FUSED_REDUCE=True``, opt-in) does both in one
+  launch: the last program to finish a tile (per-tile arrival counter) sums the partials in
+  split order and applies the epilogue.
+* ``_grouped_matmul_kernel``: many problems in one launch, rows of ``a`` split into groups by
+  ``offsets`` (the MoE layout), one ``b`` per group.
+
+Which one runs for a call is :func:`plan`'s decision; it returns the path and the reason, and
+``tkit.ir`` shows the launched kernel. Configs are fixed per shape class by default
+(:func:`tma_config`, :func:`ptr_config`, :func:`splitk_config`, each with its derivation);
+``config.AUTOTUNE = True`` tunes the TMA and pointer kernels per shape over pruned config lists
+instead; docs/NOTES.md has the H200 timings of the alternatives side by side.
+
+The package: ``config.py`` (constants, autotune lists, the fixed tiles, :func:`plan`),
+``_kernels.py`` (the Triton code), ``ops.py`` (launchers, checks, torch.library), this module
+(the public functions and ``cost``), and two variants of the same GEMM beside them:
+``fp8_block.py`` (block-scaled fp8, the DeepSeek-V3 recipe behind :func:`matmul_fp8`'s block
+mode) and ``int4.py`` (``matmul_int4``, the INT4 weight-only GEMM, with
+``quantize_int4``/``dequantize_int4`` and the AWQ/GPTQ converters). INT4 lives here and not in
+``quant/``: its kernel is a matmul (the split-K reduce, ``_dot`` and the tile plan are this
+family's, and the registry counts it in the matmul family), and its quantize helpers only
+produce that kernel's packed weight format, offline; ``quant/`` is the dynamic per-token
+activation quantization that runs in the forward pass. Both import ``config`` and
+``_kernels``, never this module, so the package has no import cycle.
+
+Not here yet: a TMA path for batched operands (3-D descriptors; batched problems with a shared
+weight are folded into M and do take it), a Hopper (TMA/wgmma) grouped kernel, and per-stream
+counters that would let the one-launch split-K be the default.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tkit.kernels import _common as C
+from tkit.kernels import _launch as L
+from tkit.kernels import _offsets
+from tkit.kernels import _plan as P
+from tkit.kernels.matmul.config import (  # noqa: F401  (public: the planning functions)
+    MatmulPlan,
+    _default_out_dtype,
+    plan,
+    ptr_config,
+    splitk_config,
+    tma_config,
+)
+from tkit.kernels.matmul.ops import (
+    _check_epilogue,
+    _check_operands,
+    _check_out_dtype,
+    _grouped_impl,
+    _grouped_op,
+    _matmul_impl,
+    _matmul_op,
+    _out_shape,
+    _run_2d,
+)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+           activation: str | None = None, residual: torch.Tensor | None = None,
+           out_dtype: torch.dtype | None = None, *, allow_tf32: bool = True,
+           backend: str = "auto") -> torch.Tensor:
+    """``act(a @ b + bias) + residual`` in one kernel, rounded once to ``out_dtype``.
+
+    Parameters
+    ----------
+    a : Tensor
+        (..., M, K), float32, float16 or bfloat16, any strides (row- or column-major, no copy).
+    b : Tensor
+        (..., K, N), same dtype; leading dims broadcast with a's. An nn.Linear weight ``w``
+        (N, K) is passed as ``w.t()`` (a column-major view; no copy).
+    bias : Tensor, optional
+        (N,), added before the activation.
+    activation : {None, "silu", "gelu", "gelu_tanh", "relu"}
+    residual : Tensor, optional
+        Broadcasts to the output; added after the activation.
+    out_dtype : torch.dtype, optional
+        Default: a's dtype.
+    allow_tf32 : bool
+        float32 inputs on tf32 tensor cores (default) or in full float32 (``False``).
+    backend : {"auto", "triton", "cuda"}
+        "auto" is the Triton kernel for now; "cuda" calls ``tkit.cuda_ext.dispatch("matmul",
+        a, b)`` and applies the epilogue with separate torch ops.
+
+    Returns
+    -------
+    Tensor
+        (broadcast batch..., M, N), contiguous. :func:`plan` says which kernel runs.
+    """
+    if (P.ON and type(a) is _T and (type(b) is _T or type(b) is _Param) and bias is None
+            and residual is None and backend == "auto" and not _compiling()
+            and not (_grad_enabled() and (a.requires_grad or b.requires_grad))):
+        # the eager plan (tkit.kernels._plan): the key holds all the ordinary path reads
+        dev, stream = L._device_stream()
+        key = (activation, out_dtype, allow_tf32, dev,
+               a.shape, a.stride(), a.dtype, a.get_device(), not a.data_ptr() & 15,
+               b.shape, b.stride(), b.dtype, b.get_device(), not b.data_ptr() & 15)
+        try:
+            p = _plans.get(key)
+        except TypeError:  # an unhashable option: the ordinary path names it
+            p = False
+        if p:
+            out = p(stream, a, b)
+            if out is not None:
+                return out
+        elif p is None:
+            P.stats["plan_miss"] += 1
+            with P.recording() as rec:
+                out = _matmul_slow(a, b, None, activation, None, out_dtype, allow_tf32,
+                                   backend)
+            P.store(_plans, key, rec, (a, b), (out,))
+            return out
+    return _matmul_slow(a, b, bias, activation, residual, out_dtype, allow_tf32, backend)
+
+
+_T = torch.Tensor
+_Param = torch.nn.Parameter
+_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+_plans = P.new_cache()
+
+
+def _matmul_slow(a, b, bias, activation, residual, out_dtype, allow_tf32, backend):
+    direct = C.use_direct_path(a, b, bias, residual)
+    cacheable = direct and backend in ("auto", "triton") and a.ndim == 2 and b.ndim == 2
+    if cacheable:
+        # eager 2-D calls: validation and planning once per call signature (a decode step
+        # repeats the same few signatures; the kernels there last ~30 us, about what this
+        # Python costs)
+        key = _signature(a, b, bias, residual, activation, out_dtype, allow_tf32)
+        hit = _FAST.get(key)
+        if hit is not None:
+            return _run_fast(a, b, bias, residual, activation, *hit)
+    out_shape = _check_operands(a, b, C.FLOAT_DTYPES)
+    _check_out_dtype(out_dtype)
+    _check_epilogue(out_shape, a.device, bias, activation, residual)
+    if backend not in ("auto", "triton", "cuda"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'cuda', got {backend!r}")
+    if cacheable:
+        od = out_dtype or _default_out_dtype(a.dtype)
+        p = plan(a, b, od)
+        ieee = a.dtype == torch.float32 and not allow_tf32
+        if len(_FAST) >= _FAST_MAX:
+            _FAST.clear()
+        _FAST[key] = (od, ieee, p)
+        return _run_fast(a, b, bias, residual, activation, od, ieee, p)
+    if direct:
+        return _matmul_impl(a, b, bias, residual, None, None, activation, out_dtype, allow_tf32,
+                            backend)
+    return _matmul_op(a, b, bias, residual, None, None, activation or "", out_dtype, allow_tf32,
+                      backend)
+
+
+#: call signature -> (out_dtype, ieee, plan) of eager 2-D matmul calls already validated
+_FAST: dict = {}
+_FAST_MAX = 4096
+
+
+def _desc(t: torch.Tensor | None):
+    """What validation and planning depend on, for one tensor: shape, strides, dtype, device
+    and 16-byte alignment (TMA eligibility and Triton's pointer specialization)."""
+    if t is None:
+        return None
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+
+
+def _signature(a, b, bias, residual, activation, out_dtype, allow_tf32):
+    return (_desc(a), _desc(b), _desc(bias), _desc(residual), activation, out_dtype,
+            allow_tf32)
+
+
+def _run_fast(a, b, bias, residual, activation, out_dtype, ieee, p):
+    out = C.empty((a.shape[0], b.shape[1]), out_dtype, a.device)
+    if out.numel() == 0:
+        return out
+    if residual is not None and residual.shape != out.shape:
+        residual = residual.expand(out.shape)
+    _run_2d(a, b, out, residual, None, None, bias, activation, ieee, p)
+    return out
+
+
+def _check_scale(s, name, n, what):
+    C.check_tensor(s, name, (torch.float32,))
+    if s.numel() == 1:
+        return s.reshape(1)
+    if s.numel() != n or (s.ndim == 2 and s.shape not in ((n, 1), (1, n))) or s.ndim > 2:
+        raise ValueError(f"{name} must hold 1 element (per-tensor) or {n} ({what}), got shape "
+                         f"{tuple(s.shape)}")
+    return s.reshape(n)
+
+
+def matmul_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+               out_dtype: torch.dtype = torch.bfloat16, *, bias: torch.Tensor | None = None,
+               activation: str | None = None,
+               residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``(scale_a * scale_b * (a @ b))`` for float8_e4m3fn operands, float32 accumulation.
+
+    Parameters
+    ----------
+    a : Tensor
+        (M, K) float8_e4m3fn.
+    b : Tensor
+        (K, N) float8_e4m3fn; column-major (``w.t()`` of an (N, K) weight) is the fast layout on
+        Hopper, as for ``torch._scaled_mm``.
+    scale_a, scale_b : Tensor
+        float32 dequantization scales: one element (per-tensor), or M (per-row of a,
+        shape (M,) or (M, 1)) / N (per-column of b, shape (N,) or (1, N)); or block scales
+        (DeepSeek-V3): scale_a (M, ceil(K / 128)) per 1x128 group of a row of a and scale_b
+        (ceil(K / 128), ceil(N / 128)) per 128x128 block of b, applied to each 128-deep K
+        step's MMA sum inside the K loop (tkit/kernels/matmul/fp8_block.py).
+    out_dtype : torch.dtype
+        bfloat16 (default), float16 or float32.
+    bias, activation, residual
+        The epilogue of :func:`matmul`, applied after the scales.
+    """
+    C.check_tensor(a, "a", C.FP8_DTYPES, ndim=2)
+    C.check_tensor(b, "b", C.FP8_DTYPES, ndim=2)
+    out_shape = _check_operands(a, b, C.FP8_DTYPES)
+    _check_out_dtype(out_dtype)
+    _check_epilogue(out_shape, a.device, bias, activation, residual)
+    from tkit.kernels.matmul import fp8_block as _block
+
+    if _block.is_block_scaled(a, b, scale_a, scale_b):
+        return _block.matmul_fp8_block(a, b, scale_a, scale_b, out_dtype, bias, activation,
+                                       residual)
+    scale_a = _check_scale(scale_a, "scale_a", a.shape[0], "per row of a")
+    scale_b = _check_scale(scale_b, "scale_b", b.shape[1], "per column of b")
+    C.check_same_device(a=a, scale_a=scale_a, scale_b=scale_b)
+    if C.use_direct_path(a, b, bias, residual):
+        return _matmul_impl(a, b, bias, residual, scale_a, scale_b, activation, out_dtype)
+    return _matmul_op(a, b, bias, residual, scale_a, scale_b, activation or "", out_dtype, True,
+                      "auto")
+
+
+def grouped_matmul(a, b, offsets: torch.Tensor | None = None,
+                   out_dtype: torch.dtype | None = None, *, allow_tf32: bool = True):
+    """Many GEMMs in one launch: ``a[offsets[g]:offsets[g+1]] @ b[g]`` for every group g.
+
+    Parameters
+    ----------
+    a : Tensor or list of Tensor
+        (T, K): the rows of all groups back to back (the MoE layout, tokens sorted by expert);
+        or a list of (M_g, K) tensors.
+    b : Tensor or list of Tensor
+        (G, K, N), any strides (an expert weight stack of shape (G, N, K) is passed as
+        ``w.transpose(1, 2)``); or a list of G (K, N) tensors.
+    offsets : Tensor
+        (G + 1,) int32 or int64 on a's device, non-decreasing, offsets[0] = 0 and
+        offsets[G] = T. Read on the device only (no host sync). Omitted for list inputs.
+        Checked before the launch when on the host (always so in the interpreter), and on the
+        device under ``TKIT_CHECK=1``. Unchecked invalid offsets cannot make the kernel touch
+        memory outside a, b or the output: group g takes rows [bound(g), bound(g+1)) where
+        bound(j) is the largest of offsets[:j+1] clamped to [0, T], and rows in no group are
+        zeros.
+    out_dtype : torch.dtype, optional
+    allow_tf32 : bool
+        float32 inputs on tf32 tensor cores (default) or in full float32 (``False``), as in
+        :func:`matmul`, for the forward and both gradients. torch's own float32 matmul is full
+        float32 unless ``torch.backends.cuda.matmul.allow_tf32`` is set: pass ``False`` to
+        compare with it (tf32 keeps 10 mantissa bits of each operand: errors near 1e-3).
+
+    Returns
+    -------
+    Tensor (T, N), or a list of (M_g, N) views of one output for list inputs. The list form
+    concatenates its inputs first (one copy of a and b); pass the packed form to avoid it.
+    Differentiable: the input gradient is one more grouped launch, the weight gradient a
+    per-group reduction over rows (deterministic).
+    """
+    if isinstance(a, (list, tuple)):
+        if not isinstance(b, (list, tuple)) or len(a) != len(b):
+            raise ValueError("a and b must be lists of the same length for the list form")
+        if offsets is not None:
+            raise ValueError("offsets is computed from the list form; do not pass it")
+        if not a:
+            return []
+        for i, (x, w) in enumerate(zip(a, b)):
+            C.check_tensor(x, f"a[{i}]", ndim=2)
+            C.check_tensor(w, f"b[{i}]", ndim=2)
+            if x.shape[1] != w.shape[0] or w.shape != b[0].shape or x.dtype != a[0].dtype \
+                    or w.dtype != a[0].dtype:
+                raise ValueError(f"group {i}: a[{i}] {tuple(x.shape)} @ b[{i}] {tuple(w.shape)} "
+                                 "must match group 0's K, N and dtype")
+        sizes = [x.shape[0] for x in a]
+        offs = [0]
+        for s in sizes:
+            offs.append(offs[-1] + s)
+        packed = grouped_matmul(torch.cat(list(a)), torch.stack(list(b)),
+                                torch.tensor(offs, dtype=torch.int32).to(a[0].device), out_dtype,
+                                allow_tf32=allow_tf32)
+        return list(packed.split(sizes))
+    C.check_tensor(a, "a", ndim=2)
+    C.check_tensor(b, "b", ndim=3)
+    C.check_tensor(offsets, "offsets", (torch.int32, torch.int64), ndim=1)
+    C.check_same_device(a=a, b=b, offsets=offsets)
+    if a.dtype != b.dtype:
+        raise TypeError(f"b has dtype {C.dtype_name(b.dtype)} but a has {C.dtype_name(a.dtype)}")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"a of shape {tuple(a.shape)} and b of shape {tuple(b.shape)}: "
+                         "a.shape[1] must equal b.shape[1] (K)")
+    if offsets.shape[0] != b.shape[0] + 1:
+        raise ValueError(f"offsets must have G + 1 = {b.shape[0] + 1} entries, got "
+                         f"{offsets.shape[0]}")
+    _check_out_dtype(out_dtype)
+    if _offsets.values_checked(offsets):
+        _offsets.check_values(offsets, "offsets", a.shape[0], "a.shape[0]")
+    if C.use_direct_path(a, b):
+        return _grouped_impl(a, b, offsets, out_dtype, allow_tf32=allow_tf32)
+    return _grouped_op(a, b, offsets, out_dtype, allow_tf32)
+
+
+def cost(a: torch.Tensor, b: torch.Tensor, *args, out_dtype=None, **kwargs):
+    """(bytes, FLOPs) of ``a @ b``: every operand read once, the output written once."""
+    from tkit._cost import Cost, unique_bytes
+
+    shape = _out_shape(a, b)
+    out_es = (out_dtype or _default_out_dtype(a.dtype)).itemsize
+    n = 1
+    for s in shape:
+        n *= s
+    flops = 2.0 * n * a.shape[-1]
+    return Cost(unique_bytes(a) + unique_bytes(b) + n * out_es, flops)

@@ -1,0 +1,160 @@
+"""Sampling's launchers, argument checks (options per row or scalar, seeds) and torch.library
+registrations (``tkit::sample``, ``tkit::speculative_accept``) with their fakes."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from tkit.kernels import _common as C
+from tkit.kernels.sampling._kernels import _sample_kernel, _spec_accept_kernel
+from tkit.kernels.sampling.config import SEED_DTYPES, current_config
+
+
+# --------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------
+def _mode(x) -> int:
+    return 0 if x is None else (2 if isinstance(x, torch.Tensor) else 1)
+
+
+def _sample_impl(logits, temperature, top_k, top_p, min_p, seeds, t_val, k_val, p_val,
+                 minp_val, seed_val) -> torch.Tensor:
+    b, v = logits.shape
+    out = C.empty((b,), torch.int64, logits.device)
+    if b == 0:
+        return out
+    cfg = current_config(v)
+    cv = torch.empty((b, cfg.cap), dtype=torch.float32, device=logits.device)
+    ci = torch.empty((b, cfg.cap), dtype=torch.int32, device=logits.device)
+    dummy = logits
+
+    def ptr(t):
+        return t if t is not None else dummy
+
+    def stride(t):
+        return t.stride(0) if t is not None else 0
+
+    C.launch(_sample_kernel, (b,), X=logits, OUT=out, T=ptr(temperature), K=ptr(top_k),
+             P=ptr(top_p), MINP=ptr(min_p), SEEDS=ptr(seeds), CV=cv, CI=ci, V=v,
+             sxb=logits.stride(0), sxv=logits.stride(1), st=stride(temperature),
+             sk=stride(top_k), sp=stride(top_p), smp=stride(min_p), ss=stride(seeds),
+             t_val=t_val, k_val=k_val, p_val=p_val, minp_val=minp_val, seed_val=seed_val,
+             span=cfg.span, max_iters=cfg.max_iters,
+             T_MODE=2 if temperature is not None else 1,
+             K_MODE=2 if top_k is not None else (1 if k_val >= 0 else 0),
+             P_MODE=2 if top_p is not None else (1 if p_val >= 0 else 0),
+             MINP_MODE=2 if min_p is not None else (1 if minp_val >= 0 else 0),
+             SEED_MODE=2 if seeds is not None else 1,
+             BLOCK=cfg.block, NP=cfg.pivots, CAP=cfg.cap, JB=min(cfg.cap_chunk, cfg.cap),
+             num_warps=cfg.num_warps)
+    return out
+
+
+def _spec_impl(draft_token_ids, draft_probs, target_probs, seeds, seed_val):
+    b, k = draft_token_ids.shape
+    v = draft_probs.shape[-1]
+    dev = draft_probs.device
+    ids = C.empty((b, k + 1), torch.int64, dev)
+    nacc = C.empty((b,), torch.int32, dev)
+    if b == 0:
+        return ids, nacc
+    cfg = current_config(v)
+    C.launch(_spec_accept_kernel, (b,), DT=draft_token_ids, DP=draft_probs, TP=target_probs,
+             OUT=ids, NACC=nacc, SEEDS=seeds if seeds is not None else draft_probs, K=k, V=v,
+             sdtb=draft_token_ids.stride(0), sdtk=draft_token_ids.stride(1),
+             sdpb=draft_probs.stride(0), sdpk=draft_probs.stride(1),
+             sdpv=draft_probs.stride(2), stpb=target_probs.stride(0),
+             stpk=target_probs.stride(1), stpv=target_probs.stride(2), sob=ids.stride(0),
+             sok=ids.stride(1), ss=seeds.stride(0) if seeds is not None else 0,
+             seed_val=seed_val, SEED_MODE=2 if seeds is not None else 1,
+             BLOCK_K=max(2, C.next_power_of_2(k + 1)), BLOCK=cfg.block,
+             num_warps=min(cfg.num_warps, 8))
+    return ids, nacc
+
+
+# --------------------------------------------------------------------------------------------
+# torch.library registration
+# --------------------------------------------------------------------------------------------
+@torch.library.custom_op("tkit::sample", mutates_args=())
+def _sample_op(logits: torch.Tensor, temperature: Optional[torch.Tensor],  # noqa: UP045
+               top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor],  # noqa: UP045
+               min_p: Optional[torch.Tensor], seeds: Optional[torch.Tensor],  # noqa: UP045
+               t_val: float, k_val: int, p_val: float, minp_val: float,
+               seed_val: int) -> torch.Tensor:
+    return _sample_impl(logits, temperature, top_k, top_p, min_p, seeds, t_val, k_val, p_val,
+                        minp_val, seed_val)
+
+
+@_sample_op.register_fake
+def _(logits, temperature, top_k, top_p, min_p, seeds, t_val, k_val, p_val, minp_val,
+      seed_val):
+    return logits.new_empty((logits.shape[0],), dtype=torch.int64)
+
+
+@torch.library.custom_op("tkit::speculative_accept", mutates_args=())
+def _spec_op(draft_token_ids: torch.Tensor, draft_probs: torch.Tensor,
+             target_probs: torch.Tensor, seeds: Optional[torch.Tensor],  # noqa: UP045
+             seed_val: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _spec_impl(draft_token_ids, draft_probs, target_probs, seeds, seed_val)
+
+
+@_spec_op.register_fake
+def _(draft_token_ids, draft_probs, target_probs, seeds, seed_val):
+    b, k = draft_token_ids.shape
+    return (draft_probs.new_empty((b, k + 1), dtype=torch.int64),
+            draft_probs.new_empty((b,), dtype=torch.int32))
+
+
+# --------------------------------------------------------------------------------------------
+# Validation and public API
+# --------------------------------------------------------------------------------------------
+def _values_checked(t: torch.Tensor) -> bool:
+    from tkit.kernels import _offsets
+
+    return _offsets.values_checked(t)
+
+
+def _option(x, name, batch, device, dtypes, kind):
+    """(tensor or None, scalar) for one per-row option; the scalar is -1 when not given
+    (the kernel compiles the option out) and ignored when a tensor is given."""
+    if x is None:
+        return None, -1
+    if isinstance(x, torch.Tensor):
+        C.check_tensor(x, name, dtypes, ndim=1)
+        C.check_same_device(logits=device, **{name: x})
+        if x.shape[0] != batch:
+            raise ValueError(f"{name} must have one value per row ({batch}), got shape "
+                             f"{tuple(x.shape)}")
+        return x, 0
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"{name} must be a {kind}, a ({batch},) tensor or None, got "
+                        f"{type(x).__name__}")
+    if kind == "int" and not isinstance(x, int):
+        raise TypeError(f"{name} must be an int (or a ({batch},) integer tensor), got {x!r}")
+    return None, x
+
+
+def _seeds(seed, batch, logits, like="logits"):
+    """(per-row seed tensor or None, scalar seed); ``logits`` gives the device (named
+    ``like`` in errors)."""
+    if seed is None:
+        # per-row seeds from torch's generator on the device: no sync, capturable in a graph
+        gen = torch.randint(0, 2**62, (batch,), dtype=torch.int64, device=logits.device)
+        return gen, 0
+    if isinstance(seed, torch.Tensor):
+        C.check_tensor(seed, "seed", SEED_DTYPES, ndim=1)
+        C.check_same_device(**{like: logits}, seed=seed)
+        if seed.shape[0] != batch:
+            raise ValueError(f"seed must be an int or have one value per row ({batch}), got "
+                             f"shape {tuple(seed.shape)}")
+        return seed, 0
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, a ({batch},) int64 tensor or None, got "
+                        f"{type(seed).__name__}")
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+    return None, seed
+
+
