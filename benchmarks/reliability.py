@@ -143,6 +143,31 @@ def parse_sanitizer(text: str) -> dict:
     return out
 
 
+_WHERE = re.compile(r"at (?:0x[0-9a-f]+ )?in \S*?([\w.]+\.py):(\d+)")
+
+
+def ws_lowering_lines() -> set[tuple[str, int]]:
+    """(file, line) of the warp-specialized attention forward's first line and its
+    ``gl.warp_specialize`` call: where racecheck misreports the lowering's capture protocol
+    (tests/kernels/test_attention_ws_race.py and docs/NOTES.md say why)."""
+    import inspect
+
+    from tkit.kernels.attention import hopper as H
+
+    src, first = inspect.getsourcelines(H._attn_fwd_hopper_ws_kernel.fn)
+    ws = first + next(i for i, ln in enumerate(src) if "gl.warp_specialize(" in ln)
+    dl = first + next(i for i, ln in enumerate(src) if ln.lstrip().startswith("def "))
+    name = Path(inspect.getsourcefile(H._attn_fwd_hopper_ws_kernel.fn)).name
+    return {(name, dl), (name, ws)}
+
+
+def explained_hazards(text: str, hazards: int | None, known: set[tuple[str, int]]) -> int:
+    """The hazards of a racecheck run that are the known misreport: all of them when every
+    location the reports name is one of ``known`` (0 otherwise, or when nothing is named)."""
+    where = {(f, int(n)) for f, n in _WHERE.findall(text)}
+    return (hazards or 0) if where and where <= known else 0
+
+
 def find_sanitizer() -> str | None:
     found = shutil.which("compute-sanitizer")
     if found:
@@ -451,6 +476,7 @@ def run_sanitizer(specs, args, rows: Rows, deadline: float, sanitizer: str,
                   huge: bool = True) -> None:
     env = _child_env()
     env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    known = ws_lowering_lines()
 
     def one(task):
         op, tool, huge = task
@@ -475,6 +501,8 @@ def run_sanitizer(specs, args, rows: Rows, deadline: float, sanitizer: str,
                 else (e.stdout or "")
             status = f"timeout after {timeout:.0f} s"
         parsed = parse_sanitizer(text)
+        if tool == "racecheck":
+            parsed["hazards_explained"] = explained_hazards(text, parsed["hazards"], known)
         result = next((json.loads(ln[7:]) for ln in text.splitlines()
                        if ln.startswith("RESULT ")), None)
         row.update(parsed, status=status, seconds=round(time.time() - t0, 1), result=result)
@@ -620,10 +648,15 @@ def summarize(rows: list[dict]) -> dict:
         "fuzz_variants": sum(r.get("variants") or 0 for r in fz),
         "sanitizer_runs": len(sn),
         "memcheck_errors": sum(r.get("errors") or 0 for r in sn if r.get("tool") == "memcheck"),
-        "racecheck_hazards": sum(r.get("hazards") or 0 for r in sn
-                                 if r.get("tool") == "racecheck"),
+        # hazards at the warp-specialized forward's lowering lines (partial barrier 0: a
+        # racecheck misreport, tests/kernels/test_attention_ws_race.py) counted apart
+        "racecheck_hazards": sum((r.get("hazards") or 0) - (r.get("hazards_explained") or 0)
+                                 for r in sn if r.get("tool") == "racecheck"),
+        "racecheck_hazards_explained": sum(r.get("hazards_explained") or 0 for r in sn
+                                           if r.get("tool") == "racecheck"),
         "sanitizer_ops_with_errors": sorted({r["op"] for r in sn if (r.get("errors") or 0)
-                                             or (r.get("hazards") or 0)}),
+                                             or (r.get("hazards") or 0)
+                                             > (r.get("hazards_explained") or 0)}),
         "sanitizer_incomplete": sorted(f"{r['op']}/{r['tool']}/{r['case']}" for r in sn
                                        if r.get("errors") is None and r.get("hazards") is None),
     }

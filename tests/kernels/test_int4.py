@@ -163,8 +163,8 @@ def _int4_problem(M, N, K, G, dtype, sym, seed=2, int_zeros=True):
     w = make_tensor((N, K), dtype, seed=seed)
     q, s, z = tkit.quantize_int4(w, G, symmetric=sym)
     if z is not None and not int_zeros:  # zero points off the integer grid (any checkpoint)
-        z = (z.float() + torch.rand(z.shape, generator=torch.Generator().manual_seed(7))
-             ).to(z.dtype)
+        z = (z.float() + torch.rand(z.shape, generator=torch.Generator().manual_seed(7)
+                                    ).to(z.device)).to(z.dtype)
     a = make_tensor((M, K), dtype, seed=1)
     return a, q, s, z
 
@@ -194,10 +194,10 @@ def test_k_order_matches_the_kernel():
     M, N, K, G = 2, 16, 128, 128
     a = make_tensor((M, K), F16, seed=1)
     for k in (0, 1, 4, 7, 8, 31, 32, 100, 127):
-        codes = torch.full((N, K), 8, dtype=torch.uint8)
+        codes = torch.full((N, K), 8, dtype=torch.uint8, device=DEV)
         codes[:, k] = 9  # dequantized: 1 * s at column k, 0 elsewhere
         q = I4.pack_int4(codes)
-        s = torch.ones(K // G, N, dtype=F16)
+        s = torch.ones(K // G, N, dtype=F16, device=DEV)
         out = I4._matmul_int4_impl(a, q, s, None, G, None, I4.Int4Config(16, 16, 128, 1))
         torch.testing.assert_close(out, a[:, k:k + 1].expand(M, N), rtol=0, atol=0)
 

@@ -394,7 +394,7 @@ def test_more_than_2_31_elements():
 
 _RACE_PROBE = """
 import torch
-from tkit.kernels.reductions import ops as norm
+from tkit.kernels.reductions import ops
 g = torch.Generator(device="cuda").manual_seed(0)
 for n in (2, 3, 17, 33, 100, 129, 1000):
     for dt in (torch.float32, torch.bfloat16):

@@ -213,3 +213,17 @@ def test_count_variants_bounds_the_compiles_and_keeps_the_examples_coming(tmp_pa
     assert bounded["examples"] == 150 and bounded["variants"] == 12
     assert bounded["replayed"] > 0 and bounded["rejected_new_variant"] > 0
     assert bounded["replay_invalid"] == 0
+
+
+def test_ws_lowering_hazards_are_counted_apart(rel):
+    """racecheck reports located only at the warp-specialized forward's first line and its
+    warp_specialize call are the known misreport; one report anywhere else makes them all
+    count."""
+    known = rel.ws_lowering_lines()
+    assert len(known) == 2 and {f for f, _ in known} == {"hopper.py"}
+    (f, a), (_, b) = sorted(known)
+    text = (f"========= Error: Race reported between Write access at 0x1a0 in /x/{f}:{a}:_k\n"
+            f"=========     and Read access at 0x2c0 in /x/{f}:{b}:_k\n")
+    assert rel.explained_hazards(text, 87, known) == 87
+    assert rel.explained_hazards(text + f"at 0x10 in /x/{f}:{b + 1}:_k\n", 87, known) == 0
+    assert rel.explained_hazards("", 3, known) == 0
