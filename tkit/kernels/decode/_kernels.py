@@ -44,17 +44,6 @@ def _softcap(qk, qk_scale, cap_scale, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
-def _from_fp8(x, dtype: tl.constexpr):
-    """An fp8 tile in ``dtype`` (every step exact). To bfloat16 through float32: Triton's
-    direct path on sm_90 is e4m3x2 -> f16x2 (one F2FP a pair) and then one F2F.BF16.F16 an
-    element, on the SM's slow conversion pipe (16 a clock); through float32 the second step is
-    an HADD2.F32 an element and one F2FP.BF16.F32.PACK_AB a pair."""
-    if dtype == tl.bfloat16:
-        return x.to(tl.float32).to(tl.bfloat16)
-    return x.to(dtype)
-
-
-@triton.jit
 def _key_rows(BT, start_n, cols, L, b64, n_blocks, sbtn,
               PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, BLOCK_N: tl.constexpr):
     """(block index, row in block) of key positions ``cols`` (clamped to [0, L - 1]), as int64.
@@ -94,8 +83,8 @@ def _decode_tile(acc, l_i, m_i, q, K, V, KS, VS, BT, start_n, L, qpos, offs_n, o
         k = tl.load(k_ptrs)
     else:
         k = tl.load(k_ptrs, mask=dmask[None, :], other=0.0)
-    if k.dtype != q.dtype:  # fp8 cache: to the query's dtype in registers
-        k = _from_fp8(k, q.dtype)
+    if k.dtype != q.dtype:  # fp8 cache: to the query's dtype (float16 for bf16 queries)
+        k = k.to(q.dtype)
     qk = _dot(q, tl.trans(k), input_precision=PREC)
     if SCALE_K == 2:  # per token and head
         ks = tl.load(KS + blk * sksn + row * sksp)
@@ -123,7 +112,7 @@ def _decode_tile(acc, l_i, m_i, q, K, V, KS, VS, BT, start_n, L, qpos, offs_n, o
     else:
         v = tl.load(v_ptrs, mask=dmask[None, :], other=0.0)
     if v.dtype != q.dtype:
-        v = _from_fp8(v, q.dtype)
+        v = v.to(q.dtype)
     if SCALE_V == 2:
         vs = tl.load(VS + blk * svsn + row * svsp)
         p = p * vs[None, :]
@@ -202,6 +191,12 @@ def _decode_split_kernel(
     q_off = b64 * sqb + qpos.to(tl.int64) * sqs + heads * sqh
     q = tl.load(Q + q_off[:, None] + offs_d[None, :] * sqd,
                 mask=row_ok[:, None] & dmask[None, :], other=0.0)
+    if K.dtype.element_ty.is_fp8() and q.dtype == tl.bfloat16:
+        # an fp8 cache meets a bfloat16 query in float16: e4m3 -> float16 is exact and one
+        # conversion (F2FP) a pair, where bfloat16 took three instructions an element on sm_90
+        # (e4m3x2 -> f16x2, then f16 -> f32 -> bf16); bfloat16's 8 bits of mantissa fit
+        # float16's 11, magnitudes clamp to its range, and P in [0, 1] keeps 3 more bits
+        q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
 
     # the key range of this M tile: [lo, hi), fully visible to every row in [full_lo, full_hi)
     i_lo = (mb * BLOCK_M) // GROUP
