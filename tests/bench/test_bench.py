@@ -336,7 +336,9 @@ def test_readme_report_counts_the_devices_checks_file_by_run_and_status(tmp_path
               for s in ("pass", "pass", "fail")]
     checks.append({"run": "h200-c-cuda_ext", "op": "sgemm", "case": "M1", "provider": None,
                    "ok": True, "source": "script (cuda_ext) check"})
-    (tmp_path / "h200.jsonl").write_text(json.dumps(timed) + "\n")
+    ceil = {**timed, "op": "ceilings", "median_ms": None, "copy_tbps": 4.2, "bf16_tflops": 680,
+            "source": "tkit bench ceilings"}
+    (tmp_path / "h200.jsonl").write_text(json.dumps(timed) + "\n" + json.dumps(ceil) + "\n")
     path = report.checks_path(tmp_path, "NVIDIA H200")
     assert path.name == "h200-checks.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in checks))
@@ -346,6 +348,8 @@ def test_readme_report_counts_the_devices_checks_file_by_run_and_status(tmp_path
     assert ("- `h200-b-reliability` (benchmarks/reliability.py): 3 records: fuzz pass 2, "
             "fuzz fail 1") in text
     assert "- `h200-c-cuda_ext` (script (cuda_ext) check): 1 records: ok 1" in text
+    assert "latest copy 4.2 TB/s (bytes read + written), bf16 matmul 680 TFLOP/s, run `h200-a`" \
+        in text and "rows from" not in text  # the ceilings row is no probe script's
 
 
 def test_convert_reads_tkit_bench_and_script_result_files(tmp_path):

@@ -279,8 +279,15 @@ def readme_text(out_dir: str | Path) -> str:
             continue
         device = rows[-1].get("device") or path.stem
         bench = [r for r in rows if r.get("source", "tkit bench") == "tkit bench"]
-        others = [r for r in rows if r.get("source", "tkit bench") != "tkit bench"]
+        ceils = [r for r in rows if r.get("op") == "ceilings"]
+        others = [r for r in rows if r.get("source", "tkit bench") != "tkit bench"
+                  and r.get("op") != "ceilings"]
         md += [f"## {device} (`{path.name}`)", ""]
+        if ceils:
+            c = ceils[-1]
+            md += [f"Ceilings (rows with op `ceilings`, {len(ceils)} runs): latest copy "
+                   f"{c.get('copy_tbps')} TB/s (bytes read + written), bf16 matmul "
+                   f"{c.get('bf16_tflops')} TFLOP/s, run `{c['run']}` ({c.get('date')}).", ""]
         if bench:
             md += ["| op | case | group | provider | ms | p20-p80 ms | rate | ok | date | run "
                    "| git |", "|---|---|---|---|---|---|---|---|---|---|---|"]
