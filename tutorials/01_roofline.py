@@ -28,12 +28,13 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
 def recorded_ceilings() -> dict | None:
-    """The ceilings of the last recorded H200 run (used where there is no GPU)."""
-    for path in sorted(RESULTS.glob("*h200*.json"), reverse=True):
-        data = json.loads(path.read_text())
-        if data.get("ceilings"):
-            return data["ceilings"]
-    return None
+    """The ceilings of the last recorded H200 run (used where there is no GPU): the last row
+    with op ``ceilings`` in the long-form file benchmarks/results/h200.jsonl."""
+    path = RESULTS / "h200.jsonl"
+    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] \
+        if path.exists() else []
+    rec = [r for r in rows if r.get("op") == "ceilings"]
+    return rec[-1] if rec else None
 
 
 # %% [markdown]
@@ -99,7 +100,7 @@ def test_floors():
 # ## Measuring the ceilings
 #
 # On a GPU this measures both ceilings (a few seconds) and prints the floors of the two
-# examples. On the H200 of 2026-11-29 (benchmarks/results/h200-2026-11-29-b-final.log) it
+# examples. On the H200 of 2026-11-29 (run `h200-2026-11-29-b`, benchmarks/results/RUNS.md) it
 # printed: copy 4.22 TB/s, bf16 matmul 703 TFLOP/s, ridge 166 FLOP/byte; the add's floor
 # 0.1907 ms (memory-bound), the 4096^3 GEMM's 0.1955 ms (compute-bound). Chapter 02 measures an
 # add at 0.189 ms: on its floor.

@@ -79,7 +79,7 @@ def test_fuzz_add_with_hypothesis():
 # copy ceiling, and beside the baselines *in the same run*.
 #
 # Measured on the H200 (2026-11-29, `python tutorials/02_first_kernel.py`, copy ceiling measured
-# in the same run at 4.22 TB/s; benchmarks/results/h200-2026-11-29-b-final.log):
+# in the same run at 4.22 TB/s; run `h200-2026-11-29-b`, benchmarks/results/RUNS.md):
 #
 #     first kernel (BLOCK=1024)   188.6 us  4.27 TB/s  101.1% of copy
 #     first kernel (BLOCK=4096)   189.9 us  4.24 TB/s  100.5% of copy

@@ -126,7 +126,7 @@ def test_vectorized_version_uses_16_byte_loads():
 # ## Measured
 #
 # On the H200 (2026-11-29, copy ceiling 4.22 TB/s in the same run;
-# benchmarks/results/h200-2026-11-29-b-final.log):
+# run `h200-2026-11-29-b`, benchmarks/results/RUNS.md):
 #
 #     1 column walk        3703.4 us  0.22 TB/s    5.2% of copy
 #     2 scalar coalesced    636.1 us  1.27 TB/s   30.0% of copy

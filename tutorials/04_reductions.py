@@ -238,7 +238,8 @@ def test_tkit_split_path_equals_fused_path():
 # `python tutorials/04_reductions.py` on the H200 prints every step: time, TB/s, percent of the
 # copy ceiling, beside torch eager and torch.compile in the same run. The family's full
 # benchmark (backward, the N sweep, Liger-Kernel when installed) is `tkit bench reductions`;
-# its run of 2026-11-30 (benchmarks/results/h200-2026-11-30-e-final.log, copy 4.24 TB/s)
+# its run of 2026-11-30 (run `h200-2026-11-30-e-reductions` in benchmarks/results/h200.jsonl, copy
+# 4.24 TB/s)
 # measured, at 16384 x 8192 bf16: rms_norm 4.06 TB/s (torch eager 0.62, torch.compile 4.15),
 # fused residual + rms_norm 4.01 (eager 1.02, compile 4.01), layer_norm 4.00 (compile 3.66),
 # softmax 3.85 (compile 1.74): eager RMSNorm is 6.5x slower than the fused kernel here, less
@@ -256,7 +257,7 @@ def test_tkit_split_path_equals_fused_path():
 #
 # A third lesson came from reading what torch.compile generates for the same ops (inductor's
 # looped reduction; the H200 norm focus runs of 2026-11-30 saved its kernels and chosen configs
-# in benchmarks/results/h200-2026-11-30-*-norm-focus.json): for rows
+# in the rows of runs `h200-2026-11-30-*-norm-focus` in benchmarks/results/h200.jsonl): for rows
 # of 4096 columns and more it does not hold the row in registers. It walks the row twice, in
 # chunks of 2048-32768 columns: the first walk accumulates per lane (each thread keeps its own
 # running sum of squares, or its own Welford mean and M2, and the threads are combined once at
@@ -271,7 +272,8 @@ def test_tkit_split_path_equals_fused_path():
 # layer_norm at N=16384, 3.83 TB/s against torch.compile's 3.97.
 #
 # The fourth lesson is how that point was found: not by more configs, but by rebuilding the faster
-# kernel by hand (a probe: benchmarks/results/h200-2026-11-30-w-ln-probe.log) and changing one
+# kernel by hand (a probe: run `h200-2026-11-30-w-ln-probe` in benchmarks/results/h200.jsonl) and
+# changing one
 # thing at a time until it was as slow as ours. torch.compile bakes the row length into its
 # kernel, so both walks unroll and the second walk's loads issue ahead too; and its Welford
 # combine (Chan's pairwise rule, one three-value reduction instead of two sums) runs on counts the

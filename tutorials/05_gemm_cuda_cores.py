@@ -193,7 +193,8 @@ def test_sass_shows_each_step():
 # peak.
 #
 # Measured on the H200 (2026-11-29, do_bench medians, 4096^3 fp32,
-# benchmarks/results/h200-2026-11-29-a-cuda_ext.log; peak 66.9 TFLOP/s by the datasheet):
+# run `h200-2026-11-29-a-cuda_ext` in benchmarks/results/h200.jsonl; peak 66.9 TFLOP/s by the
+# datasheet):
 #
 #     step                 ms      TFLOP/s  of cuBLAS  of peak
 #     naive              23.543      5.8      11.4%     8.7%

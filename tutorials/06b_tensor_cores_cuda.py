@@ -353,7 +353,8 @@ def test_mbarrier_protocol():
 # ## 7. Measured (H200, 2026-11-30, the GEMM builds' sweep in interleaved rounds)
 #
 # Median of three interleaved rounds, bf16, ratio to cuBLAS in the same run
-# (benchmarks/results/h200-2026-11-30-c-cuda-ext-sweep.json): the wgmma kernel (3 stages, TMA
+# (run `h200-2026-11-30-c-cuda-ext-sweep` in benchmarks/results/h200.jsonl): the wgmma kernel (3
+# stages, TMA
 # epilogue) 720 TFLOP/s at 4096^3 = 1.024x cuBLAS, 684 at 8192^3 = 1.024x; with a 2-CTA
 # cluster multicasting B, 1.003x / 1.033x. The mma.sync kernel (256x128x64 tile, 3 stages,
 # fragments double-buffered, epilogue staged through shared memory) 404 / 386-405 TFLOP/s =
@@ -367,7 +368,7 @@ def test_mbarrier_protocol():
 # A third mma.sync GEMM, written with CuTe's sm80 building blocks (`csrc/gemm_cute_sm80.cu`:
 # a TiledMMA over the 16x8x16 bf16 atom, ldmatrix and cp.async copy atoms, swizzled shared
 # tiles; 7 tile builds), settled the question in a later run
-# (`h200-2026-11-30-i-cute-sm80.json`, 3 rounds): its best build 464 / 460 TFLOP/s = 0.604x /
+# (run `h200-2026-11-30-i-cute-sm80`, 3 rounds): its best build 464 / 460 TFLOP/s = 0.604x /
 # 0.582x cuBLAS (769 / 790 TFLOP/s that run), the hand-written kernel 0.560x / 0.530x beside it.
 # Three implementations, one a library's own building blocks, all stop at 0.5-0.6x.
 #
@@ -375,7 +376,7 @@ def test_mbarrier_protocol():
 #
 # * The instruction's own ceiling. `tkit.cuda_ext.mma_peak` issues nothing but
 #   `mma.sync.m16n8k16` from registers (independent accumulator chains, no memory in the loop;
-#   `h200-2026-11-30-p-mma-peak.json`). Every saturating configuration lands on 0.666 mma per SM per
+#   run `h200-2026-11-30-p-mma-peak`). Every saturating configuration lands on 0.666 mma per SM per
 #   clock: 2729 FLOP per SM per clock, two thirds of the 4096 that wgmma reaches, 645-655
 #   TFLOP/s at the ~1.8 GHz such a kernel holds (cuBLAS: 786 / 725 TFLOP/s at 4096^3 before and
 #   after the sweep).

@@ -203,12 +203,13 @@ def test_compiler_facts_on_sm90():
 # `tkit bench flash_attention flash_attention_varlen` does this in full (every benchmark case
 # against SDPA's backends); below is the one-shape version.
 #
-# Measured on the H200 (2026-11-30, benchmarks/results/h200-2026-11-30-d-final.log, B4 S4096
+# Measured on the H200 (2026-11-30, run `h200-2026-11-30-d-attention` in
+# benchmarks/results/h200.jsonl, B4 S4096
 # H16 D128 bf16): the registered op, autotuned, ran the forward at 462.6 TFLOP/s non-causal
 # (1.189 ms against the 0.76 ms predicted at the GEMM ceiling: 59% of it) and 415.1 causal;
 # the backward (causal) at 354.8. SDPA's flash backend: 353 / 305 / 274; cuDNN: 651 / 584 /
 # 473. So the kernel is 1.3x the flash backend and 0.71x cuDNN. In a three-round sweep of
-# forced configs (h200-2026-11-30-c-attention-focus.json) the best medians were 488 and 427,
+# forced configs (run `h200-2026-11-30-c-attention-focus`) the best medians were 488 and 427,
 # with 5-10% spread between rounds. The gap to cuDNN is the softmax: Triton 3.6 issues the
 # QK^T wgmma and waits for it before the exponentials (`tkit.ir` shows the wait), so the
 # tensor cores idle during the softmax, while cuDNN and FlashAttention-3 overlap one warpgroup's
@@ -228,12 +229,13 @@ def test_compiler_facts_on_sm90():
 # stream through a ring of TMA buffers. The PTX (below, compiled without a GPU) shows the
 # `wait_group 1` inside the loop that the Triton kernel's PTX lacks.
 #
-# Measured on the H200 (2026-11-30, `benchmarks/results/h200-2026-11-30-i-attention-hopper.json`,
+# Measured on the H200 (2026-11-30, run `h200-2026-11-30-i-attention-hopper` in
+# `benchmarks/results/h200.jsonl`,
 # B4 S4096 H16 D128 bf16, medians of 3 interleaved rounds): 499.4 TFLOP/s non-causal and 455.0
 # causal, against 475.7 / 413.3 for the Triton kernel's best tile and 586.7 / 519.6 for cuDNN
 # in the same rounds. `tkit.flash_attention` dispatches to it on sm_90 at head_dim 128 (and 64
 # causal); through the public function, three later rounds gave 520 / 477 / 461 non-causal
-# and 464 / 437 / 426 causal (`h200-2026-11-30-j-attention-quick.log`): the machine's power
+# and 464 / 437 / 426 causal (run `h200-2026-11-30-j-attention-quick`): the machine's power
 # and clocks move the figures by ~10% between rounds, cuDNN's by ~1%.
 #
 # That kernel's two warpgroups still met at a CTA barrier every key block (one thread refilled
@@ -242,9 +244,10 @@ def test_compiler_facts_on_sm90():
 # releasing a ring slot through an mbarrier arrive once its wgmmas are retired, leaves each
 # warpgroup only its own 128-thread barriers: 580.6 / 569.8 TFLOP/s (non-causal / causal)
 # against 499.9 / 455.0 without the loader and 587.2 / 505.8 for cuDNN, same rounds
-# (`h200-2026-11-30-l-*`). It is `tkit.flash_attention`'s forward at head_dim 128 on sm_90;
+# (run `h200-2026-11-30-l-attention-hopper-ws`). It is `tkit.flash_attention`'s forward at head_dim
+# 128 on sm_90;
 # through the public function, medians of 3 rounds: 582.2 / 535.8, 1.65x / 1.79x SDPA's flash
-# backend and 0.87x / 0.92x cuDNN (`h200-2026-11-30-m-attention-quick.log`).
+# backend and 0.87x / 0.92x cuDNN (run `h200-2026-11-30-m-attention-quick`).
 
 
 def test_gluon_kernel_keeps_one_wgmma_group_in_flight():

@@ -326,6 +326,32 @@ def test_readme_table_shows_the_latest_row_of_each_op_case_and_provider(tmp_path
     assert "`h200-s` (1)" in text
 
 
+def test_readme_report_counts_the_devices_checks_file_by_run_and_status(tmp_path):
+    """<device>-checks.jsonl (records that time nothing) is not a device section of its own:
+    its runs are listed under the device's timings, counted by part / status / ok."""
+    timed = {"run": "h200-a", "date": "2026-12-01", "device": "NVIDIA H200", "op": "add",
+             "case": "c", "provider": "tkit", "median_ms": 0.2, "git_sha": "f00d"}
+    checks = [{"run": "h200-b-reliability", "op": "add", "case": None, "provider": "fuzz",
+               "part": "fuzz", "status": s, "source": "benchmarks/reliability.py"}
+              for s in ("pass", "pass", "fail")]
+    checks.append({"run": "h200-c-cuda_ext", "op": "sgemm", "case": "M1", "provider": None,
+                   "ok": True, "source": "script (cuda_ext) check"})
+    ceil = {**timed, "op": "ceilings", "median_ms": None, "copy_tbps": 4.2, "bf16_tflops": 680,
+            "source": "tkit bench ceilings"}
+    (tmp_path / "h200.jsonl").write_text(json.dumps(timed) + "\n" + json.dumps(ceil) + "\n")
+    path = report.checks_path(tmp_path, "NVIDIA H200")
+    assert path.name == "h200-checks.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in checks))
+    text = report.write_readme(tmp_path).read_text()
+    assert text.count("## ") == 1 and "## NVIDIA H200 (`h200.jsonl`)" in text
+    assert "Checks (`h200-checks.jsonl`" in text
+    assert ("- `h200-b-reliability` (benchmarks/reliability.py): 3 records: fuzz pass 2, "
+            "fuzz fail 1") in text
+    assert "- `h200-c-cuda_ext` (script (cuda_ext) check): 1 records: ok 1" in text
+    assert "latest copy 4.2 TB/s (bytes read + written), bf16 matmul 680 TFLOP/s, run `h200-a`" \
+        in text and "rows from" not in text  # the ceilings row is no probe script's
+
+
 def test_convert_reads_tkit_bench_and_script_result_files(tmp_path):
     bench = {"environment": {"device": "NVIDIA H200", "date": "2026-12-01", "git_sha": "aa"},
              "rows": [{"op": "add", "case": "c", "provider": "tkit", "median_ms": 1.0,
