@@ -67,7 +67,7 @@ examples would compile (add 300, rms_norm about 260); with ``--max-variants`` it
 that the bounded run still reaches its examples.
 
 Output: long-form JSON lines (one row per op and part, then a summary), appended to
-``--out`` (default ``benchmarks/results/<device>-<date>-reliability.jsonl``), each row stamped
+``--out`` (default the device's ``benchmarks/results/<device>-checks.jsonl``), each row stamped
 with device, versions and git sha. A fuzz row has ``status`` (pass / fail / crash / timeout /
 excluded / not run), ``examples`` (run to the end; rejected ones not counted), ``mismatches``,
 ``seconds`` and ``budget_s`` (its slice), and where the time went: ``make_s``, ``fn_s``
@@ -728,8 +728,10 @@ def main(argv=None) -> int:
     on_gpu = torch.cuda.is_available()
     if not on_gpu and not args.ops:
         specs = [s for s in specs if s.family != "cuda_ext"]  # raw CUDA: no interpreter
-    dev = "".join(c if c.isalnum() else "-" for c in env["device"].lower()).strip("-")
-    out = args.out or ROOT / "benchmarks" / "results" / f"{dev}-{env['date']}-reliability.jsonl"
+    from tkit.bench.report import device_slug
+
+    # the device's long-form file of untimed records (benchmarks/results/<device>-checks.jsonl)
+    out = args.out or ROOT / "benchmarks" / "results" / f"{device_slug(env['device'])}-checks.jsonl"
     rows = Rows(out, env)
     print(f"reliability: {len(specs)} ops, budget {args.budget:.0f} s, {args.jobs} jobs, "
           f"rows to {out}", flush=True)

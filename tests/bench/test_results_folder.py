@@ -14,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
-FIXED = {"README.md", "RUNS.md"}
+FIXED = {"README.md", "RUNS.md", ".gitignore"}
 #: <device>.jsonl (timings) and <device>-checks.jsonl (records that time nothing): no date
 LONG_FORM = re.compile(r"^(?!.*\d{4}-\d{2}-\d{2})[a-z0-9]+(?:-[a-z0-9]+)*\.jsonl$")
 PATH_REF = re.compile(r"benchmarks/results/([^\s`'\"()\[\],;:]*)")

@@ -32,8 +32,7 @@ SGEMM_STEPS = {
 }
 
 # The tile parameters of each default build (the macros' defaults in csrc/): the fastest build
-# of the tile/stage/epilogue sweep run on the H200 (docs/NOTES.md; benchmarks/results/
-# h200-2026-11-30-{b,c}-cuda-ext-sweep.json, tutorial 06b section 7).
+# of the tile/stage/epilogue sweep run on the H200 (docs/NOTES.md, tutorial 06b section 7).
 MMA_DEFAULTS = dict(bm=256, bn=128, bk=64, warps_m=4, warps_n=2, stages=3, frag_pipe=1,
                     epi_smem=1)
 WGMMA_DEFAULTS = dict(stages=3, group_m=16, inflight=False, epi_tma=True, epi_split=1,
