@@ -3,15 +3,16 @@
     python benchmarks/config_sweep.py [quant rope sample matmul_fp8 ...]   # rows to $OUT
 
 Each family's config is overridden through its scoped context (``quant_config``,
-``rope_config``, ``sample_config``; for the fp8 GEMM the tile dict the launcher takes), every
-variant is checked against the default's output (the same values, or the reference rule for the
-GEMM), and timed with ``tkit.bench.timing.time_fn`` (median, L2 flushed) interleaved with the
-default in rounds. The winners go into the families' ``for_device`` tables; the figures into
+``rope_config``, ``sample_config``; for the fp8 GEMM a ``TmaConfig`` given to the launcher),
+every variant is checked against the default's output (the same values, or the reference rule
+for the GEMM), and timed with ``tkit.bench.timing.time_fn`` (median, L2 flushed) interleaved with
+the default in rounds. The winners go into the families' ``for_device`` tables; the figures into
 docs/NOTES.md. Output: a table on stdout and long-form rows in ``$OUT/config-sweep.jsonl``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -116,6 +117,7 @@ def sweep_sample(rows):
 
 def sweep_matmul_fp8(rows):
     from tkit.kernels.matmul import ops as MM
+    from tkit.kernels.matmul.config import TmaConfig
     from tkit.testing.compare import assert_close_to_reference
 
     # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): BLOCK_K is also the interval at which the
@@ -139,8 +141,7 @@ def sweep_matmul_fp8(rows):
         rows.append(dict(family="matmul_fp8", case=f"{n}^3", config="torch._scaled_mm",
                          median_ms=t_peer, tflops=flops / t_peer / 1e9))
         for bm, bn, bk, w, s in tiles:
-            cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, EPI_SUBTILE=True,
-                       FLATTEN=True, num_warps=w, num_stages=s)
+            cfg = TmaConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s)
 
             def run(a=a, b=b, out=out, one=one, cfg=cfg):
                 MM._matmul_into(a, b, out, None, one, one, None, None, False, "tma", cfg)
@@ -154,7 +155,8 @@ def sweep_matmul_fp8(rows):
             t = min(time_fn(run).median_ms for _ in range(ROUNDS))
             print(f"matmul_fp8 {n}^3 {bm}x{bn}x{bk} w{w} s{s} {t * 1e3:8.1f} us "
                   f"{flops / t / 1e9:7.1f} TFLOP/s {t_peer / t:5.3f}x _scaled_mm {ok}")
-            rows.append(dict(family="matmul_fp8", case=f"{n}^3", config=cfg, median_ms=t,
+            rows.append(dict(family="matmul_fp8", case=f"{n}^3",
+                             config=dataclasses.asdict(cfg), median_ms=t,
                              tflops=flops / t / 1e9, vs_scaled_mm=t_peer / t))
 
 

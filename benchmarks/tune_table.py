@@ -10,7 +10,8 @@ processes on that device then serve those configs without timing anything.
 
 Kernels covered: the elementwise flat kernel (size classes from decode to 256 MiB), the
 attention forward (decode, prefill at head dims 64/128/256, causal or not) and backward. The
-GEMMs choose their configs by ``matmul.ptr_config``/``tma_config`` and are not tuned here.
+GEMMs take the fixed configs of ``matmul.TmaConfig``/``PtrConfig.for_shape`` and are not run
+here (under TKIT_AUTOTUNE=1 they would be tuned per M, N, K).
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def intensity_table() -> str:
 # *waves*, so a tile shape costs about waves x (BM x BN) / (its per-FLOP efficiency). At
 # M=256, N=4096 there are only 32 tiles of 128x256 for 132 SMs (100 SMs idle), while 64x128
 # tiles make 128 and fill the machine; at M=1024 the same N gives 128 tiles of 128x256, one
-# whole wave, and the big tile wins again. `mm.tma_config` makes exactly this choice; the
+# whole wave, and the big tile wins again. `mm.TmaConfig.for_shape` makes exactly this choice; the
 # split-K path makes the same kind of choice for decode, aiming at about two programs per SM.
 
 # %% [markdown]
@@ -144,10 +144,8 @@ def tiled_matmul(a, b, block_m=64, block_n=64, block_k=32, num_warps=4, num_stag
 #   (`EPI_SUBTILE`) to cut register pressure and make two smaller TMA stores.
 
 # %%
-HOPPER_CONFIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, EPI_SUBTILE=True,
-                     FLATTEN=True, num_warps=8, num_stages=3)
-AMPERE_CONFIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8,
-                     num_stages=3)
+HOPPER_CONFIG = mm.TmaConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
+AMPERE_CONFIG = mm.PtrConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
 
 
 def _ir_or_skip():
@@ -165,7 +163,8 @@ def compile_both():
     b = torch.empty(4096, 4096, device="meta", dtype=torch.bfloat16)
     hopper = ir.compile(tkit.matmul, a, b, arch="sm_90", config=HOPPER_CONFIG)
     # sm_80 has no TMA: force the pointer kernel the dispatcher picks there
-    ampere = ir.compile(mm._kernels._matmul_kernel, *_ptr_args(a, b), arch="sm_80", **AMPERE_CONFIG)
+    ampere = ir.compile(mm._kernels._matmul_kernel, *_ptr_args(a, b), arch="sm_80",
+                        **AMPERE_CONFIG.launch_kwargs())
     return hopper, ampere
 
 

@@ -11,7 +11,8 @@ Every op of the family is called on each of its registry bench and check cases, 
 meta tensors (no GPU, TRITON_INTERPRET unset), and every launched kernel is compiled for sm_90a
 with tkit.ir; the SASS (cuobjdump from the Triton wheel) is hashed per (op, case, kernel).
 The attention family adds the Gluon Hopper forward (which needs a CUDA tensor to be chosen at
-run time): each of its ``HOPPER_FWD_CASES`` in bf16 and fp16, at its default config, compiled
+run time): each of its default ``AttentionConfig().hopper_fwd_cases`` (``HOPPER_FWD_CASES`` on
+older trees) in bf16 and fp16, at its default config, compiled
 ahead of time by ``compile_sm90``. Meta tensors plan as an sm_90 with the H200's 132 SMs.
 attention_bwd launches flash_attention's backward (delta, dK/dV, dQ kernels) on the inputs
 of each flash_attention case, from the family's internal ``_bwd_impl``.
@@ -53,10 +54,14 @@ def _hopper_module():
     except ImportError:
         from tkit.kernels import attention_hopper as H  # the flat layout
     try:
-        from tkit.kernels.attention.config import HOPPER_FWD_CASES
-    except ImportError:
-        from tkit.kernels.attention import HOPPER_FWD_CASES
-    return H, HOPPER_FWD_CASES
+        from tkit.kernels.attention.config import AttentionConfig
+        cases = AttentionConfig().hopper_fwd_cases
+    except ImportError:  # older trees: a module global
+        try:
+            from tkit.kernels.attention.config import HOPPER_FWD_CASES as cases
+        except ImportError:
+            from tkit.kernels.attention import HOPPER_FWD_CASES as cases
+    return H, cases
 
 
 def _sass_of_cubin(cubin: bytes) -> str:

@@ -316,21 +316,41 @@ def test_padded_head_dims_prune_the_faulting_tile(monkeypatch):
     assert not any(A.config._faults_when_padded(c) for c in padded) and padded
 
 
+def test_attention_config_scopes_the_gluon_cases():
+    """The Gluon forward's cases are a scoped override, not a module global: inside the block
+    the dispatch reason names the field, outside the default comes back; unknown fields are a
+    TypeError naming them."""
+    q = make_tensor((1, 4, 2, 128), torch.float16, seed=1)
+    assert (128, False) in A.AttentionConfig().hopper_fwd_cases
+    assert "not in" not in A.fwd_backend(q, q, q)  # the default serves D=128 where it can
+    with A.attention_config(hopper_fwd_cases=frozenset()):
+        assert "not in AttentionConfig.hopper_fwd_cases" in A.fwd_backend(q, q, q)
+        with A.attention_config(hopper_fwd_cases=frozenset({(128, False)})):  # nested
+            assert "not in" not in A.fwd_backend(q, q, q)
+        assert "not in" in A.fwd_backend(q, q, q, causal=True)
+    assert "not in" not in A.fwd_backend(q, q, q)
+    with pytest.raises(TypeError, match="hopper_cases"):
+        with A.attention_config(hopper_cases=frozenset()):
+            pass
+
+
 # ---- GPU only ------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 80, 96, 112, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hopper", [True, False], ids=["dispatch", "triton-only"])
-def test_gpu_bf16_head_dims(d, causal, hopper, monkeypatch):
+def test_gpu_bf16_head_dims(d, causal, hopper):
     """Every head dim through the public function, with the Gluon Hopper forward where it is
     dispatched (D=128, D=64 causal on sm_90) and with the Triton kernel for everything."""
+    over = {}
     if not hopper:
-        if (d, causal) not in A.config.HOPPER_FWD_CASES:
+        if (d, causal) not in A.AttentionConfig().hopper_fwd_cases:
             pytest.skip("the Triton kernel serves this case either way")
-        monkeypatch.setattr(A.config, "HOPPER_FWD_CASES", frozenset())
+        over = dict(hopper_fwd_cases=frozenset())
     args = _qkv(2, 300, 300, 4, 2, d, torch.bfloat16, "cuda")
-    check_against_reference(tkit.flash_attention, S.ref_attention, args,
-                            dict(causal=causal, return_lse=True), grad=True)
+    with A.attention_config(**over):
+        check_against_reference(tkit.flash_attention, S.ref_attention, args,
+                                dict(causal=causal, return_lse=True), grad=True)
 
 
 @pytest.mark.gpu

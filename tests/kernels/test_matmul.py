@@ -1,6 +1,7 @@
 """GEMM family: fuzzing every path against the reference rule, epilogues, batching, autograd,
 registration, the path heuristics, errors; bf16 and fp8 on the GPU."""
 
+import dataclasses
 import sys
 
 import pytest
@@ -212,7 +213,7 @@ def test_splitk_is_deterministic(device):
     a = make_tensor((3, 2048), torch.float32, seed=1, device=device)
     b = make_tensor((2048, 96), torch.float32, "transposed", seed=2, device=device)
     p = mm.plan(a, b, path="splitk")
-    assert p.config["SPLIT_K"] > 1
+    assert isinstance(p.config, mm.SplitKConfig) and p.config.split_k > 1
     first = mm._matmul_impl(a, b, path="splitk")
     for _ in range(2):
         assert torch.equal(mm._matmul_impl(a, b, path="splitk"), first)
@@ -220,17 +221,18 @@ def test_splitk_is_deterministic(device):
 
 @pytest.mark.parametrize("split", [2, 3])
 def test_splitk_one_launch(split, device):
-    """FUSED_REDUCE: the last program of a tile reduces in split order: the same bits as the
+    """fused_reduce: the last program of a tile reduces in split order: the same bits as the
     two-launch path, every time, with the counters left at zero for the next call."""
     a = make_tensor((5, 512), torch.float16, seed=1, device=device)
     b = make_tensor((200, 512), torch.float16, "contiguous", seed=2, device=device).t()
     bias = make_tensor((200,), torch.float16, seed=3, device=device)
     res = make_tensor((5, 200), torch.float16, seed=4, device=device)
-    cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, SPLIT_K=split, NUM_STAGES=2, num_warps=4)
+    cfg = mm.SplitKConfig(block_m=16, block_n=64, block_k=32, split_k=split, num_stages=2,
+                          num_warps=4)
 
     def run(a, b, bias, res, fused=True):
         return mm._matmul_impl(a, b, bias, res, activation="silu", path="splitk",
-                               config=dict(cfg, FUSED_REDUCE=fused))
+                               config=dataclasses.replace(cfg, fused_reduce=fused))
 
     two = run(a, b, bias, res, fused=False)
     for _ in range(2):
@@ -245,13 +247,16 @@ def test_splitk_heuristic_at_decode_shapes():
     # the H200's 132 SMs: M=1, K=4096, N=14336 -> 112 weight slabs of 128 columns; about one
     # program per SM -> split 1 (measured: 3.63 / 3.85 TB/s at M=1 / 16 against 3.47 / 3.43
     # for split 2)
-    cfg = mm.splitk_config(1, 14336, 4096, 132)
-    assert (cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"], cfg["NUM_STAGES"]) == (128, 128, 1, 4)
-    assert mm.splitk_config(16, 14336, 4096, 132)["BLOCK_M"] == 16
-    assert mm.splitk_config(1, 4096, 4096, 132)["SPLIT_K"] == 4  # 32 slabs
-    assert mm.splitk_config(1, 1024, 4096, 132)["SPLIT_K"] == 8  # 8 slabs, >= 4 K-steps each
-    assert mm.splitk_config(64, 4096, 4096, 132)["SPLIT_K"] == 4  # BLOCK_M=64: at most 4
-    assert mm.splitk_config(1, 100, 64, 132)["SPLIT_K"] == 1  # too little K to split
+    splitk = mm.SplitKConfig.for_shape
+    cfg = splitk(1, 14336, 4096, 132)
+    assert (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_stages) == (128, 128, 1, 4)
+    assert splitk(16, 14336, 4096, 132).block_m == 16
+    assert splitk(1, 4096, 4096, 132).split_k == 4  # 32 slabs
+    assert splitk(1, 1024, 4096, 132).split_k == 8  # 8 slabs, >= 4 K-steps each
+    assert splitk(64, 4096, 4096, 132).split_k == 4  # BLOCK_M=64: at most 4
+    assert splitk(1, 100, 64, 132).split_k == 1  # too little K to split
+    assert cfg.launch_kwargs() == dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT_K=1,
+                                       NUM_STAGES=4, num_warps=4)
 
 
 def test_plan_picks_paths():
@@ -266,6 +271,65 @@ def test_plan_picks_paths():
     assert p.path == "ptr" and "TMA" in p.reason
     assert mm.plan(torch.empty(128, 64, **meta), torch.empty(104, 64, **meta).t()).path == "tma"
     assert mm.plan(torch.empty(128, 64, **meta), torch.empty(64, 99, **meta)).path == "ptr"
+
+
+def _launched(fn):
+    with _common.capture_launches() as launches:
+        fn()
+    # (kernel name, the launch's non-tensor keywords)
+    return [(lc.kernel.__name__ if hasattr(lc.kernel, "__name__") else lc.kernel.fn.__name__,
+             {k: v for k, v in lc.kwargs.items() if not isinstance(v, torch.Tensor)})
+            for lc in launches]
+
+
+def test_matmul_config_overrides_are_scoped():
+    """``matmul_config`` changes the launched config of whichever kernel runs, inside the block
+    only (a signature cached before the block is not replayed inside it), and names an
+    unknown field."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    a, w = torch.empty(256, 512, **meta), torch.empty(1024, 512, **meta)
+    before = _launched(lambda: tkit.matmul(a, w.t()))  # also caches this signature
+    default = mm.plan(a, w.t()).config
+    assert isinstance(default, mm.TmaConfig)
+    with mm.matmul_config(block_n=32, num_warps=2):
+        assert mm.plan(a, w.t()).config == dataclasses.replace(default, block_n=32,
+                                                               num_warps=2)
+        ((_, kw),) = _launched(lambda: tkit.matmul(a, w.t()))
+        assert (kw["BLOCK_N"], kw["num_warps"]) == (32, 2)
+        with mm.matmul_config(block_n=16):  # nested: the inner value, the outer ones kept
+            ((_, kw),) = _launched(lambda: tkit.matmul(a, w.t()))
+            assert (kw["BLOCK_N"], kw["num_warps"]) == (16, 2)
+    assert _launched(lambda: tkit.matmul(a, w.t())) == before
+    assert mm.plan(a, w.t()).config == default
+    with pytest.raises(TypeError, match="blok_n"):
+        with mm.matmul_config(blok_n=64):
+            pass
+
+
+def test_matmul_config_reaches_split_k_and_grouped(device):
+    """Fields apply to every kernel whose config has them: split-K's split and one-launch
+    reduce, the grouped kernel's tile."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    a, w = torch.empty(4, 4096, **meta), torch.empty(4096, 4096, **meta)
+    with mm.matmul_config(split_k=2, fused_reduce=True):
+        assert mm.plan(a, w).config.split_k == 2
+        ((name, kw),) = _launched(lambda: tkit.matmul(a, w))
+    assert name == "_matmul_splitk_fused_kernel" and kw["SPLIT_K"] == 2
+    assert [n for n, _ in _launched(lambda: tkit.matmul(a, w))][-1] == "_splitk_reduce_kernel"
+    x = make_tensor((64, 128), torch.float32, seed=1, device=device)
+    b = make_tensor((4, 128, 256), torch.float32, seed=2, device=device)
+    offs = torch.tensor([0, 16, 32, 48, 64], dtype=torch.int32, device=device)
+    with mm.matmul_config(block_m=16, block_n=32):
+        ((_, kw),) = _launched(lambda: tkit.grouped_matmul(x, b, offs))
+    assert (kw["BLOCK_M"], kw["BLOCK_N"]) == (16, 32)
+
+
+def test_explicit_config_of_the_wrong_kernel_is_refused(device):
+    a = make_tensor((8, 32), torch.float32, seed=1, device=device)
+    b = make_tensor((32, 16), torch.float32, seed=2, device=device)
+    with pytest.raises(TypeError, match="PtrConfig"):
+        mm._matmul_impl(a, b, path="ptr",
+                        config=mm.TmaConfig(block_m=16, block_n=16, block_k=16, num_warps=4))
 
 
 def test_capture_shows_the_kernel():
@@ -420,8 +484,10 @@ def test_bf16_linear_layout(m, bias):
 
 @pytest.mark.parametrize("path", ["ptr", "tma"])
 def test_autotuned_kernels(path, device, monkeypatch):
-    """AUTOTUNE=True goes through triton.autotune (one config in the interpreter)."""
-    monkeypatch.setattr(mm.config, "AUTOTUNE", True)
+    """TKIT_AUTOTUNE=1 goes through triton.autotune (one config in the interpreter, so
+    nothing is timed or written to the tuning cache)."""
+    monkeypatch.setattr(mm.config._env, "AUTOTUNE", True)
+    monkeypatch.setattr(mm.config._env, "NO_AUTOTUNE", False)
     a = make_tensor((40, 48), torch.float16, seed=1, device=device)
     b = make_tensor((48, 72), torch.float16, "transposed", seed=2, device=device)
     bias = make_tensor((72,), torch.float16, seed=3, device=device)
@@ -434,17 +500,25 @@ def test_autotuned_kernels(path, device, monkeypatch):
 
 def test_fixed_configs_per_shape_class(monkeypatch):
     monkeypatch.setattr(mm.config._env, "INTERPRET", False)
-    big = mm.tma_config(8192, 8192, 8192)
-    assert (big["BLOCK_M"], big["BLOCK_N"], big["BLOCK_K"], big["num_warps"]) == (128, 256, 64, 8)
-    assert mm.tma_config(512, 4096, 4096)["BLOCK_N"] == 128  # 32 tiles of 128x256: too few
-    assert mm.tma_config(8192, 8192, 8192, elem_size=1)["BLOCK_K"] == 128  # fp8 k-step
+    tma, ptr = mm.TmaConfig.for_shape, mm.PtrConfig.for_shape
+    big = tma(8192, 8192, 8192)
+    assert (big.block_m, big.block_n, big.block_k, big.num_warps) == (128, 256, 64, 8)
+    assert big.launch_kwargs() == dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8,
+                                       EPI_SUBTILE=True, FLATTEN=True, num_warps=8,
+                                       num_stages=3)
+    assert tma(512, 4096, 4096).block_n == 128  # 32 tiles of 128x256: too few
+    # fp8: 128x128 tiles with BLOCK_K = 256 (the promotion interval)
+    fp8 = tma(8192, 8192, 8192, elem_size=1)
+    assert (fp8.block_m, fp8.block_n, fp8.block_k, fp8.num_stages) == (128, 128, 256, 3)
     # fewer tiles than SMs: 64x128 tiles fill the SMs (M=256, N=4096: 128 tiles, one wave)
-    mid = mm.tma_config(256, 4096, 4096)
-    assert (mid["BLOCK_M"], mid["BLOCK_N"], mid["num_warps"]) == (64, 128, 4)
+    mid = tma(256, 4096, 4096)
+    assert (mid.block_m, mid.block_n, mid.num_warps) == (64, 128, 4)
     # 128 tiles of 128x256 are one whole wave: the big tile
-    assert mm.tma_config(1024, 4096, 4096)["BLOCK_N"] == 256
-    assert mm.ptr_config(100, 4096, 4096)["BLOCK_M"] == 64
-    assert mm.ptr_config(8192, 8192, 8192, elem_size=4)["BLOCK_K"] == 32
+    assert tma(1024, 4096, 4096).block_n == 256
+    assert ptr(100, 4096, 4096).block_m == 64
+    assert ptr(8192, 8192, 8192, elem_size=4).block_k == 32
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        big.block_m = 64
 
 
 def test_row_major_residual_is_read_by_tma():
@@ -465,8 +539,8 @@ def test_tma_residual_epilogue(device):
     bias = make_tensor((32,), torch.float16, seed=3, device=device)
     res = make_tensor((40, 32), torch.float16, seed=4, device=device)
     for subtile in (True, False):
-        cfg = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, GROUP_M=4, EPI_SUBTILE=subtile,
-                   FLATTEN=True, num_warps=4)
+        cfg = mm.TmaConfig(block_m=32, block_n=32, block_k=16, num_warps=4, group_m=4,
+                           epi_subtile=subtile)
 
         def fn(a, b, bias, res, cfg=cfg):
             return mm._matmul_impl(a, b, bias, res, activation="silu", path="tma", config=cfg)

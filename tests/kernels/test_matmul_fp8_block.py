@@ -124,3 +124,26 @@ def test_block_scaled_tma_path(b_trans):
     out = FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.float32, path="tma")
     ref = _blockwise_ref(a, b, sa, sb)
     assert_close_to_reference(out, ref, floor=1e-4 * float(ref.abs().max()))
+
+
+def test_matmul_config_overrides_keep_the_scale_block():
+    """``matmul_config`` reaches the block-scaled kernels (tile, warps) but not BLOCK_K, which
+    is the scale block (128); captured on meta tensors, both kernels."""
+    from tkit.kernels import _common
+    from tkit.kernels import matmul as mm
+
+    meta = dict(device="meta")
+    a = torch.empty(256, 1024, dtype=F8, **meta)
+    b = torch.empty(512, 1024, dtype=F8, **meta).t()
+    sa = torch.empty(256, 8, dtype=torch.float32, **meta)
+    sb = torch.empty(8, 4, dtype=torch.float32, **meta)
+    for path in ("tma", "ptr"):
+        with _common.capture_launches() as launches, \
+                mm.matmul_config(block_n=64, block_k=64, num_warps=4):
+            FB._fp8_block_impl(a, b, sa, sb, path=path)
+        (kw,) = [lc.kwargs for lc in launches]
+        assert (kw["BLOCK_N"], kw["BLOCK_K"], kw["num_warps"]) == (64, 128, 4), path
+        with pytest.raises(TypeError, match="TmaConfig"):
+            FB._fp8_block_impl(a, b, sa, sb, path="tma",
+                               config=mm.PtrConfig(block_m=64, block_n=64, block_k=128,
+                                                   num_warps=4))

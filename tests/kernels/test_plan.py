@@ -295,7 +295,7 @@ def test_jit_split_k_plan_allocates_its_partials(jitplans, monkeypatch):
     monkeypatch.setattr(_device, "capability", lambda device=None: (9, 0))
     monkeypatch.setattr(_device, "sm_count", lambda device: 132)
     a, w = torch.randn(1, 4096).to(BF), torch.randn(4096, 4096).to(BF)
-    assert mm.plan(a, w).path == "splitk" and mm.plan(a, w).config["SPLIT_K"] > 1
+    assert mm.plan(a, w).path == "splitk" and mm.plan(a, w).config.split_k > 1
     planned = _plan_vs_ordinary(jitplans, lambda: (a, w), tkit.matmul)
     assert len(planned) == 2
     ws = [v for v in planned[0][1] if isinstance(v, tuple) and v[0] == "hidden"]

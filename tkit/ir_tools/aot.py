@@ -588,7 +588,11 @@ def parse_config(text: str) -> dict | int:
 
 
 def _choose_config(tuner, args: dict, config) -> tuple[dict, str]:
-    """The config dict to compile and a note on how it was chosen."""
+    """The config dict to compile and a note on how it was chosen. A typed tkit config (one
+    with ``launch_kwargs()``, e.g. ``tkit.kernels.matmul.TmaConfig``) stands for its launch
+    keywords."""
+    if hasattr(config, "launch_kwargs"):
+        config = config.launch_kwargs()
     if tuner is None:
         if config is None:
             return {}, ""
@@ -790,8 +794,9 @@ def compile(target, *args, arch=None, config=None, launch=0, case=None, shapes=N
         pairs; none: the op's first benchmark case, or ``case``); for a kernel, its launch
         arguments (positional or by name, constexprs and ``num_warps``/``num_stages`` too).
     arch : ``"sm_80"``, ``"sm_90"``/``"sm_90a"``...; default the local GPU, else sm_90.
-    config : autotune config: index, dict (partial dicts override config 0) or triton.Config;
-        default the tuned one if this process tuned it, else the first.
+    config : autotune config: index, dict (partial dicts override config 0), triton.Config or
+        a typed tkit config (``launch_kwargs()``); default the tuned one if this process tuned
+        it, else the first.
     launch : for an op that launches several kernels, which one (index or kernel name).
     """
     cap = parse_arch(arch)

@@ -62,7 +62,12 @@ from tkit.kernels import _common as C
 from tkit.kernels import _launch as L
 from tkit.kernels import _offsets
 from tkit.kernels import _plan as P
-from tkit.kernels.attention.config import fwd_head_group  # noqa: F401  (public)
+from tkit.kernels.attention import config as AC
+from tkit.kernels.attention.config import (  # noqa: F401  (public)
+    AttentionConfig,
+    attention_config,
+    fwd_head_group,
+)
 from tkit.kernels.attention.ops import (  # noqa: F401  (public)
     _check_cu,
     _check_inputs,
@@ -109,7 +114,8 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
     """
     if (P.ON and type(q) is _T and type(k) is _T and type(v) is _T and not _compiling()
             and not (_grad_enabled() and (q.requires_grad or k.requires_grad
-                                          or v.requires_grad))):
+                                          or v.requires_grad))
+            and not AC.overridden()):
         # the eager plan (tkit.kernels._plan): the key holds all the ordinary path reads
         dev, stream = L._device_stream()
         key = (causal, softmax_scale, window_size, softcap, dev,

@@ -1,10 +1,12 @@
 """The attention family's configuration, shared by the Triton kernels and the Gluon Hopper
 forward (``hopper.py``), which import it and not each other: constants, the autotune config
-lists with their shared-memory pruning and defaults, :data:`HOPPER_FWD_CASES` (which forwards
-go to the Gluon kernel) and :func:`fwd_head_group` (the L2 sections of the tile order).
-Plain Python, no kernel."""
+lists with their shared-memory pruning and defaults, :class:`AttentionConfig` (which forwards
+go to the Gluon kernel) with its scoped overrides (:func:`attention_config`) and
+:func:`fwd_head_group` (the L2 sections of the tile order). Plain Python, no kernel."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -176,15 +178,41 @@ def _bwd_default_config(kind: str, block_d: int, itemsize: int) -> dict:
 _TUNE_KEY = ["seqlen_q", "seqlen_k", "HEAD_DIM", "MASK_LO", "MASK_HI", "SOFTCAP", "VARLEN"]
 
 
-#: Forward cases (head_dim, causal) that go to the Gluon kernel of
-#: :mod:`tkit.kernels.attention.hopper` on sm_90 when it supports the inputs: where it measured
-#: faster than this module's autotuned Triton kernel (H200, B=4 H=16 S=4096 bf16, 3 interleaved
-#: rounds, 2026-11-30, TFLOP/s Gluon / Triton): D=128, warp-specialized, 580.6 / 479.1
-#: non-causal and 569.8 / 426.4 causal; D=64 causal (not warp-specialized) 375.2 / 362.4.
-#: D=64 non-causal stays here (411.2 / 424.5).
-#: Set ``tkit.kernels.attention.config.HOPPER_FWD_CASES = frozenset()`` to keep every
-#: forward on the Triton kernel.
-HOPPER_FWD_CASES = frozenset({(128, False), (128, True), (64, True)})
+@dataclass(frozen=True)
+class AttentionConfig:
+    """The attention family's dispatch choices (the Triton kernels' tiles are the autotune
+    lists above).
+
+    hopper_fwd_cases: the forward cases (head_dim, causal) that go to the Gluon kernel of
+    :mod:`tkit.kernels.attention.hopper` on sm_90 when it supports the inputs: where it
+    measured faster than this module's autotuned Triton kernel (H200, B=4 H=16 S=4096 bf16, 3
+    interleaved rounds, 2026-11-30, TFLOP/s Gluon / Triton): D=128, warp-specialized, 580.6 /
+    479.1 non-causal and 569.8 / 426.4 causal; D=64 causal (not warp-specialized) 375.2 /
+    362.4. D=64 non-causal stays on the Triton kernel (411.2 / 424.5).
+    ``with attention_config(hopper_fwd_cases=frozenset()): ...`` keeps every forward on the
+    Triton kernel."""
+
+    hopper_fwd_cases: frozenset = frozenset({(128, False), (128, True), (64, True)})
+
+
+_OVERRIDES = C.ConfigOverrides(AttentionConfig)
+_DEFAULT = AttentionConfig()
+
+
+def attention_config(**overrides):
+    """Override fields of :class:`AttentionConfig` for the calls made inside (this thread
+    only), e.g. ``with attention_config(hopper_fwd_cases=frozenset()): ...``; an unknown field
+    is a TypeError naming it. Calls inside skip the eager plans. For experiments and tests."""
+    return _OVERRIDES.scope(**overrides)
+
+
+def current_config() -> AttentionConfig:
+    """The :class:`AttentionConfig` in force in this thread (the default, overrides applied)."""
+    return _OVERRIDES.apply(_DEFAULT)
+
+
+def overridden() -> bool:
+    return _OVERRIDES.active()
 
 
 # K and V bytes that the programs in flight should share in L2 (the H200 has 60 MB in two

@@ -125,8 +125,9 @@ def _check_cu(cu, name, batch_hint=None):
 def _hopper_choice(q, k, v, causal, window, softcap):
     """(the attention_hopper module, None) when its forward takes these inputs, else (None,
     the reason it does not)."""
-    if (q.shape[-1], bool(causal)) not in AC.HOPPER_FWD_CASES:
-        return None, f"head_dim {q.shape[-1]}, causal={bool(causal)} not in HOPPER_FWD_CASES"
+    if (q.shape[-1], bool(causal)) not in AC.current_config().hopper_fwd_cases:
+        return None, (f"head_dim {q.shape[-1]}, causal={bool(causal)} not in "
+                      "AttentionConfig.hopper_fwd_cases")
     if q.device.type != "cuda":
         return None, "not on a CUDA device"
     try:
@@ -140,7 +141,8 @@ def _hopper_choice(q, k, v, causal, window, softcap):
 def hopper_status(device=None) -> str:
     """Whether this machine's flash_attention forward can take the Gluon Hopper kernel, and
     for which cases (``tkit info`` prints it)."""
-    cases = ", ".join(f"D={d}{' causal' if c else ''}" for d, c in sorted(AC.HOPPER_FWD_CASES))
+    cases = ", ".join(f"D={d}{' causal' if c else ''}"
+                      for d, c in sorted(AC.current_config().hopper_fwd_cases))
     try:
         from tkit.kernels.attention import hopper as attention_hopper  # noqa: F401
     except ImportError as e:
@@ -168,9 +170,9 @@ def fwd_backend(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0) -> str
 def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
               config=None):
     """Launch the forward; returns (out, lse). Without ``config``, the inputs and cases that
-    the Gluon Hopper kernel serves go there (``HOPPER_FWD_CASES``). ``config`` (a dict with
-    BLOCK_M, BLOCK_N, num_warps, num_stages and optionally USE_TMA, WARP_SPEC) launches this
-    module's Triton kernel with it, bypassing the autotuner;
+    the Gluon Hopper kernel serves go there (``AttentionConfig.hopper_fwd_cases``). ``config``
+    (a dict with BLOCK_M, BLOCK_N, num_warps, num_stages and optionally USE_TMA, WARP_SPEC)
+    launches this module's Triton kernel with it, bypassing the autotuner;
     its optional HEAD_GROUP entry (the tile order's section size) overrides
     :func:`fwd_head_group`."""
     varlen = cu_q is not None

@@ -31,19 +31,22 @@ Four kernels:
   is split across programs so that enough of them stream the weight at once; each writes a
   float32 partial tile, and a second kernel sums the partials in a fixed order (deterministic,
   no atomics) and applies the epilogue.
-  ``_matmul_splitk_fused_kernel`` (config ``FUSED_REDUCE=True``, opt-in) does both in one
+  ``_matmul_splitk_fused_kernel`` (``SplitKConfig.fused_reduce``, opt-in) does both in one
   launch: the last program to finish a tile (per-tile arrival counter) sums the partials in
   split order and applies the epilogue.
 * ``_grouped_matmul_kernel``: many problems in one launch, rows of ``a`` split into groups by
   ``offsets`` (the MoE layout), one ``b`` per group.
 
-Which one runs for a call is :func:`plan`'s decision; it returns the path and the reason, and
-``tkit.ir`` shows the launched kernel. Configs are fixed per shape class by default
-(:func:`tma_config`, :func:`ptr_config`, :func:`splitk_config`, each with its derivation);
-``config.AUTOTUNE = True`` tunes the TMA and pointer kernels per shape over pruned config lists
-instead; docs/NOTES.md has the H200 timings of the alternatives side by side.
+Which one runs for a call is :func:`plan`'s decision; it returns the path, the reason and the
+config, and ``tkit.ir`` shows the launched kernel. Configs are typed and frozen, one class per
+kernel (:class:`TmaConfig`, :class:`PtrConfig`, :class:`SplitKConfig`, :class:`GroupedConfig`),
+fixed per shape class by default (each ``for_shape`` with its derivation); experiments change
+them inside ``with matmul_config(block_n=128, num_stages=4): ...`` (scoped, per thread, an
+unknown field is a TypeError). ``TKIT_AUTOTUNE=1`` tunes the TMA and pointer kernels per shape
+over pruned config lists instead; docs/NOTES.md has the H200 timings of the alternatives side
+by side.
 
-The package: ``config.py`` (constants, autotune lists, the fixed tiles, :func:`plan`),
+The package: ``config.py`` (constants, autotune lists, the config classes, :func:`plan`),
 ``_kernels.py`` (the Triton code), ``ops.py`` (launchers, checks, torch.library), this module
 (the public functions and ``cost``), and two variants of the same GEMM beside them:
 ``fp8_block.py`` (block-scaled fp8, the DeepSeek-V3 recipe behind :func:`matmul_fp8`'s block
@@ -68,13 +71,16 @@ from tkit.kernels import _common as C
 from tkit.kernels import _launch as L
 from tkit.kernels import _offsets
 from tkit.kernels import _plan as P
-from tkit.kernels.matmul.config import (  # noqa: F401  (public: the planning functions)
+from tkit.kernels.matmul import config as MC
+from tkit.kernels.matmul.config import (  # noqa: F401  (public: planning and configs)
+    GroupedConfig,
     MatmulPlan,
+    PtrConfig,
+    SplitKConfig,
+    TmaConfig,
     _default_out_dtype,
+    matmul_config,
     plan,
-    ptr_config,
-    splitk_config,
-    tma_config,
 )
 from tkit.kernels.matmul.ops import (
     _check_epilogue,
@@ -122,7 +128,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     """
     if (P.ON and type(a) is _T and (type(b) is _T or type(b) is _Param) and bias is None
             and residual is None and backend == "auto" and not _compiling()
-            and not (_grad_enabled() and (a.requires_grad or b.requires_grad))):
+            and not (_grad_enabled() and (a.requires_grad or b.requires_grad))
+            and not MC.overridden()):
         # the eager plan (tkit.kernels._plan): the key holds all the ordinary path reads
         dev, stream = L._device_stream()
         key = (activation, out_dtype, allow_tf32, dev,
@@ -155,7 +162,8 @@ _plans = P.new_cache()
 
 def _matmul_slow(a, b, bias, activation, residual, out_dtype, allow_tf32, backend):
     direct = C.use_direct_path(a, b, bias, residual)
-    cacheable = direct and backend in ("auto", "triton") and a.ndim == 2 and b.ndim == 2
+    cacheable = (direct and backend in ("auto", "triton") and a.ndim == 2 and b.ndim == 2
+                 and not MC.overridden())
     if cacheable:
         # eager 2-D calls: validation and planning once per call signature (a decode step
         # repeats the same few signatures; the kernels there last ~30 us, about what this

@@ -18,13 +18,14 @@ are BLOCK_M + BLOCK_N floats a step, next to (BLOCK_M + BLOCK_N) * 128 bytes of 
 Kernels: ``_fp8_block_tma_kernel`` (Hopper: persistent, TMA descriptors, the tile order and
 configs of matmul's TMA kernel) and ``_fp8_block_kernel`` (pointer-based, any strides, sm_80+
 and the interpreter); :func:`tkit.kernels.matmul.plan` picks between them as for matmul
-(shapes it would split along K take the pointer kernel with ``ptr_config``'s tile, unsplit:
-a block-scaled split-K is not written yet). The kernels of the
-per-tensor and per-row/column modes are separate and unchanged.
+(shapes it would split along K take the pointer kernel with ``PtrConfig.for_shape``'s tile,
+unsplit: a block-scaled split-K is not written yet), with the ``matmul_config`` overrides except
+BLOCK_K. The kernels of the per-tensor and per-row/column modes are separate and unchanged.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -176,12 +177,20 @@ def _fp8_block_tma_kernel(
 # --------------------------------------------------------------------------------------------
 # Launch
 # --------------------------------------------------------------------------------------------
-def _ptr_tile(M, N, K) -> dict:
+def _ptr_tile(M, N, K) -> MC.PtrConfig:
     if _env.INTERPRET:
-        return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=BLOCK, GROUP_M=4, num_warps=4)
-    cfg = MC.ptr_config(M, N, K, 1)
-    cfg["BLOCK_K"] = BLOCK
-    return cfg
+        return MC.PtrConfig(block_m=32, block_n=64, block_k=BLOCK, num_warps=4, group_m=4)
+    return MC.PtrConfig.for_shape(M, N, K, 1)
+
+
+def _config(config, cls, default):
+    """An explicit config of the kernel's class, else ``default`` with the active
+    ``matmul_config`` overrides; BLOCK_K is always the scale block."""
+    if config is not None and not isinstance(config, cls):
+        raise TypeError(f"config must be a {cls.__name__} for this kernel, got "
+                        f"{type(config).__name__}")
+    cfg = config if config is not None else MC.current(default)
+    return dataclasses.replace(cfg, block_k=BLOCK) if cfg.block_k != BLOCK else cfg
 
 
 def _fp8_block_impl(a, b, scale_a, scale_b, bias=None, residual=None, activation=None,
@@ -206,21 +215,19 @@ def _fp8_block_impl(a, b, scale_a, scale_b, bias=None, residual=None, activation
         _, a_trans = MC._tma_ok(a)
         _, b_trans = MC._tma_ok(b)
         sms = D.sm_count(a.device)
-        cfg = dict(config or MC.tma_config(M, N, K, 1, sms), BLOCK_K=BLOCK)
+        cfg = _config(config, MC.TmaConfig, MC.TmaConfig.for_shape(M, N, K, 1, sms))
         D.ensure_tma_allocator()
-        tiles = C.cdiv(M, cfg["BLOCK_M"]) * C.cdiv(N, cfg["BLOCK_N"])
+        tiles = C.cdiv(M, cfg.block_m) * C.cdiv(N, cfg.block_n)
         C.launch(_fp8_block_tma_kernel, (max(1, min(sms, tiles)),), **common,
                  stride_a=MC._lead_stride(a, a_trans), stride_b=MC._lead_stride(b, b_trans),
                  stride_cm=out.stride(0), A_TRANS=a_trans, B_TRANS=b_trans, NUM_SMS=sms,
-                 **cfg)
+                 **cfg.launch_kwargs())
         return out
-    cfg = dict(config or _ptr_tile(M, N, K), BLOCK_K=BLOCK)
-    for key in ("SPLIT_K", "NUM_STAGES", "EPI_SUBTILE", "FLATTEN"):
-        cfg.pop(key, None)
-    grid = (C.cdiv(M, cfg["BLOCK_M"]) * C.cdiv(N, cfg["BLOCK_N"]),)
+    cfg = _config(config, MC.PtrConfig, _ptr_tile(M, N, K))
+    grid = (C.cdiv(M, cfg.block_m) * C.cdiv(N, cfg.block_n),)
     C.launch(_fp8_block_kernel, grid, **common, stride_am=a.stride(0), stride_ak=a.stride(1),
              stride_bk=b.stride(0), stride_bn=b.stride(1), stride_cm=out.stride(0),
-             stride_cn=out.stride(1), **cfg)
+             stride_cn=out.stride(1), **cfg.launch_kwargs())
     return out
 
 

@@ -26,14 +26,15 @@ from tkit.kernels.matmul._kernels import (
 )
 from tkit.kernels.matmul.config import (
     ACTIVATIONS,
+    GroupedConfig,
     MatmulPlan,
+    PtrConfig,
+    SplitKConfig,
+    TmaConfig,
     _default_out_dtype,
-    _grouped_config,
     _lead_stride,
     _tma_ok,
     plan,
-    ptr_config,
-    tma_config,
 )
 
 
@@ -61,39 +62,44 @@ def _epilogue_args(a, scale_a, scale_b, bias, res2, activation):
     )
 
 
-def _launch_kwargs(config: dict | None) -> dict:
-    """An explicit config (benchmarks, tests) as launch keyword arguments."""
-    return dict(config) if config else {}
+def _expect(config, cls):
+    """An explicit config (benchmarks, tests) must be the launched kernel's type."""
+    if config is not None and not isinstance(config, cls):
+        raise TypeError(f"config must be a {cls.__name__} for this kernel, got "
+                        f"{type(config).__name__}")
+    return config
 
 
-def _launch_ptr(a3, b3, out3, res3, epi, ieee, config=None):
-    """Batched pointer kernel on 3-D views (B, M, K) @ (B, K, N) -> (B, M, N)."""
+def _launch_ptr(a3, b3, out3, res3, epi, ieee, config: PtrConfig | None = None):
+    """Batched pointer kernel on 3-D views (B, M, K) @ (B, K, N) -> (B, M, N); without a
+    config, the fixed one for the shape (or the autotuner under TKIT_AUTOTUNE)."""
     B, M, K = a3.shape
     N = b3.shape[2]
     int64 = C.needs_int64(a3, b3, out3, res3)
     if res3 is not None:
         epi = dict(epi, res_ptr=res3)
     stride_rb = res3.stride(0) if res3 is not None else 0
-    if config is None and not MC.AUTOTUNE:
-        config = ptr_config(M, N, K, a3.element_size())
-    kernel = _matmul_kernel if config else _matmul_autotuned
+    if _expect(config, PtrConfig) is None and not MC.autotuned():
+        config = MC.current(PtrConfig.for_shape(M, N, K, a3.element_size()))
+    kernel = _matmul_kernel if config is not None else _matmul_autotuned
     grid = lambda meta: (C.cdiv(M, meta["BLOCK_M"]) * C.cdiv(N, meta["BLOCK_N"]), B)
     C.launch(kernel, grid, a_ptr=a3, b_ptr=b3, c_ptr=out3, M=M, N=N, K=K,
              stride_ab=a3.stride(0), stride_am=a3.stride(1), stride_ak=a3.stride(2),
              stride_bb=b3.stride(0), stride_bk=b3.stride(1), stride_bn=b3.stride(2),
              stride_cb=out3.stride(0), stride_cm=out3.stride(1), stride_cn=out3.stride(2),
-             stride_rb=stride_rb, **epi, IEEE=ieee, INT64=int64, **_launch_kwargs(config))
+             stride_rb=stride_rb, **epi, IEEE=ieee, INT64=int64,
+             **(config.launch_kwargs() if config is not None else {}))
 
 
-def _launch_tma(a, b, out, epi, ieee, num_sms, config=None):
+def _launch_tma(a, b, out, epi, ieee, num_sms, config: TmaConfig | None = None):
     _, a_trans = _tma_ok(a)
     _, b_trans = _tma_ok(b)
     M, K = a.shape
     N = b.shape[1]
     D.ensure_tma_allocator()
-    if config is None and not MC.AUTOTUNE:
-        config = tma_config(M, N, K, a.element_size(), num_sms)
-    kernel = _matmul_tma_kernel if config else _matmul_tma_autotuned
+    if _expect(config, TmaConfig) is None and not MC.autotuned():
+        config = MC.current(TmaConfig.for_shape(M, N, K, a.element_size(), num_sms))
+    kernel = _matmul_tma_kernel if config is not None else _matmul_tma_autotuned
 
     def grid(meta):
         tiles = C.cdiv(M, meta["BLOCK_M"]) * C.cdiv(N, meta["BLOCK_N"])
@@ -111,14 +117,14 @@ def _launch_tma(a, b, out, epi, ieee, num_sms, config=None):
     C.launch(kernel, grid, a_ptr=a, b_ptr=b, c_ptr=out, M=M, N=N, K=K,
              stride_a=_lead_stride(a, a_trans), stride_b=_lead_stride(b, b_trans),
              stride_cm=out.stride(0), A_TRANS=a_trans, B_TRANS=b_trans, **epi, IEEE=ieee,
-             NUM_SMS=num_sms, **_launch_kwargs(config))
+             NUM_SMS=num_sms, **(config.launch_kwargs() if config is not None else {}))
 
 
 _COUNTERS: dict = {}
 
 
 def _splitk_counters(device: torch.device, n: int) -> torch.Tensor:
-    """Per-tile arrival counters of the one-launch split-K (config ``FUSED_REDUCE=True``, opt-in
+    """Per-tile arrival counters of the one-launch split-K (``SplitKConfig.fused_reduce``, opt-in
     for now), zeroed once and left at zero by every launch, so calls need no memset. One buffer
     per device: two such launches running concurrently on different streams would share it,
     which is why it is not the default yet (and why the buffer must exist before a CUDA graph
@@ -132,35 +138,30 @@ def _splitk_counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
-def _launch_splitk(a, b, out, epi, ieee, cfg):
+def _launch_splitk(a, b, out, epi, ieee, cfg: SplitKConfig):
     M, K = a.shape
     N = b.shape[1]
-    split = cfg["SPLIT_K"]
-    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    split, bm, bn = cfg.split_k, cfg.block_m, cfg.block_n
     if split == 1:  # nothing to reduce: the pointer kernel with this tile, epilogue included
-        tile = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=cfg["BLOCK_K"], GROUP_M=1,
-                    num_warps=cfg["num_warps"], num_stages=cfg["NUM_STAGES"])
         r3 = epi["res_ptr"].unsqueeze(0) if epi["HAS_RES"] else None
-        _launch_ptr(a.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0), r3, epi, ieee, tile)
+        _launch_ptr(a.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0), r3, epi, ieee,
+                    cfg.unsplit())
         return
     # partials are float32 and fully overwritten: a plain allocation, never poisoned
     ws = C.scratch((split, M, N), torch.float32, a.device)
-    if cfg.get("FUSED_REDUCE"):
+    if cfg.fused_reduce:
         grid = (C.cdiv(N, bn), C.cdiv(M, bm), split)
         C.launch(_matmul_splitk_fused_kernel, grid, a_ptr=a, b_ptr=b, ws_ptr=ws,
                  cnt_ptr=_splitk_counters(a.device, grid[0] * grid[1]), c_ptr=out,
                  M=M, N=N, K=K, stride_am=a.stride(0), stride_ak=a.stride(1),
                  stride_bk=b.stride(0), stride_bn=b.stride(1), stride_cm=out.stride(0),
-                 stride_cn=out.stride(1), **epi, IEEE=ieee, SPLIT_K=split,
-                 NUM_STAGES=cfg["NUM_STAGES"], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=cfg["BLOCK_K"],
-                 num_warps=cfg["num_warps"])
+                 stride_cn=out.stride(1), **epi, IEEE=ieee, **cfg.launch_kwargs())
         return
     C.launch(_matmul_splitk_kernel, (C.cdiv(N, bn), C.cdiv(M, bm), split),
              a_ptr=a, b_ptr=b, ws_ptr=ws, M=M, N=N, K=K,
              stride_am=a.stride(0), stride_ak=a.stride(1),
              stride_bk=b.stride(0), stride_bn=b.stride(1),
-             IEEE=ieee, SPLIT_K=split, NUM_STAGES=cfg["NUM_STAGES"], BLOCK_M=bm, BLOCK_N=bn,
-             BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"])
+             IEEE=ieee, **cfg.launch_kwargs())
     rbn = 128 if N >= 128 else max(16, C.next_power_of_2(N))
     C.launch(_splitk_reduce_kernel, (C.cdiv(N, rbn), C.cdiv(M, bm)),
              ws_ptr=ws, c_ptr=out, M=M, N=N, stride_cm=out.stride(0), stride_cn=out.stride(1),
@@ -169,16 +170,18 @@ def _launch_splitk(a, b, out, epi, ieee, cfg):
 
 def _run_2d(a, b, out, res, scale_a, scale_b, bias, activation, ieee, p: MatmulPlan,
             config=None):
+    """Launch ``p`` (its config, or ``config`` given: a config of the kernel of ``p.path``)."""
     epi = _epilogue_args(a, scale_a, scale_b, bias, res, activation)
+    cfg = config if config is not None else p.config
     if p.path == "empty":
         return
     if p.path == "tma":
-        _launch_tma(a, b, out, epi, ieee, D.sm_count(a.device), config)
+        _launch_tma(a, b, out, epi, ieee, D.sm_count(a.device), cfg)
     elif p.path == "splitk":
-        _launch_splitk(a, b, out, epi, ieee, dict(p.config, **(config or {})))
+        _launch_splitk(a, b, out, epi, ieee, _expect(cfg, SplitKConfig))
     elif p.path == "ptr":
         r3 = res.unsqueeze(0) if res is not None else None
-        _launch_ptr(a.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0), r3, epi, ieee, config)
+        _launch_ptr(a.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0), r3, epi, ieee, cfg)
     else:
         raise ValueError(f"unknown matmul path {p.path!r}")
 
@@ -191,7 +194,9 @@ def _try_view(t: torch.Tensor, *shape: int) -> torch.Tensor | None:
 
 
 def _matmul_into(a, b, out, res, scale_a, scale_b, bias, activation, ieee, path, config):
-    """a (..., M, K) @ b (..., K, N) into out (batch..., M, N); shapes already broadcast."""
+    """a (..., M, K) @ b (..., K, N) into out (batch..., M, N); shapes already broadcast.
+    ``config`` None (the plan's), or a :class:`TmaConfig` / :class:`PtrConfig` /
+    :class:`SplitKConfig` for the kernel that ``path`` (or the plan) runs."""
     batch = tuple(out.shape[:-2])
     M, K = a.shape[-2:]
     N = b.shape[-1]
@@ -291,8 +296,8 @@ def _grouped_impl(a, b, offsets, out_dtype=None, config=None, allow_tf32=True):
         if out.numel() and G == 0:
             out.zero_()
         return out
-    cfg = dict(config or _grouped_config(T, N, G, a.device))
-    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    cfg = _expect(config, GroupedConfig) or MC.current(GroupedConfig.for_shape(T, N, G, a.device))
+    bm, bn = cfg.block_m, cfg.block_n
     offsets = offsets.contiguous()  # read densely by the kernel
     # one tile more per group than cdiv(T, bm), and one each for the rows before the first
     # group and after the last (zeros; see the kernel)
@@ -302,7 +307,7 @@ def _grouped_impl(a, b, offsets, out_dtype=None, config=None, allow_tf32=True):
              stride_bg=b.stride(0), stride_bk=b.stride(1), stride_bn=b.stride(2),
              stride_cm=out.stride(0), stride_cn=out.stride(1),
              IEEE=a.dtype == torch.float32 and not allow_tf32,
-             INT64=C.needs_int64(a, b, out), **cfg)
+             INT64=C.needs_int64(a, b, out), **cfg.launch_kwargs())
     return out
 
 
