@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: GPU tests, the benchmark, and named measurement scripts.
 # Usage: scripts/gpu_run.sh [tests] [bench] [scripts] [-- OPS...]; results go under $OUT.
-# Env: TESTS (pytest paths, default tests), OPS (bench ops/families, default all),
+# Env: TESTS (pytest paths, default tests) or LANES (pytest arguments a lane, '|' between
+#      lanes), TEST_TIMEOUT (seconds a lane), OPS (bench ops/families, default all),
 #      SCRIPTS (scripts to run, e.g. "benchmarks/tune_table.py scripts/gpu_ir.py"; default
 #      scripts/gpu_ir.py), BENCH_ARGS (extra tkit bench args). The bench stage appends its rows
 #      to $OUT/<device>.jsonl: append those to benchmarks/results/<device>.jsonl when committing.
+#      TKIT_GIT_SHA (the commit measured): the GPU machine's copy of .git may be stale.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./out}
@@ -16,10 +18,25 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --fo
 status=0
 if [[ $stages == *tests* ]]; then
   # Autotuning off: hundreds of fuzzed shapes would otherwise be spent tuning. The benchmark
-  # below verifies the tuned configs at benchmark sizes.
-  TKIT_NO_AUTOTUNE=1 timeout ${TEST_TIMEOUT:-240} python3 -m pytest ${TESTS:-tests} -q ${PYTEST_ARGS:-} \
-    -p no:cacheprovider -rf --durations=15 2>&1 | tee "$OUT/tests.log" | tail -40
-  status=$(( status | ${PIPESTATUS[0]} ))
+  # below verifies the tuned configs at benchmark sizes. LANES="a.py b.py|c.py|..." runs one
+  # pytest a lane, at once (compiles are the cost: the host has 16 cores); -v prints each
+  # test's verdict as it ends, so a lane cut at TEST_TIMEOUT still names its failures.
+  # Children of a cut lane are killed before the benchmark (they would skew its timings).
+  IFS='|' read -ra lanes <<< "${LANES:-${TESTS:-tests}}"
+  i=0
+  for lane in "${lanes[@]}"; do
+    i=$((i + 1))
+    # shellcheck disable=SC2086
+    (TKIT_NO_AUTOTUNE=1 setsid timeout -k 5 ${TEST_TIMEOUT:-240} python3 -m pytest $lane -v \
+      ${PYTEST_ARGS:-} -p no:cacheprovider -rf --tb=short > "/tmp/lane$i.log" 2>&1) &
+  done
+  wait
+  pkill -f "pytest" 2>/dev/null || true
+  for j in $(seq 1 $i); do
+    { echo "=== lane $j: ${lanes[$((j - 1))]}"; cat "/tmp/lane$j.log"; echo; } >> "$OUT/tests.log"
+  done
+  grep -hE "(FAILED|ERROR)( |$)|^=+ .*(passed|failed)" /tmp/lane*.log | sort -u | tail -60
+  grep -q -E " FAILED| ERROR" /tmp/lane*.log && status=1
 fi
 if [[ $stages == *bench* ]]; then
   python3 -m tkit.cli bench ${OPS:-} --out "$OUT" --stem bench --plot ${BENCH_ARGS:-} 2>&1 \
