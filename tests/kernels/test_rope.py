@@ -125,19 +125,26 @@ def test_rope_tiny_and_empty(lead):
     _check(q, k, pos, cs, out, is_neox=True)
 
 
+def _same_values(got, want):
+    tol = dict(rtol=0, atol=0) if _dev() == "cpu" else dict(rtol=2.0**-9, atol=2.0**-24)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **tol)
+
+
 def test_rope_int64_offsets_and_config_override(monkeypatch):
     """The INT64 path and a config with several head tiles and token blocks a program give
-    the same bits as the default."""
+    the default's values: the same bits in the interpreter, within one rounding on the GPU
+    (the compiler contracts a * cos - b * sin into an FMA as each tiling's code allows)."""
     q, k = _qk((23,), 5, 3, 40, torch.float16)
     pos = S._positions((23,), 50, _dev())
     cs = tkit.rope_cache(50, 24, device=_dev())
     want = tkit.rope(q, k, pos, cs, is_neox=False)
     with RP.rope_config(block_t=4, block_h=2):
         got = tkit.rope(q, k, pos, cs, is_neox=False)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    _same_values(got, want)
     monkeypatch.setattr(C, "needs_int64", lambda *t: True)
     got = tkit.rope(q, k, pos, cs, is_neox=False)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    _same_values(got, want)
     with pytest.raises(TypeError, match="block_x"):
         with RP.rope_config(block_x=1):
             pass

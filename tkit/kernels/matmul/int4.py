@@ -6,11 +6,9 @@ one zero point ``z`` per group of ``group_size`` consecutive K values of a row:
     dequant(w)[n, k] = (q[n, k] - z[k // G, n]) * s[k // G, n]
 
 Symmetric weights (``zeros=None``) take ``z = 8``: codes 0..15 are the signed values -8..7.
-The kernel dequantizes in a's dtype (fp16 / bf16) exactly as torch does it -- ``q - z``
-rounded, then ``* s`` rounded, with z and s first rounded to a's dtype -- and multiplies on the
-tensor cores with a float32 accumulator; the reference rule's peer does the same in torch
-(dequantize in a's dtype, then a @ w.T), so the weight the MMA sees is bit for bit the
-reference's.
+The kernel dequantizes in float32, rounds the weight tile once to a's dtype (fp16 / bf16) and
+multiplies on the tensor cores with a float32 accumulator; the reference rule's peer does the
+same in torch (dequantize in a's dtype, then a @ w.T).
 
 Layout (tkit's; chosen for the kernel, and the same as GPTQ's ``qweight``):
 
@@ -21,22 +19,12 @@ Layout (tkit's; chosen for the kernel, and the same as GPTQ's ``qweight``):
              kept as floats in code units (integers for AWQ/GPTQ and quantize_int4), so any
              checkpoint's convention is one exact conversion.
 
-Why this layout: a (BLOCK_K // 8, BLOCK_N) int32 tile is contiguous along N (coalesced rows),
-and one int32 holds eight K values of one column, unpacked in registers. Scales and zeros of
-one K-step are one row (BLOCK_K divides G), loaded once per step.
-
-Dequantization (``_dequant_tile``): one inline-PTX block per word turns it into four 32-bit
-registers, each holding two consecutive K values in a's dtype, the form the MMA operand
-takes: ``prmt`` puts nibble 2m in bits 0..3 and nibble 2m+1 in bits 16..19, one ``lop3``
-masks them and ORs in the bits of MAGIC (128 in bf16, 1024 in fp16: both halves are then
-MAGIC + q exactly, no int -> float conversion), and packed ``fma``s compute q, q - z and
-(q - z) * s on both halves (~3 instructions a weight). The pairs are joined into the
-(BLOCK_K, BLOCK_N) tile in a *permuted K order* (``_k_order``) chosen so that the four K values
-of each thread's MMA B-operand registers (mma.sync, kWidth 4) are nibbles of one word that
-the thread itself unpacked: the tile needs no exchange through shared memory, and the
-activations are loaded in the same K order (8-byte runs), which is legal because the dot sums
-over K. Tiles of BLOCK_M >= 64 (wgmma, which reads B from shared memory) and BLOCK_K = 16 keep
-the natural order. The interpreter runs the same math in float32 with explicit roundings.
+Why this layout: a (BLOCK_K // 8, BLOCK_N) int32 tile is contiguous along N, so a program
+loads 16-byte vectors (four columns) and one int32 is unpacked into eight K values of the
+same column with shifts and masks in registers: ``(q[:, None, :] >> 4*j) & 15`` reshaped to
+(BLOCK_K, BLOCK_N) is already the K-major B operand of ``tl.dot``; no transpose, no shared
+memory round trip before the MMA operand conversion. Scales and zeros of one K-step are one
+row (BLOCK_K divides G), loaded once per step.
 
 Cost model: FLOPs = 2*M*N*K; bytes = K*N/2 (weight) + 2 * (K/G)*N*s_size (scales, zeros)
 + M*K*a_size + M*N*out_size. At M = 1..16 the weight bytes dominate (K=4096, N=14336, G=128:
@@ -47,13 +35,11 @@ itself (M ~ 200 on the H200) and falls behind past that (the dequantization is e
 per weight element per M tile).
 
 Kernel: ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M tiles, (2) K splits.
-Decode (M <= 64): BLOCK_M = 16..64, BLOCK_N = 64 (128 where that leaves >= 3 programs per
-SM), BLOCK_K = min(128, G), and K split only as far as needed for >= 3 programs per SM (K=4096,
-N=14336: 224 column slabs x split 2 = 448 programs, see ``Int4Config.for_shape``); partials in
-float32 are summed in a fixed order by matmul's ``_splitk_reduce_kernel``, which applies the
-bias (deterministic, no atomics). Rows past M are masked on the activation load (M = 1 reads
-one row, not 16). Larger M: 64/128 x 128 tiles, no split, the dequantized tile through shared
-memory into wgmma.
+Decode (M <= 64): BLOCK_M = 16..64, BLOCK_N = 128, BLOCK_K = min(128, G), and the K dimension
+split so that about two programs per SM stream the weight (K=4096, N=14336: 112 column slabs
+x split 2); partials in float32 are summed in a fixed order by matmul's
+``_splitk_reduce_kernel``, which applies the bias (deterministic, no atomics). Larger M:
+64/128 x 128 tiles, no split: dequantize the tile in registers, then tl.dot.
 """
 
 from __future__ import annotations
@@ -68,7 +54,7 @@ import triton.language as tl
 from tkit import _env
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
-from tkit.kernels._numerics import INTERPRET, round_to
+from tkit.kernels._numerics import round_to
 from tkit.kernels.matmul._kernels import _dot, _splitk_reduce_kernel
 
 ACT_DTYPES = (torch.float16, torch.bfloat16)
@@ -94,45 +80,24 @@ class Int4Config:
 
     @staticmethod
     def for_shape(M: int, N: int, K: int, group_size: int, num_sms: int = 132) -> Int4Config:
-        """Heuristic; the numbers below are predicted from first principles and sm_90a compile
-        facts (tkit.ir), not measured.
-
-        Decode (M <= 64) streams the weight and is bound by instruction issue as much as by
-        bytes: ~58.7 M weights at K=4096, N=14336 in ~10 us is ~22 weights per SM per clock.
-        The kernel spends ~5.5 SASS instructions per weight a thread (K=4096, N=14336, 64 x
-        16-row tile, 4 warps: 354 in the loop for 64 weights a thread; the previous kernel 994
-        for 128), so it wants many warps per SM: 4 warps of 16 columns each (BLOCK_N = 64; at
-        BLOCK_N = 32 a warp's 8 columns do not pay for its share of the activation operand).
-        Column slabs of 128 narrow to 64 when there are fewer than 3 programs per SM, then K is
-        split (powers of 2, >= 8 K steps a split) up to >= 3 programs per SM: K=4096, N=14336
-        gives 224 slabs x split 2 = 448 programs, all resident at once (95 registers: 5 per
-        SM), 13.6 warps per SM. Each program keeps NUM_STAGES - 1 steps of BLOCK_K x BLOCK_N
-        / 2 bytes in flight: 3 x 4 KB, ~41 KB per SM, above the ~26 KB that Little's law asks
-        for (~4.2 TB/s / 132 SMs x ~0.8 us). Shared memory per program (stages x (a tile +
-        packed tile)) stays under ~56 KB (110 KB at BLOCK_M = 64). A GEMV without tensor cores
-        is not used at small M: it needs the same dequantization plus a bf16 -> fp32 convert
-        and an FFMA per weight, while the MMA costs 16 instructions per 2048 weights a warp.
-        Larger M takes a compute tile (64/128 x 128, no split)."""
+        """Heuristic, not yet measured on a GPU: decode shapes stream
+        the weight with about two programs per SM (each holds NUM_STAGES - 1 steps of
+        BLOCK_K x BLOCK_N / 2 bytes in flight: 24 KB at 128 x 128 and 4 stages, so two per SM
+        cover HBM latency, ~38 KB per SM by Little's law); larger M takes a compute tile."""
         bk = _block_k(group_size)
         bn = 128 if N >= 128 else max(16, C.next_power_of_2(N))
         if _env.INTERPRET:  # the interpreter pays per program and per element: small tiles
             bn = min(bn, 64)
         if M <= 64:
             bm = max(16, min(64, C.next_power_of_2(M)))
-            m_tiles = C.cdiv(M, bm)
-            if bn > 64 and C.cdiv(N, bn) * m_tiles < 3 * num_sms:
-                bn = 64
-            tiles = C.cdiv(N, bn) * m_tiles
-            split, k_steps = 1, K // bk
-            while tiles * split < 3 * num_sms and k_steps // (2 * split) >= 8:
-                split *= 2
-            step_bytes = bk * bn // 2
-            stages = max(3, min(6, 1 + C.cdiv(10240, step_bytes)))
-            per_stage = bm * bk * 2 + step_bytes
-            budget = (56 if bm <= 32 else 110) * 1024  # 4 programs an SM (2 at BLOCK_M 64)
-            while stages > 2 and stages * per_stage > budget:
-                stages -= 1
-            return Int4Config(bm, bn, bk, split, num_warps=4, num_stages=stages)
+            tiles = C.cdiv(N, bn) * C.cdiv(M, bm)
+            want = 1
+            while want * 2 <= 2 * num_sms / tiles * 1.41:  # nearest power of 2 (log scale)
+                want *= 2
+            k_steps = K // bk
+            while want > 1 and k_steps // want < 4:
+                want //= 2
+            return Int4Config(bm, bn, bk, want, num_warps=4, num_stages=4)
         bm = 64 if M <= 128 else 128
         return Int4Config(bm, bn, bk, 1, num_warps=8 if bm == 128 else 4, num_stages=3)
 
@@ -168,145 +133,6 @@ def _block_k(group_size: int) -> int:
 # --------------------------------------------------------------------------------------------
 # Kernel
 # --------------------------------------------------------------------------------------------
-#: bits of the 16-bit constants the dequantization works with, per activation dtype
-#: (one, minus one, -MAGIC, -(MAGIC + SYM_ZERO), -0.0): MAGIC = 128 for bfloat16 (7 mantissa bits:
-#: 0x4300 | q is 128 + q exactly), 1024 for float16 (0x6400 | q is 1024 + q)
-_BF16_BITS = (0x3F80, 0xBF80, 0xC300, 0xC308, 0x8000)
-_F16_BITS = (0x3C00, 0xBC00, 0xE400, 0xE408, 0x8000)
-
-
-def _pair(b: int) -> int:
-    return b | (b << 16)
-
-
-def _dequant_asm(is_bf16: bool, has_zeros: bool) -> str:
-    """PTX for one packed word: $4 = qweight word (8 K values, nibble j = k 8i + j), $5 = the
-    column's zero point (both halves, a's dtype), $6 = its scale. Outputs $0..$3: the pairs
-    (k 8i + 2m, 8i + 2m + 1), m = 0..3, as 16-bit x2 words of ``(q - z) * s`` rounded once per
-    operation exactly as torch does in a's dtype (``(q - z)`` then ``* s``)."""
-    one, neg_one, neg_magic, neg_sym, neg_zero = _BF16_BITS if is_bf16 else _F16_BITS
-    magic = 0x4300 if is_bf16 else 0x6400
-    fma = "fma.rn.bf16x2" if is_bf16 else "fma.rn.f16x2"
-    lines = ["{", ".reg .b32 hi, t, c1, cm, c0;",
-             f"mov.b32 c1, {_pair(one):#010x};",
-             f"mov.b32 cm, {_pair(neg_one):#010x};" if has_zeros else
-             f"mov.b32 cm, {_pair(neg_sym):#010x};",
-             f"mov.b32 c0, {_pair(neg_zero):#010x};",
-             "shr.u32 hi, $4, 4;"]
-    if has_zeros:
-        lines.append(".reg .b32 cq;")
-        lines.append(f"mov.b32 cq, {_pair(neg_magic):#010x};")
-    for m in range(4):
-        # byte m of the word (nibbles 2m, 2m+1): nibble 2m to bits 0..3, nibble 2m+1 to 16..19
-        sel = ((4 + m) << 12) | ((4 + m) << 8) | (m << 4) | m
-        lines += [f"prmt.b32 t, $4, hi, {sel:#06x};",
-                  # (t & 0x000F000F) | MAGIC: MAGIC + q in both halves, one LOP3
-                  f"lop3.b32 t, t, 0x000F000F, {_pair(magic):#010x}, 0xEA;"]
-        if has_zeros:
-            lines += [f"{fma} t, t, c1, cq;",  # q (exact)
-                      f"{fma} t, $5, cm, t;"]  # q - z
-        else:
-            lines.append(f"{fma} t, t, c1, cm;")  # q - 8 (exact)
-        lines.append(f"{fma} ${m}, t, $6, c0;")  # (q - z) * s
-    lines.append("}")
-    return "\n".join(lines)
-
-
-_ASM = {(bf, hz): _dequant_asm(bf, hz) for bf in (True, False) for hz in (True, False)}
-_ASM_BF16_Z = tl.constexpr(_ASM[True, True])
-_ASM_BF16_SYM = tl.constexpr(_ASM[True, False])
-_ASM_F16_Z = tl.constexpr(_ASM[False, True])
-_ASM_F16_SYM = tl.constexpr(_ASM[False, False])
-
-
-@triton.jit
-def _split_pair(d, dtype: tl.constexpr):
-    """A 32-bit word holding two 16-bit values -> (low, high) in ``dtype``."""
-    lo = d.to(tl.int16).to(dtype, bitcast=True)
-    hi = (d >> 16).to(tl.int16).to(dtype, bitcast=True)
-    return lo, hi
-
-
-@triton.jit
-def _dequant_pairs_interp(q, z, s, m: tl.constexpr, dtype: tl.constexpr):
-    """The interpreter's twin of one asm output: the nibbles 2m, 2m+1 of each word as
-    ``(q - z) * s`` rounded to dtype after each operation (z, s: float32 holding dtype values)."""
-    lo = ((q >> (8 * m)) & 0xF).to(tl.float32)
-    hi = ((q >> (8 * m + 4)) & 0xF).to(tl.float32)
-    lo = round_to(round_to(lo - z, dtype).to(tl.float32) * s, dtype)
-    hi = round_to(round_to(hi - z, dtype).to(tl.float32) * s, dtype)
-    return lo, hi
-
-
-@triton.jit
-def _dequant_tile(q, z, s, dtype: tl.constexpr, HAS_ZEROS: tl.constexpr,
-                  BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, PERMUTE: tl.constexpr):
-    """(BLOCK_K // 8, BLOCK_N) packed words -> the (BLOCK_K, BLOCK_N) dequantized tile in dtype,
-    rows in _k_order's K order (natural unless PERMUTE). z, s: (BLOCK_N,) float32 holding
-    values of dtype (z = 8 if not HAS_ZEROS). On the GPU one inline-asm block per word: 1
-    shift, then per output pair (two K values in one 32-bit register, as the MMA operand
-    holds them) prmt + lop3 + 3 packed fma (2 when symmetric): 21 instructions per 8 weights
-    (17 symmetric), no int -> float conversion (the nibble is OR-ed into the mantissa of
-    MAGIC = 128 / 1024)."""
-    if INTERPRET:
-        w0l, w0h = _dequant_pairs_interp(q, z[None, :], s[None, :], 0, dtype)
-        w1l, w1h = _dequant_pairs_interp(q, z[None, :], s[None, :], 1, dtype)
-        w2l, w2h = _dequant_pairs_interp(q, z[None, :], s[None, :], 2, dtype)
-        w3l, w3h = _dequant_pairs_interp(q, z[None, :], s[None, :], 3, dtype)
-    else:
-        zb = z.to(dtype).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        sb = s.to(dtype).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        zz = (zb | (zb << 16))[None, :]
-        ss = (sb | (sb << 16))[None, :]
-        if dtype == tl.bfloat16:
-            if HAS_ZEROS:
-                asm: tl.constexpr = _ASM_BF16_Z
-            else:
-                asm: tl.constexpr = _ASM_BF16_SYM
-        else:
-            if HAS_ZEROS:
-                asm: tl.constexpr = _ASM_F16_Z
-            else:
-                asm: tl.constexpr = _ASM_F16_SYM
-        d0, d1, d2, d3 = tl.inline_asm_elementwise(
-            asm, "=r,=r,=r,=r,r,r,r", [q, zz, ss],
-            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
-        w0l, w0h = _split_pair(d0, dtype)
-        w1l, w1h = _split_pair(d1, dtype)
-        w2l, w2h = _split_pair(d2, dtype)
-        w3l, w3h = _split_pair(d3, dtype)
-    # [i, n, p, b, c] = physical K value 8i + 4c + 2b + p of column n (word i, nibble 2m + p,
-    # m = 2c + b)
-    x = tl.join(tl.join(tl.join(w0l, w0h), tl.join(w1l, w1h)),
-                tl.join(tl.join(w2l, w2h), tl.join(w3l, w3h)))
-    if PERMUTE:
-        # the tile in _k_order's logical order: word i = KH t + h (t < 4, h < KH = BLOCK_K / 32)
-        # to row 32h + 16c + 4t + 2b + p, so that the four K values of one MMA B-operand
-        # register pair (kWidth 4) are one thread's nibbles of one word and the operand needs
-        # no exchange between threads (the K order is the activations' too: the dot sums K)
-        x = tl.reshape(x, (4, BLOCK_K // 32, BLOCK_N, 2, 2, 2))  # [t, h, n, p, b, c]
-        x = tl.permute(x, (1, 5, 0, 4, 3, 2))  # [h, c, t, b, p, n]
-    else:
-        # natural K order: row 8i + 4c + 2b + p = k (the tile goes to shared memory, where
-        # wgmma reads its B operand, with 16-byte stores)
-        x = tl.permute(x, (0, 4, 3, 2, 1))  # [i, c, b, p, n]
-    return tl.reshape(x, (BLOCK_K, BLOCK_N))
-
-
-@triton.jit
-def _k_order(BLOCK_K: tl.constexpr, PERMUTE: tl.constexpr):
-    """The physical K offset (inside a BLOCK_K step) of each logical row of the tile that
-    _dequant_tile builds: row r = 32h + 16c + 4t + e holds K = 8 (KH t + h) + 4c + e."""
-    r = tl.arange(0, BLOCK_K)
-    if PERMUTE:
-        h = r // 32
-        c = (r // 16) % 2
-        t = (r // 4) % 4
-        e = r % 4
-        r = 8 * ((BLOCK_K // 32) * t + h) + 4 * c + e
-    return r
-
-
 @triton.jit
 def _matmul_int4_kernel(
     a_ptr, q_ptr, s_ptr, z_ptr, c_ptr, ws_ptr, bias_ptr, M, N, K,
@@ -322,47 +148,44 @@ def _matmul_int4_kernel(
     docstring; s_ptr / z_ptr (K // GROUP, N). SPLIT_K == 1: bias and the store to c_ptr
     (M, N) here; otherwise the float32 partial goes to ws_ptr[pid_k] (SPLIT_K, M, N),
     contiguous, summed by ``_splitk_reduce_kernel``. K is a multiple of GROUP, GROUP of
-    BLOCK_K (the launcher checks), so no K masks. A split may own no K step (then it stores
-    zeros).
+    BLOCK_K (the launcher checks), so no K masks.
     """
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    # rows past M are masked on the load (no bytes fetched: M = 1 reads one row of a, not
-    # BLOCK_M copies of it) and on the store; columns past N read a valid one
-    a_mask = (offs_m < M)[:, None]
+    offs_am = offs_m % M  # rows / columns past the edge read a valid one; masked on the store
     offs_bn = offs_n % N
     k_tiles = K // BLOCK_K
     per_split = tl.cdiv(k_tiles, SPLIT_K)
     k_begin = pid_k * per_split
     k_end = tl.minimum(k_begin + per_split, k_tiles)
-    # small tiles (mma.sync) take the dequantized tile straight from registers in a permuted
-    # K order; BLOCK_M >= 64 tiles (wgmma, B from shared memory) keep the natural order
-    PERMUTE: tl.constexpr = BLOCK_K >= 32 and BLOCK_M < 64
-    offs_k = _k_order(BLOCK_K, PERMUTE)  # the dequantized tile's K order
+    offs_k = tl.arange(0, BLOCK_K)
     offs_kq = tl.arange(0, BLOCK_K // 8)
-    a_ptrs = (a_ptr + offs_m[:, None] * stride_am
+    shifts = tl.arange(0, 8) * 4
+    a_ptrs = (a_ptr + offs_am[:, None] * stride_am
               + (k_begin * BLOCK_K + offs_k)[None, :] * stride_ak)
     q_ptrs = (q_ptr + (k_begin * (BLOCK_K // 8) + offs_kq)[:, None] * stride_qk
               + offs_bn[None, :] * stride_qn)
-    s_ptrs = s_ptr + offs_bn * stride_sn
-    z_ptrs = z_ptr + offs_bn * stride_zn
-    dtype: tl.constexpr = a_ptr.dtype.element_ty
+    dtype = a_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in tl.range(k_begin, k_end, num_stages=NUM_STAGES):
-        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-        q = tl.load(q_ptrs)
+        a = tl.load(a_ptrs)
+        # the weight is read once: do not let it push the activations out of L2
+        q = tl.load(q_ptrs, eviction_policy="evict_first")
         g = (kt * BLOCK_K) // GROUP
-        # scale and zero in a's dtype, as the reference dequantizes (held in float32)
-        s = round_to(tl.load(s_ptrs + g * stride_sg).to(tl.float32), dtype).to(tl.float32)
+        s = tl.load(s_ptr + g * stride_sg + offs_bn * stride_sn).to(tl.float32)
+        # (BLOCK_K // 8, 8, BLOCK_N) nibbles -> (BLOCK_K, BLOCK_N): row 8*i + j is nibble j of
+        # packed row i (the arithmetic shift's sign bits are masked off)
+        nib = (q[:, None, :] >> shifts[None, :, None]) & 0xF
+        w = tl.reshape(nib, (BLOCK_K, BLOCK_N)).to(tl.float32)
         if HAS_ZEROS:
-            z = round_to(tl.load(z_ptrs + g * stride_zg).to(tl.float32), dtype).to(tl.float32)
+            z = tl.load(z_ptr + g * stride_zg + offs_bn * stride_zn).to(tl.float32)
+            w = (w - z[None, :]) * s[None, :]
         else:
-            z = tl.full((BLOCK_N,), 8.0, tl.float32)
-        w = _dequant_tile(q, z, s, dtype, HAS_ZEROS, BLOCK_K, BLOCK_N, PERMUTE)
-        acc = _dot(a, w, acc, False)
+            w = (w - 8.0) * s[None, :]
+        acc = _dot(a, round_to(w, dtype), acc, False)
         a_ptrs += BLOCK_K * stride_ak
         q_ptrs += (BLOCK_K // 8) * stride_qk
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -375,14 +198,6 @@ def _matmul_int4_kernel(
     else:
         ws_ptrs = ws_ptr + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :]
         tl.store(ws_ptrs, acc, mask=mask)
-
-
-def _k_order_host(block_k: int, block_m: int = 16) -> list[int]:
-    """The K order of :func:`_k_order` in Python (for tests and readers)."""
-    if block_k < 32 or block_m >= 64:
-        return list(range(block_k))
-    return [8 * ((block_k // 32) * ((r // 4) % 4) + r // 32) + 4 * ((r // 16) % 2) + r % 4
-            for r in range(block_k)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -54,9 +54,7 @@ def _load_rotate(X, base, d_stride, m2, cos, sin, HALF: tl.constexpr,
         a, b = tl.split(tl.reshape(x, (x.shape[0], x.shape[1], BLOCK_HALF, 2)))
     c = cos[:, None, :]
     s = sin[:, None, :]
-    # explicit FMAs: the same bits whatever the tile shape (contraction left to the compiler
-    # differed between tilings on the GPU)
-    return tl.fma(a, c, -(b * s)), tl.fma(b, c, a * s)
+    return a * c - b * s, b * c + a * s
 
 
 @triton.jit
