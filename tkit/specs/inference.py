@@ -122,6 +122,37 @@ def ref_silu_mul_quant(a, b, group_size=None):
     return _quantize(torch.nn.functional.silu(a.to(wide)) * b.to(wide), group_size)
 
 
+def torch_rope_append_kv(q, k, v, *, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                         is_neox=True, rotary_dim=None, k_scale=None, v_scale=None):
+    """The composition a PyTorch user writes, for the baselines: RoPE on q and k in place, then
+    each cache written with one indexed store of the cached tokens (fp8 caches quantized on
+    the way), returning what the op returns. The reference (a loop over tokens, on copies)
+    checks; this times."""
+    qr, kr = ref_rope(q, k, positions, cos_sin_cache, is_neox=is_neox, rotary_dim=rotary_dim)
+    q.copy_(qr)
+    k.copy_(kr)
+    slots = slot_mapping.long()
+    keep = (slots >= 0) & (slots < k_cache.shape[0] * k_cache.shape[1])
+    idx = slots[keep]
+    for x, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        flat = cache.view(-1, *cache.shape[2:])
+        xs = x[keep]
+        if cache.dtype == FP8:
+            xf = xs.float()
+            if scale is None or scale.ndim == 0:
+                y = xf / (scale if scale is not None else 1.0)
+            else:
+                amax = xf.abs().amax(-1)
+                sc = torch.where(amax > 0, amax / Q.FP8_MAX, torch.ones_like(amax))
+                scale.view(-1, scale.shape[-1])[idx] = sc
+                y = xf / sc[..., None]
+            flat[idx] = y.clamp(-Q.FP8_MAX, Q.FP8_MAX).to(FP8)
+        else:
+            flat[idx] = xs.to(cache.dtype)
+    per_token = k_scale is not None and k_scale.ndim > 0
+    return (q, k, k_cache, v_cache) + ((k_scale, v_scale) if per_token else ())
+
+
 # ---- spec functions (what is timed and checked) ----------------------------------------------
 def rms_norm_quant_residual(x, residual, weight, eps=1e-6, group_size=None):
     """``tkit.rms_norm_quant`` with the residual positional: (y_fp8, scales, h)."""
@@ -588,7 +619,7 @@ SPECS = [
     OpSpec(name="rope_append_kv", family="inference", fn=rope_append_kv_call,
            reference=ref_rope_append_kv, cost=cost_rope_append_kv,
            bench_cases=rope_append_bench_cases, check_cases=rope_append_check_cases,
-           fuzz=_fuzz_rope_append, baselines=_baselines(ref_rope_append_kv),
+           fuzz=_fuzz_rope_append, baselines=_baselines(torch_rope_append_kv),
            opcheck=_opcheck_rope_append, bound="memory",
            doc="fn returns q, k and the caches after tkit.rope_append_kv (in place); bytes: "
                "q's rotary part read and written, k read and its rotary part written, v read, "
