@@ -26,7 +26,7 @@ def test_fuzz_against_reference(spec):
 def test_check_cases(spec, device):
     for case in spec.check_cases():
         args, kwargs = case.make(device)
-        check_against_reference(spec.fn, spec.reference, args, kwargs)
+        check_against_reference(spec.fn, spec.reference, args, kwargs, ulps=spec.ulps)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
@@ -43,7 +43,7 @@ def test_gradients(name, dtype, device):
     n = 1 if name in ("silu", "gelu", "gelu_tanh", "relu") else 2
     shapes = [(7, 33), (33,)][:n]  # the second input broadcasts: its gradient is reduced
     args = [make_tensor(s, dtype, seed=i, device=device) for i, s in enumerate(shapes)]
-    check_against_reference(spec.fn, spec.reference, args, grad=True)
+    check_against_reference(spec.fn, spec.reference, args, grad=True, ulps=spec.ulps)
 
 
 def test_cast_gradient(device):

@@ -261,7 +261,7 @@ def test_check_cases():
     spec = registry.get("matmul_int4")
     for case in spec.check_cases():
         args, kwargs = case.make(DEV)
-        check_against_reference(spec.fn, spec.reference, args, kwargs)
+        check_against_reference(spec.fn, spec.reference, args, kwargs, ulps=spec.ulps)
 
 
 def test_fuzz():

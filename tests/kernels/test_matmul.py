@@ -74,7 +74,7 @@ def test_fuzz_each_path(path):
 def test_check_cases(spec, device):
     for case in spec.check_cases():
         args, kwargs = case.make(device)
-        check_against_reference(spec.fn, spec.reference, args, kwargs)
+        check_against_reference(spec.fn, spec.reference, args, kwargs, ulps=spec.ulps)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)

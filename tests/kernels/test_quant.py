@@ -70,7 +70,7 @@ def test_check_cases(name):
     spec = registry.get(name)
     for case in spec.check_cases():
         args, kwargs = case.make(_dev())
-        check_against_reference(spec.fn, spec.reference, args, kwargs)
+        check_against_reference(spec.fn, spec.reference, args, kwargs, ulps=spec.ulps)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -67,7 +67,7 @@ def test_check_cases(name, cap):
     with SK.sample_config(cap=cap):
         for case in spec.check_cases():
             args, kwargs = case.make(DEV)
-            check_against_reference(spec.fn, spec.reference, args, kwargs)
+            check_against_reference(spec.fn, spec.reference, args, kwargs, ulps=spec.ulps)
 
 
 def test_fuzz_sample():
