@@ -281,3 +281,15 @@ class ConfigOverrides:
     def apply(self, cfg):
         over = getattr(self._local, "value", None)
         return dataclasses.replace(cfg, **over) if over else cfg
+
+
+def check_attention_options(window_size, softcap, softmax_scale) -> None:
+    """The options prefill and decode attention share: a clear ValueError naming each."""
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or any(int(w) != w or w < -1 for w in window_size)):
+        raise ValueError(f"window_size must be a pair (left, right) of ints >= -1, "
+                         f"got {window_size!r}")
+    if softcap < 0:
+        raise ValueError(f"softcap must be >= 0 (0 turns it off), got {softcap}")
+    if softmax_scale is not None and not softmax_scale > 0:
+        raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")

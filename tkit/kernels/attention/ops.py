@@ -106,14 +106,7 @@ def _check_inputs(q, k, v, varlen, window_size, softcap, softmax_scale):
     if hk == 0 or hq % hk != 0:
         raise ValueError(f"the number of query heads ({hq}) must be a multiple of the number of "
                          f"key/value heads ({hk})")
-    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
-            or any(int(w) != w or w < -1 for w in window_size)):
-        raise ValueError(f"window_size must be a pair (left, right) of ints >= -1, "
-                         f"got {window_size!r}")
-    if softcap < 0:
-        raise ValueError(f"softcap must be >= 0 (0 turns it off), got {softcap}")
-    if softmax_scale is not None and not softmax_scale > 0:
-        raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
+    C.check_attention_options(window_size, softcap, softmax_scale)
 
 
 def _check_cu(cu, name, batch_hint=None):

@@ -108,14 +108,7 @@ def _check_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sc
         max_len = block_table.shape[1] * p
     ks = _check_scale(k_scale, "k_scale", k_cache, "k_cache")
     vs = _check_scale(v_scale, "v_scale", v_cache, "v_cache")
-    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
-            or any(int(w) != w or w < -1 for w in window_size)):
-        raise ValueError(f"window_size must be a pair (left, right) of ints >= -1, "
-                         f"got {window_size!r}")
-    if softcap < 0:
-        raise ValueError(f"softcap must be >= 0 (0 turns it off), got {softcap}")
-    if softmax_scale is not None and not softmax_scale > 0:
-        raise ValueError(f"softmax_scale must be positive, got {softmax_scale}")
+    C.check_attention_options(window_size, softcap, softmax_scale)
     if num_splits is not None and (int(num_splits) != num_splits or num_splits < 1):
         raise ValueError(f"num_splits must be an int >= 1 (or None: chosen), got {num_splits!r}")
     if _values_checked(cache_seqlens):
