@@ -10,6 +10,7 @@ import torch
 
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
+from tkit.kernels import _register as R
 from tkit.kernels.attention import config as AC
 from tkit.kernels.attention._kernels import (
     _attn_bwd_delta_kernel,
@@ -308,7 +309,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, causal, sca
 # --------------------------------------------------------------------------------------------
 # torch.library registration (custom op + fake + autograd)
 # --------------------------------------------------------------------------------------------
-@torch.library.custom_op("tkit::flash_attn_fwd", mutates_args=())
+@R.custom_op("tkit::flash_attn_fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],  # noqa: UP045
             max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float,
@@ -329,7 +330,7 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, s
     return out, lse
 
 
-@torch.library.custom_op("tkit::flash_attn_bwd", mutates_args=())
+@R.custom_op("tkit::flash_attn_bwd", mutates_args=())
 def _bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor],  # noqa: UP045
             cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],  # noqa: UP045

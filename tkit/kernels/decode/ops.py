@@ -10,6 +10,7 @@ import torch
 
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
+from tkit.kernels import _register as R
 from tkit.kernels.decode._kernels import (
     _append_kv_kernel,
     _decode_combine_kernel,
@@ -292,7 +293,7 @@ def _merge_impl(o_a, lse_a, o_b, lse_b):
 # --------------------------------------------------------------------------------------------
 # torch.library registration
 # --------------------------------------------------------------------------------------------
-@torch.library.custom_op("tkit::decode_attention", mutates_args=())
+@R.custom_op("tkit::decode_attention", mutates_args=())
 def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor],  # noqa: UP045
                k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor],  # noqa: UP045
@@ -309,7 +310,7 @@ def _(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, softmax
     return q.new_empty(q.shape), q.new_empty((b, hq, sq), dtype=torch.float32)
 
 
-@torch.library.custom_op("tkit::append_kv", mutates_args=("k_cache", "v_cache", "k_scale",
+@R.custom_op("tkit::append_kv", mutates_args=("k_cache", "v_cache", "k_scale",
                                                           "v_scale"))
 def _append_op(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                slot_mapping: torch.Tensor, k_scale: Optional[torch.Tensor],  # noqa: UP045
@@ -322,7 +323,7 @@ def _(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale):
     return None
 
 
-@torch.library.custom_op("tkit::merge_attention_states", mutates_args=())
+@R.custom_op("tkit::merge_attention_states", mutates_args=())
 def _merge_op(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
               lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _merge_impl(o_a, lse_a, o_b, lse_b)

@@ -13,6 +13,7 @@ import torch
 from tkit.kernels import _common as C
 from tkit.kernels import _launch as L
 from tkit.kernels import _plan as P
+from tkit.kernels import _register as R
 from tkit.kernels.elementwise._kernels import _ew_flat_autotuned, _ew_strided_kernel
 
 
@@ -182,7 +183,7 @@ def _cast_impl(x, dtype, scale):
 # --------------------------------------------------------------------------------------------
 # torch.library registration (custom op + fake + autograd)
 # --------------------------------------------------------------------------------------------
-@torch.library.custom_op("tkit::binary", mutates_args=())
+@R.custom_op("tkit::binary", mutates_args=())
 def _binary_op(a: torch.Tensor, b: torch.Tensor, op: str,
                out_dtype: Optional[torch.dtype]) -> torch.Tensor:  # noqa: UP045 (schema parser)
     return _op_planned(("binary", op, out_dtype), _binary_impl, (a, b), a, b, op, out_dtype)
@@ -227,7 +228,7 @@ def _binary_backward(ctx, grad):
 _binary_op.register_autograd(_binary_backward, setup_context=_binary_setup)
 
 
-@torch.library.custom_op("tkit::unary", mutates_args=())
+@R.custom_op("tkit::unary", mutates_args=())
 def _unary_op(x: torch.Tensor, act: str) -> torch.Tensor:
     return _op_planned(("unary", act), _unary_impl, (x,), x, act)
 
@@ -270,7 +271,7 @@ def _unary_backward(ctx, grad):
 _unary_op.register_autograd(_unary_backward, setup_context=_unary_setup)
 
 
-@torch.library.custom_op("tkit::act_mul", mutates_args=())
+@R.custom_op("tkit::act_mul", mutates_args=())
 def _act_mul_op(a: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
     return _op_planned(("act_mul", act), _act_mul_impl, (a, b), a, b, act)
 
@@ -297,7 +298,7 @@ def _act_mul_backward(ctx, grad):
 _act_mul_op.register_autograd(_act_mul_backward, setup_context=_act_mul_setup)
 
 
-@torch.library.custom_op("tkit::cast", mutates_args=())
+@R.custom_op("tkit::cast", mutates_args=())
 def _cast_op(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
     if scale is None:
         return _op_planned(("cast", dtype), _cast_impl, (x,), x, dtype, None)

@@ -35,6 +35,7 @@ import triton.language as tl
 from tkit import _env
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
+from tkit.kernels import _register as R
 from tkit.kernels._numerics import INTERPRET as _INTERPRET
 from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
 from tkit.kernels.matmul import _kernels as MK
@@ -231,7 +232,7 @@ def _fp8_block_impl(a, b, scale_a, scale_b, bias=None, residual=None, activation
     return out
 
 
-@torch.library.custom_op("tkit::matmul_fp8_block", mutates_args=())
+@R.custom_op("tkit::matmul_fp8_block", mutates_args=())
 def _fp8_block_op(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                   scale_b: torch.Tensor, bias: Optional[torch.Tensor],  # noqa: UP045
                   residual: Optional[torch.Tensor], activation: str,  # noqa: UP045

@@ -54,6 +54,7 @@ import triton.language as tl
 from tkit import _env
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
+from tkit.kernels import _register as R
 from tkit.kernels._numerics import round_to
 from tkit.kernels.matmul._kernels import _dot, _splitk_reduce_kernel
 
@@ -242,7 +243,7 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
     return out
 
 
-@torch.library.custom_op("tkit::matmul_int4", mutates_args=())
+@R.custom_op("tkit::matmul_int4", mutates_args=())
 def _matmul_int4_op(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                     zeros: Optional[torch.Tensor], group_size: int,  # noqa: UP045
                     bias: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045

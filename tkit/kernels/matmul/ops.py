@@ -11,6 +11,7 @@ import torch
 from tkit import _hooks
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
+from tkit.kernels import _register as R
 from tkit.kernels.elementwise.ops import _activation_grad, _sum_to
 from tkit.kernels.matmul import config as MC
 from tkit.kernels.matmul._kernels import (
@@ -336,7 +337,7 @@ def _out_shape(a, b):
     return (*batch, a.shape[-2], b.shape[-1])
 
 
-@torch.library.custom_op("tkit::matmul", mutates_args=())
+@R.custom_op("tkit::matmul", mutates_args=())
 def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],  # noqa: UP045
                residual: Optional[torch.Tensor], scale_a: Optional[torch.Tensor],  # noqa: UP045
                scale_b: Optional[torch.Tensor], activation: str,  # noqa: UP045
@@ -386,7 +387,7 @@ def _matmul_backward(ctx, grad):
 _matmul_op.register_autograd(_matmul_backward, setup_context=_matmul_setup)
 
 
-@torch.library.custom_op("tkit::grouped_matmul", mutates_args=())
+@R.custom_op("tkit::grouped_matmul", mutates_args=())
 def _grouped_op(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor,
                 out_dtype: Optional[torch.dtype],  # noqa: UP045
                 allow_tf32: bool = True) -> torch.Tensor:
@@ -416,7 +417,7 @@ def _grouped_backward(ctx, grad):
     return ga, gb, None, None, None
 
 
-@torch.library.custom_op("tkit::grouped_matmul_wgrad", mutates_args=())
+@R.custom_op("tkit::grouped_matmul_wgrad", mutates_args=())
 def _grouped_wgrad_op(a: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor, G: int,
                       b_dtype: torch.dtype, allow_tf32: bool = True) -> torch.Tensor:
     return _grouped_wgrad_impl(a, grad, offsets, G, b_dtype, allow_tf32)

@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from tkit.kernels import _common as C
+from tkit.kernels import _register as R
 from tkit.kernels.quant._kernels import _quant_kernel
 from tkit.kernels.quant.config import FP8, current_config
 from tkit.kernels.reductions import as_rows
@@ -87,7 +88,7 @@ def _fake_out(x, group_size, out_dtype):
             x.new_empty(tuple(x.shape[:-1]) + (ng,), dtype=torch.float32))
 
 
-@torch.library.custom_op("tkit::quantize", mutates_args=())
+@R.custom_op("tkit::quantize", mutates_args=())
 def _quantize_op(x: torch.Tensor, group_size: int, out_kind: str,
                  ub_value: Optional[float],  # noqa: UP045 (schema parser)
                  ub_tensor: Optional[torch.Tensor]  # noqa: UP045
@@ -102,7 +103,7 @@ def _(x, group_size, out_kind, ub_value, ub_tensor):
     return _fake_out(x, group_size, FP8 if out_kind == "fp8" else torch.int8)
 
 
-@torch.library.custom_op("tkit::rms_norm_quant", mutates_args=())
+@R.custom_op("tkit::rms_norm_quant", mutates_args=())
 def _rms_norm_quant_op(x: torch.Tensor, weight: torch.Tensor,
                        residual: Optional[torch.Tensor],  # noqa: UP045
                        eps: float, group_size: int
@@ -118,7 +119,7 @@ def _(x, weight, residual, eps, group_size):
     return y, s, (x.new_empty(x.shape) if residual is not None else x.new_empty((0,)))
 
 
-@torch.library.custom_op("tkit::silu_mul_quant", mutates_args=())
+@R.custom_op("tkit::silu_mul_quant", mutates_args=())
 def _silu_mul_quant_op(a: torch.Tensor, b: torch.Tensor,
                        group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     y, s, _ = _quant_launch("silu_mul", a, b, None, None, 0.0, group_size, "fp8", None, None)

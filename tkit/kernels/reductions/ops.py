@@ -11,6 +11,7 @@ import torch
 
 from tkit import _env
 from tkit.kernels import _common as C
+from tkit.kernels import _register as R
 from tkit.kernels.reductions._norm_kernels import (
     _col_sum_kernel,
     _norm_bwd_kernel,
@@ -130,7 +131,7 @@ def _stats_like(x, save_stats):
 # Each forward op also returns the rows' (mean, rstd) when ``save_stats`` (the public functions
 # ask for them when autograd will need them): 8 bytes a row, which spare the backward its
 # statistics reductions (LayerNorm: two of its three rounds of shuffles and barriers a row).
-@torch.library.custom_op("tkit::rms_norm", mutates_args=())
+@R.custom_op("tkit::rms_norm", mutates_args=())
 def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float,
                  save_stats: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     y, _, stats = _norm_fwd_impl(x, weight, None, None, eps, True, save_stats)
@@ -142,7 +143,7 @@ def _(x, weight, eps, save_stats=False):
     return _like(x), _stats_like(x, save_stats)
 
 
-@torch.library.custom_op("tkit::rms_norm_residual", mutates_args=())
+@R.custom_op("tkit::rms_norm_residual", mutates_args=())
 def _rms_norm_residual_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                           eps: float, save_stats: bool = False
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -154,7 +155,7 @@ def _(x, residual, weight, eps, save_stats=False):
     return _like(x), _like(x), _stats_like(x, save_stats)
 
 
-@torch.library.custom_op("tkit::layer_norm", mutates_args=())
+@R.custom_op("tkit::layer_norm", mutates_args=())
 def _layer_norm_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],  # noqa: UP045
                    eps: float, save_stats: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     y, _, stats = _norm_fwd_impl(x, weight, bias, None, eps, False, save_stats)
@@ -166,7 +167,7 @@ def _(x, weight, bias, eps, save_stats=False):
     return _like(x), _stats_like(x, save_stats)
 
 
-@torch.library.custom_op("tkit::norm_backward", mutates_args=())
+@R.custom_op("tkit::norm_backward", mutates_args=())
 def _norm_bwd_op(h: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor,
                  dres: Optional[torch.Tensor], stats: Optional[torch.Tensor],  # noqa: UP045
                  eps: float, is_rms: bool,
@@ -331,7 +332,7 @@ def _softmax_bwd_impl(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool,
 # --------------------------------------------------------------------------------------------
 # torch.library registration
 # --------------------------------------------------------------------------------------------
-@torch.library.custom_op("tkit::softmax", mutates_args=())
+@R.custom_op("tkit::softmax", mutates_args=())
 def _softmax_op(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     return _softmax_fwd_impl(x, dim, log)
 
@@ -342,7 +343,7 @@ def _(x, dim, log):
         -1, dim)
 
 
-@torch.library.custom_op("tkit::softmax_backward", mutates_args=())
+@R.custom_op("tkit::softmax_backward", mutates_args=())
 def _softmax_bwd_op(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     return _softmax_bwd_impl(y, dy, dim, log)
 

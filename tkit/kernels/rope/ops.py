@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from tkit.kernels import _common as C
+from tkit.kernels import _register as R
 from tkit.kernels.decode.config import FP8
 from tkit.kernels.rope._kernels import _rope_kernel
 from tkit.kernels.rope.config import CS_DTYPES, POS_DTYPES, current_config
@@ -113,7 +114,7 @@ def _rope_append_impl(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_
 # --------------------------------------------------------------------------------------------
 # torch.library registration
 # --------------------------------------------------------------------------------------------
-@torch.library.custom_op("tkit::rope", mutates_args=())
+@R.custom_op("tkit::rope", mutates_args=())
 def _rope_op(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
              cos_sin_cache: torch.Tensor, is_neox: bool,
              rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,7 +127,7 @@ def _(q, k, positions, cos_sin_cache, is_neox, rotary_dim):
             torch.empty_like(k, memory_format=torch.contiguous_format))
 
 
-@torch.library.custom_op("tkit::rope_", mutates_args=("q", "k"))
+@R.custom_op("tkit::rope_", mutates_args=("q", "k"))
 def _rope_inplace_op(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                      cos_sin_cache: torch.Tensor, is_neox: bool, rotary_dim: int) -> None:
     _rope_inplace_impl(q, k, positions, cos_sin_cache, is_neox, rotary_dim)
@@ -137,7 +138,7 @@ def _(q, k, positions, cos_sin_cache, is_neox, rotary_dim):
     return None
 
 
-@torch.library.custom_op("tkit::rope_append_kv",
+@R.custom_op("tkit::rope_append_kv",
                          mutates_args=("q", "k", "k_cache", "v_cache", "k_scale", "v_scale"))
 def _rope_append_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                     cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

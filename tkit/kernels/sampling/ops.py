@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from tkit.kernels import _common as C
+from tkit.kernels import _register as R
 from tkit.kernels.sampling._kernels import _sample_kernel, _spec_accept_kernel
 from tkit.kernels.sampling.config import SEED_DTYPES, current_config
 
@@ -77,7 +78,7 @@ def _spec_impl(draft_token_ids, draft_probs, target_probs, seeds, seed_val):
 # --------------------------------------------------------------------------------------------
 # torch.library registration
 # --------------------------------------------------------------------------------------------
-@torch.library.custom_op("tkit::sample", mutates_args=())
+@R.custom_op("tkit::sample", mutates_args=())
 def _sample_op(logits: torch.Tensor, temperature: Optional[torch.Tensor],  # noqa: UP045
                top_k: Optional[torch.Tensor], top_p: Optional[torch.Tensor],  # noqa: UP045
                min_p: Optional[torch.Tensor], seeds: Optional[torch.Tensor],  # noqa: UP045
@@ -93,7 +94,7 @@ def _(logits, temperature, top_k, top_p, min_p, seeds, t_val, k_val, p_val, minp
     return logits.new_empty((logits.shape[0],), dtype=torch.int64)
 
 
-@torch.library.custom_op("tkit::speculative_accept", mutates_args=())
+@R.custom_op("tkit::speculative_accept", mutates_args=())
 def _spec_op(draft_token_ids: torch.Tensor, draft_probs: torch.Tensor,
              target_probs: torch.Tensor, seeds: Optional[torch.Tensor],  # noqa: UP045
              seed_val: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,116 @@
+"""How tkit's ops are registered with torch.library.
+
+``torch.library.custom_op`` runs Python around every call of an op: an autograd kernel that
+redispatches below autograd, and a check that outputs alias no input. On the 2-core CPU where
+tkit is developed that costs 11-12 us a call of an op that does nothing, against 1.8 us for
+the same op defined with the low-level ``torch.library.Library`` API and about 5 us with the
+lean autograd kernel below (docs/NOTES.md, "Op registration"). A torch.compile graph calls
+every registered op through the dispatcher, so the difference is paid per op per step.
+
+:func:`custom_op` keeps custom_op's interface (``register_fake``, ``register_autograd``) and,
+for the functional ops, registers them the low-level way:
+
+- the schema is inferred from the type hints as custom_op infers it, tagged pt2-compliant;
+- the implementation is the ``CompositeExplicitAutograd`` kernel (every device), the fake one
+  goes through ``torch.library.register_fake``;
+- the ``Autograd`` kernel redispatches below autograd unless grad mode is on and an input
+  requires grad; then it runs an ``autograd.Function`` with the registered formula (or one
+  whose backward raises, as custom_op's does for an op without a formula);
+- calling the :class:`Op` object itself (what tkit's public functions do) skips the autograd
+  kernel when no gradient is needed.
+
+Ops that mutate an argument keep ``torch.library.custom_op``: it also registers the
+ADInplaceOrView kernel that bumps the mutated tensors' version counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+_LIBS: dict[str, torch.library.Library] = {}
+_any_requires_grad = torch._C._any_requires_grad
+_grad_enabled = torch.is_grad_enabled
+_compiling = torch.compiler.is_compiling
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+
+
+def _lib(ns: str) -> torch.library.Library:
+    lib = _LIBS.get(ns)
+    if lib is None:
+        lib = _LIBS[ns] = torch.library.Library(ns, "FRAGMENT")
+    return lib
+
+
+class Op:
+    """A functional op registered with the low-level torch.library API. Calling it runs
+    ``torch.ops.<ns>.<name>.default`` (below autograd when no input needs a gradient)."""
+
+    def __init__(self, qualname: str, fn: Callable):
+        ns, name = qualname.split("::")
+        self._qualname = qualname
+        self._lib = _lib(ns)
+        schema = torch.library.infer_schema(fn, mutates_args=())
+        self._lib.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+        self._lib.impl(name, fn, "CompositeExplicitAutograd")
+        self.overload = overload = getattr(getattr(torch.ops, ns), name).default
+        self.__name__ = fn.__name__
+        self.__doc__ = fn.__doc__
+
+        def no_formula(ctx, *grads):
+            raise RuntimeError(f"Trying to backward through {qualname}, which has no "
+                               "autograd formula")
+
+        self._function = self._make_function(lambda ctx, inputs, output: None, no_formula)
+        after = torch._C._after_autograd_keyset
+
+        def autograd_kernel(keyset, *args):
+            if _grad_enabled() and _any_requires_grad(*args):
+                return self._function.apply(*args)
+            return overload.redispatch(keyset & after, *args)
+
+        self._lib.impl(name, autograd_kernel, "Autograd", with_keyset=True)
+
+    def _make_function(self, setup_context: Callable, backward: Callable):
+        overload = self.overload
+
+        def forward(*args):
+            with _below_autograd():
+                return overload(*args)
+
+        def setup(ctx, inputs, output):
+            setup_context(ctx, inputs, output)
+
+        return type("Backward_" + self._qualname.replace("::", "_"), (torch.autograd.Function,),
+                    {"forward": staticmethod(forward), "setup_context": staticmethod(setup),
+                     "backward": staticmethod(backward)})
+
+    def register_fake(self, fn: Callable) -> Callable:
+        torch.library.register_fake(self._qualname, fn, lib=self._lib)
+        return fn
+
+    def register_autograd(self, backward: Callable, *, setup_context: Callable) -> None:
+        """``backward(ctx, *grads)`` and ``setup_context(ctx, inputs, output)`` as for
+        ``torch.library.register_autograd``."""
+        self._function = self._make_function(setup_context, backward)
+
+    def __call__(self, *args):
+        if _compiling():  # traced: dynamo reads the op and its autograd kernel
+            return self.overload(*args)
+        if _grad_enabled() and _any_requires_grad(*args):
+            return self._function.apply(*args)
+        with _below_autograd():
+            return self.overload(*args)
+
+
+def custom_op(qualname: str, *, mutates_args: Sequence[str] | str = ()) -> Callable:
+    """Decorator: register ``fn`` as ``qualname`` (``"tkit::name"``). Functional ops become an
+    :class:`Op`; ops that mutate arguments a ``torch.library.custom_op``."""
+    if mutates_args:
+        return torch.library.custom_op(qualname, mutates_args=mutates_args)
+
+    def wrap(fn: Callable) -> Op:
+        return Op(qualname, fn)
+
+    return wrap
