@@ -5,7 +5,10 @@ TRITON_INTERPRET=1   run Triton kernels on CPU tensors through Triton's interpre
 TKIT_POISON=1        fill every output tkit allocates with NaN before the launch, so a test sees
                      any element a kernel forgot to write (tests also turn this on per call with
                      ``tkit.testing.poisoned_outputs()``).
-TKIT_CACHE_DIR       where measured device ceilings are cached (default ~/.cache/tkit).
+TKIT_CACHE_DIR       tkit's on-disk caches (default ~/.cache/tkit): measured device ceilings,
+                     tuned configs (autotune/), Triton's version key (triton-key/, one small
+                     file per installed Triton, so a new process's first launch does not rehash
+                     libtriton.so). Deleting the folder clears them all; each is rebuilt on use.
 TKIT_HYPOTHESIS_PROFILE  ``ci`` (derandomized, interpreter-sized) or ``gpu`` (larger shapes, more
                      examples); default ``ci``.
 TKIT_NO_DIRECT=1     always go through the registered torch.library op, even in eager mode.
