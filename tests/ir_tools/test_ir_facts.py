@@ -8,6 +8,7 @@ the handful of compiles made by the fixtures.
 import re
 import subprocess
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -163,8 +164,33 @@ def test_aot_compile_is_the_kernel_that_runs():
     for c in jit.device_caches[torch.cuda.current_device()][0].values():
         c._init_handles()
         kernels[c.metadata.hash] = c
+    assert k.metadata.hash in kernels, _hash_mismatch(k, kernels)
     run = kernels[k.metadata.hash]
     assert (run.n_regs, run.n_spills, run.metadata.shared) == (k.n_regs, k.n_spills, k.shared)
+
+
+def _hash_mismatch(k, kernels) -> str:
+    """What differs between tkit.ir's compile and each kernel the JIT built: signature,
+    constants, attributes and the metadata's options, side by side."""
+    def facts(src, md):
+        opts = {f: getattr(md, f) for f in getattr(md, "_fields", ())
+                if f not in ("hash", "name", "shared", "tmem_size", "global_scratch_size",
+                             "profile_scratch_size", "cluster_dims")}
+        return {"signature": dict(src.signature), "constants": dict(src.constants),
+                "attrs": dict(getattr(src, "attrs", {})), "options": opts}
+
+    sig = k.signature
+    ours = facts(SimpleNamespace(signature=sig.signature, constants=sig.constexprs,
+                                 attrs=sig.attrs), k.metadata)
+    lines = [f"tkit.ir hash {k.metadata.hash} not among the JIT's {len(kernels)} kernels"]
+    for h, c in kernels.items():
+        theirs = facts(c.src, c.metadata)
+        for part in ours:
+            a, b = ours[part], theirs[part]
+            diff = {x: (a.get(x), b.get(x)) for x in set(a) | set(b) if a.get(x) != b.get(x)}
+            if diff:
+                lines.append(f"  JIT {h[:12]} {part}: (tkit.ir, JIT) {diff}")
+    return "\n".join(lines)
 
 
 def test_source_map_of_the_dot_line(dot90):
