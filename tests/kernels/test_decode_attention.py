@@ -294,6 +294,33 @@ def test_append_kv_round_trip(fp8):
         assert (out[i:i + 1].double() - ref).abs().max() < 2e-3
 
 
+@pytest.mark.parametrize("formats", [("token", None), (None, "tensor"), ("tensor", "token")])
+def test_append_kv_keys_and_values_in_different_formats(formats):
+    """One launch writes both caches: each follows its own format (fp8 with per-token or
+    per-tensor scales, or the input dtype), equal to the reference bit for bit."""
+    dev = _dev()
+    t, hk, d, page, nb = 13, 3, 48, 4, 5
+    k = make_tensor((t, hk, d), torch.bfloat16, seed=91, device=dev)
+    v = make_tensor((t, hk, d), torch.bfloat16, seed=92, device=dev)
+    slots = torch.randperm(nb * page, generator=torch.Generator().manual_seed(5))[:t].to(dev)
+    caches, scales = [], []
+    for i, fmt in enumerate(formats):
+        cdt = FP8 if fmt else torch.bfloat16
+        caches.append(torch.full((nb, page, hk, d), 3.0, device=dev).to(cdt))
+        scales.append(torch.tensor(0.015 * (i + 1), device=dev) if fmt == "tensor" else
+                      torch.full((nb, page, hk), float("nan"), device=dev) if fmt == "token"
+                      else None)
+    refs = [(c.clone(), s.clone() if s is not None else None) for c, s in zip(caches, scales)]
+    tkit.append_kv(k, v, caches[0], caches[1], slots, k_scale=scales[0], v_scale=scales[1])
+    (rk, rks), (rv, rvs) = S.ref_append_kv(k, v, refs[0][0], refs[1][0], slots,
+                                           k_scale=refs[0][1], v_scale=refs[1][1])
+    assert torch.equal(caches[0].float(), rk.float()), "k_cache"
+    assert torch.equal(caches[1].float(), rv.float()), "v_cache"
+    for fmt, got, want in zip(formats, scales, (rks, rvs)):
+        if fmt == "token":
+            assert torch.equal(got.nan_to_num(-1), want.nan_to_num(-1))
+
+
 def test_append_kv_skips_and_dense_cache():
     dev = _dev()
     k = make_tensor((3, 2, 16), torch.float32, seed=81, device=dev)

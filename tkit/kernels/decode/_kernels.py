@@ -358,26 +358,12 @@ def _merge_states_kernel(
 
 
 @triton.jit
-def _append_kv_kernel(
-    X, XC, XS, SLOT, n_slots, page_size,
-    sxt, sxh, sxd, scn, scp, sch, scd, ssn, ssp, ssh, s_slot, HKV,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-    QUANT: tl.constexpr,
-):
-    """One program: token t's (heads, head_dim) of X written to slot SLOT[t] of the cache XC
-    (blocks x rows x heads x dim; slot = block * page_size + row). A slot < 0 or >= n_slots
-    is skipped. QUANT 1: fp8 with the per-tensor scale XS (x / scale, saturated to +-448);
-    QUANT 2: fp8 with per-(block, row, head) scales amax / 448 computed here and stored to XS.
-    Grid (tokens, head blocks)."""
-    t = tl.program_id(0).to(tl.int64)
-    slot = tl.load(SLOT + t * s_slot).to(tl.int64)
-    if (slot < 0) | (slot >= n_slots):
-        return
-    blk = slot // page_size
-    row = slot % page_size
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    hmask = heads < HKV
+def _append_rows(X, XC, XS, t, blk, row, heads, hmask, offs_d, sxt, sxh, sxd,
+                 scn, scp, sch, scd, ssn, ssp, ssh,
+                 HEAD_DIM: tl.constexpr, QUANT: tl.constexpr):
+    """Token t's (heads, head_dim) of X written to row ``row`` of block ``blk`` of the cache XC.
+    QUANT 1: fp8 with the per-tensor scale XS (x / scale, saturated to +-448); QUANT 2: fp8
+    with per-(block, row, head) scales amax / 448 computed here and stored to XS."""
     mask = hmask[:, None] & (offs_d < HEAD_DIM)[None, :]
     h64 = heads.to(tl.int64)
     x = tl.load(X + t * sxt + h64[:, None] * sxh + offs_d[None, :] * sxd, mask=mask, other=0.0)
@@ -397,3 +383,28 @@ def _append_kv_kernel(
         tl.store(dst, _fp8_keep_nan(y), mask=mask)
 
 
+@triton.jit
+def _append_kv_kernel(
+    K, V, KC, VC, KS, VS, SLOT, n_slots, page_size,
+    skt, skh, skd, svt, svh, svd,
+    skcn, skcp, skch, skcd, svcn, svcp, svch, svcd,
+    sksn, sksp, sksh, svsn, svsp, svsh, s_slot, HKV,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+    QUANT_K: tl.constexpr, QUANT_V: tl.constexpr,
+):
+    """One program: token t's keys and values (a block of heads) written to slot SLOT[t] of the
+    caches (blocks x rows x heads x dim; slot = block * page_size + row), in one launch for both.
+    A slot < 0 or >= n_slots is skipped. Grid (tokens, head blocks)."""
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(SLOT + t * s_slot).to(tl.int64)
+    if (slot < 0) | (slot >= n_slots):
+        return
+    blk = slot // page_size
+    row = slot % page_size
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    hmask = heads < HKV
+    _append_rows(K, KC, KS, t, blk, row, heads, hmask, offs_d, skt, skh, skd,
+                 skcn, skcp, skch, skcd, sksn, sksp, sksh, HEAD_DIM, QUANT_K)
+    _append_rows(V, VC, VS, t, blk, row, heads, hmask, offs_d, svt, svh, svd,
+                 svcn, svcp, svch, svcd, svsn, svsp, svsh, HEAD_DIM, QUANT_V)

@@ -256,17 +256,21 @@ def _append_impl(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> None
     n_slots = k_cache.shape[0] * k_cache.shape[1]
     block_d = max(16, C.next_power_of_2(d))
     block_h = max(1, min(C.next_power_of_2(hk), max(1, 4096 // block_d)))
-    for x, xc, xs in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+    launch = {}
+    for name, x, xc, xs in (("k", k, k_cache, k_scale), ("v", v, v_cache, v_scale)):
         quant = 0 if xc.dtype != FP8 else (1 if xs is None or xs.ndim == 0 else 2)
         if quant == 1 and xs is None:  # an fp8 cache without a scale: scale 1
             xs = torch.ones((), dtype=torch.float32, device=x.device)
         ss = xs.stride() if quant == 2 else (0, 0, 0)
-        C.launch(_append_kv_kernel, (t, C.cdiv(hk, block_h)),
-                 X=x, XC=xc, XS=xs if xs is not None else x, SLOT=slot_mapping,
-                 n_slots=n_slots, page_size=xc.shape[1],
-                 **_named("sx", x.stride(), "thd"), **_named("sc", xc.stride(), "nphd"),
-                 **_named("ss", ss, "nph"), s_slot=slot_mapping.stride(0), HKV=hk,
-                 HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h, QUANT=quant, num_warps=4)
+        launch.update({name.upper(): x, name.upper() + "C": xc,
+                       name.upper() + "S": xs if xs is not None else x,
+                       "QUANT_" + name.upper(): quant},
+                      **_named("s" + name, x.stride(), "thd"),
+                      **_named(f"s{name}c", xc.stride(), "nphd"),
+                      **_named(f"s{name}s", ss, "nph"))
+    C.launch(_append_kv_kernel, (t, C.cdiv(hk, block_h)), SLOT=slot_mapping, n_slots=n_slots,
+             page_size=k_cache.shape[1], s_slot=slot_mapping.stride(0), HKV=hk, HEAD_DIM=d,
+             BLOCK_D=block_d, BLOCK_H=block_h, num_warps=4, **launch)
 
 
 def _merge_impl(o_a, lse_a, o_b, lse_b):
