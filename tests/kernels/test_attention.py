@@ -320,7 +320,7 @@ def test_attention_config_scopes_the_gluon_cases():
     """The Gluon forward's cases are a scoped override, not a module global: inside the block
     the dispatch reason names the field, outside the default comes back; unknown fields are a
     TypeError naming them."""
-    q = make_tensor((1, 4, 2, 128), torch.float16, seed=1)
+    q = make_tensor((1, 17, 2, 128), torch.float16, seed=1)  # past the split-KV route's 16
     assert (128, False) in A.AttentionConfig().hopper_fwd_cases
     assert "not in" not in A.fwd_backend(q, q, q)  # the default serves D=128 where it can
     with A.attention_config(hopper_fwd_cases=frozenset()):
@@ -385,3 +385,36 @@ def test_gpu_backward_is_deterministic():
     g2 = torch.autograd.grad(tkit.flash_attention(q, k, v, causal=True), (q, k, v), do)
     for a, b in zip(g1, g2):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("sq,sk,hq,hk,d,causal,window,softcap,dtype", [
+    (1, 70, 4, 2, 64, True, (-1, -1), 0.0, torch.float16),
+    (3, 70, 4, 1, 40, True, (5, -1), 0.0, torch.float16),
+    (16, 37, 2, 2, 64, False, (-1, -1), 30.0, torch.float32),
+    (4, 2, 2, 1, 32, True, (-1, -1), 0.0, torch.float16),  # early rows see no key
+    (2, 5, 4, 2, 32, False, (1, 0), 0.0, torch.float32),
+])
+def test_few_queries_take_the_split_kv_kernel(sq, sk, hq, hk, d, causal, window, softcap,
+                                              dtype, device):
+    """At most 16 queries a sequence, flash_attention runs the decode family's split-KV
+    kernel: fwd_backend says so; out and lse agree with this family's Triton kernel on the
+    same inputs (the same visibility rule; rows without a visible key 0 and -inf) and with the
+    reference, and gradients flow through the saved lse."""
+    from tkit.kernels.attention import ops as AO
+
+    q, k, v = _qkv(2, sq, sk, hq, hk, d, dtype, device, seed=sq * 7 + sk)
+    assert A.fwd_backend(q, k, v).startswith("split-kv")
+    opts = dict(causal=causal, window_size=window, softcap=softcap)
+    out, lse = tkit.flash_attention(q, k, v, **opts, return_lse=True)
+    cfg = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+    out2, lse2 = AO._fwd_impl(q, k, v, None, None, sq, sk, causal, d ** -0.5, *window,
+                              softcap, config=cfg)
+    assert torch.equal(torch.isfinite(lse), torch.isfinite(lse2))
+    fin = torch.isfinite(lse2)
+    torch.testing.assert_close(lse[fin], lse2[fin], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, out2, atol=2e-3 if dtype != torch.float32 else 1e-5,
+                               rtol=0)
+    check_against_reference(tkit.flash_attention, S.ref_attention, [q, k, v],
+                            dict(opts, return_lse=True))
+    check_against_reference(tkit.flash_attention, S.ref_attention, [q, k, v], opts,
+                            grad=True, floor=GRAD_FLOOR)

@@ -29,6 +29,8 @@ from tkit.kernels.attention.config import (
     _fwd_default_config,
     fwd_head_group,
 )
+from tkit.kernels.decode import config as DC
+from tkit.kernels.decode.ops import _decode_impl
 
 
 # --------------------------------------------------------------------------------------------
@@ -116,6 +118,26 @@ def _check_cu(cu, name, batch_hint=None):
         raise ValueError(f"{name} must hold batch + 1 offsets, got shape {tuple(cu.shape)}")
 
 
+def _split_kv_serves(q, k, v) -> bool:
+    """Few queries a sequence (at most the decode family's MAX_SEQLEN_Q), one dtype: the
+    decode family's split-KV kernel (flash-decoding) takes the forward. It packs the query
+    heads of a KV head into one tile and splits the keys over as many programs as fill the
+    GPU; this family's kernels run one program per (sequence, head, tile of 64-128 queries)
+    and no split, so one query over 4096 keys was 32 programs for 32 heads, each streaming
+    all the keys, and the Gluon kernel's 128-row tiles held 1 useful row."""
+    return (q.shape[1] <= DC.MAX_SEQLEN_Q and k.dtype == q.dtype and v.dtype == q.dtype
+            and q.shape[-1] <= DC.MAX_HEAD_DIM)
+
+
+def _split_kv_forward(q, k, v, causal, scale, wl, wr, softcap):
+    """(out, lse) from the decode kernels, k and v read as dense caches of seqlen_k keys; the
+    same visibility rule (bottom-right aligned causal mask and window) and outputs (rows with
+    no visible key: 0 and lse -inf)."""
+    if causal:
+        wr = 0
+    return _decode_impl(q, k, v, None, None, None, None, scale, wl, wr, softcap)
+
+
 def _hopper_choice(q, k, v, causal, window, softcap):
     """(the attention_hopper module, None) when its forward takes these inputs, else (None,
     the reason it does not)."""
@@ -152,7 +174,10 @@ def hopper_status(device=None) -> str:
 
 def fwd_backend(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0) -> str:
     """Which forward kernel ``flash_attention`` launches for these inputs, and why:
-    "gluon (sm_90, ...)" or "triton (...)"."""
+    "split-kv (...)", "gluon (sm_90, ...)" or "triton (...)"."""
+    if _split_kv_serves(q, k, v):
+        return (f"split-kv (seqlen_q {q.shape[1]} <= {DC.MAX_SEQLEN_Q}: the decode family's "
+                "kernel, keys split over programs)")
     hopper, reason = _hopper_choice(q, k, v, causal, window_size, softcap)
     if hopper is None:
         return f"triton ({reason})"
@@ -170,6 +195,8 @@ def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
     its optional HEAD_GROUP entry (the tile order's section size) overrides
     :func:`fwd_head_group`."""
     varlen = cu_q is not None
+    if config is None and not varlen and _split_kv_serves(q, k, v):
+        return _split_kv_forward(q, k, v, causal, scale, wl, wr, softcap)
     if config is None and not varlen:
         hopper, _ = _hopper_choice(q, k, v, causal, (wl, wr), softcap)
         if hopper is not None:

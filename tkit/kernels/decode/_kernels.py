@@ -162,7 +162,8 @@ def _decode_split_kernel(
     Q: (batch, seqlen_q, heads_q, head_dim) strides ``sq*``; K, V: blocks x rows x heads x dim
     (dense: the block is the sequence) strides ``sk*`` / ``sv*``; KS, VS: per-tensor scale
     (SCALE_* = 1, a 0-d tensor) or per (block, row, head) (SCALE_* = 2, strides ``sks*`` /
-    ``svs*``); SEQLENS (batch,) int32; BT: block table (``sbtb``, ``sbtn``), PAGED only.
+    ``svs*``); SEQLENS (batch,) int32, or None (max_len keys each); BT: block table
+    (``sbtb``, ``sbtn``), PAGED only.
     O, LSE: with one split the final output (O like Q, LSE (batch, heads_q, seqlen_q));
     with several, float32 partials whose split index has strides ``sos_split`` /
     ``sls_split`` and whose other strides follow the same (batch, query, head, dim) names.
@@ -175,8 +176,11 @@ def _decode_split_kernel(
     split = pid // n_m
     mb = pid % n_m
     b64 = b.to(tl.int64)
-    L = tl.load(SEQLENS + b64 * s_len)
-    L = tl.minimum(tl.maximum(L, 0), max_len)
+    if SEQLENS is None:  # every sequence holds max_len keys (flash_attention's few queries)
+        L = max_len
+    else:
+        L = tl.load(SEQLENS + b64 * s_len)
+        L = tl.minimum(tl.maximum(L, 0), max_len)
     shift = L - seqlen_q
     n_rows = seqlen_q * GROUP
 

@@ -168,7 +168,8 @@ def plan_splits(q, k_cache, block_table, num_splits: int = 0,
 def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, scale,
                  window_left, window_right, softcap, num_splits=0, config=None):
     """Launch the decode kernels; returns (out, lse). ``window_right`` already 0 when causal.
-    Arguments are not validated here (the public function does it)."""
+    ``cache_seqlens`` None with a dense cache: every sequence holds all its keys. Arguments are
+    not validated here (the public function does it)."""
     b, sq, hq, d = q.shape
     hk = k_cache.shape[2]
     paged = block_table is not None
@@ -183,7 +184,7 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         bt, bt_strides = block_table, block_table.stride()
     else:
         max_len, page, n_blocks = k_cache.shape[1], 1, b
-        bt, bt_strides = cache_seqlens, (0, 0)
+        bt, bt_strides = (cache_seqlens if cache_seqlens is not None else q), (0, 0)
     block_d = max(16, C.next_power_of_2(d))
     sub_n = min(cfg.sub_n or cfg.block_n, cfg.block_n)  # an override of block_n alone
     if sub_n < 16 or cfg.block_n % sub_n or sub_n & (sub_n - 1):
@@ -216,7 +217,8 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         SEQLENS=cache_seqlens, BT=bt, O=o_part, LSE=l_part,
         **_named("sq", q.stride(), "bshd"), **_named("sk", k_cache.stride(), "nphd"),
         **_named("sv", v_cache.stride(), "nphd"), **_named("sks", ks_strides, "nph"),
-        **_named("svs", vs_strides, "nph"), s_len=cache_seqlens.stride(0),
+        **_named("svs", vs_strides, "nph"),
+        s_len=cache_seqlens.stride(0) if cache_seqlens is not None else 0,
         sbtb=bt_strides[0], sbtn=bt_strides[1],
         **_named("so", o_st, "bshd"), **_named("sl", l_st, "bhs"),
         sos_split=o_split, sls_split=l_split,
