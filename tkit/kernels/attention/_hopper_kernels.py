@@ -55,8 +55,6 @@ where the non-WS kernel (108 to 167 registers a thread) holds two wherever its s
 allows.
 """
 
-from __future__ import annotations
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -66,6 +64,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.language.core import _aggregate as aggregate
 
 from tkit.kernels.attention.hopper_config import WS_CONSUMER_REGS, WS_LOADER_REGS
 
@@ -81,22 +80,91 @@ cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
 
 # --------------------------------------------------------------------------------------------
+# Shared memory
+# --------------------------------------------------------------------------------------------
+# This module has no ``from __future__ import annotations``: Triton 3.6 checks an aggregate's
+# fields with isinstance against the annotations themselves, which must be classes.
+@aggregate
+class SharedBuffers:
+    """A CTA's shared memory, as both kernels use it: ``q`` the Q tile (the two consumer
+    halves in the warp-specialized kernel; later the output's staging buffer), ``k`` and ``v``
+    the rings of STAGES key / value tiles, ``q_bar`` Q's mbarrier and ``k_bars`` / ``v_bars``
+    one mbarrier a K / V slot. The warp-specialized kernel's "empty" barriers (one a slot,
+    which the one-partition kernel has no use for) travel beside it."""
+
+    q: gl.shared_memory_descriptor
+    k: gl.shared_memory_descriptor
+    v: gl.shared_memory_descriptor
+    q_bar: gl.shared_memory_descriptor
+    k_bars: gl.shared_memory_descriptor
+    v_bars: gl.shared_memory_descriptor
+
+    @gluon.constexpr_function
+    def __init__(self, q, k, v, q_bar, k_bars, v_bars):
+        self.q = q
+        self.k = k
+        self.v = v
+        self.q_bar = q_bar
+        self.k_bars = k_bars
+        self.v_bars = v_bars
+
+
+@gluon.jit
+def _allocate(q_desc, k_desc, v_desc, STAGES: gl.constexpr, WS: gl.constexpr):
+    """The SharedBuffers of one CTA, every mbarrier initialized (count 1) and fenced. WS: the Q
+    buffer holds two tiles (one a consumer warpgroup) and the slots' "empty" barriers (count 2:
+    one arrive per consumer warpgroup) come back too, as ``(buffers, empty_bars)``."""
+    dtype: gl.constexpr = q_desc.dtype
+    if WS:
+        q = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    else:
+        q = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    k = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    if WS:
+        empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        if WS:
+            mbarrier.init(empty_bars.index(i), count=2)
+    fence_async_shared()
+    smem = SharedBuffers(q, k, v, q_bar, k_bars, v_bars)
+    if WS:
+        return smem, empty_bars
+    else:
+        return smem
+
+
+# --------------------------------------------------------------------------------------------
 # Kernel
 # --------------------------------------------------------------------------------------------
+@gluon.constexpr_function
+def _wgmma_acc_layout(num_warps, n):
+    """The register layout of a wgmma accumulator n columns wide (S: BLOCK_N, O: HEAD_DIM), the
+    warps stacked along the rows (each warpgroup owns 64 of them)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                     instr_shape=[16, n, 16])
+
+
 @gluon.jit
-def _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, tile, b, hk, n_tiles,
+def _issue_kv(k_desc, v_desc, smem, tile, b, hk, n_tiles,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """TMA K and V of key block ``tile`` into ring slot tile % STAGES (skipped past the last
     block)."""
     slot = tile % STAGES
     pred = tile < n_tiles
-    kb = k_bars.index(slot)
-    vb = v_bars.index(slot)
+    kb = smem.k_bars.index(slot)
+    vb = smem.v_bars.index(slot)
     mbarrier.expect(kb, k_desc.block_type.nbytes, pred=pred)
     mbarrier.expect(vb, v_desc.block_type.nbytes, pred=pred)
     cta_barrier()
-    tma_load(k_desc, [b, tile * BLOCK_N, hk, 0], kb, k_smem.index(slot), pred=pred)
-    tma_load(v_desc, [b, tile * BLOCK_N, hk, 0], vb, v_smem.index(slot), pred=pred)
+    tma_load(k_desc, [b, tile * BLOCK_N, hk, 0], kb, smem.k.index(slot), pred=pred)
+    tma_load(v_desc, [b, tile * BLOCK_N, hk, 0], vb, smem.v.index(slot), pred=pred)
 
 
 @gluon.jit
@@ -124,31 +192,31 @@ def _softmax_step(s, m_i, l_i, qk_scale, n0, rows, seqlen_k, shift,
 
 
 @gluon.jit
-def _overlapped_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
-                     qk_scale, rows, seqlen_k, shift,
+def _overlapped_step(j, o, p, m_i, l_i, q_op, smem, qk_scale, rows, seqlen_k, shift,
                      s_layout: gl.constexpr, ROWS_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                      MASKED: gl.constexpr):
     """Key block j >= 1, the part both schedules share: S_j issued, PV_{j-1} issued, the
     softmax of S_j under PV_{j-1}, then PV_{j-1} retired. Returns (o, p_j unconverted, m, l,
-    alpha, the ring slot of block j-1, now free of this warpgroup's readers)."""
+    alpha, the ring slot of block j-1, now free of this warpgroup's readers). ``q_op``: this
+    warpgroup's Q rows, [ROWS_M, HEAD_DIM], the QK^T wgmma's A operand."""
     slot = j % STAGES
-    mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-    k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    mbarrier.wait(smem.k_bars.index(slot), (j // STAGES) & 1)
+    k_t = smem.k.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     s_zero = gl.zeros([ROWS_M, BLOCK_N], gl.float32, s_layout)
-    s_tok = warpgroup_mma(q_smem, k_t, s_zero, use_acc=False, is_async=True)
+    s_tok = warpgroup_mma(q_op, k_t, s_zero, use_acc=False, is_async=True)
     prev = j - 1
     pslot = prev % STAGES
-    mbarrier.wait(v_bars.index(pslot), (prev // STAGES) & 1)
-    v_prev = v_smem.index(pslot).reshape([BLOCK_N, HEAD_DIM])
+    mbarrier.wait(smem.v_bars.index(pslot), (prev // STAGES) & 1)
+    v_prev = smem.v.index(pslot).reshape([BLOCK_N, HEAD_DIM])
     o_tok = warpgroup_mma(p, v_prev, o, is_async=True)
-    s = warpgroup_mma_wait(1, deps=(s_tok, q_smem, k_t))[0]
+    s = warpgroup_mma_wait(1, deps=(s_tok, q_op, k_t))[0]
     p_new, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, seqlen_k,
                                            shift, s_layout, BLOCK_N, CAUSAL, MASKED)
     # a basic-block boundary (a wait on Q's barrier, whose phase completed long ago): without
     # it ptxas schedules the wgmma.wait_group 0 below up into the softmax, before the
     # exponentials, and they no longer overlap the PV wgmma
-    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(smem.q_bar, 0)
     o = warpgroup_mma_wait(0, deps=(o_tok, p, v_prev))[0]
     return o, p_new, m_i, l_i, alpha, pslot
 
@@ -162,49 +230,48 @@ def _rescale(o, p_new, alpha, o_layout: gl.constexpr, p_layout: gl.constexpr,
 
 
 @gluon.jit
-def _block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_desc, v_desc,
-                qk_scale, rows, seqlen_k, shift, b, hk, n_tiles,
+def _block_step(j, o, p, m_i, l_i, q_op, smem, k_desc, v_desc, qk_scale, rows, seqlen_k, shift,
+                b, hk, n_tiles,
                 s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                 STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
     """Key block j >= 1 of the one-partition kernel: the overlapped step, then the ring slot
     of block j-1 refilled by TMA."""
     o, p_new, m_i, l_i, alpha, pslot = _overlapped_step(
-        j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, qk_scale, rows,
-        seqlen_k, shift, s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, MASKED)
-    o, p = _rescale(o, p_new, alpha, o_layout, p_layout, q_smem.dtype)
+        j, o, p, m_i, l_i, q_op, smem, qk_scale, rows, seqlen_k, shift, s_layout, BLOCK_M,
+        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, MASKED)
+    o, p = _rescale(o, p_new, alpha, o_layout, p_layout, q_op.dtype)
     # refill slot pslot once both warpgroups are past the wgmmas that read it (the CTA barrier
     # inside _issue_kv)
-    _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j - 1 + STAGES, b, hk, n_tiles,
-              BLOCK_N, STAGES)
+    _issue_kv(k_desc, v_desc, smem, j - 1 + STAGES, b, hk, n_tiles, BLOCK_N, STAGES)
     return o, p, m_i, l_i
 
 
 @gluon.jit
-def _first_block(q_smem, k_smem, q_bar, k_bars, m_i, l_i, qk_scale, rows, seqlen_k, shift,
+def _first_block(q_op, smem, m_i, l_i, qk_scale, rows, seqlen_k, shift,
                  s_layout: gl.constexpr, p_layout: gl.constexpr, ROWS_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr):
     """Key block 0: S_0 and its softmax (masked: it may be a diagonal or ragged block), P_0 in
     the wgmma A-operand layout."""
-    mbarrier.wait(q_bar, 0)
-    mbarrier.wait(k_bars.index(0), 0)
-    k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-    s_tok = warpgroup_mma(q_smem, k_t, gl.zeros([ROWS_M, BLOCK_N], gl.float32, s_layout),
+    mbarrier.wait(smem.q_bar, 0)
+    mbarrier.wait(smem.k_bars.index(0), 0)
+    k_t = smem.k.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    s_tok = warpgroup_mma(q_op, k_t, gl.zeros([ROWS_M, BLOCK_N], gl.float32, s_layout),
                           use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=(s_tok, q_smem, k_t))[0]
+    s = warpgroup_mma_wait(0, deps=(s_tok, q_op, k_t))[0]
     p0, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, seqlen_k, shift,
                                         s_layout, BLOCK_N, CAUSAL, True)
-    return gl.convert_layout(p0.to(q_smem.dtype), p_layout), m_i, l_i
+    return gl.convert_layout(p0.to(q_op.dtype), p_layout), m_i, l_i
 
 
 @gluon.jit
-def _last_pv(o, p, v_smem, v_bars, n_tiles, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+def _last_pv(o, p, smem, n_tiles, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
              STAGES: gl.constexpr):
     """O += P V of the last key block, waited for."""
     last = n_tiles - 1
     lslot = last % STAGES
-    mbarrier.wait(v_bars.index(lslot), (last // STAGES) & 1)
-    v_last = v_smem.index(lslot).reshape([BLOCK_N, HEAD_DIM])
+    mbarrier.wait(smem.v_bars.index(lslot), (last // STAGES) & 1)
+    v_last = smem.v.index(lslot).reshape([BLOCK_N, HEAD_DIM])
     o_tok = warpgroup_mma(p, v_last, o, is_async=True)
     return warpgroup_mma_wait(0, deps=(o_tok, p, v_last))[0]
 
@@ -267,12 +334,8 @@ def _attn_fwd_hopper_kernel(
     """
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
-    dtype: gl.constexpr = q_desc.dtype
-    NW: gl.constexpr = gl.num_warps()
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = _wgmma_acc_layout(gl.num_warps(), BLOCK_N)
+    o_layout: gl.constexpr = _wgmma_acc_layout(gl.num_warps(), HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
 
     b, h, hk, m0 = _tile_origin(H, GROUP, HEAD_GROUP, BLOCK_M, CAUSAL)
@@ -291,24 +354,12 @@ def _attn_fwd_hopper_kernel(
     n_full = full_end // BLOCK_N
 
     # ---- shared memory: Q (later the output's staging buffer), K/V rings, mbarriers
-    q_smem4 = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
-    q_smem = q_smem4.reshape([BLOCK_M, HEAD_DIM])
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    smem = _allocate(q_desc, k_desc, v_desc, STAGES, False)
+    q_op = smem.q.reshape([BLOCK_M, HEAD_DIM])
+    mbarrier.expect(smem.q_bar, q_desc.block_type.nbytes)
+    tma_load(q_desc, [b, m0, h, 0], smem.q_bar, smem.q)
     for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-    fence_async_shared()
-
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma_load(q_desc, [b, m0, h, 0], q_bar, q_smem4)
-    for i in gl.static_range(STAGES):
-        _issue_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, b, hk, n_tiles,
-                  BLOCK_N, STAGES)
+        _issue_kv(k_desc, v_desc, smem, i, b, hk, n_tiles, BLOCK_N, STAGES)
 
     rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
@@ -316,94 +367,85 @@ def _attn_fwd_hopper_kernel(
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
 
     # ---- block 0: S_0 and its softmax (masked: it may be a diagonal or ragged block)
-    p, m_i, l_i = _first_block(q_smem, k_smem, q_bar, k_bars, m_i, l_i, qk_scale, rows,
-                               seqlen_k, shift, s_layout, p_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
-                               CAUSAL)
+    p, m_i, l_i = _first_block(q_op, smem, m_i, l_i, qk_scale, rows, seqlen_k, shift, s_layout,
+                               p_layout, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL)
 
     # ---- blocks 1..: fully visible ones without masks, then the masked ones
     for j in range(1, n_full):
-        o, p, m_i, l_i = _block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars,
-                                     v_bars,
-                                     k_desc, v_desc, qk_scale, rows, seqlen_k, shift, b, hk,
-                                     n_tiles, s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N,
-                                     HEAD_DIM, STAGES, CAUSAL, False)
+        o, p, m_i, l_i = _block_step(j, o, p, m_i, l_i, q_op, smem, k_desc, v_desc, qk_scale,
+                                     rows, seqlen_k, shift, b, hk, n_tiles, s_layout, o_layout,
+                                     p_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False)
     for j in range(gl.maximum(n_full, 1), n_tiles):
-        o, p, m_i, l_i = _block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars,
-                                     v_bars,
-                                     k_desc, v_desc, qk_scale, rows, seqlen_k, shift, b, hk,
-                                     n_tiles, s_layout, o_layout, p_layout, BLOCK_M, BLOCK_N,
-                                     HEAD_DIM, STAGES, CAUSAL, True)
+        o, p, m_i, l_i = _block_step(j, o, p, m_i, l_i, q_op, smem, k_desc, v_desc, qk_scale,
+                                     rows, seqlen_k, shift, b, hk, n_tiles, s_layout, o_layout,
+                                     p_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True)
 
     # ---- last PV, then O / l through the Q buffer and a TMA store; lse in natural log
-    o = _last_pv(o, p, v_smem, v_bars, n_tiles, BLOCK_N, HEAD_DIM, STAGES)
-    _epilogue(o, m_i, l_i, rows, q_smem, q_smem4, o_desc, LSE, slb, slh, b, h, m0, seqlen_q,
+    o = _last_pv(o, p, smem, n_tiles, BLOCK_N, HEAD_DIM, STAGES)
+    _epilogue(o, m_i, l_i, rows, q_op, smem.q, o_desc, LSE, slb, slh, b, h, m0, seqlen_q,
               o_layout)
-    mbarrier.invalidate(q_bar)
+    mbarrier.invalidate(smem.q_bar)
     for i in gl.static_range(STAGES):
-        mbarrier.invalidate(k_bars.index(i))
-        mbarrier.invalidate(v_bars.index(i))
+        mbarrier.invalidate(smem.k_bars.index(i))
+        mbarrier.invalidate(smem.v_bars.index(i))
 
 
 # --------------------------------------------------------------------------------------------
 # Warp-specialized kernel (config WS=True)
 # --------------------------------------------------------------------------------------------
 @gluon.jit
-def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
-                 empty_bars, b, h, hk, m0, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+def _ws_producer(q_desc, k_desc, v_desc, smem, empty_bars, b, h, hk, m0, n_tiles,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """The loader partition (one warp): both halves of Q, then K and V of every key block into
     the ring. Slot t % STAGES is refilled with block t once both consumer warpgroups have
     arrived on its empty barrier for block t - STAGES."""
     HALF_M: gl.constexpr = q_desc.block_type.shape[1]
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma_load(q_desc, [b, m0, h, 0], q_bar, q_smem.index(0))
-    tma_load(q_desc, [b, m0 + HALF_M, h, 0], q_bar, q_smem.index(1))
+    mbarrier.expect(smem.q_bar, 2 * q_desc.block_type.nbytes)
+    tma_load(q_desc, [b, m0, h, 0], smem.q_bar, smem.q.index(0))
+    tma_load(q_desc, [b, m0 + HALF_M, h, 0], smem.q_bar, smem.q.index(1))
     for t in range(n_tiles):
         slot = t % STAGES
         # a fresh mbarrier reads as if the phase before phase 0 had completed: the first
         # STAGES waits (parity 1) return at once
         mbarrier.wait(empty_bars.index(slot), ((t // STAGES) & 1) ^ 1)
-        kb = k_bars.index(slot)
-        vb = v_bars.index(slot)
+        kb = smem.k_bars.index(slot)
+        vb = smem.v_bars.index(slot)
         mbarrier.expect(kb, k_desc.block_type.nbytes)
-        tma_load(k_desc, [b, t * BLOCK_N, hk, 0], kb, k_smem.index(slot))
+        tma_load(k_desc, [b, t * BLOCK_N, hk, 0], kb, smem.k.index(slot))
         mbarrier.expect(vb, v_desc.block_type.nbytes)
-        tma_load(v_desc, [b, t * BLOCK_N, hk, 0], vb, v_smem.index(slot))
+        tma_load(v_desc, [b, t * BLOCK_N, hk, 0], vb, smem.v.index(slot))
 
 
 @gluon.jit
-def _ws_block_step(j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars,
-                   qk_scale, rows, seqlen_k, shift,
+def _ws_block_step(j, o, p, m_i, l_i, q_op, smem, empty_bars, qk_scale, rows, seqlen_k, shift,
                    s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
                    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
     """Key block j >= 1 for one consumer warpgroup: the overlapped step, then the slot of
     block j-1 handed back to the loader by an mbarrier arrive (no CTA barrier, no TMA here)."""
     o, p_new, m_i, l_i, alpha, pslot = _overlapped_step(
-        j, o, p, m_i, l_i, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, qk_scale, rows,
-        seqlen_k, shift, s_layout, HALF_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, MASKED)
+        j, o, p, m_i, l_i, q_op, smem, qk_scale, rows, seqlen_k, shift, s_layout, HALF_M,
+        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, MASKED)
     # PV_{j-1} (the slot's last reader in this warpgroup) has retired: release the slot
     mbarrier.arrive(empty_bars.index(pslot), count=1)
-    o, p = _rescale(o, p_new, alpha, o_layout, p_layout, q_smem.dtype)
+    o, p = _rescale(o, p_new, alpha, o_layout, p_layout, q_op.dtype)
     return o, p, m_i, l_i
 
 
 @gluon.jit
-def _ws_consumer(WG: gl.constexpr, o_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
-                 empty_bars, LSE, slb, slh, b, h, m0, seqlen_q, seqlen_k, n_tiles, qk_scale,
+def _ws_consumer(WG: gl.constexpr, o_desc, smem, empty_bars, LSE, slb, slh, b, h, m0, seqlen_q,
+                 seqlen_k, n_tiles, qk_scale,
                  CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """One consumer warpgroup (partition of 4 warps): query rows m0 + WG*HALF_M + [0, HALF_M)
     against every key block of the CTA's range, then its own epilogue (output through its half
     of the Q buffer and a TMA store, lse)."""
     HALF_M: gl.constexpr = o_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = o_desc.block_type.shape[3]
-    NW: gl.constexpr = gl.num_warps()
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = _wgmma_acc_layout(gl.num_warps(), BLOCK_N)
+    o_layout: gl.constexpr = _wgmma_acc_layout(gl.num_warps(), HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
 
-    q4 = q_smem.index(WG)
+    q4 = smem.q.index(WG)
     q_half = q4.reshape([HALF_M, HEAD_DIM])
     mh = m0 + WG * HALF_M
     # every warpgroup runs the CTA's n_tiles key blocks (it arrives on each slot once), but
@@ -421,24 +463,21 @@ def _ws_consumer(WG: gl.constexpr, o_desc, q_smem, k_smem, v_smem, q_bar, k_bars
     o = gl.zeros([HALF_M, HEAD_DIM], gl.float32, o_layout)
 
     # ---- block 0 (masked)
-    p, m_i, l_i = _first_block(q_half, k_smem, q_bar, k_bars, m_i, l_i, qk_scale, rows,
-                               seqlen_k, shift, s_layout, p_layout, HALF_M, BLOCK_N, HEAD_DIM,
-                               CAUSAL)
+    p, m_i, l_i = _first_block(q_half, smem, m_i, l_i, qk_scale, rows, seqlen_k, shift,
+                               s_layout, p_layout, HALF_M, BLOCK_N, HEAD_DIM, CAUSAL)
 
     for j in range(1, n_full):
-        o, p, m_i, l_i = _ws_block_step(j, o, p, m_i, l_i, q_half, k_smem, v_smem, q_bar,
-                                        k_bars, v_bars, empty_bars, qk_scale, rows, seqlen_k,
-                                        shift, s_layout, o_layout, p_layout, HALF_M, BLOCK_N,
-                                        HEAD_DIM, STAGES, CAUSAL, False)
+        o, p, m_i, l_i = _ws_block_step(j, o, p, m_i, l_i, q_half, smem, empty_bars, qk_scale,
+                                        rows, seqlen_k, shift, s_layout, o_layout, p_layout,
+                                        HALF_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False)
     for j in range(gl.maximum(n_full, 1), n_tiles):
-        o, p, m_i, l_i = _ws_block_step(j, o, p, m_i, l_i, q_half, k_smem, v_smem, q_bar,
-                                        k_bars, v_bars, empty_bars, qk_scale, rows, seqlen_k,
-                                        shift, s_layout, o_layout, p_layout, HALF_M, BLOCK_N,
-                                        HEAD_DIM, STAGES, CAUSAL, True)
+        o, p, m_i, l_i = _ws_block_step(j, o, p, m_i, l_i, q_half, smem, empty_bars, qk_scale,
+                                        rows, seqlen_k, shift, s_layout, o_layout, p_layout,
+                                        HALF_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True)
 
     # ---- last PV (nothing waits for its slot: the loader has issued its last block), then
     # the epilogue through this warpgroup's half of the Q buffer (only its own wgmmas read it)
-    o = _last_pv(o, p, v_smem, v_bars, n_tiles, BLOCK_N, HEAD_DIM, STAGES)
+    o = _last_pv(o, p, smem, n_tiles, BLOCK_N, HEAD_DIM, STAGES)
     _epilogue(o, m_i, l_i, rows, q_half, q4, o_desc, LSE, slb, slh, b, h, mh, seqlen_q,
               o_layout)
 
@@ -455,7 +494,6 @@ def _attn_fwd_hopper_ws_kernel(
     consumer warpgroup 1 and a 1-warp partition the loader."""
     HALF_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_M: gl.constexpr = 2 * HALF_M
-    dtype: gl.constexpr = q_desc.dtype
     b, h, hk, m0 = _tile_origin(H, GROUP, HEAD_GROUP, BLOCK_M, CAUSAL)
     shift = seqlen_k - seqlen_q
     if CAUSAL:
@@ -464,27 +502,13 @@ def _attn_fwd_hopper_ws_kernel(
         hi = seqlen_k
     n_tiles = gl.maximum((hi + BLOCK_N - 1) // BLOCK_N, 1)
 
-    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-        mbarrier.init(empty_bars.index(i), count=2)  # one arrive per consumer warpgroup
-    fence_async_shared()
+    smem, empty_bars = _allocate(q_desc, k_desc, v_desc, STAGES, True)
 
     gl.warp_specialize([
-        (_ws_consumer, (0, o_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars,
-                        LSE, slb, slh, b, h, m0, seqlen_q, seqlen_k, n_tiles, qk_scale, CAUSAL,
-                        BLOCK_N, STAGES)),
-        (_ws_consumer, (1, o_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars,
-                        LSE, slb, slh, b, h, m0, seqlen_q, seqlen_k, n_tiles, qk_scale, CAUSAL,
-                        BLOCK_N, STAGES)),
-        (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars,
-                        empty_bars, b, h, hk, m0, n_tiles, BLOCK_N, STAGES)),
+        (_ws_consumer, (0, o_desc, smem, empty_bars, LSE, slb, slh, b, h, m0, seqlen_q, seqlen_k,
+                        n_tiles, qk_scale, CAUSAL, BLOCK_N, STAGES)),
+        (_ws_consumer, (1, o_desc, smem, empty_bars, LSE, slb, slh, b, h, m0, seqlen_q, seqlen_k,
+                        n_tiles, qk_scale, CAUSAL, BLOCK_N, STAGES)),
+        (_ws_producer, (q_desc, k_desc, v_desc, smem, empty_bars, b, h, hk, m0, n_tiles, BLOCK_N,
+                        STAGES)),
     ], [4, 1], [WS_CONSUMER_REGS, WS_LOADER_REGS])
