@@ -218,7 +218,7 @@ def test_compiler_facts_on_sm90():
 # before the next block.
 
 # %% [markdown]
-# ## Writing the overlap by hand: Gluon (`tkit/kernels/attention/hopper.py`)
+# ## Writing the overlap by hand: Gluon (`tkit/kernels/attention/_hopper_kernels.py`)
 #
 # What the Triton kernel cannot express, Triton's lower-level dialect Gluon can: explicit
 # layouts, `warpgroup_mma(..., is_async=True)` and `warpgroup_mma_wait(num_outstanding=...)`,

@@ -214,7 +214,7 @@ def test_compiled_schedule(compiled, d, causal):
 
 def test_compiles_under_this_triton_without_warnings():
     """The kernel builds with the Triton installed (the API moves between the supported
-    versions go through the aliases at the top of attention_hopper), and asks for FP fusion
+    versions go through the aliases at the top of _hopper_kernels.py), and asks for FP fusion
     itself, so Triton 3.9 does not warn that its default is about to change."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

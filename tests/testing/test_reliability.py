@@ -220,7 +220,7 @@ def test_ws_lowering_hazards_are_counted_apart(rel):
     warp_specialize call are the known misreport; one report anywhere else makes them all
     count."""
     known = rel.ws_lowering_lines()
-    assert len(known) == 2 and {f for f, _ in known} == {"hopper.py"}
+    assert len(known) == 2 and {f for f, _ in known} == {"_hopper_kernels.py"}
     (f, a), (_, b) = sorted(known)
     text = (f"========= Error: Race reported between Write access at 0x1a0 in /x/{f}:{a}:_k\n"
             f"=========     and Read access at 0x2c0 in /x/{f}:{b}:_k\n")

@@ -334,20 +334,13 @@ def _attn_fwd_kernel(
                                       block_shape=[BLOCK_N, BLOCK_D])
         V = tl.make_tensor_descriptor(V, shape=[k_len, HEAD_DIM], strides=[svs, 1],
                                       block_shape=[BLOCK_N, BLOCK_D])
-    lo, full_lo, full_hi, hi = _key_ranges(m0, q_len, k_len, shift, wl, wr,
-                                           BLOCK_M, BLOCK_N, MASK_LO, MASK_HI)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, sks, skd, svs, svd, lo, full_lo,
-                               offs_m, offs_n, offs_d, q_len, k_len, shift, wl, wr,
-                               qk_scale, cap_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True,
-                               MASK_LO, MASK_HI, SOFTCAP, PREC, False, USE_TMA)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, sks, skd, svs, svd, full_lo, full_hi,
-                               offs_m, offs_n, offs_d, q_len, k_len, shift, wl, wr,
-                               qk_scale, cap_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False,
-                               MASK_LO, MASK_HI, SOFTCAP, PREC, WARP_SPEC, USE_TMA)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, sks, skd, svs, svd, full_hi, hi,
-                               offs_m, offs_n, offs_d, q_len, k_len, shift, wl, wr,
-                               qk_scale, cap_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True,
-                               MASK_LO, MASK_HI, SOFTCAP, PREC, False, USE_TMA)
+    bounds = _key_ranges(m0, q_len, k_len, shift, wl, wr, BLOCK_M, BLOCK_N, MASK_LO, MASK_HI)
+    for seg in tl.static_range(3):  # partly visible, fully visible (unmasked), partly visible
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, sks, skd, svs, svd, bounds[seg],
+                                   bounds[seg + 1], offs_m, offs_n, offs_d, q_len, k_len, shift,
+                                   wl, wr, qk_scale, cap_scale, HEAD_DIM, BLOCK_D, BLOCK_N,
+                                   seg != 1, MASK_LO, MASK_HI, SOFTCAP, PREC,
+                                   WARP_SPEC and seg == 1, USE_TMA)
     empty = l_i == 0.0  # no visible key: O = 0, lse = -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     log_l = tl.log2(tl.where(empty, 1.0, l_i))
@@ -483,6 +476,9 @@ def _attn_bwd_dkdv_kernel(
         DOh = DO + b64 * sdb + h64 * sdh + qs64 * sds
         LSEh = LSE + b64 * slb + h64 * slh + qs64 * sls
         DELTAh = DELTA + b64 * slb + h64 * slh + qs64 * sls
+        # three call sites, not the static_range walk of the other kernels: from one site the
+        # last two ranges share a debug scope, the PTX loses the label between them and ptxas
+        # numbers registers differently (same instructions; seen at D=128 and D=256)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, sqs, sqd, sds, sdd, sls,
                                  lo, full_lo, offs_n, offs_mb, offs_d, q_len, k_len, shift,
                                  wl, wr, qk_scale, cap_scale, HEAD_DIM, BLOCK_M, True,
@@ -584,17 +580,12 @@ def _attn_bwd_dq_kernel(
     lse = tl.load(LSE + offs_m * sls, mask=rmask, other=0.0) * 1.4426950408889634
     delta = tl.load(DELTA + offs_m * sls, mask=rmask, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    lo, full_lo, full_hi, hi = _key_ranges(m0, q_len, k_len, shift, wl, wr,
-                                           BLOCK_M, BLOCK_N, MASK_LO, MASK_HI)
-    dq = _bwd_dq_inner(dq, q, do, lse, delta, K, V, sks, skd, svs, svd, lo, full_lo,
-                       offs_m, offs_nb, offs_d, q_len, k_len, shift, wl, wr, qk_scale,
-                       cap_scale, HEAD_DIM, BLOCK_N, True, MASK_LO, MASK_HI, SOFTCAP, PREC)
-    dq = _bwd_dq_inner(dq, q, do, lse, delta, K, V, sks, skd, svs, svd, full_lo, full_hi,
-                       offs_m, offs_nb, offs_d, q_len, k_len, shift, wl, wr, qk_scale,
-                       cap_scale, HEAD_DIM, BLOCK_N, False, MASK_LO, MASK_HI, SOFTCAP, PREC)
-    dq = _bwd_dq_inner(dq, q, do, lse, delta, K, V, sks, skd, svs, svd, full_hi, hi,
-                       offs_m, offs_nb, offs_d, q_len, k_len, shift, wl, wr, qk_scale,
-                       cap_scale, HEAD_DIM, BLOCK_N, True, MASK_LO, MASK_HI, SOFTCAP, PREC)
+    bounds = _key_ranges(m0, q_len, k_len, shift, wl, wr, BLOCK_M, BLOCK_N, MASK_LO, MASK_HI)
+    for seg in tl.static_range(3):  # partly, fully (unmasked), partly visible
+        dq = _bwd_dq_inner(dq, q, do, lse, delta, K, V, sks, skd, svs, svd, bounds[seg],
+                           bounds[seg + 1], offs_m, offs_nb, offs_d, q_len, k_len, shift, wl,
+                           wr, qk_scale, cap_scale, HEAD_DIM, BLOCK_N, seg != 1, MASK_LO,
+                           MASK_HI, SOFTCAP, PREC)
     dq = dq * sm_scale
     tl.store(DQ + offs_m[:, None] * sdqs + offs_d[None, :] * sdqd, dq.to(DQ.dtype.element_ty),
              mask=mask)

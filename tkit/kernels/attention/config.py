@@ -1,8 +1,9 @@
 """The attention family's configuration, shared by the Triton kernels and the Gluon Hopper
-forward (``hopper.py``), which import it and not each other: constants, the autotune config
-lists with their shared-memory pruning and defaults, :class:`AttentionConfig` (which forwards
-go to the Gluon kernel) with its scoped overrides (:func:`attention_config`) and
-:func:`fwd_head_group` (the L2 sections of the tile order). Plain Python, no kernel."""
+forward (``hopper.py`` with ``hopper_config.py`` and ``_hopper_kernels.py``), which import it
+and not each other: constants, the autotune config lists with their shared-memory pruning and
+defaults, :class:`AttentionConfig` (which forwards go to the Gluon kernel) with its scoped
+overrides (:func:`attention_config`) and :func:`fwd_head_group` (the L2 sections of the tile
+order). Plain Python, no kernel."""
 
 from __future__ import annotations
 

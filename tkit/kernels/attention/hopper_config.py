@@ -1,0 +1,158 @@
+"""The Gluon Hopper forward's configuration and scope: its constants, the (BLOCK_N, STAGES[,
+WS]) candidates with their shared memory (``_smem_bytes``), ``configs`` and ``default_config``,
+and ``supported`` (which inputs the kernel takes, with the TMA checks). Plain Python; the
+kernels are in ``_hopper_kernels.py``, the launcher in ``hopper.py``."""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental.gluon import language as gl
+
+from tkit.kernels import _device as D
+
+BLOCK_M = 128
+NUM_WARPS = 8
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+# Shared memory per block on sm_90 (227 KB); the kernel's own need is computed in _smem_bytes.
+SMEM_LIMIT = D.SM90_SMEM_LIMIT
+
+# (BLOCK_N, STAGES[, WS]) candidates; a config is kept for a head dim when its shared memory fits
+# (``configs``). Measured on the H200 (B=4 H=16 S=4096 bf16, median of 3 interleaved rounds,
+# 2026-11-30, TFLOP/s, non-causal / causal): D=128: n128 s3 499.4 / 455.0, n64 s4 464.8 /
+# 433.6, n128 s2 447.4 / 398.5, n64 s3 446.4 / 430.5, n64 s6 445.4 / 425.8 (tkit's Triton
+# forward 475.7 / 413.3 at its best tile, SDPA flash 347.9 / 303.0, cuDNN 586.7 / 519.6 in the
+# same rounds); D=64: n64 s4 411.2 / 375.2, n128 s3 340.3 / 304.8 (Triton 424.5 / 362.4).
+# Warp-specialized (third entry True), a later run (h200-2026-11-30-l, 3 rounds, D=128):
+# n128 s3 ws 580.6 / 569.8, n64 s4 ws 516.1 / 485.5, n128 s2 ws 447.8 / 395.4, beside n128 s3
+# 499.9 / 455.0, Triton 479.1 / 426.4, SDPA flash 341.3 / 304.3 and cuDNN 587.2 / 505.8 in
+# the same rounds. ``DEFAULTS`` holds the best per head dim (D=64: WS not measured yet).
+CONFIGS = [
+    (128, 3), (128, 2), (64, 4), (64, 3), (64, 6), (128, 4),
+    (128, 3, True), (128, 2, True), (64, 4, True), (64, 6, True),
+]
+DEFAULTS = {128: (128, 3, True), 64: (64, 4)}
+
+# Warp-specialized launch: 4 warps (consumer warpgroup 0, the default partition) + 4 (consumer
+# warpgroup 1) + 1 (loader) = 9 warps, 3 warpgroups once rounded. Registers are allotted per
+# warpgroup (setmaxnreg): the loader's warpgroup drops to 24 a thread, each consumer
+# warpgroup gets 240 (D=128 needs about 200 in the non-WS kernel); the launch cap of 168 a
+# thread keeps 3 warpgroups within the 64K-register file (168 * 384 <= 65536) and is what the
+# default partition's share is computed from (3 * 168 - 240 - 24 = 240).
+WS_CONSUMER_REGS = gl.constexpr(240)
+WS_LOADER_REGS = gl.constexpr(24)
+WS_MAXNREG = 168
+
+
+def _smem_bytes(block_n: int, stages: int, head_dim: int, itemsize: int = 2,
+                ws: bool = False) -> int:
+    tiles = (BLOCK_M + 2 * stages * block_n) * head_dim * itemsize
+    if not ws:  # mbarriers (8 bytes each, counted twice over) and slack for alignment
+        return tiles + 16 * 2 * stages + 64
+    # and per slot an empty barrier; the warp-specialized region also keeps the values it
+    # hands to the worker partitions in shared memory (232 to 256 bytes in the compiled
+    # configs, with alignment; ``metadata.shared`` is checked against this in the tests)
+    return tiles + 16 * 3 * stages + 64 + 256
+
+
+def _cfg_key(c) -> tuple:
+    """(BLOCK_N, STAGES, WS) of a config dict or tuple."""
+    if isinstance(c, dict):
+        return c["BLOCK_N"], c["STAGES"], bool(c.get("WS", False))
+    return c[0], c[1], bool(c[2]) if len(c) > 2 else False
+
+
+def config_dict(block_n: int, stages: int, ws: bool = False) -> dict:
+    """The launch config of one candidate: the warp-specialized kernel runs num_warps = 4 in
+    its default partition and the register cap WS_MAXNREG (see above)."""
+    if ws:
+        return dict(BLOCK_N=block_n, STAGES=stages, WS=True, num_warps=4, maxnreg=WS_MAXNREG)
+    return dict(BLOCK_N=block_n, STAGES=stages, num_warps=NUM_WARPS)
+
+
+def configs(head_dim: int, itemsize: int = 2, ws: bool | None = None) -> list[dict]:
+    """The configs of :data:`CONFIGS` that fit shared memory at this head dim, as dicts (only
+    the warp-specialized ones with ``ws=True``, only the others with ``ws=False``)."""
+    out = []
+    for c in CONFIGS:
+        bn, st, w = _cfg_key(c)
+        if ws is not None and w != ws:
+            continue
+        if _smem_bytes(bn, st, head_dim, itemsize, w) <= SMEM_LIMIT:
+            out.append(config_dict(bn, st, w))
+    return out
+
+
+def default_config(head_dim: int, itemsize: int = 2) -> dict:
+    """The measured best of :data:`DEFAULTS` where it fits, else the first config that does."""
+    fits = configs(head_dim, itemsize)
+    want = DEFAULTS.get(head_dim)
+    for c in fits:
+        if want is not None and _cfg_key(c) == _cfg_key(want):
+            return c
+    return fits[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Scope
+# --------------------------------------------------------------------------------------------
+def _tma_strides(t: torch.Tensor) -> list[int]:
+    """The strides a TMA descriptor gets for ``t``: a dimension of size 1 is never stepped
+    through, so its stride (arbitrary after some views) is replaced by a valid one."""
+    return [st if n > 1 else t.shape[-1] for n, st in zip(t.shape, t.stride())]
+
+
+def _tma_reason(t: torch.Tensor, name: str) -> str | None:
+    es = t.element_size()
+    if t.stride(-1) != 1:
+        return f"{name} needs a unit head_dim stride for TMA (got {t.stride(-1)})"
+    if t.data_ptr() % 16:
+        return f"{name}'s base pointer is not 16-byte aligned (TMA)"
+    for n, st in zip(t.shape[:-1], t.stride()[:-1]):
+        if n > 1 and (st <= 0 or (st * es) % 16):
+            return (f"{name}'s strides {tuple(t.stride())} are not positive multiples of 16 "
+                    "bytes (TMA)")
+    return None
+
+
+def supported(q, k, v, causal=False, window=(-1, -1), softcap=0.0, varlen=False):
+    """None when :func:`forward` handles these inputs, else the reason it does not.
+
+    The checks that need no GPU come first (features, dtype, shapes, strides), the device
+    last, so that every reason can be seen on a machine without a GPU."""
+    if varlen:
+        return "varlen is not supported"
+    if window is not None and tuple(window) != (-1, -1):
+        return "sliding windows are not supported"
+    if softcap:
+        return "softcap is not supported"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            return f"{name} is not a tensor"
+        if t.ndim != 4:
+            return f"{name} is not (batch, seqlen, heads, head_dim)"
+        if t.dtype not in DTYPES:
+            return f"dtype {t.dtype} is not float16/bfloat16"
+    if not (q.dtype == k.dtype == v.dtype):
+        return "q, k, v have different dtypes"
+    d = q.shape[-1]
+    if d not in HEAD_DIMS or k.shape[-1] != d or v.shape[-1] != d:
+        return f"head_dim {d} is not one of {HEAD_DIMS}"
+    if k.shape != v.shape or k.shape[0] != q.shape[0]:
+        return "k and v must match, with the batch of q"
+    hq, hk = q.shape[2], k.shape[2]
+    if hk == 0 or hq % hk:
+        return f"query heads ({hq}) are not a multiple of key/value heads ({hk})"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        reason = _tma_reason(t, name)
+        if reason is not None:
+            return reason
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            return f"{name} is not on a CUDA device"
+    if not (q.device == k.device == v.device):
+        return "q, k, v are on different devices"
+    cap = D.capability(q.device)
+    if tuple(cap) != (9, 0):
+        return f"compute capability {tuple(cap)} is not (9, 0)"
+    return None
