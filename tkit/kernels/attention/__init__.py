@@ -122,21 +122,9 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
                q.shape, q.stride(), q.dtype, q.get_device(), not q.data_ptr() & 15,
                k.shape, k.stride(), k.dtype, k.get_device(), not k.data_ptr() & 15,
                v.shape, v.stride(), v.dtype, v.get_device(), not v.data_ptr() & 15)
-        try:
-            p = _plans.get(key)
-        except TypeError:  # an unhashable option: the ordinary path names it
-            p = False
-        if p:
-            out_lse = p(stream, q, k, v)
-            if out_lse is not None:
-                return out_lse if return_lse else out_lse[0]
-        elif p is None:
-            P.stats["plan_miss"] += 1
-            with P.recording() as rec:
-                out_lse = _flash_attention_slow(q, k, v, causal, softmax_scale, window_size,
-                                                softcap)
-            P.store(_plans, key, rec, (q, k, v), out_lse)
-            return out_lse if return_lse else out_lse[0]
+        out_lse = P.serve(_plans, key, stream, _flash_attention_slow, (q, k, v), q, k, v,
+                          causal, softmax_scale, window_size, softcap)
+        return out_lse if return_lse else out_lse[0]
     out_lse = _flash_attention_slow(q, k, v, causal, softmax_scale, window_size, softcap)
     return out_lse if return_lse else out_lse[0]
 

@@ -135,21 +135,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
         key = (activation, out_dtype, allow_tf32, dev,
                a.shape, a.stride(), a.dtype, a.get_device(), not a.data_ptr() & 15,
                b.shape, b.stride(), b.dtype, b.get_device(), not b.data_ptr() & 15)
-        try:
-            p = _plans.get(key)
-        except TypeError:  # an unhashable option: the ordinary path names it
-            p = False
-        if p:
-            out = p(stream, a, b)
-            if out is not None:
-                return out
-        elif p is None:
-            P.stats["plan_miss"] += 1
-            with P.recording() as rec:
-                out = _matmul_slow(a, b, None, activation, None, out_dtype, allow_tf32,
-                                   backend)
-            P.store(_plans, key, rec, (a, b), (out,))
-            return out
+        return P.serve(_plans, key, stream, _matmul_slow, (a, b), a, b, None, activation, None,
+                       out_dtype, allow_tf32, backend)
     return _matmul_slow(a, b, bias, activation, residual, out_dtype, allow_tf32, backend)
 
 

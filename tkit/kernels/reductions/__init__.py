@@ -110,17 +110,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                 key = (eps, dev, x.shape, x.stride(), x.dtype, x.get_device(),
                        not x.data_ptr() & 15, weight.shape, weight.stride(), weight.dtype,
                        weight.get_device(), not weight.data_ptr() & 15)
-                plan = _norm_plans.get(key)
-                if plan:
-                    y = plan(stream, x, weight)
-                    if y is not None:
-                        return y
-                elif plan is None:
-                    P.stats["plan_miss"] += 1
-                    with P.recording() as rec:
-                        y = _rms_norm_slow(x, weight, eps, None)
-                    P.store(_norm_plans, key, rec, (x, weight), (y,))
-                    return y
+                return P.serve(_norm_plans, key, stream, _rms_norm_slow, (x, weight), x,
+                               weight, eps, None)
         elif type(residual) is _T and not (_grad_enabled() and (
                 x.requires_grad or weight.requires_grad or residual.requires_grad)):
             key = (eps, dev, x.shape, x.stride(), x.dtype, x.get_device(),
@@ -128,17 +119,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                    weight.get_device(), not weight.data_ptr() & 15,
                    residual.shape, residual.stride(), residual.dtype, residual.get_device(),
                    not residual.data_ptr() & 15)
-            plan = _norm_plans.get(key)
-            if plan:
-                yh = plan(stream, x, weight, residual)
-                if yh is not None:
-                    return yh
-            elif plan is None:
-                P.stats["plan_miss"] += 1
-                with P.recording() as rec:
-                    yh = _rms_norm_slow(x, weight, eps, residual)
-                P.store(_norm_plans, key, rec, (x, weight, residual), yh)
-                return yh
+            return P.serve(_norm_plans, key, stream, _rms_norm_slow, (x, weight, residual), x,
+                           weight, eps, residual)
     return _rms_norm_slow(x, weight, eps, residual)
 
 
@@ -186,17 +168,7 @@ def _softmax(x, dim, log):
         dev, stream = L._device_stream()
         key = (log, dim, dev, x.shape, x.stride(), x.dtype, x.get_device(),
                not x.data_ptr() & 15)
-        plan = _softmax_plans.get(key)
-        if plan:
-            y = plan(stream, x)
-            if y is not None:
-                return y
-        elif plan is None:
-            P.stats["plan_miss"] += 1
-            with P.recording() as rec:
-                y = _softmax_slow(x, dim, log)
-            P.store(_softmax_plans, key, rec, (x,), (y,))
-            return y
+        return P.serve(_softmax_plans, key, stream, _softmax_slow, (x,), x, dim, log)
     return _softmax_slow(x, dim, log)
 
 
