@@ -7,7 +7,7 @@ time: validation, broadcasting, layout analysis, config choice, the specializati
 (docs/NOTES.md, "Host time per eager call"). A plan is all of that, computed once per
 signature by the ordinary path and recorded:
 
-    signature (the op's own key) -> a generated function ``go(stream, *inputs) -> outputs``
+    signature (the op's own key) -> a generated function ``go(stream, inputs) -> outputs``
     that allocates the outputs (``torch.empty``), checks their 16-byte alignment and calls each
     recorded launch's launcher with the recorded grid and constant arguments.
 
@@ -159,7 +159,7 @@ def store(cache: dict, key, rec: list, inputs: tuple, outputs: tuple):
     return plan
 
 
-def serve(cache: dict, key, stream, slow, inputs: tuple, *args, check=None):
+def serve(cache: dict, key, stream, slow, inputs: tuple, args: tuple, check=None):
     """One call of signature ``key``: its plan's launches on a hit, else ``slow(*args)`` (the
     ordinary path, which validates), recorded into the signature's plan on its first miss.
 
@@ -168,7 +168,8 @@ def serve(cache: dict, key, stream, slow, inputs: tuple, *args, check=None):
     op that only writes its inputs). A plan that steps aside for this call (a launch hook, an
     unaligned output) returns None and the ordinary path runs. ``check(*args)`` runs before a
     plan's launches: value checks that the ordinary path makes per call and a plan would
-    skip. The caller builds ``key`` inline (the cost of a call is most of what a plan saves)."""
+    skip. The caller builds ``key`` inline, and the arguments are passed as tuples (a call
+    with ``*args`` costs a few tenths of a microsecond more here, about what a plan leaves)."""
     try:
         plan = cache.get(key)
     except TypeError:  # an unhashable option: the ordinary path names it
@@ -176,7 +177,7 @@ def serve(cache: dict, key, stream, slow, inputs: tuple, *args, check=None):
     if plan:
         if check is not None:
             check(*args)
-        out = plan(stream, *inputs)
+        out = plan(stream, inputs)
         if out is not None:
             return out
     elif plan is None:
@@ -212,12 +213,12 @@ def serve_op(cache: dict, what: tuple, slow, tensors: tuple, *args):
     key = ("op", *what, dev)
     for t in tensors:
         key += (t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15)
-    return serve(cache, key, stream, slow, tensors, *args)
+    return serve(cache, key, stream, slow, tensors, args)
 
 
 def build(rec: list, inputs: tuple, outputs: tuple):
-    """The generated ``go(stream, *inputs)`` for a recorded call; ``False`` when the signature
-    cannot have a plan, ``None`` when only this call could not give one."""
+    """The generated ``go(stream, inputs)`` (``inputs`` a tuple) for a recorded call; ``False``
+    when the signature cannot have a plan, ``None`` when only this call could not give one."""
     if not ON:
         return None
     scratch = tuple(getattr(rec, "scratch", ()))
@@ -290,6 +291,7 @@ def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple):
         params += [f"c{j}_{k}" for k, s in enumerate(patterns[j]) if s < 0]
     for j in range(len(allocs)):
         params += [f"s{j}", f"d{j}", f"v{j}"]
+    body.append(f"        {''.join(t + ', ' for t in ins)}= inputs")
     body.append("        if enter or exit_:")  # a profiler attached: Triton's path calls it
     body.append("            return None")
     for j, o in enumerate(allocs):
@@ -306,7 +308,7 @@ def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple):
     body.append(f"        return {ret}")
     src = (f"def make(empty, stats, hooks, {', '.join(params)}):\n"
            "    enter, exit_ = hooks\n"
-           f"    def go(stream, {', '.join(ins)}):\n" + "\n".join(body) + "\n    return go\n")
+           "    def go(stream, inputs):\n" + "\n".join(body) + "\n    return go\n")
     ns: dict = {}
     exec(src, ns)  # noqa: S102 - generated from the recorded launch structure
     return ns["make"]

@@ -141,7 +141,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None,
     if (P.ON and type(q) is _T and type(k_cache) is _T and type(v_cache) is _T
             and type(cache_seqlens) is _T and type(block_table) in _OPT_T
             and type(k_scale) in _OPT_T and type(v_scale) in _OPT_T
-            and not _OVERRIDES.active() and not _compiling()
+            and not _overrides.value and not _compiling()
             and not (_grad_enabled() and q.requires_grad)):
         # the eager plan (tkit.kernels._plan): the key holds all the ordinary path reads (the
         # SM count and config follow from the device index and the shapes)
@@ -154,9 +154,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None,
         check = _decode_hit_check if _env.CHECK or not cache_seqlens.is_cuda else None
         out_lse = P.serve(_plans, key, stream, _decode_slow,
                           (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale),
-                          q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale,
-                          causal, window_size, softcap, k_scale, v_scale, num_splits,
-                          check=check)
+                          (q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale,
+                           causal, window_size, softcap, k_scale, v_scale, num_splits), check)
         return out_lse if return_lse else out_lse[0]
     out, lse = _decode_slow(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale,
                             causal, window_size, softcap, k_scale, v_scale, num_splits)
@@ -165,6 +164,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None,
 
 _T = torch.Tensor
 _OPT_T = (torch.Tensor, type(None))
+_overrides = _OVERRIDES.state  # .value: decode_config overrides in force (this thread)
 _compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 _plans = P.new_cache()
@@ -226,7 +226,7 @@ def append_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=Non
                _sig(k_scale), _sig(v_scale))
         check = _append_hit_check if _env.CHECK or not slot_mapping.is_cuda else None
         args = (k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-        P.serve(_append_plans, key, stream, _append_slow, args, *args, check=check)
+        P.serve(_append_plans, key, stream, _append_slow, args, args, check)
         return
     _append_slow(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
@@ -267,8 +267,8 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b):
                                           or lse_a.requires_grad or lse_b.requires_grad))):
         dev, stream = _L._device_stream()
         key = (dev, _sig(o_a), _sig(lse_a), _sig(o_b), _sig(lse_b))
-        return P.serve(_merge_plans, key, stream, _merge_slow, (o_a, lse_a, o_b, lse_b), o_a,
-                       lse_a, o_b, lse_b)
+        args = (o_a, lse_a, o_b, lse_b)
+        return P.serve(_merge_plans, key, stream, _merge_slow, args, args)
     return _merge_slow(o_a, lse_a, o_b, lse_b)
 
 
