@@ -10,22 +10,27 @@ calls in thread CPU time (the minimum keeps other processes' load on a shared ma
 * ``eager``: the public function as a user calls it (plans on, where the op has them).
 * ``no plan``: the same with eager plans off: every call validates and plans afresh and goes
   through the launch layer's cached-kernel path (the state before plans).
-* ``registered``: through the registered torch.library op (TKIT_NO_DIRECT=1: what torch.compile,
-  autograd and fake tensors use).
+* ``registered``: the registered torch.library op called as a torch.compile graph (and the
+  autograd path) calls it, ``torch.ops.tkit.<op>(...)`` with the arguments the public function
+  passes it, plans on: the custom-op dispatch plus the op's implementation, served by a plan
+  where it has one.
+* ``reg. no plan``: the same call with plans off (the implementation's full Python path; what
+  TKIT_NO_DIRECT=1 costs on top of the public function's checks).
 * ``floor``: ``torch.empty`` of the call's outputs (and scratch) plus the launcher call with the
   recorded arguments: what no Python layer can avoid. ``eager - floor`` is what tkit adds.
 * ``calls``: Python function calls a call (cProfile), eager / no plan.
 
 matmul picks its kernel as on an sm_90 with 132 SMs (split-K and a reduce launch at M=1).
 
-    python benchmarks/host_overhead.py [--json FILE] [--out DIR] [--profile OP]
+    python benchmarks/host_overhead.py [--json FILE] [--out DIR] [--profile OP [--registered]]
 
 (without TRITON_INTERPRET)
 
 ``--json FILE`` appends the rows (with device, versions and git sha from ``tkit.bench``) as JSON
 lines; ``--out DIR`` also appends them to DIR's long-form file (``cpu.jsonl``: op, case, provider
-= eager / no plan / registered / floor, ``median_ms`` = the best burst's time a call) under the
-run id ``<date>-host-overhead``.
+= eager / no plan / registered / registered no plan / floor, ``median_ms`` = the best burst's
+time a call) under the run id ``<date>-host-overhead``. ``--profile OP`` prints a cProfile of
+the public call of the first case named OP...; with ``--registered``, of its registered op's.
 
 Run it without TRITON_INTERPRET (kernels must be ``JITFunction`` objects); CPU tensors stand in
 for CUDA ones. It also runs on an older checkout (columns it cannot fill print "-").
@@ -82,6 +87,7 @@ def _fake_jit_run(self, *args, grid, warmup, **kwargs):
 
 
 def cases():
+    """name -> (the public call, the registered op's call that a compiled graph makes for it)."""
     bf = torch.bfloat16
     a, b = torch.randn(1, 4096, dtype=bf), torch.randn(1, 4096, dtype=bf)
     w = torch.randn(4096, dtype=bf)
@@ -91,13 +97,19 @@ def cases():
     q = torch.randn(1, 1, 32, 128, dtype=bf)
     k = torch.randn(1, 4096, 8, 128, dtype=bf)
     v = torch.randn(1, 4096, 8, 128, dtype=bf)
+    ops = torch.ops.tkit
     return {
-        "add (1,4096)": lambda: tkit.add(a, b),
-        "rms_norm (1,4096)": lambda: tkit.rms_norm(a, w),
-        "silu_mul (1,14336)": lambda: tkit.silu_mul(g, u),
-        "softmax (1,4096)": lambda: tkit.softmax(a),
-        "matmul M=1 4096x4096": lambda: tkit.matmul(x1, W),
-        "flash_attention decode 4096 GQA4": lambda: tkit.flash_attention(q, k, v),
+        "add (1,4096)": (lambda: tkit.add(a, b), lambda: ops.binary(a, b, "add", None)),
+        "rms_norm (1,4096)": (lambda: tkit.rms_norm(a, w),
+                              lambda: ops.rms_norm(a, w, 1e-6, False)),
+        "rms_norm+residual (1,4096)": (lambda: tkit.rms_norm(a, w, residual=b),
+                                       lambda: ops.rms_norm_residual(a, b, w, 1e-6, False)),
+        "silu_mul (1,14336)": (lambda: tkit.silu_mul(g, u), lambda: ops.act_mul(g, u, "silu")),
+        "softmax (1,4096)": (lambda: tkit.softmax(a), lambda: ops.softmax(a, 1, False)),
+        "matmul M=1 4096x4096": (lambda: tkit.matmul(x1, W), lambda: ops.matmul(
+            x1, W, None, None, None, None, "", None, True, "auto")),
+        "flash_attention decode 4096 GQA4": (lambda: tkit.flash_attention(q, k, v), lambda: (
+            ops.flash_attn_fwd(q, k, v, None, None, 1, 4096, False, 128 ** -0.5, -1, -1, 0.0))),
     }
 
 
@@ -121,6 +133,14 @@ def calls_per_call(fn, n=200) -> float:
         fn()
     pr.disable()
     return pstats.Stats(pr).total_calls / n
+
+
+def _maybe(measure, *args):
+    """``measure(*args)``, or None where the call fails (an op an older checkout lacks)."""
+    try:
+        return measure(*args)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _set_plans(on: bool) -> None:
@@ -161,7 +181,9 @@ def _long_rows(rows):
     for r in rows:
         op, _, case = r["op"].partition(" ")
         for provider, key in (("eager", "eager_us"), ("no plan", "no_plan_us"),
-                              ("registered", "registered_us"), ("floor", "floor_us")):
+                              ("registered", "registered_us"),
+                              ("registered no plan", "registered_no_plan_us"),
+                              ("floor", "floor_us")):
             us = r[key]
             out.append({"op": op, "case": case, "group": "host overhead", "provider": provider,
                         "median_ms": us / 1e3 if us is not None else None, "p20_ms": None,
@@ -174,6 +196,8 @@ def _long_rows(rows):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", default=None, help="cProfile this case (a name prefix)")
+    ap.add_argument("--registered", action="store_true",
+                    help="--profile the registered op's call instead of the public function")
     ap.add_argument("--json", default=None, help="write the rows here (JSON lines)")
     ap.add_argument("--out", default=None,
                     help="append the rows to this results folder's long-form file too")
@@ -197,33 +221,32 @@ def main():
     env = environment()
     print(f"{env['device']}, torch {env['torch']}, triton {env['triton']}, git {env['git_sha']}")
     fmt = lambda v, w=6: f"{v:{w}.1f}" if v is not None else " " * (w - 1) + "-"  # noqa: E731
-    print(f"{'us a call':34s} {'eager':>6s} {'no plan':>7s} {'registered':>10s} {'floor':>6s}"
-          f" {'eager-floor':>11s}  calls (eager / no plan)")
-    for name, fn in cases().items():
+    print(f"{'us a call':34s} {'eager':>6s} {'no plan':>7s} {'registered':>10s}"
+          f" {'reg. no plan':>12s} {'floor':>6s} {'eager-floor':>11s}  calls (eager / no plan)")
+    for name, (fn, op) in cases().items():
         try:
             _set_plans(True)
             eager = per_call_us(fn, args.n)
             ncalls = calls_per_call(fn)
             fl = floor_fn(fn)
             floor = per_call_us(fl, args.n) if fl is not None else None
+            registered = _maybe(per_call_us, op, args.n)
             _set_plans(False)
             noplan = per_call_us(fn, args.n)
             ncalls_noplan = calls_per_call(fn)
-            _env.NO_DIRECT = True
-            try:
-                registered = per_call_us(fn, args.n)
-            finally:
-                _env.NO_DIRECT = False
+            registered_noplan = _maybe(per_call_us, op, args.n)
             _set_plans(True)
         except Exception as e:  # noqa: BLE001 - report and go on (a CUDA-only step on CPU)
             print(f"{name:34s} skipped: {type(e).__name__}: {str(e)[:80]}")
             continue
         row = dict(op=name, eager_us=eager, no_plan_us=noplan, registered_us=registered,
-                   floor_us=floor, calls=ncalls, calls_no_plan=ncalls_noplan, **env)
+                   registered_no_plan_us=registered_noplan, floor_us=floor, calls=ncalls,
+                   calls_no_plan=ncalls_noplan, **env)
         rows.append(row)
         over = eager - floor if floor is not None else None
-        print(f"{name:34s} {fmt(eager)} {fmt(noplan, 7)} {fmt(registered, 10)} {fmt(floor)} "
-              f"{fmt(over, 11)}  {ncalls:.0f} / {ncalls_noplan:.0f}")
+        print(f"{name:34s} {fmt(eager)} {fmt(noplan, 7)} {fmt(registered, 10)} "
+              f"{fmt(registered_noplan, 12)} {fmt(floor)} {fmt(over, 11)}  "
+              f"{ncalls:.0f} / {ncalls_noplan:.0f}")
     print("launch path counters:", _launch.stats)
     if args.json:
         with open(args.json, "a") as fh:
@@ -233,9 +256,10 @@ def main():
         path = report.append_long_form(_long_rows(rows), args.out, env,
                                        run=f"{env['date']}-host-overhead",
                                        source="benchmarks/host_overhead.py")
-        print(f"appended {len(rows) * 4} rows to {path}")
+        print(f"appended {len(rows) * 5} rows to {path}")
     if args.profile:
-        fn = next(f for n, f in cases().items() if n.startswith(args.profile))
+        fn = next(fo[args.registered] for n, fo in cases().items()
+                  if n.startswith(args.profile))
         pr = cProfile.Profile()
         pr.enable()
         for _ in range(args.n):

@@ -78,6 +78,35 @@ CASES = {
                                torch.tensor([0, 100, 250], device=DEV, dtype=torch.int32)),
                     lambda q, k, v, cu: tkit.flash_attention_varlen(q, k, v, cu, cu, 150, 150,
                                                                     causal=True)),
+    # the registered ops as a torch.compile graph (or the autograd path) calls them: their
+    # implementations serve repeated signatures from plans of their own
+    "op_rms_norm": (lambda o: (_r(1, 4096, offset=o), _r(4096)),
+                    lambda x, w: torch.ops.tkit.rms_norm(x, w, 1e-6, False)),
+    "op_rms_norm_stats": (lambda o: (_r(100, 1000, offset=o), _r(1000)),
+                          lambda x, w: torch.ops.tkit.rms_norm(x, w, 1e-5, True)),
+    "op_rms_norm_residual": (lambda o: (_r(3, 4096, offset=o), _r(3, 4096), _r(4096)),
+                             lambda x, r, w: torch.ops.tkit.rms_norm_residual(x, r, w, 1e-6,
+                                                                              False)),
+    "op_softmax": (lambda o: (_r(37, 1000, offset=o),),
+                   lambda x: torch.ops.tkit.softmax(x, 1, False)),
+    "op_log_softmax": (lambda o: (_r(4, 30000, offset=o),),
+                       lambda x: torch.ops.tkit.softmax(x, 1, True)),
+    "op_matmul_M1": (lambda o: (_r(1, 4096, offset=o), _r(4096, 4096)),
+                     lambda a, b: torch.ops.tkit.matmul(a, b, None, None, None, None, "", None,
+                                                        True, "auto")),
+    "op_matmul_linear_silu": (lambda o: (_r(16, 4096, offset=o),
+                                         _r(4096, 1024).t().contiguous().t()),
+                              lambda a, b: torch.ops.tkit.matmul(a, b, None, None, None, None,
+                                                                 "silu", torch.float32, True,
+                                                                 "auto")),
+    "op_attn_decode": (lambda o: (_r(1, 1, 32, 128, offset=o), _r(1, 4096, 8, 128),
+                                  _r(1, 4096, 8, 128)),
+                       lambda q, k, v: torch.ops.tkit.flash_attn_fwd(
+                           q, k, v, None, None, 1, 4096, False, 128 ** -0.5, -1, -1, 0.0)),
+    "op_attn_prefill": (lambda o: (_r(2, 300, 8, 64, offset=o), _r(2, 300, 2, 64),
+                                   _r(2, 300, 2, 64)),
+                        lambda q, k, v: torch.ops.tkit.flash_attn_fwd(
+                            q, k, v, None, None, 300, 300, True, 0.125, -1, 0, 0.0)),
 }
 
 
@@ -116,7 +145,25 @@ def test_fast_path_equals_tritons_path(name):
     assert _launch.stats["fast"] > before["fast"], "no call took the fast path"
 
 
-PLANNED = [n for n in CASES if not n.startswith(("matmul", "grouped", "attn", "layer_norm"))]
+PLANNED = [n for n in CASES if not n.startswith(("matmul", "grouped", "attn", "layer_norm",
+                                                  "op_matmul", "op_attn"))]
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n.startswith("op_")])
+def test_registered_op_plan_equals_tritons_path(name):
+    """The registered ops' implementations on fresh inputs, aligned and not: bit for bit what
+    Triton's own launch gives, whether a plan serves the call or (matmul and attention where
+    they take TMA descriptors) the ordinary path runs."""
+    make, fn = CASES[name]
+    before = _launch.stats["plan"]
+    with torch.no_grad():
+        for offset in (0, 0, 1, 1, 0, 8):
+            inputs = make(offset)
+            got = fn(*inputs)
+            torch.cuda.synchronize()
+            assert _eq(got, _slow(fn, *inputs)), f"{name} offset {offset}"
+    if name in PLANNED:
+        assert _launch.stats["plan"] >= before + 3, "repeat calls did not take their plan"
 
 
 @pytest.mark.parametrize("name", PLANNED)

@@ -147,6 +147,56 @@ def _buf(n, dtype=BF, offset=0):
     return torch.randn(n + offset).to(dtype)[offset:]
 
 
+_ops = torch.ops.tkit
+
+# the registered ops whose implementations serve from plans, each as a torch.compile graph (or
+# the autograd path) calls it: name -> ((make inputs, call), make inputs of another signature)
+OP_CASES = {
+    "op_rms_norm": ((lambda: (torch.randn(1, 4096).to(BF), torch.randn(4096).to(BF)),
+                     lambda x, w: _ops.rms_norm(x, w, 1e-6, False)),
+                    lambda: (torch.randn(2, 4096).to(BF), torch.randn(4096).to(BF))),
+    "op_rms_norm_stats": ((lambda: (torch.randn(3, 256), torch.randn(256)),
+                           lambda x, w: _ops.rms_norm(x, w, 1e-5, True)),
+                          lambda: (torch.randn(3, 256).to(BF), torch.randn(256))),
+    "op_rms_norm_param": ((lambda: (torch.randn(3, 256).to(BF),
+                                    torch.nn.Parameter(torch.randn(256).to(BF))),
+                           lambda x, w: _ops.rms_norm(x, w, 1e-5, False)),
+                          lambda: (torch.randn(6, 256).to(BF)[::2],
+                                   torch.nn.Parameter(torch.randn(256).to(BF)))),
+    "op_rms_norm_residual": ((lambda: (torch.randn(3, 512), torch.randn(3, 512),
+                                       torch.randn(512)),
+                              lambda x, r, w: _ops.rms_norm_residual(x, r, w, 1e-6, False)),
+                             lambda: (torch.randn(3, 1024)[:, :512], torch.randn(3, 512),
+                                      torch.randn(512))),
+    "op_softmax": ((lambda: (torch.randn(1, 4096).to(BF),),
+                    lambda x: _ops.softmax(x, 1, False)),
+                   lambda: (torch.randn(1, 4096),)),
+    "op_log_softmax_split": ((lambda: (torch.randn(4, 30000).to(BF),),
+                              lambda x: _as_on_h200(lambda: _ops.softmax(x, 1, True))),
+                             lambda: (torch.randn(30000, 4).to(BF).t(),)),
+    "op_matmul_M1": ((lambda: (torch.randn(1, 512).to(BF), torch.randn(512, 256).to(BF)),
+                      lambda a, b: _ops.matmul(a, b, None, None, None, None, "", None, True,
+                                               "auto")),
+                     lambda: (torch.randn(1, 512).to(BF), torch.randn(256, 512).to(BF).t())),
+    "op_matmul_act_f32": ((lambda: (torch.randn(16, 128), torch.randn(64, 128).t()),
+                           lambda a, b: _ops.matmul(a, b, None, None, None, None, "silu",
+                                                    torch.float32, False, "auto")),
+                          lambda: (torch.randn(17, 128), torch.randn(64, 128).t())),
+    "op_attn_decode": ((lambda: (torch.randn(1, 1, 8, 64).to(BF),
+                                 torch.randn(1, 300, 2, 64).to(BF),
+                                 torch.randn(1, 300, 2, 64).to(BF)),
+                        lambda q, k, v: _ops.flash_attn_fwd(q, k, v, None, None, 1, 300, False,
+                                                            0.125, -1, -1, 0.0)),
+                       lambda: (torch.randn(1, 1, 8, 64), torch.randn(1, 300, 2, 64),
+                                torch.randn(1, 300, 2, 64))),
+    "op_attn_causal": ((lambda: (torch.randn(2, 40, 4, 32), torch.randn(2, 40, 4, 32),
+                                 torch.randn(2, 40, 4, 32)),
+                        lambda q, k, v: _ops.flash_attn_fwd(q, k, v, None, None, 40, 40, True,
+                                                            32 ** -0.5, -1, 0, 0.0)),
+                       lambda: (torch.randn(2, 40, 4, 32), torch.randn(2, 48, 4, 32)[:, :40],
+                                torch.randn(2, 40, 4, 32))),
+}
+
 CASES = {
     "add": (lambda: (torch.randn(1, 4096).to(BF), torch.randn(1, 4096).to(BF)), tkit.add),
     "add_bcast": (lambda: (torch.randn(7, 1, 96), torch.randn(5, 96)), tkit.add),
@@ -173,6 +223,8 @@ CASES = {
                    lambda a, b: torch.ops.tkit.act_mul(a, b, "silu")),
     "op_cast_scaled": (lambda: (torch.randn(8, 64), torch.rand(1) + 0.5),
                        lambda x, s: torch.ops.tkit.cast(x, torch.float8_e4m3fn, s)),
+    # ... and the registered forwards of the norms, softmax, matmul and attention
+    **{name: case for name, (case, _) in OP_CASES.items()},
     # few long rows on a GPU of 132 SMs: the split path, two launches over float32 partials
     "log_softmax_split": (lambda: (torch.randn(4, 30000).to(BF),), lambda x: _as_on_h200(
         lambda: tkit.log_softmax(x))),
@@ -230,24 +282,18 @@ def _decode_inputs(paged=False, fp8=False):
     return q, k, v, n, bt, ks, vs
 
 
-def _decode_on_h200(call):
-    """``call()`` with decode's split choice seeing 132 SMs (splits > 1 here)."""
-
-    old, _device.sm_count = _device.sm_count, lambda device: 132
-    try:
-        return call()
-    finally:
-        _device.sm_count = old
-
-
 def _as_on_h200(call):
-    """``call()`` with softmax's path choice seeing 132 SMs (a CPU counts as one)."""
+    """``call()`` with the path choices seeing 132 SMs (a CPU counts as one): softmax's split
+    path, decode's split count (splits > 1 here)."""
 
     old, _device.sm_count = _device.sm_count, lambda device: 132
     try:
         return call()
     finally:
         _device.sm_count = old
+
+
+_decode_on_h200 = _as_on_h200
 
 
 @jit
@@ -260,12 +306,15 @@ def test_jit_plan_launches_what_the_ordinary_path_launches(jitplans, name):
     _plan_vs_ordinary(jitplans, make, fn)
 
 
-def _plan_vs_ordinary(made, make, fn):
+def _plan_vs_ordinary(made, make, fn, fresh=False):
+    """``fresh``: the planned call takes new inputs of the first call's signature."""
     rec = _Recorder(made)
     with torch.no_grad():  # inference: the Parameter case must take the plan too
         inputs = make()
         fn(*inputs)  # miss: ordinary path, compiles (the stand-in), records the plan
         rec.take()
+        if fresh:
+            inputs = make()
         before = dict(_launch.stats)
         got = fn(*inputs)
         planned = _normal(rec.take(), inputs, _outs(got))
@@ -553,3 +602,109 @@ def test_jit_plans_under_inference_mode(jitplans):
         assert out.is_inference()
     assert _launch.stats["plan"] - before["plan"] == 2
     assert _launch.stats["plan_built"] - before["plan_built"] == 1
+
+
+@jit
+@pytest.mark.parametrize("name", list(OP_CASES))
+def test_jit_registered_op_served_on_fresh_inputs(jitplans, name):
+    """``torch.ops.tkit.<op>`` as a compiled graph calls it: the first call of a signature
+    misses and builds a plan, the next (new random inputs of that signature) is served by it
+    with what the ordinary implementation launches for those inputs (so on a GPU the same
+    values: tests/kernels/test_launch_gpu.py compares them); a call whose shape, dtype or
+    strides differ misses, builds its own plan and is served the same way."""
+    (make, fn), other = OP_CASES[name]
+    before = dict(_launch.stats)
+    _plan_vs_ordinary(jitplans, make, fn, fresh=True)
+    delta = {k: _launch.stats[k] - before[k] for k in ("plan", "plan_miss", "plan_built")}
+    assert delta == {"plan": 1, "plan_miss": 1, "plan_built": 1}
+    before = dict(_launch.stats)
+    _plan_vs_ordinary(jitplans, other, fn, fresh=True)
+    delta = {k: _launch.stats[k] - before[k] for k in ("plan", "plan_miss", "plan_built")}
+    assert delta == {"plan": 1, "plan_miss": 1, "plan_built": 1}
+
+
+@jit
+def test_jit_registered_ops_keyed_apart_from_eager_calls(jitplans):
+    """The same tensors through the public function and through its registered op: two
+    signatures (the op's implementation returns other outputs: rms_norm's stats), two plans."""
+    x, w, r = torch.randn(2, 256), torch.randn(256), torch.randn(2, 256)
+    a, b = torch.randn(4, 64), torch.randn(64, 32)
+    q, k, v = torch.randn(1, 5, 4, 32), torch.randn(1, 9, 2, 32), torch.randn(1, 9, 2, 32)
+    calls = [
+        (lambda: tkit.rms_norm(x, w), lambda: _ops.rms_norm(x, w, 1e-6, False)),
+        (lambda: tkit.rms_norm(x, w, residual=r),
+         lambda: _ops.rms_norm_residual(x, r, w, 1e-6, False)),
+        (lambda: tkit.log_softmax(x), lambda: _ops.softmax(x, 1, True)),
+        (lambda: tkit.matmul(a, b), lambda: _ops.matmul(a, b, None, None, None, None, "", None,
+                                                         True, "auto")),
+        (lambda: tkit.flash_attention(q, k, v), lambda: _ops.flash_attn_fwd(
+            q, k, v, None, None, 5, 9, False, 32 ** -0.5, -1, -1, 0.0)),
+    ]
+    with torch.no_grad():
+        for eager, op in calls:
+            before = dict(_launch.stats)
+            for _ in range(2):
+                eager()
+                op()
+            delta = {s: _launch.stats[s] - before[s] for s in ("plan", "plan_built")}
+            assert delta == {"plan": 2, "plan_built": 2}
+
+
+@jit
+def test_jit_registered_ops_under_autograd(jitplans):
+    """A training step's forward: the public function takes the registered op (autograd), whose
+    implementation runs below autograd and is served by a plan from the second call; the
+    outputs still carry their grad_fn."""
+    x = torch.randn(4, 128, requires_grad=True)
+    w = torch.nn.Parameter(torch.randn(128))
+    a, b = torch.randn(8, 128, requires_grad=True), torch.randn(128, 64)
+    for fn in (lambda: tkit.rms_norm(x, w), lambda: tkit.softmax(x),
+               lambda: tkit.matmul(a, b), lambda: tkit.rms_norm(x, w, residual=x * 2)[0]):
+        before = dict(_launch.stats)
+        outs = [fn() for _ in range(3)]
+        assert all(o.grad_fn is not None for o in outs)
+        delta = {k: _launch.stats[k] - before[k] for k in ("plan", "plan_built")}
+        assert delta == {"plan": 2, "plan_built": 1}
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+@jit
+def test_jit_registered_ops_trace_without_plans(jitplans):
+    """Fake tensors (torch.compile's tracing), functional tensors and meta tensors never reach
+    a plan; a graph traced with torch.compile(fullgraph) runs its ops from plans."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x, w = torch.randn(2, 256), torch.randn(256)
+    for _ in range(2):
+        _ops.rms_norm(x, w, 1e-6, False)  # a plan for these real tensors' signature
+    before = dict(_launch.stats)
+    with FakeTensorMode() as mode:
+        fx, fw = mode.from_tensor(x), mode.from_tensor(w)
+        y, st = _ops.rms_norm(fx, fw, 1e-6, False)
+        assert type(y) is not torch.Tensor and y.shape == x.shape and st.shape == (0, 2)
+    y, _ = _ops.rms_norm(x.to("meta"), w.to("meta"), 1e-6, False)
+    assert y.device.type == "meta"
+    # serve_op itself sends anything but a plain tensor (or Parameter) down the ordinary path
+    slow = lambda *a: "ordinary"  # noqa: E731
+    with FakeTensorMode() as mode:
+        assert _plan.serve_op({}, ("t",), slow, (mode.from_tensor(x),)) == "ordinary"
+    assert _plan.serve_op({}, ("t",), slow, (x.as_subclass(_Sub),)) == "ordinary"
+    assert {k: _launch.stats[k] - before[k] for k in ("plan", "plan_miss")} == {
+        "plan": 0, "plan_miss": 0}
+
+    def layer(x, w, r, b):
+        h, res = tkit.rms_norm(x, w, residual=r)
+        return tkit.silu_mul(*tkit.matmul(h, b).chunk(2, -1)), tkit.softmax(res)
+
+    f = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    inputs = (torch.randn(3, 128), torch.randn(128), torch.randn(3, 128), torch.randn(128, 64))
+    with torch.no_grad():
+        f(*inputs)
+        before = dict(_launch.stats)
+        out, sm = f(*inputs)
+    assert out.shape == (3, 32) and sm.shape == (3, 128)
+    assert _launch.stats["plan"] - before["plan"] == 4  # rms_norm, matmul, act_mul, softmax
+    assert (_launch.stats["fast"], _launch.stats["slow"]) == (before["fast"], before["slow"])

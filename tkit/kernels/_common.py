@@ -256,10 +256,14 @@ class ConfigOverrides:
     one mechanism behind ``decode_config(...)``, ``rope_config(...)`` and the other families'
     override contexts. ``scope(**fields)`` is the context manager (an unknown field is a
     TypeError naming it), ``apply(cfg)`` returns the config with the active overrides,
-    ``active()`` whether any is set (an eager plan must not serve an overridden call)."""
+    ``active()`` whether any is set (an eager plan must not serve an overridden call; an
+    eager path reads ``state.value``, falsy without overrides, and saves the call)."""
+
+    class _State(threading.local):
+        value: dict = {}  # the overrides in force in this thread
 
     def __init__(self, cls):
-        self._cls, self._local = cls, threading.local()
+        self._cls, self.state = cls, self._State()
         self._fields = tuple(f.name for f in dataclasses.fields(cls))
 
     @contextlib.contextmanager
@@ -268,18 +272,18 @@ class ConfigOverrides:
         if unknown:
             raise TypeError(f"unknown {self._cls.__name__} field(s) {unknown}; "
                             f"known: {list(self._fields)}")
-        old = getattr(self._local, "value", {})
-        self._local.value = {**old, **overrides}
+        old = self.state.value
+        self.state.value = {**old, **overrides}
         try:
             yield
         finally:
-            self._local.value = old
+            self.state.value = old
 
     def active(self) -> bool:
-        return bool(getattr(self._local, "value", None))
+        return bool(self.state.value)
 
     def apply(self, cfg):
-        over = getattr(self._local, "value", None)
+        over = self.state.value
         return dataclasses.replace(cfg, **over) if over else cfg
 
 

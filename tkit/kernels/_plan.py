@@ -7,7 +7,7 @@ time: validation, broadcasting, layout analysis, config choice, the specializati
 (docs/NOTES.md, "Host time per eager call"). A plan is all of that, computed once per
 signature by the ordinary path and recorded:
 
-    signature (the op's own key) -> a generated function ``go(stream, *inputs) -> outputs``
+    signature (the op's own key) -> a generated function ``go(stream, inputs) -> outputs``
     that allocates the outputs (``torch.empty``), checks their 16-byte alignment and calls each
     recorded launch's launcher with the recorded grid and constant arguments.
 
@@ -33,11 +33,17 @@ argument that matches none of them (another temporary, a contiguous copy) or mor
 and later calls skip the recording), for this call only for the second (for good after
 :data:`TRANSIENT_LIMIT` such calls).
 
+Every family serves its calls through :func:`serve` (the lookup, the hit, the recorded first
+miss, the fallback) with a key it builds inline; the registered ops' implementations (what a
+torch.compile graph and the autograd path call) through :func:`serve_op`, under keys of their
+own (a leading "op").
+
 Plans are off (:data:`ON` false) whenever the ordinary path must run each call: under the
 interpreter, TKIT_NO_FAST_LAUNCH / TKIT_NO_DIRECT, ``_launch.set_enabled(False)``, while any
 thread captures launches (``tkit.ir``) or poisons outputs, and per call while a Triton launch
 hook (a profiler) is attached. The public functions also skip them under torch.compile, for
-tensor subclasses (fake, functional tensors) and when autograd needs the registered op.
+tensor subclasses (fake, functional tensors) and when autograd needs the registered op (whose
+implementation runs below autograd and serves from the op's plans).
 """
 
 from __future__ import annotations
@@ -58,6 +64,10 @@ ON = False
 CPU_OK = False
 #: plans kept per cache before it starts over (a server that sees ever new shapes)
 MAX_PLANS = 4096
+
+_T = torch.Tensor
+_Param = torch.nn.Parameter
+_grad_enabled = torch.is_grad_enabled
 
 #: argument types a plan may replay as constants (values of the signature, not of the call)
 _CONST_TYPES = (int, float, bool, str)
@@ -149,9 +159,66 @@ def store(cache: dict, key, rec: list, inputs: tuple, outputs: tuple):
     return plan
 
 
+def serve(cache: dict, key, stream, slow, inputs: tuple, args: tuple, check=None):
+    """One call of signature ``key``: its plan's launches on a hit, else ``slow(*args)`` (the
+    ordinary path, which validates), recorded into the signature's plan on its first miss.
+
+    ``inputs``: the call's tensors in the order the plan takes them (None for an absent
+    optional one); ``slow`` returns the outputs: a tensor, a tuple of tensors, or None (an
+    op that only writes its inputs). A plan that steps aside for this call (a launch hook, an
+    unaligned output) returns None and the ordinary path runs. ``check(*args)`` runs before a
+    plan's launches: value checks that the ordinary path makes per call and a plan would
+    skip. The caller builds ``key`` inline, and the arguments are passed as tuples (a call
+    with ``*args`` costs a few tenths of a microsecond more here, about what a plan leaves)."""
+    try:
+        plan = cache.get(key)
+    except TypeError:  # an unhashable option: the ordinary path names it
+        plan = False
+    if plan:
+        if check is not None:
+            check(*args)
+        out = plan(stream, inputs)
+        if out is not None:
+            return out
+    elif plan is None:
+        stats["plan_miss"] += 1
+        with recording() as rec:
+            out = slow(*args)
+        store(cache, key, rec, inputs,
+              out if type(out) is tuple else () if out is None else (out,))
+        return out
+    return slow(*args)
+
+
+def serve_op(cache: dict, what: tuple, slow, tensors: tuple, *args):
+    """A registered op's implementation (``torch.ops.tkit.*``: what a torch.compile graph and
+    the autograd path call) served as :func:`serve` serves an eager call, under the key
+    ``("op", *what, device, each tensor's signature)``.
+
+    Its arguments were checked before the dispatcher (by the public function, eager or
+    traced), and the ordinary path of a miss launches only what that validated signature
+    launches, so a plan serves it: a compiled graph of tkit ops otherwise paid the launch
+    layer's full Python a call (2.5x the eager time of a Llama layer at 512 tokens on the
+    H200). ``slow(*args)`` is the implementation; ``what`` holds its options. The ordinary
+    path runs when plans are off, for anything but plain tensors (fake and functional tensors
+    of a trace; ``nn.Parameter`` passes) and where autograd would record the call."""
+    if not ON:
+        return slow(*args)
+    for t in tensors:
+        if type(t) is not _T and type(t) is not _Param:
+            return slow(*args)
+    if _grad_enabled() and any(t.requires_grad for t in tensors):
+        return slow(*args)
+    dev, stream = _launch._device_stream()
+    key = ("op", *what, dev)
+    for t in tensors:
+        key += (t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15)
+    return serve(cache, key, stream, slow, tensors, args)
+
+
 def build(rec: list, inputs: tuple, outputs: tuple):
-    """The generated ``go(stream, *inputs)`` for a recorded call; ``False`` when the signature
-    cannot have a plan, ``None`` when only this call could not give one."""
+    """The generated ``go(stream, inputs)`` (``inputs`` a tuple) for a recorded call; ``False``
+    when the signature cannot have a plan, ``None`` when only this call could not give one."""
     if not ON:
         return None
     scratch = tuple(getattr(rec, "scratch", ()))
@@ -224,6 +291,7 @@ def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple):
         params += [f"c{j}_{k}" for k, s in enumerate(patterns[j]) if s < 0]
     for j in range(len(allocs)):
         params += [f"s{j}", f"d{j}", f"v{j}"]
+    body.append(f"        {''.join(t + ', ' for t in ins)}= inputs")
     body.append("        if enter or exit_:")  # a profiler attached: Triton's path calls it
     body.append("            return None")
     for j, o in enumerate(allocs):
@@ -240,7 +308,7 @@ def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple):
     body.append(f"        return {ret}")
     src = (f"def make(empty, stats, hooks, {', '.join(params)}):\n"
            "    enter, exit_ = hooks\n"
-           f"    def go(stream, {', '.join(ins)}):\n" + "\n".join(body) + "\n    return go\n")
+           "    def go(stream, inputs):\n" + "\n".join(body) + "\n    return go\n")
     ns: dict = {}
     exec(src, ns)  # noqa: S102 - generated from the recorded launch structure
     return ns["make"]

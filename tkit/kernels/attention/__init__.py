@@ -115,33 +115,22 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
     if (P.ON and type(q) is _T and type(k) is _T and type(v) is _T and not _compiling()
             and not (_grad_enabled() and (q.requires_grad or k.requires_grad
                                           or v.requires_grad))
-            and not AC.overridden()):
+            and not _overrides.value):
         # the eager plan (tkit.kernels._plan): the key holds all the ordinary path reads
         dev, stream = L._device_stream()
         key = (causal, softmax_scale, window_size, softcap, dev,
                q.shape, q.stride(), q.dtype, q.get_device(), not q.data_ptr() & 15,
                k.shape, k.stride(), k.dtype, k.get_device(), not k.data_ptr() & 15,
                v.shape, v.stride(), v.dtype, v.get_device(), not v.data_ptr() & 15)
-        try:
-            p = _plans.get(key)
-        except TypeError:  # an unhashable option: the ordinary path names it
-            p = False
-        if p:
-            out_lse = p(stream, q, k, v)
-            if out_lse is not None:
-                return out_lse if return_lse else out_lse[0]
-        elif p is None:
-            P.stats["plan_miss"] += 1
-            with P.recording() as rec:
-                out_lse = _flash_attention_slow(q, k, v, causal, softmax_scale, window_size,
-                                                softcap)
-            P.store(_plans, key, rec, (q, k, v), out_lse)
-            return out_lse if return_lse else out_lse[0]
+        out_lse = P.serve(_plans, key, stream, _flash_attention_slow, (q, k, v),
+                          (q, k, v, causal, softmax_scale, window_size, softcap))
+        return out_lse if return_lse else out_lse[0]
     out_lse = _flash_attention_slow(q, k, v, causal, softmax_scale, window_size, softcap)
     return out_lse if return_lse else out_lse[0]
 
 
 _T = torch.Tensor
+_overrides = AC._OVERRIDES.state  # .value: attention_config overrides in force (this thread)
 _compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 _plans = P.new_cache()

@@ -10,6 +10,7 @@ import torch
 
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
+from tkit.kernels import _plan as P
 from tkit.kernels import _register as R
 from tkit.kernels.attention import config as AC
 from tkit.kernels.attention._kernels import (
@@ -342,8 +343,19 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float,
             window_left: int, window_right: int, softcap: float,
             ) -> tuple[torch.Tensor, torch.Tensor]:
+    if cu_seqlens_q is None and cu_seqlens_k is None and not AC.overridden():
+        # served by an eager plan on a repeated signature, as the eager call is
+        return P.serve_op(_op_plans, ("flash_attn_fwd", max_seqlen_q, max_seqlen_k, causal,
+                                      softmax_scale, window_left, window_right, softcap),
+                          _fwd_impl, (q, k, v), q, k, v, None, None, max_seqlen_q,
+                          max_seqlen_k, causal, softmax_scale, window_left, window_right,
+                          softcap)
     return _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                      softmax_scale, window_left, window_right, softcap)
+
+
+#: the registered forward's plans (keys of ``P.serve_op``)
+_op_plans = P.new_cache()
 
 
 @_fwd_op.register_fake

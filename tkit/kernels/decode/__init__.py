@@ -141,7 +141,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None,
     if (P.ON and type(q) is _T and type(k_cache) is _T and type(v_cache) is _T
             and type(cache_seqlens) is _T and type(block_table) in _OPT_T
             and type(k_scale) in _OPT_T and type(v_scale) in _OPT_T
-            and not _OVERRIDES.active() and not _compiling()
+            and not _overrides.value and not _compiling()
             and not (_grad_enabled() and q.requires_grad)):
         # the eager plan (tkit.kernels._plan): the key holds all the ordinary path reads (the
         # SM count and config follow from the device index and the shapes)
@@ -149,28 +149,14 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None,
         key = (causal, softmax_scale, window_size, softcap, num_splits, dev, _sig(q),
                _sig(k_cache), _sig(v_cache), _sig(cache_seqlens), _sig(block_table),
                _sig(k_scale), _sig(v_scale))
-        try:
-            plan = _plans.get(key)
-        except TypeError:  # an unhashable option: the ordinary path names it
-            plan = False
-        if plan:
-            if _env.CHECK or not cache_seqlens.is_cuda:  # values are read per call
-                _check_decode_values(k_cache, cache_seqlens, block_table,
-                                     k_cache.shape[1] if block_table is None
-                                     else block_table.shape[1] * k_cache.shape[1])
-            out_lse = plan(stream, q, k_cache, v_cache, cache_seqlens, block_table, k_scale,
-                           v_scale)
-            if out_lse is not None:
-                return out_lse if return_lse else out_lse[0]
-        elif plan is None:
-            P.stats["plan_miss"] += 1
-            with P.recording() as rec:
-                out_lse = _decode_slow(q, k_cache, v_cache, cache_seqlens, block_table,
-                                       softmax_scale, causal, window_size, softcap, k_scale,
-                                       v_scale, num_splits)
-            P.store(_plans, key, rec, (q, k_cache, v_cache, cache_seqlens, block_table,
-                                       k_scale, v_scale), out_lse)
-            return out_lse if return_lse else out_lse[0]
+        # the lengths' and the table's values are read per call: checked before a plan's
+        # launches where that costs no sync (host tensors) or under TKIT_CHECK=1
+        check = _decode_hit_check if _env.CHECK or not cache_seqlens.is_cuda else None
+        out_lse = P.serve(_plans, key, stream, _decode_slow,
+                          (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale),
+                          (q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale,
+                           causal, window_size, softcap, k_scale, v_scale, num_splits), check)
+        return out_lse if return_lse else out_lse[0]
     out, lse = _decode_slow(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale,
                             causal, window_size, softcap, k_scale, v_scale, num_splits)
     return (out, lse) if return_lse else out
@@ -178,6 +164,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None,
 
 _T = torch.Tensor
 _OPT_T = (torch.Tensor, type(None))
+_overrides = _OVERRIDES.state  # .value: decode_config overrides in force (this thread)
 _compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 _plans = P.new_cache()
@@ -188,6 +175,12 @@ def _sig(t):
     if t is None:
         return None
     return t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15
+
+
+def _decode_hit_check(q, k_cache, v_cache, cache_seqlens, block_table, *_):
+    _check_decode_values(k_cache, cache_seqlens, block_table,
+                         k_cache.shape[1] if block_table is None
+                         else block_table.shape[1] * k_cache.shape[1])
 
 
 def _decode_slow(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal,
@@ -231,23 +224,18 @@ def append_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=Non
         dev, stream = _L._device_stream()
         key = (dev, _sig(k), _sig(v), _sig(k_cache), _sig(v_cache), _sig(slot_mapping),
                _sig(k_scale), _sig(v_scale))
-        plan = _append_plans.get(key)
+        check = _append_hit_check if _env.CHECK or not slot_mapping.is_cuda else None
         args = (k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-        if plan:
-            if _env.CHECK or not slot_mapping.is_cuda:  # values are read per call
-                _check_slot_values(slot_mapping, k_cache)
-            if plan(stream, *args) is not None:
-                return
-        elif plan is None:
-            P.stats["plan_miss"] += 1
-            with P.recording() as rec:
-                _append_slow(*args)
-            P.store(_append_plans, key, rec, args, ())
-            return
+        P.serve(_append_plans, key, stream, _append_slow, args, args, check)
+        return
     _append_slow(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
 _append_plans = P.new_cache()
+
+
+def _append_hit_check(k, v, k_cache, v_cache, slot_mapping, *_):
+    _check_slot_values(slot_mapping, k_cache)
 
 
 def _append_slow(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> None:
@@ -279,17 +267,8 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b):
                                           or lse_a.requires_grad or lse_b.requires_grad))):
         dev, stream = _L._device_stream()
         key = (dev, _sig(o_a), _sig(lse_a), _sig(o_b), _sig(lse_b))
-        plan = _merge_plans.get(key)
-        if plan:
-            out_lse = plan(stream, o_a, lse_a, o_b, lse_b)
-            if out_lse is not None:
-                return out_lse
-        elif plan is None:
-            P.stats["plan_miss"] += 1
-            with P.recording() as rec:
-                out_lse = _merge_slow(o_a, lse_a, o_b, lse_b)
-            P.store(_merge_plans, key, rec, (o_a, lse_a, o_b, lse_b), out_lse)
-            return out_lse
+        args = (o_a, lse_a, o_b, lse_b)
+        return P.serve(_merge_plans, key, stream, _merge_slow, args, args)
     return _merge_slow(o_a, lse_a, o_b, lse_b)
 
 

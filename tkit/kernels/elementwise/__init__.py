@@ -53,7 +53,7 @@ from tkit.kernels.elementwise.ops import (
     _check_out_dtype,
     _compiling,
     _grad_enabled,
-    _serve,
+    _plans,
     _unary_impl,
     _unary_op,
     collapse_dims,  # noqa: F401  (public)
@@ -78,7 +78,7 @@ def _binary(a, b, op, out_dtype=None):
         key = (op, out_dtype, dev,
                a.shape, a.stride(), a.dtype, a.get_device(), not a.data_ptr() & 15,
                b.shape, b.stride(), b.dtype, b.get_device(), not b.data_ptr() & 15)
-        return _serve(key, stream, _binary_slow, (a, b), a, b, op, out_dtype)
+        return P.serve(_plans, key, stream, _binary_slow, (a, b), (a, b, op, out_dtype))
     return _binary_slow(a, b, op, out_dtype)
 
 
@@ -124,7 +124,7 @@ def residual_add(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
                x.shape, x.stride(), x.dtype, x.get_device(), not x.data_ptr() & 15,
                residual.shape, residual.stride(), residual.dtype, residual.get_device(),
                not residual.data_ptr() & 15)
-        return _serve(key, stream, _residual_add_slow, (x, residual), x, residual)
+        return P.serve(_plans, key, stream, _residual_add_slow, (x, residual), (x, residual))
     return _residual_add_slow(x, residual)
 
 
@@ -150,7 +150,7 @@ def _unary(x, act):
             and not (_grad_enabled() and x.requires_grad)):
         dev, stream = L._device_stream()
         key = (act, dev, x.shape, x.stride(), x.dtype, x.get_device(), not x.data_ptr() & 15)
-        return _serve(key, stream, _unary_slow, (x,), x, act)
+        return P.serve(_plans, key, stream, _unary_slow, (x,), (x, act))
     return _unary_slow(x, act)
 
 
@@ -188,7 +188,8 @@ def act_mul(a: torch.Tensor, b: torch.Tensor, activation: str = "silu", *,
         key = ("act_mul", activation, approximate, dev,
                a.shape, a.stride(), a.dtype, a.get_device(), not a.data_ptr() & 15,
                b.shape, b.stride(), b.dtype, b.get_device(), not b.data_ptr() & 15)
-        return _serve(key, stream, _act_mul_slow, (a, b), a, b, activation, approximate)
+        return P.serve(_plans, key, stream, _act_mul_slow, (a, b),
+                       (a, b, activation, approximate))
     return _act_mul_slow(a, b, activation, approximate)
 
 
@@ -230,13 +231,13 @@ def cast(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = None)
         if scale is None:
             key = ("cast", dtype, dev,
                    x.shape, x.stride(), x.dtype, x.get_device(), not x.data_ptr() & 15)
-            return _serve(key, stream, _cast_slow, (x,), x, dtype, None)
+            return P.serve(_plans, key, stream, _cast_slow, (x,), (x, dtype, None))
         elif type(scale) is _T and not (_grad_enabled() and scale.requires_grad):
             key = ("cast", dtype, dev,
                    x.shape, x.stride(), x.dtype, x.get_device(), not x.data_ptr() & 15,
                    scale.shape, scale.stride(), scale.dtype, scale.get_device(),
                    not scale.data_ptr() & 15)
-            return _serve(key, stream, _cast_slow, (x, scale), x, dtype, scale)
+            return P.serve(_plans, key, stream, _cast_slow, (x, scale), (x, dtype, scale))
     return _cast_slow(x, dtype, scale)
 
 

@@ -11,7 +11,6 @@ from typing import Optional
 import torch
 
 from tkit.kernels import _common as C
-from tkit.kernels import _launch as L
 from tkit.kernels import _plan as P
 from tkit.kernels import _register as R
 from tkit.kernels.elementwise._kernels import _ew_flat_autotuned, _ew_strided_kernel
@@ -186,7 +185,7 @@ def _cast_impl(x, dtype, scale):
 @R.custom_op("tkit::binary", mutates_args=())
 def _binary_op(a: torch.Tensor, b: torch.Tensor, op: str,
                out_dtype: Optional[torch.dtype]) -> torch.Tensor:  # noqa: UP045 (schema parser)
-    return _op_planned(("binary", op, out_dtype), _binary_impl, (a, b), a, b, op, out_dtype)
+    return P.serve_op(_plans, ("binary", op, out_dtype), _binary_impl, (a, b), a, b, op, out_dtype)
 
 
 @_binary_op.register_fake
@@ -230,7 +229,7 @@ _binary_op.register_autograd(_binary_backward, setup_context=_binary_setup)
 
 @R.custom_op("tkit::unary", mutates_args=())
 def _unary_op(x: torch.Tensor, act: str) -> torch.Tensor:
-    return _op_planned(("unary", act), _unary_impl, (x,), x, act)
+    return P.serve_op(_plans, ("unary", act), _unary_impl, (x,), x, act)
 
 
 @_unary_op.register_fake
@@ -273,7 +272,7 @@ _unary_op.register_autograd(_unary_backward, setup_context=_unary_setup)
 
 @R.custom_op("tkit::act_mul", mutates_args=())
 def _act_mul_op(a: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
-    return _op_planned(("act_mul", act), _act_mul_impl, (a, b), a, b, act)
+    return P.serve_op(_plans, ("act_mul", act), _act_mul_impl, (a, b), a, b, act)
 
 
 @_act_mul_op.register_fake
@@ -301,8 +300,9 @@ _act_mul_op.register_autograd(_act_mul_backward, setup_context=_act_mul_setup)
 @R.custom_op("tkit::cast", mutates_args=())
 def _cast_op(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
     if scale is None:
-        return _op_planned(("cast", dtype), _cast_impl, (x,), x, dtype, None)
-    return _op_planned(("cast_scaled", dtype), _cast_impl, (x, scale), x, dtype, scale)
+        return P.serve_op(_plans, ("cast", dtype), _cast_impl, (x,), x, dtype, None)
+    return P.serve_op(_plans, ("cast_scaled", dtype), _cast_impl, (x, scale), x, dtype,
+                      scale)
 
 
 @_cast_op.register_fake
@@ -331,50 +331,12 @@ _cast_op.register_autograd(_cast_backward, setup_context=_cast_setup)
 # Eager plans (tkit.kernels._plan): a repeated eager call with the same signature allocates its
 # output and calls the launcher, nothing else. The key holds everything the ordinary path reads
 # from the arguments; the ordinary path validates, launches and records the plan on a miss.
+# The registered ops above serve from the same cache under keys of their own (``P.serve_op``:
+# a leading "op").
 # --------------------------------------------------------------------------------------------
 _T = torch.Tensor
 _compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 _plans = P.new_cache()
-
-
-def _planned(key, slow, inputs, *args):
-    """A miss: the ordinary path, recorded, and the plan kept for the next call."""
-    P.stats["plan_miss"] += 1
-    with P.recording() as rec:
-        out = slow(*args)
-    P.store(_plans, key, rec, inputs, (out,))
-    return out
-
-
-def _serve(key, stream, slow, inputs, *args):
-    """The eager call of signature ``key``: its plan's launch on a hit, else ``slow(*args)``
-    (recorded as the signature's plan on a first miss)."""
-    try:
-        plan = _plans.get(key)
-    except TypeError:  # an unhashable option: the ordinary path names it
-        plan = False
-    if plan:
-        out = plan(stream, *inputs)
-        if out is not None:
-            return out
-    elif plan is None:
-        return _planned(key, slow, inputs, *args)
-    return slow(*args)
-
-
-def _op_planned(what, impl, tensors, *args):
-    """A registered op's implementation: what a torch.compile graph, the autograd path and
-    ``torch.ops.tkit.*`` run. Its arguments were checked before the dispatcher (the public
-    function, or the traced one), so a plan of the same signature serves it as it serves an
-    eager call: a compiled graph of tkit ops otherwise paid the launch layer's full Python a
-    call (2.5x the eager time of a Llama layer at 512 tokens on the H200)."""
-    if P.ON and all(type(t) is _T for t in tensors):
-        dev, stream = L._device_stream()
-        key = ("op", *what, dev) + tuple(
-            x for t in tensors
-            for x in (t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15))
-        return _serve(key, stream, impl, tensors, *args)
-    return impl(*args)
 
 

@@ -11,6 +11,7 @@ import torch
 from tkit import _hooks
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
+from tkit.kernels import _plan as P
 from tkit.kernels import _register as R
 from tkit.kernels.elementwise.ops import _activation_grad, _sum_to
 from tkit.kernels.matmul import config as MC
@@ -343,8 +344,18 @@ def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],  
                scale_b: Optional[torch.Tensor], activation: str,  # noqa: UP045
                out_dtype: Optional[torch.dtype], allow_tf32: bool,  # noqa: UP045
                backend: str) -> torch.Tensor:
+    if (a.ndim == 2 and b.ndim == 2 and bias is None and residual is None and scale_a is None
+            and scale_b is None and backend in ("auto", "triton") and not MC.overridden()):
+        # served by an eager plan on a repeated signature, as the eager 2-D call is
+        return P.serve_op(_op_plans, ("matmul", activation, out_dtype, allow_tf32, backend),
+                          _matmul_impl, (a, b), a, b, None, None, None, None, activation or None,
+                          out_dtype, allow_tf32, backend)
     return _matmul_impl(a, b, bias, residual, scale_a, scale_b, activation or None, out_dtype,
                         allow_tf32, backend)
+
+
+#: the registered matmul's plans (keys of ``P.serve_op``)
+_op_plans = P.new_cache()
 
 
 @_matmul_op.register_fake

@@ -54,13 +54,13 @@ from tkit.kernels import _launch as L
 from tkit.kernels import _plan as P
 from tkit.kernels.reductions import ops as _ops
 from tkit.kernels.reductions._rows import as_rows
+from tkit.kernels.reductions.config import _STATE as _overrides  # .current: overrides()
 from tkit.kernels.reductions.config import (
     NormBwdConfig,
     NormConfig,
     SoftmaxConfig,
     overrides,
 )
-from tkit.kernels.reductions.config import active as _overrides_active
 
 __all__ = ["rms_norm", "layer_norm", "softmax", "log_softmax", "overrides", "NormConfig",
            "NormBwdConfig", "SoftmaxConfig", "as_rows", "cost_softmax", "cost_rms_norm",
@@ -103,24 +103,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
         In ``x``'s dtype, contiguous. Differentiable in x, residual and weight.
     """
     if (P.ON and type(x) is _T and (type(weight) is _T or type(weight) is _Param)
-            and type(eps) is float and not _overrides_active() and not _compiling()):
+            and type(eps) is float and not _overrides.current and not _compiling()):
         dev, stream = L._device_stream()
         if residual is None:
             if not (_grad_enabled() and (x.requires_grad or weight.requires_grad)):
                 key = (eps, dev, x.shape, x.stride(), x.dtype, x.get_device(),
                        not x.data_ptr() & 15, weight.shape, weight.stride(), weight.dtype,
                        weight.get_device(), not weight.data_ptr() & 15)
-                plan = _norm_plans.get(key)
-                if plan:
-                    y = plan(stream, x, weight)
-                    if y is not None:
-                        return y
-                elif plan is None:
-                    P.stats["plan_miss"] += 1
-                    with P.recording() as rec:
-                        y = _rms_norm_slow(x, weight, eps, None)
-                    P.store(_norm_plans, key, rec, (x, weight), (y,))
-                    return y
+                return P.serve(_norm_plans, key, stream, _rms_norm_slow, (x, weight),
+                               (x, weight, eps, None))
         elif type(residual) is _T and not (_grad_enabled() and (
                 x.requires_grad or weight.requires_grad or residual.requires_grad)):
             key = (eps, dev, x.shape, x.stride(), x.dtype, x.get_device(),
@@ -128,17 +119,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                    weight.get_device(), not weight.data_ptr() & 15,
                    residual.shape, residual.stride(), residual.dtype, residual.get_device(),
                    not residual.data_ptr() & 15)
-            plan = _norm_plans.get(key)
-            if plan:
-                yh = plan(stream, x, weight, residual)
-                if yh is not None:
-                    return yh
-            elif plan is None:
-                P.stats["plan_miss"] += 1
-                with P.recording() as rec:
-                    yh = _rms_norm_slow(x, weight, eps, residual)
-                P.store(_norm_plans, key, rec, (x, weight, residual), yh)
-                return yh
+            return P.serve(_norm_plans, key, stream, _rms_norm_slow, (x, weight, residual),
+                           (x, weight, eps, residual))
     return _rms_norm_slow(x, weight, eps, residual)
 
 
@@ -181,22 +163,12 @@ def _softmax_slow(x, dim, log):
 
 def _softmax(x, dim, log):
     # the eager plan (tkit.kernels._plan): the key holds all the ordinary path reads
-    if (P.ON and type(x) is _T and type(dim) is int and not _overrides_active()
+    if (P.ON and type(x) is _T and type(dim) is int and not _overrides.current
             and not _compiling() and not (_grad_enabled() and x.requires_grad)):
         dev, stream = L._device_stream()
         key = (log, dim, dev, x.shape, x.stride(), x.dtype, x.get_device(),
                not x.data_ptr() & 15)
-        plan = _softmax_plans.get(key)
-        if plan:
-            y = plan(stream, x)
-            if y is not None:
-                return y
-        elif plan is None:
-            P.stats["plan_miss"] += 1
-            with P.recording() as rec:
-                y = _softmax_slow(x, dim, log)
-            P.store(_softmax_plans, key, rec, (x,), (y,))
-            return y
+        return P.serve(_softmax_plans, key, stream, _softmax_slow, (x,), (x, dim, log))
     return _softmax_slow(x, dim, log)
 
 

@@ -11,6 +11,7 @@ import torch
 
 from tkit import _env
 from tkit.kernels import _common as C
+from tkit.kernels import _plan as P
 from tkit.kernels import _register as R
 from tkit.kernels.reductions._norm_kernels import (
     _col_sum_kernel,
@@ -27,6 +28,10 @@ from tkit.kernels.reductions._softmax_kernels import (
     _split_partial_kernel,
 )
 from tkit.kernels.reductions.config import NormBwdConfig, NormConfig, SoftmaxConfig
+from tkit.kernels.reductions.config import active as _overrides_active
+
+#: the registered forwards' plans (keys of ``P.serve_op``)
+_op_plans = P.new_cache()
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,9 +136,18 @@ def _stats_like(x, save_stats):
 # Each forward op also returns the rows' (mean, rstd) when ``save_stats`` (the public functions
 # ask for them when autograd will need them): 8 bytes a row, which spare the backward its
 # statistics reductions (LayerNorm: two of its three rounds of shuffles and barriers a row).
+# The forwards' implementations serve repeated signatures from eager plans (``P.serve_op``)
+# unless an experiment overrides the configs.
 @R.custom_op("tkit::rms_norm", mutates_args=())
 def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float,
                  save_stats: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    if _overrides_active():
+        return _rms_norm_fwd(x, weight, eps, save_stats)
+    return P.serve_op(_op_plans, ("rms_norm", eps, save_stats), _rms_norm_fwd, (x, weight), x,
+                      weight, eps, save_stats)
+
+
+def _rms_norm_fwd(x, weight, eps, save_stats):
     y, _, stats = _norm_fwd_impl(x, weight, None, None, eps, True, save_stats)
     return y, stats
 
@@ -147,6 +161,13 @@ def _(x, weight, eps, save_stats=False):
 def _rms_norm_residual_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                           eps: float, save_stats: bool = False
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if _overrides_active():
+        return _rms_norm_residual_fwd(x, residual, weight, eps, save_stats)
+    return P.serve_op(_op_plans, ("rms_norm_residual", eps, save_stats), _rms_norm_residual_fwd,
+                      (x, residual, weight), x, residual, weight, eps, save_stats)
+
+
+def _rms_norm_residual_fwd(x, residual, weight, eps, save_stats):
     return _norm_fwd_impl(x, weight, None, residual, eps, True, save_stats)
 
 
@@ -334,7 +355,9 @@ def _softmax_bwd_impl(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool,
 # --------------------------------------------------------------------------------------------
 @R.custom_op("tkit::softmax", mutates_args=())
 def _softmax_op(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
-    return _softmax_fwd_impl(x, dim, log)
+    if _overrides_active():
+        return _softmax_fwd_impl(x, dim, log)
+    return P.serve_op(_op_plans, ("softmax", dim, log), _softmax_fwd_impl, (x,), x, dim, log)
 
 
 @_softmax_op.register_fake
