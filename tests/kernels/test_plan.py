@@ -121,9 +121,11 @@ class _Recorder:
 
 
 def _normal(launches, inputs, outputs):
-    """Launches with every tensor argument named by the call tensor it points into."""
+    """Launches with every pointer argument (a tensor, or the int data pointer a plan passes)
+    named by the call tensor it points into."""
     named = [(f"in{i}", t) for i, t in enumerate(inputs)] + [
         (f"out{i}", t) for i, t in enumerate(outputs)]
+    ptrs = {t.data_ptr(): n for n, t in named if isinstance(t, torch.Tensor)}
     res = []
     for ck, args in launches:
         norm = []
@@ -132,11 +134,29 @@ def _normal(launches, inputs, outputs):
                 hits = [n for n, t in named if t.data_ptr() == v.data_ptr()]
                 assert len(hits) <= 1, hits
                 # none: an output the op does not return (attention's lse without return_lse)
-                norm.append(hits[0] if hits else ("hidden", v.shape, v.stride(), v.dtype))
+                norm.append(("ptr", hits[0]) if hits else
+                            ("ptr", "hidden", v.shape, v.stride(), v.dtype))
+            elif type(v) is int and v in ptrs:
+                norm.append(("ptr", ptrs[v]))
             else:
                 norm.append(v)
         res.append((ck, tuple(norm)))
     return res
+
+
+def _same_launches(planned, ordinary) -> bool:
+    """Equal, except that where the ordinary path passed a tensor the call does not return
+    (hidden), the plan passes a pointer (an int) of its own allocation."""
+    if len(planned) != len(ordinary):
+        return False
+    for (ck1, a1), (ck2, a2) in zip(planned, ordinary):
+        if ck1 is not ck2 or len(a1) != len(a2):
+            return False
+        for x, y in zip(a1, a2):
+            hidden = isinstance(y, tuple) and y[:2] == ("ptr", "hidden")
+            if not (x == y or hidden and type(x) is int and x % 16 == 0):
+                return False
+    return True
 
 
 def _outs(r):
@@ -317,7 +337,8 @@ def _plan_vs_ordinary(made, make, fn, fresh=False):
             inputs = make()
         before = dict(_launch.stats)
         got = fn(*inputs)
-        planned = _normal(rec.take(), inputs, _outs(got))
+        rec_raw = rec.take()
+        planned = _normal(rec_raw, inputs, _outs(got))
         assert _launch.stats["plan"] == before["plan"] + 1
         assert (_launch.stats["fast"], _launch.stats["slow"]) == (before["fast"],
                                                                  before["slow"])
@@ -327,12 +348,15 @@ def _plan_vs_ordinary(made, make, fn, fresh=False):
         finally:
             _plan.refresh()
         ordinary = _normal(rec.take(), inputs, _outs(ref))
-    assert planned and planned == ordinary
+    assert planned and _same_launches(planned, ordinary), (planned, ordinary)
+    # a plan hands the launcher data pointers, never tensors (no data_ptr() call and no
+    # cuPointerGetAttribute in Triton's C launcher)
+    assert not any(isinstance(v, torch.Tensor) for _, args in rec_raw for v in args)
     for g, r in zip(_outs(got), _outs(ref)):
         assert (g.shape, g.stride(), g.dtype, g.device) == (r.shape, r.stride(), r.dtype,
                                                             r.device)
     assert all(args[3] == 77 for _, args in planned)  # the stream of this call
-    return planned
+    return ordinary  # the same launches, with the hidden tensors' shapes and dtypes
 
 
 @jit
@@ -347,8 +371,8 @@ def test_jit_split_k_plan_allocates_its_partials(jitplans, monkeypatch):
     assert mm.plan(a, w).path == "splitk" and mm.plan(a, w).config.split_k > 1
     planned = _plan_vs_ordinary(jitplans, lambda: (a, w), tkit.matmul)
     assert len(planned) == 2
-    ws = [v for v in planned[0][1] if isinstance(v, tuple) and v[0] == "hidden"]
-    assert len(ws) == 1 and ws[0][3] == torch.float32
+    ws = [v for v in planned[0][1] if isinstance(v, tuple) and v[:2] == ("ptr", "hidden")]
+    assert len(ws) == 1 and ws[0][4] == torch.float32
 
 
 @jit
@@ -360,8 +384,8 @@ def test_jit_decode_plan_allocates_its_split_partials(jitplans):
     planned = _plan_vs_ordinary(jitplans, lambda: (q, k, v, n),
                                 lambda *a: _decode_on_h200(lambda: tkit.decode_attention(*a)))
     assert len(planned) == 2
-    hidden = [x for x in planned[0][1] if isinstance(x, tuple) and x[0] == "hidden"]
-    assert len(hidden) == 2 and all(h[3] == torch.float32 for h in hidden)
+    hidden = [x for x in planned[0][1] if isinstance(x, tuple) and x[:2] == ("ptr", "hidden")]
+    assert len(hidden) == 2 and all(h[4] == torch.float32 for h in hidden)
     with torch.no_grad():
         def built(fn, *args):
             m = _launch.stats["plan_built"]

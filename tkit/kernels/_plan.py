@@ -9,7 +9,8 @@ signature by the ordinary path and recorded:
 
     signature (the op's own key) -> a generated function ``go(stream, inputs) -> outputs``
     that allocates the outputs (``torch.empty``), checks their 16-byte alignment and calls each
-    recorded launch's launcher with the recorded grid and constant arguments.
+    recorded launch's launcher with the recorded grid and constant arguments and the
+    tensors' data pointers (ints, which Triton's C launcher takes without a driver call).
 
 The signature key is built by the public function from the inputs alone, and must hold
 everything the ordinary path reads from them: every tensor's shape, strides, dtype, device
@@ -296,11 +297,19 @@ def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple):
     body.append("            return None")
     for j, o in enumerate(allocs):
         body.append(f"        {o} = empty(s{j}, dtype=d{j}, device=v{j})")
+    # the launchers get data pointers as ints: Triton's C launcher then skips, per tensor
+    # argument, its call of data_ptr() and the driver's cuPointerGetAttribute (which only
+    # checks that the pointer is a device one: these are the CUDA tensors of the signature)
+    used = sorted({s for pat in patterns for s in pat if s >= 0} | set(range(n_in, n_in
+                                                                             + len(allocs))))
+    for i in used:
+        body.append(f"        p{i} = t{i}.data_ptr()")
     if allocs:
-        body.append(f"        if ({' | '.join(o + '.data_ptr()' for o in allocs)}) & 15:")
+        body.append(f"        if ({' | '.join(f'p{n_in + j}' for j in range(len(allocs)))})"
+                    " & 15:")
         body.append("            return None")
     for j, pat in enumerate(patterns):
-        args = [f"t{s}" if s >= 0 else f"c{j}_{k}" for k, s in enumerate(pat)]
+        args = [f"p{s}" if s >= 0 else f"c{j}_{k}" for k, s in enumerate(pat)]
         body.append(f"        r{j}(g{j}a, g{j}b, g{j}c, stream, f{j}, m{j}, None, None, None"
                     + "".join(", " + a for a in args) + ")")
     body.append("        stats['plan'] += 1")
