@@ -61,10 +61,20 @@ def _gumbel(u):
 
 
 @triton.jit
-def _load_z(xrow, start, V, sxv, inv_t, BLOCK: tl.constexpr):
+def _load_x(xrow, start, V, sxv, BLOCK: tl.constexpr):
+    """The logits of elements start .. start + BLOCK - 1 as stored (-inf past V).
+
+    The passes below load block i + 1 before they reduce block i: Triton does not pipeline
+    these loops (their bodies end in block-wide reductions), so each block's load latency
+    (HBM on the first pass, L2 after) was otherwise paid in full, in series, once a block."""
     cols = start + tl.arange(0, BLOCK)
-    x = tl.load(xrow + cols.to(tl.int64) * sxv, mask=cols < V, other=-float("inf"))
-    return cols, x.to(tl.float32) * inv_t
+    return tl.load(xrow + cols.to(tl.int64) * sxv, mask=cols < V, other=-float("inf"))
+
+
+@triton.jit
+def _z(x, start, inv_t, BLOCK: tl.constexpr):
+    """(columns, z = x / T in float32) of a block loaded by _load_x."""
+    return start + tl.arange(0, BLOCK), x.to(tl.float32) * inv_t
 
 
 @triton.jit
@@ -72,8 +82,10 @@ def _max_pass(xrow, V, sxv, inv_t, BLOCK: tl.constexpr):
     """(max of z, index of its first occurrence)."""
     m = tl.full([], -float("inf"), tl.float32)
     am = tl.full([], 0, tl.int32)
+    x_next = _load_x(xrow, 0, V, sxv, BLOCK)
     for start in range(0, V, BLOCK):
-        cols, z = _load_z(xrow, start, V, sxv, inv_t, BLOCK)
+        cols, z = _z(x_next, start, inv_t, BLOCK)
+        x_next = _load_x(xrow, start + BLOCK, V, sxv, BLOCK)
         bm = tl.max(z, axis=0)
         bi = tl.argmax(z, axis=0)
         am = tl.where(bm > m, start + bi, am)
@@ -87,8 +99,10 @@ def _count_pass(xrow, V, sxv, inv_t, m, pk, MASS: tl.constexpr, NP: tl.constexpr
     """Per pivot key: how many z have key >= it, and (MASS) the sum of their exp(z - m)."""
     cnt = tl.zeros([NP], tl.int32)
     mass = tl.zeros([NP], tl.float32)
+    x_next = _load_x(xrow, 0, V, sxv, BLOCK)
     for start in range(0, V, BLOCK):
-        cols, z = _load_z(xrow, start, V, sxv, inv_t, BLOCK)
+        cols, z = _z(x_next, start, inv_t, BLOCK)
+        x_next = _load_x(xrow, start + BLOCK, V, sxv, BLOCK)
         ge = _key(z)[None, :] >= pk[:, None]
         cnt += tl.sum(ge.to(tl.int32), axis=1)
         if MASS:
@@ -151,8 +165,10 @@ def _search(xrow, V, sxv, inv_t, m, lo_key, hi_key, kk, p, CAP, max_iters,
 def _compact(xrow, V, sxv, inv_t, lo_key, CV, CI, CAP, BLOCK: tl.constexpr):
     """Write (z, index) of every element with key >= lo_key, in index order, to CV/CI."""
     n = tl.full([], 0, tl.int32)
+    x_next = _load_x(xrow, 0, V, sxv, BLOCK)
     for start in range(0, V, BLOCK):
-        cols, z = _load_z(xrow, start, V, sxv, inv_t, BLOCK)
+        cols, z = _z(x_next, start, inv_t, BLOCK)
+        x_next = _load_x(xrow, start + BLOCK, V, sxv, BLOCK)
         keep = _key(z) >= lo_key
         pos = n + tl.cumsum(keep.to(tl.int32), axis=0) - 1
         ok = keep & (pos < CAP)
@@ -199,8 +215,10 @@ def _stream_final(xrow, V, sxv, inv_t, tau_key, fallback, seed, stream, BLOCK: t
     """Gumbel-max over {z : key(z) >= tau_key} in one pass; blocks with none are skipped."""
     best = tl.full([], -float("inf"), tl.float32)
     tok = fallback
+    x_next = _load_x(xrow, 0, V, sxv, BLOCK)
     for start in range(0, V, BLOCK):
-        cols, z = _load_z(xrow, start, V, sxv, inv_t, BLOCK)
+        cols, z = _z(x_next, start, inv_t, BLOCK)
+        x_next = _load_x(xrow, start + BLOCK, V, sxv, BLOCK)
         keep = _key(z) >= tau_key
         if tl.max(keep.to(tl.int32), axis=0) > 0:
             u = _uniform_block(seed, stream, 0, start, BLOCK)
