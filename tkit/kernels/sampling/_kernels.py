@@ -312,6 +312,20 @@ def _sample_kernel(
 
 
 @triton.jit
+def _load_probs(tp_row, dp_row, start, j, K, V, stpv, sdpv, BLOCK: tl.constexpr):
+    """Target and draft probabilities of elements start .. start + BLOCK - 1 (0 past V; the
+    draft's 0 when j = K, every draft token accepted)."""
+    cols = start + tl.arange(0, BLOCK)
+    cm = cols < V
+    c64 = cols.to(tl.int64)
+    q_t = tl.load(tp_row + c64 * stpv, mask=cm, other=0.0)
+    # the scalar condition broadcast by a comparison: triton 3.9's interpreter makes an int32
+    # mask of a block & scalar and refuses it
+    q_d = tl.load(dp_row + c64 * sdpv, mask=cm & (cols * 0 + j < K), other=0.0)
+    return q_t, q_d
+
+
+@triton.jit
 def _spec_accept_kernel(
     DT, DP, TP, OUT, NACC, SEEDS,
     K, V, sdtb, sdtk, sdpb, sdpk, sdpv, stpb, stpk, stpv, sob, sok, ss, seed_val,
@@ -348,15 +362,13 @@ def _spec_accept_kernel(
     tok_r = tl.full([], 0, tl.int32)
     best_t = tl.full([], 0.0, tl.float32)
     tok_t = tl.full([], 0, tl.int32)
+    # block i + 1's probabilities are loaded before block i is reduced (as in _load_x)
+    qt_next, qd_next = _load_probs(tp_row, dp_row, 0, j, K, V, stpv, sdpv, BLOCK)
     for start in range(0, V, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        cm = cols < V
-        c64 = cols.to(tl.int64)
-        q_t = tl.load(tp_row + c64 * stpv, mask=cm, other=0.0).to(tl.float32)
-        # the scalar condition broadcast by a comparison: triton 3.9's interpreter makes an
-        # int32 mask of a block & scalar and refuses it
-        q_d = tl.load(dp_row + c64 * sdpv, mask=cm & (cols * 0 + j < K),
-                      other=0.0).to(tl.float32)
+        q_t = qt_next.to(tl.float32)
+        q_d = qd_next.to(tl.float32)
+        qt_next, qd_next = _load_probs(tp_row, dp_row, start + BLOCK, j, K, V, stpv, sdpv,
+                                       BLOCK)
         q_r = tl.maximum(q_t - q_d, 0.0)
         inv_e = 1.0 / -tl.log(_uniform_block(seed, stream, 2 + j, start, BLOCK))
         s_r = q_r * inv_e
