@@ -5,6 +5,7 @@ registered op is captured in a CUDA graph and replayed on new data, equal to eag
 
 import pytest
 import torch
+from torch.utils import _pytree as pytree
 
 import tkit
 from tkit.kernels import _launch, _plan
@@ -219,23 +220,12 @@ def test_autotuned_kernel_served_without_timing(monkeypatch):
 
 
 def _tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (tuple, list)):
-        return [t for x in obj for t in _tensors(x)]
-    if isinstance(obj, dict):
-        return [t for x in obj.values() for t in _tensors(x)]
-    return []
+    """Every tensor in a nest of tuples, lists and dicts, in order."""
+    return [t for t in pytree.tree_leaves(obj) if isinstance(t, torch.Tensor)]
 
 
 def _clone(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.clone()
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_clone(x) for x in obj)
-    if isinstance(obj, dict):
-        return {k: _clone(v) for k, v in obj.items()}
-    return obj
+    return pytree.tree_map_only(torch.Tensor, torch.clone, obj)
 
 
 def _registry_names():
