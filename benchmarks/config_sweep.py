@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+import tkit  # noqa: E402
 from tkit import registry  # noqa: E402
 from tkit.bench.runner import environment  # noqa: E402
 from tkit.bench.timing import time_fn  # noqa: E402
@@ -170,8 +171,106 @@ def sweep_int4(rows):
         sweep("int4", I4.int4_config, grid, "matmul_int4", idx, rows, exact=False)
 
 
+def sweep_matmul_mid(rows):
+    """bf16 GEMM tiles at prefill-chunk M (256, 512) on Llama-3-8B's projections, beside
+    cuBLAS (F.linear's weight layout: b = W.t())."""
+    from tkit.kernels.matmul import ops as MM
+    from tkit.kernels.matmul.config import TmaConfig
+
+    tiles = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4),
+             (64, 128, 64, 4, 4), (64, 256, 64, 8, 3), (128, 64, 64, 4, 4), (64, 64, 64, 4, 5)]
+    shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+              "down": (4096, 14336)}
+    for M in (256, 512):
+        for label, (N, K) in shapes.items():
+            g = torch.Generator(device="cuda").manual_seed(0)
+            a = torch.randn(M, K, device="cuda", generator=g, dtype=torch.bfloat16)
+            w = torch.randn(N, K, device="cuda", generator=g, dtype=torch.bfloat16) * K ** -0.5
+            b = w.t()
+            out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+            ref = torch.nn.functional.linear(a, w)
+            flops = 2 * M * N * K
+            case = f"M={M} {label} N={N} K={K}"
+            t_cub = min(time_fn(lambda a=a, w=w: torch.nn.functional.linear(a, w)).median_ms
+                        for _ in range(ROUNDS))
+            dflt = MM.plan(a, b, torch.bfloat16).config
+            print(f"matmul_mid {case:34s} cuBLAS {t_cub * 1e3:7.1f} us "
+                  f"{flops / t_cub / 1e9:6.1f} TFLOP/s; default {dflt}")
+            rows.append(dict(family="matmul_mid", case=case, config="cuBLAS", median_ms=t_cub,
+                             tflops=flops / t_cub / 1e9))
+            for bm, bn, bk, wp, st in tiles:
+                cfg = TmaConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=wp, num_stages=st)
+
+                def run(a=a, b=b, out=out, cfg=cfg):
+                    MM._matmul_into(a, b, out, None, None, None, None, None, False, "tma", cfg)
+                try:
+                    run()
+                    if not _close(out, ref):
+                        raise AssertionError("output differs from cuBLAS's")
+                except Exception as e:  # noqa: BLE001
+                    print(f"matmul_mid {case} {cfg} FAILED {type(e).__name__}: {str(e)[:100]}")
+                    continue
+                t = min(time_fn(run).median_ms for _ in range(ROUNDS))
+                print(f"matmul_mid {case:34s} {bm}x{bn}x{bk} w{wp} s{st} {t * 1e3:7.1f} us "
+                      f"{flops / t / 1e9:6.1f} TFLOP/s {t_cub / t:5.3f}x cuBLAS")
+                rows.append(dict(family="matmul_mid", case=case, config=dataclasses.asdict(cfg),
+                                 median_ms=t, tflops=flops / t / 1e9, vs_cublas=t_cub / t))
+
+
+def sweep_attention_short(rows):
+    """Causal prefill attention at 512 tokens (the Llama layer's, and B32 x 16 heads; 2048 for
+    scale): the Gluon forward (default), the Triton forward, SDPA's cuDNN and flash backends."""
+    for B, S, hq, hk in ((1, 512, 32, 8), (32, 512, 16, 16), (8, 2048, 16, 16)):
+        _attention_case(rows, B, S, hq, hk)
+
+
+def _attention_case(rows, B, S, hq, hk):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from tkit.kernels.attention import config as AC
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, S, hq, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+    k = torch.randn(B, S, hk, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+    v = torch.randn(B, S, hk, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+    flops = 4 * B * hq * 128 * S * (S + 1) / 2
+    case = f"B{B} S{S} H{hq}/{hk} D128 causal"
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        qt, kt, vt, is_causal=True, enable_gqa=hq != hk).transpose(1, 2)
+
+    def triton_fwd():
+        with AC.attention_config(hopper_fwd_cases=frozenset()):
+            return tkit.flash_attention(q, k, v, causal=True)
+
+    calls = {"tkit default": lambda: tkit.flash_attention(q, k, v, causal=True),
+             "tkit triton": triton_fwd}
+    for name, be in (("sdpa cudnn", SDPBackend.CUDNN_ATTENTION),
+                     ("sdpa flash", SDPBackend.FLASH_ATTENTION)):
+        def sd(be=be):
+            with sdpa_kernel([be]):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    qt, kt, vt, is_causal=True, enable_gqa=hq != hk)
+        calls[name] = sd
+    for name, fn in calls.items():
+        try:
+            got = fn()
+            got = got.transpose(1, 2) if name.startswith("sdpa") else got
+            if not _close(got, ref):
+                raise AssertionError("output differs from SDPA's")
+            t = min(time_fn(fn).median_ms for _ in range(ROUNDS))
+        except Exception as e:  # noqa: BLE001
+            print(f"attention {case} {name} FAILED {type(e).__name__}: {str(e)[:100]}")
+            continue
+        print(f"attention {case:30s} {name:14s} {t * 1e3:7.1f} us "
+              f"{flops / t / 1e9:6.1f} TFLOP/s")
+        rows.append(dict(family="attention_short", case=case, config=name, median_ms=t,
+                         tflops=flops / t / 1e9))
+
+
 SWEEPS = {"int4": sweep_int4, "quant": sweep_quant, "rope": sweep_rope, "sample": sweep_sample,
-          "matmul_fp8": sweep_matmul_fp8}
+          "matmul_fp8": sweep_matmul_fp8, "matmul_mid": sweep_matmul_mid,
+          "attention_short": sweep_attention_short}
 
 
 def main(argv):

@@ -86,18 +86,33 @@ def _fake_jit_run(self, *args, grid, warmup, **kwargs):
     return _NoopCompiled()
 
 
-def cases():
-    """name -> (the public call, the registered op's call that a compiled graph makes for it)."""
+def cases(device="cpu", torch_calls=False):
+    """name -> (the public call, the registered op's call that a compiled graph makes for it);
+    with ``torch_calls``, name -> torch's own call of the same computation instead."""
     bf = torch.bfloat16
-    a, b = torch.randn(1, 4096, dtype=bf), torch.randn(1, 4096, dtype=bf)
-    w = torch.randn(4096, dtype=bf)
-    g, u = torch.randn(1, 14336, dtype=bf), torch.randn(1, 14336, dtype=bf)
-    x1 = torch.randn(1, 4096, dtype=bf)
-    W = torch.randn(4096, 4096, dtype=bf)
-    q = torch.randn(1, 1, 32, 128, dtype=bf)
-    k = torch.randn(1, 4096, 8, 128, dtype=bf)
-    v = torch.randn(1, 4096, 8, 128, dtype=bf)
+    r = lambda *s: torch.randn(*s, dtype=bf, device=device)  # noqa: E731
+    a, b = r(1, 4096), r(1, 4096)
+    w = r(4096)
+    g, u = r(1, 14336), r(1, 14336)
+    x1 = r(1, 4096)
+    W = r(4096, 4096)
+    q = r(1, 1, 32, 128)
+    k = r(1, 4096, 8, 128)
+    v = r(1, 4096, 8, 128)
     ops = torch.ops.tkit
+    if torch_calls:
+        F = torch.nn.functional
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        return {
+            "add (1,4096)": lambda: torch.add(a, b),
+            "rms_norm (1,4096)": lambda: F.rms_norm(a, (4096,), w, 1e-6),
+            "rms_norm+residual (1,4096)": lambda: F.rms_norm(a + b, (4096,), w, 1e-6),
+            "silu_mul (1,14336)": lambda: F.silu(g) * u,
+            "softmax (1,4096)": lambda: torch.softmax(a, -1),
+            "matmul M=1 4096x4096": lambda: torch.matmul(x1, W),
+            "flash_attention decode 4096 GQA4": lambda: F.scaled_dot_product_attention(
+                qt, kt, vt, enable_gqa=True),
+        }
     return {
         "add (1,4096)": (lambda: tkit.add(a, b), lambda: ops.binary(a, b, "add", None)),
         "rms_norm (1,4096)": (lambda: tkit.rms_norm(a, w),
@@ -202,7 +217,11 @@ def main():
     ap.add_argument("--out", default=None,
                     help="append the rows to this results folder's long-form file too")
     ap.add_argument("-n", type=int, default=200)
+    ap.add_argument("--cuda", action="store_true",
+                    help="on a GPU: real launches on CUDA tensors, beside torch's own calls")
     args = ap.parse_args()
+    if args.cuda:
+        return main_cuda(args)
     # CPU tensors pass tkit's device check as under the interpreter; kernels stay JIT functions
     _env.INTERPRET = True
     _launch._enabled = True
@@ -266,6 +285,58 @@ def main():
             fn()
         pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(20)
+
+
+def main_cuda(args):
+    """The same columns on a GPU, launches real (thread CPU time: the host's share of a call,
+    the driver's launch included), beside torch's own call of each computation and two parts
+    of the floor: ``torch.empty`` of the outputs alone and the launcher calls alone (data
+    pointers as ints, as the plans pass them)."""
+    torch.set_grad_enabled(False)
+    env = environment()
+    print(f"{env['device']}, torch {env['torch']}, triton {env['triton']}, git {env['git_sha']}")
+    ref = cases("cuda", torch_calls=True)
+    cols = ("eager", "registered", "floor", "empty", "launch", "torch")
+    print(f"{'us a call (thread CPU time)':34s}" + "".join(f"{c:>11s}" for c in cols))
+    rows = []
+    for name, (fn, op) in cases("cuda").items():
+        fn()
+        torch.cuda.synchronize()
+        fl = floor_fn(fn)
+        got = dict(eager=per_call_us(fn, args.n), registered=_maybe(per_call_us, op, args.n),
+                   torch=per_call_us(ref[name], args.n))
+        if fl is not None:
+            got["floor"] = per_call_us(fl, args.n)
+            only_empty, only_launch = _floor_parts(fl)
+            got["empty"] = per_call_us(only_empty, args.n)
+            got["launch"] = per_call_us(only_launch, args.n)
+        torch.cuda.synchronize()
+        print(f"{name:34s}" + "".join(f"{got[c]:11.1f}" if got.get(c) is not None
+                                      else f"{'-':>11s}" for c in cols))
+        rows.append(dict(op=name, **{f"{c}_us": got.get(c) for c in cols}, **env))
+    if args.json:
+        with open(args.json, "a") as fh:
+            for r in rows:
+                fh.write(json.dumps(r) + "\n")
+
+
+def _floor_parts(fl):
+    """The floor's two halves as calls of their own: the allocations, the launcher calls."""
+    cells = dict(zip(fl.__code__.co_freevars, (c.cell_contents for c in fl.__closure__)))
+    specs, empty = cells["specs"], torch.empty
+    # pointers as ints, as the plans hand them over
+    launches = [(run, g, f, md, tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a
+                                      for a in args))
+                for run, g, f, md, args in cells["launches"]]
+
+    def only_empty():
+        for s, d, v in specs:
+            empty(s, dtype=d, device=v)
+
+    def only_launch():
+        for run, g, f, md, args in launches:
+            run(g[0], g[1], g[2], 0, f, md, None, None, None, *args)
+    return only_empty, only_launch
 
 
 if __name__ == "__main__":

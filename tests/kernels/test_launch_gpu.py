@@ -3,6 +3,8 @@ Triton's own launch path gives, with inputs whose alignment, strides and size-1 
 change between calls (a kernel specialized for one must never serve the other); and every
 registered op is captured in a CUDA graph and replayed on new data, equal to eager."""
 
+import functools
+
 import pytest
 import torch
 from torch.utils import _pytree as pytree
@@ -269,8 +271,32 @@ def test_every_registry_op_replays_in_a_cuda_graph(name):
     torch.cuda.synchronize()
     want = spec.fn(*before[0], **before[1])
     torch.cuda.synchronize()
-    assert _eq(_tensors(out), _tensors(want)), f"{name}: outputs"
+    assert _eq(_tensors(out), _tensors(want)), f"{name}: outputs" + _which_is_off(
+        spec, before, _tensors(out), _tensors(want))
     assert _eq(_tensors((args, kwargs)), _tensors(before)), f"{name}: inputs written in place"
+
+
+def _which_is_off(spec, inputs, replayed, eager):
+    """For a failure's message: which of the replay and the eager call disagrees with the
+    spec's reference, and where (the first differing output's differing positions)."""
+    from tkit.testing.fuzz import check_against_reference
+
+    notes = []
+    for label, got in (("replay", replayed), ("eager", eager)):
+        try:
+            check_against_reference(lambda *a, **k: tuple(got),  # noqa: B023
+                                    spec.reference, inputs[0], inputs[1], ulps=spec.ulps)
+            notes.append(f"{label} matches the reference")
+        except AssertionError as e:
+            notes.append(f"{label} does not: {str(e)[:300]}")
+    for i, (a, b) in enumerate(zip(replayed, eager)):
+        if not _eq([a], [b]):
+            av = a.view(torch.uint8) if a.dtype.itemsize == 1 else a
+            bv = b.view(torch.uint8) if b.dtype.itemsize == 1 else b
+            where = (av != bv).nonzero()
+            notes.append(f"output {i}: {len(where)} positions differ, first {where[:8].tolist()}")
+            break
+    return "; " + "; ".join(notes)
 
 
 # name -> (make leaf inputs that require grad, forward); the backward ops (norm_backward,
@@ -282,11 +308,17 @@ TRAIN = {
     "silu_mul": (lambda: (_r(64, 512), _r(64, 512)), tkit.silu_mul),
     "matmul": (lambda: (_r(64, 256), _r(256, 128)), tkit.matmul),
     "grouped_matmul": (lambda: (_r(96, 64), _r(3, 64, 32)),
-                       lambda a, b: tkit.grouped_matmul(
-                           a, b, torch.tensor([0, 40, 40, 96], device=DEV, dtype=torch.int32))),
+                       lambda a, b: tkit.grouped_matmul(a, b, _group_offsets())),
     "flash_attention": (lambda: (_r(2, 130, 4, 64), _r(2, 130, 2, 64), _r(2, 130, 2, 64)),
                         lambda q, k, v: tkit.flash_attention(q, k, v, causal=True)),
 }
+
+
+@functools.cache
+def _group_offsets():
+    """grouped_matmul's offsets, made once before any capture (a host-to-device copy cannot be
+    captured)."""
+    return torch.tensor([0, 40, 40, 96], device=DEV, dtype=torch.int32)
 
 
 @pytest.mark.parametrize("name", list(TRAIN))

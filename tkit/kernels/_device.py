@@ -85,19 +85,17 @@ def tma_ok(*tensors: torch.Tensor) -> bool:
     return True
 
 
-_allocator_ready = False
+def _tma_alloc(size: int, alignment: int, stream):
+    return torch.empty(size, device="cuda" if torch.cuda.is_available() else "cpu",
+                       dtype=torch.int8)
 
 
 def ensure_tma_allocator() -> None:
     """Device-side tensor descriptors need a little global scratch per program: give Triton
-    an allocator for it, once."""
-    global _allocator_ready
-    if not _allocator_ready:
-        import triton
+    an allocator for it. Triton keeps the allocator in a ContextVar, so each thread (autograd
+    runs backward on its own threads, servers call from pools) starts without one: checked
+    per call (a ContextVar read), set where missing."""
+    from triton.runtime import _allocation
 
-        def alloc(size: int, alignment: int, stream):
-            dev = "cuda" if torch.cuda.is_available() else "cpu"
-            return torch.empty(size, device=dev, dtype=torch.int8)
-
-        triton.set_allocator(alloc)
-        _allocator_ready = True
+    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
+        _allocation._allocator.set(_tma_alloc)

@@ -1,0 +1,123 @@
+"""Where the Llama-3-8B layer's time goes (issue #14): each step of ``tkit.specs.model``'s layer
+timed alone, tkit's op beside torch's, and the whole layer eager and replayed from a CUDA graph.
+
+    python benchmarks/layer_breakdown.py [TOKENS ...]     # default 512; rows to $OUT
+
+Steps are timed with ``tkit.bench.timing.time_fn`` (median, L2 flushed), the two providers
+interleaved; the whole layer also as a back-to-back eager burst (wall clock, what the bench's
+layer row measures) and as a graph replay (the GPU's time without the host). The gap between
+the eager burst and the graph replay is the host's share; the sum of the steps against the
+graph replay is the gaps between kernels. Output: a table on stdout and long-form rows in
+``$OUT/layer-breakdown.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import tkit  # noqa: E402
+from tkit.bench.runner import environment  # noqa: E402
+from tkit.bench.timing import time_fn  # noqa: E402
+from tkit.specs import model as M  # noqa: E402
+
+OUT = Path(os.environ.get("OUT", "out"))
+
+
+def steps(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, *, heads, kv_heads, eps=M.EPS):
+    """step -> (tkit call, torch call), on intermediate tensors computed once."""
+    t, d, mlp = M._dims(x, w_qkv, w_down, heads, kv_heads)
+    hidden = x.shape[1]
+    n1 = F.rms_norm(x, (hidden,), w_in, eps)
+    qkv = F.linear(n1, w_qkv)
+    q = qkv[:, :heads * d].view(1, t, heads, d)
+    k = qkv[:, heads * d:(heads + kv_heads) * d].view(1, t, kv_heads, d)
+    v = qkv[:, (heads + kv_heads) * d:].view(1, t, kv_heads, d)
+    qt, kt, vt = (z.transpose(1, 2) for z in (q, k, v))
+    o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True,
+                                       enable_gqa=heads != kv_heads).transpose(1, 2)
+    o2 = o.reshape(t, heads * d)
+    h = x + F.linear(o2, w_o)
+    gu = F.linear(F.rms_norm(h, (hidden,), w_post, eps), w_gu)
+    act = F.silu(gu[:, :mlp]) * gu[:, mlp:]
+    return {
+        "rms_norm": (lambda: tkit.rms_norm(x, w_in, eps),
+                     lambda: F.rms_norm(x, (hidden,), w_in, eps)),
+        "qkv proj": (lambda: tkit.matmul(n1, w_qkv.t()), lambda: F.linear(n1, w_qkv)),
+        "attention": (lambda: tkit.flash_attention(q, k, v, causal=True),
+                      lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True,
+                                                             enable_gqa=heads != kv_heads)),
+        "o proj + residual": (lambda: tkit.matmul(o2, w_o.t(), residual=x),
+                              lambda: x + F.linear(o2, w_o)),
+        "gate_up proj": (lambda: tkit.matmul(n1, w_gu.t()), lambda: F.linear(n1, w_gu)),
+        "silu_mul": (lambda: tkit.silu_mul(gu[:, :mlp], gu[:, mlp:]),
+                     lambda: F.silu(gu[:, :mlp]) * gu[:, mlp:]),
+        "down proj + residual": (lambda: tkit.matmul(act, w_down.t(), residual=h),
+                                 lambda: h + F.linear(act, w_down)),
+    }
+
+
+def burst_ms(fn, calls=50, rounds=7):
+    """Wall clock of back-to-back calls, per call: the median of ``rounds`` bursts."""
+    fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        ts.append((time.perf_counter() - t0) / calls * 1e3)
+    return sorted(ts)[len(ts) // 2]
+
+
+def measure(tokens, rows):
+    args, kw = M._make(tokens, M.LLAMA3_8B, torch.bfloat16)("cuda")
+    total = {"tkit": 0.0, "torch": 0.0}
+    for name, (tk, tt) in steps(*args, **kw).items():
+        got = {}
+        for _ in range(2):
+            for prov, fn in (("tkit", tk), ("torch", tt)):
+                t = time_fn(fn).median_ms
+                got[prov] = min(got.get(prov, t), t)
+        for prov in got:
+            total[prov] += got[prov]
+            rows.append(dict(tokens=tokens, step=name, provider=prov, median_ms=got[prov]))
+        print(f"{tokens:5d} {name:22s} tkit {got['tkit'] * 1e3:8.1f} us  torch "
+              f"{got['torch'] * 1e3:8.1f} us  {got['torch'] / got['tkit']:5.2f}x")
+    print(f"{tokens:5d} {'sum of steps':22s} tkit {total['tkit'] * 1e3:8.1f} us  torch "
+          f"{total['torch'] * 1e3:8.1f} us")
+    layer = {"tkit": lambda: M.llama_layer(*args, **kw),
+             "torch": lambda: M.ref_llama_layer(*args, **kw)}
+    for prov, fn in layer.items():
+        eager = burst_ms(fn)
+        graph = time_fn(fn, cuda_graph=True).median_ms
+        rows += [dict(tokens=tokens, step="layer eager burst", provider=prov, median_ms=eager),
+                 dict(tokens=tokens, step="layer graph replay", provider=prov,
+                      median_ms=graph)]
+        print(f"{tokens:5d} layer {prov:6s} eager burst {eager * 1e3:8.1f} us  graph "
+              f"replay {graph * 1e3:8.1f} us")
+
+
+def main(argv):
+    env = environment()
+    rows = []
+    with torch.no_grad():
+        for tokens in [int(a) for a in argv] or [512]:
+            measure(tokens, rows)
+    OUT.mkdir(parents=True, exist_ok=True)
+    with open(OUT / "layer-breakdown.jsonl", "a") as f:
+        for r in rows:
+            f.write(json.dumps({**r, **env}) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
