@@ -99,6 +99,7 @@ def cases(device="cpu", torch_calls=False):
     q = r(1, 1, 32, 128)
     k = r(1, 4096, 8, 128)
     v = r(1, 4096, 8, 128)
+    qp, kp, vp = r(1, 512, 32, 128), r(1, 512, 8, 128), r(1, 512, 8, 128)
     ops = torch.ops.tkit
     if torch_calls:
         F = torch.nn.functional
@@ -112,6 +113,9 @@ def cases(device="cpu", torch_calls=False):
             "matmul M=1 4096x4096": lambda: torch.matmul(x1, W),
             "flash_attention decode 4096 GQA4": lambda: F.scaled_dot_product_attention(
                 qt, kt, vt, enable_gqa=True),
+            "flash_attention prefill 512 causal": lambda: F.scaled_dot_product_attention(
+                qp.transpose(1, 2), kp.transpose(1, 2), vp.transpose(1, 2), is_causal=True,
+                enable_gqa=True),
         }
     return {
         "add (1,4096)": (lambda: tkit.add(a, b), lambda: ops.binary(a, b, "add", None)),
@@ -125,6 +129,10 @@ def cases(device="cpu", torch_calls=False):
             x1, W, None, None, None, None, "", None, True, "auto")),
         "flash_attention decode 4096 GQA4": (lambda: tkit.flash_attention(q, k, v), lambda: (
             ops.flash_attn_fwd(q, k, v, None, None, 1, 4096, False, 128 ** -0.5, -1, -1, 0.0))),
+        "flash_attention prefill 512 causal": (
+            lambda: tkit.flash_attention(qp, kp, vp, causal=True), lambda: (
+                ops.flash_attn_fwd(qp, kp, vp, None, None, 512, 512, True, 128 ** -0.5, -1, 0,
+                                   0.0))),
     }
 
 

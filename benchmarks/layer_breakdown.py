@@ -3,12 +3,12 @@ timed alone, tkit's op beside torch's, and the whole layer eager and replayed fr
 
     python benchmarks/layer_breakdown.py [TOKENS ...]     # default 512; rows to $OUT
 
-Steps are timed with ``tkit.bench.timing.time_fn`` (median, L2 flushed), the two providers
-interleaved; the whole layer also as a back-to-back eager burst (wall clock, what the bench's
-layer row measures) and as a graph replay (the GPU's time without the host). The gap between
-the eager burst and the graph replay is the host's share; the sum of the steps against the
-graph replay is the gaps between kernels. Output: a table on stdout and long-form rows in
-``$OUT/layer-breakdown.jsonl``.
+Steps are timed with ``tkit.bench.timing.time_fn`` replaying a CUDA graph of the step with the
+L2 flushed (the kernels' time: a step of a few microseconds would otherwise time the host's
+call), the two providers interleaved; the whole layer also as a back-to-back eager burst
+(wall clock, what the bench's layer row measures) and as a graph replay (the GPU's time
+without the host). The gap between the eager burst and the graph replay is the host's share.
+Output: a table on stdout and long-form rows in ``$OUT/layer-breakdown.jsonl``.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def measure(tokens, rows):
         got = {}
         for _ in range(2):
             for prov, fn in (("tkit", tk), ("torch", tt)):
-                t = time_fn(fn).median_ms
+                t = time_fn(fn, replay=True).median_ms
                 got[prov] = min(got.get(prov, t), t)
         for prov in got:
             total[prov] += got[prov]

@@ -138,6 +138,10 @@ def _normal(launches, inputs, outputs):
                             ("ptr", "hidden", v.shape, v.stride(), v.dtype))
             elif type(v) is int and v in ptrs:
                 norm.append(("ptr", ptrs[v]))
+            elif hasattr(v, "block_shape") and hasattr(v, "base"):  # a host TMA descriptor
+                base = v.base.data_ptr()
+                norm.append(("desc", ptrs.get(base, "hidden"), list(v.shape), list(v.strides),
+                             list(v.block_shape), v.layout, v.padding))
             else:
                 norm.append(v)
         res.append((ck, tuple(norm)))
@@ -407,6 +411,28 @@ def test_jit_decode_plan_allocates_its_split_partials(jitplans):
         with pytest.raises(ValueError, match="slot_mapping"):
             tkit.append_kv(k[0, :3], v[0, :3], k, v, torch.tensor([0, 1, 9999]))
         assert _launch.stats["plan"] == hits
+
+
+@jit
+def test_jit_gluon_attention_plan_rebuilds_its_descriptors(jitplans, monkeypatch):
+    """The Gluon Hopper forward takes host TMA descriptors of q, k, v and out: its plan keeps
+    their block shapes and layouts and rebuilds each over the call's tensors (the fresh output
+    included), the same descriptors the ordinary path builds."""
+    from tkit.kernels.attention import hopper as H
+    from tkit.kernels.attention import ops as AO
+
+    monkeypatch.setattr(AO, "_hopper_choice", lambda *a, **k: (H, None))
+    monkeypatch.setattr(H, "supported", lambda *a, **k: None)
+
+    def make():
+        return (torch.randn(1, 200, 8, 64).to(BF), torch.randn(1, 200, 2, 64).to(BF),
+                torch.randn(1, 200, 2, 64).to(BF))
+
+    planned = _plan_vs_ordinary(jitplans, make,
+                                lambda q, k, v: tkit.flash_attention(q, k, v, causal=True),
+                                fresh=True)
+    descs = [x for x in planned[0][1] if isinstance(x, tuple) and x[0] == "desc"]
+    assert [d[1] for d in descs] == ["in0", "in1", "in2", "out0"]
 
 
 @jit

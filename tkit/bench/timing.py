@@ -14,7 +14,7 @@ class Timing:
 
 
 def time_fn(fn: Callable[[], object], *, warmup_ms: int = 25, rep_ms: int = 100,
-            cuda_graph: bool = False) -> Timing:
+            cuda_graph: bool = False, replay: bool = False) -> Timing:
     """Median, 20th and 80th percentile of ``fn()``'s device time.
 
     ``triton.testing.do_bench`` records CUDA events around each call and zeroes a 256 MB buffer
@@ -31,5 +31,24 @@ def time_fn(fn: Callable[[], object], *, warmup_ms: int = 25, rep_ms: int = 100,
         with torch.cuda.stream(torch.cuda.Stream()):
             med, p20, p80 = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, quantiles=q)
     else:
+        if replay:
+            fn = _captured(fn)
         med, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=q)
     return Timing(float(med), float(p20), float(p80))
+
+
+def _captured(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` captured once in a CUDA graph (after a warm-up call on the capture stream); the
+    returned callable replays it."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        fn()
+        stream.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph.replay

@@ -256,14 +256,23 @@ def build(rec: list, inputs: tuple, outputs: tuple):
             elif v is None or type(v) in _CONST_TYPES:
                 pattern.append(-1)
                 consts.append(v)
+            elif _is_descriptor(v) and isinstance(v.base, torch.Tensor):
+                # a host TMA descriptor of one of the call's tensors: rebuilt per call from a
+                # template (its block shape and layout; shape and strides are the signature's)
+                # with that tensor as the base
+                p = v.base.data_ptr()
+                slots = [i for i, q in enumerate(ptrs) if q == p]
+                if len(slots) != 1 or not _same_view(v, tensors[slots[0]]):
+                    return False if not slots else None
+                pattern.append(-2 - slots[0])
+                consts.append(_descriptor_template(v))
             else:
-                # a host tensor descriptor or a tuple holds a pointer of this call: not a
-                # constant (TMA descriptors would have to be rebuilt per call)
+                # a tuple, or a descriptor of a temporary: holds a pointer of this call only
                 return False
         launcher = compiled.run  # the C launcher's wrapper (the handles are loaded by now)
         launches.append((tuple(pattern), (launcher, *grid, compiled.function,
                                           compiled.packed_metadata, *consts)))
-    used = {s for pattern, _ in launches for s in pattern}
+    used = {s if s >= 0 else -2 - s for pattern, _ in launches for s in pattern if s != -1}
     if any(o.numel() and len(inputs) + j not in used for j, o in enumerate(outputs)):
         return False  # an output no launch writes (made by torch ops from a temporary)
     n_in = len(inputs)
@@ -276,7 +285,37 @@ def build(rec: list, inputs: tuple, outputs: tuple):
     values = [v for _, vals in launches for v in vals]
     for s, dt, dev in shape:
         values += [s, dt, dev]
-    return make(torch.empty, stats, _launch.hook_lists(), *values)
+    return make(torch.empty, stats, _launch.hook_lists(), _descriptor_for, *values)
+
+
+def _is_descriptor(v) -> bool:
+    return hasattr(v, "block_shape") and hasattr(v, "base") and hasattr(v, "strides")
+
+
+def _same_view(desc, t) -> bool:
+    """The descriptor describes ``t`` as it is (its shape; strides equal, or replaced where a
+    dimension has size 1, which TMA never steps through)."""
+    return (list(desc.shape) == list(t.shape)
+            and all(n == 1 or a == b for n, a, b in zip(t.shape, desc.strides, t.stride())))
+
+
+def _descriptor_template(desc):
+    """A copy of a recorded descriptor without its base (the plan must not keep the recorded
+    call's tensor alive); :func:`_descriptor_for` fills a copy of it per call."""
+    tmpl = object.__new__(type(desc))
+    tmpl.__dict__.update(desc.__dict__)
+    tmpl.base = None
+    return tmpl
+
+
+def _descriptor_for(tmpl, t):
+    """The template's descriptor over ``t``: what Triton's launcher encodes into a tensor map
+    per call (about half a microsecond against several for the descriptor's constructor, whose
+    checks the recorded call passed for this signature)."""
+    desc = object.__new__(type(tmpl))
+    desc.__dict__.update(tmpl.__dict__)
+    desc.base = t
+    return desc
 
 
 def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple):
@@ -309,13 +348,14 @@ def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple):
                     " & 15:")
         body.append("            return None")
     for j, pat in enumerate(patterns):
-        args = [f"p{s}" if s >= 0 else f"c{j}_{k}" for k, s in enumerate(pat)]
+        args = [f"p{s}" if s >= 0 else f"c{j}_{k}" if s == -1 else f"desc(c{j}_{k}, t{-2 - s})"
+                for k, s in enumerate(pat)]
         body.append(f"        r{j}(g{j}a, g{j}b, g{j}c, stream, f{j}, m{j}, None, None, None"
                     + "".join(", " + a for a in args) + ")")
     body.append("        stats['plan'] += 1")
     ret = outs[0] if n_out == 1 else "(" + ", ".join(outs) + ("," if n_out == 1 else "") + ")"
     body.append(f"        return {ret}")
-    src = (f"def make(empty, stats, hooks, {', '.join(params)}):\n"
+    src = (f"def make(empty, stats, hooks, desc, {', '.join(params)}):\n"
            "    enter, exit_ = hooks\n"
            "    def go(stream, inputs):\n" + "\n".join(body) + "\n    return go\n")
     ns: dict = {}
