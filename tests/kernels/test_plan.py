@@ -485,7 +485,11 @@ def test_jit_an_unaligned_output_is_never_served_by_an_aligned_plan(jitplans, mo
             n *= s
         return real_empty(n + 1, **kw)[1:].view(size)
 
+    def empty_like(t, **kw):  # plans allocate an output shaped like an input this way
+        return empty(tuple(t.shape), dtype=t.dtype, device=t.device)
+
     monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch, "empty_like", empty_like)
     with torch.no_grad():
         tkit.add(a, b)
         tkit.add(a, b)
@@ -758,3 +762,28 @@ def test_jit_registered_ops_trace_without_plans(jitplans):
     assert out.shape == (3, 32) and sm.shape == (3, 128)
     assert _launch.stats["plan"] - before["plan"] == 4  # rms_norm, matmul, act_mul, softmax
     assert (_launch.stats["fast"], _launch.stats["slow"]) == (before["fast"], before["slow"])
+
+
+@pytest.mark.skipif(JIT_CHILD, reason="the parent's test")
+def test_direct_launch_only_where_the_wrapper_would_add_nothing():
+    """Plans call the C launch under Triton 3.6's launcher wrapper only for launchers with no
+    global or profile scratch and no cooperative or PDL launch (the wrapper's other work);
+    another Triton's wrapper is always called."""
+    import triton
+
+    class Launcher:
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid = launch_pdl = False
+
+        def launch(self, *args):
+            return args
+
+    on_36 = triton.__version__.startswith("3.6")
+    assert (_plan._LAUNCHER_FORM == "3.6") == on_36
+    plain = Launcher()
+    assert (_plan._direct_launch(plain) is not None) == on_36
+    for field in ("global_scratch_size", "profile_scratch_size", "launch_cooperative_grid",
+                  "launch_pdl"):
+        other = Launcher()
+        setattr(other, field, 8 if "size" in field else True)
+        assert _plan._direct_launch(other) is None, field

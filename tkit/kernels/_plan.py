@@ -270,22 +270,76 @@ def build(rec: list, inputs: tuple, outputs: tuple):
                 # a tuple, or a descriptor of a temporary: holds a pointer of this call only
                 return False
         launcher = compiled.run  # the C launcher's wrapper (the handles are loaded by now)
-        launches.append((tuple(pattern), (launcher, *grid, compiled.function,
-                                          compiled.packed_metadata, *consts)))
-    used = {s if s >= 0 else -2 - s for pattern, _ in launches for s in pattern if s != -1}
+        c_launch = _direct_launch(launcher)
+        launches.append((tuple(pattern), (c_launch or launcher, *grid, compiled.function,
+                                          compiled.packed_metadata, *consts),
+                         c_launch is not None))
+    used = {s if s >= 0 else -2 - s for pattern, _, _ in launches for s in pattern if s != -1}
     if any(o.numel() and len(inputs) + j not in used for j, o in enumerate(outputs)):
         return False  # an output no launch writes (made by torch ops from a temporary)
     n_in = len(inputs)
     shape = tuple((tuple(o.shape), o.dtype, o.device) for o in outputs + scratch)
-    code_key = (n_in, len(outputs), len(scratch), tuple(p for p, _ in launches))
+    likes = tuple(_like_slot(inputs, o) for o in outputs + scratch)
+    code_key = (n_in, len(outputs), len(scratch), tuple(p for p, _, _ in launches), likes,
+                tuple(d for _, _, d in launches))
     make = _codegen_cache.get(code_key)
     if make is None:
         make = _codegen(*code_key)
         _codegen_cache[code_key] = make
-    values = [v for _, vals in launches for v in vals]
+    values = [v for _, vals, _ in launches for v in vals]
     for s, dt, dev in shape:
         values += [s, dt, dev]
-    return make(torch.empty, stats, _launch.hook_lists(), _descriptor_for, *values)
+    return make(torch.empty, torch.empty_like, stats, _launch.hook_lists(), _descriptor_for,
+                *values)
+
+
+def _like_slot(inputs: tuple, o) -> int:
+    """An input ``empty_like`` reproduces ``o`` from (same shape, dtype and device, strides
+    exactly the contiguous ones: ``empty_like`` keeps a dense input's strides), or -1."""
+    if type(o) is not torch.Tensor:
+        return -1
+    for i, t in enumerate(inputs):
+        if (type(t) is torch.Tensor and t.shape == o.shape and t.dtype == o.dtype
+                and t.device == o.device and t.stride() == o.stride()):
+            return i
+    return -1
+
+
+def _direct_launch(launcher):
+    """The C launch function under Triton 3.6's ``CudaLauncher`` when calling it directly is
+    what the wrapper would do (no global or profile scratch to allocate: the wrapper passes
+    None for both), else None (other Triton versions' wrappers take other arguments)."""
+    fn = getattr(launcher, "launch", None)
+    if (fn is None or _LAUNCHER_FORM != "3.6" or getattr(launcher, "global_scratch_size", 1)
+            or getattr(launcher, "profile_scratch_size", 1)
+            or getattr(launcher, "launch_cooperative_grid", True)
+            or getattr(launcher, "launch_pdl", True)):
+        return None
+    return fn
+
+
+def _launcher_form() -> str:
+    """'3.6' where Triton's CudaLauncher.__call__ is (self, gridX, gridY, gridZ, stream,
+    function, *args) and calls ``self.launch(gridX, gridY, gridZ, stream, function,
+    launch_cooperative_grid, launch_pdl, global_scratch, profile_scratch, *args)``."""
+    try:
+        import inspect
+
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        params = list(inspect.signature(CudaLauncher.__call__).parameters)
+        src = inspect.getsource(CudaLauncher.__call__)
+    except Exception:  # noqa: BLE001 - another backend layout: the wrapper is called
+        return ""
+    if (params == ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]
+            and "self.launch(gridX, gridY, gridZ, stream, function, "
+                "self.launch_cooperative_grid, self.launch_pdl,\n" in src
+            and "global_scratch, profile_scratch, *args)" in src):
+        return "3.6"
+    return ""
+
+
+_LAUNCHER_FORM = _launcher_form()
 
 
 def _is_descriptor(v) -> bool:
@@ -318,9 +372,17 @@ def _descriptor_for(tmpl, t):
     return desc
 
 
-def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple):
+def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple, likes: tuple = (),
+             direct: tuple = ()):
     """Source of ``make(empty, stats, hooks, *values) -> go`` for one plan structure: the
-    values become closure cells, so ``go`` is straight-line code with no lookups."""
+    values become closure cells, so ``go`` is straight-line code with no lookups.
+
+    ``likes[j]``: an input slot whose shape, dtype, device and (contiguous) strides the j-th
+    allocation has, allocated with ``empty_like`` (no argument parsing: half the cost of
+    ``torch.empty(shape, dtype=, device=)``), or -1. ``direct[j]``: launch j calls the
+    compiled launcher's C function itself (:func:`_direct_launch`), not its Python wrapper."""
+    likes = likes or (-1,) * (n_out + n_scratch)
+    direct = direct or (False,) * len(patterns)
     params = []
     body = []
     ins = [f"t{i}" for i in range(n_in)]
@@ -335,7 +397,10 @@ def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple):
     body.append("        if enter or exit_:")  # a profiler attached: Triton's path calls it
     body.append("            return None")
     for j, o in enumerate(allocs):
-        body.append(f"        {o} = empty(s{j}, dtype=d{j}, device=v{j})")
+        if likes[j] >= 0:
+            body.append(f"        {o} = empty_like(t{likes[j]})")
+        else:
+            body.append(f"        {o} = empty(s{j}, dtype=d{j}, device=v{j})")
     # the launchers get data pointers as ints: Triton's C launcher then skips, per tensor
     # argument, its call of data_ptr() and the driver's cuPointerGetAttribute (which only
     # checks that the pointer is a device one: these are the CUDA tensors of the signature)
@@ -350,12 +415,16 @@ def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple):
     for j, pat in enumerate(patterns):
         args = [f"p{s}" if s >= 0 else f"c{j}_{k}" if s == -1 else f"desc(c{j}_{k}, t{-2 - s})"
                 for k, s in enumerate(pat)]
-        body.append(f"        r{j}(g{j}a, g{j}b, g{j}c, stream, f{j}, m{j}, None, None, None"
-                    + "".join(", " + a for a in args) + ")")
+        if direct[j]:  # the C launch of Triton 3.6's launcher, its two scratch sizes 0
+            body.append(f"        r{j}(g{j}a, g{j}b, g{j}c, stream, f{j}, False, False, None, "
+                        f"None, m{j}, None, None, None" + "".join(", " + a for a in args) + ")")
+        else:
+            body.append(f"        r{j}(g{j}a, g{j}b, g{j}c, stream, f{j}, m{j}, None, None, None"
+                        + "".join(", " + a for a in args) + ")")
     body.append("        stats['plan'] += 1")
     ret = outs[0] if n_out == 1 else "(" + ", ".join(outs) + ("," if n_out == 1 else "") + ")"
     body.append(f"        return {ret}")
-    src = (f"def make(empty, stats, hooks, desc, {', '.join(params)}):\n"
+    src = (f"def make(empty, empty_like, stats, hooks, desc, {', '.join(params)}):\n"
            "    enter, exit_ = hooks\n"
            "    def go(stream, inputs):\n" + "\n".join(body) + "\n    return go\n")
     ns: dict = {}
