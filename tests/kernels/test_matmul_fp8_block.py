@@ -147,3 +147,62 @@ def test_matmul_config_overrides_keep_the_scale_block():
             FB._fp8_block_impl(a, b, sa, sb, path="tma",
                                config=mm.PtrConfig(block_m=64, block_n=64, block_k=128,
                                                    num_warps=4))
+
+
+def _bf16_peer(a, b, sa, sb):
+    """PyTorch's own bfloat16 result of the block-scaled product: the dequantized operands
+    multiplied in float32, rounded to bfloat16 (the peer of the reference rule)."""
+    K = a.shape[1]
+    ks = torch.arange(K) // 128
+    cols = torch.arange(b.shape[1]) // 128
+    a_dq = a.cpu().float() * sa.cpu()[:, ks]
+    b_dq = b.cpu().float() * sb.cpu()[ks][:, cols]
+    return (a_dq @ b_dq).to(torch.bfloat16)
+
+
+_TMA_VARIANTS = [
+    # two scale groups a step (K = 320: the second step's second group lies past K)
+    dict(block_m=32, block_n=64, block_k=256, num_warps=4),
+    # a tile over two 128-column blocks of b (two scales of b a step; N = 288: the second
+    # block of the last tile column lies past N)
+    dict(block_m=32, block_n=256, block_k=128, num_warps=4),
+    dict(block_m=32, block_n=256, block_k=256, num_warps=4, epi_subtile=False),
+    # two programs an SM (the persistent stride is twice the SM count)
+    dict(block_m=64, block_n=128, block_k=256, num_warps=4, programs_per_sm=2),
+]
+
+
+@pytest.mark.parametrize("variant", _TMA_VARIANTS, ids=lambda v: "-".join(
+    f"{k}{v[k]}" for k in ("block_m", "block_n", "block_k")) + f"-p{v.get('programs_per_sm', 1)}")
+@pytest.mark.parametrize("b_trans", [True, False])
+def test_block_scaled_tma_variants(variant, b_trans):
+    """The TMA kernel's tile / scale-group variants (the config sweep's), given as a TmaConfig
+    and through matmul_config: the float32 output against the blockwise float64 reference."""
+    from tkit.kernels import matmul as mm
+
+    M, N, K = (40, 288, 320) if not ON_GPU else (300, 800, 1088)
+    a, b, sa, sb = _operands(M, N, K, b_trans, seed=7)
+    ref = _blockwise_ref(a, b, sa, sb)
+    cfg = mm.TmaConfig(**variant)
+    out = FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.float32, path="tma", config=cfg)
+    assert_close_to_reference(out, ref, floor=1e-5 * float(ref.abs().max()))
+    with mm.matmul_config(**variant):
+        out2 = FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.float32, path="tma")
+    assert torch.equal(out2, out)
+
+
+@pytest.mark.parametrize("path,variant", [
+    ("ptr", {}), ("tma", {}), ("tma", dict(block_m=16, block_n=128, block_k=256, num_warps=4)),
+])
+def test_block_scaled_long_k(path, variant):
+    """K = 8192 (64 scale groups, the length where a running fp8 MMA sum broke the rule for
+    the per-tensor kernel): bfloat16 output against the float64 reference on the dequantized
+    operands, the rule's peer PyTorch's float32 product rounded to bfloat16."""
+    from tkit.kernels import matmul as mm
+
+    M, N, K = (16, 144, 8192) if not ON_GPU else (256, 512, 8192)
+    a, b, sa, sb = _operands(M, N, K, seed=11)
+    with mm.matmul_config(**variant):
+        out = FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.bfloat16, path=path)
+    ref = _blockwise_ref(a, b, sa, sb)
+    assert_close_to_reference(out, ref, _bf16_peer(a, b, sa, sb), name=f"{path} K=8192")

@@ -112,7 +112,9 @@ class TmaConfig:
     """Launch parameters of the persistent TMA kernel (``_matmul_tma_kernel``, and of the
     block-scaled fp8 one with ``block_k`` fixed at 128). ``epi_subtile``: the epilogue in two
     half-tiles; ``flatten``: the tile loop flattened into the K loop (next tile's loads issued
-    during this one's epilogue)."""
+    during this one's epilogue); ``programs_per_sm``: persistent programs launched per SM
+    (read by the block-scaled fp8 kernel only, whose one-warpgroup tiles can run two programs
+    an SM, each one's promotion overlapping the other's MMAs; matmul's kernel launches one)."""
 
     block_m: int
     block_n: int
@@ -122,6 +124,7 @@ class TmaConfig:
     group_m: int = 8
     epi_subtile: bool = True
     flatten: bool = True
+    programs_per_sm: int = 1
 
     @classmethod
     def for_shape(cls, M: int, N: int, K: int, elem_size: int = 2,
