@@ -329,8 +329,9 @@ def matmul_config(**overrides):
     ``with matmul_config(block_k=128, num_stages=4): tkit.matmul_fp8(...)``. A field applies to
     every kernel whose config has it (:class:`TmaConfig`, :class:`PtrConfig`,
     :class:`SplitKConfig`, :class:`GroupedConfig`) and is left out of the others; a name that
-    no config has is a TypeError naming it. The block-scaled fp8 kernels keep ``block_k`` at
-    their scale block (128). Calls inside skip the eager plans. For experiments (the config
+    no config has is a TypeError naming it. The block-scaled fp8 kernels take ``block_k`` as a
+    whole number of scale groups (128 or 256 on the TMA kernel, 128 on the pointer kernel;
+    other values are taken as 128). Calls inside skip the eager plans. For experiments (the config
     sweeps) and tests; calls never tune."""
     unknown = [k for k in overrides if k not in _FIELDS]
     if unknown:

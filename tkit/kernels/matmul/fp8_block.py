@@ -9,18 +9,27 @@ float32 one per 128x128 block of b:
 
 then the epilogue of :func:`tkit.matmul` (bias, activation, residual), rounded once.
 
-The scales change every 128 values of K, so they cannot wait for the epilogue: each K step
-is exactly one block (BLOCK_K = 128), its MMA sum starts fresh and is added to the float32
-accumulator times ``sa[:, None] * sb[None, :]`` (DeepSeek-V3's promotion; the per-tensor path
-already promotes every 128-element step for accuracy, see matmul's ``_dot``). The scale loads
-are BLOCK_M + BLOCK_N floats a step, next to (BLOCK_M + BLOCK_N) * 128 bytes of operands.
+The scales change every 128 values of K, so they cannot wait for the epilogue: each 128-deep
+scale group's MMA sum starts fresh and is added to the float32 accumulator times
+``sa[:, None] * sb`` (DeepSeek-V3's promotion; the per-tensor path promotes every BLOCK_K step
+too, see matmul's ``_dot``). A K step of the TMA kernel is one group (BLOCK_K = 128) or two
+(256: two TMA loads of each operand, two MMA sums, each promoted with its own scales; the
+default), of the pointer kernel one. The scales are BLOCK_M floats of a (one a row, rows
+K / 128 floats apart) and one float of b a group when the tile lies in one 128-column block
+(two for BLOCK_N = 256), loaded one step ahead (Triton pipelines only the loads that feed a
+dot, so a scale loaded where it is used put a global-memory round trip into every step).
+Measured (H200, docs/NOTES.md): 893 TFLOP/s at 8192^3, 0.69x ``torch._scaled_mm`` per tensor;
+every promotion still waits for the MMAs in flight (Triton puts a wgmma wait right after each
+dot whose result the loop reads), the bubble that keeps it under the per-tensor kernel.
 
 Kernels: ``_fp8_block_tma_kernel`` (Hopper: persistent, TMA descriptors, the tile order and
 configs of matmul's TMA kernel) and ``_fp8_block_kernel`` (pointer-based, any strides, sm_80+
 and the interpreter); :func:`tkit.kernels.matmul.plan` picks between them as for matmul
 (shapes it would split along K take the pointer kernel with ``PtrConfig.for_shape``'s tile,
-unsplit: a block-scaled split-K is not written yet), with the ``matmul_config`` overrides except
-BLOCK_K. The kernels of the per-tensor and per-row/column modes are separate and unchanged.
+unsplit: a block-scaled split-K is not written yet), with the ``matmul_config`` overrides
+(BLOCK_K 128 or 256 on the TMA kernel, 128 on the pointer kernel; ``programs_per_sm``
+launches two persistent programs an SM for one-warpgroup tiles). The kernels of the
+per-tensor and per-row/column modes are separate and unchanged.
 """
 
 from __future__ import annotations
