@@ -1,6 +1,6 @@
 """Sweep the typed launch configs of an op family at its headline bench cases, on the GPU.
 
-    python benchmarks/config_sweep.py [quant rope sample matmul_fp8 ...]   # rows to $OUT
+    python benchmarks/config_sweep.py [quant rope sample matmul_fp8 matmul_fp8_block ...]
 
 Each family's config is overridden through its scoped context (``quant_config``,
 ``rope_config``, ``sample_config``; for the fp8 GEMM a ``TmaConfig`` given to the launcher),
@@ -163,6 +163,90 @@ def sweep_matmul_fp8(rows):
                              tflops=flops / t / 1e9, vs_scaled_mm=t_peer / t))
 
 
+#: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, programs an SM) of the block-scaled fp8 kernel;
+#: BLOCK_K 256 is two scale groups a step, the one-warpgroup tiles (4 warps) fit two programs
+#: an SM (registers and shared memory), so that one's promotion can overlap the other's MMAs
+FP8_BLOCK_TILES = [(128, 128, 256, 8, 3, 1), (128, 128, 128, 8, 4, 1), (128, 128, 128, 8, 3, 1),
+                   (64, 128, 128, 4, 4, 2), (64, 128, 128, 4, 3, 2), (64, 128, 256, 4, 2, 2),
+                   (128, 64, 128, 4, 4, 2), (64, 128, 128, 4, 4, 1), (128, 256, 128, 8, 3, 1)]
+
+
+def _block_operands(M, N, K, seed=0):
+    """DeepSeek-V3's block-scaled operands: a (M, K) fp8 with per-1x128 scales, b = w.t() of
+    an (N, K) fp8 weight with per-128x128 scales."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(M, K, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn(N, K, device="cuda", generator=g).to(torch.float8_e4m3fn).t()
+    kb, nb = -(-K // 128), -(-N // 128)
+    sa = torch.rand(M, kb, device="cuda", generator=g) + 0.5
+    sb = (torch.rand(kb, nb, device="cuda", generator=g) + 0.5) * K ** -0.5
+    return a, b, sa, sb
+
+
+def _block_reference(a, b, sa, sb, rows):
+    """float64 reference on the dequantized operands for the given rows of the output, and
+    the peer: the same rows in float32 (no TF32) rounded to bfloat16."""
+    K = a.shape[1]
+    cols = torch.arange(b.shape[1], device="cuda") // 128
+    ks = torch.arange(K, device="cuda") // 128
+    a_dq = a[rows].double() * sa[rows][:, ks].double()
+    b_dq = b.double() * sb.double()[ks][:, cols]
+    ref = a_dq @ b_dq
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    peer = (a_dq.float() @ b_dq.float()).to(torch.bfloat16)
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    return ref, peer
+
+
+def sweep_matmul_fp8_block(rows):
+    """The block-scaled fp8 GEMM (1x128 / 128x128 scales) at 8192^3 and DeepSeek-V3's expert
+    gate_up at M = 4096, each variant checked against the float64 reference on the
+    dequantized operands (256 rows spread over M, the whole of N and K: the rule's peer is
+    the same rows in float32 rounded to bf16), timed against torch._scaled_mm per tensor
+    (torch has no block-scaled one on sm_90) in the same run."""
+    from tkit.kernels.matmul import fp8_block as FB
+    from tkit.kernels.matmul.config import TmaConfig
+    from tkit.testing.compare import assert_close_to_reference
+
+    for M, N, K, label in ((8192, 8192, 8192, "8192^3 block"),
+                           (4096, 4096, 7168, "DeepSeek-V3 gate_up M=4096")):
+        a, b, sa, sb = _block_operands(M, N, K)
+        one = torch.ones((), device="cuda")
+        flops = 2 * M * N * K
+        sel = torch.arange(0, M, max(1, M // 256), device="cuda")
+        ref, peer = _block_reference(a, b, sa, sb, sel)
+
+        def peer_call(a=a, b=b, one=one):
+            return torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)
+        t_peer = min(time_fn(peer_call).median_ms for _ in range(ROUNDS))
+        print(f"matmul_fp8_block {label} torch._scaled_mm (per tensor) {t_peer * 1e3:8.1f} us "
+              f"{flops / t_peer / 1e9:7.1f} TFLOP/s")
+        rows.append(dict(family="matmul_fp8_block", case=label, config="torch._scaled_mm",
+                         median_ms=t_peer, tflops=flops / t_peer / 1e9))
+        for bm, bn, bk, w, s, p in [(None,) * 6] + FP8_BLOCK_TILES:
+            cfg = None if bm is None else TmaConfig(
+                block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s, programs_per_sm=p)
+            name = "default" if cfg is None else f"{bm}x{bn}x{bk} w{w} s{s} p{p}"
+
+            def run(a=a, b=b, sa=sa, sb=sb, cfg=cfg):
+                return FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.bfloat16, path="tma",
+                                          config=cfg)
+            try:
+                out = run()
+                assert_close_to_reference(out[sel], ref, peer, name="fp8 block out")
+            except Exception as e:  # a config that does not fit or is wrong: say which
+                print(f"matmul_fp8_block {label} {name} FAILED {type(e).__name__}: "
+                      f"{str(e)[:160]}")
+                continue
+            t = min(time_fn(run).median_ms for _ in range(ROUNDS))
+            print(f"matmul_fp8_block {label} {name:26s} {t * 1e3:8.1f} us "
+                  f"{flops / t / 1e9:7.1f} TFLOP/s {t_peer / t:5.3f}x _scaled_mm ok")
+            rows.append(dict(family="matmul_fp8_block", case=label,
+                             config="default" if cfg is None else dataclasses.asdict(cfg),
+                             median_ms=t, tflops=flops / t / 1e9, vs_scaled_mm=t_peer / t))
+
+
 def sweep_int4(rows):
     from tkit.kernels.matmul import int4 as I4
 
@@ -273,8 +357,8 @@ def _attention_case(rows, B, S, hq, hk):
 
 
 SWEEPS = {"int4": sweep_int4, "quant": sweep_quant, "rope": sweep_rope, "sample": sweep_sample,
-          "matmul_fp8": sweep_matmul_fp8, "matmul_mid": sweep_matmul_mid,
-          "attention_short": sweep_attention_short}
+          "matmul_fp8": sweep_matmul_fp8, "matmul_fp8_block": sweep_matmul_fp8_block,
+          "matmul_mid": sweep_matmul_mid, "attention_short": sweep_attention_short}
 
 
 def main(argv):

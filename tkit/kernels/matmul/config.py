@@ -112,7 +112,9 @@ class TmaConfig:
     """Launch parameters of the persistent TMA kernel (``_matmul_tma_kernel``, and of the
     block-scaled fp8 one with ``block_k`` fixed at 128). ``epi_subtile``: the epilogue in two
     half-tiles; ``flatten``: the tile loop flattened into the K loop (next tile's loads issued
-    during this one's epilogue)."""
+    during this one's epilogue); ``programs_per_sm``: persistent programs launched per SM
+    (read by the block-scaled fp8 kernel only, whose one-warpgroup tiles can run two programs
+    an SM, each one's promotion overlapping the other's MMAs; matmul's kernel launches one)."""
 
     block_m: int
     block_n: int
@@ -122,6 +124,7 @@ class TmaConfig:
     group_m: int = 8
     epi_subtile: bool = True
     flatten: bool = True
+    programs_per_sm: int = 1
 
     @classmethod
     def for_shape(cls, M: int, N: int, K: int, elem_size: int = 2,
@@ -326,8 +329,9 @@ def matmul_config(**overrides):
     ``with matmul_config(block_k=128, num_stages=4): tkit.matmul_fp8(...)``. A field applies to
     every kernel whose config has it (:class:`TmaConfig`, :class:`PtrConfig`,
     :class:`SplitKConfig`, :class:`GroupedConfig`) and is left out of the others; a name that
-    no config has is a TypeError naming it. The block-scaled fp8 kernels keep ``block_k`` at
-    their scale block (128). Calls inside skip the eager plans. For experiments (the config
+    no config has is a TypeError naming it. The block-scaled fp8 kernels take ``block_k`` as a
+    whole number of scale groups (128 or 256 on the TMA kernel, 128 on the pointer kernel;
+    other values are taken as 128). Calls inside skip the eager plans. For experiments (the config
     sweeps) and tests; calls never tune."""
     unknown = [k for k in overrides if k not in _FIELDS]
     if unknown:

@@ -9,18 +9,27 @@ float32 one per 128x128 block of b:
 
 then the epilogue of :func:`tkit.matmul` (bias, activation, residual), rounded once.
 
-The scales change every 128 values of K, so they cannot wait for the epilogue: each K step
-is exactly one block (BLOCK_K = 128), its MMA sum starts fresh and is added to the float32
-accumulator times ``sa[:, None] * sb[None, :]`` (DeepSeek-V3's promotion; the per-tensor path
-already promotes every 128-element step for accuracy, see matmul's ``_dot``). The scale loads
-are BLOCK_M + BLOCK_N floats a step, next to (BLOCK_M + BLOCK_N) * 128 bytes of operands.
+The scales change every 128 values of K, so they cannot wait for the epilogue: each 128-deep
+scale group's MMA sum starts fresh and is added to the float32 accumulator times
+``sa[:, None] * sb`` (DeepSeek-V3's promotion; the per-tensor path promotes every BLOCK_K step
+too, see matmul's ``_dot``). A K step of the TMA kernel is one group (BLOCK_K = 128) or two
+(256: two TMA loads of each operand, two MMA sums, each promoted with its own scales; the
+default), of the pointer kernel one. The scales are BLOCK_M floats of a (one a row, rows
+K / 128 floats apart) and one float of b a group when the tile lies in one 128-column block
+(two for BLOCK_N = 256), loaded one step ahead (Triton pipelines only the loads that feed a
+dot, so a scale loaded where it is used put a global-memory round trip into every step).
+Measured (H200, docs/NOTES.md): 893 TFLOP/s at 8192^3, 0.69x ``torch._scaled_mm`` per tensor;
+every promotion still waits for the MMAs in flight (Triton puts a wgmma wait right after each
+dot whose result the loop reads), the bubble that keeps it under the per-tensor kernel.
 
 Kernels: ``_fp8_block_tma_kernel`` (Hopper: persistent, TMA descriptors, the tile order and
 configs of matmul's TMA kernel) and ``_fp8_block_kernel`` (pointer-based, any strides, sm_80+
 and the interpreter); :func:`tkit.kernels.matmul.plan` picks between them as for matmul
 (shapes it would split along K take the pointer kernel with ``PtrConfig.for_shape``'s tile,
-unsplit: a block-scaled split-K is not written yet), with the ``matmul_config`` overrides except
-BLOCK_K. The kernels of the per-tensor and per-row/column modes are separate and unchanged.
+unsplit: a block-scaled split-K is not written yet), with the ``matmul_config`` overrides
+(BLOCK_K 128 or 256 on the TMA kernel, 128 on the pointer kernel; ``programs_per_sm``
+launches two persistent programs an SM for one-warpgroup tiles). The kernels of the
+per-tensor and per-row/column modes are separate and unchanged.
 """
 
 from __future__ import annotations
@@ -51,6 +60,36 @@ def _scaled_step(a, b, sa, sb, acc):
         a = _interpreter_operand(a)
         b = _interpreter_operand(b)
     return acc + tl.dot(a, b) * sa[:, None] * sb[None, :]
+
+
+@triton.jit
+def _block_scales(sa_ptrs, sb_ptr, kb, kb_last, off_n, N, stride_sak, stride_sbk, stride_sbn,
+                  BLOCK_N: tl.constexpr):
+    """The scales of K block ``kb`` (clamped to the last one: a step of two groups past K's
+    end reads TMA's zeros, whose scale does not matter): sa for this tile's rows (BLOCK_M
+    floats, one per row) and sb, a scalar when the tile lies in one 128-column block, else
+    one of two scalars per column (BLOCK_N = 256)."""
+    kb = tl.minimum(kb, kb_last)
+    sa = tl.load(sa_ptrs + kb * stride_sak)
+    sb_row = sb_ptr + kb * stride_sbk + (off_n // 128) * stride_sbn
+    if BLOCK_N <= 128:
+        sb = tl.load(sb_row)
+    else:
+        tl.static_assert(BLOCK_N == 256, "block-scaled TMA kernel: BLOCK_N <= 128 or 256")
+        sb0 = tl.load(sb_row)
+        sb1 = tl.load(sb_row + stride_sbn, mask=off_n + 128 < N, other=1.0)  # past N: unused
+        sb = tl.where(tl.arange(0, BLOCK_N) < 128, sb0, sb1)
+    return sa, sb
+
+
+@triton.jit
+def _promote(acc, d, sa, sb, BLOCK_N: tl.constexpr):
+    """acc += d * sa[:, None] * sb: one scale group's MMA sum into the float32 accumulator
+    (sb a scalar, or a (BLOCK_N,) row when the tile spans two 128-column blocks)."""
+    if BLOCK_N <= 128:
+        return acc + d * (sa * sb)[:, None]
+    else:
+        return acc + d * sa[:, None] * sb[None, :]
 
 
 @triton.jit
@@ -94,6 +133,24 @@ def _fp8_block_kernel(
 
 
 @triton.jit
+def _load_group(a_desc, b_desc, off_m, off_n, off_k, A_TRANS: tl.constexpr,
+                B_TRANS: tl.constexpr):
+    """One 128-deep scale group of a and b through their TMA descriptors."""
+    if A_TRANS:
+        a = a_desc.load([off_k, off_m]).T
+    else:
+        a = a_desc.load([off_m, off_k])
+    if B_TRANS:
+        b = b_desc.load([off_n, off_k]).T
+    else:
+        b = b_desc.load([off_k, off_n])
+    if _INTERPRET:
+        a = _interpreter_operand(a)
+        b = _interpreter_operand(b)
+    return a, b
+
+
+@triton.jit
 def _fp8_block_tma_kernel(
     a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K,
     stride_a, stride_b, stride_cm, stride_sam, stride_sak, stride_sbk, stride_sbn,
@@ -104,20 +161,29 @@ def _fp8_block_tma_kernel(
     EPI_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     """Persistent TMA block-scaled GEMM: matmul's ``_matmul_tma_kernel`` with the scales of
-    each K block applied to its MMA sum (operand layouts and the epilogue as there)."""
+    each K block applied to its MMA sum (operand layouts and the epilogue as there).
+
+    A K step is BLOCK_K = 128 (one scale group) or 256 (two groups, two descriptor loads of
+    each operand and two MMA sums, each promoted with its own scales). The scales of the next
+    step are loaded during this one (carried in registers): Triton's pipeliner only pipelines
+    the loads that feed a dot, so a scale loaded where it is used put a global-memory round
+    trip into every step. BLOCK_N <= 128 (inside one 128-column block of b) or 256."""
+    tl.static_assert(BLOCK_K == 128 or BLOCK_K == 256,
+                     "block-scaled TMA kernel: BLOCK_K is one or two scale groups (128, 256)")
+    GROUPS: tl.constexpr = BLOCK_K // 128
     dtype = c_ptr.dtype.element_ty
     if A_TRANS:
         a_desc = tl.make_tensor_descriptor(a_ptr, shape=[K, M], strides=[stride_a, 1],
-                                           block_shape=[BLOCK_K, BLOCK_M])
+                                           block_shape=[128, BLOCK_M])
     else:
         a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_a, 1],
-                                           block_shape=[BLOCK_M, BLOCK_K])
+                                           block_shape=[BLOCK_M, 128])
     if B_TRANS:
         b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_b, 1],
-                                           block_shape=[BLOCK_N, BLOCK_K])
+                                           block_shape=[BLOCK_N, 128])
     else:
         b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_b, 1],
-                                           block_shape=[BLOCK_K, BLOCK_N])
+                                           block_shape=[128, BLOCK_N])
     if EPI_SUBTILE:
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1],
                                            block_shape=[BLOCK_M, BLOCK_N // 2])
@@ -128,6 +194,7 @@ def _fp8_block_tma_kernel(
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
+    kb_last = tl.cdiv(K, 128) - 1
     num_tiles = num_pid_m * num_pid_n
     tile_id_c = start_pid - NUM_SMS
     for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=FLATTEN):
@@ -135,21 +202,31 @@ def _fp8_block_tma_kernel(
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         sa_ptrs = sa_ptr + ((off_m + tl.arange(0, BLOCK_M)) % M) * stride_sam
-        sb_ptrs = sb_ptr + (((off_n + tl.arange(0, BLOCK_N)) % N) // 128) * stride_sbn
+        sa0, sb0 = _block_scales(sa_ptrs, sb_ptr, 0, kb_last, off_n, N, stride_sak, stride_sbk,
+                                 stride_sbn, BLOCK_N)
+        if GROUPS == 2:
+            sa1, sb1 = _block_scales(sa_ptrs, sb_ptr, 1, kb_last, off_n, N, stride_sak,
+                                     stride_sbk, stride_sbn, BLOCK_N)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(k_tiles):
             off_k = ki * BLOCK_K
-            if A_TRANS:
-                a = a_desc.load([off_k, off_m]).T
+            a, b = _load_group(a_desc, b_desc, off_m, off_n, off_k, A_TRANS, B_TRANS)
+            # the next step's scales, in flight during this step's MMAs
+            kb = (ki + 1) * GROUPS
+            na0, nb0 = _block_scales(sa_ptrs, sb_ptr, kb, kb_last, off_n, N, stride_sak,
+                                     stride_sbk, stride_sbn, BLOCK_N)
+            d0 = tl.dot(a, b)
+            if GROUPS == 2:
+                a, b = _load_group(a_desc, b_desc, off_m, off_n, off_k + 128, A_TRANS, B_TRANS)
+                na1, nb1 = _block_scales(sa_ptrs, sb_ptr, kb + 1, kb_last, off_n, N, stride_sak,
+                                         stride_sbk, stride_sbn, BLOCK_N)
+                d1 = tl.dot(a, b)
+                acc = _promote(acc, d0, sa0, sb0, BLOCK_N)
+                acc = _promote(acc, d1, sa1, sb1, BLOCK_N)
+                sa1, sb1 = na1, nb1
             else:
-                a = a_desc.load([off_m, off_k])
-            if B_TRANS:
-                b = b_desc.load([off_n, off_k]).T
-            else:
-                b = b_desc.load([off_k, off_n])
-            sa = tl.load(sa_ptrs + ki * stride_sak)
-            sb = tl.load(sb_ptrs + ki * stride_sbk)
-            acc = _scaled_step(a, b, sa, sb, acc)
+                acc = _promote(acc, d0, sa0, sb0, BLOCK_N)
+            sa0, sb0 = na0, nb0
         tile_id_c += NUM_SMS
         pid_m, pid_n = MK._tile_pid(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
@@ -186,12 +263,15 @@ def _ptr_tile(M, N, K) -> MC.PtrConfig:
 
 def _config(config, cls, default):
     """An explicit config of the kernel's class, else ``default`` with the active
-    ``matmul_config`` overrides; BLOCK_K is always the scale block."""
+    ``matmul_config`` overrides. BLOCK_K is a whole number of scale groups: 128 or 256 (two
+    groups a step) for the TMA kernel, 128 for the pointer kernel; any other value is taken
+    as 128."""
     if config is not None and not isinstance(config, cls):
         raise TypeError(f"config must be a {cls.__name__} for this kernel, got "
                         f"{type(config).__name__}")
     cfg = config if config is not None else MC.current(default)
-    return dataclasses.replace(cfg, block_k=BLOCK) if cfg.block_k != BLOCK else cfg
+    allowed = (BLOCK, 2 * BLOCK) if cls is MC.TmaConfig else (BLOCK,)
+    return cfg if cfg.block_k in allowed else dataclasses.replace(cfg, block_k=BLOCK)
 
 
 def _fp8_block_impl(a, b, scale_a, scale_b, bias=None, residual=None, activation=None,
@@ -219,9 +299,10 @@ def _fp8_block_impl(a, b, scale_a, scale_b, bias=None, residual=None, activation
         cfg = _config(config, MC.TmaConfig, MC.TmaConfig.for_shape(M, N, K, 1, sms))
         D.ensure_tma_allocator()
         tiles = C.cdiv(M, cfg.block_m) * C.cdiv(N, cfg.block_n)
-        C.launch(_fp8_block_tma_kernel, (max(1, min(sms, tiles)),), **common,
+        progs = sms * max(1, cfg.programs_per_sm)
+        C.launch(_fp8_block_tma_kernel, (max(1, min(progs, tiles)),), **common,
                  stride_a=MC._lead_stride(a, a_trans), stride_b=MC._lead_stride(b, b_trans),
-                 stride_cm=out.stride(0), A_TRANS=a_trans, B_TRANS=b_trans, NUM_SMS=sms,
+                 stride_cm=out.stride(0), A_TRANS=a_trans, B_TRANS=b_trans, NUM_SMS=progs,
                  **cfg.launch_kwargs())
         return out
     cfg = _config(config, MC.PtrConfig, _ptr_tile(M, N, K))
