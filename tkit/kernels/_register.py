@@ -34,6 +34,25 @@ _any_requires_grad = torch._C._any_requires_grad
 _grad_enabled = torch.is_grad_enabled
 _compiling = torch.compiler.is_compiling
 _below_autograd = torch._C._AutoDispatchBelowAutograd
+_modes = torch._C._len_torch_dispatch_stack  # user and infra (fake, functional) modes
+_T = torch.Tensor
+_Param = torch.nn.Parameter
+
+
+def _plain(args) -> bool:
+    """Every tensor argument a plain CUDA ``torch.Tensor`` (no subclass: fake, functional and
+    wrapper tensors dispatch through the Python key below autograd; meta and CPU tensors to
+    other backends' kernels, the fake one for meta), none a list."""
+    for a in args:
+        t = type(a)
+        if t is _T or t is _Param:
+            if a.is_cuda:
+                continue
+            return False
+        if a is None or t is int or t is float or t is str or t is bool or t is torch.dtype:
+            continue
+        return False
+    return True
 
 
 def _lib(ns: str) -> torch.library.Library:
@@ -68,6 +87,11 @@ class Op:
         def autograd_kernel(keyset, *args):
             if _grad_enabled() and _any_requires_grad(*args):
                 return self._function.apply(*args)
+            if not _modes() and _plain(args):
+                # below autograd a plain tensor's next kernel is the backend's, which is
+                # ``fn``: called here without the redispatch through the dispatcher
+                with _below_autograd():
+                    return fn(*args)
             return overload.redispatch(keyset & after, *args)
 
         self._lib.impl(name, autograd_kernel, "Autograd", with_keyset=True)
