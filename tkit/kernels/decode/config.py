@@ -121,3 +121,45 @@ def choose_num_splits(work: int, n_tiles: int, sms: int, *, ctas_per_sm: int = 2
     return lo
 
 
+
+
+# --------------------------------------------------------------------------------------------
+# append_kv's launch configuration (its own dataclass and scope: the decode kernel's fields
+# above do not apply to it)
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AppendConfig:
+    """Launch parameters of ``_append_kv_kernel``.
+
+    block_t: tokens a program writes (a power of 2): each moves its keys and values, so a
+        program has block_t x heads x head_dim x 2 elements in flight.
+    num_warps: of the append kernel.
+    """
+
+    block_t: int = 4
+    num_warps: int = 4
+
+    @classmethod
+    def for_device(cls) -> AppendConfig:
+        """Not measured yet (the H200 sweep in ``benchmarks/config_sweep.py append`` decides).
+        One token a program (4 KB of K+V at 8 heads x 128 in bf16, 16 values a thread at 4
+        warps) measured 17.5-17.7 us for 4096 tokens, 44-54% of the copy ceiling: each
+        program's loads are two 16-byte vectors a thread and then nothing, the launch ramps
+        and drains 4096 short programs. Four tokens a program at 4 warps give each thread 8
+        16-byte loads in flight and 1024 programs, all resident at once on 132 SMs."""
+        if _env.INTERPRET:
+            return cls(block_t=4, num_warps=4)
+        return cls()
+
+
+_APPEND_OVERRIDES = C.ConfigOverrides(AppendConfig)
+
+
+def append_config(**overrides):
+    """Override fields of :class:`AppendConfig` for the ``append_kv`` calls made inside (this
+    thread only); an unknown field is a TypeError naming it. For experiments and tests."""
+    return _APPEND_OVERRIDES.scope(**overrides)
+
+
+def current_append_config() -> AppendConfig:
+    return _APPEND_OVERRIDES.apply(AppendConfig.for_device())
