@@ -1,14 +1,15 @@
 """Sweep the typed launch configs of an op family at its headline bench cases, on the GPU.
 
-    python benchmarks/config_sweep.py [quant rope sample matmul_fp8 ...]   # rows to $OUT
+    python benchmarks/config_sweep.py [quant append rope sample matmul_fp8 ...]  # rows to $OUT
 
 Each family's config is overridden through its scoped context (``quant_config``,
 ``rope_config``, ``sample_config``, ``append_config``; for the fp8 GEMM a ``TmaConfig`` given
-to the launcher),
-every variant is checked against the default's output (the same values, or the reference rule
-for the GEMM), and timed with ``tkit.bench.timing.time_fn`` (median, L2 flushed) interleaved with
-the default in rounds. The winners go into the families' ``for_device`` tables; the figures into
-docs/NOTES.md. Output: a table on stdout and long-form rows in ``$OUT/config-sweep.jsonl``.
+to the launcher), every variant is checked against the default's output (the same values, or
+the reference rule for the GEMM), and timed with ``tkit.bench.timing.time_fn`` (median, L2
+flushed) interleaved with the default in rounds; quant and append by their kernel's device
+time instead (:func:`kernel_ms`), which leaves out the override's host path. The winners go
+into the families' ``for_device`` tables; the figures into docs/NOTES.md. Output: a table on
+stdout and long-form rows in ``$OUT/config-sweep.jsonl``.
 """
 
 from __future__ import annotations

@@ -141,12 +141,12 @@ class AppendConfig:
 
     @classmethod
     def for_device(cls) -> AppendConfig:
-        """Not measured yet (the H200 sweep in ``benchmarks/config_sweep.py append`` decides).
-        One token a program (4 KB of K+V at 8 heads x 128 in bf16, 16 values a thread at 4
-        warps) measured 17.5-17.7 us for 4096 tokens, 44-54% of the copy ceiling: each
-        program's loads are two 16-byte vectors a thread and then nothing, the launch ramps
-        and drains 4096 short programs. Four tokens a program at 4 warps give each thread 8
-        16-byte loads in flight and 1024 programs, all resident at once on 132 SMs."""
+        """H200, kernel time with a cold L2 (docs/NOTES.md, "quant and append_kv"): one token
+        a program (4 KB of K+V at 8 heads x 128 in bf16, its loads waiting on the slot's) took
+        11.3 us for 4096 tokens; 4 tokens a program at 4 warps (8 16-byte loads a thread in
+        flight, the loads masked by token, not waiting on the slot) 10.75 us, and every other
+        block_t 1-16 x warps 2-8 11.2-11.6 us: the tokens a program are not what limits this
+        33.6 MB kernel. fp8 per token: 12.4-13.3 us at 2-4 tokens a program."""
         if _env.INTERPRET:
             return cls(block_t=4, num_warps=4)
         return cls()
