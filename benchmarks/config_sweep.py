@@ -1,13 +1,15 @@
 """Sweep the typed launch configs of an op family at its headline bench cases, on the GPU.
 
-    python benchmarks/config_sweep.py [quant rope sample matmul_fp8 matmul_fp8_block ...]
+    python benchmarks/config_sweep.py [quant append rope sample matmul_fp8 matmul_fp8_block ...]
 
 Each family's config is overridden through its scoped context (``quant_config``,
-``rope_config``, ``sample_config``; for the fp8 GEMM a ``TmaConfig`` given to the launcher),
-every variant is checked against the default's output (the same values, or the reference rule
-for the GEMM), and timed with ``tkit.bench.timing.time_fn`` (median, L2 flushed) interleaved with
-the default in rounds. The winners go into the families' ``for_device`` tables; the figures into
-docs/NOTES.md. Output: a table on stdout and long-form rows in ``$OUT/config-sweep.jsonl``.
+``rope_config``, ``sample_config``, ``append_config``; for the fp8 GEMM a ``TmaConfig`` given
+to the launcher), every variant is checked against the default's output (the same values, or
+the reference rule for the GEMM), and timed with ``tkit.bench.timing.time_fn`` (median, L2
+flushed) interleaved with the default in rounds; quant and append by their kernel's device
+time instead (:func:`kernel_ms`), which leaves out the override's host path. The winners go
+into the families' ``for_device`` tables; the figures into docs/NOTES.md. Output: a table on
+stdout and long-form rows in ``$OUT/config-sweep.jsonl``.
 """
 
 from __future__ import annotations
@@ -58,7 +60,29 @@ def _close(a, b):
                                b if isinstance(b, (tuple, list)) else (b,)))
 
 
-def sweep(label, ctx, variants, name, index=0, rows=None, exact=True):
+def kernel_ms(fn, kernel, reps=30):
+    """Mean device time of the launches of ``kernel`` (a name part) in ``fn()``, from the torch
+    profiler, each call after a 256 MB write (a cold L2, as in ``time_fn``). The host path
+    does not count: a scoped override's slow path (validation, no eager plan) and this
+    machine's launch gaps otherwise dominate kernels of 10-100 us."""
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush.zero_()
+            fn()
+        torch.cuda.synchronize()
+    ev = [e for e in prof.key_averages() if kernel in e.key]
+    n = sum(e.count for e in ev)
+    return sum(e.device_time_total for e in ev) / max(1, n) / 1e3 if n else float("nan")
+
+
+def sweep(label, ctx, variants, name, index=0, rows=None, exact=True, kernel=None):
+    """``kernel``: time that kernel's launches with the profiler (:func:`kernel_ms`) instead of
+    the whole call with ``time_fn``."""
     spec, case, args, kwargs = _headline(name, index)
     nbytes = _bytes(spec, args, kwargs)
     want = spec.fn(*args, **kwargs)
@@ -72,9 +96,13 @@ def sweep(label, ctx, variants, name, index=0, rows=None, exact=True):
                     continue
                 if times.get(json.dumps(v), 0) is None:
                     continue
-                # replayed from a CUDA graph, L2 flushed: the kernels' time (a variant's call
-                # skips the eager plans, and its host path would outlast a small kernel)
-                t = time_fn(lambda: spec.fn(*args, **kwargs), rep_ms=60, replay=True).median_ms
+                if kernel:
+                    t = kernel_ms(lambda: spec.fn(*args, **kwargs), kernel)
+                else:
+                    # replayed from a CUDA graph, L2 flushed: the kernels' time (a variant's
+                    # call skips the eager plans; its host path would outlast a small kernel)
+                    t = time_fn(lambda: spec.fn(*args, **kwargs), rep_ms=60,
+                                replay=True).median_ms
             times.setdefault(json.dumps(v), []).append(t)
     base = min(times["{}"])
     for v, ts in times.items():
@@ -91,11 +119,45 @@ def sweep(label, ctx, variants, name, index=0, rows=None, exact=True):
 def sweep_quant(rows):
     from tkit.kernels import quant as Q
 
-    grid = [dict(tile=t, num_warps=w) for t, w in ((2048, 4), (4096, 4), (4096, 16),
-                                                   (8192, 8), (8192, 16), (16384, 16))]
-    grid += [dict(sub_group=512), dict(max_tile=8192)]
-    for name, idx in (("quantize_fp8", 0), ("silu_mul_quant", 0)):
-        sweep("quant", Q.quant_config, grid, name, idx, rows)
+    K = "_quant_kernel"  # kernel time (profiler): the 4096-wide cases take ~50 us
+
+    # quantize_fp8 at K = 4096: the default is one row a program, 8 warps (16 values a
+    # thread); more rows or fewer warps put more bytes in flight per thread and amortize the
+    # row's reductions; 1x128 (no row statistic) can also split a row over grid axis 1
+    # (max_tile), rows packed per program by tile
+    rowish = [dict(num_warps=w) for w in (4, 16)]
+    rowish += [dict(tile=t, num_warps=w) for t, w in ((8192, 16), (8192, 8), (16384, 16),
+                                                      (16384, 8))]
+    split = [dict(max_tile=m, tile=t, num_warps=w) for m, t, w in ((2048, 4096, 4),
+                                                                   (2048, 8192, 8),
+                                                                   (1024, 4096, 4))]
+    for idx in (0, 2):  # 16384 x 4096 / 14336, per token
+        sweep("quant", Q.quant_config, rowish, "quantize_fp8", idx, rows, kernel=K)
+    for idx in (1, 3):  # 16384 x 4096 / 14336, 1x128
+        sweep("quant", Q.quant_config, rowish + split, "quantize_fp8", idx, rows, kernel=K)
+    # silu_mul_quant at K = 14336 pads the row to 16384 (128 groups of 128 for 112) in one
+    # tile at 16 warps (32 values of each input a thread); 1x128 needs no row pass, and
+    # max_tile = 2048 walks 7 unpadded chunks on grid axis 1
+    silu_row = [dict(num_warps=8), dict(num_warps=32), dict(sub_group=256),
+                dict(sub_group=512, num_warps=8)]
+    silu_grp = [dict(max_tile=m, tile=t, num_warps=w)
+                for m, t, w in ((2048, 2048, 4), (2048, 4096, 8), (2048, 8192, 8),
+                                (2048, 8192, 16), (1024, 4096, 8), (4096, 4096, 8))]
+    silu_grp += [dict(num_warps=8)]
+    sweep("quant", Q.quant_config, silu_row, "silu_mul_quant", 0, rows, kernel=K)
+    for idx in (1, 2):  # 1x128, separate tensors and the chunked [gate | up] views
+        sweep("quant", Q.quant_config, silu_grp, "silu_mul_quant", idx, rows, kernel=K)
+
+
+def sweep_append(rows):
+    from tkit.kernels import decode as DK
+
+    # tokens a program x warps; (1, 4) was the kernel before block_t (one token a program)
+    grid = [dict(block_t=t, num_warps=w) for t, w in ((1, 4), (2, 4), (4, 2), (4, 8), (8, 4),
+                                                      (8, 8), (16, 8), (16, 4), (2, 2))]
+    for idx in (0, 1):  # bf16 cache, fp8 cache with per-token scales
+        sweep("append", DK.append_config, grid, "append_kv", idx, rows,
+              kernel="_append_kv_kernel")
 
 
 def sweep_rope(rows):
@@ -356,9 +418,10 @@ def _attention_case(rows, B, S, hq, hk):
                          tflops=flops / t / 1e9))
 
 
-SWEEPS = {"int4": sweep_int4, "quant": sweep_quant, "rope": sweep_rope, "sample": sweep_sample,
-          "matmul_fp8": sweep_matmul_fp8, "matmul_fp8_block": sweep_matmul_fp8_block,
-          "matmul_mid": sweep_matmul_mid, "attention_short": sweep_attention_short}
+SWEEPS = {"int4": sweep_int4, "quant": sweep_quant, "append": sweep_append, "rope": sweep_rope,
+          "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,
+          "matmul_fp8_block": sweep_matmul_fp8_block, "matmul_mid": sweep_matmul_mid,
+          "attention_short": sweep_attention_short}
 
 
 def main(argv):

@@ -549,3 +549,29 @@ def test_direct_and_dispatched_paths_agree(monkeypatch):
     monkeypatch.setattr(_common._env, "NO_DIRECT", True)
     dispatched = tkit.decode_attention(*args, block_table=table, return_lse=True)
     assert torch.equal(direct[0], dispatched[0]) and torch.equal(direct[1], dispatched[1])
+
+
+@pytest.mark.parametrize("block_t,warps", [(1, 4), (2, 2), (8, 4)])
+def test_append_kv_tokens_per_program(block_t, warps):
+    """append_config's tokens a program and warps write the same caches and per-token scales
+    as the default (5 tokens: a partial last block; one skipped slot); bad fields are errors."""
+    dev = _dev()
+    k = make_tensor((5, 3, 24), torch.float16, seed=101, device=dev)
+    v = make_tensor((5, 3, 24), torch.float16, seed=102, device=dev)
+    slots = torch.tensor([9, 2, -1, 15, 4], dtype=torch.int64, device=dev)
+
+    def run():
+        kc = torch.zeros((2, 8, 3, 24), device=dev).to(torch.float8_e4m3fn)
+        vc = torch.zeros((2, 8, 3, 24), dtype=torch.float16, device=dev)
+        ks = torch.zeros((2, 8, 3), device=dev)
+        tkit.append_kv(k, v, kc, vc, slots, k_scale=ks)
+        return kc.view(torch.uint8), vc, ks
+
+    want = run()
+    with DA.append_config(block_t=block_t, num_warps=warps):
+        got = run()
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    with pytest.raises(TypeError, match="block_tokens"), DA.append_config(block_tokens=2):
+        pass
+    with pytest.raises(ValueError, match="power of 2"), DA.append_config(block_t=3):
+        run()

@@ -67,9 +67,12 @@ from tkit.kernels import _common as C
 from tkit.kernels import _launch as _L
 from tkit.kernels import _plan as P
 from tkit.kernels.decode.config import (  # noqa: F401  (public)
+    _APPEND_OVERRIDES,
     _OVERRIDES,
     Q_DTYPES,
+    AppendConfig,
     DecodeConfig,
+    append_config,
     choose_num_splits,
     current_config,
     decode_config,
@@ -218,7 +221,7 @@ def append_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=Non
     """
     if (P.ON and type(k) is _T and type(v) is _T and type(k_cache) is _T
             and type(v_cache) is _T and type(slot_mapping) is _T and type(k_scale) in _OPT_T
-            and type(v_scale) in _OPT_T and not _compiling()
+            and type(v_scale) in _OPT_T and not _append_overrides.value and not _compiling()
             and not (_grad_enabled() and (k.requires_grad or v.requires_grad))):
         # the eager plan: no outputs, the launches write the caches (and per-token scales)
         dev, stream = _L._device_stream()
@@ -232,6 +235,7 @@ def append_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=Non
 
 
 _append_plans = P.new_cache()
+_append_overrides = _APPEND_OVERRIDES.state  # .value: append_config overrides in force
 
 
 def _append_hit_check(k, v, k_cache, v_cache, slot_mapping, *_):

@@ -7,9 +7,8 @@ import triton
 import triton.language as tl
 
 from tkit.kernels._numerics import INTERPRET as _INTERPRET
-from tkit.kernels._numerics import fp8_keep_nan as _fp8_keep_nan
 from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
-from tkit.kernels._numerics import saturate_fp8 as _saturate_fp8
+from tkit.kernels._numerics import to_fp8_saturated as _to_fp8_saturated
 
 
 # --------------------------------------------------------------------------------------------
@@ -362,53 +361,60 @@ def _merge_states_kernel(
 
 
 @triton.jit
-def _append_rows(X, XC, XS, t, blk, row, heads, hmask, offs_d, sxt, sxh, sxd,
+def _append_rows(X, XC, XS, t, tmask, blk, row, ok, heads, hmask, offs_d, sxt, sxh, sxd,
                  scn, scp, sch, scd, ssn, ssp, ssh,
                  HEAD_DIM: tl.constexpr, QUANT: tl.constexpr):
-    """Token t's (heads, head_dim) of X written to row ``row`` of block ``blk`` of the cache XC.
-    QUANT 1: fp8 with the per-tensor scale XS (x / scale, saturated to +-448); QUANT 2: fp8
-    with per-(block, row, head) scales amax / 448 computed here and stored to XS."""
-    mask = hmask[:, None] & (offs_d < HEAD_DIM)[None, :]
-    h64 = heads.to(tl.int64)
-    x = tl.load(X + t * sxt + h64[:, None] * sxh + offs_d[None, :] * sxd, mask=mask, other=0.0)
-    dst = XC + blk * scn + row * scp + h64[:, None] * sch + offs_d[None, :] * scd
+    """Tokens t's (BLOCK_T, heads, head_dim) of X written to rows ``row`` of blocks ``blk`` of
+    the cache XC where ``ok`` (a valid slot). The load waits on no slot: it is masked by
+    ``tmask`` (a token of the call), the stores by ``ok``. QUANT 1: fp8 with the per-tensor
+    scale XS (x / scale, saturated to +-448); QUANT 2: fp8 with per-(block, row, head) scales
+    amax / 448 computed here and stored to XS."""
+    dmask = (offs_d < HEAD_DIM)[None, None, :]
+    hm = hmask[None, :, None]
+    h64 = heads.to(tl.int64)[None, :, None]
+    d3 = offs_d[None, None, :]
+    x = tl.load(X + t[:, None, None] * sxt + h64 * sxh + d3 * sxd,
+                mask=tmask[:, None, None] & hm & dmask, other=0.0)
+    smask = ok[:, None, None] & hm & dmask
+    dst = XC + (blk * scn + row * scp)[:, None, None] + h64 * sch + d3 * scd
     if QUANT == 0:
-        tl.store(dst, x.to(XC.dtype.element_ty), mask=mask)
+        tl.store(dst, x.to(XC.dtype.element_ty), mask=smask)
     else:
         xf = x.to(tl.float32)
         if QUANT == 1:
             y = tl.math.div_rn(xf, tl.load(XS))
         else:
-            amax = tl.max(tl.abs(xf), 1)
+            amax = tl.max(tl.abs(xf), 2)
             sc = tl.where(amax > 0.0, tl.math.div_rn(amax, 448.0), 1.0)
-            tl.store(XS + blk * ssn + row * ssp + h64 * ssh, sc, mask=hmask)
-            y = tl.math.div_rn(xf, sc[:, None])
-        y = _saturate_fp8(y)
-        tl.store(dst, _fp8_keep_nan(y), mask=mask)
+            tl.store(XS + (blk * ssn + row * ssp)[:, None] + heads.to(tl.int64)[None, :] * ssh, sc,
+                     mask=ok[:, None] & hmask[None, :])
+            y = tl.math.div_rn(xf, sc[:, :, None])
+        tl.store(dst, _to_fp8_saturated(y), mask=smask)
 
 
 @triton.jit
 def _append_kv_kernel(
-    K, V, KC, VC, KS, VS, SLOT, n_slots, page_size,
+    K, V, KC, VC, KS, VS, SLOT, T, n_slots, page_size,
     skt, skh, skd, svt, svh, svd,
     skcn, skcp, skch, skcd, svcn, svcp, svch, svcd,
     sksn, sksp, sksh, svsn, svsp, svsh, s_slot, HKV,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-    QUANT_K: tl.constexpr, QUANT_V: tl.constexpr,
+    BLOCK_T: tl.constexpr, QUANT_K: tl.constexpr, QUANT_V: tl.constexpr,
 ):
-    """One program: token t's keys and values (a block of heads) written to slot SLOT[t] of the
-    caches (blocks x rows x heads x dim; slot = block * page_size + row), in one launch for both.
-    A slot < 0 or >= n_slots is skipped. Grid (tokens, head blocks)."""
-    t = tl.program_id(0).to(tl.int64)
-    slot = tl.load(SLOT + t * s_slot).to(tl.int64)
-    if (slot < 0) | (slot >= n_slots):
-        return
+    """One program: BLOCK_T tokens' keys and values (a block of heads) written to slots
+    SLOT[t] of the caches (blocks x rows x heads x dim; slot = block * page_size + row), in
+    one launch for both. A slot < 0 or >= n_slots is skipped. Grid (token blocks, head
+    blocks)."""
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < T
+    slot = tl.load(SLOT + t * s_slot, mask=tmask, other=-1).to(tl.int64)
+    ok = (slot >= 0) & (slot < n_slots)
     blk = slot // page_size
     row = slot % page_size
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     hmask = heads < HKV
-    _append_rows(K, KC, KS, t, blk, row, heads, hmask, offs_d, skt, skh, skd,
+    _append_rows(K, KC, KS, t, tmask, blk, row, ok, heads, hmask, offs_d, skt, skh, skd,
                  skcn, skcp, skch, skcd, sksn, sksp, sksh, HEAD_DIM, QUANT_K)
-    _append_rows(V, VC, VS, t, blk, row, heads, hmask, offs_d, svt, svh, svd,
+    _append_rows(V, VC, VS, t, tmask, blk, row, ok, heads, hmask, offs_d, svt, svh, svd,
                  svcn, svcp, svch, svcd, svsn, svsp, svsh, HEAD_DIM, QUANT_V)

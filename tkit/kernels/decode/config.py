@@ -121,3 +121,45 @@ def choose_num_splits(work: int, n_tiles: int, sms: int, *, ctas_per_sm: int = 2
     return lo
 
 
+
+
+# --------------------------------------------------------------------------------------------
+# append_kv's launch configuration (its own dataclass and scope: the decode kernel's fields
+# above do not apply to it)
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AppendConfig:
+    """Launch parameters of ``_append_kv_kernel``.
+
+    block_t: tokens a program writes (a power of 2): each moves its keys and values, so a
+        program has block_t x heads x head_dim x 2 elements in flight.
+    num_warps: of the append kernel.
+    """
+
+    block_t: int = 4
+    num_warps: int = 4
+
+    @classmethod
+    def for_device(cls) -> AppendConfig:
+        """H200, kernel time with a cold L2 (docs/NOTES.md, "quant and append_kv"): one token
+        a program (4 KB of K+V at 8 heads x 128 in bf16, its loads waiting on the slot's) took
+        11.3 us for 4096 tokens; 4 tokens a program at 4 warps (8 16-byte loads a thread in
+        flight, the loads masked by token, not waiting on the slot) 10.75 us, and every other
+        block_t 1-16 x warps 2-8 11.2-11.6 us: the tokens a program are not what limits this
+        33.6 MB kernel. fp8 per token: 12.4-13.3 us at 2-4 tokens a program."""
+        if _env.INTERPRET:
+            return cls(block_t=4, num_warps=4)
+        return cls()
+
+
+_APPEND_OVERRIDES = C.ConfigOverrides(AppendConfig)
+
+
+def append_config(**overrides):
+    """Override fields of :class:`AppendConfig` for the ``append_kv`` calls made inside (this
+    thread only); an unknown field is a TypeError naming it. For experiments and tests."""
+    return _APPEND_OVERRIDES.scope(**overrides)
+
+
+def current_append_config() -> AppendConfig:
+    return _APPEND_OVERRIDES.apply(AppendConfig.for_device())

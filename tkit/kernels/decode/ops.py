@@ -27,6 +27,7 @@ from tkit.kernels.decode.config import (
     Q_DTYPES,
     DecodeConfig,
     choose_num_splits,
+    current_append_config,
     current_config,
 )
 
@@ -256,8 +257,12 @@ def _append_impl(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> None
     if t == 0 or hk == 0:
         return
     n_slots = k_cache.shape[0] * k_cache.shape[1]
+    cfg = current_append_config()
     block_d = max(16, C.next_power_of_2(d))
     block_h = max(1, min(C.next_power_of_2(hk), max(1, 4096 // block_d)))
+    block_t = cfg.block_t
+    if block_t < 1 or block_t & (block_t - 1):
+        raise ValueError(f"AppendConfig.block_t must be a power of 2, got {block_t}")
     launch = {}
     for name, x, xc, xs in (("k", k, k_cache, k_scale), ("v", v, v_cache, v_scale)):
         quant = 0 if xc.dtype != FP8 else (1 if xs is None or xs.ndim == 0 else 2)
@@ -270,9 +275,10 @@ def _append_impl(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> None
                       **_named("s" + name, x.stride(), "thd"),
                       **_named(f"s{name}c", xc.stride(), "nphd"),
                       **_named(f"s{name}s", ss, "nph"))
-    C.launch(_append_kv_kernel, (t, C.cdiv(hk, block_h)), SLOT=slot_mapping, n_slots=n_slots,
-             page_size=k_cache.shape[1], s_slot=slot_mapping.stride(0), HKV=hk, HEAD_DIM=d,
-             BLOCK_D=block_d, BLOCK_H=block_h, num_warps=4, **launch)
+    C.launch(_append_kv_kernel, (C.cdiv(t, block_t), C.cdiv(hk, block_h)), SLOT=slot_mapping,
+             T=t, n_slots=n_slots, page_size=k_cache.shape[1], s_slot=slot_mapping.stride(0),
+             HKV=hk, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h, BLOCK_T=block_t,
+             num_warps=cfg.num_warps, **launch)
 
 
 def _merge_impl(o_a, lse_a, o_b, lse_b):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tkit.kernels._numerics import fp8_keep_nan, round_to, saturate_fp8
+from tkit.kernels._numerics import INTERPRET, round_to, to_fp8_saturated
 
 
 # --------------------------------------------------------------------------------------------
@@ -25,6 +25,25 @@ def _tile(rows, rmask, c, K, NG, G: tl.constexpr, BLOCK_G: tl.constexpr,
 
 
 @triton.jit
+def _silu(a):
+    """``a * tl.sigmoid(a)``, the same bits. tl.sigmoid is ``1 / (1 + exp(0 - a))`` and its exp
+    ``ex2.approx.f32((0 - a) * log2e)``, which scales inputs below -126 to keep subnormal
+    results (a compare and two predicated multiplies an element): 1 + e is 1 for every such
+    e, so ``ex2.approx.ftz.f32`` (one MUFU) gives the same sum; ``a * -log2e`` is ``(0 - a) *
+    log2e`` exactly (one instruction fewer). The division stays ``/`` (div.full.f32): its
+    scaling of a divisor above 2**126 keeps the subnormal sigmoid of a < -87, which matters
+    after the multiply by a."""
+    if INTERPRET:
+        s = tl.sigmoid(a)
+    else:
+        e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f",
+                                      [a * -1.4426950408889634], dtype=tl.float32,
+                                      is_pure=True, pack=1)
+        s = 1.0 / (1.0 + e)
+    return a * s
+
+
+@triton.jit
 def _values(X, B, R, W, H, rows, cols, mask, sxm, sxk, sbm, sbk, srm, srk, shm,
             OP: tl.constexpr, HAS_RES: tl.constexpr, STORE_H: tl.constexpr,
             FROM_H: tl.constexpr):
@@ -39,7 +58,7 @@ def _values(X, B, R, W, H, rows, cols, mask, sxm, sxk, sbm, sbk, srm, srk, shm,
         if OP == "silu_mul":
             a = x.to(tl.float32)
             b = tl.load(B + r2 * sbm + cols * sbk, mask=mask, other=0.0).to(tl.float32)
-            h = a * tl.sigmoid(a) * b
+            h = _silu(a) * b
         elif HAS_RES:
             r = tl.load(R + r2 * srm + cols * srk, mask=mask, other=0.0)
             hs = round_to(x.to(tl.float32) + r.to(tl.float32), H.dtype.element_ty)
@@ -61,6 +80,20 @@ def _abs_nonan(v):
 
 
 @triton.jit
+def _amax(v):
+    """max |v| over the last axis of a (ROWS, groups, G) tile, NaN taken as 0: the value of
+    ``tl.max(_abs_nonan(v), 2)``. Compiled, tl.max and tl.maximum are PTX max.f32, which
+    returns the other operand for a NaN: the max of |v| skips NaN, only an all-NaN group gives
+    NaN, and the maximum with 0 makes that 0. One FMNMX an element instead of a NaN test, a
+    select and the FMNMX. numpy's maximum propagates NaN: the interpreter takes the select."""
+    if INTERPRET:
+        a = tl.max(_abs_nonan(v), 2)
+    else:
+        a = tl.maximum(tl.max(tl.abs(v), 2), 0.0)
+    return a
+
+
+@triton.jit
 def _quant_store(y, amax, Y, S, rows, rmask, grp, cols, mask, sym, ssm, ssg, ub, UB,
                  NG, PER_ROW: tl.constexpr, OUT: tl.constexpr, UB_MODE: tl.constexpr):
     """Scale, cast and store a tile of float32 values ``y``; ``amax`` is the row's (per
@@ -68,7 +101,7 @@ def _quant_store(y, amax, Y, S, rows, rmask, grp, cols, mask, sym, ssm, ssg, ub,
     if PER_ROW:
         a = amax[:, None]
     else:
-        a = tl.max(_abs_nonan(y), 2)
+        a = _amax(y)
     if UB_MODE == 1:
         a = tl.minimum(a, ub)
     elif UB_MODE == 2:
@@ -84,8 +117,16 @@ def _quant_store(y, amax, Y, S, rows, rmask, grp, cols, mask, sym, ssm, ssg, ub,
         smask = rmask[:, None] & (grp < NG)[None, :]
         tl.store(S + rows[:, None] * ssm + grp[None, :] * ssg, sc, mask=smask)
     if OUT == "fp8":
-        r = saturate_fp8(y / sc[:, :, None])
-        q = fp8_keep_nan(r)
+        if INTERPRET:
+            r = y / sc[:, :, None]
+        else:
+            # y / sc is PTX div.full.f32: y * rcp(sc) after scaling both by a power of 2 when
+            # |sc| is outside [2**-126, 2**126] (3 FMULs an element, 2 of them predicated).
+            # An fp8 scale is >= 1 / (448 * 512) and <= FLT_MAX / 448, or +inf (an inf in the
+            # row), where both forms give +-0 or NaN: 1.0 / sc is rcp(sc) exactly, computed
+            # once a scale, and y * (1.0 / sc) the same product, one FMUL an element
+            r = y * (1.0 / sc)[:, :, None]
+        q = to_fp8_saturated(r)
     else:
         # IEEE division, as torch divides two tensors: the quotient decides a round-half-even
         # tie, and the GPU's approximate division moved values across ties (-63 for -64)
@@ -124,7 +165,7 @@ def _quant_kernel(
         if IS_RMS:
             rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(h * h, 2), 1) / K + eps)
             v = v * rstd[:, None, None]
-        amax = tl.max(tl.max(_abs_nonan(v), 2), 1)
+        amax = tl.max(_amax(v), 1)
         _quant_store(v, amax, Y, S, rows, rmask, grp, cols, mask, sym, ssm, ssg, ub, UB, NG,
                      PER_ROW, OUT, UB_MODE)
     elif not PER_ROW and not IS_RMS:
@@ -145,7 +186,7 @@ def _quant_kernel(
                            shm, OP, HAS_RES, True, False)
             if IS_RMS:
                 ss += tl.sum(tl.sum(h * h, 2), 1)
-            amax = tl.maximum(amax, tl.max(tl.max(_abs_nonan(v), 2), 1))
+            amax = tl.maximum(amax, tl.max(_amax(v), 1))
         if IS_RMS:
             rstd = 1.0 / tl.sqrt(ss / K + eps)
             amax = amax * rstd

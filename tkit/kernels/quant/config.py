@@ -38,11 +38,14 @@ class QuantConfig:
 
     @classmethod
     def for_device(cls) -> QuantConfig:
-        """Not measured yet (no GPU run of this kernel so far); the shape follows the norm
-        kernels' measured rule (``tkit.kernels.reductions.config.row_config``): ~4 KiB of
-        input a program, 16 values of an input a thread, rows of up to 32 KiB of bf16 held in
-        registers (N=8192 rms_norm measured 4.05 TB/s that way). The interpreter pays per
-        program: large tiles."""
+        """The shape follows the norm kernels' measured rule
+        (``tkit.kernels.reductions.config.row_config``): ~4 KiB of input a program, 16 values
+        of an input a thread, rows of up to 32 KiB of bf16 held in registers. H200 sweep
+        (docs/NOTES.md, "quant and append_kv"): at this default quantize_fp8 reads and writes
+        4.0-4.3 TB/s at 16384 x 4096 / 14336 and silu_mul_quant 4.0-4.1 at 16384 x 14336;
+        8 warps gained 4-7% on some of those cases and lost 3% on others, so the rule stays.
+        rms_norm_quant's bits depend on the warps (its sum of squares). The interpreter pays
+        per program: large tiles."""
         if _env.INTERPRET:
             return cls(max_tile=16384, tile=8192, sub_group=128, num_warps=4)
         return cls()
