@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tkit.kernels._numerics import fp8_keep_nan
+from tkit.kernels._numerics import to_fp8_saturated
 from tkit.kernels.elementwise.config import _flat_configs
 
 
@@ -73,7 +73,7 @@ def _out_value(r, out_ptr, OP: tl.constexpr):
     """float32 ``r`` in the output's dtype; an fp8 cast keeps NaN NaN whatever the backend's
     conversion does with it (Triton's interpreter writes 384.0)."""
     if OP == "cast_fp8":
-        y = fp8_keep_nan(r)
+        y = to_fp8_saturated(r)
     else:
         y = r.to(out_ptr.dtype.element_ty)
     return y

@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tkit.kernels._numerics import fp8_keep_nan, round_to, saturate_fp8
+from tkit.kernels._numerics import round_to, to_fp8_saturated
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,8 +102,7 @@ def _to_cache(y, sc, XC, QUANT: tl.constexpr):
             r = y / sc[:, :, None, None]
         else:
             r = y / sc[:, :, None]
-        r = saturate_fp8(r)
-        out = fp8_keep_nan(r)
+        out = to_fp8_saturated(r)
     return out
 
 
