@@ -150,7 +150,7 @@ def _fp8_words_to_f16(w):
     as four float16 tensors shaped like ``w``: e_r holds position 4 * word + r. On a GPU two
     ``cvt.rn.f16x2.e4m3x2`` a word (exact, NaN kept): the fp8 tile never lives as bytes (one
     8-bit value in each 32-bit register) nor passes through shared memory as bytes, and no
-    reshape follows (the quarters are dotted separately, :func:`_decode_tile_words`)."""
+    reshape follows (the quarters are dotted separately, :func:`_decode_tiles_prefetch`)."""
     if _INTERPRET:  # the interpreter has no inline PTX: the same bytes, converted by Triton
         e0 = _interpreter_operand((w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True))
         e1 = _interpreter_operand(((w >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv,
@@ -203,7 +203,7 @@ def _load_kv(K, V, KS, VS, BT, start_n, L, offs_n, offs_d, b64, n_blocks, live,
              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
              PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
              SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, FP8_WORDS: tl.constexpr,
-             LIVE_MASK: tl.constexpr, SAME_STRIDES: tl.constexpr):
+             LIVE_MASK: tl.constexpr, SAME_STRIDES: tl.constexpr, PART: tl.constexpr = 0):
     """The cache's K and V tiles of BLOCK_N keys from ``start_n`` as stored (fp8 stays fp8), in
     the plain blocked layout of the load (16-byte vectors along the head dim; FP8_WORDS: as
     int32 words of 4 fp8 values, see :func:`_fp8_words_to_f16`), with their per-token scales
@@ -211,7 +211,8 @@ def _load_kv(K, V, KS, VS, BT, start_n, L, offs_n, offs_d, b64, n_blocks, live,
     [0, n_blocks - 1] as in :func:`_key_rows`, so that any tile start reads rows of the
     sequence when L >= 1. LIVE_MASK: the scalar ``live`` false reads nothing (a sequence of no
     keys, whose clamped rows are not rows). SAME_STRIDES: V (and its scales) laid out as K
-    (and its), one offset computation for both."""
+    (and its), one offset computation for both. PART 1: K and the scales only (V returned as
+    K), PART 2: V only (K returned as V, the scales as placeholders)."""
     c = tl.maximum(tl.minimum(start_n + offs_n, L - 1), 0)
     if PAGED:  # as _key_rows, the table read clamped (and masked) too
         if PAGE_SIZE >= BLOCK_N:
@@ -243,10 +244,16 @@ def _load_kv(K, V, KS, VS, BT, start_n, L, offs_n, offs_d, b64, n_blocks, live,
             v_off = k_off
         else:
             v_off = blk * (svn // 4) + row * (svp // 4)
-        k = _masked_load(K.to(tl.pointer_type(tl.int32)) + k_off[:, None] + offs_w[None, :],
-                         wmask, LIVE_MASK or HEAD_DIM != BLOCK_D)
-        v = _masked_load(V.to(tl.pointer_type(tl.int32)) + v_off[:, None] + offs_w[None, :],
-                         wmask, LIVE_MASK or HEAD_DIM != BLOCK_D)
+        if PART != 2:
+            k = _masked_load(K.to(tl.pointer_type(tl.int32)) + k_off[:, None]
+                             + offs_w[None, :], wmask, LIVE_MASK or HEAD_DIM != BLOCK_D)
+        if PART != 1:
+            v = _masked_load(V.to(tl.pointer_type(tl.int32)) + v_off[:, None]
+                             + offs_w[None, :], wmask, LIVE_MASK or HEAD_DIM != BLOCK_D)
+        if PART == 1:
+            v = k
+        if PART == 2:
+            k = v
     else:
         kmask = (offs_d < HEAD_DIM)[None, :]
         if LIVE_MASK:
@@ -260,11 +267,11 @@ def _load_kv(K, V, KS, VS, BT, start_n, L, offs_n, offs_d, b64, n_blocks, live,
                          LIVE_MASK or HEAD_DIM != BLOCK_D)
         v = _masked_load(V + v_off[:, None] + offs_d[None, :] * svd, kmask,
                          LIVE_MASK or HEAD_DIM != BLOCK_D)
-    if SCALE_K == 2:
+    if SCALE_K == 2 and PART != 2:
         ks = _masked_load(KS + blk * sksn + row * sksp, live, LIVE_MASK)
     else:
         ks = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if SCALE_V == 2:
+    if SCALE_V == 2 and PART != 2:
         if SAME_STRIDES:
             vs = _masked_load(VS + blk * sksn + row * sksp, live, LIVE_MASK)
         else:
@@ -326,37 +333,6 @@ def _decode_tile_loaded(acc, l_i, m_i, q, k, v, ks, vs, start_n, L, qpos, offs_n
 
 
 @triton.jit
-def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, kw, vw, ks, vs,
-                       start_n, L, qpos, offs_n, shift, wl, wr, qk_scale, cap_scale,
-                       MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
-                       SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr,
-                       PREC: tl.constexpr):
-    """:func:`_decode_tile_loaded` for fp8 tiles held as int32 words (n, d / 4): each word
-    becomes four float16 quarters e_r (head-dim positions 4w + r) in the words' own layout,
-    so the dots' operand shuffles move 16-bit data (``ldmatrix``), and no reshape (whose
-    layout the operand shuffles handled with 64-bit shared loads and register moves) comes
-    between. S = sum_r q_r k_r^T with q_r the same quarters of q; O's quarters accumulate
-    apart (acc_r = sum_j p_j v_r[j]) and are interleaved once, after the last tile."""
-    k0, k1, k2, k3 = _fp8_words_to_f16(kw)
-    qk = _dot(q0, tl.trans(k0.to(q0.dtype)), input_precision=PREC)
-    qk = _dot(q1, tl.trans(k1.to(q0.dtype)), qk, input_precision=PREC)
-    qk = _dot(q2, tl.trans(k2.to(q0.dtype)), qk, input_precision=PREC)
-    qk = _dot(q3, tl.trans(k3.to(q0.dtype)), qk, input_precision=PREC)
-    p, alpha, l_i, m_new = _online_softmax(qk, l_i, m_i, ks, start_n + offs_n, L, qpos, shift,
-                                           wl, wr, qk_scale, cap_scale, MASKED, MASK_LO,
-                                           MASK_HI, SOFTCAP, SCALE_K)
-    if SCALE_V == 2:
-        p = p * vs[None, :]
-    p = p.to(q0.dtype)
-    v0, v1, v2, v3 = _fp8_words_to_f16(vw)
-    acc0 = _dot(p, v0.to(q0.dtype), acc0 * alpha[:, None], input_precision=PREC)
-    acc1 = _dot(p, v1.to(q0.dtype), acc1 * alpha[:, None], input_precision=PREC)
-    acc2 = _dot(p, v2.to(q0.dtype), acc2 * alpha[:, None], input_precision=PREC)
-    acc3 = _dot(p, v3.to(q0.dtype), acc3 * alpha[:, None], input_precision=PREC)
-    return acc0, acc1, acc2, acc3, l_i, m_new
-
-
-@triton.jit
 def _decode_tiles_prefetch(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
                            t0, a, c, t1, L, qpos, offs_n, offs_d, b64, n_blocks, shift, wl, wr,
                            qk_scale, cap_scale,
@@ -371,8 +347,16 @@ def _decode_tiles_prefetch(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, 
     work (and the other resident programs'). Tiles in [a, c) are fully visible, the others
     evaluate the masks (a branch per tile: one loop, one prologue). Only the prologue's read
     is masked (an empty sequence); in the loop L >= 1, and the read past the last tile takes
-    clamped rows of the sequence (the same row again: cached lines). FP8_WORDS: the quarters
-    of :func:`_decode_tile_words` (acc_r, q_r); else acc0 and q0 alone are used."""
+    clamped rows of the sequence (the same row again: cached lines).
+
+    FP8_WORDS: fp8 tiles held as int32 words (n, d / 4), each word becoming four float16
+    quarters e_r (head-dim positions 4w + r) in the words' own layout (no reshape: its layout
+    sent the operand shuffles through 64-bit shared loads and register moves), so that the
+    dots' operand shuffles move 16-bit data (``ldmatrix``). S = sum_r q_r k_r^T with q's
+    quarters q_r; O's quarters accumulate apart (acc_r = sum_j p_j v_r[j]), interleaved once
+    after the loop by the caller. The next tile's V is read after this tile's scores, when
+    this tile's V is converted: fewer registers held across the dots. Else acc0 and q0 alone
+    are used (acc1..3, q1..3 are placeholders)."""
     kn, vn, ksn, vsn = _load_kv(K, V, KS, VS, BT, t0, L, offs_n, offs_d, b64, n_blocks,
                                 t0 < t1, skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp,
                                 sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, SCALE_K,
@@ -380,22 +364,43 @@ def _decode_tiles_prefetch(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, 
     for start_t in range(t0, t1, BLOCK_N):
         k, v, ks, vs = kn, vn, ksn, vsn
         nxt = start_t + BLOCK_N
-        kn, vn, ksn, vsn = _load_kv(K, V, KS, VS, BT, nxt, L, offs_n, offs_d, b64, n_blocks,
-                                    nxt < t1, skn, skp, skd, svn, svp, svd, sksn, sksp, svsn,
-                                    svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED,
-                                    SCALE_K, SCALE_V, FP8_WORDS, False, SAME_STRIDES)
+        # FP8_WORDS: the next V is read after this tile's scores (fewer registers held)
+        kn, vn0, ksn, vsn = _load_kv(K, V, KS, VS, BT, nxt, L, offs_n, offs_d, b64, n_blocks,
+                                     nxt < t1, skn, skp, skd, svn, svp, svd, sksn, sksp, svsn,
+                                     svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED,
+                                     SCALE_K, SCALE_V, FP8_WORDS, False, SAME_STRIDES,
+                                     1 if FP8_WORDS else 0)
+        if not FP8_WORDS:
+            vn = vn0
         full = (start_t >= a) & (start_t < c)
-        if FP8_WORDS:
+        if FP8_WORDS:  # the dots shared, the masks in a branch
+            k0, k1, k2, k3 = _fp8_words_to_f16(k)
+            qk = _dot(q0, tl.trans(k0.to(q0.dtype)), input_precision=PREC)
+            qk = _dot(q1, tl.trans(k1.to(q0.dtype)), qk, input_precision=PREC)
+            qk = _dot(q2, tl.trans(k2.to(q0.dtype)), qk, input_precision=PREC)
+            qk = _dot(q3, tl.trans(k3.to(q0.dtype)), qk, input_precision=PREC)
+            cols = start_t + offs_n
             if full:
-                acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_words(
-                    acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, k, v, ks, vs, start_t, L,
-                    qpos, offs_n, shift, wl, wr, qk_scale, cap_scale, False, MASK_LO, MASK_HI,
-                    SOFTCAP, SCALE_K, SCALE_V, PREC)
+                p, alpha, l_i, m_new = _online_softmax(
+                    qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr, qk_scale, cap_scale, False,
+                    MASK_LO, MASK_HI, SOFTCAP, SCALE_K)
             else:
-                acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_words(
-                    acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, k, v, ks, vs, start_t, L,
-                    qpos, offs_n, shift, wl, wr, qk_scale, cap_scale, True, MASK_LO, MASK_HI,
-                    SOFTCAP, SCALE_K, SCALE_V, PREC)
+                p, alpha, l_i, m_new = _online_softmax(
+                    qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr, qk_scale, cap_scale, True,
+                    MASK_LO, MASK_HI, SOFTCAP, SCALE_K)
+            m_i = m_new
+            if SCALE_V == 2:
+                p = p * vs[None, :]
+            p = p.to(q0.dtype)
+            v0, v1, v2, v3 = _fp8_words_to_f16(v)
+            vn = _load_kv(K, V, KS, VS, BT, nxt, L, offs_n, offs_d, b64, n_blocks, nxt < t1,
+                          skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM,
+                          BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, SCALE_K, SCALE_V, FP8_WORDS,
+                          False, SAME_STRIDES, 2)[1]
+            acc0 = _dot(p, v0.to(q0.dtype), acc0 * alpha[:, None], input_precision=PREC)
+            acc1 = _dot(p, v1.to(q0.dtype), acc1 * alpha[:, None], input_precision=PREC)
+            acc2 = _dot(p, v2.to(q0.dtype), acc2 * alpha[:, None], input_precision=PREC)
+            acc3 = _dot(p, v3.to(q0.dtype), acc3 * alpha[:, None], input_precision=PREC)
         else:
             if full:
                 acc0, l_i, m_i = _decode_tile_loaded(
