@@ -258,9 +258,10 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
 
 def _fp8_words(k_cache, v_cache) -> bool:
     """fp8 caches the prefetch loop can read as int32 words of 4 values: a contiguous head dim
-    that is a multiple of 4, every other stride and the base 4-byte aligned."""
+    that is a multiple of 4, every other stride 4-byte aligned, the base 16-byte aligned (the
+    granularity of an eager plan's key, so that a plan never serves a base this excludes)."""
     return all(c.dtype == FP8 and c.stride(-1) == 1 and c.shape[-1] % 4 == 0
-               and all(s % 4 == 0 for s in c.stride()[:-1]) and c.data_ptr() % 4 == 0
+               and all(s % 4 == 0 for s in c.stride()[:-1]) and c.data_ptr() % 16 == 0
                for c in (k_cache, v_cache))
 
 
