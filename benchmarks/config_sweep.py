@@ -1,11 +1,12 @@
 """Sweep the typed launch configs of an op family at its headline bench cases, on the GPU.
 
-    python benchmarks/config_sweep.py [quant append rope sample matmul_fp8 matmul_fp8_block ...]
+    python benchmarks/config_sweep.py [quant append decode rope sample matmul_fp8 ...]
 
 Each family's config is overridden through its scoped context (``quant_config``,
-``rope_config``, ``sample_config``, ``append_config``; for the fp8 GEMM a ``TmaConfig`` given
-to the launcher), every variant is checked against the default's output (the same values, or
-the reference rule for the GEMM), and timed with ``tkit.bench.timing.time_fn`` (median, L2
+``rope_config``, ``sample_config``, ``append_config``, ``decode_config``; for the fp8 GEMM a
+``TmaConfig`` given to the launcher), every variant is checked against the default's output
+(the same values, or the reference rule for the GEMM), and timed with
+``tkit.bench.timing.time_fn`` (median; small kernels replayed from a CUDA graph with the L2
 flushed) interleaved with the default in rounds; quant and append by their kernel's device
 time instead (:func:`kernel_ms`), which leaves out the override's host path. The winners go
 into the families' ``for_device`` tables; the figures into docs/NOTES.md. Output: a table on
@@ -418,7 +419,40 @@ def _attention_case(rows, B, S, hq, hk):
                          tflops=flops / t / 1e9))
 
 
-SWEEPS = {"int4": sweep_int4, "quant": sweep_quant, "append": sweep_append, "rope": sweep_rope,
+def sweep_decode(rows):
+    """decode_attention (issue #15: fp8 paged with per-token scales at <= 0.55x of the bf16
+    paged time): the fp8/token case (bench case 6) under the pipelined loops and the register
+    prefetch loop (kv_load), and the bf16 page-64 and dense cases (2, 0) the same way, so
+    that bf16 is seen unchanged or better. Variants are compared with the default's output
+    within bf16 rounding (tiles of other sizes sum in another order)."""
+    from tkit.kernels import decode as DA
+
+    fp8 = [dict(kv_load="prefetch", block_n=n, num_warps=w)
+           for n, w in ((64, 4), (128, 4), (32, 4), (64, 2), (128, 8), (256, 8))]
+    # 3 and 4 programs an SM instead of 2 and 3, with spills
+    fp8 += [dict(kv_load="prefetch", block_n=128, max_registers=168),
+            dict(kv_load="prefetch", block_n=64, max_registers=128)]
+    fp8 += [dict(block_n=64, sub_n=None, num_stages=2), dict(block_n=128, sub_n=64),
+            dict(block_n=128, sub_n=32, num_warps=8)]
+    b16 = [dict(kv_load="prefetch", block_n=n, num_warps=w)
+           for n, w in ((32, 4), (64, 4), (64, 8), (128, 8))]
+    start = len(rows)
+    sweep("decode", DA.decode_config, fp8, "decode_attention", 6, rows, exact=False)
+    sweep("decode", DA.decode_config, b16, "decode_attention", 2, rows, exact=False)
+    sweep("decode", DA.decode_config, b16, "decode_attention", 0, rows, exact=False)
+    new = rows[start:]
+    bf16 = [r["median_ms"] for r in new if "page64" in r["case"] and "fp8" not in r["case"]
+            and not r["config"]]
+    if bf16:
+        for r in new:
+            if "fp8" in r["case"]:
+                r["vs_bf16_page64_default"] = r["median_ms"] / bf16[0]
+                print(f"decode fp8 {json.dumps(r['config']):60s} {r['median_ms'] / bf16[0]:5.3f}"
+                      " of the bf16 page-64 default's time (issue #15: <= 0.55)")
+
+
+SWEEPS = {"decode": sweep_decode, "int4": sweep_int4, "quant": sweep_quant,
+          "append": sweep_append, "rope": sweep_rope,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,
           "matmul_fp8_block": sweep_matmul_fp8_block, "matmul_mid": sweep_matmul_mid,
           "attention_short": sweep_attention_short}

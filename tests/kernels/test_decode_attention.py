@@ -240,6 +240,65 @@ def test_sub_tiles_match_whole_tiles(page):
     torch.testing.assert_close(sub, whole, atol=2e-3, rtol=0)
 
 
+@pytest.mark.parametrize("cache", ["fp16", "fp8/token", "fp8/tensor", "fp8/strided"])
+@pytest.mark.parametrize("page", [None, 4, 32])
+def test_prefetch_loop(cache, page):
+    """kv_load="prefetch" (one loop, tile i + 1 loaded into registers while tile i is
+    computed; fp8 read as int32 words of 4 values where the layout allows): against the
+    reference with a window, softcap, several splits and queries, lengths of 0 and 1 (the
+    prefetch past the last tile and the empty sequence read nothing), and against the
+    pipelined loops. Pages of 4 (several table entries a tile) and 32 (one)."""
+    b, per_seq = 4, 128 // (page or 128)
+    d = 30 if cache == "fp8/strided" else 32  # 30: not whole words, read byte by byte
+    q, k, v, table = _paged(b, 3, 8, 2, d, page or 128, per_seq, torch.float16, seed=87)
+    kw = dict(window_size=(70, -1), softcap=20.0, return_lse=True, num_splits=2)
+    if page is None:
+        table = None
+        k, v = k.reshape(b, 128, 2, d), v.reshape(b, 128, 2, d)
+    else:
+        kw["block_table"] = table
+    if cache != "fp16":
+        gen = torch.Generator().manual_seed(7)
+        if cache == "fp8/tensor":
+            ks, vs = (torch.tensor(x, device=k.device) for x in (0.7, 1.3))
+        else:
+            ks = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+            vs = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+        k, v = k.to(FP8), v.to(FP8)
+        kw.update(k_scale=ks, v_scale=vs)
+    lens = _lens(128, 77, 0, 1)
+    with DA.decode_config(block_n=32, kv_load="prefetch"):
+        with poisoned_outputs():
+            check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                    [q, k, v, lens], kw)
+        got, got_lse = tkit.decode_attention(q, k, v, lens, **kw)
+    with DA.decode_config(block_n=32):
+        want, want_lse = tkit.decode_attention(q, k, v, lens, **kw)
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
+    assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
+
+
+def test_prefetch_clamps_garbage():
+    """The prefetch loop under garbage block indices and lengths (registered op, no
+    validation): blocks clamp to [0, num_blocks - 1], lengths to the table; fp8 words."""
+    q, k, v, table = _paged(4, 2, 4, 2, 32, 16, 3, torch.float32, seed=103)
+    k8, v8 = _guarded(k.to(FP8)), _guarded(v.to(FP8))
+    nb = k.shape[0]
+    bad = table.clone()
+    bad[0, 1] = 10**9
+    bad[1, 0] = -(2**31)
+    bad[2] = torch.tensor([nb, -1, 2**31 - 1], dtype=I32)
+    lens = _lens(48, 10**6, -5, 2**31 - 1)
+    with DA.decode_config(block_n=16, kv_load="prefetch"), poisoned_outputs():
+        out, lse = torch.ops.tkit.decode_attention(q, k8, v8, lens, bad, None, None,
+                                                   32 ** -0.5, -1, 0, 0.0, 2)
+    ref, ref_lse = S.ref_decode_attention(q.double(), k8.double(), v8.double(),
+                                          lens.clamp(0, 48), block_table=bad.clamp(0, nb - 1),
+                                          return_lse=True)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=0)
+
+
 # ---- append_kv, merge ----------------------------------------------------------------------
 @pytest.mark.parametrize("fp8", [None, "tensor", "token"])
 def test_append_kv_round_trip(fp8):

@@ -144,6 +144,288 @@ def _decode_tiles(acc, l_i, m_i, q, K, V, KS, VS, BT, start, end, L, qpos, offs_
 
 
 @triton.jit
+def _fp8_words_to_f16(w):
+    """int32 words, each 4 fp8 e4m3 values of consecutive head-dim positions (little-endian),
+    as four float16 tensors shaped like ``w``: e_r holds position 4 * word + r. On a GPU two
+    ``cvt.rn.f16x2.e4m3x2`` a word (exact, NaN kept): the fp8 tile never lives as bytes (one
+    8-bit value in each 32-bit register) nor passes through shared memory as bytes, and no
+    reshape follows (the quarters are dotted separately, :func:`_decode_tiles_prefetch`)."""
+    if _INTERPRET:  # the interpreter has no inline PTX: the same bytes, converted by Triton
+        e0 = _interpreter_operand((w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True))
+        e1 = _interpreter_operand(((w >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv,
+                                                                     bitcast=True))
+        e2 = _interpreter_operand(((w >> 16) & 0xFF).to(tl.uint8).to(tl.float8e4nv,
+                                                                      bitcast=True))
+        e3 = _interpreter_operand(((w >> 24) & 0xFF).to(tl.uint8).to(tl.float8e4nv,
+                                                                      bitcast=True))
+        e0 = e0.to(tl.float16)
+        e1 = e1.to(tl.float16)
+        e2 = e2.to(tl.float16)
+        e3 = e3.to(tl.float16)
+    else:
+        e0, e1, e2, e3 = tl.inline_asm_elementwise(
+            """{
+            .reg .b16 lo, hi;
+            .reg .b32 r01, r23;
+            mov.b32 {lo, hi}, $4;
+            cvt.rn.f16x2.e4m3x2 r01, lo;
+            cvt.rn.f16x2.e4m3x2 r23, hi;
+            mov.b32 {$0, $1}, r01;
+            mov.b32 {$2, $3}, r23;
+            }""",
+            "=h,=h,=h,=h,r", [w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+            is_pure=True, pack=1)
+    return e0, e1, e2, e3
+
+
+@triton.jit
+def _interleave4(x0, x1, x2, x3, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """(ROWS, COLS) from four (ROWS, COLS // 4) quarters: column 4c + r is x_r's column c.
+    tl.join stacks along a new last axis: y[., c, i, j] = x_(2i + j), column 4c + 2i + j."""
+    y = tl.join(tl.join(x0, x2), tl.join(x1, x3))
+    return tl.reshape(y, [ROWS, COLS])
+
+
+@triton.jit
+def _masked_load(ptrs, mask, ANY_MASK: tl.constexpr):
+    """``tl.load(ptrs)``, masked (other 0) only where ANY_MASK says so."""
+    if ANY_MASK:
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _load_kv(K, V, KS, VS, BT, start_n, L, offs_n, offs_d, b64, n_blocks, live,
+             skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn,
+             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+             PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+             SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, FP8_WORDS: tl.constexpr,
+             LIVE_MASK: tl.constexpr, SAME_STRIDES: tl.constexpr, PART: tl.constexpr = 0):
+    """The cache's K and V tiles of BLOCK_N keys from ``start_n`` as stored (fp8 stays fp8), in
+    the plain blocked layout of the load (16-byte vectors along the head dim; FP8_WORDS: as
+    int32 words of 4 fp8 values, see :func:`_fp8_words_to_f16`), with their per-token scales
+    (SCALE_* == 2; else a placeholder). Key positions clamp to [0, L - 1] and blocks to
+    [0, n_blocks - 1] as in :func:`_key_rows`, so that any tile start reads rows of the
+    sequence when L >= 1. LIVE_MASK: the scalar ``live`` false reads nothing (a sequence of no
+    keys, whose clamped rows are not rows). SAME_STRIDES: V (and its scales) laid out as K
+    (and its), one offset computation for both. PART 1: K and the scales only (V returned as
+    K), PART 2: V only (K returned as V, the scales as placeholders)."""
+    c = tl.maximum(tl.minimum(start_n + offs_n, L - 1), 0)
+    if PAGED:  # as _key_rows, the table read clamped (and masked) too
+        if PAGE_SIZE >= BLOCK_N:
+            sn = tl.maximum(tl.minimum(start_n, L - 1), 0)
+            if LIVE_MASK:
+                blk = tl.load(BT + (sn // PAGE_SIZE) * sbtn, mask=live, other=0)
+            else:
+                blk = tl.load(BT + (sn // PAGE_SIZE) * sbtn)
+            blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
+            blk = tl.broadcast_to(blk, [BLOCK_N])
+        else:
+            if LIVE_MASK:
+                blk = tl.load(BT + (c // PAGE_SIZE) * sbtn, mask=live, other=0)
+            else:
+                blk = tl.load(BT + (c // PAGE_SIZE) * sbtn)
+            blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
+        row = (c % PAGE_SIZE).to(tl.int64)
+    else:
+        blk = tl.broadcast_to(b64, [BLOCK_N])
+        row = c.to(tl.int64)
+    if FP8_WORDS:  # fp8 with a contiguous head dim: int32 words of 4 values (16-byte loads)
+        offs_w = tl.arange(0, BLOCK_D // 4)
+        wmask = (offs_w < HEAD_DIM // 4)[None, :]
+        if LIVE_MASK:
+            wmask = wmask & live
+        # strides in words: multiples of 4 bytes (the launcher checks)
+        k_off = blk * (skn // 4) + row * (skp // 4)
+        if SAME_STRIDES:
+            v_off = k_off
+        else:
+            v_off = blk * (svn // 4) + row * (svp // 4)
+        if PART != 2:
+            k = _masked_load(K.to(tl.pointer_type(tl.int32)) + k_off[:, None]
+                             + offs_w[None, :], wmask, LIVE_MASK or HEAD_DIM != BLOCK_D)
+        if PART != 1:
+            v = _masked_load(V.to(tl.pointer_type(tl.int32)) + v_off[:, None]
+                             + offs_w[None, :], wmask, LIVE_MASK or HEAD_DIM != BLOCK_D)
+        if PART == 1:
+            v = k
+        if PART == 2:
+            k = v
+    else:
+        kmask = (offs_d < HEAD_DIM)[None, :]
+        if LIVE_MASK:
+            kmask = kmask & live
+        k_off = blk * skn + row * skp
+        if SAME_STRIDES:
+            v_off = k_off
+        else:
+            v_off = blk * svn + row * svp
+        k = _masked_load(K + k_off[:, None] + offs_d[None, :] * skd, kmask,
+                         LIVE_MASK or HEAD_DIM != BLOCK_D)
+        v = _masked_load(V + v_off[:, None] + offs_d[None, :] * svd, kmask,
+                         LIVE_MASK or HEAD_DIM != BLOCK_D)
+    if SCALE_K == 2 and PART != 2:
+        ks = _masked_load(KS + blk * sksn + row * sksp, live, LIVE_MASK)
+    else:
+        ks = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if SCALE_V == 2 and PART != 2:
+        if SAME_STRIDES:
+            vs = _masked_load(VS + blk * sksn + row * sksp, live, LIVE_MASK)
+        else:
+            vs = _masked_load(VS + blk * svsn + row * svsp, live, LIVE_MASK)
+    else:
+        vs = tl.zeros([BLOCK_N], dtype=tl.float32)
+    return k, v, ks, vs
+
+
+@triton.jit
+def _online_softmax(qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr, qk_scale, cap_scale,
+                    MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
+                    SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr):
+    """P (unnormalized), the rescale of the accumulator, l and the new m, from the raw scores
+    of one tile (as :func:`_decode_tile`)."""
+    if SCALE_K == 2:
+        qk = qk * ks[None, :]
+    s = _softcap(qk, qk_scale, cap_scale, SOFTCAP)
+    if MASKED:
+        ok = (cols < L)[None, :]
+        if MASK_HI:
+            ok = ok & (cols[None, :] <= qpos[:, None] + shift + wr)
+        if MASK_LO:
+            ok = ok & (cols[None, :] >= qpos[:, None] + shift - wl)
+        s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MASKED:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, l_i, m_new
+
+
+@triton.jit
+def _decode_tile_loaded(acc, l_i, m_i, q, k, v, ks, vs, start_n, L, qpos, offs_n,
+                        shift, wl, wr, qk_scale, cap_scale,
+                        MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
+                        SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr,
+                        PREC: tl.constexpr):
+    """The online-softmax update of one tile already in registers (:func:`_load_kv`), in the
+    cache's dtype (fp8 read byte by byte is converted here, in the layout of the load);
+    per-token scales are applied to S (K's) and to P (V's: O = sum_j (p_j s_j) v_j)."""
+    if k.dtype != q.dtype:
+        k = k.to(q.dtype)
+    qk = _dot(q, tl.trans(k), input_precision=PREC)
+    p, alpha, l_i, m_new = _online_softmax(qk, l_i, m_i, ks, start_n + offs_n, L, qpos, shift,
+                                           wl, wr, qk_scale, cap_scale, MASKED, MASK_LO,
+                                           MASK_HI, SOFTCAP, SCALE_K)
+    acc = acc * alpha[:, None]
+    if v.dtype != q.dtype:
+        v = v.to(q.dtype)
+    if SCALE_V == 2:
+        p = p * vs[None, :]
+    acc = _dot(p.to(q.dtype), v, acc, input_precision=PREC)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _decode_tiles_prefetch(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
+                           t0, a, c, t1, L, qpos, offs_n, offs_d, b64, n_blocks, shift, wl, wr,
+                           qk_scale, cap_scale,
+                           skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn,
+                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                           BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+                           MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+                           SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
+                           FP8_WORDS: tl.constexpr, SAME_STRIDES: tl.constexpr):
+    """The tiles [t0, t1) in one loop that is not software-pipelined (num_stages 1): tile i + 1
+    is loaded into registers before tile i is computed, so its latency hides behind that
+    work (and the other resident programs'). Tiles in [a, c) are fully visible, the others
+    evaluate the masks (a branch per tile: one loop, one prologue). Only the prologue's read
+    is masked (an empty sequence); in the loop L >= 1, and the read past the last tile takes
+    clamped rows of the sequence (the same row again: cached lines).
+
+    FP8_WORDS: fp8 tiles held as int32 words (n, d / 4), each word becoming four float16
+    quarters e_r (head-dim positions 4w + r) in the words' own layout (no reshape: its layout
+    sent the operand shuffles through 64-bit shared loads and register moves), so that the
+    dots' operand shuffles move 16-bit data (``ldmatrix``). S = sum_r q_r k_r^T with q's
+    quarters q_r; O's quarters accumulate apart (acc_r = sum_j p_j v_r[j]), interleaved once
+    after the loop by the caller. The next tile's V is read after this tile's scores, when
+    this tile's V is converted: fewer registers held across the dots. Else acc0 and q0 alone
+    are used (acc1..3, q1..3 are placeholders)."""
+    kn, vn, ksn, vsn = _load_kv(K, V, KS, VS, BT, t0, L, offs_n, offs_d, b64, n_blocks,
+                                t0 < t1, skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp,
+                                sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, SCALE_K,
+                                SCALE_V, FP8_WORDS, True, SAME_STRIDES)
+    for start_t in range(t0, t1, BLOCK_N):
+        k, v, ks, vs = kn, vn, ksn, vsn
+        nxt = start_t + BLOCK_N
+        # FP8_WORDS: the next V is read after this tile's scores (fewer registers held)
+        kn, vn0, ksn, vsn = _load_kv(K, V, KS, VS, BT, nxt, L, offs_n, offs_d, b64, n_blocks,
+                                     nxt < t1, skn, skp, skd, svn, svp, svd, sksn, sksp, svsn,
+                                     svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED,
+                                     SCALE_K, SCALE_V, FP8_WORDS, False, SAME_STRIDES,
+                                     1 if FP8_WORDS else 0)
+        if not FP8_WORDS:
+            vn = vn0
+        full = (start_t >= a) & (start_t < c)
+        if FP8_WORDS:  # the dots shared, the masks in a branch
+            k0, k1, k2, k3 = _fp8_words_to_f16(k)
+            qk = _dot(q0, tl.trans(k0.to(q0.dtype)), input_precision=PREC)
+            qk = _dot(q1, tl.trans(k1.to(q0.dtype)), qk, input_precision=PREC)
+            qk = _dot(q2, tl.trans(k2.to(q0.dtype)), qk, input_precision=PREC)
+            qk = _dot(q3, tl.trans(k3.to(q0.dtype)), qk, input_precision=PREC)
+            cols = start_t + offs_n
+            if full:
+                p, alpha, l_i, m_new = _online_softmax(
+                    qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr, qk_scale, cap_scale, False,
+                    MASK_LO, MASK_HI, SOFTCAP, SCALE_K)
+            else:
+                p, alpha, l_i, m_new = _online_softmax(
+                    qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr, qk_scale, cap_scale, True,
+                    MASK_LO, MASK_HI, SOFTCAP, SCALE_K)
+            m_i = m_new
+            if SCALE_V == 2:
+                p = p * vs[None, :]
+            p = p.to(q0.dtype)
+            v0, v1, v2, v3 = _fp8_words_to_f16(v)
+            vn = _load_kv(K, V, KS, VS, BT, nxt, L, offs_n, offs_d, b64, n_blocks, nxt < t1,
+                          skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM,
+                          BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, SCALE_K, SCALE_V, FP8_WORDS,
+                          False, SAME_STRIDES, 2)[1]
+            acc0 = _dot(p, v0.to(q0.dtype), acc0 * alpha[:, None], input_precision=PREC)
+            acc1 = _dot(p, v1.to(q0.dtype), acc1 * alpha[:, None], input_precision=PREC)
+            acc2 = _dot(p, v2.to(q0.dtype), acc2 * alpha[:, None], input_precision=PREC)
+            acc3 = _dot(p, v3.to(q0.dtype), acc3 * alpha[:, None], input_precision=PREC)
+        else:
+            if full:
+                acc0, l_i, m_i = _decode_tile_loaded(
+                    acc0, l_i, m_i, q0, k, v, ks, vs, start_t, L, qpos, offs_n, shift, wl, wr,
+                    qk_scale, cap_scale, False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V,
+                    PREC)
+            else:
+                acc0, l_i, m_i = _decode_tile_loaded(
+                    acc0, l_i, m_i, q0, k, v, ks, vs, start_t, L, qpos, offs_n, shift, wl, wr,
+                    qk_scale, cap_scale, True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V,
+                    PREC)
+    return acc0, acc1, acc2, acc3, l_i, m_i
+
+
+@triton.jit
+def _q_part(Q, q_off, cols, row_ok, sqd, HEAD_DIM: tl.constexpr, CACHE_DTYPE: tl.constexpr):
+    """Columns ``cols`` of the packed query rows, in the dtype that meets the cache (as q in
+    :func:`_decode_split_kernel`: float16 for a bfloat16 query and an fp8 cache)."""
+    x = tl.load(Q + q_off[:, None] + cols[None, :] * sqd,
+                mask=row_ok[:, None] & (cols < HEAD_DIM)[None, :], other=0.0)
+    if CACHE_DTYPE.is_fp8() and x.dtype == tl.bfloat16:
+        x = tl.minimum(tl.maximum(x.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
+    return x
+
+
+@triton.jit
 def _decode_split_kernel(
     Q, K, V, KS, VS, SEQLENS, BT, O, LSE,
     sqb, sqs, sqh, sqd, skn, skp, skh, skd, svn, svp, svh, svd,
@@ -154,6 +436,8 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
     MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
+    PREFETCH: tl.constexpr = False, FP8_WORDS: tl.constexpr = False,
+    SAME_STRIDES: tl.constexpr = False,
 ):
     """One program: the packed rows of one M tile of one (sequence, kv head), over split
     ``s`` of its keys. Grid (num_splits * M tiles, heads_kv, batch), M tiles fastest.
@@ -167,7 +451,11 @@ def _decode_split_kernel(
     with several, float32 partials whose split index has strides ``sos_split`` /
     ``sls_split`` and whose other strides follow the same (batch, query, head, dim) names.
     ``qk_scale`` = softmax scale * log2(e) (softcap: cap * log2(e); ``cap_scale`` = scale /
-    cap); ``wl``, ``wr`` the window (used when MASK_LO / MASK_HI; causal is wr = 0)."""
+    cap); ``wl``, ``wr`` the window (used when MASK_LO / MASK_HI; causal is wr = 0).
+    PREFETCH: the keys in one loop with a register prefetch (:func:`_decode_tiles_prefetch`,
+    launched with num_stages 1) instead of three software-pipelined loops; FP8_WORDS (with
+    PREFETCH): fp8 caches whose head dim is contiguous, in 4-byte-aligned rows, read as int32
+    words of 4 values; SAME_STRIDES (with PREFETCH): V and its scales strided as K and its."""
     pid = tl.program_id(0)
     hk = tl.program_id(1)
     b = tl.program_id(2)
@@ -239,21 +527,49 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    acc, l_i, m_i = _decode_tiles(
-        acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, t0, a, L, qpos, offs_n, offs_d, b64, n_blocks,
-        shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn, sksp, svsn,
-        svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, True, MASK_LO, MASK_HI,
-        SOFTCAP, SCALE_K, SCALE_V, PREC)
-    acc, l_i, m_i = _decode_tiles(
-        acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, a, c, L, qpos, offs_n, offs_d, b64, n_blocks,
-        shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn, sksp, svsn,
-        svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, False, MASK_LO, MASK_HI,
-        SOFTCAP, SCALE_K, SCALE_V, PREC)
-    acc, l_i, m_i = _decode_tiles(
-        acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, c, t1, L, qpos, offs_n, offs_d, b64, n_blocks,
-        shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn, sksp, svsn,
-        svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, True, MASK_LO, MASK_HI,
-        SOFTCAP, SCALE_K, SCALE_V, PREC)
+    if PREFETCH:
+        if FP8_WORDS:  # q's quarters (columns 4c + r), as q
+            offs_c = tl.arange(0, BLOCK_D // 4) * 4
+            q0 = _q_part(Q, q_off, offs_c, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+            q1 = _q_part(Q, q_off, offs_c + 1, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+            q2 = _q_part(Q, q_off, offs_c + 2, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+            q3 = _q_part(Q, q_off, offs_c + 3, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+            acc0 = tl.zeros([BLOCK_M, BLOCK_D // 4], dtype=tl.float32)
+        else:
+            q0 = q
+            q1 = q
+            q2 = q
+            q3 = q
+            acc0 = acc
+        acc1 = acc0
+        acc2 = acc0
+        acc3 = acc0
+        acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_prefetch(
+            acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kh, Vh, KS, VS, BTb, t0, a, c, t1,
+            L, qpos, offs_n, offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp,
+            skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N,
+            PAGE_SIZE, PAGED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, FP8_WORDS,
+            SAME_STRIDES)
+        if FP8_WORDS:
+            acc = _interleave4(acc0, acc1, acc2, acc3, BLOCK_M, BLOCK_D)
+        else:
+            acc = acc0
+    else:
+        acc, l_i, m_i = _decode_tiles(
+            acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, t0, a, L, qpos, offs_n, offs_d, b64,
+            n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn,
+            sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, True,
+            MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+        acc, l_i, m_i = _decode_tiles(
+            acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, a, c, L, qpos, offs_n, offs_d, b64,
+            n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn,
+            sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, False,
+            MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+        acc, l_i, m_i = _decode_tiles(
+            acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, c, t1, L, qpos, offs_n, offs_d, b64,
+            n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn,
+            sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, True,
+            MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
 
     empty = l_i == 0.0  # no visible key in this split: O = 0, lse = -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]

@@ -40,6 +40,16 @@ class DecodeConfig:
     ctas_per_sm: resident programs per SM that the split heuristic counts as slots.
     split_bytes: K+V bytes one split should stream at most (the split heuristic's floor on the
         number of splits, so that the longest sequence of a mixed batch is not one long tail).
+    kv_load: how K and V reach the dots. ``"pipeline"``: Triton's software pipeline streams
+        the tiles through shared memory (cp.async) and reads them in the MMA operand layouts;
+        an fp8 tile is then read a byte at a time (``LDS.U8``: the B operand of P @ V wants
+        consecutive keys, 128 bytes apart, and there is no 8-bit ``ldmatrix.trans`` on
+        sm_90). ``"prefetch"``: one loop, not pipelined (launched with num_stages 1), that
+        loads tile i + 1 into registers (16-byte loads in the plain blocked layout) before
+        computing tile i; fp8 is converted there, so the operand shuffles move 16-bit data
+        (``ldmatrix``); sub_n is ignored (a tile is one sub-tile).
+    max_registers: None, or a cap on the split kernel's registers a thread (Triton's
+        ``maxnreg``): more resident programs an SM at the price of spills, for experiments.
     """
 
     block_n: int = 64
@@ -50,6 +60,8 @@ class DecodeConfig:
     num_splits: Optional[int] = None  # noqa: UP045
     ctas_per_sm: int = 2
     split_bytes: int = 2 << 20
+    kv_load: str = "pipeline"
+    max_registers: Optional[int] = None  # noqa: UP045
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int) -> DecodeConfig:

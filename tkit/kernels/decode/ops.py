@@ -187,7 +187,12 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         max_len, page, n_blocks = k_cache.shape[1], 1, b
         bt, bt_strides = (cache_seqlens if cache_seqlens is not None else q), (0, 0)
     block_d = max(16, C.next_power_of_2(d))
-    sub_n = min(cfg.sub_n or cfg.block_n, cfg.block_n)  # an override of block_n alone
+    if cfg.kv_load not in ("pipeline", "prefetch"):
+        raise ValueError(f"DecodeConfig: kv_load = {cfg.kv_load!r} must be 'pipeline' or "
+                         "'prefetch'")
+    prefetch = cfg.kv_load == "prefetch"
+    # an override of block_n alone; the prefetch loop takes whole tiles
+    sub_n = cfg.block_n if prefetch else min(cfg.sub_n or cfg.block_n, cfg.block_n)
     if sub_n < 16 or cfg.block_n % sub_n or sub_n & (sub_n - 1):
         raise ValueError(f"DecodeConfig: sub_n = {cfg.sub_n} must be a power of 2 >= 16 that "
                          f"divides block_n = {cfg.block_n}")
@@ -231,7 +236,11 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         PAGED=paged, MASK_LO=window_left >= 0, MASK_HI=window_right >= 0,
         SOFTCAP=softcap > 0.0, SCALE_K=scale_k, SCALE_V=scale_v,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=1 if prefetch else cfg.num_stages,
+        **({"PREFETCH": True, "FP8_WORDS": _fp8_words(k_cache, v_cache),
+            "SAME_STRIDES": k_cache.stride() == v_cache.stride() and ks_strides == vs_strides}
+           if prefetch else {}),
+        **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
     )
     if splits > 1:
         sp = o_part.stride()
@@ -246,6 +255,15 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
             BLOCK_S=min(16, C.next_power_of_2(splits)), num_warps=4,
         )
     return out, lse
+
+
+def _fp8_words(k_cache, v_cache) -> bool:
+    """fp8 caches the prefetch loop can read as int32 words of 4 values: a contiguous head dim
+    that is a multiple of 4, every other stride 4-byte aligned, the base 16-byte aligned (the
+    granularity of an eager plan's key, so that a plan never serves a base this excludes)."""
+    return all(c.dtype == FP8 and c.stride(-1) == 1 and c.shape[-1] % 4 == 0
+               and all(s % 4 == 0 for s in c.stride()[:-1]) and c.data_ptr() % 16 == 0
+               for c in (k_cache, v_cache))
 
 
 def _named(prefix, strides, dims):
