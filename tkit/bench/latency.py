@@ -104,6 +104,16 @@ def _first_calls_child(provider: str) -> None:
 
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
+    if provider == "tkit":
+        # tkit's families load on first use (``tkit.add`` imports the elementwise package,
+        # Triton and its JIT functions): timed apart, as torch's ``import torch`` is not
+        # part of its first call
+        t0 = time.perf_counter()
+        import tkit
+
+        for name in sorted({c.op for c in first_call_cases("meta")}):
+            getattr(tkit, name)
+        print(json.dumps({"i": "import", "s": time.perf_counter() - t0}), flush=True)
     for i, case in enumerate(first_call_cases()):
         inputs = case.make()
         torch.cuda.synchronize()
@@ -149,6 +159,16 @@ def first_call_rows(env: dict, log=print) -> list[dict]:
                 row["group"] = "first call"
                 row["metric"] = "wall time of the first call in a new process"
                 rows.append(row)
+            if "import" in got:
+                imp = LatencyCase("tkit", "import", "the first-call ops' modules loaded",
+                                  tuple, None, None)
+                t = (got["import"]["s"] * 1e3,) * 3
+                row = _row(imp, label, t, env)
+                row["group"] = "first call"
+                row["metric"] = "wall time of loading the ops (tkit.<op> attribute access)"
+                rows.append(row)
+                log(f"first call, {label:16s} import of the ops' modules "
+                    f"{got['import']['s'] * 1e3:.0f} ms (before the first calls)")
             log(f"first call, {label:16s} " + "  ".join(
                 f"{c.op} {got[i]['s'] * 1e3:.0f} ms" if "s" in got.get(i, {}) else f"{c.op} -"
                 for i, c in enumerate(cases)))
