@@ -98,11 +98,15 @@ class Int4Config:
             bn = min(bn, 64)
         k_steps = K // bk
         if M <= GEMV_MAX_M:
-            # one warp a program, 256 columns (8 a thread: the activations' loads, converts
-            # and sums are shared by 8 columns) x 64 K values a step; K split so that ~8
-            # programs per SM stream the weight, >= 4 steps each
-            gbn = bn if _env.INTERPRET else min(256, max(128, C.next_power_of_2(N)))
-            gbk = min(64, bk)
+            # one warp a program; at M = 1, 256 columns (8 a thread: the activations' loads,
+            # converts and sums are shared by 8 columns) x 64 K values a step (168 registers);
+            # more rows of a hold more partial sums: smaller steps (M = 2: 256 x 32, 168
+            # registers; M = 4: 128 x 32, 168). K split so that ~8 programs per SM stream the
+            # weight, >= 4 steps each. sm_90a compile facts, not timings.
+            gbn, gbk = {1: (256, 64), 2: (256, 32), 4: (128, 32)}[C.next_power_of_2(M)]
+            if _env.INTERPRET:
+                gbn = bn
+            gbk = min(gbk, bk)
             split = _split_for(C.cdiv(N, gbn), 8 * num_sms, K // gbk, 4)
             return Int4Config(C.next_power_of_2(M), gbn, gbk, split, num_warps=1,
                               num_stages=1, path="gemv")
@@ -318,32 +322,46 @@ def _matmul_int4_gemv_kernel(
         ca = (z + 128.0) * s
         cb = (z + 2048.0) * s
         s = s * (1.0 / 65536.0)
-        # f[j]: nibble j of each word (K = 8 * row + j), as 2^16 * (offset + q)
-        f4, f3 = _nibble_pair(q, magic_a, magic_b)
-        f2, f1 = _nibble_pair(_rotl(q, 8), magic_a, magic_b)
-        f0, f7 = _nibble_pair(_rotl(q, 16), magic_a, magic_b)
-        f6, f5 = _nibble_pair(_rotl(q, 24), magic_a, magic_b)
-        f = (f0, f1, f2, f3, f4, f5, f6, f7)
+        # nibble j of each word (K = 8 * row + j) as f = 2^16 * (offset + q), one pair of
+        # nibbles at a time, each used by every row of a before the next pair is made (at
+        # M > 1 the tile's 8 nibble planes would not fit in registers)
+        ts = ()
+        sums_a = ()
+        sums_b = ()
+        for p in tl.static_range(4):
+            # pairs (4, 3), (2, 1), (0, 7), (6, 5) from q rotated left by 0, 8, 16, 24
+            JA = (4, 2, 0, 6)[p]
+            JB = (3, 1, 7, 5)[p]
+            fa, fb = _nibble_pair(_rotl(q, 8 * p) if p > 0 else q, magic_a, magic_b)
+            new_t = ()
+            new_a = ()
+            new_b = ()
+            for m in tl.static_range(BLOCK_M):
+                # rows past M read row M - 1; masked on the store
+                a_row = a_ptrs + tl.minimum(m, M - 1) * stride_am
+                aa = tl.load(a_row + JA * stride_ak).to(tl.float32)  # (BKQ,)
+                ab = tl.load(a_row + JB * stride_ak).to(tl.float32)
+                if p == 0:
+                    t = aa[:, None] * fa
+                    sa = aa
+                    sb = ab
+                else:
+                    t = ts[m] + aa[:, None] * fa  # one FMA each
+                    sa = sums_a[m] + aa
+                    sb = sums_b[m] + ab
+                t += ab[:, None] * fb
+                new_t = new_t + (t,)
+                new_a = new_a + (sa,)
+                new_b = new_b + (sb,)
+            ts = new_t
+            sums_a = new_a
+            sums_b = new_b
         new = ()
         for m in tl.static_range(BLOCK_M):
-            # rows past M read row M - 1; masked on the store
-            a_row = a_ptrs + tl.minimum(m, M - 1) * stride_am
-            a0 = tl.load(a_row).to(tl.float32)  # (BKQ,): k = 8 * row + 0
-            a1 = tl.load(a_row + stride_ak).to(tl.float32)
-            sum_a = a0
-            sum_b = a1
-            t = a0[:, None] * f[0] + a1[:, None] * f[1]
-            for j in tl.static_range(2, 8, 2):
-                aj = tl.load(a_row + j * stride_ak).to(tl.float32)
-                ak = tl.load(a_row + (j + 1) * stride_ak).to(tl.float32)
-                sum_a += aj
-                sum_b += ak
-                t += aj[:, None] * f[j]  # one FMA each (not t + (x + y): three ops for two)
-                t += ak[:, None] * f[j + 1]
             # over the packed rows: within each thread when the warps split N only
-            acc = accs[m] + tl.sum(t, axis=0) * s
-            acc -= tl.sum(sum_a, axis=0) * ca
-            acc -= tl.sum(sum_b, axis=0) * cb
+            acc = accs[m] + tl.sum(ts[m], axis=0) * s
+            acc -= tl.sum(sums_a[m], axis=0) * ca
+            acc -= tl.sum(sums_b[m], axis=0) * cb
             new = new + (acc,)
         accs = new
         a_ptrs += BLOCK_K * stride_ak
