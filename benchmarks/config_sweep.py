@@ -166,23 +166,24 @@ def sweep_int4(rows):
     every field given (a variant does not inherit the other path's default)."""
     from tkit.kernels.matmul import int4 as I4
 
-    def gemv(bn, bk, split, warps):
+    def gemv(bn, bk, split, warps, fused=False):
         return dict(path="gemv", block_n=bn, block_k=bk, split_k=split, num_warps=warps,
-                    num_stages=1)
+                    num_stages=1, fused_reduce=fused)
 
     def tile(bn, split, warps, stages, bm=16):
         return dict(path="tile", block_m=bm, block_n=bn, block_k=128, split_k=split,
                     num_warps=warps, num_stages=stages)
 
-    # GEMV: columns a program (128 x warps: 4 a thread, 256 x warps: 8), K step, K split
-    gemvs = [gemv(256, 64, 16, 1), gemv(256, 64, 8, 1), gemv(256, 64, 32, 1),
-             gemv(128, 64, 16, 1), gemv(256, 128, 8, 1), gemv(512, 64, 16, 2),
-             gemv(1024, 64, 16, 4), gemv(128, 128, 16, 1)]
+    # GEMV: columns a program (128 x warps: 4 a thread, 256 x warps: 8), K step, K split,
+    # the split's partials summed by the last program (one launch) or a second kernel
+    gemvs = [gemv(256, 64, 16, 1), gemv(256, 64, 16, 1, True), gemv(256, 64, 8, 1, True),
+             gemv(256, 64, 32, 1, True), gemv(128, 64, 16, 1, True), gemv(256, 32, 32, 1, True),
+             gemv(512, 64, 16, 2, True), gemv(1024, 64, 16, 4, True)]
     tiles = [tile(128, 2, 4, 4), tile(64, 4, 4, 4), tile(128, 4, 4, 3), tile(64, 8, 4, 3)]
     for idx in (0, 2):  # M = 1
         sweep("int4", I4.int4_config, gemvs + tiles[:1], "matmul_int4", idx, rows, exact=False)
     for idx in (1, 3):  # M = 16
-        sweep("int4", I4.int4_config, tiles + gemvs[:2] + [gemv(128, 64, 16, 1)],
+        sweep("int4", I4.int4_config, tiles + [gemv(128, 16, 16, 1, True)],
               "matmul_int4", idx, rows, exact=False)
 
 

@@ -85,6 +85,9 @@ class Int4Config:
     num_warps: int = 4
     num_stages: int = 4
     path: str = "tile"
+    #: gemv path, split_k > 1: the last program of each column slab sums the partials (one
+    #: launch, deterministic; per-device arrival counters, so opt-in as matmul's)
+    fused_reduce: bool = False
 
     @staticmethod
     def for_shape(M: int, N: int, K: int, group_size: int, num_sms: int = 132) -> Int4Config:
@@ -262,9 +265,9 @@ def _nibble_pair(src, magic_a, magic_b):
 def _matmul_int4_gemv_kernel(
     a_ptr, q_ptr, s_ptr, z_ptr, c_ptr, ws_ptr, bias_ptr, M, N, K,
     stride_am, stride_ak, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn,
-    stride_cm, stride_cn, stride_bias, magic_a, magic_b,
+    stride_cm, stride_cn, stride_bias, magic_a, magic_b, cnt_ptr,
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+    SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr, FUSED_REDUCE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """All M (<= BLOCK_M) rows of ``a`` times BLOCK_N columns over this program's K range, on
@@ -366,7 +369,7 @@ def _matmul_int4_gemv_kernel(
         accs = new
         a_ptrs += BLOCK_K * stride_ak
     mask = offs_n < N
-    if HAS_BIAS and SPLIT_K == 1:
+    if HAS_BIAS and (SPLIT_K == 1 or FUSED_REDUCE):
         bias = tl.load(bias_ptr + offs_n * stride_bias, mask=mask, other=0.0).to(tl.float32)
     for m in tl.static_range(BLOCK_M):
         out = accs[m]
@@ -378,6 +381,40 @@ def _matmul_int4_gemv_kernel(
         else:
             tl.store(ws_ptr + (pid_k * M + m).to(tl.int64) * N + offs_n, out,
                      mask=mask & (m < M))
+    if FUSED_REDUCE:
+        # the last program of this column slab to arrive sums the partials in split order
+        # (deterministic) and stores; its counter goes back to 0 for the next launch
+        tl.debug_barrier()  # every thread's partial is stored before the (releasing) arrival
+        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            for m in tl.static_range(BLOCK_M):
+                total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                for sp in tl.static_range(SPLIT_K):
+                    total += tl.load(ws_ptr + tl.cast(sp * M + m, tl.int64) * N + offs_n,
+                                     mask=mask & (m < M), other=0.0, cache_modifier=".cg")
+                if HAS_BIAS:
+                    total += bias
+                tl.store(c_ptr + m * stride_cm + offs_n * stride_cn,
+                         total.to(c_ptr.dtype.element_ty), mask=mask & (m < M))
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+
+
+_COUNTERS: dict = {}
+
+
+def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Per-column-slab arrival counters of the GEMV's one-launch split-K (``fused_reduce``,
+    opt-in), zeroed once and left at zero by every launch (no memset a call). One buffer per
+    device, as matmul's ``_splitk_counters``: two such launches running at once on different
+    streams would share it, which is why it is not the default; the first call must be eager
+    (before a CUDA graph capture) so that the buffer exists."""
+    key = (device.type, device.index)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n or device.type == "meta":
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        if device.type != "meta":
+            _COUNTERS[key] = buf
+    return buf
 
 
 # --------------------------------------------------------------------------------------------
@@ -399,8 +436,11 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
     extra = {}
     if cfg.path == "gemv":
         kernel, grid = _matmul_int4_gemv_kernel, (C.cdiv(N, cfg.block_n), split)
-        extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B)
+        fused = cfg.fused_reduce and split > 1
+        cnt = _arrival_counters(a.device, grid[0]) if fused else qweight
+        extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused)
     else:
+        fused = False
         kernel, grid = _matmul_int4_kernel, (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m),
                                              split)
     ws = C.scratch((split, M, N), torch.float32, a.device) if split > 1 else out
@@ -416,7 +456,7 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
              GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
              SPLIT_K=split, NUM_STAGES=cfg.num_stages, BLOCK_M=cfg.block_m,
              BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps)
-    if split > 1:
+    if split > 1 and not fused:
         rbn = 128 if N >= 128 else max(16, C.next_power_of_2(N))
         rbm = max(16, min(64, C.next_power_of_2(M)))
         C.launch(_splitk_reduce_kernel, (C.cdiv(N, rbn), C.cdiv(M, rbm)),
