@@ -6,9 +6,10 @@ one zero point ``z`` per group of ``group_size`` consecutive K values of a row:
     dequant(w)[n, k] = (q[n, k] - z[k // G, n]) * s[k // G, n]
 
 Symmetric weights (``zeros=None``) take ``z = 8``: codes 0..15 are the signed values -8..7.
-The kernel dequantizes in float32, rounds the weight tile once to a's dtype (fp16 / bf16) and
-multiplies on the tensor cores with a float32 accumulator; the reference rule's peer does the
-same in torch (dequantize in a's dtype, then a @ w.T).
+The tile kernel dequantizes in float32, rounds the weight tile once to a's dtype (fp16 /
+bf16) and multiplies on the tensor cores with a float32 accumulator; the GEMV kernel keeps
+everything in float32 (the weight is never rounded). The reference rule's peer dequantizes
+in a's dtype in torch, then a @ w.T.
 
 Layout (tkit's; chosen for the kernel, and the same as GPTQ's ``qweight``):
 
@@ -34,12 +35,23 @@ intensity is ~4*M FLOP/byte, so INT4 stops winning when the bf16 GEMM turns comp
 itself (M ~ 200 on the H200) and falls behind past that (the dequantization is extra work
 per weight element per M tile).
 
-Kernel: ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M tiles, (2) K splits.
-Decode (M <= 64): BLOCK_M = 16..64, BLOCK_N = 128, BLOCK_K = min(128, G), and the K dimension
-split so that about two programs per SM stream the weight (K=4096, N=14336: 112 column slabs
-x split 2); partials in float32 are summed in a fixed order by matmul's
-``_splitk_reduce_kernel``, which applies the bias (deterministic, no atomics). Larger M:
-64/128 x 128 tiles, no split: dequantize the tile in registers, then tl.dot.
+Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` overrides):
+
+* ``"gemv"`` (M <= 4 by default, any M <= 16 on request): ``_matmul_int4_gemv_kernel``, a
+  memory-bound GEMV on the CUDA cores. One warp a program, program_id(0) a slab of BLOCK_N
+  columns (256 at M = 1: 8 columns a thread in two 16-byte loads), (1) a K split; every
+  step's codes are loaded one step ahead, straight into registers. Dequantization needs no
+  int -> float convert (nibbles OR-ed into float mantissas, see the kernel), two
+  instructions a weight plus 3/8 of a shift, and the zero point and scale are applied once
+  per word and step; sums over the step's packed rows stay within the thread. K is split so
+  that ~8 programs per SM stream the weight (K=4096, N=14336: 56 slabs x 16); the float32
+  partials are summed in split order by matmul's ``_splitk_reduce_kernel`` (a second
+  launch, which applies the bias) or, with ``fused_reduce``, by the last program of each
+  slab to arrive (one launch, the same bits; per-device counters, opt-in).
+* ``"tile"`` (M > 4): ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M tiles, (2)
+  K splits. M <= 64: BLOCK_M = 16..64, BLOCK_N = 128, BLOCK_K = min(128, G), K split so that
+  about two programs per SM stream the weight, partials reduced as above. Larger M: 64/128 x
+  128 tiles, no split: dequantize the tile in registers, then tl.dot.
 """
 
 from __future__ import annotations
