@@ -178,8 +178,9 @@ def sweep_int4(rows):
     # the split's partials summed by the last program (one launch) or a second kernel
     gemvs = [gemv(256, 64, 16, 1), gemv(256, 64, 16, 1, True), gemv(256, 64, 8, 1, True),
              gemv(256, 64, 32, 1, True), gemv(128, 64, 16, 1, True), gemv(256, 32, 32, 1, True),
-             gemv(512, 64, 16, 2, True), gemv(1024, 64, 16, 4, True)]
-    tiles = [tile(128, 2, 4, 4), tile(64, 4, 4, 4), tile(128, 4, 4, 3), tile(64, 8, 4, 3)]
+             gemv(256, 32, 16, 1, True), gemv(128, 32, 32, 1, True)]
+    tiles = [tile(64, 2, 4, 3), tile(64, 4, 4, 3), tile(64, 2, 4, 4), tile(128, 2, 4, 3),
+             tile(64, 8, 4, 3)]
     for idx in (0, 2):  # M = 1
         sweep("int4", I4.int4_config, gemvs + tiles[:1], "matmul_int4", idx, rows, exact=False)
     for idx in (1, 3):  # M = 16

@@ -49,9 +49,10 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   launch, which applies the bias) or, with ``fused_reduce``, by the last program of each
   slab to arrive (one launch, the same bits; per-device counters, opt-in).
 * ``"tile"`` (M > 4): ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M tiles, (2)
-  K splits. M <= 64: BLOCK_M = 16..64, BLOCK_N = 128, BLOCK_K = min(128, G), K split so that
-  about two programs per SM stream the weight, partials reduced as above. Larger M: 64/128 x
-  128 tiles, no split: dequantize the tile in registers, then tl.dot.
+  K splits. M <= 64: BLOCK_M = 16..64, BLOCK_N = 64, BLOCK_K = min(128, G), 3 stages, K split
+  so that about four programs per SM stream the weight, partials reduced as above. Larger M:
+  64/128 x 128 tiles, no split: dequantize the tile in registers, then tl.dot. Both dequantize
+  without an int -> float convert (OR-ed mantissas).
 """
 
 from __future__ import annotations
@@ -104,9 +105,9 @@ class Int4Config:
     @staticmethod
     def for_shape(M: int, N: int, K: int, group_size: int, num_sms: int = 132) -> Int4Config:
         """Heuristic, not yet measured on a GPU. M <= GEMV_MAX_M: the GEMV kernel (below).
-        Other decode shapes (M <= 64) stream the weight through tl.dot with about two
+        Other decode shapes (M <= 64) stream the weight through tl.dot with about four
         programs per SM (each holds NUM_STAGES - 1 steps of BLOCK_K x BLOCK_N / 2 bytes in
-        flight: 24 KB at 128 x 128 and 4 stages); larger M takes a compute tile."""
+        flight: 8 KB at 128 x 64 and 3 stages); larger M takes a compute tile."""
         bk = _block_k(group_size)
         bn = 128 if N >= 128 else max(16, C.next_power_of_2(N))
         if _env.INTERPRET:  # the interpreter pays per program and per element: small tiles
@@ -126,9 +127,12 @@ class Int4Config:
             return Int4Config(C.next_power_of_2(M), gbn, gbk, split, num_warps=1,
                               num_stages=1, path="gemv")
         if M <= 64:
+            # 64 columns, 3 stages: 128 registers (128 columns: 255, with the OR-ed nibbles),
+            # K split so that ~4 programs per SM stream the weight (14336 x 4096: 224 x 2)
             bm = max(16, min(64, C.next_power_of_2(M)))
-            split = _split_for(C.cdiv(N, bn) * C.cdiv(M, bm), 2 * num_sms, k_steps, 4)
-            return Int4Config(bm, bn, bk, split, num_warps=4, num_stages=4)
+            bn = min(bn, 64)
+            split = _split_for(C.cdiv(N, bn) * C.cdiv(M, bm), 4 * num_sms, k_steps, 4)
+            return Int4Config(bm, bn, bk, split, num_warps=4, num_stages=3)
         bm = 64 if M <= 128 else 128
         return Int4Config(bm, bn, bk, 1, num_warps=8 if bm == 128 else 4, num_stages=3)
 
@@ -193,7 +197,7 @@ def _block_k(group_size: int) -> int:
 def _matmul_int4_kernel(
     a_ptr, q_ptr, s_ptr, z_ptr, c_ptr, ws_ptr, bias_ptr, M, N, K,
     stride_am, stride_ak, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn,
-    stride_cm, stride_cn, stride_bias,
+    stride_cm, stride_cn, stride_bias, magic,
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -232,15 +236,18 @@ def _matmul_int4_kernel(
         q = tl.load(q_ptrs, eviction_policy="evict_first")
         g = (kt * BLOCK_K) // GROUP
         s = tl.load(s_ptr + g * stride_sg + offs_bn * stride_sn).to(tl.float32)
-        # (BLOCK_K // 8, 8, BLOCK_N) nibbles -> (BLOCK_K, BLOCK_N): row 8*i + j is nibble j of
-        # packed row i (the arithmetic shift's sign bits are masked off)
-        nib = (q[:, None, :] >> shifts[None, :, None]) & 0xF
-        w = tl.reshape(nib, (BLOCK_K, BLOCK_N)).to(tl.float32)
         if HAS_ZEROS:
-            z = tl.load(z_ptr + g * stride_zg + offs_bn * stride_zn).to(tl.float32)
-            w = (w - z[None, :]) * s[None, :]
+            zs = tl.load(z_ptr + g * stride_zg + offs_bn * stride_zn).to(tl.float32) * s
         else:
-            w = (w - 8.0) * s[None, :]
+            zs = 8.0 * s  # SYM_ZERO (a global the compiler cannot read)
+        # (BLOCK_K // 8, 8, BLOCK_N) nibbles -> (BLOCK_K, BLOCK_N): row 8*i + j is nibble j of
+        # packed row i (the arithmetic shift's sign bits are masked off), OR-ed into the
+        # mantissa of 2^23 (magic: 2^23's bits, a runtime argument so that mask and OR are one
+        # LOP3) instead of an int -> float convert (I2F, a quarter-rate instruction on sm_90):
+        # f - 2^23 = q exactly; then w = q * s - z * s, one FMA
+        nib = (q[:, None, :] >> shifts[None, :, None]) & 0xF
+        f = (nib | magic).to(tl.float32, bitcast=True) - 8388608.0
+        w = tl.reshape(f, (BLOCK_K, BLOCK_N)) * s[None, :] - zs[None, :]
         acc = _dot(a, round_to(w, dtype), acc, False)
         a_ptrs += BLOCK_K * stride_ak
         q_ptrs += (BLOCK_K // 8) * stride_qk
@@ -332,7 +339,7 @@ def _matmul_int4_gemv_kernel(
         if HAS_ZEROS:
             z = tl.load(z_ptrs + g * stride_zg).to(tl.float32)
         else:
-            z = SYM_ZERO
+            z = 8.0  # SYM_ZERO (a global the compiler cannot read)
         # derived from s, so that z is brought to s's layout (not s and z to two layouts)
         ca = (z + 128.0) * s
         cb = (z + 2048.0) * s
@@ -453,6 +460,7 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused)
     else:
         fused = False
+        extra.update(magic=MAGIC_A)
         kernel, grid = _matmul_int4_kernel, (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m),
                                              split)
     ws = C.scratch((split, M, N), torch.float32, a.device) if split > 1 else out
