@@ -311,13 +311,31 @@ def sweep_matmul_fp8_block(rows):
 
 
 def sweep_int4(rows):
+    """matmul_int4 at the registry's 'decode' cases (M = 1 and 16 at K=4096, N=14336 and at
+    K=N=8192): the GEMV kernel (CUDA cores) against the tensor-core tile kernel at both M,
+    every field given (a variant does not inherit the other path's default)."""
     from tkit.kernels.matmul import int4 as I4
 
-    grid = [dict(block_n=n, split_k=k, num_stages=st, num_warps=w)
-            for n, k, st, w in ((128, 4, 4, 4), (128, 8, 4, 4), (64, 4, 4, 4), (64, 8, 4, 4),
-                                (64, 16, 4, 4), (128, 8, 3, 4), (256, 8, 4, 8), (64, 8, 6, 4))]
-    for idx in (0, 1):  # M = 1 and M = 16 at K = 4096, N = 14336
-        sweep("int4", I4.int4_config, grid, "matmul_int4", idx, rows, exact=False)
+    def gemv(bn, bk, split, warps, fused=False):
+        return dict(path="gemv", block_n=bn, block_k=bk, split_k=split, num_warps=warps,
+                    num_stages=1, fused_reduce=fused)
+
+    def tile(bn, split, warps, stages, bm=16):
+        return dict(path="tile", block_m=bm, block_n=bn, block_k=128, split_k=split,
+                    num_warps=warps, num_stages=stages)
+
+    # GEMV: columns a program (128 x warps: 4 a thread, 256 x warps: 8), K step, K split,
+    # the split's partials summed by the last program (one launch) or a second kernel
+    gemvs = [gemv(256, 64, 16, 1), gemv(256, 64, 16, 1, True), gemv(256, 64, 8, 1, True),
+             gemv(256, 64, 32, 1, True), gemv(128, 64, 16, 1, True), gemv(256, 32, 32, 1, True),
+             gemv(256, 32, 16, 1, True), gemv(128, 32, 32, 1, True)]
+    tiles = [tile(64, 2, 4, 3), tile(64, 4, 4, 3), tile(64, 2, 4, 4), tile(128, 2, 4, 3),
+             tile(64, 8, 4, 3)]
+    for idx in (0, 2):  # M = 1
+        sweep("int4", I4.int4_config, gemvs + tiles[:1], "matmul_int4", idx, rows, exact=False)
+    for idx in (1, 3):  # M = 16
+        sweep("int4", I4.int4_config, tiles + [gemv(128, 16, 16, 1, True)],
+              "matmul_int4", idx, rows, exact=False)
 
 
 def sweep_matmul_mid(rows):

@@ -6,9 +6,10 @@ one zero point ``z`` per group of ``group_size`` consecutive K values of a row:
     dequant(w)[n, k] = (q[n, k] - z[k // G, n]) * s[k // G, n]
 
 Symmetric weights (``zeros=None``) take ``z = 8``: codes 0..15 are the signed values -8..7.
-The kernel dequantizes in float32, rounds the weight tile once to a's dtype (fp16 / bf16) and
-multiplies on the tensor cores with a float32 accumulator; the reference rule's peer does the
-same in torch (dequantize in a's dtype, then a @ w.T).
+The tile kernel dequantizes in float32, rounds the weight tile once to a's dtype (fp16 /
+bf16) and multiplies on the tensor cores with a float32 accumulator; the GEMV kernel keeps
+everything in float32 (the weight is never rounded). The reference rule's peer dequantizes
+in a's dtype in torch, then a @ w.T.
 
 Layout (tkit's; chosen for the kernel, and the same as GPTQ's ``qweight``):
 
@@ -34,16 +35,29 @@ intensity is ~4*M FLOP/byte, so INT4 stops winning when the bf16 GEMM turns comp
 itself (M ~ 200 on the H200) and falls behind past that (the dequantization is extra work
 per weight element per M tile).
 
-Kernel: ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M tiles, (2) K splits.
-Decode (M <= 64): BLOCK_M = 16..64, BLOCK_N = 128, BLOCK_K = min(128, G), and the K dimension
-split so that about two programs per SM stream the weight (K=4096, N=14336: 112 column slabs
-x split 2); partials in float32 are summed in a fixed order by matmul's
-``_splitk_reduce_kernel``, which applies the bias (deterministic, no atomics). Larger M:
-64/128 x 128 tiles, no split: dequantize the tile in registers, then tl.dot.
+Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` overrides):
+
+* ``"gemv"`` (M <= 4 by default, any M <= 16 on request): ``_matmul_int4_gemv_kernel``, a
+  memory-bound GEMV on the CUDA cores. One warp a program, program_id(0) a slab of BLOCK_N
+  columns (256 at M = 1: 8 columns a thread in two 16-byte loads), (1) a K split; every
+  step's codes are loaded one step ahead, straight into registers. Dequantization needs no
+  int -> float convert (nibbles OR-ed into float mantissas, see the kernel), two
+  instructions a weight plus 3/8 of a shift, and the zero point and scale are applied once
+  per word and step; sums over the step's packed rows stay within the thread. K is split so
+  that ~8 programs per SM stream the weight (K=4096, N=14336: 56 slabs x 16); the float32
+  partials are summed in split order by matmul's ``_splitk_reduce_kernel`` (a second
+  launch, which applies the bias) or, with ``fused_reduce``, by the last program of each
+  slab to arrive (one launch, the same bits; per-device counters, opt-in).
+* ``"tile"`` (M > 4): ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M tiles, (2)
+  K splits. M <= 64: BLOCK_M = 16..64, BLOCK_N = 64, BLOCK_K = min(128, G), 3 stages, K split
+  so that about four programs per SM stream the weight, partials reduced as above. Larger M:
+  64/128 x 128 tiles, no split: dequantize the tile in registers, then tl.dot. Both dequantize
+  without an int -> float convert (OR-ed mantissas).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -62,6 +76,8 @@ ACT_DTYPES = (torch.float16, torch.bfloat16)
 SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: the zero point of symmetric weights (codes 0..15 are -8..7)
 SYM_ZERO = 8
+#: 2^23 and 2^27 as float32 bits: a nibble OR-ed into the mantissa is an exact float
+MAGIC_A, MAGIC_B = 0x4B000000, 0x4D000000
 
 
 # --------------------------------------------------------------------------------------------
@@ -69,8 +85,11 @@ SYM_ZERO = 8
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Int4Config:
-    """Launch parameters of ``_matmul_int4_kernel``. BLOCK_K must divide the group size (one
-    scale row per K step) and be a power of 2 >= 16; split_k > 1 adds the reduce launch."""
+    """Launch parameters of the INT4 GEMM. ``path``: ``"gemv"`` (``_matmul_int4_gemv_kernel``,
+    CUDA-core FMAs, rows of ``a`` up to BLOCK_M <= 16 in one program) or ``"tile"``
+    (``_matmul_int4_kernel``, tl.dot on a BLOCK_M x BLOCK_N tile, any M). BLOCK_K must divide
+    the group size (one scale row per K step) and be a power of 2 >= 16; split_k > 1 adds
+    the reduce launch (a deterministic two-stage sum, no atomics)."""
 
     block_m: int
     block_n: int
@@ -78,29 +97,61 @@ class Int4Config:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
+    path: str = "tile"
+    #: gemv path, split_k > 1: the last program of each column slab sums the partials (one
+    #: launch, deterministic; per-device arrival counters, so opt-in as matmul's)
+    fused_reduce: bool = False
 
     @staticmethod
     def for_shape(M: int, N: int, K: int, group_size: int, num_sms: int = 132) -> Int4Config:
-        """Heuristic, not yet measured on a GPU: decode shapes stream
-        the weight with about two programs per SM (each holds NUM_STAGES - 1 steps of
-        BLOCK_K x BLOCK_N / 2 bytes in flight: 24 KB at 128 x 128 and 4 stages, so two per SM
-        cover HBM latency, ~38 KB per SM by Little's law); larger M takes a compute tile."""
+        """Heuristic, not yet measured on a GPU. M <= GEMV_MAX_M: the GEMV kernel (below).
+        Other decode shapes (M <= 64) stream the weight through tl.dot with about four
+        programs per SM (each holds NUM_STAGES - 1 steps of BLOCK_K x BLOCK_N / 2 bytes in
+        flight: 8 KB at 128 x 64 and 3 stages); larger M takes a compute tile."""
         bk = _block_k(group_size)
         bn = 128 if N >= 128 else max(16, C.next_power_of_2(N))
         if _env.INTERPRET:  # the interpreter pays per program and per element: small tiles
             bn = min(bn, 64)
+        k_steps = K // bk
+        if M <= GEMV_MAX_M:
+            # one warp a program; at M = 1, 256 columns (8 a thread: the activations' loads,
+            # converts and sums are shared by 8 columns) x 64 K values a step (168 registers);
+            # more rows of a hold more partial sums: smaller steps (M = 2: 256 x 32, 168
+            # registers; M = 4: 128 x 32, 168). K split so that ~8 programs per SM stream the
+            # weight, >= 4 steps each. sm_90a compile facts, not timings.
+            gbn, gbk = {1: (256, 64), 2: (256, 32), 4: (128, 32)}[C.next_power_of_2(M)]
+            if _env.INTERPRET:
+                gbn = bn
+            gbk = min(gbk, bk)
+            split = _split_for(C.cdiv(N, gbn), 8 * num_sms, K // gbk, 4)
+            return Int4Config(C.next_power_of_2(M), gbn, gbk, split, num_warps=1,
+                              num_stages=1, path="gemv")
         if M <= 64:
+            # 64 columns, 3 stages: 128 registers (128 columns: 255, with the OR-ed nibbles),
+            # K split so that ~4 programs per SM stream the weight (14336 x 4096: 224 x 2)
             bm = max(16, min(64, C.next_power_of_2(M)))
-            tiles = C.cdiv(N, bn) * C.cdiv(M, bm)
-            want = 1
-            while want * 2 <= 2 * num_sms / tiles * 1.41:  # nearest power of 2 (log scale)
-                want *= 2
-            k_steps = K // bk
-            while want > 1 and k_steps // want < 4:
-                want //= 2
-            return Int4Config(bm, bn, bk, want, num_warps=4, num_stages=4)
+            bn = min(bn, 64)
+            split = _split_for(C.cdiv(N, bn) * C.cdiv(M, bm), 4 * num_sms, k_steps, 4)
+            return Int4Config(bm, bn, bk, split, num_warps=4, num_stages=3)
         bm = 64 if M <= 128 else 128
         return Int4Config(bm, bn, bk, 1, num_warps=8 if bm == 128 else 4, num_stages=3)
+
+
+#: the largest M the heuristic gives to the GEMV kernel (its FMAs per weight grow with M;
+#: tensor cores take over above), not measured yet
+GEMV_MAX_M = 4
+PATHS = ("gemv", "tile")
+
+
+def _split_for(tiles: int, want_programs: int, k_steps: int, min_steps: int) -> int:
+    """The power of 2 nearest (log scale) to want_programs / tiles, halved until every split
+    has at least min_steps K steps."""
+    want = 1
+    while want * 2 <= want_programs / tiles * 1.41:
+        want *= 2
+    while want > 1 and k_steps // want < min_steps:
+        want //= 2
+    return want
 
 
 _OVERRIDES = C.ConfigOverrides(Int4Config)
@@ -121,6 +172,14 @@ def current_config(M: int, N: int, K: int, group_size: int, num_sms: int) -> Int
         if group_size % cfg.block_k or cfg.block_k < 16 or cfg.block_k & (cfg.block_k - 1):
             raise ValueError(f"block_k={cfg.block_k} must be a power of 2 >= 16 dividing "
                              f"group_size={group_size}")
+        if cfg.path not in PATHS:
+            raise ValueError(f"path={cfg.path!r} must be one of {PATHS}")
+        if cfg.path == "gemv" and M > 16:
+            raise ValueError(f"path='gemv' takes all M={M} rows in one program: M <= 16")
+        # one program's rows: all of them on the gemv path, >= 16 for tl.dot on the tile path
+        bm = C.next_power_of_2(M) if cfg.path == "gemv" else max(16, cfg.block_m)
+        if bm != cfg.block_m:
+            cfg = dataclasses.replace(cfg, block_m=bm)
     return cfg
 
 
@@ -138,7 +197,7 @@ def _block_k(group_size: int) -> int:
 def _matmul_int4_kernel(
     a_ptr, q_ptr, s_ptr, z_ptr, c_ptr, ws_ptr, bias_ptr, M, N, K,
     stride_am, stride_ak, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn,
-    stride_cm, stride_cn, stride_bias,
+    stride_cm, stride_cn, stride_bias, magic,
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -177,15 +236,18 @@ def _matmul_int4_kernel(
         q = tl.load(q_ptrs, eviction_policy="evict_first")
         g = (kt * BLOCK_K) // GROUP
         s = tl.load(s_ptr + g * stride_sg + offs_bn * stride_sn).to(tl.float32)
-        # (BLOCK_K // 8, 8, BLOCK_N) nibbles -> (BLOCK_K, BLOCK_N): row 8*i + j is nibble j of
-        # packed row i (the arithmetic shift's sign bits are masked off)
-        nib = (q[:, None, :] >> shifts[None, :, None]) & 0xF
-        w = tl.reshape(nib, (BLOCK_K, BLOCK_N)).to(tl.float32)
         if HAS_ZEROS:
-            z = tl.load(z_ptr + g * stride_zg + offs_bn * stride_zn).to(tl.float32)
-            w = (w - z[None, :]) * s[None, :]
+            zs = tl.load(z_ptr + g * stride_zg + offs_bn * stride_zn).to(tl.float32) * s
         else:
-            w = (w - 8.0) * s[None, :]
+            zs = 8.0 * s  # SYM_ZERO (a global the compiler cannot read)
+        # (BLOCK_K // 8, 8, BLOCK_N) nibbles -> (BLOCK_K, BLOCK_N): row 8*i + j is nibble j of
+        # packed row i (the arithmetic shift's sign bits are masked off), OR-ed into the
+        # mantissa of 2^23 (magic: 2^23's bits, a runtime argument so that mask and OR are one
+        # LOP3) instead of an int -> float convert (I2F, a quarter-rate instruction on sm_90):
+        # f - 2^23 = q exactly; then w = q * s - z * s, one FMA
+        nib = (q[:, None, :] >> shifts[None, :, None]) & 0xF
+        f = (nib | magic).to(tl.float32, bitcast=True) - 8388608.0
+        w = tl.reshape(f, (BLOCK_K, BLOCK_N)) * s[None, :] - zs[None, :]
         acc = _dot(a, round_to(w, dtype), acc, False)
         a_ptrs += BLOCK_K * stride_ak
         q_ptrs += (BLOCK_K // 8) * stride_qk
@@ -199,6 +261,179 @@ def _matmul_int4_kernel(
     else:
         ws_ptrs = ws_ptr + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :]
         tl.store(ws_ptrs, acc, mask=mask)
+
+
+
+@triton.jit
+def _rotl(x, BITS: tl.constexpr):
+    """x rotated left by BITS (one funnel shift), x uint32."""
+    return (x << BITS) | (x >> (32 - BITS))
+
+
+@triton.jit
+def _nibble_pair(src, magic_a, magic_b):
+    """The nibbles at bits 16..19 and 12..15 of ``src`` (uint32) as floats ``2^16 * (128 + q)``
+    and ``2^16 * (2048 + q)``: each masked and OR-ed into the mantissa of 2^23 (resp. 2^27)
+    by one LOP3 (the magics are runtime arguments, so they sit in registers), exact."""
+    fa = ((src & 0xF0000) | magic_a).to(tl.float32, bitcast=True)
+    fb = ((src & 0xF000) | magic_b).to(tl.float32, bitcast=True)
+    return fa, fb
+
+
+@triton.jit
+def _matmul_int4_gemv_kernel(
+    a_ptr, q_ptr, s_ptr, z_ptr, c_ptr, ws_ptr, bias_ptr, M, N, K,
+    stride_am, stride_ak, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn,
+    stride_cm, stride_cn, stride_bias, magic_a, magic_b, cnt_ptr,
+    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr, FUSED_REDUCE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """All M (<= BLOCK_M) rows of ``a`` times BLOCK_N columns over this program's K range, on
+    the CUDA cores: a memory-bound GEMV that streams (BLOCK_K // 8, BLOCK_N) int32 tiles of
+    codes with 16-byte loads along N. Arguments and outputs as ``_matmul_int4_kernel``'s;
+    ``magic_a`` / ``magic_b`` are 2^23 / 2^27 as float32 bits (MAGIC_A, MAGIC_B).
+
+    Dequantization without an int -> float convert, two instructions a weight: the word and
+    its rotations by 8, 16 and 24 bits put every nibble once at bits 16..19 (nibbles 4, 2, 0,
+    6) or 12..15 (3, 1, 7, 5); one LOP3 masks it and ORs in the exponent of 2^23 (resp.
+    2^27), which makes the float ``f = 2^16 (O + q)`` exactly, O = 128 (resp. 2048); one FMA
+    adds ``a_k * f`` to the word's sum t. The offsets, the zero point and the scale are
+    applied once per word and K step: ``sum_k a_k (q_k - z) s = s 2^-16 (t - 2^16 ((128 + z)
+    sum_A a + (2048 + z) sum_B a))`` (A, B: the nibbles of each offset), exact for any
+    (fractional) z up to float32 rounding: the cancellation costs ~11 of float32's 24 bits,
+    against the 8 of bf16. Partial sums stay per (row of a, packed row, column) in registers,
+    one (BLOCK_K // 8, BLOCK_N) tile per row of a (a tuple); the reduction over packed rows
+    happens once, after the loop.
+    """
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    BKQ: tl.constexpr = BLOCK_K // 8
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_bn = offs_n % N  # columns past the edge read a valid one; masked on the store
+    offs_kq = tl.arange(0, BKQ)
+    k_tiles = K // BLOCK_K
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    k_begin = pid_k * per_split
+    k_end = tl.minimum(k_begin + per_split, k_tiles)
+    q_ptrs = (q_ptr + (k_begin * BKQ).to(tl.int64) * stride_qk
+              + offs_kq[:, None] * stride_qk + offs_bn[None, :] * stride_qn)
+    a_ptrs = a_ptr + (k_begin * BLOCK_K).to(tl.int64) * stride_ak + offs_kq * (8 * stride_ak)
+    s_ptrs = s_ptr + offs_bn * stride_sn
+    z_ptrs = z_ptr + offs_bn * stride_zn
+    zero = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    accs = (zero,)
+    for _m in tl.static_range(1, BLOCK_M):
+        accs = accs + (zero,)
+    # the next step's codes are loaded before this step's are used (16-byte loads straight
+    # into registers, in the layout the FMAs use; Triton's pipeliner would stage them through
+    # shared memory and pick another layout); the weight is read once: evict_first keeps
+    # the activations in L2
+    q_next = tl.load(q_ptrs, mask=k_begin < k_end, other=0, eviction_policy="evict_first")
+    for kt in tl.range(k_begin, k_end, num_stages=1):
+        q = q_next.to(tl.uint32, bitcast=True)
+        q_ptrs += BKQ * stride_qk
+        q_next = tl.load(q_ptrs, mask=kt + 1 < k_end, other=0, eviction_policy="evict_first")
+        g = (kt * BLOCK_K) // GROUP
+        s = tl.load(s_ptrs + g * stride_sg).to(tl.float32)
+        if HAS_ZEROS:
+            z = tl.load(z_ptrs + g * stride_zg).to(tl.float32)
+        else:
+            z = 8.0  # SYM_ZERO (a global the compiler cannot read)
+        # derived from s, so that z is brought to s's layout (not s and z to two layouts)
+        ca = (z + 128.0) * s
+        cb = (z + 2048.0) * s
+        s = s * (1.0 / 65536.0)
+        # nibble j of each word (K = 8 * row + j) as f = 2^16 * (offset + q), one pair of
+        # nibbles at a time, each used by every row of a before the next pair is made (at
+        # M > 1 the tile's 8 nibble planes would not fit in registers)
+        ts = ()
+        sums_a = ()
+        sums_b = ()
+        for p in tl.static_range(4):
+            # pairs (4, 3), (2, 1), (0, 7), (6, 5) from q rotated left by 0, 8, 16, 24
+            JA = (4, 2, 0, 6)[p]
+            JB = (3, 1, 7, 5)[p]
+            fa, fb = _nibble_pair(_rotl(q, 8 * p) if p > 0 else q, magic_a, magic_b)
+            new_t = ()
+            new_a = ()
+            new_b = ()
+            for m in tl.static_range(BLOCK_M):
+                # rows past M read row M - 1; masked on the store
+                a_row = a_ptrs + tl.minimum(m, M - 1) * stride_am
+                aa = tl.load(a_row + JA * stride_ak).to(tl.float32)  # (BKQ,)
+                ab = tl.load(a_row + JB * stride_ak).to(tl.float32)
+                if p == 0:
+                    t = aa[:, None] * fa
+                    sa = aa
+                    sb = ab
+                else:
+                    t = ts[m] + aa[:, None] * fa  # one FMA each
+                    sa = sums_a[m] + aa
+                    sb = sums_b[m] + ab
+                t += ab[:, None] * fb
+                new_t = new_t + (t,)
+                new_a = new_a + (sa,)
+                new_b = new_b + (sb,)
+            ts = new_t
+            sums_a = new_a
+            sums_b = new_b
+        new = ()
+        for m in tl.static_range(BLOCK_M):
+            # over the packed rows: within each thread when the warps split N only
+            acc = accs[m] + tl.sum(ts[m], axis=0) * s
+            acc -= tl.sum(sums_a[m], axis=0) * ca
+            acc -= tl.sum(sums_b[m], axis=0) * cb
+            new = new + (acc,)
+        accs = new
+        a_ptrs += BLOCK_K * stride_ak
+    mask = offs_n < N
+    if HAS_BIAS and (SPLIT_K == 1 or FUSED_REDUCE):
+        bias = tl.load(bias_ptr + offs_n * stride_bias, mask=mask, other=0.0).to(tl.float32)
+    for m in tl.static_range(BLOCK_M):
+        out = accs[m]
+        if SPLIT_K == 1:
+            if HAS_BIAS:
+                out += bias
+            tl.store(c_ptr + m * stride_cm + offs_n * stride_cn,
+                     out.to(c_ptr.dtype.element_ty), mask=mask & (m < M))
+        else:
+            tl.store(ws_ptr + (pid_k * M + m).to(tl.int64) * N + offs_n, out,
+                     mask=mask & (m < M))
+    if FUSED_REDUCE:
+        # the last program of this column slab to arrive sums the partials in split order
+        # (deterministic) and stores; its counter goes back to 0 for the next launch
+        tl.debug_barrier()  # every thread's partial is stored before the (releasing) arrival
+        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            for m in tl.static_range(BLOCK_M):
+                total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                for sp in tl.static_range(SPLIT_K):
+                    total += tl.load(ws_ptr + tl.cast(sp * M + m, tl.int64) * N + offs_n,
+                                     mask=mask & (m < M), other=0.0, cache_modifier=".cg")
+                if HAS_BIAS:
+                    total += bias
+                tl.store(c_ptr + m * stride_cm + offs_n * stride_cn,
+                         total.to(c_ptr.dtype.element_ty), mask=mask & (m < M))
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+
+
+_COUNTERS: dict = {}
+
+
+def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Per-column-slab arrival counters of the GEMV's one-launch split-K (``fused_reduce``,
+    opt-in), zeroed once and left at zero by every launch (no memset a call). One buffer per
+    device, as matmul's ``_splitk_counters``: two such launches running at once on different
+    streams would share it, which is why it is not the default; the first call must be eager
+    (before a CUDA graph capture) so that the buffer exists."""
+    key = (device.type, device.index)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n or device.type == "meta":
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        if device.type != "meta":
+            _COUNTERS[key] = buf
+    return buf
 
 
 # --------------------------------------------------------------------------------------------
@@ -217,29 +452,40 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         return out
     cfg = config or current_config(M, N, K, group_size, D.sm_count(a.device))
     split = cfg.split_k
-    grid = (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m), split)
+    extra = {}
+    if cfg.path == "gemv":
+        kernel, grid = _matmul_int4_gemv_kernel, (C.cdiv(N, cfg.block_n), split)
+        fused = cfg.fused_reduce and split > 1
+        cnt = _arrival_counters(a.device, grid[0]) if fused else qweight
+        extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused)
+    else:
+        fused = False
+        extra.update(magic=MAGIC_A)
+        kernel, grid = _matmul_int4_kernel, (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m),
+                                             split)
     ws = C.scratch((split, M, N), torch.float32, a.device) if split > 1 else out
     z = zeros if zeros is not None else scales
-    C.launch(_matmul_int4_kernel, grid, a_ptr=a, q_ptr=qweight, s_ptr=scales, z_ptr=z,
+    C.launch(kernel, grid, a_ptr=a, q_ptr=qweight, s_ptr=scales, z_ptr=z,
              c_ptr=out, ws_ptr=ws, bias_ptr=bias if bias is not None else scales,
              M=M, N=N, K=K, stride_am=a.stride(0), stride_ak=a.stride(1),
              stride_qk=qweight.stride(0), stride_qn=qweight.stride(1),
              stride_sg=scales.stride(0), stride_sn=scales.stride(1),
              stride_zg=z.stride(0), stride_zn=z.stride(1),
              stride_cm=out.stride(0), stride_cn=out.stride(1),
-             stride_bias=bias.stride(0) if bias is not None else 0,
+             stride_bias=bias.stride(0) if bias is not None else 0, **extra,
              GROUP=group_size, HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None,
              SPLIT_K=split, NUM_STAGES=cfg.num_stages, BLOCK_M=cfg.block_m,
              BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps)
-    if split > 1:
+    if split > 1 and not fused:
         rbn = 128 if N >= 128 else max(16, C.next_power_of_2(N))
-        C.launch(_splitk_reduce_kernel, (C.cdiv(N, rbn), C.cdiv(M, cfg.block_m)),
+        rbm = max(16, min(64, C.next_power_of_2(M)))
+        C.launch(_splitk_reduce_kernel, (C.cdiv(N, rbn), C.cdiv(M, rbm)),
                  ws_ptr=ws, c_ptr=out, sa_ptr=ws, sb_ptr=ws,
                  bias_ptr=bias if bias is not None else ws, res_ptr=ws, M=M, N=N,
                  stride_cm=out.stride(0), stride_cn=out.stride(1), stride_rm=0, stride_rn=0,
                  stride_bias=bias.stride(0) if bias is not None else 0, SPLIT_K=split,
                  SCALE_A=0, SCALE_B=0, HAS_BIAS=bias is not None, ACT="", HAS_RES=False,
-                 BLOCK_M=cfg.block_m, BLOCK_N=rbn, num_warps=4)
+                 BLOCK_M=rbm, BLOCK_N=rbn, num_warps=4)
     return out
 
 
