@@ -71,6 +71,7 @@ from tkit.kernels import _device as D
 from tkit.kernels import _register as R
 from tkit.kernels._numerics import round_to
 from tkit.kernels.matmul._kernels import _dot, _splitk_reduce_kernel
+from tkit.kernels.matmul.ops import _splitk_counters
 
 ACT_DTYPES = (torch.float16, torch.bfloat16)
 SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -418,24 +419,6 @@ def _matmul_int4_gemv_kernel(
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
-_COUNTERS: dict = {}
-
-
-def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
-    """Per-column-slab arrival counters of the GEMV's one-launch split-K (``fused_reduce``,
-    opt-in), zeroed once and left at zero by every launch (no memset a call). One buffer per
-    device, as matmul's ``_splitk_counters``: two such launches running at once on different
-    streams would share it, which is why it is not the default; the first call must be eager
-    (before a CUDA graph capture) so that the buffer exists."""
-    key = (device.type, device.index)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n or device.type == "meta":
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        if device.type != "meta":
-            _COUNTERS[key] = buf
-    return buf
-
-
 # --------------------------------------------------------------------------------------------
 # Launch
 # --------------------------------------------------------------------------------------------
@@ -456,7 +439,8 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
     if cfg.path == "gemv":
         kernel, grid = _matmul_int4_gemv_kernel, (C.cdiv(N, cfg.block_n), split)
         fused = cfg.fused_reduce and split > 1
-        cnt = _arrival_counters(a.device, grid[0]) if fused else qweight
+        # the per-device arrival counters of matmul's one-launch split-K (left at zero)
+        cnt = _splitk_counters(a.device, grid[0]) if fused else qweight
         extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused)
     else:
         fused = False
