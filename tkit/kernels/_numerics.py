@@ -56,6 +56,30 @@ def _round_to_e4m3(r):
 
 
 @triton.jit
+def and_scalar(mask, live):
+    """``mask & live`` for a scalar ``live``. Triton 3.9's interpreter rejects that mask
+    (a bool tensor and-ed with a scalar comparison); ``tl.where`` gives it the same values
+    there, and the compiled kernel keeps the plain and."""
+    if INTERPRET:
+        r = tl.where(live, mask, False)
+    else:
+        r = mask & live
+    return r
+
+
+@triton.jit
+def scalar_mask(live, like):
+    """The scalar mask ``live`` for a load over ``like``'s shape (an integer tensor): ``live``
+    itself when compiled (the load broadcasts it), broadcast explicitly under the interpreter
+    (Triton 3.9's rejects a scalar mask over a tensor of pointers)."""
+    if INTERPRET:
+        r = tl.where(live, like == like, False)
+    else:
+        r = live
+    return r
+
+
+@triton.jit
 def saturate_fp8(r):
     """float32 ``r`` clamped to e4m3fn's +-448 with NaN left NaN. Not ``tl.minimum`` /
     ``tl.maximum``: on a GPU they return the other operand for a NaN (PTX min/max), so a NaN

@@ -7,7 +7,9 @@ import triton
 import triton.language as tl
 
 from tkit.kernels._numerics import INTERPRET as _INTERPRET
+from tkit.kernels._numerics import and_scalar as _and_scalar
 from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
+from tkit.kernels._numerics import scalar_mask as _scalar_mask
 from tkit.kernels._numerics import to_fp8_saturated as _to_fp8_saturated
 
 
@@ -224,7 +226,8 @@ def _load_kv(K, V, KS, VS, BT, start_n, L, offs_n, offs_d, b64, n_blocks, live,
             blk = tl.broadcast_to(blk, [BLOCK_N])
         else:
             if LIVE_MASK:
-                blk = tl.load(BT + (c // PAGE_SIZE) * sbtn, mask=live, other=0)
+                blk = tl.load(BT + (c // PAGE_SIZE) * sbtn, mask=_scalar_mask(live, c),
+                              other=0)
             else:
                 blk = tl.load(BT + (c // PAGE_SIZE) * sbtn)
             blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
@@ -236,7 +239,7 @@ def _load_kv(K, V, KS, VS, BT, start_n, L, offs_n, offs_d, b64, n_blocks, live,
         offs_w = tl.arange(0, BLOCK_D // 4)
         wmask = (offs_w < HEAD_DIM // 4)[None, :]
         if LIVE_MASK:
-            wmask = wmask & live
+            wmask = _and_scalar(wmask, live)
         # strides in words: multiples of 4 bytes (the launcher checks)
         k_off = blk * (skn // 4) + row * (skp // 4)
         if SAME_STRIDES:
@@ -256,7 +259,7 @@ def _load_kv(K, V, KS, VS, BT, start_n, L, offs_n, offs_d, b64, n_blocks, live,
     else:
         kmask = (offs_d < HEAD_DIM)[None, :]
         if LIVE_MASK:
-            kmask = kmask & live
+            kmask = _and_scalar(kmask, live)
         k_off = blk * skn + row * skp
         if SAME_STRIDES:
             v_off = k_off
@@ -267,14 +270,16 @@ def _load_kv(K, V, KS, VS, BT, start_n, L, offs_n, offs_d, b64, n_blocks, live,
         v = _masked_load(V + v_off[:, None] + offs_d[None, :] * svd, kmask,
                          LIVE_MASK or HEAD_DIM != BLOCK_D)
     if SCALE_K == 2 and PART != 2:
-        ks = _masked_load(KS + blk * sksn + row * sksp, live, LIVE_MASK)
+        ks = _masked_load(KS + blk * sksn + row * sksp, _scalar_mask(live, row), LIVE_MASK)
     else:
         ks = tl.zeros([BLOCK_N], dtype=tl.float32)
     if SCALE_V == 2 and PART != 2:
         if SAME_STRIDES:
-            vs = _masked_load(VS + blk * sksn + row * sksp, live, LIVE_MASK)
+            vs = _masked_load(VS + blk * sksn + row * sksp, _scalar_mask(live, row),
+                              LIVE_MASK)
         else:
-            vs = _masked_load(VS + blk * svsn + row * svsp, live, LIVE_MASK)
+            vs = _masked_load(VS + blk * svsn + row * svsp, _scalar_mask(live, row),
+                              LIVE_MASK)
     else:
         vs = tl.zeros([BLOCK_N], dtype=tl.float32)
     return k, v, ks, vs

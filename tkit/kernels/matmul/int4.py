@@ -69,7 +69,7 @@ from tkit import _env
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
 from tkit.kernels import _register as R
-from tkit.kernels._numerics import round_to
+from tkit.kernels._numerics import and_scalar, round_to, scalar_mask
 from tkit.kernels.matmul._kernels import _dot, _splitk_reduce_kernel
 from tkit.kernels.matmul.ops import _splitk_counters
 
@@ -330,11 +330,14 @@ def _matmul_int4_gemv_kernel(
     # into registers, in the layout the FMAs use; Triton's pipeliner would stage them through
     # shared memory and pick another layout); the weight is read once: evict_first keeps
     # the activations in L2
-    q_next = tl.load(q_ptrs, mask=k_begin < k_end, other=0, eviction_policy="evict_first")
+    q_tile = offs_kq[:, None] + offs_bn[None, :]  # the codes' tile shape (interpreter masks)
+    q_next = tl.load(q_ptrs, mask=scalar_mask(k_begin < k_end, q_tile), other=0,
+                     eviction_policy="evict_first")
     for kt in tl.range(k_begin, k_end, num_stages=1):
         q = q_next.to(tl.uint32, bitcast=True)
         q_ptrs += BKQ * stride_qk
-        q_next = tl.load(q_ptrs, mask=kt + 1 < k_end, other=0, eviction_policy="evict_first")
+        q_next = tl.load(q_ptrs, mask=scalar_mask(kt + 1 < k_end, q_tile), other=0,
+                         eviction_policy="evict_first")
         g = (kt * BLOCK_K) // GROUP
         s = tl.load(s_ptrs + g * stride_sg).to(tl.float32)
         if HAS_ZEROS:
@@ -397,10 +400,10 @@ def _matmul_int4_gemv_kernel(
             if HAS_BIAS:
                 out += bias
             tl.store(c_ptr + m * stride_cm + offs_n * stride_cn,
-                     out.to(c_ptr.dtype.element_ty), mask=mask & (m < M))
+                     out.to(c_ptr.dtype.element_ty), mask=and_scalar(mask, m < M))
         else:
             tl.store(ws_ptr + (pid_k * M + m).to(tl.int64) * N + offs_n, out,
-                     mask=mask & (m < M))
+                     mask=and_scalar(mask, m < M))
     if FUSED_REDUCE:
         # the last program of this column slab to arrive sums the partials in split order
         # (deterministic) and stores; its counter goes back to 0 for the next launch
@@ -411,11 +414,11 @@ def _matmul_int4_gemv_kernel(
                 total = tl.zeros((BLOCK_N,), dtype=tl.float32)
                 for sp in tl.static_range(SPLIT_K):
                     total += tl.load(ws_ptr + tl.cast(sp * M + m, tl.int64) * N + offs_n,
-                                     mask=mask & (m < M), other=0.0, cache_modifier=".cg")
+                                     mask=and_scalar(mask, m < M), other=0.0, cache_modifier=".cg")
                 if HAS_BIAS:
                     total += bias
                 tl.store(c_ptr + m * stride_cm + offs_n * stride_cn,
-                         total.to(c_ptr.dtype.element_ty), mask=mask & (m < M))
+                         total.to(c_ptr.dtype.element_ty), mask=and_scalar(mask, m < M))
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
