@@ -61,39 +61,12 @@ def smem_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([1, block_rows, 1, head_dim], _gl_dtype(dtype))
 
 
-@functools.cache
-def _descriptor_template(block_rows: int, head_dim: int, dtype: torch.dtype):
-    """A validated descriptor of this block shape and layout, whose fields a call copies."""
+def _descriptor(t: torch.Tensor, block_rows: int):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    base = torch.empty((1, block_rows, 1, head_dim), dtype=dtype, device="meta")
-    return TensorDescriptor(_Aligned(base), [1, block_rows, 1, head_dim],
-                            [block_rows * head_dim, head_dim, head_dim, 1],
-                            [1, block_rows, 1, head_dim], smem_layout(block_rows, head_dim, dtype))
-
-
-class _Aligned:
-    """A meta tensor that answers an aligned data pointer (the template's validation only)."""
-
-    def __init__(self, t):
-        self.dtype = t.dtype
-
-    def data_ptr(self):
-        return 0
-
-
-def _descriptor(t: torch.Tensor, block_rows: int):
-    """The TMA descriptor of ``t`` for [1, block_rows, 1, head_dim] tiles: the template's fields
-    with this tensor's base, shape and strides. ``supported`` has checked what the
-    descriptor's own validation checks (alignment, strides, a unit last stride), and the
-    launcher encodes the tensor map per call; constructing it through ``__init__`` cost about
-    10 us a descriptor."""
-    desc = object.__new__(type(tmpl := _descriptor_template(block_rows, t.shape[-1], t.dtype)))
-    desc.__dict__.update(tmpl.__dict__)
-    desc.base = t
-    desc.shape = list(t.shape)
-    desc.strides = _tma_strides(t)
-    return desc
+    d = t.shape[-1]
+    return TensorDescriptor(t, list(t.shape), _tma_strides(t), [1, block_rows, 1, d],
+                            smem_layout(block_rows, d, t.dtype))
 
 
 def forward(q, k, v, causal=False, scale=None, config=None):

@@ -57,6 +57,22 @@ def _epilogue(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
 
 
 @triton.jit
+def _tma_tiles(a_desc, b_desc, off_m, off_n, off_k, A_TRANS: tl.constexpr,
+               B_TRANS: tl.constexpr):
+    """The (BLOCK_M, BLOCK_K) tile of a and (BLOCK_K, BLOCK_N) tile of b at (off_m, off_k) and
+    (off_k, off_n) through their TMA descriptors, read transposed where the operand is."""
+    if A_TRANS:
+        a = a_desc.load([off_k, off_m]).T
+    else:
+        a = a_desc.load([off_m, off_k])
+    if B_TRANS:
+        b = b_desc.load([off_n, off_k]).T
+    else:
+        b = b_desc.load([off_k, off_n])
+    return a, b
+
+
+@triton.jit
 def _dot(a, b, acc, IEEE: tl.constexpr):
     if _INTERPRET:
         # the interpreter multiplies bfloat16 operands as raw 16-bit integers and reads an fp8
@@ -201,14 +217,7 @@ def _matmul_tma_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(k_tiles):
             off_k = ki * BLOCK_K
-            if A_TRANS:
-                a = a_desc.load([off_k, off_m]).T
-            else:
-                a = a_desc.load([off_m, off_k])
-            if B_TRANS:
-                b = b_desc.load([off_n, off_k]).T
-            else:
-                b = b_desc.load([off_k, off_n])
+            a, b = _tma_tiles(a_desc, b_desc, off_m, off_n, off_k, A_TRANS, B_TRANS)
             acc = _dot(a, b, acc, IEEE)
         tile_id_c += NUM_SMS
         pid_m, pid_n = _tile_pid(tile_id_c, num_pid_m, num_pid_n, GROUP_M)

@@ -136,14 +136,7 @@ def _fp8_block_kernel(
 def _load_group(a_desc, b_desc, off_m, off_n, off_k, A_TRANS: tl.constexpr,
                 B_TRANS: tl.constexpr):
     """One 128-deep scale group of a and b through their TMA descriptors."""
-    if A_TRANS:
-        a = a_desc.load([off_k, off_m]).T
-    else:
-        a = a_desc.load([off_m, off_k])
-    if B_TRANS:
-        b = b_desc.load([off_n, off_k]).T
-    else:
-        b = b_desc.load([off_k, off_n])
+    a, b = MK._tma_tiles(a_desc, b_desc, off_m, off_n, off_k, A_TRANS, B_TRANS)
     if _INTERPRET:
         a = _interpreter_operand(a)
         b = _interpreter_operand(b)
