@@ -326,9 +326,9 @@ def sweep_int4(rows):
 
     # GEMV: columns a program (128 x warps: 4 a thread, 256 x warps: 8), K step, K split,
     # the split's partials summed by the last program (one launch) or a second kernel
-    gemvs = [gemv(256, 64, 16, 1), gemv(256, 64, 16, 1, True), gemv(256, 64, 8, 1, True),
-             gemv(256, 64, 32, 1, True), gemv(128, 64, 16, 1, True), gemv(256, 32, 32, 1, True),
-             gemv(256, 32, 16, 1, True), gemv(128, 32, 32, 1, True)]
+    gemvs = [gemv(128, 64, 16, 1, True), gemv(128, 64, 8, 1), gemv(128, 64, 32, 1),
+             gemv(256, 64, 16, 1), gemv(256, 64, 16, 1, True), gemv(256, 64, 32, 1, True),
+             gemv(128, 32, 32, 1, True), gemv(64, 64, 16, 1)]
     tiles = [tile(64, 2, 4, 3), tile(64, 4, 4, 3), tile(64, 2, 4, 4), tile(128, 2, 4, 3),
              tile(64, 8, 4, 3)]
     for idx in (0, 2):  # M = 1

@@ -303,8 +303,13 @@ def main_cuda(args):
     torch.set_grad_enabled(False)
     env = environment()
     print(f"{env['device']}, torch {env['torch']}, triton {env['triton']}, git {env['git_sha']}")
+    from tkit.kernels import _cplan
+
+    print("C++ plan executor:", _cplan.status() if _cplan.module() is not None
+          else _cplan.status())
     ref = cases("cuda", torch_calls=True)
-    cols = ("eager", "registered", "floor", "empty", "launch", "torch")
+    # py plan: the eager call with its plan built in Python (the executor off)
+    cols = ("eager", "py plan", "registered", "floor", "empty", "launch", "torch")
     print(f"{'us a call (thread CPU time)':34s}" + "".join(f"{c:>11s}" for c in cols))
     rows = []
     for name, (fn, op) in cases("cuda").items():
@@ -313,6 +318,16 @@ def main_cuda(args):
         fl = floor_fn(fn)
         got = dict(eager=per_call_us(fn, args.n), registered=_maybe(per_call_us, op, args.n),
                    torch=per_call_us(ref[name], args.n))
+        if _plan is not None and _cplan.module() is not None:
+            _cplan.ON = False
+            _plan.clear()
+            try:
+                fn()
+                got["py plan"] = per_call_us(fn, args.n)
+            finally:
+                _cplan.ON = True
+                _plan.clear()
+                fn()
         if fl is not None:
             got["floor"] = per_call_us(fl, args.n)
             only_empty, only_launch = _floor_parts(fl)

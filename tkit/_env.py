@@ -31,6 +31,8 @@ TKIT_AUTOTUNE=1      tune at call time: an autotuned kernel benchmarks its confi
                      ($TKIT_CACHE_DIR/autotune/). Without it no call ever benchmarks: a config
                      comes from that cache, then the shipped table (tkit/kernels/tuned/), then
                      the kernel's first config that its pruner keeps.
+TKIT_NO_CPLAN=1      eager plans stay in Python: never build or load the C++ plan executor
+                     (tkit/kernels/_cplan.cpp, compiled once into $TKIT_CACHE_DIR/cplan/).
 TKIT_NO_FAST_LAUNCH=1  launch every kernel through ``kernel[grid](**kwargs)`` instead of the cached
                      compiled kernel (``tkit.kernels._launch``): a switch for bisecting.
 """
@@ -57,3 +59,4 @@ AUTOTUNE: bool = _flag("TKIT_AUTOTUNE")
 NO_FAST_LAUNCH: bool = _flag("TKIT_NO_FAST_LAUNCH")
 WGMMA_SELFTEST: bool = os.environ.get("TKIT_WGMMA_SELFTEST", "1").strip() != "0"
 GIT_SHA: str = os.environ.get("TKIT_GIT_SHA", "")
+NO_CPLAN: bool = _flag("TKIT_NO_CPLAN")

@@ -363,6 +363,156 @@ def _plan_vs_ordinary(made, make, fn, fresh=False):
     return ordinary  # the same launches, with the hidden tensors' shapes and dtypes
 
 
+# ---- the C++ executor (tkit.kernels._cplan) ---------------------------------------------------
+def _sig_type(v):
+    """The signature type Triton would give a launch argument, for the stand-in kernel."""
+    if isinstance(v, torch.Tensor):
+        return "*fp32"
+    if type(v) is bool:
+        return "i1"
+    if type(v) is int:
+        return "i32" if -2 ** 31 <= v < 2 ** 31 else "i64"
+    if type(v) is float:
+        return "fp32"
+    if hasattr(v, "block_shape") and hasattr(v, "base"):
+        return "nvTmaDesc"
+    return "constexpr"  # None, strings, dtypes
+
+
+class _Md:
+    num_ctas = 1
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid = launch_pdl = False
+    tensordesc_meta = None
+
+    def __init__(self, warps, shared):
+        self.num_warps, self.shared = warps, shared
+
+
+@pytest.fixture
+def cplans(jitplans, monkeypatch):
+    """jitplans with the stand-in kernels dressed as Triton's compiled kernels (an int function
+    handle, metadata, a signature taken from their first launch) and the C++ executor's
+    launches recorded instead of reaching the driver."""
+    from types import SimpleNamespace
+
+    from tkit.kernels import _cplan
+
+    mod = _cplan.module()
+    if mod is None:
+        pytest.skip(f"no C++ executor here: {_cplan.status()}")
+    orig_record = _launch._record
+
+    def record(item):
+        if item is not None and not hasattr(item[0], "src"):
+            ck, args = item[0], item[2]
+            ck.function = 0x1000 + 16 * len(jitplans)
+            ck.metadata = _Md(4 + len(jitplans) % 3, 64 * len(jitplans))
+            ck.src = SimpleNamespace(signature={i: _sig_type(v) for i, v in enumerate(args)})
+            ck.consts = {i: v for i, v in enumerate(args)
+                         if ck.src.signature[i] == "constexpr"}
+        orig_record(item)
+
+    monkeypatch.setattr(_launch, "_record", record)
+    monkeypatch.setattr(_plan, "_cplan_test", True)
+    launched = []
+    mod.set_recorder(launched)
+    yield jitplans, launched
+    mod.set_recorder(None)
+
+
+def _decode_cplan(made, launched):
+    """The recorded C++ launches in the stand-in's form: (compiled, Triton launcher args), each
+    argument decoded by the kernel's signature (constexprs, which are not passed, put back)."""
+    import struct
+
+    by_fn = {ck.function: ck for ck in made if hasattr(ck, "src")}
+    out = []
+    for fn, gx, gy, gz, threads, shared, stream, slots in launched:
+        ck = by_fn[fn]
+        assert (threads, shared) == (32 * ck.metadata.num_warps, ck.metadata.shared)
+        assert slots[-2:] == (0, 0)  # no global or profile scratch
+        vals, it = [], iter(slots[:-2])
+        for i, ty in ck.src.signature.items():
+            if ty == "constexpr":
+                vals.append(ck.consts[i])
+                continue
+            raw = next(it).to_bytes(8, "little")
+            if ty.startswith("*"):
+                p = int.from_bytes(raw, "little")
+                vals.append(p)
+            else:
+                fmt = {"i1": "<b", "i32": "<i", "i64": "<q", "fp32": "<f"}[ty]
+                v = struct.unpack(fmt, raw[:struct.calcsize(fmt)])[0]
+                vals.append(bool(v) if ty == "i1" else v)
+        assert next(it, None) is None
+        out.append((ck, (gx, gy, gz, stream, fn, None, None, None, None, *vals)))
+    return out
+
+
+def _f32(v):
+    import struct
+
+    return struct.unpack("<f", struct.pack("<f", v))[0] if type(v) is float else v
+
+
+@jit
+@pytest.mark.parametrize("name", [n for n in CASES if not n.startswith("attn_causal")])
+def test_jit_cplan_launches_what_the_ordinary_path_launches(cplans, name):
+    """A plan built for the C++ executor launches each kernel with the grid, block size, shared
+    memory, stream and parameter values (pointers of this call's tensors, integers, float32
+    scalars) that Triton's launcher gets on the ordinary path, and returns outputs of the
+    ordinary path's shapes, strides and dtypes."""
+    made, launched = cplans
+    make, fn = CASES[name]
+    rec = _Recorder(made)
+    with torch.no_grad():
+        inputs = make()
+        fn(*inputs)  # miss: the ordinary path, recorded into a plan
+        rec.take()
+        inputs = make()  # new tensors of the same signature
+        before = _launch.stats["plan"]
+        launched.clear()
+        got = fn(*inputs)
+        assert not rec.take(), "the plan went through Triton's launcher"
+        assert _launch.stats["plan"] == before + 1
+        planned = _normal(_decode_cplan(made, launched), inputs, _outs(got))
+        _plan.ON = False
+        try:
+            ref = fn(*inputs)
+        finally:
+            _plan.refresh()
+        ordinary = _normal(rec.take(), inputs, _outs(ref))
+    ordinary = [(ck, tuple(a[:4]) + (None,) * 5 + tuple(_f32(x) for x in a[9:]))
+                for ck, a in ordinary]
+    planned = [(ck, tuple(a[:4]) + (None,) * 5 + tuple(a[9:])) for ck, a in planned]
+    assert planned and _same_launches(planned, ordinary), (planned, ordinary)
+    for g, r in zip(_outs(got), _outs(ref)):
+        assert (g.shape, g.stride(), g.dtype, g.device) == (r.shape, r.stride(), r.dtype,
+                                                            r.device)
+
+
+@jit
+def test_jit_cplan_steps_aside_for_launch_hooks(cplans):
+    """A profiler's launch hook attached: the C++ plan returns None and Triton's path (which
+    calls the hook) runs."""
+    made, launched = cplans
+    a, b = torch.randn(1, 4096).to(BF), torch.randn(1, 4096).to(BF)
+    with torch.no_grad():
+        tkit.add(a, b)
+        tkit.add(a, b)
+        assert launched
+        enter = _launch.hook_lists()[0]
+        launched.clear()
+        slow = _launch.stats["slow"]
+        enter.append(lambda *x: None)
+        try:
+            tkit.add(a, b)
+        finally:
+            enter.pop()
+        assert not launched and _launch.stats["slow"] == slow + 1
+
+
 @jit
 def test_jit_split_k_plan_allocates_its_partials(jitplans, monkeypatch):
     """The decode GEMM on an sm_90 with 132 SMs: split-K into float32 partials (scratch from

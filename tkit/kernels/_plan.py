@@ -55,7 +55,7 @@ import threading
 import torch
 
 from tkit import _env
-from tkit.kernels import _launch
+from tkit.kernels import _cplan, _launch
 
 #: the one switch the public functions read per call (see :func:`refresh`)
 ON = False
@@ -69,6 +69,10 @@ MAX_PLANS = 4096
 _T = torch.Tensor
 _Param = torch.nn.Parameter
 _grad_enabled = torch.is_grad_enabled
+
+#: tests: C++ plans for CPU tensors and stand-in kernels (their launches go to
+#: ``_cplan``'s recorder, never to the driver)
+_cplan_test = False
 
 #: argument types a plan may replay as constants (values of the signature, not of the call)
 _CONST_TYPES = (int, float, bool, str)
@@ -238,12 +242,14 @@ def build(rec: list, inputs: tuple, outputs: tuple):
             return None
     ptrs = [t.data_ptr() if t is not None else None for t in tensors]
     launches = []
+    cspecs = []  # the C++ executor's form of each launch (None: this launch needs Python)
     for item in rec:
         if item is None:  # Triton's own path (an argument the binder does not know, hooks)
             return False
         compiled, grid, args = item
         pattern = []
         consts = []
+        cvals = []
         for v in args:
             if isinstance(v, torch.Tensor):
                 p = v.data_ptr()
@@ -253,9 +259,11 @@ def build(rec: list, inputs: tuple, outputs: tuple):
                     # two of the call's tensors share memory this time
                     return False if not slots else None
                 pattern.append(slots[0])
+                cvals.append(("slot", slots[0]))
             elif v is None or type(v) in _CONST_TYPES:
                 pattern.append(-1)
                 consts.append(v)
+                cvals.append(("const", v))
             elif _is_descriptor(v) and isinstance(v.base, torch.Tensor):
                 # a host TMA descriptor of one of the call's tensors: rebuilt per call from a
                 # template (its block shape and layout; shape and strides are the signature's)
@@ -266,11 +274,14 @@ def build(rec: list, inputs: tuple, outputs: tuple):
                     return False if not slots else None
                 pattern.append(-2 - slots[0])
                 consts.append(_descriptor_template(v))
+                cvals.append(("desc", None))  # a launch the C++ executor does not take
             else:
                 # a tuple, or a descriptor of a temporary: holds a pointer of this call only
                 return False
         launcher = compiled.run  # the C launcher's wrapper (the handles are loaded by now)
         c_launch = _direct_launch(launcher)
+        cspecs.append(None if c_launch is None and not _cplan_test
+                      else _cplan.launch_spec(compiled, grid, cvals))
         launches.append((tuple(pattern), (c_launch or launcher, *grid, compiled.function,
                                           compiled.packed_metadata, *consts),
                          c_launch is not None))
@@ -280,6 +291,13 @@ def build(rec: list, inputs: tuple, outputs: tuple):
     n_in = len(inputs)
     shape = tuple((tuple(o.shape), o.dtype, o.device) for o in outputs + scratch)
     likes = tuple(_like_slot(inputs, o) for o in outputs + scratch)
+    if _cplan.ON and all(c is not None for c in cspecs) and (_cplan_test or all(
+            t is None or t.is_cuda for t in tensors)):
+        mod = _cplan.module()
+        if mod is not None:
+            allocs = [(s, mod.scalar_type_code(dt), -1 if dev.type == "cpu" else dev.index,
+                       like) for (s, dt, dev), like in zip(shape, likes)]
+            return mod.Plan(cspecs, allocs, n_in, len(outputs), *_launch.hook_lists(), stats)
     code_key = (n_in, len(outputs), len(scratch), tuple(p for p, _, _ in launches), likes,
                 tuple(d for _, _, d in launches))
     make = _codegen_cache.get(code_key)

@@ -76,13 +76,18 @@ class DecodeConfig:
         flight an SM are resident programs x one K+V tile): whole 128-key tiles at 3 stages
         took 201 registers, 2 programs an SM, 66 KB in flight; 128-key tiles in sub-tiles of
         32 keys at 2 stages take 168 registers, 3 programs, 99 KB in flight, no spills (64-key
-        sub-tiles: 255 registers; 64-key tiles: 168-190 registers, 50 KB). Not yet timed."""
+        sub-tiles: 255 registers; 64-key tiles: 168-190 registers, 50 KB). Timed on the
+        H200 (docs/NOTES.md, "sixth session"), 128-key tiles through ``kv_load="prefetch"``
+        (fp8 converted in registers, 16-bit operand shuffles) took 0.78x the bf16 page-64
+        time, against 1.32x for the pipelined sub-tiles and 0.98x for 64-key prefetch tiles.
+        16-bit caches keep the pipeline: prefetch tied it (0.99-1.01x) at 64 keys and lost
+        at 32 and 128."""
         if _env.INTERPRET:
             return cls(block_n=16, block_m=16, num_stages=1)
         block_d = max(16, C.next_power_of_2(head_dim))
         block_n = max(16, min(128, (16 << 10) // (block_d * cache_itemsize)))
         if cache_itemsize == 1 and block_d == 128:
-            return cls(block_n=128, sub_n=32, num_stages=2)
+            return cls(block_n=128, num_stages=1, kv_load="prefetch")
         # 16-bit D=128, dense: two stages take 39 KB of shared memory and four programs fit an
         # SM (the register limit), three take 72 KB and three fit; the dense cache then read
         # 4.1 TB/s instead of 3.5 (a paged cache, whose loop keeps one K/V buffer at either

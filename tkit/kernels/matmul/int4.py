@@ -115,24 +115,26 @@ class Int4Config:
             bn = min(bn, 64)
         k_steps = K // bk
         if M <= GEMV_MAX_M:
-            # one warp a program; at M = 1, 256 columns (8 a thread: the activations' loads,
-            # converts and sums are shared by 8 columns) x 64 K values a step (168 registers);
-            # more rows of a hold more partial sums: smaller steps (M = 2: 256 x 32, 168
-            # registers; M = 4: 128 x 32, 168). K split so that ~8 programs per SM stream the
-            # weight, >= 4 steps each. sm_90a compile facts, not timings.
-            gbn, gbk = {1: (256, 64), 2: (256, 32), 4: (128, 32)}[C.next_power_of_2(M)]
+            # one warp a program; at M = 1, 128 columns (4 a thread share the activations'
+            # loads, converts and sums) x 64 K values a step; more rows of a hold more partial
+            # sums: smaller steps (M = 2: 256 x 32, 168 registers; M = 4: 128 x 32, 168). K
+            # split so that ~10 programs per SM stream the weight, >= 4 steps each. M = 1 is
+            # the H200 sweep's winner (docs/NOTES.md, "sixth session": 128 x 64 split 16 at
+            # K=4096 N=14336 and K=N=8192); M = 2 and 4 are sm_90a compile facts, not timings.
+            gbn, gbk = {1: (128, 64), 2: (256, 32), 4: (128, 32)}[C.next_power_of_2(M)]
             if _env.INTERPRET:
                 gbn = bn
             gbk = min(gbk, bk)
-            split = _split_for(C.cdiv(N, gbn), 8 * num_sms, K // gbk, 4)
+            split = _split_for(C.cdiv(N, gbn), 10 * num_sms, K // gbk, 4)
             return Int4Config(C.next_power_of_2(M), gbn, gbk, split, num_warps=1,
                               num_stages=1, path="gemv")
         if M <= 64:
             # 64 columns, 3 stages: 128 registers (128 columns: 255, with the OR-ed nibbles),
-            # K split so that ~4 programs per SM stream the weight (14336 x 4096: 224 x 2)
+            # K split so that ~8 programs per SM stream the weight, at most 4 ways (H200, M=16:
+            # split 4 beat 2 by 6% at K=4096 N=14336 and tied at K=N=8192, where 8 lost 4%)
             bm = max(16, min(64, C.next_power_of_2(M)))
             bn = min(bn, 64)
-            split = _split_for(C.cdiv(N, bn) * C.cdiv(M, bm), 4 * num_sms, k_steps, 4)
+            split = min(4, _split_for(C.cdiv(N, bn) * C.cdiv(M, bm), 8 * num_sms, k_steps, 4))
             return Int4Config(bm, bn, bk, split, num_warps=4, num_stages=3)
         bm = 64 if M <= 128 else 128
         return Int4Config(bm, bn, bk, 1, num_warps=8 if bm == 128 else 4, num_stages=3)

@@ -1,0 +1,369 @@
+// Eager plans executed in C++: the allocation of a planned call's outputs and the launches of
+// its compiled kernels, in one call from Python (tkit/kernels/_cplan.py builds this file and
+// says why; tkit/kernels/_plan.py records what a plan launches).
+//
+// A Plan holds, per launch, the CUfunction, grid, block size, dynamic shared memory and the
+// kernel's parameter values as Triton's launcher would pass them (one 8-byte slot each; the
+// driver reads the parameter's own size from its slot), with the slots of tensor pointers
+// patched per call from the call's inputs and fresh outputs. No CUDA header is needed:
+// cuLaunchKernel is looked up in libcuda at first launch.
+
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <ATen/ATen.h>
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using LaunchFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                         unsigned, void*, void**, void**);
+using ErrorStringFn = int (*)(int, const char**);
+
+constexpr size_t kMaxParams = 128;
+LaunchFn g_launch = nullptr;
+ErrorStringFn g_error_string = nullptr;
+// tests: launches appended to this list (as tuples) instead of reaching the driver
+PyObject* g_recorder = nullptr;
+
+bool load_driver() {
+  if (g_launch) return true;
+  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (!h) {
+    PyErr_SetString(PyExc_RuntimeError, "tkit C++ plans: cannot open libcuda.so.1");
+    return false;
+  }
+  g_launch = reinterpret_cast<LaunchFn>(dlsym(h, "cuLaunchKernel"));
+  g_error_string = reinterpret_cast<ErrorStringFn>(dlsym(h, "cuGetErrorString"));
+  if (!g_launch) {
+    PyErr_SetString(PyExc_RuntimeError, "tkit C++ plans: no cuLaunchKernel in libcuda.so.1");
+    return false;
+  }
+  return true;
+}
+
+struct Launch {
+  void* function;
+  unsigned grid[3];
+  unsigned threads;
+  unsigned shared;
+  std::vector<uint64_t> slots;                   // one 8-byte slot a parameter
+  std::vector<std::pair<size_t, int>> patches;   // (slot, tensor index) per call
+};
+
+struct Alloc {
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype;
+  int device;  // -1: CPU (tests only)
+  int like;    // an input with this output's shape, dtype, device and strides, or -1
+};
+
+struct PlanObject {
+  PyObject_HEAD
+  std::vector<Launch>* launches;
+  std::vector<Alloc>* allocs;
+  int n_in;
+  int n_out;
+  PyObject* enter;   // Triton's launch hook lists: a plan steps aside while one is attached
+  PyObject* exit_;
+  PyObject* stats;   // tkit's launch counters: stats["plan"] += 1 a call
+  PyObject* plan_key;
+};
+
+void plan_dealloc(PyObject* self) {
+  auto* p = reinterpret_cast<PlanObject*>(self);
+  delete p->launches;
+  delete p->allocs;
+  Py_XDECREF(p->enter);
+  Py_XDECREF(p->exit_);
+  Py_XDECREF(p->stats);
+  Py_XDECREF(p->plan_key);
+  Py_TYPE(self)->tp_free(self);
+}
+
+bool count_call(PlanObject* p) {
+  PyObject* v = PyDict_GetItemWithError(p->stats, p->plan_key);  // borrowed
+  if (!v) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyError, "plan");
+    return false;
+  }
+  long n = PyLong_AsLong(v);
+  if (n == -1 && PyErr_Occurred()) return false;
+  PyObject* nv = PyLong_FromLong(n + 1);
+  if (!nv) return false;
+  int rc = PyDict_SetItem(p->stats, p->plan_key, nv);
+  Py_DECREF(nv);
+  return rc == 0;
+}
+
+bool launch_one(const Launch& L, uint64_t stream, const std::vector<uint64_t>& ptrs) {
+  if (static_cast<uint64_t>(L.grid[0]) * L.grid[1] * L.grid[2] == 0) return true;
+  // the values live on this call's stack: concurrent calls of one plan share nothing
+  uint64_t local[kMaxParams];
+  void* params[kMaxParams];
+  size_t n = L.slots.size();
+  std::memcpy(local, L.slots.data(), n * sizeof(uint64_t));
+  for (const auto& pt : L.patches) local[pt.first] = ptrs[pt.second];
+  for (size_t i = 0; i < n; ++i) params[i] = &local[i];
+  if (g_recorder) {
+    PyObject* vals = PyTuple_New(static_cast<Py_ssize_t>(n));
+    if (!vals) return false;
+    for (size_t i = 0; i < n; ++i)
+      PyTuple_SET_ITEM(vals, i, PyLong_FromUnsignedLongLong(local[i]));
+    PyObject* rec = Py_BuildValue("(KIIIIIKN)", reinterpret_cast<unsigned long long>(L.function),
+                                  L.grid[0], L.grid[1], L.grid[2], L.threads, L.shared,
+                                  static_cast<unsigned long long>(stream), vals);
+    if (!rec) return false;
+    int rc = PyList_Append(g_recorder, rec);
+    Py_DECREF(rec);
+    return rc == 0;
+  }
+  if (!g_launch && !load_driver()) return false;
+  int err = g_launch(L.function, L.grid[0], L.grid[1], L.grid[2], L.threads, 1, 1, L.shared,
+                     reinterpret_cast<void*>(stream), params, nullptr);
+  if (err != 0) {
+    const char* msg = nullptr;
+    if (g_error_string) g_error_string(err, &msg);
+    PyErr_Format(PyExc_RuntimeError, "tkit C++ plan: cuLaunchKernel failed (%d: %s)", err,
+                 msg ? msg : "unknown error");
+    return false;
+  }
+  return true;
+}
+
+// plan(stream, inputs) -> the outputs (one tensor or a tuple), or None where the plan steps
+// aside for this call (a launch hook attached, an output that is not 16-byte aligned)
+PyObject* plan_call(PyObject* self, PyObject* args, PyObject* kwargs) {
+  auto* p = reinterpret_cast<PlanObject*>(self);
+  if (PyTuple_GET_SIZE(args) != 2 || kwargs) {
+    PyErr_SetString(PyExc_TypeError, "plan(stream, inputs)");
+    return nullptr;
+  }
+  if (PyList_GET_SIZE(p->enter) || PyList_GET_SIZE(p->exit_)) Py_RETURN_NONE;
+  unsigned long long stream = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(args, 0));
+  if (stream == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return nullptr;
+  PyObject* inputs = PyTuple_GET_ITEM(args, 1);
+  if (!PyTuple_Check(inputs) || PyTuple_GET_SIZE(inputs) != p->n_in) {
+    PyErr_SetString(PyExc_TypeError, "plan: inputs must be a tuple of the plan's length");
+    return nullptr;
+  }
+  const size_t n_alloc = p->allocs->size();
+  std::vector<uint64_t> ptrs(p->n_in + n_alloc, 0);
+  std::vector<at::Tensor> made;
+  made.reserve(n_alloc);
+  try {
+    for (int i = 0; i < p->n_in; ++i) {
+      PyObject* o = PyTuple_GET_ITEM(inputs, i);
+      if (o == Py_None) continue;
+      if (!THPVariable_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "plan: input %d is not a tensor", i);
+        return nullptr;
+      }
+      ptrs[i] = reinterpret_cast<uint64_t>(THPVariable_Unpack(o).data_ptr());
+    }
+    uint64_t misaligned = 0;
+    for (size_t j = 0; j < n_alloc; ++j) {
+      const Alloc& a = (*p->allocs)[j];
+      if (a.like >= 0) {
+        made.push_back(at::empty_like(THPVariable_Unpack(PyTuple_GET_ITEM(inputs, a.like))));
+      } else {
+        auto opts = at::TensorOptions().dtype(a.dtype);
+        opts = a.device >= 0 ? opts.device(at::kCUDA, static_cast<c10::DeviceIndex>(a.device))
+                             : opts.device(at::kCPU);
+        made.push_back(at::empty(a.sizes, opts));
+      }
+      uint64_t ptr = reinterpret_cast<uint64_t>(made.back().data_ptr());
+      ptrs[p->n_in + j] = ptr;
+      misaligned |= ptr;
+    }
+    if (misaligned & 15) Py_RETURN_NONE;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  for (const Launch& L : *p->launches)
+    if (!launch_one(L, stream, ptrs)) return nullptr;
+  if (!count_call(p)) return nullptr;
+  if (p->n_out == 1) return THPVariable_Wrap(made[0]);
+  PyObject* out = PyTuple_New(p->n_out);
+  if (!out) return nullptr;
+  for (int j = 0; j < p->n_out; ++j) {
+    PyObject* t = THPVariable_Wrap(made[j]);
+    if (!t) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(out, j, t);
+  }
+  return out;
+}
+
+PyTypeObject PlanType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+bool seq_u64(PyObject* seq, std::vector<uint64_t>& out) {
+  PyObject* f = PySequence_Fast(seq, "expected a sequence");
+  if (!f) return false;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(f);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    unsigned long long v = PyLong_AsUnsignedLongLongMask(PySequence_Fast_GET_ITEM(f, i));
+    if (PyErr_Occurred()) {
+      Py_DECREF(f);
+      return false;
+    }
+    out.push_back(v);
+  }
+  Py_DECREF(f);
+  return true;
+}
+
+// Plan(launches, allocs, n_in, n_out, enter, exit, stats)
+//   launches: [(function, (gx, gy, gz), threads, shared, slots, ((slot, tensor index), ...))]
+//   allocs: [(sizes, dtype code (c10::ScalarType), device index or -1, like input or -1)]
+PyObject* make_plan(PyObject*, PyObject* args) {
+  PyObject *launches, *allocs, *enter, *exit_, *stats;
+  int n_in, n_out;
+  if (!PyArg_ParseTuple(args, "OOiiO!O!O!", &launches, &allocs, &n_in, &n_out, &PyList_Type,
+                        &enter, &PyList_Type, &exit_, &PyDict_Type, &stats))
+    return nullptr;
+  auto L = std::make_unique<std::vector<Launch>>();
+  auto A = std::make_unique<std::vector<Alloc>>();
+  PyObject* fl = PySequence_Fast(launches, "launches must be a sequence");
+  if (!fl) return nullptr;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fl); ++i) {
+    PyObject *fn, *grid, *slots, *patches;
+    unsigned threads, shared;
+    unsigned long long fptr;
+    Launch one;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fl, i), "OOIIOO", &fn, &grid, &threads,
+                          &shared, &slots, &patches)) {
+      Py_DECREF(fl);
+      return nullptr;
+    }
+    fptr = PyLong_AsUnsignedLongLong(fn);
+    if (PyErr_Occurred() || !PyArg_ParseTuple(grid, "III", &one.grid[0], &one.grid[1],
+                                              &one.grid[2])) {
+      Py_DECREF(fl);
+      return nullptr;
+    }
+    one.function = reinterpret_cast<void*>(fptr);
+    one.threads = threads;
+    one.shared = shared;
+    if (!seq_u64(slots, one.slots)) {
+      Py_DECREF(fl);
+      return nullptr;
+    }
+    if (one.slots.size() > kMaxParams) {
+      Py_DECREF(fl);
+      PyErr_SetString(PyExc_ValueError, "plan: more than 128 kernel parameters");
+      return nullptr;
+    }
+    PyObject* fp = PySequence_Fast(patches, "patches must be a sequence");
+    if (!fp) {
+      Py_DECREF(fl);
+      return nullptr;
+    }
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(fp); ++k) {
+      Py_ssize_t slot;
+      int idx;
+      if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fp, k), "ni", &slot, &idx) || slot < 0 ||
+          static_cast<size_t>(slot) >= one.slots.size() || idx < 0 ||
+          idx >= n_in + static_cast<int>(PySequence_Size(allocs))) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "plan: bad patch");
+        Py_DECREF(fp);
+        Py_DECREF(fl);
+        return nullptr;
+      }
+      one.patches.emplace_back(static_cast<size_t>(slot), idx);
+    }
+    Py_DECREF(fp);
+    L->push_back(std::move(one));
+  }
+  Py_DECREF(fl);
+  PyObject* fa = PySequence_Fast(allocs, "allocs must be a sequence");
+  if (!fa) return nullptr;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fa); ++i) {
+    PyObject* sizes;
+    int dtype, device, like;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fa, i), "Oiii", &sizes, &dtype, &device,
+                          &like) || like >= n_in) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "plan: bad like slot");
+      Py_DECREF(fa);
+      return nullptr;
+    }
+    Alloc a;
+    std::vector<uint64_t> s;
+    if (!seq_u64(sizes, s)) {
+      Py_DECREF(fa);
+      return nullptr;
+    }
+    for (auto v : s) a.sizes.push_back(static_cast<int64_t>(v));
+    a.dtype = static_cast<at::ScalarType>(dtype);
+    a.device = device;
+    a.like = like;
+    A->push_back(std::move(a));
+  }
+  Py_DECREF(fa);
+  if (n_out < 0 || n_out > static_cast<int>(A->size())) {
+    PyErr_SetString(PyExc_ValueError, "plan: n_out must be 0 to the number of allocations");
+    return nullptr;
+  }
+  auto* p = PyObject_New(PlanObject, &PlanType);
+  if (!p) return nullptr;
+  p->launches = L.release();
+  p->allocs = A.release();
+  p->n_in = n_in;
+  p->n_out = n_out;
+  Py_INCREF(enter);
+  p->enter = enter;
+  Py_INCREF(exit_);
+  p->exit_ = exit_;
+  Py_INCREF(stats);
+  p->stats = stats;
+  p->plan_key = PyUnicode_FromString("plan");
+  return reinterpret_cast<PyObject*>(p);
+}
+
+PyObject* set_recorder(PyObject*, PyObject* arg) {
+  if (arg != Py_None && !PyList_Check(arg)) {
+    PyErr_SetString(PyExc_TypeError, "set_recorder(list or None)");
+    return nullptr;
+  }
+  Py_XDECREF(g_recorder);
+  g_recorder = arg == Py_None ? nullptr : arg;
+  Py_XINCREF(g_recorder);
+  Py_RETURN_NONE;
+}
+
+PyObject* scalar_type_code(PyObject*, PyObject* arg) {
+  // the c10::ScalarType code of a torch.dtype, for Plan's allocations
+  if (!THPDtype_Check(arg)) {
+    PyErr_SetString(PyExc_TypeError, "expected a torch.dtype");
+    return nullptr;
+  }
+  return PyLong_FromLong(static_cast<long>(reinterpret_cast<THPDtype*>(arg)->scalar_type));
+}
+
+PyMethodDef methods[] = {
+    {"Plan", make_plan, METH_VARARGS, "Plan(launches, allocs, n_in, n_out, enter, exit, stats)"},
+    {"set_recorder", set_recorder, METH_O, "tests: record launches instead of making them"},
+    {"scalar_type_code", scalar_type_code, METH_O, "c10::ScalarType code of a torch.dtype"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_tkit_cplan", nullptr, -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__tkit_cplan() {
+  PlanType.tp_name = "_tkit_cplan.Plan";
+  PlanType.tp_basicsize = sizeof(PlanObject);
+  PlanType.tp_flags = Py_TPFLAGS_DEFAULT;
+  PlanType.tp_dealloc = plan_dealloc;
+  PlanType.tp_call = plan_call;
+  if (PyType_Ready(&PlanType) < 0) return nullptr;
+  return PyModule_Create(&module);
+}
