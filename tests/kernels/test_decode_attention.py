@@ -195,8 +195,9 @@ def test_choose_num_splits():
 
 
 def test_num_splits_from_shapes_only():
-    # the plan reads shapes, never cache_seqlens (no host sync; capturable in a CUDA graph)
-    q, k, v, table = _paged(1, 1, 4, 1, 32, 16, 8, torch.float16)
+    # the plan reads shapes, never cache_seqlens (no host sync; capturable in a CUDA graph);
+    # 1024 keys: 8 tiles of the GPU's 128-key default, 64 of the interpreter's 16
+    q, k, v, table = _paged(1, 1, 4, 1, 32, 16, 64, torch.float16)
     a = DA.plan_splits(q, k, table)
     with DA.decode_config(num_splits=3):
         assert DA.plan_splits(q, k, table)[0] == 3

@@ -328,6 +328,213 @@ PyObject* make_plan(PyObject*, PyObject* args) {
   return reinterpret_cast<PyObject*>(p);
 }
 
+// ---- the signature key and the lookup of a call's plan --------------------------------------
+// A call's key is (prefix, device, signature): prefix the op's options (a Python tuple),
+// device the current CUDA device, signature bytes holding each input's dimensions, sizes,
+// strides, dtype, device and whether its data pointer is 16-byte aligned (None: one byte).
+// The current device and stream come from c10 and torch's C shim where they are found, else
+// from a Python callable returning (device, stream) (tests; a torch without CUDA).
+using CurrentDeviceFn = int8_t (*)();
+using CurrentStreamFn = int32_t (*)(int32_t, void**);
+CurrentDeviceFn g_current_device = nullptr;
+CurrentStreamFn g_current_stream = nullptr;
+PyObject* g_device_stream = nullptr;  // Python fallback: () -> (device, stream)
+
+bool append_sig(std::string& s, PyObject* o) {
+  if (o == Py_None) {
+    s.push_back(static_cast<char>(0xff));
+    return true;
+  }
+  if (!THPVariable_Check(o)) {
+    PyErr_SetString(PyExc_TypeError, "plan key: an input is neither a tensor nor None");
+    return false;
+  }
+  const at::Tensor& t = THPVariable_Unpack(o);
+  const int64_t nd = t.dim();
+  s.push_back(static_cast<char>(nd));
+  s.append(reinterpret_cast<const char*>(t.sizes().data()), nd * sizeof(int64_t));
+  s.append(reinterpret_cast<const char*>(t.strides().data()), nd * sizeof(int64_t));
+  s.push_back(static_cast<char>(t.scalar_type()));
+  s.push_back(static_cast<char>(t.device().type()));
+  s.push_back(static_cast<char>(t.device().index()));
+  char aligned = 2;  // no data pointer to read (a tensor without storage)
+  try {
+    aligned = (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) ? 0 : 1;
+  } catch (const std::exception&) {
+  }
+  s.push_back(aligned);
+  return true;
+}
+
+PyObject* key_of(PyObject* prefix, long device, PyObject* inputs) {
+  if (!PyTuple_Check(inputs)) {
+    PyErr_SetString(PyExc_TypeError, "plan key: inputs must be a tuple");
+    return nullptr;
+  }
+  std::string s;
+  s.reserve(64 * PyTuple_GET_SIZE(inputs));
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inputs); ++i)
+    if (!append_sig(s, PyTuple_GET_ITEM(inputs, i))) return nullptr;
+  PyObject* sig = PyBytes_FromStringAndSize(s.data(), static_cast<Py_ssize_t>(s.size()));
+  if (!sig) return nullptr;
+  PyObject* dev = PyLong_FromLong(device);
+  if (!dev) {
+    Py_DECREF(sig);
+    return nullptr;
+  }
+  Py_INCREF(prefix);
+  PyObject* key = PyTuple_New(3);
+  if (!key) {
+    Py_DECREF(sig);
+    Py_DECREF(dev);
+    Py_DECREF(prefix);
+    return nullptr;
+  }
+  PyTuple_SET_ITEM(key, 0, prefix);
+  PyTuple_SET_ITEM(key, 1, dev);
+  PyTuple_SET_ITEM(key, 2, sig);
+  return key;
+}
+
+// make_key(prefix, device, inputs) -> the key the plans of a call are stored under
+PyObject* make_key(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  if (n != 3) {
+    PyErr_SetString(PyExc_TypeError, "make_key(prefix, device, inputs)");
+    return nullptr;
+  }
+  long dev = PyLong_AsLong(args[1]);
+  if (dev == -1 && PyErr_Occurred()) return nullptr;
+  return key_of(args[0], dev, args[2]);
+}
+
+bool device_stream(long* dev, unsigned long long* stream) {
+  if (g_current_device && g_current_stream) {
+    *dev = g_current_device();
+    void* st = nullptr;
+    if (g_current_stream(static_cast<int32_t>(*dev), &st) != 0) {
+      PyErr_SetString(PyExc_RuntimeError, "tkit C++ plans: no current CUDA stream");
+      return false;
+    }
+    *stream = reinterpret_cast<unsigned long long>(st);
+    return true;
+  }
+  if (!g_device_stream) {
+    PyErr_SetString(PyExc_RuntimeError, "tkit C++ plans: no device and stream source");
+    return false;
+  }
+  PyObject* r = PyObject_CallNoArgs(g_device_stream);
+  if (!r) return false;
+  bool ok = PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 2;
+  if (ok) {
+    *dev = PyLong_AsLong(PyTuple_GET_ITEM(r, 0));
+    *stream = PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(r, 1));
+    ok = !PyErr_Occurred();
+  } else {
+    PyErr_SetString(PyExc_TypeError, "device_stream() must return (device, stream)");
+  }
+  Py_DECREF(r);
+  return ok;
+}
+
+// serve(cache, prefix, inputs) -> the outputs where the call's plan serves it; otherwise the
+// list [key, stream] for the Python path (a miss, a plan that steps aside, no plan)
+PyObject* serve(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  if (n != 3 || !PyDict_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "serve(cache: dict, prefix, inputs: tuple)");
+    return nullptr;
+  }
+  long dev;
+  unsigned long long stream;
+  if (!device_stream(&dev, &stream)) return nullptr;
+  PyObject* key = key_of(args[1], dev, args[2]);
+  if (!key) return nullptr;
+  PyObject* plan = PyDict_GetItemWithError(args[0], key);  // borrowed
+  if (!plan && PyErr_Occurred()) {
+    if (!PyErr_ExceptionMatches(PyExc_TypeError)) {
+      Py_DECREF(key);
+      return nullptr;
+    }
+    PyErr_Clear();  // an unhashable option: the Python path names it
+  }
+  if (plan && plan != Py_False) {
+    PyObject* st = PyLong_FromUnsignedLongLong(stream);
+    PyObject* out = nullptr;
+    if (st) {
+      if (Py_TYPE(plan) == &PlanType) {
+        PyObject* call_args = PyTuple_Pack(2, st, args[2]);
+        if (call_args) {
+          out = plan_call(plan, call_args, nullptr);
+          Py_DECREF(call_args);
+        }
+      } else {
+        out = PyObject_CallFunctionObjArgs(plan, st, args[2], nullptr);
+      }
+      Py_DECREF(st);
+    }
+    if (!out) {
+      Py_DECREF(key);
+      return nullptr;
+    }
+    if (out != Py_None) {
+      Py_DECREF(key);
+      return out;
+    }
+    Py_DECREF(out);
+  }
+  PyObject* st = PyLong_FromUnsignedLongLong(stream);
+  if (!st) {
+    Py_DECREF(key);
+    return nullptr;
+  }
+  PyObject* miss = PyList_New(2);
+  if (!miss) {
+    Py_DECREF(key);
+    Py_DECREF(st);
+    return nullptr;
+  }
+  PyList_SET_ITEM(miss, 0, key);
+  PyList_SET_ITEM(miss, 1, st);
+  return miss;
+}
+
+// init_cuda(c10_cuda_path, torch_cuda_path) -> whether the native device and stream getters
+// were found (libraries already loaded by torch)
+PyObject* init_cuda(PyObject*, PyObject* args) {
+  const char *c10_cuda, *torch_cuda;
+  if (!PyArg_ParseTuple(args, "ss", &c10_cuda, &torch_cuda)) return nullptr;
+  g_current_device = nullptr;
+  g_current_stream = nullptr;
+  if (!*c10_cuda || !*torch_cuda) Py_RETURN_FALSE;  // ("", ""): back to the Python source
+  void* h1 = dlopen(c10_cuda, RTLD_LAZY | RTLD_NOLOAD);
+  void* h2 = dlopen(torch_cuda, RTLD_LAZY | RTLD_NOLOAD);
+  if (h1 && h2) {
+    g_current_device = reinterpret_cast<CurrentDeviceFn>(dlsym(h1, "_ZN3c104cuda14current_deviceEv"));
+    g_current_stream = reinterpret_cast<CurrentStreamFn>(dlsym(h2, "aoti_torch_get_current_cuda_stream"));
+  }
+  if (!g_current_device || !g_current_stream) {
+    g_current_device = nullptr;
+    g_current_stream = nullptr;
+    Py_RETURN_FALSE;
+  }
+  Py_RETURN_TRUE;
+}
+
+PyObject* set_device_stream(PyObject*, PyObject* arg) {
+  Py_XDECREF(g_device_stream);
+  g_device_stream = arg == Py_None ? nullptr : arg;
+  Py_XINCREF(g_device_stream);
+  Py_RETURN_NONE;
+}
+
+PyObject* native_device_stream(PyObject*, PyObject*) {
+  // (device, stream) from the native getters, to check them against torch's at start-up
+  if (!g_current_device || !g_current_stream) Py_RETURN_NONE;
+  long dev;
+  unsigned long long stream;
+  if (!device_stream(&dev, &stream)) return nullptr;
+  return Py_BuildValue("(lK)", dev, stream);
+}
+
 PyObject* set_recorder(PyObject*, PyObject* arg) {
   if (arg != Py_None && !PyList_Check(arg)) {
     PyErr_SetString(PyExc_TypeError, "set_recorder(list or None)");
@@ -352,6 +559,13 @@ PyMethodDef methods[] = {
     {"Plan", make_plan, METH_VARARGS, "Plan(launches, allocs, n_in, n_out, enter, exit, stats)"},
     {"set_recorder", set_recorder, METH_O, "tests: record launches instead of making them"},
     {"scalar_type_code", scalar_type_code, METH_O, "c10::ScalarType code of a torch.dtype"},
+    {"make_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(make_key)), METH_FASTCALL,
+     "make_key(prefix, device, inputs)"},
+    {"serve", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(serve)), METH_FASTCALL,
+     "serve(cache, prefix, inputs)"},
+    {"init_cuda", init_cuda, METH_VARARGS, "init_cuda(c10_cuda_path, torch_cuda_path)"},
+    {"set_device_stream", set_device_stream, METH_O, "the Python (device, stream) source"},
+    {"native_device_stream", native_device_stream, METH_NOARGS, "(device, stream) or None"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "_tkit_cplan", nullptr, -1, methods};

@@ -80,6 +80,27 @@ def module():
     return _module
 
 
+def fast_functions(device_stream):
+    """(serve, make_key) of the executor for :func:`tkit.kernels._plan.serve_fast`, or None
+    where it is unavailable. ``device_stream() -> (device, stream)`` is the source of the
+    current device and stream where torch has no CUDA libraries to read them from natively
+    (the native getters are checked against it once)."""
+    mod = module()
+    if mod is None:
+        return None
+    mod.set_device_stream(device_stream)
+    if torch.cuda.is_available():
+        lib = Path(torch.__file__).parent / "lib"
+        if mod.init_cuda(str(lib / "libc10_cuda.so"), str(lib / "libtorch_cuda.so")):
+            try:
+                same = mod.native_device_stream() == tuple(device_stream())
+            except Exception:  # noqa: BLE001 - no device to compare on: keep Python's source
+                same = False
+            if not same:
+                mod.init_cuda("", "")  # not found: the Python source serves
+    return mod.serve, mod.make_key
+
+
 def _key() -> str:
     h = hashlib.sha256(SOURCE.read_bytes())
     for part in (torch.__version__, sys.version, _compiler(), torch.__file__):

@@ -195,6 +195,57 @@ def serve(cache: dict, key, stream, slow, inputs: tuple, args: tuple, check=None
     return slow(*args)
 
 
+def _py_sig(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device(),
+                                   not t.data_ptr() & 15)
+
+
+def _py_key(prefix, dev, inputs):
+    return (prefix, dev, tuple(_py_sig(t) for t in inputs))
+
+
+def _py_fast(cache, prefix, inputs):
+    dev, stream = _launch._device_stream()
+    return [_py_key(prefix, dev, inputs), stream]
+
+
+_fast = None  # serve_fast's lookup: the C++ executor's, or the Python form (resolved once)
+_make_key = None
+
+
+def _resolve_fast():
+    """The key function and lookup for this process, chosen once: the C++ executor's where it
+    loads (keys built from the tensors in C++, the current device and stream read from c10),
+    else Python's. Keys of the two forms never meet: a process uses one."""
+    global _fast, _make_key
+    with _lock:
+        if _fast is not None:
+            return
+        fns = _cplan.fast_functions(lambda: _launch._device_stream())
+        if fns is None:
+            _make_key, _fast = _py_key, _py_fast
+        else:
+            _fast, _make_key = fns
+
+
+def serve_fast(cache: dict, prefix: tuple, inputs: tuple, slow, args: tuple, check=None):
+    """:func:`serve` under the key ``(prefix, current device, the inputs' signature)``, built,
+    looked up and (on a hit) launched in one call of the C++ executor where it is available.
+    ``prefix``: the call's options (hashable); ``inputs``: the call's tensors (or None) in the
+    plan's order, which are also the key's."""
+    if _fast is None:
+        _resolve_fast()
+    if check is None:
+        r = _fast(cache, prefix, inputs)
+        if type(r) is not list:
+            return r
+        key, stream = r
+    else:
+        dev, stream = _launch._device_stream()
+        key = _make_key(prefix, dev, inputs)
+    return serve(cache, key, stream, slow, inputs, args, check)
+
+
 def serve_op(cache: dict, what: tuple, slow, tensors: tuple, *args):
     """A registered op's implementation (``torch.ops.tkit.*``: what a torch.compile graph and
     the autograd path call) served as :func:`serve` serves an eager call, under the key

@@ -106,7 +106,10 @@ def ref_append_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale
                     y = xf / sc
                 else:
                     amax = xf.abs().amax(-1)
-                    sc = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+                    # amax / 448 rounded once (torch's CUDA division by a Python scalar
+                    # multiplies by its float32 reciprocal: a last-bit error)
+                    sc = torch.where(amax > 0, (amax.double() / 448.0).float(),
+                                     torch.ones_like(amax))
                     scale[blk, row] = sc
                     y = xf / sc[:, None]
                 cache[blk, row] = y.clamp(-448.0, 448.0).to(FP8)

@@ -59,7 +59,6 @@ import math
 import torch
 
 from tkit.kernels import _common as C
-from tkit.kernels import _launch as L
 from tkit.kernels import _offsets
 from tkit.kernels import _plan as P
 from tkit.kernels.attention import config as AC
@@ -117,13 +116,9 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
                                           or v.requires_grad))
             and not _overrides.value):
         # the eager plan (tkit.kernels._plan): the key holds all the ordinary path reads
-        dev, stream = L._device_stream()
-        key = (causal, softmax_scale, window_size, softcap, dev,
-               q.shape, q.stride(), q.dtype, q.get_device(), not q.data_ptr() & 15,
-               k.shape, k.stride(), k.dtype, k.get_device(), not k.data_ptr() & 15,
-               v.shape, v.stride(), v.dtype, v.get_device(), not v.data_ptr() & 15)
-        out_lse = P.serve(_plans, key, stream, _flash_attention_slow, (q, k, v),
-                          (q, k, v, causal, softmax_scale, window_size, softcap))
+        out_lse = P.serve_fast(_plans, (causal, softmax_scale, window_size, softcap),
+                               (q, k, v), _flash_attention_slow,
+                               (q, k, v, causal, softmax_scale, window_size, softcap))
         return out_lse if return_lse else out_lse[0]
     out_lse = _flash_attention_slow(q, k, v, causal, softmax_scale, window_size, softcap)
     return out_lse if return_lse else out_lse[0]

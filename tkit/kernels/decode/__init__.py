@@ -64,7 +64,6 @@ import torch
 
 from tkit import _env
 from tkit.kernels import _common as C
-from tkit.kernels import _launch as _L
 from tkit.kernels import _plan as P
 from tkit.kernels.decode.config import (  # noqa: F401  (public)
     _APPEND_OVERRIDES,
@@ -148,17 +147,15 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None,
             and not (_grad_enabled() and q.requires_grad)):
         # the eager plan (tkit.kernels._plan): the key holds all the ordinary path reads (the
         # SM count and config follow from the device index and the shapes)
-        dev, stream = _L._device_stream()
-        key = (causal, softmax_scale, window_size, softcap, num_splits, dev, _sig(q),
-               _sig(k_cache), _sig(v_cache), _sig(cache_seqlens), _sig(block_table),
-               _sig(k_scale), _sig(v_scale))
         # the lengths' and the table's values are read per call: checked before a plan's
         # launches where that costs no sync (host tensors) or under TKIT_CHECK=1
         check = _decode_hit_check if _env.CHECK or not cache_seqlens.is_cuda else None
-        out_lse = P.serve(_plans, key, stream, _decode_slow,
-                          (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale),
-                          (q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale,
-                           causal, window_size, softcap, k_scale, v_scale, num_splits), check)
+        out_lse = P.serve_fast(_plans, (causal, softmax_scale, window_size, softcap, num_splits),
+                               (q, k_cache, v_cache, cache_seqlens, block_table, k_scale,
+                                v_scale), _decode_slow,
+                               (q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale,
+                                causal, window_size, softcap, k_scale, v_scale, num_splits),
+                               check)
         return out_lse if return_lse else out_lse[0]
     out, lse = _decode_slow(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale,
                             causal, window_size, softcap, k_scale, v_scale, num_splits)
@@ -172,12 +169,6 @@ _compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 _plans = P.new_cache()
 
-
-def _sig(t):
-    """What Triton and the ordinary path read of one (optional) tensor argument."""
-    if t is None:
-        return None
-    return t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15
 
 
 def _decode_hit_check(q, k_cache, v_cache, cache_seqlens, block_table, *_):
@@ -224,12 +215,9 @@ def append_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=Non
             and type(v_scale) in _OPT_T and not _append_overrides.value and not _compiling()
             and not (_grad_enabled() and (k.requires_grad or v.requires_grad))):
         # the eager plan: no outputs, the launches write the caches (and per-token scales)
-        dev, stream = _L._device_stream()
-        key = (dev, _sig(k), _sig(v), _sig(k_cache), _sig(v_cache), _sig(slot_mapping),
-               _sig(k_scale), _sig(v_scale))
         check = _append_hit_check if _env.CHECK or not slot_mapping.is_cuda else None
         args = (k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-        P.serve(_append_plans, key, stream, _append_slow, args, args, check)
+        P.serve_fast(_append_plans, (), args, _append_slow, args, check)
         return
     _append_slow(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
@@ -269,10 +257,8 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b):
             and type(lse_b) is _T and not _compiling()
             and not (_grad_enabled() and (o_a.requires_grad or o_b.requires_grad
                                           or lse_a.requires_grad or lse_b.requires_grad))):
-        dev, stream = _L._device_stream()
-        key = (dev, _sig(o_a), _sig(lse_a), _sig(o_b), _sig(lse_b))
         args = (o_a, lse_a, o_b, lse_b)
-        return P.serve(_merge_plans, key, stream, _merge_slow, args, args)
+        return P.serve_fast(_merge_plans, (), args, _merge_slow, args)
     return _merge_slow(o_a, lse_a, o_b, lse_b)
 
 

@@ -237,7 +237,7 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         SOFTCAP=softcap > 0.0, SCALE_K=scale_k, SCALE_V=scale_v,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=1 if prefetch else cfg.num_stages,
-        **({"PREFETCH": True, "FP8_WORDS": _fp8_words(k_cache, v_cache),
+        **({"PREFETCH": True, "FP8_WORDS": block_d >= 64 and _fp8_words(k_cache, v_cache),
             "SAME_STRIDES": k_cache.stride() == v_cache.stride() and ks_strides == vs_strides}
            if prefetch else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
@@ -260,7 +260,9 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
 def _fp8_words(k_cache, v_cache) -> bool:
     """fp8 caches the prefetch loop can read as int32 words of 4 values: a contiguous head dim
     that is a multiple of 4, every other stride 4-byte aligned, the base 16-byte aligned (the
-    granularity of an eager plan's key, so that a plan never serves a base this excludes)."""
+    granularity of an eager plan's key, so that a plan never serves a base this excludes).
+    The caller also wants a padded head dim of 64 or more: the words' four quarters are dotted
+    separately, and a compiled tl.dot takes K >= 16."""
     return all(c.dtype == FP8 and c.stride(-1) == 1 and c.shape[-1] % 4 == 0
                and all(s % 4 == 0 for s in c.stride()[:-1]) and c.data_ptr() % 16 == 0
                for c in (k_cache, v_cache))

@@ -36,7 +36,6 @@ from __future__ import annotations
 import torch
 
 from tkit.kernels import _common as C
-from tkit.kernels import _launch as L
 from tkit.kernels import _plan as P
 from tkit.kernels.elementwise.config import ACTIVATIONS, BINARY_OPS  # noqa: F401  (public)
 from tkit.kernels.elementwise.ops import (
@@ -74,11 +73,8 @@ def _binary_slow(a, b, op, out_dtype=None):
 def _binary(a, b, op, out_dtype=None):
     if (P.ON and type(a) is _T and type(b) is _T and not _compiling()
             and not (_grad_enabled() and (a.requires_grad or b.requires_grad))):
-        dev, stream = L._device_stream()
-        key = (op, out_dtype, dev,
-               a.shape, a.stride(), a.dtype, a.get_device(), not a.data_ptr() & 15,
-               b.shape, b.stride(), b.dtype, b.get_device(), not b.data_ptr() & 15)
-        return P.serve(_plans, key, stream, _binary_slow, (a, b), (a, b, op, out_dtype))
+        return P.serve_fast(_plans, (op, out_dtype), (a, b), _binary_slow,
+                            (a, b, op, out_dtype))
     return _binary_slow(a, b, op, out_dtype)
 
 
@@ -119,12 +115,8 @@ def residual_add(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """
     if (P.ON and type(x) is _T and type(residual) is _T and not _compiling()
             and not (_grad_enabled() and (x.requires_grad or residual.requires_grad))):
-        dev, stream = L._device_stream()
-        key = ("residual_add", dev,
-               x.shape, x.stride(), x.dtype, x.get_device(), not x.data_ptr() & 15,
-               residual.shape, residual.stride(), residual.dtype, residual.get_device(),
-               not residual.data_ptr() & 15)
-        return P.serve(_plans, key, stream, _residual_add_slow, (x, residual), (x, residual))
+        return P.serve_fast(_plans, ("residual_add",), (x, residual), _residual_add_slow,
+                            (x, residual))
     return _residual_add_slow(x, residual)
 
 
@@ -148,9 +140,7 @@ def _unary_slow(x, act):
 def _unary(x, act):
     if (P.ON and type(x) is _T and not _compiling()
             and not (_grad_enabled() and x.requires_grad)):
-        dev, stream = L._device_stream()
-        key = (act, dev, x.shape, x.stride(), x.dtype, x.get_device(), not x.data_ptr() & 15)
-        return P.serve(_plans, key, stream, _unary_slow, (x,), (x, act))
+        return P.serve_fast(_plans, (act,), (x,), _unary_slow, (x, act))
     return _unary_slow(x, act)
 
 
@@ -184,12 +174,8 @@ def act_mul(a: torch.Tensor, b: torch.Tensor, activation: str = "silu", *,
     """
     if (P.ON and type(a) is _T and type(b) is _T and not _compiling()
             and not (_grad_enabled() and (a.requires_grad or b.requires_grad))):
-        dev, stream = L._device_stream()
-        key = ("act_mul", activation, approximate, dev,
-               a.shape, a.stride(), a.dtype, a.get_device(), not a.data_ptr() & 15,
-               b.shape, b.stride(), b.dtype, b.get_device(), not b.data_ptr() & 15)
-        return P.serve(_plans, key, stream, _act_mul_slow, (a, b),
-                       (a, b, activation, approximate))
+        return P.serve_fast(_plans, ("act_mul", activation, approximate), (a, b),
+                            _act_mul_slow, (a, b, activation, approximate))
     return _act_mul_slow(a, b, activation, approximate)
 
 
@@ -227,17 +213,11 @@ def cast(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = None)
     """
     if (P.ON and type(x) is _T and not _compiling()
             and not (_grad_enabled() and x.requires_grad)):
-        dev, stream = L._device_stream()
         if scale is None:
-            key = ("cast", dtype, dev,
-                   x.shape, x.stride(), x.dtype, x.get_device(), not x.data_ptr() & 15)
-            return P.serve(_plans, key, stream, _cast_slow, (x,), (x, dtype, None))
+            return P.serve_fast(_plans, ("cast", dtype), (x,), _cast_slow, (x, dtype, None))
         elif type(scale) is _T and not (_grad_enabled() and scale.requires_grad):
-            key = ("cast", dtype, dev,
-                   x.shape, x.stride(), x.dtype, x.get_device(), not x.data_ptr() & 15,
-                   scale.shape, scale.stride(), scale.dtype, scale.get_device(),
-                   not scale.data_ptr() & 15)
-            return P.serve(_plans, key, stream, _cast_slow, (x, scale), (x, dtype, scale))
+            return P.serve_fast(_plans, ("cast", dtype), (x, scale), _cast_slow,
+                                (x, dtype, scale))
     return _cast_slow(x, dtype, scale)
 
 

@@ -68,7 +68,6 @@ from __future__ import annotations
 import torch
 
 from tkit.kernels import _common as C
-from tkit.kernels import _launch as L
 from tkit.kernels import _offsets
 from tkit.kernels import _plan as P
 from tkit.kernels.matmul import config as MC
@@ -131,12 +130,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
             and not (_grad_enabled() and (a.requires_grad or b.requires_grad))
             and not MC._DEPTH.n):  # (MC.overridden() without the call)
         # the eager plan (tkit.kernels._plan): the key holds all the ordinary path reads
-        dev, stream = L._device_stream()
-        key = (activation, out_dtype, allow_tf32, dev,
-               a.shape, a.stride(), a.dtype, a.get_device(), not a.data_ptr() & 15,
-               b.shape, b.stride(), b.dtype, b.get_device(), not b.data_ptr() & 15)
-        return P.serve(_plans, key, stream, _matmul_slow, (a, b),
-                       (a, b, None, activation, None, out_dtype, allow_tf32, backend))
+        return P.serve_fast(_plans, (activation, out_dtype, allow_tf32), (a, b), _matmul_slow,
+                            (a, b, None, activation, None, out_dtype, allow_tf32, backend))
     return _matmul_slow(a, b, bias, activation, residual, out_dtype, allow_tf32, backend)
 
 

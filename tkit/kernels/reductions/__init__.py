@@ -50,7 +50,6 @@ from __future__ import annotations
 import torch
 
 from tkit.kernels import _common as C
-from tkit.kernels import _launch as L
 from tkit.kernels import _plan as P
 from tkit.kernels.reductions import ops as _ops
 from tkit.kernels.reductions._rows import as_rows
@@ -104,23 +103,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     """
     if (P.ON and type(x) is _T and (type(weight) is _T or type(weight) is _Param)
             and type(eps) is float and not _overrides.current and not _compiling()):
-        dev, stream = L._device_stream()
         if residual is None:
             if not (_grad_enabled() and (x.requires_grad or weight.requires_grad)):
-                key = (eps, dev, x.shape, x.stride(), x.dtype, x.get_device(),
-                       not x.data_ptr() & 15, weight.shape, weight.stride(), weight.dtype,
-                       weight.get_device(), not weight.data_ptr() & 15)
-                return P.serve(_norm_plans, key, stream, _rms_norm_slow, (x, weight),
-                               (x, weight, eps, None))
+                return P.serve_fast(_norm_plans, (eps,), (x, weight), _rms_norm_slow,
+                                    (x, weight, eps, None))
         elif type(residual) is _T and not (_grad_enabled() and (
                 x.requires_grad or weight.requires_grad or residual.requires_grad)):
-            key = (eps, dev, x.shape, x.stride(), x.dtype, x.get_device(),
-                   not x.data_ptr() & 15, weight.shape, weight.stride(), weight.dtype,
-                   weight.get_device(), not weight.data_ptr() & 15,
-                   residual.shape, residual.stride(), residual.dtype, residual.get_device(),
-                   not residual.data_ptr() & 15)
-            return P.serve(_norm_plans, key, stream, _rms_norm_slow, (x, weight, residual),
-                           (x, weight, eps, residual))
+            return P.serve_fast(_norm_plans, (eps,), (x, weight, residual), _rms_norm_slow,
+                                (x, weight, eps, residual))
     return _rms_norm_slow(x, weight, eps, residual)
 
 
@@ -165,10 +155,7 @@ def _softmax(x, dim, log):
     # the eager plan (tkit.kernels._plan): the key holds all the ordinary path reads
     if (P.ON and type(x) is _T and type(dim) is int and not _overrides.current
             and not _compiling() and not (_grad_enabled() and x.requires_grad)):
-        dev, stream = L._device_stream()
-        key = (log, dim, dev, x.shape, x.stride(), x.dtype, x.get_device(),
-               not x.data_ptr() & 15)
-        return P.serve(_softmax_plans, key, stream, _softmax_slow, (x,), (x, dim, log))
+        return P.serve_fast(_softmax_plans, (log, dim), (x,), _softmax_slow, (x, dim, log))
     return _softmax_slow(x, dim, log)
 
 

@@ -54,7 +54,10 @@ def _load_rotate(X, base, d_stride, m2, cos, sin, HALF: tl.constexpr,
         a, b = tl.split(tl.reshape(x, (x.shape[0], x.shape[1], BLOCK_HALF, 2)))
     c = cos[:, None, :]
     s = sin[:, None, :]
-    return a * c - b * s, b * c + a * s
+    # the roundings spelled out (one product rounded, the other fused): left to the compiler,
+    # the contraction of a * c - b * s followed each kernel's code, and rope_append_kv's float32
+    # outputs differed from rope's in the last bit on the H200 (GPT-J pairs, head dim 48)
+    return tl.fma(a, c, -(b * s)), tl.fma(b, c, a * s)
 
 
 @triton.jit
