@@ -146,8 +146,8 @@ def test_config_heuristic():
     tile."""
     c = I4.Int4Config.for_shape(1, 14336, 4096, 128, 132)
     assert c.path == "gemv" and c.block_m == 1 and 128 % c.block_k == 0
-    if not _env.INTERPRET:  # 56 column slabs of 256 x split 16 (4 K steps of 64 each)
-        assert (c.block_n, c.block_k, c.split_k, c.num_warps) == (256, 64, 16, 1)
+    if not _env.INTERPRET:  # K split over programs, each with at least 4 K steps
+        assert c.split_k > 1 and 4096 // c.block_k // c.split_k >= 4 and c.num_warps == 1
     assert I4.Int4Config.for_shape(3, 14336, 4096, 128, 132).block_m == 4
     c16 = I4.Int4Config.for_shape(16, 14336, 4096, 128, 132)
     assert c16.path == "tile" and (c16.block_m, c16.block_k) == (16, 128)

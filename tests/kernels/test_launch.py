@@ -71,6 +71,7 @@ def fast(monkeypatch):
     monkeypatch.setattr(_launch, "_hooks_active", lambda: False)
     _launch.clear()
     yield made
+    monkeypatch.undo()  # first: the clear below recomputes the plans' switch from these
     _launch.clear()
 
 

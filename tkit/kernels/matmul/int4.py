@@ -68,6 +68,7 @@ import triton.language as tl
 from tkit import _env
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
+from tkit.kernels import _plan as P
 from tkit.kernels import _register as R
 from tkit.kernels._numerics import and_scalar, round_to, scalar_mask
 from tkit.kernels.matmul._kernels import _dot, _splitk_reduce_kernel
@@ -549,6 +550,26 @@ def matmul_int4(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     -------
     Tensor (..., N) in a's dtype.
     """
+    if (P.ON and type(a) is _T and type(qweight) is _T and type(scales) is _T
+            and type(zeros) in _OPT_T and type(bias) in _OPT_T and not _OVERRIDES.state.value
+            and not _compiling() and not (_grad_enabled() and a.requires_grad)):
+        # the eager plan (tkit.kernels._plan): the config follows from the shapes, the group
+        # size and the device; the one-launch split-K reduce (per-device counters) is never
+        # planned, its calls take the ordinary path
+        args = (a, qweight, scales, zeros, bias)
+        return P.serve_fast(_plans, (group_size,), args, _matmul_int4_slow,
+                            (a, qweight, scales, zeros, group_size, bias))
+    return _matmul_int4_slow(a, qweight, scales, zeros, group_size, bias)
+
+
+_plans = P.new_cache()
+_T = torch.Tensor
+_OPT_T = (torch.Tensor, type(None))
+_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+
+
+def _matmul_int4_slow(a, qweight, scales, zeros, group_size, bias):
     C.check_tensor(a, "a", ACT_DTYPES, min_ndim=1)
     K, N = _check_packed(qweight, scales, zeros, group_size)
     if a.shape[-1] != K:

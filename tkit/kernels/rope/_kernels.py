@@ -89,7 +89,9 @@ def _quant_scale(amax, QUANT: tl.constexpr, XS, soff, m2):
     if QUANT == 1:
         sc = tl.zeros(amax.shape, tl.float32) + tl.load(XS)
     else:
-        sc = tl.where(amax > 0.0, amax / 448.0, 1.0)
+        # IEEE division, as append_kv divides (``/`` compiles to the approximate div.full.f32,
+        # and the two writers' scales differed in the last bit on the H200)
+        sc = tl.where(amax > 0.0, tl.math.div_rn(amax, 448.0), 1.0)
         tl.store(XS + soff, sc, mask=m2)
     return sc
 
@@ -102,9 +104,9 @@ def _to_cache(y, sc, XC, QUANT: tl.constexpr):
         out = round_to(y, XC.dtype.element_ty)
     else:
         if len(y.shape) == 4:
-            r = y / sc[:, :, None, None]
+            r = tl.math.div_rn(y, sc[:, :, None, None])
         else:
-            r = y / sc[:, :, None]
+            r = tl.math.div_rn(y, sc[:, :, None])
         out = to_fp8_saturated(r)
     return out
 
