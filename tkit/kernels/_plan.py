@@ -255,7 +255,9 @@ def serve_op(cache: dict, what: tuple, slow, tensors: tuple, *args):
     traced), and the ordinary path of a miss launches only what that validated signature
     launches, so a plan serves it: a compiled graph of tkit ops otherwise paid the launch
     layer's full Python a call (2.5x the eager time of a Llama layer at 512 tokens on the
-    H200). ``slow(*args)`` is the implementation; ``what`` holds its options. The ordinary
+    H200). Keyed, looked up and launched as :func:`serve_fast` does, under the prefix
+    ``("op", *what)``. ``slow(*args)`` is the implementation; ``what`` holds its options. The
+    ordinary
     path runs when plans are off, for anything but plain tensors (fake and functional tensors
     of a trace; ``nn.Parameter`` passes) and where autograd would record the call."""
     if not ON:
@@ -265,10 +267,12 @@ def serve_op(cache: dict, what: tuple, slow, tensors: tuple, *args):
             return slow(*args)
     if _grad_enabled() and any(t.requires_grad for t in tensors):
         return slow(*args)
-    dev, stream = _launch._device_stream()
-    key = ("op", *what, dev)
-    for t in tensors:
-        key += (t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15)
+    if _fast is None:
+        _resolve_fast()
+    r = _fast(cache, ("op", *what), tensors)
+    if type(r) is not list:
+        return r
+    key, stream = r
     return serve(cache, key, stream, slow, tensors, args)
 
 
