@@ -288,6 +288,37 @@ CASES = {
                                    torch.ones(8, 16, 2)),
                           lambda k, v, kc, vc, s, ks, vs: tkit.append_kv(
                               k, v, kc, vc, s, k_scale=ks, v_scale=vs) or ()),
+    # rope: out of place (two outputs), in place (none: the inputs are written), and fused
+    # with the cache write (fp8 with per-token scales)
+    "rope": (lambda: (torch.randn(7, 4, 64).to(BF), torch.randn(7, 2, 64).to(BF),
+                      torch.randint(0, 32, (7,)), tkit.rope_cache(32, 64)), tkit.rope),
+    "rope_inplace_gptj": (lambda: (torch.randn(7, 4, 48).to(BF), torch.randn(7, 2, 48).to(BF),
+                                   torch.randint(0, 32, (7,)), tkit.rope_cache(32, 32)),
+                          lambda q, k, p, cs: tkit.rope(q, k, p, cs, is_neox=False,
+                                                        rotary_dim=32, inplace=True) and ()),
+    "rope_append_fp8_tok": (lambda: (torch.randn(3, 4, 64).to(BF), torch.randn(3, 2, 64).to(BF),
+                                     torch.randn(3, 2, 64).to(BF), torch.randint(0, 32, (3,)),
+                                     tkit.rope_cache(32, 64),
+                                     torch.zeros(8, 16, 2, 64).to(torch.float8_e4m3fn),
+                                     torch.zeros(8, 16, 2, 64).to(torch.float8_e4m3fn),
+                                     torch.tensor([5, -1, 100]), torch.ones(8, 16, 2),
+                                     torch.ones(8, 16, 2)),
+                            lambda q, k, v, p, cs, kc, vc, s, ks, vs: tkit.rope_append_kv(
+                                q, k, v, p, cs, kc, vc, s, k_scale=ks, v_scale=vs) and ()),
+    # dynamic quantization: per token (a scalar and a tensor bound), 1x128 groups, the
+    # fused RMSNorm (with the residual stream's h as a third output) and SiLU-and-mul forms
+    "quantize_fp8_tok_ub": (lambda: (torch.randn(5, 256).to(BF),),
+                            lambda x: tkit.quantize_fp8(x, scale_ub=3.0)),
+    "quantize_fp8_ub_tensor": (lambda: (torch.randn(5, 256).to(BF), torch.tensor([2.0])),
+                               lambda x, u: tkit.quantize_fp8(x, scale_ub=u)),
+    "quantize_fp8_1x128": (lambda: (torch.randn(3, 512),),
+                           lambda x: tkit.quantize_fp8(x, group_size=128)),
+    "quantize_int8": (lambda: (torch.randn(4, 300).to(BF),), tkit.quantize_int8),
+    "rms_norm_quant_res": (lambda: (torch.randn(4, 512).to(BF), torch.randn(512).to(BF),
+                                    torch.randn(4, 512).to(BF)),
+                           lambda x, w, r: tkit.rms_norm_quant(x, w, 1e-6, residual=r)),
+    "silu_mul_quant_1x128": (lambda: torch.randn(4, 2 * 256).to(BF).chunk(2, -1),
+                             lambda a, b: tkit.silu_mul_quant(a, b, group_size=128)),
     "merge_states_3d": (lambda: (torch.randn(5, 4, 64).to(BF), torch.randn(4, 5),
                                  torch.randn(5, 4, 64).to(BF), torch.randn(4, 5)),
                         tkit.merge_attention_states),
@@ -330,6 +361,17 @@ def test_jit_plan_launches_what_the_ordinary_path_launches(jitplans, name):
     _plan_vs_ordinary(jitplans, make, fn)
 
 
+def _ordinary(rec, fn, inputs):
+    """The same call on the ordinary path (plans off): its launches, named as :func:`_normal`
+    names them, and its result."""
+    _plan.ON = False
+    try:
+        ref = fn(*inputs)
+    finally:
+        _plan.refresh()
+    return _normal(rec.take(), inputs, _outs(ref)), ref
+
+
 def _plan_vs_ordinary(made, make, fn, fresh=False):
     """``fresh``: the planned call takes new inputs of the first call's signature."""
     rec = _Recorder(made)
@@ -346,12 +388,7 @@ def _plan_vs_ordinary(made, make, fn, fresh=False):
         assert _launch.stats["plan"] == before["plan"] + 1
         assert (_launch.stats["fast"], _launch.stats["slow"]) == (before["fast"],
                                                                  before["slow"])
-        _plan.ON = False
-        try:
-            ref = fn(*inputs)
-        finally:
-            _plan.refresh()
-        ordinary = _normal(rec.take(), inputs, _outs(ref))
+        ordinary, ref = _ordinary(rec, fn, inputs)
     assert planned and _same_launches(planned, ordinary), (planned, ordinary)
     # a plan hands the launcher data pointers, never tensors (no data_ptr() call and no
     # cuPointerGetAttribute in Triton's C launcher)
@@ -477,12 +514,7 @@ def test_jit_cplan_launches_what_the_ordinary_path_launches(cplans, name):
         assert not rec.take(), "the plan went through Triton's launcher"
         assert _launch.stats["plan"] == before + 1
         planned = _normal(_decode_cplan(made, launched), inputs, _outs(got))
-        _plan.ON = False
-        try:
-            ref = fn(*inputs)
-        finally:
-            _plan.refresh()
-        ordinary = _normal(rec.take(), inputs, _outs(ref))
+        ordinary, ref = _ordinary(rec, fn, inputs)
     ordinary = [(ck, tuple(a[:4]) + (None,) * 5 + tuple(_f32(x) for x in a[9:]))
                 for ck, a in ordinary]
     planned = [(ck, tuple(a[:4]) + (None,) * 5 + tuple(a[9:])) for ck, a in planned]

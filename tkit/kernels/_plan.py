@@ -352,7 +352,11 @@ def build(rec: list, inputs: tuple, outputs: tuple):
         if mod is not None:
             allocs = [(s, mod.scalar_type_code(dt), -1 if dev.type == "cpu" else dev.index,
                        like) for (s, dt, dev), like in zip(shape, likes)]
-            return mod.Plan(cspecs, allocs, n_in, len(outputs), *_launch.hook_lists(), stats)
+            try:
+                return mod.Plan(cspecs, allocs, n_in, len(outputs), *_launch.hook_lists(),
+                                stats)
+            except (ValueError, TypeError, OverflowError):
+                pass  # a value the executor cannot hold: the Python plan below serves
     code_key = (n_in, len(outputs), len(scratch), tuple(p for p, _, _ in launches), likes,
                 tuple(d for _, _, d in launches))
     make = _codegen_cache.get(code_key)

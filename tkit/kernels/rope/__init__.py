@@ -37,10 +37,14 @@ import math
 
 import torch
 
+from tkit import _env
 from tkit.kernels import _common as C
-from tkit.kernels.decode.ops import append_kv_checks
-from tkit.kernels.rope.config import RopeConfig, current_config, rope_config  # noqa: F401  (public)
+from tkit.kernels import _offsets
+from tkit.kernels import _plan as P
+from tkit.kernels.decode.ops import _check_slot_values, append_kv_checks
+from tkit.kernels.rope.config import _OVERRIDES, RopeConfig, current_config, rope_config  # noqa: F401  (public)
 from tkit.kernels.rope.ops import (
+    _check_positions,
     _check_rope,
     _rope_append_impl,
     _rope_append_op,
@@ -86,6 +90,22 @@ def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
     -------
     (q, k)
     """
+    args = (q, k, positions, cos_sin_cache, is_neox, rotary_dim, inplace)
+    if (P.ON and type(q) is _T and type(k) is _T and type(positions) is _T
+            and type(cos_sin_cache) is _T and not _OVERRIDES.state.value and not _compiling()
+            and not (_grad_enabled() and (q.requires_grad or k.requires_grad))):
+        # the eager plan (tkit.kernels._plan): the config follows from the shapes; host
+        # positions are still checked per call
+        check = _positions_hit_check if _env.CHECK or not positions.is_cuda else None
+        out = P.serve_fast(_plans, (is_neox, rotary_dim, inplace),
+                           (q, k, positions, cos_sin_cache), _rope_slow, args, check)
+    else:
+        out = _rope_slow(*args)
+    return (q, k) if inplace else out
+
+
+def _rope_slow(q, k, positions, cos_sin_cache, is_neox, rotary_dim, inplace):
+    """The ordinary path of :func:`rope`: None in place (the plan then has no outputs)."""
     rotary_dim = _check_rope(q, k, positions, cos_sin_cache, rotary_dim)
     direct = C.use_direct_path(q, k)
     if inplace:
@@ -93,10 +113,22 @@ def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
             _rope_inplace_impl(q, k, positions, cos_sin_cache, bool(is_neox), rotary_dim)
         else:
             _rope_inplace_op(q, k, positions, cos_sin_cache, bool(is_neox), rotary_dim)
-        return q, k
+        return None
     if direct:
         return _rope_impl(q, k, positions, cos_sin_cache, bool(is_neox), rotary_dim)
     return _rope_op(q, k, positions, cos_sin_cache, bool(is_neox), rotary_dim)
+
+
+def _positions_hit_check(q, k, positions, cos_sin_cache, *_):
+    _check_positions(positions, cos_sin_cache)
+
+
+_plans = P.new_cache()
+_append_plans = P.new_cache()
+_T = torch.Tensor
+_OPT_T = (torch.Tensor, type(None))
+_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
 
 
 def rope_append_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
@@ -128,6 +160,26 @@ def rope_append_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
     -------
     (q, k): the inputs, rotated.
     """
+    args = (q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, k_scale,
+            v_scale, is_neox, rotary_dim)
+    if (P.ON and type(q) is _T and type(k) is _T and type(v) is _T and type(positions) is _T
+            and type(cos_sin_cache) is _T and type(k_cache) is _T and type(v_cache) is _T
+            and type(slot_mapping) is _T and type(k_scale) in _OPT_T
+            and type(v_scale) in _OPT_T and not _OVERRIDES.state.value and not _compiling()
+            and not (_grad_enabled() and (q.requires_grad or k.requires_grad
+                                          or v.requires_grad))):
+        check = (_rope_append_hit_check
+                 if _env.CHECK or not (positions.is_cuda and slot_mapping.is_cuda) else None)
+        P.serve_fast(_append_plans, (is_neox, rotary_dim),
+                     (q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                      k_scale, v_scale), _rope_append_slow, args, check)
+    else:
+        _rope_append_slow(*args)
+    return q, k
+
+
+def _rope_append_slow(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                      k_scale, v_scale, is_neox, rotary_dim):
     rotary_dim = _check_rope(q, k, positions, cos_sin_cache, rotary_dim)
     if q.ndim != 3:
         raise ValueError(f"q must be (tokens, heads_q, head_dim), got shape {tuple(q.shape)}")
@@ -138,7 +190,13 @@ def rope_append_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
         _rope_append_impl(*args)
     else:
         _rope_append_op(*args)
-    return q, k
+
+
+def _rope_append_hit_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                           *_):
+    _check_positions(positions, cos_sin_cache)
+    if _offsets.values_checked(slot_mapping):
+        _check_slot_values(slot_mapping, k_cache)
 
 
 # --------------------------------------------------------------------------------------------

@@ -194,6 +194,13 @@ def _check_rope(q, k, positions, cos_sin_cache, rotary_dim) -> int:
                          f"{tuple(cos_sin_cache.shape)}")
     if cos_sin_cache.shape[0] == 0:
         raise ValueError("cos_sin_cache has no rows (max_position = 0)")
+    _check_positions(positions, cos_sin_cache)
+    return rotary_dim
+
+
+def _check_positions(positions, cos_sin_cache) -> None:
+    """Positions inside the table, where their values are checked (host tensors, or
+    TKIT_CHECK=1)."""
     from tkit.kernels import _offsets
 
     if positions.numel() and _offsets.values_checked(positions):
@@ -205,6 +212,5 @@ def _check_rope(q, k, positions, cos_sin_cache, rotary_dim) -> int:
             raise ValueError(f"positions{idx} = {bad} is outside [0, max_position = {n}) "
                              f"(cos_sin_cache has {n} rows); the kernel clamps, but the "
                              f"result would be meaningless")
-    return rotary_dim
 
 
