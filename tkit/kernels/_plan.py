@@ -1,5 +1,6 @@
 """Per-signature launch plans: an eager call that has been seen before only allocates its
-outputs and calls Triton's C launcher.
+outputs and launches its kernels (in C++ where :mod:`tkit.kernels._cplan` loads; through
+Triton's C launcher otherwise).
 
 Why: after :mod:`tkit.kernels._launch` cached the compiled kernels, a small eager call still
 spent most of its host time in Python that gives the same answer for the same inputs every
@@ -12,7 +13,7 @@ signature by the ordinary path and recorded:
     recorded launch's launcher with the recorded grid and constant arguments and the
     tensors' data pointers (ints, which Triton's C launcher takes without a driver call).
 
-The signature key is built by the public function from the inputs alone, and must hold
+The signature key is built from the inputs alone (:func:`serve_fast`), and must hold
 everything the ordinary path reads from them: every tensor's shape, strides, dtype, device
 index and whether its data pointer is 16-byte aligned (Triton specializes on exactly that, so
 the key is never coarser than Triton's); the current device (compiled kernels are loaded per
@@ -34,10 +35,13 @@ argument that matches none of them (another temporary, a contiguous copy) or mor
 and later calls skip the recording), for this call only for the second (for good after
 :data:`TRANSIENT_LIMIT` such calls).
 
-Every family serves its calls through :func:`serve` (the lookup, the hit, the recorded first
-miss, the fallback) with a key it builds inline; the registered ops' implementations (what a
-torch.compile graph and the autograd path call) through :func:`serve_op`, under keys of their
-own (a leading "op").
+Every family serves its calls through :func:`serve_fast` (the key, the lookup, the hit, the
+recorded first miss, the fallback) with its options as the key's prefix and its tensors as the
+plan's inputs; the registered ops' implementations (what a torch.compile graph and the autograd
+path call) through :func:`serve_op`, under prefixes of their own (a leading "op"). Where the C++
+executor (:mod:`tkit.kernels._cplan`) loads, the key is built, looked up and a plan run in one
+call into it, and plans are executor objects (``at::empty`` and ``cuLaunchKernel``); elsewhere
+keys are Python tuples and plans the generated functions below.
 
 Plans are off (:data:`ON` false) whenever the ordinary path must run each call: under the
 interpreter, TKIT_NO_FAST_LAUNCH / TKIT_NO_DIRECT, ``_launch.set_enabled(False)``, while any
@@ -257,9 +261,8 @@ def serve_op(cache: dict, what: tuple, slow, tensors: tuple, *args):
     layer's full Python a call (2.5x the eager time of a Llama layer at 512 tokens on the
     H200). Keyed, looked up and launched as :func:`serve_fast` does, under the prefix
     ``("op", *what)``. ``slow(*args)`` is the implementation; ``what`` holds its options. The
-    ordinary
-    path runs when plans are off, for anything but plain tensors (fake and functional tensors
-    of a trace; ``nn.Parameter`` passes) and where autograd would record the call."""
+    ordinary path runs when plans are off, for anything but plain tensors (fake and functional
+    tensors of a trace; ``nn.Parameter`` passes) and where autograd would record the call."""
     if not ON:
         return slow(*args)
     for t in tensors:

@@ -170,7 +170,6 @@ _grad_enabled = torch.is_grad_enabled
 _plans = P.new_cache()
 
 
-
 def _decode_hit_check(q, k_cache, v_cache, cache_seqlens, block_table, *_):
     _check_decode_values(k_cache, cache_seqlens, block_table,
                          k_cache.shape[1] if block_table is None

@@ -119,9 +119,12 @@ class Int4Config:
             # one warp a program; at M = 1, 128 columns (4 a thread share the activations'
             # loads, converts and sums) x 64 K values a step; more rows of a hold more partial
             # sums: smaller steps (M = 2: 256 x 32, 168 registers; M = 4: 128 x 32, 168). K
-            # split so that ~10 programs per SM stream the weight, >= 4 steps each. M = 1 is
-            # the H200 sweep's winner (docs/NOTES.md, "sixth session": 128 x 64 split 16 at
-            # K=4096 N=14336 and K=N=8192); M = 2 and 4 are sm_90a compile facts, not timings.
+            # split so that ~10 programs per SM stream the weight, >= 4 steps each. M = 1: the
+            # H200 sweep's best was 128 x 64 split 16 with the one-launch reduce (20.1 / 22.4 us
+            # at K=4096 N=14336 / K=N=8192, against 22.6 / 25.2 for 256 columns); that reduce
+            # keeps per-device counters (opt-in), and the same tile with the reduce launch
+            # benched 22.7 / 25.1 us (docs/NOTES.md, "sixth session"). M = 2 and 4: sm_90a
+            # compile facts, not timings.
             gbn, gbk = {1: (128, 64), 2: (256, 32), 4: (128, 32)}[C.next_power_of_2(M)]
             if _env.INTERPRET:
                 gbn = bn
