@@ -305,6 +305,13 @@ CASES = {
                                      torch.ones(8, 16, 2)),
                             lambda q, k, v, p, cs, kc, vc, s, ks, vs: tkit.rope_append_kv(
                                 q, k, v, p, cs, kc, vc, s, k_scale=ks, v_scale=vs) and ()),
+    "layer_norm_bias": (lambda: (torch.randn(3, 1000).to(BF), torch.randn(1000).to(BF),
+                                 torch.randn(1000).to(BF)),
+                        lambda x, w, b: tkit.layer_norm(x, w, b, 1e-5)),
+    "matmul_fp8_rowcol": (lambda: (torch.randn(16, 128).to(torch.float8_e4m3fn),
+                                   torch.randn(64, 128).to(torch.float8_e4m3fn).t(),
+                                   torch.rand(16) + 0.5, torch.rand(64) + 0.5),
+                          tkit.matmul_fp8),
     # dynamic quantization: per token (a scalar and a tensor bound), 1x128 groups, the
     # fused RMSNorm (with the residual stream's h as a third output) and SiLU-and-mul forms
     "quantize_fp8_tok_ub": (lambda: (torch.randn(5, 256).to(BF),),

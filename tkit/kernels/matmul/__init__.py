@@ -236,6 +236,21 @@ def matmul_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
     bias, activation, residual
         The epilogue of :func:`matmul`, applied after the scales.
     """
+    if (P.ON and type(a) is _T and type(b) is _T and type(scale_a) is _T
+            and type(scale_b) is _T and type(bias) in _OPT_T and type(residual) in _OPT_T
+            and not _compiling() and not MC._DEPTH.n):
+        # the eager plan: scales, bias and residual are inputs, the rest options
+        return P.serve_fast(_fp8_plans, (out_dtype, activation),
+                            (a, b, scale_a, scale_b, bias, residual), _matmul_fp8_slow,
+                            (a, b, scale_a, scale_b, out_dtype, bias, activation, residual))
+    return _matmul_fp8_slow(a, b, scale_a, scale_b, out_dtype, bias, activation, residual)
+
+
+_fp8_plans = P.new_cache()
+_OPT_T = (torch.Tensor, type(None))
+
+
+def _matmul_fp8_slow(a, b, scale_a, scale_b, out_dtype, bias, activation, residual):
     C.check_tensor(a, "a", C.FP8_DTYPES, ndim=2)
     C.check_tensor(b, "b", C.FP8_DTYPES, ndim=2)
     out_shape = _check_operands(a, b, C.FP8_DTYPES)

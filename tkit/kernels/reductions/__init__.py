@@ -135,6 +135,20 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     never as E[x^2] - E[x]^2. ``bias`` may be None.
     Shapes, dtypes and layouts as :func:`rms_norm`.
     """
+    if (P.ON and type(x) is _T and type(weight) in _W_T and type(bias) in _OPT_W_T
+            and not _overrides.current and not _compiling()
+            and not (_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                          or (bias is not None and bias.requires_grad)))):
+        return P.serve_fast(_norm_plans, ("layer_norm", eps), (x, weight, bias),
+                            _layer_norm_slow, (x, weight, bias, eps))
+    return _layer_norm_slow(x, weight, bias, eps)
+
+
+_W_T = (torch.Tensor, torch.nn.Parameter)
+_OPT_W_T = (torch.Tensor, torch.nn.Parameter, type(None))
+
+
+def _layer_norm_slow(x, weight, bias, eps):
     _ops._check_norm(x, weight, bias=bias, eps=eps)
     if C.use_direct_path(x, weight, bias):
         return _ops._norm_fwd_impl(x, weight, bias, None, eps, False)[0]
