@@ -305,6 +305,9 @@ CASES = {
                                      torch.ones(8, 16, 2)),
                             lambda q, k, v, p, cs, kc, vc, s, ks, vs: tkit.rope_append_kv(
                                 q, k, v, p, cs, kc, vc, s, k_scale=ks, v_scale=vs) and ()),
+    "grouped_matmul": (lambda: (torch.randn(50, 64).to(BF), torch.randn(3, 64, 32).to(BF),
+                                torch.tensor([0, 7, 7, 50], dtype=torch.int32)),
+                       tkit.grouped_matmul),
     "layer_norm_bias": (lambda: (torch.randn(3, 1000).to(BF), torch.randn(1000).to(BF),
                                  torch.randn(1000).to(BF)),
                         lambda x, w, b: tkit.layer_norm(x, w, b, 1e-5)),
@@ -766,6 +769,14 @@ def test_jit_validation_still_names_the_argument(jitplans):
         tkit.add(a, b, out_dtype=[torch.float32])  # unhashable: the ordinary path says so
     with pytest.raises(ValueError, match="approximate"):
         tkit.gelu_mul(a, b, approximate="fast")
+    # host offsets of a planned grouped GEMM: their values are checked on every call
+    xa, wb = torch.randn(10, 32), torch.randn(2, 32, 16)
+    for _ in range(2):
+        tkit.grouped_matmul(xa, wb, torch.tensor([0, 4, 10], dtype=torch.int32))
+    hits = _launch.stats["plan"]
+    with pytest.raises(ValueError, match="offsets"):
+        tkit.grouped_matmul(xa, wb, torch.tensor([0, 11, 10], dtype=torch.int32))
+    assert _launch.stats["plan"] == hits
 
 
 @jit

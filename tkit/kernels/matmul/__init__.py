@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import torch
 
+from tkit import _env
 from tkit.kernels import _common as C
 from tkit.kernels import _offsets
 from tkit.kernels import _plan as P
@@ -326,6 +327,26 @@ def grouped_matmul(a, b, offsets: torch.Tensor | None = None,
                                 torch.tensor(offs, dtype=torch.int32).to(a[0].device), out_dtype,
                                 allow_tf32=allow_tf32)
         return list(packed.split(sizes))
+    if (P.ON and type(a) is _T and (type(b) is _T or type(b) is _Param) and type(offsets) is _T
+            and not _compiling() and not MC._DEPTH.n
+            and not (_grad_enabled() and (a.requires_grad or b.requires_grad))):
+        # the eager plan: offsets' values are read on the device; host ones (and every one
+        # under TKIT_CHECK=1) are still checked per call
+        check = _grouped_hit_check if _env.CHECK or not offsets.is_cuda else None
+        return P.serve_fast(_grouped_plans, (out_dtype, allow_tf32), (a, b, offsets),
+                            _grouped_slow, (a, b, offsets, out_dtype, allow_tf32), check)
+    return _grouped_slow(a, b, offsets, out_dtype, allow_tf32)
+
+
+_grouped_plans = P.new_cache()
+
+
+def _grouped_hit_check(a, b, offsets, *_):
+    if _offsets.values_checked(offsets):
+        _offsets.check_values(offsets, "offsets", a.shape[0], "a.shape[0]")
+
+
+def _grouped_slow(a, b, offsets, out_dtype, allow_tf32):
     C.check_tensor(a, "a", ndim=2)
     C.check_tensor(b, "b", ndim=3)
     C.check_tensor(offsets, "offsets", (torch.int32, torch.int64), ndim=1)

@@ -554,7 +554,8 @@ def matmul_int4(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     Tensor (..., N) in a's dtype.
     """
     if (P.ON and type(a) is _T and type(qweight) is _T and type(scales) is _T
-            and type(zeros) in _OPT_T and type(bias) in _OPT_T and not _OVERRIDES.state.value
+            and type(zeros) in _OPT_T and type(bias) in _OPT_T and type(group_size) is int
+            and not _OVERRIDES.state.value
             and not _compiling() and not (_grad_enabled() and a.requires_grad)):
         # the eager plan (tkit.kernels._plan): the config follows from the shapes, the group
         # size and the device; the one-launch split-K reduce (per-device counters) is never

@@ -136,7 +136,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     Shapes, dtypes and layouts as :func:`rms_norm`.
     """
     if (P.ON and type(x) is _T and type(weight) in _W_T and type(bias) in _OPT_W_T
-            and not _overrides.current and not _compiling()
+            and type(eps) is float and not _overrides.current and not _compiling()
             and not (_grad_enabled() and (x.requires_grad or weight.requires_grad
                                           or (bias is not None and bias.requires_grad)))):
         return P.serve_fast(_norm_plans, ("layer_norm", eps), (x, weight, bias),

@@ -92,7 +92,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
     """
     args = (q, k, positions, cos_sin_cache, is_neox, rotary_dim, inplace)
     if (P.ON and type(q) is _T and type(k) is _T and type(positions) is _T
-            and type(cos_sin_cache) is _T and not _OVERRIDES.state.value and not _compiling()
+            and type(cos_sin_cache) is _T and type(rotary_dim) in _ROT_T
+            and not _OVERRIDES.state.value and not _compiling()
             and not (_grad_enabled() and (q.requires_grad or k.requires_grad))):
         # the eager plan (tkit.kernels._plan): the config follows from the shapes; host
         # positions are still checked per call
@@ -127,6 +128,7 @@ _plans = P.new_cache()
 _append_plans = P.new_cache()
 _T = torch.Tensor
 _OPT_T = (torch.Tensor, type(None))
+_ROT_T = (int, type(None))  # a bool equals 1 as a key: the ordinary path checks the type
 _compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 
@@ -165,7 +167,8 @@ def rope_append_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
     if (P.ON and type(q) is _T and type(k) is _T and type(v) is _T and type(positions) is _T
             and type(cos_sin_cache) is _T and type(k_cache) is _T and type(v_cache) is _T
             and type(slot_mapping) is _T and type(k_scale) in _OPT_T
-            and type(v_scale) in _OPT_T and not _OVERRIDES.state.value and not _compiling()
+            and type(v_scale) in _OPT_T and type(rotary_dim) in _ROT_T
+            and not _OVERRIDES.state.value and not _compiling()
             and not (_grad_enabled() and (q.requires_grad or k.requires_grad
                                           or v.requires_grad))):
         check = (_rope_append_hit_check
