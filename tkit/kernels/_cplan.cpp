@@ -136,18 +136,10 @@ bool launch_one(const Launch& L, uint64_t stream, const std::vector<uint64_t>& p
   return true;
 }
 
-// plan(stream, inputs) -> the outputs (one tensor or a tuple), or None where the plan steps
+// The outputs of one call of plan p (one tensor or a tuple), or None where the plan steps
 // aside for this call (a launch hook attached, an output that is not 16-byte aligned)
-PyObject* plan_call(PyObject* self, PyObject* args, PyObject* kwargs) {
-  auto* p = reinterpret_cast<PlanObject*>(self);
-  if (PyTuple_GET_SIZE(args) != 2 || kwargs) {
-    PyErr_SetString(PyExc_TypeError, "plan(stream, inputs)");
-    return nullptr;
-  }
+PyObject* run_plan(PlanObject* p, unsigned long long stream, PyObject* inputs) {
   if (PyList_GET_SIZE(p->enter) || PyList_GET_SIZE(p->exit_)) Py_RETURN_NONE;
-  unsigned long long stream = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(args, 0));
-  if (stream == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return nullptr;
-  PyObject* inputs = PyTuple_GET_ITEM(args, 1);
   if (!PyTuple_Check(inputs) || PyTuple_GET_SIZE(inputs) != p->n_in) {
     PyErr_SetString(PyExc_TypeError, "plan: inputs must be a tuple of the plan's length");
     return nullptr;
@@ -201,6 +193,16 @@ PyObject* plan_call(PyObject* self, PyObject* args, PyObject* kwargs) {
     PyTuple_SET_ITEM(out, j, t);
   }
   return out;
+}
+
+PyObject* plan_call(PyObject* self, PyObject* args, PyObject* kwargs) {
+  if (PyTuple_GET_SIZE(args) != 2 || kwargs) {
+    PyErr_SetString(PyExc_TypeError, "plan(stream, inputs)");
+    return nullptr;
+  }
+  unsigned long long stream = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(args, 0));
+  if (stream == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return nullptr;
+  return run_plan(reinterpret_cast<PlanObject*>(self), stream, PyTuple_GET_ITEM(args, 1));
 }
 
 PyTypeObject PlanType = {PyVarObject_HEAD_INIT(nullptr, 0)};
@@ -457,19 +459,15 @@ PyObject* serve(PyObject*, PyObject* const* args, Py_ssize_t n) {
     PyErr_Clear();  // an unhashable option: the Python path names it
   }
   if (plan && plan != Py_False) {
-    PyObject* st = PyLong_FromUnsignedLongLong(stream);
     PyObject* out = nullptr;
-    if (st) {
-      if (Py_TYPE(plan) == &PlanType) {
-        PyObject* call_args = PyTuple_Pack(2, st, args[2]);
-        if (call_args) {
-          out = plan_call(plan, call_args, nullptr);
-          Py_DECREF(call_args);
-        }
-      } else {
+    if (Py_TYPE(plan) == &PlanType) {
+      out = run_plan(reinterpret_cast<PlanObject*>(plan), stream, args[2]);
+    } else {  // a Python plan (a launch the executor does not take)
+      PyObject* st = PyLong_FromUnsignedLongLong(stream);
+      if (st) {
         out = PyObject_CallFunctionObjArgs(plan, st, args[2], nullptr);
+        Py_DECREF(st);
       }
-      Py_DECREF(st);
     }
     if (!out) {
       Py_DECREF(key);

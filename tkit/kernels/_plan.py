@@ -199,6 +199,23 @@ def serve(cache: dict, key, stream, slow, inputs: tuple, args: tuple, check=None
     return slow(*args)
 
 
+_compiling = torch.compiler.is_compiling
+
+
+def plannable(overridden, *tensors) -> bool:
+    """Whether plans may serve an eager call: plans on, not traced, no config override in force
+    (``overridden``), every tensor a plain tensor or ``nn.Parameter`` (or None), and none that
+    autograd would record. The public functions' shared test; the hottest ones inline it."""
+    if not ON or overridden or _compiling():
+        return False
+    grad = _grad_enabled()
+    for t in tensors:
+        if t is not None and ((type(t) is not _T and type(t) is not _Param)
+                              or (grad and t.requires_grad)):
+            return False
+    return True
+
+
 def _py_sig(t):
     return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device(),
                                    not t.data_ptr() & 15)

@@ -237,9 +237,7 @@ def matmul_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
     bias, activation, residual
         The epilogue of :func:`matmul`, applied after the scales.
     """
-    if (P.ON and type(a) is _T and type(b) is _T and type(scale_a) is _T
-            and type(scale_b) is _T and type(bias) in _OPT_T and type(residual) in _OPT_T
-            and not _compiling() and not MC._DEPTH.n):
+    if P.plannable(MC._DEPTH.n, a, b, scale_a, scale_b, bias, residual):
         # the eager plan: scales, bias and residual are inputs, the rest options
         return P.serve_fast(_fp8_plans, (out_dtype, activation),
                             (a, b, scale_a, scale_b, bias, residual), _matmul_fp8_slow,
@@ -248,7 +246,6 @@ def matmul_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
 
 
 _fp8_plans = P.new_cache()
-_OPT_T = (torch.Tensor, type(None))
 
 
 def _matmul_fp8_slow(a, b, scale_a, scale_b, out_dtype, bias, activation, residual):
@@ -327,9 +324,7 @@ def grouped_matmul(a, b, offsets: torch.Tensor | None = None,
                                 torch.tensor(offs, dtype=torch.int32).to(a[0].device), out_dtype,
                                 allow_tf32=allow_tf32)
         return list(packed.split(sizes))
-    if (P.ON and type(a) is _T and (type(b) is _T or type(b) is _Param) and type(offsets) is _T
-            and not _compiling() and not MC._DEPTH.n
-            and not (_grad_enabled() and (a.requires_grad or b.requires_grad))):
+    if P.plannable(MC._DEPTH.n, a, b, offsets):
         # the eager plan: offsets' values are read on the device; host ones (and every one
         # under TKIT_CHECK=1) are still checked per call
         check = _grouped_hit_check if _env.CHECK or not offsets.is_cuda else None

@@ -553,10 +553,8 @@ def matmul_int4(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     -------
     Tensor (..., N) in a's dtype.
     """
-    if (P.ON and type(a) is _T and type(qweight) is _T and type(scales) is _T
-            and type(zeros) in _OPT_T and type(bias) in _OPT_T and type(group_size) is int
-            and not _OVERRIDES.state.value
-            and not _compiling() and not (_grad_enabled() and a.requires_grad)):
+    if (type(group_size) is int
+            and P.plannable(_OVERRIDES.state.value, a, qweight, scales, zeros, bias)):
         # the eager plan (tkit.kernels._plan): the config follows from the shapes, the group
         # size and the device; the one-launch split-K reduce (per-device counters) is never
         # planned, its calls take the ordinary path
@@ -567,10 +565,6 @@ def matmul_int4(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 
 
 _plans = P.new_cache()
-_T = torch.Tensor
-_OPT_T = (torch.Tensor, type(None))
-_compiling = torch.compiler.is_compiling
-_grad_enabled = torch.is_grad_enabled
 
 
 def _matmul_int4_slow(a, qweight, scales, zeros, group_size, bias):

@@ -86,9 +86,9 @@ def quantize_fp8(x: torch.Tensor, *, group_size: int | None = None,
     (x_fp8, scales): x_fp8 like x (contiguous) with ``x ~ x_fp8 * scale``; scales float32,
     ``max(amax / 448, 1 / (448 * 512))``. NaN stays NaN and does not enter the amax.
     """
-    if (P.ON and type(x) is _T and type(scale_ub) in _UB_TYPES and type(group_size) in _GS_T
-            and not _OVERRIDES.state.value and not _compiling()
-            and not (_grad_enabled() and x.requires_grad)):
+    if (type(scale_ub) in _UB_TYPES and type(group_size) in _GS_T
+            and P.plannable(_OVERRIDES.state.value, x,
+                            scale_ub if type(scale_ub) is _T else None)):
         # the eager plan (tkit.kernels._plan): a tensor bound is an input, a number an option
         ub_t = scale_ub if type(scale_ub) is _T else None
         return P.serve_fast(_plans, ("fp8", group_size, None if ub_t is not None else scale_ub),
@@ -101,18 +101,6 @@ _T = torch.Tensor
 _UB_TYPES = (torch.Tensor, type(None), float, int)
 # a bool equals 1 as a key: options whose type the ordinary path checks are plain ints here
 _GS_T = (int, type(None))
-_compiling = torch.compiler.is_compiling
-_grad_enabled = torch.is_grad_enabled
-
-
-def _plannable(*tensors) -> bool:
-    """Plans serve this call: plain tensors (or None), no config override, no autograd."""
-    if not P.ON or _OVERRIDES.state.value or _compiling():
-        return False
-    for t in tensors:
-        if t is not None and (type(t) is not _T or (_grad_enabled() and t.requires_grad)):
-            return False
-    return True
 
 
 def _quantize_fp8_slow(x, group_size, scale_ub):
@@ -132,7 +120,7 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``x ~ x_int8 * scale``; scales (..., 1) float32, amax / 127 (1 for an all-zero row).
     NaN inputs give undefined int8 values (they are left out of the amax).
     """
-    if _plannable(x):
+    if P.plannable(_OVERRIDES.state.value, x):
         return P.serve_fast(_plans, ("int8",), (x,), _quantize_int8_slow, (x,))
     return _quantize_int8_slow(x)
 
@@ -162,7 +150,8 @@ def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     the residual stream for the next layer). ``y_fp8 * scales ~ rms_norm(h) * weight``,
     quantized from float32 (not rounded to x's dtype first).
     """
-    if type(eps) is float and type(group_size) in _GS_T and _plannable(x, weight, residual):
+    if (type(eps) is float and type(group_size) in _GS_T
+            and P.plannable(_OVERRIDES.state.value, x, weight, residual)):
         return P.serve_fast(_plans, ("rms", eps, group_size), (x, weight, residual),
                             _rms_norm_quant_slow, (x, weight, eps, residual, group_size))
     return _rms_norm_quant_slow(x, weight, eps, residual, group_size)
@@ -188,7 +177,7 @@ def silu_mul_quant(a: torch.Tensor, b: torch.Tensor, group_size: int | None = No
     two halves of a fused [gate | up] projection as views). group_size as
     :func:`quantize_fp8`. Returns (y_fp8, scales).
     """
-    if type(group_size) in _GS_T and _plannable(a, b):
+    if type(group_size) in _GS_T and P.plannable(_OVERRIDES.state.value, a, b):
         return P.serve_fast(_plans, ("silu_mul", group_size), (a, b), _silu_mul_quant_slow,
                             (a, b, group_size))
     return _silu_mul_quant_slow(a, b, group_size)

@@ -135,17 +135,10 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     never as E[x^2] - E[x]^2. ``bias`` may be None.
     Shapes, dtypes and layouts as :func:`rms_norm`.
     """
-    if (P.ON and type(x) is _T and type(weight) in _W_T and type(bias) in _OPT_W_T
-            and type(eps) is float and not _overrides.current and not _compiling()
-            and not (_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                          or (bias is not None and bias.requires_grad)))):
+    if type(eps) is float and P.plannable(_overrides.current, x, weight, bias):
         return P.serve_fast(_norm_plans, ("layer_norm", eps), (x, weight, bias),
                             _layer_norm_slow, (x, weight, bias, eps))
     return _layer_norm_slow(x, weight, bias, eps)
-
-
-_W_T = (torch.Tensor, torch.nn.Parameter)
-_OPT_W_T = (torch.Tensor, torch.nn.Parameter, type(None))
 
 
 def _layer_norm_slow(x, weight, bias, eps):

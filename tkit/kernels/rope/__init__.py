@@ -91,10 +91,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
     (q, k)
     """
     args = (q, k, positions, cos_sin_cache, is_neox, rotary_dim, inplace)
-    if (P.ON and type(q) is _T and type(k) is _T and type(positions) is _T
-            and type(cos_sin_cache) is _T and type(rotary_dim) in _ROT_T
-            and not _OVERRIDES.state.value and not _compiling()
-            and not (_grad_enabled() and (q.requires_grad or k.requires_grad))):
+    if (type(rotary_dim) in _ROT_T
+            and P.plannable(_OVERRIDES.state.value, q, k, positions, cos_sin_cache)):
         # the eager plan (tkit.kernels._plan): the config follows from the shapes; host
         # positions are still checked per call
         check = _positions_hit_check if _env.CHECK or not positions.is_cuda else None
@@ -126,11 +124,7 @@ def _positions_hit_check(q, k, positions, cos_sin_cache, *_):
 
 _plans = P.new_cache()
 _append_plans = P.new_cache()
-_T = torch.Tensor
-_OPT_T = (torch.Tensor, type(None))
 _ROT_T = (int, type(None))  # a bool equals 1 as a key: the ordinary path checks the type
-_compiling = torch.compiler.is_compiling
-_grad_enabled = torch.is_grad_enabled
 
 
 def rope_append_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
@@ -164,13 +158,9 @@ def rope_append_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
     """
     args = (q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, k_scale,
             v_scale, is_neox, rotary_dim)
-    if (P.ON and type(q) is _T and type(k) is _T and type(v) is _T and type(positions) is _T
-            and type(cos_sin_cache) is _T and type(k_cache) is _T and type(v_cache) is _T
-            and type(slot_mapping) is _T and type(k_scale) in _OPT_T
-            and type(v_scale) in _OPT_T and type(rotary_dim) in _ROT_T
-            and not _OVERRIDES.state.value and not _compiling()
-            and not (_grad_enabled() and (q.requires_grad or k.requires_grad
-                                          or v.requires_grad))):
+    if (type(rotary_dim) in _ROT_T
+            and P.plannable(_OVERRIDES.state.value, q, k, v, positions, cos_sin_cache, k_cache,
+                            v_cache, slot_mapping, k_scale, v_scale)):
         check = (_rope_append_hit_check
                  if _env.CHECK or not (positions.is_cuda and slot_mapping.is_cuda) else None)
         P.serve_fast(_append_plans, (is_neox, rotary_dim),
