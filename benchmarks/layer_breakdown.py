@@ -6,8 +6,12 @@ timed alone, tkit's op beside torch's, and the whole layer eager and replayed fr
 Steps are timed with ``tkit.bench.timing.time_fn`` replaying a CUDA graph of the step with the
 L2 flushed (the kernels' time: a step of a few microseconds would otherwise time the host's
 call), the two providers interleaved; the whole layer also as a back-to-back eager burst
-(wall clock, what the bench's layer row measures) and as a graph replay (the GPU's time
-without the host). The gap between the eager burst and the graph replay is the host's share.
+(wall clock: the host's calls overlap the GPU's work as in a model's forward) and as a graph
+replay (the GPU's time without the host), for tkit and torch eager and for each under
+torch.compile (fullgraph; tkit's ops stay opaque custom ops in the compiled graph). The gap
+between the eager burst and the graph replay is the host's share.
+
+    python benchmarks/layer_breakdown.py --layer-only 512 4096   # the whole-layer rows only
 Output: a table on stdout and long-form rows in ``$OUT/layer-breakdown.jsonl``.
 """
 
@@ -79,8 +83,37 @@ def burst_ms(fn, calls=50, rounds=7):
     return sorted(ts)[len(ts) // 2]
 
 
-def measure(tokens, rows):
+def measure(tokens, rows, layer_only=False):
     args, kw = M._make(tokens, M.LLAMA3_8B, torch.bfloat16)("cuda")
+    if not layer_only:
+        measure_steps(tokens, args, kw, rows)
+    compiled = {name: torch.compile(fn, dynamic=False, fullgraph=True)
+                for name, fn in (("tkit+compile", M.llama_layer),
+                                 ("torch.compile", M.ref_llama_layer))}
+    layer = {"tkit": lambda: M.llama_layer(*args, **kw),
+             "torch": lambda: M.ref_llama_layer(*args, **kw),
+             "tkit+compile": lambda: compiled["tkit+compile"](*args, **kw),
+             "torch.compile": lambda: compiled["torch.compile"](*args, **kw)}
+    bursts = {prov: [] for prov in layer}
+    for _ in range(3):  # providers interleaved, the median of three rounds each
+        for prov, fn in layer.items():
+            bursts[prov].append(burst_ms(fn))
+    got = {}
+    for prov, fn in layer.items():
+        eager = sorted(bursts[prov])[1]
+        graph = time_fn(fn, cuda_graph=True).median_ms
+        got[prov] = eager
+        rows += [dict(tokens=tokens, step="layer eager burst", provider=prov, median_ms=eager),
+                 dict(tokens=tokens, step="layer graph replay", provider=prov,
+                      median_ms=graph)]
+        print(f"{tokens:5d} layer {prov:13s} burst {eager * 1e3:8.1f} us  graph "
+              f"replay {graph * 1e3:8.1f} us")
+    print(f"{tokens:5d} burst time ratios: tkit / torch {got['tkit'] / got['torch']:.3f}, "
+          f"tkit / torch.compile {got['tkit'] / got['torch.compile']:.3f}, "
+          f"tkit+compile / tkit {got['tkit+compile'] / got['tkit']:.3f}")
+
+
+def measure_steps(tokens, args, kw, rows):
     total = {"tkit": 0.0, "torch": 0.0}
     for name, (tk, tt) in steps(*args, **kw).items():
         got = {}
@@ -95,24 +128,16 @@ def measure(tokens, rows):
               f"{got['torch'] * 1e3:8.1f} us  {got['torch'] / got['tkit']:5.2f}x")
     print(f"{tokens:5d} {'sum of steps':22s} tkit {total['tkit'] * 1e3:8.1f} us  torch "
           f"{total['torch'] * 1e3:8.1f} us")
-    layer = {"tkit": lambda: M.llama_layer(*args, **kw),
-             "torch": lambda: M.ref_llama_layer(*args, **kw)}
-    for prov, fn in layer.items():
-        eager = burst_ms(fn)
-        graph = time_fn(fn, cuda_graph=True).median_ms
-        rows += [dict(tokens=tokens, step="layer eager burst", provider=prov, median_ms=eager),
-                 dict(tokens=tokens, step="layer graph replay", provider=prov,
-                      median_ms=graph)]
-        print(f"{tokens:5d} layer {prov:6s} eager burst {eager * 1e3:8.1f} us  graph "
-              f"replay {graph * 1e3:8.1f} us")
 
 
 def main(argv):
     env = environment()
     rows = []
+    layer_only = "--layer-only" in argv
+    argv = [a for a in argv if a != "--layer-only"]
     with torch.no_grad():
         for tokens in [int(a) for a in argv] or [512]:
-            measure(tokens, rows)
+            measure(tokens, rows, layer_only)
     OUT.mkdir(parents=True, exist_ok=True)
     with open(OUT / "layer-breakdown.jsonl", "a") as f:
         for r in rows:

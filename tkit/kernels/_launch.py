@@ -51,6 +51,16 @@ except ImportError:  # pragma: no cover - a Triton without these names: always t
 
 #: switched off by TKIT_NO_FAST_LAUNCH=1, or at run time by :func:`set_enabled`
 _enabled = not _env.NO_FAST_LAUNCH and not _env.INTERPRET and JITFunction is not None
+
+if not _env.INTERPRET:
+    # Triton's C++ argument specializer imports Gluon's layout and descriptor classes the
+    # first time a process launches any kernel: ~0.1 s inside the first call of the process
+    # (most of it), paid here, with the rest of the import, instead
+    try:
+        import triton.experimental.gluon.language._layouts  # noqa: F401
+        import triton.experimental.gluon.nvidia.hopper  # noqa: F401
+    except ImportError:  # pragma: no cover - a Triton without Gluon: nothing to load early
+        pass
 _lock = threading.Lock()
 #: id(JITFunction) -> _KernelState (kernels are module globals and live as long as the process)
 _states: dict[int, _KernelState | None] = {}
