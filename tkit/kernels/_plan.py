@@ -277,15 +277,16 @@ def serve_op(cache: dict, what: tuple, slow, tensors: tuple, *args):
     launches, so a plan serves it: a compiled graph of tkit ops otherwise paid the launch
     layer's full Python a call (2.5x the eager time of a Llama layer at 512 tokens on the
     H200). Keyed, looked up and launched as :func:`serve_fast` does, under the prefix
-    ``("op", *what)``. ``slow(*args)`` is the implementation; ``what`` holds its options. The
+    ``("op", *what)``. ``slow(*args)`` is the implementation; ``what`` holds its options;
+    ``tensors`` may hold None (an optional input, its absence part of the key). The
     ordinary path runs when plans are off, for anything but plain tensors (fake and functional
     tensors of a trace; ``nn.Parameter`` passes) and where autograd would record the call."""
     if not ON:
         return slow(*args)
     for t in tensors:
-        if type(t) is not _T and type(t) is not _Param:
+        if type(t) is not _T and type(t) is not _Param and t is not None:
             return slow(*args)
-    if _grad_enabled() and any(t.requires_grad for t in tensors):
+    if _grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return slow(*args)
     if _fast is None:
         _resolve_fast()

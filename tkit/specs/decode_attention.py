@@ -7,7 +7,7 @@ import torch
 
 import tkit
 from tkit.kernels import decode as DA
-from tkit.registry import Case, Cost, OpSpec, lazy_composite, optional_module
+from tkit.registry import Case, Cost, OpSpec, eager_baseline, lazy_composite, optional_module
 from tkit.specs.attention import ref_attention
 from tkit.testing.tensors import make_tensor
 
@@ -469,6 +469,34 @@ def _append_call(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=Non
     return (k_cache, v_cache) + ((k_scale, v_scale) if per_token else ())
 
 
+def _torch_append(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None):
+    """torch's own scatter into the cache (index_copy_ over the flattened slots): caches of
+    k's dtype only, every slot valid (no -1 skips)."""
+    if k_cache.dtype != k.dtype:
+        raise NotImplementedError("index_copy_ does not quantize: same-dtype caches only")
+    h, d = k.shape[1:]
+    k_cache.view(-1, h, d).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, h, d).index_copy_(0, slot_mapping, v)
+    return k_cache, v_cache
+
+
+_COPY_DST: dict = {}
+
+
+def _copy_same_bytes(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None):
+    """Not an append: k and v copied into contiguous buffers of their own size, the copy rate
+    a kernel moving these bytes can reach (the copy ceiling is measured over 1 GiB; at tens
+    of MB the launch and the ramp of the memory system weigh on any kernel)."""
+    key = (k.shape, k.dtype, k.device)
+    if key not in _COPY_DST:
+        _COPY_DST.clear()
+        _COPY_DST[key] = (torch.empty_like(k), torch.empty_like(v))
+    dk, dv = _COPY_DST[key]
+    dk.copy_(k)
+    dv.copy_(v)
+    return k_cache, v_cache
+
+
 def _append_ref(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None):
     (kc, ks), (vc, vs) = ref_append_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale,
                                        v_scale=v_scale)
@@ -584,6 +612,8 @@ SPECS = [
     OpSpec(name="append_kv", family="attention", fn=_append_call, reference=_append_ref,
            cost=cost_append, bench_cases=append_bench_cases, check_cases=append_check_cases,
            fuzz=_fuzz_append, opcheck=_opcheck_append, bound="memory",
+           baselines={"torch index_copy_": eager_baseline(_torch_append),
+                      "copy of k, v (same bytes)": eager_baseline(_copy_same_bytes)},
            doc="fn returns copies of the caches after tkit.append_kv (which works in place); "
                "bytes: k, v read and written once (the timed call includes the copies)"),
     OpSpec(name="merge_attention_states", family="attention", fn=tkit.merge_attention_states,

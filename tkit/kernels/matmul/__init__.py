@@ -133,6 +133,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
         # the eager plan (tkit.kernels._plan): the key holds all the ordinary path reads
         return P.serve_fast(_plans, (activation, out_dtype, allow_tf32), (a, b), _matmul_slow,
                             (a, b, None, activation, None, out_dtype, allow_tf32, backend))
+    if backend == "auto" and P.plannable(MC._DEPTH.n, a, b, bias, residual):
+        # with a bias or a residual: both are inputs of the plan (their signatures in its key)
+        return P.serve_fast(_epi_plans, (activation, out_dtype, allow_tf32),
+                            (a, b, bias, residual), _matmul_slow,
+                            (a, b, bias, activation, residual, out_dtype, allow_tf32, backend))
     return _matmul_slow(a, b, bias, activation, residual, out_dtype, allow_tf32, backend)
 
 
@@ -141,6 +146,7 @@ _Param = torch.nn.Parameter
 _compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 _plans = P.new_cache()
+_epi_plans = P.new_cache()
 
 
 def _matmul_slow(a, b, bias, activation, residual, out_dtype, allow_tf32, backend):

@@ -344,12 +344,13 @@ def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],  
                scale_b: Optional[torch.Tensor], activation: str,  # noqa: UP045
                out_dtype: Optional[torch.dtype], allow_tf32: bool,  # noqa: UP045
                backend: str) -> torch.Tensor:
-    if (a.ndim == 2 and b.ndim == 2 and bias is None and residual is None and scale_a is None
-            and scale_b is None and backend in ("auto", "triton") and not MC.overridden()):
-        # served by an eager plan on a repeated signature, as the eager 2-D call is
+    if a.ndim == 2 and b.ndim == 2 and backend in ("auto", "triton") and not MC.overridden():
+        # served by an eager plan on a repeated signature, as the eager 2-D call is; bias,
+        # residual and scales are inputs of the plan (None or a tensor's signature in its key)
         return P.serve_op(_op_plans, ("matmul", activation, out_dtype, allow_tf32, backend),
-                          _matmul_impl, (a, b), a, b, None, None, None, None, activation or None,
-                          out_dtype, allow_tf32, backend)
+                          _matmul_impl, (a, b, bias, residual, scale_a, scale_b), a, b, bias,
+                          residual, scale_a, scale_b, activation or None, out_dtype, allow_tf32,
+                          backend)
     return _matmul_impl(a, b, bias, residual, scale_a, scale_b, activation or None, out_dtype,
                         allow_tf32, backend)
 
