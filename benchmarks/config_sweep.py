@@ -469,7 +469,20 @@ def sweep_decode(rows):
                       " of the bf16 page-64 default's time (issue #15: <= 0.55)")
 
 
-SWEEPS = {"decode": sweep_decode, "int4": sweep_int4, "quant": sweep_quant,
+def sweep_decode_splits(rows):
+    """decode_attention's split count (issue #15: dense >= 4.3 TB/s, mixed lengths >= 3.5):
+    forced splits and the heuristic's slot count (ctas_per_sm) around the default, on the
+    dense, page-64 and mixed-length bf16 cases (0, 2, 5)."""
+    from tkit.kernels import decode as DA
+
+    grid = [dict(num_splits=s) for s in (1, 2, 3, 4, 6, 8)]
+    grid += [dict(ctas_per_sm=c) for c in (3, 4)] + [dict(split_bytes=1 << 20)]
+    for index in (0, 2, 5):
+        sweep("decode", DA.decode_config, grid, "decode_attention", index, rows, exact=False)
+
+
+SWEEPS = {"decode": sweep_decode, "decode_splits": sweep_decode_splits, "int4": sweep_int4,
+          "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,
           "matmul_fp8_block": sweep_matmul_fp8_block, "matmul_mid": sweep_matmul_mid,
