@@ -174,9 +174,13 @@ def sweep_rope(rows):
 def sweep_sample(rows):
     from tkit.kernels import sampling as SK
 
-    grid = [dict(block=b, num_warps=w) for b, w in ((2048, 8), (4096, 8), (8192, 16),
-                                                    (8192, 32), (16384, 32))]
-    grid += [dict(pivots=p) for p in (2, 8)] + [dict(cap=128)]
+    # the split-row path (top_k given: chunk programs, then a merge per row) against the
+    # one-program-per-row path, and the split path's chunk, warps, pivots and merge warps
+    grid = [dict(split=False)]
+    grid += [dict(split_block=b, split_warps=w) for b, w in ((4096, 4), (4096, 8), (8192, 4),
+                                                             (8192, 16), (16384, 16))]
+    grid += [dict(split_pivots=p) for p in (8, 16)] + [dict(merge_warps=8)]
+    grid += [dict(split_registers=80), dict(cap=128)]
     # the sampled ids depend on no config (the same seeds, the same token): compared exactly
     sweep("sample", SK.sample_config, grid, "sample", 0, rows)
 

@@ -48,6 +48,30 @@ Algorithm (one program per row, passes over the row; after the first read the 33
 4. Temperature / min-p alone need no search: pass 1, then the streaming Gumbel-max pass (one
    Philox call gives four tokens' noise).
 
+Split rows (a scalar top_k <= CAP, decided on the host: ``SampleConfig.split``): one program
+per row leaves most of the GPU idle at small batches and re-reads its row from L2 pass after
+pass. Instead two launches:
+
+a. ``_chunk_kernel``, one program per (row, chunk of ``split_block`` columns; 16 a row at
+   vocab 128256): the chunk is read once, into registers; its max and first argmax, then the
+   same pivot search (``_search_keys``, on the keys in registers) from max(chunk) - SPAN down
+   to a threshold t_c valid for the chunk (at least k of its elements >= t_c) with at most
+   CAP elements >= t_c. Those are the chunk's candidates; their columns, in column order, go
+   to a (B, chunks, CAP) scratch. Every token of the row's top k is >= its chunk's k-th
+   largest, so it is among them. When more than CAP elements tie at t_c only the ones above
+   it are written, and the chunk reports the key g = t_c + 1 above which it is complete.
+b. ``_merge_kernel``, one program per row: m and its first index from the chunks' maxima,
+   then the search once more, over the candidates (their z gathered back from the logits),
+   from the row's lower bound (span, min-p): it stops at lo with at most CAP candidates
+   >= lo and lo >= every chunk's g, so that the candidates are exactly the row's z >= lo,
+   and lo is at most the top-k threshold. Compacted in column order they get the same
+   finish as step 3 (``_finish_candidates``): the same kept set and the same noise, so the
+   same token as the one-program-per-row path (the candidate lists can differ below the
+   top-k threshold, which moves the float32 rounding of the top-p masses: a near-tie at the
+   top-p boundary may resolve differently, as between two configs of steps 1-3). A row with
+   more than CAP tokens tied at the k-th value (or a chunk tied at or above lo) runs steps
+   1-3 in the merge program itself.
+
 Speculative acceptance (:func:`speculative_accept`), per row with draft tokens t_0..t_{k-1}:
 accept t_i while u_i < p_target(t_i) / p_draft(t_i) (always when p_target >= p_draft); at the
 first rejection j draw from normalize(max(0, p_target[j] - p_draft[j])) (the target row j if
@@ -58,7 +82,8 @@ target's (Leviathan et al. 2023, Chen et al. 2023). One program per row: the k a
 tests are gathers, then one pass over the row j (residual, or bonus).
 
 Cost model: sample reads the logits once from HBM (B * V * itemsize bytes, 32.8 MB at
-128 x 128256 bf16: 8 us at 4 TB/s); the search passes re-read from L2; speculative_accept
+128 x 128256 bf16: 8 us at 4 TB/s); the search passes re-read from L2 (split rows: the chunk
+once more, for the compaction, and the merge gathers the candidates); speculative_accept
 reads two probability rows (draft and target) per sequence plus the gathers.
 """
 

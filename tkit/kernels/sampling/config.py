@@ -32,6 +32,19 @@ class SampleConfig:
     cap_chunk: columns of the pairwise [cap, cap_chunk] comparisons.
     span: z below max(z) - span is never kept (see the module docstring).
     max_iters: bound on search passes (the key interval closes within ~32 / log2(pivots+1)).
+    split: rows with a scalar top_k <= cap in chunks (``_chunk_kernel`` then
+        ``_merge_kernel``, see the module docstring): None = when the row spans more than
+        one chunk, True = whenever top_k allows it, False = never (one program per row).
+    split_block: columns of a chunk (a power of 2, 16 to 32768), held in registers by one
+        program.
+    split_warps: num_warps of the chunk programs.
+    split_pivots: pivots per in-register search step of a chunk (a power of 2, >= 2).
+    split_registers: None, or a cap on the chunk kernel's registers a thread (Triton's
+        ``maxnreg``), for experiments: uncapped, ptxas gives each element's compare result a
+        register (it issues all of a count's compares before the adds); capped under 128 at
+        8 warps and 8192 columns it spills (sm_90).
+    merge_warps: num_warps of the merge programs (None: num_warps; they run the passes of
+        the one-program-per-row kernel on the rows they hand back).
     """
 
     block: int = 8192
@@ -41,6 +54,12 @@ class SampleConfig:
     cap_chunk: int = 32
     span: float = 40.0
     max_iters: int = 48
+    split: bool | None = None
+    split_block: int = 8192
+    split_warps: int = 8
+    split_pivots: int = 8
+    split_registers: int | None = None
+    merge_warps: int | None = None
 
     @classmethod
     def for_device(cls, vocab: int) -> SampleConfig:
@@ -48,9 +67,13 @@ class SampleConfig:
         vocab 128256, temperature + top-k 50 + top-p 0.9 on the H200 (docs/NOTES.md; 32
         warps and 16384-element steps were slower); CAP 256 (top_k = 50 with room for the
         search to stop early). The interpreter pays per program and per step, tests want
-        several blocks and both finishes on small vocabularies: 16-element steps, CAP 16."""
+        several blocks and both finishes on small vocabularies: 16-element steps, CAP 16.
+        Split rows: 16 chunks of 8192 columns a row at vocab 128256, 2048 programs (15 a
+        SM on the H200), 8 warps (128 registers a thread on sm_90, no spills; not timed
+        yet); in the interpreter 32-column chunks (several on small vocabularies)."""
         if _env.INTERPRET:
-            return cls(block=16, num_warps=4, cap=16, cap_chunk=16)
+            return cls(block=16, num_warps=4, cap=16, cap_chunk=16, split_block=32,
+                       split_warps=4, split_pivots=4)
         return cls()
 
 
@@ -66,12 +89,17 @@ def sample_config(**overrides):
 def current_config(vocab: int) -> SampleConfig:
     cfg = SampleConfig.for_device(vocab)
     cfg = _OVERRIDES.apply(cfg)
-    for name in ("block", "pivots", "cap", "cap_chunk"):
+    for name in ("block", "pivots", "cap", "cap_chunk", "split_block", "split_pivots"):
         v = getattr(cfg, name)
         if v < 1 or v & (v - 1):
             raise ValueError(f"SampleConfig.{name} must be a power of 2, got {v}")
     if cfg.block < 4:
         raise ValueError(f"SampleConfig.block must be >= 4, got {cfg.block}")
+    if cfg.split_pivots < 2 or not 16 <= cfg.split_block <= 32768:
+        raise ValueError(f"SampleConfig.split_pivots must be >= 2 and split_block in "
+                         f"[16, 32768], got {cfg.split_pivots} and {cfg.split_block}")
+    if cfg.split not in (None, True, False):
+        raise TypeError(f"SampleConfig.split must be None, True or False, got {cfg.split!r}")
     return cfg
 
 

@@ -9,7 +9,12 @@ import torch
 
 from tkit.kernels import _common as C
 from tkit.kernels import _register as R
-from tkit.kernels.sampling._kernels import _sample_kernel, _spec_accept_kernel
+from tkit.kernels.sampling._kernels import (
+    _chunk_kernel,
+    _merge_kernel,
+    _sample_kernel,
+    _spec_accept_kernel,
+)
 from tkit.kernels.sampling.config import SEED_DTYPES, current_config
 
 
@@ -20,15 +25,32 @@ def _mode(x) -> int:
     return 0 if x is None else (2 if isinstance(x, torch.Tensor) else 1)
 
 
+#: the most chunk candidates (chunks rounded up to a power of 2, times cap) a merge program
+#: holds in registers; rows that would need more run one program per row
+_MERGE_MAX = 16384
+
+
+def _split_chunks(v: int, top_k, k_val: int, cfg) -> int:
+    """Chunks per row of the split path, 0 for one program per row. Decided from the host
+    values alone (a scalar top_k, the vocabulary, the config): no device read."""
+    if cfg.split is False or top_k is not None or not 1 <= k_val <= cfg.cap or k_val >= v:
+        return 0
+    nch = C.cdiv(v, cfg.split_block)
+    if cfg.split is None and nch < 2:
+        return 0
+    return nch if C.next_power_of_2(nch) * cfg.cap <= _MERGE_MAX else 0
+
+
 def _sample_impl(logits, temperature, top_k, top_p, min_p, seeds, t_val, k_val, p_val,
                  minp_val, seed_val) -> torch.Tensor:
     b, v = logits.shape
-    out = C.empty((b,), torch.int64, logits.device)
+    dev = logits.device
+    out = C.empty((b,), torch.int64, dev)
     if b == 0:
         return out
     cfg = current_config(v)
-    cv = torch.empty((b, cfg.cap), dtype=torch.float32, device=logits.device)
-    ci = torch.empty((b, cfg.cap), dtype=torch.int32, device=logits.device)
+    cv = C.scratch((b, cfg.cap), torch.float32, dev)
+    ci = C.scratch((b, cfg.cap), torch.int32, dev)
     dummy = logits
 
     def ptr(t):
@@ -37,19 +59,34 @@ def _sample_impl(logits, temperature, top_k, top_p, min_p, seeds, t_val, k_val, 
     def stride(t):
         return t.stride(0) if t is not None else 0
 
-    C.launch(_sample_kernel, (b,), X=logits, OUT=out, T=ptr(temperature), K=ptr(top_k),
-             P=ptr(top_p), MINP=ptr(min_p), SEEDS=ptr(seeds), CV=cv, CI=ci, V=v,
-             sxb=logits.stride(0), sxv=logits.stride(1), st=stride(temperature),
-             sk=stride(top_k), sp=stride(top_p), smp=stride(min_p), ss=stride(seeds),
-             t_val=t_val, k_val=k_val, p_val=p_val, minp_val=minp_val, seed_val=seed_val,
-             span=cfg.span, max_iters=cfg.max_iters,
-             T_MODE=2 if temperature is not None else 1,
-             K_MODE=2 if top_k is not None else (1 if k_val >= 0 else 0),
-             P_MODE=2 if top_p is not None else (1 if p_val >= 0 else 0),
-             MINP_MODE=2 if min_p is not None else (1 if minp_val >= 0 else 0),
-             SEED_MODE=2 if seeds is not None else 1,
-             BLOCK=cfg.block, NP=cfg.pivots, CAP=cfg.cap, JB=min(cfg.cap_chunk, cfg.cap),
-             num_warps=cfg.num_warps)
+    args = dict(X=logits, OUT=out, T=ptr(temperature), K=ptr(top_k), P=ptr(top_p),
+                MINP=ptr(min_p), SEEDS=ptr(seeds), CV=cv, CI=ci, V=v,
+                sxb=logits.stride(0), sxv=logits.stride(1), st=stride(temperature),
+                sk=stride(top_k), sp=stride(top_p), smp=stride(min_p), ss=stride(seeds),
+                t_val=t_val, k_val=k_val, p_val=p_val, minp_val=minp_val, seed_val=seed_val,
+                span=cfg.span, max_iters=cfg.max_iters,
+                T_MODE=2 if temperature is not None else 1,
+                K_MODE=2 if top_k is not None else (1 if k_val >= 0 else 0),
+                P_MODE=2 if top_p is not None else (1 if p_val >= 0 else 0),
+                MINP_MODE=2 if min_p is not None else (1 if minp_val >= 0 else 0),
+                SEED_MODE=2 if seeds is not None else 1,
+                BLOCK=cfg.block, NP=cfg.pivots, CAP=cfg.cap, JB=min(cfg.cap_chunk, cfg.cap),
+                num_warps=cfg.num_warps)
+    nch = _split_chunks(v, top_k, k_val, cfg)
+    if not nch:
+        C.launch(_sample_kernel, (b,), **args)
+        return out
+    # every slot a merge reads is written first: candidates below the chunk's count, all stats
+    cc = C.scratch((b, nch, cfg.cap), torch.int32, dev)
+    cs = C.scratch((b, nch, 4), torch.int32, dev)
+    C.launch(_chunk_kernel, (b * nch,), X=logits, T=args["T"], CC=cc, CS=cs, V=v,
+             NCH=nch, sxb=args["sxb"], sxv=args["sxv"], st=args["st"], t_val=t_val,
+             k_val=k_val, span=cfg.span, max_iters=cfg.max_iters, T_MODE=args["T_MODE"],
+             CHUNK=cfg.split_block, SUB=min(cfg.split_block, 128 * cfg.split_warps),
+             NP=cfg.split_pivots, CAP=cfg.cap, num_warps=cfg.split_warps,
+             **({"maxnreg": cfg.split_registers} if cfg.split_registers else {}))
+    args["num_warps"] = cfg.merge_warps or cfg.num_warps
+    C.launch(_merge_kernel, (b,), CC=cc, CS=cs, NCH=nch, NCHP=C.next_power_of_2(nch), **args)
     return out
 
 
