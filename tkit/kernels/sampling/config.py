@@ -55,8 +55,8 @@ class SampleConfig:
     span: float = 40.0
     max_iters: int = 48
     split: bool | None = None
-    split_block: int = 8192
-    split_warps: int = 8
+    split_block: int = 4096
+    split_warps: int = 4
     split_pivots: int = 8
     split_registers: int | None = None
     merge_warps: int | None = None
@@ -68,9 +68,12 @@ class SampleConfig:
         warps and 16384-element steps were slower); CAP 256 (top_k = 50 with room for the
         search to stop early). The interpreter pays per program and per step, tests want
         several blocks and both finishes on small vocabularies: 16-element steps, CAP 16.
-        Split rows: 16 chunks of 8192 columns a row at vocab 128256, 2048 programs (15 a
-        SM on the H200), 8 warps (128 registers a thread on sm_90, no spills; not timed
-        yet); in the interpreter 32-column chunks (several on small vocabularies)."""
+        Split rows: 32 chunks of 4096 columns a row at vocab 128256, 4096 programs of 4
+        warps (128 registers a thread on sm_90, no spills, 4 programs an SM): 141 us against
+        152 for 8192-column chunks of 8 warps and 203 for the one-program-per-row path in
+        the H200 sweep (8192 x 16 warps 227, 16384 x 16 202, 8 or 16 pivots no better; a
+        register cap of 80 spilled and lost; docs/NOTES.md); in the interpreter 32-column
+        chunks (several on small vocabularies)."""
         if _env.INTERPRET:
             return cls(block=16, num_warps=4, cap=16, cap_chunk=16, split_block=32,
                        split_warps=4, split_pivots=4)
