@@ -114,6 +114,19 @@ def _count_pass(xrow, V, sxv, inv_t, m, pk, MASS: tl.constexpr, NP: tl.constexpr
 
 
 @triton.jit
+def _pivots(lo_key, hi_key, first, NP: tl.constexpr):
+    """NP pivot keys of a search pass, evenly spaced in value strictly inside (lo_key,
+    hi_key); on the first pass pivot 0 is lo_key itself (is the start valid at all?)."""
+    j = tl.arange(0, NP)
+    lo_v = _val(lo_key)
+    hi_v = _val(hi_key)
+    frac = tl.where(first, j.to(tl.float32) / NP, (j + 1).to(tl.float32) / (NP + 1))
+    pk = _key(lo_v + (hi_v - lo_v) * frac)
+    pk = tl.minimum(tl.maximum(pk, lo_key + 1), hi_key - 1)
+    return tl.where(first & (j == 0), lo_key, pk)
+
+
+@triton.jit
 def _search(xrow, V, sxv, inv_t, m, lo_key, hi_key, kk, p, CAP, max_iters,
             MASS: tl.constexpr, NP: tl.constexpr, BLOCK: tl.constexpr):
     """Narrow [lo_key, hi_key) around a threshold (see the module docstring).
@@ -132,12 +145,7 @@ def _search(xrow, V, sxv, inv_t, m, lo_key, hi_key, kk, p, CAP, max_iters,
     go = it == 0
     while go:
         first = it == 0
-        lo_v = _val(lo_key)
-        hi_v = _val(hi_key)
-        frac = tl.where(first, j.to(tl.float32) / NP, (j + 1).to(tl.float32) / (NP + 1))
-        pk = _key(lo_v + (hi_v - lo_v) * frac)
-        pk = tl.minimum(tl.maximum(pk, lo_key + 1), hi_key - 1)
-        pk = tl.where(first & (j == 0), lo_key, pk)
+        pk = _pivots(lo_key, hi_key, first, NP)
         cnt, mass = _count_pass(xrow, V, sxv, inv_t, m, pk, MASS, NP, BLOCK)
         if MASS:
             total = tl.where(first, tl.sum(tl.where(j == 0, mass, 0.0), axis=0), total)
@@ -394,12 +402,7 @@ def _search_keys(key, lo_key, hi_key, kk, floor, CAP, max_iters, NP: tl.constexp
     go = it == 0
     while go:
         first = it == 0
-        lo_v = _val(lo_key)
-        hi_v = _val(hi_key)
-        frac = tl.where(first, j.to(tl.float32) / NP, (j + 1).to(tl.float32) / (NP + 1))
-        pk = _key(lo_v + (hi_v - lo_v) * frac)
-        pk = tl.minimum(tl.maximum(pk, lo_key + 1), hi_key - 1)
-        pk = tl.where(first & (j == 0), lo_key, pk)
+        pk = _pivots(lo_key, hi_key, first, NP)
         cnt = _count_ge(key, pk, NP)
         valid = cnt >= kk
         nv = tl.sum(valid.to(tl.int32), axis=0)
