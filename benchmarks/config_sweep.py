@@ -180,7 +180,7 @@ def sweep_sample(rows):
     grid += [dict(split_block=b, split_warps=w) for b, w in ((4096, 4), (4096, 8), (8192, 4),
                                                              (8192, 16), (16384, 16))]
     grid += [dict(split_pivots=p) for p in (8, 16)] + [dict(merge_warps=8)]
-    grid += [dict(split_registers=80), dict(cap=128)]
+    grid += [dict(cap=128)]
     # the sampled ids depend on no config (the same seeds, the same token): compared exactly
     sweep("sample", SK.sample_config, grid, "sample", 0, rows)
 

@@ -39,10 +39,6 @@ class SampleConfig:
         program.
     split_warps: num_warps of the chunk programs.
     split_pivots: pivots per in-register search step of a chunk (a power of 2, >= 2).
-    split_registers: None, or a cap on the chunk kernel's registers a thread (Triton's
-        ``maxnreg``), for experiments: uncapped, ptxas gives each element's compare result a
-        register (it issues all of a count's compares before the adds); capped under 128 at
-        8 warps and 8192 columns it spills (sm_90).
     merge_warps: num_warps of the merge programs (None: num_warps; they run the passes of
         the one-program-per-row kernel on the rows they hand back).
     """
@@ -58,7 +54,6 @@ class SampleConfig:
     split_block: int = 4096
     split_warps: int = 4
     split_pivots: int = 8
-    split_registers: int | None = None
     merge_warps: int | None = None
 
     @classmethod

@@ -83,8 +83,7 @@ def _sample_impl(logits, temperature, top_k, top_p, min_p, seeds, t_val, k_val, 
              NCH=nch, sxb=args["sxb"], sxv=args["sxv"], st=args["st"], t_val=t_val,
              k_val=k_val, span=cfg.span, max_iters=cfg.max_iters, T_MODE=args["T_MODE"],
              CHUNK=cfg.split_block, SUB=min(cfg.split_block, 128 * cfg.split_warps),
-             NP=cfg.split_pivots, CAP=cfg.cap, num_warps=cfg.split_warps,
-             **({"maxnreg": cfg.split_registers} if cfg.split_registers else {}))
+             NP=cfg.split_pivots, CAP=cfg.cap, num_warps=cfg.split_warps)
     args["num_warps"] = cfg.merge_warps or cfg.num_warps
     C.launch(_merge_kernel, (b,), CC=cc, CS=cs, NCH=nch, NCHP=C.next_power_of_2(nch), **args)
     return out
