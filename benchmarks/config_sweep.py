@@ -266,52 +266,109 @@ def _block_reference(a, b, sa, sb, rows):
     return ref, peer
 
 
-def sweep_matmul_fp8_block(rows):
-    """The block-scaled fp8 GEMM (1x128 / 128x128 scales) at 8192^3 and DeepSeek-V3's expert
-    gate_up at M = 4096, each variant checked against the float64 reference on the
-    dequantized operands (256 rows spread over M, the whole of N and K: the rule's peer is
-    the same rows in float32 rounded to bf16), timed against torch._scaled_mm per tensor
-    (torch has no block-scaled one on sm_90) in the same run."""
-    from tkit.kernels.matmul import fp8_block as FB
-    from tkit.kernels.matmul.config import TmaConfig
+#: the Gluon Hopper kernel's variants (HopperBlockConfig fields; {} is its default: 6 ring
+#: slots for a bf16 output, two groups a step, group_m 8)
+FP8_BLOCK_GLUON = [{}, dict(unroll=1), dict(stages=4), dict(stages=5), dict(group_m=4),
+                   dict(group_m=16), dict(block_n=64), dict(block_n=64, stages=3,
+                                                               programs_per_sm=2)]
+#: DeepSeek-V3's (N, K) of its dense and expert GEMMs (DeepGEMM's test table): q_a + kv_a
+#: (2112 x 7168), q_b (24576 x 1536), kv_b (32768 x 512), o_proj (7168 x 16384), expert
+#: gate_up (4096 x 7168) and down (7168 x 2048)
+DSV3_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168),
+           (7168, 2048)]
+DSV3_M = [64, 128, 256, 1024, 4096]
+
+
+def _fp8_block_case(rows, M, N, K, label, variants, peer_rounds=ROUNDS):
+    """One shape: torch._scaled_mm per tensor, then each (name, run) variant checked against
+    the float64 reference on the dequantized operands (256 rows spread over M, all of N and
+    K; the rule's peer the same rows in float32 rounded to bf16) and timed."""
     from tkit.testing.compare import assert_close_to_reference
 
+    a, b, sa, sb = _block_operands(M, N, K)
+    one = torch.ones((), device="cuda")
+    flops = 2 * M * N * K
+    sel = torch.arange(0, M, max(1, M // 256), device="cuda")
+    ref, peer = _block_reference(a, b, sa, sb, sel)
+
+    def peer_call(a=a, b=b, one=one):
+        return torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)
+    t_peer = min(time_fn(peer_call).median_ms for _ in range(peer_rounds))
+    print(f"matmul_fp8_block {label} torch._scaled_mm (per tensor) {t_peer * 1e3:8.1f} us "
+          f"{flops / t_peer / 1e9:7.1f} TFLOP/s")
+    rows.append(dict(family="matmul_fp8_block", case=label, config="torch._scaled_mm",
+                     median_ms=t_peer, tflops=flops / t_peer / 1e9))
+    for name, config, make in variants:
+        run = make(a, b, sa, sb)
+        try:
+            out = run()
+            assert_close_to_reference(out[sel], ref, peer, name="fp8 block out")
+        except Exception as e:  # a config that does not fit or is wrong: say which
+            print(f"matmul_fp8_block {label} {name} FAILED {type(e).__name__}: "
+                  f"{str(e)[:160]}")
+            continue
+        t = min(time_fn(run).median_ms for _ in range(ROUNDS))
+        print(f"matmul_fp8_block {label} {name:34s} {t * 1e3:8.1f} us "
+              f"{flops / t / 1e9:7.1f} TFLOP/s {t_peer / t:5.3f}x _scaled_mm ok")
+        rows.append(dict(family="matmul_fp8_block", case=label, config=config, median_ms=t,
+                         tflops=flops / t / 1e9, vs_scaled_mm=t_peer / t))
+
+
+def _fp8_block_triton(cfg):
+    """The Triton kernels: ``cfg`` a TmaConfig, or None for the kernel and config that
+    matmul's plan picks (the block mode's dispatch before the Gluon kernel)."""
+    from tkit.kernels.matmul import config as MC
+    from tkit.kernels.matmul import fp8_block as FB
+
+    def make(a, b, sa, sb):
+        path = "tma" if cfg is not None else MC.plan(a, b, torch.bfloat16).path
+        return lambda: FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.bfloat16, path=path,
+                                          config=cfg)
+    return make
+
+
+def _fp8_block_gluon(fields):
+    from tkit.kernels.matmul import fp8_block as FB
+    from tkit.kernels.matmul import fp8_block_hopper as FH
+
+    cfg = FH.HopperBlockConfig(**fields)
+
+    def make(a, b, sa, sb):
+        return lambda: FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.bfloat16,
+                                          path="gluon", config=cfg)
+    return make
+
+
+def sweep_matmul_fp8_block(rows):
+    """The block-scaled fp8 GEMM (1x128 / 128x128 scales) at 8192^3 and DeepSeek-V3's expert
+    gate_up at M = 4096: the Gluon Hopper kernel's variants and the Triton TMA kernel's
+    tiles, each checked against the float64 reference on the dequantized operands and timed
+    against torch._scaled_mm per tensor (torch has no block-scaled one on sm_90) in the same
+    run."""
+    from tkit.kernels.matmul.config import TmaConfig
+
+    variants = [("gluon " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
+                 dict(kernel="gluon", **f), _fp8_block_gluon(f)) for f in FP8_BLOCK_GLUON]
+    variants.append(("triton default", "triton default", _fp8_block_triton(None)))
+    for bm, bn, bk, w, s, p in FP8_BLOCK_TILES:
+        cfg = TmaConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s,
+                        programs_per_sm=p)
+        variants.append((f"triton {bm}x{bn}x{bk} w{w} s{s} p{p}", dataclasses.asdict(cfg),
+                         _fp8_block_triton(cfg)))
     for M, N, K, label in ((8192, 8192, 8192, "8192^3 block"),
                            (4096, 4096, 7168, "DeepSeek-V3 gate_up M=4096")):
-        a, b, sa, sb = _block_operands(M, N, K)
-        one = torch.ones((), device="cuda")
-        flops = 2 * M * N * K
-        sel = torch.arange(0, M, max(1, M // 256), device="cuda")
-        ref, peer = _block_reference(a, b, sa, sb, sel)
+        _fp8_block_case(rows, M, N, K, label, variants)
 
-        def peer_call(a=a, b=b, one=one):
-            return torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)
-        t_peer = min(time_fn(peer_call).median_ms for _ in range(ROUNDS))
-        print(f"matmul_fp8_block {label} torch._scaled_mm (per tensor) {t_peer * 1e3:8.1f} us "
-              f"{flops / t_peer / 1e9:7.1f} TFLOP/s")
-        rows.append(dict(family="matmul_fp8_block", case=label, config="torch._scaled_mm",
-                         median_ms=t_peer, tflops=flops / t_peer / 1e9))
-        for bm, bn, bk, w, s, p in [(None,) * 6] + FP8_BLOCK_TILES:
-            cfg = None if bm is None else TmaConfig(
-                block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s, programs_per_sm=p)
-            name = "default" if cfg is None else f"{bm}x{bn}x{bk} w{w} s{s} p{p}"
 
-            def run(a=a, b=b, sa=sa, sb=sb, cfg=cfg):
-                return FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.bfloat16, path="tma",
-                                          config=cfg)
-            try:
-                out = run()
-                assert_close_to_reference(out[sel], ref, peer, name="fp8 block out")
-            except Exception as e:  # a config that does not fit or is wrong: say which
-                print(f"matmul_fp8_block {label} {name} FAILED {type(e).__name__}: "
-                      f"{str(e)[:160]}")
-                continue
-            t = min(time_fn(run).median_ms for _ in range(ROUNDS))
-            print(f"matmul_fp8_block {label} {name:26s} {t * 1e3:8.1f} us "
-                  f"{flops / t / 1e9:7.1f} TFLOP/s {t_peer / t:5.3f}x _scaled_mm ok")
-            rows.append(dict(family="matmul_fp8_block", case=label,
-                             config="default" if cfg is None else dataclasses.asdict(cfg),
-                             median_ms=t, tflops=flops / t / 1e9, vs_scaled_mm=t_peer / t))
+def sweep_matmul_fp8_block_dsv3(rows):
+    """DeepSeek-V3's GEMM shapes (DSV3_NK at M in DSV3_M), block-scaled: the default dispatch
+    (the Gluon kernel on sm_90) and the Triton TMA kernel at its default tile, against
+    torch._scaled_mm per tensor in the same run."""
+    variants = [("gluon default", dict(kernel="gluon"), _fp8_block_gluon({})),
+                ("triton default", "triton default", _fp8_block_triton(None))]
+    for N, K in DSV3_NK:
+        for M in DSV3_M:
+            _fp8_block_case(rows, M, N, K, f"DeepSeek-V3 M={M} N={N} K={K}", variants)
 
 
 def sweep_int4(rows):
@@ -489,7 +546,8 @@ SWEEPS = {"decode": sweep_decode, "decode_splits": sweep_decode_splits, "int4": 
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,
-          "matmul_fp8_block": sweep_matmul_fp8_block, "matmul_mid": sweep_matmul_mid,
+          "matmul_fp8_block": sweep_matmul_fp8_block,
+          "matmul_fp8_block_dsv3": sweep_matmul_fp8_block_dsv3, "matmul_mid": sweep_matmul_mid,
           "attention_short": sweep_attention_short}
 
 

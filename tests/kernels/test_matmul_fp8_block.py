@@ -215,3 +215,195 @@ def test_block_scaled_long_k(path, variant):
         out = FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.bfloat16, path=path)
     ref = _blockwise_ref(a, b, sa, sb)
     assert_close_to_reference(out, ref, _bf16_peer(a, b, sa, sb), name=f"{path} K=8192")
+
+
+# --------------------------------------------------------------------------------------------
+# The Gluon Hopper kernel (fp8_block_hopper): scope and dispatch on any machine, compiled
+# schedule on the CPU (sm_90a, ahead of time), results on an sm_90 GPU
+# --------------------------------------------------------------------------------------------
+def _gluon_or_skip():
+    try:
+        from tkit.kernels.matmul import fp8_block_hopper as FH
+    except ImportError as e:  # a Triton without Gluon's Hopper API
+        pytest.skip(f"Gluon unavailable: {e}")
+    return FH
+
+
+def _on_h100_class():
+    return ON_GPU and torch.cuda.get_device_capability() == (9, 0)
+
+
+def test_gluon_scope_reasons():
+    """supported() names what keeps an input off the Gluon kernel (no GPU needed: the device
+    is checked last)."""
+    FH = _gluon_or_skip()
+    meta = dict(device="meta")
+    a = torch.empty(256, 1024, dtype=F8, **meta)
+    b = torch.empty(512, 1024, dtype=F8, **meta).t()
+    sa = torch.empty(256, 8, dtype=torch.float32, **meta)
+    sb = torch.empty(8, 4, dtype=torch.float32, **meta)
+    bf = torch.bfloat16
+    assert "K-major" in FH.supported(a, b.contiguous(), sa, sb, bf)
+    assert "row-major" in FH.supported(a.t().contiguous().t(), b, sa, sb, bf)
+    assert "output rows" in FH.supported(a, torch.empty(1020, 1024, dtype=F8, **meta).t(),
+                                         sa, torch.empty(8, 8, **meta), bf)
+    assert "CUDA" in FH.supported(a, b, sa, sb, bf)
+    assert "dtype" in FH.supported(a, b, sa, sb, torch.float8_e4m3fn)
+    # the dispatch: meta tensors, a forced path or a Triton config never reach it
+    assert FB._gluon_choice(a, b, sa, sb, bf, None, None, None, None)[0] is None
+    assert "forced" in FB._gluon_choice(a, b, sa, sb, bf, None, None, "tma", None)[1]
+    with pytest.raises(ValueError, match="Gluon block-scaled kernel does not apply"):
+        FB._fp8_block_impl(a, b, sa, sb, path="gluon")
+
+
+def test_gluon_config_validation():
+    FH = _gluon_or_skip()
+    with pytest.raises(ValueError, match="unroll"):
+        FH.HopperBlockConfig(unroll=4)
+    with pytest.raises(ValueError, match="stages"):
+        FH.HopperBlockConfig(stages=1)
+    with pytest.raises(ValueError, match="block_n"):
+        FH.HopperBlockConfig(block_n=256)
+    with pytest.raises(TypeError, match="unknown HopperBlockConfig"):
+        with FH.hopper_block_config(block_k=64):
+            pass
+    with FH.hopper_block_config(stages=3, unroll=1):
+        assert FH.current_config() == FH.HopperBlockConfig(stages=3, unroll=1)
+    # bf16 output: 6 slots of 32 KB and two 16 KB output tiles fit sm_90's 227 KB
+    assert FH.stages_for(FH.HopperBlockConfig(), 2) == 6
+    assert FH.stages_for(FH.HopperBlockConfig(), 4) == 5
+
+
+def _sass_ops(sass: str) -> list[str]:
+    """The opcodes of a SASS listing with WARPGROUP.DEPBAR's operand ("DEPBAR1" / "DEPBAR0")."""
+    import re
+
+    ops = []
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*?);", line)
+        if m is None:
+            continue
+        op, rest = m.groups()
+        if op == "WARPGROUP.DEPBAR.LE":
+            op = "DEPBAR" + rest.strip()[-1]
+        ops.append(op)
+    return ops
+
+
+@pytest.fixture(scope="module")
+def gluon_compiled(tmp_path_factory):
+    import os
+    import subprocess
+
+    import triton
+
+    FH = _gluon_or_skip()
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    cache = {}
+
+    def get(cfg):
+        if cfg not in cache:
+            k = FH.compile_sm90(cfg)
+            path = tmp_path_factory.mktemp("cubin") / "k.cubin"
+            path.write_bytes(k.asm["cubin"])
+            sass = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "-sass", str(path)],
+                                  capture_output=True, text=True, check=True).stdout
+            cache[cfg] = (k, sass)
+        return cache[cfg]
+
+    return get
+
+
+@pytest.mark.parametrize("unroll", [2, 1])
+def test_gluon_compiled_schedule(gluon_compiled, unroll):
+    """sm_90a build, default tile: no local memory; the wgmmas are not serialized (ptxas does
+    that to the whole kernel when an accumulator is read in flight: a wait after every
+    QGMMA); with unroll 2 the first group's promotion (64 FFMA and the slot's release) sits
+    between ``wait_group 1`` and ``wait_group 0``, under the second group's MMAs."""
+    FH = _gluon_or_skip()
+    cfg = FH.HopperBlockConfig(unroll=unroll)
+    k, sass = gluon_compiled(cfg)
+    assert k.metadata.shared <= FH.smem_bytes(cfg, FH.stages_for(cfg, 2), 2)
+    ops = _sass_ops(sass)
+    assert "LDL" not in ops and "STL" not in ops
+    qgmma = sum(op.startswith("QGMMA") for op in ops)
+    waits = ops.count("DEPBAR0") + ops.count("DEPBAR1")
+    assert qgmma >= 4 * waits, (qgmma, waits)  # 4 m64n128k32 a group, one wait a group
+    assert "UTMALDG.2D" in ops and "UTMASTG.2D" in ops
+    if unroll == 2:
+        assert "DEPBAR1" in ops
+        i = ops.index("DEPBAR1")
+        j = ops.index("DEPBAR0", i)
+        between = ops[i:j]
+        assert between.count("FFMA") == 64 and "SYNCS.ARRIVE.TRANS64.A1T0" in between
+        # both groups' MMAs were issued since the previous wait
+        prev = max((n for n, op in enumerate(ops[:i]) if op.startswith("DEPBAR")), default=0)
+        assert sum(op.startswith("QGMMA") for op in ops[prev:i]) == 8
+
+
+_GLUON_VARIANTS = [
+    {}, dict(unroll=1), dict(stages=2), dict(stages=3),
+    dict(group_m=1, programs_per_sm=2), dict(block_n=64),
+]
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", _GLUON_VARIANTS, ids=lambda v: "-".join(
+    f"{k}{v[k]}" for k in v) or "default")
+@pytest.mark.parametrize("M,N,K", [(300, 528, 1088), (2048, 2304, 1024), (64, 256, 128),
+                                   (129, 144, 320), (1, 16, 256), (8, 7168, 512)])
+def test_gluon_against_float64(variant, M, N, K):
+    """The Gluon kernel, forced, float32 output into poisoned memory: partial tiles along M, N
+    and K (K = 320: a partial last group; K = 128, 256: fewer groups than one unrolled
+    step; 1088: 8 groups a step apart plus one), several tiles a CTA (2048 x 2304: 288
+    tiles over 132 SMs), the blockwise float64 reference."""
+    from tkit.kernels import _common
+    FH = _gluon_or_skip()
+
+    a, b, sa, sb = _operands(M, N, K, True, seed=M + N + K)
+    ref = _blockwise_ref(a, b, sa, sb)
+    with _common.poisoned_outputs():
+        out = FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.float32, path="gluon",
+                                 config=FH.HopperBlockConfig(**variant))
+    assert_close_to_reference(out, ref, floor=_f32_floor(ref))
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("act", ["", "silu", "gelu", "gelu_tanh", "relu"])
+def test_gluon_epilogue(out_dtype, act):
+    """Bias (strided), activation and a broadcast residual, 16-bit output: the reference
+    rule against the float64 product, its peer PyTorch's float32 result rounded once."""
+    from tkit.kernels import _common
+    from tkit.kernels.elementwise.ops import _torch_activation
+
+    a, b, sa, sb = _operands(200, 400, 640, seed=21)
+    g = torch.Generator().manual_seed(4)
+    bias = torch.randn(800, generator=g).to(out_dtype).to(DEV)[::2]
+    res = torch.randn(1, 400, generator=g).to(out_dtype).to(DEV)
+    assert FB.backend(a, b, sa, sb, out_dtype, bias, res).startswith("gluon")
+    with _common.poisoned_outputs():
+        out = tkit.matmul_fp8(a, b, sa, sb, out_dtype=out_dtype, bias=bias,
+                              activation=act or None, residual=res)
+    ref = _blockwise_ref(a, b, sa, sb) + bias.cpu().double()
+    peer = _bf16_peer(a, b, sa, sb).float() + bias.cpu().float()
+    if act:
+        ref = _torch_activation(ref, act)
+        peer = _torch_activation(peer, act)
+    ref = ref + res.cpu().double()
+    peer = (peer + res.cpu().float()).to(out_dtype)
+    assert_close_to_reference(out, ref, peer, name=f"gluon epilogue {act}")
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+def test_gluon_is_the_default_and_matches_triton():
+    """Unforced calls on sm_90 take the Gluon kernel; its bf16 output is within the rule at
+    K = 8192 and close to the Triton TMA kernel's."""
+    a, b, sa, sb = _operands(256, 512, 8192, seed=11)
+    assert FB.backend(a, b, sa, sb).startswith("gluon")
+    assert FB.backend(a, b.contiguous(), sa, sb).startswith("triton")
+    out = tkit.matmul_fp8(a, b, sa, sb)
+    ref = _blockwise_ref(a, b, sa, sb)
+    assert_close_to_reference(out, ref, _bf16_peer(a, b, sa, sb), name="gluon K=8192")
+    tri = FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.bfloat16, path="tma")
+    torch.testing.assert_close(out.float(), tri.float(), rtol=2 ** -7, atol=1e-3)

@@ -22,7 +22,13 @@ Measured (H200, docs/NOTES.md): 893 TFLOP/s at 8192^3, 0.69x ``torch._scaled_mm`
 every promotion still waits for the MMAs in flight (Triton puts a wgmma wait right after each
 dot whose result the loop reads), the bubble that keeps it under the per-tensor kernel.
 
-Kernels: ``_fp8_block_tma_kernel`` (Hopper: persistent, TMA descriptors, the tile order and
+Kernels: on sm_90 the Gluon kernel of ``fp8_block_hopper.py`` (warp-specialized: a TMA
+producer warp, two consumer warpgroups that issue each group's wgmma asynchronously and promote
+the previous group's sum while it runs) serves every call whose operands it takes (a
+row-major, b K-major, TMA-aligned rows, see its ``supported``; :func:`backend` says which kernel
+a call gets and why); the rest, forced paths (``path="tma"`` / ``"ptr"``), Triton configs and
+``matmul_config`` overrides take the Triton kernels:
+``_fp8_block_tma_kernel`` (Hopper: persistent, TMA descriptors, the tile order and
 configs of matmul's TMA kernel) and ``_fp8_block_kernel`` (pointer-based, any strides, sm_80+
 and the interpreter); :func:`tkit.kernels.matmul.plan` picks between them as for matmul
 (shapes it would split along K take the pointer kernel with ``PtrConfig.for_shape``'s tile,
@@ -267,14 +273,54 @@ def _config(config, cls, default):
     return cfg if cfg.block_k in allowed else dataclasses.replace(cfg, block_k=BLOCK)
 
 
+def _gluon_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, path, config):
+    """(the fp8_block_hopper module, None) when the Gluon Hopper kernel serves this call, else
+    (None, why not). It serves unforced calls (``path`` None, no Triton config, no
+    ``matmul_config`` override) and ``path="gluon"`` or a HopperBlockConfig, on sm_90 with
+    operands that its :func:`supported` takes."""
+    if path not in (None, "gluon"):
+        return None, f"path {path!r} forced"
+    if config is not None and type(config).__name__ != "HopperBlockConfig":
+        return None, f"a {type(config).__name__} selects the Triton kernel"
+    if path is None and config is None and MC.overridden():
+        return None, "matmul_config overrides select the Triton kernels"
+    if a.device.type != "cuda":
+        return None, "not on a CUDA device"
+    try:
+        from tkit.kernels.matmul import fp8_block_hopper as FH
+    except ImportError as e:  # a Triton without Gluon's Hopper API
+        return None, f"Gluon unavailable: {e}"
+    reason = FH.supported(a, b, scale_a, scale_b, out_dtype, bias, residual)
+    return (FH, None) if reason is None else (None, reason)
+
+
+def backend(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, bias=None, residual=None) -> str:
+    """Which kernel the block mode launches for these operands, and why: "gluon (...)" or
+    "triton <path> (reason the Gluon kernel does not serve)"."""
+    fh, reason = _gluon_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, None, None)
+    if fh is not None:
+        return ("gluon (sm_90: warp-specialized TMA producer, two consumer warpgroups, each "
+                "group's wgmma running under the previous group's promotion)")
+    return f"triton {MC.plan(a, b, out_dtype).path} ({reason})"
+
+
 def _fp8_block_impl(a, b, scale_a, scale_b, bias=None, residual=None, activation=None,
                     out_dtype=torch.bfloat16, path=None, config=None):
+    """The block mode's launch. ``path``: None (the Gluon Hopper kernel where it serves, see
+    :func:`_gluon_choice`, else :func:`tkit.kernels.matmul.plan`'s choice), "gluon" (forced:
+    a ValueError with the reason where it cannot serve), "tma" or "ptr" (the Triton
+    kernels). ``config``: a HopperBlockConfig, TmaConfig or PtrConfig for that kernel."""
     M, K = a.shape
     N = b.shape[1]
     out = C.empty((M, N), out_dtype, a.device)
     if out.numel() == 0:
         return out
     res = residual.expand(M, N) if residual is not None else None
+    fh, reason = _gluon_choice(a, b, scale_a, scale_b, out_dtype, bias, res, path, config)
+    if fh is not None:
+        return fh.launch(a, b, scale_a, scale_b, out, bias, res, activation, config)
+    if path == "gluon" or type(config).__name__ == "HopperBlockConfig":
+        raise ValueError(f"the Gluon block-scaled kernel does not apply: {reason}")
     p = MC.plan(a, b, out_dtype, path=path)
     common = dict(a_ptr=a, b_ptr=b, c_ptr=out, sa_ptr=scale_a, sb_ptr=scale_b,
                   bias_ptr=bias if bias is not None else scale_a,

@@ -1,0 +1,281 @@
+"""The Gluon kernel of the block-scaled FP8 GEMM for Hopper (sm_90a), launched by
+``fp8_block_hopper.py``; the math is :mod:`tkit.kernels.matmul.fp8_block`'s (DeepSeek-V3's
+1x128 scales of a, 128x128 scales of b, each 128-deep group's MMA sum promoted into a float32
+accumulator with ``sa[:, None] * sb``).
+
+Why Gluon: Triton 3.6 waits for every wgmma whose result the loop reads (``wgmma.wait_group
+0`` after each dot), so each 128-deep promotion drained the tensor cores, and the CTA-wide
+barrier before each TMA refill kept the two warpgroups in step (docs/NOTES.md, "Block-scaled
+fp8 GEMM"). Here the waits are written out.
+
+Schedule. Persistent CTAs walk the output tiles (BLOCK_M = 64 * CONSUMERS rows, BLOCK_N = 128
+columns, the grouped order of matmul's kernels). ``gl.warp_specialize`` splits a CTA into
+CONSUMERS consumer warpgroups (4 warps each, 64 rows of the tile each) and a 1-warp TMA
+producer. The producer walks the same tiles and, per 128-deep K group, loads the a tile
+[BLOCK_M, 128] and the b tile [BLOCK_N, 128] (b K-major: wgmma reads fp8 operands only
+K-major) into a ring of STAGES slots, one "ready" mbarrier a slot (the TMA's transaction
+count) and one "empty" mbarrier a slot (count CONSUMERS: each consumer arrives once it has
+retired the wgmma that read the slot). Each consumer, per group g of a tile (OVERLAP):
+
+    wait ready(g)        D[g % 2] = A_g B_g        issued async, a fresh sum (use_acc=False)
+    wgmma.wait_group 1   D[(g - 1) % 2] is ready; D[g % 2] still runs
+    arrive empty(g - 1)  the slot of group g - 1 goes back to the producer
+    acc += D[(g - 1) % 2] * (sa[rows, g - 1] * sb[g - 1, n-block])    64 FFMA a thread
+
+so group g's MMAs run under group g - 1's promotion. The two sums alternate between two sets
+of registers; the K loop is unrolled by two so that the sum in flight at the back edge is
+always the same one (a loop-carried sum that changed registers there would be copied while in
+flight, which ptxas answers by serializing every wgmma: C7514). Registers a consumer thread:
+the accumulator and the two sums, 64 each at BLOCK_N = 128. Without OVERLAP each group is
+issued and waited for (``wait_group 0``) before its promotion, DeepGEMM's schedule, where only
+the other consumer warpgroup's MMAs fill the gap. The scales of the next two groups are loaded
+(plain loads, 2 a thread for sa, one scalar for sb) an iteration ahead of their use.
+
+Epilogue, per consumer warpgroup (its 64 rows): bias, activation, residual in float32, then
+the output dtype through a shared-memory tile and a TMA store; that store is waited for only
+before the next tile's epilogue reuses the buffer, so it overlaps the next tile's K loop.
+Edges: TMA zero-fills the operands past M, N, K (their sums are 0 whatever the scale); the
+scale rows past M are clamped to row M - 1, the store clips at M and N.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+# Triton 3.9 renamed the TMA copies and the CTA barrier (see attention/_hopper_kernels.py)
+if hasattr(tma, "async_load"):
+    tma_load, tma_store = tma.async_load, tma.async_store
+else:
+    tma_load, tma_store = tma.async_copy_global_to_shared, tma.async_copy_shared_to_global
+cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+
+GROUP_K = gl.constexpr(128)  # the scale group along K
+WG_M = gl.constexpr(64)  # rows of one consumer warpgroup
+
+
+@gluon.jit
+def _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    """matmul's grouped tile order (``_kernels._tile_pid``)."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = gl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (tile_id % group_size_m)
+    pid_n = (tile_id % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@gluon.jit
+def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              GROUP_M: gl.constexpr):
+    """The TMA partition (one warp): every K group of every tile of this CTA into the ring.
+    Slot i % STAGES gets the i-th group once every consumer has released its previous use."""
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_groups = gl.cdiv(K, GROUP_K)
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    i = 0
+    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        for g in range(k_groups):
+            slot = i % STAGES
+            # a fresh mbarrier reads as if the phase before phase 0 had completed: the first
+            # STAGES waits (parity 1) return at once
+            mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, nbytes)
+            tma_load(a_desc, [off_m, g * GROUP_K], bar, a_ring.index(slot))
+            tma_load(b_desc, [off_n, g * GROUP_K], bar, b_ring.index(slot))
+            i += 1
+
+
+@gluon.jit
+def _scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk):
+    """sa[rows, g] * sb[g, n-block] (g clamped to the last group: a prefetch past the tile's
+    last group is never used)."""
+    g = gl.minimum(g, k_last)
+    return gl.load(sa_rows + g * stride_sak) * gl.load(sb_col + g * stride_sbk)
+
+
+@gluon.jit
+def _step_scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk, UNROLL: gl.constexpr):
+    """The scales of groups g and (UNROLL 2) g + 1; with UNROLL 1 the second is unused."""
+    s0 = _scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk)
+    s1 = s0
+    if UNROLL == 2:
+        s1 = _scales(sa_rows, sb_col, g + 1, k_last, stride_sak, stride_sbk)
+    return s0, s1
+
+
+@gluon.jit
+def _issue(a_ring, b_ring, ready, i, d, WG: gl.constexpr, STAGES: gl.constexpr):
+    """Wait for the i-th ring slot and issue its 128-deep MMA sum, asynchronously: a fresh
+    sum (use_acc=False; ``d``, zeros, only gives its type and layout)."""
+    slot = i % STAGES
+    mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+    a_s = a_ring.index(slot).slice(WG * WG_M, WG_M, 0)
+    b_s = b_ring.index(slot).permute((1, 0))
+    return warpgroup_mma(a_s, b_s, d, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _retire(tok, a_ring, b_ring, empty, i, acc, s, WG: gl.constexpr, STAGES: gl.constexpr,
+            PENDING: gl.constexpr):
+    """Wait until at most PENDING wgmma groups are in flight (the i-th group's sum ``tok`` is
+    then complete), hand its slot back and promote it: acc += d * s[:, None]. Returns
+    (acc, d)."""
+    slot = i % STAGES
+    a_s = a_ring.index(slot).slice(WG * WG_M, WG_M, 0)
+    b_s = b_ring.index(slot).permute((1, 0))
+    d = warpgroup_mma_wait(PENDING, deps=(tok, a_s, b_s))[0]
+    mbarrier.arrive(empty.index(slot), count=1)
+    return acc + d * gl.expand_dims(s, 1), d
+
+
+@gluon.jit
+def _activation(x, ACT: gl.constexpr):
+    """The activations of ``elementwise._kernels._activation``, same formulas."""
+    if ACT == "silu":
+        y = x / (1.0 + gl.exp(-x))
+    elif ACT == "gelu":
+        y = 0.5 * x * (1.0 + gl.erf(x * 0.7071067811865476))
+    elif ACT == "gelu_tanh":
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        e = gl.exp(-2.0 * gl.abs(u))
+        r = 1.0 / (1.0 + e)
+        y = x * gl.where(u >= 0.0, r, e * r)
+    elif ACT == "relu":
+        y = gl.where(x < 0.0, 0.0, x)
+    else:
+        y = x
+    return y
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
+              sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K,
+              stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias,
+              HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              GROUP_M: gl.constexpr, UNROLL: gl.constexpr):
+    """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every tile of this CTA."""
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BLOCK_N, 32])
+    row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
+    col_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_groups = gl.cdiv(K, GROUP_K)
+    k_last = k_groups - 1
+    zero = gl.zeros([WG_M, BLOCK_N], gl.float32, acc_layout)
+    base = 0  # ring index of the tile's first group
+    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        row0 = pid_m * BLOCK_M + WG * WG_M
+        off_n = pid_n * BLOCK_N
+        rows = row0 + gl.arange(0, WG_M, layout=row_layout)
+        sa_rows = sa_ptr + gl.minimum(rows, M - 1).to(gl.int64) * stride_sam
+        sb_col = sb_ptr + (off_n // GROUP_K) * stride_sbn
+        acc = zero
+        # UNROLL groups a step; with 2 the first group's sum is promoted while the second's
+        # MMAs run. Nothing is in flight across the loop's back edge: a sum carried there in
+        # flight is copied by the loop's phi, and ptxas then serializes every wgmma of the
+        # kernel (C7514). Each step starts from fresh sums (use_acc=False: no zeroing).
+        n_steps = k_groups // UNROLL
+        s_0, s_1 = _step_scales(sa_rows, sb_col, 0, k_last, stride_sak, stride_sbk, UNROLL)
+        for step in range(n_steps):
+            g = step * UNROLL
+            # the next step's scales, in flight during this step's MMAs
+            n_0, n_1 = _step_scales(sa_rows, sb_col, g + UNROLL, k_last, stride_sak,
+                                    stride_sbk, UNROLL)
+            i = base + g
+            t0 = _issue(a_ring, b_ring, ready, i, zero, WG, STAGES)
+            if UNROLL == 1:
+                acc, _ = _retire(t0, a_ring, b_ring, empty, i, acc, s_0, WG, STAGES, 0)
+            else:
+                t1 = _issue(a_ring, b_ring, ready, i + 1, zero, WG, STAGES)
+                acc, _ = _retire(t0, a_ring, b_ring, empty, i, acc, s_0, WG, STAGES, 1)
+                acc, _ = _retire(t1, a_ring, b_ring, empty, i + 1, acc, s_1, WG, STAGES, 0)
+            s_0, s_1 = n_0, n_1
+        # the groups left over (k_groups % UNROLL), one at a time
+        for g in range(n_steps * UNROLL, k_groups):
+            s = _scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk)
+            t0 = _issue(a_ring, b_ring, ready, base + g, zero, WG, STAGES)
+            acc, _ = _retire(t0, a_ring, b_ring, empty, base + g, acc, s, WG, STAGES, 0)
+        base += k_groups
+
+        # ---- epilogue: float32 bias / activation / residual, then a TMA store of 64 rows
+        cols = off_n + gl.arange(0, BLOCK_N, layout=col_layout)
+        if HAS_BIAS:
+            bias = gl.load(bias_ptr + cols * stride_bias, mask=cols < N, other=0.0)
+            acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
+        acc = _activation(acc, ACT)
+        if HAS_RES:
+            r_ptrs = (res_ptr + gl.expand_dims(rows.to(gl.int64) * stride_rm, 1)
+                      + gl.expand_dims(cols.to(gl.int64) * stride_rn, 0))
+            r_mask = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
+            acc = acc + gl.load(r_ptrs, mask=r_mask, other=0.0).to(gl.float32)
+        out = acc.to(c_desc.dtype)
+        tma.store_wait(0)  # the previous tile's store has read c_buf
+        cta_barrier()
+        c_buf.store(out)
+        fence_async_shared()
+        cta_barrier()
+        tma_store(c_desc, [row0, off_n], c_buf)
+    tma.store_wait(0)
+
+
+@gluon.jit(do_not_specialize=["M", "N", "K", "stride_sam", "stride_sak", "stride_sbk",
+                              "stride_sbn", "stride_rm", "stride_rn", "stride_bias"])
+def _fp8_block_ws_kernel(
+    a_desc, b_desc, c_desc, sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K,
+    stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias,
+    HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
+    STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+    UNROLL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+):
+    """Persistent warp-specialized block-scaled GEMM (module docstring). a_desc: over a (M, K),
+    block [BLOCK_M, 128]; b_desc: over b's K-major storage (N, K), block [BLOCK_N, 128]; c_desc:
+    over out (M, N), block [64, BLOCK_N]. Launched with num_warps = 4 (consumer warpgroup 0);
+    CONSUMERS - 1 more 4-warp partitions and the 1-warp producer."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    CONSUMERS: gl.constexpr = 2
+    gl.static_assert(BLOCK_M == CONSUMERS * WG_M, "BLOCK_M is 64 rows a consumer warpgroup")
+    dtype: gl.constexpr = a_desc.dtype
+    a_ring = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_ring = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS] + c_desc.block_type.shape,
+                                       c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=CONSUMERS)
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_consumer, (0, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(0), sa_ptr,
+                         sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak, stride_sbk,
+                     stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES,
+                     BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL)),
+        (_consumer, (1, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(1), sa_ptr,
+                     sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak, stride_sbk,
+                     stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES,
+                     BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL)),
+        (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
+                     BLOCK_N, STAGES, GROUP_M)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+

@@ -1,0 +1,224 @@
+"""The block-scaled FP8 GEMM's Gluon kernel for Hopper (sm_90): its config
+(:class:`HopperBlockConfig`, scoped overrides :func:`hopper_block_config`), scope
+(:func:`supported`), launcher (:func:`launch`) and ahead-of-time build (:func:`compile_sm90`).
+The kernel and its schedule are described in ``_fp8_block_hopper_kernels.py``; the math and
+the Triton kernels it stands in for are in ``fp8_block.py``.
+
+Scope: sm_90, a (M, K) with unit K stride and b (K, N) K-major (b.stride(0) == 1, the
+``w.t()`` of an (N, K) weight: wgmma reads 8-bit operands only K-major), 16-byte aligned rows
+(K a multiple of 16), an output whose rows are a multiple of 16 bytes (TMA store). Anything
+else takes the Triton kernels, with the reason :func:`supported` gives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+import triton
+
+from tkit import _hooks
+from tkit.kernels import _common as C
+from tkit.kernels import _device as D
+from tkit.kernels.matmul import config as MC
+
+WG_M = 64  # rows of one consumer warpgroup
+GROUP_K = 128
+# Three warpgroups once rounded (two 4-warp consumers, the 1-warp producer): the producer's
+# drops to 24 registers a thread and each consumer's rises to 240; the launch cap of 168 a
+# thread keeps 3 warpgroups within the 64K-register file (3 * 168 - 24 - 240 = 240 is the
+# default partition's share), as the attention forward's warp-specialized kernel.
+CONSUMER_REGS = 240
+PRODUCER_REGS = 24
+MAXNREG = 168
+MAX_STAGES = 8
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class HopperBlockConfig:
+    """The Gluon kernel's launch config: the tile is 128 x ``block_n`` (two consumer
+    warpgroups of 64 rows), ``stages`` ring slots of one 128-deep group (0: as many as shared
+    memory holds, at most 8), ``unroll`` 2 (two groups a step, the first promoted while the
+    second runs: two MMA sums in registers) or 1 (DeepGEMM's wait-then-promote, where only the
+    other warpgroup's MMAs fill the gap), ``group_m`` the tile order's section height,
+    ``programs_per_sm`` persistent CTAs an SM."""
+
+    block_n: int = 128
+    stages: int = 0
+    unroll: int = 2
+    group_m: int = 8
+    programs_per_sm: int = 1
+
+    def __post_init__(self):
+        if self.block_n not in (64, 128):
+            raise ValueError(f"block_n must be 64 or 128 (one 128-column scale block of b), "
+                             f"got {self.block_n}")
+        if not 0 <= self.stages <= MAX_STAGES or self.stages == 1:
+            raise ValueError(f"stages must be 0 (auto) or 2..{MAX_STAGES}, got {self.stages}")
+        if self.unroll not in (1, 2):
+            raise ValueError(f"unroll must be 1 or 2, got {self.unroll}")
+        if self.group_m < 1 or self.programs_per_sm not in (1, 2):
+            raise ValueError("group_m must be >= 1 and programs_per_sm 1 or 2")
+
+    consumers = 2  # consumer warpgroups (not a field: one alone spilled at 255 registers)
+
+    @property
+    def block_m(self) -> int:
+        return WG_M * self.consumers
+
+
+_OVERRIDES = C.ConfigOverrides(HopperBlockConfig)
+
+
+def hopper_block_config(**overrides):
+    """Override fields of :class:`HopperBlockConfig` for the calls made inside (this thread
+    only); an unknown field is a TypeError naming it. For the config sweeps and tests."""
+    return _OVERRIDES.scope(**overrides)
+
+
+def current_config(cfg: HopperBlockConfig | None = None) -> HopperBlockConfig:
+    return _OVERRIDES.apply(cfg if cfg is not None else HopperBlockConfig())
+
+
+def smem_bytes(cfg: HopperBlockConfig, stages: int, out_itemsize: int) -> int:
+    """Shared memory of one CTA: the ring (a and b tiles of one group a slot), one output
+    tile a consumer, two mbarriers a slot, and the values the warp-specialized region hands to
+    its partitions (up to 256 bytes with alignment, as in the attention forward)."""
+    ring = stages * (cfg.block_m + cfg.block_n) * GROUP_K
+    return ring + cfg.consumers * WG_M * cfg.block_n * out_itemsize + 16 * stages + 64 + 256
+
+
+def stages_for(cfg: HopperBlockConfig, out_itemsize: int) -> int:
+    """``cfg.stages``, or (0) the most slots that fit the sm_90 shared memory."""
+    if cfg.stages:
+        return cfg.stages
+    s = MAX_STAGES
+    while s > 2 and smem_bytes(cfg, s, out_itemsize) > D.SM90_SMEM_LIMIT:
+        s -= 1
+    return s
+
+
+def supported(a, b, scale_a, scale_b, out_dtype, bias=None, residual=None) -> str | None:
+    """None when the Gluon kernel takes these operands, else why not (the checks that need no
+    GPU first, the device last, so every reason shows on a machine without one)."""
+    if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
+        return "operands are not float8_e4m3fn"
+    if out_dtype not in OUT_DTYPES:
+        return f"output dtype {out_dtype} is not bf16/fp16/fp32"
+    M, K = a.shape
+    N = b.shape[1]
+    if M == 0 or N == 0 or K == 0:
+        return "an empty dimension"
+    ok_a, a_trans = MC._tma_ok(a)
+    ok_b, b_trans = MC._tma_ok(b)
+    if not ok_a or a_trans:
+        return "a is not row-major with 16-byte aligned rows (TMA, K-major wgmma operand)"
+    if not ok_b or not b_trans:
+        return ("b is not K-major with 16-byte aligned columns (wgmma reads fp8 operands "
+                "only K-major: b must be the .t() of an (N, K) weight)")
+    if (N * out_dtype.itemsize) % 16:
+        return f"output rows of {N * out_dtype.itemsize} bytes are not a multiple of 16 (TMA)"
+    for name, t in (("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b),
+                    ("bias", bias), ("residual", residual)):
+        if t is not None and t.device.type != "cuda":
+            return f"{name} is not on a CUDA device"
+    cap = D.capability(a.device)
+    if tuple(cap) != (9, 0):
+        return f"compute capability {tuple(cap)} is not (9, 0)"
+    return None
+
+
+@functools.cache
+def _smem_layout(rows: int, cols: int, dtype: torch.dtype):
+    from triton.experimental.gluon import language as gl
+
+    gdt = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
+           torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], gdt)
+
+
+def _descriptor(t: torch.Tensor, shape, strides, block):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(t, list(shape), list(strides), list(block),
+                            _smem_layout(block[0], block[1], t.dtype))
+
+
+def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=None,
+           config: HopperBlockConfig | None = None) -> torch.Tensor:
+    """out = the block-scaled product of a and b with the epilogue, by the Gluon kernel
+    (operands that :func:`supported` accepts; ``residual`` already expanded to (M, N))."""
+    from tkit.kernels.matmul._fp8_block_hopper_kernels import _fp8_block_ws_kernel
+
+    cfg = current_config(config)
+    M, K = a.shape
+    N = b.shape[1]
+    stages = stages_for(cfg, out.element_size())
+    bt = b.t()  # (N, K), unit K stride
+    a_desc = _descriptor(a, (M, K), (MC._lead_stride(a, False), 1), (cfg.block_m, GROUP_K))
+    b_desc = _descriptor(bt, (N, K), (MC._lead_stride(b, True), 1), (cfg.block_n, GROUP_K))
+    c_desc = _descriptor(out, (M, N), (MC._lead_stride(out, False), 1), (WG_M, cfg.block_n))
+    tiles = C.cdiv(M, cfg.block_m) * C.cdiv(N, cfg.block_n)
+    progs = max(1, min(D.sm_count(a.device) * cfg.programs_per_sm, tiles))
+    C.launch(_fp8_block_ws_kernel, (progs,), a_desc=a_desc, b_desc=b_desc, c_desc=c_desc,
+             sa_ptr=scale_a, sb_ptr=scale_b,
+             bias_ptr=bias if bias is not None else scale_a,
+             res_ptr=residual if residual is not None else scale_a, M=M, N=N, K=K,
+             stride_sam=scale_a.stride(0), stride_sak=scale_a.stride(1),
+             stride_sbk=scale_b.stride(0), stride_sbn=scale_b.stride(1),
+             stride_rm=residual.stride(0) if residual is not None else 0,
+             stride_rn=residual.stride(1) if residual is not None else 0,
+             stride_bias=bias.stride(0) if bias is not None else 0,
+             HAS_BIAS=bias is not None, ACT=activation or "", HAS_RES=residual is not None,
+             STAGES=stages, GROUP_M=cfg.group_m, UNROLL=cfg.unroll,
+             CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
+             maxnreg=MAXNREG)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Ahead-of-time compilation (no GPU needed)
+# --------------------------------------------------------------------------------------------
+def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat16,
+                 has_bias=False, activation="", has_res=False):
+    """Compile the kernel for sm_90a ahead of time; returns Triton's compiled kernel
+    (``.asm`` holds ``ttgir``, ``ptx``, ``cubin``; ``.metadata.shared`` the shared memory)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from tkit._compat import compile_options
+    from tkit.kernels.matmul._fp8_block_hopper_kernels import _fp8_block_ws_kernel
+
+    cfg = current_config(config)
+    out_es = torch.empty((), dtype=out_dtype).element_size()
+    stages = stages_for(cfg, out_es)
+    tname = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[out_dtype]
+
+    def desc(t, rows, cols, dtype):
+        return f"tensordesc<{t}[{rows}, {cols}],{_smem_layout(rows, cols, dtype)!r}>"
+
+    signature = dict(
+        a_desc=desc("fp8e4nv", cfg.block_m, GROUP_K, torch.float8_e4m3fn),
+        b_desc=desc("fp8e4nv", cfg.block_n, GROUP_K, torch.float8_e4m3fn),
+        c_desc=desc(tname, WG_M, cfg.block_n, out_dtype),
+        sa_ptr="*fp32", sb_ptr="*fp32", bias_ptr="*bf16" if has_bias else "*fp32",
+        res_ptr="*bf16" if has_res else "*fp32", M="i32", N="i32", K="i32",
+        stride_sam="i32", stride_sak="i32", stride_sbk="i32", stride_sbn="i32",
+        stride_rm="i32", stride_rn="i32", stride_bias="i32",
+        HAS_BIAS="constexpr", ACT="constexpr", HAS_RES="constexpr", STAGES="constexpr",
+        GROUP_M="constexpr", UNROLL="constexpr",
+        CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
+    )
+    names = list(signature)
+    values = dict(HAS_BIAS=bool(has_bias), ACT=activation or "", HAS_RES=bool(has_res),
+                  STAGES=stages, GROUP_M=cfg.group_m,
+                  UNROLL=cfg.unroll, CONSUMER_REGS=CONSUMER_REGS,
+                  PRODUCER_REGS=PRODUCER_REGS)
+    constexprs = {(names.index(k),): v for k, v in values.items()}
+    src = GluonASTSource(_fp8_block_ws_kernel, signature, constexprs)
+    options = compile_options(dict(num_warps=4))
+    options["maxnreg"] = MAXNREG
+    with _hooks.compile_context(_fp8_block_ws_kernel):
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
