@@ -8,28 +8,30 @@ Why Gluon: Triton 3.6 waits for every wgmma whose result the loop reads (``wgmma
 barrier before each TMA refill kept the two warpgroups in step (docs/NOTES.md, "Block-scaled
 fp8 GEMM"). Here the waits are written out.
 
-Schedule. Persistent CTAs walk the output tiles (BLOCK_M = 64 * CONSUMERS rows, BLOCK_N = 128
-columns, the grouped order of matmul's kernels). ``gl.warp_specialize`` splits a CTA into
-CONSUMERS consumer warpgroups (4 warps each, 64 rows of the tile each) and a 1-warp TMA
-producer. The producer walks the same tiles and, per 128-deep K group, loads the a tile
-[BLOCK_M, 128] and the b tile [BLOCK_N, 128] (b K-major: wgmma reads fp8 operands only
-K-major) into a ring of STAGES slots, one "ready" mbarrier a slot (the TMA's transaction
-count) and one "empty" mbarrier a slot (count CONSUMERS: each consumer arrives once it has
-retired the wgmma that read the slot). Each consumer, per group g of a tile (OVERLAP):
+Schedule. Persistent CTAs walk the output tiles (BLOCK_M = 128 rows, BLOCK_N = 128 or 64
+columns, the grouped order of matmul's kernels). ``gl.warp_specialize`` splits a CTA into two
+consumer warpgroups (4 warps each, 64 rows of the tile each) and a 1-warp TMA producer. The
+producer walks the same tiles and, per 128-deep K group, loads the a tile [BLOCK_M, 128] and
+the b tile [BLOCK_N, 128] (b K-major: wgmma reads fp8 operands only K-major) into a ring of
+STAGES slots, one "ready" mbarrier a slot (the TMA's transaction count) and one "empty"
+mbarrier a slot (count 2: each consumer arrives once it has retired the wgmma that read the
+slot). Each consumer runs the K groups of a tile UNROLL = 2 at a time:
 
-    wait ready(g)        D[g % 2] = A_g B_g        issued async, a fresh sum (use_acc=False)
-    wgmma.wait_group 1   D[(g - 1) % 2] is ready; D[g % 2] still runs
-    arrive empty(g - 1)  the slot of group g - 1 goes back to the producer
-    acc += D[(g - 1) % 2] * (sa[rows, g - 1] * sb[g - 1, n-block])    64 FFMA a thread
+    wait ready(g), ready(g + 1)   D0 = A_g B_g, D1 = A_g+1 B_g+1   issued async, fresh sums
+    wgmma.wait_group 1            D0 is ready; D1 still runs
+    arrive empty(g)               the slot goes back to the producer
+    acc += D0 * (sa[rows, g] * sb[g, n-block])                    64 FFMA a thread
+    wgmma.wait_group 0; arrive empty(g + 1); acc += D1 * (...)
 
-so group g's MMAs run under group g - 1's promotion. The two sums alternate between two sets
-of registers; the K loop is unrolled by two so that the sum in flight at the back edge is
-always the same one (a loop-carried sum that changed registers there would be copied while in
-flight, which ptxas answers by serializing every wgmma: C7514). Registers a consumer thread:
-the accumulator and the two sums, 64 each at BLOCK_N = 128. Without OVERLAP each group is
-issued and waited for (``wait_group 0``) before its promotion, DeepGEMM's schedule, where only
-the other consumer warpgroup's MMAs fill the gap. The scales of the next two groups are loaded
-(plain loads, 2 a thread for sa, one scalar for sb) an iteration ahead of their use.
+so half the promotions run under this warpgroup's own MMAs, and the other half under the
+other warpgroup's (the two are only coupled through the ring). Nothing is in flight across the
+loop's back edge: a sum carried there in flight is copied by the loop's phi and ptxas then
+serializes every wgmma of the kernel (C7514; docs/NOTES.md). Registers a consumer thread: the
+accumulator and the two sums, 64 each at BLOCK_N = 128. UNROLL = 1 waits for each group
+(``wait_group 0``) before its promotion, DeepGEMM's schedule, where only the other warpgroup's
+MMAs fill the gap; a K left over from the pairs (an odd number of groups) runs that way too.
+The scales of the next step's groups are loaded (plain loads, 2 a thread for sa, a scalar for
+sb) during this step.
 
 Epilogue, per consumer warpgroup (its 64 rows): bias, activation, residual in float32, then
 the output dtype through a shared-memory tile and a TMA store; that store is waited for only
