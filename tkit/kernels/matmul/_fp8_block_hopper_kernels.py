@@ -251,7 +251,7 @@ def _fp8_block_ws_kernel(
     """Persistent warp-specialized block-scaled GEMM (module docstring). a_desc: over a (M, K),
     block [BLOCK_M, 128]; b_desc: over b's K-major storage (N, K), block [BLOCK_N, 128]; c_desc:
     over out (M, N), block [64, BLOCK_N]. Launched with num_warps = 4 (consumer warpgroup 0);
-    CONSUMERS - 1 more 4-warp partitions and the 1-warp producer."""
+    the second consumer warpgroup (a 4-warp partition) and the 1-warp producer."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     CONSUMERS: gl.constexpr = 2
