@@ -266,11 +266,15 @@ def _block_reference(a, b, sa, sb, rows):
     return ref, peer
 
 
-#: the Gluon Hopper kernel's variants (HopperBlockConfig fields; {} is its default: 6 ring
-#: slots for a bf16 output, two groups a step, group_m 8)
-FP8_BLOCK_GLUON = [{}, dict(unroll=1), dict(stages=4), dict(stages=5), dict(group_m=4),
-                   dict(group_m=16), dict(block_n=64), dict(block_n=64, stages=3,
-                                                               programs_per_sm=2)]
+#: the Gluon Hopper kernel's variants (HopperBlockConfig fields; {} is its default: 5 ring
+#: slots, two groups a step, group_m 8). Measured at 8192^3 / DeepSeek-V3 gate_up M=4096
+#: (H200, TFLOP/s, _scaled_mm per tensor 1505 / 1424 in the same run): 6 slots 1132 / 1149,
+#: 5 1168 / 1170, 4 1144 / 1184, unroll 1 914 / 890, group_m 4 1129 / 1139, group_m 16
+#: 1145 / 1149, block_n 64 775 / 805, block_n 64 with 3 slots and two CTAs an SM 562 / 583
+#: (the Triton kernel's default 924 / 912)
+FP8_BLOCK_GLUON = [{}, dict(stagger=True), dict(stagger=True, unroll=1), dict(stages=4),
+                   dict(stages=6), dict(stages=4, stagger=True), dict(group_m=16),
+                   dict(group_m=16, stagger=True)]
 #: DeepSeek-V3's (N, K) of its dense and expert GEMMs (DeepGEMM's test table): q_a + kv_a
 #: (2112 x 7168), q_b (24576 x 1536), kv_b (32768 x 512), o_proj (7168 x 16384), expert
 #: gate_up (4096 x 7168) and down (7168 x 2048)

@@ -269,9 +269,10 @@ def test_gluon_config_validation():
             pass
     with FH.hopper_block_config(stages=3, unroll=1):
         assert FH.current_config() == FH.HopperBlockConfig(stages=3, unroll=1)
-    # bf16 output: 6 slots of 32 KB and two 16 KB output tiles fit sm_90's 227 KB
-    assert FH.stages_for(FH.HopperBlockConfig(), 2) == 6
-    assert FH.stages_for(FH.HopperBlockConfig(), 4) == 5
+    # bf16 output: 6 slots of 32 KB and two 16 KB output tiles fit sm_90's 227 KB (auto)
+    assert FH.stages_for(FH.HopperBlockConfig(stages=0), 2) == 6
+    assert FH.stages_for(FH.HopperBlockConfig(stages=0), 4) == 5
+    assert FH.stages_for(FH.HopperBlockConfig(), 2) == 5
 
 
 def _sass_ops(sass: str) -> list[str]:
@@ -314,14 +315,14 @@ def gluon_compiled(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("unroll", [2, 1])
-def test_gluon_compiled_schedule(gluon_compiled, unroll):
+@pytest.mark.parametrize("unroll,stagger", [(2, False), (1, False), (2, True)])
+def test_gluon_compiled_schedule(gluon_compiled, unroll, stagger):
     """sm_90a build, default tile: no local memory; the wgmmas are not serialized (ptxas does
     that to the whole kernel when an accumulator is read in flight: a wait after every
     QGMMA); with unroll 2 the first group's promotion (64 FFMA and the slot's release) sits
     between ``wait_group 1`` and ``wait_group 0``, under the second group's MMAs."""
     FH = _gluon_or_skip()
-    cfg = FH.HopperBlockConfig(unroll=unroll)
+    cfg = FH.HopperBlockConfig(unroll=unroll, stagger=stagger)
     k, sass = gluon_compiled(cfg)
     assert k.metadata.shared <= FH.smem_bytes(cfg, FH.stages_for(cfg, 2), 2)
     ops = _sass_ops(sass)
@@ -342,8 +343,9 @@ def test_gluon_compiled_schedule(gluon_compiled, unroll):
 
 
 _GLUON_VARIANTS = [
-    {}, dict(unroll=1), dict(stages=2), dict(stages=3),
-    dict(group_m=1, programs_per_sm=2), dict(block_n=64),
+    {}, dict(unroll=1), dict(stagger=True), dict(stagger=True, unroll=1), dict(stages=2),
+    dict(stages=3),
+    dict(group_m=1), dict(block_n=64),
 ]
 
 

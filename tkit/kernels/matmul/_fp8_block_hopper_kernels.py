@@ -169,7 +169,7 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
               stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias,
               HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr, UNROLL: gl.constexpr):
+              GROUP_M: gl.constexpr, UNROLL: gl.constexpr, STAGGER: gl.constexpr):
     """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every tile of this CTA."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BLOCK_N, 32])
@@ -194,10 +194,20 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
         # MMAs run. Nothing is in flight across the loop's back edge: a sum carried there in
         # flight is copied by the loop's phi, and ptxas then serializes every wgmma of the
         # kernel (C7514). Each step starts from fresh sums (use_acc=False: no zeroing).
-        n_steps = k_groups // UNROLL
-        s_0, s_1 = _step_scales(sa_rows, sb_col, 0, k_last, stride_sak, stride_sbk, UNROLL)
+        # STAGGER: consumer 1 runs the tile's first group alone, so that its pairs (and the
+        # promotion it cannot hide, after wait_group 0) fall a group after consumer 0's,
+        # while consumer 0's MMAs run (both would otherwise be released by the same ready
+        # barriers and expose their second promotions at the same time)
+        lead = 0
+        if STAGGER and WG == 1:
+            lead = 1
+            s = _scales(sa_rows, sb_col, 0, k_last, stride_sak, stride_sbk)
+            t0 = _issue(a_ring, b_ring, ready, base, zero, WG, STAGES)
+            acc, _ = _retire(t0, a_ring, b_ring, empty, base, acc, s, WG, STAGES, 0)
+        n_steps = (k_groups - lead) // UNROLL
+        s_0, s_1 = _step_scales(sa_rows, sb_col, lead, k_last, stride_sak, stride_sbk, UNROLL)
         for step in range(n_steps):
-            g = step * UNROLL
+            g = lead + step * UNROLL
             # the next step's scales, in flight during this step's MMAs
             n_0, n_1 = _step_scales(sa_rows, sb_col, g + UNROLL, k_last, stride_sak,
                                     stride_sbk, UNROLL)
@@ -211,7 +221,7 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
                 acc, _ = _retire(t1, a_ring, b_ring, empty, i + 1, acc, s_1, WG, STAGES, 0)
             s_0, s_1 = n_0, n_1
         # the groups left over (k_groups % UNROLL), one at a time
-        for g in range(n_steps * UNROLL, k_groups):
+        for g in range(lead + n_steps * UNROLL, k_groups):
             s = _scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk)
             t0 = _issue(a_ring, b_ring, ready, base + g, zero, WG, STAGES)
             acc, _ = _retire(t0, a_ring, b_ring, empty, base + g, acc, s, WG, STAGES, 0)
@@ -245,7 +255,7 @@ def _fp8_block_ws_kernel(
     stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias,
     HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
     STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-    UNROLL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    UNROLL: gl.constexpr, STAGGER: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
     """Persistent warp-specialized block-scaled GEMM (module docstring). a_desc: over a (M, K),
@@ -272,11 +282,11 @@ def _fp8_block_ws_kernel(
         (_consumer, (0, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(0), sa_ptr,
                          sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak, stride_sbk,
                      stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES,
-                     BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL)),
+                     BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL, STAGGER)),
         (_consumer, (1, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(1), sa_ptr,
                      sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak, stride_sbk,
                      stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES,
-                     BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL)),
+                     BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL, STAGGER)),
         (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
                      BLOCK_N, STAGES, GROUP_M)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
