@@ -366,13 +366,14 @@ def sweep_matmul_fp8_block(rows):
 
 def sweep_matmul_fp8_block_dsv3(rows):
     """DeepSeek-V3's GEMM shapes (DSV3_NK at M in DSV3_M), block-scaled: the Gluon kernel at
-    its default and with 64-column tiles (twice the programs where 128x128 tiles leave SMs
-    idle at small M), and the Triton kernel the plan picks, against torch._scaled_mm per
-    tensor in the same run."""
-    variants = [("gluon default", dict(kernel="gluon"), _fp8_block_gluon({})),
-                ("gluon block_n=64", dict(kernel="gluon", block_n=64),
-                 _fp8_block_gluon(dict(block_n=64))),
-                ("triton default", "triton default", _fp8_block_triton(None))]
+    its default, staggered, with 64-column tiles and split along K (more work units where
+    128x128 tiles leave SMs idle at small M), and the Triton kernel the plan picks, against
+    torch._scaled_mm per tensor in the same run."""
+    fields = [{}, dict(stagger=True), dict(block_n=64), dict(split_k=2), dict(split_k=4),
+              dict(split_k=2, block_n=64)]
+    variants = [("gluon " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
+                 dict(kernel="gluon", **f), _fp8_block_gluon(f)) for f in fields]
+    variants.append(("triton default", "triton default", _fp8_block_triton(None)))
     for N, K in DSV3_NK:
         for M in DSV3_M:
             _fp8_block_case(rows, M, N, K, f"DeepSeek-V3 M={M} N={N} K={K}", variants)

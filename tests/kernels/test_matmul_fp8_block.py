@@ -264,6 +264,11 @@ def test_gluon_config_validation():
         FH.HopperBlockConfig(stages=1)
     with pytest.raises(ValueError, match="block_n"):
         FH.HopperBlockConfig(block_n=256)
+    with pytest.raises(ValueError, match="split_k"):
+        FH.HopperBlockConfig(split_k=0)
+    # at most one part a group; none where the reduction's 32-bit indices would overflow
+    assert FH.split_for(FH.HopperBlockConfig(split_k=4), 64, 4096, 256) == 2
+    assert FH.split_for(FH.HopperBlockConfig(split_k=4), 65536, 16384, 8192) == 1
     with pytest.raises(TypeError, match="unknown HopperBlockConfig"):
         with FH.hopper_block_config(block_k=64):
             pass
@@ -315,22 +320,24 @@ def gluon_compiled(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("unroll,stagger", [(2, False), (1, False), (2, True)])
-def test_gluon_compiled_schedule(gluon_compiled, unroll, stagger):
+@pytest.mark.parametrize("unroll,stagger,split", [(2, False, 1), (1, False, 1), (2, True, 1),
+                                                  (2, False, 4)])
+def test_gluon_compiled_schedule(gluon_compiled, unroll, stagger, split):
     """sm_90a build, default tile: no local memory; the wgmmas are not serialized (ptxas does
     that to the whole kernel when an accumulator is read in flight: a wait after every
     QGMMA); with unroll 2 the first group's promotion (64 FFMA and the slot's release) sits
     between ``wait_group 1`` and ``wait_group 0``, under the second group's MMAs."""
     FH = _gluon_or_skip()
-    cfg = FH.HopperBlockConfig(unroll=unroll, stagger=stagger)
+    cfg = FH.HopperBlockConfig(unroll=unroll, stagger=stagger, split_k=split)
     k, sass = gluon_compiled(cfg)
-    assert k.metadata.shared <= FH.smem_bytes(cfg, FH.stages_for(cfg, 2), 2)
+    out_size = 2 if split == 1 else 4  # the split kernel writes float32 partials
+    assert k.metadata.shared <= FH.smem_bytes(cfg, FH.stages_for(cfg, out_size), out_size)
     ops = _sass_ops(sass)
     assert "LDL" not in ops and "STL" not in ops
     qgmma = sum(op.startswith("QGMMA") for op in ops)
     waits = ops.count("DEPBAR0") + ops.count("DEPBAR1")
     assert qgmma >= 4 * waits, (qgmma, waits)  # 4 m64n128k32 a group, one wait a group
-    assert "UTMALDG.2D" in ops and "UTMASTG.2D" in ops
+    assert "UTMALDG.2D" in ops and ("UTMASTG.2D" if split == 1 else "UTMASTG.3D") in ops
     if unroll == 2:
         assert "DEPBAR1" in ops
         i = ops.index("DEPBAR1")
@@ -346,6 +353,8 @@ _GLUON_VARIANTS = [
     {}, dict(unroll=1), dict(stagger=True), dict(stagger=True, unroll=1), dict(stages=2),
     dict(stages=3),
     dict(group_m=1), dict(block_n=64),
+    # split-K: 9 groups in 4 parts of 3 leave the last part empty (its slab must be zeros)
+    dict(split_k=4), dict(split_k=2, stagger=True), dict(split_k=3, block_n=64),
 ]
 
 
@@ -371,20 +380,23 @@ def test_gluon_against_float64(variant, M, N, K):
 
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("split", [1, 3])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("act", ["", "silu", "gelu", "gelu_tanh", "relu"])
-def test_gluon_epilogue(out_dtype, act):
+def test_gluon_epilogue(out_dtype, act, split):
     """Bias (strided), activation and a broadcast residual, 16-bit output: the reference
-    rule against the float64 product, its peer PyTorch's float32 result rounded once."""
+    rule against the float64 product, its peer PyTorch's float32 result rounded once. With
+    split_k 3 the epilogue runs in the split-K reduction."""
     from tkit.kernels import _common
     from tkit.kernels.elementwise.ops import _torch_activation
+    FH = _gluon_or_skip()
 
     a, b, sa, sb = _operands(200, 400, 640, seed=21)
     g = torch.Generator().manual_seed(4)
     bias = torch.randn(800, generator=g).to(out_dtype).to(DEV)[::2]
     res = torch.randn(1, 400, generator=g).to(out_dtype).to(DEV)
     assert FB.backend(a, b, sa, sb, out_dtype, bias, res).startswith("gluon")
-    with _common.poisoned_outputs():
+    with _common.poisoned_outputs(), FH.hopper_block_config(split_k=split):
         out = tkit.matmul_fp8(a, b, sa, sb, out_dtype=out_dtype, bias=bias,
                               activation=act or None, residual=res)
     ks = torch.arange(a.shape[1]) // 128

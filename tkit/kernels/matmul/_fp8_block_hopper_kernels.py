@@ -74,22 +74,39 @@ def _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
+def _unit_groups(unit, k_groups, SPLIT: gl.constexpr):
+    """The K groups [g_lo, g_hi) of a work unit: part unit % SPLIT of its tile's groups
+    (empty for a part past the end when there are fewer groups than SPLIT times the part
+    size)."""
+    if SPLIT == 1:
+        g_lo = 0
+        g_hi = k_groups
+    else:
+        per = gl.cdiv(k_groups, SPLIT)
+        g_lo = gl.minimum((unit % SPLIT) * per, k_groups)
+        g_hi = gl.minimum(g_lo + per, k_groups)
+    return g_lo, g_hi
+
+
+@gluon.jit
 def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr):
-    """The TMA partition (one warp): every K group of every tile of this CTA into the ring.
-    Slot i % STAGES gets the i-th group once every consumer has released its previous use."""
+              GROUP_M: gl.constexpr, SPLIT: gl.constexpr):
+    """The TMA partition (one warp): every K group of every work unit of this CTA into the
+    ring. Slot i % STAGES gets the i-th group once every consumer has released its previous
+    use."""
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
-    num_tiles = num_pid_m * num_pid_n
+    num_units = num_pid_m * num_pid_n * SPLIT
     k_groups = gl.cdiv(K, GROUP_K)
     nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     i = 0
-    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    for unit in range(gl.program_id(0), num_units, gl.num_programs(0)):
+        pid_m, pid_n = _tile_pid(unit // SPLIT, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        for g in range(k_groups):
+        g_lo, g_hi = _unit_groups(unit, k_groups, SPLIT)
+        for g in range(g_lo, g_hi):
             slot = i % STAGES
             # a fresh mbarrier reads as if the phase before phase 0 had completed: the first
             # STAGES waits (parity 1) return at once
@@ -169,21 +186,26 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
               stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias,
               HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr, UNROLL: gl.constexpr, STAGGER: gl.constexpr):
-    """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every tile of this CTA."""
+              GROUP_M: gl.constexpr, UNROLL: gl.constexpr, STAGGER: gl.constexpr,
+              SPLIT: gl.constexpr):
+    """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every work unit of this CTA (a tile,
+    or with SPLIT > 1 one of its SPLIT parts along K, whose float32 sum goes to slab
+    ``unit % SPLIT`` of c_desc's (SPLIT, M, N) workspace with no epilogue)."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BLOCK_N, 32])
     row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
-    num_tiles = num_pid_m * num_pid_n
+    num_units = num_pid_m * num_pid_n * SPLIT
     k_groups = gl.cdiv(K, GROUP_K)
     k_last = k_groups - 1
     zero = gl.zeros([WG_M, BLOCK_N], gl.float32, acc_layout)
-    base = 0  # ring index of the tile's first group
-    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    base = 0  # ring index of the unit's first group
+    for unit in range(gl.program_id(0), num_units, gl.num_programs(0)):
+        pid_m, pid_n = _tile_pid(unit // SPLIT, num_pid_m, num_pid_n, GROUP_M)
+        g_lo, g_hi = _unit_groups(unit, k_groups, SPLIT)
+        n_g = g_hi - g_lo
         row0 = pid_m * BLOCK_M + WG * WG_M
         off_n = pid_n * BLOCK_N
         rows = row0 + gl.arange(0, WG_M, layout=row_layout)
@@ -200,16 +222,18 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
         # barriers and expose their second promotions at the same time)
         lead = 0
         if STAGGER and WG == 1:
-            lead = 1
-            s = _scales(sa_rows, sb_col, 0, k_last, stride_sak, stride_sbk)
-            t0 = _issue(a_ring, b_ring, ready, base, zero, WG, STAGES)
-            acc, _ = _retire(t0, a_ring, b_ring, empty, base, acc, s, WG, STAGES, 0)
-        n_steps = (k_groups - lead) // UNROLL
-        s_0, s_1 = _step_scales(sa_rows, sb_col, lead, k_last, stride_sak, stride_sbk, UNROLL)
+            lead = gl.minimum(n_g, 1)
+            for _j in range(lead):
+                s = _scales(sa_rows, sb_col, g_lo, k_last, stride_sak, stride_sbk)
+                t0 = _issue(a_ring, b_ring, ready, base, zero, WG, STAGES)
+                acc, _ = _retire(t0, a_ring, b_ring, empty, base, acc, s, WG, STAGES, 0)
+        n_steps = (n_g - lead) // UNROLL
+        s_0, s_1 = _step_scales(sa_rows, sb_col, g_lo + lead, k_last, stride_sak, stride_sbk,
+                                UNROLL)
         for step in range(n_steps):
-            g = lead + step * UNROLL
+            g = lead + step * UNROLL  # relative to g_lo
             # the next step's scales, in flight during this step's MMAs
-            n_0, n_1 = _step_scales(sa_rows, sb_col, g + UNROLL, k_last, stride_sak,
+            n_0, n_1 = _step_scales(sa_rows, sb_col, g_lo + g + UNROLL, k_last, stride_sak,
                                     stride_sbk, UNROLL)
             i = base + g
             t0 = _issue(a_ring, b_ring, ready, i, zero, WG, STAGES)
@@ -221,11 +245,11 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
                 acc, _ = _retire(t1, a_ring, b_ring, empty, i + 1, acc, s_1, WG, STAGES, 0)
             s_0, s_1 = n_0, n_1
         # the groups left over (k_groups % UNROLL), one at a time
-        for g in range(lead + n_steps * UNROLL, k_groups):
-            s = _scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk)
+        for g in range(lead + n_steps * UNROLL, n_g):
+            s = _scales(sa_rows, sb_col, g_lo + g, k_last, stride_sak, stride_sbk)
             t0 = _issue(a_ring, b_ring, ready, base + g, zero, WG, STAGES)
             acc, _ = _retire(t0, a_ring, b_ring, empty, base + g, acc, s, WG, STAGES, 0)
-        base += k_groups
+        base += n_g
 
         # ---- epilogue: float32 bias / activation / residual, then a TMA store of 64 rows
         cols = off_n + gl.arange(0, BLOCK_N, layout=col_layout)
@@ -239,12 +263,18 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
             r_mask = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
             acc = acc + gl.load(r_ptrs, mask=r_mask, other=0.0).to(gl.float32)
         out = acc.to(c_desc.dtype)
-        tma.store_wait(0)  # the previous tile's store has read c_buf
+        tma.store_wait(0)  # the previous unit's store has read c_buf
         cta_barrier()
-        c_buf.store(out)
+        if SPLIT == 1:
+            c_buf.store(out)
+        else:
+            c_buf.reshape([WG_M, BLOCK_N]).store(out)
         fence_async_shared()
         cta_barrier()
-        tma_store(c_desc, [row0, off_n], c_buf)
+        if SPLIT == 1:
+            tma_store(c_desc, [row0, off_n], c_buf)
+        else:
+            tma_store(c_desc, [unit % SPLIT, row0, off_n], c_buf)
     tma.store_wait(0)
 
 
@@ -255,12 +285,15 @@ def _fp8_block_ws_kernel(
     stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias,
     HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
     STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-    UNROLL: gl.constexpr, STAGGER: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    UNROLL: gl.constexpr, STAGGER: gl.constexpr, SPLIT: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
     """Persistent warp-specialized block-scaled GEMM (module docstring). a_desc: over a (M, K),
     block [BLOCK_M, 128]; b_desc: over b's K-major storage (N, K), block [BLOCK_N, 128]; c_desc:
-    over out (M, N), block [64, BLOCK_N]. Launched with num_warps = 4 (consumer warpgroup 0);
+    over out (M, N), block [64, BLOCK_N], or with SPLIT > 1 over the float32 workspace
+    (SPLIT, M, N), block [1, 64, BLOCK_N] (the epilogue then runs in the split-K reduction,
+    HAS_BIAS / ACT / HAS_RES off here). Launched with num_warps = 4 (consumer warpgroup 0);
     the second consumer warpgroup (a 4-warp partition) and the 1-warp producer."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
@@ -282,12 +315,12 @@ def _fp8_block_ws_kernel(
         (_consumer, (0, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(0), sa_ptr,
                          sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak, stride_sbk,
                      stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES,
-                     BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL, STAGGER)),
+                     BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL, STAGGER, SPLIT)),
         (_consumer, (1, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(1), sa_ptr,
                      sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak, stride_sbk,
                      stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES,
-                     BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL, STAGGER)),
+                     BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL, STAGGER, SPLIT)),
         (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
-                     BLOCK_N, STAGES, GROUP_M)),
+                     BLOCK_N, STAGES, GROUP_M, SPLIT)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 

@@ -45,13 +45,17 @@ class HopperBlockConfig:
     (DeepGEMM's wait-then-promote, where only the other warpgroup's MMAs fill the gap);
     ``stagger`` (the second consumer warpgroup runs a tile's first group alone, putting its
     pairs a group out of step with the first's); ``group_m`` the tile order's section
-    height. One persistent CTA an SM (two never fit: 384 threads at 168 registers each)."""
+    height; ``split_k`` parts along K a tile (float32 partials in a workspace, summed in a
+    fixed order with the epilogue by matmul's split-K reduction: more work units where the
+    tiles alone leave SMs idle, at small M). One persistent CTA an SM (two never fit: 384
+    threads at 168 registers each)."""
 
     block_n: int = 128
     stages: int = 5
     unroll: int = 2
     stagger: bool = False
     group_m: int = 8
+    split_k: int = 1
 
     def __post_init__(self):
         if self.block_n not in (64, 128):
@@ -63,6 +67,8 @@ class HopperBlockConfig:
             raise ValueError(f"unroll must be 1 or 2, got {self.unroll}")
         if self.group_m < 1:
             raise ValueError(f"group_m must be >= 1, got {self.group_m}")
+        if not 1 <= self.split_k <= 16:
+            raise ValueError(f"split_k must be 1..16, got {self.split_k}")
 
     consumers = 2  # consumer warpgroups (not a field: one alone spilled at 255 registers)
 
@@ -133,19 +139,26 @@ def supported(a, b, scale_a, scale_b, out_dtype, bias=None, residual=None) -> st
 
 
 @functools.cache
-def _smem_layout(rows: int, cols: int, dtype: torch.dtype):
+def _smem_layout(block: tuple, dtype: torch.dtype):
     from triton.experimental.gluon import language as gl
 
     gdt = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
            torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
-    return gl.NVMMASharedLayout.get_default_for([rows, cols], gdt)
+    return gl.NVMMASharedLayout.get_default_for(list(block), gdt)
 
 
 def _descriptor(t: torch.Tensor, shape, strides, block):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     return TensorDescriptor(t, list(shape), list(strides), list(block),
-                            _smem_layout(block[0], block[1], t.dtype))
+                            _smem_layout(tuple(block), t.dtype))
+
+
+def split_for(cfg: HopperBlockConfig, M: int, N: int, K: int) -> int:
+    """``cfg.split_k``, at most one part a K group, and 1 where the reduction's 32-bit index
+    math would overflow (split * M * N >= 2**31)."""
+    split = max(1, min(cfg.split_k, C.cdiv(K, GROUP_K)))
+    return split if split * M * N < 2 ** 31 else 1
 
 
 def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=None,
@@ -157,26 +170,49 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
     cfg = current_config(config)
     M, K = a.shape
     N = b.shape[1]
-    stages = stages_for(cfg, out.element_size())
+    split = split_for(cfg, M, N, K)
+    # split-K: float32 partials, fully overwritten (a plain allocation, never poisoned)
+    dst = out if split == 1 else C.scratch((split, M, N), torch.float32, a.device)
+    stages = stages_for(cfg, dst.element_size())
     bt = b.t()  # (N, K), unit K stride
     a_desc = _descriptor(a, (M, K), (MC._lead_stride(a, False), 1), (cfg.block_m, GROUP_K))
     b_desc = _descriptor(bt, (N, K), (MC._lead_stride(b, True), 1), (cfg.block_n, GROUP_K))
-    c_desc = _descriptor(out, (M, N), (MC._lead_stride(out, False), 1), (WG_M, cfg.block_n))
-    tiles = C.cdiv(M, cfg.block_m) * C.cdiv(N, cfg.block_n)
-    progs = max(1, min(D.sm_count(a.device), tiles))
+    if split == 1:
+        c_desc = _descriptor(out, (M, N), (MC._lead_stride(out, False), 1),
+                             (WG_M, cfg.block_n))
+    else:
+        c_desc = _descriptor(dst, (split, M, N), (M * N, N, 1), (1, WG_M, cfg.block_n))
+    epi = split == 1
+    units = C.cdiv(M, cfg.block_m) * C.cdiv(N, cfg.block_n) * split
+    progs = max(1, min(D.sm_count(a.device), units))
     C.launch(_fp8_block_ws_kernel, (progs,), a_desc=a_desc, b_desc=b_desc, c_desc=c_desc,
              sa_ptr=scale_a, sb_ptr=scale_b,
-             bias_ptr=bias if bias is not None else scale_a,
-             res_ptr=residual if residual is not None else scale_a, M=M, N=N, K=K,
+             bias_ptr=bias if bias is not None and epi else scale_a,
+             res_ptr=residual if residual is not None and epi else scale_a, M=M, N=N, K=K,
              stride_sam=scale_a.stride(0), stride_sak=scale_a.stride(1),
              stride_sbk=scale_b.stride(0), stride_sbn=scale_b.stride(1),
-             stride_rm=residual.stride(0) if residual is not None else 0,
-             stride_rn=residual.stride(1) if residual is not None else 0,
-             stride_bias=bias.stride(0) if bias is not None else 0,
-             HAS_BIAS=bias is not None, ACT=activation or "", HAS_RES=residual is not None,
+             stride_rm=residual.stride(0) if residual is not None and epi else 0,
+             stride_rn=residual.stride(1) if residual is not None and epi else 0,
+             stride_bias=bias.stride(0) if bias is not None and epi else 0,
+             HAS_BIAS=bias is not None and epi, ACT=(activation or "") if epi else "",
+             HAS_RES=residual is not None and epi,
              STAGES=stages, GROUP_M=cfg.group_m, UNROLL=cfg.unroll, STAGGER=cfg.stagger,
-             CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
-             maxnreg=MAXNREG)
+             SPLIT=split, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
+             num_warps=4, maxnreg=MAXNREG)
+    if split > 1:
+        from tkit.kernels.matmul._kernels import _splitk_reduce_kernel
+
+        rbn = 128 if N >= 128 else max(16, C.next_power_of_2(N))
+        C.launch(_splitk_reduce_kernel, (C.cdiv(N, rbn), C.cdiv(M, 64)), ws_ptr=dst,
+                 c_ptr=out, sa_ptr=scale_a, sb_ptr=scale_b,
+                 bias_ptr=bias if bias is not None else scale_a,
+                 res_ptr=residual if residual is not None else scale_a, M=M, N=N,
+                 stride_cm=out.stride(0), stride_cn=out.stride(1),
+                 stride_rm=residual.stride(0) if residual is not None else 0,
+                 stride_rn=residual.stride(1) if residual is not None else 0,
+                 stride_bias=bias.stride(0) if bias is not None else 0, SPLIT_K=split,
+                 SCALE_A=0, SCALE_B=0, HAS_BIAS=bias is not None, ACT=activation or "",
+                 HAS_RES=residual is not None, BLOCK_M=64, BLOCK_N=rbn, num_warps=4)
     return out
 
 
@@ -186,7 +222,8 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
 def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat16,
                  has_bias=False, activation="", has_res=False):
     """Compile the kernel for sm_90a ahead of time; returns Triton's compiled kernel
-    (``.asm`` holds ``ttgir``, ``ptx``, ``cubin``; ``.metadata.shared`` the shared memory)."""
+    (``.asm`` holds ``ttgir``, ``ptx``, ``cubin``; ``.metadata.shared`` the shared memory).
+    ``config.split_k`` > 1 builds the split kernel (float32 partials, no epilogue)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -194,30 +231,34 @@ def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat
     from tkit.kernels.matmul._fp8_block_hopper_kernels import _fp8_block_ws_kernel
 
     cfg = current_config(config)
+    split = cfg.split_k
+    if split > 1:
+        out_dtype, has_bias, activation, has_res = torch.float32, False, "", False
     out_es = torch.empty((), dtype=out_dtype).element_size()
     stages = stages_for(cfg, out_es)
     tname = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[out_dtype]
 
-    def desc(t, rows, cols, dtype):
-        return f"tensordesc<{t}[{rows}, {cols}],{_smem_layout(rows, cols, dtype)!r}>"
+    def desc(t, block, dtype):
+        dims = ", ".join(str(d) for d in block)
+        return f"tensordesc<{t}[{dims}],{_smem_layout(tuple(block), dtype)!r}>"
 
+    c_block = (WG_M, cfg.block_n) if split == 1 else (1, WG_M, cfg.block_n)
     signature = dict(
-        a_desc=desc("fp8e4nv", cfg.block_m, GROUP_K, torch.float8_e4m3fn),
-        b_desc=desc("fp8e4nv", cfg.block_n, GROUP_K, torch.float8_e4m3fn),
-        c_desc=desc(tname, WG_M, cfg.block_n, out_dtype),
+        a_desc=desc("fp8e4nv", (cfg.block_m, GROUP_K), torch.float8_e4m3fn),
+        b_desc=desc("fp8e4nv", (cfg.block_n, GROUP_K), torch.float8_e4m3fn),
+        c_desc=desc(tname, c_block, out_dtype),
         sa_ptr="*fp32", sb_ptr="*fp32", bias_ptr="*bf16" if has_bias else "*fp32",
         res_ptr="*bf16" if has_res else "*fp32", M="i32", N="i32", K="i32",
         stride_sam="i32", stride_sak="i32", stride_sbk="i32", stride_sbn="i32",
         stride_rm="i32", stride_rn="i32", stride_bias="i32",
         HAS_BIAS="constexpr", ACT="constexpr", HAS_RES="constexpr", STAGES="constexpr",
-        GROUP_M="constexpr", UNROLL="constexpr", STAGGER="constexpr",
+        GROUP_M="constexpr", UNROLL="constexpr", STAGGER="constexpr", SPLIT="constexpr",
         CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
     )
     names = list(signature)
     values = dict(HAS_BIAS=bool(has_bias), ACT=activation or "", HAS_RES=bool(has_res),
-                  STAGES=stages, GROUP_M=cfg.group_m,
-                  UNROLL=cfg.unroll, STAGGER=cfg.stagger, CONSUMER_REGS=CONSUMER_REGS,
-                  PRODUCER_REGS=PRODUCER_REGS)
+                  STAGES=stages, GROUP_M=cfg.group_m, UNROLL=cfg.unroll, STAGGER=cfg.stagger,
+                  SPLIT=split, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
     constexprs = {(names.index(k),): v for k, v in values.items()}
     src = GluonASTSource(_fp8_block_ws_kernel, signature, constexprs)
     options = compile_options(dict(num_warps=4))
