@@ -274,7 +274,9 @@ def _block_reference(a, b, sa, sb, rows):
 #: (the Triton kernel's default 924 / 912)
 FP8_BLOCK_GLUON = [{}, dict(stagger=True), dict(stagger=True, unroll=1), dict(stages=4),
                    dict(stages=6), dict(stages=4, stagger=True), dict(group_m=16),
-                   dict(group_m=16, stagger=True)]
+                   dict(group_m=16, stagger=True), dict(consumers=3, unroll=1),
+                   dict(consumers=3, unroll=1, stages=3), dict(consumers=3, unroll=1,
+                                                               group_m=16)]
 #: DeepSeek-V3's (N, K) of its dense and expert GEMMs (DeepGEMM's test table): q_a + kv_a
 #: (2112 x 7168), q_b (24576 x 1536), kv_b (32768 x 512), o_proj (7168 x 16384), expert
 #: gate_up (4096 x 7168) and down (7168 x 2048)

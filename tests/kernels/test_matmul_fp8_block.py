@@ -266,6 +266,10 @@ def test_gluon_config_validation():
         FH.HopperBlockConfig(block_n=256)
     with pytest.raises(ValueError, match="split_k"):
         FH.HopperBlockConfig(split_k=0)
+    with pytest.raises(ValueError, match="consumers"):
+        FH.HopperBlockConfig(consumers=3)  # two sums a thread do not fit 160 registers
+    # three consumers: 40 KB a slot and three output tiles leave room for 4 slots
+    assert FH.stages_for(FH.HopperBlockConfig(consumers=3, unroll=1), 2) == 4
     # at most one part a group; none where the reduction's 32-bit indices would overflow
     assert FH.split_for(FH.HopperBlockConfig(split_k=4), 64, 4096, 256) == 2
     assert FH.split_for(FH.HopperBlockConfig(split_k=4), 65536, 16384, 8192) == 1
@@ -320,15 +324,16 @@ def gluon_compiled(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("unroll,stagger,split", [(2, False, 1), (1, False, 1), (2, True, 1),
-                                                  (2, False, 4)])
-def test_gluon_compiled_schedule(gluon_compiled, unroll, stagger, split):
+@pytest.mark.parametrize("unroll,stagger,split,consumers", [
+    (2, False, 1, 2), (1, False, 1, 2), (2, True, 1, 2), (2, False, 4, 2), (1, False, 1, 3)])
+def test_gluon_compiled_schedule(gluon_compiled, unroll, stagger, split, consumers):
     """sm_90a build, default tile: no local memory; the wgmmas are not serialized (ptxas does
     that to the whole kernel when an accumulator is read in flight: a wait after every
     QGMMA); with unroll 2 the first group's promotion (64 FFMA and the slot's release) sits
     between ``wait_group 1`` and ``wait_group 0``, under the second group's MMAs."""
     FH = _gluon_or_skip()
-    cfg = FH.HopperBlockConfig(unroll=unroll, stagger=stagger, split_k=split)
+    cfg = FH.HopperBlockConfig(unroll=unroll, stagger=stagger, split_k=split,
+                               consumers=consumers)
     k, sass = gluon_compiled(cfg)
     out_size = 2 if split == 1 else 4  # the split kernel writes float32 partials
     assert k.metadata.shared <= FH.smem_bytes(cfg, FH.stages_for(cfg, out_size), out_size)
@@ -355,6 +360,8 @@ _GLUON_VARIANTS = [
     dict(group_m=1), dict(block_n=64),
     # split-K: 9 groups in 4 parts of 3 leave the last part empty (its slab must be zeros)
     dict(split_k=4), dict(split_k=2, stagger=True), dict(split_k=3, block_n=64),
+    # three consumer warpgroups: 192-row tiles, a loaded in three 64-row TMA blocks
+    dict(consumers=3, unroll=1), dict(consumers=3, unroll=1, split_k=2),
 ]
 
 

@@ -99,7 +99,9 @@ def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K,
     num_pid_n = gl.cdiv(N, BLOCK_N)
     num_units = num_pid_m * num_pid_n * SPLIT
     k_groups = gl.cdiv(K, GROUP_K)
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    A_ROWS: gl.constexpr = a_desc.block_type.shape[0]
+    A_LOADS: gl.constexpr = BLOCK_M // A_ROWS
+    nbytes: gl.constexpr = A_LOADS * a_desc.block_type.nbytes + b_desc.block_type.nbytes
     i = 0
     for unit in range(gl.program_id(0), num_units, gl.num_programs(0)):
         pid_m, pid_n = _tile_pid(unit // SPLIT, num_pid_m, num_pid_n, GROUP_M)
@@ -113,7 +115,9 @@ def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K,
             mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
             bar = ready.index(slot)
             mbarrier.expect(bar, nbytes)
-            tma_load(a_desc, [off_m, g * GROUP_K], bar, a_ring.index(slot))
+            for r in gl.static_range(A_LOADS):
+                tma_load(a_desc, [off_m + r * A_ROWS, g * GROUP_K], bar,
+                         a_ring.index(slot * A_LOADS + r))
             tma_load(b_desc, [off_n, g * GROUP_K], bar, b_ring.index(slot))
             i += 1
 
@@ -137,12 +141,23 @@ def _step_scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk, UNROLL: gl.
 
 
 @gluon.jit
+def _a_view(a_ring, slot, WG: gl.constexpr, STAGES: gl.constexpr):
+    """Consumer WG's 64 rows of the a tile in ring slot ``slot``: the ring holds A_LOADS
+    pieces of A_ROWS rows a slot (one 128-row piece for two consumers, three 64-row ones
+    for three: a TMA block is a power of two)."""
+    A_ROWS: gl.constexpr = a_ring.shape[1]
+    A_LOADS: gl.constexpr = a_ring.shape[0] // STAGES
+    return a_ring.index(slot * A_LOADS + (WG * WG_M) // A_ROWS).slice(
+        (WG * WG_M) % A_ROWS, WG_M, 0)
+
+
+@gluon.jit
 def _issue(a_ring, b_ring, ready, i, d, WG: gl.constexpr, STAGES: gl.constexpr):
     """Wait for the i-th ring slot and issue its 128-deep MMA sum, asynchronously: a fresh
     sum (use_acc=False; ``d``, zeros, only gives its type and layout)."""
     slot = i % STAGES
     mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-    a_s = a_ring.index(slot).slice(WG * WG_M, WG_M, 0)
+    a_s = _a_view(a_ring, slot, WG, STAGES)
     b_s = b_ring.index(slot).permute((1, 0))
     return warpgroup_mma(a_s, b_s, d, use_acc=False, is_async=True)
 
@@ -154,7 +169,7 @@ def _retire(tok, a_ring, b_ring, empty, i, acc, s, WG: gl.constexpr, STAGES: gl.
     then complete), hand its slot back and promote it: acc += d * s[:, None]. Returns
     (acc, d)."""
     slot = i % STAGES
-    a_s = a_ring.index(slot).slice(WG * WG_M, WG_M, 0)
+    a_s = _a_view(a_ring, slot, WG, STAGES)
     b_s = b_ring.index(slot).permute((1, 0))
     d = warpgroup_mma_wait(PENDING, deps=(tok, a_s, b_s))[0]
     mbarrier.arrive(empty.index(slot), count=1)
@@ -286,21 +301,24 @@ def _fp8_block_ws_kernel(
     HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
     STAGES: gl.constexpr, GROUP_M: gl.constexpr,
     UNROLL: gl.constexpr, STAGGER: gl.constexpr, SPLIT: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
     """Persistent warp-specialized block-scaled GEMM (module docstring). a_desc: over a (M, K),
-    block [BLOCK_M, 128]; b_desc: over b's K-major storage (N, K), block [BLOCK_N, 128]; c_desc:
+    block [128, 128] with two consumers (BLOCK_M = 128), [64, 128] with three (192, three TMA
+    loads a slot); b_desc: over b's K-major storage (N, K), block [BLOCK_N, 128]; c_desc:
     over out (M, N), block [64, BLOCK_N], or with SPLIT > 1 over the float32 workspace
     (SPLIT, M, N), block [1, 64, BLOCK_N] (the epilogue then runs in the split-K reduction,
     HAS_BIAS / ACT / HAS_RES off here). Launched with num_warps = 4 (consumer warpgroup 0);
     the second consumer warpgroup (a 4-warp partition) and the 1-warp producer."""
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = CONSUMERS * WG_M
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    CONSUMERS: gl.constexpr = 2
-    gl.static_assert(BLOCK_M == CONSUMERS * WG_M, "BLOCK_M is 64 rows a consumer warpgroup")
+    A_ROWS: gl.constexpr = a_desc.block_type.shape[0]
+    gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "two or three consumer warpgroups")
+    gl.static_assert(BLOCK_M % A_ROWS == 0, "a's TMA block divides the tile's rows")
     dtype: gl.constexpr = a_desc.dtype
-    a_ring = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    a_ring = gl.allocate_shared_memory(dtype, [STAGES * (BLOCK_M // A_ROWS), A_ROWS, GROUP_K],
+                                       a_desc.layout)
     b_ring = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS] + c_desc.block_type.shape,
                                        c_desc.layout)
@@ -311,16 +329,38 @@ def _fp8_block_ws_kernel(
         mbarrier.init(empty.index(s), count=CONSUMERS)
     fence_async_shared()
 
-    gl.warp_specialize([
-        (_consumer, (0, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(0), sa_ptr,
-                         sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak, stride_sbk,
-                     stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES,
-                     BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL, STAGGER, SPLIT)),
-        (_consumer, (1, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(1), sa_ptr,
-                     sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak, stride_sbk,
-                     stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES,
-                     BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL, STAGGER, SPLIT)),
-        (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
-                     BLOCK_N, STAGES, GROUP_M, SPLIT)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_consumer, (0, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(0), sa_ptr,
+                         sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
+                         stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
+                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL, STAGGER,
+                         SPLIT)),
+            (_consumer, (1, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(1), sa_ptr,
+                         sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
+                         stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
+                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL, STAGGER,
+                         SPLIT)),
+            (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
+                         BLOCK_N, STAGES, GROUP_M, SPLIT)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (0, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(0), sa_ptr,
+                         sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
+                         stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
+                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL, STAGGER,
+                         SPLIT)),
+            (_consumer, (1, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(1), sa_ptr,
+                         sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
+                         stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
+                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL, STAGGER,
+                         SPLIT)),
+            (_consumer, (2, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(2), sa_ptr,
+                         sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
+                         stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
+                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL, STAGGER,
+                         SPLIT)),
+            (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
+                         BLOCK_N, STAGES, GROUP_M, SPLIT)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])

@@ -32,6 +32,10 @@ GROUP_K = 128
 CONSUMER_REGS = 240
 PRODUCER_REGS = 24
 MAXNREG = 168
+# Three consumers (tile 192 x block_n): 4 warpgroups, cap 128 (4 * 128 * 128 = 64K), 160 a
+# consumer thread (the default partition gets 4 * 128 - 2 * 160 - 24 = 168): one MMA sum
+# (unroll 1) fits, two do not.
+REGS = {2: (MAXNREG, CONSUMER_REGS, PRODUCER_REGS), 3: (128, 160, PRODUCER_REGS)}
 MAX_STAGES = 8
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -48,7 +52,9 @@ class HopperBlockConfig:
     height; ``split_k`` parts along K a tile (float32 partials in a workspace, summed in a
     fixed order with the epilogue by matmul's split-K reduction: more work units where the
     tiles alone leave SMs idle, at small M). One persistent CTA an SM (two never fit: 384
-    threads at 168 registers each)."""
+    threads at 168 registers each); ``consumers`` 3 makes the tile 192 rows (three consumer
+    warpgroups sharing each b tile, unroll 1). One consumer alone (64-row tiles) spilled at
+    255 registers."""
 
     block_n: int = 128
     stages: int = 5
@@ -56,6 +62,7 @@ class HopperBlockConfig:
     stagger: bool = False
     group_m: int = 8
     split_k: int = 1
+    consumers: int = 2
 
     def __post_init__(self):
         if self.block_n not in (64, 128):
@@ -67,10 +74,12 @@ class HopperBlockConfig:
             raise ValueError(f"unroll must be 1 or 2, got {self.unroll}")
         if self.group_m < 1:
             raise ValueError(f"group_m must be >= 1, got {self.group_m}")
+        if self.consumers not in (2, 3) or (self.consumers == 3 and self.unroll != 1):
+            raise ValueError(f"consumers must be 2, or 3 with unroll 1 (160 registers a "
+                             f"thread hold one MMA sum), got {self.consumers} with unroll "
+                             f"{self.unroll}")
         if not 1 <= self.split_k <= 16:
             raise ValueError(f"split_k must be 1..16, got {self.split_k}")
-
-    consumers = 2  # consumer warpgroups (not a field: one alone spilled at 255 registers)
 
     @property
     def block_m(self) -> int:
@@ -99,10 +108,9 @@ def smem_bytes(cfg: HopperBlockConfig, stages: int, out_itemsize: int) -> int:
 
 
 def stages_for(cfg: HopperBlockConfig, out_itemsize: int) -> int:
-    """``cfg.stages``, or (0) the most slots that fit the sm_90 shared memory."""
-    if cfg.stages:
-        return cfg.stages
-    s = MAX_STAGES
+    """``cfg.stages``, or (0, or more than fit) the most slots that fit the sm_90 shared
+    memory."""
+    s = cfg.stages or MAX_STAGES
     while s > 2 and smem_bytes(cfg, s, out_itemsize) > D.SM90_SMEM_LIMIT:
         s -= 1
     return s
@@ -154,6 +162,12 @@ def _descriptor(t: torch.Tensor, shape, strides, block):
                             _smem_layout(tuple(block), t.dtype))
 
 
+def _a_rows(cfg: HopperBlockConfig) -> int:
+    """Rows of a's TMA block: the whole tile (128) with two consumers, 64 with three (a TMA
+    block is a power of two)."""
+    return cfg.block_m if cfg.consumers == 2 else WG_M
+
+
 def split_for(cfg: HopperBlockConfig, M: int, N: int, K: int) -> int:
     """``cfg.split_k``, at most one part a K group, and 1 where the reduction's 32-bit index
     math would overflow (split * M * N >= 2**31)."""
@@ -175,7 +189,7 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
     dst = out if split == 1 else C.scratch((split, M, N), torch.float32, a.device)
     stages = stages_for(cfg, dst.element_size())
     bt = b.t()  # (N, K), unit K stride
-    a_desc = _descriptor(a, (M, K), (MC._lead_stride(a, False), 1), (cfg.block_m, GROUP_K))
+    a_desc = _descriptor(a, (M, K), (MC._lead_stride(a, False), 1), (_a_rows(cfg), GROUP_K))
     b_desc = _descriptor(bt, (N, K), (MC._lead_stride(b, True), 1), (cfg.block_n, GROUP_K))
     if split == 1:
         c_desc = _descriptor(out, (M, N), (MC._lead_stride(out, False), 1),
@@ -197,8 +211,9 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
              HAS_BIAS=bias is not None and epi, ACT=(activation or "") if epi else "",
              HAS_RES=residual is not None and epi,
              STAGES=stages, GROUP_M=cfg.group_m, UNROLL=cfg.unroll, STAGGER=cfg.stagger,
-             SPLIT=split, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
-             num_warps=4, maxnreg=MAXNREG)
+             SPLIT=split, CONSUMERS=cfg.consumers, CONSUMER_REGS=REGS[cfg.consumers][1],
+             PRODUCER_REGS=REGS[cfg.consumers][2], num_warps=4,
+             maxnreg=REGS[cfg.consumers][0])
     if split > 1:
         from tkit.kernels.matmul._kernels import _splitk_reduce_kernel
 
@@ -244,7 +259,7 @@ def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat
 
     c_block = (WG_M, cfg.block_n) if split == 1 else (1, WG_M, cfg.block_n)
     signature = dict(
-        a_desc=desc("fp8e4nv", (cfg.block_m, GROUP_K), torch.float8_e4m3fn),
+        a_desc=desc("fp8e4nv", (_a_rows(cfg), GROUP_K), torch.float8_e4m3fn),
         b_desc=desc("fp8e4nv", (cfg.block_n, GROUP_K), torch.float8_e4m3fn),
         c_desc=desc(tname, c_block, out_dtype),
         sa_ptr="*fp32", sb_ptr="*fp32", bias_ptr="*bf16" if has_bias else "*fp32",
@@ -253,15 +268,16 @@ def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat
         stride_rm="i32", stride_rn="i32", stride_bias="i32",
         HAS_BIAS="constexpr", ACT="constexpr", HAS_RES="constexpr", STAGES="constexpr",
         GROUP_M="constexpr", UNROLL="constexpr", STAGGER="constexpr", SPLIT="constexpr",
-        CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
+        CONSUMERS="constexpr", CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
     )
     names = list(signature)
     values = dict(HAS_BIAS=bool(has_bias), ACT=activation or "", HAS_RES=bool(has_res),
                   STAGES=stages, GROUP_M=cfg.group_m, UNROLL=cfg.unroll, STAGGER=cfg.stagger,
-                  SPLIT=split, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
+                  SPLIT=split, CONSUMERS=cfg.consumers,
+                  CONSUMER_REGS=REGS[cfg.consumers][1], PRODUCER_REGS=REGS[cfg.consumers][2])
     constexprs = {(names.index(k),): v for k, v in values.items()}
     src = GluonASTSource(_fp8_block_ws_kernel, signature, constexprs)
     options = compile_options(dict(num_warps=4))
-    options["maxnreg"] = MAXNREG
+    options["maxnreg"] = REGS[cfg.consumers][0]
     with _hooks.compile_context(_fp8_block_ws_kernel):
         return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
