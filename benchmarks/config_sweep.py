@@ -267,16 +267,11 @@ def _block_reference(a, b, sa, sb, rows):
 
 
 #: the Gluon Hopper kernel's variants (HopperBlockConfig fields; {} is its default: 5 ring
-#: slots, two groups a step, group_m 8). Measured at 8192^3 / DeepSeek-V3 gate_up M=4096
-#: (H200, TFLOP/s, _scaled_mm per tensor 1505 / 1424 in the same run): 6 slots 1132 / 1149,
-#: 5 1168 / 1170, 4 1144 / 1184, unroll 1 914 / 890, group_m 4 1129 / 1139, group_m 16
-#: 1145 / 1149, block_n 64 775 / 805, block_n 64 with 3 slots and two CTAs an SM 562 / 583
-#: (the Triton kernel's default 924 / 912)
-FP8_BLOCK_GLUON = [{}, dict(stagger=True), dict(stagger=True, unroll=1), dict(stages=4),
-                   dict(stages=6), dict(stages=4, stagger=True), dict(group_m=16),
-                   dict(group_m=16, stagger=True), dict(consumers=3, unroll=1),
-                   dict(consumers=3, unroll=1, stages=3), dict(consumers=3, unroll=1,
-                                                               group_m=16)]
+#: slots, block_n by resolve(), group_m 8). Measured (H200, TFLOP/s at 8192^3 / DeepSeek-V3
+#: gate_up M=4096, docs/NOTES.md has the rest): before consumer 1's lead group, 5 slots
+#: 1168 / 1170 and 1100 / 1145 in two runs, with it 1155 / 1178; 6 slots 1132 / 1149; 4 slots
+#: 1144 / 1184.
+FP8_BLOCK_GLUON = [{}, dict(stages=4), dict(stages=6), dict(group_m=16)]
 #: DeepSeek-V3's (N, K) of its dense and expert GEMMs (DeepGEMM's test table): q_a + kv_a
 #: (2112 x 7168), q_b (24576 x 1536), kv_b (32768 x 512), o_proj (7168 x 16384), expert
 #: gate_up (4096 x 7168) and down (7168 x 2048)
@@ -368,11 +363,9 @@ def sweep_matmul_fp8_block(rows):
 
 def sweep_matmul_fp8_block_dsv3(rows):
     """DeepSeek-V3's GEMM shapes (DSV3_NK at M in DSV3_M), block-scaled: the Gluon kernel at
-    its default, staggered, with 64-column tiles and split along K (more work units where
-    128x128 tiles leave SMs idle at small M), and the Triton kernel the plan picks, against
-    torch._scaled_mm per tensor in the same run."""
-    fields = [{}, dict(stagger=True), dict(block_n=64), dict(split_k=2), dict(split_k=4),
-              dict(split_k=2, block_n=64)]
+    its default (block_n chosen from the tile count) and at each block_n, and the Triton
+    kernel the plan picks, against torch._scaled_mm per tensor in the same run."""
+    fields = [{}, dict(block_n=128), dict(block_n=64)]
     variants = [("gluon " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
                  dict(kernel="gluon", **f), _fp8_block_gluon(f)) for f in fields]
     variants.append(("triton default", "triton default", _fp8_block_triton(None)))

@@ -258,30 +258,25 @@ def test_gluon_scope_reasons():
 
 def test_gluon_config_validation():
     FH = _gluon_or_skip()
-    with pytest.raises(ValueError, match="unroll"):
-        FH.HopperBlockConfig(unroll=4)
     with pytest.raises(ValueError, match="stages"):
         FH.HopperBlockConfig(stages=1)
     with pytest.raises(ValueError, match="block_n"):
         FH.HopperBlockConfig(block_n=256)
-    with pytest.raises(ValueError, match="split_k"):
-        FH.HopperBlockConfig(split_k=0)
-    with pytest.raises(ValueError, match="consumers"):
-        FH.HopperBlockConfig(consumers=3)  # two sums a thread do not fit 160 registers
-    # three consumers: 40 KB a slot and three output tiles leave room for 4 slots
-    assert FH.stages_for(FH.HopperBlockConfig(consumers=3, unroll=1), 2) == 4
-    # at most one part a group; none where the reduction's 32-bit indices would overflow
-    assert FH.split_for(FH.HopperBlockConfig(split_k=4), 64, 4096, 256) == 2
-    assert FH.split_for(FH.HopperBlockConfig(split_k=4), 65536, 16384, 8192) == 1
     with pytest.raises(TypeError, match="unknown HopperBlockConfig"):
         with FH.hopper_block_config(block_k=64):
             pass
-    with FH.hopper_block_config(stages=3, unroll=1):
-        assert FH.current_config() == FH.HopperBlockConfig(stages=3, unroll=1)
+    with FH.hopper_block_config(stages=3, group_m=4):
+        assert FH.current_config() == FH.HopperBlockConfig(stages=3, group_m=4)
     # bf16 output: 6 slots of 32 KB and two 16 KB output tiles fit sm_90's 227 KB (auto)
-    assert FH.stages_for(FH.HopperBlockConfig(stages=0), 2) == 6
-    assert FH.stages_for(FH.HopperBlockConfig(stages=0), 4) == 5
-    assert FH.stages_for(FH.HopperBlockConfig(), 2) == 5
+    full = FH.HopperBlockConfig(block_n=128, stages=0)
+    assert FH.stages_for(full, 2) == 6 and FH.stages_for(full, 4) == 5
+    assert FH.stages_for(FH.HopperBlockConfig(block_n=128), 2) == 5
+    # block_n 0: 64 where 128 x 128 tiles would number at most half the SMs
+    auto = FH.HopperBlockConfig()
+    assert FH.resolve(auto, 128, 4096, 132).block_n == 64  # 32 tiles
+    assert FH.resolve(auto, 256, 7168, 132).block_n == 128  # 112 tiles
+    assert FH.resolve(auto, 8192, 8192, 132).block_n == 128
+    assert FH.resolve(FH.HopperBlockConfig(block_n=128), 64, 256, 132).block_n == 128
 
 
 def _sass_ops(sass: str) -> list[str]:
@@ -324,45 +319,37 @@ def gluon_compiled(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("unroll,stagger,split,consumers", [
-    (2, False, 1, 2), (1, False, 1, 2), (2, True, 1, 2), (2, False, 4, 2), (1, False, 1, 3)])
-def test_gluon_compiled_schedule(gluon_compiled, unroll, stagger, split, consumers):
-    """sm_90a build, default tile: no local memory; the wgmmas are not serialized (ptxas does
-    that to the whole kernel when an accumulator is read in flight: a wait after every
-    QGMMA); with unroll 2 the first group's promotion (64 FFMA and the slot's release) sits
-    between ``wait_group 1`` and ``wait_group 0``, under the second group's MMAs."""
+@pytest.mark.parametrize("block_n", [128, 64])
+def test_gluon_compiled_schedule(gluon_compiled, block_n):
+    """sm_90a build: no local memory; the wgmmas are not serialized (ptxas does that to the
+    whole kernel when an accumulator is read in flight: a wait after every QGMMA); in the
+    paired loop the first group's promotion (64 FFMA at block_n 128, and the slot's release)
+    sits between ``wait_group 1`` and ``wait_group 0``, after both groups' MMAs were issued;
+    consumer 1's lead group and the odd group left over wait with ``wait_group 0``."""
     FH = _gluon_or_skip()
-    cfg = FH.HopperBlockConfig(unroll=unroll, stagger=stagger, split_k=split,
-                               consumers=consumers)
+    cfg = FH.HopperBlockConfig(block_n=block_n)
     k, sass = gluon_compiled(cfg)
-    out_size = 2 if split == 1 else 4  # the split kernel writes float32 partials
-    assert k.metadata.shared <= FH.smem_bytes(cfg, FH.stages_for(cfg, out_size), out_size)
+    assert k.metadata.shared <= FH.smem_bytes(cfg, FH.stages_for(cfg, 2), 2)
     ops = _sass_ops(sass)
     assert "LDL" not in ops and "STL" not in ops
     qgmma = sum(op.startswith("QGMMA") for op in ops)
     waits = ops.count("DEPBAR0") + ops.count("DEPBAR1")
-    assert qgmma >= 4 * waits, (qgmma, waits)  # 4 m64n128k32 a group, one wait a group
-    assert "UTMALDG.2D" in ops and ("UTMASTG.2D" if split == 1 else "UTMASTG.3D") in ops
-    if unroll == 2:
-        assert "DEPBAR1" in ops
+    assert qgmma >= 4 * waits, (qgmma, waits)  # 4 m64nNk32 a group, one wait a group
+    assert "UTMALDG.2D" in ops and "UTMASTG.2D" in ops
+    # two consumers: two paired loops (one wait_group 1 each); consumer 1's lead group
+    assert ops.count("DEPBAR1") == 2 and ops.count("DEPBAR0") == 5
+    for _ in range(2):
         i = ops.index("DEPBAR1")
         j = ops.index("DEPBAR0", i)
         between = ops[i:j]
-        assert between.count("FFMA") == 64 and "SYNCS.ARRIVE.TRANS64.A1T0" in between
-        # both groups' MMAs were issued since the previous wait
+        assert between.count("FFMA") == block_n // 2 and "SYNCS.ARRIVE.TRANS64.A1T0" in between
         prev = max((n for n, op in enumerate(ops[:i]) if op.startswith("DEPBAR")), default=0)
         assert sum(op.startswith("QGMMA") for op in ops[prev:i]) == 8
+        ops = ops[j:]
 
 
-_GLUON_VARIANTS = [
-    {}, dict(unroll=1), dict(stagger=True), dict(stagger=True, unroll=1), dict(stages=2),
-    dict(stages=3),
-    dict(group_m=1), dict(block_n=64),
-    # split-K: 9 groups in 4 parts of 3 leave the last part empty (its slab must be zeros)
-    dict(split_k=4), dict(split_k=2, stagger=True), dict(split_k=3, block_n=64),
-    # three consumer warpgroups: 192-row tiles, a loaded in three 64-row TMA blocks
-    dict(consumers=3, unroll=1), dict(consumers=3, unroll=1, split_k=2),
-]
+_GLUON_VARIANTS = [{}, dict(block_n=128), dict(block_n=64), dict(stages=2), dict(stages=3),
+                   dict(group_m=1)]
 
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
@@ -372,9 +359,10 @@ _GLUON_VARIANTS = [
                                    (129, 144, 320), (1, 16, 256), (8, 7168, 512)])
 def test_gluon_against_float64(variant, M, N, K):
     """The Gluon kernel, forced, float32 output into poisoned memory: partial tiles along M, N
-    and K (K = 320: a partial last group; K = 128, 256: fewer groups than one unrolled
-    step; 1088: 8 groups a step apart plus one), several tiles a CTA (2048 x 2304: 288
-    tiles over 132 SMs), the blockwise float64 reference."""
+    and K (K = 320: a partial last group; K = 128: consumer 1's lead group alone, consumer 0's
+    group left over; K = 256: one pair, or the lead and one left over; 1088: 9 groups),
+    several tiles a CTA (2048 x 2304: 288 tiles over 132 SMs), the blockwise float64
+    reference."""
     from tkit.kernels import _common
     FH = _gluon_or_skip()
 
@@ -387,23 +375,20 @@ def test_gluon_against_float64(variant, M, N, K):
 
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("split", [1, 3])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("act", ["", "silu", "gelu", "gelu_tanh", "relu"])
-def test_gluon_epilogue(out_dtype, act, split):
+def test_gluon_epilogue(out_dtype, act):
     """Bias (strided), activation and a broadcast residual, 16-bit output: the reference
-    rule against the float64 product, its peer PyTorch's float32 result rounded once. With
-    split_k 3 the epilogue runs in the split-K reduction."""
+    rule against the float64 product, its peer PyTorch's float32 result rounded once."""
     from tkit.kernels import _common
     from tkit.kernels.elementwise.ops import _torch_activation
-    FH = _gluon_or_skip()
 
     a, b, sa, sb = _operands(200, 400, 640, seed=21)
     g = torch.Generator().manual_seed(4)
     bias = torch.randn(800, generator=g).to(out_dtype).to(DEV)[::2]
     res = torch.randn(1, 400, generator=g).to(out_dtype).to(DEV)
     assert FB.backend(a, b, sa, sb, out_dtype, bias, res).startswith("gluon")
-    with _common.poisoned_outputs(), FH.hopper_block_config(split_k=split):
+    with _common.poisoned_outputs():
         out = tkit.matmul_fp8(a, b, sa, sb, out_dtype=out_dtype, bias=bias,
                               activation=act or None, residual=res)
     ks = torch.arange(a.shape[1]) // 128

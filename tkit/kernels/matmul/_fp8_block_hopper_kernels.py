@@ -15,7 +15,7 @@ producer walks the same tiles and, per 128-deep K group, loads the a tile [BLOCK
 the b tile [BLOCK_N, 128] (b K-major: wgmma reads fp8 operands only K-major) into a ring of
 STAGES slots, one "ready" mbarrier a slot (the TMA's transaction count) and one "empty"
 mbarrier a slot (count 2: each consumer arrives once it has retired the wgmma that read the
-slot). Each consumer runs the K groups of a tile UNROLL = 2 at a time:
+slot). Each consumer runs the K groups of a tile two at a time:
 
     wait ready(g), ready(g + 1)   D0 = A_g B_g, D1 = A_g+1 B_g+1   issued async, fresh sums
     wgmma.wait_group 1            D0 is ready; D1 still runs
@@ -23,15 +23,15 @@ slot). Each consumer runs the K groups of a tile UNROLL = 2 at a time:
     acc += D0 * (sa[rows, g] * sb[g, n-block])                    64 FFMA a thread
     wgmma.wait_group 0; arrive empty(g + 1); acc += D1 * (...)
 
-so half the promotions run under this warpgroup's own MMAs, and the other half under the
-other warpgroup's (the two are only coupled through the ring). Nothing is in flight across the
-loop's back edge: a sum carried there in flight is copied by the loop's phi and ptxas then
-serializes every wgmma of the kernel (C7514; docs/NOTES.md). Registers a consumer thread: the
-accumulator and the two sums, 64 each at BLOCK_N = 128. UNROLL = 1 waits for each group
-(``wait_group 0``) before its promotion, DeepGEMM's schedule, where only the other warpgroup's
-MMAs fill the gap; a K left over from the pairs (an odd number of groups) runs that way too.
-The scales of the next step's groups are loaded (plain loads, 2 a thread for sa, a scalar for
-sb) during this step.
+so half the promotions run under this warpgroup's own MMAs. Consumer 1 runs a tile's first
+group alone (issue, wait_group 0, promote), which puts its pairs a group out of step with
+consumer 0's: the promotion a warpgroup cannot hide then runs under the other's MMAs (the two
+are only coupled through the ring). Nothing is in flight across the loop's back edge: a sum
+carried there in flight is copied by the loop's phi and ptxas then serializes every wgmma of
+the kernel (C7514; docs/NOTES.md). Registers a consumer thread: the accumulator and the two
+sums, 64 each at BLOCK_N = 128. The scales of the next step's groups are loaded (plain loads,
+2 a thread for sa, a scalar for sb) during this step. Measured alternatives that lost are in
+docs/NOTES.md (one group at a time, three consumer warpgroups, split-K).
 
 Epilogue, per consumer warpgroup (its 64 rows): bias, activation, residual in float32, then
 the output dtype through a shared-memory tile and a TMA store; that store is waited for only
@@ -74,50 +74,29 @@ def _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _unit_groups(unit, k_groups, SPLIT: gl.constexpr):
-    """The K groups [g_lo, g_hi) of a work unit: part unit % SPLIT of its tile's groups
-    (empty for a part past the end when there are fewer groups than SPLIT times the part
-    size)."""
-    if SPLIT == 1:
-        g_lo = 0
-        g_hi = k_groups
-    else:
-        per = gl.cdiv(k_groups, SPLIT)
-        g_lo = gl.minimum((unit % SPLIT) * per, k_groups)
-        g_hi = gl.minimum(g_lo + per, k_groups)
-    return g_lo, g_hi
-
-
-@gluon.jit
 def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr, SPLIT: gl.constexpr):
-    """The TMA partition (one warp): every K group of every work unit of this CTA into the
-    ring. Slot i % STAGES gets the i-th group once every consumer has released its previous
-    use."""
+              GROUP_M: gl.constexpr):
+    """The TMA partition (one warp): every K group of every tile of this CTA into the ring.
+    Slot i % STAGES gets the i-th group once every consumer has released its previous use."""
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
-    num_units = num_pid_m * num_pid_n * SPLIT
+    num_tiles = num_pid_m * num_pid_n
     k_groups = gl.cdiv(K, GROUP_K)
-    A_ROWS: gl.constexpr = a_desc.block_type.shape[0]
-    A_LOADS: gl.constexpr = BLOCK_M // A_ROWS
-    nbytes: gl.constexpr = A_LOADS * a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     i = 0
-    for unit in range(gl.program_id(0), num_units, gl.num_programs(0)):
-        pid_m, pid_n = _tile_pid(unit // SPLIT, num_pid_m, num_pid_n, GROUP_M)
+    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        g_lo, g_hi = _unit_groups(unit, k_groups, SPLIT)
-        for g in range(g_lo, g_hi):
+        for g in range(k_groups):
             slot = i % STAGES
             # a fresh mbarrier reads as if the phase before phase 0 had completed: the first
             # STAGES waits (parity 1) return at once
             mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
             bar = ready.index(slot)
             mbarrier.expect(bar, nbytes)
-            for r in gl.static_range(A_LOADS):
-                tma_load(a_desc, [off_m + r * A_ROWS, g * GROUP_K], bar,
-                         a_ring.index(slot * A_LOADS + r))
+            tma_load(a_desc, [off_m, g * GROUP_K], bar, a_ring.index(slot))
             tma_load(b_desc, [off_n, g * GROUP_K], bar, b_ring.index(slot))
             i += 1
 
@@ -131,33 +110,12 @@ def _scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk):
 
 
 @gluon.jit
-def _step_scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk, UNROLL: gl.constexpr):
-    """The scales of groups g and (UNROLL 2) g + 1; with UNROLL 1 the second is unused."""
-    s0 = _scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk)
-    s1 = s0
-    if UNROLL == 2:
-        s1 = _scales(sa_rows, sb_col, g + 1, k_last, stride_sak, stride_sbk)
-    return s0, s1
-
-
-@gluon.jit
-def _a_view(a_ring, slot, WG: gl.constexpr, STAGES: gl.constexpr):
-    """Consumer WG's 64 rows of the a tile in ring slot ``slot``: the ring holds A_LOADS
-    pieces of A_ROWS rows a slot (one 128-row piece for two consumers, three 64-row ones
-    for three: a TMA block is a power of two)."""
-    A_ROWS: gl.constexpr = a_ring.shape[1]
-    A_LOADS: gl.constexpr = a_ring.shape[0] // STAGES
-    return a_ring.index(slot * A_LOADS + (WG * WG_M) // A_ROWS).slice(
-        (WG * WG_M) % A_ROWS, WG_M, 0)
-
-
-@gluon.jit
 def _issue(a_ring, b_ring, ready, i, d, WG: gl.constexpr, STAGES: gl.constexpr):
     """Wait for the i-th ring slot and issue its 128-deep MMA sum, asynchronously: a fresh
     sum (use_acc=False; ``d``, zeros, only gives its type and layout)."""
     slot = i % STAGES
     mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-    a_s = _a_view(a_ring, slot, WG, STAGES)
+    a_s = a_ring.index(slot).slice(WG * WG_M, WG_M, 0)
     b_s = b_ring.index(slot).permute((1, 0))
     return warpgroup_mma(a_s, b_s, d, use_acc=False, is_async=True)
 
@@ -169,7 +127,7 @@ def _retire(tok, a_ring, b_ring, empty, i, acc, s, WG: gl.constexpr, STAGES: gl.
     then complete), hand its slot back and promote it: acc += d * s[:, None]. Returns
     (acc, d)."""
     slot = i % STAGES
-    a_s = _a_view(a_ring, slot, WG, STAGES)
+    a_s = a_ring.index(slot).slice(WG * WG_M, WG_M, 0)
     b_s = b_ring.index(slot).permute((1, 0))
     d = warpgroup_mma_wait(PENDING, deps=(tok, a_s, b_s))[0]
     mbarrier.arrive(empty.index(slot), count=1)
@@ -201,70 +159,61 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
               stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias,
               HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr, UNROLL: gl.constexpr, STAGGER: gl.constexpr,
-              SPLIT: gl.constexpr):
-    """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every work unit of this CTA (a tile,
-    or with SPLIT > 1 one of its SPLIT parts along K, whose float32 sum goes to slab
-    ``unit % SPLIT`` of c_desc's (SPLIT, M, N) workspace with no epilogue)."""
+              GROUP_M: gl.constexpr):
+    """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every tile of this CTA."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BLOCK_N, 32])
     row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
-    num_units = num_pid_m * num_pid_n * SPLIT
+    num_tiles = num_pid_m * num_pid_n
     k_groups = gl.cdiv(K, GROUP_K)
     k_last = k_groups - 1
     zero = gl.zeros([WG_M, BLOCK_N], gl.float32, acc_layout)
-    base = 0  # ring index of the unit's first group
-    for unit in range(gl.program_id(0), num_units, gl.num_programs(0)):
-        pid_m, pid_n = _tile_pid(unit // SPLIT, num_pid_m, num_pid_n, GROUP_M)
-        g_lo, g_hi = _unit_groups(unit, k_groups, SPLIT)
-        n_g = g_hi - g_lo
+    base = 0  # ring index of the tile's first group
+    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
         row0 = pid_m * BLOCK_M + WG * WG_M
         off_n = pid_n * BLOCK_N
         rows = row0 + gl.arange(0, WG_M, layout=row_layout)
         sa_rows = sa_ptr + gl.minimum(rows, M - 1).to(gl.int64) * stride_sam
         sb_col = sb_ptr + (off_n // GROUP_K) * stride_sbn
         acc = zero
-        # UNROLL groups a step; with 2 the first group's sum is promoted while the second's
-        # MMAs run. Nothing is in flight across the loop's back edge: a sum carried there in
-        # flight is copied by the loop's phi, and ptxas then serializes every wgmma of the
-        # kernel (C7514). Each step starts from fresh sums (use_acc=False: no zeroing).
-        # STAGGER: consumer 1 runs the tile's first group alone, so that its pairs (and the
-        # promotion it cannot hide, after wait_group 0) fall a group after consumer 0's,
-        # while consumer 0's MMAs run (both would otherwise be released by the same ready
-        # barriers and expose their second promotions at the same time)
-        lead = 0
-        if STAGGER and WG == 1:
-            lead = gl.minimum(n_g, 1)
-            for _j in range(lead):
-                s = _scales(sa_rows, sb_col, g_lo, k_last, stride_sak, stride_sbk)
-                t0 = _issue(a_ring, b_ring, ready, base, zero, WG, STAGES)
-                acc, _ = _retire(t0, a_ring, b_ring, empty, base, acc, s, WG, STAGES, 0)
-        n_steps = (n_g - lead) // UNROLL
-        s_0, s_1 = _step_scales(sa_rows, sb_col, g_lo + lead, k_last, stride_sak, stride_sbk,
-                                UNROLL)
+        # Two groups a step, the first group's sum promoted while the second's MMAs run.
+        # Nothing is in flight across the loop's back edge: a sum carried there in flight is
+        # copied by the loop's phi, and ptxas then serializes every wgmma of the kernel
+        # (C7514). Each step starts from fresh sums (use_acc=False: no zeroing). Consumer 1
+        # runs the tile's first group alone, so that its pairs (and the promotion it cannot
+        # hide, after wait_group 0) fall a group after consumer 0's, under consumer 0's MMAs
+        # (both would otherwise be released by the same ready barriers and expose their
+        # second promotions at the same time).
+        lead = WG  # 0 or 1; k_groups >= 1
+        if WG == 1:
+            s = _scales(sa_rows, sb_col, 0, k_last, stride_sak, stride_sbk)
+            t0 = _issue(a_ring, b_ring, ready, base, zero, WG, STAGES)
+            acc, _ = _retire(t0, a_ring, b_ring, empty, base, acc, s, WG, STAGES, 0)
+        n_steps = (k_groups - lead) // 2
+        s_0 = _scales(sa_rows, sb_col, lead, k_last, stride_sak, stride_sbk)
+        s_1 = _scales(sa_rows, sb_col, lead + 1, k_last, stride_sak, stride_sbk)
         for step in range(n_steps):
-            g = lead + step * UNROLL  # relative to g_lo
+            g = lead + 2 * step
             # the next step's scales, in flight during this step's MMAs
-            n_0, n_1 = _step_scales(sa_rows, sb_col, g_lo + g + UNROLL, k_last, stride_sak,
-                                    stride_sbk, UNROLL)
+            n_0 = _scales(sa_rows, sb_col, g + 2, k_last, stride_sak, stride_sbk)
+            n_1 = _scales(sa_rows, sb_col, g + 3, k_last, stride_sak, stride_sbk)
             i = base + g
             t0 = _issue(a_ring, b_ring, ready, i, zero, WG, STAGES)
-            if UNROLL == 1:
-                acc, _ = _retire(t0, a_ring, b_ring, empty, i, acc, s_0, WG, STAGES, 0)
-            else:
-                t1 = _issue(a_ring, b_ring, ready, i + 1, zero, WG, STAGES)
-                acc, _ = _retire(t0, a_ring, b_ring, empty, i, acc, s_0, WG, STAGES, 1)
-                acc, _ = _retire(t1, a_ring, b_ring, empty, i + 1, acc, s_1, WG, STAGES, 0)
-            s_0, s_1 = n_0, n_1
-        # the groups left over (k_groups % UNROLL), one at a time
-        for g in range(lead + n_steps * UNROLL, n_g):
-            s = _scales(sa_rows, sb_col, g_lo + g, k_last, stride_sak, stride_sbk)
+            t1 = _issue(a_ring, b_ring, ready, i + 1, zero, WG, STAGES)
+            acc, _ = _retire(t0, a_ring, b_ring, empty, i, acc, s_0, WG, STAGES, 1)
+            acc, _ = _retire(t1, a_ring, b_ring, empty, i + 1, acc, s_1, WG, STAGES, 0)
+            s_0 = n_0
+            s_1 = n_1
+        # a group left over (an odd count after the lead), alone
+        for g in range(lead + 2 * n_steps, k_groups):
+            s = _scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk)
             t0 = _issue(a_ring, b_ring, ready, base + g, zero, WG, STAGES)
             acc, _ = _retire(t0, a_ring, b_ring, empty, base + g, acc, s, WG, STAGES, 0)
-        base += n_g
+        base += k_groups
 
         # ---- epilogue: float32 bias / activation / residual, then a TMA store of 64 rows
         cols = off_n + gl.arange(0, BLOCK_N, layout=col_layout)
@@ -278,18 +227,12 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
             r_mask = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
             acc = acc + gl.load(r_ptrs, mask=r_mask, other=0.0).to(gl.float32)
         out = acc.to(c_desc.dtype)
-        tma.store_wait(0)  # the previous unit's store has read c_buf
+        tma.store_wait(0)  # the previous tile's store has read c_buf
         cta_barrier()
-        if SPLIT == 1:
-            c_buf.store(out)
-        else:
-            c_buf.reshape([WG_M, BLOCK_N]).store(out)
+        c_buf.store(out)
         fence_async_shared()
         cta_barrier()
-        if SPLIT == 1:
-            tma_store(c_desc, [row0, off_n], c_buf)
-        else:
-            tma_store(c_desc, [unit % SPLIT, row0, off_n], c_buf)
+        tma_store(c_desc, [row0, off_n], c_buf)
     tma.store_wait(0)
 
 
@@ -300,25 +243,19 @@ def _fp8_block_ws_kernel(
     stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias,
     HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
     STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-    UNROLL: gl.constexpr, STAGGER: gl.constexpr, SPLIT: gl.constexpr,
-    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
     """Persistent warp-specialized block-scaled GEMM (module docstring). a_desc: over a (M, K),
-    block [128, 128] with two consumers (BLOCK_M = 128), [64, 128] with three (192, three TMA
-    loads a slot); b_desc: over b's K-major storage (N, K), block [BLOCK_N, 128]; c_desc:
-    over out (M, N), block [64, BLOCK_N], or with SPLIT > 1 over the float32 workspace
-    (SPLIT, M, N), block [1, 64, BLOCK_N] (the epilogue then runs in the split-K reduction,
-    HAS_BIAS / ACT / HAS_RES off here). Launched with num_warps = 4 (consumer warpgroup 0);
+    block [BLOCK_M, 128]; b_desc: over b's K-major storage (N, K), block [BLOCK_N, 128]; c_desc:
+    over out (M, N), block [64, BLOCK_N]. Launched with num_warps = 4 (consumer warpgroup 0);
     the second consumer warpgroup (a 4-warp partition) and the 1-warp producer."""
-    BLOCK_M: gl.constexpr = CONSUMERS * WG_M
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    A_ROWS: gl.constexpr = a_desc.block_type.shape[0]
-    gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "two or three consumer warpgroups")
-    gl.static_assert(BLOCK_M % A_ROWS == 0, "a's TMA block divides the tile's rows")
+    CONSUMERS: gl.constexpr = 2
+    gl.static_assert(BLOCK_M == CONSUMERS * WG_M, "BLOCK_M is 64 rows a consumer warpgroup")
     dtype: gl.constexpr = a_desc.dtype
-    a_ring = gl.allocate_shared_memory(dtype, [STAGES * (BLOCK_M // A_ROWS), A_ROWS, GROUP_K],
-                                       a_desc.layout)
+    a_ring = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_ring = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS] + c_desc.block_type.shape,
                                        c_desc.layout)
@@ -329,38 +266,16 @@ def _fp8_block_ws_kernel(
         mbarrier.init(empty.index(s), count=CONSUMERS)
     fence_async_shared()
 
-    if CONSUMERS == 2:
-        gl.warp_specialize([
-            (_consumer, (0, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(0), sa_ptr,
-                         sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
-                         stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
-                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL, STAGGER,
-                         SPLIT)),
-            (_consumer, (1, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(1), sa_ptr,
-                         sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
-                         stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
-                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL, STAGGER,
-                         SPLIT)),
-            (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
-                         BLOCK_N, STAGES, GROUP_M, SPLIT)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (_consumer, (0, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(0), sa_ptr,
-                         sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
-                         stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
-                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL, STAGGER,
-                         SPLIT)),
-            (_consumer, (1, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(1), sa_ptr,
-                         sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
-                         stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
-                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL, STAGGER,
-                         SPLIT)),
-            (_consumer, (2, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(2), sa_ptr,
-                         sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
-                         stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
-                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M, UNROLL, STAGGER,
-                         SPLIT)),
-            (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
-                         BLOCK_N, STAGES, GROUP_M, SPLIT)),
-        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+    gl.warp_specialize([
+        (_consumer, (0, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(0), sa_ptr,
+                         sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak, stride_sbk,
+                     stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES,
+                     BLOCK_M, BLOCK_N, STAGES, GROUP_M)),
+        (_consumer, (1, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(1), sa_ptr,
+                     sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak, stride_sbk,
+                     stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES,
+                     BLOCK_M, BLOCK_N, STAGES, GROUP_M)),
+        (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
+                     BLOCK_N, STAGES, GROUP_M)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+

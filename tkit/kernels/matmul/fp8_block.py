@@ -300,7 +300,7 @@ def backend(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, bias=None, residua
     fh, reason = _gluon_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, None, None)
     if fh is not None:
         return ("gluon (sm_90: warp-specialized TMA producer, two consumer warpgroups, each "
-                "group's wgmma running under the previous group's promotion)")
+                "pair of 128-deep groups' second wgmma running under the first's promotion)")
     return f"triton {MC.plan(a, b, out_dtype).path} ({reason})"
 
 

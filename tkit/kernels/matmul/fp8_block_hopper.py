@@ -32,10 +32,6 @@ GROUP_K = 128
 CONSUMER_REGS = 240
 PRODUCER_REGS = 24
 MAXNREG = 168
-# Three consumers (tile 192 x block_n): 4 warpgroups, cap 128 (4 * 128 * 128 = 64K), 160 a
-# consumer thread (the default partition gets 4 * 128 - 2 * 160 - 24 = 168): one MMA sum
-# (unroll 1) fits, two do not.
-REGS = {2: (MAXNREG, CONSUMER_REGS, PRODUCER_REGS), 3: (128, 160, PRODUCER_REGS)}
 MAX_STAGES = 8
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -43,43 +39,26 @@ OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 @dataclasses.dataclass(frozen=True)
 class HopperBlockConfig:
     """The Gluon kernel's launch config: the tile is 128 x ``block_n`` (two consumer
-    warpgroups of 64 rows); ``stages`` ring slots of one 128-deep group (0: as many as shared
-    memory holds, at most 8; 5 measured ahead of 6 and 4 at 8192^3); ``unroll`` 2 (two groups
-    a step, the first promoted while the second runs: two MMA sums in registers) or 1
-    (DeepGEMM's wait-then-promote, where only the other warpgroup's MMAs fill the gap);
-    ``stagger`` (the second consumer warpgroup runs a tile's first group alone, putting its
-    pairs a group out of step with the first's); ``group_m`` the tile order's section
-    height; ``split_k`` parts along K a tile (float32 partials in a workspace, summed in a
-    fixed order with the epilogue by matmul's split-K reduction: more work units where the
-    tiles alone leave SMs idle, at small M). One persistent CTA an SM (two never fit: 384
-    threads at 168 registers each); ``consumers`` 3 makes the tile 192 rows (three consumer
-    warpgroups sharing each b tile, unroll 1). One consumer alone (64-row tiles) spilled at
-    255 registers."""
+    warpgroups of 64 rows; 0: :func:`resolve` picks 64 where 128-column tiles would number at
+    most half the SMs, else 128); ``stages`` ring slots of one 128-deep group (0: as many as
+    shared memory holds, at most 8; 5 measured ahead of 6 and 4 at 8192^3); ``group_m`` the
+    tile order's section height. One persistent CTA an SM (two never fit: 384 threads at 168
+    registers each)."""
 
-    block_n: int = 128
+    block_n: int = 0
     stages: int = 5
-    unroll: int = 2
-    stagger: bool = False
     group_m: int = 8
-    split_k: int = 1
-    consumers: int = 2
 
     def __post_init__(self):
-        if self.block_n not in (64, 128):
-            raise ValueError(f"block_n must be 64 or 128 (one 128-column scale block of b), "
-                             f"got {self.block_n}")
+        if self.block_n not in (0, 64, 128):
+            raise ValueError(f"block_n must be 0 (auto), 64 or 128 (inside one 128-column "
+                             f"scale block of b), got {self.block_n}")
         if not 0 <= self.stages <= MAX_STAGES or self.stages == 1:
             raise ValueError(f"stages must be 0 (auto) or 2..{MAX_STAGES}, got {self.stages}")
-        if self.unroll not in (1, 2):
-            raise ValueError(f"unroll must be 1 or 2, got {self.unroll}")
         if self.group_m < 1:
             raise ValueError(f"group_m must be >= 1, got {self.group_m}")
-        if self.consumers not in (2, 3) or (self.consumers == 3 and self.unroll != 1):
-            raise ValueError(f"consumers must be 2, or 3 with unroll 1 (160 registers a "
-                             f"thread hold one MMA sum), got {self.consumers} with unroll "
-                             f"{self.unroll}")
-        if not 1 <= self.split_k <= 16:
-            raise ValueError(f"split_k must be 1..16, got {self.split_k}")
+
+    consumers = 2  # consumer warpgroups (not a field: one alone spilled at 255 registers)
 
     @property
     def block_m(self) -> int:
@@ -99,6 +78,18 @@ def current_config(cfg: HopperBlockConfig | None = None) -> HopperBlockConfig:
     return _OVERRIDES.apply(cfg if cfg is not None else HopperBlockConfig())
 
 
+def resolve(cfg: HopperBlockConfig, M: int, N: int, sms: int) -> HopperBlockConfig:
+    """``cfg`` with a concrete block_n: the given one, or (0) 64 where 128 x 128 tiles would
+    number at most half the SMs (DeepSeek-V3's M <= 256 rows with N = 4096 or 2112, M = 128
+    with N = 7168: twice the programs; measured 0.64-0.87x of _scaled_mm per tensor there
+    against 0.50-0.74x), else 128 (M = 256 with N = 7168, 112 tiles: 0.53x at 64 columns
+    against 0.74x)."""
+    if cfg.block_n:
+        return cfg
+    few = C.cdiv(M, 2 * WG_M) * C.cdiv(N, 128) <= sms // 2
+    return dataclasses.replace(cfg, block_n=64 if few else 128)
+
+
 def smem_bytes(cfg: HopperBlockConfig, stages: int, out_itemsize: int) -> int:
     """Shared memory of one CTA: the ring (a and b tiles of one group a slot), one output
     tile a consumer, two mbarriers a slot, and the values the warp-specialized region hands to
@@ -108,9 +99,10 @@ def smem_bytes(cfg: HopperBlockConfig, stages: int, out_itemsize: int) -> int:
 
 
 def stages_for(cfg: HopperBlockConfig, out_itemsize: int) -> int:
-    """``cfg.stages``, or (0, or more than fit) the most slots that fit the sm_90 shared
-    memory."""
-    s = cfg.stages or MAX_STAGES
+    """``cfg.stages``, or (0) the most slots that fit the sm_90 shared memory."""
+    if cfg.stages:
+        return cfg.stages
+    s = MAX_STAGES
     while s > 2 and smem_bytes(cfg, s, out_itemsize) > D.SM90_SMEM_LIMIT:
         s -= 1
     return s
@@ -147,32 +139,19 @@ def supported(a, b, scale_a, scale_b, out_dtype, bias=None, residual=None) -> st
 
 
 @functools.cache
-def _smem_layout(block: tuple, dtype: torch.dtype):
+def _smem_layout(rows: int, cols: int, dtype: torch.dtype):
     from triton.experimental.gluon import language as gl
 
     gdt = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
            torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
-    return gl.NVMMASharedLayout.get_default_for(list(block), gdt)
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], gdt)
 
 
 def _descriptor(t: torch.Tensor, shape, strides, block):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     return TensorDescriptor(t, list(shape), list(strides), list(block),
-                            _smem_layout(tuple(block), t.dtype))
-
-
-def _a_rows(cfg: HopperBlockConfig) -> int:
-    """Rows of a's TMA block: the whole tile (128) with two consumers, 64 with three (a TMA
-    block is a power of two)."""
-    return cfg.block_m if cfg.consumers == 2 else WG_M
-
-
-def split_for(cfg: HopperBlockConfig, M: int, N: int, K: int) -> int:
-    """``cfg.split_k``, at most one part a K group, and 1 where the reduction's 32-bit index
-    math would overflow (split * M * N >= 2**31)."""
-    split = max(1, min(cfg.split_k, C.cdiv(K, GROUP_K)))
-    return split if split * M * N < 2 ** 31 else 1
+                            _smem_layout(block[0], block[1], t.dtype))
 
 
 def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=None,
@@ -181,53 +160,30 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
     (operands that :func:`supported` accepts; ``residual`` already expanded to (M, N))."""
     from tkit.kernels.matmul._fp8_block_hopper_kernels import _fp8_block_ws_kernel
 
-    cfg = current_config(config)
     M, K = a.shape
     N = b.shape[1]
-    split = split_for(cfg, M, N, K)
-    # split-K: float32 partials, fully overwritten (a plain allocation, never poisoned)
-    dst = out if split == 1 else C.scratch((split, M, N), torch.float32, a.device)
-    stages = stages_for(cfg, dst.element_size())
+    sms = D.sm_count(a.device)
+    cfg = resolve(current_config(config), M, N, sms)
+    stages = stages_for(cfg, out.element_size())
     bt = b.t()  # (N, K), unit K stride
-    a_desc = _descriptor(a, (M, K), (MC._lead_stride(a, False), 1), (_a_rows(cfg), GROUP_K))
+    a_desc = _descriptor(a, (M, K), (MC._lead_stride(a, False), 1), (cfg.block_m, GROUP_K))
     b_desc = _descriptor(bt, (N, K), (MC._lead_stride(b, True), 1), (cfg.block_n, GROUP_K))
-    if split == 1:
-        c_desc = _descriptor(out, (M, N), (MC._lead_stride(out, False), 1),
-                             (WG_M, cfg.block_n))
-    else:
-        c_desc = _descriptor(dst, (split, M, N), (M * N, N, 1), (1, WG_M, cfg.block_n))
-    epi = split == 1
-    units = C.cdiv(M, cfg.block_m) * C.cdiv(N, cfg.block_n) * split
-    progs = max(1, min(D.sm_count(a.device), units))
+    c_desc = _descriptor(out, (M, N), (MC._lead_stride(out, False), 1), (WG_M, cfg.block_n))
+    tiles = C.cdiv(M, cfg.block_m) * C.cdiv(N, cfg.block_n)
+    progs = max(1, min(sms, tiles))
     C.launch(_fp8_block_ws_kernel, (progs,), a_desc=a_desc, b_desc=b_desc, c_desc=c_desc,
              sa_ptr=scale_a, sb_ptr=scale_b,
-             bias_ptr=bias if bias is not None and epi else scale_a,
-             res_ptr=residual if residual is not None and epi else scale_a, M=M, N=N, K=K,
+             bias_ptr=bias if bias is not None else scale_a,
+             res_ptr=residual if residual is not None else scale_a, M=M, N=N, K=K,
              stride_sam=scale_a.stride(0), stride_sak=scale_a.stride(1),
              stride_sbk=scale_b.stride(0), stride_sbn=scale_b.stride(1),
-             stride_rm=residual.stride(0) if residual is not None and epi else 0,
-             stride_rn=residual.stride(1) if residual is not None and epi else 0,
-             stride_bias=bias.stride(0) if bias is not None and epi else 0,
-             HAS_BIAS=bias is not None and epi, ACT=(activation or "") if epi else "",
-             HAS_RES=residual is not None and epi,
-             STAGES=stages, GROUP_M=cfg.group_m, UNROLL=cfg.unroll, STAGGER=cfg.stagger,
-             SPLIT=split, CONSUMERS=cfg.consumers, CONSUMER_REGS=REGS[cfg.consumers][1],
-             PRODUCER_REGS=REGS[cfg.consumers][2], num_warps=4,
-             maxnreg=REGS[cfg.consumers][0])
-    if split > 1:
-        from tkit.kernels.matmul._kernels import _splitk_reduce_kernel
-
-        rbn = 128 if N >= 128 else max(16, C.next_power_of_2(N))
-        C.launch(_splitk_reduce_kernel, (C.cdiv(N, rbn), C.cdiv(M, 64)), ws_ptr=dst,
-                 c_ptr=out, sa_ptr=scale_a, sb_ptr=scale_b,
-                 bias_ptr=bias if bias is not None else scale_a,
-                 res_ptr=residual if residual is not None else scale_a, M=M, N=N,
-                 stride_cm=out.stride(0), stride_cn=out.stride(1),
-                 stride_rm=residual.stride(0) if residual is not None else 0,
-                 stride_rn=residual.stride(1) if residual is not None else 0,
-                 stride_bias=bias.stride(0) if bias is not None else 0, SPLIT_K=split,
-                 SCALE_A=0, SCALE_B=0, HAS_BIAS=bias is not None, ACT=activation or "",
-                 HAS_RES=residual is not None, BLOCK_M=64, BLOCK_N=rbn, num_warps=4)
+             stride_rm=residual.stride(0) if residual is not None else 0,
+             stride_rn=residual.stride(1) if residual is not None else 0,
+             stride_bias=bias.stride(0) if bias is not None else 0,
+             HAS_BIAS=bias is not None, ACT=activation or "", HAS_RES=residual is not None,
+             STAGES=stages, GROUP_M=cfg.group_m,
+             CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
+             maxnreg=MAXNREG)
     return out
 
 
@@ -237,8 +193,7 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
 def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat16,
                  has_bias=False, activation="", has_res=False):
     """Compile the kernel for sm_90a ahead of time; returns Triton's compiled kernel
-    (``.asm`` holds ``ttgir``, ``ptx``, ``cubin``; ``.metadata.shared`` the shared memory).
-    ``config.split_k`` > 1 builds the split kernel (float32 partials, no epilogue)."""
+    (``.asm`` holds ``ttgir``, ``ptx``, ``cubin``; ``.metadata.shared`` the shared memory)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -246,38 +201,35 @@ def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat
     from tkit.kernels.matmul._fp8_block_hopper_kernels import _fp8_block_ws_kernel
 
     cfg = current_config(config)
-    split = cfg.split_k
-    if split > 1:
-        out_dtype, has_bias, activation, has_res = torch.float32, False, "", False
+    if not cfg.block_n:
+        cfg = dataclasses.replace(cfg, block_n=128)
     out_es = torch.empty((), dtype=out_dtype).element_size()
     stages = stages_for(cfg, out_es)
     tname = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[out_dtype]
 
-    def desc(t, block, dtype):
-        dims = ", ".join(str(d) for d in block)
-        return f"tensordesc<{t}[{dims}],{_smem_layout(tuple(block), dtype)!r}>"
+    def desc(t, rows, cols, dtype):
+        return f"tensordesc<{t}[{rows}, {cols}],{_smem_layout(rows, cols, dtype)!r}>"
 
-    c_block = (WG_M, cfg.block_n) if split == 1 else (1, WG_M, cfg.block_n)
     signature = dict(
-        a_desc=desc("fp8e4nv", (_a_rows(cfg), GROUP_K), torch.float8_e4m3fn),
-        b_desc=desc("fp8e4nv", (cfg.block_n, GROUP_K), torch.float8_e4m3fn),
-        c_desc=desc(tname, c_block, out_dtype),
+        a_desc=desc("fp8e4nv", cfg.block_m, GROUP_K, torch.float8_e4m3fn),
+        b_desc=desc("fp8e4nv", cfg.block_n, GROUP_K, torch.float8_e4m3fn),
+        c_desc=desc(tname, WG_M, cfg.block_n, out_dtype),
         sa_ptr="*fp32", sb_ptr="*fp32", bias_ptr="*bf16" if has_bias else "*fp32",
         res_ptr="*bf16" if has_res else "*fp32", M="i32", N="i32", K="i32",
         stride_sam="i32", stride_sak="i32", stride_sbk="i32", stride_sbn="i32",
         stride_rm="i32", stride_rn="i32", stride_bias="i32",
         HAS_BIAS="constexpr", ACT="constexpr", HAS_RES="constexpr", STAGES="constexpr",
-        GROUP_M="constexpr", UNROLL="constexpr", STAGGER="constexpr", SPLIT="constexpr",
-        CONSUMERS="constexpr", CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
+        GROUP_M="constexpr",
+        CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
     )
     names = list(signature)
     values = dict(HAS_BIAS=bool(has_bias), ACT=activation or "", HAS_RES=bool(has_res),
-                  STAGES=stages, GROUP_M=cfg.group_m, UNROLL=cfg.unroll, STAGGER=cfg.stagger,
-                  SPLIT=split, CONSUMERS=cfg.consumers,
-                  CONSUMER_REGS=REGS[cfg.consumers][1], PRODUCER_REGS=REGS[cfg.consumers][2])
+                  STAGES=stages, GROUP_M=cfg.group_m,
+                  CONSUMER_REGS=CONSUMER_REGS,
+                  PRODUCER_REGS=PRODUCER_REGS)
     constexprs = {(names.index(k),): v for k, v in values.items()}
     src = GluonASTSource(_fp8_block_ws_kernel, signature, constexprs)
     options = compile_options(dict(num_warps=4))
-    options["maxnreg"] = REGS[cfg.consumers][0]
+    options["maxnreg"] = MAXNREG
     with _hooks.compile_context(_fp8_block_ws_kernel):
         return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
