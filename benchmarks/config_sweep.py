@@ -270,7 +270,8 @@ def _block_reference(a, b, sa, sb, rows):
 #: slots, block_n by resolve(), group_m 8). Measured (H200, TFLOP/s at 8192^3 / DeepSeek-V3
 #: gate_up M=4096, docs/NOTES.md has the rest): before consumer 1's lead group, 5 slots
 #: 1168 / 1170 and 1100 / 1145 in two runs, with it 1155 / 1178; 6 slots 1132 / 1149; 4 slots
-#: 1144 / 1184.
+#: 1144 / 1184; the final build (third run): 5 slots 1163 / 1170, 4 1144 / 1193, 6 1149 / 1171,
+#: group_m 16 1144 / 1189.
 FP8_BLOCK_GLUON = [{}, dict(stages=4), dict(stages=6), dict(group_m=16)]
 #: DeepSeek-V3's (N, K) of its dense and expert GEMMs (DeepGEMM's test table): q_a + kv_a
 #: (2112 x 7168), q_b (24576 x 1536), kv_b (32768 x 512), o_proj (7168 x 16384), expert
