@@ -70,7 +70,7 @@ from tkit.kernels import _common as C
 from tkit.kernels import _device as D
 from tkit.kernels import _plan as P
 from tkit.kernels import _register as R
-from tkit.kernels._numerics import and_scalar, round_to, scalar_mask
+from tkit.kernels._numerics import INTERPRET, and_scalar, round_to, scalar_mask
 from tkit.kernels.matmul._kernels import _dot, _splitk_reduce_kernel
 from tkit.kernels.matmul.ops import _splitk_counters
 
@@ -105,17 +105,31 @@ class Int4Config:
     fused_reduce: bool = False
 
     @staticmethod
-    def for_shape(M: int, N: int, K: int, group_size: int, num_sms: int = 132) -> Int4Config:
-        """Heuristic, not yet measured on a GPU. M <= GEMV_MAX_M: the GEMV kernel (below).
-        Other decode shapes (M <= 64) stream the weight through tl.dot with about four
-        programs per SM (each holds NUM_STAGES - 1 steps of BLOCK_K x BLOCK_N / 2 bytes in
-        flight: 8 KB at 128 x 64 and 3 stages); larger M takes a compute tile."""
+    def for_shape(M: int, N: int, K: int, group_size: int, num_sms: int = 132,
+                  path: str | None = None) -> Int4Config:
+        """Heuristic. M <= TC_MAX_M: the tensor-core decode kernel ("tc", below). Other
+        decode shapes (M <= 64) stream the weight through tl.dot with about four programs per
+        SM (each holds NUM_STAGES - 1 steps of BLOCK_K x BLOCK_N / 2 bytes in flight: 8 KB at
+        128 x 64 and 3 stages); larger M takes a compute tile. ``path``: that path's own
+        defaults at this shape (what ``int4_config(path=...)`` starts from)."""
         bk = _block_k(group_size)
         bn = 128 if N >= 128 else max(16, C.next_power_of_2(N))
         if _env.INTERPRET:  # the interpreter pays per program and per element: small tiles
             bn = min(bn, 64)
         k_steps = K // bk
-        if M <= GEMV_MAX_M:
+        if path is None:
+            path = "tc" if M <= TC_MAX_M else "tile"
+        if path == "tc":
+            # the weight as the MMA's register operand (``_matmul_int4_tc_kernel``): 128
+            # columns, two warpgroups of 64 (one HGMMA.64x16x16 per plane), 4 stages of
+            # cp.async, K split so that about two programs an SM stream the weight (128
+            # registers, 40 KB of shared memory: 2 programs an SM by registers). sm_90a compile
+            # facts, not timings (docs/NOTES.md, "INT4 decode on the tensor cores").
+            tbn, warps = (128, 8) if not _env.INTERPRET else (bn, 4)
+            bm = max(16, min(64, C.next_power_of_2(M)))
+            split = _split_for(C.cdiv(N, tbn) * C.cdiv(M, bm), 2 * num_sms, k_steps, 4)
+            return Int4Config(bm, tbn, bk, split, num_warps=warps, num_stages=4, path="tc")
+        if path == "gemv":
             # one warp a program; at M = 1, 128 columns (4 a thread share the activations'
             # loads, converts and sums) x 64 K values a step; more rows of a hold more partial
             # sums: smaller steps (M = 2: 256 x 32, 168 registers; M = 4: 128 x 32, 168). K
@@ -125,12 +139,13 @@ class Int4Config:
             # keeps per-device counters (opt-in), and the same tile with the reduce launch
             # benched 22.7 / 25.1 us (docs/NOTES.md, "sixth session"). M = 2 and 4: sm_90a
             # compile facts, not timings.
-            gbn, gbk = {1: (128, 64), 2: (256, 32), 4: (128, 32)}[C.next_power_of_2(M)]
+            gbn, gbk = {1: (128, 64), 2: (256, 32), 4: (128, 32)}.get(C.next_power_of_2(M),
+                                                                     (128, 16))
             if _env.INTERPRET:
                 gbn = bn
             gbk = min(gbk, bk)
             split = _split_for(C.cdiv(N, gbn), 10 * num_sms, K // gbk, 4)
-            return Int4Config(C.next_power_of_2(M), gbn, gbk, split, num_warps=1,
+            return Int4Config(min(16, C.next_power_of_2(M)), gbn, gbk, split, num_warps=1,
                               num_stages=1, path="gemv")
         if M <= 64:
             # 64 columns, 3 stages: 128 registers (128 columns: 255, with the OR-ed nibbles),
@@ -144,10 +159,13 @@ class Int4Config:
         return Int4Config(bm, bn, bk, 1, num_warps=8 if bm == 128 else 4, num_stages=3)
 
 
-#: the largest M the heuristic gives to the GEMV kernel (its FMAs per weight grow with M;
-#: tensor cores take over above), not measured yet
+#: the largest M the heuristic gives to the tensor-core decode kernel (one 16-row MMA tile of
+#: activations; its dequantization per weight does not depend on M)
+TC_MAX_M = 16
+#: the largest M the heuristic would give to the GEMV kernel (its FMAs per weight grow with
+#: M); below TC_MAX_M it is reached only through ``int4_config(path="gemv")``
 GEMV_MAX_M = 4
-PATHS = ("gemv", "tile")
+PATHS = ("gemv", "tile", "tc")
 
 
 def _split_for(tiles: int, want_programs: int, k_steps: int, min_steps: int) -> int:
@@ -173,7 +191,10 @@ def int4_config(**overrides):
 
 
 def current_config(M: int, N: int, K: int, group_size: int, num_sms: int) -> Int4Config:
-    cfg = Int4Config.for_shape(M, N, K, group_size, num_sms)
+    over = _OVERRIDES.state.value
+    if over.get("path") is not None and over["path"] not in PATHS:
+        raise ValueError(f"path={over['path']!r} must be one of {PATHS}")
+    cfg = Int4Config.for_shape(M, N, K, group_size, num_sms, path=over.get("path"))
     if _OVERRIDES.active():
         cfg = _OVERRIDES.apply(cfg)
         if group_size % cfg.block_k or cfg.block_k < 16 or cfg.block_k & (cfg.block_k - 1):
@@ -428,6 +449,126 @@ def _matmul_int4_gemv_kernel(
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
+@triton.jit
+def _plane(q, q4, J: tl.constexpr, dtype: tl.constexpr):
+    """Nibble J of every word of ``q`` (int32; ``q4 = q >> 4``) as the 16-bit float
+    ``O + q_J`` (O = 128 for bf16, 1024 for fp16: the magic whose mantissa's low bits are
+    units), exactly, with no int -> float convert. On the GPU two words a step: one PRMT
+    gathers byte J // 2 of both words (of q4 for odd J) into the low bytes of two halves, one
+    LOP3 keeps the nibbles and ORs in O's bits: the pair is one register of the MMA operand."""
+    MAGIC: tl.constexpr = 0x4300 if dtype == tl.bfloat16 else 0x6400
+    if J % 2:
+        src = q4
+    else:
+        src = q
+    if INTERPRET:
+        x = ((src >> (8 * (J // 2))) & 0xF) | MAGIC
+        return x.to(tl.int16).to(dtype, bitcast=True)
+    B: tl.constexpr = J // 2
+    SEL: tl.constexpr = B | (B << 4) | ((4 + B) << 8) | ((4 + B) << 12)
+    return tl.inline_asm_elementwise(
+        f"{{ .reg .b32 t; prmt.b32 t, $1, $2, {SEL}; "
+        f"lop3.b32 $0, t, 0x000F000F, {MAGIC | (MAGIC << 16)}, 0xEA; }}",
+        "=r,r,r", [src], dtype=tl.bfloat16 if dtype == tl.bfloat16 else tl.float16,
+        is_pure=True, pack=2)
+
+
+@triton.jit
+def _planes(q, dtype: tl.constexpr):
+    """The (BN, BKQ) packed tile as the (BN, 8 BKQ) operand whose column BKQ j + i is nibble j
+    of word i: the planes joined along K, plane-major, so that each 16-wide K chunk of the
+    MMA is one plane and every thread's operand registers hold planes of its own words."""
+    BN: tl.constexpr = q.shape[0]
+    BKQ: tl.constexpr = q.shape[1]
+    q4 = q >> 4
+    x = tl.join(tl.join(tl.join(_plane(q, q4, 0, dtype), _plane(q, q4, 4, dtype)),
+                        tl.join(_plane(q, q4, 2, dtype), _plane(q, q4, 6, dtype))),
+                tl.join(tl.join(_plane(q, q4, 1, dtype), _plane(q, q4, 5, dtype)),
+                        tl.join(_plane(q, q4, 3, dtype), _plane(q, q4, 7, dtype))))
+    x = tl.permute(tl.reshape(x, (BN, BKQ, 8)), (0, 2, 1))
+    return tl.reshape(x, (BN, 8 * BKQ))
+
+
+@triton.jit
+def _matmul_int4_tc_kernel(
+    a_ptr, q_ptr, s_ptr, z_ptr, c_ptr, ws_ptr, bias_ptr, M, N, K,
+    stride_am, stride_ak, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn,
+    stride_cm, stride_cn, stride_bias,
+    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """``out^T = W a^T`` on the tensor cores for decode sizes: the weight tile (BLOCK_N
+    columns of the output x BLOCK_K) is the MMA's first operand, the BLOCK_M (>= 16) rows of
+    ``a`` its second, so the dequantized weight never waits on a shared-memory store: it is
+    made in registers, in the operand's layout, from the packed tile.
+
+    No reshape of nibbles: the K step is split into 8 planes, plane j being nibble j of every
+    packed word, i.e. K = 8 i + j for the step's packed rows i. Each plane is an elementwise
+    function of the (BLOCK_N, BLOCK_K // 8) int32 tile (a shift and a LOP3, then the 16-bit
+    float ``16 + q`` by OR-ing into 16.0's mantissa, exact), and multiplies the activations
+    of the same K (a strided gather of the small ``a``). The offset and the zero point come
+    off once per step, in float32, on the MMA sums: ``sum_k a_k (q_k - z) s = s (sum_k a_k
+    (16 + q_k) - (16 + z) sum_k a_k)`` (any z, fractional included; the offset 16 costs about
+    2 of float32's 24 bits). One scale row per step (BLOCK_K divides GROUP).
+
+    Arguments as ``_matmul_int4_kernel``'s; grid (N tiles, M tiles, K splits).
+    """
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    BKQ: tl.constexpr = BLOCK_K // 8
+    dtype: tl.constexpr = a_ptr.dtype.element_ty
+    OFFSET: tl.constexpr = 128.0 if dtype == tl.bfloat16 else 1024.0
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_bn = offs_n % N  # columns past the edge read a valid one; masked on the store
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_in = offs_m < M
+    offs_kq = tl.arange(0, BKQ)
+    k_tiles = K // BLOCK_K
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    k_begin = pid_k * per_split
+    k_end = tl.minimum(k_begin + per_split, k_tiles)
+    q_ptrs = (q_ptr + (k_begin * BKQ).to(tl.int64) * stride_qk
+              + offs_kq[None, :] * stride_qk + offs_bn[:, None] * stride_qn)  # (BN, BKQ)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = (a_ptr + (k_begin * BLOCK_K).to(tl.int64) * stride_ak + offs_k[None, :] * stride_ak
+              + tl.minimum(offs_m, M - 1)[:, None] * stride_am)  # (BLOCK_M, BLOCK_K)
+    s_ptrs = s_ptr + offs_bn * stride_sn
+    z_ptrs = z_ptr + offs_bn * stride_zn
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kt in tl.range(k_begin, k_end, num_stages=NUM_STAGES):
+        # the weight is read once: do not let it push the activations out of L2
+        q = tl.load(q_ptrs, eviction_policy="evict_first")
+        g = (kt * BLOCK_K) // GROUP
+        s = tl.load(s_ptrs + g * stride_sg).to(tl.float32)
+        if HAS_ZEROS:
+            z = tl.load(z_ptrs + g * stride_zg).to(tl.float32)
+        else:
+            z = 8.0  # SYM_ZERO (a global the compiler cannot read)
+        # rows of a past M read row M - 1 (no mask: they are dropped on the store)
+        a = tl.load(a_ptrs)
+        asum = tl.sum(a.to(tl.float32), axis=1)
+        # the operand's K order is plane-major (row BKQ j + i is K = 8 i + j)
+        at = tl.reshape(tl.permute(tl.reshape(a, (BLOCK_M, BKQ, 8)), (2, 1, 0)),
+                        (BLOCK_K, BLOCK_M))
+        w = _planes(q, dtype)
+        part = _dot(w, at, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), False)
+        acc += (part - (z + OFFSET)[:, None] * asum[None, :]) * s[:, None]
+        q_ptrs += BKQ * stride_qk
+        a_ptrs += BLOCK_K * stride_ak
+    mask = (offs_n[:, None] < N) & m_in[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)
+            acc = acc + bias.to(tl.float32)[:, None]
+        c_ptrs = c_ptr + offs_m[None, :] * stride_cm + offs_n[:, None] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        ws_ptrs = ws_ptr + (pid_k * M + offs_m[None, :]).to(tl.int64) * N + offs_n[:, None]
+        tl.store(ws_ptrs, acc, mask=mask)
+
+
 # --------------------------------------------------------------------------------------------
 # Launch
 # --------------------------------------------------------------------------------------------
@@ -451,6 +592,10 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         # the per-device arrival counters of matmul's one-launch split-K (left at zero)
         cnt = _splitk_counters(a.device, grid[0]) if fused else qweight
         extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused)
+    elif cfg.path == "tc":
+        fused = False
+        kernel, grid = _matmul_int4_tc_kernel, (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m),
+                                                split)
     else:
         fused = False
         extra.update(magic=MAGIC_A)
