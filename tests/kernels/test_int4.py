@@ -240,6 +240,19 @@ def test_tc_dtypes_groups_and_splits(dtype, sym, G, split):
                                 dict(group_size=G, bias=bias))
 
 
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_tc_packed_tile_through_tma(dtype):
+    """q_tma: the packed tile through a tensor descriptor, N a multiple of 4 but not of the
+    tile (the last tile's columns past N read zeros), K split; an unaligned N falls back to
+    cp.async (same result)."""
+    M, K, G = 3, 512, 128
+    spec = registry.get("matmul_int4")
+    for N in (72, 70):
+        a, q, s, z = _gemv_case(M, N, K, G, dtype, False, seed=19)
+        with I4.int4_config(path="tc", q_tma=True, block_n=64, split_k=2), poisoned_outputs():
+            check_against_reference(spec.fn, spec.reference, (a, q, s, z), dict(group_size=G))
+
+
 @pytest.mark.parametrize("M,block_m", [(17, 16), (40, 32), (64, 64), (100, 64)])
 def test_tc_more_rows_than_one_tile(M, block_m):
     """M above 16: several M tiles of the activations (the grid's second axis), the last one

@@ -103,6 +103,9 @@ class Int4Config:
     #: gemv path, split_k > 1: the last program of each column slab sums the partials (one
     #: launch, deterministic; per-device arrival counters, so opt-in as matmul's)
     fused_reduce: bool = False
+    #: tc path: the packed tile through a tensor descriptor (TMA) where qweight is 16-byte
+    #: aligned (N a multiple of 4), else cp.async of 4-byte words
+    q_tma: bool = False
 
     @staticmethod
     def for_shape(M: int, N: int, K: int, group_size: int, num_sms: int = 132,
@@ -495,7 +498,7 @@ def _matmul_int4_tc_kernel(
     stride_am, stride_ak, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn,
     stride_cm, stride_cn, stride_bias,
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+    SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr, Q_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """``out^T = W a^T`` on the tensor cores for decode sizes: the weight tile (BLOCK_N
@@ -512,7 +515,9 @@ def _matmul_int4_tc_kernel(
     (16 + q_k) - (16 + z) sum_k a_k)`` (any z, fractional included; the offset 16 costs about
     2 of float32's 24 bits). One scale row per step (BLOCK_K divides GROUP).
 
-    Arguments as ``_matmul_int4_kernel``'s; grid (N tiles, M tiles, K splits).
+    Arguments as ``_matmul_int4_kernel``'s; grid (N tiles, M tiles, K splits). Q_TMA: the
+    packed tile comes through a tensor descriptor (one bulk copy a stage instead of a 4-byte
+    cp.async per word and thread; the launcher checks the 16-byte alignment TMA needs).
     """
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -531,6 +536,9 @@ def _matmul_int4_tc_kernel(
     k_end = tl.minimum(k_begin + per_split, k_tiles)
     q_ptrs = (q_ptr + (k_begin * BKQ).to(tl.int64) * stride_qk
               + offs_kq[None, :] * stride_qk + offs_bn[:, None] * stride_qn)  # (BN, BKQ)
+    if Q_TMA:
+        q_desc = tl.make_tensor_descriptor(q_ptr, shape=[K // 8, N], strides=[stride_qk, 1],
+                                           block_shape=[BKQ, BLOCK_N])
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = (a_ptr + (k_begin * BLOCK_K).to(tl.int64) * stride_ak + offs_k[None, :] * stride_ak
               + tl.minimum(offs_m, M - 1)[:, None] * stride_am)  # (BLOCK_M, BLOCK_K)
@@ -538,8 +546,11 @@ def _matmul_int4_tc_kernel(
     z_ptrs = z_ptr + offs_bn * stride_zn
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kt in tl.range(k_begin, k_end, num_stages=NUM_STAGES):
-        # the weight is read once: do not let it push the activations out of L2
-        q = tl.load(q_ptrs, eviction_policy="evict_first")
+        if Q_TMA:  # columns past N read zeros; masked on the store
+            q = tl.trans(q_desc.load([kt * BKQ, pid_n * BLOCK_N]))
+        else:
+            # the weight is read once: do not let it push the activations out of L2
+            q = tl.load(q_ptrs, eviction_policy="evict_first")
         g = (kt * BLOCK_K) // GROUP
         s = tl.load(s_ptrs + g * stride_sg).to(tl.float32)
         if HAS_ZEROS:
@@ -594,6 +605,10 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused)
     elif cfg.path == "tc":
         fused = False
+        q_tma = cfg.q_tma and D.tma_ok(qweight)
+        if q_tma:
+            D.ensure_tma_allocator()
+        extra.update(Q_TMA=q_tma)
         kernel, grid = _matmul_int4_tc_kernel, (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m),
                                                 split)
     else:
