@@ -37,9 +37,25 @@ per weight element per M tile).
 
 Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` overrides):
 
-* ``"gemv"`` (M <= 4 by default, any M <= 16 on request): ``_matmul_int4_gemv_kernel``, a
-  memory-bound GEMV on the CUDA cores. One warp a program, program_id(0) a slab of BLOCK_N
-  columns (256 at M = 1: 8 columns a thread in two 16-byte loads), (1) a K split; every
+* ``"tc"`` (M <= 16 by default, any M on request): ``_matmul_int4_tc_kernel``, the decode
+  kernel on the tensor cores with the operands swapped, ``out^T = W a^T``: the weight tile
+  (BLOCK_N columns of the output, 128 at two warpgroups) is the MMA's first operand, which
+  wgmma takes from registers, and the BLOCK_M = 16 rows of ``a`` (padded: rows past M read
+  the last row, never stored) its second, from shared memory. The packed (BLOCK_N, BLOCK_K
+  // 8) tile is pipelined by cp.async (or TMA, ``q_tma``) and read from shared memory
+  straight into the operand's register layout; a K step is taken plane-major (operand K
+  index BKQ j + i is K = 8 i + j: nibble j of packed row i), so each plane is an
+  elementwise function of the words and the planes join into the operand without a
+  shared-memory round trip. Dequantization is a PRMT and a LOP3 per two weights (the
+  nibbles of two words OR-ed into the mantissa of 128.0 (bf16) / 1024.0 (fp16): ``O + q``
+  exactly); offset and zero point come off the MMA sums once per step in float32, ``s
+  (sum_k a_k (O + q_k) - (O + z) sum_k a_k)`` (exact for any z; the activations' K gather
+  and their per-step sums cost the same at any M <= 16). K split into programs and summed
+  by the reduce launch as below.
+* ``"gemv"`` (any M <= 16 on request; the decode default before "tc"):
+  ``_matmul_int4_gemv_kernel``, a memory-bound GEMV on the CUDA cores. One warp a program,
+  program_id(0) a slab of BLOCK_N columns (256 at M = 1: 8 columns a thread in two 16-byte
+  loads), (1) a K split; every
   step's codes are loaded one step ahead, straight into registers. Dequantization needs no
   int -> float convert (nibbles OR-ed into float mantissas, see the kernel), two
   instructions a weight plus 3/8 of a shift, and the zero point and scale are applied once
@@ -48,7 +64,7 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   partials are summed in split order by matmul's ``_splitk_reduce_kernel`` (a second
   launch, which applies the bias) or, with ``fused_reduce``, by the last program of each
   slab to arrive (one launch, the same bits; per-device counters, opt-in).
-* ``"tile"`` (M > 4): ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M tiles, (2)
+* ``"tile"`` (M > 16): ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M tiles, (2)
   K splits. M <= 64: BLOCK_M = 16..64, BLOCK_N = 64, BLOCK_K = min(128, G), 3 stages, K split
   so that about four programs per SM stream the weight, partials reduced as above. Larger M:
   64/128 x 128 tiles, no split: dequantize the tile in registers, then tl.dot. Both dequantize
