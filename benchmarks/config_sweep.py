@@ -337,18 +337,20 @@ def sweep_int4(rows):
         return dict(path="tile", block_m=bm, block_n=bn, block_k=128, split_k=split,
                     num_warps=warps, num_stages=stages)
 
-    def tc(bn, warps, stages, split, tma=False):
+    def tc(bn, warps, stages, split, tma=False, fused=False):
         return dict(path="tc", block_m=16, block_n=bn, block_k=128, split_k=split,
-                    num_warps=warps, num_stages=stages, q_tma=tma)
+                    num_warps=warps, num_stages=stages, q_tma=tma, fused_reduce=fused)
 
     # tc: 128 columns on two warpgroups (the default) or one, 64 on one, 256 on two; stages
     # of cp.async (or TMA copies of the packed tile) in flight; K split 1 (one launch, no
-    # reduce) to 8
+    # reduce) to 8; the split's partials summed by the reduce launch or (fused, per-device
+    # counters) by the last program of a tile
     tcs = [tc(128, 8, 4, 1), tc(128, 8, 4, 2), tc(128, 8, 4, 4), tc(128, 8, 3, 2),
            tc(128, 8, 6, 2), tc(128, 8, 8, 1), tc(128, 4, 4, 2), tc(64, 4, 4, 2),
            tc(64, 4, 6, 4), tc(64, 4, 4, 8), tc(256, 8, 4, 1), tc(256, 8, 3, 2),
            tc(128, 8, 4, 2, True), tc(128, 8, 6, 2, True), tc(128, 8, 8, 1, True),
-           tc(64, 4, 6, 4, True)]
+           tc(64, 4, 6, 4, True), tc(128, 8, 4, 2, fused=True), tc(128, 8, 4, 4, fused=True),
+           tc(128, 4, 4, 4, fused=True), tc(64, 4, 4, 4, fused=True)]
     for idx in (0, 2):  # M = 1
         sweep("int4", I4.int4_config, tcs + [gemv(128, 64, 16, 1, True), gemv(128, 64, 16, 1)],
               "matmul_int4", idx, rows, exact=False)

@@ -199,14 +199,14 @@ def test_gemv_dtypes_groups_and_splits(dtype, sym, G, split):
         check_against_reference(spec.fn, spec.reference, (a, q, s, z), dict(group_size=G))
 
 
-@pytest.mark.parametrize("M", [1, 3])
-def test_gemv_fused_reduce_is_the_two_launch_sum(M):
-    """fused_reduce: the last program of a column slab sums the partials in split order, so
+@pytest.mark.parametrize("M,path", [(1, "gemv"), (3, "gemv"), (1, "tc"), (20, "tc")])
+def test_fused_reduce_is_the_two_launch_sum(M, path):
+    """fused_reduce: the last program of an output tile sums the partials in split order, so
     the result is bit for bit the reduce kernel's; counters return to zero (called twice)."""
     N, K, G = 70, 512, 64
     a, q, s, z = _gemv_case(M, N, K, G, BF16, False, seed=11)
     bias = make_tensor((N,), BF16, seed=5)
-    with I4.int4_config(path="gemv", split_k=4, block_k=32):
+    with I4.int4_config(path=path, split_k=4, block_k=32 if path == "gemv" else 64):
         two = tkit.matmul_int4(a, q, s, z, group_size=G, bias=bias)
         with I4.int4_config(fused_reduce=True), poisoned_outputs():
             one = tkit.matmul_int4(a, q, s, z, group_size=G, bias=bias)
