@@ -337,26 +337,35 @@ def sweep_int4(rows):
         return dict(path="tile", block_m=bm, block_n=bn, block_k=128, split_k=split,
                     num_warps=warps, num_stages=stages)
 
-    def tc(bn, warps, stages, split, tma=False, fused=False):
-        return dict(path="tc", block_m=16, block_n=bn, block_k=128, split_k=split,
+    def tc(bn, warps, stages, split, tma=False, fused=False, bm=16):
+        return dict(path="tc", block_m=bm, block_n=bn, block_k=128, split_k=split,
                     num_warps=warps, num_stages=stages, q_tma=tma, fused_reduce=fused)
 
-    # tc: 128 columns on two warpgroups (the default) or one, 64 on one, 256 on two; stages
-    # of cp.async (or TMA copies of the packed tile) in flight; K split 1 (one launch, no
-    # reduce) to 8; the split's partials summed by the reduce launch or (fused, per-device
-    # counters) by the last program of a tile
-    tcs = [tc(128, 8, 4, 1), tc(128, 8, 4, 2), tc(128, 8, 4, 4), tc(128, 8, 3, 2),
-           tc(128, 8, 6, 2), tc(128, 8, 8, 1), tc(128, 4, 4, 2), tc(64, 4, 4, 2),
-           tc(64, 4, 6, 4), tc(64, 4, 4, 8), tc(256, 8, 4, 1), tc(256, 8, 3, 2),
-           tc(128, 8, 4, 2, True), tc(128, 8, 6, 2, True), tc(128, 8, 8, 1, True),
-           tc(64, 4, 6, 4, True), tc(128, 8, 4, 2, fused=True), tc(128, 8, 4, 4, fused=True),
-           tc(128, 4, 4, 4, fused=True), tc(64, 4, 4, 4, fused=True)]
+    def tc8(bn, warps, stages, split, tma=False, fused=False):
+        return tc(bn, warps, stages, split, tma, fused, bm=8)
+
+    # tc: columns a program (64 / 128 / 256), warps (4: mma.sync with 8 rows of a, or one
+    # warpgroup; 8: two warpgroups), stages of cp.async (or TMA copies of the packed tile) in
+    # flight, K split 1 (one launch, no reduce) to 8, the split's partials summed by the
+    # reduce launch or (fused, per-device counters) by the last program of a tile.
+    # M = 1: 8 rows of a (mma.sync; the default) and 16 (wgmma)
+    m1 = [tc8(128, 4, 4, 2), tc8(128, 4, 4, 4), tc8(128, 4, 4, 8), tc8(128, 4, 6, 2),
+          tc8(128, 4, 3, 4), tc8(128, 8, 4, 2), tc8(128, 8, 8, 1), tc8(256, 8, 4, 2),
+          tc8(64, 4, 4, 4), tc8(64, 4, 6, 8), tc8(128, 4, 4, 4, fused=True),
+          tc8(128, 4, 4, 8, fused=True), tc8(128, 4, 4, 4, tma=True),
+          tc(128, 8, 4, 2), tc(128, 8, 8, 1), tc(128, 4, 4, 2),
+          gemv(128, 64, 16, 1, True), gemv(128, 64, 16, 1)]
+    # M = 16: 16 rows of a (the default: two warpgroups, split 2 / 4)
+    m16 = [tc(128, 8, 4, 1), tc(128, 8, 4, 2), tc(128, 8, 4, 4), tc(128, 8, 3, 2),
+           tc(128, 8, 6, 2), tc(128, 8, 8, 1), tc(128, 4, 4, 2), tc(128, 4, 4, 4),
+           tc(64, 4, 4, 2), tc(64, 4, 6, 4), tc(256, 8, 4, 1), tc(256, 8, 3, 2),
+           tc(128, 8, 4, 2, tma=True), tc(128, 8, 8, 1, tma=True),
+           tc(128, 8, 4, 2, fused=True), tc(128, 8, 4, 4, fused=True),
+           tc(128, 4, 4, 4, fused=True), tile(64, 4, 4, 3)]
     for idx in (0, 2):  # M = 1
-        sweep("int4", I4.int4_config, tcs + [gemv(128, 64, 16, 1, True), gemv(128, 64, 16, 1)],
-              "matmul_int4", idx, rows, exact=False)
+        sweep("int4", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)
     for idx in (1, 3):  # M = 16
-        sweep("int4", I4.int4_config, tcs + [tile(64, 4, 4, 3)],
-              "matmul_int4", idx, rows, exact=False)
+        sweep("int4", I4.int4_config, m16, "matmul_int4", idx, rows, exact=False)
 
 
 def sweep_matmul_mid(rows):

@@ -144,12 +144,12 @@ def test_config_heuristic():
     """Decode shapes (M <= TC_MAX_M) take the tensor-core decode kernel with K split to about
     two programs an SM; M = 32 streams the weight through the tile kernel; large M takes one
     compute tile. An overridden path starts from that path's own defaults."""
-    for M in (1, 3, 16):
+    for M, bm in ((1, 8), (3, 8), (8, 8), (9, 16), (16, 16)):
         c = I4.Int4Config.for_shape(M, 14336, 4096, 128, 132)
-        assert c.path == "tc" and (c.block_m, c.block_k) == (16, 128)
+        assert c.path == "tc" and (c.block_m, c.block_k) == (bm, 128)
         if not _env.INTERPRET:  # K split over programs, each with at least 4 K steps
             assert c.split_k > 1 and 4096 // c.block_k // c.split_k >= 4
-            assert (c.block_n, c.num_warps) == (128, 8)
+            assert (c.block_n, c.num_warps) == (128, 4 if bm == 8 else 8)
     g = I4.Int4Config.for_shape(1, 14336, 4096, 128, 132, path="gemv")
     assert g.path == "gemv" and g.block_m == 1 and g.num_warps == 1 and 128 % g.block_k == 0
     assert I4.Int4Config.for_shape(3, 14336, 4096, 128, 132, path="gemv").block_m == 4
@@ -253,10 +253,12 @@ def test_tc_packed_tile_through_tma(dtype):
             check_against_reference(spec.fn, spec.reference, (a, q, s, z), dict(group_size=G))
 
 
-@pytest.mark.parametrize("M,block_m", [(17, 16), (40, 32), (64, 64), (100, 64)])
+@pytest.mark.parametrize("M,block_m", [(3, 1), (5, 2), (7, 4), (17, 16), (40, 32), (64, 64),
+                                       (100, 64)])
 def test_tc_more_rows_than_one_tile(M, block_m):
-    """M above 16: several M tiles of the activations (the grid's second axis), the last one
-    partly past M (rows past the edge read the last row and are not stored)."""
+    """Several M tiles of the activations (the grid's second axis; tiles of 1..4 rows are
+    padded by Triton to the MMA's 8), the last one partly past M (rows past the edge read the
+    last row and are not stored)."""
     N, K, G = 40, 256, 128
     a, q, s, z = _gemv_case(M, N, K, G, F16, False, seed=17)
     spec = registry.get("matmul_int4")

@@ -139,14 +139,19 @@ class Int4Config:
         if path is None:
             path = "tc" if M <= TC_MAX_M else "tile"
         if path == "tc":
-            # the weight as the MMA's register operand (``_matmul_int4_tc_kernel``): 128
-            # columns, two warpgroups of 64 (one HGMMA.64x16x16 per plane), 4 stages of
-            # cp.async, K split so that about two programs an SM stream the weight (128
-            # registers, 40 KB of shared memory: 2 programs an SM by registers). sm_90a compile
-            # facts, not timings (docs/NOTES.md, "INT4 decode on the tensor cores").
-            tbn, warps = (128, 8) if not _env.INTERPRET else (bn, 4)
-            bm = max(16, min(64, C.next_power_of_2(M)))
-            split = _split_for(C.cdiv(N, tbn) * C.cdiv(M, bm), 2 * num_sms, k_steps, 4)
+            # the weight as the MMA's register operand (``_matmul_int4_tc_kernel``), 128
+            # columns a program, 4 stages of cp.async. M <= 8: 8 rows of a (mma.sync
+            # m16n8k16, a's tile read straight from shared memory into its operand layout),
+            # 4 warps of 32 columns: 128 registers, 4 programs an SM, 2.8 SASS instructions a
+            # weight. M <= 16: 16 rows, two warpgroups of 64 columns (wgmma m64n16k16): 120
+            # registers, 2 programs an SM, 3.5 a weight. K split so that the programs an SM
+            # holds are all busy, each with >= 4 steps. sm_90a compile facts, not timings
+            # (docs/NOTES.md, "INT4 decode on the tensor cores").
+            bm = max(8, min(64, C.next_power_of_2(M)))
+            tbn, warps, per_sm = (128, 4, 4) if bm == 8 else (128, 8, 2)
+            if _env.INTERPRET:
+                tbn, warps = bn, 4
+            split = _split_for(C.cdiv(N, tbn) * C.cdiv(M, bm), per_sm * num_sms, k_steps, 4)
             return Int4Config(bm, tbn, bk, split, num_warps=warps, num_stages=4, path="tc")
         if path == "gemv":
             # one warp a program; at M = 1, 128 columns (4 a thread share the activations'
@@ -223,8 +228,14 @@ def current_config(M: int, N: int, K: int, group_size: int, num_sms: int) -> Int
             raise ValueError(f"path={cfg.path!r} must be one of {PATHS}")
         if cfg.path == "gemv" and M > 16:
             raise ValueError(f"path='gemv' takes all M={M} rows in one program: M <= 16")
-        # one program's rows: all of them on the gemv path, >= 16 for tl.dot on the tile path
-        bm = C.next_power_of_2(M) if cfg.path == "gemv" else max(16, cfg.block_m)
+        # one program's rows: all of them on the gemv path, >= 16 for tl.dot on the tile path,
+        # a power of 2 on the tc path (the MMA's N: Triton pads it to 8)
+        if cfg.path == "gemv":
+            bm = C.next_power_of_2(M)
+        elif cfg.path == "tc":
+            bm = C.next_power_of_2(max(1, cfg.block_m))
+        else:
+            bm = max(16, cfg.block_m)
         if bm != cfg.block_m:
             cfg = dataclasses.replace(cfg, block_m=bm)
     return cfg
