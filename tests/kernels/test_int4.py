@@ -149,7 +149,7 @@ def test_config_heuristic():
         assert c.path == "tc" and (c.block_m, c.block_k) == (bm, 128)
         if not _env.INTERPRET:  # K split over programs, each with at least 4 K steps
             assert c.split_k > 1 and 4096 // c.block_k // c.split_k >= 4
-            assert (c.block_n, c.num_warps) == (128, 4 if bm == 8 else 8)
+            assert (c.block_n, c.num_warps, c.q_tma) == (128, 4 if bm == 8 else 8, True)
     g = I4.Int4Config.for_shape(1, 14336, 4096, 128, 132, path="gemv")
     assert g.path == "gemv" and g.block_m == 1 and g.num_warps == 1 and 128 % g.block_k == 0
     assert I4.Int4Config.for_shape(3, 14336, 4096, 128, 132, path="gemv").block_m == 4
@@ -242,13 +242,13 @@ def test_tc_dtypes_groups_and_splits(dtype, sym, G, split):
 
 @pytest.mark.parametrize("dtype", [F16, BF16])
 def test_tc_packed_tile_through_tma(dtype):
-    """q_tma: the packed tile through a tensor descriptor, N a multiple of 4 but not of the
-    tile (the last tile's columns past N read zeros), K split; an unaligned N falls back to
-    cp.async (same result)."""
+    """q_tma: the packed tile, scales and zeros through tensor descriptors, N a multiple of 8
+    but not of the tile (the last tile's columns past N read zeros), K split, with and
+    without zeros; an unaligned N falls back to cp.async (same result)."""
     M, K, G = 3, 512, 128
     spec = registry.get("matmul_int4")
-    for N in (72, 70):
-        a, q, s, z = _gemv_case(M, N, K, G, dtype, False, seed=19)
+    for N, sym in ((72, False), (72, True), (70, False)):
+        a, q, s, z = _gemv_case(M, N, K, G, dtype, sym, seed=19)
         with I4.int4_config(path="tc", q_tma=True, block_n=64, split_k=2), poisoned_outputs():
             check_against_reference(spec.fn, spec.reference, (a, q, s, z), dict(group_size=G))
 

@@ -119,8 +119,9 @@ class Int4Config:
     #: gemv and tc paths, split_k > 1: the last program of each output tile sums the partials
     #: (one launch, deterministic; per-device arrival counters, so opt-in as matmul's)
     fused_reduce: bool = False
-    #: tc path: the packed tile through a tensor descriptor (TMA) where qweight is 16-byte
-    #: aligned (N a multiple of 4), else cp.async of 4-byte words
+    #: tc path: the packed tile, scales and zeros through tensor descriptors (TMA) where they
+    #: are 16-byte aligned (N a multiple of 8 for 16-bit scales), else cp.async of 4-byte
+    #: words and scales loaded a step ahead
     q_tma: bool = False
 
     @staticmethod
@@ -147,12 +148,17 @@ class Int4Config:
             # registers, 2 programs an SM, 3.5 a weight. K split so that the programs an SM
             # holds are all busy, each with >= 4 steps. sm_90a compile facts, not timings
             # (docs/NOTES.md, "INT4 decode on the tensor cores").
+            # The packed tile, scales and zeros come through tensor descriptors (q_tma; the
+            # launcher falls back to cp.async where they are not 16-byte aligned): the H200
+            # sweep timed the scales' per-step loads as the kernel's bottleneck before they
+            # were staged with the tile.
             bm = max(8, min(64, C.next_power_of_2(M)))
             tbn, warps, per_sm = (128, 4, 4) if bm == 8 else (128, 8, 2)
             if _env.INTERPRET:
                 tbn, warps = bn, 4
             split = _split_for(C.cdiv(N, tbn) * C.cdiv(M, bm), per_sm * num_sms, k_steps, 4)
-            return Int4Config(bm, tbn, bk, split, num_warps=warps, num_stages=4, path="tc")
+            return Int4Config(bm, tbn, bk, split, num_warps=warps, num_stages=4, path="tc",
+                              q_tma=True)
         if path == "gemv":
             # one warp a program; at M = 1, 128 columns (4 a thread share the activations'
             # loads, converts and sums) x 64 K values a step; more rows of a hold more partial
@@ -570,24 +576,47 @@ def _matmul_int4_tc_kernel(
     if Q_TMA:
         q_desc = tl.make_tensor_descriptor(q_ptr, shape=[K // 8, N], strides=[stride_qk, 1],
                                            block_shape=[BKQ, BLOCK_N])
+        s_desc = tl.make_tensor_descriptor(s_ptr, shape=[K // GROUP, N],
+                                           strides=[stride_sg, 1], block_shape=[1, BLOCK_N])
+        if HAS_ZEROS:
+            z_desc = tl.make_tensor_descriptor(z_ptr, shape=[K // GROUP, N],
+                                               strides=[stride_zg, 1], block_shape=[1, BLOCK_N])
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = (a_ptr + (k_begin * BLOCK_K).to(tl.int64) * stride_ak + offs_k[None, :] * stride_ak
               + tl.minimum(offs_m, M - 1)[:, None] * stride_am)  # (BLOCK_M, BLOCK_K)
     s_ptrs = s_ptr + offs_bn * stride_sn
     z_ptrs = z_ptr + offs_bn * stride_zn
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    # The scales and zeros of a step must not be loaded in the step that uses them (a DRAM
+    # latency every step: the pipeliner leaves loads that do not feed the MMA in the loop).
+    # Through descriptors the pipeliner stages them with the packed tile; otherwise they are
+    # loaded a step ahead by hand (two steps ahead stopped the pipelining of the tiles).
+    # Steps past the split's end read its last row (in bounds; unused).
+    last = k_end - 1
+    if not Q_TMA:
+        s1 = tl.load(s_ptrs + ((tl.minimum(k_begin, last) * BLOCK_K) // GROUP) * stride_sg)
+        if HAS_ZEROS:
+            z1 = tl.load(z_ptrs + ((tl.minimum(k_begin, last) * BLOCK_K) // GROUP) * stride_zg)
     for kt in tl.range(k_begin, k_end, num_stages=NUM_STAGES):
+        g = (kt * BLOCK_K) // GROUP
         if Q_TMA:  # columns past N read zeros; masked on the store
             q = tl.trans(q_desc.load([kt * BKQ, pid_n * BLOCK_N]))
+            s = tl.reshape(s_desc.load([g, pid_n * BLOCK_N]), (BLOCK_N,)).to(tl.float32)
+            if HAS_ZEROS:
+                z = tl.reshape(z_desc.load([g, pid_n * BLOCK_N]), (BLOCK_N,)).to(tl.float32)
+            else:
+                z = 8.0  # SYM_ZERO (a global the compiler cannot read)
         else:
             # the weight is read once: do not let it push the activations out of L2
             q = tl.load(q_ptrs, eviction_policy="evict_first")
-        g = (kt * BLOCK_K) // GROUP
-        s = tl.load(s_ptrs + g * stride_sg).to(tl.float32)
-        if HAS_ZEROS:
-            z = tl.load(z_ptrs + g * stride_zg).to(tl.float32)
-        else:
-            z = 8.0  # SYM_ZERO (a global the compiler cannot read)
+            g1 = (tl.minimum(kt + 1, last) * BLOCK_K) // GROUP
+            s = s1.to(tl.float32)
+            s1 = tl.load(s_ptrs + g1 * stride_sg)
+            if HAS_ZEROS:
+                z = z1.to(tl.float32)
+                z1 = tl.load(z_ptrs + g1 * stride_zg)
+            else:
+                z = 8.0  # SYM_ZERO (a global the compiler cannot read)
         # rows of a past M read row M - 1 (no mask: they are dropped on the store)
         a = tl.load(a_ptrs)
         asum = tl.sum(a.to(tl.float32), axis=1)
@@ -653,7 +682,7 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
     elif cfg.path == "tc":
         kernel, grid = _matmul_int4_tc_kernel, (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m),
                                                 split)
-        q_tma = cfg.q_tma and D.tma_ok(qweight)
+        q_tma = cfg.q_tma and D.tma_ok(qweight, scales, *([zeros] if zeros is not None else []))
         if q_tma:
             D.ensure_tma_allocator()
         fused = cfg.fused_reduce and split > 1
