@@ -253,16 +253,16 @@ def test_tc_packed_tile_through_tma(dtype):
             check_against_reference(spec.fn, spec.reference, (a, q, s, z), dict(group_size=G))
 
 
-@pytest.mark.parametrize("M,block_m", [(3, 1), (5, 2), (7, 4), (17, 16), (40, 32), (64, 64),
-                                       (100, 64)])
-def test_tc_more_rows_than_one_tile(M, block_m):
-    """Several M tiles of the activations (the grid's second axis; tiles of 1..4 rows are
-    padded by Triton to the MMA's 8), the last one partly past M (rows past the edge read the
-    last row and are not stored)."""
+@pytest.mark.parametrize("M,block_m,block_n", [(17, 8, 64), (17, 16, 32), (40, 32, 64),
+                                               (64, 64, 32), (100, 64, 64)])
+def test_tc_more_rows_than_one_tile(M, block_m, block_n):
+    """Several M tiles of the activations (the grid's second axis), the last one partly past
+    M (rows past the edge read the last row and are not stored)."""
     N, K, G = 40, 256, 128
     a, q, s, z = _gemv_case(M, N, K, G, F16, False, seed=17)
     spec = registry.get("matmul_int4")
-    with I4.int4_config(path="tc", block_m=block_m, block_n=32), poisoned_outputs():
+    with I4.int4_config(path="tc", block_m=block_m, block_n=block_n,
+                        num_stages=4 if block_m <= 16 else 2), poisoned_outputs():
         check_against_reference(spec.fn, spec.reference, (a, q, s, z), dict(group_size=G))
 
 
