@@ -141,10 +141,13 @@ def test_empty_rows():
 
 
 def test_config_heuristic():
-    """Decode shapes (M <= TC_MAX_M) take the tensor-core decode kernel with K split to about
-    two programs an SM; M = 32 streams the weight through the tile kernel; large M takes one
-    compute tile. An overridden path starts from that path's own defaults."""
-    for M, bm in ((1, 8), (3, 8), (8, 8), (9, 16), (16, 16)):
+    """M <= GEMV_MAX_M takes the GEMV; other decode shapes (M <= TC_MAX_M) the tensor-core
+    decode kernel with K split over the programs an SM holds; M = 32 streams the weight
+    through the tile kernel; large M takes one compute tile. An overridden path starts from
+    that path's own defaults."""
+    assert I4.Int4Config.for_shape(1, 14336, 4096, 128, 132).path == "gemv"
+    assert I4.Int4Config.for_shape(2, 14336, 4096, 128, 132).path == "gemv"
+    for M, bm in ((3, 8), (8, 8), (9, 16), (16, 16)):
         c = I4.Int4Config.for_shape(M, 14336, 4096, 128, 132)
         assert c.path == "tc" and (c.block_m, c.block_k) == (bm, 128)
         if not _env.INTERPRET:  # K split over programs, each with at least 4 K steps

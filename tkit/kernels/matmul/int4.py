@@ -127,18 +127,19 @@ class Int4Config:
     @staticmethod
     def for_shape(M: int, N: int, K: int, group_size: int, num_sms: int = 132,
                   path: str | None = None) -> Int4Config:
-        """Heuristic. M <= TC_MAX_M: the tensor-core decode kernel ("tc", below). Other
-        decode shapes (M <= 64) stream the weight through tl.dot with about four programs per
-        SM (each holds NUM_STAGES - 1 steps of BLOCK_K x BLOCK_N / 2 bytes in flight: 8 KB at
-        128 x 64 and 3 stages); larger M takes a compute tile. ``path``: that path's own
-        defaults at this shape (what ``int4_config(path=...)`` starts from)."""
+        """Heuristic. M <= GEMV_MAX_M: the GEMV; M <= TC_MAX_M: the tensor-core decode kernel
+        ("tc", below). Other decode shapes (M <= 64) stream the weight through tl.dot with
+        about four programs per SM (each holds NUM_STAGES - 1 steps of BLOCK_K x BLOCK_N / 2
+        bytes in flight: 8 KB at 128 x 64 and 3 stages); larger M takes a compute tile.
+        ``path``: that path's own defaults at this shape (what ``int4_config(path=...)``
+        starts from)."""
         bk = _block_k(group_size)
         bn = 128 if N >= 128 else max(16, C.next_power_of_2(N))
         if _env.INTERPRET:  # the interpreter pays per program and per element: small tiles
             bn = min(bn, 64)
         k_steps = K // bk
         if path is None:
-            path = "tc" if M <= TC_MAX_M else "tile"
+            path = "gemv" if M <= GEMV_MAX_M else "tc" if M <= TC_MAX_M else "tile"
         if path == "tc":
             # the weight as the MMA's register operand (``_matmul_int4_tc_kernel``), 128
             # columns a program, 4 stages of cp.async. M <= 8: 8 rows of a (mma.sync
@@ -189,12 +190,14 @@ class Int4Config:
         return Int4Config(bm, bn, bk, 1, num_warps=8 if bm == 128 else 4, num_stages=3)
 
 
+#: the largest M the heuristic gives to the GEMV kernel (its FMAs per weight grow with M).
+#: H200 (graph replays, K=4096 N=14336 / K=N=8192, M=1): GEMV 21.2 / 23.6 us (19.2 / 21.7
+#: with the opt-in one-launch reduce) against the tc kernel's 26.2 / 27.7
+GEMV_MAX_M = 2
 #: the largest M the heuristic gives to the tensor-core decode kernel (one 16-row MMA tile of
-#: activations; its dequantization per weight does not depend on M)
+#: activations; its dequantization per weight does not depend on M). H200, M=16: 27.9 / 28.8
+#: us against the tile kernel's 36.5 / 40.0 (docs/NOTES.md, "INT4 decode on the tensor cores")
 TC_MAX_M = 16
-#: the largest M the heuristic would give to the GEMV kernel (its FMAs per weight grow with
-#: M); below TC_MAX_M it is reached only through ``int4_config(path="gemv")``
-GEMV_MAX_M = 4
 PATHS = ("gemv", "tile", "tc")
 
 
