@@ -337,32 +337,29 @@ def sweep_int4(rows):
         return dict(path="tile", block_m=bm, block_n=bn, block_k=128, split_k=split,
                     num_warps=warps, num_stages=stages)
 
-    def tc(bn, warps, stages, split, tma=False, fused=False, bm=16):
+    def tc(bn, warps, stages, split, tma=False, bm=16):
         return dict(path="tc", block_m=bm, block_n=bn, block_k=128, split_k=split,
-                    num_warps=warps, num_stages=stages, q_tma=tma, fused_reduce=fused)
+                    num_warps=warps, num_stages=stages, q_tma=tma)
 
-    def tc8(bn, warps, stages, split, tma=False, fused=False):
-        return tc(bn, warps, stages, split, tma, fused, bm=8)
+    def tc8(bn, warps, stages, split, tma=False):
+        return tc(bn, warps, stages, split, tma, bm=8)
 
     # tc: columns a program (64 / 128 / 256), warps (4: mma.sync with 8 rows of a, or one
-    # warpgroup; 8: two warpgroups), stages in flight, K split 1 (one launch, no reduce) to 8,
-    # the split's partials summed by the reduce launch or (fused, per-device counters) by the
-    # last program of a tile; tma: the packed tile, scales and zeros through descriptors (the
+    # warpgroup; 8: two warpgroups), stages in flight, K split 2 to 8 (partials summed by the
+    # reduce launch); tma: the packed tile, scales and zeros through descriptors (tc's
     # default), else cp.async and the scales a step ahead by hand.
-    # M = 1: 8 rows of a (mma.sync; the default) and 16 (wgmma)
+    # M = 1 (the GEMV is the default): tc with 8 rows of a (mma.sync) and 16 (wgmma)
     m1 = [tc8(128, 4, 4, 4, tma=True), tc8(128, 4, 4, 2, tma=True), tc8(128, 4, 4, 8, tma=True),
           tc8(128, 4, 6, 4, tma=True), tc8(128, 4, 3, 4, tma=True), tc8(64, 4, 4, 8, tma=True),
           tc8(64, 4, 6, 4, tma=True), tc8(128, 8, 4, 2, tma=True), tc8(256, 8, 4, 2, tma=True),
-          tc8(128, 4, 4, 4, tma=True, fused=True), tc8(128, 4, 4, 8, tma=True, fused=True),
           tc8(128, 4, 4, 4), tc8(128, 4, 4, 8),
           tc(128, 8, 4, 2, tma=True), tc(64, 4, 6, 4, tma=True),
           gemv(128, 64, 16, 1, True), gemv(128, 64, 16, 1)]
-    # M = 16: 16 rows of a (the default: two warpgroups, split 2 / 4)
+    # M = 16 (tc is the default: 16 rows of a, two warpgroups, split 2 / 4)
     m16 = [tc(128, 8, 4, 2, tma=True), tc(128, 8, 4, 4, tma=True), tc(128, 8, 6, 2, tma=True),
            tc(128, 8, 3, 2, tma=True), tc(128, 4, 4, 2, tma=True), tc(128, 4, 4, 4, tma=True),
            tc(64, 4, 6, 4, tma=True), tc(64, 4, 4, 8, tma=True), tc(64, 4, 6, 8, tma=True),
-           tc(256, 8, 4, 2, tma=True), tc(128, 8, 4, 2, tma=True, fused=True),
-           tc(64, 4, 6, 4, tma=True, fused=True), tc(128, 8, 4, 2), tc(128, 8, 4, 4),
+           tc(256, 8, 4, 2, tma=True), tc(128, 8, 4, 2), tc(128, 8, 4, 4),
            tile(64, 4, 4, 3)]
     for idx in (0, 2):  # M = 1
         sweep("int4", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)

@@ -116,8 +116,8 @@ class Int4Config:
     num_warps: int = 4
     num_stages: int = 4
     path: str = "tile"
-    #: gemv and tc paths, split_k > 1: the last program of each output tile sums the partials
-    #: (one launch, deterministic; per-device arrival counters, so opt-in as matmul's)
+    #: gemv path, split_k > 1: the last program of each column slab sums the partials (one
+    #: launch, deterministic; per-device arrival counters, so opt-in as matmul's)
     fused_reduce: bool = False
     #: tc path: the packed tile, scales and zeros through tensor descriptors (TMA) where they
     #: are 16-byte aligned (N a multiple of 8 for 16-bit scales), else cp.async of 4-byte
@@ -532,10 +532,9 @@ def _planes(q, dtype: tl.constexpr):
 def _matmul_int4_tc_kernel(
     a_ptr, q_ptr, s_ptr, z_ptr, c_ptr, ws_ptr, bias_ptr, M, N, K,
     stride_am, stride_ak, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn,
-    stride_cm, stride_cn, stride_bias, cnt_ptr,
+    stride_cm, stride_cn, stride_bias,
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr, Q_TMA: tl.constexpr,
-    FUSED_REDUCE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """``out^T = W a^T`` on the tensor cores for decode sizes: the weight tile (BLOCK_N
@@ -555,9 +554,6 @@ def _matmul_int4_tc_kernel(
     Arguments as ``_matmul_int4_kernel``'s; grid (N tiles, M tiles, K splits). Q_TMA: the
     packed tile comes through a tensor descriptor (one bulk copy a stage instead of a 4-byte
     cp.async per word and thread; the launcher checks the 16-byte alignment TMA needs).
-    FUSED_REDUCE (SPLIT_K > 1): the last program of each output tile to arrive sums the
-    partials in split order and stores (one launch, the reduce launch's bits; per-device
-    arrival counters left at zero, as the GEMV's, so opt-in).
     """
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -641,22 +637,6 @@ def _matmul_int4_tc_kernel(
     else:
         ws_ptrs = ws_ptr + (pid_k * M + offs_m[None, :]).to(tl.int64) * N + offs_n[:, None]
         tl.store(ws_ptrs, acc, mask=mask)
-        if FUSED_REDUCE:
-            tile = pid_m * tl.num_programs(0) + pid_n
-            tl.debug_barrier()  # every thread's partial is stored before the (releasing) arrival
-            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
-                total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                for sp in tl.static_range(SPLIT_K):
-                    total += tl.load(ws_ptr + (sp * M + offs_m[None, :]).to(tl.int64) * N
-                                     + offs_n[:, None], mask=mask, other=0.0,
-                                     cache_modifier=".cg")
-                if HAS_BIAS:
-                    bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)
-                    total += bias.to(tl.float32)[:, None]
-                c_ptrs = c_ptr + offs_m[None, :] * stride_cm + offs_n[:, None] * stride_cn
-                tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
-                tl.atomic_xchg(cnt_ptr + tile, 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -693,9 +673,8 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
                  and D.tma_ok(qweight, scales, *([zeros] if zeros is not None else [])))
         if q_tma:
             D.ensure_tma_allocator()
-        fused = cfg.fused_reduce and split > 1
-        cnt = _splitk_counters(a.device, grid[0] * grid[1]) if fused else qweight
-        extra.update(Q_TMA=q_tma, cnt_ptr=cnt, FUSED_REDUCE=fused)
+        fused = False
+        extra.update(Q_TMA=q_tma)
     else:
         fused = False
         extra.update(magic=MAGIC_A)
