@@ -337,29 +337,30 @@ def sweep_int4(rows):
         return dict(path="tile", block_m=bm, block_n=bn, block_k=128, split_k=split,
                     num_warps=warps, num_stages=stages)
 
-    def tc(bn, warps, stages, split, tma=False, bm=16):
+    def tc(bn, warps, stages, split, tma=False, bm=16, host=False):
         return dict(path="tc", block_m=bm, block_n=bn, block_k=128, split_k=split,
-                    num_warps=warps, num_stages=stages, q_tma=tma)
+                    num_warps=warps, num_stages=stages, q_tma=tma, host_descriptors=host)
 
-    def tc8(bn, warps, stages, split, tma=False):
-        return tc(bn, warps, stages, split, tma, bm=8)
+    def tc8(bn, warps, stages, split, tma=False, host=False):
+        return tc(bn, warps, stages, split, tma, bm=8, host=host)
 
     # tc: columns a program (64 / 128 / 256), warps (4: mma.sync with 8 rows of a, or one
     # warpgroup; 8: two warpgroups), stages in flight, K split 2 to 8 (partials summed by the
     # reduce launch); tma: the packed tile, scales and zeros through descriptors (tc's
-    # default), else cp.async and the scales a step ahead by hand.
+    # default; host: made on the host, not by every program), else cp.async and the scales a
+    # step ahead by hand.
     # M = 1 (the GEMV is the default): tc with 8 rows of a (mma.sync) and 16 (wgmma)
-    m1 = [tc8(128, 4, 4, 4, tma=True), tc8(128, 4, 4, 2, tma=True), tc8(128, 4, 4, 8, tma=True),
-          tc8(128, 4, 6, 4, tma=True), tc8(128, 4, 3, 4, tma=True), tc8(64, 4, 4, 8, tma=True),
-          tc8(64, 4, 6, 4, tma=True), tc8(128, 8, 4, 2, tma=True), tc8(256, 8, 4, 2, tma=True),
-          tc8(128, 4, 4, 4), tc8(128, 4, 4, 8),
-          tc(128, 8, 4, 2, tma=True), tc(64, 4, 6, 4, tma=True),
-          gemv(128, 64, 16, 1, True), gemv(128, 64, 16, 1)]
-    # M = 16 (tc is the default: 16 rows of a, two warpgroups, split 2 / 4)
-    m16 = [tc(128, 8, 4, 2, tma=True), tc(128, 8, 4, 4, tma=True), tc(128, 8, 6, 2, tma=True),
-           tc(128, 8, 3, 2, tma=True), tc(128, 4, 4, 2, tma=True), tc(128, 4, 4, 4, tma=True),
-           tc(64, 4, 6, 4, tma=True), tc(64, 4, 4, 8, tma=True), tc(64, 4, 6, 8, tma=True),
-           tc(256, 8, 4, 2, tma=True), tc(128, 8, 4, 2), tc(128, 8, 4, 4),
+    m1 = [tc8(128, 4, 4, 4, tma=True, host=True), tc8(128, 4, 4, 8, tma=True, host=True),
+          tc8(128, 4, 4, 2, tma=True, host=True), tc8(128, 4, 3, 4, tma=True, host=True),
+          tc8(256, 8, 4, 2, tma=True, host=True), tc8(128, 4, 4, 4, tma=True),
+          tc8(128, 4, 3, 4, tma=True), tc8(128, 4, 4, 8, tma=True), tc8(128, 4, 4, 4),
+          tc(128, 4, 4, 4, tma=True, host=True), gemv(128, 64, 16, 1, True)]
+    # M = 16 (tc is the default: 16 rows of a, two warpgroups, split 2 / 4, descriptors made
+    # by the programs)
+    m16 = [tc(128, 8, 4, 2, tma=True, host=True), tc(128, 4, 4, 4, tma=True, host=True),
+           tc(128, 4, 4, 2, tma=True, host=True), tc(128, 8, 3, 2, tma=True, host=True),
+           tc(128, 8, 4, 4, tma=True, host=True), tc(128, 4, 4, 2, tma=True),
+           tc(128, 4, 4, 4, tma=True), tc(128, 8, 4, 4, tma=True), tc(128, 8, 4, 2),
            tile(64, 4, 4, 3)]
     for idx in (0, 2):  # M = 1
         sweep("int4", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)

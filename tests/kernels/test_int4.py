@@ -243,16 +243,19 @@ def test_tc_dtypes_groups_and_splits(dtype, sym, G, split):
                                 dict(group_size=G, bias=bias))
 
 
+@pytest.mark.parametrize("host", [False, True])
 @pytest.mark.parametrize("dtype", [F16, BF16])
-def test_tc_packed_tile_through_tma(dtype):
-    """q_tma: the packed tile, scales and zeros through tensor descriptors, N a multiple of 8
-    but not of the tile (the last tile's columns past N read zeros), K split, with and
-    without zeros; an unaligned N falls back to cp.async (same result)."""
+def test_tc_packed_tile_through_tma(dtype, host):
+    """q_tma: the packed tile, scales and zeros through tensor descriptors (made by each
+    program, or on the host), N a multiple of 8 but not of the tile (the last tile's columns
+    past N read zeros), K split, with and without zeros; an unaligned N falls back to cp.async
+    (same result)."""
     M, K, G = 3, 512, 128
     spec = registry.get("matmul_int4")
     for N, sym in ((72, False), (72, True), (70, False)):
         a, q, s, z = _gemv_case(M, N, K, G, dtype, sym, seed=19)
-        with I4.int4_config(path="tc", q_tma=True, block_n=64, split_k=2), poisoned_outputs():
+        with I4.int4_config(path="tc", q_tma=True, host_descriptors=host, block_n=64,
+                            split_k=2), poisoned_outputs():
             check_against_reference(spec.fn, spec.reference, (a, q, s, z), dict(group_size=G))
 
 

@@ -123,6 +123,9 @@ class Int4Config:
     #: are 16-byte aligned (N a multiple of 8 for 16-bit scales), else cp.async of 4-byte
     #: words and scales loaded a step ahead
     q_tma: bool = False
+    #: tc path with q_tma: the descriptors made on the host and passed to the kernel instead
+    #: of by every program (opt-in: the eager plans do not take descriptor arguments)
+    host_descriptors: bool = False
 
     @staticmethod
     def for_shape(M: int, N: int, K: int, group_size: int, num_sms: int = 132,
@@ -530,7 +533,7 @@ def _planes(q, dtype: tl.constexpr):
 
 @triton.jit
 def _matmul_int4_tc_kernel(
-    a_ptr, q_ptr, s_ptr, z_ptr, c_ptr, ws_ptr, bias_ptr, M, N, K,
+    a_ptr, q_ptr, s_ptr, z_ptr, c_ptr, ws_ptr, bias_ptr, q_hdesc, s_hdesc, z_hdesc, M, N, K,
     stride_am, stride_ak, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn,
     stride_cm, stride_cn, stride_bias,
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -552,8 +555,10 @@ def _matmul_int4_tc_kernel(
     2 of float32's 24 bits). One scale row per step (BLOCK_K divides GROUP).
 
     Arguments as ``_matmul_int4_kernel``'s; grid (N tiles, M tiles, K splits). Q_TMA: the
-    packed tile comes through a tensor descriptor (one bulk copy a stage instead of a 4-byte
-    cp.async per word and thread; the launcher checks the 16-byte alignment TMA needs).
+    packed tile, scales and zeros come through tensor descriptors (one bulk copy a stage
+    instead of a 4-byte cp.async per word and thread; the launcher checks the 16-byte
+    alignment TMA needs): 1, made by each program (``tl.make_tensor_descriptor``); 2, made on
+    the host and passed as ``q_hdesc`` / ``s_hdesc`` / ``z_hdesc`` (no per-program set-up).
     """
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -572,7 +577,7 @@ def _matmul_int4_tc_kernel(
     k_end = tl.minimum(k_begin + per_split, k_tiles)
     q_ptrs = (q_ptr + (k_begin * BKQ).to(tl.int64) * stride_qk
               + offs_kq[None, :] * stride_qk + offs_bn[:, None] * stride_qn)  # (BN, BKQ)
-    if Q_TMA:
+    if Q_TMA == 1:
         q_desc = tl.make_tensor_descriptor(q_ptr, shape=[K // 8, N], strides=[stride_qk, 1],
                                            block_shape=[BKQ, BLOCK_N])
         s_desc = tl.make_tensor_descriptor(s_ptr, shape=[K // GROUP, N],
@@ -580,6 +585,11 @@ def _matmul_int4_tc_kernel(
         if HAS_ZEROS:
             z_desc = tl.make_tensor_descriptor(z_ptr, shape=[K // GROUP, N],
                                                strides=[stride_zg, 1], block_shape=[1, BLOCK_N])
+    elif Q_TMA == 2:
+        q_desc = q_hdesc
+        s_desc = s_hdesc
+        if HAS_ZEROS:
+            z_desc = z_hdesc
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = (a_ptr + (k_begin * BLOCK_K).to(tl.int64) * stride_ak + offs_k[None, :] * stride_ak
               + tl.minimum(offs_m, M - 1)[:, None] * stride_am)  # (BLOCK_M, BLOCK_K)
@@ -671,10 +681,22 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         q_tma = (cfg.q_tma and cfg.block_n >= 64 and cfg.block_k == 128
                  and scales.element_size() == 2
                  and D.tma_ok(qweight, scales, *([zeros] if zeros is not None else [])))
-        if q_tma:
-            D.ensure_tma_allocator()
         fused = False
-        extra.update(Q_TMA=q_tma)
+        hq = hs = hz = qweight  # unused pointers unless the descriptors come from the host
+        if q_tma and cfg.host_descriptors:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            bkq = cfg.block_k // 8
+            hq = TensorDescriptor(qweight, list(qweight.shape), list(qweight.stride()),
+                                  [bkq, cfg.block_n])
+            hs = TensorDescriptor(scales, list(scales.shape), list(scales.stride()),
+                                  [1, cfg.block_n])
+            hz = (TensorDescriptor(zeros, list(zeros.shape), list(zeros.stride()),
+                                   [1, cfg.block_n]) if zeros is not None else hs)
+        elif q_tma:
+            D.ensure_tma_allocator()
+        extra.update(Q_TMA=(2 if cfg.host_descriptors else 1) if q_tma else 0,
+                     q_hdesc=hq, s_hdesc=hs, z_hdesc=hz)
     else:
         fused = False
         extra.update(magic=MAGIC_A)
