@@ -37,12 +37,13 @@ per weight element per M tile).
 
 Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` overrides):
 
-* ``"tc"`` (M <= 16 by default, any M on request): ``_matmul_int4_tc_kernel``, the decode
+* ``"tc"`` (3 <= M <= 16 by default, any M on request): ``_matmul_int4_tc_kernel``, the decode
   kernel on the tensor cores with the operands swapped, ``out^T = W a^T``: the weight tile
   (BLOCK_N columns of the output, 128 at two warpgroups) is the MMA's first operand, which
-  wgmma takes from registers, and the BLOCK_M = 16 rows of ``a`` (padded: rows past M read
-  the last row, never stored) its second, from shared memory. The packed (BLOCK_N, BLOCK_K
-  // 8) tile is pipelined by cp.async (or TMA, ``q_tma``) and read from shared memory
+  wgmma / mma.sync take from registers, and the BLOCK_M = 8 or 16 rows of ``a`` (padded:
+  rows past M read the last row, never stored) its second. The packed (BLOCK_N, BLOCK_K //
+  8) tile, the scales and the zeros are pipelined through tensor descriptors (``q_tma``;
+  cp.async and scales loaded a step ahead where TMA does not apply) and read from shared memory
   straight into the operand's register layout; a K step is taken plane-major (operand K
   index BKQ j + i is K = 8 i + j: nibble j of packed row i), so each plane is an
   elementwise function of the words and the planes join into the operand without a
@@ -52,7 +53,7 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   (sum_k a_k (O + q_k) - (O + z) sum_k a_k)`` (exact for any z; the activations' K gather
   and their per-step sums cost the same at any M <= 16). K split into programs and summed
   by the reduce launch as below.
-* ``"gemv"`` (any M <= 16 on request; the decode default before "tc"):
+* ``"gemv"`` (M <= 2 by default, any M <= 16 on request):
   ``_matmul_int4_gemv_kernel``, a memory-bound GEMV on the CUDA cores. One warp a program,
   program_id(0) a slab of BLOCK_N columns (256 at M = 1: 8 columns a thread in two 16-byte
   loads), (1) a K split; every
