@@ -355,7 +355,7 @@ def sweep_int4(rows):
           tc8(256, 8, 4, 2, tma=True, host=True), tc8(128, 4, 4, 4, tma=True),
           tc8(128, 4, 3, 4, tma=True), tc8(128, 4, 4, 8, tma=True), tc8(128, 4, 4, 4),
           tc(128, 4, 4, 4, tma=True, host=True), gemv(128, 64, 16, 1, True)]
-    # M = 16 (tc is the default: 16 rows of a, two warpgroups, split 2 / 4, descriptors made
+    # M = 16 (tc is the default: 16 rows of a, one warpgroup, split 2 / 4, descriptors made
     # by the programs)
     m16 = [tc(128, 8, 4, 2, tma=True, host=True), tc(128, 4, 4, 4, tma=True, host=True),
            tc(128, 4, 4, 2, tma=True, host=True), tc(128, 8, 3, 2, tma=True, host=True),

@@ -146,19 +146,18 @@ class Int4Config:
             path = "gemv" if M <= GEMV_MAX_M else "tc" if M <= TC_MAX_M else "tile"
         if path == "tc":
             # the weight as the MMA's register operand (``_matmul_int4_tc_kernel``), 128
-            # columns a program, 4 stages of cp.async. M <= 8: 8 rows of a (mma.sync
-            # m16n8k16, a's tile read straight from shared memory into its operand layout),
-            # 4 warps of 32 columns: 128 registers, 4 programs an SM, 2.8 SASS instructions a
-            # weight. M <= 16: 16 rows, two warpgroups of 64 columns (wgmma m64n16k16): 120
-            # registers, 2 programs an SM, 3.5 a weight. K split so that the programs an SM
-            # holds are all busy, each with >= 4 steps. sm_90a compile facts, not timings
-            # (docs/NOTES.md, "INT4 decode on the tensor cores").
+            # columns a program, 4 stages. M <= 8: 8 rows of a (mma.sync m16n8k16, a's tile
+            # read straight from shared memory into its operand layout), 4 warps of 32
+            # columns. M <= 16: 16 rows, one warpgroup (wgmma m64n16k16 twice). K split so
+            # that the programs an SM holds are all busy, each with >= 4 steps. H200 (run 3,
+            # docs/NOTES.md "INT4 decode on the tensor cores"): M=16 4 warps split 2 / 4
+            # 27.0 / 27.6 us at K=4096 N=14336 / K=N=8192, 8 warps 27.9 / 28.8.
             # The packed tile, scales and zeros come through tensor descriptors (q_tma; the
             # launcher falls back to cp.async where they are not 16-byte aligned): the H200
             # sweep timed the scales' per-step loads as the kernel's bottleneck before they
             # were staged with the tile.
             bm = max(8, min(64, C.next_power_of_2(M)))
-            tbn, warps, per_sm = (128, 4, 4) if bm == 8 else (128, 8, 2)
+            tbn, warps, per_sm = (128, 4, 4) if bm == 8 else (128, 4, 2)
             if _env.INTERPRET:
                 tbn, warps = bn, 4
             split = _split_for(C.cdiv(N, tbn) * C.cdiv(M, bm), per_sm * num_sms, k_steps, 4)
