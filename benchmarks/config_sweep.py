@@ -87,15 +87,22 @@ def sweep(label, ctx, variants, name, index=0, rows=None, exact=True, kernel=Non
     spec, case, args, kwargs = _headline(name, index)
     nbytes = _bytes(spec, args, kwargs)
     want = spec.fn(*args, **kwargs)
-    times = {}
+    times, failed = {}, {}
     for r in range(ROUNDS):
         for v in [{}] + variants:
             with ctx(**v):
-                got = spec.fn(*args, **kwargs)
+                if times.get(json.dumps(v), 0) is None:
+                    continue
+                try:
+                    got = spec.fn(*args, **kwargs)
+                except Exception as e:  # a variant that does not compile or fit: say which
+                    if not v:
+                        raise
+                    times[json.dumps(v)] = None
+                    failed[json.dumps(v)] = f"FAILED {type(e).__name__}: {str(e)[:120]}"
+                    continue
                 if r == 0 and v and not (_same if exact else _close)(got, want):
                     times[json.dumps(v)] = None
-                    continue
-                if times.get(json.dumps(v), 0) is None:
                     continue
                 if kernel:
                     t = kernel_ms(lambda: spec.fn(*args, **kwargs), kernel)
@@ -108,7 +115,8 @@ def sweep(label, ctx, variants, name, index=0, rows=None, exact=True, kernel=Non
     base = min(times["{}"])
     for v, ts in times.items():
         if ts is None:
-            print(f"{label:12s} {case.label:44s} {v:60s} DIFFERENT OUTPUT")
+            print(f"{label:12s} {case.label:44s} {v:60s} "
+                  f"{failed.get(v, 'DIFFERENT OUTPUT')}")
             continue
         t = min(ts)
         print(f"{label:12s} {case.label:44s} {v:60s} {t * 1e3:8.1f} us "
@@ -377,30 +385,48 @@ def sweep_matmul_fp8_block_dsv3(rows):
 
 def sweep_int4(rows):
     """matmul_int4 at the registry's 'decode' cases (M = 1 and 16 at K=4096, N=14336 and at
-    K=N=8192): the GEMV kernel (CUDA cores) against the tensor-core tile kernel at both M,
-    every field given (a variant does not inherit the other path's default)."""
+    K=N=8192): the tensor-core decode kernel ("tc": columns a program, warps, cp.async stages,
+    K split) against the GEMV (CUDA cores) and the tile kernel's best of the last sweep, every
+    field given (a variant does not inherit the other paths' defaults). The default is "tc"."""
     from tkit.kernels.matmul import int4 as I4
 
     def gemv(bn, bk, split, warps, fused=False):
-        return dict(path="gemv", block_n=bn, block_k=bk, split_k=split, num_warps=warps,
-                    num_stages=1, fused_reduce=fused)
+        return dict(path="gemv", block_m=16, block_n=bn, block_k=bk, split_k=split,
+                    num_warps=warps, num_stages=1, fused_reduce=fused)
 
     def tile(bn, split, warps, stages, bm=16):
         return dict(path="tile", block_m=bm, block_n=bn, block_k=128, split_k=split,
                     num_warps=warps, num_stages=stages)
 
-    # GEMV: columns a program (128 x warps: 4 a thread, 256 x warps: 8), K step, K split,
-    # the split's partials summed by the last program (one launch) or a second kernel
-    gemvs = [gemv(128, 64, 16, 1, True), gemv(128, 64, 8, 1), gemv(128, 64, 32, 1),
-             gemv(256, 64, 16, 1), gemv(256, 64, 16, 1, True), gemv(256, 64, 32, 1, True),
-             gemv(128, 32, 32, 1, True), gemv(64, 64, 16, 1)]
-    tiles = [tile(64, 2, 4, 3), tile(64, 4, 4, 3), tile(64, 2, 4, 4), tile(128, 2, 4, 3),
-             tile(64, 8, 4, 3)]
+    def tc(bn, warps, stages, split, tma=False, bm=16, host=False):
+        return dict(path="tc", block_m=bm, block_n=bn, block_k=128, split_k=split,
+                    num_warps=warps, num_stages=stages, q_tma=tma, host_descriptors=host)
+
+    def tc8(bn, warps, stages, split, tma=False, host=False):
+        return tc(bn, warps, stages, split, tma, bm=8, host=host)
+
+    # tc: columns a program (64 / 128 / 256), warps (4: mma.sync with 8 rows of a, or one
+    # warpgroup; 8: two warpgroups), stages in flight, K split 2 to 8 (partials summed by the
+    # reduce launch); tma: the packed tile, scales and zeros through descriptors (tc's
+    # default; host: made on the host, not by every program), else cp.async and the scales a
+    # step ahead by hand.
+    # M = 1 (the GEMV is the default): tc with 8 rows of a (mma.sync) and 16 (wgmma)
+    m1 = [tc8(128, 4, 4, 4, tma=True, host=True), tc8(128, 4, 4, 8, tma=True, host=True),
+          tc8(128, 4, 4, 2, tma=True, host=True), tc8(128, 4, 3, 4, tma=True, host=True),
+          tc8(256, 8, 4, 2, tma=True, host=True), tc8(128, 4, 4, 4, tma=True),
+          tc8(128, 4, 3, 4, tma=True), tc8(128, 4, 4, 8, tma=True), tc8(128, 4, 4, 4),
+          tc(128, 4, 4, 4, tma=True, host=True), gemv(128, 64, 16, 1, True)]
+    # M = 16 (tc is the default: 16 rows of a, one warpgroup, split 2 / 4, descriptors made
+    # by the programs)
+    m16 = [tc(128, 8, 4, 2, tma=True, host=True), tc(128, 4, 4, 4, tma=True, host=True),
+           tc(128, 4, 4, 2, tma=True, host=True), tc(128, 8, 3, 2, tma=True, host=True),
+           tc(128, 8, 4, 4, tma=True, host=True), tc(128, 4, 4, 2, tma=True),
+           tc(128, 4, 4, 4, tma=True), tc(128, 8, 4, 4, tma=True), tc(128, 8, 4, 2),
+           tile(64, 4, 4, 3)]
     for idx in (0, 2):  # M = 1
-        sweep("int4", I4.int4_config, gemvs + tiles[:1], "matmul_int4", idx, rows, exact=False)
+        sweep("int4", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)
     for idx in (1, 3):  # M = 16
-        sweep("int4", I4.int4_config, tiles + [gemv(128, 16, 16, 1, True)],
-              "matmul_int4", idx, rows, exact=False)
+        sweep("int4", I4.int4_config, m16, "matmul_int4", idx, rows, exact=False)
 
 
 def sweep_matmul_mid(rows):

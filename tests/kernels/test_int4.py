@@ -141,16 +141,25 @@ def test_empty_rows():
 
 
 def test_config_heuristic():
-    """Decode shapes of M <= GEMV_MAX_M take the GEMV kernel with K split to several programs
-    per SM; M = 16 streams the weight through tl.dot with K split; large M takes one compute
-    tile."""
-    c = I4.Int4Config.for_shape(1, 14336, 4096, 128, 132)
-    assert c.path == "gemv" and c.block_m == 1 and 128 % c.block_k == 0
-    if not _env.INTERPRET:  # K split over programs, each with at least 4 K steps
-        assert c.split_k > 1 and 4096 // c.block_k // c.split_k >= 4 and c.num_warps == 1
-    assert I4.Int4Config.for_shape(3, 14336, 4096, 128, 132).block_m == 4
-    c16 = I4.Int4Config.for_shape(16, 14336, 4096, 128, 132)
-    assert c16.path == "tile" and (c16.block_m, c16.block_k) == (16, 128)
+    """M <= GEMV_MAX_M takes the GEMV; other decode shapes (M <= TC_MAX_M) the tensor-core
+    decode kernel with K split over the programs an SM holds; M = 32 streams the weight
+    through the tile kernel; large M takes one compute tile. An overridden path starts from
+    that path's own defaults."""
+    assert I4.Int4Config.for_shape(1, 14336, 4096, 128, 132).path == "gemv"
+    assert I4.Int4Config.for_shape(2, 14336, 4096, 128, 132).path == "gemv"
+    for M, bm in ((3, 8), (8, 8), (9, 16), (16, 16)):
+        c = I4.Int4Config.for_shape(M, 14336, 4096, 128, 132)
+        assert c.path == "tc" and (c.block_m, c.block_k) == (bm, 128)
+        if not _env.INTERPRET:  # K split over programs, each with at least 4 K steps
+            assert c.split_k > 1 and 4096 // c.block_k // c.split_k >= 4
+            assert (c.block_n, c.num_warps, c.q_tma) == (128, 4, True)
+    g = I4.Int4Config.for_shape(1, 14336, 4096, 128, 132, path="gemv")
+    assert g.path == "gemv" and g.block_m == 1 and g.num_warps == 1 and 128 % g.block_k == 0
+    assert I4.Int4Config.for_shape(3, 14336, 4096, 128, 132, path="gemv").block_m == 4
+    with I4.int4_config(path="gemv"):
+        assert I4.current_config(1, 14336, 4096, 128, 132) == g
+    c32 = I4.Int4Config.for_shape(32, 14336, 4096, 128, 132)
+    assert c32.path == "tile" and (c32.block_m, c32.block_k) == (32, 128)
     big = I4.Int4Config.for_shape(4096, 14336, 4096, 128, 132)
     assert big.split_k == 1 and big.block_m == 128 and big.path == "tile"
     assert I4.Int4Config.for_shape(1, 4096, 4096, 32, 132).block_k == 32
@@ -166,9 +175,9 @@ def _gemv_case(M, N, K, G, dtype, sym, seed=0):
 
 
 @pytest.mark.parametrize("M", [1, 2, 3, 5, 8, 16])
-@pytest.mark.parametrize("path", ["gemv", "tile"])
+@pytest.mark.parametrize("path", ["gemv", "tile", "tc"])
 def test_small_m_paths_against_reference(M, path):
-    """Both decode paths, forced through int4_config, at every M they serve; odd N (the
+    """Every decode path, forced through int4_config, at every M they serve; odd N (the
     column edge), K of several groups, bias, fp16."""
     N, K, G = 37, 192, 64
     a, q, s, z = _gemv_case(M, N, K, G, F16, False, seed=M)
@@ -193,14 +202,14 @@ def test_gemv_dtypes_groups_and_splits(dtype, sym, G, split):
         check_against_reference(spec.fn, spec.reference, (a, q, s, z), dict(group_size=G))
 
 
-@pytest.mark.parametrize("M", [1, 3])
-def test_gemv_fused_reduce_is_the_two_launch_sum(M):
-    """fused_reduce: the last program of a column slab sums the partials in split order, so
+@pytest.mark.parametrize("M,path", [(1, "gemv"), (3, "gemv")])
+def test_fused_reduce_is_the_two_launch_sum(M, path):
+    """fused_reduce: the last program of an output tile sums the partials in split order, so
     the result is bit for bit the reduce kernel's; counters return to zero (called twice)."""
     N, K, G = 70, 512, 64
     a, q, s, z = _gemv_case(M, N, K, G, BF16, False, seed=11)
     bias = make_tensor((N,), BF16, seed=5)
-    with I4.int4_config(path="gemv", split_k=4, block_k=32):
+    with I4.int4_config(path=path, split_k=4, block_k=32 if path == "gemv" else 64):
         two = tkit.matmul_int4(a, q, s, z, group_size=G, bias=bias)
         with I4.int4_config(fused_reduce=True), poisoned_outputs():
             one = tkit.matmul_int4(a, q, s, z, group_size=G, bias=bias)
@@ -209,22 +218,79 @@ def test_gemv_fused_reduce_is_the_two_launch_sum(M):
     assert int(_matmul_ops._COUNTERS[(a.device.type, a.device.index)].abs().sum()) == 0
 
 
-def test_gemv_fractional_zeros_and_float32_scales():
-    """Zero points need not be integers (HQQ-style) and scales may be float32: the GEMV
-    kernel folds z into per-step sums, exactly for any z."""
+def test_gemv_rejects_large_m():
+    q, s, z = tkit.quantize_int4(make_tensor((8, 32), F16, seed=2), 16)
+    with I4.int4_config(path="gemv"), pytest.raises(ValueError, match="M <= 16"):
+        tkit.matmul_int4(make_tensor((17, 32), F16, seed=1), q, s, z, group_size=16)
+    with I4.int4_config(path="wgmma"), pytest.raises(ValueError, match="path='wgmma'"):
+        tkit.matmul_int4(make_tensor((1, 32), F16, seed=1), q, s, z, group_size=16)
+
+
+# ---- the tensor-core decode kernel (weight as the MMA's register operand) ----------------------
+@pytest.mark.parametrize("dtype,sym,G", [(BF16, False, 128), (BF16, True, 32), (F16, True, 16),
+                                         (F16, False, 64)])
+@pytest.mark.parametrize("split", [1, 3])
+def test_tc_dtypes_groups_and_splits(dtype, sym, G, split):
+    """Symmetric and asymmetric weights, bf16 / fp16 (each with its own magic offset), groups of
+    16..128 (K steps shorter than 128: the plane order inside a step changes), K split 3 ways
+    over an uneven number of steps, bias."""
+    M, N, K = 5, 70, 5 * 128
+    a, q, s, z = _gemv_case(M, N, K, G, dtype, sym, seed=13)
+    bias = make_tensor((N,), dtype, seed=5)
+    spec = registry.get("matmul_int4")
+    with I4.int4_config(path="tc", split_k=split, block_n=32), poisoned_outputs():
+        check_against_reference(spec.fn, spec.reference, (a, q, s, z),
+                                dict(group_size=G, bias=bias))
+
+
+@pytest.mark.parametrize("host", [False, True])
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_tc_packed_tile_through_tma(dtype, host):
+    """q_tma: the packed tile, scales and zeros through tensor descriptors (made by each
+    program, or on the host), N a multiple of 8 but not of the tile (the last tile's columns
+    past N read zeros), K split, with and without zeros; an unaligned N falls back to cp.async
+    (same result)."""
+    M, K, G = 3, 512, 128
+    spec = registry.get("matmul_int4")
+    for N, sym in ((72, False), (72, True), (70, False)):
+        a, q, s, z = _gemv_case(M, N, K, G, dtype, sym, seed=19)
+        with I4.int4_config(path="tc", q_tma=True, host_descriptors=host, block_n=64,
+                            split_k=2), poisoned_outputs():
+            check_against_reference(spec.fn, spec.reference, (a, q, s, z), dict(group_size=G))
+
+
+@pytest.mark.parametrize("M,block_m,block_n", [(17, 8, 64), (17, 16, 32), (40, 32, 64),
+                                               (64, 64, 32), (100, 64, 64)])
+def test_tc_more_rows_than_one_tile(M, block_m, block_n):
+    """Several M tiles of the activations (the grid's second axis), the last one partly past
+    M (rows past the edge read the last row and are not stored)."""
+    N, K, G = 40, 256, 128
+    a, q, s, z = _gemv_case(M, N, K, G, F16, False, seed=17)
+    spec = registry.get("matmul_int4")
+    with I4.int4_config(path="tc", block_m=block_m, block_n=block_n,
+                        num_stages=4 if block_m <= 16 else 2), poisoned_outputs():
+        check_against_reference(spec.fn, spec.reference, (a, q, s, z), dict(group_size=G))
+
+
+@pytest.mark.parametrize("path", ["gemv", "tc"])
+def test_fractional_zeros_and_float32_scales(path):
+    """Zero points need not be integers (HQQ-style) and scales may be float32: both decode
+    kernels take z off in float32 sums (exact for any z)."""
     M, N, K, G = 2, 24, 256, 64
     g = torch.Generator().manual_seed(3)
     q = torch.randint(0, 16, (N, K), generator=g)
     qw = I4.pack_int4(q).to(DEV)
     s = (torch.rand(K // G, N, generator=g) * 0.02 + 0.001).to(DEV)
     z = (torch.rand(K // G, N, generator=g) * 15).to(DEV)  # fractional, float32
-    a = make_tensor((M, K), BF16, seed=1)
-    spec = registry.get("matmul_int4")
-    with I4.int4_config(path="gemv"):
-        check_against_reference(spec.fn, spec.reference, (a, qw, s, z), dict(group_size=G))
+    for dtype in (BF16, F16):
+        a = make_tensor((M, K), dtype, seed=1)
+        spec = registry.get("matmul_int4")
+        with I4.int4_config(path=path):
+            check_against_reference(spec.fn, spec.reference, (a, qw, s, z), dict(group_size=G))
 
 
-def test_gemv_strided_activations():
+@pytest.mark.parametrize("path", ["gemv", "tc"])
+def test_strided_activations(path):
     """Non-contiguous a (every other column of a wider tensor, and a transposed view)."""
     N, K, G = 40, 256, 128
     q, s, z = tkit.quantize_int4(make_tensor((N, K), BF16, seed=2), G)
@@ -233,35 +299,30 @@ def test_gemv_strided_activations():
     tall = make_tensor((K, 2), BF16, seed=4).t()
     for a in (wide, tall):
         assert not a.is_contiguous()
-        with I4.int4_config(path="gemv"):
+        with I4.int4_config(path=path):
             out = tkit.matmul_int4(a, q, s, z, group_size=G)
         assert_close_to_reference(out, a.double() @ w16.double().T, a @ w16.T)
 
 
-def test_gemv_large_codes_and_signs():
-    """Every code 0..15 in every nibble position (the bit tricks of the dequantization:
-    nibbles 7 and 0 come from rotations of the word, the sign bit included)."""
+@pytest.mark.parametrize("path", ["gemv", "tc"])
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_every_code_in_every_nibble(path, dtype):
+    """Every code 0..15 in every nibble position (the bit tricks of the dequantization: the
+    GEMV's rotations, the decode kernel's byte gathers of q and q >> 4, the sign bit)."""
     N, K, G = 16, 128, 128
     codes = torch.arange(N * K).reshape(N, K) % 16
     codes[0] = 15  # the word 0xFFFFFFFF (-1 as int32)
     codes[1] = 8   # 0x88888888, negative
+    codes[2] = (torch.arange(K) // 8) % 16  # one code a word
     qw = I4.pack_int4(codes).to(DEV)
     s = torch.full((1, N), 0.5, device=DEV)
     z = torch.full((1, N), 3.0, device=DEV)
-    a = make_tensor((1, K), F16, seed=1)
+    a = make_tensor((1, K), dtype, seed=1)
     ref = a.double() @ ((codes.double().to(DEV) - 3.0) * 0.5).T
-    with I4.int4_config(path="gemv"):
+    with I4.int4_config(path=path):
         out = tkit.matmul_int4(a, qw, s, z, group_size=G)
     assert_close_to_reference(out, ref, (a.float() @ ((codes.float().to(DEV) - 3) * .5).T
-                                         ).to(F16))
-
-
-def test_gemv_rejects_large_m():
-    q, s, z = tkit.quantize_int4(make_tensor((8, 32), F16, seed=2), 16)
-    with I4.int4_config(path="gemv"), pytest.raises(ValueError, match="M <= 16"):
-        tkit.matmul_int4(make_tensor((17, 32), F16, seed=1), q, s, z, group_size=16)
-    with I4.int4_config(path="wgmma"), pytest.raises(ValueError, match="path='wgmma'"):
-        tkit.matmul_int4(make_tensor((1, 32), F16, seed=1), q, s, z, group_size=16)
+                                         ).to(dtype))
 
 
 # ---- converters -------------------------------------------------------------------------------

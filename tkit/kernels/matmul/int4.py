@@ -37,9 +37,26 @@ per weight element per M tile).
 
 Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` overrides):
 
-* ``"gemv"`` (M <= 4 by default, any M <= 16 on request): ``_matmul_int4_gemv_kernel``, a
-  memory-bound GEMV on the CUDA cores. One warp a program, program_id(0) a slab of BLOCK_N
-  columns (256 at M = 1: 8 columns a thread in two 16-byte loads), (1) a K split; every
+* ``"tc"`` (3 <= M <= 16 by default, any M on request): ``_matmul_int4_tc_kernel``, the decode
+  kernel on the tensor cores with the operands swapped, ``out^T = W a^T``: the weight tile
+  (BLOCK_N columns of the output, 128 at two warpgroups) is the MMA's first operand, which
+  wgmma / mma.sync take from registers, and the BLOCK_M = 8 or 16 rows of ``a`` (padded:
+  rows past M read the last row, never stored) its second. The packed (BLOCK_N, BLOCK_K //
+  8) tile, the scales and the zeros are pipelined through tensor descriptors (``q_tma``;
+  cp.async and scales loaded a step ahead where TMA does not apply) and read from shared memory
+  straight into the operand's register layout; a K step is taken plane-major (operand K
+  index BKQ j + i is K = 8 i + j: nibble j of packed row i), so each plane is an
+  elementwise function of the words and the planes join into the operand without a
+  shared-memory round trip. Dequantization is a PRMT and a LOP3 per two weights (the
+  nibbles of two words OR-ed into the mantissa of 128.0 (bf16) / 1024.0 (fp16): ``O + q``
+  exactly); offset and zero point come off the MMA sums once per step in float32, ``s
+  (sum_k a_k (O + q_k) - (O + z) sum_k a_k)`` (exact for any z; the activations' K gather
+  and their per-step sums cost the same at any M <= 16). K split into programs and summed
+  by the reduce launch as below.
+* ``"gemv"`` (M <= 2 by default, any M <= 16 on request):
+  ``_matmul_int4_gemv_kernel``, a memory-bound GEMV on the CUDA cores. One warp a program,
+  program_id(0) a slab of BLOCK_N columns (256 at M = 1: 8 columns a thread in two 16-byte
+  loads), (1) a K split; every
   step's codes are loaded one step ahead, straight into registers. Dequantization needs no
   int -> float convert (nibbles OR-ed into float mantissas, see the kernel), two
   instructions a weight plus 3/8 of a shift, and the zero point and scale are applied once
@@ -48,7 +65,7 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   partials are summed in split order by matmul's ``_splitk_reduce_kernel`` (a second
   launch, which applies the bias) or, with ``fused_reduce``, by the last program of each
   slab to arrive (one launch, the same bits; per-device counters, opt-in).
-* ``"tile"`` (M > 4): ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M tiles, (2)
+* ``"tile"`` (M > 16): ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M tiles, (2)
   K splits. M <= 64: BLOCK_M = 16..64, BLOCK_N = 64, BLOCK_K = min(128, G), 3 stages, K split
   so that about four programs per SM stream the weight, partials reduced as above. Larger M:
   64/128 x 128 tiles, no split: dequantize the tile in registers, then tl.dot. Both dequantize
@@ -70,7 +87,7 @@ from tkit.kernels import _common as C
 from tkit.kernels import _device as D
 from tkit.kernels import _plan as P
 from tkit.kernels import _register as R
-from tkit.kernels._numerics import and_scalar, round_to, scalar_mask
+from tkit.kernels._numerics import INTERPRET, and_scalar, round_to, scalar_mask
 from tkit.kernels.matmul._kernels import _dot, _splitk_reduce_kernel
 from tkit.kernels.matmul.ops import _splitk_counters
 
@@ -103,19 +120,56 @@ class Int4Config:
     #: gemv path, split_k > 1: the last program of each column slab sums the partials (one
     #: launch, deterministic; per-device arrival counters, so opt-in as matmul's)
     fused_reduce: bool = False
+    #: tc path: the packed tile, scales and zeros through tensor descriptors (TMA) where they
+    #: are 16-byte aligned (N a multiple of 8 for 16-bit scales), else cp.async of 4-byte
+    #: words and scales loaded a step ahead
+    q_tma: bool = False
+    #: tc path with q_tma: the descriptors made on the host and passed to the kernel instead
+    #: of by every program (each program's three descriptor writes and fences cost ~4-5 us
+    #: of a ~27 us call on the H200). Opt-in, not the default: the eager plans (and the
+    #: cached launch path) do not take descriptor arguments, so every eager call with it
+    #: pays Triton's Python launch path; under CUDA-graph replay it is the faster form.
+    host_descriptors: bool = False
 
     @staticmethod
-    def for_shape(M: int, N: int, K: int, group_size: int, num_sms: int = 132) -> Int4Config:
-        """Heuristic, not yet measured on a GPU. M <= GEMV_MAX_M: the GEMV kernel (below).
-        Other decode shapes (M <= 64) stream the weight through tl.dot with about four
-        programs per SM (each holds NUM_STAGES - 1 steps of BLOCK_K x BLOCK_N / 2 bytes in
-        flight: 8 KB at 128 x 64 and 3 stages); larger M takes a compute tile."""
+    def for_shape(M: int, N: int, K: int, group_size: int, num_sms: int = 132,
+                  path: str | None = None) -> Int4Config:
+        """Heuristic. M <= GEMV_MAX_M: the GEMV; M <= TC_MAX_M: the tensor-core decode kernel
+        ("tc", below). Other decode shapes (M <= 64) stream the weight through tl.dot with
+        about four programs per SM (each holds NUM_STAGES - 1 steps of BLOCK_K x BLOCK_N / 2
+        bytes in flight: 8 KB at 128 x 64 and 3 stages); larger M takes a compute tile.
+        ``path``: that path's own defaults at this shape (what ``int4_config(path=...)``
+        starts from)."""
         bk = _block_k(group_size)
         bn = 128 if N >= 128 else max(16, C.next_power_of_2(N))
         if _env.INTERPRET:  # the interpreter pays per program and per element: small tiles
             bn = min(bn, 64)
         k_steps = K // bk
-        if M <= GEMV_MAX_M:
+        if path is None:
+            path = "gemv" if M <= GEMV_MAX_M else "tc" if M <= TC_MAX_M else "tile"
+        if path == "tc":
+            # the weight as the MMA's register operand (``_matmul_int4_tc_kernel``), 128
+            # columns a program. M <= 8: 8 rows of a (mma.sync m16n8k16, a's tile
+            # read straight from shared memory into its operand layout), 4 warps of 32
+            # columns. M <= 16: 16 rows, one warpgroup (wgmma m64n16k16 twice). K split so
+            # that the programs an SM holds are all busy, each with >= 4 steps. H200 (run 3,
+            # docs/NOTES.md "INT4 decode on the tensor cores"): M=16 4 warps split 2 / 4
+            # 27.0 / 27.6 us at K=4096 N=14336 / K=N=8192, 8 warps 27.9 / 28.8.
+            # The packed tile, scales and zeros come through tensor descriptors (q_tma; the
+            # launcher falls back to cp.async where they are not 16-byte aligned): the H200
+            # sweep timed the scales' per-step loads as the kernel's bottleneck before they
+            # were staged with the tile.
+            bm = max(8, min(64, C.next_power_of_2(M)))
+            tbn, warps, per_sm = (128, 4, 4) if bm == 8 else (128, 4, 2)
+            if _env.INTERPRET:
+                tbn, warps = bn, 4
+            split = _split_for(C.cdiv(N, tbn) * C.cdiv(M, bm), per_sm * num_sms, k_steps, 4)
+            # stages: 3 at 8 rows (run 4: 25.8 / 26.6 us against 27.6 / 26.8 for 4; fewer
+            # bytes of shared memory a program), 4 at 16, 2 above (64 rows x 4 overflowed)
+            stages = 3 if bm == 8 else 4 if bm == 16 else 2
+            return Int4Config(bm, tbn, bk, split, num_warps=warps, num_stages=stages,
+                              path="tc", q_tma=True)
+        if path == "gemv":
             # one warp a program; at M = 1, 128 columns (4 a thread share the activations'
             # loads, converts and sums) x 64 K values a step; more rows of a hold more partial
             # sums: smaller steps (M = 2: 256 x 32, 168 registers; M = 4: 128 x 32, 168). K
@@ -125,12 +179,13 @@ class Int4Config:
             # keeps per-device counters (opt-in), and the same tile with the reduce launch
             # benched 22.7 / 25.1 us (docs/NOTES.md, "sixth session"). M = 2 and 4: sm_90a
             # compile facts, not timings.
-            gbn, gbk = {1: (128, 64), 2: (256, 32), 4: (128, 32)}[C.next_power_of_2(M)]
+            gbn, gbk = {1: (128, 64), 2: (256, 32), 4: (128, 32)}.get(C.next_power_of_2(M),
+                                                                     (128, 16))
             if _env.INTERPRET:
                 gbn = bn
             gbk = min(gbk, bk)
             split = _split_for(C.cdiv(N, gbn), 10 * num_sms, K // gbk, 4)
-            return Int4Config(C.next_power_of_2(M), gbn, gbk, split, num_warps=1,
+            return Int4Config(min(16, C.next_power_of_2(M)), gbn, gbk, split, num_warps=1,
                               num_stages=1, path="gemv")
         if M <= 64:
             # 64 columns, 3 stages: 128 registers (128 columns: 255, with the OR-ed nibbles),
@@ -144,10 +199,15 @@ class Int4Config:
         return Int4Config(bm, bn, bk, 1, num_warps=8 if bm == 128 else 4, num_stages=3)
 
 
-#: the largest M the heuristic gives to the GEMV kernel (its FMAs per weight grow with M;
-#: tensor cores take over above), not measured yet
-GEMV_MAX_M = 4
-PATHS = ("gemv", "tile")
+#: the largest M the heuristic gives to the GEMV kernel (its FMAs per weight grow with M).
+#: H200 (graph replays, K=4096 N=14336 / K=N=8192, M=1): GEMV 21.2 / 23.6 us (19.2 / 21.7
+#: with the opt-in one-launch reduce) against the tc kernel's 26.2 / 27.7
+GEMV_MAX_M = 2
+#: the largest M the heuristic gives to the tensor-core decode kernel (one 16-row MMA tile of
+#: activations; its dequantization per weight does not depend on M). H200, M=16: 27.9 / 28.8
+#: us against the tile kernel's 36.5 / 40.0 (docs/NOTES.md, "INT4 decode on the tensor cores")
+TC_MAX_M = 16
+PATHS = ("gemv", "tile", "tc")
 
 
 def _split_for(tiles: int, want_programs: int, k_steps: int, min_steps: int) -> int:
@@ -173,7 +233,10 @@ def int4_config(**overrides):
 
 
 def current_config(M: int, N: int, K: int, group_size: int, num_sms: int) -> Int4Config:
-    cfg = Int4Config.for_shape(M, N, K, group_size, num_sms)
+    over = _OVERRIDES.state.value
+    if over.get("path") is not None and over["path"] not in PATHS:
+        raise ValueError(f"path={over['path']!r} must be one of {PATHS}")
+    cfg = Int4Config.for_shape(M, N, K, group_size, num_sms, path=over.get("path"))
     if _OVERRIDES.active():
         cfg = _OVERRIDES.apply(cfg)
         if group_size % cfg.block_k or cfg.block_k < 16 or cfg.block_k & (cfg.block_k - 1):
@@ -183,8 +246,14 @@ def current_config(M: int, N: int, K: int, group_size: int, num_sms: int) -> Int
             raise ValueError(f"path={cfg.path!r} must be one of {PATHS}")
         if cfg.path == "gemv" and M > 16:
             raise ValueError(f"path='gemv' takes all M={M} rows in one program: M <= 16")
-        # one program's rows: all of them on the gemv path, >= 16 for tl.dot on the tile path
-        bm = C.next_power_of_2(M) if cfg.path == "gemv" else max(16, cfg.block_m)
+        # one program's rows: all of them on the gemv path, >= 16 for tl.dot on the tile path,
+        # a power of 2 >= 8 on the tc path (the MMA's N; fewer rows gained nothing)
+        if cfg.path == "gemv":
+            bm = C.next_power_of_2(M)
+        elif cfg.path == "tc":
+            bm = max(8, C.next_power_of_2(cfg.block_m))
+        else:
+            bm = max(16, cfg.block_m)
         if bm != cfg.block_m:
             cfg = dataclasses.replace(cfg, block_m=bm)
     return cfg
@@ -428,6 +497,164 @@ def _matmul_int4_gemv_kernel(
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
+@triton.jit
+def _plane(q, q4, J: tl.constexpr, dtype: tl.constexpr):
+    """Nibble J of every word of ``q`` (int32; ``q4 = q >> 4``) as the 16-bit float
+    ``O + q_J`` (O = 128 for bf16, 1024 for fp16: the magic whose mantissa's low bits are
+    units), exactly, with no int -> float convert. On the GPU two words a step: one PRMT
+    gathers byte J // 2 of both words (of q4 for odd J) into the low bytes of two halves, one
+    LOP3 keeps the nibbles and ORs in O's bits: the pair is one register of the MMA operand."""
+    MAGIC: tl.constexpr = 0x4300 if dtype == tl.bfloat16 else 0x6400
+    if J % 2:
+        src = q4
+    else:
+        src = q
+    if INTERPRET:
+        x = ((src >> (8 * (J // 2))) & 0xF) | MAGIC
+        return x.to(tl.int16).to(dtype, bitcast=True)
+    B: tl.constexpr = J // 2
+    SEL: tl.constexpr = B | (B << 4) | ((4 + B) << 8) | ((4 + B) << 12)
+    return tl.inline_asm_elementwise(
+        f"{{ .reg .b32 t; prmt.b32 t, $1, $2, {SEL}; "
+        f"lop3.b32 $0, t, 0x000F000F, {MAGIC | (MAGIC << 16)}, 0xEA; }}",
+        "=r,r,r", [src], dtype=tl.bfloat16 if dtype == tl.bfloat16 else tl.float16,
+        is_pure=True, pack=2)
+
+
+@triton.jit
+def _planes(q, dtype: tl.constexpr):
+    """The (BN, BKQ) packed tile as the (BN, 8 BKQ) operand whose column BKQ j + i is nibble j
+    of word i: the planes joined along K, plane-major, so that each 16-wide K chunk of the
+    MMA is one plane and every thread's operand registers hold planes of its own words."""
+    BN: tl.constexpr = q.shape[0]
+    BKQ: tl.constexpr = q.shape[1]
+    q4 = q >> 4
+    x = tl.join(tl.join(tl.join(_plane(q, q4, 0, dtype), _plane(q, q4, 4, dtype)),
+                        tl.join(_plane(q, q4, 2, dtype), _plane(q, q4, 6, dtype))),
+                tl.join(tl.join(_plane(q, q4, 1, dtype), _plane(q, q4, 5, dtype)),
+                        tl.join(_plane(q, q4, 3, dtype), _plane(q, q4, 7, dtype))))
+    x = tl.permute(tl.reshape(x, (BN, BKQ, 8)), (0, 2, 1))
+    return tl.reshape(x, (BN, 8 * BKQ))
+
+
+@triton.jit
+def _matmul_int4_tc_kernel(
+    a_ptr, q_ptr, s_ptr, z_ptr, c_ptr, ws_ptr, bias_ptr, q_hdesc, s_hdesc, z_hdesc, M, N, K,
+    stride_am, stride_ak, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn,
+    stride_cm, stride_cn, stride_bias,
+    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr, Q_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """``out^T = W a^T`` on the tensor cores for decode sizes: the weight tile (BLOCK_N
+    columns of the output x BLOCK_K) is the MMA's first operand, the BLOCK_M (>= 16) rows of
+    ``a`` its second, so the dequantized weight never waits on a shared-memory store: it is
+    made in registers, in the operand's layout, from the packed tile.
+
+    No reshape of nibbles: the K step is split into 8 planes, plane j being nibble j of every
+    packed word, i.e. K = 8 i + j for the step's packed rows i. Each plane is an elementwise
+    function of the (BLOCK_N, BLOCK_K // 8) int32 tile (a shift and a LOP3, then the 16-bit
+    float ``16 + q`` by OR-ing into 16.0's mantissa, exact), and multiplies the activations
+    of the same K (a strided gather of the small ``a``). The offset and the zero point come
+    off once per step, in float32, on the MMA sums: ``sum_k a_k (q_k - z) s = s (sum_k a_k
+    (16 + q_k) - (16 + z) sum_k a_k)`` (any z, fractional included; the offset 16 costs about
+    2 of float32's 24 bits). One scale row per step (BLOCK_K divides GROUP).
+
+    Arguments as ``_matmul_int4_kernel``'s; grid (N tiles, M tiles, K splits). Q_TMA: the
+    packed tile, scales and zeros come through tensor descriptors (one bulk copy a stage
+    instead of a 4-byte cp.async per word and thread; the launcher checks the 16-byte
+    alignment TMA needs): 1, made by each program (``tl.make_tensor_descriptor``); 2, made on
+    the host and passed as ``q_hdesc`` / ``s_hdesc`` / ``z_hdesc`` (no per-program set-up).
+    """
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    BKQ: tl.constexpr = BLOCK_K // 8
+    dtype: tl.constexpr = a_ptr.dtype.element_ty
+    OFFSET: tl.constexpr = 128.0 if dtype == tl.bfloat16 else 1024.0
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_bn = offs_n % N  # columns past the edge read a valid one; masked on the store
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_in = offs_m < M
+    offs_kq = tl.arange(0, BKQ)
+    k_tiles = K // BLOCK_K
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    k_begin = pid_k * per_split
+    k_end = tl.minimum(k_begin + per_split, k_tiles)
+    q_ptrs = (q_ptr + (k_begin * BKQ).to(tl.int64) * stride_qk
+              + offs_kq[None, :] * stride_qk + offs_bn[:, None] * stride_qn)  # (BN, BKQ)
+    if Q_TMA == 1:
+        q_desc = tl.make_tensor_descriptor(q_ptr, shape=[K // 8, N], strides=[stride_qk, 1],
+                                           block_shape=[BKQ, BLOCK_N])
+        s_desc = tl.make_tensor_descriptor(s_ptr, shape=[K // GROUP, N],
+                                           strides=[stride_sg, 1], block_shape=[1, BLOCK_N])
+        if HAS_ZEROS:
+            z_desc = tl.make_tensor_descriptor(z_ptr, shape=[K // GROUP, N],
+                                               strides=[stride_zg, 1], block_shape=[1, BLOCK_N])
+    elif Q_TMA == 2:
+        q_desc = q_hdesc
+        s_desc = s_hdesc
+        if HAS_ZEROS:
+            z_desc = z_hdesc
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = (a_ptr + (k_begin * BLOCK_K).to(tl.int64) * stride_ak + offs_k[None, :] * stride_ak
+              + tl.minimum(offs_m, M - 1)[:, None] * stride_am)  # (BLOCK_M, BLOCK_K)
+    s_ptrs = s_ptr + offs_bn * stride_sn
+    z_ptrs = z_ptr + offs_bn * stride_zn
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    # The scales and zeros of a step must not be loaded in the step that uses them (a DRAM
+    # latency every step: the pipeliner leaves loads that do not feed the MMA in the loop).
+    # Through descriptors the pipeliner stages them with the packed tile; otherwise they are
+    # loaded a step ahead by hand (two steps ahead stopped the pipelining of the tiles).
+    # Steps past the split's end read its last row (in bounds; unused).
+    last = k_end - 1
+    if not Q_TMA:
+        s1 = tl.load(s_ptrs + ((tl.minimum(k_begin, last) * BLOCK_K) // GROUP) * stride_sg)
+        if HAS_ZEROS:
+            z1 = tl.load(z_ptrs + ((tl.minimum(k_begin, last) * BLOCK_K) // GROUP) * stride_zg)
+    for kt in tl.range(k_begin, k_end, num_stages=NUM_STAGES):
+        g = (kt * BLOCK_K) // GROUP
+        if Q_TMA:  # columns past N read zeros; masked on the store
+            q = tl.trans(q_desc.load([kt * BKQ, pid_n * BLOCK_N]))
+            s = tl.reshape(s_desc.load([g, pid_n * BLOCK_N]), (BLOCK_N,)).to(tl.float32)
+            if HAS_ZEROS:
+                z = tl.reshape(z_desc.load([g, pid_n * BLOCK_N]), (BLOCK_N,)).to(tl.float32)
+            else:
+                z = 8.0  # SYM_ZERO (a global the compiler cannot read)
+        else:
+            # the weight is read once: do not let it push the activations out of L2
+            q = tl.load(q_ptrs, eviction_policy="evict_first")
+            g1 = (tl.minimum(kt + 1, last) * BLOCK_K) // GROUP
+            s = s1.to(tl.float32)
+            s1 = tl.load(s_ptrs + g1 * stride_sg)
+            if HAS_ZEROS:
+                z = z1.to(tl.float32)
+                z1 = tl.load(z_ptrs + g1 * stride_zg)
+            else:
+                z = 8.0  # SYM_ZERO (a global the compiler cannot read)
+        # rows of a past M read row M - 1 (no mask: they are dropped on the store)
+        a = tl.load(a_ptrs)
+        asum = tl.sum(a.to(tl.float32), axis=1)
+        # the operand's K order is plane-major (row BKQ j + i is K = 8 i + j)
+        at = tl.reshape(tl.permute(tl.reshape(a, (BLOCK_M, BKQ, 8)), (2, 1, 0)),
+                        (BLOCK_K, BLOCK_M))
+        w = _planes(q, dtype)
+        part = _dot(w, at, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), False)
+        acc += (part - (z + OFFSET)[:, None] * asum[None, :]) * s[:, None]
+        q_ptrs += BKQ * stride_qk
+        a_ptrs += BLOCK_K * stride_ak
+    mask = (offs_n[:, None] < N) & m_in[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)
+            acc = acc + bias.to(tl.float32)[:, None]
+        c_ptrs = c_ptr + offs_m[None, :] * stride_cm + offs_n[:, None] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        ws_ptrs = ws_ptr + (pid_k * M + offs_m[None, :]).to(tl.int64) * N + offs_n[:, None]
+        tl.store(ws_ptrs, acc, mask=mask)
+
+
 # --------------------------------------------------------------------------------------------
 # Launch
 # --------------------------------------------------------------------------------------------
@@ -451,6 +678,31 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         # the per-device arrival counters of matmul's one-launch split-K (left at zero)
         cnt = _splitk_counters(a.device, grid[0]) if fused else qweight
         extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused)
+    elif cfg.path == "tc":
+        kernel, grid = _matmul_int4_tc_kernel, (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m),
+                                                split)
+        # descriptors only where the H200 ran them correctly: 16-bit scales, 128-deep K steps,
+        # boxes of >= 64 columns (the GPU tests crashed on a run that also used 32-column
+        # boxes, fp32 scales and shorter steps; not narrowed down yet)
+        q_tma = (cfg.q_tma and cfg.block_n >= 64 and cfg.block_k == 128
+                 and scales.element_size() == 2
+                 and D.tma_ok(qweight, scales, *([zeros] if zeros is not None else [])))
+        fused = False
+        hq = hs = hz = qweight  # unused pointers unless the descriptors come from the host
+        if q_tma and cfg.host_descriptors:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            bkq = cfg.block_k // 8
+            hq = TensorDescriptor(qweight, list(qweight.shape), list(qweight.stride()),
+                                  [bkq, cfg.block_n])
+            hs = TensorDescriptor(scales, list(scales.shape), list(scales.stride()),
+                                  [1, cfg.block_n])
+            hz = (TensorDescriptor(zeros, list(zeros.shape), list(zeros.stride()),
+                                   [1, cfg.block_n]) if zeros is not None else hs)
+        elif q_tma:
+            D.ensure_tma_allocator()
+        extra.update(Q_TMA=(2 if cfg.host_descriptors else 1) if q_tma else 0,
+                     q_hdesc=hq, s_hdesc=hs, z_hdesc=hz)
     else:
         fused = False
         extra.update(magic=MAGIC_A)
