@@ -25,6 +25,7 @@ from tkit.kernels.matmul._kernels import (
     _matmul_tma_autotuned,
     _matmul_tma_kernel,
     _splitk_reduce_kernel,
+    _stream_k_fixup_kernel,
 )
 from tkit.kernels.matmul.config import (
     ACTIVATIONS,
@@ -102,11 +103,20 @@ def _launch_tma(a, b, out, epi, ieee, num_sms, config: TmaConfig | None = None):
     if _expect(config, TmaConfig) is None and not MC.autotuned():
         config = MC.current(TmaConfig.for_shape(M, N, K, a.element_size(), num_sms))
     kernel = _matmul_tma_kernel if config is not None else _matmul_tma_autotuned
+    programs = num_sms
+    sk_tiles = 0
+    if config is not None:
+        programs = config.num_programs or num_sms
+        tiles = C.cdiv(M, config.block_m) * C.cdiv(N, config.block_n)
+        sk_tiles = MC.stream_k_tiles(config.stream_k, tiles, programs) if K > 0 else 0
 
     def grid(meta):
+        if sk_tiles:
+            return (programs,)  # stream-K deals iterations to exactly NUM_SMS programs
         tiles = C.cdiv(M, meta["BLOCK_M"]) * C.cdiv(N, meta["BLOCK_N"])
-        return (max(1, min(num_sms, tiles)),)
+        return (max(1, min(programs, tiles)),)
 
+    epi_main = epi
     res = epi["res_ptr"] if epi["HAS_RES"] else None
     if res is not None and res.dim() == 2 and tuple(res.shape) == (M, N) \
             and res.stride(0) > 0 and res.element_size() <= 2 and _tma_ok(res) == (True, False):
@@ -114,12 +124,27 @@ def _launch_tma(a, b, out, epi, ieee, num_sms, config: TmaConfig | None = None):
         # buffer is 32 KB at 128x256 tiles (a float32 one, 64 KB, would not fit next to the
         # pipeline stages). Its row stride is the one _tma_ok checked: a single row's own
         # stride(0) may be anything, and a descriptor stride must be a multiple of 16 bytes.
-        epi = dict(epi, HAS_RES=False, RES_TMA=True, stride_rm=_lead_stride(res, False))
+        epi_main = dict(epi, HAS_RES=False, RES_TMA=True, stride_rm=_lead_stride(res, False))
 
+    sk = {}
+    if sk_tiles:
+        # float32 partials, two slots per program (its range's first and last tile); only the
+        # slots of shared tiles are written, and the fixup reads only those
+        ws = C.scratch((2 * programs * config.block_m * config.block_n,), torch.float32,
+                       a.device)
+        sk = dict(ws_ptr=ws, sk_tiles=sk_tiles, STREAM_K=True)
     C.launch(kernel, grid, a_ptr=a, b_ptr=b, c_ptr=out, M=M, N=N, K=K,
              stride_a=_lead_stride(a, a_trans), stride_b=_lead_stride(b, b_trans),
-             stride_cm=out.stride(0), A_TRANS=a_trans, B_TRANS=b_trans, **epi, IEEE=ieee,
-             NUM_SMS=num_sms, **(config.launch_kwargs() if config is not None else {}))
+             stride_cm=out.stride(0), A_TRANS=a_trans, B_TRANS=b_trans, **epi_main, IEEE=ieee,
+             NUM_SMS=programs, **sk, **(config.launch_kwargs() if config is not None else {}))
+    if sk_tiles:
+        bm, bn = config.block_m, config.block_n
+        sub_m, sub_n = min(64, bm), min(128, bn)
+        C.launch(_stream_k_fixup_kernel, (sk_tiles, (bm // sub_m) * (bn // sub_n)),
+                 ws_ptr=ws, c_ptr=out, M=M, N=N, K=K, sk_tiles=sk_tiles,
+                 stride_cm=out.stride(0), **epi, NUM_SMS=programs, BLOCK_M=bm, BLOCK_N=bn,
+                 BLOCK_K=config.block_k, GROUP_M=config.group_m, SUB_M=sub_m, SUB_N=sub_n,
+                 num_warps=4)
 
 
 _COUNTERS: dict = {}
