@@ -742,3 +742,194 @@ def test_tma_residual_row_stride_of_one_row(monkeypatch):
     (launch,) = launches
     assert launch.kwargs["RES_TMA"] is True
     assert launch.kwargs["stride_rm"] * 2 % 16 == 0
+
+
+# ---- stream-K (TmaConfig.stream_k) ------------------------------------------------------------
+def _sk_cfg(mode, programs, subtile=True, bm=32, bn=32, bk=16):
+    return mm.TmaConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=4, group_m=4,
+                        epi_subtile=subtile, stream_k=mode, num_programs=programs)
+
+
+def _sk_pieces(tiles, k_tiles, programs):
+    """Per tile, the programs that share its K iterations (the kernel's _sk_range)."""
+    total = tiles * k_tiles
+    q, r = divmod(total, programs)
+    begin = [p * q + min(p, r) for p in range(programs + 1)]
+    return [sorted({p for p in range(programs) for it in range(t * k_tiles, (t + 1) * k_tiles)
+                    if begin[p] <= it < begin[p + 1]}) for t in range(tiles)]
+
+
+@pytest.fixture
+def poisoned_workspace(monkeypatch):
+    """NaN-filled scratch: a fixup that read a partial nobody wrote would show it."""
+    def scratch(shape, dtype, device):
+        return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(mm.ops.C, "scratch", scratch)
+
+
+# (M, N, K, programs, mode): with 32x32x16 tiles. The schedules they make (checked below):
+# tiles shared by 1, 2 and 3 programs, programs holding pieces of 2 and 3 tiles, a K that is
+# no multiple of BLOCK_K, whole waves before the stream-K tiles ("tail"), programs with no
+# stream-K iteration at all (fewer iterations than programs)
+_SK_CASES = [
+    (64, 64, 64, 3, "all"),     # 4 tiles x 4 steps over 3 programs: 1 and 2 per tile
+    (64, 64, 64, 5, "all"),     # 5 programs: pieces of 2 tiles in one program
+    (64, 96, 48, 4, "all"),     # 6 tiles x 3 steps over 4: a piece, a whole tile, a piece
+    (32, 64, 128, 7, "all"),    # 2 tiles x 8 steps over 7: 3 programs on one tile
+    (96, 96, 40, 2, "all"),     # 9 tiles x 3 steps (K=40: a partial last step) over 2
+    (96, 128, 48, 5, "tail"),   # 12 tiles: one whole wave of 5, then 7 tiles stream-K
+    (40, 72, 24, 7, "all"),     # edge tiles; 6 tiles x 2 steps over 7 programs
+    (32, 32, 16, 3, "all"),     # 1 iteration, 3 programs: two get none
+]
+
+
+def test_stream_k_schedules_cover_the_cases():
+    """The cases above do make the schedules they are there for."""
+    shared = set()
+    for M, N, K, P, mode in _SK_CASES:
+        tiles = _common.cdiv(M, 32) * _common.cdiv(N, 32)
+        sk = mm.config.stream_k_tiles(mode, tiles, P)
+        pieces = _sk_pieces(sk, _common.cdiv(K, 16), P)
+        shared |= {len(p) for p in pieces}
+        per_program = [sum(p in ps for ps in pieces) for p in range(P)]
+        shared |= {10 + n for n in per_program}
+    assert {1, 2, 3, 12, 13, 10} <= shared
+    assert mm.config.stream_k_tiles("tail", 12, 5) == 7
+    assert mm.config.stream_k_tiles("tail", 10, 5) == 0  # whole waves: nothing to deal out
+    assert mm.config.stream_k_tiles("tail", 7, 5) == 7  # fewer than two waves: all
+    assert mm.config.stream_k_tiles("off", 7, 5) == 0
+
+
+@pytest.mark.parametrize("M, N, K, programs, mode", _SK_CASES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.bfloat16])
+def test_stream_k_against_reference(M, N, K, programs, mode, dtype, device,
+                                     poisoned_workspace):
+    """Forced stream-K with a few programs, bias + activation + a row-major residual (read by
+    TMA in the main kernel, by pointers in the fixup), against the float64 reference."""
+    a = make_tensor((M, K), dtype, seed=1, device=device)
+    b = make_tensor((N, K), dtype, seed=2, device=device).t()
+    bias = make_tensor((N,), dtype, seed=3, device=device)
+    res = make_tensor((M, N), dtype, seed=4, device=device)
+    cfg = _sk_cfg(mode, programs, subtile=(M + N) % 64 == 0)
+
+    def fn(a, b, bias, res):
+        return mm._matmul_impl(a, b, bias, res, activation="gelu_tanh", path="tma",
+                               allow_tf32=False, config=cfg)
+
+    with _common.capture_launches() as launches:
+        fn(a, b, bias, res)
+    names = [getattr(lc.kernel, "__name__", None) or lc.kernel.fn.__name__ for lc in launches]
+    assert names == ["_matmul_tma_kernel", "_stream_k_fixup_kernel"]
+    assert launches[0].kwargs["STREAM_K"] and launches[0].kwargs["NUM_SMS"] == programs
+    check_against_reference(
+        fn, lambda a, b, bias, res: torch.nn.functional.gelu(a @ b + bias, approximate="tanh")
+        + res, [a, b, bias, res])
+
+
+@pytest.mark.parametrize("subtile", [True, False])
+def test_stream_k_epilogues(subtile, device, poisoned_workspace):
+    """Scales (per-row / per-column and per-tensor), a broadcast residual (pointer reads in
+    both kernels), float32 output; the same bits on every run (partials summed in K order)."""
+    M, N, K = 72, 96, 88
+    a = make_tensor((M, K), torch.float16, seed=1, device=device)
+    b = make_tensor((K, N), torch.float16, seed=2, device=device)  # row-major b
+    bias = make_tensor((N,), torch.float32, seed=3, device=device)
+    res_row = make_tensor((N,), torch.float16, seed=4, device=device)
+    sa = torch.rand(M, device=device) + 0.5
+    sb = torch.rand(N, device=device) + 0.5
+    for s_a, s_b in ((sa, sb), (sa[:1], sb[:1])):
+        for programs in (2, 5):
+            cfg = _sk_cfg("all", programs, subtile)
+
+            def fn(a, b, bias, res, s_a=s_a, s_b=s_b, cfg=cfg):
+                return mm._matmul_impl(a, b, bias, res, scale_a=s_a, scale_b=s_b,
+                                       activation="silu", out_dtype=torch.float32,
+                                       path="tma", allow_tf32=False, config=cfg)
+
+            def ref(a, b, bias, res, s_a=s_a, s_b=s_b):
+                y = (a @ b) * (s_a.reshape(-1, 1) if s_a.numel() > 1 else s_a)
+                y = y * (s_b if s_b.numel() == 1 else s_b.reshape(1, -1))
+                return torch.nn.functional.silu(y + bias) + res
+
+            first = fn(a, b, bias, res_row)
+            assert torch.equal(fn(a, b, bias, res_row), first)
+            torch.testing.assert_close(first.double(),
+                                       ref(*(t.double() for t in (a, b, bias, res_row))),
+                                       rtol=2e-3, atol=2e-3)
+
+
+def test_stream_k_override_and_validation():
+    """``matmul_config(stream_k=...)`` reaches the launch; a bad mode or program count is a
+    ValueError; "tail" on tiles that make whole waves launches the plain kernel."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    a, w = torch.empty(512, 4096, **meta), torch.empty(6144, 4096, **meta)
+    with mm.matmul_config(stream_k="all", block_m=128, block_n=256):
+        launched = _launched(lambda: tkit.matmul(a, w.t()))
+    assert [n for n, _ in launched] == ["_matmul_tma_kernel", "_stream_k_fixup_kernel"]
+    kw = launched[0][1]
+    assert kw["STREAM_K"] and kw["sk_tiles"] == 96 and kw["NUM_SMS"] == 132
+    assert launched[1][1]["sk_tiles"] == 96
+    with mm.matmul_config(stream_k="tail", block_m=128, block_n=128):  # 192 tiles
+        ((_, kw), _) = _launched(lambda: tkit.matmul(a, w.t()))
+    assert kw["sk_tiles"] == 192  # fewer than two waves: every tile
+    with mm.matmul_config(stream_k="tail", block_m=128, block_n=256, num_programs=48):
+        ((name, kw),) = _launched(lambda: tkit.matmul(a, w.t()))  # 96 tiles = 2 waves of 48
+    assert "STREAM_K" not in kw and kw["NUM_SMS"] == 48
+    with pytest.raises(ValueError, match="stream_k"):
+        mm.TmaConfig(block_m=64, block_n=64, block_k=32, num_warps=4, stream_k="yes")
+    with pytest.raises(ValueError, match="num_programs"):
+        mm.TmaConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_programs=0)
+
+
+@pytest.mark.parametrize("sms", [132, 114, 96, 78])
+def test_stream_k_heuristic_at_layer_shapes(sms, monkeypatch):
+    """The fixed table takes stream-K where whole tiles leave a partial wave that costs more
+    than sharing tiles does (the cost model of TmaConfig.for_shape), as a function of the SM
+    count: Llama-3-8B's projections at 512 and 4096 tokens."""
+    monkeypatch.setattr(mm.config._env, "INTERPRET", False)
+    for M in (512, 4096):
+        for N, K in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
+            cfg = mm.TmaConfig.for_shape(M, N, K, 2, sms)
+            tiles = _common.cdiv(M, cfg.block_m) * _common.cdiv(N, cfg.block_n)
+            if tiles % sms == 0:
+                assert cfg.stream_k == "off"  # whole waves: nothing to balance
+            launched = mm.config.stream_k_tiles(cfg.stream_k, tiles, sms)
+            assert (launched > 0) == (cfg.stream_k != "off"), (M, N, K)
+    # the cases the model was built for, on the H200's 132 SMs
+    if sms == 132:
+        qkv = mm.TmaConfig.for_shape(512, 6144, 4096, 2, sms)  # 96 tiles of 128x256: 0.73 wave
+        assert (qkv.block_n, qkv.stream_k) == (256, "tail")
+        gate_up = mm.TmaConfig.for_shape(512, 28672, 4096, 2, sms)  # 448 tiles: 3.39 waves
+        assert (gate_up.block_n, gate_up.stream_k) == (256, "tail")
+        assert mm.TmaConfig.for_shape(512, 4096, 4096, 2, sms).stream_k == "off"  # 128 tiles
+    qkv = mm.TmaConfig.for_shape(512, 6144, 4096, 2, sms)
+    if sms == 96:  # 96 tiles of 128x256 make one whole wave: no stream-K
+        assert (qkv.block_n, qkv.stream_k) == (256, "off")
+    if sms == 78:  # 1.23 waves of 128x256 tiles: the second wave is mostly idle
+        assert qkv.stream_k == "tail"
+    if sms == 114:  # 0.84 wave: 16% idle, less than sharing the tiles costs
+        assert qkv.stream_k == "off"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (runs on the device machine)")
+@pytest.mark.parametrize("mode", ["all", "tail"])
+@pytest.mark.parametrize("M, N, K", [(512, 6144, 4096), (512, 28672, 4096), (300, 1000, 1000)])
+def test_stream_k_bf16_at_size(mode, M, N, K):
+    """bf16 at the layer's shapes (and a ragged one) on the GPU: the reference rule with bias,
+    silu and a residual, and the same bits on a second run."""
+    a = make_tensor((M, K), torch.bfloat16, seed=1, device="cuda")
+    b = make_tensor((N, K), torch.bfloat16, seed=2, device="cuda").t()
+    bias = make_tensor((N,), torch.bfloat16, seed=3, device="cuda")
+    res = make_tensor((M, N), torch.bfloat16, seed=4, device="cuda")
+    cfg = mm.TmaConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3,
+                       stream_k=mode)
+
+    def fn(a, b, bias, res):
+        return mm._matmul_impl(a, b, bias, res, activation="silu", path="tma", config=cfg)
+
+    first = fn(a, b, bias, res)
+    assert torch.equal(fn(a, b, bias, res), first)
+    check_against_reference(fn, lambda a, b, bias, res: torch.nn.functional.silu(a @ b + bias)
+                            + res, [a, b, bias, res])
