@@ -315,23 +315,32 @@ def _matmul_tma_kernel(
             ws_ptr, shape=[2 * NUM_SMS * BLOCK_M, BLOCK_N], strides=[BLOCK_N, 1],
             block_shape=[BLOCK_M, BLOCK_N // 4 if EPI_SUBTILE else BLOCK_N // 2])
         n_iters = dp_iters + it_end - it_begin
+        # the unit (tile, first K step) being walked, advanced at the top of the step that
+        # enters it (where the flattened loop below keeps its prologue: the pipeliner can run
+        # this scalar chain ahead of the MMAs) rather than derived from i by divisions on
+        # every K step
+        sk_k0 = it_begin - sk_first * k_tiles
+        tile_id = start_pid - NUM_SMS
+        ki = k_tiles - 1
+        k_start = 0
+        off_m = 0
+        off_n = 0
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for i in range(0, n_iters):
-            in_dp = i < dp_iters
-            g = it_begin + i - dp_iters  # the global stream-K iteration (when not in_dp)
-            tile_id = tl.where(in_dp, start_pid + (i // k_tiles) * NUM_SMS,
-                               dp_tiles + g // k_tiles)
-            ki = tl.where(in_dp, i % k_tiles, g % k_tiles)
-            pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
-            off_m = pid_m * BLOCK_M
-            off_n = pid_n * BLOCK_N
+            ki += 1
+            to_sk = i == dp_iters
+            if (ki == k_tiles) | to_sk:
+                tile_id = tl.where(to_sk, dp_tiles + sk_first,
+                                   tl.where(i < dp_iters, tile_id + NUM_SMS, tile_id + 1))
+                ki = tl.where(to_sk, sk_k0, 0)
+                k_start = ki
+                pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
+                off_m = pid_m * BLOCK_M
+                off_n = pid_n * BLOCK_N
             a, b = _tma_tiles(a_desc, b_desc, off_m, off_n, ki * BLOCK_K, A_TRANS, B_TRANS)
             acc = _dot(a, b, acc, IEEE)
             if (ki == k_tiles - 1) | (i == n_iters - 1):
-                s_first = tile_id - dp_tiles == sk_first
-                whole = in_dp | ((ki == k_tiles - 1) & ((s_first == 0) |
-                                                      (it_begin == sk_first * k_tiles)))
-                if whole:
+                if (k_start == 0) & (ki == k_tiles - 1):
                     _tma_tile_out(acc, off_m, off_n, M, N, c_desc, r_desc, sa_ptr, sb_ptr,
                                   bias_ptr, stride_bias, res_ptr, stride_rm, stride_rn,
                                   SCALE_A, SCALE_B, HAS_BIAS, ACT, HAS_RES, RES_TMA, BLOCK_M,
@@ -340,7 +349,7 @@ def _matmul_tma_kernel(
                     # a piece of a tile that other programs share: its float32 partial goes
                     # to this program's slot (0: the range's first tile, 1: its last); the
                     # fixup kernel sums a tile's pieces in K order and applies the epilogue
-                    slot = start_pid * 2 + (s_first == 0).to(tl.int32)
+                    slot = start_pid * 2 + (tile_id != dp_tiles + sk_first).to(tl.int32)
                     _sk_store_partial(acc, ws_desc, slot, BLOCK_M, BLOCK_N, EPI_SUBTILE)
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:

@@ -146,7 +146,7 @@ class TmaConfig:
 
     @classmethod
     def for_shape(cls, M: int, N: int, K: int, elem_size: int = 2,
-                  num_sms: int = 132) -> TmaConfig:
+                  num_sms: int = 132, stream_k: bool = True) -> TmaConfig:
         """The fixed TMA config for a shape (without autotuning, the default).
 
         The persistent kernel runs ceil(tiles / SMs) waves of tiles, so the time of a tile
@@ -159,13 +159,16 @@ class TmaConfig:
 
         Stream-K (``stream_k``) removes the partial last wave: each tile candidate is also
         timed as tiles / SMs waves (perfect balance) plus the cost of sharing tiles, and the
-        fastest of all is taken (:func:`_stream_k_choice`)."""
+        fastest of all is taken (:func:`_stream_k_choice`); ``stream_k=False`` for a kernel
+        that has no stream-K schedule (the block-scaled fp8 one)."""
         if _env.INTERPRET:
             return cls(**_INTERPRETER_TILE)
         bk = {1: 256, 2: 64, 4: 32}[elem_size]
         best = None
         for bm, bn, warps, stages, eff in (_TMA_TILES_FP8 if elem_size == 1 else _TMA_TILES):
             for mode, t in _stream_k_choice(M, N, K, bm, bn, bk, eff, elem_size, num_sms):
+                if mode != "off" and not stream_k:
+                    continue
                 if best is None or t < best[0] * 0.999:
                     best = (t, bm, bn, warps, stages, mode)
         _, bm, bn, warps, stages, mode = best
