@@ -213,28 +213,51 @@ def _tma_tile_out(acc, off_m, off_n, M, N, c_desc, r_desc, sa_ptr, sb_ptr, bias_
 
 
 @triton.jit
+def _split_cols(x, BLOCK_M: tl.constexpr, W: tl.constexpr):
+    """(BLOCK_M, W) -> its left and right (BLOCK_M, W // 2) halves."""
+    return tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, W // 2)), (0, 2, 1)))
+
+
+@triton.jit
 def _sk_store_partial(acc, ws_desc, slot, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      EPI_SUBTILE: tl.constexpr):
+                      PIECE: tl.constexpr):
     """acc (float32, BLOCK_M x BLOCK_N) into workspace slot ``slot`` (row-major tiles stacked
-    along the rows of ``ws_desc``), by TMA in pieces whose staging buffer is the size of the
-    epilogue's (quarters with the half-tile epilogue, halves without): a whole float32 tile
-    staged at once would not fit beside the pipeline's buffers."""
+    along the rows of ``ws_desc``), by TMA in (BLOCK_M, PIECE) pieces, PIECE = BLOCK_N / 1, 2,
+    4 or 8: each store stages its piece in shared memory beside the pipeline's buffers and the
+    epilogue's (and the residual's), so the pieces are small (16 KB at 128x256 with eighths:
+    a whole float32 tile, 128 KB, would not fit)."""
     row = slot * BLOCK_M
-    acc = tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2))
-    acc = tl.permute(acc, (0, 2, 1))
-    acc0, acc1 = tl.split(acc)
-    if EPI_SUBTILE:
-        acc0 = tl.permute(tl.reshape(acc0, (BLOCK_M, 2, BLOCK_N // 4)), (0, 2, 1))
-        q0, q1 = tl.split(acc0)
-        ws_desc.store([row, 0], q0)
-        ws_desc.store([row, BLOCK_N // 4], q1)
-        acc1 = tl.permute(tl.reshape(acc1, (BLOCK_M, 2, BLOCK_N // 4)), (0, 2, 1))
-        q2, q3 = tl.split(acc1)
-        ws_desc.store([row, BLOCK_N // 2], q2)
-        ws_desc.store([row, 3 * (BLOCK_N // 4)], q3)
+    H: tl.constexpr = BLOCK_N // 2
+    Q: tl.constexpr = BLOCK_N // 4
+    E: tl.constexpr = BLOCK_N // 8
+    if PIECE == BLOCK_N:
+        ws_desc.store([row, 0], acc)
     else:
-        ws_desc.store([row, 0], acc0)
-        ws_desc.store([row, BLOCK_N // 2], acc1)
+        h0, h1 = _split_cols(acc, BLOCK_M, BLOCK_N)
+        if PIECE == H:
+            ws_desc.store([row, 0], h0)
+            ws_desc.store([row, H], h1)
+        else:
+            q0, q1 = _split_cols(h0, BLOCK_M, H)
+            q2, q3 = _split_cols(h1, BLOCK_M, H)
+            if PIECE == Q:
+                ws_desc.store([row, 0], q0)
+                ws_desc.store([row, Q], q1)
+                ws_desc.store([row, 2 * Q], q2)
+                ws_desc.store([row, 3 * Q], q3)
+            else:
+                e0, e1 = _split_cols(q0, BLOCK_M, Q)
+                ws_desc.store([row, 0], e0)
+                ws_desc.store([row, E], e1)
+                e2, e3 = _split_cols(q1, BLOCK_M, Q)
+                ws_desc.store([row, 2 * E], e2)
+                ws_desc.store([row, 3 * E], e3)
+                e4, e5 = _split_cols(q2, BLOCK_M, Q)
+                ws_desc.store([row, 4 * E], e4)
+                ws_desc.store([row, 5 * E], e5)
+                e6, e7 = _split_cols(q3, BLOCK_M, Q)
+                ws_desc.store([row, 6 * E], e6)
+                ws_desc.store([row, 7 * E], e7)
 
 
 @triton.jit
@@ -248,6 +271,7 @@ def _matmul_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EPI_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr = False,
     RES_TMA: tl.constexpr = False, ws_ptr=None, sk_tiles=0, STREAM_K: tl.constexpr = False,
+    SK_PIECE: tl.constexpr = 16,
 ):
     """Persistent TMA GEMM for 2-D problems: NUM_SMS programs walk the tiles in grouped order.
 
@@ -265,7 +289,8 @@ def _matmul_tma_kernel(
     K iterations are, evenly over the NUM_SMS programs (stream-K; the grid must be exactly
     NUM_SMS programs). A tile that one program covers entirely gets the epilogue here; the
     pieces of one that several programs share are written as float32 partials to ws_ptr
-    (2 * NUM_SMS slots of BLOCK_M x BLOCK_N) and ``_stream_k_fixup_kernel``, launched next,
+    (2 * NUM_SMS slots of BLOCK_M x BLOCK_N, stored SK_PIECE columns at a time) and
+    ``_stream_k_fixup_kernel``, launched next,
     sums them in K order (deterministic, no counters or flags) and applies the epilogue.
     """
     if A_TRANS:
@@ -313,7 +338,7 @@ def _matmul_tma_kernel(
         dp_iters = n_dp * k_tiles
         ws_desc = tl.make_tensor_descriptor(
             ws_ptr, shape=[2 * NUM_SMS * BLOCK_M, BLOCK_N], strides=[BLOCK_N, 1],
-            block_shape=[BLOCK_M, BLOCK_N // 4 if EPI_SUBTILE else BLOCK_N // 2])
+            block_shape=[BLOCK_M, SK_PIECE])
         n_iters = dp_iters + it_end - it_begin
         # the unit (tile, first K step) being walked, advanced at the top of the step that
         # enters it (where the flattened loop below keeps its prologue: the pipeliner can run
@@ -350,7 +375,7 @@ def _matmul_tma_kernel(
                     # to this program's slot (0: the range's first tile, 1: its last); the
                     # fixup kernel sums a tile's pieces in K order and applies the epilogue
                     slot = start_pid * 2 + (tile_id != dp_tiles + sk_first).to(tl.int32)
-                    _sk_store_partial(acc, ws_desc, slot, BLOCK_M, BLOCK_N, EPI_SUBTILE)
+                    _sk_store_partial(acc, ws_desc, slot, BLOCK_M, BLOCK_N, SK_PIECE)
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:
         tile_id_c = start_pid - NUM_SMS  # the epilogue's own tile counter (flattening moves it)
