@@ -508,8 +508,11 @@ def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
         elif (N * out_es) % 16:
             ptr = f"output rows of {N * out_es} bytes are not a multiple of 16 (TMA store)"
         else:
+            cfg = _path_config("tma", M, N, K, es, sms)
+            sk = "" if cfg is None or cfg.stream_k == "off" else \
+                f" (stream-K '{cfg.stream_k}': the last wave's tiles shared in K iterations)"
             return MatmulPlan("tma", f"sm_{major}0 and TMA-compatible strides: persistent TMA "
-                              "kernel", _path_config("tma", M, N, K, es, sms))
+                              f"kernel{sk}", cfg)
     elif major == 0:
         ptr = "Triton interpreter: portable kernel"
     else:

@@ -109,6 +109,8 @@ def _launch_tma(a, b, out, epi, ieee, num_sms, config: TmaConfig | None = None):
         programs = config.num_programs or num_sms
         tiles = C.cdiv(M, config.block_m) * C.cdiv(N, config.block_n)
         sk_tiles = MC.stream_k_tiles(config.stream_k, tiles, programs) if K > 0 else 0
+        if sk_tiles * C.cdiv(K, config.block_k) >= 2 ** 31:
+            sk_tiles = 0  # the kernel numbers stream-K iterations in 32 bits: whole tiles
 
     def grid(meta):
         if sk_tiles:
