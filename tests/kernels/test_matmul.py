@@ -801,8 +801,9 @@ def test_stream_k_schedules_cover_the_cases():
     assert mm.config.stream_k_tiles("off", 7, 5) == 0
 
 
-@pytest.mark.parametrize("M, N, K, programs, mode", _SK_CASES)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M, N, K, programs, mode, dtype", [
+    *(c + (torch.float16,) for c in _SK_CASES),
+    *(_SK_CASES[i] + (dt,) for i in (2, 4) for dt in (torch.float32, torch.bfloat16))])
 def test_stream_k_against_reference(M, N, K, programs, mode, dtype, device,
                                      poisoned_workspace):
     """Forced stream-K with a few programs, bias + activation + a row-major residual (read by
