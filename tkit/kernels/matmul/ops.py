@@ -134,10 +134,13 @@ def _launch_tma(a, b, out, epi, ieee, num_sms, config: TmaConfig | None = None):
         # slots of shared tiles are written, and the fixup reads only those
         ws = C.scratch((2 * programs * config.block_m * config.block_n,), torch.float32,
                        a.device)
-        # partials leave through shared memory an eighth of a tile at a time (16 KB at
-        # 128x256): that fits beside 3 stages, the epilogue's and the residual's buffers
+        # partials leave through shared memory a quarter of a tile at a time (32 KB at
+        # 128x256, the size of the half-tile epilogue's buffer), or an eighth beside a TMA
+        # residual's buffer or a whole-tile epilogue's: what fits beside 3 stages (225 KB of
+        # 227 with the residual); each piece waits for the last one's copy out
+        small = epi_main.get("RES_TMA", False) or not config.epi_subtile
         sk = dict(ws_ptr=ws, sk_tiles=sk_tiles, STREAM_K=True,
-                  SK_PIECE=max(4, config.block_n // 8))
+                  SK_PIECE=max(4, config.block_n // (8 if small else 4)))
     C.launch(kernel, grid, a_ptr=a, b_ptr=b, c_ptr=out, M=M, N=N, K=K,
              stride_a=_lead_stride(a, a_trans), stride_b=_lead_stride(b, b_trans),
              stride_cm=out.stride(0), A_TRANS=a_trans, B_TRANS=b_trans, **epi_main, IEEE=ieee,
