@@ -934,3 +934,27 @@ def test_stream_k_bf16_at_size(mode, M, N, K):
     assert torch.equal(fn(a, b, bias, res), first)
     check_against_reference(fn, lambda a, b, bias, res: torch.nn.functional.silu(a @ b + bias)
                             + res, [a, b, bias, res])
+
+
+def test_stream_k_partials_fit_in_shared_memory():
+    """The partial's staging piece: a quarter tile beside the half-tile epilogue, an eighth
+    beside a TMA residual's buffer or a float32 output's, whole tiles when nothing fits (a
+    float32 GEMM's 4 stages of 128x256x32)."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    a, w = torch.empty(512, 4096, **meta), torch.empty(6144, 4096, **meta)
+    res = torch.empty(512, 6144, **meta)
+    cfg = mm.TmaConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3,
+                       stream_k="all")
+
+    def piece(a, w, res=None, out_dtype=None, cfg=cfg):
+        with _common.capture_launches() as launches:
+            mm._matmul_impl(a, w.t(), None, res, out_dtype=out_dtype, path="tma", config=cfg)
+        return launches[0].kwargs.get("SK_PIECE"), len(launches)
+
+    assert piece(a, w) == (64, 2)
+    assert piece(a, w, res) == (32, 2)
+    assert piece(a, w, out_dtype=torch.float32) == (32, 2)
+    f32 = dict(device="meta", dtype=torch.float32)
+    cfg32 = dataclasses.replace(cfg, block_k=32, num_stages=4)
+    assert piece(torch.empty(512, 4096, **f32), torch.empty(6144, 4096, **f32),
+                 cfg=cfg32) == (None, 1)
