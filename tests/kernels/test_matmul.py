@@ -750,13 +750,16 @@ def _sk_cfg(mode, programs, subtile=True, bm=32, bn=32, bk=16):
                         epi_subtile=subtile, stream_k=mode, num_programs=programs)
 
 
-def _sk_pieces(tiles, k_tiles, programs):
-    """Per tile, the programs that share its K iterations (the kernel's _sk_range)."""
-    total = tiles * k_tiles
-    q, r = divmod(total, programs)
-    begin = [p * q + min(p, r) for p in range(programs + 1)]
-    return [sorted({p for p in range(programs) for it in range(t * k_tiles, (t + 1) * k_tiles)
-                    if begin[p] <= it < begin[p + 1]}) for t in range(tiles)]
+def _sk_pieces(tiles, k_tiles, programs, lane=1):
+    """Per stream-K tile, the programs that share its K iterations (the kernel's schedule:
+    lanes of ``lane`` programs walk column blocks of ``lane`` tiles together)."""
+    lanes = programs // lane
+    total = tiles // lane * k_tiles
+    q, r = divmod(total, lanes)
+    begin = [x * q + min(x, r) for x in range(lanes + 1)]
+    return [sorted({x * lane + t % lane for x in range(lanes)
+                    for it in range(t // lane * k_tiles, (t // lane + 1) * k_tiles)
+                    if begin[x] <= it < begin[x + 1]}) for t in range(tiles)]
 
 
 @pytest.fixture
@@ -768,33 +771,39 @@ def poisoned_workspace(monkeypatch):
     monkeypatch.setattr(mm.ops.C, "scratch", scratch)
 
 
-# (M, N, K, programs, mode): with 32x32x16 tiles. The schedules they make (checked below):
-# tiles shared by 1, 2 and 3 programs, programs holding pieces of 2 and 3 tiles, a K that is
-# no multiple of BLOCK_K, whole waves before the stream-K tiles ("tail"), programs with no
-# stream-K iteration at all (fewer iterations than programs)
+# (M, N, K, programs, mode): with 32x32x16 tiles, group_m 4. The schedules they make (checked
+# below): programs alone and in lanes of 2 and 4 rows of tiles, tiles shared by 1, 2 and 3
+# programs (lanes), programs holding pieces of 2 and 3 tiles, a K that is no multiple of
+# BLOCK_K, whole tiles before the stream-K tiles ("tail", its region moved to a column
+# block), programs with no stream-K iteration at all
 _SK_CASES = [
-    (64, 64, 64, 3, "all"),     # 4 tiles x 4 steps over 3 programs: 1 and 2 per tile
-    (64, 64, 64, 5, "all"),     # 5 programs: pieces of 2 tiles in one program
-    (64, 96, 48, 4, "all"),     # 6 tiles x 3 steps over 4: a piece, a whole tile, a piece
-    (32, 64, 128, 7, "all"),    # 2 tiles x 8 steps over 7: 3 programs on one tile
-    (96, 96, 40, 2, "all"),     # 9 tiles x 3 steps (K=40: a partial last step) over 2
-    (96, 128, 48, 5, "tail"),   # 12 tiles: one whole wave of 5, then 7 tiles stream-K
-    (40, 72, 24, 7, "all"),     # edge tiles; 6 tiles x 2 steps over 7 programs
-    (32, 32, 16, 3, "all"),     # 1 iteration, 3 programs: two get none
+    (160, 32, 64, 3, "all"),     # 5 rows (no whole groups: no lanes); pieces of 3 tiles
+    (32, 64, 128, 7, "all"),     # 2 tiles x 8 steps over 7: 3-4 programs on one tile
+    (96, 96, 40, 2, "all"),      # 9 tiles x 3 steps (K=40: a partial last step) over 2
+    (160, 64, 104, 4, "all"),    # K=104 over 16-deep steps
+    (64, 96, 64, 4, "all"),      # lanes of 2: a column block shared by 2 lanes
+    (128, 64, 96, 13, "all"),    # lanes of 4: 3 lanes, one program idle
+    (64, 32, 256, 7, "all"),     # lanes of 2: 3 lanes on one column block
+    (128, 224, 48, 10, "tail"),  # a wave of whole tiles, then lanes of 4 (2 programs idle)
+    (32, 32, 16, 3, "all"),      # 1 iteration, 3 programs: two get none
 ]
 
 
 def test_stream_k_schedules_cover_the_cases():
     """The cases above do make the schedules they are there for."""
-    shared = set()
+    shared, lanes = set(), set()
     for M, N, K, P, mode in _SK_CASES:
         tiles = _common.cdiv(M, 32) * _common.cdiv(N, 32)
         sk = mm.config.stream_k_tiles(mode, tiles, P)
-        pieces = _sk_pieces(sk, _common.cdiv(K, 16), P)
+        lane = mm.config.stream_k_lane(M, _sk_cfg(mode, P), P)
+        sk += (tiles - sk) % lane
+        lanes.add(lane)
+        pieces = _sk_pieces(sk, _common.cdiv(K, 16), P, lane)
         shared |= {len(p) for p in pieces}
         per_program = [sum(p in ps for ps in pieces) for p in range(P)]
         shared |= {10 + n for n in per_program}
     assert {1, 2, 3, 12, 13, 10} <= shared
+    assert {1, 2, 4} <= lanes  # programs alone, and lanes of 2 and 4 rows of tiles
     assert mm.config.stream_k_tiles("tail", 12, 5) == 7
     assert mm.config.stream_k_tiles("tail", 10, 5) == 0  # whole waves: nothing to deal out
     assert mm.config.stream_k_tiles("tail", 7, 5) == 7  # fewer than two waves: all
@@ -803,7 +812,7 @@ def test_stream_k_schedules_cover_the_cases():
 
 @pytest.mark.parametrize("M, N, K, programs, mode, dtype", [
     *(c + (torch.float16,) for c in _SK_CASES),
-    *(_SK_CASES[i] + (dt,) for i in (2, 4) for dt in (torch.float32, torch.bfloat16))])
+    *(_SK_CASES[i] + (dt,) for i in (2, 7) for dt in (torch.float32, torch.bfloat16))])
 def test_stream_k_against_reference(M, N, K, programs, mode, dtype, device,
                                      poisoned_workspace):
     """Forced stream-K with a few programs, bias + activation + a row-major residual (read by
@@ -891,20 +900,25 @@ def test_stream_k_heuristic_at_layer_shapes(sms, monkeypatch):
     monkeypatch.setattr(mm.config._env, "INTERPRET", False)
     for M in (512, 4096):
         for N, K in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
-            cfg = mm.TmaConfig.for_shape(M, N, K, 2, sms)
+            cfg = mm.TmaConfig.for_shape(M, N, K, 2, sms, stream_k=True)
             tiles = _common.cdiv(M, cfg.block_m) * _common.cdiv(N, cfg.block_n)
             if tiles % sms == 0:
                 assert cfg.stream_k == "off"  # whole waves: nothing to balance
             launched = mm.config.stream_k_tiles(cfg.stream_k, tiles, sms)
             assert (launched > 0) == (cfg.stream_k != "off"), (M, N, K)
     # the cases the model was built for, on the H200's 132 SMs
+    def model(M, N, K):
+        return mm.TmaConfig.for_shape(M, N, K, 2, sms, stream_k=True)
+
     if sms == 132:
-        qkv = mm.TmaConfig.for_shape(512, 6144, 4096, 2, sms)  # 96 tiles of 128x256: 0.73 wave
+        qkv = model(512, 6144, 4096)  # 96 tiles of 128x256: 0.73 wave
         assert (qkv.block_n, qkv.stream_k) == (256, "tail")
-        gate_up = mm.TmaConfig.for_shape(512, 28672, 4096, 2, sms)  # 448 tiles: 3.39 waves
+        gate_up = model(512, 28672, 4096)  # 448 tiles: 3.39 waves
         assert (gate_up.block_n, gate_up.stream_k) == (256, "tail")
-        assert mm.TmaConfig.for_shape(512, 4096, 4096, 2, sms).stream_k == "off"  # 128 tiles
-    qkv = mm.TmaConfig.for_shape(512, 6144, 4096, 2, sms)
+        assert model(512, 4096, 4096).stream_k == "off"  # 128 tiles of 128x128
+    qkv = model(512, 6144, 4096)
+    # the table itself offers no stream-K until the sweep shows it winning
+    assert mm.TmaConfig.for_shape(512, 6144, 4096, 2, sms).stream_k == "off"
     if sms == 96:  # 96 tiles of 128x256 make one whole wave: no stream-K
         assert (qkv.block_n, qkv.stream_k) == (256, "off")
     if sms == 78:  # 1.23 waves of 128x256 tiles: the second wave is mostly idle

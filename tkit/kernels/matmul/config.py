@@ -146,7 +146,7 @@ class TmaConfig:
 
     @classmethod
     def for_shape(cls, M: int, N: int, K: int, elem_size: int = 2,
-                  num_sms: int = 132, stream_k: bool = True) -> TmaConfig:
+                  num_sms: int = 132, stream_k: bool = False) -> TmaConfig:
         """The fixed TMA config for a shape (without autotuning, the default).
 
         The persistent kernel runs ceil(tiles / SMs) waves of tiles, so the time of a tile
@@ -159,8 +159,11 @@ class TmaConfig:
 
         Stream-K (``stream_k``) removes the partial last wave: each tile candidate is also
         timed as tiles / SMs waves (perfect balance) plus the cost of sharing tiles, and the
-        fastest of all is taken (:func:`_stream_k_choice`); ``stream_k=False`` for a kernel
-        that has no stream-K schedule (the block-scaled fp8 one)."""
+        fastest of all is taken (:func:`_stream_k_choice`), with ``stream_k=True``. The table
+        does not offer stream-K yet (``stream_k=False``, the default): in the H200 sweep
+        (docs/NOTES.md) every stream-K variant lost to whole tiles, before the lanes that keep
+        the rows of a column block together existed; ``matmul_config(stream_k="tail")``
+        forces it."""
         if _env.INTERPRET:
             return cls(**_INTERPRETER_TILE)
         bk = {1: 256, 2: 64, 4: 32}[elem_size]
@@ -206,6 +209,15 @@ def stream_k_tiles(mode: str, tiles: int, programs: int) -> int:
     if mode == "tail" and tiles % programs:
         return tiles if tiles < 2 * programs else tiles % programs + programs
     return 0
+
+
+def stream_k_lane(M: int, cfg: TmaConfig, programs: int) -> int:
+    """Programs per stream-K lane: the rows of tiles of a group (``group_m``, or all of M's
+    when fewer), which share each column of b and walk it together; 1 (no lanes) when the
+    groups are not all that tall (the last one shorter) or there are fewer programs."""
+    rows = C.cdiv(M, cfg.block_m)
+    g = min(cfg.group_m, rows)
+    return g if rows % g == 0 and g <= programs else 1
 
 
 def _stream_k_choice(M, N, K, bm, bn, bk, eff, elem_size, num_sms):

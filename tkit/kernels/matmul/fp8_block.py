@@ -289,8 +289,7 @@ def _fp8_block_impl(a, b, scale_a, scale_b, bias=None, residual=None, activation
         _, a_trans = MC._tma_ok(a)
         _, b_trans = MC._tma_ok(b)
         sms = D.sm_count(a.device)
-        cfg = _config(config, MC.TmaConfig, MC.TmaConfig.for_shape(M, N, K, 1, sms,
-                                                                    stream_k=False))
+        cfg = _config(config, MC.TmaConfig, MC.TmaConfig.for_shape(M, N, K, 1, sms))
         D.ensure_tma_allocator()
         tiles = C.cdiv(M, cfg.block_m) * C.cdiv(N, cfg.block_n)
         progs = sms * max(1, cfg.programs_per_sm)

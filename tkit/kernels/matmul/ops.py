@@ -109,6 +109,11 @@ def _launch_tma(a, b, out, epi, ieee, num_sms, config: TmaConfig | None = None):
         programs = config.num_programs or num_sms
         tiles = C.cdiv(M, config.block_m) * C.cdiv(N, config.block_n)
         sk_tiles = MC.stream_k_tiles(config.stream_k, tiles, programs) if K > 0 else 0
+        lane = MC.stream_k_lane(M, config, programs)
+        if sk_tiles:
+            # the stream-K region starts at a column block (whole tiles before it: a few
+            # programs may get one whole tile fewer, none more)
+            sk_tiles += (tiles - sk_tiles) % lane
         if sk_tiles * C.cdiv(K, config.block_k) >= 2 ** 31:
             sk_tiles = 0  # the kernel numbers stream-K iterations in 32 bits: whole tiles
 
@@ -139,7 +144,7 @@ def _launch_tma(a, b, out, epi, ieee, num_sms, config: TmaConfig | None = None):
         # slots of shared tiles are written, and the fixup reads only those
         ws = C.scratch((2 * programs * config.block_m * config.block_n,), torch.float32,
                        a.device)
-        sk = dict(ws_ptr=ws, sk_tiles=sk_tiles, STREAM_K=True, SK_PIECE=piece)
+        sk = dict(ws_ptr=ws, sk_tiles=sk_tiles, STREAM_K=True, SK_PIECE=piece, SK_G=lane)
     C.launch(kernel, grid, a_ptr=a, b_ptr=b, c_ptr=out, M=M, N=N, K=K,
              stride_a=_lead_stride(a, a_trans), stride_b=_lead_stride(b, b_trans),
              stride_cm=out.stride(0), A_TRANS=a_trans, B_TRANS=b_trans, **epi_main, IEEE=ieee,
@@ -151,7 +156,7 @@ def _launch_tma(a, b, out, epi, ieee, num_sms, config: TmaConfig | None = None):
                  ws_ptr=ws, c_ptr=out, M=M, N=N, K=K, sk_tiles=sk_tiles,
                  stride_cm=out.stride(0), **epi, NUM_SMS=programs, BLOCK_M=bm, BLOCK_N=bn,
                  BLOCK_K=config.block_k, GROUP_M=config.group_m, SUB_M=sub_m, SUB_N=sub_n,
-                 num_warps=4)
+                 SK_G=lane, num_warps=4)
 
 
 #: shared memory a block may use on sm_90 (the opt-in 227 KB)
