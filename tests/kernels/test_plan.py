@@ -589,29 +589,6 @@ def test_jit_split_k_plan_allocates_its_partials(jitplans, monkeypatch):
 
 
 @jit
-def test_jit_stream_k_plan_allocates_its_partials(jitplans, monkeypatch):
-    """The qkv projection at 512 tokens on an sm_90 with 132 SMs: stream-K (96 tiles of
-    128x256 dealt out in K iterations), the main launch writing float32 partials (scratch) that
-    the fixup launch reads; the plan records both and allocates the partials per call."""
-    from tkit.kernels import matmul as mm
-
-    monkeypatch.setattr(_device, "capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(_device, "sm_count", lambda device: 132)
-    # the fixed table's H200 choice for this shape (under the interpreter flag that these
-    # tests set, the table gives its CPU tile)
-    monkeypatch.setattr(mm.config, "_INTERPRETER_TILE", dict(
-        block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, stream_k="tail"))
-    a, w = torch.randn(512, 4096).to(BF), torch.randn(6144, 4096).to(BF)
-    p = mm.plan(a, w.t())
-    assert p.path == "tma" and p.config.stream_k == "tail"
-    planned = _plan_vs_ordinary(jitplans, lambda: (a, w.t()), tkit.matmul)
-    assert len(planned) == 2
-    for _, args in planned:
-        ws = [v for v in args if isinstance(v, tuple) and v[:2] == ("ptr", "hidden")]
-        assert len(ws) == 1 and ws[0][4] == torch.float32
-
-
-@jit
 def test_jit_decode_plan_allocates_its_split_partials(jitplans):
     """decode_attention on 132 SMs: the split kernel writes float32 partials (scratch) that the
     combine launch reads; the plan allocates them per call. A new length is the same plan (the

@@ -24,13 +24,7 @@ Four kernels:
   (``tl.make_tensor_descriptor``; a column-major operand is described as its transpose and
   transposed in shared memory, no copy), wgmma, ``tl.range(..., flatten=True)`` so that loads
   for the next tile are issued while the epilogue of this one runs, and an optional epilogue
-  split into two half-tiles (less register pressure, two smaller TMA stores). Stream-K
-  (``TmaConfig.stream_k``): when whole tiles leave the last wave partly idle (96 tiles of
-  128x256 on 132 SMs), the K iterations of the last tiles are dealt out evenly over the
-  programs instead, in one flat pipelined loop; a tile that several programs share is written
-  as float32 partials and ``_stream_k_fixup_kernel`` (a second, small launch) sums them in K
-  order and applies the epilogue: deterministic, with no counters or flags between programs,
-  so launches on concurrent streams, CUDA graphs and the eager plans need nothing more.
+  split into two half-tiles (less register pressure, two smaller TMA stores).
 * ``_matmul_kernel`` (portable, sm_80 and any strides or batch): pointer-based tiles with
   grouped ordering; ``num_stages`` >= 3 becomes cp.async pipelining on sm_80 and later.
 * ``_matmul_splitk_kernel`` + ``_splitk_reduce_kernel`` (M <= 64, large K*N): the K dimension

@@ -154,113 +154,6 @@ _matmul_autotuned = triton.autotune(
 
 
 @triton.jit
-def _sk_range(lane, total_iters, lanes):
-    """[begin, end) of ``lane``'s stream-K iterations: ``total_iters`` dealt out evenly over
-    ``lanes``, the first ``total_iters % lanes`` taking one more."""
-    q = total_iters // lanes
-    r = total_iters % lanes
-    begin = lane * q + tl.minimum(lane, r)
-    return begin, begin + q + (lane < r).to(tl.int32)
-
-
-@triton.jit
-def _sk_owner(it, total_iters, lanes):
-    """The lane whose :func:`_sk_range` holds stream-K iteration ``it``."""
-    q = total_iters // lanes
-    r = total_iters % lanes
-    long_part = r * (q + 1)
-    return tl.where(it < long_part, it // (q + 1),
-                    r + (it - long_part) // tl.maximum(q, 1))
-
-
-@triton.jit
-def _tma_tile_out(acc, off_m, off_n, M, N, c_desc, r_desc, sa_ptr, sb_ptr, bias_ptr,
-                  stride_bias, res_ptr, stride_rm, stride_rn,
-                  SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  ACT: tl.constexpr, HAS_RES: tl.constexpr, RES_TMA: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EPI_SUBTILE: tl.constexpr):
-    """The persistent kernel's epilogue of one finished tile at (off_m, off_n): in two
-    half-tiles (EPI_SUBTILE) or whole, the residual read by TMA (RES_TMA) or by pointers,
-    stored through ``c_desc``."""
-    dtype = c_desc.dtype
-    offs_m = off_m + tl.arange(0, BLOCK_M)
-    if EPI_SUBTILE:
-        acc = tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2))
-        acc = tl.permute(acc, (0, 2, 1))
-        acc0, acc1 = tl.split(acc)
-        offs_n0 = off_n + tl.arange(0, BLOCK_N // 2)
-        acc0 = _epilogue(acc0, offs_m, offs_n0, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
-                         res_ptr, stride_rm, stride_rn,
-                         SCALE_A, SCALE_B, HAS_BIAS, ACT, HAS_RES)
-        if RES_TMA:
-            acc0 = acc0 + r_desc.load([off_m, off_n]).to(tl.float32)
-        c_desc.store([off_m, off_n], acc0.to(dtype))
-        offs_n1 = offs_n0 + BLOCK_N // 2
-        acc1 = _epilogue(acc1, offs_m, offs_n1, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
-                         res_ptr, stride_rm, stride_rn,
-                         SCALE_A, SCALE_B, HAS_BIAS, ACT, HAS_RES)
-        if RES_TMA:
-            acc1 = acc1 + r_desc.load([off_m, off_n + BLOCK_N // 2]).to(tl.float32)
-        c_desc.store([off_m, off_n + BLOCK_N // 2], acc1.to(dtype))
-    else:
-        offs_n = off_n + tl.arange(0, BLOCK_N)
-        acc = _epilogue(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
-                        res_ptr, stride_rm, stride_rn,
-                        SCALE_A, SCALE_B, HAS_BIAS, ACT, HAS_RES)
-        if RES_TMA:
-            acc = acc + r_desc.load([off_m, off_n]).to(tl.float32)
-        c_desc.store([off_m, off_n], acc.to(dtype))
-
-
-@triton.jit
-def _split_cols(x, BLOCK_M: tl.constexpr, W: tl.constexpr):
-    """(BLOCK_M, W) -> its left and right (BLOCK_M, W // 2) halves."""
-    return tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, W // 2)), (0, 2, 1)))
-
-
-@triton.jit
-def _sk_store_partial(acc, ws_desc, slot, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      PIECE: tl.constexpr):
-    """acc (float32, BLOCK_M x BLOCK_N) into workspace slot ``slot`` (row-major tiles stacked
-    along the rows of ``ws_desc``), by TMA in (BLOCK_M, PIECE) pieces, PIECE = BLOCK_N / 1, 2,
-    4 or 8: each store stages its piece in shared memory beside the pipeline's buffers and the
-    epilogue's (and the residual's), so the pieces are small (16 KB at 128x256 with eighths:
-    a whole float32 tile, 128 KB, would not fit)."""
-    row = slot * BLOCK_M
-    H: tl.constexpr = BLOCK_N // 2
-    Q: tl.constexpr = BLOCK_N // 4
-    E: tl.constexpr = BLOCK_N // 8
-    if PIECE == BLOCK_N:
-        ws_desc.store([row, 0], acc)
-    else:
-        h0, h1 = _split_cols(acc, BLOCK_M, BLOCK_N)
-        if PIECE == H:
-            ws_desc.store([row, 0], h0)
-            ws_desc.store([row, H], h1)
-        else:
-            q0, q1 = _split_cols(h0, BLOCK_M, H)
-            q2, q3 = _split_cols(h1, BLOCK_M, H)
-            if PIECE == Q:
-                ws_desc.store([row, 0], q0)
-                ws_desc.store([row, Q], q1)
-                ws_desc.store([row, 2 * Q], q2)
-                ws_desc.store([row, 3 * Q], q3)
-            else:
-                e0, e1 = _split_cols(q0, BLOCK_M, Q)
-                ws_desc.store([row, 0], e0)
-                ws_desc.store([row, E], e1)
-                e2, e3 = _split_cols(q1, BLOCK_M, Q)
-                ws_desc.store([row, 2 * E], e2)
-                ws_desc.store([row, 3 * E], e3)
-                e4, e5 = _split_cols(q2, BLOCK_M, Q)
-                ws_desc.store([row, 4 * E], e4)
-                ws_desc.store([row, 5 * E], e5)
-                e6, e7 = _split_cols(q3, BLOCK_M, Q)
-                ws_desc.store([row, 6 * E], e6)
-                ws_desc.store([row, 7 * E], e7)
-
-
-@triton.jit
 def _matmul_tma_kernel(
     a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, res_ptr,
     M, N, K,
@@ -270,8 +163,7 @@ def _matmul_tma_kernel(
     HAS_RES: tl.constexpr, IEEE: tl.constexpr, NUM_SMS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EPI_SUBTILE: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr = False,
-    RES_TMA: tl.constexpr = False, ws_ptr=None, sk_tiles=0, STREAM_K: tl.constexpr = False,
-    SK_PIECE: tl.constexpr = 16, SK_G: tl.constexpr = 1,
+    RES_TMA: tl.constexpr = False,
 ):
     """Persistent TMA GEMM for 2-D problems: NUM_SMS programs walk the tiles in grouped order.
 
@@ -284,21 +176,8 @@ def _matmul_tma_kernel(
     descriptor (one bulk copy per half-tile instead of 32 four-byte loads per thread in the
     accumulator's layout, each a half-used 32-byte sector); the launcher then passes
     HAS_RES=False.
-
-    STREAM_K: the last ``sk_tiles`` tiles (in grouped order) are not dealt out whole: their
-    K iterations are, evenly over the NUM_SMS programs (stream-K; the grid must be exactly
-    NUM_SMS programs). In lanes: SK_G consecutive programs take the SK_G tiles of one column
-    block (the rows of a group that share a column of b, consecutive in grouped order) over
-    the same K range at the same time, so that each K slice of b is read once from memory
-    for all of them, as in a wave of whole tiles (a program alone on a column, at its own K
-    offset, reads b's column again for every row of tiles: measured 1.4x the time a K step
-    at M=512); the column blocks' K iterations are dealt out over the NUM_SMS // SK_G lanes.
-    A tile that one program covers entirely gets the epilogue here; the
-    pieces of one that several programs share are written as float32 partials to ws_ptr
-    (2 * NUM_SMS slots of BLOCK_M x BLOCK_N, stored SK_PIECE columns at a time) and
-    ``_stream_k_fixup_kernel``, launched next,
-    sums them in K order (deterministic, no counters or flags) and applies the epilogue.
     """
+    dtype = c_ptr.dtype.element_ty
     if A_TRANS:
         a_desc = tl.make_tensor_descriptor(a_ptr, shape=[K, M], strides=[stride_a, 1],
                                            block_shape=[BLOCK_K, BLOCK_M])
@@ -324,140 +203,53 @@ def _matmul_tma_kernel(
         else:
             r_desc = tl.make_tensor_descriptor(res_ptr, shape=[M, N], strides=[stride_rm, 1],
                                                block_shape=[BLOCK_M, BLOCK_N])
-    if not RES_TMA:
-        r_desc = c_desc  # unused (RES_TMA is off): a placeholder for the epilogue's argument
     start_pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     num_tiles = num_pid_m * num_pid_n
-    if STREAM_K:
-        # whole tiles first (full waves, NUM_SMS apart), then this program's share of the
-        # last sk_tiles tiles' K iterations (see _sk_range). One flat loop over every K step
-        # of both (Triton flattens only loop nests whose inner bounds are invariant, and a
-        # stream-K piece's are not): the pipeline runs through tile boundaries and the
-        # epilogue of a tile overlaps the next tile's loads, as in the flattened loop below.
-        dp_tiles = num_tiles - sk_tiles
-        n_dp = tl.cdiv(tl.maximum(dp_tiles - start_pid, 0), NUM_SMS)
-        lanes = NUM_SMS // SK_G
-        lane = start_pid // SK_G
-        member = start_pid % SK_G
-        it_begin, it_end = _sk_range(lane, (sk_tiles // SK_G) * k_tiles, lanes)
-        it_end = tl.where(lane < lanes, it_end, it_begin)  # programs past the last lane
-        sk_first = it_begin // k_tiles  # the first column block (from the first SK tile)
-        dp_iters = n_dp * k_tiles
-        ws_desc = tl.make_tensor_descriptor(
-            ws_ptr, shape=[2 * NUM_SMS * BLOCK_M, BLOCK_N], strides=[BLOCK_N, 1],
-            block_shape=[BLOCK_M, SK_PIECE])
-        n_iters = dp_iters + it_end - it_begin
-        # the unit (tile, first K step) being walked, advanced at the top of the step that
-        # enters it (where the flattened loop below keeps its prologue: the pipeliner can run
-        # this scalar chain ahead of the MMAs) rather than derived from i by divisions on
-        # every K step
-        sk_k0 = it_begin - sk_first * k_tiles
-        tile_id = start_pid - NUM_SMS
-        ki = k_tiles - 1
-        k_start = 0
-        off_m = 0
-        off_n = 0
+    tile_id_c = start_pid - NUM_SMS  # the epilogue's own tile counter (flattening moves it)
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=FLATTEN,
+                            warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for i in range(0, n_iters):
-            ki += 1
-            to_sk = i == dp_iters
-            if (ki == k_tiles) | to_sk:
-                tile_id = tl.where(to_sk, dp_tiles + sk_first * SK_G + member,
-                                   tl.where(i < dp_iters, tile_id + NUM_SMS, tile_id + SK_G))
-                ki = tl.where(to_sk, sk_k0, 0)
-                k_start = ki
-                pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
-                off_m = pid_m * BLOCK_M
-                off_n = pid_n * BLOCK_N
-            a, b = _tma_tiles(a_desc, b_desc, off_m, off_n, ki * BLOCK_K, A_TRANS, B_TRANS)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            a, b = _tma_tiles(a_desc, b_desc, off_m, off_n, off_k, A_TRANS, B_TRANS)
             acc = _dot(a, b, acc, IEEE)
-            if (ki == k_tiles - 1) | (i == n_iters - 1):
-                if (k_start == 0) & (ki == k_tiles - 1):
-                    _tma_tile_out(acc, off_m, off_n, M, N, c_desc, r_desc, sa_ptr, sb_ptr,
-                                  bias_ptr, stride_bias, res_ptr, stride_rm, stride_rn,
-                                  SCALE_A, SCALE_B, HAS_BIAS, ACT, HAS_RES, RES_TMA, BLOCK_M,
-                                  BLOCK_N, EPI_SUBTILE)
-                else:
-                    # a piece of a tile that other programs share: its float32 partial goes
-                    # to this program's slot (0: the range's first tile, 1: its last); the
-                    # fixup kernel sums a tile's pieces in K order and applies the epilogue
-                    slot = start_pid * 2 + (tile_id != dp_tiles + sk_first * SK_G
-                                            + member).to(tl.int32)
-                    _sk_store_partial(acc, ws_desc, slot, BLOCK_M, BLOCK_N, SK_PIECE)
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    else:
-        tile_id_c = start_pid - NUM_SMS  # the epilogue's own tile counter (flattening moves it)
-        for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=FLATTEN,
-                                warp_specialize=WARP_SPECIALIZE):
-            pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
-            off_m = pid_m * BLOCK_M
-            off_n = pid_n * BLOCK_N
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for ki in range(k_tiles):
-                off_k = ki * BLOCK_K
-                a, b = _tma_tiles(a_desc, b_desc, off_m, off_n, off_k, A_TRANS, B_TRANS)
-                acc = _dot(a, b, acc, IEEE)
-            tile_id_c += NUM_SMS
-            pid_m, pid_n = _tile_pid(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
-            _tma_tile_out(acc, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, c_desc, r_desc,
-                          sa_ptr, sb_ptr, bias_ptr, stride_bias, res_ptr, stride_rm, stride_rn,
-                          SCALE_A, SCALE_B, HAS_BIAS, ACT, HAS_RES, RES_TMA, BLOCK_M, BLOCK_N,
-                          EPI_SUBTILE)
-
-
-@triton.jit
-def _stream_k_fixup_kernel(
-    ws_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K, sk_tiles,
-    stride_cm, stride_rm, stride_rn, stride_bias,
-    SCALE_A: tl.constexpr, SCALE_B: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
-    HAS_RES: tl.constexpr, NUM_SMS: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SUB_M: tl.constexpr, SUB_N: tl.constexpr, SK_G: tl.constexpr = 1,
-):
-    """Finishes the stream-K tiles of ``_matmul_tma_kernel`` (STREAM_K) that several programs
-    shared: program_id(0) is the stream-K tile, program_id(1) a (SUB_M, SUB_N) piece of it.
-    Sums the tile's float32 partials in K order (the order of the programs that computed
-    them: the same sum whatever ran first), applies the epilogue and writes c (row stride
-    ``stride_cm``). A tile that one program covered was finished there: its programs return.
-    The schedule arguments (M, N, K, sk_tiles, NUM_SMS, SK_G, the tile) are the main
-    launch's."""
-    s = tl.program_id(0)
-    sub = tl.program_id(1)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    lanes = NUM_SMS // SK_G
-    total = (sk_tiles // SK_G) * k_tiles
-    cb = s // SK_G  # the tile's column block, and its row in it
-    member = s % SK_G
-    l0 = _sk_owner(cb * k_tiles, total, lanes)
-    l1 = _sk_owner(cb * k_tiles + k_tiles - 1, total, lanes)
-    if l0 != l1:
-        pid_m, pid_n = _tile_pid(num_pid_m * num_pid_n - sk_tiles + s, num_pid_m, num_pid_n,
-                                 GROUP_M)
-        sub_m = sub // (BLOCK_N // SUB_N)
-        sub_n = sub % (BLOCK_N // SUB_N)
-        rows = sub_m * SUB_M + tl.arange(0, SUB_M)
-        cols = sub_n * SUB_N + tl.arange(0, SUB_N)
-        tile_offs = rows[:, None] * BLOCK_N + cols[None, :]
-        # lane l's piece was computed by program l * SK_G + member; lane l0's is the last
-        # unit of its range unless the range starts at this column block
-        begin0, _ = _sk_range(l0, total, lanes)
-        slot0 = (l0 * SK_G + member) * 2 + (begin0 != cb * k_tiles).to(tl.int32)
-        acc = tl.load(ws_ptr + slot0 * (BLOCK_M * BLOCK_N) + tile_offs)
-        for lane in range(l0 + 1, l1 + 1):  # every later piece is its program's first unit
-            acc += tl.load(ws_ptr + (lane * SK_G + member) * (2 * BLOCK_M * BLOCK_N)
-                           + tile_offs)
-        offs_m = pid_m.to(tl.int64) * BLOCK_M + rows
-        offs_n = pid_n * BLOCK_N + cols
-        acc = _epilogue(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
-                        res_ptr, stride_rm, stride_rn, SCALE_A, SCALE_B, HAS_BIAS, ACT, HAS_RES)
-        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
-                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+        tile_id_c += NUM_SMS
+        pid_m, pid_n = _tile_pid(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        if EPI_SUBTILE:
+            acc = tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2))
+            acc = tl.permute(acc, (0, 2, 1))
+            acc0, acc1 = tl.split(acc)
+            offs_n0 = off_n + tl.arange(0, BLOCK_N // 2)
+            acc0 = _epilogue(acc0, offs_m, offs_n0, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
+                             res_ptr, stride_rm, stride_rn,
+                             SCALE_A, SCALE_B, HAS_BIAS, ACT, HAS_RES)
+            if RES_TMA:
+                acc0 = acc0 + r_desc.load([off_m, off_n]).to(tl.float32)
+            c_desc.store([off_m, off_n], acc0.to(dtype))
+            offs_n1 = offs_n0 + BLOCK_N // 2
+            acc1 = _epilogue(acc1, offs_m, offs_n1, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
+                             res_ptr, stride_rm, stride_rn,
+                             SCALE_A, SCALE_B, HAS_BIAS, ACT, HAS_RES)
+            if RES_TMA:
+                acc1 = acc1 + r_desc.load([off_m, off_n + BLOCK_N // 2]).to(tl.float32)
+            c_desc.store([off_m, off_n + BLOCK_N // 2], acc1.to(dtype))
+        else:
+            offs_n = off_n + tl.arange(0, BLOCK_N)
+            acc = _epilogue(acc, offs_m, offs_n, M, N, sa_ptr, sb_ptr, bias_ptr, stride_bias,
+                            res_ptr, stride_rm, stride_rn,
+                            SCALE_A, SCALE_B, HAS_BIAS, ACT, HAS_RES)
+            if RES_TMA:
+                acc = acc + r_desc.load([off_m, off_n]).to(tl.float32)
+            c_desc.store([off_m, off_n], acc.to(dtype))
 
 
 _matmul_tma_autotuned = triton.autotune(

@@ -114,15 +114,7 @@ class TmaConfig:
     half-tiles; ``flatten``: the tile loop flattened into the K loop (next tile's loads issued
     during this one's epilogue); ``programs_per_sm``: persistent programs launched per SM
     (read by the block-scaled fp8 kernel only, whose one-warpgroup tiles can run two programs
-    an SM, each one's promotion overlapping the other's MMAs; matmul's kernel launches one).
-
-    ``stream_k`` (matmul's kernel only): ``"off"`` deals whole tiles to the programs;
-    ``"all"`` deals every tile's K iterations evenly over the programs (stream-K); ``"tail"``
-    keeps whole tiles for full waves and deals out only the last ``tiles % programs +
-    programs`` tiles' iterations (the data-parallel + stream-K hybrid; "off" when the tiles
-    make whole waves). The pieces of tiles shared by programs are summed, in K order, by a
-    second small launch that applies the epilogue. ``num_programs``: the persistent programs
-    launched (None: one per SM; tests and sweeps set it)."""
+    an SM, each one's promotion overlapping the other's MMAs; matmul's kernel launches one)."""
 
     block_m: int
     block_n: int
@@ -133,20 +125,10 @@ class TmaConfig:
     epi_subtile: bool = True
     flatten: bool = True
     programs_per_sm: int = 1
-    stream_k: str = "off"
-    num_programs: Optional[int] = None  # noqa: UP045
-
-    def __post_init__(self):
-        if self.stream_k not in STREAM_K_MODES:
-            raise ValueError(f"stream_k must be one of {STREAM_K_MODES}, got {self.stream_k!r}")
-        if self.num_programs is not None and (not isinstance(self.num_programs, int)
-                                              or self.num_programs < 1):
-            raise ValueError(f"num_programs must be None or an int >= 1, got "
-                             f"{self.num_programs!r}")
 
     @classmethod
     def for_shape(cls, M: int, N: int, K: int, elem_size: int = 2,
-                  num_sms: int = 132, stream_k: bool = False) -> TmaConfig:
+                  num_sms: int = 132) -> TmaConfig:
         """The fixed TMA config for a shape (without autotuning, the default).
 
         The persistent kernel runs ceil(tiles / SMs) waves of tiles, so the time of a tile
@@ -155,30 +137,20 @@ class TmaConfig:
         cuBLAS measured), while a problem with fewer tiles than SMs (M=256, N=4096: 32 tiles
         of 128x256) is better cut into 64x128 tiles that occupy every SM. BLOCK_K is 128 bytes
         of K for 16-bit (64) and fp32 (32); fp8 takes 256 (its promotion interval, see
-        ``_TMA_TILES_FP8``).
-
-        Stream-K (``stream_k``) removes the partial last wave: each tile candidate is also
-        timed as tiles / SMs waves (perfect balance) plus the cost of sharing tiles, and the
-        fastest of all is taken (:func:`_stream_k_choice`), with ``stream_k=True``. The table
-        does not offer stream-K yet (``stream_k=False``, the default): in the H200 sweep
-        (docs/NOTES.md) every stream-K variant lost to whole tiles, before the lanes that keep
-        the rows of a column block together existed; ``matmul_config(stream_k="tail")``
-        forces it."""
+        ``_TMA_TILES_FP8``)."""
         if _env.INTERPRET:
             return cls(**_INTERPRETER_TILE)
         bk = {1: 256, 2: 64, 4: 32}[elem_size]
         best = None
         for bm, bn, warps, stages, eff in (_TMA_TILES_FP8 if elem_size == 1 else _TMA_TILES):
-            for mode, t in _stream_k_choice(M, N, K, bm, bn, bk, eff, elem_size, num_sms):
-                if mode != "off" and not stream_k:
-                    continue
-                if best is None or t < best[0] * 0.999:
-                    best = (t, bm, bn, warps, stages, mode)
-        _, bm, bn, warps, stages, mode = best
+            waves = C.cdiv(C.cdiv(M, bm) * C.cdiv(N, bn), num_sms)
+            t = waves * bm * bn / eff
+            if best is None or t < best[0] * 0.999:
+                best = (t, bm, bn, warps, stages)
+        _, bm, bn, warps, stages = best
         if elem_size == 4 and bn == 256:
             stages = 4  # fp32: BLOCK_K=32, 4 stages fit (fp8 at 3 stages measured 1.031x vs 1.023x)
-        return cls(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
-                   stream_k=mode)
+        return cls(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
 
     def launch_kwargs(self) -> dict:
         kw = dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k,
@@ -187,54 +159,6 @@ class TmaConfig:
         if self.num_stages is not None:
             kw["num_stages"] = self.num_stages
         return kw
-
-
-STREAM_K_MODES = ("off", "tail", "all")
-#: the stream-K cost model (:func:`_stream_k_choice`): one SM's bf16 rate on 128x256 tiles
-#: (757 TFLOP/s over 132 SMs at 4096^3), the fixed cost of the fixup launch (its start and
-#: its wave after the main kernel), and the L2 bandwidth at which the float32 partials are
-#: written and read back
-_SM_FLOPS_BF16 = 757e12 / 132
-_SK_FIXED_S = 2e-6
-_SK_L2_BYTES_PER_S = 8e12
-
-
-def stream_k_tiles(mode: str, tiles: int, programs: int) -> int:
-    """How many tiles (the last ones in the kernel's order) ``mode`` deals out in K
-    iterations: all of them for "all"; for "tail" the partial last wave plus one full wave
-    (a share of about one tile or more per program, so that each program's pieces stay
-    large), none when the tiles make whole waves."""
-    if mode == "all":
-        return tiles
-    if mode == "tail" and tiles % programs:
-        return tiles if tiles < 2 * programs else tiles % programs + programs
-    return 0
-
-
-def stream_k_lane(M: int, cfg: TmaConfig, programs: int) -> int:
-    """Programs per stream-K lane: the rows of tiles of a group (``group_m``, or all of M's
-    when fewer), which share each column of b and walk it together; 1 (no lanes) when the
-    groups are not all that tall (the last one shorter) or there are fewer programs."""
-    rows = C.cdiv(M, cfg.block_m)
-    g = min(cfg.group_m, rows)
-    return g if rows % g == 0 and g <= programs else 1
-
-
-def _stream_k_choice(M, N, K, bm, bn, bk, eff, elem_size, num_sms):
-    """[(mode, estimated seconds)] for one tile: "off" (whole waves) and "tail" when it
-    deals out any tile. A tile takes 2*bm*bn*K / eff FLOPs at one SM's rate (twice the bf16
-    rate for fp8, half for tf32); stream-K takes tiles / SMs of them (perfect balance) plus
-    the fixup's fixed cost and its traffic: about (SMs + shared tiles) float32 partial
-    tiles, written once and read once."""
-    tiles = C.cdiv(M, bm) * C.cdiv(N, bn)
-    tile_s = 2 * bm * bn * K / eff / (_SM_FLOPS_BF16 * 2 / elem_size)
-    out = [("off", C.cdiv(tiles, num_sms) * tile_s)]
-    sk = stream_k_tiles("tail", tiles, num_sms)
-    if sk and sk * C.cdiv(K, bk) >= num_sms:
-        pieces = num_sms + min(sk, num_sms)
-        t = tiles / num_sms * tile_s + _SK_FIXED_S + 2 * pieces * bm * bn * 4 / _SK_L2_BYTES_PER_S
-        out.append(("tail", t))
-    return out
 
 
 @dataclass(frozen=True)
@@ -520,11 +444,8 @@ def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
         elif (N * out_es) % 16:
             ptr = f"output rows of {N * out_es} bytes are not a multiple of 16 (TMA store)"
         else:
-            cfg = _path_config("tma", M, N, K, es, sms)
-            sk = "" if cfg is None or cfg.stream_k == "off" else \
-                f" (stream-K '{cfg.stream_k}': the last wave's tiles shared in K iterations)"
             return MatmulPlan("tma", f"sm_{major}0 and TMA-compatible strides: persistent TMA "
-                              f"kernel{sk}", cfg)
+                              "kernel", _path_config("tma", M, N, K, es, sms))
     elif major == 0:
         ptr = "Triton interpreter: portable kernel"
     else:

@@ -25,7 +25,6 @@ from tkit.kernels.matmul._kernels import (
     _matmul_tma_autotuned,
     _matmul_tma_kernel,
     _splitk_reduce_kernel,
-    _stream_k_fixup_kernel,
 )
 from tkit.kernels.matmul.config import (
     ACTIVATIONS,
@@ -103,27 +102,11 @@ def _launch_tma(a, b, out, epi, ieee, num_sms, config: TmaConfig | None = None):
     if _expect(config, TmaConfig) is None and not MC.autotuned():
         config = MC.current(TmaConfig.for_shape(M, N, K, a.element_size(), num_sms))
     kernel = _matmul_tma_kernel if config is not None else _matmul_tma_autotuned
-    programs = num_sms
-    sk_tiles = 0
-    if config is not None:
-        programs = config.num_programs or num_sms
-        tiles = C.cdiv(M, config.block_m) * C.cdiv(N, config.block_n)
-        sk_tiles = MC.stream_k_tiles(config.stream_k, tiles, programs) if K > 0 else 0
-        lane = MC.stream_k_lane(M, config, programs)
-        if sk_tiles:
-            # the stream-K region starts at a column block (whole tiles before it: a few
-            # programs may get one whole tile fewer, none more)
-            sk_tiles += (tiles - sk_tiles) % lane
-        if sk_tiles * C.cdiv(K, config.block_k) >= 2 ** 31:
-            sk_tiles = 0  # the kernel numbers stream-K iterations in 32 bits: whole tiles
 
     def grid(meta):
-        if sk_tiles:
-            return (programs,)  # stream-K deals iterations to exactly NUM_SMS programs
         tiles = C.cdiv(M, meta["BLOCK_M"]) * C.cdiv(N, meta["BLOCK_N"])
-        return (max(1, min(programs, tiles)),)
+        return (max(1, min(num_sms, tiles)),)
 
-    epi_main = epi
     res = epi["res_ptr"] if epi["HAS_RES"] else None
     if res is not None and res.dim() == 2 and tuple(res.shape) == (M, N) \
             and res.stride(0) > 0 and res.element_size() <= 2 and _tma_ok(res) == (True, False):
@@ -131,54 +114,12 @@ def _launch_tma(a, b, out, epi, ieee, num_sms, config: TmaConfig | None = None):
         # buffer is 32 KB at 128x256 tiles (a float32 one, 64 KB, would not fit next to the
         # pipeline stages). Its row stride is the one _tma_ok checked: a single row's own
         # stride(0) may be anything, and a descriptor stride must be a multiple of 16 bytes.
-        epi_main = dict(epi, HAS_RES=False, RES_TMA=True, stride_rm=_lead_stride(res, False))
+        epi = dict(epi, HAS_RES=False, RES_TMA=True, stride_rm=_lead_stride(res, False))
 
-    sk = {}
-    piece = _sk_piece(config, a.element_size(), out.element_size(),
-                      res.element_size() if epi_main.get("RES_TMA", False) else 0) \
-        if sk_tiles else 0
-    if not piece:
-        sk_tiles = 0  # no room for the partials' staging: whole tiles
-    if sk_tiles:
-        # float32 partials, two slots per program (its range's first and last tile); only the
-        # slots of shared tiles are written, and the fixup reads only those
-        ws = C.scratch((2 * programs * config.block_m * config.block_n,), torch.float32,
-                       a.device)
-        sk = dict(ws_ptr=ws, sk_tiles=sk_tiles, STREAM_K=True, SK_PIECE=piece, SK_G=lane)
     C.launch(kernel, grid, a_ptr=a, b_ptr=b, c_ptr=out, M=M, N=N, K=K,
              stride_a=_lead_stride(a, a_trans), stride_b=_lead_stride(b, b_trans),
-             stride_cm=out.stride(0), A_TRANS=a_trans, B_TRANS=b_trans, **epi_main, IEEE=ieee,
-             NUM_SMS=programs, **sk, **(config.launch_kwargs() if config is not None else {}))
-    if sk_tiles:
-        bm, bn = config.block_m, config.block_n
-        sub_m, sub_n = min(64, bm), min(128, bn)
-        C.launch(_stream_k_fixup_kernel, (sk_tiles, (bm // sub_m) * (bn // sub_n)),
-                 ws_ptr=ws, c_ptr=out, M=M, N=N, K=K, sk_tiles=sk_tiles,
-                 stride_cm=out.stride(0), **epi, NUM_SMS=programs, BLOCK_M=bm, BLOCK_N=bn,
-                 BLOCK_K=config.block_k, GROUP_M=config.group_m, SUB_M=sub_m, SUB_N=sub_n,
-                 SK_G=lane, num_warps=4)
-
-
-#: shared memory a block may use on sm_90 (the opt-in 227 KB)
-_SMEM_BYTES = 232448
-
-
-def _sk_piece(cfg: TmaConfig, in_size: int, out_size: int, res_size: int) -> int:
-    """Columns of the pieces in which the stream-K kernel stores a float32 partial: a quarter
-    of the tile (32 KB at 128x256, half the copy-out waits of eighths) or an eighth, the widest
-    whose staging buffer fits beside the pipeline's stages, the epilogue's buffer and a TMA
-    residual's (``res_size`` 0: none); 0 when neither fits. Each piece waits for the last one's
-    copy out. The estimate matched ``tkit.ir``'s shared memory to within 1.1 KB (barriers):
-    208 KB for bf16 128x256 in 3 stages with quarters, 225 KB with a residual and eighths."""
-    stages = cfg.num_stages or 3
-    cols = cfg.block_n // (2 if cfg.epi_subtile else 1)
-    used = (stages * (cfg.block_m + cfg.block_n) * cfg.block_k * in_size
-            + cfg.block_m * cols * (out_size + res_size) + 1100)
-    for div in (4, 8):
-        piece = max(4, cfg.block_n // div)
-        if used + cfg.block_m * piece * 4 <= _SMEM_BYTES:
-            return piece
-    return 0
+             stride_cm=out.stride(0), A_TRANS=a_trans, B_TRANS=b_trans, **epi, IEEE=ieee,
+             NUM_SMS=num_sms, **(config.launch_kwargs() if config is not None else {}))
 
 
 _COUNTERS: dict = {}
