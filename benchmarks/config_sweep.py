@@ -430,8 +430,8 @@ def sweep_int4(rows):
 
 
 def sweep_matmul_mid(rows):
-    """bf16 GEMM tiles at prefill-chunk M (256, 512) on Llama-3-8B's projections, beside
-    cuBLAS (F.linear's weight layout: b = W.t())."""
+    """bf16 GEMM tiles at prefill-chunk M (256, 512) and at M=4096 (the two largest tiles
+    there) on Llama-3-8B's projections, beside cuBLAS (F.linear's weight layout: b = W.t())."""
     from tkit.kernels.matmul import ops as MM
     from tkit.kernels.matmul.config import TmaConfig
 
@@ -439,7 +439,7 @@ def sweep_matmul_mid(rows):
              (64, 128, 64, 4, 4), (64, 256, 64, 8, 3), (128, 64, 64, 4, 4), (64, 64, 64, 4, 5)]
     shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
               "down": (4096, 14336)}
-    for M in (256, 512):
+    for M in (256, 512, 4096):
         for label, (N, K) in shapes.items():
             g = torch.Generator(device="cuda").manual_seed(0)
             a = torch.randn(M, K, device="cuda", generator=g, dtype=torch.bfloat16)
@@ -458,7 +458,7 @@ def sweep_matmul_mid(rows):
                   f"{flops / t_cub / 1e9:6.1f} TFLOP/s; default {dflt}")
             rows.append(dict(family="matmul_mid", case=case, config="cuBLAS", median_ms=t_cub,
                              tflops=flops / t_cub / 1e9))
-            for bm, bn, bk, wp, st in tiles:
+            for bm, bn, bk, wp, st in (tiles if M < 4096 else tiles[:2]):
                 cfg = TmaConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=wp, num_stages=st)
 
                 def run(a=a, b=b, out=out, cfg=cfg):

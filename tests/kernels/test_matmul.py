@@ -742,3 +742,83 @@ def test_tma_residual_row_stride_of_one_row(monkeypatch):
     (launch,) = launches
     assert launch.kwargs["RES_TMA"] is True
     assert launch.kwargs["stride_rm"] * 2 % 16 == 0
+
+
+# ---- shared memory: every TMA launch fits in the 227 KB a block may have ------------------
+_SMEM_CASES = [  # (a dtype, out dtype, residual: None, "row" (TMA) or "bcast" (pointers))
+    (torch.bfloat16, torch.bfloat16, None), (torch.bfloat16, torch.bfloat16, "row"),
+    (torch.bfloat16, torch.bfloat16, "bcast"), (torch.bfloat16, torch.float32, None),
+    (torch.float16, torch.float32, "row"), (torch.float32, torch.float32, None),
+    (torch.float32, torch.float32, "row"), (torch.float8_e4m3fn, torch.float32, "row"),
+    (torch.float8_e4m3fn, torch.bfloat16, "row"),
+]
+
+
+def _tma_launch(M, N, K, a_dtype, out_dtype, res):
+    meta = dict(device="meta")
+    a = torch.empty(M, K, dtype=a_dtype, **meta)
+    b = torch.empty(N, K, dtype=a_dtype, **meta).t()
+    r_dtype = torch.float16 if out_dtype == torch.float32 and a_dtype != torch.float32 \
+        else out_dtype
+    r = {None: None, "row": torch.empty(M, N, dtype=r_dtype, **meta),
+         "bcast": torch.empty(N, dtype=r_dtype, **meta)}[res]
+    with _common.capture_launches() as launches:
+        mm._matmul_impl(a, b, None, r, out_dtype=out_dtype, path="tma")
+    (launch,) = launches
+    kw = launch.kwargs
+    cfg = mm.TmaConfig(block_m=kw["BLOCK_M"], block_n=kw["BLOCK_N"], block_k=kw["BLOCK_K"],
+                       num_warps=kw["num_warps"], num_stages=kw.get("num_stages"),
+                       epi_subtile=kw["EPI_SUBTILE"])
+    res_size = r.element_size() if r is not None else 0
+    return launch, cfg, mm.config.tma_shared_bytes(cfg, a.element_size(),
+                                                   torch.empty(0, dtype=out_dtype).element_size(),
+                                                   res_size)
+
+
+@pytest.mark.parametrize("a_dtype, out_dtype, res", _SMEM_CASES)
+def test_tma_configs_fit_in_shared_memory(a_dtype, out_dtype, res, monkeypatch):
+    """Every config the fixed table launches, with every output and residual, fits: the
+    table's 4 stages of 128x256x32 float32 (262 KB beside a float32 half-tile buffer) and a
+    16-bit GEMM's 3 stages beside a float32 output and a TMA residual (240 KB) run with fewer
+    stages; the 16-bit GEMM without them keeps its 3."""
+    monkeypatch.setattr(mm.config._env, "INTERPRET", False)
+    for M, N, K in ((512, 6144, 4096), (4096, 28672, 4096), (256, 4096, 4096),
+                    (8192, 8192, 8192), (1000, 1000, 1000)):
+        _, cfg, est = _tma_launch(M, N, K, a_dtype, out_dtype, res)
+        assert est <= mm.config.SMEM_BYTES, (M, N, K, cfg)
+    _, cfg, _ = _tma_launch(8192, 8192, 8192, a_dtype, out_dtype, res)
+    if (a_dtype, out_dtype, res) == (torch.bfloat16, torch.bfloat16, None):
+        assert (cfg.block_n, cfg.num_stages) == (256, 3)  # unchanged
+    if (a_dtype, out_dtype, res) == (torch.float32, torch.float32, None):
+        assert (cfg.block_n, cfg.num_stages) == (256, 3)  # 4 would not fit
+    if (a_dtype, out_dtype, res) == (torch.float16, torch.float32, "row"):
+        assert (cfg.block_n, cfg.num_stages) == (256, 2)
+
+
+def test_fit_shared_keeps_what_fits_and_shrinks_the_rest():
+    fit, MC = mm.config.fit_shared, mm.config
+    big = mm.TmaConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
+    assert fit(big, 2, 2) is big
+    assert fit(big, 2, 4, 2).num_stages == 2
+    whole = dataclasses.replace(big, block_k=32, num_stages=4, epi_subtile=False)
+    shrunk = fit(whole, 4, 4, 4)  # 2 stages of a float32 tile still leave 256 KB: half epilogue
+    assert (shrunk.num_stages, shrunk.epi_subtile) == (2, True)
+    assert MC.tma_shared_bytes(shrunk, 4, 4, 4) <= MC.SMEM_BYTES
+    huge = dataclasses.replace(big, block_m=256, block_k=256)  # nothing fits: left as asked
+    assert fit(huge, 4, 4) is huge
+
+
+@pytest.mark.parametrize("a_dtype, out_dtype, res", [
+    (torch.bfloat16, torch.bfloat16, "row"), (torch.float32, torch.float32, None),
+    (torch.float16, torch.float32, "row"), (torch.float32, torch.float32, "row")])
+def test_tma_shared_memory_estimate_matches_the_compiler(a_dtype, out_dtype, res,
+                                                          monkeypatch):
+    """The estimate against the shared memory of the sm_90a build (tkit.ir): never below it,
+    at most 128 bytes above (the barriers), and the build fits."""
+    from tkit.ir_tools import aot
+
+    monkeypatch.setattr(mm.config._env, "INTERPRET", False)
+    launch, _, est = _tma_launch(512, 6144, 4096, a_dtype, out_dtype, res)
+    ir = aot.compile_launch(launch.kernel, launch.kwargs, 90)
+    assert 0 <= est - ir.shared <= 128, (est, ir.shared)
+    assert ir.shared <= mm.config.SMEM_BYTES

@@ -161,6 +161,42 @@ class TmaConfig:
         return kw
 
 
+#: dynamic shared memory one block may use on sm_90 (the opt-in 227 KB): a launch that asks
+#: for more fails with OutOfResources
+SMEM_BYTES = 232448
+
+
+def tma_shared_bytes(cfg: TmaConfig, in_size: int, out_size: int, res_size: int = 0) -> int:
+    """Shared memory of ``_matmul_tma_kernel`` with ``cfg``: the pipeline's stages of A and B
+    tiles, the epilogue's staging buffer (half a tile with ``epi_subtile``) in the output's
+    element size and, with a residual, a buffer of the same shape in its element size
+    (``res_size``: the TMA residual's staging, or the pointer residual's layout conversion),
+    plus the barriers. Within 64 bytes of tkit.ir's figure on every build measured (bf16,
+    fp16, fp32 and fp8 operands; 16- and 32-bit outputs; both residual paths; whole and half
+    epilogues)."""
+    stages = cfg.num_stages or 3
+    cols = cfg.block_n // (2 if cfg.epi_subtile else 1)
+    return (stages * (cfg.block_m + cfg.block_n) * cfg.block_k * in_size
+            + cfg.block_m * cols * (out_size + res_size) + 64)
+
+
+def fit_shared(cfg: TmaConfig, in_size: int, out_size: int, res_size: int = 0) -> TmaConfig:
+    """``cfg``, or the nearest config that fits in :data:`SMEM_BYTES`: fewer stages (down to
+    2), then the half-tile epilogue. A float32 GEMM's 4 stages of 128x256x32 beside a float32
+    half-tile buffer (262 KB), or a 16-bit GEMM with a float32 output and a TMA residual at 3
+    stages (240 KB), would not launch. Returned unchanged when nothing fits (the launch then
+    says by how much)."""
+    if tma_shared_bytes(cfg, in_size, out_size, res_size) <= SMEM_BYTES:
+        return cfg
+    stages = cfg.num_stages or 3
+    for subtile in dict.fromkeys((cfg.epi_subtile, True)):
+        for st in range(stages, 1, -1):
+            fit = dataclasses.replace(cfg, num_stages=st, epi_subtile=subtile)
+            if tma_shared_bytes(fit, in_size, out_size, res_size) <= SMEM_BYTES:
+                return fit
+    return cfg
+
+
 @dataclass(frozen=True)
 class PtrConfig:
     """Launch parameters of the pointer kernel (``_matmul_kernel``; the block-scaled fp8 one
@@ -401,14 +437,18 @@ def _lead_stride(t: torch.Tensor, trans: bool) -> int:
     return t.stride(0) if rows > 1 else cols
 
 
-def _path_config(path: str, M: int, N: int, K: int, elem_size: int, sms: int):
-    """The config ``path`` launches with for an (M, K) @ (K, N) problem, overrides applied."""
+def _path_config(path: str, M: int, N: int, K: int, elem_size: int, sms: int,
+                 out_size: int | None = None):
+    """The config ``path`` launches with for an (M, K) @ (K, N) problem, overrides applied
+    (a TMA config then fitted to shared memory, without a residual: the launcher fits it
+    again with one)."""
     if path == "splitk":
         return current(SplitKConfig.for_shape(M, N, K, sms))
     if autotuned():
         return None
     if path == "tma":
-        return current(TmaConfig.for_shape(M, N, K, elem_size, sms))
+        return fit_shared(current(TmaConfig.for_shape(M, N, K, elem_size, sms)), elem_size,
+                          out_size or elem_size)
     if path == "ptr":
         return current(PtrConfig.for_shape(M, N, K, elem_size))
     return None
@@ -426,7 +466,8 @@ def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
     if M == 0 or N == 0:
         return MatmulPlan("empty", "empty output: nothing to launch")
     if path is not None:
-        return MatmulPlan(path, "forced", _path_config(path, M, N, K, es, sms))
+        return MatmulPlan(path, "forced",
+                          _path_config(path, M, N, K, es, sms, out_dtype.itemsize))
     if K == 0:
         return MatmulPlan("ptr", "K = 0: the output is the epilogue of zeros",
                           _path_config("ptr", M, N, K, es, sms))
@@ -445,7 +486,7 @@ def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
             ptr = f"output rows of {N * out_es} bytes are not a multiple of 16 (TMA store)"
         else:
             return MatmulPlan("tma", f"sm_{major}0 and TMA-compatible strides: persistent TMA "
-                              "kernel", _path_config("tma", M, N, K, es, sms))
+                              "kernel", _path_config("tma", M, N, K, es, sms, out_es))
     elif major == 0:
         ptr = "Triton interpreter: portable kernel"
     else:

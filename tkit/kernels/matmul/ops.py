@@ -115,6 +115,11 @@ def _launch_tma(a, b, out, epi, ieee, num_sms, config: TmaConfig | None = None):
         # pipeline stages). Its row stride is the one _tma_ok checked: a single row's own
         # stride(0) may be anything, and a descriptor stride must be a multiple of 16 bytes.
         epi = dict(epi, HAS_RES=False, RES_TMA=True, stride_rm=_lead_stride(res, False))
+    if config is not None:
+        # the table's config (or one given) fitted to shared memory with this call's output
+        # and residual: fewer stages where the epilogue's buffers would push it past 227 KB
+        config = MC.fit_shared(config, a.element_size(), out.element_size(),
+                               res.element_size() if res is not None else 0)
 
     C.launch(kernel, grid, a_ptr=a, b_ptr=b, c_ptr=out, M=M, N=N, K=K,
              stride_a=_lead_stride(a, a_trans), stride_b=_lead_stride(b, b_trans),
