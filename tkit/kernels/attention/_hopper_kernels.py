@@ -66,17 +66,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.language.core import _aggregate as aggregate
 
+# the Gluon names that moved between Triton versions (tkit/kernels/_gluon.py)
+from tkit.kernels._gluon import cta_barrier, tma_load, tma_store
 from tkit.kernels.attention.hopper_config import WS_CONSUMER_REGS, WS_LOADER_REGS
-
-# The Gluon API moves between the Triton versions tkit supports (pyproject's range). 3.9 renamed
-# the TMA copies to ``async_load`` / ``async_store`` (the old names are stubs that raise) and
-# replaced ``gl.thread_barrier()`` by ``gl.barrier()`` (the same CTA-wide barrier op); 3.6 has
-# only the old names. The kernels below call these aliases, never the moved names directly.
-if hasattr(tma, "async_load"):
-    tma_load, tma_store = tma.async_load, tma.async_store
-else:
-    tma_load, tma_store = tma.async_copy_global_to_shared, tma.async_copy_shared_to_global
-cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
 
 # --------------------------------------------------------------------------------------------

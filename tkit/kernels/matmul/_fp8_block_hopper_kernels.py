@@ -50,12 +50,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-# Triton 3.9 renamed the TMA copies and the CTA barrier (see attention/_hopper_kernels.py)
-if hasattr(tma, "async_load"):
-    tma_load, tma_store = tma.async_load, tma.async_store
-else:
-    tma_load, tma_store = tma.async_copy_global_to_shared, tma.async_copy_shared_to_global
-cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+# the Gluon names that moved between Triton versions
+from tkit.kernels._gluon import cta_barrier, tma_load, tma_store
 
 GROUP_K = gl.constexpr(128)  # the scale group along K
 WG_M = gl.constexpr(64)  # rows of one consumer warpgroup

@@ -322,15 +322,10 @@ def _fp8_block_impl(a, b, scale_a, scale_b, bias=None, residual=None, activation
     if path == "gluon" or type(config).__name__ == "HopperBlockConfig":
         raise ValueError(f"the Gluon block-scaled kernel does not apply: {reason}")
     p = MC.plan(a, b, out_dtype, path=path)
-    common = dict(a_ptr=a, b_ptr=b, c_ptr=out, sa_ptr=scale_a, sb_ptr=scale_b,
-                  bias_ptr=bias if bias is not None else scale_a,
-                  res_ptr=res if res is not None else scale_a, M=M, N=N, K=K,
-                  stride_sam=scale_a.stride(0), stride_sak=scale_a.stride(1),
-                  stride_sbk=scale_b.stride(0), stride_sbn=scale_b.stride(1),
-                  stride_rm=res.stride(0) if res is not None else 0,
-                  stride_rn=res.stride(1) if res is not None else 0,
-                  stride_bias=bias.stride(0) if bias is not None else 0,
-                  HAS_BIAS=bias is not None, ACT=activation or "", HAS_RES=res is not None)
+    from tkit.kernels.matmul.fp8_block_hopper import epilogue_args
+
+    common = dict(a_ptr=a, b_ptr=b, c_ptr=out, M=M, N=N, K=K,
+                  **epilogue_args(scale_a, scale_b, bias, res, activation))
     if p.path == "tma":
         _, a_trans = MC._tma_ok(a)
         _, b_trans = MC._tma_ok(b)

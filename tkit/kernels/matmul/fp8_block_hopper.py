@@ -154,6 +154,21 @@ def _descriptor(t: torch.Tensor, shape, strides, block):
                             _smem_layout(block[0], block[1], t.dtype))
 
 
+def epilogue_args(scale_a, scale_b, bias, residual, activation) -> dict:
+    """The block-scaled kernels' scale and epilogue arguments (this Gluon kernel's and the
+    Triton kernels' of ``fp8_block.py`` take the same ones); absent tensors are replaced by
+    ``scale_a``, a valid pointer their flags keep unread."""
+    return dict(sa_ptr=scale_a, sb_ptr=scale_b,
+                bias_ptr=bias if bias is not None else scale_a,
+                res_ptr=residual if residual is not None else scale_a,
+                stride_sam=scale_a.stride(0), stride_sak=scale_a.stride(1),
+                stride_sbk=scale_b.stride(0), stride_sbn=scale_b.stride(1),
+                stride_rm=residual.stride(0) if residual is not None else 0,
+                stride_rn=residual.stride(1) if residual is not None else 0,
+                stride_bias=bias.stride(0) if bias is not None else 0,
+                HAS_BIAS=bias is not None, ACT=activation or "", HAS_RES=residual is not None)
+
+
 def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=None,
            config: HopperBlockConfig | None = None) -> torch.Tensor:
     """out = the block-scaled product of a and b with the epilogue, by the Gluon kernel
@@ -172,15 +187,7 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
     tiles = C.cdiv(M, cfg.block_m) * C.cdiv(N, cfg.block_n)
     progs = max(1, min(sms, tiles))
     C.launch(_fp8_block_ws_kernel, (progs,), a_desc=a_desc, b_desc=b_desc, c_desc=c_desc,
-             sa_ptr=scale_a, sb_ptr=scale_b,
-             bias_ptr=bias if bias is not None else scale_a,
-             res_ptr=residual if residual is not None else scale_a, M=M, N=N, K=K,
-             stride_sam=scale_a.stride(0), stride_sak=scale_a.stride(1),
-             stride_sbk=scale_b.stride(0), stride_sbn=scale_b.stride(1),
-             stride_rm=residual.stride(0) if residual is not None else 0,
-             stride_rn=residual.stride(1) if residual is not None else 0,
-             stride_bias=bias.stride(0) if bias is not None else 0,
-             HAS_BIAS=bias is not None, ACT=activation or "", HAS_RES=residual is not None,
+             **epilogue_args(scale_a, scale_b, bias, residual, activation), M=M, N=N, K=K,
              STAGES=stages, GROUP_M=cfg.group_m,
              CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
              maxnreg=MAXNREG)
