@@ -43,8 +43,11 @@ def _toolchain_shard() -> tuple[int, int] | None:
 
 
 def _toolchain_unit(item, marker) -> tuple:
-    """The tests that share a build are one unit: the marker's arguments name the parameters
-    that pick the build (none: the test is its own unit)."""
+    """The tests that share a build are one unit: ``group=`` names a build several modules
+    share, the marker's arguments name the parameters that pick the build (neither: the test
+    is its own unit)."""
+    if "group" in marker.kwargs:
+        return ("group", marker.kwargs["group"])
     cs = getattr(item, "callspec", None)
     if not marker.args:
         return (item.nodeid,)

@@ -192,6 +192,7 @@ def test_cache_reuses_cubins(cubin_dir, build):
     assert other != first  # options are part of the key
 
 
+@pytest.mark.toolchain(group="cute_layouts")  # the host program tutorial 06b runs too
 @pytest.mark.skipif(_loader.cutlass_include() is None, reason="nvidia-cutlass not installed")
 def test_cute_prints_tiled_mma_layouts():
     import tkit.cuda_ext as cx
