@@ -13,6 +13,9 @@ TKIT_HYPOTHESIS_PROFILE  ``ci`` (derandomized, interpreter-sized) or ``gpu`` (la
                      examples); default ``ci``.
 TKIT_NO_DIRECT=1     always go through the registered torch.library op, even in eager mode.
 TKIT_SLOW=1          run tests marked slow.
+TKIT_TOOLCHAIN_SHARD=i/n  run share i of n of the tests marked toolchain (nvcc builds, no
+                     Triton or numpy in them; read by conftest.py): CI's two stages take
+                     one share each. Unset: all of them.
 TKIT_WGMMA_SELFTEST=0  skip the one-time subprocess self-test of the hand-written Hopper GEMM
                      before its first use on a machine (the self-test guards against a hang).
 TKIT_GIT_SHA         the git sha stamped on benchmark rows where the tree has no .git (the copy

@@ -140,6 +140,7 @@ needs_nvcc = pytest.mark.skipif(_loader.nvcc_path() is None or
                                 reason="needs nvcc and cuobjdump to read the SASS")
 
 
+@pytest.mark.toolchain
 @needs_nvcc
 def test_sass_shows_each_step():
     rows = {r["step"]: r for r in ladder_sass_table()}

@@ -119,6 +119,7 @@ def test_fragment_formulas_match_cute_layouts():
                    wgmma_c_fragment)
 
 
+@pytest.mark.toolchain(group="cute_layouts")
 @needs_cute
 def test_cute_layouts_printout():
     import tkit.cuda_ext as cx
@@ -193,6 +194,7 @@ def test_swizzles_remove_bank_conflicts():
 
 
 # %%
+@pytest.mark.toolchain(group="cute_layouts")
 @needs_cute
 def test_descriptors_agree_with_cute():
     import tkit.cuda_ext as cx
@@ -403,6 +405,7 @@ def sass_histogram(source: str, arch: str) -> Counter:
     return opcode_counts(_loader.sass(_loader.compile_cubin(source, arch)))
 
 
+@pytest.mark.toolchain
 @needs_sass
 def test_hopper_sass():
     h = sass_histogram("gemm_wgmma_sm90.cu", "90a")

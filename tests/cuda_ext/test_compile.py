@@ -59,6 +59,7 @@ SGEMM = ["sgemm_naive", "sgemm_smem", "sgemm_1d_blocking", "sgemm_2d_blocking",
          "sgemm_vectorized", "sgemm_cp_async"]
 
 
+@pytest.mark.toolchain
 @pytest.mark.parametrize("arch", ["80", "90"])
 @needs_cuobjdump
 def test_sgemm_ladder(build, arch):
@@ -74,6 +75,7 @@ def test_sgemm_ladder(build, arch):
     assert re.search(r"LDS\.128", k["sgemm_vectorized"]), "sgemm_vectorized: no LDS.128"
 
 
+@pytest.mark.toolchain
 @pytest.mark.parametrize("arch", ["80", "90"])
 @needs_cuobjdump
 def test_mma_sync_gemm(build, arch):
@@ -100,6 +102,7 @@ def test_default_builds_have_no_options():
     assert len(set(opts.values())) == len(opts), "two wgmma variants name the same build"
 
 
+@pytest.mark.toolchain
 @pytest.mark.parametrize("variant", [v for v in MMA_VARIANTS if v != MMA_DEFAULT_VARIANT])
 @pytest.mark.parametrize("arch", ["80", "90"])
 @needs_cuobjdump
@@ -120,6 +123,7 @@ def test_mma_sync_gemm_variants(cubin_dir, variant, arch):
         assert re.search(r"STG\.E\.128", k["gemm_mma_bf16"]), f"{variant}: no 16-byte stores"
 
 
+@pytest.mark.toolchain
 @pytest.mark.parametrize("variant", [v for v in WGMMA_VARIANTS if v != WGMMA_DEFAULT_VARIANT])
 @needs_cuobjdump
 def test_wgmma_gemm_variants(cubin_dir, variant):
@@ -139,6 +143,7 @@ def test_wgmma_gemm_variants(cubin_dir, variant):
         assert "UCGABAR_WAIT" in ops, f"{variant}: no cluster barrier"
 
 
+@pytest.mark.toolchain
 @pytest.mark.parametrize("options", [(), ("-DWGMMA_INFLIGHT=1",),
                                      ("-DSTAGES=4", "-DEPI_TMA=0", "-DEPI_SPLIT=2")],
                          ids=["default", "inflight", "direct_s4"])
@@ -159,6 +164,7 @@ def test_wgmma_gemm(build, cubin_dir, options):
         assert "UTMASTG" in ops, "no TMA stores (UTMASTG) in the epilogue"
 
 
+@pytest.mark.toolchain
 def test_resource_usage_no_spills():
     """ptxas's own report agrees: 0 bytes spilled in every GEMM kernel."""
     for name, arch in (("gemm_mma_sm80.cu", "80"), ("gemm_wgmma_sm90.cu", "90a")):
@@ -167,6 +173,7 @@ def test_resource_usage_no_spills():
         assert spills and all(s == ("0", "0") for s in spills), report
 
 
+@pytest.mark.toolchain
 def test_compile_error_names_the_file(tmp_path, monkeypatch):
     """The #line directive makes nvcc's diagnostics name the file in csrc/."""
     bad = tmp_path / "broken.cu"
@@ -176,6 +183,7 @@ def test_compile_error_names_the_file(tmp_path, monkeypatch):
         _loader.compile_cubin("broken.cu", "80", cache_dir=tmp_path / "cache")
 
 
+@pytest.mark.toolchain
 def test_cache_reuses_cubins(cubin_dir, build):
     first = build("sgemm.cu", "80")
     again = _loader.compile_cubin("sgemm.cu", "80", cache_dir=cubin_dir)
@@ -184,6 +192,7 @@ def test_cache_reuses_cubins(cubin_dir, build):
     assert other != first  # options are part of the key
 
 
+@pytest.mark.toolchain(group="cute_layouts")  # the host program tutorial 06b runs too
 @pytest.mark.skipif(_loader.cutlass_include() is None, reason="nvidia-cutlass not installed")
 def test_cute_prints_tiled_mma_layouts():
     import tkit.cuda_ext as cx

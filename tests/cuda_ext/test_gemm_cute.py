@@ -182,6 +182,7 @@ def _check_build(cubin, variant, arch, record_property):
     assert re.search(r"STG\.E\.64", kernels["gemm_cute_bf16_f32out"]), "no 8-byte fp32 stores"
 
 
+@pytest.mark.toolchain
 @needs_build
 @pytest.mark.parametrize("variant", _variant_params("90a"))
 @pytest.mark.parametrize("arch", ["90a"])
@@ -189,6 +190,7 @@ def test_variant_sass_sm90a(cute_cubins, variant, arch, record_property):
     _check_build(cute_cubins(variant, arch), variant, arch, record_property)
 
 
+@pytest.mark.toolchain
 @needs_build
 @pytest.mark.parametrize("variant", _variant_params("80"))
 @pytest.mark.parametrize("arch", ["80"])

@@ -186,6 +186,7 @@ def peak_sass(tmp_path_factory):
     return get
 
 
+@pytest.mark.toolchain("arch")  # one build an arch: its tests go together
 @needs_sass
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", list(mp.DTYPES))
@@ -221,6 +222,7 @@ def test_sass_is_a_pure_mma_loop(peak_sass, arch, dtype, ilp):
     assert len(stg) == 2 and min(stg) > loop[-1][0], f"{name}: stores at {stg}"
 
 
+@pytest.mark.toolchain("arch")  # one build an arch: its tests go together
 @needs_sass
 @pytest.mark.parametrize("arch", ARCHS)
 def test_no_spills(arch):

@@ -233,9 +233,8 @@ def test_sub_tiles_match_whole_tiles(page):
     kw = dict(block_table=table, k_scale=ks, v_scale=vs, window_size=(50, -1),
               return_lse=True)
     with DA.decode_config(block_n=64, sub_n=16, num_splits=2):
-        check_against_reference(tkit.decode_attention, S.ref_decode_attention,
-                                [q, k8, v8, lens], kw)
-        sub = tkit.decode_attention(q, k8, v8, lens, **kw)
+        sub = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                      [q, k8, v8, lens], kw)
     with DA.decode_config(block_n=64, num_splits=2):
         whole = tkit.decode_attention(q, k8, v8, lens, **kw)
     torch.testing.assert_close(sub, whole, atol=2e-3, rtol=0)
@@ -268,11 +267,9 @@ def test_prefetch_loop(cache, page):
         k, v = k.to(FP8), v.to(FP8)
         kw.update(k_scale=ks, v_scale=vs)
     lens = _lens(128, 77, 0, 1)
-    with DA.decode_config(block_n=32, kv_load="prefetch"):
-        with poisoned_outputs():
-            check_against_reference(tkit.decode_attention, S.ref_decode_attention,
-                                    [q, k, v, lens], kw)
-        got, got_lse = tkit.decode_attention(q, k, v, lens, **kw)
+    with DA.decode_config(block_n=32, kv_load="prefetch"), poisoned_outputs():
+        got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                               [q, k, v, lens], kw)
     with DA.decode_config(block_n=32):
         want, want_lse = tkit.decode_attention(q, k, v, lens, **kw)
     torch.testing.assert_close(got, want, atol=2e-3, rtol=0)

@@ -97,7 +97,8 @@ LOOP_STYLE_IDS = ["sum2-rev", "chan-fwd-s2", "chan-rev", "sum2-rev-s2"]
 @pytest.mark.parametrize("style", LOOP_STYLES, ids=LOOP_STYLE_IDS)
 def test_loop_path_whole_chunks(name, n, style, override, device):
     """The forward's loop path when every chunk is full (no masks): unrolled at compile time
-    (4 chunks of 64) and a run-time loop (20 chunks, over STATIC_CHUNKS_MAX)."""
+    (4 chunks of 64) and a run-time loop (20 chunks, over STATIC_CHUNKS_MAX). The loop path
+    takes one row a program (ROWS = 1): two rows show the row stride."""
     for k, v in style.items():
         override(**{k: v})
     override(norm_fwd_single_bytes=0)
@@ -105,9 +106,10 @@ def test_loop_path_whole_chunks(name, n, style, override, device):
     cfg = NormConfig.for_device(n, 2, is_rms=name != "layer_norm",
                                 has_res=name == "rms_norm_residual")
     assert not cfg.single and cfg.even and cfg.nchunk == (n // 64 if n // 64 <= 16 else 0)
+    assert cfg.rows == 1
     spec = registry.get(name)
     check_against_reference(spec.fn, spec.reference,
-                            _inputs(name, (5, n), torch.float16, device, "offset"), grad=False)
+                            _inputs(name, (2, n), torch.float16, device, "offset"), grad=False)
 
 
 @pytest.mark.parametrize("layout", ["transposed", "offset", "permuted"])

@@ -206,54 +206,64 @@ def empty(shape, dtype, device):  # every output tkit allocates, inside a guard
 
 
 _common.empty = empty
-g = torch.Generator().manual_seed(0)
-rnd = lambda *s: torch.randn(*s, generator=g)
-case, values = sys.argv[1], [int(x) for x in sys.argv[2].split(",")]
-if case == "grouped":
-    a = guarded((10, 16), torch.float32, rnd(10, 16))
-    dout = guarded((10, 8), torch.float32, rnd(10, 8))
-    b = guarded((3, 16, 8), torch.float32, rnd(3, 16, 8))
-    off = guarded((4,), torch.int64, torch.tensor(values))
-    outs = [torch.ops.tkit.grouped_matmul(a, b, off, None),
-            torch.ops.tkit.grouped_matmul(dout, b.transpose(1, 2), off, None),
-            torch.ops.tkit.grouped_matmul_wgrad(a, dout, off, 3, torch.float32)]
-else:
-    q, k, v, do = (guarded((12, 2, 16), torch.float32, rnd(12, 2, 16)) for _ in range(4))
-    cu = guarded((len(values),), torch.int32, torch.tensor(values))
-    args = [cu, cu, 8, 8, True, 0.25, -1, -1, 0.0]
-    out, lse = torch.ops.tkit.flash_attn_fwd(q, k, v, *args)
-    outs = [out, lse, *torch.ops.tkit.flash_attn_bwd(do, q, k, v, out, lse, None, *args)]
-if dev == "cuda":
-    torch.cuda.synchronize()
-for i, (buf, n) in enumerate(guards):
-    cpu = buf.double().cpu()
-    for side in (cpu[:PAD], cpu[PAD + n:]):
-        if not bool((side == SENT).all()):
-            print(f"guard {i} of {len(guards)} overwritten"); sys.exit(3)
-for i, o in enumerate(outs):
-    o = o.double().cpu()
-    if bool(o.isnan().any()) or bool((o == float("inf")).any()):
-        print(f"output {i} has NaN or +inf: unwritten or read out of bounds"); sys.exit(4)
-print("OK")
+case = sys.argv[1]
+for arg in sys.argv[2:]:  # one set of offsets an argument, each with fresh tensors and guards
+    values = [int(x) for x in arg.split(",")]
+    print(f"offsets {values}:", end=" ", flush=True)  # the last one named if the process dies
+    guards.clear()
+    g = torch.Generator().manual_seed(0)
+    rnd = lambda *s: torch.randn(*s, generator=g)
+    if case == "grouped":
+        a = guarded((10, 16), torch.float32, rnd(10, 16))
+        dout = guarded((10, 8), torch.float32, rnd(10, 8))
+        b = guarded((3, 16, 8), torch.float32, rnd(3, 16, 8))
+        off = guarded((4,), torch.int64, torch.tensor(values))
+        outs = [torch.ops.tkit.grouped_matmul(a, b, off, None),
+                torch.ops.tkit.grouped_matmul(dout, b.transpose(1, 2), off, None),
+                torch.ops.tkit.grouped_matmul_wgrad(a, dout, off, 3, torch.float32)]
+    else:
+        q, k, v, do = (guarded((12, 2, 16), torch.float32, rnd(12, 2, 16)) for _ in range(4))
+        cu = guarded((len(values),), torch.int32, torch.tensor(values))
+        args = [cu, cu, 8, 8, True, 0.25, -1, -1, 0.0]
+        out, lse = torch.ops.tkit.flash_attn_fwd(q, k, v, *args)
+        outs = [out, lse, *torch.ops.tkit.flash_attn_bwd(do, q, k, v, out, lse, None, *args)]
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    for i, (buf, n) in enumerate(guards):
+        cpu = buf.double().cpu()
+        for side in (cpu[:PAD], cpu[PAD + n:]):
+            if not bool((side == SENT).all()):
+                print(f"guard {i} of {len(guards)} overwritten"); sys.exit(3)
+    for i, o in enumerate(outs):
+        o = o.double().cpu()
+        if bool(o.isnan().any()) or bool((o == float("inf")).any()):
+            print(f"output {i} has NaN or +inf: unwritten or read out of bounds"); sys.exit(4)
+    print("OK", flush=True)
 """
 
+GUARD_CASES = {
+    "grouped": [[0, 3, 5, 40], [0, -3, 12, 10], [0, 8, 3, 10], [0, 3, 5, 8], [0, 2**40, 5, 10],
+                [-(2**40), 0, 5, 9]],
+    "varlen": [[0, 5, 20], [0, -3, 12], [0, 8, 5, 12], [0, 5, 10], [0, 2**31 - 1, 12],
+               [-(2**31), 12]],
+}
 
-@pytest.mark.parametrize("case, values", [
-    ("grouped", [0, 3, 5, 40]), ("grouped", [0, -3, 12, 10]), ("grouped", [0, 8, 3, 10]),
-    ("grouped", [0, 3, 5, 8]), ("grouped", [0, 2**40, 5, 10]), ("grouped", [-(2**40), 0, 5, 9]),
-    ("varlen", [0, 5, 20]), ("varlen", [0, -3, 12]), ("varlen", [0, 8, 5, 12]),
-    ("varlen", [0, 5, 10]), ("varlen", [0, 2**31 - 1, 12]), ("varlen", [-(2**31), 12]),
-])
-def test_adversarial_offsets_stay_inside_tensors(case, values):
+
+@pytest.mark.parametrize("case", list(GUARD_CASES))
+def test_adversarial_offsets_stay_inside_tensors(case):
+    """Every set of offsets of the case in one child (a torch import, not one a set): each with
+    fresh guarded tensors, checked before the next; a crash names the set that was running."""
     env = dict(os.environ)
     if not torch.cuda.is_available():
         env["TRITON_INTERPRET"] = "1"
+    sets = GUARD_CASES[case]
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(_GUARD_CHILD), case,
-                        ",".join(map(str, values))], env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), (
-        f"{case} with offsets {values}: exit {r.returncode}\n{r.stdout[-2000:]}"
-        f"{r.stderr[-3000:]}")
+                        *(",".join(map(str, values)) for values in sets)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    lines = r.stdout.strip().splitlines()
+    assert r.returncode == 0 and len(lines) == len(sets) and all(
+        line.endswith("OK") for line in lines), (
+        f"{case}: exit {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-3000:]}")
 
 
 # ---- TKIT_CHECK=1 on the GPU: device offsets read and checked -------------------------------

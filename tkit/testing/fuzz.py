@@ -74,10 +74,11 @@ def check_against_reference(
     floor: float | None = None,
     ulps: float = 1.0,
     times: dict | None = None,
-) -> None:
+):
     """One check of the DESIGN rule: run ``fn`` (outputs poisoned), ``reference`` in
     ``ref_dtype`` and ``reference`` in the inputs' own precision; compare. With ``grad``, also
     backpropagate one random output gradient through all three and compare input gradients.
+    Returns what ``fn`` returned (checked), for further comparisons without another call.
 
     The reference and the comparison run where the inputs live: on a GPU, float64 on the GPU
     (a copy to the host and float64 on its CPU cost milliseconds an example at GPU sizes).
@@ -115,7 +116,7 @@ def check_against_reference(
                                   name=f"output {i}")
     clock.lap("compare")
     if not grad:
-        return
+        return out
     gen = torch.Generator().manual_seed(1234)
     douts = [torch.randn(o.shape, generator=gen).to(o.device) for o in outs]
 
@@ -137,6 +138,7 @@ def check_against_reference(
         assert_close_to_reference(g, gr, gp, factor=grad_factor, floor=floor, ulps=ulps,
                                   name=f"gradient of input {float_idx[k]}")
     clock.lap("compare")
+    return out
 
 
 class _Clock:
