@@ -640,7 +640,11 @@ def _matmul_int4_tc_kernel(
                         (BLOCK_K, BLOCK_M))
         w = _planes(q, dtype)
         part = _dot(w, at, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), False)
-        acc += (part - (z + OFFSET)[:, None] * asum[None, :]) * s[:, None]
+        if HAS_ZEROS:
+            zo = (z + OFFSET)[:, None]
+        else:
+            zo = z + OFFSET  # a scalar: Triton 3.9's interpreter cannot index one
+        acc += (part - zo * asum[None, :]) * s[:, None]
         q_ptrs += BKQ * stride_qk
         a_ptrs += BLOCK_K * stride_ak
     mask = (offs_n[:, None] < N) & m_in[None, :]
