@@ -477,6 +477,83 @@ def sweep_matmul_mid(rows):
                                  median_ms=t, tflops=flops / t / 1e9, vs_cublas=t_cub / t))
 
 
+#: the Gluon GEMM's variants: (block_n, stages; 0 = as many as fit: 6 / 4 / 3 at 128 / 192 /
+#: 256 columns)
+GLUON_TILES = [(128, 0), (128, 4), (192, 0), (192, 3), (256, 0)]
+#: Llama-3-8B's projections (N, K): what the decoder layer runs at 512 and 4096 tokens
+LLAMA_NK = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+            "down": (4096, 14336)}
+
+
+def sweep_matmul_gluon(rows):
+    """bf16 GEMM on Llama-3-8B's projections at M = 512 and 4096 (b = W.t(), F.linear's
+    layout): cuBLAS (F.linear), the Triton TMA kernel's default, the Gluon kernel's table
+    choice and its tiles / stages, and with the residual the layer adds to o and down (cuBLAS
+    then F.linear + add); every variant checked against cuBLAS, all replayed from CUDA graphs
+    (L2 flushed) in interleaved rounds."""
+    from tkit.kernels.matmul import config as MC
+    from tkit.kernels.matmul import ops as MM
+
+    F = torch.nn.functional
+    for M in (512, 4096):
+        for label, (N, K) in LLAMA_NK.items():
+            g = torch.Generator(device="cuda").manual_seed(0)
+            a = torch.randn(M, K, device="cuda", generator=g, dtype=torch.bfloat16)
+            w = torch.randn(N, K, device="cuda", generator=g, dtype=torch.bfloat16) * K ** -0.5
+            r = torch.randn(M, N, device="cuda", generator=g, dtype=torch.bfloat16)
+            b = w.t()
+            out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+            ref = F.linear(a, w)
+            flops = 2 * M * N * K
+            case = f"M={M} {label} N={N} K={K}"
+            table = MC.GluonConfig.for_shape(M, N, K)
+            variants = [("cuBLAS", lambda a=a, w=w: F.linear(a, w), None),
+                        ("triton default",
+                         lambda a=a, b=b, out=out: MM._matmul_into(
+                             a, b, out, None, None, None, None, None, False, "tma", None), None)]
+            for bn, st in GLUON_TILES:
+                cfg = MC.GluonConfig(block_n=bn, num_stages=st)
+                name = f"gluon {bn} s{cfg.stages()}" + (" (table)" if cfg == table else "")
+                variants.append((name, lambda a=a, b=b, out=out, cfg=cfg: MM._matmul_into(
+                    a, b, out, None, None, None, None, None, False, "gluon", cfg), cfg))
+            if label in ("o", "down"):
+                variants += [
+                    ("cuBLAS + res", lambda a=a, w=w, r=r: torch.add(F.linear(a, w), r), None),
+                    ("triton default + res", lambda a=a, b=b, r=r, out=out: MM._matmul_into(
+                        a, b, out, r, None, None, None, None, False, "tma", None), "res"),
+                    ("gluon table + res", lambda a=a, b=b, r=r, out=out: MM._matmul_into(
+                        a, b, out, r, None, None, None, None, False, "gluon", None), "res")]
+            times, ok = {}, {}
+            for rnd in range(ROUNDS):
+                for name, fn, tag in variants:
+                    if ok.get(name) is False:
+                        continue
+                    if rnd == 0:
+                        try:
+                            got = fn()
+                            want = ref + r if tag == "res" or name.endswith("+ res") else ref
+                            if not _close(got if got is not None else out, want):
+                                raise AssertionError("output differs from cuBLAS's")
+                            ok[name] = True
+                        except Exception as e:  # noqa: BLE001 - a variant that fails: say why
+                            ok[name] = False
+                            print(f"matmul_gluon {case:30s} {name:24s} FAILED "
+                                  f"{type(e).__name__}: {str(e)[:160]}")
+                            continue
+                    t = time_fn(fn, rep_ms=40, replay=True).median_ms
+                    times[name] = min(t, times.get(name, t))
+            t_cub = times.get("cuBLAS")
+            for name, _, _tag in variants:
+                if name not in times:
+                    continue
+                t = times[name]
+                base = times.get("cuBLAS + res") if name.endswith("+ res") else t_cub
+                print(f"matmul_gluon {case:30s} {name:24s} {t * 1e3:8.1f} us "
+                      f"{flops / t / 1e9:6.1f} TFLOP/s {base / t:6.3f}x cuBLAS")
+                rows.append(dict(family="matmul_gluon", case=case, config=name, median_ms=t,
+                                 tflops=flops / t / 1e9, vs_cublas=base / t))
+
+
 def sweep_attention_short(rows):
     """Causal prefill attention at 512 tokens (the Llama layer's, and B32 x 16 heads; 2048 for
     scale): the Gluon forward (default), the Triton forward, SDPA's cuDNN and flash backends."""
@@ -578,6 +655,7 @@ SWEEPS = {"decode": sweep_decode, "decode_splits": sweep_decode_splits, "int4": 
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,
           "matmul_fp8_block": sweep_matmul_fp8_block,
           "matmul_fp8_block_dsv3": sweep_matmul_fp8_block_dsv3, "matmul_mid": sweep_matmul_mid,
+          "matmul_gluon": sweep_matmul_gluon,
           "attention_short": sweep_attention_short}
 
 

@@ -445,10 +445,22 @@ def _is_descriptor(v) -> bool:
 
 
 def _same_view(desc, t) -> bool:
-    """The descriptor describes ``t`` as it is (its shape; strides equal, or replaced where a
-    dimension has size 1, which TMA never steps through)."""
-    return (list(desc.shape) == list(t.shape)
-            and all(n == 1 or a == b for n, a, b in zip(t.shape, desc.strides, t.stride())))
+    """The descriptor describes ``t`` as it is, as its transpose (a K-major weight ``w.t()``
+    described as the row-major ``w``) or as a view of it that merges leading dimensions (a
+    batch folded into M): its shape, with strides equal except where a dimension has size 1,
+    which TMA never steps through. Its start is ``t``'s data pointer (matched by the caller),
+    and its shape and strides follow from ``t``'s, which the plan's key holds."""
+    shape = [int(n) for n in desc.shape]
+    views = [t] + ([t.t()] if t.dim() == 2 else [])
+    for v in views:
+        if list(v.shape) != shape:
+            try:
+                v = v.view(shape)
+            except RuntimeError:  # not a view of t's elements in this shape
+                continue
+        if all(n == 1 or a == b for n, a, b in zip(shape, desc.strides, v.stride())):
+            return True
+    return False
 
 
 def _descriptor_template(desc):

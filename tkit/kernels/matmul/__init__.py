@@ -168,7 +168,7 @@ def _matmul_slow(a, b, bias, activation, residual, out_dtype, allow_tf32, backen
         raise ValueError(f"backend must be 'auto', 'triton' or 'cuda', got {backend!r}")
     if cacheable:
         od = out_dtype or _default_out_dtype(a.dtype)
-        p = plan(a, b, od)
+        p = plan(a, b, od, bias=bias, residual=residual, activation=activation)
         ieee = a.dtype == torch.float32 and not allow_tf32
         if len(_FAST) >= _FAST_MAX:
             _FAST.clear()

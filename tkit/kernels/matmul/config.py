@@ -325,8 +325,74 @@ class GroupedConfig:
         return kw
 
 
+#: the Gluon GEMM's fixed tile height (two consumer warpgroups of 64 rows) and K step
+GLUON_BLOCK_M = 128
+GLUON_BLOCK_K = 64
+GLUON_BLOCK_NS = (128, 192, 256)
+GLUON_MAX_STAGES = 8
+
+
+def gluon_shared_bytes(block_n: int, stages: int, out_size: int = 2, in_size: int = 2) -> int:
+    """Shared memory of the Gluon GEMM (``_gemm_hopper_kernels``): the ring (a and b tiles of
+    one K step a slot), one [64, block_n] output staging tile a consumer warpgroup, the
+    mbarriers (two a slot, one a consumer) and what the warp-specialized region hands its
+    partitions (up to 256 bytes, as the block-scaled kernel)."""
+    ring = stages * (GLUON_BLOCK_M + block_n) * GLUON_BLOCK_K * in_size
+    return ring + 2 * 64 * block_n * out_size + 8 * (2 * stages + 2) + 256
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    """Launch config of the warp-specialized Gluon GEMM (``gemm_hopper.py``, sm_90, 16-bit
+    operands): tiles 128 x ``block_n`` x 64, a ring of ``num_stages`` K steps (0: as many as
+    shared memory holds), ``group_m`` the tile order's section height. One persistent CTA an
+    SM (three warpgroups: two consumers, one producer warp)."""
+
+    block_n: int = 256
+    num_stages: int = 0
+    group_m: int = 8
+
+    def __post_init__(self):
+        if self.block_n not in GLUON_BLOCK_NS:
+            raise ValueError(f"block_n must be one of {GLUON_BLOCK_NS} for the Gluon GEMM, "
+                             f"got {self.block_n}")
+        if not 0 <= self.num_stages <= GLUON_MAX_STAGES or self.num_stages == 1:
+            raise ValueError(f"num_stages must be 0 (as many as fit) or 2..{GLUON_MAX_STAGES} "
+                             f"for the Gluon GEMM, got {self.num_stages}")
+        if self.group_m < 1:
+            raise ValueError(f"group_m must be >= 1, got {self.group_m}")
+
+    @classmethod
+    def for_shape(cls, M: int, N: int, K: int, num_sms: int = 132) -> GluonConfig:
+        """The tile width from the wave count: each of the persistent CTAs runs
+        ceil(tiles / SMs) tiles, so a width costs about waves x block_n / efficiency. At
+        M = 512 that gives 192 for N = 6144 (128 tiles: one wave, where 256 leaves 36 SMs
+        idle and 128 makes 1.45 waves) and 128 for N = 4096 (128 tiles); 256 wherever the
+        waves come out even (M = 4096)."""
+        best = None
+        for bn, eff in _GLUON_TILES:
+            waves = C.cdiv(C.cdiv(M, GLUON_BLOCK_M) * C.cdiv(N, bn), num_sms)
+            t = waves * bn / eff
+            if best is None or t < best[0] * 0.999:
+                best = (t, bn)
+        return cls(block_n=best[1])
+
+    def stages(self, out_size: int = 2) -> int:
+        """``num_stages``, or (0) the most ring slots that fit the sm_90 shared memory."""
+        if self.num_stages:
+            return self.num_stages
+        s = GLUON_MAX_STAGES
+        while s > 2 and gluon_shared_bytes(self.block_n, s, out_size) > SMEM_BYTES:
+            s -= 1
+        return s
+
+
+#: Gluon tile widths and their relative efficiency per column (a wider tile reads less
+#: operand data a FLOP: 128 x 256 is 85 FLOP/byte, 128 x 128 64)
+_GLUON_TILES = ((256, 1.0), (192, 0.97), (128, 0.92))
+
 #: any of the GEMM family's launch configs
-MatmulConfig = TmaConfig | PtrConfig | SplitKConfig | GroupedConfig
+MatmulConfig = TmaConfig | PtrConfig | SplitKConfig | GroupedConfig | GluonConfig
 
 _INTERPRETER_TILE = dict(block_m=64, block_n=64, block_k=32, group_m=4, num_warps=4,
                          num_stages=None)
@@ -347,7 +413,7 @@ _TMA_TILES_FP8 = ((128, 128, 8, 3, 1.0), (64, 128, 4, 4, 0.70))
 # Overrides: one scoped, validated context for every kernel's config
 # --------------------------------------------------------------------------------------------
 _OVERRIDES = {cls: C.ConfigOverrides(cls)
-              for cls in (TmaConfig, PtrConfig, SplitKConfig, GroupedConfig)}
+              for cls in (TmaConfig, PtrConfig, SplitKConfig, GroupedConfig, GluonConfig)}
 #: every field some matmul config has, in a stable order
 _FIELDS = tuple(dict.fromkeys(f.name for cls in _OVERRIDES for f in dataclasses.fields(cls)))
 
@@ -406,7 +472,8 @@ def autotuned() -> bool:
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MatmulPlan:
-    """The kernel a call will launch (``path``: "tma", "ptr", "splitk", "empty"), the reason,
+    """The kernel a call will launch (``path``: "gluon", "tma", "ptr", "splitk", "empty"), the
+    reason,
     and the config it launches with (None: nothing to launch, or the autotuner chooses under
     TKIT_AUTOTUNE)."""
 
@@ -451,13 +518,33 @@ def _path_config(path: str, M: int, N: int, K: int, elem_size: int, sms: int,
                           out_size or elem_size)
     if path == "ptr":
         return current(PtrConfig.for_shape(M, N, K, elem_size))
+    if path == "gluon":
+        return current(GluonConfig.for_shape(M, N, K, sms))
     return None
 
 
+#: below this M the Gluon GEMM's 128-row tiles are mostly padding: the Triton kernel's wave
+#: model takes 64-row tiles there
+GLUON_MIN_M = 128
+
+
+def _gluon_reason(a, b, out_dtype, bias, residual, activation, scaled) -> str | None:
+    """None when the Gluon GEMM (``gemm_hopper.py``) takes this call, else why not."""
+    from tkit.kernels.matmul import gemm_hopper as GH
+
+    M, N = a.shape[0], b.shape[1]
+    if residual is not None and tuple(residual.shape) != (M, N):
+        residual = residual.expand(M, N)
+    return GH.supported(a, b, out_dtype, bias, residual, activation, scaled)
+
+
 def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None, *,
-         path: str | None = None) -> MatmulPlan:
+         path: str | None = None, bias: torch.Tensor | None = None,
+         residual: torch.Tensor | None = None, activation: str | None = None,
+         scaled: bool = False) -> MatmulPlan:
     """Which kernel ``matmul(a, b)`` runs for 2-D operands (after batch folding), why, and
-    with which config."""
+    with which config. The epilogue (``bias``, ``residual``, ``activation``, ``scaled``: fp8
+    scales) decides whether the Gluon GEMM can take the call on sm_90."""
     M, K = a.shape
     N = b.shape[1]
     out_dtype = out_dtype or _default_out_dtype(a.dtype)
@@ -465,6 +552,10 @@ def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
     es = a.element_size()
     if M == 0 or N == 0:
         return MatmulPlan("empty", "empty output: nothing to launch")
+    if path == "gluon":
+        why = _gluon_reason(a, b, out_dtype, bias, residual, activation, scaled)
+        if why is not None:
+            raise ValueError(f"the Gluon GEMM does not apply to this call: {why}")
     if path is not None:
         return MatmulPlan(path, "forced",
                           _path_config(path, M, N, K, es, sms, out_dtype.itemsize))
@@ -485,8 +576,20 @@ def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
         elif (N * out_es) % 16:
             ptr = f"output rows of {N * out_es} bytes are not a multiple of 16 (TMA store)"
         else:
+            why = (f"M={M} < {GLUON_MIN_M}" if M < GLUON_MIN_M else "TKIT_AUTOTUNE"
+                   if autotuned() else _gluon_reason(a, b, out_dtype, bias, residual,
+                                                     activation, scaled))
+            if why is None:
+                try:
+                    cfg = _path_config("gluon", M, N, K, es, sms)
+                except ValueError as e:  # a matmul_config field no Gluon config takes
+                    why = f"matmul_config override: {e}"
+                else:
+                    return MatmulPlan("gluon", f"sm_{major}0, 16-bit operands, a row-major, b "
+                                      "K-major: warp-specialized Gluon kernel", cfg)
             return MatmulPlan("tma", f"sm_{major}0 and TMA-compatible strides: persistent TMA "
-                              "kernel", _path_config("tma", M, N, K, es, sms, out_es))
+                              f"kernel (not the Gluon one: {why})",
+                              _path_config("tma", M, N, K, es, sms, out_es))
     elif major == 0:
         ptr = "Triton interpreter: portable kernel"
     else:

@@ -28,6 +28,7 @@ from tkit.kernels.matmul._kernels import (
 )
 from tkit.kernels.matmul.config import (
     ACTIVATIONS,
+    GluonConfig,
     GroupedConfig,
     MatmulPlan,
     PtrConfig,
@@ -182,7 +183,11 @@ def _run_2d(a, b, out, res, scale_a, scale_b, bias, activation, ieee, p: MatmulP
     cfg = config if config is not None else p.config
     if p.path == "empty":
         return
-    if p.path == "tma":
+    if p.path == "gluon":
+        from tkit.kernels.matmul import gemm_hopper as GH
+
+        GH.launch(a, b, out, bias, res, _expect(cfg, GluonConfig))
+    elif p.path == "tma":
         _launch_tma(a, b, out, epi, ieee, D.sm_count(a.device), cfg)
     elif p.path == "splitk":
         _launch_splitk(a, b, out, epi, ieee, _expect(cfg, SplitKConfig))
@@ -191,6 +196,12 @@ def _run_2d(a, b, out, res, scale_a, scale_b, bias, activation, ieee, p: MatmulP
         _launch_ptr(a.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0), r3, epi, ieee, cfg)
     else:
         raise ValueError(f"unknown matmul path {p.path!r}")
+
+
+def _epi_plan(bias, res, activation, scale_a, scale_b) -> dict:
+    """The epilogue arguments of :func:`plan` (which decide whether the Gluon GEMM runs)."""
+    return dict(bias=bias, residual=res, activation=activation,
+                scaled=scale_a is not None or scale_b is not None)
 
 
 def _try_view(t: torch.Tensor, *shape: int) -> torch.Tensor | None:
@@ -210,8 +221,9 @@ def _matmul_into(a, b, out, res, scale_a, scale_b, bias, activation, ieee, path,
     ae, be = a.expand(*batch, M, K), b.expand(*batch, K, N)
     re = res.expand(out.shape) if res is not None else None
     if not batch:
+        epi = _epi_plan(bias, re, activation, scale_a, scale_b)
         _run_2d(ae, be, out, re, scale_a, scale_b, bias, activation, ieee,
-                plan(ae, be, out.dtype, path=path), config)
+                plan(ae, be, out.dtype, path=path, **epi), config)
         return
     b_shared = all(st == 0 or sz == 1 for st, sz in zip(be.stride()[:-2], batch))
     a2 = _try_view(ae, -1, K) if b_shared else None
@@ -224,8 +236,9 @@ def _matmul_into(a, b, out, res, scale_a, scale_b, bias, activation, ieee, path,
             r2 = _try_view(re, -1, N)
             if r2 is None:  # an unusual residual layout: one copy, counted against nothing else
                 r2 = re.reshape(-1, N)
+        epi = _epi_plan(bias, r2, activation, scale_a, scale_b)
         _run_2d(a2, b2, out2, r2, scale_a, scale_b, bias, activation, ieee,
-                plan(a2, b2, out.dtype, path=path), config)
+                plan(a2, b2, out.dtype, path=path, **epi), config)
         return
     a3, b3 = _try_view(ae, -1, M, K), _try_view(be, -1, K, N)
     r3 = _try_view(re, -1, M, N) if re is not None else None
@@ -239,7 +252,9 @@ def _matmul_into(a, b, out, res, scale_a, scale_b, bias, activation, ieee, path,
         for i in range(a3.shape[0]):
             _run_2d(a3[i], b3[i], out.view(-1, M, N)[i], r3[i] if r3 is not None else None,
                     scale_a, scale_b, bias, activation, ieee,
-                    plan(a3[i], b3[i], out.dtype, path=path), config)
+                    plan(a3[i], b3[i], out.dtype, path=path,
+                         **_epi_plan(bias, r3[i] if r3 is not None else None, activation,
+                                     scale_a, scale_b)), config)
         return
     epi = _epilogue_args(a3, scale_a, scale_b, bias, r3, activation)
     _launch_ptr(a3, b3, out.view(-1, M, N), r3, epi, ieee, config)

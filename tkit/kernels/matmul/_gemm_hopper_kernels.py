@@ -1,0 +1,272 @@
+"""The Gluon kernel of the 16-bit GEMM for Hopper (sm_90a), launched by ``gemm_hopper.py``;
+the math is :func:`tkit.matmul`'s (``out = a @ b + bias + residual``, float32 accumulation,
+one rounding).
+
+Why Gluon: the Triton persistent TMA kernel (``_kernels._matmul_tma_kernel``) issues its
+loads, waits and wgmmas from the same warps, about 87 SASS instructions a warp a 64-deep K
+step where cuBLAS's warp-specialized kernels spend a fraction of that; at M = 512 its tiles
+took 10-16% longer than cuBLAS's at the same tile count (docs/NOTES.md). Here a producer warp
+only issues TMA copies and two consumer warpgroups only wait and issue wgmma.
+
+Schedule. Persistent CTAs walk the output tiles (BLOCK_M = 128 rows, BLOCK_N = 128, 192 or
+256 columns, matmul's grouped order). ``gl.warp_specialize`` splits a CTA into two consumer
+warpgroups (4 warps each, 64 rows of the tile each) and a 1-warp TMA producer. The producer
+walks the same tiles and, per 64-deep K step, loads the a tile [BLOCK_M, 64] and the b tile
+(b K-major: the [BLOCK_N, 64] tile of the (N, K) weight) into a ring of STAGES slots, one
+"ready" mbarrier a slot (the TMA's transaction count) and one "empty" mbarrier a slot (count
+2: each consumer arrives once the wgmma that read the slot has retired). Each consumer, per K
+step: wait ready, issue the wgmma m64 x BLOCK_N x 64 on its 64 rows asynchronously into the
+accumulator, ``wgmma.wait_group 1`` (the previous step's wgmma has retired, this one runs
+on), release the previous step's slot. One accumulator chain is in flight across the loop's
+back edge; it is the wgmma's own accumulator, so nothing copies it (unlike a separate sum:
+docs/NOTES.md, the block-scaled kernel). The producer runs up to STAGES steps ahead, into the
+next tile while the consumers run this one's epilogue.
+
+Epilogue, per consumer warpgroup (its 64 rows): bias in float32; the residual (row-major,
+the output's dtype) read by TMA into the output staging buffer during the tile's first K
+step and loaded from there in the accumulator's layout; then the output dtype through that
+shared-memory tile and a TMA store, waited for only before the buffer is reused, so the
+store overlaps the next tile's K loop. Edges: TMA zero-fills operands past M, N and K; the
+stores clip.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+# the Gluon names that moved between Triton versions
+from tkit.kernels._gluon import cta_barrier, tma_load, tma_store
+from tkit.kernels.matmul._fp8_block_hopper_kernels import _tile_pid
+
+WG_M = gl.constexpr(64)  # rows of one consumer warpgroup
+
+
+@gluon.jit
+def _producer(a_desc, b_desc, b2_desc, a_ring, b_ring, b2_ring, ready, empty, M, N, K,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+    """The TMA partition (one warp): every K step of every tile of this CTA into the ring.
+    A slot is refilled once both consumers released its previous use."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BN0: gl.constexpr = b_desc.block_type.shape[0]
+    TWO: gl.constexpr = BLOCK_N > BN0
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_steps = gl.cdiv(K, BLOCK_K)
+    if TWO:
+        nbytes: gl.constexpr = (a_desc.block_type.nbytes + b_desc.block_type.nbytes
+                                + b2_desc.block_type.nbytes)
+    else:
+        nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    slot = 0
+    phase = 1  # a fresh mbarrier reads as if the phase before phase 0 had completed
+    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        for kk in range(k_steps):
+            mbarrier.wait(empty.index(slot), phase)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, nbytes)
+            tma_load(a_desc, [off_m, kk * BLOCK_K], bar, a_ring.index(slot))
+            tma_load(b_desc, [off_n, kk * BLOCK_K], bar, b_ring.index(slot))
+            if TWO:
+                tma_load(b2_desc, [off_n + BN0, kk * BLOCK_K], bar, b2_ring.index(slot))
+            slot += 1
+            if slot == STAGES:
+                slot = 0
+                phase ^= 1
+
+
+@gluon.jit
+def _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG: gl.constexpr, TWO: gl.constexpr,
+              USE_ACC: gl.constexpr):
+    """Issue one K step's wgmma (two with the second column part) on this warpgroup's rows,
+    asynchronously."""
+    a_s = a_ring.index(slot).slice(WG * WG_M, WG_M, 0)
+    acc = warpgroup_mma(a_s, b_ring.index(slot).permute((1, 0)), acc, use_acc=USE_ACC,
+                        is_async=True)
+    if TWO:
+        acc2 = warpgroup_mma(a_s, b2_ring.index(slot).permute((1, 0)), acc2, use_acc=USE_ACC,
+                             is_async=True)
+    return acc, acc2
+
+
+@gluon.jit
+def _mma_wait(acc, acc2, TWO: gl.constexpr, STEPS: gl.constexpr):
+    """Wait until at most STEPS K steps' wgmmas are in flight (one commit group a part)."""
+    if TWO:
+        acc, acc2 = warpgroup_mma_wait(2 * STEPS, deps=(acc, acc2))
+    else:
+        acc = warpgroup_mma_wait(STEPS, deps=(acc,))
+    return acc, acc2
+
+
+@gluon.jit
+def _epilogue_part(y, c_desc, c_buf, bias_ptr, row0, col0, N, stride_bias,
+                   HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr):
+    """One column part of a consumer's epilogue: bias in float32, the residual (already in
+    ``c_buf``, read there by TMA), then the output dtype through ``c_buf`` and a TMA store.
+    The caller has made ``c_buf`` free (or waited for the residual in it)."""
+    layout: gl.constexpr = y.type.layout
+    W: gl.constexpr = y.type.shape[1]
+    if HAS_BIAS:
+        cols = col0 + gl.arange(0, W, layout=gl.SliceLayout(0, layout))
+        bias = gl.load(bias_ptr + cols * stride_bias, mask=cols < N, other=0.0)
+        y = y + gl.expand_dims(bias.to(gl.float32), 0)
+    if HAS_RES:
+        y = y + c_buf.load(layout).to(gl.float32)
+        cta_barrier()  # every thread has read the residual before the buffer is rewritten
+    c_buf.store(y.to(c_desc.dtype))
+    fence_async_shared()
+    cta_barrier()
+    tma_store(c_desc, [row0, col0], c_buf)
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
+              c_buf, c2_buf, r_desc, r2_desc, r_bar, bias_ptr, M, N, K, stride_bias,
+              HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+    """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every tile of this CTA, columns in
+    one part of BN0 or two (BN0, then BLOCK_N - BN0), each its own accumulator."""
+    BLOCK_M: gl.constexpr = a_ring.shape[1]
+    BLOCK_K: gl.constexpr = a_ring.shape[2]
+    BN0: gl.constexpr = b_ring.shape[1]
+    TWO: gl.constexpr = BLOCK_N > BN0
+    BN1: gl.constexpr = BLOCK_N - BN0 if TWO else 8  # (8: a stand-in sum, never used)
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BN0, 16])
+    acc2_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BN1, 16])
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_steps = gl.cdiv(K, BLOCK_K)
+    acc = gl.zeros([WG_M, BN0], gl.float32, acc_layout)
+    acc2 = gl.zeros([WG_M, BN1], gl.float32, acc2_layout)
+    slot = 0
+    phase = 0
+    r_phase = 0
+    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        row0 = pid_m * BLOCK_M + WG * WG_M
+        off_n = pid_n * BLOCK_N
+
+        # the tile's first K step: fresh sums (use_acc=False)
+        mbarrier.wait(ready.index(slot), phase)
+        acc, acc2 = _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG, TWO, False)
+        # (returns at once: only this step is in flight; makes the sums tensors again)
+        acc, acc2 = _mma_wait(acc, acc2, TWO, 1)
+        prev = slot
+        slot += 1
+        if slot == STAGES:
+            slot = 0
+            phase ^= 1
+        if HAS_RES:
+            # the residual tile into the staging buffers, under this tile's K loop (the last
+            # tile's stores have read them by now: a whole epilogue ago)
+            tma.store_wait(0)
+            cta_barrier()
+            if TWO:
+                mbarrier.expect(r_bar, r_desc.block_type.nbytes + r2_desc.block_type.nbytes)
+                tma_load(r_desc, [row0, off_n], r_bar, c_buf)
+                tma_load(r2_desc, [row0, off_n + BN0], r_bar, c2_buf)
+            else:
+                mbarrier.expect(r_bar, r_desc.block_type.nbytes)
+                tma_load(r_desc, [row0, off_n], r_bar, c_buf)
+        for _ in range(1, k_steps):
+            mbarrier.wait(ready.index(slot), phase)
+            acc, acc2 = _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG, TWO, True)
+            # the previous step's wgmma has retired: its slot goes back to the producer
+            acc, acc2 = _mma_wait(acc, acc2, TWO, 1)
+            mbarrier.arrive(empty.index(prev), count=1)
+            prev = slot
+            slot += 1
+            if slot == STAGES:
+                slot = 0
+                phase ^= 1
+        acc, acc2 = _mma_wait(acc, acc2, TWO, 0)
+        mbarrier.arrive(empty.index(prev), count=1)
+
+        # ---- epilogue: float32 bias / residual, then TMA stores of 64 rows
+        if HAS_RES:
+            mbarrier.wait(r_bar, r_phase)
+            r_phase ^= 1
+        else:
+            tma.store_wait(0)  # the previous tile's stores have read the buffers
+            cta_barrier()
+        _epilogue_part(acc, c_desc, c_buf, bias_ptr, row0, off_n, N, stride_bias, HAS_BIAS,
+                       HAS_RES)
+        if TWO:
+            _epilogue_part(acc2, c2_desc, c2_buf, bias_ptr, row0, off_n + BN0, N, stride_bias,
+                           HAS_BIAS, HAS_RES)
+    tma.store_wait(0)
+
+
+@gluon.jit(do_not_specialize=["M", "N", "K", "stride_bias"])
+def _gemm_ws_kernel(
+    a_desc, b_desc, b2_desc, c_desc, c2_desc, r_desc, r2_desc, bias_ptr, M, N, K, stride_bias,
+    HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):
+    """Persistent warp-specialized GEMM (module docstring); tiles 128 x BLOCK_N in one column
+    part (BLOCK_N = BN0, the block width of b_desc) or two (BN0 + BN1, b2_desc's: 192 =
+    128 + 64, since a Gluon tensor's dimensions are powers of 2). a_desc: over a (M, K), block
+    [128, BLOCK_K]; b_desc / b2_desc: over b's K-major storage (N, K), blocks [BN0, BLOCK_K]
+    / [BN1, BLOCK_K]; c_desc / c2_desc: over out (M, N), blocks [64, BN0] / [64, BN1];
+    r_desc / r2_desc the same over the residual (HAS_RES: a row-major (M, N) tensor of the
+    output's dtype; otherwise c's, unread). With one part the second descriptors repeat the
+    first, unread. bias_ptr (N,) with stride_bias.
+    Launched with num_warps = 4 (consumer warpgroup 0); the second consumer warpgroup is a
+    4-warp partition, the producer a 1-warp one."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    CONSUMERS: gl.constexpr = 2
+    gl.static_assert(BLOCK_M == CONSUMERS * WG_M, "BLOCK_M is 64 rows a consumer warpgroup")
+    BN0: gl.constexpr = b_desc.block_type.shape[0]
+    gl.static_assert(BLOCK_N == BN0 or BLOCK_N == BN0 + b2_desc.block_type.shape[0],
+                     "BLOCK_N is one or two column parts")
+    dtype: gl.constexpr = a_desc.dtype
+    a_ring = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_ring = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS] + c_desc.block_type.shape,
+                                       c_desc.layout)
+    if BLOCK_N > BN0:
+        b2_ring = gl.allocate_shared_memory(dtype, [STAGES] + b2_desc.block_type.shape,
+                                            b2_desc.layout)
+        c2_bufs = gl.allocate_shared_memory(c2_desc.dtype,
+                                            [CONSUMERS] + c2_desc.block_type.shape,
+                                            c2_desc.layout)
+    else:  # one part: the first part's buffers stand in, unread
+        b2_ring = b_ring
+        c2_bufs = c_bufs
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    r_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=CONSUMERS)
+    for s in gl.static_range(CONSUMERS):
+        mbarrier.init(r_bars.index(s), count=1)
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_consumer, (0, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
+                     c_bufs.index(0), c2_bufs.index(0), r_desc, r2_desc, r_bars.index(0),
+                     bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N, STAGES,
+                     GROUP_M)),
+        (_consumer, (1, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
+                     c_bufs.index(1), c2_bufs.index(1), r_desc, r2_desc, r_bars.index(1),
+                     bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N, STAGES,
+                     GROUP_M)),
+        (_producer, (a_desc, b_desc, b2_desc, a_ring, b_ring, b2_ring, ready, empty, M, N, K,
+                     BLOCK_N, STAGES, GROUP_M)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

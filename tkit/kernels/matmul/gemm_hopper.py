@@ -1,0 +1,168 @@
+"""The 16-bit GEMM's Gluon kernel for Hopper (sm_90): its scope (:func:`supported`), launcher
+(:func:`launch`) and ahead-of-time build (:func:`compile_sm90`); its config is
+:class:`tkit.kernels.matmul.config.GluonConfig` (tile width from the wave count, scoped
+overrides through ``matmul_config``) and :func:`tkit.kernels.matmul.plan` decides when it runs.
+The kernel and its schedule are described in ``_gemm_hopper_kernels.py``.
+
+Scope: sm_90, bf16 or fp16 operands with an output of the same dtype, a (M, K) row-major and b
+(K, N) K-major (``b.stride(0) == 1``: the ``w.t()`` of an nn.Linear weight, what the decoder
+layer's projections pass), TMA-aligned rows (K and N multiples of 8, 16-byte aligned bases
+and strides), an epilogue of at most a bias and a residual. Anything else (activations,
+scales, fp32 or fp8, other layouts) takes the Triton kernels, with the reason that
+:func:`supported` gives.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from tkit import _hooks
+from tkit.kernels import _common as C
+from tkit.kernels import _device as D
+from tkit.kernels.matmul import config as MC
+
+WG_M = 64  # rows of one consumer warpgroup
+# Three warpgroups once rounded (two 4-warp consumers, the 1-warp producer): the producer's
+# drops to 24 registers a thread and each consumer's rises to 240; the launch cap of 168 a
+# thread keeps 3 warpgroups within the 64K-register file (as the block-scaled fp8 kernel)
+CONSUMER_REGS = 240
+PRODUCER_REGS = 24
+MAXNREG = 168
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+def supported(a, b, out_dtype, bias=None, residual=None, activation=None,
+              scaled=False) -> str | None:
+    """None when the Gluon kernel takes these operands, else why not (the checks that need no
+    GPU first, the device last, so every reason shows on a machine without one).
+    ``residual``: the call's, already expanded to the (M, N) output."""
+    if a.dtype not in DTYPES or b.dtype != a.dtype:
+        return "operands are not bf16/fp16"
+    if out_dtype != a.dtype:
+        return f"output dtype {out_dtype} is not the operands' {a.dtype}"
+    if scaled:
+        return "scales are the Triton kernel's epilogue"
+    if activation:
+        return f"activation {activation!r} is the Triton kernel's epilogue"
+    M, K = a.shape
+    N = b.shape[1]
+    if M == 0 or N == 0 or K == 0:
+        return "an empty dimension"
+    ok_a, a_trans = MC._tma_ok(a)
+    ok_b, b_trans = MC._tma_ok(b)
+    if not ok_a or a_trans:
+        return "a is not row-major with 16-byte aligned rows (TMA)"
+    if not ok_b or not b_trans:
+        return "b is not K-major with 16-byte aligned columns (the .t() of an (N, K) weight)"
+    if (N * a.element_size()) % 16:
+        return f"output rows of {N * a.element_size()} bytes are not a multiple of 16 (TMA)"
+    if residual is not None and (residual.dtype != out_dtype or residual.stride(0) == 0
+                                 or MC._tma_ok(residual) != (True, False)):
+        return ("the residual is not a row-major (M, N) tensor of the output's dtype with "
+                "16-byte aligned rows (read by TMA)")
+    for name, t in (("a", a), ("b", b), ("bias", bias), ("residual", residual)):
+        if t is not None and t.device.type != "cuda":
+            return f"{name} is not on a CUDA device"
+    cap = D.capability(a.device)
+    if tuple(cap) != (9, 0):
+        return f"compute capability {tuple(cap)} is not (9, 0)"
+    return None
+
+
+def column_parts(block_n: int) -> tuple[int, ...]:
+    """The tile's column parts, each its own accumulator and a power of 2 (a Gluon tensor's
+    dimensions must be): one, or two for 192 (128 + 64)."""
+    return (block_n,) if block_n & (block_n - 1) == 0 else (128, block_n - 128)
+
+
+@functools.cache
+def _smem_layout(rows: int, cols: int, dtype: torch.dtype):
+    from triton.experimental.gluon import language as gl
+
+    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], gdt)
+
+
+def _descriptor(t: torch.Tensor, shape, strides, block):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(t, list(shape), list(strides), list(block),
+                            _smem_layout(block[0], block[1], t.dtype))
+
+
+def launch(a, b, out, bias=None, residual=None, config: MC.GluonConfig | None = None):
+    """out = a @ b (+ bias) (+ residual) by the Gluon kernel, for operands that
+    :func:`supported` accepts (``residual`` (M, N)); ``config`` None: the table's for the
+    shape (with the ``matmul_config`` overrides)."""
+    from tkit.kernels.matmul._gemm_hopper_kernels import _gemm_ws_kernel
+
+    M, K = a.shape
+    N = b.shape[1]
+    sms = D.sm_count(a.device)
+    cfg = config if config is not None else MC.current(MC.GluonConfig.for_shape(M, N, K, sms))
+    bn, bk = cfg.block_n, MC.GLUON_BLOCK_K
+    parts = column_parts(bn)
+    # b is (K, N) K-major: its storage is the row-major (N, K) matrix b.t()
+    a_desc = _descriptor(a, (M, K), (MC._lead_stride(a, False), 1), (MC.GLUON_BLOCK_M, bk))
+    bt = b.t()
+    b_descs = [_descriptor(bt, (N, K), (MC._lead_stride(b, True), 1), (w, bk)) for w in parts]
+    c_descs = [_descriptor(out, (M, N), (MC._lead_stride(out, False), 1), (WG_M, w))
+               for w in parts]
+    r_descs = c_descs
+    if residual is not None:
+        r_descs = [_descriptor(residual, (M, N), (MC._lead_stride(residual, False), 1),
+                               (WG_M, w)) for w in parts]
+    tiles = C.cdiv(M, MC.GLUON_BLOCK_M) * C.cdiv(N, bn)
+    C.launch(_gemm_ws_kernel, (max(1, min(sms, tiles)),), a_desc=a_desc, b_desc=b_descs[0],
+             b2_desc=b_descs[-1], c_desc=c_descs[0], c2_desc=c_descs[-1], r_desc=r_descs[0],
+             r2_desc=r_descs[-1], bias_ptr=bias if bias is not None else out, M=M, N=N, K=K,
+             stride_bias=bias.stride(0) if bias is not None else 0,
+             HAS_BIAS=bias is not None, HAS_RES=residual is not None, BLOCK_N=bn,
+             STAGES=cfg.stages(out.element_size()), GROUP_M=cfg.group_m,
+             CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
+             maxnreg=MAXNREG)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Ahead-of-time compilation (no GPU needed)
+# --------------------------------------------------------------------------------------------
+def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has_bias=False,
+                 has_res=False):
+    """Compile the kernel for sm_90a ahead of time; returns Triton's compiled kernel
+    (``.asm`` holds ``ttgir``, ``ptx``, ``cubin``; ``.metadata.shared`` the shared memory)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from tkit._compat import compile_options
+    from tkit.kernels.matmul._gemm_hopper_kernels import _gemm_ws_kernel
+
+    cfg = config if config is not None else MC.GluonConfig()
+    bn, bk = cfg.block_n, MC.GLUON_BLOCK_K
+    tname = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+    def desc(rows, cols):
+        return f"tensordesc<{tname}[{rows}, {cols}],{_smem_layout(rows, cols, dtype)!r}>"
+
+    p0, p1 = column_parts(bn)[0], column_parts(bn)[-1]
+    signature = dict(
+        a_desc=desc(MC.GLUON_BLOCK_M, bk), b_desc=desc(p0, bk), b2_desc=desc(p1, bk),
+        c_desc=desc(WG_M, p0), c2_desc=desc(WG_M, p1), r_desc=desc(WG_M, p0),
+        r2_desc=desc(WG_M, p1), bias_ptr=f"*{tname}", M="i32", N="i32", K="i32",
+        stride_bias="i32", HAS_BIAS="constexpr", HAS_RES="constexpr", BLOCK_N="constexpr",
+        STAGES="constexpr", GROUP_M="constexpr", CONSUMER_REGS="constexpr",
+        PRODUCER_REGS="constexpr",
+    )
+    names = list(signature)
+    values = dict(HAS_BIAS=bool(has_bias), HAS_RES=bool(has_res), BLOCK_N=bn,
+                  STAGES=cfg.stages(torch.empty((), dtype=dtype).element_size()),
+                  GROUP_M=cfg.group_m, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
+    constexprs = {(names.index(k),): v for k, v in values.items()}
+    src = GluonASTSource(_gemm_ws_kernel, signature, constexprs)
+    options = compile_options(dict(num_warps=4))
+    options["maxnreg"] = MAXNREG
+    with _hooks.compile_context(_gemm_ws_kernel):
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
