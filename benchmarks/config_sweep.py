@@ -478,8 +478,8 @@ def sweep_matmul_mid(rows):
 
 
 #: the Gluon GEMM's variants: (block_n, stages; 0 = as many as fit: 6 / 4 / 3 at 128 / 192 /
-#: 256 columns)
-GLUON_TILES = [(128, 0), (128, 4), (192, 0), (192, 3), (256, 0)]
+#: 256 columns; 256 in 4 stages stages its two halves through one shared tile)
+GLUON_TILES = [(128, 0), (128, 4), (192, 0), (192, 3), (256, 0), (256, 4)]
 #: Llama-3-8B's projections (N, K): what the decoder layer runs at 512 and 4096 tokens
 LLAMA_NK = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
             "down": (4096, 14336)}

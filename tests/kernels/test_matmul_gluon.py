@@ -44,6 +44,8 @@ def test_gluon_config_table_and_validation():
     assert G.for_shape(4096, 6144, 4096).block_n == 256
     assert G.for_shape(4096, 28672, 4096).block_n == 256
     assert [G(block_n=n).stages() for n in (128, 192, 256)] == [6, 4, 3]
+    assert not G(block_n=256).shared_staging() and G(block_n=256, num_stages=4).shared_staging()
+    assert MC.gluon_shared_bytes(256, 4, shared_staging=True) <= MC.SMEM_BYTES
     for n in (128, 192, 256):
         assert MC.gluon_shared_bytes(n, G(block_n=n).stages()) <= MC.SMEM_BYTES
         assert MC.gluon_shared_bytes(n, G(block_n=n).stages() + 1) > MC.SMEM_BYTES
@@ -118,26 +120,31 @@ def _sass(kernel) -> str:
                               capture_output=True, text=True, check=True).stdout
 
 
-@pytest.mark.parametrize("block_n,bias,res", [(256, True, True), (192, False, True)])
-def test_gluon_compiled_schedule(block_n, bias, res):
-    """sm_90a builds of the widest accumulator (256, with bias and residual: the most
-    registers) and of the two-part tile (192 = 128 + 64): no local memory, shared memory
-    within sm_90's limit and the config's count, a wgmma m64 x part x 16 four times a K step
-    per part, the K loop's wait leaving one step in flight (``wait_group`` 1 for one part, 2
-    for two), TMA loads and stores."""
+@pytest.mark.parametrize("block_n,stages,bias,res", [(256, 4, True, True), (192, 0, False, True),
+                                                    (128, 0, False, False)])
+def test_gluon_compiled_schedule(block_n, stages, bias, res):
+    """sm_90a builds of the widest tile with every epilogue (256 in 4 slots: two 128-column
+    accumulators staged through one shared tile, the most registers), the two-part tile (192
+    = 128 + 64) and the one-part tile: no local memory, shared memory within sm_90's limit
+    and the config's count, a wgmma m64 x part x 16 four times a K step per part, the K loop's
+    wait leaving one step in flight (``wait_group`` 1 for one part, 2 for two), TMA loads and
+    stores."""
     GH = _gluon_or_skip()
-    cfg = MC.GluonConfig(block_n=block_n)
+    cfg = MC.GluonConfig(block_n=block_n, num_stages=stages)
+    share = cfg.shared_staging()
     k = GH.compile_sm90(cfg, has_bias=bias, has_res=res)
-    assert k.metadata.shared <= MC.gluon_shared_bytes(block_n, cfg.stages()) <= MC.SMEM_BYTES
+    assert k.metadata.shared <= MC.gluon_shared_bytes(block_n, cfg.stages(),
+                                                      shared_staging=share) <= MC.SMEM_BYTES
     sass = _sass(k)
     ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Za-z0-9_.]+)([^;]*);",
                      sass, re.M)
     names = [op for op, _ in ops]
     assert "LDL" not in names and "STL" not in names
-    parts = GH.column_parts(block_n)
-    for w in parts:
+    parts = GH.column_parts(block_n, share)
+    for w in set(parts):
         n = names.count(f"HGMMA.64x{w}x16.F32.BF16")
-        assert n == 2 * 2 * 4, (w, n)  # 2 consumers x (first step + loop) x 4 k16 a step
+        # 2 consumers x (first step + loop) x 4 k16 a step, per part of that width
+        assert n == 2 * 2 * 4 * parts.count(w), (w, n)
     waits = [rest.strip() for op, rest in ops if op == "WARPGROUP.DEPBAR.LE"]
     assert f"gsb0, {hex(len(parts))}" in waits and "gsb0, 0x0" in waits
     assert "UTMALDG.2D" in names and "UTMASTG.2D" in names
@@ -172,24 +179,15 @@ def test_gluon_against_reference(block_n, M, N, K):
                             [a, w, bias, res])
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("epilogue", ["plain", "bias", "res", "strided bias"])
-@pytest.mark.parametrize("stages,group_m", [(0, 8), (2, 1), (3, 8)])
-def test_gluon_epilogues_and_stages(dtype, epilogue, stages, group_m):
-    """Each epilogue in both 16-bit dtypes, at the table's tile, a 2-slot ring (the producer
-    a whole ring ahead at once) and the tile order's extremes; every element written."""
+def _epilogue_case(dtype, epilogue, cfg):
     M, N, K = 640, 1536, 1088
     a, w = _linear_case(M, N, K, dtype, seed=7)
     bias = res = None
     if "bias" in epilogue:
         bias = make_tensor((2 * N,), dtype, seed=5, device="cuda")[::2] \
             if epilogue == "strided bias" else make_tensor((N,), dtype, seed=5, device="cuda")
-    if epilogue == "res":
+    if "res" in epilogue:
         res = make_tensor((M, N), dtype, seed=6, device="cuda")
-    cfg = MC.current(MC.GluonConfig.for_shape(M, N, K))
-    cfg = MC.GluonConfig(block_n=cfg.block_n, num_stages=stages, group_m=group_m)
 
     def fn(a, w, bias, res):
         return mm.ops._matmul_impl(a, w.t(), bias, res, path="gluon", config=cfg)
@@ -197,6 +195,28 @@ def test_gluon_epilogues_and_stages(dtype, epilogue, stages, group_m):
     check_against_reference(fn, lambda a, w, bias, res: spec_mm.ref_matmul(a, w.t(), bias,
                                                                             None, res),
                             [a, w, bias, res])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("dtype,epilogue", [(torch.bfloat16, "plain"),
+                                            (torch.bfloat16, "strided bias"),
+                                            (torch.bfloat16, "res"), (torch.float16, "bias res")])
+def test_gluon_epilogues(dtype, epilogue):
+    """Each epilogue, both 16-bit dtypes, at the table's tile (640 x 1536: 60 tiles of 128
+    columns); every element written (outputs poisoned)."""
+    _epilogue_case(dtype, epilogue, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("block_n,stages,group_m", [(128, 2, 1), (256, 4, 16)])
+def test_gluon_stages_and_order(block_n, stages, group_m):
+    """A 2-slot ring (the producer a whole ring ahead at once), the 256-wide tile whose halves
+    share one staging tile (4 slots; the second half's residual read after the first half's
+    store), and the tile order's extremes."""
+    _epilogue_case(torch.bfloat16, "bias res",
+                   MC.GluonConfig(block_n=block_n, num_stages=stages, group_m=group_m))
 
 
 @pytest.mark.gpu

@@ -134,9 +134,11 @@ def _epilogue_part(y, c_desc, c_buf, bias_ptr, row0, col0, N, stride_bias,
 def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
               c_buf, c2_buf, r_desc, r2_desc, r_bar, bias_ptr, M, N, K, stride_bias,
               HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+              SHARE_C: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
     """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every tile of this CTA, columns in
-    one part of BN0 or two (BN0, then BLOCK_N - BN0), each its own accumulator."""
+    one part of BN0 or two (BN0, then BLOCK_N - BN0), each its own accumulator. SHARE_C: the
+    two parts are staged through one buffer (``c2_buf`` is ``c_buf``), one after the
+    other."""
     BLOCK_M: gl.constexpr = a_ring.shape[1]
     BLOCK_K: gl.constexpr = a_ring.shape[2]
     BN0: gl.constexpr = b_ring.shape[1]
@@ -175,7 +177,7 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
             # tile's stores have read them by now: a whole epilogue ago)
             tma.store_wait(0)
             cta_barrier()
-            if TWO:
+            if TWO and not SHARE_C:
                 mbarrier.expect(r_bar, r_desc.block_type.nbytes + r2_desc.block_type.nbytes)
                 tma_load(r_desc, [row0, off_n], r_bar, c_buf)
                 tma_load(r2_desc, [row0, off_n + BN0], r_bar, c2_buf)
@@ -206,6 +208,16 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
         _epilogue_part(acc, c_desc, c_buf, bias_ptr, row0, off_n, N, stride_bias, HAS_BIAS,
                        HAS_RES)
         if TWO:
+            if SHARE_C:
+                # the first half's store has read the buffer; the second half's residual
+                # then comes in (its latency exposed: the reason this is not the default)
+                tma.store_wait(0)
+                cta_barrier()
+                if HAS_RES:
+                    mbarrier.expect(r_bar, r2_desc.block_type.nbytes)
+                    tma_load(r2_desc, [row0, off_n + BN0], r_bar, c2_buf)
+                    mbarrier.wait(r_bar, r_phase)
+                    r_phase ^= 1
             _epilogue_part(acc2, c2_desc, c2_buf, bias_ptr, row0, off_n + BN0, N, stride_bias,
                            HAS_BIAS, HAS_RES)
     tma.store_wait(0)
@@ -215,7 +227,7 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
 def _gemm_ws_kernel(
     a_desc, b_desc, b2_desc, c_desc, c2_desc, r_desc, r2_desc, bias_ptr, M, N, K, stride_bias,
     HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+    SHARE_C: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
     """Persistent warp-specialized GEMM (module docstring); tiles 128 x BLOCK_N in one column
@@ -242,11 +254,13 @@ def _gemm_ws_kernel(
     if BLOCK_N > BN0:
         b2_ring = gl.allocate_shared_memory(dtype, [STAGES] + b2_desc.block_type.shape,
                                             b2_desc.layout)
+    else:  # one part: the first part's ring stands in, unread
+        b2_ring = b_ring
+    if BLOCK_N > BN0 and not SHARE_C:
         c2_bufs = gl.allocate_shared_memory(c2_desc.dtype,
                                             [CONSUMERS] + c2_desc.block_type.shape,
                                             c2_desc.layout)
-    else:  # one part: the first part's buffers stand in, unread
-        b2_ring = b_ring
+    else:  # one part, or two staged one after the other through the first part's buffer
         c2_bufs = c_bufs
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -261,12 +275,12 @@ def _gemm_ws_kernel(
     gl.warp_specialize([
         (_consumer, (0, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
                      c_bufs.index(0), c2_bufs.index(0), r_desc, r2_desc, r_bars.index(0),
-                     bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N, STAGES,
-                     GROUP_M)),
+                     bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N, SHARE_C,
+                     STAGES, GROUP_M)),
         (_consumer, (1, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
                      c_bufs.index(1), c2_bufs.index(1), r_desc, r2_desc, r_bars.index(1),
-                     bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N, STAGES,
-                     GROUP_M)),
+                     bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N, SHARE_C,
+                     STAGES, GROUP_M)),
         (_producer, (a_desc, b_desc, b2_desc, a_ring, b_ring, b2_ring, ready, empty, M, N, K,
                      BLOCK_N, STAGES, GROUP_M)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -332,13 +332,16 @@ GLUON_BLOCK_NS = (128, 192, 256)
 GLUON_MAX_STAGES = 8
 
 
-def gluon_shared_bytes(block_n: int, stages: int, out_size: int = 2, in_size: int = 2) -> int:
+def gluon_shared_bytes(block_n: int, stages: int, out_size: int = 2, in_size: int = 2,
+                       shared_staging: bool = False) -> int:
     """Shared memory of the Gluon GEMM (``_gemm_hopper_kernels``): the ring (a and b tiles of
-    one K step a slot), one [64, block_n] output staging tile a consumer warpgroup, the
-    mbarriers (two a slot, one a consumer) and what the warp-specialized region hands its
-    partitions (up to 256 bytes, as the block-scaled kernel)."""
+    one K step a slot), one [64, block_n] output staging tile a consumer warpgroup ([64, 128]
+    with ``shared_staging``: a 256-wide tile's two halves stored one after the other through
+    it), the mbarriers (two a slot, one a consumer) and what the warp-specialized region hands
+    its partitions (up to 256 bytes, as the block-scaled kernel)."""
     ring = stages * (GLUON_BLOCK_M + block_n) * GLUON_BLOCK_K * in_size
-    return ring + 2 * 64 * block_n * out_size + 8 * (2 * stages + 2) + 256
+    staging = 128 if shared_staging else block_n
+    return ring + 2 * 64 * staging * out_size + 8 * (2 * stages + 2) + 256
 
 
 @dataclass(frozen=True)
@@ -378,13 +381,21 @@ class GluonConfig:
         return cls(block_n=best[1])
 
     def stages(self, out_size: int = 2) -> int:
-        """``num_stages``, or (0) the most ring slots that fit the sm_90 shared memory."""
+        """``num_stages``, or (0) the most ring slots that fit the sm_90 shared memory beside
+        a whole staging tile a consumer."""
         if self.num_stages:
             return self.num_stages
         s = GLUON_MAX_STAGES
         while s > 2 and gluon_shared_bytes(self.block_n, s, out_size) > SMEM_BYTES:
             s -= 1
         return s
+
+    def shared_staging(self, out_size: int = 2) -> bool:
+        """Whether the stages leave room for a whole staging tile a consumer only if a
+        256-wide tile's halves share one (4 slots at 256 columns: 224 KB with the shared one,
+        256 KB without)."""
+        return (self.block_n == 256
+                and gluon_shared_bytes(256, self.stages(out_size), out_size) > SMEM_BYTES)
 
 
 #: Gluon tile widths and their relative efficiency per column (a wider tile reads less
@@ -528,14 +539,55 @@ def _path_config(path: str, M: int, N: int, K: int, elem_size: int, sms: int,
 GLUON_MIN_M = 128
 
 
-def _gluon_reason(a, b, out_dtype, bias, residual, activation, scaled) -> str | None:
-    """None when the Gluon GEMM (``gemm_hopper.py``) takes this call, else why not."""
-    from tkit.kernels.matmul import gemm_hopper as GH
+GLUON_DTYPES = (torch.bfloat16, torch.float16)
 
+
+def gluon_supported(a, b, out_dtype, bias=None, residual=None, activation=None,
+              scaled=False) -> str | None:
+    """None when the Gluon GEMM (``gemm_hopper.py``) takes these operands, else why not (the
+    checks that need no GPU first, the device last, so every reason shows on a machine
+    without one).
+    ``residual``: the call's, already expanded to the (M, N) output."""
+    if a.dtype not in GLUON_DTYPES or b.dtype != a.dtype:
+        return "operands are not bf16/fp16"
+    if out_dtype != a.dtype:
+        return f"output dtype {out_dtype} is not the operands' {a.dtype}"
+    if scaled:
+        return "scales are the Triton kernel's epilogue"
+    if activation:
+        return f"activation {activation!r} is the Triton kernel's epilogue"
+    M, K = a.shape
+    N = b.shape[1]
+    if M == 0 or N == 0 or K == 0:
+        return "an empty dimension"
+    ok_a, a_trans = _tma_ok(a)
+    ok_b, b_trans = _tma_ok(b)
+    if not ok_a or a_trans:
+        return "a is not row-major with 16-byte aligned rows (TMA)"
+    if not ok_b or not b_trans:
+        return "b is not K-major with 16-byte aligned columns (the .t() of an (N, K) weight)"
+    if (N * a.element_size()) % 16:
+        return f"output rows of {N * a.element_size()} bytes are not a multiple of 16 (TMA)"
+    if residual is not None and (residual.dtype != out_dtype or residual.stride(0) == 0
+                                 or _tma_ok(residual) != (True, False)):
+        return ("the residual is not a row-major (M, N) tensor of the output's dtype with "
+                "16-byte aligned rows (read by TMA)")
+    for name, t in (("a", a), ("b", b), ("bias", bias), ("residual", residual)):
+        if t is not None and t.device.type != "cuda":
+            return f"{name} is not on a CUDA device"
+    cap = D.capability(a.device)
+    if tuple(cap) != (9, 0):
+        return f"compute capability {tuple(cap)} is not (9, 0)"
+    return None
+
+
+def _gluon_reason(a, b, out_dtype, bias, residual, activation, scaled) -> str | None:
+    """None when the Gluon GEMM takes this call, else why not (a broadcast residual is
+    expanded to the output first, as the launch sees it)."""
     M, N = a.shape[0], b.shape[1]
     if residual is not None and tuple(residual.shape) != (M, N):
         residual = residual.expand(M, N)
-    return GH.supported(a, b, out_dtype, bias, residual, activation, scaled)
+    return gluon_supported(a, b, out_dtype, bias, residual, activation, scaled)
 
 
 def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None, *,

@@ -31,50 +31,18 @@ WG_M = 64  # rows of one consumer warpgroup
 CONSUMER_REGS = 240
 PRODUCER_REGS = 24
 MAXNREG = 168
-DTYPES = (torch.bfloat16, torch.float16)
 
 
-def supported(a, b, out_dtype, bias=None, residual=None, activation=None,
-              scaled=False) -> str | None:
-    """None when the Gluon kernel takes these operands, else why not (the checks that need no
-    GPU first, the device last, so every reason shows on a machine without one).
-    ``residual``: the call's, already expanded to the (M, N) output."""
-    if a.dtype not in DTYPES or b.dtype != a.dtype:
-        return "operands are not bf16/fp16"
-    if out_dtype != a.dtype:
-        return f"output dtype {out_dtype} is not the operands' {a.dtype}"
-    if scaled:
-        return "scales are the Triton kernel's epilogue"
-    if activation:
-        return f"activation {activation!r} is the Triton kernel's epilogue"
-    M, K = a.shape
-    N = b.shape[1]
-    if M == 0 or N == 0 or K == 0:
-        return "an empty dimension"
-    ok_a, a_trans = MC._tma_ok(a)
-    ok_b, b_trans = MC._tma_ok(b)
-    if not ok_a or a_trans:
-        return "a is not row-major with 16-byte aligned rows (TMA)"
-    if not ok_b or not b_trans:
-        return "b is not K-major with 16-byte aligned columns (the .t() of an (N, K) weight)"
-    if (N * a.element_size()) % 16:
-        return f"output rows of {N * a.element_size()} bytes are not a multiple of 16 (TMA)"
-    if residual is not None and (residual.dtype != out_dtype or residual.stride(0) == 0
-                                 or MC._tma_ok(residual) != (True, False)):
-        return ("the residual is not a row-major (M, N) tensor of the output's dtype with "
-                "16-byte aligned rows (read by TMA)")
-    for name, t in (("a", a), ("b", b), ("bias", bias), ("residual", residual)):
-        if t is not None and t.device.type != "cuda":
-            return f"{name} is not on a CUDA device"
-    cap = D.capability(a.device)
-    if tuple(cap) != (9, 0):
-        return f"compute capability {tuple(cap)} is not (9, 0)"
-    return None
+#: the scope check lives with the config (``plan()`` asks it; plain Python)
+supported = MC.gluon_supported
 
 
-def column_parts(block_n: int) -> tuple[int, ...]:
+def column_parts(block_n: int, shared_staging: bool = False) -> tuple[int, ...]:
     """The tile's column parts, each its own accumulator and a power of 2 (a Gluon tensor's
-    dimensions must be): one, or two for 192 (128 + 64)."""
+    dimensions must be): one, or two for 192 (128 + 64) and for 256 whose halves share one
+    staging tile (128 + 128)."""
+    if shared_staging:
+        return (128, block_n - 128)
     return (block_n,) if block_n & (block_n - 1) == 0 else (128, block_n - 128)
 
 
@@ -104,7 +72,8 @@ def launch(a, b, out, bias=None, residual=None, config: MC.GluonConfig | None = 
     sms = D.sm_count(a.device)
     cfg = config if config is not None else MC.current(MC.GluonConfig.for_shape(M, N, K, sms))
     bn, bk = cfg.block_n, MC.GLUON_BLOCK_K
-    parts = column_parts(bn)
+    share = cfg.shared_staging(out.element_size())
+    parts = column_parts(bn, share)
     # b is (K, N) K-major: its storage is the row-major (N, K) matrix b.t()
     a_desc = _descriptor(a, (M, K), (MC._lead_stride(a, False), 1), (MC.GLUON_BLOCK_M, bk))
     bt = b.t()
@@ -121,7 +90,7 @@ def launch(a, b, out, bias=None, residual=None, config: MC.GluonConfig | None = 
              r2_desc=r_descs[-1], bias_ptr=bias if bias is not None else out, M=M, N=N, K=K,
              stride_bias=bias.stride(0) if bias is not None else 0,
              HAS_BIAS=bias is not None, HAS_RES=residual is not None, BLOCK_N=bn,
-             STAGES=cfg.stages(out.element_size()), GROUP_M=cfg.group_m,
+             SHARE_C=share, STAGES=cfg.stages(out.element_size()), GROUP_M=cfg.group_m,
              CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
              maxnreg=MAXNREG)
     return out
@@ -147,18 +116,20 @@ def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has
     def desc(rows, cols):
         return f"tensordesc<{tname}[{rows}, {cols}],{_smem_layout(rows, cols, dtype)!r}>"
 
-    p0, p1 = column_parts(bn)[0], column_parts(bn)[-1]
+    es = torch.empty((), dtype=dtype).element_size()
+    share = cfg.shared_staging(es)
+    p0, p1 = column_parts(bn, share)[0], column_parts(bn, share)[-1]
     signature = dict(
         a_desc=desc(MC.GLUON_BLOCK_M, bk), b_desc=desc(p0, bk), b2_desc=desc(p1, bk),
         c_desc=desc(WG_M, p0), c2_desc=desc(WG_M, p1), r_desc=desc(WG_M, p0),
         r2_desc=desc(WG_M, p1), bias_ptr=f"*{tname}", M="i32", N="i32", K="i32",
         stride_bias="i32", HAS_BIAS="constexpr", HAS_RES="constexpr", BLOCK_N="constexpr",
-        STAGES="constexpr", GROUP_M="constexpr", CONSUMER_REGS="constexpr",
+        SHARE_C="constexpr", STAGES="constexpr", GROUP_M="constexpr", CONSUMER_REGS="constexpr",
         PRODUCER_REGS="constexpr",
     )
     names = list(signature)
-    values = dict(HAS_BIAS=bool(has_bias), HAS_RES=bool(has_res), BLOCK_N=bn,
-                  STAGES=cfg.stages(torch.empty((), dtype=dtype).element_size()),
+    values = dict(HAS_BIAS=bool(has_bias), HAS_RES=bool(has_res), BLOCK_N=bn, SHARE_C=share,
+                  STAGES=cfg.stages(es),
                   GROUP_M=cfg.group_m, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
     constexprs = {(names.index(k),): v for k, v in values.items()}
     src = GluonASTSource(_gemm_ws_kernel, signature, constexprs)
