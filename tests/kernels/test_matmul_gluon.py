@@ -82,9 +82,30 @@ def test_gluon_scope_reasons():
     assert "CUDA" in GH.supported(a, w.t(), bf, residual=res)
     p = mm.plan(a, w.t())  # meta tensors: planned as an sm_90, kept on the Triton kernel here
     assert p.path == "tma" and "not the Gluon one" in p.reason and "CUDA" in p.reason
-    assert "M=64 < 128" in mm.plan(a[:64], w.t()).reason
     with pytest.raises(ValueError, match="Gluon GEMM does not apply.*CUDA"):
         mm.plan(a, w.t(), path="gluon")
+
+
+def test_gluon_dispatch_follows_the_wave_model(monkeypatch):
+    """Where the Gluon kernel takes the operands (stood in for here: meta tensors are not on a
+    GPU), plan() picks it with the table's tile, except where the Triton kernel's wave model
+    takes 64-row tiles (few 128-row ones) or TKIT_AUTOTUNE tunes the Triton kernel."""
+    monkeypatch.setattr(MC._env, "INTERPRET", False)
+    monkeypatch.setattr(MC, "gluon_supported", lambda *args, **kwargs: None)
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    x = torch.empty(512, 4096, **meta)
+    w = torch.empty(6144, 4096, **meta)
+    p = mm.plan(x, w.t())
+    assert p.path == "gluon" and p.config == MC.GluonConfig(block_n=192), p
+    assert mm.plan(torch.empty(4096, 4096, **meta), w.t()).config.block_n == 256
+    p = mm.plan(x[:256], torch.empty(4096, 4096, **meta).t())
+    assert p.path == "tma" and "64-row tiles at M=256" in p.reason
+    with mm.matmul_config(block_n=64):  # no Gluon tile: the Triton kernel, with the reason
+        p = mm.plan(x, w.t())
+        assert p.path == "tma" and "block_n" in p.reason
+    monkeypatch.setattr(MC._env, "AUTOTUNE", True)
+    monkeypatch.setattr(MC._env, "NO_AUTOTUNE", False)
+    assert "TKIT_AUTOTUNE" in mm.plan(x, w.t()).reason
 
 
 def test_plan_descriptors_of_views():

@@ -534,20 +534,14 @@ def _path_config(path: str, M: int, N: int, K: int, elem_size: int, sms: int,
     return None
 
 
-#: below this M the Gluon GEMM's 128-row tiles are mostly padding: the Triton kernel's wave
-#: model takes 64-row tiles there
-GLUON_MIN_M = 128
-
-
 GLUON_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def gluon_supported(a, b, out_dtype, bias=None, residual=None, activation=None,
-              scaled=False) -> str | None:
+                    scaled=False) -> str | None:
     """None when the Gluon GEMM (``gemm_hopper.py``) takes these operands, else why not (the
     checks that need no GPU first, the device last, so every reason shows on a machine
-    without one).
-    ``residual``: the call's, already expanded to the (M, N) output."""
+    without one). ``residual``: the call's, already expanded to the (M, N) output."""
     if a.dtype not in GLUON_DTYPES or b.dtype != a.dtype:
         return "operands are not bf16/fp16"
     if out_dtype != a.dtype:
@@ -628,9 +622,13 @@ def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
         elif (N * out_es) % 16:
             ptr = f"output rows of {N * out_es} bytes are not a multiple of 16 (TMA store)"
         else:
-            why = (f"M={M} < {GLUON_MIN_M}" if M < GLUON_MIN_M else "TKIT_AUTOTUNE"
-                   if autotuned() else _gluon_reason(a, b, out_dtype, bias, residual,
-                                                     activation, scaled))
+            tma = _path_config("tma", M, N, K, es, sms, out_es)
+            why = ("TKIT_AUTOTUNE" if autotuned()
+                   else _gluon_reason(a, b, out_dtype, bias, residual, activation, scaled))
+            if why is None and tma.block_m < GLUON_BLOCK_M:
+                # few 128-row tiles (M=256 with N=4096: 64 of 128 x 128 for 132 SMs): the
+                # wave model's 64-row tiles fill the GPU, the Gluon kernel's would not
+                why = f"the wave model takes {tma.block_m}-row tiles at M={M}"
             if why is None:
                 try:
                     cfg = _path_config("gluon", M, N, K, es, sms)
@@ -640,8 +638,7 @@ def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
                     return MatmulPlan("gluon", f"sm_{major}0, 16-bit operands, a row-major, b "
                                       "K-major: warp-specialized Gluon kernel", cfg)
             return MatmulPlan("tma", f"sm_{major}0 and TMA-compatible strides: persistent TMA "
-                              f"kernel (not the Gluon one: {why})",
-                              _path_config("tma", M, N, K, es, sms, out_es))
+                              f"kernel (not the Gluon one: {why})", tma)
     elif major == 0:
         ptr = "Triton interpreter: portable kernel"
     else:
