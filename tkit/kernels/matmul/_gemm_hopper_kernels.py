@@ -236,16 +236,18 @@ def _gemm_ws_kernel(
     [128, BLOCK_K]; b_desc / b2_desc: over b's K-major storage (N, K), blocks [BN0, BLOCK_K]
     / [BN1, BLOCK_K]; c_desc / c2_desc: over out (M, N), blocks [64, BN0] / [64, BN1];
     r_desc / r2_desc the same over the residual (HAS_RES: a row-major (M, N) tensor of the
-    output's dtype; otherwise c's, unread). With one part the second descriptors repeat the
-    first, unread. bias_ptr (N,) with stride_bias.
+    output's dtype). Descriptors a call does not use (the second part's with one, the
+    residual's without) are None: Triton's launcher encodes every descriptor it is given, per
+    call. bias_ptr (N,) with stride_bias.
     Launched with num_warps = 4 (consumer warpgroup 0); the second consumer warpgroup is a
     4-warp partition, the producer a 1-warp one."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     CONSUMERS: gl.constexpr = 2
     gl.static_assert(BLOCK_M == CONSUMERS * WG_M, "BLOCK_M is 64 rows a consumer warpgroup")
     BN0: gl.constexpr = b_desc.block_type.shape[0]
-    gl.static_assert(BLOCK_N == BN0 or BLOCK_N == BN0 + b2_desc.block_type.shape[0],
-                     "BLOCK_N is one or two column parts")
+    if BLOCK_N > BN0:
+        gl.static_assert(BLOCK_N == BN0 + b2_desc.block_type.shape[0],
+                         "BLOCK_N is one or two column parts")
     dtype: gl.constexpr = a_desc.dtype
     a_ring = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_ring = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)

@@ -80,14 +80,17 @@ def launch(a, b, out, bias=None, residual=None, config: MC.GluonConfig | None = 
     b_descs = [_descriptor(bt, (N, K), (MC._lead_stride(b, True), 1), (w, bk)) for w in parts]
     c_descs = [_descriptor(out, (M, N), (MC._lead_stride(out, False), 1), (WG_M, w))
                for w in parts]
-    r_descs = c_descs
+    r_descs = [None, None]
     if residual is not None:
         r_descs = [_descriptor(residual, (M, N), (MC._lead_stride(residual, False), 1),
                                (WG_M, w)) for w in parts]
+    two = len(parts) > 1  # (unused descriptors are None: each one given is encoded per call)
     tiles = C.cdiv(M, MC.GLUON_BLOCK_M) * C.cdiv(N, bn)
     C.launch(_gemm_ws_kernel, (max(1, min(sms, tiles)),), a_desc=a_desc, b_desc=b_descs[0],
-             b2_desc=b_descs[-1], c_desc=c_descs[0], c2_desc=c_descs[-1], r_desc=r_descs[0],
-             r2_desc=r_descs[-1], bias_ptr=bias if bias is not None else out, M=M, N=N, K=K,
+             b2_desc=b_descs[1] if two else None, c_desc=c_descs[0],
+             c2_desc=c_descs[1] if two else None, r_desc=r_descs[0],
+             r2_desc=r_descs[1] if two else None,
+             bias_ptr=bias if bias is not None else out, M=M, N=N, K=K,
              stride_bias=bias.stride(0) if bias is not None else 0,
              HAS_BIAS=bias is not None, HAS_RES=residual is not None, BLOCK_N=bn,
              SHARE_C=share, STAGES=cfg.stages(out.element_size()), GROUP_M=cfg.group_m,
@@ -119,10 +122,14 @@ def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has
     es = torch.empty((), dtype=dtype).element_size()
     share = cfg.shared_staging(es)
     p0, p1 = column_parts(bn, share)[0], column_parts(bn, share)[-1]
+    two = p1 != p0 or share
     signature = dict(
-        a_desc=desc(MC.GLUON_BLOCK_M, bk), b_desc=desc(p0, bk), b2_desc=desc(p1, bk),
-        c_desc=desc(WG_M, p0), c2_desc=desc(WG_M, p1), r_desc=desc(WG_M, p0),
-        r2_desc=desc(WG_M, p1), bias_ptr=f"*{tname}", M="i32", N="i32", K="i32",
+        a_desc=desc(MC.GLUON_BLOCK_M, bk), b_desc=desc(p0, bk),
+        b2_desc=desc(p1, bk) if two else "constexpr", c_desc=desc(WG_M, p0),
+        c2_desc=desc(WG_M, p1) if two else "constexpr",
+        r_desc=desc(WG_M, p0) if has_res else "constexpr",
+        r2_desc=desc(WG_M, p1) if has_res and two else "constexpr",
+        bias_ptr=f"*{tname}", M="i32", N="i32", K="i32",
         stride_bias="i32", HAS_BIAS="constexpr", HAS_RES="constexpr", BLOCK_N="constexpr",
         SHARE_C="constexpr", STAGES="constexpr", GROUP_M="constexpr", CONSUMER_REGS="constexpr",
         PRODUCER_REGS="constexpr",
@@ -131,6 +138,9 @@ def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has
     values = dict(HAS_BIAS=bool(has_bias), HAS_RES=bool(has_res), BLOCK_N=bn, SHARE_C=share,
                   STAGES=cfg.stages(es),
                   GROUP_M=cfg.group_m, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
+    for k in ("b2_desc", "c2_desc", "r_desc", "r2_desc"):
+        if signature[k] == "constexpr":
+            values[k] = None
     constexprs = {(names.index(k),): v for k, v in values.items()}
     src = GluonASTSource(_gemm_ws_kernel, signature, constexprs)
     options = compile_options(dict(num_warps=4))
