@@ -540,14 +540,22 @@ def sweep_matmul_gluon(rows):
                             print(f"matmul_gluon {case:30s} {name:24s} FAILED "
                                   f"{type(e).__name__}: {str(e)[:160]}")
                             continue
-                    t = time_fn(fn, rep_ms=40, replay=True).median_ms
+                    try:
+                        t = time_fn(fn, rep_ms=40, replay=True).median_ms
+                    except Exception as e:  # noqa: BLE001 - e.g. a capture that fails
+                        ok[name] = False
+                        times.pop(name, None)
+                        print(f"matmul_gluon {case:30s} {name:24s} FAILED (timing) "
+                              f"{type(e).__name__}: {str(e)[:160]}")
+                        continue
                     times[name] = min(t, times.get(name, t))
-            t_cub = times.get("cuBLAS")
+            t_cub = times.get("cuBLAS") or float("nan")
             for name, _, _tag in variants:
                 if name not in times:
                     continue
                 t = times[name]
-                base = times.get("cuBLAS + res") if name.endswith("+ res") else t_cub
+                base = times.get("cuBLAS + res", float("nan")) if name.endswith("+ res") \
+                    else t_cub
                 print(f"matmul_gluon {case:30s} {name:24s} {t * 1e3:8.1f} us "
                       f"{flops / t / 1e9:6.1f} TFLOP/s {base / t:6.3f}x cuBLAS")
                 rows.append(dict(family="matmul_gluon", case=case, config=name, median_ms=t,
