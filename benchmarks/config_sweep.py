@@ -477,9 +477,11 @@ def sweep_matmul_mid(rows):
                                  median_ms=t, tflops=flops / t / 1e9, vs_cublas=t_cub / t))
 
 
-#: the Gluon GEMM's variants: (block_n, stages; 0 = as many as fit: 6 / 4 / 3 at 128 / 192 /
-#: 256 columns; 256 in 4 stages stages its two halves through one shared tile)
-GLUON_TILES = [(128, 0), (128, 4), (192, 0), (192, 3), (256, 0), (256, 4)]
+#: the Gluon GEMM's variants: (block_n, stages, pingpong; stages 0 = as many as fit: 6 / 4 / 3
+#: at 128 / 192 / 256 columns, 5 with ping-pong; 256 in 4 stages stages its two halves
+#: through one shared tile)
+GLUON_TILES = [(128, 0, False), (128, 4, False), (128, 0, True), (192, 0, False),
+               (192, 3, False), (256, 0, False), (256, 4, False)]
 #: Llama-3-8B's projections (N, K): what the decoder layer runs at 512 and 4096 tokens
 LLAMA_NK = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
             "down": (4096, 14336)}
@@ -511,9 +513,10 @@ def sweep_matmul_gluon(rows):
                         ("triton default",
                          lambda a=a, b=b, out=out: MM._matmul_into(
                              a, b, out, None, None, None, None, None, False, "tma", None), None)]
-            for bn, st in GLUON_TILES:
-                cfg = MC.GluonConfig(block_n=bn, num_stages=st)
-                name = f"gluon {bn} s{cfg.stages()}" + (" (table)" if cfg == table else "")
+            for bn, st, pp in GLUON_TILES:
+                cfg = MC.GluonConfig(block_n=bn, num_stages=st, pingpong=pp)
+                name = (f"gluon {bn} s{cfg.stages()}" + (" pingpong" if pp else "")
+                        + (" (table)" if cfg == table else ""))
                 variants.append((name, lambda a=a, b=b, out=out, cfg=cfg: MM._matmul_into(
                     a, b, out, None, None, None, None, None, False, "gluon", cfg), cfg))
             if label in ("o", "down"):

@@ -56,6 +56,9 @@ def test_gluon_config_table_and_validation():
         G(num_stages=1)
     with pytest.raises(ValueError, match="group_m"):
         G(group_m=0)
+    with pytest.raises(ValueError, match="pingpong"):
+        G(block_n=192, pingpong=True)
+    assert G(block_n=128, pingpong=True).stages() == 5
     with mm.matmul_config(block_n=192, group_m=4):
         assert MC.current(G()) == G(block_n=192, group_m=4)
 
@@ -141,21 +144,21 @@ def _sass(kernel) -> str:
                               capture_output=True, text=True, check=True).stdout
 
 
-@pytest.mark.parametrize("block_n,stages,bias,res", [(256, 4, True, True), (192, 0, False, True),
-                                                    (128, 0, False, False)])
-def test_gluon_compiled_schedule(block_n, stages, bias, res):
+@pytest.mark.parametrize("block_n,stages,bias,res,pingpong", [
+    (256, 4, True, True, False), (192, 0, False, True, False), (128, 0, False, False, True)])
+def test_gluon_compiled_schedule(block_n, stages, bias, res, pingpong):
     """sm_90a builds of the widest tile with every epilogue (256 in 4 slots: two 128-column
     accumulators staged through one shared tile, the most registers), the two-part tile (192
-    = 128 + 64) and the one-part tile: no local memory, shared memory within sm_90's limit
-    and the config's count, a wgmma m64 x part x 16 four times a K step per part, the K loop's
-    wait leaving one step in flight (``wait_group`` 1 for one part, 2 for two), TMA loads and
-    stores."""
+    = 128 + 64) and the ping-pong tile (a warpgroup's 128 x 128, two m64 wgmmas a k16): no
+    local memory, shared memory within sm_90's limit and the config's count, a wgmma m64 x
+    part x 16 four times a K step per part (and per 64 rows), the K loop's wait leaving one
+    step in flight (``wait_group`` 1 for one part, 2 for two), TMA loads and stores."""
     GH = _gluon_or_skip()
-    cfg = MC.GluonConfig(block_n=block_n, num_stages=stages)
+    cfg = MC.GluonConfig(block_n=block_n, num_stages=stages, pingpong=pingpong)
     share = cfg.shared_staging()
     k = GH.compile_sm90(cfg, has_bias=bias, has_res=res)
-    assert k.metadata.shared <= MC.gluon_shared_bytes(block_n, cfg.stages(),
-                                                      shared_staging=share) <= MC.SMEM_BYTES
+    assert k.metadata.shared <= MC.gluon_shared_bytes(
+        block_n, cfg.stages(), shared_staging=share, pingpong=pingpong) <= MC.SMEM_BYTES
     sass = _sass(k)
     ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Za-z0-9_.]+)([^;]*);",
                      sass, re.M)
@@ -164,8 +167,9 @@ def test_gluon_compiled_schedule(block_n, stages, bias, res):
     parts = GH.column_parts(block_n, share)
     for w in set(parts):
         n = names.count(f"HGMMA.64x{w}x16.F32.BF16")
-        # 2 consumers x (first step + loop) x 4 k16 a step, per part of that width
-        assert n == 2 * 2 * 4 * parts.count(w), (w, n)
+        # 2 consumers x (first step + loop) x 4 k16 a step, per part of that width (and per
+        # 64 rows of a ping-pong warpgroup's tile)
+        assert n == 2 * 2 * 4 * parts.count(w) * (2 if pingpong else 1), (w, n)
     waits = [rest.strip() for op, rest in ops if op == "WARPGROUP.DEPBAR.LE"]
     assert f"gsb0, {hex(len(parts))}" in waits and "gsb0, 0x0" in waits
     assert "UTMALDG.2D" in names and "UTMASTG.2D" in names
@@ -200,8 +204,8 @@ def test_gluon_against_reference(block_n, M, N, K):
                             [a, w, bias, res])
 
 
-def _epilogue_case(dtype, epilogue, cfg):
-    M, N, K = 640, 1536, 1088
+def _epilogue_case(dtype, epilogue, cfg, M=640):
+    N, K = 1536, 1088
     a, w = _linear_case(M, N, K, dtype, seed=7)
     bias = res = None
     if "bias" in epilogue:
@@ -231,13 +235,18 @@ def test_gluon_epilogues(dtype, epilogue):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("block_n,stages,group_m", [(128, 2, 1), (256, 4, 16)])
-def test_gluon_stages_and_order(block_n, stages, group_m):
+@pytest.mark.parametrize("block_n,stages,group_m,pingpong", [
+    (128, 2, 1, False), (256, 4, 16, False), (128, 0, 8, True), (128, 3, 1, True)])
+def test_gluon_stages_and_order(block_n, stages, group_m, pingpong):
     """A 2-slot ring (the producer a whole ring ahead at once), the 256-wide tile whose halves
     share one staging tile (4 slots; the second half's residual read after the first half's
-    store), and the tile order's extremes."""
-    _epilogue_case(torch.bfloat16, "bias res",
-                   MC.GluonConfig(block_n=block_n, num_stages=stages, group_m=group_m))
+    store), ping-pong warpgroups (each every other tile: 60 tiles over 132 CTAs leave the
+    second warpgroup idle, so also 2048 rows), and the tile order's extremes."""
+    cfg = MC.GluonConfig(block_n=block_n, num_stages=stages, group_m=group_m,
+                         pingpong=pingpong)
+    _epilogue_case(torch.bfloat16, "bias res", cfg)
+    if pingpong:
+        _epilogue_case(torch.bfloat16, "res", cfg, M=2048)
 
 
 @pytest.mark.gpu
