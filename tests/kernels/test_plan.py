@@ -1004,3 +1004,33 @@ def test_direct_launch_only_where_the_wrapper_would_add_nothing():
         other = Launcher()
         setattr(other, field, 8 if "size" in field else True)
         assert _plan._direct_launch(other) is None, field
+
+
+@jit
+def test_jit_gluon_gemm_plan_rebuilds_its_descriptors(jitplans, monkeypatch):
+    """The Gluon GEMM takes host TMA descriptors of a, of the K-major b described as its
+    (N, K) storage (b.t()), of the output and of the residual: its plan rebuilds each over the
+    call's tensors (a transposed view of an input included), the same descriptors as the
+    ordinary path; the descriptors a call does not use are None."""
+    from tkit.kernels import matmul as mm
+    from tkit.kernels.matmul import config as MC
+
+    cfg = MC.GluonConfig(block_n=192)  # two column parts: two descriptors of b, out, residual
+    monkeypatch.setattr(mm, "plan", lambda *a, **k: MC.MatmulPlan("gluon", "stand-in", cfg))
+
+    def make():
+        return (torch.randn(256, 512).to(BF), torch.randn(320, 512).to(BF).t(),
+                torch.randn(256, 320).to(BF))
+
+    planned = _plan_vs_ordinary(jitplans, make,
+                                lambda a, b, r: tkit.matmul(a, b, residual=r), fresh=True)
+    descs = [x for x in planned[0][1] if isinstance(x, tuple) and x[0] == "desc"]
+    assert [d[1] for d in descs] == ["in0", "in1", "in1", "out0", "out0", "in2", "in2"]
+    assert descs[1][2:4] == ([320, 512], [512, 1])  # b as the (N, K) matrix it stores
+    monkeypatch.setattr(mm, "plan", lambda *a, **k: MC.MatmulPlan(
+        "gluon", "stand-in", MC.GluonConfig(block_n=128)))
+    planned = _plan_vs_ordinary(jitplans, lambda: make()[:2],
+                                lambda a, b: tkit.matmul(a, b), fresh=True)
+    args = planned[0][1]
+    assert [x[1] for x in args if isinstance(x, tuple) and x[0] == "desc"] == [
+        "in0", "in1", "out0"]
