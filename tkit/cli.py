@@ -64,6 +64,12 @@ def cmd_info(args) -> int:
     from tkit.kernels.attention import hopper_status
 
     print(f"flash_attention forward: {hopper_status()}")
+    try:
+        from tkit.kernels.matmul import gemm_hopper
+    except ImportError as e:  # a Triton without Gluon's Hopper API
+        print(f"matmul (16-bit): Triton kernels (Gluon unavailable: {e})")
+    else:
+        print(f"matmul (16-bit): {gemm_hopper.status()}")
     print("ops:")
     for spec in registry.all_specs():
         where = "CUDA through cupy (see above)" if spec.family == "cuda_ext" else path

@@ -104,7 +104,7 @@ def test_cli_info_runs(capsys):
     out = capsys.readouterr().out
     assert "silu_mul" in out and "torch" in out
     # which attention forward runs here, and why
-    assert "flash_attention forward: " in out
+    assert "flash_attention forward: " in out and "matmul (16-bit): " in out
     if not torch.cuda.is_available():
         assert "needs an sm_90 GPU; none here" in out
 

@@ -37,6 +37,19 @@ MAXNREG = 168
 supported = MC.gluon_supported
 
 
+def status(device=None) -> str:
+    """Whether this machine's 16-bit matmul can take the Gluon kernel, and for which calls
+    (``tkit info`` prints it; :func:`tkit.kernels.matmul.plan` says it per call)."""
+    if not torch.cuda.is_available():
+        return "Triton kernels (the Gluon GEMM needs an sm_90 GPU; none here)"
+    cap = D.capability(None if device is None else torch.device(device))
+    if tuple(cap) != (9, 0):
+        return f"Triton kernels (the Gluon GEMM needs sm_90; this GPU is sm_{cap[0]}{cap[1]})"
+    return ("Gluon sm_90 kernel for bf16/fp16 with a row-major a, a K-major b (w.t()), no "
+            "activation or scales, a row-major residual of the output's dtype, where the wave "
+            "model takes 128-row tiles; the Triton kernels for the rest")
+
+
 def column_parts(block_n: int, shared_staging: bool = False) -> tuple[int, ...]:
     """The tile's column parts, each its own accumulator and a power of 2 (a Gluon tensor's
     dimensions must be): one, or two for 192 (128 + 64) and for 256 whose halves share one
