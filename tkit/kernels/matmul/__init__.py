@@ -17,8 +17,15 @@ from shared memory fast enough, and L2 reuse across tiles (grouped ordering) mak
 At M <= 64 (decode) the problem flips: intensity ~ M FLOP/byte, memory-bound, and the goal is
 streaming the K*N weight at copy bandwidth.
 
-Four kernels:
+Five kernels:
 
+* the Gluon GEMM (``gemm_hopper.py``, ``_gemm_hopper_kernels.py``; sm_90, bf16/fp16, a
+  row-major, b K-major as an nn.Linear weight's ``w.t()``, bias and residual epilogues):
+  persistent and warp-specialized, a TMA producer warp filling a ring of K steps and two
+  consumer warpgroups issuing wgmma, tiles 128 x 128 / 192 / 256 chosen by the wave count
+  (:class:`GluonConfig`); the 16-bit calls it takes on sm_90, where the wave model takes
+  128-row tiles. Everything else keeps the Triton kernels below, with the reason in
+  :func:`plan`.
 * ``_matmul_tma_kernel`` (Hopper, sm_90): persistent (one program per SM walks tiles with a
   grouped, L2-friendly order), operands through device-side TMA tensor descriptors
   (``tl.make_tensor_descriptor``; a column-major operand is described as its transpose and
@@ -39,7 +46,8 @@ Four kernels:
 
 Which one runs for a call is :func:`plan`'s decision; it returns the path, the reason and the
 config, and ``tkit.ir`` shows the launched kernel. Configs are typed and frozen, one class per
-kernel (:class:`TmaConfig`, :class:`PtrConfig`, :class:`SplitKConfig`, :class:`GroupedConfig`),
+kernel (:class:`GluonConfig`, :class:`TmaConfig`, :class:`PtrConfig`, :class:`SplitKConfig`,
+:class:`GroupedConfig`),
 fixed per shape class by default (each ``for_shape`` with its derivation); experiments change
 them inside ``with matmul_config(block_n=128, num_stages=4): ...`` (scoped, per thread, an
 unknown field is a TypeError). ``TKIT_AUTOTUNE=1`` tunes the TMA and pointer kernels per shape
@@ -73,6 +81,7 @@ from tkit.kernels import _offsets
 from tkit.kernels import _plan as P
 from tkit.kernels.matmul import config as MC
 from tkit.kernels.matmul.config import (  # noqa: F401  (public: planning and configs)
+    GluonConfig,
     GroupedConfig,
     MatmulPlan,
     PtrConfig,
