@@ -44,8 +44,6 @@ def test_gluon_config_table_and_validation():
     assert G.for_shape(4096, 6144, 4096).block_n == 256
     assert G.for_shape(4096, 28672, 4096).block_n == 256
     assert [G(block_n=n).stages() for n in (128, 192, 256)] == [6, 4, 3]
-    assert not G(block_n=256).shared_staging() and G(block_n=256, num_stages=4).shared_staging()
-    assert MC.gluon_shared_bytes(256, 4, shared_staging=True) <= MC.SMEM_BYTES
     for n in (128, 192, 256):
         assert MC.gluon_shared_bytes(n, G(block_n=n).stages()) <= MC.SMEM_BYTES
         assert MC.gluon_shared_bytes(n, G(block_n=n).stages() + 1) > MC.SMEM_BYTES
@@ -144,27 +142,26 @@ def _sass(kernel) -> str:
                               capture_output=True, text=True, check=True).stdout
 
 
-@pytest.mark.parametrize("block_n,stages,bias,res,pingpong", [
-    (256, 4, True, True, False), (192, 0, False, True, False), (128, 0, False, False, True)])
-def test_gluon_compiled_schedule(block_n, stages, bias, res, pingpong):
-    """sm_90a builds of the widest tile with every epilogue (256 in 4 slots: two 128-column
-    accumulators staged through one shared tile, the most registers), the two-part tile (192
-    = 128 + 64) and the ping-pong tile (a warpgroup's 128 x 128, two m64 wgmmas a k16): no
-    local memory, shared memory within sm_90's limit and the config's count, a wgmma m64 x
-    part x 16 four times a K step per part (and per 64 rows), the K loop's wait leaving one
-    step in flight (``wait_group`` 1 for one part, 2 for two), TMA loads and stores."""
+@pytest.mark.parametrize("block_n,bias,res,pingpong", [
+    (256, True, True, False), (192, False, True, False), (128, False, False, True)])
+def test_gluon_compiled_schedule(block_n, bias, res, pingpong):
+    """sm_90a builds of the widest tile with every epilogue (the most registers: a 64 x 256
+    float32 accumulator and the residual), the two-part tile (192 = 128 + 64) and the
+    ping-pong tile (a warpgroup's 128 x 128, two m64 wgmmas a k16): no local memory, shared
+    memory within sm_90's limit and the config's count, a wgmma m64 x part x 16 four times a
+    K step per part (and per 64 rows), the K loop's wait leaving one step in flight
+    (``wait_group`` 1 for one part, 2 for two), TMA loads and stores."""
     GH = _gluon_or_skip()
-    cfg = MC.GluonConfig(block_n=block_n, num_stages=stages, pingpong=pingpong)
-    share = cfg.shared_staging()
+    cfg = MC.GluonConfig(block_n=block_n, pingpong=pingpong)
     k = GH.compile_sm90(cfg, has_bias=bias, has_res=res)
     assert k.metadata.shared <= MC.gluon_shared_bytes(
-        block_n, cfg.stages(), shared_staging=share, pingpong=pingpong) <= MC.SMEM_BYTES
+        block_n, cfg.stages(), pingpong=pingpong) <= MC.SMEM_BYTES
     sass = _sass(k)
     ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Za-z0-9_.]+)([^;]*);",
                      sass, re.M)
     names = [op for op, _ in ops]
     assert "LDL" not in names and "STL" not in names
-    parts = GH.column_parts(block_n, share)
+    parts = GH.column_parts(block_n)
     for w in set(parts):
         n = names.count(f"HGMMA.64x{w}x16.F32.BF16")
         # 2 consumers x (first step + loop) x 4 k16 a step, per part of that width (and per
@@ -235,15 +232,16 @@ def test_gluon_epilogues(dtype, epilogue):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("block_n,stages,group_m,pingpong", [
-    (128, 2, 1, False), (256, 4, 16, False), (128, 0, 8, True), (128, 3, 1, True)])
-def test_gluon_stages_and_order(block_n, stages, group_m, pingpong):
-    """A 2-slot ring (the producer a whole ring ahead at once), the 256-wide tile whose halves
-    share one staging tile (4 slots; the second half's residual read after the first half's
-    store), ping-pong warpgroups (each every other tile: 60 tiles over 132 CTAs leave the
-    second warpgroup idle, so also 2048 rows), and the tile order's extremes."""
+@pytest.mark.parametrize("block_n,stages,group_m,pingpong,res_early", [
+    (128, 2, 1, False, True), (256, 2, 16, False, False), (128, 0, 8, True, True),
+    (128, 3, 1, True, False)])
+def test_gluon_stages_and_order(block_n, stages, group_m, pingpong, res_early):
+    """A 2-slot ring (the producer a whole ring ahead at once), ping-pong warpgroups (each
+    every other tile: 60 tiles over 132 CTAs leave the second warpgroup idle, so also 2048
+    rows), the residual loaded after the K loop instead of during it, and the tile order's
+    extremes."""
     cfg = MC.GluonConfig(block_n=block_n, num_stages=stages, group_m=group_m,
-                         pingpong=pingpong)
+                         pingpong=pingpong, res_early=res_early)
     _epilogue_case(torch.bfloat16, "bias res", cfg)
     if pingpong:
         _epilogue_case(torch.bfloat16, "res", cfg, M=2048)

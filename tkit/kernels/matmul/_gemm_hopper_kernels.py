@@ -103,6 +103,22 @@ def _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG: gl.constexpr, TWO: g
 
 
 @gluon.jit
+def _load_residual(r_desc, r2_desc, r_bar, c_buf, c2_buf, row0, off_n, BN0: gl.constexpr,
+                   TWO: gl.constexpr):
+    """The residual's tile (each column part) into the staging buffers by TMA, once the last
+    tile's stores have read them; ``r_bar`` completes when it has landed."""
+    tma.store_wait(0)
+    cta_barrier()
+    if TWO:
+        mbarrier.expect(r_bar, r_desc.block_type.nbytes + r2_desc.block_type.nbytes)
+        tma_load(r_desc, [row0, off_n], r_bar, c_buf)
+        tma_load(r2_desc, [row0, off_n + BN0], r_bar, c2_buf)
+    else:
+        mbarrier.expect(r_bar, r_desc.block_type.nbytes)
+        tma_load(r_desc, [row0, off_n], r_bar, c_buf)
+
+
+@gluon.jit
 def _mma_wait(acc, acc2, TWO: gl.constexpr, STEPS: gl.constexpr):
     """Wait until at most STEPS K steps' wgmmas are in flight (one commit group a part)."""
     if TWO:
@@ -137,11 +153,11 @@ def _epilogue_part(y, c_desc, c_buf, bias_ptr, row0, col0, N, stride_bias,
 def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
               c_buf, c2_buf, r_desc, r2_desc, r_bar, bias_ptr, M, N, K, stride_bias,
               HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, BLOCK_N: gl.constexpr,
-              SHARE_C: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,
+              RES_EARLY: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,
               GROUP_M: gl.constexpr):
     """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every tile of this CTA, columns in
-    one part of BN0 or two (BN0, then BLOCK_N - BN0), each its own accumulator. SHARE_C: the
-    two parts are staged through one buffer (``c2_buf`` is ``c_buf``), one after the other.
+    one part of BN0 or two (BN0, then BLOCK_N - BN0), each its own accumulator. RES_EARLY:
+    the residual tile is loaded during the tile's first K step, else after its K loop.
     PINGPONG: all rows of every other tile of this CTA (the tiles WG, WG + 2, ...), skipping
     the other warpgroup's tiles' ring slots; one's epilogue then runs under the other's K
     loop."""
@@ -191,18 +207,10 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
         if slot == STAGES:
             slot = 0
             phase ^= 1
-        if HAS_RES:
+        if HAS_RES and RES_EARLY:
             # the residual tile into the staging buffers, under this tile's K loop (the last
             # tile's stores have read them by now: a whole epilogue ago)
-            tma.store_wait(0)
-            cta_barrier()
-            if TWO and not SHARE_C:
-                mbarrier.expect(r_bar, r_desc.block_type.nbytes + r2_desc.block_type.nbytes)
-                tma_load(r_desc, [row0, off_n], r_bar, c_buf)
-                tma_load(r2_desc, [row0, off_n + BN0], r_bar, c2_buf)
-            else:
-                mbarrier.expect(r_bar, r_desc.block_type.nbytes)
-                tma_load(r_desc, [row0, off_n], r_bar, c_buf)
+            _load_residual(r_desc, r2_desc, r_bar, c_buf, c2_buf, row0, off_n, BN0, TWO)
         for _ in range(1, k_steps):
             mbarrier.wait(ready.index(slot), phase)
             acc, acc2 = _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG, TWO, True,
@@ -223,6 +231,8 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
             phase ^= (t // STAGES) & 1
 
         # ---- epilogue: float32 bias / residual, then TMA stores of 64 rows
+        if HAS_RES and not RES_EARLY:
+            _load_residual(r_desc, r2_desc, r_bar, c_buf, c2_buf, row0, off_n, BN0, TWO)
         if HAS_RES:
             mbarrier.wait(r_bar, r_phase)
             r_phase ^= 1
@@ -232,16 +242,6 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
         _epilogue_part(acc, c_desc, c_buf, bias_ptr, row0, off_n, N, stride_bias, HAS_BIAS,
                        HAS_RES)
         if TWO:
-            if SHARE_C:
-                # the first half's store has read the buffer; the second half's residual
-                # then comes in (its latency exposed: the reason this is not the default)
-                tma.store_wait(0)
-                cta_barrier()
-                if HAS_RES:
-                    mbarrier.expect(r_bar, r2_desc.block_type.nbytes)
-                    tma_load(r2_desc, [row0, off_n + BN0], r_bar, c2_buf)
-                    mbarrier.wait(r_bar, r_phase)
-                    r_phase ^= 1
             _epilogue_part(acc2, c2_desc, c2_buf, bias_ptr, row0, off_n + BN0, N, stride_bias,
                            HAS_BIAS, HAS_RES)
     tma.store_wait(0)
@@ -251,7 +251,7 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
 def _gemm_ws_kernel(
     a_desc, b_desc, b2_desc, c_desc, c2_desc, r_desc, r2_desc, bias_ptr, M, N, K, stride_bias,
     HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, BLOCK_N: gl.constexpr,
-    SHARE_C: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,
+    RES_EARLY: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,
     GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
     """Persistent warp-specialized GEMM (module docstring); tiles 128 x BLOCK_N in one column
@@ -282,11 +282,11 @@ def _gemm_ws_kernel(
                                             b2_desc.layout)
     else:  # one part: the first part's ring stands in, unread
         b2_ring = b_ring
-    if BLOCK_N > BN0 and not SHARE_C:
+    if BLOCK_N > BN0:
         c2_bufs = gl.allocate_shared_memory(c2_desc.dtype,
                                             [CONSUMERS] + c2_desc.block_type.shape,
                                             c2_desc.layout)
-    else:  # one part, or two staged one after the other through the first part's buffer
+    else:  # one part: the first part's buffers stand in, unread
         c2_bufs = c_bufs
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -303,11 +303,11 @@ def _gemm_ws_kernel(
     gl.warp_specialize([
         (_consumer, (0, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
                      c_bufs.index(0), c2_bufs.index(0), r_desc, r2_desc, r_bars.index(0),
-                     bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N, SHARE_C,
+                     bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N, RES_EARLY,
                      PINGPONG, STAGES, GROUP_M)),
         (_consumer, (1, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
                      c_bufs.index(1), c2_bufs.index(1), r_desc, r2_desc, r_bars.index(1),
-                     bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N, SHARE_C,
+                     bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N, RES_EARLY,
                      PINGPONG, STAGES, GROUP_M)),
         (_producer, (a_desc, b_desc, b2_desc, a_ring, b_ring, b2_ring, ready, empty, M, N, K,
                      BLOCK_N, STAGES, GROUP_M)),

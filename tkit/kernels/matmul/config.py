@@ -333,15 +333,14 @@ GLUON_MAX_STAGES = 8
 
 
 def gluon_shared_bytes(block_n: int, stages: int, out_size: int = 2, in_size: int = 2,
-                       shared_staging: bool = False, pingpong: bool = False) -> int:
+                       pingpong: bool = False) -> int:
     """Shared memory of the Gluon GEMM (``_gemm_hopper_kernels``): the ring (a and b tiles of
-    one K step a slot), one [64, block_n] output staging tile a consumer warpgroup ([64, 128]
-    with ``shared_staging``: a 256-wide tile's two halves stored one after the other through
-    it; [128, block_n] with ``pingpong``: each consumer owns whole tiles), the mbarriers (two
-    a slot, one a consumer) and what the warp-specialized region hands its partitions (up to
-    256 bytes, as the block-scaled kernel)."""
+    one K step a slot), one [64, block_n] output staging tile a consumer warpgroup ([128,
+    block_n] with ``pingpong``: each consumer owns whole tiles), the mbarriers (two a slot,
+    one a consumer) and what the warp-specialized region hands its partitions (up to 256
+    bytes, as the block-scaled kernel)."""
     ring = stages * (GLUON_BLOCK_M + block_n) * GLUON_BLOCK_K * in_size
-    staging = (128 if shared_staging else block_n) * (128 if pingpong else 64)
+    staging = block_n * (128 if pingpong else 64)
     return ring + 2 * staging * out_size + 8 * (2 * stages + 2) + 256
 
 
@@ -351,13 +350,15 @@ class GluonConfig:
     operands): tiles 128 x ``block_n`` x 64, a ring of ``num_stages`` K steps (0: as many as
     shared memory holds), ``group_m`` the tile order's section height; ``pingpong`` (128
     columns only): each consumer warpgroup computes whole tiles, every other one of the CTA,
-    instead of both computing 64 rows of each. One persistent CTA an SM (three warpgroups:
+    instead of both computing 64 rows of each; ``res_early``: a residual is loaded during the
+    tile's first K step (else after its K loop). One persistent CTA an SM (three warpgroups:
     two consumers, one producer warp)."""
 
     block_n: int = 256
     num_stages: int = 0
     group_m: int = 8
     pingpong: bool = False
+    res_early: bool = True
 
     def __post_init__(self):
         if self.block_n not in GLUON_BLOCK_NS:
@@ -398,12 +399,6 @@ class GluonConfig:
             s -= 1
         return s
 
-    def shared_staging(self, out_size: int = 2) -> bool:
-        """Whether the stages leave room for a whole staging tile a consumer only if a
-        256-wide tile's halves share one (4 slots at 256 columns: 224 KB with the shared one,
-        256 KB without)."""
-        return (self.block_n == 256
-                and gluon_shared_bytes(256, self.stages(out_size), out_size) > SMEM_BYTES)
 
 
 #: Gluon tile widths and their relative efficiency per column (a wider tile reads less

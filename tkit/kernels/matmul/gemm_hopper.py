@@ -50,12 +50,9 @@ def status(device=None) -> str:
             "model takes 128-row tiles; the Triton kernels for the rest")
 
 
-def column_parts(block_n: int, shared_staging: bool = False) -> tuple[int, ...]:
+def column_parts(block_n: int) -> tuple[int, ...]:
     """The tile's column parts, each its own accumulator and a power of 2 (a Gluon tensor's
-    dimensions must be): one, or two for 192 (128 + 64) and for 256 whose halves share one
-    staging tile (128 + 128)."""
-    if shared_staging:
-        return (128, block_n - 128)
+    dimensions must be): one, or two for 192 (128 + 64)."""
     return (block_n,) if block_n & (block_n - 1) == 0 else (128, block_n - 128)
 
 
@@ -85,8 +82,7 @@ def launch(a, b, out, bias=None, residual=None, config: MC.GluonConfig | None = 
     sms = D.sm_count(a.device)
     cfg = config if config is not None else MC.current(MC.GluonConfig.for_shape(M, N, K, sms))
     bn, bk = cfg.block_n, MC.GLUON_BLOCK_K
-    share = cfg.shared_staging(out.element_size())
-    parts = column_parts(bn, share)
+    parts = column_parts(bn)
     # b is (K, N) K-major: its storage is the row-major (N, K) matrix b.t()
     a_desc = _descriptor(a, (M, K), (MC._lead_stride(a, False), 1), (MC.GLUON_BLOCK_M, bk))
     bt = b.t()
@@ -107,7 +103,7 @@ def launch(a, b, out, bias=None, residual=None, config: MC.GluonConfig | None = 
              bias_ptr=bias if bias is not None else out, M=M, N=N, K=K,
              stride_bias=bias.stride(0) if bias is not None else 0,
              HAS_BIAS=bias is not None, HAS_RES=residual is not None, BLOCK_N=bn,
-             SHARE_C=share, PINGPONG=cfg.pingpong, STAGES=cfg.stages(out.element_size()),
+             RES_EARLY=cfg.res_early, PINGPONG=cfg.pingpong, STAGES=cfg.stages(out.element_size()),
              GROUP_M=cfg.group_m,
              CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
              maxnreg=MAXNREG)
@@ -135,9 +131,8 @@ def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has
         return f"tensordesc<{tname}[{rows}, {cols}],{_smem_layout(rows, cols, dtype)!r}>"
 
     es = torch.empty((), dtype=dtype).element_size()
-    share = cfg.shared_staging(es)
-    p0, p1 = column_parts(bn, share)[0], column_parts(bn, share)[-1]
-    two = p1 != p0 or share
+    p0, p1 = column_parts(bn)[0], column_parts(bn)[-1]
+    two = p1 != p0
     rows = MC.GLUON_BLOCK_M if cfg.pingpong else WG_M
     signature = dict(
         a_desc=desc(MC.GLUON_BLOCK_M, bk), b_desc=desc(p0, bk),
@@ -147,11 +142,12 @@ def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has
         r2_desc=desc(rows, p1) if has_res and two else "constexpr",
         bias_ptr=f"*{tname}", M="i32", N="i32", K="i32",
         stride_bias="i32", HAS_BIAS="constexpr", HAS_RES="constexpr", BLOCK_N="constexpr",
-        SHARE_C="constexpr", PINGPONG="constexpr", STAGES="constexpr", GROUP_M="constexpr",
+        RES_EARLY="constexpr", PINGPONG="constexpr", STAGES="constexpr", GROUP_M="constexpr",
         CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
     )
     names = list(signature)
-    values = dict(HAS_BIAS=bool(has_bias), HAS_RES=bool(has_res), BLOCK_N=bn, SHARE_C=share,
+    values = dict(HAS_BIAS=bool(has_bias), HAS_RES=bool(has_res), BLOCK_N=bn,
+                  RES_EARLY=cfg.res_early,
                   PINGPONG=cfg.pingpong,
                   STAGES=cfg.stages(es),
                   GROUP_M=cfg.group_m, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
