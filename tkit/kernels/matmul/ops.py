@@ -248,7 +248,7 @@ def _matmul_into(a, b, out, res, scale_a, scale_b, bias, activation, ieee, path,
             _matmul_into(ae[i], be[i], out[i], re[i] if re is not None else None, scale_a,
                          scale_b, bias, activation, ieee, path, config)
         return
-    if a3.shape[0] == 1 or path in ("tma", "splitk"):
+    if a3.shape[0] == 1 or path in ("gluon", "tma", "splitk"):
         for i in range(a3.shape[0]):
             _run_2d(a3[i], b3[i], out.view(-1, M, N)[i], r3[i] if r3 is not None else None,
                     scale_a, scale_b, bias, activation, ieee,
