@@ -477,10 +477,10 @@ def sweep_matmul_mid(rows):
                                  median_ms=t, tflops=flops / t / 1e9, vs_cublas=t_cub / t))
 
 
-#: the Gluon GEMM's variants: (block_n, stages, pingpong; stages 0 = as many as fit: 6 / 4 / 3
-#: at 128 / 192 / 256 columns, 5 with ping-pong). Measured and dropped (H200, docs/NOTES.md):
-#: fewer stages (128 s4, 192 s3), 256 in 4 stages with its halves staged through one tile.
-GLUON_TILES = [(128, 0, False), (128, 0, True), (192, 0, False), (256, 0, False)]
+#: the Gluon GEMM's tiles (stages: as many as fit, 6 / 4 / 3 at 128 / 192 / 256 columns).
+#: Measured and dropped (H200, docs/NOTES.md): fewer stages (128 s4, 192 s3), 256 in 4 stages
+#: with its halves staged through one tile.
+GLUON_TILES = [128, 192, 256]
 #: interleaved rounds (single timings at M = 4096 moved by up to 5% between variants)
 GLUON_ROUNDS = 3
 #: Llama-3-8B's projections (N, K): what the decoder layer runs at 512 and 4096 tokens
@@ -514,15 +514,13 @@ def sweep_matmul_gluon(rows):
                         ("triton default",
                          lambda a=a, b=b, out=out: MM._matmul_into(
                              a, b, out, None, None, None, None, None, False, "tma", None), None)]
-            for bn, st, pp in GLUON_TILES:
-                cfg = MC.GluonConfig(block_n=bn, num_stages=st, pingpong=pp)
-                name = (f"gluon {bn} s{cfg.stages()}" + (" pingpong" if pp else "")
-                        + (" (table)" if cfg == table else ""))
+            for bn in GLUON_TILES:
+                cfg = MC.GluonConfig(block_n=bn)
+                name = f"gluon {bn} s{cfg.stages()}" + (" (table)" if cfg == table else "")
                 variants.append((name, lambda a=a, b=b, out=out, cfg=cfg: MM._matmul_into(
                     a, b, out, None, None, None, None, None, False, "gluon", cfg), cfg))
             if label in ("o", "down"):
                 late = dataclasses.replace(table, res_early=False)
-                pp = MC.GluonConfig(block_n=128, pingpong=True)
                 variants += [
                     ("cuBLAS + res", lambda a=a, w=w, r=r: torch.add(F.linear(a, w), r), None),
                     ("triton default + res", lambda a=a, b=b, r=r, out=out: MM._matmul_into(
@@ -530,9 +528,6 @@ def sweep_matmul_gluon(rows):
                     ("gluon table + res", lambda a=a, b=b, r=r, out=out: MM._matmul_into(
                         a, b, out, r, None, None, None, None, False, "gluon", None), "res"),
                     ("gluon table + res late", lambda a=a, b=b, r=r, out=out, c=late:
-                     MM._matmul_into(a, b, out, r, None, None, None, None, False, "gluon", c),
-                     "res"),
-                    ("gluon 128 pingpong + res", lambda a=a, b=b, r=r, out=out, c=pp:
                      MM._matmul_into(a, b, out, r, None, None, None, None, False, "gluon", c),
                      "res"),
                     # the plain table kernel again, between the residual ones (drift check)

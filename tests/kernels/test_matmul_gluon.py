@@ -54,9 +54,7 @@ def test_gluon_config_table_and_validation():
         G(num_stages=1)
     with pytest.raises(ValueError, match="group_m"):
         G(group_m=0)
-    with pytest.raises(ValueError, match="pingpong"):
-        G(block_n=192, pingpong=True)
-    assert G(block_n=128, pingpong=True).stages() == 5
+
     with mm.matmul_config(block_n=192, group_m=4):
         assert MC.current(G()) == G(block_n=192, group_m=4)
 
@@ -142,20 +140,18 @@ def _sass(kernel) -> str:
                               capture_output=True, text=True, check=True).stdout
 
 
-@pytest.mark.parametrize("block_n,bias,res,pingpong", [
-    (256, True, True, False), (192, False, True, False), (128, False, False, True)])
-def test_gluon_compiled_schedule(block_n, bias, res, pingpong):
+@pytest.mark.parametrize("block_n,bias,res", [(256, True, True), (192, False, True),
+                                              (128, False, False)])
+def test_gluon_compiled_schedule(block_n, bias, res):
     """sm_90a builds of the widest tile with every epilogue (the most registers: a 64 x 256
     float32 accumulator and the residual), the two-part tile (192 = 128 + 64) and the
-    ping-pong tile (a warpgroup's 128 x 128, two m64 wgmmas a k16): no local memory, shared
-    memory within sm_90's limit and the config's count, a wgmma m64 x part x 16 four times a
-    K step per part (and per 64 rows), the K loop's wait leaving one step in flight
-    (``wait_group`` 1 for one part, 2 for two), TMA loads and stores."""
+    128-wide one: no local memory, shared memory within sm_90's limit and the config's count,
+    a wgmma m64 x part x 16 four times a K step per part, the K loop's wait leaving one step
+    in flight (``wait_group`` 1 for one part, 2 for two), TMA loads and stores."""
     GH = _gluon_or_skip()
-    cfg = MC.GluonConfig(block_n=block_n, pingpong=pingpong)
+    cfg = MC.GluonConfig(block_n=block_n)
     k = GH.compile_sm90(cfg, has_bias=bias, has_res=res)
-    assert k.metadata.shared <= MC.gluon_shared_bytes(
-        block_n, cfg.stages(), pingpong=pingpong) <= MC.SMEM_BYTES
+    assert k.metadata.shared <= MC.gluon_shared_bytes(block_n, cfg.stages()) <= MC.SMEM_BYTES
     sass = _sass(k)
     ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Za-z0-9_.]+)([^;]*);",
                      sass, re.M)
@@ -164,9 +160,8 @@ def test_gluon_compiled_schedule(block_n, bias, res, pingpong):
     parts = GH.column_parts(block_n)
     for w in set(parts):
         n = names.count(f"HGMMA.64x{w}x16.F32.BF16")
-        # 2 consumers x (first step + loop) x 4 k16 a step, per part of that width (and per
-        # 64 rows of a ping-pong warpgroup's tile)
-        assert n == 2 * 2 * 4 * parts.count(w) * (2 if pingpong else 1), (w, n)
+        # 2 consumers x (first step + loop) x 4 k16 a step, per part of that width
+        assert n == 2 * 2 * 4 * parts.count(w), (w, n)
     waits = [rest.strip() for op, rest in ops if op == "WARPGROUP.DEPBAR.LE"]
     assert f"gsb0, {hex(len(parts))}" in waits and "gsb0, 0x0" in waits
     assert "UTMALDG.2D" in names and "UTMASTG.2D" in names
@@ -232,18 +227,16 @@ def test_gluon_epilogues(dtype, epilogue):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("block_n,stages,group_m,pingpong,res_early", [
-    (128, 2, 1, False, True), (256, 2, 16, False, False), (128, 0, 8, True, True),
-    (128, 3, 1, True, False)])
-def test_gluon_stages_and_order(block_n, stages, group_m, pingpong, res_early):
-    """A 2-slot ring (the producer a whole ring ahead at once), ping-pong warpgroups (each
-    every other tile: 60 tiles over 132 CTAs leave the second warpgroup idle, so also 2048
-    rows), the residual loaded after the K loop instead of during it, and the tile order's
-    extremes."""
+@pytest.mark.parametrize("block_n,stages,group_m,res_early", [
+    (128, 2, 1, True), (256, 2, 16, False), (192, 0, 8, False)])
+def test_gluon_stages_and_order(block_n, stages, group_m, res_early):
+    """A 2-slot ring (the producer a whole ring ahead at once), the residual loaded after the
+    K loop instead of during it (also with several tiles a CTA: 2048 rows), and the tile
+    order's extremes."""
     cfg = MC.GluonConfig(block_n=block_n, num_stages=stages, group_m=group_m,
-                         pingpong=pingpong, res_early=res_early)
+                         res_early=res_early)
     _epilogue_case(torch.bfloat16, "bias res", cfg)
-    if pingpong:
+    if not res_early:
         _epilogue_case(torch.bfloat16, "res", cfg, M=2048)
 
 

@@ -1034,3 +1034,30 @@ def test_jit_gluon_gemm_plan_rebuilds_its_descriptors(jitplans, monkeypatch):
     args = planned[0][1]
     assert [x[1] for x in args if isinstance(x, tuple) and x[0] == "desc"] == [
         "in0", "in1", "out0"]
+
+
+@jit
+@pytest.mark.parametrize("residual", [False, True])
+def test_jit_registered_gluon_gemm_is_planned(jitplans, monkeypatch, residual):
+    """``torch.ops.tkit.matmul`` (what a compiled graph calls) on the Gluon GEMM, with and
+    without the residual: served by a plan on fresh inputs (its host descriptors rebuilt over
+    them), so a compiled layer pays no more host time a call than an eager one."""
+    from tkit.kernels.matmul import config as MC
+    from tkit.kernels.matmul import ops as MO
+
+    cfg = MC.GluonConfig(block_n=128)
+    monkeypatch.setattr(MO, "plan", lambda *a, **k: MC.MatmulPlan("gluon", "stand-in", cfg))
+
+    def make():
+        x = (torch.randn(512, 256).to(BF), torch.randn(384, 256).to(BF).t())
+        return x + (torch.randn(512, 384).to(BF),) if residual else x
+
+    def fn(a, b, r=None):
+        return _ops.matmul(a, b, None, r, None, None, "", None, True, "auto")
+
+    before = dict(_launch.stats)
+    planned = _plan_vs_ordinary(jitplans, make, fn, fresh=True)
+    delta = {k: _launch.stats[k] - before[k] for k in ("plan", "plan_miss", "plan_built")}
+    assert delta == {"plan": 1, "plan_miss": 1, "plan_built": 1}, delta
+    descs = [x[1] for x in planned[0][1] if isinstance(x, tuple) and x[0] == "desc"]
+    assert descs == ["in0", "in1", "out0"] + (["in2"] if residual else [])

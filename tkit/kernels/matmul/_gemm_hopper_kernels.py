@@ -87,13 +87,10 @@ def _producer(a_desc, b_desc, b2_desc, a_ring, b_ring, b2_ring, ready, empty, M,
 
 @gluon.jit
 def _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG: gl.constexpr, TWO: gl.constexpr,
-              USE_ACC: gl.constexpr, PINGPONG: gl.constexpr):
-    """Issue one K step's wgmma (two with the second column part) on this warpgroup's rows
-    (the whole tile's with PINGPONG), asynchronously."""
-    if PINGPONG:
-        a_s = a_ring.index(slot)
-    else:
-        a_s = a_ring.index(slot).slice(WG * WG_M, WG_M, 0)
+              USE_ACC: gl.constexpr):
+    """Issue one K step's wgmma (two with the second column part) on this warpgroup's rows,
+    asynchronously."""
+    a_s = a_ring.index(slot).slice(WG * WG_M, WG_M, 0)
     acc = warpgroup_mma(a_s, b_ring.index(slot).permute((1, 0)), acc, use_acc=USE_ACC,
                         is_async=True)
     if TWO:
@@ -153,14 +150,10 @@ def _epilogue_part(y, c_desc, c_buf, bias_ptr, row0, col0, N, stride_bias,
 def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
               c_buf, c2_buf, r_desc, r2_desc, r_bar, bias_ptr, M, N, K, stride_bias,
               HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, BLOCK_N: gl.constexpr,
-              RES_EARLY: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr):
+              RES_EARLY: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
     """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every tile of this CTA, columns in
     one part of BN0 or two (BN0, then BLOCK_N - BN0), each its own accumulator. RES_EARLY:
-    the residual tile is loaded during the tile's first K step, else after its K loop.
-    PINGPONG: all rows of every other tile of this CTA (the tiles WG, WG + 2, ...), skipping
-    the other warpgroup's tiles' ring slots; one's epilogue then runs under the other's K
-    loop."""
+    the residual tile is loaded during the tile's first K step, else after its K loop."""
     BLOCK_M: gl.constexpr = a_ring.shape[1]
     BLOCK_K: gl.constexpr = a_ring.shape[2]
     BN0: gl.constexpr = b_ring.shape[1]
@@ -174,32 +167,19 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
     num_pid_n = gl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
     k_steps = gl.cdiv(K, BLOCK_K)
-    ROWS: gl.constexpr = BLOCK_M if PINGPONG else WG_M
-    acc = gl.zeros([ROWS, BN0], gl.float32, acc_layout)
-    acc2 = gl.zeros([ROWS, BN1], gl.float32, acc2_layout)
+    acc = gl.zeros([WG_M, BN0], gl.float32, acc_layout)
+    acc2 = gl.zeros([WG_M, BN1], gl.float32, acc2_layout)
     slot = 0
     phase = 0
     r_phase = 0
-    first = gl.program_id(0)
-    stride = gl.num_programs(0)
-    if PINGPONG:
-        first += WG * stride
-        stride *= 2
-        if WG == 1:  # the ring slots of warpgroup 0's first tile
-            slot = k_steps % STAGES
-            phase = (k_steps // STAGES) & 1
-    for tile_id in range(first, num_tiles, stride):
+    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
-        if PINGPONG:
-            row0 = pid_m * BLOCK_M
-        else:
-            row0 = pid_m * BLOCK_M + WG * WG_M
+        row0 = pid_m * BLOCK_M + WG * WG_M
         off_n = pid_n * BLOCK_N
 
         # the tile's first K step: fresh sums (use_acc=False)
         mbarrier.wait(ready.index(slot), phase)
-        acc, acc2 = _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG, TWO, False,
-                              PINGPONG)
+        acc, acc2 = _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG, TWO, False)
         # (returns at once: only this step is in flight; makes the sums tensors again)
         acc, acc2 = _mma_wait(acc, acc2, TWO, 1)
         prev = slot
@@ -213,8 +193,7 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
             _load_residual(r_desc, r2_desc, r_bar, c_buf, c2_buf, row0, off_n, BN0, TWO)
         for _ in range(1, k_steps):
             mbarrier.wait(ready.index(slot), phase)
-            acc, acc2 = _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG, TWO, True,
-                                  PINGPONG)
+            acc, acc2 = _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG, TWO, True)
             # the previous step's wgmma has retired: its slot goes back to the producer
             acc, acc2 = _mma_wait(acc, acc2, TWO, 1)
             mbarrier.arrive(empty.index(prev), count=1)
@@ -225,10 +204,6 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
                 phase ^= 1
         acc, acc2 = _mma_wait(acc, acc2, TWO, 0)
         mbarrier.arrive(empty.index(prev), count=1)
-        if PINGPONG:  # past the other warpgroup's next tile's slots
-            t = slot + k_steps
-            slot = t % STAGES
-            phase ^= (t // STAGES) & 1
 
         # ---- epilogue: float32 bias / residual, then TMA stores of 64 rows
         if HAS_RES and not RES_EARLY:
@@ -251,8 +226,8 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
 def _gemm_ws_kernel(
     a_desc, b_desc, b2_desc, c_desc, c2_desc, r_desc, r2_desc, bias_ptr, M, N, K, stride_bias,
     HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, BLOCK_N: gl.constexpr,
-    RES_EARLY: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,
-    GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    RES_EARLY: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
     """Persistent warp-specialized GEMM (module docstring); tiles 128 x BLOCK_N in one column
     part (BLOCK_N = BN0, the block width of b_desc) or two (BN0 + BN1, b2_desc's: 192 =
@@ -293,9 +268,7 @@ def _gemm_ws_kernel(
     r_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
-        # a slot is released by each consumer that reads it: both, or with PINGPONG the one
-        # whose tile it holds
-        mbarrier.init(empty.index(s), count=1 if PINGPONG else CONSUMERS)
+        mbarrier.init(empty.index(s), count=CONSUMERS)
     for s in gl.static_range(CONSUMERS):
         mbarrier.init(r_bars.index(s), count=1)
     fence_async_shared()
@@ -304,11 +277,11 @@ def _gemm_ws_kernel(
         (_consumer, (0, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
                      c_bufs.index(0), c2_bufs.index(0), r_desc, r2_desc, r_bars.index(0),
                      bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N, RES_EARLY,
-                     PINGPONG, STAGES, GROUP_M)),
+                     STAGES, GROUP_M)),
         (_consumer, (1, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
                      c_bufs.index(1), c2_bufs.index(1), r_desc, r2_desc, r_bars.index(1),
                      bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N, RES_EARLY,
-                     PINGPONG, STAGES, GROUP_M)),
+                     STAGES, GROUP_M)),
         (_producer, (a_desc, b_desc, b2_desc, a_ring, b_ring, b2_ring, ready, empty, M, N, K,
                      BLOCK_N, STAGES, GROUP_M)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -332,15 +332,13 @@ GLUON_BLOCK_NS = (128, 192, 256)
 GLUON_MAX_STAGES = 8
 
 
-def gluon_shared_bytes(block_n: int, stages: int, out_size: int = 2, in_size: int = 2,
-                       pingpong: bool = False) -> int:
+def gluon_shared_bytes(block_n: int, stages: int, out_size: int = 2, in_size: int = 2) -> int:
     """Shared memory of the Gluon GEMM (``_gemm_hopper_kernels``): the ring (a and b tiles of
-    one K step a slot), one [64, block_n] output staging tile a consumer warpgroup ([128,
-    block_n] with ``pingpong``: each consumer owns whole tiles), the mbarriers (two a slot,
-    one a consumer) and what the warp-specialized region hands its partitions (up to 256
-    bytes, as the block-scaled kernel)."""
+    one K step a slot), one [64, block_n] output staging tile a consumer warpgroup, the
+    mbarriers (two a slot, one a consumer) and what the warp-specialized region hands its
+    partitions (up to 256 bytes, as the block-scaled kernel)."""
     ring = stages * (GLUON_BLOCK_M + block_n) * GLUON_BLOCK_K * in_size
-    staging = block_n * (128 if pingpong else 64)
+    staging = block_n * 64
     return ring + 2 * staging * out_size + 8 * (2 * stages + 2) + 256
 
 
@@ -348,16 +346,13 @@ def gluon_shared_bytes(block_n: int, stages: int, out_size: int = 2, in_size: in
 class GluonConfig:
     """Launch config of the warp-specialized Gluon GEMM (``gemm_hopper.py``, sm_90, 16-bit
     operands): tiles 128 x ``block_n`` x 64, a ring of ``num_stages`` K steps (0: as many as
-    shared memory holds), ``group_m`` the tile order's section height; ``pingpong`` (128
-    columns only): each consumer warpgroup computes whole tiles, every other one of the CTA,
-    instead of both computing 64 rows of each; ``res_early``: a residual is loaded during the
-    tile's first K step (else after its K loop). One persistent CTA an SM (three warpgroups:
-    two consumers, one producer warp)."""
+    shared memory holds), ``group_m`` the tile order's section height; ``res_early``: a
+    residual is loaded during the tile's first K step (else after its K loop). One persistent
+    CTA an SM (three warpgroups: two consumers, one producer warp)."""
 
     block_n: int = 256
     num_stages: int = 0
     group_m: int = 8
-    pingpong: bool = False
     res_early: bool = True
 
     def __post_init__(self):
@@ -369,9 +364,6 @@ class GluonConfig:
                              f"for the Gluon GEMM, got {self.num_stages}")
         if self.group_m < 1:
             raise ValueError(f"group_m must be >= 1, got {self.group_m}")
-        if self.pingpong and self.block_n != 128:
-            raise ValueError(f"pingpong takes block_n 128 (a 128-row accumulator a "
-                             f"warpgroup), got {self.block_n}")
 
     @classmethod
     def for_shape(cls, M: int, N: int, K: int, num_sms: int = 132) -> GluonConfig:
@@ -394,8 +386,7 @@ class GluonConfig:
         if self.num_stages:
             return self.num_stages
         s = GLUON_MAX_STAGES
-        while s > 2 and gluon_shared_bytes(self.block_n, s, out_size,
-                                           pingpong=self.pingpong) > SMEM_BYTES:
+        while s > 2 and gluon_shared_bytes(self.block_n, s, out_size) > SMEM_BYTES:
             s -= 1
         return s
 

@@ -87,13 +87,12 @@ def launch(a, b, out, bias=None, residual=None, config: MC.GluonConfig | None = 
     a_desc = _descriptor(a, (M, K), (MC._lead_stride(a, False), 1), (MC.GLUON_BLOCK_M, bk))
     bt = b.t()
     b_descs = [_descriptor(bt, (N, K), (MC._lead_stride(b, True), 1), (w, bk)) for w in parts]
-    rows = MC.GLUON_BLOCK_M if cfg.pingpong else WG_M  # the rows a consumer stores
-    c_descs = [_descriptor(out, (M, N), (MC._lead_stride(out, False), 1), (rows, w))
+    c_descs = [_descriptor(out, (M, N), (MC._lead_stride(out, False), 1), (WG_M, w))
                for w in parts]
     r_descs = [None, None]
     if residual is not None:
         r_descs = [_descriptor(residual, (M, N), (MC._lead_stride(residual, False), 1),
-                               (rows, w)) for w in parts]
+                               (WG_M, w)) for w in parts]
     two = len(parts) > 1  # (unused descriptors are None: each one given is encoded per call)
     tiles = C.cdiv(M, MC.GLUON_BLOCK_M) * C.cdiv(N, bn)
     C.launch(_gemm_ws_kernel, (max(1, min(sms, tiles)),), a_desc=a_desc, b_desc=b_descs[0],
@@ -103,7 +102,7 @@ def launch(a, b, out, bias=None, residual=None, config: MC.GluonConfig | None = 
              bias_ptr=bias if bias is not None else out, M=M, N=N, K=K,
              stride_bias=bias.stride(0) if bias is not None else 0,
              HAS_BIAS=bias is not None, HAS_RES=residual is not None, BLOCK_N=bn,
-             RES_EARLY=cfg.res_early, PINGPONG=cfg.pingpong, STAGES=cfg.stages(out.element_size()),
+             RES_EARLY=cfg.res_early, STAGES=cfg.stages(out.element_size()),
              GROUP_M=cfg.group_m,
              CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
              maxnreg=MAXNREG)
@@ -133,7 +132,7 @@ def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has
     es = torch.empty((), dtype=dtype).element_size()
     p0, p1 = column_parts(bn)[0], column_parts(bn)[-1]
     two = p1 != p0
-    rows = MC.GLUON_BLOCK_M if cfg.pingpong else WG_M
+    rows = WG_M
     signature = dict(
         a_desc=desc(MC.GLUON_BLOCK_M, bk), b_desc=desc(p0, bk),
         b2_desc=desc(p1, bk) if two else "constexpr", c_desc=desc(rows, p0),
@@ -142,13 +141,12 @@ def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has
         r2_desc=desc(rows, p1) if has_res and two else "constexpr",
         bias_ptr=f"*{tname}", M="i32", N="i32", K="i32",
         stride_bias="i32", HAS_BIAS="constexpr", HAS_RES="constexpr", BLOCK_N="constexpr",
-        RES_EARLY="constexpr", PINGPONG="constexpr", STAGES="constexpr", GROUP_M="constexpr",
+        RES_EARLY="constexpr", STAGES="constexpr", GROUP_M="constexpr",
         CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
     )
     names = list(signature)
     values = dict(HAS_BIAS=bool(has_bias), HAS_RES=bool(has_res), BLOCK_N=bn,
                   RES_EARLY=cfg.res_early,
-                  PINGPONG=cfg.pingpong,
                   STAGES=cfg.stages(es),
                   GROUP_M=cfg.group_m, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
     for k in ("b2_desc", "c2_desc", "r_desc", "r2_desc"):
