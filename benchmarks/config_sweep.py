@@ -477,10 +477,11 @@ def sweep_matmul_mid(rows):
                                  median_ms=t, tflops=flops / t / 1e9, vs_cublas=t_cub / t))
 
 
-#: the Gluon GEMM's tiles (stages: as many as fit, 6 / 4 / 3 at 128 / 192 / 256 columns).
-#: Measured and dropped (H200, docs/NOTES.md): fewer stages (128 s4, 192 s3), 256 in 4 stages
-#: with its halves staged through one tile.
-GLUON_TILES = [128, 192, 256]
+#: the Gluon GEMM's tiles timed beside the table's choice (stages: as many as fit, 6 / 4 / 3 at
+#: 128 / 192 / 256 columns; empty: the table's tile only, which was the fastest or within 0.5%
+#: of it at every shape here, docs/NOTES.md). Measured and dropped: fewer stages (128 s4,
+#: 192 s3), 256 in 4 stages with its halves staged through one tile.
+GLUON_TILES: list[int] = []
 #: interleaved rounds (single timings at M = 4096 moved by up to 5% between variants)
 GLUON_ROUNDS = 3
 #: Llama-3-8B's projections (N, K): what the decoder layer runs at 512 and 4096 tokens
@@ -513,10 +514,15 @@ def sweep_matmul_gluon(rows):
             variants = [("cuBLAS", lambda a=a, w=w: F.linear(a, w), None),
                         ("triton default",
                          lambda a=a, b=b, out=out: MM._matmul_into(
-                             a, b, out, None, None, None, None, None, False, "tma", None), None)]
+                             a, b, out, None, None, None, None, None, False, "tma", None), None),
+                        (f"gluon table ({table.block_n} s{table.stages()})",
+                         lambda a=a, b=b, out=out, c=table: MM._matmul_into(
+                             a, b, out, None, None, None, None, None, False, "gluon", c), None)]
             for bn in GLUON_TILES:
                 cfg = MC.GluonConfig(block_n=bn)
-                name = f"gluon {bn} s{cfg.stages()}" + (" (table)" if cfg == table else "")
+                if cfg == table:
+                    continue
+                name = f"gluon {bn} s{cfg.stages()}"
                 variants.append((name, lambda a=a, b=b, out=out, cfg=cfg: MM._matmul_into(
                     a, b, out, None, None, None, None, None, False, "gluon", cfg), cfg))
             if label in ("o", "down"):

@@ -100,6 +100,8 @@ def cases(device="cpu", torch_calls=False):
     k = r(1, 4096, 8, 128)
     v = r(1, 4096, 8, 128)
     qp, kp, vp = r(1, 512, 32, 128), r(1, 512, 8, 128), r(1, 512, 8, 128)
+    # the 512-token layer's o-projection (the Gluon GEMM on sm_90: host TMA descriptors)
+    xm, wm, rm = r(512, 4096), r(4096, 4096), r(512, 4096)
     ops = torch.ops.tkit
     if torch_calls:
         F = torch.nn.functional
@@ -111,6 +113,7 @@ def cases(device="cpu", torch_calls=False):
             "silu_mul (1,14336)": lambda: F.silu(g) * u,
             "softmax (1,4096)": lambda: torch.softmax(a, -1),
             "matmul M=1 4096x4096": lambda: torch.matmul(x1, W),
+            "matmul M=512 4096x4096 + residual": lambda: torch.addmm(rm, xm, wm.t()),
             "flash_attention decode 4096 GQA4": lambda: F.scaled_dot_product_attention(
                 qt, kt, vt, enable_gqa=True),
             "flash_attention prefill 512 causal": lambda: F.scaled_dot_product_attention(
@@ -127,6 +130,9 @@ def cases(device="cpu", torch_calls=False):
         "softmax (1,4096)": (lambda: tkit.softmax(a), lambda: ops.softmax(a, 1, False)),
         "matmul M=1 4096x4096": (lambda: tkit.matmul(x1, W), lambda: ops.matmul(
             x1, W, None, None, None, None, "", None, True, "auto")),
+        "matmul M=512 4096x4096 + residual": (
+            lambda: tkit.matmul(xm, wm.t(), residual=rm),
+            lambda: ops.matmul(xm, wm.t(), None, rm, None, None, "", None, True, "auto")),
         "flash_attention decode 4096 GQA4": (lambda: tkit.flash_attention(q, k, v), lambda: (
             ops.flash_attn_fwd(q, k, v, None, None, 1, 4096, False, 128 ** -0.5, -1, -1, 0.0))),
         "flash_attention prefill 512 causal": (
