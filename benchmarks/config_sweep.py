@@ -526,16 +526,12 @@ def sweep_matmul_gluon(rows):
                 variants.append((name, lambda a=a, b=b, out=out, cfg=cfg: MM._matmul_into(
                     a, b, out, None, None, None, None, None, False, "gluon", cfg), cfg))
             if label in ("o", "down"):
-                late = dataclasses.replace(table, res_early=False)
                 variants += [
                     ("cuBLAS + res", lambda a=a, w=w, r=r: torch.add(F.linear(a, w), r), None),
                     ("triton default + res", lambda a=a, b=b, r=r, out=out: MM._matmul_into(
                         a, b, out, r, None, None, None, None, False, "tma", None), "res"),
                     ("gluon table + res", lambda a=a, b=b, r=r, out=out: MM._matmul_into(
                         a, b, out, r, None, None, None, None, False, "gluon", None), "res"),
-                    ("gluon table + res late", lambda a=a, b=b, r=r, out=out, c=late:
-                     MM._matmul_into(a, b, out, r, None, None, None, None, False, "gluon", c),
-                     "res"),
                     # the plain table kernel again, between the residual ones (drift check)
                     ("gluon table again", lambda a=a, b=b, out=out, c=table: MM._matmul_into(
                         a, b, out, None, None, None, None, None, False, "gluon", c), None)]

@@ -99,6 +99,11 @@ def test_gluon_dispatch_follows_the_wave_model(monkeypatch):
     assert mm.plan(torch.empty(4096, 4096, **meta), w.t()).config.block_n == 256
     p = mm.plan(x[:256], torch.empty(4096, 4096, **meta).t())
     assert p.path == "tma" and "64-row tiles at M=256" in p.reason
+    # the down-projection: K = 14336 in one wave (M = 512) takes it, over 4 waves does not
+    down = torch.empty(4096, 14336, **meta).t()
+    assert mm.plan(torch.empty(512, 14336, **meta), down).path == "gluon"
+    p = mm.plan(torch.empty(4096, 14336, **meta), down)
+    assert p.path == "tma" and "K=14336 over 4 waves" in p.reason
     with mm.matmul_config(block_n=64):  # no Gluon tile: the Triton kernel, with the reason
         p = mm.plan(x, w.t())
         assert p.path == "tma" and "block_n" in p.reason
@@ -227,17 +232,13 @@ def test_gluon_epilogues(dtype, epilogue):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("block_n,stages,group_m,res_early", [
-    (128, 2, 1, True), (256, 2, 16, False), (192, 0, 8, False)])
-def test_gluon_stages_and_order(block_n, stages, group_m, res_early):
-    """A 2-slot ring (the producer a whole ring ahead at once), the residual loaded after the
-    K loop instead of during it (also with several tiles a CTA: 2048 rows), and the tile
-    order's extremes."""
-    cfg = MC.GluonConfig(block_n=block_n, num_stages=stages, group_m=group_m,
-                         res_early=res_early)
+@pytest.mark.parametrize("block_n,stages,group_m", [(128, 2, 1), (256, 2, 16), (192, 0, 8)])
+def test_gluon_stages_and_order(block_n, stages, group_m):
+    """A 2-slot ring (the producer a whole ring ahead at once), the tile order's extremes, and
+    the residual with several tiles a CTA (2048 rows: its staging tile reused)."""
+    cfg = MC.GluonConfig(block_n=block_n, num_stages=stages, group_m=group_m)
     _epilogue_case(torch.bfloat16, "bias res", cfg)
-    if not res_early:
-        _epilogue_case(torch.bfloat16, "res", cfg, M=2048)
+    _epilogue_case(torch.bfloat16, "res", cfg, M=2048)
 
 
 @pytest.mark.gpu

@@ -150,10 +150,9 @@ def _epilogue_part(y, c_desc, c_buf, bias_ptr, row0, col0, N, stride_bias,
 def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
               c_buf, c2_buf, r_desc, r2_desc, r_bar, bias_ptr, M, N, K, stride_bias,
               HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, BLOCK_N: gl.constexpr,
-              RES_EARLY: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+              STAGES: gl.constexpr, GROUP_M: gl.constexpr):
     """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every tile of this CTA, columns in
-    one part of BN0 or two (BN0, then BLOCK_N - BN0), each its own accumulator. RES_EARLY:
-    the residual tile is loaded during the tile's first K step, else after its K loop."""
+    one part of BN0 or two (BN0, then BLOCK_N - BN0), each its own accumulator."""
     BLOCK_M: gl.constexpr = a_ring.shape[1]
     BLOCK_K: gl.constexpr = a_ring.shape[2]
     BN0: gl.constexpr = b_ring.shape[1]
@@ -187,7 +186,7 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
         if slot == STAGES:
             slot = 0
             phase ^= 1
-        if HAS_RES and RES_EARLY:
+        if HAS_RES:
             # the residual tile into the staging buffers, under this tile's K loop (the last
             # tile's stores have read them by now: a whole epilogue ago)
             _load_residual(r_desc, r2_desc, r_bar, c_buf, c2_buf, row0, off_n, BN0, TWO)
@@ -206,8 +205,6 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
         mbarrier.arrive(empty.index(prev), count=1)
 
         # ---- epilogue: float32 bias / residual, then TMA stores of 64 rows
-        if HAS_RES and not RES_EARLY:
-            _load_residual(r_desc, r2_desc, r_bar, c_buf, c2_buf, row0, off_n, BN0, TWO)
         if HAS_RES:
             mbarrier.wait(r_bar, r_phase)
             r_phase ^= 1
@@ -226,7 +223,7 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
 def _gemm_ws_kernel(
     a_desc, b_desc, b2_desc, c_desc, c2_desc, r_desc, r2_desc, bias_ptr, M, N, K, stride_bias,
     HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, BLOCK_N: gl.constexpr,
-    RES_EARLY: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr, GROUP_M: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
     """Persistent warp-specialized GEMM (module docstring); tiles 128 x BLOCK_N in one column
@@ -276,11 +273,11 @@ def _gemm_ws_kernel(
     gl.warp_specialize([
         (_consumer, (0, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
                      c_bufs.index(0), c2_bufs.index(0), r_desc, r2_desc, r_bars.index(0),
-                     bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N, RES_EARLY,
+                     bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N,
                      STAGES, GROUP_M)),
         (_consumer, (1, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
                      c_bufs.index(1), c2_bufs.index(1), r_desc, r2_desc, r_bars.index(1),
-                     bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N, RES_EARLY,
+                     bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N,
                      STAGES, GROUP_M)),
         (_producer, (a_desc, b_desc, b2_desc, a_ring, b_ring, b2_ring, ready, empty, M, N, K,
                      BLOCK_N, STAGES, GROUP_M)),

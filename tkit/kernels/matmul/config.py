@@ -346,14 +346,12 @@ def gluon_shared_bytes(block_n: int, stages: int, out_size: int = 2, in_size: in
 class GluonConfig:
     """Launch config of the warp-specialized Gluon GEMM (``gemm_hopper.py``, sm_90, 16-bit
     operands): tiles 128 x ``block_n`` x 64, a ring of ``num_stages`` K steps (0: as many as
-    shared memory holds), ``group_m`` the tile order's section height; ``res_early``: a
-    residual is loaded during the tile's first K step (else after its K loop). One persistent
-    CTA an SM (three warpgroups: two consumers, one producer warp)."""
+    shared memory holds), ``group_m`` the tile order's section height. One persistent CTA an
+    SM (three warpgroups: two consumers, one producer warp)."""
 
     block_n: int = 256
     num_stages: int = 0
     group_m: int = 8
-    res_early: bool = True
 
     def __post_init__(self):
         if self.block_n not in GLUON_BLOCK_NS:
@@ -390,6 +388,12 @@ class GluonConfig:
             s -= 1
         return s
 
+
+#: from this K on, with two or more waves of the Gluon kernel's tiles, the Triton kernel
+#: keeps the call: at Llama-3-8B's down-projection with M = 4096 (K = 14336, 4 waves of 128 x
+#: 256) it matched or beat the Gluon kernel in two H200 runs with the residual and in one of
+#: two without (docs/NOTES.md); at M = 512 (one wave) the Gluon kernel was ahead in both
+GLUON_LONG_K = 8192
 
 #: Gluon tile widths and their relative efficiency per column (a wider tile reads less
 #: operand data a FLOP: 128 x 256 is 85 FLOP/byte, 128 x 128 64). With these the table chose
@@ -623,14 +627,20 @@ def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
                 # few 128-row tiles (M=256 with N=4096: 64 of 128 x 128 for 132 SMs): the
                 # wave model's 64-row tiles fill the GPU, the Gluon kernel's would not
                 why = f"the wave model takes {tma.block_m}-row tiles at M={M}"
+            cfg = None
             if why is None:
                 try:
                     cfg = _path_config("gluon", M, N, K, es, sms)
                 except ValueError as e:  # a matmul_config field no Gluon config takes
                     why = f"matmul_config override: {e}"
-                else:
-                    return MatmulPlan("gluon", f"sm_{major}0, 16-bit operands, a row-major, b "
-                                      "K-major: warp-specialized Gluon kernel", cfg)
+            if why is None:
+                waves = C.cdiv(C.cdiv(M, GLUON_BLOCK_M) * C.cdiv(N, cfg.block_n), sms)
+                if K >= GLUON_LONG_K and waves >= 2:
+                    why = (f"K={K} over {waves} waves of tiles: the Triton kernel measured as "
+                           "fast or faster there")
+            if why is None:
+                return MatmulPlan("gluon", f"sm_{major}0, 16-bit operands, a row-major, b "
+                                  "K-major: warp-specialized Gluon kernel", cfg)
             return MatmulPlan("tma", f"sm_{major}0 and TMA-compatible strides: persistent TMA "
                               f"kernel (not the Gluon one: {why})", tma)
     elif major == 0:
