@@ -572,7 +572,49 @@ def sweep_decode_splits(rows):
         sweep("decode", DA.decode_config, grid, "decode_attention", index, rows, exact=False)
 
 
-SWEEPS = {"decode": sweep_decode, "decode_splits": sweep_decode_splits, "int4": sweep_int4,
+def sweep_decode_bar(rows):
+    """decode_attention at issue #15's bars, whole calls (graph replays, L2 flushed):
+    dense bf16 (case 0, >= 4.3 TB/s) with one split and a deeper pipeline (no combine
+    launch: 256 programs of 2 or 3 K/V tiles in flight, two an SM) against the default's two
+    splits + combine; page 64 (case 2) the same way; fp8 per token (case 6, <= 0.55x the bf16
+    page-64 default) under the other K/V paths."""
+    from tkit.kernels import decode as DA
+
+    one = [dict(num_splits=1, num_warps=w, num_stages=s) for w, s in ((4, 3), (4, 4), (8, 3),
+                                                                         (8, 4))]
+    one += [dict(num_splits=1, num_warps=8, num_stages=2, block_n=128)]
+    paged = [dict(num_splits=1, num_warps=w, block_n=n) for w, n in ((4, 64), (8, 64),
+                                                                      (8, 128))]
+    start = len(rows)
+    sweep("decode_bar", DA.decode_config, one, "decode_attention", 0, rows, exact=False)
+    sweep("decode_bar", DA.decode_config, paged, "decode_attention", 2, rows, exact=False)
+    sweep("decode_bar", DA.decode_config, DECODE_FP8_VARIANTS, "decode_attention", 6, rows,
+          exact=False)
+    new = rows[start:]
+    bf16 = [r["median_ms"] for r in new if "page64" in r["case"] and "fp8" not in r["case"]
+            and not r["config"]]
+    for r in new:
+        if "fp8" in r["case"] and bf16:
+            r["vs_bf16_page64_default"] = r["median_ms"] / bf16[0]
+            print(f"decode fp8 {json.dumps(r['config']):60s} {r['median_ms'] / bf16[0]:5.3f}"
+                  " of the bf16 page-64 default's time (issue #15: <= 0.55)")
+        elif "dense" in r["case"]:
+            print(f"decode dense {json.dumps(r['config']):58s} {r['tbps']:5.2f} TB/s "
+                  "(issue #15: >= 4.3)")
+
+
+#: fp8 variants of :func:`sweep_decode_bar` (besides the default, the register-prefetch loop):
+#: the software pipeline reading the fp8 tiles as int32 words (120-168 registers, 3-4 programs
+#: an SM instead of 2, no byte gathers), with the splits that fill 3-4 programs an SM
+DECODE_FP8_VARIANTS: list = (
+    [dict(kv_load="pipeline", block_n=64, num_stages=s, num_splits=n) for s in (2, 3)
+     for n in (1, 2)]
+    + [dict(kv_load="pipeline", block_n=128, sub_n=u, num_stages=2, num_splits=n)
+       for u in (32, 64) for n in (1, 2)])
+
+
+SWEEPS = {"decode": sweep_decode, "decode_splits": sweep_decode_splits,
+          "decode_bar": sweep_decode_bar, "int4": sweep_int4,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,

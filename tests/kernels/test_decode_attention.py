@@ -276,6 +276,38 @@ def test_prefetch_loop(cache, page):
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
 
 
+@pytest.mark.parametrize("mode, page", [("token", None), ("token", 4), ("tensor", 32)])
+def test_fp8_words_in_the_pipeline(mode, page):
+    """The pipelined loops read an fp8 cache of head dim >= 64 as int32 words of 4 values
+    (four float16 quarters a word, dotted apart): against the reference with a window,
+    softcap, sub-tiles, two splits and two queries, lengths of 0 and 1, and against the
+    prefetch loop (the same words, another loop)."""
+    b, d = 4, 64
+    q, k, v, table = _paged(b, 2, 4, 2, d, page or 64, 64 // (page or 64), torch.float16,
+                            seed=91)
+    kw = dict(window_size=(40, -1), softcap=20.0, return_lse=True, num_splits=2)
+    if page is None:
+        k, v = k.reshape(b, 64, 2, d), v.reshape(b, 64, 2, d)
+    else:
+        kw["block_table"] = table
+    gen = torch.Generator().manual_seed(9)
+    if mode == "tensor":
+        ks, vs = (torch.tensor(x, device=k.device) for x in (0.7, 1.3))
+    else:
+        ks = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+        vs = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+    k, v = k.to(FP8), v.to(FP8)
+    kw.update(k_scale=ks, v_scale=vs)
+    lens = _lens(64, 37, 0, 1)
+    with DA.decode_config(block_n=32, sub_n=16, kv_load="pipeline"), poisoned_outputs():
+        got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                               [q, k, v, lens], kw)
+    with DA.decode_config(block_n=32, kv_load="prefetch"):
+        want, want_lse = tkit.decode_attention(q, k, v, lens, **kw)
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
+    assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
+
+
 def test_prefetch_clamps_garbage():
     """The prefetch loop under garbage block indices and lengths (registered op, no
     validation): blocks clamp to [0, num_blocks - 1], lengths to the table; fp8 words."""

@@ -146,6 +146,73 @@ def _decode_tiles(acc, l_i, m_i, q, K, V, KS, VS, BT, start, end, L, qpos, offs_
 
 
 @triton.jit
+def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
+                       start_n, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
+                       cap_scale, skn, skp, svn, svp, sksn, sksp, svsn, svsp, sbtn,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
+                       PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
+                       MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+                       SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr):
+    """:func:`_decode_tile` for fp8 caches read as int32 words of 4 values (the software
+    pipeline streams the words through shared memory): each word becomes four float16
+    quarters (:func:`_fp8_words_to_f16`) in whatever layout the dots ask of the shared-memory
+    read, so V's operand is gathered a 32-bit word (4 head-dim positions) at a time, never a
+    byte. S = sum_r q_r k_r^T, O's quarters acc_r accumulate apart (as the prefetch loop)."""
+    cols = start_n + offs_n
+    blk, row = _key_rows(BT, start_n, cols, L, b64, n_blocks, sbtn, PAGE_SIZE, PAGED, SUB_N)
+    offs_w = tl.arange(0, BLOCK_D // 4)
+    wmask = (offs_w < HEAD_DIM // 4)[None, :]
+    k_ptrs = K.to(tl.pointer_type(tl.int32)) + (blk * (skn // 4) + row * (skp // 4))[:, None] \
+        + offs_w[None, :]
+    kw = _masked_load(k_ptrs, wmask, HEAD_DIM != BLOCK_D)
+    k0, k1, k2, k3 = _fp8_words_to_f16(kw)
+    qk = _dot(q0, tl.trans(k0.to(q0.dtype)), input_precision=PREC)
+    qk = _dot(q1, tl.trans(k1.to(q0.dtype)), qk, input_precision=PREC)
+    qk = _dot(q2, tl.trans(k2.to(q0.dtype)), qk, input_precision=PREC)
+    qk = _dot(q3, tl.trans(k3.to(q0.dtype)), qk, input_precision=PREC)
+    if SCALE_K == 2:
+        ks = tl.load(KS + blk * sksn + row * sksp)
+    else:
+        ks = tl.zeros([SUB_N], dtype=tl.float32)
+    p, alpha, l_i, m_new = _online_softmax(qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr,
+                                           qk_scale, cap_scale, MASKED, MASK_LO, MASK_HI,
+                                           SOFTCAP, SCALE_K)
+    if SCALE_V == 2:
+        p = p * tl.load(VS + blk * svsn + row * svsp)[None, :]
+    p = p.to(q0.dtype)
+    v_ptrs = V.to(tl.pointer_type(tl.int32)) + (blk * (svn // 4) + row * (svp // 4))[:, None] \
+        + offs_w[None, :]
+    vw = _masked_load(v_ptrs, wmask, HEAD_DIM != BLOCK_D)
+    v0, v1, v2, v3 = _fp8_words_to_f16(vw)
+    acc0 = _dot(p, v0.to(q0.dtype), acc0 * alpha[:, None], input_precision=PREC)
+    acc1 = _dot(p, v1.to(q0.dtype), acc1 * alpha[:, None], input_precision=PREC)
+    acc2 = _dot(p, v2.to(q0.dtype), acc2 * alpha[:, None], input_precision=PREC)
+    acc3 = _dot(p, v3.to(q0.dtype), acc3 * alpha[:, None], input_precision=PREC)
+    return acc0, acc1, acc2, acc3, l_i, m_new
+
+
+@triton.jit
+def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
+                        start, end, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
+                        cap_scale, skn, skp, svn, svp, sksn, sksp, svsn, svsp, sbtn,
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                        SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+                        MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
+                        SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr,
+                        PREC: tl.constexpr):
+    """:func:`_decode_tiles` over :func:`_decode_tile_words`."""
+    for start_t in range(start, end, BLOCK_N):
+        for j in tl.static_range(BLOCK_N // SUB_N):
+            acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_words(
+                acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
+                start_t + j * SUB_N, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
+                cap_scale, skn, skp, svn, svp, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D,
+                SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V,
+                PREC)
+    return acc0, acc1, acc2, acc3, l_i, m_i
+
+
+@triton.jit
 def _fp8_words_to_f16(w):
     """int32 words, each 4 fp8 e4m3 values of consecutive head-dim positions (little-endian),
     as four float16 tensors shaped like ``w``: e_r holds position 4 * word + r. On a GPU two
@@ -532,33 +599,45 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if FP8_WORDS:  # q's quarters (columns 4c + r), as q
+        offs_c = tl.arange(0, BLOCK_D // 4) * 4
+        q0 = _q_part(Q, q_off, offs_c, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+        q1 = _q_part(Q, q_off, offs_c + 1, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+        q2 = _q_part(Q, q_off, offs_c + 2, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+        q3 = _q_part(Q, q_off, offs_c + 3, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+        acc0 = tl.zeros([BLOCK_M, BLOCK_D // 4], dtype=tl.float32)
+    else:
+        q0 = q
+        q1 = q
+        q2 = q
+        q3 = q
+        acc0 = acc
+    acc1 = acc0
+    acc2 = acc0
+    acc3 = acc0
     if PREFETCH:
-        if FP8_WORDS:  # q's quarters (columns 4c + r), as q
-            offs_c = tl.arange(0, BLOCK_D // 4) * 4
-            q0 = _q_part(Q, q_off, offs_c, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
-            q1 = _q_part(Q, q_off, offs_c + 1, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
-            q2 = _q_part(Q, q_off, offs_c + 2, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
-            q3 = _q_part(Q, q_off, offs_c + 3, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
-            acc0 = tl.zeros([BLOCK_M, BLOCK_D // 4], dtype=tl.float32)
-        else:
-            q0 = q
-            q1 = q
-            q2 = q
-            q3 = q
-            acc0 = acc
-        acc1 = acc0
-        acc2 = acc0
-        acc3 = acc0
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_prefetch(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kh, Vh, KS, VS, BTb, t0, a, c, t1,
             L, qpos, offs_n, offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp,
             skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N,
             PAGE_SIZE, PAGED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, FP8_WORDS,
             SAME_STRIDES)
-        if FP8_WORDS:
-            acc = _interleave4(acc0, acc1, acc2, acc3, BLOCK_M, BLOCK_D)
-        else:
-            acc = acc0
+    elif FP8_WORDS:
+        acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
+            acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kh, Vh, KS, VS, BTb, t0, a, L,
+            qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
+            sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
+            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+        acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
+            acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kh, Vh, KS, VS, BTb, a, c, L,
+            qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
+            sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
+            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+        acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
+            acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kh, Vh, KS, VS, BTb, c, t1, L,
+            qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
+            sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
+            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
     else:
         acc, l_i, m_i = _decode_tiles(
             acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, t0, a, L, qpos, offs_n, offs_d, b64,
@@ -575,6 +654,11 @@ def _decode_split_kernel(
             n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn,
             sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, True,
             MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+
+    if FP8_WORDS:
+        acc = _interleave4(acc0, acc1, acc2, acc3, BLOCK_M, BLOCK_D)
+    elif PREFETCH:
+        acc = acc0
 
     empty = l_i == 0.0  # no visible key in this split: O = 0, lse = -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
