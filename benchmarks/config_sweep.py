@@ -580,11 +580,9 @@ def sweep_decode_bar(rows):
     page-64 default) under the other K/V paths."""
     from tkit.kernels import decode as DA
 
-    one = [dict(num_splits=1, num_warps=w, num_stages=s) for w, s in ((4, 3), (4, 4), (8, 3),
-                                                                         (8, 4))]
+    one = [dict(num_splits=1, num_warps=w, num_stages=s) for w, s in ((4, 4), (8, 3), (8, 4))]
     one += [dict(num_splits=1, num_warps=8, num_stages=2, block_n=128)]
-    paged = [dict(num_splits=1, num_warps=w, block_n=n) for w, n in ((4, 64), (8, 64),
-                                                                      (8, 128))]
+    paged = [dict(num_splits=1, num_warps=8, block_n=n) for n in (64, 128)]
     start = len(rows)
     sweep("decode_bar", DA.decode_config, one, "decode_attention", 0, rows, exact=False)
     sweep("decode_bar", DA.decode_config, paged, "decode_attention", 2, rows, exact=False)
@@ -603,14 +601,21 @@ def sweep_decode_bar(rows):
                   "(issue #15: >= 4.3)")
 
 
-#: fp8 variants of :func:`sweep_decode_bar` (besides the default, the register-prefetch loop):
-#: the software pipeline reading the fp8 tiles as int32 words (120-168 registers, 3-4 programs
-#: an SM instead of 2, no byte gathers), with the splits that fill 3-4 programs an SM
+#: fp8 variants of :func:`sweep_decode_bar` (besides the default, the register-prefetch loop:
+#: 200 registers, 2 programs an SM): the software pipeline reading the fp8 tiles as int32
+#: words. sm_90a, warp instructions a key in the unmasked loop / registers / programs an SM:
+#: 4 warps 64 keys 29 / 128 / 4; 2 warps 21 / 209 / 4; 1 warp 19 / 234 / 8 (no cross-warp
+#: softmax); 4 warps 128 keys in 64-key sub-tiles 28 / 166 / 3 (the prefetch loop: 34). The
+#: splits fill the programs an SM (256 programs a split).
 DECODE_FP8_VARIANTS: list = (
-    [dict(kv_load="pipeline", block_n=64, num_stages=s, num_splits=n) for s in (2, 3)
-     for n in (1, 2)]
-    + [dict(kv_load="pipeline", block_n=128, sub_n=u, num_stages=2, num_splits=n)
-       for u in (32, 64) for n in (1, 2)])
+    [dict(kv_load="pipeline", block_n=64, num_stages=2, num_splits=n) for n in (1, 2)]
+    + [dict(kv_load="pipeline", block_n=64, num_stages=2, num_warps=2, num_splits=n)
+       for n in (2, 4)]
+    + [dict(kv_load="pipeline", block_n=64, num_stages=2, num_warps=1, num_splits=n)
+       for n in (4, 8)]
+    + [dict(kv_load="pipeline", block_n=32, num_stages=3, num_warps=1, num_splits=4)]
+    + [dict(kv_load="pipeline", block_n=128, sub_n=64, num_stages=2, num_splits=n)
+       for n in (1, 3)])
 
 
 SWEEPS = {"decode": sweep_decode, "decode_splits": sweep_decode_splits,

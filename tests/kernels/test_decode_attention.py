@@ -308,10 +308,11 @@ def test_fp8_words_in_the_pipeline(mode, page):
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
 
 
-def test_prefetch_clamps_garbage():
-    """The prefetch loop under garbage block indices and lengths (registered op, no
-    validation): blocks clamp to [0, num_blocks - 1], lengths to the table; fp8 words."""
-    q, k, v, table = _paged(4, 2, 4, 2, 32, 16, 3, torch.float32, seed=103)
+@pytest.mark.parametrize("kv_load, d", [("prefetch", 32), ("pipeline", 64)])
+def test_fp8_words_clamp_garbage(kv_load, d):
+    """Both loops reading fp8 as words under garbage block indices and lengths (registered
+    op, no validation): blocks clamp to [0, num_blocks - 1], lengths to the table."""
+    q, k, v, table = _paged(4, 2, 4, 2, d, 16, 3, torch.float32, seed=103)
     k8, v8 = _guarded(k.to(FP8)), _guarded(v.to(FP8))
     nb = k.shape[0]
     bad = table.clone()
@@ -319,9 +320,9 @@ def test_prefetch_clamps_garbage():
     bad[1, 0] = -(2**31)
     bad[2] = torch.tensor([nb, -1, 2**31 - 1], dtype=I32)
     lens = _lens(48, 10**6, -5, 2**31 - 1)
-    with DA.decode_config(block_n=16, kv_load="prefetch"), poisoned_outputs():
+    with DA.decode_config(block_n=16, kv_load=kv_load), poisoned_outputs():
         out, lse = torch.ops.tkit.decode_attention(q, k8, v8, lens, bad, None, None,
-                                                   32 ** -0.5, -1, 0, 0.0, 2)
+                                                   d ** -0.5, -1, 0, 0.0, 2)
     ref, ref_lse = S.ref_decode_attention(q.double(), k8.double(), v8.double(),
                                           lens.clamp(0, 48), block_table=bad.clamp(0, nb - 1),
                                           return_lse=True)

@@ -146,44 +146,85 @@ def _decode_tiles(acc, l_i, m_i, q, K, V, KS, VS, BT, start, end, L, qpos, offs_
 
 
 @triton.jit
+def _row_offsets(BT, start_n, L, offs_n, b64, n_blocks, sbtn, sn, sp, sn2, sp2,
+                 PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SUB_N: tl.constexpr,
+                 MASKED: tl.constexpr):
+    """Offsets of the rows of key positions ``start_n + offs_n`` in two caches strided (block,
+    row) = (sn, sp) and (sn2, sp2), int64. A fully visible tile (not MASKED) whose keys share a
+    block (dense, or pages of SUB_N keys or more: tiles start at multiples of SUB_N) needs
+    neither clamps nor a table read per key: one 64-bit base a tile plus a 32-bit row term
+    (the launcher guarantees SUB_N row strides < 2**31); every row is then below L, a row of
+    the sequence. Else as :func:`_key_rows` (positions clamped to the sequence, blocks to the
+    cache)."""
+    if MASKED or (PAGED and PAGE_SIZE < SUB_N):
+        blk, row = _key_rows(BT, start_n, start_n + offs_n, L, b64, n_blocks, sbtn, PAGE_SIZE,
+                             PAGED, SUB_N)
+        off = blk * sn + row * sp
+        off2 = blk * sn2 + row * sp2
+    else:
+        if PAGED:
+            blk = tl.load(BT + (start_n // PAGE_SIZE) * sbtn)
+            blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
+            r0 = tl.cast(start_n % PAGE_SIZE, tl.int64)
+        else:
+            blk = b64
+            r0 = tl.cast(start_n, tl.int64)
+        off = (blk * sn + r0 * sp) + offs_n * sp
+        off2 = (blk * sn2 + r0 * sp2) + offs_n * sp2
+    return off, off2
+
+
+@triton.jit
 def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
                        start_n, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
                        cap_scale, skn, skp, svn, svp, sksn, sksp, svsn, svsp, sbtn,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
                        PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
                        MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
-                       SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr):
+                       SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
+                       SAME_STRIDES: tl.constexpr):
     """:func:`_decode_tile` for fp8 caches read as int32 words of 4 values (the software
     pipeline streams the words through shared memory): each word becomes four float16
     quarters (:func:`_fp8_words_to_f16`) in whatever layout the dots ask of the shared-memory
     read, so V's operand is gathered a 32-bit word (4 head-dim positions) at a time, never a
-    byte. S = sum_r q_r k_r^T, O's quarters acc_r accumulate apart (as the prefetch loop)."""
+    byte. S = sum_r q_r k_r^T, O's quarters acc_r accumulate apart (as the prefetch loop).
+    Strides ``sk*`` / ``sv*`` are in words (the launcher divides)."""
     cols = start_n + offs_n
-    blk, row = _key_rows(BT, start_n, cols, L, b64, n_blocks, sbtn, PAGE_SIZE, PAGED, SUB_N)
     offs_w = tl.arange(0, BLOCK_D // 4)
     wmask = (offs_w < HEAD_DIM // 4)[None, :]
-    k_ptrs = K.to(tl.pointer_type(tl.int32)) + (blk * (skn // 4) + row * (skp // 4))[:, None] \
-        + offs_w[None, :]
-    kw = _masked_load(k_ptrs, wmask, HEAD_DIM != BLOCK_D)
-    k0, k1, k2, k3 = _fp8_words_to_f16(kw)
+    if SAME_STRIDES:  # one offset computation for K and V (and for their scales)
+        svn = skn
+        svp = skp
+        svsn = sksn
+        svsp = sksp
+    k_off, v_off = _row_offsets(BT, start_n, L, offs_n, b64, n_blocks, sbtn, skn, skp, svn,
+                                svp, PAGE_SIZE, PAGED, SUB_N, MASKED)
+    kw = _masked_load(K + k_off[:, None] + offs_w[None, :], wmask, HEAD_DIM != BLOCK_D)
+    k0, k1, k2, k3 = _fp8_words_to_f16(kw, PAIRS=True)
     qk = _dot(q0, tl.trans(k0.to(q0.dtype)), input_precision=PREC)
     qk = _dot(q1, tl.trans(k1.to(q0.dtype)), qk, input_precision=PREC)
     qk = _dot(q2, tl.trans(k2.to(q0.dtype)), qk, input_precision=PREC)
     qk = _dot(q3, tl.trans(k3.to(q0.dtype)), qk, input_precision=PREC)
+    if SCALE_K == 2 or SCALE_V == 2:
+        ks_off, vs_off = _row_offsets(BT, start_n, L, offs_n, b64, n_blocks, sbtn, sksn, sksp,
+                                      svsn, svsp, PAGE_SIZE, PAGED, SUB_N, MASKED)
     if SCALE_K == 2:
-        ks = tl.load(KS + blk * sksn + row * sksp)
+        ks = tl.load(KS + ks_off)
     else:
         ks = tl.zeros([SUB_N], dtype=tl.float32)
-    p, alpha, l_i, m_new = _online_softmax(qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr,
-                                           qk_scale, cap_scale, MASKED, MASK_LO, MASK_HI,
-                                           SOFTCAP, SCALE_K)
+    if SCALE_K == 2 and not SOFTCAP:  # the score scale folded into K's (one multiply a score)
+        p, alpha, l_i, m_new = _online_softmax(qk, l_i, m_i, ks * qk_scale, cols, L, qpos,
+                                               shift, wl, wr, 1.0, cap_scale, MASKED, MASK_LO,
+                                               MASK_HI, SOFTCAP, SCALE_K)
+    else:
+        p, alpha, l_i, m_new = _online_softmax(qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr,
+                                               qk_scale, cap_scale, MASKED, MASK_LO, MASK_HI,
+                                               SOFTCAP, SCALE_K)
     if SCALE_V == 2:
-        p = p * tl.load(VS + blk * svsn + row * svsp)[None, :]
+        p = p * tl.load(VS + vs_off)[None, :]
     p = p.to(q0.dtype)
-    v_ptrs = V.to(tl.pointer_type(tl.int32)) + (blk * (svn // 4) + row * (svp // 4))[:, None] \
-        + offs_w[None, :]
-    vw = _masked_load(v_ptrs, wmask, HEAD_DIM != BLOCK_D)
-    v0, v1, v2, v3 = _fp8_words_to_f16(vw)
+    vw = _masked_load(V + v_off[:, None] + offs_w[None, :], wmask, HEAD_DIM != BLOCK_D)
+    v0, v1, v2, v3 = _fp8_words_to_f16(vw, PAIRS=True)
     acc0 = _dot(p, v0.to(q0.dtype), acc0 * alpha[:, None], input_precision=PREC)
     acc1 = _dot(p, v1.to(q0.dtype), acc1 * alpha[:, None], input_precision=PREC)
     acc2 = _dot(p, v2.to(q0.dtype), acc2 * alpha[:, None], input_precision=PREC)
@@ -199,7 +240,7 @@ def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, 
                         SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                         MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
                         SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr,
-                        PREC: tl.constexpr):
+                        PREC: tl.constexpr, SAME_STRIDES: tl.constexpr):
     """:func:`_decode_tiles` over :func:`_decode_tile_words`."""
     for start_t in range(start, end, BLOCK_N):
         for j in tl.static_range(BLOCK_N // SUB_N):
@@ -208,12 +249,12 @@ def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, 
                 start_t + j * SUB_N, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
                 cap_scale, skn, skp, svn, svp, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D,
                 SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V,
-                PREC)
+                PREC, SAME_STRIDES)
     return acc0, acc1, acc2, acc3, l_i, m_i
 
 
 @triton.jit
-def _fp8_words_to_f16(w):
+def _fp8_words_to_f16(w, PAIRS: tl.constexpr = False):
     """int32 words, each 4 fp8 e4m3 values of consecutive head-dim positions (little-endian),
     as four float16 tensors shaped like ``w``: e_r holds position 4 * word + r. On a GPU two
     ``cvt.rn.f16x2.e4m3x2`` a word (exact, NaN kept): the fp8 tile never lives as bytes (one
@@ -231,6 +272,25 @@ def _fp8_words_to_f16(w):
         e1 = e1.to(tl.float16)
         e2 = e2.to(tl.float16)
         e3 = e3.to(tl.float16)
+    elif PAIRS:
+        # two words a call (pack 2): gather byte r of both words with prmt, so that each cvt
+        # gives quarter r of both as one f16x2 register, the pair an MMA operand register
+        # holds when the words are consecutive along K (no repacking after the conversion)
+        e0, e1, e2, e3 = tl.inline_asm_elementwise(
+            """{
+            .reg .b32 t0, t1;
+            .reg .b16 a0, a1, a2, a3;
+            prmt.b32 t0, $4, $5, 0x5140;
+            prmt.b32 t1, $4, $5, 0x7362;
+            mov.b32 {a0, a1}, t0;
+            mov.b32 {a2, a3}, t1;
+            cvt.rn.f16x2.e4m3x2 $0, a0;
+            cvt.rn.f16x2.e4m3x2 $1, a1;
+            cvt.rn.f16x2.e4m3x2 $2, a2;
+            cvt.rn.f16x2.e4m3x2 $3, a3;
+            }""",
+            "=r,=r,=r,=r,r,r", [w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+            is_pure=True, pack=2)
     else:
         e0, e1, e2, e3 = tl.inline_asm_elementwise(
             """{
@@ -622,22 +682,28 @@ def _decode_split_kernel(
             skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N,
             PAGE_SIZE, PAGED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, FP8_WORDS,
             SAME_STRIDES)
-    elif FP8_WORDS:
+    elif FP8_WORDS:  # int32 pointers and strides in words (multiples of 4 bytes: checked)
+        Kw = Kh.to(tl.pointer_type(tl.int32))
+        Vw = Vh.to(tl.pointer_type(tl.int32))
+        skn = skn // 4
+        skp = skp // 4
+        svn = svn // 4
+        svp = svp // 4
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
-            acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kh, Vh, KS, VS, BTb, t0, a, L,
+            acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, t0, a, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
-            acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kh, Vh, KS, VS, BTb, a, c, L,
+            acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, a, c, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
-            acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kh, Vh, KS, VS, BTb, c, t1, L,
+            acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, c, t1, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
     else:
         acc, l_i, m_i = _decode_tiles(
             acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, t0, a, L, qpos, offs_n, offs_d, b64,

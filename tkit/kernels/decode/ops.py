@@ -205,7 +205,10 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
     else:
         qk_scale, cap_scale = scale * LOG2E, 1.0
     # fp8 caches read as int32 words of 4 values (either loop), where the layout allows
-    words = block_d >= 64 and _fp8_words(k_cache, v_cache)
+    # (a tile's row offsets are 32-bit: block_n row strides below 2**31)
+    words = (block_d >= 64 and _fp8_words(k_cache, v_cache)
+             and max(k_cache.stride(1), ks_strides[1], vs_strides[1]) * cfg.block_n < 2**31)
+    same = k_cache.stride() == v_cache.stride() and ks_strides == vs_strides
     if splits == 1:
         o_part, l_part = out, lse
         o_st, l_st = out.stride(), lse.stride()
@@ -239,9 +242,8 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         SOFTCAP=softcap > 0.0, SCALE_K=scale_k, SCALE_V=scale_v,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=1 if prefetch else cfg.num_stages,
-        **({"PREFETCH": True, "FP8_WORDS": words,
-            "SAME_STRIDES": k_cache.stride() == v_cache.stride() and ks_strides == vs_strides}
-           if prefetch else {"FP8_WORDS": True} if words else {}),
+        **({"PREFETCH": True, "FP8_WORDS": words, "SAME_STRIDES": same}
+           if prefetch else {"FP8_WORDS": True, "SAME_STRIDES": same} if words else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
     )
     if splits > 1:
