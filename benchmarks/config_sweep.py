@@ -577,12 +577,14 @@ def sweep_decode_bar(rows):
     dense bf16 (case 0, >= 4.3 TB/s) with one split and a deeper pipeline (no combine
     launch: 256 programs of 2 or 3 K/V tiles in flight, two an SM) against the default's two
     splits + combine; page 64 (case 2) the same way; fp8 per token (case 6, <= 0.55x the bf16
-    page-64 default) under the other K/V paths."""
+    page-64 default) under the word pipeline (:data:`DECODE_FP8_VARIANTS`)."""
     from tkit.kernels import decode as DA
 
     one = [dict(num_splits=1, num_warps=w, num_stages=s) for w, s in ((4, 4), (8, 3), (8, 4))]
     one += [dict(num_splits=1, num_warps=8, num_stages=2, block_n=128)]
-    paged = [dict(num_splits=1, num_warps=8, block_n=n) for n in (64, 128)]
+    # paged loops: 1 K/V tile in flight below 5 stages, 2 from 5, 3 from 7
+    paged = [dict(num_splits=1, num_warps=8, block_n=128)]
+    paged += [dict(num_splits=1, num_warps=8, num_stages=st) for st in (2, 5, 7)]
     start = len(rows)
     sweep("decode_bar", DA.decode_config, one, "decode_attention", 0, rows, exact=False)
     sweep("decode_bar", DA.decode_config, paged, "decode_attention", 2, rows, exact=False)
@@ -604,18 +606,18 @@ def sweep_decode_bar(rows):
 #: fp8 variants of :func:`sweep_decode_bar` (besides the default, the register-prefetch loop:
 #: 200 registers, 2 programs an SM): the software pipeline reading the fp8 tiles as int32
 #: words. sm_90a, warp instructions a key in the unmasked loop / registers / programs an SM:
-#: 4 warps 64 keys 29 / 128 / 4; 2 warps 21 / 209 / 4; 1 warp 19 / 234 / 8 (no cross-warp
-#: softmax); 4 warps 128 keys in 64-key sub-tiles 28 / 166 / 3 (the prefetch loop: 34). The
-#: splits fill the programs an SM (256 programs a split).
+#: 4 warps 64 keys 29 / 128 / 4; 2 warps 21 / 209 / 4; 1 warp 19 / 225-255 / 8 (no cross-warp
+#: softmax); 4 warps 128 keys in 64-key sub-tiles 28 / 166 / 3 (the prefetch loop: 34). A
+#: paged loop keeps one K/V tile in flight below 5 stages (the table read takes a stage of
+#: the pipeliner's budget), two from 5, three from 7. The splits fill the programs an SM
+#: (256 programs a split).
 DECODE_FP8_VARIANTS: list = (
-    [dict(kv_load="pipeline", block_n=64, num_stages=2, num_splits=n) for n in (1, 2)]
-    + [dict(kv_load="pipeline", block_n=64, num_stages=2, num_warps=2, num_splits=n)
-       for n in (2, 4)]
-    + [dict(kv_load="pipeline", block_n=64, num_stages=2, num_warps=1, num_splits=n)
-       for n in (4, 8)]
-    + [dict(kv_load="pipeline", block_n=32, num_stages=3, num_warps=1, num_splits=4)]
-    + [dict(kv_load="pipeline", block_n=128, sub_n=64, num_stages=2, num_splits=n)
-       for n in (1, 3)])
+    [dict(kv_load="pipeline", block_n=64, num_stages=st, num_splits=n)
+     for st, n in ((2, 2), (5, 1), (5, 2), (7, 1))]
+    + [dict(kv_load="pipeline", block_n=64, num_stages=5, num_warps=2, num_splits=2)]
+    + [dict(kv_load="pipeline", block_n=64, num_stages=st, num_warps=1, num_splits=4)
+       for st in (2, 5)]
+    + [dict(kv_load="pipeline", block_n=128, sub_n=64, num_stages=2, num_splits=1)])
 
 
 SWEEPS = {"decode": sweep_decode, "decode_splits": sweep_decode_splits,
