@@ -64,9 +64,10 @@ class DecodeConfig:
     max_registers: Optional[int] = None  # noqa: UP045
 
     @classmethod
-    def for_device(cls, head_dim: int, cache_itemsize: int) -> DecodeConfig:
-        """The default for this head dim and cache element size (docs/NOTES.md has the H200
-        sweep of B32 D128, dense and paged): K tiles of 16 KB (64 keys at D=128 in 16 bits,
+    def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True) -> DecodeConfig:
+        """The default for this head dim, cache element size and layout (``paged``: a block
+        table; else a dense cache) (docs/NOTES.md has the H200 sweeps of B32 D128, dense and
+        paged): K tiles of 16 KB (64 keys at D=128 in 16 bits,
         32 at D=256, 128 for fp8 at D=128), 4 warps, 2 or 3 stages (below). The interpreter
         pays per tile, not per element, but tests want several tiles and splits on tiny
         caches: 16-key tiles there.
@@ -88,6 +89,12 @@ class DecodeConfig:
         block_n = max(16, min(128, (16 << 10) // (block_d * cache_itemsize)))
         if cache_itemsize == 1 and block_d == 128:
             return cls(block_n=128, num_stages=1, kv_load="prefetch")
+        if cache_itemsize == 2 and block_d == 128 and not paged:
+            # dense 16-bit D=128: 8 warps take 80 registers, and at 3 stages two K/V tiles
+            # are in flight a program (72 KB); 4 MB a split keeps B32 L8192 at one split, so
+            # no combine launch follows (4.48 TB/s whole call on the H200 against 4.42 for two
+            # splits of 4 warps and 2 stages + combine, docs/NOTES.md)
+            return cls(block_n=64, num_warps=8, num_stages=3, split_bytes=4 << 20)
         # 16-bit D=128, dense: two stages take 39 KB of shared memory and four programs fit an
         # SM (the register limit), three take 72 KB and three fit; the dense cache then read
         # 4.1 TB/s instead of 3.5 (a paged cache, whose loop keeps one K/V buffer at either
@@ -105,8 +112,8 @@ def decode_config(**overrides):
     return _OVERRIDES.scope(**overrides)
 
 
-def current_config(head_dim: int, cache_itemsize: int) -> DecodeConfig:
-    cfg = DecodeConfig.for_device(head_dim, cache_itemsize)
+def current_config(head_dim: int, cache_itemsize: int, paged: bool = True) -> DecodeConfig:
+    cfg = DecodeConfig.for_device(head_dim, cache_itemsize, paged)
     return _OVERRIDES.apply(cfg)
 
 

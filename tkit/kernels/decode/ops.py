@@ -147,7 +147,7 @@ def plan_splits(q, k_cache, block_table, num_splits: int = 0,
     no host sync)."""
     b, sq, hq, d = q.shape
     hk = k_cache.shape[2]
-    cfg = config or current_config(d, k_cache.element_size())
+    cfg = config or current_config(d, k_cache.element_size(), block_table is not None)
     n_rows = sq * (hq // hk)
     block_m = max(16, min(C.next_power_of_2(n_rows), cfg.block_m))
     n_m = C.cdiv(n_rows, block_m)
