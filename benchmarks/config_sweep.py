@@ -622,7 +622,11 @@ DECODE_FP8_VARIANTS: list = (
     + [dict(kv_load="pipeline", block_n=64, num_stages=5, num_warps=2, num_splits=2)]
     + [dict(kv_load="pipeline", block_n=64, num_stages=st, num_warps=1, num_splits=4)
        for st in (2, 5)]
-    + [dict(kv_load="pipeline", block_n=128, sub_n=64, num_stages=2, num_splits=1)])
+    + [dict(kv_load="pipeline", block_n=128, sub_n=64, num_stages=2, num_splits=1)]
+    # words to float16 by integer operations instead of the conversion instruction (V only,
+    # or K and V), at the cvt build's 128 registers (4 programs an SM; no spills)
+    + [dict(kv_load="pipeline", block_n=64, num_stages=5, num_splits=2, fp8_convert=c,
+            max_registers=128) for c in ("bits_v", "bits")])
 
 
 SWEEPS = {"decode": sweep_decode, "decode_splits": sweep_decode_splits,

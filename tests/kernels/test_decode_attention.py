@@ -276,12 +276,14 @@ def test_prefetch_loop(cache, page):
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
 
 
-@pytest.mark.parametrize("mode, page", [("token", None), ("token", 4), ("tensor", 32)])
-def test_fp8_words_in_the_pipeline(mode, page):
+@pytest.mark.parametrize("mode, page, convert", [("token", None, "cvt"), ("token", 4, "bits"),
+                                                  ("tensor", 32, "bits_v")])
+def test_fp8_words_in_the_pipeline(mode, page, convert):
     """The pipelined loops read an fp8 cache of head dim >= 64 as int32 words of 4 values
     (four float16 quarters a word, dotted apart): against the reference with a window,
     softcap, sub-tiles, two splits and two queries, lengths of 0 and 1, and against the
-    prefetch loop (the same words, another loop)."""
+    prefetch loop (the same words, another loop). ``convert``: words to float16 by the
+    conversion instruction or by integer operations (K and V, or V only)."""
     b, d = 4, 64
     q, k, v, table = _paged(b, 2, 4, 2, d, page or 64, 64 // (page or 64), torch.float16,
                             seed=91)
@@ -299,7 +301,8 @@ def test_fp8_words_in_the_pipeline(mode, page):
     k, v = k.to(FP8), v.to(FP8)
     kw.update(k_scale=ks, v_scale=vs)
     lens = _lens(64, 37, 0, 1)
-    with DA.decode_config(block_n=32, sub_n=16, kv_load="pipeline"), poisoned_outputs():
+    with DA.decode_config(block_n=32, sub_n=16, kv_load="pipeline", fp8_convert=convert), \
+            poisoned_outputs():
         got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                                [q, k, v, lens], kw)
     with DA.decode_config(block_n=32, kv_load="prefetch"):

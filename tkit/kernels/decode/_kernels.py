@@ -182,13 +182,15 @@ def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, K
                        PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
                        MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
                        SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
-                       SAME_STRIDES: tl.constexpr):
+                       SAME_STRIDES: tl.constexpr, BITS: tl.constexpr):
     """:func:`_decode_tile` for fp8 caches read as int32 words of 4 values (the software
     pipeline streams the words through shared memory): each word becomes four float16
     quarters (:func:`_fp8_words_to_f16`) in whatever layout the dots ask of the shared-memory
     read, so V's operand is gathered a 32-bit word (4 head-dim positions) at a time, never a
     byte. S = sum_r q_r k_r^T, O's quarters acc_r accumulate apart (as the prefetch loop).
-    Strides ``sk*`` / ``sv*`` are in words (the launcher divides)."""
+    Strides ``sk*`` / ``sv*`` are in words (the launcher divides). BITS 1: V converted with
+    integer operations (values 2**-8 times too small: the caller scales O), 2: K too (the
+    caller scales the scores)."""
     cols = start_n + offs_n
     offs_w = tl.arange(0, BLOCK_D // 4)
     wmask = (offs_w < HEAD_DIM // 4)[None, :]
@@ -200,7 +202,7 @@ def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, K
     k_off, v_off = _row_offsets(BT, start_n, L, offs_n, b64, n_blocks, sbtn, skn, skp, svn,
                                 svp, PAGE_SIZE, PAGED, SUB_N, MASKED)
     kw = _masked_load(K + k_off[:, None] + offs_w[None, :], wmask, HEAD_DIM != BLOCK_D)
-    k0, k1, k2, k3 = _fp8_words_to_f16(kw, PAIRS=True)
+    k0, k1, k2, k3 = _fp8_words_to_f16(kw, PAIRS=True, BITS=BITS == 2)
     qk = _dot(q0, tl.trans(k0.to(q0.dtype)), input_precision=PREC)
     qk = _dot(q1, tl.trans(k1.to(q0.dtype)), qk, input_precision=PREC)
     qk = _dot(q2, tl.trans(k2.to(q0.dtype)), qk, input_precision=PREC)
@@ -224,7 +226,7 @@ def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, K
         p = p * tl.load(VS + vs_off)[None, :]
     p = p.to(q0.dtype)
     vw = _masked_load(V + v_off[:, None] + offs_w[None, :], wmask, HEAD_DIM != BLOCK_D)
-    v0, v1, v2, v3 = _fp8_words_to_f16(vw, PAIRS=True)
+    v0, v1, v2, v3 = _fp8_words_to_f16(vw, PAIRS=True, BITS=BITS >= 1)
     acc0 = _dot(p, v0.to(q0.dtype), acc0 * alpha[:, None], input_precision=PREC)
     acc1 = _dot(p, v1.to(q0.dtype), acc1 * alpha[:, None], input_precision=PREC)
     acc2 = _dot(p, v2.to(q0.dtype), acc2 * alpha[:, None], input_precision=PREC)
@@ -240,7 +242,7 @@ def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, 
                         SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                         MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
                         SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr,
-                        PREC: tl.constexpr, SAME_STRIDES: tl.constexpr):
+                        PREC: tl.constexpr, SAME_STRIDES: tl.constexpr, BITS: tl.constexpr):
     """:func:`_decode_tiles` over :func:`_decode_tile_words`."""
     for start_t in range(start, end, BLOCK_N):
         for j in tl.static_range(BLOCK_N // SUB_N):
@@ -249,17 +251,22 @@ def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, 
                 start_t + j * SUB_N, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
                 cap_scale, skn, skp, svn, svp, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D,
                 SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V,
-                PREC, SAME_STRIDES)
+                PREC, SAME_STRIDES, BITS)
     return acc0, acc1, acc2, acc3, l_i, m_i
 
 
 @triton.jit
-def _fp8_words_to_f16(w, PAIRS: tl.constexpr = False):
+def _fp8_words_to_f16(w, PAIRS: tl.constexpr = False, BITS: tl.constexpr = False):
     """int32 words, each 4 fp8 e4m3 values of consecutive head-dim positions (little-endian),
     as four float16 tensors shaped like ``w``: e_r holds position 4 * word + r. On a GPU two
     ``cvt.rn.f16x2.e4m3x2`` a word (exact, NaN kept): the fp8 tile never lives as bytes (one
     8-bit value in each 32-bit register) nor passes through shared memory as bytes, and no
-    reshape follows (the quarters are dotted separately, :func:`_decode_tiles_prefetch`)."""
+    reshape follows (the quarters are dotted separately, :func:`_decode_tiles_prefetch`).
+
+    BITS (with PAIRS): no conversion instruction (Hopper issues them at a fraction of the
+    integer rate): byte b becomes the float16 bits (b & 0x80) << 8 | (b & 0x7F) << 7, which is
+    the e4m3 value times 2**-8 exactly (subnormals included; the exponent bias differs by 8),
+    so the caller scales by 256 once; NaN (0x7F, 0xFF) becomes a finite 1.875."""
     if _INTERPRET:  # the interpreter has no inline PTX: the same bytes, converted by Triton
         e0 = _interpreter_operand((w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True))
         e1 = _interpreter_operand(((w >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv,
@@ -272,6 +279,40 @@ def _fp8_words_to_f16(w, PAIRS: tl.constexpr = False):
         e1 = e1.to(tl.float16)
         e2 = e2.to(tl.float16)
         e3 = e3.to(tl.float16)
+        if BITS:  # the same values times 2**-8 (exact in float16)
+            e0 = e0 * 0.00390625
+            e1 = e1 * 0.00390625
+            e2 = e2 * 0.00390625
+            e3 = e3 * 0.00390625
+    elif BITS:
+        # pack 2 as below; byte r of both words into bytes 1 and 3 (prmt), then sign and
+        # the 7 exponent-mantissa bits into place (the low bytes are masked off)
+        e0, e1, e2, e3 = tl.inline_asm_elementwise(
+            """{
+            .reg .b32 t, s, m;
+            prmt.b32 t, $4, $5, 0x4400;
+            and.b32 s, t, 0x80008000;
+            and.b32 m, t, 0x7F007F00;
+            shr.b32 m, m, 1;
+            or.b32 $0, s, m;
+            prmt.b32 t, $4, $5, 0x5511;
+            and.b32 s, t, 0x80008000;
+            and.b32 m, t, 0x7F007F00;
+            shr.b32 m, m, 1;
+            or.b32 $1, s, m;
+            prmt.b32 t, $4, $5, 0x6622;
+            and.b32 s, t, 0x80008000;
+            and.b32 m, t, 0x7F007F00;
+            shr.b32 m, m, 1;
+            or.b32 $2, s, m;
+            prmt.b32 t, $4, $5, 0x7733;
+            and.b32 s, t, 0x80008000;
+            and.b32 m, t, 0x7F007F00;
+            shr.b32 m, m, 1;
+            or.b32 $3, s, m;
+            }""",
+            "=r,=r,=r,=r,r,r", [w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+            is_pure=True, pack=2)
     elif PAIRS:
         # two words a call (pack 2): gather byte r of both words with prmt, so that each cvt
         # gives quarter r of both as one f16x2 register, the pair an MMA operand register
@@ -569,7 +610,7 @@ def _decode_split_kernel(
     MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
     PREFETCH: tl.constexpr = False, FP8_WORDS: tl.constexpr = False,
-    SAME_STRIDES: tl.constexpr = False,
+    SAME_STRIDES: tl.constexpr = False, FP8_BITS: tl.constexpr = 0,
 ):
     """One program: the packed rows of one M tile of one (sequence, kv head), over split
     ``s`` of its keys. Grid (num_splits * M tiles, heads_kv, batch), M tiles fastest.
@@ -683,6 +724,11 @@ def _decode_split_kernel(
             PAGE_SIZE, PAGED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, FP8_WORDS,
             SAME_STRIDES)
     elif FP8_WORDS:  # int32 pointers and strides in words (multiples of 4 bytes: checked)
+        if FP8_BITS == 2:  # K's values come 2**-8 times too small (_fp8_words_to_f16)
+            if SOFTCAP:
+                cap_scale = cap_scale * 256.0
+            else:
+                qk_scale = qk_scale * 256.0
         Kw = Kh.to(tl.pointer_type(tl.int32))
         Vw = Vh.to(tl.pointer_type(tl.int32))
         skn = skn // 4
@@ -693,17 +739,17 @@ def _decode_split_kernel(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, t0, a, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
+            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, FP8_BITS)
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, a, c, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
+            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, FP8_BITS)
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, c, t1, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
+            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, FP8_BITS)
     else:
         acc, l_i, m_i = _decode_tiles(
             acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, t0, a, L, qpos, offs_n, offs_d, b64,
@@ -728,6 +774,8 @@ def _decode_split_kernel(
 
     empty = l_i == 0.0  # no visible key in this split: O = 0, lse = -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if FP8_BITS >= 1 and FP8_WORDS and not PREFETCH:  # V's values came 2**-8 times too small
+        out = out * 256.0
     if SCALE_V == 1:
         out = out * tl.load(VS)
     lse = tl.where(empty, float("-inf"),

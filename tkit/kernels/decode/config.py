@@ -42,14 +42,21 @@ class DecodeConfig:
         number of splits, so that the longest sequence of a mixed batch is not one long tail).
     kv_load: how K and V reach the dots. ``"pipeline"``: Triton's software pipeline streams
         the tiles through shared memory (cp.async) and reads them in the MMA operand layouts;
-        an fp8 tile is then read a byte at a time (``LDS.U8``: the B operand of P @ V wants
-        consecutive keys, 128 bytes apart, and there is no 8-bit ``ldmatrix.trans`` on
-        sm_90). ``"prefetch"``: one loop, not pipelined (launched with num_stages 1), that
+        an fp8 cache whose rows are whole 4-byte words (head dim >= 64) is streamed as int32
+        words, each converted into four float16 quarters in the operand layout (V gathered a
+        word at a time); other fp8 caches are read a byte at a time (``LDS.U8``: the B operand
+        of P @ V wants consecutive keys, 128 bytes apart, and there is no 8-bit
+        ``ldmatrix.trans`` on sm_90). A paged loop keeps one K/V tile in flight below 5
+        stages (the block-table read takes part of the pipeliner's stages), two from 5, three
+        from 7. ``"prefetch"``: one loop, not pipelined (launched with num_stages 1), that
         loads tile i + 1 into registers (16-byte loads in the plain blocked layout) before
         computing tile i; fp8 is converted there, so the operand shuffles move 16-bit data
         (``ldmatrix``); sub_n is ignored (a tile is one sub-tile).
     max_registers: None, or a cap on the split kernel's registers a thread (Triton's
         ``maxnreg``): more resident programs an SM at the price of spills, for experiments.
+    fp8_convert: how the pipelined loops turn fp8 words into float16: ``"cvt"`` (the
+        conversion instruction, exact, NaN kept), ``"bits"`` (integer operations: the value
+        times 2**-8, scaled back once; NaN becomes finite) or ``"bits_v"`` (V only).
     """
 
     block_n: int = 64
@@ -62,6 +69,7 @@ class DecodeConfig:
     split_bytes: int = 2 << 20
     kv_load: str = "pipeline"
     max_registers: Optional[int] = None  # noqa: UP045
+    fp8_convert: str = "cvt"
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True) -> DecodeConfig:

@@ -191,6 +191,10 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         raise ValueError(f"DecodeConfig: kv_load = {cfg.kv_load!r} must be 'pipeline' or "
                          "'prefetch'")
     prefetch = cfg.kv_load == "prefetch"
+    bits = {"cvt": 0, "bits_v": 1, "bits": 2}.get(cfg.fp8_convert)
+    if bits is None:
+        raise ValueError(f"DecodeConfig: fp8_convert = {cfg.fp8_convert!r} must be 'cvt', "
+                         "'bits' or 'bits_v'")
     # an override of block_n alone; the prefetch loop takes whole tiles
     sub_n = cfg.block_n if prefetch else min(cfg.sub_n or cfg.block_n, cfg.block_n)
     if sub_n < 16 or cfg.block_n % sub_n or sub_n & (sub_n - 1):
@@ -243,7 +247,8 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=1 if prefetch else cfg.num_stages,
         **({"PREFETCH": True, "FP8_WORDS": words, "SAME_STRIDES": same}
-           if prefetch else {"FP8_WORDS": True, "SAME_STRIDES": same} if words else {}),
+           if prefetch else {"FP8_WORDS": True, "SAME_STRIDES": same,
+                             **({"FP8_BITS": bits} if bits else {})} if words else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
     )
     if splits > 1:
