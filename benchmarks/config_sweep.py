@@ -573,25 +573,19 @@ def sweep_decode_splits(rows):
 
 
 def sweep_decode_bar(rows):
-    """decode_attention at issue #15's bars, whole calls (graph replays, L2 flushed):
-    dense bf16 (case 0, >= 4.3 TB/s; and the other dense cases the D=128 default touches)
-    against the default before one split of 8 warps; page 64 (case 2) with one split and two
-    or three K/V tiles in flight; fp8 per token (case 6, <= 0.55x the bf16 page-64 default)
-    under the word pipeline (:data:`DECODE_FP8_VARIANTS`)."""
+    """decode_attention at issue #15's bars, whole calls (graph replays, L2 flushed): the
+    dense cases the D=128 16-bit default (one split of 8 warps, 3 stages, no combine launch)
+    touches, against the default before it (case 0 is the bar, >= 4.3 TB/s); fp8 per token
+    page 64 (case 6, <= 0.55x the bf16 page-64 default's time) around its default (the word
+    pipeline, 2 warps, 64-key tiles, 5 stages, 2 splits): :data:`DECODE_FP8_VARIANTS`."""
     from tkit.kernels import decode as DA
 
-    # dense 16-bit D=128 defaults to one split of 8 warps and 3 stages (no combine launch);
-    # the default before it, on the dense cases it touches: B32 L8192, B1 L131072, B128 L1024
-    # and 4 queries
     before = [dict(num_warps=4, num_stages=2, split_bytes=2 << 20)]
-    # paged loops: 1 K/V tile in flight below 5 stages, 2 from 5, 3 from 7
-    paged = [dict(num_splits=1, num_warps=8, block_n=128)]
-    paged += [dict(num_splits=1, num_warps=8, num_stages=st) for st in (5, 7)]
     start = len(rows)
     for index in (0, 3, 4, 7):
         sweep("decode_bar", DA.decode_config, before, "decode_attention", index, rows,
               exact=False)
-    sweep("decode_bar", DA.decode_config, paged, "decode_attention", 2, rows, exact=False)
+    sweep("decode_bar", DA.decode_config, [], "decode_attention", 2, rows, exact=False)
     sweep("decode_bar", DA.decode_config, DECODE_FP8_VARIANTS, "decode_attention", 6, rows,
           exact=False)
     new = rows[start:]
@@ -608,25 +602,22 @@ def sweep_decode_bar(rows):
                   f"{r['tbps']:5.2f} TB/s{bar}")
 
 
-#: fp8 variants of :func:`sweep_decode_bar` (besides the default, the register-prefetch loop:
-#: 200 registers, 2 programs an SM): the software pipeline reading the fp8 tiles as int32
-#: words. sm_90a, warp instructions a key in the unmasked loop / registers / programs an SM:
-#: 4 warps 64 keys 29 / 128 / 4; 2 warps 21 / 209 / 4; 1 warp 19 / 225-255 / 8 (no cross-warp
-#: softmax); 4 warps 128 keys in 64-key sub-tiles 28 / 166 / 3 (the prefetch loop: 34). A
-#: paged loop keeps one K/V tile in flight below 5 stages (the table read takes a stage of
-#: the pipeliner's budget), two from 5, three from 7. The splits fill the programs an SM
-#: (256 programs a split).
-DECODE_FP8_VARIANTS: list = (
-    [dict(kv_load="pipeline", block_n=64, num_stages=st, num_splits=n)
-     for st, n in ((2, 2), (5, 1), (5, 2), (7, 1))]
-    + [dict(kv_load="pipeline", block_n=64, num_stages=5, num_warps=2, num_splits=2)]
-    + [dict(kv_load="pipeline", block_n=64, num_stages=st, num_warps=1, num_splits=4)
-       for st in (2, 5)]
-    + [dict(kv_load="pipeline", block_n=128, sub_n=64, num_stages=2, num_splits=1)]
-    # words to float16 by integer operations instead of the conversion instruction (V only,
-    # or K and V), at the cvt build's 128 registers (4 programs an SM; no spills)
-    + [dict(kv_load="pipeline", block_n=64, num_stages=5, num_splits=2, fp8_convert=c,
-            max_registers=128) for c in ("bits_v", "bits")])
+#: fp8 variants of :func:`sweep_decode_bar`, as overrides of the default (the word pipeline:
+#: 2 warps, 64-key tiles, 5 stages: 214 registers, 4 programs an SM, 2 K/V tiles in flight
+#: each, 2 splits). A paged loop keeps one tile in flight below 5 stages, two from 5, three
+#: from 7; splits chosen to fill the programs an SM (256 programs a split). The register-
+#: prefetch loop (the default before) for reference; the integer conversions (no cvt) last.
+DECODE_FP8_VARIANTS: list = [
+    dict(kv_load="prefetch", block_n=128, num_warps=4, num_stages=1, ctas_per_sm=2),
+    dict(num_stages=2, num_splits=2),  # 1 tile in flight
+    dict(num_stages=7, num_splits=3),  # 3 tiles, 57 KB: 3 programs an SM
+    dict(num_splits=4),  # 2 waves
+    dict(block_n=32, num_splits=3),  # 133 registers: 7 programs an SM
+    dict(num_warps=1, num_stages=2, num_splits=4),  # 255 registers, 8 an SM
+    dict(num_warps=1, block_n=32, num_splits=4),  # 232 registers, 8 an SM, 2 tiles
+    dict(num_splits=2, fp8_convert="bits_v"),
+    dict(num_splits=2, fp8_convert="bits"),
+]
 
 
 SWEEPS = {"decode": sweep_decode, "decode_splits": sweep_decode_splits,

@@ -74,29 +74,26 @@ class DecodeConfig:
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True) -> DecodeConfig:
         """The default for this head dim, cache element size and layout (``paged``: a block
-        table; else a dense cache) (docs/NOTES.md has the H200 sweeps of B32 D128, dense and
-        paged): K tiles of 16 KB (64 keys at D=128 in 16 bits,
-        32 at D=256, 128 for fp8 at D=128), 4 warps, 2 or 3 stages (below). The interpreter
-        pays per tile, not per element, but tests want several tiles and splits on tiny
-        caches: 16-key tiles there.
+        table; else a dense cache); docs/NOTES.md has the H200 sweeps of B32 Hq32/Hkv8 D128
+        L8192, dense and paged, that chose the D=128 rows. Otherwise K tiles of 16 KB (64 keys
+        at D=128 in 16 bits, 32 at D=256), 4 warps, 3 stages. The interpreter pays per tile,
+        not per element, but tests want several tiles and splits on tiny caches: 16-key
+        tiles there.
 
-        fp8 at D=128 (sm_90a compile, B32 Hq32/Hkv8 L8192 page 64, per-token scales; Triton
-        3.6 gives each loop one ring slot of K and V whatever num_stages says, so the bytes in
-        flight an SM are resident programs x one K+V tile): whole 128-key tiles at 3 stages
-        took 201 registers, 2 programs an SM, 66 KB in flight; 128-key tiles in sub-tiles of
-        32 keys at 2 stages take 168 registers, 3 programs, 99 KB in flight, no spills (64-key
-        sub-tiles: 255 registers; 64-key tiles: 168-190 registers, 50 KB). Timed on the
-        H200 (docs/NOTES.md, "sixth session"), 128-key tiles through ``kv_load="prefetch"``
-        (fp8 converted in registers, 16-bit operand shuffles) took 0.78x the bf16 page-64
-        time, against 1.32x for the pipelined sub-tiles and 0.98x for 64-key prefetch tiles.
-        16-bit caches keep the pipeline: prefetch tied it (0.99-1.01x) at 64 keys and lost
-        at 32 and 128."""
+        fp8 at D=128: the pipelined loops reading words (``kv_load``), 2 warps, 64-key tiles,
+        5 stages (two K/V tiles in flight a program even when paged): 214 registers, 40 KB,
+        4 programs an SM, so the split heuristic counts 4 slots an SM (B32: 2 splits). Page
+        64 with per-token scales took 0.573x the bf16 page-64 time on the H200, against 0.79x
+        for the register-prefetch loop (the default before: 200 registers, 2 programs an SM),
+        0.60x for 1 warp and 0.69-0.76x for 4 warps (cross-warp softmax through shared
+        memory every tile). 16-bit caches keep the pipeline: prefetch tied it (0.99-1.01x)
+        at 64 keys and lost at 32 and 128."""
         if _env.INTERPRET:
             return cls(block_n=16, block_m=16, num_stages=1)
         block_d = max(16, C.next_power_of_2(head_dim))
         block_n = max(16, min(128, (16 << 10) // (block_d * cache_itemsize)))
         if cache_itemsize == 1 and block_d == 128:
-            return cls(block_n=128, num_stages=1, kv_load="prefetch")
+            return cls(block_n=64, num_warps=2, num_stages=5, ctas_per_sm=4)
         if cache_itemsize == 2 and block_d == 128 and not paged:
             # dense 16-bit D=128: 8 warps take 80 registers, and at 3 stages two K/V tiles
             # are in flight a program (72 KB); 4 MB a split keeps B32 L8192 at one split, so
