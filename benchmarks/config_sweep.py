@@ -1,6 +1,6 @@
 """Sweep the typed launch configs of an op family at its headline bench cases, on the GPU.
 
-    python benchmarks/config_sweep.py [quant append decode rope sample matmul_fp8 ...]
+    python benchmarks/config_sweep.py [quant append decode_bar rope sample matmul_fp8 ...]
 
 Each family's config is overridden through its scoped context (``quant_config``,
 ``rope_config``, ``sample_config``, ``append_config``, ``decode_config``; for the fp8 GEMM a
@@ -528,38 +528,6 @@ def _attention_case(rows, B, S, hq, hk):
                          tflops=flops / t / 1e9))
 
 
-def sweep_decode(rows):
-    """decode_attention (issue #15: fp8 paged with per-token scales at <= 0.55x of the bf16
-    paged time): the fp8/token case (bench case 6) under the pipelined loops and the register
-    prefetch loop (kv_load), and the bf16 page-64 and dense cases (2, 0) the same way, so
-    that bf16 is seen unchanged or better. Variants are compared with the default's output
-    within bf16 rounding (tiles of other sizes sum in another order)."""
-    from tkit.kernels import decode as DA
-
-    fp8 = [dict(kv_load="prefetch", block_n=n, num_warps=w)
-           for n, w in ((64, 4), (128, 4), (32, 4), (64, 2), (128, 8), (256, 8))]
-    # 3 and 4 programs an SM instead of 2 and 3, with spills
-    fp8 += [dict(kv_load="prefetch", block_n=128, max_registers=168),
-            dict(kv_load="prefetch", block_n=64, max_registers=128)]
-    fp8 += [dict(block_n=64, sub_n=None, num_stages=2), dict(block_n=128, sub_n=64),
-            dict(block_n=128, sub_n=32, num_warps=8)]
-    b16 = [dict(kv_load="prefetch", block_n=n, num_warps=w)
-           for n, w in ((32, 4), (64, 4), (64, 8), (128, 8))]
-    start = len(rows)
-    sweep("decode", DA.decode_config, fp8, "decode_attention", 6, rows, exact=False)
-    sweep("decode", DA.decode_config, b16, "decode_attention", 2, rows, exact=False)
-    sweep("decode", DA.decode_config, b16, "decode_attention", 0, rows, exact=False)
-    new = rows[start:]
-    bf16 = [r["median_ms"] for r in new if "page64" in r["case"] and "fp8" not in r["case"]
-            and not r["config"]]
-    if bf16:
-        for r in new:
-            if "fp8" in r["case"]:
-                r["vs_bf16_page64_default"] = r["median_ms"] / bf16[0]
-                print(f"decode fp8 {json.dumps(r['config']):60s} {r['median_ms'] / bf16[0]:5.3f}"
-                      " of the bf16 page-64 default's time (issue #15: <= 0.55)")
-
-
 def sweep_decode_splits(rows):
     """decode_attention's split count (issue #15: dense >= 4.3 TB/s, mixed lengths >= 3.5):
     forced splits and the heuristic's slot count (ctas_per_sm) around the default, on the
@@ -605,10 +573,9 @@ def sweep_decode_bar(rows):
 #: fp8 variants of :func:`sweep_decode_bar`, as overrides of the default (the word pipeline:
 #: 2 warps, 64-key tiles, 5 stages: 214 registers, 4 programs an SM, 2 K/V tiles in flight
 #: each, 2 splits). A paged loop keeps one tile in flight below 5 stages, two from 5, three
-#: from 7; splits chosen to fill the programs an SM (256 programs a split). The register-
-#: prefetch loop (the default before) for reference; the integer conversions (no cvt) last.
+#: from 7; splits chosen to fill the programs an SM (256 programs a split). The integer
+#: conversions (no cvt) last.
 DECODE_FP8_VARIANTS: list = [
-    dict(kv_load="prefetch", block_n=128, num_warps=4, num_stages=1, ctas_per_sm=2),
     dict(num_stages=2, num_splits=2),  # 1 tile in flight
     dict(num_stages=7, num_splits=3),  # 3 tiles, 57 KB: 3 programs an SM
     dict(num_splits=4),  # 2 waves
@@ -620,7 +587,7 @@ DECODE_FP8_VARIANTS: list = [
 ]
 
 
-SWEEPS = {"decode": sweep_decode, "decode_splits": sweep_decode_splits,
+SWEEPS = {"decode_splits": sweep_decode_splits,
           "decode_bar": sweep_decode_bar, "int4": sweep_int4,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope,

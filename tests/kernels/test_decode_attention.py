@@ -240,50 +240,14 @@ def test_sub_tiles_match_whole_tiles(page):
     torch.testing.assert_close(sub, whole, atol=2e-3, rtol=0)
 
 
-@pytest.mark.parametrize("cache", ["fp16", "fp8/token", "fp8/tensor", "fp8/strided"])
-@pytest.mark.parametrize("page", [None, 4, 32])
-def test_prefetch_loop(cache, page):
-    """kv_load="prefetch" (one loop, tile i + 1 loaded into registers while tile i is
-    computed; fp8 read as int32 words of 4 values where the layout allows): against the
-    reference with a window, softcap, several splits and queries, lengths of 0 and 1 (the
-    prefetch past the last tile and the empty sequence read nothing), and against the
-    pipelined loops. Pages of 4 (several table entries a tile) and 32 (one)."""
-    b, per_seq = 4, 128 // (page or 128)
-    d = 30 if cache == "fp8/strided" else 32  # 30: not whole words, read byte by byte
-    q, k, v, table = _paged(b, 3, 8, 2, d, page or 128, per_seq, torch.float16, seed=87)
-    kw = dict(window_size=(70, -1), softcap=20.0, return_lse=True, num_splits=2)
-    if page is None:
-        table = None
-        k, v = k.reshape(b, 128, 2, d), v.reshape(b, 128, 2, d)
-    else:
-        kw["block_table"] = table
-    if cache != "fp16":
-        gen = torch.Generator().manual_seed(7)
-        if cache == "fp8/tensor":
-            ks, vs = (torch.tensor(x, device=k.device) for x in (0.7, 1.3))
-        else:
-            ks = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
-            vs = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
-        k, v = k.to(FP8), v.to(FP8)
-        kw.update(k_scale=ks, v_scale=vs)
-    lens = _lens(128, 77, 0, 1)
-    with DA.decode_config(block_n=32, kv_load="prefetch"), poisoned_outputs():
-        got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
-                                               [q, k, v, lens], kw)
-    with DA.decode_config(block_n=32):
-        want, want_lse = tkit.decode_attention(q, k, v, lens, **kw)
-    torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
-    assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
-
-
 @pytest.mark.parametrize("mode, page, convert", [("token", None, "cvt"), ("token", 4, "bits"),
                                                   ("tensor", 32, "bits_v")])
 def test_fp8_words_in_the_pipeline(mode, page, convert):
     """The pipelined loops read an fp8 cache of head dim >= 64 as int32 words of 4 values
     (four float16 quarters a word, dotted apart): against the reference with a window,
-    softcap, sub-tiles, two splits and two queries, lengths of 0 and 1, and against the
-    prefetch loop (the same words, another loop). ``convert``: words to float16 by the
-    conversion instruction or by integer operations (K and V, or V only)."""
+    softcap, sub-tiles, two splits and two queries, lengths of 0 and 1, and against whole
+    tiles. ``convert``: words to float16 by the conversion instruction or by integer
+    operations (K and V, or V only)."""
     b, d = 4, 64
     q, k, v, table = _paged(b, 2, 4, 2, d, page or 64, 64 // (page or 64), torch.float16,
                             seed=91)
@@ -301,20 +265,19 @@ def test_fp8_words_in_the_pipeline(mode, page, convert):
     k, v = k.to(FP8), v.to(FP8)
     kw.update(k_scale=ks, v_scale=vs)
     lens = _lens(64, 37, 0, 1)
-    with DA.decode_config(block_n=32, sub_n=16, kv_load="pipeline", fp8_convert=convert), \
-            poisoned_outputs():
+    with DA.decode_config(block_n=32, sub_n=16, fp8_convert=convert), poisoned_outputs():
         got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                                [q, k, v, lens], kw)
-    with DA.decode_config(block_n=32, kv_load="prefetch"):
+    with DA.decode_config(block_n=32, fp8_convert=convert):
         want, want_lse = tkit.decode_attention(q, k, v, lens, **kw)
     torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
 
 
-@pytest.mark.parametrize("kv_load, d", [("prefetch", 32), ("pipeline", 64)])
-def test_fp8_words_clamp_garbage(kv_load, d):
-    """Both loops reading fp8 as words under garbage block indices and lengths (registered
-    op, no validation): blocks clamp to [0, num_blocks - 1], lengths to the table."""
+def test_fp8_words_clamp_garbage():
+    """The word pipeline under garbage block indices and lengths (registered op, no
+    validation): blocks clamp to [0, num_blocks - 1], lengths to the table."""
+    d = 64
     q, k, v, table = _paged(4, 2, 4, 2, d, 16, 3, torch.float32, seed=103)
     k8, v8 = _guarded(k.to(FP8)), _guarded(v.to(FP8))
     nb = k.shape[0]
@@ -323,7 +286,7 @@ def test_fp8_words_clamp_garbage(kv_load, d):
     bad[1, 0] = -(2**31)
     bad[2] = torch.tensor([nb, -1, 2**31 - 1], dtype=I32)
     lens = _lens(48, 10**6, -5, 2**31 - 1)
-    with DA.decode_config(block_n=16, kv_load=kv_load), poisoned_outputs():
+    with DA.decode_config(block_n=16), poisoned_outputs():
         out, lse = torch.ops.tkit.decode_attention(q, k8, v8, lens, bad, None, None,
                                                    d ** -0.5, -1, 0, 0.0, 2)
     ref, ref_lse = S.ref_decode_attention(q.double(), k8.double(), v8.double(),

@@ -30,6 +30,15 @@ CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, FP8)
 class DecodeConfig:
     """Launch parameters of the decode kernels.
 
+    K and V reach the dots through Triton's software pipeline (cp.async into shared memory,
+    read in the MMA operand layouts). An fp8 cache whose rows are whole 4-byte words
+    (head dim >= 64) is streamed as int32 words, each converted into four float16
+    quarters in the operand layout (V gathered a word at a time); other fp8 caches are
+    read a byte at a time (``LDS.U8``: the B operand of P @ V wants consecutive keys, 128
+    bytes apart, and there is no 8-bit ``ldmatrix.trans`` on sm_90). A paged loop keeps
+    one K/V tile in flight below 5 stages (the block-table read takes part of the
+    pipeliner's stages), two from 5, three from 7.
+
     block_n: keys per tile (a power of 2 >= 16), independent of the page size.
     sub_n: keys per sub-tile (a power of 2 >= 16 dividing block_n; None: block_n): a tile's
         loads are in flight together, its converted operands live one sub-tile at a time.
@@ -40,18 +49,6 @@ class DecodeConfig:
     ctas_per_sm: resident programs per SM that the split heuristic counts as slots.
     split_bytes: K+V bytes one split should stream at most (the split heuristic's floor on the
         number of splits, so that the longest sequence of a mixed batch is not one long tail).
-    kv_load: how K and V reach the dots. ``"pipeline"``: Triton's software pipeline streams
-        the tiles through shared memory (cp.async) and reads them in the MMA operand layouts;
-        an fp8 cache whose rows are whole 4-byte words (head dim >= 64) is streamed as int32
-        words, each converted into four float16 quarters in the operand layout (V gathered a
-        word at a time); other fp8 caches are read a byte at a time (``LDS.U8``: the B operand
-        of P @ V wants consecutive keys, 128 bytes apart, and there is no 8-bit
-        ``ldmatrix.trans`` on sm_90). A paged loop keeps one K/V tile in flight below 5
-        stages (the block-table read takes part of the pipeliner's stages), two from 5, three
-        from 7. ``"prefetch"``: one loop, not pipelined (launched with num_stages 1), that
-        loads tile i + 1 into registers (16-byte loads in the plain blocked layout) before
-        computing tile i; fp8 is converted there, so the operand shuffles move 16-bit data
-        (``ldmatrix``); sub_n is ignored (a tile is one sub-tile).
     max_registers: None, or a cap on the split kernel's registers a thread (Triton's
         ``maxnreg``): more resident programs an SM at the price of spills, for experiments.
     fp8_convert: how the pipelined loops turn fp8 words into float16: ``"cvt"`` (the
@@ -67,7 +64,6 @@ class DecodeConfig:
     num_splits: Optional[int] = None  # noqa: UP045
     ctas_per_sm: int = 2
     split_bytes: int = 2 << 20
-    kv_load: str = "pipeline"
     max_registers: Optional[int] = None  # noqa: UP045
     fp8_convert: str = "cvt"
 
@@ -80,14 +76,14 @@ class DecodeConfig:
         not per element, but tests want several tiles and splits on tiny caches: 16-key
         tiles there.
 
-        fp8 at D=128: the pipelined loops reading words (``kv_load``), 2 warps, 64-key tiles,
+        fp8 at D=128: the pipelined loops reading words (above), 2 warps, 64-key tiles,
         5 stages (two K/V tiles in flight a program even when paged): 214 registers, 40 KB,
         4 programs an SM, so the split heuristic counts 4 slots an SM (B32: 2 splits). Page
         64 with per-token scales took 0.573x the bf16 page-64 time on the H200, against 0.79x
         for the register-prefetch loop (the default before: 200 registers, 2 programs an SM),
         0.60x for 1 warp and 0.69-0.76x for 4 warps (cross-warp softmax through shared
-        memory every tile). 16-bit caches keep the pipeline: prefetch tied it (0.99-1.01x)
-        at 64 keys and lost at 32 and 128."""
+        memory every tile). The register-prefetch loop is deleted: 16-bit caches never took
+        it either (0.99-1.01x of the pipeline at 64 keys, slower at 32 and 128)."""
         if _env.INTERPRET:
             return cls(block_n=16, block_m=16, num_stages=1)
         block_d = max(16, C.next_power_of_2(head_dim))

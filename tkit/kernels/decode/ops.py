@@ -187,16 +187,12 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         max_len, page, n_blocks = k_cache.shape[1], 1, b
         bt, bt_strides = (cache_seqlens if cache_seqlens is not None else q), (0, 0)
     block_d = max(16, C.next_power_of_2(d))
-    if cfg.kv_load not in ("pipeline", "prefetch"):
-        raise ValueError(f"DecodeConfig: kv_load = {cfg.kv_load!r} must be 'pipeline' or "
-                         "'prefetch'")
-    prefetch = cfg.kv_load == "prefetch"
     bits = {"cvt": 0, "bits_v": 1, "bits": 2}.get(cfg.fp8_convert)
     if bits is None:
         raise ValueError(f"DecodeConfig: fp8_convert = {cfg.fp8_convert!r} must be 'cvt', "
                          "'bits' or 'bits_v'")
-    # an override of block_n alone; the prefetch loop takes whole tiles
-    sub_n = cfg.block_n if prefetch else min(cfg.sub_n or cfg.block_n, cfg.block_n)
+    # an override of block_n alone
+    sub_n = min(cfg.sub_n or cfg.block_n, cfg.block_n)
     if sub_n < 16 or cfg.block_n % sub_n or sub_n & (sub_n - 1):
         raise ValueError(f"DecodeConfig: sub_n = {cfg.sub_n} must be a power of 2 >= 16 that "
                          f"divides block_n = {cfg.block_n}")
@@ -208,7 +204,7 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         qk_scale, cap_scale = softcap * LOG2E, scale / softcap
     else:
         qk_scale, cap_scale = scale * LOG2E, 1.0
-    # fp8 caches read as int32 words of 4 values (either loop), where the layout allows
+    # fp8 caches read as int32 words of 4 values, where the layout allows
     # (a tile's row offsets are 32-bit: block_n row strides below 2**31)
     words = (block_d >= 64 and _fp8_words(k_cache, v_cache)
              and max(k_cache.stride(1), ks_strides[1], vs_strides[1]) * cfg.block_n < 2**31)
@@ -245,10 +241,9 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         PAGED=paged, MASK_LO=window_left >= 0, MASK_HI=window_right >= 0,
         SOFTCAP=softcap > 0.0, SCALE_K=scale_k, SCALE_V=scale_v,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=1 if prefetch else cfg.num_stages,
-        **({"PREFETCH": True, "FP8_WORDS": words, "SAME_STRIDES": same}
-           if prefetch else {"FP8_WORDS": True, "SAME_STRIDES": same,
-                             **({"FP8_BITS": bits} if bits else {})} if words else {}),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"FP8_WORDS": True, "SAME_STRIDES": same, **({"FP8_BITS": bits} if bits else {})}
+           if words else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
     )
     if splits > 1:
@@ -267,7 +262,7 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
 
 
 def _fp8_words(k_cache, v_cache) -> bool:
-    """fp8 caches the prefetch loop can read as int32 words of 4 values: a contiguous head dim
+    """fp8 caches the pipelined loops can read as int32 words of 4 values: a contiguous head dim
     that is a multiple of 4, every other stride 4-byte aligned, the base 16-byte aligned (the
     granularity of an eager plan's key, so that a plan never serves a base this excludes).
     The caller also wants a padded head dim of 64 or more: the words' four quarters are dotted
