@@ -274,6 +274,27 @@ def test_fp8_words_in_the_pipeline(mode, page, convert):
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_fp8_head_dim_128_default(paged):
+    """fp8 caches at head dim 128 under the default config (on a GPU the word pipeline at 2
+    warps and 5 stages, two K/V tiles in flight even when paged): bfloat16 queries against
+    the reference, with a window, per-token scales and a sequence shorter than a tile."""
+    b, d, page = 3, 128, 16
+    q, k, v, table = _paged(b, 1, 8, 2, d, page, 6, torch.bfloat16, seed=97)
+    kw = dict(window_size=(70, -1), return_lse=True)
+    if paged:
+        kw["block_table"] = table
+    else:
+        k, v = k.reshape(b, 6 * page, 2, d), v.reshape(b, 6 * page, 2, d)
+    gen = torch.Generator().manual_seed(11)
+    ks = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+    vs = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+    with poisoned_outputs():
+        check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                [q, k.to(FP8), v.to(FP8), _lens(96, 41, 9)],
+                                dict(kw, k_scale=ks, v_scale=vs))
+
+
 def test_fp8_words_clamp_garbage():
     """The word pipeline under garbage block indices and lengths (registered op, no
     validation): blocks clamp to [0, num_blocks - 1], lengths to the table."""
