@@ -180,7 +180,8 @@ def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, K
                        PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
                        MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
                        SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
-                       SAME_STRIDES: tl.constexpr, BITS: tl.constexpr):
+                       SAME_STRIDES: tl.constexpr, BITS: tl.constexpr,
+                       LAZY: tl.constexpr = False):
     """:func:`_decode_tile` for fp8 caches read as int32 words of 4 values (the software
     pipeline streams the words through shared memory): each word becomes four float16
     quarters (:func:`_fp8_words_to_f16`) in whatever layout the dots ask of the shared-memory
@@ -189,7 +190,8 @@ def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, K
     after the loop by the caller (:func:`_interleave4`).
     Strides ``sk*`` / ``sv*`` are in words (the launcher divides). BITS 1: V converted with
     integer operations (values 2**-8 times too small: the caller scales O), 2: K too (the
-    caller scales the scores)."""
+    caller scales the scores). LAZY: O is rescaled only in tiles that move some row's max
+    (a branch on the rows' max; late in a sequence most tiles move none)."""
     cols = start_n + offs_n
     offs_w = tl.arange(0, BLOCK_D // 4)
     wmask = (offs_w < HEAD_DIM // 4)[None, :]
@@ -226,10 +228,21 @@ def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, K
     p = p.to(q0.dtype)
     vw = _masked_load(V + v_off[:, None] + offs_w[None, :], wmask, HEAD_DIM != BLOCK_D)
     v0, v1, v2, v3 = _fp8_words_to_f16(vw, BITS >= 1)
-    acc0 = _dot(p, v0.to(q0.dtype), acc0 * alpha[:, None], input_precision=PREC)
-    acc1 = _dot(p, v1.to(q0.dtype), acc1 * alpha[:, None], input_precision=PREC)
-    acc2 = _dot(p, v2.to(q0.dtype), acc2 * alpha[:, None], input_precision=PREC)
-    acc3 = _dot(p, v3.to(q0.dtype), acc3 * alpha[:, None], input_precision=PREC)
+    if LAZY:  # O rescaled only when some row's max moved (alpha is exactly 1 otherwise)
+        if tl.max((m_new > m_i).to(tl.int32), 0) > 0:
+            acc0 = acc0 * alpha[:, None]
+            acc1 = acc1 * alpha[:, None]
+            acc2 = acc2 * alpha[:, None]
+            acc3 = acc3 * alpha[:, None]
+    else:
+        acc0 = acc0 * alpha[:, None]
+        acc1 = acc1 * alpha[:, None]
+        acc2 = acc2 * alpha[:, None]
+        acc3 = acc3 * alpha[:, None]
+    acc0 = _dot(p, v0.to(q0.dtype), acc0, input_precision=PREC)
+    acc1 = _dot(p, v1.to(q0.dtype), acc1, input_precision=PREC)
+    acc2 = _dot(p, v2.to(q0.dtype), acc2, input_precision=PREC)
+    acc3 = _dot(p, v3.to(q0.dtype), acc3, input_precision=PREC)
     return acc0, acc1, acc2, acc3, l_i, m_new
 
 
@@ -241,7 +254,8 @@ def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, 
                         SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                         MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
                         SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr,
-                        PREC: tl.constexpr, SAME_STRIDES: tl.constexpr, BITS: tl.constexpr):
+                        PREC: tl.constexpr, SAME_STRIDES: tl.constexpr, BITS: tl.constexpr,
+                        LAZY: tl.constexpr = False):
     """:func:`_decode_tiles` over :func:`_decode_tile_words`."""
     for start_t in range(start, end, BLOCK_N):
         for j in tl.static_range(BLOCK_N // SUB_N):
@@ -250,7 +264,7 @@ def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, 
                 start_t + j * SUB_N, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
                 cap_scale, skn, skp, svn, svp, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D,
                 SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V,
-                PREC, SAME_STRIDES, BITS)
+                PREC, SAME_STRIDES, BITS, LAZY)
     return acc0, acc1, acc2, acc3, l_i, m_i
 
 
@@ -402,7 +416,7 @@ def _decode_split_kernel(
     MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
     FP8_WORDS: tl.constexpr = False, SAME_STRIDES: tl.constexpr = False,
-    FP8_BITS: tl.constexpr = 0,
+    FP8_BITS: tl.constexpr = 0, LAZY_RESCALE: tl.constexpr = False,
 ):
     """One program: the packed rows of one M tile of one (sequence, kv head), over split
     ``s`` of its keys. Grid (num_splits * M tiles, heads_kv, batch), M tiles fastest.
@@ -517,17 +531,20 @@ def _decode_split_kernel(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, t0, a, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, FP8_BITS)
+            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, FP8_BITS,
+            LAZY_RESCALE)
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, a, c, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, FP8_BITS)
+            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, FP8_BITS,
+            LAZY_RESCALE)
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, c, t1, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, FP8_BITS)
+            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, FP8_BITS,
+            LAZY_RESCALE)
         acc = _interleave4(acc0, acc1, acc2, acc3, BLOCK_M, BLOCK_D)
     else:
         acc, l_i, m_i = _decode_tiles(

@@ -54,6 +54,7 @@ class DecodeConfig:
     fp8_convert: how the pipelined loops turn fp8 words into float16: ``"cvt"`` (the
         conversion instruction, exact, NaN kept), ``"bits"`` (integer operations: the value
         times 2**-8, scaled back once; NaN becomes finite) or ``"bits_v"`` (V only).
+    lazy_rescale: the word pipeline rescales O only in tiles that move some row's max.
     """
 
     block_n: int = 64
@@ -66,6 +67,7 @@ class DecodeConfig:
     split_bytes: int = 2 << 20
     max_registers: Optional[int] = None  # noqa: UP045
     fp8_convert: str = "cvt"
+    lazy_rescale: bool = False
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True) -> DecodeConfig:

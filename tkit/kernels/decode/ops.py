@@ -242,8 +242,8 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         SOFTCAP=softcap > 0.0, SCALE_K=scale_k, SCALE_V=scale_v,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({"FP8_WORDS": True, "SAME_STRIDES": same, **({"FP8_BITS": bits} if bits else {})}
-           if words else {}),
+        **({"FP8_WORDS": True, "SAME_STRIDES": same, **({"FP8_BITS": bits} if bits else {}),
+            **({"LAZY_RESCALE": True} if cfg.lazy_rescale else {})} if words else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
     )
     if splits > 1:
