@@ -573,18 +573,13 @@ def sweep_decode_bar(rows):
 #: fp8 variants of :func:`sweep_decode_bar`, as overrides of the default (the word pipeline:
 #: 2 warps, 64-key tiles, 5 stages: 214 registers, 4 programs an SM, 2 K/V tiles in flight
 #: each, 2 splits). A paged loop keeps one tile in flight below 5 stages, two from 5, three
-#: from 7; splits chosen to fill the programs an SM (256 programs a split). The lazy
-#: rescale and the integer conversions (no cvt) last.
+#: from 7; splits chosen to fill the programs an SM (256 programs a split).
 DECODE_FP8_VARIANTS: list = [
     dict(num_splits=2),  # the default's own build again: the run's noise
     dict(num_stages=2, num_splits=2),  # 1 tile in flight
     dict(num_stages=7, num_splits=3),  # 3 tiles, 57 KB: 3 programs an SM
     dict(block_n=32, num_splits=3),  # 133 registers: 7 programs an SM
     dict(num_warps=1, num_stages=2, num_splits=4),  # 255 registers, 8 an SM
-    dict(num_splits=2, lazy_rescale=True),  # O rescaled only when a row's max moves
-    dict(num_splits=2, fp8_convert="bits_v"),
-    dict(num_splits=2, fp8_convert="bits"),
-    dict(num_splits=2, fp8_convert="bits_v", lazy_rescale=True),
 ]
 
 

@@ -180,18 +180,14 @@ def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, K
                        PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
                        MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
                        SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
-                       SAME_STRIDES: tl.constexpr, BITS: tl.constexpr,
-                       LAZY: tl.constexpr = False):
+                       SAME_STRIDES: tl.constexpr):
     """:func:`_decode_tile` for fp8 caches read as int32 words of 4 values (the software
     pipeline streams the words through shared memory): each word becomes four float16
     quarters (:func:`_fp8_words_to_f16`) in whatever layout the dots ask of the shared-memory
     read, so V's operand is gathered a 32-bit word (4 head-dim positions) at a time, never a
     byte. S = sum_r q_r k_r^T; O's quarters acc_r accumulate apart and are interleaved once
     after the loop by the caller (:func:`_interleave4`).
-    Strides ``sk*`` / ``sv*`` are in words (the launcher divides). BITS 1: V converted with
-    integer operations (values 2**-8 times too small: the caller scales O), 2: K too (the
-    caller scales the scores). LAZY: O is rescaled only in tiles that move some row's max
-    (a branch on the rows' max; late in a sequence most tiles move none)."""
+    Strides ``sk*`` / ``sv*`` are in words (the launcher divides)."""
     cols = start_n + offs_n
     offs_w = tl.arange(0, BLOCK_D // 4)
     wmask = (offs_w < HEAD_DIM // 4)[None, :]
@@ -203,7 +199,7 @@ def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, K
     k_off, v_off = _row_offsets(BT, start_n, L, offs_n, b64, n_blocks, sbtn, skn, skp, svn,
                                 svp, PAGE_SIZE, PAGED, SUB_N, MASKED)
     kw = _masked_load(K + k_off[:, None] + offs_w[None, :], wmask, HEAD_DIM != BLOCK_D)
-    k0, k1, k2, k3 = _fp8_words_to_f16(kw, BITS == 2)
+    k0, k1, k2, k3 = _fp8_words_to_f16(kw)
     qk = _dot(q0, tl.trans(k0.to(q0.dtype)), input_precision=PREC)
     qk = _dot(q1, tl.trans(k1.to(q0.dtype)), qk, input_precision=PREC)
     qk = _dot(q2, tl.trans(k2.to(q0.dtype)), qk, input_precision=PREC)
@@ -227,22 +223,11 @@ def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, K
         p = p * tl.load(VS + vs_off)[None, :]
     p = p.to(q0.dtype)
     vw = _masked_load(V + v_off[:, None] + offs_w[None, :], wmask, HEAD_DIM != BLOCK_D)
-    v0, v1, v2, v3 = _fp8_words_to_f16(vw, BITS >= 1)
-    if LAZY:  # O rescaled only when some row's max moved (alpha is exactly 1 otherwise)
-        if tl.max((m_new > m_i).to(tl.int32), 0) > 0:
-            acc0 = acc0 * alpha[:, None]
-            acc1 = acc1 * alpha[:, None]
-            acc2 = acc2 * alpha[:, None]
-            acc3 = acc3 * alpha[:, None]
-    else:
-        acc0 = acc0 * alpha[:, None]
-        acc1 = acc1 * alpha[:, None]
-        acc2 = acc2 * alpha[:, None]
-        acc3 = acc3 * alpha[:, None]
-    acc0 = _dot(p, v0.to(q0.dtype), acc0, input_precision=PREC)
-    acc1 = _dot(p, v1.to(q0.dtype), acc1, input_precision=PREC)
-    acc2 = _dot(p, v2.to(q0.dtype), acc2, input_precision=PREC)
-    acc3 = _dot(p, v3.to(q0.dtype), acc3, input_precision=PREC)
+    v0, v1, v2, v3 = _fp8_words_to_f16(vw)
+    acc0 = _dot(p, v0.to(q0.dtype), acc0 * alpha[:, None], input_precision=PREC)
+    acc1 = _dot(p, v1.to(q0.dtype), acc1 * alpha[:, None], input_precision=PREC)
+    acc2 = _dot(p, v2.to(q0.dtype), acc2 * alpha[:, None], input_precision=PREC)
+    acc3 = _dot(p, v3.to(q0.dtype), acc3 * alpha[:, None], input_precision=PREC)
     return acc0, acc1, acc2, acc3, l_i, m_new
 
 
@@ -254,8 +239,7 @@ def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, 
                         SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                         MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
                         SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr,
-                        PREC: tl.constexpr, SAME_STRIDES: tl.constexpr, BITS: tl.constexpr,
-                        LAZY: tl.constexpr = False):
+                        PREC: tl.constexpr, SAME_STRIDES: tl.constexpr):
     """:func:`_decode_tiles` over :func:`_decode_tile_words`."""
     for start_t in range(start, end, BLOCK_N):
         for j in tl.static_range(BLOCK_N // SUB_N):
@@ -264,12 +248,12 @@ def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, 
                 start_t + j * SUB_N, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
                 cap_scale, skn, skp, svn, svp, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D,
                 SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V,
-                PREC, SAME_STRIDES, BITS, LAZY)
+                PREC, SAME_STRIDES)
     return acc0, acc1, acc2, acc3, l_i, m_i
 
 
 @triton.jit
-def _fp8_words_to_f16(w, BITS: tl.constexpr = False):
+def _fp8_words_to_f16(w):
     """int32 words, each 4 fp8 e4m3 values of consecutive head-dim positions (little-endian),
     as four float16 tensors shaped like ``w``: e_r holds position 4 * word + r. The tile never
     lives as bytes (one 8-bit value in each 32-bit register) nor is read from shared memory a
@@ -277,12 +261,7 @@ def _fp8_words_to_f16(w, BITS: tl.constexpr = False):
     words a call (pack 2): byte r of both words is gathered (prmt) so that one
     ``cvt.rn.f16x2.e4m3x2`` (exact, NaN kept) gives quarter r of both as one f16x2 register,
     the pair an MMA operand register holds when the words are consecutive along K (no
-    repacking after the conversion).
-
-    BITS: no conversion instruction (Hopper issues them at a fraction of the integer rate):
-    byte b becomes the float16 bits (b & 0x80) << 8 | (b & 0x7F) << 7, the e4m3 value times
-    2**-8 exactly (subnormals included: the exponent biases differ by 8), so the caller scales
-    by 256 once; NaN (0x7F, 0xFF) becomes a finite 1.875."""
+    repacking after the conversion)."""
     if _INTERPRET:  # the interpreter has no inline PTX: the same bytes, converted by Triton
         e0 = _interpreter_operand((w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True))
         e1 = _interpreter_operand(((w >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv,
@@ -295,40 +274,6 @@ def _fp8_words_to_f16(w, BITS: tl.constexpr = False):
         e1 = e1.to(tl.float16)
         e2 = e2.to(tl.float16)
         e3 = e3.to(tl.float16)
-        if BITS:  # the same values times 2**-8 (exact in float16)
-            e0 = e0 * 0.00390625
-            e1 = e1 * 0.00390625
-            e2 = e2 * 0.00390625
-            e3 = e3 * 0.00390625
-    elif BITS:
-        # byte r of both words into bytes 1 and 3 (prmt), then the sign and the 7 exponent
-        # and mantissa bits into place (the low bytes are masked off)
-        e0, e1, e2, e3 = tl.inline_asm_elementwise(
-            """{
-            .reg .b32 t, s, m;
-            prmt.b32 t, $4, $5, 0x4400;
-            and.b32 s, t, 0x80008000;
-            and.b32 m, t, 0x7F007F00;
-            shr.b32 m, m, 1;
-            or.b32 $0, s, m;
-            prmt.b32 t, $4, $5, 0x5511;
-            and.b32 s, t, 0x80008000;
-            and.b32 m, t, 0x7F007F00;
-            shr.b32 m, m, 1;
-            or.b32 $1, s, m;
-            prmt.b32 t, $4, $5, 0x6622;
-            and.b32 s, t, 0x80008000;
-            and.b32 m, t, 0x7F007F00;
-            shr.b32 m, m, 1;
-            or.b32 $2, s, m;
-            prmt.b32 t, $4, $5, 0x7733;
-            and.b32 s, t, 0x80008000;
-            and.b32 m, t, 0x7F007F00;
-            shr.b32 m, m, 1;
-            or.b32 $3, s, m;
-            }""",
-            "=r,=r,=r,=r,r,r", [w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
-            is_pure=True, pack=2)
     else:
         e0, e1, e2, e3 = tl.inline_asm_elementwise(
             """{
@@ -416,7 +361,6 @@ def _decode_split_kernel(
     MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
     FP8_WORDS: tl.constexpr = False, SAME_STRIDES: tl.constexpr = False,
-    FP8_BITS: tl.constexpr = 0, LAZY_RESCALE: tl.constexpr = False,
 ):
     """One program: the packed rows of one M tile of one (sequence, kv head), over split
     ``s`` of its keys. Grid (num_splits * M tiles, heads_kv, batch), M tiles fastest.
@@ -433,7 +377,7 @@ def _decode_split_kernel(
     cap); ``wl``, ``wr`` the window (used when MASK_LO / MASK_HI; causal is wr = 0).
     FP8_WORDS: fp8 caches whose head dim is contiguous, in 4-byte-aligned rows, read as int32
     words of 4 values (:func:`_decode_tiles_words`); SAME_STRIDES (with FP8_WORDS): V and its
-    scales strided as K and its; FP8_BITS: see :func:`_decode_tile_words`."""
+    scales strided as K and its."""
     pid = tl.program_id(0)
     hk = tl.program_id(1)
     b = tl.program_id(2)
@@ -516,11 +460,6 @@ def _decode_split_kernel(
         acc2 = acc0
         acc3 = acc0
         # int32 pointers and strides in words (multiples of 4 bytes: the launcher checks)
-        if FP8_BITS == 2:  # K's values come 2**-8 times too small (_fp8_words_to_f16)
-            if SOFTCAP:
-                cap_scale = cap_scale * 256.0
-            else:
-                qk_scale = qk_scale * 256.0
         Kw = Kh.to(tl.pointer_type(tl.int32))
         Vw = Vh.to(tl.pointer_type(tl.int32))
         skn = skn // 4
@@ -531,20 +470,17 @@ def _decode_split_kernel(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, t0, a, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, FP8_BITS,
-            LAZY_RESCALE)
+            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, a, c, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, FP8_BITS,
-            LAZY_RESCALE)
+            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, c, t1, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, FP8_BITS,
-            LAZY_RESCALE)
+            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
         acc = _interleave4(acc0, acc1, acc2, acc3, BLOCK_M, BLOCK_D)
     else:
         acc, l_i, m_i = _decode_tiles(
@@ -566,8 +502,6 @@ def _decode_split_kernel(
 
     empty = l_i == 0.0  # no visible key in this split: O = 0, lse = -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    if FP8_BITS >= 1 and FP8_WORDS:  # V's values came 2**-8 times too small
-        out = out * 256.0
     if SCALE_V == 1:
         out = out * tl.load(VS)
     lse = tl.where(empty, float("-inf"),

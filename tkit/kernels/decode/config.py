@@ -51,10 +51,6 @@ class DecodeConfig:
         number of splits, so that the longest sequence of a mixed batch is not one long tail).
     max_registers: None, or a cap on the split kernel's registers a thread (Triton's
         ``maxnreg``): more resident programs an SM at the price of spills, for experiments.
-    fp8_convert: how the pipelined loops turn fp8 words into float16: ``"cvt"`` (the
-        conversion instruction, exact, NaN kept), ``"bits"`` (integer operations: the value
-        times 2**-8, scaled back once; NaN becomes finite) or ``"bits_v"`` (V only).
-    lazy_rescale: the word pipeline rescales O only in tiles that move some row's max.
     """
 
     block_n: int = 64
@@ -66,37 +62,41 @@ class DecodeConfig:
     ctas_per_sm: int = 2
     split_bytes: int = 2 << 20
     max_registers: Optional[int] = None  # noqa: UP045
-    fp8_convert: str = "cvt"
-    lazy_rescale: bool = False
 
     @classmethod
-    def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True) -> DecodeConfig:
+    def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,
+                   programs: int = 0, sms: int = 0) -> DecodeConfig:
         """The default for this head dim, cache element size and layout (``paged``: a block
         table; else a dense cache); docs/NOTES.md has the H200 sweeps of B32 Hq32/Hkv8 D128
         L8192, dense and paged, that chose the D=128 rows. Otherwise K tiles of 16 KB (64 keys
         at D=128 in 16 bits, 32 at D=256), 4 warps, 3 stages. The interpreter pays per tile,
         not per element, but tests want several tiles and splits on tiny caches: 16-key
-        tiles there.
+        tiles there. ``programs``, ``sms``: the grid the dense 16-bit D=128 default makes
+        (programs, splits included) and the SM count; more programs than one wave of three
+        an SM take the 4-warp config instead (below).
 
         fp8 at D=128: the pipelined loops reading words (above), 2 warps, 64-key tiles,
         5 stages (two K/V tiles in flight a program even when paged): 214 registers, 40 KB,
         4 programs an SM, so the split heuristic counts 4 slots an SM (B32: 2 splits). Page
-        64 with per-token scales took 0.573x the bf16 page-64 time on the H200, against 0.79x
-        for the register-prefetch loop (the default before: 200 registers, 2 programs an SM),
-        0.60x for 1 warp and 0.69-0.76x for 4 warps (cross-warp softmax through shared
-        memory every tile). The register-prefetch loop is deleted: 16-bit caches never took
-        it either (0.99-1.01x of the pipeline at 64 keys, slower at 32 and 128)."""
+        64 with per-token scales took 0.563-0.573x the bf16 page-64 time on the H200, against
+        0.79x for the register-prefetch loop (the default before: 200 registers, 2 programs
+        an SM), 0.59-0.60x for 1 warp and 0.69-0.76x for 4 warps (cross-warp softmax through
+        shared memory every tile). The register-prefetch loop is deleted: 16-bit caches never
+        took it either (0.99-1.01x of the pipeline at 64 keys, slower at 32 and 128).
+
+        Dense 16-bit D=128: 8 warps take 80 registers, and at 3 stages two K/V tiles are in
+        flight a program (72 KB, three programs an SM); 4 MB a split keeps B32 L8192 at one
+        split, so no combine launch follows. H200, whole calls against the 4-warp, 2-stage,
+        2 MB config: B32 L8192 4.48 / 4.39 TB/s, 4 queries 4.46 / 4.32, B1 L131072 (29
+        splits) 4.06 / 3.78, but B128 L1024 (1024 programs: 2.6 waves of three an SM against
+        1.9 of four) 4.09 / 4.25: grids of more than one wave keep the 4-warp config."""
         if _env.INTERPRET:
             return cls(block_n=16, block_m=16, num_stages=1)
         block_d = max(16, C.next_power_of_2(head_dim))
         block_n = max(16, min(128, (16 << 10) // (block_d * cache_itemsize)))
         if cache_itemsize == 1 and block_d == 128:
             return cls(block_n=64, num_warps=2, num_stages=5, ctas_per_sm=4)
-        if cache_itemsize == 2 and block_d == 128 and not paged:
-            # dense 16-bit D=128: 8 warps take 80 registers, and at 3 stages two K/V tiles
-            # are in flight a program (72 KB); 4 MB a split keeps B32 L8192 at one split, so
-            # no combine launch follows (4.48 TB/s whole call on the H200 against 4.42 for two
-            # splits of 4 warps and 2 stages + combine, docs/NOTES.md)
+        if cache_itemsize == 2 and block_d == 128 and not paged and not programs > 3 * sms > 0:
             return cls(block_n=64, num_warps=8, num_stages=3, split_bytes=4 << 20)
         # 16-bit D=128, dense: two stages take 39 KB of shared memory and four programs fit an
         # SM (the register limit), three take 72 KB and three fit; the dense cache then read
@@ -115,8 +115,9 @@ def decode_config(**overrides):
     return _OVERRIDES.scope(**overrides)
 
 
-def current_config(head_dim: int, cache_itemsize: int, paged: bool = True) -> DecodeConfig:
-    cfg = DecodeConfig.for_device(head_dim, cache_itemsize, paged)
+def current_config(head_dim: int, cache_itemsize: int, paged: bool = True,
+                   programs: int = 0, sms: int = 0) -> DecodeConfig:
+    cfg = DecodeConfig.for_device(head_dim, cache_itemsize, paged, programs, sms)
     return _OVERRIDES.apply(cfg)
 
 

@@ -147,22 +147,33 @@ def plan_splits(q, k_cache, block_table, num_splits: int = 0,
     no host sync)."""
     b, sq, hq, d = q.shape
     hk = k_cache.shape[2]
-    cfg = config or current_config(d, k_cache.element_size(), block_table is not None)
-    n_rows = sq * (hq // hk)
-    block_m = max(16, min(C.next_power_of_2(n_rows), cfg.block_m))
-    n_m = C.cdiv(n_rows, block_m)
+    size, paged = k_cache.element_size(), block_table is not None
+    sms = D.sm_count(q.device)
+    cfg = config or current_config(d, size, paged)
     if block_table is None:
         max_len = k_cache.shape[1]
     else:
         max_len = block_table.shape[1] * k_cache.shape[1]
-    n_tiles = C.cdiv(max_len, cfg.block_n)
-    splits = num_splits or cfg.num_splits
-    if not splits:
-        kv_bytes = 2 * max_len * d * k_cache.element_size()
-        splits = choose_num_splits(b * hk * n_m, n_tiles, D.sm_count(q.device),
-                                   ctas_per_sm=cfg.ctas_per_sm,
-                                   min_splits=C.cdiv(kv_bytes, cfg.split_bytes))
-    splits = max(1, min(int(splits), MAX_SPLITS, max(n_tiles, 1)))
+    n_rows = sq * (hq // hk)
+
+    def plan(cfg):
+        block_m = max(16, min(C.next_power_of_2(n_rows), cfg.block_m))
+        n_m = C.cdiv(n_rows, block_m)
+        n_tiles = C.cdiv(max_len, cfg.block_n)
+        splits = num_splits or cfg.num_splits
+        if not splits:
+            kv_bytes = 2 * max_len * d * size
+            splits = choose_num_splits(b * hk * n_m, n_tiles, sms, ctas_per_sm=cfg.ctas_per_sm,
+                                       min_splits=C.cdiv(kv_bytes, cfg.split_bytes))
+        splits = max(1, min(int(splits), MAX_SPLITS, max(n_tiles, 1)))
+        return splits, block_m, n_m
+
+    splits, block_m, n_m = plan(cfg)
+    if config is None and not paged:  # the dense default depends on the grid it makes
+        wide = current_config(d, size, paged, b * hk * n_m * splits, sms)
+        if wide != cfg:
+            cfg = wide
+            splits, block_m, n_m = plan(cfg)
     return splits, cfg, block_m, n_m
 
 
@@ -187,10 +198,6 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         max_len, page, n_blocks = k_cache.shape[1], 1, b
         bt, bt_strides = (cache_seqlens if cache_seqlens is not None else q), (0, 0)
     block_d = max(16, C.next_power_of_2(d))
-    bits = {"cvt": 0, "bits_v": 1, "bits": 2}.get(cfg.fp8_convert)
-    if bits is None:
-        raise ValueError(f"DecodeConfig: fp8_convert = {cfg.fp8_convert!r} must be 'cvt', "
-                         "'bits' or 'bits_v'")
     # an override of block_n alone
     sub_n = min(cfg.sub_n or cfg.block_n, cfg.block_n)
     if sub_n < 16 or cfg.block_n % sub_n or sub_n & (sub_n - 1):
@@ -242,8 +249,7 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         SOFTCAP=softcap > 0.0, SCALE_K=scale_k, SCALE_V=scale_v,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({"FP8_WORDS": True, "SAME_STRIDES": same, **({"FP8_BITS": bits} if bits else {}),
-            **({"LAZY_RESCALE": True} if cfg.lazy_rescale else {})} if words else {}),
+        **({"FP8_WORDS": True, "SAME_STRIDES": same} if words else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
     )
     if splits > 1:
