@@ -1,6 +1,6 @@
 """Sweep the typed launch configs of an op family at its headline bench cases, on the GPU.
 
-    python benchmarks/config_sweep.py [quant append decode rope sample matmul_fp8 ...]
+    python benchmarks/config_sweep.py [quant append decode_bar rope sample matmul_fp8 ...]
 
 Each family's config is overridden through its scoped context (``quant_config``,
 ``rope_config``, ``sample_config``, ``append_config``, ``decode_config``; for the fp8 GEMM a
@@ -625,38 +625,6 @@ def _attention_case(rows, B, S, hq, hk):
                          tflops=flops / t / 1e9))
 
 
-def sweep_decode(rows):
-    """decode_attention (issue #15: fp8 paged with per-token scales at <= 0.55x of the bf16
-    paged time): the fp8/token case (bench case 6) under the pipelined loops and the register
-    prefetch loop (kv_load), and the bf16 page-64 and dense cases (2, 0) the same way, so
-    that bf16 is seen unchanged or better. Variants are compared with the default's output
-    within bf16 rounding (tiles of other sizes sum in another order)."""
-    from tkit.kernels import decode as DA
-
-    fp8 = [dict(kv_load="prefetch", block_n=n, num_warps=w)
-           for n, w in ((64, 4), (128, 4), (32, 4), (64, 2), (128, 8), (256, 8))]
-    # 3 and 4 programs an SM instead of 2 and 3, with spills
-    fp8 += [dict(kv_load="prefetch", block_n=128, max_registers=168),
-            dict(kv_load="prefetch", block_n=64, max_registers=128)]
-    fp8 += [dict(block_n=64, sub_n=None, num_stages=2), dict(block_n=128, sub_n=64),
-            dict(block_n=128, sub_n=32, num_warps=8)]
-    b16 = [dict(kv_load="prefetch", block_n=n, num_warps=w)
-           for n, w in ((32, 4), (64, 4), (64, 8), (128, 8))]
-    start = len(rows)
-    sweep("decode", DA.decode_config, fp8, "decode_attention", 6, rows, exact=False)
-    sweep("decode", DA.decode_config, b16, "decode_attention", 2, rows, exact=False)
-    sweep("decode", DA.decode_config, b16, "decode_attention", 0, rows, exact=False)
-    new = rows[start:]
-    bf16 = [r["median_ms"] for r in new if "page64" in r["case"] and "fp8" not in r["case"]
-            and not r["config"]]
-    if bf16:
-        for r in new:
-            if "fp8" in r["case"]:
-                r["vs_bf16_page64_default"] = r["median_ms"] / bf16[0]
-                print(f"decode fp8 {json.dumps(r['config']):60s} {r['median_ms'] / bf16[0]:5.3f}"
-                      " of the bf16 page-64 default's time (issue #15: <= 0.55)")
-
-
 def sweep_decode_splits(rows):
     """decode_attention's split count (issue #15: dense >= 4.3 TB/s, mixed lengths >= 3.5):
     forced splits and the heuristic's slot count (ctas_per_sm) around the default, on the
@@ -669,7 +637,51 @@ def sweep_decode_splits(rows):
         sweep("decode", DA.decode_config, grid, "decode_attention", index, rows, exact=False)
 
 
-SWEEPS = {"decode": sweep_decode, "decode_splits": sweep_decode_splits, "int4": sweep_int4,
+def sweep_decode_bar(rows):
+    """decode_attention at issue #15's bars, whole calls (graph replays, L2 flushed): the
+    dense cases the D=128 16-bit default (one split of 8 warps, 3 stages, no combine launch)
+    touches, against the default before it (case 0 is the bar, >= 4.3 TB/s); fp8 per token
+    page 64 (case 6, <= 0.55x the bf16 page-64 default's time) around its default (the word
+    pipeline, 2 warps, 64-key tiles, 5 stages, 2 splits): :data:`DECODE_FP8_VARIANTS`."""
+    from tkit.kernels import decode as DA
+
+    before = [dict(num_warps=4, num_stages=2, split_bytes=2 << 20)]
+    start = len(rows)
+    for index in (0, 3, 4, 7):
+        sweep("decode_bar", DA.decode_config, before, "decode_attention", index, rows,
+              exact=False)
+    sweep("decode_bar", DA.decode_config, [], "decode_attention", 2, rows, exact=False)
+    sweep("decode_bar", DA.decode_config, DECODE_FP8_VARIANTS, "decode_attention", 6, rows,
+          exact=False)
+    new = rows[start:]
+    bf16 = [r["median_ms"] for r in new if "page64" in r["case"] and "fp8" not in r["case"]
+            and not r["config"]]
+    for r in new:
+        if "fp8" in r["case"] and bf16:
+            r["vs_bf16_page64_default"] = r["median_ms"] / bf16[0]
+            print(f"decode fp8 {json.dumps(r['config']):60s} {r['median_ms'] / bf16[0]:5.3f}"
+                  " of the bf16 page-64 default's time (issue #15: <= 0.55)")
+        elif "dense" in r["case"]:
+            bar = " (issue #15: >= 4.3)" if r["case"].startswith("B32 Sq1") else ""
+            print(f"decode {r['case'][:26]:26s} {json.dumps(r['config']):52s} "
+                  f"{r['tbps']:5.2f} TB/s{bar}")
+
+
+#: fp8 variants of :func:`sweep_decode_bar`, as overrides of the default (the word pipeline:
+#: 2 warps, 64-key tiles, 5 stages: 214 registers, 4 programs an SM, 2 K/V tiles in flight
+#: each, 2 splits). A paged loop keeps one tile in flight below 5 stages, two from 5, three
+#: from 7; splits chosen to fill the programs an SM (256 programs a split).
+DECODE_FP8_VARIANTS: list = [
+    dict(num_splits=2),  # the default's own build again: the run's noise
+    dict(num_stages=2, num_splits=2),  # 1 tile in flight
+    dict(num_stages=7, num_splits=3),  # 3 tiles, 57 KB: 3 programs an SM
+    dict(block_n=32, num_splits=3),  # 133 registers: 7 programs an SM
+    dict(num_warps=1, num_stages=2, num_splits=4),  # 255 registers, 8 an SM
+]
+
+
+SWEEPS = {"decode_splits": sweep_decode_splits,
+          "decode_bar": sweep_decode_bar, "int4": sweep_int4,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,

@@ -240,34 +240,30 @@ def test_sub_tiles_match_whole_tiles(page):
     torch.testing.assert_close(sub, whole, atol=2e-3, rtol=0)
 
 
-@pytest.mark.parametrize("cache", ["fp16", "fp8/token", "fp8/tensor", "fp8/strided"])
-@pytest.mark.parametrize("page", [None, 4, 32])
-def test_prefetch_loop(cache, page):
-    """kv_load="prefetch" (one loop, tile i + 1 loaded into registers while tile i is
-    computed; fp8 read as int32 words of 4 values where the layout allows): against the
-    reference with a window, softcap, several splits and queries, lengths of 0 and 1 (the
-    prefetch past the last tile and the empty sequence read nothing), and against the
-    pipelined loops. Pages of 4 (several table entries a tile) and 32 (one)."""
-    b, per_seq = 4, 128 // (page or 128)
-    d = 30 if cache == "fp8/strided" else 32  # 30: not whole words, read byte by byte
-    q, k, v, table = _paged(b, 3, 8, 2, d, page or 128, per_seq, torch.float16, seed=87)
-    kw = dict(window_size=(70, -1), softcap=20.0, return_lse=True, num_splits=2)
+@pytest.mark.parametrize("mode, page", [("token", None), ("token", 4), ("tensor", 32)])
+def test_fp8_words_in_the_pipeline(mode, page):
+    """The pipelined loops read an fp8 cache of head dim >= 64 as int32 words of 4 values
+    (four float16 quarters a word, dotted apart): against the reference with a window,
+    softcap, sub-tiles, two splits and two queries, lengths of 0 and 1, and against whole
+    tiles."""
+    b, d = 4, 64
+    q, k, v, table = _paged(b, 2, 4, 2, d, page or 64, 64 // (page or 64), torch.float16,
+                            seed=91)
+    kw = dict(window_size=(40, -1), softcap=20.0, return_lse=True, num_splits=2)
     if page is None:
-        table = None
-        k, v = k.reshape(b, 128, 2, d), v.reshape(b, 128, 2, d)
+        k, v = k.reshape(b, 64, 2, d), v.reshape(b, 64, 2, d)
     else:
         kw["block_table"] = table
-    if cache != "fp16":
-        gen = torch.Generator().manual_seed(7)
-        if cache == "fp8/tensor":
-            ks, vs = (torch.tensor(x, device=k.device) for x in (0.7, 1.3))
-        else:
-            ks = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
-            vs = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
-        k, v = k.to(FP8), v.to(FP8)
-        kw.update(k_scale=ks, v_scale=vs)
-    lens = _lens(128, 77, 0, 1)
-    with DA.decode_config(block_n=32, kv_load="prefetch"), poisoned_outputs():
+    gen = torch.Generator().manual_seed(9)
+    if mode == "tensor":
+        ks, vs = (torch.tensor(x, device=k.device) for x in (0.7, 1.3))
+    else:
+        ks = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+        vs = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+    k, v = k.to(FP8), v.to(FP8)
+    kw.update(k_scale=ks, v_scale=vs)
+    lens = _lens(64, 37, 0, 1)
+    with DA.decode_config(block_n=32, sub_n=16), poisoned_outputs():
         got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                                [q, k, v, lens], kw)
     with DA.decode_config(block_n=32):
@@ -276,10 +272,32 @@ def test_prefetch_loop(cache, page):
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
 
 
-def test_prefetch_clamps_garbage():
-    """The prefetch loop under garbage block indices and lengths (registered op, no
-    validation): blocks clamp to [0, num_blocks - 1], lengths to the table; fp8 words."""
-    q, k, v, table = _paged(4, 2, 4, 2, 32, 16, 3, torch.float32, seed=103)
+@pytest.mark.parametrize("paged", [False, True])
+def test_fp8_head_dim_128_default(paged):
+    """fp8 caches at head dim 128 under the default config (on a GPU the word pipeline at 2
+    warps and 5 stages, two K/V tiles in flight even when paged): bfloat16 queries against
+    the reference, with a window, per-token scales and a sequence shorter than a tile."""
+    b, d, page = 3, 128, 16
+    q, k, v, table = _paged(b, 1, 8, 2, d, page, 6, torch.bfloat16, seed=97)
+    kw = dict(window_size=(70, -1), return_lse=True)
+    if paged:
+        kw["block_table"] = table
+    else:
+        k, v = k.reshape(b, 6 * page, 2, d), v.reshape(b, 6 * page, 2, d)
+    gen = torch.Generator().manual_seed(11)
+    ks = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+    vs = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+    with poisoned_outputs():
+        check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                [q, k.to(FP8), v.to(FP8), _lens(96, 41, 9)],
+                                dict(kw, k_scale=ks, v_scale=vs))
+
+
+def test_fp8_words_clamp_garbage():
+    """The word pipeline under garbage block indices and lengths (registered op, no
+    validation): blocks clamp to [0, num_blocks - 1], lengths to the table."""
+    d = 64
+    q, k, v, table = _paged(4, 2, 4, 2, d, 16, 3, torch.float32, seed=103)
     k8, v8 = _guarded(k.to(FP8)), _guarded(v.to(FP8))
     nb = k.shape[0]
     bad = table.clone()
@@ -287,9 +305,9 @@ def test_prefetch_clamps_garbage():
     bad[1, 0] = -(2**31)
     bad[2] = torch.tensor([nb, -1, 2**31 - 1], dtype=I32)
     lens = _lens(48, 10**6, -5, 2**31 - 1)
-    with DA.decode_config(block_n=16, kv_load="prefetch"), poisoned_outputs():
+    with DA.decode_config(block_n=16), poisoned_outputs():
         out, lse = torch.ops.tkit.decode_attention(q, k8, v8, lens, bad, None, None,
-                                                   32 ** -0.5, -1, 0, 0.0, 2)
+                                                   d ** -0.5, -1, 0, 0.0, 2)
     ref, ref_lse = S.ref_decode_attention(q.double(), k8.double(), v8.double(),
                                           lens.clamp(0, 48), block_table=bad.clamp(0, nb - 1),
                                           return_lse=True)

@@ -7,9 +7,7 @@ import triton
 import triton.language as tl
 
 from tkit.kernels._numerics import INTERPRET as _INTERPRET
-from tkit.kernels._numerics import and_scalar as _and_scalar
 from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
-from tkit.kernels._numerics import scalar_mask as _scalar_mask
 from tkit.kernels._numerics import to_fp8_saturated as _to_fp8_saturated
 
 
@@ -146,12 +144,124 @@ def _decode_tiles(acc, l_i, m_i, q, K, V, KS, VS, BT, start, end, L, qpos, offs_
 
 
 @triton.jit
+def _row_offsets(BT, start_n, L, offs_n, b64, n_blocks, sbtn, sn, sp, sn2, sp2,
+                 PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SUB_N: tl.constexpr,
+                 MASKED: tl.constexpr):
+    """Offsets of the rows of key positions ``start_n + offs_n`` in two caches strided (block,
+    row) = (sn, sp) and (sn2, sp2), int64. A fully visible tile (not MASKED) whose keys share a
+    block (dense, or pages of SUB_N keys or more: tiles start at multiples of SUB_N) needs
+    neither clamps nor a table read per key: one 64-bit base a tile plus a 32-bit row term
+    (the launcher guarantees SUB_N row strides < 2**31); every row is then below L, a row of
+    the sequence. Else as :func:`_key_rows` (positions clamped to the sequence, blocks to the
+    cache)."""
+    if MASKED or (PAGED and PAGE_SIZE < SUB_N):
+        blk, row = _key_rows(BT, start_n, start_n + offs_n, L, b64, n_blocks, sbtn, PAGE_SIZE,
+                             PAGED, SUB_N)
+        off = blk * sn + row * sp
+        off2 = blk * sn2 + row * sp2
+    else:
+        if PAGED:
+            blk = tl.load(BT + (start_n // PAGE_SIZE) * sbtn)
+            blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
+            r0 = tl.cast(start_n % PAGE_SIZE, tl.int64)
+        else:
+            blk = b64
+            r0 = tl.cast(start_n, tl.int64)
+        off = (blk * sn + r0 * sp) + offs_n * sp
+        off2 = (blk * sn2 + r0 * sp2) + offs_n * sp2
+    return off, off2
+
+
+@triton.jit
+def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
+                       start_n, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
+                       cap_scale, skn, skp, svn, svp, sksn, sksp, svsn, svsp, sbtn,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
+                       PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
+                       MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+                       SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
+                       SAME_STRIDES: tl.constexpr):
+    """:func:`_decode_tile` for fp8 caches read as int32 words of 4 values (the software
+    pipeline streams the words through shared memory): each word becomes four float16
+    quarters (:func:`_fp8_words_to_f16`) in whatever layout the dots ask of the shared-memory
+    read, so V's operand is gathered a 32-bit word (4 head-dim positions) at a time, never a
+    byte. S = sum_r q_r k_r^T; O's quarters acc_r accumulate apart and are interleaved once
+    after the loop by the caller (:func:`_interleave4`).
+    Strides ``sk*`` / ``sv*`` are in words (the launcher divides)."""
+    cols = start_n + offs_n
+    offs_w = tl.arange(0, BLOCK_D // 4)
+    wmask = (offs_w < HEAD_DIM // 4)[None, :]
+    if SAME_STRIDES:  # one offset computation for K and V (and for their scales)
+        svn = skn
+        svp = skp
+        svsn = sksn
+        svsp = sksp
+    k_off, v_off = _row_offsets(BT, start_n, L, offs_n, b64, n_blocks, sbtn, skn, skp, svn,
+                                svp, PAGE_SIZE, PAGED, SUB_N, MASKED)
+    kw = _masked_load(K + k_off[:, None] + offs_w[None, :], wmask, HEAD_DIM != BLOCK_D)
+    k0, k1, k2, k3 = _fp8_words_to_f16(kw)
+    qk = _dot(q0, tl.trans(k0.to(q0.dtype)), input_precision=PREC)
+    qk = _dot(q1, tl.trans(k1.to(q0.dtype)), qk, input_precision=PREC)
+    qk = _dot(q2, tl.trans(k2.to(q0.dtype)), qk, input_precision=PREC)
+    qk = _dot(q3, tl.trans(k3.to(q0.dtype)), qk, input_precision=PREC)
+    if SCALE_K == 2 or SCALE_V == 2:
+        ks_off, vs_off = _row_offsets(BT, start_n, L, offs_n, b64, n_blocks, sbtn, sksn, sksp,
+                                      svsn, svsp, PAGE_SIZE, PAGED, SUB_N, MASKED)
+    if SCALE_K == 2:
+        ks = tl.load(KS + ks_off)
+    else:
+        ks = tl.zeros([SUB_N], dtype=tl.float32)
+    if SCALE_K == 2 and not SOFTCAP:  # the score scale folded into K's (one multiply a score)
+        p, alpha, l_i, m_new = _online_softmax(qk, l_i, m_i, ks * qk_scale, cols, L, qpos,
+                                               shift, wl, wr, 1.0, cap_scale, MASKED, MASK_LO,
+                                               MASK_HI, SOFTCAP, SCALE_K)
+    else:
+        p, alpha, l_i, m_new = _online_softmax(qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr,
+                                               qk_scale, cap_scale, MASKED, MASK_LO, MASK_HI,
+                                               SOFTCAP, SCALE_K)
+    if SCALE_V == 2:
+        p = p * tl.load(VS + vs_off)[None, :]
+    p = p.to(q0.dtype)
+    vw = _masked_load(V + v_off[:, None] + offs_w[None, :], wmask, HEAD_DIM != BLOCK_D)
+    v0, v1, v2, v3 = _fp8_words_to_f16(vw)
+    acc0 = _dot(p, v0.to(q0.dtype), acc0 * alpha[:, None], input_precision=PREC)
+    acc1 = _dot(p, v1.to(q0.dtype), acc1 * alpha[:, None], input_precision=PREC)
+    acc2 = _dot(p, v2.to(q0.dtype), acc2 * alpha[:, None], input_precision=PREC)
+    acc3 = _dot(p, v3.to(q0.dtype), acc3 * alpha[:, None], input_precision=PREC)
+    return acc0, acc1, acc2, acc3, l_i, m_new
+
+
+@triton.jit
+def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
+                        start, end, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
+                        cap_scale, skn, skp, svn, svp, sksn, sksp, svsn, svsp, sbtn,
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                        SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+                        MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
+                        SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr,
+                        PREC: tl.constexpr, SAME_STRIDES: tl.constexpr):
+    """:func:`_decode_tiles` over :func:`_decode_tile_words`."""
+    for start_t in range(start, end, BLOCK_N):
+        for j in tl.static_range(BLOCK_N // SUB_N):
+            acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_words(
+                acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
+                start_t + j * SUB_N, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
+                cap_scale, skn, skp, svn, svp, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D,
+                SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V,
+                PREC, SAME_STRIDES)
+    return acc0, acc1, acc2, acc3, l_i, m_i
+
+
+@triton.jit
 def _fp8_words_to_f16(w):
     """int32 words, each 4 fp8 e4m3 values of consecutive head-dim positions (little-endian),
-    as four float16 tensors shaped like ``w``: e_r holds position 4 * word + r. On a GPU two
-    ``cvt.rn.f16x2.e4m3x2`` a word (exact, NaN kept): the fp8 tile never lives as bytes (one
-    8-bit value in each 32-bit register) nor passes through shared memory as bytes, and no
-    reshape follows (the quarters are dotted separately, :func:`_decode_tiles_prefetch`)."""
+    as four float16 tensors shaped like ``w``: e_r holds position 4 * word + r. The tile never
+    lives as bytes (one 8-bit value in each 32-bit register) nor is read from shared memory a
+    byte at a time, and no reshape follows (the quarters are dotted separately). On a GPU two
+    words a call (pack 2): byte r of both words is gathered (prmt) so that one
+    ``cvt.rn.f16x2.e4m3x2`` (exact, NaN kept) gives quarter r of both as one f16x2 register,
+    the pair an MMA operand register holds when the words are consecutive along K (no
+    repacking after the conversion)."""
     if _INTERPRET:  # the interpreter has no inline PTX: the same bytes, converted by Triton
         e0 = _interpreter_operand((w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True))
         e1 = _interpreter_operand(((w >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv,
@@ -167,16 +277,19 @@ def _fp8_words_to_f16(w):
     else:
         e0, e1, e2, e3 = tl.inline_asm_elementwise(
             """{
-            .reg .b16 lo, hi;
-            .reg .b32 r01, r23;
-            mov.b32 {lo, hi}, $4;
-            cvt.rn.f16x2.e4m3x2 r01, lo;
-            cvt.rn.f16x2.e4m3x2 r23, hi;
-            mov.b32 {$0, $1}, r01;
-            mov.b32 {$2, $3}, r23;
+            .reg .b32 t0, t1;
+            .reg .b16 a0, a1, a2, a3;
+            prmt.b32 t0, $4, $5, 0x5140;
+            prmt.b32 t1, $4, $5, 0x7362;
+            mov.b32 {a0, a1}, t0;
+            mov.b32 {a2, a3}, t1;
+            cvt.rn.f16x2.e4m3x2 $0, a0;
+            cvt.rn.f16x2.e4m3x2 $1, a1;
+            cvt.rn.f16x2.e4m3x2 $2, a2;
+            cvt.rn.f16x2.e4m3x2 $3, a3;
             }""",
-            "=h,=h,=h,=h,r", [w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
-            is_pure=True, pack=1)
+            "=r,=r,=r,=r,r,r", [w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+            is_pure=True, pack=2)
     return e0, e1, e2, e3
 
 
@@ -196,93 +309,6 @@ def _masked_load(ptrs, mask, ANY_MASK: tl.constexpr):
     else:
         x = tl.load(ptrs)
     return x
-
-
-@triton.jit
-def _load_kv(K, V, KS, VS, BT, start_n, L, offs_n, offs_d, b64, n_blocks, live,
-             skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn,
-             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-             PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
-             SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, FP8_WORDS: tl.constexpr,
-             LIVE_MASK: tl.constexpr, SAME_STRIDES: tl.constexpr, PART: tl.constexpr = 0):
-    """The cache's K and V tiles of BLOCK_N keys from ``start_n`` as stored (fp8 stays fp8), in
-    the plain blocked layout of the load (16-byte vectors along the head dim; FP8_WORDS: as
-    int32 words of 4 fp8 values, see :func:`_fp8_words_to_f16`), with their per-token scales
-    (SCALE_* == 2; else a placeholder). Key positions clamp to [0, L - 1] and blocks to
-    [0, n_blocks - 1] as in :func:`_key_rows`, so that any tile start reads rows of the
-    sequence when L >= 1. LIVE_MASK: the scalar ``live`` false reads nothing (a sequence of no
-    keys, whose clamped rows are not rows). SAME_STRIDES: V (and its scales) laid out as K
-    (and its), one offset computation for both. PART 1: K and the scales only (V returned as
-    K), PART 2: V only (K returned as V, the scales as placeholders)."""
-    c = tl.maximum(tl.minimum(start_n + offs_n, L - 1), 0)
-    if PAGED:  # as _key_rows, the table read clamped (and masked) too
-        if PAGE_SIZE >= BLOCK_N:
-            sn = tl.maximum(tl.minimum(start_n, L - 1), 0)
-            if LIVE_MASK:
-                blk = tl.load(BT + (sn // PAGE_SIZE) * sbtn, mask=live, other=0)
-            else:
-                blk = tl.load(BT + (sn // PAGE_SIZE) * sbtn)
-            blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
-            blk = tl.broadcast_to(blk, [BLOCK_N])
-        else:
-            if LIVE_MASK:
-                blk = tl.load(BT + (c // PAGE_SIZE) * sbtn, mask=_scalar_mask(live, c),
-                              other=0)
-            else:
-                blk = tl.load(BT + (c // PAGE_SIZE) * sbtn)
-            blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
-        row = (c % PAGE_SIZE).to(tl.int64)
-    else:
-        blk = tl.broadcast_to(b64, [BLOCK_N])
-        row = c.to(tl.int64)
-    if FP8_WORDS:  # fp8 with a contiguous head dim: int32 words of 4 values (16-byte loads)
-        offs_w = tl.arange(0, BLOCK_D // 4)
-        wmask = (offs_w < HEAD_DIM // 4)[None, :]
-        if LIVE_MASK:
-            wmask = _and_scalar(wmask, live)
-        # strides in words: multiples of 4 bytes (the launcher checks)
-        k_off = blk * (skn // 4) + row * (skp // 4)
-        if SAME_STRIDES:
-            v_off = k_off
-        else:
-            v_off = blk * (svn // 4) + row * (svp // 4)
-        if PART != 2:
-            k = _masked_load(K.to(tl.pointer_type(tl.int32)) + k_off[:, None]
-                             + offs_w[None, :], wmask, LIVE_MASK or HEAD_DIM != BLOCK_D)
-        if PART != 1:
-            v = _masked_load(V.to(tl.pointer_type(tl.int32)) + v_off[:, None]
-                             + offs_w[None, :], wmask, LIVE_MASK or HEAD_DIM != BLOCK_D)
-        if PART == 1:
-            v = k
-        if PART == 2:
-            k = v
-    else:
-        kmask = (offs_d < HEAD_DIM)[None, :]
-        if LIVE_MASK:
-            kmask = _and_scalar(kmask, live)
-        k_off = blk * skn + row * skp
-        if SAME_STRIDES:
-            v_off = k_off
-        else:
-            v_off = blk * svn + row * svp
-        k = _masked_load(K + k_off[:, None] + offs_d[None, :] * skd, kmask,
-                         LIVE_MASK or HEAD_DIM != BLOCK_D)
-        v = _masked_load(V + v_off[:, None] + offs_d[None, :] * svd, kmask,
-                         LIVE_MASK or HEAD_DIM != BLOCK_D)
-    if SCALE_K == 2 and PART != 2:
-        ks = _masked_load(KS + blk * sksn + row * sksp, _scalar_mask(live, row), LIVE_MASK)
-    else:
-        ks = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if SCALE_V == 2 and PART != 2:
-        if SAME_STRIDES:
-            vs = _masked_load(VS + blk * sksn + row * sksp, _scalar_mask(live, row),
-                              LIVE_MASK)
-        else:
-            vs = _masked_load(VS + blk * svsn + row * svsp, _scalar_mask(live, row),
-                              LIVE_MASK)
-    else:
-        vs = tl.zeros([BLOCK_N], dtype=tl.float32)
-    return k, v, ks, vs
 
 
 @triton.jit
@@ -313,113 +339,6 @@ def _online_softmax(qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr, qk_scale, ca
 
 
 @triton.jit
-def _decode_tile_loaded(acc, l_i, m_i, q, k, v, ks, vs, start_n, L, qpos, offs_n,
-                        shift, wl, wr, qk_scale, cap_scale,
-                        MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
-                        SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr,
-                        PREC: tl.constexpr):
-    """The online-softmax update of one tile already in registers (:func:`_load_kv`), in the
-    cache's dtype (fp8 read byte by byte is converted here, in the layout of the load);
-    per-token scales are applied to S (K's) and to P (V's: O = sum_j (p_j s_j) v_j)."""
-    if k.dtype != q.dtype:
-        k = k.to(q.dtype)
-    qk = _dot(q, tl.trans(k), input_precision=PREC)
-    p, alpha, l_i, m_new = _online_softmax(qk, l_i, m_i, ks, start_n + offs_n, L, qpos, shift,
-                                           wl, wr, qk_scale, cap_scale, MASKED, MASK_LO,
-                                           MASK_HI, SOFTCAP, SCALE_K)
-    acc = acc * alpha[:, None]
-    if v.dtype != q.dtype:
-        v = v.to(q.dtype)
-    if SCALE_V == 2:
-        p = p * vs[None, :]
-    acc = _dot(p.to(q.dtype), v, acc, input_precision=PREC)
-    return acc, l_i, m_new
-
-
-@triton.jit
-def _decode_tiles_prefetch(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
-                           t0, a, c, t1, L, qpos, offs_n, offs_d, b64, n_blocks, shift, wl, wr,
-                           qk_scale, cap_scale,
-                           skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn,
-                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                           BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
-                           MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
-                           SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
-                           FP8_WORDS: tl.constexpr, SAME_STRIDES: tl.constexpr):
-    """The tiles [t0, t1) in one loop that is not software-pipelined (num_stages 1): tile i + 1
-    is loaded into registers before tile i is computed, so its latency hides behind that
-    work (and the other resident programs'). Tiles in [a, c) are fully visible, the others
-    evaluate the masks (a branch per tile: one loop, one prologue). Only the prologue's read
-    is masked (an empty sequence); in the loop L >= 1, and the read past the last tile takes
-    clamped rows of the sequence (the same row again: cached lines).
-
-    FP8_WORDS: fp8 tiles held as int32 words (n, d / 4), each word becoming four float16
-    quarters e_r (head-dim positions 4w + r) in the words' own layout (no reshape: its layout
-    sent the operand shuffles through 64-bit shared loads and register moves), so that the
-    dots' operand shuffles move 16-bit data (``ldmatrix``). S = sum_r q_r k_r^T with q's
-    quarters q_r; O's quarters accumulate apart (acc_r = sum_j p_j v_r[j]), interleaved once
-    after the loop by the caller. The next tile's V is read after this tile's scores, when
-    this tile's V is converted: fewer registers held across the dots. Else acc0 and q0 alone
-    are used (acc1..3, q1..3 are placeholders)."""
-    kn, vn, ksn, vsn = _load_kv(K, V, KS, VS, BT, t0, L, offs_n, offs_d, b64, n_blocks,
-                                t0 < t1, skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp,
-                                sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, SCALE_K,
-                                SCALE_V, FP8_WORDS, True, SAME_STRIDES)
-    for start_t in range(t0, t1, BLOCK_N):
-        k, v, ks, vs = kn, vn, ksn, vsn
-        nxt = start_t + BLOCK_N
-        # FP8_WORDS: the next V is read after this tile's scores (fewer registers held)
-        kn, vn0, ksn, vsn = _load_kv(K, V, KS, VS, BT, nxt, L, offs_n, offs_d, b64, n_blocks,
-                                     nxt < t1, skn, skp, skd, svn, svp, svd, sksn, sksp, svsn,
-                                     svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED,
-                                     SCALE_K, SCALE_V, FP8_WORDS, False, SAME_STRIDES,
-                                     1 if FP8_WORDS else 0)
-        if not FP8_WORDS:
-            vn = vn0
-        full = (start_t >= a) & (start_t < c)
-        if FP8_WORDS:  # the dots shared, the masks in a branch
-            k0, k1, k2, k3 = _fp8_words_to_f16(k)
-            qk = _dot(q0, tl.trans(k0.to(q0.dtype)), input_precision=PREC)
-            qk = _dot(q1, tl.trans(k1.to(q0.dtype)), qk, input_precision=PREC)
-            qk = _dot(q2, tl.trans(k2.to(q0.dtype)), qk, input_precision=PREC)
-            qk = _dot(q3, tl.trans(k3.to(q0.dtype)), qk, input_precision=PREC)
-            cols = start_t + offs_n
-            if full:
-                p, alpha, l_i, m_new = _online_softmax(
-                    qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr, qk_scale, cap_scale, False,
-                    MASK_LO, MASK_HI, SOFTCAP, SCALE_K)
-            else:
-                p, alpha, l_i, m_new = _online_softmax(
-                    qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr, qk_scale, cap_scale, True,
-                    MASK_LO, MASK_HI, SOFTCAP, SCALE_K)
-            m_i = m_new
-            if SCALE_V == 2:
-                p = p * vs[None, :]
-            p = p.to(q0.dtype)
-            v0, v1, v2, v3 = _fp8_words_to_f16(v)
-            vn = _load_kv(K, V, KS, VS, BT, nxt, L, offs_n, offs_d, b64, n_blocks, nxt < t1,
-                          skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM,
-                          BLOCK_D, BLOCK_N, PAGE_SIZE, PAGED, SCALE_K, SCALE_V, FP8_WORDS,
-                          False, SAME_STRIDES, 2)[1]
-            acc0 = _dot(p, v0.to(q0.dtype), acc0 * alpha[:, None], input_precision=PREC)
-            acc1 = _dot(p, v1.to(q0.dtype), acc1 * alpha[:, None], input_precision=PREC)
-            acc2 = _dot(p, v2.to(q0.dtype), acc2 * alpha[:, None], input_precision=PREC)
-            acc3 = _dot(p, v3.to(q0.dtype), acc3 * alpha[:, None], input_precision=PREC)
-        else:
-            if full:
-                acc0, l_i, m_i = _decode_tile_loaded(
-                    acc0, l_i, m_i, q0, k, v, ks, vs, start_t, L, qpos, offs_n, shift, wl, wr,
-                    qk_scale, cap_scale, False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V,
-                    PREC)
-            else:
-                acc0, l_i, m_i = _decode_tile_loaded(
-                    acc0, l_i, m_i, q0, k, v, ks, vs, start_t, L, qpos, offs_n, shift, wl, wr,
-                    qk_scale, cap_scale, True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V,
-                    PREC)
-    return acc0, acc1, acc2, acc3, l_i, m_i
-
-
-@triton.jit
 def _q_part(Q, q_off, cols, row_ok, sqd, HEAD_DIM: tl.constexpr, CACHE_DTYPE: tl.constexpr):
     """Columns ``cols`` of the packed query rows, in the dtype that meets the cache (as q in
     :func:`_decode_split_kernel`: float16 for a bfloat16 query and an fp8 cache)."""
@@ -441,8 +360,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
     MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
-    PREFETCH: tl.constexpr = False, FP8_WORDS: tl.constexpr = False,
-    SAME_STRIDES: tl.constexpr = False,
+    FP8_WORDS: tl.constexpr = False, SAME_STRIDES: tl.constexpr = False,
 ):
     """One program: the packed rows of one M tile of one (sequence, kv head), over split
     ``s`` of its keys. Grid (num_splits * M tiles, heads_kv, batch), M tiles fastest.
@@ -457,10 +375,9 @@ def _decode_split_kernel(
     ``sls_split`` and whose other strides follow the same (batch, query, head, dim) names.
     ``qk_scale`` = softmax scale * log2(e) (softcap: cap * log2(e); ``cap_scale`` = scale /
     cap); ``wl``, ``wr`` the window (used when MASK_LO / MASK_HI; causal is wr = 0).
-    PREFETCH: the keys in one loop with a register prefetch (:func:`_decode_tiles_prefetch`,
-    launched with num_stages 1) instead of three software-pipelined loops; FP8_WORDS (with
-    PREFETCH): fp8 caches whose head dim is contiguous, in 4-byte-aligned rows, read as int32
-    words of 4 values; SAME_STRIDES (with PREFETCH): V and its scales strided as K and its."""
+    FP8_WORDS: fp8 caches whose head dim is contiguous, in 4-byte-aligned rows, read as int32
+    words of 4 values (:func:`_decode_tiles_words`); SAME_STRIDES (with FP8_WORDS): V and its
+    scales strided as K and its."""
     pid = tl.program_id(0)
     hk = tl.program_id(1)
     b = tl.program_id(2)
@@ -532,33 +449,39 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if PREFETCH:
-        if FP8_WORDS:  # q's quarters (columns 4c + r), as q
-            offs_c = tl.arange(0, BLOCK_D // 4) * 4
-            q0 = _q_part(Q, q_off, offs_c, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
-            q1 = _q_part(Q, q_off, offs_c + 1, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
-            q2 = _q_part(Q, q_off, offs_c + 2, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
-            q3 = _q_part(Q, q_off, offs_c + 3, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
-            acc0 = tl.zeros([BLOCK_M, BLOCK_D // 4], dtype=tl.float32)
-        else:
-            q0 = q
-            q1 = q
-            q2 = q
-            q3 = q
-            acc0 = acc
+    if FP8_WORDS:  # the word pipeline: q's quarters (columns 4c + r), O's quarters
+        offs_c = tl.arange(0, BLOCK_D // 4) * 4
+        q0 = _q_part(Q, q_off, offs_c, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+        q1 = _q_part(Q, q_off, offs_c + 1, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+        q2 = _q_part(Q, q_off, offs_c + 2, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+        q3 = _q_part(Q, q_off, offs_c + 3, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+        acc0 = tl.zeros([BLOCK_M, BLOCK_D // 4], dtype=tl.float32)
         acc1 = acc0
         acc2 = acc0
         acc3 = acc0
-        acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_prefetch(
-            acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kh, Vh, KS, VS, BTb, t0, a, c, t1,
-            L, qpos, offs_n, offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp,
-            skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N,
-            PAGE_SIZE, PAGED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, FP8_WORDS,
-            SAME_STRIDES)
-        if FP8_WORDS:
-            acc = _interleave4(acc0, acc1, acc2, acc3, BLOCK_M, BLOCK_D)
-        else:
-            acc = acc0
+        # int32 pointers and strides in words (multiples of 4 bytes: the launcher checks)
+        Kw = Kh.to(tl.pointer_type(tl.int32))
+        Vw = Vh.to(tl.pointer_type(tl.int32))
+        skn = skn // 4
+        skp = skp // 4
+        svn = svn // 4
+        svp = svp // 4
+        acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
+            acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, t0, a, L,
+            qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
+            sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
+            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
+        acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
+            acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, a, c, L,
+            qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
+            sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
+            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
+        acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
+            acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, c, t1, L,
+            qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
+            sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
+            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
+        acc = _interleave4(acc0, acc1, acc2, acc3, BLOCK_M, BLOCK_D)
     else:
         acc, l_i, m_i = _decode_tiles(
             acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, t0, a, L, qpos, offs_n, offs_d, b64,
@@ -575,6 +498,7 @@ def _decode_split_kernel(
             n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn,
             sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, True,
             MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+
 
     empty = l_i == 0.0  # no visible key in this split: O = 0, lse = -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]

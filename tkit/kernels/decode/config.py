@@ -30,6 +30,15 @@ CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, FP8)
 class DecodeConfig:
     """Launch parameters of the decode kernels.
 
+    K and V reach the dots through Triton's software pipeline (cp.async into shared memory,
+    read in the MMA operand layouts). An fp8 cache whose rows are whole 4-byte words
+    (head dim >= 64) is streamed as int32 words, each converted into four float16
+    quarters in the operand layout (V gathered a word at a time); other fp8 caches are
+    read a byte at a time (``LDS.U8``: the B operand of P @ V wants consecutive keys, 128
+    bytes apart, and there is no 8-bit ``ldmatrix.trans`` on sm_90). A paged loop keeps
+    one K/V tile in flight below 5 stages (the block-table read takes part of the
+    pipeliner's stages), two from 5, three from 7.
+
     block_n: keys per tile (a power of 2 >= 16), independent of the page size.
     sub_n: keys per sub-tile (a power of 2 >= 16 dividing block_n; None: block_n): a tile's
         loads are in flight together, its converted operands live one sub-tile at a time.
@@ -40,14 +49,6 @@ class DecodeConfig:
     ctas_per_sm: resident programs per SM that the split heuristic counts as slots.
     split_bytes: K+V bytes one split should stream at most (the split heuristic's floor on the
         number of splits, so that the longest sequence of a mixed batch is not one long tail).
-    kv_load: how K and V reach the dots. ``"pipeline"``: Triton's software pipeline streams
-        the tiles through shared memory (cp.async) and reads them in the MMA operand layouts;
-        an fp8 tile is then read a byte at a time (``LDS.U8``: the B operand of P @ V wants
-        consecutive keys, 128 bytes apart, and there is no 8-bit ``ldmatrix.trans`` on
-        sm_90). ``"prefetch"``: one loop, not pipelined (launched with num_stages 1), that
-        loads tile i + 1 into registers (16-byte loads in the plain blocked layout) before
-        computing tile i; fp8 is converted there, so the operand shuffles move 16-bit data
-        (``ldmatrix``); sub_n is ignored (a tile is one sub-tile).
     max_registers: None, or a cap on the split kernel's registers a thread (Triton's
         ``maxnreg``): more resident programs an SM at the price of spills, for experiments.
     """
@@ -60,34 +61,43 @@ class DecodeConfig:
     num_splits: Optional[int] = None  # noqa: UP045
     ctas_per_sm: int = 2
     split_bytes: int = 2 << 20
-    kv_load: str = "pipeline"
     max_registers: Optional[int] = None  # noqa: UP045
 
     @classmethod
-    def for_device(cls, head_dim: int, cache_itemsize: int) -> DecodeConfig:
-        """The default for this head dim and cache element size (docs/NOTES.md has the H200
-        sweep of B32 D128, dense and paged): K tiles of 16 KB (64 keys at D=128 in 16 bits,
-        32 at D=256, 128 for fp8 at D=128), 4 warps, 2 or 3 stages (below). The interpreter
-        pays per tile, not per element, but tests want several tiles and splits on tiny
-        caches: 16-key tiles there.
+    def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,
+                   programs: int = 0, sms: int = 0) -> DecodeConfig:
+        """The default for this head dim, cache element size and layout (``paged``: a block
+        table; else a dense cache); docs/NOTES.md has the H200 sweeps of B32 Hq32/Hkv8 D128
+        L8192, dense and paged, that chose the D=128 rows. Otherwise K tiles of 16 KB (64 keys
+        at D=128 in 16 bits, 32 at D=256), 4 warps, 3 stages. The interpreter pays per tile,
+        not per element, but tests want several tiles and splits on tiny caches: 16-key
+        tiles there. ``programs``, ``sms``: the grid the dense 16-bit D=128 default makes
+        (programs, splits included) and the SM count; more programs than one wave of three
+        an SM take the 4-warp config instead (below).
 
-        fp8 at D=128 (sm_90a compile, B32 Hq32/Hkv8 L8192 page 64, per-token scales; Triton
-        3.6 gives each loop one ring slot of K and V whatever num_stages says, so the bytes in
-        flight an SM are resident programs x one K+V tile): whole 128-key tiles at 3 stages
-        took 201 registers, 2 programs an SM, 66 KB in flight; 128-key tiles in sub-tiles of
-        32 keys at 2 stages take 168 registers, 3 programs, 99 KB in flight, no spills (64-key
-        sub-tiles: 255 registers; 64-key tiles: 168-190 registers, 50 KB). Timed on the
-        H200 (docs/NOTES.md, "sixth session"), 128-key tiles through ``kv_load="prefetch"``
-        (fp8 converted in registers, 16-bit operand shuffles) took 0.78x the bf16 page-64
-        time, against 1.32x for the pipelined sub-tiles and 0.98x for 64-key prefetch tiles.
-        16-bit caches keep the pipeline: prefetch tied it (0.99-1.01x) at 64 keys and lost
-        at 32 and 128."""
+        fp8 at D=128: the pipelined loops reading words (above), 2 warps, 64-key tiles,
+        5 stages (two K/V tiles in flight a program even when paged): 214 registers, 40 KB,
+        4 programs an SM, so the split heuristic counts 4 slots an SM (B32: 2 splits). Page
+        64 with per-token scales took 0.563-0.573x the bf16 page-64 time on the H200, against
+        0.79x for the register-prefetch loop (the default before: 200 registers, 2 programs
+        an SM), 0.59-0.60x for 1 warp and 0.69-0.76x for 4 warps (cross-warp softmax through
+        shared memory every tile). The register-prefetch loop is deleted: 16-bit caches never
+        took it either (0.99-1.01x of the pipeline at 64 keys, slower at 32 and 128).
+
+        Dense 16-bit D=128: 8 warps take 80 registers, and at 3 stages two K/V tiles are in
+        flight a program (72 KB, three programs an SM); 4 MB a split keeps B32 L8192 at one
+        split, so no combine launch follows. H200, whole calls against the 4-warp, 2-stage,
+        2 MB config: B32 L8192 4.48 / 4.39 TB/s, 4 queries 4.46 / 4.32, B1 L131072 (29
+        splits) 4.06 / 3.78, but B128 L1024 (1024 programs: 2.6 waves of three an SM against
+        1.9 of four) 4.09 / 4.25: grids of more than one wave keep the 4-warp config."""
         if _env.INTERPRET:
             return cls(block_n=16, block_m=16, num_stages=1)
         block_d = max(16, C.next_power_of_2(head_dim))
         block_n = max(16, min(128, (16 << 10) // (block_d * cache_itemsize)))
         if cache_itemsize == 1 and block_d == 128:
-            return cls(block_n=128, num_stages=1, kv_load="prefetch")
+            return cls(block_n=64, num_warps=2, num_stages=5, ctas_per_sm=4)
+        if cache_itemsize == 2 and block_d == 128 and not paged and not programs > 3 * sms > 0:
+            return cls(block_n=64, num_warps=8, num_stages=3, split_bytes=4 << 20)
         # 16-bit D=128, dense: two stages take 39 KB of shared memory and four programs fit an
         # SM (the register limit), three take 72 KB and three fit; the dense cache then read
         # 4.1 TB/s instead of 3.5 (a paged cache, whose loop keeps one K/V buffer at either
@@ -105,8 +115,9 @@ def decode_config(**overrides):
     return _OVERRIDES.scope(**overrides)
 
 
-def current_config(head_dim: int, cache_itemsize: int) -> DecodeConfig:
-    cfg = DecodeConfig.for_device(head_dim, cache_itemsize)
+def current_config(head_dim: int, cache_itemsize: int, paged: bool = True,
+                   programs: int = 0, sms: int = 0) -> DecodeConfig:
+    cfg = DecodeConfig.for_device(head_dim, cache_itemsize, paged, programs, sms)
     return _OVERRIDES.apply(cfg)
 
 

@@ -147,22 +147,33 @@ def plan_splits(q, k_cache, block_table, num_splits: int = 0,
     no host sync)."""
     b, sq, hq, d = q.shape
     hk = k_cache.shape[2]
-    cfg = config or current_config(d, k_cache.element_size())
-    n_rows = sq * (hq // hk)
-    block_m = max(16, min(C.next_power_of_2(n_rows), cfg.block_m))
-    n_m = C.cdiv(n_rows, block_m)
+    size, paged = k_cache.element_size(), block_table is not None
+    sms = D.sm_count(q.device)
+    cfg = config or current_config(d, size, paged)
     if block_table is None:
         max_len = k_cache.shape[1]
     else:
         max_len = block_table.shape[1] * k_cache.shape[1]
-    n_tiles = C.cdiv(max_len, cfg.block_n)
-    splits = num_splits or cfg.num_splits
-    if not splits:
-        kv_bytes = 2 * max_len * d * k_cache.element_size()
-        splits = choose_num_splits(b * hk * n_m, n_tiles, D.sm_count(q.device),
-                                   ctas_per_sm=cfg.ctas_per_sm,
-                                   min_splits=C.cdiv(kv_bytes, cfg.split_bytes))
-    splits = max(1, min(int(splits), MAX_SPLITS, max(n_tiles, 1)))
+    n_rows = sq * (hq // hk)
+
+    def plan(cfg):
+        block_m = max(16, min(C.next_power_of_2(n_rows), cfg.block_m))
+        n_m = C.cdiv(n_rows, block_m)
+        n_tiles = C.cdiv(max_len, cfg.block_n)
+        splits = num_splits or cfg.num_splits
+        if not splits:
+            kv_bytes = 2 * max_len * d * size
+            splits = choose_num_splits(b * hk * n_m, n_tiles, sms, ctas_per_sm=cfg.ctas_per_sm,
+                                       min_splits=C.cdiv(kv_bytes, cfg.split_bytes))
+        splits = max(1, min(int(splits), MAX_SPLITS, max(n_tiles, 1)))
+        return splits, block_m, n_m
+
+    splits, block_m, n_m = plan(cfg)
+    if config is None and not paged:  # the dense default depends on the grid it makes
+        wide = current_config(d, size, paged, b * hk * n_m * splits, sms)
+        if wide != cfg:
+            cfg = wide
+            splits, block_m, n_m = plan(cfg)
     return splits, cfg, block_m, n_m
 
 
@@ -187,12 +198,8 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         max_len, page, n_blocks = k_cache.shape[1], 1, b
         bt, bt_strides = (cache_seqlens if cache_seqlens is not None else q), (0, 0)
     block_d = max(16, C.next_power_of_2(d))
-    if cfg.kv_load not in ("pipeline", "prefetch"):
-        raise ValueError(f"DecodeConfig: kv_load = {cfg.kv_load!r} must be 'pipeline' or "
-                         "'prefetch'")
-    prefetch = cfg.kv_load == "prefetch"
-    # an override of block_n alone; the prefetch loop takes whole tiles
-    sub_n = cfg.block_n if prefetch else min(cfg.sub_n or cfg.block_n, cfg.block_n)
+    # an override of block_n alone
+    sub_n = min(cfg.sub_n or cfg.block_n, cfg.block_n)
     if sub_n < 16 or cfg.block_n % sub_n or sub_n & (sub_n - 1):
         raise ValueError(f"DecodeConfig: sub_n = {cfg.sub_n} must be a power of 2 >= 16 that "
                          f"divides block_n = {cfg.block_n}")
@@ -204,6 +211,11 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         qk_scale, cap_scale = softcap * LOG2E, scale / softcap
     else:
         qk_scale, cap_scale = scale * LOG2E, 1.0
+    # fp8 caches read as int32 words of 4 values, where the layout allows
+    # (a tile's row offsets are 32-bit: block_n row strides below 2**31)
+    words = (block_d >= 64 and _fp8_words(k_cache, v_cache)
+             and max(k_cache.stride(1), ks_strides[1], vs_strides[1]) * cfg.block_n < 2**31)
+    same = k_cache.stride() == v_cache.stride() and ks_strides == vs_strides
     if splits == 1:
         o_part, l_part = out, lse
         o_st, l_st = out.stride(), lse.stride()
@@ -236,10 +248,8 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         PAGED=paged, MASK_LO=window_left >= 0, MASK_HI=window_right >= 0,
         SOFTCAP=softcap > 0.0, SCALE_K=scale_k, SCALE_V=scale_v,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=1 if prefetch else cfg.num_stages,
-        **({"PREFETCH": True, "FP8_WORDS": block_d >= 64 and _fp8_words(k_cache, v_cache),
-            "SAME_STRIDES": k_cache.stride() == v_cache.stride() and ks_strides == vs_strides}
-           if prefetch else {}),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"FP8_WORDS": True, "SAME_STRIDES": same} if words else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
     )
     if splits > 1:
@@ -258,7 +268,7 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
 
 
 def _fp8_words(k_cache, v_cache) -> bool:
-    """fp8 caches the prefetch loop can read as int32 words of 4 values: a contiguous head dim
+    """fp8 caches the pipelined loops can read as int32 words of 4 values: a contiguous head dim
     that is a multiple of 4, every other stride 4-byte aligned, the base 16-byte aligned (the
     granularity of an eager plan's key, so that a plan never serves a base this excludes).
     The caller also wants a padded head dim of 64 or more: the words' four quarters are dotted
