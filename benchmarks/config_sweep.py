@@ -385,44 +385,34 @@ def sweep_matmul_fp8_block_dsv3(rows):
 
 def sweep_int4(rows):
     """matmul_int4 at the registry's 'decode' cases (M = 1 and 16 at K=4096, N=14336 and at
-    K=N=8192): the tensor-core decode kernel ("tc": columns a program, warps, cp.async stages,
-    K split) against the GEMV (CUDA cores) and the tile kernel's best of the last sweep, every
-    field given (a variant does not inherit the other paths' defaults). The default is "tc"."""
+    K=N=8192). M = 1: the GEMV with K lanes (a program's warps walk interleaved K chunks of
+    all of K and sum once: no split partials, no reduce launch) and 1 or 2 steps of codes in
+    flight, against the default (one warp a program, K split 16 ways, the reduce launch), its
+    one-launch reduce and the tc kernel's best. M = 16: the tc kernel (the default) and its
+    host-descriptor form. Every field given (a variant does not inherit the other paths'
+    defaults)."""
     from tkit.kernels.matmul import int4 as I4
 
-    def gemv(bn, bk, split, warps, fused=False):
+    def gemv(bn, bk, split, warps, fused=False, lanes=1, prefetch=1):
         return dict(path="gemv", block_m=16, block_n=bn, block_k=bk, split_k=split,
-                    num_warps=warps, num_stages=1, fused_reduce=fused)
+                    num_warps=warps, num_stages=1, fused_reduce=fused, k_lanes=lanes,
+                    prefetch=prefetch)
 
-    def tile(bn, split, warps, stages, bm=16):
-        return dict(path="tile", block_m=bm, block_n=bn, block_k=128, split_k=split,
-                    num_warps=warps, num_stages=stages)
+    def lanes(bn, bk, k_lanes, warps, prefetch, split=1):
+        return gemv(bn, bk, split, warps, lanes=k_lanes, prefetch=prefetch)
 
     def tc(bn, warps, stages, split, tma=False, bm=16, host=False):
         return dict(path="tc", block_m=bm, block_n=bn, block_k=128, split_k=split,
                     num_warps=warps, num_stages=stages, q_tma=tma, host_descriptors=host)
 
-    def tc8(bn, warps, stages, split, tma=False, host=False):
-        return tc(bn, warps, stages, split, tma, bm=8, host=host)
-
-    # tc: columns a program (64 / 128 / 256), warps (4: mma.sync with 8 rows of a, or one
-    # warpgroup; 8: two warpgroups), stages in flight, K split 2 to 8 (partials summed by the
-    # reduce launch); tma: the packed tile, scales and zeros through descriptors (tc's
-    # default; host: made on the host, not by every program), else cp.async and the scales a
-    # step ahead by hand.
-    # M = 1 (the GEMV is the default): tc with 8 rows of a (mma.sync) and 16 (wgmma)
-    m1 = [tc8(128, 4, 4, 4, tma=True, host=True), tc8(128, 4, 4, 8, tma=True, host=True),
-          tc8(128, 4, 4, 2, tma=True, host=True), tc8(128, 4, 3, 4, tma=True, host=True),
-          tc8(256, 8, 4, 2, tma=True, host=True), tc8(128, 4, 4, 4, tma=True),
-          tc8(128, 4, 3, 4, tma=True), tc8(128, 4, 4, 8, tma=True), tc8(128, 4, 4, 4),
-          tc(128, 4, 4, 4, tma=True, host=True), gemv(128, 64, 16, 1, True)]
-    # M = 16 (tc is the default: 16 rows of a, one warpgroup, split 2 / 4, descriptors made
-    # by the programs)
-    m16 = [tc(128, 8, 4, 2, tma=True, host=True), tc(128, 4, 4, 4, tma=True, host=True),
-           tc(128, 4, 4, 2, tma=True, host=True), tc(128, 8, 3, 2, tma=True, host=True),
-           tc(128, 8, 4, 4, tma=True, host=True), tc(128, 4, 4, 2, tma=True),
-           tc(128, 4, 4, 4, tma=True), tc(128, 8, 4, 4, tma=True), tc(128, 8, 4, 2),
-           tile(64, 4, 4, 3)]
+    # lanes(columns, K step, lanes, warps, steps in flight): registers (sm_90a) 128 for
+    # (64 | 128, 32, *, *, 2), 80 for (*, 32, *, *, 1), 186 for (*, 64, *, 8, 1); 64 columns
+    # give 224 / 128 programs at N = 14336 / 8192, 128 columns 112 / 64
+    m1 = [lanes(64, 32, 16, 8, 2), lanes(64, 32, 32, 16, 2), lanes(64, 32, 16, 8, 1),
+          lanes(128, 32, 8, 8, 2), lanes(128, 32, 16, 16, 2), lanes(128, 32, 8, 8, 1),
+          lanes(64, 64, 16, 8, 1), lanes(128, 64, 8, 8, 1), lanes(64, 32, 16, 8, 2, split=2),
+          gemv(128, 64, 16, 1, True), tc(128, 4, 3, 4, tma=True, bm=8, host=True)]
+    m16 = [tc(128, 4, 4, 2, tma=True, host=True), tc(128, 4, 4, 4, tma=True, host=True)]
     for idx in (0, 2):  # M = 1
         sweep("int4", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)
     for idx in (1, 3):  # M = 16

@@ -218,6 +218,42 @@ def test_fused_reduce_is_the_two_launch_sum(M, path):
     assert int(_matmul_ops._COUNTERS[(a.device.type, a.device.index)].abs().sum()) == 0
 
 
+@pytest.mark.parametrize("M,lanes,warps,bk,prefetch,split,sym", [
+    (1, 4, 1, 32, 2, 1, False),   # 18 chunks over 4 lanes: the last step has 2 live lanes
+    (1, 8, 2, 16, 1, 1, True),    # more lanes than one step of chunks in a split
+    (3, 2, 1, 64, 2, 3, False),   # rows of a, K split 3 ways (uneven) on top of the lanes
+    (2, 16, 4, 32, 2, 2, True),   # lanes past the end of a split from the first step
+])
+def test_gemv_k_lanes_and_prefetch(M, lanes, warps, bk, prefetch, split, sym):
+    """k_lanes: a program's K range walked by interleaved lanes (warps, and threads N leaves
+    over) summed once at the end; prefetch 1 or 2 steps of codes in flight. Lanes and steps
+    past the range's end must add nothing (their codes and activations are masked), bias
+    once."""
+    N, K, G = 37, 9 * 64, 64
+    a, q, s, z = _gemv_case(M, N, K, G, BF16, sym, seed=23 + lanes)
+    bias = make_tensor((N,), BF16, seed=5)
+    spec = registry.get("matmul_int4")
+    with I4.int4_config(path="gemv", block_n=32, block_k=bk, k_lanes=lanes, num_warps=warps,
+                        prefetch=prefetch, split_k=split), poisoned_outputs():
+        check_against_reference(spec.fn, spec.reference, (a, q, s, z),
+                                dict(group_size=G, bias=bias))
+
+
+def test_gemv_k_lanes_fused_reduce_and_checks():
+    """Lanes with the one-launch split-K sum (the same bits as the reduce launch), and the
+    override's checks on k_lanes and prefetch."""
+    M, N, K, G = 1, 40, 512, 64
+    a, q, s, z = _gemv_case(M, N, K, G, BF16, False, seed=29)
+    with I4.int4_config(path="gemv", block_n=32, block_k=32, k_lanes=4, prefetch=2, split_k=2):
+        two = tkit.matmul_int4(a, q, s, z, group_size=G)
+        with I4.int4_config(fused_reduce=True):
+            one = tkit.matmul_int4(a, q, s, z, group_size=G)
+    assert torch.equal(one, two)
+    for bad, match in ((dict(k_lanes=3), "k_lanes=3"), (dict(prefetch=3), "prefetch=3")):
+        with I4.int4_config(path="gemv", **bad), pytest.raises(ValueError, match=match):
+            tkit.matmul_int4(a, q, s, z, group_size=G)
+
+
 def test_gemv_rejects_large_m():
     q, s, z = tkit.quantize_int4(make_tensor((8, 32), F16, seed=2), 16)
     with I4.int4_config(path="gemv"), pytest.raises(ValueError, match="M <= 16"):

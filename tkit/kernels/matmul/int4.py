@@ -87,7 +87,7 @@ from tkit.kernels import _common as C
 from tkit.kernels import _device as D
 from tkit.kernels import _plan as P
 from tkit.kernels import _register as R
-from tkit.kernels._numerics import INTERPRET, and_scalar, round_to, scalar_mask
+from tkit.kernels._numerics import INTERPRET, and_scalar, round_to
 from tkit.kernels.matmul._kernels import _dot, _splitk_reduce_kernel
 from tkit.kernels.matmul.ops import _splitk_counters
 
@@ -120,6 +120,13 @@ class Int4Config:
     #: gemv path, split_k > 1: the last program of each column slab sums the partials (one
     #: launch, deterministic; per-device arrival counters, so opt-in as matmul's)
     fused_reduce: bool = False
+    #: gemv path: K lanes a program (its warps, and a warp's threads that N leaves over, walk
+    #: interleaved BLOCK_K chunks of the program's K range and sum once at the end): many
+    #: warps over all of K without split partials. A power of 2; BLOCK_N // 4 * K_LANES
+    #: should be 32 * num_warps (fewer threads than that repeat the tile in registers)
+    k_lanes: int = 1
+    #: gemv path: steps of codes loaded ahead of the one in use (1 or 2), in registers
+    prefetch: int = 1
     #: tc path: the packed tile, scales and zeros through tensor descriptors (TMA) where they
     #: are 16-byte aligned (N a multiple of 8 for 16-bit scales), else cp.async of 4-byte
     #: words and scales loaded a step ahead
@@ -246,6 +253,10 @@ def current_config(M: int, N: int, K: int, group_size: int, num_sms: int) -> Int
             raise ValueError(f"path={cfg.path!r} must be one of {PATHS}")
         if cfg.path == "gemv" and M > 16:
             raise ValueError(f"path='gemv' takes all M={M} rows in one program: M <= 16")
+        if cfg.k_lanes < 1 or cfg.k_lanes & (cfg.k_lanes - 1):
+            raise ValueError(f"k_lanes={cfg.k_lanes} must be a power of 2")
+        if cfg.prefetch not in (1, 2):
+            raise ValueError(f"prefetch={cfg.prefetch} must be 1 or 2")
         # one program's rows: all of them on the gemv path, >= 16 for tl.dot on the tile path,
         # a power of 2 >= 8 on the tc path (the MMA's N; fewer rows gained nothing)
         if cfg.path == "gemv":
@@ -364,11 +375,19 @@ def _matmul_int4_gemv_kernel(
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr, FUSED_REDUCE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    K_LANES: tl.constexpr = 1, PREFETCH: tl.constexpr = 1,
 ):
     """All M (<= BLOCK_M) rows of ``a`` times BLOCK_N columns over this program's K range, on
     the CUDA cores: a memory-bound GEMV that streams (BLOCK_K // 8, BLOCK_N) int32 tiles of
     codes with 16-byte loads along N. Arguments and outputs as ``_matmul_int4_kernel``'s;
     ``magic_a`` / ``magic_b`` are 2^23 / 2^27 as float32 bits (MAGIC_A, MAGIC_B).
+
+    K_LANES: the program's K range is walked by K_LANES independent lanes (the warps, and the
+    threads of a warp that N leaves over), lane l taking the BLOCK_K-deep chunks l, l +
+    K_LANES, ...: one step reads a (BLOCK_K // 8, K_LANES, BLOCK_N) tile, every lane keeps its
+    own partial sums and they meet once, after the loop (one cross-warp sum). So a program can
+    cover all of K with many warps in flight, with no second launch and no split partials.
+    PREFETCH: steps of codes loaded ahead of the one being used (1 or 2), in registers.
 
     Dequantization without an int -> float convert, two instructions a weight: the word and
     its rotations by 8, 16 and 24 bits put every nibble once at bits 16..19 (nibbles 4, 2, 0,
@@ -378,43 +397,62 @@ def _matmul_int4_gemv_kernel(
     applied once per word and K step: ``sum_k a_k (q_k - z) s = s 2^-16 (t - 2^16 ((128 + z)
     sum_A a + (2048 + z) sum_B a))`` (A, B: the nibbles of each offset), exact for any
     (fractional) z up to float32 rounding: the cancellation costs ~11 of float32's 24 bits,
-    against the 8 of bf16. Partial sums stay per (row of a, packed row, column) in registers,
-    one (BLOCK_K // 8, BLOCK_N) tile per row of a (a tuple); the reduction over packed rows
-    happens once, after the loop.
+    against the 8 of bf16. Partial sums stay per (row of a, packed row, lane, column) in
+    registers, one tile per row of a (a tuple); the reduction over packed rows happens once
+    a step, within each thread.
     """
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     BKQ: tl.constexpr = BLOCK_K // 8
+    WK: tl.constexpr = K_LANES
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_bn = offs_n % N  # columns past the edge read a valid one; masked on the store
     offs_kq = tl.arange(0, BKQ)
+    lanes = tl.arange(0, WK)
     k_tiles = K // BLOCK_K
     per_split = tl.cdiv(k_tiles, SPLIT_K)
     k_begin = pid_k * per_split
     k_end = tl.minimum(k_begin + per_split, k_tiles)
+    n_steps = tl.cdiv(tl.maximum(k_end - k_begin, 0), WK)
+    # (WK, BKQ, BN): lane l's chunk, its packed row i, column n (the lanes first: the layout
+    # takes the dimension after N for the warps, and the sums over i stay in each thread)
     q_ptrs = (q_ptr + (k_begin * BKQ).to(tl.int64) * stride_qk
-              + offs_kq[:, None] * stride_qk + offs_bn[None, :] * stride_qn)
-    a_ptrs = a_ptr + (k_begin * BLOCK_K).to(tl.int64) * stride_ak + offs_kq * (8 * stride_ak)
-    s_ptrs = s_ptr + offs_bn * stride_sn
-    z_ptrs = z_ptr + offs_bn * stride_zn
-    zero = tl.zeros((BLOCK_N,), dtype=tl.float32)
+              + (lanes[:, None, None] * BKQ + offs_kq[None, :, None]) * stride_qk
+              + offs_bn[None, None, :] * stride_qn)
+    # (WK, BKQ): the activation of nibble 0 of packed row i of lane l's chunk
+    a_ptrs = (a_ptr + (k_begin * BLOCK_K).to(tl.int64) * stride_ak
+              + (lanes[:, None] * BLOCK_K + offs_kq[None, :] * 8) * stride_ak)
+    s_ptrs = s_ptr + offs_bn[None, :] * stride_sn
+    z_ptrs = z_ptr + offs_bn[None, :] * stride_zn
+    zero = tl.zeros((WK, BLOCK_N), dtype=tl.float32)
     accs = (zero,)
     for _m in tl.static_range(1, BLOCK_M):
         accs = accs + (zero,)
-    # the next step's codes are loaded before this step's are used (16-byte loads straight
+    # the coming steps' codes are loaded before this step's are used (16-byte loads straight
     # into registers, in the layout the FMAs use; Triton's pipeliner would stage them through
     # shared memory and pick another layout); the weight is read once: evict_first keeps
-    # the activations in L2
-    q_tile = offs_kq[:, None] + offs_bn[None, :]  # the codes' tile shape (interpreter masks)
-    q_next = tl.load(q_ptrs, mask=scalar_mask(k_begin < k_end, q_tile), other=0,
-                     eviction_policy="evict_first")
-    for kt in tl.range(k_begin, k_end, num_stages=1):
-        q = q_next.to(tl.uint32, bitcast=True)
-        q_ptrs += BKQ * stride_qk
-        q_next = tl.load(q_ptrs, mask=scalar_mask(kt + 1 < k_end, q_tile), other=0,
-                         eviction_policy="evict_first")
-        g = (kt * BLOCK_K) // GROUP
-        s = tl.load(s_ptrs + g * stride_sg).to(tl.float32)
+    # the activations in L2. Lanes past the range's end read nothing (their a is 0 too).
+    step_k = WK * BKQ * stride_qk
+    q_n1 = tl.load(q_ptrs, mask=(k_begin + lanes < k_end)[:, None, None], other=0,
+                   eviction_policy="evict_first")
+    if PREFETCH == 2:
+        q_n2 = tl.load(q_ptrs + step_k, mask=(k_begin + WK + lanes < k_end)[:, None, None],
+                       other=0, eviction_policy="evict_first")
+    for st in tl.range(0, n_steps, num_stages=1):
+        c = k_begin + st * WK + lanes  # this step's chunk of each lane
+        live = c < k_end
+        q = q_n1.to(tl.uint32, bitcast=True)
+        q_ptrs += step_k
+        ahead = c + PREFETCH * WK
+        if PREFETCH == 2:
+            q_n1 = q_n2
+            q_n2 = tl.load(q_ptrs + step_k, mask=(ahead < k_end)[:, None, None],
+                           other=0, eviction_policy="evict_first")
+        else:
+            q_n1 = tl.load(q_ptrs, mask=(ahead < k_end)[:, None, None],
+                           other=0, eviction_policy="evict_first")
+        g = ((tl.minimum(c, k_end - 1) * BLOCK_K) // GROUP)[:, None]  # (WK, 1)
+        s = tl.load(s_ptrs + g * stride_sg).to(tl.float32)  # (WK, BN)
         if HAS_ZEROS:
             z = tl.load(z_ptrs + g * stride_zg).to(tl.float32)
         else:
@@ -423,6 +461,7 @@ def _matmul_int4_gemv_kernel(
         ca = (z + 128.0) * s
         cb = (z + 2048.0) * s
         s = s * (1.0 / 65536.0)
+        a_live = live[:, None]
         # nibble j of each word (K = 8 * row + j) as f = 2^16 * (offset + q), one pair of
         # nibbles at a time, each used by every row of a before the next pair is made (at
         # M > 1 the tile's 8 nibble planes would not fit in registers)
@@ -440,17 +479,17 @@ def _matmul_int4_gemv_kernel(
             for m in tl.static_range(BLOCK_M):
                 # rows past M read row M - 1; masked on the store
                 a_row = a_ptrs + tl.minimum(m, M - 1) * stride_am
-                aa = tl.load(a_row + JA * stride_ak).to(tl.float32)  # (BKQ,)
-                ab = tl.load(a_row + JB * stride_ak).to(tl.float32)
+                aa = tl.load(a_row + JA * stride_ak, mask=a_live, other=0.0).to(tl.float32)
+                ab = tl.load(a_row + JB * stride_ak, mask=a_live, other=0.0).to(tl.float32)
                 if p == 0:
-                    t = aa[:, None] * fa
+                    t = aa[:, :, None] * fa
                     sa = aa
                     sb = ab
                 else:
-                    t = ts[m] + aa[:, None] * fa  # one FMA each
+                    t = ts[m] + aa[:, :, None] * fa  # one FMA each
                     sa = sums_a[m] + aa
                     sb = sums_b[m] + ab
-                t += ab[:, None] * fb
+                t += ab[:, :, None] * fb
                 new_t = new_t + (t,)
                 new_a = new_a + (sa,)
                 new_b = new_b + (sb,)
@@ -459,18 +498,18 @@ def _matmul_int4_gemv_kernel(
             sums_b = new_b
         new = ()
         for m in tl.static_range(BLOCK_M):
-            # over the packed rows: within each thread when the warps split N only
-            acc = accs[m] + tl.sum(ts[m], axis=0) * s
-            acc -= tl.sum(sums_a[m], axis=0) * ca
-            acc -= tl.sum(sums_b[m], axis=0) * cb
+            # over the packed rows: within each thread (the warps split N and the lanes)
+            acc = accs[m] + tl.sum(ts[m], axis=1) * s
+            acc -= tl.sum(sums_a[m], axis=1)[:, None] * ca
+            acc -= tl.sum(sums_b[m], axis=1)[:, None] * cb
             new = new + (acc,)
         accs = new
-        a_ptrs += BLOCK_K * stride_ak
+        a_ptrs += WK * BLOCK_K * stride_ak
     mask = offs_n < N
     if HAS_BIAS and (SPLIT_K == 1 or FUSED_REDUCE):
         bias = tl.load(bias_ptr + offs_n * stride_bias, mask=mask, other=0.0).to(tl.float32)
     for m in tl.static_range(BLOCK_M):
-        out = accs[m]
+        out = tl.sum(accs[m], axis=0)  # over the lanes: across warps, once
         if SPLIT_K == 1:
             if HAS_BIAS:
                 out += bias
@@ -681,7 +720,8 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         fused = cfg.fused_reduce and split > 1
         # the per-device arrival counters of matmul's one-launch split-K (left at zero)
         cnt = _splitk_counters(a.device, grid[0]) if fused else qweight
-        extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused)
+        extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused,
+                     K_LANES=cfg.k_lanes, PREFETCH=cfg.prefetch)
     elif cfg.path == "tc":
         kernel, grid = _matmul_int4_tc_kernel, (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m),
                                                 split)
