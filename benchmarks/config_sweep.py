@@ -386,32 +386,34 @@ def sweep_matmul_fp8_block_dsv3(rows):
 def sweep_int4(rows):
     """matmul_int4 at the registry's 'decode' cases (M = 1 and 16 at K=4096, N=14336 and at
     K=N=8192). M = 1: the GEMV with K lanes (a program's warps walk interleaved K chunks of
-    all of K and sum once: no split partials, no reduce launch) and 1 or 2 steps of codes in
-    flight, against the default (one warp a program, K split 16 ways, the reduce launch), its
-    one-launch reduce and the tc kernel's best. M = 16: the tc kernel (the default) and its
+    all of K and sum once: no split partials, no reduce launch), 1 or 2 steps of codes in
+    flight and 1 or 2 column vectors a thread, against the default (one warp a program, K
+    split 16 ways, the reduce launch). M = 16: the tc kernel (the default) and its
     host-descriptor form. Every field given (a variant does not inherit the other paths'
     defaults)."""
     from tkit.kernels.matmul import int4 as I4
 
-    def gemv(bn, bk, split, warps, fused=False, lanes=1, prefetch=1):
+    def lanes(bn, bk, warps, prefetch, vecs, split=1):
+        # as many lanes as the warps' threads that the slab's columns leave over
+        k_lanes = 32 * warps * 4 * vecs // bn
         return dict(path="gemv", block_m=16, block_n=bn, block_k=bk, split_k=split,
-                    num_warps=warps, num_stages=1, fused_reduce=fused, k_lanes=lanes,
-                    prefetch=prefetch)
-
-    def lanes(bn, bk, k_lanes, warps, prefetch, split=1):
-        return gemv(bn, bk, split, warps, lanes=k_lanes, prefetch=prefetch)
+                    num_warps=warps, num_stages=1, fused_reduce=False, k_lanes=k_lanes,
+                    prefetch=prefetch, n_vecs=vecs)
 
     def tc(bn, warps, stages, split, tma=False, bm=16, host=False):
         return dict(path="tc", block_m=bm, block_n=bn, block_k=128, split_k=split,
                     num_warps=warps, num_stages=stages, q_tma=tma, host_descriptors=host)
 
-    # lanes(columns, K step, lanes, warps, steps in flight): registers (sm_90a) 128 for
-    # (64 | 128, 32, *, *, 2), 80 for (*, 32, *, *, 1), 186 for (*, 64, *, 8, 1); 64 columns
-    # give 224 / 128 programs at N = 14336 / 8192, 128 columns 112 / 64
-    m1 = [lanes(64, 32, 16, 8, 2), lanes(64, 32, 32, 16, 2), lanes(64, 32, 16, 8, 1),
-          lanes(128, 32, 8, 8, 2), lanes(128, 32, 16, 16, 2), lanes(128, 32, 8, 8, 1),
-          lanes(64, 64, 16, 8, 1), lanes(128, 64, 8, 8, 1), lanes(64, 32, 16, 8, 2, split=2),
-          gemv(128, 64, 16, 1, True), tc(128, 4, 3, 4, tma=True, bm=8, host=True)]
+    # lanes(columns, K step, warps, steps in flight, column vectors a thread): sm_90a
+    # registers, programs an SM, programs at N = 14336 / 8192:
+    #   (64, 32, 4, 1, 2) 127, 4, 224 / 128     (64, 32, 8, 1, 2) 128, 2, 224 / 128
+    #   (32, 32, 4, 1, 2) 125, 4, 448 / 256     (32, 32, 8, 1, 2) 125, 2, 448 / 256
+    #   (64, 32, 16, 1, 2) 128, 1, 224 / 128    (128, 32, 16, 1, 2) 128, 1, 112 / 64
+    #   (64, 32, 8, 2, 1) 127, 2, 224 / 128     (64, 32, 4, 2, 2) 168, 3, 224 / 128
+    # loop: 3.5 instructions a weight with 2 vectors, 4.0 with 1
+    m1 = [lanes(64, 32, 4, 1, 2), lanes(64, 32, 8, 1, 2), lanes(32, 32, 4, 1, 2),
+          lanes(32, 32, 8, 1, 2), lanes(64, 32, 16, 1, 2), lanes(128, 32, 16, 1, 2),
+          lanes(64, 32, 8, 2, 1), lanes(64, 32, 4, 2, 2), lanes(64, 32, 8, 1, 2, split=2)]
     m16 = [tc(128, 4, 4, 2, tma=True, host=True), tc(128, 4, 4, 4, tma=True, host=True)]
     for idx in (0, 2):  # M = 1
         sweep("int4", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)

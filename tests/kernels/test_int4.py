@@ -218,23 +218,28 @@ def test_fused_reduce_is_the_two_launch_sum(M, path):
     assert int(_matmul_ops._COUNTERS[(a.device.type, a.device.index)].abs().sum()) == 0
 
 
-@pytest.mark.parametrize("M,lanes,warps,bk,prefetch,split,sym", [
-    (1, 4, 1, 32, 2, 1, False),   # 18 chunks over 4 lanes: the last step has 2 live lanes
-    (1, 8, 2, 16, 1, 1, True),    # more lanes than one step of chunks in a split
-    (3, 2, 1, 64, 2, 3, False),   # rows of a, K split 3 ways (uneven) on top of the lanes
-    (2, 16, 4, 32, 2, 2, True),   # lanes past the end of a split from the first step
+@pytest.mark.parametrize("M,K,lanes,warps,bk,prefetch,split,vecs,dtype,strided", [
+    (1, 576, 4, 1, 32, 2, 1, 1, BF16, False),  # 18 chunks over 4 lanes: 2 live in the last step
+    (1, 512, 4, 1, 32, 2, 1, 2, F16, False),   # every lane live in every step (EVEN), 8 columns
+    (3, 576, 2, 1, 64, 2, 3, 1, BF16, False),  # rows of a, K split 3 ways (uneven), lanes on top
+    (2, 576, 16, 4, 32, 1, 2, 2, F16, False),  # lanes past the end of a split from the first step
+    (4, 512, 8, 2, 16, 2, 1, 1, BF16, True),   # strided a: 2-byte loads of the activations
+    (5, 512, 4, 1, 32, 1, 1, 2, BF16, False),  # 8 rows a program: 2-byte loads, EVEN
 ])
-def test_gemv_k_lanes_and_prefetch(M, lanes, warps, bk, prefetch, split, sym):
+def test_gemv_k_lanes_and_prefetch(M, K, lanes, warps, bk, prefetch, split, vecs, dtype,
+                                   strided):
     """k_lanes: a program's K range walked by interleaved lanes (warps, and threads N leaves
-    over) summed once at the end; prefetch 1 or 2 steps of codes in flight. Lanes and steps
-    past the range's end must add nothing (their codes and activations are masked), bias
-    once."""
-    N, K, G = 37, 9 * 64, 64
-    a, q, s, z = _gemv_case(M, N, K, G, BF16, sym, seed=23 + lanes)
-    bias = make_tensor((N,), BF16, seed=5)
+    over) summed once at the end; prefetch 1 or 2 steps of codes in flight; n_vecs 1 or 2
+    column vectors a thread; the activations' 16-byte loads (contiguous a, M <= 4) or 2-byte
+    ones. Lanes and steps past the range's end must add nothing, bias once."""
+    N, G = 37, 64
+    a, q, s, z = _gemv_case(M, N, K, G, dtype, M % 2 == 0, seed=23 + lanes)
+    if strided:
+        a = torch.cat([a, a], 1)[:, ::2]
+    bias = make_tensor((N,), dtype, seed=5)
     spec = registry.get("matmul_int4")
     with I4.int4_config(path="gemv", block_n=32, block_k=bk, k_lanes=lanes, num_warps=warps,
-                        prefetch=prefetch, split_k=split), poisoned_outputs():
+                        prefetch=prefetch, split_k=split, n_vecs=vecs), poisoned_outputs():
         check_against_reference(spec.fn, spec.reference, (a, q, s, z),
                                 dict(group_size=G, bias=bias))
 
@@ -249,7 +254,8 @@ def test_gemv_k_lanes_fused_reduce_and_checks():
         with I4.int4_config(fused_reduce=True):
             one = tkit.matmul_int4(a, q, s, z, group_size=G)
     assert torch.equal(one, two)
-    for bad, match in ((dict(k_lanes=3), "k_lanes=3"), (dict(prefetch=3), "prefetch=3")):
+    for bad, match in ((dict(k_lanes=3), "k_lanes=3"), (dict(prefetch=3), "prefetch=3"),
+                       (dict(n_vecs=4), "n_vecs=4")):
         with I4.int4_config(path="gemv", **bad), pytest.raises(ValueError, match=match):
             tkit.matmul_int4(a, q, s, z, group_size=G)
 

@@ -87,7 +87,7 @@ from tkit.kernels import _common as C
 from tkit.kernels import _device as D
 from tkit.kernels import _plan as P
 from tkit.kernels import _register as R
-from tkit.kernels._numerics import INTERPRET, and_scalar, round_to
+from tkit.kernels._numerics import INTERPRET, and_scalar, round_to, scalar_mask
 from tkit.kernels.matmul._kernels import _dot, _splitk_reduce_kernel
 from tkit.kernels.matmul.ops import _splitk_counters
 
@@ -127,6 +127,9 @@ class Int4Config:
     k_lanes: int = 1
     #: gemv path: steps of codes loaded ahead of the one in use (1 or 2), in registers
     prefetch: int = 1
+    #: gemv path: 16-byte vectors of 4 columns a thread holds per packed row (1 or 2): the
+    #: activations' loads and sums serve 4 * n_vecs columns
+    n_vecs: int = 1
     #: tc path: the packed tile, scales and zeros through tensor descriptors (TMA) where they
     #: are 16-byte aligned (N a multiple of 8 for 16-bit scales), else cp.async of 4-byte
     #: words and scales loaded a step ahead
@@ -257,6 +260,8 @@ def current_config(M: int, N: int, K: int, group_size: int, num_sms: int) -> Int
             raise ValueError(f"k_lanes={cfg.k_lanes} must be a power of 2")
         if cfg.prefetch not in (1, 2):
             raise ValueError(f"prefetch={cfg.prefetch} must be 1 or 2")
+        if cfg.n_vecs not in (1, 2) or cfg.block_n < 4 * cfg.n_vecs:
+            raise ValueError(f"n_vecs={cfg.n_vecs} must be 1 or 2 with block_n >= 4 * n_vecs")
         # one program's rows: all of them on the gemv path, >= 16 for tl.dot on the tile path,
         # a power of 2 >= 8 on the tc path (the MMA's N; fewer rows gained nothing)
         if cfg.path == "gemv":
@@ -368,6 +373,58 @@ def _nibble_pair(src, magic_a, magic_b):
 
 
 @triton.jit
+def _a_words(ptrs, live, MASKED: tl.constexpr):
+    """The 8 16-bit activations at ``ptrs`` .. ``ptrs + 7`` (16-byte aligned) as 4 int32
+    words (value 2 w in the low half of word w, 2 w + 1 in the high half), 0 where not
+    ``live`` (if MASKED): one 16-byte load on the GPU (inline PTX: Triton would not vectorize loads
+    whose addresses it sees as strided)."""
+    if INTERPRET:
+        p16 = ptrs.to(tl.pointer_type(tl.uint16), bitcast=True)
+        w0 = tl.load(p16).to(tl.uint32) | (tl.load(p16 + 1).to(tl.uint32) << 16)
+        w1 = tl.load(p16 + 2).to(tl.uint32) | (tl.load(p16 + 3).to(tl.uint32) << 16)
+        w2 = tl.load(p16 + 4).to(tl.uint32) | (tl.load(p16 + 5).to(tl.uint32) << 16)
+        w3 = tl.load(p16 + 6).to(tl.uint32) | (tl.load(p16 + 7).to(tl.uint32) << 16)
+        w0 = w0.to(tl.int32, bitcast=True)
+        w1 = w1.to(tl.int32, bitcast=True)
+        w2 = w2.to(tl.int32, bitcast=True)
+        w3 = w3.to(tl.int32, bitcast=True)
+    else:
+        w0, w1, w2, w3 = tl.inline_asm_elementwise(
+            "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", [ptrs],
+            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
+    if MASKED:
+        w0 = tl.where(live, w0, 0)
+        w1 = tl.where(live, w1, 0)
+        w2 = tl.where(live, w2, 0)
+        w3 = tl.where(live, w3, 0)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _lane_mask(lane_live, step_live, like, EVEN: tl.constexpr):
+    """The mask of a (lanes, rows, columns) load of codes: per lane, or (EVEN: every lane
+    has a chunk in every step) the scalar ``step_live``."""
+    if EVEN:
+        r = scalar_mask(step_live, like)
+    else:
+        r = lane_live[:, None, None, None]
+    return r
+
+
+@triton.jit
+def _a_half(w, HI: tl.constexpr, dtype: tl.constexpr):
+    """The low (HI = 0) or high 16-bit float of the int32 word ``w`` as float32 (bf16: a
+    shift or a mask, exact)."""
+    if dtype == tl.bfloat16:
+        if HI:
+            return (w & -65536).to(tl.float32, bitcast=True)
+        return (w << 16).to(tl.float32, bitcast=True)
+    if HI:
+        return (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return w.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def _matmul_int4_gemv_kernel(
     a_ptr, q_ptr, s_ptr, z_ptr, c_ptr, ws_ptr, bias_ptr, M, N, K,
     stride_am, stride_ak, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn,
@@ -375,7 +432,8 @@ def _matmul_int4_gemv_kernel(
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr, FUSED_REDUCE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    K_LANES: tl.constexpr = 1, PREFETCH: tl.constexpr = 1,
+    K_LANES: tl.constexpr = 1, PREFETCH: tl.constexpr = 1, A_VEC: tl.constexpr = False,
+    EVEN: tl.constexpr = False, N_VECS: tl.constexpr = 1,
 ):
     """All M (<= BLOCK_M) rows of ``a`` times BLOCK_N columns over this program's K range, on
     the CUDA cores: a memory-bound GEMV that streams (BLOCK_K // 8, BLOCK_N) int32 tiles of
@@ -388,6 +446,12 @@ def _matmul_int4_gemv_kernel(
     own partial sums and they meet once, after the loop (one cross-warp sum). So a program can
     cover all of K with many warps in flight, with no second launch and no split partials.
     PREFETCH: steps of codes loaded ahead of the one being used (1 or 2), in registers.
+    A_VEC: the 8 activations of a packed row come in one 16-byte load (a contiguous along K,
+    16-byte aligned rows; the launcher checks) instead of eight 2-byte loads.
+    N_VECS: 16-byte vectors of columns a thread holds per packed row (1 or 2; BLOCK_N //
+    N_VECS apart): the activations' loads, converts and sums serve 4 N_VECS columns.
+    EVEN: every split has the same number of chunks, a multiple of K_LANES (the launcher
+    checks): no lane is ever past its range's end, only the loads ahead are masked.
 
     Dequantization without an int -> float convert, two instructions a weight: the word and
     its rotations by 8, 16 and 24 bits put every nibble once at bits 16..19 (nibbles 4, 2, 0,
@@ -405,7 +469,10 @@ def _matmul_int4_gemv_kernel(
     pid_k = tl.program_id(1)
     BKQ: tl.constexpr = BLOCK_K // 8
     WK: tl.constexpr = K_LANES
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    NH: tl.constexpr = N_VECS
+    BNH: tl.constexpr = BLOCK_N // N_VECS
+    # (NH, BNH): column h BNH + c of the slab
+    offs_n = pid_n * BLOCK_N + (tl.arange(0, NH)[:, None] * BNH + tl.arange(0, BNH)[None, :])
     offs_bn = offs_n % N  # columns past the edge read a valid one; masked on the store
     offs_kq = tl.arange(0, BKQ)
     lanes = tl.arange(0, WK)
@@ -414,17 +481,18 @@ def _matmul_int4_gemv_kernel(
     k_begin = pid_k * per_split
     k_end = tl.minimum(k_begin + per_split, k_tiles)
     n_steps = tl.cdiv(tl.maximum(k_end - k_begin, 0), WK)
-    # (WK, BKQ, BN): lane l's chunk, its packed row i, column n (the lanes first: the layout
-    # takes the dimension after N for the warps, and the sums over i stay in each thread)
+    # (WK, BKQ, NH, BNH): lane l's chunk, its packed row i, columns (h, c) (the lanes first:
+    # the layout gives the threads and warps that N leaves over to the first dimension, and
+    # the sums over i stay in each thread)
     q_ptrs = (q_ptr + (k_begin * BKQ).to(tl.int64) * stride_qk
-              + (lanes[:, None, None] * BKQ + offs_kq[None, :, None]) * stride_qk
-              + offs_bn[None, None, :] * stride_qn)
+              + (lanes[:, None, None, None] * BKQ + offs_kq[None, :, None, None]) * stride_qk
+              + offs_bn[None, None, :, :] * stride_qn)
     # (WK, BKQ): the activation of nibble 0 of packed row i of lane l's chunk
     a_ptrs = (a_ptr + (k_begin * BLOCK_K).to(tl.int64) * stride_ak
               + (lanes[:, None] * BLOCK_K + offs_kq[None, :] * 8) * stride_ak)
-    s_ptrs = s_ptr + offs_bn[None, :] * stride_sn
-    z_ptrs = z_ptr + offs_bn[None, :] * stride_zn
-    zero = tl.zeros((WK, BLOCK_N), dtype=tl.float32)
+    s_ptrs = s_ptr + offs_bn[None, :, :] * stride_sn
+    z_ptrs = z_ptr + offs_bn[None, :, :] * stride_zn
+    zero = tl.zeros((WK, NH, BNH), dtype=tl.float32)
     accs = (zero,)
     for _m in tl.static_range(1, BLOCK_M):
         accs = accs + (zero,)
@@ -433,26 +501,28 @@ def _matmul_int4_gemv_kernel(
     # shared memory and pick another layout); the weight is read once: evict_first keeps
     # the activations in L2. Lanes past the range's end read nothing (their a is 0 too).
     step_k = WK * BKQ * stride_qk
-    q_n1 = tl.load(q_ptrs, mask=(k_begin + lanes < k_end)[:, None, None], other=0,
-                   eviction_policy="evict_first")
+    q_tile = lanes[:, None, None, None] + offs_kq[None, :, None, None] + offs_bn[None, None]
+    q_n1 = tl.load(q_ptrs, mask=_lane_mask(k_begin + lanes < k_end, 0 < n_steps, q_tile, EVEN),
+                   other=0, eviction_policy="evict_first")
     if PREFETCH == 2:
-        q_n2 = tl.load(q_ptrs + step_k, mask=(k_begin + WK + lanes < k_end)[:, None, None],
-                       other=0, eviction_policy="evict_first")
+        q_n2 = tl.load(q_ptrs + step_k, other=0, eviction_policy="evict_first",
+                       mask=_lane_mask(k_begin + WK + lanes < k_end, 1 < n_steps, q_tile, EVEN))
     for st in tl.range(0, n_steps, num_stages=1):
         c = k_begin + st * WK + lanes  # this step's chunk of each lane
         live = c < k_end
         q = q_n1.to(tl.uint32, bitcast=True)
         q_ptrs += step_k
-        ahead = c + PREFETCH * WK
+        ahead = _lane_mask(c + PREFETCH * WK < k_end, st + PREFETCH < n_steps, q_tile, EVEN)
         if PREFETCH == 2:
             q_n1 = q_n2
-            q_n2 = tl.load(q_ptrs + step_k, mask=(ahead < k_end)[:, None, None],
-                           other=0, eviction_policy="evict_first")
+            q_n2 = tl.load(q_ptrs + step_k, mask=ahead, other=0, eviction_policy="evict_first")
         else:
-            q_n1 = tl.load(q_ptrs, mask=(ahead < k_end)[:, None, None],
-                           other=0, eviction_policy="evict_first")
-        g = ((tl.minimum(c, k_end - 1) * BLOCK_K) // GROUP)[:, None]  # (WK, 1)
-        s = tl.load(s_ptrs + g * stride_sg).to(tl.float32)  # (WK, BN)
+            q_n1 = tl.load(q_ptrs, mask=ahead, other=0, eviction_policy="evict_first")
+        if EVEN:
+            g = ((c * BLOCK_K) // GROUP)[:, None, None]  # (WK, 1, 1)
+        else:
+            g = ((tl.minimum(c, k_end - 1) * BLOCK_K) // GROUP)[:, None, None]
+        s = tl.load(s_ptrs + g * stride_sg).to(tl.float32)  # (WK, NH, BNH)
         if HAS_ZEROS:
             z = tl.load(z_ptrs + g * stride_zg).to(tl.float32)
         else:
@@ -468,6 +538,15 @@ def _matmul_int4_gemv_kernel(
         ts = ()
         sums_a = ()
         sums_b = ()
+        aw = ()  # A_VEC: each row's 8 activations, one 16-byte load
+        if A_VEC:
+            for m in tl.static_range(BLOCK_M):
+                a_row = a_ptrs + tl.minimum(m, M - 1) * stride_am
+                if EVEN:
+                    w0, w1, w2, w3 = _a_words(a_row, a_live, False)
+                else:  # lanes past the end read row 0's first K values, then add 0
+                    w0, w1, w2, w3 = _a_words(tl.where(a_live, a_row, a_ptr), a_live, True)
+                aw = aw + (w0, w1, w2, w3)
         for p in tl.static_range(4):
             # pairs (4, 3), (2, 1), (0, 7), (6, 5) from q rotated left by 0, 8, 16, 24
             JA = (4, 2, 0, 6)[p]
@@ -479,17 +558,30 @@ def _matmul_int4_gemv_kernel(
             for m in tl.static_range(BLOCK_M):
                 # rows past M read row M - 1; masked on the store
                 a_row = a_ptrs + tl.minimum(m, M - 1) * stride_am
-                aa = tl.load(a_row + JA * stride_ak, mask=a_live, other=0.0).to(tl.float32)
-                ab = tl.load(a_row + JB * stride_ak, mask=a_live, other=0.0).to(tl.float32)
+                if A_VEC:
+                    # JA = 4, 2, 0, 6 is the low half of word (2 - p) % 4, JB = 3, 1, 7, 5
+                    # the high half of word (1 - p) % 4 (constant indices: the tuple of
+                    # nibbles above is not)
+                    aa = _a_half(aw[4 * m + (2 - p) % 4], 0, a_ptr.dtype.element_ty)
+                    ab = _a_half(aw[4 * m + (1 - p) % 4], 1, a_ptr.dtype.element_ty)
+                else:
+                    if EVEN:
+                        aa = tl.load(a_row + JA * stride_ak).to(tl.float32)
+                        ab = tl.load(a_row + JB * stride_ak).to(tl.float32)
+                    else:
+                        aa = tl.load(a_row + JA * stride_ak, mask=a_live, other=0.0)
+                        ab = tl.load(a_row + JB * stride_ak, mask=a_live, other=0.0)
+                        aa = aa.to(tl.float32)
+                        ab = ab.to(tl.float32)
                 if p == 0:
-                    t = aa[:, :, None] * fa
+                    t = aa[:, :, None, None] * fa
                     sa = aa
                     sb = ab
                 else:
-                    t = ts[m] + aa[:, :, None] * fa  # one FMA each
+                    t = ts[m] + aa[:, :, None, None] * fa  # one FMA each
                     sa = sums_a[m] + aa
                     sb = sums_b[m] + ab
-                t += ab[:, :, None] * fb
+                t += ab[:, :, None, None] * fb
                 new_t = new_t + (t,)
                 new_a = new_a + (sa,)
                 new_b = new_b + (sb,)
@@ -500,8 +592,8 @@ def _matmul_int4_gemv_kernel(
         for m in tl.static_range(BLOCK_M):
             # over the packed rows: within each thread (the warps split N and the lanes)
             acc = accs[m] + tl.sum(ts[m], axis=1) * s
-            acc -= tl.sum(sums_a[m], axis=1)[:, None] * ca
-            acc -= tl.sum(sums_b[m], axis=1)[:, None] * cb
+            acc -= tl.sum(sums_a[m], axis=1)[:, None, None] * ca
+            acc -= tl.sum(sums_b[m], axis=1)[:, None, None] * cb
             new = new + (acc,)
         accs = new
         a_ptrs += WK * BLOCK_K * stride_ak
@@ -525,7 +617,7 @@ def _matmul_int4_gemv_kernel(
         arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT_K - 1:
             for m in tl.static_range(BLOCK_M):
-                total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                total = tl.zeros((NH, BNH), dtype=tl.float32)
                 for sp in tl.static_range(SPLIT_K):
                     total += tl.load(ws_ptr + tl.cast(sp * M + m, tl.int64) * N + offs_n,
                                      mask=and_scalar(mask, m < M), other=0.0, cache_modifier=".cg")
@@ -720,8 +812,15 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         fused = cfg.fused_reduce and split > 1
         # the per-device arrival counters of matmul's one-launch split-K (left at zero)
         cnt = _splitk_counters(a.device, grid[0]) if fused else qweight
+        # the activations' 16-byte loads: a contiguous along K, every row 16-byte aligned;
+        # few rows of a (the loaded words are held for the whole step)
+        a_vec = (a.stride(1) == 1 and a.data_ptr() % 16 == 0 and cfg.block_m <= 4
+                 and (M == 1 or a.stride(0) % 8 == 0))
+        k_tiles = K // cfg.block_k
+        even = k_tiles % split == 0 and (k_tiles // split) % cfg.k_lanes == 0
         extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused,
-                     K_LANES=cfg.k_lanes, PREFETCH=cfg.prefetch)
+                     K_LANES=cfg.k_lanes, PREFETCH=cfg.prefetch, A_VEC=a_vec, EVEN=even,
+                     N_VECS=cfg.n_vecs)
     elif cfg.path == "tc":
         kernel, grid = _matmul_int4_tc_kernel, (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m),
                                                 split)
