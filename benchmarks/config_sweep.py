@@ -414,7 +414,12 @@ def sweep_int4(rows):
     m1 = [lanes(64, 32, 4, 1, 2), lanes(64, 32, 8, 1, 2), lanes(32, 32, 4, 1, 2),
           lanes(32, 32, 8, 1, 2), lanes(64, 32, 16, 1, 2), lanes(128, 32, 16, 1, 2),
           lanes(64, 32, 8, 2, 1), lanes(64, 32, 4, 2, 2), lanes(64, 32, 8, 1, 2, split=2)]
-    m16 = [tc(128, 4, 4, 2, tma=True, host=True), tc(128, 4, 4, 4, tma=True, host=True)]
+    # M = 16: the default (128 columns, one warpgroup, split 2 / 4, descriptors made by the
+    # programs), its host-descriptor form, and 256 columns on two warpgroups (128 registers,
+    # 47 KB at 3 stages: two programs an SM; 3.7 loop instructions a weight against 4.1)
+    m16 = [tc(128, 4, 4, 2, tma=True, host=True), tc(128, 4, 4, 4, tma=True, host=True),
+           tc(256, 8, 3, 4, tma=True), tc(256, 8, 3, 2, tma=True),
+           tc(256, 8, 3, 4, tma=True, host=True)]
     for idx in (0, 2):  # M = 1
         sweep("int4", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)
     for idx in (1, 3):  # M = 16
