@@ -393,12 +393,12 @@ def sweep_int4(rows):
     defaults)."""
     from tkit.kernels.matmul import int4 as I4
 
-    def lanes(bn, bk, warps, prefetch, vecs, split=1):
+    def lanes(bn, bk, warps, prefetch, vecs, split=1, ahead=False):
         # as many lanes as the warps' threads that the slab's columns leave over
         k_lanes = 32 * warps * 4 * vecs // bn
         return dict(path="gemv", block_m=16, block_n=bn, block_k=bk, split_k=split,
                     num_warps=warps, num_stages=1, fused_reduce=False, k_lanes=k_lanes,
-                    prefetch=prefetch, n_vecs=vecs)
+                    prefetch=prefetch, n_vecs=vecs, a_ahead=ahead)
 
     def tc(bn, warps, stages, split, tma=False, bm=16, host=False):
         return dict(path="tc", block_m=bm, block_n=bn, block_k=128, split_k=split,
@@ -410,10 +410,12 @@ def sweep_int4(rows):
     #   (32, 32, 4, 1, 2) 125, 4, 448 / 256     (32, 32, 8, 1, 2) 125, 2, 448 / 256
     #   (64, 32, 16, 1, 2) 128, 1, 224 / 128    (128, 32, 16, 1, 2) 128, 1, 112 / 64
     #   (64, 32, 8, 2, 1) 127, 2, 224 / 128     (64, 32, 4, 2, 2) 168, 3, 224 / 128
-    # loop: 3.5 instructions a weight with 2 vectors, 4.0 with 1
+    # loop: 3.5 instructions a weight with 2 vectors, 4.0 with 1; ahead (the activations a
+    # step ahead): 3.6, the same registers
     m1 = [lanes(64, 32, 4, 1, 2), lanes(64, 32, 8, 1, 2), lanes(32, 32, 4, 1, 2),
           lanes(32, 32, 8, 1, 2), lanes(64, 32, 16, 1, 2), lanes(128, 32, 16, 1, 2),
-          lanes(64, 32, 8, 2, 1), lanes(64, 32, 4, 2, 2), lanes(64, 32, 8, 1, 2, split=2)]
+          lanes(64, 32, 8, 2, 1), lanes(64, 32, 4, 2, 2), lanes(64, 32, 8, 1, 2, split=2),
+          lanes(64, 32, 8, 1, 2, ahead=True), lanes(32, 32, 4, 1, 2, ahead=True)]
     # M = 16: the default (128 columns, one warpgroup, split 2 / 4, descriptors made by the
     # programs), its host-descriptor form, and 256 columns on two warpgroups (128 registers,
     # 47 KB at 3 stages: two programs an SM; 3.7 loop instructions a weight against 4.1)

@@ -225,21 +225,25 @@ def test_fused_reduce_is_the_two_launch_sum(M, path):
     (2, 576, 16, 4, 32, 1, 2, 2, F16, False),  # lanes past the end of a split from the first step
     (4, 512, 8, 2, 16, 2, 1, 1, BF16, True),   # strided a: 2-byte loads of the activations
     (5, 512, 4, 1, 32, 1, 1, 2, BF16, False),  # 8 rows a program: 2-byte loads, EVEN
+    (1, 512, 4, 1, 32, 1, 1, 2, F16, "ahead"),  # activations a step ahead, EVEN
+    (3, 576, 4, 2, 32, 2, 2, 1, BF16, "ahead"),  # the same, lanes past the end, splits
 ])
 def test_gemv_k_lanes_and_prefetch(M, K, lanes, warps, bk, prefetch, split, vecs, dtype,
                                    strided):
     """k_lanes: a program's K range walked by interleaved lanes (warps, and threads N leaves
     over) summed once at the end; prefetch 1 or 2 steps of codes in flight; n_vecs 1 or 2
-    column vectors a thread; the activations' 16-byte loads (contiguous a, M <= 4) or 2-byte
-    ones. Lanes and steps past the range's end must add nothing, bias once."""
+    column vectors a thread; the activations' 16-byte loads (contiguous a, M <= 4; a_ahead:
+    a step ahead) or 2-byte ones. Lanes and steps past the range's end must add nothing,
+    bias once."""
     N, G = 37, 64
     a, q, s, z = _gemv_case(M, N, K, G, dtype, M % 2 == 0, seed=23 + lanes)
-    if strided:
+    if strided is True:
         a = torch.cat([a, a], 1)[:, ::2]
     bias = make_tensor((N,), dtype, seed=5)
     spec = registry.get("matmul_int4")
     with I4.int4_config(path="gemv", block_n=32, block_k=bk, k_lanes=lanes, num_warps=warps,
-                        prefetch=prefetch, split_k=split, n_vecs=vecs), poisoned_outputs():
+                        prefetch=prefetch, split_k=split, n_vecs=vecs,
+                        a_ahead=strided == "ahead"), poisoned_outputs():
         check_against_reference(spec.fn, spec.reference, (a, q, s, z),
                                 dict(group_size=G, bias=bias))
 

@@ -130,6 +130,8 @@ class Int4Config:
     #: gemv path: 16-byte vectors of 4 columns a thread holds per packed row (1 or 2): the
     #: activations' loads and sums serve 4 * n_vecs columns
     n_vecs: int = 1
+    #: gemv path: the activations (where they take 16-byte loads) loaded a step ahead
+    a_ahead: bool = False
     #: tc path: the packed tile, scales and zeros through tensor descriptors (TMA) where they
     #: are 16-byte aligned (N a multiple of 8 for 16-bit scales), else cp.async of 4-byte
     #: words and scales loaded a step ahead
@@ -401,6 +403,26 @@ def _a_words(ptrs, live, MASKED: tl.constexpr):
 
 
 @triton.jit
+def _a_step(a_ptrs, a_ptr, live, step_live, M, stride_am, BLOCK_M: tl.constexpr,
+            EVEN: tl.constexpr):
+    """One step's activations for ``_matmul_int4_gemv_kernel``'s A_VEC path: the (WK, BKQ)
+    rows of 8 at ``a_ptrs`` for each of the BLOCK_M rows of a (rows past M read row M - 1),
+    as 4 words each (a flat tuple); lanes (or, EVEN, the whole step) not live read row 0's
+    first values instead (in bounds), and add 0 (masked words; EVEN: a step not live is
+    never used)."""
+    aw = ()
+    for m in tl.static_range(BLOCK_M):
+        a_row = a_ptrs + tl.minimum(m, M - 1) * stride_am
+        if EVEN:
+            w0, w1, w2, w3 = _a_words(tl.where(step_live, a_row, a_ptr), live, False)
+        else:
+            w0, w1, w2, w3 = _a_words(tl.where(live[:, None], a_row, a_ptr), live[:, None],
+                                      True)
+        aw = aw + (w0, w1, w2, w3)
+    return aw
+
+
+@triton.jit
 def _lane_mask(lane_live, step_live, like, EVEN: tl.constexpr):
     """The mask of a (lanes, rows, columns) load of codes: per lane, or (EVEN: every lane
     has a chunk in every step) the scalar ``step_live``."""
@@ -433,7 +455,7 @@ def _matmul_int4_gemv_kernel(
     SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr, FUSED_REDUCE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     K_LANES: tl.constexpr = 1, PREFETCH: tl.constexpr = 1, A_VEC: tl.constexpr = False,
-    EVEN: tl.constexpr = False, N_VECS: tl.constexpr = 1,
+    EVEN: tl.constexpr = False, N_VECS: tl.constexpr = 1, A_AHEAD: tl.constexpr = False,
 ):
     """All M (<= BLOCK_M) rows of ``a`` times BLOCK_N columns over this program's K range, on
     the CUDA cores: a memory-bound GEMV that streams (BLOCK_K // 8, BLOCK_N) int32 tiles of
@@ -447,7 +469,8 @@ def _matmul_int4_gemv_kernel(
     cover all of K with many warps in flight, with no second launch and no split partials.
     PREFETCH: steps of codes loaded ahead of the one being used (1 or 2), in registers.
     A_VEC: the 8 activations of a packed row come in one 16-byte load (a contiguous along K,
-    16-byte aligned rows; the launcher checks) instead of eight 2-byte loads.
+    16-byte aligned rows; the launcher checks) instead of eight 2-byte loads; A_AHEAD (with
+    A_VEC): loaded a step ahead, as the codes are.
     N_VECS: 16-byte vectors of columns a thread holds per packed row (1 or 2; BLOCK_N //
     N_VECS apart): the activations' loads, converts and sums serve 4 N_VECS columns.
     EVEN: every split has the same number of chunks, a multiple of K_LANES (the launcher
@@ -507,6 +530,10 @@ def _matmul_int4_gemv_kernel(
     if PREFETCH == 2:
         q_n2 = tl.load(q_ptrs + step_k, other=0, eviction_policy="evict_first",
                        mask=_lane_mask(k_begin + WK + lanes < k_end, 1 < n_steps, q_tile, EVEN))
+    aw_next = ()
+    if A_AHEAD:
+        aw_next = _a_step(a_ptrs, a_ptr, k_begin + lanes < k_end, 0 < n_steps, M, stride_am,
+                          BLOCK_M, EVEN)
     for st in tl.range(0, n_steps, num_stages=1):
         c = k_begin + st * WK + lanes  # this step's chunk of each lane
         live = c < k_end
@@ -538,15 +565,15 @@ def _matmul_int4_gemv_kernel(
         ts = ()
         sums_a = ()
         sums_b = ()
-        aw = ()  # A_VEC: each row's 8 activations, one 16-byte load
-        if A_VEC:
-            for m in tl.static_range(BLOCK_M):
-                a_row = a_ptrs + tl.minimum(m, M - 1) * stride_am
-                if EVEN:
-                    w0, w1, w2, w3 = _a_words(a_row, a_live, False)
-                else:  # lanes past the end read row 0's first K values, then add 0
-                    w0, w1, w2, w3 = _a_words(tl.where(a_live, a_row, a_ptr), a_live, True)
-                aw = aw + (w0, w1, w2, w3)
+        # A_VEC: each row's 8 activations in one 16-byte load (A_AHEAD: a step ahead)
+        if A_AHEAD:
+            aw = aw_next
+            aw_next = _a_step(a_ptrs + WK * BLOCK_K * stride_ak, a_ptr, c + WK < k_end,
+                              st + 1 < n_steps, M, stride_am, BLOCK_M, EVEN)
+        elif A_VEC:
+            aw = _a_step(a_ptrs, a_ptr, live, st < n_steps, M, stride_am, BLOCK_M, EVEN)
+        else:
+            aw = ()
         for p in tl.static_range(4):
             # pairs (4, 3), (2, 1), (0, 7), (6, 5) from q rotated left by 0, 8, 16, 24
             JA = (4, 2, 0, 6)[p]
@@ -820,7 +847,7 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         even = k_tiles % split == 0 and (k_tiles // split) % cfg.k_lanes == 0
         extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused,
                      K_LANES=cfg.k_lanes, PREFETCH=cfg.prefetch, A_VEC=a_vec, EVEN=even,
-                     N_VECS=cfg.n_vecs)
+                     N_VECS=cfg.n_vecs, A_AHEAD=a_vec and cfg.a_ahead)
     elif cfg.path == "tc":
         kernel, grid = _matmul_int4_tc_kernel, (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m),
                                                 split)
