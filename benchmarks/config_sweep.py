@@ -388,9 +388,9 @@ def sweep_int4(rows):
     K=N=8192). M = 1: the GEMV with K lanes (a program's warps walk interleaved K chunks of
     all of K and sum once: no split partials, no reduce launch), 1 or 2 steps of codes in
     flight and 1 or 2 column vectors a thread, against the default (one warp a program, K
-    split 16 ways, the reduce launch). M = 16: the tc kernel (the default) and its
-    host-descriptor form. Every field given (a variant does not inherit the other paths'
-    defaults)."""
+    split 16 ways, the reduce launch). M = 16: the tc kernel (the default), its
+    host-descriptor form and 256-column tiles. Both: the mma.sync kernel (path "mma").
+    Every field given (a variant does not inherit the other paths' defaults)."""
     from tkit.kernels.matmul import int4 as I4
 
     def lanes(bn, bk, warps, prefetch, vecs, split=1, ahead=False):
@@ -399,6 +399,10 @@ def sweep_int4(rows):
         return dict(path="gemv", block_m=16, block_n=bn, block_k=bk, split_k=split,
                     num_warps=warps, num_stages=1, fused_reduce=False, k_lanes=k_lanes,
                     prefetch=prefetch, n_vecs=vecs, a_ahead=ahead)
+
+    def mma(warps, prefetch=1, split=1, bk=128):
+        return dict(path="mma", block_m=16, block_n=32, block_k=bk, split_k=split,
+                    num_warps=warps, num_stages=1, prefetch=prefetch)
 
     def tc(bn, warps, stages, split, tma=False, bm=16, host=False):
         return dict(path="tc", block_m=bm, block_n=bn, block_k=128, split_k=split,
@@ -416,12 +420,18 @@ def sweep_int4(rows):
           lanes(32, 32, 8, 1, 2), lanes(64, 32, 16, 1, 2), lanes(128, 32, 16, 1, 2),
           lanes(64, 32, 8, 2, 1), lanes(64, 32, 4, 2, 2), lanes(64, 32, 8, 1, 2, split=2),
           lanes(64, 32, 8, 1, 2, ahead=True), lanes(32, 32, 4, 1, 2, ahead=True)]
+    # mma(warps, codes prefetched, split): the mma.sync kernel, 32 columns a program (448 /
+    # 256 programs at N = 14336 / 8192); sm_90a: M <= 8 80 registers, loop 297 for 128
+    # weights a thread (2.3 a weight); M = 16 128 registers, 357 (2.8, each weight for 16
+    # rows), 96 without the prefetch; no shared memory or barrier in the loop
+    mm = [mma(4), mma(8), mma(4, prefetch=0), mma(8, split=2)]
+    m1 += mm
     # M = 16: the default (128 columns, one warpgroup, split 2 / 4, descriptors made by the
     # programs), its host-descriptor form, and 256 columns on two warpgroups (128 registers,
     # 47 KB at 3 stages: two programs an SM; 3.7 loop instructions a weight against 4.1)
     m16 = [tc(128, 4, 4, 2, tma=True, host=True), tc(128, 4, 4, 4, tma=True, host=True),
            tc(256, 8, 3, 4, tma=True), tc(256, 8, 3, 2, tma=True),
-           tc(256, 8, 3, 4, tma=True, host=True)]
+           tc(256, 8, 3, 4, tma=True, host=True)] + mm + [mma(4, bk=64)]
     for idx in (0, 2):  # M = 1
         sweep("int4", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)
     for idx in (1, 3):  # M = 16

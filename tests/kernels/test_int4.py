@@ -264,6 +264,41 @@ def test_gemv_k_lanes_fused_reduce_and_checks():
             tkit.matmul_int4(a, q, s, z, group_size=G)
 
 
+@pytest.mark.parametrize("M,N,K,G,dtype,sym,warps,split,prefetch", [
+    (16, 100, 1024, 128, BF16, False, 4, 2, 1),  # the last slab past N, K split, EVEN
+    (5, 36, 576, 64, F16, True, 2, 1, 1),       # 8 rows; 9 steps over 2 warps: one idles
+    (1, 64, 384, 128, BF16, False, 4, 1, 0),    # 3 steps over 4 warps, codes not prefetched
+    (12, 40, 256, 32, F16, False, 1, 1, 1),     # 16 rows (4 past M), 32-deep steps
+])
+def test_mma_kernel(M, N, K, G, dtype, sym, warps, split, prefetch):
+    """path='mma': the hand-made mma.sync fragments (the interpreter computes the MMA from
+    the assembled matrices), warps over interleaved K steps summed at the end, steps and rows
+    past the end adding nothing, the column edge, K split, bias, fp16 / bf16."""
+    a, q, s, z = _gemv_case(M, N, K, G, dtype, sym, seed=31 + M)
+    bias = make_tensor((N,), dtype, seed=5)
+    spec = registry.get("matmul_int4")
+    with I4.int4_config(path="mma", num_warps=warps, split_k=split, prefetch=prefetch,
+                        block_k=min(G, 128)), poisoned_outputs():
+        assert I4._mma_ok(a, q, s, z)
+        check_against_reference(spec.fn, spec.reference, (a, q, s, z),
+                                dict(group_size=G, bias=bias))
+
+
+def test_mma_falls_back_to_tc():
+    """Where the mma kernel's layout is not there (strided a, N not a multiple of 4) the path
+    takes the tc kernel's defaults: the same values; M > 16 is an error."""
+    N, K, G = 38, 256, 128
+    q, s, z = tkit.quantize_int4(make_tensor((N, K), F16, seed=2), G)
+    w16 = tkit.dequantize_int4(q, s, z, group_size=G, dtype=F16)
+    a = make_tensor((3, 2 * K), F16, seed=1)[:, ::2]
+    assert not I4._mma_ok(a, q, s, z)
+    with I4.int4_config(path="mma"):
+        out = tkit.matmul_int4(a, q, s, z, group_size=G)
+    assert_close_to_reference(out, a.double() @ w16.double().T, a @ w16.T)
+    with I4.int4_config(path="mma"), pytest.raises(ValueError, match="path='mma'"):
+        tkit.matmul_int4(make_tensor((17, K), F16, seed=1), q, s, z, group_size=G)
+
+
 def test_gemv_rejects_large_m():
     q, s, z = tkit.quantize_int4(make_tensor((8, 32), F16, seed=2), 16)
     with I4.int4_config(path="gemv"), pytest.raises(ValueError, match="M <= 16"):
@@ -318,7 +353,7 @@ def test_tc_more_rows_than_one_tile(M, block_m, block_n):
         check_against_reference(spec.fn, spec.reference, (a, q, s, z), dict(group_size=G))
 
 
-@pytest.mark.parametrize("path", ["gemv", "tc"])
+@pytest.mark.parametrize("path", ["gemv", "tc", "mma"])
 def test_fractional_zeros_and_float32_scales(path):
     """Zero points need not be integers (HQQ-style) and scales may be float32: both decode
     kernels take z off in float32 sums (exact for any z)."""
@@ -350,7 +385,7 @@ def test_strided_activations(path):
         assert_close_to_reference(out, a.double() @ w16.double().T, a @ w16.T)
 
 
-@pytest.mark.parametrize("path", ["gemv", "tc"])
+@pytest.mark.parametrize("path", ["gemv", "tc", "mma"])
 @pytest.mark.parametrize("dtype", [F16, BF16])
 def test_every_code_in_every_nibble(path, dtype):
     """Every code 0..15 in every nibble position (the bit tricks of the dequantization: the
