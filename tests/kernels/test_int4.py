@@ -284,6 +284,29 @@ def test_mma_kernel(M, N, K, G, dtype, sym, warps, split, prefetch):
                                 dict(group_size=G, bias=bias))
 
 
+def test_mma_kernel_layout_is_one_element_a_thread():
+    """The hand-made fragments hold only if every 1-D tensor of the kernel has one element a
+    thread, element i in thread i: the sm_90a TTGIR has that one 1-D layout, the PTX the
+    warp-wide mma.sync, and nothing spills."""
+    import re
+
+    from tkit.ir_tools import aot
+    from tkit.kernels import _common
+
+    meta = dict(device="meta", dtype=BF16)
+    a, s = torch.empty(16, 4096, **meta), torch.empty(32, 14336, **meta)
+    q = torch.empty(512, 14336, device="meta", dtype=torch.int32)
+    with I4.int4_config(path="mma", num_warps=4), _common.capture_launches() as launches:
+        tkit.matmul_int4(a, q, s, s, group_size=128)
+    assert launches[0].kernel.fn.__name__ == "_matmul_int4_mma_kernel"
+    ir = aot.compile_launch(launches[0].kernel, launches[0].kwargs, 90)
+    one_d = re.findall(r"#ttg\.blocked<\{sizePerThread = \[\d+\][^}]*\}>", ir.asm["ttgir"])
+    assert one_d == ["#ttg.blocked<{sizePerThread = [1], threadsPerWarp = [32], "
+                     "warpsPerCTA = [4], order = [0]}>"]
+    assert ir.asm["ptx"].count("mma.sync.aligned.m16n8k16") >= 6
+    assert ".local" not in ir.asm["ptx"]
+
+
 def test_mma_falls_back_to_tc():
     """Where the mma kernel's layout is not there (strided a, N not a multiple of 4) the path
     takes the tc kernel's defaults: the same values; M > 16 is an error."""
