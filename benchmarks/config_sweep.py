@@ -411,14 +411,11 @@ def sweep_int4(rows):
     # lanes(columns, K step, warps, steps in flight, column vectors a thread): sm_90a
     # registers, programs an SM, programs at N = 14336 / 8192:
     #   (64, 32, 4, 1, 2) 127, 4, 224 / 128     (64, 32, 8, 1, 2) 128, 2, 224 / 128
-    #   (32, 32, 4, 1, 2) 125, 4, 448 / 256     (32, 32, 8, 1, 2) 125, 2, 448 / 256
-    #   (64, 32, 16, 1, 2) 128, 1, 224 / 128    (128, 32, 16, 1, 2) 128, 1, 112 / 64
-    #   (64, 32, 8, 2, 1) 127, 2, 224 / 128     (64, 32, 4, 2, 2) 168, 3, 224 / 128
+    #   (32, 32, 4, 1, 2) 125, 4, 448 / 256     (64, 32, 8, 2, 1) 127, 2, 224 / 128
     # loop: 3.5 instructions a weight with 2 vectors, 4.0 with 1; ahead (the activations a
     # step ahead): 3.6, the same registers
     m1 = [lanes(64, 32, 4, 1, 2), lanes(64, 32, 8, 1, 2), lanes(32, 32, 4, 1, 2),
-          lanes(32, 32, 8, 1, 2), lanes(64, 32, 16, 1, 2), lanes(128, 32, 16, 1, 2),
-          lanes(64, 32, 8, 2, 1), lanes(64, 32, 4, 2, 2), lanes(64, 32, 8, 1, 2, split=2),
+          lanes(64, 32, 8, 2, 1), lanes(64, 32, 8, 1, 2, split=2),
           lanes(64, 32, 8, 1, 2, ahead=True), lanes(32, 32, 4, 1, 2, ahead=True)]
     # mma(warps, codes prefetched, split): the mma.sync kernel, 32 columns a program (448 /
     # 256 programs at N = 14336 / 8192); sm_90a: M <= 8 80 registers, loop 297 for 128
@@ -429,8 +426,7 @@ def sweep_int4(rows):
     # M = 16: the default (128 columns, one warpgroup, split 2 / 4, descriptors made by the
     # programs), its host-descriptor form, and 256 columns on two warpgroups (128 registers,
     # 47 KB at 3 stages: two programs an SM; 3.7 loop instructions a weight against 4.1)
-    m16 = [tc(128, 4, 4, 2, tma=True, host=True), tc(128, 4, 4, 4, tma=True, host=True),
-           tc(256, 8, 3, 4, tma=True), tc(256, 8, 3, 2, tma=True),
+    m16 = [tc(128, 4, 4, 2, tma=True, host=True), tc(256, 8, 3, 4, tma=True),
            tc(256, 8, 3, 4, tma=True, host=True)] + mm + [mma(4, bk=64)]
     for idx in (0, 2):  # M = 1
         sweep("int4", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)
