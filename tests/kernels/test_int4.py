@@ -221,12 +221,12 @@ def test_fused_reduce_is_the_two_launch_sum(M, path):
 @pytest.mark.parametrize("M,K,lanes,warps,bk,prefetch,split,vecs,dtype,strided", [
     (1, 576, 4, 1, 32, 2, 1, 1, BF16, False),  # 18 chunks over 4 lanes: 2 live in the last step
     (1, 512, 4, 1, 32, 2, 1, 2, F16, False),   # every lane live in every step (EVEN), 8 columns
-    (3, 576, 2, 1, 64, 2, 3, 1, BF16, False),  # rows of a, K split 3 ways (uneven), lanes on top
+    (3, 320, 2, 1, 64, 2, 3, 1, BF16, False),  # rows of a, K split 3 ways (uneven), lanes on top
     (2, 576, 16, 4, 32, 1, 2, 2, F16, False),  # lanes past the end of a split from the first step
     (4, 512, 8, 2, 16, 2, 1, 1, BF16, True),   # strided a: 2-byte loads of the activations
     (5, 512, 4, 1, 32, 1, 1, 2, BF16, False),  # 8 rows a program: 2-byte loads, EVEN
     (1, 512, 4, 1, 32, 1, 1, 2, F16, "ahead"),  # activations a step ahead, EVEN
-    (3, 576, 4, 2, 32, 2, 2, 1, BF16, "ahead"),  # the same, lanes past the end, splits
+    (3, 320, 4, 2, 32, 2, 2, 1, BF16, "ahead"),  # the same, lanes past the end, splits
 ])
 def test_gemv_k_lanes_and_prefetch(M, K, lanes, warps, bk, prefetch, split, vecs, dtype,
                                    strided):
@@ -265,10 +265,10 @@ def test_gemv_k_lanes_fused_reduce_and_checks():
 
 
 @pytest.mark.parametrize("M,N,K,G,dtype,sym,warps,split,prefetch", [
-    (16, 100, 1024, 128, BF16, False, 4, 2, 1),  # the last slab past N, K split, EVEN
-    (5, 36, 576, 64, F16, True, 2, 1, 1),       # 8 rows; 9 steps over 2 warps: one idles
+    (16, 36, 256, 64, BF16, False, 2, 2, 1),    # the last slab past N, K split, EVEN
+    (5, 36, 320, 64, F16, True, 2, 1, 1),       # 8 rows; 5 steps over 2 warps: one idles
     (1, 64, 384, 128, BF16, False, 4, 1, 0),    # 3 steps over 4 warps, codes not prefetched
-    (12, 40, 256, 32, F16, False, 1, 1, 1),     # 16 rows (4 past M), 32-deep steps
+    (12, 40, 128, 32, F16, False, 1, 1, 1),     # 16 rows (4 past M), 32-deep steps
 ])
 def test_mma_kernel(M, N, K, G, dtype, sym, warps, split, prefetch):
     """path='mma': the hand-made mma.sync fragments (the interpreter computes the MMA from
