@@ -308,16 +308,17 @@ def test_mma_kernel_layout_is_one_element_a_thread():
 
 
 def test_mma_falls_back_to_tc():
-    """Where the mma kernel's layout is not there (strided a, N not a multiple of 4) the path
-    takes the tc kernel's defaults: the same values; M > 16 is an error."""
+    """Where the mma kernel's layout is not there (strided a, N not a multiple of 4) the call
+    takes the GEMV's (M <= 2) or the tc kernel's defaults; M > 16 is an error."""
     N, K, G = 38, 256, 128
     q, s, z = tkit.quantize_int4(make_tensor((N, K), F16, seed=2), G)
     w16 = tkit.dequantize_int4(q, s, z, group_size=G, dtype=F16)
-    a = make_tensor((3, 2 * K), F16, seed=1)[:, ::2]
-    assert not I4._mma_ok(a, q, s, z)
-    with I4.int4_config(path="mma"):
-        out = tkit.matmul_int4(a, q, s, z, group_size=G)
-    assert_close_to_reference(out, a.double() @ w16.double().T, a @ w16.T)
+    for M in (1, 3):
+        a = make_tensor((M, 2 * K), F16, seed=1)[:, ::2]
+        assert not I4._mma_ok(a, q, s, z)
+        with I4.int4_config(path="mma"):
+            out = tkit.matmul_int4(a, q, s, z, group_size=G)
+        assert_close_to_reference(out, a.double() @ w16.double().T, a @ w16.T)
     with I4.int4_config(path="mma"), pytest.raises(ValueError, match="path='mma'"):
         tkit.matmul_int4(make_tensor((17, K), F16, seed=1), q, s, z, group_size=G)
 

@@ -1135,6 +1135,10 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
             out += bias.to(out.dtype)
         return out
     cfg = config or current_config(M, N, K, group_size, D.sm_count(a.device))
+    if cfg.path == "mma" and not _mma_ok(a, qweight, scales, zeros):
+        # the layout the mma kernel reads is not there: the other decode paths' defaults
+        cfg = Int4Config.for_shape(M, N, K, group_size, D.sm_count(a.device),
+                                   path="gemv" if M <= GEMV_MAX_M else "tc")
     split = cfg.split_k
     extra = {}
     if cfg.path == "gemv":
@@ -1151,7 +1155,7 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused,
                      K_LANES=cfg.k_lanes, PREFETCH=cfg.prefetch, A_VEC=a_vec, EVEN=even,
                      N_VECS=cfg.n_vecs, A_AHEAD=a_vec and cfg.a_ahead)
-    elif cfg.path == "mma" and _mma_ok(a, qweight, scales, zeros):
+    elif cfg.path == "mma":
         kernel, grid = _matmul_int4_mma_kernel, (C.cdiv(N, 32), split)
         k_steps = K // cfg.block_k
         fused = False
@@ -1169,10 +1173,7 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         if split > 1:
             _reduce_splits(ws, out, bias, M, N, split)
         return out
-    elif cfg.path == "tc" or cfg.path == "mma":
-        if cfg.path == "mma":  # the layout the mma kernel needs is not there: tc's defaults
-            cfg = Int4Config.for_shape(M, N, K, group_size, D.sm_count(a.device), path="tc")
-            split = cfg.split_k
+    elif cfg.path == "tc":
         kernel, grid = _matmul_int4_tc_kernel, (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m),
                                                 split)
         # descriptors only where the H200 ran them correctly: 16-bit scales, 128-deep K steps,
