@@ -383,22 +383,11 @@ def sweep_matmul_fp8_block_dsv3(rows):
             _fp8_block_case(rows, M, N, K, f"DeepSeek-V3 M={M} N={N} K={K}", variants)
 
 
-def sweep_int4(rows):
-    """matmul_int4 at the registry's 'decode' cases (M = 1 and 16 at K=4096, N=14336 and at
-    K=N=8192). M = 1: the GEMV with K lanes (a program's warps walk interleaved K chunks of
-    all of K and sum once: no split partials, no reduce launch), 1 or 2 steps of codes in
-    flight and 1 or 2 column vectors a thread, against the default (one warp a program, K
-    split 16 ways, the reduce launch). M = 16: the tc kernel (the default), its
-    host-descriptor form and 256-column tiles. Both: the mma.sync kernel (path "mma").
-    Every field given (a variant does not inherit the other paths' defaults)."""
-    from tkit.kernels.matmul import int4 as I4
-
-    def lanes(bn, bk, warps, prefetch, vecs, split=1, ahead=False):
-        # as many lanes as the warps' threads that the slab's columns leave over
-        k_lanes = 32 * warps * 4 * vecs // bn
+def _int4_variants():
+    def gemv(bn, bk, split, warps, lanes=1, vecs=1):
         return dict(path="gemv", block_m=16, block_n=bn, block_k=bk, split_k=split,
-                    num_warps=warps, num_stages=1, fused_reduce=False, k_lanes=k_lanes,
-                    prefetch=prefetch, n_vecs=vecs, a_ahead=ahead)
+                    num_warps=warps, num_stages=1, fused_reduce=False, k_lanes=lanes,
+                    n_vecs=vecs)
 
     def mma(warps, prefetch=1, split=1, bk=128):
         return dict(path="mma", block_m=16, block_n=32, block_k=bk, split_k=split,
@@ -408,30 +397,44 @@ def sweep_int4(rows):
         return dict(path="tc", block_m=bm, block_n=bn, block_k=128, split_k=split,
                     num_warps=warps, num_stages=stages, q_tma=tma, host_descriptors=host)
 
-    # lanes(columns, K step, warps, steps in flight, column vectors a thread): sm_90a
-    # registers, programs an SM, programs at N = 14336 / 8192:
-    #   (64, 32, 4, 1, 2) 127, 4, 224 / 128     (64, 32, 8, 1, 2) 128, 2, 224 / 128
-    #   (32, 32, 4, 1, 2) 125, 4, 448 / 256     (64, 32, 8, 2, 1) 127, 2, 224 / 128
-    # loop: 3.5 instructions a weight with 2 vectors, 4.0 with 1; ahead (the activations a
-    # step ahead): 3.6, the same registers
-    m1 = [lanes(64, 32, 4, 1, 2), lanes(64, 32, 8, 1, 2), lanes(32, 32, 4, 1, 2),
-          lanes(64, 32, 8, 2, 1), lanes(64, 32, 8, 1, 2, split=2),
-          lanes(64, 32, 8, 1, 2, ahead=True), lanes(32, 32, 4, 1, 2, ahead=True)]
-    # mma(warps, codes prefetched, split): the mma.sync kernel, 32 columns a program (448 /
-    # 256 programs at N = 14336 / 8192); sm_90a: M <= 8 80 registers, loop 297 for 128
-    # weights a thread (2.3 a weight); M = 16 128 registers, 357 (2.8, each weight for 16
-    # rows), 96 without the prefetch; no shared memory or barrier in the loop
-    mm = [mma(4), mma(8), mma(4, prefetch=0), mma(8, split=2)]
-    m1 += mm
-    # M = 16: the default (128 columns, one warpgroup, split 2 / 4, descriptors made by the
-    # programs), its host-descriptor form, and 256 columns on two warpgroups (128 registers,
-    # 47 KB at 3 stages: two programs an SM; 3.7 loop instructions a weight against 4.1)
-    m16 = [tc(128, 4, 4, 2, tma=True, host=True), tc(256, 8, 3, 4, tma=True),
-           tc(256, 8, 3, 4, tma=True, host=True)] + mm + [mma(4, bk=64)]
+    return gemv, mma, tc
+
+
+def sweep_int4(rows):
+    """matmul_int4 at the registry's 'decode' cases (M = 1 and 16 at K=4096, N=14336 and at
+    K=N=8192). M = 1: the default (the GEMV with K lanes: 32 columns a program, all of K, 4 or
+    8 warps by N) against the GEMV without lanes (one warp a program, split 16 + the reduce
+    launch, the default before) and the lanes with the other warp count. M = 16: the tc
+    default and its host-descriptor form. Every field given (a variant does not inherit the
+    other paths' defaults). The mma.sync kernel has its own sweep (``int4_mma``)."""
+    from tkit.kernels.matmul import int4 as I4
+
+    gemv, _, tc = _int4_variants()
+    m1 = [gemv(128, 64, 16, 1), gemv(32, 32, 1, 4, lanes=32, vecs=2),
+          gemv(32, 32, 1, 8, lanes=64, vecs=2)]
+    m16 = [tc(128, 4, 4, 4, tma=True, host=True)]
     for idx in (0, 2):  # M = 1
         sweep("int4", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)
     for idx in (1, 3):  # M = 16
         sweep("int4", I4.int4_config, m16, "matmul_int4", idx, rows, exact=False)
+
+
+def sweep_int4_mma(rows):
+    """matmul_int4's mma.sync kernel (path "mma": fragments made by hand, 32 columns a
+    program, warps over interleaved K steps) at the 'decode' cases, against each case's
+    default. sm_90a: M <= 8 80 registers, loop 297 instructions for 128 weights a thread
+    (2.3 a weight); M = 16 128 registers (96 without the codes' prefetch), 357 (2.8 a
+    weight, each serving 16 rows); no shared memory or barrier in the loop. Programs: 448 /
+    256 at N = 14336 / 8192."""
+    from tkit.kernels.matmul import int4 as I4
+
+    _, mma, _ = _int4_variants()
+    m1 = [mma(4), mma(8), mma(4, prefetch=0), mma(8, split=2)]
+    m16 = [mma(4), mma(8), mma(4, prefetch=0), mma(8, split=2), mma(4, bk=64)]
+    for idx in (0, 2):  # M = 1
+        sweep("int4_mma", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)
+    for idx in (1, 3):  # M = 16
+        sweep("int4_mma", I4.int4_config, m16, "matmul_int4", idx, rows, exact=False)
 
 
 def sweep_matmul_mid(rows):
@@ -578,6 +581,7 @@ def sweep_decode_splits(rows):
 
 
 SWEEPS = {"decode": sweep_decode, "decode_splits": sweep_decode_splits, "int4": sweep_int4,
+          "int4_mma": sweep_int4_mma,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,

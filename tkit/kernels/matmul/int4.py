@@ -125,14 +125,11 @@ class Int4Config:
     #: warps over all of K without split partials. A power of 2; BLOCK_N // 4 * K_LANES
     #: should be 32 * num_warps (fewer threads than that repeat the tile in registers)
     k_lanes: int = 1
-    #: gemv path: steps of codes loaded ahead of the one in use (1 or 2), in registers; mma
-    #: path: 0 or 1
+    #: mma path: the next step's codes loaded before this step's are used (1) or not (0)
     prefetch: int = 1
     #: gemv path: 16-byte vectors of 4 columns a thread holds per packed row (1 or 2): the
     #: activations' loads and sums serve 4 * n_vecs columns
     n_vecs: int = 1
-    #: gemv path: the activations (where they take 16-byte loads) loaded a step ahead
-    a_ahead: bool = False
     #: tc path: the packed tile, scales and zeros through tensor descriptors (TMA) where they
     #: are 16-byte aligned (N a multiple of 8 for 16-bit scales), else cp.async of 4-byte
     #: words and scales loaded a step ahead
@@ -187,16 +184,21 @@ class Int4Config:
             # over interleaved K steps; 8 or 16 rows of a (one or two MMA column halves)
             return Int4Config(8 if M <= 8 else 16, 32, bk, 1, num_warps=4, num_stages=1,
                               path="mma")
+        if path == "gemv" and M == 1:
+            # K lanes: 32 columns a program (two 16-byte vectors a thread), 32-deep chunks,
+            # all of K in one program (no split, no reduce launch), 4 or 8 warps so that the
+            # SMs hold ~16 warps each. H200 (graph replays, docs/NOTES.md "ninth session"):
+            # 17.9 us at K=4096 N=14336 with 4 warps (8: 20.5), 19.1 us at K=N=8192 with 8
+            # (4: 21.4), against 22.0 / 22.9 for one warp a program, split 16 + reduce launch
+            gbk = min(32, bk)
+            warps = 8 if C.cdiv(N, 32) * 8 <= 16 * num_sms else 4
+            return Int4Config(1, 32, gbk, 1, num_warps=warps, num_stages=1, path="gemv",
+                              k_lanes=8 * warps, n_vecs=2)
         if path == "gemv":
-            # one warp a program; at M = 1, 128 columns (4 a thread share the activations'
-            # loads, converts and sums) x 64 K values a step; more rows of a hold more partial
-            # sums: smaller steps (M = 2: 256 x 32, 168 registers; M = 4: 128 x 32, 168). K
-            # split so that ~10 programs per SM stream the weight, >= 4 steps each. M = 1: the
-            # H200 sweep's best was 128 x 64 split 16 with the one-launch reduce (20.1 / 22.4 us
-            # at K=4096 N=14336 / K=N=8192, against 22.6 / 25.2 for 256 columns); that reduce
-            # keeps per-device counters (opt-in), and the same tile with the reduce launch
-            # benched 22.7 / 25.1 us (docs/NOTES.md, "sixth session"). M = 2 and 4: sm_90a
-            # compile facts, not timings.
+            # one warp a program; more rows of a hold more partial sums: smaller steps (M = 2:
+            # 256 x 32, 168 registers; M = 4: 128 x 32, 168). K split so that ~10 programs per
+            # SM stream the weight, >= 4 steps each (M = 1, before the K lanes: 128 x 64 split
+            # 16). M = 2 and 4: sm_90a compile facts, not timings.
             gbn, gbk = {1: (128, 64), 2: (256, 32), 4: (128, 32)}.get(C.next_power_of_2(M),
                                                                      (128, 16))
             if _env.INTERPRET:
@@ -266,8 +268,8 @@ def current_config(M: int, N: int, K: int, group_size: int, num_sms: int) -> Int
             raise ValueError(f"path='gemv' takes all M={M} rows in one program: M <= 16")
         if cfg.k_lanes < 1 or cfg.k_lanes & (cfg.k_lanes - 1):
             raise ValueError(f"k_lanes={cfg.k_lanes} must be a power of 2")
-        if cfg.prefetch not in ((0, 1) if cfg.path == "mma" else (1, 2)):
-            raise ValueError(f"prefetch={cfg.prefetch} must be 1 or 2 (0 or 1 on the mma path)")
+        if cfg.prefetch not in (0, 1):
+            raise ValueError(f"prefetch={cfg.prefetch} must be 0 or 1")
         if cfg.n_vecs not in (1, 2) or cfg.block_n < 4 * cfg.n_vecs:
             raise ValueError(f"n_vecs={cfg.n_vecs} must be 1 or 2 with block_n >= 4 * n_vecs")
         # one program's rows: all of them on the gemv path, >= 16 for tl.dot on the tile path,
@@ -279,7 +281,7 @@ def current_config(M: int, N: int, K: int, group_size: int, num_sms: int) -> Int
                 raise ValueError(f"path='mma' takes M <= 16 rows (M={M}), block_n=32 "
                                  f"(got {cfg.block_n}) and block_k a multiple of 16 "
                                  f"(got {cfg.block_k})")
-            bm = 8 if M <= 8 and cfg.block_m <= 8 else 16
+            bm = 8 if M <= 8 else 16  # one or two MMA column halves, by M alone
         elif cfg.path == "tc":
             bm = max(8, C.next_power_of_2(cfg.block_m))
         else:
@@ -466,8 +468,8 @@ def _matmul_int4_gemv_kernel(
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr, FUSED_REDUCE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    K_LANES: tl.constexpr = 1, PREFETCH: tl.constexpr = 1, A_VEC: tl.constexpr = False,
-    EVEN: tl.constexpr = False, N_VECS: tl.constexpr = 1, A_AHEAD: tl.constexpr = False,
+    K_LANES: tl.constexpr = 1, A_VEC: tl.constexpr = False, EVEN: tl.constexpr = False,
+    N_VECS: tl.constexpr = 1,
 ):
     """All M (<= BLOCK_M) rows of ``a`` times BLOCK_N columns over this program's K range, on
     the CUDA cores: a memory-bound GEMV that streams (BLOCK_K // 8, BLOCK_N) int32 tiles of
@@ -476,13 +478,12 @@ def _matmul_int4_gemv_kernel(
 
     K_LANES: the program's K range is walked by K_LANES independent lanes (the warps, and the
     threads of a warp that N leaves over), lane l taking the BLOCK_K-deep chunks l, l +
-    K_LANES, ...: one step reads a (BLOCK_K // 8, K_LANES, BLOCK_N) tile, every lane keeps its
+    K_LANES, ...: one step reads a (K_LANES, BLOCK_K // 8, BLOCK_N) tile, every lane keeps its
     own partial sums and they meet once, after the loop (one cross-warp sum). So a program can
     cover all of K with many warps in flight, with no second launch and no split partials.
-    PREFETCH: steps of codes loaded ahead of the one being used (1 or 2), in registers.
+    The next step's codes are loaded before this step's are used, in registers.
     A_VEC: the 8 activations of a packed row come in one 16-byte load (a contiguous along K,
-    16-byte aligned rows; the launcher checks) instead of eight 2-byte loads; A_AHEAD (with
-    A_VEC): loaded a step ahead, as the codes are.
+    16-byte aligned rows; the launcher checks) instead of eight 2-byte loads.
     N_VECS: 16-byte vectors of columns a thread holds per packed row (1 or 2; BLOCK_N //
     N_VECS apart): the activations' loads, converts and sums serve 4 N_VECS columns.
     EVEN: every split has the same number of chunks, a multiple of K_LANES (the launcher
@@ -537,26 +538,15 @@ def _matmul_int4_gemv_kernel(
     # the activations in L2. Lanes past the range's end read nothing (their a is 0 too).
     step_k = WK * BKQ * stride_qk
     q_tile = lanes[:, None, None, None] + offs_kq[None, :, None, None] + offs_bn[None, None]
-    q_n1 = tl.load(q_ptrs, mask=_lane_mask(k_begin + lanes < k_end, 0 < n_steps, q_tile, EVEN),
-                   other=0, eviction_policy="evict_first")
-    if PREFETCH == 2:
-        q_n2 = tl.load(q_ptrs + step_k, other=0, eviction_policy="evict_first",
-                       mask=_lane_mask(k_begin + WK + lanes < k_end, 1 < n_steps, q_tile, EVEN))
-    aw_next = ()
-    if A_AHEAD:
-        aw_next = _a_step(a_ptrs, a_ptr, k_begin + lanes < k_end, 0 < n_steps, M, stride_am,
-                          BLOCK_M, EVEN)
+    q_next = tl.load(q_ptrs, other=0, eviction_policy="evict_first",
+                     mask=_lane_mask(k_begin + lanes < k_end, 0 < n_steps, q_tile, EVEN))
     for st in tl.range(0, n_steps, num_stages=1):
         c = k_begin + st * WK + lanes  # this step's chunk of each lane
         live = c < k_end
-        q = q_n1.to(tl.uint32, bitcast=True)
+        q = q_next.to(tl.uint32, bitcast=True)
         q_ptrs += step_k
-        ahead = _lane_mask(c + PREFETCH * WK < k_end, st + PREFETCH < n_steps, q_tile, EVEN)
-        if PREFETCH == 2:
-            q_n1 = q_n2
-            q_n2 = tl.load(q_ptrs + step_k, mask=ahead, other=0, eviction_policy="evict_first")
-        else:
-            q_n1 = tl.load(q_ptrs, mask=ahead, other=0, eviction_policy="evict_first")
+        ahead = _lane_mask(c + WK < k_end, st + 1 < n_steps, q_tile, EVEN)
+        q_next = tl.load(q_ptrs, mask=ahead, other=0, eviction_policy="evict_first")
         if EVEN:
             g = ((c * BLOCK_K) // GROUP)[:, None, None]  # (WK, 1, 1)
         else:
@@ -577,15 +567,10 @@ def _matmul_int4_gemv_kernel(
         ts = ()
         sums_a = ()
         sums_b = ()
-        # A_VEC: each row's 8 activations in one 16-byte load (A_AHEAD: a step ahead)
-        if A_AHEAD:
-            aw = aw_next
-            aw_next = _a_step(a_ptrs + WK * BLOCK_K * stride_ak, a_ptr, c + WK < k_end,
-                              st + 1 < n_steps, M, stride_am, BLOCK_M, EVEN)
-        elif A_VEC:
+        # A_VEC: each row's 8 activations in one 16-byte load
+        aw = ()
+        if A_VEC:
             aw = _a_step(a_ptrs, a_ptr, live, st < n_steps, M, stride_am, BLOCK_M, EVEN)
-        else:
-            aw = ()
         for p in tl.static_range(4):
             # pairs (4, 3), (2, 1), (0, 7), (6, 5) from q rotated left by 0, 8, 16, 24
             JA = (4, 2, 0, 6)[p]
@@ -1153,8 +1138,7 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         k_tiles = K // cfg.block_k
         even = k_tiles % split == 0 and (k_tiles // split) % cfg.k_lanes == 0
         extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused,
-                     K_LANES=cfg.k_lanes, PREFETCH=cfg.prefetch, A_VEC=a_vec, EVEN=even,
-                     N_VECS=cfg.n_vecs, A_AHEAD=a_vec and cfg.a_ahead)
+                     K_LANES=cfg.k_lanes, A_VEC=a_vec, EVEN=even, N_VECS=cfg.n_vecs)
     elif cfg.path == "mma":
         kernel, grid = _matmul_int4_mma_kernel, (C.cdiv(N, 32), split)
         k_steps = K // cfg.block_k
