@@ -54,17 +54,26 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   and their per-step sums cost the same at any M <= 16). K split into programs and summed
   by the reduce launch as below.
 * ``"gemv"`` (M <= 2 by default, any M <= 16 on request):
-  ``_matmul_int4_gemv_kernel``, a memory-bound GEMV on the CUDA cores. One warp a program,
-  program_id(0) a slab of BLOCK_N columns (256 at M = 1: 8 columns a thread in two 16-byte
-  loads), (1) a K split; every
-  step's codes are loaded one step ahead, straight into registers. Dequantization needs no
-  int -> float convert (nibbles OR-ed into float mantissas, see the kernel), two
-  instructions a weight plus 3/8 of a shift, and the zero point and scale are applied once
-  per word and step; sums over the step's packed rows stay within the thread. K is split so
-  that ~8 programs per SM stream the weight (K=4096, N=14336: 56 slabs x 16); the float32
-  partials are summed in split order by matmul's ``_splitk_reduce_kernel`` (a second
-  launch, which applies the bias) or, with ``fused_reduce``, by the last program of each
-  slab to arrive (one launch, the same bits; per-device counters, opt-in).
+  ``_matmul_int4_gemv_kernel``, a memory-bound GEMV on the CUDA cores. program_id(0) a slab
+  of BLOCK_N columns, (1) a K split. At M = 1 (``k_lanes``): 32 columns a program and all
+  of K, walked by "K lanes" (the warps, and the threads the 32 columns leave over, take
+  interleaved 32-deep chunks) that sum once at the end: one launch, no partials, ~16 warps
+  an SM, 8 columns a thread (two 16-byte vectors) sharing the activations' 16-byte loads.
+  At M = 2 one warp a program and a K split. Every step's codes are loaded one step ahead,
+  straight into registers. Dequantization needs no int -> float convert (nibbles OR-ed into
+  float mantissas, see the kernel), two instructions a weight plus 3/8 of a shift, and the
+  zero point and scale are applied once per word and step; sums over the step's packed rows
+  stay within the thread. A K split's float32 partials are summed in split order by
+  matmul's ``_splitk_reduce_kernel`` (a second launch, which applies the bias) or, with
+  ``fused_reduce``, by the last program of each slab to arrive (one launch, the same bits;
+  per-device counters, opt-in).
+* ``"mma"`` (M <= 16, on request): ``_matmul_int4_mma_kernel``, ``mma.sync.m16n8k16`` with
+  the fragments made by hand: every tensor of the kernel has one element a thread, so each
+  thread runs scalar code on its own registers and the MMA is inline PTX; 32 columns a
+  program, warps over interleaved K steps (like the GEMV's lanes), the codes in one 16-byte
+  load a thread and K block, the activations' B fragment in one 8-byte load, the sums of a
+  from an MMA of ones; no shared memory on the way to the MMA. Needs a contiguous along K,
+  N % 4 == 0 and 16-byte aligned rows (else the call takes the GEMV's or tc's defaults).
 * ``"tile"`` (M > 16): ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M tiles, (2)
   K splits. M <= 64: BLOCK_M = 16..64, BLOCK_N = 64, BLOCK_K = min(128, G), 3 stages, K split
   so that about four programs per SM stream the weight, partials reduced as above. Larger M:
@@ -105,7 +114,8 @@ MAGIC_A, MAGIC_B = 0x4B000000, 0x4D000000
 @dataclass(frozen=True)
 class Int4Config:
     """Launch parameters of the INT4 GEMM. ``path``: ``"gemv"`` (``_matmul_int4_gemv_kernel``,
-    CUDA-core FMAs, rows of ``a`` up to BLOCK_M <= 16 in one program) or ``"tile"``
+    CUDA-core FMAs, rows of ``a`` up to BLOCK_M <= 16 in one program), ``"tc"`` and ``"mma"``
+    (the tensor-core decode kernels, M <= 16 a program) or ``"tile"``
     (``_matmul_int4_kernel``, tl.dot on a BLOCK_M x BLOCK_N tile, any M). BLOCK_K must divide
     the group size (one scale row per K step) and be a power of 2 >= 16; split_k > 1 adds
     the reduce launch (a deterministic two-stage sum, no atomics)."""
