@@ -550,22 +550,29 @@ def _matmul_int4_gemv_kernel(
     q_tile = lanes[:, None, None, None] + offs_kq[None, :, None, None] + offs_bn[None, None]
     q_next = tl.load(q_ptrs, other=0, eviction_policy="evict_first",
                      mask=_lane_mask(k_begin + lanes < k_end, 0 < n_steps, q_tile, EVEN))
+    # the scales and zeros of a step come with its codes, a step ahead (their group's row;
+    # chunks past the end read the last one, unused)
+    g = ((tl.minimum(k_begin + lanes, k_end - 1) * BLOCK_K) // GROUP)[:, None, None]
+    s_next = tl.load(s_ptrs + g * stride_sg)  # (WK, NH, BNH)
+    z_next = s_next
+    if HAS_ZEROS:
+        z_next = tl.load(z_ptrs + g * stride_zg)
     for st in tl.range(0, n_steps, num_stages=1):
         c = k_begin + st * WK + lanes  # this step's chunk of each lane
         live = c < k_end
         q = q_next.to(tl.uint32, bitcast=True)
+        s = s_next.to(tl.float32)
+        if HAS_ZEROS:
+            z = z_next.to(tl.float32)
+        else:
+            z = 8.0  # SYM_ZERO (a global the compiler cannot read)
         q_ptrs += step_k
         ahead = _lane_mask(c + WK < k_end, st + 1 < n_steps, q_tile, EVEN)
         q_next = tl.load(q_ptrs, mask=ahead, other=0, eviction_policy="evict_first")
-        if EVEN:
-            g = ((c * BLOCK_K) // GROUP)[:, None, None]  # (WK, 1, 1)
-        else:
-            g = ((tl.minimum(c, k_end - 1) * BLOCK_K) // GROUP)[:, None, None]
-        s = tl.load(s_ptrs + g * stride_sg).to(tl.float32)  # (WK, NH, BNH)
+        g = ((tl.minimum(c + WK, k_end - 1) * BLOCK_K) // GROUP)[:, None, None]
+        s_next = tl.load(s_ptrs + g * stride_sg)
         if HAS_ZEROS:
-            z = tl.load(z_ptrs + g * stride_zg).to(tl.float32)
-        else:
-            z = 8.0  # SYM_ZERO (a global the compiler cannot read)
+            z_next = tl.load(z_ptrs + g * stride_zg)
         # derived from s, so that z is brought to s's layout (not s and z to two layouts)
         ca = (z + 128.0) * s
         cb = (z + 2048.0) * s
@@ -940,6 +947,22 @@ def _mma_codes(q_row, kc, stride_qk, NB: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _mma_scales(s_ptr, z_ptr, grp, stride_sg, stride_zg, colc, HAS_ZEROS: tl.constexpr):
+    """The scales (and zeros) of group row ``grp`` at the thread's 4 columns ``colc`` ..
+    ``colc + 3``, as loaded: a flat tuple (s0..s3, z0..z3; the scales again without zeros)."""
+    ss = ()
+    zs = ()
+    for j in tl.static_range(4):
+        sj = tl.load(s_ptr + grp * stride_sg + colc + j)
+        ss = ss + (sj,)
+        if HAS_ZEROS:
+            zs = zs + (tl.load(z_ptr + grp * stride_zg + colc + j),)
+        else:
+            zs = zs + (sj,)
+    return ss + zs
+
+
+@triton.jit
 def _matmul_int4_mma_kernel(
     a_ptr, q_ptr, s_ptr, z_ptr, c_ptr, ws_ptr, bias_ptr, M, N, K,
     stride_am, stride_qk, stride_sg, stride_zg, stride_cm, stride_cn, stride_bias,
@@ -968,8 +991,8 @@ def _matmul_int4_mma_kernel(
     a_ptr (M, K) contiguous along K, rows 16-byte aligned; q_ptr (K // 8, N) int32, N % 4 ==
     0, rows 16-byte aligned (the launcher checks); s_ptr / z_ptr (K // GROUP, N) unit column
     stride; BLOCK_K divides GROUP and is a multiple of 16. EVEN: every warp has a step in
-    every iteration. PREFETCH (0 or 1): the next step's codes are loaded before this step's
-    are used (in registers, 4 BLOCK_K // 16 words a thread).
+    every iteration. PREFETCH (0 or 1): the next step's codes, scales and zeros are loaded
+    before this step's are used (in registers, 4 BLOCK_K // 16 words and 8 values a thread).
     """
     T: tl.constexpr = 32 * NUM_WARPS
     dtype: tl.constexpr = a_ptr.dtype.element_ty
@@ -1007,9 +1030,12 @@ def _matmul_int4_mma_kernel(
         acc = acc + (zero,)
     NB: tl.constexpr = BLOCK_K // 16
     xs_next = ()
+    sz_next = ()
     if PREFETCH:
-        xs_next = _mma_codes(q_row, tl.minimum(k_begin + warp, k_end - 1), stride_qk, NB,
-                             BLOCK_K)
+        k0 = tl.minimum(k_begin + warp, k_end - 1)
+        xs_next = _mma_codes(q_row, k0, stride_qk, NB, BLOCK_K)
+        sz_next = _mma_scales(s_ptr, z_ptr, (k0 * BLOCK_K) // GROUP, stride_sg, stride_zg, colc,
+                              HAS_ZEROS)
     for it in range(0, n_iter):
         ks = k_begin + it * NUM_WARPS + warp  # this warp's step
         if EVEN:
@@ -1018,12 +1044,17 @@ def _matmul_int4_mma_kernel(
         else:
             live = ks < k_end
             kc = tl.minimum(ks, k_end - 1)  # in bounds; its B fragments are zeroed
-        if PREFETCH:  # the next step's codes (clamped in bounds; unused past the end)
+        if PREFETCH:  # the next step's codes and scales (clamped in bounds; unused past the end)
             xs = xs_next
-            xs_next = _mma_codes(q_row, tl.minimum(ks + NUM_WARPS, k_end - 1), stride_qk, NB,
-                                 BLOCK_K)
+            sz = sz_next
+            kn = tl.minimum(ks + NUM_WARPS, k_end - 1)
+            xs_next = _mma_codes(q_row, kn, stride_qk, NB, BLOCK_K)
+            sz_next = _mma_scales(s_ptr, z_ptr, (kn * BLOCK_K) // GROUP, stride_sg, stride_zg,
+                                  colc, HAS_ZEROS)
         else:
             xs = _mma_codes(q_row, kc, stride_qk, NB, BLOCK_K)
+            sz = _mma_scales(s_ptr, z_ptr, (kc * BLOCK_K) // GROUP, stride_sg, stride_zg, colc,
+                             HAS_ZEROS)
         d = (zero,)
         for _i in tl.static_range(15):
             d = d + (zero,)
@@ -1076,13 +1107,12 @@ def _matmul_int4_mma_kernel(
             d = (e0, e1, e2, e3, e4, e5, e6, e7, f0, f1, f2, f3, f4, f5, f6, f7)
             sa = (s0, s1, s2, s3, s4, s5, s6, s7)
         # the step's scales and zeros of this thread's 4 columns
-        grp = (kc * BLOCK_K) // GROUP
         sc = ()
         cz = ()
         for j in tl.static_range(4):
-            sj = tl.load(s_ptr + grp * stride_sg + colc + j).to(tl.float32)
+            sj = sz[j].to(tl.float32)
             if HAS_ZEROS:
-                zj = tl.load(z_ptr + grp * stride_zg + colc + j).to(tl.float32)
+                zj = sz[4 + j].to(tl.float32)
             else:
                 zj = 8.0  # SYM_ZERO
             sc = sc + (sj,)
