@@ -389,15 +389,11 @@ def _int4_variants():
                     num_warps=warps, num_stages=1, fused_reduce=False, k_lanes=lanes,
                     n_vecs=vecs)
 
-    def mma(warps, prefetch=1, split=1, bk=128):
-        return dict(path="mma", block_m=16, block_n=32, block_k=bk, split_k=split,
-                    num_warps=warps, num_stages=1, prefetch=prefetch)
-
     def tc(bn, warps, stages, split, tma=False, bm=16, host=False):
         return dict(path="tc", block_m=bm, block_n=bn, block_k=128, split_k=split,
                     num_warps=warps, num_stages=stages, q_tma=tma, host_descriptors=host)
 
-    return gemv, mma, tc
+    return gemv, tc
 
 
 def sweep_int4(rows):
@@ -406,10 +402,10 @@ def sweep_int4(rows):
     8 warps by N) against the GEMV without lanes (one warp a program, split 16 + the reduce
     launch, the default before) and the lanes with the other warp count. M = 16: the tc
     default and its host-descriptor form. Every field given (a variant does not inherit the
-    other paths' defaults). The mma.sync kernel has its own sweep (``int4_mma``)."""
+    other paths' defaults)."""
     from tkit.kernels.matmul import int4 as I4
 
-    gemv, _, tc = _int4_variants()
+    gemv, tc = _int4_variants()
     m1 = [gemv(128, 64, 16, 1), gemv(32, 32, 1, 4, lanes=32, vecs=2),
           gemv(32, 32, 1, 8, lanes=64, vecs=2)]
     m16 = [tc(128, 4, 4, 4, tma=True, host=True)]
@@ -417,24 +413,6 @@ def sweep_int4(rows):
         sweep("int4", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)
     for idx in (1, 3):  # M = 16
         sweep("int4", I4.int4_config, m16, "matmul_int4", idx, rows, exact=False)
-
-
-def sweep_int4_mma(rows):
-    """matmul_int4's mma.sync kernel (path "mma": fragments made by hand, 32 columns a
-    program, warps over interleaved K steps) at the 'decode' cases, against each case's
-    default. sm_90a: M <= 8 80 registers, loop 297 instructions for 128 weights a thread
-    (2.3 a weight); M = 16 128 registers (96 without the codes' prefetch), 357 (2.8 a
-    weight, each serving 16 rows); no shared memory or barrier in the loop. Programs: 448 /
-    256 at N = 14336 / 8192."""
-    from tkit.kernels.matmul import int4 as I4
-
-    _, mma, _ = _int4_variants()
-    m1 = [mma(4), mma(8), mma(4, prefetch=0), mma(8, split=2)]
-    m16 = [mma(4), mma(8), mma(4, prefetch=0), mma(8, split=2), mma(4, bk=64)]
-    for idx in (0, 2):  # M = 1
-        sweep("int4_mma", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)
-    for idx in (1, 3):  # M = 16
-        sweep("int4_mma", I4.int4_config, m16, "matmul_int4", idx, rows, exact=False)
 
 
 def sweep_matmul_mid(rows):
@@ -581,7 +559,6 @@ def sweep_decode_splits(rows):
 
 
 SWEEPS = {"decode": sweep_decode, "decode_splits": sweep_decode_splits, "int4": sweep_int4,
-          "int4_mma": sweep_int4_mma,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,

@@ -248,7 +248,7 @@ def test_gemv_k_lanes(M, K, lanes, warps, bk, split, vecs, dtype, strided):
 
 def test_gemv_k_lanes_fused_reduce_and_checks():
     """Lanes with the one-launch split-K sum (the same bits as the reduce launch), and the
-    override's checks on k_lanes, n_vecs and prefetch."""
+    override's checks on k_lanes and n_vecs."""
     M, N, K, G = 1, 40, 512, 64
     a, q, s, z = _gemv_case(M, N, K, G, BF16, False, seed=29)
     with I4.int4_config(path="gemv", block_n=32, block_k=32, k_lanes=4, split_k=2):
@@ -256,69 +256,9 @@ def test_gemv_k_lanes_fused_reduce_and_checks():
         with I4.int4_config(fused_reduce=True):
             one = tkit.matmul_int4(a, q, s, z, group_size=G)
     assert torch.equal(one, two)
-    for bad, match in ((dict(k_lanes=3), "k_lanes=3"), (dict(prefetch=2), "prefetch=2"),
-                       (dict(n_vecs=4), "n_vecs=4")):
+    for bad, match in ((dict(k_lanes=3), "k_lanes=3"), (dict(n_vecs=4), "n_vecs=4")):
         with I4.int4_config(path="gemv", **bad), pytest.raises(ValueError, match=match):
             tkit.matmul_int4(a, q, s, z, group_size=G)
-
-
-@pytest.mark.parametrize("M,N,K,G,dtype,sym,warps,split,prefetch", [
-    (16, 36, 256, 64, BF16, False, 2, 2, 1),    # the last slab past N, K split, EVEN
-    (5, 36, 320, 64, F16, True, 2, 1, 1),       # 8 rows; 5 steps over 2 warps: one idles
-    (1, 64, 384, 128, BF16, False, 4, 1, 0),    # 3 steps over 4 warps, codes not prefetched
-    (12, 40, 128, 32, F16, False, 1, 1, 1),     # 16 rows (4 past M), 32-deep steps
-])
-def test_mma_kernel(M, N, K, G, dtype, sym, warps, split, prefetch):
-    """path='mma': the hand-made mma.sync fragments (the interpreter computes the MMA from
-    the assembled matrices), warps over interleaved K steps summed at the end, steps and rows
-    past the end adding nothing, the column edge, K split, bias, fp16 / bf16."""
-    a, q, s, z = _gemv_case(M, N, K, G, dtype, sym, seed=31 + M)
-    bias = make_tensor((N,), dtype, seed=5)
-    spec = registry.get("matmul_int4")
-    with I4.int4_config(path="mma", num_warps=warps, split_k=split, prefetch=prefetch,
-                        block_k=min(G, 128)), poisoned_outputs():
-        assert I4._mma_ok(a, q, s, z)
-        check_against_reference(spec.fn, spec.reference, (a, q, s, z),
-                                dict(group_size=G, bias=bias))
-
-
-def test_mma_kernel_layout_is_one_element_a_thread():
-    """The hand-made fragments hold only if every 1-D tensor of the kernel has one element a
-    thread, element i in thread i: the sm_90a TTGIR has that one 1-D layout, the PTX the
-    warp-wide mma.sync, and nothing spills."""
-    import re
-
-    from tkit.ir_tools import aot
-    from tkit.kernels import _common
-
-    meta = dict(device="meta", dtype=BF16)
-    a, s = torch.empty(16, 4096, **meta), torch.empty(32, 14336, **meta)
-    q = torch.empty(512, 14336, device="meta", dtype=torch.int32)
-    with I4.int4_config(path="mma", num_warps=4), _common.capture_launches() as launches:
-        tkit.matmul_int4(a, q, s, s, group_size=128)
-    assert launches[0].kernel.fn.__name__ == "_matmul_int4_mma_kernel"
-    ir = aot.compile_launch(launches[0].kernel, launches[0].kwargs, 90)
-    one_d = re.findall(r"#ttg\.blocked<\{sizePerThread = \[\d+\][^}]*\}>", ir.asm["ttgir"])
-    assert one_d == ["#ttg.blocked<{sizePerThread = [1], threadsPerWarp = [32], "
-                     "warpsPerCTA = [4], order = [0]}>"]
-    assert ir.asm["ptx"].count("mma.sync.aligned.m16n8k16") >= 6
-    assert ".local" not in ir.asm["ptx"]
-
-
-def test_mma_falls_back_to_tc():
-    """Where the mma kernel's layout is not there (strided a, N not a multiple of 4) the call
-    takes the GEMV's (M <= 2) or the tc kernel's defaults; M > 16 is an error."""
-    N, K, G = 38, 256, 128
-    q, s, z = tkit.quantize_int4(make_tensor((N, K), F16, seed=2), G)
-    w16 = tkit.dequantize_int4(q, s, z, group_size=G, dtype=F16)
-    for M in (1, 3):
-        a = make_tensor((M, 2 * K), F16, seed=1)[:, ::2]
-        assert not I4._mma_ok(a, q, s, z)
-        with I4.int4_config(path="mma"):
-            out = tkit.matmul_int4(a, q, s, z, group_size=G)
-        assert_close_to_reference(out, a.double() @ w16.double().T, a @ w16.T)
-    with I4.int4_config(path="mma"), pytest.raises(ValueError, match="path='mma'"):
-        tkit.matmul_int4(make_tensor((17, K), F16, seed=1), q, s, z, group_size=G)
 
 
 def test_gemv_rejects_large_m():
@@ -375,7 +315,7 @@ def test_tc_more_rows_than_one_tile(M, block_m, block_n):
         check_against_reference(spec.fn, spec.reference, (a, q, s, z), dict(group_size=G))
 
 
-@pytest.mark.parametrize("path", ["gemv", "tc", "mma"])
+@pytest.mark.parametrize("path", ["gemv", "tc"])
 def test_fractional_zeros_and_float32_scales(path):
     """Zero points need not be integers (HQQ-style) and scales may be float32: both decode
     kernels take z off in float32 sums (exact for any z)."""
@@ -407,7 +347,7 @@ def test_strided_activations(path):
         assert_close_to_reference(out, a.double() @ w16.double().T, a @ w16.T)
 
 
-@pytest.mark.parametrize("path", ["gemv", "tc", "mma"])
+@pytest.mark.parametrize("path", ["gemv", "tc"])
 @pytest.mark.parametrize("dtype", [F16, BF16])
 def test_every_code_in_every_nibble(path, dtype):
     """Every code 0..15 in every nibble position (the bit tricks of the dequantization: the

@@ -67,13 +67,6 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   matmul's ``_splitk_reduce_kernel`` (a second launch, which applies the bias) or, with
   ``fused_reduce``, by the last program of each slab to arrive (one launch, the same bits;
   per-device counters, opt-in).
-* ``"mma"`` (M <= 16, on request): ``_matmul_int4_mma_kernel``, ``mma.sync.m16n8k16`` with
-  the fragments made by hand: every tensor of the kernel has one element a thread, so each
-  thread runs scalar code on its own registers and the MMA is inline PTX; 32 columns a
-  program, warps over interleaved K steps (like the GEMV's lanes), the codes in one 16-byte
-  load a thread and K block, the activations' B fragment in one 8-byte load, the sums of a
-  from an MMA of ones; no shared memory on the way to the MMA. Needs a contiguous along K,
-  N % 4 == 0 and 16-byte aligned rows (else the call takes the GEMV's or tc's defaults).
 * ``"tile"`` (M > 16): ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M tiles, (2)
   K splits. M <= 64: BLOCK_M = 16..64, BLOCK_N = 64, BLOCK_K = min(128, G), 3 stages, K split
   so that about four programs per SM stream the weight, partials reduced as above. Larger M:
@@ -114,8 +107,8 @@ MAGIC_A, MAGIC_B = 0x4B000000, 0x4D000000
 @dataclass(frozen=True)
 class Int4Config:
     """Launch parameters of the INT4 GEMM. ``path``: ``"gemv"`` (``_matmul_int4_gemv_kernel``,
-    CUDA-core FMAs, rows of ``a`` up to BLOCK_M <= 16 in one program), ``"tc"`` and ``"mma"``
-    (the tensor-core decode kernels, M <= 16 a program) or ``"tile"``
+    CUDA-core FMAs, rows of ``a`` up to BLOCK_M <= 16 in one program), ``"tc"`` (the
+    tensor-core decode kernel, M <= 16 a program) or ``"tile"``
     (``_matmul_int4_kernel``, tl.dot on a BLOCK_M x BLOCK_N tile, any M). BLOCK_K must divide
     the group size (one scale row per K step) and be a power of 2 >= 16; split_k > 1 adds
     the reduce launch (a deterministic two-stage sum, no atomics)."""
@@ -135,8 +128,6 @@ class Int4Config:
     #: warps over all of K without split partials. A power of 2; BLOCK_N // 4 * K_LANES
     #: should be 32 * num_warps (fewer threads than that repeat the tile in registers)
     k_lanes: int = 1
-    #: mma path: the next step's codes loaded before this step's are used (1) or not (0)
-    prefetch: int = 1
     #: gemv path: 16-byte vectors of 4 columns a thread holds per packed row (1 or 2): the
     #: activations' loads and sums serve 4 * n_vecs columns
     n_vecs: int = 1
@@ -189,11 +180,6 @@ class Int4Config:
             stages = 3 if bm == 8 else 4 if bm == 16 else 2
             return Int4Config(bm, tbn, bk, split, num_warps=warps, num_stages=stages,
                               path="tc", q_tma=True)
-        if path == "mma":
-            # 32 columns a program (one 16-byte load of codes a thread and K block), warps
-            # over interleaved K steps; 8 or 16 rows of a (one or two MMA column halves)
-            return Int4Config(8 if M <= 8 else 16, 32, bk, 1, num_warps=4, num_stages=1,
-                              path="mma")
         if path == "gemv" and M == 1:
             # K lanes: 32 columns a program (two 16-byte vectors a thread), 32-deep chunks,
             # all of K in one program (no split, no reduce launch), 4 or 8 warps so that the
@@ -237,7 +223,7 @@ GEMV_MAX_M = 2
 #: activations; its dequantization per weight does not depend on M). H200, M=16: 27.9 / 28.8
 #: us against the tile kernel's 36.5 / 40.0 (docs/NOTES.md, "INT4 decode on the tensor cores")
 TC_MAX_M = 16
-PATHS = ("gemv", "tile", "tc", "mma")
+PATHS = ("gemv", "tile", "tc")
 
 
 def _split_for(tiles: int, want_programs: int, k_steps: int, min_steps: int) -> int:
@@ -278,20 +264,12 @@ def current_config(M: int, N: int, K: int, group_size: int, num_sms: int) -> Int
             raise ValueError(f"path='gemv' takes all M={M} rows in one program: M <= 16")
         if cfg.k_lanes < 1 or cfg.k_lanes & (cfg.k_lanes - 1):
             raise ValueError(f"k_lanes={cfg.k_lanes} must be a power of 2")
-        if cfg.prefetch not in (0, 1):
-            raise ValueError(f"prefetch={cfg.prefetch} must be 0 or 1")
         if cfg.n_vecs not in (1, 2) or cfg.block_n < 4 * cfg.n_vecs:
             raise ValueError(f"n_vecs={cfg.n_vecs} must be 1 or 2 with block_n >= 4 * n_vecs")
         # one program's rows: all of them on the gemv path, >= 16 for tl.dot on the tile path,
         # a power of 2 >= 8 on the tc path (the MMA's N; fewer rows gained nothing)
         if cfg.path == "gemv":
             bm = C.next_power_of_2(M)
-        elif cfg.path == "mma":
-            if M > 16 or cfg.block_k % 16 or cfg.block_n != 32:
-                raise ValueError(f"path='mma' takes M <= 16 rows (M={M}), block_n=32 "
-                                 f"(got {cfg.block_n}) and block_k a multiple of 16 "
-                                 f"(got {cfg.block_k})")
-            bm = 8 if M <= 8 else 16  # one or two MMA column halves, by M alone
         elif cfg.path == "tc":
             bm = max(8, C.next_power_of_2(cfg.block_m))
         else:
@@ -832,320 +810,6 @@ def _matmul_int4_tc_kernel(
 
 
 # --------------------------------------------------------------------------------------------
-# The mma.sync decode kernel: one element a thread, fragments by hand
-# --------------------------------------------------------------------------------------------
-@triton.jit
-def _ld_v4(ptrs):
-    """Four int32 at ``ptrs`` (16-byte aligned): one 16-byte load."""
-    if INTERPRET:
-        r = tl.load(ptrs), tl.load(ptrs + 1), tl.load(ptrs + 2), tl.load(ptrs + 3)
-    else:
-        r = tl.inline_asm_elementwise(
-            "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", [ptrs],
-            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
-    return r
-
-
-@triton.jit
-def _ld_v2(ptrs):
-    """Two int32 at ``ptrs`` (8-byte aligned): one 8-byte load."""
-    if INTERPRET:
-        r = tl.load(ptrs), tl.load(ptrs + 1)
-    else:
-        r = tl.inline_asm_elementwise(
-            "ld.global.nc.v2.b32 {$0, $1}, [$2];", "=r,=r,l", [ptrs],
-            dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
-    return r
-
-
-@triton.jit
-def _byte_pair(x, x4, sel, dtype: tl.constexpr):
-    """The two nibbles of byte B of the int32 ``x`` (``x4 = x >> 4``; ``sel`` the PRMT
-    selector of B, per thread) as the 16-bit floats ``O + q`` (O = 128 for bf16, 1024 for
-    fp16; exact) in the low (low nibble) and high half of one int32: one PRMT, one LOP3."""
-    MAGIC: tl.constexpr = 0x43004300 if dtype == tl.bfloat16 else 0x64006400
-    if INTERPRET:
-        b = sel & 3
-        r = ((x >> (8 * b)) & 0xF) | (((x4 >> (8 * b)) & 0xF) << 16) | MAGIC
-    else:
-        r = tl.inline_asm_elementwise(
-            f"{{ .reg .b32 t; prmt.b32 t, $1, $2, $3; "
-            f"lop3.b32 $0, t, 0x000F000F, {MAGIC}, 0xEA; }}",
-            "=r,r,r,r", [x, x4, sel], dtype=tl.int32, is_pure=True, pack=1)
-    return r
-
-
-@triton.jit
-def _halves(r, dtype: tl.constexpr):
-    """The low and high 16-bit floats of the int32 ``r`` as float32."""
-    if dtype == tl.bfloat16:
-        lo = (r << 16).to(tl.float32, bitcast=True)
-        hi = (r & -65536).to(tl.float32, bitcast=True)
-    else:
-        lo = r.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        hi = (r >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return lo, hi
-
-
-@triton.jit
-def _frag8(r, dtype: tl.constexpr):
-    """A fragment register of pairs (one a thread, 32 a warp: thread 4 g + t holds the pair
-    2 t, 2 t + 1 of row g) as the (warps, 8 rows, 8) float32 block it forms."""
-    lo, hi = _halves(r, dtype)
-    T: tl.constexpr = r.shape[0]
-    return tl.reshape(tl.join(lo, hi), (T // 32, 8, 8))
-
-
-@triton.jit
-def _cat16(x, y):
-    """(W, 8, 8) and (W, 8, 8) side by side along the last axis: (W, 8, 16)."""
-    W: tl.constexpr = x.shape[0]
-    return tl.reshape(tl.permute(tl.join(x, y), (0, 1, 3, 2)), (W, 8, 16))
-
-
-@triton.jit
-def _mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, dtype: tl.constexpr):
-    """``D = A B + C`` for one warp, PTX ``mma.sync.m16n8k16`` with float32 accumulators, on
-    tensors of one element a thread (element i in thread i: lane i % 32 of warp i // 32):
-    the fragments of PTX's layout (g = lane // 4, t = lane % 4): a0 (A row g, columns 2 t,
-    2 t + 1), a1 (row g + 8), a2 (row g, columns 2 t + 8, 2 t + 9), a3 (row g + 8, those); b0
-    (B rows 2 t, 2 t + 1, column g), b1 (rows 2 t + 8, 2 t + 9); c0, c1 (C row g, columns
-    2 t, 2 t + 1), c2, c3 (row g + 8). The interpreter computes the same product from the
-    assembled matrices."""
-    if INTERPRET:
-        T: tl.constexpr = c0.shape[0]
-        W: tl.constexpr = T // 32
-        top = _cat16(_frag8(a0, dtype), _frag8(a2, dtype))  # (W, 8 rows g, 16 k)
-        bot = _cat16(_frag8(a1, dtype), _frag8(a3, dtype))  # rows g + 8
-        bt = _cat16(_frag8(b0, dtype), _frag8(b1, dtype))   # (W, 8 columns n, 16 k)
-        dt = tl.sum(top[:, :, None, :] * bt[:, None, :, :], axis=3)  # (W, 8 g, 8 n)
-        db = tl.sum(bot[:, :, None, :] * bt[:, None, :, :], axis=3)
-        e0, e1 = tl.split(tl.reshape(dt, (W, 8, 4, 2)))
-        e2, e3 = tl.split(tl.reshape(db, (W, 8, 4, 2)))
-        r = (c0 + tl.reshape(e0, (T,)), c1 + tl.reshape(e1, (T,)),
-             c2 + tl.reshape(e2, (T,)), c3 + tl.reshape(e3, (T,)))
-    else:
-        TY: tl.constexpr = "bf16" if dtype == tl.bfloat16 else "f16"
-        r = tl.inline_asm_elementwise(
-            f"mma.sync.aligned.m16n8k16.row.col.f32.{TY}.{TY}.f32 {{$0, $1, $2, $3}}, "
-            "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
-            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
-    return r
-
-
-@triton.jit
-def _mma_codes(q_row, kc, stride_qk, NB: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The packed words of step ``kc`` that ``_matmul_int4_mma_kernel``'s thread uses: 4
-    columns of packed row 2 b + t // 2 of each 16-deep block b (``q_row`` holds the column
-    and t // 2), a flat tuple of 4 NB."""
-    xs = ()
-    for b in tl.static_range(NB):
-        x0, x1, x2, x3 = _ld_v4(q_row + (kc * (BLOCK_K // 8) + 2 * b) * stride_qk)
-        xs = xs + (x0, x1, x2, x3)
-    return xs
-
-
-@triton.jit
-def _mma_scales(s_ptr, z_ptr, grp, stride_sg, stride_zg, colc, HAS_ZEROS: tl.constexpr):
-    """The scales (and zeros) of group row ``grp`` at the thread's 4 columns ``colc`` ..
-    ``colc + 3``, as loaded: a flat tuple (s0..s3, z0..z3; the scales again without zeros)."""
-    ss = ()
-    zs = ()
-    for j in tl.static_range(4):
-        sj = tl.load(s_ptr + grp * stride_sg + colc + j)
-        ss = ss + (sj,)
-        if HAS_ZEROS:
-            zs = zs + (tl.load(z_ptr + grp * stride_zg + colc + j),)
-        else:
-            zs = zs + (sj,)
-    return ss + zs
-
-
-@triton.jit
-def _matmul_int4_mma_kernel(
-    a_ptr, q_ptr, s_ptr, z_ptr, c_ptr, ws_ptr, bias_ptr, M, N, K,
-    stride_am, stride_qk, stride_sg, stride_zg, stride_cm, stride_cn, stride_bias,
-    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    NUM_WARPS: tl.constexpr, EVEN: tl.constexpr, PREFETCH: tl.constexpr = 1,
-):
-    """``out = a W^T`` for M <= BLOCK_M (8 or 16) on the tensor cores, with the fragments of
-    ``mma.sync.m16n8k16`` made by hand: every tensor here has one element a thread (element
-    i in thread i), so each thread runs scalar code on its own registers and the MMA is a
-    warp-wide inline PTX instruction. A program owns 32 output columns; its warps walk
-    interleaved BLOCK_K steps of its K range (K split SPLIT_K ways over programs) and sum
-    once at the end. No shared memory on the way to the MMA, no barrier in the loop.
-
-    The MMA computes ``W a^T``: A is 16 columns of the weight by 16 K values, B 16 K values
-    by 8 rows of a. Thread 4 g + t (g = 0..7, t = 0..3) loads 4 consecutive packed words
-    (columns 4 g .. 4 g + 3, one 16-byte load) of packed row 2 b + t // 2 for each 16-deep K
-    block b, and takes nibbles 4 (t % 2) .. 4 (t % 2) + 3 of each: A row g is column 4 g
-    (tile 0) or 4 g + 2 (tile 1), row g + 8 column 4 g + 1 (or 4 g + 3); MMA column 2 t + e
-    is K = 16 b + 4 t + e and 2 t + 8 + e is K = 16 b + 4 t + 2 + e. So B's fragment of a
-    row of a is the 4 consecutive values a[m, 16 b + 4 t ...]: one 8-byte load. The codes
-    become ``O + q`` exactly (PRMT + LOP3 a pair, as the tc kernel's); an MMA of ones with
-    the same B gives each row's sum of a, and the step ends with ``acc += s (D - (O + z)
-    sum a)`` per output (exact for any z).
-
-    a_ptr (M, K) contiguous along K, rows 16-byte aligned; q_ptr (K // 8, N) int32, N % 4 ==
-    0, rows 16-byte aligned (the launcher checks); s_ptr / z_ptr (K // GROUP, N) unit column
-    stride; BLOCK_K divides GROUP and is a multiple of 16. EVEN: every warp has a step in
-    every iteration. PREFETCH (0 or 1): the next step's codes, scales and zeros are loaded
-    before this step's are used (in registers, 4 BLOCK_K // 16 words and 8 values a thread).
-    """
-    T: tl.constexpr = 32 * NUM_WARPS
-    dtype: tl.constexpr = a_ptr.dtype.element_ty
-    OFFSET: tl.constexpr = 128.0 if dtype == tl.bfloat16 else 1024.0
-    ONES: tl.constexpr = 0x3F803F80 if dtype == tl.bfloat16 else 0x3C003C00
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pos = tl.arange(0, T)
-    warp = pos // 32
-    g = (pos % 32) // 4
-    t = pos % 4
-    # the PRMT selectors of bytes 2 (t % 2) and 2 (t % 2) + 1: byte B of x to byte 0 (and
-    # 1), byte B of x >> 4 to byte 2 (and 3)
-    b_lo = 2 * (t % 2)
-    sel_lo = b_lo | (b_lo << 4) | ((4 + b_lo) << 8) | ((4 + b_lo) << 12)
-    sel_hi = sel_lo + 0x1111
-    col = pid_n * 32 + 4 * g  # this thread's 4 columns
-    colc = tl.minimum(col, N - 4)  # the last slab's columns past N read the last 4
-    k_steps = K // BLOCK_K
-    per_split = tl.cdiv(k_steps, SPLIT_K)
-    k_begin = pid_k * per_split
-    k_end = tl.minimum(k_begin + per_split, k_steps)
-    n_iter = tl.cdiv(tl.maximum(k_end - k_begin, 0), NUM_WARPS)
-    q_row = q_ptr + colc + (t // 2) * stride_qk  # + (16-row block) * 2 * stride_qk
-    a32 = a_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    m_lo = tl.minimum(g, M - 1)  # rows past M read row M - 1; not stored
-    m_hi = tl.minimum(g + 8, M - 1)
-    a_lo = a32 + (m_lo * stride_am + 4 * t) // 2
-    a_hi = a32 + (m_hi * stride_am + 4 * t) // 2
-    zero = tl.zeros((T,), dtype=tl.float32)
-    ones = tl.full((T,), ONES, dtype=tl.int32)
-    # accumulators: (tile, n8 half) x 4 fragment values, flat: 4 * (2 * tile + half) + c
-    acc = (zero,)
-    for _i in tl.static_range(15):
-        acc = acc + (zero,)
-    NB: tl.constexpr = BLOCK_K // 16
-    xs_next = ()
-    sz_next = ()
-    if PREFETCH:
-        k0 = tl.minimum(k_begin + warp, k_end - 1)
-        xs_next = _mma_codes(q_row, k0, stride_qk, NB, BLOCK_K)
-        sz_next = _mma_scales(s_ptr, z_ptr, (k0 * BLOCK_K) // GROUP, stride_sg, stride_zg, colc,
-                              HAS_ZEROS)
-    for it in range(0, n_iter):
-        ks = k_begin + it * NUM_WARPS + warp  # this warp's step
-        if EVEN:
-            kc = ks
-            live = ks >= 0
-        else:
-            live = ks < k_end
-            kc = tl.minimum(ks, k_end - 1)  # in bounds; its B fragments are zeroed
-        if PREFETCH:  # the next step's codes and scales (clamped in bounds; unused past the end)
-            xs = xs_next
-            sz = sz_next
-            kn = tl.minimum(ks + NUM_WARPS, k_end - 1)
-            xs_next = _mma_codes(q_row, kn, stride_qk, NB, BLOCK_K)
-            sz_next = _mma_scales(s_ptr, z_ptr, (kn * BLOCK_K) // GROUP, stride_sg, stride_zg,
-                                  colc, HAS_ZEROS)
-        else:
-            xs = _mma_codes(q_row, kc, stride_qk, NB, BLOCK_K)
-            sz = _mma_scales(s_ptr, z_ptr, (kc * BLOCK_K) // GROUP, stride_sg, stride_zg, colc,
-                             HAS_ZEROS)
-        d = (zero,)
-        for _i in tl.static_range(15):
-            d = d + (zero,)
-        sa = (zero, zero, zero, zero, zero, zero, zero, zero)  # the sums of a, per half
-        for b in tl.static_range(BLOCK_K // 16):
-            x0 = xs[4 * b]
-            x1 = xs[4 * b + 1]
-            x2 = xs[4 * b + 2]
-            x3 = xs[4 * b + 3]
-            koff = (kc * BLOCK_K + 16 * b) // 2
-            bl0, bl1 = _ld_v2(a_lo + koff)
-            if not EVEN:
-                bl0 = tl.where(live, bl0, 0)
-                bl1 = tl.where(live, bl1, 0)
-            if BLOCK_M == 16:
-                bh0, bh1 = _ld_v2(a_hi + koff)
-                if not EVEN:
-                    bh0 = tl.where(live, bh0, 0)
-                    bh1 = tl.where(live, bh1, 0)
-            x04 = x0 >> 4
-            x14 = x1 >> 4
-            x24 = x2 >> 4
-            x34 = x3 >> 4
-            # tile 0: rows g / g + 8 are columns 4 g / 4 g + 1; tile 1: 4 g + 2 / 4 g + 3
-            r0 = _byte_pair(x0, x04, sel_lo, dtype)
-            r1 = _byte_pair(x1, x14, sel_lo, dtype)
-            r2 = _byte_pair(x0, x04, sel_hi, dtype)
-            r3 = _byte_pair(x1, x14, sel_hi, dtype)
-            u0 = _byte_pair(x2, x24, sel_lo, dtype)
-            u1 = _byte_pair(x3, x34, sel_lo, dtype)
-            u2 = _byte_pair(x2, x24, sel_hi, dtype)
-            u3 = _byte_pair(x3, x34, sel_hi, dtype)
-            e0, e1, e2, e3 = _mma_m16n8k16(r0, r1, r2, r3, bl0, bl1, d[0], d[1], d[2], d[3],
-                                           dtype)
-            f0, f1, f2, f3 = _mma_m16n8k16(u0, u1, u2, u3, bl0, bl1, d[8], d[9], d[10],
-                                           d[11], dtype)
-            s0, s1, s2, s3 = _mma_m16n8k16(ones, ones, ones, ones, bl0, bl1, sa[0], sa[1],
-                                           sa[2], sa[3], dtype)
-            if BLOCK_M == 16:
-                e4, e5, e6, e7 = _mma_m16n8k16(r0, r1, r2, r3, bh0, bh1, d[4], d[5], d[6],
-                                               d[7], dtype)
-                f4, f5, f6, f7 = _mma_m16n8k16(u0, u1, u2, u3, bh0, bh1, d[12], d[13],
-                                               d[14], d[15], dtype)
-                s4, s5, s6, s7 = _mma_m16n8k16(ones, ones, ones, ones, bh0, bh1, sa[4],
-                                               sa[5], sa[6], sa[7], dtype)
-            else:
-                e4, e5, e6, e7 = d[4], d[5], d[6], d[7]
-                f4, f5, f6, f7 = d[12], d[13], d[14], d[15]
-                s4, s5, s6, s7 = sa[4], sa[5], sa[6], sa[7]
-            d = (e0, e1, e2, e3, e4, e5, e6, e7, f0, f1, f2, f3, f4, f5, f6, f7)
-            sa = (s0, s1, s2, s3, s4, s5, s6, s7)
-        # the step's scales and zeros of this thread's 4 columns
-        sc = ()
-        cz = ()
-        for j in tl.static_range(4):
-            sj = sz[j].to(tl.float32)
-            if HAS_ZEROS:
-                zj = sz[4 + j].to(tl.float32)
-            else:
-                zj = 8.0  # SYM_ZERO
-            sc = sc + (sj,)
-            cz = cz + ((zj + OFFSET) * sj,)
-        new = ()
-        for i in tl.static_range(16):
-            # fragment value i % 4 of (tile i // 8, half (i // 4) % 2): row g (c0, c1) or
-            # g + 8 (c2, c3), i.e. column 4 g + 2 (i // 8) + (i % 4) // 2
-            # (sa: the sum of a of its row of a)
-            new = new + (acc[i] + d[i] * sc[2 * (i // 8) + (i % 4) // 2]
-                         - cz[2 * (i // 8) + (i % 4) // 2] * sa[4 * ((i // 4) % 2) + i % 2],)
-        acc = new
-    # the warps' sums, then the stores: fragment value i is out[m, n] with
-    # n = 4 g + 2 (i // 8) + (i % 4) // 2 and m = 8 ((i // 4) % 2) + 2 t + i % 2
-    lane = tl.arange(0, 32)
-    g2 = lane // 4
-    t2 = lane % 4
-    for i in tl.static_range(16):
-        if (i // 4) % 2 == 0 or BLOCK_M == 16:
-            v = tl.sum(tl.reshape(acc[i], (NUM_WARPS, 32)), axis=0)
-            n = pid_n * 32 + 4 * g2 + 2 * (i // 8) + (i % 4) // 2
-            m = 8 * ((i // 4) % 2) + 2 * t2 + i % 2
-            ok = (n < N) & (m < M)
-            if SPLIT_K == 1:
-                if HAS_BIAS:
-                    v += tl.load(bias_ptr + n * stride_bias, mask=ok, other=0.0).to(tl.float32)
-                tl.store(c_ptr + m * stride_cm + n * stride_cn, v.to(c_ptr.dtype.element_ty),
-                         mask=ok)
-            else:
-                tl.store(ws_ptr + (pid_k * M + m).to(tl.int64) * N + n, v, mask=ok)
-
-
-# --------------------------------------------------------------------------------------------
 # Launch
 # --------------------------------------------------------------------------------------------
 def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
@@ -1160,10 +824,6 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
             out += bias.to(out.dtype)
         return out
     cfg = config or current_config(M, N, K, group_size, D.sm_count(a.device))
-    if cfg.path == "mma" and not _mma_ok(a, qweight, scales, zeros):
-        # the layout the mma kernel reads is not there: the other decode paths' defaults
-        cfg = Int4Config.for_shape(M, N, K, group_size, D.sm_count(a.device),
-                                   path="gemv" if M <= GEMV_MAX_M else "tc")
     split = cfg.split_k
     extra = {}
     if cfg.path == "gemv":
@@ -1179,24 +839,6 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         even = k_tiles % split == 0 and (k_tiles // split) % cfg.k_lanes == 0
         extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused,
                      K_LANES=cfg.k_lanes, A_VEC=a_vec, EVEN=even, N_VECS=cfg.n_vecs)
-    elif cfg.path == "mma":
-        kernel, grid = _matmul_int4_mma_kernel, (C.cdiv(N, 32), split)
-        k_steps = K // cfg.block_k
-        fused = False
-        extra.update(EVEN=k_steps % split == 0 and (k_steps // split) % cfg.num_warps == 0,
-                     NUM_WARPS=cfg.num_warps, PREFETCH=min(cfg.prefetch, 1))
-        ws = C.scratch((split, M, N), torch.float32, a.device) if split > 1 else out
-        z = zeros if zeros is not None else scales
-        C.launch(kernel, grid, a_ptr=a, q_ptr=qweight, s_ptr=scales, z_ptr=z, c_ptr=out,
-                 ws_ptr=ws, bias_ptr=bias if bias is not None else scales, M=M, N=N, K=K,
-                 stride_am=a.stride(0), stride_qk=qweight.stride(0), stride_sg=scales.stride(0),
-                 stride_zg=z.stride(0), stride_cm=out.stride(0), stride_cn=out.stride(1),
-                 stride_bias=bias.stride(0) if bias is not None else 0, GROUP=group_size,
-                 HAS_ZEROS=zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split,
-                 BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, **extra)
-        if split > 1:
-            _reduce_splits(ws, out, bias, M, N, split)
-        return out
     elif cfg.path == "tc":
         kernel, grid = _matmul_int4_tc_kernel, (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m),
                                                 split)
@@ -1256,18 +898,6 @@ def _reduce_splits(ws, out, bias, M, N, split):
              stride_bias=bias.stride(0) if bias is not None else 0, SPLIT_K=split,
              SCALE_A=0, SCALE_B=0, HAS_BIAS=bias is not None, ACT="", HAS_RES=False,
              BLOCK_M=rbm, BLOCK_N=rbn, num_warps=4)
-
-
-def _mma_ok(a, qweight, scales, zeros) -> bool:
-    """The layout ``_matmul_int4_mma_kernel`` reads: a contiguous along K with 16-byte aligned
-    rows and 16-bit elements; qweight N-contiguous, N % 4 == 0, 16-byte aligned rows; scales
-    and zeros with a unit column stride."""
-    N = qweight.shape[1]
-    return (a.stride(1) == 1 and a.data_ptr() % 16 == 0
-            and (a.shape[0] == 1 or a.stride(0) % 8 == 0)
-            and qweight.stride(1) == 1 and N % 4 == 0 and qweight.data_ptr() % 16 == 0
-            and qweight.stride(0) % 4 == 0 and scales.stride(1) == 1
-            and (zeros is None or zeros.stride(1) == 1))
 
 
 @R.custom_op("tkit::matmul_int4", mutates_args=())
