@@ -216,8 +216,8 @@ class Int4Config:
 
 
 #: the largest M the heuristic gives to the GEMV kernel (its FMAs per weight grow with M).
-#: H200 (graph replays, K=4096 N=14336 / K=N=8192, M=1): GEMV 21.2 / 23.6 us (19.2 / 21.7
-#: with the opt-in one-launch reduce) against the tc kernel's 26.2 / 27.7
+#: H200 (graph replays, K=4096 N=14336 / K=N=8192, M=1): the GEMV with K lanes 16.9 / 19.6 us,
+#: split over programs 21.2 / 23.6, against the tc kernel's 26.2 / 27.7
 GEMV_MAX_M = 2
 #: the largest M the heuristic gives to the tensor-core decode kernel (one 16-row MMA tile of
 #: activations; its dequantization per weight does not depend on M). H200, M=16: 27.9 / 28.8
