@@ -383,46 +383,32 @@ def sweep_matmul_fp8_block_dsv3(rows):
             _fp8_block_case(rows, M, N, K, f"DeepSeek-V3 M={M} N={N} K={K}", variants)
 
 
-def sweep_int4(rows):
-    """matmul_int4 at the registry's 'decode' cases (M = 1 and 16 at K=4096, N=14336 and at
-    K=N=8192): the tensor-core decode kernel ("tc": columns a program, warps, cp.async stages,
-    K split) against the GEMV (CUDA cores) and the tile kernel's best of the last sweep, every
-    field given (a variant does not inherit the other paths' defaults). The default is "tc"."""
-    from tkit.kernels.matmul import int4 as I4
-
-    def gemv(bn, bk, split, warps, fused=False):
+def _int4_variants():
+    def gemv(bn, bk, split, warps, lanes=1, vecs=1):
         return dict(path="gemv", block_m=16, block_n=bn, block_k=bk, split_k=split,
-                    num_warps=warps, num_stages=1, fused_reduce=fused)
-
-    def tile(bn, split, warps, stages, bm=16):
-        return dict(path="tile", block_m=bm, block_n=bn, block_k=128, split_k=split,
-                    num_warps=warps, num_stages=stages)
+                    num_warps=warps, num_stages=1, fused_reduce=False, k_lanes=lanes,
+                    n_vecs=vecs)
 
     def tc(bn, warps, stages, split, tma=False, bm=16, host=False):
         return dict(path="tc", block_m=bm, block_n=bn, block_k=128, split_k=split,
                     num_warps=warps, num_stages=stages, q_tma=tma, host_descriptors=host)
 
-    def tc8(bn, warps, stages, split, tma=False, host=False):
-        return tc(bn, warps, stages, split, tma, bm=8, host=host)
+    return gemv, tc
 
-    # tc: columns a program (64 / 128 / 256), warps (4: mma.sync with 8 rows of a, or one
-    # warpgroup; 8: two warpgroups), stages in flight, K split 2 to 8 (partials summed by the
-    # reduce launch); tma: the packed tile, scales and zeros through descriptors (tc's
-    # default; host: made on the host, not by every program), else cp.async and the scales a
-    # step ahead by hand.
-    # M = 1 (the GEMV is the default): tc with 8 rows of a (mma.sync) and 16 (wgmma)
-    m1 = [tc8(128, 4, 4, 4, tma=True, host=True), tc8(128, 4, 4, 8, tma=True, host=True),
-          tc8(128, 4, 4, 2, tma=True, host=True), tc8(128, 4, 3, 4, tma=True, host=True),
-          tc8(256, 8, 4, 2, tma=True, host=True), tc8(128, 4, 4, 4, tma=True),
-          tc8(128, 4, 3, 4, tma=True), tc8(128, 4, 4, 8, tma=True), tc8(128, 4, 4, 4),
-          tc(128, 4, 4, 4, tma=True, host=True), gemv(128, 64, 16, 1, True)]
-    # M = 16 (tc is the default: 16 rows of a, one warpgroup, split 2 / 4, descriptors made
-    # by the programs)
-    m16 = [tc(128, 8, 4, 2, tma=True, host=True), tc(128, 4, 4, 4, tma=True, host=True),
-           tc(128, 4, 4, 2, tma=True, host=True), tc(128, 8, 3, 2, tma=True, host=True),
-           tc(128, 8, 4, 4, tma=True, host=True), tc(128, 4, 4, 2, tma=True),
-           tc(128, 4, 4, 4, tma=True), tc(128, 8, 4, 4, tma=True), tc(128, 8, 4, 2),
-           tile(64, 4, 4, 3)]
+
+def sweep_int4(rows):
+    """matmul_int4 at the registry's 'decode' cases (M = 1 and 16 at K=4096, N=14336 and at
+    K=N=8192). M = 1: the default (the GEMV with K lanes: 32 columns a program, all of K, 4 or
+    8 warps by N) against the GEMV without lanes (one warp a program, split 16 + the reduce
+    launch, the default before) and the lanes with the other warp count. M = 16: the tc
+    default and its host-descriptor form. Every field given (a variant does not inherit the
+    other paths' defaults)."""
+    from tkit.kernels.matmul import int4 as I4
+
+    gemv, tc = _int4_variants()
+    m1 = [gemv(128, 64, 16, 1), gemv(32, 32, 1, 4, lanes=32, vecs=2),
+          gemv(32, 32, 1, 8, lanes=64, vecs=2)]
+    m16 = [tc(128, 4, 4, 4, tma=True, host=True)]
     for idx in (0, 2):  # M = 1
         sweep("int4", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)
     for idx in (1, 3):  # M = 16

@@ -154,7 +154,10 @@ def test_config_heuristic():
             assert c.split_k > 1 and 4096 // c.block_k // c.split_k >= 4
             assert (c.block_n, c.num_warps, c.q_tma) == (128, 4, True)
     g = I4.Int4Config.for_shape(1, 14336, 4096, 128, 132, path="gemv")
-    assert g.path == "gemv" and g.block_m == 1 and g.num_warps == 1 and 128 % g.block_k == 0
+    # M = 1: K lanes, all of K in a program (no split), ~16 warps an SM
+    assert g.path == "gemv" and g.block_m == 1 and g.split_k == 1 and 128 % g.block_k == 0
+    assert (g.block_n, g.num_warps, g.k_lanes, g.n_vecs) == (32, 4, 32, 2)
+    assert I4.Int4Config.for_shape(1, 8192, 8192, 128, 132, path="gemv").num_warps == 8
     assert I4.Int4Config.for_shape(3, 14336, 4096, 128, 132, path="gemv").block_m == 4
     with I4.int4_config(path="gemv"):
         assert I4.current_config(1, 14336, 4096, 128, 132) == g
@@ -216,6 +219,46 @@ def test_fused_reduce_is_the_two_launch_sum(M, path):
             again = tkit.matmul_int4(a, q, s, z, group_size=G, bias=bias)
     assert torch.equal(one, two) and torch.equal(again, two)
     assert int(_matmul_ops._COUNTERS[(a.device.type, a.device.index)].abs().sum()) == 0
+
+
+@pytest.mark.parametrize("M,K,lanes,warps,bk,split,vecs,dtype,strided", [
+    (1, 576, 4, 1, 32, 1, 1, BF16, False),  # 18 chunks over 4 lanes: 2 live in the last step
+    (1, 512, 4, 1, 32, 1, 2, F16, False),   # every lane live in every step (EVEN), 8 columns
+    (3, 320, 2, 1, 64, 3, 1, BF16, False),  # rows of a, K split 3 ways (uneven), lanes on top
+    (2, 576, 16, 4, 32, 2, 2, F16, False),  # lanes past the end of a split from the first step
+    (4, 512, 8, 2, 16, 1, 1, BF16, True),   # strided a: 2-byte loads of the activations
+    (5, 512, 4, 1, 32, 1, 2, BF16, False),  # 8 rows a program: 2-byte loads, EVEN
+])
+def test_gemv_k_lanes(M, K, lanes, warps, bk, split, vecs, dtype, strided):
+    """k_lanes: a program's K range walked by interleaved lanes (warps, and threads N leaves
+    over) summed once at the end; n_vecs 1 or 2 column vectors a thread; the activations'
+    16-byte loads (contiguous a, M <= 4) or 2-byte ones. Lanes and steps past the range's end
+    must add nothing, bias once."""
+    N, G = 37, 64
+    a, q, s, z = _gemv_case(M, N, K, G, dtype, M % 2 == 0, seed=23 + lanes)
+    if strided:
+        a = torch.cat([a, a], 1)[:, ::2]
+    bias = make_tensor((N,), dtype, seed=5)
+    spec = registry.get("matmul_int4")
+    with I4.int4_config(path="gemv", block_n=32, block_k=bk, k_lanes=lanes, num_warps=warps,
+                        split_k=split, n_vecs=vecs), poisoned_outputs():
+        check_against_reference(spec.fn, spec.reference, (a, q, s, z),
+                                dict(group_size=G, bias=bias))
+
+
+def test_gemv_k_lanes_fused_reduce_and_checks():
+    """Lanes with the one-launch split-K sum (the same bits as the reduce launch), and the
+    override's checks on k_lanes and n_vecs."""
+    M, N, K, G = 1, 40, 512, 64
+    a, q, s, z = _gemv_case(M, N, K, G, BF16, False, seed=29)
+    with I4.int4_config(path="gemv", block_n=32, block_k=32, k_lanes=4, split_k=2):
+        two = tkit.matmul_int4(a, q, s, z, group_size=G)
+        with I4.int4_config(fused_reduce=True):
+            one = tkit.matmul_int4(a, q, s, z, group_size=G)
+    assert torch.equal(one, two)
+    for bad, match in ((dict(k_lanes=3), "k_lanes=3"), (dict(n_vecs=4), "n_vecs=4")):
+        with I4.int4_config(path="gemv", **bad), pytest.raises(ValueError, match=match):
+            tkit.matmul_int4(a, q, s, z, group_size=G)
 
 
 def test_gemv_rejects_large_m():

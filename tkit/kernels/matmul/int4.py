@@ -54,17 +54,19 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   and their per-step sums cost the same at any M <= 16). K split into programs and summed
   by the reduce launch as below.
 * ``"gemv"`` (M <= 2 by default, any M <= 16 on request):
-  ``_matmul_int4_gemv_kernel``, a memory-bound GEMV on the CUDA cores. One warp a program,
-  program_id(0) a slab of BLOCK_N columns (256 at M = 1: 8 columns a thread in two 16-byte
-  loads), (1) a K split; every
-  step's codes are loaded one step ahead, straight into registers. Dequantization needs no
-  int -> float convert (nibbles OR-ed into float mantissas, see the kernel), two
-  instructions a weight plus 3/8 of a shift, and the zero point and scale are applied once
-  per word and step; sums over the step's packed rows stay within the thread. K is split so
-  that ~8 programs per SM stream the weight (K=4096, N=14336: 56 slabs x 16); the float32
-  partials are summed in split order by matmul's ``_splitk_reduce_kernel`` (a second
-  launch, which applies the bias) or, with ``fused_reduce``, by the last program of each
-  slab to arrive (one launch, the same bits; per-device counters, opt-in).
+  ``_matmul_int4_gemv_kernel``, a memory-bound GEMV on the CUDA cores. program_id(0) a slab
+  of BLOCK_N columns, (1) a K split. At M = 1 (``k_lanes``): 32 columns a program and all
+  of K, walked by "K lanes" (the warps, and the threads the 32 columns leave over, take
+  interleaved 32-deep chunks) that sum once at the end: one launch, no partials, ~16 warps
+  an SM, 8 columns a thread (two 16-byte vectors) sharing the activations' 16-byte loads.
+  At M = 2 one warp a program and a K split. Every step's codes are loaded one step ahead,
+  straight into registers. Dequantization needs no int -> float convert (nibbles OR-ed into
+  float mantissas, see the kernel), two instructions a weight plus 3/8 of a shift, and the
+  zero point and scale are applied once per word and step; sums over the step's packed rows
+  stay within the thread. A K split's float32 partials are summed in split order by
+  matmul's ``_splitk_reduce_kernel`` (a second launch, which applies the bias) or, with
+  ``fused_reduce``, by the last program of each slab to arrive (one launch, the same bits;
+  per-device counters, opt-in).
 * ``"tile"`` (M > 16): ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M tiles, (2)
   K splits. M <= 64: BLOCK_M = 16..64, BLOCK_N = 64, BLOCK_K = min(128, G), 3 stages, K split
   so that about four programs per SM stream the weight, partials reduced as above. Larger M:
@@ -105,7 +107,8 @@ MAGIC_A, MAGIC_B = 0x4B000000, 0x4D000000
 @dataclass(frozen=True)
 class Int4Config:
     """Launch parameters of the INT4 GEMM. ``path``: ``"gemv"`` (``_matmul_int4_gemv_kernel``,
-    CUDA-core FMAs, rows of ``a`` up to BLOCK_M <= 16 in one program) or ``"tile"``
+    CUDA-core FMAs, rows of ``a`` up to BLOCK_M <= 16 in one program), ``"tc"`` (the
+    tensor-core decode kernel, M <= 16 a program) or ``"tile"``
     (``_matmul_int4_kernel``, tl.dot on a BLOCK_M x BLOCK_N tile, any M). BLOCK_K must divide
     the group size (one scale row per K step) and be a power of 2 >= 16; split_k > 1 adds
     the reduce launch (a deterministic two-stage sum, no atomics)."""
@@ -120,6 +123,14 @@ class Int4Config:
     #: gemv path, split_k > 1: the last program of each column slab sums the partials (one
     #: launch, deterministic; per-device arrival counters, so opt-in as matmul's)
     fused_reduce: bool = False
+    #: gemv path: K lanes a program (its warps, and a warp's threads that N leaves over, walk
+    #: interleaved BLOCK_K chunks of the program's K range and sum once at the end): many
+    #: warps over all of K without split partials. A power of 2; BLOCK_N // 4 * K_LANES
+    #: should be 32 * num_warps (fewer threads than that repeat the tile in registers)
+    k_lanes: int = 1
+    #: gemv path: 16-byte vectors of 4 columns a thread holds per packed row (1 or 2): the
+    #: activations' loads and sums serve 4 * n_vecs columns
+    n_vecs: int = 1
     #: tc path: the packed tile, scales and zeros through tensor descriptors (TMA) where they
     #: are 16-byte aligned (N a multiple of 8 for 16-bit scales), else cp.async of 4-byte
     #: words and scales loaded a step ahead
@@ -169,16 +180,21 @@ class Int4Config:
             stages = 3 if bm == 8 else 4 if bm == 16 else 2
             return Int4Config(bm, tbn, bk, split, num_warps=warps, num_stages=stages,
                               path="tc", q_tma=True)
+        if path == "gemv" and M == 1:
+            # K lanes: 32 columns a program (two 16-byte vectors a thread), 32-deep chunks,
+            # all of K in one program (no split, no reduce launch), 4 or 8 warps so that the
+            # SMs hold ~16 warps each. H200 (graph replays, docs/NOTES.md "ninth session"):
+            # 17.9 us at K=4096 N=14336 with 4 warps (8: 20.5), 19.1 us at K=N=8192 with 8
+            # (4: 21.4), against 22.0 / 22.9 for one warp a program, split 16 + reduce launch
+            gbk = min(32, bk)
+            warps = 8 if C.cdiv(N, 32) * 8 <= 16 * num_sms else 4
+            return Int4Config(1, 32, gbk, 1, num_warps=warps, num_stages=1, path="gemv",
+                              k_lanes=8 * warps, n_vecs=2)
         if path == "gemv":
-            # one warp a program; at M = 1, 128 columns (4 a thread share the activations'
-            # loads, converts and sums) x 64 K values a step; more rows of a hold more partial
-            # sums: smaller steps (M = 2: 256 x 32, 168 registers; M = 4: 128 x 32, 168). K
-            # split so that ~10 programs per SM stream the weight, >= 4 steps each. M = 1: the
-            # H200 sweep's best was 128 x 64 split 16 with the one-launch reduce (20.1 / 22.4 us
-            # at K=4096 N=14336 / K=N=8192, against 22.6 / 25.2 for 256 columns); that reduce
-            # keeps per-device counters (opt-in), and the same tile with the reduce launch
-            # benched 22.7 / 25.1 us (docs/NOTES.md, "sixth session"). M = 2 and 4: sm_90a
-            # compile facts, not timings.
+            # one warp a program; more rows of a hold more partial sums: smaller steps (M = 2:
+            # 256 x 32, 168 registers; M = 4: 128 x 32, 168). K split so that ~10 programs per
+            # SM stream the weight, >= 4 steps each (M = 1, before the K lanes: 128 x 64 split
+            # 16). M = 2 and 4: sm_90a compile facts, not timings.
             gbn, gbk = {1: (128, 64), 2: (256, 32), 4: (128, 32)}.get(C.next_power_of_2(M),
                                                                      (128, 16))
             if _env.INTERPRET:
@@ -200,8 +216,8 @@ class Int4Config:
 
 
 #: the largest M the heuristic gives to the GEMV kernel (its FMAs per weight grow with M).
-#: H200 (graph replays, K=4096 N=14336 / K=N=8192, M=1): GEMV 21.2 / 23.6 us (19.2 / 21.7
-#: with the opt-in one-launch reduce) against the tc kernel's 26.2 / 27.7
+#: H200 (graph replays, K=4096 N=14336 / K=N=8192, M=1): the GEMV with K lanes 16.9 / 19.6 us,
+#: split over programs 21.2 / 23.6, against the tc kernel's 26.2 / 27.7
 GEMV_MAX_M = 2
 #: the largest M the heuristic gives to the tensor-core decode kernel (one 16-row MMA tile of
 #: activations; its dequantization per weight does not depend on M). H200, M=16: 27.9 / 28.8
@@ -246,6 +262,10 @@ def current_config(M: int, N: int, K: int, group_size: int, num_sms: int) -> Int
             raise ValueError(f"path={cfg.path!r} must be one of {PATHS}")
         if cfg.path == "gemv" and M > 16:
             raise ValueError(f"path='gemv' takes all M={M} rows in one program: M <= 16")
+        if cfg.k_lanes < 1 or cfg.k_lanes & (cfg.k_lanes - 1):
+            raise ValueError(f"k_lanes={cfg.k_lanes} must be a power of 2")
+        if cfg.n_vecs not in (1, 2) or cfg.block_n < 4 * cfg.n_vecs:
+            raise ValueError(f"n_vecs={cfg.n_vecs} must be 1 or 2 with block_n >= 4 * n_vecs")
         # one program's rows: all of them on the gemv path, >= 16 for tl.dot on the tile path,
         # a power of 2 >= 8 on the tc path (the MMA's N; fewer rows gained nothing)
         if cfg.path == "gemv":
@@ -357,6 +377,78 @@ def _nibble_pair(src, magic_a, magic_b):
 
 
 @triton.jit
+def _a_words(ptrs, live, MASKED: tl.constexpr):
+    """The 8 16-bit activations at ``ptrs`` .. ``ptrs + 7`` (16-byte aligned) as 4 int32
+    words (value 2 w in the low half of word w, 2 w + 1 in the high half), 0 where not
+    ``live`` (if MASKED): one 16-byte load on the GPU (inline PTX: Triton would not vectorize loads
+    whose addresses it sees as strided)."""
+    if INTERPRET:
+        p16 = ptrs.to(tl.pointer_type(tl.uint16), bitcast=True)
+        w0 = tl.load(p16).to(tl.uint32) | (tl.load(p16 + 1).to(tl.uint32) << 16)
+        w1 = tl.load(p16 + 2).to(tl.uint32) | (tl.load(p16 + 3).to(tl.uint32) << 16)
+        w2 = tl.load(p16 + 4).to(tl.uint32) | (tl.load(p16 + 5).to(tl.uint32) << 16)
+        w3 = tl.load(p16 + 6).to(tl.uint32) | (tl.load(p16 + 7).to(tl.uint32) << 16)
+        w0 = w0.to(tl.int32, bitcast=True)
+        w1 = w1.to(tl.int32, bitcast=True)
+        w2 = w2.to(tl.int32, bitcast=True)
+        w3 = w3.to(tl.int32, bitcast=True)
+    else:
+        w0, w1, w2, w3 = tl.inline_asm_elementwise(
+            "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", [ptrs],
+            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
+    if MASKED:
+        w0 = tl.where(live, w0, 0)
+        w1 = tl.where(live, w1, 0)
+        w2 = tl.where(live, w2, 0)
+        w3 = tl.where(live, w3, 0)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _a_step(a_ptrs, a_ptr, live, step_live, M, stride_am, BLOCK_M: tl.constexpr,
+            EVEN: tl.constexpr):
+    """One step's activations for ``_matmul_int4_gemv_kernel``'s A_VEC path: the (WK, BKQ)
+    rows of 8 at ``a_ptrs`` for each of the BLOCK_M rows of a (rows past M read row M - 1),
+    as 4 words each (a flat tuple); lanes (or, EVEN, the whole step) not live read row 0's
+    first values instead (in bounds), and add 0 (masked words; EVEN: a step not live is
+    never used)."""
+    aw = ()
+    for m in tl.static_range(BLOCK_M):
+        a_row = a_ptrs + tl.minimum(m, M - 1) * stride_am
+        if EVEN:
+            w0, w1, w2, w3 = _a_words(tl.where(step_live, a_row, a_ptr), live, False)
+        else:
+            w0, w1, w2, w3 = _a_words(tl.where(live[:, None], a_row, a_ptr), live[:, None],
+                                      True)
+        aw = aw + (w0, w1, w2, w3)
+    return aw
+
+
+@triton.jit
+def _lane_mask(lane_live, step_live, like, EVEN: tl.constexpr):
+    """The mask of a (lanes, rows, columns) load of codes: per lane, or (EVEN: every lane
+    has a chunk in every step) the scalar ``step_live``."""
+    if EVEN:
+        r = scalar_mask(step_live, like)
+    else:
+        r = lane_live[:, None, None, None]
+    return r
+
+
+@triton.jit
+def _a_half(w, HI: tl.constexpr, dtype: tl.constexpr):
+    """The low (HI = 0) or high 16-bit float of the int32 word ``w`` as float32 (bf16: a
+    shift or a mask, exact)."""
+    if dtype == tl.bfloat16:
+        if HI:
+            return (w & -65536).to(tl.float32, bitcast=True)
+        return (w << 16).to(tl.float32, bitcast=True)
+    if HI:
+        return (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return w.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def _matmul_int4_gemv_kernel(
     a_ptr, q_ptr, s_ptr, z_ptr, c_ptr, ws_ptr, bias_ptr, M, N, K,
     stride_am, stride_ak, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn,
@@ -364,11 +456,26 @@ def _matmul_int4_gemv_kernel(
     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr, FUSED_REDUCE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    K_LANES: tl.constexpr = 1, A_VEC: tl.constexpr = False, EVEN: tl.constexpr = False,
+    N_VECS: tl.constexpr = 1,
 ):
     """All M (<= BLOCK_M) rows of ``a`` times BLOCK_N columns over this program's K range, on
     the CUDA cores: a memory-bound GEMV that streams (BLOCK_K // 8, BLOCK_N) int32 tiles of
     codes with 16-byte loads along N. Arguments and outputs as ``_matmul_int4_kernel``'s;
     ``magic_a`` / ``magic_b`` are 2^23 / 2^27 as float32 bits (MAGIC_A, MAGIC_B).
+
+    K_LANES: the program's K range is walked by K_LANES independent lanes (the warps, and the
+    threads of a warp that N leaves over), lane l taking the BLOCK_K-deep chunks l, l +
+    K_LANES, ...: one step reads a (K_LANES, BLOCK_K // 8, BLOCK_N) tile, every lane keeps its
+    own partial sums and they meet once, after the loop (one cross-warp sum). So a program can
+    cover all of K with many warps in flight, with no second launch and no split partials.
+    The next step's codes are loaded before this step's are used, in registers.
+    A_VEC: the 8 activations of a packed row come in one 16-byte load (a contiguous along K,
+    16-byte aligned rows; the launcher checks) instead of eight 2-byte loads.
+    N_VECS: 16-byte vectors of columns a thread holds per packed row (1 or 2; BLOCK_N //
+    N_VECS apart): the activations' loads, converts and sums serve 4 N_VECS columns.
+    EVEN: every split has the same number of chunks, a multiple of K_LANES (the launcher
+    checks): no lane is ever past its range's end, only the loads ahead are masked.
 
     Dequantization without an int -> float convert, two instructions a weight: the word and
     its rotations by 8, 16 and 24 bits put every nibble once at bits 16..19 (nibbles 4, 2, 0,
@@ -378,57 +485,87 @@ def _matmul_int4_gemv_kernel(
     applied once per word and K step: ``sum_k a_k (q_k - z) s = s 2^-16 (t - 2^16 ((128 + z)
     sum_A a + (2048 + z) sum_B a))`` (A, B: the nibbles of each offset), exact for any
     (fractional) z up to float32 rounding: the cancellation costs ~11 of float32's 24 bits,
-    against the 8 of bf16. Partial sums stay per (row of a, packed row, column) in registers,
-    one (BLOCK_K // 8, BLOCK_N) tile per row of a (a tuple); the reduction over packed rows
-    happens once, after the loop.
+    against the 8 of bf16. Partial sums stay per (row of a, packed row, lane, column) in
+    registers, one tile per row of a (a tuple); the reduction over packed rows happens once
+    a step, within each thread.
     """
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     BKQ: tl.constexpr = BLOCK_K // 8
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    WK: tl.constexpr = K_LANES
+    NH: tl.constexpr = N_VECS
+    BNH: tl.constexpr = BLOCK_N // N_VECS
+    # (NH, BNH): column h BNH + c of the slab
+    offs_n = pid_n * BLOCK_N + (tl.arange(0, NH)[:, None] * BNH + tl.arange(0, BNH)[None, :])
     offs_bn = offs_n % N  # columns past the edge read a valid one; masked on the store
     offs_kq = tl.arange(0, BKQ)
+    lanes = tl.arange(0, WK)
     k_tiles = K // BLOCK_K
     per_split = tl.cdiv(k_tiles, SPLIT_K)
     k_begin = pid_k * per_split
     k_end = tl.minimum(k_begin + per_split, k_tiles)
+    n_steps = tl.cdiv(tl.maximum(k_end - k_begin, 0), WK)
+    # (WK, BKQ, NH, BNH): lane l's chunk, its packed row i, columns (h, c) (the lanes first:
+    # the layout gives the threads and warps that N leaves over to the first dimension, and
+    # the sums over i stay in each thread)
     q_ptrs = (q_ptr + (k_begin * BKQ).to(tl.int64) * stride_qk
-              + offs_kq[:, None] * stride_qk + offs_bn[None, :] * stride_qn)
-    a_ptrs = a_ptr + (k_begin * BLOCK_K).to(tl.int64) * stride_ak + offs_kq * (8 * stride_ak)
-    s_ptrs = s_ptr + offs_bn * stride_sn
-    z_ptrs = z_ptr + offs_bn * stride_zn
-    zero = tl.zeros((BLOCK_N,), dtype=tl.float32)
+              + (lanes[:, None, None, None] * BKQ + offs_kq[None, :, None, None]) * stride_qk
+              + offs_bn[None, None, :, :] * stride_qn)
+    # (WK, BKQ): the activation of nibble 0 of packed row i of lane l's chunk
+    a_ptrs = (a_ptr + (k_begin * BLOCK_K).to(tl.int64) * stride_ak
+              + (lanes[:, None] * BLOCK_K + offs_kq[None, :] * 8) * stride_ak)
+    s_ptrs = s_ptr + offs_bn[None, :, :] * stride_sn
+    z_ptrs = z_ptr + offs_bn[None, :, :] * stride_zn
+    zero = tl.zeros((WK, NH, BNH), dtype=tl.float32)
     accs = (zero,)
     for _m in tl.static_range(1, BLOCK_M):
         accs = accs + (zero,)
-    # the next step's codes are loaded before this step's are used (16-byte loads straight
+    # the coming steps' codes are loaded before this step's are used (16-byte loads straight
     # into registers, in the layout the FMAs use; Triton's pipeliner would stage them through
     # shared memory and pick another layout); the weight is read once: evict_first keeps
-    # the activations in L2
-    q_tile = offs_kq[:, None] + offs_bn[None, :]  # the codes' tile shape (interpreter masks)
-    q_next = tl.load(q_ptrs, mask=scalar_mask(k_begin < k_end, q_tile), other=0,
-                     eviction_policy="evict_first")
-    for kt in tl.range(k_begin, k_end, num_stages=1):
+    # the activations in L2. Lanes past the range's end read nothing (their a is 0 too).
+    step_k = WK * BKQ * stride_qk
+    q_tile = lanes[:, None, None, None] + offs_kq[None, :, None, None] + offs_bn[None, None]
+    q_next = tl.load(q_ptrs, other=0, eviction_policy="evict_first",
+                     mask=_lane_mask(k_begin + lanes < k_end, 0 < n_steps, q_tile, EVEN))
+    # the scales and zeros of a step come with its codes, a step ahead (their group's row;
+    # chunks past the end read the last one, unused)
+    g = ((tl.minimum(k_begin + lanes, k_end - 1) * BLOCK_K) // GROUP)[:, None, None]
+    s_next = tl.load(s_ptrs + g * stride_sg)  # (WK, NH, BNH)
+    z_next = s_next
+    if HAS_ZEROS:
+        z_next = tl.load(z_ptrs + g * stride_zg)
+    for st in tl.range(0, n_steps, num_stages=1):
+        c = k_begin + st * WK + lanes  # this step's chunk of each lane
+        live = c < k_end
         q = q_next.to(tl.uint32, bitcast=True)
-        q_ptrs += BKQ * stride_qk
-        q_next = tl.load(q_ptrs, mask=scalar_mask(kt + 1 < k_end, q_tile), other=0,
-                         eviction_policy="evict_first")
-        g = (kt * BLOCK_K) // GROUP
-        s = tl.load(s_ptrs + g * stride_sg).to(tl.float32)
+        s = s_next.to(tl.float32)
         if HAS_ZEROS:
-            z = tl.load(z_ptrs + g * stride_zg).to(tl.float32)
+            z = z_next.to(tl.float32)
         else:
             z = 8.0  # SYM_ZERO (a global the compiler cannot read)
+        q_ptrs += step_k
+        ahead = _lane_mask(c + WK < k_end, st + 1 < n_steps, q_tile, EVEN)
+        q_next = tl.load(q_ptrs, mask=ahead, other=0, eviction_policy="evict_first")
+        g = ((tl.minimum(c + WK, k_end - 1) * BLOCK_K) // GROUP)[:, None, None]
+        s_next = tl.load(s_ptrs + g * stride_sg)
+        if HAS_ZEROS:
+            z_next = tl.load(z_ptrs + g * stride_zg)
         # derived from s, so that z is brought to s's layout (not s and z to two layouts)
         ca = (z + 128.0) * s
         cb = (z + 2048.0) * s
         s = s * (1.0 / 65536.0)
+        a_live = live[:, None]
         # nibble j of each word (K = 8 * row + j) as f = 2^16 * (offset + q), one pair of
         # nibbles at a time, each used by every row of a before the next pair is made (at
         # M > 1 the tile's 8 nibble planes would not fit in registers)
         ts = ()
         sums_a = ()
         sums_b = ()
+        # A_VEC: each row's 8 activations in one 16-byte load
+        aw = ()
+        if A_VEC:
+            aw = _a_step(a_ptrs, a_ptr, live, st < n_steps, M, stride_am, BLOCK_M, EVEN)
         for p in tl.static_range(4):
             # pairs (4, 3), (2, 1), (0, 7), (6, 5) from q rotated left by 0, 8, 16, 24
             JA = (4, 2, 0, 6)[p]
@@ -440,17 +577,30 @@ def _matmul_int4_gemv_kernel(
             for m in tl.static_range(BLOCK_M):
                 # rows past M read row M - 1; masked on the store
                 a_row = a_ptrs + tl.minimum(m, M - 1) * stride_am
-                aa = tl.load(a_row + JA * stride_ak).to(tl.float32)  # (BKQ,)
-                ab = tl.load(a_row + JB * stride_ak).to(tl.float32)
+                if A_VEC:
+                    # JA = 4, 2, 0, 6 is the low half of word (2 - p) % 4, JB = 3, 1, 7, 5
+                    # the high half of word (1 - p) % 4 (constant indices: the tuple of
+                    # nibbles above is not)
+                    aa = _a_half(aw[4 * m + (2 - p) % 4], 0, a_ptr.dtype.element_ty)
+                    ab = _a_half(aw[4 * m + (1 - p) % 4], 1, a_ptr.dtype.element_ty)
+                else:
+                    if EVEN:
+                        aa = tl.load(a_row + JA * stride_ak).to(tl.float32)
+                        ab = tl.load(a_row + JB * stride_ak).to(tl.float32)
+                    else:
+                        aa = tl.load(a_row + JA * stride_ak, mask=a_live, other=0.0)
+                        ab = tl.load(a_row + JB * stride_ak, mask=a_live, other=0.0)
+                        aa = aa.to(tl.float32)
+                        ab = ab.to(tl.float32)
                 if p == 0:
-                    t = aa[:, None] * fa
+                    t = aa[:, :, None, None] * fa
                     sa = aa
                     sb = ab
                 else:
-                    t = ts[m] + aa[:, None] * fa  # one FMA each
+                    t = ts[m] + aa[:, :, None, None] * fa  # one FMA each
                     sa = sums_a[m] + aa
                     sb = sums_b[m] + ab
-                t += ab[:, None] * fb
+                t += ab[:, :, None, None] * fb
                 new_t = new_t + (t,)
                 new_a = new_a + (sa,)
                 new_b = new_b + (sb,)
@@ -459,18 +609,18 @@ def _matmul_int4_gemv_kernel(
             sums_b = new_b
         new = ()
         for m in tl.static_range(BLOCK_M):
-            # over the packed rows: within each thread when the warps split N only
-            acc = accs[m] + tl.sum(ts[m], axis=0) * s
-            acc -= tl.sum(sums_a[m], axis=0) * ca
-            acc -= tl.sum(sums_b[m], axis=0) * cb
+            # over the packed rows: within each thread (the warps split N and the lanes)
+            acc = accs[m] + tl.sum(ts[m], axis=1) * s
+            acc -= tl.sum(sums_a[m], axis=1)[:, None, None] * ca
+            acc -= tl.sum(sums_b[m], axis=1)[:, None, None] * cb
             new = new + (acc,)
         accs = new
-        a_ptrs += BLOCK_K * stride_ak
+        a_ptrs += WK * BLOCK_K * stride_ak
     mask = offs_n < N
     if HAS_BIAS and (SPLIT_K == 1 or FUSED_REDUCE):
         bias = tl.load(bias_ptr + offs_n * stride_bias, mask=mask, other=0.0).to(tl.float32)
     for m in tl.static_range(BLOCK_M):
-        out = accs[m]
+        out = tl.sum(accs[m], axis=0)  # over the lanes: across warps, once
         if SPLIT_K == 1:
             if HAS_BIAS:
                 out += bias
@@ -486,7 +636,7 @@ def _matmul_int4_gemv_kernel(
         arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT_K - 1:
             for m in tl.static_range(BLOCK_M):
-                total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                total = tl.zeros((NH, BNH), dtype=tl.float32)
                 for sp in tl.static_range(SPLIT_K):
                     total += tl.load(ws_ptr + tl.cast(sp * M + m, tl.int64) * N + offs_n,
                                      mask=and_scalar(mask, m < M), other=0.0, cache_modifier=".cg")
@@ -681,7 +831,14 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         fused = cfg.fused_reduce and split > 1
         # the per-device arrival counters of matmul's one-launch split-K (left at zero)
         cnt = _splitk_counters(a.device, grid[0]) if fused else qweight
-        extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused)
+        # the activations' 16-byte loads: a contiguous along K, every row 16-byte aligned;
+        # few rows of a (the loaded words are held for the whole step)
+        a_vec = (a.stride(1) == 1 and a.data_ptr() % 16 == 0 and cfg.block_m <= 4
+                 and (M == 1 or a.stride(0) % 8 == 0))
+        k_tiles = K // cfg.block_k
+        even = k_tiles % split == 0 and (k_tiles // split) % cfg.k_lanes == 0
+        extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused,
+                     K_LANES=cfg.k_lanes, A_VEC=a_vec, EVEN=even, N_VECS=cfg.n_vecs)
     elif cfg.path == "tc":
         kernel, grid = _matmul_int4_tc_kernel, (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m),
                                                 split)
@@ -726,16 +883,21 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
              SPLIT_K=split, NUM_STAGES=cfg.num_stages, BLOCK_M=cfg.block_m,
              BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps)
     if split > 1 and not fused:
-        rbn = 128 if N >= 128 else max(16, C.next_power_of_2(N))
-        rbm = max(16, min(64, C.next_power_of_2(M)))
-        C.launch(_splitk_reduce_kernel, (C.cdiv(N, rbn), C.cdiv(M, rbm)),
-                 ws_ptr=ws, c_ptr=out, sa_ptr=ws, sb_ptr=ws,
-                 bias_ptr=bias if bias is not None else ws, res_ptr=ws, M=M, N=N,
-                 stride_cm=out.stride(0), stride_cn=out.stride(1), stride_rm=0, stride_rn=0,
-                 stride_bias=bias.stride(0) if bias is not None else 0, SPLIT_K=split,
-                 SCALE_A=0, SCALE_B=0, HAS_BIAS=bias is not None, ACT="", HAS_RES=False,
-                 BLOCK_M=rbm, BLOCK_N=rbn, num_warps=4)
+        _reduce_splits(ws, out, bias, M, N, split)
     return out
+
+
+def _reduce_splits(ws, out, bias, M, N, split):
+    """out = the sum of the split partials ws (split, M, N) float32 (+ bias), in split order."""
+    rbn = 128 if N >= 128 else max(16, C.next_power_of_2(N))
+    rbm = max(16, min(64, C.next_power_of_2(M)))
+    C.launch(_splitk_reduce_kernel, (C.cdiv(N, rbn), C.cdiv(M, rbm)),
+             ws_ptr=ws, c_ptr=out, sa_ptr=ws, sb_ptr=ws,
+             bias_ptr=bias if bias is not None else ws, res_ptr=ws, M=M, N=N,
+             stride_cm=out.stride(0), stride_cn=out.stride(1), stride_rm=0, stride_rn=0,
+             stride_bias=bias.stride(0) if bias is not None else 0, SPLIT_K=split,
+             SCALE_A=0, SCALE_B=0, HAS_BIAS=bias is not None, ACT="", HAS_RES=False,
+             BLOCK_M=rbm, BLOCK_N=rbn, num_warps=4)
 
 
 @R.custom_op("tkit::matmul_int4", mutates_args=())
