@@ -32,7 +32,7 @@ def test_patched_once_per_launch(monkeypatch):
     from triton.runtime import interpreter as interp
 
     patch = interp._patch_lang
-    assert getattr(patch, "tkit_once_per_launch", False), "conftest's speed-up is not installed"
+    assert hasattr(patch, "triton_patch_lang"), "conftest's speed-up is not installed"
     calls = []
     original = patch.triton_patch_lang
 
@@ -52,3 +52,19 @@ def test_patched_once_per_launch(monkeypatch):
         assert len(calls) == 2, calls
     assert torch.equal(out[:8], 4 * x) and out[8] == 4 * x.sum() and out[9] == 8 * x.max()
     assert tl.tensor.__add__ is before, "the launch left triton.language patched"
+
+
+def test_numpy_dtypes_are_triton_answers():
+    from triton.runtime import interpreter as interp
+
+    get = interp._get_np_dtype
+    original = get.triton_get_np_dtype
+    scalars = [tl.int1, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32, tl.uint32, tl.int64,
+               tl.uint64, tl.float16, tl.bfloat16, tl.float32, tl.float64, tl.float8e5,
+               tl.float8e4nv, tl.pointer_type(tl.float32)]
+    for ty in scalars:
+        for t in (ty, tl.block_type(ty, [4]), tl.block_type(ty, [2, 8])):
+            assert get(t) == original(t), t
+            assert get(t) == original(t), t  # cached
+    with pytest.raises(KeyError):
+        get(tl.void)
