@@ -1,5 +1,5 @@
 """Shared test settings for tests/ and tutorials/: hypothesis profiles, the gpu marker, the
-interpreter switch."""
+interpreter switch and two speed-ups of the interpreter."""
 
 import os
 
