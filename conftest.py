@@ -1,5 +1,5 @@
 """Shared test settings for tests/ and tutorials/: hypothesis profiles, the gpu marker, the
-interpreter switch."""
+interpreter switch and two speed-ups of the interpreter."""
 
 import os
 
@@ -12,6 +12,80 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
+
+
+def _speed_up_interpreter() -> bool:
+    """Two of Triton's interpreter costs that change nothing it computes, taken out for the
+    suite (under ``TRITON_INTERPRET=1``; a Triton without these functions is left alone):
+
+    - triton.language is patched (``_patch_lang``: every builtin of ``tl``, ``tl.math`` and
+      ``tl.tensor``, found by ``inspect.getmembers``) at each launch and again at every call of
+      a ``@triton.jit`` helper inside the kernel, although the launch's patches are still in
+      place (a helper's own are never restored). Here a helper call whose language modules the
+      running launch has patched patches nothing; any other call (a launch; the first helper
+      of a launch whose module reaches ``triton.language.core`` where the kernel's does not)
+      runs Triton's own. In kernels built from helpers (sampling's search, norm, the GEMMs)
+      the re-patching was 30-50% of the interpreter's time.
+    - ``_get_np_dtype`` builds its table of 19 dtypes at every call (a few hundred thousand
+      calls in a test of a kernel with loops): the answers, which depend on the element type
+      alone, are kept.
+
+    Returns whether the first is installed."""
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter as interp
+    except ImportError:
+        return False
+    get_np_dtype = getattr(interp, "_get_np_dtype", None)
+    if get_np_dtype is not None and not hasattr(get_np_dtype, "triton_get_np_dtype"):
+        np_dtypes = {}
+
+        def cached_np_dtype(tt_dtype):
+            # a block's numpy dtype is its element type's (a pointer's: uint64)
+            ty = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+            if isinstance(ty, tl.pointer_type):  # unhashable; Triton answers before its table
+                return get_np_dtype(ty)
+            got = np_dtypes.get(ty)
+            if got is None:
+                got = np_dtypes[ty] = get_np_dtype(ty)
+            return got
+
+        cached_np_dtype.triton_get_np_dtype = get_np_dtype
+        interp._get_np_dtype = cached_np_dtype
+
+    patch = getattr(interp, "_patch_lang", None)
+    scope_cls = getattr(interp, "_LangPatchScope", None)
+    if patch is None or scope_cls is None or not hasattr(scope_cls, "restore"):
+        return False
+    if hasattr(patch, "triton_patch_lang"):
+        return True
+    patched: set[int] = set()  # the language modules patched since the running launch began
+
+    def patch_lang(fn):
+        want = {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
+        if patched:  # a helper called inside a launch
+            if want <= patched:
+                return scope_cls()  # its modules are patched until the launch ends
+            patched.update(want)  # Triton's patches of a helper are never restored
+            return patch_lang.triton_patch_lang(fn)
+        scope = patch_lang.triton_patch_lang(fn)
+        restore = scope.restore
+        patched.update(want)
+
+        def restore_and_forget():
+            patched.clear()
+            restore()
+
+        scope.restore = restore_and_forget
+        return scope
+
+    patch_lang.triton_patch_lang = patch
+    interp._patch_lang = patch_lang
+    return True
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _speed_up_interpreter()
 
 _common = dict(
     deadline=None,

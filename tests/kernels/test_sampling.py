@@ -6,6 +6,15 @@ candidates and the streaming pass); statistically (chi-square over a small vocab
 fixed overall seed, so each test is deterministic; the threshold is low enough to survive a
 legitimate change of the random streams, and each test shows that a wrong distribution fails
 it); and by exact masks on hand-made logits (tokens outside top-k / top-p / min-p never drawn).
+
+The distribution tests draw N_REF rows from the reference (row r: stream r of one seed) and run
+the kernel on the first N_KERNEL of them, which must give the same ids: the kernel's ids are
+the reference's draws, and the chi-square runs over all N_REF of them. The interpreter pays
+0.03-0.1 s a kernel row, the reference microseconds: the statistics get 4000 draws instead of
+the 240 kernel rows they had (more power: every test's wrong distribution lands below 1e-30),
+and a kernel row that strays from the reference fails the exact comparison, which a histogram
+of 240 draws would mostly not see. Each exact comparison also shows that it would see the
+wrong options (their reference differs on those rows).
 """
 
 import pytest
@@ -25,6 +34,9 @@ P_MIN = 1e-4
 #: SampleConfig.cap values: 2 sends rows with top-k / top-p through the exact search and the
 #: streaming pass; 256 compacts at once (the vocabularies here are smaller); 16 is in between
 CAPS = (2, 16, 256)
+#: distribution tests: reference draws in the chi-square, kernel rows compared with the first
+#: of them (a chi-square over 4000 draws keeps its false-failure probability at P_MIN)
+N_REF, N_KERNEL = 4000, 48
 
 
 def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -117,15 +129,19 @@ CHI_CASES = {
                          + [(w, 2) for w in ("top_k", "top_p", "all")])
 def test_chi_square(what, cap):
     """Many rows of the same logits, one scalar seed (row r draws stream r): the histogram of
-    ids matches softmax over the kept set, and not the distribution of the wrong options."""
+    ids matches softmax over the kept set, and not the distribution of the wrong options. The
+    kernel's rows are the reference's first N_KERNEL draws, exactly."""
     opts, wrong = CHI_CASES[what]
     gen = torch.Generator().manual_seed(11)
-    v, n = 8, 240
+    v = 8
     row = torch.randn(v, generator=gen) * 1.2
-    logits = row.repeat(n, 1).to(DEV)
+    ref = S.ref_sample(row.repeat(N_REF, 1), seed=2024, **opts)
     with SK.sample_config(cap=cap):
-        ids = tkit.sample(logits, seed=2024, **opts)
-    counts = torch.bincount(ids.cpu(), minlength=v)
+        ids = tkit.sample(row.repeat(N_KERNEL, 1).to(DEV), seed=2024, **opts).cpu()
+    assert torch.equal(ids, ref[:N_KERNEL]), f"{what}: {ids.tolist()} != {ref[:N_KERNEL]}"
+    other = S.ref_sample(row.repeat(N_KERNEL, 1), seed=2024, **wrong)
+    assert not torch.equal(other, ids), f"{what}: the wrong options draw the same ids"
+    counts = torch.bincount(ref, minlength=v)
     p_ok = chi_square_p(counts, target_probs(row, **opts))
     p_wrong = chi_square_p(counts, target_probs(row, **wrong))
     assert p_ok > P_MIN, f"{what}: counts {counts.tolist()} vs {target_probs(row, **opts)}"
@@ -160,14 +176,18 @@ MASKS = [
 @pytest.mark.parametrize("cap", [2, 256])
 @pytest.mark.parametrize("i", range(len(MASKS)))
 def test_exact_masks(i, cap):
+    """The kernel's rows never draw outside the set and are the reference's draws exactly;
+    the reference's N_REF draws reach every token of probability >= 0.1 in the set."""
     row, opts, allowed = MASKS[i]
-    n = 64
+    n = 16
     with SK.sample_config(cap=cap):
-        ids = tkit.sample(row.repeat(n, 1).to(DEV), seed=5, **opts)
+        ids = tkit.sample(row.repeat(n, 1).to(DEV), seed=5, **opts).cpu()
     drawn = set(ids.tolist())
     assert drawn <= allowed, f"drew {sorted(drawn - allowed)} outside {sorted(allowed)}"
+    ref = S.ref_sample(row.repeat(N_REF, 1), seed=5, **opts)
+    assert torch.equal(ids, ref[:n]), f"{ids.tolist()} != reference {ref[:n].tolist()}"
     likely = set((target_probs(row, **opts) >= 0.1).nonzero().flatten().tolist())
-    assert likely <= drawn, f"never drew {sorted(likely - drawn)} in {n} draws"
+    assert likely <= set(ref.tolist()) <= allowed
     assert S.kept_mask(row[None], **opts)[0].nonzero().flatten().tolist() == sorted(allowed)
 
 
@@ -284,34 +304,40 @@ def _spec_probs(b, k, v, gen, same=False):
 
 def test_speculative_output_distribution_is_the_target():
     """The first emitted token, accepted draft or resampled, is distributed as
-    target_probs[:, 0] (and not as the draft's); rows are laid out as documented and equal
-    the Philox-exact reference."""
+    target_probs[:, 0] (and not as the draft's) over the reference's N_REF rows, whose first
+    N_KERNEL the kernel reproduces exactly; rows are laid out as documented."""
     gen = torch.Generator().manual_seed(3)
-    b, k, v = 480, 2, 8
-    ids, draft, target = _spec_probs(b, k, v, gen)
-    out, nacc = tkit.speculative_accept(ids, draft, target, seed=99)
-    assert ((nacc >= 0) & (nacc <= k)).all()
-    first = out[:, 0].cpu()
-    counts = torch.bincount(first, minlength=v)
+    k, v = 2, 8
+    ids, draft, target = _spec_probs(N_REF, k, v, gen)
+    b = N_KERNEL
+    out, nacc = tkit.speculative_accept(ids[:b], draft[:b], target[:b], seed=99)
+    ref, ref_nacc = S.ref_speculative_accept(ids, draft, target, seed=99)
+    assert torch.equal(out.cpu(), ref[:b].cpu()) and torch.equal(nacc.cpu(), ref_nacc[:b].cpu())
+    # both branches are among the kernel's rows: accepted drafts and resampled tokens
+    assert 0 < int((nacc < k).sum()) < b, nacc.tolist()
+    counts = torch.bincount(ref[:, 0].cpu(), minlength=v)
     assert chi_square_p(counts, target[0, 0].cpu()) > P_MIN, counts.tolist()
     # the draft's distribution is wrong for the output, and the test sees it
     assert chi_square_p(counts, draft[0, 0].cpu()) < P_MIN
     # rows layout: accepted drafts, one new token, then -1
     pos = torch.arange(k + 1, device=DEV)[None, :]
     n = nacc.long()[:, None]
-    assert torch.equal(out[pos < n], ids[pos[:, :k] < n])
+    assert torch.equal(out[pos < n], ids[:b][pos[:, :k] < n])
     assert (out[pos > n] == -1).all() and (out[pos == n] >= 0).all()
-    assert torch.equal(out.cpu(), S.ref_speculative_accept(ids, draft, target, seed=99)[0].cpu())
 
 
 def test_speculative_draft_equal_to_target_accepts_all():
     gen = torch.Generator().manual_seed(4)
-    b, k, v = 300, 3, 8
-    ids, draft, target = _spec_probs(b, k, v, gen, same=True)
-    out, nacc = tkit.speculative_accept(ids, draft, target, seed=torch.arange(b, device=DEV))
+    k, v = 3, 8
+    ids, draft, target = _spec_probs(N_REF, k, v, gen, same=True)
+    b = N_KERNEL
+    seeds = torch.arange(N_REF, device=DEV)
+    out, nacc = tkit.speculative_accept(ids[:b], draft[:b], target[:b], seed=seeds[:b])
     assert (nacc == k).all()
-    assert torch.equal(out[:, :k], ids)
-    bonus = torch.bincount(out[:, k].cpu(), minlength=v)
+    assert torch.equal(out[:, :k], ids[:b])
+    ref, ref_nacc = S.ref_speculative_accept(ids, draft, target, seed=seeds)
+    assert torch.equal(out.cpu(), ref[:b].cpu()) and (ref_nacc == k).all()
+    bonus = torch.bincount(ref[:, k].cpu(), minlength=v)
     assert chi_square_p(bonus, target[0, k].cpu()) > P_MIN, bonus.tolist()
     assert chi_square_p(bonus, target[0, 0].cpu()) < P_MIN
 
