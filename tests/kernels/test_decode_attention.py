@@ -180,6 +180,22 @@ def test_zero_length_gives_zero_and_minus_inf():
 
 
 # ---- split heuristic ---------------------------------------------------------------------
+def test_device_defaults_for_head_dim_128(monkeypatch):
+    """The GPU table's D=128 rows (read outside the interpreter): fp8 takes the word pipeline
+    at 2 warps counting 4 programs an SM; a dense 16-bit cache one split of 8 warps only while
+    the grid is one wave of three programs an SM; paged 16-bit caches 4 warps, 2 stages."""
+    from tkit.kernels.decode import config as DC
+
+    monkeypatch.setattr(DC._env, "INTERPRET", False)
+    fp8 = DC.DecodeConfig.for_device(128, 1)
+    assert (fp8.num_warps, fp8.block_n, fp8.num_stages, fp8.ctas_per_sm) == (2, 64, 5, 4)
+    one_wave = DC.DecodeConfig.for_device(128, 2, paged=False, programs=256, sms=132)
+    assert (one_wave.num_warps, one_wave.num_stages, one_wave.split_bytes) == (8, 3, 4 << 20)
+    waves = DC.DecodeConfig.for_device(128, 2, paged=False, programs=1024, sms=132)
+    paged = DC.DecodeConfig.for_device(128, 2, paged=True)
+    assert waves == paged and (paged.num_warps, paged.num_stages) == (4, 2)
+
+
 def test_choose_num_splits():
     # the bench shapes on 132 SMs, two programs an SM, 64-key tiles, 2 MB of K+V a split
     def splits(b, hk, length, d=128, itemsize=2):

@@ -214,7 +214,8 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
     # fp8 caches read as int32 words of 4 values, where the layout allows
     # (a tile's row offsets are 32-bit: block_n row strides below 2**31)
     words = (block_d >= 64 and _fp8_words(k_cache, v_cache)
-             and max(k_cache.stride(1), ks_strides[1], vs_strides[1]) * cfg.block_n < 2**31)
+             and max(k_cache.stride(1), v_cache.stride(1), ks_strides[1], vs_strides[1])
+             * cfg.block_n < 2**31)
     same = k_cache.stride() == v_cache.stride() and ks_strides == vs_strides
     if splits == 1:
         o_part, l_part = out, lse
