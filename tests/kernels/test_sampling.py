@@ -10,11 +10,12 @@ it); and by exact masks on hand-made logits (tokens outside top-k / top-p / min-
 The distribution tests draw N_REF rows from the reference (row r: stream r of one seed) and run
 the kernel on the first N_KERNEL of them, which must give the same ids: the kernel's ids are
 the reference's draws, and the chi-square runs over all N_REF of them. The interpreter pays
-0.03-0.1 s a kernel row, the reference microseconds: the statistics get 4000 draws instead of
-the 240 kernel rows they had (more power: every test's wrong distribution lands below 1e-30),
-and a kernel row that strays from the reference fails the exact comparison, which a histogram
-of 240 draws would mostly not see. Each exact comparison also shows that it would see the
-wrong options (their reference differs on those rows).
+0.03-0.1 s a kernel row, the reference microseconds: the statistics get 4000 draws (every
+test's wrong distribution lands below p = 1e-30; weights 13% off in temperature fail with
+probability 0.88-1), and a kernel row that strays from the reference fails the exact
+comparison, which a histogram of a few hundred draws would mostly not see. Each exact
+comparison also shows that it would see the wrong options (their reference differs on those
+rows).
 """
 
 import pytest
