@@ -183,9 +183,9 @@ class Int4Config:
         if path == "gemv" and M == 1:
             # K lanes: 32 columns a program (two 16-byte vectors a thread), 32-deep chunks,
             # all of K in one program (no split, no reduce launch), 4 or 8 warps so that the
-            # SMs hold ~16 warps each. H200 (graph replays, docs/NOTES.md "ninth session"):
-            # 17.9 us at K=4096 N=14336 with 4 warps (8: 20.5), 19.1 us at K=N=8192 with 8
-            # (4: 21.4), against 22.0 / 22.9 for one warp a program, split 16 + reduce launch
+            # SMs hold ~16 warps each: the warp count that was faster at each shape on the
+            # H200, and faster than one warp a program with split-K and a reduce launch
+            # (docs/NOTES.md, "INT4 decode")
             gbk = min(32, bk)
             warps = 8 if C.cdiv(N, 32) * 8 <= 16 * num_sms else 4
             return Int4Config(1, 32, gbk, 1, num_warps=warps, num_stages=1, path="gemv",
