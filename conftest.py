@@ -24,7 +24,8 @@ def _speed_up_interpreter() -> bool:
       place (a helper's own are never restored). Here a helper call whose language modules the
       running launch has patched patches nothing; any other call (a launch; the first helper
       of a launch whose module reaches ``triton.language.core`` where the kernel's does not)
-      runs Triton's own. In kernels built from helpers (sampling's search, norm, the GEMMs)
+      runs Triton's own, and its patches are undone when the launch ends (Triton leaves a
+      helper's in place). In kernels built from helpers (sampling's search, norm, the GEMMs)
       the re-patching was 30-50% of the interpreter's time.
     - ``_get_np_dtype`` builds its table of 19 dtypes at every call (a few hundred thousand
       calls in a test of a kernel with loops): the answers, which depend on the element type
@@ -60,20 +61,29 @@ def _speed_up_interpreter() -> bool:
     if hasattr(patch, "triton_patch_lang"):
         return True
     patched: set[int] = set()  # the language modules patched since the running launch began
+    helper_scopes: list = []  # patches made for helpers during the running launch
 
     def patch_lang(fn):
         want = {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
         if patched:  # a helper called inside a launch
             if want <= patched:
                 return scope_cls()  # its modules are patched until the launch ends
-            patched.update(want)  # Triton's patches of a helper are never restored
-            return patch_lang.triton_patch_lang(fn)
+            patched.update(want)
+            # Triton never restores a helper's patches: triton.language.core's builtins (add,
+            # where, ...) stayed the interpreter's after the launch, and a later ahead-of-time
+            # compile in the same process built its IR through them (tensor.__add__ calls
+            # core.add) and failed. They are restored with the launch's, last first.
+            scope = patch_lang.triton_patch_lang(fn)
+            helper_scopes.append(scope)
+            return scope
         scope = patch_lang.triton_patch_lang(fn)
         restore = scope.restore
         patched.update(want)
 
         def restore_and_forget():
             patched.clear()
+            while helper_scopes:
+                helper_scopes.pop().restore()
             restore()
 
         scope.restore = restore_and_forget

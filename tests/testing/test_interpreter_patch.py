@@ -44,6 +44,7 @@ def test_patched_once_per_launch(monkeypatch):
     x = torch.arange(8, dtype=torch.float32)
     out = torch.full((10,), float("nan"))
     before = tl.tensor.__add__
+    core_before = {name: getattr(tl.core, name) for name in ("add", "where", "full", "reduce")}
     for _ in range(2):
         calls.clear()
         _helpers_kernel[(3,)](x, out, N=8)
@@ -52,6 +53,11 @@ def test_patched_once_per_launch(monkeypatch):
         assert len(calls) == 2, calls
     assert torch.equal(out[:8], 4 * x) and out[8] == 4 * x.sum() and out[9] == 8 * x.max()
     assert tl.tensor.__add__ is before, "the launch left triton.language patched"
+    # the helper of triton.language.core's module patched that module's builtins: undone too
+    # (left in place, they turned a later ahead-of-time compile's tensor.__add__ into the
+    # interpreter's)
+    for name, fn in core_before.items():
+        assert getattr(tl.core, name) is fn, f"triton.language.core.{name} left patched"
 
 
 def test_numpy_dtypes_are_triton_answers():
