@@ -18,7 +18,6 @@ import torch
 import triton
 from triton.experimental.gluon import language as gl
 
-from tkit import _hooks
 from tkit.kernels import _common as C
 from tkit.kernels.attention._hopper_kernels import (  # noqa: F401
     _attn_fwd_hopper_kernel,
@@ -121,9 +120,6 @@ def compile_sm90(head_dim: int = 128, causal: bool = False, dtype: torch.dtype =
                  config: dict | None = None):
     """Compile the kernel for sm_90 ahead of time; returns Triton's compiled kernel (``.asm``
     holds ``ttgir``, ``ptx``, ``cubin``; ``.metadata.shared`` the shared memory in bytes)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     cfg = dict(default_config(head_dim) if config is None else config)
     ws = bool(cfg.get("WS", False))
     kernel = _attn_fwd_hopper_ws_kernel if ws else _attn_fwd_hopper_kernel
@@ -140,18 +136,9 @@ def compile_sm90(head_dim: int = 128, causal: bool = False, dtype: torch.dtype =
         seqlen_k="i32", H="i32", GROUP="i32", HEAD_GROUP="i32", qk_scale="fp32",
         CAUSAL="constexpr", BLOCK_N="constexpr", STAGES="constexpr",
     )
-    names = list(signature)
-    constexprs = {(names.index("CAUSAL"),): bool(causal),
-                  (names.index("BLOCK_N"),): cfg["BLOCK_N"],
-                  (names.index("STAGES"),): cfg["STAGES"]}
-    src = GluonASTSource(kernel, signature, constexprs)
-    # under TRITON_INTERPRET=1 the combine functions of gl.max/gl.sum (triton.language's own
-    # @jit helpers) are interpreter objects: compile against the real language
-    from tkit._compat import compile_options
+    from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90
 
-    options = compile_options(dict(num_warps=cfg.get("num_warps", 4 if ws else NUM_WARPS)))
-    if ws:
-        options["maxnreg"] = cfg.get("maxnreg", WS_MAXNREG)
-
-    with _hooks.compile_context(kernel):  # tkit.ir_tools.aot's, set by tkit/__init__
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return gluon_compile_sm90(
+        kernel, signature, dict(CAUSAL=bool(causal), BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"]),
+        num_warps=cfg.get("num_warps", 4 if ws else NUM_WARPS),
+        maxnreg=cfg.get("maxnreg", WS_MAXNREG) if ws else None)

@@ -16,9 +16,7 @@ import dataclasses
 import functools
 
 import torch
-import triton
 
-from tkit import _hooks
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
 from tkit.kernels.matmul import config as MC
@@ -201,10 +199,7 @@ def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat
                  has_bias=False, activation="", has_res=False):
     """Compile the kernel for sm_90a ahead of time; returns Triton's compiled kernel
     (``.asm`` holds ``ttgir``, ``ptx``, ``cubin``; ``.metadata.shared`` the shared memory)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from tkit._compat import compile_options
+    from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90
     from tkit.kernels.matmul._fp8_block_hopper_kernels import _fp8_block_ws_kernel
 
     cfg = current_config(config)
@@ -229,14 +224,9 @@ def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat
         GROUP_M="constexpr",
         CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
     )
-    names = list(signature)
     values = dict(HAS_BIAS=bool(has_bias), ACT=activation or "", HAS_RES=bool(has_res),
                   STAGES=stages, GROUP_M=cfg.group_m,
                   CONSUMER_REGS=CONSUMER_REGS,
                   PRODUCER_REGS=PRODUCER_REGS)
-    constexprs = {(names.index(k),): v for k, v in values.items()}
-    src = GluonASTSource(_fp8_block_ws_kernel, signature, constexprs)
-    options = compile_options(dict(num_warps=4))
-    options["maxnreg"] = MAXNREG
-    with _hooks.compile_context(_fp8_block_ws_kernel):
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return gluon_compile_sm90(_fp8_block_ws_kernel, signature, values, num_warps=4,
+                              maxnreg=MAXNREG)

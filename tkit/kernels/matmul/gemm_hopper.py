@@ -14,24 +14,21 @@ scales, fp32 or fp8, other layouts) takes the Triton kernels, with the reason th
 
 from __future__ import annotations
 
-import functools
-
 import torch
-import triton
 
-from tkit import _hooks
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
 from tkit.kernels.matmul import config as MC
 
-WG_M = 64  # rows of one consumer warpgroup
-# Three warpgroups once rounded (two 4-warp consumers, the 1-warp producer): the producer's
-# drops to 24 registers a thread and each consumer's rises to 240; the launch cap of 168 a
-# thread keeps 3 warpgroups within the 64K-register file (as the block-scaled fp8 kernel)
-CONSUMER_REGS = 240
-PRODUCER_REGS = 24
-MAXNREG = 168
-
+# the warpgroup height, the register split (1-warp producer, two consumer warpgroups) and the
+# shared layouts are the block-scaled fp8 kernel's, whose schedule this one follows
+from tkit.kernels.matmul.fp8_block_hopper import (
+    CONSUMER_REGS,
+    MAXNREG,
+    PRODUCER_REGS,
+    WG_M,
+    _smem_layout,
+)
 
 #: the scope check lives with the config (``plan()`` asks it; plain Python)
 supported = MC.gluon_supported
@@ -54,14 +51,6 @@ def column_parts(block_n: int) -> tuple[int, ...]:
     """The tile's column parts, each its own accumulator and a power of 2 (a Gluon tensor's
     dimensions must be): one, or two for 192 (128 + 64)."""
     return (block_n,) if block_n & (block_n - 1) == 0 else (128, block_n - 128)
-
-
-@functools.cache
-def _smem_layout(rows: int, cols: int, dtype: torch.dtype):
-    from triton.experimental.gluon import language as gl
-
-    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
-    return gl.NVMMASharedLayout.get_default_for([rows, cols], gdt)
 
 
 def _descriptor(t: torch.Tensor, shape, strides, block):
@@ -116,10 +105,7 @@ def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has
                  has_res=False):
     """Compile the kernel for sm_90a ahead of time; returns Triton's compiled kernel
     (``.asm`` holds ``ttgir``, ``ptx``, ``cubin``; ``.metadata.shared`` the shared memory)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from tkit._compat import compile_options
+    from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90
     from tkit.kernels.matmul._gemm_hopper_kernels import _gemm_ws_kernel
 
     cfg = config if config is not None else MC.GluonConfig()
@@ -144,16 +130,10 @@ def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has
         STAGES="constexpr", GROUP_M="constexpr",
         CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
     )
-    names = list(signature)
     values = dict(HAS_BIAS=bool(has_bias), HAS_RES=bool(has_res), BLOCK_N=bn,
                   STAGES=cfg.stages(es),
                   GROUP_M=cfg.group_m, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
     for k in ("b2_desc", "c2_desc", "r_desc", "r2_desc"):
         if signature[k] == "constexpr":
             values[k] = None
-    constexprs = {(names.index(k),): v for k, v in values.items()}
-    src = GluonASTSource(_gemm_ws_kernel, signature, constexprs)
-    options = compile_options(dict(num_warps=4))
-    options["maxnreg"] = MAXNREG
-    with _hooks.compile_context(_gemm_ws_kernel):
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return gluon_compile_sm90(_gemm_ws_kernel, signature, values, num_warps=4, maxnreg=MAXNREG)
