@@ -463,11 +463,12 @@ def sweep_matmul_mid(rows):
                                  median_ms=t, tflops=flops / t / 1e9, vs_cublas=t_cub / t))
 
 
-#: the Gluon GEMM's tiles timed beside the table's choice (stages: as many as fit, 6 / 4 / 3 at
-#: 128 / 192 / 256 columns; empty: the table's tile only, which was the fastest or within 0.5%
-#: of it at every shape here, docs/NOTES.md). Measured and dropped: fewer stages (128 s4,
-#: 192 s3), 256 in 4 stages with its halves staged through one tile.
-GLUON_TILES: list[int] = []
+#: Gluon GEMM variants timed beside the table's choice, as GluonConfig fields replaced on it
+#: (the table's tile was the fastest or within 0.5% of it at every shape here, docs/NOTES.md;
+#: measured and dropped: fewer stages (128 s4, 192 s3), 256 in 4 stages with its halves
+#: staged through one tile); M = 4096 only: the tile order's section height
+GLUON_VARIANTS: list[dict] = [dict(overlap=True)]
+GLUON_VARIANTS_4096: list[dict] = [dict(overlap=True, group_m=4), dict(overlap=True, group_m=16)]
 #: interleaved rounds (single timings at M = 4096 moved by up to 5% between variants)
 GLUON_ROUNDS = 3
 #: Llama-3-8B's projections (N, K): what the decoder layer runs at 512 and 4096 tokens
@@ -475,8 +476,8 @@ LLAMA_NK = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
             "down": (4096, 14336)}
 
 
-def sweep_matmul_gluon(rows):
-    """bf16 GEMM on Llama-3-8B's projections at M = 512 and 4096 (b = W.t(), F.linear's
+def sweep_matmul_gluon(rows, ms=(512, 4096)):
+    """bf16 GEMM on Llama-3-8B's projections at M = 512 and 4096 (``ms``; b = W.t(), F.linear's
     layout): cuBLAS (F.linear), the Triton TMA kernel's default, the Gluon kernel's table
     choice and its tiles / stages, and with the residual the layer adds to o and down (cuBLAS
     then F.linear + add); every variant checked against cuBLAS, all replayed from CUDA graphs
@@ -485,7 +486,7 @@ def sweep_matmul_gluon(rows):
     from tkit.kernels.matmul import ops as MM
 
     F = torch.nn.functional
-    for M in (512, 4096):
+    for M in ms:
         for label, (N, K) in LLAMA_NK.items():
             g = torch.Generator(device="cuda").manual_seed(0)
             a = torch.randn(M, K, device="cuda", generator=g, dtype=torch.bfloat16)
@@ -497,30 +498,35 @@ def sweep_matmul_gluon(rows):
             flops = 2 * M * N * K
             case = f"M={M} {label} N={N} K={K}"
             table = MC.GluonConfig.for_shape(M, N, K)
+
+            def gluon(cfg, res=None, a=a, b=b, out=out):
+                return lambda: MM._matmul_into(a, b, out, res, None, None, None, None, False,
+                                               "gluon", cfg)
+
+            def describe(cfg, table=table):
+                diff = [f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()
+                        if k not in ("block_n", "num_stages") and v != getattr(table, k)]
+                return f"{cfg.block_n} s{cfg.stages()}" + "".join(f" {d}" for d in diff)
+
             variants = [("cuBLAS", lambda a=a, w=w: F.linear(a, w), None),
                         ("triton default",
                          lambda a=a, b=b, out=out: MM._matmul_into(
                              a, b, out, None, None, None, None, None, False, "tma", None), None),
-                        (f"gluon table ({table.block_n} s{table.stages()})",
-                         lambda a=a, b=b, out=out, c=table: MM._matmul_into(
-                             a, b, out, None, None, None, None, None, False, "gluon", c), None)]
-            for bn in GLUON_TILES:
-                cfg = MC.GluonConfig(block_n=bn)
-                if cfg == table:
-                    continue
-                name = f"gluon {bn} s{cfg.stages()}"
-                variants.append((name, lambda a=a, b=b, out=out, cfg=cfg: MM._matmul_into(
-                    a, b, out, None, None, None, None, None, False, "gluon", cfg), cfg))
+                        (f"gluon table ({describe(table)})", gluon(table), None)]
+            extra = [dataclasses.replace(table, **v)
+                     for v in GLUON_VARIANTS + (GLUON_VARIANTS_4096 if M == 4096 else [])]
+            for cfg in extra:
+                variants.append((f"gluon {describe(cfg)}", gluon(cfg), None))
             if label in ("o", "down"):
                 variants += [
                     ("cuBLAS + res", lambda a=a, w=w, r=r: torch.add(F.linear(a, w), r), None),
                     ("triton default + res", lambda a=a, b=b, r=r, out=out: MM._matmul_into(
                         a, b, out, r, None, None, None, None, False, "tma", None), "res"),
-                    ("gluon table + res", lambda a=a, b=b, r=r, out=out: MM._matmul_into(
-                        a, b, out, r, None, None, None, None, False, "gluon", None), "res"),
-                    # the plain table kernel again, between the residual ones (drift check)
-                    ("gluon table again", lambda a=a, b=b, out=out, c=table: MM._matmul_into(
-                        a, b, out, None, None, None, None, None, False, "gluon", c), None)]
+                    ("gluon table + res", gluon(table, r), "res")]
+                variants += [(f"gluon {describe(cfg)} + res", gluon(cfg, r), "res")
+                             for cfg in extra[:len(GLUON_VARIANTS)]]
+                # the plain table kernel again, between the residual ones (drift check)
+                variants.append(("gluon table again", gluon(table), None))
             times, ok = {}, {}
             for rnd in range(GLUON_ROUNDS):
                 for name, fn, tag in variants:
@@ -674,6 +680,8 @@ SWEEPS = {"decode_splits": sweep_decode_splits,
           "matmul_fp8_block": sweep_matmul_fp8_block,
           "matmul_fp8_block_dsv3": sweep_matmul_fp8_block_dsv3, "matmul_mid": sweep_matmul_mid,
           "matmul_gluon": sweep_matmul_gluon,
+          # the 4096-token layer's GEMMs alone (issue #14's layer bar)
+          "matmul_gluon_4096": lambda rows: sweep_matmul_gluon(rows, ms=(4096,)),
           "attention_short": sweep_attention_short}
 
 

@@ -4,6 +4,7 @@ memory, the schedule in the SASS), and on an sm_90 GPU the reference rule over r
 each tile, bias and residual, fp16, the dispatch inside ``tkit.matmul``, the eager plans and
 CUDA-graph capture."""
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -145,16 +146,21 @@ def _sass(kernel) -> str:
                               capture_output=True, text=True, check=True).stdout
 
 
-@pytest.mark.parametrize("block_n,bias,res", [(256, True, True), (192, False, True),
-                                              (128, False, False)])
-def test_gluon_compiled_schedule(block_n, bias, res):
+@pytest.mark.parametrize("block_n,bias,res,overlap", [(256, True, True, False),
+                                                      (192, False, True, False),
+                                                      (128, False, False, False),
+                                                      (256, True, True, True),
+                                                      (192, False, False, True)])
+def test_gluon_compiled_schedule(block_n, bias, res, overlap):
     """sm_90a builds of the widest tile with every epilogue (the most registers: a 64 x 256
     float32 accumulator and the residual), the two-part tile (192 = 128 + 64) and the
-    128-wide one: no local memory, shared memory within sm_90's limit and the config's count,
-    a wgmma m64 x part x 16 four times a K step per part, the K loop's wait leaving one step
-    in flight (``wait_group`` 1 for one part, 2 for two), TMA loads and stores."""
+    128-wide one, with and without the next tile's first step under the stores: no local
+    memory, shared memory within sm_90's limit and the config's count, a wgmma m64 x part x 16
+    four times a K step per part at each place a step is issued, the K loop's wait leaving one
+    step in flight (``wait_group`` 1 for one part, 2 for two: ptxas did not serialize the
+    wgmmas), TMA loads and stores."""
     GH = _gluon_or_skip()
-    cfg = MC.GluonConfig(block_n=block_n)
+    cfg = MC.GluonConfig(block_n=block_n, overlap=overlap)
     k = GH.compile_sm90(cfg, has_bias=bias, has_res=res)
     assert k.metadata.shared <= MC.gluon_shared_bytes(block_n, cfg.stages()) <= MC.SMEM_BYTES
     sass = _sass(k)
@@ -163,13 +169,33 @@ def test_gluon_compiled_schedule(block_n, bias, res):
     names = [op for op, _ in ops]
     assert "LDL" not in names and "STL" not in names
     parts = GH.column_parts(block_n)
+    # places a K step is issued, per consumer: the tile's first step and the loop; with
+    # overlap each twice (before the tile loop and under the stores; the loop and the peeled
+    # last tile's), plus the step before the residual's load in both mainloops
+    sites = 2 + (2 + 2 * res if overlap else 0)
     for w in set(parts):
         n = names.count(f"HGMMA.64x{w}x16.F32.BF16")
-        # 2 consumers x (first step + loop) x 4 k16 a step, per part of that width
-        assert n == 2 * 2 * 4 * parts.count(w), (w, n)
+        assert n == 2 * sites * 4 * parts.count(w), (w, n)
     waits = [rest.strip() for op, rest in ops if op == "WARPGROUP.DEPBAR.LE"]
     assert f"gsb0, {hex(len(parts))}" in waits and "gsb0, 0x0" in waits
     assert "UTMALDG.2D" in names and "UTMASTG.2D" in names
+    # with overlap, a tile's output goes to shared memory while the next tile's first wgmma
+    # is in flight; without, only after the last wgmma retired
+    assert _stsm_in_flight(ops) == overlap
+
+
+def _stsm_in_flight(ops) -> bool:
+    """Whether some STSM is issued while a wgmma group is still pending (after an HGMMA, with
+    no ``WARPGROUP.DEPBAR.LE gsb0, 0x0`` since)."""
+    pending = False
+    for op, rest in ops:
+        if op.startswith("HGMMA"):
+            pending = True
+        elif op == "WARPGROUP.DEPBAR.LE" and rest.strip().endswith("0x0"):
+            pending = False
+        elif op.startswith("STSM") and pending:
+            return True
+    return False
 
 
 # ---- GPU: sm_90 ------------------------------------------------------------------------------
@@ -181,17 +207,21 @@ def _linear_case(M, N, K, dtype, seed):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("block_n", [128, 192, 256])
 @pytest.mark.parametrize("M,N,K", [(300, 528, 1000), (129, 200, 72), (1000, 392, 4104),
-                                   (2048, 2304, 1024), (128, 8, 16), (77, 6144, 64)])
-def test_gluon_against_reference(block_n, M, N, K):
+                                   (2048, 2304, 1024), (128, 8, 16), (77, 6144, 64),
+                                   (4096, 4096, 128)])
+def test_gluon_against_reference(block_n, overlap, M, N, K):
     """Forced Gluon kernel, bf16, bias and a row-major residual: partial tiles along M, N
     (N = 200 in a 192 tile: the second part partial) and K (1000, 4104, 72: a partial last
-    step), several tiles a CTA (2048 x 2304), one K step (K = 16, 64), the reference rule."""
+    step), several tiles a CTA (2048 x 2304; 4096 x 4096: 4-8 with two K steps), one K step
+    (K = 16, 64), the reference rule; with and without the next tile's first step issued
+    under the stores."""
     a, w = _linear_case(M, N, K, torch.bfloat16, seed=M + N + K)
     bias = make_tensor((N,), torch.bfloat16, seed=3, device="cuda")
     res = make_tensor((M, N), torch.bfloat16, seed=4, device="cuda")
-    cfg = MC.GluonConfig(block_n=block_n)
+    cfg = MC.GluonConfig(block_n=block_n, overlap=overlap)
 
     def fn(a, w, bias, res):
         return mm.ops._matmul_impl(a, w.t(), bias, res, path="gluon", config=cfg)
@@ -221,22 +251,29 @@ def _epilogue_case(dtype, epilogue, cfg, M=640):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("dtype,epilogue", [(torch.bfloat16, "plain"),
-                                            (torch.bfloat16, "strided bias"),
-                                            (torch.bfloat16, "res"), (torch.float16, "bias res")])
-def test_gluon_epilogues(dtype, epilogue):
+@pytest.mark.parametrize("dtype,epilogue,overlap", [
+    (torch.bfloat16, "plain", False), (torch.bfloat16, "strided bias", False),
+    (torch.bfloat16, "res", False), (torch.float16, "bias res", False),
+    (torch.bfloat16, "strided bias", True), (torch.float16, "bias res", True)])
+def test_gluon_epilogues(dtype, epilogue, overlap):
     """Each epilogue, both 16-bit dtypes, at the table's tile (640 x 1536: 60 tiles of 128
     columns); every element written (outputs poisoned)."""
-    _epilogue_case(dtype, epilogue, None)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cfg = MC.current(MC.GluonConfig.for_shape(640, 1536, 1088, sms))
+    _epilogue_case(dtype, epilogue, dataclasses.replace(cfg, overlap=overlap))
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("block_n,stages,group_m", [(128, 2, 1), (256, 2, 16), (192, 0, 8)])
-def test_gluon_stages_and_order(block_n, stages, group_m):
-    """A 2-slot ring (the producer a whole ring ahead at once), the tile order's extremes, and
-    the residual with several tiles a CTA (2048 rows: its staging tile reused)."""
-    cfg = MC.GluonConfig(block_n=block_n, num_stages=stages, group_m=group_m)
+@pytest.mark.parametrize("block_n,stages,group_m,overlap", [
+    (128, 2, 1, False), (256, 2, 16, False), (192, 0, 8, False), (128, 2, 1, True),
+    (256, 2, 16, True), (256, 0, 8, True)])
+def test_gluon_stages_and_order(block_n, stages, group_m, overlap):
+    """A 2-slot ring (the producer a whole ring ahead at once; with overlap the next tile's
+    first step takes a slot while the stores run), the tile order's extremes, and the
+    residual with several tiles a CTA (2048 rows: its staging tile reused)."""
+    cfg = MC.GluonConfig(block_n=block_n, num_stages=stages, group_m=group_m,
+                         overlap=overlap)
     _epilogue_case(torch.bfloat16, "bias res", cfg)
     _epilogue_case(torch.bfloat16, "res", cfg, M=2048)
 

@@ -126,11 +126,10 @@ def _mma_wait(acc, acc2, TWO: gl.constexpr, STEPS: gl.constexpr):
 
 
 @gluon.jit
-def _epilogue_part(y, c_desc, c_buf, bias_ptr, row0, col0, N, stride_bias,
-                   HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr):
-    """One column part of a consumer's epilogue: bias in float32, the residual (already in
-    ``c_buf``, read there by TMA), then the output dtype through ``c_buf`` and a TMA store.
-    The caller has made ``c_buf`` free (or waited for the residual in it)."""
+def _epilogue_values(y, c_buf, bias_ptr, col0, N, stride_bias, OUT_DTYPE: gl.constexpr,
+                     HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr):
+    """One column part's output values in registers: bias in float32, the residual (already in
+    ``c_buf``, read there by TMA), rounded once to the output dtype."""
     layout: gl.constexpr = y.type.layout
     W: gl.constexpr = y.type.shape[1]
     if HAS_BIAS:
@@ -139,20 +138,127 @@ def _epilogue_part(y, c_desc, c_buf, bias_ptr, row0, col0, N, stride_bias,
         y = y + gl.expand_dims(bias.to(gl.float32), 0)
     if HAS_RES:
         y = y + c_buf.load(layout).to(gl.float32)
-        cta_barrier()  # every thread has read the residual before the buffer is rewritten
-    c_buf.store(y.to(c_desc.dtype))
+    y = y.to(OUT_DTYPE)
+    # a side-effecting identity on the packed 16-bit values: the rounding happens here, before
+    # any wgmma issued after this call (the compiler would otherwise sink it to the stores and
+    # keep the float32 sums alive beside the next tile's accumulator)
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [y], dtype=y.dtype,
+                                     is_pure=False, pack=2)
+
+
+@gluon.jit
+def _epilogue_store(y, c_desc, c_buf, row0, col0):
+    """One column part's values through ``c_buf`` (made free by the caller) and a TMA store,
+    waited for only before the buffer's next use."""
+    c_buf.store(y)
     fence_async_shared()
     cta_barrier()
     tma_store(c_desc, [row0, col0], c_buf)
 
 
 @gluon.jit
+def _first_step(a_ring, b_ring, b2_ring, ready, slot, phase, acc, acc2, WG: gl.constexpr,
+                TWO: gl.constexpr, STAGES: gl.constexpr):
+    """A tile's first K step: fresh sums (use_acc=False), issued asynchronously. Nothing else
+    is in flight, so the wait returns at once; it makes the sums tensors again."""
+    mbarrier.wait(ready.index(slot), phase)
+    acc, acc2 = _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG, TWO, False)
+    acc, acc2 = _mma_wait(acc, acc2, TWO, 1)
+    prev = slot
+    slot += 1
+    if slot == STAGES:
+        slot = 0
+        phase ^= 1
+    return acc, acc2, slot, phase, prev
+
+
+@gluon.jit
+def _k_step(a_ring, b_ring, b2_ring, ready, empty, slot, phase, prev, acc, acc2,
+            WG: gl.constexpr, TWO: gl.constexpr, STAGES: gl.constexpr):
+    """A later K step: issue its wgmma on the running sums, retire the previous step's
+    (``wait_group 1``: this one runs on) and give that step's slot back to the producer."""
+    mbarrier.wait(ready.index(slot), phase)
+    acc, acc2 = _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG, TWO, True)
+    acc, acc2 = _mma_wait(acc, acc2, TWO, 1)
+    mbarrier.arrive(empty.index(prev), count=1)
+    prev = slot
+    slot += 1
+    if slot == STAGES:
+        slot = 0
+        phase ^= 1
+    return acc, acc2, slot, phase, prev
+
+
+@gluon.jit
+def _tile_mainloop(a_ring, b_ring, b2_ring, ready, empty, r_desc, r2_desc, r_bar, c_buf,
+                   c2_buf, slot, phase, prev, acc, acc2, row0, off_n, k_steps,
+                   WG: gl.constexpr, TWO: gl.constexpr, HAS_RES: gl.constexpr,
+                   OVERLAP: gl.constexpr, STAGES: gl.constexpr):
+    """A tile's K steps after its first (issued already), the residual's TMA load under them,
+    and the drain: returns the finished sums with every slot of the tile released."""
+    BN0: gl.constexpr = b_ring.shape[1]
+    k0 = 1
+    if HAS_RES:
+        if OVERLAP:
+            # the last tile's stores were issued just before this tile's first step: one more
+            # step runs before the residual waits for them to have read the buffers
+            if k_steps > 1:
+                acc, acc2, slot, phase, prev = _k_step(a_ring, b_ring, b2_ring, ready, empty,
+                                                       slot, phase, prev, acc, acc2, WG, TWO,
+                                                       STAGES)
+                k0 = 2
+        _load_residual(r_desc, r2_desc, r_bar, c_buf, c2_buf, row0, off_n, BN0, TWO)
+    for _ in range(k0, k_steps):
+        acc, acc2, slot, phase, prev = _k_step(a_ring, b_ring, b2_ring, ready, empty, slot,
+                                               phase, prev, acc, acc2, WG, TWO, STAGES)
+    acc, acc2 = _mma_wait(acc, acc2, TWO, 0)
+    mbarrier.arrive(empty.index(prev), count=1)
+    return acc, acc2, slot, phase, prev
+
+
+@gluon.jit
+def _tile_values(acc, acc2, c_buf, c2_buf, r_bar, r_phase, bias_ptr, off_n, N, stride_bias,
+                 OUT_DTYPE: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr,
+                 TWO: gl.constexpr):
+    """The tile's output values in registers (each column part); the residual's wait."""
+    BN0: gl.constexpr = acc.type.shape[1]
+    if HAS_RES:
+        mbarrier.wait(r_bar, r_phase)
+        r_phase ^= 1
+    y = _epilogue_values(acc, c_buf, bias_ptr, off_n, N, stride_bias, OUT_DTYPE, HAS_BIAS,
+                         HAS_RES)
+    y2 = y  # (one part: unused)
+    if TWO:
+        y2 = _epilogue_values(acc2, c2_buf, bias_ptr, off_n + BN0, N, stride_bias, OUT_DTYPE,
+                              HAS_BIAS, HAS_RES)
+    return y, y2, r_phase
+
+
+@gluon.jit
+def _tile_store(y, y2, c_desc, c2_desc, c_buf, c2_buf, row0, off_n, HAS_RES: gl.constexpr,
+                TWO: gl.constexpr):
+    """The tile's output values through the staging buffers and TMA stores."""
+    if HAS_RES:
+        cta_barrier()  # every thread has read the residual before the buffers are rewritten
+    else:
+        tma.store_wait(0)  # the previous tile's stores have read the buffers
+        cta_barrier()
+    _epilogue_store(y, c_desc, c_buf, row0, off_n)
+    if TWO:
+        _epilogue_store(y2, c2_desc, c2_buf, row0, off_n + c_buf.shape[1])
+
+
+@gluon.jit
 def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
               c_buf, c2_buf, r_desc, r2_desc, r_bar, bias_ptr, M, N, K, stride_bias,
               HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+              OVERLAP: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
     """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every tile of this CTA, columns in
-    one part of BN0 or two (BN0, then BLOCK_N - BN0), each its own accumulator."""
+    one part of BN0 or two (BN0, then BLOCK_N - BN0), each its own accumulator. OVERLAP: the
+    next tile's first K step is issued once the sums are in registers as output values, so
+    its wgmma runs under this tile's shared-memory stores; the CTA's last tile is peeled off
+    the loop, so that no branch decides whether a wgmma is in flight (ptxas then serializes
+    every wgmma of the kernel)."""
     BLOCK_M: gl.constexpr = a_ring.shape[1]
     BLOCK_K: gl.constexpr = a_ring.shape[2]
     BN0: gl.constexpr = b_ring.shape[1]
@@ -162,60 +268,67 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
         version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BN0, 16])
     acc2_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BN1, 16])
+    out_dtype: gl.constexpr = c_desc.dtype
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
     k_steps = gl.cdiv(K, BLOCK_K)
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
     acc = gl.zeros([WG_M, BN0], gl.float32, acc_layout)
     acc2 = gl.zeros([WG_M, BN1], gl.float32, acc2_layout)
     slot = 0
     phase = 0
+    prev = 0
     r_phase = 0
-    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
-        row0 = pid_m * BLOCK_M + WG * WG_M
-        off_n = pid_n * BLOCK_N
-
-        # the tile's first K step: fresh sums (use_acc=False)
-        mbarrier.wait(ready.index(slot), phase)
-        acc, acc2 = _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG, TWO, False)
-        # (returns at once: only this step is in flight; makes the sums tensors again)
-        acc, acc2 = _mma_wait(acc, acc2, TWO, 1)
-        prev = slot
-        slot += 1
-        if slot == STAGES:
-            slot = 0
-            phase ^= 1
-        if HAS_RES:
-            # the residual tile into the staging buffers, under this tile's K loop (the last
-            # tile's stores have read them by now: a whole epilogue ago)
-            _load_residual(r_desc, r2_desc, r_bar, c_buf, c2_buf, row0, off_n, BN0, TWO)
-        for _ in range(1, k_steps):
-            mbarrier.wait(ready.index(slot), phase)
-            acc, acc2 = _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG, TWO, True)
-            # the previous step's wgmma has retired: its slot goes back to the producer
-            acc, acc2 = _mma_wait(acc, acc2, TWO, 1)
-            mbarrier.arrive(empty.index(prev), count=1)
-            prev = slot
-            slot += 1
-            if slot == STAGES:
-                slot = 0
-                phase ^= 1
-        acc, acc2 = _mma_wait(acc, acc2, TWO, 0)
-        mbarrier.arrive(empty.index(prev), count=1)
-
-        # ---- epilogue: float32 bias / residual, then TMA stores of 64 rows
-        if HAS_RES:
-            mbarrier.wait(r_bar, r_phase)
-            r_phase ^= 1
-        else:
-            tma.store_wait(0)  # the previous tile's stores have read the buffers
-            cta_barrier()
-        _epilogue_part(acc, c_desc, c_buf, bias_ptr, row0, off_n, N, stride_bias, HAS_BIAS,
-                       HAS_RES)
-        if TWO:
-            _epilogue_part(acc2, c2_desc, c2_buf, bias_ptr, row0, off_n + BN0, N, stride_bias,
-                           HAS_BIAS, HAS_RES)
+    if OVERLAP:
+        if pid < num_tiles:  # (the launch makes at most one CTA a tile)
+            acc, acc2, slot, phase, prev = _first_step(a_ring, b_ring, b2_ring, ready, slot,
+                                                       phase, acc, acc2, WG, TWO, STAGES)
+            tile_id = pid
+            for _ in range(1, gl.cdiv(num_tiles - pid, nprog)):
+                pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
+                row0 = pid_m * BLOCK_M + WG * WG_M
+                off_n = pid_n * BLOCK_N
+                acc, acc2, slot, phase, prev = _tile_mainloop(
+                    a_ring, b_ring, b2_ring, ready, empty, r_desc, r2_desc, r_bar, c_buf,
+                    c2_buf, slot, phase, prev, acc, acc2, row0, off_n, k_steps, WG, TWO,
+                    HAS_RES, OVERLAP, STAGES)
+                y, y2, r_phase = _tile_values(acc, acc2, c_buf, c2_buf, r_bar, r_phase,
+                                              bias_ptr, off_n, N, stride_bias, out_dtype,
+                                              HAS_BIAS, HAS_RES, TWO)
+                # the next tile's first step, under this one's stores
+                acc, acc2, slot, phase, prev = _first_step(a_ring, b_ring, b2_ring, ready,
+                                                           slot, phase, acc, acc2, WG, TWO,
+                                                           STAGES)
+                _tile_store(y, y2, c_desc, c2_desc, c_buf, c2_buf, row0, off_n, HAS_RES, TWO)
+                tile_id += nprog
+            pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
+            row0 = pid_m * BLOCK_M + WG * WG_M
+            off_n = pid_n * BLOCK_N
+            acc, acc2, slot, phase, prev = _tile_mainloop(
+                a_ring, b_ring, b2_ring, ready, empty, r_desc, r2_desc, r_bar, c_buf, c2_buf,
+                slot, phase, prev, acc, acc2, row0, off_n, k_steps, WG, TWO, HAS_RES, OVERLAP,
+                STAGES)
+            y, y2, r_phase = _tile_values(acc, acc2, c_buf, c2_buf, r_bar, r_phase, bias_ptr,
+                                          off_n, N, stride_bias, out_dtype, HAS_BIAS, HAS_RES,
+                                          TWO)
+            _tile_store(y, y2, c_desc, c2_desc, c_buf, c2_buf, row0, off_n, HAS_RES, TWO)
+    else:
+        for tile_id in range(pid, num_tiles, nprog):
+            pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
+            row0 = pid_m * BLOCK_M + WG * WG_M
+            off_n = pid_n * BLOCK_N
+            acc, acc2, slot, phase, prev = _first_step(a_ring, b_ring, b2_ring, ready, slot,
+                                                       phase, acc, acc2, WG, TWO, STAGES)
+            acc, acc2, slot, phase, prev = _tile_mainloop(
+                a_ring, b_ring, b2_ring, ready, empty, r_desc, r2_desc, r_bar, c_buf, c2_buf,
+                slot, phase, prev, acc, acc2, row0, off_n, k_steps, WG, TWO, HAS_RES, OVERLAP,
+                STAGES)
+            y, y2, r_phase = _tile_values(acc, acc2, c_buf, c2_buf, r_bar, r_phase, bias_ptr,
+                                          off_n, N, stride_bias, out_dtype, HAS_BIAS, HAS_RES,
+                                          TWO)
+            _tile_store(y, y2, c_desc, c2_desc, c_buf, c2_buf, row0, off_n, HAS_RES, TWO)
     tma.store_wait(0)
 
 
@@ -223,7 +336,7 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
 def _gemm_ws_kernel(
     a_desc, b_desc, b2_desc, c_desc, c2_desc, r_desc, r2_desc, bias_ptr, M, N, K, stride_bias,
     HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+    OVERLAP: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
     """Persistent warp-specialized GEMM (module docstring); tiles 128 x BLOCK_N in one column
@@ -274,11 +387,11 @@ def _gemm_ws_kernel(
         (_consumer, (0, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
                      c_bufs.index(0), c2_bufs.index(0), r_desc, r2_desc, r_bars.index(0),
                      bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N,
-                     STAGES, GROUP_M)),
+                     OVERLAP, STAGES, GROUP_M)),
         (_consumer, (1, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
                      c_bufs.index(1), c2_bufs.index(1), r_desc, r2_desc, r_bars.index(1),
                      bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N,
-                     STAGES, GROUP_M)),
+                     OVERLAP, STAGES, GROUP_M)),
         (_producer, (a_desc, b_desc, b2_desc, a_ring, b_ring, b2_ring, ready, empty, M, N, K,
                      BLOCK_N, STAGES, GROUP_M)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

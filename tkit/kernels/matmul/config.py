@@ -352,8 +352,13 @@ class GluonConfig:
     block_n: int = 256
     num_stages: int = 0
     group_m: int = 8
+    #: issue the next tile's first K step before this tile's output stores (their shared-memory
+    #: writes and the TMA store then run under its wgmma)
+    overlap: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.overlap, bool):
+            raise TypeError(f"overlap must be a bool, got {self.overlap!r}")
         if self.block_n not in GLUON_BLOCK_NS:
             raise ValueError(f"block_n must be one of {GLUON_BLOCK_NS} for the Gluon GEMM, "
                              f"got {self.block_n}")

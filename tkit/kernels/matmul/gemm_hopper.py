@@ -91,7 +91,7 @@ def launch(a, b, out, bias=None, residual=None, config: MC.GluonConfig | None = 
              bias_ptr=bias if bias is not None else out, M=M, N=N, K=K,
              stride_bias=bias.stride(0) if bias is not None else 0,
              HAS_BIAS=bias is not None, HAS_RES=residual is not None, BLOCK_N=bn,
-             STAGES=cfg.stages(out.element_size()),
+             OVERLAP=cfg.overlap, STAGES=cfg.stages(out.element_size()),
              GROUP_M=cfg.group_m,
              CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
              maxnreg=MAXNREG)
@@ -127,11 +127,11 @@ def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has
         r2_desc=desc(rows, p1) if has_res and two else "constexpr",
         bias_ptr=f"*{tname}", M="i32", N="i32", K="i32",
         stride_bias="i32", HAS_BIAS="constexpr", HAS_RES="constexpr", BLOCK_N="constexpr",
-        STAGES="constexpr", GROUP_M="constexpr",
+        OVERLAP="constexpr", STAGES="constexpr", GROUP_M="constexpr",
         CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
     )
     values = dict(HAS_BIAS=bool(has_bias), HAS_RES=bool(has_res), BLOCK_N=bn,
-                  STAGES=cfg.stages(es),
+                  OVERLAP=cfg.overlap, STAGES=cfg.stages(es),
                   GROUP_M=cfg.group_m, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
     for k in ("b2_desc", "c2_desc", "r_desc", "r2_desc"):
         if signature[k] == "constexpr":
