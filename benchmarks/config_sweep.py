@@ -680,8 +680,9 @@ SWEEPS = {"decode_splits": sweep_decode_splits,
           "matmul_fp8_block": sweep_matmul_fp8_block,
           "matmul_fp8_block_dsv3": sweep_matmul_fp8_block_dsv3, "matmul_mid": sweep_matmul_mid,
           "matmul_gluon": sweep_matmul_gluon,
-          # the 4096-token layer's GEMMs alone (issue #14's layer bar)
+          # one layer size's GEMMs (issue #14's layer bar is at 4096 tokens)
           "matmul_gluon_4096": lambda rows: sweep_matmul_gluon(rows, ms=(4096,)),
+          "matmul_gluon_512": lambda rows: sweep_matmul_gluon(rows, ms=(512,)),
           "attention_short": sweep_attention_short}
 
 
