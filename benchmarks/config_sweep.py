@@ -465,10 +465,12 @@ def sweep_matmul_mid(rows):
 
 #: Gluon GEMM variants timed beside the table's choice, as GluonConfig fields replaced on it
 #: (the table's tile was the fastest or within 0.5% of it at every shape here, docs/NOTES.md;
-#: measured and dropped: fewer stages (128 s4, 192 s3), 256 in 4 stages with its halves
-#: staged through one tile); M = 4096 only: the tile order's section height
+#: measured and dropped: fewer stages (128 s4, 192 s3), 256 in 4 stages as two 128-wide
+#: accumulators). M = 4096 only: the 256 tile staged in halves (4 slots), and taller sections
+#: of the tile order (16, 32: the whole M, so the weight is read from HBM once)
 GLUON_VARIANTS: list[dict] = [dict(overlap=True)]
-GLUON_VARIANTS_4096: list[dict] = [dict(overlap=True, group_m=4), dict(overlap=True, group_m=16)]
+GLUON_VARIANTS_4096: list[dict] = [dict(overlap=True, half_staging=True),
+                                   dict(overlap=True, group_m=16), dict(overlap=True, group_m=32)]
 #: interleaved rounds (single timings at M = 4096 moved by up to 5% between variants)
 GLUON_ROUNDS = 3
 #: Llama-3-8B's projections (N, K): what the decoder layer runs at 512 and 4096 tokens
@@ -504,7 +506,11 @@ def sweep_matmul_gluon(rows, ms=(512, 4096)):
                                                "gluon", cfg)
 
             def describe(cfg, table=table):
-                diff = [f"{k}={v}" for k, v in dataclasses.asdict(cfg).items()
+                # the fields that differ from the table's: "ovl" overlap, "half" half_staging,
+                # "g16" group_m=16
+                short = dict(overlap="ovl", half_staging="half", group_m="g")
+                diff = [short.get(k, k) + ("" if v is True else str(v))
+                        for k, v in dataclasses.asdict(cfg).items()
                         if k not in ("block_n", "num_stages") and v != getattr(table, k)]
                 return f"{cfg.block_n} s{cfg.stages()}" + "".join(f" {d}" for d in diff)
 
@@ -541,7 +547,7 @@ def sweep_matmul_gluon(rows, ms=(512, 4096)):
                             ok[name] = True
                         except Exception as e:  # noqa: BLE001 - a variant that fails: say why
                             ok[name] = False
-                            print(f"matmul_gluon {case:30s} {name:24s} FAILED "
+                            print(f"matmul_gluon {case:30s} {name:28s} FAILED "
                                   f"{type(e).__name__}: {str(e)[:160]}")
                             continue
                     try:
@@ -549,7 +555,7 @@ def sweep_matmul_gluon(rows, ms=(512, 4096)):
                     except Exception as e:  # noqa: BLE001 - e.g. a capture that fails
                         ok[name] = False
                         times.pop(name, None)
-                        print(f"matmul_gluon {case:30s} {name:24s} FAILED (timing) "
+                        print(f"matmul_gluon {case:30s} {name:28s} FAILED (timing) "
                               f"{type(e).__name__}: {str(e)[:160]}")
                         continue
                     times[name] = min(t, times.get(name, t))
@@ -560,7 +566,7 @@ def sweep_matmul_gluon(rows, ms=(512, 4096)):
                 t = times[name]
                 base = times.get("cuBLAS + res", float("nan")) if name.endswith("+ res") \
                     else t_cub
-                print(f"matmul_gluon {case:30s} {name:24s} {t * 1e3:8.1f} us "
+                print(f"matmul_gluon {case:30s} {name:28s} {t * 1e3:8.1f} us "
                       f"{flops / t / 1e9:6.1f} TFLOP/s {base / t:6.3f}x cuBLAS")
                 rows.append(dict(family="matmul_gluon", case=case, config=name, median_ms=t,
                                  tflops=flops / t / 1e9, vs_cublas=base / t))

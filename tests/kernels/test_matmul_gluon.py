@@ -55,6 +55,16 @@ def test_gluon_config_table_and_validation():
         G(num_stages=1)
     with pytest.raises(ValueError, match="group_m"):
         G(group_m=0)
+    # staging in halves: one more slot at 256; two-part tiles have no halves; a residual call
+    # stages whole tiles in the slots that fit beside them
+    half = G(block_n=256, half_staging=True, num_stages=4)
+    assert half.stages() == 4 and G(block_n=256, half_staging=True).stages() == 4
+    assert MC.gluon_shared_bytes(256, 5, half_staging=True) > MC.SMEM_BYTES
+    assert half.for_call(False) is half and half.for_call(True) == G(block_n=256)
+    with pytest.raises(ValueError, match="half_staging"):
+        G(block_n=192, half_staging=True)
+    with pytest.raises(TypeError, match="overlap"):
+        G(overlap=1)
 
     with mm.matmul_config(block_n=192, group_m=4):
         assert MC.current(G()) == G(block_n=192, group_m=4)
@@ -146,23 +156,23 @@ def _sass(kernel) -> str:
                               capture_output=True, text=True, check=True).stdout
 
 
-@pytest.mark.parametrize("block_n,bias,res,overlap", [(256, True, True, False),
-                                                      (192, False, True, False),
-                                                      (128, False, False, False),
-                                                      (256, True, True, True),
-                                                      (192, False, False, True)])
-def test_gluon_compiled_schedule(block_n, bias, res, overlap):
+@pytest.mark.parametrize("block_n,bias,res,overlap,half", [
+    (256, True, True, False, False), (192, False, True, False, False),
+    (128, False, False, False, False), (256, True, True, True, False),
+    (192, False, False, True, False), (256, True, False, True, True)])
+def test_gluon_compiled_schedule(block_n, bias, res, overlap, half):
     """sm_90a builds of the widest tile with every epilogue (the most registers: a 64 x 256
     float32 accumulator and the residual), the two-part tile (192 = 128 + 64) and the
-    128-wide one, with and without the next tile's first step under the stores: no local
-    memory, shared memory within sm_90's limit and the config's count, a wgmma m64 x part x 16
-    four times a K step per part at each place a step is issued, the K loop's wait leaving one
-    step in flight (``wait_group`` 1 for one part, 2 for two: ptxas did not serialize the
-    wgmmas), TMA loads and stores."""
+    128-wide one, with and without the next tile's first step under the stores, and the
+    256-wide tile staged in halves (4 slots): no local memory, shared memory within sm_90's
+    limit and the config's count, a wgmma m64 x part x 16 four times a K step per part at
+    each place a step is issued, the K loop's wait leaving one step in flight (``wait_group``
+    1 for one part, 2 for two: ptxas did not serialize the wgmmas), TMA loads and stores."""
     GH = _gluon_or_skip()
-    cfg = MC.GluonConfig(block_n=block_n, overlap=overlap)
+    cfg = MC.GluonConfig(block_n=block_n, overlap=overlap, half_staging=half)
     k = GH.compile_sm90(cfg, has_bias=bias, has_res=res)
-    assert k.metadata.shared <= MC.gluon_shared_bytes(block_n, cfg.stages()) <= MC.SMEM_BYTES
+    assert k.metadata.shared <= MC.gluon_shared_bytes(block_n, cfg.stages(),
+                                                      half_staging=half) <= MC.SMEM_BYTES
     sass = _sass(k)
     ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Za-z0-9_.]+)([^;]*);",
                      sass, re.M)
@@ -276,6 +286,32 @@ def test_gluon_stages_and_order(block_n, stages, group_m, overlap):
                          overlap=overlap)
     _epilogue_case(torch.bfloat16, "bias res", cfg)
     _epilogue_case(torch.bfloat16, "res", cfg, M=2048)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("M,N,K,epilogue", [(2048, 2304, 1024, "bias"), (300, 528, 1000, ""),
+                                            (77, 6144, 64, "bias"), (4096, 4096, 128, ""),
+                                            (1000, 392, 4104, "bias res")])
+def test_gluon_half_staging(overlap, M, N, K, epilogue):
+    """256-wide tiles staged in two [64, 128] halves (4 ring slots): several tiles a CTA,
+    partial tiles (N = 528: the last tile's second half wholly past N, its store clipped
+    away), one K step; a residual call stages whole tiles (3 slots) whatever the config."""
+    a, w = _linear_case(M, N, K, torch.bfloat16, seed=M + N + K + 1)
+    bias = make_tensor((N,), torch.bfloat16, seed=3, device="cuda") if "bias" in epilogue \
+        else None
+    res = make_tensor((M, N), torch.bfloat16, seed=4, device="cuda") if "res" in epilogue \
+        else None
+    cfg = MC.GluonConfig(block_n=256, overlap=overlap, half_staging=True)
+    assert cfg.stages() == 4 and cfg.for_call(True).stages() == 3
+
+    def fn(a, w, bias, res):
+        return mm.ops._matmul_impl(a, w.t(), bias, res, path="gluon", config=cfg)
+
+    check_against_reference(fn, lambda a, w, bias, res: spec_mm.ref_matmul(a, w.t(), bias,
+                                                                            None, res),
+                            [a, w, bias, res])
 
 
 @pytest.mark.gpu

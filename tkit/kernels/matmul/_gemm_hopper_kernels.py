@@ -147,13 +147,45 @@ def _epilogue_values(y, c_buf, bias_ptr, col0, N, stride_bias, OUT_DTYPE: gl.con
 
 
 @gluon.jit
+def _halves(y):
+    """A [rows, W] accumulator-layout tensor as its two column halves, each in the layout of a
+    W / 2 wide accumulator: column bit W / 2 is a register bit of the layout, so this only
+    renames registers (``assert_trivial``)."""
+    R: gl.constexpr = y.type.shape[0]
+    W: gl.constexpr = y.type.shape[1]
+    half: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, W // 2, 16])
+    lo, hi = gl.split(gl.permute(gl.reshape(y, [R, 2, W // 2]), (0, 2, 1)))
+    return (gl.convert_layout(lo, half, assert_trivial=True),
+            gl.convert_layout(hi, half, assert_trivial=True))
+
+
+@gluon.jit
 def _epilogue_store(y, c_desc, c_buf, row0, col0):
     """One column part's values through ``c_buf`` (made free by the caller) and a TMA store,
-    waited for only before the buffer's next use."""
-    c_buf.store(y)
-    fence_async_shared()
-    cta_barrier()
-    tma_store(c_desc, [row0, col0], c_buf)
+    waited for only before the buffer's next use. A buffer half the part's width takes the
+    two halves one after the other (the first half's store has read it before the second is
+    written)."""
+    W: gl.constexpr = y.type.shape[1]
+    CW: gl.constexpr = c_buf.shape[1]
+    if CW == W:
+        c_buf.store(y)
+        fence_async_shared()
+        cta_barrier()
+        tma_store(c_desc, [row0, col0], c_buf)
+    else:
+        gl.static_assert(2 * CW == W, "the staging buffer is the part or half of it")
+        lo, hi = _halves(y)
+        c_buf.store(lo)
+        fence_async_shared()
+        cta_barrier()
+        tma_store(c_desc, [row0, col0], c_buf)
+        tma.store_wait(0)
+        cta_barrier()
+        c_buf.store(hi)
+        fence_async_shared()
+        cta_barrier()
+        tma_store(c_desc, [row0, col0 + CW], c_buf)
 
 
 @gluon.jit
@@ -245,7 +277,7 @@ def _tile_store(y, y2, c_desc, c2_desc, c_buf, c2_buf, row0, off_n, HAS_RES: gl.
         cta_barrier()
     _epilogue_store(y, c_desc, c_buf, row0, off_n)
     if TWO:
-        _epilogue_store(y2, c2_desc, c2_buf, row0, off_n + c_buf.shape[1])
+        _epilogue_store(y2, c2_desc, c2_buf, row0, off_n + y.type.shape[1])
 
 
 @gluon.jit
@@ -357,6 +389,9 @@ def _gemm_ws_kernel(
     if BLOCK_N > BN0:
         gl.static_assert(BLOCK_N == BN0 + b2_desc.block_type.shape[0],
                          "BLOCK_N is one or two column parts")
+        gl.static_assert(c_desc.block_type.shape[1] == BN0, "two parts: whole staging")
+    if HAS_RES:
+        gl.static_assert(c_desc.block_type.shape[1] == BN0, "a residual: whole staging")
     dtype: gl.constexpr = a_desc.dtype
     a_ring = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_ring = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)

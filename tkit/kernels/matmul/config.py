@@ -332,13 +332,15 @@ GLUON_BLOCK_NS = (128, 192, 256)
 GLUON_MAX_STAGES = 8
 
 
-def gluon_shared_bytes(block_n: int, stages: int, out_size: int = 2, in_size: int = 2) -> int:
+def gluon_shared_bytes(block_n: int, stages: int, out_size: int = 2, in_size: int = 2,
+                       half_staging: bool = False) -> int:
     """Shared memory of the Gluon GEMM (``_gemm_hopper_kernels``): the ring (a and b tiles of
-    one K step a slot), one [64, block_n] output staging tile a consumer warpgroup, the
-    mbarriers (two a slot, one a consumer) and what the warp-specialized region hands its
-    partitions (up to 256 bytes, as the block-scaled kernel)."""
+    one K step a slot), one [64, block_n] output staging tile a consumer warpgroup ([64,
+    block_n / 2] with ``half_staging``), the mbarriers (two a slot, one a consumer) and what
+    the warp-specialized region hands its partitions (up to 256 bytes, as the block-scaled
+    kernel)."""
     ring = stages * (GLUON_BLOCK_M + block_n) * GLUON_BLOCK_K * in_size
-    staging = block_n * 64
+    staging = block_n * 64 // (2 if half_staging else 1)
     return ring + 2 * staging * out_size + 8 * (2 * stages + 2) + 256
 
 
@@ -355,10 +357,17 @@ class GluonConfig:
     #: issue the next tile's first K step before this tile's output stores (their shared-memory
     #: writes and the TMA store then run under its wgmma)
     overlap: bool = False
+    #: stage the output through a tile half as wide, the halves one after the other, so that
+    #: one more ring slot fits (one-part tiles; a call with a residual stages whole tiles)
+    half_staging: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.overlap, bool):
-            raise TypeError(f"overlap must be a bool, got {self.overlap!r}")
+        for f in ("overlap", "half_staging"):
+            if not isinstance(getattr(self, f), bool):
+                raise TypeError(f"{f} must be a bool, got {getattr(self, f)!r}")
+        if self.half_staging and self.block_n & (self.block_n - 1):
+            raise ValueError(f"half_staging needs a one-part tile (128 or 256), got "
+                             f"block_n={self.block_n}")
         if self.block_n not in GLUON_BLOCK_NS:
             raise ValueError(f"block_n must be one of {GLUON_BLOCK_NS} for the Gluon GEMM, "
                              f"got {self.block_n}")
@@ -383,13 +392,21 @@ class GluonConfig:
                 best = (t, bn)
         return cls(block_n=best[1])
 
+    def for_call(self, has_res: bool) -> GluonConfig:
+        """The config a call runs: a residual is read into whole staging tiles (and the ring
+        then holds the slots that fit beside them)."""
+        if has_res and self.half_staging:
+            return dataclasses.replace(self, half_staging=False, num_stages=0)
+        return self
+
     def stages(self, out_size: int = 2) -> int:
         """``num_stages``, or (0) the most ring slots that fit the sm_90 shared memory beside
-        a whole staging tile a consumer."""
+        the staging tiles."""
         if self.num_stages:
             return self.num_stages
         s = GLUON_MAX_STAGES
-        while s > 2 and gluon_shared_bytes(self.block_n, s, out_size) > SMEM_BYTES:
+        while s > 2 and gluon_shared_bytes(self.block_n, s, out_size,
+                                           half_staging=self.half_staging) > SMEM_BYTES:
             s -= 1
         return s
 

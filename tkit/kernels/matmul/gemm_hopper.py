@@ -70,14 +70,15 @@ def launch(a, b, out, bias=None, residual=None, config: MC.GluonConfig | None = 
     N = b.shape[1]
     sms = D.sm_count(a.device)
     cfg = config if config is not None else MC.current(MC.GluonConfig.for_shape(M, N, K, sms))
+    cfg = cfg.for_call(residual is not None)
     bn, bk = cfg.block_n, MC.GLUON_BLOCK_K
     parts = column_parts(bn)
     # b is (K, N) K-major: its storage is the row-major (N, K) matrix b.t()
     a_desc = _descriptor(a, (M, K), (MC._lead_stride(a, False), 1), (MC.GLUON_BLOCK_M, bk))
     bt = b.t()
     b_descs = [_descriptor(bt, (N, K), (MC._lead_stride(b, True), 1), (w, bk)) for w in parts]
-    c_descs = [_descriptor(out, (M, N), (MC._lead_stride(out, False), 1), (WG_M, w))
-               for w in parts]
+    c_descs = [_descriptor(out, (M, N), (MC._lead_stride(out, False), 1),
+                           (WG_M, w // 2 if cfg.half_staging else w)) for w in parts]
     r_descs = [None, None]
     if residual is not None:
         r_descs = [_descriptor(residual, (M, N), (MC._lead_stride(residual, False), 1),
@@ -108,7 +109,7 @@ def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has
     from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90
     from tkit.kernels.matmul._gemm_hopper_kernels import _gemm_ws_kernel
 
-    cfg = config if config is not None else MC.GluonConfig()
+    cfg = (config if config is not None else MC.GluonConfig()).for_call(has_res)
     bn, bk = cfg.block_n, MC.GLUON_BLOCK_K
     tname = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
@@ -121,7 +122,8 @@ def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has
     rows = WG_M
     signature = dict(
         a_desc=desc(MC.GLUON_BLOCK_M, bk), b_desc=desc(p0, bk),
-        b2_desc=desc(p1, bk) if two else "constexpr", c_desc=desc(rows, p0),
+        b2_desc=desc(p1, bk) if two else "constexpr",
+        c_desc=desc(rows, p0 // 2 if cfg.half_staging else p0),
         c2_desc=desc(rows, p1) if two else "constexpr",
         r_desc=desc(rows, p0) if has_res else "constexpr",
         r2_desc=desc(rows, p1) if has_res and two else "constexpr",
