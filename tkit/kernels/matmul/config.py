@@ -652,7 +652,7 @@ def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
             cfg = None
             if why is None:
                 try:
-                    cfg = _path_config("gluon", M, N, K, es, sms)
+                    cfg = _path_config("gluon", M, N, K, es, sms).for_call(residual is not None)
                 except ValueError as e:  # a matmul_config field no Gluon config takes
                     why = f"matmul_config override: {e}"
             if why is None:
