@@ -470,6 +470,7 @@ def sweep_matmul_mid(rows):
 #: of the tile order (16, 32: the whole M, so the weight is read from HBM once)
 GLUON_VARIANTS: list[dict] = [dict(overlap=True)]
 GLUON_VARIANTS_4096: list[dict] = [dict(overlap=True, half_staging=True),
+                                   dict(overlap=True, half_staging=True, tail_split=True),
                                    dict(overlap=True, group_m=16), dict(overlap=True, group_m=32)]
 #: interleaved rounds (single timings at M = 4096 moved by up to 5% between variants)
 GLUON_ROUNDS = 3
@@ -507,8 +508,9 @@ def sweep_matmul_gluon(rows, ms=(512, 4096)):
 
             def describe(cfg, table=table):
                 # the fields that differ from the table's: "ovl" overlap, "half" half_staging,
-                # "g16" group_m=16
-                short = dict(overlap="ovl", half_staging="half", group_m="g")
+                # "tail" tail_split, "g16" group_m=16
+                short = dict(overlap="ovl", half_staging="half", tail_split="tail",
+                             group_m="g")
                 diff = [short.get(k, k) + ("" if v is True else str(v))
                         for k, v in dataclasses.asdict(cfg).items()
                         if k not in ("block_n", "num_stages") and v != getattr(table, k)]
@@ -521,6 +523,10 @@ def sweep_matmul_gluon(rows, ms=(512, 4096)):
                         (f"gluon table ({describe(table)})", gluon(table), None)]
             extra = [dataclasses.replace(table, **v)
                      for v in GLUON_VARIANTS + (GLUON_VARIANTS_4096 if M == 4096 else [])]
+            tiles = -(-M // MC.GLUON_BLOCK_M) * -(-N // table.block_n)
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            # (a tail split that does not apply to the shape is the variant without it)
+            extra = [c for c in extra if not c.tail_split or c.splits_tail(tiles, min(sms, tiles))]
             for cfg in extra:
                 variants.append((f"gluon {describe(cfg)}", gluon(cfg), None))
             if label in ("o", "down"):

@@ -360,14 +360,20 @@ class GluonConfig:
     #: stage the output through a tile half as wide, the halves one after the other, so that
     #: one more ring slot fits (one-part tiles; a call with a residual stages whole tiles)
     half_staging: bool = False
+    #: where the last round of tiles would leave more than half of the CTAs idle, split its
+    #: tiles into column halves on twice as many CTAs (needs half_staging; not with a residual)
+    tail_split: bool = False
 
     def __post_init__(self):
-        for f in ("overlap", "half_staging"):
+        for f in ("overlap", "half_staging", "tail_split"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"{f} must be a bool, got {getattr(self, f)!r}")
         if self.half_staging and self.block_n & (self.block_n - 1):
             raise ValueError(f"half_staging needs a one-part tile (128 or 256), got "
                              f"block_n={self.block_n}")
+        if self.tail_split and not self.half_staging:
+            raise ValueError("tail_split needs half_staging (a half tile is stored through "
+                             "the half-width staging tile)")
         if self.block_n not in GLUON_BLOCK_NS:
             raise ValueError(f"block_n must be one of {GLUON_BLOCK_NS} for the Gluon GEMM, "
                              f"got {self.block_n}")
@@ -396,8 +402,14 @@ class GluonConfig:
         """The config a call runs: a residual is read into whole staging tiles (and the ring
         then holds the slots that fit beside them)."""
         if has_res and self.half_staging:
-            return dataclasses.replace(self, half_staging=False, num_stages=0)
+            return dataclasses.replace(self, half_staging=False, tail_split=False, num_stages=0)
         return self
+
+    def splits_tail(self, tiles: int, programs: int) -> bool:
+        """Whether a launch of ``programs`` CTAs over ``tiles`` whole tiles splits its last
+        round (``tail_split``: at most half of the CTAs would be busy in it)."""
+        rem = tiles % programs
+        return self.tail_split and 0 < rem and 2 * rem <= programs
 
     def stages(self, out_size: int = 2) -> int:
         """``num_stages``, or (0) the most ring slots that fit the sm_90 shared memory beside
