@@ -472,6 +472,10 @@ GLUON_VARIANTS: list[dict] = [dict(overlap=True)]
 GLUON_VARIANTS_4096: list[dict] = [dict(overlap=True, half_staging=True),
                                    dict(overlap=True, half_staging=True, tail_split=True),
                                    dict(overlap=True, group_m=16), dict(overlap=True, group_m=32)]
+#: M = 512: 256-wide tiles with the tail split (gate_up: 448 tiles = 3 x 132 + 52, the last
+#: 52 as 104 halves: ~3.55 rounds of 128 x 256 against 7 of the table's 128 x 128)
+GLUON_VARIANTS_512: list[dict] = [dict(block_n=256, overlap=True, half_staging=True,
+                                       tail_split=True)]
 #: interleaved rounds (single timings at M = 4096 moved by up to 5% between variants)
 GLUON_ROUNDS = 3
 #: Llama-3-8B's projections (N, K): what the decoder layer runs at 512 and 4096 tokens
@@ -521,12 +525,16 @@ def sweep_matmul_gluon(rows, ms=(512, 4096)):
                          lambda a=a, b=b, out=out: MM._matmul_into(
                              a, b, out, None, None, None, None, None, False, "tma", None), None),
                         (f"gluon table ({describe(table)})", gluon(table), None)]
-            extra = [dataclasses.replace(table, **v)
-                     for v in GLUON_VARIANTS + (GLUON_VARIANTS_4096 if M == 4096 else [])]
-            tiles = -(-M // MC.GLUON_BLOCK_M) * -(-N // table.block_n)
+            extra = [dataclasses.replace(table, **v) for v in GLUON_VARIANTS + (
+                GLUON_VARIANTS_4096 if M == 4096 else GLUON_VARIANTS_512)]
             sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+            def splits(cfg, M=M, N=N, sms=sms):
+                tiles = -(-M // MC.GLUON_BLOCK_M) * -(-N // cfg.block_n)
+                return cfg.splits_tail(tiles, min(sms, tiles))
+
             # (a tail split that does not apply to the shape is the variant without it)
-            extra = [c for c in extra if not c.tail_split or c.splits_tail(tiles, min(sms, tiles))]
+            extra = [c for c in extra if not c.tail_split or splits(c)]
             for cfg in extra:
                 variants.append((f"gluon {describe(cfg)}", gluon(cfg), None))
             if label in ("o", "down"):
