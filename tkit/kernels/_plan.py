@@ -350,7 +350,9 @@ def build(rec: list, inputs: tuple, outputs: tuple):
                     return False if not slots else None
                 pattern.append(-2 - slots[0])
                 consts.append(_descriptor_template(v))
-                cvals.append(("desc", None))  # a launch the C++ executor does not take
+                cvals.append(("desc", (slots[0], tuple(int(n) for n in v.shape),
+                                       tuple(int(n) for n in v.strides),
+                                       getattr(v, "padding", "zero"))))
             else:
                 # a tuple, or a descriptor of a temporary: holds a pointer of this call only
                 return False
