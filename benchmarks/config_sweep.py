@@ -464,18 +464,12 @@ def sweep_matmul_mid(rows):
 
 
 #: Gluon GEMM variants timed beside the table's choice, as GluonConfig fields replaced on it
-#: (the table's tile was the fastest or within 0.5% of it at every shape here, docs/NOTES.md;
-#: measured and dropped: fewer stages (128 s4, 192 s3), 256 in 4 stages as two 128-wide
-#: accumulators). M = 4096 only: the 256 tile staged in halves (4 slots), and taller sections
-#: of the tile order (16, 32: the whole M, so the weight is read from HBM once)
-GLUON_VARIANTS: list[dict] = [dict(overlap=True)]
-GLUON_VARIANTS_4096: list[dict] = [dict(overlap=True, half_staging=True),
-                                   dict(overlap=True, half_staging=True, tail_split=True),
-                                   dict(overlap=True, group_m=16), dict(overlap=True, group_m=32)]
-#: M = 512: 256-wide tiles with the tail split (gate_up: 448 tiles = 3 x 132 + 52, the last
-#: 52 as 104 halves: ~3.55 rounds of 128 x 256 against 7 of the table's 128 x 128)
-GLUON_VARIANTS_512: list[dict] = [dict(block_n=256, overlap=True, half_staging=True,
-                                       tail_split=True)]
+#: (one equal to the table's config is skipped): the next tile's first step under the stores
+#: on and off. The table's tile was the fastest or within 0.5% of it at every shape here;
+#: measured and dropped (docs/NOTES.md): fewer stages (128 s4, 192 s3); 256 in 4 stages as two
+#: 128-wide accumulators, or with its output staged in halves; the last round's tiles split
+#: in column halves; tile-order sections of 4, 16 and 32 rows at M = 4096
+GLUON_VARIANTS: list[dict] = [dict(overlap=False), dict(overlap=True)]
 #: interleaved rounds (single timings at M = 4096 moved by up to 5% between variants)
 GLUON_ROUNDS = 3
 #: Llama-3-8B's projections (N, K): what the decoder layer runs at 512 and 4096 tokens
@@ -505,46 +499,33 @@ def sweep_matmul_gluon(rows, ms=(512, 4096)):
             flops = 2 * M * N * K
             case = f"M={M} {label} N={N} K={K}"
             table = MC.GluonConfig.for_shape(M, N, K)
+            table_res = MC.GluonConfig.for_shape(M, N, K, has_res=True)
 
             def gluon(cfg, res=None, a=a, b=b, out=out):
                 return lambda: MM._matmul_into(a, b, out, res, None, None, None, None, False,
                                                "gluon", cfg)
 
-            def describe(cfg, table=table):
-                # the fields that differ from the table's: "ovl" overlap, "half" half_staging,
-                # "tail" tail_split, "g16" group_m=16
-                short = dict(overlap="ovl", half_staging="half", tail_split="tail",
-                             group_m="g")
-                diff = [short.get(k, k) + ("" if v is True else str(v))
-                        for k, v in dataclasses.asdict(cfg).items()
-                        if k not in ("block_n", "num_stages") and v != getattr(table, k)]
-                return f"{cfg.block_n} s{cfg.stages()}" + "".join(f" {d}" for d in diff)
+            def describe(cfg):
+                return f"{cfg.block_n} s{cfg.stages()}" + (" ovl" if cfg.overlap else "")
+
+            def others(base):
+                return [c for c in dict.fromkeys(dataclasses.replace(base, **v)
+                                                 for v in GLUON_VARIANTS) if c != base]
 
             variants = [("cuBLAS", lambda a=a, w=w: F.linear(a, w), None),
                         ("triton default",
                          lambda a=a, b=b, out=out: MM._matmul_into(
                              a, b, out, None, None, None, None, None, False, "tma", None), None),
                         (f"gluon table ({describe(table)})", gluon(table), None)]
-            extra = [dataclasses.replace(table, **v) for v in GLUON_VARIANTS + (
-                GLUON_VARIANTS_4096 if M == 4096 else GLUON_VARIANTS_512)]
-            sms = torch.cuda.get_device_properties(0).multi_processor_count
-
-            def splits(cfg, M=M, N=N, sms=sms):
-                tiles = -(-M // MC.GLUON_BLOCK_M) * -(-N // cfg.block_n)
-                return cfg.splits_tail(tiles, min(sms, tiles))
-
-            # (a tail split that does not apply to the shape is the variant without it)
-            extra = [c for c in extra if not c.tail_split or splits(c)]
-            for cfg in extra:
-                variants.append((f"gluon {describe(cfg)}", gluon(cfg), None))
+            variants += [(f"gluon {describe(c)}", gluon(c), None) for c in others(table)]
             if label in ("o", "down"):
                 variants += [
                     ("cuBLAS + res", lambda a=a, w=w, r=r: torch.add(F.linear(a, w), r), None),
                     ("triton default + res", lambda a=a, b=b, r=r, out=out: MM._matmul_into(
                         a, b, out, r, None, None, None, None, False, "tma", None), "res"),
-                    ("gluon table + res", gluon(table, r), "res")]
-                variants += [(f"gluon {describe(cfg)} + res", gluon(cfg, r), "res")
-                             for cfg in extra[:len(GLUON_VARIANTS)]]
+                    (f"gluon table ({describe(table_res)}) + res", gluon(table_res, r), "res")]
+                variants += [(f"gluon {describe(c)} + res", gluon(c, r), "res")
+                             for c in others(table_res)]
                 # the plain table kernel again, between the residual ones (drift check)
                 variants.append(("gluon table again", gluon(table), None))
             times, ok = {}, {}

@@ -55,25 +55,13 @@ def test_gluon_config_table_and_validation():
         G(num_stages=1)
     with pytest.raises(ValueError, match="group_m"):
         G(group_m=0)
-    # staging in halves: one more slot at 256; two-part tiles have no halves; a residual call
-    # stages whole tiles in the slots that fit beside them
-    half = G(block_n=256, half_staging=True, num_stages=4)
-    assert half.stages() == 4 and G(block_n=256, half_staging=True).stages() == 4
-    assert MC.gluon_shared_bytes(256, 5, half_staging=True) > MC.SMEM_BYTES
-    assert half.for_call(False) is half and half.for_call(True) == G(block_n=256)
-    with pytest.raises(ValueError, match="half_staging"):
-        G(block_n=192, half_staging=True)
     with pytest.raises(TypeError, match="overlap"):
         G(overlap=1)
-    # the tail split: only where the last round would keep at most half of the CTAs busy
-    # (M=4096 gate_up: 3584 tiles of 128 x 256, 20 left after 27 rounds of 132)
-    tail = G(block_n=256, half_staging=True, tail_split=True)
-    assert tail.splits_tail(3584, 132) and tail.splits_tail(144, 132)
-    assert not any(tail.splits_tail(t, 132) for t in (768, 512, 264, 100))
-    assert not G(block_n=256, half_staging=True).splits_tail(3584, 132)
-    assert tail.for_call(True) == G(block_n=256)
-    with pytest.raises(ValueError, match="tail_split"):
-        G(block_n=256, tail_split=True)
+    # the next tile's first step under the stores: 256-wide tiles without a residual
+    assert G.for_shape(4096, 28672, 4096) == G(block_n=256, overlap=True)
+    assert G.for_shape(4096, 4096, 4096, has_res=True) == G(block_n=256)
+    assert not G.for_shape(512, 28672, 4096).overlap  # 128 wide
+    assert not G.for_shape(512, 6144, 4096).overlap  # 192 wide
 
     with mm.matmul_config(block_n=192, group_m=4):
         assert MC.current(G()) == G(block_n=192, group_m=4)
@@ -116,7 +104,10 @@ def test_gluon_dispatch_follows_the_wave_model(monkeypatch):
     w = torch.empty(6144, 4096, **meta)
     p = mm.plan(x, w.t())
     assert p.path == "gluon" and p.config == MC.GluonConfig(block_n=192), p
-    assert mm.plan(torch.empty(4096, 4096, **meta), w.t()).config.block_n == 256
+    assert mm.plan(torch.empty(4096, 4096, **meta), w.t()).config == MC.GluonConfig(
+        block_n=256, overlap=True)
+    o = torch.empty(4096, 4096, **meta)
+    assert mm.plan(o, o.t(), residual=o).config == MC.GluonConfig(block_n=256)  # no overlap
     p = mm.plan(x[:256], torch.empty(4096, 4096, **meta).t())
     assert p.path == "tma" and "64-row tiles at M=256" in p.reason
     # the down-projection: K = 14336 in one wave (M = 512) takes it, over 4 waves does not
@@ -165,24 +156,21 @@ def _sass(kernel) -> str:
                               capture_output=True, text=True, check=True).stdout
 
 
-@pytest.mark.parametrize("block_n,bias,res,overlap,half", [
-    (256, True, True, False, False), (192, False, True, False, False),
-    (128, False, False, False, False), (256, True, True, True, False),
-    (192, False, False, True, False), (256, True, False, True, True)])
-def test_gluon_compiled_schedule(block_n, bias, res, overlap, half):
+@pytest.mark.parametrize("block_n,bias,res,overlap", [(256, True, True, True),
+                                                      (192, False, True, False),
+                                                      (128, False, False, False)])
+def test_gluon_compiled_schedule(block_n, bias, res, overlap):
     """sm_90a builds of the widest tile with every epilogue (the most registers: a 64 x 256
-    float32 accumulator and the residual), the two-part tile (192 = 128 + 64) and the
-    128-wide one, with and without the next tile's first step under the stores, and the
-    256-wide tile staged in halves (4 slots): no local memory, shared memory within sm_90's
-    limit and the config's count, a wgmma m64 x part x 16 four times a K step per part at
-    each place a step is issued, the K loop's wait leaving one step in flight (``wait_group``
-    1 for one part, 2 for two: ptxas did not serialize the wgmmas), TMA loads and stores."""
+    float32 accumulator and the residual) and the next tile's first step under the stores,
+    the two-part tile (192 = 128 + 64) and the 128-wide one in the plain order: no local
+    memory, shared memory within sm_90's limit and the config's count, a wgmma m64 x part x
+    16 four times a K step per part at each place a step is issued, the K loop's wait
+    leaving one step in flight (``wait_group`` 1 for one part, 2 for two: ptxas did not
+    serialize the wgmmas), TMA loads and stores."""
     GH = _gluon_or_skip()
-    # (the half-staged build also carries the tail split's half tiles)
-    cfg = MC.GluonConfig(block_n=block_n, overlap=overlap, half_staging=half, tail_split=half)
+    cfg = MC.GluonConfig(block_n=block_n, overlap=overlap)
     k = GH.compile_sm90(cfg, has_bias=bias, has_res=res)
-    assert k.metadata.shared <= MC.gluon_shared_bytes(block_n, cfg.stages(),
-                                                      half_staging=half) <= MC.SMEM_BYTES
+    assert k.metadata.shared <= MC.gluon_shared_bytes(block_n, cfg.stages()) <= MC.SMEM_BYTES
     sass = _sass(k)
     ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Za-z0-9_.]+)([^;]*);",
                      sass, re.M)
@@ -196,8 +184,6 @@ def test_gluon_compiled_schedule(block_n, bias, res, overlap, half):
     for w in set(parts):
         n = names.count(f"HGMMA.64x{w}x16.F32.BF16")
         assert n == 2 * sites * 4 * parts.count(w), (w, n)
-    if half:  # a half tile: its first step and its loop, m64 x 128
-        assert names.count("HGMMA.64x128x16.F32.BF16") == 2 * 2 * 4
     waits = [rest.strip() for op, rest in ops if op == "WARPGROUP.DEPBAR.LE"]
     assert f"gsb0, {hex(len(parts))}" in waits and "gsb0, 0x0" in waits
     assert "UTMALDG.2D" in names and "UTMASTG.2D" in names
@@ -298,55 +284,6 @@ def test_gluon_stages_and_order(block_n, stages, group_m, overlap):
                          overlap=overlap)
     _epilogue_case(torch.bfloat16, "bias res", cfg)
     _epilogue_case(torch.bfloat16, "res", cfg, M=2048)
-
-
-def _half_staging_case(M, N, K, epilogue, cfg):
-    a, w = _linear_case(M, N, K, torch.bfloat16, seed=M + N + K + 1)
-    bias = make_tensor((N,), torch.bfloat16, seed=3, device="cuda") if "bias" in epilogue \
-        else None
-    res = make_tensor((M, N), torch.bfloat16, seed=4, device="cuda") if "res" in epilogue \
-        else None
-
-    def fn(a, w, bias, res):
-        return mm.ops._matmul_impl(a, w.t(), bias, res, path="gluon", config=cfg)
-
-    check_against_reference(fn, lambda a, w, bias, res: spec_mm.ref_matmul(a, w.t(), bias,
-                                                                            None, res),
-                            [a, w, bias, res])
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("overlap", [False, True])
-@pytest.mark.parametrize("M,N,K,epilogue", [(2048, 2304, 1024, "bias"), (300, 528, 1000, ""),
-                                            (77, 6144, 64, "bias"), (4096, 4096, 128, ""),
-                                            (1000, 392, 4104, "bias res")])
-def test_gluon_half_staging(overlap, M, N, K, epilogue):
-    """256-wide tiles staged in two [64, 128] halves (4 ring slots): several tiles a CTA,
-    partial tiles (N = 528: the last tile's second half wholly past N, its store clipped
-    away), one K step; a residual call stages whole tiles (3 slots) whatever the config."""
-    cfg = MC.GluonConfig(block_n=256, overlap=overlap, half_staging=True)
-    assert cfg.stages() == 4 and cfg.for_call(True).stages() == 3
-    _half_staging_case(M, N, K, epilogue, cfg)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("overlap,M,N,K,epilogue", [
-    (True, 1500, 3000, 1000, "bias"), (True, 4096, 4352, 256, ""), (False, 1500, 3000, 72, ""),
-    (True, 2048, 2304, 1024, "bias res")])
-def test_gluon_tail_split(overlap, M, N, K, epilogue):
-    """The last round's tiles split in column halves: 12 x 12 tiles (12 left after one round
-    of 132: 24 half tiles; partial last row and column tiles, the last one's second half 56
-    columns wide; a partial K step), 32 x 17 (16 left after four rounds), and a residual call
-    (no split: whole staging). Where the GPU has another SM count the split may not apply;
-    the results must match either way."""
-    cfg = MC.GluonConfig(block_n=256, overlap=overlap, half_staging=True, tail_split=True)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tiles = _common.cdiv(M, 128) * _common.cdiv(N, 256)
-    if sms == 132 and "res" not in epilogue:
-        assert cfg.splits_tail(tiles, min(sms, tiles)), (tiles, sms)
-    _half_staging_case(M, N, K, epilogue, cfg)
 
 
 @pytest.mark.gpu

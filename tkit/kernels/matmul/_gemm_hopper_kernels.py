@@ -26,8 +26,13 @@ Epilogue, per consumer warpgroup (its 64 rows): bias in float32; the residual (r
 the output's dtype) read by TMA into the output staging buffer during the tile's first K
 step and loaded from there in the accumulator's layout; then the output dtype through that
 shared-memory tile and a TMA store, waited for only before the buffer is reused, so the
-store overlaps the next tile's K loop. Edges: TMA zero-fills operands past M, N and K; the
-stores clip.
+store overlaps the next tile's K loop. With ``OVERLAP`` the sums are first rounded to output
+values in registers, then the next tile's first K step is issued, and the shared-memory
+writes and the TMA store run under its wgmma (the tensor cores are otherwise idle from the
+last wgmma's retirement to the next tile's first issue); the CTA's last tile is peeled off
+the tile loop, because a wgmma issued inside a branch (``if there is a next tile``) makes
+ptxas serialize every wgmma of the kernel. Edges: TMA zero-fills operands past M, N and K;
+the stores clip.
 """
 
 from triton.experimental import gluon
@@ -48,30 +53,10 @@ WG_M = gl.constexpr(64)  # rows of one consumer warpgroup
 
 
 @gluon.jit
-def _tail_split(num_tiles, TAIL: gl.constexpr):
-    """Tiles of the last, partial wave split in two column halves (TAIL): when the CTAs of
-    the last round would leave more than half of the SMs idle, its ``rem`` tiles become
-    ``2 * rem`` half-width tiles on as many CTAs (each about half a tile's time). Returns
-    the count of whole tiles and of half tiles."""
-    nprog = gl.num_programs(0)
-    num_main = num_tiles
-    n_half = num_tiles * 0
-    if TAIL:
-        rem = num_tiles % nprog
-        if (rem > 0) & (2 * rem <= nprog):
-            num_main = num_tiles - rem
-            n_half = 2 * rem
-    return num_main, n_half
-
-
-@gluon.jit
 def _producer(a_desc, b_desc, b2_desc, a_ring, b_ring, b2_ring, ready, empty, M, N, K,
-              BLOCK_N: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr):
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
     """The TMA partition (one warp): every K step of every tile of this CTA into the ring.
-    A slot is refilled once both consumers released its previous use. A half tile (TAIL:
-    b2_desc is b's descriptor of half the width) loads its b rows into the first half of
-    the slot."""
+    A slot is refilled once both consumers released its previous use."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BN0: gl.constexpr = b_desc.block_type.shape[0]
@@ -85,11 +70,9 @@ def _producer(a_desc, b_desc, b2_desc, a_ring, b_ring, b2_ring, ready, empty, M,
                                 + b2_desc.block_type.nbytes)
     else:
         nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
-    num_main, n_half = _tail_split(num_tiles, TAIL)
-    pid = gl.program_id(0)
     slot = 0
     phase = 1  # a fresh mbarrier reads as if the phase before phase 0 had completed
-    for tile_id in range(pid, num_main, gl.num_programs(0)):
+    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
@@ -105,25 +88,6 @@ def _producer(a_desc, b_desc, b2_desc, a_ring, b_ring, b2_ring, ready, empty, M,
             if slot == STAGES:
                 slot = 0
                 phase ^= 1
-    if TAIL:
-        if pid < n_half:
-            BH: gl.constexpr = b2_desc.block_type.shape[0]
-            pid_m, pid_n = _tile_pid(num_main + pid // 2, num_pid_m, num_pid_n, GROUP_M)
-            off_m = pid_m * BLOCK_M
-            off_n = pid_n * BLOCK_N + (pid % 2) * BH
-            for kk in range(k_steps):
-                mbarrier.wait(empty.index(slot), phase)
-                bar = ready.index(slot)
-                mbarrier.expect(bar, a_desc.block_type.nbytes + b2_desc.block_type.nbytes)
-                tma_load(a_desc, [off_m, kk * BLOCK_K], bar, a_ring.index(slot))
-                tma_load(b2_desc, [off_n, kk * BLOCK_K], bar,
-                         b_ring.index(slot).slice(0, BH, 0))
-                slot += 1
-                if slot == STAGES:
-                    slot = 0
-                    phase ^= 1
-
-
 @gluon.jit
 def _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG: gl.constexpr, TWO: gl.constexpr,
               USE_ACC: gl.constexpr):
@@ -186,45 +150,13 @@ def _epilogue_values(y, c_buf, bias_ptr, col0, N, stride_bias, OUT_DTYPE: gl.con
 
 
 @gluon.jit
-def _halves(y):
-    """A [rows, W] accumulator-layout tensor as its two column halves, each in the layout of a
-    W / 2 wide accumulator: column bit W / 2 is a register bit of the layout, so this only
-    renames registers (``assert_trivial``)."""
-    R: gl.constexpr = y.type.shape[0]
-    W: gl.constexpr = y.type.shape[1]
-    half: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, W // 2, 16])
-    lo, hi = gl.split(gl.permute(gl.reshape(y, [R, 2, W // 2]), (0, 2, 1)))
-    return (gl.convert_layout(lo, half, assert_trivial=True),
-            gl.convert_layout(hi, half, assert_trivial=True))
-
-
-@gluon.jit
 def _epilogue_store(y, c_desc, c_buf, row0, col0):
     """One column part's values through ``c_buf`` (made free by the caller) and a TMA store,
-    waited for only before the buffer's next use. A buffer half the part's width takes the
-    two halves one after the other (the first half's store has read it before the second is
-    written)."""
-    W: gl.constexpr = y.type.shape[1]
-    CW: gl.constexpr = c_buf.shape[1]
-    if CW == W:
-        c_buf.store(y)
-        fence_async_shared()
-        cta_barrier()
-        tma_store(c_desc, [row0, col0], c_buf)
-    else:
-        gl.static_assert(2 * CW == W, "the staging buffer is the part or half of it")
-        lo, hi = _halves(y)
-        c_buf.store(lo)
-        fence_async_shared()
-        cta_barrier()
-        tma_store(c_desc, [row0, col0], c_buf)
-        tma.store_wait(0)
-        cta_barrier()
-        c_buf.store(hi)
-        fence_async_shared()
-        cta_barrier()
-        tma_store(c_desc, [row0, col0 + CW], c_buf)
+    waited for only before the buffer's next use."""
+    c_buf.store(y)
+    fence_async_shared()
+    cta_barrier()
+    tma_store(c_desc, [row0, col0], c_buf)
 
 
 @gluon.jit
@@ -320,54 +252,16 @@ def _tile_store(y, y2, c_desc, c2_desc, c_buf, c2_buf, row0, off_n, HAS_RES: gl.
 
 
 @gluon.jit
-def _half_tile(a_ring, b_ring, ready, empty, slot, phase, k_steps, WG: gl.constexpr,
-               BH: gl.constexpr, STAGES: gl.constexpr):
-    """A tail half tile's K loop (TAIL): this warpgroup's 64 rows x the first BH rows of
-    each slot's b tile, one step in flight as in the whole tiles' loop; returns the sums
-    with every slot released."""
-    layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BH, 16])
-    h = gl.zeros([WG_M, BH], gl.float32, layout)
-    mbarrier.wait(ready.index(slot), phase)
-    h = warpgroup_mma(a_ring.index(slot).slice(WG * WG_M, WG_M, 0),
-                      b_ring.index(slot).slice(0, BH, 0).permute((1, 0)), h, use_acc=False,
-                      is_async=True)
-    h = warpgroup_mma_wait(1, deps=(h,))
-    prev = slot
-    slot += 1
-    if slot == STAGES:
-        slot = 0
-        phase ^= 1
-    for _ in range(1, k_steps):
-        mbarrier.wait(ready.index(slot), phase)
-        h = warpgroup_mma(a_ring.index(slot).slice(WG * WG_M, WG_M, 0),
-                          b_ring.index(slot).slice(0, BH, 0).permute((1, 0)), h,
-                          is_async=True)
-        h = warpgroup_mma_wait(1, deps=(h,))
-        mbarrier.arrive(empty.index(prev), count=1)
-        prev = slot
-        slot += 1
-        if slot == STAGES:
-            slot = 0
-            phase ^= 1
-    h = warpgroup_mma_wait(0, deps=(h,))
-    mbarrier.arrive(empty.index(prev), count=1)
-    return h
-
-
-@gluon.jit
 def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
               c_buf, c2_buf, r_desc, r2_desc, r_bar, bias_ptr, M, N, K, stride_bias,
               HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, BLOCK_N: gl.constexpr,
-              OVERLAP: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr):
+              OVERLAP: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
     """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every tile of this CTA, columns in
     one part of BN0 or two (BN0, then BLOCK_N - BN0), each its own accumulator. OVERLAP: the
     next tile's first K step is issued once the sums are in registers as output values, so
     its wgmma runs under this tile's shared-memory stores; the CTA's last tile is peeled off
     the loop, so that no branch decides whether a wgmma is in flight (ptxas then serializes
-    every wgmma of the kernel). TAIL: the last round's tiles split in halves (``_tail_split``)
-    come after the whole ones."""
+    every wgmma of the kernel)."""
     BLOCK_M: gl.constexpr = a_ring.shape[1]
     BLOCK_K: gl.constexpr = a_ring.shape[2]
     BN0: gl.constexpr = b_ring.shape[1]
@@ -382,7 +276,6 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
     num_pid_n = gl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
     k_steps = gl.cdiv(K, BLOCK_K)
-    num_tiles, n_half = _tail_split(num_tiles, TAIL)  # (from here: the whole tiles)
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     acc = gl.zeros([WG_M, BN0], gl.float32, acc_layout)
@@ -439,18 +332,6 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
                                           off_n, N, stride_bias, out_dtype, HAS_BIAS, HAS_RES,
                                           TWO)
             _tile_store(y, y2, c_desc, c2_desc, c_buf, c2_buf, row0, off_n, HAS_RES, TWO)
-    if TAIL:
-        if pid < n_half:
-            BH: gl.constexpr = c_buf.shape[1]
-            pid_m, pid_n = _tile_pid(num_tiles + pid // 2, num_pid_m, num_pid_n, GROUP_M)
-            row0 = pid_m * BLOCK_M + WG * WG_M
-            off_n = pid_n * BLOCK_N + (pid % 2) * BH
-            h = _half_tile(a_ring, b_ring, ready, empty, slot, phase, k_steps, WG, BH, STAGES)
-            y = _epilogue_values(h, c_buf, bias_ptr, off_n, N, stride_bias, out_dtype,
-                                 HAS_BIAS, False)
-            tma.store_wait(0)
-            cta_barrier()
-            _epilogue_store(y, c_desc, c_buf, row0, off_n)
     tma.store_wait(0)
 
 
@@ -458,7 +339,7 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
 def _gemm_ws_kernel(
     a_desc, b_desc, b2_desc, c_desc, c2_desc, r_desc, r2_desc, bias_ptr, M, N, K, stride_bias,
     HAS_BIAS: gl.constexpr, HAS_RES: gl.constexpr, BLOCK_N: gl.constexpr,
-    OVERLAP: gl.constexpr, TAIL: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+    OVERLAP: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
     """Persistent warp-specialized GEMM (module docstring); tiles 128 x BLOCK_N in one column
@@ -479,14 +360,6 @@ def _gemm_ws_kernel(
     if BLOCK_N > BN0:
         gl.static_assert(BLOCK_N == BN0 + b2_desc.block_type.shape[0],
                          "BLOCK_N is one or two column parts")
-        gl.static_assert(c_desc.block_type.shape[1] == BN0, "two parts: whole staging")
-    if HAS_RES:
-        gl.static_assert(c_desc.block_type.shape[1] == BN0, "a residual: whole staging")
-    if TAIL:
-        gl.static_assert(BLOCK_N == BN0, "the tail split: one-part tiles")
-        gl.static_assert(2 * c_desc.block_type.shape[1] == BN0, "the tail split: half staging")
-        gl.static_assert(2 * b2_desc.block_type.shape[0] == BN0, "b2_desc: half the width")
-        gl.static_assert(not HAS_RES, "the tail split: no residual")
     dtype: gl.constexpr = a_desc.dtype
     a_ring = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_ring = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -517,11 +390,11 @@ def _gemm_ws_kernel(
         (_consumer, (0, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
                      c_bufs.index(0), c2_bufs.index(0), r_desc, r2_desc, r_bars.index(0),
                      bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N,
-                     OVERLAP, TAIL, STAGES, GROUP_M)),
+                     OVERLAP, STAGES, GROUP_M)),
         (_consumer, (1, a_ring, b_ring, b2_ring, ready, empty, c_desc, c2_desc,
                      c_bufs.index(1), c2_bufs.index(1), r_desc, r2_desc, r_bars.index(1),
                      bias_ptr, M, N, K, stride_bias, HAS_BIAS, HAS_RES, BLOCK_N,
-                     OVERLAP, TAIL, STAGES, GROUP_M)),
+                     OVERLAP, STAGES, GROUP_M)),
         (_producer, (a_desc, b_desc, b2_desc, a_ring, b_ring, b2_ring, ready, empty, M, N, K,
-                     BLOCK_N, TAIL, STAGES, GROUP_M)),
+                     BLOCK_N, STAGES, GROUP_M)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

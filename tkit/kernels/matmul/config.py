@@ -332,15 +332,13 @@ GLUON_BLOCK_NS = (128, 192, 256)
 GLUON_MAX_STAGES = 8
 
 
-def gluon_shared_bytes(block_n: int, stages: int, out_size: int = 2, in_size: int = 2,
-                       half_staging: bool = False) -> int:
+def gluon_shared_bytes(block_n: int, stages: int, out_size: int = 2, in_size: int = 2) -> int:
     """Shared memory of the Gluon GEMM (``_gemm_hopper_kernels``): the ring (a and b tiles of
-    one K step a slot), one [64, block_n] output staging tile a consumer warpgroup ([64,
-    block_n / 2] with ``half_staging``), the mbarriers (two a slot, one a consumer) and what
-    the warp-specialized region hands its partitions (up to 256 bytes, as the block-scaled
-    kernel)."""
+    one K step a slot), one [64, block_n] output staging tile a consumer warpgroup, the
+    mbarriers (two a slot, one a consumer) and what the warp-specialized region hands its
+    partitions (up to 256 bytes, as the block-scaled kernel)."""
     ring = stages * (GLUON_BLOCK_M + block_n) * GLUON_BLOCK_K * in_size
-    staging = block_n * 64 // (2 if half_staging else 1)
+    staging = block_n * 64
     return ring + 2 * staging * out_size + 8 * (2 * stages + 2) + 256
 
 
@@ -357,23 +355,10 @@ class GluonConfig:
     #: issue the next tile's first K step before this tile's output stores (their shared-memory
     #: writes and the TMA store then run under its wgmma)
     overlap: bool = False
-    #: stage the output through a tile half as wide, the halves one after the other, so that
-    #: one more ring slot fits (one-part tiles; a call with a residual stages whole tiles)
-    half_staging: bool = False
-    #: where the last round of tiles would leave more than half of the CTAs idle, split its
-    #: tiles into column halves on twice as many CTAs (needs half_staging; not with a residual)
-    tail_split: bool = False
 
     def __post_init__(self):
-        for f in ("overlap", "half_staging", "tail_split"):
-            if not isinstance(getattr(self, f), bool):
-                raise TypeError(f"{f} must be a bool, got {getattr(self, f)!r}")
-        if self.half_staging and self.block_n & (self.block_n - 1):
-            raise ValueError(f"half_staging needs a one-part tile (128 or 256), got "
-                             f"block_n={self.block_n}")
-        if self.tail_split and not self.half_staging:
-            raise ValueError("tail_split needs half_staging (a half tile is stored through "
-                             "the half-width staging tile)")
+        if not isinstance(self.overlap, bool):
+            raise TypeError(f"overlap must be a bool, got {self.overlap!r}")
         if self.block_n not in GLUON_BLOCK_NS:
             raise ValueError(f"block_n must be one of {GLUON_BLOCK_NS} for the Gluon GEMM, "
                              f"got {self.block_n}")
@@ -384,41 +369,30 @@ class GluonConfig:
             raise ValueError(f"group_m must be >= 1, got {self.group_m}")
 
     @classmethod
-    def for_shape(cls, M: int, N: int, K: int, num_sms: int = 132) -> GluonConfig:
+    def for_shape(cls, M: int, N: int, K: int, num_sms: int = 132,
+                  has_res: bool = False) -> GluonConfig:
         """The tile width from the wave count: each of the persistent CTAs runs
         ceil(tiles / SMs) tiles, so a width costs about waves x block_n / efficiency. At
         M = 512 that gives 192 for N = 6144 (128 tiles: one wave, where 256 leaves 36 SMs
         idle and 128 makes 1.45 waves) and 128 for N = 4096 (128 tiles); 256 wherever the
-        waves come out even (M = 4096)."""
+        waves come out even (M = 4096). 256-wide tiles of a call without a residual issue
+        the next tile's first K step under the stores (``overlap``, _GLUON_OVERLAP)."""
         best = None
         for bn, eff in _GLUON_TILES:
             waves = C.cdiv(C.cdiv(M, GLUON_BLOCK_M) * C.cdiv(N, bn), num_sms)
             t = waves * bn / eff
             if best is None or t < best[0] * 0.999:
                 best = (t, bn)
-        return cls(block_n=best[1])
-
-    def for_call(self, has_res: bool) -> GluonConfig:
-        """The config a call runs: a residual is read into whole staging tiles (and the ring
-        then holds the slots that fit beside them)."""
-        if has_res and self.half_staging:
-            return dataclasses.replace(self, half_staging=False, tail_split=False, num_stages=0)
-        return self
-
-    def splits_tail(self, tiles: int, programs: int) -> bool:
-        """Whether a launch of ``programs`` CTAs over ``tiles`` whole tiles splits its last
-        round (``tail_split``: at most half of the CTAs would be busy in it)."""
-        rem = tiles % programs
-        return self.tail_split and 0 < rem and 2 * rem <= programs
+        bn = best[1]
+        return cls(block_n=bn, overlap=bn in _GLUON_OVERLAP and not has_res)
 
     def stages(self, out_size: int = 2) -> int:
         """``num_stages``, or (0) the most ring slots that fit the sm_90 shared memory beside
-        the staging tiles."""
+        a whole staging tile a consumer."""
         if self.num_stages:
             return self.num_stages
         s = GLUON_MAX_STAGES
-        while s > 2 and gluon_shared_bytes(self.block_n, s, out_size,
-                                           half_staging=self.half_staging) > SMEM_BYTES:
+        while s > 2 and gluon_shared_bytes(self.block_n, s, out_size) > SMEM_BYTES:
             s -= 1
         return s
 
@@ -434,6 +408,11 @@ GLUON_LONG_K = 8192
 #: the fastest width, or one within 0.5% of it, at each of Llama-3-8B's projections at
 #: M = 512 and 4096 on the H200 (docs/NOTES.md).
 _GLUON_TILES = ((256, 1.0), (192, 0.97), (128, 0.92))
+
+#: tile widths whose calls without a residual take ``overlap``: measured ahead or level at
+#: M = 4096 (256 wide), not at M = 512 (128 / 192 wide: a large loss at gate_up in one of two
+#: runs), and behind with the residual (docs/NOTES.md)
+_GLUON_OVERLAP = (256,)
 
 #: any of the GEMM family's launch configs
 MatmulConfig = TmaConfig | PtrConfig | SplitKConfig | GroupedConfig | GluonConfig
@@ -548,10 +527,10 @@ def _lead_stride(t: torch.Tensor, trans: bool) -> int:
 
 
 def _path_config(path: str, M: int, N: int, K: int, elem_size: int, sms: int,
-                 out_size: int | None = None):
+                 out_size: int | None = None, has_res: bool = False):
     """The config ``path`` launches with for an (M, K) @ (K, N) problem, overrides applied
     (a TMA config then fitted to shared memory, without a residual: the launcher fits it
-    again with one)."""
+    again with one; ``has_res`` only picks the Gluon config)."""
     if path == "splitk":
         return current(SplitKConfig.for_shape(M, N, K, sms))
     if autotuned():
@@ -562,7 +541,7 @@ def _path_config(path: str, M: int, N: int, K: int, elem_size: int, sms: int,
     if path == "ptr":
         return current(PtrConfig.for_shape(M, N, K, elem_size))
     if path == "gluon":
-        return current(GluonConfig.for_shape(M, N, K, sms))
+        return current(GluonConfig.for_shape(M, N, K, sms, has_res))
     return None
 
 
@@ -636,7 +615,8 @@ def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
             raise ValueError(f"the Gluon GEMM does not apply to this call: {why}")
     if path is not None:
         return MatmulPlan(path, "forced",
-                          _path_config(path, M, N, K, es, sms, out_dtype.itemsize))
+                          _path_config(path, M, N, K, es, sms, out_dtype.itemsize,
+                                       residual is not None))
     if K == 0:
         return MatmulPlan("ptr", "K = 0: the output is the epilogue of zeros",
                           _path_config("ptr", M, N, K, es, sms))
@@ -664,7 +644,8 @@ def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
             cfg = None
             if why is None:
                 try:
-                    cfg = _path_config("gluon", M, N, K, es, sms).for_call(residual is not None)
+                    cfg = _path_config("gluon", M, N, K, es, sms,
+                                       has_res=residual is not None)
                 except ValueError as e:  # a matmul_config field no Gluon config takes
                     why = f"matmul_config override: {e}"
             if why is None:

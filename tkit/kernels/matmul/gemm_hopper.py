@@ -69,34 +69,30 @@ def launch(a, b, out, bias=None, residual=None, config: MC.GluonConfig | None = 
     M, K = a.shape
     N = b.shape[1]
     sms = D.sm_count(a.device)
-    cfg = config if config is not None else MC.current(MC.GluonConfig.for_shape(M, N, K, sms))
-    cfg = cfg.for_call(residual is not None)
+    cfg = config if config is not None else MC.current(
+        MC.GluonConfig.for_shape(M, N, K, sms, residual is not None))
     bn, bk = cfg.block_n, MC.GLUON_BLOCK_K
     parts = column_parts(bn)
     # b is (K, N) K-major: its storage is the row-major (N, K) matrix b.t()
     a_desc = _descriptor(a, (M, K), (MC._lead_stride(a, False), 1), (MC.GLUON_BLOCK_M, bk))
     bt = b.t()
     b_descs = [_descriptor(bt, (N, K), (MC._lead_stride(b, True), 1), (w, bk)) for w in parts]
-    c_descs = [_descriptor(out, (M, N), (MC._lead_stride(out, False), 1),
-                           (WG_M, w // 2 if cfg.half_staging else w)) for w in parts]
+    c_descs = [_descriptor(out, (M, N), (MC._lead_stride(out, False), 1), (WG_M, w))
+               for w in parts]
     r_descs = [None, None]
     if residual is not None:
         r_descs = [_descriptor(residual, (M, N), (MC._lead_stride(residual, False), 1),
                                (WG_M, w)) for w in parts]
     two = len(parts) > 1  # (unused descriptors are None: each one given is encoded per call)
     tiles = C.cdiv(M, MC.GLUON_BLOCK_M) * C.cdiv(N, bn)
-    grid = max(1, min(sms, tiles))
-    tail = cfg.splits_tail(tiles, grid)
-    if tail:  # the half tiles' b: b's descriptor of half the width
-        b_descs.append(_descriptor(bt, (N, K), (MC._lead_stride(b, True), 1), (bn // 2, bk)))
-    C.launch(_gemm_ws_kernel, (grid,), a_desc=a_desc, b_desc=b_descs[0],
-             b2_desc=b_descs[1] if two or tail else None, c_desc=c_descs[0],
+    C.launch(_gemm_ws_kernel, (max(1, min(sms, tiles)),), a_desc=a_desc, b_desc=b_descs[0],
+             b2_desc=b_descs[1] if two else None, c_desc=c_descs[0],
              c2_desc=c_descs[1] if two else None, r_desc=r_descs[0],
              r2_desc=r_descs[1] if two else None,
              bias_ptr=bias if bias is not None else out, M=M, N=N, K=K,
              stride_bias=bias.stride(0) if bias is not None else 0,
              HAS_BIAS=bias is not None, HAS_RES=residual is not None, BLOCK_N=bn,
-             OVERLAP=cfg.overlap, TAIL=tail, STAGES=cfg.stages(out.element_size()),
+             OVERLAP=cfg.overlap, STAGES=cfg.stages(out.element_size()),
              GROUP_M=cfg.group_m,
              CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
              maxnreg=MAXNREG)
@@ -107,15 +103,13 @@ def launch(a, b, out, bias=None, residual=None, config: MC.GluonConfig | None = 
 # Ahead-of-time compilation (no GPU needed)
 # --------------------------------------------------------------------------------------------
 def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has_bias=False,
-                 has_res=False, split_tail=None):
+                 has_res=False):
     """Compile the kernel for sm_90a ahead of time; returns Triton's compiled kernel
-    (``.asm`` holds ``ttgir``, ``ptx``, ``cubin``; ``.metadata.shared`` the shared memory).
-    ``split_tail``: build the tail split's code (default: the config's ``tail_split``; a
-    launch builds it only where the split applies to its shape)."""
+    (``.asm`` holds ``ttgir``, ``ptx``, ``cubin``; ``.metadata.shared`` the shared memory)."""
     from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90
     from tkit.kernels.matmul._gemm_hopper_kernels import _gemm_ws_kernel
 
-    cfg = (config if config is not None else MC.GluonConfig()).for_call(has_res)
+    cfg = config if config is not None else MC.GluonConfig()
     bn, bk = cfg.block_n, MC.GLUON_BLOCK_K
     tname = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
@@ -125,24 +119,20 @@ def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has
     es = torch.empty((), dtype=dtype).element_size()
     p0, p1 = column_parts(bn)[0], column_parts(bn)[-1]
     two = p1 != p0
-    tail = cfg.tail_split if split_tail is None else bool(split_tail)
-    if tail:
-        p1 = bn // 2
     rows = WG_M
     signature = dict(
         a_desc=desc(MC.GLUON_BLOCK_M, bk), b_desc=desc(p0, bk),
-        b2_desc=desc(p1, bk) if two or tail else "constexpr",
-        c_desc=desc(rows, p0 // 2 if cfg.half_staging else p0),
+        b2_desc=desc(p1, bk) if two else "constexpr", c_desc=desc(rows, p0),
         c2_desc=desc(rows, p1) if two else "constexpr",
         r_desc=desc(rows, p0) if has_res else "constexpr",
         r2_desc=desc(rows, p1) if has_res and two else "constexpr",
         bias_ptr=f"*{tname}", M="i32", N="i32", K="i32",
         stride_bias="i32", HAS_BIAS="constexpr", HAS_RES="constexpr", BLOCK_N="constexpr",
-        OVERLAP="constexpr", TAIL="constexpr", STAGES="constexpr", GROUP_M="constexpr",
+        OVERLAP="constexpr", STAGES="constexpr", GROUP_M="constexpr",
         CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
     )
     values = dict(HAS_BIAS=bool(has_bias), HAS_RES=bool(has_res), BLOCK_N=bn,
-                  OVERLAP=cfg.overlap, TAIL=tail, STAGES=cfg.stages(es),
+                  OVERLAP=cfg.overlap, STAGES=cfg.stages(es),
                   GROUP_M=cfg.group_m, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
     for k in ("b2_desc", "c2_desc", "r_desc", "r2_desc"):
         if signature[k] == "constexpr":
