@@ -580,6 +580,7 @@ def test_jit_cplan_gluon_gemm_encodes_its_descriptors(cplans, monkeypatch, block
     ``fill_tma_descriptor`` put in the driver's order: dimensions innermost first, strides in
     bytes), over this call's tensors (b described as its (N, K) storage), followed by the
     descriptor's shape and strides; nothing goes through Triton's launcher."""
+    import inspect
     from types import SimpleNamespace
 
     from triton.backends.nvidia import driver as nvd
@@ -615,12 +616,14 @@ def test_jit_cplan_gluon_gemm_encodes_its_descriptors(cplans, monkeypatch, block
     assert ck2 is ck
     # what Triton's launcher hands fill_tma_descriptor for each descriptor of the ordinary call
     filled = []
-    fake = SimpleNamespace(fill_tma_descriptor=lambda *x: filled.append(x) or "map")
+    fill = lambda *x: filled.append(x) or "map"  # noqa: E731
+    fake = SimpleNamespace(fill_tma_descriptor=fill, fill_tma_descriptor_tiled=fill)
     monkeypatch.setattr(nvd, "triton", SimpleNamespace(runtime=SimpleNamespace(
         driver=SimpleNamespace(active=SimpleNamespace(utils=fake)))))
     descs = [v for v in oargs[9:] if hasattr(v, "block_shape")]
     metas = ck.metadata.tensordesc_meta
-    expanded = [nvd.make_tensordesc_arg(v, m) for v, m in zip(descs, metas)]
+    extra = (None,) * (len(inspect.signature(nvd.make_tensordesc_arg).parameters) - 2)
+    expanded = [nvd.make_tensordesc_arg(v, m, *extra) for v, m in zip(descs, metas)]
     tmas = [v for v in args[9:] if isinstance(v, tuple) and v[0] == "tma"]
     assert len(tmas) == len(descs) == len(filled) == (7 if block_n == 192 else 4)
     ptrs = {a.data_ptr(): "a", b.data_ptr(): "b", r.data_ptr(): "r", got.data_ptr(): "out"}
@@ -1147,3 +1150,19 @@ def test_jit_registered_gluon_gemm_is_planned(jitplans, monkeypatch, residual):
     assert delta == {"plan": 1, "plan_miss": 1, "plan_built": 1}, delta
     descs = [x[1] for x in planned[0][1] if isinstance(x, tuple) and x[0] == "desc"]
     assert descs == ["in0", "in1", "out0"] + (["in2"] if residual else [])
+
+
+def test_cplan_tma_spec_takes_plain_tiled_maps_only():
+    """The executor encodes what Triton's launcher would for a plain tiled descriptor of the
+    tensor's own type; anything else (tf32 rounding, im2col, fp4 padding) stays with Triton."""
+    from tkit.kernels import _cplan
+
+    meta = dict(swizzle=3, elem_size=2, elem_type=10, block_size=[64, 64], fp4_padded=False)
+    value = (2, (256, 320), (320, 1), "zero", True)
+    assert _cplan._tma_spec(meta, "desc", value, 5) == (
+        5, 2, 9, (320, 256), (640,), (64, 64), 3, 0)
+    assert _cplan._tma_spec(meta, "desc", value[:3] + ("nan", True), 5)[-1] == 1
+    assert _cplan._tma_spec(meta, "desc", value[:4] + (False,), 5) is None
+    assert _cplan._tma_spec({**meta, "is_im2col": True}, "desc", value, 5) is None
+    assert _cplan._tma_spec({**meta, "fp4_padded": True}, "desc", value, 5) is None
+    assert _cplan._tma_spec(meta, "const", value, 5) is None

@@ -163,7 +163,8 @@ def launch_spec(compiled, grid, values):
     compiled kernel, or None when the launch does not qualify. ``values``: the launch's
     arguments as :func:`tkit.kernels._plan.build` matched them: ``("slot", i)`` for a tensor
     of the call (its pointer patched per call), ``("const", v)``, or ``("desc", (i, shape,
-    strides, padding))`` for a host TMA descriptor over call tensor i (encoded per call)."""
+    strides, padding, plain))`` for a host TMA descriptor over call tensor i (encoded per call;
+    ``plain``: a tiled map of the tensor's own type, the only form taken here)."""
     md = getattr(compiled, "metadata", None)
     src = getattr(compiled, "src", None)
     sig = getattr(src, "signature", None)
@@ -192,7 +193,7 @@ def launch_spec(compiled, grid, values):
                 return None
             tmas.append(tma)
             slots.append(0)  # the map's parameter (the executor points it at the encoding)
-            _, shape, strides, _ = v
+            _, shape, strides, _, _ = v
             slots += [int.from_bytes(struct.pack("<i", n), "little") for n in shape]
             slots += [int.from_bytes(struct.pack("<q", n), "little") for n in strides]
             continue
@@ -237,9 +238,10 @@ def _tma_spec(meta, kind, value, slot):
     one host descriptor parameter, dimensions innermost first (cuTensorMapEncodeTiled's
     order, as Triton's ``fill_tma_descriptor`` passes them), or None when the executor cannot
     make it (a descriptor of no call tensor, fp4 padding, an unexpected rank)."""
-    if kind != "desc" or not isinstance(meta, dict) or meta.get("fp4_padded"):
+    if (kind != "desc" or not isinstance(meta, dict) or meta.get("fp4_padded")
+            or meta.get("is_im2col") or not value[4]):
         return None
-    tensor, shape, strides, padding = value
+    tensor, shape, strides, padding, _ = value
     rank = len(shape)
     block = [int(b) for b in meta["block_size"]]
     if not 1 <= rank <= 5 or len(strides) != rank or len(block) != rank or strides[-1] != 1:
