@@ -410,8 +410,8 @@ GLUON_LONG_K = 8192
 _GLUON_TILES = ((256, 1.0), (192, 0.97), (128, 0.92))
 
 #: tile widths whose calls without a residual take ``overlap``: measured ahead or level at
-#: M = 4096 (256 wide), not at M = 512 (128 / 192 wide: a large loss at gate_up in one of two
-#: runs), and behind with the residual (docs/NOTES.md)
+#: M = 4096 (256 wide; down mixed), not at M = 512 (128 / 192 wide: a large loss at gate_up
+#: in one of two runs), and behind with the residual (docs/NOTES.md)
 _GLUON_OVERLAP = (256,)
 
 #: any of the GEMM family's launch configs
