@@ -88,6 +88,8 @@ def _producer(a_desc, b_desc, b2_desc, a_ring, b_ring, b2_ring, ready, empty, M,
             if slot == STAGES:
                 slot = 0
                 phase ^= 1
+
+
 @gluon.jit
 def _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG: gl.constexpr, TWO: gl.constexpr,
               USE_ACC: gl.constexpr):
