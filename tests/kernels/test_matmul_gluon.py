@@ -239,6 +239,31 @@ def test_gluon_against_reference(block_n, overlap, M, N, K):
                             [a, w, bias, res])
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("M,N,K,bias", [(4096, 4096, 128, False), (2000, 6144, 200, True),
+                                        (77, 4104, 64, False)])
+def test_gluon_overlap_without_residual(M, N, K, bias):
+    """The table's 256-wide tile without a residual (the next tile's first step under the
+    stores) through tkit.matmul: several tiles a CTA (512 of 128 x 256; 384 with partial rows
+    and a partial K step, bias), one partial tile a CTA (the peeled last tile alone)."""
+    a, w = _linear_case(M, N, K, torch.bfloat16, seed=M + K)
+    b = make_tensor((N,), torch.bfloat16, seed=9, device="cuda") if bias else None
+    cfg = MC.GluonConfig(block_n=256, overlap=True)
+    if M > 1000:  # plan() runs the table's config, with overlap where it is 256 wide
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        table = MC.GluonConfig.for_shape(M, N, K, sms)
+        assert mm.plan(a, w.t(), bias=b).config == table
+        assert table.overlap == (table.block_n == 256)
+        assert sms != 132 or table == cfg  # the H200's 132 SMs: 256 wide
+
+    def fn(a, w, b):
+        return mm.ops._matmul_impl(a, w.t(), b, None, path="gluon", config=cfg)
+
+    check_against_reference(fn, lambda a, w, b: spec_mm.ref_matmul(a, w.t(), b, None, None),
+                            [a, w, b])
+
+
 def _epilogue_case(dtype, epilogue, cfg, M=640):
     N, K = 1536, 1088
     a, w = _linear_case(M, N, K, dtype, seed=7)
