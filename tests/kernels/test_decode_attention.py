@@ -126,6 +126,27 @@ def test_splits_agree_with_one_split():
         torch.testing.assert_close(many[1], one[1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("combine", ["fused", "fused_persistent"])
+def test_splits_merged_in_the_split_kernel(combine):
+    """The last split of each (sequence, kv head, M tile) to finish merges the partials (no
+    combine launch): against the reference and the combine launch, with an empty sequence,
+    a window and two queries; the counters end at zero."""
+    q, k, v, table = _paged(3, 2, 8, 2, 32, 8, 6, torch.float16, seed=171)
+    lens = _lens(48, 0, 17)
+    kw = dict(block_table=table, return_lse=True, window_size=(20, -1))
+    with DA.decode_config(block_n=16, num_splits=3):
+        want, want_lse = tkit.decode_attention(q, k, v, lens, **kw)
+    with DA.decode_config(block_n=16, num_splits=3, combine=combine), poisoned_outputs():
+        got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                               [q, k, v, lens], kw)
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=0)
+    torch.testing.assert_close(got_lse, want_lse, atol=1e-5, rtol=0)
+    if combine == "fused_persistent":
+        assert not DA.ops._PERSISTENT_COUNTERS[q.device].any()
+    with pytest.raises(ValueError, match="combine"), DA.decode_config(combine="merge"):
+        tkit.decode_attention(q, k, v, lens, block_table=table, num_splits=2)
+
+
 def test_shared_pages_and_overlong_table():
     # sequences 0 and 2 share pages (a common prefix), table columns past the length hold -1
     q, k, v, table = _paged(3, 1, 4, 2, 32, 4, 6, torch.float16, seed=13)
@@ -610,6 +631,36 @@ def test_cuda_graph_replay_with_new_lengths_and_tables():
         g.replay()
         eager = tkit.decode_attention(q, k, v, lens, block_table=table)
         assert torch.equal(out, eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("combine", ["fused", "fused_persistent"])
+def test_cuda_graph_replay_with_splits_merged_in_the_split_kernel(combine):
+    """The split merge without a combine launch, captured once and replayed with new lengths
+    and tables (its counters must be back at zero after every call): exact against eager
+    calls of the same config."""
+    q, k, v, table = _paged(32, 1, 32, 8, 128, 64, 16, torch.bfloat16, seed=181)
+    k, v = k.to(FP8), v.to(FP8)
+    gen = torch.Generator().manual_seed(7)
+    ks = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+    vs = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+    lens = torch.randint(0, 1025, (32,), generator=gen).to(I32).to(k.device)
+    kw = dict(block_table=table, k_scale=ks, v_scale=vs)
+    with DA.decode_config(combine=combine, num_splits=3):
+        tkit.decode_attention(q, k, v, lens, **kw)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = tkit.decode_attention(q, k, v, lens, **kw)
+        for _ in range(3):
+            lens.copy_(torch.randint(0, 1025, (32,), generator=gen).to(I32))
+            table.copy_(S.paged_table(32, 16, 512, gen))
+            g.replay()
+            eager = tkit.decode_attention(q, k, v, lens, **kw)
+            assert torch.equal(out, eager)
+    with DA.decode_config(num_splits=3):
+        torch.testing.assert_close(out, tkit.decode_attention(q, k, v, lens, **kw),
+                                   atol=1e-2, rtol=0)
 
 
 def test_torch_compile_fullgraph():

@@ -361,6 +361,8 @@ def _decode_split_kernel(
     MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
     FP8_WORDS: tl.constexpr = False, SAME_STRIDES: tl.constexpr = False,
+    OUT=None, LOUT=None, CNT=None, sfb=0, sfs=0, sfh=0, sfd=0, sgb=0, sgh=0, sgs=0,
+    FUSED: tl.constexpr = False,
 ):
     """One program: the packed rows of one M tile of one (sequence, kv head), over split
     ``s`` of its keys. Grid (num_splits * M tiles, heads_kv, batch), M tiles fastest.
@@ -377,7 +379,11 @@ def _decode_split_kernel(
     cap); ``wl``, ``wr`` the window (used when MASK_LO / MASK_HI; causal is wr = 0).
     FP8_WORDS: fp8 caches whose head dim is contiguous, in 4-byte-aligned rows, read as int32
     words of 4 values (:func:`_decode_tiles_words`); SAME_STRIDES (with FP8_WORDS): V and its
-    scales strided as K and its."""
+    scales strided as K and its.
+    FUSED (several splits): O, LSE are the partials and OUT, LOUT (strides ``sf*``, ``sg*``)
+    the final output; CNT holds one int32 counter a (sequence, kv head, M tile), zero at the
+    launch: the last of its splits to finish merges the partials (:func:`_merge_tile`) and
+    puts the counter back to zero, so that no combine launch follows."""
     pid = tl.program_id(0)
     hk = tl.program_id(1)
     b = tl.program_id(2)
@@ -511,6 +517,53 @@ def _decode_split_kernel(
     tl.store(O + o_off[:, None] + offs_d[None, :] * sod, out.to(O.dtype.element_ty),
              mask=row_ok[:, None] & dmask[None, :])
     l_off = b64 * slb + heads * slh + qpos.to(tl.int64) * sls + split64 * sls_split
+    tl.store(LSE + l_off, lse, mask=row_ok)
+    if FUSED:
+        # every thread's partial stores come before the counter's release; the acquire of
+        # the last split orders the others' partials before its loads (which skip L1)
+        tl.debug_barrier()
+        cnt = CNT + (b * tl.num_programs(1) + hk) * n_m + mb
+        done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if done == num_splits - 1:
+            o_off0 = o_off - split64 * sos_split
+            l_off0 = l_off - split64 * sls_split
+            _merge_tile(O, LSE, OUT, LOUT, o_off0, l_off0,
+                        b64 * sfb + qpos.to(tl.int64) * sfs + heads * sfh,
+                        b64 * sgb + heads * sgh + qpos.to(tl.int64) * sgs,
+                        offs_d, row_ok, dmask, num_splits, sos_split, sls_split, sod, sfd,
+                        BLOCK_M, BLOCK_D)
+            tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _merge_tile(OP, LP, O, LSE, op_off, lp_off, o_off, l_off, offs_d, row_ok, dmask,
+                num_splits, sop_split, slp_split, sopd, sod,
+                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The rows of one M tile of O and LSE from the ``num_splits`` float32 partials at
+    ``op_off`` / ``lp_off`` (split strides ``sop_split`` / ``slp_split``), as
+    :func:`_merge_rows`: O = sum_s w_s O_s / sum_s w_s, w_s = exp(lse_s - max lse)."""
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s in range(num_splits):
+        ls = tl.load(LP + lp_off + s * slp_split, mask=row_ok, other=float("-inf"),
+                     cache_modifier=".cg")
+        m = tl.maximum(m, ls)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    tot = tl.zeros([BLOCK_M], tl.float32)
+    mask = row_ok[:, None] & dmask[None, :]
+    for s in range(num_splits):
+        ls = tl.load(LP + lp_off + s * slp_split, mask=row_ok, other=float("-inf"),
+                     cache_modifier=".cg")
+        w = tl.exp(ls - m_use)
+        tot += w
+        o = tl.load(OP + (op_off + s * sop_split)[:, None] + offs_d[None, :] * sopd,
+                    mask=mask, other=0.0, cache_modifier=".cg")
+        acc += tl.where(w[:, None] > 0.0, w[:, None] * o, 0.0)
+    empty = tot == 0.0
+    out = acc / tl.where(empty, 1.0, tot)[:, None]
+    lse = tl.where(empty, float("-inf"), m_use + tl.log(tl.where(empty, 1.0, tot)))
+    tl.store(O + o_off[:, None] + offs_d[None, :] * sod, out.to(O.dtype.element_ty),
+             mask=mask)
     tl.store(LSE + l_off, lse, mask=row_ok)
 
 

@@ -51,6 +51,12 @@ class DecodeConfig:
         number of splits, so that the longest sequence of a mixed batch is not one long tail).
     max_registers: None, or a cap on the split kernel's registers a thread (Triton's
         ``maxnreg``): more resident programs an SM at the price of spills, for experiments.
+    combine: how several splits are merged: "launch" (a combine kernel after the split
+        kernel), "fused" (the last split of each (sequence, kv head, M tile) to finish merges
+        them in the split kernel, counting on int32 counters zeroed per call), or
+        "fused_persistent" (the same on one counter buffer a device that every call leaves at
+        zero: no zeroing launch, but two calls in flight on two streams would share it; for
+        measurement only).
     """
 
     block_n: int = 64
@@ -62,6 +68,7 @@ class DecodeConfig:
     ctas_per_sm: int = 2
     split_bytes: int = 2 << 20
     max_registers: Optional[int] = None  # noqa: UP045
+    combine: str = "launch"
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,

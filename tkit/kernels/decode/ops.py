@@ -217,6 +217,9 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
              and max(k_cache.stride(1), v_cache.stride(1), ks_strides[1], vs_strides[1])
              * cfg.block_n < 2**31)
     same = k_cache.stride() == v_cache.stride() and ks_strides == vs_strides
+    if cfg.combine not in COMBINES:
+        raise ValueError(f"DecodeConfig: combine = {cfg.combine!r} must be one of {COMBINES}")
+    fused = splits > 1 and cfg.combine != "launch"
     if splits == 1:
         o_part, l_part = out, lse
         o_st, l_st = out.stride(), lse.stride()
@@ -252,8 +255,9 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"FP8_WORDS": True, "SAME_STRIDES": same} if words else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
+        **(_fused_args(cfg.combine, out, lse, b * hk * n_m) if fused else {}),
     )
-    if splits > 1:
+    if splits > 1 and not fused:
         sp = o_part.stride()
         lp = l_part.stride()
         C.launch(
@@ -266,6 +270,25 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
             BLOCK_S=min(16, C.next_power_of_2(splits)), num_warps=4,
         )
     return out, lse
+
+
+COMBINES = ("launch", "fused", "fused_persistent")
+_PERSISTENT_COUNTERS: dict = {}
+
+
+def _fused_args(mode, out, lse, n):
+    """The split kernel's arguments for merging the splits itself: the final output and
+    ``n`` counters at zero."""
+    if mode == "fused":
+        cnt = torch.zeros(n, dtype=torch.int32, device=out.device)
+    else:  # one buffer a device, left at zero by every call (measurement only)
+        cnt = _PERSISTENT_COUNTERS.get(out.device)
+        if cnt is None or cnt.numel() < n:
+            cnt = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=out.device)
+            _PERSISTENT_COUNTERS[out.device] = cnt
+    so, sl = out.stride(), lse.stride()
+    return dict(OUT=out, LOUT=lse, CNT=cnt, sfb=so[0], sfs=so[1], sfh=so[2], sfd=so[3],
+                sgb=sl[0], sgh=sl[1], sgs=sl[2], FUSED=True)
 
 
 def _fp8_words(k_cache, v_cache) -> bool:
