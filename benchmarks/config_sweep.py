@@ -81,6 +81,37 @@ def kernel_ms(fn, kernel, reps=30):
     return sum(e.device_time_total for e in ev) / max(1, n) / 1e3 if n else float("nan")
 
 
+def _first_call(job):
+    """One first call (its compiles fill Triton's cache) of a variant, in a child process."""
+    ctx_module, ctx_name, name, index, v = job
+    import importlib
+
+    try:
+        ctx = getattr(importlib.import_module(ctx_module), ctx_name)
+        spec, case, args, kwargs = _headline(name, index)
+        with ctx(**v):
+            spec.fn(*args, **kwargs)
+        torch.cuda.synchronize()
+    except Exception as e:  # the sweep itself reports it
+        return f"{json.dumps(v)}: {type(e).__name__}"
+    return None
+
+
+def warm(ctx, jobs, processes=8):
+    """Compile the variants of ``jobs`` ((name, case index, variant) triples) in parallel
+    child processes before a sweep times them one by one; ``ctx`` is the family's override
+    context (a module-level function)."""
+    import concurrent.futures
+    import multiprocessing
+
+    work = [(ctx.__module__, ctx.__name__, n, i, v) for n, i, v in jobs]
+    mp = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=mp) as pool:
+        for err in pool.map(_first_call, work):
+            if err:
+                print(f"warm-up: {err}")
+
+
 def sweep(label, ctx, variants, name, index=0, rows=None, exact=True, kernel=None):
     """``kernel``: time that kernel's launches with the profiler (:func:`kernel_ms`) instead of
     the whole call with ``time_fn``."""
@@ -634,8 +665,14 @@ def sweep_decode_bar(rows):
     from tkit.kernels import decode as DA
 
     start = len(rows)
-    for index, variants in ((0, []), (1, DECODE_PAGE16_VARIANTS), (2, DECODE_PAGE64_VARIANTS),
-                            (6, DECODE_FP8_VARIANTS)):
+    cases = ((0, []), (1, DECODE_PAGE16_VARIANTS), (2, DECODE_PAGE64_VARIANTS),
+             (6, DECODE_FP8_VARIANTS))
+    try:
+        warm(DA.decode_config, [("decode_attention", i, v) for i, vs in cases
+                                for v in [{}] + vs])
+    except Exception as e:  # the sweep compiles what the warm-up did not
+        print(f"decode_bar warm-up: {type(e).__name__}: {str(e)[:200]}")
+    for index, variants in cases:
         try:
             sweep("decode_bar", DA.decode_config, variants, "decode_attention", index, rows,
                   exact=False)
@@ -671,7 +708,6 @@ DECODE_PAGE16_VARIANTS: list = [
     dict(num_warps=8, num_stages=5, num_splits=1),  # 2 tiles in flight, 2 an SM
     dict(num_warps=8, num_stages=7, num_splits=1),  # 3 tiles (105 KB), 2 an SM
     dict(num_warps=8, num_stages=3, num_splits=1),  # 1 tile, 3 an SM (dense's config)
-    dict(num_warps=4, num_stages=5, num_splits=1),  # 2 tiles, 138 registers
     dict(block_n=128, num_warps=8, num_stages=3, num_splits=1),  # 1 tile of 128 keys
     dict(combine="fused"),  # the default's 2 splits merged by the last to finish
 ]
@@ -690,12 +726,15 @@ DECODE_PAGE64_VARIANTS: list = [
 #: launch); "fused_persistent": the same without the fill (the merge's own cost alone).
 DECODE_FP8_VARIANTS: list = [
     dict(num_splits=2),  # the default's own build again: the run's noise
+    dict(word_addressing="offsets"),  # the build before the base pointers (677 a tile)
     dict(combine="fused"),  # 227 registers, still 4 an SM
     dict(combine="fused_persistent"),
+    dict(lazy_rescale=True),
     # 1 warp (no cross-warp softmax: 17.8 instructions a key at 64-key tiles, 19.8 at 32)
     dict(num_warps=1, num_stages=5, num_splits=2),  # 255 registers, 38 KB: 5 an SM
     dict(num_warps=1, block_n=32, num_stages=5, num_splits=4),  # 231, 21 KB: 8 an SM
-    dict(num_warps=1, block_n=32, num_stages=5, num_splits=4, combine="fused"),
+    dict(num_warps=1, block_n=32, num_stages=5, num_splits=4, lazy_rescale=True),
+    dict(num_warps=1, block_n=32, num_stages=5, num_splits=4, combine="fused_persistent"),
 ]
 
 

@@ -309,6 +309,22 @@ def test_fp8_words_in_the_pipeline(mode, page):
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
 
 
+@pytest.mark.parametrize("over", [dict(word_addressing="offsets"), dict(lazy_rescale=True)])
+def test_fp8_word_measurement_switches(over):
+    """The word pipeline's measurement switches (the former per-element offsets, O rescaled
+    only when a row's max moves) give the default's results."""
+    q, k, v, table = _paged(2, 1, 4, 2, 64, 16, 4, torch.float16, seed=191)
+    gen = torch.Generator().manual_seed(13)
+    ks = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+    vs = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+    args = (q, k.to(FP8), v.to(FP8), _lens(64, 41))
+    kw = dict(block_table=table, k_scale=ks, v_scale=vs, return_lse=True)
+    want = tkit.decode_attention(*args, **kw)
+    with DA.decode_config(**over):
+        got = tkit.decode_attention(*args, **kw)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("paged", [False, True])
 def test_fp8_head_dim_128_default(paged):
     """fp8 caches at head dim 128 under the default config (on a GPU the word pipeline at 2

@@ -57,6 +57,11 @@ class DecodeConfig:
         "fused_persistent" (the same on one counter buffer a device that every call leaves at
         zero: no zeroing launch, but two calls in flight on two streams would share it; for
         measurement only).
+    word_addressing: fp8 word tiles' addresses: "base" (one 64-bit base pointer a tile plus
+        32-bit offsets fixed across tiles) or "offsets" (64-bit offsets per element, the
+        build before; for measurement only).
+    lazy_rescale: fp8 words: O rescaled only in tiles that move a row's max (measurement
+        only).
     """
 
     block_n: int = 64
@@ -69,6 +74,8 @@ class DecodeConfig:
     split_bytes: int = 2 << 20
     max_registers: Optional[int] = None  # noqa: UP045
     combine: str = "launch"
+    word_addressing: str = "base"
+    lazy_rescale: bool = False
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,
