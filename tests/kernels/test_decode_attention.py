@@ -309,10 +309,11 @@ def test_fp8_words_in_the_pipeline(mode, page):
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
 
 
-@pytest.mark.parametrize("over", [dict(word_addressing="offsets"), dict(lazy_rescale=True)])
+@pytest.mark.parametrize("over", [dict(word_addressing="offsets"), dict(lazy_rescale=True),
+                                  dict(column_sums=True, num_splits=2)])
 def test_fp8_word_measurement_switches(over):
     """The word pipeline's measurement switches (the former per-element offsets, O rescaled
-    only when a row's max moves) give the default's results."""
+    only when a row's max moves, denominators a key column) give the default's results."""
     q, k, v, table = _paged(2, 1, 4, 2, 64, 16, 4, torch.float16, seed=191)
     gen = torch.Generator().manual_seed(13)
     ks = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)

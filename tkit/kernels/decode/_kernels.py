@@ -393,7 +393,10 @@ def _online_softmax(qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr, qk_scale, ca
         m_use = m_new
     p = tl.exp2(s - m_use[:, None])
     alpha = tl.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    if len(l_i.shape) == 2:  # (measurement only) sums a key column, added up after the loop
+        l_i = l_i * alpha[:, None] + p
+    else:
+        l_i = l_i * alpha + tl.sum(p, 1)
     return p, alpha, l_i, m_new
 
 
@@ -521,6 +524,8 @@ def _decode_split_kernel(
         q2 = _q_part(Q, q_off, offs_c + 2, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
         q3 = _q_part(Q, q_off, offs_c + 3, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
         acc0 = tl.zeros([BLOCK_M, BLOCK_D // 4], dtype=tl.float32)
+        if OPTS // 4 % 2 == 1:
+            l_i = tl.zeros([BLOCK_M, SUB_N], dtype=tl.float32)
         acc1 = acc0
         acc2 = acc0
         acc3 = acc0
@@ -547,6 +552,8 @@ def _decode_split_kernel(
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
             True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, OPTS)
         acc = _interleave4(acc0, acc1, acc2, acc3, BLOCK_M, BLOCK_D)
+        if OPTS // 4 % 2 == 1:
+            l_i = tl.sum(l_i, 1)
     else:
         acc, l_i, m_i = _decode_tiles(
             acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, t0, a, L, qpos, offs_n, offs_d, b64,

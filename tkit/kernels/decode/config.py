@@ -62,6 +62,8 @@ class DecodeConfig:
         build before; for measurement only).
     lazy_rescale: fp8 words: O rescaled only in tiles that move a row's max (measurement
         only).
+    column_sums: fp8 words: the softmax denominators kept a key column (no cross-warp sum a
+        tile), added up after the loop (measurement only).
     """
 
     block_n: int = 64
@@ -76,6 +78,7 @@ class DecodeConfig:
     combine: str = "launch"
     word_addressing: str = "base"
     lazy_rescale: bool = False
+    column_sums: bool = False
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,
