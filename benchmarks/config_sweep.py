@@ -707,6 +707,7 @@ def sweep_decode_bar(rows):
 DECODE_PAGE16_VARIANTS: list = [
     dict(num_warps=8, num_stages=5, num_splits=1),  # 2 tiles in flight, 2 an SM
     dict(num_warps=8, num_stages=7, num_splits=1),  # 3 tiles (105 KB), 2 an SM
+    dict(num_warps=4, num_stages=7, num_splits=1),  # the same bytes in flight on 4 warps
     dict(num_warps=8, num_stages=3, num_splits=1),  # 1 tile, 3 an SM (dense's config)
     dict(block_n=128, num_warps=8, num_stages=3, num_splits=1),  # 1 tile of 128 keys
     dict(combine="fused"),  # the default's 2 splits merged by the last to finish
