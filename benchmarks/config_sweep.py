@@ -730,14 +730,16 @@ DECODE_FP8_VARIANTS: list = [
     dict(word_addressing="offsets"),  # the build before the base pointers (677 a tile)
     dict(combine="fused"),  # 227 registers, still 4 an SM
     dict(combine="fused_persistent"),
-    dict(lazy_rescale=True),
     dict(column_sums=True),  # 613 a tile, 6 barriers instead of 9
-    dict(column_sums=True, lazy_rescale=True, combine="fused_persistent"),
+    dict(lazy_rescale=True),
     # 3 tiles in flight (56848 B of shared memory: 4 an SM if the 1 KB a program that
     # cuobjdump reports as static is the system's reservation, 3 if it comes on top)
     dict(num_stages=7, num_splits=2),
     dict(num_stages=7, num_splits=2, column_sums=True),
-    # 1 warp (no cross-warp softmax: 17.8 instructions a key at 64-key tiles, 19.8 at 32)
+    dict(num_stages=7, num_splits=2, combine="fused"),
+    dict(num_stages=7, num_splits=2, column_sums=True, lazy_rescale=True,
+         combine="fused_persistent"),
+    # 1 warp (no cross-warp softmax: 17.6 instructions a key at 64-key tiles, 19.8 at 32)
     dict(num_warps=1, num_stages=7, num_splits=2),  # 255 registers, 3 tiles, 54800 B
     dict(num_warps=1, block_n=32, num_stages=5, num_splits=4),  # 231, 21 KB: 8 an SM
     dict(num_warps=1, block_n=32, num_stages=5, num_splits=4, lazy_rescale=True,
