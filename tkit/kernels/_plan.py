@@ -303,6 +303,7 @@ def build(rec: list, inputs: tuple, outputs: tuple):
     if not ON:
         return None
     scratch = tuple(getattr(rec, "scratch", ()))
+    zeroed = tuple(getattr(rec, "zeroed", ())) or (False,) * len(scratch)
     tensors = inputs + outputs + scratch
     if not CPU_OK and any(t is not None and not t.is_cuda for t in tensors):
         # keys hold device indices, -1 for CPU and meta alike: plans are for CUDA tensors
@@ -366,7 +367,9 @@ def build(rec: list, inputs: tuple, outputs: tuple):
         return False  # an output no launch writes (made by torch ops from a temporary)
     n_in = len(inputs)
     shape = tuple((tuple(o.shape), o.dtype, o.device) for o in outputs + scratch)
-    likes = tuple(_like_slot(inputs, o) for o in outputs + scratch)
+    # -2: a scratch tensor that starts at zero (torch.zeros)
+    likes = tuple(_like_slot(inputs, o) for o in outputs) + tuple(
+        -2 if z else _like_slot(inputs, o) for o, z in zip(scratch, zeroed))
     if _cplan.ON and all(c is not None for c in cspecs) and (_cplan_test or all(
             t is None or t.is_cuda for t in tensors)):
         mod = _cplan.module()
@@ -387,8 +390,8 @@ def build(rec: list, inputs: tuple, outputs: tuple):
     values = [v for _, vals, _ in launches for v in vals]
     for s, dt, dev in shape:
         values += [s, dt, dev]
-    return make(torch.empty, torch.empty_like, stats, _launch.hook_lists(), _descriptor_for,
-                *values)
+    return make(torch.empty, torch.empty_like, torch.zeros, stats, _launch.hook_lists(),
+                _descriptor_for, *values)
 
 
 def _like_slot(inputs: tuple, o) -> int:
@@ -489,7 +492,8 @@ def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple, likes: tupl
 
     ``likes[j]``: an input slot whose shape, dtype, device and (contiguous) strides the j-th
     allocation has, allocated with ``empty_like`` (no argument parsing: half the cost of
-    ``torch.empty(shape, dtype=, device=)``), or -1. ``direct[j]``: launch j calls the
+    ``torch.empty(shape, dtype=, device=)``), or -1, or -2 for a scratch tensor allocated by
+    ``torch.zeros``. ``direct[j]``: launch j calls the
     compiled launcher's C function itself (:func:`_direct_launch`), not its Python wrapper."""
     likes = likes or (-1,) * (n_out + n_scratch)
     direct = direct or (False,) * len(patterns)
@@ -509,6 +513,8 @@ def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple, likes: tupl
     for j, o in enumerate(allocs):
         if likes[j] >= 0:
             body.append(f"        {o} = empty_like(t{likes[j]})")
+        elif likes[j] == -2:
+            body.append(f"        {o} = zeros(s{j}, dtype=d{j}, device=v{j})")
         else:
             body.append(f"        {o} = empty(s{j}, dtype=d{j}, device=v{j})")
     # the launchers get data pointers as ints: Triton's C launcher then skips, per tensor
@@ -534,7 +540,7 @@ def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple, likes: tupl
     body.append("        stats['plan'] += 1")
     ret = outs[0] if n_out == 1 else "(" + ", ".join(outs) + ("," if n_out == 1 else "") + ")"
     body.append(f"        return {ret}")
-    src = (f"def make(empty, empty_like, stats, hooks, desc, {', '.join(params)}):\n"
+    src = (f"def make(empty, empty_like, zeros, stats, hooks, desc, {', '.join(params)}):\n"
            "    enter, exit_ = hooks\n"
            "    def go(stream, inputs):\n" + "\n".join(body) + "\n    return go\n")
     ns: dict = {}

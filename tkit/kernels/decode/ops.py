@@ -282,7 +282,7 @@ def _fused_args(mode, out, lse, n):
     """The split kernel's arguments for merging the splits itself: the final output and
     ``n`` counters at zero."""
     if mode == "fused":
-        cnt = torch.zeros(n, dtype=torch.int32, device=out.device)
+        cnt = C.scratch((n,), torch.int32, out.device, zero=True)
     else:  # one buffer a device, left at zero by every call (measurement only)
         cnt = _PERSISTENT_COUNTERS.get(out.device)
         if cnt is None or cnt.numel() < n:
