@@ -698,6 +698,32 @@ def sweep_decode_bar(rows):
         elif "page64" in r["case"] and bf16:
             print(f"decode page64 {json.dumps(r['config']):64s} {r['tbps']:5.2f} TB/s, "
                   f"{bf16['median_ms'] / r['median_ms']:5.3f}x the default")
+    try:
+        _split_kernel_occupancy()
+    except Exception as e:  # a probe: its failure must not lose the rows
+        print(f"decode occupancy probe: {type(e).__name__}: {str(e)[:200]}")
+
+
+def _split_kernel_occupancy():
+    """Resident programs an SM of each decode split-kernel build this process launched, as
+    the driver counts them (cuOccupancyMaxActiveBlocksPerMultiprocessor: the ptxas static
+    1 KB and the reservation included), beside their shared memory and registers."""
+    from cupy_backends.cuda.api import driver
+
+    from tkit.kernels.decode._kernels import _decode_split_kernel as k
+
+    seen = set()
+    for caches in k.device_caches.values():
+        for ck in caches[0].values():
+            md = ck.metadata
+            what = (md.num_warps, md.num_stages, md.shared, ck.n_regs)
+            if ck.function is None or what in seen:
+                continue
+            seen.add(what)
+            n = driver.occupancyMaxActiveBlocksPerMultiprocessor(ck.function, 32 * md.num_warps,
+                                                                 md.shared)
+            print(f"decode occupancy: {md.num_warps} warps, {md.num_stages} stages, "
+                  f"{md.shared} B shared, {ck.n_regs} registers: {n} an SM")
 
 
 #: bf16 page-16 variants of :func:`sweep_decode_bar`, as overrides of the default (4 warps,
