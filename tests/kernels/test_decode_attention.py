@@ -310,7 +310,8 @@ def test_fp8_words_in_the_pipeline(mode, page):
 
 
 @pytest.mark.parametrize("over", [dict(word_addressing="offsets"), dict(lazy_rescale=True),
-                                  dict(column_sums=True, num_splits=2)])
+                                  dict(column_sums=True, num_splits=2),
+                                  dict(scales_ahead=True, num_splits=2)])
 def test_fp8_word_measurement_switches(over):
     """The word pipeline's measurement switches (the former per-element offsets, O rescaled
     only when a row's max moves, denominators a key column) give the default's results."""

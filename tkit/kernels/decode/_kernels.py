@@ -225,7 +225,8 @@ def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, K
                        PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
                        MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
                        SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
-                       SAME_STRIDES: tl.constexpr, OPTS: tl.constexpr = 0):
+                       SAME_STRIDES: tl.constexpr, OPTS: tl.constexpr = 0, ks_in=None,
+                       vs_in=None):
     """:func:`_decode_tile` for fp8 caches read as int32 words of 4 values (the software
     pipeline streams the words through shared memory): each word becomes four float16
     quarters (:func:`_fp8_words_to_f16`) in whatever layout the dots ask of the shared-memory
@@ -250,11 +251,13 @@ def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, K
     qk = _dot(q1, tl.trans(k1.to(q0.dtype)), qk, input_precision=PREC)
     qk = _dot(q2, tl.trans(k2.to(q0.dtype)), qk, input_precision=PREC)
     qk = _dot(q3, tl.trans(k3.to(q0.dtype)), qk, input_precision=PREC)
-    if SCALE_K == 2 or SCALE_V == 2:
+    if ks_in is None and (SCALE_K == 2 or SCALE_V == 2):
         ks_ptrs, vs_ptrs = _row_ptrs(KS, VS, BT, start_n, L, offs_n, offs_n, b64, n_blocks,
                                      sbtn, sksn, sksp, svsn, svsp, PAGE_SIZE, PAGED, SUB_N,
                                      MASKED, SAME_STRIDES, False, OPTS)
-    if SCALE_K == 2:
+    if ks_in is not None:  # loaded a tile ahead by the caller
+        ks = ks_in
+    elif SCALE_K == 2:
         ks = tl.load(ks_ptrs)
     else:
         ks = tl.zeros([SUB_N], dtype=tl.float32)
@@ -266,7 +269,9 @@ def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, K
         p, alpha, l_i, m_new = _online_softmax(qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr,
                                                qk_scale, cap_scale, MASKED, MASK_LO, MASK_HI,
                                                SOFTCAP, SCALE_K)
-    if SCALE_V == 2:
+    if vs_in is not None:
+        p = p * vs_in[None, :]
+    elif SCALE_V == 2:
         p = p * tl.load(vs_ptrs)[None, :]
     p = p.to(q0.dtype)
     vw = _masked_load(v_ptrs, wmask, HEAD_DIM != BLOCK_D)
@@ -300,15 +305,59 @@ def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, 
                         PREC: tl.constexpr, SAME_STRIDES: tl.constexpr,
                         OPTS: tl.constexpr = 0):
     """:func:`_decode_tiles` over :func:`_decode_tile_words`."""
-    for start_t in range(start, end, BLOCK_N):
-        for j in tl.static_range(BLOCK_N // SUB_N):
+    if OPTS // 8 % 2 == 1 and SCALE_K == 2 and SCALE_V == 2 and BLOCK_N == SUB_N:
+        # (measurement only) per-token scales loaded into registers a tile ahead, outside
+        # the software pipeline (no shared memory for them)
+        if SAME_STRIDES:
+            svsn = sksn
+            svsp = sksp
+        ks_n, vs_n = _scales_ahead(KS, VS, BT, start, end, L, offs_n, b64, n_blocks, sbtn,
+                                   sksn, sksp, svsn, svsp, PAGE_SIZE, PAGED, SUB_N, MASKED,
+                                   SAME_STRIDES, OPTS)
+        for start_t in range(start, end, BLOCK_N):
+            ks_c = ks_n
+            vs_c = vs_n
+            nxt = tl.where(start_t + BLOCK_N < end, start_t + BLOCK_N, start_t)
+            ks_n, vs_n = _scales_ahead(KS, VS, BT, nxt, end, L, offs_n, b64, n_blocks, sbtn,
+                                       sksn, sksp, svsn, svsp, PAGE_SIZE, PAGED, SUB_N, MASKED,
+                                       SAME_STRIDES, OPTS)
             acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_words(
                 acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
-                start_t + j * SUB_N, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
+                start_t, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
                 cap_scale, skn, skp, svn, svp, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D,
                 SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V,
-                PREC, SAME_STRIDES, OPTS)
+                PREC, SAME_STRIDES, OPTS, ks_c, vs_c)
+    else:
+        for start_t in range(start, end, BLOCK_N):
+            for j in tl.static_range(BLOCK_N // SUB_N):
+                acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_words(
+                    acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
+                    start_t + j * SUB_N, L, qpos, offs_n, b64, n_blocks, shift, wl, wr,
+                    qk_scale, cap_scale, skn, skp, svn, svp, sksn, sksp, svsn, svsp, sbtn,
+                    HEAD_DIM, BLOCK_D, SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI,
+                    SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, OPTS)
     return acc0, acc1, acc2, acc3, l_i, m_i
+
+
+@triton.jit
+def _scales_ahead(KS, VS, BT, start_n, end, L, offs_n, b64, n_blocks, sbtn, sksn, sksp, svsn,
+                  svsp, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SUB_N: tl.constexpr,
+                  MASKED: tl.constexpr, SAME: tl.constexpr, OPTS: tl.constexpr):
+    """(measurement only) The per-token K and V scales of the tile at ``start_n`` (< end),
+    loaded by plain ``ld.global.nc`` (not a load the software pipeline turns into copies
+    through shared memory)."""
+    ks_ptrs, vs_ptrs = _row_ptrs(KS, VS, BT, start_n, L, offs_n, offs_n, b64, n_blocks, sbtn,
+                                 sksn, sksp, svsn, svsp, PAGE_SIZE, PAGED, SUB_N, MASKED, SAME,
+                                 False, OPTS)
+    if _INTERPRET:
+        ks = tl.load(ks_ptrs)
+        vs = tl.load(vs_ptrs)
+    else:
+        ks = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ks_ptrs],
+                                       dtype=tl.float32, is_pure=True, pack=1)
+        vs = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [vs_ptrs],
+                                       dtype=tl.float32, is_pure=True, pack=1)
+    return ks, vs
 
 
 @triton.jit

@@ -64,6 +64,8 @@ class DecodeConfig:
         only).
     column_sums: fp8 words: the softmax denominators kept a key column (no cross-warp sum a
         tile), added up after the loop (measurement only).
+    scales_ahead: fp8 words with per-token scales: the scales loaded into registers a tile
+        ahead instead of through the pipeline's shared memory (measurement only).
     """
 
     block_n: int = 64
@@ -79,6 +81,7 @@ class DecodeConfig:
     word_addressing: str = "base"
     lazy_rescale: bool = False
     column_sums: bool = False
+    scales_ahead: bool = False
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,

@@ -255,7 +255,8 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"FP8_WORDS": True, "SAME_STRIDES": same} if words else {}),
         **({"OPTS": (cfg.word_addressing == "offsets") + 2 * bool(cfg.lazy_rescale)
-                    + 4 * bool(cfg.column_sums)} if words else {}),
+                    + 4 * bool(cfg.column_sums) + 8 * bool(cfg.scales_ahead)}
+           if words else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
         **(_fused_args(cfg.combine, out, lse, b * hk * n_m) if fused else {}),
     )
