@@ -29,7 +29,8 @@ version counter moved; inference tensors have none, so under ``torch.inference_m
 on the ops themselves). A recorded launch's tensor arguments are matched to the call's inputs
 and outputs by data pointer (views such as ``x.view(-1, N)`` share it; Triton's launcher only
 reads the pointer). Scratch tensors that the op allocated through ``_common.scratch`` (fully
-written before read: split-K partials) are allocated afresh per call like outputs. A launch
+written before read: split-K partials; or, with ``zero=True``, starting at zero: counters)
+are allocated afresh per call like outputs (those with ``zero`` by ``torch.zeros``). A launch
 argument that matches none of them (another temporary, a contiguous copy) or more than one
 (``add(x, x)``) makes the signature unplannable: permanently for the first (``False`` is stored
 and later calls skip the recording), for this call only for the second (for good after
