@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tkit
-from tkit.kernels import _common, _plan
+from tkit.kernels import _common, _cplan, _plan
 from tkit.kernels import matmul as mm
 from tkit.kernels.matmul import config as MC
 from tkit.specs import matmul as spec_mm
@@ -283,6 +283,16 @@ def test_gluon_eager_plan_and_graph_capture():
     with _common.poisoned_outputs():
         want = mm.ops._matmul_impl(a2, w.t(), None, res)
     assert torch.equal(tkit.matmul(a2, w.t(), residual=res), want)
+    if _cplan.status() == "ready":  # the plan is the C++ executor's, encoding the tensor maps
+        plans = [p for c in (mm._plans, mm._epi_plans) for p in c.values() if p]
+        assert any(type(p).__name__ == "Plan" for p in plans), plans
+    # new tensors behind every descriptor (weight, input, residual; the output is new each
+    # call): each map is encoded again, and a call back on the first tensors reuses none
+    w2, res2 = torch.randn_like(w), torch.randn_like(res)
+    for x, wt, r in ((a2, w2, res2), (a, w, res2), (a2, w2, res)):
+        with _common.poisoned_outputs():
+            want_x = mm.ops._matmul_impl(x, wt.t(), None, r)
+        assert torch.equal(tkit.matmul(x, wt.t(), residual=r), want_x)
     g = torch.cuda.CUDAGraph()
     static = a.clone()
     with torch.cuda.graph(g):

@@ -439,8 +439,16 @@ def _sig_type(v):
     if type(v) is float:
         return "fp32"
     if hasattr(v, "block_shape") and hasattr(v, "base"):
-        return "nvTmaDesc"
+        return f"tensordesc<bf16[{', '.join(str(b) for b in v.block_shape)}]>"
     return "constexpr"  # None, strings, dtypes
+
+
+def _tma_meta(v):
+    """The descriptor metadata Triton's compile gives a 16-bit tensor's host descriptor with
+    128-byte swizzling (the box's inner dimension cut to 128 bytes), as for the Gluon GEMM."""
+    es = v.base.element_size()
+    return dict(swizzle=3, elem_size=es, elem_type=10, fp4_padded=False,
+                block_size=[*v.block_shape[:-1], min(v.block_shape[-1], 128 // es)])
 
 
 class _Md:
@@ -473,6 +481,8 @@ def cplans(jitplans, monkeypatch):
             ck.function = 0x1000 + 16 * len(jitplans)
             ck.metadata = _Md(4 + len(jitplans) % 3, 64 * len(jitplans))
             ck.src = SimpleNamespace(signature={i: _sig_type(v) for i, v in enumerate(args)})
+            ck.metadata.tensordesc_meta = [_tma_meta(v) for v in args
+                                           if _sig_type(v).startswith("tensordesc")] or None
             ck.consts = {i: v for i, v in enumerate(args)
                          if ck.src.signature[i] == "constexpr"}
         orig_record(item)
@@ -492,14 +502,25 @@ def _decode_cplan(made, launched):
 
     by_fn = {ck.function: ck for ck in made if hasattr(ck, "src")}
     out = []
-    for fn, gx, gy, gz, threads, shared, stream, slots in launched:
+    for fn, gx, gy, gz, threads, shared, stream, slots, tmas in launched:
         ck = by_fn[fn]
         assert (threads, shared) == (32 * ck.metadata.num_warps, ck.metadata.shared)
         assert slots[-2:] == (0, 0)  # no global or profile scratch
         vals, it = [], iter(slots[:-2])
+        tmas = iter(tmas)
         for i, ty in ck.src.signature.items():
             if ty == "constexpr":
                 vals.append(ck.consts[i])
+                continue
+            if ty.startswith("tensordesc"):
+                # the map's slot, then the shape (i32 each) and strides (i64 each)
+                rank = ty.count(",") + 1
+                next(it)
+                shape = [struct.unpack("<i", next(it).to_bytes(8, "little")[:4])[0]
+                         for _ in range(rank)]
+                strides = [struct.unpack("<q", next(it).to_bytes(8, "little"))[0]
+                           for _ in range(rank)]
+                vals.append(("tma", next(tmas), shape, strides))
                 continue
             raw = next(it).to_bytes(8, "little")
             if ty.startswith("*"):
@@ -509,7 +530,7 @@ def _decode_cplan(made, launched):
                 fmt = {"i1": "<b", "i32": "<i", "i64": "<q", "fp32": "<f"}[ty]
                 v = struct.unpack(fmt, raw[:struct.calcsize(fmt)])[0]
                 vals.append(bool(v) if ty == "i1" else v)
-        assert next(it, None) is None
+        assert next(it, None) is None and next(tmas, None) is None
         out.append((ck, (gx, gy, gz, stream, fn, None, None, None, None, *vals)))
     return out
 
@@ -549,6 +570,74 @@ def test_jit_cplan_launches_what_the_ordinary_path_launches(cplans, name):
     for g, r in zip(_outs(got), _outs(ref)):
         assert (g.shape, g.stride(), g.dtype, g.device) == (r.shape, r.stride(), r.dtype,
                                                             r.device)
+
+
+@jit
+@pytest.mark.parametrize("block_n", [128, 192])
+def test_jit_cplan_gluon_gemm_encodes_its_descriptors(cplans, monkeypatch, block_n):
+    """The Gluon GEMM's plan runs in the C++ executor: each host descriptor becomes the
+    cuTensorMapEncodeTiled call that Triton's launcher would make for it (the arguments of
+    ``fill_tma_descriptor`` put in the driver's order: dimensions innermost first, strides in
+    bytes), over this call's tensors (b described as its (N, K) storage), followed by the
+    descriptor's shape and strides; nothing goes through Triton's launcher."""
+    import inspect
+    from types import SimpleNamespace
+
+    from triton.backends.nvidia import driver as nvd
+
+    from tkit.kernels import matmul as mm
+    from tkit.kernels.matmul import config as MC
+
+    made, launched = cplans
+    monkeypatch.setattr(mm, "_FAST", {})  # the eager calls' plans of earlier tests
+    monkeypatch.setattr(mm, "plan", lambda *a, **k: MC.MatmulPlan(
+        "gluon", "stand-in", MC.GluonConfig(block_n=block_n)))
+
+    def make():
+        return (torch.randn(256, 512).to(BF), torch.randn(320, 512).to(BF).t(),
+                torch.randn(256, 320).to(BF))
+
+    rec = _Recorder(made)
+    with torch.no_grad():
+        tkit.matmul(*make()[:2], residual=make()[2])  # the ordinary path, recorded
+        rec.take()
+        a, b, r = make()
+        launched.clear()
+        got = tkit.matmul(a, b, residual=r)
+        assert not rec.take(), "the plan went through Triton's launcher"
+        assert len(launched) == 1
+        (ck, args), = _decode_cplan(made, launched)
+        _plan.ON = False
+        try:
+            ref = tkit.matmul(a, b, residual=r)
+        finally:
+            _plan.refresh()
+        (ck2, oargs), = rec.take()  # the ordinary call's launch, descriptors as they are
+    assert ck2 is ck
+    # what Triton's launcher hands fill_tma_descriptor for each descriptor of the ordinary call
+    filled = []
+    fill = lambda *x: filled.append(x) or "map"  # noqa: E731
+    fake = SimpleNamespace(fill_tma_descriptor=fill, fill_tma_descriptor_tiled=fill)
+    monkeypatch.setattr(nvd, "triton", SimpleNamespace(runtime=SimpleNamespace(
+        driver=SimpleNamespace(active=SimpleNamespace(utils=fake)))))
+    descs = [v for v in oargs[9:] if hasattr(v, "block_shape")]
+    metas = ck.metadata.tensordesc_meta
+    extra = (None,) * (len(inspect.signature(nvd.make_tensordesc_arg).parameters) - 2)
+    expanded = [nvd.make_tensordesc_arg(v, m, *extra) for v, m in zip(descs, metas)]
+    tmas = [v for v in args[9:] if isinstance(v, tuple) and v[0] == "tma"]
+    assert len(tmas) == len(descs) == len(filled) == (7 if block_n == 192 else 4)
+    ptrs = {a.data_ptr(): "a", b.data_ptr(): "b", r.data_ptr(): "r", got.data_ptr(): "out"}
+    optrs = {**ptrs, ref.data_ptr(): "out"}
+    for (_, t, shape, strides), (addr, swz, es, dtype, block, dshape, dstrides, pad), ex in zip(
+            tmas, filled, expanded):
+        slot, ptr, cdtype, dims, bstrides, box, cswz, fill = t
+        assert ptrs[ptr] == optrs[addr]
+        assert (cdtype, cswz, fill) == (dtype, swz, pad)
+        assert list(dims) == list(reversed(dshape)) and list(box) == list(reversed(block))
+        assert list(bstrides) == [es * s for s in reversed(dstrides[:-1])]
+        assert [shape, strides] == [list(ex[1:1 + len(shape)]), list(ex[1 + len(shape):])]
+    assert [ptrs[t[1][1]] for t in tmas] == (
+        ["a", "b", "b", "out", "out", "r", "r"] if block_n == 192 else ["a", "b", "out", "r"])
 
 
 @jit
@@ -1113,3 +1202,19 @@ def test_jit_registered_gluon_gemm_is_planned(jitplans, monkeypatch, residual):
     assert delta == {"plan": 1, "plan_miss": 1, "plan_built": 1}, delta
     descs = [x[1] for x in planned[0][1] if isinstance(x, tuple) and x[0] == "desc"]
     assert descs == ["in0", "in1", "out0"] + (["in2"] if residual else [])
+
+
+def test_cplan_tma_spec_takes_plain_tiled_maps_only():
+    """The executor encodes what Triton's launcher would for a plain tiled descriptor of the
+    tensor's own type; anything else (tf32 rounding, im2col, fp4 padding) stays with Triton."""
+    from tkit.kernels import _cplan
+
+    meta = dict(swizzle=3, elem_size=2, elem_type=10, block_size=[64, 64], fp4_padded=False)
+    value = (2, (256, 320), (320, 1), "zero", True)
+    assert _cplan._tma_spec(meta, "desc", value, 5) == (
+        5, 2, 9, (320, 256), (640,), (64, 64), 3, 0)
+    assert _cplan._tma_spec(meta, "desc", value[:3] + ("nan", True), 5)[-1] == 1
+    assert _cplan._tma_spec(meta, "desc", value[:4] + (False,), 5) is None
+    assert _cplan._tma_spec({**meta, "is_im2col": True}, "desc", value, 5) is None
+    assert _cplan._tma_spec({**meta, "fp4_padded": True}, "desc", value, 5) is None
+    assert _cplan._tma_spec(meta, "const", value, 5) is None

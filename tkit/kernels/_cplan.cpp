@@ -24,10 +24,13 @@ namespace {
 using LaunchFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                          unsigned, void*, void**, void**);
 using ErrorStringFn = int (*)(int, const char**);
+using EncodeTiledFn = int (*)(void*, int, unsigned, void*, const uint64_t*, const uint64_t*,
+                              const unsigned*, const unsigned*, int, int, int, int);
 
 constexpr size_t kMaxParams = 128;
 LaunchFn g_launch = nullptr;
 ErrorStringFn g_error_string = nullptr;
+EncodeTiledFn g_encode_tiled = nullptr;
 // tests: launches appended to this list (as tuples) instead of reaching the driver
 PyObject* g_recorder = nullptr;
 
@@ -40,12 +43,30 @@ bool load_driver() {
   }
   g_launch = reinterpret_cast<LaunchFn>(dlsym(h, "cuLaunchKernel"));
   g_error_string = reinterpret_cast<ErrorStringFn>(dlsym(h, "cuGetErrorString"));
+  g_encode_tiled = reinterpret_cast<EncodeTiledFn>(dlsym(h, "cuTensorMapEncodeTiled"));
   if (!g_launch) {
     PyErr_SetString(PyExc_RuntimeError, "tkit C++ plans: no cuLaunchKernel in libcuda.so.1");
     return false;
   }
   return true;
 }
+
+// One host TMA descriptor parameter: cuTensorMapEncodeTiled's arguments but the base pointer,
+// which is the call's tensor `tensor`; dimensions innermost first, as the driver takes them
+struct Tma {
+  alignas(128) unsigned char map[128];  // the last encoding (CUtensorMap), for `encoded_ptr`
+  uint64_t encoded_ptr = 0;
+  bool encoded = false;
+  size_t slot;
+  int tensor;
+  int dtype;      // CUtensorMapDataType
+  unsigned rank;
+  uint64_t dims[5];
+  uint64_t strides[4];  // bytes, dimensions 1..rank-1
+  unsigned box[5];
+  int swizzle;    // CUtensorMapSwizzle
+  int fill;       // CUtensorMapFloatOOBfill
+};
 
 struct Launch {
   void* function;
@@ -54,7 +75,57 @@ struct Launch {
   unsigned shared;
   std::vector<uint64_t> slots;                   // one 8-byte slot a parameter
   std::vector<std::pair<size_t, int>> patches;   // (slot, tensor index) per call
+  std::vector<Tma> tmas;                         // descriptor parameters (their slots unused)
 };
+
+constexpr int kL2Promotion128B = 2;  // CU_TENSOR_MAP_L2_PROMOTION_L2_128B, as Triton's
+constexpr int kInterleaveNone = 0;
+
+bool encode(Tma& t, uint64_t ptr) {
+  if (t.encoded && t.encoded_ptr == ptr) return true;
+  if (!g_launch && !load_driver()) return false;
+  if (!g_encode_tiled) {
+    PyErr_SetString(PyExc_RuntimeError, "tkit C++ plans: no cuTensorMapEncodeTiled in libcuda");
+    return false;
+  }
+  const unsigned elem_strides[5] = {1, 1, 1, 1, 1};
+  t.encoded = false;
+  int err = g_encode_tiled(t.map, t.dtype, t.rank, reinterpret_cast<void*>(ptr), t.dims,
+                           t.strides, t.box, elem_strides, kInterleaveNone, t.swizzle,
+                           kL2Promotion128B, t.fill);
+  if (err != 0) {
+    const char* msg = nullptr;
+    if (g_error_string) g_error_string(err, &msg);
+    PyErr_Format(PyExc_RuntimeError,
+                 "tkit C++ plan: cuTensorMapEncodeTiled failed (%d: %s) for a pointer 0x%llx",
+                 err, msg ? msg : "unknown error", static_cast<unsigned long long>(ptr));
+    return false;
+  }
+  t.encoded_ptr = ptr;
+  t.encoded = true;
+  return true;
+}
+
+PyObject* tma_record(const Tma& t, uint64_t ptr) {
+  // tests: what would be encoded, (slot, pointer, dtype, dims, strides, box, swizzle, fill)
+  PyObject* dims = PyTuple_New(t.rank);
+  PyObject* strides = PyTuple_New(t.rank ? t.rank - 1 : 0);
+  PyObject* box = PyTuple_New(t.rank);
+  if (!dims || !strides || !box) {
+    Py_XDECREF(dims);
+    Py_XDECREF(strides);
+    Py_XDECREF(box);
+    return nullptr;
+  }
+  for (unsigned i = 0; i < t.rank; ++i) {
+    PyTuple_SET_ITEM(dims, i, PyLong_FromUnsignedLongLong(t.dims[i]));
+    PyTuple_SET_ITEM(box, i, PyLong_FromUnsignedLong(t.box[i]));
+    if (i + 1 < t.rank) PyTuple_SET_ITEM(strides, i, PyLong_FromUnsignedLongLong(t.strides[i]));
+  }
+  return Py_BuildValue("(nKiNNNii)", static_cast<Py_ssize_t>(t.slot),
+                       static_cast<unsigned long long>(ptr), t.dtype, dims, strides, box,
+                       t.swizzle, t.fill);
+}
 
 struct Alloc {
   std::vector<int64_t> sizes;
@@ -102,9 +173,10 @@ bool count_call(PlanObject* p) {
   return rc == 0;
 }
 
-bool launch_one(const Launch& L, uint64_t stream, const std::vector<uint64_t>& ptrs) {
+bool launch_one(Launch& L, uint64_t stream, const std::vector<uint64_t>& ptrs) {
   if (static_cast<uint64_t>(L.grid[0]) * L.grid[1] * L.grid[2] == 0) return true;
-  // the values live on this call's stack: concurrent calls of one plan share nothing
+  // the values live on this call's stack (the descriptors in the plan, which the GIL held
+  // through the call guards; the driver copies parameters at the launch)
   uint64_t local[kMaxParams];
   void* params[kMaxParams];
   size_t n = L.slots.size();
@@ -116,15 +188,33 @@ bool launch_one(const Launch& L, uint64_t stream, const std::vector<uint64_t>& p
     if (!vals) return false;
     for (size_t i = 0; i < n; ++i)
       PyTuple_SET_ITEM(vals, i, PyLong_FromUnsignedLongLong(local[i]));
-    PyObject* rec = Py_BuildValue("(KIIIIIKN)", reinterpret_cast<unsigned long long>(L.function),
+    PyObject* tmas = PyTuple_New(static_cast<Py_ssize_t>(L.tmas.size()));
+    if (!tmas) {
+      Py_DECREF(vals);
+      return false;
+    }
+    for (size_t k = 0; k < L.tmas.size(); ++k) {
+      PyObject* r = tma_record(L.tmas[k], ptrs[L.tmas[k].tensor]);
+      if (!r) {
+        Py_DECREF(vals);
+        Py_DECREF(tmas);
+        return false;
+      }
+      PyTuple_SET_ITEM(tmas, k, r);
+    }
+    PyObject* rec = Py_BuildValue("(KIIIIIKNN)", reinterpret_cast<unsigned long long>(L.function),
                                   L.grid[0], L.grid[1], L.grid[2], L.threads, L.shared,
-                                  static_cast<unsigned long long>(stream), vals);
+                                  static_cast<unsigned long long>(stream), vals, tmas);
     if (!rec) return false;
     int rc = PyList_Append(g_recorder, rec);
     Py_DECREF(rec);
     return rc == 0;
   }
   if (!g_launch && !load_driver()) return false;
+  for (Tma& t : L.tmas) {
+    if (!encode(t, ptrs[t.tensor])) return false;
+    params[t.slot] = t.map;
+  }
   int err = g_launch(L.function, L.grid[0], L.grid[1], L.grid[2], L.threads, 1, 1, L.shared,
                      reinterpret_cast<void*>(stream), params, nullptr);
   if (err != 0) {
@@ -179,7 +269,7 @@ PyObject* run_plan(PlanObject* p, unsigned long long stream, PyObject* inputs) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return nullptr;
   }
-  for (const Launch& L : *p->launches)
+  for (Launch& L : *p->launches)
     if (!launch_one(L, stream, ptrs)) return nullptr;
   if (!count_call(p)) return nullptr;
   if (p->n_out == 1) return THPVariable_Wrap(made[0]);
@@ -224,8 +314,58 @@ bool seq_u64(PyObject* seq, std::vector<uint64_t>& out) {
   return true;
 }
 
+bool seq_fixed(PyObject* seq, size_t n, uint64_t* out) {
+  PyObject* f = PySequence_Fast(seq, "expected a sequence");
+  if (!f) return false;
+  bool ok = static_cast<size_t>(PySequence_Fast_GET_SIZE(f)) == n;
+  for (size_t i = 0; ok && i < n; ++i) {
+    out[i] = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(f, static_cast<Py_ssize_t>(i)));
+    ok = !PyErr_Occurred();
+  }
+  Py_DECREF(f);
+  if (!ok && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "plan: bad TMA descriptor");
+  return ok;
+}
+
+bool parse_tmas(PyObject* tmas, Launch& one, int n_tensors) {
+  PyObject* ft = PySequence_Fast(tmas, "tmas must be a sequence");
+  if (!ft) return false;
+  for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(ft); ++k) {
+    Py_ssize_t slot;
+    int idx, dtype, swizzle, fill;
+    PyObject *dims, *strides, *box;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(ft, k), "niiOOOii", &slot, &idx, &dtype,
+                          &dims, &strides, &box, &swizzle, &fill)) {
+      Py_DECREF(ft);
+      return false;
+    }
+    Py_ssize_t rank = PySequence_Size(dims);
+    Tma t;
+    uint64_t b[5];
+    if (rank < 1 || rank > 5 || slot < 0 || static_cast<size_t>(slot) >= one.slots.size() ||
+        idx < 0 || idx >= n_tensors || !seq_fixed(dims, rank, t.dims) ||
+        !seq_fixed(strides, rank - 1, t.strides) || !seq_fixed(box, rank, b)) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "plan: bad TMA descriptor");
+      Py_DECREF(ft);
+      return false;
+    }
+    t.slot = static_cast<size_t>(slot);
+    t.tensor = idx;
+    t.dtype = dtype;
+    t.rank = static_cast<unsigned>(rank);
+    for (Py_ssize_t i = 0; i < rank; ++i) t.box[i] = static_cast<unsigned>(b[i]);
+    t.swizzle = swizzle;
+    t.fill = fill;
+    one.tmas.push_back(t);
+  }
+  Py_DECREF(ft);
+  return true;
+}
+
 // Plan(launches, allocs, n_in, n_out, enter, exit, stats)
-//   launches: [(function, (gx, gy, gz), threads, shared, slots, ((slot, tensor index), ...))]
+//   launches: [(function, (gx, gy, gz), threads, shared, slots, ((slot, tensor index), ...),
+//               ((slot, tensor index, dtype, dims, byte strides, box, swizzle, fill), ...))]
+//   (the last: host TMA descriptors, dimensions innermost first; may be left out)
 //   allocs: [(sizes, dtype code (c10::ScalarType), device index or -1, like input or -1,
 //            or -2: zeros)]
 PyObject* make_plan(PyObject*, PyObject* args) {
@@ -239,12 +379,12 @@ PyObject* make_plan(PyObject*, PyObject* args) {
   PyObject* fl = PySequence_Fast(launches, "launches must be a sequence");
   if (!fl) return nullptr;
   for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fl); ++i) {
-    PyObject *fn, *grid, *slots, *patches;
+    PyObject *fn, *grid, *slots, *patches, *tmas = nullptr;
     unsigned threads, shared;
     unsigned long long fptr;
     Launch one;
-    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fl, i), "OOIIOO", &fn, &grid, &threads,
-                          &shared, &slots, &patches)) {
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fl, i), "OOIIOO|O", &fn, &grid, &threads,
+                          &shared, &slots, &patches, &tmas)) {
       Py_DECREF(fl);
       return nullptr;
     }
@@ -285,6 +425,10 @@ PyObject* make_plan(PyObject*, PyObject* args) {
       one.patches.emplace_back(static_cast<size_t>(slot), idx);
     }
     Py_DECREF(fp);
+    if (tmas && !parse_tmas(tmas, one, n_in + static_cast<int>(PySequence_Size(allocs)))) {
+      Py_DECREF(fl);
+      return nullptr;
+    }
     L->push_back(std::move(one));
   }
   Py_DECREF(fl);

@@ -17,7 +17,13 @@ needs), plans stay in Python and :func:`status` says why.
 
 A launch qualifies when Triton's own launcher would do nothing but pass its arguments: no
 global or profile scratch, no cooperative or PDL launch, one CTA a cluster, and parameters
-that are pointers or integer and float32/64 scalars (no tensor descriptors, no tuples).
+that are pointers, integer and float32/64 scalars, or host TMA descriptors of the call's
+tensors (no tuples). A descriptor is what Triton's launcher makes of it per call (a
+CUtensorMap encoded from the kernel's descriptor metadata, then the shape and strides): the
+executor encodes the map with the call's base pointer (reusing its last encoding when the
+pointer is the same) and passes the shape and strides as recorded (the signature's).
+Descriptors through Triton's launcher cost 3-4 host microseconds each on the H200 (the
+Gluon GEMM takes 3-7 a call), and the Python plan that rebuilt them ~20 us a GEMM.
 """
 
 from __future__ import annotations
@@ -153,11 +159,12 @@ def _load(path: Path):
 
 
 def launch_spec(compiled, grid, values):
-    """(function, grid, threads, shared, slots, pattern) for one recorded launch of a compiled
-    kernel, or None when the launch does not qualify. ``values``: the launch's arguments as
-    :func:`tkit.kernels._plan.build` matched them: ``("slot", i)`` for a tensor of the call
-    (its pointer patched per call), ``("const", v)``, or ``("desc", None)`` for a host TMA
-    descriptor (rebuilt per call in Python: the launch does not qualify)."""
+    """(function, grid, threads, shared, slots, pattern, tmas) for one recorded launch of a
+    compiled kernel, or None when the launch does not qualify. ``values``: the launch's
+    arguments as :func:`tkit.kernels._plan.build` matched them: ``("slot", i)`` for a tensor
+    of the call (its pointer patched per call), ``("const", v)``, or ``("desc", (i, shape,
+    strides, padding, plain))`` for a host TMA descriptor over call tensor i (encoded per call;
+    ``plain``: a tiled map of the tensor's own type, the only form taken here)."""
     md = getattr(compiled, "metadata", None)
     src = getattr(compiled, "src", None)
     sig = getattr(src, "signature", None)
@@ -167,15 +174,31 @@ def launch_spec(compiled, grid, values):
     if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "global_scratch_size", 0)
             or getattr(md, "profile_scratch_size", 0) or getattr(md, "launch_cooperative_grid",
                                                                   False)
-            or getattr(md, "launch_pdl", False) or getattr(md, "tensordesc_meta", None)):
+            or getattr(md, "launch_pdl", False)):
         return None
     types = list(sig.values())
     if len(types) != len(values):
         return None
-    slots, patches = [], []
+    metas = list(getattr(md, "tensordesc_meta", None) or [])
+    n_desc = sum(1 for ty in types if isinstance(ty, str) and ty.startswith("tensordesc"))
+    if n_desc and len(metas) != n_desc:
+        return None  # descriptors lowered to pointers (no metadata): Triton's launcher
+    slots, patches, tmas = [], [], []
     for ty, (kind, v) in zip(types, values):
-        if not isinstance(ty, str) or kind == "desc":
-            return None  # a tuple argument, a host TMA descriptor
+        if not isinstance(ty, str):
+            return None  # a tuple argument
+        if ty.startswith("tensordesc"):
+            tma = _tma_spec(metas.pop(0), kind, v, len(slots))
+            if tma is None:
+                return None
+            tmas.append(tma)
+            slots.append(0)  # the map's parameter (the executor points it at the encoding)
+            _, shape, strides, _, _ = v
+            slots += [int.from_bytes(struct.pack("<i", n), "little") for n in shape]
+            slots += [int.from_bytes(struct.pack("<q", n), "little") for n in strides]
+            continue
+        if kind == "desc":
+            return None
         if ty == "constexpr":
             continue
         if ty.startswith("*"):
@@ -202,4 +225,33 @@ def launch_spec(compiled, grid, values):
         return None
     gx, gy, gz = (int(g) for g in grid)
     return (fn, (gx, gy, gz), 32 * int(md.num_warps), int(md.shared), tuple(slots),
-            tuple(patches))
+            tuple(patches), tuple(tmas))
+
+
+# Triton's device-side TMA data type codes to the driver's CUtensorMapDataType (they differ
+# for three types; Triton's driver keeps the same table)
+_TMA_DTYPE_TO_HOST = {**{i: i for i in range(16)}, 8: 10, 9: 8, 10: 9}
+
+
+def _tma_spec(meta, kind, value, slot):
+    """(slot, tensor index, CUtensorMapDataType, dims, byte strides, box, swizzle, fill) of
+    one host descriptor parameter, dimensions innermost first (cuTensorMapEncodeTiled's
+    order, as Triton's ``fill_tma_descriptor`` passes them), or None when the executor cannot
+    make it (a descriptor of no call tensor, fp4 padding, an unexpected rank)."""
+    if (kind != "desc" or not isinstance(meta, dict) or meta.get("fp4_padded")
+            or meta.get("is_im2col") or not value[4]):
+        return None
+    tensor, shape, strides, padding, _ = value
+    rank = len(shape)
+    block = [int(b) for b in meta["block_size"]]
+    if not 1 <= rank <= 5 or len(strides) != rank or len(block) != rank or strides[-1] != 1:
+        return None
+    es = int(meta["elem_size"])
+    dims = tuple(reversed(shape))
+    byte_strides = tuple(es * int(s) for s in reversed(strides[:-1]))
+    try:
+        dtype = _TMA_DTYPE_TO_HOST[int(meta["elem_type"])]
+    except KeyError:
+        return None
+    return (slot, tensor, dtype, dims, byte_strides, tuple(reversed(block)),
+            int(meta["swizzle"]), 1 if padding == "nan" else 0)

@@ -352,7 +352,9 @@ def build(rec: list, inputs: tuple, outputs: tuple):
                     return False if not slots else None
                 pattern.append(-2 - slots[0])
                 consts.append(_descriptor_template(v))
-                cvals.append(("desc", None))  # a launch the C++ executor does not take
+                cvals.append(("desc", (slots[0], tuple(int(n) for n in v.shape),
+                                       tuple(int(n) for n in v.strides),
+                                       getattr(v, "padding", "zero"), _plain_tiled(v))))
             else:
                 # a tuple, or a descriptor of a temporary: holds a pointer of this call only
                 return False
@@ -446,6 +448,14 @@ _LAUNCHER_FORM = _launcher_form()
 
 def _is_descriptor(v) -> bool:
     return hasattr(v, "block_shape") and hasattr(v, "base") and hasattr(v, "strides")
+
+
+def _plain_tiled(desc) -> bool:
+    """A descriptor Triton's launcher encodes as a plain tiled map of its tensor's own data
+    type (no tf32 rounding of float32, no element strides or im2col of newer Triton versions):
+    the form the C++ executor reproduces."""
+    return (not getattr(desc, "round_f32_to_tf32", False)
+            and getattr(desc, "element_strides", None) is None)
 
 
 def _same_view(desc, t) -> bool:
