@@ -655,13 +655,14 @@ def sweep_decode_splits(rows):
 
 
 def sweep_decode_bar(rows):
-    """decode_attention at issue #15's open bars, whole calls (graph replays, L2 flushed):
-    bf16 page 16 shuffled (case 1: >= 0.95x the dense default's TB/s, case 0) around its
-    default (4 warps, 2 stages, 2 splits + a combine launch): :data:`DECODE_PAGE16_VARIANTS`;
+    """decode_attention at issue #15's bars, whole calls (graph replays, L2 flushed): bf16
+    page 16 shuffled (case 1: >= 0.95x the dense default's TB/s, case 0) around its default
+    (4 warps, 2 stages, 2 splits merged in the split kernel): :data:`DECODE_PAGE16_VARIANTS`;
     fp8 per token page 64 (case 6: <= 0.55x the bf16 page-64 default's time, case 2) around
     its default (the word pipeline, 2 warps, 64-key tiles, 5 stages, 2 splits + a combine
-    launch): :data:`DECODE_FP8_VARIANTS`; the bf16 page-64 reference with the same changes
-    of the split merge (:data:`DECODE_PAGE64_VARIANTS`)."""
+    launch): :data:`DECODE_FP8_VARIANTS`; the bf16 page-64 reference
+    (:data:`DECODE_PAGE64_VARIANTS`). Ends with the programs an SM of each split-kernel
+    build as the driver counts them."""
     from tkit.kernels import decode as DA
 
     start = len(rows)
@@ -727,51 +728,28 @@ def _split_kernel_occupancy():
 
 
 #: bf16 page-16 variants of :func:`sweep_decode_bar`, as overrides of the default (4 warps,
-#: 2 stages: 96 registers, 5 programs an SM, one K/V tile in flight each; 2 splits). A paged
-#: loop keeps one tile in flight below 5 stages, two from 5, three from 7. One split of 8
-#: warps is 256 programs, at most two an SM from 5 stages (72 KB, 94 registers).
+#: 2 stages, 2 splits merged in the split kernel: combine="fused"). A paged loop keeps one
+#: tile in flight below 5 stages, two from 5, three from 7.
 DECODE_PAGE16_VARIANTS: list = [
-    dict(num_warps=8, num_stages=5, num_splits=1),  # 2 tiles in flight, 2 an SM
-    dict(num_warps=8, num_stages=7, num_splits=1),  # 3 tiles (105 KB), 2 an SM
-    dict(num_warps=4, num_stages=7, num_splits=1),  # the same bytes in flight on 4 warps
-    dict(num_warps=8, num_stages=3, num_splits=1),  # 1 tile, 3 an SM (dense's config)
-    dict(block_n=128, num_warps=8, num_stages=3, num_splits=1),  # 1 tile of 128 keys
-    dict(combine="fused"),  # the default's 2 splits merged by the last to finish
-]
-
-#: bf16 page-64 variants (the fp8 bar's reference): the split merge without a launch, and
-#: one split of 8 warps at 5 stages (2 tiles in flight, 85 registers).
-DECODE_PAGE64_VARIANTS: list = [
-    dict(combine="fused"),
-    dict(combine="fused_persistent"),
+    dict(combine="launch"),  # the combine launch (the default before)
+    dict(num_warps=4, num_stages=5, num_splits=1),  # 2 tiles in flight, one split
     dict(num_warps=8, num_stages=5, num_splits=1),
 ]
 
+#: bf16 page-64 variants (the fp8 bar's reference): one split of 8 warps at 5 stages (2
+#: tiles in flight, 85 registers), and the split merge without a launch.
+DECODE_PAGE64_VARIANTS: list = [
+    dict(num_warps=8, num_stages=5, num_splits=1),
+    dict(combine="fused"),
+]
+
 #: fp8 variants, as overrides of the default (the word pipeline: 2 warps, 64-key tiles, 5
-#: stages: 214 registers, 4 programs an SM, 2 K/V tiles in flight each, 2 splits).
-#: "fused": no combine launch (the last split merges; counters zeroed per call, one fill
-#: launch); "fused_persistent": the same without the fill (the merge's own cost alone).
+#: stages: 216 registers, 4 programs an SM, 2 K/V tiles in flight each, 2 splits).
 DECODE_FP8_VARIANTS: list = [
     dict(num_splits=2),  # the default's own build again: the run's noise
-    dict(word_addressing="offsets"),  # the build before the base pointers (677 a tile)
     dict(combine="fused"),  # 227 registers, still 4 an SM
-    dict(combine="fused_persistent"),
-    dict(column_sums=True),  # 613 a tile, 6 barriers instead of 9
-    dict(lazy_rescale=True),
-    # 3 tiles in flight (56848 B of shared memory: 4 an SM if the 1 KB a program that
-    # cuobjdump reports as static is the system's reservation, 3 if it comes on top)
-    dict(num_stages=7, num_splits=2),
-    dict(num_stages=7, num_splits=2, column_sums=True),
-    # the scales in registers a tile ahead: 55312 B (fits 4 an SM either way), +81 a tile
-    dict(num_stages=7, num_splits=2, scales_ahead=True),
-    dict(num_stages=7, num_splits=2, combine="fused"),
-    dict(num_stages=7, num_splits=2, column_sums=True, lazy_rescale=True,
-         combine="fused_persistent"),
-    # 1 warp (no cross-warp softmax: 17.6 instructions a key at 64-key tiles, 19.8 at 32)
-    dict(num_warps=1, num_stages=7, num_splits=2),  # 255 registers, 3 tiles, 54800 B
-    dict(num_warps=1, block_n=32, num_stages=5, num_splits=4),  # 231, 21 KB: 8 an SM
-    dict(num_warps=1, block_n=32, num_stages=5, num_splits=4, lazy_rescale=True,
-         combine="fused_persistent"),
+    dict(num_stages=7, num_splits=2),  # 3 tiles in flight (56848 B: 4 an SM)
+    dict(num_warps=1, block_n=32, num_stages=5, num_splits=4),  # 231 registers: 8 an SM
 ]
 
 

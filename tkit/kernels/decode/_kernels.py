@@ -146,8 +146,7 @@ def _decode_tiles(acc, l_i, m_i, q, K, V, KS, VS, BT, start, end, L, qpos, offs_
 @triton.jit
 def _row_ptrs(A, B, BT, start_n, L, offs_n, cols, b64, n_blocks, sbtn, sn, sp, sn2, sp2,
               PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SUB_N: tl.constexpr,
-              MASKED: tl.constexpr, SAME: tl.constexpr, COLS: tl.constexpr,
-              OPTS: tl.constexpr = 0):
+              MASKED: tl.constexpr, SAME: tl.constexpr, COLS: tl.constexpr):
     """Pointers to the rows of key positions ``start_n + offs_n`` in two caches A and B
     strided (block, row) = (sn, sp) and (sn2, sp2) (SAME: B strided as A), at columns
     ``cols`` (COLS: (SUB_N, len(cols)) pointers; else one a row). A fully visible tile (not
@@ -157,24 +156,7 @@ def _row_ptrs(A, B, BT, start_n, L, offs_n, cols, b64, n_blocks, sbtn, sn, sp, s
     SUB_N row strides < 2**31), so an address costs one wide multiply-add; every row is then
     below L, a row of the sequence. Else 64-bit offsets per key as :func:`_key_rows`
     (positions clamped to the sequence, blocks to the cache)."""
-    if OPTS % 2 == 1 and not (MASKED or (PAGED and PAGE_SIZE < SUB_N)):
-        # (measurement only) 64-bit offsets per element, as before the base pointers
-        if PAGED:
-            blk = tl.load(BT + (start_n // PAGE_SIZE) * sbtn)
-            blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
-            r0 = tl.cast(start_n % PAGE_SIZE, tl.int64)
-        else:
-            blk = b64
-            r0 = tl.cast(start_n, tl.int64)
-        off = (blk * sn + r0 * sp) + offs_n * sp
-        off2 = (blk * sn2 + r0 * sp2) + offs_n * sp2
-        if COLS:
-            pa = A + off[:, None] + cols[None, :]
-            pb = B + off2[:, None] + cols[None, :]
-        else:
-            pa = A + off
-            pb = B + off2
-    elif MASKED or (PAGED and PAGE_SIZE < SUB_N):
+    if MASKED or (PAGED and PAGE_SIZE < SUB_N):
         blk, row = _key_rows(BT, start_n, start_n + offs_n, L, b64, n_blocks, sbtn, PAGE_SIZE,
                              PAGED, SUB_N)
         ra = A + (blk * sn + row * sp)
@@ -225,8 +207,7 @@ def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, K
                        PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
                        MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
                        SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
-                       SAME_STRIDES: tl.constexpr, OPTS: tl.constexpr = 0, ks_in=None,
-                       vs_in=None):
+                       SAME_STRIDES: tl.constexpr):
     """:func:`_decode_tile` for fp8 caches read as int32 words of 4 values (the software
     pipeline streams the words through shared memory): each word becomes four float16
     quarters (:func:`_fp8_words_to_f16`) in whatever layout the dots ask of the shared-memory
@@ -244,20 +225,18 @@ def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, K
         svsp = sksp
     k_ptrs, v_ptrs = _row_ptrs(K, V, BT, start_n, L, offs_n, offs_w, b64, n_blocks, sbtn, skn,
                                skp, svn, svp, PAGE_SIZE, PAGED, SUB_N, MASKED, SAME_STRIDES,
-                               True, OPTS)
+                               True)
     kw = _masked_load(k_ptrs, wmask, HEAD_DIM != BLOCK_D)
     k0, k1, k2, k3 = _fp8_words_to_f16(kw)
     qk = _dot(q0, tl.trans(k0.to(q0.dtype)), input_precision=PREC)
     qk = _dot(q1, tl.trans(k1.to(q0.dtype)), qk, input_precision=PREC)
     qk = _dot(q2, tl.trans(k2.to(q0.dtype)), qk, input_precision=PREC)
     qk = _dot(q3, tl.trans(k3.to(q0.dtype)), qk, input_precision=PREC)
-    if ks_in is None and (SCALE_K == 2 or SCALE_V == 2):
+    if SCALE_K == 2 or SCALE_V == 2:
         ks_ptrs, vs_ptrs = _row_ptrs(KS, VS, BT, start_n, L, offs_n, offs_n, b64, n_blocks,
                                      sbtn, sksn, sksp, svsn, svsp, PAGE_SIZE, PAGED, SUB_N,
-                                     MASKED, SAME_STRIDES, False, OPTS)
-    if ks_in is not None:  # loaded a tile ahead by the caller
-        ks = ks_in
-    elif SCALE_K == 2:
+                                     MASKED, SAME_STRIDES, False)
+    if SCALE_K == 2:
         ks = tl.load(ks_ptrs)
     else:
         ks = tl.zeros([SUB_N], dtype=tl.float32)
@@ -269,28 +248,15 @@ def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, K
         p, alpha, l_i, m_new = _online_softmax(qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr,
                                                qk_scale, cap_scale, MASKED, MASK_LO, MASK_HI,
                                                SOFTCAP, SCALE_K)
-    if vs_in is not None:
-        p = p * vs_in[None, :]
-    elif SCALE_V == 2:
+    if SCALE_V == 2:
         p = p * tl.load(vs_ptrs)[None, :]
     p = p.to(q0.dtype)
     vw = _masked_load(v_ptrs, wmask, HEAD_DIM != BLOCK_D)
     v0, v1, v2, v3 = _fp8_words_to_f16(vw)
-    if OPTS // 2 % 2 == 1:  # (measurement only) O rescaled only when a row's max moved
-        if tl.max((m_new > m_i).to(tl.int32), 0) > 0:
-            acc0 = acc0 * alpha[:, None]
-            acc1 = acc1 * alpha[:, None]
-            acc2 = acc2 * alpha[:, None]
-            acc3 = acc3 * alpha[:, None]
-    else:
-        acc0 = acc0 * alpha[:, None]
-        acc1 = acc1 * alpha[:, None]
-        acc2 = acc2 * alpha[:, None]
-        acc3 = acc3 * alpha[:, None]
-    acc0 = _dot(p, v0.to(q0.dtype), acc0, input_precision=PREC)
-    acc1 = _dot(p, v1.to(q0.dtype), acc1, input_precision=PREC)
-    acc2 = _dot(p, v2.to(q0.dtype), acc2, input_precision=PREC)
-    acc3 = _dot(p, v3.to(q0.dtype), acc3, input_precision=PREC)
+    acc0 = _dot(p, v0.to(q0.dtype), acc0 * alpha[:, None], input_precision=PREC)
+    acc1 = _dot(p, v1.to(q0.dtype), acc1 * alpha[:, None], input_precision=PREC)
+    acc2 = _dot(p, v2.to(q0.dtype), acc2 * alpha[:, None], input_precision=PREC)
+    acc3 = _dot(p, v3.to(q0.dtype), acc3 * alpha[:, None], input_precision=PREC)
     return acc0, acc1, acc2, acc3, l_i, m_new
 
 
@@ -302,62 +268,17 @@ def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, 
                         SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                         MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
                         SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr,
-                        PREC: tl.constexpr, SAME_STRIDES: tl.constexpr,
-                        OPTS: tl.constexpr = 0):
+                        PREC: tl.constexpr, SAME_STRIDES: tl.constexpr):
     """:func:`_decode_tiles` over :func:`_decode_tile_words`."""
-    if OPTS // 8 % 2 == 1 and SCALE_K == 2 and SCALE_V == 2 and BLOCK_N == SUB_N:
-        # (measurement only) per-token scales loaded into registers a tile ahead, outside
-        # the software pipeline (no shared memory for them)
-        if SAME_STRIDES:
-            svsn = sksn
-            svsp = sksp
-        ks_n, vs_n = _scales_ahead(KS, VS, BT, start, end, L, offs_n, b64, n_blocks, sbtn,
-                                   sksn, sksp, svsn, svsp, PAGE_SIZE, PAGED, SUB_N, MASKED,
-                                   SAME_STRIDES, OPTS)
-        for start_t in range(start, end, BLOCK_N):
-            ks_c = ks_n
-            vs_c = vs_n
-            nxt = tl.where(start_t + BLOCK_N < end, start_t + BLOCK_N, start_t)
-            ks_n, vs_n = _scales_ahead(KS, VS, BT, nxt, end, L, offs_n, b64, n_blocks, sbtn,
-                                       sksn, sksp, svsn, svsp, PAGE_SIZE, PAGED, SUB_N, MASKED,
-                                       SAME_STRIDES, OPTS)
+    for start_t in range(start, end, BLOCK_N):
+        for j in tl.static_range(BLOCK_N // SUB_N):
             acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_words(
                 acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
-                start_t, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
+                start_t + j * SUB_N, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
                 cap_scale, skn, skp, svn, svp, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D,
                 SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V,
-                PREC, SAME_STRIDES, OPTS, ks_c, vs_c)
-    else:
-        for start_t in range(start, end, BLOCK_N):
-            for j in tl.static_range(BLOCK_N // SUB_N):
-                acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_words(
-                    acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
-                    start_t + j * SUB_N, L, qpos, offs_n, b64, n_blocks, shift, wl, wr,
-                    qk_scale, cap_scale, skn, skp, svn, svp, sksn, sksp, svsn, svsp, sbtn,
-                    HEAD_DIM, BLOCK_D, SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI,
-                    SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, OPTS)
+                PREC, SAME_STRIDES)
     return acc0, acc1, acc2, acc3, l_i, m_i
-
-
-@triton.jit
-def _scales_ahead(KS, VS, BT, start_n, end, L, offs_n, b64, n_blocks, sbtn, sksn, sksp, svsn,
-                  svsp, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SUB_N: tl.constexpr,
-                  MASKED: tl.constexpr, SAME: tl.constexpr, OPTS: tl.constexpr):
-    """(measurement only) The per-token K and V scales of the tile at ``start_n`` (< end),
-    loaded by plain ``ld.global.nc`` (not a load the software pipeline turns into copies
-    through shared memory)."""
-    ks_ptrs, vs_ptrs = _row_ptrs(KS, VS, BT, start_n, L, offs_n, offs_n, b64, n_blocks, sbtn,
-                                 sksn, sksp, svsn, svsp, PAGE_SIZE, PAGED, SUB_N, MASKED, SAME,
-                                 False, OPTS)
-    if _INTERPRET:
-        ks = tl.load(ks_ptrs)
-        vs = tl.load(vs_ptrs)
-    else:
-        ks = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ks_ptrs],
-                                       dtype=tl.float32, is_pure=True, pack=1)
-        vs = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [vs_ptrs],
-                                       dtype=tl.float32, is_pure=True, pack=1)
-    return ks, vs
 
 
 @triton.jit
@@ -442,10 +363,7 @@ def _online_softmax(qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr, qk_scale, ca
         m_use = m_new
     p = tl.exp2(s - m_use[:, None])
     alpha = tl.exp2(m_i - m_use)
-    if len(l_i.shape) == 2:  # (measurement only) sums a key column, added up after the loop
-        l_i = l_i * alpha[:, None] + p
-    else:
-        l_i = l_i * alpha + tl.sum(p, 1)
+    l_i = l_i * alpha + tl.sum(p, 1)
     return p, alpha, l_i, m_new
 
 
@@ -473,7 +391,7 @@ def _decode_split_kernel(
     SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
     FP8_WORDS: tl.constexpr = False, SAME_STRIDES: tl.constexpr = False,
     OUT=None, LOUT=None, CNT=None, sfb=0, sfs=0, sfh=0, sfd=0, sgb=0, sgh=0, sgs=0,
-    FUSED: tl.constexpr = False, OPTS: tl.constexpr = 0,
+    FUSED: tl.constexpr = False,
 ):
     """One program: the packed rows of one M tile of one (sequence, kv head), over split
     ``s`` of its keys. Grid (num_splits * M tiles, heads_kv, batch), M tiles fastest.
@@ -573,8 +491,6 @@ def _decode_split_kernel(
         q2 = _q_part(Q, q_off, offs_c + 2, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
         q3 = _q_part(Q, q_off, offs_c + 3, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
         acc0 = tl.zeros([BLOCK_M, BLOCK_D // 4], dtype=tl.float32)
-        if OPTS // 4 % 2 == 1:
-            l_i = tl.zeros([BLOCK_M, SUB_N], dtype=tl.float32)
         acc1 = acc0
         acc2 = acc0
         acc3 = acc0
@@ -589,20 +505,18 @@ def _decode_split_kernel(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, t0, a, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, OPTS)
+            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, a, c, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, OPTS)
+            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, c, t1, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, OPTS)
+            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
         acc = _interleave4(acc0, acc1, acc2, acc3, BLOCK_M, BLOCK_D)
-        if OPTS // 4 % 2 == 1:
-            l_i = tl.sum(l_i, 1)
     else:
         acc, l_i, m_i = _decode_tiles(
             acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, t0, a, L, qpos, offs_n, offs_d, b64,
