@@ -153,8 +153,8 @@ def _row_ptrs(A, B, BT, start_n, L, offs_n, cols, b64, n_blocks, sbtn, sn, sp, s
     MASKED) whose keys share a block (dense, or pages of SUB_N keys or more: tiles start at
     multiples of SUB_N) needs neither clamps nor a table read per key: one 64-bit base
     pointer a tile and the same 32-bit offsets from it every tile (the launcher guarantees
-    SUB_N row strides < 2**31), so an address costs one wide multiply-add; every row is then
-    below L, a row of the sequence. Else 64-bit offsets per key as :func:`_key_rows`
+    SUB_N row strides < 2**31), so an address costs one 64-bit add; every row is then below
+    L, a row of the sequence. Else 64-bit offsets per key as :func:`_key_rows`
     (positions clamped to the sequence, blocks to the cache)."""
     if MASKED or (PAGED and PAGE_SIZE < SUB_N):
         blk, row = _key_rows(BT, start_n, start_n + offs_n, L, b64, n_blocks, sbtn, PAGE_SIZE,
