@@ -1,7 +1,13 @@
 """Layout decoding on TTGIR text as Triton 3.6 prints it (no compile needed)."""
 
 from tkit.ir_tools.layouts import parse_layout, parse_layouts
-from tkit.ir_tools.summary import occupancy, pipelining, ptx_histogram, sass_histogram
+from tkit.ir_tools.summary import (
+    counted_shared,
+    occupancy,
+    pipelining,
+    ptx_histogram,
+    sass_histogram,
+)
 
 TTGIR = """\
 #blocked = #ttg.blocked<{sizePerThread = [1, 8], threadsPerWarp = [4, 8], warpsPerCTA = [8, 1], order = [1, 0]}>
@@ -85,3 +91,7 @@ def test_occupancy_limits():
     assert occupancy(90, 4, 32, 100 * 1024)["blocks_per_sm"] == 2
     assert occupancy(80, 4, 32, 100 * 1024)["limited_by"] == "shared memory"
     assert not occupancy(80, 4, 32, 200 * 1024)["fits_shared"]
+    # sm_90 cubins carry the driver's 1 KB reservation as static shared memory: counted once
+    # (the H200's driver: four 2-warp programs of 56848 dynamic bytes an SM)
+    assert occupancy(90, 2, 216, counted_shared(90, 56848, 1024))["blocks_per_sm"] == 4
+    assert counted_shared(80, 4096, 512) == 4608

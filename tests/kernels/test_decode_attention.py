@@ -2,6 +2,8 @@
 the float64 reference (fp16/fp32 and fp8 caches), targeted lengths / pages / GQA / head dims /
 splits, round trips, merging, clamping of garbage tables and lengths, errors, registration."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -126,6 +128,24 @@ def test_splits_agree_with_one_split():
         torch.testing.assert_close(many[1], one[1], atol=1e-5, rtol=1e-5)
 
 
+def test_splits_merged_in_the_split_kernel():
+    """The last split of each (sequence, kv head, M tile) to finish merges the partials (no
+    combine launch): against the reference and the combine launch, with an empty sequence,
+    a window and two queries."""
+    q, k, v, table = _paged(3, 2, 8, 2, 32, 8, 6, torch.float16, seed=171)
+    lens = _lens(48, 0, 17)
+    kw = dict(block_table=table, return_lse=True, window_size=(20, -1))
+    with DA.decode_config(block_n=16, num_splits=3):
+        want, want_lse = tkit.decode_attention(q, k, v, lens, **kw)
+    with DA.decode_config(block_n=16, num_splits=3, combine="fused"), poisoned_outputs():
+        got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                               [q, k, v, lens], kw)
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=0)
+    torch.testing.assert_close(got_lse, want_lse, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="combine"), DA.decode_config(combine="merge"):
+        tkit.decode_attention(q, k, v, lens, block_table=table, num_splits=2)
+
+
 def test_shared_pages_and_overlong_table():
     # sequences 0 and 2 share pages (a common prefix), table columns past the length hold -1
     q, k, v, table = _paged(3, 1, 4, 2, 32, 4, 6, torch.float16, seed=13)
@@ -183,7 +203,8 @@ def test_zero_length_gives_zero_and_minus_inf():
 def test_device_defaults_for_head_dim_128(monkeypatch):
     """The GPU table's D=128 rows (read outside the interpreter): fp8 takes the word pipeline
     at 2 warps counting 4 programs an SM; a dense 16-bit cache one split of 8 warps only while
-    the grid is one wave of three programs an SM; paged 16-bit caches 4 warps, 2 stages."""
+    the grid is one wave of three programs an SM; paged 16-bit caches 4 warps, 2 stages,
+    their splits merged in the split kernel when pages are smaller than a tile."""
     from tkit.kernels.decode import config as DC
 
     monkeypatch.setattr(DC._env, "INTERPRET", False)
@@ -192,8 +213,11 @@ def test_device_defaults_for_head_dim_128(monkeypatch):
     one_wave = DC.DecodeConfig.for_device(128, 2, paged=False, programs=256, sms=132)
     assert (one_wave.num_warps, one_wave.num_stages, one_wave.split_bytes) == (8, 3, 4 << 20)
     waves = DC.DecodeConfig.for_device(128, 2, paged=False, programs=1024, sms=132)
-    paged = DC.DecodeConfig.for_device(128, 2, paged=True)
+    paged = DC.DecodeConfig.for_device(128, 2, paged=True, page_size=64)
     assert waves == paged and (paged.num_warps, paged.num_stages) == (4, 2)
+    assert paged.combine == "launch" and fp8.combine == "launch"
+    page16 = DC.DecodeConfig.for_device(128, 2, paged=True, page_size=16)
+    assert page16 == dataclasses.replace(paged, combine="fused")
 
 
 def test_choose_num_splits():
@@ -610,6 +634,35 @@ def test_cuda_graph_replay_with_new_lengths_and_tables():
         g.replay()
         eager = tkit.decode_attention(q, k, v, lens, block_table=table)
         assert torch.equal(out, eager)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_with_splits_merged_in_the_split_kernel():
+    """The split merge without a combine launch (fp8, three splits), captured once and
+    replayed with new lengths and tables (the graph zeroes its counters each replay): exact
+    against eager calls of the same config, close to the combine launch."""
+    q, k, v, table = _paged(32, 1, 32, 8, 128, 64, 16, torch.bfloat16, seed=181)
+    k, v = k.to(FP8), v.to(FP8)
+    gen = torch.Generator().manual_seed(7)
+    ks = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+    vs = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+    lens = torch.randint(0, 1025, (32,), generator=gen).to(I32).to(k.device)
+    kw = dict(block_table=table, k_scale=ks, v_scale=vs)
+    with DA.decode_config(combine="fused", num_splits=3):
+        tkit.decode_attention(q, k, v, lens, **kw)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = tkit.decode_attention(q, k, v, lens, **kw)
+        for _ in range(3):
+            lens.copy_(torch.randint(0, 1025, (32,), generator=gen).to(I32))
+            table.copy_(S.paged_table(32, 16, 512, gen))
+            g.replay()
+            eager = tkit.decode_attention(q, k, v, lens, **kw)
+            assert torch.equal(out, eager)
+    with DA.decode_config(num_splits=3, combine="launch"):
+        torch.testing.assert_close(out, tkit.decode_attention(q, k, v, lens, **kw),
+                                   atol=1e-2, rtol=0)
 
 
 def test_torch_compile_fullgraph():

@@ -712,6 +712,58 @@ def test_jit_decode_plan_allocates_its_split_partials(jitplans):
 
 
 @jit
+def test_jit_zeroed_scratch_is_zeroed_per_call(jitplans, monkeypatch):
+    """decode_attention whose splits are merged by the last to finish (counters that must be
+    zero at the launch): the plan allocates the counters per call with zeros, and launches
+    the split kernel alone (no combine launch), as the ordinary path does."""
+    import dataclasses
+
+    from tkit.kernels.decode import config as DC
+
+    orig = DC.DecodeConfig.for_device.__func__
+    monkeypatch.setattr(DC.DecodeConfig, "for_device", classmethod(
+        lambda cls, *a, **k: dataclasses.replace(orig(cls, *a, **k), combine="fused")))
+    q, k, v, n = _decode_inputs()
+    planned = _plan_vs_ordinary(jitplans, lambda: (q, k, v, n),
+                                lambda *a: _decode_on_h200(lambda: tkit.decode_attention(*a)))
+    assert len(planned) == 1  # the split kernel alone
+    hidden = [x for x in planned[0][1] if isinstance(x, tuple) and x[:2] == ("ptr", "hidden")]
+    # the partials, their lse, the unreturned lse and the counters
+    assert sorted(str(h[4]) for h in hidden) == ["torch.float32"] * 3 + ["torch.int32"]
+
+
+def test_plan_codegen_allocates_zeroed_scratch_with_zeros():
+    """A plan's allocation marked -2 (a scratch tensor that starts at zero) is made by
+    ``zeros`` in the generated Python plan and by ``at::zeros`` in the C++ executor (checked
+    on memory the allocator hands back after garbage was written to it)."""
+    calls = []
+
+    def zeros(*a, **k):
+        calls.append((a, k))
+        return torch.zeros(*a, **k)
+
+    make = _plan._codegen(1, 1, 0, (), (-2,))
+    go = make(torch.empty, torch.empty_like, zeros, {"plan": 0}, ([], []), None,
+              (64,), torch.int32, torch.device("cpu"))
+    out = go(0, (torch.ones(3),))
+    assert calls and calls[0][0] == ((64,),)
+    assert torch.equal(out, torch.zeros(64, dtype=torch.int32))
+    from tkit.kernels import _cplan
+
+    mod = _cplan.module()
+    if mod is None:
+        pytest.skip(f"no C++ executor here: {_cplan.status()}")
+    plan = mod.Plan([], [((64,), mod.scalar_type_code(torch.int32), -1, -2)], 1, 1, [], [],
+                    {"plan": 0})
+    for _ in range(3):
+        garbage = torch.full((64,), 7, dtype=torch.int32)
+        del garbage
+        got = plan(0, (torch.ones(3),))
+        got = got[0] if isinstance(got, tuple) else got
+        assert torch.equal(got, torch.zeros(64, dtype=torch.int32))
+
+
+@jit
 def test_jit_gluon_attention_plan_rebuilds_its_descriptors(jitplans, monkeypatch):
     """The Gluon Hopper forward takes host TMA descriptors of q, k, v and out: its plan keeps
     their block shapes and layouts and rebuilds each over the call's tensors (the fresh output

@@ -35,6 +35,17 @@ _RESERVED_SMEM = 1024
 _REG_UNIT = 256  # registers are allocated per warp in units of 256
 
 
+def counted_shared(cap: int, dynamic: int, static: int) -> int:
+    """A program's shared memory for :func:`occupancy` (which adds the driver's 1 KB
+    reservation): on sm_90 the cubin carries that reservation as 1 KB of static shared
+    memory (cuobjdump reports SHARED:1024 for a kernel that declares none; on sm_80, 0), so
+    it is counted once: the H200's driver fits four programs of 56848 dynamic bytes an SM,
+    which the reservation counted twice would make three."""
+    if cap == 90:
+        static -= min(static, _RESERVED_SMEM)
+    return dynamic + static
+
+
 def occupancy(cap: int, num_warps: int, n_regs: int, shared: int) -> dict:
     """Resident blocks and warps per SM allowed by threads, registers and shared memory."""
     lim = TARGET_LIMITS[cap]
@@ -296,7 +307,8 @@ def summarize(ir: CompiledIR) -> Summary:
         d = lay.as_dict()
         d["uses"] = lay.uses
         layouts.append(d)
-    occ = occupancy(ir.cap, ir.num_warps, res["n_regs"], ir.shared + res["static_shared"])
+    occ = occupancy(ir.cap, ir.num_warps, res["n_regs"],
+                    counted_shared(ir.cap, ir.shared, res["static_shared"]))
     return Summary(name=ir.name, arch=ir.arch, config=dict(ir.config), note=ir.note,
                    launches=list(ir.launches), num_warps=ir.num_warps,
                    num_stages=ir.num_stages, layouts=layouts,

@@ -93,12 +93,14 @@ def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> tor
     return out
 
 
-def scratch(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def scratch(shape: Sequence[int], dtype: torch.dtype, device: torch.device,
+            zero: bool = False) -> torch.Tensor:
     """Allocate a temporary that the launches write in full before they read it (split-K
-    partials): an eager plan allocates it afresh per call (never poisoned: not an output)."""
-    t = torch.empty(tuple(shape), dtype=dtype, device=device)
+    partials), or with ``zero`` one that starts at zero (counters): an eager plan allocates
+    it afresh per call, zeroed where asked (never poisoned: not an output)."""
+    t = (torch.zeros if zero else torch.empty)(tuple(shape), dtype=dtype, device=device)
     if _launch._recorders:
-        _launch.record_scratch(t)
+        _launch.record_scratch(t, zero)
     return t
 
 

@@ -131,7 +131,8 @@ struct Alloc {
   std::vector<int64_t> sizes;
   at::ScalarType dtype;
   int device;  // -1: CPU (tests only)
-  int like;    // an input with this output's shape, dtype, device and strides, or -1
+  int like;    // an input with this output's shape, dtype, device and strides, or -1;
+               // -2: a scratch tensor allocated by at::zeros
 };
 
 struct PlanObject {
@@ -257,7 +258,7 @@ PyObject* run_plan(PlanObject* p, unsigned long long stream, PyObject* inputs) {
         auto opts = at::TensorOptions().dtype(a.dtype);
         opts = a.device >= 0 ? opts.device(at::kCUDA, static_cast<c10::DeviceIndex>(a.device))
                              : opts.device(at::kCPU);
-        made.push_back(at::empty(a.sizes, opts));
+        made.push_back(a.like == -2 ? at::zeros(a.sizes, opts) : at::empty(a.sizes, opts));
       }
       uint64_t ptr = reinterpret_cast<uint64_t>(made.back().data_ptr());
       ptrs[p->n_in + j] = ptr;
@@ -365,7 +366,8 @@ bool parse_tmas(PyObject* tmas, Launch& one, int n_tensors) {
 //   launches: [(function, (gx, gy, gz), threads, shared, slots, ((slot, tensor index), ...),
 //               ((slot, tensor index, dtype, dims, byte strides, box, swizzle, fill), ...))]
 //   (the last: host TMA descriptors, dimensions innermost first; may be left out)
-//   allocs: [(sizes, dtype code (c10::ScalarType), device index or -1, like input or -1)]
+//   allocs: [(sizes, dtype code (c10::ScalarType), device index or -1, like input or -1,
+//            or -2: zeros)]
 PyObject* make_plan(PyObject*, PyObject* args) {
   PyObject *launches, *allocs, *enter, *exit_, *stats;
   int n_in, n_out;

@@ -285,14 +285,17 @@ class Recording(list):
     def __init__(self):
         super().__init__()
         self.scratch: list = []
+        self.zeroed: list = []
 
 
-def record_scratch(t) -> None:
-    """Note a scratch tensor (allocated by ``torch.empty`` and fully written by the launches
-    before they read it) of the call being recorded, if any."""
+def record_scratch(t, zero: bool = False) -> None:
+    """Note a scratch tensor of the call being recorded, if any: allocated by ``torch.empty``
+    and fully written by the launches before they read it, or (``zero``) by ``torch.zeros``
+    (counters the launches leave at any value)."""
     rec = getattr(_tls, "rec", None)
     if rec is not None:
         rec.scratch.append(t)
+        rec.zeroed.append(zero)
 
 
 @contextlib.contextmanager

@@ -29,7 +29,8 @@ version counter moved; inference tensors have none, so under ``torch.inference_m
 on the ops themselves). A recorded launch's tensor arguments are matched to the call's inputs
 and outputs by data pointer (views such as ``x.view(-1, N)`` share it; Triton's launcher only
 reads the pointer). Scratch tensors that the op allocated through ``_common.scratch`` (fully
-written before read: split-K partials) are allocated afresh per call like outputs. A launch
+written before read: split-K partials; or, with ``zero=True``, starting at zero: counters)
+are allocated afresh per call like outputs (those with ``zero`` by ``torch.zeros``). A launch
 argument that matches none of them (another temporary, a contiguous copy) or more than one
 (``add(x, x)``) makes the signature unplannable: permanently for the first (``False`` is stored
 and later calls skip the recording), for this call only for the second (for good after
@@ -303,6 +304,7 @@ def build(rec: list, inputs: tuple, outputs: tuple):
     if not ON:
         return None
     scratch = tuple(getattr(rec, "scratch", ()))
+    zeroed = tuple(getattr(rec, "zeroed", ())) or (False,) * len(scratch)
     tensors = inputs + outputs + scratch
     if not CPU_OK and any(t is not None and not t.is_cuda for t in tensors):
         # keys hold device indices, -1 for CPU and meta alike: plans are for CUDA tensors
@@ -368,7 +370,9 @@ def build(rec: list, inputs: tuple, outputs: tuple):
         return False  # an output no launch writes (made by torch ops from a temporary)
     n_in = len(inputs)
     shape = tuple((tuple(o.shape), o.dtype, o.device) for o in outputs + scratch)
-    likes = tuple(_like_slot(inputs, o) for o in outputs + scratch)
+    # -2: a scratch tensor that starts at zero (torch.zeros)
+    likes = tuple(_like_slot(inputs, o) for o in outputs) + tuple(
+        -2 if z else _like_slot(inputs, o) for o, z in zip(scratch, zeroed))
     if _cplan.ON and all(c is not None for c in cspecs) and (_cplan_test or all(
             t is None or t.is_cuda for t in tensors)):
         mod = _cplan.module()
@@ -389,8 +393,8 @@ def build(rec: list, inputs: tuple, outputs: tuple):
     values = [v for _, vals, _ in launches for v in vals]
     for s, dt, dev in shape:
         values += [s, dt, dev]
-    return make(torch.empty, torch.empty_like, stats, _launch.hook_lists(), _descriptor_for,
-                *values)
+    return make(torch.empty, torch.empty_like, torch.zeros, stats, _launch.hook_lists(),
+                _descriptor_for, *values)
 
 
 def _like_slot(inputs: tuple, o) -> int:
@@ -499,7 +503,8 @@ def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple, likes: tupl
 
     ``likes[j]``: an input slot whose shape, dtype, device and (contiguous) strides the j-th
     allocation has, allocated with ``empty_like`` (no argument parsing: half the cost of
-    ``torch.empty(shape, dtype=, device=)``), or -1. ``direct[j]``: launch j calls the
+    ``torch.empty(shape, dtype=, device=)``), or -1, or -2 for a scratch tensor allocated by
+    ``torch.zeros``. ``direct[j]``: launch j calls the
     compiled launcher's C function itself (:func:`_direct_launch`), not its Python wrapper."""
     likes = likes or (-1,) * (n_out + n_scratch)
     direct = direct or (False,) * len(patterns)
@@ -519,6 +524,8 @@ def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple, likes: tupl
     for j, o in enumerate(allocs):
         if likes[j] >= 0:
             body.append(f"        {o} = empty_like(t{likes[j]})")
+        elif likes[j] == -2:
+            body.append(f"        {o} = zeros(s{j}, dtype=d{j}, device=v{j})")
         else:
             body.append(f"        {o} = empty(s{j}, dtype=d{j}, device=v{j})")
     # the launchers get data pointers as ints: Triton's C launcher then skips, per tensor
@@ -544,7 +551,7 @@ def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple, likes: tupl
     body.append("        stats['plan'] += 1")
     ret = outs[0] if n_out == 1 else "(" + ", ".join(outs) + ("," if n_out == 1 else "") + ")"
     body.append(f"        return {ret}")
-    src = (f"def make(empty, empty_like, stats, hooks, desc, {', '.join(params)}):\n"
+    src = (f"def make(empty, empty_like, zeros, stats, hooks, desc, {', '.join(params)}):\n"
            "    enter, exit_ = hooks\n"
            "    def go(stream, inputs):\n" + "\n".join(body) + "\n    return go\n")
     ns: dict = {}

@@ -144,32 +144,59 @@ def _decode_tiles(acc, l_i, m_i, q, K, V, KS, VS, BT, start, end, L, qpos, offs_
 
 
 @triton.jit
-def _row_offsets(BT, start_n, L, offs_n, b64, n_blocks, sbtn, sn, sp, sn2, sp2,
-                 PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SUB_N: tl.constexpr,
-                 MASKED: tl.constexpr):
-    """Offsets of the rows of key positions ``start_n + offs_n`` in two caches strided (block,
-    row) = (sn, sp) and (sn2, sp2), int64. A fully visible tile (not MASKED) whose keys share a
-    block (dense, or pages of SUB_N keys or more: tiles start at multiples of SUB_N) needs
-    neither clamps nor a table read per key: one 64-bit base a tile plus a 32-bit row term
-    (the launcher guarantees SUB_N row strides < 2**31); every row is then below L, a row of
-    the sequence. Else as :func:`_key_rows` (positions clamped to the sequence, blocks to the
-    cache)."""
+def _row_ptrs(A, B, BT, start_n, L, offs_n, cols, b64, n_blocks, sbtn, sn, sp, sn2, sp2,
+              PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SUB_N: tl.constexpr,
+              MASKED: tl.constexpr, SAME: tl.constexpr, COLS: tl.constexpr):
+    """Pointers to the rows of key positions ``start_n + offs_n`` in two caches A and B
+    strided (block, row) = (sn, sp) and (sn2, sp2) (SAME: B strided as A), at columns
+    ``cols`` (COLS: (SUB_N, len(cols)) pointers; else one a row). A fully visible tile (not
+    MASKED) whose keys share a block (dense, or pages of SUB_N keys or more: tiles start at
+    multiples of SUB_N) needs neither clamps nor a table read per key: one 64-bit base
+    pointer a tile and the same 32-bit offsets from it every tile (the launcher guarantees
+    SUB_N row strides < 2**31), so an address costs one 64-bit add; every row is then below
+    L, a row of the sequence. Else 64-bit offsets per key as :func:`_key_rows`
+    (positions clamped to the sequence, blocks to the cache)."""
     if MASKED or (PAGED and PAGE_SIZE < SUB_N):
         blk, row = _key_rows(BT, start_n, start_n + offs_n, L, b64, n_blocks, sbtn, PAGE_SIZE,
                              PAGED, SUB_N)
-        off = blk * sn + row * sp
-        off2 = blk * sn2 + row * sp2
-    else:
-        if PAGED:
-            blk = tl.load(BT + (start_n // PAGE_SIZE) * sbtn)
-            blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
-            r0 = tl.cast(start_n % PAGE_SIZE, tl.int64)
+        ra = A + (blk * sn + row * sp)
+        rb = B + (blk * sn2 + row * sp2)
+        if COLS:
+            pa = ra[:, None] + cols[None, :]
+            pb = rb[:, None] + cols[None, :]
         else:
-            blk = b64
+            pa = ra
+            pb = rb
+    else:
+        if PAGED:  # start_n >= 0: unsigned division and remainder by the power of 2
+            u = tl.cast(start_n, tl.uint32)
+            blk = tl.load(BT + (u // PAGE_SIZE).to(tl.int32) * sbtn)
+            blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
+            if PAGE_SIZE == SUB_N:  # a tile is a page
+                ta = A + blk * sn
+                tb = B + blk * sn2
+            else:
+                r0 = (u % PAGE_SIZE).to(tl.int64)
+                ta = A + (blk * sn + r0 * sp)
+                tb = B + (blk * sn2 + r0 * sp2)
+        else:
             r0 = tl.cast(start_n, tl.int64)
-        off = (blk * sn + r0 * sp) + offs_n * sp
-        off2 = (blk * sn2 + r0 * sp2) + offs_n * sp2
-    return off, off2
+            ta = A + (b64 * sn + r0 * sp)
+            tb = B + (b64 * sn2 + r0 * sp2)
+        if COLS:
+            rel = (offs_n * sp)[:, None] + cols[None, :]
+            pa = ta + rel
+            if SAME:
+                pb = tb + rel
+            else:
+                pb = tb + ((offs_n * sp2)[:, None] + cols[None, :])
+        else:
+            pa = ta + offs_n * sp
+            if SAME:
+                pb = tb + offs_n * sp
+            else:
+                pb = tb + offs_n * sp2
+    return pa, pb
 
 
 @triton.jit
@@ -196,19 +223,21 @@ def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, K
         svp = skp
         svsn = sksn
         svsp = sksp
-    k_off, v_off = _row_offsets(BT, start_n, L, offs_n, b64, n_blocks, sbtn, skn, skp, svn,
-                                svp, PAGE_SIZE, PAGED, SUB_N, MASKED)
-    kw = _masked_load(K + k_off[:, None] + offs_w[None, :], wmask, HEAD_DIM != BLOCK_D)
+    k_ptrs, v_ptrs = _row_ptrs(K, V, BT, start_n, L, offs_n, offs_w, b64, n_blocks, sbtn, skn,
+                               skp, svn, svp, PAGE_SIZE, PAGED, SUB_N, MASKED, SAME_STRIDES,
+                               True)
+    kw = _masked_load(k_ptrs, wmask, HEAD_DIM != BLOCK_D)
     k0, k1, k2, k3 = _fp8_words_to_f16(kw)
     qk = _dot(q0, tl.trans(k0.to(q0.dtype)), input_precision=PREC)
     qk = _dot(q1, tl.trans(k1.to(q0.dtype)), qk, input_precision=PREC)
     qk = _dot(q2, tl.trans(k2.to(q0.dtype)), qk, input_precision=PREC)
     qk = _dot(q3, tl.trans(k3.to(q0.dtype)), qk, input_precision=PREC)
     if SCALE_K == 2 or SCALE_V == 2:
-        ks_off, vs_off = _row_offsets(BT, start_n, L, offs_n, b64, n_blocks, sbtn, sksn, sksp,
-                                      svsn, svsp, PAGE_SIZE, PAGED, SUB_N, MASKED)
+        ks_ptrs, vs_ptrs = _row_ptrs(KS, VS, BT, start_n, L, offs_n, offs_n, b64, n_blocks,
+                                     sbtn, sksn, sksp, svsn, svsp, PAGE_SIZE, PAGED, SUB_N,
+                                     MASKED, SAME_STRIDES, False)
     if SCALE_K == 2:
-        ks = tl.load(KS + ks_off)
+        ks = tl.load(ks_ptrs)
     else:
         ks = tl.zeros([SUB_N], dtype=tl.float32)
     if SCALE_K == 2 and not SOFTCAP:  # the score scale folded into K's (one multiply a score)
@@ -220,9 +249,9 @@ def _decode_tile_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, K
                                                qk_scale, cap_scale, MASKED, MASK_LO, MASK_HI,
                                                SOFTCAP, SCALE_K)
     if SCALE_V == 2:
-        p = p * tl.load(VS + vs_off)[None, :]
+        p = p * tl.load(vs_ptrs)[None, :]
     p = p.to(q0.dtype)
-    vw = _masked_load(V + v_off[:, None] + offs_w[None, :], wmask, HEAD_DIM != BLOCK_D)
+    vw = _masked_load(v_ptrs, wmask, HEAD_DIM != BLOCK_D)
     v0, v1, v2, v3 = _fp8_words_to_f16(vw)
     acc0 = _dot(p, v0.to(q0.dtype), acc0 * alpha[:, None], input_precision=PREC)
     acc1 = _dot(p, v1.to(q0.dtype), acc1 * alpha[:, None], input_precision=PREC)
@@ -361,6 +390,8 @@ def _decode_split_kernel(
     MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
     FP8_WORDS: tl.constexpr = False, SAME_STRIDES: tl.constexpr = False,
+    OUT=None, LOUT=None, CNT=None, sfb=0, sfs=0, sfh=0, sfd=0, sgb=0, sgh=0, sgs=0,
+    FUSED: tl.constexpr = False,
 ):
     """One program: the packed rows of one M tile of one (sequence, kv head), over split
     ``s`` of its keys. Grid (num_splits * M tiles, heads_kv, batch), M tiles fastest.
@@ -377,7 +408,11 @@ def _decode_split_kernel(
     cap); ``wl``, ``wr`` the window (used when MASK_LO / MASK_HI; causal is wr = 0).
     FP8_WORDS: fp8 caches whose head dim is contiguous, in 4-byte-aligned rows, read as int32
     words of 4 values (:func:`_decode_tiles_words`); SAME_STRIDES (with FP8_WORDS): V and its
-    scales strided as K and its."""
+    scales strided as K and its.
+    FUSED (several splits): O, LSE are the partials and OUT, LOUT (strides ``sf*``, ``sg*``)
+    the final output; CNT holds one int32 counter a (sequence, kv head, M tile), zero at the
+    launch: the last of its splits to finish merges the partials (:func:`_merge_tile`) and
+    puts the counter back to zero, so that no combine launch follows."""
     pid = tl.program_id(0)
     hk = tl.program_id(1)
     b = tl.program_id(2)
@@ -511,6 +546,53 @@ def _decode_split_kernel(
     tl.store(O + o_off[:, None] + offs_d[None, :] * sod, out.to(O.dtype.element_ty),
              mask=row_ok[:, None] & dmask[None, :])
     l_off = b64 * slb + heads * slh + qpos.to(tl.int64) * sls + split64 * sls_split
+    tl.store(LSE + l_off, lse, mask=row_ok)
+    if FUSED:
+        # every thread's partial stores come before the counter's release; the acquire of
+        # the last split orders the others' partials before its loads (which skip L1)
+        tl.debug_barrier()
+        cnt = CNT + (b * tl.num_programs(1) + hk) * n_m + mb
+        done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if done == num_splits - 1:
+            o_off0 = o_off - split64 * sos_split
+            l_off0 = l_off - split64 * sls_split
+            _merge_tile(O, LSE, OUT, LOUT, o_off0, l_off0,
+                        b64 * sfb + qpos.to(tl.int64) * sfs + heads * sfh,
+                        b64 * sgb + heads * sgh + qpos.to(tl.int64) * sgs,
+                        offs_d, row_ok, dmask, num_splits, sos_split, sls_split, sod, sfd,
+                        BLOCK_M, BLOCK_D)
+            tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _merge_tile(OP, LP, O, LSE, op_off, lp_off, o_off, l_off, offs_d, row_ok, dmask,
+                num_splits, sop_split, slp_split, sopd, sod,
+                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The rows of one M tile of O and LSE from the ``num_splits`` float32 partials at
+    ``op_off`` / ``lp_off`` (split strides ``sop_split`` / ``slp_split``), as
+    :func:`_merge_rows`: O = sum_s w_s O_s / sum_s w_s, w_s = exp(lse_s - max lse)."""
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s in range(num_splits):
+        ls = tl.load(LP + lp_off + s * slp_split, mask=row_ok, other=float("-inf"),
+                     cache_modifier=".cg")
+        m = tl.maximum(m, ls)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    tot = tl.zeros([BLOCK_M], tl.float32)
+    mask = row_ok[:, None] & dmask[None, :]
+    for s in range(num_splits):
+        ls = tl.load(LP + lp_off + s * slp_split, mask=row_ok, other=float("-inf"),
+                     cache_modifier=".cg")
+        w = tl.exp(ls - m_use)
+        tot += w
+        o = tl.load(OP + (op_off + s * sop_split)[:, None] + offs_d[None, :] * sopd,
+                    mask=mask, other=0.0, cache_modifier=".cg")
+        acc += tl.where(w[:, None] > 0.0, w[:, None] * o, 0.0)
+    empty = tot == 0.0
+    out = acc / tl.where(empty, 1.0, tot)[:, None]
+    lse = tl.where(empty, float("-inf"), m_use + tl.log(tl.where(empty, 1.0, tot)))
+    tl.store(O + o_off[:, None] + offs_d[None, :] * sod, out.to(O.dtype.element_ty),
+             mask=mask)
     tl.store(LSE + l_off, lse, mask=row_ok)
 
 

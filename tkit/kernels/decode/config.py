@@ -51,6 +51,10 @@ class DecodeConfig:
         number of splits, so that the longest sequence of a mixed batch is not one long tail).
     max_registers: None, or a cap on the split kernel's registers a thread (Triton's
         ``maxnreg``): more resident programs an SM at the price of spills, for experiments.
+    combine: how several splits are merged: "launch" (a combine kernel after the split
+        kernel) or "fused" (the last split of each (sequence, kv head, M tile) to finish
+        merges them in the split kernel, counting on int32 counters zeroed per call: a fill
+        launch instead of the combine launch).
     """
 
     block_n: int = 64
@@ -62,10 +66,11 @@ class DecodeConfig:
     ctas_per_sm: int = 2
     split_bytes: int = 2 << 20
     max_registers: Optional[int] = None  # noqa: UP045
+    combine: str = "launch"
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,
-                   programs: int = 0, sms: int = 0) -> DecodeConfig:
+                   programs: int = 0, sms: int = 0, page_size: int = 0) -> DecodeConfig:
         """The default for this head dim, cache element size and layout (``paged``: a block
         table; else a dense cache); docs/NOTES.md has the H200 sweeps of B32 Hq32/Hkv8 D128
         L8192, dense and paged, that chose the D=128 rows. Otherwise K tiles of 16 KB (64 keys
@@ -73,12 +78,13 @@ class DecodeConfig:
         not per element, but tests want several tiles and splits on tiny caches: 16-key
         tiles there. ``programs``, ``sms``: the grid the dense 16-bit D=128 default makes
         (programs, splits included) and the SM count; more programs than one wave of three
-        an SM take the 4-warp config instead (below).
+        an SM take the 4-warp config instead (below). ``page_size``: the cache's (0: dense
+        or not known).
 
         fp8 at D=128: the pipelined loops reading words (above), 2 warps, 64-key tiles,
-        5 stages (two K/V tiles in flight a program even when paged): 214 registers, 40 KB,
+        5 stages (two K/V tiles in flight a program even when paged): 216 registers, 40 KB,
         4 programs an SM, so the split heuristic counts 4 slots an SM (B32: 2 splits). Page
-        64 with per-token scales took 0.563-0.573x the bf16 page-64 time on the H200, against
+        64 with per-token scales took 0.563-0.578x the bf16 page-64 time on the H200, against
         0.79x for the register-prefetch loop (the default before: 200 registers, 2 programs
         an SM), 0.59-0.60x for 1 warp and 0.69-0.76x for 4 warps (cross-warp softmax through
         shared memory every tile). The register-prefetch loop is deleted: 16-bit caches never
@@ -89,7 +95,14 @@ class DecodeConfig:
         split, so no combine launch follows. H200, whole calls against the 4-warp, 2-stage,
         2 MB config: B32 L8192 4.48 / 4.39 TB/s, 4 queries 4.46 / 4.32, B1 L131072 (29
         splits) 4.06 / 3.78, but B128 L1024 (1024 programs: 2.6 waves of three an SM against
-        1.9 of four) 4.09 / 4.25: grids of more than one wave keep the 4-warp config."""
+        1.9 of four) 4.09 / 4.25: grids of more than one wave keep the 4-warp config.
+
+        Paged 16-bit D=128 whose pages are smaller than a tile (each key's block read from
+        the table): the splits are merged by the last split to finish (``combine="fused"``:
+        a fill launch of the counters instead of the combine launch). H200, B32 page 16:
+        4.20 / 4.17 TB/s against the combine launch in two runs (0.958-0.960x the dense
+        default's TB/s, against 0.949-0.953x); page 64 (one table read a tile) gained
+        nothing (0.997-1.000x) and keeps the launch, as does fp8 (0.998-0.999x)."""
         if _env.INTERPRET:
             return cls(block_n=16, block_m=16, num_stages=1)
         block_d = max(16, C.next_power_of_2(head_dim))
@@ -103,6 +116,8 @@ class DecodeConfig:
         # 4.1 TB/s instead of 3.5 (a paged cache, whose loop keeps one K/V buffer at either
         # setting, read 4.0 both ways); other head dims keep three until measured
         stages = 2 if cache_itemsize == 2 and block_d == 128 else 3
+        if cache_itemsize == 2 and block_d == 128 and paged and 0 < page_size < block_n:
+            return cls(block_n=block_n, num_stages=stages, combine="fused")
         return cls(block_n=block_n, num_stages=stages)
 
 
@@ -116,8 +131,8 @@ def decode_config(**overrides):
 
 
 def current_config(head_dim: int, cache_itemsize: int, paged: bool = True,
-                   programs: int = 0, sms: int = 0) -> DecodeConfig:
-    cfg = DecodeConfig.for_device(head_dim, cache_itemsize, paged, programs, sms)
+                   programs: int = 0, sms: int = 0, page_size: int = 0) -> DecodeConfig:
+    cfg = DecodeConfig.for_device(head_dim, cache_itemsize, paged, programs, sms, page_size)
     return _OVERRIDES.apply(cfg)
 
 

@@ -149,7 +149,8 @@ def plan_splits(q, k_cache, block_table, num_splits: int = 0,
     hk = k_cache.shape[2]
     size, paged = k_cache.element_size(), block_table is not None
     sms = D.sm_count(q.device)
-    cfg = config or current_config(d, size, paged)
+    page = k_cache.shape[1] if paged else 0
+    cfg = config or current_config(d, size, paged, page_size=page)
     if block_table is None:
         max_len = k_cache.shape[1]
     else:
@@ -170,7 +171,7 @@ def plan_splits(q, k_cache, block_table, num_splits: int = 0,
 
     splits, block_m, n_m = plan(cfg)
     if config is None and not paged:  # the dense default depends on the grid it makes
-        wide = current_config(d, size, paged, b * hk * n_m * splits, sms)
+        wide = current_config(d, size, paged, b * hk * n_m * splits, sms, page)
         if wide != cfg:
             cfg = wide
             splits, block_m, n_m = plan(cfg)
@@ -217,6 +218,9 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
              and max(k_cache.stride(1), v_cache.stride(1), ks_strides[1], vs_strides[1])
              * cfg.block_n < 2**31)
     same = k_cache.stride() == v_cache.stride() and ks_strides == vs_strides
+    if cfg.combine not in COMBINES:
+        raise ValueError(f"DecodeConfig: combine = {cfg.combine!r} must be one of {COMBINES}")
+    fused = splits > 1 and cfg.combine != "launch"
     if splits == 1:
         o_part, l_part = out, lse
         o_st, l_st = out.stride(), lse.stride()
@@ -252,8 +256,9 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"FP8_WORDS": True, "SAME_STRIDES": same} if words else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
+        **(_fused_args(out, lse, b * hk * n_m) if fused else {}),
     )
-    if splits > 1:
+    if splits > 1 and not fused:
         sp = o_part.stride()
         lp = l_part.stride()
         C.launch(
@@ -266,6 +271,20 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
             BLOCK_S=min(16, C.next_power_of_2(splits)), num_warps=4,
         )
     return out, lse
+
+
+COMBINES = ("launch", "fused")
+
+
+def _fused_args(out, lse, n):
+    """The split kernel's arguments for merging the splits itself: the final output and
+    ``n`` counters at zero. The counters are a scratch of this call, zeroed on its stream
+    (a fill launch; an eager plan allocates them the same way, a CUDA graph replays the
+    fill): a call in flight on another stream never shares them."""
+    cnt = C.scratch((n,), torch.int32, out.device, zero=True)
+    so, sl = out.stride(), lse.stride()
+    return dict(OUT=out, LOUT=lse, CNT=cnt, sfb=so[0], sfs=so[1], sfh=so[2], sfd=so[3],
+                sgb=sl[0], sgh=sl[1], sgs=sl[2], FUSED=True)
 
 
 def _fp8_words(k_cache, v_cache) -> bool:
