@@ -186,7 +186,9 @@ def to_tinygemm(qweight, scales, zeros, group_size, inner_k_tiles=8):
     and scales_and_zeros (K // G, N, 2) bf16, where torch dequantizes ``(q - 8) * s + zero``:
     ours is ``(q - z) * s``, so zero = (8 - z) * s."""
     q = I4.unpack_int4(qweight).to(torch.int32)  # (N, K)
-    packed = ((q[:, ::2] << 4) | q[:, 1::2]).to(torch.uint8)
+    # contiguous: unpack_int4 returns the (N, K) codes as a transposed view, and torch's
+    # converter refuses a strided input
+    packed = ((q[:, ::2] << 4) | q[:, 1::2]).to(torch.uint8).contiguous()
     wq = torch.ops.aten._convert_weight_to_int4pack(packed, inner_k_tiles)
     s = scales.float()
     z = zeros.float() if zeros is not None else torch.full_like(s, float(I4.SYM_ZERO))
