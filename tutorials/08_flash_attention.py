@@ -410,8 +410,9 @@ def test_decode_kernel_matches_reference():
 #   transposing `ldmatrix`). Reading the cache as 32-bit words (4 head-dim positions each) and
 #   converting each word into four fp16 quarters that are dotted separately removed the byte
 #   gathers; with 2 warps a program (214 registers), 5 stages and 2 splits, four programs an SM
-#   keep enough bytes in flight. What is left is the conversion itself, ~30% of the loop's
-#   instructions.
+#   keep enough bytes in flight. What is left is not located: 6% fewer instructions a tile
+#   (the conversion is ~30% of them), a third tile in flight, 1 warp a program or no merge
+#   launch each left the time within 1% or made it slower (docs/NOTES.md, "tenth session").
 # * Host time: decode steps are captured in CUDA graphs or, eager, served by per-signature
 #   plans (15 us a call against SDPA's 29 in the latency group).
 
