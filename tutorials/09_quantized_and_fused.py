@@ -451,20 +451,31 @@ def test_silu_mul_quant_equals_unfused():
 # interleaved chunks of the program's whole K range and add up once at the end (no split-K
 # partials, no second launch), 32 columns a program, 16-byte loads of the codes and of the
 # activations, each step's scales and zeros loaded a step ahead with its codes. On the H200
-# on 2026-12-02 (CUDA-graph replays, L2 flushed) M=1 took 16.9 us at K=4096 N=14336 (1.85
-# TB/s of packed weights, scales and zeros) and 19.6 us at K=N=8192, against cuBLAS bf16's
-# 33.6 / 36.6 us of an earlier run (seventh session): 1.99x / 1.87x, below the bf16
-# floor, but 1.6x the conversion's estimate (10.5 us). The stream is still the limit: every
-# variant tried holds 1.2-1.9 TB/s with ~16 warps and 32-64 KB of codes in flight an SM,
-# where cuBLAS reads the bf16 weight at ~3.5 TB/s. M=16 (the tensor-core kernel) is 1.25x
-# cuBLAS.
+# on 2026-12-02 (run `h200-2026-12-02-zf-int4`, L2 flushed, the three peers in the same run) M=1
+# took 17.3 us at K=4096 N=14336 (1.80 TB/s of packed weights, scales and zeros): 1.97x
+# cuBLAS bf16 (34.1 us), 1.20x torch's own int4 kernel (`_weight_int4pack_mm`) and 1.45x
+# gemlite; at K=N=8192 18.9 us, 1.93x / 1.25x / 1.47x. That is under the bf16 floor but 1.6x
+# the conversion's estimate (10.5 us): the stream is the limit. Every variant tried holds
+# 1.2-1.9 TB/s with ~16 warps and 32-64 KB of codes in flight an SM, and on this GPU a plain
+# read of 31 MB takes 17.4 us (1.8 TB/s; the 1 GiB rate of 4.15 TB/s needs far more bytes in
+# flight than one 31 MB pass has time to ramp up), so 3x cuBLAS at this size would need the
+# weights faster than a read of their bytes. M=16 (the tensor-core kernel) is 1.18x cuBLAS,
+# 2.59x torch's int4 and 1.89x gemlite.
+#
+# Where INT4 stops winning (run `h200-2026-12-02-ze-final`, K=4096 N=14336, x cuBLAS bf16):
+# M=1 1.84, 2-16 1.18-1.26, 32 0.69, 64 0.63, 128-4096 0.37-0.43. Section 2's models put the
+# crossover at M = 65 (nothing overlapped) to 175 (all of it); the measured one is between 16
+# and 32, earlier than either: tkit's tensor-core kernel streams its codes at ~1.2 TB/s (27% of
+# the roofline at M=16), so it is slower than its own no-overlap model before the conversion
+# matters, and at prefill it is 0.4x cuBLAS, below the 1.5x-slower bound of that model (where
+# a prefill layer should dequantize once and run the bf16 GEMM).
 
 # %%
 MEASURED_H200 = {  # docs/NOTES.md and benchmarks/results/h200.jsonl, run j, 2026-12-01
     "rms_norm_quant": (119e-6, 3.96), "silu_mul_quant": (0.430e-3, 2.73),
     "matmul_int4_m1": (45.5e-6, None), "f_linear_bf16_m1": (41.1e-6, None),
-    # the K-lanes GEMV, 2026-12-02 (graph replays); cuBLAS bf16 from an earlier run
-    "matmul_int4_m1_lanes": (16.9e-6, None), "f_linear_bf16_m1_later": (33.6e-6, None),
+    # the K-lanes GEMV and cuBLAS bf16 in one run, 2026-12-02 (h200-2026-12-02-zf-int4)
+    "matmul_int4_m1_lanes": (17.3e-6, None), "f_linear_bf16_m1_later": (34.1e-6, None),
 }
 
 
