@@ -446,6 +446,17 @@ def sweep_int4(rows):
         sweep("int4", I4.int4_config, m16, "matmul_int4", idx, rows, exact=False)
 
 
+def sweep_int4_prefill(rows):
+    """matmul_int4 at prefill sizes of the registry's M sweep (K=4096, N=14336; M = 128, 512,
+    4096): the default (the tile kernel, converting every code of the weight in each M tile)
+    against the weight dequantized once into a's dtype and the 16-bit GEMM (path "dequant")."""
+    from tkit.kernels.matmul import int4 as I4
+
+    for idx in (11, 13, 16):  # sweep M=128, 512, 4096
+        sweep("int4", I4.int4_config, [dict(path="dequant")], "matmul_int4", idx, rows,
+              exact=False)
+
+
 def sweep_matmul_mid(rows):
     """bf16 GEMM tiles at prefill-chunk M (256, 512) and at M=4096 (the two largest tiles
     there) on Llama-3-8B's projections, beside cuBLAS (F.linear's weight layout: b = W.t())."""
@@ -761,7 +772,7 @@ DECODE_FP8_VARIANTS: list = [
 
 
 SWEEPS = {"decode_splits": sweep_decode_splits,
-          "decode_bar": sweep_decode_bar, "int4": sweep_int4,
+          "decode_bar": sweep_decode_bar, "int4": sweep_int4, "int4_prefill": sweep_int4_prefill,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,

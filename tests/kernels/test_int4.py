@@ -192,6 +192,40 @@ def test_small_m_paths_against_reference(M, path):
                                 dict(group_size=G, bias=bias))
 
 
+@pytest.mark.parametrize("M,dtype,sym", [(3, F16, False), (40, BF16, True), (70, F16, True)])
+def test_dequant_path_against_reference(M, dtype, sym):
+    """The prefill path forced through int4_config: the weight written once in a's dtype by
+    the dequantization kernel (odd N: the column edge; K of several groups; symmetric and
+    asymmetric), then the 16-bit GEMM by its transpose, with a bias."""
+    N, K, G = 37, 192, 64
+    a, q, s, z = _gemv_case(M, N, K, G, dtype, sym, seed=M)
+    bias = make_tensor((N,), dtype, seed=6)
+    spec = registry.get("matmul_int4")
+    with I4.int4_config(path="dequant"):
+        assert I4.current_config(M, N, K, G, 4).path == "dequant"
+        check_against_reference(spec.fn, spec.reference, (a, q, s, z),
+                                dict(group_size=G, bias=bias))
+
+
+def test_dequant_kernel_writes_the_reference_weight():
+    """_dequant_int4_kernel alone: exactly dequantize_int4's (q - z) * s, computed in float32
+    and rounded once to the output dtype, for every element of an odd-sized weight (fp16 out:
+    the interpreter rounds float32 to bf16 by truncation, a GPU to nearest)."""
+    N, K, G = 37, 192, 64
+    w = make_tensor((N, K), F16, seed=9)
+    q, s, z = tkit.quantize_int4(w, G)
+    out = torch.full((N, K), float("nan"), dtype=F16)
+    cfg = I4.Int4Config.for_shape(64, N, K, G, path="dequant")
+    I4.C.launch(I4._dequant_int4_kernel, (I4.C.cdiv(N, cfg.block_n), K // cfg.block_k),
+                q_ptr=q, s_ptr=s, z_ptr=z, w_ptr=out, N=N, stride_qk=q.stride(0),
+                stride_qn=q.stride(1), stride_sg=s.stride(0), stride_sn=s.stride(1),
+                stride_zg=z.stride(0), stride_zn=z.stride(1), stride_wn=out.stride(0),
+                stride_wk=out.stride(1), GROUP=G, HAS_ZEROS=True, BLOCK_N=cfg.block_n,
+                BLOCK_K=cfg.block_k, num_warps=4)
+    want = I4.dequantize_int4(q, s.float(), z.float(), group_size=G, dtype=torch.float32)
+    assert torch.equal(out, want.to(F16))
+
+
 @pytest.mark.parametrize("dtype,sym,G", [(BF16, False, 128), (BF16, True, 32), (F16, True, 16),
                                          (F16, False, 128)])
 @pytest.mark.parametrize("split", [1, 3])

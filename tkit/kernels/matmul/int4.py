@@ -108,8 +108,10 @@ MAGIC_A, MAGIC_B = 0x4B000000, 0x4D000000
 class Int4Config:
     """Launch parameters of the INT4 GEMM. ``path``: ``"gemv"`` (``_matmul_int4_gemv_kernel``,
     CUDA-core FMAs, rows of ``a`` up to BLOCK_M <= 16 in one program), ``"tc"`` (the
-    tensor-core decode kernel, M <= 16 a program) or ``"tile"``
-    (``_matmul_int4_kernel``, tl.dot on a BLOCK_M x BLOCK_N tile, any M). BLOCK_K must divide
+    tensor-core decode kernel, M <= 16 a program), ``"tile"``
+    (``_matmul_int4_kernel``, tl.dot on a BLOCK_M x BLOCK_N tile, any M) or ``"dequant"``
+    (prefill: ``_dequant_int4_kernel`` writes the (N, K) weight in a's dtype once, BLOCK_N x
+    BLOCK_K a program, and tkit.matmul multiplies by its transpose). BLOCK_K must divide
     the group size (one scale row per K step) and be a power of 2 >= 16; split_k > 1 adds
     the reduce launch (a deterministic two-stage sum, no atomics)."""
 
@@ -158,6 +160,10 @@ class Int4Config:
         k_steps = K // bk
         if path is None:
             path = "gemv" if M <= GEMV_MAX_M else "tc" if M <= TC_MAX_M else "tile"
+        if path == "dequant":
+            # a program converts a 64 x 128 block of the weight (4 KB of codes, 16 KB out)
+            return Int4Config(16, 64 if not _env.INTERPRET else 32, bk, 1, num_warps=4,
+                              num_stages=1, path="dequant")
         if path == "tc":
             # the weight as the MMA's register operand (``_matmul_int4_tc_kernel``), 128
             # columns a program. M <= 8: 8 rows of a (mma.sync m16n8k16, a's tile
@@ -223,7 +229,12 @@ GEMV_MAX_M = 2
 #: activations; its dequantization per weight does not depend on M). H200, M=16: 27.9 / 28.8
 #: us against the tile kernel's 36.5 / 40.0 (docs/NOTES.md, "INT4 decode on the tensor cores")
 TC_MAX_M = 16
-PATHS = ("gemv", "tile", "tc")
+#: "dequant" is opt-in (``int4_config(path="dequant")``) until timed against "tile" at
+#: prefill sizes, where the tile kernel reads 0.37-0.43x cuBLAS bf16 (M >= 128, K=4096
+#: N=14336): the weight written once in bf16 then a bf16 GEMM costs about a read of the codes
+#: plus a write and a read of the bf16 weight on top of the GEMM (vLLM's AWQ layer does this
+#: from 256 tokens on)
+PATHS = ("gemv", "tile", "tc", "dequant")
 
 
 def _split_for(tiles: int, want_programs: int, k_steps: int, min_steps: int) -> int:
@@ -268,7 +279,9 @@ def current_config(M: int, N: int, K: int, group_size: int, num_sms: int) -> Int
             raise ValueError(f"n_vecs={cfg.n_vecs} must be 1 or 2 with block_n >= 4 * n_vecs")
         # one program's rows: all of them on the gemv path, >= 16 for tl.dot on the tile path,
         # a power of 2 >= 8 on the tc path (the MMA's N; fewer rows gained nothing)
-        if cfg.path == "gemv":
+        if cfg.path == "dequant":
+            bm = cfg.block_m  # not used: the GEMM takes its own config
+        elif cfg.path == "gemv":
             bm = C.next_power_of_2(M)
         elif cfg.path == "tc":
             bm = max(8, C.next_power_of_2(cfg.block_m))
@@ -648,6 +661,37 @@ def _matmul_int4_gemv_kernel(
 
 
 @triton.jit
+def _dequant_int4_kernel(q_ptr, s_ptr, z_ptr, w_ptr, N, stride_qk, stride_qn, stride_sg,
+                         stride_sn, stride_zg, stride_zn, stride_wn, stride_wk,
+                         GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr):
+    """w[n, k] = (q[n, k] - z[g, n]) * s[g, n] in w's dtype (computed in float32, rounded
+    once), for a BLOCK_K x BLOCK_N block: BLOCK_K // 8 packed rows of int32 words (8 codes
+    along K each, code j in bits 4j..4j+3), one group (BLOCK_K divides GROUP). Offsets into
+    w are 64-bit (N * K may pass 2**31)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nm = n < N
+    r = pid_k * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+    words = tl.load(q_ptr + r[:, None] * stride_qk + n[None, :] * stride_qn, mask=nm[None, :],
+                    other=0)
+    shifts = tl.arange(0, 8) * 4
+    codes = (words[:, None, :] >> shifts[None, :, None]) & 0xF
+    codes = tl.reshape(codes, (BLOCK_K, BLOCK_N)).to(tl.float32)  # row r * 8 + j = k
+    g = (pid_k * BLOCK_K) // GROUP
+    sc = tl.load(s_ptr + g * stride_sg + n * stride_sn, mask=nm, other=0.0).to(tl.float32)
+    if HAS_ZEROS:
+        zr = tl.load(z_ptr + g * stride_zg + n * stride_zn, mask=nm, other=0.0).to(tl.float32)
+    else:
+        zr = tl.full((BLOCK_N,), 8.0, tl.float32)  # SYM_ZERO
+    w = ((codes - zr[None, :]) * sc[None, :]).to(w_ptr.dtype.element_ty)
+    k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs = n.to(tl.int64)[None, :] * stride_wn + k.to(tl.int64)[:, None] * stride_wk
+    tl.store(w_ptr + offs, w, mask=nm[None, :])
+
+
+@triton.jit
 def _plane(q, q4, J: tl.constexpr, dtype: tl.constexpr):
     """Nibble J of every word of ``q`` (int32; ``q4 = q >> 4``) as the 16-bit float
     ``O + q_J`` (O = 128 for bf16, 1024 for fp16: the magic whose mantissa's low bits are
@@ -824,6 +868,8 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
             out += bias.to(out.dtype)
         return out
     cfg = config or current_config(M, N, K, group_size, D.sm_count(a.device))
+    if cfg.path == "dequant":
+        return _dequant_matmul(a, qweight, scales, zeros, group_size, bias, cfg)
     split = cfg.split_k
     extra = {}
     if cfg.path == "gemv":
@@ -885,6 +931,26 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
     if split > 1 and not fused:
         _reduce_splits(ws, out, bias, M, N, split)
     return out
+
+
+def _dequant_matmul(a, qweight, scales, zeros, group_size, bias, cfg):
+    """a @ dequant(w).T + bias: the (N, K) weight in a's dtype (a scratch of the call) by
+    ``_dequant_int4_kernel``, then the 16-bit GEMM with its transpose (K-major, as an
+    nn.Linear weight's ``w.t()``)."""
+    from tkit.kernels.matmul.ops import _matmul_impl
+
+    M, K = a.shape
+    N = qweight.shape[1]
+    w = C.scratch((N, K), a.dtype, a.device)
+    z = zeros if zeros is not None else scales
+    C.launch(_dequant_int4_kernel, (C.cdiv(N, cfg.block_n), K // cfg.block_k), q_ptr=qweight,
+             s_ptr=scales, z_ptr=z, w_ptr=w, N=N, stride_qk=qweight.stride(0),
+             stride_qn=qweight.stride(1), stride_sg=scales.stride(0),
+             stride_sn=scales.stride(1), stride_zg=z.stride(0), stride_zn=z.stride(1),
+             stride_wn=w.stride(0), stride_wk=w.stride(1), GROUP=group_size,
+             HAS_ZEROS=zeros is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+             num_warps=cfg.num_warps)
+    return _matmul_impl(a, w.t(), bias, None, None, None, None, None, True, "auto")
 
 
 def _reduce_splits(ws, out, bias, M, N, split):
