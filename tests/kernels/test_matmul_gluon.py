@@ -34,6 +34,17 @@ def _on_sm90():
     return ON_GPU and torch.cuda.get_device_capability() == (9, 0)
 
 
+def _check_gluon(cfg, a, w, bias=None, res=None):
+    """The Gluon kernel at ``cfg`` (forced) on a @ w.t() (+ bias) (+ res) against the
+    reference under the reference rule."""
+    def fn(a, w, bias, res):
+        return mm.ops._matmul_impl(a, w.t(), bias, res, path="gluon", config=cfg)
+
+    check_against_reference(fn, lambda a, w, bias, res: spec_mm.ref_matmul(a, w.t(), bias,
+                                                                            None, res),
+                            [a, w, bias, res])
+
+
 # ---- any machine ------------------------------------------------------------------------------
 def test_gluon_config_table_and_validation():
     """The tile width from the wave count (Llama-3-8B's projections on 132 SMs), the stages
@@ -229,14 +240,7 @@ def test_gluon_against_reference(block_n, overlap, M, N, K):
     a, w = _linear_case(M, N, K, torch.bfloat16, seed=M + N + K)
     bias = make_tensor((N,), torch.bfloat16, seed=3, device="cuda")
     res = make_tensor((M, N), torch.bfloat16, seed=4, device="cuda")
-    cfg = MC.GluonConfig(block_n=block_n, overlap=overlap)
-
-    def fn(a, w, bias, res):
-        return mm.ops._matmul_impl(a, w.t(), bias, res, path="gluon", config=cfg)
-
-    check_against_reference(fn, lambda a, w, bias, res: spec_mm.ref_matmul(a, w.t(), bias,
-                                                                            None, res),
-                            [a, w, bias, res])
+    _check_gluon(MC.GluonConfig(block_n=block_n, overlap=overlap), a, w, bias, res)
 
 
 @pytest.mark.gpu
@@ -256,12 +260,7 @@ def test_gluon_overlap_without_residual(M, N, K, bias):
         assert mm.plan(a, w.t(), bias=b).config == table
         assert table.overlap == (table.block_n == 256)
         assert sms != 132 or table == cfg  # the H200's 132 SMs: 256 wide
-
-    def fn(a, w, b):
-        return mm.ops._matmul_impl(a, w.t(), b, None, path="gluon", config=cfg)
-
-    check_against_reference(fn, lambda a, w, b: spec_mm.ref_matmul(a, w.t(), b, None, None),
-                            [a, w, b])
+    _check_gluon(cfg, a, w, b)
 
 
 def _epilogue_case(dtype, epilogue, cfg, M=640):
@@ -273,13 +272,7 @@ def _epilogue_case(dtype, epilogue, cfg, M=640):
             if epilogue == "strided bias" else make_tensor((N,), dtype, seed=5, device="cuda")
     if "res" in epilogue:
         res = make_tensor((M, N), dtype, seed=6, device="cuda")
-
-    def fn(a, w, bias, res):
-        return mm.ops._matmul_impl(a, w.t(), bias, res, path="gluon", config=cfg)
-
-    check_against_reference(fn, lambda a, w, bias, res: spec_mm.ref_matmul(a, w.t(), bias,
-                                                                            None, res),
-                            [a, w, bias, res])
+    _check_gluon(cfg, a, w, bias, res)
 
 
 @pytest.mark.gpu

@@ -162,30 +162,17 @@ def _epilogue_store(y, c_desc, c_buf, row0, col0):
 
 
 @gluon.jit
-def _first_step(a_ring, b_ring, b2_ring, ready, slot, phase, acc, acc2, WG: gl.constexpr,
-                TWO: gl.constexpr, STAGES: gl.constexpr):
-    """A tile's first K step: fresh sums (use_acc=False), issued asynchronously. Nothing else
-    is in flight, so the wait returns at once; it makes the sums tensors again."""
-    mbarrier.wait(ready.index(slot), phase)
-    acc, acc2 = _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG, TWO, False)
-    acc, acc2 = _mma_wait(acc, acc2, TWO, 1)
-    prev = slot
-    slot += 1
-    if slot == STAGES:
-        slot = 0
-        phase ^= 1
-    return acc, acc2, slot, phase, prev
-
-
-@gluon.jit
 def _k_step(a_ring, b_ring, b2_ring, ready, empty, slot, phase, prev, acc, acc2,
-            WG: gl.constexpr, TWO: gl.constexpr, STAGES: gl.constexpr):
-    """A later K step: issue its wgmma on the running sums, retire the previous step's
-    (``wait_group 1``: this one runs on) and give that step's slot back to the producer."""
+            WG: gl.constexpr, TWO: gl.constexpr, STAGES: gl.constexpr, FIRST: gl.constexpr):
+    """One K step: issue its wgmma asynchronously and retire the one before (``wait_group
+    1``: this one runs on). FIRST: a tile's first step, on fresh sums (use_acc=False) with
+    nothing else in flight, so the wait returns at once (it makes the sums tensors again);
+    a later step gives the previous step's slot back to the producer."""
     mbarrier.wait(ready.index(slot), phase)
-    acc, acc2 = _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG, TWO, True)
+    acc, acc2 = _mma_step(a_ring, b_ring, b2_ring, slot, acc, acc2, WG, TWO, not FIRST)
     acc, acc2 = _mma_wait(acc, acc2, TWO, 1)
-    mbarrier.arrive(empty.index(prev), count=1)
+    if not FIRST:
+        mbarrier.arrive(empty.index(prev), count=1)
     prev = slot
     slot += 1
     if slot == STAGES:
@@ -210,12 +197,12 @@ def _tile_mainloop(a_ring, b_ring, b2_ring, ready, empty, r_desc, r2_desc, r_bar
             if k_steps > 1:
                 acc, acc2, slot, phase, prev = _k_step(a_ring, b_ring, b2_ring, ready, empty,
                                                        slot, phase, prev, acc, acc2, WG, TWO,
-                                                       STAGES)
+                                                       STAGES, False)
                 k0 = 2
         _load_residual(r_desc, r2_desc, r_bar, c_buf, c2_buf, row0, off_n, BN0, TWO)
     for _ in range(k0, k_steps):
         acc, acc2, slot, phase, prev = _k_step(a_ring, b_ring, b2_ring, ready, empty, slot,
-                                               phase, prev, acc, acc2, WG, TWO, STAGES)
+                                               phase, prev, acc, acc2, WG, TWO, STAGES, False)
     acc, acc2 = _mma_wait(acc, acc2, TWO, 0)
     mbarrier.arrive(empty.index(prev), count=1)
     return acc, acc2, slot, phase, prev
@@ -288,8 +275,9 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
     r_phase = 0
     if OVERLAP:
         if pid < num_tiles:  # (the launch makes at most one CTA a tile)
-            acc, acc2, slot, phase, prev = _first_step(a_ring, b_ring, b2_ring, ready, slot,
-                                                       phase, acc, acc2, WG, TWO, STAGES)
+            acc, acc2, slot, phase, prev = _k_step(a_ring, b_ring, b2_ring, ready, empty, slot,
+                                                   phase, prev, acc, acc2, WG, TWO, STAGES,
+                                                   True)
             tile_id = pid
             for _ in range(1, gl.cdiv(num_tiles - pid, nprog)):
                 pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
@@ -303,9 +291,9 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
                                               bias_ptr, off_n, N, stride_bias, out_dtype,
                                               HAS_BIAS, HAS_RES, TWO)
                 # the next tile's first step, under this one's stores
-                acc, acc2, slot, phase, prev = _first_step(a_ring, b_ring, b2_ring, ready,
-                                                           slot, phase, acc, acc2, WG, TWO,
-                                                           STAGES)
+                acc, acc2, slot, phase, prev = _k_step(a_ring, b_ring, b2_ring, ready, empty,
+                                                       slot, phase, prev, acc, acc2, WG, TWO,
+                                                       STAGES, True)
                 _tile_store(y, y2, c_desc, c2_desc, c_buf, c2_buf, row0, off_n, HAS_RES, TWO)
                 tile_id += nprog
             pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
@@ -324,8 +312,9 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
             pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
             row0 = pid_m * BLOCK_M + WG * WG_M
             off_n = pid_n * BLOCK_N
-            acc, acc2, slot, phase, prev = _first_step(a_ring, b_ring, b2_ring, ready, slot,
-                                                       phase, acc, acc2, WG, TWO, STAGES)
+            acc, acc2, slot, phase, prev = _k_step(a_ring, b_ring, b2_ring, ready, empty, slot,
+                                                   phase, prev, acc, acc2, WG, TWO, STAGES,
+                                                   True)
             acc, acc2, slot, phase, prev = _tile_mainloop(
                 a_ring, b_ring, b2_ring, ready, empty, r_desc, r2_desc, r_bar, c_buf, c2_buf,
                 slot, phase, prev, acc, acc2, row0, off_n, k_steps, WG, TWO, HAS_RES, OVERLAP,

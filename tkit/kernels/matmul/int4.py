@@ -91,7 +91,7 @@ from tkit.kernels import _plan as P
 from tkit.kernels import _register as R
 from tkit.kernels._numerics import INTERPRET, and_scalar, round_to, scalar_mask
 from tkit.kernels.matmul._kernels import _dot, _splitk_reduce_kernel
-from tkit.kernels.matmul.ops import _splitk_counters
+from tkit.kernels.matmul.ops import _matmul_impl, _splitk_counters
 
 ACT_DTYPES = (torch.float16, torch.bfloat16)
 SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -937,8 +937,6 @@ def _dequant_matmul(a, qweight, scales, zeros, group_size, bias, cfg):
     """a @ dequant(w).T + bias: the (N, K) weight in a's dtype (a scratch of the call) by
     ``_dequant_int4_kernel``, then the 16-bit GEMM with its transpose (K-major, as an
     nn.Linear weight's ``w.t()``)."""
-    from tkit.kernels.matmul.ops import _matmul_impl
-
     M, K = a.shape
     N = qweight.shape[1]
     w = C.scratch((N, K), a.dtype, a.device)
