@@ -206,8 +206,6 @@ def sweep_rope(rows):
     grid = [dict(block_t=t, block_h=h, num_warps=w)
             for t, h, w in ((1, 8, 4), (2, 8, 4), (8, 8, 4), (4, 16, 4), (4, 8, 8), (4, 4, 2),
                             (8, 16, 8), (2, 16, 4))]
-    grid += [dict(stream=True), dict(stream=True, block_t=1), dict(stream=True, block_t=2,
-                                                                    block_h=16)]
     sweep("rope", RP.rope_config, grid, "rope", 0, rows)
     sweep("rope", RP.rope_config, grid, "rope_append_kv", 0, rows)
 

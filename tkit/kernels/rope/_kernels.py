@@ -42,17 +42,15 @@ def _rot_mask(m2, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, IS_NEOX: tl.cons
 
 @triton.jit
 def _load_rotate(X, base, d_stride, m2, cos, sin, HALF: tl.constexpr,
-                 BLOCK_HALF: tl.constexpr, IS_NEOX: tl.constexpr, STREAM: tl.constexpr = False):
-    """The rotated pairs (a', b') in float32, (T, H, BLOCK_HALF) each; zeros where masked.
-    STREAM: loads marked evict-first (read once)."""
-    EV: tl.constexpr = "evict_first" if STREAM else ""
+                 BLOCK_HALF: tl.constexpr, IS_NEOX: tl.constexpr):
+    """The rotated pairs (a', b') in float32, (T, H, BLOCK_HALF) each; zeros where masked."""
     oa, ob = _rot_offsets(base, d_stride, HALF, BLOCK_HALF, IS_NEOX)
     m = _rot_mask(m2, HALF, BLOCK_HALF, IS_NEOX)
     if IS_NEOX:
-        a = tl.load(X + oa, mask=m, other=0.0, eviction_policy=EV).to(tl.float32)
-        b = tl.load(X + ob, mask=m, other=0.0, eviction_policy=EV).to(tl.float32)
+        a = tl.load(X + oa, mask=m, other=0.0).to(tl.float32)
+        b = tl.load(X + ob, mask=m, other=0.0).to(tl.float32)
     else:
-        x = tl.load(X + oa, mask=m, other=0.0, eviction_policy=EV).to(tl.float32)
+        x = tl.load(X + oa, mask=m, other=0.0).to(tl.float32)
         a, b = tl.split(tl.reshape(x, (x.shape[0], x.shape[1], BLOCK_HALF, 2)))
     c = cos[:, None, :]
     s = sin[:, None, :]
@@ -64,18 +62,16 @@ def _load_rotate(X, base, d_stride, m2, cos, sin, HALF: tl.constexpr,
 
 @triton.jit
 def _store_rot(Y, base, d_stride, m2, ya, yb, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
-               IS_NEOX: tl.constexpr, STREAM: tl.constexpr = False):
-    """Store the pairs (already in Y's dtype) where _load_rotate found them. STREAM: stores
-    marked streaming (``st.global.cs``: written once, not read again soon)."""
-    CM: tl.constexpr = ".cs" if STREAM else ""
+               IS_NEOX: tl.constexpr):
+    """Store the pairs (already in Y's dtype) where _load_rotate found them."""
     oa, ob = _rot_offsets(base, d_stride, HALF, BLOCK_HALF, IS_NEOX)
     m = _rot_mask(m2, HALF, BLOCK_HALF, IS_NEOX)
     if IS_NEOX:
-        tl.store(Y + oa, ya, mask=m, cache_modifier=CM)
-        tl.store(Y + ob, yb, mask=m, cache_modifier=CM)
+        tl.store(Y + oa, ya, mask=m)
+        tl.store(Y + ob, yb, mask=m)
     else:
         y = tl.reshape(tl.join(ya, yb), (ya.shape[0], ya.shape[1], 2 * BLOCK_HALF))
-        tl.store(Y + oa, y, mask=m, cache_modifier=CM)
+        tl.store(Y + oa, y, mask=m)
 
 
 @triton.jit
@@ -137,7 +133,7 @@ def _rope_kernel(
     COPY_PASS: tl.constexpr, APPEND: tl.constexpr, QUANT_K: tl.constexpr,
     QUANT_V: tl.constexpr, INT64: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr = False,
+    BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Rotate BLOCK_T tokens of q (Q -> QO) and k (K -> KO) and, with APPEND, write the rotated
     k and v (V) into the caches KC / VC at slot SLOT[t].
@@ -178,9 +174,9 @@ def _rope_kernel(
         m2 = tmask[:, None] & (h < HQ)[None, :]
         xb = bi[:, None] * sqb + si[:, None] * sqs + h[None, :] * sqh
         ob = bi[:, None] * sob + si[:, None] * sos + h[None, :] * soh
-        ya, yb = _load_rotate(Q, xb, sqd, m2, cos, sin, HALF, BLOCK_HALF, IS_NEOX, STREAM)
+        ya, yb = _load_rotate(Q, xb, sqd, m2, cos, sin, HALF, BLOCK_HALF, IS_NEOX)
         _store_rot(QO, ob, sod, m2, round_to(ya, QO.dtype.element_ty),
-                   round_to(yb, QO.dtype.element_ty), HALF, BLOCK_HALF, IS_NEOX, STREAM)
+                   round_to(yb, QO.dtype.element_ty), HALF, BLOCK_HALF, IS_NEOX)
         if COPY_PASS and PASS > 0:
             pi, pm = _pass_offsets(xb, sqd, m2, ROT, PASS, BLOCK_P)
             po, _pm = _pass_offsets(ob, sod, m2, ROT, PASS, BLOCK_P)
@@ -198,9 +194,9 @@ def _rope_kernel(
         m2 = tmask[:, None] & (h < HK)[None, :]
         xb = bi[:, None] * skb + si[:, None] * sks + h[None, :] * skh
         ob = bi[:, None] * skob + si[:, None] * skos + h[None, :] * skoh
-        ya, yb = _load_rotate(K, xb, skd, m2, cos, sin, HALF, BLOCK_HALF, IS_NEOX, STREAM)
+        ya, yb = _load_rotate(K, xb, skd, m2, cos, sin, HALF, BLOCK_HALF, IS_NEOX)
         _store_rot(KO, ob, skod, m2, round_to(ya, KO.dtype.element_ty),
-                   round_to(yb, KO.dtype.element_ty), HALF, BLOCK_HALF, IS_NEOX, STREAM)
+                   round_to(yb, KO.dtype.element_ty), HALF, BLOCK_HALF, IS_NEOX)
         if PASS > 0:
             pi, pm = _pass_offsets(xb, skd, m2, ROT, PASS, BLOCK_P)
             if COPY_PASS or APPEND:

@@ -24,14 +24,11 @@ class RopeConfig:
     block_t: tokens a program (their positions and cos/sin rows are loaded once).
     block_h: heads a tile (a power of 2); the program walks q's, k's (and v's) heads in tiles.
     num_warps: warps a program.
-    stream: q's and k's loads evict-first and their stores streaming (``.cs``): each byte is
-    read and written once.
     """
 
     block_t: int = 4
     block_h: int = 8
     num_warps: int = 4
-    stream: bool = False
 
     @classmethod
     def for_device(cls, rotary_dim: int, max_heads: int, append: bool = False) -> RopeConfig:

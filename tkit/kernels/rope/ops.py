@@ -85,7 +85,7 @@ def _rope_launch(q, k, qo, ko, positions, cos_sin_cache, is_neox, rotary_dim, *,
         BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h,
         BLOCK_HALF=C.next_power_of_2(max(1, rotary_dim // 2)),
         BLOCK_P=C.next_power_of_2(max(1, d - rotary_dim)), BLOCK_D=C.next_power_of_2(d),
-        STREAM=cfg.stream, num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps,
     )
 
 
