@@ -143,7 +143,8 @@ def test_empty_rows():
 def test_config_heuristic():
     """M <= GEMV_MAX_M takes the GEMV; other decode shapes (M <= TC_MAX_M) the tensor-core
     decode kernel with K split over the programs an SM holds; M = 32 streams the weight
-    through the tile kernel; large M takes one compute tile. An overridden path starts from
+    through the tile kernel; larger M takes one compute tile, and from DEQUANT_MIN_M rows the
+    weight is dequantized once for the 16-bit GEMM. An overridden path starts from
     that path's own defaults."""
     assert I4.Int4Config.for_shape(1, 14336, 4096, 128, 132).path == "gemv"
     assert I4.Int4Config.for_shape(2, 14336, 4096, 128, 132).path == "gemv"
@@ -163,8 +164,11 @@ def test_config_heuristic():
         assert I4.current_config(1, 14336, 4096, 128, 132) == g
     c32 = I4.Int4Config.for_shape(32, 14336, 4096, 128, 132)
     assert c32.path == "tile" and (c32.block_m, c32.block_k) == (32, 128)
-    big = I4.Int4Config.for_shape(4096, 14336, 4096, 128, 132)
-    assert big.split_k == 1 and big.block_m == 128 and big.path == "tile"
+    mid = I4.Int4Config.for_shape(I4.DEQUANT_MIN_M - 1, 14336, 4096, 128, 132)
+    assert mid.split_k == 1 and mid.block_m == 128 and mid.path == "tile"
+    # prefill: the weight dequantized once, then the 16-bit GEMM
+    assert I4.Int4Config.for_shape(I4.DEQUANT_MIN_M, 14336, 4096, 128, 132).path == "dequant"
+    assert I4.Int4Config.for_shape(4096, 14336, 4096, 128, 132).path == "dequant"
     assert I4.Int4Config.for_shape(1, 4096, 4096, 32, 132).block_k == 32
     assert I4.Int4Config.for_shape(32, 4096, 4096, 32, 132).block_k == 32
 

@@ -67,11 +67,14 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   matmul's ``_splitk_reduce_kernel`` (a second launch, which applies the bias) or, with
   ``fused_reduce``, by the last program of each slab to arrive (one launch, the same bits;
   per-device counters, opt-in).
-* ``"tile"`` (M > 16): ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M tiles, (2)
-  K splits. M <= 64: BLOCK_M = 16..64, BLOCK_N = 64, BLOCK_K = min(128, G), 3 stages, K split
-  so that about four programs per SM stream the weight, partials reduced as above. Larger M:
-  64/128 x 128 tiles, no split: dequantize the tile in registers, then tl.dot. Both dequantize
-  without an int -> float convert (OR-ed mantissas).
+* ``"tile"`` (16 < M < 256): ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M
+  tiles, (2) K splits. M <= 64: BLOCK_M = 16..64, BLOCK_N = 64, BLOCK_K = min(128, G), 3
+  stages, K split so that about four programs per SM stream the weight, partials reduced as
+  above. Larger M: 64/128 x 128 tiles, no split: dequantize the tile in registers, then
+  tl.dot. Both dequantize without an int -> float convert (OR-ed mantissas).
+* ``"dequant"`` (M >= 256, prefill): ``_dequant_int4_kernel`` writes the (N, K) weight in
+  a's dtype once (a temporary of the call), then ``tkit.matmul`` multiplies by its
+  transpose: the tile kernel would convert every code once per row tile of ``a``.
 """
 
 from __future__ import annotations
@@ -159,7 +162,8 @@ class Int4Config:
             bn = min(bn, 64)
         k_steps = K // bk
         if path is None:
-            path = "gemv" if M <= GEMV_MAX_M else "tc" if M <= TC_MAX_M else "tile"
+            path = ("gemv" if M <= GEMV_MAX_M else "tc" if M <= TC_MAX_M
+                    else "dequant" if M >= DEQUANT_MIN_M else "tile")
         if path == "dequant":
             # a program converts a 64 x 128 block of the weight (4 KB of codes, 16 KB out)
             return Int4Config(16, 64 if not _env.INTERPRET else 32, bk, 1, num_warps=4,
@@ -229,11 +233,13 @@ GEMV_MAX_M = 2
 #: activations; its dequantization per weight does not depend on M). H200, M=16: 27.9 / 28.8
 #: us against the tile kernel's 36.5 / 40.0 (docs/NOTES.md, "INT4 decode on the tensor cores")
 TC_MAX_M = 16
-#: "dequant" is opt-in (``int4_config(path="dequant")``) until timed against "tile" at
-#: prefill sizes, where the tile kernel reads 0.37-0.43x cuBLAS bf16 (M >= 128, K=4096
-#: N=14336): the weight written once in bf16 then a bf16 GEMM costs about a read of the codes
-#: plus a write and a read of the bf16 weight on top of the GEMM (vLLM's AWQ layer does this
-#: from 256 tokens on)
+#: the smallest M the heuristic gives to "dequant" (prefill: the weight written once in a's
+#: dtype, then the 16-bit GEMM). It costs a read of the codes plus a write and a read of the
+#: 16-bit weight beside the GEMM, while the tile kernel converts every code of the weight once
+#: per row tile of a: the H200 had them level near M = 150 at K=4096 N=14336 (M=128: the tile
+#: kernel 1.05x faster; M=512: dequant 1.80x; M=4096: 2.48x; docs/NOTES.md). The (N, K) 16-bit
+#: weight is a temporary of each call (117 MB at N=14336 K=4096 in bf16).
+DEQUANT_MIN_M = 256
 PATHS = ("gemv", "tile", "tc", "dequant")
 
 
