@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -69,6 +70,10 @@ def steps(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, *, heads, kv_heads, eps=M.E
     }
 
 
+#: rounds of the whole-layer bursts (each provider once in each position of the order)
+ROUNDS = 4
+
+
 def burst_ms(fn, calls=50, rounds=7):
     """Wall clock of back-to-back calls, per call: the median of ``rounds`` bursts."""
     fn()
@@ -95,12 +100,16 @@ def measure(tokens, rows, layer_only=False):
              "tkit+compile": lambda: compiled["tkit+compile"](*args, **kw),
              "torch.compile": lambda: compiled["torch.compile"](*args, **kw)}
     bursts = {prov: [] for prov in layer}
-    for _ in range(3):  # providers interleaved, the median of three rounds each
-        for prov, fn in layer.items():
-            bursts[prov].append(burst_ms(fn))
+    names = list(layer)
+    for r in range(ROUNDS):
+        # providers interleaved, the order rotated each round so that each runs once in each
+        # position (a provider timed right after another's burst of a 4096-token layer meets
+        # a warmer GPU); the median of the rounds
+        for prov in names[r % len(names):] + names[:r % len(names)]:
+            bursts[prov].append(burst_ms(layer[prov]))
     got = {}
     for prov, fn in layer.items():
-        eager = sorted(bursts[prov])[1]
+        eager = statistics.median(bursts[prov])
         graph = time_fn(fn, cuda_graph=True).median_ms
         got[prov] = eager
         rows += [dict(tokens=tokens, step="layer eager burst", provider=prov, median_ms=eager),
