@@ -469,6 +469,16 @@ def test_silu_mul_quant_equals_unfused():
 # the roofline at M=16), so it is slower than its own no-overlap model before the conversion
 # matters, and at prefill it is 0.4x cuBLAS, below the 1.5x-slower bound of that model (where
 # a prefill layer should dequantize once and run the bf16 GEMM).
+#
+# So from M = 256 rows `matmul_int4` does that: `_dequant_int4_kernel` writes the (N, K)
+# weight in bf16 once (a read of 29 MB of codes and a write of 117 MB, ~35 us at the copy
+# rate) and `tkit.matmul` runs the bf16 GEMM. Same run, L2 flushed (run
+# `h200-2026-12-02-zg-int4-rope-sweep`): M=128 81.8 us against the tile kernel's 78.0 (the
+# conversion is not yet paid back), M=512 135.5 against 243.4 (1.80x), M=4096 641.6 against
+# 1592.1 (2.48x), within ~1% of cuBLAS's bf16 GEMM alone at 4096. At prefill INT4 then costs
+# what the 16-bit GEMM costs plus one pass over the weight: the bytes it saved no longer
+# matter once the GEMM is compute-bound, which is the roofline's answer to the chapter's
+# question.
 
 # %%
 MEASURED_H200 = {  # docs/NOTES.md and benchmarks/results/h200.jsonl, run j, 2026-12-01
