@@ -475,7 +475,7 @@ def test_silu_mul_quant_equals_unfused():
 # rate) and `tkit.matmul` runs the bf16 GEMM. Same run, L2 flushed (run
 # `h200-2026-12-02-zg-int4-rope-sweep`): M=128 81.8 us against the tile kernel's 78.0 (the
 # conversion is not yet paid back), M=512 135.5 against 243.4 (1.80x), M=4096 641.6 against
-# 1592.1 (2.48x), within ~1% of cuBLAS's bf16 GEMM alone at 4096. At prefill INT4 then costs
+# 1592.1 (2.48x). At prefill INT4 then costs
 # what the 16-bit GEMM costs plus one pass over the weight: the bytes it saved no longer
 # matter once the GEMM is compute-bound, which is the roofline's answer to the chapter's
 # question.
