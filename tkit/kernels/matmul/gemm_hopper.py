@@ -99,13 +99,53 @@ def launch(a, b, out, bias=None, residual=None, config: MC.GluonConfig | None = 
     return out
 
 
+def glu_gated(cfg: MC.GluonConfig) -> int:
+    """The kernel's GATED constexpr for a ``matmul_glu`` config: 1 two accumulators, 2 one
+    split in the epilogue."""
+    if cfg.block_n not in MC.GLUON_GLU_BLOCK_NS:
+        raise ValueError(f"block_n must be one of {MC.GLUON_GLU_BLOCK_NS} for matmul_glu's "
+                         f"Gluon kernel (gate + up columns a tile), got {cfg.block_n}")
+    return 1 if cfg.glu_parts else 2
+
+
+def launch_glu(a, b, out, bias=None, activation="silu", config: MC.GluonConfig | None = None):
+    """out (M, N) = act(a @ b[:, :N] + bias[:N]) * (a @ b[:, N:] + bias[N:]) by the Gluon
+    kernel (GATED), for operands that :func:`supported` accepts with ``b`` (K, 2N) K-major;
+    ``config`` None: :meth:`GluonConfig.for_glu` with the ``matmul_config`` overrides."""
+    from tkit.kernels.matmul._gemm_hopper_kernels import _gemm_ws_kernel
+
+    M, K = a.shape
+    N = out.shape[1]
+    sms = D.sm_count(a.device)
+    cfg = config if config is not None else MC.current(MC.GluonConfig.for_glu(M, N, K, sms))
+    gated = glu_gated(cfg)
+    w, bk = cfg.block_n // 2, MC.GLUON_BLOCK_K
+    a_desc = _descriptor(a, (M, K), (MC._lead_stride(a, False), 1), (MC.GLUON_BLOCK_M, bk))
+    # one descriptor over the (2N, K) storage serves the gate rows and the up rows (N on)
+    b_desc = _descriptor(b.t(), (2 * N, K), (MC._lead_stride(b, True), 1), (w, bk))
+    c_desc = _descriptor(out, (M, N), (MC._lead_stride(out, False), 1), (WG_M, w))
+    tiles = C.cdiv(M, MC.GLUON_BLOCK_M) * C.cdiv(N, w)
+    C.launch(_gemm_ws_kernel, (max(1, min(sms, tiles)),), a_desc=a_desc, b_desc=b_desc,
+             b2_desc=None, c_desc=c_desc, c2_desc=None, r_desc=None, r2_desc=None,
+             bias_ptr=bias if bias is not None else out, M=M, N=N, K=K,
+             stride_bias=bias.stride(0) if bias is not None else 0,
+             HAS_BIAS=bias is not None, HAS_RES=False, BLOCK_N=w, OVERLAP=cfg.overlap,
+             STAGES=cfg.stages(out.element_size(), gated=True), GROUP_M=cfg.group_m,
+             CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, GATED=gated,
+             ACT=activation, num_warps=4, maxnreg=MAXNREG)
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Ahead-of-time compilation (no GPU needed)
 # --------------------------------------------------------------------------------------------
 def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has_bias=False,
-                 has_res=False):
+                 has_res=False, activation: str | None = None):
     """Compile the kernel for sm_90a ahead of time; returns Triton's compiled kernel
-    (``.asm`` holds ``ttgir``, ``ptx``, ``cubin``; ``.metadata.shared`` the shared memory)."""
+    (``.asm`` holds ``ttgir``, ``ptx``, ``cubin``; ``.metadata.shared`` the shared memory).
+    ``activation`` (silu, gelu, gelu_tanh): ``matmul_glu``'s gated build of ``config``."""
+    if activation:
+        return _compile_glu_sm90(config, dtype, has_bias, activation)
     from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90
     from tkit.kernels.matmul._gemm_hopper_kernels import _gemm_ws_kernel
 
@@ -137,4 +177,33 @@ def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has
     for k in ("b2_desc", "c2_desc", "r_desc", "r2_desc"):
         if signature[k] == "constexpr":
             values[k] = None
+    return gluon_compile_sm90(_gemm_ws_kernel, signature, values, num_warps=4, maxnreg=MAXNREG)
+
+
+def _compile_glu_sm90(config, dtype, has_bias, activation):
+    from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90
+    from tkit.kernels.matmul._gemm_hopper_kernels import _gemm_ws_kernel
+
+    cfg = config if config is not None else MC.GluonConfig(block_n=256)
+    gated = glu_gated(cfg)
+    w, bk = cfg.block_n // 2, MC.GLUON_BLOCK_K
+    tname = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+    def desc(rows, cols):
+        return f"tensordesc<{tname}[{rows}, {cols}],{_smem_layout(rows, cols, dtype)!r}>"
+
+    es = torch.empty((), dtype=dtype).element_size()
+    signature = dict(
+        a_desc=desc(MC.GLUON_BLOCK_M, bk), b_desc=desc(w, bk), b2_desc="constexpr",
+        c_desc=desc(WG_M, w), c2_desc="constexpr", r_desc="constexpr", r2_desc="constexpr",
+        bias_ptr=f"*{tname}", M="i32", N="i32", K="i32", stride_bias="i32",
+        HAS_BIAS="constexpr", HAS_RES="constexpr", BLOCK_N="constexpr", OVERLAP="constexpr",
+        STAGES="constexpr", GROUP_M="constexpr", CONSUMER_REGS="constexpr",
+        PRODUCER_REGS="constexpr", GATED="constexpr", ACT="constexpr",
+    )
+    values = dict(b2_desc=None, c2_desc=None, r_desc=None, r2_desc=None,
+                  HAS_BIAS=bool(has_bias), HAS_RES=False, BLOCK_N=w, OVERLAP=cfg.overlap,
+                  STAGES=cfg.stages(es, gated=True), GROUP_M=cfg.group_m,
+                  CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, GATED=gated,
+                  ACT=activation)
     return gluon_compile_sm90(_gemm_ws_kernel, signature, values, num_warps=4, maxnreg=MAXNREG)
