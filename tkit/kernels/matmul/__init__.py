@@ -17,7 +17,10 @@ from shared memory fast enough, and L2 reuse across tiles (grouped ordering) mak
 At M <= 64 (decode) the problem flips: intensity ~ M FLOP/byte, memory-bound, and the goal is
 streaming the K*N weight at copy bandwidth.
 
-Five kernels:
+Five kernels (and :func:`matmul_glu`, the gated up-projection of a SwiGLU / GeGLU MLP,
+``act(a @ b_gate + bias) * (a @ b_up + bias)``, on three of them: the Gluon GEMM with a
+gated epilogue on sm_90, split-K with the gate applied in the reduce at M <= 64, and a
+pointer kernel with two accumulators elsewhere; :func:`glu_plan` says which):
 
 * the Gluon GEMM (``gemm_hopper.py``, ``_gemm_hopper_kernels.py``; sm_90, bf16/fp16, a
   row-major, b K-major as an nn.Linear weight's ``w.t()``, bias and residual epilogues):

@@ -33,6 +33,15 @@ last wgmma's retirement to the next tile's first issue); the CTA's last tile is 
 the tile loop, because a wgmma issued inside a branch (``if there is a next tile``) makes
 ptxas serialize every wgmma of the kernel. Edges: TMA zero-fills operands past M, N and K;
 the stores clip.
+
+Gated tiles (``GATED``, ``tkit.matmul_glu``): an output tile of W columns is computed as its
+gate sums (rows [off_n, off_n + W) of the merged (2N, K) weight) and its up sums (rows
+N + off_n on), both loaded each K step through one descriptor; either into the two halves
+of one [2W, 64] slot, read by one m64 x 2W wgmma into one accumulator that the epilogue
+splits in registers (GATED 2), or into two rings and two accumulators (GATED 1). The
+epilogue computes act(gate + bias) * (up + bias) in float32 and stores the one [64, W]
+part. The gate's last partial tile reads up rows past N: those output columns are clipped
+by the store.
 """
 
 from triton.experimental import gluon

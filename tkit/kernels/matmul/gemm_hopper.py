@@ -9,7 +9,9 @@ Scope: sm_90, bf16 or fp16 operands with an output of the same dtype, a (M, K) r
 layer's projections pass), TMA-aligned rows (K and N multiples of 8, 16-byte aligned bases
 and strides), an epilogue of at most a bias and a residual. Anything else (activations,
 scales, fp32 or fp8, other layouts) takes the Triton kernels, with the reason that
-:func:`supported` gives.
+:func:`supported` gives. :func:`launch_glu` runs the same kernel's gated build for
+``tkit.matmul_glu`` (b the (K, 2N) ``w_gu.t()`` of a merged gate/up weight; its config
+:meth:`GluonConfig.for_glu`, its plan :func:`tkit.kernels.matmul.glu_plan`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ def status(device=None) -> str:
         return f"Triton kernels (the Gluon GEMM needs sm_90; this GPU is sm_{cap[0]}{cap[1]})"
     return ("Gluon sm_90 kernel for bf16/fp16 with a row-major a, a K-major b (w.t()), no "
             "activation or scales, a row-major residual of the output's dtype, where the wave "
-            "model takes 128-row tiles; the Triton kernels for the rest")
+            "model takes 128-row tiles, and matmul_glu's gated tiles above M = 64; the "
+            "Triton kernels for the rest")
 
 
 def column_parts(block_n: int) -> tuple[int, ...]:
