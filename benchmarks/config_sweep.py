@@ -612,11 +612,13 @@ def sweep_matmul_gluon(rows, ms=(512, 4096)):
 #: matmul_glu's Gluon variants timed beside its table (GluonConfig fields replaced on the
 #: table's config; one equal to it is skipped): computed width 128 / 256 (64 / 128 output
 #: columns), gate and up in two accumulators or in the halves of one, the next tile's first
-#: step under the stores on and off, a tile-order section of 16 rows
+#: step under the stores on and off, or (128 only) issued before the epilogue's math, a
+#: tile-order section of 16 rows
 GLU_VARIANTS: list[dict] = [
-    dict(block_n=bn, glu_parts=parts, overlap=ovl)
+    dict(block_n=bn, glu_parts=parts, overlap=ovl, glu_early=False)
     for bn in (128, 256) for parts in (False, True) for ovl in (False, True)
-] + [dict(group_m=16)]
+] + [dict(block_n=128, glu_parts=parts, overlap=True, glu_early=True)
+     for parts in (False, True)] + [dict(group_m=16)]
 #: Llama-3-8B's MLP: hidden 4096, intermediate 14336 (gate_up weight (28672, 4096))
 GLU_NK = (14336, 4096)
 
@@ -648,8 +650,8 @@ def sweep_matmul_glu(rows, ms=(512, 4096)):
         def describe(cfg):
             return (f"{cfg.block_n} s{cfg.stages(gated=True)}"
                     + (" parts" if cfg.glu_parts else " split")
-                    + (" ovl" if cfg.overlap else "") + (f" g{cfg.group_m}"
-                                                         if cfg.group_m != 8 else ""))
+                    + (" early" if cfg.glu_early else " ovl" if cfg.overlap else "")
+                    + (f" g{cfg.group_m}" if cfg.group_m != 8 else ""))
 
         def gluon(cfg, a=a, b=b):
             return lambda: MM._glu_impl(a, b, None, "silu", None, True, "gluon", cfg)

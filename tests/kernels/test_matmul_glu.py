@@ -144,6 +144,8 @@ def test_glu_config_table_and_plan(monkeypatch):
         GH.glu_gated(G(block_n=192))
     with pytest.raises(TypeError, match="glu_parts"):
         G(glu_parts=1)
+    with pytest.raises(ValueError, match="glu_early needs block_n 128"):
+        GH.glu_gated(G(block_n=256, glu_early=True))
     meta = dict(device="meta", dtype=torch.bfloat16)
     x = torch.empty(512, 4096, **meta)
     w = torch.empty(2 * 14336, 4096, **meta)
@@ -183,19 +185,22 @@ def _sass(kernel) -> str:
 
 
 @pytest.mark.parametrize("block_n,parts,overlap,bias", [(256, False, True, True),
-                                                        (128, True, False, False)])
+                                                        (128, True, "early", False)])
 def test_gluon_glu_compiled_schedule(block_n, parts, overlap, bias):
     """sm_90a builds of the gated kernel: the M = 4096 table's (256 computed as one
     accumulator split in the epilogue, the next tile's first step under the stores, bias) and
-    two accumulators of 64 in the plain order: no local memory, shared memory within sm_90's
-    limit and the config's count, wgmma m64 x 256 (one a K step) or m64 x 64 (two) at each
-    issue site, the K loop's wait leaving one step in flight (ptxas did not serialize the
-    wgmmas), TMA loads and stores, the SiLU as two MUFU an output element."""
+    two accumulators of 64 with the next tile's first step issued before the epilogue's math:
+    no local memory, shared memory within sm_90's limit and the config's count, wgmma
+    m64 x 256 (one a K step) or m64 x 64 (two) at each issue site, the K loop's wait leaving
+    one step in flight (ptxas did not serialize the wgmmas), TMA loads and stores, the SiLU
+    as two MUFU an output element, run under a wgmma in flight when issued early."""
     try:
         from tkit.kernels.matmul import gemm_hopper as GH
     except ImportError as e:  # a Triton without Gluon's Hopper API
         pytest.skip(f"no Gluon Hopper API: {e}")
-    cfg = MC.GluonConfig(block_n=block_n, glu_parts=parts, overlap=overlap)
+    early = overlap == "early"
+    cfg = MC.GluonConfig(block_n=block_n, glu_parts=parts, overlap=bool(overlap),
+                         glu_early=early)
     k = GH.compile_sm90(cfg, has_bias=bias, activation="silu")
     stages = cfg.stages(gated=True)
     assert k.metadata.shared <= MC.gluon_shared_bytes(block_n, stages, out_cols=block_n // 2) \
@@ -217,14 +222,24 @@ def test_gluon_glu_compiled_schedule(block_n, parts, overlap, bias):
     mufu = sum(op.startswith("MUFU") for op in names)
     epilogues = 2 * (2 if overlap else 1) * 2 * 64 * (block_n // 2) // 128
     assert epilogues <= mufu <= epilogues + 16, mufu
+    pending, in_flight = False, 0
+    for op, rest in ops:
+        if op.startswith("HGMMA"):
+            pending = True
+        elif op == "WARPGROUP.DEPBAR.LE" and rest.strip().endswith("0x0"):
+            pending = False
+        elif op.startswith("MUFU") and pending:
+            in_flight += 1
+    # early: the loop's epilogue (half of them; the peeled last tile's has no next tile)
+    assert (in_flight >= epilogues // 2) == early, in_flight
 
 
 # ---- GPU: sm_90 ------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("parts", [False, True])
-@pytest.mark.parametrize("overlap", [False, True])
-@pytest.mark.parametrize("block_n", [128, 256])
+@pytest.mark.parametrize("block_n,overlap,parts", [
+    (bn, ovl, parts) for bn in (128, 256) for ovl in (False, True) for parts in (False, True)
+] + [(128, "early", False), (128, "early", True)])
 @pytest.mark.parametrize("M,N,K,bias,act", [
     (300, 200, 1000, True, "silu"),  # N not a multiple of 64 / 128, M of 128, K of 64
     (129, 72, 72, False, "gelu"),
@@ -232,11 +247,13 @@ def test_gluon_glu_compiled_schedule(block_n, parts, overlap, bias):
     (77, 4104, 64, False, "gelu_tanh"),  # one K step
 ])
 def test_gluon_glu_against_reference(block_n, overlap, parts, M, N, K, bias, act):
-    """Forced Gluon kernel, bf16, each computed width, accumulator form and order: partial
+    """Forced Gluon kernel, bf16, each computed width, accumulator form and order (the next
+    tile's first step after the epilogue's math, before it, or neither): partial
     tiles along M, N (the gate's last tile reads past N into the up rows: those columns are
     clipped by the store) and K, several tiles a CTA, one K step; the reference rule."""
     a, b, bb = _operands(M, N, K, torch.bfloat16, "cuda", bias=bias, seed=M + N + K)
-    cfg = MC.GluonConfig(block_n=block_n, overlap=overlap, glu_parts=parts)
+    cfg = MC.GluonConfig(block_n=block_n, overlap=bool(overlap), glu_parts=parts,
+                         glu_early=overlap == "early")
     check_against_reference(_forced("gluon", cfg), _ref, [a, b, bb, act])
 
 

@@ -199,6 +199,13 @@ def _glu_act(x, ACT: gl.constexpr):
 
 
 @gluon.jit
+def _copy_f32(x):
+    """``x`` in other registers (a side-effecting move the compilers keep)."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=x.dtype,
+                                     is_pure=False, pack=1)
+
+
+@gluon.jit
 def _halves(y):
     """A [rows, W] accumulator-layout tensor as its two column halves, each in the layout of a
     W / 2 wide accumulator: column bit W / 2 is a register bit of the layout, so this only
@@ -388,13 +395,28 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
                     a_ring, b_ring, b2_ring, ready, empty, r_desc, r2_desc, r_bar, c_buf,
                     c2_buf, slot, phase, prev, acc, acc2, row0, off_n, k_steps, WG, TWO,
                     HAS_RES, OVERLAP, STAGES)
-                y, y2, r_phase = _tile_values(acc, acc2, c_buf, c2_buf, r_bar, r_phase,
-                                              bias_ptr, off_n, N, stride_bias, out_dtype,
-                                              HAS_BIAS, HAS_RES, TWO, GATED, ACT)
-                # the next tile's first step, under this one's stores
-                acc, acc2, slot, phase, prev = _k_step(a_ring, b_ring, b2_ring, ready, empty,
-                                                       slot, phase, prev, acc, acc2, WG, TWO,
-                                                       STAGES, True)
+                if OVERLAP == 2:
+                    # the next tile's first step into fresh sums, then this tile's epilogue
+                    # math under its wgmma (both tiles' sums live: narrow tiles only)
+                    acc = _copy_f32(acc)
+                    acc2 = _copy_f32(acc2)
+                    nacc, nacc2, slot, phase, prev = _k_step(
+                        a_ring, b_ring, b2_ring, ready, empty, slot, phase, prev,
+                        gl.zeros([WG_M, BN0], gl.float32, acc_layout),
+                        gl.zeros([WG_M, BN1], gl.float32, acc2_layout), WG, TWO, STAGES, True)
+                    y, y2, r_phase = _tile_values(acc, acc2, c_buf, c2_buf, r_bar, r_phase,
+                                                  bias_ptr, off_n, N, stride_bias, out_dtype,
+                                                  HAS_BIAS, HAS_RES, TWO, GATED, ACT)
+                    acc = nacc
+                    acc2 = nacc2
+                else:
+                    y, y2, r_phase = _tile_values(acc, acc2, c_buf, c2_buf, r_bar, r_phase,
+                                                  bias_ptr, off_n, N, stride_bias, out_dtype,
+                                                  HAS_BIAS, HAS_RES, TWO, GATED, ACT)
+                    # the next tile's first step, under this one's stores
+                    acc, acc2, slot, phase, prev = _k_step(a_ring, b_ring, b2_ring, ready,
+                                                           empty, slot, phase, prev, acc, acc2,
+                                                           WG, TWO, STAGES, True)
                 _tile_store(y, y2, c_desc, c2_desc, c_buf, c2_buf, row0, off_n, HAS_RES, STORE2)
                 tile_id += nprog
             pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)

@@ -360,9 +360,12 @@ class GluonConfig:
     #: ``matmul_glu``'s tiles (``block_n`` wide computed, half of it stored): the gate and up
     #: sums in two accumulators, two wgmmas a K step, instead of the two halves of one
     glu_parts: bool = False
+    #: ``matmul_glu``, 128 computed: the next tile's first K step issued before the gated
+    #: epilogue's math (which then runs under its wgmma), not after it (implies ``overlap``)
+    glu_early: bool = False
 
     def __post_init__(self):
-        for name in ("overlap", "glu_parts"):
+        for name in ("overlap", "glu_parts", "glu_early"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.block_n not in GLUON_BLOCK_NS:

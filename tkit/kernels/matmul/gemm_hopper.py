@@ -108,7 +108,16 @@ def glu_gated(cfg: MC.GluonConfig) -> int:
     if cfg.block_n not in MC.GLUON_GLU_BLOCK_NS:
         raise ValueError(f"block_n must be one of {MC.GLUON_GLU_BLOCK_NS} for matmul_glu's "
                          f"Gluon kernel (gate + up columns a tile), got {cfg.block_n}")
+    if cfg.glu_early and cfg.block_n != 128:
+        raise ValueError("glu_early needs block_n 128 (two tiles' sums live at once), got "
+                         f"{cfg.block_n}")
     return 1 if cfg.glu_parts else 2
+
+
+def _glu_overlap(cfg: MC.GluonConfig) -> int:
+    """The kernel's OVERLAP for a gated config: 2 the next tile's first step before the
+    epilogue's math, 1 after it, 0 none."""
+    return 2 if cfg.glu_early else int(cfg.overlap)
 
 
 def launch_glu(a, b, out, bias=None, activation="silu", config: MC.GluonConfig | None = None):
@@ -132,7 +141,7 @@ def launch_glu(a, b, out, bias=None, activation="silu", config: MC.GluonConfig |
              b2_desc=None, c_desc=c_desc, c2_desc=None, r_desc=None, r2_desc=None,
              bias_ptr=bias if bias is not None else out, M=M, N=N, K=K,
              stride_bias=bias.stride(0) if bias is not None else 0,
-             HAS_BIAS=bias is not None, HAS_RES=False, BLOCK_N=w, OVERLAP=cfg.overlap,
+             HAS_BIAS=bias is not None, HAS_RES=False, BLOCK_N=w, OVERLAP=_glu_overlap(cfg),
              STAGES=cfg.stages(out.element_size(), gated=True), GROUP_M=cfg.group_m,
              CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, GATED=gated,
              ACT=activation, num_warps=4, maxnreg=MAXNREG)
@@ -205,7 +214,7 @@ def _compile_glu_sm90(config, dtype, has_bias, activation):
         PRODUCER_REGS="constexpr", GATED="constexpr", ACT="constexpr",
     )
     values = dict(b2_desc=None, c2_desc=None, r_desc=None, r2_desc=None,
-                  HAS_BIAS=bool(has_bias), HAS_RES=False, BLOCK_N=w, OVERLAP=cfg.overlap,
+                  HAS_BIAS=bool(has_bias), HAS_RES=False, BLOCK_N=w, OVERLAP=_glu_overlap(cfg),
                   STAGES=cfg.stages(es, gated=True), GROUP_M=cfg.group_m,
                   CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, GATED=gated,
                   ACT=activation)
