@@ -623,11 +623,12 @@ GLU_VARIANTS: list[dict] = [
 GLU_NK = (14336, 4096)
 
 
-def sweep_matmul_glu(rows, ms=(512, 4096)):
+def sweep_matmul_glu(rows, ms=(1, 16, 512, 4096)):
     """bf16 ``matmul_glu`` on Llama-3-8B's gate/up projection (K 4096, N 14336, b = W.t() of
-    the merged (2N, K) weight) at M = 512 and 4096: cuBLAS (F.linear) + torch's silu * mul,
-    tkit.matmul + tkit.silu_mul (the layer before matmul_glu), tkit.matmul_glu (its plan) and
-    the Gluon variants of GLU_VARIANTS (forced); every tkit output checked against torch's
+    the merged (2N, K) weight) at M = 1, 16 (decode: the split-K path), 512 and 4096: cuBLAS
+    (F.linear) + torch's silu * mul, tkit.matmul + tkit.silu_mul (the layer before
+    matmul_glu), tkit.matmul_glu (its plan) and, from M = 512, the Gluon variants of
+    GLU_VARIANTS (forced); every tkit output checked against torch's
     composition (bf16 rounding) and each variant against matmul_glu's default; all replayed
     from CUDA graphs (L2 flushed) in interleaved rounds."""
     from tkit.kernels.matmul import config as MC
@@ -641,6 +642,7 @@ def sweep_matmul_glu(rows, ms=(512, 4096)):
         w = torch.randn(2 * N, K, device="cuda", generator=g, dtype=torch.bfloat16) * K ** -0.5
         b = w.t()
         flops = 2 * M * 2 * N * K
+        nbytes = (M * K + 2 * N * K + M * N) * 2  # a, the weight, the output (matmul_glu's)
         case = f"M={M} gate_up N={N} K={K}"
         gu = F.linear(a, w)
         ref = F.silu(gu[:, :N]) * gu[:, N:]
@@ -664,13 +666,16 @@ def sweep_matmul_glu(rows, ms=(512, 4096)):
             y = tkit.matmul(a, b)
             return tkit.silu_mul(y[:, :N], y[:, N:])
 
+        label = (f"{plan.path} {describe(table)}" if plan.path == "gluon"
+                 else f"{plan.path}, split {plan.config.split_k}" if plan.path == "splitk"
+                 else plan.path)
         variants = [("cuBLAS + silu*mul", torch_glu), ("tkit.matmul + silu_mul", tkit_two),
-                    (f"matmul_glu ({plan.path} {describe(table)})",
-                     lambda a=a, b=b: tkit.matmul_glu(a, b))]
+                    (f"matmul_glu ({label})", lambda a=a, b=b: tkit.matmul_glu(a, b))]
         others = [c for c in dict.fromkeys(dataclasses.replace(table, **v)
                                            for v in GLU_VARIANTS) if c != table]
-        variants += [(f"gluon {describe(c)}", gluon(c)) for c in others]
-        variants.append(("matmul_glu again", lambda a=a, b=b: tkit.matmul_glu(a, b)))
+        if M > 64:
+            variants += [(f"gluon {describe(c)}", gluon(c)) for c in others]
+            variants.append(("matmul_glu again", lambda a=a, b=b: tkit.matmul_glu(a, b)))
         times, ok = {}, {}
         want = None
         for rnd in range(GLUON_ROUNDS):
@@ -709,10 +714,11 @@ def sweep_matmul_glu(rows, ms=(512, 4096)):
                 continue
             t = times[name]
             print(f"matmul_glu {case:28s} {name:34s} {t * 1e3:8.1f} us "
-                  f"{flops / t / 1e9:6.1f} TFLOP/s {t_torch / t:6.3f}x torch "
-                  f"{t_two / t:6.3f}x matmul+silu_mul")
+                  f"{flops / t / 1e9:6.1f} TFLOP/s {nbytes / t / 1e9:5.2f} TB/s "
+                  f"{t_torch / t:6.3f}x torch {t_two / t:6.3f}x matmul+silu_mul")
             rows.append(dict(family="matmul_glu", case=case, config=name, median_ms=t,
-                             tflops=flops / t / 1e9, vs_torch=t_torch / t,
+                             tflops=flops / t / 1e9, tbps=nbytes / t / 1e9,
+                             vs_torch=t_torch / t,
                              vs_matmul_silu_mul=t_two / t))
 
 
