@@ -131,8 +131,9 @@ def test_glu_config_table_and_plan(monkeypatch):
     beside the half-width staging, the plan's choices and reasons (meta tensors: planned as on
     an sm_90 without being on one)."""
     G = MC.GluonConfig
-    assert G.for_glu(512, 14336, 4096) == G(block_n=128)  # 896 tiles of 64: 7 waves
-    assert G.for_glu(4096, 14336, 4096) == G(block_n=256, overlap=True)  # 3584 of 128
+    # 896 tiles of 64 output columns: 7 waves; 3584 of 128 at M = 4096
+    assert G.for_glu(512, 14336, 4096) == G(block_n=128, overlap=True)
+    assert G.for_glu(4096, 14336, 4096) == G(block_n=256, glu_parts=True)
     assert [G(block_n=n).stages(gated=True) for n in (128, 256)] == [6, 4]
     for n in (128, 256):
         s = G(block_n=n).stages(gated=True)
@@ -144,8 +145,8 @@ def test_glu_config_table_and_plan(monkeypatch):
         GH.glu_gated(G(block_n=192))
     with pytest.raises(TypeError, match="glu_parts"):
         G(glu_parts=1)
-    with pytest.raises(ValueError, match="glu_early needs block_n 128"):
-        GH.glu_gated(G(block_n=256, glu_early=True))
+    with pytest.raises(ValueError, match="overlap needs block_n 128"):
+        GH.glu_gated(G(block_n=256, overlap=True))
     meta = dict(device="meta", dtype=torch.bfloat16)
     x = torch.empty(512, 4096, **meta)
     w = torch.empty(2 * 14336, 4096, **meta)
@@ -158,13 +159,14 @@ def test_glu_config_table_and_plan(monkeypatch):
     monkeypatch.setattr(MC._env, "INTERPRET", False)
     monkeypatch.setattr(MC, "gluon_supported", lambda *args, **kwargs: None)
     p = mm.glu_plan(x, w.t())
-    assert p.path == "gluon" and p.config == G(block_n=128), p
-    assert mm.glu_plan(torch.empty(4096, 4096, **meta), w.t()).config.block_n == 256
+    assert p.path == "gluon" and p.config == G(block_n=128, overlap=True), p
+    assert mm.glu_plan(torch.empty(4096, 4096, **meta), w.t()).config == G(block_n=256,
+                                                                           glu_parts=True)
     with mm.matmul_config(block_n=192):  # no gated tile of that width: the pointer kernel
         p = mm.glu_plan(x, w.t())
         assert p.path == "ptr" and "block_n" in p.reason, p
     with mm.matmul_config(glu_parts=True):
-        assert mm.glu_plan(x, w.t()).config == G(block_n=128, glu_parts=True)
+        assert mm.glu_plan(x, w.t()).config == G(block_n=128, glu_parts=True, overlap=True)
     # an output row that TMA cannot store (N = 4: 8 bytes)
     p = mm.glu_plan(x, torch.empty(8, 4096, **meta).t())
     assert p.path == "ptr" and "output rows of 8 bytes" in p.reason, p
@@ -184,23 +186,23 @@ def _sass(kernel) -> str:
                               capture_output=True, text=True, check=True).stdout
 
 
-@pytest.mark.parametrize("block_n,parts,overlap,bias", [(256, False, True, True),
-                                                        (128, True, "early", False)])
+@pytest.mark.parametrize("block_n,parts,overlap,bias", [(256, True, False, True),
+                                                        (128, False, True, False)])
 def test_gluon_glu_compiled_schedule(block_n, parts, overlap, bias):
-    """sm_90a builds of the gated kernel: the M = 4096 table's (256 computed as one
-    accumulator split in the epilogue, the next tile's first step under the stores, bias) and
-    two accumulators of 64 with the next tile's first step issued before the epilogue's math:
-    no local memory, shared memory within sm_90's limit and the config's count, wgmma
-    m64 x 256 (one a K step) or m64 x 64 (two) at each issue site, the K loop's wait leaving
-    one step in flight (ptxas did not serialize the wgmmas), TMA loads and stores, the SiLU
-    as two MUFU an output element, run under a wgmma in flight when issued early."""
+    """sm_90a builds of the gated kernel's two table configs: 256 computed as two
+    accumulators of 128 (bias), and 128 as one accumulator split in the epilogue with the
+    next tile's first step issued before the epilogue's math: no local memory, shared memory
+    within sm_90's limit and the config's count, m64 x 128 wgmmas at each issue site (two a
+    K step for the two accumulators, one for the split one), the K loop's wait leaving one
+    step in flight (ptxas did not serialize the wgmmas: the early issue moves the old sums to
+    other registers first), TMA loads and stores, the SiLU as two MUFU an output element,
+    run under a wgmma in flight when issued early."""
     try:
         from tkit.kernels.matmul import gemm_hopper as GH
     except ImportError as e:  # a Triton without Gluon's Hopper API
         pytest.skip(f"no Gluon Hopper API: {e}")
-    early = overlap == "early"
-    cfg = MC.GluonConfig(block_n=block_n, glu_parts=parts, overlap=bool(overlap),
-                         glu_early=early)
+    early = overlap
+    cfg = MC.GluonConfig(block_n=block_n, glu_parts=parts, overlap=overlap)
     k = GH.compile_sm90(cfg, has_bias=bias, activation="silu")
     stages = cfg.stages(gated=True)
     assert k.metadata.shared <= MC.gluon_shared_bytes(block_n, stages, out_cols=block_n // 2) \
@@ -238,8 +240,8 @@ def test_gluon_glu_compiled_schedule(block_n, parts, overlap, bias):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("block_n,overlap,parts", [
-    (bn, ovl, parts) for bn in (128, 256) for ovl in (False, True) for parts in (False, True)
-] + [(128, "early", False), (128, "early", True)])
+    (128, False, False), (128, True, False), (128, True, True), (256, False, True),
+    (256, False, False)])
 @pytest.mark.parametrize("M,N,K,bias,act", [
     (300, 200, 1000, True, "silu"),  # N not a multiple of 64 / 128, M of 128, K of 64
     (129, 72, 72, False, "gelu"),
@@ -247,13 +249,12 @@ def test_gluon_glu_compiled_schedule(block_n, parts, overlap, bias):
     (77, 4104, 64, False, "gelu_tanh"),  # one K step
 ])
 def test_gluon_glu_against_reference(block_n, overlap, parts, M, N, K, bias, act):
-    """Forced Gluon kernel, bf16, each computed width, accumulator form and order (the next
-    tile's first step after the epilogue's math, before it, or neither): partial
+    """Forced Gluon kernel, bf16, each computed width and accumulator form, at 128 with and
+    without the next tile's first step issued before the epilogue's math: partial
     tiles along M, N (the gate's last tile reads past N into the up rows: those columns are
     clipped by the store) and K, several tiles a CTA, one K step; the reference rule."""
     a, b, bb = _operands(M, N, K, torch.bfloat16, "cuda", bias=bias, seed=M + N + K)
-    cfg = MC.GluonConfig(block_n=block_n, overlap=bool(overlap), glu_parts=parts,
-                         glu_early=overlap == "early")
+    cfg = MC.GluonConfig(block_n=block_n, overlap=overlap, glu_parts=parts)
     check_against_reference(_forced("gluon", cfg), _ref, [a, b, bb, act])
 
 

@@ -41,7 +41,9 @@ of one [2W, 64] slot, read by one m64 x 2W wgmma into one accumulator that the e
 splits in registers (GATED 2), or into two rings and two accumulators (GATED 1). The
 epilogue computes act(gate + bias) * (up + bias) in float32 and stores the one [64, W]
 part. The gate's last partial tile reads up rows past N: those output columns are clipped
-by the store.
+by the store. Their overlap (OVERLAP 2, narrow tiles: both tiles' sums fit the registers)
+issues the next tile's first K step before the epilogue's math, which then runs under its
+wgmma (the activation is MUFU-bound: two operations an element).
 """
 
 from triton.experimental import gluon
@@ -350,9 +352,10 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, b2_ring, ready, empty, c_desc, c
     next tile's first K step is issued once the sums are in registers as output values, so
     its wgmma runs under this tile's shared-memory stores; the CTA's last tile is peeled off
     the loop, so that no branch decides whether a wgmma is in flight (ptxas then serializes
-    every wgmma of the kernel). GATED: output tiles BLOCK_N wide computed as their gate and
-    up sums, in two accumulators of BLOCK_N (1) or one of 2 * BLOCK_N (2), stored as one
-    part."""
+    every wgmma of the kernel). OVERLAP 2 (gated tiles): the next tile's first K step is
+    issued before the epilogue's math instead, into fresh sums. GATED: output tiles BLOCK_N
+    wide computed as their gate and up sums, in two accumulators of BLOCK_N (1) or one of
+    2 * BLOCK_N (2), stored as one part."""
     BLOCK_M: gl.constexpr = a_ring.shape[1]
     BLOCK_K: gl.constexpr = a_ring.shape[2]
     BN0: gl.constexpr = b_ring.shape[1]

@@ -355,17 +355,15 @@ class GluonConfig:
     num_stages: int = 0
     group_m: int = 8
     #: issue the next tile's first K step before this tile's output stores (their shared-memory
-    #: writes and the TMA store then run under its wgmma)
+    #: writes and the TMA store then run under its wgmma); ``matmul_glu``'s tiles (128
+    #: computed only) issue it earlier still, before the gated epilogue's math
     overlap: bool = False
     #: ``matmul_glu``'s tiles (``block_n`` wide computed, half of it stored): the gate and up
     #: sums in two accumulators, two wgmmas a K step, instead of the two halves of one
     glu_parts: bool = False
-    #: ``matmul_glu``, 128 computed: the next tile's first K step issued before the gated
-    #: epilogue's math (which then runs under its wgmma), not after it (implies ``overlap``)
-    glu_early: bool = False
 
     def __post_init__(self):
-        for name in ("overlap", "glu_parts", "glu_early"):
+        for name in ("overlap", "glu_parts"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.block_n not in GLUON_BLOCK_NS:
@@ -399,15 +397,18 @@ class GluonConfig:
     def for_glu(cls, M: int, N: int, K: int, num_sms: int = 132) -> GluonConfig:
         """``matmul_glu``'s tile (N the output width): ``block_n`` 128 or 256 computed, 64 or
         128 output columns, chosen by the wave count as :meth:`for_shape` does (tiles =
-        cdiv(M, 128) * cdiv(N, block_n / 2)); ``overlap`` as the plain GEMM's table."""
+        cdiv(M, 128) * cdiv(N, block_n / 2)), with the accumulator form and order measured
+        best at that width (_GLUON_GLU_TILES): at 128 one accumulator split in the epilogue
+        and the next tile's first step issued before the epilogue's math; at 256 (where two
+        tiles' sums do not fit the registers at once) two accumulators, no overlap."""
         best = None
-        for bn, eff in _GLUON_GLU_TILES:
+        for bn, eff, parts, overlap in _GLUON_GLU_TILES:
             waves = C.cdiv(C.cdiv(M, GLUON_BLOCK_M) * C.cdiv(N, bn // 2), num_sms)
             t = waves * bn / eff
             if best is None or t < best[0] * 0.999:
-                best = (t, bn)
-        bn = best[1]
-        return cls(block_n=bn, overlap=bn in _GLUON_OVERLAP)
+                best = (t, bn, parts, overlap)
+        _, bn, parts, overlap = best
+        return cls(block_n=bn, glu_parts=parts, overlap=overlap)
 
     def stages(self, out_size: int = 2, gated: bool = False) -> int:
         """``num_stages``, or (0) the most ring slots that fit the sm_90 shared memory beside
@@ -434,9 +435,13 @@ GLUON_LONG_K = 8192
 #: M = 512 and 4096 on the H200 (docs/NOTES.md).
 _GLUON_TILES = ((256, 1.0), (192, 0.97), (128, 0.92))
 
-#: ``matmul_glu``'s computed tile widths (gate + up) and their efficiency, as _GLUON_TILES
+#: ``matmul_glu``'s computed tile widths (gate + up): (block_n, efficiency as in
+#: _GLUON_TILES, glu_parts, overlap). Llama-3-8B's MLP on the H200 (docs/NOTES.md): at
+#: M = 512 (128 wide by the wave count) the split accumulator with the early issue was the
+#: fastest form; at M = 4096 (256 wide) two accumulators without overlap, and every form that
+#: overlapped two tiles lost there
 GLUON_GLU_BLOCK_NS = (128, 256)
-_GLUON_GLU_TILES = ((256, 1.0), (128, 0.92))
+_GLUON_GLU_TILES = ((256, 1.0, True, False), (128, 0.92, False, True))
 
 #: tile widths whose calls without a residual take ``overlap``: measured ahead or level at
 #: M = 4096 (256 wide; down mixed), not at M = 512 (128 / 192 wide: a large loss at gate_up

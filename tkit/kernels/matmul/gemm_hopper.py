@@ -108,16 +108,17 @@ def glu_gated(cfg: MC.GluonConfig) -> int:
     if cfg.block_n not in MC.GLUON_GLU_BLOCK_NS:
         raise ValueError(f"block_n must be one of {MC.GLUON_GLU_BLOCK_NS} for matmul_glu's "
                          f"Gluon kernel (gate + up columns a tile), got {cfg.block_n}")
-    if cfg.glu_early and cfg.block_n != 128:
-        raise ValueError("glu_early needs block_n 128 (two tiles' sums live at once), got "
-                         f"{cfg.block_n}")
+    if cfg.overlap and cfg.block_n != 128:
+        raise ValueError("overlap needs block_n 128 for matmul_glu's Gluon kernel (two tiles' "
+                         f"sums live at once), got {cfg.block_n}")
     return 1 if cfg.glu_parts else 2
 
 
 def _glu_overlap(cfg: MC.GluonConfig) -> int:
-    """The kernel's OVERLAP for a gated config: 2 the next tile's first step before the
-    epilogue's math, 1 after it, 0 none."""
-    return 2 if cfg.glu_early else int(cfg.overlap)
+    """The kernel's OVERLAP for a gated config: 2 (the next tile's first step issued before
+    the epilogue's math) or 0. The plain tiles' order (1: after the math, before the stores)
+    lost to both at every gated width measured."""
+    return 2 if cfg.overlap else 0
 
 
 def launch_glu(a, b, out, bias=None, activation="silu", config: MC.GluonConfig | None = None):
