@@ -376,9 +376,11 @@ def fuzz_glu_ref(a, b, with_bias=False, activation="silu"):
 def _fuzz_glu():
     kw = st.fixed_dictionaries({"with_bias": st.booleans(),
                                 "activation": st.sampled_from(["silu", "gelu", "gelu_tanh"])})
+    # the interpreter's examples are few: the pointer kernel's edges are tested one by one
+    # (tests/kernels/test_matmul_glu.py) and its tile code is matmul's
     return dict(fn=fuzz_glu_fn, reference=fuzz_glu_ref, shapes=glu_shapes(),
                 dtypes=S.gpu_dtypes(), layouts=("contiguous", "transposed", "sliced", "offset"),
-                kwargs=kw, max_examples=30 if torch.cuda.is_available() else None)
+                kwargs=kw, max_examples=30 if torch.cuda.is_available() else 15)
 
 
 def _fuzz_fp8():
