@@ -165,6 +165,9 @@ def test_glu_config_table_and_plan(monkeypatch):
     with mm.matmul_config(block_n=192):  # no gated tile of that width: the pointer kernel
         p = mm.glu_plan(x, w.t())
         assert p.path == "ptr" and "block_n" in p.reason, p
+    with mm.matmul_config(block_n=256, overlap=True):  # no early issue at 256: the reason
+        p = mm.glu_plan(x, w.t())
+        assert p.path == "ptr" and "overlap needs block_n 128" in p.reason, p
     with mm.matmul_config(glu_parts=True):
         assert mm.glu_plan(x, w.t()).config == G(block_n=128, glu_parts=True, overlap=True)
     # an output row that TMA cannot store (N = 4: 8 bytes)

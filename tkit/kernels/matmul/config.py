@@ -716,6 +716,17 @@ def glu_ptr_config(M: int, N: int, K: int, elem_size: int = 2) -> PtrConfig:
     return dataclasses.replace(cfg, block_n=max(16, cfg.block_n // 2))
 
 
+def glu_config_error(cfg: GluonConfig) -> str | None:
+    """Why the Gluon kernel's gated build cannot take ``cfg`` (None: it can)."""
+    if cfg.block_n not in GLUON_GLU_BLOCK_NS:
+        return (f"block_n must be one of {GLUON_GLU_BLOCK_NS} for matmul_glu's Gluon kernel "
+                f"(gate + up columns a tile), got {cfg.block_n}")
+    if cfg.overlap and cfg.block_n != 128:
+        return ("overlap needs block_n 128 for matmul_glu's Gluon kernel (two tiles' sums "
+                f"live at once), got {cfg.block_n}")
+    return None
+
+
 def glu_gluon_reason(a, b, out_dtype, N: int) -> str | None:
     """None when the Gluon kernel's gated build takes ``matmul_glu(a, b)`` (2-D, b (K, 2N)),
     else why not."""
@@ -754,9 +765,9 @@ def glu_plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = N
         if why is None:
             try:
                 cfg = current(GluonConfig.for_glu(M, N, K, sms))
-                if cfg.block_n not in GLUON_GLU_BLOCK_NS:
-                    raise ValueError(f"block_n {cfg.block_n} is not one of "
-                                     f"{GLUON_GLU_BLOCK_NS}")
+                bad = glu_config_error(cfg)
+                if bad is not None:
+                    raise ValueError(bad)
             except ValueError as e:  # a matmul_config field no gated Gluon config takes
                 why = f"matmul_config override: {e}"
         if why is None:

@@ -105,12 +105,9 @@ def launch(a, b, out, bias=None, residual=None, config: MC.GluonConfig | None = 
 def glu_gated(cfg: MC.GluonConfig) -> int:
     """The kernel's GATED constexpr for a ``matmul_glu`` config: 1 two accumulators, 2 one
     split in the epilogue."""
-    if cfg.block_n not in MC.GLUON_GLU_BLOCK_NS:
-        raise ValueError(f"block_n must be one of {MC.GLUON_GLU_BLOCK_NS} for matmul_glu's "
-                         f"Gluon kernel (gate + up columns a tile), got {cfg.block_n}")
-    if cfg.overlap and cfg.block_n != 128:
-        raise ValueError("overlap needs block_n 128 for matmul_glu's Gluon kernel (two tiles' "
-                         f"sums live at once), got {cfg.block_n}")
+    bad = MC.glu_config_error(cfg)
+    if bad is not None:
+        raise ValueError(bad)
     return 1 if cfg.glu_parts else 2
 
 
