@@ -609,6 +609,117 @@ def sweep_matmul_gluon(rows, ms=(512, 4096)):
                                  tflops=flops / t / 1e9, vs_cublas=base / t))
 
 
+#: matmul_glu's Gluon configs timed beside its table's (the one equal to the table's is
+#: skipped): each width's table form, and the other form / order at each width. Measured and
+#: dropped (docs/NOTES.md): the plain tiles' overlap order (next step after the epilogue's
+#: math) at both widths, two accumulators at 128, a tile-order section of 16 rows
+GLU_VARIANTS: list[dict] = [dict(block_n=128, glu_parts=False, overlap=True),
+                            dict(block_n=128, glu_parts=False, overlap=False),
+                            dict(block_n=256, glu_parts=True, overlap=False),
+                            dict(block_n=256, glu_parts=False, overlap=False)]
+#: Llama-3-8B's MLP: hidden 4096, intermediate 14336 (gate_up weight (28672, 4096))
+GLU_NK = (14336, 4096)
+
+
+def sweep_matmul_glu(rows, ms=(1, 16, 512, 4096)):
+    """bf16 ``matmul_glu`` on Llama-3-8B's gate/up projection (K 4096, N 14336, b = W.t() of
+    the merged (2N, K) weight) at M = 1, 16 (decode: the split-K path), 512 and 4096: cuBLAS
+    (F.linear) + torch's silu * mul, tkit.matmul + tkit.silu_mul (the layer before
+    matmul_glu), tkit.matmul_glu (its plan) and, from M = 512, the Gluon variants of
+    GLU_VARIANTS (forced); every tkit output checked against torch's
+    composition (bf16 rounding) and each variant against matmul_glu's default; all replayed
+    from CUDA graphs (L2 flushed) in interleaved rounds."""
+    from tkit.kernels.matmul import config as MC
+    from tkit.kernels.matmul import ops as MM
+
+    F = torch.nn.functional
+    N, K = GLU_NK
+    for M in ms:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn(M, K, device="cuda", generator=g, dtype=torch.bfloat16)
+        w = torch.randn(2 * N, K, device="cuda", generator=g, dtype=torch.bfloat16) * K ** -0.5
+        b = w.t()
+        flops = 2 * M * 2 * N * K
+        nbytes = (M * K + 2 * N * K + M * N) * 2  # a, the weight, the output (matmul_glu's)
+        case = f"M={M} gate_up N={N} K={K}"
+        gu = F.linear(a, w)
+        ref = F.silu(gu[:, :N]) * gu[:, N:]
+        plan = MC.glu_plan(a, b)
+        table = plan.config if plan.path == "gluon" else MC.GluonConfig.for_glu(M, N, K)
+
+        def describe(cfg):
+            return (f"{cfg.block_n} s{cfg.stages(gated=True)}"
+                    + (" parts" if cfg.glu_parts else " split")
+                    + (" early" if cfg.overlap else "")
+                    + (f" g{cfg.group_m}" if cfg.group_m != 8 else ""))
+
+        def gluon(cfg, a=a, b=b):
+            return lambda: MM._glu_impl(a, b, None, "silu", None, True, "gluon", cfg)
+
+        def torch_glu(a=a, w=w):
+            y = F.linear(a, w)
+            return F.silu(y[:, :N]) * y[:, N:]
+
+        def tkit_two(a=a, b=b):
+            y = tkit.matmul(a, b)
+            return tkit.silu_mul(y[:, :N], y[:, N:])
+
+        label = (f"{plan.path} {describe(table)}" if plan.path == "gluon"
+                 else f"{plan.path}, split {plan.config.split_k}" if plan.path == "splitk"
+                 else plan.path)
+        variants = [("cuBLAS + silu*mul", torch_glu), ("tkit.matmul + silu_mul", tkit_two),
+                    (f"matmul_glu ({label})", lambda a=a, b=b: tkit.matmul_glu(a, b))]
+        others = [c for c in dict.fromkeys(MC.GluonConfig(**v) for v in GLU_VARIANTS)
+                  if c != table]
+        if M > 64:
+            variants += [(f"gluon {describe(c)}", gluon(c)) for c in others]
+            variants.append(("matmul_glu again", lambda a=a, b=b: tkit.matmul_glu(a, b)))
+        times, ok = {}, {}
+        want = None
+        for rnd in range(GLUON_ROUNDS):
+            for name, fn in variants:
+                if ok.get(name) is False:
+                    continue
+                if rnd == 0:
+                    try:
+                        got = fn()
+                        if not _close(got, ref):
+                            raise AssertionError("output differs from torch's composition")
+                        if name.startswith("matmul_glu ("):
+                            want = got
+                        elif want is not None and name.startswith("gluon") \
+                                and not _close(got, want):
+                            raise AssertionError("output differs from matmul_glu's default")
+                        ok[name] = True
+                    except Exception as e:  # noqa: BLE001 - a variant that fails: say why
+                        ok[name] = False
+                        print(f"matmul_glu {case:28s} {name:34s} FAILED "
+                              f"{type(e).__name__}: {str(e)[:160]}")
+                        continue
+                try:
+                    t = time_fn(fn, rep_ms=40, replay=True).median_ms
+                except Exception as e:  # noqa: BLE001 - e.g. a capture that fails
+                    ok[name] = False
+                    times.pop(name, None)
+                    print(f"matmul_glu {case:28s} {name:34s} FAILED (timing) "
+                          f"{type(e).__name__}: {str(e)[:160]}")
+                    continue
+                times[name] = min(t, times.get(name, t))
+        t_torch = times.get("cuBLAS + silu*mul", float("nan"))
+        t_two = times.get("tkit.matmul + silu_mul", float("nan"))
+        for name, _ in variants:
+            if name not in times:
+                continue
+            t = times[name]
+            print(f"matmul_glu {case:28s} {name:34s} {t * 1e3:8.1f} us "
+                  f"{flops / t / 1e9:6.1f} TFLOP/s {nbytes / t / 1e9:5.2f} TB/s "
+                  f"{t_torch / t:6.3f}x torch {t_two / t:6.3f}x matmul+silu_mul")
+            rows.append(dict(family="matmul_glu", case=case, config=name, median_ms=t,
+                             tflops=flops / t / 1e9, tbps=nbytes / t / 1e9,
+                             vs_torch=t_torch / t,
+                             vs_matmul_silu_mul=t_two / t))
+
+
 def sweep_attention_short(rows):
     """Causal prefill attention at 512 tokens (the Llama layer's, and B32 x 16 heads; 2048 for
     scale): the Gluon forward (default), the Triton forward, SDPA's cuDNN and flash backends."""
@@ -782,6 +893,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits,
           # one layer size's GEMMs (issue #14's layer bar is at 4096 tokens)
           "matmul_gluon_4096": lambda rows: sweep_matmul_gluon(rows, ms=(4096,)),
           "matmul_gluon_512": lambda rows: sweep_matmul_gluon(rows, ms=(512,)),
+          "matmul_glu": sweep_matmul_glu,
           "attention_short": sweep_attention_short}
 
 

@@ -86,6 +86,11 @@ def _fake_jit_run(self, *args, grid, warmup, **kwargs):
     return _NoopCompiled()
 
 
+def _torch_glu(x, w_gu):
+    gu = torch.nn.functional.linear(x, w_gu)
+    return torch.nn.functional.silu(gu[:, :14336]) * gu[:, 14336:]
+
+
 def cases(device="cpu", torch_calls=False):
     """name -> (the public call, the registered op's call that a compiled graph makes for it);
     with ``torch_calls``, name -> torch's own call of the same computation instead."""
@@ -102,6 +107,8 @@ def cases(device="cpu", torch_calls=False):
     qp, kp, vp = r(1, 512, 32, 128), r(1, 512, 8, 128), r(1, 512, 8, 128)
     # the 512-token layer's o-projection (the Gluon GEMM on sm_90: host TMA descriptors)
     xm, wm, rm = r(512, 4096), r(4096, 4096), r(512, 4096)
+    # the layer's gate/up projection with SwiGLU at 512 tokens (matmul_glu's Gluon build)
+    wgu = r(2 * 14336, 4096)
     ops = torch.ops.tkit
     if torch_calls:
         F = torch.nn.functional
@@ -114,6 +121,7 @@ def cases(device="cpu", torch_calls=False):
             "softmax (1,4096)": lambda: torch.softmax(a, -1),
             "matmul M=1 4096x4096": lambda: torch.matmul(x1, W),
             "matmul M=512 4096x4096 + residual": lambda: torch.addmm(rm, xm, wm.t()),
+            "matmul_glu M=512 gate_up 14336": lambda: _torch_glu(xm, wgu),
             "flash_attention decode 4096 GQA4": lambda: F.scaled_dot_product_attention(
                 qt, kt, vt, enable_gqa=True),
             "flash_attention prefill 512 causal": lambda: F.scaled_dot_product_attention(
@@ -133,6 +141,9 @@ def cases(device="cpu", torch_calls=False):
         "matmul M=512 4096x4096 + residual": (
             lambda: tkit.matmul(xm, wm.t(), residual=rm),
             lambda: ops.matmul(xm, wm.t(), None, rm, None, None, "", None, True, "auto")),
+        "matmul_glu M=512 gate_up 14336": (
+            lambda: tkit.matmul_glu(xm, wgu.t()),
+            lambda: ops.matmul_glu(xm, wgu.t(), None, "silu", None, True)),
         "flash_attention decode 4096 GQA4": (lambda: tkit.flash_attention(q, k, v), lambda: (
             ops.flash_attn_fwd(q, k, v, None, None, 1, 4096, False, 128 ** -0.5, -1, -1, 0.0))),
         "flash_attention prefill 512 causal": (

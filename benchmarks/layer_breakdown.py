@@ -51,7 +51,8 @@ def steps(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, *, heads, kv_heads, eps=M.E
                                        enable_gqa=heads != kv_heads).transpose(1, 2)
     o2 = o.reshape(t, heads * d)
     h = x + F.linear(o2, w_o)
-    gu = F.linear(F.rms_norm(h, (hidden,), w_post, eps), w_gu)
+    n2 = F.rms_norm(h, (hidden,), w_post, eps)
+    gu = F.linear(n2, w_gu)
     act = F.silu(gu[:, :mlp]) * gu[:, mlp:]
     return {
         "rms_norm": (lambda: tkit.rms_norm(x, w_in, eps),
@@ -62,12 +63,16 @@ def steps(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, *, heads, kv_heads, eps=M.E
                                                              enable_gqa=heads != kv_heads)),
         "o proj + residual": (lambda: tkit.matmul(o2, w_o.t(), residual=x),
                               lambda: x + F.linear(o2, w_o)),
-        "gate_up proj": (lambda: tkit.matmul(n1, w_gu.t()), lambda: F.linear(n1, w_gu)),
-        "silu_mul": (lambda: tkit.silu_mul(gu[:, :mlp], gu[:, mlp:]),
-                     lambda: F.silu(gu[:, :mlp]) * gu[:, mlp:]),
+        "gate_up + silu_mul": (lambda: tkit.matmul_glu(n2, w_gu.t()),
+                               lambda: _torch_glu(n2, w_gu, mlp)),
         "down proj + residual": (lambda: tkit.matmul(act, w_down.t(), residual=h),
                                  lambda: h + F.linear(act, w_down)),
     }
+
+
+def _torch_glu(x, w_gu, mlp):
+    gu = F.linear(x, w_gu)
+    return F.silu(gu[:, :mlp]) * gu[:, mlp:]
 
 
 #: rounds of the whole-layer bursts (each provider once in each position of the order)

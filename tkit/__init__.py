@@ -36,6 +36,7 @@ _EXPORTS = {
     # GEMM
     "matmul": "tkit.kernels.matmul",
     "matmul_fp8": "tkit.kernels.matmul",
+    "matmul_glu": "tkit.kernels.matmul",
     "grouped_matmul": "tkit.kernels.matmul",
     "matmul_int4": "tkit.kernels.matmul.int4",
     "quantize_int4": "tkit.kernels.matmul.int4",

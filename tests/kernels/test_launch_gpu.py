@@ -67,6 +67,11 @@ CASES = {
                       tkit.matmul),
     "matmul_bias": (lambda o: (_r(64, 256, offset=o), _r(256, 384), _r(384)),
                     lambda a, b, bias: tkit.matmul(a, b, bias, activation="gelu")),
+    # matmul_glu: split-K at M = 1, the Gluon GEMM's gated build (the pointer kernel when
+    # unaligned)
+    "matmul_glu_M1": (lambda o: (_r(1, 4096, offset=o), _r(4096, 4096).t()), tkit.matmul_glu),
+    "matmul_glu_bias": (lambda o: (_r(256, 1024, offset=o), _r(1536, 1024).t(), _r(1536)),
+                        tkit.matmul_glu),
     "matmul_fp8": (lambda o: (_fp8(64, 256), _fp8(512, 256).t(),
                               torch.rand(1, device=DEV) + 0.5, torch.rand(1, device=DEV) + 0.5),
                    tkit.matmul_fp8),
@@ -102,6 +107,8 @@ CASES = {
                               lambda a, b: torch.ops.tkit.matmul(a, b, None, None, None, None,
                                                                  "silu", torch.float32, True,
                                                                  "auto")),
+    "op_matmul_glu": (lambda o: (_r(256, 1024, offset=o), _r(1536, 1024).t()),
+                      lambda a, b: torch.ops.tkit.matmul_glu(a, b, None, "silu", None, True)),
     "op_attn_decode": (lambda o: (_r(1, 1, 32, 128, offset=o), _r(1, 4096, 8, 128),
                                   _r(1, 4096, 8, 128)),
                        lambda q, k, v: torch.ops.tkit.flash_attn_fwd(
@@ -307,6 +314,7 @@ TRAIN = {
     "softmax": (lambda: (_r(64, 3000),), tkit.softmax),
     "silu_mul": (lambda: (_r(64, 512), _r(64, 512)), tkit.silu_mul),
     "matmul": (lambda: (_r(64, 256), _r(256, 128)), tkit.matmul),
+    "matmul_glu": (lambda: (_r(64, 256), _r(256, 128), _r(128)), tkit.matmul_glu),
     "grouped_matmul": (lambda: (_r(96, 64), _r(3, 64, 32)),
                        lambda a, b: tkit.grouped_matmul(a, b, _group_offsets())),
     "flash_attention": (lambda: (_r(2, 130, 4, 64), _r(2, 130, 2, 64), _r(2, 130, 2, 64)),

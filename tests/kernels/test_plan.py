@@ -217,6 +217,11 @@ OP_CASES = {
                                                         None, False, "auto")),
                            lambda: (torch.randn(5, 64), torch.randn(64, 48),
                                     torch.randn(48).to(BF))),
+    "op_matmul_glu_bias": ((lambda: (torch.randn(2, 5, 64), torch.randn(96, 64).t(),
+                                     torch.randn(96)),
+                            lambda a, b, c: _ops.matmul_glu(a, b, c, "gelu", None, False)),
+                           lambda: (torch.randn(2, 6, 64), torch.randn(96, 64).t(),
+                                    torch.randn(96))),
     "op_attn_decode": ((lambda: (torch.randn(1, 1, 8, 64).to(BF),
                                  torch.randn(1, 300, 2, 64).to(BF),
                                  torch.randn(1, 300, 2, 64).to(BF)),
@@ -280,6 +285,14 @@ CASES = {
     "matmul_bias_bcast_residual": (lambda: (torch.randn(3, 64), torch.randn(64, 32),
                                             torch.randn(32), torch.randn(32)),
                                    lambda a, b, c, r: tkit.matmul(a, b, c, "relu", r)),
+    "matmul_glu": (lambda: (torch.randn(16, 128).to(BF), torch.randn(96, 128).to(BF).t()),
+                   tkit.matmul_glu),
+    "matmul_glu_bias_lead": (lambda: (torch.randn(2, 3, 64), torch.randn(64, 48),
+                                      torch.randn(48)),
+                             lambda a, b, c: tkit.matmul_glu(a, b, c, "gelu_tanh")),
+    # decode on 132 SMs: split-K over the (K, 2N) weight, float32 partials, the gated reduce
+    "matmul_glu_splitk": (lambda: (torch.randn(1, 1024).to(BF), torch.randn(2048, 1024).to(BF).t()),
+                          lambda a, b: _as_on_h200(lambda: tkit.matmul_glu(a, b))),
     "attn_decode": (lambda: (torch.randn(1, 1, 8, 64).to(BF), torch.randn(1, 300, 2, 64).to(BF),
                              torch.randn(1, 300, 2, 64).to(BF)), tkit.flash_attention),
     "attn_causal_lse": (lambda: (torch.randn(2, 40, 4, 32), torch.randn(2, 40, 4, 32),
@@ -1175,6 +1188,28 @@ def test_jit_gluon_gemm_plan_rebuilds_its_descriptors(jitplans, monkeypatch):
     args = planned[0][1]
     assert [x[1] for x in args if isinstance(x, tuple) and x[0] == "desc"] == [
         "in0", "in1", "out0"]
+
+
+@jit
+@pytest.mark.parametrize("registered", [False, True])
+def test_jit_gluon_glu_plan_rebuilds_its_descriptors(jitplans, monkeypatch, registered):
+    """matmul_glu on the Gluon GEMM (eager and through ``torch.ops.tkit.matmul_glu``): one
+    descriptor of a, one of b's (2N, K) storage (b.t(), read for the gate and the up rows),
+    one of the (M, N) output, each rebuilt over the call's tensors by its plan."""
+    from tkit.kernels.matmul import config as MC
+
+    cfg = MC.GluonConfig(block_n=128)
+    monkeypatch.setattr(MC, "glu_plan", lambda *a, **k: MC.MatmulPlan("gluon", "stand-in", cfg))
+
+    def make():
+        return torch.randn(256, 512).to(BF), torch.randn(320, 512).to(BF).t()
+
+    fn = (lambda a, b: _ops.matmul_glu(a, b, None, "silu", None, True)) if registered \
+        else tkit.matmul_glu
+    planned = _plan_vs_ordinary(jitplans, make, fn, fresh=True)
+    descs = [x for x in planned[0][1] if isinstance(x, tuple) and x[0] == "desc"]
+    assert [d[1] for d in descs] == ["in0", "in1", "out0"]
+    assert descs[1][2:4] == ([320, 512], [512, 1])  # b as the (2N, K) matrix it stores
 
 
 @jit

@@ -79,9 +79,9 @@ def test_sanitizer_tasks_racecheck_only_where_shared_memory_is_used(rel):
     tasks = rel._sanitizer_tasks(specs, ["memcheck", "racecheck"])
     assert tasks[:2] == [("add", "memcheck", True), ("rms_norm", "memcheck", True)]
     assert {t[0] for t in tasks if t[1] == "memcheck" and not t[2]} == {s.name for s in specs}
-    # "matmul" is a family too: its fp8, grouped and int4 GEMMs come along
+    # "matmul" is a family too: its fp8, gated, grouped and int4 GEMMs come along
     assert {t[0] for t in tasks if t[1] == "racecheck"} == {
-        "rms_norm", "matmul", "matmul_fp8", "grouped_matmul", "matmul_int4"}
+        "rms_norm", "matmul", "matmul_fp8", "matmul_glu", "grouped_matmul", "matmul_int4"}
 
 
 def _campaign_parts(tmp_path, *extra):

@@ -12,6 +12,7 @@ from tkit.registry import (
     eager_baseline,
     lazy_composite,
     optional_module,
+    torch_compile_baseline,
     unique_bytes,
 )
 from tkit.testing.tensors import LAYOUTS, make_tensor
@@ -54,6 +55,19 @@ def ref_matmul(a, b, bias=None, activation=None, residual=None, out_dtype=None,
     y = _act(y, activation)
     if residual is not None:
         y = y + residual.to(y.dtype)
+    if out_dtype is not None and y.dtype != torch.float64:
+        y = y.to(out_dtype)
+    return y
+
+
+def ref_matmul_glu(a, b, bias=None, activation="silu", out_dtype=None, allow_tf32=True):
+    """PyTorch: the gate/up GEMM (F.linear's product), then act(gate) * up as separate ops
+    (in the inputs' dtype for the peer: the (M, 2N) product rounded before the act-mul)."""
+    y = torch.matmul(a, b)
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    n = b.shape[-1] // 2
+    y = _act(y[..., :n], activation) * y[..., n:]
     if out_dtype is not None and y.dtype != torch.float64:
         y = y.to(out_dtype)
     return y
@@ -105,6 +119,12 @@ def cost_matmul(a, b, bias=None, activation=None, residual=None, out_dtype=None,
     extra = (unique_bytes(bias) if bias is not None else 0) + \
         (unique_bytes(residual) if residual is not None else 0)
     return Cost(c.bytes + extra, c.flops)
+
+
+def cost_matmul_glu(a, b, bias=None, activation="silu", out_dtype=None, **kw):
+    from tkit.kernels.matmul import glu_cost
+
+    return glu_cost(a, b, bias, activation, out_dtype)
 
 
 def cost_matmul_fp8(a, b, scale_a, scale_b, out_dtype=BF16, **kw):
@@ -160,6 +180,37 @@ def _check_matmul():
         _mm_case(3, 300, 256, f16, b_layout="transposed", group="skinny", label="M=3 skinny"),
         _mm_case(33, 65, 17, f16, epilogue=True, group="epilogue", label="fused epilogue"),
     ]
+
+
+#: Llama-3-8B's MLP: hidden 4096, intermediate 14336 (the merged gate/up weight (28672, 4096))
+GLU_N, GLU_K = 14336, 4096
+
+
+def _glu_case(M, N, K, dtype=BF16, *, label=None, group="llama", bias=False, lead=(),
+              a_layout="contiguous", activation="silu"):
+    """a (lead..., M, K) and b = w_gu.t() of a merged (2N, K) gate/up weight."""
+    def build(device):
+        a = make_tensor((*lead, M, K), dtype, a_layout, seed=1, device=device)
+        b = make_tensor((2 * N, K), dtype, seed=2, device=device, scale=K ** -0.5).t()
+        kw = {"activation": activation}
+        if bias:
+            kw["bias"] = make_tensor((2 * N,), dtype, seed=3, device=device)
+        return (a, b), kw
+
+    lab = label or f"{M}x{N}x{K}"
+    return Case(lab, build, group, meta=dict(M=M, N=N, K=K))
+
+
+def _bench_glu():
+    return [_glu_case(M, GLU_N, GLU_K, label=f"llama-3 8B gate_up+silu M={M}",
+                      group="skinny" if M <= 64 else "llama") for M in (1, 16, 512, 4096)]
+
+
+def _check_glu():
+    f16 = torch.float16
+    return [_glu_case(37, 70, 45, f16, label="37x70x45", group="odd"),
+            _glu_case(17, 24, 40, f16, label="gelu_tanh, bias, 2x17 rows", lead=(2,),
+                      bias=True, activation="gelu_tanh", group="epilogue")]
 
 
 def _bench_fp8():
@@ -300,6 +351,38 @@ def _fuzz_matmul():
                 max_examples=40 if torch.cuda.is_available() else None)
 
 
+@lazy_composite
+def glu_shapes(draw, max_mn=100, max_k=100):
+    """((lead..., M, K), (K, 2N))."""
+    M = draw(S.dim_sizes(tile=64, max_size=max_mn))
+    N = draw(S.dim_sizes(tile=32, max_size=max_mn, allow_zero=False))
+    K = draw(S.dim_sizes(tile=32, max_size=max_k))
+    lead = draw(st.sampled_from([(), (), (2,), (1, 3)]))
+    return (*lead, M, K), (K, 2 * N)
+
+
+def fuzz_glu_fn(a, b, with_bias=False, activation="silu"):
+    """tkit.matmul_glu with ``allow_tf32=False`` (the float32 peer is torch's full float32)
+    and a bias built from a fixed seed, so that the reference sees the same values."""
+    bias = _fuzz_epilogue(a, b, with_bias, False)[0]
+    return tkit.matmul_glu(a, b, bias, activation, allow_tf32=False)
+
+
+def fuzz_glu_ref(a, b, with_bias=False, activation="silu"):
+    bias = _fuzz_epilogue(a, b, with_bias, False)[0]
+    return ref_matmul_glu(a, b, bias, activation)
+
+
+def _fuzz_glu():
+    kw = st.fixed_dictionaries({"with_bias": st.booleans(),
+                                "activation": st.sampled_from(["silu", "gelu", "gelu_tanh"])})
+    # the interpreter's examples are few: the pointer kernel's edges are tested one by one
+    # (tests/kernels/test_matmul_glu.py) and its tile code is matmul's
+    return dict(fn=fuzz_glu_fn, reference=fuzz_glu_ref, shapes=glu_shapes(),
+                dtypes=S.gpu_dtypes(), layouts=("contiguous", "transposed", "sliced", "offset"),
+                kwargs=kw, max_examples=30 if torch.cuda.is_available() else 15)
+
+
 def _fuzz_fp8():
     # GPU only: the interpreter converts float8 wrongly (docs/NOTES.md)
     def fn(a, b, per_row=False, block=False):
@@ -373,6 +456,14 @@ def _opcheck_matmul():
                                            "auto"), {}
 
 
+def _opcheck_glu():
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    a = make_tensor((2, 5, 16), torch.float32, seed=1, device=dev).requires_grad_()
+    b = make_tensor((16, 24), torch.float32, "transposed", seed=2, device=dev).requires_grad_()
+    bias = make_tensor((24,), torch.float32, seed=3, device=dev).requires_grad_()
+    return torch.ops.tkit.matmul_glu.default, (a, b, bias, "silu", None, False), {}
+
+
 def _opcheck_grouped():
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     a = make_tensor((10, 16), torch.float32, seed=1, device=dev)
@@ -419,6 +510,23 @@ def _scaled_mm():
     return fn
 
 
+def _glu_torch(a, b, bias=None, activation="silu", out_dtype=None, **kw):
+    """What a model runs without the fusion: the merged gate/up GEMM (cuBLAS), then the
+    activation and the product as torch ops."""
+    return ref_matmul_glu(a, b, bias, activation, out_dtype)
+
+
+def _glu_tkit_two():
+    def fn(a, b, bias=None, activation="silu", out_dtype=None, **kw):
+        y = tkit.matmul(a, b, bias)
+        n = b.shape[-1] // 2
+        if activation == "gelu_tanh":
+            return tkit.act_mul(y[..., :n], y[..., n:], "gelu", approximate="tanh")
+        return tkit.act_mul(y[..., :n], y[..., n:], activation)
+
+    return fn
+
+
 SPECS = [
     OpSpec(name="matmul", family="matmul", fn=tkit.matmul, reference=ref_matmul,
            cost=cost_matmul, bench_cases=_bench_matmul, check_cases=_check_matmul,
@@ -431,6 +539,15 @@ SPECS = [
            "1x128 / 128x128 block scales",
            no_check_reason="Triton's interpreter converts float8 wrongly (docs/NOTES.md); "
            "verified at benchmark sizes on a GPU"),
+    OpSpec(name="matmul_glu", family="matmul", fn=tkit.matmul_glu, reference=ref_matmul_glu,
+           cost=cost_matmul_glu, bench_cases=_bench_glu, check_cases=_check_glu,
+           fuzz=_fuzz_glu,
+           baselines={"cuBLAS + torch act*mul": eager_baseline(_glu_torch),
+                      "torch.compile": torch_compile_baseline(_glu_torch),
+                      "tkit.matmul + act_mul": _glu_tkit_two},
+           opcheck=_opcheck_glu, bound="compute",
+           doc="act(a @ b_gate + bias) * (a @ b_up + bias): SwiGLU/GeGLU's gated up-projection "
+           "in one GEMM"),
     OpSpec(name="grouped_matmul", family="matmul", fn=tkit.grouped_matmul,
            reference=ref_grouped_matmul, cost=cost_grouped, bench_cases=_bench_grouped,
            check_cases=_check_grouped, fuzz=_fuzz_grouped,

@@ -4,7 +4,8 @@ Not a kernel of its own: the layer is where per-call host cost (the eager tax) a
 between kernels add up, so it is measured as a whole against the same layer in torch, eager
 and under torch.compile. One layer: RMSNorm, the fused QKV projection, causal GQA attention,
 the output projection with the residual added in its epilogue, RMSNorm, the fused gate/up
-projection, SwiGLU, the down projection with the residual (no RoPE yet: it is not a tkit op).
+projection with SwiGLU in its epilogue (``tkit.matmul_glu``: the (tokens, 2 * mlp) product is
+never written), the down projection with the residual (no RoPE yet: it is not a tkit op).
 Weights are in nn.Linear's (out, in) layout, passed to ``tkit.matmul`` transposed (no copy).
 """
 
@@ -48,8 +49,8 @@ def llama_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, *, heads, kv_heads, e
     v = qkv[:, (heads + kv_heads) * d:].view(1, t, kv_heads, d)
     o = tkit.flash_attention(q, k, v, causal=True)
     h = tkit.matmul(o.view(t, heads * d), w_o.t(), residual=x)
-    gu = tkit.matmul(tkit.rms_norm(h, w_post, eps), w_gu.t())
-    return tkit.matmul(tkit.silu_mul(gu[:, :mlp], gu[:, mlp:]), w_down.t(), residual=h)
+    act = tkit.matmul_glu(tkit.rms_norm(h, w_post, eps), w_gu.t())  # SwiGLU in the GEMM
+    return tkit.matmul(act, w_down.t(), residual=h)
 
 
 def ref_llama_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, *, heads, kv_heads, eps=EPS):
@@ -79,8 +80,7 @@ def cost_llama_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, *, heads, kv_hea
                      + qkv_width(heads, kv_heads, d) + heads * d  # attention
                      + heads * d + 2 * hidden  # o-proj with the residual
                      + 2 * hidden  # norm
-                     + hidden + 2 * mlp  # gate/up
-                     + 3 * mlp  # silu_mul
+                     + hidden + mlp  # gate/up with SwiGLU in its epilogue
                      + mlp + 2 * hidden)  # down with the residual
     return Cost(bytes=sum(w.numel() * w.element_size() for w in weights) + acts,
                 flops=gemm + attn)

@@ -17,7 +17,10 @@ from shared memory fast enough, and L2 reuse across tiles (grouped ordering) mak
 At M <= 64 (decode) the problem flips: intensity ~ M FLOP/byte, memory-bound, and the goal is
 streaming the K*N weight at copy bandwidth.
 
-Five kernels:
+Five kernels (and :func:`matmul_glu`, the gated up-projection of a SwiGLU / GeGLU MLP,
+``act(a @ b_gate + bias) * (a @ b_up + bias)``, on three of them: the Gluon GEMM with a
+gated epilogue on sm_90, split-K with the gate applied in the reduce at M <= 64, and a
+pointer kernel with two accumulators elsewhere; :func:`glu_plan` says which):
 
 * the Gluon GEMM (``gemm_hopper.py``, ``_gemm_hopper_kernels.py``; sm_90, bf16/fp16, a
   row-major, b K-major as an nn.Linear weight's ``w.t()``, bias and residual epilogues):
@@ -88,13 +91,17 @@ from tkit.kernels.matmul.config import (  # noqa: F401  (public: planning and co
     SplitKConfig,
     TmaConfig,
     _default_out_dtype,
+    glu_plan,
     matmul_config,
     plan,
 )
 from tkit.kernels.matmul.ops import (
     _check_epilogue,
+    _check_glu,
     _check_operands,
     _check_out_dtype,
+    _glu_impl,
+    _glu_op,
     _grouped_impl,
     _grouped_op,
     _matmul_impl,
@@ -216,6 +223,73 @@ def _run_fast(a, b, bias, residual, activation, out_dtype, ieee, p):
         residual = residual.expand(out.shape)
     _run_2d(a, b, out, residual, None, None, bias, activation, ieee, p)
     return out
+
+
+def matmul_glu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+               activation: str = "silu", out_dtype: torch.dtype | None = None, *,
+               allow_tf32: bool = True) -> torch.Tensor:
+    """The gated up-projection of a SwiGLU / GeGLU MLP in one GEMM:
+    ``act(a @ b[:, :N] + bias[:N]) * (a @ b[:, N:] + bias[N:])``, float32 accumulation and
+    epilogue, rounded once to ``out_dtype``; the (M, 2N) product is never written.
+
+    Parameters
+    ----------
+    a : Tensor
+        (..., M, K), float32, float16 or bfloat16; leading dims are folded into M.
+    b : Tensor
+        (K, 2N), a's dtype: gate columns first, then up. A merged gate/up nn.Linear weight
+        ``w_gu`` (2N, K) (HF's and vLLM's layout) is passed as ``w_gu.t()`` (no copy).
+    bias : Tensor, optional
+        (2N,), gate then up, added before the activation.
+    activation : {"silu", "gelu", "gelu_tanh"}
+        Applied to the gate: SwiGLU ("silu"), GeGLU ("gelu", "gelu_tanh").
+    out_dtype : torch.dtype, optional
+        Default: a's dtype.
+    allow_tf32 : bool
+        float32 inputs on tf32 tensor cores (default) or in full float32, as in :func:`matmul`.
+
+    Returns
+    -------
+    Tensor
+        (..., M, N), contiguous. :func:`glu_plan` says which kernel runs: on sm_90 the Gluon
+        GEMM with a gated epilogue (16-bit, a row-major, b K-major), at M <= 64 the split-K
+        path, else the pointer kernel with two accumulators. Differentiable.
+
+    Cost: FLOPs 2*M*2N*K; bytes a + b + the (M, N) output (against a + b + 2 * (M, 2N) + 3 *
+    (M, N) for the GEMM, then a separate act-mul).
+    """
+    if P.plannable(MC._DEPTH.n, a, b, bias):
+        # the eager plan: bias is an input (None or its signature in the key)
+        return P.serve_fast(_glu_plans, (activation, out_dtype, allow_tf32), (a, b, bias),
+                            _matmul_glu_slow, (a, b, bias, activation, out_dtype, allow_tf32))
+    return _matmul_glu_slow(a, b, bias, activation, out_dtype, allow_tf32)
+
+
+_glu_plans = P.new_cache()
+
+
+def _matmul_glu_slow(a, b, bias, activation, out_dtype, allow_tf32):
+    _check_glu(a, b, bias, activation, out_dtype)
+    if C.use_direct_path(a, b, bias):
+        return _glu_impl(a, b, bias, activation, out_dtype, allow_tf32)
+    return _glu_op(a, b, bias, activation, out_dtype, allow_tf32)
+
+
+def glu_cost(a: torch.Tensor, b: torch.Tensor, bias=None, activation="silu", out_dtype=None,
+             **kwargs):
+    """(bytes, FLOPs) of :func:`matmul_glu`: a, b (and bias) read once, the (..., M, N) output
+    written once; 2 * M * 2N * K FLOPs."""
+    from tkit._cost import Cost, unique_bytes
+
+    shape = (*a.shape[:-1], b.shape[1] // 2)
+    n = 1
+    for s in shape:
+        n *= s
+    m = n // max(1, shape[-1])
+    out_es = (out_dtype or a.dtype).itemsize
+    extra = unique_bytes(bias) if bias is not None else 0
+    return Cost(unique_bytes(a) + unique_bytes(b) + extra + n * out_es,
+                2.0 * m * b.shape[1] * a.shape[-1])
 
 
 def _check_scale(s, name, n, what):

@@ -491,3 +491,89 @@ def _grouped_wgrad_kernel(
     tl.store(d_ptrs, acc, mask=(offs_k[:, None] < K) & (offs_n[None, :] < N))
 
 
+
+
+# --------------------------------------------------------------------------------------------
+# matmul_glu: the gated up-projection, act(a @ b_gate + bias_gate) * (a @ b_up + bias_up)
+# --------------------------------------------------------------------------------------------
+@triton.jit
+def _glu_epilogue(g, u, offs_n, N, bias_ptr, stride_bias, HAS_BIAS: tl.constexpr,
+                  ACT: tl.constexpr):
+    """``act(g + bias[n]) * (u + bias[N + n])`` in float32 for the columns ``offs_n`` < N."""
+    if HAS_BIAS:
+        mask_n = offs_n < N
+        bg = tl.load(bias_ptr + offs_n * stride_bias, mask=mask_n, other=0.0)
+        bu = tl.load(bias_ptr + (offs_n + N) * stride_bias, mask=mask_n, other=0.0)
+        g = g + bg.to(tl.float32)[None, :]
+        u = u + bu.to(tl.float32)[None, :]
+    return _activation(g, ACT) * u
+
+
+@triton.jit
+def _matmul_glu_kernel(
+    a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_up, stride_cm, stride_cn, stride_bias,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, IEEE: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """c (M, N) = act(a @ b[:, :N] + bias[:N]) * (a @ b[:, N:] + bias[N:]), one (BLOCK_M,
+    BLOCK_N) output tile per program in grouped order: two float32 accumulators, the gate's
+    over columns [n, n + BLOCK_N) of b and the up's over [N + n, ...).
+
+    a_ptr (M, K), b_ptr (K, 2N) (a merged gate/up nn.Linear weight ``w.t()``: gate columns
+    first), c_ptr (M, N), any strides; bias_ptr (2N,) with stride_bias (a dummy without
+    HAS_BIAS); stride_up = N * stride_bn, the up half's offset in b."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _tile_pid(pid, num_pid_m, num_pid_n, GROUP_M)
+    if INT64:
+        pid_m = pid_m.to(tl.int64)
+        pid_n = pid_n.to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_am = offs_m % M  # wrapped, masked on the store (no alignment hints: _matmul_kernel)
+    offs_bn = offs_n % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
+    g_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        bg = tl.load(g_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        bu = tl.load(g_ptrs + stride_up, mask=offs_k[:, None] < k_left, other=0.0)
+        acc_g = _dot(a, bg, acc_g, IEEE)
+        acc_u = _dot(a, bu, acc_u, IEEE)
+        a_ptrs += BLOCK_K * stride_ak
+        g_ptrs += BLOCK_K * stride_bk
+    y = _glu_epilogue(acc_g, acc_u, offs_n, N, bias_ptr, stride_bias, HAS_BIAS, ACT)
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, y.to(c_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _splitk_glu_reduce_kernel(
+    ws_ptr, c_ptr, bias_ptr, M, N, stride_cm, stride_cn, stride_bias,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """c (M, N) = act(g + bias[:N]) * (u + bias[N:]) where g and u are the sums over s of the
+    split-K partials ws[s, :, :N] and ws[s, :, N:] (ws_ptr float32 (SPLIT_K, M, 2N)
+    contiguous, summed in a fixed order: deterministic)."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    ptrs = ws_ptr + offs_m[:, None] * (2 * N) + offs_n[None, :]
+    g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        g += tl.load(ptrs + s * M * 2 * N, mask=mask, other=0.0)
+        u += tl.load(ptrs + s * M * 2 * N + N, mask=mask, other=0.0)
+    y = _glu_epilogue(g, u, offs_n, N, bias_ptr, stride_bias, HAS_BIAS, ACT)
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, y.to(c_ptr.dtype.element_ty), mask=mask)

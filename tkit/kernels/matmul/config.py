@@ -332,13 +332,15 @@ GLUON_BLOCK_NS = (128, 192, 256)
 GLUON_MAX_STAGES = 8
 
 
-def gluon_shared_bytes(block_n: int, stages: int, out_size: int = 2, in_size: int = 2) -> int:
+def gluon_shared_bytes(block_n: int, stages: int, out_size: int = 2, in_size: int = 2,
+                       out_cols: int | None = None) -> int:
     """Shared memory of the Gluon GEMM (``_gemm_hopper_kernels``): the ring (a and b tiles of
-    one K step a slot), one [64, block_n] output staging tile a consumer warpgroup, the
-    mbarriers (two a slot, one a consumer) and what the warp-specialized region hands its
-    partitions (up to 256 bytes, as the block-scaled kernel)."""
+    one K step a slot), one [64, out_cols] output staging tile a consumer warpgroup
+    (``out_cols`` block_n, or half of it for a gated tile), the mbarriers (two a slot, one a
+    consumer) and what the warp-specialized region hands its partitions (up to 256 bytes, as
+    the block-scaled kernel)."""
     ring = stages * (GLUON_BLOCK_M + block_n) * GLUON_BLOCK_K * in_size
-    staging = block_n * 64
+    staging = (block_n if out_cols is None else out_cols) * 64
     return ring + 2 * staging * out_size + 8 * (2 * stages + 2) + 256
 
 
@@ -353,12 +355,17 @@ class GluonConfig:
     num_stages: int = 0
     group_m: int = 8
     #: issue the next tile's first K step before this tile's output stores (their shared-memory
-    #: writes and the TMA store then run under its wgmma)
+    #: writes and the TMA store then run under its wgmma); ``matmul_glu``'s tiles (128
+    #: computed only) issue it earlier still, before the gated epilogue's math
     overlap: bool = False
+    #: ``matmul_glu``'s tiles (``block_n`` wide computed, half of it stored): the gate and up
+    #: sums in two accumulators, two wgmmas a K step, instead of the two halves of one
+    glu_parts: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.overlap, bool):
-            raise TypeError(f"overlap must be a bool, got {self.overlap!r}")
+        for name in ("overlap", "glu_parts"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.block_n not in GLUON_BLOCK_NS:
             raise ValueError(f"block_n must be one of {GLUON_BLOCK_NS} for the Gluon GEMM, "
                              f"got {self.block_n}")
@@ -386,13 +393,32 @@ class GluonConfig:
         bn = best[1]
         return cls(block_n=bn, overlap=bn in _GLUON_OVERLAP and not has_res)
 
-    def stages(self, out_size: int = 2) -> int:
+    @classmethod
+    def for_glu(cls, M: int, N: int, K: int, num_sms: int = 132) -> GluonConfig:
+        """``matmul_glu``'s tile (N the output width): ``block_n`` 128 or 256 computed, 64 or
+        128 output columns, chosen by the wave count as :meth:`for_shape` does (tiles =
+        cdiv(M, 128) * cdiv(N, block_n / 2)), with the accumulator form and order measured
+        best at that width (_GLUON_GLU_TILES): at 128 one accumulator split in the epilogue
+        and the next tile's first step issued before the epilogue's math; at 256 (where two
+        tiles' sums do not fit the registers at once) two accumulators, no overlap."""
+        best = None
+        for bn, eff, parts, overlap in _GLUON_GLU_TILES:
+            waves = C.cdiv(C.cdiv(M, GLUON_BLOCK_M) * C.cdiv(N, bn // 2), num_sms)
+            t = waves * bn / eff
+            if best is None or t < best[0] * 0.999:
+                best = (t, bn, parts, overlap)
+        _, bn, parts, overlap = best
+        return cls(block_n=bn, glu_parts=parts, overlap=overlap)
+
+    def stages(self, out_size: int = 2, gated: bool = False) -> int:
         """``num_stages``, or (0) the most ring slots that fit the sm_90 shared memory beside
-        a whole staging tile a consumer."""
+        a whole staging tile a consumer (half the tile's width when ``gated``)."""
         if self.num_stages:
             return self.num_stages
+        cols = self.block_n // 2 if gated else self.block_n
         s = GLUON_MAX_STAGES
-        while s > 2 and gluon_shared_bytes(self.block_n, s, out_size) > SMEM_BYTES:
+        while s > 2 and gluon_shared_bytes(self.block_n, s, out_size, out_cols=cols) \
+                > SMEM_BYTES:
             s -= 1
         return s
 
@@ -408,6 +434,14 @@ GLUON_LONG_K = 8192
 #: the fastest width, or one within 0.5% of it, at each of Llama-3-8B's projections at
 #: M = 512 and 4096 on the H200 (docs/NOTES.md).
 _GLUON_TILES = ((256, 1.0), (192, 0.97), (128, 0.92))
+
+#: ``matmul_glu``'s computed tile widths (gate + up): (block_n, efficiency as in
+#: _GLUON_TILES, glu_parts, overlap). Llama-3-8B's MLP on the H200 (docs/NOTES.md): at
+#: M = 512 (128 wide by the wave count) the split accumulator with the early issue was the
+#: fastest form; at M = 4096 (256 wide) two accumulators without overlap, and every form that
+#: overlapped two tiles lost there
+GLUON_GLU_BLOCK_NS = (128, 256)
+_GLUON_GLU_TILES = ((256, 1.0, True, False), (128, 0.92, False, True))
 
 #: tile widths whose calls without a residual take ``overlap``: measured ahead or level at
 #: M = 4096 (256 wide; down mixed), not at M = 512 (128 / 192 wide: a large loss at gate_up
@@ -667,3 +701,91 @@ def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
 
 def _default_out_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if dtype in C.FP8_DTYPES else dtype
+
+
+# --------------------------------------------------------------------------------------------
+# matmul_glu: which kernel runs, and why
+# --------------------------------------------------------------------------------------------
+GLU_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+
+
+def glu_ptr_config(M: int, N: int, K: int, elem_size: int = 2) -> PtrConfig:
+    """The pointer GLU kernel's tile (``block_n``: output columns, each computed twice, gate
+    and up): the plain pointer kernel's tile for the (M, 2N) product, half as wide."""
+    cfg = PtrConfig.for_shape(M, 2 * N, K, elem_size)
+    return dataclasses.replace(cfg, block_n=max(16, cfg.block_n // 2))
+
+
+def glu_config_error(cfg: GluonConfig) -> str | None:
+    """Why the Gluon kernel's gated build cannot take ``cfg`` (None: it can)."""
+    if cfg.block_n not in GLUON_GLU_BLOCK_NS:
+        return (f"block_n must be one of {GLUON_GLU_BLOCK_NS} for matmul_glu's Gluon kernel "
+                f"(gate + up columns a tile), got {cfg.block_n}")
+    if cfg.overlap and cfg.block_n != 128:
+        return ("overlap needs block_n 128 for matmul_glu's Gluon kernel (two tiles' sums "
+                f"live at once), got {cfg.block_n}")
+    return None
+
+
+def glu_gluon_reason(a, b, out_dtype, N: int) -> str | None:
+    """None when the Gluon kernel's gated build takes ``matmul_glu(a, b)`` (2-D, b (K, 2N)),
+    else why not."""
+    why = gluon_supported(a, b, out_dtype)
+    if why is None and (N * a.element_size()) % 16:
+        why = f"output rows of {N * a.element_size()} bytes are not a multiple of 16 (TMA)"
+    return why
+
+
+def glu_plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None, *,
+             path: str | None = None) -> MatmulPlan:
+    """Which kernel ``matmul_glu(a, b)`` runs for a 2-D ``a`` (leading dims folded) and ``b``
+    (K, 2N), why, and with which config (overrides applied). Paths: "gluon" (sm_90, the
+    GEMM's Gluon kernel with the gated epilogue), "splitk" (M <= 64: the split-K GEMM over
+    (K, 2N), the gated epilogue in the reduce; split 1 is the pointer kernel with the split
+    tile), "ptr" (the pointer kernel with two accumulators), "empty"."""
+    M, K = a.shape
+    N = b.shape[1] // 2
+    out_dtype = out_dtype or a.dtype
+    major, sms = D.capability(a.device)[0], D.sm_count(a.device)
+    es = a.element_size()
+    if M == 0 or N == 0:
+        return MatmulPlan("empty", "empty output: nothing to launch")
+    if path == "gluon":
+        why = glu_gluon_reason(a, b, out_dtype, N)
+        if why is not None:
+            raise ValueError(f"the Gluon GEMM does not apply to this call: {why}")
+    if path is None and K == 0:
+        path, reason = "ptr", "K = 0: the output is the epilogue of zeros"
+    elif path is None and M <= _SKINNY_M and K * 2 * N >= _SKINNY_MIN_WEIGHT \
+            and not C.needs_int64(a, b):
+        path, reason = "splitk", (f"M={M} <= {_SKINNY_M} with a {K}x{2 * N} weight: "
+                                  "memory-bound, split-K streams the weight")
+    elif path is None and major >= 9:
+        why = "TKIT_AUTOTUNE" if autotuned() else glu_gluon_reason(a, b, out_dtype, N)
+        if why is None:
+            try:
+                cfg = current(GluonConfig.for_glu(M, N, K, sms))
+                bad = glu_config_error(cfg)
+                if bad is not None:
+                    raise ValueError(bad)
+            except ValueError as e:  # a matmul_config field no gated Gluon config takes
+                why = f"matmul_config override: {e}"
+        if why is None:
+            return MatmulPlan("gluon", f"sm_{major}0, 16-bit operands, a row-major, b K-major: "
+                              "warp-specialized Gluon kernel, gated epilogue", cfg)
+        path, reason = "ptr", f"pointer kernel (not the Gluon one: {why})"
+    elif path is None:
+        path = "ptr"
+        reason = ("Triton interpreter: portable kernel" if major == 0
+                  else f"sm_{major}x: pointer kernel")
+    else:
+        reason = "forced"
+    if path == "splitk":
+        cfg = current(SplitKConfig.for_shape(M, 2 * N, K, sms))
+    elif path == "gluon":
+        cfg = current(GluonConfig.for_glu(M, N, K, sms))
+    elif path == "ptr":
+        cfg = current(glu_ptr_config(M, N, K, es))
+    else:
+        raise ValueError(f"unknown matmul_glu path {path!r}")
+    return MatmulPlan(path, reason, cfg)

@@ -9,7 +9,9 @@ Scope: sm_90, bf16 or fp16 operands with an output of the same dtype, a (M, K) r
 layer's projections pass), TMA-aligned rows (K and N multiples of 8, 16-byte aligned bases
 and strides), an epilogue of at most a bias and a residual. Anything else (activations,
 scales, fp32 or fp8, other layouts) takes the Triton kernels, with the reason that
-:func:`supported` gives.
+:func:`supported` gives. :func:`launch_glu` runs the same kernel's gated build for
+``tkit.matmul_glu`` (b the (K, 2N) ``w_gu.t()`` of a merged gate/up weight; its config
+:meth:`GluonConfig.for_glu`, its plan :func:`tkit.kernels.matmul.glu_plan`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ def status(device=None) -> str:
         return f"Triton kernels (the Gluon GEMM needs sm_90; this GPU is sm_{cap[0]}{cap[1]})"
     return ("Gluon sm_90 kernel for bf16/fp16 with a row-major a, a K-major b (w.t()), no "
             "activation or scales, a row-major residual of the output's dtype, where the wave "
-            "model takes 128-row tiles; the Triton kernels for the rest")
+            "model takes 128-row tiles, and matmul_glu's gated tiles above M = 64; the "
+            "Triton kernels for the rest")
 
 
 def column_parts(block_n: int) -> tuple[int, ...]:
@@ -99,13 +102,60 @@ def launch(a, b, out, bias=None, residual=None, config: MC.GluonConfig | None = 
     return out
 
 
+def glu_gated(cfg: MC.GluonConfig) -> int:
+    """The kernel's GATED constexpr for a ``matmul_glu`` config: 1 two accumulators, 2 one
+    split in the epilogue."""
+    bad = MC.glu_config_error(cfg)
+    if bad is not None:
+        raise ValueError(bad)
+    return 1 if cfg.glu_parts else 2
+
+
+def _glu_overlap(cfg: MC.GluonConfig) -> int:
+    """The kernel's OVERLAP for a gated config: 2 (the next tile's first step issued before
+    the epilogue's math) or 0. The plain tiles' order (1: after the math, before the stores)
+    lost to both at every gated width measured."""
+    return 2 if cfg.overlap else 0
+
+
+def launch_glu(a, b, out, bias=None, activation="silu", config: MC.GluonConfig | None = None):
+    """out (M, N) = act(a @ b[:, :N] + bias[:N]) * (a @ b[:, N:] + bias[N:]) by the Gluon
+    kernel (GATED), for operands that :func:`supported` accepts with ``b`` (K, 2N) K-major;
+    ``config`` None: :meth:`GluonConfig.for_glu` with the ``matmul_config`` overrides."""
+    from tkit.kernels.matmul._gemm_hopper_kernels import _gemm_ws_kernel
+
+    M, K = a.shape
+    N = out.shape[1]
+    sms = D.sm_count(a.device)
+    cfg = config if config is not None else MC.current(MC.GluonConfig.for_glu(M, N, K, sms))
+    gated = glu_gated(cfg)
+    w, bk = cfg.block_n // 2, MC.GLUON_BLOCK_K
+    a_desc = _descriptor(a, (M, K), (MC._lead_stride(a, False), 1), (MC.GLUON_BLOCK_M, bk))
+    # one descriptor over the (2N, K) storage serves the gate rows and the up rows (N on)
+    b_desc = _descriptor(b.t(), (2 * N, K), (MC._lead_stride(b, True), 1), (w, bk))
+    c_desc = _descriptor(out, (M, N), (MC._lead_stride(out, False), 1), (WG_M, w))
+    tiles = C.cdiv(M, MC.GLUON_BLOCK_M) * C.cdiv(N, w)
+    C.launch(_gemm_ws_kernel, (max(1, min(sms, tiles)),), a_desc=a_desc, b_desc=b_desc,
+             b2_desc=None, c_desc=c_desc, c2_desc=None, r_desc=None, r2_desc=None,
+             bias_ptr=bias if bias is not None else out, M=M, N=N, K=K,
+             stride_bias=bias.stride(0) if bias is not None else 0,
+             HAS_BIAS=bias is not None, HAS_RES=False, BLOCK_N=w, OVERLAP=_glu_overlap(cfg),
+             STAGES=cfg.stages(out.element_size(), gated=True), GROUP_M=cfg.group_m,
+             CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, GATED=gated,
+             ACT=activation, num_warps=4, maxnreg=MAXNREG)
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Ahead-of-time compilation (no GPU needed)
 # --------------------------------------------------------------------------------------------
 def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has_bias=False,
-                 has_res=False):
+                 has_res=False, activation: str | None = None):
     """Compile the kernel for sm_90a ahead of time; returns Triton's compiled kernel
-    (``.asm`` holds ``ttgir``, ``ptx``, ``cubin``; ``.metadata.shared`` the shared memory)."""
+    (``.asm`` holds ``ttgir``, ``ptx``, ``cubin``; ``.metadata.shared`` the shared memory).
+    ``activation`` (silu, gelu, gelu_tanh): ``matmul_glu``'s gated build of ``config``."""
+    if activation:
+        return _compile_glu_sm90(config, dtype, has_bias, activation)
     from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90
     from tkit.kernels.matmul._gemm_hopper_kernels import _gemm_ws_kernel
 
@@ -137,4 +187,33 @@ def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has
     for k in ("b2_desc", "c2_desc", "r_desc", "r2_desc"):
         if signature[k] == "constexpr":
             values[k] = None
+    return gluon_compile_sm90(_gemm_ws_kernel, signature, values, num_warps=4, maxnreg=MAXNREG)
+
+
+def _compile_glu_sm90(config, dtype, has_bias, activation):
+    from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90
+    from tkit.kernels.matmul._gemm_hopper_kernels import _gemm_ws_kernel
+
+    cfg = config if config is not None else MC.GluonConfig(block_n=256)
+    gated = glu_gated(cfg)
+    w, bk = cfg.block_n // 2, MC.GLUON_BLOCK_K
+    tname = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+    def desc(rows, cols):
+        return f"tensordesc<{tname}[{rows}, {cols}],{_smem_layout(rows, cols, dtype)!r}>"
+
+    es = torch.empty((), dtype=dtype).element_size()
+    signature = dict(
+        a_desc=desc(MC.GLUON_BLOCK_M, bk), b_desc=desc(w, bk), b2_desc="constexpr",
+        c_desc=desc(WG_M, w), c2_desc="constexpr", r_desc="constexpr", r2_desc="constexpr",
+        bias_ptr=f"*{tname}", M="i32", N="i32", K="i32", stride_bias="i32",
+        HAS_BIAS="constexpr", HAS_RES="constexpr", BLOCK_N="constexpr", OVERLAP="constexpr",
+        STAGES="constexpr", GROUP_M="constexpr", CONSUMER_REGS="constexpr",
+        PRODUCER_REGS="constexpr", GATED="constexpr", ACT="constexpr",
+    )
+    values = dict(b2_desc=None, c2_desc=None, r_desc=None, r2_desc=None,
+                  HAS_BIAS=bool(has_bias), HAS_RES=False, BLOCK_N=w, OVERLAP=_glu_overlap(cfg),
+                  STAGES=cfg.stages(es, gated=True), GROUP_M=cfg.group_m,
+                  CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, GATED=gated,
+                  ACT=activation)
     return gluon_compile_sm90(_gemm_ws_kernel, signature, values, num_warps=4, maxnreg=MAXNREG)

@@ -1,9 +1,10 @@
 """The GEMM family's launchers, argument checks and torch.library registrations
-(``tkit::matmul``, ``tkit::grouped_matmul``, ``tkit::grouped_matmul_wgrad``) with their fakes
-and autograd."""
+(``tkit::matmul``, ``tkit::matmul_glu``, ``tkit::grouped_matmul``,
+``tkit::grouped_matmul_wgrad``) with their fakes and autograd."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -19,11 +20,13 @@ from tkit.kernels.matmul._kernels import (
     _grouped_matmul_kernel,
     _grouped_wgrad_kernel,
     _matmul_autotuned,
+    _matmul_glu_kernel,
     _matmul_kernel,
     _matmul_splitk_fused_kernel,
     _matmul_splitk_kernel,
     _matmul_tma_autotuned,
     _matmul_tma_kernel,
+    _splitk_glu_reduce_kernel,
     _splitk_reduce_kernel,
 )
 from tkit.kernels.matmul.config import (
@@ -513,3 +516,166 @@ def _check_epilogue(out_shape, device, bias, activation, residual):
                              f"the output shape {tuple(out_shape)}")
 
 
+
+
+# --------------------------------------------------------------------------------------------
+# matmul_glu: act(a @ b[:, :N] + bias[:N]) * (a @ b[:, N:] + bias[N:])
+# --------------------------------------------------------------------------------------------
+def _launch_glu_ptr(a, b, out, bias, activation, ieee, cfg: PtrConfig):
+    M, K = a.shape
+    N = out.shape[1]
+    grid = (C.cdiv(M, cfg.block_m) * C.cdiv(N, cfg.block_n),)
+    C.launch(_matmul_glu_kernel, grid, a_ptr=a, b_ptr=b, c_ptr=out,
+             bias_ptr=bias if bias is not None else a, M=M, N=N, K=K,
+             stride_am=a.stride(0), stride_ak=a.stride(1), stride_bk=b.stride(0),
+             stride_bn=b.stride(1), stride_up=N * b.stride(1), stride_cm=out.stride(0),
+             stride_cn=out.stride(1), stride_bias=bias.stride(0) if bias is not None else 0,
+             HAS_BIAS=bias is not None, ACT=activation, IEEE=ieee,
+             INT64=C.needs_int64(a, b, out), **cfg.launch_kwargs())
+
+
+def _launch_glu_splitk(a, b, out, bias, activation, ieee, cfg: SplitKConfig):
+    M, K = a.shape
+    N2 = b.shape[1]
+    N = N2 // 2
+    split, bm, bn = cfg.split_k, cfg.block_m, cfg.block_n
+    if split == 1:  # nothing to reduce: the pointer kernel streams the same weight columns
+        unsplit = dataclasses.replace(cfg.unsplit(), block_n=max(16, bn // 2))
+        _launch_glu_ptr(a, b, out, bias, activation, ieee, unsplit)
+        return
+    # partials are float32 and fully overwritten: a plain allocation, never poisoned
+    ws = C.scratch((split, M, N2), torch.float32, a.device)
+    C.launch(_matmul_splitk_kernel, (C.cdiv(N2, bn), C.cdiv(M, bm), split),
+             a_ptr=a, b_ptr=b, ws_ptr=ws, M=M, N=N2, K=K,
+             stride_am=a.stride(0), stride_ak=a.stride(1),
+             stride_bk=b.stride(0), stride_bn=b.stride(1),
+             IEEE=ieee, **cfg.launch_kwargs())
+    rbn = 128 if N >= 128 else max(16, C.next_power_of_2(N))
+    C.launch(_splitk_glu_reduce_kernel, (C.cdiv(N, rbn), C.cdiv(M, bm)),
+             ws_ptr=ws, c_ptr=out, bias_ptr=bias if bias is not None else ws, M=M, N=N,
+             stride_cm=out.stride(0), stride_cn=out.stride(1),
+             stride_bias=bias.stride(0) if bias is not None else 0, SPLIT_K=split,
+             HAS_BIAS=bias is not None, ACT=activation, BLOCK_M=bm, BLOCK_N=rbn, num_warps=4)
+
+
+def _run_glu_2d(a, b, out, bias, activation, ieee, p: MatmulPlan, config=None):
+    """Launch ``p`` for a 2-D ``a`` and ``out`` (its config, or ``config``: one of the kernel
+    of ``p.path``)."""
+    cfg = config if config is not None else p.config
+    if p.path == "empty":
+        return
+    if p.path == "gluon":
+        from tkit.kernels.matmul import gemm_hopper as GH
+
+        GH.launch_glu(a, b, out, bias, activation, _expect(cfg, GluonConfig))
+    elif p.path == "splitk":
+        _launch_glu_splitk(a, b, out, bias, activation, ieee, _expect(cfg, SplitKConfig))
+    elif p.path == "ptr":
+        _launch_glu_ptr(a, b, out, bias, activation, ieee, _expect(cfg, PtrConfig))
+    else:
+        raise ValueError(f"unknown matmul_glu path {p.path!r}")
+
+
+def _glu_impl(a, b, bias=None, activation="silu", out_dtype=None, allow_tf32=True, path=None,
+              config=None):
+    """The validated call: a (..., M, K) with its leading dims folded into M (a view where
+    the strides allow, else one copy), b (K, 2N)."""
+    K = a.shape[-1]
+    N = b.shape[1] // 2
+    out = C.empty((*a.shape[:-1], N), out_dtype or a.dtype, a.device)
+    if out.numel() == 0:
+        return out
+    a2 = a if a.ndim == 2 else _try_view(a, -1, K)
+    if a2 is None:
+        a2 = a.reshape(-1, K)
+    out2 = out.view(-1, N)
+    p = MC.glu_plan(a2, b, out.dtype, path=path)
+    _run_glu_2d(a2, b, out2, bias, activation, a.dtype == torch.float32 and not allow_tf32, p,
+                config)
+    return out
+
+
+def _glu_shape(a, b):
+    return (*a.shape[:-1], b.shape[1] // 2)
+
+
+@R.custom_op("tkit::matmul_glu", mutates_args=())
+def _glu_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],  # noqa: UP045
+            activation: str, out_dtype: Optional[torch.dtype],  # noqa: UP045
+            allow_tf32: bool) -> torch.Tensor:
+    if not MC.overridden():
+        # served by an eager plan on a repeated signature (a compiled graph's calls)
+        return P.serve_op(_glu_op_plans, ("matmul_glu", activation, out_dtype, allow_tf32),
+                          _glu_impl, (a, b, bias), a, b, bias, activation, out_dtype,
+                          allow_tf32)
+    return _glu_impl(a, b, bias, activation, out_dtype, allow_tf32)
+
+
+_glu_op_plans = P.new_cache()
+
+
+@_glu_op.register_fake
+def _(a, b, bias, activation, out_dtype, allow_tf32):
+    return a.new_empty(_glu_shape(a, b), dtype=out_dtype or a.dtype)
+
+
+def _glu_setup(ctx, inputs, output):
+    a, b, bias, activation, out_dtype, allow_tf32 = inputs
+    ctx.activation = activation
+    ctx.allow_tf32 = allow_tf32
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+    ctx.save_for_backward(a, b, bias)
+
+
+def _glu_backward(ctx, grad):
+    """out = act(g) * u with [g, u] = a @ b + bias: the pre-activations are recomputed by one
+    tkit.matmul in float32; d[g, u] = [grad * u * act'(g), grad * act(g)], then the two GEMMs
+    of a linear layer's backward through tkit.matmul (transposes are views)."""
+    a, b, bias = ctx.saved_tensors
+    K = a.shape[-1]
+    N = b.shape[1] // 2
+    a2 = a.reshape(-1, K)
+    pre = _matmul_op(a2, b, bias, None, None, None, "", torch.float32, ctx.allow_tf32, "auto")
+    g, u = pre[:, :N], pre[:, N:]
+    go = grad.reshape(-1, N).float()
+    dpre = torch.cat([_activation_grad(go * u, g, ctx.activation),
+                      go * _torch_activation(g, ctx.activation)], dim=1)
+    ga = gb = gbias = None
+    if ctx.needs_input_grad[0]:
+        ga = _matmul_op(dpre.to(a.dtype), b.t(), None, None, None, None, "", torch.float32,
+                        ctx.allow_tf32, "auto").reshape(a.shape).to(a.dtype)
+    if ctx.needs_input_grad[1]:
+        gb = _matmul_op(a2.t(), dpre.to(b.dtype), None, None, None, None, "", torch.float32,
+                        ctx.allow_tf32, "auto").to(b.dtype)
+    if bias is not None and ctx.needs_input_grad[2]:
+        gbias = dpre.sum(0).to(ctx.bias_dtype)
+    return ga, gb, gbias, None, None, None
+
+
+_glu_op.register_autograd(_glu_backward, setup_context=_glu_setup)
+
+
+def _check_glu(a, b, bias, activation, out_dtype):
+    """matmul_glu's argument checks (errors name the argument, before any launch)."""
+    C.check_tensor(a, "a", C.FLOAT_DTYPES, min_ndim=2)
+    C.check_tensor(b, "b", C.FLOAT_DTYPES, ndim=2)
+    C.check_same_device(a=a, b=b)
+    if a.dtype != b.dtype:
+        raise TypeError(f"b has dtype {C.dtype_name(b.dtype)} but a has "
+                        f"{C.dtype_name(a.dtype)}; cast one of them")
+    if a.shape[-1] != b.shape[0]:
+        raise ValueError(f"a of shape {tuple(a.shape)} and b of shape {tuple(b.shape)} cannot "
+                         f"be multiplied: a.shape[-1]={a.shape[-1]} != b.shape[0]={b.shape[0]}")
+    if b.shape[1] % 2:
+        raise ValueError(f"b must have an even number of columns (gate columns, then up), got "
+                         f"shape {tuple(b.shape)}")
+    if activation not in MC.GLU_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {MC.GLU_ACTIVATIONS}, got {activation!r}")
+    _check_out_dtype(out_dtype)
+    if bias is not None:
+        C.check_tensor(bias, "bias", ndim=1)
+        if bias.device != a.device:
+            raise ValueError(f"bias is on {bias.device} but a is on {a.device}")
+        if bias.shape[0] != b.shape[1]:
+            raise ValueError(f"bias must have shape ({b.shape[1]},) (2N: gate, then up), got "
+                             f"{tuple(bias.shape)}")
