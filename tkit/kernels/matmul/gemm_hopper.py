@@ -179,11 +179,15 @@ def compile_sm90(config: MC.GluonConfig | None = None, dtype=torch.bfloat16, has
         bias_ptr=f"*{tname}", M="i32", N="i32", K="i32",
         stride_bias="i32", HAS_BIAS="constexpr", HAS_RES="constexpr", BLOCK_N="constexpr",
         OVERLAP="constexpr", STAGES="constexpr", GROUP_M="constexpr",
-        CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
+        CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr", GATED="constexpr",
+        ACT="constexpr",
     )
+    # every constexpr named, its defaults included (triton 3.9's ahead-of-time compile does not
+    # fill in a parameter's default)
     values = dict(HAS_BIAS=bool(has_bias), HAS_RES=bool(has_res), BLOCK_N=bn,
                   OVERLAP=cfg.overlap, STAGES=cfg.stages(es),
-                  GROUP_M=cfg.group_m, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
+                  GROUP_M=cfg.group_m, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
+                  GATED=0, ACT="")
     for k in ("b2_desc", "c2_desc", "r_desc", "r2_desc"):
         if signature[k] == "constexpr":
             values[k] = None
