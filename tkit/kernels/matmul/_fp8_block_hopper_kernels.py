@@ -150,6 +150,56 @@ def _activation(x, ACT: gl.constexpr):
 
 
 @gluon.jit
+def _issue_acc(a_ring, b_ring, ready, i, acc, WG: gl.constexpr, STAGES: gl.constexpr,
+               USE_ACC: gl.constexpr):
+    """Wait for the i-th ring slot and issue its 128-deep MMA into ``acc`` (USE_ACC) or a
+    fresh sum, asynchronously."""
+    slot = i % STAGES
+    mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+    a_s = a_ring.index(slot).slice(WG * WG_M, WG_M, 0)
+    b_s = b_ring.index(slot).permute((1, 0))
+    return warpgroup_mma(a_s, b_s, acc, use_acc=USE_ACC, is_async=True)
+
+
+@gluon.jit
+def _wait_acc(tok, a_ring, b_ring, empty, i, WG: gl.constexpr, STAGES: gl.constexpr):
+    """Wait for every wgmma in flight (the i-th group's, ``tok``), hand its slot back;
+    returns the accumulator."""
+    slot = i % STAGES
+    a_s = a_ring.index(slot).slice(WG * WG_M, WG_M, 0)
+    b_s = b_ring.index(slot).permute((1, 0))
+    acc = warpgroup_mma_wait(0, deps=(tok, a_s, b_s))[0]
+    mbarrier.arrive(empty.index(slot), count=1)
+    return acc
+
+
+@gluon.jit
+def _epilogue(acc, c_desc, c_buf, bias_ptr, res_ptr, rows, row0, off_n, M, N,
+              stride_rm, stride_rn, stride_bias, HAS_BIAS: gl.constexpr, ACT: gl.constexpr,
+              HAS_RES: gl.constexpr, col_layout: gl.constexpr):
+    """A consumer's 64 rows of a tile: float32 bias / activation / residual, then the output
+    dtype through ``c_buf`` and a TMA store (waited for only before the buffer's next use)."""
+    BLOCK_N: gl.constexpr = acc.type.shape[1]
+    cols = off_n + gl.arange(0, BLOCK_N, layout=col_layout)
+    if HAS_BIAS:
+        bias = gl.load(bias_ptr + cols * stride_bias, mask=cols < N, other=0.0)
+        acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
+    acc = _activation(acc, ACT)
+    if HAS_RES:
+        r_ptrs = (res_ptr + gl.expand_dims(rows.to(gl.int64) * stride_rm, 1)
+                  + gl.expand_dims(cols.to(gl.int64) * stride_rn, 0))
+        r_mask = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
+        acc = acc + gl.load(r_ptrs, mask=r_mask, other=0.0).to(gl.float32)
+    out = acc.to(c_desc.dtype)
+    tma.store_wait(0)  # the previous tile's store has read c_buf
+    cta_barrier()
+    c_buf.store(out)
+    fence_async_shared()
+    cta_barrier()
+    tma_store(c_desc, [row0, off_n], c_buf)
+
+
+@gluon.jit
 def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
               sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K,
               stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias,
@@ -211,24 +261,97 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
             acc, _ = _retire(t0, a_ring, b_ring, empty, base + g, acc, s, WG, STAGES, 0)
         base += k_groups
 
-        # ---- epilogue: float32 bias / activation / residual, then a TMA store of 64 rows
-        cols = off_n + gl.arange(0, BLOCK_N, layout=col_layout)
-        if HAS_BIAS:
-            bias = gl.load(bias_ptr + cols * stride_bias, mask=cols < N, other=0.0)
-            acc = acc + gl.expand_dims(bias.to(gl.float32), 0)
-        acc = _activation(acc, ACT)
-        if HAS_RES:
-            r_ptrs = (res_ptr + gl.expand_dims(rows.to(gl.int64) * stride_rm, 1)
-                      + gl.expand_dims(cols.to(gl.int64) * stride_rn, 0))
-            r_mask = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
-            acc = acc + gl.load(r_ptrs, mask=r_mask, other=0.0).to(gl.float32)
-        out = acc.to(c_desc.dtype)
-        tma.store_wait(0)  # the previous tile's store has read c_buf
-        cta_barrier()
-        c_buf.store(out)
-        fence_async_shared()
-        cta_barrier()
-        tma_store(c_desc, [row0, off_n], c_buf)
+        _epilogue(acc, c_desc, c_buf, bias_ptr, res_ptr, rows, row0, off_n, M, N,
+                  stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES, col_layout)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _ratio(u, s):
+    """The factor that moves an accumulator kept in units of ``u`` (the last nonzero scale)
+    to units of the next group's scale ``s``, and the new unit: u / s, or 1 where s is 0 (a
+    zero scale comes with zero codes, so that group adds nothing and the unit stays)."""
+    nz = s != 0.0
+    return gl.where(nz, u / s, 1.0), gl.where(nz, s, u)
+
+
+@gluon.jit
+def _col_factor(fb0, fb1, cols, TWO_B: gl.constexpr):
+    """A factor per column of b's scale blocks: ``fb0`` for the tile's first 128 columns,
+    ``fb1`` for the next 128 (TWO_B: a 256-column tile; else a scalar)."""
+    if TWO_B:
+        return gl.expand_dims(gl.where(cols < GROUP_K, fb0, fb1), 0)
+    else:
+        return fb0
+
+
+@gluon.jit
+def _consumer_rescale(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
+                      sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K,
+                      stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn,
+                      stride_bias,
+                      HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                      GROUP_M: gl.constexpr):
+    """Consumer warpgroup WG of the rescale schedule: rows WG * 64 + [0, 64) of every tile
+    of this CTA, one accumulator that the wgmmas accumulate into across all of K (module
+    docstring)."""
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BLOCK_N, 32])
+    row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
+    col_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
+    TWO_B: gl.constexpr = BLOCK_N > GROUP_K  # the tile spans two 128-column blocks of b
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_groups = gl.cdiv(K, GROUP_K)
+    k_last = k_groups - 1
+    nb_last = gl.cdiv(N, GROUP_K) - 1
+    zero = gl.zeros([WG_M, BLOCK_N], gl.float32, acc_layout)
+    lcols = gl.arange(0, BLOCK_N, layout=col_layout)
+    base = 0  # ring index of the tile's first group
+    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        row0 = pid_m * BLOCK_M + WG * WG_M
+        off_n = pid_n * BLOCK_N
+        rows = row0 + gl.arange(0, WG_M, layout=row_layout)
+        sa_rows = sa_ptr + gl.minimum(rows, M - 1).to(gl.int64) * stride_sam
+        sb_0 = sb_ptr + (off_n // GROUP_K) * stride_sbn
+        # (the second block past N's last one: its columns are TMA's zeros, any scale does)
+        sb_1 = sb_ptr + gl.minimum(off_n // GROUP_K + 1, nb_last) * stride_sbn
+        # The accumulator is kept in units of the current group's scales: u_a (per row) times
+        # u_b0 / u_b1 (per 128-column block of b). Group 0 starts it (use_acc=False) ...
+        u_a = gl.load(sa_rows)
+        u_a = gl.where(u_a != 0.0, u_a, 1.0)
+        u_b0 = gl.load(sb_0)
+        u_b0 = gl.where(u_b0 != 0.0, u_b0, 1.0)
+        u_b1 = gl.load(sb_1)
+        u_b1 = gl.where(u_b1 != 0.0, u_b1, 1.0)
+        tok = _issue_acc(a_ring, b_ring, ready, base, zero, WG, STAGES, False)
+        # ... the next group's factors are computed under its MMAs ...
+        g1 = gl.minimum(1, k_last)
+        r_a, n_a = _ratio(u_a, gl.load(sa_rows + g1 * stride_sak))
+        r_b0, n_b0 = _ratio(u_b0, gl.load(sb_0 + g1 * stride_sbk))
+        r_b1, n_b1 = _ratio(u_b1, gl.load(sb_1 + g1 * stride_sbk))
+        acc = _wait_acc(tok, a_ring, b_ring, empty, base, WG, STAGES)
+        for g in range(1, k_groups):
+            # ... and once it has retired, acc *= c_(g-1) / c_g, then group g accumulates
+            # into it. (The warpgroup cannot overlap this with its own MMAs; the other
+            # consumer's fill the tensor cores meanwhile.)
+            acc = acc * (gl.expand_dims(r_a, 1) * _col_factor(r_b0, r_b1, lcols, TWO_B))
+            u_a = n_a
+            u_b0 = n_b0
+            u_b1 = n_b1
+            tok = _issue_acc(a_ring, b_ring, ready, base + g, acc, WG, STAGES, True)
+            gn = gl.minimum(g + 1, k_last)
+            r_a, n_a = _ratio(u_a, gl.load(sa_rows + gn * stride_sak))
+            r_b0, n_b0 = _ratio(u_b0, gl.load(sb_0 + gn * stride_sbk))
+            r_b1, n_b1 = _ratio(u_b1, gl.load(sb_1 + gn * stride_sbk))
+            acc = _wait_acc(tok, a_ring, b_ring, empty, base + g, WG, STAGES)
+        acc = acc * (gl.expand_dims(u_a, 1) * _col_factor(u_b0, u_b1, lcols, TWO_B))
+        base += k_groups
+        _epilogue(acc, c_desc, c_buf, bias_ptr, res_ptr, rows, row0, off_n, M, N,
+                  stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES, col_layout)
     tma.store_wait(0)
 
 
@@ -238,7 +361,7 @@ def _fp8_block_ws_kernel(
     a_desc, b_desc, c_desc, sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K,
     stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias,
     HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
-    STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr, GROUP_M: gl.constexpr, RESCALE: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -262,16 +385,31 @@ def _fp8_block_ws_kernel(
         mbarrier.init(empty.index(s), count=CONSUMERS)
     fence_async_shared()
 
-    gl.warp_specialize([
-        (_consumer, (0, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(0), sa_ptr,
-                         sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak, stride_sbk,
-                     stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES,
-                     BLOCK_M, BLOCK_N, STAGES, GROUP_M)),
-        (_consumer, (1, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(1), sa_ptr,
-                     sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak, stride_sbk,
-                     stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES,
-                     BLOCK_M, BLOCK_N, STAGES, GROUP_M)),
-        (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
-                     BLOCK_N, STAGES, GROUP_M)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-
+    if RESCALE:
+        gl.warp_specialize([
+            (_consumer_rescale, (0, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(0),
+                                 sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam,
+                                 stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn,
+                                 stride_bias, HAS_BIAS, ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES,
+                                 GROUP_M)),
+            (_consumer_rescale, (1, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(1),
+                                 sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam,
+                                 stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn,
+                                 stride_bias, HAS_BIAS, ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES,
+                                 GROUP_M)),
+            (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
+                         BLOCK_N, STAGES, GROUP_M)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (0, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(0), sa_ptr,
+                         sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
+                         stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
+                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M)),
+            (_consumer, (1, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(1), sa_ptr,
+                         sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
+                         stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
+                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M)),
+            (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
+                         BLOCK_N, STAGES, GROUP_M)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -31,6 +31,7 @@ CONSUMER_REGS = 240
 PRODUCER_REGS = 24
 MAXNREG = 168
 MAX_STAGES = 8
+SCHEDULES = ("promote", "rescale")
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -46,11 +47,17 @@ class HopperBlockConfig:
     block_n: int = 0
     stages: int = 5
     group_m: int = 8
+    schedule: str = "promote"
 
     def __post_init__(self):
-        if self.block_n not in (0, 64, 128):
-            raise ValueError(f"block_n must be 0 (auto), 64 or 128 (inside one 128-column "
-                             f"scale block of b), got {self.block_n}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.block_n not in (0, 64, 128, 256):
+            raise ValueError(f"block_n must be 0 (auto), 64, 128 or 256, got {self.block_n}")
+        if self.block_n == 256 and self.schedule != "rescale":
+            raise ValueError("block_n 256 needs schedule='rescale' (the promote schedule holds "
+                             "a sum beside the accumulator: 256 registers a thread at 256 "
+                             "columns)")
         if not 0 <= self.stages <= MAX_STAGES or self.stages == 1:
             raise ValueError(f"stages must be 0 (auto) or 2..{MAX_STAGES}, got {self.stages}")
         if self.group_m < 1:
@@ -186,7 +193,7 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
     progs = max(1, min(sms, tiles))
     C.launch(_fp8_block_ws_kernel, (progs,), a_desc=a_desc, b_desc=b_desc, c_desc=c_desc,
              **epilogue_args(scale_a, scale_b, bias, residual, activation), M=M, N=N, K=K,
-             STAGES=stages, GROUP_M=cfg.group_m,
+             STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
              CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
              maxnreg=MAXNREG)
     return out
@@ -221,11 +228,11 @@ def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat
         stride_sam="i32", stride_sak="i32", stride_sbk="i32", stride_sbn="i32",
         stride_rm="i32", stride_rn="i32", stride_bias="i32",
         HAS_BIAS="constexpr", ACT="constexpr", HAS_RES="constexpr", STAGES="constexpr",
-        GROUP_M="constexpr",
+        GROUP_M="constexpr", RESCALE="constexpr",
         CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
     )
     values = dict(HAS_BIAS=bool(has_bias), ACT=activation or "", HAS_RES=bool(has_res),
-                  STAGES=stages, GROUP_M=cfg.group_m,
+                  STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
                   CONSUMER_REGS=CONSUMER_REGS,
                   PRODUCER_REGS=PRODUCER_REGS)
     return gluon_compile_sm90(_fp8_block_ws_kernel, signature, values, num_warps=4,
