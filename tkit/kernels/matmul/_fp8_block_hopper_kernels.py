@@ -276,6 +276,19 @@ def _ratio(u, s):
 
 
 @gluon.jit
+def _group_scales(sa_rows, sb_0, sb_1, g, k_last, stride_sak, stride_sbk, TWO_B: gl.constexpr):
+    """Group g's scales (g clamped to the last group: a prefetch past it is never used): of
+    a for this warpgroup's rows, of b for the tile's first 128-column block and (TWO_B) its
+    second."""
+    g = gl.minimum(g, k_last)
+    x_b0 = gl.load(sb_0 + g * stride_sbk)
+    x_b1 = x_b0
+    if TWO_B:
+        x_b1 = gl.load(sb_1 + g * stride_sbk)
+    return gl.load(sa_rows + g * stride_sak), x_b0, x_b1
+
+
+@gluon.jit
 def _col_factor(fb0, fb1, cols, TWO_B: gl.constexpr):
     """A factor per column of b's scale blocks: ``fb0`` for the tile's first 128 columns,
     ``fb1`` for the next 128 (TWO_B: a 256-column tile; else a scalar)."""
@@ -286,13 +299,30 @@ def _col_factor(fb0, fb1, cols, TWO_B: gl.constexpr):
 
 
 @gluon.jit
-def _consumer_rescale(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
+def _issue_in_turn(a_ring, b_ring, ready, turn, i, acc, WG: gl.constexpr,
+                   STAGES: gl.constexpr, USE_ACC: gl.constexpr, PINGPONG: gl.constexpr):
+    """``_issue_acc``; PINGPONG: consumer 0 issues the i-th group once consumer 1 has issued
+    the one before (``turn[1]``'s phase i: consumer 1 arrives once up front and after each
+    issue), consumer 1 once consumer 0 has issued this one (``turn[0]``'s phase i), so that
+    the tensor cores run the two warpgroups' groups alternately and each rescales under the
+    other's MMAs. A parity wait tells a phase only from the one before; here neither barrier
+    runs more than one phase ahead of its waiter (each side waits before it arrives)."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(1 - WG), i & 1)
+    tok = _issue_acc(a_ring, b_ring, ready, i, acc, WG, STAGES, USE_ACC)
+    if PINGPONG:
+        mbarrier.arrive(turn.index(WG), count=1)
+    return tok
+
+
+@gluon.jit
+def _consumer_rescale(WG: gl.constexpr, a_ring, b_ring, ready, empty, turn, c_desc, c_buf,
                       sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K,
                       stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn,
                       stride_bias,
                       HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      GROUP_M: gl.constexpr):
+                      GROUP_M: gl.constexpr, PINGPONG: gl.constexpr):
     """Consumer warpgroup WG of the rescale schedule: rows WG * 64 + [0, 64) of every tile
     of this CTA, one accumulator that the wgmmas accumulate into across all of K (module
     docstring)."""
@@ -309,6 +339,9 @@ def _consumer_rescale(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_
     nb_last = gl.cdiv(N, GROUP_K) - 1
     zero = gl.zeros([WG_M, BLOCK_N], gl.float32, acc_layout)
     lcols = gl.arange(0, BLOCK_N, layout=col_layout)
+    if PINGPONG:
+        if WG == 1:
+            mbarrier.arrive(turn.index(1), count=1)  # consumer 0 goes first
     base = 0  # ring index of the tile's first group
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
@@ -321,18 +354,22 @@ def _consumer_rescale(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_
         sb_1 = sb_ptr + gl.minimum(off_n // GROUP_K + 1, nb_last) * stride_sbn
         # The accumulator is kept in units of the current group's scales: u_a (per row) times
         # u_b0 / u_b1 (per 128-column block of b). Group 0 starts it (use_acc=False) ...
-        u_a = gl.load(sa_rows)
+        u_a, u_b0, u_b1 = _group_scales(sa_rows, sb_0, sb_1, 0, k_last, stride_sak,
+                                        stride_sbk, TWO_B)
         u_a = gl.where(u_a != 0.0, u_a, 1.0)
-        u_b0 = gl.load(sb_0)
         u_b0 = gl.where(u_b0 != 0.0, u_b0, 1.0)
-        u_b1 = gl.load(sb_1)
         u_b1 = gl.where(u_b1 != 0.0, u_b1, 1.0)
-        tok = _issue_acc(a_ring, b_ring, ready, base, zero, WG, STAGES, False)
-        # ... the next group's factors are computed under its MMAs ...
-        g1 = gl.minimum(1, k_last)
-        r_a, n_a = _ratio(u_a, gl.load(sa_rows + g1 * stride_sak))
-        r_b0, n_b0 = _ratio(u_b0, gl.load(sb_0 + g1 * stride_sbk))
-        r_b1, n_b1 = _ratio(u_b1, gl.load(sb_1 + g1 * stride_sbk))
+        tok = _issue_in_turn(a_ring, b_ring, ready, turn, base, zero, WG, STAGES, False,
+                             PINGPONG)
+        # ... the next group's factors are computed under its MMAs, from scales loaded a
+        # group earlier (a global load's latency under a whole group) ...
+        x_a, x_b0, x_b1 = _group_scales(sa_rows, sb_0, sb_1, 1, k_last, stride_sak,
+                                        stride_sbk, TWO_B)
+        r_a, n_a = _ratio(u_a, x_a)
+        r_b0, n_b0 = _ratio(u_b0, x_b0)
+        r_b1, n_b1 = _ratio(u_b1, x_b1)
+        x_a, x_b0, x_b1 = _group_scales(sa_rows, sb_0, sb_1, 2, k_last, stride_sak,
+                                        stride_sbk, TWO_B)
         acc = _wait_acc(tok, a_ring, b_ring, empty, base, WG, STAGES)
         for g in range(1, k_groups):
             # ... and once it has retired, acc *= c_(g-1) / c_g, then group g accumulates
@@ -342,12 +379,15 @@ def _consumer_rescale(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_
             u_a = n_a
             u_b0 = n_b0
             u_b1 = n_b1
-            tok = _issue_acc(a_ring, b_ring, ready, base + g, acc, WG, STAGES, True)
-            gn = gl.minimum(g + 1, k_last)
-            r_a, n_a = _ratio(u_a, gl.load(sa_rows + gn * stride_sak))
-            r_b0, n_b0 = _ratio(u_b0, gl.load(sb_0 + gn * stride_sbk))
-            r_b1, n_b1 = _ratio(u_b1, gl.load(sb_1 + gn * stride_sbk))
+            tok = _issue_in_turn(a_ring, b_ring, ready, turn, base + g, acc, WG, STAGES,
+                                 True, PINGPONG)
+            r_a, n_a = _ratio(u_a, x_a)
+            r_b0, n_b0 = _ratio(u_b0, x_b0)
+            r_b1, n_b1 = _ratio(u_b1, x_b1)
+            x_a, x_b0, x_b1 = _group_scales(sa_rows, sb_0, sb_1, g + 2, k_last, stride_sak,
+                                            stride_sbk, TWO_B)
             acc = _wait_acc(tok, a_ring, b_ring, empty, base + g, WG, STAGES)
+        # ... and after the last group, acc times its scales is the product
         acc = acc * (gl.expand_dims(u_a, 1) * _col_factor(u_b0, u_b1, lcols, TWO_B))
         base += k_groups
         _epilogue(acc, c_desc, c_buf, bias_ptr, res_ptr, rows, row0, off_n, M, N,
@@ -362,6 +402,7 @@ def _fp8_block_ws_kernel(
     stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias,
     HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
     STAGES: gl.constexpr, GROUP_M: gl.constexpr, RESCALE: gl.constexpr,
+    PINGPONG: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -383,20 +424,26 @@ def _fp8_block_ws_kernel(
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=CONSUMERS)
+    if PINGPONG:
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(2):
+            mbarrier.init(turn.index(s), count=1)
+    else:
+        turn = ready  # (unused)
     fence_async_shared()
 
     if RESCALE:
         gl.warp_specialize([
-            (_consumer_rescale, (0, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(0),
+            (_consumer_rescale, (0, a_ring, b_ring, ready, empty, turn, c_desc, c_bufs.index(0),
                                  sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam,
                                  stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn,
                                  stride_bias, HAS_BIAS, ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES,
-                                 GROUP_M)),
-            (_consumer_rescale, (1, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(1),
+                                 GROUP_M, PINGPONG)),
+            (_consumer_rescale, (1, a_ring, b_ring, ready, empty, turn, c_desc, c_bufs.index(1),
                                  sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam,
                                  stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn,
                                  stride_bias, HAS_BIAS, ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES,
-                                 GROUP_M)),
+                                 GROUP_M, PINGPONG)),
             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
                          BLOCK_N, STAGES, GROUP_M)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

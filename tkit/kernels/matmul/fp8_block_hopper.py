@@ -38,16 +38,25 @@ OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 @dataclasses.dataclass(frozen=True)
 class HopperBlockConfig:
     """The Gluon kernel's launch config: the tile is 128 x ``block_n`` (two consumer
-    warpgroups of 64 rows; 0: :func:`resolve` picks 64 where 128-column tiles would number at
-    most half the SMs, else 128); ``stages`` ring slots of one 128-deep group (0: as many as
-    shared memory holds, at most 8; 5 measured ahead of 6 and 4 at 8192^3); ``group_m`` the
-    tile order's section height. One persistent CTA an SM (two never fit: 384 threads at 168
-    registers each)."""
+    warpgroups of 64 rows; 0: :func:`resolve` picks it from the tile count); ``stages`` ring
+    slots of one 128-deep group (0: as many as shared memory holds, at most 8; a count that
+    does not fit is lowered to what does; 5 measured ahead of 6 and 4 at 8192^3 for 128
+    columns); ``group_m`` the tile order's section height. One persistent CTA an SM (two
+    never fit: 384 threads at 168 registers each).
+
+    ``schedule``: how the 128-deep groups' scales are applied (``_fp8_block_hopper_kernels``).
+    "promote": each group's MMA sum is fresh and added to a float32 accumulator times its
+    scales (a sum beside the accumulator: 128 columns at most). "rescale": one accumulator
+    the MMAs add into across all of K, kept in units of the current group's scales and
+    multiplied by the ratio of consecutive scales between groups (block_n up to 256).
+    ``pingpong`` (rescale only): the two consumer warpgroups issue their groups' MMAs in
+    turn, so each one's rescale runs under the other's MMAs."""
 
     block_n: int = 0
     stages: int = 5
     group_m: int = 8
     schedule: str = "promote"
+    pingpong: bool = False
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -58,6 +67,9 @@ class HopperBlockConfig:
             raise ValueError("block_n 256 needs schedule='rescale' (the promote schedule holds "
                              "a sum beside the accumulator: 256 registers a thread at 256 "
                              "columns)")
+        if self.pingpong and self.schedule != "rescale":
+            raise ValueError("pingpong orders the rescale schedule's issues: it needs "
+                             "schedule='rescale'")
         if not 0 <= self.stages <= MAX_STAGES or self.stages == 1:
             raise ValueError(f"stages must be 0 (auto) or 2..{MAX_STAGES}, got {self.stages}")
         if self.group_m < 1:
@@ -83,14 +95,23 @@ def current_config(cfg: HopperBlockConfig | None = None) -> HopperBlockConfig:
     return _OVERRIDES.apply(cfg if cfg is not None else HopperBlockConfig())
 
 
-def resolve(cfg: HopperBlockConfig, M: int, N: int, sms: int) -> HopperBlockConfig:
+def resolve(cfg: HopperBlockConfig, M: int, N: int, sms: int, out_itemsize: int = 2,
+            has_res: bool = False) -> HopperBlockConfig:
     """``cfg`` with a concrete block_n: the given one, or (0) 64 where 128 x 128 tiles would
     number at most half the SMs (DeepSeek-V3's M <= 256 rows with N = 4096 or 2112, M = 128
     with N = 7168: twice the programs; measured 0.64-0.87x of _scaled_mm per tensor there
     against 0.50-0.74x), else 128 (M = 256 with N = 7168, 112 tiles: 0.53x at 64 columns
-    against 0.74x)."""
+    against 0.74x); the rescale schedule takes 256 where 128 x 256 tiles still fill every SM
+    and the output is 16-bit (a float32 output tile of 256 columns leaves shared memory for
+    2 ring slots). 256 columns with a residual take 128: the residual's pointer tensors
+    spill at 256."""
+    if cfg.block_n == 256 and has_res:
+        return dataclasses.replace(cfg, block_n=128)
     if cfg.block_n:
         return cfg
+    if (cfg.schedule == "rescale" and out_itemsize == 2 and not has_res
+            and C.cdiv(M, 2 * WG_M) * C.cdiv(N, 256) >= sms):
+        return dataclasses.replace(cfg, block_n=256)
     few = C.cdiv(M, 2 * WG_M) * C.cdiv(N, 128) <= sms // 2
     return dataclasses.replace(cfg, block_n=64 if few else 128)
 
@@ -98,16 +119,17 @@ def resolve(cfg: HopperBlockConfig, M: int, N: int, sms: int) -> HopperBlockConf
 def smem_bytes(cfg: HopperBlockConfig, stages: int, out_itemsize: int) -> int:
     """Shared memory of one CTA: the ring (a and b tiles of one group a slot), one output
     tile a consumer, two mbarriers a slot, and the values the warp-specialized region hands to
-    its partitions (up to 256 bytes with alignment, as in the attention forward)."""
+    its partitions (up to 256 bytes with alignment, as in the attention forward), the two
+    turn mbarriers of ``pingpong``."""
     ring = stages * (cfg.block_m + cfg.block_n) * GROUP_K
-    return ring + cfg.consumers * WG_M * cfg.block_n * out_itemsize + 16 * stages + 64 + 256
+    return (ring + cfg.consumers * WG_M * cfg.block_n * out_itemsize + 16 * stages + 64 + 256
+            + 16 * cfg.pingpong)
 
 
 def stages_for(cfg: HopperBlockConfig, out_itemsize: int) -> int:
-    """``cfg.stages``, or (0) the most slots that fit the sm_90 shared memory."""
-    if cfg.stages:
-        return cfg.stages
-    s = MAX_STAGES
+    """``cfg.stages`` (0: :data:`MAX_STAGES`), lowered to the most slots that fit the sm_90
+    shared memory (the default 5 is for 128-column tiles; 256 columns hold 3)."""
+    s = cfg.stages or MAX_STAGES
     while s > 2 and smem_bytes(cfg, s, out_itemsize) > D.SM90_SMEM_LIMIT:
         s -= 1
     return s
@@ -183,7 +205,8 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
     M, K = a.shape
     N = b.shape[1]
     sms = D.sm_count(a.device)
-    cfg = resolve(current_config(config), M, N, sms)
+    cfg = resolve(current_config(config), M, N, sms, out.element_size(),
+                  residual is not None)
     stages = stages_for(cfg, out.element_size())
     bt = b.t()  # (N, K), unit K stride
     a_desc = _descriptor(a, (M, K), (MC._lead_stride(a, False), 1), (cfg.block_m, GROUP_K))
@@ -194,7 +217,7 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
     C.launch(_fp8_block_ws_kernel, (progs,), a_desc=a_desc, b_desc=b_desc, c_desc=c_desc,
              **epilogue_args(scale_a, scale_b, bias, residual, activation), M=M, N=N, K=K,
              STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
-             CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
+             PINGPONG=cfg.pingpong, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
              maxnreg=MAXNREG)
     return out
 
@@ -210,7 +233,7 @@ def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat
     from tkit.kernels.matmul._fp8_block_hopper_kernels import _fp8_block_ws_kernel
 
     cfg = current_config(config)
-    if not cfg.block_n:
+    if not cfg.block_n or (cfg.block_n == 256 and has_res):  # (as resolve: what launches)
         cfg = dataclasses.replace(cfg, block_n=128)
     out_es = torch.empty((), dtype=out_dtype).element_size()
     stages = stages_for(cfg, out_es)
@@ -228,12 +251,12 @@ def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat
         stride_sam="i32", stride_sak="i32", stride_sbk="i32", stride_sbn="i32",
         stride_rm="i32", stride_rn="i32", stride_bias="i32",
         HAS_BIAS="constexpr", ACT="constexpr", HAS_RES="constexpr", STAGES="constexpr",
-        GROUP_M="constexpr", RESCALE="constexpr",
+        GROUP_M="constexpr", RESCALE="constexpr", PINGPONG="constexpr",
         CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
     )
     values = dict(HAS_BIAS=bool(has_bias), ACT=activation or "", HAS_RES=bool(has_res),
                   STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
-                  CONSUMER_REGS=CONSUMER_REGS,
+                  PINGPONG=cfg.pingpong, CONSUMER_REGS=CONSUMER_REGS,
                   PRODUCER_REGS=PRODUCER_REGS)
     return gluon_compile_sm90(_fp8_block_ws_kernel, signature, values, num_warps=4,
                               maxnreg=MAXNREG)
