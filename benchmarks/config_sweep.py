@@ -320,11 +320,13 @@ DSV3_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168
 DSV3_M = [64, 128, 256, 1024, 4096]
 
 
-def _fp8_block_case(rows, M, N, K, label, variants, peer_rounds=ROUNDS):
+def _fp8_block_case(rows, M, N, K, label, variants, peer_rounds=ROUNDS, time_failed=False):
     """One shape: torch._scaled_mm per tensor, then each (name, run) variant checked against
     the float64 reference on the dequantized operands (256 rows spread over M, all of N and
-    K; the rule's peer the same rows in float32 rounded to bf16) and timed."""
-    from tkit.testing.compare import assert_close_to_reference
+    K; the rule's peer the same rows in float32 rounded to bf16) and timed. ``time_failed``:
+    a variant outside the rule is timed too (its error and the rule's bound printed), so a
+    schedule's speed and its accuracy are both seen."""
+    from tkit.testing.compare import ReferenceMismatch, assert_close_to_reference
 
     a, b, sa, sb = _block_operands(M, N, K)
     one = torch.ones((), device="cuda")
@@ -340,19 +342,27 @@ def _fp8_block_case(rows, M, N, K, label, variants, peer_rounds=ROUNDS):
     rows.append(dict(family="matmul_fp8_block", case=label, config="torch._scaled_mm",
                      median_ms=t_peer, tflops=flops / t_peer / 1e9))
     for name, config, make in variants:
-        run = make(a, b, sa, sb)
+        verdict, stats = "ok", {}
         try:
+            run = make(a, b, sa, sb)
             out = run()
-            assert_close_to_reference(out[sel], ref, peer, name="fp8 block out")
+            stats = assert_close_to_reference(out[sel], ref, peer, name="fp8 block out")
+            verdict = f"ok (err/bound {stats['error'] / stats['bound']:.2f})"
+        except ReferenceMismatch as e:
+            if not time_failed:
+                print(f"matmul_fp8_block {label} {name} FAILED {str(e)[:200]}")
+                continue
+            verdict = f"RULE FAILED: {str(e)[15:125]}"
         except Exception as e:  # a config that does not fit or is wrong: say which
             print(f"matmul_fp8_block {label} {name} FAILED {type(e).__name__}: "
                   f"{str(e)[:160]}")
             continue
         t = min(time_fn(run).median_ms for _ in range(ROUNDS))
         print(f"matmul_fp8_block {label} {name:34s} {t * 1e3:8.1f} us "
-              f"{flops / t / 1e9:7.1f} TFLOP/s {t_peer / t:5.3f}x _scaled_mm ok")
+              f"{flops / t / 1e9:7.1f} TFLOP/s {t_peer / t:5.3f}x _scaled_mm {verdict}")
         rows.append(dict(family="matmul_fp8_block", case=label, config=config, median_ms=t,
-                         tflops=flops / t / 1e9, vs_scaled_mm=t_peer / t))
+                         tflops=flops / t / 1e9, vs_scaled_mm=t_peer / t,
+                         rule_ok=verdict.startswith("ok"), **stats))
 
 
 def _fp8_block_triton(cfg):
@@ -412,6 +422,30 @@ def sweep_matmul_fp8_block_dsv3(rows):
     for N, K in DSV3_NK:
         for M in DSV3_M:
             _fp8_block_case(rows, M, N, K, f"DeepSeek-V3 M={M} N={N} K={K}", variants)
+
+
+#: the rescale schedule's variants (one accumulator across K, rescaled between groups; 256
+#: columns fit), against the default (the promote schedule at 128 columns) in the same run
+FP8_BLOCK_RESCALE = [dict(schedule="rescale", block_n=128),
+                     dict(schedule="rescale", block_n=128, pingpong=True),
+                     dict(schedule="rescale", block_n=256),
+                     dict(schedule="rescale", block_n=256, pingpong=True),
+                     dict(schedule="rescale", block_n=256, pingpong=True, group_m=16),
+                     dict(schedule="rescale", block_n=256, pingpong=True, stages=2)]
+
+
+def sweep_matmul_fp8_block_rescale(rows):
+    """The block-scaled fp8 GEMM's rescale schedule (FP8_BLOCK_RESCALE) against the Gluon
+    kernel's default, at 8192^3 and DeepSeek-V3's expert gate_up at M = 4096, and
+    torch._scaled_mm per tensor in the same run; every variant is timed and its error against
+    the reference rule printed (the rescale schedule keeps a running sum inside the fp8 MMA
+    over all of K, which the promote schedule avoids)."""
+    variants = [("gluon " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
+                 dict(kernel="gluon", **f), _fp8_block_gluon(f))
+                for f in [{}] + FP8_BLOCK_RESCALE]
+    for M, N, K, label in ((8192, 8192, 8192, "8192^3 block"),
+                           (4096, 4096, 7168, "DeepSeek-V3 gate_up M=4096")):
+        _fp8_block_case(rows, M, N, K, label, variants, time_failed=True)
 
 
 def _int4_variants():
@@ -777,7 +811,9 @@ SWEEPS = {"decode_splits": sweep_decode_splits,
           "append": sweep_append, "rope": sweep_rope,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,
           "matmul_fp8_block": sweep_matmul_fp8_block,
-          "matmul_fp8_block_dsv3": sweep_matmul_fp8_block_dsv3, "matmul_mid": sweep_matmul_mid,
+          "matmul_fp8_block_dsv3": sweep_matmul_fp8_block_dsv3,
+          "matmul_fp8_block_rescale": sweep_matmul_fp8_block_rescale,
+          "matmul_mid": sweep_matmul_mid,
           "matmul_gluon": sweep_matmul_gluon,
           # one layer size's GEMMs (issue #14's layer bar is at 4096 tokens)
           "matmul_gluon_4096": lambda rows: sweep_matmul_gluon(rows, ms=(4096,)),

@@ -217,8 +217,8 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
     C.launch(_fp8_block_ws_kernel, (progs,), a_desc=a_desc, b_desc=b_desc, c_desc=c_desc,
              **epilogue_args(scale_a, scale_b, bias, residual, activation), M=M, N=N, K=K,
              STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
-             PINGPONG=cfg.pingpong, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
-             maxnreg=MAXNREG)
+             PINGPONG=cfg.pingpong, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
+             num_warps=4, maxnreg=MAXNREG)
     return out
 
 
