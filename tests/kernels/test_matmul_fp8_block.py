@@ -3,6 +3,8 @@ float64 reference that applies the scales block by block, partial blocks along K
 operand layouts, the epilogue, the pointer and (on a GPU) TMA kernels, the mode detection next
 to the per-tensor and per-row/column modes, errors, registration."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -260,8 +262,14 @@ def test_gluon_config_validation():
     FH = _gluon_or_skip()
     with pytest.raises(ValueError, match="stages"):
         FH.HopperBlockConfig(stages=1)
-    with pytest.raises(ValueError, match="block_n"):
+    with pytest.raises(ValueError, match="block_n 256 needs schedule='rescale'"):
         FH.HopperBlockConfig(block_n=256)
+    with pytest.raises(ValueError, match="block_n must be"):
+        FH.HopperBlockConfig(block_n=192, schedule="rescale")
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        FH.HopperBlockConfig(schedule="fresh")
+    with pytest.raises(ValueError, match="pingpong"):
+        FH.HopperBlockConfig(pingpong=True)
     with pytest.raises(TypeError, match="unknown HopperBlockConfig"):
         with FH.hopper_block_config(block_k=64):
             pass
@@ -277,6 +285,22 @@ def test_gluon_config_validation():
     assert FH.resolve(auto, 256, 7168, 132).block_n == 128  # 112 tiles
     assert FH.resolve(auto, 8192, 8192, 132).block_n == 128
     assert FH.resolve(FH.HopperBlockConfig(block_n=128), 64, 256, 132).block_n == 128
+    # the rescale schedule: 256 columns where 128 x 256 tiles fill the SMs, 16-bit output
+    rs = FH.HopperBlockConfig(schedule="rescale")
+    assert FH.resolve(rs, 8192, 8192, 132).block_n == 256  # 256 tiles
+    assert FH.resolve(rs, 4096, 4096, 132).block_n == 256  # 512
+    assert FH.resolve(rs, 1024, 4096, 132).block_n == 128  # 128 of 256 columns: too few
+    assert FH.resolve(rs, 128, 4096, 132).block_n == 64
+    assert FH.resolve(rs, 8192, 8192, 132, out_itemsize=4).block_n == 128
+    assert FH.resolve(rs, 8192, 8192, 132, has_res=True).block_n == 128
+    r256 = FH.HopperBlockConfig(schedule="rescale", block_n=256)
+    assert FH.resolve(r256, 64, 256, 132, has_res=True).block_n == 128  # (spills at 256)
+    assert FH.resolve(r256, 64, 256, 132, out_itemsize=4).block_n == 256
+    # stages: lowered to what fits (48 KB a slot, 64 KB of bf16 output tiles: 3 slots)
+    assert FH.stages_for(r256, 2) == 3 and FH.stages_for(r256, 4) == 2
+    assert FH.stages_for(dataclasses.replace(r256, stages=2), 2) == 2
+    for cfg, es in ((r256, 2), (r256, 4), (full, 2), (full, 4)):
+        assert FH.smem_bytes(cfg, FH.stages_for(cfg, es), es) <= 232448
 
 
 def _sass_ops(sass: str) -> list[str]:
@@ -348,8 +372,125 @@ def test_gluon_compiled_schedule(gluon_compiled, block_n):
         ops = ops[j:]
 
 
+@pytest.mark.parametrize("cfg", [dict(block_n=256, pingpong=True), dict(block_n=128)],
+                         ids=["256-pingpong", "128"])
+def test_gluon_compiled_rescale_schedule(gluon_compiled, cfg):
+    """The rescale schedule's sm_90a build: no local memory, shared memory within the
+    budget; each consumer issues a group's four m64 x N x 32 wgmmas and waits for them
+    (``wait_group 0``, nothing else in flight: a serialized build would wait after every
+    QGMMA); in the K loop the accumulator's rescale (one FMUL an element: N / 2 a thread,
+    the factor an outer product of a row and a column-block ratio, computed once) sits between
+    the previous group's wait and this group's wgmmas, the next scales' loads and ratios
+    under the MMAs; with pingpong each issue also waits for the other consumer's turn."""
+    FH = _gluon_or_skip()
+    cfg = FH.HopperBlockConfig(schedule="rescale", **cfg)
+    k, sass = gluon_compiled(cfg)
+    assert k.metadata.shared <= FH.smem_bytes(cfg, FH.stages_for(cfg, 2), 2) <= 232448
+    ops = _sass_ops(sass)
+    assert "LDL" not in ops and "STL" not in ops
+    qgmma = [n for n, op in enumerate(ops) if op.startswith("QGMMA")]
+    waits = [n for n, op in enumerate(ops) if op == "DEPBAR0"]
+    import re
+
+    assert set(re.findall(r"QGMMA\.(\w+)", sass)) == {f"64x{cfg.block_n}x32"}
+    # per consumer: the tile's first group, then the loop's, four wgmmas before each wait
+    assert len(waits) == 4 and "DEPBAR1" not in ops
+    for lo, hi in zip([-1] + waits, waits):
+        assert sum(lo < q < hi for q in qgmma) == 4
+    assert len(qgmma) == 16
+    for first in (waits[0], waits[2]):  # a consumer's first group's wait, then its K loop
+        nxt = next(q for q in qgmma if q > first)
+        seg = ops[first:nxt]
+        assert cfg.block_n // 2 <= seg.count("FMUL") <= cfg.block_n // 2 + 32, seg.count("FMUL")
+        assert seg.count("SYNCS.PHASECHK.TRANS64.TRYWAIT") == (2 if cfg.pingpong else 1)
+        # the next group's scales are loaded and its ratios (reciprocals) computed while
+        # this group's wgmmas run
+        under = ops[nxt:waits[waits.index(first) + 1]]
+        assert "LDG" in " ".join(under) and "MUFU" in " ".join(under)
+
+
+def _rescale_model(a, b, sa, sb):
+    """The rescale schedule's algebra in float32 (the kernel's: the accumulator in units of the
+    current group's scales, u_a a row times u_b a 128-column block of b; before group g it is
+    multiplied by u / s, or 1 where the new scale s is 0; after the last group by u), on
+    group sums computed in float64."""
+    M, K = a.shape
+    N = b.shape[1]
+    a, b = a.cpu().double(), b.cpu().double()
+    sa, sb = sa.cpu().float(), sb.cpu().float()
+    cols = torch.arange(N) // 128
+    groups = sa.shape[1]
+
+    def ratio(u, s):
+        return torch.where(s != 0, u / s, torch.ones_like(u)), torch.where(s != 0, s, u)
+
+    def part(g):
+        sl = slice(g * 128, min(K, (g + 1) * 128))
+        return (a[:, sl] @ b[sl]).float()
+
+    u_a = torch.where(sa[:, 0] != 0, sa[:, 0], torch.ones(M))
+    u_b = torch.where(sb[0] != 0, sb[0], torch.ones(sb.shape[1]))
+    acc = part(0)
+    for g in range(1, groups):
+        r_a, u_a = ratio(u_a, sa[:, g])
+        r_b, u_b = ratio(u_b, sb[g])
+        acc = acc * (r_a[:, None] * r_b[cols][None, :]) + part(g)
+    return acc * (u_a[:, None] * u_b[cols][None, :])
+
+
+def _zero_scale_operands(M, N, K, seed):
+    """Block-scaled operands whose scales span 2^-8..2^8 and are 0 in some groups (the
+    group's codes then 0 too, as a quantizer makes them): scattered 1x128 groups of a,
+    group 0 and the last group of some rows, one whole row, blocks of b in the first and last
+    group."""
+    a, b, sa, sb = _operands(M, N, K, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    sa = 2.0 ** (torch.rand(sa.shape, generator=g) * 16 - 8)
+    sb = 2.0 ** (torch.rand(sb.shape, generator=g) * 16 - 8) * K ** -0.5
+    za = torch.rand(sa.shape, generator=g) < 0.2
+    za[1, 0] = za[2, -1] = za[3, :2] = True
+    za[min(5, M - 1)] = True
+    zb = torch.zeros(sb.shape, dtype=torch.bool)
+    zb[0, 0] = zb[-1, -1] = True
+    if sb.shape[0] > 2:
+        zb[1:3, min(1, sb.shape[1] - 1)] = True
+    ks = torch.arange(K) // 128
+    cols = torch.arange(N) // 128
+    a = torch.where(za[:, ks], 0.0, a.cpu().float()).to(F8)
+    bt = b.cpu().float()
+    bt = torch.where(zb[ks][:, cols], 0.0, bt).to(F8)
+    b = bt.t().contiguous().t()  # K-major, as the kernel takes it
+    sa = torch.where(za, 0.0, sa)
+    sb = torch.where(zb, 0.0, sb)
+    return a.to(DEV), b.to(DEV), sa.float().to(DEV), sb.float().to(DEV)
+
+
+def test_rescale_model_matches_blockwise():
+    """The rescale algebra (``_rescale_model``) gives the block-scaled product within float32
+    rounding, with zero scales (and zero codes) in the first, last and middle groups, and
+    scales over 16 binades; a zero scale whose codes are not zero is what the schedule does
+    not support (the group is added in the previous group's units), and the model shows it."""
+    a, b, sa, sb = _zero_scale_operands(24, 384, 1280, seed=3)
+    a, b, sa, sb = a.cpu(), b.cpu(), sa.cpu(), sb.cpu()
+    ref = _blockwise_ref(a, b, sa, sb)
+    got = _rescale_model(a, b, sa, sb)
+    assert_close_to_reference(got, ref, floor=1e-5 * float(ref.abs().max()))
+    assert torch.equal(got[5], torch.zeros_like(got[5]))  # every scale of row 5 is 0
+    a2 = a.float()
+    a2[4, 128:256] = 1.0  # codes under a zero scale: the model is then wrong
+    sa2 = sa.clone()
+    sa2[4, 1] = 0.0
+    ref2 = _blockwise_ref(a2.to(F8), b, sa2, sb)
+    got2 = _rescale_model(a2.to(F8), b, sa2, sb)
+    assert not torch.allclose(got2[4], ref2[4].float(), rtol=1e-3)
+
+
 _GLUON_VARIANTS = [{}, dict(block_n=128), dict(block_n=64), dict(stages=2), dict(stages=3),
-                   dict(group_m=1)]
+                   dict(group_m=1), dict(schedule="rescale", block_n=128),
+                   dict(schedule="rescale", block_n=256),
+                   dict(schedule="rescale", block_n=256, pingpong=True),
+                   dict(schedule="rescale", block_n=128, pingpong=True, stages=2)]
+_RESCALE_VARIANTS = [v for v in _GLUON_VARIANTS if v.get("schedule") == "rescale"]
 
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
@@ -372,6 +513,75 @@ def test_gluon_against_float64(variant, M, N, K):
         out = FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.float32, path="gluon",
                                  config=FH.HopperBlockConfig(**variant))
     assert_close_to_reference(out, ref, floor=_f32_floor(ref))
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", _RESCALE_VARIANTS, ids=lambda v: "-".join(
+    f"{k}{v[k]}" for k in v if k != "schedule"))
+@pytest.mark.parametrize("M,N,K", [(200, 384, 1280), (70, 528, 384)])
+def test_gluon_rescale_zero_scales(variant, M, N, K):
+    """The rescale schedule with zero scales (and zero codes under them) in the first, last
+    and middle groups of rows and of b's blocks, a row whose scales are all 0, scales over 16
+    binades (ratios up to 2^16 between groups): float32 output against the float64
+    reference; the all-zero row is exactly 0."""
+    from tkit.kernels import _common
+    FH = _gluon_or_skip()
+
+    a, b, sa, sb = _zero_scale_operands(M, N, K, seed=M + K)
+    ref = _blockwise_ref(a, b, sa, sb)
+    with _common.poisoned_outputs():
+        out = FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.float32, path="gluon",
+                                 config=FH.HopperBlockConfig(**variant))
+    assert_close_to_reference(out, ref, floor=_f32_floor(ref))
+    assert torch.equal(out[5].cpu(), torch.zeros(N))
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", [dict(schedule="rescale", block_n=256, pingpong=True),
+                                     dict(schedule="rescale", block_n=128)],
+                         ids=["256-pingpong", "128"])
+@pytest.mark.parametrize("K", [7168, 8192, 16384])
+def test_gluon_rescale_long_k(variant, K):
+    """The rescale schedule keeps one running sum inside the fp8 MMA over all of K (the
+    promote schedule restarts it every 128): bf16 output at DeepSeek-V3's K = 7168 and 16384
+    and at 8192 (where a running fp8 MMA sum broke the rule for the per-tensor kernel)
+    against the float64 reference, the rule's peer PyTorch's float32 product rounded to
+    bf16."""
+    FH = _gluon_or_skip()
+    a, b, sa, sb = _operands(256, 512, K, seed=K)
+    out = FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.bfloat16, path="gluon",
+                             config=FH.HopperBlockConfig(**variant))
+    ref = _blockwise_ref(a, b, sa, sb)
+    assert_close_to_reference(out, ref, _bf16_peer(a, b, sa, sb), name=f"rescale K={K}")
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("res", [False, True])
+def test_gluon_rescale_epilogue_256(res):
+    """The rescale schedule at 256 columns with bias and activation (a residual takes 128
+    columns: resolve), bf16 output: the reference rule."""
+    from tkit.kernels import _common
+    from tkit.kernels.elementwise.ops import _torch_activation
+    FH = _gluon_or_skip()
+
+    a, b, sa, sb = _operands(200, 400, 640, seed=23)
+    g = torch.Generator().manual_seed(6)
+    bias = torch.randn(400, generator=g).to(torch.bfloat16).to(DEV)
+    resid = torch.randn(200, 400, generator=g).to(torch.bfloat16).to(DEV) if res else None
+    cfg = FH.HopperBlockConfig(schedule="rescale", block_n=256, pingpong=True)
+    with _common.poisoned_outputs(), FH.hopper_block_config(**dataclasses.asdict(cfg)):
+        out = tkit.matmul_fp8(a, b, sa, sb, out_dtype=torch.bfloat16, bias=bias,
+                              activation="gelu_tanh", residual=resid)
+    ks = torch.arange(a.shape[1]) // 128
+    cols = torch.arange(b.shape[1]) // 128
+    a_dq = a.cpu().float() * sa.cpu()[:, ks]
+    b_dq = b.cpu().float() * sb.cpu()[ks][:, cols]
+    ref = _torch_activation(_blockwise_ref(a, b, sa, sb) + bias.cpu().double(), "gelu_tanh")
+    peer = _torch_activation(a_dq @ b_dq + bias.cpu().float(), "gelu_tanh")
+    if res:
+        ref = ref + resid.cpu().double()
+        peer = peer + resid.cpu().float()
+    assert_close_to_reference(out, ref, peer.to(torch.bfloat16), name="rescale epilogue")
 
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
