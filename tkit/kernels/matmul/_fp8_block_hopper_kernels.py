@@ -9,13 +9,14 @@ barrier before each TMA refill kept the two warpgroups in step (docs/NOTES.md, "
 fp8 GEMM"). Here the waits are written out.
 
 Schedule. Persistent CTAs walk the output tiles (BLOCK_M = 128 rows, BLOCK_N = 128 or 64
-columns, the grouped order of matmul's kernels). ``gl.warp_specialize`` splits a CTA into two
-consumer warpgroups (4 warps each, 64 rows of the tile each) and a 1-warp TMA producer. The
-producer walks the same tiles and, per 128-deep K group, loads the a tile [BLOCK_M, 128] and
-the b tile [BLOCK_N, 128] (b K-major: wgmma reads fp8 operands only K-major) into a ring of
-STAGES slots, one "ready" mbarrier a slot (the TMA's transaction count) and one "empty"
-mbarrier a slot (count 2: each consumer arrives once it has retired the wgmma that read the
-slot). Each consumer runs the K groups of a tile two at a time:
+columns, 256 with the rescale schedule below, the grouped order of matmul's kernels).
+``gl.warp_specialize`` splits a CTA into two consumer warpgroups (4 warps each, 64 rows of
+the tile each) and a 1-warp TMA producer. The producer walks the same tiles and, per 128-deep
+K group, loads the a tile [BLOCK_M, 128] and the b tile [BLOCK_N, 128] (b K-major: wgmma
+reads fp8 operands only K-major) into a ring of STAGES slots, one "ready" mbarrier a slot
+(the TMA's transaction count) and one "empty" mbarrier a slot (count 2: each consumer
+arrives once it has retired the wgmma that read the slot). In the promote schedule each
+consumer runs the K groups of a tile two at a time:
 
     wait ready(g), ready(g + 1)   D0 = A_g B_g, D1 = A_g+1 B_g+1   issued async, fresh sums
     wgmma.wait_group 1            D0 is ready; D1 still runs
@@ -32,6 +33,26 @@ the kernel (C7514; docs/NOTES.md). Registers a consumer thread: the accumulator 
 sums, 64 each at BLOCK_N = 128. The scales of the next step's groups are loaded (plain loads,
 2 a thread for sa, a scalar for sb) during this step. Measured alternatives that lost are in
 docs/NOTES.md (one group at a time, three consumer warpgroups, split-K).
+
+The rescale schedule (``RESCALE``; ``_consumer_rescale``) keeps one accumulator that the
+wgmmas add into across all of K, in units of the current group's scales: with
+c_g = sa[row, g] * sb[g, n-block], after group g it holds sum_(j <= g) S_j c_j / c_g, and
+before group g + 1 it is multiplied by c_g / c_(g+1) (a row's ratio of sa times the column
+block's ratio of sb; 256-column tiles span two blocks of b, each with its ratio); after the
+last group by c_last. No sum beside the accumulator, so a consumer holds 64 x 256 (128
+registers) and the tile is 128 x 256. Per group: wait ready, issue 4 m64 x N x 32 wgmmas into
+the accumulator, load the scales of two groups ahead and compute the next ratios under them,
+``wait_group 0``, release the slot, rescale (one FMUL an element), next group. A warpgroup
+cannot overlap its own rescale with its MMAs; with ``PINGPONG`` the two consumers issue in
+turn (two mbarriers), so each one's rescale runs under the other's MMAs. Numerics: a zero
+scale keeps the ratio 1 (the unit stays the last nonzero scale), exact when the zero scale
+comes with zero codes (what quantizers produce); a zero scale over nonzero codes is not
+supported (that group is added in the previous unit). The accumulator's values are the
+partial product over the current scale: float32 holds them while the scales of a row (and of
+a column block) within K differ by less than about 1e30 times the headroom of the sums. One
+float32 rounding a group, as the promotion's FFMA. Unlike the promote schedule, the running
+sum stays inside the fp8 MMA over all of K (Hopper keeps about 14 bits of it, docs/NOTES.md):
+long K is where it is checked.
 
 Epilogue, per consumer warpgroup (its 64 rows): bias, activation, residual in float32, then
 the output dtype through a shared-memory tile and a TMA store; that store is waited for only
