@@ -538,15 +538,16 @@ def test_gluon_rescale_zero_scales(variant, M, N, K):
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant", [dict(schedule="rescale", block_n=256, pingpong=True),
-                                     dict(schedule="rescale", block_n=128)],
-                         ids=["256-pingpong", "128"])
+                                     dict(schedule="rescale", block_n=128),
+                                     dict(block_n=128)],
+                         ids=["256-pingpong", "128", "promote-rescale-control"])
 @pytest.mark.parametrize("K", [7168, 8192, 16384])
 def test_gluon_rescale_long_k(variant, K):
     """The rescale schedule keeps one running sum inside the fp8 MMA over all of K (the
-    promote schedule restarts it every 128): bf16 output at DeepSeek-V3's K = 7168 and 16384
-    and at 8192 (where a running fp8 MMA sum broke the rule for the per-tensor kernel)
-    against the float64 reference, the rule's peer PyTorch's float32 product rounded to
-    bf16."""
+    promote schedule restarts it every 128, the control): bf16 output at DeepSeek-V3's
+    K = 7168 and 16384 and at 8192 (where a running fp8 MMA sum broke the rule for the
+    per-tensor kernel) against the float64 reference, the rule's peer PyTorch's float32
+    product rounded to bf16."""
     FH = _gluon_or_skip()
     a, b, sa, sb = _operands(256, 512, K, seed=K)
     out = FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.bfloat16, path="gluon",
