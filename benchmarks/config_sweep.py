@@ -448,6 +448,20 @@ def sweep_matmul_fp8_block_rescale(rows):
         _fp8_block_case(rows, M, N, K, label, variants, time_failed=True)
 
 
+def sweep_matmul_fp8_block_rescale_dsv3(rows):
+    """DeepSeek-V3's GEMM shapes at M = 1024 and 4096 (DSV3_NK): the Gluon kernel's default
+    against the rescale schedule at 256 and 128 columns with pingpong, torch._scaled_mm per
+    tensor in the same run; timed even outside the rule (K from 512 to 16384)."""
+    fields = [{}, dict(schedule="rescale", block_n=256, pingpong=True),
+              dict(schedule="rescale", block_n=128, pingpong=True)]
+    variants = [("gluon " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
+                 dict(kernel="gluon", **f), _fp8_block_gluon(f)) for f in fields]
+    for N, K in DSV3_NK:
+        for M in (1024, 4096):
+            _fp8_block_case(rows, M, N, K, f"DeepSeek-V3 M={M} N={N} K={K}", variants,
+                            peer_rounds=1, time_failed=True)
+
+
 def _int4_variants():
     def gemv(bn, bk, split, warps, lanes=1, vecs=1):
         return dict(path="gemv", block_m=16, block_n=bn, block_k=bk, split_k=split,
@@ -813,6 +827,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits,
           "matmul_fp8_block": sweep_matmul_fp8_block,
           "matmul_fp8_block_dsv3": sweep_matmul_fp8_block_dsv3,
           "matmul_fp8_block_rescale": sweep_matmul_fp8_block_rescale,
+          "matmul_fp8_block_rescale_dsv3": sweep_matmul_fp8_block_rescale_dsv3,
           "matmul_mid": sweep_matmul_mid,
           "matmul_gluon": sweep_matmul_gluon,
           # one layer size's GEMMs (issue #14's layer bar is at 4096 tokens)
