@@ -273,10 +273,10 @@ def test_gluon_config_validation():
     FH = _gluon_or_skip()
     with pytest.raises(ValueError, match="stages"):
         FH.HopperBlockConfig(stages=1)
-    with pytest.raises(ValueError, match="block_n 256 needs schedule='rescale'"):
+    with pytest.raises(ValueError, match="256: schedule='rescale'"):
         FH.HopperBlockConfig(block_n=256)
-    with pytest.raises(ValueError, match="block_n must be"):
-        FH.HopperBlockConfig(block_n=192, schedule="rescale")
+    with pytest.raises(ValueError, match="block_n must be 0 .auto. or 256 with schedule"):
+        FH.HopperBlockConfig(block_n=128, schedule="rescale")
     with pytest.raises(ValueError, match="schedule must be one of"):
         FH.HopperBlockConfig(schedule="fresh")
     with pytest.raises(ValueError, match="pingpong"):
@@ -296,17 +296,20 @@ def test_gluon_config_validation():
     assert FH.resolve(auto, 256, 7168, 132).block_n == 128  # 112 tiles
     assert FH.resolve(auto, 8192, 8192, 132).block_n == 128
     assert FH.resolve(FH.HopperBlockConfig(block_n=128), 64, 256, 132).block_n == 128
-    # the rescale schedule: 256 columns where 128 x 256 tiles fill the SMs, 16-bit output
-    rs = FH.HopperBlockConfig(schedule="rescale")
-    assert FH.resolve(rs, 8192, 8192, 132).block_n == 256  # 256 tiles
-    assert FH.resolve(rs, 4096, 4096, 132).block_n == 256  # 512
-    assert FH.resolve(rs, 1024, 4096, 132).block_n == 128  # 128 of 256 columns: too few
-    assert FH.resolve(rs, 128, 4096, 132).block_n == 64
-    assert FH.resolve(rs, 8192, 8192, 132, out_itemsize=4).block_n == 128
-    assert FH.resolve(rs, 8192, 8192, 132, has_res=True).block_n == 128
+    # the rescale schedule: 256 columns where 128 x 256 tiles fill the SMs and the output is
+    # 16-bit, else the promote schedule's choice; a residual always takes the promote one
+    rs = FH.HopperBlockConfig(schedule="rescale", pingpong=True)
+    for M, N, kw in ((8192, 8192, {}), (4096, 4096, {})):  # 256 / 512 tiles
+        assert FH.resolve(rs, M, N, 132, **kw) == dataclasses.replace(rs, block_n=256)
+    promote = FH.HopperBlockConfig()
+    for M, N, kw, bn in ((1024, 4096, {}, 128),  # 128 tiles of 256 columns: too few
+                         (128, 4096, {}, 64), (8192, 8192, dict(out_itemsize=4), 128),
+                         (8192, 8192, dict(has_res=True), 128)):
+        assert FH.resolve(rs, M, N, 132, **kw) == dataclasses.replace(promote, block_n=bn)
     r256 = FH.HopperBlockConfig(schedule="rescale", block_n=256)
-    assert FH.resolve(r256, 64, 256, 132, has_res=True).block_n == 128  # (spills at 256)
-    assert FH.resolve(r256, 64, 256, 132, out_itemsize=4).block_n == 256
+    assert FH.resolve(r256, 64, 256, 132) == r256  # asked for: even with few tiles
+    assert FH.resolve(r256, 64, 256, 132, out_itemsize=4) == r256
+    assert FH.resolve(r256, 64, 256, 132, has_res=True).schedule == "promote"
     # stages: lowered to what fits (48 KB a slot, 64 KB of bf16 output tiles: 3 slots)
     assert FH.stages_for(r256, 2) == 3 and FH.stages_for(r256, 4) == 2
     assert FH.stages_for(dataclasses.replace(r256, stages=2), 2) == 2
@@ -383,9 +386,8 @@ def test_gluon_compiled_schedule(gluon_compiled, block_n):
         ops = ops[j:]
 
 
-@pytest.mark.parametrize("cfg", [dict(block_n=256, pingpong=True), dict(block_n=128)],
-                         ids=["256-pingpong", "128"])
-def test_gluon_compiled_rescale_schedule(gluon_compiled, cfg):
+@pytest.mark.parametrize("pingpong", [True, False])
+def test_gluon_compiled_rescale_schedule(gluon_compiled, pingpong):
     """The rescale schedule's sm_90a build: no local memory, shared memory within the
     budget; each consumer issues a group's four m64 x N x 32 wgmmas and waits for them
     (``wait_group 0``, nothing else in flight: a serialized build would wait after every
@@ -394,7 +396,7 @@ def test_gluon_compiled_rescale_schedule(gluon_compiled, cfg):
     the previous group's wait and this group's wgmmas, the next scales' loads and ratios
     under the MMAs; with pingpong each issue also waits for the other consumer's turn."""
     FH = _gluon_or_skip()
-    cfg = FH.HopperBlockConfig(schedule="rescale", **cfg)
+    cfg = FH.HopperBlockConfig(schedule="rescale", block_n=256, pingpong=pingpong)
     k, sass = gluon_compiled(cfg)
     assert k.metadata.shared <= FH.smem_bytes(cfg, FH.stages_for(cfg, 2), 2) <= 232448
     ops = _sass_ops(sass)
@@ -497,10 +499,9 @@ def test_rescale_model_matches_blockwise():
 
 
 _GLUON_VARIANTS = [{}, dict(block_n=128), dict(block_n=64), dict(stages=2), dict(stages=3),
-                   dict(group_m=1), dict(schedule="rescale", block_n=128),
-                   dict(schedule="rescale", block_n=256),
+                   dict(group_m=1), dict(schedule="rescale", block_n=256),
                    dict(schedule="rescale", block_n=256, pingpong=True),
-                   dict(schedule="rescale", block_n=128, pingpong=True, stages=2)]
+                   dict(schedule="rescale", block_n=256, pingpong=True, stages=2, group_m=1)]
 _RESCALE_VARIANTS = [v for v in _GLUON_VARIANTS if v.get("schedule") == "rescale"]
 
 
@@ -583,9 +584,8 @@ def test_gluon_rescale_numerics_are_an_fp8_mma_chain():
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("variant", [dict(schedule="rescale", block_n=256, pingpong=True),
-                                     dict(schedule="rescale", block_n=128),
                                      dict(block_n=128)],
-                         ids=["256-pingpong", "128", "promote-rescale-control"])
+                         ids=["256-pingpong", "promote-rescale-control"])
 @pytest.mark.parametrize("K", [7168, 8192, 16384])
 def test_gluon_rescale_long_k(variant, K):
     """The rescale schedule keeps one running sum inside the fp8 MMA over all of K (the
@@ -604,8 +604,8 @@ def test_gluon_rescale_long_k(variant, K):
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("res", [False, True])
 def test_gluon_rescale_epilogue_256(res):
-    """The rescale schedule at 256 columns with bias and activation (a residual takes 128
-    columns: resolve), bf16 output: the reference rule."""
+    """The rescale schedule at 256 columns with bias and activation (a residual takes the
+    promote schedule: resolve), bf16 output: the reference rule."""
     from tkit.kernels import _common
     from tkit.kernels.elementwise.ops import _torch_activation
     FH = _gluon_or_skip()

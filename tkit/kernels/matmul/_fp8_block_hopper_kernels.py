@@ -38,21 +38,25 @@ The rescale schedule (``RESCALE``; ``_consumer_rescale``) keeps one accumulator 
 wgmmas add into across all of K, in units of the current group's scales: with
 c_g = sa[row, g] * sb[g, n-block], after group g it holds sum_(j <= g) S_j c_j / c_g, and
 before group g + 1 it is multiplied by c_g / c_(g+1) (a row's ratio of sa times the column
-block's ratio of sb; 256-column tiles span two blocks of b, each with its ratio); after the
+block's ratio of sb; a 256-column tile spans two blocks of b, each with its ratio); after the
 last group by c_last. No sum beside the accumulator, so a consumer holds 64 x 256 (128
-registers) and the tile is 128 x 256. Per group: wait ready, issue 4 m64 x N x 32 wgmmas into
-the accumulator, load the scales of two groups ahead and compute the next ratios under them,
-``wait_group 0``, release the slot, rescale (one FMUL an element), next group. A warpgroup
-cannot overlap its own rescale with its MMAs; with ``PINGPONG`` the two consumers issue in
-turn (two mbarriers), so each one's rescale runs under the other's MMAs. Numerics: a zero
-scale keeps the ratio 1 (the unit stays the last nonzero scale), exact when the zero scale
-comes with zero codes (what quantizers produce); a zero scale over nonzero codes is not
-supported (that group is added in the previous unit). The accumulator's values are the
-partial product over the current scale: float32 holds them while the scales of a row (and of
-a column block) within K differ by less than about 1e30 times the headroom of the sums. One
-float32 rounding a group, as the promotion's FFMA. Unlike the promote schedule, the running
-sum stays inside the fp8 MMA over all of K (Hopper keeps about 14 bits of it, docs/NOTES.md):
-long K is where it is checked.
+registers) and the tile is 128 x 256 (at 128 x 128 it measured behind the promote schedule).
+Per group: wait ready, issue 4 m64n256k32 wgmmas into the accumulator, load the scales of two
+groups ahead and compute the next ratios under them, ``wait_group 0``, release the slot,
+rescale (one FMUL an element), next group. A warpgroup cannot overlap its own rescale with
+its MMAs; with ``PINGPONG`` the two consumers issue in turn (two mbarriers), so each one's
+rescale runs under the other's MMAs.
+
+Its numerics: a zero scale keeps the ratio 1 (the unit stays the last nonzero scale), exact
+when the zero scale comes with zero codes (what quantizers produce); a zero scale over
+nonzero codes is not supported (that group would be added in the previous unit). The
+accumulator holds partial products divided by the current scale, so float32 range limits how
+far the scales of a row (or of a column block) may fall along K: a ratio up to ~1e30 between
+an earlier and a later group's scale with sums of fp8 codes (< 2^26 a group) stays finite.
+One float32 rounding a group, as the promotion's FFMA. Unlike the promote schedule, the
+running sum stays inside the fp8 MMA over all of K (Hopper keeps about 13-14 bits of it at
+each k32 step, docs/NOTES.md): the numerics of torch._scaled_mm's use_fast_accum=True,
+several times the promote schedule's error (float32 outputs at K = 1024: 2e-3 of max |ref|).
 
 Epilogue, per consumer warpgroup (its 64 rows): bias, activation, residual in float32, then
 the output dtype through a shared-memory tile and a TMA store; that store is waited for only
@@ -297,26 +301,21 @@ def _ratio(u, s):
 
 
 @gluon.jit
-def _group_scales(sa_rows, sb_0, sb_1, g, k_last, stride_sak, stride_sbk, TWO_B: gl.constexpr):
+def _group_scales(sa_rows, sb_0, sb_1, g, k_last, stride_sak, stride_sbk):
     """Group g's scales (g clamped to the last group: a prefetch past it is never used): of
-    a for this warpgroup's rows, of b for the tile's first 128-column block and (TWO_B) its
-    second."""
+    a for this warpgroup's rows, of b for the tile's two 128-column blocks."""
     g = gl.minimum(g, k_last)
-    x_b0 = gl.load(sb_0 + g * stride_sbk)
-    x_b1 = x_b0
-    if TWO_B:
-        x_b1 = gl.load(sb_1 + g * stride_sbk)
-    return gl.load(sa_rows + g * stride_sak), x_b0, x_b1
+    return (gl.load(sa_rows + g * stride_sak), gl.load(sb_0 + g * stride_sbk),
+            gl.load(sb_1 + g * stride_sbk))
 
 
 @gluon.jit
-def _col_factor(fb0, fb1, cols, TWO_B: gl.constexpr):
-    """A factor per column of b's scale blocks: ``fb0`` for the tile's first 128 columns,
-    ``fb1`` for the next 128 (TWO_B: a 256-column tile; else a scalar)."""
-    if TWO_B:
-        return gl.expand_dims(gl.where(cols < GROUP_K, fb0, fb1), 0)
-    else:
-        return fb0
+def _factor(f_a, f_b0, f_b1, cols):
+    """The [64, 256] factor f_a[row] * (f_b0 for the tile's first 128 columns, f_b1 for the
+    next): LLVM folds the select on the column (a thread's columns are known at compile time)
+    to four products a thread."""
+    f_b = gl.where(cols < GROUP_K, f_b0, f_b1)
+    return gl.expand_dims(f_a, 1) * gl.expand_dims(f_b, 0)
 
 
 @gluon.jit
@@ -351,7 +350,7 @@ def _consumer_rescale(WG: gl.constexpr, a_ring, b_ring, ready, empty, turn, c_de
         version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BLOCK_N, 32])
     row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
-    TWO_B: gl.constexpr = BLOCK_N > GROUP_K  # the tile spans two 128-column blocks of b
+    gl.static_assert(BLOCK_N == 2 * GROUP_K, "the rescale schedule's tiles are 256 wide")
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
@@ -376,7 +375,7 @@ def _consumer_rescale(WG: gl.constexpr, a_ring, b_ring, ready, empty, turn, c_de
         # The accumulator is kept in units of the current group's scales: u_a (per row) times
         # u_b0 / u_b1 (per 128-column block of b). Group 0 starts it (use_acc=False) ...
         u_a, u_b0, u_b1 = _group_scales(sa_rows, sb_0, sb_1, 0, k_last, stride_sak,
-                                        stride_sbk, TWO_B)
+                                        stride_sbk)
         u_a = gl.where(u_a != 0.0, u_a, 1.0)
         u_b0 = gl.where(u_b0 != 0.0, u_b0, 1.0)
         u_b1 = gl.where(u_b1 != 0.0, u_b1, 1.0)
@@ -385,18 +384,18 @@ def _consumer_rescale(WG: gl.constexpr, a_ring, b_ring, ready, empty, turn, c_de
         # ... the next group's factors are computed under its MMAs, from scales loaded a
         # group earlier (a global load's latency under a whole group) ...
         x_a, x_b0, x_b1 = _group_scales(sa_rows, sb_0, sb_1, 1, k_last, stride_sak,
-                                        stride_sbk, TWO_B)
+                                        stride_sbk)
         r_a, n_a = _ratio(u_a, x_a)
         r_b0, n_b0 = _ratio(u_b0, x_b0)
         r_b1, n_b1 = _ratio(u_b1, x_b1)
         x_a, x_b0, x_b1 = _group_scales(sa_rows, sb_0, sb_1, 2, k_last, stride_sak,
-                                        stride_sbk, TWO_B)
+                                        stride_sbk)
         acc = _wait_acc(tok, a_ring, b_ring, empty, base, WG, STAGES)
         for g in range(1, k_groups):
             # ... and once it has retired, acc *= c_(g-1) / c_g, then group g accumulates
             # into it. (The warpgroup cannot overlap this with its own MMAs; the other
             # consumer's fill the tensor cores meanwhile.)
-            acc = acc * (gl.expand_dims(r_a, 1) * _col_factor(r_b0, r_b1, lcols, TWO_B))
+            acc = acc * _factor(r_a, r_b0, r_b1, lcols)
             u_a = n_a
             u_b0 = n_b0
             u_b1 = n_b1
@@ -406,10 +405,10 @@ def _consumer_rescale(WG: gl.constexpr, a_ring, b_ring, ready, empty, turn, c_de
             r_b0, n_b0 = _ratio(u_b0, x_b0)
             r_b1, n_b1 = _ratio(u_b1, x_b1)
             x_a, x_b0, x_b1 = _group_scales(sa_rows, sb_0, sb_1, g + 2, k_last, stride_sak,
-                                            stride_sbk, TWO_B)
+                                            stride_sbk)
             acc = _wait_acc(tok, a_ring, b_ring, empty, base + g, WG, STAGES)
         # ... and after the last group, acc times its scales is the product
-        acc = acc * (gl.expand_dims(u_a, 1) * _col_factor(u_b0, u_b1, lcols, TWO_B))
+        acc = acc * _factor(u_a, u_b0, u_b1, lcols)
         base += k_groups
         _epilogue(acc, c_desc, c_buf, bias_ptr, res_ptr, rows, row0, off_n, M, N,
                   stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES, col_layout)

@@ -48,9 +48,12 @@ class HopperBlockConfig:
     "promote": each group's MMA sum is fresh and added to a float32 accumulator times its
     scales (a sum beside the accumulator: 128 columns at most). "rescale": one accumulator
     the MMAs add into across all of K, kept in units of the current group's scales and
-    multiplied by the ratio of consecutive scales between groups (block_n up to 256).
-    ``pingpong`` (rescale only): the two consumer warpgroups issue their groups' MMAs in
-    turn, so each one's rescale runs under the other's MMAs."""
+    multiplied by the ratio of consecutive scales between groups, 256 columns (at 128 it
+    measured behind the promote schedule); its numerics are a running fp8 MMA sum over K
+    (torch._scaled_mm's use_fast_accum=True), see the kernels' module. Where it does not
+    apply (:func:`resolve`) the promote schedule runs. ``pingpong`` (rescale only): the two
+    consumer warpgroups issue their groups' MMAs in turn, so each one's rescale runs under
+    the other's MMAs."""
 
     block_n: int = 0
     stages: int = 5
@@ -61,12 +64,14 @@ class HopperBlockConfig:
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.block_n not in (0, 64, 128, 256):
-            raise ValueError(f"block_n must be 0 (auto), 64, 128 or 256, got {self.block_n}")
-        if self.block_n == 256 and self.schedule != "rescale":
-            raise ValueError("block_n 256 needs schedule='rescale' (the promote schedule holds "
-                             "a sum beside the accumulator: 256 registers a thread at 256 "
-                             "columns)")
+        if self.schedule == "rescale":
+            if self.block_n not in (0, 256):
+                raise ValueError(f"block_n must be 0 (auto) or 256 with schedule='rescale', "
+                                 f"got {self.block_n}")
+        elif self.block_n not in (0, 64, 128):
+            raise ValueError(f"block_n must be 0 (auto), 64 or 128 (256: schedule='rescale'; "
+                             f"the promote schedule's sum beside the accumulator would take "
+                             f"256 registers a thread), got {self.block_n}")
         if self.pingpong and self.schedule != "rescale":
             raise ValueError("pingpong orders the rescale schedule's issues: it needs "
                              "schedule='rescale'")
@@ -97,21 +102,22 @@ def current_config(cfg: HopperBlockConfig | None = None) -> HopperBlockConfig:
 
 def resolve(cfg: HopperBlockConfig, M: int, N: int, sms: int, out_itemsize: int = 2,
             has_res: bool = False) -> HopperBlockConfig:
-    """``cfg`` with a concrete block_n: the given one, or (0) 64 where 128 x 128 tiles would
-    number at most half the SMs (DeepSeek-V3's M <= 256 rows with N = 4096 or 2112, M = 128
-    with N = 7168: twice the programs; measured 0.64-0.87x of _scaled_mm per tensor there
-    against 0.50-0.74x), else 128 (M = 256 with N = 7168, 112 tiles: 0.53x at 64 columns
-    against 0.74x); the rescale schedule takes 256 where 128 x 256 tiles still fill every SM
-    and the output is 16-bit (a float32 output tile of 256 columns leaves shared memory for
-    2 ring slots). 256 columns with a residual take 128: the residual's pointer tensors
-    spill at 256."""
-    if cfg.block_n == 256 and has_res:
-        return dataclasses.replace(cfg, block_n=128)
+    """``cfg`` with a concrete block_n. The promote schedule: the given one, or (0) 64 where
+    128 x 128 tiles would number at most half the SMs (DeepSeek-V3's M <= 256 rows with
+    N = 4096 or 2112, M = 128 with N = 7168: twice the programs; measured 0.64-0.87x of
+    _scaled_mm per tensor there against 0.50-0.74x), else 128 (M = 256 with N = 7168, 112
+    tiles: 0.53x at 64 columns against 0.74x). The rescale schedule: 256; with block_n 0 only
+    where 128 x 256 tiles fill every SM and the output is 16-bit (a float32 tile of 256
+    columns leaves shared memory for 2 ring slots), else the promote schedule's choice; a
+    residual always takes the promote schedule (its pointer tensors spill at 256 columns)."""
+    if cfg.schedule == "rescale":
+        if has_res or (not cfg.block_n and (
+                out_itemsize != 2 or C.cdiv(M, 2 * WG_M) * C.cdiv(N, 256) < sms)):
+            cfg = dataclasses.replace(cfg, schedule="promote", pingpong=False, block_n=0)
+        else:
+            return dataclasses.replace(cfg, block_n=256)
     if cfg.block_n:
         return cfg
-    if (cfg.schedule == "rescale" and out_itemsize == 2 and not has_res
-            and C.cdiv(M, 2 * WG_M) * C.cdiv(N, 256) >= sms):
-        return dataclasses.replace(cfg, block_n=256)
     few = C.cdiv(M, 2 * WG_M) * C.cdiv(N, 128) <= sms // 2
     return dataclasses.replace(cfg, block_n=64 if few else 128)
 
@@ -232,9 +238,8 @@ def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat
     from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90
     from tkit.kernels.matmul._fp8_block_hopper_kernels import _fp8_block_ws_kernel
 
-    cfg = current_config(config)
-    if not cfg.block_n or (cfg.block_n == 256 and has_res):  # (as resolve: what launches)
-        cfg = dataclasses.replace(cfg, block_n=128)
+    # what launches for a large 16-bit output (resolve)
+    cfg = resolve(current_config(config), 1 << 16, 1 << 16, 1, out_dtype.itemsize, has_res)
     out_es = torch.empty((), dtype=out_dtype).element_size()
     stages = stages_for(cfg, out_es)
     tname = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[out_dtype]
