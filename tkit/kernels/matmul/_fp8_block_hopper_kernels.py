@@ -51,8 +51,9 @@ Its numerics: a zero scale keeps the ratio 1 (the unit stays the last nonzero sc
 when the zero scale comes with zero codes (what quantizers produce); a zero scale over
 nonzero codes is not supported (that group would be added in the previous unit). The
 accumulator holds partial products divided by the current scale, so float32 range limits how
-far the scales of a row (or of a column block) may fall along K: a ratio up to ~1e30 between
-an earlier and a later group's scale with sums of fp8 codes (< 2^26 a group) stays finite.
+far the scales of a row (or of a column block) may fall along K: with group sums of fp8
+codes below 2^25, a ratio up to ~1e28 between an earlier and a later group's scale stays
+finite at K = 16384.
 One float32 rounding a group, as the promotion's FFMA. Unlike the promote schedule, the
 running sum stays inside the fp8 MMA over all of K (Hopper keeps about 13-14 bits of it at
 each k32 step, docs/NOTES.md): the numerics of torch._scaled_mm's use_fast_accum=True,
