@@ -273,14 +273,16 @@ def test_gluon_config_validation():
     FH = _gluon_or_skip()
     with pytest.raises(ValueError, match="stages"):
         FH.HopperBlockConfig(stages=1)
-    with pytest.raises(ValueError, match="256: schedule='rescale'"):
-        FH.HopperBlockConfig(block_n=256)
-    with pytest.raises(ValueError, match="block_n must be 0 .auto. or 256 with schedule"):
+    with pytest.raises(ValueError, match="256 columns only with the rescale schedule"):
+        FH.HopperBlockConfig(block_n=256, schedule="promote")
+    with pytest.raises(ValueError, match=r"block_n must be one of \(0, 256\) with sche"):
         FH.HopperBlockConfig(block_n=128, schedule="rescale")
+    with pytest.raises(ValueError, match="block_n must be one of"):
+        FH.HopperBlockConfig(block_n=192, schedule="auto")
     with pytest.raises(ValueError, match="schedule must be one of"):
         FH.HopperBlockConfig(schedule="fresh")
-    with pytest.raises(ValueError, match="pingpong"):
-        FH.HopperBlockConfig(pingpong=True)
+    with pytest.raises(ValueError, match="group_m"):
+        FH.HopperBlockConfig(group_m=-1)
     with pytest.raises(TypeError, match="unknown HopperBlockConfig"):
         with FH.hopper_block_config(block_k=64):
             pass
@@ -290,26 +292,45 @@ def test_gluon_config_validation():
     full = FH.HopperBlockConfig(block_n=128, stages=0)
     assert FH.stages_for(full, 2) == 6 and FH.stages_for(full, 4) == 5
     assert FH.stages_for(FH.HopperBlockConfig(block_n=128), 2) == 5
-    # block_n 0: 64 where 128 x 128 tiles would number at most half the SMs
-    auto = FH.HopperBlockConfig()
-    assert FH.resolve(auto, 128, 4096, 132).block_n == 64  # 32 tiles
-    assert FH.resolve(auto, 256, 7168, 132).block_n == 128  # 112 tiles
-    assert FH.resolve(auto, 8192, 8192, 132).block_n == 128
-    assert FH.resolve(FH.HopperBlockConfig(block_n=128), 64, 256, 132).block_n == 128
-    # the rescale schedule: 256 columns where 128 x 256 tiles fill the SMs and the output is
-    # 16-bit, else the promote schedule's choice; a residual always takes the promote one
-    rs = FH.HopperBlockConfig(schedule="rescale", pingpong=True)
-    for M, N, kw in ((8192, 8192, {}), (4096, 4096, {})):  # 256 / 512 tiles
-        assert FH.resolve(rs, M, N, 132, **kw) == dataclasses.replace(rs, block_n=256)
-    promote = FH.HopperBlockConfig()
-    for M, N, kw, bn in ((1024, 4096, {}, 128),  # 128 tiles of 256 columns: too few
-                         (128, 4096, {}, 64), (8192, 8192, dict(out_itemsize=4), 128),
-                         (8192, 8192, dict(has_res=True), 128)):
-        assert FH.resolve(rs, M, N, 132, **kw) == dataclasses.replace(promote, block_n=bn)
-    r256 = FH.HopperBlockConfig(schedule="rescale", block_n=256)
-    assert FH.resolve(r256, 64, 256, 132) == r256  # asked for: even with few tiles
-    assert FH.resolve(r256, 64, 256, 132, out_itemsize=4) == r256
-    assert FH.resolve(r256, 64, 256, 132, has_res=True).schedule == "promote"
+    # the promote schedule, block_n 0: 64 where 128 x 128 tiles would number at most half
+    # the SMs; group_m 0: 8
+    auto = FH.HopperBlockConfig(schedule="promote")
+    K = 7168
+    assert FH.resolve(auto, 128, 4096, K, 132).block_n == 64  # 32 tiles
+    assert FH.resolve(auto, 256, 7168, K, 132).block_n == 128  # 112 tiles
+    assert FH.resolve(auto, 8192, 8192, K, 132) == dataclasses.replace(auto, block_n=128,
+                                                                       group_m=8)
+    assert FH.resolve(FH.HopperBlockConfig(block_n=128), 64, 256, K, 132).block_n == 128
+    # the rescale schedule: 256 columns (group_m 16) where 128 x 256 tiles fill the SMs, the
+    # output is bf16 and K <= RESCALE_MAX_K; else the promote schedule's choice; a residual
+    # always takes the promote one
+    rs = FH.HopperBlockConfig(schedule="rescale")
+    for M, N in ((8192, 8192), (4096, 4096)):  # 256 / 512 tiles
+        assert FH.resolve(rs, M, N, K, 132) == dataclasses.replace(rs, block_n=256, group_m=16)
+    assert FH.resolve(rs, 4096, 4096, FH.RESCALE_MAX_K, 132).schedule == "rescale"
+    promote = dataclasses.replace(rs, schedule="promote", group_m=8)
+    bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+    for M, N, k, dt, res, bn in ((1024, 4096, K, bf, False, 128),  # 128 tiles: too few
+                                 (128, 4096, K, bf, False, 64),
+                                 (8192, 8192, FH.RESCALE_MAX_K + 128, bf, False, 128),
+                                 (8192, 8192, K, f16, False, 128),
+                                 (8192, 8192, K, f32, False, 128),
+                                 (8192, 8192, K, bf, True, 128)):
+        assert FH.resolve(rs, M, N, k, 132, dt, res) == dataclasses.replace(promote, block_n=bn)
+    # "auto": as "rescale", but 64 and 128 columns take the promote schedule
+    au = FH.HopperBlockConfig(schedule="auto")
+    assert FH.resolve(au, 8192, 8192, K, 132) == dataclasses.replace(rs, block_n=256,
+                                                                     group_m=16)
+    assert FH.resolve(au, 128, 4096, K, 132) == dataclasses.replace(promote, block_n=64)
+    for bn in (64, 128):
+        assert FH.resolve(dataclasses.replace(au, block_n=bn), 8192, 8192, K, 132) == \
+            dataclasses.replace(promote, block_n=bn)
+    assert FH.resolve(dataclasses.replace(au, block_n=256), 64, 256, 16384, 132).schedule \
+        == "rescale"
+    r256 = FH.HopperBlockConfig(schedule="rescale", block_n=256, group_m=4)
+    # asked for: even with few tiles, long K, other outputs; not with a residual
+    assert FH.resolve(r256, 64, 256, 16384, 132, f32) == r256
+    assert FH.resolve(r256, 64, 256, K, 132, bf, True).schedule == "promote"
     # stages: lowered to what fits (48 KB a slot, 64 KB of bf16 output tiles: 3 slots)
     assert FH.stages_for(r256, 2) == 3 and FH.stages_for(r256, 4) == 2
     assert FH.stages_for(dataclasses.replace(r256, stages=2), 2) == 2
@@ -499,9 +520,9 @@ def test_rescale_model_matches_blockwise():
 
 
 _GLUON_VARIANTS = [{}, dict(block_n=128), dict(block_n=64), dict(stages=2), dict(stages=3),
-                   dict(group_m=1), dict(schedule="rescale", block_n=256),
-                   dict(schedule="rescale", block_n=256, pingpong=True),
-                   dict(schedule="rescale", block_n=256, pingpong=True, stages=2, group_m=1)]
+                   dict(group_m=1), dict(schedule="rescale", block_n=256, pingpong=False),
+                   dict(schedule="rescale", block_n=256),
+                   dict(schedule="rescale", block_n=256, stages=2, group_m=1)]
 _RESCALE_VARIANTS = [v for v in _GLUON_VARIANTS if v.get("schedule") == "rescale"]
 
 
@@ -572,8 +593,7 @@ def test_gluon_rescale_numerics_are_an_fp8_mma_chain():
     fast = err(torch._scaled_mm(a, b, one, one, out_dtype=torch.float32, use_fast_accum=True))
     slow = err(torch._scaled_mm(a, b, one, one, out_dtype=torch.float32, use_fast_accum=False))
     res = err(FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.float32, path="gluon",
-                                 config=FH.HopperBlockConfig(schedule="rescale", block_n=256,
-                                                             pingpong=True)))
+                                 config=FH.HopperBlockConfig(schedule="rescale", block_n=256)))
     pro = err(FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.float32, path="gluon",
                                  config=FH.HopperBlockConfig(block_n=128)))
     what = (f"max errors (max |ref| {float(ref.abs().max()):.4g}): rescale {res:.4g}, "
@@ -583,7 +603,7 @@ def test_gluon_rescale_numerics_are_an_fp8_mma_chain():
 
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("variant", [dict(schedule="rescale", block_n=256, pingpong=True),
+@pytest.mark.parametrize("variant", [dict(schedule="rescale", block_n=256),
                                      dict(block_n=128)],
                          ids=["256-pingpong", "promote-rescale-control"])
 @pytest.mark.parametrize("K", [7168, 8192, 16384])
@@ -602,6 +622,41 @@ def test_gluon_rescale_long_k(variant, K):
 
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("M,N,K", [(2048, 4096, 7168), (1024, 7168, 8192)])
+def test_gluon_rescale_chosen_by_resolve(M, N, K):
+    """What ``schedule="rescale"`` launches by itself at DeepSeek-V3-like shapes (128 x 256
+    tiles filling the SMs, bf16 output, K up to RESCALE_MAX_K): the rescale schedule, within
+    the reference rule on 256 rows against float64 on the dequantized operands (the peer:
+    the same rows in float32, rounded to bf16)."""
+    from tkit.kernels import _common
+    FH = _gluon_or_skip()
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert FH.resolve(FH.HopperBlockConfig(schedule="rescale"), M, N, K, sms).block_n == 256
+    g = torch.Generator(device=DEV).manual_seed(M + K)
+    a = torch.randn(M, K, device=DEV, generator=g).to(F8)
+    b = torch.randn(N, K, device=DEV, generator=g).to(F8).t()
+    sa = torch.rand(M, K // 128, device=DEV, generator=g) + 0.5
+    sb = (torch.rand(K // 128, -(-N // 128), device=DEV, generator=g) + 0.5) * K ** -0.5
+    with _common.poisoned_outputs(), FH.hopper_block_config(schedule="rescale"):
+        out = tkit.matmul_fp8(a, b, sa, sb, out_dtype=torch.bfloat16)
+    rows = torch.arange(0, M, M // 256, device=DEV)
+    ks = torch.arange(K, device=DEV) // 128
+    cols = torch.arange(N, device=DEV) // 128
+    a_dq = a[rows].double() * sa[rows][:, ks].double()
+    b_dq = b.double() * sb.double()[ks][:, cols]
+    ref = a_dq @ b_dq
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        peer = (a_dq.float() @ b_dq.float()).to(torch.bfloat16)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert not torch.isnan(out.float()).any()
+    assert_close_to_reference(out[rows], ref, peer, name=f"rescale {M}x{N}x{K}")
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("res", [False, True])
 def test_gluon_rescale_epilogue_256(res):
     """The rescale schedule at 256 columns with bias and activation (a residual takes the
@@ -614,7 +669,7 @@ def test_gluon_rescale_epilogue_256(res):
     g = torch.Generator().manual_seed(6)
     bias = torch.randn(400, generator=g).to(torch.bfloat16).to(DEV)
     resid = torch.randn(200, 400, generator=g).to(torch.bfloat16).to(DEV) if res else None
-    cfg = FH.HopperBlockConfig(schedule="rescale", block_n=256, pingpong=True)
+    cfg = FH.HopperBlockConfig(schedule="rescale", block_n=256)
     with _common.poisoned_outputs(), FH.hopper_block_config(**dataclasses.asdict(cfg)):
         out = tkit.matmul_fp8(a, b, sa, sb, out_dtype=torch.bfloat16, bias=bias,
                               activation="gelu_tanh", residual=resid)

@@ -299,8 +299,15 @@ def backend(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, bias=None, residua
     "triton <path> (reason the Gluon kernel does not serve)"."""
     fh, reason = _gluon_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, None, None)
     if fh is not None:
-        return ("gluon (sm_90: warp-specialized TMA producer, two consumer warpgroups, each "
-                "pair of 128-deep groups' second wgmma running under the first's promotion)")
+        (M, K), N = a.shape, b.shape[1]
+        cfg = fh.resolve(fh.current_config(), M, N, K, D.sm_count(a.device), out_dtype,
+                         residual is not None)
+        how = ("one accumulator rescaled between 128-deep groups (a running fp8 MMA sum "
+               "over K)" if cfg.schedule == "rescale" else
+               "each pair of 128-deep groups' second wgmma running under the first's "
+               "promotion")
+        return (f"gluon (sm_90: warp-specialized TMA producer, two consumer warpgroups, "
+                f"128 x {cfg.block_n} tiles, {cfg.schedule} schedule: {how})")
     return f"triton {MC.plan(a, b, out_dtype).path} ({reason})"
 
 
