@@ -432,8 +432,7 @@ def sweep_matmul_fp8_block_dsv3(rows):
 #: _scaled_mm per tensor 1466 / 1422; the default 1162 / 1194): pingpong 1281 / 1315, with
 #: group_m 16 1345 / 1314, without pingpong 1272 / 1291, 2 stages 1175 / 1179; 128 columns
 #: 1082 / 1096, with pingpong 1128 / 1101 (behind the promote schedule: removed).
-FP8_BLOCK_RESCALE = [dict(schedule="rescale"), dict(schedule="rescale", group_m=8),
-                     dict(schedule="rescale", pingpong=False)]
+FP8_BLOCK_RESCALE = [dict(schedule="rescale"), dict(schedule="rescale", pingpong=False)]
 
 
 def _fp8_chain_numerics(rows, M=2048, N=2048, K=8192):
@@ -463,6 +462,18 @@ def _fp8_chain_numerics(rows, M=2048, N=2048, K=8192):
           f"max|ref|: " + ", ".join(f"{k} {e:.2e}" for k, e in errs.items()))
     rows.append(dict(family="matmul_fp8_block", case=f"numerics {M}x{N}x{K}",
                      config="unit scales", **errs))
+
+
+def sweep_matmul_fp8_block_rescale_shared(rows):
+    """The rescale schedule with one output staging tile for both consumers (``shared_out``:
+    4 ring slots fit at 256 columns, each TMA store waited for before the tile is handed on)
+    against it without (3 slots), at 8192^3 and DeepSeek-V3's expert gate_up at M = 4096."""
+    variants = [("gluon " + " ".join(f"{k}={v}" for k, v in f.items()),
+                 dict(kernel="gluon", **f), _fp8_block_gluon(f))
+                for f in (dict(schedule="rescale"), dict(schedule="rescale", shared_out=True))]
+    for M, N, K, label in ((8192, 8192, 8192, "8192^3 block"),
+                           (4096, 4096, 7168, "DeepSeek-V3 gate_up M=4096")):
+        _fp8_block_case(rows, M, N, K, label, variants, peer_rounds=1, time_failed=True)
 
 
 def sweep_matmul_fp8_block_rescale(rows):
@@ -858,6 +869,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits,
           "matmul_fp8_block": sweep_matmul_fp8_block,
           "matmul_fp8_block_dsv3": sweep_matmul_fp8_block_dsv3,
           "matmul_fp8_block_rescale": sweep_matmul_fp8_block_rescale,
+          "matmul_fp8_block_rescale_shared": sweep_matmul_fp8_block_rescale_shared,
           "matmul_mid": sweep_matmul_mid,
           "matmul_gluon": sweep_matmul_gluon,
           # one layer size's GEMMs (issue #14's layer bar is at 4096 tokens)

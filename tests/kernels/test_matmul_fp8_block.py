@@ -407,18 +407,23 @@ def test_gluon_compiled_schedule(gluon_compiled, block_n):
         ops = ops[j:]
 
 
-@pytest.mark.parametrize("pingpong", [True, False])
-def test_gluon_compiled_rescale_schedule(gluon_compiled, pingpong):
+@pytest.mark.parametrize("pingpong,shared_out", [(True, False), (False, False), (True, True)],
+                         ids=["pingpong", "free", "pingpong-shared_out"])
+def test_gluon_compiled_rescale_schedule(gluon_compiled, pingpong, shared_out):
     """The rescale schedule's sm_90a build: no local memory, shared memory within the
     budget; each consumer issues a group's four m64 x N x 32 wgmmas and waits for them
     (``wait_group 0``, nothing else in flight: a serialized build would wait after every
     QGMMA); in the K loop the accumulator's rescale (one FMUL an element: N / 2 a thread,
     the factor an outer product of a row and a column-block ratio, computed once) sits between
     the previous group's wait and this group's wgmmas, the next scales' loads and ratios
-    under the MMAs; with pingpong each issue also waits for the other consumer's turn."""
+    under the MMAs; with pingpong each issue also waits for the other consumer's turn;
+    shared_out: 4 ring slots fit, each TMA store is waited for (its read) before the staging
+    tile is handed on."""
     FH = _gluon_or_skip()
-    cfg = FH.HopperBlockConfig(schedule="rescale", block_n=256, pingpong=pingpong)
+    cfg = FH.HopperBlockConfig(schedule="rescale", block_n=256, pingpong=pingpong,
+                               shared_out=shared_out)
     k, sass = gluon_compiled(cfg)
+    assert FH.stages_for(cfg, 2) == (4 if shared_out else 3)
     assert k.metadata.shared <= FH.smem_bytes(cfg, FH.stages_for(cfg, 2), 2) <= 232448
     ops = _sass_ops(sass)
     assert "LDL" not in ops and "STL" not in ops
@@ -441,6 +446,12 @@ def test_gluon_compiled_rescale_schedule(gluon_compiled, pingpong):
         # this group's wgmmas run
         under = ops[nxt:waits[waits.index(first) + 1]]
         assert "LDG" in " ".join(under) and "MUFU" in " ".join(under)
+    # each consumer's store: the TMA store, then (shared_out) its read waited for, the arrive
+    stores = [n for n, op in enumerate(ops) if op.startswith("UTMASTG")]
+    assert len(stores) == 2
+    for n in stores:
+        after = ops[n + 1:n + 8]
+        assert ("DEPBAR.LE" in after and "SYNCS.ARRIVE.TRANS64.A1T0" in after) == shared_out
 
 
 def _rescale_model(a, b, sa, sb):
@@ -522,7 +533,8 @@ def test_rescale_model_matches_blockwise():
 _GLUON_VARIANTS = [{}, dict(block_n=128), dict(block_n=64), dict(stages=2), dict(stages=3),
                    dict(group_m=1), dict(schedule="rescale", block_n=256, pingpong=False),
                    dict(schedule="rescale", block_n=256),
-                   dict(schedule="rescale", block_n=256, stages=2, group_m=1)]
+                   dict(schedule="rescale", block_n=256, stages=2, group_m=1),
+                   dict(schedule="rescale", block_n=256, shared_out=True)]
 _RESCALE_VARIANTS = [v for v in _GLUON_VARIANTS if v.get("schedule") == "rescale"]
 
 
@@ -622,12 +634,16 @@ def test_gluon_rescale_long_k(variant, K):
 
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("M,N,K", [(2048, 4096, 7168), (1024, 7168, 8192)])
-def test_gluon_rescale_chosen_by_resolve(M, N, K):
+@pytest.mark.parametrize("M,N,K,shared_out", [(2048, 4096, 7168, False),
+                                              (1024, 7168, 8192, False),
+                                              (2048, 4096, 7168, True)],
+                         ids=["2048x4096x7168", "1024x7168x8192", "2048x4096x7168-shared_out"])
+def test_gluon_rescale_chosen_by_resolve(M, N, K, shared_out):
     """What ``schedule="rescale"`` launches by itself at DeepSeek-V3-like shapes (128 x 256
     tiles filling the SMs, bf16 output, K up to RESCALE_MAX_K): the rescale schedule, within
     the reference rule on 256 rows against float64 on the dequantized operands (the peer:
-    the same rows in float32, rounded to bf16)."""
+    the same rows in float32, rounded to bf16); several tiles a CTA (shared_out: the
+    consumers take the one staging tile in turn)."""
     from tkit.kernels import _common
     FH = _gluon_or_skip()
 
@@ -638,7 +654,8 @@ def test_gluon_rescale_chosen_by_resolve(M, N, K):
     b = torch.randn(N, K, device=DEV, generator=g).to(F8).t()
     sa = torch.rand(M, K // 128, device=DEV, generator=g) + 0.5
     sb = (torch.rand(K // 128, -(-N // 128), device=DEV, generator=g) + 0.5) * K ** -0.5
-    with _common.poisoned_outputs(), FH.hopper_block_config(schedule="rescale"):
+    with _common.poisoned_outputs(), FH.hopper_block_config(schedule="rescale",
+                                                            shared_out=shared_out):
         out = tkit.matmul_fp8(a, b, sa, sb, out_dtype=torch.bfloat16)
     rows = torch.arange(0, M, M // 256, device=DEV)
     ks = torch.arange(K, device=DEV) // 128

@@ -205,6 +205,21 @@ def _epilogue(acc, c_desc, c_buf, bias_ptr, res_ptr, rows, row0, off_n, M, N,
               HAS_RES: gl.constexpr, col_layout: gl.constexpr):
     """A consumer's 64 rows of a tile: float32 bias / activation / residual, then the output
     dtype through ``c_buf`` and a TMA store (waited for only before the buffer's next use)."""
+    out = _epilogue_values(acc, c_desc, bias_ptr, res_ptr, rows, off_n, M, N, stride_rm,
+                           stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES, col_layout)
+    tma.store_wait(0)  # the previous tile's store has read c_buf
+    cta_barrier()
+    c_buf.store(out)
+    fence_async_shared()
+    cta_barrier()
+    tma_store(c_desc, [row0, off_n], c_buf)
+
+
+@gluon.jit
+def _epilogue_values(acc, c_desc, bias_ptr, res_ptr, rows, off_n, M, N, stride_rm, stride_rn,
+                     stride_bias, HAS_BIAS: gl.constexpr, ACT: gl.constexpr,
+                     HAS_RES: gl.constexpr, col_layout: gl.constexpr):
+    """float32 bias / activation / residual on a consumer's 64 rows, in the output dtype."""
     BLOCK_N: gl.constexpr = acc.type.shape[1]
     cols = off_n + gl.arange(0, BLOCK_N, layout=col_layout)
     if HAS_BIAS:
@@ -216,13 +231,22 @@ def _epilogue(acc, c_desc, c_buf, bias_ptr, res_ptr, rows, row0, off_n, M, N,
                   + gl.expand_dims(cols.to(gl.int64) * stride_rn, 0))
         r_mask = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
         acc = acc + gl.load(r_ptrs, mask=r_mask, other=0.0).to(gl.float32)
-    out = acc.to(c_desc.dtype)
-    tma.store_wait(0)  # the previous tile's store has read c_buf
-    cta_barrier()
+    return acc.to(c_desc.dtype)
+
+
+@gluon.jit
+def _store_shared(out, c_desc, c_buf, c_free, k, row0, off_n):
+    """``out`` through the one staging tile both consumers share (SHARED_OUT): the k-th
+    use (2 x tile + consumer) waits for the (k - 1)-th use's TMA store to have read it (a
+    fresh mbarrier passes the wait for phase -1), then waits for its own store's read and
+    hands the tile on."""
+    mbarrier.wait(c_free, (k & 1) ^ 1)
     c_buf.store(out)
     fence_async_shared()
     cta_barrier()
     tma_store(c_desc, [row0, off_n], c_buf)
+    tma.store_wait(0)
+    mbarrier.arrive(c_free, count=1)
 
 
 @gluon.jit
@@ -338,12 +362,14 @@ def _issue_in_turn(a_ring, b_ring, ready, turn, i, acc, WG: gl.constexpr,
 
 @gluon.jit
 def _consumer_rescale(WG: gl.constexpr, a_ring, b_ring, ready, empty, turn, c_desc, c_buf,
+                      c_free,
                       sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K,
                       stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn,
                       stride_bias,
                       HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      GROUP_M: gl.constexpr, PINGPONG: gl.constexpr):
+                      GROUP_M: gl.constexpr, PINGPONG: gl.constexpr,
+                      SHARED_OUT: gl.constexpr):
     """Consumer warpgroup WG of the rescale schedule: rows WG * 64 + [0, 64) of every tile
     of this CTA, one accumulator that the wgmmas accumulate into across all of K (module
     docstring)."""
@@ -364,6 +390,7 @@ def _consumer_rescale(WG: gl.constexpr, a_ring, b_ring, ready, empty, turn, c_de
         if WG == 1:
             mbarrier.arrive(turn.index(1), count=1)  # consumer 0 goes first
     base = 0  # ring index of the tile's first group
+    k_out = WG  # this consumer's uses of a shared staging tile: 2 x tile + WG
     for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
         row0 = pid_m * BLOCK_M + WG * WG_M
@@ -411,8 +438,15 @@ def _consumer_rescale(WG: gl.constexpr, a_ring, b_ring, ready, empty, turn, c_de
         # ... and after the last group, acc times its scales is the product
         acc = acc * _factor(u_a, u_b0, u_b1, lcols)
         base += k_groups
-        _epilogue(acc, c_desc, c_buf, bias_ptr, res_ptr, rows, row0, off_n, M, N,
-                  stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES, col_layout)
+        if SHARED_OUT:
+            out = _epilogue_values(acc, c_desc, bias_ptr, res_ptr, rows, off_n, M, N,
+                                   stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES,
+                                   col_layout)
+            _store_shared(out, c_desc, c_buf, c_free, k_out, row0, off_n)
+            k_out += 2
+        else:
+            _epilogue(acc, c_desc, c_buf, bias_ptr, res_ptr, rows, row0, off_n, M, N,
+                      stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES, col_layout)
     tma.store_wait(0)
 
 
@@ -423,7 +457,7 @@ def _fp8_block_ws_kernel(
     stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias,
     HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
     STAGES: gl.constexpr, GROUP_M: gl.constexpr, RESCALE: gl.constexpr,
-    PINGPONG: gl.constexpr,
+    PINGPONG: gl.constexpr, SHARED_OUT: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -438,13 +472,20 @@ def _fp8_block_ws_kernel(
     dtype: gl.constexpr = a_desc.dtype
     a_ring = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_ring = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS] + c_desc.block_type.shape,
+    # (SHARED_OUT: one output staging tile for both consumers, taken in turn)
+    OUT_BUFS: gl.constexpr = 1 if SHARED_OUT else CONSUMERS
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [OUT_BUFS] + c_desc.block_type.shape,
                                        c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=CONSUMERS)
+    if SHARED_OUT:
+        c_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(c_free, count=1)
+    else:
+        c_free = ready  # (unused)
     if PINGPONG:
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(2):
@@ -456,15 +497,17 @@ def _fp8_block_ws_kernel(
     if RESCALE:
         gl.warp_specialize([
             (_consumer_rescale, (0, a_ring, b_ring, ready, empty, turn, c_desc, c_bufs.index(0),
+                                 c_free,
                                  sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam,
                                  stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn,
                                  stride_bias, HAS_BIAS, ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES,
-                                 GROUP_M, PINGPONG)),
-            (_consumer_rescale, (1, a_ring, b_ring, ready, empty, turn, c_desc, c_bufs.index(1),
+                                 GROUP_M, PINGPONG, SHARED_OUT)),
+            (_consumer_rescale, (1, a_ring, b_ring, ready, empty, turn, c_desc,
+                                 c_bufs.index(OUT_BUFS - 1), c_free,
                                  sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam,
                                  stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn,
                                  stride_bias, HAS_BIAS, ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES,
-                                 GROUP_M, PINGPONG)),
+                                 GROUP_M, PINGPONG, SHARED_OUT)),
             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
                          BLOCK_N, STAGES, GROUP_M)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

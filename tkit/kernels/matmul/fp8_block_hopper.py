@@ -58,13 +58,16 @@ class HopperBlockConfig:
     block_n 256, the promote schedule with 64 or 128, with 0 as "rescale" does.
     ``pingpong`` (the rescale schedule's; the promote schedule ignores it): the two consumer
     warpgroups issue their groups' MMAs in turn, so each one's rescale runs under the
-    other's MMAs."""
+    other's MMAs. ``shared_out`` (the rescale schedule's): one output staging tile that the
+    consumers take in turn, each waiting for its TMA store to have read it, so that 4 ring
+    slots fit at 256 columns."""
 
     block_n: int = 0
     stages: int = 5
     group_m: int = 0
     schedule: str = "promote"
     pingpong: bool = True
+    shared_out: bool = False
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -141,14 +144,19 @@ def _pingpong(cfg: HopperBlockConfig) -> bool:
     return cfg.pingpong and cfg.schedule == "rescale"
 
 
+def _shared_out(cfg: HopperBlockConfig) -> bool:
+    return cfg.shared_out and cfg.schedule == "rescale"
+
+
 def smem_bytes(cfg: HopperBlockConfig, stages: int, out_itemsize: int) -> int:
     """Shared memory of one CTA: the ring (a and b tiles of one group a slot), one output
     tile a consumer, two mbarriers a slot, and the values the warp-specialized region hands to
     its partitions (up to 256 bytes with alignment, as in the attention forward), the two
     turn mbarriers of ``pingpong``."""
     ring = stages * (cfg.block_m + cfg.block_n) * GROUP_K
-    return (ring + cfg.consumers * WG_M * cfg.block_n * out_itemsize + 16 * stages + 64 + 256
-            + 16 * _pingpong(cfg))
+    outs = 1 if _shared_out(cfg) else cfg.consumers
+    return (ring + outs * WG_M * cfg.block_n * out_itemsize + 16 * stages + 64 + 256
+            + 16 * _pingpong(cfg) + 16 * _shared_out(cfg))
 
 
 def stages_for(cfg: HopperBlockConfig, out_itemsize: int) -> int:
@@ -241,7 +249,8 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
     C.launch(_fp8_block_ws_kernel, (progs,), a_desc=a_desc, b_desc=b_desc, c_desc=c_desc,
              **epilogue_args(scale_a, scale_b, bias, residual, activation), M=M, N=N, K=K,
              STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
-             PINGPONG=_pingpong(cfg), CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
+             PINGPONG=_pingpong(cfg), SHARED_OUT=_shared_out(cfg),
+             CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
              num_warps=4, maxnreg=MAXNREG)
     return out
 
@@ -274,12 +283,13 @@ def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat
         stride_sam="i32", stride_sak="i32", stride_sbk="i32", stride_sbn="i32",
         stride_rm="i32", stride_rn="i32", stride_bias="i32",
         HAS_BIAS="constexpr", ACT="constexpr", HAS_RES="constexpr", STAGES="constexpr",
-        GROUP_M="constexpr", RESCALE="constexpr", PINGPONG="constexpr",
+        GROUP_M="constexpr", RESCALE="constexpr", PINGPONG="constexpr", SHARED_OUT="constexpr",
         CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
     )
     values = dict(HAS_BIAS=bool(has_bias), ACT=activation or "", HAS_RES=bool(has_res),
                   STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
-                  PINGPONG=_pingpong(cfg), CONSUMER_REGS=CONSUMER_REGS,
+                  PINGPONG=_pingpong(cfg), SHARED_OUT=_shared_out(cfg),
+                  CONSUMER_REGS=CONSUMER_REGS,
                   PRODUCER_REGS=PRODUCER_REGS)
     return gluon_compile_sm90(_fp8_block_ws_kernel, signature, values, num_warps=4,
                               maxnreg=MAXNREG)
