@@ -327,14 +327,18 @@ def test_gluon_config_validation():
             dataclasses.replace(promote, block_n=bn)
     assert FH.resolve(dataclasses.replace(au, block_n=256), 64, 256, 16384, 132).schedule \
         == "rescale"
-    r256 = FH.HopperBlockConfig(schedule="rescale", block_n=256, group_m=4)
+    r256 = FH.HopperBlockConfig(schedule="rescale", block_n=256, group_m=4, shared_out=False)
     # asked for: even with few tiles, long K, other outputs; not with a residual
     assert FH.resolve(r256, 64, 256, 16384, 132, f32) == r256
     assert FH.resolve(r256, 64, 256, K, 132, bf, True).schedule == "promote"
     # stages: lowered to what fits (48 KB a slot, 64 KB of bf16 output tiles: 3 slots)
     assert FH.stages_for(r256, 2) == 3 and FH.stages_for(r256, 4) == 2
     assert FH.stages_for(dataclasses.replace(r256, stages=2), 2) == 2
-    for cfg, es in ((r256, 2), (r256, 4), (full, 2), (full, 4)):
+    # one output staging tile for both consumers: 4 slots (float32 output: 3)
+    shared = dataclasses.replace(r256, shared_out=True)
+    assert FH.stages_for(shared, 2) == 4 and FH.stages_for(shared, 4) == 3
+    assert FH.stages_for(dataclasses.replace(shared, schedule="promote", block_n=128), 2) == 5
+    for cfg, es in ((r256, 2), (r256, 4), (full, 2), (full, 4), (shared, 2), (shared, 4)):
         assert FH.smem_bytes(cfg, FH.stages_for(cfg, es), es) <= 232448
 
 
