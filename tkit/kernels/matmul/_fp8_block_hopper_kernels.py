@@ -62,6 +62,10 @@ several times the promote schedule's error (float32 outputs at K = 1024: 2e-3 of
 Epilogue, per consumer warpgroup (its 64 rows): bias, activation, residual in float32, then
 the output dtype through a shared-memory tile and a TMA store; that store is waited for only
 before the next tile's epilogue reuses the buffer, so it overlaps the next tile's K loop.
+With ``SHARED_OUT`` (the rescale schedule's 256 columns: two 32 KB staging tiles leave room
+for 3 ring slots, one for 4) the consumers share one staging tile, taken in turn (consumer 0,
+consumer 1, next tile): each waits for its TMA store to have read the tile and hands it on
+through an mbarrier.
 Edges: TMA zero-fills the operands past M, N, K (their sums are 0 whatever the scale); the
 scale rows past M are clamped to row M - 1, the store clips at M and N.
 """
