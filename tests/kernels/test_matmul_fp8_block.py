@@ -278,7 +278,7 @@ def test_gluon_config_validation():
     with pytest.raises(ValueError, match=r"block_n must be one of \(0, 256\) with sche"):
         FH.HopperBlockConfig(block_n=128, schedule="rescale")
     with pytest.raises(ValueError, match="block_n must be one of"):
-        FH.HopperBlockConfig(block_n=192, schedule="auto")
+        FH.HopperBlockConfig(block_n=192)
     with pytest.raises(ValueError, match="schedule must be one of"):
         FH.HopperBlockConfig(schedule="fresh")
     with pytest.raises(ValueError, match="group_m"):
@@ -317,16 +317,6 @@ def test_gluon_config_validation():
                                  (8192, 8192, K, f32, False, 128),
                                  (8192, 8192, K, bf, True, 128)):
         assert FH.resolve(rs, M, N, k, 132, dt, res) == dataclasses.replace(promote, block_n=bn)
-    # "auto": as "rescale", but 64 and 128 columns take the promote schedule
-    au = FH.HopperBlockConfig(schedule="auto")
-    assert FH.resolve(au, 8192, 8192, K, 132) == dataclasses.replace(rs, block_n=256,
-                                                                     group_m=16)
-    assert FH.resolve(au, 128, 4096, K, 132) == dataclasses.replace(promote, block_n=64)
-    for bn in (64, 128):
-        assert FH.resolve(dataclasses.replace(au, block_n=bn), 8192, 8192, K, 132) == \
-            dataclasses.replace(promote, block_n=bn)
-    assert FH.resolve(dataclasses.replace(au, block_n=256), 64, 256, 16384, 132).schedule \
-        == "rescale"
     r256 = FH.HopperBlockConfig(schedule="rescale", block_n=256, group_m=4, shared_out=False)
     # asked for: even with few tiles, long K, other outputs; not with a residual
     assert FH.resolve(r256, 64, 256, 16384, 132, f32) == r256

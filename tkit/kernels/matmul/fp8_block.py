@@ -24,10 +24,13 @@ dot whose result the loop reads), the bubble that keeps it under the per-tensor 
 
 Kernels: on sm_90 the Gluon kernel of ``fp8_block_hopper.py`` (warp-specialized: a TMA
 producer warp, two consumer warpgroups that issue each group's wgmma asynchronously and promote
-the previous group's sum while it runs) serves every call whose operands it takes (a
-row-major, b K-major, TMA-aligned rows, see its ``supported``; :func:`backend` says which kernel
-a call gets and why); the rest, forced paths (``path="tma"`` / ``"ptr"``), Triton configs and
-``matmul_config`` overrides take the Triton kernels:
+the previous group's sum while it runs; opt-in, ``HopperBlockConfig(schedule="rescale")``: 128 x
+256 tiles with one accumulator rescaled between groups, whose running sum stays in the fp8 MMA
+over all of K, the fast-accumulation numerics the promotion avoids) serves every call whose
+operands it takes (a row-major, b K-major, TMA-aligned rows, see its ``supported``;
+:func:`backend` says which kernel a call gets and why); the rest, forced paths
+(``path="tma"`` / ``"ptr"``), Triton configs and ``matmul_config`` overrides take the Triton
+kernels:
 ``_fp8_block_tma_kernel`` (Hopper: persistent, TMA descriptors, the tile order and
 configs of matmul's TMA kernel) and ``_fp8_block_kernel`` (pointer-based, any strides, sm_80+
 and the interpreter); :func:`tkit.kernels.matmul.plan` picks between them as for matmul

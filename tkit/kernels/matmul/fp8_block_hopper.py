@@ -31,7 +31,7 @@ CONSUMER_REGS = 240
 PRODUCER_REGS = 24
 MAXNREG = 168
 MAX_STAGES = 8
-SCHEDULES = ("auto", "promote", "rescale")
+SCHEDULES = ("promote", "rescale")
 #: the longest K the rescale schedule takes by itself (resolve)
 RESCALE_MAX_K = 8192
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -48,14 +48,16 @@ class HopperBlockConfig:
     each).
 
     ``schedule``: how the 128-deep groups' scales are applied (``_fp8_block_hopper_kernels``).
-    "promote": each group's MMA sum is fresh and added to a float32 accumulator times its
-    scales (a sum beside the accumulator: 128 columns at most). "rescale": one accumulator
-    the MMAs add into across all of K, kept in units of the current group's scales and
-    multiplied by the ratio of consecutive scales between groups, 256 columns (at 128 it
-    measured behind the promote schedule); its numerics are a running fp8 MMA sum over K
-    (torch._scaled_mm's use_fast_accum=True), see the kernels' module; where it does not
-    apply (:func:`resolve`) the promote schedule runs. "auto": the rescale schedule with
-    block_n 256, the promote schedule with 64 or 128, with 0 as "rescale" does.
+    "promote" (the default): each group's MMA sum is fresh and added to a float32 accumulator
+    times its scales, DeepSeek-V3's promotion (a sum beside the accumulator: 128 columns at
+    most). "rescale" (opt-in, **fast-accumulation numerics**): one accumulator the MMAs add
+    into across all of K, kept in units of the current group's scales and multiplied by the
+    ratio of consecutive scales between groups, 256 columns (at 128 it measured behind the
+    promote schedule); the running sum stays inside the fp8 MMA over all of K, which keeps
+    about 13 bits of it at each k32 step: the numerics of torch._scaled_mm's
+    use_fast_accum=True, several times the promote schedule's error (2e-3 of max |ref| at
+    K = 1024, 5e-3 at 8192 on the H200), what the promotion exists to avoid; ~15% faster at
+    8192^3. Where it does not apply (:func:`resolve`) the promote schedule runs.
     ``pingpong`` (the rescale schedule's; the promote schedule ignores it): the two consumer
     warpgroups issue their groups' MMAs in turn, so each one's rescale runs under the
     other's MMAs. ``shared_out`` (the rescale schedule's): one output staging tile that the
@@ -72,8 +74,7 @@ class HopperBlockConfig:
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        allowed = {"auto": (0, 64, 128, 256), "promote": (0, 64, 128),
-                   "rescale": (0, 256)}[self.schedule]
+        allowed = {"promote": (0, 64, 128), "rescale": (0, 256)}[self.schedule]
         if self.block_n not in allowed:
             raise ValueError(f"block_n must be one of {allowed} with schedule="
                              f"{self.schedule!r} (256 columns only with the rescale schedule: "
@@ -107,8 +108,7 @@ def current_config(cfg: HopperBlockConfig | None = None) -> HopperBlockConfig:
 
 def resolve(cfg: HopperBlockConfig, M: int, N: int, K: int, sms: int,
             out_dtype: torch.dtype = torch.bfloat16, has_res: bool = False) -> HopperBlockConfig:
-    """``cfg`` with a concrete schedule, block_n and group_m ("auto" resolves as "rescale",
-    but block_n 64 or 128 take the promote schedule).
+    """``cfg`` with a concrete schedule, block_n and group_m.
 
     The rescale schedule: 256 columns; with block_n 0 only for bfloat16 outputs with K up to
     :data:`RESCALE_MAX_K` (its running fp8 MMA sum over K: measured at 0.67 of the reference
@@ -120,9 +120,6 @@ def resolve(cfg: HopperBlockConfig, M: int, N: int, K: int, sms: int,
     N = 7168: twice the programs; measured 0.64-0.87x of _scaled_mm per tensor there against
     0.50-0.74x), else 128 (M = 256 with N = 7168, 112 tiles: 0.53x at 64 columns against
     0.74x)."""
-    if cfg.schedule == "auto":
-        cfg = dataclasses.replace(cfg, schedule="promote" if cfg.block_n in (64, 128)
-                                  else "rescale")
     if cfg.schedule == "rescale":
         if has_res or (not cfg.block_n and (
                 out_dtype != torch.bfloat16 or K > RESCALE_MAX_K
