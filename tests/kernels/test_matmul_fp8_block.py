@@ -3,6 +3,8 @@ float64 reference that applies the scales block by block, partial blocks along K
 operand layouts, the epilogue, the pointer and (on a GPU) TMA kernels, the mode detection next
 to the per-tensor and per-row/column modes, errors, registration."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -33,6 +35,17 @@ def _f32_floor(ref):
     is summed inside the fp8 MMA, which keeps about 14 bits of its running sum (docs/NOTES.md):
     errors up to 3.5e-4 of max|ref| measured on the H200, so 2**-10 of it there."""
     return (2.0 ** -10 if ON_GPU else 1e-5) * float(ref.abs().max())
+
+
+def _chain_floor(ref, K):
+    """The floor of a float32 output of the rescale schedule, whose running sum stays in the
+    fp8 MMA over all of K: each m64nNk32 step keeps about 13 bits of it (truncated), so up to
+    2**-13 of the sum a step, K / 32 steps (on the H200 the error at K = 1024 was half of
+    that: 2e-3 of max|ref|, the schedule's own numerics, not a bug:
+    test_gluon_rescale_numerics_are_an_fp8_mma_chain)."""
+    if not ON_GPU:
+        return _f32_floor(ref)
+    return max(_f32_floor(ref), 2.0 ** -13 * -(-K // 32) * float(ref.abs().max()))
 
 
 def _blockwise_ref(a, b, sa, sb):
@@ -260,8 +273,16 @@ def test_gluon_config_validation():
     FH = _gluon_or_skip()
     with pytest.raises(ValueError, match="stages"):
         FH.HopperBlockConfig(stages=1)
-    with pytest.raises(ValueError, match="block_n"):
-        FH.HopperBlockConfig(block_n=256)
+    with pytest.raises(ValueError, match="256 columns only with the rescale schedule"):
+        FH.HopperBlockConfig(block_n=256, schedule="promote")
+    with pytest.raises(ValueError, match=r"block_n must be one of \(0, 256\) with sche"):
+        FH.HopperBlockConfig(block_n=128, schedule="rescale")
+    with pytest.raises(ValueError, match="block_n must be one of"):
+        FH.HopperBlockConfig(block_n=192)
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        FH.HopperBlockConfig(schedule="fresh")
+    with pytest.raises(ValueError, match="group_m"):
+        FH.HopperBlockConfig(group_m=-1)
     with pytest.raises(TypeError, match="unknown HopperBlockConfig"):
         with FH.hopper_block_config(block_k=64):
             pass
@@ -271,12 +292,44 @@ def test_gluon_config_validation():
     full = FH.HopperBlockConfig(block_n=128, stages=0)
     assert FH.stages_for(full, 2) == 6 and FH.stages_for(full, 4) == 5
     assert FH.stages_for(FH.HopperBlockConfig(block_n=128), 2) == 5
-    # block_n 0: 64 where 128 x 128 tiles would number at most half the SMs
-    auto = FH.HopperBlockConfig()
-    assert FH.resolve(auto, 128, 4096, 132).block_n == 64  # 32 tiles
-    assert FH.resolve(auto, 256, 7168, 132).block_n == 128  # 112 tiles
-    assert FH.resolve(auto, 8192, 8192, 132).block_n == 128
-    assert FH.resolve(FH.HopperBlockConfig(block_n=128), 64, 256, 132).block_n == 128
+    # the promote schedule, block_n 0: 64 where 128 x 128 tiles would number at most half
+    # the SMs; group_m 0: 8
+    auto = FH.HopperBlockConfig(schedule="promote")
+    K = 7168
+    assert FH.resolve(auto, 128, 4096, K, 132).block_n == 64  # 32 tiles
+    assert FH.resolve(auto, 256, 7168, K, 132).block_n == 128  # 112 tiles
+    assert FH.resolve(auto, 8192, 8192, K, 132) == dataclasses.replace(auto, block_n=128,
+                                                                       group_m=8)
+    assert FH.resolve(FH.HopperBlockConfig(block_n=128), 64, 256, K, 132).block_n == 128
+    # the rescale schedule: 256 columns (group_m 16) where 128 x 256 tiles fill the SMs, the
+    # output is bf16 and K <= RESCALE_MAX_K; else the promote schedule's choice; a residual
+    # always takes the promote one
+    rs = FH.HopperBlockConfig(schedule="rescale")
+    for M, N in ((8192, 8192), (4096, 4096)):  # 256 / 512 tiles
+        assert FH.resolve(rs, M, N, K, 132) == dataclasses.replace(rs, block_n=256, group_m=16)
+    assert FH.resolve(rs, 4096, 4096, FH.RESCALE_MAX_K, 132).schedule == "rescale"
+    promote = dataclasses.replace(rs, schedule="promote", group_m=8)
+    bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+    for M, N, k, dt, res, bn in ((1024, 4096, K, bf, False, 128),  # 128 tiles: too few
+                                 (128, 4096, K, bf, False, 64),
+                                 (8192, 8192, FH.RESCALE_MAX_K + 128, bf, False, 128),
+                                 (8192, 8192, K, f16, False, 128),
+                                 (8192, 8192, K, f32, False, 128),
+                                 (8192, 8192, K, bf, True, 128)):
+        assert FH.resolve(rs, M, N, k, 132, dt, res) == dataclasses.replace(promote, block_n=bn)
+    r256 = FH.HopperBlockConfig(schedule="rescale", block_n=256, group_m=4, shared_out=False)
+    # asked for: even with few tiles, long K, other outputs; not with a residual
+    assert FH.resolve(r256, 64, 256, 16384, 132, f32) == r256
+    assert FH.resolve(r256, 64, 256, K, 132, bf, True).schedule == "promote"
+    # stages: lowered to what fits (48 KB a slot, 64 KB of bf16 output tiles: 3 slots)
+    assert FH.stages_for(r256, 2) == 3 and FH.stages_for(r256, 4) == 2
+    assert FH.stages_for(dataclasses.replace(r256, stages=2), 2) == 2
+    # one output staging tile for both consumers: 4 slots (float32 output: 3)
+    shared = dataclasses.replace(r256, shared_out=True)
+    assert FH.stages_for(shared, 2) == 4 and FH.stages_for(shared, 4) == 3
+    assert FH.stages_for(dataclasses.replace(shared, schedule="promote", block_n=128), 2) == 5
+    for cfg, es in ((r256, 2), (r256, 4), (full, 2), (full, 4), (shared, 2), (shared, 4)):
+        assert FH.smem_bytes(cfg, FH.stages_for(cfg, es), es) <= 232448
 
 
 def _sass_ops(sass: str) -> list[str]:
@@ -348,8 +401,135 @@ def test_gluon_compiled_schedule(gluon_compiled, block_n):
         ops = ops[j:]
 
 
+@pytest.mark.parametrize("pingpong,shared_out", [(True, False), (False, False), (True, True)],
+                         ids=["pingpong", "free", "pingpong-shared_out"])
+def test_gluon_compiled_rescale_schedule(gluon_compiled, pingpong, shared_out):
+    """The rescale schedule's sm_90a build: no local memory, shared memory within the
+    budget; each consumer issues a group's four m64 x N x 32 wgmmas and waits for them
+    (``wait_group 0``, nothing else in flight: a serialized build would wait after every
+    QGMMA); in the K loop the accumulator's rescale (one FMUL an element: N / 2 a thread,
+    the factor an outer product of a row and a column-block ratio, computed once) sits between
+    the previous group's wait and this group's wgmmas, the next scales' loads and ratios
+    under the MMAs; with pingpong each issue also waits for the other consumer's turn;
+    shared_out: 4 ring slots fit, each TMA store is waited for (its read) before the staging
+    tile is handed on."""
+    FH = _gluon_or_skip()
+    cfg = FH.HopperBlockConfig(schedule="rescale", block_n=256, pingpong=pingpong,
+                               shared_out=shared_out)
+    k, sass = gluon_compiled(cfg)
+    assert FH.stages_for(cfg, 2) == (4 if shared_out else 3)
+    assert k.metadata.shared <= FH.smem_bytes(cfg, FH.stages_for(cfg, 2), 2) <= 232448
+    ops = _sass_ops(sass)
+    assert "LDL" not in ops and "STL" not in ops
+    qgmma = [n for n, op in enumerate(ops) if op.startswith("QGMMA")]
+    waits = [n for n, op in enumerate(ops) if op == "DEPBAR0"]
+    import re
+
+    assert set(re.findall(r"QGMMA\.(\w+)", sass)) == {f"64x{cfg.block_n}x32"}
+    # per consumer: the tile's first group, then the loop's, four wgmmas before each wait
+    assert len(waits) == 4 and "DEPBAR1" not in ops
+    for lo, hi in zip([-1] + waits, waits):
+        assert sum(lo < q < hi for q in qgmma) == 4
+    assert len(qgmma) == 16
+    for first in (waits[0], waits[2]):  # a consumer's first group's wait, then its K loop
+        nxt = next(q for q in qgmma if q > first)
+        seg = ops[first:nxt]
+        assert cfg.block_n // 2 <= seg.count("FMUL") <= cfg.block_n // 2 + 32, seg.count("FMUL")
+        assert seg.count("SYNCS.PHASECHK.TRANS64.TRYWAIT") == (2 if cfg.pingpong else 1)
+        # the next group's scales are loaded and its ratios (reciprocals) computed while
+        # this group's wgmmas run
+        under = ops[nxt:waits[waits.index(first) + 1]]
+        assert "LDG" in " ".join(under) and "MUFU" in " ".join(under)
+    # each consumer's store: the TMA store, then (shared_out) its read waited for, the arrive
+    stores = [n for n, op in enumerate(ops) if op.startswith("UTMASTG")]
+    assert len(stores) == 2
+    for n in stores:
+        after = ops[n + 1:n + 8]
+        assert ("DEPBAR.LE" in after and "SYNCS.ARRIVE.TRANS64.A1T0" in after) == shared_out
+
+
+def _rescale_model(a, b, sa, sb):
+    """The rescale schedule's algebra in float32 (the kernel's: the accumulator in units of the
+    current group's scales, u_a a row times u_b a 128-column block of b; before group g it is
+    multiplied by u / s, or 1 where the new scale s is 0; after the last group by u), on
+    group sums computed in float64."""
+    M, K = a.shape
+    N = b.shape[1]
+    a, b = a.cpu().double(), b.cpu().double()
+    sa, sb = sa.cpu().float(), sb.cpu().float()
+    cols = torch.arange(N) // 128
+    groups = sa.shape[1]
+
+    def ratio(u, s):
+        return torch.where(s != 0, u / s, torch.ones_like(u)), torch.where(s != 0, s, u)
+
+    def part(g):
+        sl = slice(g * 128, min(K, (g + 1) * 128))
+        return (a[:, sl] @ b[sl]).float()
+
+    u_a = torch.where(sa[:, 0] != 0, sa[:, 0], torch.ones(M))
+    u_b = torch.where(sb[0] != 0, sb[0], torch.ones(sb.shape[1]))
+    acc = part(0)
+    for g in range(1, groups):
+        r_a, u_a = ratio(u_a, sa[:, g])
+        r_b, u_b = ratio(u_b, sb[g])
+        acc = acc * (r_a[:, None] * r_b[cols][None, :]) + part(g)
+    return acc * (u_a[:, None] * u_b[cols][None, :])
+
+
+def _zero_scale_operands(M, N, K, seed):
+    """Block-scaled operands whose scales span 2^-8..2^8 and are 0 in some groups (the
+    group's codes then 0 too, as a quantizer makes them): scattered 1x128 groups of a,
+    group 0 and the last group of some rows, one whole row, blocks of b in the first and last
+    group."""
+    a, b, sa, sb = _operands(M, N, K, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    sa = 2.0 ** (torch.rand(sa.shape, generator=g) * 16 - 8)
+    sb = 2.0 ** (torch.rand(sb.shape, generator=g) * 16 - 8) * K ** -0.5
+    za = torch.rand(sa.shape, generator=g) < 0.2
+    za[1, 0] = za[2, -1] = za[3, :2] = True
+    za[min(5, M - 1)] = True
+    zb = torch.zeros(sb.shape, dtype=torch.bool)
+    zb[0, 0] = zb[-1, -1] = True
+    if sb.shape[0] > 2:
+        zb[1:3, min(1, sb.shape[1] - 1)] = True
+    ks = torch.arange(K) // 128
+    cols = torch.arange(N) // 128
+    a = torch.where(za[:, ks], 0.0, a.cpu().float()).to(F8)
+    bt = b.cpu().float()
+    bt = torch.where(zb[ks][:, cols], 0.0, bt).to(F8)
+    b = bt.t().contiguous().t()  # K-major, as the kernel takes it
+    sa = torch.where(za, 0.0, sa)
+    sb = torch.where(zb, 0.0, sb)
+    return a.to(DEV), b.to(DEV), sa.float().to(DEV), sb.float().to(DEV)
+
+
+def test_rescale_model_matches_blockwise():
+    """The rescale algebra (``_rescale_model``) gives the block-scaled product within float32
+    rounding, with zero scales (and zero codes) in the first, last and middle groups, and
+    scales over 16 binades; a zero scale whose codes are not zero is what the schedule does
+    not support (the group is added in the previous group's units), and the model shows it."""
+    a, b, sa, sb = _zero_scale_operands(24, 384, 1280, seed=3)
+    a, b, sa, sb = a.cpu(), b.cpu(), sa.cpu(), sb.cpu()
+    ref = _blockwise_ref(a, b, sa, sb)
+    got = _rescale_model(a, b, sa, sb)
+    assert_close_to_reference(got, ref, floor=1e-5 * float(ref.abs().max()))
+    assert torch.equal(got[5], torch.zeros_like(got[5]))  # every scale of row 5 is 0
+    a2 = a.float()
+    a2[4, 128:256] = 1.0  # codes under a zero scale: the model is then wrong
+    sa2 = sa.clone()
+    sa2[4, 1] = 0.0
+    ref2 = _blockwise_ref(a2.to(F8), b, sa2, sb)
+    got2 = _rescale_model(a2.to(F8), b, sa2, sb)
+    assert not torch.allclose(got2[4], ref2[4].float(), rtol=1e-3)
+
+
 _GLUON_VARIANTS = [{}, dict(block_n=128), dict(block_n=64), dict(stages=2), dict(stages=3),
-                   dict(group_m=1)]
+                   dict(group_m=1), dict(schedule="rescale", block_n=256, pingpong=False),
+                   dict(schedule="rescale", block_n=256),
+                   dict(schedule="rescale", block_n=256, stages=2, group_m=1),
+                   dict(schedule="rescale", block_n=256, shared_out=True)]
+_RESCALE_VARIANTS = [v for v in _GLUON_VARIANTS if v.get("schedule") == "rescale"]
 
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
@@ -368,10 +548,152 @@ def test_gluon_against_float64(variant, M, N, K):
 
     a, b, sa, sb = _operands(M, N, K, True, seed=M + N + K)
     ref = _blockwise_ref(a, b, sa, sb)
+    cfg = FH.HopperBlockConfig(**variant)
+    with _common.poisoned_outputs():
+        out = FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.float32, path="gluon",
+                                 config=cfg)
+    floor = _chain_floor(ref, K) if cfg.schedule == "rescale" else _f32_floor(ref)
+    assert_close_to_reference(out, ref, floor=floor)
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", _RESCALE_VARIANTS, ids=lambda v: "-".join(
+    f"{k}{v[k]}" for k in v if k != "schedule"))
+@pytest.mark.parametrize("M,N,K", [(200, 384, 1280), (70, 528, 384)])
+def test_gluon_rescale_zero_scales(variant, M, N, K):
+    """The rescale schedule with zero scales (and zero codes under them) in the first, last
+    and middle groups of rows and of b's blocks, a row whose scales are all 0, scales over 16
+    binades (ratios up to 2^16 between groups): float32 output against the float64
+    reference; the all-zero row is exactly 0."""
+    from tkit.kernels import _common
+    FH = _gluon_or_skip()
+
+    a, b, sa, sb = _zero_scale_operands(M, N, K, seed=M + K)
+    ref = _blockwise_ref(a, b, sa, sb)
     with _common.poisoned_outputs():
         out = FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.float32, path="gluon",
                                  config=FH.HopperBlockConfig(**variant))
-    assert_close_to_reference(out, ref, floor=_f32_floor(ref))
+    assert_close_to_reference(out, ref, floor=_chain_floor(ref, K))
+    assert torch.equal(out[5].cpu(), torch.zeros(N))
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+def test_gluon_rescale_numerics_are_an_fp8_mma_chain():
+    """With unit scales the rescale schedule is one fp8 MMA chain over K, which is what
+    torch._scaled_mm computes with use_fast_accum=True (4096^2 outputs: 512 tiles, no
+    split-K), while the promote schedule restarts the chain every 128: float32 outputs at
+    K = 2048, the rescale's error against float64 within 2x of cuBLAS's fast accumulation's
+    and more than twice the promote's (the MMA keeps about 13 bits of a running sum)."""
+    FH = _gluon_or_skip()
+    M, N, K = 4096, 4096, 2048
+    g = torch.Generator(device=DEV).manual_seed(9)
+    a = torch.randn(M, K, device=DEV, generator=g).to(F8)
+    b = torch.randn(N, K, device=DEV, generator=g).to(F8).t()
+    sa = torch.ones(M, K // 128, device=DEV)
+    sb = torch.ones(K // 128, N // 128, device=DEV)
+    one = torch.ones((), device=DEV)
+    ref = a.double() @ b.double()
+
+    def err(x):
+        return float((x.double() - ref).abs().max())
+    fast = err(torch._scaled_mm(a, b, one, one, out_dtype=torch.float32, use_fast_accum=True))
+    slow = err(torch._scaled_mm(a, b, one, one, out_dtype=torch.float32, use_fast_accum=False))
+    res = err(FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.float32, path="gluon",
+                                 config=FH.HopperBlockConfig(schedule="rescale", block_n=256)))
+    pro = err(FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.float32, path="gluon",
+                                 config=FH.HopperBlockConfig(block_n=128)))
+    what = (f"max errors (max |ref| {float(ref.abs().max()):.4g}): rescale {res:.4g}, "
+            f"fast accum {fast:.4g}, promote {pro:.4g}, cuBLAS {slow:.4g}")
+    assert 0.5 * fast <= res <= 2 * fast, what
+    assert res > 2 * pro, what
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("variant", [dict(schedule="rescale", block_n=256),
+                                     dict(block_n=128)],
+                         ids=["256-pingpong", "promote-rescale-control"])
+@pytest.mark.parametrize("K", [7168, 8192, 16384])
+def test_gluon_rescale_long_k(variant, K):
+    """The rescale schedule keeps one running sum inside the fp8 MMA over all of K (the
+    promote schedule restarts it every 128, the control): bf16 output at DeepSeek-V3's
+    K = 7168 and 16384 and at 8192 (where a running fp8 MMA sum broke the rule for the
+    per-tensor kernel) against the float64 reference, the rule's peer PyTorch's float32
+    product rounded to bf16."""
+    FH = _gluon_or_skip()
+    a, b, sa, sb = _operands(256, 512, K, seed=K)
+    out = FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.bfloat16, path="gluon",
+                             config=FH.HopperBlockConfig(**variant))
+    ref = _blockwise_ref(a, b, sa, sb)
+    assert_close_to_reference(out, ref, _bf16_peer(a, b, sa, sb), name=f"rescale K={K}")
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("M,N,K,shared_out", [(2048, 4096, 7168, False),
+                                              (1024, 7168, 8192, False),
+                                              (2048, 4096, 7168, True)],
+                         ids=["2048x4096x7168", "1024x7168x8192", "2048x4096x7168-shared_out"])
+def test_gluon_rescale_chosen_by_resolve(M, N, K, shared_out):
+    """What ``schedule="rescale"`` launches by itself at DeepSeek-V3-like shapes (128 x 256
+    tiles filling the SMs, bf16 output, K up to RESCALE_MAX_K): the rescale schedule, within
+    the reference rule on 256 rows against float64 on the dequantized operands (the peer:
+    the same rows in float32, rounded to bf16); several tiles a CTA (shared_out: the
+    consumers take the one staging tile in turn)."""
+    from tkit.kernels import _common
+    FH = _gluon_or_skip()
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert FH.resolve(FH.HopperBlockConfig(schedule="rescale"), M, N, K, sms).block_n == 256
+    g = torch.Generator(device=DEV).manual_seed(M + K)
+    a = torch.randn(M, K, device=DEV, generator=g).to(F8)
+    b = torch.randn(N, K, device=DEV, generator=g).to(F8).t()
+    sa = torch.rand(M, K // 128, device=DEV, generator=g) + 0.5
+    sb = (torch.rand(K // 128, -(-N // 128), device=DEV, generator=g) + 0.5) * K ** -0.5
+    with _common.poisoned_outputs(), FH.hopper_block_config(schedule="rescale",
+                                                            shared_out=shared_out):
+        out = tkit.matmul_fp8(a, b, sa, sb, out_dtype=torch.bfloat16)
+    rows = torch.arange(0, M, M // 256, device=DEV)
+    ks = torch.arange(K, device=DEV) // 128
+    cols = torch.arange(N, device=DEV) // 128
+    a_dq = a[rows].double() * sa[rows][:, ks].double()
+    b_dq = b.double() * sb.double()[ks][:, cols]
+    ref = a_dq @ b_dq
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        peer = (a_dq.float() @ b_dq.float()).to(torch.bfloat16)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert not torch.isnan(out.float()).any()
+    assert_close_to_reference(out[rows], ref, peer, name=f"rescale {M}x{N}x{K}")
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("res", [False, True])
+def test_gluon_rescale_epilogue_256(res):
+    """The rescale schedule at 256 columns with bias and activation (a residual takes the
+    promote schedule: resolve), bf16 output: the reference rule."""
+    from tkit.kernels import _common
+    from tkit.kernels.elementwise.ops import _torch_activation
+    FH = _gluon_or_skip()
+
+    a, b, sa, sb = _operands(200, 400, 640, seed=23)
+    g = torch.Generator().manual_seed(6)
+    bias = torch.randn(400, generator=g).to(torch.bfloat16).to(DEV)
+    resid = torch.randn(200, 400, generator=g).to(torch.bfloat16).to(DEV) if res else None
+    cfg = FH.HopperBlockConfig(schedule="rescale", block_n=256)
+    with _common.poisoned_outputs(), FH.hopper_block_config(**dataclasses.asdict(cfg)):
+        out = tkit.matmul_fp8(a, b, sa, sb, out_dtype=torch.bfloat16, bias=bias,
+                              activation="gelu_tanh", residual=resid)
+    ks = torch.arange(a.shape[1]) // 128
+    cols = torch.arange(b.shape[1]) // 128
+    a_dq = a.cpu().float() * sa.cpu()[:, ks]
+    b_dq = b.cpu().float() * sb.cpu()[ks][:, cols]
+    ref = _torch_activation(_blockwise_ref(a, b, sa, sb) + bias.cpu().double(), "gelu_tanh")
+    peer = _torch_activation(a_dq @ b_dq + bias.cpu().float(), "gelu_tanh")
+    if res:
+        ref = ref + resid.cpu().double()
+        peer = peer + resid.cpu().float()
+    assert_close_to_reference(out, ref, peer.to(torch.bfloat16), name="rescale epilogue")
 
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")

@@ -320,7 +320,10 @@ def matmul_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
         shape (M,) or (M, 1)) / N (per-column of b, shape (N,) or (1, N)); or block scales
         (DeepSeek-V3): scale_a (M, ceil(K / 128)) per 1x128 group of a row of a and scale_b
         (ceil(K / 128), ceil(N / 128)) per 128x128 block of b, applied to each 128-deep K
-        step's MMA sum inside the K loop (tkit/kernels/matmul/fp8_block.py).
+        step's MMA sum inside the K loop (tkit/kernels/matmul/fp8_block.py). On sm_90 an
+        opt-in faster schedule, ``fp8_block_hopper.hopper_block_config(schedule="rescale")``,
+        keeps one accumulator in the fp8 MMA over all of K instead: the numerics of
+        ``torch._scaled_mm(..., use_fast_accum=True)``, several times the default's error.
     out_dtype : torch.dtype
         bfloat16 (default), float16 or float32.
     bias, activation, residual

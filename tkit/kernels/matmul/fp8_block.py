@@ -24,10 +24,13 @@ dot whose result the loop reads), the bubble that keeps it under the per-tensor 
 
 Kernels: on sm_90 the Gluon kernel of ``fp8_block_hopper.py`` (warp-specialized: a TMA
 producer warp, two consumer warpgroups that issue each group's wgmma asynchronously and promote
-the previous group's sum while it runs) serves every call whose operands it takes (a
-row-major, b K-major, TMA-aligned rows, see its ``supported``; :func:`backend` says which kernel
-a call gets and why); the rest, forced paths (``path="tma"`` / ``"ptr"``), Triton configs and
-``matmul_config`` overrides take the Triton kernels:
+the previous group's sum while it runs; opt-in, ``HopperBlockConfig(schedule="rescale")``: 128 x
+256 tiles with one accumulator rescaled between groups, whose running sum stays in the fp8 MMA
+over all of K, the fast-accumulation numerics the promotion avoids) serves every call whose
+operands it takes (a row-major, b K-major, TMA-aligned rows, see its ``supported``;
+:func:`backend` says which kernel a call gets and why); the rest, forced paths
+(``path="tma"`` / ``"ptr"``), Triton configs and ``matmul_config`` overrides take the Triton
+kernels:
 ``_fp8_block_tma_kernel`` (Hopper: persistent, TMA descriptors, the tile order and
 configs of matmul's TMA kernel) and ``_fp8_block_kernel`` (pointer-based, any strides, sm_80+
 and the interpreter); :func:`tkit.kernels.matmul.plan` picks between them as for matmul
@@ -299,8 +302,15 @@ def backend(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, bias=None, residua
     "triton <path> (reason the Gluon kernel does not serve)"."""
     fh, reason = _gluon_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, None, None)
     if fh is not None:
-        return ("gluon (sm_90: warp-specialized TMA producer, two consumer warpgroups, each "
-                "pair of 128-deep groups' second wgmma running under the first's promotion)")
+        (M, K), N = a.shape, b.shape[1]
+        cfg = fh.resolve(fh.current_config(), M, N, K, D.sm_count(a.device), out_dtype,
+                         residual is not None)
+        how = ("one accumulator rescaled between 128-deep groups (a running fp8 MMA sum "
+               "over K)" if cfg.schedule == "rescale" else
+               "each pair of 128-deep groups' second wgmma running under the first's "
+               "promotion")
+        return (f"gluon (sm_90: warp-specialized TMA producer, two consumer warpgroups, "
+                f"128 x {cfg.block_n} tiles, {cfg.schedule} schedule: {how})")
     return f"triton {MC.plan(a, b, out_dtype).path} ({reason})"
 
 

@@ -31,30 +31,60 @@ CONSUMER_REGS = 240
 PRODUCER_REGS = 24
 MAXNREG = 168
 MAX_STAGES = 8
+SCHEDULES = ("promote", "rescale")
+#: the longest K the rescale schedule takes by itself (resolve)
+RESCALE_MAX_K = 8192
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @dataclasses.dataclass(frozen=True)
 class HopperBlockConfig:
     """The Gluon kernel's launch config: the tile is 128 x ``block_n`` (two consumer
-    warpgroups of 64 rows; 0: :func:`resolve` picks 64 where 128-column tiles would number at
-    most half the SMs, else 128); ``stages`` ring slots of one 128-deep group (0: as many as
-    shared memory holds, at most 8; 5 measured ahead of 6 and 4 at 8192^3); ``group_m`` the
-    tile order's section height. One persistent CTA an SM (two never fit: 384 threads at 168
-    registers each)."""
+    warpgroups of 64 rows; 0: :func:`resolve` picks it from the shape); ``stages`` ring slots
+    of one 128-deep group (0: as many as shared memory holds, at most 8; a count that does
+    not fit is lowered to what does; 5 measured ahead of 6 and 4 at 8192^3 for 128 columns);
+    ``group_m`` the tile order's section height (0: 16 for the rescale schedule's 256-column
+    tiles, 8 else). One persistent CTA an SM (two never fit: 384 threads at 168 registers
+    each).
+
+    ``schedule``: how the 128-deep groups' scales are applied (``_fp8_block_hopper_kernels``).
+    "promote" (the default): each group's MMA sum is fresh and added to a float32 accumulator
+    times its scales, DeepSeek-V3's promotion (a sum beside the accumulator: 128 columns at
+    most). "rescale" (opt-in, **fast-accumulation numerics**): one accumulator the MMAs add
+    into across all of K, kept in units of the current group's scales and multiplied by the
+    ratio of consecutive scales between groups, 256 columns (at 128 it measured behind the
+    promote schedule); the running sum stays inside the fp8 MMA over all of K, which keeps
+    about 13 bits of it at each k32 step: the numerics of torch._scaled_mm's
+    use_fast_accum=True, several times the promote schedule's error (2e-3 of max |ref| at
+    K = 1024, 5e-3 at 8192 on the H200), what the promotion exists to avoid; ~15% faster at
+    8192^3. Where it does not apply (:func:`resolve`) the promote schedule runs.
+    ``pingpong`` (the rescale schedule's; the promote schedule ignores it): the two consumer
+    warpgroups issue their groups' MMAs in turn, so each one's rescale runs under the
+    other's MMAs. ``shared_out`` (the rescale schedule's): one output staging tile that the
+    consumers take in turn, each waiting for its TMA store to have read it, so that 4 ring
+    slots fit at 256 columns."""
 
     block_n: int = 0
     stages: int = 5
-    group_m: int = 8
+    group_m: int = 0
+    schedule: str = "promote"
+    pingpong: bool = True
+    shared_out: bool = False
 
     def __post_init__(self):
-        if self.block_n not in (0, 64, 128):
-            raise ValueError(f"block_n must be 0 (auto), 64 or 128 (inside one 128-column "
-                             f"scale block of b), got {self.block_n}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        allowed = {"promote": (0, 64, 128), "rescale": (0, 256)}[self.schedule]
+        if self.block_n not in allowed:
+            raise ValueError(f"block_n must be one of {allowed} with schedule="
+                             f"{self.schedule!r} (256 columns only with the rescale schedule: "
+                             f"the promote schedule's sum beside the accumulator would take "
+                             f"256 registers a thread; 64 and 128 only with the promote one), "
+                             f"got {self.block_n}")
         if not 0 <= self.stages <= MAX_STAGES or self.stages == 1:
             raise ValueError(f"stages must be 0 (auto) or 2..{MAX_STAGES}, got {self.stages}")
-        if self.group_m < 1:
-            raise ValueError(f"group_m must be >= 1, got {self.group_m}")
+        if self.group_m < 0:
+            raise ValueError(f"group_m must be 0 (auto) or >= 1, got {self.group_m}")
 
     consumers = 2  # consumer warpgroups (not a field: one alone spilled at 255 registers)
 
@@ -76,31 +106,60 @@ def current_config(cfg: HopperBlockConfig | None = None) -> HopperBlockConfig:
     return _OVERRIDES.apply(cfg if cfg is not None else HopperBlockConfig())
 
 
-def resolve(cfg: HopperBlockConfig, M: int, N: int, sms: int) -> HopperBlockConfig:
-    """``cfg`` with a concrete block_n: the given one, or (0) 64 where 128 x 128 tiles would
-    number at most half the SMs (DeepSeek-V3's M <= 256 rows with N = 4096 or 2112, M = 128
-    with N = 7168: twice the programs; measured 0.64-0.87x of _scaled_mm per tensor there
-    against 0.50-0.74x), else 128 (M = 256 with N = 7168, 112 tiles: 0.53x at 64 columns
-    against 0.74x)."""
+def resolve(cfg: HopperBlockConfig, M: int, N: int, K: int, sms: int,
+            out_dtype: torch.dtype = torch.bfloat16, has_res: bool = False) -> HopperBlockConfig:
+    """``cfg`` with a concrete schedule, block_n and group_m.
+
+    The rescale schedule: 256 columns; with block_n 0 only for bfloat16 outputs with K up to
+    :data:`RESCALE_MAX_K` (its running fp8 MMA sum over K: measured at 0.67 of the reference
+    rule's bound at 8192^3 in bfloat16; float16 and float32 outputs promise more) where
+    128 x 256 tiles fill every SM, else the promote schedule's choice; a residual always
+    takes the promote schedule (its pointer tensors spill at 256 columns).
+    The promote schedule: the given block_n, or (0) 64 where 128 x 128 tiles would number at
+    most half the SMs (DeepSeek-V3's M <= 256 rows with N = 4096 or 2112, M = 128 with
+    N = 7168: twice the programs; measured 0.64-0.87x of _scaled_mm per tensor there against
+    0.50-0.74x), else 128 (M = 256 with N = 7168, 112 tiles: 0.53x at 64 columns against
+    0.74x)."""
+    if cfg.schedule == "rescale":
+        if has_res or (not cfg.block_n and (
+                out_dtype != torch.bfloat16 or K > RESCALE_MAX_K
+                or C.cdiv(M, 2 * WG_M) * C.cdiv(N, 256) < sms)):
+            cfg = dataclasses.replace(cfg, schedule="promote", block_n=0)
+        else:
+            # group_m 16: at 8192^3 a wave of 132 tiles then reads 33 MB of operands, 42 MB
+            # at 8 (1345 against 1281 TFLOP/s)
+            return dataclasses.replace(cfg, block_n=256, group_m=cfg.group_m or 16)
+    if not cfg.group_m:
+        cfg = dataclasses.replace(cfg, group_m=8)
     if cfg.block_n:
         return cfg
     few = C.cdiv(M, 2 * WG_M) * C.cdiv(N, 128) <= sms // 2
     return dataclasses.replace(cfg, block_n=64 if few else 128)
 
 
+def _pingpong(cfg: HopperBlockConfig) -> bool:
+    return cfg.pingpong and cfg.schedule == "rescale"
+
+
+def _shared_out(cfg: HopperBlockConfig) -> bool:
+    return cfg.shared_out and cfg.schedule == "rescale"
+
+
 def smem_bytes(cfg: HopperBlockConfig, stages: int, out_itemsize: int) -> int:
     """Shared memory of one CTA: the ring (a and b tiles of one group a slot), one output
     tile a consumer, two mbarriers a slot, and the values the warp-specialized region hands to
-    its partitions (up to 256 bytes with alignment, as in the attention forward)."""
+    its partitions (up to 256 bytes with alignment, as in the attention forward), the two
+    turn mbarriers of ``pingpong``."""
     ring = stages * (cfg.block_m + cfg.block_n) * GROUP_K
-    return ring + cfg.consumers * WG_M * cfg.block_n * out_itemsize + 16 * stages + 64 + 256
+    outs = 1 if _shared_out(cfg) else cfg.consumers
+    return (ring + outs * WG_M * cfg.block_n * out_itemsize + 16 * stages + 64 + 256
+            + 16 * _pingpong(cfg) + 16 * _shared_out(cfg))
 
 
 def stages_for(cfg: HopperBlockConfig, out_itemsize: int) -> int:
-    """``cfg.stages``, or (0) the most slots that fit the sm_90 shared memory."""
-    if cfg.stages:
-        return cfg.stages
-    s = MAX_STAGES
+    """``cfg.stages`` (0: :data:`MAX_STAGES`), lowered to the most slots that fit the sm_90
+    shared memory (the default 5 is for 128-column tiles; 256 columns hold 3)."""
+    s = cfg.stages or MAX_STAGES
     while s > 2 and smem_bytes(cfg, s, out_itemsize) > D.SM90_SMEM_LIMIT:
         s -= 1
     return s
@@ -176,7 +235,7 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
     M, K = a.shape
     N = b.shape[1]
     sms = D.sm_count(a.device)
-    cfg = resolve(current_config(config), M, N, sms)
+    cfg = resolve(current_config(config), M, N, K, sms, out.dtype, residual is not None)
     stages = stages_for(cfg, out.element_size())
     bt = b.t()  # (N, K), unit K stride
     a_desc = _descriptor(a, (M, K), (MC._lead_stride(a, False), 1), (cfg.block_m, GROUP_K))
@@ -186,9 +245,10 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
     progs = max(1, min(sms, tiles))
     C.launch(_fp8_block_ws_kernel, (progs,), a_desc=a_desc, b_desc=b_desc, c_desc=c_desc,
              **epilogue_args(scale_a, scale_b, bias, residual, activation), M=M, N=N, K=K,
-             STAGES=stages, GROUP_M=cfg.group_m,
-             CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
-             maxnreg=MAXNREG)
+             STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
+             PINGPONG=_pingpong(cfg), SHARED_OUT=_shared_out(cfg),
+             CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
+             num_warps=4, maxnreg=MAXNREG)
     return out
 
 
@@ -202,9 +262,8 @@ def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat
     from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90
     from tkit.kernels.matmul._fp8_block_hopper_kernels import _fp8_block_ws_kernel
 
-    cfg = current_config(config)
-    if not cfg.block_n:
-        cfg = dataclasses.replace(cfg, block_n=128)
+    # what launches for a large output (resolve)
+    cfg = resolve(current_config(config), 1 << 16, 1 << 16, 4096, 1, out_dtype, has_res)
     out_es = torch.empty((), dtype=out_dtype).element_size()
     stages = stages_for(cfg, out_es)
     tname = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[out_dtype]
@@ -221,11 +280,12 @@ def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat
         stride_sam="i32", stride_sak="i32", stride_sbk="i32", stride_sbn="i32",
         stride_rm="i32", stride_rn="i32", stride_bias="i32",
         HAS_BIAS="constexpr", ACT="constexpr", HAS_RES="constexpr", STAGES="constexpr",
-        GROUP_M="constexpr",
+        GROUP_M="constexpr", RESCALE="constexpr", PINGPONG="constexpr", SHARED_OUT="constexpr",
         CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
     )
     values = dict(HAS_BIAS=bool(has_bias), ACT=activation or "", HAS_RES=bool(has_res),
-                  STAGES=stages, GROUP_M=cfg.group_m,
+                  STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
+                  PINGPONG=_pingpong(cfg), SHARED_OUT=_shared_out(cfg),
                   CONSUMER_REGS=CONSUMER_REGS,
                   PRODUCER_REGS=PRODUCER_REGS)
     return gluon_compile_sm90(_fp8_block_ws_kernel, signature, values, num_warps=4,
