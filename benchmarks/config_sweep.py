@@ -1,6 +1,6 @@
 """Sweep the typed launch configs of an op family at its headline bench cases, on the GPU.
 
-    python benchmarks/config_sweep.py [quant append decode_bar rope sample matmul_fp8 ...]
+    python benchmarks/config_sweep.py [quant append decode_bar decode_fp8 rope sample ...]
 
 Each family's config is overridden through its scoped context (``quant_config``,
 ``rope_config``, ``sample_config``, ``append_config``, ``decode_config``; for the fp8 GEMM a
@@ -964,8 +964,111 @@ DECODE_FP8_VARIANTS: list = [
 ]
 
 
+
+def _decode_inputs(bench_cases, layout):
+    """(args, kwargs) of a decode_fp8 run: "bf16" is case 2 (bf16 page 64), the others case 6
+    (fp8 page 64, per-token scales) with its scales in another layout: "token" (as given:
+    (blocks, page, heads) contiguous, a head's scales 32 bytes apart), "head" (the same values
+    stored (blocks, heads, page) and passed as a permuted view: a head's 64 scales of a page
+    contiguous), "tensor" (one scale per cache: no per-key scale read), "token_flat" (per
+    token, every scale that one value: the per-tensor run's reference). "l2" / "bf16_l2":
+    every sequence's table points into the same 128 pages (16 MB of fp8 K and V, 32 MB bf16)
+    so that the call reads the L2, not HBM: the same grid and work, the time without the
+    HBM stream (what the kernel's instructions and latencies take)."""
+    args, kwargs = bench_cases[2 if layout.startswith("bf16") else 6].make("cuda")
+    kw = dict(kwargs)
+    if layout.endswith("l2"):
+        kw["block_table"] = kw["block_table"] % 128
+    if layout == "head":
+        for n in ("k_scale", "v_scale"):
+            kw[n] = kw[n].permute(0, 2, 1).contiguous().permute(0, 2, 1)
+    elif layout in ("tensor", "token_flat"):
+        for n in ("k_scale", "v_scale"):
+            c = kw[n].mean()
+            kw[n] = c if layout == "tensor" else torch.full_like(kw[n], float(c))
+    return args, kw
+
+
+#: the inputs whose default output a run on the given inputs is checked against
+_DECODE_FP8_REF = {"token": "token", "head": "token", "tensor": "token_flat", "l2": "l2"}
+
+
+def sweep_decode_fp8(rows):
+    """decode_attention over the fp8 page-64 cache with per-token scales (case 6) against
+    issue #15's bar (<= 0.55x the bf16 page-64 default's time, case 2), whole calls (graph
+    replays, L2 read-flushed, interleaved rounds): the bf16 default, the fp8 default, and
+    :data:`DECODE_FP8_RUNS` ((inputs, config overrides) pairs, inputs as
+    :func:`_decode_inputs`). Each fp8 output is checked against the fp8 default's on the
+    same values (:data:`_DECODE_FP8_REF`); times are over the bf16 default's."""
+    from tkit.kernels import decode as DA
+
+    spec = registry.get("decode_attention")
+    cases = list(spec.bench_cases())
+    runs = [("bf16", {}), ("token", {})] + DECODE_FP8_RUNS
+    inputs = {lay: _decode_inputs(cases, lay) for lay in {lay for lay, _ in runs}}
+    want = {}
+    for lay in {_DECODE_FP8_REF.get(lay) for lay, _ in runs} - {None}:
+        args, kw = inputs.get(lay) or _decode_inputs(cases, lay)
+        want[lay] = spec.fn(*args, **kw)
+    nbytes = _bytes(spec, *inputs["token"])
+    try:  # compile the builds in parallel child processes first
+        warm(DA.decode_config, [("decode_attention", 6, v) for _, v in runs if v])
+    except Exception as e:
+        print(f"decode_fp8 warm-up: {type(e).__name__}: {str(e)[:200]}")
+    times, notes = {}, {}
+    for r in range(ROUNDS):
+        for layout, v in runs:
+            key = f"{layout:7s} {json.dumps(v)}"
+            if times.get(key, 0) is None:
+                continue
+            args, kw = inputs[layout]
+            try:
+                with DA.decode_config(**v):
+                    got = spec.fn(*args, **kw)
+                    ref = _DECODE_FP8_REF.get(layout)
+                    if r == 0 and ref and not _close(got, want[ref]):
+                        times[key], notes[key] = None, "DIFFERENT OUTPUT"
+                        continue
+                    t = time_fn(lambda a=args, k=kw: spec.fn(*a, **k), rep_ms=60,
+                                replay=True).median_ms
+            except Exception as e:  # one build's failure must not lose the others' rows
+                times[key], notes[key] = None, f"FAILED {type(e).__name__}: {str(e)[:120]}"
+                continue
+            times.setdefault(key, []).append(t)
+    bf16 = min(times.get(f"{'bf16':7s} {{}}") or [float("nan")])
+    for key, ts in times.items():
+        if ts is None:
+            print(f"decode_fp8 {key:72s} {notes[key]}")
+            continue
+        t = min(ts)
+        layout, cfg = key.split(" ", 1)
+        print(f"decode_fp8 {key:72s} {t * 1e3:7.1f} us {nbytes / t / 1e9:5.2f} TB/s(fp8 bytes)"
+              f" {t / bf16:5.3f} of bf16 page 64 (bar <= 0.55)")
+        rows.append(dict(family="decode_fp8", op="decode_attention",
+                         case=cases[2 if layout.startswith("bf16") else 6].label,
+                         inputs=layout, config=json.loads(cfg), median_ms=t,
+                         vs_bf16_page64_default=t / bf16))
+    try:
+        _split_kernel_occupancy()
+    except Exception as e:  # a probe: its failure must not lose the rows
+        print(f"decode occupancy probe: {type(e).__name__}: {str(e)[:200]}")
+
+
+#: (inputs, DecodeConfig overrides) runs of :func:`sweep_decode_fp8` beside the bf16 and
+#: fp8 defaults (inputs: :func:`_decode_inputs`). "head": a head's 64 scales of a page in 256
+#: contiguous bytes instead of 64 sectors that the other 7 heads' programs read too;
+#: "tensor": no per-key scale read; "l2" / "bf16_l2": the same calls on L2-resident pages.
+DECODE_FP8_RUNS: list = [
+    ("token", dict(num_splits=2)),  # the default's own build again: the run's noise
+    ("head", {}),
+    ("tensor", {}),
+    ("l2", {}),
+    ("bf16_l2", {}),
+]
+
 SWEEPS = {"decode_splits": sweep_decode_splits,
-          "decode_bar": sweep_decode_bar, "int4": sweep_int4, "int4_prefill": sweep_int4_prefill,
+          "decode_bar": sweep_decode_bar, "decode_fp8": sweep_decode_fp8,
+          "int4": sweep_int4, "int4_prefill": sweep_int4_prefill,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,
