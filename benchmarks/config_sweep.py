@@ -871,6 +871,9 @@ DECODE_FP8_RUNS: list = [
     ("tensor", {}),
     ("l2", {}),
     ("bf16_l2", {}),
+    # two kv heads a program: a scale sector read once for both heads
+    ("token", dict(kv_heads=2, block_n=32)),  # 251 registers, 43 KB: 4 an SM, 4 splits
+    ("token", dict(kv_heads=2, num_splits=2)),  # 64-key tiles: 255 registers, 78 KB: 2 an SM
 ]
 
 SWEEPS = {"decode_splits": sweep_decode_splits,

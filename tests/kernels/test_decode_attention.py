@@ -312,6 +312,54 @@ def test_fp8_words_in_the_pipeline(mode, page):
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
 
 
+@pytest.mark.parametrize("mode, page", [("token", 4), ("tensor", None)])
+def test_fp8_words_two_kv_heads(mode, page):
+    """Programs of two kv heads (DecodeConfig.kv_heads=2; on the word pipeline): 4 kv heads
+    (two programs along the head axis, GQA 2), a window, softcap, two splits and two queries,
+    lengths of 0 and 1: against the reference and against one head a program."""
+    b, d = 3, 64
+    q, k, v, table = _paged(b, 2, 8, 4, d, page or 32, 32 // (page or 32), torch.float16,
+                            seed=93)
+    kw = dict(window_size=(20, -1), softcap=20.0, return_lse=True, num_splits=2)
+    if page is None:
+        k, v = k.reshape(b, 32, 4, d), v.reshape(b, 32, 4, d)
+    else:
+        kw["block_table"] = table
+    gen = torch.Generator().manual_seed(10)
+    if mode == "tensor":
+        ks, vs = (torch.tensor(x, device=k.device) for x in (0.7, 1.3))
+    else:
+        ks = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+        vs = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+    k, v = k.to(FP8), v.to(FP8)
+    kw.update(k_scale=ks, v_scale=vs)
+    lens = _lens(32, 0, 1) if page is None else _lens(29, 0, 1)
+    with DA.decode_config(block_n=16, kv_heads=2), poisoned_outputs():
+        got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                               [q, k, v, lens], kw)
+    with DA.decode_config(block_n=16):
+        want, want_lse = tkit.decode_attention(q, k, v, lens, **kw)
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
+    torch.testing.assert_close(got_lse, want_lse, atol=1e-4, rtol=0)
+
+
+def test_kv_heads_checked():
+    """kv_heads other than 1 or 2, or 2 with the merge in the split kernel: a ValueError
+    naming the field before any launch; an odd number of kv heads runs one a program."""
+    q, k, v, table = _paged(1, 1, 3, 3, 64, 16, 1, torch.float16, seed=95)
+    k8, v8 = k.to(FP8), v.to(FP8)
+    lens = _lens(16)
+    for bad, what in ((dict(kv_heads=3), "kv_heads = 3"),
+                      (dict(kv_heads=2, combine="fused"), "combine='launch'")):
+        with DA.decode_config(**bad), pytest.raises(ValueError, match=what):
+            tkit.decode_attention(q, k8, v8, lens, block_table=table, num_splits=2)
+    with DA.decode_config(block_n=16, kv_heads=2):
+        got = tkit.decode_attention(q, k8, v8, lens, block_table=table)
+    with DA.decode_config(block_n=16):
+        want = tkit.decode_attention(q, k8, v8, lens, block_table=table)
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("paged", [False, True])
 def test_fp8_head_dim_128_default(paged):
     """fp8 caches at head dim 128 under the default config (on a GPU the word pipeline at 2

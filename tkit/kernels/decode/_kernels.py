@@ -282,6 +282,115 @@ def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, 
 
 
 @triton.jit
+def _words_head(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, k_ptrs, v_ptrs, ks, vs,
+                wmask, cols, L, qpos, shift, wl, wr, qk_scale, cap_scale,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
+                MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+                SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr):
+    """One kv head's update in :func:`_decode_tile_words2`: as :func:`_decode_tile_words`
+    with the K/V word pointers and the per-key scales ``ks`` / ``vs`` given."""
+    kw = _masked_load(k_ptrs, wmask, HEAD_DIM != BLOCK_D)
+    k0, k1, k2, k3 = _fp8_words_to_f16(kw)
+    qk = _dot(q0, tl.trans(k0.to(q0.dtype)), input_precision=PREC)
+    qk = _dot(q1, tl.trans(k1.to(q0.dtype)), qk, input_precision=PREC)
+    qk = _dot(q2, tl.trans(k2.to(q0.dtype)), qk, input_precision=PREC)
+    qk = _dot(q3, tl.trans(k3.to(q0.dtype)), qk, input_precision=PREC)
+    if SCALE_K == 2 and not SOFTCAP:
+        p, alpha, l_i, m_new = _online_softmax(qk, l_i, m_i, ks * qk_scale, cols, L, qpos,
+                                               shift, wl, wr, 1.0, cap_scale, MASKED, MASK_LO,
+                                               MASK_HI, SOFTCAP, SCALE_K)
+    else:
+        p, alpha, l_i, m_new = _online_softmax(qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr,
+                                               qk_scale, cap_scale, MASKED, MASK_LO, MASK_HI,
+                                               SOFTCAP, SCALE_K)
+    if SCALE_V == 2:
+        p = p * vs[None, :]
+    p = p.to(q0.dtype)
+    vw = _masked_load(v_ptrs, wmask, HEAD_DIM != BLOCK_D)
+    v0, v1, v2, v3 = _fp8_words_to_f16(vw)
+    acc0 = _dot(p, v0.to(q0.dtype), acc0 * alpha[:, None], input_precision=PREC)
+    acc1 = _dot(p, v1.to(q0.dtype), acc1 * alpha[:, None], input_precision=PREC)
+    acc2 = _dot(p, v2.to(q0.dtype), acc2 * alpha[:, None], input_precision=PREC)
+    acc3 = _dot(p, v3.to(q0.dtype), acc3 * alpha[:, None], input_precision=PREC)
+    return acc0, acc1, acc2, acc3, l_i, m_new
+
+
+@triton.jit
+def _decode_tile_words2(a0, a1, a2, a3, la, ma, b0, b1, b2, b3, lb, mb, qa0, qa1, qa2, qa3,
+                        qb0, qb1, qb2, qb3, K, V, KS, VS, BT, start_n, L, qpos, offs_n, b64,
+                        n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skh, svn, svp,
+                        svh, sksn, sksp, sksh, svsn, svsp, svsh, sbtn,
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
+                        PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
+                        MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+                        SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
+                        SAME_STRIDES: tl.constexpr):
+    """:func:`_decode_tile_words` for two kv heads a program (heads ``a`` and ``b`` = a + 1,
+    ``skh`` / ``svh`` apart in words): per-token scales (blocks, page, heads) keep a key's
+    heads in one 32-byte sector, so the two heads' scales are one 8-byte load a key (the
+    sector moves once for both programs' worth of heads)."""
+    cols = start_n + offs_n
+    offs_w = tl.arange(0, BLOCK_D // 4)
+    wmask = (offs_w < HEAD_DIM // 4)[None, :]
+    if SAME_STRIDES:
+        svn = skn
+        svp = skp
+        svh = skh
+        svsn = sksn
+        svsp = sksp
+        svsh = sksh
+    k_ptrs, v_ptrs = _row_ptrs(K, V, BT, start_n, L, offs_n, offs_w, b64, n_blocks, sbtn, skn,
+                               skp, svn, svp, PAGE_SIZE, PAGED, SUB_N, MASKED, SAME_STRIDES,
+                               True)
+    if SCALE_K == 2 or SCALE_V == 2:
+        ks_ptrs, vs_ptrs = _row_ptrs(KS, VS, BT, start_n, L, offs_n, offs_n, b64, n_blocks,
+                                     sbtn, sksn, sksp, svsn, svsp, PAGE_SIZE, PAGED, SUB_N,
+                                     MASKED, SAME_STRIDES, False)
+    two = tl.arange(0, 2)
+    if SCALE_K == 2:
+        ksa, ksb = tl.split(tl.load(ks_ptrs[:, None] + (two * sksh)[None, :]))
+    else:
+        ksa = tl.zeros([SUB_N], dtype=tl.float32)
+        ksb = ksa
+    if SCALE_V == 2:
+        vsa, vsb = tl.split(tl.load(vs_ptrs[:, None] + (two * svsh)[None, :]))
+    else:
+        vsa = tl.zeros([SUB_N], dtype=tl.float32)
+        vsb = vsa
+    a0, a1, a2, a3, la, ma = _words_head(
+        a0, a1, a2, a3, la, ma, qa0, qa1, qa2, qa3, k_ptrs, v_ptrs, ksa, vsa, wmask, cols, L,
+        qpos, shift, wl, wr, qk_scale, cap_scale, HEAD_DIM, BLOCK_D, MASKED, MASK_LO, MASK_HI,
+        SOFTCAP, SCALE_K, SCALE_V, PREC)
+    b0, b1, b2, b3, lb, mb = _words_head(
+        b0, b1, b2, b3, lb, mb, qb0, qb1, qb2, qb3, k_ptrs + skh, v_ptrs + svh, ksb, vsb, wmask,
+        cols, L, qpos, shift, wl, wr, qk_scale, cap_scale, HEAD_DIM, BLOCK_D, MASKED, MASK_LO,
+        MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+    return a0, a1, a2, a3, la, ma, b0, b1, b2, b3, lb, mb
+
+
+@triton.jit
+def _decode_tiles_words2(a0, a1, a2, a3, la, ma, b0, b1, b2, b3, lb, mb, qa0, qa1, qa2, qa3,
+                         qb0, qb1, qb2, qb3, K, V, KS, VS, BT, start, end, L, qpos, offs_n,
+                         b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skh, svn,
+                         svp, svh, sksn, sksp, sksh, svsn, svsp, svsh, sbtn,
+                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                         SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+                         MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
+                         SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr,
+                         PREC: tl.constexpr, SAME_STRIDES: tl.constexpr):
+    """:func:`_decode_tiles` over :func:`_decode_tile_words2` (two kv heads)."""
+    for start_t in range(start, end, BLOCK_N):
+        for j in tl.static_range(BLOCK_N // SUB_N):
+            a0, a1, a2, a3, la, ma, b0, b1, b2, b3, lb, mb = _decode_tile_words2(
+                a0, a1, a2, a3, la, ma, b0, b1, b2, b3, lb, mb, qa0, qa1, qa2, qa3, qb0, qb1,
+                qb2, qb3, K, V, KS, VS, BT, start_t + j * SUB_N, L, qpos, offs_n, b64, n_blocks,
+                shift, wl, wr, qk_scale, cap_scale, skn, skp, skh, svn, svp, svh, sksn, sksp,
+                sksh, svsn, svsp, svsh, sbtn, HEAD_DIM, BLOCK_D, SUB_N, PAGE_SIZE, PAGED, MASKED,
+                MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
+    return a0, a1, a2, a3, la, ma, b0, b1, b2, b3, lb, mb
+
+
+@triton.jit
 def _fp8_words_to_f16(w):
     """int32 words, each 4 fp8 e4m3 values of consecutive head-dim positions (little-endian),
     as four float16 tensors shaped like ``w``: e_r holds position 4 * word + r. The tile never
@@ -391,7 +500,7 @@ def _decode_split_kernel(
     SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
     FP8_WORDS: tl.constexpr = False, SAME_STRIDES: tl.constexpr = False,
     OUT=None, LOUT=None, CNT=None, sfb=0, sfs=0, sfh=0, sfd=0, sgb=0, sgh=0, sgs=0,
-    FUSED: tl.constexpr = False,
+    FUSED: tl.constexpr = False, KV_HEADS: tl.constexpr = 1,
 ):
     """One program: the packed rows of one M tile of one (sequence, kv head), over split
     ``s`` of its keys. Grid (num_splits * M tiles, heads_kv, batch), M tiles fastest.
@@ -412,9 +521,11 @@ def _decode_split_kernel(
     FUSED (several splits): O, LSE are the partials and OUT, LOUT (strides ``sf*``, ``sg*``)
     the final output; CNT holds one int32 counter a (sequence, kv head, M tile), zero at the
     launch: the last of its splits to finish merges the partials (:func:`_merge_tile`) and
-    puts the counter back to zero, so that no combine launch follows."""
+    puts the counter back to zero, so that no combine launch follows.
+    KV_HEADS 2 (FP8_WORDS, not FUSED): kv heads 2j and 2j + 1 in program j of grid axis 1
+    (:func:`_decode_tiles_words2`)."""
     pid = tl.program_id(0)
-    hk = tl.program_id(1)
+    hk = tl.program_id(1) * KV_HEADS
     b = tl.program_id(2)
     n_m = tl.num_programs(0) // num_splits
     split = pid // n_m
@@ -501,6 +612,23 @@ def _decode_split_kernel(
         skp = skp // 4
         svn = svn // 4
         svp = svp // 4
+        if KV_HEADS == 2:
+            qb_off = q_off + GROUP * sqh  # the second head's query rows
+            qb0 = _q_part(Q, qb_off, offs_c, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+            qb1 = _q_part(Q, qb_off, offs_c + 1, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+            qb2 = _q_part(Q, qb_off, offs_c + 2, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+            qb3 = _q_part(Q, qb_off, offs_c + 3, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+            _decode_two_heads(
+                acc0, l_i, m_i, q0, q1, q2, q3, qb0, qb1, qb2, qb3, row_ok, Kw, Vw,
+                KS, VS, BTb, t0, a, c, t1, L, qpos, offs_n, b64, n_blocks, shift, wl, wr,
+                qk_scale, cap_scale, skn, skp, skh // 4, svn, svp, svh // 4, sksn, sksp, sksh,
+                svsn, svsp, svsh, sbtn, O, LSE,
+                b64 * sob + qpos.to(tl.int64) * sos + heads * soh + split.to(tl.int64) * sos_split,
+                b64 * slb + heads * slh + qpos.to(tl.int64) * sls + split.to(tl.int64) * sls_split,
+                GROUP * soh, GROUP * slh, offs_d, dmask, sod, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
+                SUB_N, PAGE_SIZE, PAGED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC,
+                SAME_STRIDES)
+            return
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, t0, a, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
@@ -562,6 +690,61 @@ def _decode_split_kernel(
                         offs_d, row_ok, dmask, num_splits, sos_split, sls_split, sod, sfd,
                         BLOCK_M, BLOCK_D)
             tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _store_split(O, LSE, VS, acc, l_i, m_i, o_off, l_off, offs_d, row_ok, dmask, sod,
+                 SCALE_V: tl.constexpr):
+    """One head's normalized O rows and lse (as the split kernel's epilogue)."""
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if SCALE_V == 1:
+        out = out * tl.load(VS)
+    lse = tl.where(empty, float("-inf"),
+                   (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    tl.store(O + o_off[:, None] + offs_d[None, :] * sod, out.to(O.dtype.element_ty),
+             mask=row_ok[:, None] & dmask[None, :])
+    tl.store(LSE + l_off, lse, mask=row_ok)
+
+
+@triton.jit
+def _decode_two_heads(z, l0, m0, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, row_ok, Kw, Vw, KS, VS,
+                      BT, t0, a, c, t1, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
+                      cap_scale, skn, skp, skh, svn, svp, svh, sksn, sksp, sksh, svsn, svsp,
+                      svsh, sbtn, O, LSE, o_off, l_off, so_head, sl_head, offs_d, dmask, sod,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                      PAGED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
+                      SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr,
+                      PREC: tl.constexpr, SAME_STRIDES: tl.constexpr):
+    """The split kernel's word pipeline for two kv heads (``skh`` words apart; query
+    quarters ``qa*`` and ``qb*``), the second head's outputs ``so_head`` / ``sl_head`` after
+    the first's (``o_off``, ``l_off``); ``z``, ``l0``, ``m0`` the zero accumulator quarter and
+    the initial l and m; the tiles [t0, a) and [c, t1) are masked, [a, c) fully visible."""
+    a0, a1, a2, a3, la, ma = z, z, z, z, l0, m0
+    b0, b1, b2, b3, lb, mb = z, z, z, z, l0, m0
+    a0, a1, a2, a3, la, ma, b0, b1, b2, b3, lb, mb = _decode_tiles_words2(
+        a0, a1, a2, a3, la, ma, b0, b1, b2, b3, lb, mb, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3,
+        Kw, Vw, KS, VS, BT, t0, a, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
+        cap_scale, skn, skp, skh, svn, svp, svh, sksn, sksp, sksh, svsn, svsp, svsh, sbtn,
+        HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, True, MASK_LO, MASK_HI, SOFTCAP,
+        SCALE_K, SCALE_V, PREC, SAME_STRIDES)
+    a0, a1, a2, a3, la, ma, b0, b1, b2, b3, lb, mb = _decode_tiles_words2(
+        a0, a1, a2, a3, la, ma, b0, b1, b2, b3, lb, mb, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3,
+        Kw, Vw, KS, VS, BT, a, c, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
+        cap_scale, skn, skp, skh, svn, svp, svh, sksn, sksp, sksh, svsn, svsp, svsh, sbtn,
+        HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, False, MASK_LO, MASK_HI, SOFTCAP,
+        SCALE_K, SCALE_V, PREC, SAME_STRIDES)
+    a0, a1, a2, a3, la, ma, b0, b1, b2, b3, lb, mb = _decode_tiles_words2(
+        a0, a1, a2, a3, la, ma, b0, b1, b2, b3, lb, mb, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3,
+        Kw, Vw, KS, VS, BT, c, t1, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
+        cap_scale, skn, skp, skh, svn, svp, svh, sksn, sksp, sksh, svsn, svsp, svsh, sbtn,
+        HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, True, MASK_LO, MASK_HI, SOFTCAP,
+        SCALE_K, SCALE_V, PREC, SAME_STRIDES)
+    _store_split(O, LSE, VS, _interleave4(a0, a1, a2, a3, BLOCK_M, BLOCK_D), la, ma, o_off,
+                 l_off, offs_d, row_ok, dmask, sod, SCALE_V)
+    _store_split(O, LSE, VS, _interleave4(b0, b1, b2, b3, BLOCK_M, BLOCK_D), lb, mb,
+                 o_off + so_head, l_off + sl_head, offs_d, row_ok, dmask, sod, SCALE_V)
 
 
 @triton.jit

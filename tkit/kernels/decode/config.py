@@ -55,6 +55,12 @@ class DecodeConfig:
         kernel) or "fused" (the last split of each (sequence, kv head, M tile) to finish
         merges them in the split kernel, counting on int32 counters zeroed per call: a fill
         launch instead of the combine launch).
+    kv_heads: kv heads a program, 1 or 2. 2 applies to fp8 caches read as words (above)
+        whose heads_kv is even, with ``combine="launch"``; other calls run one head a
+        program. Per-token scales (blocks, page, heads) keep a key's 8 heads in one 32-byte
+        sector that every head's program reads whole: a program of two heads reads it once
+        for both (the L2-to-SM scale traffic halves), and its two heads' K and V rows are
+        adjacent (256 contiguous bytes a key at D=128).
     """
 
     block_n: int = 64
@@ -67,6 +73,7 @@ class DecodeConfig:
     split_bytes: int = 2 << 20
     max_registers: Optional[int] = None  # noqa: UP045
     combine: str = "launch"
+    kv_heads: int = 1
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,

@@ -164,7 +164,9 @@ def plan_splits(q, k_cache, block_table, num_splits: int = 0,
         splits = num_splits or cfg.num_splits
         if not splits:
             kv_bytes = 2 * max_len * d * size
-            splits = choose_num_splits(b * hk * n_m, n_tiles, sms, ctas_per_sm=cfg.ctas_per_sm,
+            groups = hk // _kv_heads(cfg, k_cache, k_cache)
+            splits = choose_num_splits(b * groups * n_m, n_tiles, sms,
+                                       ctas_per_sm=cfg.ctas_per_sm,
                                        min_splits=C.cdiv(kv_bytes, cfg.split_bytes))
         splits = max(1, min(int(splits), MAX_SPLITS, max(n_tiles, 1)))
         return splits, block_m, n_m
@@ -221,6 +223,12 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
     if cfg.combine not in COMBINES:
         raise ValueError(f"DecodeConfig: combine = {cfg.combine!r} must be one of {COMBINES}")
     fused = splits > 1 and cfg.combine != "launch"
+    if cfg.kv_heads not in (1, 2):
+        raise ValueError(f"DecodeConfig: kv_heads = {cfg.kv_heads!r} must be 1 or 2")
+    if cfg.kv_heads == 2 and cfg.combine != "launch":
+        raise ValueError(f"DecodeConfig: kv_heads = 2 takes combine='launch', got "
+                         f"{cfg.combine!r}")
+    kv_heads = _kv_heads(cfg, k_cache, v_cache) if words else 1
     if splits == 1:
         o_part, l_part = out, lse
         o_st, l_st = out.stride(), lse.stride()
@@ -235,7 +243,7 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         s = l_part.stride()
         l_st, l_split = s[:3], s[3]
     C.launch(
-        _decode_split_kernel, (splits * n_m, hk, b),
+        _decode_split_kernel, (splits * n_m, hk // kv_heads, b),
         Q=q, K=k_cache, V=v_cache, KS=k_scale if scale_k else q, VS=v_scale if scale_v else q,
         SEQLENS=cache_seqlens, BT=bt, O=o_part, LSE=l_part,
         **_named("sq", q.stride(), "bshd"), **_named("sk", k_cache.stride(), "nphd"),
@@ -255,6 +263,7 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"FP8_WORDS": True, "SAME_STRIDES": same} if words else {}),
+        **({"KV_HEADS": 2} if kv_heads == 2 else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
         **(_fused_args(out, lse, b * hk * n_m) if fused else {}),
     )
@@ -285,6 +294,16 @@ def _fused_args(out, lse, n):
     so, sl = out.stride(), lse.stride()
     return dict(OUT=out, LOUT=lse, CNT=cnt, sfb=so[0], sfs=so[1], sfh=so[2], sfd=so[3],
                 sgb=sl[0], sgh=sl[1], sgs=sl[2], FUSED=True)
+
+
+def _kv_heads(cfg: DecodeConfig, k_cache, v_cache) -> int:
+    """KV heads a split-kernel program takes: ``cfg.kv_heads`` where it applies (fp8 caches
+    read as words, an even number of heads; see DecodeConfig), else 1."""
+    d = k_cache.shape[-1]
+    if (cfg.kv_heads == 2 and k_cache.shape[2] % 2 == 0 and max(16, C.next_power_of_2(d)) >= 64
+            and _fp8_words(k_cache, v_cache)):
+        return 2
+    return 1
 
 
 def _fp8_words(k_cache, v_cache) -> bool:
