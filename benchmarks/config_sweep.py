@@ -772,7 +772,7 @@ DECODE_FP8_VARIANTS: list = [
 
 
 
-def _decode_inputs(bench_cases, layout):
+def _decode_inputs(made, layout):
     """(args, kwargs) of a decode_fp8 run: "bf16" is case 2 (bf16 page 64), the others case 6
     (fp8 page 64, per-token scales) with its scales in another layout: "token" (as given:
     (blocks, page, heads) contiguous, a head's scales 32 bytes apart), "head" (the same values
@@ -781,8 +781,9 @@ def _decode_inputs(bench_cases, layout):
     token, every scale that one value: the per-tensor run's reference). "l2" / "bf16_l2":
     every sequence's table points into the same 128 pages (16 MB of fp8 K and V, 32 MB bf16)
     so that the call reads the L2, not HBM: the same grid and work, the time without the
-    HBM stream (what the kernel's instructions and latencies take)."""
-    args, kwargs = bench_cases[2 if layout.startswith("bf16") else 6].make("cuda")
+    HBM stream (what the kernel's instructions and latencies take). ``made``: case index ->
+    its (args, kwargs), made once (the layouts share the caches)."""
+    args, kwargs = made[2 if layout.startswith("bf16") else 6]
     kw = dict(kwargs)
     if layout.endswith("l2"):
         kw["block_table"] = kw["block_table"] % 128
@@ -812,10 +813,11 @@ def sweep_decode_fp8(rows):
     spec = registry.get("decode_attention")
     cases = list(spec.bench_cases())
     runs = [("bf16", {}), ("token", {})] + DECODE_FP8_RUNS
-    inputs = {lay: _decode_inputs(cases, lay) for lay in {lay for lay, _ in runs}}
+    made = {i: cases[i].make("cuda") for i in (2, 6)}
+    inputs = {lay: _decode_inputs(made, lay) for lay in {lay for lay, _ in runs}}
     want = {}
     for lay in {_DECODE_FP8_REF.get(lay) for lay, _ in runs} - {None}:
-        args, kw = inputs.get(lay) or _decode_inputs(cases, lay)
+        args, kw = inputs.get(lay) or _decode_inputs(made, lay)
         want[lay] = spec.fn(*args, **kw)
     nbytes = _bytes(spec, *inputs["token"])
     try:  # compile the builds in parallel child processes first
