@@ -312,11 +312,18 @@ def test_fp8_words_in_the_pipeline(mode, page):
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
 
 
-@pytest.mark.parametrize("mode, page", [("token", 4), ("tensor", None)])
-def test_fp8_words_two_kv_heads(mode, page):
-    """Programs of two kv heads (DecodeConfig.kv_heads=2; on the word pipeline): 4 kv heads
-    (two programs along the head axis, GQA 2), a window, softcap, two splits and two queries,
-    lengths of 0 and 1: against the reference and against one head a program."""
+_KV2 = dict(kv_heads=2)
+_KV2W = dict(kv_heads=2, warp_per_head=True, num_warps=2)
+_KV4W = dict(kv_heads=4, warp_per_head=True, num_warps=4)
+
+
+@pytest.mark.parametrize("mode, page, config", [("token", 4, _KV2), ("tensor", None, _KV2),
+                                                ("token", 4, _KV2W), ("token", None, _KV4W)])
+def test_fp8_words_two_kv_heads(mode, page, config):
+    """Programs of several kv heads (DecodeConfig.kv_heads; on the word pipeline, one after
+    the other or batched with a warp a head): 4 kv heads (GQA 2), a window, softcap, two
+    splits and two queries, lengths of 0 and 1: against the reference and against one head
+    a program."""
     b, d = 3, 64
     q, k, v, table = _paged(b, 2, 8, 4, d, page or 32, 32 // (page or 32), torch.float16,
                             seed=93)
@@ -334,7 +341,7 @@ def test_fp8_words_two_kv_heads(mode, page):
     k, v = k.to(FP8), v.to(FP8)
     kw.update(k_scale=ks, v_scale=vs)
     lens = _lens(32, 0, 1) if page is None else _lens(29, 0, 1)
-    with DA.decode_config(block_n=16, kv_heads=2), poisoned_outputs():
+    with DA.decode_config(block_n=16, **config), poisoned_outputs():
         got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                                [q, k, v, lens], kw)
     with DA.decode_config(block_n=16):
@@ -350,7 +357,9 @@ def test_kv_heads_checked():
     k8, v8 = k.to(FP8), v.to(FP8)
     lens = _lens(16)
     for bad, what in ((dict(kv_heads=3), "kv_heads = 3"),
-                      (dict(kv_heads=2, combine="fused"), "combine='launch'")):
+                      (dict(kv_heads=4), "kv_heads = 4"),
+                      (dict(kv_heads=2, combine="fused"), "combine='launch'"),
+                      (dict(kv_heads=2, warp_per_head=True, num_warps=4), "num_warps = 4")):
         with DA.decode_config(**bad), pytest.raises(ValueError, match=what):
             tkit.decode_attention(q, k8, v8, lens, block_table=table, num_splits=2)
     with DA.decode_config(block_n=16, kv_heads=2):
@@ -714,10 +723,11 @@ def test_cuda_graph_replay_with_splits_merged_in_the_split_kernel():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [dict(kv_heads=2, block_n=32), dict(kv_heads=2, num_splits=2)])
-def test_fp8_two_kv_heads_compiled(config):
-    """Programs of two kv heads compiled (D=128, bf16 queries, per-token scales, also stored
-    head-major as a permuted view): against the reference and the default."""
+@pytest.mark.parametrize("config", [dict(kv_heads=2, block_n=32), dict(kv_heads=2, num_splits=2),
+                                    dict(_KV2W, block_n=32), dict(_KV4W, block_n=32)])
+def test_fp8_kv_heads_compiled(config):
+    """Programs of several kv heads compiled (D=128, bf16 queries, per-token scales, also
+    stored head-major as a permuted view): against the reference and the default."""
     q, k, v, table = _paged(4, 1, 32, 8, 128, 64, 8, torch.bfloat16, seed=191)
     k, v = k.to(FP8), v.to(FP8)
     gen = torch.Generator().manual_seed(13)

@@ -748,6 +748,258 @@ def _decode_two_heads(z, l0, m0, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, row_ok,
 
 
 @triton.jit
+def _heads_softmax(qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr, qk_scale, cap_scale,
+                   MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
+                   SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr):
+    """:func:`_online_softmax` on (heads, rows, keys) scores, ``ks`` (heads, keys)."""
+    if SCALE_K == 2:
+        qk = qk * ks[:, None, :]
+    s = _softcap(qk, qk_scale, cap_scale, SOFTCAP)
+    if MASKED:
+        ok = (cols < L)[None, :]
+        if MASK_HI:
+            ok = ok & (cols[None, :] <= qpos[:, None] + shift + wr)
+        if MASK_LO:
+            ok = ok & (cols[None, :] >= qpos[:, None] + shift - wl)
+        s = tl.where(ok[None, :, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 2))
+    if MASKED:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.exp2(s - m_use[:, :, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 2)
+    return p, alpha, l_i, m_new
+
+
+@triton.jit
+def _heads_tile(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT, start_n,
+                L, qpos, offs_n, offs_h, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale,
+                skn, skp, skh, svn, svp, svh, sksn, sksp, sksh, svsn, svsp, svsh, sbtn,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
+                PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
+                MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+                SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
+                SAME_STRIDES: tl.constexpr):
+    """:func:`_decode_tile_words` for the kv heads ``offs_h`` (``skh`` / ``svh`` words apart)
+    at once: (heads, ...) tensors whose dots are batched over the heads, one warp a head, so
+    the softmax never leaves a warp, and the per-token scales of a key's heads (adjacent in
+    a (blocks, page, heads) layout) are one load."""
+    cols = start_n + offs_n
+    offs_w = tl.arange(0, BLOCK_D // 4)
+    wmask = (offs_w < HEAD_DIM // 4)[None, None, :]
+    if SAME_STRIDES:
+        svn = skn
+        svp = skp
+        svh = skh
+        svsn = sksn
+        svsp = sksp
+        svsh = sksh
+    k_ptrs, v_ptrs = _row_ptrs(K, V, BT, start_n, L, offs_n, offs_w, b64, n_blocks, sbtn, skn,
+                               skp, svn, svp, PAGE_SIZE, PAGED, SUB_N, MASKED, SAME_STRIDES,
+                               True)
+    kw = _masked_load(k_ptrs[None, :, :] + (offs_h * skh)[:, None, None], wmask,
+                      HEAD_DIM != BLOCK_D)
+    k0, k1, k2, k3 = _fp8_words_to_f16(kw)
+    qk = _dot(q0, tl.permute(k0.to(q0.dtype), (0, 2, 1)), input_precision=PREC)
+    qk = _dot(q1, tl.permute(k1.to(q0.dtype), (0, 2, 1)), qk, input_precision=PREC)
+    qk = _dot(q2, tl.permute(k2.to(q0.dtype), (0, 2, 1)), qk, input_precision=PREC)
+    qk = _dot(q3, tl.permute(k3.to(q0.dtype), (0, 2, 1)), qk, input_precision=PREC)
+    if SCALE_K == 2 or SCALE_V == 2:
+        ks_ptrs, vs_ptrs = _row_ptrs(KS, VS, BT, start_n, L, offs_n, offs_n, b64, n_blocks,
+                                     sbtn, sksn, sksp, svsn, svsp, PAGE_SIZE, PAGED, SUB_N,
+                                     MASKED, SAME_STRIDES, False)
+    if SCALE_K == 2:
+        ks = tl.load(ks_ptrs[None, :] + (offs_h * sksh)[:, None])
+    else:
+        ks = tl.zeros([SUB_N], dtype=tl.float32)[None, :]
+    if SCALE_K == 2 and not SOFTCAP:  # the score scale folded into K's (one multiply a score)
+        p, alpha, l_i, m_new = _heads_softmax(qk, l_i, m_i, ks * qk_scale, cols, L, qpos,
+                                              shift, wl, wr, 1.0, cap_scale, MASKED, MASK_LO,
+                                              MASK_HI, SOFTCAP, SCALE_K)
+    else:
+        p, alpha, l_i, m_new = _heads_softmax(qk, l_i, m_i, ks, cols, L, qpos, shift, wl, wr,
+                                              qk_scale, cap_scale, MASKED, MASK_LO, MASK_HI,
+                                              SOFTCAP, SCALE_K)
+    if SCALE_V == 2:
+        p = p * tl.load(vs_ptrs[None, :] + (offs_h * svsh)[:, None])[:, None, :]
+    p = p.to(q0.dtype)
+    vw = _masked_load(v_ptrs[None, :, :] + (offs_h * svh)[:, None, None], wmask,
+                      HEAD_DIM != BLOCK_D)
+    v0, v1, v2, v3 = _fp8_words_to_f16(vw)
+    acc0 = _dot(p, v0.to(q0.dtype), acc0 * alpha[:, :, None], input_precision=PREC)
+    acc1 = _dot(p, v1.to(q0.dtype), acc1 * alpha[:, :, None], input_precision=PREC)
+    acc2 = _dot(p, v2.to(q0.dtype), acc2 * alpha[:, :, None], input_precision=PREC)
+    acc3 = _dot(p, v3.to(q0.dtype), acc3 * alpha[:, :, None], input_precision=PREC)
+    return acc0, acc1, acc2, acc3, l_i, m_new
+
+
+@triton.jit
+def _heads_tiles(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT, start,
+                 end, L, qpos, offs_n, offs_h, b64, n_blocks, shift, wl, wr, qk_scale,
+                 cap_scale, skn, skp, skh, svn, svp, svh, sksn, sksp, sksh, svsn, svsp, svsh,
+                 sbtn, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                 SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+                 MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
+                 SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr,
+                 PREC: tl.constexpr, SAME_STRIDES: tl.constexpr):
+    """:func:`_decode_tiles` over :func:`_heads_tile`."""
+    for start_t in range(start, end, BLOCK_N):
+        for j in tl.static_range(BLOCK_N // SUB_N):
+            acc0, acc1, acc2, acc3, l_i, m_i = _heads_tile(
+                acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
+                start_t + j * SUB_N, L, qpos, offs_n, offs_h, b64, n_blocks, shift, wl, wr,
+                qk_scale, cap_scale, skn, skp, skh, svn, svp, svh, sksn, sksp, sksh, svsn, svsp,
+                svsh, sbtn, HEAD_DIM, BLOCK_D, SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO,
+                MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
+    return acc0, acc1, acc2, acc3, l_i, m_i
+
+
+@triton.jit
+def _heads_q(Q, q_off, cols, row_ok, sqd, HEAD_DIM: tl.constexpr):
+    """Columns ``cols`` of the (heads, rows) query rows at ``q_off``, in float16 (as
+    :func:`_q_part` for an fp8 cache)."""
+    x = tl.load(Q + q_off[:, :, None] + cols[None, None, :] * sqd,
+                mask=row_ok[None, :, None] & (cols < HEAD_DIM)[None, None, :], other=0.0)
+    if x.dtype == tl.bfloat16:
+        x = tl.minimum(tl.maximum(x.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
+    return x
+
+
+@triton.jit
+def _interleave4_3d(x0, x1, x2, x3, H: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """:func:`_interleave4` of (H, ROWS, COLS // 4) quarters."""
+    y = tl.join(tl.join(x0, x2), tl.join(x1, x3))
+    return tl.reshape(y, [H, ROWS, COLS])
+
+
+@triton.jit
+def _decode_heads_kernel(
+    Q, K, V, KS, VS, SEQLENS, BT, O, LSE,
+    sqb, sqs, sqh, sqd, skn, skp, skh, skd, svn, svp, svh, svd,
+    sksn, sksp, sksh, svsn, svsp, svsh, s_len, sbtb, sbtn,
+    sob, sos, soh, sod, slb, slh, sls, sos_split, sls_split,
+    seqlen_q, max_len, n_blocks, GROUP, num_splits, qk_scale, cap_scale, wl, wr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+    MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+    SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
+    SAME_STRIDES: tl.constexpr, KV_HEADS: tl.constexpr,
+):
+    """:func:`_decode_split_kernel` (FP8_WORDS, not FUSED; the same arguments) for KV_HEADS kv
+    heads a program, launched with one warp a head: program j of grid axis 1 takes heads
+    KV_HEADS * j .. KV_HEADS * j + KV_HEADS - 1 as the leading axis of every tensor."""
+    pid = tl.program_id(0)
+    hk = tl.program_id(1) * KV_HEADS
+    b = tl.program_id(2)
+    n_m = tl.num_programs(0) // num_splits
+    split = pid // n_m
+    mb = pid % n_m
+    b64 = b.to(tl.int64)
+    if SEQLENS is None:
+        L = max_len
+    else:
+        L = tl.load(SEQLENS + b64 * s_len)
+        L = tl.minimum(tl.maximum(L, 0), max_len)
+    shift = L - seqlen_q
+    n_rows = seqlen_q * GROUP
+
+    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < n_rows
+    qpos = rows // GROUP
+    offs_h = tl.arange(0, KV_HEADS)
+    heads = ((hk + offs_h)[:, None] * GROUP + (rows % GROUP)[None, :]).to(tl.int64)
+    offs_n = tl.arange(0, SUB_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < HEAD_DIM
+    q_off = b64 * sqb + qpos.to(tl.int64)[None, :] * sqs + heads * sqh
+
+    i_lo = (mb * BLOCK_M) // GROUP
+    i_hi = (tl.minimum(mb * BLOCK_M + BLOCK_M, n_rows) - 1) // GROUP
+    lo = 0
+    hi = L
+    full_lo = 0
+    full_end = L
+    if MASK_LO:
+        lo = (tl.maximum(i_lo + shift - wl, 0) // BLOCK_N) * BLOCK_N
+        full_lo = tl.maximum(i_hi + shift - wl, 0)
+        full_lo = ((full_lo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    if MASK_HI:
+        hi = tl.minimum(L, tl.maximum(i_hi + shift + wr + 1, 0))
+        full_end = tl.minimum(L, tl.maximum(i_lo + shift + wr + 1, 0))
+    hi = tl.maximum(hi, lo)
+    n_tiles = (hi - lo + BLOCK_N - 1) // BLOCK_N
+    per = (n_tiles + num_splits - 1) // num_splits
+    t0 = tl.minimum(lo + split * per * BLOCK_N, hi)
+    t1 = tl.minimum(t0 + per * BLOCK_N, hi)
+    a = tl.minimum(tl.maximum(full_lo, t0), t1)
+    full_hi = (full_end // BLOCK_N) * BLOCK_N
+    c = tl.minimum(tl.maximum(full_hi, a), t1)
+
+    KS += hk.to(tl.int64) * sksh
+    VS += hk.to(tl.int64) * svsh
+    BTb = BT + b64 * sbtb
+    if SCALE_K == 1:
+        ks0 = tl.load(KS)
+        if SOFTCAP:
+            cap_scale = cap_scale * ks0
+        else:
+            qk_scale = qk_scale * ks0
+    m_i = tl.full([KV_HEADS, BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([KV_HEADS, BLOCK_M], dtype=tl.float32)
+    offs_c = tl.arange(0, BLOCK_D // 4) * 4
+    q0 = _heads_q(Q, q_off, offs_c, row_ok, sqd, HEAD_DIM)
+    q1 = _heads_q(Q, q_off, offs_c + 1, row_ok, sqd, HEAD_DIM)
+    q2 = _heads_q(Q, q_off, offs_c + 2, row_ok, sqd, HEAD_DIM)
+    q3 = _heads_q(Q, q_off, offs_c + 3, row_ok, sqd, HEAD_DIM)
+    acc0 = tl.zeros([KV_HEADS, BLOCK_M, BLOCK_D // 4], dtype=tl.float32)
+    acc1 = acc0
+    acc2 = acc0
+    acc3 = acc0
+    Kw = (K + hk.to(tl.int64) * skh).to(tl.pointer_type(tl.int32))
+    Vw = (V + hk.to(tl.int64) * svh).to(tl.pointer_type(tl.int32))
+    skn = skn // 4
+    skp = skp // 4
+    skh = skh // 4
+    svn = svn // 4
+    svp = svp // 4
+    svh = svh // 4
+    acc0, acc1, acc2, acc3, l_i, m_i = _heads_tiles(
+        acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, t0, a, L, qpos,
+        offs_n, offs_h, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skh, svn,
+        svp, svh, sksn, sksp, sksh, svsn, svsp, svsh, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N,
+        PAGE_SIZE, PAGED, True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC,
+        SAME_STRIDES)
+    acc0, acc1, acc2, acc3, l_i, m_i = _heads_tiles(
+        acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, a, c, L, qpos,
+        offs_n, offs_h, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skh, svn,
+        svp, svh, sksn, sksp, sksh, svsn, svsp, svsh, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N,
+        PAGE_SIZE, PAGED, False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC,
+        SAME_STRIDES)
+    acc0, acc1, acc2, acc3, l_i, m_i = _heads_tiles(
+        acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, c, t1, L, qpos,
+        offs_n, offs_h, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skh, svn,
+        svp, svh, sksn, sksp, sksh, svsn, svsp, svsh, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N,
+        PAGE_SIZE, PAGED, True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC,
+        SAME_STRIDES)
+    acc = _interleave4_3d(acc0, acc1, acc2, acc3, KV_HEADS, BLOCK_M, BLOCK_D)
+
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, :, None]
+    if SCALE_V == 1:
+        out = out * tl.load(VS)
+    lse = tl.where(empty, float("-inf"),
+                   (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    split64 = split.to(tl.int64)
+    o_off = b64 * sob + qpos.to(tl.int64)[None, :] * sos + heads * soh + split64 * sos_split
+    tl.store(O + o_off[:, :, None] + offs_d[None, None, :] * sod, out.to(O.dtype.element_ty),
+             mask=row_ok[None, :, None] & dmask[None, None, :])
+    l_off = b64 * slb + heads * slh + qpos.to(tl.int64)[None, :] * sls + split64 * sls_split
+    tl.store(LSE + l_off, lse, mask=row_ok[None, :])
+
+
+@triton.jit
 def _merge_tile(OP, LP, O, LSE, op_off, lp_off, o_off, l_off, offs_d, row_ok, dmask,
                 num_splits, sop_split, slp_split, sopd, sod,
                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):

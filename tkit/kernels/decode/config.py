@@ -55,12 +55,15 @@ class DecodeConfig:
         kernel) or "fused" (the last split of each (sequence, kv head, M tile) to finish
         merges them in the split kernel, counting on int32 counters zeroed per call: a fill
         launch instead of the combine launch).
-    kv_heads: kv heads a program, 1 or 2. 2 applies to fp8 caches read as words (above)
-        whose heads_kv is even, with ``combine="launch"``; other calls run one head a
-        program. Per-token scales (blocks, page, heads) keep a key's 8 heads in one 32-byte
-        sector that every head's program reads whole: a program of two heads reads it once
-        for both (the L2-to-SM scale traffic halves), and its two heads' K and V rows are
-        adjacent (256 contiguous bytes a key at D=128).
+    kv_heads: kv heads a program: 1, 2 (one after the other in a tile), or with
+        ``warp_per_head`` 2 or 4 (batched over the heads, one warp a head: ``num_warps``
+        must equal it; no softmax leaves a warp). More than one applies to fp8 caches read
+        as words (above) whose heads_kv it divides, with ``combine="launch"``; other calls
+        run one head a program. Per-token scales (blocks, page, heads) keep a key's 8 heads
+        in one 32-byte sector that every head's program reads whole: a program of n heads
+        reads it once for the n (the L2-to-SM scale traffic falls n-fold), and its heads' K
+        and V rows are adjacent (n * 128 contiguous bytes a key at D=128).
+    warp_per_head: see ``kv_heads``.
     """
 
     block_n: int = 64
@@ -74,6 +77,7 @@ class DecodeConfig:
     max_registers: Optional[int] = None  # noqa: UP045
     combine: str = "launch"
     kv_heads: int = 1
+    warp_per_head: bool = False
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,

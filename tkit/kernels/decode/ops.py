@@ -14,6 +14,7 @@ from tkit.kernels import _register as R
 from tkit.kernels.decode._kernels import (
     _append_kv_kernel,
     _decode_combine_kernel,
+    _decode_heads_kernel,
     _decode_split_kernel,
     _merge_states_kernel,
 )
@@ -223,12 +224,19 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
     if cfg.combine not in COMBINES:
         raise ValueError(f"DecodeConfig: combine = {cfg.combine!r} must be one of {COMBINES}")
     fused = splits > 1 and cfg.combine != "launch"
-    if cfg.kv_heads not in (1, 2):
-        raise ValueError(f"DecodeConfig: kv_heads = {cfg.kv_heads!r} must be 1 or 2")
-    if cfg.kv_heads == 2 and cfg.combine != "launch":
-        raise ValueError(f"DecodeConfig: kv_heads = 2 takes combine='launch', got "
-                         f"{cfg.combine!r}")
+    if cfg.kv_heads not in ((1, 2, 4) if cfg.warp_per_head else (1, 2)):
+        raise ValueError(f"DecodeConfig: kv_heads = {cfg.kv_heads!r} must be 1 or 2 (or 4 "
+                         "with warp_per_head)")
+    if cfg.kv_heads > 1 and cfg.combine != "launch":
+        raise ValueError(f"DecodeConfig: kv_heads = {cfg.kv_heads} takes combine='launch', "
+                         f"got {cfg.combine!r}")
+    if cfg.warp_per_head and cfg.num_warps != cfg.kv_heads:
+        raise ValueError(f"DecodeConfig: warp_per_head takes num_warps = kv_heads, got "
+                         f"num_warps = {cfg.num_warps} and kv_heads = {cfg.kv_heads}")
     kv_heads = _kv_heads(cfg, k_cache, v_cache) if words else 1
+    kernel = _decode_split_kernel
+    if kv_heads > 1 and cfg.warp_per_head:
+        kernel = _decode_heads_kernel
     if splits == 1:
         o_part, l_part = out, lse
         o_st, l_st = out.stride(), lse.stride()
@@ -243,7 +251,7 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         s = l_part.stride()
         l_st, l_split = s[:3], s[3]
     C.launch(
-        _decode_split_kernel, (splits * n_m, hk // kv_heads, b),
+        kernel, (splits * n_m, hk // kv_heads, b),
         Q=q, K=k_cache, V=v_cache, KS=k_scale if scale_k else q, VS=v_scale if scale_v else q,
         SEQLENS=cache_seqlens, BT=bt, O=o_part, LSE=l_part,
         **_named("sq", q.stride(), "bshd"), **_named("sk", k_cache.stride(), "nphd"),
@@ -262,8 +270,9 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         SOFTCAP=softcap > 0.0, SCALE_K=scale_k, SCALE_V=scale_v,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({"FP8_WORDS": True, "SAME_STRIDES": same} if words else {}),
-        **({"KV_HEADS": 2} if kv_heads == 2 else {}),
+        **({"SAME_STRIDES": same} if words else {}),
+        **({"FP8_WORDS": True} if words and kernel is _decode_split_kernel else {}),
+        **({"KV_HEADS": kv_heads} if kv_heads > 1 else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
         **(_fused_args(out, lse, b * hk * n_m) if fused else {}),
     )
@@ -300,9 +309,10 @@ def _kv_heads(cfg: DecodeConfig, k_cache, v_cache) -> int:
     """KV heads a split-kernel program takes: ``cfg.kv_heads`` where it applies (fp8 caches
     read as words, an even number of heads; see DecodeConfig), else 1."""
     d = k_cache.shape[-1]
-    if (cfg.kv_heads == 2 and k_cache.shape[2] % 2 == 0 and max(16, C.next_power_of_2(d)) >= 64
+    n = cfg.kv_heads
+    if (n > 1 and k_cache.shape[2] % n == 0 and max(16, C.next_power_of_2(d)) >= 64
             and _fp8_words(k_cache, v_cache)):
-        return 2
+        return n
     return 1
 
 
