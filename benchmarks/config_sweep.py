@@ -874,12 +874,14 @@ DECODE_FP8_RUNS: list = [
     ("l2", {}),
     ("bf16_l2", {}),
     # two kv heads a program: a scale sector read once for both heads
-    ("token", dict(kv_heads=2, block_n=32)),  # 251 registers, 43 KB: 4 an SM, 4 splits
+    ("token", dict(kv_heads=2, block_n=32, num_splits=4)),  # 251 registers, 43 KB: 4 an SM
     ("token", dict(kv_heads=2, num_splits=2)),  # 64-key tiles: 255 registers, 78 KB: 2 an SM
-    # batched over the heads, one warp a head (no cross-warp softmax), 32-key tiles:
-    # 4 heads 232 registers, 84 KB: 2 an SM (4 splits); 2 heads 235, 42 KB: 4 an SM (4 splits)
-    ("token", dict(kv_heads=4, warp_per_head=True, num_warps=4, block_n=32)),
-    ("token", dict(kv_heads=2, warp_per_head=True, num_warps=2, block_n=32)),
+    # batched over the heads, one warp a head (no cross-warp softmax), 32-key tiles, 4
+    # splits: 8 heads (whole token rows; each scale sector read once) 227 registers, 168 KB,
+    # 1 an SM; 4 heads 232, 84 KB, 2 an SM; 2 heads 235, 42 KB, 4 an SM
+    ("token", dict(kv_heads=8, warp_per_head=True, num_warps=8, block_n=32, num_splits=4)),
+    ("token", dict(kv_heads=4, warp_per_head=True, num_warps=4, block_n=32, num_splits=4)),
+    ("token", dict(kv_heads=2, warp_per_head=True, num_warps=2, block_n=32, num_splits=4)),
 ]
 
 SWEEPS = {"decode_splits": sweep_decode_splits,

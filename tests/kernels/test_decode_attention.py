@@ -358,6 +358,7 @@ def test_kv_heads_checked():
     lens = _lens(16)
     for bad, what in ((dict(kv_heads=3), "kv_heads = 3"),
                       (dict(kv_heads=4), "kv_heads = 4"),
+                      (dict(kv_heads=16, warp_per_head=True, num_warps=16), "kv_heads = 16"),
                       (dict(kv_heads=2, combine="fused"), "combine='launch'"),
                       (dict(kv_heads=2, warp_per_head=True, num_warps=4), "num_warps = 4")):
         with DA.decode_config(**bad), pytest.raises(ValueError, match=what):
@@ -724,7 +725,9 @@ def test_cuda_graph_replay_with_splits_merged_in_the_split_kernel():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [dict(kv_heads=2, block_n=32), dict(kv_heads=2, num_splits=2),
-                                    dict(_KV2W, block_n=32), dict(_KV4W, block_n=32)])
+                                    dict(_KV2W, block_n=32), dict(_KV4W, block_n=32),
+                                    dict(kv_heads=8, warp_per_head=True, num_warps=8,
+                                         block_n=32)])
 def test_fp8_kv_heads_compiled(config):
     """Programs of several kv heads compiled (D=128, bf16 queries, per-token scales, also
     stored head-major as a permuted view): against the reference and the default."""

@@ -56,7 +56,7 @@ class DecodeConfig:
         merges them in the split kernel, counting on int32 counters zeroed per call: a fill
         launch instead of the combine launch).
     kv_heads: kv heads a program: 1, 2 (one after the other in a tile), or with
-        ``warp_per_head`` 2 or 4 (batched over the heads, one warp a head: ``num_warps``
+        ``warp_per_head`` 2, 4 or 8 (batched over the heads, one warp a head: ``num_warps``
         must equal it; no softmax leaves a warp). More than one applies to fp8 caches read
         as words (above) whose heads_kv it divides, with ``combine="launch"``; other calls
         run one head a program. Per-token scales (blocks, page, heads) keep a key's 8 heads

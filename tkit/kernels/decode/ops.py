@@ -224,8 +224,8 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
     if cfg.combine not in COMBINES:
         raise ValueError(f"DecodeConfig: combine = {cfg.combine!r} must be one of {COMBINES}")
     fused = splits > 1 and cfg.combine != "launch"
-    if cfg.kv_heads not in ((1, 2, 4) if cfg.warp_per_head else (1, 2)):
-        raise ValueError(f"DecodeConfig: kv_heads = {cfg.kv_heads!r} must be 1 or 2 (or 4 "
+    if cfg.kv_heads not in ((1, 2, 4, 8) if cfg.warp_per_head else (1, 2)):
+        raise ValueError(f"DecodeConfig: kv_heads = {cfg.kv_heads!r} must be 1 or 2 (or 4 or 8 "
                          "with warp_per_head)")
     if cfg.kv_heads > 1 and cfg.combine != "launch":
         raise ValueError(f"DecodeConfig: kv_heads = {cfg.kv_heads} takes combine='launch', "
