@@ -315,10 +315,13 @@ def test_fp8_words_in_the_pipeline(mode, page):
 _KV2 = dict(kv_heads=2)
 _KV2W = dict(kv_heads=2, warp_per_head=True, num_warps=2)
 _KV4W = dict(kv_heads=4, warp_per_head=True, num_warps=4)
+_KV2R = dict(kv_heads=2, pack_rows=True)
+_KV4R = dict(kv_heads=4, pack_rows=True)
 
 
 @pytest.mark.parametrize("mode, page, config", [("token", 4, _KV2), ("tensor", None, _KV2),
-                                                ("token", 4, _KV2W), ("token", None, _KV4W)])
+                                                ("token", 4, _KV2W), ("token", None, _KV4W),
+                                                ("token", 4, _KV4R), ("tensor", None, _KV2R)])
 def test_fp8_words_two_kv_heads(mode, page, config):
     """Programs of several kv heads (DecodeConfig.kv_heads; on the word pipeline, one after
     the other or batched with a warp a head): 4 kv heads (GQA 2), a window, softcap, two
@@ -360,7 +363,10 @@ def test_kv_heads_checked():
                       (dict(kv_heads=4), "kv_heads = 4"),
                       (dict(kv_heads=16, warp_per_head=True, num_warps=16), "kv_heads = 16"),
                       (dict(kv_heads=2, combine="fused"), "combine='launch'"),
-                      (dict(kv_heads=2, warp_per_head=True, num_warps=4), "num_warps = 4")):
+                      (dict(kv_heads=2, warp_per_head=True, num_warps=4), "num_warps = 4"),
+                      (dict(kv_heads=8, pack_rows=True), "kv_heads = 8"),
+                      (dict(kv_heads=2, pack_rows=True, warp_per_head=True, num_warps=2),
+                       "exclude each other")):
         with DA.decode_config(**bad), pytest.raises(ValueError, match=what):
             tkit.decode_attention(q, k8, v8, lens, block_table=table, num_splits=2)
     with DA.decode_config(block_n=16, kv_heads=2):
@@ -723,15 +729,24 @@ def test_cuda_graph_replay_with_splits_merged_in_the_split_kernel():
                                    atol=1e-2, rtol=0)
 
 
+#: benchmarks/config_sweep.py's DECODE_FP8_HEADS (the same builds)
+_SWEEP_FP8 = [
+    dict(kv_heads=2, block_n=32, num_splits=4),
+    dict(kv_heads=8, warp_per_head=True, num_warps=8, block_n=32, num_splits=4),
+    dict(kv_heads=4, warp_per_head=True, num_warps=4, block_n=32, num_splits=4),
+    dict(kv_heads=2, warp_per_head=True, num_warps=2, block_n=32, num_splits=4),
+    dict(kv_heads=4, pack_rows=True, block_n=32, num_splits=6),
+    dict(kv_heads=2, pack_rows=True, num_splits=3),
+    dict(kv_heads=4, pack_rows=True, block_n=16, num_splits=10),
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [dict(kv_heads=2, block_n=32), dict(kv_heads=2),
-                                    dict(_KV2W, block_n=32), dict(_KV4W, block_n=32),
-                                    dict(kv_heads=8, warp_per_head=True, num_warps=8,
-                                         block_n=32)])
+@pytest.mark.parametrize("config", _SWEEP_FP8)
 def test_fp8_kv_heads_compiled(config):
-    """Programs of several kv heads compiled (D=128, bf16 queries, per-token scales; the
-    specialization of config_sweep's decode_fp8 case, so that its builds are reused):
-    against the reference and the default, lengths from 1 to two pages past the split."""
+    """The fp8 variants of config_sweep's decode_fp8 (several kv heads a program) compiled
+    (D=128, bf16 queries, per-token scales; the specialization of the sweep's case, so that
+    its builds are reused): against the reference and the default."""
     q, k, v, table = _paged(4, 1, 32, 8, 128, 64, 16, torch.bfloat16, seed=191)
     k, v = k.to(FP8), v.to(FP8)
     gen = torch.Generator().manual_seed(13)
@@ -739,7 +754,7 @@ def test_fp8_kv_heads_compiled(config):
     vs = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
     lens = _lens(1000, 1, 300, 65)
     kw = dict(block_table=table, k_scale=ks, v_scale=vs)
-    with DA.decode_config(**config, num_splits=4), poisoned_outputs():
+    with DA.decode_config(**config), poisoned_outputs():
         got = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                       [q, k, v, lens], kw)
     want = tkit.decode_attention(q, k, v, lens, num_splits=2, **kw)

@@ -1000,6 +1000,222 @@ def _decode_heads_kernel(
 
 
 @triton.jit
+def _rows_tile(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, hrow, K, V, KS, VS, BT,
+               start_n, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale,
+               skn, skp, skh, svn, svp, svh, sksn, sksp, sksh, svsn, svsp, svsh, sbtn,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
+               PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
+               MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+               SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
+               SAME_STRIDES: tl.constexpr, KV_HEADS: tl.constexpr):
+    """:func:`_decode_tile_words` for KV_HEADS kv heads whose query rows share the M tile
+    (row r belongs to head ``hrow[r]``, ``skh`` / ``svh`` words apart): each head's scores
+    are computed for every row and kept in its own rows, so one softmax serves the heads
+    (no padding rows when GQA x heads fills the tile); P @ V runs a head at a time on P
+    with the other heads' rows zeroed."""
+    cols = start_n + offs_n
+    offs_w = tl.arange(0, BLOCK_D // 4)
+    wmask = (offs_w < HEAD_DIM // 4)[None, :]
+    if SAME_STRIDES:
+        svn = skn
+        svp = skp
+        svh = skh
+        svsn = sksn
+        svsp = sksp
+        svsh = sksh
+    k_ptrs, v_ptrs = _row_ptrs(K, V, BT, start_n, L, offs_n, offs_w, b64, n_blocks, sbtn, skn,
+                               skp, svn, svp, PAGE_SIZE, PAGED, SUB_N, MASKED, SAME_STRIDES,
+                               True)
+    if SCALE_K == 2 or SCALE_V == 2:
+        ks_ptrs, vs_ptrs = _row_ptrs(KS, VS, BT, start_n, L, offs_n, offs_n, b64, n_blocks,
+                                     sbtn, sksn, sksp, svsn, svsp, PAGE_SIZE, PAGED, SUB_N,
+                                     MASKED, SAME_STRIDES, False)
+    qk = tl.zeros([q0.shape[0], SUB_N], dtype=tl.float32)
+    for h in tl.static_range(KV_HEADS):
+        kw = _masked_load(k_ptrs + h * skh, wmask, HEAD_DIM != BLOCK_D)
+        k0, k1, k2, k3 = _fp8_words_to_f16(kw)
+        s = _dot(q0, tl.trans(k0.to(q0.dtype)), input_precision=PREC)
+        s = _dot(q1, tl.trans(k1.to(q0.dtype)), s, input_precision=PREC)
+        s = _dot(q2, tl.trans(k2.to(q0.dtype)), s, input_precision=PREC)
+        s = _dot(q3, tl.trans(k3.to(q0.dtype)), s, input_precision=PREC)
+        if SCALE_K == 2:
+            ks = tl.load(ks_ptrs + h * sksh)
+            if not SOFTCAP:  # the score scale folded into K's
+                ks = ks * qk_scale
+            s = s * ks[None, :]
+        qk = tl.where(hrow[:, None] == h, s, qk)
+    if SCALE_K == 2 and not SOFTCAP:
+        p, alpha, l_i, m_new = _online_softmax(qk, l_i, m_i, qk, cols, L, qpos, shift, wl, wr,
+                                               1.0, cap_scale, MASKED, MASK_LO, MASK_HI,
+                                               SOFTCAP, 0)
+    else:
+        p, alpha, l_i, m_new = _online_softmax(qk, l_i, m_i, qk, cols, L, qpos, shift, wl, wr,
+                                               qk_scale, cap_scale, MASKED, MASK_LO, MASK_HI,
+                                               SOFTCAP, 0)
+    if SCALE_V == 2:
+        pv = p
+        for h in tl.static_range(KV_HEADS):
+            pv = tl.where(hrow[:, None] == h, p * tl.load(vs_ptrs + h * svsh)[None, :], pv)
+        p = pv
+    p = p.to(q0.dtype)
+    acc0 = acc0 * alpha[:, None]
+    acc1 = acc1 * alpha[:, None]
+    acc2 = acc2 * alpha[:, None]
+    acc3 = acc3 * alpha[:, None]
+    for h in tl.static_range(KV_HEADS):
+        vw = _masked_load(v_ptrs + h * svh, wmask, HEAD_DIM != BLOCK_D)
+        v0, v1, v2, v3 = _fp8_words_to_f16(vw)
+        ph = tl.where(hrow[:, None] == h, p, 0.0)
+        acc0 = _dot(ph, v0.to(q0.dtype), acc0, input_precision=PREC)
+        acc1 = _dot(ph, v1.to(q0.dtype), acc1, input_precision=PREC)
+        acc2 = _dot(ph, v2.to(q0.dtype), acc2, input_precision=PREC)
+        acc3 = _dot(ph, v3.to(q0.dtype), acc3, input_precision=PREC)
+    return acc0, acc1, acc2, acc3, l_i, m_new
+
+
+@triton.jit
+def _rows_tiles(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, hrow, K, V, KS, VS, BT,
+                start, end, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
+                cap_scale, skn, skp, skh, svn, svp, svh, sksn, sksp, sksh, svsn, svsp, svsh,
+                sbtn, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+                MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
+                SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr,
+                PREC: tl.constexpr, SAME_STRIDES: tl.constexpr, KV_HEADS: tl.constexpr):
+    """:func:`_decode_tiles` over :func:`_rows_tile`."""
+    for start_t in range(start, end, BLOCK_N):
+        for j in tl.static_range(BLOCK_N // SUB_N):
+            acc0, acc1, acc2, acc3, l_i, m_i = _rows_tile(
+                acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, hrow, K, V, KS, VS, BT,
+                start_t + j * SUB_N, L, qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale,
+                cap_scale, skn, skp, skh, svn, svp, svh, sksn, sksp, sksh, svsn, svsp, svsh,
+                sbtn, HEAD_DIM, BLOCK_D, SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI,
+                SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES, KV_HEADS)
+    return acc0, acc1, acc2, acc3, l_i, m_i
+
+
+@triton.jit
+def _decode_rows_kernel(
+    Q, K, V, KS, VS, SEQLENS, BT, O, LSE,
+    sqb, sqs, sqh, sqd, skn, skp, skh, skd, svn, svp, svh, svd,
+    sksn, sksp, sksh, svsn, svsp, svsh, s_len, sbtb, sbtn,
+    sob, sos, soh, sod, slb, slh, sls, sos_split, sls_split,
+    seqlen_q, max_len, n_blocks, GROUP, num_splits, qk_scale, cap_scale, wl, wr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+    MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+    SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
+    SAME_STRIDES: tl.constexpr, KV_HEADS: tl.constexpr,
+):
+    """:func:`_decode_split_kernel` (FP8_WORDS, not FUSED; the same arguments) for KV_HEADS kv
+    heads a program whose query rows share the M tiles: packed row r is query position
+    r // (GROUP * KV_HEADS) of query head KV_HEADS * GROUP * j + r % (GROUP * KV_HEADS) in
+    program j of grid axis 1, of kv head KV_HEADS * j + (r % (GROUP * KV_HEADS)) // GROUP
+    (:func:`_rows_tile`)."""
+    pid = tl.program_id(0)
+    hk = tl.program_id(1) * KV_HEADS
+    b = tl.program_id(2)
+    n_m = tl.num_programs(0) // num_splits
+    split = pid // n_m
+    mb = pid % n_m
+    b64 = b.to(tl.int64)
+    if SEQLENS is None:
+        L = max_len
+    else:
+        L = tl.load(SEQLENS + b64 * s_len)
+        L = tl.minimum(tl.maximum(L, 0), max_len)
+    shift = L - seqlen_q
+    RG = GROUP * KV_HEADS  # rows a query position
+    n_rows = seqlen_q * RG
+
+    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < n_rows
+    qpos = rows // RG
+    hrow = (rows % RG) // GROUP
+    heads = (hk * GROUP + rows % RG).to(tl.int64)
+    offs_n = tl.arange(0, SUB_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < HEAD_DIM
+    q_off = b64 * sqb + qpos.to(tl.int64) * sqs + heads * sqh
+
+    i_lo = (mb * BLOCK_M) // RG
+    i_hi = (tl.minimum(mb * BLOCK_M + BLOCK_M, n_rows) - 1) // RG
+    lo = 0
+    hi = L
+    full_lo = 0
+    full_end = L
+    if MASK_LO:
+        lo = (tl.maximum(i_lo + shift - wl, 0) // BLOCK_N) * BLOCK_N
+        full_lo = tl.maximum(i_hi + shift - wl, 0)
+        full_lo = ((full_lo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    if MASK_HI:
+        hi = tl.minimum(L, tl.maximum(i_hi + shift + wr + 1, 0))
+        full_end = tl.minimum(L, tl.maximum(i_lo + shift + wr + 1, 0))
+    hi = tl.maximum(hi, lo)
+    n_tiles = (hi - lo + BLOCK_N - 1) // BLOCK_N
+    per = (n_tiles + num_splits - 1) // num_splits
+    t0 = tl.minimum(lo + split * per * BLOCK_N, hi)
+    t1 = tl.minimum(t0 + per * BLOCK_N, hi)
+    a = tl.minimum(tl.maximum(full_lo, t0), t1)
+    full_hi = (full_end // BLOCK_N) * BLOCK_N
+    c = tl.minimum(tl.maximum(full_hi, a), t1)
+
+    KS += hk.to(tl.int64) * sksh
+    VS += hk.to(tl.int64) * svsh
+    BTb = BT + b64 * sbtb
+    if SCALE_K == 1:
+        ks0 = tl.load(KS)
+        if SOFTCAP:
+            cap_scale = cap_scale * ks0
+        else:
+            qk_scale = qk_scale * ks0
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    offs_c = tl.arange(0, BLOCK_D // 4) * 4
+    q0 = _q_part(Q, q_off, offs_c, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+    q1 = _q_part(Q, q_off, offs_c + 1, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+    q2 = _q_part(Q, q_off, offs_c + 2, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+    q3 = _q_part(Q, q_off, offs_c + 3, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
+    acc0 = tl.zeros([BLOCK_M, BLOCK_D // 4], dtype=tl.float32)
+    acc1 = acc0
+    acc2 = acc0
+    acc3 = acc0
+    Kw = (K + hk.to(tl.int64) * skh).to(tl.pointer_type(tl.int32))
+    Vw = (V + hk.to(tl.int64) * svh).to(tl.pointer_type(tl.int32))
+    skn = skn // 4
+    skp = skp // 4
+    skh = skh // 4
+    svn = svn // 4
+    svp = svp // 4
+    svh = svh // 4
+    acc0, acc1, acc2, acc3, l_i, m_i = _rows_tiles(
+        acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, hrow, Kw, Vw, KS, VS, BTb, t0, a, L,
+        qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skh, svn,
+        svp, svh, sksn, sksp, sksh, svsn, svsp, svsh, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N,
+        PAGE_SIZE, PAGED, True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC,
+        SAME_STRIDES, KV_HEADS)
+    acc0, acc1, acc2, acc3, l_i, m_i = _rows_tiles(
+        acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, hrow, Kw, Vw, KS, VS, BTb, a, c, L,
+        qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skh, svn,
+        svp, svh, sksn, sksp, sksh, svsn, svsp, svsh, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N,
+        PAGE_SIZE, PAGED, False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC,
+        SAME_STRIDES, KV_HEADS)
+    acc0, acc1, acc2, acc3, l_i, m_i = _rows_tiles(
+        acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, hrow, Kw, Vw, KS, VS, BTb, c, t1, L,
+        qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skh, svn,
+        svp, svh, sksn, sksp, sksh, svsn, svsp, svsh, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N,
+        PAGE_SIZE, PAGED, True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC,
+        SAME_STRIDES, KV_HEADS)
+    acc = _interleave4(acc0, acc1, acc2, acc3, BLOCK_M, BLOCK_D)
+    _store_split(O, LSE, VS, acc, l_i, m_i,
+                 b64 * sob + qpos.to(tl.int64) * sos + heads * soh
+                 + split.to(tl.int64) * sos_split,
+                 b64 * slb + heads * slh + qpos.to(tl.int64) * sls
+                 + split.to(tl.int64) * sls_split,
+                 offs_d, row_ok, dmask, sod, SCALE_V)
+
+
+@triton.jit
 def _merge_tile(OP, LP, O, LSE, op_off, lp_off, o_off, l_off, offs_d, row_ok, dmask,
                 num_splits, sop_split, slp_split, sopd, sod,
                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):

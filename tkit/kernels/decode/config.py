@@ -64,6 +64,9 @@ class DecodeConfig:
         reads it once for the n (the L2-to-SM scale traffic falls n-fold), and its heads' K
         and V rows are adjacent (n * 128 contiguous bytes a key at D=128).
     warp_per_head: see ``kv_heads``.
+    pack_rows: with ``kv_heads`` 2 or 4, the heads' query rows share the M tile (GQA 4, one
+        query: 16 rows, none padding, at 4 heads): each head's scores fill its rows, one
+        softmax serves all, P @ V runs a head at a time (not with ``warp_per_head``).
     """
 
     block_n: int = 64
@@ -78,6 +81,7 @@ class DecodeConfig:
     combine: str = "launch"
     kv_heads: int = 1
     warp_per_head: bool = False
+    pack_rows: bool = False
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,

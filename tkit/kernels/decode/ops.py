@@ -15,6 +15,7 @@ from tkit.kernels.decode._kernels import (
     _append_kv_kernel,
     _decode_combine_kernel,
     _decode_heads_kernel,
+    _decode_rows_kernel,
     _decode_split_kernel,
     _merge_states_kernel,
 )
@@ -143,9 +144,11 @@ def _check_decode_values(k_cache, cache_seqlens, block_table, max_len) -> None:
 # Launchers
 # --------------------------------------------------------------------------------------------
 def plan_splits(q, k_cache, block_table, num_splits: int = 0,
-                config: DecodeConfig | None = None) -> tuple[int, DecodeConfig, int, int]:
+                config: DecodeConfig | None = None,
+                v_cache=None) -> tuple[int, DecodeConfig, int, int]:
     """(num_splits, config, BLOCK_M, M tiles) for a call, from shapes only (never the lengths:
-    no host sync)."""
+    no host sync). ``v_cache`` (default: shaped and strided as ``k_cache``) decides with it
+    whether several kv heads share a program (``DecodeConfig.kv_heads``)."""
     b, sq, hq, d = q.shape
     hk = k_cache.shape[2]
     size, paged = k_cache.element_size(), block_table is not None
@@ -156,16 +159,16 @@ def plan_splits(q, k_cache, block_table, num_splits: int = 0,
         max_len = k_cache.shape[1]
     else:
         max_len = block_table.shape[1] * k_cache.shape[1]
-    n_rows = sq * (hq // hk)
-
     def plan(cfg):
+        heads = _kv_heads(cfg, k_cache, k_cache if v_cache is None else v_cache)
+        n_rows = sq * (hq // hk) * (heads if cfg.pack_rows else 1)
         block_m = max(16, min(C.next_power_of_2(n_rows), cfg.block_m))
         n_m = C.cdiv(n_rows, block_m)
         n_tiles = C.cdiv(max_len, cfg.block_n)
         splits = num_splits or cfg.num_splits
         if not splits:
             kv_bytes = 2 * max_len * d * size
-            groups = hk // _kv_heads(cfg, k_cache, k_cache)
+            groups = hk // heads
             splits = choose_num_splits(b * groups * n_m, n_tiles, sms,
                                        ctas_per_sm=cfg.ctas_per_sm,
                                        min_splits=C.cdiv(kv_bytes, cfg.split_bytes))
@@ -193,7 +196,8 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
     lse = C.empty((b, hq, sq), torch.float32, q.device)
     if b == 0 or hq == 0 or sq == 0:
         return out, lse
-    splits, cfg, block_m, n_m = plan_splits(q, k_cache, block_table, num_splits, config)
+    splits, cfg, block_m, n_m = plan_splits(q, k_cache, block_table, num_splits, config,
+                                            v_cache)
     if paged:
         max_len = block_table.shape[1] * k_cache.shape[1]
         page, n_blocks = k_cache.shape[1], k_cache.shape[0]
@@ -224,9 +228,12 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
     if cfg.combine not in COMBINES:
         raise ValueError(f"DecodeConfig: combine = {cfg.combine!r} must be one of {COMBINES}")
     fused = splits > 1 and cfg.combine != "launch"
-    if cfg.kv_heads not in ((1, 2, 4, 8) if cfg.warp_per_head else (1, 2)):
-        raise ValueError(f"DecodeConfig: kv_heads = {cfg.kv_heads!r} must be 1 or 2 (or 4 or 8 "
-                         "with warp_per_head)")
+    if cfg.warp_per_head and cfg.pack_rows:
+        raise ValueError("DecodeConfig: warp_per_head and pack_rows exclude each other")
+    allowed = (1, 2, 4, 8) if cfg.warp_per_head else (1, 2, 4) if cfg.pack_rows else (1, 2)
+    if cfg.kv_heads not in allowed:
+        raise ValueError(f"DecodeConfig: kv_heads = {cfg.kv_heads!r} must be one of {allowed}"
+                         " (4 and 8 with warp_per_head, 4 with pack_rows)")
     if cfg.kv_heads > 1 and cfg.combine != "launch":
         raise ValueError(f"DecodeConfig: kv_heads = {cfg.kv_heads} takes combine='launch', "
                          f"got {cfg.combine!r}")
@@ -234,9 +241,14 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         raise ValueError(f"DecodeConfig: warp_per_head takes num_warps = kv_heads, got "
                          f"num_warps = {cfg.num_warps} and kv_heads = {cfg.kv_heads}")
     kv_heads = _kv_heads(cfg, k_cache, v_cache) if words else 1
+    if cfg.pack_rows and kv_heads != _kv_heads(cfg, k_cache, v_cache):  # rows not packed
+        block_m = max(16, min(C.next_power_of_2(sq * (hq // hk)), cfg.block_m))
+        n_m = C.cdiv(sq * (hq // hk), block_m)
     kernel = _decode_split_kernel
     if kv_heads > 1 and cfg.warp_per_head:
         kernel = _decode_heads_kernel
+    elif kv_heads > 1 and cfg.pack_rows:
+        kernel = _decode_rows_kernel
     if splits == 1:
         o_part, l_part = out, lse
         o_st, l_st = out.stride(), lse.stride()
