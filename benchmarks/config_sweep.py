@@ -815,15 +815,17 @@ def sweep_decode_fp8(rows):
     runs = [("bf16", {}), ("token", {})] + DECODE_FP8_RUNS
     made = {i: cases[i].make("cuda") for i in (2, 6)}
     inputs = {lay: _decode_inputs(made, lay) for lay in {lay for lay, _ in runs}}
+    nbytes = _bytes(spec, *inputs["token"])
+    try:  # compile every build in parallel child processes first (16 cores there)
+        jobs = [("decode_attention", 2, {}), ("decode_attention", 6, {})]
+        jobs += [("decode_attention", 6, v) for lay, v in runs if v and lay == "token"]
+        warm(DA.decode_config, jobs, processes=min(len(jobs), 12))
+    except Exception as e:
+        print(f"decode_fp8 warm-up: {type(e).__name__}: {str(e)[:200]}")
     want = {}
     for lay in {_DECODE_FP8_REF.get(lay) for lay, _ in runs} - {None}:
         args, kw = inputs.get(lay) or _decode_inputs(made, lay)
         want[lay] = spec.fn(*args, **kw)
-    nbytes = _bytes(spec, *inputs["token"])
-    try:  # compile the builds in parallel child processes first
-        warm(DA.decode_config, [("decode_attention", 6, v) for _, v in runs if v])
-    except Exception as e:
-        print(f"decode_fp8 warm-up: {type(e).__name__}: {str(e)[:200]}")
     times, notes = {}, {}
     for r in range(ROUNDS):
         for layout, v in runs:
