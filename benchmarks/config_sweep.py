@@ -866,23 +866,24 @@ def sweep_decode_fp8(rows):
 
 
 #: fp8 kernel variants of :func:`sweep_decode_fp8` (test_decode_attention's
-#: test_fp8_kv_heads_compiled checks each on the GPU): several kv heads a program, built for
-#: sm_90a (registers, shared memory, programs an SM, grid):
+#: test_fp8_kv_heads_compiled checks each on the GPU): several kv heads a program, each a
+#: complete default (the split heuristic counts ``ctas_per_sm`` slots: the fp8 default's 4
+#: unless given), built for sm_90a (registers, shared memory, programs an SM, the B32 grid):
 DECODE_FP8_HEADS: list = [
     # two heads one after the other (2 warps): 251, 43 KB, 4; 512 programs
-    dict(kv_heads=2, block_n=32, num_splits=4),
+    dict(kv_heads=2, block_n=32),
     # batched over the heads, one warp a head (no cross-warp softmax), 32-key tiles: 8 heads
     # (whole token rows, each scale sector read once) 227, 168 KB, 1, 128 programs; 4 heads
     # 232, 84 KB, 2, 256; 2 heads 235, 42 KB, 4, 512
-    dict(kv_heads=8, warp_per_head=True, num_warps=8, block_n=32, num_splits=4),
-    dict(kv_heads=4, warp_per_head=True, num_warps=4, block_n=32, num_splits=4),
-    dict(kv_heads=2, warp_per_head=True, num_warps=2, block_n=32, num_splits=4),
+    dict(kv_heads=8, warp_per_head=True, num_warps=8, block_n=32, ctas_per_sm=1),
+    dict(kv_heads=4, warp_per_head=True, num_warps=4, block_n=32, ctas_per_sm=2),
+    dict(kv_heads=2, warp_per_head=True, num_warps=2, block_n=32),
     # the heads' query rows in one M tile (one softmax for the heads, 2 warps): 4 heads x 32
     # keys 255, 73 KB, 3, 384; 2 heads x 64 keys 255, 74 KB, 3, 384; 4 heads x 16 keys 186,
-    # 38 KB, 5, 640
-    dict(kv_heads=4, pack_rows=True, block_n=32, num_splits=6),
-    dict(kv_heads=2, pack_rows=True, num_splits=3),
-    dict(kv_heads=4, pack_rows=True, block_n=16, num_splits=10),
+    # 38 KB, 5, 576 (9 splits)
+    dict(kv_heads=4, pack_rows=True, block_n=32, ctas_per_sm=3),
+    dict(kv_heads=2, pack_rows=True, ctas_per_sm=3),
+    dict(kv_heads=4, pack_rows=True, block_n=16, ctas_per_sm=5),
 ]
 
 #: (inputs, DecodeConfig overrides) runs of :func:`sweep_decode_fp8` beside the bf16 and
