@@ -241,6 +241,9 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         raise ValueError(f"DecodeConfig: warp_per_head takes num_warps = kv_heads, got "
                          f"num_warps = {cfg.num_warps} and kv_heads = {cfg.kv_heads}")
     kv_heads = _kv_heads(cfg, k_cache, v_cache) if words else 1
+    if (kv_heads - 1) * max(k_cache.stride(2), v_cache.stride(2), ks_strides[2],
+                            vs_strides[2]) >= 2**31:  # the heads' offsets are 32-bit
+        kv_heads = 1
     if cfg.pack_rows and kv_heads != _kv_heads(cfg, k_cache, v_cache):  # rows not packed
         block_m = max(16, min(C.next_power_of_2(sq * (hq // hk)), cfg.block_m))
         n_m = C.cdiv(sq * (hq // hk), block_m)
