@@ -729,20 +729,22 @@ def _split_kernel_occupancy():
     1 KB and the reservation included), beside their shared memory and registers."""
     from cupy_backends.cuda.api import driver
 
-    from tkit.kernels.decode._kernels import _decode_split_kernel as k
+    from tkit.kernels.decode import _kernels as K
 
     seen = set()
-    for caches in k.device_caches.values():
-        for ck in caches[0].values():
-            md = ck.metadata
-            what = (md.num_warps, md.num_stages, md.shared, ck.n_regs)
-            if ck.function is None or what in seen:
-                continue
-            seen.add(what)
-            n = driver.occupancyMaxActiveBlocksPerMultiprocessor(ck.function, 32 * md.num_warps,
-                                                                 md.shared)
-            print(f"decode occupancy: {md.num_warps} warps, {md.num_stages} stages, "
-                  f"{md.shared} B shared, {ck.n_regs} registers: {n} an SM")
+    for k in (K._decode_split_kernel, K._decode_heads_kernel, K._decode_rows_kernel):
+        for caches in k.device_caches.values():
+            for ck in caches[0].values():
+                md = ck.metadata
+                what = (k.__name__, md.num_warps, md.num_stages, md.shared, ck.n_regs)
+                if ck.function is None or what in seen:
+                    continue
+                seen.add(what)
+                n = driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                    ck.function, 32 * md.num_warps, md.shared)
+                print(f"decode occupancy: {k.__name__[8:-7]} {md.num_warps} warps, "
+                      f"{md.num_stages} stages, {md.shared} B shared, {ck.n_regs} registers: "
+                      f"{n} an SM")
 
 
 #: bf16 page-16 variants of :func:`sweep_decode_bar`, as overrides of the default (4 warps,
