@@ -5,14 +5,13 @@ before any launch, the plan's choices; the Gluon kernel's gated sm_90a builds ah
 on an sm_90 GPU the Gluon kernel against the reference at the layer's shapes and at edges, the
 eager plan and CUDA-graph capture."""
 
-import os
 import re
-import subprocess
 
 import pytest
 import torch
 
 import tkit
+from tkit.ir_tools.aot import cubin_sass
 from tkit.kernels import _common, _cplan, _plan
 from tkit.kernels import matmul as mm
 from tkit.kernels.matmul import config as MC
@@ -175,20 +174,6 @@ def test_glu_config_table_and_plan(monkeypatch):
     assert p.path == "ptr" and "output rows of 8 bytes" in p.reason, p
 
 
-def _sass(kernel) -> str:
-    import tempfile
-
-    import triton
-
-    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(kernel.asm["cubin"])
-        return subprocess.run([os.path.join(bin_dir, "cuobjdump"), "-sass", path],
-                              capture_output=True, text=True, check=True).stdout
-
-
 @pytest.mark.parametrize("block_n,parts,overlap,bias", [(256, True, False, True),
                                                         (128, False, True, False)])
 def test_gluon_glu_compiled_schedule(block_n, parts, overlap, bias):
@@ -211,7 +196,7 @@ def test_gluon_glu_compiled_schedule(block_n, parts, overlap, bias):
     assert k.metadata.shared <= MC.gluon_shared_bytes(block_n, stages, out_cols=block_n // 2) \
         <= MC.SMEM_BYTES
     ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Za-z0-9_.]+)([^;]*);",
-                     _sass(k), re.M)
+                     cubin_sass(k.asm["cubin"]), re.M)
     names = [op for op, _ in ops]
     assert "LDL" not in names and "STL" not in names
     sites = 2 + (2 if overlap else 0)  # (the first step and the loop; twice with overlap)

@@ -5,14 +5,13 @@ each tile, bias and residual, fp16, the dispatch inside ``tkit.matmul``, the eag
 CUDA-graph capture."""
 
 import dataclasses
-import os
 import re
-import subprocess
 
 import pytest
 import torch
 
 import tkit
+from tkit.ir_tools.aot import cubin_sass
 from tkit.kernels import _common, _cplan, _plan
 from tkit.kernels import matmul as mm
 from tkit.kernels.matmul import config as MC
@@ -153,20 +152,6 @@ def test_plan_descriptors_of_views():
     assert not _plan._same_view(Desc([512, 1024], [1024, 1]), x.transpose(0, 1))
 
 
-def _sass(kernel) -> str:
-    import tempfile
-
-    import triton
-
-    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(kernel.asm["cubin"])
-        return subprocess.run([os.path.join(bin_dir, "cuobjdump"), "-sass", path],
-                              capture_output=True, text=True, check=True).stdout
-
-
 @pytest.mark.parametrize("block_n,bias,res,overlap", [(256, True, True, True),
                                                       (192, False, True, False),
                                                       (128, False, False, False)])
@@ -182,7 +167,7 @@ def test_gluon_compiled_schedule(block_n, bias, res, overlap):
     cfg = MC.GluonConfig(block_n=block_n, overlap=overlap)
     k = GH.compile_sm90(cfg, has_bias=bias, has_res=res)
     assert k.metadata.shared <= MC.gluon_shared_bytes(block_n, cfg.stages()) <= MC.SMEM_BYTES
-    sass = _sass(k)
+    sass = cubin_sass(k.asm["cubin"])
     ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Za-z0-9_.]+)([^;]*);",
                      sass, re.M)
     names = [op for op, _ in ops]

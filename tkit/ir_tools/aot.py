@@ -396,6 +396,16 @@ def _run_tool(args: list[str]) -> str:
     return res.stdout + res.stderr
 
 
+def cubin_sass(cubin: bytes) -> str:
+    """SASS of a cubin (e.g. ``compiled.asm["cubin"]`` of a Gluon kernel built with
+    ``compile_sm90``) from the Triton wheel's cuobjdump."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        return _run_tool([_bin("cuobjdump"), "-sass", path])
+
+
 @dataclass
 class CompiledIR:
     """One kernel compiled ahead of time: every stage's text, Triton's metadata, and what was
