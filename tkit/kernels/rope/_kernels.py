@@ -121,6 +121,44 @@ def _absmax(y):
 
 
 @triton.jit
+def _k_to_cache(ya, yb, p, h, m2, valid, blk, row, KC, KS, kcn, kcp, kch, kcd, ksn, ksp, ksh,
+                QUANT_K: tl.constexpr, ROT: tl.constexpr, PASS: tl.constexpr,
+                HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_P: tl.constexpr,
+                IS_NEOX: tl.constexpr):
+    """Write a (T, H) tile of rotated k (ya, yb in float32; the pass-through part p) into the
+    cache at the tokens' slots (block blk, row ``row``) where ``valid``."""
+    h64 = h.to(tl.int64)
+    cm2 = m2 & valid[:, None]
+    cb = blk[:, None] * kcn + row[:, None] * kcp + h64[None, :] * kch
+    sc = tl.zeros(m2.shape, tl.float32)
+    if QUANT_K != 0:
+        amax = tl.maximum(_absmax(ya), _absmax(yb))
+        if PASS > 0:
+            amax = tl.maximum(amax, _absmax(p.to(tl.float32)))
+        soff = blk[:, None] * ksn + row[:, None] * ksp + h64[None, :] * ksh
+        sc = _quant_scale(amax, QUANT_K, KS, soff, cm2)
+    _store_rot(KC, cb, kcd, cm2, _to_cache(ya, sc, KC, QUANT_K),
+               _to_cache(yb, sc, KC, QUANT_K), HALF, BLOCK_HALF, IS_NEOX)
+    if PASS > 0:
+        pc, pcm = _pass_offsets(cb, kcd, cm2, ROT, PASS, BLOCK_P)
+        tl.store(KC + pc, _to_cache(p.to(tl.float32), sc, KC, QUANT_K), mask=pcm)
+
+
+@triton.jit
+def _v_to_cache(x, h64, cm2, vm, blk, row, VC, VS, vcn, vcp, vch, vcd, vsn, vsp, vsh,
+                QUANT_V: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Write a (T, H, BLOCK_D) tile of v (float32, mask vm) into its cache (or quantize it)
+    at the tokens' slots (heads h64); cm2: the (T, H) rows written."""
+    cb = blk[:, None] * vcn + row[:, None] * vcp + h64[None, :] * vch
+    sc = tl.zeros(cm2.shape, tl.float32)
+    if QUANT_V != 0:
+        soff = blk[:, None] * vsn + row[:, None] * vsp + h64[None, :] * vsh
+        sc = _quant_scale(_absmax(x), QUANT_V, VS, soff, cm2)
+    vc, _vcm = _pass_offsets(cb, vcd, cm2, 0, HEAD_DIM, BLOCK_D)
+    tl.store(VC + vc, _to_cache(x, sc, VC, QUANT_V), mask=vm)
+
+
+@triton.jit
 def _rope_kernel(
     Q, K, V, QO, KO, POS, CS, KC, VC, KS, VS, SLOT,
     T, S, HQ, HK, max_pos, n_slots, page_size,
@@ -197,6 +235,7 @@ def _rope_kernel(
         ya, yb = _load_rotate(K, xb, skd, m2, cos, sin, HALF, BLOCK_HALF, IS_NEOX)
         _store_rot(KO, ob, skod, m2, round_to(ya, KO.dtype.element_ty),
                    round_to(yb, KO.dtype.element_ty), HALF, BLOCK_HALF, IS_NEOX)
+        p = ya  # the pass-through part of k (PASS > 0) for the cache write
         if PASS > 0:
             pi, pm = _pass_offsets(xb, skd, m2, ROT, PASS, BLOCK_P)
             if COPY_PASS or APPEND:
@@ -205,21 +244,8 @@ def _rope_kernel(
                 po, _pm = _pass_offsets(ob, skod, m2, ROT, PASS, BLOCK_P)
                 tl.store(KO + po, p, mask=pm)
         if APPEND:
-            h64 = h.to(tl.int64)
-            cm2 = m2 & valid[:, None]
-            cb = blk[:, None] * kcn + row[:, None] * kcp + h64[None, :] * kch
-            sc = tl.zeros((BLOCK_T, BLOCK_H), tl.float32)
-            if QUANT_K != 0:
-                amax = tl.maximum(_absmax(ya), _absmax(yb))
-                if PASS > 0:
-                    amax = tl.maximum(amax, _absmax(p.to(tl.float32)))
-                soff = blk[:, None] * ksn + row[:, None] * ksp + h64[None, :] * ksh
-                sc = _quant_scale(amax, QUANT_K, KS, soff, cm2)
-            _store_rot(KC, cb, kcd, cm2, _to_cache(ya, sc, KC, QUANT_K),
-                       _to_cache(yb, sc, KC, QUANT_K), HALF, BLOCK_HALF, IS_NEOX)
-            if PASS > 0:
-                pc, pcm = _pass_offsets(cb, kcd, cm2, ROT, PASS, BLOCK_P)
-                tl.store(KC + pc, _to_cache(p.to(tl.float32), sc, KC, QUANT_K), mask=pcm)
+            _k_to_cache(ya, yb, p, h, m2, valid, blk, row, KC, KS, kcn, kcp, kch, kcd, ksn, ksp,
+                        ksh, QUANT_K, ROT, PASS, HALF, BLOCK_HALF, BLOCK_P, IS_NEOX)
     # v: copied (or quantized) into its cache
     if APPEND:
         for h0 in range(0, HK, BLOCK_H):
@@ -230,12 +256,7 @@ def _rope_kernel(
             xb = bi[:, None] * svb + si[:, None] * svs + h[None, :] * svh
             vi, vm = _pass_offsets(xb, svd, cm2, 0, HEAD_DIM, BLOCK_D)
             x = tl.load(V + vi, mask=vm, other=0.0).to(tl.float32)
-            cb = blk[:, None] * vcn + row[:, None] * vcp + h64[None, :] * vch
-            sc = tl.zeros((BLOCK_T, BLOCK_H), tl.float32)
-            if QUANT_V != 0:
-                soff = blk[:, None] * vsn + row[:, None] * vsp + h64[None, :] * vsh
-                sc = _quant_scale(_absmax(x), QUANT_V, VS, soff, cm2)
-            vc, _vcm = _pass_offsets(cb, vcd, cm2, 0, HEAD_DIM, BLOCK_D)
-            tl.store(VC + vc, _to_cache(x, sc, VC, QUANT_V), mask=vm)
+            _v_to_cache(x, h64, cm2, vm, blk, row, VC, VS, vcn, vcp, vch, vcd, vsn, vsp, vsh,
+                        QUANT_V, HEAD_DIM, BLOCK_D)
 
 
