@@ -61,6 +61,33 @@ def _load_rotate(X, base, d_stride, m2, cos, sin, HALF: tl.constexpr,
 
 
 @triton.jit
+def _load_pair(X, base, d_stride, m2, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+               IS_NEOX: tl.constexpr):
+    """The raw pairs of _load_rotate (X's dtype; GPT-J: the run x[0:R] twice), loaded only."""
+    oa, ob = _rot_offsets(base, d_stride, HALF, BLOCK_HALF, IS_NEOX)
+    m = _rot_mask(m2, HALF, BLOCK_HALF, IS_NEOX)
+    a = tl.load(X + oa, mask=m, other=0.0)
+    b = a
+    if IS_NEOX:
+        b = tl.load(X + ob, mask=m, other=0.0)
+    return a, b
+
+
+@triton.jit
+def _rotate(a, b, cos, sin, BLOCK_HALF: tl.constexpr, IS_NEOX: tl.constexpr):
+    """(a', b') in float32 from _load_pair's values, as _load_rotate computes them."""
+    if IS_NEOX:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    else:
+        x = a.to(tl.float32)
+        a, b = tl.split(tl.reshape(x, (x.shape[0], x.shape[1], BLOCK_HALF, 2)))
+    c = cos[:, None, :]
+    s = sin[:, None, :]
+    return tl.fma(a, c, -(b * s)), tl.fma(b, c, a * s)
+
+
+@triton.jit
 def _store_rot(Y, base, d_stride, m2, ya, yb, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
                IS_NEOX: tl.constexpr):
     """Store the pairs (already in Y's dtype) where _load_rotate found them."""
@@ -159,6 +186,91 @@ def _v_to_cache(x, h64, cm2, vm, blk, row, VC, VS, vcn, vcp, vch, vcd, vsn, vsp,
 
 
 @triton.jit
+def _rope_tokens(
+    tile, Q, K, V, QO, KO, POS, CS, KC, VC, KS, VS, SLOT,
+    T, S, HQ, HK, max_pos, n_slots, page_size,
+    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd,
+    sob, sos, soh, sod, skob, skos, skoh, skod,
+    spb, sps, scp, scd, s_slot,
+    kcn, kcp, kch, kcd, vcn, vcp, vch, vcd,
+    ksn, ksp, ksh, vsn, vsp, vsh,
+    HEAD_DIM: tl.constexpr, ROT: tl.constexpr, IS_NEOX: tl.constexpr,
+    COPY_PASS: tl.constexpr, APPEND: tl.constexpr, QUANT_K: tl.constexpr,
+    QUANT_V: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """_rope_kernel's work for token block ``tile`` with every head of q (BLOCK_HQ >= HQ) and
+    of k and v (BLOCK_HK >= HK) in one tile: all of the block's loads of q, k (and v) are
+    issued before the positions' cos/sin rows are needed and before any store."""
+    t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    if INT64:
+        t = t.to(tl.int64)
+    tmask = t < T
+    bi = t // S
+    si = t - bi * S
+    HALF: tl.constexpr = ROT // 2
+    PASS: tl.constexpr = HEAD_DIM - ROT
+    pos = tl.load(POS + bi * spb + si * sps, mask=tmask, other=0)
+    hq = tl.arange(0, BLOCK_HQ)
+    mq = tmask[:, None] & (hq < HQ)[None, :]
+    xq = bi[:, None] * sqb + si[:, None] * sqs + hq[None, :] * sqh
+    qa, qb = _load_pair(Q, xq, sqd, mq, HALF, BLOCK_HALF, IS_NEOX)
+    hk = tl.arange(0, BLOCK_HK)
+    mk = tmask[:, None] & (hk < HK)[None, :]
+    xk = bi[:, None] * skb + si[:, None] * sks + hk[None, :] * skh
+    ka, kb = _load_pair(K, xk, skd, mk, HALF, BLOCK_HALF, IS_NEOX)
+    qp = qa  # the pass-through parts x[ROT:], where they are copied
+    kp = ka
+    if COPY_PASS and PASS > 0:
+        qpi, qpm = _pass_offsets(xq, sqd, mq, ROT, PASS, BLOCK_P)
+        qp = tl.load(Q + qpi, mask=qpm)
+    if PASS > 0 and (COPY_PASS or APPEND):
+        kpi, kpm = _pass_offsets(xk, skd, mk, ROT, PASS, BLOCK_P)
+        kp = tl.load(K + kpi, mask=kpm)
+    if APPEND:
+        slot = tl.load(SLOT + t * s_slot, mask=tmask, other=-1).to(tl.int64)
+        valid = tmask & (slot >= 0) & (slot < n_slots)
+        slot = tl.where(valid, slot, 0)
+        blk = slot // page_size
+        row = slot - blk * page_size
+        cmk = mk & valid[:, None]
+        xv = bi[:, None] * svb + si[:, None] * svs + hk[None, :] * svh
+        vi, vm = _pass_offsets(xv, svd, cmk, 0, HEAD_DIM, BLOCK_D)
+        v = tl.load(V + vi, mask=vm, other=0.0)
+    pos = tl.minimum(tl.maximum(pos, 0), max_pos - 1)  # never outside the table
+    if INT64:
+        pos = pos.to(tl.int64)
+    else:
+        pos = pos.to(tl.int32)
+    i = tl.arange(0, BLOCK_HALF)
+    cmask = tmask[:, None] & (i < HALF)[None, :]
+    crow = pos[:, None] * scp
+    cos = tl.load(CS + crow + i[None, :] * scd, mask=cmask, other=0.0).to(tl.float32)
+    sin = tl.load(CS + crow + (i + HALF)[None, :] * scd, mask=cmask, other=0.0).to(tl.float32)
+
+    ya, yb = _rotate(qa, qb, cos, sin, BLOCK_HALF, IS_NEOX)
+    oq = bi[:, None] * sob + si[:, None] * sos + hq[None, :] * soh
+    _store_rot(QO, oq, sod, mq, round_to(ya, QO.dtype.element_ty),
+               round_to(yb, QO.dtype.element_ty), HALF, BLOCK_HALF, IS_NEOX)
+    if COPY_PASS and PASS > 0:
+        po, _pm = _pass_offsets(oq, sod, mq, ROT, PASS, BLOCK_P)
+        tl.store(QO + po, qp, mask=qpm)
+    ya, yb = _rotate(ka, kb, cos, sin, BLOCK_HALF, IS_NEOX)
+    ok = bi[:, None] * skob + si[:, None] * skos + hk[None, :] * skoh
+    _store_rot(KO, ok, skod, mk, round_to(ya, KO.dtype.element_ty),
+               round_to(yb, KO.dtype.element_ty), HALF, BLOCK_HALF, IS_NEOX)
+    if COPY_PASS and PASS > 0:
+        po, _pm = _pass_offsets(ok, skod, mk, ROT, PASS, BLOCK_P)
+        tl.store(KO + po, kp, mask=kpm)
+    if APPEND:
+        _k_to_cache(ya, yb, kp, hk, mk, valid, blk, row, KC, KS, kcn, kcp, kch, kcd, ksn, ksp,
+                    ksh, QUANT_K, ROT, PASS, HALF, BLOCK_HALF, BLOCK_P, IS_NEOX)
+        _v_to_cache(v.to(tl.float32), hk.to(tl.int64), cmk, vm, blk, row, VC, VS, vcn, vcp,
+                    vch, vcd, vsn, vsp, vsh, QUANT_V, HEAD_DIM, BLOCK_D)
+
+
+@triton.jit
 def _rope_kernel(
     Q, K, V, QO, KO, POS, CS, KC, VC, KS, VS, SLOT,
     T, S, HQ, HK, max_pos, n_slots, page_size,
@@ -172,6 +284,8 @@ def _rope_kernel(
     QUANT_V: tl.constexpr, INT64: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEADS_AT_ONCE: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+    PERSISTENT: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Rotate BLOCK_T tokens of q (Q -> QO) and k (K -> KO) and, with APPEND, write the rotated
     k and v (V) into the caches KC / VC at slot SLOT[t].
@@ -183,80 +297,104 @@ def _rope_kernel(
     copies x[ROT:HEAD_DIM] to the outputs (out of place). Caches (blocks, page, heads, dim)
     with strides kc*/vc*; QUANT_K/QUANT_V 0 (same dtype), 1 (fp8, per-tensor scale KS/VS) or 2
     (fp8, per-(block, row, head) scales with strides ks*/vs*, computed and stored here).
+
+    HEADS_AT_ONCE: a token block's heads in one tile (_rope_tokens) instead of BLOCK_H-head
+    tiles walked in turn; PERSISTENT: programs loop over the token blocks (grid-stride), the
+    next blocks' loads in flight during the current one's (STAGES-deep software pipeline).
     """
-    pid = tl.program_id(0)
-    t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-    if INT64:
-        t = t.to(tl.int64)
-    tmask = t < T
-    bi = t // S
-    si = t - bi * S
-    pos = tl.load(POS + bi * spb + si * sps, mask=tmask, other=0)
-    pos = tl.minimum(tl.maximum(pos, 0), max_pos - 1)  # never outside the table
-    if INT64:
-        pos = pos.to(tl.int64)
+    if HEADS_AT_ONCE:
+        if PERSISTENT:
+            for tile in tl.range(tl.program_id(0), tl.cdiv(T, BLOCK_T), tl.num_programs(0),
+                                 num_stages=STAGES):
+                _rope_tokens(
+                    tile, Q, K, V, QO, KO, POS, CS, KC, VC, KS, VS, SLOT,
+                    T, S, HQ, HK, max_pos, n_slots, page_size,
+                    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd,
+                    sob, sos, soh, sod, skob, skos, skoh, skod, spb, sps, scp, scd, s_slot,
+                    kcn, kcp, kch, kcd, vcn, vcp, vch, vcd, ksn, ksp, ksh, vsn, vsp, vsh,
+                    HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, QUANT_K, QUANT_V, INT64,
+                    BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_P, BLOCK_D)
+        else:
+            _rope_tokens(
+                tl.program_id(0), Q, K, V, QO, KO, POS, CS, KC, VC, KS, VS, SLOT,
+                T, S, HQ, HK, max_pos, n_slots, page_size,
+                sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd,
+                sob, sos, soh, sod, skob, skos, skoh, skod, spb, sps, scp, scd, s_slot,
+                kcn, kcp, kch, kcd, vcn, vcp, vch, vcd, ksn, ksp, ksh, vsn, vsp, vsh,
+                HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, QUANT_K, QUANT_V, INT64,
+                BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_P, BLOCK_D)
     else:
-        pos = pos.to(tl.int32)
-    HALF: tl.constexpr = ROT // 2
-    PASS: tl.constexpr = HEAD_DIM - ROT
-    i = tl.arange(0, BLOCK_HALF)
-    cmask = tmask[:, None] & (i < HALF)[None, :]
-    crow = pos[:, None] * scp
-    cos = tl.load(CS + crow + i[None, :] * scd, mask=cmask, other=0.0).to(tl.float32)
-    sin = tl.load(CS + crow + (i + HALF)[None, :] * scd, mask=cmask, other=0.0).to(tl.float32)
-    hr = tl.arange(0, BLOCK_H)
+        pid = tl.program_id(0)
+        t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+        if INT64:
+            t = t.to(tl.int64)
+        tmask = t < T
+        bi = t // S
+        si = t - bi * S
+        pos = tl.load(POS + bi * spb + si * sps, mask=tmask, other=0)
+        pos = tl.minimum(tl.maximum(pos, 0), max_pos - 1)  # never outside the table
+        if INT64:
+            pos = pos.to(tl.int64)
+        else:
+            pos = pos.to(tl.int32)
+        HALF: tl.constexpr = ROT // 2
+        PASS: tl.constexpr = HEAD_DIM - ROT
+        i = tl.arange(0, BLOCK_HALF)
+        cmask = tmask[:, None] & (i < HALF)[None, :]
+        crow = pos[:, None] * scp
+        cos = tl.load(CS + crow + i[None, :] * scd, mask=cmask, other=0.0).to(tl.float32)
+        sin = tl.load(CS + crow + (i + HALF)[None, :] * scd, mask=cmask, other=0.0).to(tl.float32)
+        hr = tl.arange(0, BLOCK_H)
 
-    # q
-    for h0 in range(0, HQ, BLOCK_H):
-        h = h0 + hr
-        m2 = tmask[:, None] & (h < HQ)[None, :]
-        xb = bi[:, None] * sqb + si[:, None] * sqs + h[None, :] * sqh
-        ob = bi[:, None] * sob + si[:, None] * sos + h[None, :] * soh
-        ya, yb = _load_rotate(Q, xb, sqd, m2, cos, sin, HALF, BLOCK_HALF, IS_NEOX)
-        _store_rot(QO, ob, sod, m2, round_to(ya, QO.dtype.element_ty),
-                   round_to(yb, QO.dtype.element_ty), HALF, BLOCK_HALF, IS_NEOX)
-        if COPY_PASS and PASS > 0:
-            pi, pm = _pass_offsets(xb, sqd, m2, ROT, PASS, BLOCK_P)
-            po, _pm = _pass_offsets(ob, sod, m2, ROT, PASS, BLOCK_P)
-            tl.store(QO + po, tl.load(Q + pi, mask=pm), mask=pm)
+        # q
+        for h0 in range(0, HQ, BLOCK_H):
+            h = h0 + hr
+            m2 = tmask[:, None] & (h < HQ)[None, :]
+            xb = bi[:, None] * sqb + si[:, None] * sqs + h[None, :] * sqh
+            ob = bi[:, None] * sob + si[:, None] * sos + h[None, :] * soh
+            ya, yb = _load_rotate(Q, xb, sqd, m2, cos, sin, HALF, BLOCK_HALF, IS_NEOX)
+            _store_rot(QO, ob, sod, m2, round_to(ya, QO.dtype.element_ty),
+                       round_to(yb, QO.dtype.element_ty), HALF, BLOCK_HALF, IS_NEOX)
+            if COPY_PASS and PASS > 0:
+                pi, pm = _pass_offsets(xb, sqd, m2, ROT, PASS, BLOCK_P)
+                po, _pm = _pass_offsets(ob, sod, m2, ROT, PASS, BLOCK_P)
+                tl.store(QO + po, tl.load(Q + pi, mask=pm), mask=pm)
 
-    if APPEND:
-        slot = tl.load(SLOT + t * s_slot, mask=tmask, other=-1).to(tl.int64)
-        valid = tmask & (slot >= 0) & (slot < n_slots)
-        slot = tl.where(valid, slot, 0)
-        blk = slot // page_size
-        row = slot - blk * page_size
-    # k
-    for h0 in range(0, HK, BLOCK_H):
-        h = h0 + hr
-        m2 = tmask[:, None] & (h < HK)[None, :]
-        xb = bi[:, None] * skb + si[:, None] * sks + h[None, :] * skh
-        ob = bi[:, None] * skob + si[:, None] * skos + h[None, :] * skoh
-        ya, yb = _load_rotate(K, xb, skd, m2, cos, sin, HALF, BLOCK_HALF, IS_NEOX)
-        _store_rot(KO, ob, skod, m2, round_to(ya, KO.dtype.element_ty),
-                   round_to(yb, KO.dtype.element_ty), HALF, BLOCK_HALF, IS_NEOX)
-        p = ya  # the pass-through part of k (PASS > 0) for the cache write
-        if PASS > 0:
-            pi, pm = _pass_offsets(xb, skd, m2, ROT, PASS, BLOCK_P)
-            if COPY_PASS or APPEND:
-                p = tl.load(K + pi, mask=pm)
-            if COPY_PASS:
-                po, _pm = _pass_offsets(ob, skod, m2, ROT, PASS, BLOCK_P)
-                tl.store(KO + po, p, mask=pm)
         if APPEND:
-            _k_to_cache(ya, yb, p, h, m2, valid, blk, row, KC, KS, kcn, kcp, kch, kcd, ksn, ksp,
-                        ksh, QUANT_K, ROT, PASS, HALF, BLOCK_HALF, BLOCK_P, IS_NEOX)
-    # v: copied (or quantized) into its cache
-    if APPEND:
+            slot = tl.load(SLOT + t * s_slot, mask=tmask, other=-1).to(tl.int64)
+            valid = tmask & (slot >= 0) & (slot < n_slots)
+            slot = tl.where(valid, slot, 0)
+            blk = slot // page_size
+            row = slot - blk * page_size
+        # k
         for h0 in range(0, HK, BLOCK_H):
             h = h0 + hr
             m2 = tmask[:, None] & (h < HK)[None, :]
-            h64 = h.to(tl.int64)
-            cm2 = m2 & valid[:, None]
-            xb = bi[:, None] * svb + si[:, None] * svs + h[None, :] * svh
-            vi, vm = _pass_offsets(xb, svd, cm2, 0, HEAD_DIM, BLOCK_D)
-            x = tl.load(V + vi, mask=vm, other=0.0).to(tl.float32)
-            _v_to_cache(x, h64, cm2, vm, blk, row, VC, VS, vcn, vcp, vch, vcd, vsn, vsp, vsh,
-                        QUANT_V, HEAD_DIM, BLOCK_D)
-
-
+            xb = bi[:, None] * skb + si[:, None] * sks + h[None, :] * skh
+            ob = bi[:, None] * skob + si[:, None] * skos + h[None, :] * skoh
+            ya, yb = _load_rotate(K, xb, skd, m2, cos, sin, HALF, BLOCK_HALF, IS_NEOX)
+            _store_rot(KO, ob, skod, m2, round_to(ya, KO.dtype.element_ty),
+                       round_to(yb, KO.dtype.element_ty), HALF, BLOCK_HALF, IS_NEOX)
+            p = ya  # the pass-through part of k (PASS > 0) for the cache write
+            if PASS > 0:
+                pi, pm = _pass_offsets(xb, skd, m2, ROT, PASS, BLOCK_P)
+                if COPY_PASS or APPEND:
+                    p = tl.load(K + pi, mask=pm)
+                if COPY_PASS:
+                    po, _pm = _pass_offsets(ob, skod, m2, ROT, PASS, BLOCK_P)
+                    tl.store(KO + po, p, mask=pm)
+            if APPEND:
+                _k_to_cache(ya, yb, p, h, m2, valid, blk, row, KC, KS, kcn, kcp, kch, kcd, ksn, ksp,
+                            ksh, QUANT_K, ROT, PASS, HALF, BLOCK_HALF, BLOCK_P, IS_NEOX)
+        # v: copied (or quantized) into its cache
+        if APPEND:
+            for h0 in range(0, HK, BLOCK_H):
+                h = h0 + hr
+                m2 = tmask[:, None] & (h < HK)[None, :]
+                h64 = h.to(tl.int64)
+                cm2 = m2 & valid[:, None]
+                xb = bi[:, None] * svb + si[:, None] * svs + h[None, :] * svh
+                vi, vm = _pass_offsets(xb, svd, cm2, 0, HEAD_DIM, BLOCK_D)
+                x = tl.load(V + vi, mask=vm, other=0.0).to(tl.float32)
+                _v_to_cache(x, h64, cm2, vm, blk, row, VC, VS, vcn, vcp, vch, vcd, vsn, vsp, vsh,
+                            QUANT_V, HEAD_DIM, BLOCK_D)

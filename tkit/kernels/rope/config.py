@@ -24,11 +24,36 @@ class RopeConfig:
     block_t: tokens a program (their positions and cos/sin rows are loaded once).
     block_h: heads a tile (a power of 2); the program walks q's, k's (and v's) heads in tiles.
     num_warps: warps a program.
+    heads_at_once: a program's tile is all of q's heads (and all of k's) of its block_t tokens
+    (block_h is then unused): every load of the block (q, k, v) is issued before the first
+    store and before the cos/sin rows, whose address needs the positions, arrive.
+    programs: 0, a program per token block; n > 0, a persistent grid of n programs per SM
+    (at most one per block), each looping over token blocks (needs heads_at_once).
+    stages: the persistent loop's software pipeline: the loads of stages - 1 blocks ahead
+    in flight (through shared memory) while a block is rotated and stored; 1, none.
     """
 
     block_t: int = 4
     block_h: int = 8
     num_warps: int = 4
+    heads_at_once: bool = False
+    programs: int = 0
+    stages: int = 1
+
+    def __post_init__(self):
+        for name in ("block_t", "block_h", "num_warps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
+                raise ValueError(f"RopeConfig.{name} must be a power of 2, got {v!r}")
+        for name, lo in (("programs", 0), ("stages", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"RopeConfig.{name} must be an int >= {lo}, got {v!r}")
+        if self.programs and not self.heads_at_once:
+            raise ValueError("RopeConfig.programs (a persistent grid) needs heads_at_once=True")
+        if self.stages > 1 and not self.programs:
+            raise ValueError("RopeConfig.stages > 1 pipelines the persistent loop: it needs "
+                             "programs > 0")
 
     @classmethod
     def for_device(cls, rotary_dim: int, max_heads: int, append: bool = False) -> RopeConfig:
