@@ -272,11 +272,20 @@ def _rope_ceilings(rows):
     qk_bytes = 2 * (q.numel() + k.numel()) * q.element_size()
     q2, k2 = torch.empty_like(q), torch.empty_like(k)
     compiled = spec.baselines["torch.compile"]()
+    # the first half of the tokens: 2 * t(half) - t(all) is what a call pays whatever its size
+    # (launch, ramp, tail), the rest its steady rate
+    n = q.shape[0] // 2
+    half = dict(kwargs, positions=kwargs["positions"][:n])
+    q_h, k_h, q2_h, k2_h = q[:n], k[:n], q2[:n], k2[:n]
     probes = {"tkit.rope default": (lambda: spec.fn(*args, **kwargs), _bytes(spec, args, kwargs)),
               "torch.compile(reference)": (lambda: compiled(*args, **kwargs),
                                            _bytes(spec, args, kwargs)),
               "copy_ q, k (torch)": (lambda: (q2.copy_(q), k2.copy_(k)), qk_bytes),
-              "neg_ q, k in place (torch)": (lambda: (q.neg_(), k.neg_()), qk_bytes)}
+              "neg_ q, k in place (torch)": (lambda: (q.neg_(), k.neg_()), qk_bytes),
+              "tkit.rope default, half the tokens": (lambda: spec.fn(q_h, k_h, **half),
+                                                     _bytes(spec, (q_h, k_h), half)),
+              "copy_ q, k, half the tokens": (lambda: (q2_h.copy_(q_h), k2_h.copy_(k_h)),
+                                              qk_bytes // 2)}
     times: dict[str, list] = {}
     for _ in range(ROUNDS):
         for name, (fn, _b) in probes.items():
@@ -292,10 +301,18 @@ def _rope_ceilings(rows):
         if not ts:
             continue
         t, nbytes = min(ts), probes[name][1]
-        print(f"rope-probe   {case.label:44s} {name:32s} {t * 1e3:8.1f} us "
+        print(f"rope-probe   {case.label:44s} {name:36s} {t * 1e3:8.1f} us "
               f"{nbytes / t / 1e9:6.2f} TB/s {t / base:5.3f}x tkit's time")
         rows.append(dict(family="rope-probe", op=name, case=case.label, config={},
                          median_ms=t, tbps=nbytes / t / 1e9, vs_default=base / t))
+    for full, part in (("tkit.rope default", "tkit.rope default, half the tokens"),
+                       ("copy_ q, k (torch)", "copy_ q, k, half the tokens")):
+        tf = min(t for t in times[full] if t) if any(times[full]) else None
+        th = min(t for t in times[part] if t) if any(times[part]) else None
+        if tf and th:
+            fixed = 2 * th - tf
+            print(f"rope-probe   {full:36s} fixed {fixed * 1e3:6.1f} us, steady "
+                  f"{probes[full][1] / (tf - fixed) / 1e9:6.2f} TB/s")
 
 
 def sweep_rope(rows):
