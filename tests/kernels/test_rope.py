@@ -154,7 +154,8 @@ def test_rope_int64_offsets_and_config_override(monkeypatch):
 #: 5-6 token blocks), pipelined or not
 VARIANTS = [dict(block_t=8, heads_at_once=True),
             dict(block_t=4, heads_at_once=True, programs=1),
-            dict(block_t=4, heads_at_once=True, programs=1, stages=3)]
+            dict(block_t=4, heads_at_once=True, programs=1, stages=3),
+            dict(block_t=4, heads_at_once=True, programs=1, prefetch=True)]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v.values())))
@@ -192,6 +193,7 @@ def test_rope_config_is_validated():
     for bad, match in ((dict(block_t=3), "block_t must be a power of 2"),
                        (dict(programs=2), "needs heads_at_once"),
                        (dict(heads_at_once=True, stages=2), "needs programs > 0"),
+                       (dict(heads_at_once=True, prefetch=True), "needs programs > 0"),
                        (dict(heads_at_once=True, programs=-1), "programs must be an int >= 0")):
         with pytest.raises(ValueError, match=match):
             RP.RopeConfig(**bad)

@@ -186,29 +186,28 @@ def _v_to_cache(x, h64, cm2, vm, blk, row, VC, VS, vcn, vcp, vch, vcd, vsn, vsp,
 
 
 @triton.jit
-def _rope_tokens(
-    tile, Q, K, V, QO, KO, POS, CS, KC, VC, KS, VS, SLOT,
-    T, S, HQ, HK, max_pos, n_slots, page_size,
-    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd,
-    sob, sos, soh, sod, skob, skos, skoh, skod,
-    spb, sps, scp, scd, s_slot,
-    kcn, kcp, kch, kcd, vcn, vcp, vch, vcd,
-    ksn, ksp, ksh, vsn, vsp, vsh,
-    HEAD_DIM: tl.constexpr, ROT: tl.constexpr, IS_NEOX: tl.constexpr,
-    COPY_PASS: tl.constexpr, APPEND: tl.constexpr, QUANT_K: tl.constexpr,
-    QUANT_V: tl.constexpr, INT64: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
-    BLOCK_HALF: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """_rope_kernel's work for token block ``tile`` with every head of q (BLOCK_HQ >= HQ) and
-    of k and v (BLOCK_HK >= HK) in one tile: all of the block's loads of q, k (and v) are
-    issued before the positions' cos/sin rows are needed and before any store."""
+def _block_rows(tile, T, S, INT64: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Token block ``tile``'s tokens: (t, mask, batch index, sequence index)."""
     t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
     if INT64:
         t = t.to(tl.int64)
-    tmask = t < T
     bi = t // S
-    si = t - bi * S
+    return t, t < T, bi, t - bi * S
+
+
+@triton.jit
+def _tokens_load(
+    tile, Q, K, V, POS, SLOT, T, S, HQ, HK,
+    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, spb, sps, s_slot,
+    HEAD_DIM: tl.constexpr, ROT: tl.constexpr, IS_NEOX: tl.constexpr,
+    COPY_PASS: tl.constexpr, APPEND: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Every load of token block ``tile`` whose address needs no loaded value: positions,
+    q's and k's pairs (all heads), their pass-through parts where copied, slots and v with
+    the cache write; raw (the inputs' dtypes). Unused results are placeholders."""
+    t, tmask, bi, si = _block_rows(tile, T, S, INT64, BLOCK_T)
     HALF: tl.constexpr = ROT // 2
     PASS: tl.constexpr = HEAD_DIM - ROT
     pos = tl.load(POS + bi * spb + si * sps, mask=tmask, other=0)
@@ -220,7 +219,7 @@ def _rope_tokens(
     mk = tmask[:, None] & (hk < HK)[None, :]
     xk = bi[:, None] * skb + si[:, None] * sks + hk[None, :] * skh
     ka, kb = _load_pair(K, xk, skd, mk, HALF, BLOCK_HALF, IS_NEOX)
-    qp = qa  # the pass-through parts x[ROT:], where they are copied
+    qp = qa
     kp = ka
     if COPY_PASS and PASS > 0:
         qpi, qpm = _pass_offsets(xq, sqd, mq, ROT, PASS, BLOCK_P)
@@ -228,16 +227,34 @@ def _rope_tokens(
     if PASS > 0 and (COPY_PASS or APPEND):
         kpi, kpm = _pass_offsets(xk, skd, mk, ROT, PASS, BLOCK_P)
         kp = tl.load(K + kpi, mask=kpm)
+    slot = pos
+    v = qa
     if APPEND:
-        slot = tl.load(SLOT + t * s_slot, mask=tmask, other=-1).to(tl.int64)
-        valid = tmask & (slot >= 0) & (slot < n_slots)
-        slot = tl.where(valid, slot, 0)
-        blk = slot // page_size
-        row = slot - blk * page_size
-        cmk = mk & valid[:, None]
+        slot = tl.load(SLOT + t * s_slot, mask=tmask, other=-1)
+        # every row of the block's v; rows of skipped slots are not written
         xv = bi[:, None] * svb + si[:, None] * svs + hk[None, :] * svh
-        vi, vm = _pass_offsets(xv, svd, cmk, 0, HEAD_DIM, BLOCK_D)
+        vi, vm = _pass_offsets(xv, svd, mk, 0, HEAD_DIM, BLOCK_D)
         v = tl.load(V + vi, mask=vm, other=0.0)
+    return pos, qa, qb, ka, kb, qp, kp, slot, v
+
+
+@triton.jit
+def _tokens_finish(
+    tile, pos, qa, qb, ka, kb, qp, kp, slot, v,
+    QO, KO, CS, KC, VC, KS, VS, T, S, HQ, HK, max_pos, n_slots, page_size,
+    sob, sos, soh, sod, skob, skos, skoh, skod, scp, scd,
+    kcn, kcp, kch, kcd, vcn, vcp, vch, vcd, ksn, ksp, ksh, vsn, vsp, vsh,
+    HEAD_DIM: tl.constexpr, ROT: tl.constexpr, IS_NEOX: tl.constexpr,
+    COPY_PASS: tl.constexpr, APPEND: tl.constexpr, QUANT_K: tl.constexpr,
+    QUANT_V: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """The rest of token block ``tile`` given _tokens_load's values: the cos/sin rows, the
+    rotation, the stores (and the cache write)."""
+    t, tmask, bi, si = _block_rows(tile, T, S, INT64, BLOCK_T)
+    HALF: tl.constexpr = ROT // 2
+    PASS: tl.constexpr = HEAD_DIM - ROT
     pos = tl.minimum(tl.maximum(pos, 0), max_pos - 1)  # never outside the table
     if INT64:
         pos = pos.to(tl.int64)
@@ -249,23 +266,34 @@ def _rope_tokens(
     cos = tl.load(CS + crow + i[None, :] * scd, mask=cmask, other=0.0).to(tl.float32)
     sin = tl.load(CS + crow + (i + HALF)[None, :] * scd, mask=cmask, other=0.0).to(tl.float32)
 
+    hq = tl.arange(0, BLOCK_HQ)
+    mq = tmask[:, None] & (hq < HQ)[None, :]
     ya, yb = _rotate(qa, qb, cos, sin, BLOCK_HALF, IS_NEOX)
     oq = bi[:, None] * sob + si[:, None] * sos + hq[None, :] * soh
     _store_rot(QO, oq, sod, mq, round_to(ya, QO.dtype.element_ty),
                round_to(yb, QO.dtype.element_ty), HALF, BLOCK_HALF, IS_NEOX)
     if COPY_PASS and PASS > 0:
-        po, _pm = _pass_offsets(oq, sod, mq, ROT, PASS, BLOCK_P)
-        tl.store(QO + po, qp, mask=qpm)
+        po, pm = _pass_offsets(oq, sod, mq, ROT, PASS, BLOCK_P)
+        tl.store(QO + po, qp, mask=pm)
+    hk = tl.arange(0, BLOCK_HK)
+    mk = tmask[:, None] & (hk < HK)[None, :]
     ya, yb = _rotate(ka, kb, cos, sin, BLOCK_HALF, IS_NEOX)
     ok = bi[:, None] * skob + si[:, None] * skos + hk[None, :] * skoh
     _store_rot(KO, ok, skod, mk, round_to(ya, KO.dtype.element_ty),
                round_to(yb, KO.dtype.element_ty), HALF, BLOCK_HALF, IS_NEOX)
     if COPY_PASS and PASS > 0:
-        po, _pm = _pass_offsets(ok, skod, mk, ROT, PASS, BLOCK_P)
-        tl.store(KO + po, kp, mask=kpm)
+        po, pm = _pass_offsets(ok, skod, mk, ROT, PASS, BLOCK_P)
+        tl.store(KO + po, kp, mask=pm)
     if APPEND:
+        slot = slot.to(tl.int64)
+        valid = tmask & (slot >= 0) & (slot < n_slots)
+        slot = tl.where(valid, slot, 0)
+        blk = slot // page_size
+        row = slot - blk * page_size
         _k_to_cache(ya, yb, kp, hk, mk, valid, blk, row, KC, KS, kcn, kcp, kch, kcd, ksn, ksp,
                     ksh, QUANT_K, ROT, PASS, HALF, BLOCK_HALF, BLOCK_P, IS_NEOX)
+        cmk = mk & valid[:, None]
+        vm = cmk[:, :, None] & (tl.arange(0, BLOCK_D) < HEAD_DIM)[None, None, :]
         _v_to_cache(v.to(tl.float32), hk.to(tl.int64), cmk, vm, blk, row, VC, VS, vcn, vcp,
                     vch, vcd, vsn, vsp, vsh, QUANT_V, HEAD_DIM, BLOCK_D)
 
@@ -285,7 +313,7 @@ def _rope_kernel(
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
     HEADS_AT_ONCE: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
-    PERSISTENT: tl.constexpr, STAGES: tl.constexpr,
+    PERSISTENT: tl.constexpr, STAGES: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Rotate BLOCK_T tokens of q (Q -> QO) and k (K -> KO) and, with APPEND, write the rotated
     k and v (V) into the caches KC / VC at slot SLOT[t].
@@ -298,31 +326,73 @@ def _rope_kernel(
     with strides kc*/vc*; QUANT_K/QUANT_V 0 (same dtype), 1 (fp8, per-tensor scale KS/VS) or 2
     (fp8, per-(block, row, head) scales with strides ks*/vs*, computed and stored here).
 
-    HEADS_AT_ONCE: a token block's heads in one tile (_rope_tokens) instead of BLOCK_H-head
-    tiles walked in turn; PERSISTENT: programs loop over the token blocks (grid-stride), the
-    next blocks' loads in flight during the current one's (STAGES-deep software pipeline).
+    HEADS_AT_ONCE: a token block's heads in one tile (_tokens_load, _tokens_finish) instead
+    of BLOCK_H-head tiles walked in turn; PERSISTENT: programs loop over the token blocks
+    (grid-stride), the next blocks' loads in flight during the current one's: STAGES-deep
+    through shared memory (Triton's pipeliner) or, with PREFETCH, one block ahead in
+    registers.
     """
     if HEADS_AT_ONCE:
-        if PERSISTENT:
-            for tile in tl.range(tl.program_id(0), tl.cdiv(T, BLOCK_T), tl.num_programs(0),
-                                 num_stages=STAGES):
-                _rope_tokens(
-                    tile, Q, K, V, QO, KO, POS, CS, KC, VC, KS, VS, SLOT,
-                    T, S, HQ, HK, max_pos, n_slots, page_size,
-                    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd,
-                    sob, sos, soh, sod, skob, skos, skoh, skod, spb, sps, scp, scd, s_slot,
-                    kcn, kcp, kch, kcd, vcn, vcp, vch, vcd, ksn, ksp, ksh, vsn, vsp, vsh,
-                    HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, QUANT_K, QUANT_V, INT64,
-                    BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_P, BLOCK_D)
-        else:
-            _rope_tokens(
-                tl.program_id(0), Q, K, V, QO, KO, POS, CS, KC, VC, KS, VS, SLOT,
-                T, S, HQ, HK, max_pos, n_slots, page_size,
-                sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd,
-                sob, sos, soh, sod, skob, skos, skoh, skod, spb, sps, scp, scd, s_slot,
+        pid = tl.program_id(0)
+        step = tl.num_programs(0)
+        stop = tl.cdiv(T, BLOCK_T)
+        if not PERSISTENT:
+            pos, qa, qb, ka, kb, qp, kp, slot, v = _tokens_load(
+                pid, Q, K, V, POS, SLOT, T, S, HQ, HK,
+                sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, spb, sps, s_slot,
+                HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, INT64,
+                BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_P, BLOCK_D)
+            _tokens_finish(
+                pid, pos, qa, qb, ka, kb, qp, kp, slot, v,
+                QO, KO, CS, KC, VC, KS, VS, T, S, HQ, HK, max_pos, n_slots, page_size,
+                sob, sos, soh, sod, skob, skos, skoh, skod, scp, scd,
                 kcn, kcp, kch, kcd, vcn, vcp, vch, vcd, ksn, ksp, ksh, vsn, vsp, vsh,
                 HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, QUANT_K, QUANT_V, INT64,
                 BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_P, BLOCK_D)
+        elif PREFETCH:
+            # by hand: the next block's loads are issued before this block's stores; the
+            # loads past the last block are masked off
+            pos, qa, qb, ka, kb, qp, kp, slot, v = _tokens_load(
+                pid, Q, K, V, POS, SLOT, T, S, HQ, HK,
+                sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, spb, sps, s_slot,
+                HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, INT64,
+                BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_P, BLOCK_D)
+            for tile in range(pid, stop, step):
+                n_pos, n_qa, n_qb, n_ka, n_kb, n_qp, n_kp, n_slot, n_v = _tokens_load(
+                    tile + step, Q, K, V, POS, SLOT, T, S, HQ, HK,
+                    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, spb, sps,
+                    s_slot, HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, INT64,
+                    BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_P, BLOCK_D)
+                _tokens_finish(
+                    tile, pos, qa, qb, ka, kb, qp, kp, slot, v,
+                    QO, KO, CS, KC, VC, KS, VS, T, S, HQ, HK, max_pos, n_slots, page_size,
+                    sob, sos, soh, sod, skob, skos, skoh, skod, scp, scd,
+                    kcn, kcp, kch, kcd, vcn, vcp, vch, vcd, ksn, ksp, ksh, vsn, vsp, vsh,
+                    HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, QUANT_K, QUANT_V, INT64,
+                    BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_P, BLOCK_D)
+                pos = n_pos
+                qa = n_qa
+                qb = n_qb
+                ka = n_ka
+                kb = n_kb
+                qp = n_qp
+                kp = n_kp
+                slot = n_slot
+                v = n_v
+        else:
+            for tile in tl.range(pid, stop, step, num_stages=STAGES):
+                pos, qa, qb, ka, kb, qp, kp, slot, v = _tokens_load(
+                    tile, Q, K, V, POS, SLOT, T, S, HQ, HK,
+                    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, spb, sps,
+                    s_slot, HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, INT64,
+                    BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_P, BLOCK_D)
+                _tokens_finish(
+                    tile, pos, qa, qb, ka, kb, qp, kp, slot, v,
+                    QO, KO, CS, KC, VC, KS, VS, T, S, HQ, HK, max_pos, n_slots, page_size,
+                    sob, sos, soh, sod, skob, skos, skoh, skod, scp, scd,
+                    kcn, kcp, kch, kcd, vcn, vcp, vch, vcd, ksn, ksp, ksh, vsn, vsp, vsh,
+                    HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, QUANT_K, QUANT_V, INT64,
+                    BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_P, BLOCK_D)
     else:
         pid = tl.program_id(0)
         t = pid * BLOCK_T + tl.arange(0, BLOCK_T)

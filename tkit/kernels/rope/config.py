@@ -31,6 +31,8 @@ class RopeConfig:
     (at most one per block), each looping over token blocks (needs heads_at_once).
     stages: the persistent loop's software pipeline: the loads of stages - 1 blocks ahead
     in flight (through shared memory) while a block is rotated and stored; 1, none.
+    prefetch: the persistent loop pipelined by hand instead: the next block's loads issued
+    into registers before the current block's stores (needs programs; not with stages).
     """
 
     block_t: int = 4
@@ -39,6 +41,7 @@ class RopeConfig:
     heads_at_once: bool = False
     programs: int = 0
     stages: int = 1
+    prefetch: bool = False
 
     def __post_init__(self):
         for name in ("block_t", "block_h", "num_warps"):
@@ -51,6 +54,9 @@ class RopeConfig:
                 raise ValueError(f"RopeConfig.{name} must be an int >= {lo}, got {v!r}")
         if self.programs and not self.heads_at_once:
             raise ValueError("RopeConfig.programs (a persistent grid) needs heads_at_once=True")
+        if self.prefetch and (not self.programs or self.stages > 1):
+            raise ValueError("RopeConfig.prefetch pipelines the persistent loop by hand: it "
+                             "needs programs > 0 and stages = 1")
         if self.stages > 1 and not self.programs:
             raise ValueError("RopeConfig.stages > 1 pipelines the persistent loop: it needs "
                              "programs > 0")

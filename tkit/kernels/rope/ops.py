@@ -92,7 +92,7 @@ def _rope_launch(q, k, qo, ko, positions, cos_sin_cache, is_neox, rotary_dim, *,
         BLOCK_HQ=C.next_power_of_2(max(1, hq)) if cfg.heads_at_once else 1,
         BLOCK_HK=C.next_power_of_2(max(1, hk)) if cfg.heads_at_once else 1,
         PERSISTENT=cfg.programs > 0,
-        STAGES=cfg.stages, num_warps=cfg.num_warps,
+        STAGES=cfg.stages, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps,
     )
 
 
