@@ -197,20 +197,19 @@ def _block_rows(tile, T, S, INT64: tl.constexpr, BLOCK_T: tl.constexpr):
 
 @triton.jit
 def _tokens_load(
-    tile, Q, K, V, POS, SLOT, T, S, HQ, HK,
-    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, spb, sps, s_slot,
+    tile, Q, K, V, SLOT, T, S, HQ, HK,
+    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, s_slot,
     HEAD_DIM: tl.constexpr, ROT: tl.constexpr, IS_NEOX: tl.constexpr,
     COPY_PASS: tl.constexpr, APPEND: tl.constexpr, INT64: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """Every load of token block ``tile`` whose address needs no loaded value: positions,
-    q's and k's pairs (all heads), their pass-through parts where copied, slots and v with
-    the cache write; raw (the inputs' dtypes). Unused results are placeholders."""
+    """The loads of token block ``tile`` whose addresses need no loaded value: q's and k's
+    pairs (all heads), their pass-through parts where copied, slots and v with the cache
+    write; raw (the inputs' dtypes). Unused results are placeholders."""
     t, tmask, bi, si = _block_rows(tile, T, S, INT64, BLOCK_T)
     HALF: tl.constexpr = ROT // 2
     PASS: tl.constexpr = HEAD_DIM - ROT
-    pos = tl.load(POS + bi * spb + si * sps, mask=tmask, other=0)
     hq = tl.arange(0, BLOCK_HQ)
     mq = tmask[:, None] & (hq < HQ)[None, :]
     xq = bi[:, None] * sqb + si[:, None] * sqs + hq[None, :] * sqh
@@ -227,7 +226,7 @@ def _tokens_load(
     if PASS > 0 and (COPY_PASS or APPEND):
         kpi, kpm = _pass_offsets(xk, skd, mk, ROT, PASS, BLOCK_P)
         kp = tl.load(K + kpi, mask=kpm)
-    slot = pos
+    slot = t
     v = qa
     if APPEND:
         slot = tl.load(SLOT + t * s_slot, mask=tmask, other=-1)
@@ -235,26 +234,23 @@ def _tokens_load(
         xv = bi[:, None] * svb + si[:, None] * svs + hk[None, :] * svh
         vi, vm = _pass_offsets(xv, svd, mk, 0, HEAD_DIM, BLOCK_D)
         v = tl.load(V + vi, mask=vm, other=0.0)
-    return pos, qa, qb, ka, kb, qp, kp, slot, v
+    return qa, qb, ka, kb, qp, kp, slot, v
 
 
 @triton.jit
-def _tokens_finish(
-    tile, pos, qa, qb, ka, kb, qp, kp, slot, v,
-    QO, KO, CS, KC, VC, KS, VS, T, S, HQ, HK, max_pos, n_slots, page_size,
-    sob, sos, soh, sod, skob, skos, skoh, skod, scp, scd,
-    kcn, kcp, kch, kcd, vcn, vcp, vch, vcd, ksn, ksp, ksh, vsn, vsp, vsh,
-    HEAD_DIM: tl.constexpr, ROT: tl.constexpr, IS_NEOX: tl.constexpr,
-    COPY_PASS: tl.constexpr, APPEND: tl.constexpr, QUANT_K: tl.constexpr,
-    QUANT_V: tl.constexpr, INT64: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
-    BLOCK_HALF: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """The rest of token block ``tile`` given _tokens_load's values: the cos/sin rows, the
-    rotation, the stores (and the cache write)."""
+def _tokens_pos(tile, POS, T, S, spb, sps, INT64: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Token block ``tile``'s positions, as loaded."""
+    t, tmask, bi, si = _block_rows(tile, T, S, INT64, BLOCK_T)
+    return tl.load(POS + bi * spb + si * sps, mask=tmask, other=0)
+
+
+@triton.jit
+def _tokens_table(tile, pos, CS, T, S, max_pos, scp, scd, ROT: tl.constexpr,
+                  INT64: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """The cos and sin halves (float32) of the table rows at token block ``tile``'s
+    positions ``pos``, clamped to the table."""
     t, tmask, bi, si = _block_rows(tile, T, S, INT64, BLOCK_T)
     HALF: tl.constexpr = ROT // 2
-    PASS: tl.constexpr = HEAD_DIM - ROT
     pos = tl.minimum(tl.maximum(pos, 0), max_pos - 1)  # never outside the table
     if INT64:
         pos = pos.to(tl.int64)
@@ -265,7 +261,26 @@ def _tokens_finish(
     crow = pos[:, None] * scp
     cos = tl.load(CS + crow + i[None, :] * scd, mask=cmask, other=0.0).to(tl.float32)
     sin = tl.load(CS + crow + (i + HALF)[None, :] * scd, mask=cmask, other=0.0).to(tl.float32)
+    return cos, sin
 
+
+@triton.jit
+def _tokens_finish(
+    tile, cos, sin, qa, qb, ka, kb, qp, kp, slot, v,
+    QO, KO, KC, VC, KS, VS, T, S, HQ, HK, n_slots, page_size,
+    sob, sos, soh, sod, skob, skos, skoh, skod,
+    kcn, kcp, kch, kcd, vcn, vcp, vch, vcd, ksn, ksp, ksh, vsn, vsp, vsh,
+    HEAD_DIM: tl.constexpr, ROT: tl.constexpr, IS_NEOX: tl.constexpr,
+    COPY_PASS: tl.constexpr, APPEND: tl.constexpr, QUANT_K: tl.constexpr,
+    QUANT_V: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """The rest of token block ``tile`` given its table rows and _tokens_load's values: the
+    rotation, the stores (and the cache write)."""
+    t, tmask, bi, si = _block_rows(tile, T, S, INT64, BLOCK_T)
+    HALF: tl.constexpr = ROT // 2
+    PASS: tl.constexpr = HEAD_DIM - ROT
     hq = tl.arange(0, BLOCK_HQ)
     mq = tmask[:, None] & (hq < HQ)[None, :]
     ya, yb = _rotate(qa, qb, cos, sin, BLOCK_HALF, IS_NEOX)
@@ -337,36 +352,50 @@ def _rope_kernel(
         step = tl.num_programs(0)
         stop = tl.cdiv(T, BLOCK_T)
         if not PERSISTENT:
-            pos, qa, qb, ka, kb, qp, kp, slot, v = _tokens_load(
-                pid, Q, K, V, POS, SLOT, T, S, HQ, HK,
-                sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, spb, sps, s_slot,
+            pos = _tokens_pos(pid, POS, T, S, spb, sps, INT64, BLOCK_T)
+            qa, qb, ka, kb, qp, kp, slot, v = _tokens_load(
+                pid, Q, K, V, SLOT, T, S, HQ, HK,
+                sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, s_slot,
                 HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, INT64,
                 BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_P, BLOCK_D)
+            cos, sin = _tokens_table(
+                pid, pos, CS, T, S, max_pos, scp, scd,
+                ROT, INT64, BLOCK_T, BLOCK_HALF)
             _tokens_finish(
-                pid, pos, qa, qb, ka, kb, qp, kp, slot, v,
-                QO, KO, CS, KC, VC, KS, VS, T, S, HQ, HK, max_pos, n_slots, page_size,
-                sob, sos, soh, sod, skob, skos, skoh, skod, scp, scd,
+                pid, cos, sin, qa, qb, ka, kb, qp, kp, slot, v,
+                QO, KO, KC, VC, KS, VS, T, S, HQ, HK, n_slots, page_size,
+                sob, sos, soh, sod, skob, skos, skoh, skod,
                 kcn, kcp, kch, kcd, vcn, vcp, vch, vcd, ksn, ksp, ksh, vsn, vsp, vsh,
                 HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, QUANT_K, QUANT_V, INT64,
                 BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_P, BLOCK_D)
         elif PREFETCH:
-            # by hand: the next block's loads are issued before this block's stores; the
-            # loads past the last block are masked off
-            pos, qa, qb, ka, kb, qp, kp, slot, v = _tokens_load(
-                pid, Q, K, V, POS, SLOT, T, S, HQ, HK,
-                sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, spb, sps, s_slot,
+            # by hand, one block ahead: the next block's q, k (and v) loads and its table rows
+            # (its positions loaded a block earlier still) are issued before this block's
+            # stores; loads past the last block are masked off
+            pos = _tokens_pos(pid, POS, T, S, spb, sps, INT64, BLOCK_T)
+            qa, qb, ka, kb, qp, kp, slot, v = _tokens_load(
+                pid, Q, K, V, SLOT, T, S, HQ, HK,
+                sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, s_slot,
                 HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, INT64,
                 BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_P, BLOCK_D)
+            cos, sin = _tokens_table(
+                pid, pos, CS, T, S, max_pos, scp, scd,
+                ROT, INT64, BLOCK_T, BLOCK_HALF)
+            pos = _tokens_pos(pid + step, POS, T, S, spb, sps, INT64, BLOCK_T)
             for tile in range(pid, stop, step):
-                n_pos, n_qa, n_qb, n_ka, n_kb, n_qp, n_kp, n_slot, n_v = _tokens_load(
-                    tile + step, Q, K, V, POS, SLOT, T, S, HQ, HK,
-                    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, spb, sps,
-                    s_slot, HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, INT64,
+                n_pos = _tokens_pos(tile + 2 * step, POS, T, S, spb, sps, INT64, BLOCK_T)
+                n_qa, n_qb, n_ka, n_kb, n_qp, n_kp, n_slot, n_v = _tokens_load(
+                    tile + step, Q, K, V, SLOT, T, S, HQ, HK,
+                    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, s_slot,
+                    HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, INT64,
                     BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_P, BLOCK_D)
+                n_cos, n_sin = _tokens_table(
+                    tile + step, pos, CS, T, S, max_pos, scp, scd,
+                    ROT, INT64, BLOCK_T, BLOCK_HALF)
                 _tokens_finish(
-                    tile, pos, qa, qb, ka, kb, qp, kp, slot, v,
-                    QO, KO, CS, KC, VC, KS, VS, T, S, HQ, HK, max_pos, n_slots, page_size,
-                    sob, sos, soh, sod, skob, skos, skoh, skod, scp, scd,
+                    tile, cos, sin, qa, qb, ka, kb, qp, kp, slot, v,
+                    QO, KO, KC, VC, KS, VS, T, S, HQ, HK, n_slots, page_size,
+                    sob, sos, soh, sod, skob, skos, skoh, skod,
                     kcn, kcp, kch, kcd, vcn, vcp, vch, vcd, ksn, ksp, ksh, vsn, vsp, vsh,
                     HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, QUANT_K, QUANT_V, INT64,
                     BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_P, BLOCK_D)
@@ -379,17 +408,23 @@ def _rope_kernel(
                 kp = n_kp
                 slot = n_slot
                 v = n_v
+                cos = n_cos
+                sin = n_sin
         else:
             for tile in tl.range(pid, stop, step, num_stages=STAGES):
-                pos, qa, qb, ka, kb, qp, kp, slot, v = _tokens_load(
-                    tile, Q, K, V, POS, SLOT, T, S, HQ, HK,
-                    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, spb, sps,
-                    s_slot, HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, INT64,
+                pos = _tokens_pos(tile, POS, T, S, spb, sps, INT64, BLOCK_T)
+                qa, qb, ka, kb, qp, kp, slot, v = _tokens_load(
+                    tile, Q, K, V, SLOT, T, S, HQ, HK,
+                    sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, s_slot,
+                    HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, INT64,
                     BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_P, BLOCK_D)
+                cos, sin = _tokens_table(
+                    tile, pos, CS, T, S, max_pos, scp, scd,
+                    ROT, INT64, BLOCK_T, BLOCK_HALF)
                 _tokens_finish(
-                    tile, pos, qa, qb, ka, kb, qp, kp, slot, v,
-                    QO, KO, CS, KC, VC, KS, VS, T, S, HQ, HK, max_pos, n_slots, page_size,
-                    sob, sos, soh, sod, skob, skos, skoh, skod, scp, scd,
+                    tile, cos, sin, qa, qb, ka, kb, qp, kp, slot, v,
+                    QO, KO, KC, VC, KS, VS, T, S, HQ, HK, n_slots, page_size,
+                    sob, sos, soh, sod, skob, skos, skoh, skod,
                     kcn, kcp, kch, kcd, vcn, vcp, vch, vcd, ksn, ksp, ksh, vsn, vsp, vsh,
                     HEAD_DIM, ROT, IS_NEOX, COPY_PASS, APPEND, QUANT_K, QUANT_V, INT64,
                     BLOCK_T, BLOCK_HQ, BLOCK_HK, BLOCK_HALF, BLOCK_P, BLOCK_D)
