@@ -208,26 +208,13 @@ def sweep_append(rows):
               kernel="_append_kv_kernel")
 
 
-#: rope at 16384 tokens x (32 + 8) x 128 bf16: the default (2 tokens x 16 heads, 4 warps)
-#: against its neighbour of earlier sweeps, more and smaller programs (2 warps), a token
-#: block's heads in one tile (every load issued before any store), and persistent grids
-#: (programs per SM, each at most what the SM holds at the build's registers, with the cache
-#: write too) pipelining the next blocks' loads through shared memory (stages) or registers
-#: (prefetch)
+#: rope at 16384 tokens x (32 + 8) x 128 bf16: the default (1 token x 8 heads, 4 warps)
+#: against the default it replaced (2 tokens x 16 heads) and its other neighbours
 ROPE_VARIANTS = [
-    dict(block_t=1, block_h=8),
-    dict(block_t=1, block_h=8, num_warps=2),
-    dict(block_t=1, block_h=16, num_warps=2),
-    dict(block_t=2, heads_at_once=True),
-    dict(block_t=1, heads_at_once=True),
-    dict(block_t=1, heads_at_once=True, num_warps=2),
-    dict(block_t=2, heads_at_once=True, programs=4),
-    dict(block_t=2, heads_at_once=True, programs=3, stages=2),
-    dict(block_t=2, heads_at_once=True, programs=2, stages=3),
-    dict(block_t=1, heads_at_once=True, programs=4, stages=2),
-    dict(block_t=1, heads_at_once=True, programs=3, stages=3),
-    dict(block_t=1, heads_at_once=True, programs=4, prefetch=True),
-    dict(block_t=2, heads_at_once=True, programs=2, prefetch=True),
+    dict(block_t=2, block_h=16),
+    dict(block_t=1, block_h=16),
+    dict(block_t=1, block_h=4),
+    dict(block_t=2, block_h=8),
 ]
 
 

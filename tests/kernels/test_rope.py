@@ -150,53 +150,16 @@ def test_rope_int64_offsets_and_config_override(monkeypatch):
             pass
 
 
-#: the whole-heads tile, alone and in persistent grids (CPU: 4 SMs, so 4 programs loop over
-#: 5-6 token blocks), pipelined or not
-VARIANTS = [dict(block_t=8, heads_at_once=True),
-            dict(block_t=4, heads_at_once=True, programs=1),
-            dict(block_t=4, heads_at_once=True, programs=1, stages=3),
-            dict(block_t=4, heads_at_once=True, programs=1, prefetch=True)]
-
-
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v.values())))
-def test_rope_config_variants_give_the_defaults_values(variant):
-    """Each launch variant writes the default's values: rope out of place (neox and GPT-J,
-    partial rotary, the pass-through part copied), in place on (batch, seq) views, and
-    rope_append_kv into an fp8 cache with per-token scales and into an fp16 one."""
-    q, k = _qk((23,), 5, 3, 40, torch.float16)
-    pos = S._positions((23,), 50, _dev())
-    cs = tkit.rope_cache(50, 24, device=_dev())
-    for is_neox in (True, False):
-        want = tkit.rope(q, k, pos, cs, is_neox=is_neox)
-        with RP.rope_config(**variant), poisoned_outputs():
-            got = tkit.rope(q, k, pos, cs, is_neox=is_neox)
-        _same_values(got, want)
-    q, k = _qk((3, 7), 4, 2, 32, torch.float16, "sliced")
-    pos = S._positions((3, 7), 40, _dev())
-    cs = tkit.rope_cache(40, 32, device=_dev())
-    want = tkit.rope(q, k, pos, cs)
-    with RP.rope_config(**variant):
-        got = tkit.rope(q, k, pos, cs, inplace=True)
-    _same_values(got, want)
-    for fp8, dtype in (("token", torch.float32), (None, torch.float16)):
-        a = _append_inputs(19, 4, 2, 48, dtype, 4, 8, 32, fp8)
-        b = [x.clone() if isinstance(x, torch.Tensor) else x for x in a]
-        torch.ops.tkit.rope_append_kv(*a, False, 32)
-        with RP.rope_config(**variant):
-            torch.ops.tkit.rope_append_kv(*b, False, 32)
-        for x, y in zip(a, b):
-            if isinstance(x, torch.Tensor):
-                assert torch.equal(x.view(torch.uint8), y.view(torch.uint8))
-
-
 def test_rope_config_is_validated():
-    for bad, match in ((dict(block_t=3), "block_t must be a power of 2"),
-                       (dict(programs=2), "needs heads_at_once"),
-                       (dict(heads_at_once=True, stages=2), "needs programs > 0"),
-                       (dict(heads_at_once=True, prefetch=True), "needs programs > 0"),
-                       (dict(heads_at_once=True, programs=-1), "programs must be an int >= 0")):
-        with pytest.raises(ValueError, match=match):
+    for bad in (dict(block_t=3), dict(block_h=0), dict(num_warps=True), dict(block_t=2.0)):
+        name = next(iter(bad))
+        with pytest.raises(ValueError, match=f"RopeConfig.{name} must be a power of 2"):
             RP.RopeConfig(**bad)
+        with pytest.raises(ValueError, match=f"RopeConfig.{name} must be a power of 2"):
+            with RP.rope_config(**bad):
+                tkit.rope(*_qk((3,), 1, 1, 8, torch.float16),
+                          torch.zeros(3, dtype=torch.int64, device=_dev()),
+                          tkit.rope_cache(4, 8, device=_dev()))
 
 
 def test_positions_out_of_range_are_clamped_and_checked(full_checks):

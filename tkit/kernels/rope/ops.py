@@ -9,7 +9,6 @@ import torch
 
 from tkit.kernels import _common as C
 from tkit.kernels import _register as R
-from tkit.kernels._device import sm_count
 from tkit.kernels.decode.config import FP8
 from tkit.kernels.rope._kernels import _rope_kernel
 from tkit.kernels.rope.config import CS_DTYPES, POS_DTYPES, current_config
@@ -63,10 +62,8 @@ def _rope_launch(q, k, qo, ko, positions, cos_sin_cache, is_neox, rotary_dim, *,
     int64 = C.needs_int64(q, k, qo, ko, positions, cos_sin_cache, v)
     sq, sk, so, sko = (_bs_strides(t) + t.stride()[-2:] for t in (q, k, qo, ko))
     sv = _bs_strides(v) + v.stride()[-2:] if append else z4
-    blocks = C.cdiv(T, cfg.block_t)
-    grid = min(blocks, cfg.programs * sm_count(q.device)) if cfg.programs else blocks
     C.launch(
-        _rope_kernel, (grid,),
+        _rope_kernel, (C.cdiv(T, cfg.block_t),),
         Q=q, K=k, V=v if append else q, QO=qo, KO=ko, POS=positions, CS=cos_sin_cache,
         KC=k_cache if append else q, VC=v_cache if append else q,
         KS=ks if ks is not None else cos_sin_cache, VS=vs if vs is not None else cos_sin_cache,
@@ -88,11 +85,7 @@ def _rope_launch(q, k, qo, ko, positions, cos_sin_cache, is_neox, rotary_dim, *,
         BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h,
         BLOCK_HALF=C.next_power_of_2(max(1, rotary_dim // 2)),
         BLOCK_P=C.next_power_of_2(max(1, d - rotary_dim)), BLOCK_D=C.next_power_of_2(d),
-        HEADS_AT_ONCE=cfg.heads_at_once,
-        BLOCK_HQ=C.next_power_of_2(max(1, hq)) if cfg.heads_at_once else 1,
-        BLOCK_HK=C.next_power_of_2(max(1, hk)) if cfg.heads_at_once else 1,
-        PERSISTENT=cfg.programs > 0,
-        STAGES=cfg.stages, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps,
     )
 
 
