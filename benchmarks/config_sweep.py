@@ -208,8 +208,9 @@ def sweep_append(rows):
               kernel="_append_kv_kernel")
 
 
-#: rope at 16384 tokens x (32 + 8) x 128 bf16: the default (1 token x 8 heads, 4 warps)
-#: against the default it replaced (2 tokens x 16 heads) and its other neighbours
+#: rope at 16384 tokens x (32 + 8) x 128 bf16, in place and with the page-16 cache write:
+#: the default (1 token x 8 heads, 4 warps; in place it replaced 2 tokens x 16 heads) against
+#: its neighbours
 ROPE_VARIANTS = [
     dict(block_t=2, block_h=16),
     dict(block_t=1, block_h=16),
@@ -256,7 +257,8 @@ def _rope_checker(ctx, name, index=0):
 def _rope_ceilings(rows):
     """What the same bytes cost without rope, in the same process: q and k copied out of
     place and negated in place (torch), beside torch.compile of the reference (the bar's
-    baseline) and tkit's default; each timed as the sweep times (graph replays, L2 flushed)."""
+    baseline) and tkit's default; L2 flushed before each run, graph replays but for
+    torch.compile (timed as ``tkit bench`` times it)."""
     spec, case, args, kwargs = _headline("rope", 0)
     q, k = args
     qk_bytes = 2 * (q.numel() + k.numel()) * q.element_size()
