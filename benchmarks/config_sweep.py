@@ -112,9 +112,11 @@ def warm(ctx, jobs, processes=8):
                 print(f"warm-up: {err}")
 
 
-def sweep(label, ctx, variants, name, index=0, rows=None, exact=True, kernel=None):
+def sweep(label, ctx, variants, name, index=0, rows=None, exact=True, kernel=None, check=None):
     """``kernel``: time that kernel's launches with the profiler (:func:`kernel_ms`) instead of
-    the whole call with ``time_fn``."""
+    the whole call with ``time_fn``. ``check(v)``: a variant's own check (None when it passes,
+    else what to print), instead of comparing its outputs with the default's (which compares
+    an in-place op's inputs with themselves)."""
     spec, case, args, kwargs = _headline(name, index)
     nbytes = _bytes(spec, args, kwargs)
     want = spec.fn(*args, **kwargs)
@@ -132,7 +134,13 @@ def sweep(label, ctx, variants, name, index=0, rows=None, exact=True, kernel=Non
                     times[json.dumps(v)] = None
                     failed[json.dumps(v)] = f"FAILED {type(e).__name__}: {str(e)[:120]}"
                     continue
-                if r == 0 and v and not (_same if exact else _close)(got, want):
+                if r == 0 and v and check is not None:
+                    bad = check(v)
+                    if bad:
+                        times[json.dumps(v)] = None
+                        failed[json.dumps(v)] = bad
+                        continue
+                elif r == 0 and v and not (_same if exact else _close)(got, want):
                     times[json.dumps(v)] = None
                     continue
                 if kernel:
@@ -200,14 +208,115 @@ def sweep_append(rows):
               kernel="_append_kv_kernel")
 
 
+#: rope at 16384 tokens x (32 + 8) x 128 bf16, in place and with the page-16 cache write:
+#: the default (1 token x 8 heads, 4 warps; in place it replaced 2 tokens x 16 heads) against
+#: its neighbours
+ROPE_VARIANTS = [
+    dict(block_t=2, block_h=16),
+    dict(block_t=1, block_h=16),
+    dict(block_t=1, block_h=4),
+    dict(block_t=2, block_h=8),
+]
+
+
+def _fresh(args, kwargs):
+    """Copies of a case's tensors (an in-place op's inputs are its outputs)."""
+    def c(x):
+        return x.clone() if isinstance(x, torch.Tensor) else x
+    return [c(a) for a in args], {k: c(v) for k, v in kwargs.items()}
+
+
+def _rope_checker(ctx, name, index=0):
+    """check(v) for :func:`sweep`: the variant's outputs on fresh copies of the inputs against
+    the default's, bit for bit (the rotation's roundings are spelled out in the kernel)."""
+    spec, _case, args, kwargs = _headline(name, index)
+
+    def run(v):
+        a, kw = _fresh(args, kwargs)
+        with ctx(**v):
+            out = spec.fn(*a, **kw)
+        torch.cuda.synchronize()
+        return out
+
+    want = run({})
+
+    def check(v):
+        try:
+            got = run(v)
+        except Exception as e:  # the sweep's own call reports it
+            return f"FAILED {type(e).__name__}: {str(e)[:120]}"
+        if _same(got, want):
+            return None
+        worst = max(float((x.float() - y.float()).abs().max()) for x, y in zip(got, want)
+                    if isinstance(x, torch.Tensor))
+        return f"DIFFERENT OUTPUT (max |diff| {worst:.3g})"
+
+    return check
+
+
+def _rope_ceilings(rows):
+    """What the same bytes cost without rope, in the same process: q and k copied out of
+    place and negated in place (torch), beside torch.compile of the reference (the bar's
+    baseline) and tkit's default; L2 flushed before each run, graph replays but for
+    torch.compile (timed as ``tkit bench`` times it)."""
+    spec, case, args, kwargs = _headline("rope", 0)
+    q, k = args
+    qk_bytes = 2 * (q.numel() + k.numel()) * q.element_size()
+    q2, k2 = torch.empty_like(q), torch.empty_like(k)
+    compiled = spec.baselines["torch.compile"]()
+    # the first half of the tokens: 2 * t(half) - t(all) is what a call pays whatever its size
+    # (launch, ramp, tail), the rest its steady rate
+    n = q.shape[0] // 2
+    half = dict(kwargs, positions=kwargs["positions"][:n])
+    q_h, k_h, q2_h, k2_h = q[:n], k[:n], q2[:n], k2[:n]
+    probes = {"tkit.rope default": (lambda: spec.fn(*args, **kwargs), _bytes(spec, args, kwargs)),
+              "torch.compile(reference)": (lambda: compiled(*args, **kwargs),
+                                           _bytes(spec, args, kwargs)),
+              "copy_ q, k (torch)": (lambda: (q2.copy_(q), k2.copy_(k)), qk_bytes),
+              "neg_ q, k in place (torch)": (lambda: (q.neg_(), k.neg_()), qk_bytes),
+              "tkit.rope default, half the tokens": (lambda: spec.fn(q_h, k_h, **half),
+                                                     _bytes(spec, (q_h, k_h), half)),
+              "copy_ q, k, half the tokens": (lambda: (q2_h.copy_(q_h), k2_h.copy_(k_h)),
+                                              qk_bytes // 2)}
+    times: dict[str, list] = {}
+    for _ in range(ROUNDS):
+        for name, (fn, _b) in probes.items():
+            try:
+                # torch.compile's call as `tkit bench` times it (not captured in a graph; the
+                # spin ahead of each run hides its host path)
+                t = time_fn(fn, rep_ms=60, replay=not name.startswith("torch.compile")).median_ms
+            except Exception as e:
+                print(f"rope-probe   {name:44s} FAILED {type(e).__name__}: {str(e)[:100]}")
+                t = None
+            times.setdefault(name, []).append(t)
+    base = min(t for t in times["tkit.rope default"] if t)
+    for name, ts in times.items():
+        ts = [t for t in ts if t]
+        if not ts:
+            continue
+        t, nbytes = min(ts), probes[name][1]
+        print(f"rope-probe   {case.label:44s} {name:36s} {t * 1e3:8.1f} us "
+              f"{nbytes / t / 1e9:6.2f} TB/s {t / base:5.3f}x tkit's time")
+        rows.append(dict(family="rope-probe", op=name, case=case.label, config={},
+                         median_ms=t, tbps=nbytes / t / 1e9, vs_default=base / t))
+    for full, part in (("tkit.rope default", "tkit.rope default, half the tokens"),
+                       ("copy_ q, k (torch)", "copy_ q, k, half the tokens")):
+        tf = min(t for t in times[full] if t) if any(times[full]) else None
+        th = min(t for t in times[part] if t) if any(times[part]) else None
+        if tf and th:
+            fixed = 2 * th - tf
+            print(f"rope-probe   {full:36s} fixed {fixed * 1e3:6.1f} us, steady "
+                  f"{probes[full][1] / (tf - fixed) / 1e9:6.2f} TB/s")
+
+
 def sweep_rope(rows):
     from tkit.kernels import rope as RP
 
-    grid = [dict(block_t=t, block_h=h, num_warps=w)
-            for t, h, w in ((1, 8, 4), (2, 8, 4), (8, 8, 4), (4, 16, 4), (4, 8, 8), (4, 4, 2),
-                            (8, 16, 8), (2, 16, 4))]
-    sweep("rope", RP.rope_config, grid, "rope", 0, rows)
-    sweep("rope", RP.rope_config, grid, "rope_append_kv", 0, rows)
+    warm(RP.rope_config, [(n, 0, v) for n in ("rope", "rope_append_kv") for v in ROPE_VARIANTS])
+    _rope_ceilings(rows)
+    for name in ("rope", "rope_append_kv"):
+        sweep("rope", RP.rope_config, ROPE_VARIANTS, name, 0, rows,
+              check=_rope_checker(RP.rope_config, name))
 
 
 def sweep_sample(rows):

@@ -150,6 +150,18 @@ def test_rope_int64_offsets_and_config_override(monkeypatch):
             pass
 
 
+def test_rope_config_is_validated():
+    for bad in (dict(block_t=3), dict(block_h=0), dict(num_warps=True), dict(block_t=2.0)):
+        name = next(iter(bad))
+        with pytest.raises(ValueError, match=f"RopeConfig.{name} must be a power of 2"):
+            RP.RopeConfig(**bad)
+        with pytest.raises(ValueError, match=f"RopeConfig.{name} must be a power of 2"):
+            with RP.rope_config(**bad):
+                tkit.rope(*_qk((3,), 1, 1, 8, torch.float16),
+                          torch.zeros(3, dtype=torch.int64, device=_dev()),
+                          tkit.rope_cache(4, 8, device=_dev()))
+
+
 def test_positions_out_of_range_are_clamped_and_checked(full_checks):
     q, k = _qk((6,), 2, 1, 16, torch.float32)
     cs = tkit.rope_cache(10, 16, device=_dev())

@@ -26,29 +26,33 @@ class RopeConfig:
     num_warps: warps a program.
     """
 
-    block_t: int = 4
+    block_t: int = 1
     block_h: int = 8
     num_warps: int = 4
 
+    def __post_init__(self):
+        for name in ("block_t", "block_h", "num_warps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
+                raise ValueError(f"RopeConfig.{name} must be a power of 2, got {v!r}")
+
     @classmethod
     def for_device(cls, rotary_dim: int, max_heads: int, append: bool = False) -> RopeConfig:
-        """With the cache write (``append``): one token a program, 8 heads a tile, 4 warps,
-        measured on the H200 at 16384 tokens x (32 + 8) x 128 into a page-16 bf16 cache at
-        1.29x the shape below (docs/NOTES.md). Without it, the reasoning: a tile of
-        block_t x block_h x R/2 pairs is ~4096 elements (8 KiB of bf16 in, 8 out: 16 values,
-        two 16-byte vectors a thread per half with 4 warps) and a program walks 10-20 such
-        tiles at the bench shape (16384 tokens x (32 + 8) heads x 128): 4096 programs, ~31 a
-        SM, few registers (cos/sin and one tile), so many programs share an SM and hide each
-        other's latency. The interpreter pays per program: few, large ones."""
+        """One token a program, 4 warps, and head tiles of ~512 rotated pairs (8 heads at
+        rotary dim 128; 8 heads whatever the rotary dim with the cache write, as measured):
+        measured on the H200 at 16384 tokens x (32 + 8) x 128 bf16 (docs/NOTES.md). In
+        place 1.009x and 1.010x the two tokens x 16 heads it replaced, in two sweeps (16
+        programs a SM at 32 registers, against 9); with the cache write 1.29x tiles of 4096
+        pairs. Every other tile or grid tried (more tokens or heads a tile, 2 or 8 warps, a
+        token's heads all at once, persistent grids pipelining the next token's loads) was
+        level or slower. The interpreter pays per program: few, large ones."""
         half = C.next_power_of_2(max(1, rotary_dim // 2))
         heads = C.next_power_of_2(max(1, max_heads))
         if _env.INTERPRET:
             return cls(block_t=16, block_h=min(heads, 64), num_warps=4)
         if append:
             return cls(block_t=1, block_h=min(heads, 8), num_warps=4)
-        block_h = max(1, min(heads, 16, 2048 // half))
-        block_t = max(1, min(16, 2048 // (half * block_h)))
-        return cls(block_t=block_t, block_h=block_h, num_warps=4)
+        return cls(block_t=1, block_h=max(1, min(heads, 512 // half)), num_warps=4)
 
 
 _OVERRIDES = C.ConfigOverrides(RopeConfig)
