@@ -55,6 +55,12 @@ class DecodeConfig:
         kernel) or "fused" (the last split of each (sequence, kv head, M tile) to finish
         merges them in the split kernel, counting on int32 counters zeroed per call: a fill
         launch instead of the combine launch).
+    qk: how an fp8 cache's scores are computed: "mma" (K converted to float16 in registers,
+        float16 MMAs) or "wgmma_fp8" (sm_90, the word pipeline's caches with a power-of-2
+        head dim from 32 to 256: the scores transposed, keys as M, by an fp8 ``wgmma`` that
+        reads K from shared memory as loaded, with the query split into hi and lo fp8 parts;
+        query rows in M tiles of 16; wants 4 warps (a warpgroup) and 64 or 128 keys a tile).
+        Elsewhere "mma" runs.
     """
 
     block_n: int = 64
@@ -67,6 +73,7 @@ class DecodeConfig:
     split_bytes: int = 2 << 20
     max_registers: Optional[int] = None  # noqa: UP045
     combine: str = "launch"
+    qk: str = "mma"
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,
@@ -120,6 +127,8 @@ class DecodeConfig:
             return cls(block_n=block_n, num_stages=stages, combine="fused")
         return cls(block_n=block_n, num_stages=stages)
 
+
+QKS = ("mma", "wgmma_fp8")
 
 _OVERRIDES = C.ConfigOverrides(DecodeConfig)
 

@@ -25,6 +25,7 @@ from tkit.kernels.decode.config import (
     MAX_SEQLEN_Q,
     MAX_SPLITS,
     Q_DTYPES,
+    QKS,
     DecodeConfig,
     choose_num_splits,
     current_append_config,
@@ -158,7 +159,9 @@ def plan_splits(q, k_cache, block_table, num_splits: int = 0,
     n_rows = sq * (hq // hk)
 
     def plan(cfg):
-        block_m = max(16, min(C.next_power_of_2(n_rows), cfg.block_m))
+        # the transposed fp8 scores take 16 query rows a tile (hi and lo parts: N = 32)
+        top = 16 if cfg.qk == "wgmma_fp8" and size == 1 else cfg.block_m
+        block_m = max(16, min(C.next_power_of_2(n_rows), top))
         n_m = C.cdiv(n_rows, block_m)
         n_tiles = C.cdiv(max_len, cfg.block_n)
         splits = num_splits or cfg.num_splits
@@ -218,6 +221,10 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
              and max(k_cache.stride(1), v_cache.stride(1), ks_strides[1], vs_strides[1])
              * cfg.block_n < 2**31)
     same = k_cache.stride() == v_cache.stride() and ks_strides == vs_strides
+    if cfg.qk not in QKS:
+        raise ValueError(f"DecodeConfig: qk = {cfg.qk!r} must be one of {QKS}")
+    qk_wg = (cfg.qk == "wgmma_fp8" and words and d == block_d and 32 <= d <= 256
+             and block_m == 16 and _sm90_or_interpreter(q.device))
     if cfg.combine not in COMBINES:
         raise ValueError(f"DecodeConfig: combine = {cfg.combine!r} must be one of {COMBINES}")
     fused = splits > 1 and cfg.combine != "launch"
@@ -255,6 +262,7 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"FP8_WORDS": True, "SAME_STRIDES": same} if words else {}),
+        **({"QK_WG": True} if qk_wg else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
         **(_fused_args(out, lse, b * hk * n_m) if fused else {}),
     )
@@ -285,6 +293,12 @@ def _fused_args(out, lse, n):
     so, sl = out.stride(), lse.stride()
     return dict(OUT=out, LOUT=lse, CNT=cnt, sfb=so[0], sfs=so[1], sfh=so[2], sfd=so[3],
                 sgb=sl[0], sgh=sl[1], sgs=sl[2], FUSED=True)
+
+
+def _sm90_or_interpreter(device) -> bool:
+    """The fp8 wgmma exists on sm_90 (meta tensors plan as the H200); the interpreter runs the
+    same kernel with float32 dots (CPU tensors)."""
+    return D.capability(device)[0] == 9 or device.type == "cpu"
 
 
 def _fp8_words(k_cache, v_cache) -> bool:
