@@ -337,16 +337,30 @@ def _decode_tile_wg(acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, BT
     (strides in words)."""
     cols = start_n + offs_n
     offs_w = tl.arange(0, BLOCK_D // 4)
-    k_rows, v_rows = _row_ptrs(K, V, BT, start_n, L, offs_n, offs_n, b64, n_blocks, sbtn, skn,
-                               skp, svn, svp, PAGE_SIZE, PAGED, SUB_N, MASKED, False, False)
+    if PAGED and not MASKED and SUB_N == 2 * PAGE_SIZE:
+        # two pages a tile: two table reads and a select of their base pointers a key, not a
+        # table read and a 64-bit product a key
+        pg = (tl.cast(start_n, tl.uint32) // PAGE_SIZE).to(tl.int32)
+        blk0 = tl.minimum(tl.maximum(tl.load(BT + pg * sbtn), 0), n_blocks - 1).to(tl.int64)
+        blk1 = tl.minimum(tl.maximum(tl.load(BT + (pg + 1) * sbtn), 0), n_blocks - 1)
+        blk1 = blk1.to(tl.int64)
+        k_rows, v_rows = _two_page_rows(K, V, blk0, blk1, offs_n, skn, skp, svn, svp,
+                                        PAGE_SIZE)
+        if SCALE_K == 2 or SCALE_V == 2:
+            ks_ptrs, vs_ptrs = _two_page_rows(KS, VS, blk0, blk1, offs_n, sksn, sksp, svsn,
+                                              svsp, PAGE_SIZE)
+    else:
+        k_rows, v_rows = _row_ptrs(K, V, BT, start_n, L, offs_n, offs_n, b64, n_blocks, sbtn,
+                                   skn, skp, svn, svp, PAGE_SIZE, PAGED, SUB_N, MASKED, False,
+                                   False)
+        if SCALE_K == 2 or SCALE_V == 2:
+            ks_ptrs, vs_ptrs = _row_ptrs(KS, VS, BT, start_n, L, offs_n, offs_n, b64,
+                                         n_blocks, sbtn, sksn, sksp, svsn, svsp, PAGE_SIZE,
+                                         PAGED, SUB_N, MASKED, False, False)
     k = tl.load(k_rows[:, None] + offs_d[None, :])
     st = _dot(k, q2t)  # [SUB_N, 2 BLOCK_M] float32
     s_hi, s_lo = tl.split(tl.reshape(st * qsc[None, :], [SUB_N, BLOCK_M, 2]))
     qk = s_hi + s_lo  # [keys, rows]
-    if SCALE_K == 2 or SCALE_V == 2:
-        ks_ptrs, vs_ptrs = _row_ptrs(KS, VS, BT, start_n, L, offs_n, offs_n, b64, n_blocks,
-                                     sbtn, sksn, sksp, svsn, svsp, PAGE_SIZE, PAGED, SUB_N,
-                                     MASKED, False, False)
     if SCALE_K == 2:
         ks = tl.load(ks_ptrs)
     if SCALE_K == 2 and not SOFTCAP:
@@ -380,6 +394,17 @@ def _decode_tile_wg(acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, BT
     acc2 = _dot(pt, v2, acc2 * alpha[:, None])
     acc3 = _dot(pt, v3, acc3 * alpha[:, None])
     return acc0, acc1, acc2, acc3, l_i, m_new
+
+
+@triton.jit
+def _two_page_rows(A, B, blk0, blk1, offs_n, sn, sp, sn2, sp2, PAGE_SIZE: tl.constexpr):
+    """Pointers to rows ``offs_n`` of a tile over two pages (blocks ``blk0``, ``blk1``) of
+    caches A and B strided (block, row) = (sn, sp) and (sn2, sp2)."""
+    second = offs_n >= PAGE_SIZE
+    r = offs_n % PAGE_SIZE
+    pa = tl.where(second, A + blk1 * sn, A + blk0 * sn) + r * sp
+    pb = tl.where(second, B + blk1 * sn2, B + blk0 * sn2) + r * sp2
+    return pa, pb
 
 
 @triton.jit
