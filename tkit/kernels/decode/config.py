@@ -56,10 +56,11 @@ class DecodeConfig:
         merges them in the split kernel, counting on int32 counters zeroed per call: a fill
         launch instead of the combine launch).
     qk: how an fp8 cache's scores are computed: "mma" (K converted to float16 in registers,
-        float16 MMAs) or "wgmma_fp8" (sm_90, the word pipeline's caches with a power-of-2
-        head dim from 32 to 256: the scores transposed, keys as M, by an fp8 ``wgmma`` that
-        reads K from shared memory as loaded, with the query split into hi and lo fp8 parts;
-        query rows in M tiles of 16; wants 4 warps (a warpgroup) and 64 or 128 keys a tile).
+        float16 MMAs) or "wgmma_fp8" (sm_90, 16-bit queries, the word pipeline's caches with
+        a power-of-2 head dim from 64 to 256: the scores transposed, keys as M, by an fp8
+        ``wgmma`` that reads K from shared memory as loaded, with the query split into hi and
+        lo fp8 parts, ~8 significant bits as bfloat16 has; M tiles of 8 or 16 query rows
+        (at most ``block_m``); wants 4 warps (a warpgroup) and 64 or 128 keys a tile).
         Elsewhere "mma" runs.
     """
 

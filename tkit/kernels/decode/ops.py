@@ -4,6 +4,7 @@ and torch.library registrations (``tkit::decode_attention``, ``tkit::append_kv``
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -159,9 +160,12 @@ def plan_splits(q, k_cache, block_table, num_splits: int = 0,
     n_rows = sq * (hq // hk)
 
     def plan(cfg):
-        # the transposed fp8 scores take 16 query rows a tile (hi and lo parts: N = 32)
-        top = 16 if cfg.qk == "wgmma_fp8" and size == 1 else cfg.block_m
-        block_m = max(16, min(C.next_power_of_2(n_rows), top))
+        if cfg.qk == "wgmma_fp8" and size == 1:
+            # the transposed fp8 scores: 8 or 16 query rows a tile (hi and lo parts: N = 16
+            # or 32)
+            block_m = max(8, min(C.next_power_of_2(n_rows), cfg.block_m, 16))
+        else:
+            block_m = max(16, min(C.next_power_of_2(n_rows), cfg.block_m))
         n_m = C.cdiv(n_rows, block_m)
         n_tiles = C.cdiv(max_len, cfg.block_n)
         splits = num_splits or cfg.num_splits
@@ -223,8 +227,11 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
     same = k_cache.stride() == v_cache.stride() and ks_strides == vs_strides
     if cfg.qk not in QKS:
         raise ValueError(f"DecodeConfig: qk = {cfg.qk!r} must be one of {QKS}")
-    qk_wg = (cfg.qk == "wgmma_fp8" and words and d == block_d and 32 <= d <= 256
-             and block_m == 16 and _sm90_or_interpreter(q.device))
+    qk_wg = (cfg.qk == "wgmma_fp8" and words and d == block_d and q.dtype != torch.float32
+             and _sm90_or_interpreter(q.device))
+    if cfg.qk == "wgmma_fp8" and not qk_wg:  # the MMA path's M tiles (16 rows or more)
+        splits, cfg, block_m, n_m = plan_splits(q, k_cache, block_table, num_splits,
+                                                dataclasses.replace(cfg, qk="mma"))
     if cfg.combine not in COMBINES:
         raise ValueError(f"DecodeConfig: combine = {cfg.combine!r} must be one of {COMBINES}")
     fused = splits > 1 and cfg.combine != "launch"
