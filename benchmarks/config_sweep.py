@@ -1074,16 +1074,16 @@ DECODE_FP8_RUNS: list = [
 _WG = dict(qk="wgmma_fp8", num_warps=4)
 DECODE_WG_RUNS: list = [
     ("token", dict(num_splits=2)),  # the default's own build again: the run's noise
-    ("token", dict(_WG, block_n=64, num_stages=3, ctas_per_sm=4)),  # 127 registers, 4 an SM
+    ("token", dict(_WG, block_n=64, num_stages=3, ctas_per_sm=3)),  # 132 registers, 3 an SM
     ("token", dict(_WG, block_n=64, num_stages=5, ctas_per_sm=3, max_registers=168)),
-    ("token", dict(_WG, block_n=128, num_stages=2, ctas_per_sm=2)),  # 178 registers
+    ("token", dict(_WG, block_n=128, num_stages=2, ctas_per_sm=2)),  # 242 registers, 2 an SM
     ("token", dict(_WG, block_n=128, num_stages=3, ctas_per_sm=2)),
     ("token", dict(_WG, block_n=128, num_stages=3, ctas_per_sm=3, max_registers=168)),
     ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2)),  # 2 tiles in flight
     ("token", dict(_WG, block_n=128, num_stages=2, num_splits=2)),
     ("l2", {}),  # L2-resident pages: the loops' own time, default and fp8 wgmma
     ("l2", dict(_WG, block_n=128, num_stages=2, ctas_per_sm=2)),
-    ("l2", dict(_WG, block_n=64, num_stages=3, ctas_per_sm=4)),
+    ("l2", dict(_WG, block_n=64, num_stages=3, ctas_per_sm=3)),
 ]
 
 
