@@ -1084,6 +1084,7 @@ DECODE_WG_RUNS: list = [
     ("l2", {}),  # L2-resident pages: the loops' own time, default and fp8 wgmma
     ("l2", dict(_WG, block_n=128, num_stages=2, ctas_per_sm=2)),
     ("l2", dict(_WG, block_n=64, num_stages=3, ctas_per_sm=3)),
+    ("tensor", dict(_WG, block_n=128, num_stages=2, ctas_per_sm=2)),  # no per-key scales
 ]
 
 
