@@ -1069,22 +1069,19 @@ DECODE_FP8_RUNS: list = [
 
 #: runs of :func:`sweep_decode_wg`: the fp8 scores by an fp8 wgmma (``qk="wgmma_fp8"``:
 #: keys as M, 4 warps, the query's hi and lo e4m3 parts as N = 16; the bench case's 4 rows
-#: a tile of 8), 64- and 128-key tiles; ``ctas_per_sm`` as the build fits (registers) so
+#: a tile of 8), 64- to 256-key tiles; ``ctas_per_sm`` as the build fits (registers) so
 #: that the split heuristic fills the machine (4: 2 splits, 3: 3, 2: 1).
 _WG = dict(qk="wgmma_fp8", num_warps=4)
 DECODE_WG_RUNS: list = [
     ("token", dict(num_splits=2)),  # the default's own build again: the run's noise
-    ("token", dict(_WG, block_n=64, num_stages=3, ctas_per_sm=3)),  # 132 registers, 3 an SM
-    ("token", dict(_WG, block_n=64, num_stages=5, ctas_per_sm=3, max_registers=168)),
-    ("token", dict(_WG, block_n=128, num_stages=2, ctas_per_sm=2)),  # 242 registers, 2 an SM
-    ("token", dict(_WG, block_n=128, num_stages=3, ctas_per_sm=2)),
-    ("token", dict(_WG, block_n=128, num_stages=3, ctas_per_sm=3, max_registers=168)),
     ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2)),  # 2 tiles in flight
-    ("token", dict(_WG, block_n=128, num_stages=2, num_splits=2)),
+    ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2, num_splits=1)),  # again
+    ("token", dict(_WG, block_n=128, num_stages=6, ctas_per_sm=2)),
+    ("token", dict(_WG, block_n=256, sub_n=128, num_stages=3, ctas_per_sm=2)),  # 105 KB
+    ("token", dict(_WG, block_n=64, num_stages=7, ctas_per_sm=3, max_registers=168)),
     ("l2", {}),  # L2-resident pages: the loops' own time, default and fp8 wgmma
-    ("l2", dict(_WG, block_n=128, num_stages=2, ctas_per_sm=2)),
-    ("l2", dict(_WG, block_n=64, num_stages=3, ctas_per_sm=3)),
-    ("tensor", dict(_WG, block_n=128, num_stages=2, ctas_per_sm=2)),  # no per-key scales
+    ("l2", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2)),
+    ("tensor", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2)),  # no per-key scales
 ]
 
 

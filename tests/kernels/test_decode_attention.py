@@ -409,7 +409,7 @@ def test_fp8_scores_by_fp8_mma_rows(monkeypatch):
     """``qk="wgmma_fp8"`` with 20 packed rows (two M tiles of 16, the second partial), a
     per-tensor scale and bfloat16 queries; where the fp8 MMA does not apply (head dim 48: no
     power of 2; float32 queries, whose scores it would round to bfloat16's precision) the
-    other paths run, at 16 rows a tile."""
+    other paths run."""
     dtype = torch.bfloat16
     q, k, v, table = _paged(2, 5, 8, 2, 64, 16, 4, dtype, seed=193)
     ks, vs = (torch.tensor(x, device=k.device) for x in (0.7, 1.3))
@@ -423,26 +423,27 @@ def test_fp8_scores_by_fp8_mma_rows(monkeypatch):
                                 [q48, k48.to(FP8), v48.to(FP8), _lens(50, 7)], kw)
         check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                 [q.float(), k.to(FP8), v.to(FP8), _lens(64, 30)], kw)
-    assert [(x.get("QK_WG"), x["BLOCK_M"]) for x in seen] == [(True, 16), (None, 16),
-                                                              (None, 16)]
+    # the other paths' M tiles are their own (16 in the interpreter, 32 on a GPU)
+    assert [x.get("QK_WG") for x in seen] == [True, None, None] and seen[0]["BLOCK_M"] == 16
     with pytest.raises(ValueError, match="qk"), DA.decode_config(qk="wgmma"):
         tkit.decode_attention(q, k.to(FP8), v.to(FP8), _lens(64, 30), **kw)
 
 
-_WG_GPU = [dict(block_n=64, num_stages=3), dict(block_n=128, num_stages=2),
-           dict(block_n=128, num_stages=5)]
+_WG_GPU = [(1, dict(block_n=128, num_stages=5)), (4, dict(block_n=128, num_stages=5)),
+           (1, dict(block_n=256, sub_n=128, num_stages=3)),
+           (1, dict(block_n=64, num_stages=7, max_registers=168))]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", _WG_GPU)
-def test_fp8_scores_by_fp8_mma_compiled(monkeypatch, cfg):
+@pytest.mark.parametrize("sq, cfg", _WG_GPU)
+def test_fp8_scores_by_fp8_mma_compiled(monkeypatch, sq, cfg):
     """``qk="wgmma_fp8"`` compiled for sm_90 at the bench case's structure (page 64 shuffled,
     GQA 4, D 128, per-token scales, bfloat16 queries; 4 sequences up to 2048 keys, one of
-    them shorter than a tile), its sweep's tiles and stages: against the reference and the
-    default's output."""
+    them shorter than a tile), its sweep's tiles and stages, 8 rows a tile (1 query) or 16
+    (4 queries): against the reference and the default's output."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the fp8 wgmma is sm_90's")
-    q, k, v, table = _paged(4, 1, 32, 8, 128, 64, 32, torch.bfloat16, seed=201)
+    q, k, v, table = _paged(4, sq, 32, 8, 128, 64, 32, torch.bfloat16, seed=201)
     gen = torch.Generator().manual_seed(17)
     ks = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device) / 64
     vs = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device) / 64
@@ -453,7 +454,7 @@ def test_fp8_scores_by_fp8_mma_compiled(monkeypatch, cfg):
     with DA.decode_config(qk="wgmma_fp8", num_warps=4, **cfg), poisoned_outputs():
         got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                                [q, k8, v8, lens], kw)
-    assert [x.get("QK_WG") for x in seen] == [True]
+    assert [(x.get("QK_WG"), x["BLOCK_M"]) for x in seen] == [(True, 4 * sq if sq > 1 else 8)]
     want, want_lse = tkit.decode_attention(q, k8, v8, lens, **kw)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=0)
     torch.testing.assert_close(got_lse, want_lse, atol=1e-2, rtol=0)
