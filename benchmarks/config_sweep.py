@@ -1074,14 +1074,16 @@ DECODE_FP8_RUNS: list = [
 _WG = dict(qk="wgmma_fp8", num_warps=4)
 DECODE_WG_RUNS: list = [
     ("token", dict(num_splits=2)),  # the default's own build again: the run's noise
+    ("token", dict(prefetch=2)),  # the default with L2 prefetches 2 / 4 tiles ahead
+    ("token", dict(prefetch=4)),
     ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2)),  # 2 tiles in flight
-    ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2, num_splits=1)),  # again
+    ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2, prefetch=2)),
+    ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2, prefetch=4)),
     ("token", dict(_WG, block_n=128, num_stages=6, ctas_per_sm=2)),
     ("token", dict(_WG, block_n=256, sub_n=128, num_stages=3, ctas_per_sm=2)),  # 105 KB
     ("token", dict(_WG, block_n=64, num_stages=7, ctas_per_sm=3, max_registers=168)),
     ("l2", {}),  # L2-resident pages: the loops' own time, default and fp8 wgmma
     ("l2", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2)),
-    ("tensor", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2)),  # no per-key scales
 ]
 
 

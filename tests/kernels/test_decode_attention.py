@@ -284,8 +284,8 @@ def test_sub_tiles_match_whole_tiles(page):
 def test_fp8_words_in_the_pipeline(mode, page):
     """The pipelined loops read an fp8 cache of head dim >= 64 as int32 words of 4 values
     (four float16 quarters a word, dotted apart): against the reference with a window,
-    softcap, sub-tiles, two splits and two queries, lengths of 0 and 1, and against whole
-    tiles."""
+    softcap, sub-tiles, two splits and two queries, lengths of 0 and 1, an L2 prefetch a
+    tile ahead, and against whole tiles."""
     b, d = 4, 64
     q, k, v, table = _paged(b, 2, 4, 2, d, page or 64, 64 // (page or 64), torch.float16,
                             seed=91)
@@ -303,7 +303,7 @@ def test_fp8_words_in_the_pipeline(mode, page):
     k, v = k.to(FP8), v.to(FP8)
     kw.update(k_scale=ks, v_scale=vs)
     lens = _lens(64, 37, 0, 1)
-    with DA.decode_config(block_n=32, sub_n=16), poisoned_outputs():
+    with DA.decode_config(block_n=32, sub_n=16, prefetch=1), poisoned_outputs():
         got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                                [q, k, v, lens], kw)
     with DA.decode_config(block_n=32):
@@ -376,9 +376,10 @@ def test_fp8_scores_by_fp8_mma(monkeypatch, layout, hq, block_m):
     """``qk="wgmma_fp8"``: the scores transposed (keys as M) with the query split into hi and
     lo fp8 parts, the softmax along the keys: against the reference with per-token scales, a
     window, softcap, two splits, three queries, lengths 0 and 1, rows of very different
-    magnitudes (per-row scales of the split), and against the word path. Interpreter tiles
-    of 16 keys: page 8 puts two pages in a tile, page 16 one; 6 packed rows in a tile of 8
-    (the P @ V rows padded to 16), 12 in a tile of 16."""
+    magnitudes (per-row scales of the split), and against the word path; L2 prefetches two
+    tiles ahead (paged and dense: their table reads). Interpreter tiles of 16 keys: page 8
+    puts two pages in a tile, page 16 one; 6 packed rows in a tile of 8, 12 in a tile of
+    16."""
     b, sq, hk, d = 4, 3, 2, 64
     page = 8 if layout == "page8" else 16
     q, k, v, table = _paged(b, sq, hq, hk, d, page, 64 // page, torch.float16, seed=191)
@@ -395,7 +396,8 @@ def test_fp8_scores_by_fp8_mma(monkeypatch, layout, hq, block_m):
     k, v = k.to(FP8), v.to(FP8)
     lens = _lens(64, 37, 0, 1)
     seen = _launches(monkeypatch)
-    with DA.decode_config(qk="wgmma_fp8"), poisoned_outputs():
+    with DA.decode_config(qk="wgmma_fp8", prefetch=2 if layout != "page16" else 0), \
+            poisoned_outputs():
         got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                                [q, k, v, lens], kw)
     assert [(x.get("QK_WG"), x["BLOCK_M"]) for x in seen] == [(True, block_m)]
@@ -429,9 +431,12 @@ def test_fp8_scores_by_fp8_mma_rows(monkeypatch):
         tkit.decode_attention(q, k.to(FP8), v.to(FP8), _lens(64, 30), **kw)
 
 
-_WG_GPU = [(1, dict(block_n=128, num_stages=5)), (4, dict(block_n=128, num_stages=5)),
-           (1, dict(block_n=256, sub_n=128, num_stages=3)),
-           (1, dict(block_n=64, num_stages=7, max_registers=168))]
+_WG = dict(qk="wgmma_fp8", num_warps=4)
+_WG_GPU = [(1, dict(_WG, block_n=128, num_stages=5)), (4, dict(_WG, block_n=128, num_stages=5)),
+           (1, dict(_WG, block_n=128, num_stages=5, prefetch=2)),
+           (1, dict(_WG, block_n=256, sub_n=128, num_stages=3)),
+           (1, dict(_WG, block_n=64, num_stages=7, max_registers=168)),
+           (1, dict(prefetch=2))]
 
 
 @pytest.mark.gpu
@@ -440,7 +445,8 @@ def test_fp8_scores_by_fp8_mma_compiled(monkeypatch, sq, cfg):
     """``qk="wgmma_fp8"`` compiled for sm_90 at the bench case's structure (page 64 shuffled,
     GQA 4, D 128, per-token scales, bfloat16 queries; 4 sequences up to 2048 keys, one of
     them shorter than a tile), its sweep's tiles and stages, 8 rows a tile (1 query) or 16
-    (4 queries): against the reference and the default's output."""
+    (4 queries), L2 prefetches (also on the default's word path): against the reference
+    and the default's output."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the fp8 wgmma is sm_90's")
     q, k, v, table = _paged(4, sq, 32, 8, 128, 64, 32, torch.bfloat16, seed=201)
@@ -451,10 +457,13 @@ def test_fp8_scores_by_fp8_mma_compiled(monkeypatch, sq, cfg):
     lens = _lens(2048, 1000, 37, 1531)
     kw = dict(block_table=table, k_scale=ks, v_scale=vs, return_lse=True)
     seen = _launches(monkeypatch)
-    with DA.decode_config(qk="wgmma_fp8", num_warps=4, **cfg), poisoned_outputs():
+    with DA.decode_config(**cfg), poisoned_outputs():
         got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                                [q, k8, v8, lens], kw)
-    assert [(x.get("QK_WG"), x["BLOCK_M"]) for x in seen] == [(True, 4 * sq if sq > 1 else 8)]
+    wg = cfg.get("qk") == "wgmma_fp8"
+    assert [(x.get("QK_WG"), x.get("PREFETCH")) for x in seen] == [
+        (True if wg else None, cfg.get("prefetch"))]
+    assert not wg or seen[0]["BLOCK_M"] == (4 * sq if sq > 1 else 8)
     want, want_lse = tkit.decode_attention(q, k8, v8, lens, **kw)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=0)
     torch.testing.assert_close(got_lse, want_lse, atol=1e-2, rtol=0)

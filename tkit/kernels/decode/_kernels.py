@@ -268,9 +268,20 @@ def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, 
                         SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                         MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
                         SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr,
-                        PREC: tl.constexpr, SAME_STRIDES: tl.constexpr):
-    """:func:`_decode_tiles` over :func:`_decode_tile_words`."""
+                        PREC: tl.constexpr, SAME_STRIDES: tl.constexpr,
+                        PREFETCH: tl.constexpr = 0):
+    """:func:`_decode_tiles` over :func:`_decode_tile_words`; PREFETCH as in
+    :func:`_decode_tiles_wg`."""
+    if PREFETCH > 0 and not MASKED:
+        offs_p = tl.arange(0, BLOCK_N)
+        pf_blk, pf_row = _table_rows(BT, start + PREFETCH * BLOCK_N + offs_p, L, b64,
+                                     n_blocks, sbtn, PAGE_SIZE, PAGED)
     for start_t in range(start, end, BLOCK_N):
+        if PREFETCH > 0 and not MASKED:
+            _l2_prefetch(K + (pf_blk * skn + pf_row * skp))
+            _l2_prefetch(V + (pf_blk * svn + pf_row * svp))
+            pf_blk, pf_row = _table_rows(BT, start_t + (PREFETCH + 1) * BLOCK_N + offs_p, L,
+                                         b64, n_blocks, sbtn, PAGE_SIZE, PAGED)
         for j in tl.static_range(BLOCK_N // SUB_N):
             acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_words(
                 acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
@@ -415,9 +426,21 @@ def _decode_tiles_wg(acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, B
                      BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
                      PAGED: tl.constexpr, MASKED: tl.constexpr, MASK_LO: tl.constexpr,
                      MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr,
-                     SCALE_V: tl.constexpr):
-    """:func:`_decode_tiles` over :func:`_decode_tile_wg`."""
+                     SCALE_V: tl.constexpr, PREFETCH: tl.constexpr = 0):
+    """:func:`_decode_tiles` over :func:`_decode_tile_wg`. PREFETCH > 0 (fully visible tiles
+    only): each tile first asks the L2 for the K and V rows of the tile PREFETCH tiles ahead
+    (keys clamped to the sequence), whose block-table entries were read a tile earlier, so
+    that more of the HBM stream is in flight than the shared-memory pipeline holds."""
+    if PREFETCH > 0 and not MASKED:
+        offs_p = tl.arange(0, BLOCK_N)
+        pf_blk, pf_row = _table_rows(BT, start + PREFETCH * BLOCK_N + offs_p, L, b64,
+                                     n_blocks, sbtn, PAGE_SIZE, PAGED)
     for start_t in range(start, end, BLOCK_N):
+        if PREFETCH > 0 and not MASKED:
+            _l2_prefetch(K + (pf_blk * skn + pf_row * skp))
+            _l2_prefetch(V + (pf_blk * svn + pf_row * svp))
+            pf_blk, pf_row = _table_rows(BT, start_t + (PREFETCH + 1) * BLOCK_N + offs_p, L,
+                                         b64, n_blocks, sbtn, PAGE_SIZE, PAGED)
         for j in tl.static_range(BLOCK_N // SUB_N):
             acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_wg(
                 acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, BT,
@@ -426,6 +449,29 @@ def _decode_tiles_wg(acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, B
                 HEAD_DIM, BLOCK_D, BLOCK_M, SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI,
                 SOFTCAP, SCALE_K, SCALE_V)
     return acc0, acc1, acc2, acc3, l_i, m_i
+
+
+@triton.jit
+def _table_rows(BT, keys, L, b64, n_blocks, sbtn, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr):
+    """(block, row) of key positions ``keys`` clamped to [0, L - 1], as int64 (dense: the
+    sequence's block)."""
+    c = tl.minimum(keys, L - 1)
+    if PAGED:
+        blk = tl.load(BT + (c // PAGE_SIZE) * sbtn)
+        blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
+        row = (c % PAGE_SIZE).to(tl.int64)
+    else:
+        blk = tl.zeros_like(c).to(tl.int64) + b64
+        row = c.to(tl.int64)
+    return blk, row
+
+
+@triton.jit
+def _l2_prefetch(ptrs):
+    """``prefetch.global.L2`` of the lines at ``ptrs`` (nothing under the interpreter)."""
+    if not _INTERPRET:
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                                  [ptrs], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -537,7 +583,7 @@ def _decode_split_kernel(
     MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
     FP8_WORDS: tl.constexpr = False, SAME_STRIDES: tl.constexpr = False,
-    QK_WG: tl.constexpr = False,
+    QK_WG: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
     OUT=None, LOUT=None, CNT=None, sfb=0, sfs=0, sfh=0, sfd=0, sgb=0, sgh=0, sgs=0,
     FUSED: tl.constexpr = False,
 ):
@@ -656,7 +702,7 @@ def _decode_split_kernel(
             acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, Kh, Vw, KS, VS, BTb, a, c, L, qpos,
             offs_n, offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn,
             svp, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, SUB_N,
-            PAGE_SIZE, PAGED, False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V)
+            PAGE_SIZE, PAGED, False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREFETCH)
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_wg(
             acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, Kh, Vw, KS, VS, BTb, c, t1, L, qpos,
             offs_n, offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn,
@@ -690,7 +736,8 @@ def _decode_split_kernel(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, a, c, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
+            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES,
+            PREFETCH)
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, c, t1, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,

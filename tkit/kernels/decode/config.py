@@ -62,6 +62,8 @@ class DecodeConfig:
         lo fp8 parts, ~8 significant bits as bfloat16 has; M tiles of 8 or 16 query rows
         (at most ``block_m``); wants 4 warps (a warpgroup) and 64 or 128 keys a tile).
         Elsewhere "mma" runs.
+    prefetch: fp8 caches read as words: the fully visible tiles ask the L2 for the K and V
+        rows of the tile this many tiles ahead (0: none).
     """
 
     block_n: int = 64
@@ -75,6 +77,7 @@ class DecodeConfig:
     max_registers: Optional[int] = None  # noqa: UP045
     combine: str = "launch"
     qk: str = "mma"
+    prefetch: int = 0
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,

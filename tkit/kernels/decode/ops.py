@@ -270,6 +270,7 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"FP8_WORDS": True, "SAME_STRIDES": same} if words else {}),
         **({"QK_WG": True} if qk_wg else {}),
+        **({"PREFETCH": cfg.prefetch} if words and cfg.prefetch else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
         **(_fused_args(out, lse, b * hk * n_m) if fused else {}),
     )
