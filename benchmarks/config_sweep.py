@@ -1074,11 +1074,15 @@ DECODE_FP8_RUNS: list = [
 _WG = dict(qk="wgmma_fp8", num_warps=4)
 DECODE_WG_RUNS: list = [
     ("token", dict(num_splits=2)),  # the default's own build again: the run's noise
-    ("token", dict(prefetch=2)),  # the default with L2 prefetches 2 / 4 tiles ahead
+    # L2 prefetches past the shared-memory pipeline (2 tiles in flight at 5 stages)
     ("token", dict(prefetch=4)),
+    ("token", dict(prefetch=8)),
     ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2)),  # 2 tiles in flight
-    ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2, prefetch=2)),
-    ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2, prefetch=4)),
+    ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2, prefetch=3)),
+    ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2, prefetch=6)),
+    ("token", dict(_WG, block_n=128, num_stages=3, ctas_per_sm=3, max_registers=168,
+                   prefetch=3)),  # 1 tile in flight, 3 an SM, prefetches 2 tiles past it
+    ("token", dict(_WG, block_n=64, num_stages=3, ctas_per_sm=3, prefetch=6)),
     ("token", dict(_WG, block_n=128, num_stages=6, ctas_per_sm=2)),
     ("token", dict(_WG, block_n=256, sub_n=128, num_stages=3, ctas_per_sm=2)),  # 105 KB
     ("token", dict(_WG, block_n=64, num_stages=7, ctas_per_sm=3, max_registers=168)),

@@ -433,7 +433,7 @@ def test_fp8_scores_by_fp8_mma_rows(monkeypatch):
 
 _WG = dict(qk="wgmma_fp8", num_warps=4)
 _WG_GPU = [(1, dict(_WG, block_n=128, num_stages=5)), (4, dict(_WG, block_n=128, num_stages=5)),
-           (1, dict(_WG, block_n=128, num_stages=5, prefetch=2)), (1, dict(prefetch=2))]
+           (1, dict(_WG, block_n=128, num_stages=5, prefetch=3)), (1, dict(prefetch=4))]
 
 
 @pytest.mark.gpu
