@@ -429,6 +429,8 @@ def test_fp8_scores_by_fp8_mma_rows(monkeypatch):
     assert [x.get("QK_WG") for x in seen] == [True, None, None] and seen[0]["BLOCK_M"] == 16
     with pytest.raises(ValueError, match="qk"), DA.decode_config(qk="wgmma"):
         tkit.decode_attention(q, k.to(FP8), v.to(FP8), _lens(64, 30), **kw)
+    with pytest.raises(ValueError, match="prefetch"), DA.decode_config(prefetch=-1):
+        tkit.decode_attention(q, k.to(FP8), v.to(FP8), _lens(64, 30), **kw)
 
 
 _WG = dict(qk="wgmma_fp8", num_warps=4)

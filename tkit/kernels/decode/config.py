@@ -60,7 +60,7 @@ class DecodeConfig:
         a power-of-2 head dim from 64 to 256: the scores transposed, keys as M, by an fp8
         ``wgmma`` that reads K from shared memory as loaded, with the query split into hi and
         lo fp8 parts, ~8 significant bits as bfloat16 has; M tiles of 8 or 16 query rows
-        (at most ``block_m``); wants 4 warps (a warpgroup) and 64 or 128 keys a tile).
+        (at most ``block_m``); wants 4 warps (a warpgroup) and 64 to 256 keys a tile).
         Elsewhere "mma" runs.
     prefetch: fp8 caches read as words: the fully visible tiles ask the L2 for the K and V
         rows of the tile this many tiles ahead (0: none).

@@ -227,6 +227,9 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
     same = k_cache.stride() == v_cache.stride() and ks_strides == vs_strides
     if cfg.qk not in QKS:
         raise ValueError(f"DecodeConfig: qk = {cfg.qk!r} must be one of {QKS}")
+    if not (isinstance(cfg.prefetch, int) and 0 <= cfg.prefetch <= 64):
+        raise ValueError(f"DecodeConfig: prefetch = {cfg.prefetch!r} must be an int from 0 "
+                         "to 64 (tiles ahead)")
     qk_wg = (cfg.qk == "wgmma_fp8" and words and d == block_d and q.dtype != torch.float32
              and _sm90_or_interpreter(q.device))
     if cfg.qk == "wgmma_fp8" and not qk_wg:  # the MMA path's M tiles (16 rows or more)
