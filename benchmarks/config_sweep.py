@@ -1077,13 +1077,15 @@ DECODE_WG_RUNS: list = [
     # L2 prefetches past the shared-memory pipeline (2 tiles in flight at 5 stages)
     ("token", dict(prefetch=4)),
     ("token", dict(prefetch=8)),
+    ("token", dict(prefetch=4, prefetch_pages=True)),  # a bulk prefetch a page share
     ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2)),  # 2 tiles in flight
     ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2, prefetch=3)),
     ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2, prefetch=6)),
+    ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2, prefetch=3,
+                   prefetch_pages=True)),
     ("token", dict(_WG, block_n=128, num_stages=3, ctas_per_sm=3, max_registers=168,
                    prefetch=3)),  # 1 tile in flight, 3 an SM, prefetches 2 tiles past it
     ("token", dict(_WG, block_n=64, num_stages=3, ctas_per_sm=3, prefetch=6)),
-    ("token", dict(_WG, block_n=128, num_stages=6, ctas_per_sm=2)),
     ("token", dict(_WG, block_n=256, sub_n=128, num_stages=3, ctas_per_sm=2)),  # 105 KB
     ("token", dict(_WG, block_n=64, num_stages=7, ctas_per_sm=3, max_registers=168)),
     ("l2", {}),  # L2-resident pages: the loops' own time, default and fp8 wgmma

@@ -333,9 +333,11 @@ def test_fp8_head_dim_128_default(paged):
                                 dict(kw, k_scale=ks, v_scale=vs))
 
 
-def test_fp8_words_clamp_garbage():
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_fp8_words_clamp_garbage(prefetch):
     """The word pipeline under garbage block indices and lengths (registered op, no
-    validation): blocks clamp to [0, num_blocks - 1], lengths to the table."""
+    validation): blocks clamp to [0, num_blocks - 1], lengths to the table; also with the
+    page-share L2 prefetch a tile ahead (its table reads clamp alike)."""
     d = 64
     q, k, v, table = _paged(4, 2, 4, 2, d, 16, 3, torch.float32, seed=103)
     k8, v8 = _guarded(k.to(FP8)), _guarded(v.to(FP8))
@@ -345,7 +347,8 @@ def test_fp8_words_clamp_garbage():
     bad[1, 0] = -(2**31)
     bad[2] = torch.tensor([nb, -1, 2**31 - 1], dtype=I32)
     lens = _lens(48, 10**6, -5, 2**31 - 1)
-    with DA.decode_config(block_n=16), poisoned_outputs():
+    with DA.decode_config(block_n=16, prefetch=prefetch, prefetch_pages=True), \
+            poisoned_outputs():
         out, lse = torch.ops.tkit.decode_attention(q, k8, v8, lens, bad, None, None,
                                                    d ** -0.5, -1, 0, 0.0, 2)
     ref, ref_lse = S.ref_decode_attention(q.double(), k8.double(), v8.double(),
@@ -376,8 +379,9 @@ def test_fp8_scores_by_fp8_mma(monkeypatch, layout, hq, block_m):
     """``qk="wgmma_fp8"``: the scores transposed (keys as M) with the query split into hi and
     lo fp8 parts, the softmax along the keys: against the reference with per-token scales, a
     window, softcap, two splits, three queries, lengths 0 and 1, rows of very different
-    magnitudes (per-row scales of the split), and against the word path; L2 prefetches two
-    tiles ahead (paged and dense: their table reads). Interpreter tiles of 16 keys: page 8
+    magnitudes (per-row scales of the split), and against the word path; L2 prefetches 1-2
+    tiles ahead (a key row or a page share at a time: their table reads). Interpreter tiles
+    of 16 keys: page 8
     puts two pages in a tile, page 16 one; 6 packed rows in a tile of 8, 12 in a tile of
     16."""
     b, sq, hk, d = 4, 3, 2, 64
@@ -396,11 +400,12 @@ def test_fp8_scores_by_fp8_mma(monkeypatch, layout, hq, block_m):
     k, v = k.to(FP8), v.to(FP8)
     lens = _lens(64, 37, 0, 1)
     seen = _launches(monkeypatch)
-    with DA.decode_config(qk="wgmma_fp8", prefetch=2 if layout != "page16" else 0), \
-            poisoned_outputs():
+    with DA.decode_config(qk="wgmma_fp8", prefetch=2 if layout != "page16" else 1,
+                          prefetch_pages=layout != "dense"), poisoned_outputs():
         got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                                [q, k, v, lens], kw)
-    assert [(x.get("QK_WG"), x["BLOCK_M"]) for x in seen] == [(True, block_m)]
+    assert [(x.get("QK_WG"), x["BLOCK_M"], x.get("PF_PAGES")) for x in seen] == [
+        (True, block_m, True if layout != "dense" else None)]
     want, want_lse = tkit.decode_attention(q, k, v, lens, **kw)
     torch.testing.assert_close(got, want, atol=4e-3, rtol=0)
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
@@ -435,7 +440,9 @@ def test_fp8_scores_by_fp8_mma_rows(monkeypatch):
 
 _WG = dict(qk="wgmma_fp8", num_warps=4)
 _WG_GPU = [(1, dict(_WG, block_n=128, num_stages=5)), (4, dict(_WG, block_n=128, num_stages=5)),
-           (1, dict(_WG, block_n=128, num_stages=5, prefetch=3)), (1, dict(prefetch=4))]
+           (1, dict(_WG, block_n=128, num_stages=5, prefetch=3)), (1, dict(prefetch=4)),
+           (1, dict(_WG, block_n=128, num_stages=5, prefetch=3, prefetch_pages=True)),
+           (1, dict(prefetch=4, prefetch_pages=True))]
 
 
 @pytest.mark.gpu

@@ -269,19 +269,29 @@ def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, 
                         MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
                         SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr,
                         PREC: tl.constexpr, SAME_STRIDES: tl.constexpr,
-                        PREFETCH: tl.constexpr = 0):
-    """:func:`_decode_tiles` over :func:`_decode_tile_words`; PREFETCH as in
+                        PREFETCH: tl.constexpr = 0, PF=None, PF_PAGES: tl.constexpr = False):
+    """:func:`_decode_tiles` over :func:`_decode_tile_words`; PREFETCH, PF, PF_PAGES as in
     :func:`_decode_tiles_wg`."""
     if PREFETCH > 0 and not MASKED:
-        offs_p = tl.arange(0, BLOCK_N)
-        pf_blk, pf_row = _table_rows(BT, start + PREFETCH * BLOCK_N + offs_p, L, b64,
-                                     n_blocks, sbtn, PAGE_SIZE, PAGED)
+        if PF_PAGES:
+            pb0, pb1 = _page_blocks(BT, start + PREFETCH * BLOCK_N, L, n_blocks, sbtn,
+                                    PAGE_SIZE)
+        else:
+            offs_p = tl.arange(0, BLOCK_N)
+            pf_blk, pf_row = _table_rows(BT, start + PREFETCH * BLOCK_N + offs_p, L, b64,
+                                         n_blocks, sbtn, PAGE_SIZE, PAGED)
     for start_t in range(start, end, BLOCK_N):
         if PREFETCH > 0 and not MASKED:
-            _l2_prefetch(K + (pf_blk * skn + pf_row * skp))
-            _l2_prefetch(V + (pf_blk * svn + pf_row * svp))
-            pf_blk, pf_row = _table_rows(BT, start_t + (PREFETCH + 1) * BLOCK_N + offs_p, L,
-                                         b64, n_blocks, sbtn, PAGE_SIZE, PAGED)
+            if PF_PAGES:
+                _prefetch_pages(PF, pb0, pb1, BLOCK_N, PAGE_SIZE,
+                                SCALE_K == 2 and SCALE_V == 2)
+                pb0, pb1 = _page_blocks(BT, start_t + (PREFETCH + 1) * BLOCK_N, L, n_blocks,
+                                        sbtn, PAGE_SIZE)
+            else:
+                _l2_prefetch(K + (pf_blk * skn + pf_row * skp))
+                _l2_prefetch(V + (pf_blk * svn + pf_row * svp))
+                pf_blk, pf_row = _table_rows(BT, start_t + (PREFETCH + 1) * BLOCK_N + offs_p,
+                                             L, b64, n_blocks, sbtn, PAGE_SIZE, PAGED)
         for j in tl.static_range(BLOCK_N // SUB_N):
             acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_words(
                 acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
@@ -426,21 +436,36 @@ def _decode_tiles_wg(acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, B
                      BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
                      PAGED: tl.constexpr, MASKED: tl.constexpr, MASK_LO: tl.constexpr,
                      MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr,
-                     SCALE_V: tl.constexpr, PREFETCH: tl.constexpr = 0):
+                     SCALE_V: tl.constexpr, PREFETCH: tl.constexpr = 0, PF=None,
+                     PF_PAGES: tl.constexpr = False):
     """:func:`_decode_tiles` over :func:`_decode_tile_wg`. PREFETCH > 0 (fully visible tiles
     only): each tile first asks the L2 for the K and V rows of the tile PREFETCH tiles ahead
     (keys clamped to the sequence), whose block-table entries were read a tile earlier, so
-    that more of the HBM stream is in flight than the shared-memory pipeline holds."""
+    that more of the HBM stream is in flight than the shared-memory pipeline holds. With
+    PF_PAGES (paged contiguous caches, tiles of one or two pages) one bulk prefetch a page
+    and cache instead: this program's 1 / heads share of the whole page block (the kv heads'
+    programs of a sequence run side by side over the same blocks); PF is the tuple of
+    :func:`_prefetch_pages`."""
     if PREFETCH > 0 and not MASKED:
-        offs_p = tl.arange(0, BLOCK_N)
-        pf_blk, pf_row = _table_rows(BT, start + PREFETCH * BLOCK_N + offs_p, L, b64,
-                                     n_blocks, sbtn, PAGE_SIZE, PAGED)
+        if PF_PAGES:
+            pb0, pb1 = _page_blocks(BT, start + PREFETCH * BLOCK_N, L, n_blocks, sbtn,
+                                    PAGE_SIZE)
+        else:
+            offs_p = tl.arange(0, BLOCK_N)
+            pf_blk, pf_row = _table_rows(BT, start + PREFETCH * BLOCK_N + offs_p, L, b64,
+                                         n_blocks, sbtn, PAGE_SIZE, PAGED)
     for start_t in range(start, end, BLOCK_N):
         if PREFETCH > 0 and not MASKED:
-            _l2_prefetch(K + (pf_blk * skn + pf_row * skp))
-            _l2_prefetch(V + (pf_blk * svn + pf_row * svp))
-            pf_blk, pf_row = _table_rows(BT, start_t + (PREFETCH + 1) * BLOCK_N + offs_p, L,
-                                         b64, n_blocks, sbtn, PAGE_SIZE, PAGED)
+            if PF_PAGES:
+                _prefetch_pages(PF, pb0, pb1, BLOCK_N, PAGE_SIZE,
+                                SCALE_K == 2 and SCALE_V == 2)
+                pb0, pb1 = _page_blocks(BT, start_t + (PREFETCH + 1) * BLOCK_N, L, n_blocks,
+                                        sbtn, PAGE_SIZE)
+            else:
+                _l2_prefetch(K + (pf_blk * skn + pf_row * skp))
+                _l2_prefetch(V + (pf_blk * svn + pf_row * svp))
+                pf_blk, pf_row = _table_rows(BT, start_t + (PREFETCH + 1) * BLOCK_N + offs_p,
+                                             L, b64, n_blocks, sbtn, PAGE_SIZE, PAGED)
         for j in tl.static_range(BLOCK_N // SUB_N):
             acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_wg(
                 acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, BT,
@@ -464,6 +489,54 @@ def _table_rows(BT, keys, L, b64, n_blocks, sbtn, PAGE_SIZE: tl.constexpr, PAGED
         blk = tl.zeros_like(c).to(tl.int64) + b64
         row = c.to(tl.int64)
     return blk, row
+
+
+@triton.jit
+def _page_blocks(BT, start_n, L, n_blocks, sbtn, PAGE_SIZE: tl.constexpr):
+    """Block-table entries (int64, clamped) of the page holding key ``start_n`` and of the next
+    page, both clamped to the sequence's last page."""
+    last = (L - 1) // PAGE_SIZE
+    pg = tl.minimum(start_n // PAGE_SIZE, last)
+    b0 = tl.minimum(tl.maximum(tl.load(BT + pg * sbtn), 0), n_blocks - 1).to(tl.int64)
+    b1 = tl.load(BT + tl.minimum(pg + 1, last) * sbtn)
+    b1 = tl.minimum(tl.maximum(b1, 0), n_blocks - 1).to(tl.int64)
+    return b0, b1
+
+
+@triton.jit
+def _prefetch_pages(PF, pb0, pb1, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                    SCALES: tl.constexpr):
+    """The bulk prefetches of a tile's pages (blocks ``pb0`` and, for a tile of two pages,
+    ``pb1``). PF = (PK, PV, PKS, PVS, skn, svn, sksn, svsn, nbk, nbv, nbks, nbvs): the share
+    pointers in block 0, block strides and share sizes in bytes (:func:`_prefetch_shares`)."""
+    _prefetch_shares(PF[0], PF[1], PF[2], PF[3], pb0, PF[4], PF[5], PF[6], PF[7], PF[8],
+                     PF[9], PF[10], PF[11], SCALES)
+    if BLOCK_N == 2 * PAGE_SIZE:
+        _prefetch_shares(PF[0], PF[1], PF[2], PF[3], pb1, PF[4], PF[5], PF[6], PF[7], PF[8],
+                         PF[9], PF[10], PF[11], SCALES)
+
+
+@triton.jit
+def _prefetch_shares(PK, PV, PKS, PVS, blk, skn, svn, sksn, svsn, nbk, nbv, nbks, nbvs,
+                     SCALES: tl.constexpr):
+    """``cp.async.bulk.prefetch.L2`` (one thread) of this program's share of page block
+    ``blk`` of each cache: ``PK`` etc. point at the share in block 0, ``nb*`` bytes long."""
+    _l2_prefetch_bulk(PK + blk * skn, nbk)
+    _l2_prefetch_bulk(PV + blk * svn, nbv)
+    if SCALES:
+        _l2_prefetch_bulk(PKS + blk * sksn, nbks)
+        _l2_prefetch_bulk(PVS + blk * svsn, nbvs)
+
+
+@triton.jit
+def _l2_prefetch_bulk(ptr, nbytes):
+    """``cp.async.bulk.prefetch.L2.global`` of ``nbytes`` (a multiple of 16) from ``ptr``
+    (16-byte aligned), issued by thread 0 (nothing under the interpreter)."""
+    if not _INTERPRET:
+        tl.inline_asm_elementwise(
+            "{ .reg .u32 t; .reg .pred p; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;\n\t"
+            "@p cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0; }",
+            "=r,l,r", [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -583,7 +656,7 @@ def _decode_split_kernel(
     MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
     FP8_WORDS: tl.constexpr = False, SAME_STRIDES: tl.constexpr = False,
-    QK_WG: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
+    QK_WG: tl.constexpr = False, PREFETCH: tl.constexpr = 0, PF_PAGES: tl.constexpr = False,
     OUT=None, LOUT=None, CNT=None, sfb=0, sfs=0, sfh=0, sfd=0, sgb=0, sgh=0, sgs=0,
     FUSED: tl.constexpr = False,
 ):
@@ -664,6 +737,13 @@ def _decode_split_kernel(
     full_hi = (full_end // BLOCK_N) * BLOCK_N
     c = tl.minimum(tl.maximum(full_hi, a), t1)
 
+    if PF_PAGES:  # this program's share of a page block of each cache (bytes / floats)
+        n_kv = tl.num_programs(1)
+        PF = (K + hk * (skn // n_kv), V + hk * (svn // n_kv), KS + hk * (sksn // n_kv),
+              VS + hk * (svsn // n_kv), skn, svn, sksn, svsn, skn // n_kv, svn // n_kv,
+              sksn // n_kv * 4, svsn // n_kv * 4)
+    else:
+        PF = None
     KS += hk.to(tl.int64) * sksh
     VS += hk.to(tl.int64) * svsh
     Kh = K + hk.to(tl.int64) * skh
@@ -702,7 +782,8 @@ def _decode_split_kernel(
             acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, Kh, Vw, KS, VS, BTb, a, c, L, qpos,
             offs_n, offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn,
             svp, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, SUB_N,
-            PAGE_SIZE, PAGED, False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREFETCH)
+            PAGE_SIZE, PAGED, False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREFETCH, PF,
+            PF_PAGES)
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_wg(
             acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, Kh, Vw, KS, VS, BTb, c, t1, L, qpos,
             offs_n, offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn,
@@ -737,7 +818,7 @@ def _decode_split_kernel(
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
             False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES,
-            PREFETCH)
+            PREFETCH, PF, PF_PAGES)
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, c, t1, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,

@@ -64,6 +64,10 @@ class DecodeConfig:
         Elsewhere "mma" runs.
     prefetch: fp8 caches read as words: the fully visible tiles ask the L2 for the K and V
         rows of the tile this many tiles ahead (0: none).
+    prefetch_pages: with ``prefetch``, contiguous paged caches whose tiles are one or two
+        pages: one bulk L2 prefetch a page and cache of this program's 1 / heads share of the
+        page block (all heads' rows; the kv heads' programs of a sequence run side by side),
+        per-token scales too, instead of a prefetch a key row.
     """
 
     block_n: int = 64
@@ -78,6 +82,7 @@ class DecodeConfig:
     combine: str = "launch"
     qk: str = "mma"
     prefetch: int = 0
+    prefetch_pages: bool = False
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,

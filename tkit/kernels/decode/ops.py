@@ -274,6 +274,9 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         **({"FP8_WORDS": True, "SAME_STRIDES": same} if words else {}),
         **({"QK_WG": True} if qk_wg else {}),
         **({"PREFETCH": cfg.prefetch} if words and cfg.prefetch else {}),
+        **({"PF_PAGES": True} if words and cfg.prefetch and cfg.prefetch_pages
+           and _page_shares(k_cache, v_cache, k_scale, v_scale, block_table, cfg.block_n)
+           else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
         **(_fused_args(out, lse, b * hk * n_m) if fused else {}),
     )
@@ -304,6 +307,21 @@ def _fused_args(out, lse, n):
     so, sl = out.stride(), lse.stride()
     return dict(OUT=out, LOUT=lse, CNT=cnt, sfb=so[0], sfs=so[1], sfh=so[2], sfd=so[3],
                 sgb=sl[0], sgh=sl[1], sgs=sl[2], FUSED=True)
+
+
+def _page_shares(k_cache, v_cache, k_scale, v_scale, block_table, block_n) -> bool:
+    """Paged contiguous caches (and per-token scales, where given) whose page blocks split
+    into one 16-byte-multiple share a kv head, tiles of one or two pages: the bulk L2
+    prefetch of ``DecodeConfig.prefetch_pages`` applies."""
+    if block_table is None:
+        return False
+    page, hk = k_cache.shape[1], k_cache.shape[2]
+    ok = (block_n in (page, 2 * page) and k_cache.is_contiguous() and v_cache.is_contiguous()
+          and k_cache.stride(0) % (16 * hk) == 0)
+    for s in (k_scale, v_scale):
+        if s is not None and s.ndim:
+            ok = ok and s.is_contiguous() and (s.stride(0) * 4) % (16 * hk) == 0
+    return ok
 
 
 def _sm90_or_interpreter(device) -> bool:
