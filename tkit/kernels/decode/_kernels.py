@@ -8,6 +8,7 @@ import triton.language as tl
 
 from tkit.kernels._numerics import INTERPRET as _INTERPRET
 from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
+from tkit.kernels._numerics import scalar_mask as _scalar_mask
 from tkit.kernels._numerics import to_fp8_saturated as _to_fp8_saturated
 
 
@@ -275,23 +276,24 @@ def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, 
     if PREFETCH > 0 and not MASKED:
         if PF_PAGES:
             pb0, pb1 = _page_blocks(BT, start + PREFETCH * BLOCK_N, L, n_blocks, sbtn,
-                                    PAGE_SIZE)
+                                    start < end, PAGE_SIZE)
         else:
             offs_p = tl.arange(0, BLOCK_N)
             pf_blk, pf_row = _table_rows(BT, start + PREFETCH * BLOCK_N + offs_p, L, b64,
-                                         n_blocks, sbtn, PAGE_SIZE, PAGED)
+                                         n_blocks, sbtn, start < end, PAGE_SIZE, PAGED)
     for start_t in range(start, end, BLOCK_N):
         if PREFETCH > 0 and not MASKED:
             if PF_PAGES:
                 _prefetch_pages(PF, pb0, pb1, BLOCK_N, PAGE_SIZE,
                                 SCALE_K == 2 and SCALE_V == 2)
                 pb0, pb1 = _page_blocks(BT, start_t + (PREFETCH + 1) * BLOCK_N, L, n_blocks,
-                                        sbtn, PAGE_SIZE)
+                                        sbtn, start_t < end, PAGE_SIZE)
             else:
                 _l2_prefetch(K + (pf_blk * skn + pf_row * skp))
                 _l2_prefetch(V + (pf_blk * svn + pf_row * svp))
                 pf_blk, pf_row = _table_rows(BT, start_t + (PREFETCH + 1) * BLOCK_N + offs_p,
-                                             L, b64, n_blocks, sbtn, PAGE_SIZE, PAGED)
+                                             L, b64, n_blocks, sbtn, start_t < end, PAGE_SIZE,
+                                             PAGED)
         for j in tl.static_range(BLOCK_N // SUB_N):
             acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_words(
                 acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
@@ -449,23 +451,24 @@ def _decode_tiles_wg(acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, B
     if PREFETCH > 0 and not MASKED:
         if PF_PAGES:
             pb0, pb1 = _page_blocks(BT, start + PREFETCH * BLOCK_N, L, n_blocks, sbtn,
-                                    PAGE_SIZE)
+                                    start < end, PAGE_SIZE)
         else:
             offs_p = tl.arange(0, BLOCK_N)
             pf_blk, pf_row = _table_rows(BT, start + PREFETCH * BLOCK_N + offs_p, L, b64,
-                                         n_blocks, sbtn, PAGE_SIZE, PAGED)
+                                         n_blocks, sbtn, start < end, PAGE_SIZE, PAGED)
     for start_t in range(start, end, BLOCK_N):
         if PREFETCH > 0 and not MASKED:
             if PF_PAGES:
                 _prefetch_pages(PF, pb0, pb1, BLOCK_N, PAGE_SIZE,
                                 SCALE_K == 2 and SCALE_V == 2)
                 pb0, pb1 = _page_blocks(BT, start_t + (PREFETCH + 1) * BLOCK_N, L, n_blocks,
-                                        sbtn, PAGE_SIZE)
+                                        sbtn, start_t < end, PAGE_SIZE)
             else:
                 _l2_prefetch(K + (pf_blk * skn + pf_row * skp))
                 _l2_prefetch(V + (pf_blk * svn + pf_row * svp))
                 pf_blk, pf_row = _table_rows(BT, start_t + (PREFETCH + 1) * BLOCK_N + offs_p,
-                                             L, b64, n_blocks, sbtn, PAGE_SIZE, PAGED)
+                                             L, b64, n_blocks, sbtn, start_t < end, PAGE_SIZE,
+                                             PAGED)
         for j in tl.static_range(BLOCK_N // SUB_N):
             acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_wg(
                 acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, BT,
@@ -477,12 +480,13 @@ def _decode_tiles_wg(acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, B
 
 
 @triton.jit
-def _table_rows(BT, keys, L, b64, n_blocks, sbtn, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr):
+def _table_rows(BT, keys, L, b64, n_blocks, sbtn, live, PAGE_SIZE: tl.constexpr,
+                PAGED: tl.constexpr):
     """(block, row) of key positions ``keys`` clamped to [0, L - 1], as int64 (dense: the
-    sequence's block)."""
-    c = tl.minimum(keys, L - 1)
+    sequence's block); the table is read only where ``live`` (a scalar: block 0 else)."""
+    c = tl.maximum(tl.minimum(keys, L - 1), 0)
     if PAGED:
-        blk = tl.load(BT + (c // PAGE_SIZE) * sbtn)
+        blk = tl.load(BT + (c // PAGE_SIZE) * sbtn, mask=_scalar_mask(live, c), other=0)
         blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
         row = (c % PAGE_SIZE).to(tl.int64)
     else:
@@ -492,13 +496,14 @@ def _table_rows(BT, keys, L, b64, n_blocks, sbtn, PAGE_SIZE: tl.constexpr, PAGED
 
 
 @triton.jit
-def _page_blocks(BT, start_n, L, n_blocks, sbtn, PAGE_SIZE: tl.constexpr):
+def _page_blocks(BT, start_n, L, n_blocks, sbtn, live, PAGE_SIZE: tl.constexpr):
     """Block-table entries (int64, clamped) of the page holding key ``start_n`` and of the next
-    page, both clamped to the sequence's last page."""
-    last = (L - 1) // PAGE_SIZE
+    page, both clamped to the sequence's last page; read only where ``live`` (a scalar)."""
+    last = tl.maximum(L - 1, 0) // PAGE_SIZE
     pg = tl.minimum(start_n // PAGE_SIZE, last)
-    b0 = tl.minimum(tl.maximum(tl.load(BT + pg * sbtn), 0), n_blocks - 1).to(tl.int64)
-    b1 = tl.load(BT + tl.minimum(pg + 1, last) * sbtn)
+    b0 = tl.load(BT + pg * sbtn, mask=live, other=0)
+    b0 = tl.minimum(tl.maximum(b0, 0), n_blocks - 1).to(tl.int64)
+    b1 = tl.load(BT + tl.minimum(pg + 1, last) * sbtn, mask=live, other=0)
     b1 = tl.minimum(tl.maximum(b1, 0), n_blocks - 1).to(tl.int64)
     return b0, b1
 
