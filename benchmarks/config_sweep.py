@@ -1085,9 +1085,7 @@ DECODE_WG_RUNS: list = [
                    prefetch_pages=True)),
     ("token", dict(_WG, block_n=128, num_stages=3, ctas_per_sm=3, max_registers=168,
                    prefetch=3)),  # 1 tile in flight, 3 an SM, prefetches 2 tiles past it
-    ("token", dict(_WG, block_n=64, num_stages=3, ctas_per_sm=3, prefetch=6)),
     ("token", dict(_WG, block_n=256, sub_n=128, num_stages=3, ctas_per_sm=2)),  # 105 KB
-    ("token", dict(_WG, block_n=64, num_stages=7, ctas_per_sm=3, max_registers=168)),
     ("l2", {}),  # L2-resident pages: the loops' own time, default and fp8 wgmma
     ("l2", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2)),
 ]
