@@ -1,6 +1,6 @@
 """Sweep the typed launch configs of an op family at its headline bench cases, on the GPU.
 
-    python benchmarks/config_sweep.py [quant append decode_bar decode_fp8 rope sample ...]
+    python benchmarks/config_sweep.py [quant append decode_bar decode_fp8 decode_wg rope ...]
 
 Each family's config is overridden through its scoped context (``quant_config``,
 ``rope_config``, ``sample_config``, ``append_config``, ``decode_config``; for the fp8 GEMM a
@@ -1102,18 +1102,19 @@ def _decode_inputs(bench_cases, layout):
 _DECODE_FP8_REF = {"token": "token", "head": "token", "tensor": "token_flat", "l2": "l2"}
 
 
-def sweep_decode_fp8(rows):
+def sweep_decode_fp8(rows, runs=None, label="decode_fp8"):
     """decode_attention over the fp8 page-64 cache with per-token scales (case 6) against
     issue #15's bar (<= 0.55x the bf16 page-64 default's time, case 2), whole calls (graph
     replays, L2 read-flushed, interleaved rounds): the bf16 default, the fp8 default, and
-    :data:`DECODE_FP8_RUNS` ((inputs, config overrides) pairs, inputs as
-    :func:`_decode_inputs`). Each fp8 output is checked against the fp8 default's on the
-    same values (:data:`_DECODE_FP8_REF`); times are over the bf16 default's."""
+    ``runs`` ((inputs, config overrides) pairs, inputs as :func:`_decode_inputs`;
+    :data:`DECODE_FP8_RUNS` when None). Each fp8 output is checked against the fp8
+    default's on the same values (:data:`_DECODE_FP8_REF`); times are over the bf16
+    default's."""
     from tkit.kernels import decode as DA
 
     spec = registry.get("decode_attention")
     cases = list(spec.bench_cases())
-    runs = [("bf16", {}), ("token", {})] + DECODE_FP8_RUNS
+    runs = [("bf16", {}), ("token", {})] + (DECODE_FP8_RUNS if runs is None else runs)
     inputs = {lay: _decode_inputs(cases, lay) for lay in {lay for lay, _ in runs}}
     want = {}
     for lay in {_DECODE_FP8_REF.get(lay) for lay, _ in runs} - {None}:
@@ -1123,7 +1124,7 @@ def sweep_decode_fp8(rows):
     try:  # compile the builds in parallel child processes first
         warm(DA.decode_config, [("decode_attention", 6, v) for _, v in runs if v])
     except Exception as e:
-        print(f"decode_fp8 warm-up: {type(e).__name__}: {str(e)[:200]}")
+        print(f"{label} warm-up: {type(e).__name__}: {str(e)[:200]}")
     times, notes = {}, {}
     for r in range(ROUNDS):
         for layout, v in runs:
@@ -1147,13 +1148,13 @@ def sweep_decode_fp8(rows):
     bf16 = min(times.get(f"{'bf16':7s} {{}}") or [float("nan")])
     for key, ts in times.items():
         if ts is None:
-            print(f"decode_fp8 {key:72s} {notes[key]}")
+            print(f"{label} {key:72s} {notes[key]}")
             continue
         t = min(ts)
         layout, cfg = key.split(" ", 1)
-        print(f"decode_fp8 {key:72s} {t * 1e3:7.1f} us {nbytes / t / 1e9:5.2f} TB/s(fp8 bytes)"
+        print(f"{label} {key:72s} {t * 1e3:7.1f} us {nbytes / t / 1e9:5.2f} TB/s(fp8 bytes)"
               f" {t / bf16:5.3f} of bf16 page 64 (bar <= 0.55)")
-        rows.append(dict(family="decode_fp8", op="decode_attention",
+        rows.append(dict(family=label, op="decode_attention",
                          case=cases[2 if layout.startswith("bf16") else 6].label,
                          inputs=layout, config=json.loads(cfg), median_ms=t,
                          vs_bf16_page64_default=t / bf16))
@@ -1175,7 +1176,36 @@ DECODE_FP8_RUNS: list = [
     ("bf16_l2", {}),
 ]
 
-SWEEPS = {"decode_splits": sweep_decode_splits,
+#: runs of :func:`sweep_decode_wg`: the fp8 scores by an fp8 wgmma (``qk="wgmma_fp8"``:
+#: keys as M, 4 warps, the query's hi and lo e4m3 parts as N = 16; the bench case's 4 rows
+#: a tile of 8), 64- to 256-key tiles; ``ctas_per_sm`` as the build fits (registers) so
+#: that the split heuristic fills the machine (4: 2 splits, 3: 3, 2: 1).
+_WG = dict(qk="wgmma_fp8", num_warps=4)
+DECODE_WG_RUNS: list = [
+    ("token", dict(num_splits=2)),  # the default's own build again: the run's noise
+    # L2 prefetches past the shared-memory pipeline (2 tiles in flight at 5 stages)
+    ("token", dict(prefetch=4)),
+    ("token", dict(prefetch=8)),
+    ("token", dict(prefetch=4, prefetch_pages=True)),  # a bulk prefetch a page share
+    ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2)),  # 2 tiles in flight
+    ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2, prefetch=3)),
+    ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2, prefetch=6)),
+    ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2, prefetch=3,
+                   prefetch_pages=True)),
+    ("token", dict(_WG, block_n=128, num_stages=3, ctas_per_sm=3, max_registers=168,
+                   prefetch=3)),  # 1 tile in flight, 3 an SM, prefetches 2 tiles past it
+    ("token", dict(_WG, block_n=256, sub_n=128, num_stages=3, ctas_per_sm=2)),  # 105 KB
+    ("l2", {}),  # L2-resident pages: the loops' own time, default and fp8 wgmma
+    ("l2", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2)),
+]
+
+
+def sweep_decode_wg(rows):
+    """:func:`sweep_decode_fp8` over :data:`DECODE_WG_RUNS`."""
+    sweep_decode_fp8(rows, DECODE_WG_RUNS, "decode_wg")
+
+
+SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "decode_bar": sweep_decode_bar, "decode_fp8": sweep_decode_fp8,
           "int4": sweep_int4, "int4_prefill": sweep_int4_prefill,
           "quant": sweep_quant,

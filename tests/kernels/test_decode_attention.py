@@ -284,8 +284,8 @@ def test_sub_tiles_match_whole_tiles(page):
 def test_fp8_words_in_the_pipeline(mode, page):
     """The pipelined loops read an fp8 cache of head dim >= 64 as int32 words of 4 values
     (four float16 quarters a word, dotted apart): against the reference with a window,
-    softcap, sub-tiles, two splits and two queries, lengths of 0 and 1, and against whole
-    tiles."""
+    softcap, sub-tiles, two splits and two queries, lengths of 0 and 1, an L2 prefetch a
+    tile ahead, and against whole tiles."""
     b, d = 4, 64
     q, k, v, table = _paged(b, 2, 4, 2, d, page or 64, 64 // (page or 64), torch.float16,
                             seed=91)
@@ -303,7 +303,7 @@ def test_fp8_words_in_the_pipeline(mode, page):
     k, v = k.to(FP8), v.to(FP8)
     kw.update(k_scale=ks, v_scale=vs)
     lens = _lens(64, 37, 0, 1)
-    with DA.decode_config(block_n=32, sub_n=16), poisoned_outputs():
+    with DA.decode_config(block_n=32, sub_n=16, prefetch=1), poisoned_outputs():
         got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                                [q, k, v, lens], kw)
     with DA.decode_config(block_n=32):
@@ -333,9 +333,11 @@ def test_fp8_head_dim_128_default(paged):
                                 dict(kw, k_scale=ks, v_scale=vs))
 
 
-def test_fp8_words_clamp_garbage():
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_fp8_words_clamp_garbage(prefetch):
     """The word pipeline under garbage block indices and lengths (registered op, no
-    validation): blocks clamp to [0, num_blocks - 1], lengths to the table."""
+    validation): blocks clamp to [0, num_blocks - 1], lengths to the table; also with the
+    page-share L2 prefetch a tile ahead (its table reads clamp alike)."""
     d = 64
     q, k, v, table = _paged(4, 2, 4, 2, d, 16, 3, torch.float32, seed=103)
     k8, v8 = _guarded(k.to(FP8)), _guarded(v.to(FP8))
@@ -345,7 +347,8 @@ def test_fp8_words_clamp_garbage():
     bad[1, 0] = -(2**31)
     bad[2] = torch.tensor([nb, -1, 2**31 - 1], dtype=I32)
     lens = _lens(48, 10**6, -5, 2**31 - 1)
-    with DA.decode_config(block_n=16), poisoned_outputs():
+    with DA.decode_config(block_n=16, prefetch=prefetch, prefetch_pages=True), \
+            poisoned_outputs():
         out, lse = torch.ops.tkit.decode_attention(q, k8, v8, lens, bad, None, None,
                                                    d ** -0.5, -1, 0, 0.0, 2)
     ref, ref_lse = S.ref_decode_attention(q.double(), k8.double(), v8.double(),
@@ -353,6 +356,144 @@ def test_fp8_words_clamp_garbage():
                                           return_lse=True)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
     torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=0)
+
+
+def _launches(monkeypatch):
+    """The split kernel's launch arguments of the calls that follow (a spy on the launcher)."""
+    from tkit.kernels import _common
+
+    seen, launch = [], _common.launch
+
+    def spy(kernel, grid, **kw):
+        if "QK_WG" in kw or "FP8_WORDS" in kw:
+            seen.append(kw)
+        return launch(kernel, grid, **kw)
+
+    monkeypatch.setattr(_common, "launch", spy)
+    return seen
+
+
+@pytest.mark.parametrize("layout, hq, block_m", [("page8", 4, 8), ("page16", 8, 16),
+                                                  ("dense", 8, 16)])
+def test_fp8_scores_by_fp8_mma(monkeypatch, layout, hq, block_m):
+    """``qk="wgmma_fp8"``: the scores transposed (keys as M) with the query split into hi and
+    lo fp8 parts, the softmax along the keys: against the reference with per-token scales, a
+    window, softcap, two splits, three queries, lengths 0 and 1, rows of very different
+    magnitudes (per-row scales of the split), and against the word path; L2 prefetches 1-2
+    tiles ahead (a key row or a page share at a time: their table reads). Interpreter tiles
+    of 16 keys: page 8
+    puts two pages in a tile, page 16 one; 6 packed rows in a tile of 8, 12 in a tile of
+    16."""
+    b, sq, hk, d = 4, 3, 2, 64
+    page = 8 if layout == "page8" else 16
+    q, k, v, table = _paged(b, sq, hq, hk, d, page, 64 // page, torch.float16, seed=191)
+    q[0, 0, 1] *= 300.0
+    q[1, 2, 2] *= 0.01
+    kw = dict(window_size=(40, -1), softcap=20.0, return_lse=True, num_splits=2)
+    if layout == "dense":
+        k, v = k.reshape(b, 64, hk, d), v.reshape(b, 64, hk, d)
+    else:
+        kw["block_table"] = table
+    gen = torch.Generator().manual_seed(13)
+    kw["k_scale"] = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+    kw["v_scale"] = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+    k, v = k.to(FP8), v.to(FP8)
+    lens = _lens(64, 37, 0, 1)
+    seen = _launches(monkeypatch)
+    with DA.decode_config(qk="wgmma_fp8", prefetch=2 if layout != "page16" else 1,
+                          prefetch_pages=layout != "dense"), poisoned_outputs():
+        got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                               [q, k, v, lens], kw)
+    assert [(x.get("QK_WG"), x["BLOCK_M"], x.get("PF_PAGES")) for x in seen] == [
+        (True, block_m, True if layout != "dense" else None)]
+    want, want_lse = tkit.decode_attention(q, k, v, lens, **kw)
+    torch.testing.assert_close(got, want, atol=4e-3, rtol=0)
+    assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
+    torch.testing.assert_close(got_lse, want_lse, atol=2e-3, rtol=0)
+
+
+def test_fp8_scores_by_fp8_mma_rows(monkeypatch):
+    """``qk="wgmma_fp8"`` with 20 packed rows (two M tiles of 16, the second partial), a
+    per-tensor scale and bfloat16 queries; where the fp8 MMA does not apply (head dim 48: no
+    power of 2; float32 queries, whose scores it would round to bfloat16's precision) the
+    other paths run."""
+    dtype = torch.bfloat16
+    q, k, v, table = _paged(2, 5, 8, 2, 64, 16, 4, dtype, seed=193)
+    ks, vs = (torch.tensor(x, device=k.device) for x in (0.7, 1.3))
+    kw = dict(block_table=table, k_scale=ks, v_scale=vs, return_lse=True)
+    seen = _launches(monkeypatch)
+    with DA.decode_config(qk="wgmma_fp8"):
+        check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                [q, k.to(FP8), v.to(FP8), _lens(64, 30)], kw)
+        q48, k48, v48 = q[..., :48].contiguous(), k[..., :48], v[..., :48]
+        check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                [q48, k48.to(FP8), v48.to(FP8), _lens(50, 7)], kw)
+        check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                [q.float(), k.to(FP8), v.to(FP8), _lens(64, 30)], kw)
+    # the other paths' M tiles are their own (16 in the interpreter, 32 on a GPU)
+    assert [x.get("QK_WG") for x in seen] == [True, None, None] and seen[0]["BLOCK_M"] == 16
+    with pytest.raises(ValueError, match="qk"), DA.decode_config(qk="wgmma"):
+        tkit.decode_attention(q, k.to(FP8), v.to(FP8), _lens(64, 30), **kw)
+    with pytest.raises(ValueError, match="prefetch"), DA.decode_config(prefetch=-1):
+        tkit.decode_attention(q, k.to(FP8), v.to(FP8), _lens(64, 30), **kw)
+
+
+_WG = dict(qk="wgmma_fp8", num_warps=4)
+_WG_GPU = [(1, dict(_WG, block_n=128, num_stages=5)), (4, dict(_WG, block_n=128, num_stages=5)),
+           (1, dict(_WG, block_n=128, num_stages=5, prefetch=3)), (1, dict(prefetch=4)),
+           (1, dict(_WG, block_n=128, num_stages=5, prefetch=3, prefetch_pages=True)),
+           (1, dict(prefetch=4, prefetch_pages=True))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sq, cfg", _WG_GPU)
+def test_fp8_scores_by_fp8_mma_compiled(monkeypatch, sq, cfg):
+    """``qk="wgmma_fp8"`` compiled for sm_90 at the bench case's structure (page 64 shuffled,
+    GQA 4, D 128, per-token scales, bfloat16 queries; 4 sequences up to 2048 keys, one of
+    them shorter than a tile), its sweep's tiles and stages, 8 rows a tile (1 query) or 16
+    (4 queries), L2 prefetches (also on the default's word path): against the reference
+    and the default's output."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the fp8 wgmma is sm_90's")
+    q, k, v, table = _paged(4, sq, 32, 8, 128, 64, 32, torch.bfloat16, seed=201)
+    gen = torch.Generator().manual_seed(17)
+    ks = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device) / 64
+    vs = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device) / 64
+    k8, v8 = (k * 64).to(FP8), (v * 64).to(FP8)
+    lens = _lens(2048, 1000, 37, 1531)
+    kw = dict(block_table=table, k_scale=ks, v_scale=vs, return_lse=True)
+    seen = _launches(monkeypatch)
+    with DA.decode_config(**cfg), poisoned_outputs():
+        got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                               [q, k8, v8, lens], kw)
+    wg = cfg.get("qk") == "wgmma_fp8"
+    assert [(x.get("QK_WG"), x.get("PREFETCH")) for x in seen] == [
+        (True if wg else None, cfg.get("prefetch"))]
+    assert not wg or seen[0]["BLOCK_M"] == (4 * sq if sq > 1 else 8)
+    want, want_lse = tkit.decode_attention(q, k8, v8, lens, **kw)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=0)
+    torch.testing.assert_close(got_lse, want_lse, atol=1e-2, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d, sq, dtype", [(64, 4, torch.float16), (256, 2, torch.bfloat16)])
+def test_fp8_scores_by_fp8_mma_shapes(monkeypatch, d, sq, dtype):
+    """``qk="wgmma_fp8"`` compiled for sm_90 at head dims 64 and 256, 16 packed rows a tile
+    (GQA 4 x 4 queries) and 8 (2 x 4), a window, softcap, three splits, a tensor scale for V
+    and per-token scales for K, page 16 (four pages a 64-key tile)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the fp8 wgmma is sm_90's")
+    q, k, v, table = _paged(3, sq, 16, 4, d, 16, 40, dtype, seed=203 + d)
+    gen = torch.Generator().manual_seed(19)
+    ks = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
+    vs = torch.tensor(0.8, device=k.device)
+    kw = dict(block_table=table, k_scale=ks, v_scale=vs, return_lse=True, num_splits=3,
+              window_size=(300, -1), softcap=30.0)
+    seen = _launches(monkeypatch)
+    with DA.decode_config(qk="wgmma_fp8", num_warps=4), poisoned_outputs():
+        check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                [q, k.to(FP8), v.to(FP8), _lens(640, 64, 333)], kw)
+    assert [(x.get("QK_WG"), x["BLOCK_M"]) for x in seen] == [(True, 16 if sq == 4 else 8)]
 
 
 # ---- append_kv, merge ----------------------------------------------------------------------

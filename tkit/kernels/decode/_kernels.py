@@ -8,6 +8,7 @@ import triton.language as tl
 
 from tkit.kernels._numerics import INTERPRET as _INTERPRET
 from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
+from tkit.kernels._numerics import scalar_mask as _scalar_mask
 from tkit.kernels._numerics import to_fp8_saturated as _to_fp8_saturated
 
 
@@ -268,9 +269,31 @@ def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, 
                         SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                         MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
                         SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr,
-                        PREC: tl.constexpr, SAME_STRIDES: tl.constexpr):
-    """:func:`_decode_tiles` over :func:`_decode_tile_words`."""
+                        PREC: tl.constexpr, SAME_STRIDES: tl.constexpr,
+                        PREFETCH: tl.constexpr = 0, PF=None, PF_PAGES: tl.constexpr = False):
+    """:func:`_decode_tiles` over :func:`_decode_tile_words`; PREFETCH, PF, PF_PAGES as in
+    :func:`_decode_tiles_wg`."""
+    if PREFETCH > 0 and not MASKED:
+        if PF_PAGES:
+            pb0, pb1 = _page_blocks(BT, start + PREFETCH * BLOCK_N, L, n_blocks, sbtn,
+                                    start < end, PAGE_SIZE)
+        else:
+            offs_p = tl.arange(0, BLOCK_N)
+            pf_blk, pf_row = _table_rows(BT, start + PREFETCH * BLOCK_N + offs_p, L, b64,
+                                         n_blocks, sbtn, start < end, PAGE_SIZE, PAGED)
     for start_t in range(start, end, BLOCK_N):
+        if PREFETCH > 0 and not MASKED:
+            if PF_PAGES:
+                _prefetch_pages(PF, pb0, pb1, BLOCK_N, PAGE_SIZE,
+                                SCALE_K == 2 and SCALE_V == 2)
+                pb0, pb1 = _page_blocks(BT, start_t + (PREFETCH + 1) * BLOCK_N, L, n_blocks,
+                                        sbtn, start_t < end, PAGE_SIZE)
+            else:
+                _l2_prefetch(K + (pf_blk * skn + pf_row * skp))
+                _l2_prefetch(V + (pf_blk * svn + pf_row * svp))
+                pf_blk, pf_row = _table_rows(BT, start_t + (PREFETCH + 1) * BLOCK_N + offs_p,
+                                             L, b64, n_blocks, sbtn, start_t < end, PAGE_SIZE,
+                                             PAGED)
         for j in tl.static_range(BLOCK_N // SUB_N):
             acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_words(
                 acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
@@ -279,6 +302,254 @@ def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, 
                 SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V,
                 PREC, SAME_STRIDES)
     return acc0, acc1, acc2, acc3, l_i, m_i
+
+
+@triton.jit
+def _q_split_fp8(Q, q_off2, offs_d, row_ok2, lo_row, sqd, HEAD_DIM: tl.constexpr):
+    """The query rows as one fp8 e4m3 operand of twice the rows: row 2r + 0 holds
+    q_hi = e4m3(q_r / a_r), row 2r + 1 holds q_lo = e4m3((q_r - q_hi a_r) / b_r), with
+    per-row powers of two a_r, b_r that put each part's largest magnitude in [128, 256)
+    (division exact, no overflow). ``q_off2`` / ``row_ok2`` are the offsets and validity of
+    row r repeated for both parts, ``lo_row`` says which rows are the lo parts. Returns the
+    operand and each row's power of two (a_r or b_r), float32: S = sum_j scale_j S_j recovers
+    q k^T to ~8 significant bits of q (e4m3 has 4; the residual of the hi part is below 2^-4
+    of the element, the lo part keeps 4 bits of it), bfloat16's precision."""
+    x = tl.load(Q + q_off2[:, None] + offs_d[None, :] * sqd,
+                mask=row_ok2[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
+    x = x.to(tl.float32)
+    a = _pow2_scale(tl.max(tl.abs(x), 1))
+    hi = _to_fp8_saturated(x * (1.0 / a)[:, None])
+    if _INTERPRET:
+        hi_f = _interpreter_operand(hi)
+    else:
+        hi_f = hi.to(tl.float32)
+    r = x - hi_f * a[:, None]  # exact: hi is x rounded to 4 bits at the same power of two
+    b = _pow2_scale(tl.max(tl.abs(r), 1))
+    lo = _to_fp8_saturated(r * (1.0 / b)[:, None])
+    q2 = tl.where(lo_row[:, None], lo, hi)
+    return q2, tl.where(lo_row, b, a)
+
+
+@triton.jit
+def _pow2_scale(amax):
+    """2^(floor(log2 amax) - 7) for finite amax > 0 (amax / scale in [128, 256)), within
+    float32's normal range; 1 for 0 (the row is zero whatever the scale)."""
+    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 7  # biased exponent - 7
+    e = tl.minimum(tl.maximum(e, 1), 254)
+    s = (e << 23).to(tl.float32, bitcast=True)
+    return tl.where(amax > 0.0, s, 1.0)
+
+
+@triton.jit
+def _decode_tile_wg(acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, BT,
+                    start_n, L, qpos, offs_n, offs_d, b64, n_blocks, shift, wl, wr, qk_scale,
+                    cap_scale, skn, skp, svn, svp, sksn, sksp, svsn, svsp, sbtn,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                    SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+                    MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
+                    SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr):
+    """:func:`_decode_tile_words` with the scores computed transposed by an fp8 MMA:
+    S^T = K q2^T, keys as M (so that a tile of 64 keys and 4 warps is one warpgroup's
+    ``wgmma m64nNk32 .e4m3.e4m3`` reading K from shared memory as loaded, K-major, without a
+    conversion), N = 2 BLOCK_M: q's hi and lo parts (:func:`_q_split_fp8`) in adjacent
+    columns, summed with their powers of two ``qsc`` in the thread that holds both. The
+    softmax runs along axis 0 (keys), whose max is a reduction across the warps each tile;
+    ``l_i`` is [keys, rows]: each key's share of the denominators, summed once after the loop
+    (no second reduction a tile). P^T is transposed into P @ V as the word path does it
+    (V as float16 quarters). ``K`` is the fp8 cache (strides in bytes), ``V`` its int32 words
+    (strides in words)."""
+    cols = start_n + offs_n
+    offs_w = tl.arange(0, BLOCK_D // 4)
+    if PAGED and not MASKED and SUB_N == 2 * PAGE_SIZE:
+        # two pages a tile: two table reads and a select of their base pointers a key, not a
+        # table read and a 64-bit product a key
+        pg = (tl.cast(start_n, tl.uint32) // PAGE_SIZE).to(tl.int32)
+        blk0 = tl.minimum(tl.maximum(tl.load(BT + pg * sbtn), 0), n_blocks - 1).to(tl.int64)
+        blk1 = tl.minimum(tl.maximum(tl.load(BT + (pg + 1) * sbtn), 0), n_blocks - 1)
+        blk1 = blk1.to(tl.int64)
+        k_rows, v_rows = _two_page_rows(K, V, blk0, blk1, offs_n, skn, skp, svn, svp,
+                                        PAGE_SIZE)
+        if SCALE_K == 2 or SCALE_V == 2:
+            ks_ptrs, vs_ptrs = _two_page_rows(KS, VS, blk0, blk1, offs_n, sksn, sksp, svsn,
+                                              svsp, PAGE_SIZE)
+    else:
+        k_rows, v_rows = _row_ptrs(K, V, BT, start_n, L, offs_n, offs_n, b64, n_blocks, sbtn,
+                                   skn, skp, svn, svp, PAGE_SIZE, PAGED, SUB_N, MASKED, False,
+                                   False)
+        if SCALE_K == 2 or SCALE_V == 2:
+            ks_ptrs, vs_ptrs = _row_ptrs(KS, VS, BT, start_n, L, offs_n, offs_n, b64,
+                                         n_blocks, sbtn, sksn, sksp, svsn, svsp, PAGE_SIZE,
+                                         PAGED, SUB_N, MASKED, False, False)
+    k = tl.load(k_rows[:, None] + offs_d[None, :])
+    st = _dot(k, q2t)  # [SUB_N, 2 BLOCK_M] float32
+    s_hi, s_lo = tl.split(tl.reshape(st * qsc[None, :], [SUB_N, BLOCK_M, 2]))
+    qk = s_hi + s_lo  # [keys, rows]
+    if SCALE_K == 2:
+        ks = tl.load(ks_ptrs)
+    if SCALE_K == 2 and not SOFTCAP:
+        s = qk * (ks * qk_scale)[:, None]
+    else:
+        if SCALE_K == 2:
+            qk = qk * ks[:, None]
+        s = _softcap(qk, qk_scale, cap_scale, SOFTCAP)
+    if MASKED:
+        ok = (cols < L)[:, None]
+        if MASK_HI:
+            ok = ok & (cols[:, None] <= qpos[None, :] + shift + wr)
+        if MASK_LO:
+            ok = ok & (cols[:, None] >= qpos[None, :] + shift - wl)
+        s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    if MASKED:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.exp2(s - m_use[None, :])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha[None, :] + p  # the denominators summed over keys after the loop
+    if SCALE_V == 2:
+        p = p * tl.load(vs_ptrs)[:, None]
+    pt = tl.trans(p).to(tl.float16)  # [rows, keys]
+    vw = tl.load(v_rows[:, None] + offs_w[None, :])
+    v0, v1, v2, v3 = _fp8_words_to_f16(vw)
+    acc0 = _dot(pt, v0, acc0 * alpha[:, None])
+    acc1 = _dot(pt, v1, acc1 * alpha[:, None])
+    acc2 = _dot(pt, v2, acc2 * alpha[:, None])
+    acc3 = _dot(pt, v3, acc3 * alpha[:, None])
+    return acc0, acc1, acc2, acc3, l_i, m_new
+
+
+@triton.jit
+def _two_page_rows(A, B, blk0, blk1, offs_n, sn, sp, sn2, sp2, PAGE_SIZE: tl.constexpr):
+    """Pointers to rows ``offs_n`` of a tile over two pages (blocks ``blk0``, ``blk1``) of
+    caches A and B strided (block, row) = (sn, sp) and (sn2, sp2)."""
+    second = offs_n >= PAGE_SIZE
+    r = offs_n % PAGE_SIZE
+    pa = tl.where(second, A + blk1 * sn, A + blk0 * sn) + r * sp
+    pb = tl.where(second, B + blk1 * sn2, B + blk0 * sn2) + r * sp2
+    return pa, pb
+
+
+@triton.jit
+def _decode_tiles_wg(acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, BT, start, end,
+                     L, qpos, offs_n, offs_d, b64, n_blocks, shift, wl, wr, qk_scale,
+                     cap_scale, skn, skp, svn, svp, sksn, sksp, svsn, svsp, sbtn,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                     PAGED: tl.constexpr, MASKED: tl.constexpr, MASK_LO: tl.constexpr,
+                     MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr,
+                     SCALE_V: tl.constexpr, PREFETCH: tl.constexpr = 0, PF=None,
+                     PF_PAGES: tl.constexpr = False):
+    """:func:`_decode_tiles` over :func:`_decode_tile_wg`. PREFETCH > 0 (fully visible tiles
+    only): each tile first asks the L2 for the K and V rows of the tile PREFETCH tiles ahead
+    (keys clamped to the sequence), whose block-table entries were read a tile earlier, so
+    that more of the HBM stream is in flight than the shared-memory pipeline holds. With
+    PF_PAGES (paged contiguous caches, tiles of one or two pages) one bulk prefetch a page
+    and cache instead: this program's 1 / heads share of the whole page block (the kv heads'
+    programs of a sequence run side by side over the same blocks); PF is the tuple of
+    :func:`_prefetch_pages`."""
+    if PREFETCH > 0 and not MASKED:
+        if PF_PAGES:
+            pb0, pb1 = _page_blocks(BT, start + PREFETCH * BLOCK_N, L, n_blocks, sbtn,
+                                    start < end, PAGE_SIZE)
+        else:
+            offs_p = tl.arange(0, BLOCK_N)
+            pf_blk, pf_row = _table_rows(BT, start + PREFETCH * BLOCK_N + offs_p, L, b64,
+                                         n_blocks, sbtn, start < end, PAGE_SIZE, PAGED)
+    for start_t in range(start, end, BLOCK_N):
+        if PREFETCH > 0 and not MASKED:
+            if PF_PAGES:
+                _prefetch_pages(PF, pb0, pb1, BLOCK_N, PAGE_SIZE,
+                                SCALE_K == 2 and SCALE_V == 2)
+                pb0, pb1 = _page_blocks(BT, start_t + (PREFETCH + 1) * BLOCK_N, L, n_blocks,
+                                        sbtn, start_t < end, PAGE_SIZE)
+            else:
+                _l2_prefetch(K + (pf_blk * skn + pf_row * skp))
+                _l2_prefetch(V + (pf_blk * svn + pf_row * svp))
+                pf_blk, pf_row = _table_rows(BT, start_t + (PREFETCH + 1) * BLOCK_N + offs_p,
+                                             L, b64, n_blocks, sbtn, start_t < end, PAGE_SIZE,
+                                             PAGED)
+        for j in tl.static_range(BLOCK_N // SUB_N):
+            acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_wg(
+                acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, BT,
+                start_t + j * SUB_N, L, qpos, offs_n, offs_d, b64, n_blocks, shift, wl, wr,
+                qk_scale, cap_scale, skn, skp, svn, svp, sksn, sksp, svsn, svsp, sbtn,
+                HEAD_DIM, BLOCK_D, BLOCK_M, SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI,
+                SOFTCAP, SCALE_K, SCALE_V)
+    return acc0, acc1, acc2, acc3, l_i, m_i
+
+
+@triton.jit
+def _table_rows(BT, keys, L, b64, n_blocks, sbtn, live, PAGE_SIZE: tl.constexpr,
+                PAGED: tl.constexpr):
+    """(block, row) of key positions ``keys`` clamped to [0, L - 1], as int64 (dense: the
+    sequence's block); the table is read only where ``live`` (a scalar: block 0 else)."""
+    c = tl.maximum(tl.minimum(keys, L - 1), 0)
+    if PAGED:
+        blk = tl.load(BT + (c // PAGE_SIZE) * sbtn, mask=_scalar_mask(live, c), other=0)
+        blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
+        row = (c % PAGE_SIZE).to(tl.int64)
+    else:
+        blk = tl.zeros_like(c).to(tl.int64) + b64
+        row = c.to(tl.int64)
+    return blk, row
+
+
+@triton.jit
+def _page_blocks(BT, start_n, L, n_blocks, sbtn, live, PAGE_SIZE: tl.constexpr):
+    """Block-table entries (int64, clamped) of the page holding key ``start_n`` and of the next
+    page, both clamped to the sequence's last page; read only where ``live`` (a scalar)."""
+    last = tl.maximum(L - 1, 0) // PAGE_SIZE
+    pg = tl.minimum(start_n // PAGE_SIZE, last)
+    b0 = tl.load(BT + pg * sbtn, mask=live, other=0)
+    b0 = tl.minimum(tl.maximum(b0, 0), n_blocks - 1).to(tl.int64)
+    b1 = tl.load(BT + tl.minimum(pg + 1, last) * sbtn, mask=live, other=0)
+    b1 = tl.minimum(tl.maximum(b1, 0), n_blocks - 1).to(tl.int64)
+    return b0, b1
+
+
+@triton.jit
+def _prefetch_pages(PF, pb0, pb1, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                    SCALES: tl.constexpr):
+    """The bulk prefetches of a tile's pages (blocks ``pb0`` and, for a tile of two pages,
+    ``pb1``). PF = (PK, PV, PKS, PVS, skn, svn, sksn, svsn, nbk, nbv, nbks, nbvs): the share
+    pointers in block 0, block strides and share sizes in bytes (:func:`_prefetch_shares`)."""
+    _prefetch_shares(PF[0], PF[1], PF[2], PF[3], pb0, PF[4], PF[5], PF[6], PF[7], PF[8],
+                     PF[9], PF[10], PF[11], SCALES)
+    if BLOCK_N == 2 * PAGE_SIZE:
+        _prefetch_shares(PF[0], PF[1], PF[2], PF[3], pb1, PF[4], PF[5], PF[6], PF[7], PF[8],
+                         PF[9], PF[10], PF[11], SCALES)
+
+
+@triton.jit
+def _prefetch_shares(PK, PV, PKS, PVS, blk, skn, svn, sksn, svsn, nbk, nbv, nbks, nbvs,
+                     SCALES: tl.constexpr):
+    """``cp.async.bulk.prefetch.L2`` (one thread) of this program's share of page block
+    ``blk`` of each cache: ``PK`` etc. point at the share in block 0, ``nb*`` bytes long."""
+    _l2_prefetch_bulk(PK + blk * skn, nbk)
+    _l2_prefetch_bulk(PV + blk * svn, nbv)
+    if SCALES:
+        _l2_prefetch_bulk(PKS + blk * sksn, nbks)
+        _l2_prefetch_bulk(PVS + blk * svsn, nbvs)
+
+
+@triton.jit
+def _l2_prefetch_bulk(ptr, nbytes):
+    """``cp.async.bulk.prefetch.L2.global`` of ``nbytes`` (a multiple of 16) from ``ptr``
+    (16-byte aligned), issued by thread 0 (nothing under the interpreter)."""
+    if not _INTERPRET:
+        tl.inline_asm_elementwise(
+            "{ .reg .u32 t; .reg .pred p; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;\n\t"
+            "@p cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0; }",
+            "=r,l,r", [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _l2_prefetch(ptrs):
+    """``prefetch.global.L2`` of the lines at ``ptrs`` (nothing under the interpreter)."""
+    if not _INTERPRET:
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                                  [ptrs], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -390,6 +661,7 @@ def _decode_split_kernel(
     MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
     FP8_WORDS: tl.constexpr = False, SAME_STRIDES: tl.constexpr = False,
+    QK_WG: tl.constexpr = False, PREFETCH: tl.constexpr = 0, PF_PAGES: tl.constexpr = False,
     OUT=None, LOUT=None, CNT=None, sfb=0, sfs=0, sfh=0, sfd=0, sgb=0, sgh=0, sgs=0,
     FUSED: tl.constexpr = False,
 ):
@@ -470,6 +742,13 @@ def _decode_split_kernel(
     full_hi = (full_end // BLOCK_N) * BLOCK_N
     c = tl.minimum(tl.maximum(full_hi, a), t1)
 
+    if PF_PAGES:  # this program's share of a page block of each cache (bytes / floats)
+        n_kv = tl.num_programs(1)
+        PF = (K + hk * (skn // n_kv), V + hk * (svn // n_kv), KS + hk * (sksn // n_kv),
+              VS + hk * (svsn // n_kv), skn, svn, sksn, svsn, skn // n_kv, svn // n_kv,
+              sksn // n_kv * 4, svsn // n_kv * 4)
+    else:
+        PF = None
     KS += hk.to(tl.int64) * sksh
     VS += hk.to(tl.int64) * svsh
     Kh = K + hk.to(tl.int64) * skh
@@ -484,7 +763,40 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if FP8_WORDS:  # the word pipeline: q's quarters (columns 4c + r), O's quarters
+    if QK_WG:  # fp8 scores transposed (keys as M), q split in hi and lo fp8 parts
+        rows2 = tl.arange(0, 2 * BLOCK_M)
+        r2 = mb * BLOCK_M + rows2 // 2
+        q_off2 = (b64 * sqb + (r2 // GROUP).to(tl.int64) * sqs
+                  + (hk * GROUP + r2 % GROUP).to(tl.int64) * sqh)
+        q2, qsc = _q_split_fp8(Q, q_off2, offs_d, r2 < n_rows, rows2 % 2 == 1, sqd, HEAD_DIM)
+        q2t = tl.trans(q2)
+        acc0 = tl.zeros([BLOCK_M, BLOCK_D // 4], dtype=tl.float32)
+        acc1 = acc0
+        acc2 = acc0
+        acc3 = acc0
+        Vw = Vh.to(tl.pointer_type(tl.int32))
+        svn = svn // 4
+        svp = svp // 4
+        l_i = tl.zeros([SUB_N, BLOCK_M], dtype=tl.float32)
+        acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_wg(
+            acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, Kh, Vw, KS, VS, BTb, t0, a, L, qpos,
+            offs_n, offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn,
+            svp, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, SUB_N,
+            PAGE_SIZE, PAGED, True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V)
+        acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_wg(
+            acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, Kh, Vw, KS, VS, BTb, a, c, L, qpos,
+            offs_n, offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn,
+            svp, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, SUB_N,
+            PAGE_SIZE, PAGED, False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREFETCH, PF,
+            PF_PAGES)
+        acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_wg(
+            acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, Kh, Vw, KS, VS, BTb, c, t1, L, qpos,
+            offs_n, offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn,
+            svp, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, SUB_N,
+            PAGE_SIZE, PAGED, True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V)
+        acc = _interleave4(acc0, acc1, acc2, acc3, BLOCK_M, BLOCK_D)
+        l_i = tl.sum(l_i, 0)
+    elif FP8_WORDS:  # the word pipeline: q's quarters (columns 4c + r), O's quarters
         offs_c = tl.arange(0, BLOCK_D // 4) * 4
         q0 = _q_part(Q, q_off, offs_c, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
         q1 = _q_part(Q, q_off, offs_c + 1, row_ok, sqd, HEAD_DIM, K.dtype.element_ty)
@@ -510,7 +822,8 @@ def _decode_split_kernel(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, a, c, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
+            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES,
+            PREFETCH, PF, PF_PAGES)
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, c, t1, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,

@@ -55,6 +55,19 @@ class DecodeConfig:
         kernel) or "fused" (the last split of each (sequence, kv head, M tile) to finish
         merges them in the split kernel, counting on int32 counters zeroed per call: a fill
         launch instead of the combine launch).
+    qk: how an fp8 cache's scores are computed: "mma" (K converted to float16 in registers,
+        float16 MMAs) or "wgmma_fp8" (sm_90, 16-bit queries, the word pipeline's caches with
+        a power-of-2 head dim from 64 to 256: the scores transposed, keys as M, by an fp8
+        ``wgmma`` that reads K from shared memory as loaded, with the query split into hi and
+        lo fp8 parts, ~8 significant bits as bfloat16 has; M tiles of 8 or 16 query rows
+        (at most ``block_m``); wants 4 warps (a warpgroup) and 64 to 256 keys a tile).
+        Elsewhere "mma" runs.
+    prefetch: fp8 caches read as words: the fully visible tiles ask the L2 for the K and V
+        rows of the tile this many tiles ahead (0: none).
+    prefetch_pages: with ``prefetch``, contiguous paged caches whose tiles are one or two
+        pages: one bulk L2 prefetch a page and cache of this program's 1 / heads share of the
+        page block (all heads' rows; the kv heads' programs of a sequence run side by side),
+        per-token scales too, instead of a prefetch a key row.
     """
 
     block_n: int = 64
@@ -67,6 +80,9 @@ class DecodeConfig:
     split_bytes: int = 2 << 20
     max_registers: Optional[int] = None  # noqa: UP045
     combine: str = "launch"
+    qk: str = "mma"
+    prefetch: int = 0
+    prefetch_pages: bool = False
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,
@@ -120,6 +136,8 @@ class DecodeConfig:
             return cls(block_n=block_n, num_stages=stages, combine="fused")
         return cls(block_n=block_n, num_stages=stages)
 
+
+QKS = ("mma", "wgmma_fp8")
 
 _OVERRIDES = C.ConfigOverrides(DecodeConfig)
 

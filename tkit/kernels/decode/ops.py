@@ -4,6 +4,7 @@ and torch.library registrations (``tkit::decode_attention``, ``tkit::append_kv``
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -25,6 +26,7 @@ from tkit.kernels.decode.config import (
     MAX_SEQLEN_Q,
     MAX_SPLITS,
     Q_DTYPES,
+    QKS,
     DecodeConfig,
     choose_num_splits,
     current_append_config,
@@ -158,7 +160,12 @@ def plan_splits(q, k_cache, block_table, num_splits: int = 0,
     n_rows = sq * (hq // hk)
 
     def plan(cfg):
-        block_m = max(16, min(C.next_power_of_2(n_rows), cfg.block_m))
+        if cfg.qk == "wgmma_fp8" and size == 1:
+            # the transposed fp8 scores: 8 or 16 query rows a tile (hi and lo parts: N = 16
+            # or 32)
+            block_m = max(8, min(C.next_power_of_2(n_rows), cfg.block_m, 16))
+        else:
+            block_m = max(16, min(C.next_power_of_2(n_rows), cfg.block_m))
         n_m = C.cdiv(n_rows, block_m)
         n_tiles = C.cdiv(max_len, cfg.block_n)
         splits = num_splits or cfg.num_splits
@@ -218,6 +225,16 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
              and max(k_cache.stride(1), v_cache.stride(1), ks_strides[1], vs_strides[1])
              * cfg.block_n < 2**31)
     same = k_cache.stride() == v_cache.stride() and ks_strides == vs_strides
+    if cfg.qk not in QKS:
+        raise ValueError(f"DecodeConfig: qk = {cfg.qk!r} must be one of {QKS}")
+    if not (isinstance(cfg.prefetch, int) and 0 <= cfg.prefetch <= 64):
+        raise ValueError(f"DecodeConfig: prefetch = {cfg.prefetch!r} must be an int from 0 "
+                         "to 64 (tiles ahead)")
+    qk_wg = (cfg.qk == "wgmma_fp8" and words and d == block_d and q.dtype != torch.float32
+             and _sm90_or_interpreter(q.device))
+    if cfg.qk == "wgmma_fp8" and not qk_wg:  # the MMA path's M tiles (16 rows or more)
+        splits, cfg, block_m, n_m = plan_splits(q, k_cache, block_table, num_splits,
+                                                dataclasses.replace(cfg, qk="mma"))
     if cfg.combine not in COMBINES:
         raise ValueError(f"DecodeConfig: combine = {cfg.combine!r} must be one of {COMBINES}")
     fused = splits > 1 and cfg.combine != "launch"
@@ -255,6 +272,11 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"FP8_WORDS": True, "SAME_STRIDES": same} if words else {}),
+        **({"QK_WG": True} if qk_wg else {}),
+        **({"PREFETCH": cfg.prefetch} if words and cfg.prefetch else {}),
+        **({"PF_PAGES": True} if words and cfg.prefetch and cfg.prefetch_pages
+           and _page_shares(k_cache, v_cache, k_scale, v_scale, block_table, cfg.block_n)
+           else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
         **(_fused_args(out, lse, b * hk * n_m) if fused else {}),
     )
@@ -285,6 +307,27 @@ def _fused_args(out, lse, n):
     so, sl = out.stride(), lse.stride()
     return dict(OUT=out, LOUT=lse, CNT=cnt, sfb=so[0], sfs=so[1], sfh=so[2], sfd=so[3],
                 sgb=sl[0], sgh=sl[1], sgs=sl[2], FUSED=True)
+
+
+def _page_shares(k_cache, v_cache, k_scale, v_scale, block_table, block_n) -> bool:
+    """Paged contiguous caches (and per-token scales, where given) whose page blocks split
+    into one 16-byte-multiple share a kv head, tiles of one or two pages: the bulk L2
+    prefetch of ``DecodeConfig.prefetch_pages`` applies."""
+    if block_table is None:
+        return False
+    page, hk = k_cache.shape[1], k_cache.shape[2]
+    ok = (block_n in (page, 2 * page) and k_cache.is_contiguous() and v_cache.is_contiguous()
+          and k_cache.stride(0) % (16 * hk) == 0)
+    for s in (k_scale, v_scale):
+        if s is not None and s.ndim:
+            ok = ok and s.is_contiguous() and (s.stride(0) * 4) % (16 * hk) == 0
+    return ok
+
+
+def _sm90_or_interpreter(device) -> bool:
+    """The fp8 wgmma exists on sm_90 (meta tensors plan as the H200); the interpreter runs the
+    same kernel with float32 dots (CPU tensors)."""
+    return D.capability(device)[0] == 9 or device.type == "cpu"
 
 
 def _fp8_words(k_cache, v_cache) -> bool:
