@@ -61,6 +61,7 @@ import torch
 
 from tkit import _env
 from tkit.kernels import _cplan, _launch
+from tkit.kernels import _register as R
 
 #: the one switch the public functions read per call (see :func:`refresh`)
 ON = False
@@ -92,7 +93,7 @@ _off_reasons = {"capture": 0, "poison": 0}
 _caches: list[dict] = []
 _codegen_cache: dict = {}
 stats = _launch.stats
-stats.update(plan=0, plan_miss=0, plan_built=0, plan_refused=0)
+stats.update(plan=0, plan_miss=0, plan_built=0, plan_refused=0, op_fast=0)
 
 
 def refresh() -> None:
@@ -100,6 +101,7 @@ def refresh() -> None:
     global ON
     ON = bool(_launch._enabled and not _env.NO_DIRECT and not _env.POISON
               and not any(_off_reasons.values()) and _launch.hook_lists() is not None)
+    _push_gate()
 
 
 @contextlib.contextmanager
@@ -127,6 +129,8 @@ def clear() -> None:
     """Forget every plan (compiled kernels, configs or tables changed)."""
     for c in _caches:
         c.clear()
+    for op in R.PLAN_OPS:
+        op.plans.clear()
     _transient.clear()
 
 
@@ -239,15 +243,21 @@ def _resolve_fast():
     """The key function and lookup for this process, chosen once: the C++ executor's where it
     loads (keys built from the tensors in C++, the current device and stream read from c10),
     else Python's. Keys of the two forms never meet: a process uses one."""
-    global _fast, _make_key
+    global _fast, _make_key, _fast_op
     with _lock:
         if _fast is not None:
             return
         fns = _cplan.fast_functions(lambda: _launch._device_stream())
         if fns is None:
-            _make_key, _fast = _py_key, _py_fast
+            _make_key, _fast, _fast_op = _py_key, _py_fast, _py_fast_op
         else:
             _fast, _make_key = fns
+            mod = _cplan.module()
+            _fast_op = mod.op_serve
+            mod.set_op_stats(stats)
+    _push_gate()
+    if fns is not None and torch.cuda.is_available():
+        register_ops("AutogradCUDA")
 
 
 def serve_fast(cache: dict, prefix: tuple, inputs: tuple, slow, args: tuple, check=None):
@@ -268,22 +278,26 @@ def serve_fast(cache: dict, prefix: tuple, inputs: tuple, slow, args: tuple, che
     return serve(cache, key, stream, slow, inputs, args, check)
 
 
-def serve_op(cache: dict, what: tuple, slow, tensors: tuple, *args):
+def serve_op(op, slow, args: tuple):
     """A registered op's implementation (``torch.ops.tkit.*``: what a torch.compile graph and
-    the autograd path call) served as :func:`serve` serves an eager call, under the key
-    ``("op", *what, device, each tensor's signature)``.
+    the autograd path call) served as :func:`serve` serves an eager call, from the plans of
+    ``op`` (an :class:`tkit.kernels._register.Op` made with ``plans=True``) under the key
+    (current device, ``args``: the op's arguments in schema order, each tensor by its
+    signature), which the op's C++ kernel (``_cplan.cpp``, ``FastOp``) builds alike from the
+    dispatcher's arguments. ``slow(*args)`` is the implementation; the plan's inputs are the
+    tensor arguments in schema order (None for an absent optional one).
 
     Its arguments were checked before the dispatcher (by the public function, eager or
     traced), and the ordinary path of a miss launches only what that validated signature
     launches, so a plan serves it: a compiled graph of tkit ops otherwise paid the launch
     layer's full Python a call (2.5x the eager time of a Llama layer at 512 tokens on the
-    H200). Keyed, looked up and launched as :func:`serve_fast` does, under the prefix
-    ``("op", *what)``. ``slow(*args)`` is the implementation; ``what`` holds its options;
-    ``tensors`` may hold None (an optional input, its absence part of the key). The
-    ordinary path runs when plans are off, for anything but plain tensors (fake and functional
-    tensors of a trace; ``nn.Parameter`` passes) and where autograd would record the call."""
+    H200). The ordinary path runs when plans are off, for anything but plain tensors (fake
+    and functional tensors of a trace; ``nn.Parameter`` passes) and where autograd would
+    record the call. The implementation must call this only where nothing but ``args`` (and
+    state that clears the plans or holds the C++ kernel off) decides what it launches."""
     if not ON:
         return slow(*args)
+    tensors = tuple(args[i] for i in op.tensor_args)
     for t in tensors:
         if type(t) is not _T and type(t) is not _Param and t is not None:
             return slow(*args)
@@ -291,11 +305,77 @@ def serve_op(cache: dict, what: tuple, slow, tensors: tuple, *args):
         return slow(*args)
     if _fast is None:
         _resolve_fast()
-    r = _fast(cache, ("op", *what), tensors)
+    cache = op.plans
+    r = _fast_op(cache, args, tensors)
     if type(r) is not list:
         return r
     key, stream = r
+    if key is None:  # an argument the key cannot hold: never planned
+        return slow(*args)
     return serve(cache, key, stream, slow, tensors, args)
+
+
+def _py_op_key(dev, args):
+    return (dev, tuple(_py_sig(a) if isinstance(a, _T) else a for a in args))
+
+
+def _py_fast_op(cache, args, inputs):
+    dev, stream = _launch._device_stream()
+    return [_py_op_key(dev, args), stream]
+
+
+_fast_op = None
+#: (handles of the registered ops' C++ kernels, the hook for later ops) per dispatch key
+_registered: dict = {}
+#: plan ops left to their Python kernel, and why
+unregistered: dict = {}
+
+
+def register_ops(key: str = "AutogradCUDA") -> bool:
+    """Register the C++ kernel of every plan op (and of those defined later) at ``key``
+    ("AutogradCUDA"; tests and the host-cost harness also "AutogradCPU"): whether the
+    executor is there to do it."""
+    if _fast is None:
+        _resolve_fast()
+    mod = _cplan.module() if _fast_op is not _py_fast_op else None
+    if mod is None:
+        return False
+    with _lock:
+        if key in _registered:
+            return True
+        handles = []
+
+        def reg(op):
+            try:
+                handles.append(mod.register_op(op._qualname, key, op.plans, op.grad_apply))
+            except (ValueError, RuntimeError) as e:
+                # an op whose schema the kernel does not take: its Python kernel serves
+                unregistered[op._qualname] = str(e)
+
+        for op in R.PLAN_OPS:
+            reg(op)
+        R.on_plan_op.append(reg)
+        _registered[key] = (handles, reg)
+    return True
+
+
+def unregister_ops(key: str) -> None:
+    """Remove the C++ kernels registered at ``key`` (tests)."""
+    with _lock:
+        entry = _registered.pop(key, None)
+    if entry is None:
+        return
+    handles, reg = entry
+    R.on_plan_op.remove(reg)
+    mod = _cplan.module()
+    for h in handles:
+        mod.unregister_op(h)
+
+
+def _push_gate() -> None:
+    """The C++ kernels serve while plans are on and no config override is in force."""
+    if _fast_op is not None and _fast_op is not _py_fast_op:
+        _cplan.module().set_ops_on(ON and not R.held())
 
 
 def build(rec: list, inputs: tuple, outputs: tuple):
@@ -560,3 +640,4 @@ def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple, likes: tupl
 
 
 refresh()
+R.on_held_change.append(_push_gate)
