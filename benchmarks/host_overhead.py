@@ -14,6 +14,8 @@ calls in thread CPU time (the minimum keeps other processes' load on a shared ma
   autograd path) calls it, ``torch.ops.tkit.<op>(...)`` with the arguments the public function
   passes it, plans on: the custom-op dispatch plus the op's implementation, served by a plan
   where it has one.
+* ``reg. py``: the registered call with the ops' C++ kernels removed (their Python autograd
+  kernel, the implementation and ``serve_op`` serve the plan), measured beside ``registered``.
 * ``reg. no plan``: the same call with plans off (the implementation's full Python path; what
   TKIT_NO_DIRECT=1 costs on top of the public function's checks).
 * ``floor``: ``torch.empty`` of the call's outputs (and scratch) plus the launcher call with the
@@ -222,6 +224,7 @@ def _long_rows(rows):
         op, _, case = r["op"].partition(" ")
         for provider, key in (("eager", "eager_us"), ("no plan", "no_plan_us"),
                               ("registered", "registered_us"),
+                              ("registered py", "registered_py_us"),
                               ("registered no plan", "registered_no_plan_us"),
                               ("floor", "floor_us")):
             us = r[key]
@@ -261,11 +264,14 @@ def main():
 
     _device.capability = lambda device=None: (9, 0)
     _device.sm_count = lambda device: 132
+    # the registered ops' C++ kernels, at the CPU tensors' autograd key (AutogradCUDA on a GPU)
+    fast_ops = _plan is not None and hasattr(_plan, "register_ops") and _plan.register_ops(
+        "AutogradCPU")
     rows = []
     env = environment()
     print(f"{env['device']}, torch {env['torch']}, triton {env['triton']}, git {env['git_sha']}")
     fmt = lambda v, w=6: f"{v:{w}.1f}" if v is not None else " " * (w - 1) + "-"  # noqa: E731
-    print(f"{'us a call':34s} {'eager':>6s} {'no plan':>7s} {'registered':>10s}"
+    print(f"{'us a call':34s} {'eager':>6s} {'no plan':>7s} {'registered':>10s} {'reg. py':>7s}"
           f" {'reg. no plan':>12s} {'floor':>6s} {'eager-floor':>11s}  calls (eager / no plan)")
     for name, (fn, op) in cases().items():
         try:
@@ -275,6 +281,11 @@ def main():
             fl = floor_fn(fn)
             floor = per_call_us(fl, args.n) if fl is not None else None
             registered = _maybe(per_call_us, op, args.n)
+            registered_py = None
+            if fast_ops:
+                _plan.unregister_ops("AutogradCPU")
+                registered_py = _maybe(per_call_us, op, args.n)
+                _plan.register_ops("AutogradCPU")
             _set_plans(False)
             noplan = per_call_us(fn, args.n)
             ncalls_noplan = calls_per_call(fn)
@@ -284,11 +295,12 @@ def main():
             print(f"{name:34s} skipped: {type(e).__name__}: {str(e)[:80]}")
             continue
         row = dict(op=name, eager_us=eager, no_plan_us=noplan, registered_us=registered,
-                   registered_no_plan_us=registered_noplan, floor_us=floor, calls=ncalls,
+                   registered_py_us=registered_py, registered_no_plan_us=registered_noplan, floor_us=floor, calls=ncalls,
                    calls_no_plan=ncalls_noplan, **env)
         rows.append(row)
         over = eager - floor if floor is not None else None
         print(f"{name:34s} {fmt(eager)} {fmt(noplan, 7)} {fmt(registered, 10)} "
+              f"{fmt(registered_py, 7)} "
               f"{fmt(registered_noplan, 12)} {fmt(floor)} {fmt(over, 11)}  "
               f"{ncalls:.0f} / {ncalls_noplan:.0f}")
     print("launch path counters:", _launch.stats)
@@ -300,7 +312,7 @@ def main():
         path = report.append_long_form(_long_rows(rows), args.out, env,
                                        run=f"{env['date']}-host-overhead",
                                        source="benchmarks/host_overhead.py")
-        print(f"appended {len(rows) * 5} rows to {path}")
+        print(f"appended {len(rows) * 6} rows to {path}")
     if args.profile:
         fn = next(fo[args.registered] for n, fo in cases().items()
                   if n.startswith(args.profile))

@@ -678,9 +678,27 @@ PyObject* serve(PyObject*, PyObject* const* args, Py_ssize_t n) {
 // and its signature (as append_sig), None 0xff, a bool 'b' and a byte, an int (a dtype: its
 // ScalarType code) 'i' and 8 bytes, a float 'f' and the double's 8 bytes, a str 's', a 4-byte
 // length and its UTF-8 bytes. op_serve builds the same key from the Python arguments.
-bool g_ops_on = false;           // plans on and no config override in force (from Python)
+// The gates, read per call (under the GIL) from the modules that own them: _plan.ON (plans on)
+// and _register._held (config override scopes active in any thread)
+PyObject* g_plan_globals = nullptr;
+PyObject* g_register_globals = nullptr;
+PyObject* g_on_key = nullptr;
+PyObject* g_held_key = nullptr;
 PyObject* g_op_stats = nullptr;  // tkit's launch counters: "op_fast" a call served here
 PyObject* g_op_fast_key = nullptr;
+
+// 1: the C++ kernels may serve; 0: not; -1: a Python error
+int ops_on() {
+  if (!g_plan_globals || !g_register_globals) return 0;
+  PyObject* on = PyDict_GetItemWithError(g_plan_globals, g_on_key);  // borrowed
+  if (!on) return PyErr_Occurred() ? -1 : 0;
+  if (on != Py_True) return 0;
+  PyObject* held = PyDict_GetItemWithError(g_register_globals, g_held_key);
+  if (!held) return PyErr_Occurred() ? -1 : 0;
+  const long n = PyLong_AsLong(held);
+  if (n == -1 && PyErr_Occurred()) return -1;
+  return n == 0;
+}
 
 struct Gil {
   PyGILState_STATE s;
@@ -868,7 +886,7 @@ struct FastOp final : c10::OperatorKernel {
     const c10::DispatchKeySet rest = below.remove(c10::DispatchKey::ADInplaceOrView)
                                          .remove(c10::DispatchKey::BackendSelect);
     if (rest == backend) {
-      if (g_ops_on && serve(args, stack)) return;
+      if (serve(args, stack)) return;
       at::AutoDispatchBelowAutograd guard;
       op.redispatchBoxed(below, stack);
       return;
@@ -890,7 +908,8 @@ struct FastOp final : c10::OperatorKernel {
   }
 
   int lookup_and_run(c10::ArrayRef<c10::IValue> args, std::vector<at::Tensor>& outs) {
-    if (!g_ops_on) return 0;
+    const int on = ops_on();
+    if (on <= 0) return on;
     long dev;
     unsigned long long stream;
     if (!device_stream(&dev, &stream)) return -1;
@@ -1092,10 +1111,21 @@ PyObject* unregister_op(PyObject*, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
-PyObject* set_ops_on(PyObject*, PyObject* arg) {
-  const int on = PyObject_IsTrue(arg);
-  if (on < 0) return nullptr;
-  g_ops_on = on;
+// set_op_gates(plan_globals, register_globals): where ops_on() reads ON and _held
+PyObject* set_op_gates(PyObject*, PyObject* args) {
+  PyObject *plan_globals, *register_globals;
+  if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &plan_globals, &PyDict_Type,
+                        &register_globals))
+    return nullptr;
+  if (!g_on_key) g_on_key = PyUnicode_InternFromString("ON");
+  if (!g_held_key) g_held_key = PyUnicode_InternFromString("_held");
+  if (!g_on_key || !g_held_key) return nullptr;
+  Py_INCREF(plan_globals);
+  Py_INCREF(register_globals);
+  Py_XDECREF(g_plan_globals);
+  Py_XDECREF(g_register_globals);
+  g_plan_globals = plan_globals;
+  g_register_globals = register_globals;
   Py_RETURN_NONE;
 }
 
@@ -1249,7 +1279,7 @@ PyMethodDef methods[] = {
      "op_serve(cache, args, inputs)"},
     {"register_op", register_op, METH_VARARGS, "register_op(qualname, key, cache, grad_fn)"},
     {"unregister_op", unregister_op, METH_O, "unregister_op(handle)"},
-    {"set_ops_on", set_ops_on, METH_O, "the registered ops' C++ path on or off"},
+    {"set_op_gates", set_op_gates, METH_VARARGS, "set_op_gates(plan_globals, register_globals)"},
     {"set_op_stats", set_op_stats, METH_O, "the launch counters (op_fast)"},
     {"init_cuda", init_cuda, METH_VARARGS, "init_cuda(c10_cuda_path, torch_cuda_path)"},
     {"set_device_stream", set_device_stream, METH_O, "the Python (device, stream) source"},

@@ -101,7 +101,6 @@ def refresh() -> None:
     global ON
     ON = bool(_launch._enabled and not _env.NO_DIRECT and not _env.POISON
               and not any(_off_reasons.values()) and _launch.hook_lists() is not None)
-    _push_gate()
 
 
 @contextlib.contextmanager
@@ -255,7 +254,8 @@ def _resolve_fast():
             mod = _cplan.module()
             _fast_op = mod.op_serve
             mod.set_op_stats(stats)
-    _push_gate()
+            # the C++ kernels read ON here and the override count there at each call
+            mod.set_op_gates(globals(), vars(R))
     if fns is not None and torch.cuda.is_available():
         register_ops("AutogradCUDA")
 
@@ -370,12 +370,6 @@ def unregister_ops(key: str) -> None:
     mod = _cplan.module()
     for h in handles:
         mod.unregister_op(h)
-
-
-def _push_gate() -> None:
-    """The C++ kernels serve while plans are on and no config override is in force."""
-    if _fast_op is not None and _fast_op is not _py_fast_op:
-        _cplan.module().set_ops_on(ON and not R.held())
 
 
 def build(rec: list, inputs: tuple, outputs: tuple):
@@ -640,4 +634,3 @@ def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple, likes: tupl
 
 
 refresh()
-R.on_held_change.append(_push_gate)

@@ -68,10 +68,9 @@ def _plain(args) -> bool:
 PLAN_OPS: list = []
 #: called with each plan op defined after :mod:`tkit.kernels._plan` registered the C++ kernels
 on_plan_op: list = []
+#: active :func:`fast_ops_held` scopes (read by the C++ kernels at each call)
 _held = 0
 _held_lock = threading.Lock()
-#: called (no arguments) when :func:`fast_ops_held` scopes begin or end
-on_held_change: list = []
 
 
 def held() -> bool:
@@ -86,15 +85,11 @@ def fast_ops_held():
     global _held
     with _held_lock:
         _held += 1
-    for f in on_held_change:
-        f()
     try:
         yield
     finally:
         with _held_lock:
             _held -= 1
-        for f in on_held_change:
-            f()
 
 
 def _lib(ns: str) -> torch.library.Library:
