@@ -295,8 +295,8 @@ def main():
             print(f"{name:34s} skipped: {type(e).__name__}: {str(e)[:80]}")
             continue
         row = dict(op=name, eager_us=eager, no_plan_us=noplan, registered_us=registered,
-                   registered_py_us=registered_py, registered_no_plan_us=registered_noplan, floor_us=floor, calls=ncalls,
-                   calls_no_plan=ncalls_noplan, **env)
+                   registered_py_us=registered_py, registered_no_plan_us=registered_noplan,
+                   floor_us=floor, calls=ncalls, calls_no_plan=ncalls_noplan, **env)
         rows.append(row)
         over = eager - floor if floor is not None else None
         print(f"{name:34s} {fmt(eager)} {fmt(noplan, 7)} {fmt(registered, 10)} "

@@ -9,7 +9,9 @@ call), the two providers interleaved; the whole layer also as a back-to-back eag
 (wall clock: the host's calls overlap the GPU's work as in a model's forward) and as a graph
 replay (the GPU's time without the host), for tkit and torch eager and for each under
 torch.compile (fullgraph; tkit's ops stay opaque custom ops in the compiled graph). The gap
-between the eager burst and the graph replay is the host's share.
+between the eager burst and the graph replay is the host's share; each burst also gives the
+host CPU time a call. Where the registered ops' C++ kernels are registered (``_cplan.cpp``'s
+FastOp), "tkit+compile py-ops" is the compiled layer with them removed, timed in the same rounds.
 
     python benchmarks/layer_breakdown.py --layer-only 512 4096   # the whole-layer rows only
 Output: a table on stdout and long-form rows in ``$OUT/layer-breakdown.jsonl``.
@@ -17,6 +19,7 @@ Output: a table on stdout and long-form rows in ``$OUT/layer-breakdown.jsonl``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -32,6 +35,7 @@ import torch.nn.functional as F  # noqa: E402
 import tkit  # noqa: E402
 from tkit.bench.runner import environment  # noqa: E402
 from tkit.bench.timing import time_fn  # noqa: E402
+from tkit.kernels import _plan  # noqa: E402
 from tkit.specs import model as M  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "out"))
@@ -79,18 +83,34 @@ def _torch_glu(x, w_gu, mlp):
 ROUNDS = 4
 
 
-def burst_ms(fn, calls=50, rounds=7):
-    """Wall clock of back-to-back calls, per call: the median of ``rounds`` bursts."""
+def burst_ms(fn, calls=50, rounds=7, host=None):
+    """Wall clock of back-to-back calls, per call: the median of ``rounds`` bursts. ``host``:
+    a list that gets the median host CPU time a call (thread time to enqueue the burst)."""
     fn()
     torch.cuda.synchronize()
-    ts = []
+    ts, cpu = [], []
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(calls):
             fn()
+        c1 = time.thread_time()  # before the sync, which spins
         torch.cuda.synchronize()
         ts.append((time.perf_counter() - t0) / calls * 1e3)
+        cpu.append((c1 - c0) / calls * 1e3)
+    if host is not None:
+        host.append(sorted(cpu)[len(cpu) // 2])
     return sorted(ts)[len(ts) // 2]
+
+
+@contextlib.contextmanager
+def _python_op_kernels():
+    """The registered ops' C++ kernels removed (their Python autograd kernels serve), for the
+    compiled layer's comparison with and without them in one run."""
+    _plan.unregister_ops("AutogradCUDA")
+    try:
+        yield
+    finally:
+        _plan.register_ops("AutogradCUDA")
 
 
 def measure(tokens, rows, layer_only=False):
@@ -104,27 +124,44 @@ def measure(tokens, rows, layer_only=False):
              "torch": lambda: M.ref_llama_layer(*args, **kw),
              "tkit+compile": lambda: compiled["tkit+compile"](*args, **kw),
              "torch.compile": lambda: compiled["torch.compile"](*args, **kw)}
+    for fn in layer.values():
+        fn()  # compiles; the first tkit call also registers the ops' C++ kernels
+    ref, got = layer["tkit"](), layer["tkit+compile"]()
+    print(f"{tokens:5d} tkit+compile against tkit eager: max abs difference "
+          f"{(got.float() - ref.float()).abs().max().item():.3g}")
+    ctx = {prov: contextlib.nullcontext for prov in layer}
+    if "AutogradCUDA" in getattr(_plan, "_registered", {}):
+        layer["tkit+compile py-ops"] = layer["tkit+compile"]
+        ctx["tkit+compile py-ops"] = _python_op_kernels
     bursts = {prov: [] for prov in layer}
+    host = {prov: [] for prov in layer}
     names = list(layer)
-    for r in range(ROUNDS):
+    for r in range(max(ROUNDS, len(names))):
         # providers interleaved, the order rotated each round so that each runs once in each
         # position (a provider timed right after another's burst of a 4096-token layer meets
         # a warmer GPU); the median of the rounds
         for prov in names[r % len(names):] + names[:r % len(names)]:
-            bursts[prov].append(burst_ms(layer[prov]))
+            with ctx[prov]():
+                bursts[prov].append(burst_ms(layer[prov], host=host[prov]))
     got = {}
     for prov, fn in layer.items():
         eager = statistics.median(bursts[prov])
-        graph = time_fn(fn, cuda_graph=True).median_ms
+        with ctx[prov]():
+            graph = time_fn(fn, cuda_graph=True).median_ms
+        cpu = statistics.median(host[prov])
         got[prov] = eager
         rows += [dict(tokens=tokens, step="layer eager burst", provider=prov, median_ms=eager),
                  dict(tokens=tokens, step="layer graph replay", provider=prov,
-                      median_ms=graph)]
-        print(f"{tokens:5d} layer {prov:13s} burst {eager * 1e3:8.1f} us  graph "
-              f"replay {graph * 1e3:8.1f} us")
+                      median_ms=graph),
+                 dict(tokens=tokens, step="layer host CPU", provider=prov, median_ms=cpu)]
+        print(f"{tokens:5d} layer {prov:20s} burst {eager * 1e3:8.1f} us  graph "
+              f"replay {graph * 1e3:8.1f} us  host CPU {cpu * 1e3:7.1f} us a call")
     print(f"{tokens:5d} burst time ratios: tkit / torch {got['tkit'] / got['torch']:.3f}, "
           f"tkit / torch.compile {got['tkit'] / got['torch.compile']:.3f}, "
-          f"tkit+compile / tkit {got['tkit+compile'] / got['tkit']:.3f}")
+          f"tkit+compile / tkit {got['tkit+compile'] / got['tkit']:.3f}" + (
+              f", tkit+compile with the Python op kernels / tkit "
+              f"{got['tkit+compile py-ops'] / got['tkit']:.3f}" if "tkit+compile py-ops" in got
+              else ""))
 
 
 def measure_steps(tokens, args, kw, rows):
