@@ -39,10 +39,14 @@ and later calls skip the recording), for this call only for the second (for good
 Every family serves its calls through :func:`serve_fast` (the key, the lookup, the hit, the
 recorded first miss, the fallback) with its options as the key's prefix and its tensors as the
 plan's inputs; the registered ops' implementations (what a torch.compile graph and the autograd
-path call) through :func:`serve_op`, under prefixes of their own (a leading "op"). Where the C++
-executor (:mod:`tkit.kernels._cplan`) loads, the key is built, looked up and a plan run in one
-call into it, and plans are executor objects (``at::empty`` and ``cuLaunchKernel``); elsewhere
-keys are Python tuples and plans the generated functions below.
+path call) through :func:`serve_op`, from plans of each op keyed by its arguments in schema
+order. Where the C++ executor (:mod:`tkit.kernels._cplan`) loads, the key is built, looked up
+and a plan run in one call into it, and plans are executor objects (``at::empty`` and
+``cuLaunchKernel``); elsewhere keys are Python tuples and plans the generated functions below.
+On a GPU the executor's kernel for the registered ops (:func:`register_ops`) serves their
+planned calls below the dispatcher, without entering Python: a registered call otherwise paid
+the boxing into the Python autograd kernel and the implementation's Python (2-3x an eager
+call's host time, the whole of a compiled layer's excess over eager).
 
 Plans are off (:data:`ON` false) whenever the ordinary path must run each call: under the
 interpreter, TKIT_NO_FAST_LAUNCH / TKIT_NO_DIRECT, ``_launch.set_enabled(False)``, while any
