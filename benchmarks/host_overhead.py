@@ -24,7 +24,8 @@ calls in thread CPU time (the minimum keeps other processes' load on a shared ma
 
 matmul picks its kernel as on an sm_90 with 132 SMs (split-K and a reduce launch at M=1).
 
-    python benchmarks/host_overhead.py [--json FILE] [--out DIR] [--profile OP [--registered]]
+    python benchmarks/host_overhead.py [--cplan] [--json FILE] [--out DIR]
+                                       [--profile OP [--registered]]
 
 (without TRITON_INTERPRET)
 
@@ -33,6 +34,10 @@ lines; ``--out DIR`` also appends them to DIR's long-form file (``cpu.jsonl``: o
 = eager / no plan / registered / registered no plan / floor, ``median_ms`` = the best burst's
 time a call) under the run id ``<date>-host-overhead``. ``--profile OP`` prints a cProfile of
 the public call of the first case named OP...; with ``--registered``, of its registered op's.
+
+``--cplan``: plans are the C++ executor's, as on a GPU (the stand-in kernels dressed as Triton's
+compiled kernels; the executor drops their launches), instead of the generated Python plans
+that stand-in launchers otherwise get.
 
 Run it without TRITON_INTERPRET (kernels must be ``JITFunction`` objects); CPU tensors stand in
 for CUDA ones. It also runs on an older checkout (columns it cannot fill print "-").
@@ -86,6 +91,57 @@ def _fake_jit_run(self, *args, grid, warmup, **kwargs):
     if callable(grid):
         grid(kwargs)
     return _NoopCompiled()
+
+
+def _sig_type(v):
+    """The signature type Triton gives a launch argument (for the dressed stand-in kernels)."""
+    if isinstance(v, torch.Tensor):
+        return "*bf16"
+    if type(v) is bool:
+        return "i1"
+    if type(v) is int:
+        return "i32" if -2 ** 31 <= v < 2 ** 31 else "i64"
+    if type(v) is float:
+        return "fp32"
+    if hasattr(v, "block_shape") and hasattr(v, "base"):
+        return f"tensordesc<bf16[{', '.join(str(b) for b in v.block_shape)}]>"
+    return "constexpr"
+
+
+def _dress_for_cplan() -> None:
+    """``--cplan``: each stand-in compiled kernel gets what the C++ executor reads from Triton's
+    (an int function handle, launch metadata, a signature from its first recorded launch, the
+    host descriptors' metadata as for 16-bit tiles with 128-byte swizzling), and the executor
+    drops the launches: plans take the form they have on a GPU."""
+    from types import SimpleNamespace
+
+    from tkit.kernels import _cplan
+
+    mod = _cplan.module()
+    if mod is None:
+        raise SystemExit(f"--cplan: no C++ executor here: {_cplan.status()}")
+    orig = _launch._record
+
+    def meta(v):
+        es = v.base.element_size()
+        return dict(swizzle=3, elem_size=es, elem_type=10, fp4_padded=False,
+                    block_size=[*v.block_shape[:-1], min(v.block_shape[-1], 128 // es)])
+
+    def record(item):
+        if item is not None and not hasattr(item[0], "src"):
+            ck, args = item[0], item[2]
+            sig = {i: _sig_type(v) for i, v in enumerate(args)}
+            ck.src = SimpleNamespace(signature=sig)
+            ck.metadata = SimpleNamespace(
+                num_ctas=1, global_scratch_size=0, profile_scratch_size=0, num_warps=4,
+                shared=0, launch_cooperative_grid=False, launch_pdl=False,
+                tensordesc_meta=[meta(v) for i, v in enumerate(args)
+                                 if sig[i].startswith("tensordesc")] or None)
+        orig(item)
+
+    _launch._record = record
+    _plan._cplan_test = True
+    mod.set_discard(True)
 
 
 def _torch_glu(x, w_gu):
@@ -245,6 +301,8 @@ def main():
     ap.add_argument("--out", default=None,
                     help="append the rows to this results folder's long-form file too")
     ap.add_argument("-n", type=int, default=200)
+    ap.add_argument("--cplan", action="store_true",
+                    help="plans in the C++ executor's form, as on a GPU (launches dropped)")
     ap.add_argument("--cuda", action="store_true",
                     help="on a GPU: real launches on CUDA tensors, beside torch's own calls")
     args = ap.parse_args()
@@ -265,6 +323,8 @@ def main():
     _device.capability = lambda device=None: (9, 0)
     _device.sm_count = lambda device: 132
     # the registered ops' C++ kernels, at the CPU tensors' autograd key (AutogradCUDA on a GPU)
+    if args.cplan:
+        _dress_for_cplan()
     fast_ops = _plan is not None and hasattr(_plan, "register_ops") and _plan.register_ops(
         "AutogradCPU")
     rows = []

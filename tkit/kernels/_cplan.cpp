@@ -40,6 +40,8 @@ ErrorStringFn g_error_string = nullptr;
 EncodeTiledFn g_encode_tiled = nullptr;
 // tests: launches appended to this list (as tuples) instead of reaching the driver
 PyObject* g_recorder = nullptr;
+// host-cost benchmarks on a machine without a GPU: launches dropped
+bool g_discard = false;
 
 bool load_driver() {
   if (g_launch) return true;
@@ -187,6 +189,10 @@ bool launch_one(Launch& L, uint64_t stream, const std::vector<uint64_t>& ptrs) {
   uint64_t local[kMaxParams];
   void* params[kMaxParams];
   size_t n = L.slots.size();
+  if (g_discard && !g_recorder) {
+    for (const auto& pt : L.patches) local[pt.first] = ptrs[pt.second];  // the per-call work
+    return true;
+  }
   std::memcpy(local, L.slots.data(), n * sizeof(uint64_t));
   for (const auto& pt : L.patches) local[pt.first] = ptrs[pt.second];
   for (size_t i = 0; i < n; ++i) params[i] = &local[i];
@@ -1258,6 +1264,13 @@ PyObject* set_recorder(PyObject*, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
+PyObject* set_discard(PyObject*, PyObject* arg) {
+  const int on = PyObject_IsTrue(arg);
+  if (on < 0) return nullptr;
+  g_discard = on;
+  Py_RETURN_NONE;
+}
+
 PyObject* scalar_type_code(PyObject*, PyObject* arg) {
   // the c10::ScalarType code of a torch.dtype, for Plan's allocations
   if (!THPDtype_Check(arg)) {
@@ -1270,6 +1283,7 @@ PyObject* scalar_type_code(PyObject*, PyObject* arg) {
 PyMethodDef methods[] = {
     {"Plan", make_plan, METH_VARARGS, "Plan(launches, allocs, n_in, n_out, enter, exit, stats)"},
     {"set_recorder", set_recorder, METH_O, "tests: record launches instead of making them"},
+    {"set_discard", set_discard, METH_O, "benchmarks without a GPU: drop the launches"},
     {"scalar_type_code", scalar_type_code, METH_O, "c10::ScalarType code of a torch.dtype"},
     {"make_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(make_key)), METH_FASTCALL,
      "make_key(prefix, device, inputs)"},
