@@ -322,11 +322,11 @@ def main():
 
     _device.capability = lambda device=None: (9, 0)
     _device.sm_count = lambda device: 132
-    # the registered ops' C++ kernels, at the CPU tensors' autograd key (AutogradCUDA on a GPU)
+    # the registered ops' C++ kernels, for CPU tensors (as for CUDA tensors on a GPU)
     if args.cplan:
         _dress_for_cplan()
     fast_ops = _plan is not None and hasattr(_plan, "register_ops") and _plan.register_ops(
-        "AutogradCPU")
+        "cpu")
     rows = []
     env = environment()
     print(f"{env['device']}, torch {env['torch']}, triton {env['triton']}, git {env['git_sha']}")
@@ -343,9 +343,9 @@ def main():
             registered = _maybe(per_call_us, op, args.n)
             registered_py = None
             if fast_ops:
-                _plan.unregister_ops("AutogradCPU")
+                _plan.unregister_ops("cpu")
                 registered_py = _maybe(per_call_us, op, args.n)
-                _plan.register_ops("AutogradCPU")
+                _plan.register_ops("cpu")
             _set_plans(False)
             noplan = per_call_us(fn, args.n)
             ncalls_noplan = calls_per_call(fn)

@@ -106,11 +106,11 @@ def burst_ms(fn, calls=50, rounds=7, host=None):
 def _python_op_kernels():
     """The registered ops' C++ kernels removed (their Python autograd kernels serve), for the
     compiled layer's comparison with and without them in one run."""
-    _plan.unregister_ops("AutogradCUDA")
+    _plan.unregister_ops("cuda")
     try:
         yield
     finally:
-        _plan.register_ops("AutogradCUDA")
+        _plan.register_ops("cuda")
 
 
 def measure(tokens, rows, layer_only=False):
@@ -130,7 +130,7 @@ def measure(tokens, rows, layer_only=False):
     print(f"{tokens:5d} tkit+compile against tkit eager: max abs difference "
           f"{(got.float() - ref.float()).abs().max().item():.3g}")
     ctx = {prov: contextlib.nullcontext for prov in layer}
-    if "AutogradCUDA" in getattr(_plan, "_registered", {}):
+    if "cuda" in getattr(_plan, "_registered", {}):
         layer["tkit+compile py-ops"] = layer["tkit+compile"]
         ctx["tkit+compile py-ops"] = _python_op_kernels
     bursts = {prov: [] for prov in layer}

@@ -174,15 +174,15 @@ def test_registered_op_plan_equals_tritons_path(name):
             assert _eq(got, _slow(fn, *inputs)), f"{name} offset {offset}"
     if name in PLANNED:
         assert _launch.stats["plan"] >= before["plan"] + 3, "repeat calls did not take their plan"
-    if "AutogradCUDA" in _plan._registered and _launch.stats["plan"] > before["plan"]:
+    if "cuda" in _plan._registered and _launch.stats["plan"] > before["plan"]:
         # the ops' C++ kernel (below the dispatcher) served every planned call
         assert (_launch.stats["op_fast"] - before["op_fast"]
                 == _launch.stats["plan"] - before["plan"]), "plans served in Python"
 
 
 def test_registered_ops_have_their_cpp_kernel():
-    """On a GPU the registered plan ops get their C++ kernel at AutogradCUDA with the first
-    planned call, where the executor loads."""
+    """On a GPU the registered plan ops get their C++ kernels at AutogradCUDA and CUDA with
+    the first planned call, where the executor loads."""
     from tkit.kernels import _cplan
 
     x, w = _r(2, 256), _r(256)
@@ -190,8 +190,9 @@ def test_registered_ops_have_their_cpp_kernel():
         torch.ops.tkit.rms_norm(x, w, 1e-6, False)
     if _cplan.module() is None:
         pytest.skip(f"no C++ executor: {_cplan.status()}")
-    assert "AutogradCUDA" in _plan._registered and _plan.unregistered == {}
-    assert torch._C._dispatch_has_kernel_for_dispatch_key("tkit::rms_norm", "AutogradCUDA")
+    assert "cuda" in _plan._registered and _plan.unregistered == {}
+    for key in ("AutogradCUDA", "CUDA"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("tkit::rms_norm", key)
 
 
 @pytest.mark.parametrize("name", PLANNED)

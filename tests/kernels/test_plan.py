@@ -1031,15 +1031,16 @@ def test_jit_plans_under_inference_mode(jitplans):
 
 @pytest.fixture
 def cppops(jitplans):
-    """The registered ops' C++ kernel (``_cplan.cpp``'s FastOp), registered at AutogradCPU
-    here as it is at AutogradCUDA on a GPU: it serves plans below the dispatcher."""
-    if not _plan.register_ops("AutogradCPU"):
+    """The registered ops' C++ kernels (``_cplan.cpp``'s FastOp), registered at AutogradCPU
+    and CPU here as they are at AutogradCUDA and CUDA on a GPU: they serve plans below the
+    dispatcher."""
+    if not _plan.register_ops("cpu"):
         from tkit.kernels import _cplan
 
         pytest.skip(f"no C++ executor here: {_cplan.status()}")
     assert _plan.unregistered == {}  # every plan op's schema is one the kernel takes
     yield
-    _plan.unregister_ops("AutogradCPU")
+    _plan.unregister_ops("cpu")
 
 
 @pytest.fixture(params=["python", "cpp"])
@@ -1083,10 +1084,11 @@ class _Seen(torch.utils._python_dispatch.TorchDispatchMode):
 
 @jit
 def test_jit_cpp_op_kernel_defers_to_python(cppops, jitplans):
-    """The C++ kernel serves plain tensors without a gradient to record, plans on and no
-    override in force; everything else goes where the Python kernel sends it: the autograd
-    path (outputs with a grad_fn), dispatch modes, fake and meta tensors, inference mode
-    (below autograd), plans off, a config override, an argument the key cannot hold."""
+    """The C++ kernels serve plain tensors without a gradient to record, plans on and no
+    override in force, at the autograd key and below it (inference mode, the autograd path's
+    forward, the call a dispatch mode makes); everything else goes where the Python kernels
+    send it: the autograd path (outputs with a grad_fn), dispatch modes, fake and meta tensors,
+    plans off, a config override."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from tkit.kernels.reductions import config as RC
@@ -1107,8 +1109,8 @@ def test_jit_cpp_op_kernel_defers_to_python(cppops, jitplans):
         assert served(lambda: rms(x, w))[0] == 2
         assert served(lambda: rms(x, torch.nn.Parameter(w)))[0] == 2
         mode = _Seen()
-        with mode:
-            assert served(lambda: rms(x, w))[0] == 0
+        with mode:  # the mode sees the op; its call below the mode is served
+            assert served(lambda: rms(x, w))[0] == 2
         assert mode.ops == ["tkit.rms_norm.default"] * 2
         with FakeTensorMode() as fm:
             n, (y, _) = served(lambda: rms(fm.from_tensor(x), fm.from_tensor(w)))
@@ -1120,13 +1122,14 @@ def test_jit_cpp_op_kernel_defers_to_python(cppops, jitplans):
         assert served(lambda: rms(x, w))[0] == 2
         with _plan.off("test"):
             assert served(lambda: rms(x, w))[0] == 0
-    with torch.inference_mode():
-        assert served(lambda: rms(x, w))[0] == 0
-    # autograd: the op's autograd.Function (its forward below autograd, served by the plan)
+    with torch.inference_mode():  # below autograd: the backend key's kernel serves
+        n, (y, _) = served(lambda: rms(x, w))
+        assert n == 2 and y.is_inference()
+    # autograd: the op's autograd.Function, its forward served below autograd
     xg = x.clone().requires_grad_()
     before = dict(_launch.stats)
     n, (y, _) = served(lambda: rms(xg, w))
-    assert n == 0 and y.grad_fn is not None and _launch.stats["plan"] - before["plan"] == 2
+    assert n == 2 and y.grad_fn is not None and _launch.stats["plan"] - before["plan"] == 2
     with torch.no_grad():  # no gradient needed: served
         assert served(lambda: rms(xg, w))[0] == 2
     # an implementation that raises: the same exception as through the Python kernel, on the

@@ -676,9 +676,10 @@ PyObject* serve(PyObject*, PyObject* const* args, Py_ssize_t n) {
 // ---- registered ops served below the dispatcher ---------------------------------------------
 // A registered op (torch.ops.tkit.<op>, what a torch.compile graph calls) reaches its Python
 // Autograd kernel through boxing into Python, then its implementation and the plan lookup: 2-3x
-// the eager call's host time. A FastOp kernel registered at the op's AutogradCUDA key serves
-// a call of plain tensors that needs no gradient from the op's plan without entering Python
-// (the GIL taken for the dict lookup only); anything else goes where the Python kernel sent it.
+// the eager call's host time. FastOp kernels registered at the op's AutogradCUDA and CUDA keys
+// serve a call of plain tensors that needs no gradient from the op's plan without entering
+// Python (the GIL taken for the dict lookup only); anything else goes where the Python kernels
+// sent it.
 //
 // An op's key: the current device (8 bytes), then each argument in schema order: a tensor 'T'
 // and its signature (as append_sig), None 0xff, a bool 'b' and a byte, an int (a dtype: its
@@ -866,25 +867,41 @@ int run_any_plan(PyObject* plan, unsigned long long stream,
 
 enum ArgKind : char { kTensor, kDtype, kOther };
 
+// At an op's AutogradCUDA key: serves plain tensors that need no gradient, and otherwise goes
+// where the op's Python autograd kernel went (py_fn: its autograd.Function, or below
+// autograd). At its CUDA key (reached below autograd: under torch.inference_mode, from the
+// autograd kernel's miss, from the autograd.Function's forward): serves the call or runs the
+// Python implementation (py_fn), as the CompositeExplicitAutograd kernel did.
 struct FastOp final : c10::OperatorKernel {
-  PyObject* cache;    // the op's plans (a dict; held for the life of the process)
-  PyObject* grad_fn;  // callable(*args): the autograd path (the op's autograd.Function)
+  PyObject* cache;   // the op's plans (a dict; held for the life of the process)
+  PyObject* py_fn;   // callable(*args): the autograd path, or the implementation (at_backend)
+  bool at_backend;   // registered at the backend key (else at its autograd key)
   std::vector<ArgKind> kinds;  // per schema argument
   std::vector<size_t> tensors;  // schema positions of the tensor arguments
   size_t n_returns;
   c10::DispatchKeySet backend;  // the one backend served (CUDA; CPU for tests)
 
+  bool needs_grad(c10::ArrayRef<c10::IValue> args) const {
+    if (!c10::GradMode::is_enabled()) return false;
+    for (size_t i : tensors)
+      if (args[i].isTensor() && args[i].toTensor().requires_grad()) return true;
+    return false;
+  }
+
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                   torch::jit::Stack* stack) {
     const size_t n = kinds.size();
     auto args = torch::jit::last(*stack, n);
-    if (c10::GradMode::is_enabled()) {
-      for (size_t i : tensors) {
-        if (args[i].isTensor() && args[i].toTensor().requires_grad()) {
-          call_grad(stack);
-          return;
-        }
-      }
+    if (at_backend) {
+      // every key above the backend's was handled on the way here: the tensors are plain
+      // (serve_op would still run the implementation for a tensor that needs a gradient)
+      if (!needs_grad(args) && serve(args, stack)) return;
+      call_python(stack);
+      return;
+    }
+    if (needs_grad(args)) {
+      call_python(stack);
+      return;
     }
     const c10::DispatchKeySet below = ks & c10::after_autograd_keyset;
     // plain tensors of the one backend: no Python key (subclasses, dispatch modes), no
@@ -939,7 +956,7 @@ struct FastOp final : c10::OperatorKernel {
     return rc;
   }
 
-  void call_grad(torch::jit::Stack* stack) {
+  void call_python(torch::jit::Stack* stack) {
     const size_t n = kinds.size();
     auto args = torch::jit::last(*stack, n);
     std::vector<at::Tensor> outs;
@@ -955,14 +972,14 @@ struct FastOp final : c10::OperatorKernel {
         }
         PyTuple_SET_ITEM(tup, static_cast<Py_ssize_t>(i), o);
       }
-      PyObject* r = PyObject_Call(grad_fn, tup, nullptr);
+      PyObject* r = PyObject_Call(py_fn, tup, nullptr);
       Py_DECREF(tup);
       if (!r) throw pybind11::error_already_set();
       int rc = take_outputs(r, n_returns, outs);
       Py_DECREF(r);
       if (rc < 0) throw pybind11::error_already_set();
       if (rc == 0) {
-        PyErr_SetString(PyExc_RuntimeError, "tkit op: the autograd path returned None");
+        PyErr_SetString(PyExc_RuntimeError, "tkit op: the Python kernel returned None");
         throw pybind11::error_already_set();
       }
     }
@@ -1046,14 +1063,16 @@ bool schema_kinds(const c10::FunctionSchema& schema, std::vector<ArgKind>& kinds
 
 std::vector<torch::Library*>* g_libs = nullptr;  // never freed: see unregister_op
 
-// register_op(qualname, dispatch_key, cache, grad_fn) -> a handle for unregister_op
+// register_op(qualname, dispatch_key, cache, py_fn) -> a handle for unregister_op. At
+// AutogradCUDA (AutogradCPU: tests) py_fn is the op's autograd path; at CUDA (CPU) its
+// implementation
 PyObject* register_op(PyObject*, PyObject* args) {
   const char *qualname, *key_name;
-  PyObject *cache, *grad_fn;
-  if (!PyArg_ParseTuple(args, "ssO!O", &qualname, &key_name, &PyDict_Type, &cache, &grad_fn))
+  PyObject *cache, *py_fn;
+  if (!PyArg_ParseTuple(args, "ssO!O", &qualname, &key_name, &PyDict_Type, &cache, &py_fn))
     return nullptr;
-  if (!PyCallable_Check(grad_fn)) {
-    PyErr_SetString(PyExc_TypeError, "register_op: grad_fn must be callable");
+  if (!PyCallable_Check(py_fn)) {
+    PyErr_SetString(PyExc_TypeError, "register_op: py_fn must be callable");
     return nullptr;
   }
   std::string q(qualname);
@@ -1065,12 +1084,13 @@ PyObject* register_op(PyObject*, PyObject* args) {
   try {
     const c10::DispatchKey key = c10::parseDispatchKey(key_name);
     c10::DispatchKeySet backend;
-    if (key == c10::DispatchKey::AutogradCUDA) {
+    bool at_backend = key == c10::DispatchKey::CUDA || key == c10::DispatchKey::CPU;
+    if (key == c10::DispatchKey::AutogradCUDA || key == c10::DispatchKey::CUDA) {
       backend = c10::DispatchKeySet(c10::DispatchKey::CUDA);
-    } else if (key == c10::DispatchKey::AutogradCPU) {
+    } else if (key == c10::DispatchKey::AutogradCPU || key == c10::DispatchKey::CPU) {
       backend = c10::DispatchKeySet(c10::DispatchKey::CPU);
     } else {
-      PyErr_SetString(PyExc_ValueError, "register_op: AutogradCUDA or AutogradCPU");
+      PyErr_SetString(PyExc_ValueError, "register_op: AutogradCUDA, CUDA, AutogradCPU or CPU");
       return nullptr;
     }
     auto op = c10::Dispatcher::singleton().findSchema({q, ""});
@@ -1086,10 +1106,11 @@ PyObject* register_op(PyObject*, PyObject* args) {
     }
     kernel->n_returns = op->schema().returns().size();
     kernel->backend = backend;
+    kernel->at_backend = at_backend;
     Py_INCREF(cache);
     kernel->cache = cache;
-    Py_INCREF(grad_fn);
-    kernel->grad_fn = grad_fn;
+    Py_INCREF(py_fn);
+    kernel->py_fn = py_fn;
     auto* lib = new torch::Library(torch::Library::IMPL, q.substr(0, sep), key, __FILE__,
                                    __LINE__);
     lib->impl(q.substr(sep + 2).c_str(),
@@ -1291,7 +1312,7 @@ PyMethodDef methods[] = {
      "serve(cache, prefix, inputs)"},
     {"op_serve", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(op_serve)), METH_FASTCALL,
      "op_serve(cache, args, inputs)"},
-    {"register_op", register_op, METH_VARARGS, "register_op(qualname, key, cache, grad_fn)"},
+    {"register_op", register_op, METH_VARARGS, "register_op(qualname, key, cache, py_fn)"},
     {"unregister_op", unregister_op, METH_O, "unregister_op(handle)"},
     {"set_op_gates", set_op_gates, METH_VARARGS, "set_op_gates(plan_globals, register_globals)"},
     {"set_op_stats", set_op_stats, METH_O, "the launch counters (op_fast)"},

@@ -261,7 +261,7 @@ def _resolve_fast():
             # the C++ kernels read ON here and the override count there at each call
             mod.set_op_gates(globals(), vars(R))
     if fns is not None and torch.cuda.is_available():
-        register_ops("AutogradCUDA")
+        register_ops("cuda")
 
 
 def serve_fast(cache: dict, prefix: tuple, inputs: tuple, slow, args: tuple, check=None):
@@ -329,44 +329,49 @@ def _py_fast_op(cache, args, inputs):
 
 
 _fast_op = None
-#: (handles of the registered ops' C++ kernels, the hook for later ops) per dispatch key
+#: (handles of the registered ops' C++ kernels, the hook for later ops) per device type
 _registered: dict = {}
 #: plan ops left to their Python kernel, and why
 unregistered: dict = {}
 
 
-def register_ops(key: str = "AutogradCUDA") -> bool:
-    """Register the C++ kernel of every plan op (and of those defined later) at ``key``
-    ("AutogradCUDA"; tests and the host-cost harness also "AutogradCPU"): whether the
-    executor is there to do it."""
+def register_ops(device: str = "cuda") -> bool:
+    """Register the C++ kernels of every plan op (and of those defined later) for ``device``'s
+    tensors ("cuda"; tests and the host-cost harness also "cpu"): at its autograd key (which
+    serves calls that need no gradient, and hands the others to the op's autograd path or below
+    autograd) and at its backend key (below autograd, e.g. under torch.inference_mode: serves
+    the call or runs the Python implementation). Whether the executor is there to do it."""
     if _fast is None:
         _resolve_fast()
     mod = _cplan.module() if _fast_op is not _py_fast_op else None
     if mod is None:
         return False
+    backend = {"cuda": "CUDA", "cpu": "CPU"}[device]
     with _lock:
-        if key in _registered:
+        if device in _registered:
             return True
         handles = []
 
         def reg(op):
             try:
-                handles.append(mod.register_op(op._qualname, key, op.plans, op.grad_apply))
+                handles.append(mod.register_op(op._qualname, "Autograd" + backend, op.plans,
+                                               op.grad_apply))
+                handles.append(mod.register_op(op._qualname, backend, op.plans, op.impl))
             except (ValueError, RuntimeError) as e:
-                # an op whose schema the kernel does not take: its Python kernel serves
+                # an op whose schema the kernel does not take: its Python kernels serve
                 unregistered[op._qualname] = str(e)
 
         for op in R.PLAN_OPS:
             reg(op)
         R.on_plan_op.append(reg)
-        _registered[key] = (handles, reg)
+        _registered[device] = (handles, reg)
     return True
 
 
-def unregister_ops(key: str) -> None:
-    """Remove the C++ kernels registered at ``key`` (tests)."""
+def unregister_ops(device: str) -> None:
+    """Remove the C++ kernels registered for ``device`` (tests, benchmarks)."""
     with _lock:
-        entry = _registered.pop(key, None)
+        entry = _registered.pop(device, None)
     if entry is None:
         return
     handles, reg = entry

@@ -24,8 +24,9 @@ ADInplaceOrView kernel that bumps the mutated tensors' version counters.
 
 An op made with ``plans=True`` serves repeated signatures from eager plans
 (:func:`tkit.kernels._plan.serve_op`, keyed by its arguments in schema order); where the C++
-executor loads, a C++ kernel at its ``AutogradCUDA`` key serves those calls without entering
-Python and defers to the Python kernels otherwise (``tkit/kernels/_cplan.cpp``, ``FastOp``).
+executor loads, C++ kernels at its ``AutogradCUDA`` and ``CUDA`` keys serve those calls without
+entering Python and defer to the Python kernels otherwise (``tkit/kernels/_cplan.cpp``,
+``FastOp``).
 The implementations read per-thread config overrides that the C++ kernel cannot see, so every
 override scope holds it off (:func:`fast_ops_held`) while it is active in any thread.
 """
@@ -118,6 +119,8 @@ class Op:
                                  if str(a.type) in ("Tensor", "Optional[Tensor]"))
         #: the eager plans of this op's calls (``plans=True``), keyed as _plan.serve_op keys
         self.plans: dict | None = {} if plans else None
+        #: the implementation (the op's CompositeExplicitAutograd kernel)
+        self.impl = fn
 
         def no_formula(ctx, *grads):
             raise RuntimeError(f"Trying to backward through {qualname}, which has no "
