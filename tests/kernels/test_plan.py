@@ -1183,6 +1183,27 @@ def test_jit_registered_ops_under_autograd(jitplans):
         assert delta == {"plan": 2, "plan_built": 1}
 
 
+@jit
+def test_jit_plan_ops_defined_later_get_the_cpp_kernels(cppops):
+    """An op made with ``plans=True`` after the kernels were registered gets them too (ops are
+    defined as their family is first imported), and loses them with the others."""
+    from tkit.kernels import _register as R
+
+    @R.custom_op("tkit_test::plans_later", plans=True)
+    def later(x: torch.Tensor, scale: float) -> torch.Tensor:
+        return x * scale
+
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    assert has("tkit_test::plans_later", "AutogradCPU") and has("tkit_test::plans_later", "CPU")
+    x = torch.randn(3)
+    torch.testing.assert_close(torch.ops.tkit_test.plans_later(x, 2.0), x * 2)  # no plan: Python
+    _plan.unregister_ops("cpu")
+    assert not has("tkit_test::plans_later", "AutogradCPU")
+    torch.testing.assert_close(torch.ops.tkit_test.plans_later(x, 2.0), x * 2)
+    with pytest.raises(ValueError, match="functional"):
+        R.custom_op("tkit_test::mutating", mutates_args=("x",), plans=True)
+
+
 class _Sub(torch.Tensor):
     pass
 
