@@ -74,11 +74,6 @@ _held = 0
 _held_lock = threading.Lock()
 
 
-def held() -> bool:
-    """Whether a :func:`fast_ops_held` scope is active in any thread."""
-    return _held > 0
-
-
 @contextlib.contextmanager
 def fast_ops_held():
     """The registered ops' C++ path off in every thread while this is active: config overrides

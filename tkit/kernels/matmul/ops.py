@@ -370,9 +370,9 @@ def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],  
     if a.ndim == 2 and b.ndim == 2 and backend in ("auto", "triton") and not MC.overridden():
         # served by an eager plan on a repeated signature, as the eager 2-D call is; bias,
         # residual and scales are inputs of the plan (None or a tensor's signature in its key)
-        return P.serve_op(_matmul_op, _matmul_op_impl, (a, b, bias, residual, scale_a, scale_b,
-                                                        activation, out_dtype, allow_tf32,
-                                                        backend))
+        args = (a, b, bias, residual, scale_a, scale_b, activation, out_dtype, allow_tf32,
+                backend)
+        return P.serve_op(_matmul_op, _matmul_op_impl, args)
     return _matmul_impl(a, b, bias, residual, scale_a, scale_b, activation or None, out_dtype,
                         allow_tf32, backend)
 
@@ -608,7 +608,6 @@ def _glu_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],  # n
         # served by an eager plan on a repeated signature (a compiled graph's calls)
         return P.serve_op(_glu_op, _glu_impl, (a, b, bias, activation, out_dtype, allow_tf32))
     return _glu_impl(a, b, bias, activation, out_dtype, allow_tf32)
-
 
 
 
