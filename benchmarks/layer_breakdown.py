@@ -104,8 +104,8 @@ def burst_ms(fn, calls=50, rounds=7, host=None):
 
 @contextlib.contextmanager
 def _python_op_kernels():
-    """The registered ops' C++ kernels removed (their Python autograd kernels serve), for the
-    compiled layer's comparison with and without them in one run."""
+    """The registered ops' C++ kernels removed (their Python kernels serve), for the compiled
+    layer's comparison with and without them in one run."""
     _plan.unregister_ops("cuda")
     try:
         yield
@@ -126,9 +126,9 @@ def measure(tokens, rows, layer_only=False):
              "torch.compile": lambda: compiled["torch.compile"](*args, **kw)}
     for fn in layer.values():
         fn()  # compiles; the first tkit call also registers the ops' C++ kernels
-    ref, got = layer["tkit"](), layer["tkit+compile"]()
-    print(f"{tokens:5d} tkit+compile against tkit eager: max abs difference "
-          f"{(got.float() - ref.float()).abs().max().item():.3g}")
+    eager_out, compiled_out = layer["tkit"](), layer["tkit+compile"]()
+    diff = (compiled_out.float() - eager_out.float()).abs().max().item()
+    print(f"{tokens:5d} tkit+compile against tkit eager: max abs difference {diff:.3g}")
     ctx = {prov: contextlib.nullcontext for prov in layer}
     if "cuda" in getattr(_plan, "_registered", {}):
         layer["tkit+compile py-ops"] = layer["tkit+compile"]
