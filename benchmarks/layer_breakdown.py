@@ -10,8 +10,7 @@ call), the two providers interleaved; the whole layer also as a back-to-back eag
 replay (the GPU's time without the host), for tkit and torch eager and for each under
 torch.compile (fullgraph; tkit's ops stay opaque custom ops in the compiled graph). The gap
 between the eager burst and the graph replay is the host's share; each burst also gives the
-host CPU time a call. Where the registered ops' C++ kernels are registered (``_cplan.cpp``'s
-FastOp), "tkit+compile py-ops" is the compiled layer with them removed, timed in the same rounds.
+host CPU time a call.
 
     python benchmarks/layer_breakdown.py --layer-only 512 4096   # the whole-layer rows only
 Output: a table on stdout and long-form rows in ``$OUT/layer-breakdown.jsonl``.
@@ -19,7 +18,6 @@ Output: a table on stdout and long-form rows in ``$OUT/layer-breakdown.jsonl``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import statistics
@@ -35,7 +33,6 @@ import torch.nn.functional as F  # noqa: E402
 import tkit  # noqa: E402
 from tkit.bench.runner import environment  # noqa: E402
 from tkit.bench.timing import time_fn  # noqa: E402
-from tkit.kernels import _plan  # noqa: E402
 from tkit.specs import model as M  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "out"))
@@ -102,17 +99,6 @@ def burst_ms(fn, calls=50, rounds=7, host=None):
     return sorted(ts)[len(ts) // 2]
 
 
-@contextlib.contextmanager
-def _python_op_kernels():
-    """The registered ops' C++ kernels removed (their Python kernels serve), for the compiled
-    layer's comparison with and without them in one run."""
-    _plan.unregister_ops("cuda")
-    try:
-        yield
-    finally:
-        _plan.register_ops("cuda")
-
-
 def measure(tokens, rows, layer_only=False):
     args, kw = M._make(tokens, M.LLAMA3_8B, torch.bfloat16)("cuda")
     if not layer_only:
@@ -125,29 +111,23 @@ def measure(tokens, rows, layer_only=False):
              "tkit+compile": lambda: compiled["tkit+compile"](*args, **kw),
              "torch.compile": lambda: compiled["torch.compile"](*args, **kw)}
     for fn in layer.values():
-        fn()  # compiles; the first tkit call also registers the ops' C++ kernels
+        fn()  # compiles
     eager_out, compiled_out = layer["tkit"](), layer["tkit+compile"]()
     diff = (compiled_out.float() - eager_out.float()).abs().max().item()
     print(f"{tokens:5d} tkit+compile against tkit eager: max abs difference {diff:.3g}")
-    ctx = {prov: contextlib.nullcontext for prov in layer}
-    if "cuda" in getattr(_plan, "_registered", {}):
-        layer["tkit+compile py-ops"] = layer["tkit+compile"]
-        ctx["tkit+compile py-ops"] = _python_op_kernels
     bursts = {prov: [] for prov in layer}
     host = {prov: [] for prov in layer}
     names = list(layer)
-    for r in range(max(ROUNDS, len(names))):
+    for r in range(ROUNDS):
         # providers interleaved, the order rotated each round so that each runs once in each
         # position (a provider timed right after another's burst of a 4096-token layer meets
         # a warmer GPU); the median of the rounds
         for prov in names[r % len(names):] + names[:r % len(names)]:
-            with ctx[prov]():
-                bursts[prov].append(burst_ms(layer[prov], host=host[prov]))
+            bursts[prov].append(burst_ms(layer[prov], host=host[prov]))
     got = {}
     for prov, fn in layer.items():
         eager = statistics.median(bursts[prov])
-        with ctx[prov]():
-            graph = time_fn(fn, cuda_graph=True).median_ms
+        graph = time_fn(fn, cuda_graph=True).median_ms
         cpu = statistics.median(host[prov])
         got[prov] = eager
         rows += [dict(tokens=tokens, step="layer eager burst", provider=prov, median_ms=eager),
@@ -158,10 +138,7 @@ def measure(tokens, rows, layer_only=False):
               f"replay {graph * 1e3:8.1f} us  host CPU {cpu * 1e3:7.1f} us a call")
     print(f"{tokens:5d} burst time ratios: tkit / torch {got['tkit'] / got['torch']:.3f}, "
           f"tkit / torch.compile {got['tkit'] / got['torch.compile']:.3f}, "
-          f"tkit+compile / tkit {got['tkit+compile'] / got['tkit']:.3f}" + (
-              f", tkit+compile with the Python op kernels / tkit "
-              f"{got['tkit+compile py-ops'] / got['tkit']:.3f}" if "tkit+compile py-ops" in got
-              else ""))
+          f"tkit+compile / tkit {got['tkit+compile'] / got['tkit']:.3f}")
 
 
 def measure_steps(tokens, args, kw, rows):
