@@ -14,6 +14,8 @@ calls in thread CPU time (the minimum keeps other processes' load on a shared ma
   autograd path) calls it, ``torch.ops.tkit.<op>(...)`` with the arguments the public function
   passes it, plans on: the custom-op dispatch plus the op's implementation, served by a plan
   where it has one.
+* ``reg. py``: the registered call with the ops' C++ kernels removed (their Python autograd
+  kernel, the implementation and ``serve_op`` serve the plan), measured beside ``registered``.
 * ``reg. no plan``: the same call with plans off (the implementation's full Python path; what
   TKIT_NO_DIRECT=1 costs on top of the public function's checks).
 * ``floor``: ``torch.empty`` of the call's outputs (and scratch) plus the launcher call with the
@@ -22,7 +24,8 @@ calls in thread CPU time (the minimum keeps other processes' load on a shared ma
 
 matmul picks its kernel as on an sm_90 with 132 SMs (split-K and a reduce launch at M=1).
 
-    python benchmarks/host_overhead.py [--json FILE] [--out DIR] [--profile OP [--registered]]
+    python benchmarks/host_overhead.py [--cplan] [--json FILE] [--out DIR]
+                                       [--profile OP [--registered]]
 
 (without TRITON_INTERPRET)
 
@@ -31,6 +34,10 @@ lines; ``--out DIR`` also appends them to DIR's long-form file (``cpu.jsonl``: o
 = eager / no plan / registered / registered no plan / floor, ``median_ms`` = the best burst's
 time a call) under the run id ``<date>-host-overhead``. ``--profile OP`` prints a cProfile of
 the public call of the first case named OP...; with ``--registered``, of its registered op's.
+
+``--cplan``: plans are the C++ executor's, as on a GPU (the stand-in kernels dressed as Triton's
+compiled kernels; the executor drops their launches), instead of the generated Python plans
+that stand-in launchers otherwise get.
 
 Run it without TRITON_INTERPRET (kernels must be ``JITFunction`` objects); CPU tensors stand in
 for CUDA ones. It also runs on an older checkout (columns it cannot fill print "-").
@@ -84,6 +91,57 @@ def _fake_jit_run(self, *args, grid, warmup, **kwargs):
     if callable(grid):
         grid(kwargs)
     return _NoopCompiled()
+
+
+def _sig_type(v):
+    """The signature type Triton gives a launch argument (for the dressed stand-in kernels)."""
+    if isinstance(v, torch.Tensor):
+        return "*bf16"
+    if type(v) is bool:
+        return "i1"
+    if type(v) is int:
+        return "i32" if -2 ** 31 <= v < 2 ** 31 else "i64"
+    if type(v) is float:
+        return "fp32"
+    if hasattr(v, "block_shape") and hasattr(v, "base"):
+        return f"tensordesc<bf16[{', '.join(str(b) for b in v.block_shape)}]>"
+    return "constexpr"
+
+
+def _dress_for_cplan() -> None:
+    """``--cplan``: each stand-in compiled kernel gets what the C++ executor reads from Triton's
+    (an int function handle, launch metadata, a signature from its first recorded launch, the
+    host descriptors' metadata as for 16-bit tiles with 128-byte swizzling), and the executor
+    drops the launches: plans take the form they have on a GPU."""
+    from types import SimpleNamespace
+
+    from tkit.kernels import _cplan
+
+    mod = _cplan.module()
+    if mod is None:
+        raise SystemExit(f"--cplan: no C++ executor here: {_cplan.status()}")
+    orig = _launch._record
+
+    def meta(v):
+        es = v.base.element_size()
+        return dict(swizzle=3, elem_size=es, elem_type=10, fp4_padded=False,
+                    block_size=[*v.block_shape[:-1], min(v.block_shape[-1], 128 // es)])
+
+    def record(item):
+        if item is not None and not hasattr(item[0], "src"):
+            ck, args = item[0], item[2]
+            sig = {i: _sig_type(v) for i, v in enumerate(args)}
+            ck.src = SimpleNamespace(signature=sig)
+            ck.metadata = SimpleNamespace(
+                num_ctas=1, global_scratch_size=0, profile_scratch_size=0, num_warps=4,
+                shared=0, launch_cooperative_grid=False, launch_pdl=False,
+                tensordesc_meta=[meta(v) for i, v in enumerate(args)
+                                 if sig[i].startswith("tensordesc")] or None)
+        orig(item)
+
+    _launch._record = record
+    _plan._cplan_test = True
+    mod.set_discard(True)
 
 
 def _torch_glu(x, w_gu):
@@ -222,6 +280,7 @@ def _long_rows(rows):
         op, _, case = r["op"].partition(" ")
         for provider, key in (("eager", "eager_us"), ("no plan", "no_plan_us"),
                               ("registered", "registered_us"),
+                              ("registered py", "registered_py_us"),
                               ("registered no plan", "registered_no_plan_us"),
                               ("floor", "floor_us")):
             us = r[key]
@@ -242,6 +301,8 @@ def main():
     ap.add_argument("--out", default=None,
                     help="append the rows to this results folder's long-form file too")
     ap.add_argument("-n", type=int, default=200)
+    ap.add_argument("--cplan", action="store_true",
+                    help="plans in the C++ executor's form, as on a GPU (launches dropped)")
     ap.add_argument("--cuda", action="store_true",
                     help="on a GPU: real launches on CUDA tensors, beside torch's own calls")
     args = ap.parse_args()
@@ -261,11 +322,16 @@ def main():
 
     _device.capability = lambda device=None: (9, 0)
     _device.sm_count = lambda device: 132
+    # the registered ops' C++ kernels, for CPU tensors (as for CUDA tensors on a GPU)
+    if args.cplan:
+        _dress_for_cplan()
+    fast_ops = _plan is not None and hasattr(_plan, "register_ops") and _plan.register_ops(
+        "cpu")
     rows = []
     env = environment()
     print(f"{env['device']}, torch {env['torch']}, triton {env['triton']}, git {env['git_sha']}")
     fmt = lambda v, w=6: f"{v:{w}.1f}" if v is not None else " " * (w - 1) + "-"  # noqa: E731
-    print(f"{'us a call':34s} {'eager':>6s} {'no plan':>7s} {'registered':>10s}"
+    print(f"{'us a call':34s} {'eager':>6s} {'no plan':>7s} {'registered':>10s} {'reg. py':>7s}"
           f" {'reg. no plan':>12s} {'floor':>6s} {'eager-floor':>11s}  calls (eager / no plan)")
     for name, (fn, op) in cases().items():
         try:
@@ -275,6 +341,11 @@ def main():
             fl = floor_fn(fn)
             floor = per_call_us(fl, args.n) if fl is not None else None
             registered = _maybe(per_call_us, op, args.n)
+            registered_py = None
+            if fast_ops:
+                _plan.unregister_ops("cpu")
+                registered_py = _maybe(per_call_us, op, args.n)
+                _plan.register_ops("cpu")
             _set_plans(False)
             noplan = per_call_us(fn, args.n)
             ncalls_noplan = calls_per_call(fn)
@@ -284,11 +355,12 @@ def main():
             print(f"{name:34s} skipped: {type(e).__name__}: {str(e)[:80]}")
             continue
         row = dict(op=name, eager_us=eager, no_plan_us=noplan, registered_us=registered,
-                   registered_no_plan_us=registered_noplan, floor_us=floor, calls=ncalls,
-                   calls_no_plan=ncalls_noplan, **env)
+                   registered_py_us=registered_py, registered_no_plan_us=registered_noplan,
+                   floor_us=floor, calls=ncalls, calls_no_plan=ncalls_noplan, **env)
         rows.append(row)
         over = eager - floor if floor is not None else None
         print(f"{name:34s} {fmt(eager)} {fmt(noplan, 7)} {fmt(registered, 10)} "
+              f"{fmt(registered_py, 7)} "
               f"{fmt(registered_noplan, 12)} {fmt(floor)} {fmt(over, 11)}  "
               f"{ncalls:.0f} / {ncalls_noplan:.0f}")
     print("launch path counters:", _launch.stats)
@@ -300,7 +372,7 @@ def main():
         path = report.append_long_form(_long_rows(rows), args.out, env,
                                        run=f"{env['date']}-host-overhead",
                                        source="benchmarks/host_overhead.py")
-        print(f"appended {len(rows) * 5} rows to {path}")
+        print(f"appended {len(rows) * 6} rows to {path}")
     if args.profile:
         fn = next(fo[args.registered] for n, fo in cases().items()
                   if n.startswith(args.profile))

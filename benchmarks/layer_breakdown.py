@@ -9,7 +9,8 @@ call), the two providers interleaved; the whole layer also as a back-to-back eag
 (wall clock: the host's calls overlap the GPU's work as in a model's forward) and as a graph
 replay (the GPU's time without the host), for tkit and torch eager and for each under
 torch.compile (fullgraph; tkit's ops stay opaque custom ops in the compiled graph). The gap
-between the eager burst and the graph replay is the host's share.
+between the eager burst and the graph replay is the host's share; each burst also gives the
+host CPU time a call.
 
     python benchmarks/layer_breakdown.py --layer-only 512 4096   # the whole-layer rows only
 Output: a table on stdout and long-form rows in ``$OUT/layer-breakdown.jsonl``.
@@ -79,17 +80,22 @@ def _torch_glu(x, w_gu, mlp):
 ROUNDS = 4
 
 
-def burst_ms(fn, calls=50, rounds=7):
-    """Wall clock of back-to-back calls, per call: the median of ``rounds`` bursts."""
+def burst_ms(fn, calls=50, rounds=7, host=None):
+    """Wall clock of back-to-back calls, per call: the median of ``rounds`` bursts. ``host``:
+    a list that gets the median host CPU time a call (thread time to enqueue the burst)."""
     fn()
     torch.cuda.synchronize()
-    ts = []
+    ts, cpu = [], []
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(calls):
             fn()
+        c1 = time.thread_time()  # before the sync, which spins
         torch.cuda.synchronize()
         ts.append((time.perf_counter() - t0) / calls * 1e3)
+        cpu.append((c1 - c0) / calls * 1e3)
+    if host is not None:
+        host.append(sorted(cpu)[len(cpu) // 2])
     return sorted(ts)[len(ts) // 2]
 
 
@@ -104,24 +110,32 @@ def measure(tokens, rows, layer_only=False):
              "torch": lambda: M.ref_llama_layer(*args, **kw),
              "tkit+compile": lambda: compiled["tkit+compile"](*args, **kw),
              "torch.compile": lambda: compiled["torch.compile"](*args, **kw)}
+    for fn in layer.values():
+        fn()  # compiles
+    eager_out, compiled_out = layer["tkit"](), layer["tkit+compile"]()
+    diff = (compiled_out.float() - eager_out.float()).abs().max().item()
+    print(f"{tokens:5d} tkit+compile against tkit eager: max abs difference {diff:.3g}")
     bursts = {prov: [] for prov in layer}
+    host = {prov: [] for prov in layer}
     names = list(layer)
     for r in range(ROUNDS):
         # providers interleaved, the order rotated each round so that each runs once in each
         # position (a provider timed right after another's burst of a 4096-token layer meets
         # a warmer GPU); the median of the rounds
         for prov in names[r % len(names):] + names[:r % len(names)]:
-            bursts[prov].append(burst_ms(layer[prov]))
+            bursts[prov].append(burst_ms(layer[prov], host=host[prov]))
     got = {}
     for prov, fn in layer.items():
         eager = statistics.median(bursts[prov])
         graph = time_fn(fn, cuda_graph=True).median_ms
+        cpu = statistics.median(host[prov])
         got[prov] = eager
         rows += [dict(tokens=tokens, step="layer eager burst", provider=prov, median_ms=eager),
                  dict(tokens=tokens, step="layer graph replay", provider=prov,
-                      median_ms=graph)]
-        print(f"{tokens:5d} layer {prov:13s} burst {eager * 1e3:8.1f} us  graph "
-              f"replay {graph * 1e3:8.1f} us")
+                      median_ms=graph),
+                 dict(tokens=tokens, step="layer host CPU", provider=prov, median_ms=cpu)]
+        print(f"{tokens:5d} layer {prov:20s} burst {eager * 1e3:8.1f} us  graph "
+              f"replay {graph * 1e3:8.1f} us  host CPU {cpu * 1e3:7.1f} us a call")
     print(f"{tokens:5d} burst time ratios: tkit / torch {got['tkit'] / got['torch']:.3f}, "
           f"tkit / torch.compile {got['tkit'] / got['torch.compile']:.3f}, "
           f"tkit+compile / tkit {got['tkit+compile'] / got['tkit']:.3f}")

@@ -165,7 +165,7 @@ def test_registered_op_plan_equals_tritons_path(name):
     Triton's own launch gives, whether a plan serves the call or (matmul and attention where
     they take TMA descriptors) the ordinary path runs."""
     make, fn = CASES[name]
-    before = _launch.stats["plan"]
+    before = dict(_launch.stats)
     with torch.no_grad():
         for offset in (0, 0, 1, 1, 0, 8):
             inputs = make(offset)
@@ -173,7 +173,26 @@ def test_registered_op_plan_equals_tritons_path(name):
             torch.cuda.synchronize()
             assert _eq(got, _slow(fn, *inputs)), f"{name} offset {offset}"
     if name in PLANNED:
-        assert _launch.stats["plan"] >= before + 3, "repeat calls did not take their plan"
+        assert _launch.stats["plan"] >= before["plan"] + 3, "repeat calls did not take their plan"
+    if "cuda" in _plan._registered and _launch.stats["plan"] > before["plan"]:
+        # the ops' C++ kernel (below the dispatcher) served every planned call
+        assert (_launch.stats["op_fast"] - before["op_fast"]
+                == _launch.stats["plan"] - before["plan"]), "plans served in Python"
+
+
+def test_registered_ops_have_their_cpp_kernel():
+    """On a GPU the registered plan ops get their C++ kernels at AutogradCUDA and CUDA with
+    the first planned call, where the executor loads."""
+    from tkit.kernels import _cplan
+
+    x, w = _r(2, 256), _r(256)
+    with torch.no_grad():
+        torch.ops.tkit.rms_norm(x, w, 1e-6, False)
+    if _cplan.module() is None:
+        pytest.skip(f"no C++ executor: {_cplan.status()}")
+    assert "cuda" in _plan._registered and _plan.unregistered == {}
+    for key in ("AutogradCUDA", "CUDA"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("tkit::rms_norm", key)
 
 
 @pytest.mark.parametrize("name", PLANNED)

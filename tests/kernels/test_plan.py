@@ -1029,23 +1029,114 @@ def test_jit_plans_under_inference_mode(jitplans):
     assert _launch.stats["plan_built"] - before["plan_built"] == 1
 
 
+@pytest.fixture
+def cppops(jitplans):
+    """The registered ops' C++ kernels (``_cplan.cpp``'s FastOp), registered at AutogradCPU
+    and CPU here as they are at AutogradCUDA and CUDA on a GPU: they serve plans below the
+    dispatcher."""
+    if not _plan.register_ops("cpu"):
+        from tkit.kernels import _cplan
+
+        pytest.skip(f"no C++ executor here: {_cplan.status()}")
+    assert _plan.unregistered == {}  # every plan op's schema is one the kernel takes
+    yield
+    _plan.unregister_ops("cpu")
+
+
+@pytest.fixture(params=["python", "cpp"])
+def opkernel(request, jitplans):
+    """The registered ops' kernel at autograd: the Python one or the C++ one (True)."""
+    if request.param == "cpp":
+        request.getfixturevalue("cppops")
+    return request.param == "cpp"
+
+
 @jit
 @pytest.mark.parametrize("name", list(OP_CASES))
-def test_jit_registered_op_served_on_fresh_inputs(jitplans, name):
+def test_jit_registered_op_served_on_fresh_inputs(opkernel, jitplans, name):
     """``torch.ops.tkit.<op>`` as a compiled graph calls it: the first call of a signature
     misses and builds a plan, the next (new random inputs of that signature) is served by it
     with what the ordinary implementation launches for those inputs (so on a GPU the same
     values: tests/kernels/test_launch_gpu.py compares them); a call whose shape, dtype or
-    strides differ misses, builds its own plan and is served the same way."""
+    strides differ misses, builds its own plan and is served the same way. With the C++
+    kernel, the plan that the Python implementation recorded (keyed from the Python
+    arguments) serves the next call below the dispatcher (keyed from the dispatcher's)."""
     (make, fn), other = OP_CASES[name]
+    keys = ("plan", "plan_miss", "plan_built", "op_fast")
+    want = {"plan": 1, "plan_miss": 1, "plan_built": 1, "op_fast": int(opkernel)}
     before = dict(_launch.stats)
     _plan_vs_ordinary(jitplans, make, fn, fresh=True)
-    delta = {k: _launch.stats[k] - before[k] for k in ("plan", "plan_miss", "plan_built")}
-    assert delta == {"plan": 1, "plan_miss": 1, "plan_built": 1}
+    assert {k: _launch.stats[k] - before[k] for k in keys} == want
     before = dict(_launch.stats)
     _plan_vs_ordinary(jitplans, other, fn, fresh=True)
-    delta = {k: _launch.stats[k] - before[k] for k in ("plan", "plan_miss", "plan_built")}
-    assert delta == {"plan": 1, "plan_miss": 1, "plan_built": 1}
+    assert {k: _launch.stats[k] - before[k] for k in keys} == want
+
+
+class _Seen(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@jit
+def test_jit_cpp_op_kernel_defers_to_python(cppops, jitplans):
+    """The C++ kernels serve plain tensors without a gradient to record, plans on and no
+    override in force, at the autograd key and below it (inference mode, the autograd path's
+    forward, the call a dispatch mode makes); everything else goes where the Python kernels
+    send it: the autograd path (outputs with a grad_fn), dispatch modes, fake and meta tensors,
+    plans off, a config override."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tkit.kernels.reductions import config as RC
+
+    x, w = torch.randn(2, 256), torch.randn(256)
+    rms = lambda x, w: _ops.rms_norm(x, w, 1e-6, False)  # noqa: E731
+    with torch.no_grad():
+        for _ in range(2):
+            rms(x, w)
+
+    def served(call, n=2):
+        before = dict(_launch.stats)
+        for _ in range(n):
+            out = call()
+        return _launch.stats["op_fast"] - before["op_fast"], out
+
+    with torch.no_grad():
+        assert served(lambda: rms(x, w))[0] == 2
+        assert served(lambda: rms(x, torch.nn.Parameter(w)))[0] == 2
+        mode = _Seen()
+        with mode:  # the mode sees the op; its call below the mode is served
+            assert served(lambda: rms(x, w))[0] == 2
+        assert mode.ops == ["tkit.rms_norm.default"] * 2
+        with FakeTensorMode() as fm:
+            n, (y, _) = served(lambda: rms(fm.from_tensor(x), fm.from_tensor(w)))
+            assert n == 0 and type(y) is not torch.Tensor and y.shape == x.shape
+        n, (y, _) = served(lambda: rms(x.to("meta"), w.to("meta")))
+        assert n == 0 and y.device.type == "meta"
+        with RC.overrides(num_warps=8):
+            assert served(lambda: rms(x, w))[0] == 0
+        assert served(lambda: rms(x, w))[0] == 2
+        with _plan.off("test"):
+            assert served(lambda: rms(x, w))[0] == 0
+    with torch.inference_mode():  # below autograd: the backend key's kernel serves
+        n, (y, _) = served(lambda: rms(x, w))
+        assert n == 2 and y.is_inference()
+    # autograd: the op's autograd.Function, its forward served below autograd
+    xg = x.clone().requires_grad_()
+    before = dict(_launch.stats)
+    n, (y, _) = served(lambda: rms(xg, w))
+    assert n == 2 and y.grad_fn is not None and _launch.stats["plan"] - before["plan"] == 2
+    with torch.no_grad():  # no gradient needed: served
+        assert served(lambda: rms(xg, w))[0] == 2
+    # an implementation that raises: the same exception as through the Python kernel, on the
+    # autograd path and below it
+    for a in (x, xg):
+        with pytest.raises(ValueError, match="do not broadcast"):
+            _ops.binary(a, torch.randn(3), "add", None)
 
 
 @jit
@@ -1092,14 +1183,36 @@ def test_jit_registered_ops_under_autograd(jitplans):
         assert delta == {"plan": 2, "plan_built": 1}
 
 
+@jit
+def test_jit_plan_ops_defined_later_get_the_cpp_kernels(cppops):
+    """An op made with ``plans=True`` after the kernels were registered gets them too (ops are
+    defined as their family is first imported), and loses them with the others."""
+    from tkit.kernels import _register as R
+
+    @R.custom_op("tkit_test::plans_later", plans=True)
+    def later(x: torch.Tensor, scale: float) -> torch.Tensor:
+        return x * scale
+
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    assert has("tkit_test::plans_later", "AutogradCPU") and has("tkit_test::plans_later", "CPU")
+    x = torch.randn(3)
+    torch.testing.assert_close(torch.ops.tkit_test.plans_later(x, 2.0), x * 2)  # no plan: Python
+    _plan.unregister_ops("cpu")
+    assert not has("tkit_test::plans_later", "AutogradCPU")
+    torch.testing.assert_close(torch.ops.tkit_test.plans_later(x, 2.0), x * 2)
+    with pytest.raises(ValueError, match="functional"):
+        R.custom_op("tkit_test::mutating", mutates_args=("x",), plans=True)
+
+
 class _Sub(torch.Tensor):
     pass
 
 
 @jit
-def test_jit_registered_ops_trace_without_plans(jitplans):
+def test_jit_registered_ops_trace_without_plans(opkernel, jitplans):
     """Fake tensors (torch.compile's tracing), functional tensors and meta tensors never reach
-    a plan; a graph traced with torch.compile(fullgraph) runs its ops from plans."""
+    a plan; a graph traced with torch.compile(fullgraph) runs its ops from plans (below the
+    dispatcher where the C++ kernel is registered)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     x, w = torch.randn(2, 256), torch.randn(256)
@@ -1114,9 +1227,10 @@ def test_jit_registered_ops_trace_without_plans(jitplans):
     assert y.device.type == "meta"
     # serve_op itself sends anything but a plain tensor (or Parameter) down the ordinary path
     slow = lambda *a: "ordinary"  # noqa: E731
+    op = tkit.kernels.reductions.ops._softmax_op
     with FakeTensorMode() as mode:
-        assert _plan.serve_op({}, ("t",), slow, (mode.from_tensor(x),)) == "ordinary"
-    assert _plan.serve_op({}, ("t",), slow, (x.as_subclass(_Sub),)) == "ordinary"
+        assert _plan.serve_op(op, slow, (mode.from_tensor(x), 1, False)) == "ordinary"
+    assert _plan.serve_op(op, slow, (x.as_subclass(_Sub), 1, False)) == "ordinary"
     assert {k: _launch.stats[k] - before[k] for k in ("plan", "plan_miss")} == {
         "plan": 0, "plan_miss": 0}
 
@@ -1132,6 +1246,7 @@ def test_jit_registered_ops_trace_without_plans(jitplans):
         out, sm = f(*inputs)
     assert out.shape == (3, 32) and sm.shape == (3, 128)
     assert _launch.stats["plan"] - before["plan"] == 4  # rms_norm, matmul, act_mul, softmax
+    assert _launch.stats["op_fast"] - before["op_fast"] == (4 if opkernel else 0)
     assert (_launch.stats["fast"], _launch.stats["slow"]) == (before["fast"], before["slow"])
 
 

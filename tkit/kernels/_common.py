@@ -18,6 +18,7 @@ import torch
 
 from tkit import _env
 from tkit.kernels import _launch, _plan, _tuning
+from tkit.kernels import _register as R
 
 # tuned configs cleared from disk: forget the eager plans built on them
 _tuning.on_clear(_plan.clear)
@@ -277,7 +278,9 @@ class ConfigOverrides:
         old = self.state.value
         self.state.value = {**old, **overrides}
         try:
-            yield
+            # the registered ops' C++ kernels serve plans without reading overrides
+            with R.fast_ops_held() if overrides else contextlib.nullcontext():
+                yield
         finally:
             self.state.value = old
 

@@ -9,8 +9,15 @@
 // cuLaunchKernel is looked up in libcuda at first launch.
 
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/library.h>
 #include <ATen/ATen.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/GradMode.h>
 
 #include <dlfcn.h>
 
@@ -33,6 +40,8 @@ ErrorStringFn g_error_string = nullptr;
 EncodeTiledFn g_encode_tiled = nullptr;
 // tests: launches appended to this list (as tuples) instead of reaching the driver
 PyObject* g_recorder = nullptr;
+// host-cost benchmarks on a machine without a GPU: launches dropped
+bool g_discard = false;
 
 bool load_driver() {
   if (g_launch) return true;
@@ -180,6 +189,10 @@ bool launch_one(Launch& L, uint64_t stream, const std::vector<uint64_t>& ptrs) {
   uint64_t local[kMaxParams];
   void* params[kMaxParams];
   size_t n = L.slots.size();
+  if (g_discard && !g_recorder) {
+    for (const auto& pt : L.patches) local[pt.first] = ptrs[pt.second];  // the per-call work
+    return true;
+  }
   std::memcpy(local, L.slots.data(), n * sizeof(uint64_t));
   for (const auto& pt : L.patches) local[pt.first] = ptrs[pt.second];
   for (size_t i = 0; i < n; ++i) params[i] = &local[i];
@@ -227,33 +240,24 @@ bool launch_one(Launch& L, uint64_t stream, const std::vector<uint64_t>& ptrs) {
   return true;
 }
 
-// The outputs of one call of plan p (one tensor or a tuple), or None where the plan steps
-// aside for this call (a launch hook attached, an output that is not 16-byte aligned)
-PyObject* run_plan(PlanObject* p, unsigned long long stream, PyObject* inputs) {
-  if (PyList_GET_SIZE(p->enter) || PyList_GET_SIZE(p->exit_)) Py_RETURN_NONE;
-  if (!PyTuple_Check(inputs) || PyTuple_GET_SIZE(inputs) != p->n_in) {
-    PyErr_SetString(PyExc_TypeError, "plan: inputs must be a tuple of the plan's length");
-    return nullptr;
-  }
+// One call of plan p on `inputs` (n_in entries, nullptr for an absent optional tensor): its
+// outputs appended to `outs`. 1: served; 0: the plan steps aside for this call (a launch hook
+// attached, an output that is not 16-byte aligned); -1: a Python error is set.
+int run_plan_core(PlanObject* p, unsigned long long stream, const at::Tensor* const* inputs,
+                  std::vector<at::Tensor>& outs) {
+  if (PyList_GET_SIZE(p->enter) || PyList_GET_SIZE(p->exit_)) return 0;
   const size_t n_alloc = p->allocs->size();
   std::vector<uint64_t> ptrs(p->n_in + n_alloc, 0);
   std::vector<at::Tensor> made;
   made.reserve(n_alloc);
   try {
-    for (int i = 0; i < p->n_in; ++i) {
-      PyObject* o = PyTuple_GET_ITEM(inputs, i);
-      if (o == Py_None) continue;
-      if (!THPVariable_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "plan: input %d is not a tensor", i);
-        return nullptr;
-      }
-      ptrs[i] = reinterpret_cast<uint64_t>(THPVariable_Unpack(o).data_ptr());
-    }
+    for (int i = 0; i < p->n_in; ++i)
+      if (inputs[i]) ptrs[i] = reinterpret_cast<uint64_t>(inputs[i]->data_ptr());
     uint64_t misaligned = 0;
     for (size_t j = 0; j < n_alloc; ++j) {
       const Alloc& a = (*p->allocs)[j];
-      if (a.like >= 0) {
-        made.push_back(at::empty_like(THPVariable_Unpack(PyTuple_GET_ITEM(inputs, a.like))));
+      if (a.like >= 0 && inputs[a.like]) {
+        made.push_back(at::empty_like(*inputs[a.like]));
       } else {
         auto opts = at::TensorOptions().dtype(a.dtype);
         opts = a.device >= 0 ? opts.device(at::kCUDA, static_cast<c10::DeviceIndex>(a.device))
@@ -264,14 +268,39 @@ PyObject* run_plan(PlanObject* p, unsigned long long stream, PyObject* inputs) {
       ptrs[p->n_in + j] = ptr;
       misaligned |= ptr;
     }
-    if (misaligned & 15) Py_RETURN_NONE;
+    if (misaligned & 15) return 0;
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
-    return nullptr;
+    return -1;
   }
   for (Launch& L : *p->launches)
-    if (!launch_one(L, stream, ptrs)) return nullptr;
-  if (!count_call(p)) return nullptr;
+    if (!launch_one(L, stream, ptrs)) return -1;
+  if (!count_call(p)) return -1;
+  for (int j = 0; j < p->n_out; ++j) outs.push_back(std::move(made[j]));
+  return 1;
+}
+
+// The outputs of one call of plan p (one tensor or a tuple), or None where the plan steps
+// aside for this call
+PyObject* run_plan(PlanObject* p, unsigned long long stream, PyObject* inputs) {
+  if (!PyTuple_Check(inputs) || PyTuple_GET_SIZE(inputs) != p->n_in) {
+    PyErr_SetString(PyExc_TypeError, "plan: inputs must be a tuple of the plan's length");
+    return nullptr;
+  }
+  std::vector<const at::Tensor*> ins(p->n_in, nullptr);
+  for (int i = 0; i < p->n_in; ++i) {
+    PyObject* o = PyTuple_GET_ITEM(inputs, i);
+    if (o == Py_None) continue;
+    if (!THPVariable_Check(o)) {
+      PyErr_Format(PyExc_TypeError, "plan: input %d is not a tensor", i);
+      return nullptr;
+    }
+    ins[i] = &THPVariable_Unpack(o);
+  }
+  std::vector<at::Tensor> made;
+  int rc = run_plan_core(p, stream, ins.data(), made);
+  if (rc < 0) return nullptr;
+  if (rc == 0) Py_RETURN_NONE;
   if (p->n_out == 1) return THPVariable_Wrap(made[0]);
   PyObject* out = PyTuple_New(p->n_out);
   if (!out) return nullptr;
@@ -488,16 +517,7 @@ CurrentDeviceFn g_current_device = nullptr;
 CurrentStreamFn g_current_stream = nullptr;
 PyObject* g_device_stream = nullptr;  // Python fallback: () -> (device, stream)
 
-bool append_sig(std::string& s, PyObject* o) {
-  if (o == Py_None) {
-    s.push_back(static_cast<char>(0xff));
-    return true;
-  }
-  if (!THPVariable_Check(o)) {
-    PyErr_SetString(PyExc_TypeError, "plan key: an input is neither a tensor nor None");
-    return false;
-  }
-  const at::Tensor& t = THPVariable_Unpack(o);
+void append_tensor_sig(std::string& s, const at::Tensor& t) {
   const int64_t nd = t.dim();
   s.push_back(static_cast<char>(nd));
   s.append(reinterpret_cast<const char*>(t.sizes().data()), nd * sizeof(int64_t));
@@ -511,6 +531,18 @@ bool append_sig(std::string& s, PyObject* o) {
   } catch (const std::exception&) {
   }
   s.push_back(aligned);
+}
+
+bool append_sig(std::string& s, PyObject* o) {
+  if (o == Py_None) {
+    s.push_back(static_cast<char>(0xff));
+    return true;
+  }
+  if (!THPVariable_Check(o)) {
+    PyErr_SetString(PyExc_TypeError, "plan key: an input is neither a tensor nor None");
+    return false;
+  }
+  append_tensor_sig(s, THPVariable_Unpack(o));
   return true;
 }
 
@@ -641,6 +673,569 @@ PyObject* serve(PyObject*, PyObject* const* args, Py_ssize_t n) {
   return miss;
 }
 
+// ---- registered ops served below the dispatcher ---------------------------------------------
+// A registered op (torch.ops.tkit.<op>, what a torch.compile graph calls) reaches its Python
+// Autograd kernel through boxing into Python, then its implementation and the plan lookup: 2-3x
+// the eager call's host time. FastOp kernels registered at the op's AutogradCUDA and CUDA keys
+// serve a call of plain tensors that needs no gradient from the op's plan without entering
+// Python (the GIL taken for the dict lookup only); anything else goes where the Python kernels
+// sent it.
+//
+// An op's key: the current device (8 bytes), then each argument in schema order: a tensor 'T'
+// and its signature (as append_sig), None 0xff, a bool 'b' and a byte, an int (a dtype: its
+// ScalarType code) 'i' and 8 bytes, a float 'f' and the double's 8 bytes, a str 's', a 4-byte
+// length and its UTF-8 bytes. op_serve builds the same key from the Python arguments.
+// The gates, read per call (under the GIL) from the modules that own them: _plan.ON (plans on)
+// and _register._held (config override scopes active in any thread)
+PyObject* g_plan_globals = nullptr;
+PyObject* g_register_globals = nullptr;
+PyObject* g_on_key = nullptr;
+PyObject* g_held_key = nullptr;
+PyObject* g_op_stats = nullptr;  // tkit's launch counters: "op_fast" a call served here
+PyObject* g_op_fast_key = nullptr;
+
+// 1: the C++ kernels may serve; 0: not; -1: a Python error
+int ops_on() {
+  if (!g_plan_globals || !g_register_globals) return 0;
+  PyObject* on = PyDict_GetItemWithError(g_plan_globals, g_on_key);  // borrowed
+  if (!on) return PyErr_Occurred() ? -1 : 0;
+  if (on != Py_True) return 0;
+  PyObject* held = PyDict_GetItemWithError(g_register_globals, g_held_key);
+  if (!held) return PyErr_Occurred() ? -1 : 0;
+  const long n = PyLong_AsLong(held);
+  if (n == -1 && PyErr_Occurred()) return -1;
+  return n == 0;
+}
+
+struct Gil {
+  PyGILState_STATE s;
+  Gil() : s(PyGILState_Ensure()) {}
+  ~Gil() { PyGILState_Release(s); }
+};
+
+void key_head(std::string& s, long device) {
+  const int64_t d = device;
+  s.append(reinterpret_cast<const char*>(&d), sizeof d);
+}
+
+void key_i64(std::string& s, char tag, int64_t v) {
+  s.push_back(tag);
+  s.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+void key_str(std::string& s, const char* p, size_t n) {
+  s.push_back('s');
+  const uint32_t len = static_cast<uint32_t>(n);
+  s.append(reinterpret_cast<const char*>(&len), sizeof len);
+  s.append(p, n);
+}
+
+// false: a value the key cannot hold (the call is not served here)
+bool key_ivalue(std::string& s, const c10::IValue& v) {
+  if (v.isTensor()) {
+    s.push_back('T');
+    append_tensor_sig(s, v.toTensor());
+  } else if (v.isNone()) {
+    s.push_back(static_cast<char>(0xff));
+  } else if (v.isBool()) {
+    s.push_back('b');
+    s.push_back(v.toBool() ? 1 : 0);
+  } else if (v.isInt()) {
+    key_i64(s, 'i', v.toInt());
+  } else if (v.isDouble()) {
+    const double d = v.toDouble();
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    key_i64(s, 'f', bits);
+  } else if (v.isString()) {
+    const auto& str = v.toStringRef();
+    key_str(s, str.data(), str.size());
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// 1: appended; 0: a value the key cannot hold; -1: a Python error
+int key_pyobject(std::string& s, PyObject* o) {
+  if (o == Py_None) {
+    s.push_back(static_cast<char>(0xff));
+  } else if (THPVariable_Check(o)) {
+    s.push_back('T');
+    append_tensor_sig(s, THPVariable_Unpack(o));
+  } else if (PyBool_Check(o)) {
+    s.push_back('b');
+    s.push_back(o == Py_True ? 1 : 0);
+  } else if (PyLong_CheckExact(o)) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow) return 0;
+    if (v == -1 && PyErr_Occurred()) return -1;
+    key_i64(s, 'i', v);
+  } else if (PyFloat_CheckExact(o)) {
+    const double d = PyFloat_AS_DOUBLE(o);
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    key_i64(s, 'f', bits);
+  } else if (PyUnicode_CheckExact(o)) {
+    Py_ssize_t n;
+    const char* p = PyUnicode_AsUTF8AndSize(o, &n);
+    if (!p) return -1;
+    key_str(s, p, static_cast<size_t>(n));
+  } else if (THPDtype_Check(o)) {
+    key_i64(s, 'i', static_cast<int64_t>(reinterpret_cast<THPDtype*>(o)->scalar_type));
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+bool count_op_fast() {
+  if (!g_op_stats) return true;
+  PyObject* v = PyDict_GetItemWithError(g_op_stats, g_op_fast_key);  // borrowed
+  long n = 0;
+  if (v) {
+    n = PyLong_AsLong(v);
+    if (n == -1 && PyErr_Occurred()) return false;
+  } else if (PyErr_Occurred()) {
+    return false;
+  }
+  PyObject* nv = PyLong_FromLong(n + 1);
+  if (!nv) return false;
+  int rc = PyDict_SetItem(g_op_stats, g_op_fast_key, nv);
+  Py_DECREF(nv);
+  return rc == 0;
+}
+
+// The outputs of a Python plan's result (None: it stepped aside) into `outs`; 1 / 0 / -1
+int take_outputs(PyObject* r, size_t n_returns, std::vector<at::Tensor>& outs) {
+  if (r == Py_None) return 0;
+  if (THPVariable_Check(r)) {
+    outs.push_back(THPVariable_Unpack(r));
+  } else if (PyTuple_Check(r)) {
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(r); ++j) {
+      PyObject* t = PyTuple_GET_ITEM(r, j);
+      if (!THPVariable_Check(t)) {
+        PyErr_SetString(PyExc_TypeError, "tkit op: an output is not a tensor");
+        return -1;
+      }
+      outs.push_back(THPVariable_Unpack(t));
+    }
+  } else {
+    PyErr_SetString(PyExc_TypeError, "tkit op: outputs must be a tensor or a tuple of tensors");
+    return -1;
+  }
+  if (outs.size() != n_returns) {
+    PyErr_Format(PyExc_RuntimeError, "tkit op: %zu outputs where the schema has %zu",
+                 outs.size(), n_returns);
+    return -1;
+  }
+  return 1;
+}
+
+// One plan's call on the given inputs (a C++ plan, or a Python plan's go(stream, inputs)):
+// 1 served (outputs in `outs`), 0 not served (no plan, a plan that steps aside), -1 error
+int run_any_plan(PyObject* plan, unsigned long long stream,
+                 const std::vector<const at::Tensor*>& ins, size_t n_returns,
+                 std::vector<at::Tensor>& outs) {
+  if (Py_TYPE(plan) == &PlanType) {
+    auto* p = reinterpret_cast<PlanObject*>(plan);
+    if (p->n_in != static_cast<int>(ins.size()) || p->n_out != static_cast<int>(n_returns))
+      return 0;
+    return run_plan_core(p, stream, ins.data(), outs);
+  }
+  if (plan == Py_False || plan == Py_None || !PyCallable_Check(plan)) return 0;
+  PyObject* tup = PyTuple_New(static_cast<Py_ssize_t>(ins.size()));
+  if (!tup) return -1;
+  for (size_t i = 0; i < ins.size(); ++i) {
+    PyObject* t = ins[i] ? THPVariable_Wrap(*ins[i]) : (Py_INCREF(Py_None), Py_None);
+    if (!t) {
+      Py_DECREF(tup);
+      return -1;
+    }
+    PyTuple_SET_ITEM(tup, static_cast<Py_ssize_t>(i), t);
+  }
+  PyObject* st = PyLong_FromUnsignedLongLong(stream);
+  PyObject* r = st ? PyObject_CallFunctionObjArgs(plan, st, tup, nullptr) : nullptr;
+  Py_XDECREF(st);
+  Py_DECREF(tup);
+  if (!r) return -1;
+  int rc = take_outputs(r, n_returns, outs);
+  Py_DECREF(r);
+  return rc;
+}
+
+enum ArgKind : char { kTensor, kDtype, kOther };
+
+// At an op's AutogradCUDA key: serves plain tensors that need no gradient, and otherwise goes
+// where the op's Python autograd kernel went (py_fn: its autograd.Function, or below
+// autograd). At its CUDA key (reached below autograd: under torch.inference_mode, from the
+// autograd kernel's miss, from the autograd.Function's forward): serves the call or runs the
+// Python implementation (py_fn), as the CompositeExplicitAutograd kernel did.
+struct FastOp final : c10::OperatorKernel {
+  PyObject* cache;   // the op's plans (a dict; held for the life of the process)
+  PyObject* py_fn;   // callable(*args): the autograd path, or the implementation (at_backend)
+  bool at_backend;   // registered at the backend key (else at its autograd key)
+  std::vector<ArgKind> kinds;  // per schema argument
+  std::vector<size_t> tensors;  // schema positions of the tensor arguments
+  size_t n_returns;
+  c10::DispatchKeySet backend;  // the one backend served (CUDA; CPU for tests)
+
+  bool needs_grad(c10::ArrayRef<c10::IValue> args) const {
+    if (!c10::GradMode::is_enabled()) return false;
+    for (size_t i : tensors)
+      if (args[i].isTensor() && args[i].toTensor().requires_grad()) return true;
+    return false;
+  }
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+                  torch::jit::Stack* stack) {
+    const size_t n = kinds.size();
+    auto args = torch::jit::last(*stack, n);
+    if (at_backend) {
+      // every key above the backend's was handled on the way here: the tensors are plain
+      // (serve_op would still run the implementation for a tensor that needs a gradient)
+      if (!needs_grad(args) && serve(args, stack)) return;
+      call_python(stack);
+      return;
+    }
+    if (needs_grad(args)) {
+      call_python(stack);
+      return;
+    }
+    const c10::DispatchKeySet below = ks & c10::after_autograd_keyset;
+    // plain tensors of the one backend: no Python key (subclasses, dispatch modes), no
+    // functionalization, conjugate or other wrapper keys between autograd and the backend
+    const c10::DispatchKeySet rest = below.remove(c10::DispatchKey::ADInplaceOrView)
+                                         .remove(c10::DispatchKey::BackendSelect);
+    if (rest == backend) {
+      if (serve(args, stack)) return;
+      at::AutoDispatchBelowAutograd guard;
+      op.redispatchBoxed(below, stack);
+      return;
+    }
+    op.redispatchBoxed(below, stack);
+  }
+
+  bool serve(c10::ArrayRef<c10::IValue> args, torch::jit::Stack* stack) {
+    std::vector<at::Tensor> outs;
+    {
+      Gil gil;
+      int rc = lookup_and_run(args, outs);
+      if (rc < 0) throw pybind11::error_already_set();
+      if (rc == 0) return false;
+    }
+    torch::jit::drop(*stack, kinds.size());
+    for (auto& t : outs) stack->emplace_back(std::move(t));
+    return true;
+  }
+
+  int lookup_and_run(c10::ArrayRef<c10::IValue> args, std::vector<at::Tensor>& outs) {
+    const int on = ops_on();
+    if (on <= 0) return on;
+    long dev;
+    unsigned long long stream;
+    if (!device_stream(&dev, &stream)) return -1;
+    std::string s;
+    s.reserve(160);
+    key_head(s, dev);
+    for (const auto& v : args)
+      if (!key_ivalue(s, v)) return 0;
+    PyObject* key = PyBytes_FromStringAndSize(s.data(), static_cast<Py_ssize_t>(s.size()));
+    if (!key) return -1;
+    PyObject* plan = PyDict_GetItemWithError(cache, key);  // borrowed
+    Py_DECREF(key);
+    if (!plan) return PyErr_Occurred() ? -1 : 0;
+    std::vector<const at::Tensor*> ins;
+    ins.reserve(tensors.size());
+    for (size_t i : tensors) ins.push_back(args[i].isTensor() ? &args[i].toTensor() : nullptr);
+    Py_INCREF(plan);  // a Python plan may run code that clears the cache
+    int rc = run_any_plan(plan, stream, ins, n_returns, outs);
+    Py_DECREF(plan);
+    if (rc == 1 && !count_op_fast()) return -1;
+    return rc;
+  }
+
+  void call_python(torch::jit::Stack* stack) {
+    const size_t n = kinds.size();
+    auto args = torch::jit::last(*stack, n);
+    std::vector<at::Tensor> outs;
+    {
+      Gil gil;
+      PyObject* tup = PyTuple_New(static_cast<Py_ssize_t>(n));
+      if (!tup) throw pybind11::error_already_set();
+      for (size_t i = 0; i < n; ++i) {
+        PyObject* o = to_python(args[i], kinds[i]);
+        if (!o) {
+          Py_DECREF(tup);
+          throw pybind11::error_already_set();
+        }
+        PyTuple_SET_ITEM(tup, static_cast<Py_ssize_t>(i), o);
+      }
+      PyObject* r = PyObject_Call(py_fn, tup, nullptr);
+      Py_DECREF(tup);
+      if (!r) throw pybind11::error_already_set();
+      int rc = take_outputs(r, n_returns, outs);
+      Py_DECREF(r);
+      if (rc < 0) throw pybind11::error_already_set();
+      if (rc == 0) {
+        PyErr_SetString(PyExc_RuntimeError, "tkit op: the Python kernel returned None");
+        throw pybind11::error_already_set();
+      }
+    }
+    torch::jit::drop(*stack, n);
+    for (auto& t : outs) stack->emplace_back(std::move(t));
+  }
+
+  static PyObject* to_python(const c10::IValue& v, ArgKind kind) {
+    if (v.isNone()) Py_RETURN_NONE;
+    if (v.isTensor()) return THPVariable_Wrap(v.toTensor());
+    if (v.isBool()) return PyBool_FromLong(v.toBool());
+    if (v.isInt()) {
+      if (kind == kDtype) {
+        PyObject* d = reinterpret_cast<PyObject*>(
+            torch::getTHPDtype(static_cast<at::ScalarType>(v.toInt())));
+        Py_XINCREF(d);
+        return d;
+      }
+      return PyLong_FromLongLong(v.toInt());
+    }
+    if (v.isDouble()) return PyFloat_FromDouble(v.toDouble());
+    if (v.isString()) {
+      const auto& str = v.toStringRef();
+      return PyUnicode_FromStringAndSize(str.data(), static_cast<Py_ssize_t>(str.size()));
+    }
+    try {  // symbolic sizes of a trace, and anything else: torch's own conversion
+      return torch::jit::toPyObject(v).release().ptr();
+    } catch (pybind11::error_already_set& e) {
+      e.restore();
+      return nullptr;
+    } catch (const std::exception& e) {
+      PyErr_SetString(PyExc_TypeError, e.what());
+      return nullptr;
+    }
+  }
+};
+
+// The argument kinds of a schema this kernel takes (tensors, optional tensors, bools, ints,
+// floats, strs, dtypes, optional scalars; tensor returns only), or an error naming the first
+// that it does not take
+bool schema_kinds(const c10::FunctionSchema& schema, std::vector<ArgKind>& kinds,
+                  std::vector<size_t>& tensors, std::string& why) {
+  for (const auto& ret : schema.returns()) {
+    if (ret.type()->kind() != c10::TypeKind::TensorType) {
+      why = "a return of type " + ret.type()->str();
+      return false;
+    }
+  }
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const auto& a = schema.arguments()[i];
+    if (a.alias_info() && a.alias_info()->isWrite()) {
+      why = "a mutated argument " + a.name();
+      return false;
+    }
+    c10::TypePtr t = a.real_type();
+    if (t->kind() == c10::TypeKind::OptionalType) t = t->containedTypes()[0];
+    switch (t->kind()) {
+      case c10::TypeKind::TensorType:
+        kinds.push_back(kTensor);
+        tensors.push_back(i);
+        break;
+      case c10::TypeKind::ScalarTypeType:
+        kinds.push_back(kDtype);
+        break;
+      case c10::TypeKind::BoolType:
+      case c10::TypeKind::IntType:
+      case c10::TypeKind::SymIntType:
+      case c10::TypeKind::FloatType:
+      case c10::TypeKind::SymFloatType:
+      case c10::TypeKind::SymBoolType:
+      case c10::TypeKind::StringType:
+        kinds.push_back(kOther);
+        break;
+      default:
+        why = "an argument " + a.name() + " of type " + a.real_type()->str();
+        return false;
+    }
+  }
+  return true;
+}
+
+std::vector<torch::Library*>* g_libs = nullptr;  // never freed: see unregister_op
+
+// register_op(qualname, dispatch_key, cache, py_fn) -> a handle for unregister_op. At
+// AutogradCUDA (AutogradCPU: tests) py_fn is the op's autograd path; at CUDA (CPU) its
+// implementation
+PyObject* register_op(PyObject*, PyObject* args) {
+  const char *qualname, *key_name;
+  PyObject *cache, *py_fn;
+  if (!PyArg_ParseTuple(args, "ssO!O", &qualname, &key_name, &PyDict_Type, &cache, &py_fn))
+    return nullptr;
+  if (!PyCallable_Check(py_fn)) {
+    PyErr_SetString(PyExc_TypeError, "register_op: py_fn must be callable");
+    return nullptr;
+  }
+  std::string q(qualname);
+  const auto sep = q.find("::");
+  if (sep == std::string::npos) {
+    PyErr_SetString(PyExc_ValueError, "register_op: qualname must be ns::name");
+    return nullptr;
+  }
+  try {
+    const c10::DispatchKey key = c10::parseDispatchKey(key_name);
+    c10::DispatchKeySet backend;
+    bool at_backend = key == c10::DispatchKey::CUDA || key == c10::DispatchKey::CPU;
+    if (key == c10::DispatchKey::AutogradCUDA || key == c10::DispatchKey::CUDA) {
+      backend = c10::DispatchKeySet(c10::DispatchKey::CUDA);
+    } else if (key == c10::DispatchKey::AutogradCPU || key == c10::DispatchKey::CPU) {
+      backend = c10::DispatchKeySet(c10::DispatchKey::CPU);
+    } else {
+      PyErr_SetString(PyExc_ValueError, "register_op: AutogradCUDA, CUDA, AutogradCPU or CPU");
+      return nullptr;
+    }
+    auto op = c10::Dispatcher::singleton().findSchema({q, ""});
+    if (!op) {
+      PyErr_Format(PyExc_ValueError, "register_op: no op %s", qualname);
+      return nullptr;
+    }
+    auto kernel = std::make_unique<FastOp>();
+    std::string why;
+    if (!schema_kinds(op->schema(), kernel->kinds, kernel->tensors, why)) {
+      PyErr_Format(PyExc_ValueError, "register_op: %s has %s", qualname, why.c_str());
+      return nullptr;
+    }
+    kernel->n_returns = op->schema().returns().size();
+    kernel->backend = backend;
+    kernel->at_backend = at_backend;
+    Py_INCREF(cache);
+    kernel->cache = cache;
+    Py_INCREF(py_fn);
+    kernel->py_fn = py_fn;
+    auto* lib = new torch::Library(torch::Library::IMPL, q.substr(0, sep), key, __FILE__,
+                                   __LINE__);
+    lib->impl(q.substr(sep + 2).c_str(),
+              torch::CppFunction::makeFromBoxedFunctor(std::move(kernel)));
+    if (!g_libs) g_libs = new std::vector<torch::Library*>();
+    g_libs->push_back(lib);
+    return PyLong_FromSize_t(g_libs->size() - 1);
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+// unregister_op(handle): removes the kernel (the references it held to the cache and the
+// autograd callable are kept: the dispatcher may still be running it in another thread)
+PyObject* unregister_op(PyObject*, PyObject* arg) {
+  const size_t h = PyLong_AsSize_t(arg);
+  if (PyErr_Occurred()) return nullptr;
+  if (!g_libs || h >= g_libs->size() || !(*g_libs)[h]) {
+    PyErr_SetString(PyExc_ValueError, "unregister_op: no such handle");
+    return nullptr;
+  }
+  delete (*g_libs)[h];
+  (*g_libs)[h] = nullptr;
+  Py_RETURN_NONE;
+}
+
+// set_op_gates(plan_globals, register_globals): where ops_on() reads ON and _held
+PyObject* set_op_gates(PyObject*, PyObject* args) {
+  PyObject *plan_globals, *register_globals;
+  if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &plan_globals, &PyDict_Type,
+                        &register_globals))
+    return nullptr;
+  if (!g_on_key) g_on_key = PyUnicode_InternFromString("ON");
+  if (!g_held_key) g_held_key = PyUnicode_InternFromString("_held");
+  if (!g_on_key || !g_held_key) return nullptr;
+  Py_INCREF(plan_globals);
+  Py_INCREF(register_globals);
+  Py_XDECREF(g_plan_globals);
+  Py_XDECREF(g_register_globals);
+  g_plan_globals = plan_globals;
+  g_register_globals = register_globals;
+  Py_RETURN_NONE;
+}
+
+PyObject* set_op_stats(PyObject*, PyObject* arg) {
+  if (!PyDict_Check(arg)) {
+    PyErr_SetString(PyExc_TypeError, "set_op_stats(dict)");
+    return nullptr;
+  }
+  if (!g_op_fast_key) g_op_fast_key = PyUnicode_InternFromString("op_fast");
+  Py_XDECREF(g_op_stats);
+  Py_INCREF(arg);
+  g_op_stats = arg;
+  Py_RETURN_NONE;
+}
+
+// op_serve(cache, args, inputs) -> the outputs where the call's plan serves it; otherwise
+// [key, stream] for the Python path (key None: arguments the key cannot hold). The key is the
+// one FastOp builds from the same arguments (schema order); inputs: the tensor arguments
+PyObject* op_serve(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  if (n != 3 || !PyDict_Check(args[0]) || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "op_serve(cache: dict, args: tuple, inputs: tuple)");
+    return nullptr;
+  }
+  long dev;
+  unsigned long long stream;
+  if (!device_stream(&dev, &stream)) return nullptr;
+  std::string s;
+  s.reserve(160);
+  key_head(s, dev);
+  PyObject* key = nullptr;
+  bool ok = true;
+  for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(args[1]); ++i) {
+    int rc = key_pyobject(s, PyTuple_GET_ITEM(args[1], i));
+    if (rc < 0) return nullptr;
+    ok = rc == 1;
+  }
+  if (ok) {
+    key = PyBytes_FromStringAndSize(s.data(), static_cast<Py_ssize_t>(s.size()));
+    if (!key) return nullptr;
+    PyObject* plan = PyDict_GetItemWithError(args[0], key);  // borrowed
+    if (!plan && PyErr_Occurred()) {
+      Py_DECREF(key);
+      return nullptr;
+    }
+    if (plan && plan != Py_False) {
+      PyObject* out = nullptr;
+      Py_INCREF(plan);
+      if (Py_TYPE(plan) == &PlanType) {
+        out = run_plan(reinterpret_cast<PlanObject*>(plan), stream, args[2]);
+      } else {
+        PyObject* st = PyLong_FromUnsignedLongLong(stream);
+        if (st) {
+          out = PyObject_CallFunctionObjArgs(plan, st, args[2], nullptr);
+          Py_DECREF(st);
+        }
+      }
+      Py_DECREF(plan);
+      if (!out) {
+        Py_DECREF(key);
+        return nullptr;
+      }
+      if (out != Py_None) {
+        Py_DECREF(key);
+        return out;
+      }
+      Py_DECREF(out);
+    }
+  } else {
+    Py_INCREF(Py_None);
+    key = Py_None;
+  }
+  PyObject* st = PyLong_FromUnsignedLongLong(stream);
+  PyObject* miss = st ? PyList_New(2) : nullptr;
+  if (!miss) {
+    Py_XDECREF(st);
+    Py_DECREF(key);
+    return nullptr;
+  }
+  PyList_SET_ITEM(miss, 0, key);
+  PyList_SET_ITEM(miss, 1, st);
+  return miss;
+}
+
 // init_cuda(c10_cuda_path, torch_cuda_path) -> whether the native device and stream getters
 // were found (libraries already loaded by torch)
 PyObject* init_cuda(PyObject*, PyObject* args) {
@@ -690,6 +1285,13 @@ PyObject* set_recorder(PyObject*, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
+PyObject* set_discard(PyObject*, PyObject* arg) {
+  const int on = PyObject_IsTrue(arg);
+  if (on < 0) return nullptr;
+  g_discard = on;
+  Py_RETURN_NONE;
+}
+
 PyObject* scalar_type_code(PyObject*, PyObject* arg) {
   // the c10::ScalarType code of a torch.dtype, for Plan's allocations
   if (!THPDtype_Check(arg)) {
@@ -702,11 +1304,18 @@ PyObject* scalar_type_code(PyObject*, PyObject* arg) {
 PyMethodDef methods[] = {
     {"Plan", make_plan, METH_VARARGS, "Plan(launches, allocs, n_in, n_out, enter, exit, stats)"},
     {"set_recorder", set_recorder, METH_O, "tests: record launches instead of making them"},
+    {"set_discard", set_discard, METH_O, "benchmarks without a GPU: drop the launches"},
     {"scalar_type_code", scalar_type_code, METH_O, "c10::ScalarType code of a torch.dtype"},
     {"make_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(make_key)), METH_FASTCALL,
      "make_key(prefix, device, inputs)"},
     {"serve", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(serve)), METH_FASTCALL,
      "serve(cache, prefix, inputs)"},
+    {"op_serve", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(op_serve)), METH_FASTCALL,
+     "op_serve(cache, args, inputs)"},
+    {"register_op", register_op, METH_VARARGS, "register_op(qualname, key, cache, py_fn)"},
+    {"unregister_op", unregister_op, METH_O, "unregister_op(handle)"},
+    {"set_op_gates", set_op_gates, METH_VARARGS, "set_op_gates(plan_globals, register_globals)"},
+    {"set_op_stats", set_op_stats, METH_O, "the launch counters (op_fast)"},
     {"init_cuda", init_cuda, METH_VARARGS, "init_cuda(c10_cuda_path, torch_cuda_path)"},
     {"set_device_stream", set_device_stream, METH_O, "the Python (device, stream) source"},
     {"native_device_stream", native_device_stream, METH_NOARGS, "(device, stream) or None"},

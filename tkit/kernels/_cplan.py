@@ -24,6 +24,12 @@ executor encodes the map with the call's base pointer (reusing its last encoding
 pointer is the same) and passes the shape and strides as recorded (the signature's).
 Descriptors through Triton's launcher cost 3-4 host microseconds each on the H200 (the
 Gluon GEMM takes 3-7 a call), and the Python plan that rebuilt them ~20 us a GEMM.
+
+The extension also holds the registered ops' kernels for the dispatcher (``FastOp``, registered
+by :func:`tkit.kernels._plan.register_ops` at each plan op's AutogradCUDA and CUDA keys): a
+call of plain tensors needing no gradient is keyed from the dispatcher's arguments and served
+by the op's plan (the GIL taken for the lookup); every other call goes where the op's Python
+kernels would send it (the autograd path, or the Python implementation, which records plans).
 """
 
 from __future__ import annotations

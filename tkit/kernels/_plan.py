@@ -39,10 +39,14 @@ and later calls skip the recording), for this call only for the second (for good
 Every family serves its calls through :func:`serve_fast` (the key, the lookup, the hit, the
 recorded first miss, the fallback) with its options as the key's prefix and its tensors as the
 plan's inputs; the registered ops' implementations (what a torch.compile graph and the autograd
-path call) through :func:`serve_op`, under prefixes of their own (a leading "op"). Where the C++
-executor (:mod:`tkit.kernels._cplan`) loads, the key is built, looked up and a plan run in one
-call into it, and plans are executor objects (``at::empty`` and ``cuLaunchKernel``); elsewhere
-keys are Python tuples and plans the generated functions below.
+path call) through :func:`serve_op`, from plans of each op keyed by its arguments in schema
+order. Where the C++ executor (:mod:`tkit.kernels._cplan`) loads, the key is built, looked up
+and a plan run in one call into it, and plans are executor objects (``at::empty`` and
+``cuLaunchKernel``); elsewhere keys are Python tuples and plans the generated functions below.
+On a GPU the executor's kernel for the registered ops (:func:`register_ops`) serves their
+planned calls below the dispatcher, without entering Python: a registered call otherwise paid
+the boxing into the Python autograd kernel and the implementation's Python (2-3x an eager
+call's host time, the whole of a compiled layer's excess over eager).
 
 Plans are off (:data:`ON` false) whenever the ordinary path must run each call: under the
 interpreter, TKIT_NO_FAST_LAUNCH / TKIT_NO_DIRECT, ``_launch.set_enabled(False)``, while any
@@ -61,6 +65,7 @@ import torch
 
 from tkit import _env
 from tkit.kernels import _cplan, _launch
+from tkit.kernels import _register as R
 
 #: the one switch the public functions read per call (see :func:`refresh`)
 ON = False
@@ -92,7 +97,7 @@ _off_reasons = {"capture": 0, "poison": 0}
 _caches: list[dict] = []
 _codegen_cache: dict = {}
 stats = _launch.stats
-stats.update(plan=0, plan_miss=0, plan_built=0, plan_refused=0)
+stats.update(plan=0, plan_miss=0, plan_built=0, plan_refused=0, op_fast=0)
 
 
 def refresh() -> None:
@@ -127,6 +132,8 @@ def clear() -> None:
     """Forget every plan (compiled kernels, configs or tables changed)."""
     for c in _caches:
         c.clear()
+    for op in R.PLAN_OPS:
+        op.plans.clear()
     _transient.clear()
 
 
@@ -239,15 +246,22 @@ def _resolve_fast():
     """The key function and lookup for this process, chosen once: the C++ executor's where it
     loads (keys built from the tensors in C++, the current device and stream read from c10),
     else Python's. Keys of the two forms never meet: a process uses one."""
-    global _fast, _make_key
+    global _fast, _make_key, _fast_op
     with _lock:
         if _fast is not None:
             return
         fns = _cplan.fast_functions(lambda: _launch._device_stream())
         if fns is None:
-            _make_key, _fast = _py_key, _py_fast
+            _make_key, _fast, _fast_op = _py_key, _py_fast, _py_fast_op
         else:
             _fast, _make_key = fns
+            mod = _cplan.module()
+            _fast_op = mod.op_serve
+            mod.set_op_stats(stats)
+            # the C++ kernels read ON here and the override count there at each call
+            mod.set_op_gates(globals(), vars(R))
+    if fns is not None and torch.cuda.is_available():
+        register_ops("cuda")
 
 
 def serve_fast(cache: dict, prefix: tuple, inputs: tuple, slow, args: tuple, check=None):
@@ -268,22 +282,26 @@ def serve_fast(cache: dict, prefix: tuple, inputs: tuple, slow, args: tuple, che
     return serve(cache, key, stream, slow, inputs, args, check)
 
 
-def serve_op(cache: dict, what: tuple, slow, tensors: tuple, *args):
+def serve_op(op, slow, args: tuple):
     """A registered op's implementation (``torch.ops.tkit.*``: what a torch.compile graph and
-    the autograd path call) served as :func:`serve` serves an eager call, under the key
-    ``("op", *what, device, each tensor's signature)``.
+    the autograd path call) served as :func:`serve` serves an eager call, from the plans of
+    ``op`` (an :class:`tkit.kernels._register.Op` made with ``plans=True``) under the key
+    (current device, ``args``: the op's arguments in schema order, each tensor by its
+    signature), which the op's C++ kernel (``_cplan.cpp``, ``FastOp``) builds alike from the
+    dispatcher's arguments. ``slow(*args)`` is the implementation; the plan's inputs are the
+    tensor arguments in schema order (None for an absent optional one).
 
     Its arguments were checked before the dispatcher (by the public function, eager or
     traced), and the ordinary path of a miss launches only what that validated signature
     launches, so a plan serves it: a compiled graph of tkit ops otherwise paid the launch
     layer's full Python a call (2.5x the eager time of a Llama layer at 512 tokens on the
-    H200). Keyed, looked up and launched as :func:`serve_fast` does, under the prefix
-    ``("op", *what)``. ``slow(*args)`` is the implementation; ``what`` holds its options;
-    ``tensors`` may hold None (an optional input, its absence part of the key). The
-    ordinary path runs when plans are off, for anything but plain tensors (fake and functional
-    tensors of a trace; ``nn.Parameter`` passes) and where autograd would record the call."""
+    H200). The ordinary path runs when plans are off, for anything but plain tensors (fake
+    and functional tensors of a trace; ``nn.Parameter`` passes) and where autograd would
+    record the call. The implementation must call this only where nothing but ``args`` (and
+    state that clears the plans or holds the C++ kernel off) decides what it launches."""
     if not ON:
         return slow(*args)
+    tensors = tuple(args[i] for i in op.tensor_args)
     for t in tensors:
         if type(t) is not _T and type(t) is not _Param and t is not None:
             return slow(*args)
@@ -291,11 +309,76 @@ def serve_op(cache: dict, what: tuple, slow, tensors: tuple, *args):
         return slow(*args)
     if _fast is None:
         _resolve_fast()
-    r = _fast(cache, ("op", *what), tensors)
+    cache = op.plans
+    r = _fast_op(cache, args, tensors)
     if type(r) is not list:
         return r
     key, stream = r
+    if key is None:  # an argument the key cannot hold: never planned
+        return slow(*args)
     return serve(cache, key, stream, slow, tensors, args)
+
+
+def _py_op_key(dev, args):
+    return (dev, tuple(_py_sig(a) if isinstance(a, _T) else a for a in args))
+
+
+def _py_fast_op(cache, args, inputs):
+    dev, stream = _launch._device_stream()
+    return [_py_op_key(dev, args), stream]
+
+
+_fast_op = None
+#: (handles of the registered ops' C++ kernels, the hook for later ops) per device type
+_registered: dict = {}
+#: plan ops left to their Python kernel, and why
+unregistered: dict = {}
+
+
+def register_ops(device: str = "cuda") -> bool:
+    """Register the C++ kernels of every plan op (and of those defined later) for ``device``'s
+    tensors ("cuda"; tests and the host-cost harness also "cpu"): at its autograd key (which
+    serves calls that need no gradient, and hands the others to the op's autograd path or below
+    autograd) and at its backend key (below autograd, e.g. under torch.inference_mode: serves
+    the call or runs the Python implementation). Whether the executor is there to do it."""
+    if _fast is None:
+        _resolve_fast()
+    mod = _cplan.module() if _fast_op is not _py_fast_op else None
+    if mod is None:
+        return False
+    backend = {"cuda": "CUDA", "cpu": "CPU"}[device]
+    with _lock:
+        if device in _registered:
+            return True
+        handles = []
+
+        def reg(op):
+            try:
+                handles.append(mod.register_op(op._qualname, "Autograd" + backend, op.plans,
+                                               op.grad_apply))
+                handles.append(mod.register_op(op._qualname, backend, op.plans, op.impl))
+            except (ValueError, RuntimeError) as e:
+                # an op whose schema the kernel does not take: its Python kernels serve
+                unregistered[op._qualname] = str(e)
+
+        for op in R.PLAN_OPS:
+            reg(op)
+        R.on_plan_op.append(reg)
+        _registered[device] = (handles, reg)
+    return True
+
+
+def unregister_ops(device: str) -> None:
+    """Remove the C++ kernels registered for ``device`` (tests, benchmarks)."""
+    with _lock:
+        entry = _registered.pop(device, None)
+    if entry is None:
+        return
+    handles, reg = entry
+    R.on_plan_op.remove(reg)
+    mod = _cplan.module()
+    for h in handles:
+        mod.unregister_op(h)
 
 
 def build(rec: list, inputs: tuple, outputs: tuple):

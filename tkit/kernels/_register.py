@@ -21,10 +21,20 @@ for the functional ops, registers them the low-level way:
 
 Ops that mutate an argument keep ``torch.library.custom_op``: it also registers the
 ADInplaceOrView kernel that bumps the mutated tensors' version counters.
+
+An op made with ``plans=True`` serves repeated signatures from eager plans
+(:func:`tkit.kernels._plan.serve_op`, keyed by its arguments in schema order); where the C++
+executor loads, C++ kernels at its ``AutogradCUDA`` and ``CUDA`` keys serve those calls without
+entering Python and defer to the Python kernels otherwise (``tkit/kernels/_cplan.cpp``,
+``FastOp``).
+The implementations read per-thread config overrides that the C++ kernel cannot see, so every
+override scope holds it off (:func:`fast_ops_held`) while it is active in any thread.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
@@ -55,6 +65,29 @@ def _plain(args) -> bool:
     return True
 
 
+#: the ops that serve eager plans (``plans=True``), in definition order
+PLAN_OPS: list = []
+#: called with each plan op defined after :mod:`tkit.kernels._plan` registered the C++ kernels
+on_plan_op: list = []
+#: active :func:`fast_ops_held` scopes (read by the C++ kernels at each call)
+_held = 0
+_held_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def fast_ops_held():
+    """The registered ops' C++ path off in every thread while this is active: config overrides
+    are per thread and read by the Python implementations only."""
+    global _held
+    with _held_lock:
+        _held += 1
+    try:
+        yield
+    finally:
+        with _held_lock:
+            _held -= 1
+
+
 def _lib(ns: str) -> torch.library.Library:
     lib = _LIBS.get(ns)
     if lib is None:
@@ -66,7 +99,7 @@ class Op:
     """A functional op registered with the low-level torch.library API. Calling it runs
     ``torch.ops.<ns>.<name>.default`` (below autograd when no input needs a gradient)."""
 
-    def __init__(self, qualname: str, fn: Callable):
+    def __init__(self, qualname: str, fn: Callable, plans: bool = False):
         ns, name = qualname.split("::")
         self._qualname = qualname
         self._lib = _lib(ns)
@@ -76,6 +109,13 @@ class Op:
         self.overload = overload = getattr(getattr(torch.ops, ns), name).default
         self.__name__ = fn.__name__
         self.__doc__ = fn.__doc__
+        #: schema positions of the tensor arguments (the plans' inputs, in this order)
+        self.tensor_args = tuple(i for i, a in enumerate(overload._schema.arguments)
+                                 if str(a.type) in ("Tensor", "Optional[Tensor]"))
+        #: the eager plans of this op's calls (``plans=True``), keyed as _plan.serve_op keys
+        self.plans: dict | None = {} if plans else None
+        #: the implementation (the op's CompositeExplicitAutograd kernel)
+        self.impl = fn
 
         def no_formula(ctx, *grads):
             raise RuntimeError(f"Trying to backward through {qualname}, which has no "
@@ -95,6 +135,14 @@ class Op:
             return overload.redispatch(keyset & after, *args)
 
         self._lib.impl(name, autograd_kernel, "Autograd", with_keyset=True)
+        if plans:
+            PLAN_OPS.append(self)
+            for f in on_plan_op:
+                f(self)
+
+    def grad_apply(self, *args):
+        """The autograd path of a call (what the C++ kernel calls when a gradient is needed)."""
+        return self._function.apply(*args)
 
     def _make_function(self, setup_context: Callable, backward: Callable):
         overload = self.overload
@@ -128,13 +176,17 @@ class Op:
             return self.overload(*args)
 
 
-def custom_op(qualname: str, *, mutates_args: Sequence[str] | str = ()) -> Callable:
+def custom_op(qualname: str, *, mutates_args: Sequence[str] | str = (),
+              plans: bool = False) -> Callable:
     """Decorator: register ``fn`` as ``qualname`` (``"tkit::name"``). Functional ops become an
-    :class:`Op`; ops that mutate arguments a ``torch.library.custom_op``."""
+    :class:`Op` (``plans``: it serves eager plans through ``_plan.serve_op``); ops that mutate
+    arguments a ``torch.library.custom_op``."""
     if mutates_args:
+        if plans:
+            raise ValueError("plans=True is for functional ops")
         return torch.library.custom_op(qualname, mutates_args=mutates_args)
 
     def wrap(fn: Callable) -> Op:
-        return Op(qualname, fn)
+        return Op(qualname, fn, plans)
 
     return wrap

@@ -337,7 +337,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, causal, sca
 # --------------------------------------------------------------------------------------------
 # torch.library registration (custom op + fake + autograd)
 # --------------------------------------------------------------------------------------------
-@R.custom_op("tkit::flash_attn_fwd", mutates_args=())
+@R.custom_op("tkit::flash_attn_fwd", mutates_args=(), plans=True)
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],  # noqa: UP045
             max_seqlen_q: int, max_seqlen_k: int, causal: bool, softmax_scale: float,
@@ -345,17 +345,13 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             ) -> tuple[torch.Tensor, torch.Tensor]:
     if cu_seqlens_q is None and cu_seqlens_k is None and not AC.overridden():
         # served by an eager plan on a repeated signature, as the eager call is
-        return P.serve_op(_op_plans, ("flash_attn_fwd", max_seqlen_q, max_seqlen_k, causal,
-                                      softmax_scale, window_left, window_right, softcap),
-                          _fwd_impl, (q, k, v), q, k, v, None, None, max_seqlen_q,
-                          max_seqlen_k, causal, softmax_scale, window_left, window_right,
-                          softcap)
+        return P.serve_op(_fwd_op, _fwd_impl, (q, k, v, None, None, max_seqlen_q, max_seqlen_k,
+                                               causal, softmax_scale, window_left, window_right,
+                                               softcap))
     return _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                      softmax_scale, window_left, window_right, softcap)
 
 
-#: the registered forward's plans (keys of ``P.serve_op``)
-_op_plans = P.new_cache()
 
 
 @_fwd_op.register_fake

@@ -182,10 +182,10 @@ def _cast_impl(x, dtype, scale):
 # --------------------------------------------------------------------------------------------
 # torch.library registration (custom op + fake + autograd)
 # --------------------------------------------------------------------------------------------
-@R.custom_op("tkit::binary", mutates_args=())
+@R.custom_op("tkit::binary", mutates_args=(), plans=True)
 def _binary_op(a: torch.Tensor, b: torch.Tensor, op: str,
                out_dtype: Optional[torch.dtype]) -> torch.Tensor:  # noqa: UP045 (schema parser)
-    return P.serve_op(_plans, ("binary", op, out_dtype), _binary_impl, (a, b), a, b, op, out_dtype)
+    return P.serve_op(_binary_op, _binary_impl, (a, b, op, out_dtype))
 
 
 @_binary_op.register_fake
@@ -227,9 +227,9 @@ def _binary_backward(ctx, grad):
 _binary_op.register_autograd(_binary_backward, setup_context=_binary_setup)
 
 
-@R.custom_op("tkit::unary", mutates_args=())
+@R.custom_op("tkit::unary", mutates_args=(), plans=True)
 def _unary_op(x: torch.Tensor, act: str) -> torch.Tensor:
-    return P.serve_op(_plans, ("unary", act), _unary_impl, (x,), x, act)
+    return P.serve_op(_unary_op, _unary_impl, (x, act))
 
 
 @_unary_op.register_fake
@@ -270,9 +270,9 @@ def _unary_backward(ctx, grad):
 _unary_op.register_autograd(_unary_backward, setup_context=_unary_setup)
 
 
-@R.custom_op("tkit::act_mul", mutates_args=())
+@R.custom_op("tkit::act_mul", mutates_args=(), plans=True)
 def _act_mul_op(a: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
-    return P.serve_op(_plans, ("act_mul", act), _act_mul_impl, (a, b), a, b, act)
+    return P.serve_op(_act_mul_op, _act_mul_impl, (a, b, act))
 
 
 @_act_mul_op.register_fake
@@ -297,12 +297,9 @@ def _act_mul_backward(ctx, grad):
 _act_mul_op.register_autograd(_act_mul_backward, setup_context=_act_mul_setup)
 
 
-@R.custom_op("tkit::cast", mutates_args=())
+@R.custom_op("tkit::cast", mutates_args=(), plans=True)
 def _cast_op(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
-    if scale is None:
-        return P.serve_op(_plans, ("cast", dtype), _cast_impl, (x,), x, dtype, None)
-    return P.serve_op(_plans, ("cast_scaled", dtype), _cast_impl, (x, scale), x, dtype,
-                      scale)
+    return P.serve_op(_cast_op, _cast_impl, (x, dtype, scale))
 
 
 @_cast_op.register_fake
@@ -331,8 +328,7 @@ _cast_op.register_autograd(_cast_backward, setup_context=_cast_setup)
 # Eager plans (tkit.kernels._plan): a repeated eager call with the same signature allocates its
 # output and calls the launcher, nothing else. The key holds everything the ordinary path reads
 # from the arguments; the ordinary path validates, launches and records the plan on a miss.
-# The registered ops above serve from the same cache under keys of their own (``P.serve_op``:
-# a leading "op").
+# The registered ops above serve from plans of their own (``P.serve_op``).
 # --------------------------------------------------------------------------------------------
 _T = torch.Tensor
 _compiling = torch.compiler.is_compiling

@@ -361,7 +361,7 @@ def _out_shape(a, b):
     return (*batch, a.shape[-2], b.shape[-1])
 
 
-@R.custom_op("tkit::matmul", mutates_args=())
+@R.custom_op("tkit::matmul", mutates_args=(), plans=True)
 def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],  # noqa: UP045
                residual: Optional[torch.Tensor], scale_a: Optional[torch.Tensor],  # noqa: UP045
                scale_b: Optional[torch.Tensor], activation: str,  # noqa: UP045
@@ -370,16 +370,17 @@ def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],  
     if a.ndim == 2 and b.ndim == 2 and backend in ("auto", "triton") and not MC.overridden():
         # served by an eager plan on a repeated signature, as the eager 2-D call is; bias,
         # residual and scales are inputs of the plan (None or a tensor's signature in its key)
-        return P.serve_op(_op_plans, ("matmul", activation, out_dtype, allow_tf32, backend),
-                          _matmul_impl, (a, b, bias, residual, scale_a, scale_b), a, b, bias,
-                          residual, scale_a, scale_b, activation or None, out_dtype, allow_tf32,
-                          backend)
+        args = (a, b, bias, residual, scale_a, scale_b, activation, out_dtype, allow_tf32,
+                backend)
+        return P.serve_op(_matmul_op, _matmul_op_impl, args)
     return _matmul_impl(a, b, bias, residual, scale_a, scale_b, activation or None, out_dtype,
                         allow_tf32, backend)
 
 
-#: the registered matmul's plans (keys of ``P.serve_op``)
-_op_plans = P.new_cache()
+def _matmul_op_impl(a, b, bias, residual, scale_a, scale_b, activation, out_dtype, allow_tf32,
+                    backend):
+    return _matmul_impl(a, b, bias, residual, scale_a, scale_b, activation or None, out_dtype,
+                        allow_tf32, backend)
 
 
 @_matmul_op.register_fake
@@ -599,19 +600,15 @@ def _glu_shape(a, b):
     return (*a.shape[:-1], b.shape[1] // 2)
 
 
-@R.custom_op("tkit::matmul_glu", mutates_args=())
+@R.custom_op("tkit::matmul_glu", mutates_args=(), plans=True)
 def _glu_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],  # noqa: UP045
             activation: str, out_dtype: Optional[torch.dtype],  # noqa: UP045
             allow_tf32: bool) -> torch.Tensor:
     if not MC.overridden():
         # served by an eager plan on a repeated signature (a compiled graph's calls)
-        return P.serve_op(_glu_op_plans, ("matmul_glu", activation, out_dtype, allow_tf32),
-                          _glu_impl, (a, b, bias), a, b, bias, activation, out_dtype,
-                          allow_tf32)
+        return P.serve_op(_glu_op, _glu_impl, (a, b, bias, activation, out_dtype, allow_tf32))
     return _glu_impl(a, b, bias, activation, out_dtype, allow_tf32)
 
-
-_glu_op_plans = P.new_cache()
 
 
 @_glu_op.register_fake

@@ -25,6 +25,7 @@ import torch
 from tkit import _env
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
+from tkit.kernels import _register as R
 
 # --------------------------------------------------------------------------------------------
 # Overrides: a scoped, validated context
@@ -90,7 +91,9 @@ def overrides(**keys):
     old = _STATE.current
     _STATE.current = {**old, **keys}
     try:
-        yield
+        # the registered ops' C++ kernels serve plans without reading overrides
+        with R.fast_ops_held() if keys else contextlib.nullcontext():
+            yield
     finally:
         _STATE.current = old
 

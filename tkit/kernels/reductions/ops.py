@@ -30,9 +30,6 @@ from tkit.kernels.reductions._softmax_kernels import (
 from tkit.kernels.reductions.config import NormBwdConfig, NormConfig, SoftmaxConfig
 from tkit.kernels.reductions.config import active as _overrides_active
 
-#: the registered forwards' plans (keys of ``P.serve_op``)
-_op_plans = P.new_cache()
-
 
 # --------------------------------------------------------------------------------------------
 # Norm launchers
@@ -138,13 +135,12 @@ def _stats_like(x, save_stats):
 # statistics reductions (LayerNorm: two of its three rounds of shuffles and barriers a row).
 # The forwards' implementations serve repeated signatures from eager plans (``P.serve_op``)
 # unless an experiment overrides the configs.
-@R.custom_op("tkit::rms_norm", mutates_args=())
+@R.custom_op("tkit::rms_norm", mutates_args=(), plans=True)
 def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float,
                  save_stats: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     if _overrides_active():
         return _rms_norm_fwd(x, weight, eps, save_stats)
-    return P.serve_op(_op_plans, ("rms_norm", eps, save_stats), _rms_norm_fwd, (x, weight), x,
-                      weight, eps, save_stats)
+    return P.serve_op(_rms_norm_op, _rms_norm_fwd, (x, weight, eps, save_stats))
 
 
 def _rms_norm_fwd(x, weight, eps, save_stats):
@@ -157,14 +153,14 @@ def _(x, weight, eps, save_stats=False):
     return _like(x), _stats_like(x, save_stats)
 
 
-@R.custom_op("tkit::rms_norm_residual", mutates_args=())
+@R.custom_op("tkit::rms_norm_residual", mutates_args=(), plans=True)
 def _rms_norm_residual_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                           eps: float, save_stats: bool = False
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if _overrides_active():
         return _rms_norm_residual_fwd(x, residual, weight, eps, save_stats)
-    return P.serve_op(_op_plans, ("rms_norm_residual", eps, save_stats), _rms_norm_residual_fwd,
-                      (x, residual, weight), x, residual, weight, eps, save_stats)
+    return P.serve_op(_rms_norm_residual_op, _rms_norm_residual_fwd,
+                      (x, residual, weight, eps, save_stats))
 
 
 def _rms_norm_residual_fwd(x, residual, weight, eps, save_stats):
@@ -353,11 +349,11 @@ def _softmax_bwd_impl(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool,
 # --------------------------------------------------------------------------------------------
 # torch.library registration
 # --------------------------------------------------------------------------------------------
-@R.custom_op("tkit::softmax", mutates_args=())
+@R.custom_op("tkit::softmax", mutates_args=(), plans=True)
 def _softmax_op(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     if _overrides_active():
         return _softmax_fwd_impl(x, dim, log)
-    return P.serve_op(_op_plans, ("softmax", dim, log), _softmax_fwd_impl, (x,), x, dim, log)
+    return P.serve_op(_softmax_op, _softmax_fwd_impl, (x, dim, log))
 
 
 @_softmax_op.register_fake
