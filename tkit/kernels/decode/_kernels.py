@@ -274,26 +274,13 @@ def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, 
     """:func:`_decode_tiles` over :func:`_decode_tile_words`; PREFETCH, PF, PF_PAGES as in
     :func:`_decode_tiles_wg`."""
     if PREFETCH > 0 and not MASKED:
-        if PF_PAGES:
-            pb0, pb1 = _page_blocks(BT, start + PREFETCH * BLOCK_N, L, n_blocks, sbtn,
-                                    start < end, PAGE_SIZE)
-        else:
-            offs_p = tl.arange(0, BLOCK_N)
-            pf_blk, pf_row = _table_rows(BT, start + PREFETCH * BLOCK_N + offs_p, L, b64,
-                                         n_blocks, sbtn, start < end, PAGE_SIZE, PAGED)
+        pf0, pf1 = _prefetch_targets(BT, start + PREFETCH * BLOCK_N, start < end, L, b64,
+                                     n_blocks, sbtn, BLOCK_N, PAGE_SIZE, PAGED, PF_PAGES)
     for start_t in range(start, end, BLOCK_N):
         if PREFETCH > 0 and not MASKED:
-            if PF_PAGES:
-                _prefetch_pages(PF, pb0, pb1, BLOCK_N, PAGE_SIZE,
-                                SCALE_K == 2 and SCALE_V == 2)
-                pb0, pb1 = _page_blocks(BT, start_t + (PREFETCH + 1) * BLOCK_N, L, n_blocks,
-                                        sbtn, start_t < end, PAGE_SIZE)
-            else:
-                _l2_prefetch(K + (pf_blk * skn + pf_row * skp))
-                _l2_prefetch(V + (pf_blk * svn + pf_row * svp))
-                pf_blk, pf_row = _table_rows(BT, start_t + (PREFETCH + 1) * BLOCK_N + offs_p,
-                                             L, b64, n_blocks, sbtn, start_t < end, PAGE_SIZE,
-                                             PAGED)
+            pf0, pf1 = _prefetch_step(PF, K, V, pf0, pf1, BT, start_t, end, L, b64, n_blocks,
+                                      sbtn, skn, skp, svn, svp, PREFETCH, BLOCK_N, PAGE_SIZE,
+                                      PAGED, PF_PAGES, SCALE_K == 2 and SCALE_V == 2)
         for j in tl.static_range(BLOCK_N // SUB_N):
             acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_words(
                 acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
@@ -449,26 +436,13 @@ def _decode_tiles_wg(acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, B
     programs of a sequence run side by side over the same blocks); PF is the tuple of
     :func:`_prefetch_pages`."""
     if PREFETCH > 0 and not MASKED:
-        if PF_PAGES:
-            pb0, pb1 = _page_blocks(BT, start + PREFETCH * BLOCK_N, L, n_blocks, sbtn,
-                                    start < end, PAGE_SIZE)
-        else:
-            offs_p = tl.arange(0, BLOCK_N)
-            pf_blk, pf_row = _table_rows(BT, start + PREFETCH * BLOCK_N + offs_p, L, b64,
-                                         n_blocks, sbtn, start < end, PAGE_SIZE, PAGED)
+        pf0, pf1 = _prefetch_targets(BT, start + PREFETCH * BLOCK_N, start < end, L, b64,
+                                     n_blocks, sbtn, BLOCK_N, PAGE_SIZE, PAGED, PF_PAGES)
     for start_t in range(start, end, BLOCK_N):
         if PREFETCH > 0 and not MASKED:
-            if PF_PAGES:
-                _prefetch_pages(PF, pb0, pb1, BLOCK_N, PAGE_SIZE,
-                                SCALE_K == 2 and SCALE_V == 2)
-                pb0, pb1 = _page_blocks(BT, start_t + (PREFETCH + 1) * BLOCK_N, L, n_blocks,
-                                        sbtn, start_t < end, PAGE_SIZE)
-            else:
-                _l2_prefetch(K + (pf_blk * skn + pf_row * skp))
-                _l2_prefetch(V + (pf_blk * svn + pf_row * svp))
-                pf_blk, pf_row = _table_rows(BT, start_t + (PREFETCH + 1) * BLOCK_N + offs_p,
-                                             L, b64, n_blocks, sbtn, start_t < end, PAGE_SIZE,
-                                             PAGED)
+            pf0, pf1 = _prefetch_step(PF, K, V, pf0, pf1, BT, start_t, end, L, b64, n_blocks,
+                                      sbtn, skn, skp, svn, svp, PREFETCH, BLOCK_N, PAGE_SIZE,
+                                      PAGED, PF_PAGES, SCALE_K == 2 and SCALE_V == 2)
         for j in tl.static_range(BLOCK_N // SUB_N):
             acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_wg(
                 acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, BT,
@@ -477,6 +451,35 @@ def _decode_tiles_wg(acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, B
                 HEAD_DIM, BLOCK_D, BLOCK_M, SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI,
                 SOFTCAP, SCALE_K, SCALE_V)
     return acc0, acc1, acc2, acc3, l_i, m_i
+
+
+@triton.jit
+def _prefetch_targets(BT, first, live, L, b64, n_blocks, sbtn, BLOCK_N: tl.constexpr,
+                      PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, PF_PAGES: tl.constexpr):
+    """What the tile at key ``first`` prefetches: its page blocks (PF_PAGES) or the table
+    rows of its keys (the table read only where ``live``), read ahead of the prefetch itself
+    so that its address does not wait."""
+    if PF_PAGES:
+        t0, t1 = _page_blocks(BT, first, L, n_blocks, sbtn, live, PAGE_SIZE)
+    else:
+        t0, t1 = _table_rows(BT, first + tl.arange(0, BLOCK_N), L, b64, n_blocks, sbtn, live,
+                             PAGE_SIZE, PAGED)
+    return t0, t1
+
+
+@triton.jit
+def _prefetch_step(PF, K, V, t0, t1, BT, start_t, end, L, b64, n_blocks, sbtn, skn, skp, svn,
+                   svp, PREFETCH: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                   PAGED: tl.constexpr, PF_PAGES: tl.constexpr, SCALES: tl.constexpr):
+    """One tile's prefetch of the targets read a tile earlier (:func:`_prefetch_targets`),
+    then the next tile's targets."""
+    if PF_PAGES:
+        _prefetch_pages(PF, t0, t1, BLOCK_N, PAGE_SIZE, SCALES)
+    else:
+        _l2_prefetch(K + (t0 * skn + t1 * skp))
+        _l2_prefetch(V + (t0 * svn + t1 * svp))
+    return _prefetch_targets(BT, start_t + (PREFETCH + 1) * BLOCK_N, start_t < end, L, b64,
+                             n_blocks, sbtn, BLOCK_N, PAGE_SIZE, PAGED, PF_PAGES)
 
 
 @triton.jit
