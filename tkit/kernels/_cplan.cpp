@@ -617,6 +617,25 @@ bool device_stream(long* dev, unsigned long long* stream) {
 }
 
 // serve(cache, prefix, inputs) -> the outputs where the call's plan serves it; otherwise the
+// runs a plan found in a cache: an executor plan, or a Python plan (a launch the executor does
+// not take) called as plan(stream, inputs); a new reference (None: the plan stepped aside), or
+// nullptr with the error set. The plan is held for the call: a Python plan may clear the cache.
+PyObject* call_plan(PyObject* plan, unsigned long long stream, PyObject* inputs) {
+  PyObject* out = nullptr;
+  Py_INCREF(plan);
+  if (Py_TYPE(plan) == &PlanType) {
+    out = run_plan(reinterpret_cast<PlanObject*>(plan), stream, inputs);
+  } else {
+    PyObject* st = PyLong_FromUnsignedLongLong(stream);
+    if (st) {
+      out = PyObject_CallFunctionObjArgs(plan, st, inputs, nullptr);
+      Py_DECREF(st);
+    }
+  }
+  Py_DECREF(plan);
+  return out;
+}
+
 // list [key, stream] for the Python path (a miss, a plan that steps aside, no plan)
 PyObject* serve(PyObject*, PyObject* const* args, Py_ssize_t n) {
   if (n != 3 || !PyDict_Check(args[0])) {
@@ -637,16 +656,7 @@ PyObject* serve(PyObject*, PyObject* const* args, Py_ssize_t n) {
     PyErr_Clear();  // an unhashable option: the Python path names it
   }
   if (plan && plan != Py_False) {
-    PyObject* out = nullptr;
-    if (Py_TYPE(plan) == &PlanType) {
-      out = run_plan(reinterpret_cast<PlanObject*>(plan), stream, args[2]);
-    } else {  // a Python plan (a launch the executor does not take)
-      PyObject* st = PyLong_FromUnsignedLongLong(stream);
-      if (st) {
-        out = PyObject_CallFunctionObjArgs(plan, st, args[2], nullptr);
-        Py_DECREF(st);
-      }
-    }
+    PyObject* out = call_plan(plan, stream, args[2]);
     if (!out) {
       Py_DECREF(key);
       return nullptr;
@@ -1198,18 +1208,7 @@ PyObject* op_serve(PyObject*, PyObject* const* args, Py_ssize_t n) {
       return nullptr;
     }
     if (plan && plan != Py_False) {
-      PyObject* out = nullptr;
-      Py_INCREF(plan);
-      if (Py_TYPE(plan) == &PlanType) {
-        out = run_plan(reinterpret_cast<PlanObject*>(plan), stream, args[2]);
-      } else {
-        PyObject* st = PyLong_FromUnsignedLongLong(stream);
-        if (st) {
-          out = PyObject_CallFunctionObjArgs(plan, st, args[2], nullptr);
-          Py_DECREF(st);
-        }
-      }
-      Py_DECREF(plan);
+      PyObject* out = call_plan(plan, stream, args[2]);
       if (!out) {
         Py_DECREF(key);
         return nullptr;
