@@ -629,7 +629,10 @@ def sweep_int4(rows):
 
     gemv, tc = _int4_variants()
     m1 = [gemv(128, 64, 16, 1), gemv(32, 32, 1, 4, lanes=32, vecs=2),
-          gemv(32, 32, 1, 8, lanes=64, vecs=2)]
+          gemv(32, 32, 1, 8, lanes=64, vecs=2),
+          # more programs an SM: K split 2 merged in the kernel, or 16 columns on 2 warps
+          dict(gemv(32, 32, 2, 4, lanes=32, vecs=2), fused_reduce=True),
+          gemv(16, 32, 1, 2, lanes=32, vecs=2)]
     m16 = [tc(128, 4, 4, 4, tma=True, host=True)]
     for idx in (0, 2):  # M = 1
         sweep("int4", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)
@@ -979,8 +982,8 @@ def sweep_decode_bar(rows):
     page 16 shuffled (case 1: >= 0.95x the dense default's TB/s, case 0) around its default
     (4 warps, 2 stages, 2 splits merged in the split kernel): :data:`DECODE_PAGE16_VARIANTS`;
     fp8 per token page 64 (case 6: <= 0.55x the bf16 page-64 default's time, case 2) around
-    its default (the word pipeline, 2 warps, 64-key tiles, 5 stages, 2 splits + a combine
-    launch): :data:`DECODE_FP8_VARIANTS`; the bf16 page-64 reference
+    its default (the fp8 wgmma scores, 128-key tiles, 4 warps, 5 stages, one split):
+    :data:`DECODE_FP8_VARIANTS`; the bf16 page-64 reference
     (:data:`DECODE_PAGE64_VARIANTS`). Ends with the programs an SM of each split-kernel
     build as the driver counts them."""
     from tkit.kernels import decode as DA
@@ -1063,13 +1066,15 @@ DECODE_PAGE64_VARIANTS: list = [
     dict(combine="fused"),
 ]
 
-#: fp8 variants, as overrides of the default (the word pipeline: 2 warps, 64-key tiles, 5
-#: stages: 216 registers, 4 programs an SM, 2 K/V tiles in flight each, 2 splits).
+#: the fp8 word pipeline (the fp8 default where the wgmma does not apply): 2 warps, 64-key
+#: tiles, 5 stages: 216 registers, 4 programs an SM, 2 K/V tiles in flight each, 2 splits
+FP8_WORDS = dict(qk="mma", block_n=64, num_warps=2, num_stages=5, ctas_per_sm=4)
+#: fp8 variants, as overrides of the default (paged, page >= 64: the fp8 wgmma scores,
+#: 128-key tiles, 4 warps, 5 stages, 2 programs an SM, one split at B32)
 DECODE_FP8_VARIANTS: list = [
-    dict(num_splits=2),  # the default's own build again: the run's noise
-    dict(combine="fused"),  # 227 registers, still 4 an SM
-    dict(num_stages=7, num_splits=2),  # 3 tiles in flight (56848 B: 4 an SM)
-    dict(num_warps=1, block_n=32, num_stages=5, num_splits=4),  # 231 registers: 8 an SM
+    dict(num_splits=1),  # the default's own build again: the run's noise
+    FP8_WORDS,
+    dict(FP8_WORDS, num_stages=7),  # 3 tiles in flight (56848 B: 4 an SM)
 ]
 
 
@@ -1169,34 +1174,26 @@ def sweep_decode_fp8(rows, runs=None, label="decode_fp8"):
 #: contiguous bytes instead of 64 sectors that the other 7 heads' programs read too;
 #: "tensor": no per-key scale read; "l2" / "bf16_l2": the same calls on L2-resident pages.
 DECODE_FP8_RUNS: list = [
-    ("token", dict(num_splits=2)),  # the default's own build again: the run's noise
+    ("token", dict(num_splits=1)),  # the default's own build again: the run's noise
     ("head", {}),
     ("tensor", {}),
     ("l2", {}),
     ("bf16_l2", {}),
 ]
 
-#: runs of :func:`sweep_decode_wg`: the fp8 scores by an fp8 wgmma (``qk="wgmma_fp8"``:
-#: keys as M, 4 warps, the query's hi and lo e4m3 parts as N = 16; the bench case's 4 rows
-#: a tile of 8), 64- to 256-key tiles; ``ctas_per_sm`` as the build fits (registers) so
-#: that the split heuristic fills the machine (4: 2 splits, 3: 3, 2: 1).
+#: runs of :func:`sweep_decode_wg`: the fp8 default (paged, page >= 64: the scores by an fp8
+#: wgmma, keys as M, 4 warps, the query's hi and lo e4m3 parts as N = 16, the bench case's 4
+#: rows a tile of 8, 128-key tiles, 5 stages) against the word pipeline and other tiles and
+#: stages of the wgmma; ``ctas_per_sm`` as the build fits (registers, shared memory) so that
+#: the split heuristic fills the machine (4: 2 splits, 3: 3, 2: 1).
 _WG = dict(qk="wgmma_fp8", num_warps=4)
 DECODE_WG_RUNS: list = [
-    ("token", dict(num_splits=2)),  # the default's own build again: the run's noise
-    # L2 prefetches past the shared-memory pipeline (2 tiles in flight at 5 stages)
-    ("token", dict(prefetch=4)),
-    ("token", dict(prefetch=8)),
-    ("token", dict(prefetch=4, prefetch_pages=True)),  # a bulk prefetch a page share
-    ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2)),  # 2 tiles in flight
-    ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2, prefetch=3)),
-    ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2, prefetch=6)),
-    ("token", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2, prefetch=3,
-                   prefetch_pages=True)),
-    ("token", dict(_WG, block_n=128, num_stages=3, ctas_per_sm=3, max_registers=168,
-                   prefetch=3)),  # 1 tile in flight, 3 an SM, prefetches 2 tiles past it
+    ("token", dict(num_splits=1)),  # the default's own build again: the run's noise
+    ("token", FP8_WORDS),
+    ("token", dict(_WG, block_n=128, num_stages=6, ctas_per_sm=2)),
     ("token", dict(_WG, block_n=256, sub_n=128, num_stages=3, ctas_per_sm=2)),  # 105 KB
-    ("l2", {}),  # L2-resident pages: the loops' own time, default and fp8 wgmma
-    ("l2", dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2)),
+    ("l2", {}),  # L2-resident pages: the loops' own time, the default and the word pipeline
+    ("l2", FP8_WORDS),
 ]
 
 

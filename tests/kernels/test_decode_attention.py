@@ -220,6 +220,31 @@ def test_device_defaults_for_head_dim_128(monkeypatch):
     assert page16 == dataclasses.replace(paged, combine="fused")
 
 
+def test_fp8_default_takes_the_wgmma_where_it_applies(monkeypatch):
+    """Outside the interpreter (meta tensors plan as the H200): a paged fp8 cache at D=128
+    with pages of 64 keys or more, 16-bit queries and at most 8 packed rows a kv head gets
+    the fp8 wgmma (128-key tiles, 4 warps, one split at B32 L8192, 8-row M tiles); more
+    rows, float32 queries, smaller pages or a dense cache keep the word pipeline."""
+    from tkit.kernels.decode import config as DC
+
+    monkeypatch.setattr(DC._env, "INTERPRET", False)
+
+    def plan(sq=1, hq=32, dtype=torch.bfloat16, page=64, paged=True):
+        q = torch.empty((32, sq, hq, 128), dtype=dtype, device="meta")
+        k = torch.empty((32 * 8192 // page, page, 8, 128), dtype=FP8, device="meta")
+        table = torch.empty((32, 8192 // page), dtype=I32, device="meta")
+        if not paged:
+            k, table = k.reshape(32, 8192, 8, 128), None
+        splits, cfg, block_m, _ = DA.plan_splits(q, k, table)
+        return splits, cfg.qk, cfg.block_n, cfg.num_warps, block_m
+
+    assert plan() == (1, "wgmma_fp8", 128, 4, 8)
+    assert plan(page=256)[1:] == plan(hq=64)[1:] == ("wgmma_fp8", 128, 4, 8)
+    for other in (plan(sq=4), plan(hq=64, sq=2), plan(dtype=torch.float32), plan(page=16),
+                  plan(paged=False)):
+        assert other[1:4] == ("mma", 64, 2)
+
+
 def test_choose_num_splits():
     # the bench shapes on 132 SMs, two programs an SM, 64-key tiles, 2 MB of K+V a split
     def splits(b, hk, length, d=128, itemsize=2):
@@ -284,8 +309,8 @@ def test_sub_tiles_match_whole_tiles(page):
 def test_fp8_words_in_the_pipeline(mode, page):
     """The pipelined loops read an fp8 cache of head dim >= 64 as int32 words of 4 values
     (four float16 quarters a word, dotted apart): against the reference with a window,
-    softcap, sub-tiles, two splits and two queries, lengths of 0 and 1, an L2 prefetch a
-    tile ahead, and against whole tiles."""
+    softcap, sub-tiles, two splits and two queries, lengths of 0 and 1, and against whole
+    tiles."""
     b, d = 4, 64
     q, k, v, table = _paged(b, 2, 4, 2, d, page or 64, 64 // (page or 64), torch.float16,
                             seed=91)
@@ -303,7 +328,7 @@ def test_fp8_words_in_the_pipeline(mode, page):
     k, v = k.to(FP8), v.to(FP8)
     kw.update(k_scale=ks, v_scale=vs)
     lens = _lens(64, 37, 0, 1)
-    with DA.decode_config(block_n=32, sub_n=16, prefetch=1), poisoned_outputs():
+    with DA.decode_config(block_n=32, sub_n=16), poisoned_outputs():
         got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                                [q, k, v, lens], kw)
     with DA.decode_config(block_n=32):
@@ -333,11 +358,9 @@ def test_fp8_head_dim_128_default(paged):
                                 dict(kw, k_scale=ks, v_scale=vs))
 
 
-@pytest.mark.parametrize("prefetch", [0, 1])
-def test_fp8_words_clamp_garbage(prefetch):
+def test_fp8_words_clamp_garbage():
     """The word pipeline under garbage block indices and lengths (registered op, no
-    validation): blocks clamp to [0, num_blocks - 1], lengths to the table; also with the
-    page-share L2 prefetch a tile ahead (its table reads clamp alike)."""
+    validation): blocks clamp to [0, num_blocks - 1], lengths to the table."""
     d = 64
     q, k, v, table = _paged(4, 2, 4, 2, d, 16, 3, torch.float32, seed=103)
     k8, v8 = _guarded(k.to(FP8)), _guarded(v.to(FP8))
@@ -347,8 +370,7 @@ def test_fp8_words_clamp_garbage(prefetch):
     bad[1, 0] = -(2**31)
     bad[2] = torch.tensor([nb, -1, 2**31 - 1], dtype=I32)
     lens = _lens(48, 10**6, -5, 2**31 - 1)
-    with DA.decode_config(block_n=16, prefetch=prefetch, prefetch_pages=True), \
-            poisoned_outputs():
+    with DA.decode_config(block_n=16), poisoned_outputs():
         out, lse = torch.ops.tkit.decode_attention(q, k8, v8, lens, bad, None, None,
                                                    d ** -0.5, -1, 0, 0.0, 2)
     ref, ref_lse = S.ref_decode_attention(q.double(), k8.double(), v8.double(),
@@ -379,11 +401,9 @@ def test_fp8_scores_by_fp8_mma(monkeypatch, layout, hq, block_m):
     """``qk="wgmma_fp8"``: the scores transposed (keys as M) with the query split into hi and
     lo fp8 parts, the softmax along the keys: against the reference with per-token scales, a
     window, softcap, two splits, three queries, lengths 0 and 1, rows of very different
-    magnitudes (per-row scales of the split), and against the word path; L2 prefetches 1-2
-    tiles ahead (a key row or a page share at a time: their table reads). Interpreter tiles
-    of 16 keys: page 8
-    puts two pages in a tile, page 16 one; 6 packed rows in a tile of 8, 12 in a tile of
-    16."""
+    magnitudes (per-row scales of the split), and against the word path. Interpreter tiles
+    of 16 keys: page 8 puts two pages in a tile, page 16 one; 6 packed rows in a tile of 8,
+    12 in a tile of 16."""
     b, sq, hk, d = 4, 3, 2, 64
     page = 8 if layout == "page8" else 16
     q, k, v, table = _paged(b, sq, hq, hk, d, page, 64 // page, torch.float16, seed=191)
@@ -400,12 +420,10 @@ def test_fp8_scores_by_fp8_mma(monkeypatch, layout, hq, block_m):
     k, v = k.to(FP8), v.to(FP8)
     lens = _lens(64, 37, 0, 1)
     seen = _launches(monkeypatch)
-    with DA.decode_config(qk="wgmma_fp8", prefetch=2 if layout != "page16" else 1,
-                          prefetch_pages=layout != "dense"), poisoned_outputs():
+    with DA.decode_config(qk="wgmma_fp8"), poisoned_outputs():
         got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                                [q, k, v, lens], kw)
-    assert [(x.get("QK_WG"), x["BLOCK_M"], x.get("PF_PAGES")) for x in seen] == [
-        (True, block_m, True if layout != "dense" else None)]
+    assert [(x.get("QK_WG"), x["BLOCK_M"]) for x in seen] == [(True, block_m)]
     want, want_lse = tkit.decode_attention(q, k, v, lens, **kw)
     torch.testing.assert_close(got, want, atol=4e-3, rtol=0)
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
@@ -434,25 +452,25 @@ def test_fp8_scores_by_fp8_mma_rows(monkeypatch):
     assert [x.get("QK_WG") for x in seen] == [True, None, None] and seen[0]["BLOCK_M"] == 16
     with pytest.raises(ValueError, match="qk"), DA.decode_config(qk="wgmma"):
         tkit.decode_attention(q, k.to(FP8), v.to(FP8), _lens(64, 30), **kw)
-    with pytest.raises(ValueError, match="prefetch"), DA.decode_config(prefetch=-1):
-        tkit.decode_attention(q, k.to(FP8), v.to(FP8), _lens(64, 30), **kw)
 
 
 _WG = dict(qk="wgmma_fp8", num_warps=4)
-_WG_GPU = [(1, dict(_WG, block_n=128, num_stages=5)), (4, dict(_WG, block_n=128, num_stages=5)),
-           (1, dict(_WG, block_n=128, num_stages=5, prefetch=3)), (1, dict(prefetch=4)),
-           (1, dict(_WG, block_n=128, num_stages=5, prefetch=3, prefetch_pages=True)),
-           (1, dict(prefetch=4, prefetch_pages=True))]
+#: (queries, config overrides, a cache misaligned by one byte, the fp8 wgmma expected)
+_WG_GPU = [(1, {}, False, True), (4, {}, False, False), (1, {}, True, False),
+           (4, dict(_WG, block_n=128, num_stages=5), False, True),
+           (1, dict(_WG, block_n=64, num_stages=3), False, True),
+           (1, dict(qk="mma"), False, False)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sq, cfg", _WG_GPU)
-def test_fp8_scores_by_fp8_mma_compiled(monkeypatch, sq, cfg):
+@pytest.mark.parametrize("sq, cfg, unaligned, wg", _WG_GPU)
+def test_fp8_scores_by_fp8_mma_compiled(monkeypatch, sq, cfg, unaligned, wg):
     """``qk="wgmma_fp8"`` compiled for sm_90 at the bench case's structure (page 64 shuffled,
     GQA 4, D 128, per-token scales, bfloat16 queries; 4 sequences up to 2048 keys, one of
-    them shorter than a tile), its sweep's tiles and stages, 8 rows a tile (1 query) or 16
-    (4 queries), L2 prefetches (also on the default's word path): against the reference
-    and the default's output."""
+    them shorter than a tile): the default (the wgmma at one query, 8 rows a tile; the word
+    pipeline at 4 queries, and where a cache one byte off 16-byte alignment cannot be read
+    as words), other tiles and stages, 16 rows a tile, and the word path over the default's
+    other fields: against the reference and the word pipeline's output."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the fp8 wgmma is sm_90's")
     q, k, v, table = _paged(4, sq, 32, 8, 128, 64, 32, torch.bfloat16, seed=201)
@@ -460,17 +478,20 @@ def test_fp8_scores_by_fp8_mma_compiled(monkeypatch, sq, cfg):
     ks = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device) / 64
     vs = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device) / 64
     k8, v8 = (k * 64).to(FP8), (v * 64).to(FP8)
+    if unaligned:
+        k8, v8 = (torch.empty(x.numel() + 1, dtype=FP8, device=x.device)[1:].view(x.shape)
+                  .copy_(x) for x in (k8, v8))
     lens = _lens(2048, 1000, 37, 1531)
     kw = dict(block_table=table, k_scale=ks, v_scale=vs, return_lse=True)
     seen = _launches(monkeypatch)
     with DA.decode_config(**cfg), poisoned_outputs():
         got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                                [q, k8, v8, lens], kw)
-    wg = cfg.get("qk") == "wgmma_fp8"
-    assert [(x.get("QK_WG"), x.get("PREFETCH")) for x in seen] == [
-        (True if wg else None, cfg.get("prefetch"))]
+    # (the spy sees the word and wgmma launches: none for a cache read a byte at a time)
+    assert [x.get("QK_WG") for x in seen] == ([] if unaligned else [True if wg else None])
     assert not wg or seen[0]["BLOCK_M"] == (4 * sq if sq > 1 else 8)
-    want, want_lse = tkit.decode_attention(q, k8, v8, lens, **kw)
+    with DA.decode_config(qk="mma", block_n=64, num_warps=2, num_stages=5, ctas_per_sm=4):
+        want, want_lse = tkit.decode_attention(q, k8, v8, lens, **kw)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=0)
     torch.testing.assert_close(got_lse, want_lse, atol=1e-2, rtol=0)
 

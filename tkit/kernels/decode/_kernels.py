@@ -8,7 +8,6 @@ import triton.language as tl
 
 from tkit.kernels._numerics import INTERPRET as _INTERPRET
 from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
-from tkit.kernels._numerics import scalar_mask as _scalar_mask
 from tkit.kernels._numerics import to_fp8_saturated as _to_fp8_saturated
 
 
@@ -269,18 +268,9 @@ def _decode_tiles_words(acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, 
                         SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                         MASKED: tl.constexpr, MASK_LO: tl.constexpr, MASK_HI: tl.constexpr,
                         SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr, SCALE_V: tl.constexpr,
-                        PREC: tl.constexpr, SAME_STRIDES: tl.constexpr,
-                        PREFETCH: tl.constexpr = 0, PF=None, PF_PAGES: tl.constexpr = False):
-    """:func:`_decode_tiles` over :func:`_decode_tile_words`; PREFETCH, PF, PF_PAGES as in
-    :func:`_decode_tiles_wg`."""
-    if PREFETCH > 0 and not MASKED:
-        pf0, pf1 = _prefetch_targets(BT, start + PREFETCH * BLOCK_N, start < end, L, b64,
-                                     n_blocks, sbtn, BLOCK_N, PAGE_SIZE, PAGED, PF_PAGES)
+                        PREC: tl.constexpr, SAME_STRIDES: tl.constexpr):
+    """:func:`_decode_tiles` over :func:`_decode_tile_words`."""
     for start_t in range(start, end, BLOCK_N):
-        if PREFETCH > 0 and not MASKED:
-            pf0, pf1 = _prefetch_step(PF, K, V, pf0, pf1, BT, start_t, end, L, b64, n_blocks,
-                                      sbtn, skn, skp, svn, svp, PREFETCH, BLOCK_N, PAGE_SIZE,
-                                      PAGED, PF_PAGES, SCALE_K == 2 and SCALE_V == 2)
         for j in tl.static_range(BLOCK_N // SUB_N):
             acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_words(
                 acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, K, V, KS, VS, BT,
@@ -425,24 +415,9 @@ def _decode_tiles_wg(acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, B
                      BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
                      PAGED: tl.constexpr, MASKED: tl.constexpr, MASK_LO: tl.constexpr,
                      MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr, SCALE_K: tl.constexpr,
-                     SCALE_V: tl.constexpr, PREFETCH: tl.constexpr = 0, PF=None,
-                     PF_PAGES: tl.constexpr = False):
-    """:func:`_decode_tiles` over :func:`_decode_tile_wg`. PREFETCH > 0 (fully visible tiles
-    only): each tile first asks the L2 for the K and V rows of the tile PREFETCH tiles ahead
-    (keys clamped to the sequence), whose block-table entries were read a tile earlier, so
-    that more of the HBM stream is in flight than the shared-memory pipeline holds. With
-    PF_PAGES (paged contiguous caches, tiles of one or two pages) one bulk prefetch a page
-    and cache instead: this program's 1 / heads share of the whole page block (the kv heads'
-    programs of a sequence run side by side over the same blocks); PF is the tuple of
-    :func:`_prefetch_pages`."""
-    if PREFETCH > 0 and not MASKED:
-        pf0, pf1 = _prefetch_targets(BT, start + PREFETCH * BLOCK_N, start < end, L, b64,
-                                     n_blocks, sbtn, BLOCK_N, PAGE_SIZE, PAGED, PF_PAGES)
+                     SCALE_V: tl.constexpr):
+    """:func:`_decode_tiles` over :func:`_decode_tile_wg`."""
     for start_t in range(start, end, BLOCK_N):
-        if PREFETCH > 0 and not MASKED:
-            pf0, pf1 = _prefetch_step(PF, K, V, pf0, pf1, BT, start_t, end, L, b64, n_blocks,
-                                      sbtn, skn, skp, svn, svp, PREFETCH, BLOCK_N, PAGE_SIZE,
-                                      PAGED, PF_PAGES, SCALE_K == 2 and SCALE_V == 2)
         for j in tl.static_range(BLOCK_N // SUB_N):
             acc0, acc1, acc2, acc3, l_i, m_i = _decode_tile_wg(
                 acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, BT,
@@ -451,108 +426,6 @@ def _decode_tiles_wg(acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, K, V, KS, VS, B
                 HEAD_DIM, BLOCK_D, BLOCK_M, SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI,
                 SOFTCAP, SCALE_K, SCALE_V)
     return acc0, acc1, acc2, acc3, l_i, m_i
-
-
-@triton.jit
-def _prefetch_targets(BT, first, live, L, b64, n_blocks, sbtn, BLOCK_N: tl.constexpr,
-                      PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, PF_PAGES: tl.constexpr):
-    """What the tile at key ``first`` prefetches: its page blocks (PF_PAGES) or the table
-    rows of its keys (the table read only where ``live``), read ahead of the prefetch itself
-    so that its address does not wait."""
-    if PF_PAGES:
-        t0, t1 = _page_blocks(BT, first, L, n_blocks, sbtn, live, PAGE_SIZE)
-    else:
-        t0, t1 = _table_rows(BT, first + tl.arange(0, BLOCK_N), L, b64, n_blocks, sbtn, live,
-                             PAGE_SIZE, PAGED)
-    return t0, t1
-
-
-@triton.jit
-def _prefetch_step(PF, K, V, t0, t1, BT, start_t, end, L, b64, n_blocks, sbtn, skn, skp, svn,
-                   svp, PREFETCH: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                   PAGED: tl.constexpr, PF_PAGES: tl.constexpr, SCALES: tl.constexpr):
-    """One tile's prefetch of the targets read a tile earlier (:func:`_prefetch_targets`),
-    then the next tile's targets."""
-    if PF_PAGES:
-        _prefetch_pages(PF, t0, t1, BLOCK_N, PAGE_SIZE, SCALES)
-    else:
-        _l2_prefetch(K + (t0 * skn + t1 * skp))
-        _l2_prefetch(V + (t0 * svn + t1 * svp))
-    return _prefetch_targets(BT, start_t + (PREFETCH + 1) * BLOCK_N, start_t < end, L, b64,
-                             n_blocks, sbtn, BLOCK_N, PAGE_SIZE, PAGED, PF_PAGES)
-
-
-@triton.jit
-def _table_rows(BT, keys, L, b64, n_blocks, sbtn, live, PAGE_SIZE: tl.constexpr,
-                PAGED: tl.constexpr):
-    """(block, row) of key positions ``keys`` clamped to [0, L - 1], as int64 (dense: the
-    sequence's block); the table is read only where ``live`` (a scalar: block 0 else)."""
-    c = tl.maximum(tl.minimum(keys, L - 1), 0)
-    if PAGED:
-        blk = tl.load(BT + (c // PAGE_SIZE) * sbtn, mask=_scalar_mask(live, c), other=0)
-        blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
-        row = (c % PAGE_SIZE).to(tl.int64)
-    else:
-        blk = tl.zeros_like(c).to(tl.int64) + b64
-        row = c.to(tl.int64)
-    return blk, row
-
-
-@triton.jit
-def _page_blocks(BT, start_n, L, n_blocks, sbtn, live, PAGE_SIZE: tl.constexpr):
-    """Block-table entries (int64, clamped) of the page holding key ``start_n`` and of the next
-    page, both clamped to the sequence's last page; read only where ``live`` (a scalar)."""
-    last = tl.maximum(L - 1, 0) // PAGE_SIZE
-    pg = tl.minimum(start_n // PAGE_SIZE, last)
-    b0 = tl.load(BT + pg * sbtn, mask=live, other=0)
-    b0 = tl.minimum(tl.maximum(b0, 0), n_blocks - 1).to(tl.int64)
-    b1 = tl.load(BT + tl.minimum(pg + 1, last) * sbtn, mask=live, other=0)
-    b1 = tl.minimum(tl.maximum(b1, 0), n_blocks - 1).to(tl.int64)
-    return b0, b1
-
-
-@triton.jit
-def _prefetch_pages(PF, pb0, pb1, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                    SCALES: tl.constexpr):
-    """The bulk prefetches of a tile's pages (blocks ``pb0`` and, for a tile of two pages,
-    ``pb1``). PF = (PK, PV, PKS, PVS, skn, svn, sksn, svsn, nbk, nbv, nbks, nbvs): the share
-    pointers in block 0, block strides and share sizes in bytes (:func:`_prefetch_shares`)."""
-    _prefetch_shares(PF[0], PF[1], PF[2], PF[3], pb0, PF[4], PF[5], PF[6], PF[7], PF[8],
-                     PF[9], PF[10], PF[11], SCALES)
-    if BLOCK_N == 2 * PAGE_SIZE:
-        _prefetch_shares(PF[0], PF[1], PF[2], PF[3], pb1, PF[4], PF[5], PF[6], PF[7], PF[8],
-                         PF[9], PF[10], PF[11], SCALES)
-
-
-@triton.jit
-def _prefetch_shares(PK, PV, PKS, PVS, blk, skn, svn, sksn, svsn, nbk, nbv, nbks, nbvs,
-                     SCALES: tl.constexpr):
-    """``cp.async.bulk.prefetch.L2`` (one thread) of this program's share of page block
-    ``blk`` of each cache: ``PK`` etc. point at the share in block 0, ``nb*`` bytes long."""
-    _l2_prefetch_bulk(PK + blk * skn, nbk)
-    _l2_prefetch_bulk(PV + blk * svn, nbv)
-    if SCALES:
-        _l2_prefetch_bulk(PKS + blk * sksn, nbks)
-        _l2_prefetch_bulk(PVS + blk * svsn, nbvs)
-
-
-@triton.jit
-def _l2_prefetch_bulk(ptr, nbytes):
-    """``cp.async.bulk.prefetch.L2.global`` of ``nbytes`` (a multiple of 16) from ``ptr``
-    (16-byte aligned), issued by thread 0 (nothing under the interpreter)."""
-    if not _INTERPRET:
-        tl.inline_asm_elementwise(
-            "{ .reg .u32 t; .reg .pred p; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;\n\t"
-            "@p cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0; }",
-            "=r,l,r", [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _l2_prefetch(ptrs):
-    """``prefetch.global.L2`` of the lines at ``ptrs`` (nothing under the interpreter)."""
-    if not _INTERPRET:
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
-                                  [ptrs], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -664,7 +537,7 @@ def _decode_split_kernel(
     MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
     FP8_WORDS: tl.constexpr = False, SAME_STRIDES: tl.constexpr = False,
-    QK_WG: tl.constexpr = False, PREFETCH: tl.constexpr = 0, PF_PAGES: tl.constexpr = False,
+    QK_WG: tl.constexpr = False,
     OUT=None, LOUT=None, CNT=None, sfb=0, sfs=0, sfh=0, sfd=0, sgb=0, sgh=0, sgs=0,
     FUSED: tl.constexpr = False,
 ):
@@ -745,13 +618,6 @@ def _decode_split_kernel(
     full_hi = (full_end // BLOCK_N) * BLOCK_N
     c = tl.minimum(tl.maximum(full_hi, a), t1)
 
-    if PF_PAGES:  # this program's share of a page block of each cache (bytes / floats)
-        n_kv = tl.num_programs(1)
-        PF = (K + hk * (skn // n_kv), V + hk * (svn // n_kv), KS + hk * (sksn // n_kv),
-              VS + hk * (svsn // n_kv), skn, svn, sksn, svsn, skn // n_kv, svn // n_kv,
-              sksn // n_kv * 4, svsn // n_kv * 4)
-    else:
-        PF = None
     KS += hk.to(tl.int64) * sksh
     VS += hk.to(tl.int64) * svsh
     Kh = K + hk.to(tl.int64) * skh
@@ -790,8 +656,7 @@ def _decode_split_kernel(
             acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, Kh, Vw, KS, VS, BTb, a, c, L, qpos,
             offs_n, offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn,
             svp, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, SUB_N,
-            PAGE_SIZE, PAGED, False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREFETCH, PF,
-            PF_PAGES)
+            PAGE_SIZE, PAGED, False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V)
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_wg(
             acc0, acc1, acc2, acc3, l_i, m_i, q2t, qsc, Kh, Vw, KS, VS, BTb, c, t1, L, qpos,
             offs_n, offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn,
@@ -825,8 +690,7 @@ def _decode_split_kernel(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, a, c, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES,
-            PREFETCH, PF, PF_PAGES)
+            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
         acc0, acc1, acc2, acc3, l_i, m_i = _decode_tiles_words(
             acc0, acc1, acc2, acc3, l_i, m_i, q0, q1, q2, q3, Kw, Vw, KS, VS, BTb, c, t1, L,
             qpos, offs_n, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, svn, svp,

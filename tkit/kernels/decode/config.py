@@ -62,12 +62,6 @@ class DecodeConfig:
         lo fp8 parts, ~8 significant bits as bfloat16 has; M tiles of 8 or 16 query rows
         (at most ``block_m``); wants 4 warps (a warpgroup) and 64 to 256 keys a tile).
         Elsewhere "mma" runs.
-    prefetch: fp8 caches read as words: the fully visible tiles ask the L2 for the K and V
-        rows of the tile this many tiles ahead (0: none).
-    prefetch_pages: with ``prefetch``, contiguous paged caches whose tiles are one or two
-        pages: one bulk L2 prefetch a page and cache of this program's 1 / heads share of the
-        page block (all heads' rows; the kv heads' programs of a sequence run side by side),
-        per-token scales too, instead of a prefetch a key row.
     """
 
     block_n: int = 64
@@ -81,12 +75,11 @@ class DecodeConfig:
     max_registers: Optional[int] = None  # noqa: UP045
     combine: str = "launch"
     qk: str = "mma"
-    prefetch: int = 0
-    prefetch_pages: bool = False
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,
-                   programs: int = 0, sms: int = 0, page_size: int = 0) -> DecodeConfig:
+                   programs: int = 0, sms: int = 0, page_size: int = 0,
+                   fp8_mma: bool = False) -> DecodeConfig:
         """The default for this head dim, cache element size and layout (``paged``: a block
         table; else a dense cache); docs/NOTES.md has the H200 sweeps of B32 Hq32/Hkv8 D128
         L8192, dense and paged, that chose the D=128 rows. Otherwise K tiles of 16 KB (64 keys
@@ -95,9 +88,18 @@ class DecodeConfig:
         tiles there. ``programs``, ``sms``: the grid the dense 16-bit D=128 default makes
         (programs, splits included) and the SM count; more programs than one wave of three
         an SM take the 4-warp config instead (below). ``page_size``: the cache's (0: dense
-        or not known).
+        or not known). ``fp8_mma``: the call can take ``qk="wgmma_fp8"`` (sm_90, 16-bit
+        queries, at most 8 packed rows a kv head: one 8-row M tile).
 
-        fp8 at D=128: the pipelined loops reading words (above), 2 warps, 64-key tiles,
+        fp8 at D=128, paged with pages of 64 keys or more, ``fp8_mma``: the fp8 wgmma scores,
+        128-key tiles (two pages at page 64), 4 warps, 5 stages (two tiles in flight, 89 KB),
+        2 programs an SM, so one split at B32: 0.558-0.559x the bf16 page-64 time on the
+        H200 in three runs, against 0.569-0.577x for the word pipeline below in the same
+        runs (docs/NOTES.md, "fp8 decode: K read straight into an fp8 wgmma"). Where the
+        wgmma does not apply after all (a cache not readable as words), the launcher plans
+        again with ``fp8_mma`` off.
+
+        fp8 at D=128 otherwise: the pipelined loops reading words (above), 2 warps, 64-key tiles,
         5 stages (two K/V tiles in flight a program even when paged): 216 registers, 40 KB,
         4 programs an SM, so the split heuristic counts 4 slots an SM (B32: 2 splits). Page
         64 with per-token scales took 0.563-0.578x the bf16 page-64 time on the H200, against
@@ -123,6 +125,8 @@ class DecodeConfig:
             return cls(block_n=16, block_m=16, num_stages=1)
         block_d = max(16, C.next_power_of_2(head_dim))
         block_n = max(16, min(128, (16 << 10) // (block_d * cache_itemsize)))
+        if cache_itemsize == 1 and block_d == 128 and fp8_mma and paged and page_size >= 64:
+            return cls(block_n=128, num_warps=4, num_stages=5, ctas_per_sm=2, qk="wgmma_fp8")
         if cache_itemsize == 1 and block_d == 128:
             return cls(block_n=64, num_warps=2, num_stages=5, ctas_per_sm=4)
         if cache_itemsize == 2 and block_d == 128 and not paged and not programs > 3 * sms > 0:
@@ -149,8 +153,10 @@ def decode_config(**overrides):
 
 
 def current_config(head_dim: int, cache_itemsize: int, paged: bool = True,
-                   programs: int = 0, sms: int = 0, page_size: int = 0) -> DecodeConfig:
-    cfg = DecodeConfig.for_device(head_dim, cache_itemsize, paged, programs, sms, page_size)
+                   programs: int = 0, sms: int = 0, page_size: int = 0,
+                   fp8_mma: bool = False) -> DecodeConfig:
+    cfg = DecodeConfig.for_device(head_dim, cache_itemsize, paged, programs, sms, page_size,
+                                  fp8_mma)
     return _OVERRIDES.apply(cfg)
 
 

@@ -144,15 +144,18 @@ def _check_decode_values(k_cache, cache_seqlens, block_table, max_len) -> None:
 # Launchers
 # --------------------------------------------------------------------------------------------
 def plan_splits(q, k_cache, block_table, num_splits: int = 0,
-                config: DecodeConfig | None = None) -> tuple[int, DecodeConfig, int, int]:
+                config: DecodeConfig | None = None,
+                fp8_mma: bool = True) -> tuple[int, DecodeConfig, int, int]:
     """(num_splits, config, BLOCK_M, M tiles) for a call, from shapes only (never the lengths:
-    no host sync)."""
+    no host sync). ``fp8_mma=False``: the default as if the fp8 wgmma could not run."""
     b, sq, hq, d = q.shape
     hk = k_cache.shape[2]
     size, paged = k_cache.element_size(), block_table is not None
     sms = D.sm_count(q.device)
     page = k_cache.shape[1] if paged else 0
-    cfg = config or current_config(d, size, paged, page_size=page)
+    fp8_mma = (fp8_mma and size == 1 and q.dtype in (torch.float16, torch.bfloat16)
+               and sq * (hq // max(hk, 1)) <= 8 and D.capability(q.device)[0] == 9)
+    cfg = config or current_config(d, size, paged, page_size=page, fp8_mma=fp8_mma)
     if block_table is None:
         max_len = k_cache.shape[1]
     else:
@@ -227,14 +230,13 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
     same = k_cache.stride() == v_cache.stride() and ks_strides == vs_strides
     if cfg.qk not in QKS:
         raise ValueError(f"DecodeConfig: qk = {cfg.qk!r} must be one of {QKS}")
-    if not (isinstance(cfg.prefetch, int) and 0 <= cfg.prefetch <= 64):
-        raise ValueError(f"DecodeConfig: prefetch = {cfg.prefetch!r} must be an int from 0 "
-                         "to 64 (tiles ahead)")
     qk_wg = (cfg.qk == "wgmma_fp8" and words and d == block_d and q.dtype != torch.float32
              and _sm90_or_interpreter(q.device))
     if cfg.qk == "wgmma_fp8" and not qk_wg:  # the MMA path's M tiles (16 rows or more)
+        # (a default planned for the wgmma falls back to the default without it)
+        base = config or plan_splits(q, k_cache, block_table, num_splits, fp8_mma=False)[1]
         splits, cfg, block_m, n_m = plan_splits(q, k_cache, block_table, num_splits,
-                                                dataclasses.replace(cfg, qk="mma"))
+                                                dataclasses.replace(base, qk="mma"))
     if cfg.combine not in COMBINES:
         raise ValueError(f"DecodeConfig: combine = {cfg.combine!r} must be one of {COMBINES}")
     fused = splits > 1 and cfg.combine != "launch"
@@ -273,10 +275,6 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"FP8_WORDS": True, "SAME_STRIDES": same} if words else {}),
         **({"QK_WG": True} if qk_wg else {}),
-        **({"PREFETCH": cfg.prefetch} if words and cfg.prefetch else {}),
-        **({"PF_PAGES": True} if words and cfg.prefetch and cfg.prefetch_pages
-           and _page_shares(k_cache, v_cache, k_scale, v_scale, block_table, cfg.block_n)
-           else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
         **(_fused_args(out, lse, b * hk * n_m) if fused else {}),
     )
@@ -307,21 +305,6 @@ def _fused_args(out, lse, n):
     so, sl = out.stride(), lse.stride()
     return dict(OUT=out, LOUT=lse, CNT=cnt, sfb=so[0], sfs=so[1], sfh=so[2], sfd=so[3],
                 sgb=sl[0], sgh=sl[1], sgs=sl[2], FUSED=True)
-
-
-def _page_shares(k_cache, v_cache, k_scale, v_scale, block_table, block_n) -> bool:
-    """Paged contiguous caches (and per-token scales, where given) whose page blocks split
-    into one 16-byte-multiple share a kv head, tiles of one or two pages: the bulk L2
-    prefetch of ``DecodeConfig.prefetch_pages`` applies."""
-    if block_table is None:
-        return False
-    page, hk = k_cache.shape[1], k_cache.shape[2]
-    ok = (block_n in (page, 2 * page) and k_cache.is_contiguous() and v_cache.is_contiguous()
-          and k_cache.stride(0) % (16 * hk) == 0)
-    for s in (k_scale, v_scale):
-        if s is not None and s.ndim:
-            ok = ok and s.is_contiguous() and (s.stride(0) * 4) % (16 * hk) == 0
-    return ok
 
 
 def _sm90_or_interpreter(device) -> bool:
