@@ -245,6 +245,43 @@ def test_fp8_default_takes_the_wgmma_where_it_applies(monkeypatch):
         assert other[1:4] == ("mma", 64, 2)
 
 
+@pytest.mark.parametrize("unaligned", [False, True])
+def test_fp8_wgmma_default_and_its_fallback(monkeypatch, unaligned):
+    """The GPU default planned for the fp8 wgmma (made the default here: the H200's table and
+    capability) runs it where the cache reads as words, and where it does not (a cache one
+    byte off alignment) falls back to the word default's own tiles (128-key wgmma tiles
+    against 64-key word tiles: a sub-tile derived before the fallback would skip every
+    tile): against the reference either way."""
+    from tkit.kernels import _device
+    from tkit.kernels.decode import config as DC
+
+    real = DC.DecodeConfig.for_device
+
+    def gpu_table(*args, **kwargs):
+        with monkeypatch.context() as m:
+            m.setattr(DC._env, "INTERPRET", False)
+            return real(*args, **kwargs)
+
+    monkeypatch.setattr(DC.DecodeConfig, "for_device", gpu_table)
+    monkeypatch.setattr(_device, "CPU_CAPABILITY", (9, 0))
+    if _dev() != "cpu":
+        pytest.skip("the interpreter's run of the GPU default")
+    q, k, v, table = _paged(2, 1, 8, 2, 128, 64, 3, torch.bfloat16, seed=211)
+    gen = torch.Generator().manual_seed(23)
+    ks = torch.rand(k.shape[:-1], generator=gen) + 0.5
+    vs = torch.rand(k.shape[:-1], generator=gen) + 0.5
+    k8, v8 = k.to(FP8), v.to(FP8)
+    if unaligned:
+        k8, v8 = (torch.empty(x.numel() + 1, dtype=FP8)[1:].view(x.shape).copy_(x)
+                  for x in (k8, v8))
+    seen = _launches(monkeypatch)
+    with poisoned_outputs():
+        check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                [q, k8, v8, _lens(150, 37)],
+                                dict(block_table=table, k_scale=ks, v_scale=vs))
+    assert [(x.get("QK_WG"), x["BLOCK_N"]) for x in seen] == ([] if unaligned else [(True, 128)])
+
+
 def test_choose_num_splits():
     # the bench shapes on 132 SMs, two programs an SM, 64-key tiles, 2 MB of K+V a split
     def splits(b, hk, length, d=128, itemsize=2):

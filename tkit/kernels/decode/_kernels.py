@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from tkit.kernels._numerics import INTERPRET as _INTERPRET
 from tkit.kernels._numerics import interpreter_operand as _interpreter_operand
@@ -824,9 +825,24 @@ def _merge_rows(OA, LA, OB, LB, O, LSE, n_parts, sa_part, sla_part,
         tot = tl.sum(tot_v, 0)
     empty = tot == 0.0
     out = acc / tl.where(empty, 1.0, tot)
-    lse = tl.where(empty, float("-inf"), m_use + tl.log(tl.where(empty, 1.0, tot)))
+    if TWO:  # log(e^la + e^lb) as torch.logaddexp forms it, to float32's rounding
+        lse = tl.where(empty, float("-inf"), m_use + _log1p_exp_neg(tl.abs(la - lb)))
+    else:
+        lse = tl.where(empty, float("-inf"), m_use + tl.log(tl.where(empty, 1.0, tot)))
     tl.store(O + o_off + offs_d * sod, out.to(O.dtype.element_ty), mask=dmask)
     tl.store(LSE + l_off, lse)
+
+
+@triton.jit
+def _log1p_exp_neg(x):
+    """log(1 + e^-x) for x >= 0 (+inf: 0) with libdevice's correctly rounded-ish exp and
+    log1p: ``tl.exp`` / ``tl.log`` are the SFU's approximations (~2 ulp each, and log(1 + y)
+    loses y's low bits), which put a merged lse several ulp off torch's."""
+    if _INTERPRET:  # the interpreter has no libdevice; numpy's float32 functions instead
+        r = tl.log(1.0 + tl.exp(-x))
+    else:
+        r = libdevice.log1p(libdevice.exp(-x))
+    return r
 
 
 @triton.jit

@@ -209,11 +209,6 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         max_len, page, n_blocks = k_cache.shape[1], 1, b
         bt, bt_strides = (cache_seqlens if cache_seqlens is not None else q), (0, 0)
     block_d = max(16, C.next_power_of_2(d))
-    # an override of block_n alone
-    sub_n = min(cfg.sub_n or cfg.block_n, cfg.block_n)
-    if sub_n < 16 or cfg.block_n % sub_n or sub_n & (sub_n - 1):
-        raise ValueError(f"DecodeConfig: sub_n = {cfg.sub_n} must be a power of 2 >= 16 that "
-                         f"divides block_n = {cfg.block_n}")
     scale_k = 0 if k_scale is None else (1 if k_scale.ndim == 0 else 2)
     scale_v = 0 if v_scale is None else (1 if v_scale.ndim == 0 else 2)
     ks_strides = k_scale.stride() if scale_k == 2 else (0, 0, 0)
@@ -224,19 +219,26 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         qk_scale, cap_scale = scale * LOG2E, 1.0
     # fp8 caches read as int32 words of 4 values, where the layout allows
     # (a tile's row offsets are 32-bit: block_n row strides below 2**31)
-    words = (block_d >= 64 and _fp8_words(k_cache, v_cache)
-             and max(k_cache.stride(1), v_cache.stride(1), ks_strides[1], vs_strides[1])
-             * cfg.block_n < 2**31)
+    word_layout = block_d >= 64 and _fp8_words(k_cache, v_cache)
+    row_stride = max(k_cache.stride(1), v_cache.stride(1), ks_strides[1], vs_strides[1])
+    words = word_layout and row_stride * cfg.block_n < 2**31
     same = k_cache.stride() == v_cache.stride() and ks_strides == vs_strides
     if cfg.qk not in QKS:
         raise ValueError(f"DecodeConfig: qk = {cfg.qk!r} must be one of {QKS}")
     qk_wg = (cfg.qk == "wgmma_fp8" and words and d == block_d and q.dtype != torch.float32
              and _sm90_or_interpreter(q.device))
     if cfg.qk == "wgmma_fp8" and not qk_wg:  # the MMA path's M tiles (16 rows or more)
-        # (a default planned for the wgmma falls back to the default without it)
+        # (a default planned for the wgmma falls back to the default without it: its own
+        # tiles, so everything derived from the config is derived again below)
         base = config or plan_splits(q, k_cache, block_table, num_splits, fp8_mma=False)[1]
         splits, cfg, block_m, n_m = plan_splits(q, k_cache, block_table, num_splits,
                                                 dataclasses.replace(base, qk="mma"))
+        words = word_layout and row_stride * cfg.block_n < 2**31
+    # an override of block_n alone
+    sub_n = min(cfg.sub_n or cfg.block_n, cfg.block_n)
+    if sub_n < 16 or cfg.block_n % sub_n or sub_n & (sub_n - 1):
+        raise ValueError(f"DecodeConfig: sub_n = {cfg.sub_n} must be a power of 2 >= 16 that "
+                         f"divides block_n = {cfg.block_n}")
     if cfg.combine not in COMBINES:
         raise ValueError(f"DecodeConfig: combine = {cfg.combine!r} must be one of {COMBINES}")
     fused = splits > 1 and cfg.combine != "launch"
