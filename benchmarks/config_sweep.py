@@ -24,6 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 import tkit  # noqa: E402
 from tkit import registry  # noqa: E402
@@ -640,6 +642,63 @@ def sweep_int4(rows):
         sweep("int4", I4.int4_config, m16, "matmul_int4", idx, rows, exact=False)
 
 
+@triton.jit
+def _empty_kernel(x):
+    """Nothing: the floor of a timed graph replay (:func:`sweep_int4_floor`)."""
+    pass
+
+
+@triton.jit
+def _read_kernel(x, out, n, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Program p sums int32 elements [p CHUNK, (p + 1) CHUNK) of x (below n) into out[p]: a
+    contiguous stream a program, BLOCK elements a step (:func:`sweep_int4_floor`)."""
+    pid = tl.program_id(0)
+    base = pid.to(tl.int64) * CHUNK
+    acc = tl.zeros([BLOCK], tl.int32)
+    for i in range(0, CHUNK, BLOCK):
+        offs = base + i + tl.arange(0, BLOCK)
+        acc += tl.load(x + offs, mask=offs < n, other=0)
+    tl.store(out + pid, tl.sum(acc))
+
+
+def sweep_int4_floor(rows):
+    """What the timing of the INT4 decode cases can show at best: a read of the bytes of
+    M=1 K=4096 N=14336 group 128 (codes, scales, zeros: 31.2 MB) by an int32 sum of
+    contiguous chunks over 132 to 4224 programs, an empty kernel (the graph replay's own
+    floor), torch.sum, cuBLAS bf16 and tkit.matmul_int4 at the same shape; graph replays,
+    L2 read-flushed, min of 3 medians. Issue #16's bar (3.5x cuBLAS) against the best read."""
+    import torch.nn.functional as F
+
+    a = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(14336, 4096, device="cuda", dtype=torch.bfloat16)
+    q, s, z = tkit.quantize_int4(w, 128)
+    nbytes = sum(t.numel() * t.element_size() for t in (q, s, z))
+    n = nbytes // 4
+    x = torch.ones(n, dtype=torch.int32, device="cuda")
+    out = torch.empty(100000, dtype=torch.int32, device="cuda")
+
+    def t(fn):
+        return min(time_fn(fn, replay=True, rep_ms=60).median_ms for _ in range(3))
+
+    res = {"empty triton kernel": t(lambda: _empty_kernel[(1,)](x)),
+           "torch.sum 31 MB": t(lambda: x.sum()),
+           "cuBLAS bf16 F.linear M=1": t(lambda: F.linear(a, w)),
+           "tkit.matmul_int4 M=1": t(lambda: tkit.matmul_int4(a, q, s, z, group_size=128))}
+    for block in (2048, 4096):
+        for progs in (132, 264, 528, 1056, 2112, 4224):
+            chunk = triton.cdiv(triton.cdiv(n, progs), block) * block
+            g = triton.cdiv(n, chunk)
+            for warps in (4, 8):
+                res[f"triton read BLOCK {block} programs {g} warps {warps}"] = t(
+                    lambda chunk=chunk, g=g, warps=warps, block=block: _read_kernel[(g,)](
+                        x, out, n, CHUNK=chunk, BLOCK=block, num_warps=warps))
+    for k, v in res.items():
+        print(f"int4_floor {k:52s} {v * 1e3:8.2f} us {nbytes / v / 1e9:6.2f} TB/s")
+        rows.append(dict(family="int4-probe", op="matmul_int4",
+                         case="M=1 K=4096 N=14336 g128 bytes (31.2 MB)", provider=k,
+                         median_ms=v, tbps=nbytes / v / 1e9))
+
+
 def sweep_int4_prefill(rows):
     """matmul_int4 at prefill sizes of the registry's M sweep (K=4096, N=14336; M = 128, 512,
     4096): the default (the tile kernel, converting every code of the weight in each M tile)
@@ -1204,7 +1263,7 @@ def sweep_decode_wg(rows):
 
 SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "decode_bar": sweep_decode_bar, "decode_fp8": sweep_decode_fp8,
-          "int4": sweep_int4, "int4_prefill": sweep_int4_prefill,
+          "int4": sweep_int4, "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,

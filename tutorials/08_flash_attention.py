@@ -385,43 +385,47 @@ def test_decode_kernel_matches_reference():
 # %% [markdown]
 # ### Measured on the H200 (2026-12-02), against the prediction
 #
-# From `benchmarks/results/h200.jsonl`, run `h200-2026-12-02-ze-final` (docs/NOTES.md, "tenth
-# session"; bytes = K and V read, plus the fp8 scales; % of the copy ceiling, 4.28 TB/s in
-# that run; SDPA reads the same keys from a dense cache):
+# From `benchmarks/results/h200.jsonl`, run `h200-2026-12-02-zo-decode` (docs/NOTES.md,
+# "thirteenth session"; bytes = K and V read, plus the fp8 scales; % of the copy ceiling,
+# 4.28 TB/s in that run; SDPA reads the same keys from a dense cache):
 #
 # | case | us | TB/s | % of copy | x SDPA flash | x SDPA cuDNN |
 # | --- | --- | --- | --- | --- | --- |
-# | B32 Hq32/Hkv8 D128 L8192 dense | 245.4 | 4.38 | 102% | 1.63 | 1.00 |
-# | same, page 64 shuffled | 253.2 | 4.24 | 99% | 1.59 | 0.96 |
-# | same, page 16 shuffled | 256.3 | 4.19 | 98% | 1.63 | 0.95 |
-# | B1 L131072 dense | 135.9 | 3.95 | 92% | 1.12 | 0.97 |
-# | B128 L1024 dense | 129.5 | 4.16 | 97% | 1.64 | 0.99 |
-# | B32 L8192 page 64, fp8 per-token-head scales | 145.7 | 3.80 | 89% | - | - |
+# | B32 Hq32/Hkv8 D128 L8192 dense | 243.7 | 4.41 | 103% | 1.88 | 1.00 |
+# | same, page 64 shuffled | 251.0 | 4.28 | 100% | 1.83 | 0.96 |
+# | same, page 16 shuffled | 255.6 | 4.20 | 98% | 1.80 | 0.94 |
+# | B1 L131072 dense | 133.5 | 4.02 | 94% | 1.20 | 0.95 |
+# | B128 L1024 dense | 127.1 | 4.24 | 99% | 1.88 | 0.99 |
+# | B32 L8192 page 64, fp8 per-token-head scales | 139.0 | 3.99 | 93% | - | - |
 #
-# * The prediction was 253 us for the B32 case at the copy ceiling; the dense call took 245.4
+# * The prediction was 253 us for the B32 case at the copy ceiling; the dense call took 243.7
 #   us. The ceiling is a copy, a read and a write; a kernel that only reads streams a little
 #   faster (Nsight Compute put the decode kernel's DRAM at ~90% of its peak). The dense cache
 #   runs as one split of 8 warps with 3 stages in flight (two K/V tiles a program, 256 programs,
 #   two an SM): the whole grid in one wave and no merge launch. Two splits of 4 warps and the
 #   merge took ~250 us + 4 us in the same week's runs.
-# * The single long sequence, 8 programs without splitting, reaches 3.96 TB/s with 29 splits:
+# * The single long sequence, 8 programs without splitting, reaches 4.02 TB/s with 29 splits:
 #   split-KV turns a grid of 6% of the SMs into a full one.
-# * The fp8 cache reads half the bytes; it takes 0.575x the bf16 paged time (145.7 against
-#   253.2 us), 1.16x its own floor. The first fp8 kernel took 335.5 us, slower than bf16: the
+# * The fp8 cache reads half the bytes; it takes 0.554x the bf16 paged time (139.0 against
+#   251.0 us), 1.11x its own floor. The first fp8 kernel took 335.5 us, slower than bf16: the
 #   pipelined loop read the fp8 tile from shared memory a byte at a time into the MMA
 #   operand's layout (the layout is chosen at the shared-memory read, and 8-bit values have no
 #   transposing `ldmatrix`). Reading the cache as 32-bit words (4 head-dim positions each) and
 #   converting each word into four fp16 quarters that are dotted separately removed the byte
-#   gathers; with 2 warps a program (214 registers), 5 stages and 2 splits, four programs an SM
-#   keep enough bytes in flight. What is left is not located: 6% fewer instructions a tile
-#   (the conversion is ~30% of them), a third tile in flight, 1 warp a program or no merge
-#   launch each left the time within 1% or made it slower (docs/NOTES.md, "tenth session").
+#   gathers (0.575x). The default now skips K's conversion altogether: the scores are
+#   computed transposed, keys as the MMA's M, by an fp8 `wgmma` that reads K from shared
+#   memory as loaded, with the query split into two fp8 parts (hi and lo, about bfloat16's 8
+#   significant bits together); 128-key tiles, two in flight, two programs an SM. Over
+#   L2-resident pages its loop takes the same time as the word pipeline's (118.9 against
+#   119.3 us), so what it buys over HBM (0.56 against 0.58 in the same sweep) is bytes in
+#   flight, not instructions; L2 prefetches beyond the shared-memory pipeline made it
+#   slower in every form tried (docs/NOTES.md, "thirteenth session").
 # * Host time: decode steps are captured in CUDA graphs or, eager, served by per-signature
 #   plans (15 us a call against SDPA's 29 in the latency group).
 
 # %%
-MEASURED_H200 = {  # run h200-2026-12-02-ze-final: (us, TB/s)
-    "dense": (245.4, 4.38), "page64": (253.2, 4.24), "fp8_page64": (145.7, 3.80),
+MEASURED_H200 = {  # run h200-2026-12-02-zo-decode: (us, TB/s)
+    "dense": (243.7, 4.41), "page64": (251.0, 4.28), "fp8_page64": (139.0, 3.99),
 }
 
 
