@@ -1256,12 +1256,64 @@ DECODE_WG_RUNS: list = [
 ]
 
 
+def sweep_decode_fp8_batch(rows):
+    """The fp8 page-64 cache with per-token scales (B x 8192 keys, Hq32/Hkv8, D128, shuffled
+    pages) at batches 16 to 64 against the bf16 page-64 default at the same batch: the fp8
+    default (the wgmma, its splits filling waves of 2 programs an SM), the wgmma unsplit,
+    and the word pipeline (:data:`FP8_WORDS`); whole calls, graph replays, L2 read-flushed,
+    min of 2 interleaved rounds."""
+    from tkit.kernels import decode as DA
+    from tkit.specs import decode_attention as S
+
+    L, page, hq, hk, d = 8192, 64, 32, 8, 128
+    runs = {"fp8 default": {}, "fp8 wgmma 1 split": dict(num_splits=1), "fp8 words": FP8_WORDS}
+    for B in (16, 24, 32, 40, 48, 64):
+        nb = B * (L // page)
+        q = torch.randn(B, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+        k8 = torch.randn(nb, page, hk, d, device="cuda").to(torch.float8_e4m3fn)
+        v8 = torch.randn(nb, page, hk, d, device="cuda").to(torch.float8_e4m3fn)
+        ks = torch.rand(nb, page, hk, device="cuda") + 0.5
+        vs = torch.rand(nb, page, hk, device="cuda") + 0.5
+        table = S.paged_table(B, L // page, nb, torch.Generator().manual_seed(B)).cuda()
+        lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
+        kb, vb = k8.to(torch.bfloat16), v8.to(torch.bfloat16)
+
+        def fp8(cfg, q=q, k8=k8, v8=v8, lens=lens, table=table, ks=ks, vs=vs):
+            with DA.decode_config(**cfg):
+                return tkit.decode_attention(q, k8, v8, lens, block_table=table, k_scale=ks,
+                                             v_scale=vs)
+
+        def bf16(q=q, kb=kb, vb=vb, lens=lens, table=table):
+            return tkit.decode_attention(q, kb, vb, lens, block_table=table)
+
+        want = fp8(FP8_WORDS)
+        times = {}
+        for _ in range(ROUNDS):
+            times.setdefault("bf16 default", []).append(
+                time_fn(bf16, replay=True, rep_ms=60).median_ms)
+            for name, cfg in runs.items():
+                if not _close(fp8(cfg), want):
+                    raise AssertionError(f"decode_fp8_batch B={B} {name}: DIFFERENT OUTPUT")
+                times.setdefault(name, []).append(
+                    time_fn(lambda cfg=cfg: fp8(cfg), replay=True, rep_ms=60).median_ms)
+        ref = min(times["bf16 default"])
+        splits = DA.plan_splits(q, k8, table)[0]
+        for name, ts in times.items():
+            t = min(ts)
+            print(f"decode_fp8_batch B={B:3d} {name:18s} {t * 1e3:7.1f} us {t / ref:5.3f} of bf16"
+                  f" page 64" + (f" ({splits} splits)" if name == "fp8 default" else ""))
+            rows.append(dict(family="decode_fp8_batch", op="decode_attention",
+                             case=f"B{B} Sq1 H32/8 D128 L8192 page64 shuffled fp8/token",
+                             provider=name, median_ms=t, vs_bf16_page64_default=t / ref))
+
+
 def sweep_decode_wg(rows):
     """:func:`sweep_decode_fp8` over :data:`DECODE_WG_RUNS`."""
     sweep_decode_fp8(rows, DECODE_WG_RUNS, "decode_wg")
 
 
 SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
+          "decode_fp8_batch": sweep_decode_fp8_batch,
           "decode_bar": sweep_decode_bar, "decode_fp8": sweep_decode_fp8,
           "int4": sweep_int4, "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
           "quant": sweep_quant,

@@ -292,6 +292,11 @@ def test_choose_num_splits():
     assert splits(128, 8, 1024) == 1      # 1024 programs already fill the machine
     assert splits(1, 8, 131072) == 32     # 256 programs for one long sequence
     assert splits(32, 8, 32768) == 8      # the longest of a mixed batch in 4096-key runs
+    # a grid of 1.2 waves stays unsplit, unless the waves are to be filled (builds timed per
+    # program): 3 splits fill 3.6 of them
+    assert DA.choose_num_splits(320, 64, 132) == 1
+    assert DA.choose_num_splits(320, 64, 132, fill=True) == 3
+    assert DA.choose_num_splits(256, 64, 132, fill=True) == 1  # 0.97 of a wave
     assert DA.choose_num_splits(4, 3, 132) == 3  # never more splits than tiles
     assert DA.choose_num_splits(0, 10, 132) == 1
 

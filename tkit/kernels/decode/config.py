@@ -62,6 +62,10 @@ class DecodeConfig:
         lo fp8 parts, ~8 significant bits as bfloat16 has; M tiles of 8 or 16 query rows
         (at most ``block_m``); wants 4 warps (a warpgroup) and 64 to 256 keys a tile).
         Elsewhere "mma" runs.
+    fill_waves: the split heuristic fills waves of ``ctas_per_sm`` programs an SM even when
+        the unsplit grid already covers the SMs (:func:`choose_num_splits`'s ``fill``): for
+        builds whose time is set per program (each SM's programs share its latency, not
+        HBM's bandwidth), where a wave 61% full costs 40%.
     """
 
     block_n: int = 64
@@ -75,6 +79,7 @@ class DecodeConfig:
     max_registers: Optional[int] = None  # noqa: UP045
     combine: str = "launch"
     qk: str = "mma"
+    fill_waves: bool = False
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,
@@ -126,7 +131,8 @@ class DecodeConfig:
         block_d = max(16, C.next_power_of_2(head_dim))
         block_n = max(16, min(128, (16 << 10) // (block_d * cache_itemsize)))
         if cache_itemsize == 1 and block_d == 128 and fp8_mma and paged and page_size >= 64:
-            return cls(block_n=128, num_warps=4, num_stages=5, ctas_per_sm=2, qk="wgmma_fp8")
+            return cls(block_n=128, num_warps=4, num_stages=5, ctas_per_sm=2, qk="wgmma_fp8",
+                       fill_waves=True)
         if cache_itemsize == 1 and block_d == 128:
             return cls(block_n=64, num_warps=2, num_stages=5, ctas_per_sm=4)
         if cache_itemsize == 2 and block_d == 128 and not paged and not programs > 3 * sms > 0:
@@ -161,7 +167,8 @@ def current_config(head_dim: int, cache_itemsize: int, paged: bool = True,
 
 
 def choose_num_splits(work: int, n_tiles: int, sms: int, *, ctas_per_sm: int = 2,
-                      min_splits: int = 1, max_splits: int = MAX_SPLITS) -> int:
+                      min_splits: int = 1, max_splits: int = MAX_SPLITS,
+                      fill: bool = False) -> int:
     """Splits of each (sequence, kv head, M tile) program's keys.
 
     ``work``: programs without splitting (batch * kv heads * M tiles); ``n_tiles``: key tiles
@@ -169,13 +176,14 @@ def choose_num_splits(work: int, n_tiles: int, sms: int, *, ctas_per_sm: int = 2
     ``min_splits .. max_splits`` (no more than there are tiles) take the smallest whose waves
     over ``sms * ctas_per_sm`` slots are at least 85% as full as the best's (FlashAttention-2's
     rule, with the floor added: its batch-wide wave count ignores that one long sequence of a
-    mixed batch would be a tail of few programs)."""
+    mixed batch would be a tail of few programs). A grid of at least 80% of the slots stays
+    unsplit unless ``fill``: then the same rule applies to it too."""
     cap = max(1, min(max_splits, n_tiles))
     lo = max(1, min(min_splits, cap))
     if work <= 0:
         return 1
     slots = max(1, sms * ctas_per_sm)
-    if lo == 1 and work >= 0.8 * slots:
+    if lo == 1 and work >= 0.8 * slots and not fill:
         return 1
     eff = {}
     for s in range(lo, cap + 1):

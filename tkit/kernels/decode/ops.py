@@ -175,7 +175,8 @@ def plan_splits(q, k_cache, block_table, num_splits: int = 0,
         if not splits:
             kv_bytes = 2 * max_len * d * size
             splits = choose_num_splits(b * hk * n_m, n_tiles, sms, ctas_per_sm=cfg.ctas_per_sm,
-                                       min_splits=C.cdiv(kv_bytes, cfg.split_bytes))
+                                       min_splits=C.cdiv(kv_bytes, cfg.split_bytes),
+                                       fill=cfg.fill_waves)
         splits = max(1, min(int(splits), MAX_SPLITS, max(n_tiles, 1)))
         return splits, block_m, n_m
 
