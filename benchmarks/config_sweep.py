@@ -1259,14 +1259,16 @@ DECODE_WG_RUNS: list = [
 def sweep_decode_fp8_batch(rows):
     """The fp8 page-64 cache with per-token scales (B x 8192 keys, Hq32/Hkv8, D128, shuffled
     pages) at batches 16 to 64 against the bf16 page-64 default at the same batch: the fp8
-    default (the wgmma, its splits filling waves of 2 programs an SM), the wgmma unsplit,
-    and the word pipeline (:data:`FP8_WORDS`); whole calls, graph replays, L2 read-flushed,
-    min of 2 interleaved rounds."""
+    default (the wgmma where its unsplit grid is 80-100% of a wave of 2 programs an SM, else
+    the word pipeline), the wgmma unsplit, and the word pipeline (:data:`FP8_WORDS`); whole
+    calls, graph replays, L2 read-flushed, min of 2 interleaved rounds."""
     from tkit.kernels import decode as DA
     from tkit.specs import decode_attention as S
 
     L, page, hq, hk, d = 8192, 64, 32, 8, 128
-    runs = {"fp8 default": {}, "fp8 wgmma 1 split": dict(num_splits=1), "fp8 words": FP8_WORDS}
+    runs = {"fp8 default": {}, "fp8 words": FP8_WORDS,
+            "fp8 wgmma 1 split": dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2,
+                                      num_splits=1)}
     for B in (16, 24, 32, 40, 48, 64):
         nb = B * (L // page)
         q = torch.randn(B, 1, hq, d, device="cuda", dtype=torch.bfloat16)

@@ -222,26 +222,29 @@ def test_device_defaults_for_head_dim_128(monkeypatch):
 
 def test_fp8_default_takes_the_wgmma_where_it_applies(monkeypatch):
     """Outside the interpreter (meta tensors plan as the H200): a paged fp8 cache at D=128
-    with pages of 64 keys or more, 16-bit queries and at most 8 packed rows a kv head gets
-    the fp8 wgmma (128-key tiles, 4 warps, one split at B32 L8192, 8-row M tiles); more
-    rows, float32 queries, smaller pages or a dense cache keep the word pipeline."""
+    with pages of 64 keys or more, 16-bit queries, at most 8 packed rows a kv head and an
+    unsplit grid of 80-100% of one wave of 2 programs an SM (B27-B33 at 8 kv heads) that
+    plans one split gets the fp8 wgmma (128-key tiles, 4 warps, 8-row M tiles); other
+    batches, more rows, float32 queries, smaller pages, a dense cache or keys enough for
+    several splits keep the word pipeline."""
     from tkit.kernels.decode import config as DC
 
     monkeypatch.setattr(DC._env, "INTERPRET", False)
 
-    def plan(sq=1, hq=32, dtype=torch.bfloat16, page=64, paged=True):
-        q = torch.empty((32, sq, hq, 128), dtype=dtype, device="meta")
-        k = torch.empty((32 * 8192 // page, page, 8, 128), dtype=FP8, device="meta")
-        table = torch.empty((32, 8192 // page), dtype=I32, device="meta")
+    def plan(sq=1, hq=32, dtype=torch.bfloat16, page=64, paged=True, b=32, n=8192):
+        q = torch.empty((b, sq, hq, 128), dtype=dtype, device="meta")
+        k = torch.empty((b * n // page, page, 8, 128), dtype=FP8, device="meta")
+        table = torch.empty((b, n // page), dtype=I32, device="meta")
         if not paged:
-            k, table = k.reshape(32, 8192, 8, 128), None
+            k, table = k.reshape(b, n, 8, 128), None
         splits, cfg, block_m, _ = DA.plan_splits(q, k, table)
         return splits, cfg.qk, cfg.block_n, cfg.num_warps, block_m
 
-    assert plan() == (1, "wgmma_fp8", 128, 4, 8)
+    assert plan() == plan(b=27) == plan(b=33) == (1, "wgmma_fp8", 128, 4, 8)
     assert plan(page=256)[1:] == plan(hq=64)[1:] == ("wgmma_fp8", 128, 4, 8)
     for other in (plan(sq=4), plan(hq=64, sq=2), plan(dtype=torch.float32), plan(page=16),
-                  plan(paged=False)):
+                  plan(paged=False), plan(b=16), plan(b=24), plan(b=40), plan(b=64),
+                  plan(n=32768)):
         assert other[1:4] == ("mma", 64, 2)
 
 
@@ -266,7 +269,8 @@ def test_fp8_wgmma_default_and_its_fallback(monkeypatch, unaligned):
     monkeypatch.setattr(_device, "CPU_CAPABILITY", (9, 0))
     if _dev() != "cpu":
         pytest.skip("the interpreter's run of the GPU default")
-    q, k, v, table = _paged(2, 1, 8, 2, 128, 64, 3, torch.bfloat16, seed=211)
+    # 4 sequences x 2 kv heads: 8 programs, one wave of 2 an SM on the interpreter's 4 SMs
+    q, k, v, table = _paged(4, 1, 8, 2, 128, 64, 3, torch.bfloat16, seed=211)
     gen = torch.Generator().manual_seed(23)
     ks = torch.rand(k.shape[:-1], generator=gen) + 0.5
     vs = torch.rand(k.shape[:-1], generator=gen) + 0.5
@@ -277,7 +281,7 @@ def test_fp8_wgmma_default_and_its_fallback(monkeypatch, unaligned):
     seen = _launches(monkeypatch)
     with poisoned_outputs():
         check_against_reference(tkit.decode_attention, S.ref_decode_attention,
-                                [q, k8, v8, _lens(150, 37)],
+                                [q, k8, v8, _lens(150, 37, 90, 1)],
                                 dict(block_table=table, k_scale=ks, v_scale=vs))
     assert [(x.get("QK_WG"), x["BLOCK_N"]) for x in seen] == ([] if unaligned else [(True, 128)])
 
@@ -292,11 +296,6 @@ def test_choose_num_splits():
     assert splits(128, 8, 1024) == 1      # 1024 programs already fill the machine
     assert splits(1, 8, 131072) == 32     # 256 programs for one long sequence
     assert splits(32, 8, 32768) == 8      # the longest of a mixed batch in 4096-key runs
-    # a grid of 1.2 waves stays unsplit, unless the waves are to be filled (builds timed per
-    # program): 3 splits fill 3.6 of them
-    assert DA.choose_num_splits(320, 64, 132) == 1
-    assert DA.choose_num_splits(320, 64, 132, fill=True) == 3
-    assert DA.choose_num_splits(256, 64, 132, fill=True) == 1  # 0.97 of a wave
     assert DA.choose_num_splits(4, 3, 132) == 3  # never more splits than tiles
     assert DA.choose_num_splits(0, 10, 132) == 1
 
@@ -508,14 +507,15 @@ _WG_GPU = [(1, {}, False, True), (4, {}, False, False), (1, {}, True, False),
 @pytest.mark.parametrize("sq, cfg, unaligned, wg", _WG_GPU)
 def test_fp8_scores_by_fp8_mma_compiled(monkeypatch, sq, cfg, unaligned, wg):
     """``qk="wgmma_fp8"`` compiled for sm_90 at the bench case's structure (page 64 shuffled,
-    GQA 4, D 128, per-token scales, bfloat16 queries; 4 sequences up to 2048 keys, one of
-    them shorter than a tile): the default (the wgmma at one query, 8 rows a tile; the word
+    GQA 4, D 128, per-token scales, bfloat16 queries; 32 sequences up to 2048 keys, some
+    shorter than a tile): the default (the wgmma at one query, 8 rows a tile; the word
     pipeline at 4 queries, and where a cache one byte off 16-byte alignment cannot be read
     as words), other tiles and stages, 16 rows a tile, and the word path over the default's
     other fields: against the reference and the word pipeline's output."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the fp8 wgmma is sm_90's")
-    q, k, v, table = _paged(4, sq, 32, 8, 128, 64, 32, torch.bfloat16, seed=201)
+    # 32 sequences x 8 kv heads: one wave of 2 programs an SM, where the default takes it
+    q, k, v, table = _paged(32, sq, 32, 8, 128, 64, 32, torch.bfloat16, seed=201)
     gen = torch.Generator().manual_seed(17)
     ks = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device) / 64
     vs = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device) / 64
@@ -523,7 +523,7 @@ def test_fp8_scores_by_fp8_mma_compiled(monkeypatch, sq, cfg, unaligned, wg):
     if unaligned:
         k8, v8 = (torch.empty(x.numel() + 1, dtype=FP8, device=x.device)[1:].view(x.shape)
                   .copy_(x) for x in (k8, v8))
-    lens = _lens(2048, 1000, 37, 1531)
+    lens = _lens(*[2048, 1000, 37, 1531] * 8)
     kw = dict(block_table=table, k_scale=ks, v_scale=vs, return_lse=True)
     seen = _launches(monkeypatch)
     with DA.decode_config(**cfg), poisoned_outputs():

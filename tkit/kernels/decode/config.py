@@ -62,10 +62,6 @@ class DecodeConfig:
         lo fp8 parts, ~8 significant bits as bfloat16 has; M tiles of 8 or 16 query rows
         (at most ``block_m``); wants 4 warps (a warpgroup) and 64 to 256 keys a tile).
         Elsewhere "mma" runs.
-    fill_waves: the split heuristic fills waves of ``ctas_per_sm`` programs an SM even when
-        the unsplit grid already covers the SMs (:func:`choose_num_splits`'s ``fill``): for
-        builds whose time is set per program (each SM's programs share its latency, not
-        HBM's bandwidth), where a wave 61% full costs 40%.
     """
 
     block_n: int = 64
@@ -79,7 +75,6 @@ class DecodeConfig:
     max_registers: Optional[int] = None  # noqa: UP045
     combine: str = "launch"
     qk: str = "mma"
-    fill_waves: bool = False
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,
@@ -94,15 +89,20 @@ class DecodeConfig:
         (programs, splits included) and the SM count; more programs than one wave of three
         an SM take the 4-warp config instead (below). ``page_size``: the cache's (0: dense
         or not known). ``fp8_mma``: the call can take ``qk="wgmma_fp8"`` (sm_90, 16-bit
-        queries, at most 8 packed rows a kv head: one 8-row M tile).
+        queries, at most 8 packed rows a kv head: one 8-row M tile); ``programs`` is then
+        its unsplit grid (sequences x kv heads).
 
-        fp8 at D=128, paged with pages of 64 keys or more, ``fp8_mma``: the fp8 wgmma scores,
-        128-key tiles (two pages at page 64), 4 warps, 5 stages (two tiles in flight, 89 KB),
-        2 programs an SM, so one split at B32: 0.558-0.559x the bf16 page-64 time on the
-        H200 in three runs, against 0.569-0.577x for the word pipeline below in the same
-        runs (docs/NOTES.md, "fp8 decode: K read straight into an fp8 wgmma"). Where the
-        wgmma does not apply after all (a cache not readable as words), the launcher plans
-        again with ``fp8_mma`` off.
+        fp8 at D=128, paged with pages of 64 keys or more, ``fp8_mma``, an unsplit grid of
+        80-100% of one wave of 2 programs an SM: the fp8 wgmma scores, 128-key tiles (two
+        pages at page 64), 4 warps, 5 stages (two tiles in flight, 89 KB), one split (the
+        planner takes the word pipeline where it would split). Its time is set per program,
+        not by HBM (B33 took 1% longer than B32 for 3% more work): at B32 Hkv8 0.554-0.561x
+        the bf16 page-64 time on the H200 against 0.568-0.580x for the word pipeline below;
+        elsewhere it lost or tied, split or not (B24 0.549 unsplit / 0.577 in 4 splits, B16
+        / B40 / B64 0.531 / 0.615 / 0.550, against the word pipeline's 0.555 and 0.530 /
+        0.577 / 0.535; docs/NOTES.md, "thirteenth session"). Where the wgmma does not apply
+        after all (a cache not readable as words), the launcher plans again with
+        ``fp8_mma`` off.
 
         fp8 at D=128 otherwise: the pipelined loops reading words (above), 2 warps, 64-key tiles,
         5 stages (two K/V tiles in flight a program even when paged): 216 registers, 40 KB,
@@ -130,9 +130,9 @@ class DecodeConfig:
             return cls(block_n=16, block_m=16, num_stages=1)
         block_d = max(16, C.next_power_of_2(head_dim))
         block_n = max(16, min(128, (16 << 10) // (block_d * cache_itemsize)))
-        if cache_itemsize == 1 and block_d == 128 and fp8_mma and paged and page_size >= 64:
-            return cls(block_n=128, num_warps=4, num_stages=5, ctas_per_sm=2, qk="wgmma_fp8",
-                       fill_waves=True)
+        if (cache_itemsize == 1 and block_d == 128 and fp8_mma and paged and page_size >= 64
+                and 0.8 * 2 * sms <= programs <= 2 * sms):
+            return cls(block_n=128, num_warps=4, num_stages=5, ctas_per_sm=2, qk="wgmma_fp8")
         if cache_itemsize == 1 and block_d == 128:
             return cls(block_n=64, num_warps=2, num_stages=5, ctas_per_sm=4)
         if cache_itemsize == 2 and block_d == 128 and not paged and not programs > 3 * sms > 0:
@@ -167,8 +167,7 @@ def current_config(head_dim: int, cache_itemsize: int, paged: bool = True,
 
 
 def choose_num_splits(work: int, n_tiles: int, sms: int, *, ctas_per_sm: int = 2,
-                      min_splits: int = 1, max_splits: int = MAX_SPLITS,
-                      fill: bool = False) -> int:
+                      min_splits: int = 1, max_splits: int = MAX_SPLITS) -> int:
     """Splits of each (sequence, kv head, M tile) program's keys.
 
     ``work``: programs without splitting (batch * kv heads * M tiles); ``n_tiles``: key tiles
@@ -176,14 +175,13 @@ def choose_num_splits(work: int, n_tiles: int, sms: int, *, ctas_per_sm: int = 2
     ``min_splits .. max_splits`` (no more than there are tiles) take the smallest whose waves
     over ``sms * ctas_per_sm`` slots are at least 85% as full as the best's (FlashAttention-2's
     rule, with the floor added: its batch-wide wave count ignores that one long sequence of a
-    mixed batch would be a tail of few programs). A grid of at least 80% of the slots stays
-    unsplit unless ``fill``: then the same rule applies to it too."""
+    mixed batch would be a tail of few programs)."""
     cap = max(1, min(max_splits, n_tiles))
     lo = max(1, min(min_splits, cap))
     if work <= 0:
         return 1
     slots = max(1, sms * ctas_per_sm)
-    if lo == 1 and work >= 0.8 * slots and not fill:
+    if lo == 1 and work >= 0.8 * slots:
         return 1
     eff = {}
     for s in range(lo, cap + 1):

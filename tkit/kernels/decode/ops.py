@@ -155,7 +155,8 @@ def plan_splits(q, k_cache, block_table, num_splits: int = 0,
     page = k_cache.shape[1] if paged else 0
     fp8_mma = (fp8_mma and size == 1 and q.dtype in (torch.float16, torch.bfloat16)
                and sq * (hq // max(hk, 1)) <= 8 and D.capability(q.device)[0] == 9)
-    cfg = config or current_config(d, size, paged, page_size=page, fp8_mma=fp8_mma)
+    cfg = config or current_config(d, size, paged, b * hk if fp8_mma else 0, sms, page,
+                                   fp8_mma)
     if block_table is None:
         max_len = k_cache.shape[1]
     else:
@@ -175,12 +176,14 @@ def plan_splits(q, k_cache, block_table, num_splits: int = 0,
         if not splits:
             kv_bytes = 2 * max_len * d * size
             splits = choose_num_splits(b * hk * n_m, n_tiles, sms, ctas_per_sm=cfg.ctas_per_sm,
-                                       min_splits=C.cdiv(kv_bytes, cfg.split_bytes),
-                                       fill=cfg.fill_waves)
+                                       min_splits=C.cdiv(kv_bytes, cfg.split_bytes))
         splits = max(1, min(int(splits), MAX_SPLITS, max(n_tiles, 1)))
         return splits, block_m, n_m
 
     splits, block_m, n_m = plan(cfg)
+    if config is None and fp8_mma and cfg.qk == "wgmma_fp8" and splits > 1:
+        # the wgmma default is measured unsplit only: the word pipeline where it would split
+        return plan_splits(q, k_cache, block_table, num_splits, fp8_mma=False)
     if config is None and not paged:  # the dense default depends on the grid it makes
         wide = current_config(d, size, paged, b * hk * n_m * splits, sms, page)
         if wide != cfg:
