@@ -412,14 +412,17 @@ def test_decode_kernel_matches_reference():
 #   operand's layout (the layout is chosen at the shared-memory read, and 8-bit values have no
 #   transposing `ldmatrix`). Reading the cache as 32-bit words (4 head-dim positions each) and
 #   converting each word into four fp16 quarters that are dotted separately removed the byte
-#   gathers (0.575x). The default now skips K's conversion altogether: the scores are
-#   computed transposed, keys as the MMA's M, by an fp8 `wgmma` that reads K from shared
-#   memory as loaded, with the query split into two fp8 parts (hi and lo, about bfloat16's 8
-#   significant bits together); 128-key tiles, two in flight, two programs an SM. Over
+#   gathers (0.575x). Where the batch fills one wave of programs (B27-B33 here) the default
+#   now skips K's conversion altogether: the scores are computed transposed, keys as the
+#   MMA's M, by an fp8 `wgmma` that reads K from shared memory as loaded, with the query
+#   split into two fp8 parts (hi and lo, about bfloat16's 8 significant bits together);
+#   128-key tiles, two in flight, two programs an SM. Over
 #   L2-resident pages its loop takes the same time as the word pipeline's (118.9 against
 #   119.3 us), so what it buys over HBM (0.56 against 0.58 in the same sweep) is bytes in
 #   flight, not instructions; L2 prefetches beyond the shared-memory pipeline made it
-#   slower in every form tried (docs/NOTES.md, "thirteenth session").
+#   slower in every form tried. Its time is set per program rather than by HBM, so at
+#   other batches (a second, partial wave, or splits) the word pipeline ties or wins, and
+#   keeps them (docs/NOTES.md, "thirteenth session").
 # * Host time: decode steps are captured in CUDA graphs or, eager, served by per-signature
 #   plans (15 us a call against SDPA's 29 in the latency group).
 
