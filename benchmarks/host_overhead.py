@@ -93,21 +93,6 @@ def _fake_jit_run(self, *args, grid, warmup, **kwargs):
     return _NoopCompiled()
 
 
-def _sig_type(v):
-    """The signature type Triton gives a launch argument (for the dressed stand-in kernels)."""
-    if isinstance(v, torch.Tensor):
-        return "*bf16"
-    if type(v) is bool:
-        return "i1"
-    if type(v) is int:
-        return "i32" if -2 ** 31 <= v < 2 ** 31 else "i64"
-    if type(v) is float:
-        return "fp32"
-    if hasattr(v, "block_shape") and hasattr(v, "base"):
-        return f"tensordesc<bf16[{', '.join(str(b) for b in v.block_shape)}]>"
-    return "constexpr"
-
-
 def _dress_for_cplan() -> None:
     """``--cplan``: each stand-in compiled kernel gets what the C++ executor reads from Triton's
     (an int function handle, launch metadata, a signature from its first recorded launch, the
@@ -116,27 +101,22 @@ def _dress_for_cplan() -> None:
     from types import SimpleNamespace
 
     from tkit.kernels import _cplan
+    from tkit.testing._standins import launch_signature
 
     mod = _cplan.module()
     if mod is None:
         raise SystemExit(f"--cplan: no C++ executor here: {_cplan.status()}")
     orig = _launch._record
 
-    def meta(v):
-        es = v.base.element_size()
-        return dict(swizzle=3, elem_size=es, elem_type=10, fp4_padded=False,
-                    block_size=[*v.block_shape[:-1], min(v.block_shape[-1], 128 // es)])
-
     def record(item):
         if item is not None and not hasattr(item[0], "src"):
             ck, args = item[0], item[2]
-            sig = {i: _sig_type(v) for i, v in enumerate(args)}
+            sig, descs = launch_signature(args)
             ck.src = SimpleNamespace(signature=sig)
             ck.metadata = SimpleNamespace(
                 num_ctas=1, global_scratch_size=0, profile_scratch_size=0, num_warps=4,
                 shared=0, launch_cooperative_grid=False, launch_pdl=False,
-                tensordesc_meta=[meta(v) for i, v in enumerate(args)
-                                 if sig[i].startswith("tensordesc")] or None)
+                tensordesc_meta=descs)
         orig(item)
 
     _launch._record = record

@@ -441,29 +441,6 @@ def _plan_vs_ordinary(made, make, fn, fresh=False):
 
 
 # ---- the C++ executor (tkit.kernels._cplan) ---------------------------------------------------
-def _sig_type(v):
-    """The signature type Triton would give a launch argument, for the stand-in kernel."""
-    if isinstance(v, torch.Tensor):
-        return "*fp32"
-    if type(v) is bool:
-        return "i1"
-    if type(v) is int:
-        return "i32" if -2 ** 31 <= v < 2 ** 31 else "i64"
-    if type(v) is float:
-        return "fp32"
-    if hasattr(v, "block_shape") and hasattr(v, "base"):
-        return f"tensordesc<bf16[{', '.join(str(b) for b in v.block_shape)}]>"
-    return "constexpr"  # None, strings, dtypes
-
-
-def _tma_meta(v):
-    """The descriptor metadata Triton's compile gives a 16-bit tensor's host descriptor with
-    128-byte swizzling (the box's inner dimension cut to 128 bytes), as for the Gluon GEMM."""
-    es = v.base.element_size()
-    return dict(swizzle=3, elem_size=es, elem_type=10, fp4_padded=False,
-                block_size=[*v.block_shape[:-1], min(v.block_shape[-1], 128 // es)])
-
-
 class _Md:
     num_ctas = 1
     global_scratch_size = profile_scratch_size = 0
@@ -482,6 +459,7 @@ def cplans(jitplans, monkeypatch):
     from types import SimpleNamespace
 
     from tkit.kernels import _cplan
+    from tkit.testing._standins import launch_signature
 
     mod = _cplan.module()
     if mod is None:
@@ -493,9 +471,8 @@ def cplans(jitplans, monkeypatch):
             ck, args = item[0], item[2]
             ck.function = 0x1000 + 16 * len(jitplans)
             ck.metadata = _Md(4 + len(jitplans) % 3, 64 * len(jitplans))
-            ck.src = SimpleNamespace(signature={i: _sig_type(v) for i, v in enumerate(args)})
-            ck.metadata.tensordesc_meta = [_tma_meta(v) for v in args
-                                           if _sig_type(v).startswith("tensordesc")] or None
+            sig, ck.metadata.tensordesc_meta = launch_signature(args)
+            ck.src = SimpleNamespace(signature=sig)
             ck.consts = {i: v for i, v in enumerate(args)
                          if ck.src.signature[i] == "constexpr"}
         orig_record(item)

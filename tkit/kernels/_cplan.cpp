@@ -616,7 +616,6 @@ bool device_stream(long* dev, unsigned long long* stream) {
   return ok;
 }
 
-// serve(cache, prefix, inputs) -> the outputs where the call's plan serves it; otherwise the
 // runs a plan found in a cache: an executor plan, or a Python plan (a launch the executor does
 // not take) called as plan(stream, inputs); a new reference (None: the plan stepped aside), or
 // nullptr with the error set. The plan is held for the call: a Python plan may clear the cache.
@@ -636,6 +635,43 @@ PyObject* call_plan(PyObject* plan, unsigned long long stream, PyObject* inputs)
   return out;
 }
 
+// the outputs of the plan cached under key where it serves the call; otherwise the list
+// [key, stream] for the Python path (a miss, a plan that steps aside, key None: not looked
+// up). Steals key. A key that cannot be hashed (an option held as itself) is a miss: the
+// Python path names it.
+PyObject* serve_key(PyObject* cache, PyObject* key, unsigned long long stream,
+                    PyObject* inputs) {
+  if (key != Py_None) {
+    PyObject* plan = PyDict_GetItemWithError(cache, key);  // borrowed
+    if (!plan && PyErr_Occurred()) {
+      if (!PyErr_ExceptionMatches(PyExc_TypeError)) {
+        Py_DECREF(key);
+        return nullptr;
+      }
+      PyErr_Clear();
+    }
+    if (plan && plan != Py_False) {
+      PyObject* out = call_plan(plan, stream, inputs);
+      if (out != Py_None) {  // the outputs, or nullptr with the error set
+        Py_DECREF(key);
+        return out;
+      }
+      Py_DECREF(out);
+    }
+  }
+  PyObject* st = PyLong_FromUnsignedLongLong(stream);
+  PyObject* miss = st ? PyList_New(2) : nullptr;
+  if (!miss) {
+    Py_XDECREF(st);
+    Py_DECREF(key);
+    return nullptr;
+  }
+  PyList_SET_ITEM(miss, 0, key);
+  PyList_SET_ITEM(miss, 1, st);
+  return miss;
+}
+
+// serve(cache, prefix, inputs) -> the outputs where the call's plan serves it; otherwise the
 // list [key, stream] for the Python path (a miss, a plan that steps aside, no plan)
 PyObject* serve(PyObject*, PyObject* const* args, Py_ssize_t n) {
   if (n != 3 || !PyDict_Check(args[0])) {
@@ -647,40 +683,7 @@ PyObject* serve(PyObject*, PyObject* const* args, Py_ssize_t n) {
   if (!device_stream(&dev, &stream)) return nullptr;
   PyObject* key = key_of(args[1], dev, args[2]);
   if (!key) return nullptr;
-  PyObject* plan = PyDict_GetItemWithError(args[0], key);  // borrowed
-  if (!plan && PyErr_Occurred()) {
-    if (!PyErr_ExceptionMatches(PyExc_TypeError)) {
-      Py_DECREF(key);
-      return nullptr;
-    }
-    PyErr_Clear();  // an unhashable option: the Python path names it
-  }
-  if (plan && plan != Py_False) {
-    PyObject* out = call_plan(plan, stream, args[2]);
-    if (!out) {
-      Py_DECREF(key);
-      return nullptr;
-    }
-    if (out != Py_None) {
-      Py_DECREF(key);
-      return out;
-    }
-    Py_DECREF(out);
-  }
-  PyObject* st = PyLong_FromUnsignedLongLong(stream);
-  if (!st) {
-    Py_DECREF(key);
-    return nullptr;
-  }
-  PyObject* miss = PyList_New(2);
-  if (!miss) {
-    Py_DECREF(key);
-    Py_DECREF(st);
-    return nullptr;
-  }
-  PyList_SET_ITEM(miss, 0, key);
-  PyList_SET_ITEM(miss, 1, st);
-  return miss;
+  return serve_key(args[0], key, stream, args[2]);
 }
 
 // ---- registered ops served below the dispatcher ---------------------------------------------
@@ -1192,47 +1195,20 @@ PyObject* op_serve(PyObject*, PyObject* const* args, Py_ssize_t n) {
   std::string s;
   s.reserve(160);
   key_head(s, dev);
-  PyObject* key = nullptr;
   bool ok = true;
   for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(args[1]); ++i) {
     int rc = key_pyobject(s, PyTuple_GET_ITEM(args[1], i));
     if (rc < 0) return nullptr;
     ok = rc == 1;
   }
+  PyObject* key = Py_None;
   if (ok) {
     key = PyBytes_FromStringAndSize(s.data(), static_cast<Py_ssize_t>(s.size()));
     if (!key) return nullptr;
-    PyObject* plan = PyDict_GetItemWithError(args[0], key);  // borrowed
-    if (!plan && PyErr_Occurred()) {
-      Py_DECREF(key);
-      return nullptr;
-    }
-    if (plan && plan != Py_False) {
-      PyObject* out = call_plan(plan, stream, args[2]);
-      if (!out) {
-        Py_DECREF(key);
-        return nullptr;
-      }
-      if (out != Py_None) {
-        Py_DECREF(key);
-        return out;
-      }
-      Py_DECREF(out);
-    }
   } else {
     Py_INCREF(Py_None);
-    key = Py_None;
   }
-  PyObject* st = PyLong_FromUnsignedLongLong(stream);
-  PyObject* miss = st ? PyList_New(2) : nullptr;
-  if (!miss) {
-    Py_XDECREF(st);
-    Py_DECREF(key);
-    return nullptr;
-  }
-  PyList_SET_ITEM(miss, 0, key);
-  PyList_SET_ITEM(miss, 1, st);
-  return miss;
+  return serve_key(args[0], key, stream, args[2]);
 }
 
 // init_cuda(c10_cuda_path, torch_cuda_path) -> whether the native device and stream getters
