@@ -99,6 +99,51 @@ def test_launch_plans_are_cached_per_layout(device):
     assert ew.ops._plan.cache_info().misses == 2
 
 
+@pytest.mark.parametrize("layout", ["transposed", "permuted", "sliced", "offset"])
+@pytest.mark.parametrize("op", ["silu", "relu", "cast", "cast_scaled"])
+def test_unary_output_keeps_a_dense_inputs_strides(op, layout, device):
+    """A unary op or cast of a dense permutation (a transpose) returns the strides torch's own
+    op returns (``preserve_format``) and runs as one contiguous run (the flat kernel); any
+    other input (a slice) gives a contiguous output. Values against torch's op in float64."""
+    shape = (6, 40, 24) if layout == "permuted" else (40, 24)
+    x = make_tensor(shape, torch.float32, layout, seed=11, device=device)
+    scale = torch.tensor([0.5], device=device)
+    calls = {
+        "silu": (tkit.silu, torch.nn.functional.silu),
+        "relu": (tkit.relu, torch.relu),
+        "cast": (lambda t: tkit.cast(t, torch.bfloat16), lambda t: t.to(torch.bfloat16)),
+        "cast_scaled": (lambda t: tkit.cast(t, torch.float16, scale),
+                        lambda t: (t.double() / 0.5).to(torch.float16)),
+    }
+    fn, ref_fn = calls[op]
+    with _common.poisoned_outputs():
+        out = fn(x)
+    ref = ref_fn(x.double() if op in ("silu", "relu") else x)
+    dense = layout in ("transposed", "permuted")  # offset: contiguous, sliced: not dense
+    assert (_common.dense(x) and not x.is_contiguous()) == dense
+    assert out.stride() == (ref.stride() if dense else torch.empty(shape).stride())
+    assert out.is_contiguous() != dense
+    launch_op = {"cast": "cast", "cast_scaled": "cast"}.get(op, op)
+    kind = ew.ops._plan(launch_op, op == "cast_scaled", (ew.ops._meta(x), ew.ops._meta(out)))[0]
+    assert kind == ("strided" if layout == "sliced" else "flat")
+    # casts: within one unit of the target's rounding (the interpreter's bf16 conversion
+    # truncates); activations in float32 against float64
+    rtol = {"cast": 2.0**-7, "cast_scaled": 2.0**-10}.get(op, 1e-6)
+    torch.testing.assert_close(out.double(), ref.double(), rtol=rtol, atol=1e-7)
+
+
+def test_unary_fake_strides_follow_the_kernels(device):
+    """The fakes (meta, torch.compile) give the strides the launcher allocates."""
+    for layout in ("transposed", "permuted", "sliced", "contiguous"):
+        x = make_tensor((3, 8, 5), torch.float32, layout, seed=1, device=device)
+        xm = x.to("meta") if layout != "sliced" else torch.empty_strided(
+            x.shape, x.stride(), device="meta")
+        for got, fake in ((tkit.silu(x), torch.ops.tkit.unary(xm, "silu")),
+                          (tkit.cast(x, torch.float16),
+                           torch.ops.tkit.cast(xm, torch.float16, None))):
+            assert got.stride() == fake.stride() and got.dtype == fake.dtype, layout
+
+
 def test_needs_int64_counts_span():
     small = torch.empty(0)
     assert not _common.needs_int64(small)

@@ -251,6 +251,11 @@ CASES = {
                  tkit.silu_mul),
     "gelu_mul_chunk": (lambda: torch.randn(4, 2000).chunk(2, -1), tkit.gelu_mul),
     "cast": (lambda: (torch.randn(8, 64),), lambda x: tkit.cast(x, BF)),
+    # outputs with a transposed input's strides (empty_like of it; a cast's with its dtype)
+    "silu_T": (lambda: (torch.randn(48, 40).t(),), tkit.silu),
+    "cast_T": (lambda: (torch.randn(3, 64, 40).transpose(1, 2),), lambda x: tkit.cast(x, BF)),
+    "op_cast_T_scaled": (lambda: (torch.randn(64, 40).t(), torch.rand(1) + 0.5),
+                         lambda x, s: torch.ops.tkit.cast(x, torch.float16, s)),
     "cast_scale": (lambda: (torch.randn(8, 64), torch.rand(1) + 0.5),
                    lambda x, s: tkit.cast(x, torch.float8_e4m3fn, s)),
     "softmax": (lambda: (torch.randn(1, 4096).to(BF),), tkit.softmax),

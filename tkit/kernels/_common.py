@@ -85,13 +85,46 @@ def launch(kernel, grid, **kwargs) -> None:
 
 def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Allocate an output; NaN-filled when outputs are being poisoned."""
-    out = torch.empty(tuple(shape), dtype=dtype, device=device)
-    if _poisoning() and out.numel() and device.type != "meta":
+    return _poisoned(torch.empty(tuple(shape), dtype=dtype, device=device))
+
+
+def _poisoned(out: torch.Tensor) -> torch.Tensor:
+    if _poisoning() and out.numel() and out.device.type != "meta":
         if out.dtype.is_floating_point:
             out.fill_(float("nan"))
         else:
             out.fill_(torch.iinfo(out.dtype).max)
     return out
+
+
+def dense(t: torch.Tensor) -> bool:
+    """``t``'s elements fill its span without gaps or overlaps in some order of its dimensions
+    (a permutation of a contiguous tensor, e.g. a transpose): what ``torch.empty_like`` keeps
+    the strides of."""
+    expected = 1
+    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def dense_like_strides(x: torch.Tensor) -> tuple[int, ...] | None:
+    """The strides an elementwise output of ``x``'s shape takes: ``x``'s own when ``x`` is
+    :func:`dense` but not contiguous (as torch's ``preserve_format``: a transposed input gives
+    a transposed output, and both are then one contiguous run for the kernel), else None
+    (contiguous). The fakes use the same rule, so that compiled graphs see the real strides."""
+    if x.is_contiguous() or not dense(x):
+        return None
+    return tuple(x.stride())
+
+
+def empty_like_dense(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An output shaped like ``x`` with :func:`dense_like_strides` (poisoned as :func:`empty`)."""
+    strides = dense_like_strides(x)
+    if strides is None:
+        return empty(x.shape, dtype, x.device)
+    return _poisoned(torch.empty_strided(tuple(x.shape), strides, dtype=dtype, device=x.device))
 
 
 def scratch(shape: Sequence[int], dtype: torch.dtype, device: torch.device,

@@ -140,8 +140,8 @@ struct Alloc {
   std::vector<int64_t> sizes;
   at::ScalarType dtype;
   int device;  // -1: CPU (tests only)
-  int like;    // an input with this output's shape, dtype, device and strides, or -1;
-               // -2: a scratch tensor allocated by at::zeros
+  int like;    // an input with this output's shape, device and strides (empty_like of it,
+               // with this dtype), or -1; -2: a scratch tensor allocated by at::zeros
 };
 
 struct PlanObject {
@@ -257,7 +257,8 @@ int run_plan_core(PlanObject* p, unsigned long long stream, const at::Tensor* co
     for (size_t j = 0; j < n_alloc; ++j) {
       const Alloc& a = (*p->allocs)[j];
       if (a.like >= 0 && inputs[a.like]) {
-        made.push_back(at::empty_like(*inputs[a.like]));
+        // the input's strides (a dense input's, kept), the allocation's dtype (a cast's)
+        made.push_back(at::empty_like(*inputs[a.like], at::TensorOptions().dtype(a.dtype)));
       } else {
         auto opts = at::TensorOptions().dtype(a.dtype);
         opts = a.device >= 0 ? opts.device(at::kCUDA, static_cast<c10::DeviceIndex>(a.device))

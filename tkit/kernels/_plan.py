@@ -393,10 +393,12 @@ def build(rec: list, inputs: tuple, outputs: tuple):
         # keys hold device indices, -1 for CPU and meta alike: plans are for CUDA tensors
         return False
     for o in outputs + scratch:
-        # outputs and scratch must be fresh, contiguous, aligned allocations that torch.empty
-        # reproduces, written by the launches alone: an in-place torch op (zero_, fill_,
+        # outputs and scratch must be fresh, aligned allocations that torch.empty (contiguous)
+        # or torch.empty_like of an input (its strides) reproduces, written by the launches
+        # alone: an in-place torch op (zero_, fill_,
         # copy_; on any view of it) bumps the version counter that Triton's launches leave
-        if (type(o) is not torch.Tensor or not o.is_contiguous() or o.storage_offset()
+        if (type(o) is not torch.Tensor or o.storage_offset()
+                or (not o.is_contiguous() and _like_slot(inputs, o) == -1)
                 or (not o.is_inference() and o._version)):
             return False  # (inference tensors keep no version counter: not checked there)
         if o.data_ptr() % 16:
@@ -460,8 +462,10 @@ def build(rec: list, inputs: tuple, outputs: tuple):
             t is None or t.is_cuda for t in tensors)):
         mod = _cplan.module()
         if mod is not None:
+            # the executor's empty_like takes the allocation's dtype: one slot form for both
             allocs = [(s, mod.scalar_type_code(dt), -1 if dev.type == "cpu" else dev.index,
-                       like) for (s, dt, dev), like in zip(shape, likes)]
+                       -3 - like if like <= -3 else like)
+                      for (s, dt, dev), like in zip(shape, likes)]
             try:
                 return mod.Plan(cspecs, allocs, n_in, len(outputs), *_launch.hook_lists(),
                                 stats)
@@ -481,14 +485,20 @@ def build(rec: list, inputs: tuple, outputs: tuple):
 
 
 def _like_slot(inputs: tuple, o) -> int:
-    """An input ``empty_like`` reproduces ``o`` from (same shape, dtype and device, strides
-    exactly the contiguous ones: ``empty_like`` keeps a dense input's strides), or -1."""
+    """An input ``empty_like`` reproduces ``o`` from (same shape, device and strides:
+    ``empty_like`` keeps a dense input's strides, and an input with the strides of a fresh
+    allocation is dense): its index when the dtype is the same too, ``-3 - index`` when only
+    the dtype differs and ``o`` is not contiguous (``empty_like(t, dtype=)``: a cast of a
+    transposed tensor), or -1 (``torch.empty`` of the shape: contiguous)."""
     if type(o) is not torch.Tensor:
         return -1
     for i, t in enumerate(inputs):
-        if (type(t) is torch.Tensor and t.shape == o.shape and t.dtype == o.dtype
-                and t.device == o.device and t.stride() == o.stride()):
-            return i
+        if (type(t) is torch.Tensor and t.shape == o.shape and t.device == o.device
+                and t.stride() == o.stride()):
+            if t.dtype == o.dtype:
+                return i
+            if not o.is_contiguous():
+                return -3 - i
     return -1
 
 
@@ -584,10 +594,11 @@ def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple, likes: tupl
     """Source of ``make(empty, stats, hooks, *values) -> go`` for one plan structure: the
     values become closure cells, so ``go`` is straight-line code with no lookups.
 
-    ``likes[j]``: an input slot whose shape, dtype, device and (contiguous) strides the j-th
+    ``likes[j]``: an input slot whose shape, dtype, device and strides the j-th
     allocation has, allocated with ``empty_like`` (no argument parsing: half the cost of
     ``torch.empty(shape, dtype=, device=)``), or -1, or -2 for a scratch tensor allocated by
-    ``torch.zeros``. ``direct[j]``: launch j calls the
+    ``torch.zeros``, or ``-3 - slot``: ``empty_like`` of that input with the allocation's
+    dtype (:func:`_like_slot`). ``direct[j]``: launch j calls the
     compiled launcher's C function itself (:func:`_direct_launch`), not its Python wrapper."""
     likes = likes or (-1,) * (n_out + n_scratch)
     direct = direct or (False,) * len(patterns)
@@ -607,6 +618,8 @@ def _codegen(n_in: int, n_out: int, n_scratch: int, patterns: tuple, likes: tupl
     for j, o in enumerate(allocs):
         if likes[j] >= 0:
             body.append(f"        {o} = empty_like(t{likes[j]})")
+        elif likes[j] <= -3:
+            body.append(f"        {o} = empty_like(t{-3 - likes[j]}, dtype=d{j})")
         elif likes[j] == -2:
             body.append(f"        {o} = zeros(s{j}, dtype=d{j}, device=v{j})")
         else:

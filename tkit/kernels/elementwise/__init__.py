@@ -28,6 +28,13 @@ Two kernels serve every op, the math picked by a constexpr ``OP``:
   operand coalesced along its own contiguous dimension and transpose it through shared memory,
   so a transpose is not a gather.
 
+Output layout: binary ops and ``act_mul`` return contiguous tensors; a unary op or cast of a
+tensor that is a permutation of a contiguous one (a transpose: no gaps, no overlaps) returns
+that tensor's strides, as torch's own ``silu`` or ``.to()`` do (``preserve_format``), any other
+input a contiguous output. The launcher orders the dimensions as the output lies in memory, so
+a transposed input and its transposed output are one contiguous run (the flat kernel) instead
+of a transpose through shared memory.
+
 Index math is 32-bit unless some offset can reach 2**31 (then ``INT64`` is set).
 """
 

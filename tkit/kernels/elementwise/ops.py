@@ -76,6 +76,12 @@ def _plan(op: str, has_scale: bool, metas: tuple) -> tuple:
     for s in shape:
         n *= s
     strides = [_broadcast_meta_strides(m, shape) for m in metas]
+    # the dimensions in the output's memory order (outermost first; no change for a
+    # contiguous output), so that operands laid out as the output, e.g. a transposed input
+    # and its transposed output, merge into one contiguous run
+    order = sorted(range(len(shape)), key=lambda i: -strides[-1][i])
+    shape = tuple(shape[i] for i in order)
+    strides = [[st[i] for i in order] for st in strides]
     merged = collapse_dims(shape, strides)
     int64 = any(C.span_needs_int64(*m) for m in metas)
     flags = dict(OP=op, HAS_B=len(metas) == 3, HAS_SCALE=has_scale, INT64=int64)
@@ -165,7 +171,7 @@ def _binary_impl(a, b, op, out_dtype):
 
 
 def _unary_impl(x, act):
-    return _launch(act, x, None, C.empty(x.shape, x.dtype, x.device))
+    return _launch(act, x, None, C.empty_like_dense(x, x.dtype))
 
 
 def _act_mul_impl(a, b, act):
@@ -176,7 +182,7 @@ def _act_mul_impl(a, b, act):
 
 def _cast_impl(x, dtype, scale):
     op = "cast_fp8" if dtype in C.FP8_DTYPES else "cast"
-    return _launch(op, x, None, C.empty(x.shape, dtype, x.device), scale)
+    return _launch(op, x, None, C.empty_like_dense(x, dtype), scale)
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,9 +238,17 @@ def _unary_op(x: torch.Tensor, act: str) -> torch.Tensor:
     return P.serve_op(_unary_op, _unary_impl, (x, act))
 
 
+def _fake_like(x, dtype):
+    """The output of a unary op or cast as the launcher allocates it (C.empty_like_dense)."""
+    strides = C.dense_like_strides(x)
+    if strides is None:
+        return torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)
+    return x.new_empty_strided(tuple(x.shape), strides, dtype=dtype)
+
+
 @_unary_op.register_fake
 def _(x, act):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return _fake_like(x, x.dtype)
 
 
 def _activation_grad(grad: torch.Tensor, x: torch.Tensor, act: str) -> torch.Tensor:
@@ -304,7 +318,7 @@ def _cast_op(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor])
 
 @_cast_op.register_fake
 def _(x, dtype, scale):
-    return torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)
+    return _fake_like(x, dtype)
 
 
 def _cast_setup(ctx, inputs, output):
