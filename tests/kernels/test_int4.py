@@ -218,7 +218,7 @@ def test_dequant_kernel_writes_the_reference_weight():
     N, K, G = 37, 192, 64
     w = make_tensor((N, K), F16, seed=9)
     q, s, z = tkit.quantize_int4(w, G)
-    out = torch.full((N, K), float("nan"), dtype=F16)
+    out = torch.full((N, K), float("nan"), dtype=F16, device=w.device)
     cfg = I4.Int4Config.for_shape(64, N, K, G, path="dequant")
     I4.C.launch(I4._dequant_int4_kernel, (I4.C.cdiv(N, cfg.block_n), K // cfg.block_k),
                 q_ptr=q, s_ptr=s, z_ptr=z, w_ptr=out, N=N, stride_qk=q.stride(0),

@@ -184,21 +184,22 @@ def test_direct_and_dispatched_paths_agree(device, monkeypatch):
 
 def test_signature_cache(device):
     """Eager 2-D calls validate and plan once per signature: a repeat with new data is still
-    right, a new layout or alignment is a new entry, and bad input still raises."""
+    right, a new layout or alignment is a new entry, and bad input still raises. Full float32
+    (allow_tf32=False): on a GPU the default tf32 dots are ~1e-3 off, above this tolerance."""
     mm._FAST.clear()
     a = make_tensor((5, 64), torch.float32, seed=1, device=device)
     b = make_tensor((64, 40), torch.float32, "transposed", seed=2, device=device)
     bias = make_tensor((40,), torch.float32, seed=3, device=device)
     ref = lambda a, b: (a.double() @ b.double() + bias.double()).relu()
-    tkit.matmul(a, b, bias, "relu")
+    tkit.matmul(a, b, bias, "relu", allow_tf32=False)
     assert len(mm._FAST) == 1
     a2 = make_tensor((5, 64), torch.float32, seed=4, device=device)
-    torch.testing.assert_close(tkit.matmul(a2, b, bias, "relu").double(), ref(a2, b),
+    torch.testing.assert_close(tkit.matmul(a2, b, bias, "relu", allow_tf32=False).double(), ref(a2, b),
                                rtol=1e-4, atol=1e-4)
     assert len(mm._FAST) == 1  # the same signature: served from the cache
     flat = torch.randn(5 * 64 + 1, device=device)
     a3 = flat[1:].view(5, 64)  # same shape and strides, base address 4 bytes off: a new entry
-    torch.testing.assert_close(tkit.matmul(a3, b, bias, "relu").double(), ref(a3, b),
+    torch.testing.assert_close(tkit.matmul(a3, b, bias, "relu", allow_tf32=False).double(), ref(a3, b),
                                rtol=1e-4, atol=1e-4)
     assert len(mm._FAST) == 2
     with pytest.raises(ValueError, match="cannot be multiplied"):
@@ -498,6 +499,21 @@ def test_autotuned_kernels(path, device, monkeypatch):
     check_against_reference(fn, lambda a, b, bias: a @ b + bias, [a, b, bias])
 
 
+def test_pruner_reads_keyword_arguments(monkeypatch):
+    """triton.autotune hands its early pruner the positional arguments as ``named_args`` and
+    the keywords apart; tkit launches with keywords only (TKIT_AUTOTUNE=1 on a GPU raised
+    KeyError 'M' when the pruner read ``named_args`` alone)."""
+    from tkit.kernels.matmul.config import _prune, _ptr_configs
+
+    monkeypatch.setattr(mm.config._env, "INTERPRET", False)
+    a = torch.empty(40, 48, dtype=torch.float16)
+    kw = dict(a_ptr=a, M=40, N=72, K=48)
+    kept = _prune(_ptr_configs(), {}, **kw)
+    assert kept and kept == _prune(_ptr_configs(), kw, **kw)
+    # tall tiles over 40 rows are pruned
+    assert all(c.kwargs["BLOCK_M"] <= 128 for c in kept)
+
+
 def test_fixed_configs_per_shape_class(monkeypatch):
     monkeypatch.setattr(mm.config._env, "INTERPRET", False)
     tma, ptr = mm.TmaConfig.for_shape, mm.PtrConfig.for_shape
@@ -684,13 +700,17 @@ def _on_hopper(monkeypatch):
     monkeypatch.setattr(_device, "sm_count", lambda device: 132)
 
 
+_DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _at_offset(shape, dtype, elements, transposed=False):
     """A contiguous (or column-major) view whose first element sits ``elements`` past a fresh
     allocation's start."""
     n = 1
     for s in shape:
         n *= s
-    flat = torch.randn(n + elements).to(dtype)[elements:]
+    # on the GPU where there is one: tkit refuses CPU tensors outside the interpreter
+    flat = torch.randn(n + elements, device=_DEV).to(dtype)[elements:]
     if transposed:
         return flat.view(shape[::-1]).t()
     return flat.view(shape)
@@ -736,7 +756,7 @@ def test_tma_residual_row_stride_of_one_row(monkeypatch):
     _on_hopper(monkeypatch)
     bf16 = torch.bfloat16
     a, b = _at_offset((1, 64), bf16, 0), _at_offset((64, 128), bf16, 0)
-    res = torch.randn(2, 131).to(bf16)[:1, :128]
+    res = torch.randn(2, 131, device=_DEV).to(bf16)[:1, :128]
     with _common.capture_launches() as launches:
         tkit.matmul(a, b, residual=res)
     (launch,) = launches

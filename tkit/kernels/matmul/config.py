@@ -80,8 +80,11 @@ def _prune(configs, named_args, **kwargs):
     (a wgmma k-step is 32 bytes: 16 fp16 or 32 fp8 elements)."""
     if _env.INTERPRET:
         return configs
-    M, N = named_args["M"], named_args["N"]
-    elem = named_args["a_ptr"].element_size()
+    # triton.autotune passes the positional arguments as ``named_args`` and the keywords
+    # apart; tkit launches with keywords only (and _tuning passes both)
+    args = {**named_args, **kwargs}
+    M, N = args["M"], args["N"]
+    elem = args["a_ptr"].element_size()
     out = []
     for cfg in configs:
         kw = dict(cfg.kwargs)
