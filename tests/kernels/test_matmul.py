@@ -194,13 +194,13 @@ def test_signature_cache(device):
     tkit.matmul(a, b, bias, "relu", allow_tf32=False)
     assert len(mm._FAST) == 1
     a2 = make_tensor((5, 64), torch.float32, seed=4, device=device)
-    torch.testing.assert_close(tkit.matmul(a2, b, bias, "relu", allow_tf32=False).double(), ref(a2, b),
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(tkit.matmul(a2, b, bias, "relu", allow_tf32=False).double(),
+                               ref(a2, b), rtol=1e-4, atol=1e-4)
     assert len(mm._FAST) == 1  # the same signature: served from the cache
     flat = torch.randn(5 * 64 + 1, device=device)
     a3 = flat[1:].view(5, 64)  # same shape and strides, base address 4 bytes off: a new entry
-    torch.testing.assert_close(tkit.matmul(a3, b, bias, "relu", allow_tf32=False).double(), ref(a3, b),
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(tkit.matmul(a3, b, bias, "relu", allow_tf32=False).double(),
+                               ref(a3, b), rtol=1e-4, atol=1e-4)
     assert len(mm._FAST) == 2
     with pytest.raises(ValueError, match="cannot be multiplied"):
         tkit.matmul(a, b.t())
