@@ -405,6 +405,17 @@ def test_estimate_reads_the_previous_runs_case_times(tmp_path):
                             tmp_path, "H", warm_jobs=4)
     timing = 1.0 + 3 * 3 * 125 * 2.0 / 1e3  # 3 rounds x 3 providers, 100 ms windows
     assert est["per_case"] == pytest.approx([2.0 + 8.0 / 4, timing + (10.0 - timing) / 4])
+    # the long-form rows fill in what no run file has (a fresh clone's committed results): the
+    # last row of a case wins, other devices' rows are not read
+    (tmp_path / "H.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"device": "H", "op": "neg", "case": "n", "case_seconds": 4.0, "warm_seconds": 1.0},
+        {"device": "H", "op": "neg", "case": "n", "case_seconds": 3.0, "warm_seconds": 2.0},
+        {"device": "other", "op": "neg", "case": "m", "case_seconds": 50.0},
+        {"device": "H", "op": "add", "case": "a", "case_seconds": 70.0}]) + "\n")
+    est = estimate.estimate([("neg", "elementwise", "n"), ("neg", "elementwise", "m"),
+                             ("add", "elementwise", "a")], tmp_path, "H")
+    assert est["timed"] == 2 and est["per_case"] == [
+        3.0 + 2.0, estimate.FAMILY_SECONDS["elementwise"], 10.0]  # a run file beats the rows
 
 
 # ---- what tkit bench says without a GPU ----------------------------------------------------

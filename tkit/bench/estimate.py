@@ -6,7 +6,7 @@ With a warm-up (``--warm-jobs``), the first calls run before the timing in sever
 at once, so their share of the total is divided by the number of processes. Each finished case
 records its timing pass's wall time in its rows (``case_seconds``) and its warm-up's
 (``warm_seconds``); the next run on the same device reads them from the results files in the
-output folder. Cases no earlier run timed take their family's figure from
+output folder (the run files first, then the long-form ``<device>.jsonl``). Cases no earlier run timed take their family's figure from
 :data:`FAMILY_SECONDS`.
 """
 
@@ -46,6 +46,27 @@ def previous_timings(out_dir: str | Path, device: str) -> tuple[dict, list[Path]
                 times.setdefault((r["op"], r["case"]), (r["case_seconds"],
                                                         r.get("warm_seconds")))
         if len(times) > n:
+            used.append(path)
+    # then the long-form rows (``<device>.jsonl``, committed with the repository: a fresh
+    # clone's first run reads the case times measured where the repository was made), the
+    # last row of a case in file order being its newest
+    for path in sorted(Path(out_dir).glob("*.jsonl")):
+        found: dict = {}
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if (isinstance(r, dict) and r.get("device") == device
+                    and r.get("case_seconds") is not None
+                    and (r.get("op"), r.get("case")) not in times):
+                found[(r["op"], r["case"])] = (r["case_seconds"], r.get("warm_seconds"))
+        if found:
+            times.update(found)
             used.append(path)
     return times, used
 
