@@ -6,8 +6,8 @@ With a warm-up (``--warm-jobs``), the first calls run before the timing in sever
 at once, so their share of the total is divided by the number of processes. Each finished case
 records its timing pass's wall time in its rows (``case_seconds``) and its warm-up's
 (``warm_seconds``); the next run on the same device reads them from the results files in the
-output folder (the run files first, then the long-form ``<device>.jsonl``). Cases no earlier run timed take their family's figure from
-:data:`FAMILY_SECONDS`.
+output folder (the run files first, then the long-form ``<device>.jsonl``). Cases no earlier
+run timed take their family's figure from :data:`FAMILY_SECONDS`.
 """
 
 from __future__ import annotations
