@@ -147,6 +147,9 @@ def test_unary_fake_strides_follow_the_kernels(device):
                           (tkit.cast(x, torch.float16),
                            torch.ops.tkit.cast(xm, torch.float16, None))):
             assert got.stride() == fake.stride() and got.dtype == fake.dtype, layout
+    xt = make_tensor((8, 5), torch.float32, "transposed", seed=2, device=device)
+    torch.library.opcheck(torch.ops.tkit.unary.default, (xt, "silu"))
+    torch.library.opcheck(torch.ops.tkit.cast.default, (xt, torch.float16, None))
 
 
 def test_needs_int64_counts_span():
