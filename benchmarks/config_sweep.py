@@ -1265,28 +1265,22 @@ def sweep_decode_fp8_batch(rows):
     from tkit.kernels import decode as DA
     from tkit.specs import decode_attention as S
 
-    L, page, hq, hk, d = 8192, 64, 32, 8, 128
     runs = {"fp8 default": {}, "fp8 words": FP8_WORDS,
             "fp8 wgmma 1 split": dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2,
                                       num_splits=1)}
     for B in (16, 24, 32, 40, 48, 64):
-        nb = B * (L // page)
-        q = torch.randn(B, 1, hq, d, device="cuda", dtype=torch.bfloat16)
-        k8 = torch.randn(nb, page, hk, d, device="cuda").to(torch.float8_e4m3fn)
-        v8 = torch.randn(nb, page, hk, d, device="cuda").to(torch.float8_e4m3fn)
-        ks = torch.rand(nb, page, hk, device="cuda") + 0.5
-        vs = torch.rand(nb, page, hk, device="cuda") + 0.5
-        table = S.paged_table(B, L // page, nb, torch.Generator().manual_seed(B)).cuda()
-        lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
-        kb, vb = k8.to(torch.bfloat16), v8.to(torch.bfloat16)
+        # the bench's fp8 and bf16 page-64 cases (tkit.specs.decode_attention) at batch B
+        (q, k8, v8), fkw = S._decode_case(B, 32, 8, 128, 8192, page=64,
+                                          fp8="token").make("cuda")
+        (qb, kb, vb), bkw = S._decode_case(B, 32, 8, 128, 8192, page=64).make("cuda")
+        table = fkw["block_table"]
 
-        def fp8(cfg, q=q, k8=k8, v8=v8, lens=lens, table=table, ks=ks, vs=vs):
+        def fp8(cfg, q=q, k8=k8, v8=v8, fkw=fkw):
             with DA.decode_config(**cfg):
-                return tkit.decode_attention(q, k8, v8, lens, block_table=table, k_scale=ks,
-                                             v_scale=vs)
+                return tkit.decode_attention(q, k8, v8, **fkw)
 
-        def bf16(q=q, kb=kb, vb=vb, lens=lens, table=table):
-            return tkit.decode_attention(q, kb, vb, lens, block_table=table)
+        def bf16(qb=qb, kb=kb, vb=vb, bkw=bkw):
+            return tkit.decode_attention(qb, kb, vb, **bkw)
 
         want = fp8(FP8_WORDS)
         times = {}

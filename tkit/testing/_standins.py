@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from tkit.kernels._plan import _is_descriptor
+
 
 def signature_type(v) -> str:
     """The signature type Triton gives a launch argument (every tensor a ``*bf16`` pointer: the
@@ -18,7 +20,7 @@ def signature_type(v) -> str:
         return "i32" if -2 ** 31 <= v < 2 ** 31 else "i64"
     if type(v) is float:
         return "fp32"
-    if hasattr(v, "block_shape") and hasattr(v, "base"):
+    if _is_descriptor(v):
         return f"tensordesc<bf16[{', '.join(str(b) for b in v.block_shape)}]>"
     return "constexpr"  # None, strings, dtypes
 
