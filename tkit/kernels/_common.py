@@ -26,27 +26,35 @@ _tuning.on_clear(_plan.clear)
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP8_DTYPES = (torch.float8_e4m3fn,)
 
-_state = threading.local()
+# Capture and poisoning are process-wide while their context is active: autograd runs the
+# backward pass of CUDA tensors on a thread of its own, whose launches and outputs must be
+# recorded and poisoned like the forward's (a thread-local switch missed them on a GPU).
+_capture: list | None = None
+_poison = 0
 
 
 def _capturing() -> list | None:
-    return getattr(_state, "capture", None)
+    return _capture
 
 
 def _poisoning() -> bool:
-    return _env.POISON or getattr(_state, "poison", False)
+    return _env.POISON or _poison > 0
 
 
 @contextlib.contextmanager
 def poisoned_outputs(enabled: bool = True):
-    """Fill every output tkit allocates with NaN (or the dtype's max for integers)."""
-    old = getattr(_state, "poison", False)
-    _state.poison = enabled
-    try:
-        with _plan.off("poison") if enabled else contextlib.nullcontext():
+    """Fill every output tkit allocates with NaN (or the dtype's max for integers), in every
+    thread of the process while active (autograd's backward threads included)."""
+    global _poison
+    if not enabled:
+        yield
+        return
+    with _plan.off("poison"):
+        _poison += 1
+        try:
             yield
-    finally:
-        _state.poison = old
+        finally:
+            _poison -= 1
 
 
 @dataclass
@@ -60,14 +68,15 @@ class KernelLaunch:
 
 @contextlib.contextmanager
 def capture_launches():
-    """Record launches instead of running them (meta tensors allowed). Yields the list."""
-    old = _capturing()
-    _state.capture = []
+    """Record launches instead of running them (meta tensors allowed), from every thread of
+    the process while active (autograd's backward threads included). Yields the list."""
+    global _capture
+    old, _capture = _capture, []
     try:
         with _plan.off("capture"):  # a plan would launch instead of recording
-            yield _state.capture
+            yield _capture
     finally:
-        _state.capture = old
+        _capture = old
 
 
 def launch(kernel, grid, **kwargs) -> None:
@@ -76,7 +85,7 @@ def launch(kernel, grid, **kwargs) -> None:
     The launch goes through :func:`tkit.kernels._launch.run`: an autotuned kernel runs the
     config chosen without timing, and the compiled kernel is launched directly from a cache
     keyed by Triton's specialization of the arguments."""
-    cap = getattr(_state, "capture", None)
+    cap = _capture
     if cap is not None:
         cap.append(KernelLaunch(kernel, grid, kwargs))
         return

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 import torch
@@ -229,22 +230,23 @@ def _matmul_into(a, b, out, res, scale_a, scale_b, bias, activation, ieee, path,
                 plan(ae, be, out.dtype, path=path, **epi), config)
         return
     b_shared = all(st == 0 or sz == 1 for st, sz in zip(be.stride()[:-2], batch))
-    a2 = _try_view(ae, -1, K) if b_shared else None
+    nb = math.prod(batch)  # sizes, not -1: a view of (-1, 0) is ambiguous when K = 0
+    a2 = _try_view(ae, nb * M, K) if b_shared else None
     if a2 is not None:
         # one weight for every batch: fold the batch into M (the nn.Linear case)
         b2 = be[(0,) * len(batch)]
         out2 = out.view(-1, N)
         r2 = None
         if re is not None:
-            r2 = _try_view(re, -1, N)
+            r2 = _try_view(re, nb * M, N)
             if r2 is None:  # an unusual residual layout: one copy, counted against nothing else
-                r2 = re.reshape(-1, N)
+                r2 = re.reshape(nb * M, N)
         epi = _epi_plan(bias, r2, activation, scale_a, scale_b)
         _run_2d(a2, b2, out2, r2, scale_a, scale_b, bias, activation, ieee,
                 plan(a2, b2, out.dtype, path=path, **epi), config)
         return
-    a3, b3 = _try_view(ae, -1, M, K), _try_view(be, -1, K, N)
-    r3 = _try_view(re, -1, M, N) if re is not None else None
+    a3, b3 = _try_view(ae, nb, M, K), _try_view(be, nb, K, N)
+    r3 = _try_view(re, nb, M, N) if re is not None else None
     if a3 is None or b3 is None or (re is not None and r3 is None):
         # batch dims that do not merge into one stride: one launch per leading index
         for i in range(batch[0]):
@@ -586,9 +588,10 @@ def _glu_impl(a, b, bias=None, activation="silu", out_dtype=None, allow_tf32=Tru
     out = C.empty((*a.shape[:-1], N), out_dtype or a.dtype, a.device)
     if out.numel() == 0:
         return out
-    a2 = a if a.ndim == 2 else _try_view(a, -1, K)
+    rows = out.numel() // N  # not -1: with K = 0 a view of (-1, 0) is ambiguous
+    a2 = a if a.ndim == 2 else _try_view(a, rows, K)
     if a2 is None:
-        a2 = a.reshape(-1, K)
+        a2 = a.reshape(rows, K)
     out2 = out.view(-1, N)
     p = MC.glu_plan(a2, b, out.dtype, path=path)
     _run_glu_2d(a2, b, out2, bias, activation, a.dtype == torch.float32 and not allow_tf32, p,
