@@ -36,16 +36,6 @@ def test_fuzz_against_reference(spec):
     fuzz(fn, ref, **recipe)
 
 
-def _forced(path):
-    def fn(a, b, with_bias=False, activation=None, with_residual=False):
-        bias, res = spec_mm._fuzz_epilogue(a, b, with_bias, with_residual)
-        return mm._matmul_impl(a, b, bias, res, activation=activation, allow_tf32=False,
-                               path=path)
-
-    fn.__qualname__ = f"matmul[path={path}]"
-    return fn
-
-
 @st.composite
 def _aligned_shapes(draw):
     # TMA needs 16-byte row strides: dims that are multiples of 8 (fp16) / 4 (fp32)
@@ -59,15 +49,15 @@ def test_fuzz_each_path(path):
     Hopper GPU and split-K for skinny shapes)."""
     kw = st.fixed_dictionaries({"with_bias": st.booleans(),
                                 "activation": st.sampled_from([None, "silu", "gelu_tanh"]),
-                                "with_residual": st.booleans()})
+                                "with_residual": st.booleans(), "path": st.just(path)})
     if path == "tma":
         shapes, layouts = _aligned_shapes(), ("contiguous", "transposed")
     else:
         shapes = spec_mm.matmul_shapes().filter(lambda s: len(s[0]) == 2 and len(s[1]) == 2)
         layouts = ("contiguous", "transposed", "sliced", "offset", "broadcast")
-    fuzz(_forced(path), spec_mm.fuzz_matmul_ref, shapes=shapes,
+    fuzz(spec_mm.fuzz_matmul_fn, spec_mm.fuzz_matmul_ref, shapes=shapes,
          dtypes=spec_mm.S.gpu_dtypes(), layouts=layouts, kwargs=kw, max_examples=20,
-         ulps=spec_mm.F32_ULPS, isolate=False)  # a closure: a child could not import it
+         ulps=spec_mm.F32_ULPS)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)

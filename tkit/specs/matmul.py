@@ -320,16 +320,38 @@ def matmul_shapes(draw, max_mn=150, max_k=150):
     return (*batch, M, K), (*b_batch, K, N)
 
 
+#: the GEMM kernels a fuzz example may force (``path``), beside the plan's own choice (None):
+#: the plan takes split-K only for weights far larger than fuzzed ones, and TMA only on a
+#: Hopper GPU, so without forcing, fuzzing (and the sanitizer campaign's examples) would
+#: never reach them at edge sizes
+FORCED_PATHS = ("ptr", "tma", "splitk")
+
+
+def _tma_operands(a, b) -> bool:
+    from tkit.kernels.matmul import config as MC
+
+    return a.ndim == 2 and b.ndim == 2 and MC._tma_ok(a)[0] and MC._tma_ok(b)[0]
+
+
 def fuzz_matmul_fn(a, b, with_bias=False, activation=None, with_residual=False,
-                   allow_tf32=False):
+                   allow_tf32=False, path=None):
     """tkit.matmul with an epilogue built from the inputs (bias: a row of b; residual: a@b's
-    shape, from a fixed seed), so that the reference sees the same values."""
+    shape, from a fixed seed), so that the reference sees the same values. ``path``: one of
+    :data:`FORCED_PATHS` forced (matmul's validated implementation, below the op), or None
+    (the op); "tma" falls back to the op where an operand is not TMA-compatible."""
     bias, res = _fuzz_epilogue(a, b, with_bias, with_residual)
-    return tkit.matmul(a, b, bias, activation, res, allow_tf32=allow_tf32)
+    if path == "tma" and not _tma_operands(a, b):
+        path = None
+    if path is None:
+        return tkit.matmul(a, b, bias, activation, res, allow_tf32=allow_tf32)
+    from tkit.kernels.matmul import ops as MO
+
+    return MO._matmul_impl(a, b, bias, res, activation=activation, allow_tf32=allow_tf32,
+                           path=path)
 
 
 def fuzz_matmul_ref(a, b, with_bias=False, activation=None, with_residual=False,
-                    allow_tf32=False):
+                    allow_tf32=False, path=None):
     bias, res = _fuzz_epilogue(a, b, with_bias, with_residual)
     return ref_matmul(a, b, bias, activation, res)
 
@@ -350,6 +372,7 @@ def _fuzz_matmul():
         "with_bias": st.booleans(),
         "activation": st.sampled_from([None, "silu", "gelu", "relu"]),
         "with_residual": st.booleans(),
+        "path": st.sampled_from((None, None) + FORCED_PATHS),
     })
     # on the GPU every (dtype, layout, epilogue) combination is a compile of its own: cap the
     # examples there; the interpreter compiles nothing and takes the profile's count
