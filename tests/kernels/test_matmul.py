@@ -261,28 +261,60 @@ def test_splitk_heuristic_at_decode_shapes():
                                        NUM_STAGES=4, num_warps=4)
 
 
-@pytest.mark.parametrize("M,N,K", [(17, 65, 65), (1, 4096, 4096), (64, 4096, 4096),
-                                   (16, 14336, 4096)])
-def test_splitk_configs_fit_shared_memory(M, N, K):
-    """The split-K path's configs (and the pointer kernel's, at split 1) fit in the SM's shared
-    memory for every operand size: float32 operands at the 16-bit tile and 4 stages took
-    245,760 B at 32 x 128 x 128 and Triton refused the launch on the H200 (a forced split-K
-    fuzz example, 17 x 65 x 65). 16-bit configs are unchanged."""
-    meta = dict(device="meta")
-    for dtype in (torch.float32, torch.bfloat16):
-        a, b = torch.empty(M, K, dtype=dtype, **meta), torch.empty(K, N, dtype=dtype, **meta)
-        cfg = mm.plan(a, b, path="splitk").config
-        assert cfg.shared_bytes(dtype.itemsize) <= mm.config.SMEM_BYTES
-        assert cfg.unsplit().block_k == cfg.block_k
-        if dtype == torch.bfloat16:
-            assert cfg == mm.SplitKConfig.for_shape(M, N, K, _device.sm_count(a.device))
+def _meta(*shape, dtype):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+_PLAN_SMEM_CASES = [
+    # (label, op, argument builder): decode-sized GEMMs (split-K, and the pointer kernel at
+    # split 1), a strided weight, the gated GEMM, a prefill GEMM, grouped GEMMs of large groups
+    ("matmul 17x4096x4096", tkit.matmul, lambda dt: (_meta(17, 4096, dtype=dt),
+                                                     _meta(4096, 4096, dtype=dt))),
+    ("matmul 17x65x65", tkit.matmul, lambda dt: (_meta(17, 65, dtype=dt),
+                                                 _meta(65, 65, dtype=dt))),
+    ("matmul 64x4096x14336", tkit.matmul, lambda dt: (_meta(64, 4096, dtype=dt),
+                                                      _meta(4096, 14336, dtype=dt))),
+    ("matmul 64x4096x14336 sliced b", tkit.matmul,
+     lambda dt: (_meta(64, 4096, dtype=dt), _meta(4096, 2 * 14336, dtype=dt)[:, ::2])),
+    ("matmul 4096^3", tkit.matmul, lambda dt: (_meta(4096, 4096, dtype=dt),
+                                               _meta(4096, 4096, dtype=dt))),
+    ("matmul_glu 64x4096x2x14336", tkit.matmul_glu,
+     lambda dt: (_meta(64, 4096, dtype=dt), _meta(4096, 2 * 14336, dtype=dt))),
+    ("grouped 8192 tokens G4", tkit.grouped_matmul,
+     lambda dt: (_meta(8192, 4096, dtype=dt), _meta(4, 4096, 4096, dtype=dt),
+                 torch.tensor([0, 2048, 4096, 6144, 8192], dtype=torch.int32, device="meta"))),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_gemm_configs_fit_shared_memory_sm90(dtype):
+    """Every launch the GEMM plans make, compiled ahead of time for sm_90, fits the SM's
+    shared memory. Configs sized for 16-bit operands took more than 232,448 B with float32
+    ones and Triton refused the launch on the H200: split-K at 32 x 128 x 128 (245,760 B, a
+    forced split-K fuzz example), the pointer kernel at split 1 (294,912 B at M = 64), the
+    grouped GEMM's 128-row tiles (262,144 B). Run under both Triton versions of CI, this also
+    catches a Triton that allocates more than the configs' own estimates."""
+    from tkit import ir
+
+    limit = mm.config.SMEM_BYTES
+    for label, op, build in _PLAN_SMEM_CASES:
+        args = build(dtype)
+        first = ir.compile(op, *args, arch="sm_90")
+        for i in range(len(first.launches or [first.name])):
+            c = first if i == 0 else ir.compile(op, *args, arch="sm_90", launch=i)
+            assert c.shared <= limit, f"{label} {dtype}: {c.name} takes {c.shared} B"
+
+
+def test_splitk_fit_shared():
+    """The split-K config's fit: stages down to 3, then the K step, then 2 stages; 16-bit
+    configs of the heuristic unchanged."""
     fit = mm.SplitKConfig(block_m=32, block_n=128, block_k=128, split_k=1).fit_shared(4)
-    assert (fit.num_stages, fit.block_k) == (3, 128)
-    assert mm.SplitKConfig(64, 128, 128, 1).fit_shared(4).num_stages == 3  # 229,376 B
-    # a glu plan fits too (its b is (K, 2N))
-    a, b = torch.empty(17, 4096, **meta), torch.empty(4096, 2 * 4096, **meta)
-    cfg = mm.config.glu_plan(a, b, torch.float32, path="splitk").config
-    assert cfg.shared_bytes(4) <= mm.config.SMEM_BYTES
+    assert (fit.num_stages, fit.block_k) == (3, 64)
+    fit = mm.SplitKConfig(block_m=32, block_n=128, block_k=128, split_k=2).fit_shared(4)
+    assert (fit.num_stages, fit.block_k) == (3, 128)  # 2 buffers of the split kernel
+    for M, N, K in [(1, 14336, 4096), (16, 4096, 4096), (64, 4096, 4096)]:
+        cfg = mm.SplitKConfig.for_shape(M, N, K, 132)
+        assert cfg.fit_shared(2) == cfg
 
 
 def test_capture_and_poison_cover_other_threads():

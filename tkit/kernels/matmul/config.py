@@ -288,24 +288,27 @@ class SplitKConfig:
         return cls(block_m=block_m, block_n=block_n, block_k=block_k, split_k=want)
 
     def shared_bytes(self, elem_size: int) -> int:
-        """Shared memory of the split kernel (and of the pointer kernel with this tile): the
-        pipeline's ``num_stages - 1`` buffers of an a and a b tile (what Triton 3.6 reported:
-        245,760 B for 32 x 128 x 128 float32 at 4 stages), plus a float32 tile for the
-        accumulator's layout conversion in the epilogue."""
+        """Shared memory of this config's kernel: its pipeline's a and b tiles, in
+        ``num_stages - 1`` buffers for the split kernel and ``num_stages`` for the pointer
+        kernel that runs split 1 (what Triton 3.6 allocates for sm_90: 245,760 B for the
+        split kernel's 32 x 128 x 128 float32 tiles at 4 stages, 294,912 B for the pointer
+        kernel's 64 x 128 x 128 at 3). The epilogue's layout conversion reuses that memory."""
+        buffers = self.num_stages if self.split_k == 1 else self.num_stages - 1
         tiles = (self.block_m + self.block_n) * self.block_k * elem_size
-        return (max(2, self.num_stages) - 1) * tiles + self.block_m * self.block_n * 4
+        return max(max(1, buffers) * tiles, self.block_m * self.block_n * 4)
 
     def fit_shared(self, elem_size: int) -> SplitKConfig:
-        """This config, or the nearest one that fits :data:`SMEM_BYTES`: fewer stages (down to
-        2), then half the K step (down to 16). The 16-bit tiles of :meth:`for_shape` fit as
-        they are; float32 operands at 4 stages did not (32 x 128 x 128: 245,760 B, refused
-        at launch) before this fit."""
+        """This config, or the nearest one that fits :data:`SMEM_BYTES`: stages down to 3,
+        then the K step down to 32, then 2 stages. The 16-bit tiles of :meth:`for_shape` fit as
+        they are; float32 operands did not (refused at launch) before this fit."""
         cfg = self
         while cfg.shared_bytes(elem_size) > SMEM_BYTES:
-            if cfg.num_stages > 2:
+            if cfg.num_stages > 3:
                 cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
-            elif cfg.block_k > 16:
+            elif cfg.block_k > 32:
                 cfg = dataclasses.replace(cfg, block_k=cfg.block_k // 2)
+            elif cfg.num_stages > 2:
+                cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
             else:
                 break
         return cfg
@@ -333,15 +336,21 @@ class GroupedConfig:
     num_stages: Optional[int] = None  # noqa: UP045
 
     @classmethod
-    def for_shape(cls, T: int, N: int, G: int, device: torch.device) -> GroupedConfig:
+    def for_shape(cls, T: int, N: int, G: int, device: torch.device,
+                  elem_size: int = 2) -> GroupedConfig:
         if device.type == "cpu":
             return cls(block_m=32, block_n=64, block_k=32, num_warps=4)
         # MoE groups hold T*topk/G rows each, often a few hundred: 64-row tiles waste less at
         # the group edges than 128-row ones
         avg = T // max(G, 1)
         bm = 64 if avg <= 512 else 128
+        # Triton keeps num_stages a and b tiles: float32 128 x 128 x 64 at 4 stages is
+        # 262,144 B, past the SM's shared memory (the launch is refused), so fewer stages
+        stages = 4
+        while stages > 2 and stages * (bm + 128) * 64 * elem_size > SMEM_BYTES:
+            stages -= 1
         return cls(block_m=bm, block_n=128, block_k=64, num_warps=4 if bm == 64 else 8,
-                   num_stages=4)
+                   num_stages=stages)
 
     def launch_kwargs(self) -> dict:
         kw = dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k,

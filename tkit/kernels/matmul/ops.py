@@ -323,7 +323,8 @@ def _grouped_impl(a, b, offsets, out_dtype=None, config=None, allow_tf32=True):
         if out.numel() and G == 0:
             out.zero_()
         return out
-    cfg = _expect(config, GroupedConfig) or MC.current(GroupedConfig.for_shape(T, N, G, a.device))
+    cfg = _expect(config, GroupedConfig) or MC.current(
+        GroupedConfig.for_shape(T, N, G, a.device, a.element_size()))
     bm, bn = cfg.block_m, cfg.block_n
     offsets = offsets.contiguous()  # read densely by the kernel
     # one tile more per group than cdiv(T, bm), and one each for the rows before the first
