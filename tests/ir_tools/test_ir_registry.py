@@ -4,6 +4,8 @@ land in the registry)."""
 import re
 
 import pytest
+import triton
+import triton.language as tl
 
 import tkit.ir_tools as ir
 from tkit import registry
@@ -41,3 +43,32 @@ def test_cuda_ext_ops_are_refused_clearly():
         pytest.skip("no cuda_ext op registered")
     with pytest.raises(ir.IRError, match="CUDA C\\+\\+ kernel"):
         ir.compile(names[0], arch="sm_90")
+
+
+
+def _prune_by_shared(configs, named_args, **kwargs):
+    from tkit.kernels import _device
+
+    return [c for c in configs if c.kwargs["BLOCK"] * 200 <= _device.smem_limit()]
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (2048, 1024, 512)], key=["n"],
+                 prune_configs_by={"early_config_prune": _prune_by_shared})
+@triton.jit
+def _pruned_copy(x, y, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + offs, tl.load(x + offs, mask=offs < n), mask=offs < n)
+
+
+@pytest.mark.parametrize("arch,block", [("sm_90", 1024), ("sm_80", 512)])
+def test_untuned_autotuned_kernels_compile_the_config_that_fits(arch, block):
+    """An autotuned kernel not tuned in this process compiles the first config its pruner
+    keeps for the target arch's shared memory (232,448 B on sm_90, 166,912 on sm_80), as an
+    untuned launch there would. Before, config 0 was compiled whatever the pruner said:
+    flash_attention at float32 and D = 256 showed a 426,496-byte build that no launch makes
+    (its pruner keeps a 139,520-byte tile)."""
+    import torch
+
+    x = torch.empty(4096, dtype=torch.float32, device="meta")
+    k = ir.compile(_pruned_copy, x, x, 4096, arch=arch)
+    assert k.config["BLOCK"] == block and "fits" in k.note, k.note

@@ -597,10 +597,11 @@ def parse_config(text: str) -> dict | int:
     return out
 
 
-def _choose_config(tuner, args: dict, config) -> tuple[dict, str]:
+def _choose_config(tuner, args: dict, config, cap: int | None = None) -> tuple[dict, str]:
     """The config dict to compile and a note on how it was chosen. A typed tkit config (one
     with ``launch_kwargs()``, e.g. ``tkit.kernels.matmul.TmaConfig``) stands for its launch
-    keywords."""
+    keywords. Untuned, an autotuned kernel compiles the first config its pruner keeps for
+    sm_{cap}'s shared memory: the one tkit launches without a tuned table."""
     if hasattr(config, "launch_kwargs"):
         config = config.launch_kwargs()
     if tuner is None:
@@ -619,6 +620,12 @@ def _choose_config(tuner, args: dict, config) -> tuple[dict, str]:
         tuned = tuner.cache.get(tuple(key))
         if tuned is not None:
             return _config_to_dict(tuned), "the tuned config (autotune cache)"
+        first = _first_pruned(tuner, args, cap)
+        if first is not None and first is not configs[0]:
+            i = next((j for j, c in enumerate(configs) if c is first), None)
+            which = f"config {i} of {len(configs)}" if i is not None else "the pruner's fallback"
+            return _config_to_dict(first), (f"{which}: the first that fits sm_{cap}'s shared "
+                                            "memory (not tuned yet)")
         return _config_to_dict(configs[0]), f"config 0 of {len(configs)} (not tuned yet)"
     if isinstance(config, int):
         if not 0 <= config < len(configs):
@@ -635,12 +642,24 @@ def _choose_config(tuner, args: dict, config) -> tuple[dict, str]:
     raise IRError(f"config must be an index, a dict or a triton.Config, got {type(config)}")
 
 
+def _first_pruned(tuner, args: dict, cap: int | None):
+    """The first config the autotuner's early pruner keeps for these arguments, with the
+    shared memory of sm_{cap} assumed (None where the pruner cannot run on them)."""
+    from tkit.kernels import _device, _tuning
+
+    try:
+        with _device.assume_smem_limit(_device.SMEM_LIMIT_BY_CAP.get(cap)):
+            return _tuning.pruned_configs(tuner, args)[0]
+    except Exception:  # noqa: BLE001 - a pruner that needs what a meta launch lacks
+        return None
+
+
 def compile_launch(kernel, kwargs: dict, cap: int, config=None) -> CompiledIR:
     """Compile one launch (kernel + keyword arguments) for sm_{cap}."""
     tuner, heuristics, jit = unwrap(kernel)
     args = {k: to_meta(v) for k, v in kwargs.items()}
     options = {k: args.pop(k) for k in list(args) if k in _OPTION_NAMES}
-    cfg, note = _choose_config(tuner, args, config)
+    cfg, note = _choose_config(tuner, args, config, cap)
     for k, v in cfg.items():
         if k in _OPTION_NAMES:
             options[k] = v

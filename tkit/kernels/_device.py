@@ -9,6 +9,7 @@ splits on tiny inputs; capability (0, 0), so that no Hopper-only path is taken.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -49,9 +50,31 @@ def capability(device: torch.device | None = None) -> tuple[int, int]:
     return META_CAPABILITY if device.type == "meta" else CPU_CAPABILITY
 
 
+#: shared memory per block (opt-in maximum) by compute capability, for compiles ahead of time
+SMEM_LIMIT_BY_CAP = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: SM90_SMEM_LIMIT,
+                     100: 232448, 103: 232448, 120: 101376}
+_assumed_smem: list = []
+
+
+@contextlib.contextmanager
+def assume_smem_limit(limit: int | None):
+    """:func:`smem_limit` answers ``limit`` inside (None: unchanged). ``tkit.ir`` compiles for
+    a named arch with it, so that the configs pruned by shared memory are the target's."""
+    if limit is None:
+        yield
+        return
+    _assumed_smem.append(limit)
+    try:
+        yield
+    finally:
+        _assumed_smem.pop()
+
+
 def smem_limit() -> int:
     """Shared memory per block on the current CUDA device (opt-in maximum), else
-    :data:`NO_SMEM_LIMIT`."""
+    :data:`NO_SMEM_LIMIT`; the limit of :func:`assume_smem_limit` where one is in force."""
+    if _assumed_smem:
+        return _assumed_smem[-1]
     try:
         import triton
 
