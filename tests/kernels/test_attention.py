@@ -417,3 +417,22 @@ def test_few_queries_take_the_split_kv_kernel(sq, sk, hq, hk, d, causal, window,
                                rtol=0)
     check_against_reference(tkit.flash_attention, S.ref_attention, [q, k, v], opts,
                             grad=True, floor=GRAD_FLOOR)
+
+
+def test_grids_keep_batch_times_heads_on_the_first_axis():
+    """A CUDA grid's second and third axes stop at 65535: batch x heads (4096 x 32 = 131072,
+    short training sequences in large batches) rides the first axis in the forward and in
+    every backward kernel (the delta kernel had it on the second, a launch the driver
+    refuses)."""
+    from tkit.kernels.attention.ops import _bwd_impl
+
+    b, s, h, d = 4096, 64, 32, 64
+    q = torch.empty(b, s, h, d, dtype=torch.bfloat16, device="meta")
+    lse = torch.empty(b, h, s, dtype=torch.float32, device="meta")
+    with _common.capture_launches() as launches:
+        tkit.flash_attention(q, q, q, causal=True)
+        _bwd_impl(q, q, q, q, q, lse, None, None, None, s, s, True, d ** -0.5, -1, -1, 0.0)
+    assert len(launches) >= 4
+    for lc in launches:
+        grid = lc.grid(dict(lc.kwargs, BLOCK_M=16, BLOCK_N=16)) if callable(lc.grid) else lc.grid
+        assert all(g <= 65535 for g in tuple(grid)[1:]), (lc.kernel, grid)

@@ -804,6 +804,20 @@ def test_append_kv_errors(full_checks):
         tkit.append_kv(k[:, :1], k[:, :1], kc, kc.clone(), ok)
 
 
+def test_merge_grid_takes_any_batch():
+    """The merge runs one program a (batch, query, head) row on the grid's first axis (up to
+    2^31 - 1): batch on the second stopped at CUDA's 65535 (a cascade merge of 70000
+    sequences)."""
+    from tkit.kernels import _common
+
+    o = torch.empty(70000, 1, 8, 64, dtype=torch.bfloat16, device="meta")
+    lse = torch.empty(70000, 8, 1, dtype=torch.float32, device="meta")
+    with _common.capture_launches() as launches:
+        tkit.merge_attention_states(o, lse, o, lse)
+    (lc,) = launches
+    assert tuple(lc.grid) == (70000 * 8,)
+
+
 def test_merge_errors():
     o = torch.zeros(2, 1, 3, 16, device=_dev())
     lse = torch.zeros(2, 3, 1, device=_dev())

@@ -362,9 +362,11 @@ def _attn_bwd_delta_kernel(
     seqlen_q, H, total_q, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, VARLEN: tl.constexpr,
     BLOCK_M: tl.constexpr, CU_BLOCK: tl.constexpr = 1,
 ):
-    """delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] (float32, the LSE's layout)."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    """delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] (float32, the LSE's layout).
+    Grid (batch * heads, query tiles): batch x heads on the first axis (up to 2^31 - 1; the
+    others stop at 65535), as the forward's."""
+    pid_bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     q_start, q_len, _, _, _, _ = _seq_bounds(CU_Q, CU_Q, b, seqlen_q, seqlen_q, total_q, total_q,

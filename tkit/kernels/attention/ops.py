@@ -295,7 +295,7 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, causal, sca
     cu_k_arg = cu_k if varlen else q
     if sq > 0:
         block_m = 64
-        C.launch(_attn_bwd_delta_kernel, (C.cdiv(sq, block_m), batch * hq),
+        C.launch(_attn_bwd_delta_kernel, (batch * hq, C.cdiv(sq, block_m)),
                  O=out, DO=do, DELTA=delta, CU_Q=cu_q_arg,
                  **_named("so", _strides4(out, varlen)), **_named("sd", _strides4(do, varlen)),
                  **lse_st, seqlen_q=sq, H=hq, total_q=q.shape[0], HEAD_DIM=d,

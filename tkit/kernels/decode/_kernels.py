@@ -867,15 +867,17 @@ def _decode_combine_kernel(
 def _merge_states_kernel(
     OA, LA, OB, LB, O, LSE,
     sab, sas, sah, sad, slab, slah, slas, sbb, sbs, sbh, sbd, slbb, slbh, slbs,
-    sob, sos, soh, sod, slb, slh, sls, H,
+    sob, sos, soh, sod, slb, slh, sls, H, S,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """One program: one (batch, query, head) row of merge_attention_states. Grid
-    (seqlen * heads, batch)."""
-    pid = tl.program_id(0)
-    b64 = tl.program_id(1).to(tl.int64)
-    i = (pid // H).to(tl.int64)
-    h = (pid % H).to(tl.int64)
+    (batch * seqlen * heads,): one axis, which takes up to 2^31 - 1 programs (a grid's second
+    and third stop at 65535)."""
+    pid = tl.program_id(0).to(tl.int64)
+    b64 = pid // (S * H)
+    rest = pid % (S * H)
+    i = rest // H
+    h = rest % H
     _merge_rows(OA, LA, OB, LB, O, LSE, 2, 0, 0,
                 b64 * sab + i * sas + h * sah, b64 * slab + h * slah + i * slas,
                 b64 * sbb + i * sbs + h * sbh, b64 * slbb + h * slbh + i * slbs,

@@ -373,12 +373,12 @@ def _merge_impl(o_a, lse_a, o_b, lse_b):
     if out.numel() or lse.numel():
         if d == 0:
             raise ValueError("o_a: head_dim must be >= 1")
-        C.launch(_merge_states_kernel, (s * h, b),
+        C.launch(_merge_states_kernel, (b * s * h,),
                  OA=o_a, LA=lse_a, OB=o_b, LB=lse_b, O=out, LSE=lse,
                  **_named("sa", o_a.stride(), "bshd"), **_named("sla", lse_a.stride(), "bhs"),
                  **_named("sb", o_b.stride(), "bshd"), **_named("slb", lse_b.stride(), "bhs"),
                  **_named("so", out.stride(), "bshd"), **_named("sl", lse.stride(), "bhs"),
-                 H=h, HEAD_DIM=d, BLOCK_D=max(16, C.next_power_of_2(d)), num_warps=1)
+                 H=h, S=s, HEAD_DIM=d, BLOCK_D=max(16, C.next_power_of_2(d)), num_warps=1)
     if squeeze:
         return out[0], lse[0]
     return out, lse
