@@ -120,29 +120,49 @@ def _fuzz_quantize(w, K):
     return G
 
 
-def fuzz_int4_fn(a, w, symmetric=False):
+#: the kernels a fuzz example may force (``path``) beside the plan's choice by M (None): the
+#: recipe's M (up to 80) never reaches the dequantize-then-GEMM path (M >= 256) otherwise
+FORCED_PATHS = ("gemv", "tc", "tile", "dequant")
+
+
+def _fuzz_bias(w, dtype, with_bias):
+    if not with_bias:
+        return None
+    return make_tensor((w.shape[0],), torch.float32, seed=13, device=w.device).to(dtype)
+
+
+def fuzz_int4_fn(a, w, symmetric=False, with_bias=False, path=None):
     """Quantize ``w`` (from its float32 values: the same codes whatever its dtype), then
-    tkit.matmul_int4; the reference dequantizes the same codes."""
+    tkit.matmul_int4 (with a bias from a fixed seed); the reference dequantizes the same
+    codes. ``path``: a kernel of :data:`FORCED_PATHS` forced through ``int4_config`` ("gemv"
+    only where M <= 16, its limit), or None (the plan's)."""
     G = _fuzz_quantize(w, w.shape[1])
     q, s, z = tkit.quantize_int4(w.float(), G, symmetric=symmetric)
-    return tkit.matmul_int4(a, q, s.to(a.dtype), None if z is None else z.to(a.dtype),
-                            group_size=G)
+    bias = _fuzz_bias(w, a.dtype, with_bias)
+    if path == "gemv" and a.shape[0] > 16:
+        path = None
+    with I4.int4_config(**({"path": path} if path else {})):
+        return tkit.matmul_int4(a, q, s.to(a.dtype), None if z is None else z.to(a.dtype),
+                                group_size=G, bias=bias)
 
 
-def fuzz_int4_ref(a, w, symmetric=False):
+def fuzz_int4_ref(a, w, symmetric=False, with_bias=False, path=None):
     G = _fuzz_quantize(w, w.shape[1])
     q, s, z = tkit.quantize_int4(w.float(), G, symmetric=symmetric)
     dt = a.dtype
+    bias = _fuzz_bias(w, torch.float32 if dt == torch.float64 else dt, with_bias)
     if dt != torch.float64:  # the peer: scales as the kernel reads them, in a's dtype
         s = s.to(dt)
         z = None if z is None else z.to(dt)
-    return ref_matmul_int4(a, q, s, z, G)
+    return ref_matmul_int4(a, q, s, z, G, bias)
 
 
 def _fuzz_int4():
     return dict(fn=fuzz_int4_fn, reference=fuzz_int4_ref, shapes=int4_shapes(),
                 dtypes=(torch.float16, BF16), layouts=("contiguous", "transposed", "sliced"),
-                kwargs=st.fixed_dictionaries({"symmetric": st.booleans()}))
+                kwargs=st.fixed_dictionaries({
+                    "symmetric": st.booleans(), "with_bias": st.booleans(),
+                    "path": st.sampled_from((None, None) + FORCED_PATHS)}))
 
 
 # ---- opcheck ----------------------------------------------------------------------------------
