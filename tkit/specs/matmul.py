@@ -391,21 +391,28 @@ def glu_shapes(draw, max_mn=100, max_k=100):
     return (*lead, M, K), (K, 2 * N)
 
 
-def fuzz_glu_fn(a, b, with_bias=False, activation="silu"):
+def fuzz_glu_fn(a, b, with_bias=False, activation="silu", path=None):
     """tkit.matmul_glu with ``allow_tf32=False`` (the float32 peer is torch's full float32)
-    and a bias built from a fixed seed, so that the reference sees the same values."""
+    and a bias built from a fixed seed, so that the reference sees the same values. ``path``
+    "ptr" or "splitk" forces that kernel (the plan takes split-K only for large weights);
+    None: the op."""
     bias = _fuzz_epilogue(a, b, with_bias, False)[0]
-    return tkit.matmul_glu(a, b, bias, activation, allow_tf32=False)
+    if path is None:
+        return tkit.matmul_glu(a, b, bias, activation, allow_tf32=False)
+    from tkit.kernels.matmul import ops as MO
+
+    return MO._glu_impl(a, b, bias, activation, allow_tf32=False, path=path)
 
 
-def fuzz_glu_ref(a, b, with_bias=False, activation="silu"):
+def fuzz_glu_ref(a, b, with_bias=False, activation="silu", path=None):
     bias = _fuzz_epilogue(a, b, with_bias, False)[0]
     return ref_matmul_glu(a, b, bias, activation)
 
 
 def _fuzz_glu():
     kw = st.fixed_dictionaries({"with_bias": st.booleans(),
-                                "activation": st.sampled_from(["silu", "gelu", "gelu_tanh"])})
+                                "activation": st.sampled_from(["silu", "gelu", "gelu_tanh"]),
+                                "path": st.sampled_from((None, None, "ptr", "splitk"))})
     # the interpreter's examples are few: the pointer kernel's edges are tested one by one
     # (tests/kernels/test_matmul_glu.py) and its tile code is matmul's
     return dict(fn=fuzz_glu_fn, reference=fuzz_glu_ref, shapes=glu_shapes(),
