@@ -4,6 +4,7 @@ packing, fully masked rows, registration, torch.compile, errors; GPU-only bf16 a
 import pytest
 import torch
 import triton
+import triton.language as tl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -436,3 +437,27 @@ def test_grids_keep_batch_times_heads_on_the_first_axis():
     for lc in launches:
         grid = lc.grid(dict(lc.kwargs, BLOCK_M=16, BLOCK_N=16)) if callable(lc.grid) else lc.grid
         assert all(g <= 65535 for g in tuple(grid)[1:]), (lc.kernel, grid)
+
+
+def test_a_grid_past_cudas_limit_is_refused_clearly():
+    """Query tiles ride a grid's second axis (at most 65535): a single-head sequence of 2**23
+    queries passes the 32-bit span check (2**29 elements) but needs 131072 tiles of 64, which
+    the driver would refuse as "invalid argument". tkit refuses it first, naming the kernel,
+    for a grid given as a tuple (here the backward's) and for one computed from a config."""
+    from tkit.kernels import _launch
+    from tkit.kernels.attention.ops import _bwd_impl
+
+    s, d = 2**23, 64
+    q = torch.empty(1, s, 1, d, dtype=torch.bfloat16, device="meta")
+    lse = torch.empty(1, 1, s, dtype=torch.float32, device="meta")
+    with pytest.raises(ValueError, match="_attn_bwd_delta_kernel.*65535"):
+        with _common.capture_launches():
+            _bwd_impl(q, q, q, q, q, lse, None, None, None, s, s, True, d ** -0.5, -1, -1, 0.0)
+
+    @triton.jit
+    def _noop(x, BLOCK: tl.constexpr):
+        pass
+
+    x = torch.zeros(4)
+    with pytest.raises(ValueError, match="_noop.*65535"):
+        _launch.run(_noop, lambda meta: (1, 70000 * meta["BLOCK"] // 16), dict(x=x, BLOCK=16))

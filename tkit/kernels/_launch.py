@@ -322,6 +322,20 @@ def _record(item) -> None:
         rec.append(item)
 
 
+#: CUDA's limit on a grid's second and third axes (the first takes 2**31 - 1)
+GRID_YZ_MAX = 65535
+
+
+def grid_error(kernel, grid) -> str:
+    """The error of a launch whose grid passes :data:`GRID_YZ_MAX` (the driver's own is
+    "invalid argument")."""
+    name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__",
+                                                        repr(kernel))
+    return (f"{name}: the input needs a launch grid of {tuple(grid)}, past CUDA's limit of "
+            f"{GRID_YZ_MAX} on a grid's second and third axes; split the call (fewer "
+            "sequences, or shorter ones)")
+
+
 def _grid3(grid, kw):
     if callable(grid):
         grid = grid(kw)
@@ -333,6 +347,11 @@ def run(kernel, grid, kwargs: dict) -> None:
     """Launch ``kernel[grid](**kwargs)`` through the cached compiled kernel where possible.
     ``kwargs`` becomes the launch's own: config and heuristic values are added to it."""
     fn, kw = resolve(kernel, kwargs)
+    if fn is not None:
+        g = _grid3(grid, kw)
+        if g[1] > GRID_YZ_MAX or g[2] > GRID_YZ_MAX:
+            raise ValueError(grid_error(fn, g))
+        grid = g
     if fn is None:  # TKIT_AUTOTUNE: Triton's autotuner times the configs; keep the winner
         # (or a config with a pre_hook, which only Triton's autotuner runs)
         if _recorders:
@@ -372,7 +391,7 @@ def run(kernel, grid, kwargs: dict) -> None:
         if _recorders:
             _record((compiled, _grid3(grid, kw), args) if ok else None)
         return
-    g = _grid3(grid, kw)
+    g = grid
     stats["fast"] += 1
     compiled.run(g[0], g[1], g[2], stream,
                  compiled.function, compiled.packed_metadata, None, None, None, *args)
