@@ -97,7 +97,6 @@ def launch(kernel, grid, **kwargs) -> None:
     _launch.run(kernel, grid, kwargs)
 
 
-
 def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Allocate an output; NaN-filled when outputs are being poisoned."""
     return _poisoned(torch.empty(tuple(shape), dtype=dtype, device=device))
