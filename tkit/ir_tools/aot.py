@@ -645,10 +645,12 @@ def _choose_config(tuner, args: dict, config, cap: int | None = None) -> tuple[d
 def _first_pruned(tuner, args: dict, cap: int | None):
     """The first config the autotuner's early pruner keeps for these arguments, with the
     shared memory of sm_{cap} assumed (None where the pruner cannot run on them)."""
+    from tkit.ir_tools.summary import TARGET_LIMITS  # (summary imports this module)
     from tkit.kernels import _device, _tuning
 
+    limit = TARGET_LIMITS.get(cap, {}).get("smem_block")
     try:
-        with _device.assume_smem_limit(_device.SMEM_LIMIT_BY_CAP.get(cap)):
+        with _device.assume_smem_limit(limit):
             return _tuning.pruned_configs(tuner, args)[0]
     except Exception:  # noqa: BLE001 - a pruner that needs what a meta launch lacks
         return None

@@ -84,14 +84,13 @@ def launch(kernel, grid, **kwargs) -> None:
 
     The launch goes through :func:`tkit.kernels._launch.run`: an autotuned kernel runs the
     config chosen without timing, and the compiled kernel is launched directly from a cache
-    keyed by Triton's specialization of the arguments. A grid whose second or third axis
-    passes CUDA's 65535 is refused with an error naming the kernel and the grid (the driver's
-    own is "invalid argument"); :func:`tkit.kernels._launch.run` checks grids computed from
-    a config."""
-    if type(grid) is tuple and len(grid) > 1 and max(grid[1:]) > _launch.GRID_YZ_MAX:
-        raise ValueError(_launch.grid_error(kernel, grid))
+    keyed by Triton's specialization of the arguments; it refuses a grid whose second or
+    third axis passes CUDA's 65535 (the driver's own error is "invalid argument"), and so does
+    a recorded launch whose grid is given as a tuple."""
     cap = _capture
     if cap is not None:
+        if type(grid) is tuple and len(grid) > 1 and max(grid[1:]) > _launch.GRID_YZ_MAX:
+            raise ValueError(_launch.grid_error(kernel, grid))
         cap.append(KernelLaunch(kernel, grid, kwargs))
         return
     _launch.run(kernel, grid, kwargs)

@@ -50,9 +50,6 @@ def capability(device: torch.device | None = None) -> tuple[int, int]:
     return META_CAPABILITY if device.type == "meta" else CPU_CAPABILITY
 
 
-#: shared memory per block (opt-in maximum) by compute capability, for compiles ahead of time
-SMEM_LIMIT_BY_CAP = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: SM90_SMEM_LIMIT,
-                     100: 232448, 103: 232448, 120: 101376}
 _assumed_smem: list = []
 
 
