@@ -661,63 +661,6 @@ def _read_kernel(x, out, n, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(out + pid, tl.sum(acc))
 
 
-@triton.jit
-def _read_cols_kernel(x, out, ROWS, stride_row, stride_slab, BN: tl.constexpr,
-                      BR: tl.constexpr):
-    """Program p sums columns [p BN, (p + 1) BN) of a (ROWS, N) int32 matrix stored either
-    row-major (stride_row N, stride_slab BN: the packed weight's (K // 8, N) layout, BN * 4
-    bytes a row N * 4 bytes apart) or slab-major (stride_row BN, stride_slab ROWS * BN: each
-    program's columns one contiguous stream), BR rows a step (:func:`sweep_int4_layout`)."""
-    pid = tl.program_id(0)
-    base = pid.to(tl.int64) * stride_slab
-    r = tl.arange(0, BR)[:, None]
-    c = tl.arange(0, BN)[None, :]
-    acc = tl.zeros([BR, BN], tl.int32)
-    for i in range(0, ROWS, BR):
-        acc += tl.load(x + base + (i + r).to(tl.int64) * stride_row + c)
-    tl.store(out + pid, tl.sum(acc))
-
-
-def sweep_int4_layout(rows):
-    """Whether the packed weight's layout costs DRAM efficiency at M=1: the codes of K=4096
-    N=14336 (29.4 MB, (512, 14336) int32) read as the GEMV reads them (BN columns a program,
-    BN * 4-byte row segments 57 KB apart) against the same programs reading slab-major
-    copies (each program's columns contiguous), and a contiguous-chunk read; graph replays,
-    L2 read-flushed, min of 3 medians."""
-    ROWS, N = 512, 14336
-    x = torch.ones(ROWS * N, dtype=torch.int32, device="cuda")
-    out = torch.empty(100000, dtype=torch.int32, device="cuda")
-    nbytes = x.numel() * 4
-
-    def t(fn):
-        return min(time_fn(fn, replay=True, rep_ms=60).median_ms for _ in range(3))
-
-    res = {}
-    for bn in (32, 64, 128):
-        g = N // bn
-        for br in (64, 128):
-            for warps in (4, 8):
-                if br * bn // (32 * warps) > 64 or br * bn // (32 * warps) < 4:
-                    continue
-                for name, srow, sslab in (("row-major", N, bn), ("slab-major", bn, ROWS * bn)):
-                    res[f"{name} BN {bn} BR {br} warps {warps} ({g} programs)"] = t(
-                        lambda srow=srow, sslab=sslab, g=g, bn=bn, br=br, warps=warps:
-                        _read_cols_kernel[(g,)](x, out, ROWS, srow, sslab, BN=bn, BR=br,
-                                                num_warps=warps))
-    n = x.numel()
-    for progs in (448, 896, 1792, 3584):
-        chunk = triton.cdiv(triton.cdiv(n, progs), 2048) * 2048
-        g = triton.cdiv(n, chunk)
-        res[f"contiguous chunks BLOCK 2048 warps 8 ({g} programs)"] = t(
-            lambda chunk=chunk, g=g: _read_kernel[(g,)](x, out, n, CHUNK=chunk, BLOCK=2048,
-                                                        num_warps=8))
-    for k, v in res.items():
-        print(f"int4_layout {k:52s} {v * 1e3:8.2f} us {nbytes / v / 1e9:6.2f} TB/s")
-        rows.append(dict(family="int4-probe", op="matmul_int4",
-                         case="codes of K=4096 N=14336 (29.4 MB) read by column slabs",
-                         provider=k, median_ms=v, tbps=nbytes / v / 1e9))
-
-
 def sweep_int4_floor(rows):
     """What the timing of the INT4 decode cases can show at best: a read of the bytes of
     M=1 K=4096 N=14336 group 128 (codes, scales, zeros: 31.2 MB) by an int32 sum of
@@ -1369,7 +1312,6 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "decode_fp8_batch": sweep_decode_fp8_batch,
           "decode_bar": sweep_decode_bar, "decode_fp8": sweep_decode_fp8,
           "int4": sweep_int4, "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
-          "int4_layout": sweep_int4_layout,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,
