@@ -143,22 +143,31 @@ def parse_sanitizer(text: str) -> dict:
     return out
 
 
-_WHERE = re.compile(r"at (?:0x[0-9a-f]+ )?in \S*?([\w.]+\.py):(\d+)")
+# a report's source location as "package dir/file.py" and line (two kernels share a file name)
+_WHERE = re.compile(r"at (?:0x[0-9a-f]+ )?in \S*?([\w.]+/[\w.]+\.py):(\d+)")
 
 
 def ws_lowering_lines() -> set[tuple[str, int]]:
-    """(file, line) of the warp-specialized attention forward's first line and its
-    ``gl.warp_specialize`` call: where racecheck misreports the lowering's capture protocol
+    """(file, line) of each warp-specialized Gluon kernel's first line and its
+    ``gl.warp_specialize`` call (the attention forward, the block-scaled fp8 GEMM, the fp8
+    decode): where racecheck misreports the lowering's capture protocol
     (tests/kernels/test_attention_ws_race.py and docs/NOTES.md say why)."""
     import inspect
 
     from tkit.kernels.attention import hopper as H
+    from tkit.kernels.decode import hopper as DH
+    from tkit.kernels.matmul import _fp8_block_hopper_kernels as FB
 
-    src, first = inspect.getsourcelines(H._attn_fwd_hopper_ws_kernel.fn)
-    ws = first + next(i for i, ln in enumerate(src) if "gl.warp_specialize(" in ln)
-    dl = first + next(i for i, ln in enumerate(src) if ln.lstrip().startswith("def "))
-    name = Path(inspect.getsourcefile(H._attn_fwd_hopper_ws_kernel.fn)).name
-    return {(name, dl), (name, ws)}
+    lines = set()
+    for kernel in (H._attn_fwd_hopper_ws_kernel, FB._fp8_block_ws_kernel,
+                   DH._decode_fp8_ws_kernel):
+        src, first = inspect.getsourcelines(kernel.fn)
+        ws = first + next(i for i, ln in enumerate(src) if "gl.warp_specialize(" in ln)
+        dl = first + next(i for i, ln in enumerate(src) if ln.lstrip().startswith("def "))
+        path = Path(inspect.getsourcefile(kernel.fn))
+        name = f"{path.parent.name}/{path.name}"
+        lines |= {(name, dl), (name, ws)}
+    return lines
 
 
 def explained_hazards(text: str, hazards: int | None, known: set[tuple[str, int]]) -> int:

@@ -308,6 +308,9 @@ def _check_grouped():
 #: twice the peer's error plus this floor). tf32 rounding, the failure this guards against,
 #: is ~2^13 units. 16-bit outputs keep one unit.
 F32_ULPS = 4.0
+#: matmul_glu's float32 floor: its output is the product of two such dots (gate and up), so
+#: their relative errors add (7.3 units seen on the H200: K = 108, gelu, |out| 328)
+GLU_F32_ULPS = 2 * F32_ULPS + 1
 
 
 @lazy_composite
@@ -419,7 +422,8 @@ def _fuzz_glu():
     # (tests/kernels/test_matmul_glu.py) and its tile code is matmul's
     return dict(fn=fuzz_glu_fn, reference=fuzz_glu_ref, shapes=glu_shapes(),
                 dtypes=S.gpu_dtypes(), layouts=("contiguous", "transposed", "sliced", "offset"),
-                kwargs=kw, ulps=F32_ULPS, max_examples=30 if torch.cuda.is_available() else 15)
+                kwargs=kw, ulps=GLU_F32_ULPS,
+                max_examples=30 if torch.cuda.is_available() else 15)
 
 
 def _fuzz_fp8():
@@ -585,7 +589,7 @@ SPECS = [
            baselines={"cuBLAS + torch act*mul": eager_baseline(_glu_torch),
                       "torch.compile": torch_compile_baseline(_glu_torch),
                       "tkit.matmul + act_mul": _glu_tkit_two},
-           opcheck=_opcheck_glu, bound="compute", ulps=F32_ULPS,
+           opcheck=_opcheck_glu, bound="compute", ulps=GLU_F32_ULPS,
            doc="act(a @ b_gate + bias) * (a @ b_up + bias): SwiGLU/GeGLU's gated up-projection "
            "in one GEMM"),
     OpSpec(name="grouped_matmul", family="matmul", fn=tkit.grouped_matmul,

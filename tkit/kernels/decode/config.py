@@ -147,7 +147,7 @@ class DecodeConfig:
         return cls(block_n=block_n, num_stages=stages)
 
 
-QKS = ("mma", "wgmma_fp8")
+QKS = ("mma", "wgmma_fp8", "ws_fp8")
 
 _OVERRIDES = C.ConfigOverrides(DecodeConfig)
 
