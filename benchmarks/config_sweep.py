@@ -1264,8 +1264,6 @@ DECODE_WS_RUNS: list = [
     ("token", _WS),
     ("token", dict(_WS, num_stages=2)),
     ("token", dict(_WS, num_stages=4)),
-    ("token", dict(_WS, num_stages=6)),
-    ("head", _WS),
     ("l2", _WS),
     ("l2", {}),
 ]

@@ -107,72 +107,86 @@ def _loader(K, V, KS, VS, BTb, kbuf, vbuf, ksbuf, vsbuf, ready, sready, empty, h
 
 
 @gluon.jit
-def _tile(t, acc0, acc1, acc2, acc3, l_c, m_i, q2t, qsc, kbuf, vbuf, ksbuf, vsbuf, ready,
-          sready, empty, L, last_key,
+def _pairs(x):
+    """[..., R] -> [..., 2R]: each element twice in a row (a score row's hi and lo columns)."""
+    shape: gl.constexpr = x.shape[:-1] + [2 * x.shape[-1]]
+    return gl.reshape(gl.join(x, x), shape)
+
+
+@gluon.jit
+def _tile(t, st, n_tiles, acc0, acc1, acc2, acc3, l8, m8, q2t, qsc, kbuf, vbuf, ksbuf, vsbuf,
+          ready, sready, empty, L, seqlen_q, GROUP,
           s_layout: gl.constexpr, o_layout: gl.constexpr, w_layout: gl.constexpr,
-          HEAD_DIM: gl.constexpr, BOX: gl.constexpr, STAGES: gl.constexpr,
-          SCALE_K: gl.constexpr, SCALE_V: gl.constexpr, MASKED: gl.constexpr):
-    """One 128-key tile for the consumer: S^T = K q2^T (fp8 wgmma, keys as M), the online
-    softmax along the keys (each score column a hi or lo copy of its row: the pair is summed
-    and both columns carry the row's score, so P^T has 16 rows, the mma.sync M), then
-    O += P V by mma.sync over V's four float16 quarters; the slot released."""
+          HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, SCALE_K: gl.constexpr,
+          SCALE_V: gl.constexpr, MASKED: gl.constexpr):
+    """One 128-key tile for the consumer, whose raw scores ``st`` (S^T = K q2^T, fp8 wgmma,
+    keys as M, a row's hi and lo parts in adjacent columns) are in registers: the next tile's
+    scores are issued first and run on the tensor cores under this tile's softmax (along the
+    keys, one value a row) and O += P V (mma.sync over V's four float16 quarters, P^T's rows
+    each twice: the mma's M of 16); then they are waited for and the slot is released.
+    Returns the accumulators, the softmax state and the next tile's raw scores."""
     N2: gl.constexpr = q2t.shape[1]
+    ROWS: gl.constexpr = N2 // 2
     slot = t % STAGES
     phase = (t // STAGES) & 1
-    mbarrier.wait(ready.index(slot), phase)
+    # ---- the next tile's scores, in flight from here (the last tile re-reads its own slot:
+    # the result is not used, and the slot is released only after the wait below)
+    has_next = t + 1 < n_tiles
+    nslot = (t + has_next.to(gl.int32)) % STAGES
+    mbarrier.wait(ready.index(nslot), ((t + 1) // STAGES) & 1, pred=has_next)
+    kn = kbuf.index(nslot)
+    tok = warpgroup_mma(kn, q2t, gl.zeros([TILE, N2], gl.float32, s_layout), use_acc=False,
+                        is_async=True)
     if SCALE_K == 2 or SCALE_V == 2:
         mbarrier.wait(sready.index(slot), phase)
-    kv = kbuf.index(slot)
-    tok = warpgroup_mma(kv, q2t, gl.zeros([TILE, N2], gl.float32, s_layout), use_acc=False,
-                        is_async=True)
-    st = warpgroup_mma_wait(0, deps=(tok, kv, q2t))[0]
+    # ---- this tile's softmax: hi + lo of each row, then along the keys
     st = st * gl.expand_dims(qsc, 0)
     if SCALE_K == 2:
         ks = ksbuf.index(slot).load(gl.SliceLayout(1, s_layout))
         st = st * gl.expand_dims(ks, 1)
-    # hi + lo of each row, in both of the row's columns
-    hi, lo = gl.split(gl.reshape(st, [TILE, N2 // 2, 2]))
-    s = hi + lo
-    s = gl.convert_layout(gl.reshape(gl.join(s, s), [TILE, N2]), s_layout)
-    if MASKED:
-        keys = t * TILE + gl.arange(0, TILE, layout=gl.SliceLayout(1, s_layout))
-        ok = gl.expand_dims(keys, 1) <= gl.expand_dims(last_key, 0)
-        s = gl.where(ok, s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 0))
+    hi, lo = gl.split(gl.reshape(st, [TILE, ROWS, 2]))
+    s = hi + lo  # [keys, rows]
+    if MASKED:  # keys past each row's last visible key (causal, bottom-right)
+        keys = t * TILE + gl.arange(0, TILE, layout=gl.SliceLayout(1, s.type.layout))
+        rows = gl.arange(0, ROWS, layout=gl.SliceLayout(0, s.type.layout))
+        last = gl.minimum(L - seqlen_q + rows // GROUP, L - 1)
+        s = gl.where(gl.expand_dims(keys, 1) <= gl.expand_dims(last, 0), s, float("-inf"))
+    m_new = gl.maximum(m8, gl.max(s, 0))
     if MASKED:
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_use = m_new
     p = gl.exp2(s - gl.expand_dims(m_use, 0))
-    alpha = gl.exp2(m_i - m_use)
-    l_c = l_c * gl.expand_dims(alpha, 0) + p
+    alpha = gl.exp2(m8 - m_use)
+    l8 = l8 * gl.expand_dims(alpha, 0) + p
     if SCALE_V == 2:
-        vs = vsbuf.index(slot).load(gl.SliceLayout(1, s_layout))
+        vs = vsbuf.index(slot).load(gl.SliceLayout(1, p.type.layout))
         p = p * gl.expand_dims(vs, 1)
-    pt = gl.convert_layout(gl.permute(p.to(gl.float16), (1, 0)),
+    pt = gl.convert_layout(gl.permute(_pairs(p.to(gl.float16)), (1, 0)),
                            gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-    # V as int32 words, 4 head-dim positions a word; the 128-byte swizzle moves the same
-    # 16-byte chunks whatever the element width
+    # ---- O += P V: V as int32 words, 4 head-dim positions a word (the 128-byte swizzle moves
+    # the same 16-byte chunks whatever the element width)
     words_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128,
                                                       element_bitwidth=32, rank=2)
     vw = vbuf.index(slot)._reinterpret(gl.int32, [TILE, HEAD_DIM // 4],
-                                                       words_layout).load(w_layout)
+                                       words_layout).load(w_layout)
     v0, v1, v2, v3 = _inline_fp8_words_to_f16(vw)
     if MASKED:  # keys past the sequence: P is 0 there, but their bytes may be NaNs
-        kv_ok = gl.expand_dims(t * TILE + gl.arange(0, TILE, layout=gl.SliceLayout(1, w_layout))
-                               < L, 1)
+        kv_ok = gl.expand_dims(
+            t * TILE + gl.arange(0, TILE, layout=gl.SliceLayout(1, w_layout)) < L, 1)
         v0 = gl.where(kv_ok, v0, 0.0)
         v1 = gl.where(kv_ok, v1, 0.0)
         v2 = gl.where(kv_ok, v2, 0.0)
         v3 = gl.where(kv_ok, v3, 0.0)
     b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=o_layout, k_width=2)
-    a_rows = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+    a_rows = gl.expand_dims(gl.convert_layout(_pairs(alpha), gl.SliceLayout(1, o_layout)), 1)
     acc0 = mma_v2(pt, gl.convert_layout(v0, b_layout), acc0 * a_rows)
     acc1 = mma_v2(pt, gl.convert_layout(v1, b_layout), acc1 * a_rows)
     acc2 = mma_v2(pt, gl.convert_layout(v2, b_layout), acc2 * a_rows)
     acc3 = mma_v2(pt, gl.convert_layout(v3, b_layout), acc3 * a_rows)
+    st = warpgroup_mma_wait(0, deps=(tok, kn, q2t))[0]
     mbarrier.arrive(empty.index(slot), count=1)
-    return acc0, acc1, acc2, acc3, l_c, m_new
+    return acc0, acc1, acc2, acc3, l8, m_new, st
 
 
 @gluon.jit
@@ -225,40 +239,45 @@ def _consumer(Q, O, LSE, KS, VS, kbuf, vbuf, ksbuf, vsbuf, q2buf, ready, sready,
         qk_scale = qk_scale * gl.load(KS)
     qsc = qsc * qk_scale
 
-    # the last key each score column may see (causal, bottom-right): row r is query r // GROUP
-    cs = gl.arange(0, N2, layout=gl.SliceLayout(0, s_layout))
-    last_key = gl.minimum(L - seqlen_q + (cs // 2) // GROUP, L - 1)
     # tiles every row sees whole: keys < L - seqlen_q + 1
     n_full = gl.minimum(gl.maximum(L - seqlen_q + 1, 0) // TILE, n_tiles)
 
-    m_i = gl.full([N2], float("-inf"), gl.float32, gl.SliceLayout(0, s_layout))
-    l_c = gl.zeros([TILE, N2], gl.float32, s_layout)
+    # the softmax state, one value a row (the layout of a score tile's hi + lo)
+    hi0, lo0 = gl.split(gl.reshape(gl.zeros([TILE, N2], gl.float32, s_layout),
+                                   [TILE, ROWS, 2]))
+    l8 = gl.zeros_like(hi0)
+    m8 = gl.full_like(gl.max(lo0, 0), float("-inf"))
     acc0 = gl.zeros([N2, HEAD_DIM // 4], gl.float32, o_layout)
     acc1 = acc0
     acc2 = acc0
     acc3 = acc0
+    # the first tile's scores (nothing to wait for when the sequence is empty)
+    mbarrier.wait(ready.index(0), 0, pred=n_tiles > 0)
+    k0 = kbuf.index(0)
+    tok = warpgroup_mma(k0, q2t, gl.zeros([TILE, N2], gl.float32, s_layout), use_acc=False,
+                        is_async=True)
+    st = warpgroup_mma_wait(0, deps=(tok, k0, q2t))[0]
     for t in range(0, n_full):
-        acc0, acc1, acc2, acc3, l_c, m_i = _tile(
-            t, acc0, acc1, acc2, acc3, l_c, m_i, q2t, qsc, kbuf, vbuf, ksbuf, vsbuf, ready,
-            sready, empty, L, last_key, s_layout, o_layout, w_layout, HEAD_DIM, BOX, STAGES,
-            SCALE_K, SCALE_V, False)
+        acc0, acc1, acc2, acc3, l8, m8, st = _tile(
+            t, st, n_tiles, acc0, acc1, acc2, acc3, l8, m8, q2t, qsc, kbuf, vbuf, ksbuf, vsbuf,
+            ready, sready, empty, L, seqlen_q, GROUP, s_layout, o_layout, w_layout, HEAD_DIM,
+            STAGES, SCALE_K, SCALE_V, False)
     for t in range(n_full, n_tiles):
-        acc0, acc1, acc2, acc3, l_c, m_i = _tile(
-            t, acc0, acc1, acc2, acc3, l_c, m_i, q2t, qsc, kbuf, vbuf, ksbuf, vsbuf, ready,
-            sready, empty, L, last_key, s_layout, o_layout, w_layout, HEAD_DIM, BOX, STAGES,
-            SCALE_K, SCALE_V, True)
+        acc0, acc1, acc2, acc3, l8, m8, st = _tile(
+            t, st, n_tiles, acc0, acc1, acc2, acc3, l8, m8, q2t, qsc, kbuf, vbuf, ksbuf, vsbuf,
+            ready, sready, empty, L, seqlen_q, GROUP, s_layout, o_layout, w_layout, HEAD_DIM,
+            STAGES, SCALE_K, SCALE_V, True)
 
-    # ---- O / l and lse of the even columns (the hi copies; the odd ones are the same row)
-    l_i = gl.sum(l_c, 0)
+    # ---- O / l and lse: row r in score column r, in accumulator rows 2r and 2r + 1
+    l_i = gl.sum(l8, 0)
     empty_row = l_i == 0.0
     l_safe = gl.where(empty_row, 1.0, l_i)
-    lse = gl.where(empty_row, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
-    r_s = cs // 2
-    ok_s = (cs % 2 == 0) & (r_s < n_rows)
+    lse = gl.where(empty_row, float("-inf"), (m8 + gl.log2(l_safe)) * 0.6931471805599453)
+    r_s = gl.arange(0, ROWS, layout=gl.SliceLayout(0, l8.type.layout))
     l_off = (b64 * slb + (hk * GROUP + r_s % GROUP).to(gl.int64) * slh
              + (r_s // GROUP).to(gl.int64) * sls)
-    gl.store(LSE + l_off, lse, mask=ok_s)
-    inv_l = gl.convert_layout(1.0 / l_safe, gl.SliceLayout(1, o_layout))
+    gl.store(LSE + l_off, lse, mask=r_s < n_rows)
+    inv_l = gl.convert_layout(_pairs(1.0 / l_safe), gl.SliceLayout(1, o_layout))
     if SCALE_V == 1:
         inv_l = inv_l * gl.load(VS)
     co = gl.arange(0, N2, layout=gl.SliceLayout(1, o_layout))
