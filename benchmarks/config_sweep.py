@@ -1264,7 +1264,10 @@ DECODE_WS_RUNS: list = [
     ("token", _WS),
     ("token", dict(_WS, num_stages=2)),
     ("token", dict(_WS, num_stages=4)),
+    ("token", dict(_WS, per_warp=True)),
+    ("token", dict(_WS, per_warp=True, num_stages=2)),
     ("l2", _WS),
+    ("l2", dict(_WS, per_warp=True)),
     ("l2", {}),
 ]
 

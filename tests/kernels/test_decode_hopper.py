@@ -74,7 +74,8 @@ def builds():
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(page=128, q_dtype=torch.float16, scale_k=1),
-                                dict(page=256, scale_k=0, scale_v=0)])
+                                dict(page=256, scale_k=0, scale_v=0), dict(per_warp=True),
+                                dict(per_warp=True, page=128, scale_v=1)])
 def test_compiled_build(builds, kw):
     """The loader's loop issues the TMA copies (one a page for K and for V at page 64, one a
     tile above) and gives its registers to the consumer; the consumer's loop has the fp8
@@ -148,8 +149,9 @@ GPU_CASES = [
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not H200, reason="sm_90's kernel")
+@pytest.mark.parametrize("per_warp", [False, True])
 @pytest.mark.parametrize("case", range(len(GPU_CASES)))
-def test_gpu_against_reference_and_split_kernel(monkeypatch, case):
+def test_gpu_against_reference_and_split_kernel(monkeypatch, case, per_warp):
     """Each case against the float64 reference (poisoned outputs) and the split kernel's
     output on the same values: lengths 0, 1, around pages and tiles; pages 64 / 128 / 256 in
     shuffled order; GQA 4 and 8, MQA, one head a kv head; 1, 2 and 4 queries (causal within
@@ -161,7 +163,7 @@ def test_gpu_against_reference_and_split_kernel(monkeypatch, case):
     lens = torch.tensor(lens, dtype=I32, device="cuda")
     kw = dict(block_table=table, k_scale=ks, v_scale=vs, return_lse=True)
     calls = _spy(monkeypatch)
-    with DA.decode_config(qk="ws_fp8"), poisoned_outputs():
+    with DA.decode_config(qk="ws_fp8", per_warp=per_warp), poisoned_outputs():
         got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                                [q, k8, v8, lens], kw)
     assert calls, "the warp-specialized kernel did not run"
@@ -175,7 +177,8 @@ def test_gpu_against_reference_and_split_kernel(monkeypatch, case):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not H200, reason="sm_90's kernel")
-def test_gpu_shared_pages_and_garbage_clamped(monkeypatch):
+@pytest.mark.parametrize("per_warp", [False, True])
+def test_gpu_shared_pages_and_garbage_clamped(monkeypatch, per_warp):
     """Pages shared between sequences (prefix sharing), and a table and lengths with garbage
     (the registered op does not validate): block indices clamp to the cache, lengths to the
     table's capacity; caches inside NaN guards, so a read outside them poisons the output."""
@@ -194,7 +197,7 @@ def test_gpu_shared_pages_and_garbage_clamped(monkeypatch):
     bad[3] = torch.tensor([nb, -1, 2**31 - 1], dtype=I32)
     lens = torch.tensor([150, 10**6, 129, -5], dtype=I32, device="cuda")
     calls = _spy(monkeypatch)
-    with DA.decode_config(qk="ws_fp8"), poisoned_outputs():
+    with DA.decode_config(qk="ws_fp8", per_warp=per_warp), poisoned_outputs():
         out, lse = torch.ops.tkit.decode_attention(q, k8, v8, lens, bad, ks, vs,
                                                    128 ** -0.5, -1, 0, 0.0, 1)
     assert calls

@@ -199,6 +199,36 @@ def _store_quarter(O, acc, inv_l, o_row_off, row_ok, r: gl.constexpr, sod,
 
 
 @gluon.jit
+def _q_split(Q, KS, q2buf, b64, hk, n_rows, GROUP, qk_scale, sqb, sqs, sqh, sqd,
+             s_layout: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
+             SCALE_K: gl.constexpr):
+    """The query rows split in hi and lo e4m3 parts (column 2r + part) into ``q2buf``, once;
+    returns the wgmma's B operand (q2^T) and each column's power of two times the score
+    scale (the K scale folded in when per tensor)."""
+    N2: gl.constexpr = 2 * ROWS
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    c2 = gl.arange(0, N2, layout=gl.SliceLayout(1, q_layout))
+    r2 = c2 // 2
+    q_off = (b64 * sqb + (r2 // GROUP).to(gl.int64) * sqs
+             + (hk * GROUP + r2 % GROUP).to(gl.int64) * sqh)
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_layout))
+    x = gl.load(Q + gl.expand_dims(q_off, 1) + gl.expand_dims(offs_d.to(gl.int64) * sqd, 0),
+                mask=gl.expand_dims(r2 < n_rows, 1), other=0.0).to(gl.float32)
+    a = _pow2_scale(gl.max(gl.abs(x), 1))
+    hi = (x * gl.expand_dims(1.0 / a, 1)).to(gl.float8e4nv)
+    rem = x - hi.to(gl.float32) * gl.expand_dims(a, 1)
+    bsc = _pow2_scale(gl.max(gl.abs(rem), 1))
+    lo = (rem * gl.expand_dims(1.0 / bsc, 1)).to(gl.float8e4nv)
+    q2buf.store(gl.where(gl.expand_dims(c2 % 2 == 1, 1), lo, hi))
+    fence_async_shared()
+    cta_barrier()  # every warp's rows are in before the wgmmas read them
+    qsc = gl.convert_layout(gl.where(c2 % 2 == 1, bsc, a), gl.SliceLayout(0, s_layout))
+    if SCALE_K == 1:
+        qk_scale = qk_scale * gl.load(KS)
+    return q2buf.permute((1, 0)), qsc * qk_scale
+
+
+@gluon.jit
 def _consumer(Q, O, LSE, KS, VS, kbuf, vbuf, ksbuf, vsbuf, q2buf, ready, sready, empty, b64,
               hk, L, seqlen_q, GROUP, n_tiles, qk_scale, sqb, sqs, sqh, sqd, sob, sos, soh,
               sod, slb, slh, sls,
@@ -213,31 +243,10 @@ def _consumer(Q, O, LSE, KS, VS, kbuf, vbuf, ksbuf, vsbuf, q2buf, ready, sready,
                                                        instr_shape=[16, 8])
     # the words of V in the B-operand order of o_layout (pairs of consecutive keys a thread)
     w_layout: gl.constexpr = gl.BlockedLayout([2, 1], [4, 8], [1, 4], [0, 1])
-    q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
 
-    # ---- the query rows, split in hi and lo e4m3 parts (column 2r + part), once
     n_rows = seqlen_q * GROUP
-    c2 = gl.arange(0, N2, layout=gl.SliceLayout(1, q_layout))
-    r2 = c2 // 2
-    q_off = (b64 * sqb + (r2 // GROUP).to(gl.int64) * sqs
-             + (hk * GROUP + r2 % GROUP).to(gl.int64) * sqh)
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, q_layout))
-    x = gl.load(Q + gl.expand_dims(q_off, 1) + gl.expand_dims(offs_d.to(gl.int64) * sqd, 0),
-                mask=gl.expand_dims(r2 < n_rows, 1), other=0.0).to(gl.float32)
-    a = _pow2_scale(gl.max(gl.abs(x), 1))
-    hi = (x * gl.expand_dims(1.0 / a, 1)).to(gl.float8e4nv)
-    rem = x - hi.to(gl.float32) * gl.expand_dims(a, 1)
-    bsc = _pow2_scale(gl.max(gl.abs(rem), 1))
-    lo = (rem * gl.expand_dims(1.0 / bsc, 1)).to(gl.float8e4nv)
-    is_lo = gl.expand_dims(c2 % 2 == 1, 1)
-    q2buf.store(gl.where(is_lo, lo, hi))
-    fence_async_shared()
-    cta_barrier()  # every warp's rows are in before the wgmmas read them
-    q2t = q2buf.permute((1, 0))
-    qsc = gl.convert_layout(gl.where(c2 % 2 == 1, bsc, a), gl.SliceLayout(0, s_layout))
-    if SCALE_K == 1:
-        qk_scale = qk_scale * gl.load(KS)
-    qsc = qsc * qk_scale
+    q2t, qsc = _q_split(Q, KS, q2buf, b64, hk, n_rows, GROUP, qk_scale, sqb, sqs, sqh, sqd,
+                        s_layout, HEAD_DIM, ROWS, SCALE_K)
 
     # tiles every row sees whole: keys < L - seqlen_q + 1
     n_full = gl.minimum(gl.maximum(L - seqlen_q + 1, 0) // TILE, n_tiles)
@@ -292,6 +301,154 @@ def _consumer(Q, O, LSE, KS, VS, kbuf, vbuf, ksbuf, vsbuf, q2buf, ready, sready,
 
 
 @gluon.jit
+def _tile_w(t, st, n_tiles, acc0, acc1, acc2, acc3, l4, m4, q2t, qsc, kbuf, vbuf, ksbuf, vsbuf,
+            ready, sready, empty, L, seqlen_q, GROUP,
+            s_layout: gl.constexpr, o_layout: gl.constexpr, w_layout: gl.constexpr,
+            HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, SCALE_K: gl.constexpr,
+            SCALE_V: gl.constexpr, MASKED: gl.constexpr):
+    """:func:`_tile` with a softmax state per warp: the wgmma gives warp w the keys
+    64 i + 16 w + r (i < 2, r < 16) of each tile, and each warp keeps its own running max,
+    sums and P V over its keys (a batched mma.sync, the warps on the batch), so nothing in
+    the loop crosses warps but the wgmma; the warps' states are merged once, after the loop."""
+    N2: gl.constexpr = q2t.shape[1]
+    ROWS: gl.constexpr = N2 // 2
+    HW: gl.constexpr = HEAD_DIM // 4
+    slot = t % STAGES
+    phase = (t // STAGES) & 1
+    has_next = t + 1 < n_tiles
+    nslot = (t + has_next.to(gl.int32)) % STAGES
+    mbarrier.wait(ready.index(nslot), ((t + 1) // STAGES) & 1, pred=has_next)
+    kn = kbuf.index(nslot)
+    tok = warpgroup_mma(kn, q2t, gl.zeros([TILE, N2], gl.float32, s_layout), use_acc=False,
+                        is_async=True)
+    if SCALE_K == 2 or SCALE_V == 2:
+        mbarrier.wait(sready.index(slot), phase)
+    st = st * gl.expand_dims(qsc, 0)
+    if SCALE_K == 2:
+        ks = ksbuf.index(slot).load(gl.SliceLayout(1, s_layout))
+        st = st * gl.expand_dims(ks, 1)
+    hi, lo = gl.split(gl.reshape(st, [TILE, ROWS, 2]))
+    s = hi + lo  # [keys, rows]
+    if MASKED:
+        keys = t * TILE + gl.arange(0, TILE, layout=gl.SliceLayout(1, s.type.layout))
+        rows = gl.arange(0, ROWS, layout=gl.SliceLayout(0, s.type.layout))
+        last = gl.minimum(L - seqlen_q + rows // GROUP, L - 1)
+        s = gl.where(gl.expand_dims(keys, 1) <= gl.expand_dims(last, 0), s, float("-inf"))
+    s4 = gl.reshape(s, [2, 4, 16, ROWS])  # (m64 half, warp, key of the warp's 16, row)
+    m_new = gl.maximum(m4, gl.max(gl.max(s4, 2), 0))  # [warp, row]
+    if MASKED:
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p4 = gl.exp2(s4 - gl.expand_dims(gl.expand_dims(m_use, 0), 2))
+    alpha = gl.exp2(m4 - m_use)
+    l4 = l4 * gl.expand_dims(gl.expand_dims(alpha, 0), 2) + p4
+    if SCALE_V == 2:
+        vs = vsbuf.index(slot).load(gl.SliceLayout(1, s.type.layout))
+        p2 = gl.convert_layout(gl.reshape(p4, [TILE, ROWS]), s.type.layout)
+        p4 = gl.reshape(p2 * gl.expand_dims(vs, 1), [2, 4, 16, ROWS])
+    # each warp's P^T: [warp, 2 ROWS, 32 keys], key 16 i + r
+    pt = gl.reshape(gl.permute(_pairs(p4.to(gl.float16)), (1, 3, 0, 2)), [4, N2, 32])
+    pt = gl.convert_layout(pt, gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                   k_width=2))
+    words_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128,
+                                                      element_bitwidth=32, rank=4)
+    vw = vbuf.index(slot)._reinterpret(gl.int32, [2, 4, 16, HW], words_layout).load(w_layout)
+    v0, v1, v2, v3 = _inline_fp8_words_to_f16(vw)
+    if MASKED:  # keys past the sequence: P is 0 there, but their bytes may be NaNs
+        v0 = gl.where(v0 == v0, v0, 0.0)
+        v1 = gl.where(v1 == v1, v1, 0.0)
+        v2 = gl.where(v2 == v2, v2, 0.0)
+        v3 = gl.where(v3 == v3, v3, 0.0)
+    b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=o_layout, k_width=2)
+    a_rows = gl.expand_dims(gl.convert_layout(_pairs(alpha), gl.SliceLayout(2, o_layout)), 2)
+    acc0 = mma_v2(pt, gl.convert_layout(
+        gl.reshape(gl.permute(v0, (1, 0, 2, 3)), [4, 32, HW]), b_layout), acc0 * a_rows)
+    acc1 = mma_v2(pt, gl.convert_layout(
+        gl.reshape(gl.permute(v1, (1, 0, 2, 3)), [4, 32, HW]), b_layout), acc1 * a_rows)
+    acc2 = mma_v2(pt, gl.convert_layout(
+        gl.reshape(gl.permute(v2, (1, 0, 2, 3)), [4, 32, HW]), b_layout), acc2 * a_rows)
+    acc3 = mma_v2(pt, gl.convert_layout(
+        gl.reshape(gl.permute(v3, (1, 0, 2, 3)), [4, 32, HW]), b_layout), acc3 * a_rows)
+    st = warpgroup_mma_wait(0, deps=(tok, kn, q2t))[0]
+    mbarrier.arrive(empty.index(slot), count=1)
+    return acc0, acc1, acc2, acc3, l4, m_new, st
+
+
+@gluon.jit
+def _consumer_w(Q, O, LSE, KS, VS, kbuf, vbuf, ksbuf, vsbuf, q2buf, ready, sready, empty, b64,
+                hk, L, seqlen_q, GROUP, n_tiles, qk_scale, sqb, sqs, sqh, sqd, sob, sos, soh,
+                sod, slb, slh, sls,
+                HEAD_DIM: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr,
+                SCALE_K: gl.constexpr, SCALE_V: gl.constexpr):
+    """:func:`_consumer` over :func:`_tile_w`: a softmax state and P V per warp."""
+    N2: gl.constexpr = 2 * ROWS
+    HW: gl.constexpr = HEAD_DIM // 4
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, N2, 32])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1],
+                                                       instr_shape=[1, 16, 8])
+    # the words of V: warp w holds its keys' words in the B-operand order of o_layout
+    w_layout: gl.constexpr = gl.BlockedLayout([1, 1, 2, 1], [1, 1, 4, 8], [1, 4, 1, 1],
+                                              [2, 3, 1, 0])
+    n_rows = seqlen_q * GROUP
+    q2t, qsc = _q_split(Q, KS, q2buf, b64, hk, n_rows, GROUP, qk_scale, sqb, sqs, sqh, sqd,
+                        s_layout, HEAD_DIM, ROWS, SCALE_K)
+    n_full = gl.minimum(gl.maximum(L - seqlen_q + 1, 0) // TILE, n_tiles)
+
+    hi0, lo0 = gl.split(gl.reshape(gl.zeros([TILE, N2], gl.float32, s_layout),
+                                   [TILE, ROWS, 2]))
+    l4 = gl.reshape(gl.zeros_like(hi0), [2, 4, 16, ROWS])
+    m4 = gl.full_like(gl.max(gl.max(gl.reshape(lo0, [2, 4, 16, ROWS]), 2), 0), float("-inf"))
+    acc0 = gl.zeros([4, N2, HW], gl.float32, o_layout)
+    acc1 = acc0
+    acc2 = acc0
+    acc3 = acc0
+    mbarrier.wait(ready.index(0), 0, pred=n_tiles > 0)
+    k0 = kbuf.index(0)
+    tok = warpgroup_mma(k0, q2t, gl.zeros([TILE, N2], gl.float32, s_layout), use_acc=False,
+                        is_async=True)
+    st = warpgroup_mma_wait(0, deps=(tok, k0, q2t))[0]
+    for t in range(0, n_full):
+        acc0, acc1, acc2, acc3, l4, m4, st = _tile_w(
+            t, st, n_tiles, acc0, acc1, acc2, acc3, l4, m4, q2t, qsc, kbuf, vbuf, ksbuf, vsbuf,
+            ready, sready, empty, L, seqlen_q, GROUP, s_layout, o_layout, w_layout, HEAD_DIM,
+            STAGES, SCALE_K, SCALE_V, False)
+    for t in range(n_full, n_tiles):
+        acc0, acc1, acc2, acc3, l4, m4, st = _tile_w(
+            t, st, n_tiles, acc0, acc1, acc2, acc3, l4, m4, q2t, qsc, kbuf, vbuf, ksbuf, vsbuf,
+            ready, sready, empty, L, seqlen_q, GROUP, s_layout, o_layout, w_layout, HEAD_DIM,
+            STAGES, SCALE_K, SCALE_V, True)
+
+    # ---- the warps' states merged: max over warps, each warp's sums and O rescaled to it
+    m = gl.max(m4, 0)
+    m_safe = gl.where(m == float("-inf"), 0.0, m)
+    sc = gl.exp2(m4 - gl.expand_dims(m_safe, 0))  # [warp, row]; 0 for a warp that saw none
+    l_i = gl.sum(gl.sum(gl.sum(l4, 2), 0) * sc, 0)
+    empty_row = l_i == 0.0
+    l_safe = gl.where(empty_row, 1.0, l_i)
+    lse = gl.where(empty_row, float("-inf"), (m + gl.log2(l_safe)) * 0.6931471805599453)
+    r_s = gl.arange(0, ROWS, layout=gl.SliceLayout(0, sc.type.layout))
+    l_off = (b64 * slb + (hk * GROUP + r_s % GROUP).to(gl.int64) * slh
+             + (r_s // GROUP).to(gl.int64) * sls)
+    gl.store(LSE + l_off, lse, mask=r_s < n_rows)
+    sc3 = gl.expand_dims(gl.convert_layout(_pairs(sc), gl.SliceLayout(2, o_layout)), 2)
+    out_layout: gl.constexpr = gl.SliceLayout(0, o_layout)
+    inv_l = gl.convert_layout(_pairs(1.0 / l_safe), gl.SliceLayout(1, out_layout))
+    if SCALE_V == 1:
+        inv_l = inv_l * gl.load(VS)
+    co = gl.arange(0, N2, layout=gl.SliceLayout(1, out_layout))
+    r_o = co // 2
+    ok_o = (co % 2 == 0) & (r_o < n_rows)
+    o_row = (b64 * sob + (r_o // GROUP).to(gl.int64) * sos
+             + (hk * GROUP + r_o % GROUP).to(gl.int64) * soh)
+    _store_quarter(O, gl.sum(acc0 * sc3, 0), inv_l, o_row, ok_o, 0, sod, out_layout)
+    _store_quarter(O, gl.sum(acc1 * sc3, 0), inv_l, o_row, ok_o, 1, sod, out_layout)
+    _store_quarter(O, gl.sum(acc2 * sc3, 0), inv_l, o_row, ok_o, 2, sod, out_layout)
+    _store_quarter(O, gl.sum(acc3 * sc3, 0), inv_l, o_row, ok_o, 3, sod, out_layout)
+
+
+@gluon.jit
 def _pow2_scale(amax):
     """2^(floor(log2 amax) - 7) for finite amax > 0 (amax / scale in [128, 256)), within
     float32's normal range; 1 for 0."""
@@ -313,6 +470,7 @@ def _decode_fp8_ws_kernel(
     seqlen_q, n_blocks, max_pages, n_kv_heads, GROUP, qk_scale,
     HEAD_DIM: gl.constexpr, ROWS: gl.constexpr, PAGE: gl.constexpr, BOX: gl.constexpr,
     STAGES: gl.constexpr, SCALE_K: gl.constexpr, SCALE_V: gl.constexpr,
+    PER_WARP: gl.constexpr = False,
 ):
     """One program: the (at most ROWS) packed rows of one (sequence, kv head), all its keys.
     Grid (heads_kv, batch). Q (batch, seqlen_q, heads_q, head_dim) strides ``sq*``; K, V the
@@ -350,13 +508,25 @@ def _decode_fp8_ws_kernel(
     fence_async_shared()
 
     BTb = BT + b64 * sbtb
-    gl.warp_specialize([
-        (_consumer, (Q, O, LSE, KS, VS, kbuf, vbuf, ksbuf, vsbuf, q2buf, ready, sready, empty,
-                     b64, hk, L, seqlen_q, GROUP, n_tiles, qk_scale, sqb, sqs, sqh, sqd, sob,
-                     sos, soh, sod, slb, slh, sls, HEAD_DIM, ROWS, BOX, STAGES, SCALE_K,
-                     SCALE_V)),
-        (_loader, (K, V, KS, VS, BTb, kbuf, vbuf, ksbuf, vsbuf, ready, sready, empty, hk,
-                   n_tiles, n_blocks, n_kv_heads, max_pages, skn, skp, skh, svn, svp, svh,
-                   sksn, sksp, sksh, svsn, svsp, svsh, sbtn, HEAD_DIM, PAGE, BOX, STAGES,
-                   SCALE_K, SCALE_V)),
-    ], [1], [48])
+    if PER_WARP:
+        gl.warp_specialize([
+            (_consumer_w, (Q, O, LSE, KS, VS, kbuf, vbuf, ksbuf, vsbuf, q2buf, ready, sready,
+                           empty, b64, hk, L, seqlen_q, GROUP, n_tiles, qk_scale, sqb, sqs, sqh,
+                           sqd, sob, sos, soh, sod, slb, slh, sls, HEAD_DIM, ROWS, STAGES,
+                           SCALE_K, SCALE_V)),
+            (_loader, (K, V, KS, VS, BTb, kbuf, vbuf, ksbuf, vsbuf, ready, sready, empty, hk,
+                       n_tiles, n_blocks, n_kv_heads, max_pages, skn, skp, skh, svn, svp, svh,
+                       sksn, sksp, sksh, svsn, svsp, svsh, sbtn, HEAD_DIM, PAGE, BOX, STAGES,
+                       SCALE_K, SCALE_V)),
+        ], [1], [48])
+    else:
+        gl.warp_specialize([
+            (_consumer, (Q, O, LSE, KS, VS, kbuf, vbuf, ksbuf, vsbuf, q2buf, ready, sready,
+                         empty, b64, hk, L, seqlen_q, GROUP, n_tiles, qk_scale, sqb, sqs, sqh,
+                         sqd, sob, sos, soh, sod, slb, slh, sls, HEAD_DIM, ROWS, BOX, STAGES,
+                         SCALE_K, SCALE_V)),
+            (_loader, (K, V, KS, VS, BTb, kbuf, vbuf, ksbuf, vsbuf, ready, sready, empty, hk,
+                       n_tiles, n_blocks, n_kv_heads, max_pages, skn, skp, skh, svn, svp, svh,
+                       sksn, sksp, sksh, svsn, svsp, svsh, sbtn, HEAD_DIM, PAGE, BOX, STAGES,
+                       SCALE_K, SCALE_V)),
+        ], [1], [48])

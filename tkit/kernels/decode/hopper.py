@@ -68,7 +68,8 @@ def supported(q, k_cache, v_cache, block_table, k_scale, v_scale, window_left, w
 
 
 def launch(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, out, lse,
-           qk_scale: float, stages: int = STAGES, maxnreg: int | None = None) -> None:
+           qk_scale: float, stages: int = STAGES, maxnreg: int | None = None,
+           per_warp: bool = False) -> None:
     """Run the kernel for a call :func:`supported` accepts (``out``, ``lse`` written);
     ``stages`` ring slots, ``maxnreg`` launch registers a thread (default :data:`MAXNREG`)."""
     b, sq, hq, d = q.shape
@@ -92,12 +93,13 @@ def launch(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, ou
         seqlen_q=sq, n_blocks=n_blocks, max_pages=block_table.shape[1], n_kv_heads=hk,
         GROUP=hq // hk, qk_scale=qk_scale,
         HEAD_DIM=d, ROWS=ROWS, PAGE=page, BOX=min(page, TILE), STAGES=stages,
-        SCALE_K=scale_k, SCALE_V=scale_v, num_warps=4, maxnreg=maxnreg or MAXNREG,
+        SCALE_K=scale_k, SCALE_V=scale_v, PER_WARP=per_warp, num_warps=4,
+        maxnreg=maxnreg or MAXNREG,
     )
 
 
 def compile_sm90(page: int = 64, q_dtype: torch.dtype = torch.bfloat16, scale_k: int = 2,
-                 scale_v: int = 2, stages: int = STAGES):
+                 scale_v: int = 2, stages: int = STAGES, per_warp: bool = False):
     """Compile the kernel for sm_90 ahead of time (no GPU needed); returns Triton's compiled
     kernel (``.asm``: ``ttgir``, ``ptx``, ``cubin``; ``.metadata.shared`` in bytes)."""
     from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90
@@ -109,7 +111,7 @@ def compile_sm90(page: int = 64, q_dtype: torch.dtype = torch.bfloat16, scale_k:
     types = dict(Q=f"*{qt}", K="*fp8e4nv", V="*fp8e4nv", KS="*fp32", VS="*fp32",
                  SEQLENS="*i32", BT="*i32", O=f"*{qt}", LSE="*fp32", qk_scale="fp32")
     constexprs = dict(HEAD_DIM=128, ROWS=ROWS, PAGE=page, BOX=min(page, TILE), STAGES=stages,
-                      SCALE_K=scale_k, SCALE_V=scale_v)
+                      SCALE_K=scale_k, SCALE_V=scale_v, PER_WARP=per_warp)
     signature = {n: types.get(n, "i32") for n in names}
     signature.update({k: "constexpr" for k in constexprs})
     return gluon_compile_sm90(_decode_fp8_ws_kernel, signature, constexprs, num_warps=4,

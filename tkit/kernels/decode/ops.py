@@ -237,7 +237,7 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
                                window_right, softcap, splits)
         if why is None:
             hopper.launch(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
-                          out, lse, qk_scale, cfg.num_stages, cfg.max_registers)
+                          out, lse, qk_scale, cfg.num_stages, cfg.max_registers, cfg.per_warp)
             return out, lse
     if cfg.qk != "mma" and not qk_wg:  # the MMA path's M tiles (16 rows or more)
         # (a default planned for the wgmma falls back to the default without it: its own
