@@ -55,14 +55,28 @@ def _inline_fp8_words_to_f16(w):
 
 
 @gluon.jit
+def _table_entries(BTb, t, max_pages, sbtn, PAGE: gl.constexpr, BOX: gl.constexpr):
+    """The raw block-table entries of tile t's pages (the second one's only when a tile
+    spans two pages; pages past the table clamped to its last column)."""
+    pg = gl.minimum((t * TILE) // PAGE, max_pages - 1)
+    b0 = gl.load(BTb + pg * sbtn)
+    if TILE // BOX == 2:
+        b1 = gl.load(BTb + gl.minimum(pg + 1, max_pages - 1) * sbtn)
+    else:
+        b1 = b0
+    return b0, b1
+
+
+@gluon.jit
 def _loader(K, V, KS, VS, BTb, kbuf, vbuf, ksbuf, vsbuf, ready, sready, empty, hk, n_tiles,
             n_blocks, n_kv_heads, max_pages, skn, skp, skh, svn, svp, svh, sksn, sksp, sksh,
             svsn, svsp, svsh, sbtn,
             HEAD_DIM: gl.constexpr, PAGE: gl.constexpr, BOX: gl.constexpr,
             STAGES: gl.constexpr, SCALE_K: gl.constexpr, SCALE_V: gl.constexpr):
     """The loader partition (one warp): for tile t, once the consumer has released its slot,
-    TMA the K and V rows of the tile's pages (``TILE // BOX`` boxes of BOX rows each) onto the
-    slot's ``ready`` barrier, and cp.async the tile's per-token scales onto ``sready``."""
+    TMA the K and V rows of the tile's pages (one box of BOX = min(PAGE, TILE) rows, two at
+    pages of 64 keys) onto the slot's ``ready`` barrier, and cp.async the tile's per-token
+    scales onto ``sready``."""
     NLOAD: gl.constexpr = TILE // BOX
     # a head's rows of the cache as one 2-D tensor (block * PAGE + row, head dim): the
     # launcher checks that a block's stride is PAGE rows
@@ -78,25 +92,31 @@ def _loader(K, V, KS, VS, BTb, kbuf, vbuf, ksbuf, vsbuf, ready, sready, empty, h
     keys0 = gl.arange(0, TILE, layout=sc_layout)
     KSh = KS + hk.to(gl.int64) * sksh
     VSh = VS + hk.to(gl.int64) * svsh
+    # a tile's block-table entries are loaded one tile ahead (used by the next trip), so that
+    # their latency is spent while the loop waits for a free slot, not between the slot's
+    # release and its copies
+    nb0, nb1 = _table_entries(BTb, 0, max_pages, sbtn, PAGE, BOX)
     for t in range(n_tiles):
+        blk0 = gl.minimum(gl.maximum(nb0, 0), n_blocks - 1)
+        blk1 = gl.minimum(gl.maximum(nb1, 0), n_blocks - 1)
+        nb0, nb1 = _table_entries(BTb, t + 1, max_pages, sbtn, PAGE, BOX)
         slot = t % STAGES
         # a fresh mbarrier reads as if the phase before phase 0 had completed
         mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)
         bar = ready.index(slot)
         mbarrier.expect(bar, 2 * TILE * HEAD_DIM)
-        for i in gl.static_range(NLOAD):
-            key0 = t * TILE + i * BOX
-            pg = gl.minimum(key0 // PAGE, max_pages - 1)
-            blk = gl.minimum(gl.maximum(gl.load(BTb + pg * sbtn), 0), n_blocks - 1)
-            row = blk * PAGE + key0 % PAGE
-            tma_load(k_desc, [row, 0], bar, kbuf.index(slot).slice(i * BOX, BOX))
-            tma_load(v_desc, [row, 0], bar, vbuf.index(slot).slice(i * BOX, BOX))
+        row0 = blk0 * PAGE + (t * TILE) % PAGE
+        tma_load(k_desc, [row0, 0], bar, kbuf.index(slot).slice(0, BOX))
+        tma_load(v_desc, [row0, 0], bar, vbuf.index(slot).slice(0, BOX))
+        if NLOAD == 2:  # pages of 64 keys: the second page of the tile
+            tma_load(k_desc, [blk1 * PAGE, 0], bar, kbuf.index(slot).slice(BOX, BOX))
+            tma_load(v_desc, [blk1 * PAGE, 0], bar, vbuf.index(slot).slice(BOX, BOX))
         if SCALE_K == 2 or SCALE_V == 2:
-            keys = t * TILE + keys0
-            pg = gl.minimum(keys // PAGE, max_pages - 1)
-            blk = gl.minimum(gl.maximum(gl.load(BTb + pg * sbtn), 0), n_blocks - 1)
-            blk = blk.to(gl.int64)
-            row = keys % PAGE
+            if NLOAD == 2:
+                blk = gl.where(keys0 < BOX, blk0, blk1).to(gl.int64)
+            else:
+                blk = gl.full([TILE], 0, gl.int64, sc_layout) + blk0.to(gl.int64)
+            row = (t * TILE + keys0) % PAGE
             if SCALE_K == 2:
                 async_copy.async_copy_global_to_shared(ksbuf.index(slot),
                                                        KSh + blk * sksn + row * sksp)
