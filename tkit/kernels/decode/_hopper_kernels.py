@@ -72,22 +72,29 @@ def _loader(K, V, KS, VS, BTb, kbuf, vbuf, ksbuf, vsbuf, ready, sready, empty, h
             n_blocks, n_kv_heads, max_pages, skn, skp, skh, svn, svp, svh, sksn, sksp, sksh,
             svsn, svsp, svsh, sbtn,
             HEAD_DIM: gl.constexpr, PAGE: gl.constexpr, BOX: gl.constexpr,
-            STAGES: gl.constexpr, SCALE_K: gl.constexpr, SCALE_V: gl.constexpr):
-    """The loader partition (one warp): for tile t, once the consumer has released its slot,
-    TMA the K and V rows of the tile's pages (one box of BOX = min(PAGE, TILE) rows, two at
-    pages of 64 keys) onto the slot's ``ready`` barrier, and cp.async the tile's per-token
-    scales onto ``sready``."""
+            STAGES: gl.constexpr, SCALE_K: gl.constexpr, SCALE_V: gl.constexpr,
+            WHICH: gl.constexpr):
+    """A loader partition (one warp): WHICH = 0 the keys, 1 the values and the per-token
+    scales. For tile t, once the consumer has released the tile's slot of this ring, TMA the
+    rows of the tile's pages (one box of BOX = min(PAGE, TILE) rows, two at pages of 64 keys)
+    onto the slot's ``ready`` barrier (keys: ready[slot], values: ready[STAGES + slot]), and
+    (values) cp.async the tile's scales onto ``sready``. The two rings are released apart:
+    a key slot once the tile's scores are computed, a value slot once P V is."""
     NLOAD: gl.constexpr = TILE // BOX
     # a head's rows of the cache as one 2-D tensor (block * PAGE + row, head dim): the
     # launcher checks that a block's stride is PAGE rows
     kv_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8,
                                                    rank=2)
-    k_desc = tma.make_tensor_descriptor(K + hk.to(gl.int64) * skh,
-                                        shape=[n_blocks * PAGE, HEAD_DIM], strides=[skp, 1],
-                                        block_shape=[BOX, HEAD_DIM], layout=kv_layout)
-    v_desc = tma.make_tensor_descriptor(V + hk.to(gl.int64) * svh,
-                                        shape=[n_blocks * PAGE, HEAD_DIM], strides=[svp, 1],
-                                        block_shape=[BOX, HEAD_DIM], layout=kv_layout)
+    if WHICH == 0:
+        desc = tma.make_tensor_descriptor(K + hk.to(gl.int64) * skh,
+                                          shape=[n_blocks * PAGE, HEAD_DIM], strides=[skp, 1],
+                                          block_shape=[BOX, HEAD_DIM], layout=kv_layout)
+        buf = kbuf
+    else:
+        desc = tma.make_tensor_descriptor(V + hk.to(gl.int64) * svh,
+                                          shape=[n_blocks * PAGE, HEAD_DIM], strides=[svp, 1],
+                                          block_shape=[BOX, HEAD_DIM], layout=kv_layout)
+        buf = vbuf
     sc_layout: gl.constexpr = gl.BlockedLayout([TILE // 32], [32], [1], [0])
     keys0 = gl.arange(0, TILE, layout=sc_layout)
     KSh = KS + hk.to(gl.int64) * sksh
@@ -102,16 +109,14 @@ def _loader(K, V, KS, VS, BTb, kbuf, vbuf, ksbuf, vsbuf, ready, sready, empty, h
         nb0, nb1 = _table_entries(BTb, t + 1, max_pages, sbtn, PAGE, BOX)
         slot = t % STAGES
         # a fresh mbarrier reads as if the phase before phase 0 had completed
-        mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)
-        bar = ready.index(slot)
-        mbarrier.expect(bar, 2 * TILE * HEAD_DIM)
+        mbarrier.wait(empty.index(WHICH * STAGES + slot), ((t // STAGES) & 1) ^ 1)
+        bar = ready.index(WHICH * STAGES + slot)
+        mbarrier.expect(bar, TILE * HEAD_DIM)
         row0 = blk0 * PAGE + (t * TILE) % PAGE
-        tma_load(k_desc, [row0, 0], bar, kbuf.index(slot).slice(0, BOX))
-        tma_load(v_desc, [row0, 0], bar, vbuf.index(slot).slice(0, BOX))
+        tma_load(desc, [row0, 0], bar, buf.index(slot).slice(0, BOX))
         if NLOAD == 2:  # pages of 64 keys: the second page of the tile
-            tma_load(k_desc, [blk1 * PAGE, 0], bar, kbuf.index(slot).slice(BOX, BOX))
-            tma_load(v_desc, [blk1 * PAGE, 0], bar, vbuf.index(slot).slice(BOX, BOX))
-        if SCALE_K == 2 or SCALE_V == 2:
+            tma_load(desc, [blk1 * PAGE, 0], bar, buf.index(slot).slice(BOX, BOX))
+        if WHICH == 1 and (SCALE_K == 2 or SCALE_V == 2):
             if NLOAD == 2:
                 blk = gl.where(keys0 < BOX, blk0, blk1).to(gl.int64)
             else:
@@ -188,6 +193,7 @@ def _tile(t, st, n_tiles, acc0, acc1, acc2, acc3, l8, m8, q2t, qsc, kbuf, vbuf, 
     # the same 16-byte chunks whatever the element width)
     words_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128,
                                                       element_bitwidth=32, rank=2)
+    mbarrier.wait(ready.index(STAGES + slot), phase)
     vw = vbuf.index(slot)._reinterpret(gl.int32, [TILE, HEAD_DIM // 4],
                                        words_layout).load(w_layout)
     v0, v1, v2, v3 = _inline_fp8_words_to_f16(vw)
@@ -204,8 +210,9 @@ def _tile(t, st, n_tiles, acc0, acc1, acc2, acc3, l8, m8, q2t, qsc, kbuf, vbuf, 
     acc1 = mma_v2(pt, gl.convert_layout(v1, b_layout), acc1 * a_rows)
     acc2 = mma_v2(pt, gl.convert_layout(v2, b_layout), acc2 * a_rows)
     acc3 = mma_v2(pt, gl.convert_layout(v3, b_layout), acc3 * a_rows)
+    mbarrier.arrive(empty.index(STAGES + slot), count=1)  # the values of tile t are read
     st = warpgroup_mma_wait(0, deps=(tok, kn, q2t))[0]
-    mbarrier.arrive(empty.index(slot), count=1)
+    mbarrier.arrive(empty.index(nslot), count=1, pred=has_next)  # the keys of tile t + 1
     return acc0, acc1, acc2, acc3, l8, m_new, st
 
 
@@ -286,6 +293,7 @@ def _consumer(Q, O, LSE, KS, VS, kbuf, vbuf, ksbuf, vsbuf, q2buf, ready, sready,
     tok = warpgroup_mma(k0, q2t, gl.zeros([TILE, N2], gl.float32, s_layout), use_acc=False,
                         is_async=True)
     st = warpgroup_mma_wait(0, deps=(tok, k0, q2t))[0]
+    mbarrier.arrive(empty.index(0), count=1, pred=n_tiles > 0)
     for t in range(0, n_full):
         acc0, acc1, acc2, acc3, l8, m8, st = _tile(
             t, st, n_tiles, acc0, acc1, acc2, acc3, l8, m8, q2t, qsc, kbuf, vbuf, ksbuf, vsbuf,
@@ -373,6 +381,7 @@ def _tile_w(t, st, n_tiles, acc0, acc1, acc2, acc3, l4, m4, q2t, qsc, kbuf, vbuf
                                                    k_width=2))
     words_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128,
                                                       element_bitwidth=32, rank=4)
+    mbarrier.wait(ready.index(STAGES + slot), phase)
     vw = vbuf.index(slot)._reinterpret(gl.int32, [2, 4, 16, HW], words_layout).load(w_layout)
     v0, v1, v2, v3 = _inline_fp8_words_to_f16(vw)
     if MASKED:  # keys past the sequence: P is 0 there, but their bytes may be NaNs
@@ -390,8 +399,9 @@ def _tile_w(t, st, n_tiles, acc0, acc1, acc2, acc3, l4, m4, q2t, qsc, kbuf, vbuf
         gl.reshape(gl.permute(v2, (1, 0, 2, 3)), [4, 32, HW]), b_layout), acc2 * a_rows)
     acc3 = mma_v2(pt, gl.convert_layout(
         gl.reshape(gl.permute(v3, (1, 0, 2, 3)), [4, 32, HW]), b_layout), acc3 * a_rows)
+    mbarrier.arrive(empty.index(STAGES + slot), count=1)  # the values of tile t are read
     st = warpgroup_mma_wait(0, deps=(tok, kn, q2t))[0]
-    mbarrier.arrive(empty.index(slot), count=1)
+    mbarrier.arrive(empty.index(nslot), count=1, pred=has_next)  # the keys of tile t + 1
     return acc0, acc1, acc2, acc3, l4, m_new, st
 
 
@@ -429,6 +439,7 @@ def _consumer_w(Q, O, LSE, KS, VS, kbuf, vbuf, ksbuf, vsbuf, q2buf, ready, sread
     tok = warpgroup_mma(k0, q2t, gl.zeros([TILE, N2], gl.float32, s_layout), use_acc=False,
                         is_async=True)
     st = warpgroup_mma_wait(0, deps=(tok, k0, q2t))[0]
+    mbarrier.arrive(empty.index(0), count=1, pred=n_tiles > 0)
     for t in range(0, n_full):
         acc0, acc1, acc2, acc3, l4, m4, st = _tile_w(
             t, st, n_tiles, acc0, acc1, acc2, acc3, l4, m4, q2t, qsc, kbuf, vbuf, ksbuf, vsbuf,
@@ -518,13 +529,15 @@ def _decode_fp8_ws_kernel(
     ksbuf = gl.allocate_shared_memory(gl.float32, [STAGES, TILE], sc_layout)
     vsbuf = gl.allocate_shared_memory(gl.float32, [STAGES, TILE], sc_layout)
     q2buf = gl.allocate_shared_memory(gl.float8e4nv, [N2, HEAD_DIM], q2_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    # ready / empty: slot i of the key ring at i, of the value ring at STAGES + i
+    ready = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
     sready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
+    empty = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2 * STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(sready.index(i), count=32)  # one cp.async arrive a loader thread
         mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(sready.index(i), count=32)  # one cp.async arrive a loader thread
     fence_async_shared()
 
     BTb = BT + b64 * sbtb
@@ -537,8 +550,12 @@ def _decode_fp8_ws_kernel(
             (_loader, (K, V, KS, VS, BTb, kbuf, vbuf, ksbuf, vsbuf, ready, sready, empty, hk,
                        n_tiles, n_blocks, n_kv_heads, max_pages, skn, skp, skh, svn, svp, svh,
                        sksn, sksp, sksh, svsn, svsp, svsh, sbtn, HEAD_DIM, PAGE, BOX, STAGES,
-                       SCALE_K, SCALE_V)),
-        ], [1], [48])
+                       SCALE_K, SCALE_V, 0)),
+            (_loader, (K, V, KS, VS, BTb, kbuf, vbuf, ksbuf, vsbuf, ready, sready, empty, hk,
+                       n_tiles, n_blocks, n_kv_heads, max_pages, skn, skp, skh, svn, svp, svh,
+                       sksn, sksp, sksh, svsn, svsp, svsh, sbtn, HEAD_DIM, PAGE, BOX, STAGES,
+                       SCALE_K, SCALE_V, 1)),
+        ], [1, 1], [48, 48])
     else:
         gl.warp_specialize([
             (_consumer, (Q, O, LSE, KS, VS, kbuf, vbuf, ksbuf, vsbuf, q2buf, ready, sready,
@@ -548,5 +565,9 @@ def _decode_fp8_ws_kernel(
             (_loader, (K, V, KS, VS, BTb, kbuf, vbuf, ksbuf, vsbuf, ready, sready, empty, hk,
                        n_tiles, n_blocks, n_kv_heads, max_pages, skn, skp, skh, svn, svp, svh,
                        sksn, sksp, sksh, svsn, svsp, svsh, sbtn, HEAD_DIM, PAGE, BOX, STAGES,
-                       SCALE_K, SCALE_V)),
-        ], [1], [48])
+                       SCALE_K, SCALE_V, 0)),
+            (_loader, (K, V, KS, VS, BTb, kbuf, vbuf, ksbuf, vsbuf, ready, sready, empty, hk,
+                       n_tiles, n_blocks, n_kv_heads, max_pages, skn, skp, skh, svn, svp, svh,
+                       sksn, sksp, sksh, svsn, svsp, svsh, sbtn, HEAD_DIM, PAGE, BOX, STAGES,
+                       SCALE_K, SCALE_V, 1)),
+        ], [1, 1], [48, 48])
