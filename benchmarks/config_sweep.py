@@ -1256,27 +1256,6 @@ DECODE_WG_RUNS: list = [
 ]
 
 
-#: runs of :func:`sweep_decode_ws`: the warp-specialized Gluon kernel (``qk="ws_fp8"``: a
-#: 1-warp TMA loader, a 4-warp consumer, 128-key ring slots) at 2 to 6 slots (two programs an
-#: SM up to 3), against the defaults; and on L2-resident pages (the loop's own time)
-_WS = dict(qk="ws_fp8")
-DECODE_WS_RUNS: list = [
-    ("token", _WS),
-    ("token", dict(_WS, num_stages=2)),
-    ("token", dict(_WS, num_stages=4)),
-    ("token", dict(_WS, per_warp=True)),
-    ("token", dict(_WS, per_warp=True, num_stages=2)),
-    ("l2", _WS),
-    ("l2", dict(_WS, per_warp=True)),
-    ("l2", {}),
-]
-
-
-def sweep_decode_ws(rows):
-    """:func:`sweep_decode_fp8` over :data:`DECODE_WS_RUNS`."""
-    sweep_decode_fp8(rows, DECODE_WS_RUNS, "decode_ws")
-
-
 def sweep_decode_fp8_batch(rows):
     """The fp8 page-64 cache with per-token scales (B x 8192 keys, Hq32/Hkv8, D128, shuffled
     pages) at batches 16 to 64 against the bf16 page-64 default at the same batch: the fp8
@@ -1330,7 +1309,6 @@ def sweep_decode_wg(rows):
 
 
 SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
-          "decode_ws": sweep_decode_ws,
           "decode_fp8_batch": sweep_decode_fp8_batch,
           "decode_bar": sweep_decode_bar, "decode_fp8": sweep_decode_fp8,
           "int4": sweep_int4, "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,

@@ -148,19 +148,17 @@ _WHERE = re.compile(r"at (?:0x[0-9a-f]+ )?in \S*?([\w.]+/[\w.]+\.py):(\d+)")
 
 
 def ws_lowering_lines() -> set[tuple[str, int]]:
-    """(file, line) of each warp-specialized Gluon kernel's first line and its
-    ``gl.warp_specialize`` call (the attention forward, the block-scaled fp8 GEMM, the fp8
-    decode): where racecheck misreports the lowering's capture protocol
+    """(package dir/file, line) of each warp-specialized Gluon kernel's first line and its
+    ``gl.warp_specialize`` call (the attention forward, the block-scaled fp8 GEMM): where
+    racecheck misreports the lowering's capture protocol
     (tests/kernels/test_attention_ws_race.py and docs/NOTES.md say why)."""
     import inspect
 
     from tkit.kernels.attention import hopper as H
-    from tkit.kernels.decode import hopper as DH
     from tkit.kernels.matmul import _fp8_block_hopper_kernels as FB
 
     lines = set()
-    for kernel in (H._attn_fwd_hopper_ws_kernel, FB._fp8_block_ws_kernel,
-                   DH._decode_fp8_ws_kernel):
+    for kernel in (H._attn_fwd_hopper_ws_kernel, FB._fp8_block_ws_kernel):
         src, first = inspect.getsourcelines(kernel.fn)
         ws = first + next(i for i, ln in enumerate(src) if "gl.warp_specialize(" in ln)
         dl = first + next(i for i, ln in enumerate(src) if ln.lstrip().startswith("def "))

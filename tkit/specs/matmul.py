@@ -406,6 +406,9 @@ def fuzz_glu_fn(a, b, with_bias=False, activation="silu", path=None):
         return tkit.matmul_glu(a, b, bias, activation, allow_tf32=False)
     from tkit.kernels.matmul import ops as MO
 
+    # the public op's checks first: a forced kernel must not see inputs the op refuses (the
+    # reliability campaign's replays move sizes, e.g. 2N to an odd count)
+    MO._check_glu(a, b, bias, activation, None)
     return MO._glu_impl(a, b, bias, activation, allow_tf32=False, path=path)
 
 
