@@ -143,27 +143,29 @@ def parse_sanitizer(text: str) -> dict:
     return out
 
 
-# a report's source location as "package dir/file.py" and line (two kernels share a file name)
-_WHERE = re.compile(r"at (?:0x[0-9a-f]+ )?in \S*?([\w.]+/[\w.]+\.py):(\d+)")
+# a report's source location, "at 0x1a0 in /path/file.py:12" or (the H200's compute-sanitizer
+# of 2026-12-03) "at _kernel+0x120 in file.py:12": the file without its directory
+_WHERE = re.compile(r"at (?:\S+ )?in \S*?([\w.]+\.py):(\d+)")
 
 
 def ws_lowering_lines() -> set[tuple[str, int]]:
-    """(package dir/file, line) of each warp-specialized Gluon kernel's first line and its
-    ``gl.warp_specialize`` call (the attention forward, the block-scaled fp8 GEMM): where
+    """(file, line) of each warp-specialized Gluon kernel's first line and its
+    ``gl.warp_specialize`` call (the attention forward, the GEMM, the block-scaled fp8 GEMM;
+    their file names differ): where
     racecheck misreports the lowering's capture protocol
     (tests/kernels/test_attention_ws_race.py and docs/NOTES.md say why)."""
     import inspect
 
     from tkit.kernels.attention import hopper as H
     from tkit.kernels.matmul import _fp8_block_hopper_kernels as FB
+    from tkit.kernels.matmul import _gemm_hopper_kernels as GH
 
     lines = set()
-    for kernel in (H._attn_fwd_hopper_ws_kernel, FB._fp8_block_ws_kernel):
+    for kernel in (H._attn_fwd_hopper_ws_kernel, GH._gemm_ws_kernel, FB._fp8_block_ws_kernel):
         src, first = inspect.getsourcelines(kernel.fn)
         ws = first + next(i for i, ln in enumerate(src) if "gl.warp_specialize(" in ln)
         dl = first + next(i for i, ln in enumerate(src) if ln.lstrip().startswith("def "))
-        path = Path(inspect.getsourcefile(kernel.fn))
-        name = f"{path.parent.name}/{path.name}"
+        name = Path(inspect.getsourcefile(kernel.fn)).name
         lines |= {(name, dl), (name, ws)}
     return lines
 
