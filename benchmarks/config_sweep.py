@@ -1256,25 +1256,6 @@ DECODE_WG_RUNS: list = [
 ]
 
 
-#: runs of :func:`sweep_decode_ws`: the warp-specialized Gluon kernel (``qk="ws_fp8"``) with
-#: a softmax state per warp, the next tile's scores early (two slots held) or late (one)
-_WS = dict(qk="ws_fp8", per_warp=True)
-DECODE_WS_RUNS: list = [
-    ("token", _WS),
-    ("token", dict(_WS, early_scores=False)),
-    ("token", dict(_WS, early_scores=False, num_stages=2)),
-    ("token", dict(_WS, early_scores=False, num_stages=4)),
-    ("token", dict(_WS, num_stages=4)),
-    ("l2", dict(_WS, early_scores=False)),
-    ("l2", {}),
-]
-
-
-def sweep_decode_ws(rows):
-    """:func:`sweep_decode_fp8` over :data:`DECODE_WS_RUNS`."""
-    sweep_decode_fp8(rows, DECODE_WS_RUNS, "decode_ws")
-
-
 def sweep_decode_fp8_batch(rows):
     """The fp8 page-64 cache with per-token scales (B x 8192 keys, Hq32/Hkv8, D128, shuffled
     pages) at batches 16 to 64 against the bf16 page-64 default at the same batch: the fp8
@@ -1328,7 +1309,6 @@ def sweep_decode_wg(rows):
 
 
 SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
-          "decode_ws": sweep_decode_ws,
           "decode_fp8_batch": sweep_decode_fp8_batch,
           "decode_bar": sweep_decode_bar, "decode_fp8": sweep_decode_fp8,
           "int4": sweep_int4, "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,

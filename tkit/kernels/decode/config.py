@@ -61,16 +61,7 @@ class DecodeConfig:
         ``wgmma`` that reads K from shared memory as loaded, with the query split into hi and
         lo fp8 parts, ~8 significant bits as bfloat16 has; M tiles of 8 or 16 query rows
         (at most ``block_m``); wants 4 warps (a warpgroup) and 64 to 256 keys a tile).
-        Elsewhere "mma" runs. "ws_fp8": the warp-specialized Gluon kernel
-        (``decode/hopper.py``: a TMA loader warp and one consumer warpgroup; sm_90, fp8
-        paged caches with pages of 64 keys or more, head dim 128, at most 8 packed rows a kv
-        head, no window or softcap, one split; elsewhere the default runs); ``num_stages`` its
-        ring slots of 128 keys.
-    per_warp: with "ws_fp8", each warp of the consumer keeps its own softmax state and P V
-        over the keys the wgmma gives it (merged after the loop) instead of one state for the
-        warpgroup (a cross-warp max every tile).
-    early_scores: with "ws_fp8" and ``per_warp``, the next tile's scores are issued before
-        this tile's softmax (two ring slots held) or this tile's at its start (one).
+        Elsewhere "mma" runs.
     """
 
     block_n: int = 64
@@ -84,8 +75,6 @@ class DecodeConfig:
     max_registers: Optional[int] = None  # noqa: UP045
     combine: str = "launch"
     qk: str = "mma"
-    per_warp: bool = False
-    early_scores: bool = True
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,
@@ -158,7 +147,7 @@ class DecodeConfig:
         return cls(block_n=block_n, num_stages=stages)
 
 
-QKS = ("mma", "wgmma_fp8", "ws_fp8")
+QKS = ("mma", "wgmma_fp8")
 
 _OVERRIDES = C.ConfigOverrides(DecodeConfig)
 

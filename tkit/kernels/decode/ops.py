@@ -12,7 +12,6 @@ import torch
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
 from tkit.kernels import _register as R
-from tkit.kernels.decode import hopper
 from tkit.kernels.decode._kernels import (
     _append_kv_kernel,
     _decode_combine_kernel,
@@ -173,7 +172,7 @@ def plan_splits(q, k_cache, block_table, num_splits: int = 0,
             block_m = max(16, min(C.next_power_of_2(n_rows), cfg.block_m))
         n_m = C.cdiv(n_rows, block_m)
         n_tiles = C.cdiv(max_len, cfg.block_n)
-        splits = num_splits or cfg.num_splits or (1 if cfg.qk == "ws_fp8" else 0)
+        splits = num_splits or cfg.num_splits
         if not splits:
             kv_bytes = 2 * max_len * d * size
             splits = choose_num_splits(b * hk * n_m, n_tiles, sms, ctas_per_sm=cfg.ctas_per_sm,
@@ -232,15 +231,7 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         raise ValueError(f"DecodeConfig: qk = {cfg.qk!r} must be one of {QKS}")
     qk_wg = (cfg.qk == "wgmma_fp8" and words and d == block_d and q.dtype != torch.float32
              and _sm90_or_interpreter(q.device))
-    if cfg.qk == "ws_fp8":
-        why = hopper.supported(q, k_cache, v_cache, block_table, k_scale, v_scale, window_left,
-                               window_right, softcap, splits)
-        if why is None:
-            hopper.launch(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
-                          out, lse, qk_scale, cfg.num_stages, cfg.max_registers, cfg.per_warp,
-                          cfg.early_scores)
-            return out, lse
-    if cfg.qk != "mma" and not qk_wg:  # the MMA path's M tiles (16 rows or more)
+    if cfg.qk == "wgmma_fp8" and not qk_wg:  # the MMA path's M tiles (16 rows or more)
         # (a default planned for the wgmma falls back to the default without it: its own
         # tiles, so everything derived from the config is derived again below)
         base = config or plan_splits(q, k_cache, block_table, num_splits, fp8_mma=False)[1]
