@@ -151,8 +151,7 @@ _WHERE = re.compile(r"at (?:\S+ )?in \S*?([\w.]+\.py):(\d+)")
 def ws_lowering_lines() -> set[tuple[str, int]]:
     """(file, line) of each warp-specialized Gluon kernel's first line and its
     ``gl.warp_specialize`` call (the attention forward, the GEMM, the block-scaled fp8 GEMM;
-    their file names differ): where
-    racecheck misreports the lowering's capture protocol
+    their file names differ): where racecheck misreports the lowering's capture protocol
     (tests/kernels/test_attention_ws_race.py and docs/NOTES.md say why)."""
     import inspect
 
