@@ -169,6 +169,13 @@ class TmaConfig:
 SMEM_BYTES = 232448
 
 
+def pipeline_bytes(block_m: int, block_n: int, block_k: int, elem_size: int,
+                   buffers: int) -> int:
+    """Shared memory of a GEMM pipeline's ``buffers`` pairs of A (block_m x block_k) and B
+    (block_k x block_n) tiles: what the TMA, split-K and grouped configs are fitted by."""
+    return max(1, buffers) * (block_m + block_n) * block_k * elem_size
+
+
 def tma_shared_bytes(cfg: TmaConfig, in_size: int, out_size: int, res_size: int = 0) -> int:
     """Shared memory of ``_matmul_tma_kernel`` with ``cfg``: the pipeline's stages of A and B
     tiles, the epilogue's staging buffer (half a tile with ``epi_subtile``) in the output's
@@ -179,7 +186,7 @@ def tma_shared_bytes(cfg: TmaConfig, in_size: int, out_size: int, res_size: int 
     epilogues)."""
     stages = cfg.num_stages or 3
     cols = cfg.block_n // (2 if cfg.epi_subtile else 1)
-    return (stages * (cfg.block_m + cfg.block_n) * cfg.block_k * in_size
+    return (pipeline_bytes(cfg.block_m, cfg.block_n, cfg.block_k, in_size, stages)
             + cfg.block_m * cols * (out_size + res_size) + 64)
 
 
@@ -294,8 +301,8 @@ class SplitKConfig:
         split kernel's 32 x 128 x 128 float32 tiles at 4 stages, 294,912 B for the pointer
         kernel's 64 x 128 x 128 at 3). The epilogue's layout conversion reuses that memory."""
         buffers = self.num_stages if self.split_k == 1 else self.num_stages - 1
-        tiles = (self.block_m + self.block_n) * self.block_k * elem_size
-        return max(max(1, buffers) * tiles, self.block_m * self.block_n * 4)
+        return max(pipeline_bytes(self.block_m, self.block_n, self.block_k, elem_size, buffers),
+                   self.block_m * self.block_n * 4)
 
     def fit_shared(self, elem_size: int) -> SplitKConfig:
         """This config, or the nearest one that fits :data:`SMEM_BYTES`: stages down to 3,
@@ -347,7 +354,7 @@ class GroupedConfig:
         # Triton keeps num_stages a and b tiles: float32 128 x 128 x 64 at 4 stages is
         # 262,144 B, past the SM's shared memory (the launch is refused), so fewer stages
         stages = 4
-        while stages > 2 and stages * (bm + 128) * 64 * elem_size > SMEM_BYTES:
+        while stages > 2 and pipeline_bytes(bm, 128, 64, elem_size, stages) > SMEM_BYTES:
             stages -= 1
         return cls(block_m=bm, block_n=128, block_k=64, num_warps=4 if bm == 64 else 8,
                    num_stages=stages)
