@@ -645,8 +645,8 @@ def sweep_int4(rows):
     K=N=8192). M = 1: the default (the GEMV with K lanes: 32 columns a program, all of K, 4 or
     8 warps by N) against the GEMV without lanes (one warp a program, split 16 + the reduce
     launch, the default before) and the lanes with the other warp count. M = 16: the tc
-    default and its host-descriptor form. Every field given (a variant does not inherit the
-    other paths' defaults)."""
+    default (host descriptors) and its form with descriptors made by each program. Every
+    field given (a variant does not inherit the other paths' defaults)."""
     from tkit.kernels.matmul import int4 as I4
 
     gemv, tc = _int4_variants()
@@ -655,7 +655,8 @@ def sweep_int4(rows):
           # more programs an SM: K split 2 merged in the kernel, or 16 columns on 2 warps
           dict(gemv(32, 32, 2, 4, lanes=32, vecs=2), fused_reduce=True),
           gemv(16, 32, 1, 2, lanes=32, vecs=2)]
-    m16 = [tc(128, 4, 4, 4, tma=True, host=True)]
+    # the default takes host descriptors: against the same tile with per-program ones
+    m16 = [tc(128, 4, 4, 4, tma=True, host=False)]
     for idx in (0, 2):  # M = 1
         sweep("int4", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)
     for idx in (1, 3):  # M = 16

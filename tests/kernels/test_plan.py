@@ -141,7 +141,7 @@ def _normal(launches, inputs, outputs):
             elif hasattr(v, "block_shape") and hasattr(v, "base"):  # a host TMA descriptor
                 base = v.base.data_ptr()
                 norm.append(("desc", ptrs.get(base, "hidden"), list(v.shape), list(v.strides),
-                             list(v.block_shape), v.layout, v.padding))
+                             list(v.block_shape), getattr(v, "layout", None), v.padding))
             else:
                 norm.append(v)
         res.append((ck, tuple(norm)))
@@ -364,6 +364,12 @@ CASES = {
                            lambda x, w, r: tkit.rms_norm_quant(x, w, 1e-6, residual=r)),
     "silu_mul_quant_1x128": (lambda: torch.randn(4, 2 * 256).to(BF).chunk(2, -1),
                              lambda a, b: tkit.silu_mul_quant(a, b, group_size=128)),
+    # INT4 at M = 5 on 132 SMs: the tensor-core decode kernel with host descriptors of the
+    # packed weight, scales and zeros, K split (float32 partials and the reduce launch)
+    "matmul_int4_tc": (lambda: (torch.randn(5, 2048).to(BF),
+                                torch.randint(-2**31, 2**31 - 1, (256, 256), dtype=torch.int32),
+                                torch.rand(16, 256).to(BF), torch.rand(16, 256).to(BF)),
+                       lambda a, q, s, z: _as_on_h200(lambda: tkit.matmul_int4(a, q, s, z))),
     "merge_states_3d": (lambda: (torch.randn(5, 4, 64).to(BF), torch.randn(4, 5),
                                  torch.randn(5, 4, 64).to(BF), torch.randn(4, 5)),
                         tkit.merge_attention_states),
@@ -415,6 +421,11 @@ def _ordinary(rec, fn, inputs):
     finally:
         _plan.refresh()
     return _normal(rec.take(), inputs, _outs(ref)), ref
+
+
+#: cases with host TMA descriptors: the executor hands the kernel encoded maps where the
+#: ordinary path hands Triton's launcher descriptor objects (test_jit_cplan_encodes_descriptors)
+_DESCRIPTOR_CASES = ("matmul_int4_tc",)
 
 
 def _plan_vs_ordinary(made, make, fn, fresh=False):
@@ -537,7 +548,8 @@ def _f32(v):
 
 
 @jit
-@pytest.mark.parametrize("name", [n for n in CASES if not n.startswith("attn_causal")])
+@pytest.mark.parametrize("name", [n for n in CASES if not n.startswith("attn_causal")
+                                  and n not in _DESCRIPTOR_CASES])
 def test_jit_cplan_launches_what_the_ordinary_path_launches(cplans, name):
     """A plan built for the C++ executor launches each kernel with the grid, block size, shared
     memory, stream and parameter values (pointers of this call's tensors, integers, float32
@@ -575,10 +587,7 @@ def test_jit_cplan_gluon_gemm_encodes_its_descriptors(cplans, monkeypatch, block
     ``fill_tma_descriptor`` put in the driver's order: dimensions innermost first, strides in
     bytes), over this call's tensors (b described as its (N, K) storage), followed by the
     descriptor's shape and strides; nothing goes through Triton's launcher."""
-    import inspect
-    from types import SimpleNamespace
 
-    from triton.backends.nvidia import driver as nvd
 
     from tkit.kernels import matmul as mm
     from tkit.kernels.matmul import config as MC
@@ -609,7 +618,22 @@ def test_jit_cplan_gluon_gemm_encodes_its_descriptors(cplans, monkeypatch, block
             _plan.refresh()
         (ck2, oargs), = rec.take()  # the ordinary call's launch, descriptors as they are
     assert ck2 is ck
-    # what Triton's launcher hands fill_tma_descriptor for each descriptor of the ordinary call
+    ptrs = {a.data_ptr(): "a", b.data_ptr(): "b", r.data_ptr(): "r", got.data_ptr(): "out"}
+    names = _check_encoded_descriptors(monkeypatch, ck, args, oargs, ptrs,
+                                       {**ptrs, ref.data_ptr(): "out"})
+    assert names == (["a", "b", "b", "out", "out", "r", "r"] if block_n == 192
+                     else ["a", "b", "out", "r"])
+
+
+def _check_encoded_descriptors(monkeypatch, ck, args, oargs, ptrs, optrs):
+    """Each encoded map of the executor's launch ``args`` against what Triton's launcher hands
+    ``fill_tma_descriptor`` for the ordinary call's descriptor (``oargs``) in the same
+    place; returns the names (``ptrs``) of the tensors the maps describe."""
+    import inspect
+    from types import SimpleNamespace
+
+    from triton.backends.nvidia import driver as nvd
+
     filled = []
     fill = lambda *x: filled.append(x) or "map"  # noqa: E731
     fake = SimpleNamespace(fill_tma_descriptor=fill, fill_tma_descriptor_tiled=fill)
@@ -620,9 +644,7 @@ def test_jit_cplan_gluon_gemm_encodes_its_descriptors(cplans, monkeypatch, block
     extra = (None,) * (len(inspect.signature(nvd.make_tensordesc_arg).parameters) - 2)
     expanded = [nvd.make_tensordesc_arg(v, m, *extra) for v, m in zip(descs, metas)]
     tmas = [v for v in args[9:] if isinstance(v, tuple) and v[0] == "tma"]
-    assert len(tmas) == len(descs) == len(filled) == (7 if block_n == 192 else 4)
-    ptrs = {a.data_ptr(): "a", b.data_ptr(): "b", r.data_ptr(): "r", got.data_ptr(): "out"}
-    optrs = {**ptrs, ref.data_ptr(): "out"}
+    assert len(tmas) == len(descs) == len(filled) > 0
     for (_, t, shape, strides), (addr, swz, es, dtype, block, dshape, dstrides, pad), ex in zip(
             tmas, filled, expanded):
         slot, ptr, cdtype, dims, bstrides, box, cswz, fill = t
@@ -631,8 +653,42 @@ def test_jit_cplan_gluon_gemm_encodes_its_descriptors(cplans, monkeypatch, block
         assert list(dims) == list(reversed(dshape)) and list(box) == list(reversed(block))
         assert list(bstrides) == [es * s for s in reversed(dstrides[:-1])]
         assert [shape, strides] == [list(ex[1:1 + len(shape)]), list(ex[1 + len(shape):])]
-    assert [ptrs[t[1][1]] for t in tmas] == (
-        ["a", "b", "b", "out", "out", "r", "r"] if block_n == 192 else ["a", "b", "out", "r"])
+    return [ptrs[t[1][1]] for t in tmas]
+
+
+@jit
+@pytest.mark.parametrize("zeros", [True, False])
+def test_jit_cplan_int4_tc_encodes_its_descriptors(cplans, monkeypatch, zeros):
+    """matmul_int4's tensor-core decode kernel (M = 5 on 132 SMs: K split, then the reduce)
+    takes host descriptors of the packed weight, the scales and the zeros (the scales' again
+    when symmetric): its plan runs in the C++ executor, which encodes each over this call's
+    tensors as Triton's launcher would; the other launch's arguments are the ordinary path's."""
+    made, launched = cplans
+    make, fn = CASES["matmul_int4_tc"]
+    if not zeros:
+        fn = lambda a, q, s, z: _as_on_h200(lambda: tkit.matmul_int4(a, q, s))  # noqa: E731
+    rec = _Recorder(made)
+    with torch.no_grad():
+        fn(*make())  # the ordinary path, recorded
+        rec.take()
+        a, q, s, z = make()
+        launched.clear()
+        got = fn(a, q, s, z)
+        assert not rec.take(), "the plan went through Triton's launcher"
+        cp = _decode_cplan(made, launched)
+        _plan.ON = False
+        try:
+            ref = fn(a, q, s, z)
+        finally:
+            _plan.refresh()
+        ordinary = rec.take()
+    assert len(cp) == len(ordinary) == 2  # the split kernel (K split 4), the reduce
+    (ck, args), (ck2, oargs) = cp[0], ordinary[0]
+    assert ck2 is ck
+    ptrs = {q.data_ptr(): "q", s.data_ptr(): "s", z.data_ptr(): "z"}
+    names = _check_encoded_descriptors(monkeypatch, ck, args, oargs, ptrs, ptrs)
+    assert names == ["q", "s", "z" if zeros else "s"]
+    assert (got.shape, got.stride(), got.dtype) == (ref.shape, ref.stride(), ref.dtype)
 
 
 @jit

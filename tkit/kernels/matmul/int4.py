@@ -142,9 +142,8 @@ class Int4Config:
     q_tma: bool = False
     #: tc path with q_tma: the descriptors made on the host and passed to the kernel instead
     #: of by every program (each program's three descriptor writes and fences cost ~4-5 us
-    #: of a ~27 us call on the H200). Opt-in, not the default: the eager plans (and the
-    #: cached launch path) do not take descriptor arguments, so every eager call with it
-    #: pays Triton's Python launch path; under CUDA-graph replay it is the faster form.
+    #: of a ~27 us call on the H200: 1.10-1.14x at M=16). The eager plans rebuild them over
+    #: each call's tensors (as the Gluon GEMM's), and the C++ executor encodes them.
     host_descriptors: bool = False
 
     @staticmethod
@@ -189,7 +188,7 @@ class Int4Config:
             # bytes of shared memory a program), 4 at 16, 2 above (64 rows x 4 overflowed)
             stages = 3 if bm == 8 else 4 if bm == 16 else 2
             return Int4Config(bm, tbn, bk, split, num_warps=warps, num_stages=stages,
-                              path="tc", q_tma=True)
+                              path="tc", q_tma=True, host_descriptors=True)
         if path == "gemv" and M == 1:
             # K lanes: 32 columns a program (two 16-byte vectors a thread), 32-deep chunks,
             # all of K in one program (no split, no reduce launch), 4 or 8 warps so that the
