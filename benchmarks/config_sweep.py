@@ -663,6 +663,39 @@ def sweep_int4(rows):
         sweep("int4", I4.int4_config, m16, "matmul_int4", idx, rows, exact=False)
 
 
+def sweep_int4_small_m(rows):
+    """matmul_int4 at K=4096 N=14336 (the registry's M sweep) for M = 2..128, the default
+    against the tensor-core decode kernel (host descriptors) at other row tiles and splits,
+    the GEMV and the tile kernel: where each path should start."""
+    from tkit.kernels.matmul import int4 as I4
+
+    gemv, tc = _int4_variants()
+    spec = registry.get("matmul_int4")
+    index = {c.label: i for i, c in enumerate(spec.bench_cases())}
+
+    def tile(bm, split):
+        return dict(path="tile", block_m=bm, block_n=64, block_k=128, split_k=split,
+                    num_warps=4, num_stages=3)
+
+    per_m = {
+        2: [tc(128, 4, 3, 4, tma=True, bm=8, host=True), gemv(256, 32, 4, 1)],
+        4: [tc(128, 4, 3, 4, tma=True, bm=8, host=True), tc(128, 4, 4, 4, tma=True, host=True)],
+        8: [tc(128, 4, 4, 4, tma=True, host=True), tc(128, 4, 3, 8, tma=True, bm=8,
+                                                      host=True)],
+        32: [tc(128, 4, 4, 4, tma=True, host=True), tc(128, 4, 4, 2, tma=True, host=True),
+             tc(128, 4, 2, 2, tma=True, bm=32, host=True),
+             tc(128, 4, 2, 4, tma=True, bm=32, host=True), tile(32, 4)],
+        64: [tc(128, 4, 4, 2, tma=True, host=True), tc(128, 4, 4, 4, tma=True, host=True),
+             tc(128, 4, 2, 2, tma=True, bm=64, host=True),
+             tc(128, 4, 2, 2, tma=True, bm=32, host=True), tile(64, 4)],
+        128: [tc(128, 4, 4, 2, tma=True, host=True), tc(128, 4, 2, 2, tma=True, bm=64,
+                                                       host=True)],
+    }
+    for M, variants in per_m.items():
+        sweep("int4", I4.int4_config, variants, "matmul_int4",
+              index[f"sweep M={M} K=4096 N=14336"], rows, exact=False)
+
+
 @triton.jit
 def _empty_kernel(x):
     """Nothing: the floor of a timed graph replay (:func:`sweep_int4_floor`)."""
@@ -1332,7 +1365,8 @@ def sweep_decode_wg(rows):
 SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "decode_fp8_batch": sweep_decode_fp8_batch,
           "decode_bar": sweep_decode_bar, "decode_fp8": sweep_decode_fp8,
-          "int4": sweep_int4, "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
+          "int4": sweep_int4, "int4_small_m": sweep_int4_small_m,
+          "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,
