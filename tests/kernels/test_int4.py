@@ -142,18 +142,18 @@ def test_empty_rows():
 
 def test_config_heuristic():
     """M <= GEMV_MAX_M takes the GEMV; other decode shapes (M <= TC_MAX_M) the tensor-core
-    decode kernel with K split over the programs an SM holds; M = 32 streams the weight
-    through the tile kernel; larger M takes one compute tile, and from DEQUANT_MIN_M rows the
-    weight is dequantized once for the 16-bit GEMM. An overridden path starts from
-    that path's own defaults."""
+    decode kernel with host descriptors and K split over the programs an SM holds; larger M
+    takes one compute tile, and from DEQUANT_MIN_M rows the weight is dequantized once for
+    the 16-bit GEMM. An overridden path starts from that path's own defaults."""
     assert I4.Int4Config.for_shape(1, 14336, 4096, 128, 132).path == "gemv"
-    assert I4.Int4Config.for_shape(2, 14336, 4096, 128, 132).path == "gemv"
-    for M, bm in ((3, 8), (8, 8), (9, 16), (16, 16)):
+    for M, bm, stages in ((2, 8, 3), (8, 8, 3), (9, 16, 4), (16, 16, 4), (17, 32, 2),
+                          (32, 32, 2), (33, 64, 2), (I4.TC_MAX_M, 64, 2)):
         c = I4.Int4Config.for_shape(M, 14336, 4096, 128, 132)
         assert c.path == "tc" and (c.block_m, c.block_k) == (bm, 128)
         if not _env.INTERPRET:  # K split over programs, each with at least 4 K steps
             assert c.split_k > 1 and 4096 // c.block_k // c.split_k >= 4
-            assert (c.block_n, c.num_warps, c.q_tma) == (128, 4, True)
+            assert (c.block_n, c.num_warps, c.num_stages) == (128, 4, stages)
+            assert c.q_tma and c.host_descriptors
     g = I4.Int4Config.for_shape(1, 14336, 4096, 128, 132, path="gemv")
     # M = 1: K lanes, all of K in a program (no split), ~16 warps an SM
     assert g.path == "gemv" and g.block_m == 1 and g.split_k == 1 and 128 % g.block_k == 0
@@ -162,8 +162,8 @@ def test_config_heuristic():
     assert I4.Int4Config.for_shape(3, 14336, 4096, 128, 132, path="gemv").block_m == 4
     with I4.int4_config(path="gemv"):
         assert I4.current_config(1, 14336, 4096, 128, 132) == g
-    c32 = I4.Int4Config.for_shape(32, 14336, 4096, 128, 132)
-    assert c32.path == "tile" and (c32.block_m, c32.block_k) == (32, 128)
+    c65 = I4.Int4Config.for_shape(I4.TC_MAX_M + 1, 14336, 4096, 128, 132)
+    assert c65.path == "tile" and (c65.block_m, c65.block_k) == (64, 128)
     mid = I4.Int4Config.for_shape(I4.DEQUANT_MIN_M - 1, 14336, 4096, 128, 132)
     assert mid.split_k == 1 and mid.block_m == 128 and mid.path == "tile"
     # prefill: the weight dequantized once, then the 16-bit GEMM

@@ -37,13 +37,14 @@ per weight element per M tile).
 
 Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` overrides):
 
-* ``"tc"`` (3 <= M <= 16 by default, any M on request): ``_matmul_int4_tc_kernel``, the decode
+* ``"tc"`` (2 <= M <= 64 by default, any M on request): ``_matmul_int4_tc_kernel``, the decode
   kernel on the tensor cores with the operands swapped, ``out^T = W a^T``: the weight tile
   (BLOCK_N columns of the output, 128 at two warpgroups) is the MMA's first operand, which
-  wgmma / mma.sync take from registers, and the BLOCK_M = 8 or 16 rows of ``a`` (padded:
-  rows past M read the last row, never stored) its second. The packed (BLOCK_N, BLOCK_K //
-  8) tile, the scales and the zeros are pipelined through tensor descriptors (``q_tma``;
-  cp.async and scales loaded a step ahead where TMA does not apply) and read from shared memory
+  wgmma / mma.sync take from registers, and the BLOCK_M = 8, 16, 32 or 64 rows of ``a``
+  (padded: rows past M read the last row, never stored) its second. The packed (BLOCK_N,
+  BLOCK_K // 8) tile, the scales and the zeros are pipelined through tensor descriptors
+  made on the host (``q_tma``, ``host_descriptors``; cp.async and scales loaded a step ahead
+  where TMA does not apply) and read from shared memory
   straight into the operand's register layout; a K step is taken plane-major (operand K
   index BKQ j + i is K = 8 i + j: nibble j of packed row i), so each plane is an
   elementwise function of the words and the planes join into the operand without a
@@ -53,7 +54,7 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   (sum_k a_k (O + q_k) - (O + z) sum_k a_k)`` (exact for any z; the activations' K gather
   and their per-step sums cost the same at any M <= 16). K split into programs and summed
   by the reduce launch as below.
-* ``"gemv"`` (M <= 2 by default, any M <= 16 on request):
+* ``"gemv"`` (M = 1 by default, any M <= 16 on request):
   ``_matmul_int4_gemv_kernel``, a memory-bound GEMV on the CUDA cores. program_id(0) a slab
   of BLOCK_N columns, (1) a K split. At M = 1 (``k_lanes``): 32 columns a program and all
   of K, walked by "K lanes" (the warps, and the threads the 32 columns leave over, take
@@ -67,7 +68,7 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   matmul's ``_splitk_reduce_kernel`` (a second launch, which applies the bias) or, with
   ``fused_reduce``, by the last program of each slab to arrive (one launch, the same bits;
   per-device counters, opt-in).
-* ``"tile"`` (16 < M < 256): ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M
+* ``"tile"`` (64 < M < 256 by default): ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M
   tiles, (2) K splits. M <= 64: BLOCK_M = 16..64, BLOCK_N = 64, BLOCK_K = min(128, G), 3
   stages, K split so that about four programs per SM stream the weight, partials reduced as
   above. Larger M: 64/128 x 128 tiles, no split: dequantize the tile in registers, then
@@ -171,10 +172,11 @@ class Int4Config:
             # the weight as the MMA's register operand (``_matmul_int4_tc_kernel``), 128
             # columns a program. M <= 8: 8 rows of a (mma.sync m16n8k16, a's tile
             # read straight from shared memory into its operand layout), 4 warps of 32
-            # columns. M <= 16: 16 rows, one warpgroup (wgmma m64n16k16 twice). K split so
-            # that the programs an SM holds are all busy, each with >= 4 steps. H200 (run 3,
-            # docs/NOTES.md "INT4 decode on the tensor cores"): M=16 4 warps split 2 / 4
-            # 27.0 / 27.6 us at K=4096 N=14336 / K=N=8192, 8 warps 27.9 / 28.8.
+            # columns. M <= 16: 16 rows, one warpgroup (wgmma m64n16k16 twice); 32 and 64
+            # rows likewise (wgmma N = 32 / 64). K split so that the programs an SM holds are
+            # all busy, each with >= 4 steps. H200 (run 3, docs/NOTES.md "INT4 decode on the
+            # tensor cores"): M=16 4 warps split 2 / 4 27.0 / 27.6 us at K=4096 N=14336 /
+            # K=N=8192, 8 warps 27.9 / 28.8.
             # The packed tile, scales and zeros come through tensor descriptors (q_tma; the
             # launcher falls back to cp.async where they are not 16-byte aligned): the H200
             # sweep timed the scales' per-step loads as the kernel's bottleneck before they
@@ -225,13 +227,16 @@ class Int4Config:
 
 
 #: the largest M the heuristic gives to the GEMV kernel (its FMAs per weight grow with M).
-#: H200 (graph replays, K=4096 N=14336 / K=N=8192, M=1): the GEMV with K lanes 16.9 / 19.6 us,
-#: split over programs 21.2 / 23.6, against the tc kernel's 26.2 / 27.7
-GEMV_MAX_M = 2
-#: the largest M the heuristic gives to the tensor-core decode kernel (one 16-row MMA tile of
-#: activations; its dequantization per weight does not depend on M). H200, M=16: 27.9 / 28.8
-#: us against the tile kernel's 36.5 / 40.0 (docs/NOTES.md, "INT4 decode on the tensor cores")
-TC_MAX_M = 16
+#: H200 (graph replays, L2 read-flushed, K=4096 N=14336): M = 1 the GEMV with K lanes 17.9
+#: us against the tc kernel's ~22; M = 2 the one-warp GEMV 26.4 us against the tc kernel's
+#: 8-row tile 22.4 (docs/NOTES.md, "seventeenth session")
+GEMV_MAX_M = 1
+#: the largest M the heuristic gives to the tensor-core decode kernel (its dequantization per
+#: weight does not depend on M; row tiles of 8 to 64). H200 with host descriptors (K=4096
+#: N=14336, us): M = 16 24.4 against 27.3 with per-program descriptors; M = 32 (32-row tile,
+#: split 2) 33.9 against the tile kernel's 47.4; M = 64 (64 rows, split 2) 46.6 against
+#: 52.6; M = 128: the tile kernel 78.2 against 82.2
+TC_MAX_M = 64
 #: the smallest M the heuristic gives to "dequant" (prefill: the weight written once in a's
 #: dtype, then the 16-bit GEMM). It costs a read of the codes plus a write and a read of the
 #: 16-bit weight beside the GEMM, while the tile kernel converts every code of the weight once
