@@ -655,8 +655,12 @@ def sweep_int4(rows):
           # more programs an SM: K split 2 merged in the kernel, or 16 columns on 2 warps
           dict(gemv(32, 32, 2, 4, lanes=32, vecs=2), fused_reduce=True),
           gemv(16, 32, 1, 2, lanes=32, vecs=2)]
-    # the default takes host descriptors: against the same tile with per-program ones
-    m16 = [tc(128, 4, 4, 4, tma=True, host=False)]
+    # the default takes host descriptors: against the same tile with per-program ones, and
+    # more programs, stages or narrower tiles with host descriptors
+    m16 = [tc(128, 4, 4, 4, tma=True, host=False), tc(128, 4, 4, 8, tma=True, host=True),
+           tc(128, 4, 3, 4, tma=True, host=True), tc(128, 4, 6, 4, tma=True, host=True),
+           tc(64, 4, 4, 4, tma=True, host=True), tc(64, 4, 4, 8, tma=True, host=True),
+           tc(128, 8, 4, 4, tma=True, host=True)]
     for idx in (0, 2):  # M = 1
         sweep("int4", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)
     for idx in (1, 3):  # M = 16
