@@ -576,26 +576,6 @@ def _fp8_chain_numerics(rows, M=2048, N=2048, K=8192):
                      config="unit scales", **errs))
 
 
-#: the promote schedule at 256 columns (four 64-column quarter sums a consumer, a read into
-#: registers once a group) against the 128-column default and the opt-in rescale schedule
-FP8_BLOCK_QUARTERS = [{}, dict(schedule="rescale"), dict(block_n=256),
-                      dict(block_n=256, group_m=16), dict(block_n=256, in_flight=1),
-                      dict(block_n=256, pingpong=False),
-                      dict(block_n=256, pingpong=False, in_flight=1),
-                      dict(block_n=256, stages=3)]
-
-
-def sweep_matmul_fp8_block_quarters(rows):
-    """The block-scaled fp8 GEMM's promote schedule at 256 columns (FP8_BLOCK_QUARTERS) at
-    8192^3 and DeepSeek-V3's expert gate_up at M = 4096, every variant checked against the
-    reference rule and timed against torch._scaled_mm per tensor in the same run."""
-    variants = [("gluon " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
-                 dict(kernel="gluon", **f), _fp8_block_gluon(f)) for f in FP8_BLOCK_QUARTERS]
-    for M, N, K, label in ((8192, 8192, 8192, "8192^3 block"),
-                           (4096, 4096, 7168, "DeepSeek-V3 gate_up M=4096")):
-        _fp8_block_case(rows, M, N, K, label, variants, time_failed=True)
-
-
 def sweep_matmul_fp8_block_rescale_shared(rows):
     """The rescale schedule with one output staging tile for both consumers (``shared_out``:
     4 ring slots fit at 256 columns, each TMA store waited for before the tile is handed on)
@@ -1378,7 +1358,6 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "matmul_fp8_block_dsv3": sweep_matmul_fp8_block_dsv3,
           "matmul_fp8_block_rescale": sweep_matmul_fp8_block_rescale,
           "matmul_fp8_block_rescale_shared": sweep_matmul_fp8_block_rescale_shared,
-          "matmul_fp8_block_quarters": sweep_matmul_fp8_block_quarters,
           "matmul_mid": sweep_matmul_mid,
           "matmul_gluon": sweep_matmul_gluon,
           # one layer size's GEMMs (issue #14's layer bar is at 4096 tokens)

@@ -320,149 +320,6 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
     tma.store_wait(0)
 
 
-QN = gl.constexpr(64)  # columns of one quarter sum (BLOCK_N = 256)
-
-
-@gluon.jit
-def _issue_quarter(a_reg, b_slot, q: gl.constexpr, d):
-    """Issue the 128-deep MMA sum of columns [64 q, 64 q + 64) of the slot's b tile against
-    ``a_reg`` (this warpgroup's 64 x 128 rows of a, in registers), asynchronously, into a
-    fresh sum written over ``d`` (an earlier quarter's promoted sum, or zeros: its value is
-    not read, but the wgmma's accumulator operand is tied to its registers, so ptxas reuses
-    them instead of rotating through a third set of 32)."""
-    b_s = b_slot.slice(q * QN, QN, 0).permute((1, 0))
-    return warpgroup_mma(a_reg, b_s, d, use_acc=False, is_async=True)
-
-
-@gluon.jit
-def _promote_quarter(tok, a_reg, b_slot, q: gl.constexpr, acc, s, PENDING: gl.constexpr):
-    """Wait until at most PENDING wgmma groups are in flight (quarter q's sum ``tok`` is then
-    complete) and promote it: returns (acc + d * s[:, None], d)."""
-    b_s = b_slot.slice(q * QN, QN, 0).permute((1, 0))
-    d = warpgroup_mma_wait(PENDING, deps=(tok, b_s))[0]
-    return acc + d * gl.expand_dims(s, 1), d
-
-
-@gluon.jit
-def _epilogue_quarter(acc, c_desc, c_bufs, WG: gl.constexpr, q: gl.constexpr, bias_ptr,
-                      res_ptr, rows, row0, off_n, M, N, stride_rm, stride_rn, stride_bias,
-                      HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
-                      col_layout: gl.constexpr):
-    """Quarter q of consumer WG's 64 x 256 tile through its staging tile 2 WG + q % 2: the
-    store that used it two quarters ago must have read it (``store_wait(1)``)."""
-    out = _epilogue_values(acc, c_desc, bias_ptr, res_ptr, rows, off_n + q * QN, M, N,
-                           stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES,
-                           col_layout)
-    c_buf = c_bufs.index(2 * WG + q % 2)
-    tma.store_wait(1)
-    cta_barrier()
-    c_buf.store(out)
-    fence_async_shared()
-    cta_barrier()
-    tma_store(c_desc, [row0, off_n + q * QN], c_buf)
-
-
-@gluon.jit
-def _consumer_quarters(WG: gl.constexpr, a_ring, b_ring, ready, empty, turn, c_desc, c_bufs,
-                       sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K,
-                       stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn,
-                       stride_bias,
-                       HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
-                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                       GROUP_M: gl.constexpr, PINGPONG: gl.constexpr,
-                       IN_FLIGHT: gl.constexpr):
-    """Consumer warpgroup WG of the promote schedule at 256 columns: rows WG * 64 + [0, 64)
-    of every tile, four float32 accumulators of 64 x 64 (one a quarter of the columns), and
-    per 128-deep group four fresh quarter sums (32 registers each), each promoted while the
-    next quarter's MMAs run; a is read into registers once a group (the wgmma's A operand),
-    so the four quarters read it from shared memory once, as one 256-column MMA would."""
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, QN, 32])
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout,
-                                                 k_width=4)
-    row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
-    col_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
-    gl.static_assert(BLOCK_N == 4 * QN, "the quarter schedule's tiles are 256 wide")
-    num_pid_m = gl.cdiv(M, BLOCK_M)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    num_tiles = num_pid_m * num_pid_n
-    k_groups = gl.cdiv(K, GROUP_K)
-    k_last = k_groups - 1
-    nb_last = gl.cdiv(N, GROUP_K) - 1
-    zero = gl.zeros([WG_M, QN], gl.float32, acc_layout)
-    if PINGPONG:
-        if WG == 1:
-            mbarrier.arrive(turn.index(1), count=1)  # consumer 0 goes first
-    base = 0  # ring index of the tile's first group
-    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
-        row0 = pid_m * BLOCK_M + WG * WG_M
-        off_n = pid_n * BLOCK_N
-        rows = row0 + gl.arange(0, WG_M, layout=row_layout)
-        sa_rows = sa_ptr + gl.minimum(rows, M - 1).to(gl.int64) * stride_sam
-        sb_0 = sb_ptr + (off_n // GROUP_K) * stride_sbn
-        # (the second block past N's last one: its columns are TMA's zeros, any scale does)
-        sb_1 = sb_ptr + gl.minimum(off_n // GROUP_K + 1, nb_last) * stride_sbn
-        acc0 = zero
-        acc1 = zero
-        acc2 = zero
-        acc3 = zero
-        x_a, x_b0, x_b1 = _group_scales(sa_rows, sb_0, sb_1, 0, k_last, stride_sak,
-                                        stride_sbk)
-        for g in range(k_groups):
-            s_lo = x_a * x_b0
-            s_hi = x_a * x_b1
-            i = base + g
-            slot = i % STAGES
-            mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-            a_reg = a_ring.index(slot).slice(WG * WG_M, WG_M, 0).load(a_layout)
-            b_slot = b_ring.index(slot)
-            if PINGPONG:
-                mbarrier.wait(turn.index(1 - WG), i & 1)
-            if IN_FLIGHT == 2:
-                t0 = _issue_quarter(a_reg, b_slot, 0, zero)
-                t1 = _issue_quarter(a_reg, b_slot, 1, zero)
-                acc0, d0 = _promote_quarter(t0, a_reg, b_slot, 0, acc0, s_lo, 1)
-                t2 = _issue_quarter(a_reg, b_slot, 2, d0)
-                acc1, d1 = _promote_quarter(t1, a_reg, b_slot, 1, acc1, s_lo, 1)
-                # the next group's scales, in flight during this group's last MMAs
-                x_a, x_b0, x_b1 = _group_scales(sa_rows, sb_0, sb_1, g + 1, k_last,
-                                                stride_sak, stride_sbk)
-                t3 = _issue_quarter(a_reg, b_slot, 3, d1)
-                if PINGPONG:
-                    mbarrier.arrive(turn.index(WG), count=1)
-                acc2, _ = _promote_quarter(t2, a_reg, b_slot, 2, acc2, s_hi, 1)
-                acc3, _ = _promote_quarter(t3, a_reg, b_slot, 3, acc3, s_hi, 0)
-            else:
-                t0 = _issue_quarter(a_reg, b_slot, 0, zero)
-                acc0, d0 = _promote_quarter(t0, a_reg, b_slot, 0, acc0, s_lo, 0)
-                t1 = _issue_quarter(a_reg, b_slot, 1, zero)
-                acc1, d1 = _promote_quarter(t1, a_reg, b_slot, 1, acc1, s_lo, 0)
-                x_a, x_b0, x_b1 = _group_scales(sa_rows, sb_0, sb_1, g + 1, k_last,
-                                                stride_sak, stride_sbk)
-                t2 = _issue_quarter(a_reg, b_slot, 2, d0)
-                acc2, _ = _promote_quarter(t2, a_reg, b_slot, 2, acc2, s_hi, 0)
-                t3 = _issue_quarter(a_reg, b_slot, 3, d1)
-                if PINGPONG:
-                    mbarrier.arrive(turn.index(WG), count=1)
-                acc3, _ = _promote_quarter(t3, a_reg, b_slot, 3, acc3, s_hi, 0)
-            mbarrier.arrive(empty.index(slot), count=1)
-        base += k_groups
-        _epilogue_quarter(acc0, c_desc, c_bufs, WG, 0, bias_ptr, res_ptr, rows, row0, off_n, M,
-                          N, stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES,
-                          col_layout)
-        _epilogue_quarter(acc1, c_desc, c_bufs, WG, 1, bias_ptr, res_ptr, rows, row0, off_n, M,
-                          N, stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES,
-                          col_layout)
-        _epilogue_quarter(acc2, c_desc, c_bufs, WG, 2, bias_ptr, res_ptr, rows, row0, off_n, M,
-                          N, stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES,
-                          col_layout)
-        _epilogue_quarter(acc3, c_desc, c_bufs, WG, 3, bias_ptr, res_ptr, rows, row0, off_n, M,
-                          N, stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES,
-                          col_layout)
-    tma.store_wait(0)
-
-
 @gluon.jit
 def _ratio(u, s):
     """The factor that moves an accumulator kept in units of ``u`` (the last nonzero scale)
@@ -607,7 +464,6 @@ def _fp8_block_ws_kernel(
     PINGPONG: gl.constexpr, SHARED_OUT: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
-    IN_FLIGHT: gl.constexpr = 2,
 ):
     """Persistent warp-specialized block-scaled GEMM (module docstring). a_desc: over a (M, K),
     block [BLOCK_M, 128]; b_desc: over b's K-major storage (N, K), block [BLOCK_N, 128]; c_desc:
@@ -620,11 +476,8 @@ def _fp8_block_ws_kernel(
     dtype: gl.constexpr = a_desc.dtype
     a_ring = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_ring = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    # the promote schedule at 256 columns: four quarter accumulators a consumer, stored a
-    # quarter at a time through two staging tiles of 64 x 64 a consumer
-    QUARTERS: gl.constexpr = (not RESCALE) and BLOCK_N == 4 * QN
     # (SHARED_OUT: one output staging tile for both consumers, taken in turn)
-    OUT_BUFS: gl.constexpr = 1 if SHARED_OUT else (2 * CONSUMERS if QUARTERS else CONSUMERS)
+    OUT_BUFS: gl.constexpr = 1 if SHARED_OUT else CONSUMERS
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [OUT_BUFS] + c_desc.block_type.shape,
                                        c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -659,21 +512,6 @@ def _fp8_block_ws_kernel(
                                  stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn,
                                  stride_bias, HAS_BIAS, ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES,
                                  GROUP_M, PINGPONG, SHARED_OUT)),
-            (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
-                         BLOCK_N, STAGES, GROUP_M)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    elif QUARTERS:
-        gl.warp_specialize([
-            (_consumer_quarters, (0, a_ring, b_ring, ready, empty, turn, c_desc,
-                                  c_bufs, sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N,
-                                  K, stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm,
-                                  stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES, BLOCK_M,
-                                  BLOCK_N, STAGES, GROUP_M, PINGPONG, IN_FLIGHT)),
-            (_consumer_quarters, (1, a_ring, b_ring, ready, empty, turn, c_desc,
-                                  c_bufs, sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N,
-                                  K, stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm,
-                                  stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES, BLOCK_M,
-                                  BLOCK_N, STAGES, GROUP_M, PINGPONG, IN_FLIGHT)),
             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
                          BLOCK_N, STAGES, GROUP_M)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

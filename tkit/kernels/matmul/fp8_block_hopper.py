@@ -70,12 +70,11 @@ class HopperBlockConfig:
     schedule: str = "promote"
     pingpong: bool = True
     shared_out: bool = False
-    in_flight: int = 2
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        allowed = {"promote": (0, 64, 128, 256), "rescale": (0, 256)}[self.schedule]
+        allowed = {"promote": (0, 64, 128), "rescale": (0, 256)}[self.schedule]
         if self.block_n not in allowed:
             raise ValueError(f"block_n must be one of {allowed} with schedule="
                              f"{self.schedule!r} (256 columns only with the rescale schedule: "
@@ -84,8 +83,6 @@ class HopperBlockConfig:
                              f"got {self.block_n}")
         if not 0 <= self.stages <= MAX_STAGES or self.stages == 1:
             raise ValueError(f"stages must be 0 (auto) or 2..{MAX_STAGES}, got {self.stages}")
-        if self.in_flight not in (1, 2):
-            raise ValueError(f"in_flight must be 1 or 2, got {self.in_flight}")
         if self.group_m < 0:
             raise ValueError(f"group_m must be 0 (auto) or >= 1, got {self.group_m}")
 
@@ -140,21 +137,12 @@ def resolve(cfg: HopperBlockConfig, M: int, N: int, K: int, sms: int,
     return dataclasses.replace(cfg, block_n=64 if few else 128)
 
 
-def _quarters(cfg: HopperBlockConfig) -> bool:
-    return cfg.schedule == "promote" and cfg.block_n == 256
-
-
 def _pingpong(cfg: HopperBlockConfig) -> bool:
-    return cfg.pingpong and (cfg.schedule == "rescale" or _quarters(cfg))
+    return cfg.pingpong and cfg.schedule == "rescale"
 
 
 def _shared_out(cfg: HopperBlockConfig) -> bool:
     return cfg.shared_out and cfg.schedule == "rescale"
-
-
-def _out_cols(cfg: HopperBlockConfig) -> int:
-    """Columns of one TMA store (the quarter schedule stores 64 at a time)."""
-    return 64 if _quarters(cfg) else cfg.block_n
 
 
 def smem_bytes(cfg: HopperBlockConfig, stages: int, out_itemsize: int) -> int:
@@ -163,11 +151,8 @@ def smem_bytes(cfg: HopperBlockConfig, stages: int, out_itemsize: int) -> int:
     its partitions (up to 256 bytes with alignment, as in the attention forward), the two
     turn mbarriers of ``pingpong``."""
     ring = stages * (cfg.block_m + cfg.block_n) * GROUP_K
-    if _quarters(cfg):
-        out_tiles = 2 * cfg.consumers * WG_M * 64
-    else:
-        out_tiles = (1 if _shared_out(cfg) else cfg.consumers) * WG_M * cfg.block_n
-    return (ring + out_tiles * out_itemsize + 16 * stages + 64 + 256
+    outs = 1 if _shared_out(cfg) else cfg.consumers
+    return (ring + outs * WG_M * cfg.block_n * out_itemsize + 16 * stages + 64 + 256
             + 16 * _pingpong(cfg) + 16 * _shared_out(cfg))
 
 
@@ -255,14 +240,14 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
     bt = b.t()  # (N, K), unit K stride
     a_desc = _descriptor(a, (M, K), (MC._lead_stride(a, False), 1), (cfg.block_m, GROUP_K))
     b_desc = _descriptor(bt, (N, K), (MC._lead_stride(b, True), 1), (cfg.block_n, GROUP_K))
-    c_desc = _descriptor(out, (M, N), (MC._lead_stride(out, False), 1), (WG_M, _out_cols(cfg)))
+    c_desc = _descriptor(out, (M, N), (MC._lead_stride(out, False), 1), (WG_M, cfg.block_n))
     tiles = C.cdiv(M, cfg.block_m) * C.cdiv(N, cfg.block_n)
     progs = max(1, min(sms, tiles))
     C.launch(_fp8_block_ws_kernel, (progs,), a_desc=a_desc, b_desc=b_desc, c_desc=c_desc,
              **epilogue_args(scale_a, scale_b, bias, residual, activation), M=M, N=N, K=K,
              STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
              PINGPONG=_pingpong(cfg), SHARED_OUT=_shared_out(cfg),
-             CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, IN_FLIGHT=cfg.in_flight,
+             CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
              num_warps=4, maxnreg=MAXNREG)
     return out
 
@@ -289,19 +274,19 @@ def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat
     signature = dict(
         a_desc=desc("fp8e4nv", cfg.block_m, GROUP_K, torch.float8_e4m3fn),
         b_desc=desc("fp8e4nv", cfg.block_n, GROUP_K, torch.float8_e4m3fn),
-        c_desc=desc(tname, WG_M, _out_cols(cfg), out_dtype),
+        c_desc=desc(tname, WG_M, cfg.block_n, out_dtype),
         sa_ptr="*fp32", sb_ptr="*fp32", bias_ptr="*bf16" if has_bias else "*fp32",
         res_ptr="*bf16" if has_res else "*fp32", M="i32", N="i32", K="i32",
         stride_sam="i32", stride_sak="i32", stride_sbk="i32", stride_sbn="i32",
         stride_rm="i32", stride_rn="i32", stride_bias="i32",
         HAS_BIAS="constexpr", ACT="constexpr", HAS_RES="constexpr", STAGES="constexpr",
         GROUP_M="constexpr", RESCALE="constexpr", PINGPONG="constexpr", SHARED_OUT="constexpr",
-        CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr", IN_FLIGHT="constexpr",
+        CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
     )
     values = dict(HAS_BIAS=bool(has_bias), ACT=activation or "", HAS_RES=bool(has_res),
                   STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
                   PINGPONG=_pingpong(cfg), SHARED_OUT=_shared_out(cfg),
                   CONSUMER_REGS=CONSUMER_REGS,
-                  PRODUCER_REGS=PRODUCER_REGS, IN_FLIGHT=cfg.in_flight)
+                  PRODUCER_REGS=PRODUCER_REGS)
     return gluon_compile_sm90(_fp8_block_ws_kernel, signature, values, num_warps=4,
                               maxnreg=MAXNREG)
