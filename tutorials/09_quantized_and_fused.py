@@ -560,6 +560,13 @@ def test_glu_measured_against_prediction():
 # matters, and at prefill it is 0.4x cuBLAS, below the 1.5x-slower bound of that model (where
 # a prefill layer should dequantize once and run the bf16 GEMM).
 #
+# Later (run `h200-2026-12-03-j-int4-eager`, same harness): the tensor-core kernel takes its
+# TMA descriptors from the host (each program had built three and fenced them: ~3 us of a
+# ~27 us call) and runs from M = 2 to 64 with 32- and 64-row tiles. x cuBLAS bf16: M=1 1.85,
+# 2-8 1.44-1.46, 16 1.26, 32 0.94, 64 0.68. The crossover moved to just under M = 32, still
+# short of the models': the codes stream at 1.25-1.36 TB/s at M <= 16, a third of the copy
+# rate, so the kernel is bound by its latency, not by the bytes the roofline counts.
+#
 # So from M = 256 rows `matmul_int4` does that: `_dequant_int4_kernel` writes the (N, K)
 # weight in bf16 once (a read of 29 MB of codes and a write of 117 MB, ~35 us at the copy
 # rate) and `tkit.matmul` runs the bf16 GEMM. Same run, L2 flushed (run
