@@ -1284,21 +1284,13 @@ DECODE_FP8_RUNS: list = [
 #: stages of the wgmma; ``ctas_per_sm`` as the build fits (registers, shared memory) so that
 #: the split heuristic fills the machine (4: 2 splits, 3: 3, 2: 1).
 _WG = dict(qk="wgmma_fp8", num_warps=4)
-_WG8 = dict(qk="wgmma_fp8", num_warps=8, max_registers=128, block_n=128, ctas_per_sm=2,
-            num_splits=1)
 DECODE_WG_RUNS: list = [
     ("token", dict(num_splits=1)),  # the default's own build again: the run's noise
     ("token", FP8_WORDS),
     ("token", dict(_WG, block_n=128, num_stages=6, ctas_per_sm=2)),
     ("token", dict(_WG, block_n=256, sub_n=128, num_stages=3, ctas_per_sm=2)),  # 105 KB
-    # two warpgroups a program (64 keys of a 128-key tile each) capped at 128 registers (no
-    # spills, sm_90a): 16 warps an SM instead of 8
-    ("token", dict(_WG8, num_stages=5)),  # 91 KB
-    ("token", dict(_WG8, num_stages=4)),  # 56 KB
-    ("token", dict(_WG8, num_stages=6)),
     ("l2", {}),  # L2-resident pages: the loops' own time, the default and the word pipeline
     ("l2", FP8_WORDS),
-    ("l2", dict(_WG8, num_stages=5)),
 ]
 
 
