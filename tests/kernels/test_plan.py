@@ -424,7 +424,8 @@ def _ordinary(rec, fn, inputs):
 
 
 #: cases with host TMA descriptors: the executor hands the kernel encoded maps where the
-#: ordinary path hands Triton's launcher descriptor objects (test_jit_cplan_encodes_descriptors)
+#: ordinary path hands Triton's launcher descriptor objects
+#: (test_jit_cplan_int4_tc_encodes_its_descriptors)
 _DESCRIPTOR_CASES = ("matmul_int4_tc",)
 
 
@@ -587,8 +588,6 @@ def test_jit_cplan_gluon_gemm_encodes_its_descriptors(cplans, monkeypatch, block
     ``fill_tma_descriptor`` put in the driver's order: dimensions innermost first, strides in
     bytes), over this call's tensors (b described as its (N, K) storage), followed by the
     descriptor's shape and strides; nothing goes through Triton's launcher."""
-
-
     from tkit.kernels import matmul as mm
     from tkit.kernels.matmul import config as MC
 

@@ -68,11 +68,12 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   matmul's ``_splitk_reduce_kernel`` (a second launch, which applies the bias) or, with
   ``fused_reduce``, by the last program of each slab to arrive (one launch, the same bits;
   per-device counters, opt-in).
-* ``"tile"`` (64 < M < 256 by default): ``_matmul_int4_kernel``, program_id(0) walks N tiles, (1) M
-  tiles, (2) K splits. M <= 64: BLOCK_M = 16..64, BLOCK_N = 64, BLOCK_K = min(128, G), 3
-  stages, K split so that about four programs per SM stream the weight, partials reduced as
-  above. Larger M: 64/128 x 128 tiles, no split: dequantize the tile in registers, then
-  tl.dot. Both dequantize without an int -> float convert (OR-ed mantissas).
+* ``"tile"`` (64 < M < 256 by default): ``_matmul_int4_kernel``, program_id(0) walks N
+  tiles, (1) M tiles, (2) K splits. M <= 64 (on request): BLOCK_M = 16..64, BLOCK_N = 64,
+  BLOCK_K = min(128, G), 3 stages, K split so that about four programs per SM stream the
+  weight, partials reduced as above. Larger M: 64/128 x 128 tiles, no split: dequantize the
+  tile in registers, then tl.dot. Both dequantize without an int -> float convert (OR-ed
+  mantissas).
 * ``"dequant"`` (M >= 256, prefill): ``_dequant_int4_kernel`` writes the (N, K) weight in
   a's dtype once (a temporary of the call), then ``tkit.matmul`` multiplies by its
   transpose: the tile kernel would convert every code once per row tile of ``a``.
