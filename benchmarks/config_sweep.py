@@ -680,6 +680,53 @@ def sweep_int4_small_m(rows):
               index[f"sweep M={M} K=4096 N=14336"], rows, exact=False)
 
 
+def sweep_int4_8192(rows):
+    """matmul_int4 at K=N=8192 (no registry case at these M) for M = 2, 32 and 64: the default
+    against the previous defaults' kernels there (the GEMV at M = 2, the tile kernel at 32 and
+    64) and the tensor-core kernel at other splits; graph replays, L2 read-flushed, min of
+    two rounds, each output checked against the default's."""
+    import torch.nn.functional as F
+
+    from tkit.kernels.matmul import int4 as I4
+    from tkit.specs import int4 as S
+
+    gemv, tc = _int4_variants()
+
+    def tile(bm, split):
+        return dict(path="tile", block_m=bm, block_n=64, block_k=128, split_k=split,
+                    num_warps=4, num_stages=3)
+
+    per_m = {2: [gemv(256, 32, 8, 1), tc(128, 4, 3, 8, tma=True, bm=8, host=True)],
+             32: [tile(32, 4), tc(128, 4, 2, 2, tma=True, bm=32, host=True)],
+             64: [tile(64, 4), tc(128, 4, 2, 4, tma=True, bm=64, host=True)]}
+    for M, variants in per_m.items():
+        case = S._int4_case(M, 8192, 8192)
+        (a, q, s, z), kw = case.make("cuda")
+        want = tkit.matmul_int4(a, q, s, z, **kw)
+        w = torch.randn(8192, 8192, device="cuda", dtype=a.dtype)
+        nbytes = sum(t.numel() * t.element_size() for t in (a, q, s, z)) + M * 8192 * 2
+        times = {}
+        for _ in range(ROUNDS):
+            for v in [{}] + variants:
+                with I4.int4_config(**v):
+                    got = tkit.matmul_int4(a, q, s, z, **kw)
+                    ok = _close(got, want)
+                    t = time_fn(lambda a=a, q=q, s=s, z=z, kw=kw: tkit.matmul_int4(
+                        a, q, s, z, **kw), rep_ms=60, replay=True).median_ms
+                times.setdefault(json.dumps(v), []).append((t, ok))
+        t_cublas = time_fn(lambda a=a, w=w: F.linear(a, w), rep_ms=60, replay=True).median_ms
+        base = min(t for t, _ in times["{}"])
+        for v, ts in times.items():
+            t = min(x for x, _ in ts)
+            ok = all(o for _, o in ts)
+            print(f"int4 M={M} K=N=8192 {v:60s} {t * 1e3:7.1f} us {nbytes / t / 1e9:5.2f} TB/s "
+                  f"{base / t:5.3f}x default {t_cublas / t:5.2f}x cuBLAS bf16"
+                  f"{'' if ok else ' DIFFERENT OUTPUT'}")
+            rows.append(dict(family="int4", op="matmul_int4", case=f"M={M} K=8192 N=8192 g128",
+                             config=json.loads(v), median_ms=t, tbps=nbytes / t / 1e9,
+                             vs_default=base / t, vs_cublas_bf16=t_cublas / t, same=ok))
+
+
 @triton.jit
 def _empty_kernel(x):
     """Nothing: the floor of a timed graph replay (:func:`sweep_int4_floor`)."""
@@ -1350,6 +1397,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "decode_fp8_batch": sweep_decode_fp8_batch,
           "decode_bar": sweep_decode_bar, "decode_fp8": sweep_decode_fp8,
           "int4": sweep_int4, "int4_small_m": sweep_int4_small_m,
+          "int4_8192": sweep_int4_8192,
           "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope,
