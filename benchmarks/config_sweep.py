@@ -696,9 +696,10 @@ def sweep_int4_8192(rows):
         return dict(path="tile", block_m=bm, block_n=64, block_k=128, split_k=split,
                     num_warps=4, num_stages=3)
 
-    per_m = {2: [gemv(256, 32, 8, 1), tc(128, 4, 3, 8, tma=True, bm=8, host=True)],
+    per_m = {2: [dict(gemv(256, 32, 32, 1), block_m=2),
+                 tc(128, 4, 3, 4, tma=True, bm=8, host=True)],
              32: [tile(32, 4), tc(128, 4, 2, 2, tma=True, bm=32, host=True)],
-             64: [tile(64, 4), tc(128, 4, 2, 4, tma=True, bm=64, host=True)]}
+             64: [tile(64, 4), tc(128, 4, 2, 2, tma=True, bm=64, host=True)]}
     for M, variants in per_m.items():
         case = S._int4_case(M, 8192, 8192)
         (a, q, s, z), kw = case.make("cuda")
