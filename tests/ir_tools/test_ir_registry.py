@@ -72,3 +72,16 @@ def test_untuned_autotuned_kernels_compile_the_config_that_fits(arch, block):
     x = torch.empty(4096, dtype=torch.float32, device="meta")
     k = ir.compile(_pruned_copy, x, x, 4096, arch=arch)
     assert k.config["BLOCK"] == block and "fits" in k.note, k.note
+
+
+def test_host_descriptor_arguments_compile():
+    """matmul_int4 at M = 16 (its tensor-core kernel) passes host TMA descriptors of the packed
+    weight, scales and zeros: tkit.ir specializes them as Triton's launcher does (their
+    tensordesc types) and compiles the kernel."""
+    s = ir.summary("matmul_int4", case=1, arch="sm_90", echo=False)
+    text = str(s)
+    assert "_matmul_int4_tc_kernel" in text
+    # (block columns: 128, or the interpreter's smaller tiles)
+    assert re.search(r"q_hdesc: tensordesc<i32\[16, \d+\]>", text)
+    assert re.search(r"s_hdesc: tensordesc<bf16\[1, \d+\]>", text)
+    assert s.sass.get("UTMALDG", 0) > 0

@@ -347,9 +347,13 @@ def specialize(jit, args: dict[str, Any], options: dict[str, Any], backend) -> S
             if not p.do_not_specialize_on_alignment and _tensor_aligned(value):
                 attrs[(i,)] = backend.parse_attr("D")
             continue
-        if value is not None and not isinstance(value, (int, float, bool)):
+        # a host TMA descriptor (triton.tools / Gluon) specializes to its tensordesc type
+        descriptor = hasattr(value, "block_shape") and isinstance(getattr(value, "base", None),
+                                                                  torch.Tensor)
+        if value is not None and not descriptor and not isinstance(value, (int, float, bool)):
             raise IRError(f"argument {p.name} of kernel {jit.fn.__name__}: cannot pass a "
-                          f"{type(value).__name__} (tensors, numbers, None or constexprs)")
+                          f"{type(value).__name__} (tensors, host tensor descriptors, numbers, "
+                          "None or constexprs)")
         ty, attr = native_specialize_impl(type(backend), value, False,
                                           not p.do_not_specialize, True)
         if p.annotation_type and isinstance(p.annotation_type, str):
