@@ -617,7 +617,11 @@ def _int4_variants():
         return dict(path="tc", block_m=bm, block_n=bn, block_k=128, split_k=split,
                     num_warps=warps, num_stages=stages, q_tma=tma, host_descriptors=host)
 
-    return gemv, tc
+    def tile(bm, split):
+        return dict(path="tile", block_m=bm, block_n=64, block_k=128, split_k=split,
+                    num_warps=4, num_stages=3)
+
+    return gemv, tc, tile
 
 
 def sweep_int4(rows):
@@ -629,7 +633,7 @@ def sweep_int4(rows):
     field given (a variant does not inherit the other paths' defaults)."""
     from tkit.kernels.matmul import int4 as I4
 
-    gemv, tc = _int4_variants()
+    gemv, tc, _ = _int4_variants()
     m1 = [gemv(128, 64, 16, 1), gemv(32, 32, 1, 4, lanes=32, vecs=2),
           gemv(32, 32, 1, 8, lanes=64, vecs=2),
           # more programs an SM: K split 2 merged in the kernel, or 16 columns on 2 warps
@@ -653,13 +657,9 @@ def sweep_int4_small_m(rows):
     the GEMV and the tile kernel: where each path should start."""
     from tkit.kernels.matmul import int4 as I4
 
-    gemv, tc = _int4_variants()
+    gemv, tc, tile = _int4_variants()
     spec = registry.get("matmul_int4")
     index = {c.label: i for i, c in enumerate(spec.bench_cases())}
-
-    def tile(bm, split):
-        return dict(path="tile", block_m=bm, block_n=64, block_k=128, split_k=split,
-                    num_warps=4, num_stages=3)
 
     per_m = {
         2: [tc(128, 4, 3, 4, tma=True, bm=8, host=True), gemv(256, 32, 4, 1)],
@@ -690,11 +690,7 @@ def sweep_int4_8192(rows):
     from tkit.kernels.matmul import int4 as I4
     from tkit.specs import int4 as S
 
-    gemv, tc = _int4_variants()
-
-    def tile(bm, split):
-        return dict(path="tile", block_m=bm, block_n=64, block_k=128, split_k=split,
-                    num_warps=4, num_stages=3)
+    gemv, tc, tile = _int4_variants()
 
     per_m = {2: [dict(gemv(256, 32, 32, 1), block_m=2),
                  tc(128, 4, 3, 4, tma=True, bm=8, host=True)],

@@ -143,9 +143,10 @@ class Int4Config:
     #: words and scales loaded a step ahead
     q_tma: bool = False
     #: tc path with q_tma: the descriptors made on the host and passed to the kernel instead
-    #: of by every program (each program's three descriptor writes and fences cost ~4-5 us
-    #: of a ~27 us call on the H200: 1.10-1.14x at M=16). The eager plans rebuild them over
-    #: each call's tensors (as the Gluon GEMM's), and the C++ executor encodes them.
+    #: of by every program (each program's three descriptor writes and fences sit on the
+    #: path to its first load). The eager plans rebuild them over each call's tensors (as
+    #: the Gluon GEMM's), and the C++ executor encodes them; made by the programs instead,
+    #: the kernel needs Triton's global scratch and its calls are never planned.
     host_descriptors: bool = False
 
     @staticmethod
@@ -227,16 +228,13 @@ class Int4Config:
         return Int4Config(bm, bn, bk, 1, num_warps=8 if bm == 128 else 4, num_stages=3)
 
 
-#: the largest M the heuristic gives to the GEMV kernel (its FMAs per weight grow with M).
-#: H200 (graph replays, L2 read-flushed, K=4096 N=14336): M = 1 the GEMV with K lanes 17.9
-#: us against the tc kernel's ~22; M = 2 the one-warp GEMV 26.4 us against the tc kernel's
-#: 8-row tile 22.4 (docs/NOTES.md, "seventeenth session")
+#: the largest M the heuristic gives to the GEMV kernel (its FMAs per weight grow with M):
+#: from M = 2 the tensor-core kernel's 8-row tile streams the weight faster than the
+#: one-warp GEMV (docs/NOTES.md, "INT4's tensor-core decode kernel takes host descriptors")
 GEMV_MAX_M = 1
 #: the largest M the heuristic gives to the tensor-core decode kernel (its dequantization per
-#: weight does not depend on M; row tiles of 8 to 64). H200 with host descriptors (K=4096
-#: N=14336, us): M = 16 24.4 against 27.3 with per-program descriptors; M = 32 (32-row tile,
-#: split 2) 33.9 against the tile kernel's 47.4; M = 64 (64 rows, split 2) 46.6 against
-#: 52.6; M = 128: the tile kernel 78.2 against 82.2
+#: weight does not depend on M; row tiles of 8 to 64): up to 64 rows it beats the tile
+#: kernel, at 128 it no longer does (the same NOTES section)
 TC_MAX_M = 64
 #: the smallest M the heuristic gives to "dequant" (prefill: the weight written once in a's
 #: dtype, then the 16-bit GEMM). It costs a read of the codes plus a write and a read of the
