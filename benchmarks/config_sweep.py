@@ -613,9 +613,9 @@ def _int4_variants():
                     num_warps=warps, num_stages=1, fused_reduce=False, k_lanes=lanes,
                     n_vecs=vecs)
 
-    def tc(bn, warps, stages, split, tma=False, bm=16, host=False):
+    def tc(bn, warps, stages, split, bm=16):
         return dict(path="tc", block_m=bm, block_n=bn, block_k=128, split_k=split,
-                    num_warps=warps, num_stages=stages, q_tma=tma, host_descriptors=host)
+                    num_warps=warps, num_stages=stages, q_tma=True)
 
     def tile(bm, split):
         return dict(path="tile", block_m=bm, block_n=64, block_k=128, split_k=split,
@@ -629,8 +629,8 @@ def sweep_int4(rows):
     K=N=8192). M = 1: the default (the GEMV with K lanes: 32 columns a program, all of K, 4 or
     8 warps by N) against the GEMV without lanes (one warp a program, split 16 + the reduce
     launch, the default before) and the lanes with the other warp count. M = 16: the tc
-    default (host descriptors) and its form with descriptors made by each program. Every
-    field given (a variant does not inherit the other paths' defaults)."""
+    default against more programs, stages or narrower tiles. Every field given (a variant
+    does not inherit the other paths' defaults)."""
     from tkit.kernels.matmul import int4 as I4
 
     gemv, tc, _ = _int4_variants()
@@ -639,12 +639,8 @@ def sweep_int4(rows):
           # more programs an SM: K split 2 merged in the kernel, or 16 columns on 2 warps
           dict(gemv(32, 32, 2, 4, lanes=32, vecs=2), fused_reduce=True),
           gemv(16, 32, 1, 2, lanes=32, vecs=2)]
-    # the default takes host descriptors: against the same tile with per-program ones, and
-    # more programs, stages or narrower tiles with host descriptors
-    m16 = [tc(128, 4, 4, 4, tma=True, host=False), tc(128, 4, 4, 8, tma=True, host=True),
-           tc(128, 4, 3, 4, tma=True, host=True), tc(128, 4, 6, 4, tma=True, host=True),
-           tc(64, 4, 4, 4, tma=True, host=True), tc(64, 4, 4, 8, tma=True, host=True),
-           tc(128, 8, 4, 4, tma=True, host=True)]
+    m16 = [tc(128, 4, 4, 8), tc(128, 4, 3, 4), tc(128, 4, 6, 4), tc(64, 4, 4, 4),
+           tc(64, 4, 4, 8), tc(128, 8, 4, 4)]
     for idx in (0, 2):  # M = 1
         sweep("int4", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)
     for idx in (1, 3):  # M = 16
@@ -653,7 +649,7 @@ def sweep_int4(rows):
 
 def sweep_int4_small_m(rows):
     """matmul_int4 at K=4096 N=14336 (the registry's M sweep) for M = 2..128, the default
-    against the tensor-core decode kernel (host descriptors) at other row tiles and splits,
+    against the tensor-core decode kernel at other row tiles and splits,
     the GEMV and the tile kernel: where each path should start."""
     from tkit.kernels.matmul import int4 as I4
 
@@ -662,18 +658,14 @@ def sweep_int4_small_m(rows):
     index = {c.label: i for i, c in enumerate(spec.bench_cases())}
 
     per_m = {
-        2: [tc(128, 4, 3, 4, tma=True, bm=8, host=True), gemv(256, 32, 4, 1)],
-        4: [tc(128, 4, 3, 4, tma=True, bm=8, host=True), tc(128, 4, 4, 4, tma=True, host=True)],
-        8: [tc(128, 4, 4, 4, tma=True, host=True), tc(128, 4, 3, 8, tma=True, bm=8,
-                                                      host=True)],
-        32: [tc(128, 4, 4, 4, tma=True, host=True), tc(128, 4, 4, 2, tma=True, host=True),
-             tc(128, 4, 2, 2, tma=True, bm=32, host=True),
-             tc(128, 4, 2, 4, tma=True, bm=32, host=True), tile(32, 4)],
-        64: [tc(128, 4, 4, 2, tma=True, host=True), tc(128, 4, 4, 4, tma=True, host=True),
-             tc(128, 4, 2, 2, tma=True, bm=64, host=True),
-             tc(128, 4, 2, 2, tma=True, bm=32, host=True), tile(64, 4)],
-        128: [tc(128, 4, 4, 2, tma=True, host=True), tc(128, 4, 2, 2, tma=True, bm=64,
-                                                       host=True)],
+        2: [tc(128, 4, 3, 4, bm=8), gemv(256, 32, 4, 1)],
+        4: [tc(128, 4, 3, 4, bm=8), tc(128, 4, 4, 4)],
+        8: [tc(128, 4, 4, 4), tc(128, 4, 3, 8, bm=8)],
+        32: [tc(128, 4, 4, 4), tc(128, 4, 4, 2), tc(128, 4, 2, 2, bm=32),
+             tc(128, 4, 2, 4, bm=32), tile(32, 4)],
+        64: [tc(128, 4, 4, 2), tc(128, 4, 4, 4), tc(128, 4, 2, 2, bm=64),
+             tc(128, 4, 2, 2, bm=32), tile(64, 4)],
+        128: [tc(128, 4, 4, 2), tc(128, 4, 2, 2, bm=64)],
     }
     for M, variants in per_m.items():
         sweep("int4", I4.int4_config, variants, "matmul_int4",
@@ -693,9 +685,9 @@ def sweep_int4_8192(rows):
     gemv, tc, tile = _int4_variants()
 
     per_m = {2: [dict(gemv(256, 32, 32, 1), block_m=2),
-                 tc(128, 4, 3, 4, tma=True, bm=8, host=True)],
-             32: [tile(32, 4), tc(128, 4, 2, 2, tma=True, bm=32, host=True)],
-             64: [tile(64, 4), tc(128, 4, 2, 2, tma=True, bm=64, host=True)]}
+                 tc(128, 4, 3, 4, bm=8)],
+             32: [tile(32, 4), tc(128, 4, 2, 2, bm=32)],
+             64: [tile(64, 4), tc(128, 4, 2, 2, bm=64)]}
     for M, variants in per_m.items():
         case = S._int4_case(M, 8192, 8192)
         (a, q, s, z), kw = case.make("cuda")

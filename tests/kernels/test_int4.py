@@ -153,7 +153,7 @@ def test_config_heuristic():
         if not _env.INTERPRET:  # K split over programs, each with at least 4 K steps
             assert c.split_k > 1 and 4096 // c.block_k // c.split_k >= 4
             assert (c.block_n, c.num_warps, c.num_stages) == (128, 4, stages)
-            assert c.q_tma and c.host_descriptors
+            assert c.q_tma
     g = I4.Int4Config.for_shape(1, 14336, 4096, 128, 132, path="gemv")
     # M = 1: K lanes, all of K in a program (no split), ~16 warps an SM
     assert g.path == "gemv" and g.block_m == 1 and g.split_k == 1 and 128 % g.block_k == 0
@@ -324,20 +324,25 @@ def test_tc_dtypes_groups_and_splits(dtype, sym, G, split):
                                 dict(group_size=G, bias=bias))
 
 
-@pytest.mark.parametrize("host", [False, True])
 @pytest.mark.parametrize("dtype", [F16, BF16])
-def test_tc_packed_tile_through_tma(dtype, host):
-    """q_tma: the packed tile, scales and zeros through tensor descriptors (made by each
-    program, or on the host), N a multiple of 8 but not of the tile (the last tile's columns
-    past N read zeros), K split, with and without zeros; an unaligned N falls back to cp.async
-    (same result)."""
+def test_tc_packed_tile_through_tma(dtype):
+    """q_tma: the packed tile, scales and zeros through tensor descriptors made on the host,
+    N a multiple of 8 but not of the tile (the last tile's columns past N read zeros), K
+    split, with and without zeros; an unaligned N falls back to cp.async (same result)."""
     M, K, G = 3, 512, 128
     spec = registry.get("matmul_int4")
     for N, sym in ((72, False), (72, True), (70, False)):
         a, q, s, z = _gemv_case(M, N, K, G, dtype, sym, seed=19)
-        with I4.int4_config(path="tc", q_tma=True, host_descriptors=host, block_n=64,
-                            split_k=2), poisoned_outputs():
+        with I4.int4_config(path="tc", q_tma=True, block_n=64, split_k=2), poisoned_outputs():
             check_against_reference(spec.fn, spec.reference, (a, q, s, z), dict(group_size=G))
+
+
+def test_tc_descriptors_come_from_the_host_only():
+    """The per-program descriptor form is gone: an override naming its knob is an unknown
+    field."""
+    with pytest.raises(TypeError, match="host_descriptors"):
+        with I4.int4_config(host_descriptors=False):
+            pass
 
 
 @pytest.mark.parametrize("M,block_m,block_n", [(17, 8, 64), (17, 16, 32), (40, 32, 64),

@@ -43,8 +43,8 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   wgmma / mma.sync take from registers, and the BLOCK_M = 8, 16, 32 or 64 rows of ``a``
   (padded: rows past M read the last row, never stored) its second. The packed (BLOCK_N,
   BLOCK_K // 8) tile, the scales and the zeros are pipelined through tensor descriptors
-  made on the host (``q_tma``, ``host_descriptors``; cp.async and scales loaded a step ahead
-  where TMA does not apply) and read from shared memory
+  made on the host (``q_tma``; cp.async and scales loaded a step ahead where TMA does not
+  apply) and read from shared memory
   straight into the operand's register layout; a K step is taken plane-major (operand K
   index BKQ j + i is K = 8 i + j: nibble j of packed row i), so each plane is an
   elementwise function of the words and the planes join into the operand without a
@@ -140,14 +140,11 @@ class Int4Config:
     n_vecs: int = 1
     #: tc path: the packed tile, scales and zeros through tensor descriptors (TMA) where they
     #: are 16-byte aligned (N a multiple of 8 for 16-bit scales), else cp.async of 4-byte
-    #: words and scales loaded a step ahead
+    #: words and scales loaded a step ahead. The descriptors are made on the host and passed
+    #: to the kernel (no per-program descriptor writes and fences before the first load; no
+    #: global scratch, so the eager plans rebuild them over each call's tensors, as the
+    #: Gluon GEMM's, and the C++ executor encodes them)
     q_tma: bool = False
-    #: tc path with q_tma: the descriptors made on the host and passed to the kernel instead
-    #: of by every program (each program's three descriptor writes and fences sit on the
-    #: path to its first load). The eager plans rebuild them over each call's tensors (as
-    #: the Gluon GEMM's), and the C++ executor encodes them; made by the programs instead,
-    #: the kernel needs Triton's global scratch and its calls are never planned.
-    host_descriptors: bool = False
 
     @staticmethod
     def for_shape(M: int, N: int, K: int, group_size: int, num_sms: int = 132,
@@ -192,7 +189,7 @@ class Int4Config:
             # bytes of shared memory a program), 4 at 16, 2 above (64 rows x 4 overflowed)
             stages = 3 if bm == 8 else 4 if bm == 16 else 2
             return Int4Config(bm, tbn, bk, split, num_warps=warps, num_stages=stages,
-                              path="tc", q_tma=True, host_descriptors=True)
+                              path="tc", q_tma=True)
         if path == "gemv" and M == 1:
             # K lanes: 32 columns a program (two 16-byte vectors a thread), 32-deep chunks,
             # all of K in one program (no split, no reduce launch), 4 or 8 warps so that the
@@ -764,10 +761,9 @@ def _matmul_int4_tc_kernel(
     2 of float32's 24 bits). One scale row per step (BLOCK_K divides GROUP).
 
     Arguments as ``_matmul_int4_kernel``'s; grid (N tiles, M tiles, K splits). Q_TMA: the
-    packed tile, scales and zeros come through tensor descriptors (one bulk copy a stage
-    instead of a 4-byte cp.async per word and thread; the launcher checks the 16-byte
-    alignment TMA needs): 1, made by each program (``tl.make_tensor_descriptor``); 2, made on
-    the host and passed as ``q_hdesc`` / ``s_hdesc`` / ``z_hdesc`` (no per-program set-up).
+    packed tile, scales and zeros come through the tensor descriptors ``q_hdesc`` /
+    ``s_hdesc`` / ``z_hdesc``, made on the host (one bulk copy a stage instead of a 4-byte
+    cp.async per word and thread; the launcher checks the 16-byte alignment TMA needs).
     """
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -786,19 +782,6 @@ def _matmul_int4_tc_kernel(
     k_end = tl.minimum(k_begin + per_split, k_tiles)
     q_ptrs = (q_ptr + (k_begin * BKQ).to(tl.int64) * stride_qk
               + offs_kq[None, :] * stride_qk + offs_bn[:, None] * stride_qn)  # (BN, BKQ)
-    if Q_TMA == 1:
-        q_desc = tl.make_tensor_descriptor(q_ptr, shape=[K // 8, N], strides=[stride_qk, 1],
-                                           block_shape=[BKQ, BLOCK_N])
-        s_desc = tl.make_tensor_descriptor(s_ptr, shape=[K // GROUP, N],
-                                           strides=[stride_sg, 1], block_shape=[1, BLOCK_N])
-        if HAS_ZEROS:
-            z_desc = tl.make_tensor_descriptor(z_ptr, shape=[K // GROUP, N],
-                                               strides=[stride_zg, 1], block_shape=[1, BLOCK_N])
-    elif Q_TMA == 2:
-        q_desc = q_hdesc
-        s_desc = s_hdesc
-        if HAS_ZEROS:
-            z_desc = z_hdesc
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = (a_ptr + (k_begin * BLOCK_K).to(tl.int64) * stride_ak + offs_k[None, :] * stride_ak
               + tl.minimum(offs_m, M - 1)[:, None] * stride_am)  # (BLOCK_M, BLOCK_K)
@@ -818,10 +801,10 @@ def _matmul_int4_tc_kernel(
     for kt in tl.range(k_begin, k_end, num_stages=NUM_STAGES):
         g = (kt * BLOCK_K) // GROUP
         if Q_TMA:  # columns past N read zeros; masked on the store
-            q = tl.trans(q_desc.load([kt * BKQ, pid_n * BLOCK_N]))
-            s = tl.reshape(s_desc.load([g, pid_n * BLOCK_N]), (BLOCK_N,)).to(tl.float32)
+            q = tl.trans(q_hdesc.load([kt * BKQ, pid_n * BLOCK_N]))
+            s = tl.reshape(s_hdesc.load([g, pid_n * BLOCK_N]), (BLOCK_N,)).to(tl.float32)
             if HAS_ZEROS:
-                z = tl.reshape(z_desc.load([g, pid_n * BLOCK_N]), (BLOCK_N,)).to(tl.float32)
+                z = tl.reshape(z_hdesc.load([g, pid_n * BLOCK_N]), (BLOCK_N,)).to(tl.float32)
             else:
                 z = 8.0  # SYM_ZERO (a global the compiler cannot read)
         else:
@@ -904,8 +887,8 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
                  and scales.element_size() == 2
                  and D.tma_ok(qweight, scales, *([zeros] if zeros is not None else [])))
         fused = False
-        hq = hs = hz = qweight  # unused pointers unless the descriptors come from the host
-        if q_tma and cfg.host_descriptors:
+        hq = hs = hz = qweight  # unused pointers without the descriptors
+        if q_tma:
             from triton.tools.tensor_descriptor import TensorDescriptor
 
             bkq = cfg.block_k // 8
@@ -915,10 +898,7 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
                                   [1, cfg.block_n])
             hz = (TensorDescriptor(zeros, list(zeros.shape), list(zeros.stride()),
                                    [1, cfg.block_n]) if zeros is not None else hs)
-        elif q_tma:
-            D.ensure_tma_allocator()
-        extra.update(Q_TMA=(2 if cfg.host_descriptors else 1) if q_tma else 0,
-                     q_hdesc=hq, s_hdesc=hs, z_hdesc=hz)
+        extra.update(Q_TMA=1 if q_tma else 0, q_hdesc=hq, s_hdesc=hs, z_hdesc=hz)
     else:
         fused = False
         extra.update(magic=MAGIC_A)
