@@ -607,6 +607,37 @@ def sweep_matmul_fp8_block_rescale(rows):
         _fp8_block_case(rows, M, N, K, label, variants, time_failed=True)
 
 
+def _fp8_block_cuda(fields):
+    """The CUDA kernel (csrc/gemm_fp8_block_sm90.cu) with these build knobs."""
+    from tkit.cuda_ext.gemm_fp8_block import matmul_fp8_block
+
+    def make(a, b, sa, sb):
+        return lambda: matmul_fp8_block(a, b, sa, sb, torch.bfloat16, **fields)
+    return make
+
+
+#: the CUDA kernel's builds (gemm_fp8_block's knobs; {} is its default: 4 ring slots, the
+#: epilogue in two parts, group_m 16)
+FP8_BLOCK_CUDA = [{}, dict(a_regs=1), dict(sum_n=64), dict(sum_n=64, a_regs=1),
+                  dict(a_regs=1, stages=3), dict(sum_n=64, a_regs=1, stages=3),
+                  dict(cluster_m=2), dict(cluster_m=2, sum_n=64, a_regs=1)]
+
+
+def sweep_matmul_fp8_block_cuda(rows):
+    """The block-scaled fp8 GEMM in CUDA (128 x 256 tiles, the promote schedule by half
+    sums) against the Gluon kernel's default and its opt-in rescale schedule, at 8192^3 and
+    DeepSeek-V3's expert gate_up at M = 4096, with torch._scaled_mm per tensor in the same
+    run."""
+    variants = [("cuda " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
+                 dict(kernel="cuda", **f), _fp8_block_cuda(f)) for f in FP8_BLOCK_CUDA]
+    variants += [("gluon " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
+                  dict(kernel="gluon", **f), _fp8_block_gluon(f))
+                 for f in [{}, dict(schedule="rescale")]]
+    for M, N, K, label in ((8192, 8192, 8192, "8192^3 block"),
+                           (4096, 4096, 7168, "DeepSeek-V3 gate_up M=4096")):
+        _fp8_block_case(rows, M, N, K, label, variants, time_failed=True)
+
+
 def _int4_variants():
     def gemv(bn, bk, split, warps, lanes=1, vecs=1):
         return dict(path="gemv", block_m=16, block_n=bn, block_k=bk, split_k=split,
@@ -1393,6 +1424,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,
           "matmul_fp8_block": sweep_matmul_fp8_block,
           "matmul_fp8_block_dsv3": sweep_matmul_fp8_block_dsv3,
+          "matmul_fp8_block_cuda": sweep_matmul_fp8_block_cuda,
           "matmul_fp8_block_rescale": sweep_matmul_fp8_block_rescale,
           "matmul_fp8_block_rescale_shared": sweep_matmul_fp8_block_rescale_shared,
           "matmul_mid": sweep_matmul_mid,

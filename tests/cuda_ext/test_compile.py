@@ -164,10 +164,44 @@ def test_wgmma_gemm(build, cubin_dir, options):
         assert "UTMASTG" in ops, "no TMA stores (UTMASTG) in the epilogue"
 
 
+FP8_BLOCK_BUILDS = [{}, dict(a_regs=0), dict(sum_n=128), dict(a_regs=0, sum_n=128),
+                    dict(stages=3, epi_split=1), dict(out_dtype="float16")]
+
+
+@pytest.mark.toolchain
+@pytest.mark.parametrize("build", FP8_BLOCK_BUILDS, ids=lambda v: "-".join(
+    f"{k}{v[k]}" for k in v) or "default")
+@needs_cuobjdump
+def test_fp8_block_gemm_builds(cubin_dir, build):
+    """The block-scaled fp8 GEMM: fp8 wgmmas of the sum's width (A from registers through
+    ldmatrix where a_regs), one wgmma wait a sum, 128 promotion FFMAs a group, TMA in and
+    out, no spills."""
+    import torch
+
+    from tkit.cuda_ext.gemm_fp8_block import config
+
+    kw = dict(build)
+    if "out_dtype" in kw:
+        kw["out_dtype"] = getattr(torch, kw["out_dtype"])
+    cfg = config(**kw)
+    sass = kernels_sass(_loader.compile_cubin("gemm_fp8_block_sm90.cu", "90a", cfg["options"],
+                                              cache_dir=cubin_dir))["gemm_fp8_block"]
+    ops = opcodes(sass)
+    n = cfg["sum_n"]
+    shape = rf"QGMMA\.64x{n}x32\.F32\.E4M3\.E4M3 R\d+, {'R' if cfg['a_regs'] else 'gdesc'}"
+    assert len(re.findall(shape, sass)) == 4 * 256 // n, f"{build}: QGMMA count or form"
+    assert len(re.findall(r"WARPGROUP\.DEPBAR", sass)) == 256 // n, f"{build}: waits"
+    assert len(re.findall(r"\bFFMA\b", sass)) == 128, f"{build}: promotion FFMAs"
+    assert ("LDSM" in ops) == bool(cfg["a_regs"]), f"{build}: ldmatrix"
+    assert {"UTMALDG", "UTMASTG", "SYNCS", "USETMAXREG"} <= ops, f"{build}: {ops}"
+    assert not ops & {"LDL", "STL"}, f"{build}: local memory traffic (spills)"
+
+
 @pytest.mark.toolchain
 def test_resource_usage_no_spills():
     """ptxas's own report agrees: 0 bytes spilled in every GEMM kernel."""
-    for name, arch in (("gemm_mma_sm80.cu", "80"), ("gemm_wgmma_sm90.cu", "90a")):
+    for name, arch in (("gemm_mma_sm80.cu", "80"), ("gemm_wgmma_sm90.cu", "90a"),
+                       ("gemm_fp8_block_sm90.cu", "90a")):
         report = _loader.resource_usage(name, arch)
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
         assert spills and all(s == ("0", "0") for s in spills), report

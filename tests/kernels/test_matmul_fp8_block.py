@@ -739,3 +739,128 @@ def test_gluon_is_the_default_and_matches_triton():
     assert_close_to_reference(out, ref, _bf16_peer(a, b, sa, sb), name="gluon K=8192")
     tri = FB._fp8_block_impl(a, b, sa, sb, out_dtype=torch.bfloat16, path="tma")
     torch.testing.assert_close(out.float(), tri.float(), rtol=2 ** -7, atol=1e-3)
+
+
+# --------------------------------------------------------------------------------------------
+# The CUDA kernel (tkit.cuda_ext.gemm_fp8_block: 128 x 256 tiles): dispatch reasons on any
+# machine, results on an sm_90 GPU with cupy and nvcc
+# --------------------------------------------------------------------------------------------
+def test_cuda_scope_reasons():
+    """_cuda_choice names what keeps a call off the CUDA kernel before it looks at a device."""
+    a, b, sa, sb = (t.cpu() for t in _operands(256, 512, 256))
+    bias = torch.zeros(512)
+
+    def why(**kw):
+        args = dict(out_dtype=torch.bfloat16, bias=None, residual=None, activation=None,
+                    path=None, config=None)
+        args.update(kw)
+        return FB._cuda_choice(a, b, sa, sb, **args)
+
+    assert "forced" in why(path="tma")
+    assert "epilogue" in why(bias=bias)
+    assert "epilogue" in why(activation="silu")
+    assert "float32" in why(out_dtype=torch.float32)
+    assert "CUDA device" in why()
+    from tkit.kernels import matmul as mm
+
+    with mm.matmul_config(block_m=64):
+        assert "overrides" in why()
+
+
+def _cuda_or_skip():
+    if not _on_h100_class():
+        pytest.skip("needs an sm_90 GPU")
+    from tkit.cuda_ext import _loader
+
+    why = _loader.missing(nvcc=True)
+    if why is not None:
+        pytest.skip(why)
+    from tkit.cuda_ext import gemm_fp8_block as GB
+
+    return GB
+
+
+_CUDA_BUILDS = [{}, dict(sum_n=128), dict(a_regs=0), dict(stages=3, epi_split=1),
+                dict(group_m=1)]
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("build", _CUDA_BUILDS, ids=lambda v: "-".join(
+    f"{k}{v[k]}" for k in v) or "default")
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("M,N,K", [(300, 528, 1088), (2048, 2304, 1024), (64, 256, 128),
+                                   (129, 144, 320), (1, 16, 256), (8, 7168, 512),
+                                   (1000, 8192, 144)])
+def test_cuda_against_float64(build, out_dtype, M, N, K):
+    """The CUDA kernel's builds into poisoned memory: partial tiles along M, N and K (K = 320
+    and 144: a partial last group; N = 144 and 528: a tile's right half past N, its scale block
+    clamped), one group (K = 128), several tiles a CTA (2048 x 2304: 144 tiles over 132 SMs,
+    1000 x 8192: 256), against the blockwise float64 reference with PyTorch's own rounding of
+    the dequantized product as the peer."""
+    from tkit.kernels import _common
+    GB = _cuda_or_skip()
+
+    a, b, sa, sb = _operands(M, N, K, True, seed=M + N + K)
+    ref = _blockwise_ref(a, b, sa, sb)
+    with _common.poisoned_outputs():
+        out = GB.matmul_fp8_block(a, b, sa, sb, out_dtype, **build)
+    peer = _bf16_peer(a, b, sa, sb).to(out_dtype)
+    assert_close_to_reference(out, ref, peer, name=f"cuda fp8 block {out_dtype}")
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+def test_cuda_scales_with_any_strides_and_zero_groups():
+    """Column-major scales of a (DeepGEMM's layout), transposed scales of b, a zero scale over
+    zero codes and a whole zero group: the same result as contiguous scales, within the rule."""
+    GB = _cuda_or_skip()
+    M, N, K = 512, 1024, 1024
+    a, b, sa, sb = _operands(M, N, K, True, seed=5)
+    a = a.clone()
+    a[:, 256:384] = 0
+    sa = sa.clone()
+    sa[:, 2] = 0.0
+    sa_cm = sa.t().contiguous().t()
+    sb_t = sb.t().contiguous().t()
+    ref = _blockwise_ref(a, b, sa, sb)
+    out = GB.matmul_fp8_block(a, b, sa_cm, sb_t)
+    assert_close_to_reference(out, ref, _bf16_peer(a, b, sa, sb), name="strided scales")
+    torch.testing.assert_close(out, GB.matmul_fp8_block(a, b, sa, sb), rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+def test_cuda_is_the_default_where_tiles_fill_the_sms():
+    """Unforced bf16 calls with 128 x 256 tiles enough to fill every SM take the CUDA kernel
+    (within the rule at K = 7168); an epilogue, a float32 output or a small grid keep the
+    Gluon kernel; path="cuda" where it cannot serve is a ValueError with the reason."""
+    _cuda_or_skip()
+    a, b, sa, sb = _operands(2048, 4096, 7168, seed=13)
+    assert FB.backend(a, b, sa, sb).startswith("cuda"), FB.backend(a, b, sa, sb)
+    out = tkit.matmul_fp8(a, b, sa, sb)
+    ref = _blockwise_ref(a, b, sa, sb)
+    assert_close_to_reference(out, ref, _bf16_peer(a, b, sa, sb), name="cuda K=7168")
+    bias = torch.randn(4096, device=DEV).bfloat16()
+    assert FB.backend(a, b, sa, sb, bias=bias).startswith("gluon")
+    assert FB.backend(a, b, sa, sb, out_dtype=torch.float32).startswith("gluon")
+    small = _operands(128, 1024, 512, seed=14)
+    assert FB.backend(*small).startswith("gluon")
+    with pytest.raises(ValueError, match="epilogue"):
+        FB._fp8_block_impl(a, b, sa, sb, bias=bias, path="cuda")
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+def test_cuda_kernel_in_a_cuda_graph():
+    """Captured once, replayed over new operand values in the same buffers: the same result
+    as an eager call."""
+    GB = _cuda_or_skip()
+    a, b, sa, sb = _operands(1024, 8192, 1024, seed=21)
+    out = GB.matmul_fp8_block(a, b, sa, sb)  # builds and self-tests outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = GB.matmul_fp8_block(a, b, sa, sb)
+    a2, b2, sa2, sb2 = _operands(1024, 8192, 1024, seed=22)
+    a.copy_(a2)
+    b.copy_(b2)
+    sa.copy_(sa2)
+    sb.copy_(sb2)
+    g.replay()
+    torch.testing.assert_close(out, GB.matmul_fp8_block(a, b, sa, sb), rtol=0, atol=0)

@@ -264,15 +264,21 @@ def _libcuda():
     return lib
 
 
-_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9
+# CUtensorMapDataType of the element types the kernels here read and write (fp8 as bytes)
+_CU_TENSOR_MAP_DATA_TYPE = {torch.bfloat16: 9, torch.float16: 6, torch.float8_e4m3fn: 0,
+                            torch.uint8: 0}
 _CU_TENSOR_MAP_SWIZZLE_128B = 3
 _CU_TENSOR_MAP_L2_PROMOTION_256B = 3
 
 
 def tensor_map_2d(t: torch.Tensor, box_cols: int, box_rows: int) -> bytes:
-    """A 128-byte ``CUtensorMap`` for a row-major bf16 matrix, 128-byte swizzled boxes of
-    ``box_rows`` x ``box_cols`` (``box_cols * 2`` must be 128). Built with the driver's
-    ``cuTensorMapEncodeTiled`` through ctypes; passed to the kernel by value."""
+    """A 128-byte ``CUtensorMap`` for a row-major matrix (bf16, fp16 or fp8), 128-byte
+    swizzled boxes of ``box_rows`` x ``box_cols`` (``box_cols`` elements must be 128 bytes).
+    Built with the driver's ``cuTensorMapEncodeTiled`` through ctypes; passed to the kernel
+    by value."""
+    if box_cols * t.element_size() != 128:
+        raise ValueError(f"a 128-byte swizzled box needs 128-byte rows, got {box_cols} "
+                         f"elements of {t.element_size()} bytes")
     rows, cols = t.shape
     buf = (ctypes.c_ubyte * 128)()
     dims = (ctypes.c_uint64 * 2)(cols, rows)
@@ -280,7 +286,7 @@ def tensor_map_2d(t: torch.Tensor, box_cols: int, box_rows: int) -> bytes:
     box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
     estr = (ctypes.c_uint32 * 2)(1, 1)
     err = _libcuda().cuTensorMapEncodeTiled(
-        ctypes.addressof(buf), _CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, ctypes.c_void_p(
+        ctypes.addressof(buf), _CU_TENSOR_MAP_DATA_TYPE[t.dtype], 2, ctypes.c_void_p(
             t.data_ptr()), dims, strides, box, estr, 0, _CU_TENSOR_MAP_SWIZZLE_128B,
         _CU_TENSOR_MAP_L2_PROMOTION_256B, 0)
     if err != 0:
@@ -320,6 +326,20 @@ _selftest_results: dict[tuple, str | None] = {}
 def wgmma_selftest(**kw) -> str | None:
     """None when this build of the wgmma kernel has run correctly here, else why not."""
     import json
+
+    opts = {k: v for k, v in sorted(kw.items()) if v is not None}
+    # keyed by the build (its -D options), so equal builds asked for differently share it
+    return build_selftest("wgmma", WGMMA_SM90["source"], _SELFTEST_CODE, opts,
+                          json.dumps(wgmma_config(**opts)["options"]))
+
+
+def build_selftest(tag: str, source: str, code: str, opts: dict, build: str) -> str | None:
+    """None when the build ``build`` (its -D options) of ``source`` has run ``code`` correctly
+    on this machine (it prints "SELFTEST OK"), else why not. ``code`` runs once per machine,
+    source version and build in a subprocess with a timeout (an mbarrier protocol bug hangs
+    rather than raises) with ``opts`` as its JSON argument; success is recorded on disk.
+    TKIT_WGMMA_SELFTEST=0 skips every such check."""
+    import json
     import os
     import subprocess
     import sys
@@ -329,13 +349,11 @@ def wgmma_selftest(**kw) -> str | None:
 
     if not _env.WGMMA_SELFTEST:
         return None
-    opts = {k: v for k, v in sorted(kw.items()) if v is not None}
-    # keyed by the build (its -D options), so equal builds asked for differently share it
-    key = (_loader.source_hash(WGMMA_SM90["source"]), json.dumps(wgmma_config(**opts)["options"]),
-           torch.cuda.get_device_name(), _loader.nvcc_version())
+    key = (_loader.source_hash(source), build, torch.cuda.get_device_name(),
+           _loader.nvcc_version())
     if key in _selftest_results:
         return _selftest_results[key]
-    marker = _env.CACHE_DIR / "cuda_ext" / f"wgmma-selftest-{_loader._key_digest(*key)}.ok"
+    marker = _env.CACHE_DIR / "cuda_ext" / f"{tag}-selftest-{_loader._key_digest(*key)}.ok"
     if marker.exists():
         _selftest_results[key] = None
         return None
@@ -343,7 +361,7 @@ def wgmma_selftest(**kw) -> str | None:
     env = {**os.environ, "TKIT_WGMMA_SELFTEST": "0", "PYTHONPATH": os.pathsep.join(
         [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
     try:
-        proc = subprocess.run([sys.executable, "-c", _SELFTEST_CODE, json.dumps(opts)],
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps(opts)],
                               capture_output=True, text=True, timeout=120, env=env)
         why = None if "SELFTEST OK" in proc.stdout else (
             "self-test failed: " + (proc.stdout + proc.stderr).strip()[-600:])

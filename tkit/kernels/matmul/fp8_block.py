@@ -297,9 +297,68 @@ def _gluon_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, path, confi
     return (FH, None) if reason is None else (None, reason)
 
 
+def _cuda_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, activation, path,
+                 config):
+    """(None) when the CUDA kernel (``tkit.cuda_ext.gemm_fp8_block``: 128 x 256 tiles, the
+    promotion by quarter sums) serves this call, else why not. It serves unforced calls and
+    ``path="cuda"`` with no epilogue (bias, activation, residual: the Gluon kernel's), bf16 or
+    fp16 outputs, the Gluon kernel's operand scope, enough 128 x 256 tiles to fill every SM
+    once (unforced), and a build that has passed its self-test on this machine."""
+    if path not in (None, "cuda"):
+        return f"path {path!r} forced"
+    if config is not None:
+        return f"a {type(config).__name__} selects another kernel"
+    if path is None and MC.overridden():
+        return "matmul_config overrides select the Triton kernels"
+    if bias is not None or residual is not None or activation:
+        return "an epilogue (bias, activation, residual) is the Gluon kernel's"
+    if out_dtype not in (torch.bfloat16, torch.float16):
+        return f"output dtype {out_dtype} is not bf16/fp16"
+    if a.device.type != "cuda":
+        return "not on a CUDA device"
+    try:
+        from tkit.kernels.matmul import fp8_block_hopper as FH
+    except ImportError as e:
+        return f"Gluon unavailable for the scope check: {e}"
+    reason = FH.supported(a, b, scale_a, scale_b, out_dtype)
+    if reason is not None:
+        return reason
+    M, N = a.shape[0], b.shape[1]
+    if path is None and C.cdiv(M, 128) * C.cdiv(N, 256) < D.sm_count(a.device):
+        return "fewer 128 x 256 tiles than SMs (the Gluon kernel's narrower tiles fill them)"
+    return _cuda_build_reason(a.device)
+
+
+_CUDA_BUILD: dict = {}
+
+
+def _cuda_build_reason(device) -> str | None:
+    """Why the CUDA kernel cannot run on this device (no cupy, no nvcc, a failed build or
+    self-test), worked out once a device."""
+    key = device.index or 0
+    if key not in _CUDA_BUILD:
+        from tkit.cuda_ext import _loader
+
+        why = _loader.missing(nvcc=True)
+        if why is None:
+            from tkit.cuda_ext import gemm_fp8_block as GB
+
+            try:
+                why = GB.selftest()
+            except Exception as e:  # a compile error: report it, the Gluon kernel runs
+                why = f"build failed: {type(e).__name__}: {str(e)[:300]}"
+        _CUDA_BUILD[key] = why
+    return _CUDA_BUILD[key]
+
+
 def backend(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, bias=None, residual=None) -> str:
-    """Which kernel the block mode launches for these operands, and why: "gluon (...)" or
-    "triton <path> (reason the Gluon kernel does not serve)"."""
+    """Which kernel the block mode launches for these operands, and why: "cuda (...)",
+    "gluon (...)" or "triton <path> (reason the Gluon kernel does not serve)"."""
+    if _cuda_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, None, None,
+                    None) is None:
+        return ("cuda (sm_90a: warp-specialized TMA producer, two consumer warpgroups, "
+                "128 x 256 tiles, each 128-deep group promoted by 64-column sums, two in "
+                "flight)")
     fh, reason = _gluon_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, None, None)
     if fh is not None:
         (M, K), N = a.shape, b.shape[1]
@@ -316,16 +375,25 @@ def backend(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, bias=None, residua
 
 def _fp8_block_impl(a, b, scale_a, scale_b, bias=None, residual=None, activation=None,
                     out_dtype=torch.bfloat16, path=None, config=None):
-    """The block mode's launch. ``path``: None (the Gluon Hopper kernel where it serves, see
-    :func:`_gluon_choice`, else :func:`tkit.kernels.matmul.plan`'s choice), "gluon" (forced:
-    a ValueError with the reason where it cannot serve), "tma" or "ptr" (the Triton
-    kernels). ``config``: a HopperBlockConfig, TmaConfig or PtrConfig for that kernel."""
+    """The block mode's launch. ``path``: None (the CUDA kernel where it serves, see
+    :func:`_cuda_choice`, else the Gluon Hopper kernel where it serves, see
+    :func:`_gluon_choice`, else :func:`tkit.kernels.matmul.plan`'s choice), "cuda" or
+    "gluon" (forced: a ValueError with the reason where it cannot serve), "tma" or "ptr" (the
+    Triton kernels). ``config``: a HopperBlockConfig, TmaConfig or PtrConfig for that kernel."""
     M, K = a.shape
     N = b.shape[1]
     out = C.empty((M, N), out_dtype, a.device)
     if out.numel() == 0:
         return out
     res = residual.expand(M, N) if residual is not None else None
+    why_cuda = _cuda_choice(a, b, scale_a, scale_b, out_dtype, bias, res, activation, path,
+                            config)
+    if why_cuda is None:
+        from tkit.cuda_ext.gemm_fp8_block import matmul_fp8_block as cuda_fp8_block
+
+        return cuda_fp8_block(a, b, scale_a, scale_b, out_dtype, out=out)
+    if path == "cuda":
+        raise ValueError(f"the CUDA block-scaled kernel does not apply: {why_cuda}")
     fh, reason = _gluon_choice(a, b, scale_a, scale_b, out_dtype, bias, res, path, config)
     if fh is not None:
         return fh.launch(a, b, scale_a, scale_b, out, bias, res, activation, config)

@@ -1,0 +1,546 @@
+// Hopper block-scaled fp8 GEMM (sm_90a), DeepSeek-V3's recipe with its precise promotion:
+//
+//   C[m, n] = sum over 128-deep groups g of  sa[m, g] * sb[g, n / 128] * (A[m, g] . B[n, g])
+//
+// A (M, K) and B (N, K) float8_e4m3fn, both K-major (B is an (N, K) weight: wgmma reads 8-bit
+// operands only K-major); sa (M, ceil(K / 128)) and sb (ceil(K / 128), ceil(N / 128)) float32
+// with any strides; C (M, N) bf16 (fp16 with -DOUT_F16=1), row-major. Rows of A, B and C are
+// 16-byte aligned (TMA); any M, N, K otherwise: TMA zero-fills the boxes past M, N, K (their
+// sums are 0 whatever the scale), scale rows past M are clamped, the TMA store clips.
+//
+// Why CUDA: the promotion needs a fresh MMA sum beside the float32 accumulator for every
+// 128-deep group. At 128 x 256 tiles a consumer warpgroup holds 64 x 256 (128 registers a
+// thread), so the sum can only be a half (64 x 128, 64 registers): each group is two sums,
+// each waited for and promoted before the next is issued into the same registers. Gluon's
+// build of that schedule had ptxas hoist the second half's issue above the first half's
+// promotion and spill; here every wgmma, wait and operand fence is written out, so the sum
+// keeps its 64 registers.
+//
+// 384 threads = 3 warpgroups, persistent (one CTA an SM walking the tiles in GROUP_M
+// sections):
+//   warpgroup 0, the producer: gives registers back (setmaxnreg.dec 24); one thread fills a
+//     ring of STAGES slots, one 128-deep group each (A 128 x 128 and B 256 x 128 fp8, 48 KiB),
+//     through TMA (cp.async.bulk.tensor, completing on full[s]) once empty[s] says both
+//     consumers are done with the slot.
+//   warpgroups 1 and 2, the consumers (setmaxnreg.inc 240): 64 rows of the tile each. Per
+//     group: issue 4 wgmma.m64n128k32 for the left 128 columns into the sum, wait, add the sum
+//     times sa[row, g] * sb[g, left block] into the accumulator (64 FFMA), the same for the
+//     right 128 columns, release the slot. A consumer's tensor cores idle during its own
+//     promotion; the other consumer's wgmmas, queued behind, fill that time (the two settle
+//     half a group apart). The next group's scales are loaded (L2 hits) during this group.
+// Epilogue through shared memory and TMA stores (EPI_SPLIT parts of 64 x BN / EPI_SPLIT a
+// consumer, swizzled as TMA reads them), overlapped with the next tile's K loop.
+//
+// Shared-memory layouts (128-byte swizzle, as TMA writes them and wgmma reads them): A tile
+// 128 rows x 128 B, B tile 256 rows x 128 B; wgmma descriptors K-major, SBO 1024 B (8 rows),
+// the k-th 32-deep slice 32 B further; consumer c's rows start 64 * 128 B in, the right half
+// of B 128 * 128 B in.
+// No headers: compiles under nvcc -arch sm_90a (wgmma and setmaxnreg need the "a").
+
+#define BM 128
+#define BN 256
+#define BK 128  // one scale group
+#ifndef STAGES
+#define STAGES 4
+#endif
+#define CONSUMERS 2
+#define THREADS (128 * (CONSUMERS + 1))
+#ifndef GROUP_M
+#define GROUP_M 16
+#endif
+#ifndef EPI_SPLIT
+#define EPI_SPLIT 2
+#endif
+#ifndef OUT_F16
+#define OUT_F16 0
+#endif
+#ifndef A_REGS  // 1: a consumer's rows of A loaded into registers (ldmatrix) once a group
+#define A_REGS 0
+#endif
+#ifndef SUM_N  // columns of one MMA sum: 128 (one sum, two a group) or 64 (two sums, four)
+#define SUM_N 128
+#endif
+#if SUM_N != 128 && SUM_N != 64
+#error "SUM_N must be 128 or 64"
+#endif
+#ifndef CLUSTER_M  // 2: CTA pairs on consecutive tile-rows, each multicasting half of B
+#define CLUSTER_M 1
+#endif
+#if CLUSTER_M != 1 && CLUSTER_M != 2
+#error "CLUSTER_M must be 1 or 2"
+#endif
+#define GROUP_MC (GROUP_M / CLUSTER_M > 0 ? GROUP_M / CLUSTER_M : 1)  // in cluster tile-rows
+#if BN % (64 * EPI_SPLIT)
+#error "EPI_SPLIT must split BN into whole 64-column boxes"
+#endif
+#define C_PART_COLS (BN / EPI_SPLIT)
+#define C_PART_BYTES (64 * C_PART_COLS * 2)  // one consumer's staging buffer
+#define C_BYTES (CONSUMERS * C_PART_BYTES)
+#define A_STAGE_BYTES (BM * BK)
+#define B_STAGE_BYTES (BN * BK)
+#define STAGE_BYTES (A_STAGE_BYTES + B_STAGE_BYTES)
+
+typedef unsigned short half_t;
+typedef unsigned long long u64;
+
+struct __align__(64) TmaDesc {  // CUtensorMap: 128 opaque bytes
+  u64 opaque[16];
+};
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+
+// ---- mbarriers ----------------------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  unsigned done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  }
+}
+
+// remote (or local) arrive on the mbarrier at the same offset in CTA `rank` of this cluster
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
+  asm volatile(
+      "{\n .reg .b32 ra;\n"
+      " mapa.shared::cluster.u32 ra, %0, %1;\n"
+      " mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n"
+      ::"r"(bar), "r"(rank) : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+// ---- TMA ------------------------------------------------------------------------------------
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, int c0, int c1,
+                                            unsigned bar) {
+  // c0 runs along the contiguous dimension, c1 along rows; out-of-bounds elements read as 0
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+// the same box into the same shared offset of every CTA in cta_mask; complete_tx on each one's
+// mbarrier at the same offset
+__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const TmaDesc* map, int c0,
+                                                      int c1, unsigned bar,
+                                                      unsigned short cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n"
+      ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+__device__ __forceinline__ void tma_store_2d(const TmaDesc* map, unsigned src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+               ::"l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(src) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait_read0() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait0() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void named_bar(unsigned id, unsigned count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+// ---- wgmma ------------------------------------------------------------------------------------
+__device__ __forceinline__ u64 smem_desc(unsigned addr) {
+  // K-major, 128-byte swizzle: SBO 1024 B between 8-row core groups, LBO unused (16)
+  u64 d = 0;
+  d |= (u64)((addr & 0x3FFFF) >> 4);
+  d |= (u64)(16 >> 4) << 16;
+  d |= (u64)(1024 >> 4) << 32;
+  d |= 1ull << 62;
+  return d;
+}
+
+#define F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
+              "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define R16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define R32 R16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, " \
+            "%30, %31"
+#define R64 R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, " \
+            "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, " \
+            "%62, %63"
+
+// d[SUM_N / 2] (+)= A(64x32 e4m3) @ B(32xSUM_N e4m3, K-major descriptor); scale_d 0
+// overwrites d. A from a K-major shared-memory descriptor, or (A_REGS) from four registers
+// of four e4m3 each, the layout ldmatrix gives (a0: rows 0-7 k 0-15, a1: rows 8-15, a2 and
+// a3: k 16-31; a warp's 16 rows).
+#if SUM_N == 128
+#define WG_SHAPE "m64n128k32"
+#define WG_D R64
+#define WG_OUT F8(0), F8(8), F8(16), F8(24), F8(32), F8(40), F8(48), F8(56)
+#define WG_N0 "64"
+#else
+#define WG_SHAPE "m64n64k32"
+#define WG_D R32
+#define WG_OUT F8(0), F8(8), F8(16), F8(24)
+#endif
+
+#if A_REGS
+__device__ __forceinline__ void wgmma_sum(float* d, const unsigned* a, u64 desc_b, int scale_d) {
+#if SUM_N == 128
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned." WG_SHAPE ".f32.e4m3.e4m3 {" WG_D "}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+      : WG_OUT
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+#else
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned." WG_SHAPE ".f32.e4m3.e4m3 {" WG_D "}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+      : WG_OUT
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+#endif
+}
+#else
+__device__ __forceinline__ void wgmma_sum(float* d, u64 desc_a, u64 desc_b, int scale_d) {
+#if SUM_N == 128
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned." WG_SHAPE ".f32.e4m3.e4m3 {" WG_D "}, %64, %65, p, 1, 1;\n"
+      "}\n"
+      : WG_OUT
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+#else
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned." WG_SHAPE ".f32.e4m3.e4m3 {" WG_D "}, %32, %33, p, 1, 1;\n"
+      "}\n"
+      : WG_OUT
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+#endif
+}
+#endif
+
+// four 8x16-byte matrices of shared memory into a[0..3] (ldmatrix.x4: lane l gives the
+// address of row l % 8 of matrix l / 8)
+__device__ __forceinline__ void ldmatrix_x4(unsigned* a, unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait0() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait1() {
+  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+}
+// pins a register between two asm statements: no read or write of it moves across
+__device__ __forceinline__ void fence_operand(float& r) {
+  asm volatile("" : "+f"(r)::"memory");
+}
+
+__device__ __forceinline__ unsigned pack_out(float lo, float hi) {
+  unsigned r;
+#if OUT_F16
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+  return r;
+}
+
+__device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n, int& tm,
+                                            int& tn) {
+  int width = GROUP_MC * tiles_n;
+  int group = tile / width;
+  int first_m = group * GROUP_MC;
+  int gsize = min(tiles_m - first_m, GROUP_MC);
+  tm = first_m + (tile % width) % gsize;
+  tn = (tile % width) / gsize;
+}
+
+#define SUM_REGS (SUM_N / 2)
+#define PARTS (BN / SUM_N)  // sums a group
+
+#if A_REGS
+typedef const unsigned* AOperand;  // 16 registers: four k32 slices of four
+#else
+typedef unsigned AOperand;  // shared-memory address of the consumer's rows
+#endif
+
+// the sum of columns [part * SUM_N, +SUM_N) of the group's tile, fresh, issued and committed
+__device__ __forceinline__ void issue_sum(float* sum, AOperand a, unsigned b_base, int part) {
+#pragma unroll
+  for (int i = 0; i < SUM_REGS; ++i) fence_operand(sum[i]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < BK / 32; ++kk) {
+    u64 db = smem_desc(b_base + part * (SUM_N * BK) + kk * 32);
+#if A_REGS
+    wgmma_sum(sum, a + 4 * kk, db, kk > 0);
+#else
+    wgmma_sum(sum, smem_desc(a + kk * 32), db, kk > 0);
+#endif
+  }
+  wgmma_commit();
+}
+
+__device__ __forceinline__ void fence_sum(float* sum) {
+#pragma unroll
+  for (int i = 0; i < SUM_REGS; ++i) fence_operand(sum[i]);
+}
+
+// acc[4j + 2r + e] += sum[4j + 2r + e] * s[r] (r: the thread's upper or lower row)
+__device__ __forceinline__ void promote(float* acc, const float* sum, float s0, float s1) {
+#pragma unroll
+  for (int j = 0; j < SUM_N / 8; ++j) {
+    acc[4 * j + 0] = fmaf(sum[4 * j + 0], s0, acc[4 * j + 0]);
+    acc[4 * j + 1] = fmaf(sum[4 * j + 1], s0, acc[4 * j + 1]);
+    acc[4 * j + 2] = fmaf(sum[4 * j + 2], s1, acc[4 * j + 2]);
+    acc[4 * j + 3] = fmaf(sum[4 * j + 3], s1, acc[4 * j + 3]);
+  }
+}
+
+// a consumer is done with slot s: tell the producer of every CTA that writes into it
+__device__ __forceinline__ void release_slot(unsigned bar) {
+#if CLUSTER_M > 1
+#pragma unroll
+  for (unsigned r = 0; r < CLUSTER_M; ++r) mbar_arrive_cluster(bar, r);
+#else
+  mbar_arrive(bar);
+#endif
+}
+
+#if CLUSTER_M > 1
+#define CLUSTER_ATTR __cluster_dims__(CLUSTER_M, 1, 1)
+#else
+#define CLUSTER_ATTR
+#endif
+
+extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_block(
+    const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
+    const __grid_constant__ TmaDesc tma_c,  // C, boxes of 64 x 64, 128-byte swizzle
+    const float* __restrict__ sa, const float* __restrict__ sb, int M, int N, int K,
+    int stride_sam, int stride_sak, int stride_sbk, int stride_sbn) {
+  extern __shared__ unsigned char smem_raw[];
+  unsigned base = smem_u32(smem_raw);
+  unsigned pad = ((base + 1023) & ~1023u) - base;
+  unsigned sA = base + pad;
+  unsigned sB = sA + STAGES * A_STAGE_BYTES;
+  unsigned sC = sB + STAGES * B_STAGE_BYTES;
+  unsigned bars = sC + C_BYTES;  // full[STAGES], then empty[STAGES]
+  auto full = [&](int s) { return bars + 8u * s; };
+  auto empty = [&](int s) { return bars + 8u * (STAGES + s); };
+
+  int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full(s), 1);
+      mbar_init(empty(s), CONSUMERS * CLUSTER_M);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  }
+  __syncthreads();
+#if CLUSTER_M > 1
+  cluster_sync();  // the peer's barriers are initialized before anyone signals them
+  const int rank = (int)cluster_rank();
+#else
+  const int rank = 0;
+#endif
+
+  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+  // work units: CLUSTER_M consecutive tile-rows x one tile-column; CTA `rank` takes row
+  // `rank` (past the last tile-row it loads zeros and stores nothing)
+  const int units_m = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;
+  const int num_units = units_m * tiles_n;
+  const int unit0 = blockIdx.x / CLUSTER_M, unit_stride = gridDim.x / CLUSTER_M;
+  const int KG = (K + BK - 1) / BK;
+  const int NB = (N + 127) / 128;  // column blocks of sb
+
+  if (wg == 0) {
+    // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (t == 0) {
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_a)));
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_b)));
+      int it = 0;
+      for (int unit = unit0; unit < num_units; unit += unit_stride) {
+        int um, tn;
+        tile_coords(unit, units_m, tiles_n, um, tn);
+        const int tm = um * CLUSTER_M + rank;
+        for (int g = 0; g < KG; ++g, ++it) {
+          int s = it % STAGES;
+          unsigned round = it / STAGES;
+          mbar_wait(empty(s), (round & 1) ^ 1);  // round 0 passes: the slot starts free
+          mbar_expect_tx(full(s), STAGE_BYTES);
+          tma_load_2d(sA + s * A_STAGE_BYTES, &tma_a, g * BK, tm * BM, full(s));
+#if CLUSTER_M > 1
+          // this CTA's rows of the B tile, into the same slot of every CTA of the cluster
+          tma_load_2d_multicast(sB + s * B_STAGE_BYTES + rank * (BN / CLUSTER_M) * BK, &tma_b,
+                                g * BK, tn * BN + rank * (BN / CLUSTER_M), full(s),
+                                (unsigned short)((1u << CLUSTER_M) - 1));
+#else
+          tma_load_2d(sB + s * B_STAGE_BYTES, &tma_b, g * BK, tn * BN, full(s));
+#endif
+        }
+      }
+    }
+  } else {
+    // ---- consumers ----
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    const int c = wg - 1;
+    const int warp = t / 32, lane = t % 32;
+    float acc[BN / 2];
+    float sum0[SUM_REGS];
+#if SUM_N == 64
+    float sum1[SUM_REGS];
+#endif
+    int it = 0;
+    for (int unit = unit0; unit < num_units; unit += unit_stride) {
+      int um, tn;
+      tile_coords(unit, units_m, tiles_n, um, tn);
+      const int tm = um * CLUSTER_M + rank;
+      // this thread's two rows (clamped: rows past M have zero sums) and column blocks
+      const int r0 = min(tm * BM + c * 64 + warp * 16 + lane / 4, M - 1);
+      const int r1 = min(tm * BM + c * 64 + warp * 16 + lane / 4 + 8, M - 1);
+      const float* sa0 = sa + (long long)r0 * stride_sam;
+      const float* sa1 = sa + (long long)r1 * stride_sam;
+      const float* sbl = sb + (long long)min(2 * tn, NB - 1) * stride_sbn;
+      const float* sbr = sb + (long long)min(2 * tn + 1, NB - 1) * stride_sbn;
+      float a0 = __ldg(sa0), a1 = __ldg(sa1), bl = __ldg(sbl), br = __ldg(sbr);
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+      for (int g = 0; g < KG; ++g, ++it) {
+        // the next group's scales, under this group's MMAs (clamped at the last group)
+        const int gn = min(g + 1, KG - 1);
+        float na0 = __ldg(sa0 + (long long)gn * stride_sak);
+        float na1 = __ldg(sa1 + (long long)gn * stride_sak);
+        float nbl = __ldg(sbl + (long long)gn * stride_sbk);
+        float nbr = __ldg(sbr + (long long)gn * stride_sbk);
+        const int s = it % STAGES;
+        mbar_wait(full(s), (it / STAGES) & 1);
+        const unsigned a_base = sA + s * A_STAGE_BYTES + c * (64 * BK);
+        const unsigned b_base = sB + s * B_STAGE_BYTES;
+#if A_REGS
+        // rows warp*16 + (lane % 8) + 8 (matrix & 1), 16-byte chunk 2 kk + (matrix >> 1),
+        // stored at chunk index XOR (row & 7) (the 128-byte swizzle)
+        unsigned afrag[16];
+        {
+          const int mtx = lane / 8, row = warp * 16 + (lane % 8) + 8 * (mtx & 1);
+#pragma unroll
+          for (int kk = 0; kk < BK / 32; ++kk)
+            ldmatrix_x4(afrag + 4 * kk,
+                        a_base + row * 128 + (((2 * kk + (mtx >> 1)) ^ (row & 7)) << 4));
+        }
+        AOperand aop = afrag;
+#define KEEP_A()                                                   \
+  _Pragma("unroll") for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(afrag[i]))
+#else
+#define KEEP_A()
+        AOperand aop = a_base;
+#endif
+#if SUM_N == 128
+        issue_sum(sum0, aop, b_base, 0);
+        wgmma_wait0();
+        fence_sum(sum0);
+        promote(acc, sum0, a0 * bl, a1 * bl);
+        issue_sum(sum0, aop, b_base, 1);
+        wgmma_wait0();
+        fence_sum(sum0);
+        KEEP_A();  // the wgmmas read A's registers until they are done
+        if (t == 0) release_slot(empty(s));
+        promote(acc + 64, sum0, a0 * br, a1 * br);
+#else
+        // two sums in flight: the quarter before is promoted while the next one runs
+        issue_sum(sum0, aop, b_base, 0);
+        issue_sum(sum1, aop, b_base, 1);
+        wgmma_wait1();
+        fence_sum(sum0);
+        promote(acc, sum0, a0 * bl, a1 * bl);
+        issue_sum(sum0, aop, b_base, 2);
+        wgmma_wait1();
+        fence_sum(sum1);
+        promote(acc + 32, sum1, a0 * bl, a1 * bl);
+        issue_sum(sum1, aop, b_base, 3);
+        wgmma_wait1();
+        fence_sum(sum0);
+        promote(acc + 64, sum0, a0 * br, a1 * br);
+        wgmma_wait0();
+        fence_sum(sum1);
+        KEEP_A();
+        if (t == 0) release_slot(empty(s));
+        promote(acc + 96, sum1, a0 * br, a1 * br);
+#endif
+        a0 = na0, a1 = na1, bl = nbl, br = nbr;
+      }
+      // epilogue: accumulator acc[4j + 2h + {0,1}] at (row 16*warp + lane/4 + 8h,
+      // col 8j + 2*(lane%4)) (the left half's fragment, then the right half's: j runs on
+      // through 32) into 64 x 64 boxes of 128-byte rows, 16-byte chunk index XOR (row & 7)
+      unsigned cbuf = sC + c * C_PART_BYTES;
+#pragma unroll
+      for (int part = 0; part < EPI_SPLIT; ++part) {
+        if (t == 0) bulk_wait_read0();  // the buffer's previous stores have read it
+        named_bar(1 + c, 128);
+#pragma unroll
+        for (int jj = 0; jj < C_PART_COLS / 8; ++jj) {
+          int j = part * (C_PART_COLS / 8) + jj;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            int row = warp * 16 + lane / 4 + 8 * h;
+            unsigned addr = cbuf + (jj / 8) * 8192 + row * 128 + (((jj % 8) ^ (row & 7)) << 4) +
+                            (lane % 4) * 4;
+            st_shared_u32(addr, pack_out(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
+          }
+        }
+        fence_proxy_async_smem();
+        named_bar(1 + c, 128);
+        if (t == 0) {
+#pragma unroll
+          for (int box = 0; box < C_PART_COLS / 64; ++box)
+            tma_store_2d(&tma_c, cbuf + box * 8192, tn * BN + part * C_PART_COLS + box * 64,
+                         tm * BM + c * 64);
+          bulk_commit();
+        }
+      }
+    }
+    if (t == 0) bulk_wait0();  // the last stores are done before the CTA (and its smem) ends
+  }
+#if CLUSTER_M > 1
+  // no CTA leaves while its peer may still arrive on its barriers or multicast into it
+  cluster_sync();
+#endif
+}

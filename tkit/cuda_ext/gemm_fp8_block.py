@@ -1,0 +1,166 @@
+"""Launcher of the block-scaled fp8 GEMM in CUDA (csrc/gemm_fp8_block_sm90.cu, sm_90a): the
+1x128 / 128x128 scale mode of :func:`tkit.matmul_fp8` (DeepSeek-V3's recipe, each 128-deep
+group's sum promoted into a float32 accumulator) on 128 x 256 tiles, which the Gluon kernel
+could not hold in registers (docs/NOTES.md). The block mode's dispatch
+(``tkit.kernels.matmul.fp8_block``) takes it where it serves and says why where it does not.
+
+Operands as the block mode's: ``a`` (M, K) float8_e4m3fn row-major, ``b`` (K, N)
+float8_e4m3fn K-major (``b.stride(0) == 1``: the ``.t()`` of an (N, K) weight), 16-byte
+aligned rows; ``scale_a`` (M, ceil(K / 128)) and ``scale_b`` (ceil(K / 128), ceil(N / 128))
+float32, any strides; out bf16 or fp16 (M, N) with 16-byte rows. Cost: 2*M*N*K flops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from tkit.cuda_ext import _loader
+from tkit.cuda_ext.gemm import _defines, _i32, _num_sms, build_selftest, tensor_map_2d
+from tkit.kernels import _common
+
+SOURCE = "gemm_fp8_block_sm90.cu"
+BM, BN, BK, THREADS = 128, 256, 128, 384
+#: the source's macro defaults (the build with no -D options)
+DEFAULTS = dict(stages=4, group_m=16, epi_split=2, a_regs=0, sum_n=128, cluster_m=1)
+OUT_DTYPES = (torch.bfloat16, torch.float16)
+SMEM_LIMIT = 227 * 1024
+
+
+def config(**overrides) -> dict:
+    """One build: :data:`DEFAULTS` with ``overrides`` (None keeps the default); derived:
+    smem (bytes), options (-D...: only what differs from the source's defaults)."""
+    unknown = set(overrides) - set(DEFAULTS) - {"out_dtype"}
+    if unknown:
+        raise TypeError(f"unknown fp8 block build option(s) {sorted(unknown)}; "
+                        f"known: {sorted(DEFAULTS)}")
+    out_dtype = overrides.pop("out_dtype", None) or torch.bfloat16
+    cfg = {k: (DEFAULTS[k] if overrides.get(k) is None else overrides[k]) for k in DEFAULTS}
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"out_dtype must be bfloat16 or float16, got {out_dtype}")
+    if cfg["epi_split"] not in (1, 2, 4):
+        raise ValueError(f"epi_split must be 1, 2 or 4, got {cfg['epi_split']}")
+    if cfg["cluster_m"] not in (1, 2):
+        raise ValueError(f"cluster_m must be 1 or 2, got {cfg['cluster_m']}")
+    if cfg["sum_n"] not in (64, 128):
+        raise ValueError(f"sum_n must be 64 or 128, got {cfg['sum_n']}")
+    if cfg["stages"] < 2:
+        raise ValueError(f"stages must be >= 2, got {cfg['stages']}")
+    cfg["smem"] = (cfg["stages"] * (BM + BN) * BK + 2 * 64 * (BN // cfg["epi_split"]) * 2
+                   + 1024 + 16 * cfg["stages"])
+    if cfg["smem"] > SMEM_LIMIT:
+        raise ValueError(f"stages={cfg['stages']} with epi_split={cfg['epi_split']} needs "
+                         f"{cfg['smem']} bytes of shared memory, more than {SMEM_LIMIT}")
+    diff = {k: cfg[k] for k in DEFAULTS if cfg[k] != DEFAULTS[k]}
+    cfg["options"] = _defines(**diff) + (("-DOUT_F16=1",) if out_dtype == torch.float16 else ())
+    cfg["out_dtype"] = out_dtype
+    return cfg
+
+
+_SELFTEST_CODE = """
+import json, sys, torch
+from tkit.cuda_ext.gemm_fp8_block import matmul_fp8_block
+kw = json.loads(sys.argv[1])
+out_dtype = getattr(torch, kw.pop("out", "bfloat16"))
+for M, N, K in ((129, 392, 208), (300, 520, 144), (1024, 1024, 1024)):
+    g = torch.Generator(device="cuda").manual_seed(M)
+    a = torch.randn(M, K, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    w = torch.randn(N, K, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    kb, nb = (K + 127) // 128, (N + 127) // 128
+    sa = torch.rand(M, kb, device="cuda", generator=g) + 0.5
+    sb = torch.rand(kb, nb, device="cuda", generator=g) + 0.5
+    c = matmul_fp8_block(a, w.t(), sa, sb, out_dtype, check=False, **kw)
+    ks = torch.arange(K, device="cuda") // 128
+    ref = (a.double() * sa.double()[:, ks]) @ (w.double() * sb.double()[ks][:, torch.arange(
+        N, device="cuda") // 128].t()).t()
+    err = (c.double() - ref).abs().max().item()
+    assert err <= 0.02 * ref.abs().max().item(), f"{M}x{N}x{K}: max error {err}"
+print("SELFTEST OK")
+"""
+
+
+def selftest(**kw) -> str | None:
+    """None when this build has run correctly on this machine (once per machine and source
+    version, in a subprocess: see :func:`tkit.cuda_ext.gemm.build_selftest`), else why not."""
+    import json
+
+    cfg = config(**kw)
+    opts = {k: v for k, v in sorted(kw.items()) if v is not None and k != "out_dtype"}
+    opts["out"] = str(cfg["out_dtype"]).removeprefix("torch.")
+    return build_selftest("fp8-block", SOURCE, _SELFTEST_CODE, opts, json.dumps(cfg["options"]))
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+
+@functools.cache
+def _max_clusters(func: int, cluster_m: int, smem: int) -> int:
+    """How many clusters of this kernel can be resident at once (the driver's
+    cuOccupancyMaxActiveClusters): a persistent grid of more would leave the extra clusters
+    waiting for whole ones to finish. Not every SM can take part (GPCs with an odd count of
+    free SMs)."""
+    from cupy_backends.cuda.api import driver
+
+    from tkit.cuda_ext.gemm import _libcuda
+
+    driver.funcSetAttribute(func, 8, smem)  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    cfg = _LaunchConfig((cluster_m, 1, 1), (THREADS, 1, 1), smem, None, None, 0)
+    n = ctypes.c_int(0)
+    err = _libcuda().cuOccupancyMaxActiveClusters(ctypes.byref(n), ctypes.c_void_p(func),
+                                                   ctypes.byref(cfg))
+    if err != 0 or n.value <= 0:
+        raise RuntimeError(f"cuOccupancyMaxActiveClusters failed (CUresult {err}, "
+                           f"{n.value} clusters)")
+    return n.value
+
+
+@functools.cache
+def _kernel(options: tuple[str, ...], device: int) -> int:
+    mod = _loader.load_module(SOURCE, backend="nvcc", arch="90a", options=options,
+                              device=device)
+    return _loader.get_kernel(mod, "gemm_fp8_block")
+
+
+def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
+                     scale_b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16, *,
+                     out: torch.Tensor | None = None, check: bool = True,
+                     stages: int | None = None, group_m: int | None = None,
+                     epi_split: int | None = None, a_regs: int | None = None,
+                     sum_n: int | None = None, cluster_m: int | None = None,
+                     ctas: int | None = None) -> torch.Tensor:
+    """The block-scaled product (module docstring) by the CUDA kernel. The operands are
+    assumed checked by the block mode (shapes, dtypes, TMA alignment: its ``supported``);
+    ``out`` an (M, N) row-major output to write (else one is allocated); ``check`` runs
+    the build's self-test first (once per machine). Build knobs:
+    ``stages`` (48 KiB ring slots), ``group_m`` (tile-row section height), ``epi_split``
+    (epilogue parts a consumer); ``ctas`` the persistent grid (None: one CTA an SM)."""
+    knobs = dict(stages=stages, group_m=group_m, epi_split=epi_split, a_regs=a_regs,
+                 sum_n=sum_n, cluster_m=cluster_m)
+    cfg = config(**knobs, out_dtype=out_dtype)
+    M, K = a.shape
+    N = b.shape[1]
+    c = out if out is not None else _common.empty((M, N), out_dtype, a.device)
+    if M == 0 or N == 0:
+        return c
+    if K == 0:  # no groups (and empty scales the kernel would read before its K loop)
+        return c.zero_()
+    if check:
+        why = selftest(**knobs, out_dtype=out_dtype)
+        if why is not None:
+            raise RuntimeError(f"the CUDA block-scaled fp8 kernel is off on this machine: {why}")
+    dev = a.device.index or 0
+    func = _kernel(cfg["options"], dev)
+    maps = (tensor_map_2d(a, BK, BM), tensor_map_2d(b.t(), BK, BN), tensor_map_2d(c, 64, 64))
+    cm = cfg["cluster_m"]
+    units = _common.cdiv(_common.cdiv(M, BM), cm) * _common.cdiv(N, BN)  # clusters' tiles
+    slots = ctas or (_num_sms(dev) if cm == 1 else cm * _max_clusters(func, cm, cfg["smem"]))
+    grid = (max(1, min(units, slots // cm)) * cm,)
+    _loader.launch(func, grid, (THREADS,), (*maps, scale_a, scale_b, *_i32(
+        M, N, K, scale_a.stride(0), scale_a.stride(1), scale_b.stride(0), scale_b.stride(1))),
+        smem=cfg["smem"])
+    return c
