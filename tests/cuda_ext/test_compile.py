@@ -164,8 +164,8 @@ def test_wgmma_gemm(build, cubin_dir, options):
         assert "UTMASTG" in ops, "no TMA stores (UTMASTG) in the epilogue"
 
 
-FP8_BLOCK_BUILDS = [{}, dict(a_regs=0), dict(sum_n=128), dict(a_regs=0, sum_n=128),
-                    dict(stages=3, epi_split=1), dict(out_dtype="float16")]
+FP8_BLOCK_BUILDS = [{}, dict(stages=3, epi_split=1), dict(cluster_m=2),
+                    dict(out_dtype="float16")]
 
 
 @pytest.mark.toolchain
@@ -173,9 +173,9 @@ FP8_BLOCK_BUILDS = [{}, dict(a_regs=0), dict(sum_n=128), dict(a_regs=0, sum_n=12
     f"{k}{v[k]}" for k in v) or "default")
 @needs_cuobjdump
 def test_fp8_block_gemm_builds(cubin_dir, build):
-    """The block-scaled fp8 GEMM: fp8 wgmmas of the sum's width (A from registers through
-    ldmatrix where a_regs), one wgmma wait a sum, 128 promotion FFMAs a group, TMA in and
-    out, no spills."""
+    """The block-scaled fp8 GEMM: two 64 x 128 fp8 wgmma sums a group (four k32 steps each,
+    A and B from shared memory), one wgmma wait a sum, 128 promotion FFMAs a group, TMA in
+    (multicast in clusters) and out, no spills."""
     import torch
 
     from tkit.cuda_ext.gemm_fp8_block import config
@@ -187,14 +187,13 @@ def test_fp8_block_gemm_builds(cubin_dir, build):
     sass = kernels_sass(_loader.compile_cubin("gemm_fp8_block_sm90.cu", "90a", cfg["options"],
                                               cache_dir=cubin_dir))["gemm_fp8_block"]
     ops = opcodes(sass)
-    n = cfg["sum_n"]
-    shape = rf"QGMMA\.64x{n}x32\.F32\.E4M3\.E4M3 R\d+, {'R' if cfg['a_regs'] else 'gdesc'}"
-    assert len(re.findall(shape, sass)) == 4 * 256 // n, f"{build}: QGMMA count or form"
-    assert len(re.findall(r"WARPGROUP\.DEPBAR", sass)) == 256 // n, f"{build}: waits"
+    assert len(re.findall(r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, gdesc", sass)) == 8, build
+    assert len(re.findall(r"WARPGROUP\.DEPBAR", sass)) == 2, f"{build}: waits"
     assert len(re.findall(r"\bFFMA\b", sass)) == 128, f"{build}: promotion FFMAs"
-    assert ("LDSM" in ops) == bool(cfg["a_regs"]), f"{build}: ldmatrix"
     assert {"UTMALDG", "UTMASTG", "SYNCS", "USETMAXREG"} <= ops, f"{build}: {ops}"
     assert not ops & {"LDL", "STL"}, f"{build}: local memory traffic (spills)"
+    if cfg["cluster_m"] == 2:
+        assert re.search(r"UTMALDG\.2D\.MULTICAST", sass), f"{build}: no multicast loads"
 
 
 @pytest.mark.toolchain

@@ -24,7 +24,7 @@ from tkit.kernels import _common
 SOURCE = "gemm_fp8_block_sm90.cu"
 BM, BN, BK, THREADS = 128, 256, 128, 384
 #: the source's macro defaults (the build with no -D options)
-DEFAULTS = dict(stages=4, group_m=16, epi_split=2, a_regs=0, sum_n=128, cluster_m=1)
+DEFAULTS = dict(stages=4, group_m=16, epi_split=2, cluster_m=1)
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 SMEM_LIMIT = 227 * 1024
 
@@ -44,8 +44,6 @@ def config(**overrides) -> dict:
         raise ValueError(f"epi_split must be 1, 2 or 4, got {cfg['epi_split']}")
     if cfg["cluster_m"] not in (1, 2):
         raise ValueError(f"cluster_m must be 1 or 2, got {cfg['cluster_m']}")
-    if cfg["sum_n"] not in (64, 128):
-        raise ValueError(f"sum_n must be 64 or 128, got {cfg['sum_n']}")
     if cfg["stages"] < 2:
         raise ValueError(f"stages must be >= 2, got {cfg['stages']}")
     cfg["smem"] = (cfg["stages"] * (BM + BN) * BK + 2 * 64 * (BN // cfg["epi_split"]) * 2
@@ -130,17 +128,17 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                      scale_b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16, *,
                      out: torch.Tensor | None = None, check: bool = True,
                      stages: int | None = None, group_m: int | None = None,
-                     epi_split: int | None = None, a_regs: int | None = None,
-                     sum_n: int | None = None, cluster_m: int | None = None,
+                     epi_split: int | None = None, cluster_m: int | None = None,
                      ctas: int | None = None) -> torch.Tensor:
     """The block-scaled product (module docstring) by the CUDA kernel. The operands are
     assumed checked by the block mode (shapes, dtypes, TMA alignment: its ``supported``);
     ``out`` an (M, N) row-major output to write (else one is allocated); ``check`` runs
     the build's self-test first (once per machine). Build knobs:
     ``stages`` (48 KiB ring slots), ``group_m`` (tile-row section height), ``epi_split``
-    (epilogue parts a consumer); ``ctas`` the persistent grid (None: one CTA an SM)."""
-    knobs = dict(stages=stages, group_m=group_m, epi_split=epi_split, a_regs=a_regs,
-                 sum_n=sum_n, cluster_m=cluster_m)
+    (epilogue parts a consumer), ``cluster_m`` (2: CTA pairs on consecutive tile-rows, each
+    loading half of the B tile and multicasting it to both); ``ctas`` the persistent grid
+    (None: one CTA an SM, or as many clusters as can be resident at once)."""
+    knobs = dict(stages=stages, group_m=group_m, epi_split=epi_split, cluster_m=cluster_m)
     cfg = config(**knobs, out_dtype=out_dtype)
     M, K = a.shape
     N = b.shape[1]
@@ -155,8 +153,10 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
             raise RuntimeError(f"the CUDA block-scaled fp8 kernel is off on this machine: {why}")
     dev = a.device.index or 0
     func = _kernel(cfg["options"], dev)
-    maps = (tensor_map_2d(a, BK, BM), tensor_map_2d(b.t(), BK, BN), tensor_map_2d(c, 64, 64))
     cm = cfg["cluster_m"]
+    # each CTA of a cluster loads (and multicasts) BN / cluster_m rows of the B tile
+    maps = (tensor_map_2d(a, BK, BM), tensor_map_2d(b.t(), BK, BN // cm),
+            tensor_map_2d(c, 64, 64))
     units = _common.cdiv(_common.cdiv(M, BM), cm) * _common.cdiv(N, BN)  # clusters' tiles
     slots = ctas or (_num_sms(dev) if cm == 1 else cm * _max_clusters(func, cm, cfg["smem"]))
     grid = (max(1, min(units, slots // cm)) * cm,)

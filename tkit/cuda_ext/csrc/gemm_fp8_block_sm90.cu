@@ -12,9 +12,11 @@
 // 128-deep group. At 128 x 256 tiles a consumer warpgroup holds 64 x 256 (128 registers a
 // thread), so the sum can only be a half (64 x 128, 64 registers): each group is two sums,
 // each waited for and promoted before the next is issued into the same registers. Gluon's
-// build of that schedule had ptxas hoist the second half's issue above the first half's
-// promotion and spill; here every wgmma, wait and operand fence is written out, so the sum
-// keeps its 64 registers.
+// build of such schedules had ptxas move a sum's issue above the previous promotion and
+// spill; here every wgmma, wait and operand fence is written out, so the sum keeps its 64
+// registers. Lost on the H200 and removed (docs/NOTES.md): A read into registers by ldmatrix
+// once a group (so it is not read from shared memory for each half), and four 64-column sums
+// a group with two in flight (each promoted under the next one's MMAs).
 //
 // 384 threads = 3 warpgroups, persistent (one CTA an SM walking the tiles in GROUP_M
 // sections):
@@ -30,6 +32,10 @@
 //     half a group apart). The next group's scales are loaded (L2 hits) during this group.
 // Epilogue through shared memory and TMA stores (EPI_SPLIT parts of 64 x BN / EPI_SPLIT a
 // consumer, swizzled as TMA reads them), overlapped with the next tile's K loop.
+// CLUSTER_M=2: CTA pairs on consecutive tile-rows; each loads half of the B tile and
+// multicasts it to both (cp.async.bulk.tensor .multicast::cluster), so L2 serves B once a
+// pair; a slot is free once the consumers of both CTAs released it (empty[s] counts 4
+// arrivals, remote ones through mapa).
 //
 // Shared-memory layouts (128-byte swizzle, as TMA writes them and wgmma reads them): A tile
 // 128 rows x 128 B, B tile 256 rows x 128 B; wgmma descriptors K-major, SBO 1024 B (8 rows),
@@ -54,15 +60,7 @@
 #ifndef OUT_F16
 #define OUT_F16 0
 #endif
-#ifndef A_REGS  // 1: a consumer's rows of A loaded into registers (ldmatrix) once a group
-#define A_REGS 0
-#endif
-#ifndef SUM_N  // columns of one MMA sum: 128 (one sum, two a group) or 64 (two sums, four)
-#define SUM_N 128
-#endif
-#if SUM_N != 128 && SUM_N != 64
-#error "SUM_N must be 128 or 64"
-#endif
+#define SUM_N 128  // columns of one MMA sum (two a group)
 #ifndef CLUSTER_M  // 2: CTA pairs on consecutive tile-rows, each multicasting half of B
 #define CLUSTER_M 1
 #endif
@@ -187,72 +185,21 @@ __device__ __forceinline__ u64 smem_desc(unsigned addr) {
 
 #define F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
               "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define R16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-#define R32 R16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, " \
+#define R32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, " \
             "%30, %31"
 #define R64 R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, " \
             "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, " \
             "%62, %63"
 
-// d[SUM_N / 2] (+)= A(64x32 e4m3) @ B(32xSUM_N e4m3, K-major descriptor); scale_d 0
-// overwrites d. A from a K-major shared-memory descriptor, or (A_REGS) from four registers
-// of four e4m3 each, the layout ldmatrix gives (a0: rows 0-7 k 0-15, a1: rows 8-15, a2 and
-// a3: k 16-31; a warp's 16 rows).
-#if SUM_N == 128
-#define WG_SHAPE "m64n128k32"
-#define WG_D R64
-#define WG_OUT F8(0), F8(8), F8(16), F8(24), F8(32), F8(40), F8(48), F8(56)
-#define WG_N0 "64"
-#else
-#define WG_SHAPE "m64n64k32"
-#define WG_D R32
-#define WG_OUT F8(0), F8(8), F8(16), F8(24)
-#endif
-
-#if A_REGS
-__device__ __forceinline__ void wgmma_sum(float* d, const unsigned* a, u64 desc_b, int scale_d) {
-#if SUM_N == 128
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned." WG_SHAPE ".f32.e4m3.e4m3 {" WG_D "}, "
-      "{%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-      : WG_OUT
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-#else
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned." WG_SHAPE ".f32.e4m3.e4m3 {" WG_D "}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
-      : WG_OUT
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-#endif
-}
-#else
+// d[64] (+)= A(64x32 e4m3, K-major descriptor) @ B(32x128 e4m3, K-major descriptor);
+// scale_d 0 overwrites d
 __device__ __forceinline__ void wgmma_sum(float* d, u64 desc_a, u64 desc_b, int scale_d) {
-#if SUM_N == 128
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned." WG_SHAPE ".f32.e4m3.e4m3 {" WG_D "}, %64, %65, p, 1, 1;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" R64 "}, %64, %65, p, 1, 1;\n"
       "}\n"
-      : WG_OUT
+      : F8(0), F8(8), F8(16), F8(24), F8(32), F8(40), F8(48), F8(56)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-#else
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned." WG_SHAPE ".f32.e4m3.e4m3 {" WG_D "}, %32, %33, p, 1, 1;\n"
-      "}\n"
-      : WG_OUT
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-#endif
-}
-#endif
-
-// four 8x16-byte matrices of shared memory into a[0..3] (ldmatrix.x4: lane l gives the
-// address of row l % 8 of matrix l / 8)
-__device__ __forceinline__ void ldmatrix_x4(unsigned* a, unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-               : "r"(addr));
 }
 
 __device__ __forceinline__ void wgmma_fence() {
@@ -264,9 +211,7 @@ __device__ __forceinline__ void wgmma_commit() {
 __device__ __forceinline__ void wgmma_wait0() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
-__device__ __forceinline__ void wgmma_wait1() {
-  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-}
+
 // pins a register between two asm statements: no read or write of it moves across
 __device__ __forceinline__ void fence_operand(float& r) {
   asm volatile("" : "+f"(r)::"memory");
@@ -293,27 +238,16 @@ __device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n, 
 }
 
 #define SUM_REGS (SUM_N / 2)
-#define PARTS (BN / SUM_N)  // sums a group
-
-#if A_REGS
-typedef const unsigned* AOperand;  // 16 registers: four k32 slices of four
-#else
-typedef unsigned AOperand;  // shared-memory address of the consumer's rows
-#endif
 
 // the sum of columns [part * SUM_N, +SUM_N) of the group's tile, fresh, issued and committed
-__device__ __forceinline__ void issue_sum(float* sum, AOperand a, unsigned b_base, int part) {
+__device__ __forceinline__ void issue_sum(float* sum, unsigned a_base, unsigned b_base, int part) {
 #pragma unroll
   for (int i = 0; i < SUM_REGS; ++i) fence_operand(sum[i]);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < BK / 32; ++kk) {
-    u64 db = smem_desc(b_base + part * (SUM_N * BK) + kk * 32);
-#if A_REGS
-    wgmma_sum(sum, a + 4 * kk, db, kk > 0);
-#else
-    wgmma_sum(sum, smem_desc(a + kk * 32), db, kk > 0);
-#endif
+    wgmma_sum(sum, smem_desc(a_base + kk * 32),
+              smem_desc(b_base + part * (SUM_N * BK) + kk * 32), kk > 0);
   }
   wgmma_commit();
 }
@@ -425,10 +359,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
     const int c = wg - 1;
     const int warp = t / 32, lane = t % 32;
     float acc[BN / 2];
-    float sum0[SUM_REGS];
-#if SUM_N == 64
-    float sum1[SUM_REGS];
-#endif
+    float sum[SUM_REGS];
     int it = 0;
     for (int unit = unit0; unit < num_units; unit += unit_stride) {
       int um, tn;
@@ -455,56 +386,15 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
         mbar_wait(full(s), (it / STAGES) & 1);
         const unsigned a_base = sA + s * A_STAGE_BYTES + c * (64 * BK);
         const unsigned b_base = sB + s * B_STAGE_BYTES;
-#if A_REGS
-        // rows warp*16 + (lane % 8) + 8 (matrix & 1), 16-byte chunk 2 kk + (matrix >> 1),
-        // stored at chunk index XOR (row & 7) (the 128-byte swizzle)
-        unsigned afrag[16];
-        {
-          const int mtx = lane / 8, row = warp * 16 + (lane % 8) + 8 * (mtx & 1);
-#pragma unroll
-          for (int kk = 0; kk < BK / 32; ++kk)
-            ldmatrix_x4(afrag + 4 * kk,
-                        a_base + row * 128 + (((2 * kk + (mtx >> 1)) ^ (row & 7)) << 4));
-        }
-        AOperand aop = afrag;
-#define KEEP_A()                                                   \
-  _Pragma("unroll") for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(afrag[i]))
-#else
-#define KEEP_A()
-        AOperand aop = a_base;
-#endif
-#if SUM_N == 128
-        issue_sum(sum0, aop, b_base, 0);
+        issue_sum(sum, a_base, b_base, 0);
         wgmma_wait0();
-        fence_sum(sum0);
-        promote(acc, sum0, a0 * bl, a1 * bl);
-        issue_sum(sum0, aop, b_base, 1);
+        fence_sum(sum);
+        promote(acc, sum, a0 * bl, a1 * bl);
+        issue_sum(sum, a_base, b_base, 1);
         wgmma_wait0();
-        fence_sum(sum0);
-        KEEP_A();  // the wgmmas read A's registers until they are done
+        fence_sum(sum);
         if (t == 0) release_slot(empty(s));
-        promote(acc + 64, sum0, a0 * br, a1 * br);
-#else
-        // two sums in flight: the quarter before is promoted while the next one runs
-        issue_sum(sum0, aop, b_base, 0);
-        issue_sum(sum1, aop, b_base, 1);
-        wgmma_wait1();
-        fence_sum(sum0);
-        promote(acc, sum0, a0 * bl, a1 * bl);
-        issue_sum(sum0, aop, b_base, 2);
-        wgmma_wait1();
-        fence_sum(sum1);
-        promote(acc + 32, sum1, a0 * bl, a1 * bl);
-        issue_sum(sum1, aop, b_base, 3);
-        wgmma_wait1();
-        fence_sum(sum0);
-        promote(acc + 64, sum0, a0 * br, a1 * br);
-        wgmma_wait0();
-        fence_sum(sum1);
-        KEEP_A();
-        if (t == 0) release_slot(empty(s));
-        promote(acc + 96, sum1, a0 * br, a1 * br);
-#endif
+        promote(acc + 64, sum, a0 * br, a1 * br);
         a0 = na0, a1 = na1, bl = nbl, br = nbr;
       }
       // epilogue: accumulator acc[4j + 2h + {0,1}] at (row 16*warp + lane/4 + 8h,
