@@ -326,16 +326,16 @@ def _cuda_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, activation, 
     M, N = a.shape[0], b.shape[1]
     if path is None and C.cdiv(M, 128) * C.cdiv(N, 256) < D.sm_count(a.device):
         return "fewer 128 x 256 tiles than SMs (the Gluon kernel's narrower tiles fill them)"
-    return _cuda_build_reason(a.device)
+    return _cuda_build_reason(a.device, out_dtype)
 
 
 _CUDA_BUILD: dict = {}
 
 
-def _cuda_build_reason(device) -> str | None:
-    """Why the CUDA kernel cannot run on this device (no cupy, no nvcc, a failed build or
-    self-test), worked out once a device."""
-    key = device.index or 0
+def _cuda_build_reason(device, out_dtype) -> str | None:
+    """Why the CUDA kernel's build for this output dtype cannot run on this device (no cupy,
+    no nvcc, a failed build or self-test), worked out once a device and dtype."""
+    key = (device.index or 0, out_dtype)
     if key not in _CUDA_BUILD:
         from tkit.cuda_ext import _loader
 
@@ -344,7 +344,7 @@ def _cuda_build_reason(device) -> str | None:
             from tkit.cuda_ext import gemm_fp8_block as GB
 
             try:
-                why = GB.selftest()
+                why = GB.selftest(out_dtype=out_dtype)
             except Exception as e:  # a compile error: report it, the Gluon kernel runs
                 why = f"build failed: {type(e).__name__}: {str(e)[:300]}"
         _CUDA_BUILD[key] = why
@@ -391,7 +391,8 @@ def _fp8_block_impl(a, b, scale_a, scale_b, bias=None, residual=None, activation
     if why_cuda is None:
         from tkit.cuda_ext.gemm_fp8_block import matmul_fp8_block as cuda_fp8_block
 
-        return cuda_fp8_block(a, b, scale_a, scale_b, out_dtype, out=out)
+        # the build's self-test ran in _cuda_choice (once a device and output dtype)
+        return cuda_fp8_block(a, b, scale_a, scale_b, out_dtype, out=out, check=False)
     if path == "cuda":
         raise ValueError(f"the CUDA block-scaled kernel does not apply: {why_cuda}")
     fh, reason = _gluon_choice(a, b, scale_a, scale_b, out_dtype, bias, res, path, config)
