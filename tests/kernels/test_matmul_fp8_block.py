@@ -828,19 +828,24 @@ def test_cuda_scales_with_any_strides_and_zero_groups():
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
 def test_cuda_is_the_default_where_tiles_fill_the_sms():
-    """Unforced bf16 calls with 128 x 256 tiles enough to fill every SM take the CUDA kernel
-    (within the rule at K = 7168); an epilogue, a float32 output or a small grid keep the
-    Gluon kernel; path="cuda" where it cannot serve is a ValueError with the reason."""
+    """Unforced bf16 calls with K >= CUDA_MIN_K and 128 x 256 tiles enough to fill every SM
+    take the CUDA kernel (within the rule at K = 8192, on 256 rows); an epilogue, a float32
+    output, a shorter K or a small grid keep the Gluon kernel; path="cuda" where it cannot
+    serve is a ValueError with the reason."""
     _cuda_or_skip()
-    a, b, sa, sb = _operands(2048, 4096, 7168, seed=13)
+    a, b, sa, sb = _operands(2048, 4096, 8192, seed=13)
     assert FB.backend(a, b, sa, sb).startswith("cuda"), FB.backend(a, b, sa, sb)
     out = tkit.matmul_fp8(a, b, sa, sb)
-    ref = _blockwise_ref(a, b, sa, sb)
-    assert_close_to_reference(out, ref, _bf16_peer(a, b, sa, sb), name="cuda K=7168")
+    rows = slice(0, 2048, 8)
+    ref = _blockwise_ref(a[rows], b, sa[rows], sb)
+    assert_close_to_reference(out[rows], ref, _bf16_peer(a[rows], b, sa[rows], sb),
+                              name="cuda K=8192")
     bias = torch.randn(4096, device=DEV).bfloat16()
     assert FB.backend(a, b, sa, sb, bias=bias).startswith("gluon")
     assert FB.backend(a, b, sa, sb, out_dtype=torch.float32).startswith("gluon")
-    small = _operands(128, 1024, 512, seed=14)
+    assert FB.backend(a[:, :7168].contiguous(), b[:7168], sa[:, :56].contiguous(),
+                      sb[:56]).startswith("gluon")
+    small = _operands(128, 1024, 8192, seed=14)
     assert FB.backend(*small).startswith("gluon")
     with pytest.raises(ValueError, match="epilogue"):
         FB._fp8_block_impl(a, b, sa, sb, bias=bias, path="cuda")

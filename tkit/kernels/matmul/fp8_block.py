@@ -297,13 +297,21 @@ def _gluon_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, path, confi
     return (FH, None) if reason is None else (None, reason)
 
 
+#: the shortest K the CUDA kernel takes by itself: on the H200 it led the Gluon kernel at
+#: 8192^3 (0.81-0.82x _scaled_mm per tensor against 0.76-0.79x) and tied at K = 16384, but
+#: trailed at K <= 7168 (DeepSeek-V3's shapes: by up to 20% at K = 1536, where a tile's
+#: epilogue and pipeline fill weigh more against its few groups; docs/NOTES.md)
+CUDA_MIN_K = 8192
+
+
 def _cuda_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, activation, path,
                  config):
     """(None) when the CUDA kernel (``tkit.cuda_ext.gemm_fp8_block``: 128 x 256 tiles, the
     promotion by quarter sums) serves this call, else why not. It serves unforced calls and
     ``path="cuda"`` with no epilogue (bias, activation, residual: the Gluon kernel's), bf16 or
-    fp16 outputs, the Gluon kernel's operand scope, enough 128 x 256 tiles to fill every SM
-    once (unforced), and a build that has passed its self-test on this machine."""
+    fp16 outputs, the Gluon kernel's operand scope, unforced only with K >= CUDA_MIN_K and
+    enough 128 x 256 tiles to fill every SM once, and a build that has passed its self-test
+    on this machine."""
     if path not in (None, "cuda"):
         return f"path {path!r} forced"
     if config is not None:
@@ -323,7 +331,10 @@ def _cuda_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, activation, 
     reason = FH.supported(a, b, scale_a, scale_b, out_dtype)
     if reason is not None:
         return reason
-    M, N = a.shape[0], b.shape[1]
+    (M, K), N = a.shape, b.shape[1]
+    if path is None and K < CUDA_MIN_K:
+        return (f"K = {K} < {CUDA_MIN_K} (the Gluon kernel's 128-column tiles measured even or "
+                f"ahead there)")
     if path is None and C.cdiv(M, 128) * C.cdiv(N, 256) < D.sm_count(a.device):
         return "fewer 128 x 256 tiles than SMs (the Gluon kernel's narrower tiles fill them)"
     return _cuda_build_reason(a.device, out_dtype)
