@@ -14,6 +14,9 @@ Public entry points:
   calls it for ``backend="cuda"``.
 * :func:`sgemm` ``(a, b, step)``: the fp32 SGEMM ladder of tutorial chapter 05.
 * :func:`matmul_mma`, :func:`matmul_wgmma`: one path each, for benchmarks and tests.
+* :mod:`tkit.cuda_ext.gemm_fp8_block`: the block-scaled fp8 GEMM (DeepSeek-V3's 1x128 /
+  128x128 scales) on 128 x 256 tiles, which ``tkit.matmul_fp8``'s block mode dispatches to
+  on sm_90 (``tkit.kernels.matmul.fp8_block.backend`` says which kernel a call gets).
 * :func:`status`: a dict (printed readably) of every op's path; ``tkit info`` prints it.
 * :func:`cute_layouts`: the CuTe printout of the tiled-MMA layouts (host program; tutorial 06b).
 * :func:`compile_cubin`, :func:`sass`, :func:`resource_usage`: nvcc ahead of time, no GPU
@@ -273,9 +276,9 @@ class Status(dict):
     def __str__(self) -> str:
         lines = ["CUDA escape hatches (tkit.cuda_ext):"]
         for k in ("cupy", "gpu", "nvcc", "cute_headers"):
-            lines.append(f"  {k:13s} {self[k]}")
+            lines.append(f"  {k:16s} {self[k]}")
         for op, info in self["ops"].items():
-            lines.append(f"  {op:13s} -> {info['path']}: {info['why']}")
+            lines.append(f"  {op:16s} -> {info['path']}: {info['why']}")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -300,23 +303,45 @@ def status(compile: bool = True) -> Status:
     )
     env_why = _environment_reason()
     if env_why is not None:
-        for op in ("matmul", "sgemm"):
-            info["ops"][op] = {"path": "triton" if op == "matmul" else "unavailable",
+        for op in ("matmul", "sgemm", "matmul_fp8_block"):
+            info["ops"][op] = {"path": "unavailable" if op == "sgemm" else "triton",
                                "why": f"CUDA paths off: {env_why}"}
         return info
+    fp8_block = "gemm_fp8_block_sm90.cu"
     if not compile:
         major, _ = torch.cuda.get_device_capability()
         names = [n for n, _f, _h in DISPATCH.get(major, [])]
         info["ops"]["matmul"] = {"path": names[0] if names else "triton",
                                  "why": "not compiled yet (status(compile=True) checks)"}
         info["ops"]["sgemm"] = {"path": "sgemm.cu via NVRTC", "why": "not compiled yet"}
+        info["ops"]["matmul_fp8_block"] = {"path": fp8_block, "why": "not compiled yet"}
         return info
     path, why = select_matmul_path()
     info["ops"]["matmul"] = {"path": path or "triton", "why": why}
     err = _try_compile("sgemm.cu", "nvrtc", None)
     info["ops"]["sgemm"] = {"path": "unavailable" if err else "sgemm.cu via NVRTC",
                             "why": err or f"steps: {', '.join(SGEMM_STEPS)}"}
+    info["ops"]["matmul_fp8_block"] = _fp8_block_status(fp8_block)
     return info
+
+
+def _fp8_block_status(source: str) -> dict:
+    """The block-scaled fp8 GEMM's CUDA kernel here: its sm_90a build and self-test, and
+    which calls it takes (``tkit.kernels.matmul.fp8_block._cuda_choice`` has the rule)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        return {"path": "gluon/triton", "why": "sm_90a code needs compute capability 9.0"}
+    why = _loader.missing(nvcc=True)
+    if why is None:
+        from tkit.cuda_ext.gemm_fp8_block import selftest
+
+        try:
+            why = selftest()
+        except Exception as e:  # a compile error: the Gluon kernel serves
+            why = f"build failed: {type(e).__name__}: {str(e)[:300]}"
+    if why is not None:
+        return {"path": "gluon", "why": why}
+    return {"path": source, "why": "unforced calls with K >= 8192, 128 x 256 tiles filling "
+            "the SMs, no epilogue and bf16/fp16 outputs (the Gluon kernel serves the rest)"}
 
 
 def cute_layouts() -> str:

@@ -22,7 +22,10 @@ Measured (H200, docs/NOTES.md): 893 TFLOP/s at 8192^3, 0.69x ``torch._scaled_mm`
 every promotion still waits for the MMAs in flight (Triton puts a wgmma wait right after each
 dot whose result the loop reads), the bubble that keeps it under the per-tensor kernel.
 
-Kernels: on sm_90 the Gluon kernel of ``fp8_block_hopper.py`` (warp-specialized: a TMA
+Kernels: on sm_90, for K >= 8192 with enough 128 x 256 tiles to fill the SMs, no epilogue
+and bf16/fp16 outputs, the CUDA kernel of ``tkit.cuda_ext.gemm_fp8_block`` (the promotion at
+128 x 256 tiles, which Gluon's register allocation could not hold; see :func:`_cuda_choice`);
+otherwise the Gluon kernel of ``fp8_block_hopper.py`` (warp-specialized: a TMA
 producer warp, two consumer warpgroups that issue each group's wgmma asynchronously and promote
 the previous group's sum while it runs; opt-in, ``HopperBlockConfig(schedule="rescale")``: 128 x
 256 tiles with one accumulator rescaled between groups, whose running sum stays in the fp8 MMA
@@ -306,8 +309,9 @@ CUDA_MIN_K = 8192
 
 def _cuda_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, activation, path,
                  config):
-    """(None) when the CUDA kernel (``tkit.cuda_ext.gemm_fp8_block``: 128 x 256 tiles, the
-    promotion by quarter sums) serves this call, else why not. It serves unforced calls and
+    """None when the CUDA kernel (``tkit.cuda_ext.gemm_fp8_block``: 128 x 256 tiles, each
+    128-deep group as two 128-column sums, each promoted once its wgmmas are done) serves
+    this call, else why not. It serves unforced calls and
     ``path="cuda"`` with no epilogue (bias, activation, residual: the Gluon kernel's), bf16 or
     fp16 outputs, the Gluon kernel's operand scope, unforced only with K >= CUDA_MIN_K and
     enough 128 x 256 tiles to fill every SM once, and a build that has passed its self-test
@@ -368,8 +372,8 @@ def backend(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, bias=None, residua
     if _cuda_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, None, None,
                     None) is None:
         return ("cuda (sm_90a: warp-specialized TMA producer, two consumer warpgroups, "
-                "128 x 256 tiles, each 128-deep group promoted by 64-column sums, two in "
-                "flight)")
+                "128 x 256 tiles, each 128-deep group as two 128-column sums promoted in "
+                "turn, the other warpgroup's wgmmas running meanwhile)")
     fh, reason = _gluon_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, None, None)
     if fh is not None:
         (M, K), N = a.shape, b.shape[1]
