@@ -139,26 +139,58 @@ def source_path(name: str) -> Path:
     return path
 
 
+_LOCAL_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)"[ \t]*$', re.M)
+
+
+def _included(path: Path) -> list[Path]:
+    """The csrc/ headers ``path`` includes with ``#include "name.cuh"`` (one level)."""
+    return [source_path(m.group(1)) for m in _LOCAL_INCLUDE.finditer(path.read_text())]
+
+
 def read_source(name: str) -> str:
-    """The source with a ``#line`` directive, so diagnostics name the file in csrc/."""
+    """The source with a ``#line`` directive, so diagnostics name the file in csrc/, and its
+    ``#include "name.cuh"`` lines replaced by those csrc/ headers (each between ``#line``
+    directives): one self-contained text for nvcc from the cache folder and for NVRTC."""
     path = source_path(name)
-    return f'#line 1 "{path}"\n' + path.read_text()
+    lines = path.read_text().split("\n")
+    out = [f'#line 1 "{path}"']
+    for i, line in enumerate(lines):
+        m = _LOCAL_INCLUDE.match(line)
+        if m is None:
+            out.append(line)
+            continue
+        header = source_path(m.group(1))
+        out += [f'#line 1 "{header}"', header.read_text().rstrip("\n"),
+                f'#line {i + 2} "{path}"']
+    return "\n".join(out)
 
 
 _HASHES: dict = {}
 
 
 def source_hash(name: str) -> str:
-    """The source's content hash, kept per (path, mtime, size): launchers key their modules and
-    self-tests on it every call, and reading and hashing the file each time cost tens of
-    microseconds a launch."""
+    """The content hash of the source and its csrc/ headers (their bytes alone: the same in
+    every checkout), kept per (path, mtime, size) of each file: launchers key their modules
+    and self-tests on it every call, and reading and hashing the files each time cost tens
+    of microseconds a launch."""
     path = source_path(name)
     st = path.stat()
     key = (str(path), st.st_mtime_ns, st.st_size)
-    digest = _HASHES.get(key)
-    if digest is None:
-        digest = _HASHES[key] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    entry = _HASHES.get(key)
+    if entry is not None:
+        digest, headers = entry
+        if all(_stamp(h) == s for h, s in headers):
+            return digest
+    headers = tuple((h, _stamp(h)) for h in _included(path))
+    content = path.read_bytes() + b"".join(h.read_bytes() for h, _ in headers)
+    digest = hashlib.sha256(content).hexdigest()[:16]
+    _HASHES[key] = (digest, headers)
     return digest
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_mtime_ns, st.st_size
 
 
 def _key_digest(*parts) -> str:

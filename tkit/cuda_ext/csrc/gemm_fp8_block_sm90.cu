@@ -78,99 +78,7 @@
 #define B_STAGE_BYTES (BN * BK)
 #define STAGE_BYTES (A_STAGE_BYTES + B_STAGE_BYTES)
 
-typedef unsigned short half_t;
-typedef unsigned long long u64;
-
-struct __align__(64) TmaDesc {  // CUtensorMap: 128 opaque bytes
-  u64 opaque[16];
-};
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-  return (unsigned)__cvta_generic_to_shared(p);
-}
-
-// ---- mbarriers ----------------------------------------------------------------------------
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-  unsigned done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  }
-}
-
-// remote (or local) arrive on the mbarrier at the same offset in CTA `rank` of this cluster
-__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
-  asm volatile(
-      "{\n .reg .b32 ra;\n"
-      " mapa.shared::cluster.u32 ra, %0, %1;\n"
-      " mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n"
-      ::"r"(bar), "r"(rank) : "memory");
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-
-// ---- TMA ------------------------------------------------------------------------------------
-__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, int c0, int c1,
-                                            unsigned bar) {
-  // c0 runs along the contiguous dimension, c1 along rows; out-of-bounds elements read as 0
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];\n"
-      ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
-// the same box into the same shared offset of every CTA in cta_mask; complete_tx on each one's
-// mbarrier at the same offset
-__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const TmaDesc* map, int c0,
-                                                      int c1, unsigned bar,
-                                                      unsigned short cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n"
-      ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask)
-      : "memory");
-}
-__device__ __forceinline__ void tma_store_2d(const TmaDesc* map, unsigned src, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
-               ::"l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(src) : "memory");
-}
-__device__ __forceinline__ void bulk_commit() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void bulk_wait_read0() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void bulk_wait0() {
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void named_bar(unsigned id, unsigned count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
-  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
+#include "sm90_async.cuh"
 
 // ---- wgmma ------------------------------------------------------------------------------------
 __device__ __forceinline__ u64 smem_desc(unsigned addr) {
@@ -183,10 +91,8 @@ __device__ __forceinline__ u64 smem_desc(unsigned addr) {
   return d;
 }
 
-#define F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
-              "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define R32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, " \
-            "%30, %31"
+#define R32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+            "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define R64 R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, " \
             "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, " \
             "%62, %63"
@@ -202,16 +108,6 @@ __device__ __forceinline__ void wgmma_sum(float* d, u64 desc_a, u64 desc_b, int 
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_wait0() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-
 // pins a register between two asm statements: no read or write of it moves across
 __device__ __forceinline__ void fence_operand(float& r) {
   asm volatile("" : "+f"(r)::"memory");
@@ -225,16 +121,6 @@ __device__ __forceinline__ unsigned pack_out(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
 #endif
   return r;
-}
-
-__device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n, int& tm,
-                                            int& tn) {
-  int width = GROUP_MC * tiles_n;
-  int group = tile / width;
-  int first_m = group * GROUP_MC;
-  int gsize = min(tiles_m - first_m, GROUP_MC);
-  tm = first_m + (tile % width) % gsize;
-  tn = (tile % width) / gsize;
 }
 
 #define SUM_REGS (SUM_N / 2)
@@ -397,35 +283,10 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
         promote(acc + 64, sum, a0 * br, a1 * br);
         a0 = na0, a1 = na1, bl = nbl, br = nbr;
       }
-      // epilogue: accumulator acc[4j + 2h + {0,1}] at (row 16*warp + lane/4 + 8h,
-      // col 8j + 2*(lane%4)) (the left half's fragment, then the right half's: j runs on
-      // through 32) into 64 x 64 boxes of 128-byte rows, 16-byte chunk index XOR (row & 7)
-      unsigned cbuf = sC + c * C_PART_BYTES;
-#pragma unroll
-      for (int part = 0; part < EPI_SPLIT; ++part) {
-        if (t == 0) bulk_wait_read0();  // the buffer's previous stores have read it
-        named_bar(1 + c, 128);
-#pragma unroll
-        for (int jj = 0; jj < C_PART_COLS / 8; ++jj) {
-          int j = part * (C_PART_COLS / 8) + jj;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            int row = warp * 16 + lane / 4 + 8 * h;
-            unsigned addr = cbuf + (jj / 8) * 8192 + row * 128 + (((jj % 8) ^ (row & 7)) << 4) +
-                            (lane % 4) * 4;
-            st_shared_u32(addr, pack_out(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
-          }
-        }
-        fence_proxy_async_smem();
-        named_bar(1 + c, 128);
-        if (t == 0) {
-#pragma unroll
-          for (int box = 0; box < C_PART_COLS / 64; ++box)
-            tma_store_2d(&tma_c, cbuf + box * 8192, tn * BN + part * C_PART_COLS + box * 64,
-                         tm * BM + c * 64);
-          bulk_commit();
-        }
-      }
+      // the left half's fragment, then the right half's: together the m64n256 fragment
+      store_tile_tma<BN, EPI_SPLIT>(acc, sC + c * C_PART_BYTES, &tma_c, tn * BN,
+                                    tm * BM + c * 64, c, t, warp, lane,
+                                    [](float lo, float hi) { return pack_out(lo, hi); });
     }
     if (t == 0) bulk_wait0();  // the last stores are done before the CTA (and its smem) ends
   }
