@@ -28,8 +28,9 @@
 //     group: issue 4 wgmma.m64n128k32 for the left 128 columns into the sum, wait, add the sum
 //     times sa[row, g] * sb[g, left block] into the accumulator (64 FFMA), the same for the
 //     right 128 columns, release the slot. A consumer's tensor cores idle during its own
-//     promotion; the other consumer's wgmmas, queued behind, fill that time (the two settle
-//     half a group apart). The next group's scales are loaded (L2 hits) during this group.
+//     promotion; the other consumer's wgmmas, queued behind, fill part of that time (the
+//     drain left is in docs/NOTES.md). The next group's scales are loaded (L2 hits) during
+//     this group.
 // Epilogue through shared memory and TMA stores (EPI_SPLIT parts of 64 x BN / EPI_SPLIT a
 // consumer, swizzled as TMA reads them), overlapped with the next tile's K loop.
 // CLUSTER_M=2: CTA pairs on consecutive tile-rows; each loads half of the B tile and
@@ -41,7 +42,8 @@
 // 128 rows x 128 B, B tile 256 rows x 128 B; wgmma descriptors K-major, SBO 1024 B (8 rows),
 // the k-th 32-deep slice 32 B further; consumer c's rows start 64 * 128 B in, the right half
 // of B 128 * 128 B in.
-// No headers: compiles under nvcc -arch sm_90a (wgmma and setmaxnreg need the "a").
+// One local header (sm90_async.cuh, inlined by the loader); compiles under nvcc -arch sm_90a
+// (wgmma and setmaxnreg need the "a").
 
 #define BM 128
 #define BN 256

@@ -28,7 +28,8 @@
 //     SBO = 1024 B (next 8 rows of k); the k-th 16-row slice starts 2048 B further.
 // The tensor maps are built on the host (cuTensorMapEncodeTiled) and passed by value as
 // __grid_constant__ kernel parameters, 128 bytes each.
-// No headers: compiles under NVRTC and nvcc (-arch sm_90a: wgmma and setmaxnreg need the "a").
+// One local header (sm90_async.cuh, inlined by the loader); compiles under NVRTC and nvcc
+// (-arch sm_90a: wgmma and setmaxnreg need the "a").
 //
 // Compile-time variants (defaults: STAGES 3, EPI_TMA 1, EPI_SPLIT 1, GROUP_M 16, CLUSTER_M 1):
 //   WGMMA_INFLIGHT=1  wgmma.wait_group 1: one k-step's wgmmas stay in flight while the next
