@@ -622,11 +622,13 @@ def _fp8_block_cuda(fields):
     return make
 
 
-#: the CUDA kernel's builds (gemm_fp8_block's knobs; {} is its default: 4 ring slots, the
-#: epilogue in two parts, group_m 16). Measured (H200, x _scaled_mm per tensor at 8192^3 /
-#: DeepSeek-V3 gate_up M=4096, docs/NOTES.md): default 0.809-0.819 / 0.866-0.876, 3 slots with
-#: one epilogue part 0.781 / 0.866, group_m 8 0.762 / 0.856, 3 slots 0.811 / 0.879.
-FP8_BLOCK_CUDA = [{}, dict(stages=3), dict(cluster_m=2)]
+#: the CUDA kernel's builds (gemm_fp8_block's knobs; {} is its default: 256 columns, 4 ring
+#: slots, the epilogue in two parts, group_m 16; the cluster and 192-column builds are not
+#: timed yet). Measured (H200, x _scaled_mm per tensor at 8192^3 / DeepSeek-V3 gate_up
+#: M=4096, docs/NOTES.md): default 0.809-0.819 / 0.866-0.876, 3 slots with one epilogue part
+#: 0.781 / 0.866, group_m 8 0.762 / 0.856, 3 slots 0.811 / 0.879.
+FP8_BLOCK_CUDA = [{}, dict(stages=3), dict(cluster_m=2), dict(bn=192),
+                  dict(bn=192, stages=4, epi_split=1), dict(bn=192, cluster_m=2)]
 
 
 def sweep_matmul_fp8_block_cuda(rows):

@@ -22,36 +22,53 @@ from tkit.cuda_ext.gemm import _defines, _i32, _num_sms, build_selftest, tensor_
 from tkit.kernels import _common
 
 SOURCE = "gemm_fp8_block_sm90.cu"
-BM, BN, BK, THREADS = 128, 256, 128, 384
-#: the source's macro defaults (the build with no -D options)
-DEFAULTS = dict(stages=4, group_m=16, epi_split=2, cluster_m=1)
+BM, BK, THREADS = 128, 128, 384
+#: the source's macro defaults (the build with no -D options); ``stages`` and ``epi_split``
+#: default by tile width (:data:`WIDTH_DEFAULTS`)
+DEFAULTS = dict(bn=256, stages=None, group_m=16, epi_split=None, cluster_m=1)
+#: tile width -> (stages, epi_split) when not given: what fits 227 KB of shared memory
+WIDTH_DEFAULTS = {256: (4, 2), 192: (5, 3)}
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 SMEM_LIMIT = 227 * 1024
 
 
 def config(**overrides) -> dict:
     """One build: :data:`DEFAULTS` with ``overrides`` (None keeps the default); derived:
-    smem (bytes), options (-D...: only what differs from the source's defaults)."""
+    smem (bytes), options (-D...: only what differs from the source's defaults).
+
+    ``bn``: the tile's width, 256 (each 128-deep group as two 128-column sums, each waited
+    for before its promotion: the default) or 192 (two 96-column sums, both in flight, the
+    first promoted while the second runs; not timed yet)."""
     unknown = set(overrides) - set(DEFAULTS) - {"out_dtype"}
     if unknown:
         raise TypeError(f"unknown fp8 block build option(s) {sorted(unknown)}; "
                         f"known: {sorted(DEFAULTS)}")
     out_dtype = overrides.pop("out_dtype", None) or torch.bfloat16
     cfg = {k: (DEFAULTS[k] if overrides.get(k) is None else overrides[k]) for k in DEFAULTS}
+    if cfg["bn"] not in WIDTH_DEFAULTS:
+        raise ValueError(f"bn must be one of {sorted(WIDTH_DEFAULTS)}, got {cfg['bn']}")
+    width_stages, width_split = WIDTH_DEFAULTS[cfg["bn"]]
+    cfg["stages"] = cfg["stages"] or width_stages
+    cfg["epi_split"] = cfg["epi_split"] or width_split
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype must be bfloat16 or float16, got {out_dtype}")
-    if cfg["epi_split"] not in (1, 2, 4):
-        raise ValueError(f"epi_split must be 1, 2 or 4, got {cfg['epi_split']}")
+    if cfg["bn"] % (64 * cfg["epi_split"]):
+        raise ValueError(f"epi_split must split the {cfg['bn']} columns into whole 64-column "
+                         f"boxes, got {cfg['epi_split']}")
     if cfg["cluster_m"] not in (1, 2):
         raise ValueError(f"cluster_m must be 1 or 2, got {cfg['cluster_m']}")
     if cfg["stages"] < 2:
         raise ValueError(f"stages must be >= 2, got {cfg['stages']}")
-    cfg["smem"] = (cfg["stages"] * (BM + BN) * BK + 2 * 64 * (BN // cfg["epi_split"]) * 2
+    bn = cfg["bn"]
+    cfg["smem"] = (cfg["stages"] * (BM + bn) * BK + 2 * 64 * (bn // cfg["epi_split"]) * 2
                    + 1024 + 16 * cfg["stages"])
     if cfg["smem"] > SMEM_LIMIT:
-        raise ValueError(f"stages={cfg['stages']} with epi_split={cfg['epi_split']} needs "
-                         f"{cfg['smem']} bytes of shared memory, more than {SMEM_LIMIT}")
-    diff = {k: cfg[k] for k in DEFAULTS if cfg[k] != DEFAULTS[k]}
+        raise ValueError(f"stages={cfg['stages']} with epi_split={cfg['epi_split']} at "
+                         f"{bn} columns needs {cfg['smem']} bytes of shared memory, more than "
+                         f"{SMEM_LIMIT}")
+    # the source's defaults of this width (its STAGES and EPI_SPLIT follow BN the same way)
+    base = dict(DEFAULTS, stages=width_stages, epi_split=width_split)
+    diff = {k: cfg[k] for k in DEFAULTS if cfg[k] != base[k]}
     cfg["options"] = _defines(**diff) + (("-DOUT_F16=1",) if out_dtype == torch.float16 else ())
     cfg["out_dtype"] = out_dtype
     return cfg
@@ -127,18 +144,20 @@ def _kernel(options: tuple[str, ...], device: int) -> int:
 def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                      scale_b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16, *,
                      out: torch.Tensor | None = None, check: bool = True,
-                     stages: int | None = None, group_m: int | None = None,
-                     epi_split: int | None = None, cluster_m: int | None = None,
-                     ctas: int | None = None) -> torch.Tensor:
+                     bn: int | None = None, stages: int | None = None,
+                     group_m: int | None = None, epi_split: int | None = None,
+                     cluster_m: int | None = None, ctas: int | None = None) -> torch.Tensor:
     """The block-scaled product (module docstring) by the CUDA kernel. The operands are
     assumed checked by the block mode (shapes, dtypes, TMA alignment: its ``supported``);
     ``out`` an (M, N) row-major output to write (else one is allocated); ``check`` runs
-    the build's self-test first (once per machine). Build knobs:
-    ``stages`` (48 KiB ring slots), ``group_m`` (tile-row section height), ``epi_split``
-    (epilogue parts a consumer), ``cluster_m`` (2: CTA pairs on consecutive tile-rows, each
-    loading half of the B tile and multicasting it to both); ``ctas`` the persistent grid
-    (None: one CTA an SM, or as many clusters as can be resident at once)."""
-    knobs = dict(stages=stages, group_m=group_m, epi_split=epi_split, cluster_m=cluster_m)
+    the build's self-test first (once per machine). Build knobs: ``bn`` (the tile's width,
+    :func:`config`), ``stages`` (ring slots of one group: 48 KiB at 256 columns),
+    ``group_m`` (tile-row section height), ``epi_split`` (epilogue parts a consumer),
+    ``cluster_m`` (2: CTA pairs on consecutive tile-rows, each loading half of the B tile
+    and multicasting it to both); ``ctas`` the persistent grid (None: one CTA an SM, or as
+    many clusters as can be resident at once)."""
+    knobs = dict(bn=bn, stages=stages, group_m=group_m, epi_split=epi_split,
+                 cluster_m=cluster_m)
     cfg = config(**knobs, out_dtype=out_dtype)
     M, K = a.shape
     N = b.shape[1]
@@ -154,10 +173,11 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
     dev = a.device.index or 0
     func = _kernel(cfg["options"], dev)
     cm = cfg["cluster_m"]
-    # each CTA of a cluster loads (and multicasts) BN / cluster_m rows of the B tile
-    maps = (tensor_map_2d(a, BK, BM), tensor_map_2d(b.t(), BK, BN // cm),
+    # each CTA of a cluster loads (and multicasts) bn / cluster_m rows of the B tile
+    bn = cfg["bn"]
+    maps = (tensor_map_2d(a, BK, BM), tensor_map_2d(b.t(), BK, bn // cm),
             tensor_map_2d(c, 64, 64))
-    units = _common.cdiv(_common.cdiv(M, BM), cm) * _common.cdiv(N, BN)  # clusters' tiles
+    units = _common.cdiv(_common.cdiv(M, BM), cm) * _common.cdiv(N, bn)  # clusters' tiles
     slots = ctas or (_num_sms(dev) if cm == 1 else cm * _max_clusters(func, cm, cfg["smem"]))
     grid = (max(1, min(units, slots // cm)) * cm,)
     _loader.launch(func, grid, (THREADS,), (*maps, scale_a, scale_b, *_i32(

@@ -31,6 +31,11 @@
 //     promotion; the other consumer's wgmmas, queued behind, fill part of that time (the
 //     drain left is in docs/NOTES.md). The next group's scales are loaded (L2 hits) during
 //     this group.
+// BN=192 (not timed yet): 128 x 192 tiles, each group as two 96-column sums (48 registers
+//   each, beside the 96 of the accumulator), both issued before the first wait: the first is
+//   promoted while the second runs, so a consumer's own wgmmas cover half its promotions.
+//   A 192-column tile starts on a 128-column block of b's scales when tn is even, else 64
+//   columns into one; each sum's 8-column chunks take the block they lie in.
 // Epilogue through shared memory and TMA stores (EPI_SPLIT parts of 64 x BN / EPI_SPLIT a
 // consumer, swizzled as TMA reads them), overlapped with the next tile's K loop.
 // CLUSTER_M=2: CTA pairs on consecutive tile-rows; each loads half of the B tile and
@@ -46,10 +51,15 @@
 // (wgmma and setmaxnreg need the "a").
 
 #define BM 128
+#ifndef BN  // 256, or 192: two 96-column sums a group, both in flight (the overlap below)
 #define BN 256
+#endif
+#if BN != 256 && BN != 192
+#error "BN must be 256 or 192"
+#endif
 #define BK 128  // one scale group
 #ifndef STAGES
-#define STAGES 4
+#define STAGES (BN == 256 ? 4 : 5)
 #endif
 #define CONSUMERS 2
 #define THREADS (128 * (CONSUMERS + 1))
@@ -57,12 +67,12 @@
 #define GROUP_M 16
 #endif
 #ifndef EPI_SPLIT
-#define EPI_SPLIT 2
+#define EPI_SPLIT (BN == 256 ? 2 : 3)
 #endif
 #ifndef OUT_F16
 #define OUT_F16 0
 #endif
-#define SUM_N 128  // columns of one MMA sum (two a group)
+#define SUM_N (BN / 2)  // columns of one MMA sum (two a group)
 #ifndef CLUSTER_M  // 2: CTA pairs on consecutive tile-rows, each multicasting half of B
 #define CLUSTER_M 1
 #endif
@@ -95,12 +105,15 @@ __device__ __forceinline__ u64 smem_desc(unsigned addr) {
 
 #define R32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
             "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define R48 R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, " \
+            "%46, %47"
 #define R64 R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, " \
             "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, " \
             "%62, %63"
 
-// d[64] (+)= A(64x32 e4m3, K-major descriptor) @ B(32x128 e4m3, K-major descriptor);
-// scale_d 0 overwrites d
+// d[SUM_N / 2] (+)= A(64x32 e4m3, K-major descriptor) @ B(32xSUM_N e4m3, K-major
+// descriptor); scale_d 0 overwrites d
+#if SUM_N == 128
 __device__ __forceinline__ void wgmma_sum(float* d, u64 desc_a, u64 desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
@@ -109,6 +122,16 @@ __device__ __forceinline__ void wgmma_sum(float* d, u64 desc_a, u64 desc_b, int 
       : F8(0), F8(8), F8(16), F8(24), F8(32), F8(40), F8(48), F8(56)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
+#else
+__device__ __forceinline__ void wgmma_sum(float* d, u64 desc_a, u64 desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 {" R48 "}, %48, %49, p, 1, 1;\n"
+      "}\n"
+      : F8(0), F8(8), F8(16), F8(24), F8(32), F8(40)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+#endif
 
 // pins a register between two asm statements: no read or write of it moves across
 __device__ __forceinline__ void fence_operand(float& r) {
@@ -145,10 +168,15 @@ __device__ __forceinline__ void fence_sum(float* sum) {
   for (int i = 0; i < SUM_REGS; ++i) fence_operand(sum[i]);
 }
 
-// acc[4j + 2r + e] += sum[4j + 2r + e] * s[r] (r: the thread's upper or lower row)
-__device__ __forceinline__ void promote(float* acc, const float* sum, float s0, float s1) {
+// acc[4j + 2r + e] += sum[4j + 2r + e] * s[r] (r: the thread's upper or lower row), with
+// (sl0, sl1) for the 8-column chunks j < JL and (sr0, sr1) from there on (the sum's columns
+// in two 128-column blocks of b's scales)
+template <int JL>
+__device__ __forceinline__ void promote(float* acc, const float* sum, float sl0, float sl1,
+                                        float sr0, float sr1) {
 #pragma unroll
   for (int j = 0; j < SUM_N / 8; ++j) {
+    const float s0 = j < JL ? sl0 : sr0, s1 = j < JL ? sl1 : sr1;
     acc[4 * j + 0] = fmaf(sum[4 * j + 0], s0, acc[4 * j + 0]);
     acc[4 * j + 1] = fmaf(sum[4 * j + 1], s0, acc[4 * j + 1]);
     acc[4 * j + 2] = fmaf(sum[4 * j + 2], s1, acc[4 * j + 2]);
@@ -248,6 +276,9 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
     const int warp = t / 32, lane = t % 32;
     float acc[BN / 2];
     float sum[SUM_REGS];
+#if BN == 192
+    float sum1[SUM_REGS];
+#endif
     int it = 0;
     for (int unit = unit0; unit < num_units; unit += unit_stride) {
       int um, tn;
@@ -258,8 +289,11 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
       const int r1 = min(tm * BM + c * 64 + warp * 16 + lane / 4 + 8, M - 1);
       const float* sa0 = sa + (long long)r0 * stride_sam;
       const float* sa1 = sa + (long long)r1 * stride_sam;
-      const float* sbl = sb + (long long)min(2 * tn, NB - 1) * stride_sbn;
-      const float* sbr = sb + (long long)min(2 * tn + 1, NB - 1) * stride_sbn;
+      // the tile's first column block and the next (a 256-column tile: its two halves; a
+      // 192-column one starts on a block boundary when tn is even, else 64 columns in)
+      const int nb0 = tn * BN / 128;
+      const float* sbl = sb + (long long)min(nb0, NB - 1) * stride_sbn;
+      const float* sbr = sb + (long long)min(nb0 + 1, NB - 1) * stride_sbn;
       float a0 = __ldg(sa0), a1 = __ldg(sa1), bl = __ldg(sbl), br = __ldg(sbr);
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
@@ -274,18 +308,40 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
         mbar_wait(full(s), (it / STAGES) & 1);
         const unsigned a_base = sA + s * A_STAGE_BYTES + c * (64 * BK);
         const unsigned b_base = sB + s * B_STAGE_BYTES;
+        const float l0 = a0 * bl, l1 = a1 * bl, r0s = a0 * br, r1s = a1 * br;
+#if BN == 256
         issue_sum(sum, a_base, b_base, 0);
         wgmma_wait0();
         fence_sum(sum);
-        promote(acc, sum, a0 * bl, a1 * bl);
+        promote<16>(acc, sum, l0, l1, r0s, r1s);
         issue_sum(sum, a_base, b_base, 1);
         wgmma_wait0();
         fence_sum(sum);
         if (t == 0) release_slot(empty(s));
-        promote(acc + 64, sum, a0 * br, a1 * br);
+        promote<0>(acc + 64, sum, l0, l1, r0s, r1s);
+#else
+        // both sums issued; the first is promoted while the second runs
+        issue_sum(sum, a_base, b_base, 0);
+        issue_sum(sum1, a_base, b_base, 1);
+        wgmma_wait1();
+        fence_sum(sum);
+        if (tn % 2 == 0) {  // columns 0-127 in the first block: the first sum, 32 of the second
+          promote<12>(acc, sum, l0, l1, r0s, r1s);
+        } else {  // columns 0-63 in the first block
+          promote<8>(acc, sum, l0, l1, r0s, r1s);
+        }
+        wgmma_wait0();
+        fence_sum(sum1);
+        if (t == 0) release_slot(empty(s));
+        if (tn % 2 == 0) {
+          promote<4>(acc + 48, sum1, l0, l1, r0s, r1s);
+        } else {
+          promote<0>(acc + 48, sum1, l0, l1, r0s, r1s);
+        }
+#endif
         a0 = na0, a1 = na1, bl = nbl, br = nbr;
       }
-      // the left half's fragment, then the right half's: together the m64n256 fragment
+      // the two sums' fragments one after the other: together the m64nBN fragment
       store_tile_tma<BN, EPI_SPLIT>(acc, sC + c * C_PART_BYTES, &tma_c, tn * BN,
                                     tm * BM + c * 64, c, t, warp, lane,
                                     [](float lo, float hi) { return pack_out(lo, hi); });
