@@ -80,6 +80,12 @@ def _cuda_matmul():
     return call
 
 
+def _cuda_fp8_block():
+    from tkit.cuda_ext import gemm_fp8_block
+
+    return gemm_fp8_block
+
+
 @contextlib.contextmanager
 def _aot_compile_context(jit):
     from tkit.ir_tools.aot import _jit_language, _real_language
@@ -90,6 +96,7 @@ def _aot_compile_context(jit):
 
 # the layers above the kernels plug in here (tkit/_hooks.py), so the kernels import none of them
 _hooks.cuda_matmul = _cuda_matmul
+_hooks.cuda_fp8_block = _cuda_fp8_block
 _hooks.aot_compile_context = _aot_compile_context
 
 

@@ -5,6 +5,10 @@ kernel module can be imported; tests may replace them.
 cuda_matmul          () -> callable(a, b): the GEMM of tkit.cuda_ext, for
                      ``tkit.matmul(..., backend="cuda")``; raises ImportError or AttributeError
                      when tkit.cuda_ext cannot give one.
+cuda_fp8_block       () -> tkit.cuda_ext.gemm_fp8_block (its ``unavailable(out_dtype)`` and
+                     ``matmul_fp8_block``): the block-scaled fp8 GEMM in CUDA that
+                     ``tkit.kernels.matmul.fp8_block`` dispatches to; raises ImportError when
+                     tkit.cuda_ext cannot give it.
 aot_compile_context  (jit function) -> context manager under which an ahead-of-time compile
                      (``tkit.kernels.attention.hopper.compile_sm90``) sees the real
                      triton.language even under TRITON_INTERPRET=1 (tkit.ir_tools.aot's).
@@ -17,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 cuda_matmul: Callable[[], Callable] | None = None
+cuda_fp8_block: Callable[[], Any] | None = None
 aot_compile_context: Callable[[Any], contextlib.AbstractContextManager] | None = None
 
 

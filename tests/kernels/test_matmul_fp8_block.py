@@ -767,6 +767,36 @@ def test_cuda_scope_reasons():
         assert "overrides" in why()
 
 
+def test_cuda_build_reason_comes_through_the_hook(monkeypatch):
+    """tkit.kernels reaches the CUDA kernel only through tkit._hooks (arrows point down): the
+    hook's ``unavailable`` reason is reported, once a device and dtype; no hook, or one that
+    cannot import, is a reason too, never an exception."""
+    from types import SimpleNamespace
+
+    from tkit import _hooks
+
+    calls = []
+
+    def fake():
+        return SimpleNamespace(unavailable=lambda out_dtype: calls.append(out_dtype) or "nope")
+
+    dev = torch.device("cuda", 0)
+    monkeypatch.setattr(FB, "_CUDA_BUILD", {})
+    monkeypatch.setattr(_hooks, "cuda_fp8_block", fake)
+    assert FB._cuda_build_reason(dev, torch.bfloat16) == "nope"
+    assert FB._cuda_build_reason(dev, torch.bfloat16) == "nope" and len(calls) == 1
+    monkeypatch.setattr(FB, "_CUDA_BUILD", {})
+    monkeypatch.setattr(_hooks, "cuda_fp8_block", None)
+    assert "tkit._hooks" in FB._cuda_build_reason(dev, torch.float16)
+
+    def broken():
+        raise ImportError("no cupy")
+
+    monkeypatch.setattr(FB, "_CUDA_BUILD", {})
+    monkeypatch.setattr(_hooks, "cuda_fp8_block", broken)
+    assert "no cupy" in FB._cuda_build_reason(dev, torch.bfloat16)
+
+
 def _cuda_or_skip():
     if not _on_h100_class():
         pytest.skip("needs an sm_90 GPU")

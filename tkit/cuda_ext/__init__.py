@@ -330,14 +330,9 @@ def _fp8_block_status(source: str) -> dict:
     which calls it takes (``tkit.kernels.matmul.fp8_block._cuda_choice`` has the rule)."""
     if torch.cuda.get_device_capability() != (9, 0):
         return {"path": "gluon/triton", "why": "sm_90a code needs compute capability 9.0"}
-    why = _loader.missing(nvcc=True)
-    if why is None:
-        from tkit.cuda_ext.gemm_fp8_block import selftest
+    from tkit.cuda_ext.gemm_fp8_block import unavailable
 
-        try:
-            why = selftest()
-        except Exception as e:  # a compile error: the Gluon kernel serves
-            why = f"build failed: {type(e).__name__}: {str(e)[:300]}"
+    why = unavailable()
     if why is not None:
         return {"path": "gluon", "why": why}
     return {"path": source, "why": "unforced calls with K >= 8192, 128 x 256 tiles filling "

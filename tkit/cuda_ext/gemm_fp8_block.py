@@ -107,6 +107,18 @@ def selftest(**kw) -> str | None:
     return build_selftest("fp8-block", SOURCE, _SELFTEST_CODE, opts, json.dumps(cfg["options"]))
 
 
+def unavailable(out_dtype: torch.dtype = torch.bfloat16) -> str | None:
+    """Why the default build for this output dtype cannot run here (cupy or nvcc missing, a
+    failed build or self-test), else None."""
+    why = _loader.missing(nvcc=True)
+    if why is None:
+        try:
+            why = selftest(out_dtype=out_dtype)
+        except Exception as e:  # a compile error: report it, the caller falls back
+            why = f"build failed: {type(e).__name__}: {str(e)[:300]}"
+    return why
+
+
 class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
     _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
                 ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p),

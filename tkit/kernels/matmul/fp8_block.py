@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tkit import _env
+from tkit import _env, _hooks
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
 from tkit.kernels import _register as R
@@ -348,20 +348,17 @@ _CUDA_BUILD: dict = {}
 
 
 def _cuda_build_reason(device, out_dtype) -> str | None:
-    """Why the CUDA kernel's build for this output dtype cannot run on this device (no cupy,
-    no nvcc, a failed build or self-test), worked out once a device and dtype."""
+    """Why the CUDA kernel's build for this output dtype cannot run on this device (no
+    tkit.cuda_ext hook, no cupy, no nvcc, a failed build or self-test), worked out once a
+    device and dtype."""
     key = (device.index or 0, out_dtype)
     if key not in _CUDA_BUILD:
-        from tkit.cuda_ext import _loader
-
-        why = _loader.missing(nvcc=True)
-        if why is None:
-            from tkit.cuda_ext import gemm_fp8_block as GB
-
-            try:
-                why = GB.selftest(out_dtype=out_dtype)
-            except Exception as e:  # a compile error: report it, the Gluon kernel runs
-                why = f"build failed: {type(e).__name__}: {str(e)[:300]}"
+        try:  # tkit.cuda_ext's kernel, plugged in by the layer above (tkit/_hooks.py)
+            if _hooks.cuda_fp8_block is None:
+                raise ImportError("no CUDA block-scaled kernel is registered in tkit._hooks")
+            why = _hooks.cuda_fp8_block().unavailable(out_dtype)
+        except (ImportError, AttributeError) as e:
+            why = f"tkit.cuda_ext unavailable: {e}"
         _CUDA_BUILD[key] = why
     return _CUDA_BUILD[key]
 
@@ -404,10 +401,9 @@ def _fp8_block_impl(a, b, scale_a, scale_b, bias=None, residual=None, activation
     why_cuda = _cuda_choice(a, b, scale_a, scale_b, out_dtype, bias, res, activation, path,
                             config)
     if why_cuda is None:
-        from tkit.cuda_ext.gemm_fp8_block import matmul_fp8_block as cuda_fp8_block
-
         # the build's self-test ran in _cuda_choice (once a device and output dtype)
-        return cuda_fp8_block(a, b, scale_a, scale_b, out_dtype, out=out, check=False)
+        return _hooks.cuda_fp8_block().matmul_fp8_block(a, b, scale_a, scale_b, out_dtype,
+                                                         out=out, check=False)
     if path == "cuda":
         raise ValueError(f"the CUDA block-scaled kernel does not apply: {why_cuda}")
     fh, reason = _gluon_choice(a, b, scale_a, scale_b, out_dtype, bias, res, path, config)
