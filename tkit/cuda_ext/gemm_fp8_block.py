@@ -38,13 +38,19 @@ def config(**overrides) -> dict:
 
     ``bn``: the tile's width, 256 (each 128-deep group as two 128-column sums, each waited
     for before its promotion: the default) or 192 (two 96-column sums, both in flight, the
-    first promoted while the second runs; not timed yet)."""
+    first promoted while the second runs; not timed yet). The result is shared between
+    calls (worked out once a build, as launches ask for it every call): do not modify it."""
     unknown = set(overrides) - set(DEFAULTS) - {"out_dtype"}
     if unknown:
         raise TypeError(f"unknown fp8 block build option(s) {sorted(unknown)}; "
                         f"known: {sorted(DEFAULTS)}")
-    out_dtype = overrides.pop("out_dtype", None) or torch.bfloat16
-    cfg = {k: (DEFAULTS[k] if overrides.get(k) is None else overrides[k]) for k in DEFAULTS}
+    out_dtype = overrides.get("out_dtype") or torch.bfloat16
+    return _config(out_dtype, *(overrides.get(k) for k in DEFAULTS))
+
+
+@functools.cache
+def _config(out_dtype: torch.dtype, *values) -> dict:
+    cfg = {k: (DEFAULTS[k] if v is None else v) for k, v in zip(DEFAULTS, values)}
     if cfg["bn"] not in WIDTH_DEFAULTS:
         raise ValueError(f"bn must be one of {sorted(WIDTH_DEFAULTS)}, got {cfg['bn']}")
     width_stages, width_split = WIDTH_DEFAULTS[cfg["bn"]]

@@ -184,31 +184,13 @@ __device__ __forceinline__ void promote(float* acc, const float* sum, float sl0,
   }
 }
 
-// a consumer is done with slot s: tell the producer of every CTA that writes into it
-__device__ __forceinline__ void release_slot(unsigned bar) {
-#if CLUSTER_M > 1
-#pragma unroll
-  for (unsigned r = 0; r < CLUSTER_M; ++r) mbar_arrive_cluster(bar, r);
-#else
-  mbar_arrive(bar);
-#endif
-}
-
-#if CLUSTER_M > 1
-#define CLUSTER_ATTR __cluster_dims__(CLUSTER_M, 1, 1)
-#else
-#define CLUSTER_ATTR
-#endif
-
 extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_block(
     const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
     const __grid_constant__ TmaDesc tma_c,  // C, boxes of 64 x 64, 128-byte swizzle
     const float* __restrict__ sa, const float* __restrict__ sb, int M, int N, int K,
     int stride_sam, int stride_sak, int stride_sbk, int stride_sbn) {
   extern __shared__ unsigned char smem_raw[];
-  unsigned base = smem_u32(smem_raw);
-  unsigned pad = ((base + 1023) & ~1023u) - base;
-  unsigned sA = base + pad;
+  unsigned sA = smem_aligned_1024(smem_raw);
   unsigned sB = sA + STAGES * A_STAGE_BYTES;
   unsigned sC = sB + STAGES * B_STAGE_BYTES;
   unsigned bars = sC + C_BYTES;  // full[STAGES], then empty[STAGES]
@@ -216,21 +198,8 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
   auto empty = [&](int s) { return bars + 8u * (STAGES + s); };
 
   int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full(s), 1);
-      mbar_init(empty(s), CONSUMERS * CLUSTER_M);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  }
-  __syncthreads();
-#if CLUSTER_M > 1
-  cluster_sync();  // the peer's barriers are initialized before anyone signals them
-  const int rank = (int)cluster_rank();
-#else
-  const int rank = 0;
-#endif
+  init_ring(bars, STAGES, CONSUMERS * CLUSTER_M, CLUSTER_M);
+  const int rank = CLUSTER_M > 1 ? (int)cluster_rank() : 0;
 
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
   // work units: CLUSTER_M consecutive tile-rows x one tile-column; CTA `rank` takes row

@@ -1,8 +1,9 @@
 // Hopper (sm_90a) building blocks shared by the hand-written GEMMs of this folder: mbarriers,
 // clusters, TMA loads (multicast too) and stores, bulk-group waits, the wgmma fence / commit /
 // wait, the grouped tile order (it needs GROUP_MC, the section height in cluster tile-rows:
-// define it before the include) and a consumer's TMA-store epilogue. Inline PTX only, no
-// headers; the loader inlines this file into each source that includes it.
+// define it before the include), the ring's set-up and a consumer's TMA-store epilogue.
+// GROUP_MC and CLUSTER_M (CTAs a cluster, 1 or 2) are the including source's macros. Inline
+// PTX only, no headers; the loader inlines this file into each source that includes it.
 #pragma once
 
 typedef unsigned long long u64;
@@ -101,6 +102,30 @@ __device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
+// ---- the ring of a warp-specialized kernel ----------------------------------------------------
+// The 1024-byte aligned start of dynamic shared memory (128-byte swizzled tiles need it).
+__device__ __forceinline__ unsigned smem_aligned_1024(const void* smem_raw) {
+  unsigned base = smem_u32(smem_raw);
+  return base + (((base + 1023) & ~1023u) - base);
+}
+// full[s] at bars + 8 s (one arrival: the producer's expect_tx) and empty[s] at
+// bars + 8 (stages + s) (empty_count arrivals: the consumers of every CTA that fills slot s),
+// made visible to TMA and, in clusters of `cluster` CTAs, to the peers before anyone signals
+// them. Every thread of the CTA calls it.
+__device__ __forceinline__ void init_ring(unsigned bars, int stages, unsigned empty_count,
+                                          int cluster) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      mbar_init(bars + 8u * s, 1);
+      mbar_init(bars + 8u * (stages + s), empty_count);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (cluster > 1) cluster_sync();
+}
+
 // ---- wgmma ------------------------------------------------------------------------------------
 // eight accumulator registers d[i..i+7] as read-write asm operands
 #define F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
@@ -166,3 +191,19 @@ __device__ __forceinline__ void store_tile_tma(const float* d, unsigned cbuf, co
     }
   }
 }
+
+// a consumer is done with ring slot `bar`: tell the producer of every CTA that fills it
+__device__ __forceinline__ void release_slot(unsigned bar) {
+#if CLUSTER_M > 1
+#pragma unroll
+  for (unsigned r = 0; r < CLUSTER_M; ++r) mbar_arrive_cluster(bar, r);
+#else
+  mbar_arrive(bar);
+#endif
+}
+
+#if CLUSTER_M > 1
+#define CLUSTER_ATTR __cluster_dims__(CLUSTER_M, 1, 1)
+#else
+#define CLUSTER_ATTR
+#endif
