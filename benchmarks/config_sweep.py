@@ -537,6 +537,18 @@ def sweep_matmul_fp8_block_dsv3(rows):
             _fp8_block_case(rows, M, N, K, f"DeepSeek-V3 M={M} N={N} K={K}", variants)
 
 
+def sweep_matmul_fp8_block_dsv3_builds(rows):
+    """DeepSeek-V3's shapes (as sweep_matmul_fp8_block_dsv3) for the CUDA kernel's other tile
+    shapes, forced, beside its default and the Gluon kernel's: where each would serve."""
+    variants = [("gluon default", dict(kernel="gluon"), _fp8_block_gluon({}))]
+    variants += [("cuda " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
+                  dict(kernel="cuda", **f), _fp8_block_cuda(f))
+                 for f in [{}, dict(bn=128, consumers=3), dict(bn=128, lookahead=1)]]
+    for N, K in DSV3_NK:
+        for M in DSV3_M:
+            _fp8_block_case(rows, M, N, K, f"DeepSeek-V3 M={M} N={N} K={K}", variants)
+
+
 #: the rescale schedule's variants (HopperBlockConfig fields; opt-in, fast-accumulation
 #: numerics: one accumulator across K, rescaled between groups, 128 x 256 tiles; pingpong and
 #: group_m 16 are what schedule="rescale" takes by itself) against the default (the promote
@@ -627,8 +639,9 @@ def _fp8_block_cuda(fields):
 #: timed yet). Measured (H200, x _scaled_mm per tensor at 8192^3 / DeepSeek-V3 gate_up
 #: M=4096, docs/NOTES.md): default 0.809-0.819 / 0.866-0.876, 3 slots with one epilogue part
 #: 0.781 / 0.866, group_m 8 0.762 / 0.856, 3 slots 0.811 / 0.879.
-FP8_BLOCK_CUDA = [{}, dict(stages=3), dict(cluster_m=2), dict(bn=192),
-                  dict(bn=192, stages=4, epi_split=1), dict(bn=192, cluster_m=2)]
+FP8_BLOCK_CUDA = [{}, dict(cluster_m=2), dict(bn=192), dict(bn=192, cluster_m=2),
+                  dict(bn=128, consumers=3), dict(bn=128, consumers=3, cluster_m=2),
+                  dict(bn=128, lookahead=1), dict(bn=128)]
 
 
 def sweep_matmul_fp8_block_cuda(rows):
@@ -1433,6 +1446,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "matmul_fp8_block": sweep_matmul_fp8_block,
           "matmul_fp8_block_dsv3": sweep_matmul_fp8_block_dsv3,
           "matmul_fp8_block_cuda": sweep_matmul_fp8_block_cuda,
+          "matmul_fp8_block_dsv3_builds": sweep_matmul_fp8_block_dsv3_builds,
           "matmul_fp8_block_rescale": sweep_matmul_fp8_block_rescale,
           "matmul_fp8_block_rescale_shared": sweep_matmul_fp8_block_rescale_shared,
           "matmul_mid": sweep_matmul_mid,

@@ -166,7 +166,9 @@ def test_wgmma_gemm(build, cubin_dir, options):
 
 FP8_BLOCK_BUILDS = [{}, dict(stages=3, epi_split=1), dict(cluster_m=2),
                     dict(out_dtype="float16"), dict(bn=192), dict(bn=192, cluster_m=2),
-                    dict(bn=192, stages=4, epi_split=1)]
+                    dict(bn=192, stages=4, epi_split=1), dict(bn=128, consumers=3),
+                    dict(bn=128), dict(bn=128, consumers=3, cluster_m=2),
+                    dict(bn=128, lookahead=1)]
 
 
 @pytest.mark.toolchain
@@ -177,8 +179,8 @@ def test_fp8_block_gemm_builds(cubin_dir, build):
     """The block-scaled fp8 GEMM: two 64 x (bn / 2) fp8 wgmma sums a group (four k32 steps
     each, A and B from shared memory); at 256 columns each waited for alone (two waits to
     zero) and 128 promotion FFMAs, at 192 both in flight (a wait to one, then to zero) and
-    the promotions of both column-block phases of a tile; TMA in (multicast in clusters) and
-    out, no spills."""
+    the promotions of both column-block phases of a tile; at 128 one 64 x 128 sum, one wait
+    and 64 FFMAs; TMA in (multicast in clusters) and out, no spills."""
     import torch
 
     from tkit.cuda_ext.gemm_fp8_block import config
@@ -190,12 +192,20 @@ def test_fp8_block_gemm_builds(cubin_dir, build):
     sass = kernels_sass(_loader.compile_cubin("gemm_fp8_block_sm90.cu", "90a", cfg["options"],
                                               cache_dir=cubin_dir))["gemm_fp8_block"]
     ops = opcodes(sass)
-    n = cfg["bn"] // 2
-    assert len(re.findall(rf"QGMMA\.64x{n}x32\.F32\.E4M3\.E4M3 R\d+, gdesc", sass)) == 8, build
+    bn = cfg["bn"]
+    n, sums = (128, 1) if bn == 128 else (bn // 2, 2)
+    qgmma = re.findall(rf"QGMMA\.64x{n}x32\.F32\.E4M3\.E4M3 R\d+, gdesc", sass)
+    # lookahead: the tile's first sum, two in a loop trip, one in the last pair
+    assert len(qgmma) == 4 * (4 if cfg["lookahead"] else sums), build
     waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x\d)", sass)
-    assert waits == (["0x0", "0x0"] if n == 128 else ["0x1", "0x0"]), f"{build}: {waits}"
+    expect = {256: ["0x0", "0x0"], 192: ["0x1", "0x0"], 128: ["0x0"]}[bn]
+    if cfg["lookahead"]:  # to one group in flight, but to zero for a tile's last group
+        expect, waits = ["0x0", "0x0", "0x1", "0x1", "0x1"], sorted(waits)  # branches' order
+    assert waits == expect, f"{build}: {waits}"
     ffma = len(re.findall(r"\bFFMA\b", sass))
-    assert ffma == 128 if n == 128 else 96 <= ffma <= 192, f"{build}: {ffma} FFMA"
+    promotions = {256: 128, 128: 64 * (5 if cfg["lookahead"] else 1)}  # a promotion a wait
+    assert ffma == promotions[bn] if bn in promotions else 96 <= ffma <= 192, \
+        f"{build}: {ffma} FFMA"
     assert {"UTMALDG", "UTMASTG", "SYNCS", "USETMAXREG"} <= ops, f"{build}: {ops}"
     assert not ops & {"LDL", "STL"}, f"{build}: local memory traffic (spills)"
     if cfg["cluster_m"] == 2:

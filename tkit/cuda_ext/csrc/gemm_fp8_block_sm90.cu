@@ -50,29 +50,43 @@
 // One local header (sm90_async.cuh, inlined by the loader); compiles under nvcc -arch sm_90a
 // (wgmma and setmaxnreg need the "a").
 
-#define BM 128
-#ifndef BN  // 256, or 192: two 96-column sums a group, both in flight (the overlap below)
+#ifndef CONSUMERS  // consumer warpgroups, 64 rows of the tile each
+#define CONSUMERS 2
+#endif
+#define BM (64 * CONSUMERS)
+#ifndef BN  // 256; 192: two 96-column sums a group, both in flight; 128: one sum a group
 #define BN 256
 #endif
-#if BN != 256 && BN != 192
-#error "BN must be 256 or 192"
+#if BN != 256 && BN != 192 && BN != 128
+#error "BN must be 256, 192 or 128"
+#endif
+#if CONSUMERS != 2 && !(CONSUMERS == 3 && BN == 128)
+#error "CONSUMERS must be 2, or 3 at BN 128 (160 registers a consumer thread)"
 #endif
 #define BK 128  // one scale group
-#ifndef STAGES
-#define STAGES (BN == 256 ? 4 : 5)
+#ifndef STAGES  // what fits 227 KB beside the epilogue's staging
+#define STAGES (BN == 256 ? 4 : BN == 192 ? 5 : CONSUMERS == 3 ? 5 : 6)
 #endif
-#define CONSUMERS 2
 #define THREADS (128 * (CONSUMERS + 1))
+// a consumer's registers after the producer gives its own back (24): the register file's
+// 64K over the consumer threads, a multiple of 8
+#define CONSUMER_REGS (CONSUMERS == 2 ? 240 : 160)
+#ifndef LOOKAHEAD  // 1 (at BN 128, two consumers): group g + 1's sum is issued before group
+#define LOOKAHEAD 0  // g's is waited for and promoted, in a second register set
+#endif
+#if LOOKAHEAD && !(BN == 128 && CONSUMERS == 2)
+#error "LOOKAHEAD needs BN 128 and two consumers (registers for two sums)"
+#endif
 #ifndef GROUP_M
 #define GROUP_M 16
 #endif
 #ifndef EPI_SPLIT
-#define EPI_SPLIT (BN == 256 ? 2 : 3)
+#define EPI_SPLIT (BN == 256 ? 2 : BN == 192 ? 3 : CONSUMERS == 3 ? 2 : 1)
 #endif
 #ifndef OUT_F16
 #define OUT_F16 0
 #endif
-#define SUM_N (BN / 2)  // columns of one MMA sum (two a group)
+#define SUM_N (BN == 128 ? 128 : BN / 2)  // columns of one MMA sum (two a group at 192, 256)
 #ifndef CLUSTER_M  // 2: CTA pairs on consecutive tile-rows, each multicasting half of B
 #define CLUSTER_M 1
 #endif
@@ -240,12 +254,14 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
     }
   } else {
     // ---- consumers ----
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+#define STR2(x) #x
+#define STR(x) STR2(x)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 " STR(CONSUMER_REGS) ";\n");
     const int c = wg - 1;
     const int warp = t / 32, lane = t % 32;
     float acc[BN / 2];
     float sum[SUM_REGS];
-#if BN == 192
+#if BN == 192 || LOOKAHEAD
     float sum1[SUM_REGS];
 #endif
     int it = 0;
@@ -266,6 +282,51 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
       float a0 = __ldg(sa0), a1 = __ldg(sa1), bl = __ldg(sbl), br = __ldg(sbr);
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+#if LOOKAHEAD
+      // group g's sum runs in one register set while group g + 1's is issued into the other;
+      // then g's is waited for (to one group in flight), its slot released and it is
+      // promoted. Straight-line pairs, so every path into the loop's back edge has the same
+      // set in flight (ptxas serializes the wgmmas where paths disagree). A group's scales
+      // load when its sum is issued.
+      float na0 = 0.f, na1 = 0.f, nbl = 0.f;
+      auto issue = [&](float* d, int g) {
+        const int i = it + g;
+        na0 = __ldg(sa0 + (long long)g * stride_sak);
+        na1 = __ldg(sa1 + (long long)g * stride_sak);
+        nbl = __ldg(sbl + (long long)g * stride_sbk);
+        mbar_wait(full(i % STAGES), (i / STAGES) & 1);
+        issue_sum(d, sA + (i % STAGES) * A_STAGE_BYTES + c * (64 * BK),
+                  sB + (i % STAGES) * B_STAGE_BYTES, 0);
+      };
+      auto finish = [&](float* d, int g) {  // after the wait
+        fence_sum(d);
+        if (t == 0) release_slot(empty((it + g) % STAGES));
+        promote<16>(acc, d, a0 * bl, a1 * bl, a0 * bl, a1 * bl);
+        a0 = na0, a1 = na1, bl = nbl;
+      };
+      issue(sum, 0);
+      a0 = na0, a1 = na1, bl = nbl;
+      int g = 0;
+      for (; g + 2 < KG; g += 2) {
+        issue(sum1, g + 1);
+        wgmma_wait1();
+        finish(sum, g);
+        issue(sum, g + 2);
+        wgmma_wait1();
+        finish(sum1, g + 1);
+      }
+      if (g + 1 < KG) {  // two groups left, the first in flight
+        issue(sum1, g + 1);
+        wgmma_wait1();
+        finish(sum, g);
+        wgmma_wait0();
+        finish(sum1, g + 1);
+      } else {
+        wgmma_wait0();
+        finish(sum, g);
+      }
+      it += KG;
+#else
       for (int g = 0; g < KG; ++g, ++it) {
         // the next group's scales, under this group's MMAs (clamped at the last group)
         const int gn = min(g + 1, KG - 1);
@@ -278,7 +339,13 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
         const unsigned a_base = sA + s * A_STAGE_BYTES + c * (64 * BK);
         const unsigned b_base = sB + s * B_STAGE_BYTES;
         const float l0 = a0 * bl, l1 = a1 * bl, r0s = a0 * br, r1s = a1 * br;
-#if BN == 256
+#if BN == 128
+        issue_sum(sum, a_base, b_base, 0);
+        wgmma_wait0();
+        fence_sum(sum);
+        if (t == 0) release_slot(empty(s));
+        promote<16>(acc, sum, l0, l1, l0, l1);
+#elif BN == 256
         issue_sum(sum, a_base, b_base, 0);
         wgmma_wait0();
         fence_sum(sum);
@@ -310,6 +377,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
 #endif
         a0 = na0, a1 = na1, bl = nbl, br = nbr;
       }
+#endif
       // the two sums' fragments one after the other: together the m64nBN fragment
       store_tile_tma<BN, EPI_SPLIT>(acc, sC + c * C_PART_BYTES, &tma_c, tn * BN,
                                     tm * BM + c * 64, c, t, warp, lane,
