@@ -538,12 +538,12 @@ def sweep_matmul_fp8_block_dsv3(rows):
 
 
 def sweep_matmul_fp8_block_dsv3_builds(rows):
-    """DeepSeek-V3's shapes (as sweep_matmul_fp8_block_dsv3) for the CUDA kernel's other tile
-    shapes, forced, beside its default and the Gluon kernel's: where each would serve."""
+    """DeepSeek-V3's shapes (as sweep_matmul_fp8_block_dsv3) for the CUDA kernel's other
+    builds, forced, beside its default and the Gluon kernel's: where each would serve."""
     variants = [("gluon default", dict(kernel="gluon"), _fp8_block_gluon({}))]
     variants += [("cuda " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
                   dict(kernel="cuda", **f), _fp8_block_cuda(f))
-                 for f in [{}, dict(bn=128, consumers=3), dict(bn=128, lookahead=1)]]
+                 for f in [{}, dict(pingpong=1)]]
     for N, K in DSV3_NK:
         for M in DSV3_M:
             _fp8_block_case(rows, M, N, K, f"DeepSeek-V3 M={M} N={N} K={K}", variants)
@@ -634,21 +634,19 @@ def _fp8_block_cuda(fields):
     return make
 
 
-#: the CUDA kernel's builds (gemm_fp8_block's knobs; {} is its default: 256 columns, 4 ring
-#: slots, the epilogue in two parts, group_m 16; the cluster and 192-column builds are not
-#: timed yet). Measured (H200, x _scaled_mm per tensor at 8192^3 / DeepSeek-V3 gate_up
-#: M=4096, docs/NOTES.md): default 0.809-0.819 / 0.866-0.876, 3 slots with one epilogue part
-#: 0.781 / 0.866, group_m 8 0.762 / 0.856, 3 slots 0.811 / 0.879.
-FP8_BLOCK_CUDA = [{}, dict(cluster_m=2), dict(bn=192), dict(bn=192, cluster_m=2),
-                  dict(bn=128, consumers=3), dict(bn=128, consumers=3, cluster_m=2),
-                  dict(bn=128, lookahead=1), dict(bn=128)]
+#: the CUDA kernel's builds (gemm_fp8_block's knobs; {} is its default: 4 ring slots, the
+#: epilogue in two parts, group_m 16, consumers issuing freely). Measured (H200, x
+#: _scaled_mm per tensor at 8192^3 / DeepSeek-V3 gate_up M=4096, docs/NOTES.md): default
+#: 0.809-0.819 / 0.859-0.876, 3 slots with one epilogue part 0.781 / 0.866, group_m 8
+#: 0.762 / 0.856, 3 slots 0.811 / 0.879, 2-CTA clusters 0.801 / 0.833.
+FP8_BLOCK_CUDA = [{}, dict(pingpong=1), dict(pingpong=1, cluster_m=2), dict(cluster_m=2)]
 
 
 def sweep_matmul_fp8_block_cuda(rows):
     """The block-scaled fp8 GEMM in CUDA (128 x 256 tiles, the promote schedule by half
-    sums) against the Gluon kernel's default and its opt-in rescale schedule, at 8192^3 and
-    DeepSeek-V3's expert gate_up at M = 4096, with torch._scaled_mm per tensor in the same
-    run."""
+    sums; its builds FP8_BLOCK_CUDA) against the Gluon kernel's default and its opt-in
+    rescale schedule, at 8192^3 and DeepSeek-V3's expert gate_up at M = 4096, with
+    torch._scaled_mm per tensor in the same run."""
     variants = [("cuda " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
                  dict(kernel="cuda", **f), _fp8_block_cuda(f)) for f in FP8_BLOCK_CUDA]
     variants += [("gluon " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),

@@ -22,14 +22,10 @@ from tkit.cuda_ext.gemm import _defines, _i32, _num_sms, build_selftest, tensor_
 from tkit.kernels import _common
 
 SOURCE = "gemm_fp8_block_sm90.cu"
-BK = 128
-#: the source's macro defaults (the build with no -D options); ``stages`` and ``epi_split``
-#: default by tile shape (:data:`SHAPE_DEFAULTS`)
-DEFAULTS = dict(bn=256, consumers=2, lookahead=0, stages=None, group_m=16, epi_split=None,
-                cluster_m=1)
-#: (tile width, consumer warpgroups) -> (stages, epi_split) when not given: what fits 227 KB
-#: of shared memory (the tile is 64 * consumers rows)
-SHAPE_DEFAULTS = {(256, 2): (4, 2), (192, 2): (5, 3), (128, 2): (6, 1), (128, 3): (5, 2)}
+BM, BK, THREADS = 128, 128, 384
+BN = 256
+#: the source's macro defaults (the build with no -D options)
+DEFAULTS = dict(pingpong=0, stages=4, group_m=16, epi_split=2, cluster_m=1)
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 SMEM_LIMIT = 227 * 1024
 
@@ -38,10 +34,9 @@ def config(**overrides) -> dict:
     """One build: :data:`DEFAULTS` with ``overrides`` (None keeps the default); derived:
     smem (bytes), options (-D...: only what differs from the source's defaults).
 
-    ``bn``: the tile's width, 256 (each 128-deep group as two 128-column sums, each waited
-    for before its promotion: the default) or 192 (two 96-column sums, both in flight, the
-    first promoted while the second runs; not timed yet). The result is shared between
-    calls (worked out once a build, as launches ask for it every call): do not modify it."""
+    ``pingpong``: 1 has the two consumer warpgroups issue their sums in turns (the source's
+    header; not timed yet). The result is shared between calls (worked out once a build, as
+    launches ask for it every call): do not modify it."""
     unknown = set(overrides) - set(DEFAULTS) - {"out_dtype"}
     if unknown:
         raise TypeError(f"unknown fp8 block build option(s) {sorted(unknown)}; "
@@ -53,36 +48,24 @@ def config(**overrides) -> dict:
 @functools.cache
 def _config(out_dtype: torch.dtype, *values) -> dict:
     cfg = {k: (DEFAULTS[k] if v is None else v) for k, v in zip(DEFAULTS, values)}
-    shape = (cfg["bn"], cfg["consumers"])
-    if shape not in SHAPE_DEFAULTS:
-        raise ValueError(f"(bn, consumers) must be one of {sorted(SHAPE_DEFAULTS)}, got "
-                         f"{shape}")
-    width_stages, width_split = SHAPE_DEFAULTS[shape]
-    if cfg["lookahead"] not in (0, 1) or (cfg["lookahead"] and shape != (128, 2)):
-        raise ValueError(f"lookahead must be 0, or 1 at bn=128 with 2 consumers, got "
-                         f"{cfg['lookahead']} at {shape}")
-    cfg["stages"] = cfg["stages"] or width_stages
-    cfg["epi_split"] = cfg["epi_split"] or width_split
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype must be bfloat16 or float16, got {out_dtype}")
-    if cfg["bn"] % (64 * cfg["epi_split"]):
-        raise ValueError(f"epi_split must split the {cfg['bn']} columns into whole 64-column "
-                         f"boxes, got {cfg['epi_split']}")
+    if cfg["epi_split"] not in (1, 2, 4):
+        raise ValueError(f"epi_split must split the {BN} columns into whole 64-column boxes "
+                         f"(1, 2 or 4), got {cfg['epi_split']}")
+    if cfg["pingpong"] not in (0, 1):
+        raise ValueError(f"pingpong must be 0 or 1, got {cfg['pingpong']}")
     if cfg["cluster_m"] not in (1, 2):
         raise ValueError(f"cluster_m must be 1 or 2, got {cfg['cluster_m']}")
     if cfg["stages"] < 2:
         raise ValueError(f"stages must be >= 2, got {cfg['stages']}")
-    bn, consumers = cfg["bn"], cfg["consumers"]
-    cfg["bm"], cfg["threads"] = 64 * consumers, 128 * (consumers + 1)
-    cfg["smem"] = (cfg["stages"] * (cfg["bm"] + bn) * BK
-                   + consumers * 64 * (bn // cfg["epi_split"]) * 2 + 1024 + 16 * cfg["stages"])
+    cfg["smem"] = (cfg["stages"] * (BM + BN) * BK + 2 * 64 * (BN // cfg["epi_split"]) * 2
+                   + 1024 + 16 * cfg["stages"])
     if cfg["smem"] > SMEM_LIMIT:
         raise ValueError(f"stages={cfg['stages']} with epi_split={cfg['epi_split']} at "
-                         f"{bn} columns needs {cfg['smem']} bytes of shared memory, more than "
+                         f"{BN} columns needs {cfg['smem']} bytes of shared memory, more than "
                          f"{SMEM_LIMIT}")
-    # the source's defaults of this width (its STAGES and EPI_SPLIT follow BN the same way)
-    base = dict(DEFAULTS, stages=width_stages, epi_split=width_split)
-    diff = {k: cfg[k] for k in DEFAULTS if cfg[k] != base[k]}
+    diff = {k: cfg[k] for k in DEFAULTS if cfg[k] != DEFAULTS[k]}
     cfg["options"] = _defines(**diff) + (("-DOUT_F16=1",) if out_dtype == torch.float16 else ())
     cfg["out_dtype"] = out_dtype
     return cfg
@@ -140,7 +123,7 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
 
 
 @functools.cache
-def _max_clusters(func: int, cluster_m: int, smem: int, threads: int) -> int:
+def _max_clusters(func: int, cluster_m: int, smem: int) -> int:
     """How many clusters of this kernel can be resident at once (the driver's
     cuOccupancyMaxActiveClusters): a persistent grid of more would leave the extra clusters
     waiting for whole ones to finish. Not every SM can take part (GPCs with an odd count of
@@ -150,7 +133,7 @@ def _max_clusters(func: int, cluster_m: int, smem: int, threads: int) -> int:
     from tkit.cuda_ext.gemm import _libcuda
 
     driver.funcSetAttribute(func, 8, smem)  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    cfg = _LaunchConfig((cluster_m, 1, 1), (threads, 1, 1), smem, None, None, 0)
+    cfg = _LaunchConfig((cluster_m, 1, 1), (THREADS, 1, 1), smem, None, None, 0)
     n = ctypes.c_int(0)
     err = _libcuda().cuOccupancyMaxActiveClusters(ctypes.byref(n), ctypes.c_void_p(func),
                                                    ctypes.byref(cfg))
@@ -170,21 +153,21 @@ def _kernel(options: tuple[str, ...], device: int) -> int:
 def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                      scale_b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16, *,
                      out: torch.Tensor | None = None, check: bool = True,
-                     bn: int | None = None, consumers: int | None = None,
-                     lookahead: int | None = None, stages: int | None = None,
+                     pingpong: int | None = None, stages: int | None = None,
                      group_m: int | None = None, epi_split: int | None = None,
                      cluster_m: int | None = None, ctas: int | None = None) -> torch.Tensor:
     """The block-scaled product (module docstring) by the CUDA kernel. The operands are
     assumed checked by the block mode (shapes, dtypes, TMA alignment: its ``supported``);
     ``out`` an (M, N) row-major output to write (else one is allocated); ``check`` runs
-    the build's self-test first (once per machine). Build knobs: ``bn`` (the tile's width,
-    :func:`config`), ``stages`` (ring slots of one group: 48 KiB at 256 columns),
+    the build's self-test first (once per machine). Build knobs: ``pingpong`` (the
+    consumers' sums in turns, :func:`config`), ``stages`` (ring slots of one group, 48 KiB
+    each),
     ``group_m`` (tile-row section height), ``epi_split`` (epilogue parts a consumer),
     ``cluster_m`` (2: CTA pairs on consecutive tile-rows, each loading half of the B tile
     and multicasting it to both); ``ctas`` the persistent grid (None: one CTA an SM, or as
     many clusters as can be resident at once)."""
-    knobs = dict(bn=bn, consumers=consumers, lookahead=lookahead, stages=stages,
-                 group_m=group_m, epi_split=epi_split, cluster_m=cluster_m)
+    knobs = dict(pingpong=pingpong, stages=stages, group_m=group_m, epi_split=epi_split,
+                 cluster_m=cluster_m)
     cfg = config(**knobs, out_dtype=out_dtype)
     M, K = a.shape
     N = b.shape[1]
@@ -200,16 +183,13 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
     dev = a.device.index or 0
     func = _kernel(cfg["options"], dev)
     cm = cfg["cluster_m"]
-    # each CTA of a cluster loads (and multicasts) bn / cluster_m rows of the B tile
-    bn = cfg["bn"]
-    bm = cfg["bm"]
-    maps = (tensor_map_2d(a, BK, bm), tensor_map_2d(b.t(), BK, bn // cm),
+    # each CTA of a cluster loads (and multicasts) BN / cluster_m rows of the B tile
+    maps = (tensor_map_2d(a, BK, BM), tensor_map_2d(b.t(), BK, BN // cm),
             tensor_map_2d(c, 64, 64))
-    units = _common.cdiv(_common.cdiv(M, bm), cm) * _common.cdiv(N, bn)  # clusters' tiles
-    slots = ctas or (_num_sms(dev) if cm == 1 else
-                     cm * _max_clusters(func, cm, cfg["smem"], cfg["threads"]))
+    units = _common.cdiv(_common.cdiv(M, BM), cm) * _common.cdiv(N, BN)  # clusters' tiles
+    slots = ctas or (_num_sms(dev) if cm == 1 else cm * _max_clusters(func, cm, cfg["smem"]))
     grid = (max(1, min(units, slots // cm)) * cm,)
-    _loader.launch(func, grid, (cfg["threads"],), (*maps, scale_a, scale_b, *_i32(
+    _loader.launch(func, grid, (THREADS,), (*maps, scale_a, scale_b, *_i32(
         M, N, K, scale_a.stride(0), scale_a.stride(1), scale_b.stride(0), scale_b.stride(1))),
         smem=cfg["smem"])
     return c

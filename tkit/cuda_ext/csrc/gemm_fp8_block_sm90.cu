@@ -31,11 +31,12 @@
 //     promotion; the other consumer's wgmmas, queued behind, fill part of that time (the
 //     drain left is in docs/NOTES.md). The next group's scales are loaded (L2 hits) during
 //     this group.
-// BN=192 (not timed yet): 128 x 192 tiles, each group as two 96-column sums (48 registers
-//   each, beside the 96 of the accumulator), both issued before the first wait: the first is
-//   promoted while the second runs, so a consumer's own wgmmas cover half its promotions.
-//   A 192-column tile starts on a 128-column block of b's scales when tn is even, else 64
-//   columns into one; each sum's 8-column chunks take the block they lie in.
+// PINGPONG=1 (not timed yet): the consumers issue their sums in turns (named barriers 3
+//   and 4: a consumer waits for the other's issue before its own, then signals), so the
+//   tensor cores run one consumer's sum while the other waits for and promotes its own;
+//   without turns both issue at once off the same full slot, their sums finish together
+//   and both promote while the tensor cores idle (ncu: the tensor pipe ~71% busy, cuBLAS's
+//   per-tensor kernel ~92%).
 // Epilogue through shared memory and TMA stores (EPI_SPLIT parts of 64 x BN / EPI_SPLIT a
 // consumer, swizzled as TMA reads them), overlapped with the next tile's K loop.
 // CLUSTER_M=2: CTA pairs on consecutive tile-rows; each loads half of the B tile and
@@ -50,43 +51,27 @@
 // One local header (sm90_async.cuh, inlined by the loader); compiles under nvcc -arch sm_90a
 // (wgmma and setmaxnreg need the "a").
 
-#ifndef CONSUMERS  // consumer warpgroups, 64 rows of the tile each
-#define CONSUMERS 2
-#endif
-#define BM (64 * CONSUMERS)
-#ifndef BN  // 256; 192: two 96-column sums a group, both in flight; 128: one sum a group
+#define BM 128
 #define BN 256
-#endif
-#if BN != 256 && BN != 192 && BN != 128
-#error "BN must be 256, 192 or 128"
-#endif
-#if CONSUMERS != 2 && !(CONSUMERS == 3 && BN == 128)
-#error "CONSUMERS must be 2, or 3 at BN 128 (160 registers a consumer thread)"
-#endif
 #define BK 128  // one scale group
-#ifndef STAGES  // what fits 227 KB beside the epilogue's staging
-#define STAGES (BN == 256 ? 4 : BN == 192 ? 5 : CONSUMERS == 3 ? 5 : 6)
+#ifndef STAGES
+#define STAGES 4
 #endif
+#define CONSUMERS 2
 #define THREADS (128 * (CONSUMERS + 1))
-// a consumer's registers after the producer gives its own back (24): the register file's
-// 64K over the consumer threads, a multiple of 8
-#define CONSUMER_REGS (CONSUMERS == 2 ? 240 : 160)
-#ifndef LOOKAHEAD  // 1 (at BN 128, two consumers): group g + 1's sum is issued before group
-#define LOOKAHEAD 0  // g's is waited for and promoted, in a second register set
-#endif
-#if LOOKAHEAD && !(BN == 128 && CONSUMERS == 2)
-#error "LOOKAHEAD needs BN 128 and two consumers (registers for two sums)"
-#endif
 #ifndef GROUP_M
 #define GROUP_M 16
 #endif
 #ifndef EPI_SPLIT
-#define EPI_SPLIT (BN == 256 ? 2 : BN == 192 ? 3 : CONSUMERS == 3 ? 2 : 1)
+#define EPI_SPLIT 2
 #endif
 #ifndef OUT_F16
 #define OUT_F16 0
 #endif
-#define SUM_N (BN == 128 ? 128 : BN / 2)  // columns of one MMA sum (two a group at 192, 256)
+#define SUM_N (BN / 2)  // columns of one MMA sum (two a group)
+#ifndef PINGPONG  // 1: the consumers issue their sums in turns (above)
+#define PINGPONG 0
+#endif
 #ifndef CLUSTER_M  // 2: CTA pairs on consecutive tile-rows, each multicasting half of B
 #define CLUSTER_M 1
 #endif
@@ -119,15 +104,12 @@ __device__ __forceinline__ u64 smem_desc(unsigned addr) {
 
 #define R32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
             "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define R48 R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, " \
-            "%46, %47"
 #define R64 R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, " \
             "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, " \
             "%62, %63"
 
 // d[SUM_N / 2] (+)= A(64x32 e4m3, K-major descriptor) @ B(32xSUM_N e4m3, K-major
 // descriptor); scale_d 0 overwrites d
-#if SUM_N == 128
 __device__ __forceinline__ void wgmma_sum(float* d, u64 desc_a, u64 desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
@@ -136,16 +118,6 @@ __device__ __forceinline__ void wgmma_sum(float* d, u64 desc_a, u64 desc_b, int 
       : F8(0), F8(8), F8(16), F8(24), F8(32), F8(40), F8(48), F8(56)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
-#else
-__device__ __forceinline__ void wgmma_sum(float* d, u64 desc_a, u64 desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 {" R48 "}, %48, %49, p, 1, 1;\n"
-      "}\n"
-      : F8(0), F8(8), F8(16), F8(24), F8(32), F8(40)
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-#endif
 
 // pins a register between two asm statements: no read or write of it moves across
 __device__ __forceinline__ void fence_operand(float& r) {
@@ -175,6 +147,19 @@ __device__ __forceinline__ void issue_sum(float* sum, unsigned a_base, unsigned 
               smem_desc(b_base + part * (SUM_N * BK) + kk * 32), kk > 0);
   }
   wgmma_commit();
+}
+
+// PINGPONG turns: consumer c waits on named barrier 3 + c for the other's issue, then
+// signals the other's barrier (bar.arrive does not wait); 256 threads each
+__device__ __forceinline__ void take_turn(int c, bool skip) {
+#if PINGPONG
+  if (!skip) named_bar(3 + c, 256);
+#endif
+}
+__device__ __forceinline__ void pass_turn(int c) {
+#if PINGPONG
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(4 - c) : "memory");
+#endif
 }
 
 __device__ __forceinline__ void fence_sum(float* sum) {
@@ -254,17 +239,13 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
     }
   } else {
     // ---- consumers ----
-#define STR2(x) #x
-#define STR(x) STR2(x)
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 " STR(CONSUMER_REGS) ";\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
     const int c = wg - 1;
     const int warp = t / 32, lane = t % 32;
     float acc[BN / 2];
     float sum[SUM_REGS];
-#if BN == 192 || LOOKAHEAD
-    float sum1[SUM_REGS];
-#endif
     int it = 0;
+    bool first = c == 0;  // consumer 0 takes the first turn without waiting
     for (int unit = unit0; unit < num_units; unit += unit_stride) {
       int um, tn;
       tile_coords(unit, units_m, tiles_n, um, tn);
@@ -274,59 +255,12 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
       const int r1 = min(tm * BM + c * 64 + warp * 16 + lane / 4 + 8, M - 1);
       const float* sa0 = sa + (long long)r0 * stride_sam;
       const float* sa1 = sa + (long long)r1 * stride_sam;
-      // the tile's first column block and the next (a 256-column tile: its two halves; a
-      // 192-column one starts on a block boundary when tn is even, else 64 columns in)
-      const int nb0 = tn * BN / 128;
-      const float* sbl = sb + (long long)min(nb0, NB - 1) * stride_sbn;
-      const float* sbr = sb + (long long)min(nb0 + 1, NB - 1) * stride_sbn;
+      // the tile's two column blocks (its halves)
+      const float* sbl = sb + (long long)min(2 * tn, NB - 1) * stride_sbn;
+      const float* sbr = sb + (long long)min(2 * tn + 1, NB - 1) * stride_sbn;
       float a0 = __ldg(sa0), a1 = __ldg(sa1), bl = __ldg(sbl), br = __ldg(sbr);
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-#if LOOKAHEAD
-      // group g's sum runs in one register set while group g + 1's is issued into the other;
-      // then g's is waited for (to one group in flight), its slot released and it is
-      // promoted. Straight-line pairs, so every path into the loop's back edge has the same
-      // set in flight (ptxas serializes the wgmmas where paths disagree). A group's scales
-      // load when its sum is issued.
-      float na0 = 0.f, na1 = 0.f, nbl = 0.f;
-      auto issue = [&](float* d, int g) {
-        const int i = it + g;
-        na0 = __ldg(sa0 + (long long)g * stride_sak);
-        na1 = __ldg(sa1 + (long long)g * stride_sak);
-        nbl = __ldg(sbl + (long long)g * stride_sbk);
-        mbar_wait(full(i % STAGES), (i / STAGES) & 1);
-        issue_sum(d, sA + (i % STAGES) * A_STAGE_BYTES + c * (64 * BK),
-                  sB + (i % STAGES) * B_STAGE_BYTES, 0);
-      };
-      auto finish = [&](float* d, int g) {  // after the wait
-        fence_sum(d);
-        if (t == 0) release_slot(empty((it + g) % STAGES));
-        promote<16>(acc, d, a0 * bl, a1 * bl, a0 * bl, a1 * bl);
-        a0 = na0, a1 = na1, bl = nbl;
-      };
-      issue(sum, 0);
-      a0 = na0, a1 = na1, bl = nbl;
-      int g = 0;
-      for (; g + 2 < KG; g += 2) {
-        issue(sum1, g + 1);
-        wgmma_wait1();
-        finish(sum, g);
-        issue(sum, g + 2);
-        wgmma_wait1();
-        finish(sum1, g + 1);
-      }
-      if (g + 1 < KG) {  // two groups left, the first in flight
-        issue(sum1, g + 1);
-        wgmma_wait1();
-        finish(sum, g);
-        wgmma_wait0();
-        finish(sum1, g + 1);
-      } else {
-        wgmma_wait0();
-        finish(sum, g);
-      }
-      it += KG;
-#else
       for (int g = 0; g < KG; ++g, ++it) {
         // the next group's scales, under this group's MMAs (clamped at the last group)
         const int gn = min(g + 1, KG - 1);
@@ -339,51 +273,31 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
         const unsigned a_base = sA + s * A_STAGE_BYTES + c * (64 * BK);
         const unsigned b_base = sB + s * B_STAGE_BYTES;
         const float l0 = a0 * bl, l1 = a1 * bl, r0s = a0 * br, r1s = a1 * br;
-#if BN == 128
+        take_turn(c, first);
+        first = false;
         issue_sum(sum, a_base, b_base, 0);
-        wgmma_wait0();
-        fence_sum(sum);
-        if (t == 0) release_slot(empty(s));
-        promote<16>(acc, sum, l0, l1, l0, l1);
-#elif BN == 256
-        issue_sum(sum, a_base, b_base, 0);
+        pass_turn(c);
         wgmma_wait0();
         fence_sum(sum);
         promote<16>(acc, sum, l0, l1, r0s, r1s);
+        take_turn(c, false);
         issue_sum(sum, a_base, b_base, 1);
+        pass_turn(c);
         wgmma_wait0();
         fence_sum(sum);
         if (t == 0) release_slot(empty(s));
         promote<0>(acc + 64, sum, l0, l1, r0s, r1s);
-#else
-        // both sums issued; the first is promoted while the second runs
-        issue_sum(sum, a_base, b_base, 0);
-        issue_sum(sum1, a_base, b_base, 1);
-        wgmma_wait1();
-        fence_sum(sum);
-        if (tn % 2 == 0) {  // columns 0-127 in the first block: the first sum, 32 of the second
-          promote<12>(acc, sum, l0, l1, r0s, r1s);
-        } else {  // columns 0-63 in the first block
-          promote<8>(acc, sum, l0, l1, r0s, r1s);
-        }
-        wgmma_wait0();
-        fence_sum(sum1);
-        if (t == 0) release_slot(empty(s));
-        if (tn % 2 == 0) {
-          promote<4>(acc + 48, sum1, l0, l1, r0s, r1s);
-        } else {
-          promote<0>(acc + 48, sum1, l0, l1, r0s, r1s);
-        }
-#endif
         a0 = na0, a1 = na1, bl = nbl, br = nbr;
       }
-#endif
       // the two sums' fragments one after the other: together the m64nBN fragment
       store_tile_tma<BN, EPI_SPLIT>(acc, sC + c * C_PART_BYTES, &tma_c, tn * BN,
                                     tm * BM + c * 64, c, t, warp, lane,
                                     [](float lo, float hi) { return pack_out(lo, hi); });
     }
     if (t == 0) bulk_wait0();  // the last stores are done before the CTA (and its smem) ends
+#if PINGPONG
+    if (c == 0) named_bar(3, 256);  // consumer 1's last signal: no barrier left half-arrived
+#endif
   }
 #if CLUSTER_M > 1
   // no CTA leaves while its peer may still arrive on its barriers or multicast into it
