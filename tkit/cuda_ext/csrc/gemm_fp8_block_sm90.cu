@@ -15,8 +15,10 @@
 // build of such schedules had ptxas move a sum's issue above the previous promotion and
 // spill; here every wgmma, wait and operand fence is written out, so the sum keeps its 64
 // registers. Lost on the H200 and removed (docs/NOTES.md): A read into registers by ldmatrix
-// once a group (so it is not read from shared memory for each half), and four 64-column sums
-// a group with two in flight (each promoted under the next one's MMAs).
+// once a group (so it is not read from shared memory for each half); four 64-column sums a
+// group with two in flight (each promoted under the next one's MMAs); 128 x 192 tiles with
+// two 96-column sums in flight; 192 x 128 tiles on three consumers; 128 x 128 tiles with or
+// without the next group's sum issued before the promotion (more L2 traffic a flop).
 //
 // 384 threads = 3 warpgroups, persistent (one CTA an SM walking the tiles in GROUP_M
 // sections):
