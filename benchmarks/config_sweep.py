@@ -538,14 +538,15 @@ def sweep_matmul_fp8_block_dsv3(rows):
 
 
 def sweep_matmul_fp8_block_dsv3_builds(rows):
-    """DeepSeek-V3's shapes (as sweep_matmul_fp8_block_dsv3) for the CUDA kernel's other
-    builds, forced, beside its default and the Gluon kernel's: where each would serve."""
+    """DeepSeek-V3's shapes at M = 1024 and 4096 (as sweep_matmul_fp8_block_dsv3) for the
+    CUDA kernel's other builds, forced, beside its default and the Gluon kernel's: where each
+    would serve."""
     variants = [("gluon default", dict(kernel="gluon"), _fp8_block_gluon({}))]
     variants += [("cuda " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
                   dict(kernel="cuda", **f), _fp8_block_cuda(f))
-                 for f in [{}, dict(pingpong=1)]]
+                 for f in [{}, dict(pingpong=1, cluster_m=2)]]
     for N, K in DSV3_NK:
-        for M in DSV3_M:
+        for M in (1024, 4096):  # where 128 x 256 tiles fill the SMs
             _fp8_block_case(rows, M, N, K, f"DeepSeek-V3 M={M} N={N} K={K}", variants)
 
 
