@@ -544,7 +544,7 @@ def sweep_matmul_fp8_block_dsv3_builds(rows):
     variants = [("gluon default", dict(kernel="gluon"), _fp8_block_gluon({}))]
     variants += [("cuda " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
                   dict(kernel="cuda", **f), _fp8_block_cuda(f))
-                 for f in [{}, dict(pingpong=1, cluster_m=2)]]
+                 for f in [{}, dict(pingpong=1, cluster_m=2), dict(bn=128, cluster_m=2)]]
     for N, K in DSV3_NK:
         for M in (1024, 4096):  # where 128 x 256 tiles fill the SMs
             _fp8_block_case(rows, M, N, K, f"DeepSeek-V3 M={M} N={N} K={K}", variants)
@@ -640,7 +640,8 @@ def _fp8_block_cuda(fields):
 #: _scaled_mm per tensor at 8192^3 / DeepSeek-V3 gate_up M=4096, docs/NOTES.md): default
 #: 0.809-0.819 / 0.859-0.876, 3 slots with one epilogue part 0.781 / 0.866, group_m 8
 #: 0.762 / 0.856, 3 slots 0.811 / 0.879, 2-CTA clusters 0.801 / 0.833.
-FP8_BLOCK_CUDA = [{}, dict(pingpong=1), dict(pingpong=1, cluster_m=2), dict(cluster_m=2)]
+FP8_BLOCK_CUDA = [{}, dict(pingpong=1, cluster_m=2), dict(bn=128, cluster_m=2),
+                  dict(bn=128, cluster_m=2, group_m=8)]
 
 
 def sweep_matmul_fp8_block_cuda(rows):

@@ -39,6 +39,10 @@
 //   without turns both issue at once off the same full slot, their sums finish together
 //   and both promote while the tensor cores idle (ncu: the tensor pipe ~71% busy, cuBLAS's
 //   per-tensor kernel ~92%).
+// BN=128 (not timed yet in clusters; alone it lost to L2 traffic): 128 x 128 tiles, one
+//   64 x 128 sum a consumer a group in two register sets by turns (64 + 2 x 64 registers):
+//   the next group's sum is issued before this one's is waited for (to one in flight) and
+//   promoted, so a consumer's own wgmmas never drain. 6 slots, one epilogue part.
 // Epilogue through shared memory and TMA stores (EPI_SPLIT parts of 64 x BN / EPI_SPLIT a
 // consumer, swizzled as TMA reads them), overlapped with the next tile's K loop.
 // CLUSTER_M=2: CTA pairs on consecutive tile-rows; each loads half of the B tile and
@@ -54,10 +58,16 @@
 // (wgmma and setmaxnreg need the "a").
 
 #define BM 128
-#define BN 256
+#ifndef BN  // 256, or 128: one 128-column sum a group, the next group's issued before this
+#define BN 256  // one's promotion (LOOKAHEAD below)
+#endif
+#if BN != 256 && BN != 128
+#error "BN must be 256 or 128"
+#endif
+#define LOOKAHEAD (BN == 128)
 #define BK 128  // one scale group
-#ifndef STAGES
-#define STAGES 4
+#ifndef STAGES  // what fits 227 KB beside the epilogue's staging
+#define STAGES (BN == 256 ? 4 : 6)
 #endif
 #define CONSUMERS 2
 #define THREADS (128 * (CONSUMERS + 1))
@@ -65,14 +75,17 @@
 #define GROUP_M 16
 #endif
 #ifndef EPI_SPLIT
-#define EPI_SPLIT 2
+#define EPI_SPLIT (BN == 256 ? 2 : 1)
 #endif
 #ifndef OUT_F16
 #define OUT_F16 0
 #endif
-#define SUM_N (BN / 2)  // columns of one MMA sum (two a group)
-#ifndef PINGPONG  // 1: the consumers issue their sums in turns (above)
+#define SUM_N 128  // columns of one MMA sum (two a group at 256 columns)
+#ifndef PINGPONG  // 1: the consumers issue their sums in turns (above; 256 columns)
 #define PINGPONG 0
+#endif
+#if PINGPONG && BN != 256
+#error "PINGPONG is a 256-column schedule"
 #endif
 #ifndef CLUSTER_M  // 2: CTA pairs on consecutive tile-rows, each multicasting half of B
 #define CLUSTER_M 1
@@ -246,6 +259,9 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
     const int warp = t / 32, lane = t % 32;
     float acc[BN / 2];
     float sum[SUM_REGS];
+#if LOOKAHEAD
+    float sum1[SUM_REGS];
+#endif
     int it = 0;
     bool first = c == 0;  // consumer 0 takes the first turn without waiting
     for (int unit = unit0; unit < num_units; unit += unit_stride) {
@@ -257,12 +273,57 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
       const int r1 = min(tm * BM + c * 64 + warp * 16 + lane / 4 + 8, M - 1);
       const float* sa0 = sa + (long long)r0 * stride_sam;
       const float* sa1 = sa + (long long)r1 * stride_sam;
-      // the tile's two column blocks (its halves)
-      const float* sbl = sb + (long long)min(2 * tn, NB - 1) * stride_sbn;
-      const float* sbr = sb + (long long)min(2 * tn + 1, NB - 1) * stride_sbn;
+      // the tile's column blocks (the halves of a 256-column tile)
+      const float* sbl = sb + (long long)min(tn * BN / 128, NB - 1) * stride_sbn;
+      const float* sbr = sb + (long long)min(tn * BN / 128 + 1, NB - 1) * stride_sbn;
       float a0 = __ldg(sa0), a1 = __ldg(sa1), bl = __ldg(sbl), br = __ldg(sbr);
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+#if LOOKAHEAD
+      // group g's sum runs in one register set while group g + 1's is issued into the other;
+      // then g's is waited for (to one group in flight), its slot released and it is
+      // promoted. Straight-line pairs, so every path into the loop's back edge has the same
+      // set in flight (ptxas serializes the wgmmas where paths disagree). A group's scales
+      // load when its sum is issued.
+      float na0 = 0.f, na1 = 0.f, nbl = 0.f;
+      auto issue = [&](float* d, int g) {
+        const int i = it + g;
+        na0 = __ldg(sa0 + (long long)g * stride_sak);
+        na1 = __ldg(sa1 + (long long)g * stride_sak);
+        nbl = __ldg(sbl + (long long)g * stride_sbk);
+        mbar_wait(full(i % STAGES), (i / STAGES) & 1);
+        issue_sum(d, sA + (i % STAGES) * A_STAGE_BYTES + c * (64 * BK),
+                  sB + (i % STAGES) * B_STAGE_BYTES, 0);
+      };
+      auto finish = [&](float* d, int g) {  // after the wait
+        fence_sum(d);
+        if (t == 0) release_slot(empty((it + g) % STAGES));
+        promote<16>(acc, d, a0 * bl, a1 * bl, a0 * bl, a1 * bl);
+        a0 = na0, a1 = na1, bl = nbl;
+      };
+      issue(sum, 0);
+      a0 = na0, a1 = na1, bl = nbl;
+      int g = 0;
+      for (; g + 2 < KG; g += 2) {
+        issue(sum1, g + 1);
+        wgmma_wait1();
+        finish(sum, g);
+        issue(sum, g + 2);
+        wgmma_wait1();
+        finish(sum1, g + 1);
+      }
+      if (g + 1 < KG) {  // two groups left, the first in flight
+        issue(sum1, g + 1);
+        wgmma_wait1();
+        finish(sum, g);
+        wgmma_wait0();
+        finish(sum1, g + 1);
+      } else {
+        wgmma_wait0();
+        finish(sum, g);
+      }
+      it += KG;
+#else
       for (int g = 0; g < KG; ++g, ++it) {
         // the next group's scales, under this group's MMAs (clamped at the last group)
         const int gn = min(g + 1, KG - 1);
@@ -291,6 +352,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
         promote<0>(acc + 64, sum, l0, l1, r0s, r1s);
         a0 = na0, a1 = na1, bl = nbl, br = nbr;
       }
+#endif
       // the two sums' fragments one after the other: together the m64nBN fragment
       store_tile_tma<BN, EPI_SPLIT>(acc, sC + c * C_PART_BYTES, &tma_c, tn * BN,
                                     tm * BM + c * 64, c, t, warp, lane,
