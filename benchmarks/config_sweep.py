@@ -537,19 +537,6 @@ def sweep_matmul_fp8_block_dsv3(rows):
             _fp8_block_case(rows, M, N, K, f"DeepSeek-V3 M={M} N={N} K={K}", variants)
 
 
-def sweep_matmul_fp8_block_dsv3_builds(rows):
-    """DeepSeek-V3's shapes at M = 1024 and 4096 (as sweep_matmul_fp8_block_dsv3) for the
-    CUDA kernel's other builds, forced, beside its default and the Gluon kernel's: where each
-    would serve."""
-    variants = [("gluon default", dict(kernel="gluon"), _fp8_block_gluon({}))]
-    variants += [("cuda " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
-                  dict(kernel="cuda", **f), _fp8_block_cuda(f))
-                 for f in [{}, dict(pingpong=1, cluster_m=2), dict(bn=128, cluster_m=2)]]
-    for N, K in DSV3_NK:
-        for M in (1024, 4096):  # where 128 x 256 tiles fill the SMs
-            _fp8_block_case(rows, M, N, K, f"DeepSeek-V3 M={M} N={N} K={K}", variants)
-
-
 #: the rescale schedule's variants (HopperBlockConfig fields; opt-in, fast-accumulation
 #: numerics: one accumulator across K, rescaled between groups, 128 x 256 tiles; pingpong and
 #: group_m 16 are what schedule="rescale" takes by itself) against the default (the promote
@@ -636,12 +623,11 @@ def _fp8_block_cuda(fields):
 
 
 #: the CUDA kernel's builds (gemm_fp8_block's knobs; {} is its default: 4 ring slots, the
-#: epilogue in two parts, group_m 16, consumers issuing freely). Measured (H200, x
-#: _scaled_mm per tensor at 8192^3 / DeepSeek-V3 gate_up M=4096, docs/NOTES.md): default
-#: 0.809-0.819 / 0.859-0.876, 3 slots with one epilogue part 0.781 / 0.866, group_m 8
-#: 0.762 / 0.856, 3 slots 0.811 / 0.879, 2-CTA clusters 0.801 / 0.833.
-FP8_BLOCK_CUDA = [{}, dict(pingpong=1, cluster_m=2), dict(bn=128, cluster_m=2),
-                  dict(bn=128, cluster_m=2, group_m=8)]
+#: epilogue in two parts, group_m 16). Measured (H200, x _scaled_mm per tensor at 8192^3 /
+#: DeepSeek-V3 gate_up M=4096, docs/NOTES.md): default 0.790-0.819 / 0.859-0.876, 3 slots
+#: with one epilogue part 0.781 / 0.866, group_m 8 0.762 / 0.856, 3 slots 0.811 / 0.879; the
+#: removed tile shapes, CTA pairs and consumer turns 0.69-0.81 / 0.69-0.87.
+FP8_BLOCK_CUDA = [{}, dict(stages=3), dict(group_m=8)]
 
 
 def sweep_matmul_fp8_block_cuda(rows):
@@ -1446,7 +1432,6 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "matmul_fp8_block": sweep_matmul_fp8_block,
           "matmul_fp8_block_dsv3": sweep_matmul_fp8_block_dsv3,
           "matmul_fp8_block_cuda": sweep_matmul_fp8_block_cuda,
-          "matmul_fp8_block_dsv3_builds": sweep_matmul_fp8_block_dsv3_builds,
           "matmul_fp8_block_rescale": sweep_matmul_fp8_block_rescale,
           "matmul_fp8_block_rescale_shared": sweep_matmul_fp8_block_rescale_shared,
           "matmul_mid": sweep_matmul_mid,

@@ -18,7 +18,8 @@
 // once a group (so it is not read from shared memory for each half); four 64-column sums a
 // group with two in flight (each promoted under the next one's MMAs); 128 x 192 tiles with
 // two 96-column sums in flight; 192 x 128 tiles on three consumers; 128 x 128 tiles with or
-// without the next group's sum issued before the promotion (more L2 traffic a flop).
+// without the next group's sum issued before the promotion (more L2 traffic a flop), also in
+// CTA pairs; CTA pairs multicasting B; the consumers issuing their sums in turns.
 //
 // 384 threads = 3 warpgroups, persistent (one CTA an SM walking the tiles in GROUP_M
 // sections):
@@ -29,26 +30,13 @@
 //   warpgroups 1 and 2, the consumers (setmaxnreg.inc 240): 64 rows of the tile each. Per
 //     group: issue 4 wgmma.m64n128k32 for the left 128 columns into the sum, wait, add the sum
 //     times sa[row, g] * sb[g, left block] into the accumulator (64 FFMA), the same for the
-//     right 128 columns, release the slot. A consumer's tensor cores idle during its own
-//     promotion; the other consumer's wgmmas, queued behind, fill part of that time (the
-//     drain left is in docs/NOTES.md). The next group's scales are loaded (L2 hits) during
-//     this group.
-// PINGPONG=1 (not timed yet): the consumers issue their sums in turns (named barriers 3
-//   and 4: a consumer waits for the other's issue before its own, then signals), so the
-//   tensor cores run one consumer's sum while the other waits for and promotes its own;
-//   without turns both issue at once off the same full slot, their sums finish together
-//   and both promote while the tensor cores idle (ncu: the tensor pipe ~71% busy, cuBLAS's
-//   per-tensor kernel ~92%).
-// BN=128 (not timed yet in clusters; alone it lost to L2 traffic): 128 x 128 tiles, one
-//   64 x 128 sum a consumer a group in two register sets by turns (64 + 2 x 64 registers):
-//   the next group's sum is issued before this one's is waited for (to one in flight) and
-//   promoted, so a consumer's own wgmmas never drain. 6 slots, one epilogue part.
+//     right 128 columns, release the slot. Both consumers issue off the same full slot, so
+//     their sums run together and both promote at about the same time; the tensor pipe
+//     idles then (busy ~71% of the time against ~92% for cuBLAS's per-tensor kernel), and
+//     taking turns made it worse (one consumer's dependent chain alone does not fill the
+//     pipe). The next group's scales are loaded (L2 hits) during this group.
 // Epilogue through shared memory and TMA stores (EPI_SPLIT parts of 64 x BN / EPI_SPLIT a
 // consumer, swizzled as TMA reads them), overlapped with the next tile's K loop.
-// CLUSTER_M=2: CTA pairs on consecutive tile-rows; each loads half of the B tile and
-// multicasts it to both (cp.async.bulk.tensor .multicast::cluster), so L2 serves B once a
-// pair; a slot is free once the consumers of both CTAs released it (empty[s] counts 4
-// arrivals, remote ones through mapa).
 //
 // Shared-memory layouts (128-byte swizzle, as TMA writes them and wgmma reads them): A tile
 // 128 rows x 128 B, B tile 256 rows x 128 B; wgmma descriptors K-major, SBO 1024 B (8 rows),
@@ -58,16 +46,10 @@
 // (wgmma and setmaxnreg need the "a").
 
 #define BM 128
-#ifndef BN  // 256, or 128: one 128-column sum a group, the next group's issued before this
-#define BN 256  // one's promotion (LOOKAHEAD below)
-#endif
-#if BN != 256 && BN != 128
-#error "BN must be 256 or 128"
-#endif
-#define LOOKAHEAD (BN == 128)
+#define BN 256
 #define BK 128  // one scale group
-#ifndef STAGES  // what fits 227 KB beside the epilogue's staging
-#define STAGES (BN == 256 ? 4 : 6)
+#ifndef STAGES
+#define STAGES 4
 #endif
 #define CONSUMERS 2
 #define THREADS (128 * (CONSUMERS + 1))
@@ -75,25 +57,14 @@
 #define GROUP_M 16
 #endif
 #ifndef EPI_SPLIT
-#define EPI_SPLIT (BN == 256 ? 2 : 1)
+#define EPI_SPLIT 2
 #endif
 #ifndef OUT_F16
 #define OUT_F16 0
 #endif
-#define SUM_N 128  // columns of one MMA sum (two a group at 256 columns)
-#ifndef PINGPONG  // 1: the consumers issue their sums in turns (above; 256 columns)
-#define PINGPONG 0
-#endif
-#if PINGPONG && BN != 256
-#error "PINGPONG is a 256-column schedule"
-#endif
-#ifndef CLUSTER_M  // 2: CTA pairs on consecutive tile-rows, each multicasting half of B
-#define CLUSTER_M 1
-#endif
-#if CLUSTER_M != 1 && CLUSTER_M != 2
-#error "CLUSTER_M must be 1 or 2"
-#endif
-#define GROUP_MC (GROUP_M / CLUSTER_M > 0 ? GROUP_M / CLUSTER_M : 1)  // in cluster tile-rows
+#define SUM_N (BN / 2)  // columns of one MMA sum (two a group)
+#define CLUSTER_M 1  // no CTA clusters (the header's helpers take them)
+#define GROUP_MC GROUP_M
 #if BN % (64 * EPI_SPLIT)
 #error "EPI_SPLIT must split BN into whole 64-column boxes"
 #endif
@@ -164,19 +135,6 @@ __device__ __forceinline__ void issue_sum(float* sum, unsigned a_base, unsigned 
   wgmma_commit();
 }
 
-// PINGPONG turns: consumer c waits on named barrier 3 + c for the other's issue, then
-// signals the other's barrier (bar.arrive does not wait); 256 threads each
-__device__ __forceinline__ void take_turn(int c, bool skip) {
-#if PINGPONG
-  if (!skip) named_bar(3 + c, 256);
-#endif
-}
-__device__ __forceinline__ void pass_turn(int c) {
-#if PINGPONG
-  asm volatile("bar.arrive %0, 256;\n" ::"r"(4 - c) : "memory");
-#endif
-}
-
 __device__ __forceinline__ void fence_sum(float* sum) {
 #pragma unroll
   for (int i = 0; i < SUM_REGS; ++i) fence_operand(sum[i]);
@@ -198,7 +156,7 @@ __device__ __forceinline__ void promote(float* acc, const float* sum, float sl0,
   }
 }
 
-extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_block(
+extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_fp8_block(
     const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
     const __grid_constant__ TmaDesc tma_c,  // C, boxes of 64 x 64, 128-byte swizzle
     const float* __restrict__ sa, const float* __restrict__ sb, int M, int N, int K,
@@ -212,15 +170,10 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
   auto empty = [&](int s) { return bars + 8u * (STAGES + s); };
 
   int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-  init_ring(bars, STAGES, CONSUMERS * CLUSTER_M, CLUSTER_M);
-  const int rank = CLUSTER_M > 1 ? (int)cluster_rank() : 0;
+  init_ring(bars, STAGES, CONSUMERS, 1);
 
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-  // work units: CLUSTER_M consecutive tile-rows x one tile-column; CTA `rank` takes row
-  // `rank` (past the last tile-row it loads zeros and stores nothing)
-  const int units_m = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;
-  const int num_units = units_m * tiles_n;
-  const int unit0 = blockIdx.x / CLUSTER_M, unit_stride = gridDim.x / CLUSTER_M;
+  const int num_tiles = tiles_m * tiles_n;
   const int KG = (K + BK - 1) / BK;
   const int NB = (N + 127) / 128;  // column blocks of sb
 
@@ -231,24 +184,16 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_a)));
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_b)));
       int it = 0;
-      for (int unit = unit0; unit < num_units; unit += unit_stride) {
-        int um, tn;
-        tile_coords(unit, units_m, tiles_n, um, tn);
-        const int tm = um * CLUSTER_M + rank;
+      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+        int tm, tn;
+        tile_coords(tile, tiles_m, tiles_n, tm, tn);
         for (int g = 0; g < KG; ++g, ++it) {
           int s = it % STAGES;
           unsigned round = it / STAGES;
           mbar_wait(empty(s), (round & 1) ^ 1);  // round 0 passes: the slot starts free
           mbar_expect_tx(full(s), STAGE_BYTES);
           tma_load_2d(sA + s * A_STAGE_BYTES, &tma_a, g * BK, tm * BM, full(s));
-#if CLUSTER_M > 1
-          // this CTA's rows of the B tile, into the same slot of every CTA of the cluster
-          tma_load_2d_multicast(sB + s * B_STAGE_BYTES + rank * (BN / CLUSTER_M) * BK, &tma_b,
-                                g * BK, tn * BN + rank * (BN / CLUSTER_M), full(s),
-                                (unsigned short)((1u << CLUSTER_M) - 1));
-#else
           tma_load_2d(sB + s * B_STAGE_BYTES, &tma_b, g * BK, tn * BN, full(s));
-#endif
         }
       }
     }
@@ -259,71 +204,21 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
     const int warp = t / 32, lane = t % 32;
     float acc[BN / 2];
     float sum[SUM_REGS];
-#if LOOKAHEAD
-    float sum1[SUM_REGS];
-#endif
     int it = 0;
-    bool first = c == 0;  // consumer 0 takes the first turn without waiting
-    for (int unit = unit0; unit < num_units; unit += unit_stride) {
-      int um, tn;
-      tile_coords(unit, units_m, tiles_n, um, tn);
-      const int tm = um * CLUSTER_M + rank;
+    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+      int tm, tn;
+      tile_coords(tile, tiles_m, tiles_n, tm, tn);
       // this thread's two rows (clamped: rows past M have zero sums) and column blocks
       const int r0 = min(tm * BM + c * 64 + warp * 16 + lane / 4, M - 1);
       const int r1 = min(tm * BM + c * 64 + warp * 16 + lane / 4 + 8, M - 1);
       const float* sa0 = sa + (long long)r0 * stride_sam;
       const float* sa1 = sa + (long long)r1 * stride_sam;
-      // the tile's column blocks (the halves of a 256-column tile)
-      const float* sbl = sb + (long long)min(tn * BN / 128, NB - 1) * stride_sbn;
-      const float* sbr = sb + (long long)min(tn * BN / 128 + 1, NB - 1) * stride_sbn;
+      // the tile's two column blocks (its halves)
+      const float* sbl = sb + (long long)min(2 * tn, NB - 1) * stride_sbn;
+      const float* sbr = sb + (long long)min(2 * tn + 1, NB - 1) * stride_sbn;
       float a0 = __ldg(sa0), a1 = __ldg(sa1), bl = __ldg(sbl), br = __ldg(sbr);
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-#if LOOKAHEAD
-      // group g's sum runs in one register set while group g + 1's is issued into the other;
-      // then g's is waited for (to one group in flight), its slot released and it is
-      // promoted. Straight-line pairs, so every path into the loop's back edge has the same
-      // set in flight (ptxas serializes the wgmmas where paths disagree). A group's scales
-      // load when its sum is issued.
-      float na0 = 0.f, na1 = 0.f, nbl = 0.f;
-      auto issue = [&](float* d, int g) {
-        const int i = it + g;
-        na0 = __ldg(sa0 + (long long)g * stride_sak);
-        na1 = __ldg(sa1 + (long long)g * stride_sak);
-        nbl = __ldg(sbl + (long long)g * stride_sbk);
-        mbar_wait(full(i % STAGES), (i / STAGES) & 1);
-        issue_sum(d, sA + (i % STAGES) * A_STAGE_BYTES + c * (64 * BK),
-                  sB + (i % STAGES) * B_STAGE_BYTES, 0);
-      };
-      auto finish = [&](float* d, int g) {  // after the wait
-        fence_sum(d);
-        if (t == 0) release_slot(empty((it + g) % STAGES));
-        promote<16>(acc, d, a0 * bl, a1 * bl, a0 * bl, a1 * bl);
-        a0 = na0, a1 = na1, bl = nbl;
-      };
-      issue(sum, 0);
-      a0 = na0, a1 = na1, bl = nbl;
-      int g = 0;
-      for (; g + 2 < KG; g += 2) {
-        issue(sum1, g + 1);
-        wgmma_wait1();
-        finish(sum, g);
-        issue(sum, g + 2);
-        wgmma_wait1();
-        finish(sum1, g + 1);
-      }
-      if (g + 1 < KG) {  // two groups left, the first in flight
-        issue(sum1, g + 1);
-        wgmma_wait1();
-        finish(sum, g);
-        wgmma_wait0();
-        finish(sum1, g + 1);
-      } else {
-        wgmma_wait0();
-        finish(sum, g);
-      }
-      it += KG;
-#else
       for (int g = 0; g < KG; ++g, ++it) {
         // the next group's scales, under this group's MMAs (clamped at the last group)
         const int gn = min(g + 1, KG - 1);
@@ -336,35 +231,22 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
         const unsigned a_base = sA + s * A_STAGE_BYTES + c * (64 * BK);
         const unsigned b_base = sB + s * B_STAGE_BYTES;
         const float l0 = a0 * bl, l1 = a1 * bl, r0s = a0 * br, r1s = a1 * br;
-        take_turn(c, first);
-        first = false;
         issue_sum(sum, a_base, b_base, 0);
-        pass_turn(c);
         wgmma_wait0();
         fence_sum(sum);
         promote<16>(acc, sum, l0, l1, r0s, r1s);
-        take_turn(c, false);
         issue_sum(sum, a_base, b_base, 1);
-        pass_turn(c);
         wgmma_wait0();
         fence_sum(sum);
         if (t == 0) release_slot(empty(s));
         promote<0>(acc + 64, sum, l0, l1, r0s, r1s);
         a0 = na0, a1 = na1, bl = nbl, br = nbr;
       }
-#endif
       // the two sums' fragments one after the other: together the m64nBN fragment
       store_tile_tma<BN, EPI_SPLIT>(acc, sC + c * C_PART_BYTES, &tma_c, tn * BN,
                                     tm * BM + c * 64, c, t, warp, lane,
                                     [](float lo, float hi) { return pack_out(lo, hi); });
     }
     if (t == 0) bulk_wait0();  // the last stores are done before the CTA (and its smem) ends
-#if PINGPONG
-    if (c == 0) named_bar(3, 256);  // consumer 1's last signal: no barrier left half-arrived
-#endif
   }
-#if CLUSTER_M > 1
-  // no CTA leaves while its peer may still arrive on its barriers or multicast into it
-  cluster_sync();
-#endif
 }
