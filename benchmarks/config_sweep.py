@@ -627,7 +627,7 @@ def _fp8_block_cuda(fields):
 #: DeepSeek-V3 gate_up M=4096, docs/NOTES.md): default 0.790-0.819 / 0.859-0.876, 3 slots
 #: with one epilogue part 0.781 / 0.866, group_m 8 0.762 / 0.856, 3 slots 0.811 / 0.879; the
 #: removed tile shapes, CTA pairs and consumer turns 0.69-0.81 / 0.69-0.87.
-FP8_BLOCK_CUDA = [{}, dict(stages=3), dict(group_m=8)]
+FP8_BLOCK_CUDA = [{}, dict(bn=192), dict(bn=192, stages=4, epi_split=1)]
 
 
 def sweep_matmul_fp8_block_cuda(rows):
