@@ -38,8 +38,8 @@ def config(**overrides) -> dict:
     ``bn``: the tile's width, 256 (each 128-deep group as two 128-column sums, each waited
     for before its promotion: the default) or 192 (one 192-column sum a group: one wait a
     group instead of two, ~9% more L2 traffic a flop; not timed yet). The result is shared
-    between calls (worked out once a build, as launches ask for it
-    every call): do not modify it."""
+    between calls (worked out once a build, as launches ask for it every call): do not
+    modify it."""
     unknown = set(overrides) - set(DEFAULTS) - {"out_dtype"}
     if unknown:
         raise TypeError(f"unknown fp8 block build option(s) {sorted(unknown)}; "
