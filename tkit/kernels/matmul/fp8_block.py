@@ -311,11 +311,10 @@ def _cuda_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, activation, 
                  config):
     """None when the CUDA kernel (``tkit.cuda_ext.gemm_fp8_block``: 128 x 256 tiles, each
     128-deep group as two 128-column sums, each promoted once its wgmmas are done) serves
-    this call, else why not. It serves unforced calls and
-    ``path="cuda"`` with no epilogue (bias, activation, residual: the Gluon kernel's), bf16 or
-    fp16 outputs, the Gluon kernel's operand scope, unforced only with K >= CUDA_MIN_K and
-    enough 128 x 256 tiles to fill every SM once, and a build that has passed its self-test
-    on this machine."""
+    this call, else why not. It serves unforced calls and ``path="cuda"`` with no epilogue
+    (bias, activation, residual: the Gluon kernel's), bf16 or fp16 outputs, the Gluon
+    kernel's operand scope, unforced only with K >= CUDA_MIN_K and enough 128 x 256 tiles to
+    fill every SM once, and a build that has passed its self-test on this machine."""
     if path not in (None, "cuda"):
         return f"path {path!r} forced"
     if config is not None:
@@ -369,8 +368,8 @@ def backend(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, bias=None, residua
     if _cuda_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, None, None,
                     None) is None:
         return ("cuda (sm_90a: warp-specialized TMA producer, two consumer warpgroups, "
-                "128 x 256 tiles, each 128-deep group as two 128-column sums promoted in "
-                "turn, the other warpgroup's wgmmas running meanwhile)")
+                "128 x 256 tiles, each 128-deep group as two 128-column sums, each waited "
+                "for and promoted)")
     fh, reason = _gluon_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, None, None)
     if fh is not None:
         (M, K), N = a.shape, b.shape[1]
