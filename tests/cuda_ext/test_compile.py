@@ -164,7 +164,7 @@ def test_wgmma_gemm(build, cubin_dir, options):
         assert "UTMASTG" in ops, "no TMA stores (UTMASTG) in the epilogue"
 
 
-FP8_BLOCK_BUILDS = [{}, dict(stages=3, epi_split=1), dict(out_dtype="float16"), dict(bn=192)]
+FP8_BLOCK_BUILDS = [{}, dict(stages=3, epi_split=1), dict(out_dtype="float16")]
 
 
 @pytest.mark.toolchain
@@ -172,10 +172,9 @@ FP8_BLOCK_BUILDS = [{}, dict(stages=3, epi_split=1), dict(out_dtype="float16"), 
     f"{k}{v[k]}" for k in v) or "default")
 @needs_cuobjdump
 def test_fp8_block_gemm_builds(cubin_dir, build):
-    """The block-scaled fp8 GEMM: at 256 columns two 64 x 128 fp8 wgmma sums a group (four
-    k32 steps each, A and B from shared memory), each waited for alone (two waits to zero)
-    and promoted by 64 FFMAs; at 192 one 64 x 192 sum, one wait and 96 FFMAs (in two copies:
-    the tile's first scale block whole or from its middle); TMA in and out, no spills."""
+    """The block-scaled fp8 GEMM: two 64 x 128 fp8 wgmma sums a group (four k32 steps each,
+    A and B from shared memory), each waited for alone (two waits to zero) and promoted by
+    64 FFMAs; TMA in and out, no spills."""
     import torch
 
     from tkit.cuda_ext.gemm_fp8_block import config
@@ -187,12 +186,10 @@ def test_fp8_block_gemm_builds(cubin_dir, build):
     sass = kernels_sass(_loader.compile_cubin("gemm_fp8_block_sm90.cu", "90a", cfg["options"],
                                               cache_dir=cubin_dir))["gemm_fp8_block"]
     ops = opcodes(sass)
-    n, sums = (128, 2) if cfg["bn"] == 256 else (192, 1)
-    qgmma = re.findall(rf"QGMMA\.64x{n}x32\.F32\.E4M3\.E4M3 R\d+, gdesc", sass)
-    assert len(qgmma) == 4 * sums, build
+    assert len(re.findall(r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, gdesc", sass)) == 8, build
     waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x\d)", sass)
-    assert waits == ["0x0"] * sums, f"{build}: {waits}"
-    assert len(re.findall(r"\bFFMA\b", sass)) == 128 if sums == 2 else 2 * 96, build
+    assert waits == ["0x0", "0x0"], f"{build}: {waits}"
+    assert len(re.findall(r"\bFFMA\b", sass)) == 128, build
     assert {"UTMALDG", "UTMASTG", "SYNCS", "USETMAXREG"} <= ops, f"{build}: {ops}"
     assert not ops & {"LDL", "STL"}, f"{build}: local memory traffic (spills)"
 

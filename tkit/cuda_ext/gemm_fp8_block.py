@@ -22,11 +22,9 @@ from tkit.kernels import _common
 
 SOURCE = "gemm_fp8_block_sm90.cu"
 BM, BK, THREADS = 128, 128, 384
-#: the source's macro defaults (the build with no -D options); ``stages`` and ``epi_split``
-#: default by tile width (:data:`WIDTH_DEFAULTS`)
-DEFAULTS = dict(bn=256, stages=None, group_m=16, epi_split=None)
-#: tile width -> (stages, epi_split) when not given: what fits 227 KB of shared memory
-WIDTH_DEFAULTS = {256: (4, 2), 192: (5, 3)}
+BN = 256
+#: the source's macro defaults (the build with no -D options)
+DEFAULTS = dict(stages=4, group_m=16, epi_split=2)
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 SMEM_LIMIT = 227 * 1024
 
@@ -34,12 +32,8 @@ SMEM_LIMIT = 227 * 1024
 def config(**overrides) -> dict:
     """One build: :data:`DEFAULTS` with ``overrides`` (None keeps the default); derived:
     smem (bytes), options (-D...: only what differs from the source's defaults).
-
-    ``bn``: the tile's width, 256 (each 128-deep group as two 128-column sums, each waited
-    for before its promotion: the default) or 192 (one 192-column sum a group: one wait a
-    group instead of two, ~9% more L2 traffic a flop; not timed yet). The result is shared
-    between calls (worked out once a build, as launches ask for it every call): do not
-    modify it."""
+    The result is shared between calls (worked out once a build, as launches ask for it
+    every call): do not modify it."""
     unknown = set(overrides) - set(DEFAULTS) - {"out_dtype"}
     if unknown:
         raise TypeError(f"unknown fp8 block build option(s) {sorted(unknown)}; "
@@ -53,26 +47,18 @@ def _config(out_dtype: torch.dtype, *values) -> dict:
     cfg = {k: (DEFAULTS[k] if v is None else v) for k, v in zip(DEFAULTS, values)}
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype must be bfloat16 or float16, got {out_dtype}")
-    if cfg["bn"] not in WIDTH_DEFAULTS:
-        raise ValueError(f"bn must be one of {sorted(WIDTH_DEFAULTS)}, got {cfg['bn']}")
-    width_stages, width_split = WIDTH_DEFAULTS[cfg["bn"]]
-    cfg["stages"] = cfg["stages"] or width_stages
-    cfg["epi_split"] = cfg["epi_split"] or width_split
-    bn = cfg["bn"]
-    if bn % (64 * cfg["epi_split"]):
-        raise ValueError(f"epi_split must split the {bn} columns into whole 64-column boxes, "
-                         f"got {cfg['epi_split']}")
+    if cfg["epi_split"] not in (1, 2, 4):
+        raise ValueError(f"epi_split must split the {BN} columns into whole 64-column boxes "
+                         f"(1, 2 or 4), got {cfg['epi_split']}")
     if cfg["stages"] < 2:
         raise ValueError(f"stages must be >= 2, got {cfg['stages']}")
-    cfg["smem"] = (cfg["stages"] * (BM + bn) * BK + 2 * 64 * (bn // cfg["epi_split"]) * 2
+    cfg["smem"] = (cfg["stages"] * (BM + BN) * BK + 2 * 64 * (BN // cfg["epi_split"]) * 2
                    + 1024 + 16 * cfg["stages"])
     if cfg["smem"] > SMEM_LIMIT:
         raise ValueError(f"stages={cfg['stages']} with epi_split={cfg['epi_split']} at "
-                         f"{bn} columns needs {cfg['smem']} bytes of shared memory, more than "
+                         f"{BN} columns needs {cfg['smem']} bytes of shared memory, more than "
                          f"{SMEM_LIMIT}")
-    # the source's defaults of this width (its STAGES and EPI_SPLIT follow BN the same way)
-    base = dict(DEFAULTS, stages=width_stages, epi_split=width_split)
-    diff = {k: cfg[k] for k in DEFAULTS if cfg[k] != base[k]}
+    diff = {k: cfg[k] for k in DEFAULTS if cfg[k] != DEFAULTS[k]}
     cfg["options"] = _defines(**diff) + (("-DOUT_F16=1",) if out_dtype == torch.float16 else ())
     cfg["out_dtype"] = out_dtype
     return cfg
@@ -133,17 +119,15 @@ def _kernel(options: tuple[str, ...], device: int) -> int:
 def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                      scale_b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16, *,
                      out: torch.Tensor | None = None, check: bool = True,
-                     bn: int | None = None, stages: int | None = None,
-                     group_m: int | None = None, epi_split: int | None = None,
-                     ctas: int | None = None) -> torch.Tensor:
+                     stages: int | None = None, group_m: int | None = None,
+                     epi_split: int | None = None, ctas: int | None = None) -> torch.Tensor:
     """The block-scaled product (module docstring) by the CUDA kernel. The operands are
     assumed checked by the block mode (shapes, dtypes, TMA alignment: its ``supported``);
     ``out`` an (M, N) row-major output to write (else one is allocated); ``check`` runs
-    the build's self-test first (once per machine). Build knobs: ``bn`` (the tile's width,
-    :func:`config`), ``stages`` (ring slots of one group), ``group_m`` (tile-row section
-    height), ``epi_split`` (epilogue parts a consumer); ``ctas`` the persistent grid (None:
-    one CTA an SM)."""
-    knobs = dict(bn=bn, stages=stages, group_m=group_m, epi_split=epi_split)
+    the build's self-test first (once per machine). Build knobs: ``stages`` (ring slots of
+    one group, 48 KiB each), ``group_m`` (tile-row section height), ``epi_split`` (epilogue
+    parts a consumer); ``ctas`` the persistent grid (None: one CTA an SM)."""
+    knobs = dict(stages=stages, group_m=group_m, epi_split=epi_split)
     cfg = config(**knobs, out_dtype=out_dtype)
     M, K = a.shape
     N = b.shape[1]
@@ -158,9 +142,8 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
             raise RuntimeError(f"the CUDA block-scaled fp8 kernel is off on this machine: {why}")
     dev = a.device.index or 0
     func = _kernel(cfg["options"], dev)
-    bn = cfg["bn"]
-    maps = (tensor_map_2d(a, BK, BM), tensor_map_2d(b.t(), BK, bn), tensor_map_2d(c, 64, 64))
-    tiles = _common.cdiv(M, BM) * _common.cdiv(N, bn)
+    maps = (tensor_map_2d(a, BK, BM), tensor_map_2d(b.t(), BK, BN), tensor_map_2d(c, 64, 64))
+    tiles = _common.cdiv(M, BM) * _common.cdiv(N, BN)
     grid = (max(1, min(tiles, ctas or _num_sms(dev))),)
     _loader.launch(func, grid, (THREADS,), (*maps, scale_a, scale_b, *_i32(
         M, N, K, scale_a.stride(0), scale_a.stride(1), scale_b.stride(0), scale_b.stride(1))),

@@ -35,11 +35,6 @@
 //     idles then (busy ~71% of the time against ~92% for cuBLAS's per-tensor kernel), and
 //     taking turns made it worse (one consumer's dependent chain alone does not fill the
 //     pipe). The next group's scales are loaded (L2 hits) during this group.
-// BN192 (not timed yet): 128 x 192 tiles, each group one 64 x 192 sum a consumer (96 + 96
-//   registers), so one wait and one promotion a group instead of two (DeepGEMM's shape, one
-//   sum across the tile width), for ~9% more L2 traffic a flop than 128 x 256. A tile starts
-//   on a 128-column block of b's scales when tn is even, else 64 columns into one. 5 slots,
-//   the epilogue in three parts.
 // Epilogue through shared memory and TMA stores (EPI_SPLIT parts of 64 x BN / EPI_SPLIT a
 // consumer, swizzled as TMA reads them), overlapped with the next tile's K loop.
 //
@@ -51,15 +46,10 @@
 // (wgmma and setmaxnreg need the "a").
 
 #define BM 128
-#ifndef BN  // 256 (two 128-column sums a group), or 192 (one sum a group: BN192 below)
 #define BN 256
-#endif
-#if BN != 256 && BN != 192
-#error "BN must be 256 or 192"
-#endif
 #define BK 128  // one scale group
-#ifndef STAGES  // what fits 227 KB beside the epilogue's staging
-#define STAGES (BN == 256 ? 4 : 5)
+#ifndef STAGES
+#define STAGES 4
 #endif
 #define CONSUMERS 2
 #define THREADS (128 * (CONSUMERS + 1))
@@ -67,12 +57,12 @@
 #define GROUP_M 16
 #endif
 #ifndef EPI_SPLIT
-#define EPI_SPLIT (BN == 256 ? 2 : 3)
+#define EPI_SPLIT 2
 #endif
 #ifndef OUT_F16
 #define OUT_F16 0
 #endif
-#define SUM_N (BN == 256 ? 128 : 192)  // columns of one MMA sum (BN / SUM_N a group)
+#define SUM_N (BN / 2)  // columns of one MMA sum (two a group)
 #define CLUSTER_M 1  // no CTA clusters (the header's helpers take them)
 #define GROUP_MC GROUP_M
 #if BN % (64 * EPI_SPLIT)
@@ -106,7 +96,6 @@ __device__ __forceinline__ u64 smem_desc(unsigned addr) {
 
 // d[SUM_N / 2] (+)= A(64x32 e4m3, K-major descriptor) @ B(32xSUM_N e4m3, K-major
 // descriptor); scale_d 0 overwrites d
-#if SUM_N == 128
 __device__ __forceinline__ void wgmma_sum(float* d, u64 desc_a, u64 desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
@@ -115,23 +104,6 @@ __device__ __forceinline__ void wgmma_sum(float* d, u64 desc_a, u64 desc_b, int 
       : F8(0), F8(8), F8(16), F8(24), F8(32), F8(40), F8(48), F8(56)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
-#else
-#define R96 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
-            "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-            "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
-__device__ __forceinline__ void wgmma_sum(float* d, u64 desc_a, u64 desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 {" R96 "}, %96, %97, p, 1, 1;\n"
-      "}\n"
-      : F8(0), F8(8), F8(16), F8(24), F8(32), F8(40), F8(48), F8(56), F8(64), F8(72), F8(80),
-        F8(88)
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-#endif
 
 // pins a register between two asm statements: no read or write of it moves across
 __device__ __forceinline__ void fence_operand(float& r) {
@@ -241,10 +213,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_fp8_block(
       const int r1 = min(tm * BM + c * 64 + warp * 16 + lane / 4 + 8, M - 1);
       const float* sa0 = sa + (long long)r0 * stride_sam;
       const float* sa1 = sa + (long long)r1 * stride_sam;
-      // the tile's column blocks: a 256-column tile's halves; a 192-column one starts on a
-      // block boundary when tn is even, else 64 columns into one
-      const float* sbl = sb + (long long)min(tn * BN / 128, NB - 1) * stride_sbn;
-      const float* sbr = sb + (long long)min(tn * BN / 128 + 1, NB - 1) * stride_sbn;
+      // the tile's two column blocks (its halves)
+      const float* sbl = sb + (long long)min(2 * tn, NB - 1) * stride_sbn;
+      const float* sbr = sb + (long long)min(2 * tn + 1, NB - 1) * stride_sbn;
       float a0 = __ldg(sa0), a1 = __ldg(sa1), bl = __ldg(sbl), br = __ldg(sbr);
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
@@ -260,7 +231,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_fp8_block(
         const unsigned a_base = sA + s * A_STAGE_BYTES + c * (64 * BK);
         const unsigned b_base = sB + s * B_STAGE_BYTES;
         const float l0 = a0 * bl, l1 = a1 * bl, r0s = a0 * br, r1s = a1 * br;
-#if BN == 256
         issue_sum(sum, a_base, b_base, 0);
         wgmma_wait0();
         fence_sum(sum);
@@ -270,17 +240,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_fp8_block(
         fence_sum(sum);
         if (t == 0) release_slot(empty(s));
         promote<0>(acc + 64, sum, l0, l1, r0s, r1s);
-#else
-        issue_sum(sum, a_base, b_base, 0);
-        wgmma_wait0();
-        fence_sum(sum);
-        if (t == 0) release_slot(empty(s));
-        if (tn % 2 == 0) {  // columns 0-127 in the first block
-          promote<16>(acc, sum, l0, l1, r0s, r1s);
-        } else {  // columns 0-63
-          promote<8>(acc, sum, l0, l1, r0s, r1s);
-        }
-#endif
         a0 = na0, a1 = na1, bl = nbl, br = nbr;
       }
       // the two sums' fragments one after the other: together the m64nBN fragment
