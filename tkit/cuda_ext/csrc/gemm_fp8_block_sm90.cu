@@ -62,6 +62,9 @@
 #ifndef OUT_F16
 #define OUT_F16 0
 #endif
+#ifndef STAGGER  // 0, or the first group's sums consumer 0 finishes before consumer 1 issues
+#define STAGGER 0
+#endif
 #define SUM_N (BN / 2)  // columns of one MMA sum (two a group)
 #define CLUSTER_M 1  // no CTA clusters (the header's helpers take them)
 #define GROUP_MC GROUP_M
@@ -231,13 +234,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_fp8_block(
         const unsigned a_base = sA + s * A_STAGE_BYTES + c * (64 * BK);
         const unsigned b_base = sB + s * B_STAGE_BYTES;
         const float l0 = a0 * bl, l1 = a1 * bl, r0s = a0 * br, r1s = a1 * br;
+#if STAGGER
+        if (it == 0 && c == 1) named_bar(3, 256);
+#endif
         issue_sum(sum, a_base, b_base, 0);
         wgmma_wait0();
         fence_sum(sum);
+#if STAGGER == 1
+        if (it == 0 && c == 0) named_arrive(3, 256);
+#endif
         promote<16>(acc, sum, l0, l1, r0s, r1s);
         issue_sum(sum, a_base, b_base, 1);
         wgmma_wait0();
         fence_sum(sum);
+#if STAGGER == 2
+        if (it == 0 && c == 0) named_arrive(3, 256);
+#endif
         if (t == 0) release_slot(empty(s));
         promote<0>(acc + 64, sum, l0, l1, r0s, r1s);
         a0 = na0, a1 = na1, bl = nbl, br = nbr;
