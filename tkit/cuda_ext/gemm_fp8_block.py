@@ -24,7 +24,7 @@ SOURCE = "gemm_fp8_block_sm90.cu"
 BM, BK, THREADS = 128, 128, 384
 BN = 256
 #: the source's macro defaults (the build with no -D options)
-DEFAULTS = dict(stages=4, group_m=16, epi_split=2, stagger=0)
+DEFAULTS = dict(stages=4, group_m=16, epi_split=2)
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 SMEM_LIMIT = 227 * 1024
 
@@ -52,8 +52,6 @@ def _config(out_dtype: torch.dtype, *values) -> dict:
                          f"(1, 2 or 4), got {cfg['epi_split']}")
     if cfg["stages"] < 2:
         raise ValueError(f"stages must be >= 2, got {cfg['stages']}")
-    if cfg["stagger"] not in (0, 1, 2):
-        raise ValueError(f"stagger must be 0, 1 or 2, got {cfg['stagger']}")
     cfg["smem"] = (cfg["stages"] * (BM + BN) * BK + 2 * 64 * (BN // cfg["epi_split"]) * 2
                    + 1024 + 16 * cfg["stages"])
     if cfg["smem"] > SMEM_LIMIT:
@@ -122,18 +120,14 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                      scale_b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16, *,
                      out: torch.Tensor | None = None, check: bool = True,
                      stages: int | None = None, group_m: int | None = None,
-                     epi_split: int | None = None, stagger: int | None = None,
-                     ctas: int | None = None) -> torch.Tensor:
+                     epi_split: int | None = None, ctas: int | None = None) -> torch.Tensor:
     """The block-scaled product (module docstring) by the CUDA kernel. The operands are
     assumed checked by the block mode (shapes, dtypes, TMA alignment: its ``supported``);
     ``out`` an (M, N) row-major output to write (else one is allocated); ``check`` runs
     the build's self-test first (once per machine). Build knobs: ``stages`` (ring slots of
     one group, 48 KiB each), ``group_m`` (tile-row section height), ``epi_split`` (epilogue
-    parts a consumer), ``stagger`` (0, or how many of its first group's two sums consumer 0
-    finishes before consumer 1 issues its first: an offset the two keep afterwards, so that
-    one promotes while the other's MMAs run); ``ctas`` the persistent grid (None: one CTA an
-    SM)."""
-    knobs = dict(stages=stages, group_m=group_m, epi_split=epi_split, stagger=stagger)
+    parts a consumer); ``ctas`` the persistent grid (None: one CTA an SM)."""
+    knobs = dict(stages=stages, group_m=group_m, epi_split=epi_split)
     cfg = config(**knobs, out_dtype=out_dtype)
     M, K = a.shape
     N = b.shape[1]

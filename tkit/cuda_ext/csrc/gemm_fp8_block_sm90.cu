@@ -19,7 +19,10 @@
 // group with two in flight (each promoted under the next one's MMAs); 128 x 192 tiles with
 // two 96-column sums in flight; 192 x 128 tiles on three consumers; 128 x 128 tiles with or
 // without the next group's sum issued before the promotion (more L2 traffic a flop), also in
-// CTA pairs; CTA pairs multicasting B; the consumers issuing their sums in turns.
+// CTA pairs; CTA pairs multicasting B; the consumers issuing their sums in turns; 128 x 192
+// tiles with one 192-column sum a group; consumer 1 started one sum or one group behind
+// consumer 0 (so that one promotes while the other's MMAs run: one consumer's dependent
+// chain alone keeps the tensor pipe about half busy, so the offset lost more than it hid).
 //
 // 384 threads = 3 warpgroups, persistent (one CTA an SM walking the tiles in GROUP_M
 // sections):
@@ -61,9 +64,6 @@
 #endif
 #ifndef OUT_F16
 #define OUT_F16 0
-#endif
-#ifndef STAGGER  // 0, or the first group's sums consumer 0 finishes before consumer 1 issues
-#define STAGGER 0
 #endif
 #define SUM_N (BN / 2)  // columns of one MMA sum (two a group)
 #define CLUSTER_M 1  // no CTA clusters (the header's helpers take them)
@@ -234,22 +234,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_fp8_block(
         const unsigned a_base = sA + s * A_STAGE_BYTES + c * (64 * BK);
         const unsigned b_base = sB + s * B_STAGE_BYTES;
         const float l0 = a0 * bl, l1 = a1 * bl, r0s = a0 * br, r1s = a1 * br;
-#if STAGGER
-        if (it == 0 && c == 1) named_bar(3, 256);
-#endif
         issue_sum(sum, a_base, b_base, 0);
         wgmma_wait0();
         fence_sum(sum);
-#if STAGGER == 1
-        if (it == 0 && c == 0) named_arrive(3, 256);
-#endif
         promote<16>(acc, sum, l0, l1, r0s, r1s);
         issue_sum(sum, a_base, b_base, 1);
         wgmma_wait0();
         fence_sum(sum);
-#if STAGGER == 2
-        if (it == 0 && c == 0) named_arrive(3, 256);
-#endif
         if (t == 0) release_slot(empty(s));
         promote<0>(acc + 64, sum, l0, l1, r0s, r1s);
         a0 = na0, a1 = na1, bl = nbl, br = nbr;

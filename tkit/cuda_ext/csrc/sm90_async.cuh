@@ -98,9 +98,6 @@ __device__ __forceinline__ void fence_proxy_async_smem() {  // st.shared -> visi
 __device__ __forceinline__ void named_bar(unsigned id, unsigned count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
-__device__ __forceinline__ void named_arrive(unsigned id, unsigned count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
 __device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
