@@ -871,6 +871,76 @@ def sweep_matmul_mid(rows):
                                  median_ms=t, tflops=flops / t / 1e9, vs_cublas=t_cub / t))
 
 
+def sweep_matmul_small(rows):
+    """bf16 GEMMs at decode / small-prefill M (64, 128, 256) on Llama-3-8B's projections
+    (b = W.t(), as the layer calls them), beside cuBLAS: the plan's default against split-K
+    tiles (the split kernel plus its reduce launch; M > 64 has more than one row block) and
+    the TMA kernel's 64-row tile on two warpgroups. CUDA-graph replays, L2 flushed."""
+    from tkit.kernels.matmul import ops as MM
+    from tkit.kernels.matmul.config import SplitKConfig, TmaConfig
+
+    def sk(bm, bn, bk, split, warps=4, stages=4):
+        return "splitk", SplitKConfig(block_m=bm, block_n=bn, block_k=bk, split_k=split,
+                                      num_warps=warps, num_stages=stages)
+
+    variants = {
+        64: [sk(64, 128, 128, 2), sk(64, 128, 128, 4), sk(64, 64, 128, 2), sk(64, 64, 128, 4),
+             sk(64, 128, 128, 4, 8), sk(64, 128, 64, 4, 4, 5), sk(32, 128, 128, 4),
+             ("tma", TmaConfig(block_m=64, block_n=128, block_k=64, num_warps=8,
+                               num_stages=4))],
+        128: [sk(64, 128, 128, 2), sk(64, 128, 128, 4), sk(128, 128, 64, 2, 8),
+              sk(128, 128, 64, 4, 8), sk(64, 128, 128, 2, 8), sk(128, 64, 128, 2, 4, 3),
+              ("tma", TmaConfig(block_m=64, block_n=128, block_k=64, num_warps=8,
+                                num_stages=4))],
+        256: [sk(64, 128, 128, 2), sk(128, 128, 64, 2, 8), sk(128, 128, 64, 4, 8),
+              sk(128, 256, 64, 4, 8, 3), sk(64, 128, 128, 2, 8), sk(128, 128, 64, 3, 8),
+              ("tma", TmaConfig(block_m=64, block_n=128, block_k=64, num_warps=8,
+                                num_stages=4)),
+              ("tma", TmaConfig(block_m=128, block_n=64, block_k=64, num_warps=8,
+                                num_stages=4))],
+    }
+    for M in (64, 128, 256):
+        for label, (N, K) in LLAMA_NK.items():
+            g = torch.Generator(device="cuda").manual_seed(0)
+            a = torch.randn(M, K, device="cuda", generator=g, dtype=torch.bfloat16)
+            w = torch.randn(N, K, device="cuda", generator=g, dtype=torch.bfloat16) * K ** -0.5
+            b = w.t()
+            out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+            ref = torch.nn.functional.linear(a, w)
+            flops = 2 * M * N * K
+            case = f"M={M} {label} N={N} K={K}"
+            dflt = MM.plan(a, b, torch.bfloat16)
+            runs = {"cuBLAS": lambda a=a, w=w: torch.nn.functional.linear(a, w),
+                    f"default {dflt.path}": lambda a=a, b=b, out=out: MM._matmul_into(
+                        a, b, out, None, None, None, None, None, False, None, None)}
+            cfgs = {"cuBLAS": "cuBLAS", f"default {dflt.path}": dataclasses.asdict(dflt.config)}
+            for path, cfg in variants[M]:
+                key = f"{path} {cfg}"
+                runs[key] = (lambda a=a, b=b, out=out, path=path, cfg=cfg: MM._matmul_into(
+                    a, b, out, None, None, None, None, None, False, path, cfg))
+                cfgs[key] = dict(path=path, **dataclasses.asdict(cfg))
+            times = {}
+            for key, fn in runs.items():
+                try:
+                    fn()
+                    if key != "cuBLAS" and not _close(out, ref):
+                        raise AssertionError("output differs from cuBLAS's")
+                except Exception as e:  # noqa: BLE001
+                    print(f"matmul_small {case} {key} FAILED {type(e).__name__}: {str(e)[:100]}")
+                    continue
+                times[key] = []
+            for _ in range(ROUNDS):  # interleaved rounds
+                for key in times:
+                    times[key].append(time_fn(runs[key], replay=True).median_ms)
+            t_cub = min(times["cuBLAS"])
+            for key, ts in times.items():
+                t = min(ts)
+                print(f"matmul_small {case:30s} {key[:90]:90s} {t * 1e3:7.1f} us "
+                      f"{flops / t / 1e9:6.1f} TFLOP/s {t_cub / t:5.3f}x cuBLAS")
+                rows.append(dict(family="matmul_small", case=case, config=cfgs[key],
+                                 median_ms=t, tflops=flops / t / 1e9, vs_cublas=t_cub / t))
+
+
 #: Gluon GEMM variants timed beside the table's choice, as GluonConfig fields replaced on it
 #: (one equal to the table's config is skipped): the next tile's first step under the stores
 #: on and off. The table's tile was the fastest or within 0.5% of it at every shape here;
@@ -1435,7 +1505,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "matmul_fp8_block_cuda": sweep_matmul_fp8_block_cuda,
           "matmul_fp8_block_rescale": sweep_matmul_fp8_block_rescale,
           "matmul_fp8_block_rescale_shared": sweep_matmul_fp8_block_rescale_shared,
-          "matmul_mid": sweep_matmul_mid,
+          "matmul_mid": sweep_matmul_mid, "matmul_small": sweep_matmul_small,
           "matmul_gluon": sweep_matmul_gluon,
           # one layer size's GEMMs (issue #14's layer bar is at 4096 tokens)
           "matmul_gluon_4096": lambda rows: sweep_matmul_gluon(rows, ms=(4096,)),
