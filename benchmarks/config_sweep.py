@@ -941,6 +941,66 @@ def sweep_matmul_small(rows):
                                  median_ms=t, tflops=flops / t / 1e9, vs_cublas=t_cub / t))
 
 
+def sweep_matmul_skinny(rows):
+    """bf16 GEMMs at M = 1, 16, 64 and 128 on Llama-3-8B's and 70B's projections (b = W.t()),
+    beside cuBLAS: the plan's default against every split-K shape of 128- or 64-column
+    tiles in 1, 2 or 4 splits (64-row tiles from M = 64, 2 of them at M = 128), so that a
+    rule picking among them by program count can be read off one run. CUDA-graph replays,
+    L2 flushed."""
+    from tkit.kernels.matmul import ops as MM
+    from tkit.kernels.matmul.config import SplitKConfig
+    from tkit.specs.matmul import LLAMA_SHAPES
+
+    for M in (1, 16, 64, 128):
+        bm = max(16, min(64, triton.next_power_of_2(M)))
+        for label, (N, K) in LLAMA_SHAPES.items():
+            g = torch.Generator(device="cuda").manual_seed(0)
+            a = torch.randn(M, K, device="cuda", generator=g, dtype=torch.bfloat16)
+            w = torch.randn(N, K, device="cuda", generator=g, dtype=torch.bfloat16) * K ** -0.5
+            b = w.t()
+            out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+            ref = torch.nn.functional.linear(a, w)
+            flops = 2 * M * N * K
+            case = f"M={M} {label} N={N} K={K}"
+            dflt = MM.plan(a, b, torch.bfloat16)
+            runs = {"cuBLAS": lambda a=a, w=w: torch.nn.functional.linear(a, w),
+                    "default": lambda a=a, b=b, out=out: MM._matmul_into(
+                        a, b, out, None, None, None, None, None, False, None, None)}
+            cfgs = {"cuBLAS": "cuBLAS",
+                    "default": dict(path=dflt.path, **dataclasses.asdict(dflt.config))}
+            for bn in (128, 64):
+                for split in (1, 2, 4):
+                    cfg = SplitKConfig(block_m=bm, block_n=bn, block_k=128, split_k=split)
+                    programs = triton.cdiv(M, bm) * triton.cdiv(N, bn) * split
+                    key = f"splitk {bm}x{bn} split {split} ({programs} programs)"
+                    runs[key] = (lambda a=a, b=b, out=out, cfg=cfg: MM._matmul_into(
+                        a, b, out, None, None, None, None, None, False, "splitk", cfg))
+                    cfgs[key] = dict(path="splitk", programs=programs,
+                                     **dataclasses.asdict(cfg))
+            times = {}
+            for key, fn in runs.items():
+                try:
+                    fn()
+                    if key != "cuBLAS" and not _close(out, ref):
+                        raise AssertionError("output differs from cuBLAS's")
+                except Exception as e:  # noqa: BLE001
+                    print(f"matmul_skinny {case} {key} FAILED {type(e).__name__}: "
+                          f"{str(e)[:100]}")
+                    continue
+                times[key] = []
+            for _ in range(ROUNDS):  # interleaved rounds
+                for key in times:
+                    times[key].append(time_fn(runs[key], replay=True).median_ms)
+            t_cub = min(times["cuBLAS"])
+            for key, ts in times.items():
+                t = min(ts)
+                extra = f" {dflt.path} {dflt.config}" if key == "default" else ""
+                print(f"matmul_skinny {case:34s} {key:38s} {t * 1e3:7.1f} us "
+                      f"{flops / t / 1e9:6.1f} TFLOP/s {t_cub / t:5.3f}x cuBLAS{extra}")
+                rows.append(dict(family="matmul_skinny", case=case, config=cfgs[key],
+                                 median_ms=t, tflops=flops / t / 1e9, vs_cublas=t_cub / t))
+
+
 #: Gluon GEMM variants timed beside the table's choice, as GluonConfig fields replaced on it
 #: (one equal to the table's config is skipped): the next tile's first step under the stores
 #: on and off. The table's tile was the fastest or within 0.5% of it at every shape here;
@@ -1506,6 +1566,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "matmul_fp8_block_rescale": sweep_matmul_fp8_block_rescale,
           "matmul_fp8_block_rescale_shared": sweep_matmul_fp8_block_rescale_shared,
           "matmul_mid": sweep_matmul_mid, "matmul_small": sweep_matmul_small,
+          "matmul_skinny": sweep_matmul_skinny,
           "matmul_gluon": sweep_matmul_gluon,
           # one layer size's GEMMs (issue #14's layer bar is at 4096 tokens)
           "matmul_gluon_4096": lambda rows: sweep_matmul_gluon(rows, ms=(4096,)),
