@@ -255,7 +255,9 @@ def test_splitk_heuristic_at_decode_shapes():
     assert splitk(16, 14336, 4096, 132).block_m == 16
     assert splitk(1, 4096, 4096, 132).split_k == 4  # 32 slabs
     assert splitk(1, 1024, 4096, 132).split_k == 8  # 8 slabs, >= 4 K-steps each
-    assert splitk(64, 4096, 4096, 132).split_k == 4  # BLOCK_M=64: at most 4
+    # BLOCK_M=64: 64-column slabs before splits (measured on the H200: 17.6 us against 21.2
+    # for 128 columns in 4 splits at M=64 N=K=4096)
+    assert (splitk(64, 4096, 4096, 132).block_n, splitk(64, 4096, 4096, 132).split_k) == (64, 2)
     assert splitk(1, 100, 64, 132).split_k == 1  # too little K to split
     assert cfg.launch_kwargs() == dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT_K=1,
                                        NUM_STAGES=4, num_warps=4)
@@ -303,6 +305,68 @@ def test_gemm_configs_fit_shared_memory_sm90(dtype):
         for i in range(len(first.launches or [first.name])):
             c = first if i == 0 else ir.compile(op, *args, arch="sm_90", launch=i)
             assert c.shared <= limit, f"{label} {dtype}: {c.name} takes {c.shared} B"
+
+
+@pytest.mark.parametrize("M", [1, 16, 32, 33, 64, 100, 128])
+def test_splitk_heuristic_stays_in_one_wave(M):
+    """The split-K rule fills one wave of programs and never starts a second one (a split
+    that did, 160 programs for 132 SMs at Llama-3-70B's qkv, measured 1.08-1.15x slower):
+    every choice fits the SMs unless even one program a 128-column slab does not, and the
+    next step of the rule (a narrower slab or one more split) would not fit."""
+    splitk = mm.SplitKConfig.for_shape
+    for sms in (132, 114, 78):
+        for N in (1024, 4096, 6144, 8192, 10240, 14336, 57344):
+            for K in (4096, 8192, 28672):
+                c = splitk(M, N, K, sms)
+                rows = -(-M // c.block_m)
+                programs = rows * -(-N // c.block_n) * c.split_k
+                assert c.block_m == max(16, min(64, 1 << (M - 1).bit_length()))
+                if programs > sms:  # only the widest, unsplit slabs
+                    assert (c.block_n, c.split_k) == (128, 1), (M, N, K, sms, c)
+                    continue
+                nxt = ((c.block_n, c.split_k * 2) if c.block_m < 64 or c.block_n == 64
+                       else (64, 1))
+                grown = rows * -(-N // nxt[0]) * nxt[1]
+                cap = 128 if c.block_m < 64 else 4
+                assert grown > sms or nxt[1] > cap or (-(-K // 128)) // nxt[1] < 4, (
+                    M, N, K, sms, c)
+
+
+def test_splitk_heuristic_at_llama_shapes():
+    """The H200's choices at Llama-3's projections (docs/NOTES.md, "twentieth session": each
+    the fastest of six slab widths and splits there, or within 4%)."""
+    splitk = mm.SplitKConfig.for_shape
+
+    def pick(M, N, K):
+        c = splitk(M, N, K, 132)
+        return c.block_n, c.split_k
+
+    assert pick(16, 10240, 8192) == (128, 1)  # 80 slabs: a split would make 160 programs
+    assert pick(64, 6144, 4096) == (64, 1)  # 96 programs, no partials
+    assert pick(64, 10240, 8192) == (128, 1)
+    assert pick(128, 4096, 4096) == (64, 1)  # two 64-row tiles x 64 slabs
+    assert pick(128, 4096, 14336) == (64, 1)
+
+
+def test_plan_takes_split_k_up_to_one_wave_at_m_128(monkeypatch):
+    """M <= 64: split-K whenever the weight is big enough; up to M = 128 only where two 64-row
+    tiles of each 128-column slab fit the SMs (Llama-3-8B's o at M = 128: split-K; its
+    gate_up: the TMA / Gluon kernels)."""
+    from tkit.kernels import _device
+
+    monkeypatch.setattr(_device, "capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(_device, "sm_count", lambda device: 132)
+    meta = dict(device="meta", dtype=torch.bfloat16)
+
+    def path(M, N, K):
+        return mm.plan(torch.empty(M, K, **meta), torch.empty(N, K, **meta).t()).path
+
+    assert path(128, 4096, 4096) == "splitk"
+    assert path(100, 8192, 8192) == "splitk"  # 2 x 64 = 128 programs
+    assert path(128, 10240, 8192) != "splitk"  # 160
+    assert path(129, 4096, 4096) != "splitk"
+    assert path(64, 57344, 8192) == "splitk"
+    assert path(128, 256, 1024) != "splitk"  # a small weight: not worth splitting
 
 
 def test_splitk_fit_shared():

@@ -31,6 +31,10 @@ from tkit.kernels import _device as D
 ACTIVATIONS = (None, "silu", "gelu", "gelu_tanh", "relu")
 FP8 = torch.float8_e4m3fn
 _SKINNY_M = 64  # at or below this M the GEMM is weight-streaming (memory-bound): split-K path
+#: up to this M, the split-K path also where its 64-row tiles of 128 columns fit in one wave
+#: (H200, M = 128: 1.17-1.46x the TMA kernel on Llama-3-8B's qkv / o / down, within 3% of it
+#: on 70B's o / down; wider weights keep the TMA / Gluon kernels: docs/NOTES.md)
+_SPLITK_MAX_M = 128
 _SKINNY_MIN_WEIGHT = 1 << 20  # K*N below this fits in L2 many times over: not worth splitting
 
 
@@ -245,7 +249,7 @@ class PtrConfig:
 
 @dataclass(frozen=True)
 class SplitKConfig:
-    """Launch parameters of the split-K kernels (M <= 64). ``split_k`` 1 runs the pointer
+    """Launch parameters of the split-K kernels (M <= 128). ``split_k`` 1 runs the pointer
     kernel with this tile (epilogue included, no reduce); ``fused_reduce`` (opt-in) sums the
     partials in the last program of each tile instead of a second launch."""
 
@@ -259,36 +263,53 @@ class SplitKConfig:
 
     @classmethod
     def for_shape(cls, M: int, N: int, K: int, num_sms: int) -> SplitKConfig:
-        """The split-K heuristic for M <= 64.
+        """The split-K heuristic (M <= 128: :func:`plan`'s split-K path).
 
-        Derivation: the work is streaming K*N weight bytes; a program streams one BLOCK_N-wide
-        slab of BLOCK_K-deep steps with NUM_STAGES - 1 loads in flight: at BLOCK_N=BLOCK_K=128
-        and 4 stages that is ~100 KB per program, more than HBM latency needs (Little's law:
-        4.8 TB/s x ~1 us ~ 5 MB in flight, ~38 KB per SM). So about one program per SM is
-        enough, and every program beyond that adds partial-sum traffic (SPLIT*M*N*4 bytes
-        written and read back), a reduce launch, a longer tail and waves that do not fit at
-        once. Measured on the H200, M=1 and 16, K=4096, N=14336 (112 slabs of 128 columns),
-        CUDA-graph replay, median of 3 interleaved rounds (2026-11-30): split 1 (112 programs,
-        no reduce kernel) with 4 stages 3.63 / 3.85 TB/s of weight (cuBLAS 3.80 / 3.81), 3
-        stages 3.38 / 3.74; split 2 with 4 stages 3.47 / 3.43; BLOCK_N=64 split 1 3.19 / 3.80.
-        An earlier run (2026-11-29) ordered split 2 > 4 > 8 > 16 at M=1, 16 and 64 (split 2:
-        3.53 / 3.48 / 2.81 TB/s, 8: 3.27 / 2.99 / 1.74). So the split is the power of 2
-        nearest to SMs / slabs (about one program per SM), at least 1 (split 1 is the pointer
-        kernel with this tile, epilogue included), at most 4 when BLOCK_M is 64, and clamped
-        so that each split keeps >= 4 K-steps. Occupancy (ptxas via tkit.ir, sm_90): at
-        BLOCK_M=16 the kernel takes 108 KB of shared memory at 4 stages, so 2 programs fit per
-        SM. docs/NOTES.md has the timings of the neighbours of this choice.
+        The work is streaming K*N weight bytes; a program streams one BLOCK_N-wide slab of
+        BLOCK_K-deep steps with NUM_STAGES - 1 loads in flight: at BLOCK_N=BLOCK_K=128 and 4
+        stages that is ~100 KB per program, more than HBM latency needs (Little's law: 4.8
+        TB/s x ~1 us ~ 5 MB in flight, ~38 KB per SM). So one program per SM is enough, and
+        each one beyond that adds partial sums (SPLIT*M*N*4 bytes written and read back), a
+        reduce launch and a second wave. The rule: as many programs as fit in one wave of
+        ``num_sms``, never more.
+
+        - BLOCK_M < 64 (M <= 32): 128-column slabs, split by the largest power of 2 that
+          keeps the programs within one wave.
+        - BLOCK_M = 64 (M > 32; tiles of 64 rows, two at M = 128): 128-column slabs, else
+          64-column ones, else those in 2 or 4 splits: the last of these that fits one wave
+          (narrower slabs before splits: a 64-row tile has enough MMA work a load at 64
+          columns, and no partials to sum).
+
+        Either way at least 1, and each split keeps >= 4 K-steps.
+
+        H200, CUDA-graph replays, L2 flushed, Llama-3 8B / 70B projections (docs/NOTES.md,
+        "twentieth session"): the rule's choice was the fastest of the six slab widths and
+        splits (and of the TMA / Gluon kernel the plan took before), or within 4% of it, at
+        all 32 cases of M = 1 / 16 / 64 / 128. Against the rule it replaced (the power of 2
+        nearest to SMs / slabs, which could make a second wave, and 128 columns always): at
+        M = 64 up to 1.33x (70B qkv 46.2 against 61.4 us; 8B qkv / o / down 1.14 / 1.20 /
+        1.05x); at M = 1 / 16 it differs only at 70B qkv (48.9 / 44.9 against 52.6 / 51.8
+        us). At BLOCK_M = 16 the kernel takes 108 KB of shared memory at 4 stages, so 2
+        programs fit per SM.
         """
         block_m = max(16, min(64, C.next_power_of_2(M)))
-        block_n = 128 if N >= 128 else max(16, C.next_power_of_2(N))
+        bn0 = 128 if N >= 128 else max(16, C.next_power_of_2(N))
         block_k = 128 if K >= 128 else max(16, C.next_power_of_2(K))
-        tiles = C.cdiv(N, block_n) * C.cdiv(M, block_m)
-        ratio = num_sms / tiles
-        want = 1
-        while want * 2 <= ratio * 1.41:  # nearest power of 2 on a log scale
-            want *= 2
-        if block_m >= 64:
-            want = min(want, 4)
+        rows = C.cdiv(M, block_m)
+
+        def programs(bn, split):
+            return rows * C.cdiv(N, bn) * split
+
+        if block_m < 64:
+            steps = [(bn0, 1 << i) for i in range(8)]  # 1 .. 128 splits
+        else:
+            narrow = [(64, 1), (64, 2), (64, 4)] if bn0 == 128 else [(bn0, 2), (bn0, 4)]
+            steps = [(bn0, 1)] + narrow
+        block_n, want = steps[0]
+        for bn, split in steps[1:]:
+            if programs(bn, split) > num_sms:
+                break
+            block_n, want = bn, split
         k_steps = C.cdiv(K, block_k)
         while want > 1 and k_steps // want < 4:
             want //= 2
@@ -671,6 +692,15 @@ def _gluon_reason(a, b, out_dtype, bias, residual, activation, scaled) -> str | 
     return gluon_supported(a, b, out_dtype, bias, residual, activation, scaled)
 
 
+def _skinny(M: int, N: int, K: int, sms: int) -> bool:
+    """Whether ``matmul`` takes the split-K path: a weight of at least
+    :data:`_SKINNY_MIN_WEIGHT` elements, and M <= :data:`_SKINNY_M`, or M <=
+    :data:`_SPLITK_MAX_M` with its 64-row tiles of 128 columns within one wave."""
+    if K * N < _SKINNY_MIN_WEIGHT:
+        return False
+    return M <= _SKINNY_M or (M <= _SPLITK_MAX_M and C.cdiv(M, 64) * C.cdiv(N, 128) <= sms)
+
+
 def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None, *,
          path: str | None = None, bias: torch.Tensor | None = None,
          residual: torch.Tensor | None = None, activation: str | None = None,
@@ -696,11 +726,11 @@ def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
     if K == 0:
         return MatmulPlan("ptr", "K = 0: the output is the epilogue of zeros",
                           _path_config("ptr", M, N, K, es, sms))
-    if M <= _SKINNY_M and K * N >= _SKINNY_MIN_WEIGHT and not C.needs_int64(a, b):
+    if _skinny(M, N, K, sms) and not C.needs_int64(a, b):
         # (the split-K kernel's index math is 32-bit; a weight past 2**31 elements takes the
         # pointer kernel's 64-bit path)
-        return MatmulPlan("splitk", f"M={M} <= {_SKINNY_M} with a {K}x{N} weight: "
-                          "memory-bound, split-K streams the weight",
+        return MatmulPlan("splitk", f"M={M} with a {K}x{N} weight: memory-bound, split-K "
+                          "streams the weight",
                           _path_config("splitk", M, N, K, es, sms))
     ptr = None
     if major >= 9:
