@@ -692,13 +692,16 @@ def _gluon_reason(a, b, out_dtype, bias, residual, activation, scaled) -> str | 
     return gluon_supported(a, b, out_dtype, bias, residual, activation, scaled)
 
 
-def _skinny(M: int, N: int, K: int, sms: int) -> bool:
+def _skinny(M: int, N: int, K: int, sms: int, wide: bool) -> bool:
     """Whether ``matmul`` takes the split-K path: a weight of at least
-    :data:`_SKINNY_MIN_WEIGHT` elements, and M <= :data:`_SKINNY_M`, or M <=
-    :data:`_SPLITK_MAX_M` with its 64-row tiles of 128 columns within one wave."""
+    :data:`_SKINNY_MIN_WEIGHT` elements, and M <= :data:`_SKINNY_M`, or (``wide``: 16-bit
+    operands without fp8 scales, where it was measured; the block-scaled fp8 mode reads this
+    plan for its own kernels) M <= :data:`_SPLITK_MAX_M` with its 64-row tiles of 128 columns
+    within one wave."""
     if K * N < _SKINNY_MIN_WEIGHT:
         return False
-    return M <= _SKINNY_M or (M <= _SPLITK_MAX_M and C.cdiv(M, 64) * C.cdiv(N, 128) <= sms)
+    return M <= _SKINNY_M or (wide and M <= _SPLITK_MAX_M
+                              and C.cdiv(M, 64) * C.cdiv(N, 128) <= sms)
 
 
 def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None, *,
@@ -726,7 +729,7 @@ def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
     if K == 0:
         return MatmulPlan("ptr", "K = 0: the output is the epilogue of zeros",
                           _path_config("ptr", M, N, K, es, sms))
-    if _skinny(M, N, K, sms) and not C.needs_int64(a, b):
+    if _skinny(M, N, K, sms, es == 2 and not scaled) and not C.needs_int64(a, b):
         # (the split-K kernel's index math is 32-bit; a weight past 2**31 elements takes the
         # pointer kernel's 64-bit path)
         return MatmulPlan("splitk", f"M={M} with a {K}x{N} weight: memory-bound, split-K "
