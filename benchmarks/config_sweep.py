@@ -825,180 +825,119 @@ def sweep_int4_prefill(rows):
 
 def sweep_matmul_mid(rows):
     """bf16 GEMM tiles at prefill-chunk M (256, 512) and at M=4096 (the two largest tiles
-    there) on Llama-3-8B's projections, beside cuBLAS (F.linear's weight layout: b = W.t())."""
-    from tkit.kernels.matmul import ops as MM
+    there) on Llama-3-8B's projections, beside cuBLAS (F.linear's weight layout: b = W.t());
+    the TMA kernel forced with each tile (the config override skips the eager plans, so the
+    calls replay from CUDA graphs: :func:`_gemm_variants_case`)."""
     from tkit.kernels.matmul.config import TmaConfig
 
     tiles = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4),
              (64, 128, 64, 4, 4), (64, 256, 64, 8, 3), (128, 64, 64, 4, 4), (64, 64, 64, 4, 5)]
-    shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
-              "down": (4096, 14336)}
     for M in (256, 512, 4096):
-        for label, (N, K) in shapes.items():
-            g = torch.Generator(device="cuda").manual_seed(0)
-            a = torch.randn(M, K, device="cuda", generator=g, dtype=torch.bfloat16)
-            w = torch.randn(N, K, device="cuda", generator=g, dtype=torch.bfloat16) * K ** -0.5
-            b = w.t()
-            out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-            ref = torch.nn.functional.linear(a, w)
-            flops = 2 * M * N * K
-            case = f"M={M} {label} N={N} K={K}"
-            # replayed from CUDA graphs: these GEMMs take about as long as a call's host path
-            # (the config override skips the eager plans), which plain timing would measure
-            t_cub = min(time_fn(lambda a=a, w=w: torch.nn.functional.linear(a, w),
-                                replay=True).median_ms for _ in range(ROUNDS))
-            dflt = MM.plan(a, b, torch.bfloat16).config
-            print(f"matmul_mid {case:34s} cuBLAS {t_cub * 1e3:7.1f} us "
-                  f"{flops / t_cub / 1e9:6.1f} TFLOP/s; default {dflt}")
-            rows.append(dict(family="matmul_mid", case=case, config="cuBLAS", median_ms=t_cub,
-                             tflops=flops / t_cub / 1e9))
+        for label, (N, K) in LLAMA_NK.items():
+            variants = {}
             for bm, bn, bk, wp, st in (tiles if M < 4096 else tiles[:2]):
-                cfg = TmaConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=wp, num_stages=st)
+                variants[f"{bm}x{bn}x{bk} w{wp} s{st}"] = ("tma", TmaConfig(
+                    block_m=bm, block_n=bn, block_k=bk, num_warps=wp, num_stages=st))
+            _gemm_variants_case(rows, "matmul_mid", M, N, K, label, variants)
 
-                def run(a=a, b=b, out=out, cfg=cfg):
-                    MM._matmul_into(a, b, out, None, None, None, None, None, False, "tma", cfg)
-                try:
-                    run()
-                    if not _close(out, ref):
-                        raise AssertionError("output differs from cuBLAS's")
-                except Exception as e:  # noqa: BLE001
-                    print(f"matmul_mid {case} {cfg} FAILED {type(e).__name__}: {str(e)[:100]}")
-                    continue
-                t = min(time_fn(run, replay=True).median_ms for _ in range(ROUNDS))
-                print(f"matmul_mid {case:34s} {bm}x{bn}x{bk} w{wp} s{st} {t * 1e3:7.1f} us "
-                      f"{flops / t / 1e9:6.1f} TFLOP/s {t_cub / t:5.3f}x cuBLAS")
-                rows.append(dict(family="matmul_mid", case=case, config=dataclasses.asdict(cfg),
-                                 median_ms=t, tflops=flops / t / 1e9, vs_cublas=t_cub / t))
+
+def _gemm_variants_case(rows, family, M, N, K, label, variants):
+    """One bf16 GEMM shape (b = W.t(), as the layer calls it) timed from CUDA graphs with the
+    L2 flushed, in interleaved rounds: cuBLAS (F.linear), the plan's default and
+    ``variants`` ({key: (path, config)}), each variant's output checked against cuBLAS's."""
+    from tkit.kernels.matmul import ops as MM
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(M, K, device="cuda", generator=g, dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", generator=g, dtype=torch.bfloat16) * K ** -0.5
+    b = w.t()
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    ref = torch.nn.functional.linear(a, w)
+    flops = 2 * M * N * K
+    case = f"M={M} {label} N={N} K={K}"
+    dflt = MM.plan(a, b, torch.bfloat16)
+    runs = {"cuBLAS": lambda: torch.nn.functional.linear(a, w),
+            "default": lambda: MM._matmul_into(a, b, out, None, None, None, None, None,
+                                               False, None, None)}
+    cfgs = {"cuBLAS": "cuBLAS", "default": dict(path=dflt.path, **dataclasses.asdict(dflt.config))}
+    for key, (path, cfg) in variants.items():
+        runs[key] = (lambda path=path, cfg=cfg: MM._matmul_into(
+            a, b, out, None, None, None, None, None, False, path, cfg))
+        cfgs[key] = dict(path=path, **dataclasses.asdict(cfg))
+    times = {}
+    for key, fn in runs.items():
+        try:
+            fn()
+            if key != "cuBLAS" and not _close(out, ref):
+                raise AssertionError("output differs from cuBLAS's")
+        except Exception as e:  # noqa: BLE001
+            print(f"{family} {case} {key} FAILED {type(e).__name__}: {str(e)[:100]}")
+            continue
+        times[key] = []
+    for _ in range(ROUNDS):  # interleaved rounds
+        for key in times:
+            times[key].append(time_fn(runs[key], replay=True).median_ms)
+    t_cub = min(times["cuBLAS"])
+    for key, ts in times.items():
+        t = min(ts)
+        extra = f" {dflt.path} {dflt.config}" if key == "default" else ""
+        print(f"{family} {case:34s} {key[:60]:60s} {t * 1e3:7.1f} us "
+              f"{flops / t / 1e9:6.1f} TFLOP/s {t_cub / t:5.3f}x cuBLAS{extra}")
+        rows.append(dict(family=family, case=case, config=cfgs[key], median_ms=t,
+                         tflops=flops / t / 1e9, vs_cublas=t_cub / t))
 
 
 def sweep_matmul_small(rows):
-    """bf16 GEMMs at decode / small-prefill M (64, 128, 256) on Llama-3-8B's projections
-    (b = W.t(), as the layer calls them), beside cuBLAS: the plan's default against split-K
-    tiles (the split kernel plus its reduce launch; M > 64 has more than one row block) and
-    the TMA kernel's 64-row tile on two warpgroups. CUDA-graph replays, L2 flushed."""
-    from tkit.kernels.matmul import ops as MM
+    """bf16 GEMMs at decode / small-prefill M (64, 128, 256) on Llama-3-8B's projections,
+    beside cuBLAS: the plan's default against split-K tiles (the split kernel plus its reduce
+    launch; M > 64 has more than one row block) and the TMA kernel's 64-row tile on two
+    warpgroups."""
     from tkit.kernels.matmul.config import SplitKConfig, TmaConfig
 
     def sk(bm, bn, bk, split, warps=4, stages=4):
         return "splitk", SplitKConfig(block_m=bm, block_n=bn, block_k=bk, split_k=split,
                                       num_warps=warps, num_stages=stages)
 
+    def tma(bm, bn):
+        return "tma", TmaConfig(block_m=bm, block_n=bn, block_k=64, num_warps=8, num_stages=4)
+
     variants = {
         64: [sk(64, 128, 128, 2), sk(64, 128, 128, 4), sk(64, 64, 128, 2), sk(64, 64, 128, 4),
              sk(64, 128, 128, 4, 8), sk(64, 128, 64, 4, 4, 5), sk(32, 128, 128, 4),
-             ("tma", TmaConfig(block_m=64, block_n=128, block_k=64, num_warps=8,
-                               num_stages=4))],
+             tma(64, 128)],
         128: [sk(64, 128, 128, 2), sk(64, 128, 128, 4), sk(128, 128, 64, 2, 8),
               sk(128, 128, 64, 4, 8), sk(64, 128, 128, 2, 8), sk(128, 64, 128, 2, 4, 3),
-              ("tma", TmaConfig(block_m=64, block_n=128, block_k=64, num_warps=8,
-                                num_stages=4))],
+              tma(64, 128)],
         256: [sk(64, 128, 128, 2), sk(128, 128, 64, 2, 8), sk(128, 128, 64, 4, 8),
               sk(128, 256, 64, 4, 8, 3), sk(64, 128, 128, 2, 8), sk(128, 128, 64, 3, 8),
-              ("tma", TmaConfig(block_m=64, block_n=128, block_k=64, num_warps=8,
-                                num_stages=4)),
-              ("tma", TmaConfig(block_m=128, block_n=64, block_k=64, num_warps=8,
-                                num_stages=4))],
+              tma(64, 128), tma(128, 64)],
     }
     for M in (64, 128, 256):
         for label, (N, K) in LLAMA_NK.items():
-            g = torch.Generator(device="cuda").manual_seed(0)
-            a = torch.randn(M, K, device="cuda", generator=g, dtype=torch.bfloat16)
-            w = torch.randn(N, K, device="cuda", generator=g, dtype=torch.bfloat16) * K ** -0.5
-            b = w.t()
-            out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-            ref = torch.nn.functional.linear(a, w)
-            flops = 2 * M * N * K
-            case = f"M={M} {label} N={N} K={K}"
-            dflt = MM.plan(a, b, torch.bfloat16)
-            runs = {"cuBLAS": lambda a=a, w=w: torch.nn.functional.linear(a, w),
-                    f"default {dflt.path}": lambda a=a, b=b, out=out: MM._matmul_into(
-                        a, b, out, None, None, None, None, None, False, None, None)}
-            cfgs = {"cuBLAS": "cuBLAS", f"default {dflt.path}": dataclasses.asdict(dflt.config)}
-            for path, cfg in variants[M]:
-                key = f"{path} {cfg}"
-                runs[key] = (lambda a=a, b=b, out=out, path=path, cfg=cfg: MM._matmul_into(
-                    a, b, out, None, None, None, None, None, False, path, cfg))
-                cfgs[key] = dict(path=path, **dataclasses.asdict(cfg))
-            times = {}
-            for key, fn in runs.items():
-                try:
-                    fn()
-                    if key != "cuBLAS" and not _close(out, ref):
-                        raise AssertionError("output differs from cuBLAS's")
-                except Exception as e:  # noqa: BLE001
-                    print(f"matmul_small {case} {key} FAILED {type(e).__name__}: {str(e)[:100]}")
-                    continue
-                times[key] = []
-            for _ in range(ROUNDS):  # interleaved rounds
-                for key in times:
-                    times[key].append(time_fn(runs[key], replay=True).median_ms)
-            t_cub = min(times["cuBLAS"])
-            for key, ts in times.items():
-                t = min(ts)
-                print(f"matmul_small {case:30s} {key[:90]:90s} {t * 1e3:7.1f} us "
-                      f"{flops / t / 1e9:6.1f} TFLOP/s {t_cub / t:5.3f}x cuBLAS")
-                rows.append(dict(family="matmul_small", case=case, config=cfgs[key],
-                                 median_ms=t, tflops=flops / t / 1e9, vs_cublas=t_cub / t))
+            _gemm_variants_case(rows, "matmul_small", M, N, K, label,
+                                {f"{path} {cfg}": (path, cfg) for path, cfg in variants[M]})
 
 
 def sweep_matmul_skinny(rows):
-    """bf16 GEMMs at M = 1, 16, 64 and 128 on Llama-3-8B's and 70B's projections (b = W.t()),
-    beside cuBLAS: the plan's default against every split-K shape of 128- or 64-column
-    tiles in 1, 2 or 4 splits (64-row tiles from M = 64, 2 of them at M = 128), so that a
-    rule picking among them by program count can be read off one run. CUDA-graph replays,
-    L2 flushed."""
-    from tkit.kernels.matmul import ops as MM
+    """bf16 GEMMs at M = 1, 16, 64 and 128 on Llama-3-8B's and 70B's projections, beside
+    cuBLAS: the plan's default against every split-K shape of 128- or 64-column slabs in 1,
+    2 or 4 splits (64-row tiles from M = 64, 2 of them at M = 128), so that a rule picking
+    among them by program count can be read off one run (it chose
+    ``SplitKConfig.for_shape``'s)."""
     from tkit.kernels.matmul.config import SplitKConfig
     from tkit.specs.matmul import LLAMA_SHAPES
 
     for M in (1, 16, 64, 128):
         bm = max(16, min(64, triton.next_power_of_2(M)))
         for label, (N, K) in LLAMA_SHAPES.items():
-            g = torch.Generator(device="cuda").manual_seed(0)
-            a = torch.randn(M, K, device="cuda", generator=g, dtype=torch.bfloat16)
-            w = torch.randn(N, K, device="cuda", generator=g, dtype=torch.bfloat16) * K ** -0.5
-            b = w.t()
-            out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-            ref = torch.nn.functional.linear(a, w)
-            flops = 2 * M * N * K
-            case = f"M={M} {label} N={N} K={K}"
-            dflt = MM.plan(a, b, torch.bfloat16)
-            runs = {"cuBLAS": lambda a=a, w=w: torch.nn.functional.linear(a, w),
-                    "default": lambda a=a, b=b, out=out: MM._matmul_into(
-                        a, b, out, None, None, None, None, None, False, None, None)}
-            cfgs = {"cuBLAS": "cuBLAS",
-                    "default": dict(path=dflt.path, **dataclasses.asdict(dflt.config))}
+            variants = {}
             for bn in (128, 64):
                 for split in (1, 2, 4):
-                    cfg = SplitKConfig(block_m=bm, block_n=bn, block_k=128, split_k=split)
                     programs = triton.cdiv(M, bm) * triton.cdiv(N, bn) * split
-                    key = f"splitk {bm}x{bn} split {split} ({programs} programs)"
-                    runs[key] = (lambda a=a, b=b, out=out, cfg=cfg: MM._matmul_into(
-                        a, b, out, None, None, None, None, None, False, "splitk", cfg))
-                    cfgs[key] = dict(path="splitk", programs=programs,
-                                     **dataclasses.asdict(cfg))
-            times = {}
-            for key, fn in runs.items():
-                try:
-                    fn()
-                    if key != "cuBLAS" and not _close(out, ref):
-                        raise AssertionError("output differs from cuBLAS's")
-                except Exception as e:  # noqa: BLE001
-                    print(f"matmul_skinny {case} {key} FAILED {type(e).__name__}: "
-                          f"{str(e)[:100]}")
-                    continue
-                times[key] = []
-            for _ in range(ROUNDS):  # interleaved rounds
-                for key in times:
-                    times[key].append(time_fn(runs[key], replay=True).median_ms)
-            t_cub = min(times["cuBLAS"])
-            for key, ts in times.items():
-                t = min(ts)
-                extra = f" {dflt.path} {dflt.config}" if key == "default" else ""
-                print(f"matmul_skinny {case:34s} {key:38s} {t * 1e3:7.1f} us "
-                      f"{flops / t / 1e9:6.1f} TFLOP/s {t_cub / t:5.3f}x cuBLAS{extra}")
-                rows.append(dict(family="matmul_skinny", case=case, config=cfgs[key],
-                                 median_ms=t, tflops=flops / t / 1e9, vs_cublas=t_cub / t))
+                    variants[f"splitk {bm}x{bn} split {split} ({programs} programs)"] = (
+                        "splitk", SplitKConfig(block_m=bm, block_n=bn, block_k=128,
+                                               split_k=split))
+            _gemm_variants_case(rows, "matmul_skinny", M, N, K, label, variants)
 
 
 #: Gluon GEMM variants timed beside the table's choice, as GluonConfig fields replaced on it
