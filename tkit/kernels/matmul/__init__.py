@@ -37,8 +37,9 @@ pointer kernel with two accumulators elsewhere; :func:`glu_plan` says which):
   split into two half-tiles (less register pressure, two smaller TMA stores).
 * ``_matmul_kernel`` (portable, sm_80 and any strides or batch): pointer-based tiles with
   grouped ordering; ``num_stages`` >= 3 becomes cp.async pipelining on sm_80 and later.
-* ``_matmul_splitk_kernel`` + ``_splitk_reduce_kernel`` (M <= 64, large K*N): the K dimension
-  is split across programs so that enough of them stream the weight at once; each writes a
+* ``_matmul_splitk_kernel`` + ``_splitk_reduce_kernel`` (M <= 64, large K*N; 16-bit up to M =
+  128 where one wave holds its tiles): the K dimension is split across programs so that one
+  wave of them streams the weight at once (1 split runs the pointer kernel); each writes a
   float32 partial tile, and a second kernel sums the partials in a fixed order (deterministic,
   no atomics) and applies the epilogue.
   ``_matmul_splitk_fused_kernel`` (``SplitKConfig.fused_reduce``, opt-in) does both in one
