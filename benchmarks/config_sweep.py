@@ -887,37 +887,6 @@ def _gemm_variants_case(rows, family, M, N, K, label, variants):
                          tflops=flops / t / 1e9, vs_cublas=t_cub / t))
 
 
-def sweep_matmul_small(rows):
-    """bf16 GEMMs at decode / small-prefill M (64, 128, 256) on Llama-3-8B's projections,
-    beside cuBLAS: the plan's default against split-K tiles (the split kernel plus its reduce
-    launch; M > 64 has more than one row block) and the TMA kernel's 64-row tile on two
-    warpgroups."""
-    from tkit.kernels.matmul.config import SplitKConfig, TmaConfig
-
-    def sk(bm, bn, bk, split, warps=4, stages=4):
-        return "splitk", SplitKConfig(block_m=bm, block_n=bn, block_k=bk, split_k=split,
-                                      num_warps=warps, num_stages=stages)
-
-    def tma(bm, bn):
-        return "tma", TmaConfig(block_m=bm, block_n=bn, block_k=64, num_warps=8, num_stages=4)
-
-    variants = {
-        64: [sk(64, 128, 128, 2), sk(64, 128, 128, 4), sk(64, 64, 128, 2), sk(64, 64, 128, 4),
-             sk(64, 128, 128, 4, 8), sk(64, 128, 64, 4, 4, 5), sk(32, 128, 128, 4),
-             tma(64, 128)],
-        128: [sk(64, 128, 128, 2), sk(64, 128, 128, 4), sk(128, 128, 64, 2, 8),
-              sk(128, 128, 64, 4, 8), sk(64, 128, 128, 2, 8), sk(128, 64, 128, 2, 4, 3),
-              tma(64, 128)],
-        256: [sk(64, 128, 128, 2), sk(128, 128, 64, 2, 8), sk(128, 128, 64, 4, 8),
-              sk(128, 256, 64, 4, 8, 3), sk(64, 128, 128, 2, 8), sk(128, 128, 64, 3, 8),
-              tma(64, 128), tma(128, 64)],
-    }
-    for M in (64, 128, 256):
-        for label, (N, K) in LLAMA_NK.items():
-            _gemm_variants_case(rows, "matmul_small", M, N, K, label,
-                                {f"{path} {cfg}": (path, cfg) for path, cfg in variants[M]})
-
-
 def sweep_matmul_skinny(rows):
     """bf16 GEMMs at M = 1, 16, 64 and 128 on Llama-3-8B's and 70B's projections, beside
     cuBLAS: the plan's default against every split-K shape of 128- or 64-column slabs in 1,
@@ -1504,8 +1473,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "matmul_fp8_block_cuda": sweep_matmul_fp8_block_cuda,
           "matmul_fp8_block_rescale": sweep_matmul_fp8_block_rescale,
           "matmul_fp8_block_rescale_shared": sweep_matmul_fp8_block_rescale_shared,
-          "matmul_mid": sweep_matmul_mid, "matmul_small": sweep_matmul_small,
-          "matmul_skinny": sweep_matmul_skinny,
+          "matmul_mid": sweep_matmul_mid, "matmul_skinny": sweep_matmul_skinny,
           "matmul_gluon": sweep_matmul_gluon,
           # one layer size's GEMMs (issue #14's layer bar is at 4096 tokens)
           "matmul_gluon_4096": lambda rows: sweep_matmul_gluon(rows, ms=(4096,)),
