@@ -887,6 +887,124 @@ def _gemm_variants_case(rows, family, M, N, K, label, variants):
                          tflops=flops / t / 1e9, vs_cublas=t_cub / t))
 
 
+#: grouped GEMM cases (G, rows T, N, K): the registry's three MoE cases, Mixtral's down
+#: projection, and DeepSeek-V3's routed experts' gate/up at 4096 tokens x top-8
+GROUPED_CASES = ((8, 16384, 14336, 4096), (8, 16384, 4096, 14336), (64, 8192, 2048, 4096),
+                 (128, 4096, 1536, 2048), (256, 32768, 4096, 7168))
+
+
+def _grouped_operands(G, T, N, K):
+    """The registry's MoE operands (tokens split over the groups by a multinomial draw, the
+    weights an nn.Linear stack passed transposed)."""
+    gen = torch.Generator().manual_seed(0)
+    sizes = torch.multinomial(torch.ones(G), T, replacement=True, generator=gen)
+    offs = torch.zeros(G + 1, dtype=torch.int32)
+    offs[1:] = torch.bincount(sizes, minlength=G).cumsum(0)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(T, K, device="cuda", generator=g, dtype=torch.bfloat16)
+    w = torch.randn(G, N, K, device="cuda", generator=g, dtype=torch.bfloat16) * K ** -0.5
+    return a, w.transpose(1, 2), offs.cuda()
+
+
+def _grouped_variants(G, T, N):
+    from tkit.kernels.matmul.config import GroupedConfig, GroupedTmaConfig
+
+    ptr = GroupedConfig.for_shape(T, N, G, torch.device("cuda"))
+    out = {"pointer kernel": ptr}
+    for bm, bn, warps, stages in ((128, 256, 8, 3), (128, 128, 8, 4), (64, 256, 4, 3),
+                                  (64, 128, 4, 4)):
+        base = GroupedTmaConfig(bm, bn, 64, warps, stages)
+        out[f"tma {bm}x{bn}"] = base
+        if bm == 128:
+            out[f"tma {bm}x{bn} tma-store"] = dataclasses.replace(base, flatten=False,
+                                                                  tma_store=True)
+    out["tma 128x256 group_m 4"] = GroupedTmaConfig(128, 256, 64, 8, 3, group_m=4)
+    return out
+
+
+def _grouped_first_call(job):
+    """Compile one grouped variant (a child process of :func:`sweep_grouped`'s warm-up)."""
+    G, T, N, K, key = job
+    from tkit.kernels.matmul import ops as MO
+
+    try:
+        a, b, offs = _grouped_operands(G, T, N, K)
+        MO._grouped_impl(a, b, offs, config=_grouped_variants(G, T, N)[key])
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 (the sweep reports it)
+        return f"{G} {T} {N} {K} {key}: {type(e).__name__}: {str(e)[:200]}"
+    return None
+
+
+def sweep_grouped(rows):
+    """tkit.grouped_matmul (bf16) at MoE shapes: the plan's default, the pointer kernel and the
+    persistent TMA kernel's tiles, epilogues and group_m, beside a loop of cuBLAS GEMMs (one
+    F.linear a group, captured in the same CUDA graph as every run here, so without its host
+    loop) and ``torch._grouped_mm`` (CUTLASS's grouped GEMM) where this torch has it; graph
+    replays with the L2 flushed, interleaved rounds, every output checked against the loop's.
+    """
+    import concurrent.futures
+    import multiprocessing
+
+    jobs = [(G, T, N, K, key) for G, T, N, K in GROUPED_CASES
+            for key in _grouped_variants(G, T, N)]
+    mp = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(8, mp_context=mp) as pool:
+        for err in pool.map(_grouped_first_call, jobs):
+            if err:
+                print(f"warm-up: {err}")
+    for G, T, N, K in GROUPED_CASES:
+        _grouped_case(rows, G, T, N, K)
+
+
+def _grouped_case(rows, G, T, N, K):
+    from tkit.kernels.matmul import ops as MO
+    from tkit.kernels.matmul.config import grouped_plan
+
+    a, b, offs = _grouped_operands(G, T, N, K)
+    w = b.transpose(1, 2)
+    bounds = offs.tolist()
+    flops = 2.0 * T * N * K
+    case = f"G={G} T={T} N={N} K={K}"
+
+    def loop():
+        return torch.cat([torch.nn.functional.linear(a[bounds[g]:bounds[g + 1]], w[g])
+                          for g in range(G)])
+
+    ref = loop()
+    runs = {"cuBLAS loop": loop}
+    if hasattr(torch, "_grouped_mm"):
+        ends = offs[1:].contiguous()
+        runs["torch._grouped_mm"] = lambda: torch._grouped_mm(a, b, offs=ends)
+    dflt = grouped_plan(a, b)
+    runs["default"] = lambda: MO._grouped_impl(a, b, offs)
+    cfgs = {"default": dict(path=dflt.path, **dataclasses.asdict(dflt.config))}
+    for key, cfg in _grouped_variants(G, T, N).items():
+        runs[key] = (lambda cfg=cfg: MO._grouped_impl(a, b, offs, config=cfg))
+        cfgs[key] = dataclasses.asdict(cfg)
+    times = {}
+    for key, fn in runs.items():
+        try:
+            got = fn()
+            if key != "cuBLAS loop" and not _close(got, ref):
+                raise AssertionError("output differs from the cuBLAS loop's")
+        except Exception as e:  # noqa: BLE001
+            print(f"grouped {case} {key} FAILED {type(e).__name__}: {str(e)[:160]}")
+            continue
+        times[key] = []
+    for _ in range(ROUNDS):
+        for key in times:
+            times[key].append(time_fn(runs[key], replay=True).median_ms)
+    t_loop = min(times["cuBLAS loop"])
+    for key, ts in times.items():
+        t = min(ts)
+        extra = f" {dflt.path} {dflt.config}" if key == "default" else ""
+        print(f"grouped {case:32s} {key[:36]:36s} {t * 1e3:8.1f} us "
+              f"{flops / t / 1e9:6.1f} TFLOP/s {t_loop / t:5.3f}x loop{extra}")
+        rows.append(dict(family="grouped", case=case, config=cfgs.get(key, key),
+                         median_ms=t, tflops=flops / t / 1e9, vs_loop=t_loop / t))
+
+
 def sweep_matmul_skinny(rows):
     """bf16 GEMMs at M = 1, 16, 64 and 128 on Llama-3-8B's and 70B's projections, beside
     cuBLAS: the plan's default against every split-K shape of 128- or 64-column slabs in 1,
@@ -1474,6 +1592,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "matmul_fp8_block_rescale": sweep_matmul_fp8_block_rescale,
           "matmul_fp8_block_rescale_shared": sweep_matmul_fp8_block_rescale_shared,
           "matmul_mid": sweep_matmul_mid, "matmul_skinny": sweep_matmul_skinny,
+          "grouped": sweep_grouped,
           "matmul_gluon": sweep_matmul_gluon,
           # one layer size's GEMMs (issue #14's layer bar is at 4096 tokens)
           "matmul_gluon_4096": lambda rows: sweep_matmul_gluon(rows, ms=(4096,)),

@@ -770,6 +770,84 @@ def test_grouped_fuzz_recipe_compares_full_float32():
     assert [lc.kwargs["IEEE"] for lc in launches] == [True]
 
 
+def _grouped_tma(a, b, offsets, **fields):
+    """grouped_matmul through the persistent TMA kernel, forced (its CPU tile in the
+    interpreter, the plan's on a GPU), with config ``fields`` changed."""
+    T, _ = a.shape
+    G, _, N = b.shape
+    cfg = dataclasses.replace(mm.GroupedTmaConfig.for_shape(T, N, G), **fields)
+    return mm.ops._grouped_impl(a, b, offsets, config=cfg)
+
+
+def _grouped_tma_store(a, b, offsets):
+    return _grouped_tma(a, b, offsets, tma_store=True, flatten=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("b_layout", ["linear stack", "row-major"])
+@pytest.mark.parametrize("offsets", [[0, 5, 5, 40, 70], [0, 0, 0, 0, 70], [0, 70, 70, 70, 70],
+                                     [0, 31, 33, 64, 70], [0, 1, 2, 3, 4, 5, 6, 7, 8, 70]],
+                         ids=["one empty", "all in the last", "all in the first",
+                              "tile edges", "nine groups"])
+@pytest.mark.parametrize("store", ["pointer", "tma"])
+def test_grouped_tma_kernel(dtype, b_layout, offsets, store, device):
+    """The TMA kernel against the float64 reference: groups that start and end inside row
+    tiles (a tile's rows past its group read the next group's and must not be stored), empty
+    groups, a partial column tile (N = 40), both weight layouts, both epilogues (whole tiles
+    by TMA); outputs poisoned."""
+    G = len(offsets) - 1
+    T, K, N = offsets[-1], 64, 40
+    a = make_tensor((T, K), dtype, seed=1, device=device)
+    b = (make_tensor((G, N, K), dtype, seed=2, device=device).transpose(1, 2)
+         if b_layout == "linear stack" else make_tensor((G, K, N), dtype, seed=2, device=device))
+    offs = torch.tensor(offsets, dtype=torch.int32, device=device)
+    check_against_reference(_grouped_tma if store == "pointer" else _grouped_tma_store,
+                            spec_mm.ref_grouped_matmul, [a, b, offs])
+
+
+def test_grouped_tma_kernel_k_tail(device):
+    """K not a multiple of BLOCK_K with an nn.Linear stack: the descriptors' zero fill past K
+    (a's columns and b's) ends each group's sum; no other group's K leaks in."""
+    a = make_tensor((50, 72), torch.bfloat16, seed=1, device=device)
+    b = make_tensor((3, 24, 72), torch.bfloat16, seed=2, device=device).transpose(1, 2)
+    offs = torch.tensor([0, 20, 21, 50], dtype=torch.int32, device=device)
+    check_against_reference(_grouped_tma, spec_mm.ref_grouped_matmul, [a, b, offs])
+
+
+def test_grouped_plan(monkeypatch):
+    """sm_90 (meta tensors): 16-bit operands with a row-major a and the weights one
+    TMA-describable matrix take the TMA kernel; everything else the pointer kernel, with the
+    reason; forcing the TMA kernel where it does not apply names the requirement."""
+    monkeypatch.setattr(mm.config._env, "INTERPRET", False)
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    a = torch.empty(8192, 4096, **meta)
+    stack = torch.empty(8, 14336, 4096, **meta).transpose(1, 2)
+    p = mm.grouped_plan(a, stack)
+    assert p.path == "grouped_tma" and isinstance(p.config, mm.GroupedTmaConfig)
+    assert mm.grouped_plan(a, torch.empty(8, 4096, 14336, **meta)).path == "grouped_tma"
+    # wider rows than K (a slice of each weight's columns) are still one matrix of longer rows
+    wide = torch.empty(8, 14336, 8192, **meta)[:, :, :4096].transpose(1, 2)
+    assert mm.grouped_plan(a, wide).path == "grouped_tma"
+    # many small groups (T / G = 32 rows): 64-row tiles
+    assert mm.grouped_plan(torch.empty(4096, 2048, **meta),
+                           torch.empty(128, 2048, 1536, **meta)).config.block_m == 64
+    cases = [
+        (a.float(), stack.float(), "float32 operands"),
+        (a.t().contiguous().t(), stack, "a is not row-major"),
+        (a, torch.empty(16, 14336, 4096, **meta)[::2].transpose(1, 2), "not one"),
+        (a[:, :4000], torch.empty(8, 4000, 512, **meta), "K=4000 is not a multiple"),
+    ]
+    for x, w, why in cases:
+        p = mm.grouped_plan(x, w)
+        assert p.path == "grouped" and why in p.reason, (why, p.reason)
+        with pytest.raises(ValueError, match=why):
+            mm.grouped_plan(x, w, path="grouped_tma")
+    assert mm.grouped_plan(torch.empty(8, 64), torch.empty(2, 64, 8)).reason == \
+        "Triton interpreter: portable kernel"
+    with pytest.raises(ValueError, match="tma_store=True needs flatten=False"):
+        mm.GroupedTmaConfig(128, 256, 64, 8, tma_store=True)
+
+
 # ---- alignment: what a launch may assume about its operands' addresses --------------------
 def _load_widths(launch, var: str) -> set[int]:
     """Bytes moved by each global load (or cp.async copy) that the kernel's
@@ -832,7 +910,8 @@ def test_grouped_wrapped_tiles_load_no_misaligned_vectors(monkeypatch):
     a = torch.empty(300, 64, dtype=dt, device="meta")
     b = torch.empty(4, 64, 256, dtype=dt, device="meta")[:, :, :100]
     offs = torch.tensor([0, 10, 100, 200, 300], dtype=torch.int32, device="meta")
-    launches = _gpu_launches(monkeypatch, lambda: mm._grouped_impl(a, b, offs))
+    cfg = mm.GroupedConfig(block_m=64, block_n=128, block_k=64, num_warps=4)
+    launches = _gpu_launches(monkeypatch, lambda: mm._grouped_impl(a, b, offs, config=cfg))
     assert _load_widths(launches[0], "b") == {2}
 
 

@@ -150,6 +150,10 @@ def test_plan_descriptors_of_views():
     assert not _plan._same_view(Desc([512, 1024], [2048, 1]), x)
     assert not _plan._same_view(Desc([256, 1024], [1024, 1]), x)  # part of it: not a view
     assert not _plan._same_view(Desc([512, 1024], [1024, 1]), x.transpose(0, 1))
+    # a stack of nn.Linear weights passed transposed (the grouped GEMM's b) as one matrix
+    ws = torch.empty(8, 96, 1024)
+    assert _plan._same_view(Desc([768, 1024], [1024, 1]), ws.transpose(1, 2))
+    assert not _plan._same_view(Desc([384, 1024], [1024, 1]), ws[::2].transpose(1, 2))
 
 
 @pytest.mark.parametrize("block_n,bias,res,overlap", [(256, True, True, True),

@@ -553,12 +553,14 @@ def _plain_tiled(desc) -> bool:
 
 def _same_view(desc, t) -> bool:
     """The descriptor describes ``t`` as it is, as its transpose (a K-major weight ``w.t()``
-    described as the row-major ``w``) or as a view of it that merges leading dimensions (a
-    batch folded into M): its shape, with strides equal except where a dimension has size 1,
-    which TMA never steps through. Its start is ``t``'s data pointer (matched by the caller),
-    and its shape and strides follow from ``t``'s, which the plan's key holds."""
+    described as the row-major ``w``; a stack of them, ``ws.transpose(1, 2)``, as the
+    (G N, K) matrix of the stacked ``ws``) or as a view of it that merges leading dimensions
+    (a batch folded into M): its shape, with strides equal except where a dimension has size
+    1, which TMA never steps through. Its start is ``t``'s data pointer (matched by the
+    caller), and its shape and strides follow from ``t``'s, which the plan's key holds."""
     shape = [int(n) for n in desc.shape]
-    views = [t] + ([t.t()] if t.dim() == 2 else [])
+    views = [t] + ([t.t()] if t.dim() == 2 else []) + (
+        [t.transpose(-1, -2)] if t.dim() == 3 else [])
     for v in views:
         if list(v.shape) != shape:
             try:

@@ -557,6 +557,30 @@ def _scaled_mm():
     return fn
 
 
+def _torch_grouped_mm():
+    """``torch._grouped_mm`` (CUTLASS's grouped GEMM, sm_90+), or None where this torch build
+    or device lacks it or refuses a probe. It takes the groups' end offsets and, for bf16, the
+    weights column-major per group (an nn.Linear stack passed transposed, as the bench's)."""
+    if not (torch.cuda.is_available() and hasattr(torch, "_grouped_mm")):
+        return None
+    try:
+        a = torch.randn(64, 128, device="cuda", dtype=BF16)
+        b = torch.randn(2, 64, 128, device="cuda", dtype=BF16).transpose(1, 2)
+        offs = torch.tensor([0, 24, 64], dtype=torch.int32, device="cuda")
+        y = torch._grouped_mm(a, b, offs=offs[1:])
+        if not torch.allclose(y.float(), ref_grouped_matmul(a.float(), b.float(), offs),
+                              rtol=2e-2, atol=2e-1):
+            return None
+    except Exception:  # noqa: BLE001 (not in this build, or not on this device)
+        return None
+
+    def fn(a, b, offsets, out_dtype=None):
+        y = torch._grouped_mm(a, b, offs=offsets[1:])
+        return y.to(out_dtype) if out_dtype is not None else y
+
+    return fn
+
+
 def _glu_torch(a, b, bias=None, activation="silu", out_dtype=None, **kw):
     """What a model runs without the fusion: the merged gate/up GEMM (cuBLAS), then the
     activation and the product as torch ops."""
@@ -598,7 +622,8 @@ SPECS = [
     OpSpec(name="grouped_matmul", family="matmul", fn=tkit.grouped_matmul,
            reference=ref_grouped_matmul, cost=cost_grouped, bench_cases=_bench_grouped,
            check_cases=_check_grouped, fuzz=_fuzz_grouped,
-           baselines={"torch loop": eager_baseline(ref_grouped_matmul)},
+           baselines={"torch loop": eager_baseline(ref_grouped_matmul),
+                      "torch._grouped_mm": _torch_grouped_mm},
            opcheck=_opcheck_grouped, bound="compute", doc="many GEMMs in one launch (MoE)",
            ulps=F32_ULPS),
 ]

@@ -45,13 +45,18 @@ pointer kernel with two accumulators elsewhere; :func:`glu_plan` says which):
   ``_matmul_splitk_fused_kernel`` (``SplitKConfig.fused_reduce``, opt-in) does both in one
   launch: the last program to finish a tile (per-tile arrival counter) sums the partials in
   split order and applies the epilogue.
-* ``_grouped_matmul_kernel``: many problems in one launch, rows of ``a`` split into groups by
-  ``offsets`` (the MoE layout), one ``b`` per group.
+* ``_grouped_matmul_tma_kernel`` (sm_90+, 16-bit operands, a row-major, the weights one
+  TMA-describable matrix): many problems in one launch, rows of ``a`` split into groups by
+  ``offsets`` (the MoE layout), one ``b`` per group; persistent, every group's row tiles
+  numbered into one virtual M axis walked in grouped order, as the TMA kernel walks one
+  problem. :func:`grouped_plan` says which grouped kernel runs and why.
+* ``_grouped_matmul_kernel``: the same problem through pointers, any device, dtype and
+  strides.
 
 Which one runs for a call is :func:`plan`'s decision; it returns the path, the reason and the
 config, and ``tkit.ir`` shows the launched kernel. Configs are typed and frozen, one class per
 kernel (:class:`GluonConfig`, :class:`TmaConfig`, :class:`PtrConfig`, :class:`SplitKConfig`,
-:class:`GroupedConfig`),
+:class:`GroupedConfig`, :class:`GroupedTmaConfig`),
 fixed per shape class by default (each ``for_shape`` with its derivation); experiments change
 them inside ``with matmul_config(block_n=128, num_stages=4): ...`` (scoped, per thread, an
 unknown field is a TypeError). ``TKIT_AUTOTUNE=1`` tunes the TMA and pointer kernels per shape
@@ -71,7 +76,7 @@ activation quantization that runs in the forward pass. Both import ``config`` an
 ``_kernels``, never this module, so the package has no import cycle.
 
 Not here yet: a TMA path for batched operands (3-D descriptors; batched problems with a shared
-weight are folded into M and do take it), a Hopper (TMA/wgmma) grouped kernel, and per-stream
+weight are folded into M and do take it), a warp-specialized grouped kernel, and per-stream
 counters that would let the one-launch split-K be the default.
 """
 
@@ -87,12 +92,14 @@ from tkit.kernels.matmul import config as MC
 from tkit.kernels.matmul.config import (  # noqa: F401  (public: planning and configs)
     GluonConfig,
     GroupedConfig,
+    GroupedTmaConfig,
     MatmulPlan,
     PtrConfig,
     SplitKConfig,
     TmaConfig,
     _default_out_dtype,
     glu_plan,
+    grouped_plan,
     matmul_config,
     plan,
 )

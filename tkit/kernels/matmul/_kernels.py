@@ -449,6 +449,113 @@ def _grouped_matmul_kernel(
 
 
 @triton.jit
+def _max_combine(x, y):
+    return tl.maximum(x, y)
+
+
+@triton.jit
+def _grouped_segments(off_ptr, T, G, BLOCK_M: tl.constexpr, SEG_BLOCK: tl.constexpr):
+    """The row segments of a grouped problem as vectors over s < SEG_BLOCK (>= G + 2):
+    segment 0 is the rows before the first group, segment g + 1 group g, segment G + 1 the rows
+    after the last group, the rest empty. Returns (start, end, first_tile, tiles) per segment
+    (rows [start, end), its BLOCK_M-row tiles numbered from first_tile) and the total tile
+    count. bound(j) is the largest of off[0..j] clamped to [0, T], so whatever the offsets
+    hold the segments are ordered, disjoint and inside [0, T)."""
+    s = tl.arange(0, SEG_BLOCK)
+    lo = tl.load(off_ptr + tl.maximum(s - 1, 0), mask=(s >= 1) & (s <= G + 1), other=0)
+    lo = tl.minimum(tl.maximum(lo.to(tl.int64), 0), T).to(tl.int32)
+    lo = tl.where(s > G + 1, T, lo)
+    hi = tl.load(off_ptr + s, mask=s <= G, other=0)
+    hi = tl.minimum(tl.maximum(hi.to(tl.int64), 0), T).to(tl.int32)
+    hi = tl.where(s > G, T, hi)
+    start = tl.associative_scan(lo, 0, _max_combine)
+    end = tl.associative_scan(hi, 0, _max_combine)
+    tiles = tl.cdiv(end - start, BLOCK_M)
+    last = tl.cumsum(tiles, 0)
+    return start, end, last - tiles, tiles, tl.sum(tiles, 0)
+
+
+@triton.jit
+def _grouped_tile(mt, s, start, end, first, BLOCK_M: tl.constexpr):
+    """Global row-tile ``mt`` of :func:`_grouped_segments`' numbering: its first row, its
+    segment's end and the segment's index (the last non-empty segment whose tiles start at or
+    before mt). Three reductions over the segments (the segment's first tile and first row
+    packed into one int64 sum)."""
+    seg = tl.max(tl.where((first <= mt) & (end > start), s, 0), 0)
+    pick = s == seg
+    packed = tl.sum(tl.where(pick, (first.to(tl.int64) << 32) | start.to(tl.int64), 0), 0)
+    row0 = (packed & 0xFFFFFFFF).to(tl.int32) + (mt - (packed >> 32).to(tl.int32)) * BLOCK_M
+    row_end = tl.sum(tl.where(pick, end, 0), 0)
+    return row0, row_end, seg
+
+
+@triton.jit
+def _grouped_matmul_tma_kernel(
+    a_desc, b_desc, c_desc, c_ptr, off_ptr, T, G, N, K, stride_cm, stride_cn,
+    B_TRANS: tl.constexpr, IEEE: tl.constexpr, NUM_SMS: tl.constexpr,
+    SEG_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, FLATTEN: tl.constexpr,
+    TMA_STORE: tl.constexpr,
+):
+    """:func:`_grouped_matmul_kernel` as a persistent TMA GEMM: NUM_SMS programs walk every
+    group's tiles in one grouped order.
+
+    The row tiles of all segments (the rows before the first group, each group, the rows
+    after the last; :func:`_grouped_segments`) are numbered back to back into one virtual M
+    axis of ``total`` tiles, which the programs walk with the N tiles in grouped order
+    (``_tile_pid``), as ``_matmul_tma_kernel`` walks one problem's. The descriptors are made
+    on the host: ``a_desc`` over a (T, K), row-major, [BLOCK_M, BLOCK_K] boxes; ``b_desc``
+    over the G stacked weights as one 2-D matrix, (G K, N) whose rows g K .. g K + K - 1 are
+    b[g] ([BLOCK_K, BLOCK_N] boxes), or with B_TRANS (G N, K) whose rows g N .. are b[g].T
+    (an nn.Linear stack; [BLOCK_N, BLOCK_K] boxes); ``c_desc`` over the (T, N) output,
+    [BLOCK_M, BLOCK_N // 2] boxes (TMA_STORE only). A tile's rows past its group's end read
+    the next group's rows of a (or zeros past T) and are not stored; b's rows past a group's
+    K (only with B_TRANS, where they are the columns past N) land in columns that are not
+    stored either, so the launcher requires K % BLOCK_K == 0 without B_TRANS. A tile whose
+    rows all belong to its group is stored by TMA in two half-tiles with TMA_STORE; a tile
+    at a group's end through pointers (``c_ptr``), masked to the group (64-bit row offsets),
+    since it may not write the next group's rows."""
+    dtype = c_ptr.dtype.element_ty
+    s = tl.arange(0, SEG_BLOCK)
+    start, end, first, _tiles, total = _grouped_segments(off_ptr, T, G, BLOCK_M, SEG_BLOCK)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    start_pid = tl.program_id(0)
+    num_tiles = total * num_pid_n
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=FLATTEN):
+        mt, pid_n = _tile_pid(tile_id, total, num_pid_n, GROUP_M)
+        off_m, row_end, seg = _grouped_tile(mt, s, start, end, first, BLOCK_M)
+        off_n = pid_n * BLOCK_N
+        # b's rows of this tile's group (clamped for the segments of no group, 0 and G + 1,
+        # whose tiles exist only for invalid offsets: computed, then zeroed, so that every
+        # tile runs the same K loop, which the flattened pipeline wants)
+        g = tl.minimum(tl.maximum(seg - 1, 0), G - 1)
+        live = (seg >= 1) & (seg <= G)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            a = a_desc.load([off_m, off_k])
+            if B_TRANS:
+                b = b_desc.load([g * N + off_n, off_k]).T
+            else:
+                b = b_desc.load([g * K + off_k, off_n])
+            acc = _dot(a, b, acc, IEEE)
+        acc = tl.where(live, acc, 0.0)
+        if TMA_STORE and off_m + BLOCK_M <= row_end:
+            acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)),
+                                             (0, 2, 1)))
+            c_desc.store([off_m, off_n], acc0.to(dtype))
+            c_desc.store([off_m, off_n + BLOCK_N // 2], acc1.to(dtype))
+        else:
+            offs_m = off_m + tl.arange(0, BLOCK_M)
+            offs_n = off_n + tl.arange(0, BLOCK_N)
+            c_ptrs = (c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm
+                      + offs_n[None, :] * stride_cn)
+            tl.store(c_ptrs, acc.to(dtype),
+                     mask=(offs_m < row_end)[:, None] & (offs_n < N)[None, :])
+
+
+@triton.jit
 def _grouped_wgrad_kernel(
     a_ptr, g_ptr, db_ptr, off_ptr, T, G, K, N,
     stride_am, stride_ak, stride_gm, stride_gn, stride_dg, stride_dk, stride_dn,

@@ -388,6 +388,54 @@ class GroupedConfig:
         return kw
 
 
+@dataclass(frozen=True)
+class GroupedTmaConfig:
+    """Launch parameters of ``_grouped_matmul_tma_kernel`` (the persistent TMA grouped GEMM on
+    sm_90+, 16-bit operands): the tile, its K step and stages, ``group_m`` the grouped
+    order's section height over all groups' row tiles, ``flatten`` the tile loop flattened
+    into the K loop (the next tile's loads issued during this one's epilogue)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int = 3
+    group_m: int = 8
+    flatten: bool = True
+    #: a tile inside its group stored by TMA (the output row-major with 16-byte rows; else
+    #: every tile through masked pointer stores). Not with ``flatten``: Triton 3.6's loop
+    #: fusion fails on the epilogue's two store paths
+    tma_store: bool = False
+
+    def __post_init__(self):
+        if self.tma_store and self.flatten:
+            raise ValueError("GroupedTmaConfig: tma_store=True needs flatten=False (Triton "
+                             "cannot fuse the tile loop around the two store paths)")
+
+    @classmethod
+    def for_shape(cls, T: int, N: int, G: int, num_sms: int = 132) -> GroupedTmaConfig:
+        """The TMA wave model (:meth:`TmaConfig.for_shape`) on the expected row tiles: a
+        group of ``T / G`` rows takes ``cdiv(T / G, BLOCK_M)`` of them, so small groups
+        (MoE's many experts) prefer 64-row tiles."""
+        if _env.INTERPRET:
+            return cls(block_m=32, block_n=64, block_k=32, num_warps=4, num_stages=2,
+                       group_m=4)
+        avg = max(1, T // max(G, 1))
+        best = None
+        for bm, bn, warps, stages, eff in _TMA_TILES:
+            tiles = max(G, 1) * C.cdiv(avg, bm) * C.cdiv(N, bn)
+            t = C.cdiv(tiles, num_sms) * bm * bn / eff
+            if best is None or t < best[0] * 0.999:
+                best = (t, bm, bn, warps, stages)
+        _, bm, bn, warps, stages = best
+        return cls(block_m=bm, block_n=bn, block_k=64, num_warps=warps, num_stages=stages)
+
+    def launch_kwargs(self) -> dict:
+        return dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k,
+                    GROUP_M=self.group_m, FLATTEN=self.flatten, TMA_STORE=self.tma_store,
+                    num_warps=self.num_warps, num_stages=self.num_stages)
+
+
 #: the Gluon GEMM's fixed tile height (two consumer warpgroups of 64 rows) and K step
 GLUON_BLOCK_M = 128
 GLUON_BLOCK_K = 64
@@ -512,7 +560,8 @@ _GLUON_GLU_TILES = ((256, 1.0, True, False), (128, 0.92, False, True))
 _GLUON_OVERLAP = (256,)
 
 #: any of the GEMM family's launch configs
-MatmulConfig = TmaConfig | PtrConfig | SplitKConfig | GroupedConfig | GluonConfig
+MatmulConfig = (TmaConfig | PtrConfig | SplitKConfig | GroupedConfig | GroupedTmaConfig
+                | GluonConfig)
 
 _INTERPRETER_TILE = dict(block_m=64, block_n=64, block_k=32, group_m=4, num_warps=4,
                          num_stages=None)
@@ -533,7 +582,8 @@ _TMA_TILES_FP8 = ((128, 128, 8, 3, 1.0), (64, 128, 4, 4, 0.70))
 # Overrides: one scoped, validated context for every kernel's config
 # --------------------------------------------------------------------------------------------
 _OVERRIDES = {cls: C.ConfigOverrides(cls)
-              for cls in (TmaConfig, PtrConfig, SplitKConfig, GroupedConfig, GluonConfig)}
+              for cls in (TmaConfig, PtrConfig, SplitKConfig, GroupedConfig, GroupedTmaConfig,
+                        GluonConfig)}
 #: every field some matmul config has, in a stable order
 _FIELDS = tuple(dict.fromkeys(f.name for cls in _OVERRIDES for f in dataclasses.fields(cls)))
 
@@ -550,7 +600,8 @@ def matmul_config(**overrides):
     """Override fields of the GEMM configs for the calls made inside (this thread only), e.g.
     ``with matmul_config(block_k=128, num_stages=4): tkit.matmul_fp8(...)``. A field applies to
     every kernel whose config has it (:class:`TmaConfig`, :class:`PtrConfig`,
-    :class:`SplitKConfig`, :class:`GroupedConfig`) and is left out of the others; a name that
+    :class:`SplitKConfig`, :class:`GroupedConfig`, :class:`GroupedTmaConfig`) and is left out of
+    the others; a name that
     no config has is a TypeError naming it. The block-scaled fp8 kernels take ``block_k`` as a
     whole number of scale groups (128 or 256 on the TMA kernel, 128 on the pointer kernel;
     other values are taken as 128). Calls inside skip the eager plans. For experiments (the config
@@ -864,3 +915,69 @@ def glu_plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = N
     else:
         raise ValueError(f"unknown matmul_glu path {path!r}")
     return MatmulPlan(path, reason, cfg)
+
+
+def grouped_b_view(b: torch.Tensor) -> tuple[bool, int] | None:
+    """(B_TRANS, row stride) of the 2-D matrix the grouped TMA kernel reads the (G, K, N)
+    weights ``b`` as: (G N, K) when each b[g] is K-contiguous (an nn.Linear stack passed as
+    ``w.transpose(1, 2)``), (G K, N) when N-contiguous; None where the groups are not one
+    evenly strided matrix or TMA cannot describe its rows (16-byte row strides and base)."""
+    G, K, N = b.shape
+    es = b.element_size()
+    for trans, inner, lead, rows in ((True, 1, 2, N), (False, 2, 1, K)):
+        if b.stride(inner) != 1 or (inner == 1 and K == 1 and N > 1):
+            continue
+        stride = b.stride(lead) if (N if trans else K) > 1 else (K if trans else N)
+        if G > 1 and b.stride(0) != rows * stride:
+            continue
+        if (stride * es) % 16 == 0 and D.aligned16(b):
+            return trans, stride
+    return None
+
+
+def grouped_tma_reason(a: torch.Tensor, b: torch.Tensor, cfg: GroupedTmaConfig) -> str | None:
+    """Why the grouped TMA kernel with ``cfg`` cannot take ``a`` (T, K) and ``b`` (G, K, N),
+    or None where it can."""
+    T, K = a.shape
+    G, _, N = b.shape
+    if a.dtype not in (torch.float16, torch.bfloat16):
+        return f"{C.dtype_name(a.dtype)} operands (the TMA kernel takes 16-bit ones)"
+    if K == 0 or N == 0:
+        return "an empty K or N (no TMA box over it)"
+    if _tma_ok(a) != (True, False):
+        return "a is not row-major with 16-byte aligned rows"
+    view = grouped_b_view(b)
+    if view is None:
+        return "b's groups are not one TMA-describable matrix"
+    if max(T, G * max(N, K)) >= 2**31:
+        return "a dimension past TMA's 32-bit coordinates"
+    if not view[0] and K % cfg.block_k:
+        return f"K={K} is not a multiple of BLOCK_K={cfg.block_k} with N-contiguous b"
+    return None
+
+
+def grouped_plan(a: torch.Tensor, b: torch.Tensor, path: str | None = None) -> MatmulPlan:
+    """Which kernel ``grouped_matmul(a, b, offsets)`` runs (the offsets play no part), why,
+    and with which config: "grouped_tma" (the persistent TMA kernel: sm_90+, 16-bit
+    operands, a row-major and the weights one TMA-describable matrix, :func:`grouped_b_view`)
+    or "grouped" (the pointer kernel: any device, dtype and strides). ``path`` forces one
+    (the TMA kernel's requirements still hold: a ValueError says which one fails)."""
+    T, K = a.shape
+    G, _, N = b.shape
+    major, sms = D.capability(a.device)[0], D.sm_count(a.device)
+    tma_cfg = current(GroupedTmaConfig.for_shape(T, N, G, sms))
+    why = grouped_tma_reason(a, b, tma_cfg)
+    if path == "grouped_tma":
+        if why is not None:
+            raise ValueError(f"the grouped TMA kernel does not apply to this call: {why}")
+        return MatmulPlan("grouped_tma", "forced", tma_cfg)
+    if path is None and why is None and major >= 9:
+        return MatmulPlan("grouped_tma", f"sm_{major}0, 16-bit operands: persistent TMA "
+                          "grouped kernel", tma_cfg)
+    if path not in (None, "grouped"):
+        raise ValueError(f"unknown grouped_matmul path {path!r}; known: grouped, grouped_tma")
+    reason = ("forced" if path == "grouped" else
+              "Triton interpreter: portable kernel" if major == 0 else
+              f"sm_{major}x: pointer kernel" if major < 9 else f"pointer kernel (not TMA: {why})")
+    return MatmulPlan("grouped", reason, current(GroupedConfig.for_shape(
+        T, N, G, a.device, a.element_size())))

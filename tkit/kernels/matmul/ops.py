@@ -19,6 +19,7 @@ from tkit.kernels.elementwise.ops import _activation_grad, _sum_to
 from tkit.kernels.matmul import config as MC
 from tkit.kernels.matmul._kernels import (
     _grouped_matmul_kernel,
+    _grouped_matmul_tma_kernel,
     _grouped_wgrad_kernel,
     _matmul_autotuned,
     _matmul_glu_kernel,
@@ -34,6 +35,7 @@ from tkit.kernels.matmul.config import (
     ACTIVATIONS,
     GluonConfig,
     GroupedConfig,
+    GroupedTmaConfig,
     MatmulPlan,
     PtrConfig,
     SplitKConfig,
@@ -41,6 +43,9 @@ from tkit.kernels.matmul.config import (
     _default_out_dtype,
     _lead_stride,
     _tma_ok,
+    grouped_b_view,
+    grouped_plan,
+    grouped_tma_reason,
     plan,
 )
 
@@ -323,10 +328,18 @@ def _grouped_impl(a, b, offsets, out_dtype=None, config=None, allow_tf32=True):
         if out.numel() and G == 0:
             out.zero_()
         return out
-    cfg = _expect(config, GroupedConfig) or MC.current(
-        GroupedConfig.for_shape(T, N, G, a.device, a.element_size()))
+    offsets = offsets.contiguous()  # read densely by the kernels
+    if config is None:
+        config = grouped_plan(a, b).config
+    elif isinstance(config, GroupedTmaConfig):
+        why = grouped_tma_reason(a, b, config)
+        if why is not None:
+            raise ValueError(f"the grouped TMA kernel does not apply to this call: {why}")
+    if isinstance(config, GroupedTmaConfig):
+        _launch_grouped_tma(a, b, out, offsets, config)
+        return out
+    cfg = _expect(config, GroupedConfig)
     bm, bn = cfg.block_m, cfg.block_n
-    offsets = offsets.contiguous()  # read densely by the kernel
     # one tile more per group than cdiv(T, bm), and one each for the rows before the first
     # group and after the last (zeros; see the kernel)
     grid = (C.cdiv(T, bm) + G + 2, C.cdiv(N, bn))
@@ -337,6 +350,31 @@ def _grouped_impl(a, b, offsets, out_dtype=None, config=None, allow_tf32=True):
              IEEE=a.dtype == torch.float32 and not allow_tf32,
              INT64=C.needs_int64(a, b, out), **cfg.launch_kwargs())
     return out
+
+
+def _launch_grouped_tma(a, b, out, offsets, cfg: GroupedTmaConfig):
+    from triton.tools.tensor_descriptor import TensorDescriptor as TD
+
+    T, K = a.shape
+    G, _, N = b.shape
+    b_trans, stride_b = grouped_b_view(b)
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    # host descriptors (no per-program descriptor writes; the eager plans rebuild them over
+    # each call's tensors): b's over its groups as one 2-D matrix
+    a_d = TD(a, [T, K], [a.stride(0), 1], [bm, bk])
+    b_d = (TD(b, [G * N, K], [stride_b, 1], [bn, bk]) if b_trans
+           else TD(b, [G * K, N], [stride_b, 1], [bk, bn]))
+    kw = cfg.launch_kwargs()
+    kw["TMA_STORE"] = cfg.tma_store and _tma_ok(out) == (True, False)
+    c_d = TD(out, [T, N], [out.stride(0), 1], [bm, bn // 2]) if kw["TMA_STORE"] else a_d
+    sms = D.sm_count(a.device)
+    # a program per SM at most: the kernel counts the tiles on the device, the host bounds
+    # them by every row tile plus one per group and per gap segment
+    tiles = (C.cdiv(T, bm) + G + 2) * C.cdiv(N, bn)
+    C.launch(_grouped_matmul_tma_kernel, (max(1, min(sms, tiles)),), a_desc=a_d, b_desc=b_d,
+             c_desc=c_d, c_ptr=out, off_ptr=offsets, T=T, G=G, N=N, K=K,
+             stride_cm=out.stride(0), stride_cn=out.stride(1), B_TRANS=b_trans, IEEE=False,
+             NUM_SMS=sms, SEG_BLOCK=C.next_power_of_2(G + 2), **kw)
 
 
 def _grouped_wgrad_impl(a, grad, offsets, G, b_dtype, allow_tf32=True):
