@@ -936,6 +936,12 @@ def _grouped_first_call(job):
     return None
 
 
+def sweep_grouped_default(rows):
+    """:func:`sweep_grouped`'s cases with the default and the baselines only."""
+    for G, T, N, K in GROUPED_CASES:
+        _grouped_case(rows, G, T, N, K, variants=False)
+
+
 def sweep_grouped(rows):
     """tkit.grouped_matmul (bf16) at MoE shapes: the plan's default, the pointer kernel and the
     persistent TMA kernel's tiles, epilogues and group_m, beside a loop of cuBLAS GEMMs (one
@@ -957,7 +963,7 @@ def sweep_grouped(rows):
         _grouped_case(rows, G, T, N, K)
 
 
-def _grouped_case(rows, G, T, N, K):
+def _grouped_case(rows, G, T, N, K, variants=True):
     from tkit.kernels.matmul import ops as MO
     from tkit.kernels.matmul.config import grouped_plan
 
@@ -979,7 +985,7 @@ def _grouped_case(rows, G, T, N, K):
     dflt = grouped_plan(a, b)
     runs["default"] = lambda: MO._grouped_impl(a, b, offs)
     cfgs = {"default": dict(path=dflt.path, **dataclasses.asdict(dflt.config))}
-    for key, cfg in _grouped_variants(G, T, N).items():
+    for key, cfg in (_grouped_variants(G, T, N) if variants else {}).items():
         runs[key] = (lambda cfg=cfg: MO._grouped_impl(a, b, offs, config=cfg))
         cfgs[key] = dataclasses.asdict(cfg)
     times = {}
@@ -1592,7 +1598,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "matmul_fp8_block_rescale": sweep_matmul_fp8_block_rescale,
           "matmul_fp8_block_rescale_shared": sweep_matmul_fp8_block_rescale_shared,
           "matmul_mid": sweep_matmul_mid, "matmul_skinny": sweep_matmul_skinny,
-          "grouped": sweep_grouped,
+          "grouped": sweep_grouped, "grouped_default": sweep_grouped_default,
           "matmul_gluon": sweep_matmul_gluon,
           # one layer size's GEMMs (issue #14's layer bar is at 4096 tokens)
           "matmul_gluon_4096": lambda rows: sweep_matmul_gluon(rows, ms=(4096,)),

@@ -141,8 +141,8 @@ def test_grouped_tma_kernel_clamps_offsets(offsets, b_layout, device):
 
     dtype = torch.int64 if max(map(abs, offsets)) >= 2**31 else I32
     g = torch.Generator().manual_seed(0)
-    a = torch.randn(10, 32, generator=g).bfloat16()  # K: a whole number of BLOCK_K
-    b = torch.randn(3, 32, 8, generator=g).bfloat16()
+    a = torch.randn(10, 64, generator=g).bfloat16()  # K: whole BLOCK_Ks (CPU 32, GPU 64)
+    b = torch.randn(3, 64, 8, generator=g).bfloat16()
     bd = b.to(device) if b_layout == "row-major" else \
         b.transpose(1, 2).contiguous().transpose(1, 2).to(device)
     off = torch.tensor(offsets, dtype=dtype, device=device)

@@ -416,19 +416,27 @@ class GroupedTmaConfig:
     def for_shape(cls, T: int, N: int, G: int, num_sms: int = 132) -> GroupedTmaConfig:
         """The TMA wave model (:meth:`TmaConfig.for_shape`) on the expected row tiles: a
         group of ``T / G`` rows takes ``cdiv(T / G, BLOCK_M)`` of them, so small groups
-        (MoE's many experts) prefer 64-row tiles."""
+        (MoE's many experts) prefer 64-row tiles. Groups of at least 4 row tiles store their
+        whole tiles by TMA (without the flattened loop); smaller ones keep the flattened loop
+        and pointer stores, since most of their tiles end a group. H200 sweep
+        (``config_sweep.py grouped``, docs/NOTES.md): TMA stores 1.5-3% faster at G=8 with
+        16 tiles a group, 1-7% slower at G=64 / 256 with one or two; 64 x 256 tiles fastest
+        at G=128 with 32 rows a group (197.6 us against 208.8 for 64 x 128 and 211.8 for
+        128 x 256)."""
         if _env.INTERPRET:
             return cls(block_m=32, block_n=64, block_k=32, num_warps=4, num_stages=2,
                        group_m=4)
         avg = max(1, T // max(G, 1))
         best = None
-        for bm, bn, warps, stages, eff in _TMA_TILES:
+        for bm, bn, warps, stages, eff in _GROUPED_TILES:
             tiles = max(G, 1) * C.cdiv(avg, bm) * C.cdiv(N, bn)
             t = C.cdiv(tiles, num_sms) * bm * bn / eff
             if best is None or t < best[0] * 0.999:
                 best = (t, bm, bn, warps, stages)
         _, bm, bn, warps, stages = best
-        return cls(block_m=bm, block_n=bn, block_k=64, num_warps=warps, num_stages=stages)
+        whole = avg >= 4 * bm
+        return cls(block_m=bm, block_n=bn, block_k=64, num_warps=warps, num_stages=stages,
+                   flatten=not whole, tma_store=whole)
 
     def launch_kwargs(self) -> dict:
         return dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k,
@@ -570,6 +578,9 @@ _INTERPRETER_TILE = dict(block_m=64, block_n=64, block_k=32, group_m=4, num_warp
 #: Efficiencies from the H200 run at 4096^3: 128x256 757 TFLOP/s, 128x128 684 (0.90); 64x128
 #: (one warpgroup, m64n128 wgmma) is put at 0.70.
 _TMA_TILES = ((128, 256, 8, 3, 1.0), (128, 128, 8, 4, 0.90), (64, 128, 4, 4, 0.70))
+#: the grouped TMA kernel's candidates: the TMA tiles and 64 x 256 on one warpgroup, put at
+#: 0.8 (it led at MoE's small groups in the H200 grouped sweep)
+_GROUPED_TILES = _TMA_TILES + ((64, 256, 4, 3, 0.8),)
 #: fp8 tiles: BLOCK_K is also the interval at which the MMA sums are promoted into the float32
 #: accumulator, and each promotion drains the MMAs in flight. 256 halves the drains of 128;
 #: 128x128x256 in 3 stages (64 KB a stage) measured 1047 / 1072 TFLOP/s at 4096^3 / 8192^3
