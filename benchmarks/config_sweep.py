@@ -888,9 +888,11 @@ def _gemm_variants_case(rows, family, M, N, K, label, variants):
 
 
 #: grouped GEMM cases (G, rows T, N, K): the registry's three MoE cases, Mixtral's down
-#: projection, and DeepSeek-V3's routed experts' gate/up at 4096 tokens x top-8
+#: projection, DeepSeek-V3's routed experts' gate/up at 4096 tokens x top-8, and Mixtral's
+#: merged gate/up at 16 and 4096 tokens x top-2 (docs/FACTS.md's torch._grouped_mm anchors)
 GROUPED_CASES = ((8, 16384, 14336, 4096), (8, 16384, 4096, 14336), (64, 8192, 2048, 4096),
-                 (128, 4096, 1536, 2048), (256, 32768, 4096, 7168))
+                 (128, 4096, 1536, 2048), (256, 32768, 4096, 7168), (8, 32, 28672, 4096),
+                 (8, 8192, 28672, 4096))
 
 
 def _grouped_operands(G, T, N, K):
@@ -942,7 +944,12 @@ def sweep_grouped_default(rows):
         _grouped_case(rows, G, T, N, K, variants=False)
 
 
-def sweep_grouped(rows):
+def sweep_grouped_mixtral(rows):
+    """:func:`sweep_grouped` at Mixtral's merged gate/up (the last two cases) only."""
+    sweep_grouped(rows, GROUPED_CASES[-2:])
+
+
+def sweep_grouped(rows, cases=GROUPED_CASES):
     """tkit.grouped_matmul (bf16) at MoE shapes: the plan's default, the pointer kernel and the
     persistent TMA kernel's tiles, epilogues and group_m, beside a loop of cuBLAS GEMMs (one
     F.linear a group, captured in the same CUDA graph as every run here, so without its host
@@ -952,14 +959,13 @@ def sweep_grouped(rows):
     import concurrent.futures
     import multiprocessing
 
-    jobs = [(G, T, N, K, key) for G, T, N, K in GROUPED_CASES
-            for key in _grouped_variants(G, T, N)]
+    jobs = [(G, T, N, K, key) for G, T, N, K in cases for key in _grouped_variants(G, T, N)]
     mp = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(8, mp_context=mp) as pool:
         for err in pool.map(_grouped_first_call, jobs):
             if err:
                 print(f"warm-up: {err}")
-    for G, T, N, K in GROUPED_CASES:
+    for G, T, N, K in cases:
         _grouped_case(rows, G, T, N, K)
 
 
@@ -1599,6 +1605,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "matmul_fp8_block_rescale_shared": sweep_matmul_fp8_block_rescale_shared,
           "matmul_mid": sweep_matmul_mid, "matmul_skinny": sweep_matmul_skinny,
           "grouped": sweep_grouped, "grouped_default": sweep_grouped_default,
+          "grouped_mixtral": sweep_grouped_mixtral,
           "matmul_gluon": sweep_matmul_gluon,
           # one layer size's GEMMs (issue #14's layer bar is at 4096 tokens)
           "matmul_gluon_4096": lambda rows: sweep_matmul_gluon(rows, ms=(4096,)),
