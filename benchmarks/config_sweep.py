@@ -887,6 +887,77 @@ def _gemm_variants_case(rows, family, M, N, K, label, variants):
                          tflops=flops / t / 1e9, vs_cublas=t_cub / t))
 
 
+#: the TMA split-K sweep's cases: Llama-3 8B's qkv, o and down, 70B's o and down (the gate_ups
+#: have a wave of tiles at M = 128 already)
+SPLITK_TMA_SHAPES = ("8B qkv", "8B o", "8B down", "70B o", "70B down")
+
+
+def _splitk_tma_variants(M, N, K, sms=132):
+    """Split-K shapes through TMA (and the pointer kernel at the same shape) whose programs
+    fit one wave: 128- and 64-row tiles of 128 and 256 columns, 64-deep steps, the largest
+    power of 2 of splits that fits (and half of it), each split >= 4 steps."""
+    from tkit.kernels.matmul.config import SplitKConfig
+
+    out = {}
+    for bm, bn, warps, stages in ((128, 128, 8, 5), (128, 256, 8, 4), (64, 128, 4, 6),
+                                  (64, 256, 4, 5)):
+        tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+        split = 1
+        while tiles * split * 2 <= sms and K // 64 // (split * 2) >= 4:
+            split *= 2
+        for sp in dict.fromkeys((split, split // 2)):
+            if sp < 2:
+                continue
+            cfg = SplitKConfig(bm, bn, 64, sp, num_stages=stages, num_warps=warps, tma=True)
+            out[f"tma {bm}x{bn} split {sp}"] = ("splitk", cfg)
+            if sp == split:
+                out[f"ptr {bm}x{bn} split {sp}"] = ("splitk", dataclasses.replace(
+                    cfg, tma=False, block_k=128, num_stages=4 if bm == 64 else 3))
+    return out
+
+
+def _splitk_tma_first_call(job):
+    """Compile one split-K variant (a child process of :func:`sweep_matmul_splitk_tma`)."""
+    M, label, key = job
+    from tkit.kernels.matmul import ops as MM
+    from tkit.specs.matmul import LLAMA_SHAPES
+
+    N, K = LLAMA_SHAPES[label]
+    try:
+        path, cfg = _splitk_tma_variants(M, N, K)[key]
+        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        MM._matmul_into(a, w.t(), out, None, None, None, None, None, False, path, cfg)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 (the sweep reports it)
+        return f"{M} {label} {key}: {type(e).__name__}: {str(e)[:200]}"
+    return None
+
+
+def sweep_matmul_splitk_tma(rows, ms=(128, 256)):
+    """bf16 GEMMs at M = 128 and 256 on Llama-3's projections: the plan's default and cuBLAS
+    beside split-K through TMA (128- / 64-row tiles, 128 / 256 columns, one wave of programs)
+    and the pointer split-K kernel at the same shapes; CUDA-graph replays, L2 flushed."""
+    import concurrent.futures
+    import multiprocessing
+
+    from tkit.specs.matmul import LLAMA_SHAPES
+
+    jobs = [(M, label, key) for M in ms for label in SPLITK_TMA_SHAPES
+            for key in _splitk_tma_variants(M, *LLAMA_SHAPES[label])]
+    mp = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(8, mp_context=mp) as pool:
+        for err in pool.map(_splitk_tma_first_call, jobs):
+            if err:
+                print(f"warm-up: {err}")
+    for M in ms:
+        for label in SPLITK_TMA_SHAPES:
+            N, K = LLAMA_SHAPES[label]
+            _gemm_variants_case(rows, "splitk_tma", M, N, K, label,
+                                _splitk_tma_variants(M, N, K))
+
+
 #: grouped GEMM cases (G, rows T, N, K): the registry's three MoE cases, Mixtral's down
 #: projection, DeepSeek-V3's routed experts' gate/up at 4096 tokens x top-8, and Mixtral's
 #: merged gate/up at 16 and 4096 tokens x top-2 (docs/FACTS.md's torch._grouped_mm anchors)
@@ -1606,6 +1677,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "matmul_mid": sweep_matmul_mid, "matmul_skinny": sweep_matmul_skinny,
           "grouped": sweep_grouped, "grouped_default": sweep_grouped_default,
           "grouped_mixtral": sweep_grouped_mixtral,
+          "matmul_splitk_tma": sweep_matmul_splitk_tma,
           "matmul_gluon": sweep_matmul_gluon,
           # one layer size's GEMMs (issue #14's layer bar is at 4096 tokens)
           "matmul_gluon_4096": lambda rows: sweep_matmul_gluon(rows, ms=(4096,)),

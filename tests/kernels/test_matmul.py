@@ -770,6 +770,32 @@ def test_grouped_fuzz_recipe_compares_full_float32():
     assert [lc.kwargs["IEEE"] for lc in launches] == [True]
 
 
+def _splitk_tma(a, b, bias=None):
+    """tkit.matmul through the TMA split-K kernel, forced: two splits of 64-deep steps (the
+    interpreter's tiles are small; a GPU takes the same config)."""
+    cfg = mm.SplitKConfig(block_m=32, block_n=64, block_k=64, split_k=3, num_stages=3,
+                          tma=True)
+    return mm.ops._matmul_impl(a, b, bias, path="splitk", config=cfg)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("b_layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("M, N, K", [(50, 96, 200), (64, 64, 64), (8, 136, 456)])
+def test_splitk_tma_kernel(dtype, b_layout, M, N, K, device):
+    """The TMA split-K kernel against the float64 reference: partial tiles in M and N, a K
+    tail (zeros past K from both descriptors), a split with no K step (K = 64: three splits of
+    one step), the weight row-major or an nn.Linear weight passed transposed, a bias through
+    the reduce; outputs poisoned."""
+    a = make_tensor((M, K), dtype, seed=1, device=device)
+    b = make_tensor((K, N), dtype, b_layout, seed=2, device=device)
+    bias = make_tensor((N,), dtype, seed=3, device=device)
+    check_against_reference(_splitk_tma, spec_mm.ref_matmul, [a, b, bias])
+    with _common.capture_launches() as launches:
+        _splitk_tma(a, b)
+    assert [lc.kernel.__name__ for lc in launches] == ["_matmul_splitk_tma_kernel",
+                                                       "_splitk_reduce_kernel"]
+
+
 def _grouped_tma(a, b, offsets, **fields):
     """grouped_matmul through the persistent TMA kernel, forced (its CPU tile in the
     interpreter, the plan's on a GPU), with config ``fields`` changed."""

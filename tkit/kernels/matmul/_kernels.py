@@ -313,6 +313,41 @@ def _matmul_splitk_kernel(
 
 
 @triton.jit
+def _matmul_splitk_tma_kernel(
+    a_desc, b_desc, ws_ptr, M, N, K,
+    B_TRANS: tl.constexpr, IEEE: tl.constexpr, SPLIT_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """``_matmul_splitk_kernel`` with its tiles brought by TMA: host descriptors over a (M, K)
+    row-major ([BLOCK_M, BLOCK_K] boxes) and b (K, N) ([BLOCK_K, BLOCK_N] boxes), or with
+    B_TRANS b's (N, K) storage ([BLOCK_N, BLOCK_K] boxes: an nn.Linear weight). Rows, columns
+    and K past the edges read zeros; the partial is written as ``_matmul_splitk_kernel``'s
+    (float32 ws[split, M, N], an empty K range writing zeros)."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    k_begin = pid_k * per_split
+    k_end = tl.minimum(k_begin + per_split, k_tiles)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in tl.range(k_begin, k_end, num_stages=NUM_STAGES):
+        a = a_desc.load([off_m, kt * BLOCK_K])
+        if B_TRANS:
+            b = b_desc.load([off_n, kt * BLOCK_K]).T
+        else:
+            b = b_desc.load([kt * BLOCK_K, off_n])
+        acc = _dot(a, b, acc, IEEE)
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    ws_ptrs = ws_ptr + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :]
+    tl.store(ws_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
 def _matmul_splitk_fused_kernel(
     a_ptr, b_ptr, ws_ptr, cnt_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_rm, stride_rn,

@@ -260,6 +260,9 @@ class SplitKConfig:
     num_stages: int = 4
     num_warps: int = 4
     fused_reduce: bool = False
+    #: the K-slices' tiles through host TMA descriptors (``_matmul_splitk_tma_kernel``;
+    #: 16-bit, a row-major and both operands TMA-describable, else the pointer kernel)
+    tma: bool = False
 
     @classmethod
     def for_shape(cls, M: int, N: int, K: int, num_sms: int) -> SplitKConfig:

@@ -26,6 +26,7 @@ from tkit.kernels.matmul._kernels import (
     _matmul_kernel,
     _matmul_splitk_fused_kernel,
     _matmul_splitk_kernel,
+    _matmul_splitk_tma_kernel,
     _matmul_tma_autotuned,
     _matmul_tma_kernel,
     _splitk_glu_reduce_kernel,
@@ -166,7 +167,19 @@ def _launch_splitk(a, b, out, epi, ieee, cfg: SplitKConfig):
         return
     # partials are float32 and fully overwritten: a plain allocation, never poisoned
     ws = C.scratch((split, M, N), torch.float32, a.device)
-    if cfg.fused_reduce:
+    if cfg.tma and not cfg.fused_reduce and a.element_size() == 2 \
+            and _tma_ok(a) == (True, False) and _tma_ok(b)[0]:
+        from triton.tools.tensor_descriptor import TensorDescriptor as TD
+
+        b_trans = _tma_ok(b)[1]
+        bm, bk = cfg.block_m, cfg.block_k
+        a_d = TD(a, [M, K], [a.stride(0), 1], [bm, bk])
+        b_d = (TD(b.t(), [N, K], [_lead_stride(b, True), 1], [bn, bk]) if b_trans
+               else TD(b, [K, N], [_lead_stride(b, False), 1], [bk, bn]))
+        C.launch(_matmul_splitk_tma_kernel, (C.cdiv(N, bn), C.cdiv(M, bm), split),
+                 a_desc=a_d, b_desc=b_d, ws_ptr=ws, M=M, N=N, K=K, B_TRANS=b_trans,
+                 IEEE=False, **cfg.launch_kwargs())
+    elif cfg.fused_reduce:
         grid = (C.cdiv(N, bn), C.cdiv(M, bm), split)
         C.launch(_matmul_splitk_fused_kernel, grid, a_ptr=a, b_ptr=b, ws_ptr=ws,
                  cnt_ptr=_splitk_counters(a.device, grid[0] * grid[1]), c_ptr=out,
@@ -174,11 +187,12 @@ def _launch_splitk(a, b, out, epi, ieee, cfg: SplitKConfig):
                  stride_bk=b.stride(0), stride_bn=b.stride(1), stride_cm=out.stride(0),
                  stride_cn=out.stride(1), **epi, IEEE=ieee, **cfg.launch_kwargs())
         return
-    C.launch(_matmul_splitk_kernel, (C.cdiv(N, bn), C.cdiv(M, bm), split),
-             a_ptr=a, b_ptr=b, ws_ptr=ws, M=M, N=N, K=K,
-             stride_am=a.stride(0), stride_ak=a.stride(1),
-             stride_bk=b.stride(0), stride_bn=b.stride(1),
-             IEEE=ieee, **cfg.launch_kwargs())
+    else:
+        C.launch(_matmul_splitk_kernel, (C.cdiv(N, bn), C.cdiv(M, bm), split),
+                 a_ptr=a, b_ptr=b, ws_ptr=ws, M=M, N=N, K=K,
+                 stride_am=a.stride(0), stride_ak=a.stride(1),
+                 stride_bk=b.stride(0), stride_bn=b.stride(1),
+                 IEEE=ieee, **cfg.launch_kwargs())
     rbn = 128 if N >= 128 else max(16, C.next_power_of_2(N))
     C.launch(_splitk_reduce_kernel, (C.cdiv(N, rbn), C.cdiv(M, bm)),
              ws_ptr=ws, c_ptr=out, M=M, N=N, stride_cm=out.stride(0), stride_cn=out.stride(1),
