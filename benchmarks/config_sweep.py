@@ -958,6 +958,16 @@ def sweep_matmul_splitk_tma(rows, ms=(128, 256)):
                                 _splitk_tma_variants(M, N, K))
 
 
+def sweep_matmul_long_k(rows, ms=(128, 256)):
+    """The plan's default against cuBLAS at M = 128 and 256 on all eight Llama-3 projections
+    (CUDA-graph replays, L2 flushed): where ``SplitKConfig.long_k`` applies and where not."""
+    from tkit.specs.matmul import LLAMA_SHAPES
+
+    for M in ms:
+        for label, (N, K) in LLAMA_SHAPES.items():
+            _gemm_variants_case(rows, "long_k", M, N, K, label, {})
+
+
 #: grouped GEMM cases (G, rows T, N, K): the registry's three MoE cases, Mixtral's down
 #: projection, DeepSeek-V3's routed experts' gate/up at 4096 tokens x top-8, and Mixtral's
 #: merged gate/up at 16 and 4096 tokens x top-2 (docs/FACTS.md's torch._grouped_mm anchors)
@@ -1677,7 +1687,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "matmul_mid": sweep_matmul_mid, "matmul_skinny": sweep_matmul_skinny,
           "grouped": sweep_grouped, "grouped_default": sweep_grouped_default,
           "grouped_mixtral": sweep_grouped_mixtral,
-          "matmul_splitk_tma": sweep_matmul_splitk_tma,
+          "matmul_splitk_tma": sweep_matmul_splitk_tma, "matmul_long_k": sweep_matmul_long_k,
           "matmul_gluon": sweep_matmul_gluon,
           # one layer size's GEMMs (issue #14's layer bar is at 4096 tokens)
           "matmul_gluon_4096": lambda rows: sweep_matmul_gluon(rows, ms=(4096,)),

@@ -796,6 +796,29 @@ def test_splitk_tma_kernel(dtype, b_layout, M, N, K, device):
                                                        "_splitk_reduce_kernel"]
 
 
+def test_long_k_plan_takes_tma_split_k(monkeypatch):
+    """sm_90 (meta tensors), 16-bit: 64 < M <= 256 with K >= 14336 takes 128 x 256 tiles in
+    the largest power of 2 of K splits that fits one wave, through TMA, where that is >= 4
+    splits; fewer splits, a shorter K, M <= 64, fp8 or a column-major a keep their kernels."""
+    monkeypatch.setattr(mm.config._env, "INTERPRET", False)
+    meta = dict(device="meta", dtype=torch.bfloat16)
+
+    def plan(M, N, K, **kw):
+        return mm.plan(torch.empty(M, K, **meta), torch.empty(N, K, **meta).t(), **kw)
+
+    for M, N, K, split in ((128, 4096, 14336, 8), (256, 4096, 14336, 4), (128, 8192, 28672, 4)):
+        p = plan(M, N, K)
+        assert p.path == "splitk" and p.config.tma, (M, N, K, p)
+        assert (p.config.block_m, p.config.block_n, p.config.split_k) == (128, 256, split)
+    for M, N, K in ((256, 8192, 28672), (128, 8192, 8192), (64, 4096, 14336), (512, 4096, 14336)):
+        p = plan(M, N, K)
+        assert not (p.path == "splitk" and p.config.tma), (M, N, K, p)
+    assert not getattr(plan(128, 4096, 14336, scaled=True).config, "tma", False)
+    a_cm = torch.empty(14336, 128, **meta).t()
+    p = mm.plan(a_cm, torch.empty(4096, 14336, **meta).t())
+    assert not (p.path == "splitk" and p.config.tma)
+
+
 def _grouped_tma(a, b, offsets, **fields):
     """grouped_matmul through the persistent TMA kernel, forced (its CPU tile in the
     interpreter, the plan's on a GPU), with config ``fields`` changed."""

@@ -35,6 +35,9 @@ _SKINNY_M = 64  # at or below this M the GEMM is weight-streaming (memory-bound)
 #: (H200, M = 128: 1.17-1.46x the TMA kernel on Llama-3-8B's qkv / o / down, within 3% of it
 #: on 70B's o / down; wider weights keep the TMA / Gluon kernels: docs/NOTES.md)
 _SPLITK_MAX_M = 128
+#: from this K a 64 < M <= 256 GEMM may take 128 x 256 tiles in K splits (SplitKConfig.long_k):
+#: measured ahead at K = 14336 and 28672, behind at K = 8192
+_LONG_K = 14336
 _SKINNY_MIN_WEIGHT = 1 << 20  # K*N below this fits in L2 many times over: not worth splitting
 
 
@@ -317,6 +320,27 @@ class SplitKConfig:
         while want > 1 and k_steps // want < 4:
             want //= 2
         return cls(block_m=block_m, block_n=block_n, block_k=block_k, split_k=want)
+
+    @classmethod
+    def long_k(cls, M: int, N: int, K: int, num_sms: int) -> SplitKConfig | None:
+        """The TMA split-K config for 64 < M <= 256 with a long K (>= :data:`_LONG_K`), or
+        None: 128 x 256 tiles in the largest power of 2 of K splits that fits one wave, where
+        that is at least 4. H200 (docs/NOTES.md, "twenty-first session", graph replays):
+        Llama-3 8B down at M = 128 / 256 46.4 / 62.2 us against 49.2 / 75.6 for the plan
+        before (x0.82 / 0.79 cuBLAS against 0.77 / 0.65), 70B down at M = 128 134.0 against
+        161.6 (x0.92 against 0.76); with 2 splits (70B down at M = 256) it lost to the Gluon
+        kernel (181.0 against 172.1), and at K = 8192 (70B o, M = 128) to the plan's tiles
+        (53.2 against 51.9). 16-bit operands without fp8 scales (:func:`plan`)."""
+        if not (_SKINNY_M < M <= 256 and K >= _LONG_K):
+            return None
+        tiles = C.cdiv(M, 128) * C.cdiv(N, 256)
+        split = 1
+        while tiles * split * 2 <= num_sms and C.cdiv(K, 64) // (split * 2) >= 4:
+            split *= 2
+        if split < 4:
+            return None
+        return cls(block_m=128, block_n=256, block_k=64, split_k=split, num_stages=4,
+                   num_warps=8, tma=True)
 
     def shared_bytes(self, elem_size: int) -> int:
         """Shared memory of this config's kernel: its pipeline's a and b tiles, in
@@ -794,6 +818,13 @@ def plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None,
     if K == 0:
         return MatmulPlan("ptr", "K = 0: the output is the epilogue of zeros",
                           _path_config("ptr", M, N, K, es, sms))
+    long_k = SplitKConfig.long_k(M, N, K, sms) if es == 2 and not scaled else None
+    if (long_k is not None and major >= 9 and _tma_ok(a) == (True, False) and _tma_ok(b)[0]
+            and not C.needs_int64(a, b)):
+        long_k = current(long_k)
+        return MatmulPlan("splitk", f"M={M} with K={K}: {long_k.block_m} x {long_k.block_n} "
+                          f"tiles in {long_k.split_k} K splits through TMA fill one wave",
+                          long_k)
     if _skinny(M, N, K, sms, es == 2 and not scaled) and not C.needs_int64(a, b):
         # (the split-K kernel's index math is 32-bit; a weight past 2**31 elements takes the
         # pointer kernel's 64-bit path)
