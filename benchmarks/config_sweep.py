@@ -864,27 +864,38 @@ def _gemm_variants_case(rows, family, M, N, K, label, variants):
         runs[key] = (lambda path=path, cfg=cfg: MM._matmul_into(
             a, b, out, None, None, None, None, None, False, path, cfg))
         cfgs[key] = dict(path=path, **dataclasses.asdict(cfg))
+    _time_checked(rows, family, case, runs, cfgs, flops, "cuBLAS", "vs_cublas",
+                  lambda _: None if _close(out, ref) else "output differs from cuBLAS's",
+                  f" {dflt.path} {dflt.config}")
+
+
+def _time_checked(rows, family, case, runs, cfgs, flops, base, ratio_key, check, note):
+    """Run each of ``runs`` ({key: fn}) once and drop those that fail or whose ``check(out)``
+    (not asked of ``base``) says what is wrong; time the rest from CUDA graphs with the L2
+    flushed in interleaved rounds; print and record each (min of the rounds' medians) with
+    its ratio to ``base`` (``note`` printed after the default's line)."""
     times = {}
     for key, fn in runs.items():
         try:
-            fn()
-            if key != "cuBLAS" and not _close(out, ref):
-                raise AssertionError("output differs from cuBLAS's")
+            got = fn()
+            bad = None if key == base else check(got)
+            if bad:
+                raise AssertionError(bad)
         except Exception as e:  # noqa: BLE001
-            print(f"{family} {case} {key} FAILED {type(e).__name__}: {str(e)[:100]}")
+            print(f"{family} {case} {key} FAILED {type(e).__name__}: {str(e)[:160]}")
             continue
         times[key] = []
     for _ in range(ROUNDS):  # interleaved rounds
         for key in times:
             times[key].append(time_fn(runs[key], replay=True).median_ms)
-    t_cub = min(times["cuBLAS"])
+    t_base = min(times[base])
     for key, ts in times.items():
         t = min(ts)
-        extra = f" {dflt.path} {dflt.config}" if key == "default" else ""
+        extra = note if key == "default" else ""
         print(f"{family} {case:34s} {key[:60]:60s} {t * 1e3:7.1f} us "
-              f"{flops / t / 1e9:6.1f} TFLOP/s {t_cub / t:5.3f}x cuBLAS{extra}")
-        rows.append(dict(family=family, case=case, config=cfgs[key], median_ms=t,
-                         tflops=flops / t / 1e9, vs_cublas=t_cub / t))
+              f"{flops / t / 1e9:6.1f} TFLOP/s {t_base / t:5.3f}x {base}{extra}")
+        rows.append(dict(family=family, case=case, config=cfgs.get(key, key), median_ms=t,
+                         tflops=flops / t / 1e9, **{ratio_key: t_base / t}))
 
 
 #: the TMA split-K sweep's cases: Llama-3 8B's qkv, o and down, 70B's o and down (the gate_ups
@@ -1075,27 +1086,9 @@ def _grouped_case(rows, G, T, N, K, variants=True):
     for key, cfg in (_grouped_variants(G, T, N) if variants else {}).items():
         runs[key] = (lambda cfg=cfg: MO._grouped_impl(a, b, offs, config=cfg))
         cfgs[key] = dataclasses.asdict(cfg)
-    times = {}
-    for key, fn in runs.items():
-        try:
-            got = fn()
-            if key != "cuBLAS loop" and not _close(got, ref):
-                raise AssertionError("output differs from the cuBLAS loop's")
-        except Exception as e:  # noqa: BLE001
-            print(f"grouped {case} {key} FAILED {type(e).__name__}: {str(e)[:160]}")
-            continue
-        times[key] = []
-    for _ in range(ROUNDS):
-        for key in times:
-            times[key].append(time_fn(runs[key], replay=True).median_ms)
-    t_loop = min(times["cuBLAS loop"])
-    for key, ts in times.items():
-        t = min(ts)
-        extra = f" {dflt.path} {dflt.config}" if key == "default" else ""
-        print(f"grouped {case:32s} {key[:36]:36s} {t * 1e3:8.1f} us "
-              f"{flops / t / 1e9:6.1f} TFLOP/s {t_loop / t:5.3f}x loop{extra}")
-        rows.append(dict(family="grouped", case=case, config=cfgs.get(key, key),
-                         median_ms=t, tflops=flops / t / 1e9, vs_loop=t_loop / t))
+    _time_checked(rows, "grouped", case, runs, cfgs, flops, "cuBLAS loop", "vs_loop",
+                  lambda got: None if _close(got, ref) else "output differs from the loop's",
+                  f" {dflt.path} {dflt.config}")
 
 
 def sweep_matmul_skinny(rows):
