@@ -638,12 +638,11 @@ def matmul_config(**overrides):
     """Override fields of the GEMM configs for the calls made inside (this thread only), e.g.
     ``with matmul_config(block_k=128, num_stages=4): tkit.matmul_fp8(...)``. A field applies to
     every kernel whose config has it (:class:`TmaConfig`, :class:`PtrConfig`,
-    :class:`SplitKConfig`, :class:`GroupedConfig`, :class:`GroupedTmaConfig`) and is left out of
-    the others; a name that
-    no config has is a TypeError naming it. The block-scaled fp8 kernels take ``block_k`` as a
-    whole number of scale groups (128 or 256 on the TMA kernel, 128 on the pointer kernel;
-    other values are taken as 128). Calls inside skip the eager plans. For experiments (the config
-    sweeps) and tests; calls never tune."""
+    :class:`SplitKConfig`, :class:`GroupedConfig`, :class:`GroupedTmaConfig`) and is left out
+    of the others; a name that no config has is a TypeError naming it. The block-scaled fp8
+    kernels take ``block_k`` as a whole number of scale groups (128 or 256 on the TMA kernel,
+    128 on the pointer kernel; other values are taken as 128). Calls inside skip the eager
+    plans. For experiments (the config sweeps) and tests; calls never tune."""
     unknown = [k for k in overrides if k not in _FIELDS]
     if unknown:
         raise TypeError(f"unknown matmul config field(s) {unknown}; known: {list(_FIELDS)}")
@@ -970,6 +969,8 @@ def grouped_b_view(b: torch.Tensor) -> tuple[bool, int] | None:
     G, K, N = b.shape
     es = b.element_size()
     for trans, inner, lead, rows in ((True, 1, 2, N), (False, 2, 1, K)):
+        # the contiguous dimension must be one of more than one element (a K of 1 with N > 1
+        # is read N-contiguous); a size-1 leading dimension's stride is its row length
         if b.stride(inner) != 1 or (inner == 1 and K == 1 and N > 1):
             continue
         stride = b.stride(lead) if (N if trans else K) > 1 else (K if trans else N)
