@@ -285,6 +285,13 @@ _PLAN_SMEM_CASES = [
     ("grouped 8192 tokens G4", tkit.grouped_matmul,
      lambda dt: (_meta(8192, 4096, dtype=dt), _meta(4, 4096, 4096, dtype=dt),
                  torch.tensor([0, 2048, 4096, 6144, 8192], dtype=torch.int32, device="meta"))),
+    # many small groups: the TMA kernel's 64 x 256 tiles with the flattened loop (16-bit)
+    ("grouped 4096 tokens G128", tkit.grouped_matmul,
+     lambda dt: (_meta(4096, 2048, dtype=dt), _meta(128, 1536, 2048, dtype=dt).transpose(1, 2),
+                 torch.arange(0, 4097, 32, dtype=torch.int32, device="meta"))),
+    # long K at M = 256: split-K through TMA (16-bit)
+    ("matmul 256x14336x4096", tkit.matmul,
+     lambda dt: (_meta(256, 14336, dtype=dt), _meta(4096, 14336, dtype=dt).t())),
 ]
 
 
@@ -299,9 +306,16 @@ def test_gemm_configs_fit_shared_memory_sm90(dtype):
     from tkit import ir
 
     limit = mm.config.SMEM_BYTES
+    # the kernels these 16-bit cases are planned for (the new TMA kernels compile under both
+    # Triton versions of CI)
+    kernels = {"grouped 8192 tokens G4": "_grouped_matmul_tma_kernel",
+               "grouped 4096 tokens G128": "_grouped_matmul_tma_kernel",
+               "matmul 256x14336x4096": "_matmul_splitk_tma_kernel"}
     for label, op, build in _PLAN_SMEM_CASES:
         args = build(dtype)
         first = ir.compile(op, *args, arch="sm_90")
+        if dtype == torch.bfloat16 and label in kernels:
+            assert first.name == kernels[label], (label, first.name)
         for i in range(len(first.launches or [first.name])):
             c = first if i == 0 else ir.compile(op, *args, arch="sm_90", launch=i)
             assert c.shared <= limit, f"{label} {dtype}: {c.name} takes {c.shared} B"
