@@ -899,6 +899,7 @@ def test_grouped_plan(monkeypatch):
         (a.t().contiguous().t(), stack, "a is not row-major"),
         (a, torch.empty(16, 14336, 4096, **meta)[::2].transpose(1, 2), "not one"),
         (a[:, :4000], torch.empty(8, 4000, 512, **meta), "K=4000 is not a multiple"),
+        (a, torch.empty(511, 64, 4096, **meta).transpose(1, 2), "G=511 groups"),
     ]
     for x, w, why in cases:
         p = mm.grouped_plan(x, w)

@@ -961,6 +961,12 @@ def glu_plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = N
     return MatmulPlan(path, reason, cfg)
 
 
+#: the grouped TMA kernel's segment table (G + 2 entries, padded to a power of 2, held in
+#: every program's registers): the largest size timed (G = 256, DeepSeek-V3's experts). More
+#: groups take the pointer kernel (at 2048 entries the kernel compiles to 255 registers)
+GROUPED_MAX_SEGMENTS = 512
+
+
 def grouped_b_view(b: torch.Tensor) -> tuple[bool, int] | None:
     """(B_TRANS, row stride) of the 2-D matrix the grouped TMA kernel reads the (G, K, N)
     weights ``b`` as: (G N, K) when each b[g] is K-contiguous (an nn.Linear stack passed as
@@ -990,6 +996,9 @@ def grouped_tma_reason(a: torch.Tensor, b: torch.Tensor, cfg: GroupedTmaConfig) 
         return f"{C.dtype_name(a.dtype)} operands (the TMA kernel takes 16-bit ones)"
     if K == 0 or N == 0:
         return "an empty K or N (no TMA box over it)"
+    if G + 2 > GROUPED_MAX_SEGMENTS:
+        return (f"G={G} groups (each program holds a table of G + 2 row segments, at most "
+                f"{GROUPED_MAX_SEGMENTS})")
     if _tma_ok(a) != (True, False):
         return "a is not row-major with 16-byte aligned rows"
     view = grouped_b_view(b)
