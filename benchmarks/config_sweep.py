@@ -103,13 +103,19 @@ def warm(ctx, jobs, processes=8):
     """Compile the variants of ``jobs`` ((name, case index, variant) triples) in parallel
     child processes before a sweep times them one by one; ``ctx`` is the family's override
     context (a module-level function)."""
+    _in_children(_first_call, [(ctx.__module__, ctx.__name__, n, i, v) for n, i, v in jobs],
+                 processes)
+
+
+def _in_children(first_call, work, processes=8):
+    """``first_call(job)`` for every job of ``work`` in parallel spawned child processes (their
+    compiles fill Triton's on-disk cache); each returns None or what failed, printed."""
     import concurrent.futures
     import multiprocessing
 
-    work = [(ctx.__module__, ctx.__name__, n, i, v) for n, i, v in jobs]
     mp = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(processes, mp_context=mp) as pool:
-        for err in pool.map(_first_call, work):
+        for err in pool.map(first_call, work):
             if err:
                 print(f"warm-up: {err}")
 
@@ -950,18 +956,11 @@ def sweep_matmul_splitk_tma(rows, ms=(128, 256)):
     """bf16 GEMMs at M = 128 and 256 on Llama-3's projections: the plan's default and cuBLAS
     beside split-K through TMA (128- / 64-row tiles, 128 / 256 columns, one wave of programs)
     and the pointer split-K kernel at the same shapes; CUDA-graph replays, L2 flushed."""
-    import concurrent.futures
-    import multiprocessing
-
     from tkit.specs.matmul import LLAMA_SHAPES
 
-    jobs = [(M, label, key) for M in ms for label in SPLITK_TMA_SHAPES
-            for key in _splitk_tma_variants(M, *LLAMA_SHAPES[label])]
-    mp = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(8, mp_context=mp) as pool:
-        for err in pool.map(_splitk_tma_first_call, jobs):
-            if err:
-                print(f"warm-up: {err}")
+    _in_children(_splitk_tma_first_call, [(M, label, key) for M in ms
+                                          for label in SPLITK_TMA_SHAPES
+                                          for key in _splitk_tma_variants(M, *LLAMA_SHAPES[label])])
     for M in ms:
         for label in SPLITK_TMA_SHAPES:
             N, K = LLAMA_SHAPES[label]
@@ -1048,15 +1047,8 @@ def sweep_grouped(rows, cases=GROUPED_CASES):
     loop) and ``torch._grouped_mm`` (CUTLASS's grouped GEMM) where this torch has it; graph
     replays with the L2 flushed, interleaved rounds, every output checked against the loop's.
     """
-    import concurrent.futures
-    import multiprocessing
-
-    jobs = [(G, T, N, K, key) for G, T, N, K in cases for key in _grouped_variants(G, T, N)]
-    mp = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(8, mp_context=mp) as pool:
-        for err in pool.map(_grouped_first_call, jobs):
-            if err:
-                print(f"warm-up: {err}")
+    _in_children(_grouped_first_call, [(G, T, N, K, key) for G, T, N, K in cases
+                                       for key in _grouped_variants(G, T, N)])
     for G, T, N, K in cases:
         _grouped_case(rows, G, T, N, K)
 

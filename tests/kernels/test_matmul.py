@@ -785,8 +785,8 @@ def test_grouped_fuzz_recipe_compares_full_float32():
 
 
 def _splitk_tma(a, b, bias=None):
-    """tkit.matmul through the TMA split-K kernel, forced: two splits of 64-deep steps (the
-    interpreter's tiles are small; a GPU takes the same config)."""
+    """tkit.matmul through the TMA split-K kernel, forced: three splits of 64-deep steps (small
+    tiles for the interpreter; a GPU takes the same config)."""
     cfg = mm.SplitKConfig(block_m=32, block_n=64, block_k=64, split_k=3, num_stages=3,
                           tma=True)
     return mm.ops._matmul_impl(a, b, bias, path="splitk", config=cfg)

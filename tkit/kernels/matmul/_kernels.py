@@ -492,10 +492,10 @@ def _max_combine(x, y):
 def _grouped_segments(off_ptr, T, G, BLOCK_M: tl.constexpr, SEG_BLOCK: tl.constexpr):
     """The row segments of a grouped problem as vectors over s < SEG_BLOCK (>= G + 2):
     segment 0 is the rows before the first group, segment g + 1 group g, segment G + 1 the rows
-    after the last group, the rest empty. Returns (start, end, first_tile, tiles) per segment
-    (rows [start, end), its BLOCK_M-row tiles numbered from first_tile) and the total tile
-    count. bound(j) is the largest of off[0..j] clamped to [0, T], so whatever the offsets
-    hold the segments are ordered, disjoint and inside [0, T)."""
+    after the last group, the rest empty. Returns (start, end, first_tile) per segment (rows
+    [start, end), its BLOCK_M-row tiles numbered from first_tile) and the total tile count.
+    bound(j) is the largest of off[0..j] clamped to [0, T], so whatever the offsets hold the
+    segments are ordered, disjoint and inside [0, T)."""
     s = tl.arange(0, SEG_BLOCK)
     lo = tl.load(off_ptr + tl.maximum(s - 1, 0), mask=(s >= 1) & (s <= G + 1), other=0)
     lo = tl.minimum(tl.maximum(lo.to(tl.int64), 0), T).to(tl.int32)
@@ -507,7 +507,7 @@ def _grouped_segments(off_ptr, T, G, BLOCK_M: tl.constexpr, SEG_BLOCK: tl.conste
     end = tl.associative_scan(hi, 0, _max_combine)
     tiles = tl.cdiv(end - start, BLOCK_M)
     last = tl.cumsum(tiles, 0)
-    return start, end, last - tiles, tiles, tl.sum(tiles, 0)
+    return start, end, last - tiles, tl.sum(tiles, 0)
 
 
 @triton.jit
@@ -552,7 +552,7 @@ def _grouped_matmul_tma_kernel(
     since it may not write the next group's rows."""
     dtype = c_ptr.dtype.element_ty
     s = tl.arange(0, SEG_BLOCK)
-    start, end, first, _tiles, total = _grouped_segments(off_ptr, T, G, BLOCK_M, SEG_BLOCK)
+    start, end, first, total = _grouped_segments(off_ptr, T, G, BLOCK_M, SEG_BLOCK)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     start_pid = tl.program_id(0)
