@@ -1371,6 +1371,69 @@ def _attention_case(rows, B, S, hq, hk):
                          tflops=flops / t / 1e9))
 
 
+#: (B, S, Hq, Hkv, D, causal): the flash_attention bench's prefill shapes, short and long
+ATTENTION_PERSISTENT_CASES = [(32, 512, 16, 16, 128, True), (1, 512, 32, 8, 128, True),
+                              (16, 1024, 16, 16, 128, True), (8, 2048, 16, 16, 128, True),
+                              (4, 4096, 16, 16, 128, True), (4, 4096, 16, 16, 128, False),
+                              (32, 512, 16, 16, 128, False), (4, 4096, 16, 16, 64, True),
+                              (32, 512, 16, 16, 64, True)]
+
+
+def sweep_attention_persistent(rows):
+    """The Gluon forward's persistent warp-specialized kernel (one CTA an SM walking the tiles)
+    at each persistent config, beside the per-tile default and SDPA's cuDNN backend, graph
+    replays; outputs checked against SDPA's."""
+    for B, S, hq, hk, d, causal in ATTENTION_PERSISTENT_CASES:
+        _attention_persistent_case(rows, B, S, hq, hk, d, causal)
+
+
+def _attention_persistent_case(rows, B, S, hq, hk, d, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from tkit.kernels.attention import hopper as AH
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, S, h, d, device="cuda", generator=g, dtype=torch.bfloat16)
+               for h in (hq, hk, hk))
+    flops = 4 * B * hq * d * S * ((S + 1) / 2 if causal else S)
+    case = f"B{B} S{S} H{hq}/{hk} D{d}" + (" causal" if causal else "")
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        qt, kt, vt, is_causal=causal, enable_gqa=hq != hk).transpose(1, 2)
+    calls = {"per-tile default": lambda: AH.forward(q, k, v, causal=causal)[0]}
+    for cfg in AH.configs(d, ws=True):
+        if cfg.get("PERSISTENT"):
+            calls[f"persistent n{cfg['BLOCK_N']} s{cfg['STAGES']}"] = (
+                lambda cfg=cfg: AH.forward(q, k, v, causal=causal, config=cfg)[0])
+
+    def cudnn():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return torch.nn.functional.scaled_dot_product_attention(
+                qt, kt, vt, is_causal=causal, enable_gqa=hq != hk).transpose(1, 2)
+    calls["sdpa cudnn"] = cudnn
+    times = {}
+    for _ in range(ROUNDS):  # interleaved rounds
+        for name, fn in calls.items():
+            try:
+                if name not in times and not _close(fn(), ref):
+                    raise AssertionError("output differs from SDPA's")
+                t = time_fn(fn, replay=True).median_ms
+            except Exception as e:  # noqa: BLE001
+                print(f"attention {case} {name} FAILED {type(e).__name__}: {str(e)[:100]}")
+                times[name] = None
+                continue
+            if times.get(name, 0) is not None:
+                times[name] = min(t, times.get(name, t))
+    t_cudnn = times.get("sdpa cudnn") or float("nan")
+    for name, t in times.items():
+        if t is None:
+            continue
+        print(f"attention {case:28s} {name:20s} {t * 1e3:8.1f} us "
+              f"{flops / t / 1e9:6.1f} TFLOP/s {t_cudnn / t:6.3f}x cuDNN")
+        rows.append(dict(family="attention_persistent", case=case, config=name,
+                         median_ms=t, tflops=flops / t / 1e9, vs_cudnn=t_cudnn / t))
+
+
 def sweep_decode_splits(rows):
     """decode_attention's split count (issue #15: dense >= 4.3 TB/s, mixed lengths >= 3.5):
     forced splits and the heuristic's slot count (ctas_per_sm) around the default, on the
@@ -1678,7 +1741,8 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "matmul_gluon_4096": lambda rows: sweep_matmul_gluon(rows, ms=(4096,)),
           "matmul_gluon_512": lambda rows: sweep_matmul_gluon(rows, ms=(512,)),
           "matmul_glu": sweep_matmul_glu,
-          "attention_short": sweep_attention_short}
+          "attention_short": sweep_attention_short,
+          "attention_persistent": sweep_attention_persistent}
 
 
 def main(argv):

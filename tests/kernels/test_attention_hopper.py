@@ -15,7 +15,7 @@ import triton
 
 from tkit.kernels.attention import hopper as AH
 from tkit.specs import attention as S
-from tkit.testing import check_against_reference, make_tensor
+from tkit.testing import check_against_reference, make_tensor, poisoned_outputs
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 TRITON = tuple(int(x) for x in triton.__version__.split(".")[:2])
@@ -90,8 +90,12 @@ def test_configs_fit_shared_memory():
         cfgs = AH.configs(d)
         assert cfgs and AH.default_config(d) in cfgs
         assert AH._cfg_key(AH.default_config(d)) == AH._cfg_key(AH.DEFAULTS[d])  # it fits
-        assert all(AH._smem_bytes(c["BLOCK_N"], c["STAGES"], d, ws=c.get("WS", False))
+        assert all(AH._smem_bytes(c["BLOCK_N"], c["STAGES"], d, ws=c.get("WS", False),
+                                  persistent=c.get("PERSISTENT", False))
                    <= AH.SMEM_LIMIT for c in cfgs)
+        # the persistent kernel is a warp-specialized one, with its two Q buffers counted
+        assert [c for c in cfgs if c.get("PERSISTENT")] and all(
+            c["WS"] for c in cfgs if c.get("PERSISTENT"))
         ws = AH.configs(d, ws=True)
         assert ws and all(c["WS"] and c["num_warps"] == 4 and c["maxnreg"] == AH.WS_MAXNREG
                           for c in ws)
@@ -99,6 +103,10 @@ def test_configs_fit_shared_memory():
         assert len(cfgs) == len(AH.configs(d, ws=False)) + len(ws)
     # the empty barriers and the partitions' shared state are counted
     assert AH._smem_bytes(128, 3, 128, ws=True) > AH._smem_bytes(128, 3, 128)
+    assert AH._smem_bytes(128, 2, 128, ws=True, persistent=True) \
+        >= AH._smem_bytes(128, 2, 128, ws=True) + 128 * 128 * 2
+    with pytest.raises(ValueError, match="warp-specialized"):
+        AH.config_dict(128, 2, False, True)
     # three warpgroups at the launch cap fit the register file, and the partitions' shares add
     # up to it (the default partition gets what the workers leave)
     assert AH.WS_MAXNREG * 3 * 128 <= 65536
@@ -234,7 +242,8 @@ def test_compiled_fp16_and_every_config(compiled):
         assert k.metadata.shared <= AH.SMEM_LIMIT
 
 
-WS_SAMPLE = [AH.config_dict(128, 3, True), AH.config_dict(64, 4, True)]
+WS_SAMPLE = [AH.config_dict(128, 3, True), AH.config_dict(64, 4, True),
+             AH.config_dict(64, 4, True, True)]
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -282,7 +291,8 @@ def test_compiled_warp_specialized(compiled, d, causal):
         assert len(between) == 4 and all(n >= cfg["BLOCK_N"] // 2 for n in between), between
         assert re.search(r"LOCAL:0\b", usage) and re.search(r"STACK:0\b", usage), usage
         assert not re.search(r"\b(LDL|STL)\b", sass)
-        assert k.metadata.shared <= AH._smem_bytes(cfg["BLOCK_N"], cfg["STAGES"], d, ws=True)
+        assert k.metadata.shared <= AH._smem_bytes(cfg["BLOCK_N"], cfg["STAGES"], d, ws=True,
+                                                   persistent=cfg.get("PERSISTENT", False))
         assert k.metadata.shared <= AH.SMEM_LIMIT
 
 
@@ -326,10 +336,13 @@ def _ref(causal):
 # tests below that do not sweep every config (the default config itself is what
 # tkit.flash_attention launches: tests/kernels/test_attention.py)
 SCHEDULES = [pytest.param(False, id="plain"),
-             pytest.param(True, id="ws")]
+             pytest.param(True, id="ws"),
+             pytest.param("persistent", id="persistent")]
 
 
 def _schedule_config(ws, d):
+    if ws == "persistent":
+        return AH.config_dict(*AH.PERSISTENT_DEFAULTS[d], True, True)
     return AH.config_dict(*AH.DEFAULTS[d][:2], ws)
 
 
@@ -391,3 +404,59 @@ def test_gpu_packed_qkv_and_fully_masked_rows(ws):
     out, lse = AH.forward(q, k, v, causal=True, config=_schedule_config(ws, 64))
     assert torch.all(out[:, :260] == 0) and torch.all(lse[:, :, :260] == float("-inf"))
     assert torch.isfinite(out).all() and torch.isfinite(lse[:, :, 260:]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("sms", [1, 3, 7])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_persistent_walks_many_tiles_a_cta(monkeypatch, sms, d):
+    """The persistent kernel on grids of 1, 3 and 7 CTAs (the SM count stood in for), so each
+    CTA walks many tiles: its ring and Q buffers wrap across tiles of different key ranges
+    (causal, seqlen_q != seqlen_k, rows that see no key, GQA), every persistent config,
+    against the reference; outputs poisoned."""
+    monkeypatch.setattr(AH.D, "sm_count", lambda device=None: sms)
+    cases = [(3, 300, 300, 4, 2, False), (2, 257, 700, 4, 1, True), (2, 700, 257, 2, 2, True),
+             (1, 1000, 1000, 3, 3, True)]
+    for i, (b, sq, sk, hq, hk, causal) in enumerate(cases):
+        args = _qkv(b, sq, sk, hq, hk, d, torch.bfloat16, "cuda", seed=20 + i)
+        for cfg in (c for c in AH.configs(d, ws=True) if c.get("PERSISTENT")):
+            with poisoned_outputs():
+                check_against_reference(_fn(causal, cfg), _ref(causal), args)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
+def test_gpu_persistent_grid_and_graph_replay():
+    """One CTA an SM at most (fewer with fewer tiles), and a CUDA-graph capture replays with
+    new inputs (the tile walk keeps no state across launches)."""
+    seen = []
+    real = AH.C.launch
+
+    def spy(kernel, grid, **kw):
+        seen.append((kernel, grid))
+        return real(kernel, grid, **kw)
+
+    cfg = _schedule_config("persistent", 128)
+    q, k, v = _qkv(4, 512, 512, 8, 8, 128, torch.bfloat16, "cuda", seed=31)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    AH.C.launch, old = spy, AH.C.launch
+    try:
+        AH.forward(q, k, v, causal=True, config=cfg)
+        AH.forward(q[:1, :128, :2], k[:1, :128, :2], v[:1, :128, :2], causal=True, config=cfg)
+    finally:
+        AH.C.launch = old
+    assert [g for _, g in seen] == [(min(sms, 4 * 8 * 4),), (2,)]
+    assert all(kern is AH._attn_fwd_hopper_persistent_kernel for kern, _ in seen)
+    static = [t.clone() for t in (q, k, v)]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out, lse = AH.forward(*static, causal=True, config=cfg)
+    for seed in (41, 42):
+        new = _qkv(4, 512, 512, 8, 8, 128, torch.bfloat16, "cuda", seed=seed)
+        for t, n in zip(static, new):
+            t.copy_(n)
+        g.replay()
+        want, want_lse = S.ref_attention(*new, causal=True, return_lse=True)
+        torch.testing.assert_close(out.float(), want.float(), atol=2e-2, rtol=0)
+        torch.testing.assert_close(lse, want_lse.float(), atol=1e-3, rtol=0)

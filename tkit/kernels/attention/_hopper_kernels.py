@@ -102,23 +102,34 @@ class SharedBuffers:
 
 
 @gluon.jit
-def _allocate(q_desc, k_desc, v_desc, STAGES: gl.constexpr, WS: gl.constexpr):
+def _allocate(q_desc, k_desc, v_desc, STAGES: gl.constexpr, WS: gl.constexpr,
+              Q_BUFFERS: gl.constexpr = 1):
     """The SharedBuffers of one CTA, every mbarrier initialized (count 1) and fenced. WS: the Q
     buffer holds two tiles (one a consumer warpgroup) and the slots' "empty" barriers (count 2:
-    one arrive per consumer warpgroup) come back too, as ``(buffers, empty_bars)``."""
+    one arrive per consumer warpgroup) come back too, as ``(buffers, empty_bars)``.
+    Q_BUFFERS 2 (the persistent kernel): two such Q buffers (halves 2i, 2i + 1) and ``q_bar``
+    two mbarriers, one each."""
     dtype: gl.constexpr = q_desc.dtype
     if WS:
-        q = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+        q = gl.allocate_shared_memory(dtype, [2 * Q_BUFFERS] + q_desc.block_type.shape,
+                                      q_desc.layout)
     else:
         q = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
     k = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    if Q_BUFFERS == 1:
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    else:
+        q_bar = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     if WS:
         empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    if Q_BUFFERS == 1:
+        mbarrier.init(q_bar, count=1)
+    else:
+        for i in gl.static_range(Q_BUFFERS):
+            mbarrier.init(q_bar.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
@@ -184,20 +195,23 @@ def _softmax_step(s, m_i, l_i, qk_scale, n0, rows, seqlen_k, shift,
 
 
 @gluon.jit
-def _overlapped_step(j, o, p, m_i, l_i, q_op, smem, qk_scale, rows, seqlen_k, shift,
-                     s_layout: gl.constexpr, ROWS_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                     HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                     MASKED: gl.constexpr):
+def _overlapped_step(j, o, p, m_i, l_i, q_op, smem, qk_scale, rows, seqlen_k, shift, base,
+                     q_bar, q_phase, s_layout: gl.constexpr, ROWS_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                     CAUSAL: gl.constexpr, MASKED: gl.constexpr):
     """Key block j >= 1, the part both schedules share: S_j issued, PV_{j-1} issued, the
     softmax of S_j under PV_{j-1}, then PV_{j-1} retired. Returns (o, p_j unconverted, m, l,
     alpha, the ring slot of block j-1, now free of this warpgroup's readers). ``q_op``: this
-    warpgroup's Q rows, [ROWS_M, HEAD_DIM], the QK^T wgmma's A operand."""
-    slot = j % STAGES
-    mbarrier.wait(smem.k_bars.index(slot), (j // STAGES) & 1)
+    warpgroup's Q rows, [ROWS_M, HEAD_DIM], the QK^T wgmma's A operand. Block j is the ring's
+    block ``base + j`` (the persistent kernel numbers its blocks across its tiles), ``q_bar``
+    the mbarrier of this tile's Q, completed in phase ``q_phase``."""
+    g = base + j
+    slot = g % STAGES
+    mbarrier.wait(smem.k_bars.index(slot), (g // STAGES) & 1)
     k_t = smem.k.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     s_zero = gl.zeros([ROWS_M, BLOCK_N], gl.float32, s_layout)
     s_tok = warpgroup_mma(q_op, k_t, s_zero, use_acc=False, is_async=True)
-    prev = j - 1
+    prev = g - 1
     pslot = prev % STAGES
     mbarrier.wait(smem.v_bars.index(pslot), (prev // STAGES) & 1)
     v_prev = smem.v.index(pslot).reshape([BLOCK_N, HEAD_DIM])
@@ -208,7 +222,7 @@ def _overlapped_step(j, o, p, m_i, l_i, q_op, smem, qk_scale, rows, seqlen_k, sh
     # a basic-block boundary (a wait on Q's barrier, whose phase completed long ago): without
     # it ptxas schedules the wgmma.wait_group 0 below up into the softmax, before the
     # exponentials, and they no longer overlap the PV wgmma
-    mbarrier.wait(smem.q_bar, 0)
+    mbarrier.wait(q_bar, q_phase)
     o = warpgroup_mma_wait(0, deps=(o_tok, p, v_prev))[0]
     return o, p_new, m_i, l_i, alpha, pslot
 
@@ -230,8 +244,8 @@ def _block_step(j, o, p, m_i, l_i, q_op, smem, k_desc, v_desc, qk_scale, rows, s
     """Key block j >= 1 of the one-partition kernel: the overlapped step, then the ring slot
     of block j-1 refilled by TMA."""
     o, p_new, m_i, l_i, alpha, pslot = _overlapped_step(
-        j, o, p, m_i, l_i, q_op, smem, qk_scale, rows, seqlen_k, shift, s_layout, BLOCK_M,
-        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, MASKED)
+        j, o, p, m_i, l_i, q_op, smem, qk_scale, rows, seqlen_k, shift, 0, smem.q_bar, 0,
+        s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, MASKED)
     o, p = _rescale(o, p_new, alpha, o_layout, p_layout, q_op.dtype)
     # refill slot pslot once both warpgroups are past the wgmmas that read it (the CTA barrier
     # inside _issue_kv)
@@ -240,14 +254,17 @@ def _block_step(j, o, p, m_i, l_i, q_op, smem, k_desc, v_desc, qk_scale, rows, s
 
 
 @gluon.jit
-def _first_block(q_op, smem, m_i, l_i, qk_scale, rows, seqlen_k, shift,
+def _first_block(q_op, smem, m_i, l_i, qk_scale, rows, seqlen_k, shift, base, q_bar, q_phase,
                  s_layout: gl.constexpr, p_layout: gl.constexpr, ROWS_M: gl.constexpr,
-                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr):
-    """Key block 0: S_0 and its softmax (masked: it may be a diagonal or ragged block), P_0 in
-    the wgmma A-operand layout."""
-    mbarrier.wait(smem.q_bar, 0)
-    mbarrier.wait(smem.k_bars.index(0), 0)
-    k_t = smem.k.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                 CAUSAL: gl.constexpr):
+    """Key block 0 (the ring's block ``base``): S_0 and its softmax (masked: it may be a
+    diagonal or ragged block), P_0 in the wgmma A-operand layout; Q's mbarrier ``q_bar`` is
+    waited for in phase ``q_phase``."""
+    mbarrier.wait(q_bar, q_phase)
+    slot = base % STAGES
+    mbarrier.wait(smem.k_bars.index(slot), (base // STAGES) & 1)
+    k_t = smem.k.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     s_tok = warpgroup_mma(q_op, k_t, gl.zeros([ROWS_M, BLOCK_N], gl.float32, s_layout),
                           use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s_tok, q_op, k_t))[0]
@@ -258,9 +275,10 @@ def _first_block(q_op, smem, m_i, l_i, qk_scale, rows, seqlen_k, shift,
 
 @gluon.jit
 def _last_pv(o, p, smem, n_tiles, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-             STAGES: gl.constexpr):
-    """O += P V of the last key block, waited for."""
-    last = n_tiles - 1
+             STAGES: gl.constexpr, base=0):
+    """O += P V of the last key block (the ring's block ``base + n_tiles - 1``), waited
+    for."""
+    last = base + n_tiles - 1
     lslot = last % STAGES
     mbarrier.wait(smem.v_bars.index(lslot), (last // STAGES) & 1)
     v_last = smem.v.index(lslot).reshape([BLOCK_N, HEAD_DIM])
@@ -270,9 +288,10 @@ def _last_pv(o, p, smem, n_tiles, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
 
 @gluon.jit
 def _epilogue(o, m_i, l_i, rows, out_smem, out_smem4, o_desc, LSE, slb, slh, b, h, row0,
-              seqlen_q, o_layout: gl.constexpr):
+              seqlen_q, o_layout: gl.constexpr, WAIT: gl.constexpr = True):
     """O / l stored through ``out_smem`` (the Q buffer, once every wgmma reading it has
-    retired) and a TMA store at row ``row0``; lse in natural log (-inf for empty rows)."""
+    retired) and a TMA store at row ``row0``, waited for unless not ``WAIT``; lse in natural
+    log (-inf for empty rows)."""
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
     lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
@@ -285,16 +304,25 @@ def _epilogue(o, m_i, l_i, rows, out_smem, out_smem4, o_desc, LSE, slb, slh, b, 
     tma_store(o_desc, [b, row0, h, 0], out_smem4)
     lse_ptrs = LSE + b.to(gl.int64) * slb + h.to(gl.int64) * slh + rows
     gl.store(lse_ptrs, lse, mask=rows < seqlen_q)
-    tma.store_wait(0)
+    if WAIT:
+        tma.store_wait(0)
 
 
 @gluon.jit
 def _tile_origin(H, GROUP, HEAD_GROUP, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
-    """(batch, query head, key/value head, first query row) of this program. Tile order:
-    sections of HEAD_GROUP (batch, head) pairs; causal: the last query blocks first."""
+    """(batch, query head, key/value head, first query row) of this program (grid (batch *
+    heads, query blocks)): :func:`_tile_coords` of its tile."""
     n_bh = gl.num_programs(0)
-    n_m = gl.num_programs(1)
-    tile = gl.program_id(1) * n_bh + gl.program_id(0)
+    return _tile_coords(gl.program_id(1) * n_bh + gl.program_id(0), n_bh, gl.num_programs(1),
+                        H, GROUP, HEAD_GROUP, BLOCK_M, CAUSAL)
+
+
+@gluon.jit
+def _tile_coords(tile, n_bh, n_m, H, GROUP, HEAD_GROUP, BLOCK_M: gl.constexpr,
+                 CAUSAL: gl.constexpr):
+    """(batch, query head, key/value head, first query row) of work tile ``tile`` of n_bh *
+    n_m. Tile order: sections of HEAD_GROUP (batch, head) pairs; causal: the last query
+    blocks first."""
     section = tile // (HEAD_GROUP * n_m)
     first_bh = section * HEAD_GROUP
     heads_here = gl.minimum(n_bh - first_bh, HEAD_GROUP)
@@ -359,8 +387,9 @@ def _attn_fwd_hopper_kernel(
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
 
     # ---- block 0: S_0 and its softmax (masked: it may be a diagonal or ragged block)
-    p, m_i, l_i = _first_block(q_op, smem, m_i, l_i, qk_scale, rows, seqlen_k, shift, s_layout,
-                               p_layout, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL)
+    p, m_i, l_i = _first_block(q_op, smem, m_i, l_i, qk_scale, rows, seqlen_k, shift, 0,
+                               smem.q_bar, 0, s_layout, p_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
+                               STAGES, CAUSAL)
 
     # ---- blocks 1..: fully visible ones without masks, then the masked ones
     for j in range(1, n_full):
@@ -410,14 +439,15 @@ def _ws_producer(q_desc, k_desc, v_desc, smem, empty_bars, b, h, hk, m0, n_tiles
 
 @gluon.jit
 def _ws_block_step(j, o, p, m_i, l_i, q_op, smem, empty_bars, qk_scale, rows, seqlen_k, shift,
-                   s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
+                   base, q_bar, q_phase, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                   p_layout: gl.constexpr,
                    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
     """Key block j >= 1 for one consumer warpgroup: the overlapped step, then the slot of
     block j-1 handed back to the loader by an mbarrier arrive (no CTA barrier, no TMA here)."""
     o, p_new, m_i, l_i, alpha, pslot = _overlapped_step(
-        j, o, p, m_i, l_i, q_op, smem, qk_scale, rows, seqlen_k, shift, s_layout, HALF_M,
-        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, MASKED)
+        j, o, p, m_i, l_i, q_op, smem, qk_scale, rows, seqlen_k, shift, base, q_bar, q_phase,
+        s_layout, HALF_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, MASKED)
     # PV_{j-1} (the slot's last reader in this warpgroup) has retired: release the slot
     mbarrier.arrive(empty_bars.index(pslot), count=1)
     o, p = _rescale(o, p_new, alpha, o_layout, p_layout, q_op.dtype)
@@ -425,19 +455,24 @@ def _ws_block_step(j, o, p, m_i, l_i, q_op, smem, empty_bars, qk_scale, rows, se
 
 
 @gluon.jit
-def _ws_consumer(WG: gl.constexpr, o_desc, smem, empty_bars, LSE, slb, slh, b, h, m0, seqlen_q,
-                 seqlen_k, n_tiles, qk_scale,
-                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """One consumer warpgroup (partition of 4 warps): query rows m0 + WG*HALF_M + [0, HALF_M)
-    against every key block of the CTA's range, then its own epilogue (output through its half
-    of the Q buffer and a TMA store, lse)."""
+def _ws_tile(WG: gl.constexpr, o_desc, smem, q4, q_bar, q_phase, empty_bars, q_free, release,
+             LSE, slb, slh, b, h, m0, seqlen_q, seqlen_k, n_tiles, qk_scale, base,
+             CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+             PERSISTENT: gl.constexpr):
+    """One consumer warpgroup's work on one tile: query rows m0 + WG*HALF_M + [0, HALF_M)
+    (Q in ``q4``, its mbarrier ``q_bar`` completing in phase ``q_phase``) against the tile's
+    n_tiles key blocks (the ring's blocks ``base`` on), then its own epilogue (output
+    through ``q4`` and a TMA store, lse). PERSISTENT: the store is left in flight, and once
+    this tile's first block is done the previous tile's store is waited for and its Q
+    buffer handed back to the loader (``q_free``: its empty barrier; ``release``: whether
+    there was a previous tile). No wgmma is issued under a branch (ptxas would serialize
+    every wgmma of the kernel)."""
     HALF_M: gl.constexpr = o_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = o_desc.block_type.shape[3]
     s_layout: gl.constexpr = _wgmma_acc_layout(gl.num_warps(), BLOCK_N)
     o_layout: gl.constexpr = _wgmma_acc_layout(gl.num_warps(), HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
 
-    q4 = smem.q.index(WG)
     q_half = q4.reshape([HALF_M, HEAD_DIM])
     mh = m0 + WG * HALF_M
     # every warpgroup runs the CTA's n_tiles key blocks (it arrives on each slot once), but
@@ -455,23 +490,57 @@ def _ws_consumer(WG: gl.constexpr, o_desc, smem, empty_bars, LSE, slb, slh, b, h
     o = gl.zeros([HALF_M, HEAD_DIM], gl.float32, o_layout)
 
     # ---- block 0 (masked)
-    p, m_i, l_i = _first_block(q_half, smem, m_i, l_i, qk_scale, rows, seqlen_k, shift,
-                               s_layout, p_layout, HALF_M, BLOCK_N, HEAD_DIM, CAUSAL)
+    p, m_i, l_i = _first_block(q_half, smem, m_i, l_i, qk_scale, rows, seqlen_k, shift, base,
+                               q_bar, q_phase, s_layout, p_layout, HALF_M, BLOCK_N, HEAD_DIM,
+                               STAGES, CAUSAL)
+    if PERSISTENT:
+        if release:
+            # the previous tile's output store has had block 0's time to read its buffer
+            tma.store_wait(0)
+            mbarrier.arrive(q_free, count=1)
 
     for j in range(1, n_full):
         o, p, m_i, l_i = _ws_block_step(j, o, p, m_i, l_i, q_half, smem, empty_bars, qk_scale,
-                                        rows, seqlen_k, shift, s_layout, o_layout, p_layout,
-                                        HALF_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False)
+                                        rows, seqlen_k, shift, base, q_bar, q_phase, s_layout,
+                                        o_layout, p_layout, HALF_M, BLOCK_N, HEAD_DIM, STAGES,
+                                        CAUSAL, False)
     for j in range(gl.maximum(n_full, 1), n_tiles):
         o, p, m_i, l_i = _ws_block_step(j, o, p, m_i, l_i, q_half, smem, empty_bars, qk_scale,
-                                        rows, seqlen_k, shift, s_layout, o_layout, p_layout,
-                                        HALF_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True)
+                                        rows, seqlen_k, shift, base, q_bar, q_phase, s_layout,
+                                        o_layout, p_layout, HALF_M, BLOCK_N, HEAD_DIM, STAGES,
+                                        CAUSAL, True)
 
-    # ---- last PV (nothing waits for its slot: the loader has issued its last block), then
-    # the epilogue through this warpgroup's half of the Q buffer (only its own wgmmas read it)
-    o = _last_pv(o, p, smem, n_tiles, BLOCK_N, HEAD_DIM, STAGES)
+    # ---- last PV, then the epilogue through this warpgroup's half of the Q buffer (only its
+    # own wgmmas read it)
+    o = _last_pv(o, p, smem, n_tiles, BLOCK_N, HEAD_DIM, STAGES, base)
+    if PERSISTENT:  # the last block's slot goes back to the loader too (the next tile's)
+        mbarrier.arrive(empty_bars.index((base + n_tiles - 1) % STAGES), count=1)
     _epilogue(o, m_i, l_i, rows, q_half, q4, o_desc, LSE, slb, slh, b, h, mh, seqlen_q,
-              o_layout)
+              o_layout, not PERSISTENT)
+
+
+@gluon.jit
+def _ws_consumer(WG: gl.constexpr, o_desc, smem, empty_bars, LSE, slb, slh, b, h, m0, seqlen_q,
+                 seqlen_k, n_tiles, qk_scale,
+                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """One consumer warpgroup (partition of 4 warps) of the one-tile kernel: :func:`_ws_tile`
+    on its half of the CTA's tile (nothing waits for the last block's slot: the loader has
+    issued its last block)."""
+    _ws_tile(WG, o_desc, smem, smem.q.index(WG), smem.q_bar, 0, empty_bars, None, False, LSE,
+             slb, slh, b, h, m0, seqlen_q, seqlen_k, n_tiles, qk_scale, 0, CAUSAL, BLOCK_N,
+             STAGES, False)
+
+
+@gluon.jit
+def _key_blocks(m0, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                CAUSAL: gl.constexpr):
+    """The key blocks a query block from row m0 walks (at least one: a query block that sees
+    no key masks all of block 0, and O = 0, lse = -inf come out of the same code)."""
+    if CAUSAL:
+        hi = gl.minimum(gl.maximum(m0 + BLOCK_M + seqlen_k - seqlen_q, 0), seqlen_k)
+    else:
+        hi = seqlen_k
+    return gl.maximum((hi + BLOCK_N - 1) // BLOCK_N, 1)
 
 
 @gluon.jit(do_not_specialize=["slb", "slh", "seqlen_q", "seqlen_k", "H", "GROUP", "HEAD_GROUP"])
@@ -487,12 +556,7 @@ def _attn_fwd_hopper_ws_kernel(
     HALF_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_M: gl.constexpr = 2 * HALF_M
     b, h, hk, m0 = _tile_origin(H, GROUP, HEAD_GROUP, BLOCK_M, CAUSAL)
-    shift = seqlen_k - seqlen_q
-    if CAUSAL:
-        hi = gl.minimum(gl.maximum(m0 + BLOCK_M + shift, 0), seqlen_k)
-    else:
-        hi = seqlen_k
-    n_tiles = gl.maximum((hi + BLOCK_N - 1) // BLOCK_N, 1)
+    n_tiles = _key_blocks(m0, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
 
     smem, empty_bars = _allocate(q_desc, k_desc, v_desc, STAGES, True)
 
@@ -503,4 +567,97 @@ def _attn_fwd_hopper_ws_kernel(
                         n_tiles, qk_scale, CAUSAL, BLOCK_N, STAGES)),
         (_ws_producer, (q_desc, k_desc, v_desc, smem, empty_bars, b, h, hk, m0, n_tiles, BLOCK_N,
                         STAGES)),
+    ], [4, 1], [WS_CONSUMER_REGS, WS_LOADER_REGS])
+
+
+# --------------------------------------------------------------------------------------------
+# Persistent warp-specialized kernel (config PERSISTENT=True)
+# --------------------------------------------------------------------------------------------
+@gluon.jit
+def _ps_producer(q_desc, k_desc, v_desc, smem, q_bars, q_empty, empty_bars, n_bh, H, GROUP,
+                 HEAD_GROUP, seqlen_q, seqlen_k, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr):
+    """The loader of the persistent kernel: for each of this CTA's tiles, its Q (both halves)
+    into Q buffer ``it % 2`` once the consumers handed that buffer back (its output stored),
+    then K and V of its key blocks into the ring, numbered on across the tiles."""
+    HALF_M: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_M: gl.constexpr = 2 * HALF_M
+    n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
+    g = 0
+    it = 0
+    for tile in range(gl.program_id(0), n_bh * n_m, gl.num_programs(0)):
+        b, h, hk, m0 = _tile_coords(tile, n_bh, n_m, H, GROUP, HEAD_GROUP, BLOCK_M, CAUSAL)
+        n_tiles = _key_blocks(m0, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+        qs = it % 2
+        mbarrier.wait(q_empty.index(qs), ((it // 2) & 1) ^ 1)
+        qb = q_bars.index(qs)
+        mbarrier.expect(qb, 2 * q_desc.block_type.nbytes)
+        tma_load(q_desc, [b, m0, h, 0], qb, smem.q.index(2 * qs))
+        tma_load(q_desc, [b, m0 + HALF_M, h, 0], qb, smem.q.index(2 * qs + 1))
+        for t in range(n_tiles):
+            slot = g % STAGES
+            mbarrier.wait(empty_bars.index(slot), ((g // STAGES) & 1) ^ 1)
+            kb = smem.k_bars.index(slot)
+            vb = smem.v_bars.index(slot)
+            mbarrier.expect(kb, k_desc.block_type.nbytes)
+            tma_load(k_desc, [b, t * BLOCK_N, hk, 0], kb, smem.k.index(slot))
+            mbarrier.expect(vb, v_desc.block_type.nbytes)
+            tma_load(v_desc, [b, t * BLOCK_N, hk, 0], vb, smem.v.index(slot))
+            g += 1
+        it += 1
+
+
+@gluon.jit
+def _ps_consumer(WG: gl.constexpr, o_desc, smem, q_bars, q_empty, empty_bars, LSE, slb, slh,
+                 n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, qk_scale,
+                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """One consumer warpgroup of the persistent kernel: :func:`_ws_tile` on its half of each
+    of the CTA's tiles, in the loader's order; the Q buffers alternate between tiles."""
+    HALF_M: gl.constexpr = o_desc.block_type.shape[1]
+    BLOCK_M: gl.constexpr = 2 * HALF_M
+    n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
+    base = 0
+    it = 0
+    for tile in range(gl.program_id(0), n_bh * n_m, gl.num_programs(0)):
+        b, h, hk, m0 = _tile_coords(tile, n_bh, n_m, H, GROUP, HEAD_GROUP, BLOCK_M, CAUSAL)
+        n_tiles = _key_blocks(m0, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+        qs = it % 2
+        # (the first tile has no store before it: nothing to hand back)
+        _ws_tile(WG, o_desc, smem, smem.q.index(2 * qs + WG), q_bars.index(qs), (it // 2) & 1,
+                 empty_bars, q_empty.index(1 - qs), it > 0, LSE, slb, slh, b, h, m0, seqlen_q,
+                 seqlen_k, n_tiles, qk_scale, base, CAUSAL, BLOCK_N, STAGES, True)
+        base += n_tiles
+        it += 1
+    tma.store_wait(0)
+
+
+@gluon.jit(do_not_specialize=["slb", "slh", "seqlen_q", "seqlen_k", "H", "GROUP", "HEAD_GROUP",
+                              "n_bh"])
+def _attn_fwd_hopper_persistent_kernel(
+    q_desc, k_desc, v_desc, o_desc, LSE, slb, slh,
+    seqlen_q, seqlen_k, H, GROUP, HEAD_GROUP, qk_scale, n_bh,
+    CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+):
+    """As _attn_fwd_hopper_ws_kernel (same arguments, and n_bh = batch * query heads), but
+    persistent: a grid of at most one CTA an SM walks the n_bh * ceil(seqlen_q / BLOCK_M)
+    tiles in the same order, so the loader fetches a tile's K, V and Q while the consumers
+    finish the one before and its output store runs under the next tile's first block. Two Q
+    buffers (each both halves) alternate between tiles, each with its "full" mbarrier and an
+    "empty" one (count 2) that the consumers arrive on once the store from it has been read."""
+    smem, empty_bars = _allocate(q_desc, k_desc, v_desc, STAGES, True, 2)
+    q_bars = smem.q_bar
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_empty.index(i), count=2)
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_ps_consumer, (0, o_desc, smem, q_bars, q_empty, empty_bars, LSE, slb, slh, n_bh, H,
+                        GROUP, HEAD_GROUP, seqlen_q, seqlen_k, qk_scale, CAUSAL, BLOCK_N,
+                        STAGES)),
+        (_ps_consumer, (1, o_desc, smem, q_bars, q_empty, empty_bars, LSE, slb, slh, n_bh, H,
+                        GROUP, HEAD_GROUP, seqlen_q, seqlen_k, qk_scale, CAUSAL, BLOCK_N,
+                        STAGES)),
+        (_ps_producer, (q_desc, k_desc, v_desc, smem, q_bars, q_empty, empty_bars, n_bh, H,
+                        GROUP, HEAD_GROUP, seqlen_q, seqlen_k, CAUSAL, BLOCK_N, STAGES)),
     ], [4, 1], [WS_CONSUMER_REGS, WS_LOADER_REGS])

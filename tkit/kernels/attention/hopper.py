@@ -19,8 +19,10 @@ import triton
 from triton.experimental.gluon import language as gl
 
 from tkit.kernels import _common as C
+from tkit.kernels import _device as D
 from tkit.kernels.attention._hopper_kernels import (  # noqa: F401
     _attn_fwd_hopper_kernel,
+    _attn_fwd_hopper_persistent_kernel,
     _attn_fwd_hopper_ws_kernel,
 )
 from tkit.kernels.attention.config import LOG2E, fwd_head_group
@@ -31,6 +33,7 @@ from tkit.kernels.attention.hopper_config import (  # noqa: F401
     DTYPES,
     HEAD_DIMS,
     NUM_WARPS,
+    PERSISTENT_DEFAULTS,
     SMEM_LIMIT,
     WS_CONSUMER_REGS,
     WS_LOADER_REGS,
@@ -94,15 +97,20 @@ def forward(q, k, v, causal=False, scale=None, config=None):
         head_group = fwd_head_group(sk, d, q.element_size(), hq // hk)
     head_group = max(1, min(int(head_group), batch * hq))
     ws = bool(cfg.pop("WS", False))
+    persistent = bool(cfg.pop("PERSISTENT", False))
     extra = {}
+    grid = (batch * hq, triton.cdiv(sq, BLOCK_M))
     if ws:  # q and o tiles of one consumer warpgroup; the launch of config_dict
         kernel, q_rows = _attn_fwd_hopper_ws_kernel, BLOCK_M // 2
         num_warps = cfg.pop("num_warps", 4)
         extra["maxnreg"] = cfg.pop("maxnreg", WS_MAXNREG)
+        if persistent:  # one CTA an SM walks every tile
+            kernel = _attn_fwd_hopper_persistent_kernel
+            extra["n_bh"] = batch * hq
+            grid = (min(grid[0] * grid[1], D.sm_count(q.device)),)
     else:
         kernel, q_rows = _attn_fwd_hopper_kernel, BLOCK_M
         num_warps = cfg.pop("num_warps", NUM_WARPS)
-    grid = (batch * hq, triton.cdiv(sq, BLOCK_M))
     C.launch(kernel, grid,
              q_desc=_descriptor(q, q_rows), k_desc=_descriptor(k, cfg["BLOCK_N"]),
              v_desc=_descriptor(v, cfg["BLOCK_N"]), o_desc=_descriptor(out, q_rows),
@@ -122,7 +130,10 @@ def compile_sm90(head_dim: int = 128, causal: bool = False, dtype: torch.dtype =
     holds ``ttgir``, ``ptx``, ``cubin``; ``.metadata.shared`` the shared memory in bytes)."""
     cfg = dict(default_config(head_dim) if config is None else config)
     ws = bool(cfg.get("WS", False))
+    persistent = bool(cfg.get("PERSISTENT", False))
     kernel = _attn_fwd_hopper_ws_kernel if ws else _attn_fwd_hopper_kernel
+    if persistent:
+        kernel = _attn_fwd_hopper_persistent_kernel
     q_rows = BLOCK_M // 2 if ws else BLOCK_M
     tname = "bf16" if dtype == torch.bfloat16 else "fp16"
 
@@ -134,6 +145,7 @@ def compile_sm90(head_dim: int = 128, causal: bool = False, dtype: torch.dtype =
         q_desc=desc(q_rows), k_desc=desc(cfg["BLOCK_N"]), v_desc=desc(cfg["BLOCK_N"]),
         o_desc=desc(q_rows), LSE="*fp32", slb="i32", slh="i32", seqlen_q="i32",
         seqlen_k="i32", H="i32", GROUP="i32", HEAD_GROUP="i32", qk_scale="fp32",
+        **(dict(n_bh="i32") if persistent else {}),
         CAUSAL="constexpr", BLOCK_N="constexpr", STAGES="constexpr",
     )
     from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90

@@ -32,8 +32,11 @@ SMEM_LIMIT = D.SM90_SMEM_LIMIT
 CONFIGS = [
     (128, 3), (128, 2), (64, 4), (64, 3), (64, 6), (128, 4),
     (128, 3, True), (128, 2, True), (64, 4, True), (64, 6, True),
+    (128, 2, True, True), (64, 4, True, True), (64, 5, True, True),
 ]
 DEFAULTS = {128: (128, 3, True), 64: (64, 4)}
+# The persistent warp-specialized kernel's (BLOCK_N, STAGES) per head dim, where it runs.
+PERSISTENT_DEFAULTS = {128: (128, 2), 64: (64, 4)}
 
 # Warp-specialized launch: 4 warps (consumer warpgroup 0, the default partition) + 4 (consumer
 # warpgroup 1) + 1 (loader) = 9 warps, 3 warpgroups once rounded. Registers are allotted per
@@ -47,28 +50,38 @@ WS_MAXNREG = 168
 
 
 def _smem_bytes(block_n: int, stages: int, head_dim: int, itemsize: int = 2,
-                ws: bool = False) -> int:
-    tiles = (BLOCK_M + 2 * stages * block_n) * head_dim * itemsize
+                ws: bool = False, persistent: bool = False) -> int:
+    q_rows = 2 * BLOCK_M if persistent else BLOCK_M  # the persistent kernel's two Q buffers
+    tiles = (q_rows + 2 * stages * block_n) * head_dim * itemsize
     if not ws:  # mbarriers (8 bytes each, counted twice over) and slack for alignment
         return tiles + 16 * 2 * stages + 64
     # and per slot an empty barrier; the warp-specialized region also keeps the values it
     # hands to the worker partitions in shared memory (232 to 256 bytes in the compiled
-    # configs, with alignment; ``metadata.shared`` is checked against this in the tests)
-    return tiles + 16 * 3 * stages + 64 + 256
+    # configs, with alignment; ``metadata.shared`` is checked against this in the tests);
+    # persistent: a full and an empty barrier a Q buffer
+    return tiles + 16 * 3 * stages + 64 + 256 + (64 if persistent else 0)
 
 
 def _cfg_key(c) -> tuple:
-    """(BLOCK_N, STAGES, WS) of a config dict or tuple."""
+    """(BLOCK_N, STAGES, WS, PERSISTENT) of a config dict or tuple."""
     if isinstance(c, dict):
-        return c["BLOCK_N"], c["STAGES"], bool(c.get("WS", False))
-    return c[0], c[1], bool(c[2]) if len(c) > 2 else False
+        return (c["BLOCK_N"], c["STAGES"], bool(c.get("WS", False)),
+                bool(c.get("PERSISTENT", False)))
+    return (c[0], c[1], bool(c[2]) if len(c) > 2 else False,
+            bool(c[3]) if len(c) > 3 else False)
 
 
-def config_dict(block_n: int, stages: int, ws: bool = False) -> dict:
+def config_dict(block_n: int, stages: int, ws: bool = False, persistent: bool = False) -> dict:
     """The launch config of one candidate: the warp-specialized kernel runs num_warps = 4 in
-    its default partition and the register cap WS_MAXNREG (see above)."""
+    its default partition and the register cap WS_MAXNREG (see above); ``persistent`` (a
+    warp-specialized kernel) one CTA an SM over all the tiles."""
+    if persistent and not ws:
+        raise ValueError("the persistent forward is the warp-specialized kernel (WS=True)")
     if ws:
-        return dict(BLOCK_N=block_n, STAGES=stages, WS=True, num_warps=4, maxnreg=WS_MAXNREG)
+        d = dict(BLOCK_N=block_n, STAGES=stages, WS=True, num_warps=4, maxnreg=WS_MAXNREG)
+        if persistent:
+            d["PERSISTENT"] = True
+        return d
     return dict(BLOCK_N=block_n, STAGES=stages, num_warps=NUM_WARPS)
 
 
@@ -77,11 +90,11 @@ def configs(head_dim: int, itemsize: int = 2, ws: bool | None = None) -> list[di
     the warp-specialized ones with ``ws=True``, only the others with ``ws=False``)."""
     out = []
     for c in CONFIGS:
-        bn, st, w = _cfg_key(c)
+        bn, st, w, ps = _cfg_key(c)
         if ws is not None and w != ws:
             continue
-        if _smem_bytes(bn, st, head_dim, itemsize, w) <= SMEM_LIMIT:
-            out.append(config_dict(bn, st, w))
+        if _smem_bytes(bn, st, head_dim, itemsize, w, ps) <= SMEM_LIMIT:
+            out.append(config_dict(bn, st, w, ps))
     return out
 
 
