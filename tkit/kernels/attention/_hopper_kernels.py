@@ -574,22 +574,29 @@ def _attn_fwd_hopper_ws_kernel(
 # Persistent warp-specialized kernel (config PERSISTENT=True)
 # --------------------------------------------------------------------------------------------
 @gluon.jit
-def _ps_producer(q_desc, k_desc, v_desc, smem, q_bars, q_empty, empty_bars, n_bh, H, GROUP,
-                 HEAD_GROUP, seqlen_q, seqlen_k, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr):
-    """The loader of the persistent kernel: for each of this CTA's tiles, its Q (both halves)
-    into Q buffer ``it % 2`` once the consumers handed that buffer back (its output stored),
-    then K and V of its key blocks into the ring, numbered on across the tiles."""
+def _ps_producer(q_desc, k_desc, v_desc, smem, q_bars, q_empty, empty_bars, tile_ids, TILE_CNT,
+                 n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, CAUSAL: gl.constexpr,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """The loader of the persistent kernel: takes the next tile from the launch's counter
+    (``TILE_CNT``, zeroed, one atomic add a tile: tiles go to whichever CTA is free, in the
+    per-tile kernel's order), writes its number beside Q buffer ``it % 2`` once the
+    consumers handed that buffer back, loads its Q (both halves) there, then K and V of its
+    key blocks into the ring, numbered on across the tiles. Past the last tile it writes -1
+    and completes the Q barrier without a copy: the consumers' signal to stop."""
     HALF_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_M: gl.constexpr = 2 * HALF_M
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
+    n_work = n_bh * n_m
     g = 0
     it = 0
-    for tile in range(gl.program_id(0), n_bh * n_m, gl.num_programs(0)):
+    tile = gl.atomic_add(TILE_CNT, 1)
+    while tile < n_work:
         b, h, hk, m0 = _tile_coords(tile, n_bh, n_m, H, GROUP, HEAD_GROUP, BLOCK_M, CAUSAL)
         n_tiles = _key_blocks(m0, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
         qs = it % 2
         mbarrier.wait(q_empty.index(qs), ((it // 2) & 1) ^ 1)
+        tile_ids.index(qs).store(gl.full([1], tile, gl.int32, one))
         qb = q_bars.index(qs)
         mbarrier.expect(qb, 2 * q_desc.block_type.nbytes)
         tma_load(q_desc, [b, m0, h, 0], qb, smem.q.index(2 * qs))
@@ -605,20 +612,36 @@ def _ps_producer(q_desc, k_desc, v_desc, smem, q_bars, q_empty, empty_bars, n_bh
             tma_load(v_desc, [b, t * BLOCK_N, hk, 0], vb, smem.v.index(slot))
             g += 1
         it += 1
+        tile = gl.atomic_add(TILE_CNT, 1)
+    qs = it % 2
+    mbarrier.wait(q_empty.index(qs), ((it // 2) & 1) ^ 1)
+    tile_ids.index(qs).store(gl.full([1], -1, gl.int32, one))
+    mbarrier.arrive(q_bars.index(qs), count=1)
 
 
 @gluon.jit
-def _ps_consumer(WG: gl.constexpr, o_desc, smem, q_bars, q_empty, empty_bars, LSE, slb, slh,
-                 n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, qk_scale,
+def _ps_next_tile(tile_ids, q_bars, it):
+    """The number of the CTA's tile ``it`` (-1: no more), once its Q has landed."""
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    qs = it % 2
+    mbarrier.wait(q_bars.index(qs), (it // 2) & 1)
+    return gl.max(tile_ids.index(qs).load(one), 0)
+
+
+@gluon.jit
+def _ps_consumer(WG: gl.constexpr, o_desc, smem, q_bars, q_empty, empty_bars, tile_ids, LSE,
+                 slb, slh, n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, qk_scale,
                  CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """One consumer warpgroup of the persistent kernel: :func:`_ws_tile` on its half of each
-    of the CTA's tiles, in the loader's order; the Q buffers alternate between tiles."""
+    tile the loader hands over (its number beside its Q buffer), until the loader says there
+    is none left; the Q buffers alternate between tiles."""
     HALF_M: gl.constexpr = o_desc.block_type.shape[1]
     BLOCK_M: gl.constexpr = 2 * HALF_M
     n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
     base = 0
     it = 0
-    for tile in range(gl.program_id(0), n_bh * n_m, gl.num_programs(0)):
+    tile = _ps_next_tile(tile_ids, q_bars, 0)
+    while tile >= 0:
         b, h, hk, m0 = _tile_coords(tile, n_bh, n_m, H, GROUP, HEAD_GROUP, BLOCK_M, CAUSAL)
         n_tiles = _key_blocks(m0, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
         qs = it % 2
@@ -628,6 +651,7 @@ def _ps_consumer(WG: gl.constexpr, o_desc, smem, q_bars, q_empty, empty_bars, LS
                  seqlen_k, n_tiles, qk_scale, base, CAUSAL, BLOCK_N, STAGES, True)
         base += n_tiles
         it += 1
+        tile = _ps_next_tile(tile_ids, q_bars, it)
     tma.store_wait(0)
 
 
@@ -635,29 +659,36 @@ def _ps_consumer(WG: gl.constexpr, o_desc, smem, q_bars, q_empty, empty_bars, LS
                               "n_bh"])
 def _attn_fwd_hopper_persistent_kernel(
     q_desc, k_desc, v_desc, o_desc, LSE, slb, slh,
-    seqlen_q, seqlen_k, H, GROUP, HEAD_GROUP, qk_scale, n_bh,
+    seqlen_q, seqlen_k, H, GROUP, HEAD_GROUP, qk_scale, n_bh, TILE_CNT,
     CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
 ):
     """As _attn_fwd_hopper_ws_kernel (same arguments, and n_bh = batch * query heads), but
-    persistent: a grid of at most one CTA an SM walks the n_bh * ceil(seqlen_q / BLOCK_M)
-    tiles in the same order, so the loader fetches a tile's K, V and Q while the consumers
-    finish the one before and its output store runs under the next tile's first block. Two Q
-    buffers (each both halves) alternate between tiles, each with its "full" mbarrier and an
-    "empty" one (count 2) that the consumers arrive on once the store from it has been read."""
+    persistent: a grid of at most one CTA an SM takes the n_bh * ceil(seqlen_q / BLOCK_M)
+    tiles from a counter (``TILE_CNT``, int32, zero at the launch), in the per-tile kernel's
+    order, so the loader fetches a tile's K, V and Q while the consumers finish the one
+    before, and the output store runs under the next tile's first block. A static share of
+    the tiles a CTA was up to 1.5x the mean work at causal shapes (the last query blocks
+    first, in L2 sections: the per-tile grid's dispatch balances that, a fixed stride does
+    not). Two Q buffers (each both halves) alternate between tiles, each with its "full"
+    mbarrier, an "empty" one (count 2) that the consumers arrive on once the store from it
+    has been read, and the number of its tile."""
     smem, empty_bars = _allocate(q_desc, k_desc, v_desc, STAGES, True, 2)
     q_bars = smem.q_bar
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    tile_ids = gl.allocate_shared_memory(gl.int32, [2, 1],
+                                         gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     for i in gl.static_range(2):
         mbarrier.init(q_empty.index(i), count=2)
     fence_async_shared()
 
     gl.warp_specialize([
-        (_ps_consumer, (0, o_desc, smem, q_bars, q_empty, empty_bars, LSE, slb, slh, n_bh, H,
-                        GROUP, HEAD_GROUP, seqlen_q, seqlen_k, qk_scale, CAUSAL, BLOCK_N,
-                        STAGES)),
-        (_ps_consumer, (1, o_desc, smem, q_bars, q_empty, empty_bars, LSE, slb, slh, n_bh, H,
-                        GROUP, HEAD_GROUP, seqlen_q, seqlen_k, qk_scale, CAUSAL, BLOCK_N,
-                        STAGES)),
-        (_ps_producer, (q_desc, k_desc, v_desc, smem, q_bars, q_empty, empty_bars, n_bh, H,
-                        GROUP, HEAD_GROUP, seqlen_q, seqlen_k, CAUSAL, BLOCK_N, STAGES)),
+        (_ps_consumer, (0, o_desc, smem, q_bars, q_empty, empty_bars, tile_ids, LSE, slb, slh,
+                        n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, qk_scale, CAUSAL,
+                        BLOCK_N, STAGES)),
+        (_ps_consumer, (1, o_desc, smem, q_bars, q_empty, empty_bars, tile_ids, LSE, slb, slh,
+                        n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, qk_scale, CAUSAL,
+                        BLOCK_N, STAGES)),
+        (_ps_producer, (q_desc, k_desc, v_desc, smem, q_bars, q_empty, empty_bars, tile_ids,
+                        TILE_CNT, n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, CAUSAL,
+                        BLOCK_N, STAGES)),
     ], [4, 1], [WS_CONSUMER_REGS, WS_LOADER_REGS])

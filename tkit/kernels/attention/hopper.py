@@ -107,6 +107,9 @@ def forward(q, k, v, causal=False, scale=None, config=None):
         if persistent:  # one CTA an SM walks every tile
             kernel = _attn_fwd_hopper_persistent_kernel
             extra["n_bh"] = batch * hq
+            # the tile counter: zero at each launch (a fresh one per call, so that calls on
+            # other streams never share it)
+            extra["TILE_CNT"] = C.scratch((1,), torch.int32, q.device, zero=True)
             grid = (min(grid[0] * grid[1], D.sm_count(q.device)),)
     else:
         kernel, q_rows = _attn_fwd_hopper_kernel, BLOCK_M
@@ -145,7 +148,7 @@ def compile_sm90(head_dim: int = 128, causal: bool = False, dtype: torch.dtype =
         q_desc=desc(q_rows), k_desc=desc(cfg["BLOCK_N"]), v_desc=desc(cfg["BLOCK_N"]),
         o_desc=desc(q_rows), LSE="*fp32", slb="i32", slh="i32", seqlen_q="i32",
         seqlen_k="i32", H="i32", GROUP="i32", HEAD_GROUP="i32", qk_scale="fp32",
-        **(dict(n_bh="i32") if persistent else {}),
+        **(dict(n_bh="i32", TILE_CNT="*i32") if persistent else {}),
         CAUSAL="constexpr", BLOCK_N="constexpr", STAGES="constexpr",
     )
     from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90
