@@ -1375,14 +1375,16 @@ def _attention_case(rows, B, S, hq, hk):
 ATTENTION_PERSISTENT_CASES = [(32, 512, 16, 16, 128, True), (1, 512, 32, 8, 128, True),
                               (16, 1024, 16, 16, 128, True), (8, 2048, 16, 16, 128, True),
                               (4, 4096, 16, 16, 128, True), (4, 4096, 16, 16, 128, False),
-                              (32, 512, 16, 16, 128, False), (4, 4096, 16, 16, 64, True),
+                              (32, 512, 16, 16, 128, False), (16, 1024, 16, 16, 128, False),
+                              (8, 2048, 16, 16, 128, False), (4, 4096, 16, 16, 64, True),
                               (32, 512, 16, 16, 64, True)]
 
 
 def sweep_attention_persistent(rows):
-    """The Gluon forward's persistent warp-specialized kernel (one CTA an SM walking the tiles)
-    at each persistent config, beside the per-tile default and SDPA's cuDNN backend, graph
-    replays; outputs checked against SDPA's."""
+    """The Gluon forward's persistent warp-specialized kernel (one CTA an SM taking the tiles
+    from a counter) at each persistent config, beside the per-tile kernel's default config,
+    tkit.flash_attention's choice and SDPA's cuDNN backend, graph replays; outputs checked
+    against SDPA's."""
     for B, S, hq, hk, d, causal in ATTENTION_PERSISTENT_CASES:
         _attention_persistent_case(rows, B, S, hq, hk, d, causal)
 
@@ -1400,7 +1402,9 @@ def _attention_persistent_case(rows, B, S, hq, hk, d, causal):
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     ref = torch.nn.functional.scaled_dot_product_attention(
         qt, kt, vt, is_causal=causal, enable_gqa=hq != hk).transpose(1, 2)
-    calls = {"per-tile default": lambda: AH.forward(q, k, v, causal=causal)[0]}
+    calls = {"tkit default": lambda: tkit.flash_attention(q, k, v, causal=causal),
+             "per-tile": lambda: AH.forward(q, k, v, causal=causal,
+                                            config=AH.default_config(d))[0]}
     for cfg in AH.configs(d, ws=True):
         if cfg.get("PERSISTENT"):
             calls[f"persistent n{cfg['BLOCK_N']} s{cfg['STAGES']}"] = (

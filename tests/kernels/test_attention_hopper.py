@@ -85,6 +85,28 @@ def test_default_at_d128_is_warp_specialized():
     assert AH.default_config(128).get("WS") is True  # measured fastest at D=128
 
 
+def test_persistent_rule():
+    """Calls without a config take the persistent kernel at D=128 where tiles are short (at
+    most PERSISTENT_MAX_KEYS keys a tile on average) and outnumber the SMs, the per-tile
+    default elsewhere: one wave (B1 x 32 heads x 4 query blocks), long tiles (causal 4096,
+    non-causal 2048), D=64."""
+    def cfg(b, s, h, causal, d=128, sk=None):
+        tiles = b * h * -(-s // AH.BLOCK_M)
+        return AH.config_for(d, 2, s, sk or s, causal, tiles, 132)
+
+    persistent = AH.config_dict(*AH.PERSISTENT_DEFAULTS[128], True, True)
+    assert cfg(32, 512, 16, True) == persistent
+    assert cfg(8, 2048, 16, True) == persistent  # (2048 + 128) / 2 keys a tile
+    assert cfg(16, 1024, 16, False) == persistent
+    for c in (cfg(1, 512, 32, True), cfg(4, 4096, 16, True), cfg(8, 2048, 16, False),
+              cfg(32, 512, 16, True, d=64), cfg(32, 100, 16, False, sk=4096)):
+        assert not c.get("PERSISTENT"), c
+    assert cfg(4, 4096, 16, True) == AH.default_config(128)
+    c = cfg(32, 512, 16, True)
+    c.pop("PERSISTENT")  # a fresh dict each call: callers pop from it
+    assert cfg(32, 512, 16, True) == persistent
+
+
 def test_configs_fit_shared_memory():
     for d in AH.HEAD_DIMS:
         cfgs = AH.configs(d)
@@ -460,3 +482,30 @@ def test_gpu_persistent_grid_and_graph_replay():
         g.replay()
         want, want_lse = AH.forward(*new, causal=True, config=cfg)
         assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
+def test_gpu_flash_attention_takes_the_persistent_kernel():
+    """tkit.flash_attention at a short causal prefill with many tiles (16 x 8 heads x 4 query
+    blocks) launches the persistent kernel (fwd_backend says so), against the reference."""
+    import tkit
+    from tkit.kernels import attention as A
+
+    q, k, v = _qkv(16, 512, 512, 8, 4, 128, torch.bfloat16, "cuda", seed=51)
+    assert "persistent" in A.fwd_backend(q, k, v, causal=True)
+    seen = []
+    real = AH.C.launch
+
+    def spy(kernel, grid, **kw):
+        seen.append(kernel)
+        return real(kernel, grid, **kw)
+
+    AH.C.launch, old = spy, AH.C.launch
+    try:
+        check_against_reference(lambda q, k, v: tkit.flash_attention(q, k, v, causal=True,
+                                                                     return_lse=True),
+                                _ref(True), [q, k, v])
+    finally:
+        AH.C.launch = old
+    assert AH._attn_fwd_hopper_persistent_kernel in seen

@@ -43,6 +43,7 @@ from tkit.kernels.attention.hopper_config import (  # noqa: F401
     _tma_reason,
     _tma_strides,
     config_dict,
+    config_for,
     configs,
     default_config,
     supported,
@@ -73,9 +74,9 @@ def _descriptor(t: torch.Tensor, block_rows: int):
 
 def forward(q, k, v, causal=False, scale=None, config=None):
     """(out, lse) for inputs that :func:`supported` accepts; ``config`` a dict with BLOCK_N,
-    STAGES (WS, num_warps, maxnreg) from :func:`configs`, default :func:`default_config`, and
-    optionally HEAD_GROUP (the tile order's section size). WS=True runs the warp-specialized
-    kernel."""
+    STAGES (WS, PERSISTENT, num_warps, maxnreg) from :func:`configs`, default
+    :func:`config_for` the call, and optionally HEAD_GROUP (the tile order's section size).
+    WS=True runs the warp-specialized kernel, PERSISTENT=True its persistent form."""
     reason = supported(q, k, v, causal)
     if reason is not None:
         raise ValueError(f"the Hopper attention forward does not apply: {reason}")
@@ -91,7 +92,10 @@ def forward(q, k, v, causal=False, scale=None, config=None):
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    cfg = dict(default_config(d, q.element_size()) if config is None else config)
+    sms = D.sm_count(q.device)
+    tiles = batch * hq * triton.cdiv(sq, BLOCK_M)
+    cfg = (config_for(d, q.element_size(), sq, sk, causal, tiles, sms) if config is None
+           else dict(config))
     head_group = cfg.pop("HEAD_GROUP", None)
     if head_group is None:
         head_group = fwd_head_group(sk, d, q.element_size(), hq // hk)
@@ -110,7 +114,7 @@ def forward(q, k, v, causal=False, scale=None, config=None):
             # the tile counter: zero at each launch (a fresh one per call, so that calls on
             # other streams never share it)
             extra["TILE_CNT"] = C.scratch((1,), torch.int32, q.device, zero=True)
-            grid = (min(grid[0] * grid[1], D.sm_count(q.device)),)
+            grid = (min(tiles, sms),)
     else:
         kernel, q_rows = _attn_fwd_hopper_kernel, BLOCK_M
         num_warps = cfg.pop("num_warps", NUM_WARPS)

@@ -32,11 +32,20 @@ SMEM_LIMIT = D.SM90_SMEM_LIMIT
 CONFIGS = [
     (128, 3), (128, 2), (64, 4), (64, 3), (64, 6), (128, 4),
     (128, 3, True), (128, 2, True), (64, 4, True), (64, 6, True),
-    (128, 2, True, True), (64, 4, True, True), (64, 5, True, True),
+    (64, 4, True, True), (64, 5, True, True),
 ]
 DEFAULTS = {128: (128, 3, True), 64: (64, 4)}
-# The persistent warp-specialized kernel's (BLOCK_N, STAGES) per head dim, where it runs.
-PERSISTENT_DEFAULTS = {128: (128, 2), 64: (64, 4)}
+# The persistent warp-specialized kernel (PERSISTENT=True: one CTA an SM takes the tiles from a
+# counter) and its (BLOCK_N, STAGES) per head dim: n64 s5 led its configs at D=128 in run
+# h200-2026-12-03-zd (ratios in docs/NOTES.md). It is the default (``config_for``) where a
+# tile's work is short and there is more than one wave of tiles: at D=128 with at most
+# PERSISTENT_MAX_KEYS keys a tile on average (causal: about (seqlen_k + BLOCK_M) / 2), where
+# the per-tile grid pays each CTA's start (Q and the first K/V blocks' latency, the first
+# block without overlap) and its epilogue with the tensor cores idle. Longer tiles and D=64
+# measured faster on the per-tile kernels.
+PERSISTENT_DEFAULTS = {128: (64, 5), 64: (64, 4)}
+PERSISTENT_HEAD_DIMS = (128,)
+PERSISTENT_MAX_KEYS = 1088
 
 # Warp-specialized launch: 4 warps (consumer warpgroup 0, the default partition) + 4 (consumer
 # warpgroup 1) + 1 (loader) = 9 warps, 3 warpgroups once rounded. Registers are allotted per
@@ -108,6 +117,19 @@ def default_config(head_dim: int, itemsize: int = 2) -> dict:
         if want is not None and _cfg_key(c) == _cfg_key(want):
             return c
     return fits[0]
+
+
+def config_for(head_dim: int, itemsize: int, seqlen_q: int, seqlen_k: int, causal: bool,
+               tiles: int, sms: int) -> dict:
+    """The config a call without one launches: the persistent kernel where its rule above
+    holds (``tiles``: batch * heads * query blocks, ``sms`` the GPU's), else
+    :func:`default_config`. A new dict (callers may pop from it)."""
+    keys = (seqlen_k + BLOCK_M) / 2 if causal else seqlen_k
+    if head_dim in PERSISTENT_HEAD_DIMS and tiles > sms and keys <= PERSISTENT_MAX_KEYS:
+        bn, st = PERSISTENT_DEFAULTS[head_dim]
+        if _smem_bytes(bn, st, head_dim, itemsize, True, True) <= SMEM_LIMIT:
+            return config_dict(bn, st, True, True)
+    return dict(default_config(head_dim, itemsize))
 
 
 # --------------------------------------------------------------------------------------------

@@ -182,9 +182,16 @@ def fwd_backend(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0) -> str
     hopper, reason = _hopper_choice(q, k, v, causal, window_size, softcap)
     if hopper is None:
         return f"triton ({reason})"
-    ws = hopper.default_config(q.shape[-1], q.element_size()).get("WS", False)
-    return ("gluon (sm_90, wgmma overlapped with the softmax"
-            + (", warp-specialized TMA loader)" if ws else ")"))
+    b, sq, hq, d = q.shape
+    cfg = hopper.config_for(d, q.element_size(), sq, k.shape[1], causal,
+                            b * hq * -(-sq // hopper.BLOCK_M), D.sm_count(q.device))
+    if cfg.get("PERSISTENT"):
+        tail = ", persistent: one CTA an SM takes tiles from a counter; warp-specialized)"
+    elif cfg.get("WS"):
+        tail = ", warp-specialized TMA loader)"
+    else:
+        tail = ")"
+    return "gluon (sm_90, wgmma overlapped with the softmax" + tail
 
 
 def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
