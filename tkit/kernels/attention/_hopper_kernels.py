@@ -53,6 +53,18 @@ Registers: the loader's warpgroup is cut to 24 a thread and each consumer warpgr
 (launch cap WS_MAXNREG = 168 for 3 warpgroups). That cap also means one CTA an SM at D=64,
 where the non-WS kernel (108 to 167 registers a thread) holds two wherever its shared memory
 allows.
+
+Persistent variant (config ``PERSISTENT=True``, :func:`_attn_fwd_hopper_persistent_kernel`):
+the warp-specialized kernel with at most one CTA an SM, each taking tiles (in the per-tile
+grid's order) from a per-launch counter until none is left. Why: with one CTA an SM, a
+per-tile CTA starts with the tensor cores idle (Q and the first K and V blocks in flight, the
+first block's scores without a PV under them) and ends the same way (the epilogue's
+normalisation and store); at short tiles (B32 x 512 causal: 2.5 key blocks a tile) that was a
+third of the time. Here the loader runs into the next tile's K, V and Q while the consumers
+finish the current one, and a tile's output store runs under the next tile's first block. The
+ring numbering and its mbarrier phases run on across tiles; two Q buffers alternate (the next
+tile's Q lands while the current one's buffer holds its output), so the ring is shallower than
+the per-tile kernel's at the same shared memory, which is why long tiles stay there.
 """
 
 from triton.experimental import gluon

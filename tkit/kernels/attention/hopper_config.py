@@ -19,8 +19,8 @@ DTYPES = (torch.float16, torch.bfloat16)
 # Shared memory per block on sm_90 (227 KB); the kernel's own need is computed in _smem_bytes.
 SMEM_LIMIT = D.SM90_SMEM_LIMIT
 
-# (BLOCK_N, STAGES[, WS]) candidates; a config is kept for a head dim when its shared memory fits
-# (``configs``). Measured on the H200 (B=4 H=16 S=4096 bf16, median of 3 interleaved rounds,
+# (BLOCK_N, STAGES[, WS[, PERSISTENT]]) candidates; a config is kept for a head dim when its
+# shared memory fits (``configs``). Measured on the H200 (B=4 H=16 S=4096 bf16, median of 3 interleaved rounds,
 # 2026-11-30, TFLOP/s, non-causal / causal): D=128: n128 s3 499.4 / 455.0, n64 s4 464.8 /
 # 433.6, n128 s2 447.4 / 398.5, n64 s3 446.4 / 430.5, n64 s6 445.4 / 425.8 (tkit's Triton
 # forward 475.7 / 413.3 at its best tile, SDPA flash 347.9 / 303.0, cuDNN 586.7 / 519.6 in the
@@ -36,8 +36,9 @@ CONFIGS = [
 ]
 DEFAULTS = {128: (128, 3, True), 64: (64, 4)}
 # The persistent warp-specialized kernel (PERSISTENT=True: one CTA an SM takes the tiles from a
-# counter) and its (BLOCK_N, STAGES) per head dim: n64 s5 led its configs at D=128 in run
-# h200-2026-12-03-zd (ratios in docs/NOTES.md). It is the default (``config_for``) where a
+# counter) and its (BLOCK_N, STAGES) per head dim: n64 s5 was the fastest of its configs at
+# D=128 (docs/NOTES.md; n128 s2, all the ring that fits beside two Q buffers, was slower at
+# every shape and is not a candidate). It is the default (``config_for``) where a
 # tile's work is short and there is more than one wave of tiles: at D=128 with at most
 # PERSISTENT_MAX_KEYS keys a tile on average (causal: about (seqlen_k + BLOCK_M) / 2), where
 # the per-tile grid pays each CTA's start (Q and the first K/V blocks' latency, the first
