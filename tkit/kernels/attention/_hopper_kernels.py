@@ -494,7 +494,14 @@ def _ws_tile(WG: gl.constexpr, o_desc, smem, q4, q_bar, q_phase, empty_bars, q_f
         full_end = gl.minimum(gl.maximum(mh + shift + 1, 0), seqlen_k)
     else:
         full_end = seqlen_k
-    n_full = gl.minimum(full_end // BLOCK_N, n_tiles)
+    n_mine = n_tiles
+    if PERSISTENT:
+        if CAUSAL:
+            # the key blocks this warpgroup's rows see: with 64-key blocks the tile's last lies
+            # wholly above the first warpgroup's rows (it only hands that slot back)
+            hi = gl.minimum(gl.maximum(mh + HALF_M + shift, 0), seqlen_k)
+            n_mine = gl.minimum(gl.maximum((hi + BLOCK_N - 1) // BLOCK_N, 1), n_tiles)
+    n_full = gl.minimum(full_end // BLOCK_N, n_mine)
 
     rows = mh + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))
     m_i = gl.full([HALF_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
@@ -516,7 +523,7 @@ def _ws_tile(WG: gl.constexpr, o_desc, smem, q4, q_bar, q_phase, empty_bars, q_f
                                         rows, seqlen_k, shift, base, q_bar, q_phase, s_layout,
                                         o_layout, p_layout, HALF_M, BLOCK_N, HEAD_DIM, STAGES,
                                         CAUSAL, False)
-    for j in range(gl.maximum(n_full, 1), n_tiles):
+    for j in range(gl.maximum(n_full, 1), n_mine):
         o, p, m_i, l_i = _ws_block_step(j, o, p, m_i, l_i, q_half, smem, empty_bars, qk_scale,
                                         rows, seqlen_k, shift, base, q_bar, q_phase, s_layout,
                                         o_layout, p_layout, HALF_M, BLOCK_N, HEAD_DIM, STAGES,
@@ -524,9 +531,15 @@ def _ws_tile(WG: gl.constexpr, o_desc, smem, q4, q_bar, q_phase, empty_bars, q_f
 
     # ---- last PV, then the epilogue through this warpgroup's half of the Q buffer (only its
     # own wgmmas read it)
-    o = _last_pv(o, p, smem, n_tiles, BLOCK_N, HEAD_DIM, STAGES, base)
+    o = _last_pv(o, p, smem, n_mine, BLOCK_N, HEAD_DIM, STAGES, base)
     if PERSISTENT:  # the last block's slot goes back to the loader too (the next tile's)
-        mbarrier.arrive(empty_bars.index((base + n_tiles - 1) % STAGES), count=1)
+        mbarrier.arrive(empty_bars.index((base + n_mine - 1) % STAGES), count=1)
+        # blocks above this warpgroup's rows: handed back unread, once loaded (so that the
+        # arrive counts toward this use of the slot, not the one before)
+        for j in range(n_mine, n_tiles):
+            g = base + j
+            mbarrier.wait(smem.v_bars.index(g % STAGES), (g // STAGES) & 1)
+            mbarrier.arrive(empty_bars.index(g % STAGES), count=1)
     _epilogue(o, m_i, l_i, rows, q_half, q4, o_desc, LSE, slb, slh, b, h, mh, seqlen_q,
               o_layout, not PERSISTENT)
 
