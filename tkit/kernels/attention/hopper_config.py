@@ -21,8 +21,8 @@ SMEM_LIMIT = D.SM90_SMEM_LIMIT
 
 # (BLOCK_N, STAGES[, WS[, PERSISTENT]]) candidates; a config is kept for a head dim when its
 # shared memory fits (``configs``). Measured on the H200 (B=4 H=16 S=4096 bf16, median of 3
-# interleaved rounds, 2026-11-30, TFLOP/s, non-causal / causal): D=128: n128 s3 499.4 / 455.0, n64 s4 464.8 /
-# 433.6, n128 s2 447.4 / 398.5, n64 s3 446.4 / 430.5, n64 s6 445.4 / 425.8 (tkit's Triton
+# interleaved rounds, 2026-11-30, TFLOP/s, non-causal / causal): D=128: n128 s3 499.4 /
+# 455.0, n64 s4 464.8 / 433.6, n128 s2 447.4 / 398.5, n64 s3 446.4 / 430.5, n64 s6 445.4 / 425.8 (tkit's Triton
 # forward 475.7 / 413.3 at its best tile, SDPA flash 347.9 / 303.0, cuDNN 586.7 / 519.6 in the
 # same rounds); D=64: n64 s4 411.2 / 375.2, n128 s3 340.3 / 304.8 (Triton 424.5 / 362.4).
 # Warp-specialized (third entry True), a later run (h200-2026-11-30-l, 3 rounds, D=128):
