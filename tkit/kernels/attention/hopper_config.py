@@ -19,16 +19,16 @@ DTYPES = (torch.float16, torch.bfloat16)
 # Shared memory per block on sm_90 (227 KB); the kernel's own need is computed in _smem_bytes.
 SMEM_LIMIT = D.SM90_SMEM_LIMIT
 
-# (BLOCK_N, STAGES[, WS[, PERSISTENT]]) candidates; a config is kept for a head dim when its
-# shared memory fits (``configs``). Measured on the H200 (B=4 H=16 S=4096 bf16, median of 3
-# interleaved rounds, 2026-11-30, TFLOP/s, non-causal / causal): D=128: n128 s3 499.4 /
-# 455.0, n64 s4 464.8 / 433.6, n128 s2 447.4 / 398.5, n64 s3 446.4 / 430.5, n64 s6 445.4 / 425.8 (tkit's Triton
-# forward 475.7 / 413.3 at its best tile, SDPA flash 347.9 / 303.0, cuDNN 586.7 / 519.6 in the
-# same rounds); D=64: n64 s4 411.2 / 375.2, n128 s3 340.3 / 304.8 (Triton 424.5 / 362.4).
-# Warp-specialized (third entry True), a later run (h200-2026-11-30-l, 3 rounds, D=128):
-# n128 s3 ws 580.6 / 569.8, n64 s4 ws 516.1 / 485.5, n128 s2 ws 447.8 / 395.4, beside n128 s3
-# 499.9 / 455.0, Triton 479.1 / 426.4, SDPA flash 341.3 / 304.3 and cuDNN 587.2 / 505.8 in
-# the same rounds. ``DEFAULTS`` holds the best per head dim (D=64: WS not measured yet).
+# (BLOCK_N, STAGES[, WS[, PERSISTENT]]) candidates; a config is kept for a head dim when its shared
+# memory fits (``configs``). Measured on the H200 (B=4 H=16 S=4096 bf16, median of 3 interleaved
+# rounds, 2026-11-30, TFLOP/s, non-causal / causal): D=128: n128 s3 499.4 / 455.0, n64 s4 464.8 /
+# 433.6, n128 s2 447.4 / 398.5, n64 s3 446.4 / 430.5, n64 s6 445.4 / 425.8 (tkit's Triton forward
+# 475.7 / 413.3 at its best tile, SDPA flash 347.9 / 303.0, cuDNN 586.7 / 519.6 in the same rounds);
+# D=64: n64 s4 411.2 / 375.2, n128 s3 340.3 / 304.8 (Triton 424.5 / 362.4). Warp-specialized (third
+# entry True), a later run (h200-2026-11-30-l, 3 rounds, D=128): n128 s3 ws 580.6 / 569.8, n64 s4 ws
+# 516.1 / 485.5, n128 s2 ws 447.8 / 395.4, beside n128 s3 499.9 / 455.0, Triton 479.1 / 426.4, SDPA
+# flash 341.3 / 304.3 and cuDNN 587.2 / 505.8 in the same rounds. ``DEFAULTS`` holds the best per
+# head dim (D=64: WS not measured yet).
 CONFIGS = [
     (128, 3), (128, 2), (64, 4), (64, 3), (64, 6), (128, 4),
     (128, 3, True), (128, 2, True), (64, 4, True), (64, 6, True),
