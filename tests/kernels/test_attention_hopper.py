@@ -489,7 +489,9 @@ def test_gpu_persistent_grid_and_graph_replay():
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
 def test_gpu_flash_attention_takes_the_persistent_kernel():
     """tkit.flash_attention at a short causal prefill with many tiles (16 x 8 heads x 4 query
-    blocks) launches the persistent kernel (fwd_backend says so), against the reference."""
+    blocks) launches the persistent kernel (fwd_backend says so), against the reference; the
+    repeated calls that its eager plan serves (a fresh zeroed tile counter a call) and a
+    CUDA-graph replay give the same bits as the first call on the same inputs."""
     import tkit
     from tkit.kernels import attention as A
 
@@ -510,3 +512,13 @@ def test_gpu_flash_attention_takes_the_persistent_kernel():
     finally:
         AH.C.launch = old
     assert AH._attn_fwd_hopper_persistent_kernel in seen
+    first = tkit.flash_attention(q, k, v, causal=True)
+    for _ in range(3):  # served by the plan after the first call
+        assert torch.equal(tkit.flash_attention(q, k, v, causal=True), first)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = tkit.flash_attention(q, k, v, causal=True)
+    for _ in range(2):
+        out.zero_()
+        g.replay()
+        assert torch.equal(out, first)
