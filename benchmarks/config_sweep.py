@@ -1379,6 +1379,17 @@ ATTENTION_PERSISTENT_CASES = [(32, 512, 16, 16, 128, True), (1, 512, 32, 8, 128,
                               (8, 2048, 16, 16, 128, False), (4, 4096, 16, 16, 64, True),
                               (32, 512, 16, 16, 64, True)]
 
+#: D=256 (Gemma's head dim): the Triton forward serves it; the Gluon kernels' configs that fit
+ATTENTION_D256_CASES = [(4, 4096, 16, 16, 256, True), (4, 4096, 16, 16, 256, False),
+                        (32, 512, 16, 16, 256, True), (4, 4096, 16, 8, 256, True)]
+
+
+def sweep_attention_d256(rows):
+    """The Gluon forward at head dim 256 (every config of ``hopper.configs(256)``, forced)
+    beside ``tkit.flash_attention``'s choice and SDPA's cuDNN backend, graph replays."""
+    for B, S, hq, hk, d, causal in ATTENTION_D256_CASES:
+        _attention_persistent_case(rows, B, S, hq, hk, d, causal, every=True)
+
 
 def sweep_attention_persistent(rows):
     """The Gluon forward's persistent warp-specialized kernel (one CTA an SM taking the tiles
@@ -1389,7 +1400,7 @@ def sweep_attention_persistent(rows):
         _attention_persistent_case(rows, B, S, hq, hk, d, causal)
 
 
-def _attention_persistent_case(rows, B, S, hq, hk, d, causal):
+def _attention_persistent_case(rows, B, S, hq, hk, d, causal, every=False):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from tkit.kernels.attention import hopper as AH
@@ -1405,9 +1416,11 @@ def _attention_persistent_case(rows, B, S, hq, hk, d, causal):
     calls = {"tkit default": lambda: tkit.flash_attention(q, k, v, causal=causal),
              "per-tile": lambda: AH.forward(q, k, v, causal=causal,
                                             config=AH.default_config(d))[0]}
-    for cfg in AH.configs(d, ws=True):
-        if cfg.get("PERSISTENT"):
-            calls[f"persistent n{cfg['BLOCK_N']} s{cfg['STAGES']}"] = (
+    for cfg in AH.configs(d, ws=None if every else True):
+        if every or cfg.get("PERSISTENT"):
+            name = ("persistent" if cfg.get("PERSISTENT") else "ws" if cfg.get("WS")
+                    else "plain")
+            calls[f"{name} n{cfg['BLOCK_N']} s{cfg['STAGES']}"] = (
                 lambda cfg=cfg: AH.forward(q, k, v, causal=causal, config=cfg)[0])
 
     def cudnn():
@@ -1746,7 +1759,8 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "matmul_gluon_512": lambda rows: sweep_matmul_gluon(rows, ms=(512,)),
           "matmul_glu": sweep_matmul_glu,
           "attention_short": sweep_attention_short,
-          "attention_persistent": sweep_attention_persistent}
+          "attention_persistent": sweep_attention_persistent,
+          "attention_d256": sweep_attention_d256}
 
 
 def main(argv):

@@ -46,7 +46,7 @@ def test_unsupported_features(kwargs, words):
 
 def test_unsupported_dtype_and_head_dim():
     assert "dtype" in AH.supported(*_cpu(dtype=torch.float32))
-    for d in (32, 96, 256):
+    for d in (32, 96, 192, 512):
         assert "head_dim" in AH.supported(*_cpu(shape=(1, 16, 2, d)))
     q, k, v = _cpu()
     assert "dtypes" in AH.supported(q, k.half(), v)
@@ -116,8 +116,8 @@ def test_configs_fit_shared_memory():
                                   persistent=c.get("PERSISTENT", False))
                    <= AH.SMEM_LIMIT for c in cfgs)
         # the persistent kernel is a warp-specialized one, with its two Q buffers counted
-        assert [c for c in cfgs if c.get("PERSISTENT")] and all(
-            c["WS"] for c in cfgs if c.get("PERSISTENT"))
+        assert all(c["WS"] for c in cfgs if c.get("PERSISTENT"))
+        assert bool([c for c in cfgs if c.get("PERSISTENT")]) == (d in AH.PERSISTENT_DEFAULTS)
         ws = AH.configs(d, ws=True)
         assert ws and all(c["WS"] and c["num_warps"] == 4 and c["maxnreg"] == AH.WS_MAXNREG
                           for c in ws)
@@ -264,6 +264,22 @@ def test_compiled_fp16_and_every_config(compiled):
         assert k.metadata.shared <= AH.SMEM_LIMIT
 
 
+@pytest.mark.parametrize("cfg", [AH.config_dict(64, 2, True), AH.config_dict(32, 4, True),
+                                 AH.config_dict(64, 2)], ids=["ws64", "ws32", "plain64"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_compiled_head_dim_256(compiled, cfg, causal):
+    """Head dim 256 (a 64 KB Q tile, K and V 64 KB a 64-key stage): the configs that fit
+    build for sm_90a without local memory, within shared memory, with the PV wgmma 256 wide
+    and the QK^T one BLOCK_N wide."""
+    k, sass, usage = compiled(256, causal, torch.bfloat16, cfg)
+    assert re.search(r"LOCAL:0\b", usage) and not re.search(r"\b(LDL|STL)\b", sass)
+    assert k.metadata.shared <= AH._smem_bytes(cfg["BLOCK_N"], cfg["STAGES"], 256,
+                                               ws=cfg.get("WS", False)) <= AH.SMEM_LIMIT
+    assert "HGMMA.64x256x16.F32.BF16" in sass
+    assert f"HGMMA.64x{cfg['BLOCK_N']}x16.F32.BF16" in sass
+    assert AH.default_config(256) == AH.config_dict(*AH.DEFAULTS[256][:2], True)
+
+
 WS_SAMPLE = [AH.config_dict(128, 3, True), AH.config_dict(64, 4, True),
              AH.config_dict(64, 4, True, True)]
 
@@ -365,6 +381,8 @@ SCHEDULES = [pytest.param(False, id="plain"),
 
 def _schedule_config(ws, d):
     if ws == "persistent":
+        if d not in AH.PERSISTENT_DEFAULTS:
+            pytest.skip(f"no persistent config fits at head dim {d}")
         return AH.config_dict(*AH.PERSISTENT_DEFAULTS[d], True, True)
     return AH.config_dict(*AH.DEFAULTS[d][:2], ws)
 
@@ -396,7 +414,7 @@ def test_gpu_unequal_lengths(sq, sk, causal, ws):
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("ws", SCHEDULES)
 @pytest.mark.parametrize("hq, hk", [(16, 4), (8, 1)])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_gqa_head_dims_dtypes(hq, hk, d, dtype, ws):
     args = _qkv(2, 333, 333, hq, hk, d, dtype, "cuda", seed=5)
@@ -407,7 +425,7 @@ def test_gpu_gqa_head_dims_dtypes(hq, hk, d, dtype, ws):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("ws", [False, True], ids=["plain", "ws"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_gpu_every_config(d, ws):
     args = _qkv(1, 700, 700, 4, 2, d, torch.bfloat16, "cuda", seed=7)
     for cfg in AH.configs(d, ws=ws):

@@ -14,7 +14,7 @@ from tkit.kernels import _device as D
 
 BLOCK_M = 128
 NUM_WARPS = 8
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
 # Shared memory per block on sm_90 (227 KB); the kernel's own need is computed in _smem_bytes.
 SMEM_LIMIT = D.SM90_SMEM_LIMIT
@@ -33,8 +33,10 @@ CONFIGS = [
     (128, 3), (128, 2), (64, 4), (64, 3), (64, 6), (128, 4),
     (128, 3, True), (128, 2, True), (64, 4, True), (64, 6, True),
     (64, 4, True, True), (64, 5, True, True),
+    # what fits at D=256 (a Q tile of 64 KB, K and V 64 KB a 64-key stage)
+    (64, 2, True), (32, 4, True), (64, 2),
 ]
-DEFAULTS = {128: (128, 3, True), 64: (64, 4)}
+DEFAULTS = {128: (128, 3, True), 64: (64, 4), 256: (64, 2, True)}
 # The persistent warp-specialized kernel (PERSISTENT=True: one CTA an SM takes the tiles from a
 # counter) and its (BLOCK_N, STAGES) per head dim: n64 s5 was the fastest of its configs at
 # D=128 (docs/NOTES.md; n128 s2, all the ring that fits beside two Q buffers, was slower at
