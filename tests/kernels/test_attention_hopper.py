@@ -102,6 +102,9 @@ def test_persistent_rule():
               cfg(32, 512, 16, True, d=64), cfg(32, 100, 16, False, sk=4096)):
         assert not c.get("PERSISTENT"), c
     assert cfg(4, 4096, 16, True) == AH.default_config(128)
+    # D=256: the one-partition n64 s2 when causal, the warp-specialized default otherwise
+    assert cfg(4, 4096, 16, True, d=256) == AH.config_dict(*AH.CAUSAL_DEFAULTS[256])
+    assert cfg(4, 4096, 16, False, d=256) == AH.default_config(256)
     c = cfg(32, 512, 16, True)
     c.pop("PERSISTENT")  # a fresh dict each call: callers pop from it
     assert cfg(32, 512, 16, True) == persistent
@@ -540,3 +543,20 @@ def test_gpu_flash_attention_takes_the_persistent_kernel():
         out.zero_()
         g.replay()
         assert torch.equal(out, first)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_flash_attention_head_dim_256(causal):
+    """tkit.flash_attention at head dim 256 takes the Gluon forward (its causal and
+    non-causal defaults), against the reference, GQA and a ragged length."""
+    import tkit
+    from tkit.kernels import attention as A
+
+    q, k, v = _qkv(2, 777, 777, 8, 4, 256, torch.bfloat16, "cuda", seed=61)
+    assert A.fwd_backend(q, k, v, causal=causal).startswith("gluon")
+    with poisoned_outputs():
+        check_against_reference(lambda q, k, v: tkit.flash_attention(q, k, v, causal=causal,
+                                                                     return_lse=True),
+                                _ref(causal), [q, k, v])

@@ -5,8 +5,8 @@ Same math, conventions and outputs as :mod:`tkit.kernels.attention` (its ``_fwd_
 ``S = scale * Q K^T`` in base 2 (``qk_scale = scale * log2(e)``, exp2), bottom-right causal
 alignment when ``seqlen_q != seqlen_k``, a row with no visible key gives O = 0 and lse = -inf,
 lse in natural log, float32 (batch, heads, seqlen_q). Scope (:func:`supported`): sm_90, 16-bit
-inputs in the (batch, seqlen, heads, head_dim) layout with TMA-compatible strides, head_dim 64
-or 128, GQA/MQA, causal or not; no window, softcap or varlen (those stay on the Triton kernel).
+inputs in the (batch, seqlen, heads, head_dim) layout with TMA-compatible strides, head_dim 64,
+128 or 256, GQA/MQA, causal or not; no window, softcap or varlen (those stay on the Triton kernel).
 
 Why a second kernel: Triton 3.6 issues the QK^T wgmma of a key block, waits for it to complete
 (``wgmma.wait_group 0``) and only then runs the exponentials, so the tensor cores idle during

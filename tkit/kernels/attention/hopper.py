@@ -28,6 +28,7 @@ from tkit.kernels.attention._hopper_kernels import (  # noqa: F401
 from tkit.kernels.attention.config import LOG2E, fwd_head_group
 from tkit.kernels.attention.hopper_config import (  # noqa: F401
     BLOCK_M,
+    CAUSAL_DEFAULTS,
     CONFIGS,
     DEFAULTS,
     DTYPES,

@@ -36,7 +36,10 @@ CONFIGS = [
     # what fits at D=256 (a Q tile of 64 KB, K and V 64 KB a 64-key stage)
     (64, 2, True), (32, 4, True), (64, 2),
 ]
-DEFAULTS = {128: (128, 3, True), 64: (64, 4), 256: (64, 2, True)}
+DEFAULTS = {128: (128, 3, True), 64: (64, 4), 256: (32, 4, True)}
+# Where a causal call's default differs: at D=256 the one-partition n64 s2 led the causal
+# shapes and the warp-specialized n32 s4 the non-causal one, by 1-3% (docs/NOTES.md).
+CAUSAL_DEFAULTS = {256: (64, 2)}
 # The persistent warp-specialized kernel (PERSISTENT=True: one CTA an SM takes the tiles from a
 # counter) and its (BLOCK_N, STAGES) per head dim: n64 s5 was the fastest of its configs at
 # D=128 (docs/NOTES.md; n128 s2, all the ring that fits beside two Q buffers, was slower at
@@ -132,6 +135,11 @@ def config_for(head_dim: int, itemsize: int, seqlen_q: int, seqlen_k: int, causa
         bn, st = PERSISTENT_DEFAULTS[head_dim]
         if _smem_bytes(bn, st, head_dim, itemsize, True, True) <= SMEM_LIMIT:
             return config_dict(bn, st, True, True)
+    if causal and head_dim in CAUSAL_DEFAULTS:
+        c = config_dict(*CAUSAL_DEFAULTS[head_dim])
+        if _smem_bytes(c["BLOCK_N"], c["STAGES"], head_dim, itemsize, c.get("WS", False)) \
+                <= SMEM_LIMIT:
+            return c
     return dict(default_config(head_dim, itemsize))
 
 
