@@ -35,8 +35,9 @@ compute-bound, the ceiling is the tensor cores (cuBLAS bf16 GEMM: 720 TFLOP/s).
 
 Grid: (batch * heads, query blocks) for the forward and dQ, (batch * kv heads, key blocks) for
 dK/dV (on sm_90 at D=128 with short tiles the Gluon forward runs persistent instead: one CTA an
-SM takes the same tiles in the same order from a counter; ``hopper_config.config_for``). With a causal mask the forward and dQ run their query blocks last-first, so the longest
-key ranges start in the first wave and the short ones fill the tail. The forward walks its tiles
+SM takes the same tiles in the same order from a counter; ``hopper_config.config_for``).
+With a causal mask the forward and dQ run their query blocks last-first, so the longest key
+ranges start in the first wave and the short ones fill the tail. The forward walks its tiles
 in sections of ``fwd_head_group`` (batch, head) pairs whose K and V fit an 8 MB share of L2
 (FlashAttention-3's scheduler does the same with 32 MB). Why: each program streams all of its
 head's K/V (2 MB at S=4096, D=128, bf16); in the plain order every head of a query block is in

@@ -432,15 +432,27 @@ def _ws_producer(q_desc, k_desc, v_desc, smem, empty_bars, b, h, hk, m0, n_tiles
     """The loader partition (one warp): both halves of Q, then K and V of every key block into
     the ring. Slot t % STAGES is refilled with block t once both consumer warpgroups have
     arrived on its empty barrier for block t - STAGES."""
+    _load_tile(q_desc, k_desc, v_desc, smem, smem.q_bar, smem.q.index(0), smem.q.index(1),
+               empty_bars, b, h, hk, m0, n_tiles, 0, BLOCK_N, STAGES)
+
+
+@gluon.jit
+def _load_tile(q_desc, k_desc, v_desc, smem, q_bar, q_lo, q_hi, empty_bars, b, h, hk, m0,
+               n_tiles, base, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """One tile's loads (the loader warp): both halves of Q into ``q_lo`` / ``q_hi`` on
+    ``q_bar``, then K and V of its n_tiles key blocks, the ring's blocks ``base`` on: block g
+    goes to slot g % STAGES once both consumer warpgroups have arrived on the slot's empty
+    barrier for block g - STAGES."""
     HALF_M: gl.constexpr = q_desc.block_type.shape[1]
-    mbarrier.expect(smem.q_bar, 2 * q_desc.block_type.nbytes)
-    tma_load(q_desc, [b, m0, h, 0], smem.q_bar, smem.q.index(0))
-    tma_load(q_desc, [b, m0 + HALF_M, h, 0], smem.q_bar, smem.q.index(1))
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma_load(q_desc, [b, m0, h, 0], q_bar, q_lo)
+    tma_load(q_desc, [b, m0 + HALF_M, h, 0], q_bar, q_hi)
     for t in range(n_tiles):
-        slot = t % STAGES
+        g = base + t
+        slot = g % STAGES
         # a fresh mbarrier reads as if the phase before phase 0 had completed: the first
         # STAGES waits (parity 1) return at once
-        mbarrier.wait(empty_bars.index(slot), ((t // STAGES) & 1) ^ 1)
+        mbarrier.wait(empty_bars.index(slot), ((g // STAGES) & 1) ^ 1)
         kb = smem.k_bars.index(slot)
         vb = smem.v_bars.index(slot)
         mbarrier.expect(kb, k_desc.block_type.nbytes)
@@ -622,20 +634,10 @@ def _ps_producer(q_desc, k_desc, v_desc, smem, q_bars, q_empty, empty_bars, tile
         qs = it % 2
         mbarrier.wait(q_empty.index(qs), ((it // 2) & 1) ^ 1)
         tile_ids.index(qs).store(gl.full([1], tile, gl.int32, one))
-        qb = q_bars.index(qs)
-        mbarrier.expect(qb, 2 * q_desc.block_type.nbytes)
-        tma_load(q_desc, [b, m0, h, 0], qb, smem.q.index(2 * qs))
-        tma_load(q_desc, [b, m0 + HALF_M, h, 0], qb, smem.q.index(2 * qs + 1))
-        for t in range(n_tiles):
-            slot = g % STAGES
-            mbarrier.wait(empty_bars.index(slot), ((g // STAGES) & 1) ^ 1)
-            kb = smem.k_bars.index(slot)
-            vb = smem.v_bars.index(slot)
-            mbarrier.expect(kb, k_desc.block_type.nbytes)
-            tma_load(k_desc, [b, t * BLOCK_N, hk, 0], kb, smem.k.index(slot))
-            mbarrier.expect(vb, v_desc.block_type.nbytes)
-            tma_load(v_desc, [b, t * BLOCK_N, hk, 0], vb, smem.v.index(slot))
-            g += 1
+        _load_tile(q_desc, k_desc, v_desc, smem, q_bars.index(qs), smem.q.index(2 * qs),
+                   smem.q.index(2 * qs + 1), empty_bars, b, h, hk, m0, n_tiles, g, BLOCK_N,
+                   STAGES)
+        g += n_tiles
         it += 1
         tile = gl.atomic_add(TILE_CNT, 1)
     qs = it % 2
