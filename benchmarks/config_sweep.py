@@ -1320,57 +1320,6 @@ def sweep_matmul_glu(rows, ms=(1, 16, 512, 4096)):
                              vs_matmul_silu_mul=t_two / t))
 
 
-def sweep_attention_short(rows):
-    """Causal prefill attention at 512 tokens (the Llama layer's, and B32 x 16 heads; 2048 for
-    scale): the Gluon forward (default), the Triton forward, SDPA's cuDNN and flash backends."""
-    for B, S, hq, hk in ((1, 512, 32, 8), (32, 512, 16, 16), (8, 2048, 16, 16)):
-        _attention_case(rows, B, S, hq, hk)
-
-
-def _attention_case(rows, B, S, hq, hk):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from tkit.kernels.attention import config as AC
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(B, S, hq, 128, device="cuda", generator=g, dtype=torch.bfloat16)
-    k = torch.randn(B, S, hk, 128, device="cuda", generator=g, dtype=torch.bfloat16)
-    v = torch.randn(B, S, hk, 128, device="cuda", generator=g, dtype=torch.bfloat16)
-    flops = 4 * B * hq * 128 * S * (S + 1) / 2
-    case = f"B{B} S{S} H{hq}/{hk} D128 causal"
-    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-    ref = torch.nn.functional.scaled_dot_product_attention(
-        qt, kt, vt, is_causal=True, enable_gqa=hq != hk).transpose(1, 2)
-
-    def triton_fwd():
-        with AC.attention_config(hopper_fwd_cases=frozenset()):
-            return tkit.flash_attention(q, k, v, causal=True)
-
-    calls = {"tkit default": lambda: tkit.flash_attention(q, k, v, causal=True),
-             "tkit triton": triton_fwd}
-    for name, be in (("sdpa cudnn", SDPBackend.CUDNN_ATTENTION),
-                     ("sdpa flash", SDPBackend.FLASH_ATTENTION)):
-        def sd(be=be):
-            with sdpa_kernel([be]):
-                return torch.nn.functional.scaled_dot_product_attention(
-                    qt, kt, vt, is_causal=True, enable_gqa=hq != hk)
-        calls[name] = sd
-    for name, fn in calls.items():
-        try:
-            got = fn()
-            got = got.transpose(1, 2) if name.startswith("sdpa") else got
-            if not _close(got, ref):
-                raise AssertionError("output differs from SDPA's")
-            t = min(time_fn(fn, replay=True).median_ms for _ in range(ROUNDS))
-        except Exception as e:  # noqa: BLE001
-            print(f"attention {case} {name} FAILED {type(e).__name__}: {str(e)[:100]}")
-            continue
-        print(f"attention {case:30s} {name:14s} {t * 1e3:7.1f} us "
-              f"{flops / t / 1e9:6.1f} TFLOP/s")
-        rows.append(dict(family="attention_short", case=case, config=name, median_ms=t,
-                         tflops=flops / t / 1e9))
-
-
 #: (B, S, Hq, Hkv, D, causal): the flash_attention bench's prefill shapes, short and long
 ATTENTION_PERSISTENT_CASES = [(32, 512, 16, 16, 128, True), (1, 512, 32, 8, 128, True),
                               (16, 1024, 16, 16, 128, True), (8, 2048, 16, 16, 128, True),
@@ -1379,7 +1328,7 @@ ATTENTION_PERSISTENT_CASES = [(32, 512, 16, 16, 128, True), (1, 512, 32, 8, 128,
                               (8, 2048, 16, 16, 128, False), (4, 4096, 16, 16, 64, True),
                               (32, 512, 16, 16, 64, True)]
 
-#: D=256 (Gemma's head dim): the Triton forward serves it; the Gluon kernels' configs that fit
+#: D=256 (Gemma's head dim): the Gluon forward's configs that fit, each forced
 ATTENTION_D256_CASES = [(4, 4096, 16, 16, 256, True), (4, 4096, 16, 16, 256, False),
                         (32, 512, 16, 16, 256, True), (4, 4096, 16, 8, 256, True)]
 
@@ -1388,7 +1337,7 @@ def sweep_attention_d256(rows):
     """The Gluon forward at head dim 256 (every config of ``hopper.configs(256)``, forced)
     beside ``tkit.flash_attention``'s choice and SDPA's cuDNN backend, graph replays."""
     for B, S, hq, hk, d, causal in ATTENTION_D256_CASES:
-        _attention_persistent_case(rows, B, S, hq, hk, d, causal, every=True)
+        _attention_forward_case(rows, B, S, hq, hk, d, causal, every=True)
 
 
 def sweep_attention_persistent(rows):
@@ -1397,10 +1346,10 @@ def sweep_attention_persistent(rows):
     tkit.flash_attention's choice and SDPA's cuDNN backend, graph replays; outputs checked
     against SDPA's."""
     for B, S, hq, hk, d, causal in ATTENTION_PERSISTENT_CASES:
-        _attention_persistent_case(rows, B, S, hq, hk, d, causal)
+        _attention_forward_case(rows, B, S, hq, hk, d, causal)
 
 
-def _attention_persistent_case(rows, B, S, hq, hk, d, causal, every=False):
+def _attention_forward_case(rows, B, S, hq, hk, d, causal, every=False):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from tkit.kernels.attention import hopper as AH
@@ -1758,7 +1707,6 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "matmul_gluon_4096": lambda rows: sweep_matmul_gluon(rows, ms=(4096,)),
           "matmul_gluon_512": lambda rows: sweep_matmul_gluon(rows, ms=(512,)),
           "matmul_glu": sweep_matmul_glu,
-          "attention_short": sweep_attention_short,
           "attention_persistent": sweep_attention_persistent,
           "attention_d256": sweep_attention_d256}
 

@@ -4,6 +4,7 @@ inside the key loop; for the warp-specialized kernel also the loader partition a
 warpgroup-local barriers in the key loop), and on an H200 its outputs against the float64
 reference, with and without warp specialization."""
 
+import contextlib
 import os
 import re
 import subprocess
@@ -469,28 +470,35 @@ def test_gpu_persistent_walks_many_tiles_a_cta(monkeypatch, sms, d):
                 check_against_reference(_fn(causal, cfg), _ref(causal), args)
 
 
+@contextlib.contextmanager
+def _launches():
+    """The (kernel, grid) of each launch made inside, launched as usual (a spy on the
+    launcher the forward calls)."""
+    seen, real = [], AH.C.launch
+
+    def spy(kernel, grid, **kw):
+        seen.append((kernel, grid))
+        return real(kernel, grid, **kw)
+
+    AH.C.launch = spy
+    try:
+        yield seen
+    finally:
+        AH.C.launch = real
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
 def test_gpu_persistent_grid_and_graph_replay():
     """One CTA an SM at most (fewer with fewer tiles), and a CUDA-graph capture replays with
     new inputs, the same bits as an eager call on them (the tile counter is zeroed a launch,
     inside the graph too)."""
-    seen = []
-    real = AH.C.launch
-
-    def spy(kernel, grid, **kw):
-        seen.append((kernel, grid))
-        return real(kernel, grid, **kw)
-
     cfg = _schedule_config("persistent", 128)
     q, k, v = _qkv(4, 512, 512, 8, 8, 128, torch.bfloat16, "cuda", seed=31)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    AH.C.launch, old = spy, AH.C.launch
-    try:
+    with _launches() as seen:
         AH.forward(q, k, v, causal=True, config=cfg)
         AH.forward(q[:1, :128, :2], k[:1, :128, :2], v[:1, :128, :2], causal=True, config=cfg)
-    finally:
-        AH.C.launch = old
     assert [g for _, g in seen] == [(min(sms, 4 * 8 * 4),), (2,)]
     assert all(kern is AH._attn_fwd_hopper_persistent_kernel for kern, _ in seen)
     static = [t.clone() for t in (q, k, v)]
@@ -518,21 +526,11 @@ def test_gpu_flash_attention_takes_the_persistent_kernel():
 
     q, k, v = _qkv(16, 512, 512, 8, 4, 128, torch.bfloat16, "cuda", seed=51)
     assert "persistent" in A.fwd_backend(q, k, v, causal=True)
-    seen = []
-    real = AH.C.launch
-
-    def spy(kernel, grid, **kw):
-        seen.append(kernel)
-        return real(kernel, grid, **kw)
-
-    AH.C.launch, old = spy, AH.C.launch
-    try:
+    with _launches() as seen:
         check_against_reference(lambda q, k, v: tkit.flash_attention(q, k, v, causal=True,
                                                                      return_lse=True),
                                 _ref(True), [q, k, v])
-    finally:
-        AH.C.launch = old
-    assert AH._attn_fwd_hopper_persistent_kernel in seen
+    assert AH._attn_fwd_hopper_persistent_kernel in [kern for kern, _ in seen]
     first = tkit.flash_attention(q, k, v, causal=True)
     for _ in range(3):  # served by the plan after the first call
         assert torch.equal(tkit.flash_attention(q, k, v, causal=True), first)

@@ -73,6 +73,14 @@ def _descriptor(t: torch.Tensor, block_rows: int):
                             smem_layout(block_rows, d, t.dtype))
 
 
+def call_config(q, k, causal=False) -> dict:
+    """The config :func:`forward` launches for these inputs without one (:func:`config_for`
+    of their shapes and this GPU's SM count); a new dict."""
+    batch, sq, hq, d = q.shape
+    return config_for(d, q.element_size(), sq, k.shape[1], causal,
+                      batch * hq * triton.cdiv(sq, BLOCK_M), D.sm_count(q.device))
+
+
 def forward(q, k, v, causal=False, scale=None, config=None):
     """(out, lse) for inputs that :func:`supported` accepts; ``config`` a dict with BLOCK_N,
     STAGES (WS, PERSISTENT, num_warps, maxnreg) from :func:`configs`, default
@@ -93,10 +101,7 @@ def forward(q, k, v, causal=False, scale=None, config=None):
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    sms = D.sm_count(q.device)
-    tiles = batch * hq * triton.cdiv(sq, BLOCK_M)
-    cfg = (config_for(d, q.element_size(), sq, sk, causal, tiles, sms) if config is None
-           else dict(config))
+    cfg = call_config(q, k, causal) if config is None else dict(config)
     head_group = cfg.pop("HEAD_GROUP", None)
     if head_group is None:
         head_group = fwd_head_group(sk, d, q.element_size(), hq // hk)
@@ -109,13 +114,13 @@ def forward(q, k, v, causal=False, scale=None, config=None):
         kernel, q_rows = _attn_fwd_hopper_ws_kernel, BLOCK_M // 2
         num_warps = cfg.pop("num_warps", 4)
         extra["maxnreg"] = cfg.pop("maxnreg", WS_MAXNREG)
-        if persistent:  # one CTA an SM walks every tile
+        if persistent:  # at most one CTA an SM, taking the tiles from a counter
             kernel = _attn_fwd_hopper_persistent_kernel
             extra["n_bh"] = batch * hq
             # the tile counter: zero at each launch (a fresh one per call, so that calls on
             # other streams never share it)
             extra["TILE_CNT"] = C.scratch((1,), torch.int32, q.device, zero=True)
-            grid = (min(tiles, sms),)
+            grid = (min(grid[0] * grid[1], D.sm_count(q.device)),)
     else:
         kernel, q_rows = _attn_fwd_hopper_kernel, BLOCK_M
         num_warps = cfg.pop("num_warps", NUM_WARPS)

@@ -182,9 +182,7 @@ def fwd_backend(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0) -> str
     hopper, reason = _hopper_choice(q, k, v, causal, window_size, softcap)
     if hopper is None:
         return f"triton ({reason})"
-    b, sq, hq, d = q.shape
-    cfg = hopper.config_for(d, q.element_size(), sq, k.shape[1], causal,
-                            b * hq * -(-sq // hopper.BLOCK_M), D.sm_count(q.device))
+    cfg = hopper.call_config(q, k, causal)
     if cfg.get("PERSISTENT"):
         tail = ", persistent: one CTA an SM takes tiles from a counter; warp-specialized)"
     elif cfg.get("WS"):
