@@ -1636,18 +1636,14 @@ def sweep_decode_fp8_batch(rows):
     """The fp8 page-64 cache with per-token scales (B x 8192 keys, Hq32/Hkv8, D128, shuffled
     pages) at batches 16 to 64 against the bf16 page-64 default at the same batch: the fp8
     default (the wgmma where its unsplit grid is 80-100% of a wave of 2 programs an SM, else
-    the word pipeline), the wgmma unsplit, the word pipeline (:data:`FP8_WORDS`), and both
-    in the balanced schedule (one wave, every program the same key tiles); whole calls, graph
-    replays, L2 read-flushed, min of 2 interleaved rounds."""
+    the word pipeline), the wgmma unsplit, and the word pipeline (:data:`FP8_WORDS`); whole
+    calls, graph replays, L2 read-flushed, min of 2 interleaved rounds."""
     from tkit.kernels import decode as DA
     from tkit.specs import decode_attention as S
 
     runs = {"fp8 default": {}, "fp8 words": FP8_WORDS,
             "fp8 wgmma 1 split": dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2,
-                                      num_splits=1),
-            "fp8 wgmma balanced": dict(_WG, block_n=128, num_stages=5, ctas_per_sm=2,
-                                       schedule="balanced"),
-            "fp8 words balanced": dict(FP8_WORDS, schedule="balanced")}
+                                      num_splits=1)}
     for B in (16, 24, 32, 40, 48, 64):
         # the bench's fp8 and bf16 page-64 cases (tkit.specs.decode_attention) at batch B
         (q, k8, v8), fkw = S._decode_case(B, 32, 8, 128, 8192, page=64,
@@ -1683,23 +1679,6 @@ def sweep_decode_fp8_batch(rows):
                              provider=name, median_ms=t, vs_bf16_page64_default=t / ref))
 
 
-#: runs of :func:`sweep_decode_balanced`: the fp8 default (one split, 256 programs on 264
-#: slots at B32) against the balanced schedule of the same build and of the word pipeline,
-#: over HBM and on L2-resident pages
-DECODE_BALANCED_RUNS: list = [
-    ("token", dict(num_splits=1)),  # the default's own build again: the run's noise
-    ("token", dict(schedule="balanced")),
-    ("token", dict(FP8_WORDS, schedule="balanced")),
-    ("l2", {}),
-    ("l2", dict(schedule="balanced")),
-]
-
-
-def sweep_decode_balanced(rows):
-    """:func:`sweep_decode_fp8` over :data:`DECODE_BALANCED_RUNS`."""
-    sweep_decode_fp8(rows, DECODE_BALANCED_RUNS, "decode_balanced")
-
-
 def sweep_decode_wg(rows):
     """:func:`sweep_decode_fp8` over :data:`DECODE_WG_RUNS`."""
     sweep_decode_fp8(rows, DECODE_WG_RUNS, "decode_wg")
@@ -1707,7 +1686,6 @@ def sweep_decode_wg(rows):
 
 SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "decode_fp8_batch": sweep_decode_fp8_batch,
-          "decode_balanced": sweep_decode_balanced,
           "decode_bar": sweep_decode_bar, "decode_fp8": sweep_decode_fp8,
           "int4": sweep_int4, "int4_small_m": sweep_int4_small_m,
           "int4_8192": sweep_int4_8192,

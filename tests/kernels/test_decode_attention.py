@@ -146,78 +146,6 @@ def test_splits_merged_in_the_split_kernel():
         tkit.decode_attention(q, k, v, lens, block_table=table, num_splits=2)
 
 
-def _grids(monkeypatch):
-    """The split kernel's (grid, launch arguments) of the calls that follow."""
-    from tkit.kernels import _common
-    from tkit.kernels.decode._kernels import _decode_split_kernel
-
-    seen, launch = [], _common.launch
-
-    def spy(kernel, grid, **kw):
-        if kernel is _decode_split_kernel:
-            seen.append((tuple(grid), kw))
-        return launch(kernel, grid, **kw)
-
-    monkeypatch.setattr(_common, "launch", spy)
-    return seen
-
-
-@pytest.mark.parametrize("ctas", [1, 2, 5, 40])
-def test_balanced_schedule(monkeypatch, ctas):
-    """``schedule="balanced"``: one 1-D wave of programs over every unit's key tiles, each
-    program the same number of tiles within one, units shared by 1 to many programs merged by
-    the last to arrive. Interpreter (4 SMs, 16-key tiles): 3 sequences x 2 kv heads x 3 M
-    tiles (40 packed rows) x 6 tiles = 108 tiles over 4, 8, 20 or 108 programs (27 to 1 tiles
-    each: units whole, split in two, straddled, a tile a program), an empty sequence, one
-    shorter than its table, a window; against the reference (poisoned outputs) and the split
-    schedule."""
-    q, k, v, table = _paged(3, 5, 16, 2, 32, 8, 12, torch.float16, seed=175)
-    lens = _lens(96, 0, 41)
-    kw = dict(block_table=table, return_lse=True, window_size=(50, -1))
-    want, want_lse = tkit.decode_attention(q, k, v, lens, **kw)
-    seen = _grids(monkeypatch)
-    with DA.decode_config(block_n=16, schedule="balanced", ctas_per_sm=ctas), \
-            poisoned_outputs():
-        got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
-                                               [q, k, v, lens], kw)
-    grid, args = seen[-1]
-    n_work = 3 * 2 * 3 * 6
-    assert args["BALANCED"] and args["n_work"] == n_work
-    assert grid == (min(n_work, 4 * ctas), 1, 1)
-    torch.testing.assert_close(got, want, atol=1e-3, rtol=0)
-    torch.testing.assert_close(got_lse, want_lse, atol=1e-5, rtol=0)
-    # an explicit num_splits takes the split schedule
-    with DA.decode_config(block_n=16, schedule="balanced"):
-        tkit.decode_attention(q, k, v, lens, num_splits=2, **kw)
-    assert seen[-1][0] == (2 * 3, 2, 3) and "BALANCED" not in seen[-1][1]
-    with pytest.raises(ValueError, match="schedule"), DA.decode_config(schedule="stream"):
-        tkit.decode_attention(q, k, v, lens, **kw)
-
-
-def test_balanced_schedule_fp8_mma(monkeypatch):
-    """The balanced schedule over the fp8 wgmma path (per-token scales, a window and softcap,
-    lengths 0 and 1): against the reference and the split schedule."""
-    b, hq, hk, d, page = 4, 4, 2, 64, 8
-    q, k, v, table = _paged(b, 1, hq, hk, d, page, 8, torch.float16, seed=197)
-    gen = torch.Generator().manual_seed(19)
-    kw = dict(block_table=table, window_size=(40, -1), softcap=20.0, return_lse=True,
-              k_scale=(torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device),
-              v_scale=(torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device))
-    k, v = k.to(FP8), v.to(FP8)
-    lens = _lens(64, 37, 0, 1)
-    seen = _grids(monkeypatch)
-    with DA.decode_config(qk="wgmma_fp8", schedule="balanced", ctas_per_sm=3), \
-            poisoned_outputs():
-        got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
-                                               [q, k, v, lens], kw)
-    assert seen[-1][1].get("QK_WG") and seen[-1][1]["BALANCED"]
-    with DA.decode_config(qk="wgmma_fp8"):
-        want, want_lse = tkit.decode_attention(q, k, v, lens, **kw)
-    torch.testing.assert_close(got, want, atol=4e-3, rtol=0)
-    assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
-    torch.testing.assert_close(got_lse, want_lse, atol=2e-3, rtol=0)
-
-
 def test_shared_pages_and_overlong_table():
     # sequences 0 and 2 share pages (a common prefix), table columns past the length hold -1
     q, k, v, table = _paged(3, 1, 4, 2, 32, 4, 6, torch.float16, seed=13)
@@ -572,9 +500,7 @@ _WG = dict(qk="wgmma_fp8", num_warps=4)
 _WG_GPU = [(1, {}, False, True), (4, {}, False, False), (1, {}, True, False),
            (4, dict(_WG, block_n=128, num_stages=5), False, True),
            (1, dict(_WG, block_n=64, num_stages=3), False, True),
-           (1, dict(qk="mma"), False, False),
-           (1, dict(schedule="balanced"), False, True),
-           (4, dict(_WG, block_n=128, num_stages=5, schedule="balanced"), False, True)]
+           (1, dict(qk="mma"), False, False)]
 
 
 @pytest.mark.gpu
@@ -953,41 +879,6 @@ def test_cuda_graph_replay_with_splits_merged_in_the_split_kernel():
             eager = tkit.decode_attention(q, k, v, lens, **kw)
             assert torch.equal(out, eager)
     with DA.decode_config(num_splits=3, combine="launch"):
-        torch.testing.assert_close(out, tkit.decode_attention(q, k, v, lens, **kw),
-                                   atol=1e-2, rtol=0)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [dict(schedule="balanced"),
-                                 dict(schedule="balanced", qk="mma", block_n=64, num_warps=2,
-                                      num_stages=5, ctas_per_sm=4)])
-def test_cuda_graph_replay_with_the_balanced_schedule(cfg):
-    """The balanced schedule (fp8 wgmma and word pipeline over 31 sequences of up to 1024 keys,
-    8 kv heads: 7.5 tiles a program, units shared by two programs), captured once and
-    replayed with new lengths and tables (the graph zeroes its counters each replay): exact
-    against eager calls of the same config, close to the split schedule."""
-    q, k, v, table = _paged(31, 1, 32, 8, 128, 64, 16, torch.bfloat16, seed=183)
-    k, v = k.to(FP8), v.to(FP8)
-    gen = torch.Generator().manual_seed(9)
-    ks = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
-    vs = (torch.rand(k.shape[:-1], generator=gen) + 0.5).to(k.device)
-    lens = torch.randint(0, 1025, (31,), generator=gen).to(I32).to(k.device)
-    kw = dict(block_table=table, k_scale=ks, v_scale=vs)
-    with DA.decode_config(**cfg):
-        tkit.decode_attention(q, k, v, lens, **kw)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = tkit.decode_attention(q, k, v, lens, **kw)
-        for _ in range(3):
-            lens.copy_(torch.randint(0, 1025, (31,), generator=gen).to(I32))
-            table.copy_(S.paged_table(31, 16, 496, gen))
-            g.replay()
-            eager = tkit.decode_attention(q, k, v, lens, **kw)
-            assert torch.equal(out, eager)
-    check_against_reference(tkit.decode_attention, S.ref_decode_attention, [q, k, v, lens],
-                            kw)
-    with DA.decode_config(num_splits=2):
         torch.testing.assert_close(out, tkit.decode_attention(q, k, v, lens, **kw),
                                    atol=1e-2, rtol=0)
 

@@ -527,8 +527,7 @@ def _q_part(Q, q_off, cols, row_ok, sqd, HEAD_DIM: tl.constexpr, CACHE_DTYPE: tl
 
 
 @triton.jit
-def _decode_unit(
-    b, hk, mb, n_m, split, t_first, t_last, count, unit,
+def _decode_split_kernel(
     Q, K, V, KS, VS, SEQLENS, BT, O, LSE,
     sqb, sqs, sqh, sqd, skn, skp, skh, skd, svn, svp, svh, svd,
     sksn, sksp, sksh, svsn, svsp, svsh, s_len, sbtb, sbtn,
@@ -542,12 +541,33 @@ def _decode_unit(
     QK_WG: tl.constexpr = False,
     OUT=None, LOUT=None, CNT=None, sfb=0, sfs=0, sfh=0, sfd=0, sgb=0, sgh=0, sgs=0,
     FUSED: tl.constexpr = False,
-    BALANCED: tl.constexpr = False,
 ):
-    """One (sequence, kv head, M tile) unit of :func:`_decode_split_kernel`: split ``split``
-    of ``num_splits`` (the key tiles divided evenly) or, BALANCED, key tiles ``[t_first,
-    t_last)`` as the ``split``-th of the unit's ``count`` programs (``unit``: its index, its
-    counter in CNT). Stores the output, or a partial that the unit's last program merges."""
+    """One program: the packed rows of one M tile of one (sequence, kv head), over split
+    ``s`` of its keys. Grid (num_splits * M tiles, heads_kv, batch), M tiles fastest.
+
+    Q: (batch, seqlen_q, heads_q, head_dim) strides ``sq*``; K, V: blocks x rows x heads x dim
+    (dense: the block is the sequence) strides ``sk*`` / ``sv*``; KS, VS: per-tensor scale
+    (SCALE_* = 1, a 0-d tensor) or per (block, row, head) (SCALE_* = 2, strides ``sks*`` /
+    ``svs*``); SEQLENS (batch,) int32, or None (max_len keys each); BT: block table
+    (``sbtb``, ``sbtn``), PAGED only.
+    O, LSE: with one split the final output (O like Q, LSE (batch, heads_q, seqlen_q));
+    with several, float32 partials whose split index has strides ``sos_split`` /
+    ``sls_split`` and whose other strides follow the same (batch, query, head, dim) names.
+    ``qk_scale`` = softmax scale * log2(e) (softcap: cap * log2(e); ``cap_scale`` = scale /
+    cap); ``wl``, ``wr`` the window (used when MASK_LO / MASK_HI; causal is wr = 0).
+    FP8_WORDS: fp8 caches whose head dim is contiguous, in 4-byte-aligned rows, read as int32
+    words of 4 values (:func:`_decode_tiles_words`); SAME_STRIDES (with FP8_WORDS): V and its
+    scales strided as K and its.
+    FUSED (several splits): O, LSE are the partials and OUT, LOUT (strides ``sf*``, ``sg*``)
+    the final output; CNT holds one int32 counter a (sequence, kv head, M tile), zero at the
+    launch: the last of its splits to finish merges the partials (:func:`_merge_tile`) and
+    puts the counter back to zero, so that no combine launch follows."""
+    pid = tl.program_id(0)
+    hk = tl.program_id(1)
+    b = tl.program_id(2)
+    n_m = tl.num_programs(0) // num_splits
+    split = pid // n_m
+    mb = pid % n_m
     b64 = b.to(tl.int64)
     if SEQLENS is None:  # every sequence holds max_len keys (flash_attention's few queries)
         L = max_len
@@ -591,14 +611,10 @@ def _decode_unit(
         full_end = tl.minimum(L, tl.maximum(i_lo + shift + wr + 1, 0))
     hi = tl.maximum(hi, lo)
     # this split's run of tiles
-    if BALANCED:  # the program's own tiles of this unit, counted from key 0
-        t0 = tl.minimum(tl.maximum(t_first * BLOCK_N, lo), hi)
-        t1 = tl.maximum(tl.minimum(t_last * BLOCK_N, hi), t0)
-    else:
-        n_tiles = (hi - lo + BLOCK_N - 1) // BLOCK_N
-        per = (n_tiles + num_splits - 1) // num_splits
-        t0 = tl.minimum(lo + split * per * BLOCK_N, hi)
-        t1 = tl.minimum(t0 + per * BLOCK_N, hi)
+    n_tiles = (hi - lo + BLOCK_N - 1) // BLOCK_N
+    per = (n_tiles + num_splits - 1) // num_splits
+    t0 = tl.minimum(lo + split * per * BLOCK_N, hi)
+    t1 = tl.minimum(t0 + per * BLOCK_N, hi)
     a = tl.minimum(tl.maximum(full_lo, t0), t1)
     full_hi = (full_end // BLOCK_N) * BLOCK_N
     c = tl.minimum(tl.maximum(full_hi, a), t1)
@@ -706,154 +722,26 @@ def _decode_unit(
         out = out * tl.load(VS)
     lse = tl.where(empty, float("-inf"),
                    (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-    if BALANCED:
-        _balanced_store(out, lse, O, LSE, OUT, LOUT, CNT, b64, qpos, heads, split, count, unit,
-                        offs_d, row_ok, dmask, sob, sos, soh, sod, slb, slh, sls, sos_split,
-                        sls_split, sfb, sfs, sfh, sfd, sgb, sgh, sgs, BLOCK_M, BLOCK_D)
-    else:
-        split64 = split.to(tl.int64)
-        o_off = b64 * sob + qpos.to(tl.int64) * sos + heads * soh + split64 * sos_split
-        tl.store(O + o_off[:, None] + offs_d[None, :] * sod, out.to(O.dtype.element_ty),
-                 mask=row_ok[:, None] & dmask[None, :])
-        l_off = b64 * slb + heads * slh + qpos.to(tl.int64) * sls + split64 * sls_split
-        tl.store(LSE + l_off, lse, mask=row_ok)
-        if FUSED:
-            # every thread's partial stores come before the counter's release; the acquire of
-            # the last split orders the others' partials before its loads (which skip L1)
-            tl.debug_barrier()
-            cnt = CNT + (b * tl.num_programs(1) + hk) * n_m + mb
-            done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-            if done == num_splits - 1:
-                o_off0 = o_off - split64 * sos_split
-                l_off0 = l_off - split64 * sls_split
-                _merge_tile(O, LSE, OUT, LOUT, o_off0, l_off0,
-                            b64 * sfb + qpos.to(tl.int64) * sfs + heads * sfh,
-                            b64 * sgb + heads * sgh + qpos.to(tl.int64) * sgs,
-                            offs_d, row_ok, dmask, num_splits, sos_split, sls_split, sod, sfd,
-                            BLOCK_M, BLOCK_D)
-                tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _decode_split_kernel(
-    Q, K, V, KS, VS, SEQLENS, BT, O, LSE,
-    sqb, sqs, sqh, sqd, skn, skp, skh, skd, svn, svp, svh, svd,
-    sksn, sksp, sksh, svsn, svsp, svsh, s_len, sbtb, sbtn,
-    sob, sos, soh, sod, slb, slh, sls, sos_split, sls_split,
-    seqlen_q, max_len, n_blocks, GROUP, num_splits, qk_scale, cap_scale, wl, wr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
-    MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
-    SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
-    FP8_WORDS: tl.constexpr = False, SAME_STRIDES: tl.constexpr = False,
-    QK_WG: tl.constexpr = False,
-    OUT=None, LOUT=None, CNT=None, sfb=0, sfs=0, sfh=0, sfd=0, sgb=0, sgh=0, sgs=0,
-    FUSED: tl.constexpr = False,
-    BALANCED: tl.constexpr = False, n_work=1, n_max=1, n_mt=1, HK=1,
-):
-    """One program: the packed rows of one M tile of one (sequence, kv head), over split
-    ``s`` of its keys. Grid (num_splits * M tiles, heads_kv, batch), M tiles fastest.
-
-    Q: (batch, seqlen_q, heads_q, head_dim) strides ``sq*``; K, V: blocks x rows x heads x dim
-    (dense: the block is the sequence) strides ``sk*`` / ``sv*``; KS, VS: per-tensor scale
-    (SCALE_* = 1, a 0-d tensor) or per (block, row, head) (SCALE_* = 2, strides ``sks*`` /
-    ``svs*``); SEQLENS (batch,) int32, or None (max_len keys each); BT: block table
-    (``sbtb``, ``sbtn``), PAGED only.
-    O, LSE: with one split the final output (O like Q, LSE (batch, heads_q, seqlen_q));
-    with several, float32 partials whose split index has strides ``sos_split`` /
-    ``sls_split`` and whose other strides follow the same (batch, query, head, dim) names.
-    ``qk_scale`` = softmax scale * log2(e) (softcap: cap * log2(e); ``cap_scale`` = scale /
-    cap); ``wl``, ``wr`` the window (used when MASK_LO / MASK_HI; causal is wr = 0).
-    FP8_WORDS: fp8 caches whose head dim is contiguous, in 4-byte-aligned rows, read as int32
-    words of 4 values (:func:`_decode_tiles_words`); SAME_STRIDES (with FP8_WORDS): V and its
-    scales strided as K and its.
-    FUSED (several splits): O, LSE are the partials and OUT, LOUT (strides ``sf*``, ``sg*``)
-    the final output; CNT holds one int32 counter a (sequence, kv head, M tile), zero at the
-    launch: the last of its splits to finish merges the partials (:func:`_merge_tile`) and
-    puts the counter back to zero, so that no combine launch follows.
-    BALANCED: grid (programs,), no splits: the ``n_work`` key tiles of all units ((sequence,
-    kv head, M tile), ``n_max`` tiles each, ``n_mt`` M tiles, ``HK`` kv heads) divided evenly
-    among the programs, each unit finished as FUSED (O, LSE: partials of ``num_splits`` >=
-    the most programs a unit has; OUT, LOUT, CNT as FUSED)."""
-    if BALANCED:
-        # one wave of programs over the units' key tiles laid end to end (n_max tiles a
-        # unit, units ordered (sequence, kv head, M tile)): program p takes tiles
-        # [p W / P, (p + 1) W / P) of the W = n_work, so every program streams the same
-        # number of tiles (within one); a unit shared by several programs is merged by the
-        # last of them to finish
-        p = tl.program_id(0).to(tl.int64)
-        n_prog = tl.num_programs(0)
-        n_m = n_mt
-        t_start = p * n_work // n_prog
-        t_end = (p + 1) * n_work // n_prog
-        for u in range(t_start // n_max, (t_end - 1) // n_max + 1):
-            mb = (u % n_m).to(tl.int32)
-            hk = ((u // n_m) % HK).to(tl.int32)
-            b = (u // n_m // HK).to(tl.int32)
-            base = u * n_max
-            t_first = (tl.maximum(t_start, base) - base).to(tl.int32)
-            t_last = (tl.minimum(t_end, base + n_max) - base).to(tl.int32)
-            # the programs whose ranges hold the unit's first and last tiles
-            p_first = ((base + 1) * n_prog - 1) // n_work
-            p_last = ((base + n_max) * n_prog - 1) // n_work
-            count = (p_last - p_first + 1).to(tl.int32)
-            slot = (p - p_first).to(tl.int32)
-            _decode_unit(b, hk, mb, n_m, slot, t_first, t_last, count, u, Q, K, V, KS,
-                VS, SEQLENS, BT, O, LSE, sqb, sqs, sqh, sqd, skn, skp, skh, skd, svn,
-                svp, svh, svd, sksn, sksp, sksh, svsn, svsp, svsh, s_len, sbtb, sbtn,
-                sob, sos, soh, sod, slb, slh, sls, sos_split, sls_split, seqlen_q,
-                max_len, n_blocks, GROUP, num_splits, qk_scale, cap_scale, wl, wr,
-                HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, MASK_LO,
-                MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, FP8_WORDS, SAME_STRIDES,
-                QK_WG, OUT, LOUT, CNT, sfb, sfs, sfh, sfd, sgb, sgh, sgs, FUSED, True)
-    else:
-        pid = tl.program_id(0)
-        hk = tl.program_id(1)
-        b = tl.program_id(2)
-        n_m = tl.num_programs(0) // num_splits
-        split = pid // n_m
-        mb = pid % n_m
-        _decode_unit(b, hk, mb, n_m, split, 0, 0, 1, 0, Q, K, V, KS, VS, SEQLENS, BT, O,
-            LSE, sqb, sqs, sqh, sqd, skn, skp, skh, skd, svn, svp, svh, svd, sksn, sksp,
-            sksh, svsn, svsp, svsh, s_len, sbtb, sbtn, sob, sos, soh, sod, slb, slh,
-            sls, sos_split, sls_split, seqlen_q, max_len, n_blocks, GROUP, num_splits,
-            qk_scale, cap_scale, wl, wr, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, SUB_N,
-            PAGE_SIZE, PAGED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC,
-            FP8_WORDS, SAME_STRIDES, QK_WG, OUT, LOUT, CNT, sfb, sfs, sfh, sfd, sgb,
-            sgh, sgs, FUSED, False)
-
-
-@triton.jit
-def _balanced_store(out, lse, O, LSE, OUT, LOUT, CNT, b64, qpos, heads, slot, count, unit,
-                    offs_d, row_ok, dmask, sob, sos, soh, sod, slb, slh, sls, sos_split,
-                    sls_split, sfb, sfs, sfh, sfd, sgb, sgh, sgs,
-                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The BALANCED epilogue of one unit: its output where this program is the unit's only one
-    (``count`` 1), else the float32 partial in ``slot``, merged by the last of the unit's
-    ``count`` programs to arrive (counter ``CNT[unit]``, zero at the launch, put back to zero
-    by the merger)."""
-    mask = row_ok[:, None] & dmask[None, :]
-    f_off = b64 * sfb + qpos.to(tl.int64) * sfs + heads * sfh
-    g_off = b64 * sgb + heads * sgh + qpos.to(tl.int64) * sgs
-    if count == 1:
-        tl.store(OUT + f_off[:, None] + offs_d[None, :] * sfd, out.to(OUT.dtype.element_ty),
-                 mask=mask)
-        tl.store(LOUT + g_off, lse, mask=row_ok)
-    else:
-        o_off = b64 * sob + qpos.to(tl.int64) * sos + heads * soh
-        l_off = b64 * slb + heads * slh + qpos.to(tl.int64) * sls
-        s64 = slot.to(tl.int64)
-        tl.store(O + (o_off + s64 * sos_split)[:, None] + offs_d[None, :] * sod, out,
-                 mask=mask)
-        tl.store(LSE + l_off + s64 * sls_split, lse, mask=row_ok)
-        # every thread's partial stores come before the counter's release; the acquire of the
-        # last program orders the others' partials before its loads (which skip L1)
+    split64 = split.to(tl.int64)
+    o_off = b64 * sob + qpos.to(tl.int64) * sos + heads * soh + split64 * sos_split
+    tl.store(O + o_off[:, None] + offs_d[None, :] * sod, out.to(O.dtype.element_ty),
+             mask=row_ok[:, None] & dmask[None, :])
+    l_off = b64 * slb + heads * slh + qpos.to(tl.int64) * sls + split64 * sls_split
+    tl.store(LSE + l_off, lse, mask=row_ok)
+    if FUSED:
+        # every thread's partial stores come before the counter's release; the acquire of
+        # the last split orders the others' partials before its loads (which skip L1)
         tl.debug_barrier()
-        cnt = CNT + unit
+        cnt = CNT + (b * tl.num_programs(1) + hk) * n_m + mb
         done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-        if done == count - 1:
-            _merge_tile(O, LSE, OUT, LOUT, o_off, l_off, f_off, g_off, offs_d, row_ok, dmask,
-                        count, sos_split, sls_split, sod, sfd, BLOCK_M, BLOCK_D)
+        if done == num_splits - 1:
+            o_off0 = o_off - split64 * sos_split
+            l_off0 = l_off - split64 * sls_split
+            _merge_tile(O, LSE, OUT, LOUT, o_off0, l_off0,
+                        b64 * sfb + qpos.to(tl.int64) * sfs + heads * sfh,
+                        b64 * sgb + heads * sgh + qpos.to(tl.int64) * sgs,
+                        offs_d, row_ok, dmask, num_splits, sos_split, sls_split, sod, sfd,
+                        BLOCK_M, BLOCK_D)
             tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 

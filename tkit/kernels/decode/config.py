@@ -62,13 +62,6 @@ class DecodeConfig:
         lo fp8 parts, ~8 significant bits as bfloat16 has; M tiles of 8 or 16 query rows
         (at most ``block_m``); wants 4 warps (a warpgroup) and 64 to 256 keys a tile).
         Elsewhere "mma" runs.
-    schedule: "splits" (each (sequence, kv head, M tile) unit's keys cut into ``num_splits``
-        programs) or "balanced" (one wave of ``ctas_per_sm`` programs an SM, or fewer where
-        there are fewer key tiles, over all units' key tiles laid end to end, each program
-        the same number of tiles within one; a unit spread over several programs is merged
-        by the last of them, as ``combine="fused"``). Units count ``block_n`` tiles of the
-        longest possible sequence (shapes only, no host sync), so a batch of mixed lengths
-        is balanced as if full. An explicit ``num_splits`` takes "splits".
     """
 
     block_n: int = 64
@@ -82,7 +75,6 @@ class DecodeConfig:
     max_registers: Optional[int] = None  # noqa: UP045
     combine: str = "launch"
     qk: str = "mma"
-    schedule: str = "splits"
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,
@@ -156,7 +148,6 @@ class DecodeConfig:
 
 
 QKS = ("mma", "wgmma_fp8")
-SCHEDULES = ("splits", "balanced")
 
 _OVERRIDES = C.ConfigOverrides(DecodeConfig)
 

@@ -27,7 +27,6 @@ from tkit.kernels.decode.config import (
     MAX_SPLITS,
     Q_DTYPES,
     QKS,
-    SCHEDULES,
     DecodeConfig,
     choose_num_splits,
     current_append_config,
@@ -182,8 +181,7 @@ def plan_splits(q, k_cache, block_table, num_splits: int = 0,
         return splits, block_m, n_m
 
     splits, block_m, n_m = plan(cfg)
-    if (config is None and fp8_mma and cfg.qk == "wgmma_fp8" and splits > 1
-            and cfg.schedule != "balanced"):
+    if config is None and fp8_mma and cfg.qk == "wgmma_fp8" and splits > 1:
         # the wgmma default is measured unsplit only: the word pipeline where it would split
         return plan_splits(q, k_cache, block_table, num_splits, fp8_mma=False)
     if config is None and not paged:  # the dense default depends on the grid it makes
@@ -247,19 +245,8 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
                          f"divides block_n = {cfg.block_n}")
     if cfg.combine not in COMBINES:
         raise ValueError(f"DecodeConfig: combine = {cfg.combine!r} must be one of {COMBINES}")
-    if cfg.schedule not in SCHEDULES:
-        raise ValueError(f"DecodeConfig: schedule = {cfg.schedule!r} must be one of "
-                         f"{SCHEDULES}")
-    balanced = cfg.schedule == "balanced" and not num_splits
-    if balanced:
-        # one wave of programs over every unit's key tiles: each program at least one tile,
-        # so a unit of n_max tiles spans at most cdiv(n_max, W // programs) + 1 programs
-        n_max = max(1, C.cdiv(max_len, cfg.block_n))
-        n_work = b * hk * n_m * n_max
-        programs = max(1, min(n_work, D.sm_count(q.device) * cfg.ctas_per_sm))
-        splits = min(programs, C.cdiv(n_max, n_work // programs) + 1)
     fused = splits > 1 and cfg.combine != "launch"
-    if splits == 1 and not balanced:
+    if splits == 1:
         o_part, l_part = out, lse
         o_st, l_st = out.stride(), lse.stride()
         o_split, l_split = 0, 0
@@ -272,15 +259,8 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         o_st, o_split = (s[0], s[1], s[2], s[4]), s[3]
         s = l_part.stride()
         l_st, l_split = s[:3], s[3]
-    if balanced:
-        grid = (programs, 1, 1)
-        extra = dict(_fused_args(out, lse, b * hk * n_m), FUSED=False, BALANCED=True,
-                     n_work=n_work, n_max=n_max, n_mt=n_m, HK=hk)
-    else:
-        grid = (splits * n_m, hk, b)
-        extra = _fused_args(out, lse, b * hk * n_m) if fused else {}
     C.launch(
-        _decode_split_kernel, grid,
+        _decode_split_kernel, (splits * n_m, hk, b),
         Q=q, K=k_cache, V=v_cache, KS=k_scale if scale_k else q, VS=v_scale if scale_v else q,
         SEQLENS=cache_seqlens, BT=bt, O=o_part, LSE=l_part,
         **_named("sq", q.stride(), "bshd"), **_named("sk", k_cache.stride(), "nphd"),
@@ -302,9 +282,9 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         **({"FP8_WORDS": True, "SAME_STRIDES": same} if words else {}),
         **({"QK_WG": True} if qk_wg else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
-        **extra,
+        **(_fused_args(out, lse, b * hk * n_m) if fused else {}),
     )
-    if splits > 1 and not fused and not balanced:
+    if splits > 1 and not fused:
         sp = o_part.stride()
         lp = l_part.stride()
         C.launch(
