@@ -1333,6 +1333,20 @@ ATTENTION_D256_CASES = [(4, 4096, 16, 16, 256, True), (4, 4096, 16, 16, 256, Fal
                         (32, 512, 16, 16, 256, True), (4, 4096, 16, 8, 256, True)]
 
 
+#: D=64: the Gluon forward's configs at D=64 (the warp-specialized and persistent ones never
+#: timed there), each forced
+ATTENTION_D64_CASES = [(4, 4096, 16, 16, 64, True), (4, 4096, 16, 16, 64, False),
+                       (32, 512, 16, 16, 64, True), (32, 512, 16, 16, 64, False),
+                       (8, 2048, 16, 16, 64, True), (4, 4096, 32, 8, 64, True)]
+
+
+def sweep_attention_d64(rows):
+    """The Gluon forward at head dim 64 (every config of ``hopper.configs(64)``, forced)
+    beside ``tkit.flash_attention``'s choice and SDPA's cuDNN backend, graph replays."""
+    for B, S, hq, hk, d, causal in ATTENTION_D64_CASES:
+        _attention_forward_case(rows, B, S, hq, hk, d, causal, every=True)
+
+
 def sweep_attention_d256(rows):
     """The Gluon forward at head dim 256 (every config of ``hopper.configs(256)``, forced)
     beside ``tkit.flash_attention``'s choice and SDPA's cuDNN backend, graph replays."""
@@ -1708,7 +1722,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "matmul_gluon_512": lambda rows: sweep_matmul_gluon(rows, ms=(512,)),
           "matmul_glu": sweep_matmul_glu,
           "attention_persistent": sweep_attention_persistent,
-          "attention_d256": sweep_attention_d256}
+          "attention_d256": sweep_attention_d256, "attention_d64": sweep_attention_d64}
 
 
 def main(argv):

@@ -33,6 +33,8 @@ CONFIGS = [
     (128, 3), (128, 2), (64, 4), (64, 3), (64, 6), (128, 4),
     (128, 3, True), (128, 2, True), (64, 4, True), (64, 6, True),
     (64, 4, True, True), (64, 5, True, True),
+    # persistent with 128-key blocks: fits at D=64 only (at D=128 n128 s2 was all that fit)
+    (128, 3, True, True), (128, 4, True, True),
     # what fits at D=256 (a Q tile of 64 KB, K and V 64 KB a 64-key stage)
     (64, 2, True), (32, 4, True), (64, 2),
 ]
