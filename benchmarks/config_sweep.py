@@ -1347,6 +1347,20 @@ def sweep_attention_d64(rows):
         _attention_forward_case(rows, B, S, hq, hk, d, causal, every=True)
 
 
+#: D=64 without a mask, where the Gluon persistent kernel with 128-key blocks led the Triton
+#: default at B32 x 512 (run zl): more lengths, the persistent configs only
+ATTENTION_D64_SHORT_CASES = [(64, 256, 16, 16, 64, False), (32, 512, 16, 16, 64, False),
+                             (16, 1024, 16, 16, 64, False), (8, 2048, 16, 16, 64, False),
+                             (32, 512, 32, 8, 64, False), (2, 4096, 16, 16, 64, False)]
+
+
+def sweep_attention_d64_short(rows):
+    """The persistent Gluon forward at head dim 64, no mask (its configs, forced) beside
+    ``tkit.flash_attention``'s choice (the Triton kernel there) and SDPA's cuDNN backend."""
+    for B, S, hq, hk, d, causal in ATTENTION_D64_SHORT_CASES:
+        _attention_forward_case(rows, B, S, hq, hk, d, causal)
+
+
 def sweep_attention_d256(rows):
     """The Gluon forward at head dim 256 (every config of ``hopper.configs(256)``, forced)
     beside ``tkit.flash_attention``'s choice and SDPA's cuDNN backend, graph replays."""
@@ -1722,7 +1736,8 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "matmul_gluon_512": lambda rows: sweep_matmul_gluon(rows, ms=(512,)),
           "matmul_glu": sweep_matmul_glu,
           "attention_persistent": sweep_attention_persistent,
-          "attention_d256": sweep_attention_d256, "attention_d64": sweep_attention_d64}
+          "attention_d256": sweep_attention_d256, "attention_d64": sweep_attention_d64,
+          "attention_d64_short": sweep_attention_d64_short}
 
 
 def main(argv):
