@@ -1390,7 +1390,14 @@ def _attention_forward_case(rows, B, S, hq, hk, d, causal, every=False):
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     ref = torch.nn.functional.scaled_dot_product_attention(
         qt, kt, vt, is_causal=causal, enable_gqa=hq != hk).transpose(1, 2)
+    from tkit.kernels import attention as A
+
+    def triton_fwd():
+        with A.attention_config(hopper_fwd_cases=frozenset()):
+            return tkit.flash_attention(q, k, v, causal=causal)
+
     calls = {"tkit default": lambda: tkit.flash_attention(q, k, v, causal=causal),
+             "triton": triton_fwd,
              "per-tile": lambda: AH.forward(q, k, v, causal=causal,
                                             config=AH.default_config(d))[0]}
     for cfg in AH.configs(d, ws=None if every else True):

@@ -87,10 +87,11 @@ def test_default_at_d128_is_warp_specialized():
 
 
 def test_persistent_rule():
-    """Calls without a config take the persistent kernel at D=128 where tiles are short (at
-    most PERSISTENT_MAX_KEYS keys a tile on average) and outnumber the SMs, the per-tile
-    default elsewhere: one wave (B1 x 32 heads x 4 query blocks), long tiles (causal 4096,
-    non-causal 2048), D=64."""
+    """Calls without a config take the persistent kernel at D=128, and at D=64 without a mask,
+    where tiles are short (at most PERSISTENT_MAX_KEYS keys a tile on average) and outnumber
+    the SMs, the per-tile default elsewhere: one wave (B1 x 32 heads x 4 query blocks), long
+    tiles (causal 4096, non-causal 2048), D=64 causal. D=64 without a mask goes to the Triton
+    kernel outside the rule (``declines``)."""
     def cfg(b, s, h, causal, d=128, sk=None):
         tiles = b * h * -(-s // AH.BLOCK_M)
         return AH.config_for(d, 2, s, sk or s, causal, tiles, 132)
@@ -103,6 +104,21 @@ def test_persistent_rule():
               cfg(32, 512, 16, True, d=64), cfg(32, 100, 16, False, sk=4096)):
         assert not c.get("PERSISTENT"), c
     assert cfg(4, 4096, 16, True) == AH.default_config(128)
+    d64 = AH.config_dict(*AH.PERSISTENT_DEFAULTS[64], True, True)
+    assert d64["BLOCK_N"] == 128 and cfg(32, 512, 16, False, d=64) == d64
+    assert cfg(8, 1024, 16, False, d=64) == d64
+    assert cfg(4, 4096, 16, False, d=64) == AH.default_config(64)
+
+    def declines(b, s, h, causal, d, sk=None):
+        return AH.declines(d, 2, sk or s, causal, b * h * -(-s // AH.BLOCK_M), 132)
+
+    assert declines(32, 512, 16, False, 64) is None
+    for args in ((4, 4096, 16, False, 64), (1, 512, 16, False, 64), (32, 100, 16, False, 64,
+                                                                       2048)):
+        assert "Triton kernel" in declines(*args), args
+    for args in ((4, 4096, 16, True, 64), (4, 4096, 16, False, 128), (1, 512, 16, False, 128),
+                 (4, 4096, 16, False, 256)):
+        assert declines(*args) is None, args
     # D=256: the one-partition n64 s2 when causal, the warp-specialized default otherwise
     assert cfg(4, 4096, 16, True, d=256) == AH.config_dict(*AH.CAUSAL_DEFAULTS[256])
     assert cfg(4, 4096, 16, False, d=256) == AH.default_config(256)
@@ -516,31 +532,36 @@ def test_gpu_persistent_grid_and_graph_replay():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
-def test_gpu_flash_attention_takes_the_persistent_kernel():
-    """tkit.flash_attention at a short causal prefill with many tiles (16 x 8 heads x 4 query
-    blocks) launches the persistent kernel (fwd_backend says so), against the reference; the
-    repeated calls that its eager plan serves (a fresh zeroed tile counter a call) and a
-    CUDA-graph replay give the same bits as the first call on the same inputs."""
+@pytest.mark.parametrize("d, causal", [(128, True), (64, False)])
+def test_gpu_flash_attention_takes_the_persistent_kernel(d, causal):
+    """tkit.flash_attention at a short prefill with many tiles (16 x 8 heads x 4 query blocks;
+    D=128 causal, D=64 without a mask) launches the persistent kernel (fwd_backend says so),
+    against the reference; the repeated calls that its eager plan serves (a fresh zeroed tile
+    counter a call) and a CUDA-graph replay give the same bits as the first call on the same
+    inputs. D=64 without a mask and long tiles goes to the Triton kernel."""
     import tkit
     from tkit.kernels import attention as A
 
-    q, k, v = _qkv(16, 512, 512, 8, 4, 128, torch.bfloat16, "cuda", seed=51)
-    assert "persistent" in A.fwd_backend(q, k, v, causal=True)
+    q, k, v = _qkv(16, 512, 512, 8, 4, d, torch.bfloat16, "cuda", seed=51)
+    assert "persistent" in A.fwd_backend(q, k, v, causal=causal)
     with _launches() as seen:
-        check_against_reference(lambda q, k, v: tkit.flash_attention(q, k, v, causal=True,
+        check_against_reference(lambda q, k, v: tkit.flash_attention(q, k, v, causal=causal,
                                                                      return_lse=True),
-                                _ref(True), [q, k, v])
+                                _ref(causal), [q, k, v])
     assert AH._attn_fwd_hopper_persistent_kernel in [kern for kern, _ in seen]
-    first = tkit.flash_attention(q, k, v, causal=True)
+    first = tkit.flash_attention(q, k, v, causal=causal)
     for _ in range(3):  # served by the plan after the first call
-        assert torch.equal(tkit.flash_attention(q, k, v, causal=True), first)
+        assert torch.equal(tkit.flash_attention(q, k, v, causal=causal), first)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = tkit.flash_attention(q, k, v, causal=True)
+        out = tkit.flash_attention(q, k, v, causal=causal)
     for _ in range(2):
         out.zero_()
         g.replay()
         assert torch.equal(out, first)
+    if d == 64:
+        ql, kl, vl = _qkv(2, 2048, 2048, 8, 4, d, torch.bfloat16, "cuda", seed=52)
+        assert A.fwd_backend(ql, kl, vl, causal=causal).startswith("triton")
 
 
 @pytest.mark.gpu

@@ -189,7 +189,9 @@ class AttentionConfig:
     measured faster than this module's autotuned Triton kernel (H200, B=4 H=16 S=4096 bf16, 3
     interleaved rounds, 2026-11-30, TFLOP/s Gluon / Triton): D=128, warp-specialized, 580.6 /
     479.1 non-causal and 569.8 / 426.4 causal; D=64 causal (not warp-specialized) 375.2 /
-    362.4. D=64 non-causal stays on the Triton kernel (411.2 / 424.5). D=256 (2026-12-03,
+    362.4. D=64 non-causal: only where the persistent kernel's rule holds (short tiles,
+    more than a wave; ``hopper_config.declines``), the Triton kernel elsewhere (B4 x 4096:
+    411.2 / 424.5 per tile, and 0.928x / 0.946x cuDNN persistent, 2026-12-03). D=256 (2026-12-03,
     graph replays, us, the Gluon default at that head dim / Triton): B4 x 4096 causal
     1112.7 / 1135.0, non-causal 2172.0 / 2231.6, B32 x 512 causal 243.4 / 289.6, GQA 16/8
     causal 1087.8 / 1119.4 (docs/NOTES.md).
@@ -197,7 +199,7 @@ class AttentionConfig:
     Triton kernel."""
 
     hopper_fwd_cases: frozenset = frozenset({(128, False), (128, True), (64, True),
-                                             (256, False), (256, True)})
+                                             (64, False), (256, False), (256, True)})
 
 
 _OVERRIDES = C.ConfigOverrides(AttentionConfig)

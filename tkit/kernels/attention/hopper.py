@@ -46,6 +46,7 @@ from tkit.kernels.attention.hopper_config import (  # noqa: F401
     config_dict,
     config_for,
     configs,
+    declines,
     default_config,
     supported,
 )
@@ -79,6 +80,14 @@ def call_config(q, k, causal=False) -> dict:
     batch, sq, hq, d = q.shape
     return config_for(d, q.element_size(), sq, k.shape[1], causal,
                       batch * hq * triton.cdiv(sq, BLOCK_M), D.sm_count(q.device))
+
+
+def call_declines(q, k, causal=False) -> str | None:
+    """:func:`declines` for these inputs: why a call without a config goes to the Triton kernel
+    although :func:`supported` accepts it (None: it does not)."""
+    batch, sq, hq, d = q.shape
+    return declines(d, q.element_size(), k.shape[1], causal,
+                    batch * hq * triton.cdiv(sq, BLOCK_M), D.sm_count(q.device))
 
 
 def forward(q, k, v, causal=False, scale=None, config=None):

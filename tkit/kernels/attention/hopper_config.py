@@ -45,15 +45,19 @@ CAUSAL_DEFAULTS = {256: (64, 2)}
 # The persistent warp-specialized kernel (PERSISTENT=True: one CTA an SM takes the tiles from a
 # counter) and its (BLOCK_N, STAGES) per head dim: n64 s5 was the fastest of its configs at
 # D=128 (docs/NOTES.md; n128 s2, all the ring that fits beside two Q buffers, was slower at
-# every shape and is not a candidate). It is the default (``config_for``) where a
-# tile's work is short and there is more than one wave of tiles: at D=128 with at most
-# PERSISTENT_MAX_KEYS keys a tile on average (causal: about (seqlen_k + BLOCK_M) / 2), where
-# the per-tile grid pays each CTA's start (Q and the first K/V blocks' latency, the first
-# block without overlap) and its epilogue with the tensor cores idle. Longer tiles and D=64
-# measured faster on the per-tile kernels.
-PERSISTENT_DEFAULTS = {128: (64, 5), 64: (64, 4)}
-PERSISTENT_HEAD_DIMS = (128,)
+# every shape and is not a candidate), n128 s4 at D=64. It is the default (``config_for``) in
+# the PERSISTENT_CASES (head dim, causal) where a tile's work is short and there is more than
+# one wave of tiles: with at most PERSISTENT_MAX_KEYS keys a tile on average (causal: about
+# (seqlen_k + BLOCK_M) / 2), where the per-tile grid pays each CTA's start (Q and the first K/V
+# blocks' latency, the first block without overlap) and its epilogue with the tensor cores
+# idle. Longer tiles measured faster on the per-tile kernels, and D=64 causal on the per-tile
+# n64 s4 at every length but 4096 (+2%, within two runs' spread). D=64 without a mask takes
+# the Gluon kernel only there (TRITON_UNLESS_PERSISTENT): elsewhere the autotuned Triton
+# kernel led every Gluon config (B4 x 4096: 0.946x cuDNN against 0.928).
+PERSISTENT_DEFAULTS = {128: (64, 5), 64: (128, 4)}
+PERSISTENT_CASES = frozenset({(128, False), (128, True), (64, False)})
 PERSISTENT_MAX_KEYS = 1088
+TRITON_UNLESS_PERSISTENT = frozenset({(64, False)})
 
 # Warp-specialized launch: 4 warps (consumer warpgroup 0, the default partition) + 4 (consumer
 # warpgroup 1) + 1 (loader) = 9 warps, 3 warpgroups once rounded. Registers are allotted per
@@ -132,17 +136,36 @@ def config_for(head_dim: int, itemsize: int, seqlen_q: int, seqlen_k: int, causa
     """The config a call without one launches: the persistent kernel where its rule above
     holds (``tiles``: batch * heads * query blocks, ``sms`` the GPU's), else
     :func:`default_config`. A new dict (callers may pop from it)."""
-    keys = (seqlen_k + BLOCK_M) / 2 if causal else seqlen_k
-    if head_dim in PERSISTENT_HEAD_DIMS and tiles > sms and keys <= PERSISTENT_MAX_KEYS:
-        bn, st = PERSISTENT_DEFAULTS[head_dim]
-        if _smem_bytes(bn, st, head_dim, itemsize, True, True) <= SMEM_LIMIT:
-            return config_dict(bn, st, True, True)
+    if _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms):
+        return config_dict(*PERSISTENT_DEFAULTS[head_dim], True, True)
     if causal and head_dim in CAUSAL_DEFAULTS:
         c = config_dict(*CAUSAL_DEFAULTS[head_dim])
         if _smem_bytes(c["BLOCK_N"], c["STAGES"], head_dim, itemsize, c.get("WS", False)) \
                 <= SMEM_LIMIT:
             return c
     return dict(default_config(head_dim, itemsize))
+
+
+def _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms) -> bool:
+    if (head_dim, bool(causal)) not in PERSISTENT_CASES or tiles <= sms:
+        return False
+    keys = (seqlen_k + BLOCK_M) / 2 if causal else seqlen_k
+    bn, st = PERSISTENT_DEFAULTS[head_dim]
+    return (keys <= PERSISTENT_MAX_KEYS
+            and _smem_bytes(bn, st, head_dim, itemsize, True, True) <= SMEM_LIMIT)
+
+
+def declines(head_dim: int, itemsize: int, seqlen_k: int, causal: bool, tiles: int,
+             sms: int) -> str | None:
+    """Why ``flash_attention`` leaves a call that :func:`supported` accepts to the Triton
+    kernel (None: it does not): the TRITON_UNLESS_PERSISTENT cases outside the persistent
+    rule."""
+    if ((head_dim, bool(causal)) in TRITON_UNLESS_PERSISTENT
+            and not _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms)):
+        return (f"head_dim {head_dim}{' causal' if causal else ''}: the Gluon kernel only "
+                f"where the persistent one applies (> {sms} tiles of <= {PERSISTENT_MAX_KEYS} "
+                "keys); the Triton kernel is faster elsewhere")
+    return None
 
 
 # --------------------------------------------------------------------------------------------

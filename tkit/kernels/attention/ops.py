@@ -152,6 +152,8 @@ def _hopper_choice(q, k, v, causal, window, softcap):
     except ImportError as e:  # a Triton without Gluon's Hopper API: the Triton kernel serves
         return None, f"Gluon unavailable: {e}"
     reason = attention_hopper.supported(q, k, v, causal, window, softcap)
+    if reason is None:
+        reason = attention_hopper.call_declines(q, k, causal)
     return (attention_hopper, None) if reason is None else (None, reason)
 
 
