@@ -1361,6 +1361,30 @@ def sweep_attention_d64_short(rows):
         _attention_forward_case(rows, B, S, hq, hk, d, causal)
 
 
+def _two_ctas(block_n, stages, persistent):
+    """A warp-specialized D=64 config at two CTAs an SM: launch cap 80 registers a thread (3
+    warpgroups x 2 CTAs within 64K), consumer warpgroup 1 raised to 104 and the default one
+    left 3 x 80 - 104 - 24 = 112; persistent: a grid of two CTAs an SM."""
+    from tkit.kernels.attention import hopper as AH
+
+    cfg = AH.config_dict(block_n, stages, True, persistent)
+    cfg.update(maxnreg=80, CONSUMER_REGS=104)
+    if persistent:
+        cfg["CTAS"] = 2
+    return cfg
+
+
+def sweep_attention_d64_2cta(rows):
+    """The warp-specialized Gluon forward at D=64 with two CTAs an SM (80-register launch
+    cap, consumers at 104 / 112), per tile and persistent, beside the one-CTA configs, the
+    defaults and cuDNN, at the D=64 shapes of :data:`ATTENTION_D64_CASES`."""
+    extra = {f"2cta {'persistent' if p else 'ws'} n{bn} s{st}": _two_ctas(bn, st, p)
+             for bn, st, p in ((64, 4, True), (32, 4, True), (64, 2, False), (64, 3, False),
+                               (32, 4, False))}
+    for B, S, hq, hk, d, causal in ATTENTION_D64_CASES:
+        _attention_forward_case(rows, B, S, hq, hk, d, causal, extra=extra)
+
+
 def sweep_attention_d256(rows):
     """The Gluon forward at head dim 256 (every config of ``hopper.configs(256)``, forced)
     beside ``tkit.flash_attention``'s choice and SDPA's cuDNN backend, graph replays."""
@@ -1377,7 +1401,7 @@ def sweep_attention_persistent(rows):
         _attention_forward_case(rows, B, S, hq, hk, d, causal)
 
 
-def _attention_forward_case(rows, B, S, hq, hk, d, causal, every=False):
+def _attention_forward_case(rows, B, S, hq, hk, d, causal, every=False, extra=None):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from tkit.kernels.attention import hopper as AH
@@ -1406,6 +1430,8 @@ def _attention_forward_case(rows, B, S, hq, hk, d, causal, every=False):
                     else "plain")
             calls[f"{name} n{cfg['BLOCK_N']} s{cfg['STAGES']}"] = (
                 lambda cfg=cfg: AH.forward(q, k, v, causal=causal, config=cfg)[0])
+    for name, cfg in (extra or {}).items():
+        calls[name] = lambda cfg=cfg: AH.forward(q, k, v, causal=causal, config=cfg)[0]
 
     def cudnn():
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
@@ -1744,7 +1770,8 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "matmul_glu": sweep_matmul_glu,
           "attention_persistent": sweep_attention_persistent,
           "attention_d256": sweep_attention_d256, "attention_d64": sweep_attention_d64,
-          "attention_d64_short": sweep_attention_d64_short}
+          "attention_d64_short": sweep_attention_d64_short,
+          "attention_d64_2cta": sweep_attention_d64_2cta}
 
 
 def main(argv):

@@ -585,6 +585,7 @@ def _attn_fwd_hopper_ws_kernel(
     q_desc, k_desc, v_desc, o_desc, LSE, slb, slh,
     seqlen_q, seqlen_k, H, GROUP, HEAD_GROUP, qk_scale,
     CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr = WS_CONSUMER_REGS,
 ):
     """As _attn_fwd_hopper_kernel (same arguments), warp-specialized: q_desc and o_desc have
     blocks of HALF_M = BLOCK_M / 2 rows, one per consumer warpgroup. Launched with
@@ -604,7 +605,7 @@ def _attn_fwd_hopper_ws_kernel(
                         n_tiles, qk_scale, CAUSAL, BLOCK_N, STAGES)),
         (_ws_producer, (q_desc, k_desc, v_desc, smem, empty_bars, b, h, hk, m0, n_tiles, BLOCK_N,
                         STAGES)),
-    ], [4, 1], [WS_CONSUMER_REGS, WS_LOADER_REGS])
+    ], [4, 1], [CONSUMER_REGS, WS_LOADER_REGS])
 
 
 # --------------------------------------------------------------------------------------------
@@ -688,6 +689,7 @@ def _attn_fwd_hopper_persistent_kernel(
     q_desc, k_desc, v_desc, o_desc, LSE, slb, slh,
     seqlen_q, seqlen_k, H, GROUP, HEAD_GROUP, qk_scale, n_bh, TILE_CNT,
     CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr = WS_CONSUMER_REGS,
 ):
     """As _attn_fwd_hopper_ws_kernel (same arguments, and n_bh = batch * query heads), but
     persistent: a grid of at most one CTA an SM takes the n_bh * ceil(seqlen_q / BLOCK_M)
@@ -718,4 +720,4 @@ def _attn_fwd_hopper_persistent_kernel(
         (_ps_producer, (q_desc, k_desc, v_desc, smem, q_bars, q_empty, empty_bars, tile_ids,
                         TILE_CNT, n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, CAUSAL,
                         BLOCK_N, STAGES)),
-    ], [4, 1], [WS_CONSUMER_REGS, WS_LOADER_REGS])
+    ], [4, 1], [CONSUMER_REGS, WS_LOADER_REGS])

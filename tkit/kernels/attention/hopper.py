@@ -123,13 +123,15 @@ def forward(q, k, v, causal=False, scale=None, config=None):
         kernel, q_rows = _attn_fwd_hopper_ws_kernel, BLOCK_M // 2
         num_warps = cfg.pop("num_warps", 4)
         extra["maxnreg"] = cfg.pop("maxnreg", WS_MAXNREG)
-        if persistent:  # at most one CTA an SM, taking the tiles from a counter
+        extra["CONSUMER_REGS"] = cfg.pop("CONSUMER_REGS", WS_CONSUMER_REGS)
+        ctas = cfg.pop("CTAS", 1)
+        if persistent:  # at most CTAS CTAs an SM, taking the tiles from a counter
             kernel = _attn_fwd_hopper_persistent_kernel
             extra["n_bh"] = batch * hq
             # the tile counter: zero at each launch (a fresh one per call, so that calls on
             # other streams never share it)
             extra["TILE_CNT"] = C.scratch((1,), torch.int32, q.device, zero=True)
-            grid = (min(grid[0] * grid[1], D.sm_count(q.device)),)
+            grid = (min(grid[0] * grid[1], ctas * D.sm_count(q.device)),)
     else:
         kernel, q_rows = _attn_fwd_hopper_kernel, BLOCK_M
         num_warps = cfg.pop("num_warps", NUM_WARPS)
@@ -169,10 +171,14 @@ def compile_sm90(head_dim: int = 128, causal: bool = False, dtype: torch.dtype =
         seqlen_k="i32", H="i32", GROUP="i32", HEAD_GROUP="i32", qk_scale="fp32",
         **(dict(n_bh="i32", TILE_CNT="*i32") if persistent else {}),
         CAUSAL="constexpr", BLOCK_N="constexpr", STAGES="constexpr",
+        **(dict(CONSUMER_REGS="constexpr") if ws else {}),
     )
     from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90
 
+    consts = dict(CAUSAL=bool(causal), BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"])
+    if ws:
+        consts["CONSUMER_REGS"] = cfg.get("CONSUMER_REGS", WS_CONSUMER_REGS)
     return gluon_compile_sm90(
-        kernel, signature, dict(CAUSAL=bool(causal), BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"]),
+        kernel, signature, consts,
         num_warps=cfg.get("num_warps", 4 if ws else NUM_WARPS),
         maxnreg=cfg.get("maxnreg", WS_MAXNREG) if ws else None)
