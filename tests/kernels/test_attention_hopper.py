@@ -101,8 +101,15 @@ def test_persistent_rule():
     assert cfg(8, 2048, 16, True) == persistent  # (2048 + 128) / 2 keys a tile
     assert cfg(16, 1024, 16, False) == persistent
     for c in (cfg(1, 512, 32, True), cfg(4, 4096, 16, True), cfg(8, 2048, 16, False),
-              cfg(32, 512, 16, True, d=64), cfg(32, 100, 16, False, sk=4096)):
+              cfg(8, 2048, 16, True, d=64), cfg(32, 100, 16, False, sk=4096)):
         assert not c.get("PERSISTENT"), c
+    # D=64 causal: two CTAs an SM, up to (1024 + 128) / 2 keys a tile
+    two = AH.config_dict(64, 4, True, True, 2)
+    assert two["CTAS"] == 2 and two["maxnreg"] * 3 * 128 * 2 <= 65536
+    assert cfg(32, 512, 16, True, d=64) == two and cfg(16, 1024, 16, True, d=64) == two
+    assert AH.persistent_default(64, True) == (64, 4, 2)
+    with pytest.raises(ValueError, match="ctas"):
+        AH.config_dict(64, 4, True, False, 2)
     assert cfg(4, 4096, 16, True) == AH.default_config(128)
     d64 = AH.config_dict(*AH.PERSISTENT_DEFAULTS[64], True, True)
     assert d64["BLOCK_N"] == 128 and cfg(32, 512, 16, False, d=64) == d64
@@ -116,7 +123,8 @@ def test_persistent_rule():
     for args in ((4, 4096, 16, False, 64), (1, 512, 16, False, 64), (32, 100, 16, False, 64,
                                                                        2048)):
         assert "Triton kernel" in declines(*args), args
-    for args in ((4, 4096, 16, True, 64), (4, 4096, 16, False, 128), (1, 512, 16, False, 128),
+    for args in ((4, 4096, 16, True, 64), (32, 512, 16, True, 64), (4, 4096, 16, False, 128),
+                 (1, 512, 16, False, 128),
                  (4, 4096, 16, False, 256)):
         assert declines(*args) is None, args
     # D=256: the one-partition n64 s2 when causal, the warp-specialized default otherwise
@@ -139,8 +147,8 @@ def test_configs_fit_shared_memory():
         assert all(c["WS"] for c in cfgs if c.get("PERSISTENT"))
         assert bool([c for c in cfgs if c.get("PERSISTENT")]) == (d in AH.PERSISTENT_DEFAULTS)
         ws = AH.configs(d, ws=True)
-        assert ws and all(c["WS"] and c["num_warps"] == 4 and c["maxnreg"] == AH.WS_MAXNREG
-                          for c in ws)
+        assert ws and all(c["WS"] and c["num_warps"] == 4 and c["maxnreg"] == (
+            AH.WS_TWO_CTA_MAXNREG if c.get("CTAS") == 2 else AH.WS_MAXNREG) for c in ws)
         assert AH.default_config(d).get("WS", False) == AH._cfg_key(AH.DEFAULTS[d])[2]
         assert len(cfgs) == len(AH.configs(d, ws=False)) + len(ws)
     # the empty barriers and the partitions' shared state are counted
@@ -396,10 +404,15 @@ def _ref(causal):
 # tkit.flash_attention launches: tests/kernels/test_attention.py)
 SCHEDULES = [pytest.param(False, id="plain"),
              pytest.param(True, id="ws"),
-             pytest.param("persistent", id="persistent")]
+             pytest.param("persistent", id="persistent"),
+             pytest.param("persistent2", id="persistent2")]
 
 
 def _schedule_config(ws, d):
+    if ws == "persistent2":  # two CTAs an SM: D=64's causal default
+        if d != 64:
+            pytest.skip("the two-CTA persistent config is D=64's")
+        return AH.config_dict(*AH.persistent_default(64, True)[:2], True, True, 2)
     if ws == "persistent":
         if d not in AH.PERSISTENT_DEFAULTS:
             pytest.skip(f"no persistent config fits at head dim {d}")
@@ -532,13 +545,15 @@ def test_gpu_persistent_grid_and_graph_replay():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("d, causal", [(128, True), (64, False)])
+@pytest.mark.parametrize("d, causal", [(128, True), (64, False), (64, True)])
 def test_gpu_flash_attention_takes_the_persistent_kernel(d, causal):
     """tkit.flash_attention at a short prefill with many tiles (16 x 8 heads x 4 query blocks;
-    D=128 causal, D=64 without a mask) launches the persistent kernel (fwd_backend says so),
-    against the reference; the repeated calls that its eager plan serves (a fresh zeroed tile
-    counter a call) and a CUDA-graph replay give the same bits as the first call on the same
-    inputs. D=64 without a mask and long tiles goes to the Triton kernel."""
+    D=128 causal, D=64 with and without a mask) launches the persistent kernel (fwd_backend
+    says so), against the reference; the repeated calls that its eager plan serves (a fresh
+    zeroed tile counter a call) and a CUDA-graph replay give the same bits as the first call
+    on the same
+    inputs. D=64 with long tiles goes to the Triton kernel without a mask, to the per-tile
+    Gluon kernel with one."""
     import tkit
     from tkit.kernels import attention as A
 
@@ -559,9 +574,11 @@ def test_gpu_flash_attention_takes_the_persistent_kernel(d, causal):
         out.zero_()
         g.replay()
         assert torch.equal(out, first)
-    if d == 64:
+    if d == 64:  # long tiles: the Triton kernel without a mask, the per-tile one causal
         ql, kl, vl = _qkv(2, 2048, 2048, 8, 4, d, torch.bfloat16, "cuda", seed=52)
-        assert A.fwd_backend(ql, kl, vl, causal=causal).startswith("triton")
+        backend = A.fwd_backend(ql, kl, vl, causal=causal)
+        assert backend.startswith("gluon") and "persistent" not in backend if causal else \
+            backend.startswith("triton")
 
 
 @pytest.mark.gpu

@@ -39,6 +39,7 @@ from tkit.kernels.attention.hopper_config import (  # noqa: F401
     WS_CONSUMER_REGS,
     WS_LOADER_REGS,
     WS_MAXNREG,
+    WS_TWO_CTA_MAXNREG,
     _cfg_key,
     _smem_bytes,
     _tma_reason,
@@ -48,6 +49,7 @@ from tkit.kernels.attention.hopper_config import (  # noqa: F401
     configs,
     declines,
     default_config,
+    persistent_default,
     supported,
 )
 

@@ -35,6 +35,8 @@ CONFIGS = [
     (64, 4, True, True), (64, 5, True, True),
     # persistent with 128-key blocks: fits at D=64 only (at D=128 n128 s2 was all that fit)
     (128, 3, True, True), (128, 4, True, True),
+    # persistent at two CTAs an SM (fifth entry: CTAs an SM; WS_TWO_CTA_* registers): D=64
+    (64, 4, True, True, 2),
     # what fits at D=256 (a Q tile of 64 KB, K and V 64 KB a 64-key stage)
     (64, 2, True), (32, 4, True), (64, 2),
 ]
@@ -43,20 +45,24 @@ DEFAULTS = {128: (128, 3, True), 64: (64, 4), 256: (32, 4, True)}
 # shapes and the warp-specialized n32 s4 the non-causal one, by 1-3% (docs/NOTES.md).
 CAUSAL_DEFAULTS = {256: (64, 2)}
 # The persistent warp-specialized kernel (PERSISTENT=True: one CTA an SM takes the tiles from a
-# counter) and its (BLOCK_N, STAGES) per head dim: n64 s5 was the fastest of its configs at
-# D=128 (docs/NOTES.md; n128 s2, all the ring that fits beside two Q buffers, was slower at
-# every shape and is not a candidate), n128 s4 at D=64. It is the default (``config_for``) in
-# the PERSISTENT_CASES (head dim, causal) where a tile's work is short and there is more than
-# one wave of tiles: with at most PERSISTENT_MAX_KEYS keys a tile on average (causal: about
-# (seqlen_k + BLOCK_M) / 2), where the per-tile grid pays each CTA's start (Q and the first K/V
-# blocks' latency, the first block without overlap) and its epilogue with the tensor cores
-# idle. Longer tiles measured faster on the per-tile kernels, and D=64 causal on the per-tile
-# n64 s4 at every length but 4096 (+2%, within two runs' spread). D=64 without a mask takes
-# the Gluon kernel only there (TRITON_UNLESS_PERSISTENT): elsewhere the autotuned Triton
-# kernel led every Gluon config (B4 x 4096: 0.946x cuDNN against 0.928).
+# counter) and its (BLOCK_N, STAGES[, CTAs an SM]) per head dim: n64 s5 was the fastest of its
+# configs at D=128 (docs/NOTES.md; n128 s2, all the ring that fits beside two Q buffers, was
+# slower at every shape and is not a candidate), n128 s4 at D=64 without a mask, and at D=64
+# causal n64 s4 at two CTAs an SM (PERSISTENT_CAUSAL_DEFAULTS). It is the default
+# (``config_for``) in the PERSISTENT_CASES (head dim, causal) where a tile's work is short and
+# there is more than one wave of tiles: with at most PERSISTENT_MAX_KEYS keys a tile on average
+# (causal: about (seqlen_k + BLOCK_M) / 2; PERSISTENT_CAUSAL_MAX_KEYS where a head dim has its
+# own), where the per-tile grid pays each CTA's start (Q and the first K/V blocks' latency,
+# the first block without overlap) and its epilogue with the tensor cores idle. Longer tiles
+# measured faster on the per-tile kernels. D=64 without a mask takes the Gluon kernel only
+# there (TRITON_UNLESS_PERSISTENT): elsewhere the autotuned Triton kernel led every Gluon
+# config (B4 x 4096: 0.946x cuDNN against 0.928). D=64 causal: the two-CTA build took B32 x
+# 512 from 0.81x to 0.91x cuDNN and lost 1-4% at 1088 keys a tile and more.
 PERSISTENT_DEFAULTS = {128: (64, 5), 64: (128, 4)}
-PERSISTENT_CASES = frozenset({(128, False), (128, True), (64, False)})
+PERSISTENT_CAUSAL_DEFAULTS = {64: (64, 4, 2)}
+PERSISTENT_CASES = frozenset({(128, False), (128, True), (64, False), (64, True)})
 PERSISTENT_MAX_KEYS = 1088
+PERSISTENT_CAUSAL_MAX_KEYS = {64: 576}
 TRITON_UNLESS_PERSISTENT = frozenset({(64, False)})
 
 # Warp-specialized launch: 4 warps (consumer warpgroup 0, the default partition) + 4 (consumer
@@ -68,6 +74,13 @@ TRITON_UNLESS_PERSISTENT = frozenset({(64, False)})
 WS_CONSUMER_REGS = gl.constexpr(240)
 WS_LOADER_REGS = gl.constexpr(24)
 WS_MAXNREG = 168
+# Two CTAs an SM (D=64, where a consumer's O is 32 registers a thread): the launch cap 80 keeps
+# 2 x 3 warpgroups within the register file (80 * 384 * 2 <= 65536); consumer warpgroup 1 is
+# raised to 104 and the default partition gets 3 * 80 - 104 - 24 = 112 (a few spills outside
+# the key loop at BLOCK_N = 64); both CTAs' shared memory must fit the SM's.
+WS_TWO_CTA_MAXNREG = 80
+WS_TWO_CTA_CONSUMER_REGS = 104
+SMEM_PER_SM = 233472  # 228 KB, of which 1 KB is reserved a CTA
 
 
 def _smem_bytes(block_n: int, stages: int, head_dim: int, itemsize: int = 2,
@@ -84,26 +97,38 @@ def _smem_bytes(block_n: int, stages: int, head_dim: int, itemsize: int = 2,
 
 
 def _cfg_key(c) -> tuple:
-    """(BLOCK_N, STAGES, WS, PERSISTENT) of a config dict or tuple."""
+    """(BLOCK_N, STAGES, WS, PERSISTENT, CTAs an SM) of a config dict or tuple."""
     if isinstance(c, dict):
         return (c["BLOCK_N"], c["STAGES"], bool(c.get("WS", False)),
-                bool(c.get("PERSISTENT", False)))
+                bool(c.get("PERSISTENT", False)), c.get("CTAS", 1))
     return (c[0], c[1], bool(c[2]) if len(c) > 2 else False,
-            bool(c[3]) if len(c) > 3 else False)
+            bool(c[3]) if len(c) > 3 else False, c[4] if len(c) > 4 else 1)
 
 
-def config_dict(block_n: int, stages: int, ws: bool = False, persistent: bool = False) -> dict:
+def config_dict(block_n: int, stages: int, ws: bool = False, persistent: bool = False,
+                ctas: int = 1) -> dict:
     """The launch config of one candidate: the warp-specialized kernel runs num_warps = 4 in
     its default partition and the register cap WS_MAXNREG (see above); ``persistent`` (a
-    warp-specialized kernel) one CTA an SM over all the tiles."""
+    warp-specialized kernel) ``ctas`` CTAs an SM over all the tiles (2: the WS_TWO_CTA_*
+    registers)."""
     if persistent and not ws:
         raise ValueError("the persistent forward is the warp-specialized kernel (WS=True)")
+    if ctas not in (1, 2) or (ctas == 2 and not persistent):
+        raise ValueError(f"ctas={ctas}: 1, or 2 for the persistent kernel")
     if ws:
         d = dict(BLOCK_N=block_n, STAGES=stages, WS=True, num_warps=4, maxnreg=WS_MAXNREG)
         if persistent:
             d["PERSISTENT"] = True
+        if ctas == 2:
+            d.update(maxnreg=WS_TWO_CTA_MAXNREG, CONSUMER_REGS=WS_TWO_CTA_CONSUMER_REGS,
+                     CTAS=2)
         return d
     return dict(BLOCK_N=block_n, STAGES=stages, num_warps=NUM_WARPS)
+
+
+def _fits(block_n, stages, head_dim, itemsize, ws, persistent, ctas=1) -> bool:
+    b = _smem_bytes(block_n, stages, head_dim, itemsize, ws, persistent)
+    return b <= SMEM_LIMIT and ctas * (b + 1024) <= SMEM_PER_SM
 
 
 def configs(head_dim: int, itemsize: int = 2, ws: bool | None = None) -> list[dict]:
@@ -111,11 +136,11 @@ def configs(head_dim: int, itemsize: int = 2, ws: bool | None = None) -> list[di
     the warp-specialized ones with ``ws=True``, only the others with ``ws=False``)."""
     out = []
     for c in CONFIGS:
-        bn, st, w, ps = _cfg_key(c)
+        bn, st, w, ps, ctas = _cfg_key(c)
         if ws is not None and w != ws:
             continue
-        if _smem_bytes(bn, st, head_dim, itemsize, w, ps) <= SMEM_LIMIT:
-            out.append(config_dict(bn, st, w, ps))
+        if _fits(bn, st, head_dim, itemsize, w, ps, ctas):
+            out.append(config_dict(bn, st, w, ps, ctas))
     return out
 
 
@@ -136,8 +161,10 @@ def config_for(head_dim: int, itemsize: int, seqlen_q: int, seqlen_k: int, causa
     """The config a call without one launches: the persistent kernel where its rule above
     holds (``tiles``: batch * heads * query blocks, ``sms`` the GPU's), else
     :func:`default_config`. A new dict (callers may pop from it)."""
-    if _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms):
-        return config_dict(*PERSISTENT_DEFAULTS[head_dim], True, True)
+    rule = _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms)
+    if rule is not None:
+        bn, st, ctas = rule
+        return config_dict(bn, st, True, True, ctas)
     if causal and head_dim in CAUSAL_DEFAULTS:
         c = config_dict(*CAUSAL_DEFAULTS[head_dim])
         if _smem_bytes(c["BLOCK_N"], c["STAGES"], head_dim, itemsize, c.get("WS", False)) \
@@ -146,13 +173,24 @@ def config_for(head_dim: int, itemsize: int, seqlen_q: int, seqlen_k: int, causa
     return dict(default_config(head_dim, itemsize))
 
 
-def _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms) -> bool:
+def persistent_default(head_dim: int, causal: bool) -> tuple:
+    """(BLOCK_N, STAGES, CTAs an SM) of the persistent kernel's default in this case."""
+    c = (PERSISTENT_CAUSAL_DEFAULTS.get(head_dim) if causal else None) or \
+        PERSISTENT_DEFAULTS[head_dim]
+    return (c[0], c[1], c[2] if len(c) > 2 else 1)
+
+
+def _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms) -> tuple | None:
+    """:func:`persistent_default` where the persistent rule holds, else None."""
     if (head_dim, bool(causal)) not in PERSISTENT_CASES or tiles <= sms:
-        return False
+        return None
     keys = (seqlen_k + BLOCK_M) / 2 if causal else seqlen_k
-    bn, st = PERSISTENT_DEFAULTS[head_dim]
-    return (keys <= PERSISTENT_MAX_KEYS
-            and _smem_bytes(bn, st, head_dim, itemsize, True, True) <= SMEM_LIMIT)
+    limit = PERSISTENT_CAUSAL_MAX_KEYS.get(head_dim, PERSISTENT_MAX_KEYS) if causal else \
+        PERSISTENT_MAX_KEYS
+    bn, st, ctas = persistent_default(head_dim, causal)
+    if keys > limit or not _fits(bn, st, head_dim, itemsize, True, True, ctas):
+        return None
+    return bn, st, ctas
 
 
 def declines(head_dim: int, itemsize: int, seqlen_k: int, causal: bool, tiles: int,
@@ -161,7 +199,7 @@ def declines(head_dim: int, itemsize: int, seqlen_k: int, causal: bool, tiles: i
     kernel (None: it does not): the TRITON_UNLESS_PERSISTENT cases outside the persistent
     rule."""
     if ((head_dim, bool(causal)) in TRITON_UNLESS_PERSISTENT
-            and not _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms)):
+            and _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms) is None):
         return (f"head_dim {head_dim}{' causal' if causal else ''}: the Gluon kernel only "
                 f"where the persistent one applies (> {sms} tiles of <= {PERSISTENT_MAX_KEYS} "
                 "keys); the Triton kernel is faster elsewhere")
