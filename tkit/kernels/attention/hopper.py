@@ -49,7 +49,6 @@ from tkit.kernels.attention.hopper_config import (  # noqa: F401
     configs,
     declines,
     default_config,
-    persistent_default,
     supported,
 )
 

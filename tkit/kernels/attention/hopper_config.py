@@ -36,6 +36,8 @@ CONFIGS = [
     # persistent with 128-key blocks: fits at D=64 only (at D=128 n128 s2 was all that fit)
     (128, 3, True, True), (128, 4, True, True),
     # persistent at two CTAs an SM (fifth entry: CTAs an SM; WS_TWO_CTA_* registers): D=64
+    # causal at short tiles led every other config (docs/NOTES.md); not a default until its
+    # GPU tests have run
     (64, 4, True, True, 2),
     # what fits at D=256 (a Q tile of 64 KB, K and V 64 KB a 64-key stage)
     (64, 2, True), (32, 4, True), (64, 2),
@@ -45,24 +47,20 @@ DEFAULTS = {128: (128, 3, True), 64: (64, 4), 256: (32, 4, True)}
 # shapes and the warp-specialized n32 s4 the non-causal one, by 1-3% (docs/NOTES.md).
 CAUSAL_DEFAULTS = {256: (64, 2)}
 # The persistent warp-specialized kernel (PERSISTENT=True: one CTA an SM takes the tiles from a
-# counter) and its (BLOCK_N, STAGES[, CTAs an SM]) per head dim: n64 s5 was the fastest of its
-# configs at D=128 (docs/NOTES.md; n128 s2, all the ring that fits beside two Q buffers, was
-# slower at every shape and is not a candidate), n128 s4 at D=64 without a mask, and at D=64
-# causal n64 s4 at two CTAs an SM (PERSISTENT_CAUSAL_DEFAULTS). It is the default
+# counter) and its (BLOCK_N, STAGES) per head dim: n64 s5 was the fastest of its configs at
+# D=128 (docs/NOTES.md; n128 s2, all the ring that fits beside two Q buffers, was slower at
+# every shape and is not a candidate), n128 s4 at D=64 without a mask. It is the default
 # (``config_for``) in the PERSISTENT_CASES (head dim, causal) where a tile's work is short and
 # there is more than one wave of tiles: with at most PERSISTENT_MAX_KEYS keys a tile on average
-# (causal: about (seqlen_k + BLOCK_M) / 2; PERSISTENT_CAUSAL_MAX_KEYS where a head dim has its
-# own), where the per-tile grid pays each CTA's start (Q and the first K/V blocks' latency,
-# the first block without overlap) and its epilogue with the tensor cores idle. Longer tiles
-# measured faster on the per-tile kernels. D=64 without a mask takes the Gluon kernel only
-# there (TRITON_UNLESS_PERSISTENT): elsewhere the autotuned Triton kernel led every Gluon
-# config (B4 x 4096: 0.946x cuDNN against 0.928). D=64 causal: the two-CTA build took B32 x
-# 512 from 0.81x to 0.91x cuDNN and lost 1-4% at 1088 keys a tile and more.
+# (causal: about (seqlen_k + BLOCK_M) / 2), where the per-tile grid pays each CTA's start (Q and
+# the first K/V blocks' latency, the first block without overlap) and its epilogue with the
+# tensor cores idle. Longer tiles measured faster on the per-tile kernels, and D=64 causal on
+# the per-tile n64 s4 against every one-CTA persistent config. D=64 without a mask takes the
+# Gluon kernel only there (TRITON_UNLESS_PERSISTENT): elsewhere the autotuned Triton kernel
+# led every Gluon config (B4 x 4096: 0.946x cuDNN against 0.928).
 PERSISTENT_DEFAULTS = {128: (64, 5), 64: (128, 4)}
-PERSISTENT_CAUSAL_DEFAULTS = {64: (64, 4, 2)}
-PERSISTENT_CASES = frozenset({(128, False), (128, True), (64, False), (64, True)})
+PERSISTENT_CASES = frozenset({(128, False), (128, True), (64, False)})
 PERSISTENT_MAX_KEYS = 1088
-PERSISTENT_CAUSAL_MAX_KEYS = {64: 576}
 TRITON_UNLESS_PERSISTENT = frozenset({(64, False)})
 
 # Warp-specialized launch: 4 warps (consumer warpgroup 0, the default partition) + 4 (consumer
@@ -163,8 +161,7 @@ def config_for(head_dim: int, itemsize: int, seqlen_q: int, seqlen_k: int, causa
     :func:`default_config`. A new dict (callers may pop from it)."""
     rule = _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms)
     if rule is not None:
-        bn, st, ctas = rule
-        return config_dict(bn, st, True, True, ctas)
+        return config_dict(*rule, True, True)
     if causal and head_dim in CAUSAL_DEFAULTS:
         c = config_dict(*CAUSAL_DEFAULTS[head_dim])
         if _smem_bytes(c["BLOCK_N"], c["STAGES"], head_dim, itemsize, c.get("WS", False)) \
@@ -173,24 +170,15 @@ def config_for(head_dim: int, itemsize: int, seqlen_q: int, seqlen_k: int, causa
     return dict(default_config(head_dim, itemsize))
 
 
-def persistent_default(head_dim: int, causal: bool) -> tuple:
-    """(BLOCK_N, STAGES, CTAs an SM) of the persistent kernel's default in this case."""
-    c = (PERSISTENT_CAUSAL_DEFAULTS.get(head_dim) if causal else None) or \
-        PERSISTENT_DEFAULTS[head_dim]
-    return (c[0], c[1], c[2] if len(c) > 2 else 1)
-
-
 def _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms) -> tuple | None:
-    """:func:`persistent_default` where the persistent rule holds, else None."""
+    """(BLOCK_N, STAGES) of the persistent default where its rule holds, else None."""
     if (head_dim, bool(causal)) not in PERSISTENT_CASES or tiles <= sms:
         return None
     keys = (seqlen_k + BLOCK_M) / 2 if causal else seqlen_k
-    limit = PERSISTENT_CAUSAL_MAX_KEYS.get(head_dim, PERSISTENT_MAX_KEYS) if causal else \
-        PERSISTENT_MAX_KEYS
-    bn, st, ctas = persistent_default(head_dim, causal)
-    if keys > limit or not _fits(bn, st, head_dim, itemsize, True, True, ctas):
+    bn, st = PERSISTENT_DEFAULTS[head_dim]
+    if keys > PERSISTENT_MAX_KEYS or not _fits(bn, st, head_dim, itemsize, True, True):
         return None
-    return bn, st, ctas
+    return bn, st
 
 
 def declines(head_dim: int, itemsize: int, seqlen_k: int, causal: bool, tiles: int,
