@@ -52,7 +52,8 @@ softmaxes can drift apart and one warpgroup's wgmmas run under the other's expon
 Registers: the loader's warpgroup is cut to 24 a thread and each consumer warpgroup gets 240
 (launch cap WS_MAXNREG = 168 for 3 warpgroups). That cap also means one CTA an SM at D=64,
 where the non-WS kernel (108 to 167 registers a thread) holds two wherever its shared memory
-allows.
+allows; a config can lower the cap and the consumers' share (``CONSUMER_REGS``, the
+``WS_TWO_CTA_*`` registers of hopper_config) to hold two there as well.
 
 Persistent variant (config ``PERSISTENT=True``, :func:`_attn_fwd_hopper_persistent_kernel`):
 the warp-specialized kernel with at most one CTA an SM, each taking tiles (in the per-tile
@@ -692,13 +693,13 @@ def _attn_fwd_hopper_persistent_kernel(
     CONSUMER_REGS: gl.constexpr = WS_CONSUMER_REGS,
 ):
     """As _attn_fwd_hopper_ws_kernel (same arguments, and n_bh = batch * query heads), but
-    persistent: a grid of at most one CTA an SM takes the n_bh * ceil(seqlen_q / BLOCK_M)
-    tiles from a counter (``TILE_CNT``, int32, zero at the launch), in the per-tile kernel's
-    order, so the loader fetches a tile's K, V and Q while the consumers finish the one
-    before, and the output store runs under the next tile's first block. A static share of
-    the tiles a CTA was up to 1.5x the mean work at causal shapes (the last query blocks
-    first, in L2 sections: the per-tile grid's dispatch balances that, a fixed stride does
-    not). Two Q buffers (each both halves) alternate between tiles, each with its "full"
+    persistent: a grid of at most one CTA an SM (two with the two-CTA registers) takes the
+    n_bh * ceil(seqlen_q / BLOCK_M) tiles from a counter (``TILE_CNT``, int32, zero at the
+    launch), in the per-tile kernel's order, so the loader fetches a tile's K, V and Q while
+    the consumers finish the one before, and the output store runs under the next tile's
+    first block. A static share of the tiles a CTA was up to 1.5x the mean work at causal
+    shapes (the last query blocks first, in L2 sections: the per-tile grid's dispatch
+    balances that, a fixed stride does not). Two Q buffers (each both halves) alternate between tiles, each with its "full"
     mbarrier, an "empty" one (count 2) that the consumers arrive on once the store from it
     has been read, and the number of its tile."""
     smem, empty_bars = _allocate(q_desc, k_desc, v_desc, STAGES, True, 2)

@@ -93,9 +93,10 @@ def call_declines(q, k, causal=False) -> str | None:
 
 def forward(q, k, v, causal=False, scale=None, config=None):
     """(out, lse) for inputs that :func:`supported` accepts; ``config`` a dict with BLOCK_N,
-    STAGES (WS, PERSISTENT, num_warps, maxnreg) from :func:`configs`, default
-    :func:`config_for` the call, and optionally HEAD_GROUP (the tile order's section size).
-    WS=True runs the warp-specialized kernel, PERSISTENT=True its persistent form."""
+    STAGES (WS, PERSISTENT, num_warps, maxnreg, CONSUMER_REGS, CTAS) from :func:`configs`,
+    default :func:`config_for` the call, and optionally HEAD_GROUP (the tile order's section
+    size). WS=True runs the warp-specialized kernel (CONSUMER_REGS: its consumer warpgroup
+    1's registers), PERSISTENT=True its persistent form on CTAS CTAs an SM."""
     reason = supported(q, k, v, causal)
     if reason is not None:
         raise ValueError(f"the Hopper attention forward does not apply: {reason}")
