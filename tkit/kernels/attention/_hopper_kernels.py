@@ -699,9 +699,9 @@ def _attn_fwd_hopper_persistent_kernel(
     the consumers finish the one before, and the output store runs under the next tile's
     first block. A static share of the tiles a CTA was up to 1.5x the mean work at causal
     shapes (the last query blocks first, in L2 sections: the per-tile grid's dispatch
-    balances that, a fixed stride does not). Two Q buffers (each both halves) alternate between tiles, each with its "full"
-    mbarrier, an "empty" one (count 2) that the consumers arrive on once the store from it
-    has been read, and the number of its tile."""
+    balances that, a fixed stride does not). Two Q buffers (each both halves) alternate
+    between tiles, each with its "full" mbarrier, an "empty" one (count 2) that the
+    consumers arrive on once the store from it has been read, and the number of its tile."""
     smem, empty_bars = _allocate(q_desc, k_desc, v_desc, STAGES, True, 2)
     q_bars = smem.q_bar
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
