@@ -1377,12 +1377,17 @@ def _two_ctas(block_n, stages, persistent):
 def sweep_attention_d64_2cta(rows):
     """The warp-specialized Gluon forward at D=64 with two CTAs an SM (80-register launch
     cap, consumers at 104 / 112), per tile and persistent, beside the one-CTA configs, the
-    defaults and cuDNN, at the D=64 shapes of :data:`ATTENTION_D64_CASES`."""
+    defaults and cuDNN, at the D=64 shapes of :data:`ATTENTION_D64_CASES` and
+    :data:`ATTENTION_D64_2CTA_MORE`."""
     extra = {f"2cta {'persistent' if p else 'ws'} n{bn} s{st}": _two_ctas(bn, st, p)
              for bn, st, p in ((64, 4, True), (32, 4, True), (64, 2, False), (64, 3, False),
                                (32, 4, False))}
-    for B, S, hq, hk, d, causal in ATTENTION_D64_CASES:
+    for B, S, hq, hk, d, causal in ATTENTION_D64_CASES + ATTENTION_D64_2CTA_MORE:
         _attention_forward_case(rows, B, S, hq, hk, d, causal, extra=extra)
+
+
+#: causal tile lengths between the two-CTA kernel's measured win (512 keys) and loss (2048)
+ATTENTION_D64_2CTA_MORE = [(64, 256, 16, 16, 64, True), (16, 1024, 16, 16, 64, True)]
 
 
 def sweep_attention_d256(rows):
