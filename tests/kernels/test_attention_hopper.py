@@ -121,12 +121,11 @@ def test_persistent_rule():
         return AH.declines(d, 2, sk or s, causal, b * h * -(-s // AH.BLOCK_M), 132)
 
     assert declines(32, 512, 16, False, 64) is None
-    for args in ((4, 4096, 16, False, 64), (1, 512, 16, False, 64), (32, 100, 16, False, 64,
-                                                                       2048)):
+    for args in ((4, 4096, 16, False, 64), (1, 512, 16, False, 64),
+                 (32, 100, 16, False, 64, 2048)):
         assert "Triton kernel" in declines(*args), args
     for args in ((4, 4096, 16, True, 64), (32, 512, 16, True, 64), (4, 4096, 16, False, 128),
-                 (1, 512, 16, False, 128),
-                 (4, 4096, 16, False, 256)):
+                 (1, 512, 16, False, 128), (4, 4096, 16, False, 256)):
         assert declines(*args) is None, args
     # D=256: the one-partition n64 s2 when causal, the warp-specialized default otherwise
     assert cfg(4, 4096, 16, True, d=256) == AH.config_dict(*AH.CAUSAL_DEFAULTS[256])
@@ -549,10 +548,9 @@ def test_gpu_persistent_grid_and_graph_replay():
 @pytest.mark.parametrize("d, causal", [(128, True), (64, False)])
 def test_gpu_flash_attention_takes_the_persistent_kernel(d, causal):
     """tkit.flash_attention at a short prefill with many tiles (16 x 8 heads x 4 query blocks;
-    D=128 causal, D=64 without a mask) launches the persistent kernel (fwd_backend
-    says so), against the reference; the repeated calls that its eager plan serves (a fresh
-    zeroed tile counter a call) and a CUDA-graph replay give the same bits as the first call
-    on the same
+    D=128 causal, D=64 without a mask) launches the persistent kernel (fwd_backend says so),
+    against the reference; the repeated calls that its eager plan serves (a fresh zeroed tile
+    counter a call) and a CUDA-graph replay give the same bits as the first call on the same
     inputs. D=64 without a mask and long tiles goes to the Triton kernel."""
     import tkit
     from tkit.kernels import attention as A
