@@ -1348,7 +1348,7 @@ def sweep_attention_d64(rows):
 
 
 #: D=64 without a mask, where the Gluon persistent kernel with 128-key blocks led the Triton
-#: default at B32 x 512 (run zl): more lengths, the persistent configs only
+#: default at B32 x 512: more lengths, the persistent configs only
 ATTENTION_D64_SHORT_CASES = [(64, 256, 16, 16, 64, False), (32, 512, 16, 16, 64, False),
                              (16, 1024, 16, 16, 64, False), (8, 2048, 16, 16, 64, False),
                              (32, 512, 32, 8, 64, False), (2, 4096, 16, 16, 64, False)]
@@ -1362,15 +1362,15 @@ def sweep_attention_d64_short(rows):
 
 
 def _two_ctas(block_n, stages, persistent):
-    """A warp-specialized D=64 config at two CTAs an SM: launch cap 80 registers a thread (3
-    warpgroups x 2 CTAs within 64K), consumer warpgroup 1 raised to 104 and the default one
-    left 3 x 80 - 104 - 24 = 112; persistent: a grid of two CTAs an SM."""
+    """A warp-specialized D=64 config at two CTAs an SM (hopper_config's WS_TWO_CTA_*
+    registers); persistent: ``config_dict``'s two-CTA candidate, a grid of two CTAs an SM;
+    per tile (which ``config_dict`` does not offer): the same registers."""
     from tkit.kernels.attention import hopper as AH
 
-    cfg = AH.config_dict(block_n, stages, True, persistent)
-    cfg.update(maxnreg=80, CONSUMER_REGS=104)
     if persistent:
-        cfg["CTAS"] = 2
+        return AH.config_dict(block_n, stages, True, True, 2)
+    cfg = AH.config_dict(block_n, stages, True)
+    cfg.update(maxnreg=AH.WS_TWO_CTA_MAXNREG, CONSUMER_REGS=AH.WS_TWO_CTA_CONSUMER_REGS)
     return cfg
 
 
@@ -1409,6 +1409,7 @@ def sweep_attention_persistent(rows):
 def _attention_forward_case(rows, B, S, hq, hk, d, causal, every=False, extra=None):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from tkit.kernels import attention as A
     from tkit.kernels.attention import hopper as AH
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -1419,7 +1420,6 @@ def _attention_forward_case(rows, B, S, hq, hk, d, causal, every=False, extra=No
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     ref = torch.nn.functional.scaled_dot_product_attention(
         qt, kt, vt, is_causal=causal, enable_gqa=hq != hk).transpose(1, 2)
-    from tkit.kernels import attention as A
 
     def triton_fwd():
         with A.attention_config(hopper_fwd_cases=frozenset()):

@@ -39,6 +39,7 @@ from tkit.kernels.attention.hopper_config import (  # noqa: F401
     WS_CONSUMER_REGS,
     WS_LOADER_REGS,
     WS_MAXNREG,
+    WS_TWO_CTA_CONSUMER_REGS,
     WS_TWO_CTA_MAXNREG,
     _cfg_key,
     _smem_bytes,
@@ -75,20 +76,22 @@ def _descriptor(t: torch.Tensor, block_rows: int):
                             smem_layout(block_rows, d, t.dtype))
 
 
+def _tiles_and_sms(q) -> tuple[int, int]:
+    batch, sq, hq, _ = q.shape
+    return batch * hq * triton.cdiv(sq, BLOCK_M), D.sm_count(q.device)
+
+
 def call_config(q, k, causal=False) -> dict:
     """The config :func:`forward` launches for these inputs without one (:func:`config_for`
     of their shapes and this GPU's SM count); a new dict."""
-    batch, sq, hq, d = q.shape
-    return config_for(d, q.element_size(), sq, k.shape[1], causal,
-                      batch * hq * triton.cdiv(sq, BLOCK_M), D.sm_count(q.device))
+    return config_for(q.shape[-1], q.element_size(), q.shape[1], k.shape[1], causal,
+                      *_tiles_and_sms(q))
 
 
 def call_declines(q, k, causal=False) -> str | None:
     """:func:`declines` for these inputs: why a call without a config goes to the Triton kernel
     although :func:`supported` accepts it (None: it does not)."""
-    batch, sq, hq, d = q.shape
-    return declines(d, q.element_size(), k.shape[1], causal,
-                    batch * hq * triton.cdiv(sq, BLOCK_M), D.sm_count(q.device))
+    return declines(q.shape[-1], q.element_size(), k.shape[1], causal, *_tiles_and_sms(q))
 
 
 def forward(q, k, v, causal=False, scale=None, config=None):
