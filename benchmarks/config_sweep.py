@@ -1361,25 +1361,14 @@ def sweep_attention_d64_short(rows):
         _attention_forward_case(rows, B, S, hq, hk, d, causal)
 
 
-def _two_ctas(block_n, stages, persistent):
-    """A warp-specialized D=64 config at two CTAs an SM (hopper_config's WS_TWO_CTA_*
-    registers); persistent: ``config_dict``'s two-CTA candidate, a grid of two CTAs an SM;
-    per tile (which ``config_dict`` does not offer): the same registers."""
-    from tkit.kernels.attention import hopper as AH
-
-    if persistent:
-        return AH.config_dict(block_n, stages, True, True, 2)
-    cfg = AH.config_dict(block_n, stages, True)
-    cfg.update(maxnreg=AH.WS_TWO_CTA_MAXNREG, CONSUMER_REGS=AH.WS_TWO_CTA_CONSUMER_REGS)
-    return cfg
-
-
 def sweep_attention_d64_2cta(rows):
     """The warp-specialized Gluon forward at D=64 with two CTAs an SM (80-register launch
     cap, consumers at 104 / 112), per tile and persistent, beside the one-CTA configs, the
     defaults and cuDNN, at the D=64 shapes of :data:`ATTENTION_D64_CASES` and
     :data:`ATTENTION_D64_2CTA_MORE`."""
-    extra = {f"2cta {'persistent' if p else 'ws'} n{bn} s{st}": _two_ctas(bn, st, p)
+    from tkit.kernels.attention import hopper as AH
+
+    extra = {f"2cta {'persistent' if p else 'ws'} n{bn} s{st}": AH.config_dict(bn, st, True, p, 2)
              for bn, st, p in ((64, 4, True), (32, 4, True), (64, 2, False), (64, 3, False),
                                (32, 4, False))}
     for B, S, hq, hk, d, causal in ATTENTION_D64_CASES + ATTENTION_D64_2CTA_MORE:
@@ -1388,6 +1377,27 @@ def sweep_attention_d64_2cta(rows):
 
 #: causal tile lengths between the two-CTA kernel's measured win (512 keys) and loss (2048)
 ATTENTION_D64_2CTA_MORE = [(64, 256, 16, 16, 64, True), (16, 1024, 16, 16, 64, True)]
+
+#: D=64 causal: the two-CTA defaults' rule across lengths, one wave (B1 x 512) and 8192 keys
+ATTENTION_D64_CAUSAL_CASES = [(64, 256, 16, 16, 64, True), (32, 512, 16, 16, 64, True),
+                              (16, 1024, 16, 16, 64, True), (11, 1408, 16, 16, 64, True),
+                              (8, 2048, 16, 16, 64, True), (4, 4096, 16, 16, 64, True),
+                              (4, 4096, 32, 8, 64, True), (1, 512, 16, 16, 64, True),
+                              (2, 8192, 16, 16, 64, True)]
+
+
+def sweep_attention_d64_causal(rows):
+    """``tkit.flash_attention`` at D=64 causal (the two-CTA persistent kernel at short tiles,
+    the two-CTA per-tile kernel elsewhere) beside the one-partition n64 s4 (the per-tile
+    default before them), both two-CTA configs forced, the Triton kernel and SDPA's cuDNN
+    backend."""
+    from tkit.kernels.attention import hopper as AH
+
+    extra = {"plain n64 s4": AH.config_dict(64, 4),
+             "2cta persistent n64 s4": AH.config_dict(64, 4, True, True, 2),
+             "2cta ws n64 s3": AH.config_dict(64, 3, True, False, 2)}
+    for B, S, hq, hk, d, causal in ATTENTION_D64_CAUSAL_CASES:
+        _attention_forward_case(rows, B, S, hq, hk, d, causal, extra=extra, persistent=False)
 
 
 def sweep_attention_d256(rows):
@@ -1406,7 +1416,11 @@ def sweep_attention_persistent(rows):
         _attention_forward_case(rows, B, S, hq, hk, d, causal)
 
 
-def _attention_forward_case(rows, B, S, hq, hk, d, causal, every=False, extra=None):
+def _attention_forward_case(rows, B, S, hq, hk, d, causal, every=False, extra=None,
+                            persistent=True):
+    """One attention shape: ``tkit.flash_attention``, the Triton kernel, the per-tile default,
+    every config (``every``) or the persistent ones (``persistent``), the ``extra`` configs
+    and cuDNN, interleaved graph replays, each checked against SDPA once."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from tkit.kernels import attention as A
@@ -1430,9 +1444,11 @@ def _attention_forward_case(rows, B, S, hq, hk, d, causal, every=False, extra=No
              "per-tile": lambda: AH.forward(q, k, v, causal=causal,
                                             config=AH.default_config(d))[0]}
     for cfg in AH.configs(d, ws=None if every else True):
-        if every or cfg.get("PERSISTENT"):
+        if every or (persistent and cfg.get("PERSISTENT")):
             name = ("persistent" if cfg.get("PERSISTENT") else "ws" if cfg.get("WS")
                     else "plain")
+            if cfg.get("CTAS", 1) > 1:  # one name a config
+                name = f"{cfg['CTAS']}cta {name}"
             calls[f"{name} n{cfg['BLOCK_N']} s{cfg['STAGES']}"] = (
                 lambda cfg=cfg: AH.forward(q, k, v, causal=causal, config=cfg)[0])
     for name, cfg in (extra or {}).items():
@@ -1776,7 +1792,8 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "attention_persistent": sweep_attention_persistent,
           "attention_d256": sweep_attention_d256, "attention_d64": sweep_attention_d64,
           "attention_d64_short": sweep_attention_d64_short,
-          "attention_d64_2cta": sweep_attention_d64_2cta}
+          "attention_d64_2cta": sweep_attention_d64_2cta,
+          "attention_d64_causal": sweep_attention_d64_causal}
 
 
 def main(argv):

@@ -87,32 +87,39 @@ def test_default_at_d128_is_warp_specialized():
 
 
 def test_persistent_rule():
-    """Calls without a config take the persistent kernel at D=128, and at D=64 without a mask,
-    where tiles are short (at most PERSISTENT_MAX_KEYS keys a tile on average) and outnumber
-    the SMs, the per-tile default elsewhere: one wave (B1 x 32 heads x 4 query blocks), long
-    tiles (causal 4096, non-causal 2048), D=64 causal. D=64 without a mask goes to the Triton
-    kernel outside the rule (``declines``)."""
+    """Calls without a config take the persistent kernel of their PERSISTENT_RULES case where
+    tiles are short (at most its max_keys keys a tile on average) and outnumber the SMs, the
+    per-tile default elsewhere: one wave (B1 x 32 heads x 4 query blocks), long tiles (causal
+    4096, non-causal 2048; D=64 causal 2048). D=64 causal runs two CTAs an SM, persistent or
+    per tile; D=64 without a mask goes to the Triton kernel outside the rule
+    (``declines``)."""
     def cfg(b, s, h, causal, d=128, sk=None):
         tiles = b * h * -(-s // AH.BLOCK_M)
         return AH.config_for(d, 2, s, sk or s, causal, tiles, 132)
 
-    persistent = AH.config_dict(*AH.PERSISTENT_DEFAULTS[128], True, True)
+    persistent = AH.PERSISTENT_RULES[(128, True)].config()
+    assert persistent == AH.config_dict(64, 5, True, True)
     assert cfg(32, 512, 16, True) == persistent
     assert cfg(8, 2048, 16, True) == persistent  # (2048 + 128) / 2 keys a tile
     assert cfg(16, 1024, 16, False) == persistent
     for c in (cfg(1, 512, 32, True), cfg(4, 4096, 16, True), cfg(8, 2048, 16, False),
               cfg(8, 2048, 16, True, d=64), cfg(32, 100, 16, False, sk=4096)):
         assert not c.get("PERSISTENT"), c
-    assert not cfg(32, 512, 16, True, d=64).get("PERSISTENT")  # D=64 causal: per tile
-    # the two-CTA candidate: 3 warpgroups x 2 CTAs within the register file, its shared memory
-    # twice within the SM's
+    # D=64 causal: two CTAs an SM (3 warpgroups x 2 CTAs within the register file, the shared
+    # memory twice within the SM's), persistent up to 1024 keys, per tile beyond and in one wave
     two = AH.config_dict(64, 4, True, True, 2)
     assert two["CTAS"] == 2 and two["maxnreg"] * 3 * 128 * 2 <= 65536
     assert two in AH.configs(64) and two not in AH.configs(128)
+    for b, s in ((64, 256), (32, 512), (16, 1024), (8, 1408)):
+        assert cfg(b, s, 16, True, d=64) == two, s
+    per_tile = AH.config_dict(64, 3, True, False, 2)
+    assert per_tile["CTAS"] == 2 and not per_tile.get("PERSISTENT") and per_tile in AH.configs(64)
+    for b, s, h in ((8, 2048, 16), (4, 4096, 16), (1, 512, 16)):
+        assert cfg(b, s, h, True, d=64) == per_tile, (b, s, h)
     with pytest.raises(ValueError, match="ctas"):
-        AH.config_dict(64, 4, True, False, 2)
+        AH.config_dict(64, 4, False, False, 2)
     assert cfg(4, 4096, 16, True) == AH.default_config(128)
-    d64 = AH.config_dict(*AH.PERSISTENT_DEFAULTS[64], True, True)
+    d64 = AH.PERSISTENT_RULES[(64, False)].config()
     assert d64["BLOCK_N"] == 128 and cfg(32, 512, 16, False, d=64) == d64
     assert cfg(8, 1024, 16, False, d=64) == d64
     assert cfg(4, 4096, 16, False, d=64) == AH.default_config(64)
@@ -145,7 +152,8 @@ def test_configs_fit_shared_memory():
                    <= AH.SMEM_LIMIT for c in cfgs)
         # the persistent kernel is a warp-specialized one, with its two Q buffers counted
         assert all(c["WS"] for c in cfgs if c.get("PERSISTENT"))
-        assert bool([c for c in cfgs if c.get("PERSISTENT")]) == (d in AH.PERSISTENT_DEFAULTS)
+        assert bool([c for c in cfgs if c.get("PERSISTENT")]) == any(
+            d == case[0] for case in AH.PERSISTENT_RULES)
         ws = AH.configs(d, ws=True)
         assert ws and all(c["WS"] and c["num_warps"] == 4 and c["maxnreg"] == (
             AH.WS_TWO_CTA_MAXNREG if c.get("CTAS") == 2 else AH.WS_MAXNREG) for c in ws)
@@ -385,6 +393,26 @@ def test_warp_specialized_has_fewer_barriers_in_the_key_loop(compiled):
         assert ws and all(len(b) == 2 for b in ws), ws
         assert max(map(len, ws)) < min(map(len, base))
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_compiled_two_ctas_an_sm(compiled, causal):
+    """The D=64 configs at two CTAs an SM compile within their launch cap (two CTAs' registers
+    and shared memory fit one SM), raise consumer warpgroup 1 to WS_TWO_CTA_CONSUMER_REGS, and
+    keep the key loops free of local-memory traffic (the spills the tight cap causes sit
+    outside them)."""
+    two = [c for c in AH.configs(64, ws=True) if c.get("CTAS") == 2]
+    assert {bool(c.get("PERSISTENT")) for c in two} == {False, True}
+    for cfg in two:
+        k, sass, usage = compiled(64, causal, torch.bfloat16, cfg)
+        regs = int(re.search(r"REG:(\d+)", usage).group(1))
+        assert regs <= AH.WS_TWO_CTA_MAXNREG and 2 * regs * 3 * 128 <= 65536, regs
+        assert 2 * (k.metadata.shared + 1024) <= AH.SMEM_PER_SM, k.metadata.shared
+        ptx = k.asm["ptx"]
+        assert re.search(
+            rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{AH.WS_TWO_CTA_CONSUMER_REGS};", ptx)
+        loops = _inner_wgmma_loops(ptx)
+        assert len(loops) == 4 and not any(re.search(r"\b(ld|st)\.local", b) for b in loops)
+
+
 
 # ---- GPU -----------------------------------------------------------------------------------
 def _fn(causal, config=None):
@@ -414,9 +442,9 @@ def _schedule_config(ws, d):
             pytest.skip("the two-CTA persistent config is D=64's")
         return AH.config_dict(64, 4, True, True, 2)
     if ws == "persistent":
-        if d not in AH.PERSISTENT_DEFAULTS:
+        if (d, False) not in AH.PERSISTENT_RULES:
             pytest.skip(f"no persistent config fits at head dim {d}")
-        return AH.config_dict(*AH.PERSISTENT_DEFAULTS[d], True, True)
+        return AH.PERSISTENT_RULES[(d, False)].config()
     return AH.config_dict(*AH.DEFAULTS[d][:2], ws)
 
 

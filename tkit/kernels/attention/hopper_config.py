@@ -6,6 +6,7 @@ kernels are in ``_hopper_kernels.py``, the launcher in ``hopper.py``."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 from triton.experimental.gluon import language as gl
@@ -35,32 +36,52 @@ CONFIGS = [
     (64, 4, True, True), (64, 5, True, True),
     # persistent with 128-key blocks: fits at D=64 only (at D=128 n128 s2 was all that fit)
     (128, 3, True, True), (128, 4, True, True),
-    # persistent at two CTAs an SM (fifth entry: CTAs an SM; WS_TWO_CTA_* registers): D=64
-    # causal at short tiles led every other config (docs/NOTES.md); not a default until its
-    # GPU tests have run
-    (64, 4, True, True, 2),
+    # two CTAs an SM (fifth entry: CTAs an SM; WS_TWO_CTA_* registers), D=64 causal's
+    # defaults: persistent n64 s4 at short tiles, per tile n64 s3 elsewhere (docs/NOTES.md)
+    (64, 4, True, True, 2), (64, 3, True, False, 2),
     # what fits at D=256 (a Q tile of 64 KB, K and V 64 KB a 64-key stage)
     (64, 2, True), (32, 4, True), (64, 2),
 ]
 DEFAULTS = {128: (128, 3, True), 64: (64, 4), 256: (32, 4, True)}
 # Where a causal call's default differs: at D=256 the one-partition n64 s2 led the causal
-# shapes and the warp-specialized n32 s4 the non-causal one, by 1-3% (docs/NOTES.md).
-CAUSAL_DEFAULTS = {256: (64, 2)}
-# The persistent warp-specialized kernel (PERSISTENT=True: one CTA an SM takes the tiles from a
-# counter) and its (BLOCK_N, STAGES) per head dim: n64 s5 was the fastest of its configs at
-# D=128 (docs/NOTES.md; n128 s2, all the ring that fits beside two Q buffers, was slower at
-# every shape and is not a candidate), n128 s4 at D=64 without a mask. It is the default
-# (``config_for``) in the PERSISTENT_CASES (head dim, causal) where a tile's work is short and
-# there is more than one wave of tiles: with at most PERSISTENT_MAX_KEYS keys a tile on average
-# (causal: about (seqlen_k + BLOCK_M) / 2), where the per-tile grid pays each CTA's start (Q and
-# the first K/V blocks' latency, the first block without overlap) and its epilogue with the
-# tensor cores idle. Longer tiles measured faster on the per-tile kernels, and D=64 causal on
-# the per-tile n64 s4 against every one-CTA persistent config. D=64 without a mask takes the
-# Gluon kernel only there (TRITON_UNLESS_PERSISTENT): elsewhere the autotuned Triton kernel
-# led every Gluon config (B4 x 4096: 0.946x cuDNN against 0.928).
-PERSISTENT_DEFAULTS = {128: (64, 5), 64: (128, 4)}
-PERSISTENT_CASES = frozenset({(128, False), (128, True), (64, False)})
-PERSISTENT_MAX_KEYS = 1088
+# shapes and the warp-specialized n32 s4 the non-causal one, by 1-3%; at D=64 the
+# warp-specialized n64 s3 at two CTAs an SM led the one-partition n64 s4 by 1-2.5% from 2048
+# keys (docs/NOTES.md).
+CAUSAL_DEFAULTS = {256: (64, 2), 64: (64, 3, True, False, 2)}
+# The persistent warp-specialized kernel (PERSISTENT=True: CTAS CTAs an SM take the tiles from
+# a counter) is the default (``config_for``) in the cases of PERSISTENT_RULES (head dim, causal)
+# where a tile's work is short and there is more than one wave of tiles: with at most
+# ``max_keys`` keys a tile on average (causal: about (seqlen_k + BLOCK_M) / 2), where the
+# per-tile grid pays each CTA's start (Q and the first K/V blocks' latency, the first block
+# without overlap) and its epilogue with the tensor cores idle. Longer tiles measured faster on
+# the per-tile kernels. Its config per case: n64 s5 was the fastest at D=128 (n128 s2, all the
+# ring that fits beside two Q buffers, was slower at every shape and is not a candidate),
+# n128 s4 at D=64 without a mask; D=64 causal led at two CTAs an SM (n64 s4) up to 1024 keys
+# (576 a tile) and lost at 2048 (1088 a tile), where every one-CTA persistent config lost to
+# the per-tile kernel too (docs/NOTES.md). D=64 without a mask takes the Gluon kernel only
+# there (TRITON_UNLESS_PERSISTENT): elsewhere the autotuned Triton kernel led every Gluon
+# config (B4 x 4096: 0.946x cuDNN against 0.928).
+
+
+@dataclass(frozen=True)
+class PersistentRule:
+    """The persistent default of one (head dim, causal) case: its BLOCK_N, STAGES and CTAs an
+    SM, and the most keys a tile (on average) it takes."""
+    block_n: int
+    stages: int
+    ctas: int = 1
+    max_keys: int = 1088
+
+    def config(self) -> dict:
+        return config_dict(self.block_n, self.stages, True, True, self.ctas)
+
+
+PERSISTENT_RULES = {
+    (128, False): PersistentRule(64, 5), (128, True): PersistentRule(64, 5),
+    (64, False): PersistentRule(128, 4),
+    # a limit between the measured win (576 keys a tile) and loss (1088)
+    (64, True): PersistentRule(64, 4, ctas=2, max_keys=768),
+}
 TRITON_UNLESS_PERSISTENT = frozenset({(64, False)})
 
 # Warp-specialized launch: 4 warps (consumer warpgroup 0, the default partition) + 4 (consumer
@@ -107,12 +128,12 @@ def config_dict(block_n: int, stages: int, ws: bool = False, persistent: bool = 
                 ctas: int = 1) -> dict:
     """The launch config of one candidate: the warp-specialized kernel runs num_warps = 4 in
     its default partition and the register cap WS_MAXNREG (see above); ``persistent`` (a
-    warp-specialized kernel) ``ctas`` CTAs an SM over all the tiles (2: the WS_TWO_CTA_*
-    registers)."""
+    warp-specialized kernel) runs ``ctas`` CTAs an SM over all the tiles; ``ctas=2`` (a
+    warp-specialized kernel) takes the WS_TWO_CTA_* registers, so that two CTAs fit an SM."""
     if persistent and not ws:
         raise ValueError("the persistent forward is the warp-specialized kernel (WS=True)")
-    if ctas not in (1, 2) or (ctas == 2 and not persistent):
-        raise ValueError(f"ctas={ctas}: 1, or 2 for the persistent kernel")
+    if ctas not in (1, 2) or (ctas == 2 and not ws):
+        raise ValueError(f"ctas={ctas}: 1, or 2 for the warp-specialized kernel")
     if ws:
         d = dict(BLOCK_N=block_n, STAGES=stages, WS=True, num_warps=4, maxnreg=WS_MAXNREG)
         if persistent:
@@ -157,28 +178,29 @@ def default_config(head_dim: int, itemsize: int = 2) -> dict:
 def config_for(head_dim: int, itemsize: int, seqlen_q: int, seqlen_k: int, causal: bool,
                tiles: int, sms: int) -> dict:
     """The config a call without one launches: the persistent kernel where its rule above
-    holds (``tiles``: batch * heads * query blocks, ``sms`` the GPU's), else
-    :func:`default_config`. A new dict (callers may pop from it)."""
+    holds (``tiles``: batch * heads * query blocks, ``sms`` the GPU's), else the causal
+    default where one is set and fits, else :func:`default_config`. A new dict (callers may
+    pop from it)."""
     rule = _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms)
     if rule is not None:
-        return config_dict(*rule, True, True)
+        return rule.config()
     if causal and head_dim in CAUSAL_DEFAULTS:
-        c = config_dict(*CAUSAL_DEFAULTS[head_dim])
-        if _smem_bytes(c["BLOCK_N"], c["STAGES"], head_dim, itemsize, c.get("WS", False)) \
-                <= SMEM_LIMIT:
-            return c
+        bn, st, ws, ps, ctas = _cfg_key(CAUSAL_DEFAULTS[head_dim])
+        if _fits(bn, st, head_dim, itemsize, ws, ps, ctas):
+            return config_dict(bn, st, ws, ps, ctas)
     return dict(default_config(head_dim, itemsize))
 
 
-def _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms) -> tuple | None:
-    """(BLOCK_N, STAGES) of the persistent default where its rule holds, else None."""
-    if (head_dim, bool(causal)) not in PERSISTENT_CASES or tiles <= sms:
+def _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms) -> PersistentRule | None:
+    """The :class:`PersistentRule` of this case where it holds, else None."""
+    rule = PERSISTENT_RULES.get((head_dim, bool(causal)))
+    if rule is None or tiles <= sms:
         return None
     keys = (seqlen_k + BLOCK_M) / 2 if causal else seqlen_k
-    bn, st = PERSISTENT_DEFAULTS[head_dim]
-    if keys > PERSISTENT_MAX_KEYS or not _fits(bn, st, head_dim, itemsize, True, True):
+    if keys > rule.max_keys or not _fits(rule.block_n, rule.stages, head_dim, itemsize, True,
+                                         True, rule.ctas):
         return None
-    return bn, st
+    return rule
 
 
 def declines(head_dim: int, itemsize: int, seqlen_k: int, causal: bool, tiles: int,
@@ -186,11 +208,13 @@ def declines(head_dim: int, itemsize: int, seqlen_k: int, causal: bool, tiles: i
     """Why ``flash_attention`` leaves a call that :func:`supported` accepts to the Triton
     kernel (None: it does not): the TRITON_UNLESS_PERSISTENT cases outside the persistent
     rule."""
-    if ((head_dim, bool(causal)) in TRITON_UNLESS_PERSISTENT
+    case = (head_dim, bool(causal))
+    if (case in TRITON_UNLESS_PERSISTENT
             and _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms) is None):
         return (f"head_dim {head_dim}{' causal' if causal else ''}: the Gluon kernel only "
-                f"where the persistent one applies (> {sms} tiles of <= {PERSISTENT_MAX_KEYS} "
-                "keys); the Triton kernel is faster elsewhere")
+                f"where the persistent one applies (> {sms} tiles of <= "
+                f"{PERSISTENT_RULES[case].max_keys} keys); the Triton kernel is faster "
+                "elsewhere")
     return None
 
 

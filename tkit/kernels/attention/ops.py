@@ -186,9 +186,12 @@ def fwd_backend(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0) -> str
         return f"triton ({reason})"
     cfg = hopper.call_config(q, k, causal)
     if cfg.get("PERSISTENT"):
-        tail = ", persistent: one CTA an SM takes tiles from a counter; warp-specialized)"
+        ctas = cfg.get("CTAS", 1)
+        tail = (f", persistent: {'one CTA' if ctas == 1 else f'{ctas} CTAs'} an SM take tiles "
+                "from a counter; warp-specialized)")
     elif cfg.get("WS"):
-        tail = ", warp-specialized TMA loader)"
+        tail = (", warp-specialized TMA loader"
+                + (f", {cfg['CTAS']} CTAs an SM)" if cfg.get("CTAS", 1) > 1 else ")"))
     else:
         tail = ")"
     return "gluon (sm_90, wgmma overlapped with the softmax" + tail
