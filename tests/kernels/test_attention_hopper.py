@@ -433,10 +433,18 @@ def _ref(causal):
 SCHEDULES = [pytest.param(False, id="plain"),
              pytest.param(True, id="ws"),
              pytest.param("persistent", id="persistent"),
-             pytest.param("persistent2", id="persistent2")]
+             pytest.param("persistent2", id="persistent2"),
+             pytest.param("plain+apart", id="plain-apart"),
+             pytest.param("ws+apart", id="ws-apart"),
+             pytest.param("persistent+apart", id="persistent-apart"),
+             pytest.param("persistent2+apart", id="persistent2-apart")]
 
 
 def _schedule_config(ws, d):
+    if isinstance(ws, str) and ws.endswith("+apart"):  # K and V handed back apart
+        base = ws[:-len("+apart")]
+        base = {"plain": False, "ws": True}.get(base, base)
+        return dict(_schedule_config(base, d), KV_APART=True)
     if ws == "persistent2":  # two CTAs an SM: the D=64 candidate
         if d != 64:
             pytest.skip("the two-CTA persistent config is D=64's")

@@ -137,7 +137,9 @@ def _allocate(q_desc, k_desc, v_desc, STAGES: gl.constexpr, WS: gl.constexpr,
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     if WS:
-        empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        # slots 0..STAGES-1: K's, STAGES..: V's (used when K and V are handed back apart)
+        empty_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1],
+                                               mbarrier.MBarrierLayout())
     if Q_BUFFERS == 1:
         mbarrier.init(q_bar, count=1)
     else:
@@ -148,6 +150,7 @@ def _allocate(q_desc, k_desc, v_desc, STAGES: gl.constexpr, WS: gl.constexpr,
         mbarrier.init(v_bars.index(i), count=1)
         if WS:
             mbarrier.init(empty_bars.index(i), count=2)
+            mbarrier.init(empty_bars.index(STAGES + i), count=2)
     fence_async_shared()
     smem = SharedBuffers(q, k, v, q_bar, k_bars, v_bars)
     if WS:
@@ -169,18 +172,24 @@ def _wgmma_acc_layout(num_warps, n):
 
 @gluon.jit
 def _issue_kv(k_desc, v_desc, smem, tile, b, hk, n_tiles,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """TMA K and V of key block ``tile`` into ring slot tile % STAGES (skipped past the last
-    block)."""
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, K: gl.constexpr = True,
+              V: gl.constexpr = True, BARRIER: gl.constexpr = True):
+    """TMA K and / or V of key block ``tile`` into ring slot tile % STAGES (skipped past the
+    last block), after a CTA barrier unless not ``BARRIER``."""
     slot = tile % STAGES
     pred = tile < n_tiles
     kb = smem.k_bars.index(slot)
     vb = smem.v_bars.index(slot)
-    mbarrier.expect(kb, k_desc.block_type.nbytes, pred=pred)
-    mbarrier.expect(vb, v_desc.block_type.nbytes, pred=pred)
-    cta_barrier()
-    tma_load(k_desc, [b, tile * BLOCK_N, hk, 0], kb, smem.k.index(slot), pred=pred)
-    tma_load(v_desc, [b, tile * BLOCK_N, hk, 0], vb, smem.v.index(slot), pred=pred)
+    if K:
+        mbarrier.expect(kb, k_desc.block_type.nbytes, pred=pred)
+    if V:
+        mbarrier.expect(vb, v_desc.block_type.nbytes, pred=pred)
+    if BARRIER:
+        cta_barrier()
+    if K:
+        tma_load(k_desc, [b, tile * BLOCK_N, hk, 0], kb, smem.k.index(slot), pred=pred)
+    if V:
+        tma_load(v_desc, [b, tile * BLOCK_N, hk, 0], vb, smem.v.index(slot), pred=pred)
 
 
 @gluon.jit
@@ -253,16 +262,24 @@ def _block_step(j, o, p, m_i, l_i, q_op, smem, k_desc, v_desc, qk_scale, rows, s
                 b, hk, n_tiles,
                 s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
-    """Key block j >= 1 of the one-partition kernel: the overlapped step, then the ring slot
-    of block j-1 refilled by TMA."""
+                STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
+                KV_APART: gl.constexpr):
+    """Key block j >= 1 of the one-partition kernel: the overlapped step, then the ring slots
+    it freed refilled by TMA."""
     o, p_new, m_i, l_i, alpha, pslot = _overlapped_step(
         j, o, p, m_i, l_i, q_op, smem, qk_scale, rows, seqlen_k, shift, 0, smem.q_bar, 0,
         s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, MASKED)
     o, p = _rescale(o, p_new, alpha, o_layout, p_layout, q_op.dtype)
-    # refill slot pslot once both warpgroups are past the wgmmas that read it (the CTA barrier
-    # inside _issue_kv)
-    _issue_kv(k_desc, v_desc, smem, j - 1 + STAGES, b, hk, n_tiles, BLOCK_N, STAGES)
+    # refill once both warpgroups are past the wgmmas that read the slots (the CTA barrier
+    # inside _issue_kv): KV_APART: K's slot of block j (S_j has retired) with block
+    # j + STAGES and V's of block j - 1 with j - 1 + STAGES; else both of block j - 1
+    if KV_APART:
+        _issue_kv(k_desc, v_desc, smem, j + STAGES, b, hk, n_tiles, BLOCK_N, STAGES, True,
+                  False)
+        _issue_kv(k_desc, v_desc, smem, j - 1 + STAGES, b, hk, n_tiles, BLOCK_N, STAGES,
+                  False, True, False)
+    else:
+        _issue_kv(k_desc, v_desc, smem, j - 1 + STAGES, b, hk, n_tiles, BLOCK_N, STAGES)
     return o, p, m_i, l_i
 
 
@@ -356,6 +373,7 @@ def _attn_fwd_hopper_kernel(
     q_desc, k_desc, v_desc, o_desc, LSE, slb, slh,
     seqlen_q, seqlen_k, H, GROUP, HEAD_GROUP, qk_scale,
     CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    KV_APART: gl.constexpr = False,
 ):
     """One program: BLOCK_M query rows of one (batch, query head).
 
@@ -403,16 +421,20 @@ def _attn_fwd_hopper_kernel(
     p, m_i, l_i = _first_block(q_op, smem, m_i, l_i, qk_scale, rows, seqlen_k, shift, 0,
                                smem.q_bar, 0, s_layout, p_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
                                STAGES, CAUSAL)
+    if KV_APART:  # S_0 has retired in both warpgroups: K's slot 0 takes block STAGES
+        _issue_kv(k_desc, v_desc, smem, STAGES, b, hk, n_tiles, BLOCK_N, STAGES, True, False)
 
     # ---- blocks 1..: fully visible ones without masks, then the masked ones
     for j in range(1, n_full):
         o, p, m_i, l_i = _block_step(j, o, p, m_i, l_i, q_op, smem, k_desc, v_desc, qk_scale,
                                      rows, seqlen_k, shift, b, hk, n_tiles, s_layout, o_layout,
-                                     p_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False)
+                                     p_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False,
+                                     KV_APART)
     for j in range(gl.maximum(n_full, 1), n_tiles):
         o, p, m_i, l_i = _block_step(j, o, p, m_i, l_i, q_op, smem, k_desc, v_desc, qk_scale,
                                      rows, seqlen_k, shift, b, hk, n_tiles, s_layout, o_layout,
-                                     p_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True)
+                                     p_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True,
+                                     KV_APART)
 
     # ---- last PV, then O / l through the Q buffer and a TMA store; lse in natural log
     o = _last_pv(o, p, smem, n_tiles, BLOCK_N, HEAD_DIM, STAGES)
@@ -429,21 +451,23 @@ def _attn_fwd_hopper_kernel(
 # --------------------------------------------------------------------------------------------
 @gluon.jit
 def _ws_producer(q_desc, k_desc, v_desc, smem, empty_bars, b, h, hk, m0, n_tiles,
-                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KV_APART: gl.constexpr):
     """The loader partition (one warp): both halves of Q, then K and V of every key block into
     the ring. Slot t % STAGES is refilled with block t once both consumer warpgroups have
     arrived on its empty barrier for block t - STAGES."""
     _load_tile(q_desc, k_desc, v_desc, smem, smem.q_bar, smem.q.index(0), smem.q.index(1),
-               empty_bars, b, h, hk, m0, n_tiles, 0, BLOCK_N, STAGES)
+               empty_bars, b, h, hk, m0, n_tiles, 0, BLOCK_N, STAGES, KV_APART)
 
 
 @gluon.jit
 def _load_tile(q_desc, k_desc, v_desc, smem, q_bar, q_lo, q_hi, empty_bars, b, h, hk, m0,
-               n_tiles, base, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+               n_tiles, base, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+               KV_APART: gl.constexpr):
     """One tile's loads (the loader warp): both halves of Q into ``q_lo`` / ``q_hi`` on
     ``q_bar``, then K and V of its n_tiles key blocks, the ring's blocks ``base`` on: block g
     goes to slot g % STAGES once both consumer warpgroups have arrived on the slot's empty
-    barrier for block g - STAGES."""
+    barrier for block g - STAGES (KV_APART: K and V on their own empty barriers, K's handed
+    back a block earlier)."""
     HALF_M: gl.constexpr = q_desc.block_type.shape[1]
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
     tma_load(q_desc, [b, m0, h, 0], q_bar, q_lo)
@@ -458,6 +482,8 @@ def _load_tile(q_desc, k_desc, v_desc, smem, q_bar, q_lo, q_hi, empty_bars, b, h
         vb = smem.v_bars.index(slot)
         mbarrier.expect(kb, k_desc.block_type.nbytes)
         tma_load(k_desc, [b, t * BLOCK_N, hk, 0], kb, smem.k.index(slot))
+        if KV_APART:
+            mbarrier.wait(empty_bars.index(STAGES + slot), ((g // STAGES) & 1) ^ 1)
         mbarrier.expect(vb, v_desc.block_type.nbytes)
         tma_load(v_desc, [b, t * BLOCK_N, hk, 0], vb, smem.v.index(slot))
 
@@ -467,14 +493,20 @@ def _ws_block_step(j, o, p, m_i, l_i, q_op, smem, empty_bars, qk_scale, rows, se
                    base, q_bar, q_phase, s_layout: gl.constexpr, o_layout: gl.constexpr,
                    p_layout: gl.constexpr,
                    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
+                   KV_APART: gl.constexpr):
     """Key block j >= 1 for one consumer warpgroup: the overlapped step, then the slot of
-    block j-1 handed back to the loader by an mbarrier arrive (no CTA barrier, no TMA here)."""
+    block j-1 handed back to the loader by an mbarrier arrive (no CTA barrier, no TMA here);
+    KV_APART: V's slot of block j-1 and K's of block j (S_j has retired)."""
     o, p_new, m_i, l_i, alpha, pslot = _overlapped_step(
         j, o, p, m_i, l_i, q_op, smem, qk_scale, rows, seqlen_k, shift, base, q_bar, q_phase,
         s_layout, HALF_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, MASKED)
     # PV_{j-1} (the slot's last reader in this warpgroup) has retired: release the slot
-    mbarrier.arrive(empty_bars.index(pslot), count=1)
+    if KV_APART:
+        mbarrier.arrive(empty_bars.index(STAGES + pslot), count=1)
+        mbarrier.arrive(empty_bars.index((base + j) % STAGES), count=1)
+    else:
+        mbarrier.arrive(empty_bars.index(pslot), count=1)
     o, p = _rescale(o, p_new, alpha, o_layout, p_layout, q_op.dtype)
     return o, p, m_i, l_i
 
@@ -483,7 +515,7 @@ def _ws_block_step(j, o, p, m_i, l_i, q_op, smem, empty_bars, qk_scale, rows, se
 def _ws_tile(WG: gl.constexpr, o_desc, smem, q4, q_bar, q_phase, empty_bars, q_free, release,
              LSE, slb, slh, b, h, m0, seqlen_q, seqlen_k, n_tiles, qk_scale, base,
              CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             PERSISTENT: gl.constexpr):
+             PERSISTENT: gl.constexpr, KV_APART: gl.constexpr):
     """One consumer warpgroup's work on one tile: query rows m0 + WG*HALF_M + [0, HALF_M)
     (Q in ``q4``, its mbarrier ``q_bar`` completing in phase ``q_phase``) against the tile's
     n_tiles key blocks (the ring's blocks ``base`` on), then its own epilogue (output
@@ -525,6 +557,8 @@ def _ws_tile(WG: gl.constexpr, o_desc, smem, q4, q_bar, q_phase, empty_bars, q_f
     p, m_i, l_i = _first_block(q_half, smem, m_i, l_i, qk_scale, rows, seqlen_k, shift, base,
                                q_bar, q_phase, s_layout, p_layout, HALF_M, BLOCK_N, HEAD_DIM,
                                STAGES, CAUSAL)
+    if KV_APART:  # S_0 has retired: K's slot of block 0 goes back
+        mbarrier.arrive(empty_bars.index(base % STAGES), count=1)
     if PERSISTENT:
         if release:
             # the previous tile's output store has had block 0's time to read its buffer
@@ -535,24 +569,34 @@ def _ws_tile(WG: gl.constexpr, o_desc, smem, q4, q_bar, q_phase, empty_bars, q_f
         o, p, m_i, l_i = _ws_block_step(j, o, p, m_i, l_i, q_half, smem, empty_bars, qk_scale,
                                         rows, seqlen_k, shift, base, q_bar, q_phase, s_layout,
                                         o_layout, p_layout, HALF_M, BLOCK_N, HEAD_DIM, STAGES,
-                                        CAUSAL, False)
+                                        CAUSAL, False, KV_APART)
     for j in range(gl.maximum(n_full, 1), n_mine):
         o, p, m_i, l_i = _ws_block_step(j, o, p, m_i, l_i, q_half, smem, empty_bars, qk_scale,
                                         rows, seqlen_k, shift, base, q_bar, q_phase, s_layout,
                                         o_layout, p_layout, HALF_M, BLOCK_N, HEAD_DIM, STAGES,
-                                        CAUSAL, True)
+                                        CAUSAL, True, KV_APART)
 
     # ---- last PV, then the epilogue through this warpgroup's half of the Q buffer (only its
     # own wgmmas read it)
     o = _last_pv(o, p, smem, n_mine, BLOCK_N, HEAD_DIM, STAGES, base)
     if PERSISTENT:  # the last block's slot goes back to the loader too (the next tile's)
-        mbarrier.arrive(empty_bars.index((base + n_mine - 1) % STAGES), count=1)
+        last = (base + n_mine - 1) % STAGES
+        if KV_APART:
+            mbarrier.arrive(empty_bars.index(STAGES + last), count=1)
+        else:
+            mbarrier.arrive(empty_bars.index(last), count=1)
         # blocks above this warpgroup's rows: handed back unread, once loaded (so that the
         # arrive counts toward this use of the slot, not the one before)
         for j in range(n_mine, n_tiles):
             g = base + j
-            mbarrier.wait(smem.v_bars.index(g % STAGES), (g // STAGES) & 1)
-            mbarrier.arrive(empty_bars.index(g % STAGES), count=1)
+            if KV_APART:
+                mbarrier.wait(smem.k_bars.index(g % STAGES), (g // STAGES) & 1)
+                mbarrier.arrive(empty_bars.index(g % STAGES), count=1)
+                mbarrier.wait(smem.v_bars.index(g % STAGES), (g // STAGES) & 1)
+                mbarrier.arrive(empty_bars.index(STAGES + g % STAGES), count=1)
+            else:
+                mbarrier.wait(smem.v_bars.index(g % STAGES), (g // STAGES) & 1)
+                mbarrier.arrive(empty_bars.index(g % STAGES), count=1)
     _epilogue(o, m_i, l_i, rows, q_half, q4, o_desc, LSE, slb, slh, b, h, mh, seqlen_q,
               o_layout, not PERSISTENT)
 
@@ -560,13 +604,14 @@ def _ws_tile(WG: gl.constexpr, o_desc, smem, q4, q_bar, q_phase, empty_bars, q_f
 @gluon.jit
 def _ws_consumer(WG: gl.constexpr, o_desc, smem, empty_bars, LSE, slb, slh, b, h, m0, seqlen_q,
                  seqlen_k, n_tiles, qk_scale,
-                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 KV_APART: gl.constexpr):
     """One consumer warpgroup (partition of 4 warps) of the one-tile kernel: :func:`_ws_tile`
     on its half of the CTA's tile (nothing waits for the last block's slot: the loader has
     issued its last block)."""
     _ws_tile(WG, o_desc, smem, smem.q.index(WG), smem.q_bar, 0, empty_bars, None, False, LSE,
              slb, slh, b, h, m0, seqlen_q, seqlen_k, n_tiles, qk_scale, 0, CAUSAL, BLOCK_N,
-             STAGES, False)
+             STAGES, False, KV_APART)
 
 
 @gluon.jit
@@ -586,7 +631,7 @@ def _attn_fwd_hopper_ws_kernel(
     q_desc, k_desc, v_desc, o_desc, LSE, slb, slh,
     seqlen_q, seqlen_k, H, GROUP, HEAD_GROUP, qk_scale,
     CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr = WS_CONSUMER_REGS,
+    CONSUMER_REGS: gl.constexpr = WS_CONSUMER_REGS, KV_APART: gl.constexpr = False,
 ):
     """As _attn_fwd_hopper_kernel (same arguments), warp-specialized: q_desc and o_desc have
     blocks of HALF_M = BLOCK_M / 2 rows, one per consumer warpgroup. Launched with
@@ -601,11 +646,11 @@ def _attn_fwd_hopper_ws_kernel(
 
     gl.warp_specialize([
         (_ws_consumer, (0, o_desc, smem, empty_bars, LSE, slb, slh, b, h, m0, seqlen_q, seqlen_k,
-                        n_tiles, qk_scale, CAUSAL, BLOCK_N, STAGES)),
+                        n_tiles, qk_scale, CAUSAL, BLOCK_N, STAGES, KV_APART)),
         (_ws_consumer, (1, o_desc, smem, empty_bars, LSE, slb, slh, b, h, m0, seqlen_q, seqlen_k,
-                        n_tiles, qk_scale, CAUSAL, BLOCK_N, STAGES)),
+                        n_tiles, qk_scale, CAUSAL, BLOCK_N, STAGES, KV_APART)),
         (_ws_producer, (q_desc, k_desc, v_desc, smem, empty_bars, b, h, hk, m0, n_tiles, BLOCK_N,
-                        STAGES)),
+                        STAGES, KV_APART)),
     ], [4, 1], [CONSUMER_REGS, WS_LOADER_REGS])
 
 
@@ -615,7 +660,7 @@ def _attn_fwd_hopper_ws_kernel(
 @gluon.jit
 def _ps_producer(q_desc, k_desc, v_desc, smem, q_bars, q_empty, empty_bars, tile_ids, TILE_CNT,
                  n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, CAUSAL: gl.constexpr,
-                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KV_APART: gl.constexpr):
     """The loader of the persistent kernel: takes the next tile from the launch's counter
     (``TILE_CNT``, zeroed, one atomic add a tile: tiles go to whichever CTA is free, in the
     per-tile kernel's order), writes its number beside Q buffer ``it % 2`` once the
@@ -638,7 +683,7 @@ def _ps_producer(q_desc, k_desc, v_desc, smem, q_bars, q_empty, empty_bars, tile
         tile_ids.index(qs).store(gl.full([1], tile, gl.int32, one))
         _load_tile(q_desc, k_desc, v_desc, smem, q_bars.index(qs), smem.q.index(2 * qs),
                    smem.q.index(2 * qs + 1), empty_bars, b, h, hk, m0, n_tiles, g, BLOCK_N,
-                   STAGES)
+                   STAGES, KV_APART)
         g += n_tiles
         it += 1
         tile = gl.atomic_add(TILE_CNT, 1)
@@ -660,7 +705,8 @@ def _ps_next_tile(tile_ids, q_bars, it):
 @gluon.jit
 def _ps_consumer(WG: gl.constexpr, o_desc, smem, q_bars, q_empty, empty_bars, tile_ids, LSE,
                  slb, slh, n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, qk_scale,
-                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 KV_APART: gl.constexpr):
     """One consumer warpgroup of the persistent kernel: :func:`_ws_tile` on its half of each
     tile the loader hands over (its number beside its Q buffer), until the loader says there
     is none left; the Q buffers alternate between tiles."""
@@ -677,7 +723,7 @@ def _ps_consumer(WG: gl.constexpr, o_desc, smem, q_bars, q_empty, empty_bars, ti
         # (the first tile has no store before it: nothing to hand back)
         _ws_tile(WG, o_desc, smem, smem.q.index(2 * qs + WG), q_bars.index(qs), (it // 2) & 1,
                  empty_bars, q_empty.index(1 - qs), it > 0, LSE, slb, slh, b, h, m0, seqlen_q,
-                 seqlen_k, n_tiles, qk_scale, base, CAUSAL, BLOCK_N, STAGES, True)
+                 seqlen_k, n_tiles, qk_scale, base, CAUSAL, BLOCK_N, STAGES, True, KV_APART)
         base += n_tiles
         it += 1
         tile = _ps_next_tile(tile_ids, q_bars, it)
@@ -690,7 +736,7 @@ def _attn_fwd_hopper_persistent_kernel(
     q_desc, k_desc, v_desc, o_desc, LSE, slb, slh,
     seqlen_q, seqlen_k, H, GROUP, HEAD_GROUP, qk_scale, n_bh, TILE_CNT,
     CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr = WS_CONSUMER_REGS,
+    CONSUMER_REGS: gl.constexpr = WS_CONSUMER_REGS, KV_APART: gl.constexpr = False,
 ):
     """As _attn_fwd_hopper_ws_kernel (same arguments, and n_bh = batch * query heads), but
     persistent: a grid of at most one CTA an SM (two with the two-CTA registers) takes the
@@ -714,11 +760,11 @@ def _attn_fwd_hopper_persistent_kernel(
     gl.warp_specialize([
         (_ps_consumer, (0, o_desc, smem, q_bars, q_empty, empty_bars, tile_ids, LSE, slb, slh,
                         n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, qk_scale, CAUSAL,
-                        BLOCK_N, STAGES)),
+                        BLOCK_N, STAGES, KV_APART)),
         (_ps_consumer, (1, o_desc, smem, q_bars, q_empty, empty_bars, tile_ids, LSE, slb, slh,
                         n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, qk_scale, CAUSAL,
-                        BLOCK_N, STAGES)),
+                        BLOCK_N, STAGES, KV_APART)),
         (_ps_producer, (q_desc, k_desc, v_desc, smem, q_bars, q_empty, empty_bars, tile_ids,
                         TILE_CNT, n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, CAUSAL,
-                        BLOCK_N, STAGES)),
+                        BLOCK_N, STAGES, KV_APART)),
     ], [4, 1], [CONSUMER_REGS, WS_LOADER_REGS])

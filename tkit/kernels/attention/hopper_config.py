@@ -112,7 +112,7 @@ def _smem_bytes(block_n: int, stages: int, head_dim: int, itemsize: int = 2,
     # hands to the worker partitions in shared memory (232 to 256 bytes in the compiled
     # configs, with alignment; ``metadata.shared`` is checked against this in the tests);
     # persistent: a full and an empty barrier a Q buffer
-    return tiles + 16 * 3 * stages + 64 + 256 + (64 if persistent else 0)
+    return tiles + 16 * 4 * stages + 64 + 256 + (64 if persistent else 0)
 
 
 def _cfg_key(c) -> tuple:
