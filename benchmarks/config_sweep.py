@@ -1400,44 +1400,6 @@ def sweep_attention_d64_causal(rows):
         _attention_forward_case(rows, B, S, hq, hk, d, causal, extra=extra, persistent=False)
 
 
-#: (B, S, Hq, Hkv, D, causal) and the configs timed with K and V handed back together and
-#: apart (``KV_APART``)
-ATTENTION_KV_APART_CASES = [
-    ((4, 4096, 16, 16, 256, True), ("plain n64 s2", "ws n64 s2", "ws n32 s4")),
-    ((4, 4096, 16, 16, 256, False), ("plain n64 s2", "ws n64 s2", "ws n32 s4")),
-    ((32, 512, 16, 16, 256, True), ("plain n64 s2", "ws n64 s2", "ws n32 s4")),
-    ((4, 4096, 16, 8, 256, True), ("plain n64 s2", "ws n64 s2")),
-    ((4, 4096, 16, 16, 128, True), ("ws n128 s3", "ws n128 s2", "plain n128 s3")),
-    ((4, 4096, 16, 16, 128, False), ("ws n128 s3", "ws n128 s2")),
-    ((32, 512, 16, 16, 128, True), ("persistent n64 s5", "ws n128 s3")),
-    ((16, 1024, 16, 16, 128, False), ("persistent n64 s5",)),
-    ((32, 512, 16, 16, 64, True), ("2cta persistent n64 s4", "plain n64 s4")),
-    ((4, 4096, 16, 16, 64, True), ("2cta ws n64 s3", "plain n64 s4")),
-]
-
-
-def _named_config(name):
-    """A Gluon forward config from its sweep name ("[2cta ]plain|ws|persistent nN sS")."""
-    from tkit.kernels.attention import hopper as AH
-
-    ctas = 2 if name.startswith("2cta ") else 1
-    kind, bn, st = name.removeprefix("2cta ").split()
-    return AH.config_dict(int(bn[1:]), int(st[1:]), kind != "plain", kind == "persistent",
-                          ctas)
-
-
-def sweep_attention_kv_apart(rows):
-    """The Gluon forward's configs with each ring slot's K and V handed back to the loader
-    together (after PV) and apart (K after its scores: a block earlier), forced, beside
-    ``tkit.flash_attention`` and cuDNN."""
-    for (B, S, hq, hk, d, causal), names in ATTENTION_KV_APART_CASES:
-        extra = {}
-        for n in names:
-            extra[n] = _named_config(n)
-            extra[n + " apart"] = dict(_named_config(n), KV_APART=True)
-        _attention_forward_case(rows, B, S, hq, hk, d, causal, extra=extra, persistent=False)
-
-
 def sweep_attention_d256(rows):
     """The Gluon forward at head dim 256 (every config of ``hopper.configs(256)``, forced)
     beside ``tkit.flash_attention``'s choice and SDPA's cuDNN backend, graph replays."""
@@ -1831,8 +1793,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "attention_d256": sweep_attention_d256, "attention_d64": sweep_attention_d64,
           "attention_d64_short": sweep_attention_d64_short,
           "attention_d64_2cta": sweep_attention_d64_2cta,
-          "attention_d64_causal": sweep_attention_d64_causal,
-          "attention_kv_apart": sweep_attention_kv_apart}
+          "attention_d64_causal": sweep_attention_d64_causal}
 
 
 def main(argv):

@@ -23,13 +23,18 @@ wgmmas); per key block j, in program order:
                                 the next wait above the exponentials
     wgmma.wait_group 0          O is ready
     O *= alpha_j;  P_j = bf16(p_j) in the wgmma A-operand register layout
-    CTA barrier, then TMA refill of the ring slot of block j-1 with block j-1+STAGES
+    CTA barrier, then TMA refill of K's slot of block j with block j+STAGES and of V's slot
+    of block j-1 with block j-1+STAGES
 
-K and V tiles stream through a ring of STAGES shared-memory slots (one mbarrier per tile for
+K and V tiles stream through two rings of STAGES shared-memory slots (one mbarrier per tile for
 K and one for V); Q is loaded once by TMA and reused as the staging buffer of the output's TMA
 store. A slot is refilled only after both warpgroups have passed the wait that retires the last
 wgmma reading it (the CTA barrier: the TMA is issued by one thread, while each warpgroup only
-knows about its own wgmmas).
+knows about its own wgmmas). K's last reader is S_j, V's is PV_j one block later, so the K ring
+runs a block ahead of the V ring: refilled together (a slot freed once PV had read it), a block's
+K would be issued only one block before its scores at STAGES = 2 (the 64 KB tiles of D=256),
+its load latency in the open each block; apart, every load has a whole block to land (D=256:
+0.77-0.83x cuDNN together, 0.90-1.06x apart; docs/NOTES.md).
 
 Causal key ranges as in _kernels.py: the key blocks fully visible to every row of the query
 block run without mask arithmetic, then the diagonal blocks (and the ragged end of the keys)
@@ -38,22 +43,22 @@ place where the ragged end matters. Tile order: the L2 sections of
 :func:`tkit.kernels.attention.fwd_head_group` and, when causal, the last query blocks first.
 
 Warp-specialized variant (config ``WS=True``, :func:`_attn_fwd_hopper_ws_kernel`): the same
-per-block math, but the CTA is split with ``gl.warp_specialize`` into three partitions: consumer
-warpgroup 0 (the default partition, 4 warps), consumer warpgroup 1 (4 warps) and a 1-warp
-loader. Each consumer owns 64 query rows with its own half of Q (its own TMA tile) and runs the
-schedule above on them, through its own epilogue. The loader issues every TMA (Q, then K and V
-of each key block) and refills a ring slot once both consumers have arrived on the slot's
-"empty" mbarrier (count 2: one arrive per warpgroup, after the wgmma.wait_group that retires
-PV of that block). Nothing in the key loop synchronizes the two warpgroups any more: the
-barriers left there are Triton's, each over one warpgroup's 128 threads (``bar.sync id,
-128``, two a block, both inserted by Triton: one at the loop head, ahead of the mbarrier
-waits, one ahead of the arrive, which one thread issues for the warpgroup), so the two
-softmaxes can drift apart and one warpgroup's wgmmas run under the other's exponentials.
-Registers: the loader's warpgroup is cut to 24 a thread and each consumer warpgroup gets 240
-(launch cap WS_MAXNREG = 168 for 3 warpgroups). That cap also means one CTA an SM at D=64,
-where the non-WS kernel (108 to 167 registers a thread) holds two wherever its shared memory
-allows; a config can lower the cap and the consumers' share (``CONSUMER_REGS``, the
-``WS_TWO_CTA_*`` registers of hopper_config) to hold two there as well.
+per-block math, but the CTA is split with ``gl.warp_specialize`` into three partitions:
+consumer warpgroup 0 (the default partition, 4 warps), consumer warpgroup 1 (4 warps) and a
+1-warp loader. Each consumer owns 64 query rows with its own half of Q (its own TMA tile) and
+runs the schedule above on them, through its own epilogue. The loader issues every TMA (Q, then
+K and V of each key block) and refills a ring slot once both consumers have arrived on the
+slot's "empty" mbarrier (count 2: one arrive per warpgroup; K's after the wgmma.wait_group that
+retires the block's scores, V's after the one that retires its PV). Nothing in the key loop
+synchronizes the two warpgroups any more: the barriers left there are Triton's, each over one
+warpgroup's 128 threads (``bar.sync id, 128``, three a block, all inserted by Triton: one at
+the loop head, ahead of the mbarrier waits, one ahead of each arrive, which one thread issues
+for the warpgroup), so the two softmaxes can drift apart and one warpgroup's wgmmas run under the
+other's exponentials. Registers: the loader's warpgroup is cut to 24 a thread and each consumer
+warpgroup gets 240 (launch cap WS_MAXNREG = 168 for 3 warpgroups). That cap also means one CTA
+an SM at D=64, where the non-WS kernel (108 to 167 registers a thread) holds two wherever its
+shared memory allows; a config can lower the cap and the consumers' share (``CONSUMER_REGS``,
+the ``WS_TWO_CTA_*`` registers of hopper_config) to hold two there as well.
 
 Persistent variant (config ``PERSISTENT=True``, :func:`_attn_fwd_hopper_persistent_kernel`):
 the warp-specialized kernel with at most one CTA an SM, each taking tiles (in the per-tile
@@ -137,7 +142,7 @@ def _allocate(q_desc, k_desc, v_desc, STAGES: gl.constexpr, WS: gl.constexpr,
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     if WS:
-        # slots 0..STAGES-1: K's, STAGES..: V's (used when K and V are handed back apart)
+        # K's slots first, then V's
         empty_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1],
                                                mbarrier.MBarrierLayout())
     if Q_BUFFERS == 1:
@@ -171,25 +176,24 @@ def _wgmma_acc_layout(num_warps, n):
 
 
 @gluon.jit
-def _issue_kv(k_desc, v_desc, smem, tile, b, hk, n_tiles,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, K: gl.constexpr = True,
-              V: gl.constexpr = True, BARRIER: gl.constexpr = True):
-    """TMA K and / or V of key block ``tile`` into ring slot tile % STAGES (skipped past the
-    last block), after a CTA barrier unless not ``BARRIER``."""
-    slot = tile % STAGES
-    pred = tile < n_tiles
-    kb = smem.k_bars.index(slot)
-    vb = smem.v_bars.index(slot)
-    if K:
-        mbarrier.expect(kb, k_desc.block_type.nbytes, pred=pred)
+def _issue_kv(k_desc, v_desc, smem, k_tile, v_tile, b, hk, n_tiles,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, V: gl.constexpr = True):
+    """After a CTA barrier, TMA K of key block ``k_tile`` into K's ring slot k_tile % STAGES
+    and (``V``) V of block ``v_tile`` into V's slot v_tile % STAGES, each skipped past the
+    last block."""
+    k_pred = k_tile < n_tiles
+    kb = smem.k_bars.index(k_tile % STAGES)
+    mbarrier.expect(kb, k_desc.block_type.nbytes, pred=k_pred)
     if V:
-        mbarrier.expect(vb, v_desc.block_type.nbytes, pred=pred)
-    if BARRIER:
-        cta_barrier()
-    if K:
-        tma_load(k_desc, [b, tile * BLOCK_N, hk, 0], kb, smem.k.index(slot), pred=pred)
+        v_pred = v_tile < n_tiles
+        vb = smem.v_bars.index(v_tile % STAGES)
+        mbarrier.expect(vb, v_desc.block_type.nbytes, pred=v_pred)
+    cta_barrier()
+    tma_load(k_desc, [b, k_tile * BLOCK_N, hk, 0], kb, smem.k.index(k_tile % STAGES),
+             pred=k_pred)
     if V:
-        tma_load(v_desc, [b, tile * BLOCK_N, hk, 0], vb, smem.v.index(slot), pred=pred)
+        tma_load(v_desc, [b, v_tile * BLOCK_N, hk, 0], vb, smem.v.index(v_tile % STAGES),
+                 pred=v_pred)
 
 
 @gluon.jit
@@ -262,8 +266,7 @@ def _block_step(j, o, p, m_i, l_i, q_op, smem, k_desc, v_desc, qk_scale, rows, s
                 b, hk, n_tiles,
                 s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
-                KV_APART: gl.constexpr):
+                STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
     """Key block j >= 1 of the one-partition kernel: the overlapped step, then the ring slots
     it freed refilled by TMA."""
     o, p_new, m_i, l_i, alpha, pslot = _overlapped_step(
@@ -271,15 +274,9 @@ def _block_step(j, o, p, m_i, l_i, q_op, smem, k_desc, v_desc, qk_scale, rows, s
         s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, MASKED)
     o, p = _rescale(o, p_new, alpha, o_layout, p_layout, q_op.dtype)
     # refill once both warpgroups are past the wgmmas that read the slots (the CTA barrier
-    # inside _issue_kv): KV_APART: K's slot of block j (S_j has retired) with block
-    # j + STAGES and V's of block j - 1 with j - 1 + STAGES; else both of block j - 1
-    if KV_APART:
-        _issue_kv(k_desc, v_desc, smem, j + STAGES, b, hk, n_tiles, BLOCK_N, STAGES, True,
-                  False)
-        _issue_kv(k_desc, v_desc, smem, j - 1 + STAGES, b, hk, n_tiles, BLOCK_N, STAGES,
-                  False, True, False)
-    else:
-        _issue_kv(k_desc, v_desc, smem, j - 1 + STAGES, b, hk, n_tiles, BLOCK_N, STAGES)
+    # inside _issue_kv): K's slot of block j (S_j has retired) with block j + STAGES, V's of
+    # block j - 1 with block j - 1 + STAGES
+    _issue_kv(k_desc, v_desc, smem, j + STAGES, j - 1 + STAGES, b, hk, n_tiles, BLOCK_N, STAGES)
     return o, p, m_i, l_i
 
 
@@ -373,7 +370,6 @@ def _attn_fwd_hopper_kernel(
     q_desc, k_desc, v_desc, o_desc, LSE, slb, slh,
     seqlen_q, seqlen_k, H, GROUP, HEAD_GROUP, qk_scale,
     CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    KV_APART: gl.constexpr = False,
 ):
     """One program: BLOCK_M query rows of one (batch, query head).
 
@@ -410,7 +406,7 @@ def _attn_fwd_hopper_kernel(
     mbarrier.expect(smem.q_bar, q_desc.block_type.nbytes)
     tma_load(q_desc, [b, m0, h, 0], smem.q_bar, smem.q)
     for i in gl.static_range(STAGES):
-        _issue_kv(k_desc, v_desc, smem, i, b, hk, n_tiles, BLOCK_N, STAGES)
+        _issue_kv(k_desc, v_desc, smem, i, i, b, hk, n_tiles, BLOCK_N, STAGES)
 
     rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
@@ -421,20 +417,18 @@ def _attn_fwd_hopper_kernel(
     p, m_i, l_i = _first_block(q_op, smem, m_i, l_i, qk_scale, rows, seqlen_k, shift, 0,
                                smem.q_bar, 0, s_layout, p_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
                                STAGES, CAUSAL)
-    if KV_APART:  # S_0 has retired in both warpgroups: K's slot 0 takes block STAGES
-        _issue_kv(k_desc, v_desc, smem, STAGES, b, hk, n_tiles, BLOCK_N, STAGES, True, False)
+    # S_0 has retired in both warpgroups: K's slot 0 takes block STAGES
+    _issue_kv(k_desc, v_desc, smem, STAGES, 0, b, hk, n_tiles, BLOCK_N, STAGES, False)
 
     # ---- blocks 1..: fully visible ones without masks, then the masked ones
     for j in range(1, n_full):
         o, p, m_i, l_i = _block_step(j, o, p, m_i, l_i, q_op, smem, k_desc, v_desc, qk_scale,
                                      rows, seqlen_k, shift, b, hk, n_tiles, s_layout, o_layout,
-                                     p_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False,
-                                     KV_APART)
+                                     p_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, False)
     for j in range(gl.maximum(n_full, 1), n_tiles):
         o, p, m_i, l_i = _block_step(j, o, p, m_i, l_i, q_op, smem, k_desc, v_desc, qk_scale,
                                      rows, seqlen_k, shift, b, hk, n_tiles, s_layout, o_layout,
-                                     p_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True,
-                                     KV_APART)
+                                     p_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, True)
 
     # ---- last PV, then O / l through the Q buffer and a TMA store; lse in natural log
     o = _last_pv(o, p, smem, n_tiles, BLOCK_N, HEAD_DIM, STAGES)
@@ -451,23 +445,22 @@ def _attn_fwd_hopper_kernel(
 # --------------------------------------------------------------------------------------------
 @gluon.jit
 def _ws_producer(q_desc, k_desc, v_desc, smem, empty_bars, b, h, hk, m0, n_tiles,
-                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KV_APART: gl.constexpr):
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """The loader partition (one warp): both halves of Q, then K and V of every key block into
     the ring. Slot t % STAGES is refilled with block t once both consumer warpgroups have
     arrived on its empty barrier for block t - STAGES."""
     _load_tile(q_desc, k_desc, v_desc, smem, smem.q_bar, smem.q.index(0), smem.q.index(1),
-               empty_bars, b, h, hk, m0, n_tiles, 0, BLOCK_N, STAGES, KV_APART)
+               empty_bars, b, h, hk, m0, n_tiles, 0, BLOCK_N, STAGES)
 
 
 @gluon.jit
 def _load_tile(q_desc, k_desc, v_desc, smem, q_bar, q_lo, q_hi, empty_bars, b, h, hk, m0,
-               n_tiles, base, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-               KV_APART: gl.constexpr):
+               n_tiles, base, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """One tile's loads (the loader warp): both halves of Q into ``q_lo`` / ``q_hi`` on
     ``q_bar``, then K and V of its n_tiles key blocks, the ring's blocks ``base`` on: block g
     goes to slot g % STAGES once both consumer warpgroups have arrived on the slot's empty
-    barrier for block g - STAGES (KV_APART: K and V on their own empty barriers, K's handed
-    back a block earlier)."""
+    barrier for block g - STAGES: K's slot on barrier ``slot``, V's on ``STAGES + slot`` (K's
+    is handed back a block earlier, once its scores have retired)."""
     HALF_M: gl.constexpr = q_desc.block_type.shape[1]
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
     tma_load(q_desc, [b, m0, h, 0], q_bar, q_lo)
@@ -482,8 +475,7 @@ def _load_tile(q_desc, k_desc, v_desc, smem, q_bar, q_lo, q_hi, empty_bars, b, h
         vb = smem.v_bars.index(slot)
         mbarrier.expect(kb, k_desc.block_type.nbytes)
         tma_load(k_desc, [b, t * BLOCK_N, hk, 0], kb, smem.k.index(slot))
-        if KV_APART:
-            mbarrier.wait(empty_bars.index(STAGES + slot), ((g // STAGES) & 1) ^ 1)
+        mbarrier.wait(empty_bars.index(STAGES + slot), ((g // STAGES) & 1) ^ 1)
         mbarrier.expect(vb, v_desc.block_type.nbytes)
         tma_load(v_desc, [b, t * BLOCK_N, hk, 0], vb, smem.v.index(slot))
 
@@ -493,20 +485,16 @@ def _ws_block_step(j, o, p, m_i, l_i, q_op, smem, empty_bars, qk_scale, rows, se
                    base, q_bar, q_phase, s_layout: gl.constexpr, o_layout: gl.constexpr,
                    p_layout: gl.constexpr,
                    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
-                   KV_APART: gl.constexpr):
-    """Key block j >= 1 for one consumer warpgroup: the overlapped step, then the slot of
-    block j-1 handed back to the loader by an mbarrier arrive (no CTA barrier, no TMA here);
-    KV_APART: V's slot of block j-1 and K's of block j (S_j has retired)."""
+                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+    """Key block j >= 1 for one consumer warpgroup: the overlapped step, then V's slot of
+    block j-1 and K's of block j (S_j has retired) handed back to the loader by mbarrier
+    arrives (no CTA barrier, no TMA here)."""
     o, p_new, m_i, l_i, alpha, pslot = _overlapped_step(
         j, o, p, m_i, l_i, q_op, smem, qk_scale, rows, seqlen_k, shift, base, q_bar, q_phase,
         s_layout, HALF_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, MASKED)
-    # PV_{j-1} (the slot's last reader in this warpgroup) has retired: release the slot
-    if KV_APART:
-        mbarrier.arrive(empty_bars.index(STAGES + pslot), count=1)
-        mbarrier.arrive(empty_bars.index((base + j) % STAGES), count=1)
-    else:
-        mbarrier.arrive(empty_bars.index(pslot), count=1)
+    # PV_{j-1} (the V slot's last reader in this warpgroup) and S_j have retired
+    mbarrier.arrive(empty_bars.index(STAGES + pslot), count=1)
+    mbarrier.arrive(empty_bars.index((base + j) % STAGES), count=1)
     o, p = _rescale(o, p_new, alpha, o_layout, p_layout, q_op.dtype)
     return o, p, m_i, l_i
 
@@ -515,7 +503,7 @@ def _ws_block_step(j, o, p, m_i, l_i, q_op, smem, empty_bars, qk_scale, rows, se
 def _ws_tile(WG: gl.constexpr, o_desc, smem, q4, q_bar, q_phase, empty_bars, q_free, release,
              LSE, slb, slh, b, h, m0, seqlen_q, seqlen_k, n_tiles, qk_scale, base,
              CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             PERSISTENT: gl.constexpr, KV_APART: gl.constexpr):
+             PERSISTENT: gl.constexpr):
     """One consumer warpgroup's work on one tile: query rows m0 + WG*HALF_M + [0, HALF_M)
     (Q in ``q4``, its mbarrier ``q_bar`` completing in phase ``q_phase``) against the tile's
     n_tiles key blocks (the ring's blocks ``base`` on), then its own epilogue (output
@@ -557,8 +545,8 @@ def _ws_tile(WG: gl.constexpr, o_desc, smem, q4, q_bar, q_phase, empty_bars, q_f
     p, m_i, l_i = _first_block(q_half, smem, m_i, l_i, qk_scale, rows, seqlen_k, shift, base,
                                q_bar, q_phase, s_layout, p_layout, HALF_M, BLOCK_N, HEAD_DIM,
                                STAGES, CAUSAL)
-    if KV_APART:  # S_0 has retired: K's slot of block 0 goes back
-        mbarrier.arrive(empty_bars.index(base % STAGES), count=1)
+    # S_0 has retired: K's slot of block 0 goes back
+    mbarrier.arrive(empty_bars.index(base % STAGES), count=1)
     if PERSISTENT:
         if release:
             # the previous tile's output store has had block 0's time to read its buffer
@@ -569,34 +557,26 @@ def _ws_tile(WG: gl.constexpr, o_desc, smem, q4, q_bar, q_phase, empty_bars, q_f
         o, p, m_i, l_i = _ws_block_step(j, o, p, m_i, l_i, q_half, smem, empty_bars, qk_scale,
                                         rows, seqlen_k, shift, base, q_bar, q_phase, s_layout,
                                         o_layout, p_layout, HALF_M, BLOCK_N, HEAD_DIM, STAGES,
-                                        CAUSAL, False, KV_APART)
+                                        CAUSAL, False)
     for j in range(gl.maximum(n_full, 1), n_mine):
         o, p, m_i, l_i = _ws_block_step(j, o, p, m_i, l_i, q_half, smem, empty_bars, qk_scale,
                                         rows, seqlen_k, shift, base, q_bar, q_phase, s_layout,
                                         o_layout, p_layout, HALF_M, BLOCK_N, HEAD_DIM, STAGES,
-                                        CAUSAL, True, KV_APART)
+                                        CAUSAL, True)
 
     # ---- last PV, then the epilogue through this warpgroup's half of the Q buffer (only its
     # own wgmmas read it)
     o = _last_pv(o, p, smem, n_mine, BLOCK_N, HEAD_DIM, STAGES, base)
-    if PERSISTENT:  # the last block's slot goes back to the loader too (the next tile's)
-        last = (base + n_mine - 1) % STAGES
-        if KV_APART:
-            mbarrier.arrive(empty_bars.index(STAGES + last), count=1)
-        else:
-            mbarrier.arrive(empty_bars.index(last), count=1)
-        # blocks above this warpgroup's rows: handed back unread, once loaded (so that the
-        # arrive counts toward this use of the slot, not the one before)
+    if PERSISTENT:  # the last block's V slot goes back to the loader too (the next tile's)
+        mbarrier.arrive(empty_bars.index(STAGES + (base + n_mine - 1) % STAGES), count=1)
+        # blocks above this warpgroup's rows: handed back unread, each slot once loaded (so
+        # that the arrive counts toward this use of the slot, not the one before)
         for j in range(n_mine, n_tiles):
             g = base + j
-            if KV_APART:
-                mbarrier.wait(smem.k_bars.index(g % STAGES), (g // STAGES) & 1)
-                mbarrier.arrive(empty_bars.index(g % STAGES), count=1)
-                mbarrier.wait(smem.v_bars.index(g % STAGES), (g // STAGES) & 1)
-                mbarrier.arrive(empty_bars.index(STAGES + g % STAGES), count=1)
-            else:
-                mbarrier.wait(smem.v_bars.index(g % STAGES), (g // STAGES) & 1)
-                mbarrier.arrive(empty_bars.index(g % STAGES), count=1)
+            mbarrier.wait(smem.k_bars.index(g % STAGES), (g // STAGES) & 1)
+            mbarrier.arrive(empty_bars.index(g % STAGES), count=1)
+            mbarrier.wait(smem.v_bars.index(g % STAGES), (g // STAGES) & 1)
+            mbarrier.arrive(empty_bars.index(STAGES + g % STAGES), count=1)
     _epilogue(o, m_i, l_i, rows, q_half, q4, o_desc, LSE, slb, slh, b, h, mh, seqlen_q,
               o_layout, not PERSISTENT)
 
@@ -604,14 +584,13 @@ def _ws_tile(WG: gl.constexpr, o_desc, smem, q4, q_bar, q_phase, empty_bars, q_f
 @gluon.jit
 def _ws_consumer(WG: gl.constexpr, o_desc, smem, empty_bars, LSE, slb, slh, b, h, m0, seqlen_q,
                  seqlen_k, n_tiles, qk_scale,
-                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 KV_APART: gl.constexpr):
+                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """One consumer warpgroup (partition of 4 warps) of the one-tile kernel: :func:`_ws_tile`
     on its half of the CTA's tile (nothing waits for the last block's slot: the loader has
     issued its last block)."""
     _ws_tile(WG, o_desc, smem, smem.q.index(WG), smem.q_bar, 0, empty_bars, None, False, LSE,
              slb, slh, b, h, m0, seqlen_q, seqlen_k, n_tiles, qk_scale, 0, CAUSAL, BLOCK_N,
-             STAGES, False, KV_APART)
+             STAGES, False)
 
 
 @gluon.jit
@@ -631,7 +610,7 @@ def _attn_fwd_hopper_ws_kernel(
     q_desc, k_desc, v_desc, o_desc, LSE, slb, slh,
     seqlen_q, seqlen_k, H, GROUP, HEAD_GROUP, qk_scale,
     CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr = WS_CONSUMER_REGS, KV_APART: gl.constexpr = False,
+    CONSUMER_REGS: gl.constexpr = WS_CONSUMER_REGS,
 ):
     """As _attn_fwd_hopper_kernel (same arguments), warp-specialized: q_desc and o_desc have
     blocks of HALF_M = BLOCK_M / 2 rows, one per consumer warpgroup. Launched with
@@ -646,11 +625,11 @@ def _attn_fwd_hopper_ws_kernel(
 
     gl.warp_specialize([
         (_ws_consumer, (0, o_desc, smem, empty_bars, LSE, slb, slh, b, h, m0, seqlen_q, seqlen_k,
-                        n_tiles, qk_scale, CAUSAL, BLOCK_N, STAGES, KV_APART)),
+                        n_tiles, qk_scale, CAUSAL, BLOCK_N, STAGES)),
         (_ws_consumer, (1, o_desc, smem, empty_bars, LSE, slb, slh, b, h, m0, seqlen_q, seqlen_k,
-                        n_tiles, qk_scale, CAUSAL, BLOCK_N, STAGES, KV_APART)),
+                        n_tiles, qk_scale, CAUSAL, BLOCK_N, STAGES)),
         (_ws_producer, (q_desc, k_desc, v_desc, smem, empty_bars, b, h, hk, m0, n_tiles, BLOCK_N,
-                        STAGES, KV_APART)),
+                        STAGES)),
     ], [4, 1], [CONSUMER_REGS, WS_LOADER_REGS])
 
 
@@ -660,7 +639,7 @@ def _attn_fwd_hopper_ws_kernel(
 @gluon.jit
 def _ps_producer(q_desc, k_desc, v_desc, smem, q_bars, q_empty, empty_bars, tile_ids, TILE_CNT,
                  n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, CAUSAL: gl.constexpr,
-                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KV_APART: gl.constexpr):
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """The loader of the persistent kernel: takes the next tile from the launch's counter
     (``TILE_CNT``, zeroed, one atomic add a tile: tiles go to whichever CTA is free, in the
     per-tile kernel's order), writes its number beside Q buffer ``it % 2`` once the
@@ -683,7 +662,7 @@ def _ps_producer(q_desc, k_desc, v_desc, smem, q_bars, q_empty, empty_bars, tile
         tile_ids.index(qs).store(gl.full([1], tile, gl.int32, one))
         _load_tile(q_desc, k_desc, v_desc, smem, q_bars.index(qs), smem.q.index(2 * qs),
                    smem.q.index(2 * qs + 1), empty_bars, b, h, hk, m0, n_tiles, g, BLOCK_N,
-                   STAGES, KV_APART)
+                   STAGES)
         g += n_tiles
         it += 1
         tile = gl.atomic_add(TILE_CNT, 1)
@@ -705,8 +684,7 @@ def _ps_next_tile(tile_ids, q_bars, it):
 @gluon.jit
 def _ps_consumer(WG: gl.constexpr, o_desc, smem, q_bars, q_empty, empty_bars, tile_ids, LSE,
                  slb, slh, n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, qk_scale,
-                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 KV_APART: gl.constexpr):
+                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """One consumer warpgroup of the persistent kernel: :func:`_ws_tile` on its half of each
     tile the loader hands over (its number beside its Q buffer), until the loader says there
     is none left; the Q buffers alternate between tiles."""
@@ -723,7 +701,7 @@ def _ps_consumer(WG: gl.constexpr, o_desc, smem, q_bars, q_empty, empty_bars, ti
         # (the first tile has no store before it: nothing to hand back)
         _ws_tile(WG, o_desc, smem, smem.q.index(2 * qs + WG), q_bars.index(qs), (it // 2) & 1,
                  empty_bars, q_empty.index(1 - qs), it > 0, LSE, slb, slh, b, h, m0, seqlen_q,
-                 seqlen_k, n_tiles, qk_scale, base, CAUSAL, BLOCK_N, STAGES, True, KV_APART)
+                 seqlen_k, n_tiles, qk_scale, base, CAUSAL, BLOCK_N, STAGES, True)
         base += n_tiles
         it += 1
         tile = _ps_next_tile(tile_ids, q_bars, it)
@@ -736,7 +714,7 @@ def _attn_fwd_hopper_persistent_kernel(
     q_desc, k_desc, v_desc, o_desc, LSE, slb, slh,
     seqlen_q, seqlen_k, H, GROUP, HEAD_GROUP, qk_scale, n_bh, TILE_CNT,
     CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr = WS_CONSUMER_REGS, KV_APART: gl.constexpr = False,
+    CONSUMER_REGS: gl.constexpr = WS_CONSUMER_REGS,
 ):
     """As _attn_fwd_hopper_ws_kernel (same arguments, and n_bh = batch * query heads), but
     persistent: a grid of at most one CTA an SM (two with the two-CTA registers) takes the
@@ -760,11 +738,11 @@ def _attn_fwd_hopper_persistent_kernel(
     gl.warp_specialize([
         (_ps_consumer, (0, o_desc, smem, q_bars, q_empty, empty_bars, tile_ids, LSE, slb, slh,
                         n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, qk_scale, CAUSAL,
-                        BLOCK_N, STAGES, KV_APART)),
+                        BLOCK_N, STAGES)),
         (_ps_consumer, (1, o_desc, smem, q_bars, q_empty, empty_bars, tile_ids, LSE, slb, slh,
                         n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, qk_scale, CAUSAL,
-                        BLOCK_N, STAGES, KV_APART)),
+                        BLOCK_N, STAGES)),
         (_ps_producer, (q_desc, k_desc, v_desc, smem, q_bars, q_empty, empty_bars, tile_ids,
                         TILE_CNT, n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, CAUSAL,
-                        BLOCK_N, STAGES, KV_APART)),
+                        BLOCK_N, STAGES)),
     ], [4, 1], [CONSUMER_REGS, WS_LOADER_REGS])

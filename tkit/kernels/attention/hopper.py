@@ -124,7 +124,7 @@ def forward(q, k, v, causal=False, scale=None, config=None):
     head_group = max(1, min(int(head_group), batch * hq))
     ws = bool(cfg.pop("WS", False))
     persistent = bool(cfg.pop("PERSISTENT", False))
-    extra = {"KV_APART": bool(cfg.pop("KV_APART", False))}
+    extra = {}
     grid = (batch * hq, triton.cdiv(sq, BLOCK_M))
     if ws:  # q and o tiles of one consumer warpgroup; the launch of config_dict
         kernel, q_rows = _attn_fwd_hopper_ws_kernel, BLOCK_M // 2
@@ -178,12 +178,11 @@ def compile_sm90(head_dim: int = 128, causal: bool = False, dtype: torch.dtype =
         seqlen_k="i32", H="i32", GROUP="i32", HEAD_GROUP="i32", qk_scale="fp32",
         **(dict(n_bh="i32", TILE_CNT="*i32") if persistent else {}),
         CAUSAL="constexpr", BLOCK_N="constexpr", STAGES="constexpr",
-        **(dict(CONSUMER_REGS="constexpr") if ws else {}), KV_APART="constexpr",
+        **(dict(CONSUMER_REGS="constexpr") if ws else {}),
     )
     from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90
 
-    consts = dict(CAUSAL=bool(causal), BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"],
-                  KV_APART=bool(cfg.get("KV_APART", False)))
+    consts = dict(CAUSAL=bool(causal), BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"])
     if ws:
         consts["CONSUMER_REGS"] = cfg.get("CONSUMER_REGS", WS_CONSUMER_REGS)
     return gluon_compile_sm90(

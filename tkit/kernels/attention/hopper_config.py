@@ -42,12 +42,12 @@ CONFIGS = [
     # what fits at D=256 (a Q tile of 64 KB, K and V 64 KB a 64-key stage)
     (64, 2, True), (32, 4, True), (64, 2),
 ]
-DEFAULTS = {128: (128, 3, True), 64: (64, 4), 256: (32, 4, True)}
-# Where a causal call's default differs: at D=256 the one-partition n64 s2 led the causal
-# shapes and the warp-specialized n32 s4 the non-causal one, by 1-3%; at D=64 the
-# warp-specialized n64 s3 at two CTAs an SM led the one-partition n64 s4 by 1-2.5% from 2048
-# keys (docs/NOTES.md).
-CAUSAL_DEFAULTS = {256: (64, 2), 64: (64, 3, True, False, 2)}
+# D=256: the warp-specialized n64 s2 led every config at every shape once K's ring slots were
+# handed back a block before V's (0.90-1.06x cuDNN; n32 s4 0.75-0.80x, docs/NOTES.md).
+DEFAULTS = {128: (128, 3, True), 64: (64, 4), 256: (64, 2, True)}
+# Where a causal call's default differs: at D=64 the warp-specialized n64 s3 at two CTAs an
+# SM led the one-partition n64 s4 by 1-2.5% from 2048 keys (docs/NOTES.md).
+CAUSAL_DEFAULTS = {64: (64, 3, True, False, 2)}
 # The persistent warp-specialized kernel (PERSISTENT=True: CTAS CTAs an SM take the tiles from
 # a counter) is the default (``config_for``) in the cases of PERSISTENT_RULES (head dim, causal)
 # where a tile's work is short and there is more than one wave of tiles: with at most
