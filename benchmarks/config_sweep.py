@@ -1400,6 +1400,40 @@ def sweep_attention_d64_causal(rows):
         _attention_forward_case(rows, B, S, hq, hk, d, causal, extra=extra, persistent=False)
 
 
+#: (B, S, Hq, Hkv, D, causal) and Gluon configs by name, with K's ring slots handed back
+#: before V's: two-stage rings at D=128 (persistent n128 s2, which did not fit a useful ring
+#: before) and D=64 without a mask (the Triton kernel's shapes)
+ATTENTION_RING_CASES = [
+    ((32, 512, 16, 16, 128, True), ("persistent n128 s2", "persistent n64 s4")),
+    ((16, 1024, 16, 16, 128, True), ("persistent n128 s2", "persistent n64 s4")),
+    ((8, 2048, 16, 16, 128, True), ("persistent n128 s2", "persistent n64 s4")),
+    ((16, 1024, 16, 16, 128, False), ("persistent n128 s2", "persistent n64 s4")),
+    ((8, 2048, 16, 16, 128, False), ("persistent n128 s2", "ws n128 s2", "ws n128 s3")),
+    ((4, 4096, 16, 16, 64, False), ("ws n128 s3", "ws n64 s4", "2cta ws n64 s3",
+                                    "persistent n128 s4", "plain n64 s4")),
+    ((8, 2048, 16, 16, 64, False), ("ws n128 s3", "ws n64 s4", "2cta ws n64 s3",
+                                    "persistent n128 s4", "plain n64 s4")),
+]
+
+
+def _named_config(name):
+    """A Gluon forward config from its sweep name ("[2cta ]plain|ws|persistent nN sS")."""
+    from tkit.kernels.attention import hopper as AH
+
+    ctas = 2 if name.startswith("2cta ") else 1
+    kind, bn, st = name.removeprefix("2cta ").split()
+    return AH.config_dict(int(bn[1:]), int(st[1:]), kind != "plain", kind == "persistent",
+                          ctas)
+
+
+def sweep_attention_ring(rows):
+    """:data:`ATTENTION_RING_CASES`: each named config forced, beside
+    ``tkit.flash_attention``, the Triton kernel and cuDNN."""
+    for (B, S, hq, hk, d, causal), names in ATTENTION_RING_CASES:
+        extra = {n: _named_config(n) for n in names}
+        _attention_forward_case(rows, B, S, hq, hk, d, causal, extra=extra, persistent=False)
+
+
 def sweep_attention_d256(rows):
     """The Gluon forward at head dim 256 (every config of ``hopper.configs(256)``, forced)
     beside ``tkit.flash_attention``'s choice and SDPA's cuDNN backend, graph replays."""
@@ -1793,7 +1827,8 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "attention_d256": sweep_attention_d256, "attention_d64": sweep_attention_d64,
           "attention_d64_short": sweep_attention_d64_short,
           "attention_d64_2cta": sweep_attention_d64_2cta,
-          "attention_d64_causal": sweep_attention_d64_causal}
+          "attention_d64_causal": sweep_attention_d64_causal,
+          "attention_ring": sweep_attention_ring}
 
 
 def main(argv):
