@@ -1409,6 +1409,8 @@ ATTENTION_RING_CASES = [
     ((8, 2048, 16, 16, 128, True), ("persistent n128 s2", "persistent n64 s4")),
     ((16, 1024, 16, 16, 128, False), ("persistent n128 s2", "persistent n64 s4")),
     ((8, 2048, 16, 16, 128, False), ("persistent n128 s2", "ws n128 s2", "ws n128 s3")),
+    ((32, 512, 16, 16, 128, False), ("persistent n128 s2", "persistent n64 s5")),
+    ((4, 4096, 16, 16, 128, False), ("persistent n128 s2", "ws n128 s3")),
     ((4, 4096, 16, 16, 64, False), ("ws n128 s3", "ws n64 s4", "2cta ws n64 s3",
                                     "persistent n128 s4", "plain n64 s4")),
     ((8, 2048, 16, 16, 64, False), ("ws n128 s3", "ws n64 s4", "2cta ws n64 s3",

@@ -33,7 +33,7 @@ SMEM_LIMIT = D.SM90_SMEM_LIMIT
 CONFIGS = [
     (128, 3), (128, 2), (64, 4), (64, 3), (64, 6), (128, 4),
     (128, 3, True), (128, 2, True), (64, 4, True), (64, 6, True),
-    (64, 4, True, True), (64, 5, True, True),
+    (64, 4, True, True), (64, 5, True, True), (128, 2, True, True),
     # persistent with 128-key blocks: fits at D=64 only (at D=128 n128 s2 was all that fit)
     (128, 3, True, True), (128, 4, True, True),
     # two CTAs an SM (fifth entry: CTAs an SM; WS_TWO_CTA_* registers), D=64 causal's
@@ -54,31 +54,32 @@ CAUSAL_DEFAULTS = {64: (64, 3, True, False, 2)}
 # ``max_keys`` keys a tile on average (causal: about (seqlen_k + BLOCK_M) / 2), where the
 # per-tile grid pays each CTA's start (Q and the first K/V blocks' latency, the first block
 # without overlap) and its epilogue with the tensor cores idle. Longer tiles measured faster on
-# the per-tile kernels. Its config per case: n64 s5 was the fastest at D=128 (n128 s2, all the
-# ring that fits beside two Q buffers, was slower at every shape and is not a candidate),
-# n128 s4 at D=64 without a mask; D=64 causal led at two CTAs an SM (n64 s4) up to 1024 keys
-# (576 a tile) and lost at 2048 (1088 a tile), where every one-CTA persistent config lost to
-# the per-tile kernel too (docs/NOTES.md). D=64 without a mask takes the Gluon kernel only
-# there (TRITON_UNLESS_PERSISTENT): elsewhere the autotuned Triton kernel led every Gluon
-# config (B4 x 4096: 0.946x cuDNN against 0.928).
+# the per-tile kernels. Its config per case: n64 s5 at D=128 causal; n128 s2 (all the ring
+# that fits beside two Q buffers) at D=128 without a mask, where it led n64 s5 and the
+# per-tile kernel by 4-7% up to 2048 keys once K's slots were handed back before V's; n128
+# s4 at D=64 without a mask, at every length since then (at 2048 and 4096 keys it led the
+# Triton kernel by 3-5%); D=64 causal led at two CTAs an SM (n64 s4) up to 1024 keys (576 a
+# tile) and lost at 2048 (1088 a tile), where every one-CTA persistent config lost to the
+# per-tile kernel too (docs/NOTES.md). D=64 without a mask takes the Gluon kernel only
+# there (TRITON_UNLESS_PERSISTENT): in one wave of tiles the Triton kernel stays.
 
 
 @dataclass(frozen=True)
 class PersistentRule:
     """The persistent default of one (head dim, causal) case: its BLOCK_N, STAGES and CTAs an
-    SM, and the most keys a tile (on average) it takes."""
+    SM, and the most keys a tile (on average) it takes (None: no limit)."""
     block_n: int
     stages: int
     ctas: int = 1
-    max_keys: int = 1088
+    max_keys: int | None = 1088
 
     def config(self) -> dict:
         return config_dict(self.block_n, self.stages, True, True, self.ctas)
 
 
 PERSISTENT_RULES = {
-    (128, False): PersistentRule(64, 5), (128, True): PersistentRule(64, 5),
-    (64, False): PersistentRule(128, 4),
+    (128, False): PersistentRule(128, 2, max_keys=2048), (128, True): PersistentRule(64, 5),
+    (64, False): PersistentRule(128, 4, max_keys=None),
     # a limit between the measured win (576 keys a tile) and loss (1088)
     (64, True): PersistentRule(64, 4, ctas=2, max_keys=768),
 }
@@ -197,8 +198,9 @@ def _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms) -> Persis
     if rule is None or tiles <= sms:
         return None
     keys = (seqlen_k + BLOCK_M) / 2 if causal else seqlen_k
-    if keys > rule.max_keys or not _fits(rule.block_n, rule.stages, head_dim, itemsize, True,
-                                         True, rule.ctas):
+    if rule.max_keys is not None and keys > rule.max_keys:
+        return None
+    if not _fits(rule.block_n, rule.stages, head_dim, itemsize, True, True, rule.ctas):
         return None
     return rule
 
@@ -211,10 +213,11 @@ def declines(head_dim: int, itemsize: int, seqlen_k: int, causal: bool, tiles: i
     case = (head_dim, bool(causal))
     if (case in TRITON_UNLESS_PERSISTENT
             and _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms) is None):
+        limit = PERSISTENT_RULES[case].max_keys
         return (f"head_dim {head_dim}{' causal' if causal else ''}: the Gluon kernel only "
-                f"where the persistent one applies (> {sms} tiles of <= "
-                f"{PERSISTENT_RULES[case].max_keys} keys); the Triton kernel is faster "
-                "elsewhere")
+                f"where the persistent one applies (> {sms} tiles"
+                f"{'' if limit is None else f' of <= {limit} keys'}); the Triton kernel is "
+                "faster elsewhere")
     return None
 
 
