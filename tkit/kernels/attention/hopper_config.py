@@ -33,9 +33,10 @@ SMEM_LIMIT = D.SM90_SMEM_LIMIT
 CONFIGS = [
     (128, 3), (128, 2), (64, 4), (64, 3), (64, 6), (128, 4),
     (128, 3, True), (128, 2, True), (64, 4, True), (64, 6, True),
-    (64, 4, True, True), (64, 5, True, True), (128, 2, True, True),
-    # persistent with 128-key blocks: fits at D=64 only (at D=128 n128 s2 was all that fit)
-    (128, 3, True, True), (128, 4, True, True),
+    (64, 4, True, True), (64, 5, True, True),
+    # persistent with 128-key blocks: two stages beside the two Q buffers at D=128, three or
+    # four at D=64
+    (128, 2, True, True), (128, 3, True, True), (128, 4, True, True),
     # two CTAs an SM (fifth entry: CTAs an SM; WS_TWO_CTA_* registers), D=64 causal's
     # defaults: persistent n64 s4 at short tiles, per tile n64 s3 elsewhere (docs/NOTES.md)
     (64, 4, True, True, 2), (64, 3, True, False, 2),
