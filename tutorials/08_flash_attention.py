@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import re
 
 import torch
 
@@ -257,6 +258,69 @@ def test_gluon_kernel_keeps_one_wgmma_group_in_flight():
     assert "wgmma.wait_group.sync.aligned 1;" in ptx  # the softmax overlaps a wgmma
     assert "ex2.approx" in ptx
 
+
+# %% [markdown]
+# ## When a ring slot comes back: head dim 256
+#
+# At D=256 the same warp-specialized kernel first reached only 0.77x cuDNN. A Q tile of 128 rows
+# is 64 KB, and so is a stage of 64 keys of K and V. Only two stages fit beside Q in 227 KB.
+# Count how early each load is issued.
+#
+# * A slot was handed back to the loader once its V had been read by PV. That happens one
+#   block after its K was read by S, because the schedule issues PV_{j-1} beside S_j.
+# * With S stages, block t's slot is freed during block t - S + 1. Its K is needed at the start
+#   of block t. That leaves S - 2 whole blocks for the load to land: none at S = 2.
+# * K's last reader is S_j, though. Giving K and V their own "empty" barriers lets K's slot go
+#   back a block earlier, which leaves S - 1 blocks. V is needed a block later than K anyway,
+#   so V keeps S - 1 blocks too.
+#
+# Measured (run `h200-2026-12-04-zr-attention-kv-apart`, us, ratio to cuDNN), D=256, warp-
+# specialized n64 s2:
+#
+# | shape | together | apart |
+# | --- | --- | --- |
+# | B4 S4096 causal | 1186.5, 0.77x | 927.0, 0.99x |
+# | B4 S4096 | 2260.9, 0.73x | 1680.0, 0.98x |
+#
+# At D=128 the default ring has three stages, one block of lead already: there the change
+# measured within noise. The two-stage D=128 ring went from 0.71x to 1.00x, as the count
+# predicts. Counting when each buffer is freed, not only how many there are, is the check to
+# make whenever shared memory caps the stages.
+
+
+def load_lead(stages: int, apart: bool) -> int:
+    """Whole key blocks between the issue of a block's K load and its use, in the schedule
+    above (PV_{j-1} issued beside S_j), with K's slot handed back after S (``apart``) or after
+    PV."""
+    return stages - 1 if apart else stages - 2
+
+
+def test_two_stages_need_k_back_early():
+    from tkit.kernels.attention import hopper as AH
+
+    assert load_lead(2, apart=False) == 0 and load_lead(2, apart=True) == 1
+    assert load_lead(3, apart=False) == 1
+    cfg = AH.default_config(256)
+    assert cfg["STAGES"] == 2 and cfg["WS"]  # two 64 KB stages beside the 64 KB Q tile
+    ptx = AH.compile_sm90(256, causal=False).asm["ptx"]
+    # each consumer's key loops (a label and the last branch back to it, with the wgmmas
+    # inside) hand back two slots a block: V's of block j-1, K's of block j
+    lines = ptx.splitlines()
+    loops = []
+    for i, line in enumerate(lines):
+        label = re.match(r"^(\$L__BB\d+_\d+):", line)
+        if label is None:
+            continue
+        back = [j for j in range(i + 1, len(lines))
+                if re.search(r"\bbra(\.uni)?\s+" + re.escape(label.group(1)) + ";", lines[j])]
+        if back:
+            loops.append((label.group(1), "\n".join(lines[i:back[-1] + 1])))
+    # the innermost loops with the wgmmas (the warp-specialized region's dispatch loop holds
+    # the others)
+    loops = [body for lab, body in loops if "wgmma.mma_async" in body
+             and not any(other + ":" in body.split("\n", 1)[1] for other, _ in loops)]
+    assert len(loops) == 4  # two consumers, each a loop without masks and one with
+    assert all(b.count("mbarrier.arrive.shared::cta.b64") == 2 for b in loops)
 
 
 # %% [markdown]
