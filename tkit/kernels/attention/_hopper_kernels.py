@@ -51,14 +51,15 @@ K and V of each key block) and refills a ring slot once both consumers have arri
 slot's "empty" mbarrier (count 2: one arrive per warpgroup; K's after the wgmma.wait_group that
 retires the block's scores, V's after the one that retires its PV). Nothing in the key loop
 synchronizes the two warpgroups any more: the barriers left there are Triton's, each over one
-warpgroup's 128 threads (``bar.sync id, 128``, three a block, all inserted by Triton: one at
-the loop head, ahead of the mbarrier waits, one ahead of each arrive, which one thread issues
-for the warpgroup), so the two softmaxes can drift apart and one warpgroup's wgmmas run under the
-other's exponentials. Registers: the loader's warpgroup is cut to 24 a thread and each consumer
-warpgroup gets 240 (launch cap WS_MAXNREG = 168 for 3 warpgroups). That cap also means one CTA
-an SM at D=64, where the non-WS kernel (108 to 167 registers a thread) holds two wherever its
-shared memory allows; a config can lower the cap and the consumers' share (``CONSUMER_REGS``,
-the ``WS_TWO_CTA_*`` registers of hopper_config) to hold two there as well.
+warpgroup's 128 threads (``bar.sync id, 128``, all inserted by Triton; under 3.6 three a block:
+one at the loop head, ahead of the mbarrier waits, one ahead of each arrive, which one thread
+issues for the warpgroup; 3.9 places two), so the two softmaxes can drift apart and one
+warpgroup's wgmmas run under the other's exponentials. Registers: the loader's warpgroup is cut
+to 24 a thread and each consumer warpgroup gets 240 (launch cap WS_MAXNREG = 168 for 3
+warpgroups). That cap also means one CTA an SM at D=64, where the non-WS kernel (108 to 167
+registers a thread) holds two wherever its shared memory allows; a config can lower the cap and
+the consumers' share (``CONSUMER_REGS``, the ``WS_TWO_CTA_*`` registers of hopper_config) to
+hold two there as well.
 
 Persistent variant (config ``PERSISTENT=True``, :func:`_attn_fwd_hopper_persistent_kernel`):
 the warp-specialized kernel with at most one CTA an SM, each taking tiles (in the per-tile
