@@ -30,7 +30,7 @@ import triton.language as tl  # noqa: E402
 import tkit  # noqa: E402
 from tkit import registry  # noqa: E402
 from tkit.bench.runner import environment  # noqa: E402
-from tkit.bench.timing import time_fn  # noqa: E402
+from tkit.bench.timing import round_order, time_fn  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "out"))
 ROUNDS = 2
@@ -1496,8 +1496,9 @@ def _attention_forward_case(rows, B, S, hq, hk, d, causal, every=False, extra=No
                 qt, kt, vt, is_causal=causal, enable_gqa=hq != hk).transpose(1, 2)
     calls["sdpa cudnn"] = cudnn
     times = {}
-    for _ in range(ROUNDS):  # interleaved rounds
-        for name, fn in calls.items():
+    for rnd in range(ROUNDS):  # interleaved rounds, each in a rotated order
+        for name in round_order(list(calls), rnd, ROUNDS):
+            fn = calls[name]
             try:
                 if name not in times and not _close(fn(), ref):
                     raise AssertionError("output differs from SDPA's")

@@ -550,3 +550,34 @@ def test_tkit_bench_command_on_gpu_writes_results_and_plot(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "estimated wall time" in out.stdout and "[2/2" in out.stdout
     assert (tmp_path / "t.json").exists() and (tmp_path / "t.png").exists()
+
+
+
+def test_rounds_rotate_the_providers(monkeypatch):
+    """Each round times the providers in a rotated order, so that none keeps one position in
+    every round (positions are not neutral on the GPU): over 3 rounds of 3 providers each
+    takes every position once; over 2 rounds of 4, the second starts half way."""
+    import fake_specs
+
+    from tkit.bench.timing import round_order
+
+    assert [round_order(list("abc"), r, 3) for r in range(3)] == [
+        list("abc"), list("bca"), list("cab")]
+    assert round_order(list("abcd"), 1, 2) == list("cdab")
+    assert round_order([], 1, 2) == [] and round_order(list("ab"), 5) == list("ba")
+
+    called = []
+
+    def provider(name):
+        def fn(a, b, mode="ok"):
+            called.append(name)
+            return a + b
+        return fn
+
+    spec = registry.OpSpec(**{**fake_specs.SPECS[0].__dict__, "fn": provider("tkit"),
+                              "bench_cases": lambda: [fake_specs._case("ok")]})
+    cache = {spec.name: {"b1": provider("b1"), "b2": provider("b2")}}
+    monkeypatch.setattr(runner, "time_fn", fake_specs.fake_time_fn)  # one call a timing
+    runner.bench_case(spec, spec.bench_cases()[0], CEIL, {}, cache, rounds=3, verify=False,
+                      device="cpu")
+    assert called == ["tkit", "b1", "b2", "b1", "b2", "tkit", "b2", "tkit", "b1"]

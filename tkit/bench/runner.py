@@ -1,8 +1,9 @@
 """Run specs: time tkit and its baselines interleaved (GPU), or check them (interpreter, CPU).
 
-Interleaving: for every case, each round times every provider once, in order; the reported
-median is the median of the rounds' medians (and likewise for p20/p80). Drift in clocks or
-temperature then touches every provider alike instead of whichever ran last.
+Interleaving: for every case, each round times every provider once, the order rotated by one
+each round (:func:`tkit.bench.timing.round_order`); the reported median is the median of the
+rounds' medians (and likewise for p20/p80). Drift in clocks or temperature then touches every
+provider alike instead of whichever ran last, and so does the position in a round.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from tkit import _env
 from tkit.bench.ceilings import Ceilings
-from tkit.bench.timing import time_fn
+from tkit.bench.timing import round_order, time_fn
 from tkit.registry import Case, OpSpec
 
 
@@ -314,8 +315,9 @@ def bench_case(spec, case, ceilings, env, cache=None, *, rounds=3, rep_ms=100, b
     providers = {"tkit": spec.fn, **cache[spec.name]}
     samples: dict[str, list] = {p: [] for p in providers}
     failed: dict[str, str] = {}
-    for _ in range(rounds):
-        for name, fn in providers.items():
+    for r in range(rounds):
+        for name in round_order(list(providers), r, rounds):
+            fn = providers[name]
             if name in failed:
                 continue
             try:
