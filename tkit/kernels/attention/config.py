@@ -188,13 +188,13 @@ class AttentionConfig:
     :mod:`tkit.kernels.attention.hopper` on sm_90 when it supports the inputs: where it
     measured faster than this module's autotuned Triton kernel (H200, B=4 H=16 S=4096 bf16, 3
     interleaved rounds, 2026-11-30, TFLOP/s Gluon / Triton): D=128, warp-specialized, 580.6 /
-    479.1 non-causal and 569.8 / 426.4 causal; D=64 causal (not warp-specialized) 375.2 /
-    362.4. D=64 non-causal: only where the persistent kernel's rule holds (short tiles,
-    more than a wave; ``hopper_config.declines``), the Triton kernel elsewhere (B4 x 4096:
-    411.2 / 424.5 per tile, and 0.928x / 0.946x cuDNN persistent, 2026-12-03). D=256 (2026-12-03,
-    graph replays, us, the Gluon default at that head dim / Triton): B4 x 4096 causal
-    1112.7 / 1135.0, non-causal 2172.0 / 2231.6, B32 x 512 causal 243.4 / 289.6, GQA 16/8
-    causal 1087.8 / 1119.4 (docs/NOTES.md).
+    479.1 non-causal and 569.8 / 426.4 causal; D=64 causal 375.2 / 362.4 (two CTAs an SM
+    since, 0.87-0.93x cuDNN against the Triton kernel's 0.57-0.78x). D=64 non-causal: only
+    where the persistent kernel's rule holds (more than a wave of tiles;
+    ``hopper_config.declines``), the Triton kernel in one wave (2026-12-04, graph replays, us,
+    Gluon / Triton: B4 x 4096 592.8 / 632.1, B8 x 2048 313.7 / 328.9). D=256 (2026-12-04, us,
+    Gluon / Triton): B4 x 4096 causal 847.7 / 1149.8, non-causal 1540.3 / 2249.0, B32 x 512
+    causal 209.0 / 291.6, GQA 16/8 causal 839.8 / 1148.0 (docs/NOTES.md).
     ``with attention_config(hopper_fwd_cases=frozenset()): ...`` keeps every forward on the
     Triton kernel."""
 
