@@ -24,9 +24,9 @@ class Timing:
 def round_order(names: list, r: int, rounds: int | None = None) -> list:
     """The order round ``r`` of ``rounds`` (default len(names)) times ``names`` in: rotated by
     r * len(names) // rounds, so that the rounds spread each name over the positions (over
-    len(names) rounds, each takes every position once). Interleaving alone leaves each name at one position in
-    every round, and the position is not neutral: identical kernels in different slots of one
-    round have differed by up to 5% on the H200 (docs/NOTES.md)."""
+    len(names) rounds, each takes every position once). Interleaving alone leaves each name
+    at one position in every round, and the position is not neutral: identical kernels in
+    different slots of one round have differed by up to 5% on the H200 (docs/NOTES.md)."""
     n = len(names)
     k = (r * n // (rounds or n or 1)) % n if n else 0
     return list(names[k:]) + list(names[:k])
