@@ -42,6 +42,7 @@ from tkit.kernels.attention.hopper_config import (  # noqa: F401
     WS_MAXNREG,
     WS_TWO_CTA_CONSUMER_REGS,
     WS_TWO_CTA_MAXNREG,
+    Candidate,
     PersistentRule,
     _cfg_key,
     _smem_bytes,

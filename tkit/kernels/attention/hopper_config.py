@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from triton.experimental.gluon import language as gl
@@ -29,26 +30,43 @@ SMEM_LIMIT = D.SM90_SMEM_LIMIT
 # entry True), a later run (h200-2026-11-30-l, 3 rounds, D=128): n128 s3 ws 580.6 / 569.8, n64 s4 ws
 # 516.1 / 485.5, n128 s2 ws 447.8 / 395.4, beside n128 s3 499.9 / 455.0, Triton 479.1 / 426.4, SDPA
 # flash 341.3 / 304.3 and cuDNN 587.2 / 505.8 in the same rounds. ``DEFAULTS`` holds the best per
-# head dim (D=64: WS not measured yet).
+# head dim.
+
+
+class Candidate(NamedTuple):
+    """One config of the Gluon forward: key block, ring stages, the warp-specialized kernel,
+    its persistent form, CTAs an SM (2: the WS_TWO_CTA_* registers). :func:`config_dict`
+    makes its launch config."""
+    block_n: int
+    stages: int
+    ws: bool = False
+    persistent: bool = False
+    ctas: int = 1
+
+
 CONFIGS = [
-    (128, 3), (128, 2), (64, 4), (64, 3), (64, 6), (128, 4),
-    (128, 3, True), (128, 2, True), (64, 4, True), (64, 6, True),
-    (64, 4, True, True), (64, 5, True, True),
+    Candidate(128, 3), Candidate(128, 2), Candidate(64, 4), Candidate(64, 3), Candidate(64, 6),
+    Candidate(128, 4),
+    Candidate(128, 3, ws=True), Candidate(128, 2, ws=True), Candidate(64, 4, ws=True),
+    Candidate(64, 6, ws=True),
+    Candidate(64, 4, ws=True, persistent=True), Candidate(64, 5, ws=True, persistent=True),
     # persistent with 128-key blocks: two stages beside the two Q buffers at D=128, three or
     # four at D=64
-    (128, 2, True, True), (128, 3, True, True), (128, 4, True, True),
-    # two CTAs an SM (fifth entry: CTAs an SM; WS_TWO_CTA_* registers), D=64 causal's
-    # defaults: persistent n64 s4 at short tiles, per tile n64 s3 elsewhere (docs/NOTES.md)
-    (64, 4, True, True, 2), (64, 3, True, False, 2),
+    Candidate(128, 2, ws=True, persistent=True), Candidate(128, 3, ws=True, persistent=True),
+    Candidate(128, 4, ws=True, persistent=True),
+    # two CTAs an SM, D=64 causal's defaults: persistent n64 s4 at short tiles, per tile n64
+    # s3 elsewhere (docs/NOTES.md)
+    Candidate(64, 4, ws=True, persistent=True, ctas=2), Candidate(64, 3, ws=True, ctas=2),
     # what fits at D=256 (a Q tile of 64 KB, K and V 64 KB a 64-key stage)
-    (64, 2, True), (32, 4, True), (64, 2),
+    Candidate(64, 2, ws=True), Candidate(32, 4, ws=True), Candidate(64, 2),
 ]
 # D=256: the warp-specialized n64 s2 led every config at every shape once K's ring slots were
 # handed back a block before V's (0.90-1.06x cuDNN; n32 s4 0.75-0.80x, docs/NOTES.md).
-DEFAULTS = {128: (128, 3, True), 64: (64, 4), 256: (64, 2, True)}
+DEFAULTS = {128: Candidate(128, 3, ws=True), 64: Candidate(64, 4),
+            256: Candidate(64, 2, ws=True)}
 # Where a causal call's default differs: at D=64 the warp-specialized n64 s3 at two CTAs an
 # SM led the one-partition n64 s4 by 1-2.5% from 2048 keys (docs/NOTES.md).
-CAUSAL_DEFAULTS = {64: (64, 3, True, False, 2)}
+CAUSAL_DEFAULTS = {64: Candidate(64, 3, ws=True, ctas=2)}
 # The persistent warp-specialized kernel (PERSISTENT=True: CTAS CTAs an SM take the tiles from
 # a counter) is the default (``config_for``) in the cases of PERSISTENT_RULES (head dim, causal)
 # where a tile's work is short and there is more than one wave of tiles: with at most
@@ -117,13 +135,12 @@ def _smem_bytes(block_n: int, stages: int, head_dim: int, itemsize: int = 2,
     return tiles + 16 * 4 * stages + 64 + 256 + (64 if persistent else 0)
 
 
-def _cfg_key(c) -> tuple:
-    """(BLOCK_N, STAGES, WS, PERSISTENT, CTAs an SM) of a config dict or tuple."""
+def _cfg_key(c) -> Candidate:
+    """The :class:`Candidate` of a launch config dict, a Candidate or a tuple of its fields."""
     if isinstance(c, dict):
-        return (c["BLOCK_N"], c["STAGES"], bool(c.get("WS", False)),
-                bool(c.get("PERSISTENT", False)), c.get("CTAS", 1))
-    return (c[0], c[1], bool(c[2]) if len(c) > 2 else False,
-            bool(c[3]) if len(c) > 3 else False, c[4] if len(c) > 4 else 1)
+        return Candidate(c["BLOCK_N"], c["STAGES"], bool(c.get("WS", False)),
+                         bool(c.get("PERSISTENT", False)), c.get("CTAS", 1))
+    return Candidate(*c)
 
 
 def config_dict(block_n: int, stages: int, ws: bool = False, persistent: bool = False,
