@@ -187,8 +187,8 @@ def fwd_backend(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0) -> str
     cfg = hopper.call_config(q, k, causal)
     if cfg.get("PERSISTENT"):
         ctas = cfg.get("CTAS", 1)
-        tail = (f", persistent: {'one CTA' if ctas == 1 else f'{ctas} CTAs'} an SM take tiles "
-                "from a counter; warp-specialized)")
+        who = "one CTA an SM takes" if ctas == 1 else f"{ctas} CTAs an SM take"
+        tail = f", persistent: {who} tiles from a counter; warp-specialized)"
     elif cfg.get("WS"):
         tail = (", warp-specialized TMA loader"
                 + (f", {cfg['CTAS']} CTAs an SM)" if cfg.get("CTAS", 1) > 1 else ")"))
