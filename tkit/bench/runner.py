@@ -1,7 +1,7 @@
 """Run specs: time tkit and its baselines interleaved (GPU), or check them (interpreter, CPU).
 
-Interleaving: for every case, each round times every provider once, the order rotated by one
-each round (:func:`tkit.bench.timing.round_order`); the reported median is the median of the
+Interleaving: for every case, each round times every provider once, in an order rotated from
+round to round (:func:`tkit.bench.timing.round_order`); the reported median is the median of the
 rounds' medians (and likewise for p20/p80). Drift in clocks or temperature then touches every
 provider alike instead of whichever ran last, and so does the position in a round.
 """
