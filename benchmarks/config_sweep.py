@@ -1366,11 +1366,9 @@ def sweep_attention_d64_2cta(rows):
     cap, consumers at 104 / 112), per tile and persistent, beside the one-CTA configs, the
     defaults and cuDNN, at the D=64 shapes of :data:`ATTENTION_D64_CASES` and
     :data:`ATTENTION_D64_2CTA_MORE`."""
-    from tkit.kernels.attention import hopper as AH
-
-    extra = {f"2cta {'persistent' if p else 'ws'} n{bn} s{st}": AH.config_dict(bn, st, True, p, 2)
-             for bn, st, p in ((64, 4, True), (32, 4, True), (64, 2, False), (64, 3, False),
-                               (32, 4, False))}
+    extra = {n: _named_config(n) for n in (
+        "2cta persistent n64 s4", "2cta persistent n32 s4", "2cta ws n64 s2", "2cta ws n64 s3",
+        "2cta ws n32 s4")}
     for B, S, hq, hk, d, causal in ATTENTION_D64_CASES + ATTENTION_D64_2CTA_MORE:
         _attention_forward_case(rows, B, S, hq, hk, d, causal, extra=extra)
 
@@ -1391,11 +1389,8 @@ def sweep_attention_d64_causal(rows):
     the two-CTA per-tile kernel elsewhere) beside the one-partition n64 s4 (the per-tile
     default before them), both two-CTA configs forced, the Triton kernel and SDPA's cuDNN
     backend."""
-    from tkit.kernels.attention import hopper as AH
-
-    extra = {"plain n64 s4": AH.config_dict(64, 4),
-             "2cta persistent n64 s4": AH.config_dict(64, 4, True, True, 2),
-             "2cta ws n64 s3": AH.config_dict(64, 3, True, False, 2)}
+    extra = {n: _named_config(n)
+             for n in ("plain n64 s4", "2cta persistent n64 s4", "2cta ws n64 s3")}
     for B, S, hq, hk, d, causal in ATTENTION_D64_CAUSAL_CASES:
         _attention_forward_case(rows, B, S, hq, hk, d, causal, extra=extra, persistent=False)
 

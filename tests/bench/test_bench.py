@@ -552,7 +552,6 @@ def test_tkit_bench_command_on_gpu_writes_results_and_plot(tmp_path):
     assert (tmp_path / "t.json").exists() and (tmp_path / "t.png").exists()
 
 
-
 def test_rounds_rotate_the_providers(monkeypatch):
     """Each round times the providers in a rotated order, so that none keeps one position in
     every round (positions are not neutral on the GPU): over 3 rounds of 3 providers each

@@ -402,6 +402,7 @@ def test_warp_specialized_key_loop_has_no_cta_barrier(compiled):
         assert ws and all(len(b) == WS_BARRIERS and all(re.fullmatch(r"bar\.sync\s+\d+,\s*128;", x)
                                               for x in b) for b in ws), ws
 
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_compiled_two_ctas_an_sm(compiled, causal):
     """The D=64 configs at two CTAs an SM compile within their launch cap (two CTAs' registers
@@ -420,7 +421,6 @@ def test_compiled_two_ctas_an_sm(compiled, causal):
             rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{AH.WS_TWO_CTA_CONSUMER_REGS};", ptx)
         loops = _inner_wgmma_loops(ptx)
         assert len(loops) == 4 and not any(re.search(r"\b(ld|st)\.local", b) for b in loops)
-
 
 
 # ---- GPU -----------------------------------------------------------------------------------

@@ -85,22 +85,25 @@ CAUSAL_DEFAULTS = {64: Candidate(64, 3, ws=True, ctas=2)}
 
 @dataclass(frozen=True)
 class PersistentRule:
-    """The persistent default of one (head dim, causal) case: its BLOCK_N, STAGES and CTAs an
-    SM, and the most keys a tile (on average) it takes (None: no limit)."""
-    block_n: int
-    stages: int
-    ctas: int = 1
+    """The persistent default of one (head dim, causal) case: its :class:`Candidate` (a
+    persistent one) and the most keys a tile (on average) it takes (None: no limit)."""
+    candidate: Candidate
     max_keys: int | None = 1088
 
     def config(self) -> dict:
-        return config_dict(self.block_n, self.stages, True, True, self.ctas)
+        return config_dict(*self.candidate)
+
+
+def _persistent(block_n: int, stages: int, ctas: int = 1) -> Candidate:
+    return Candidate(block_n, stages, ws=True, persistent=True, ctas=ctas)
 
 
 PERSISTENT_RULES = {
-    (128, False): PersistentRule(128, 2, max_keys=2048), (128, True): PersistentRule(64, 5),
-    (64, False): PersistentRule(128, 4, max_keys=None),
+    (128, False): PersistentRule(_persistent(128, 2), max_keys=2048),
+    (128, True): PersistentRule(_persistent(64, 5)),
+    (64, False): PersistentRule(_persistent(128, 4), max_keys=None),
     # a limit between the measured win (576 keys a tile) and loss (1088)
-    (64, True): PersistentRule(64, 4, ctas=2, max_keys=768),
+    (64, True): PersistentRule(_persistent(64, 4, ctas=2), max_keys=768),
 }
 TRITON_UNLESS_PERSISTENT = frozenset({(64, False)})
 
@@ -218,7 +221,8 @@ def _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms) -> Persis
     keys = (seqlen_k + BLOCK_M) / 2 if causal else seqlen_k
     if rule.max_keys is not None and keys > rule.max_keys:
         return None
-    if not _fits(rule.block_n, rule.stages, head_dim, itemsize, True, True, rule.ctas):
+    c = rule.candidate
+    if not _fits(c.block_n, c.stages, head_dim, itemsize, c.ws, c.persistent, c.ctas):
         return None
     return rule
 
