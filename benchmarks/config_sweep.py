@@ -1413,6 +1413,24 @@ ATTENTION_RING_CASES = [
 ]
 
 
+#: (B, S, Hq, Hkv, D, causal): D=128 around the persistent rules' key limits (causal n64 s5 up
+#: to 1088 keys a tile, n128 s2 without a mask up to 2048), where the rotated rounds read
+#: n128 s2 ahead at 2048 causal and 4096 non-causal keys
+ATTENTION_D128_RULE_CASES = [(16, 1024, 16, 16, 128, True), (12, 1280, 16, 16, 128, True),
+                             (10, 1536, 16, 16, 128, True), (8, 2048, 16, 16, 128, True),
+                             (4, 4096, 16, 16, 128, True), (4, 4096, 32, 8, 128, True),
+                             (1, 16384, 16, 16, 128, True), (4, 4096, 16, 16, 128, False),
+                             (2, 8192, 16, 16, 128, False)]
+
+
+def sweep_attention_d128_rules(rows):
+    """:data:`ATTENTION_D128_RULE_CASES`: the persistent n128 s2 and n64 s5 forced beside
+    ``tkit.flash_attention``, the per-tile default, the Triton kernel and cuDNN."""
+    extra = {n: _named_config(n) for n in ("persistent n128 s2", "persistent n64 s5")}
+    for B, S, hq, hk, d, causal in ATTENTION_D128_RULE_CASES:
+        _attention_forward_case(rows, B, S, hq, hk, d, causal, extra=extra, persistent=False)
+
+
 def _named_config(name):
     """A Gluon forward config from its sweep name ("[2cta ]plain|ws|persistent nN sS")."""
     from tkit.kernels.attention import hopper as AH
@@ -1826,7 +1844,8 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "attention_d64_short": sweep_attention_d64_short,
           "attention_d64_2cta": sweep_attention_d64_2cta,
           "attention_d64_causal": sweep_attention_d64_causal,
-          "attention_ring": sweep_attention_ring}
+          "attention_ring": sweep_attention_ring,
+          "attention_d128_rules": sweep_attention_d128_rules}
 
 
 def main(argv):
