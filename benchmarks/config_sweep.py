@@ -1413,9 +1413,9 @@ ATTENTION_RING_CASES = [
 ]
 
 
-#: (B, S, Hq, Hkv, D, causal): D=128 around the persistent rules' key limits (causal n64 s5 up
-#: to 1088 keys a tile, n128 s2 without a mask up to 2048), where the rotated rounds read
-#: n128 s2 ahead at 2048 causal and 4096 non-causal keys
+#: (B, S, Hq, Hkv, D, causal): D=128 around the persistent rules' key limits (they stood at
+#: causal n64 s5 up to 1088 keys a tile and n128 s2 without a mask up to 2048 when the rotated
+#: rounds read n128 s2 ahead at 2048 causal and 4096 non-causal keys)
 ATTENTION_D128_RULE_CASES = [(16, 1024, 16, 16, 128, True), (12, 1280, 16, 16, 128, True),
                              (10, 1536, 16, 16, 128, True), (8, 2048, 16, 16, 128, True),
                              (4, 4096, 16, 16, 128, True), (4, 4096, 32, 8, 128, True),

@@ -87,26 +87,32 @@ def test_default_at_d128_is_warp_specialized():
 
 
 def test_persistent_rule():
-    """Calls without a config take the persistent kernel of their PERSISTENT_RULES case where
-    tiles are short (at most its max_keys keys a tile on average) and outnumber the SMs, the
-    per-tile default elsewhere: one wave (B1 x 32 heads x 4 query blocks), long tiles (causal
-    4096, non-causal 2048; D=64 causal 2048). D=64 causal runs two CTAs an SM, persistent or
-    per tile; D=64 without a mask goes to the Triton kernel outside the rule
-    (``declines``)."""
+    """Calls without a config take the persistent kernel of the first PERSISTENT_RULES entry of
+    their case whose max_keys holds (keys a tile on average) where tiles outnumber the SMs,
+    the per-tile default elsewhere: one wave (B1 x 32 heads x 4 query blocks), long tiles
+    (non-causal 8192; D=64 causal 2048). D=128 causal runs n64 s5 up to 768 keys a tile and
+    n128 s2 beyond, at any length. D=64 causal runs two CTAs an SM, persistent or per tile;
+    D=64 without a mask goes to the Triton kernel outside the rule (``declines``)."""
     def cfg(b, s, h, causal, d=128, sk=None):
         tiles = b * h * -(-s // AH.BLOCK_M)
         return AH.config_for(d, 2, s, sk or s, causal, tiles, 132)
 
-    persistent = AH.PERSISTENT_RULES[(128, True)].config()
-    assert persistent == AH.config_dict(64, 5, True, True)
-    assert cfg(32, 512, 16, True) == persistent
-    assert cfg(8, 2048, 16, True) == persistent  # (2048 + 128) / 2 keys a tile
-    # without a mask: 128-key blocks in a two-stage ring, up to 2048 keys
-    wide = AH.PERSISTENT_RULES[(128, False)].config()
+    short, long = (r.config() for r in AH.PERSISTENT_RULES[(128, True)])
+    assert short == AH.config_dict(64, 5, True, True)
+    assert long == AH.config_dict(128, 2, True, True)
+    for b, s in ((32, 512), (16, 1024), (12, 1280)):  # (s + 128) / 2 <= 768 keys a tile
+        assert cfg(b, s, 16, True) == short, s
+    for b, s in ((10, 1536), (8, 2048), (4, 4096), (1, 16384)):
+        assert cfg(b, s, 16, True) == long, s
+    assert cfg(4, 4096, 32, True) == long  # GQA: the tiles are the query heads'
+    # without a mask: 128-key blocks in a two-stage ring, up to 4096 keys
+    (rule,) = AH.PERSISTENT_RULES[(128, False)]
+    wide = rule.config()
     assert wide == AH.config_dict(128, 2, True, True) and wide in AH.configs(128)
-    assert cfg(16, 1024, 16, False) == wide and cfg(8, 2048, 16, False) == wide
-    for c in (cfg(1, 512, 32, True), cfg(4, 4096, 16, True), cfg(4, 4096, 16, False),
-              cfg(8, 2048, 16, True, d=64), cfg(32, 100, 16, False, sk=4096)):
+    for b, s in ((16, 1024), (8, 2048), (4, 4096)):
+        assert cfg(b, s, 16, False) == wide, s
+    for c in (cfg(1, 512, 32, True), cfg(2, 8192, 16, False), cfg(8, 2048, 16, True, d=64),
+              cfg(32, 100, 16, False, sk=8192)):
         assert not c.get("PERSISTENT"), c
     # D=64 causal: two CTAs an SM (3 warpgroups x 2 CTAs within the register file, the shared
     # memory twice within the SM's), persistent up to 1024 keys, per tile beyond and in one wave
@@ -121,8 +127,9 @@ def test_persistent_rule():
         assert cfg(b, s, h, True, d=64) == per_tile, (b, s, h)
     with pytest.raises(ValueError, match="ctas"):
         AH.config_dict(64, 4, False, False, 2)
-    assert cfg(4, 4096, 16, True) == AH.default_config(128)
-    d64 = AH.PERSISTENT_RULES[(64, False)].config()
+    assert cfg(1, 512, 8, True) == AH.default_config(128)  # 32 tiles: one wave
+    (rule,) = AH.PERSISTENT_RULES[(64, False)]
+    d64 = rule.config()
     assert d64["BLOCK_N"] == 128 and cfg(32, 512, 16, False, d=64) == d64
     assert cfg(8, 1024, 16, False, d=64) == d64
     assert cfg(4, 4096, 16, False, d=64) == d64  # no key limit at D=64 without a mask
@@ -142,7 +149,7 @@ def test_persistent_rule():
         assert cfg(4, 4096, 16, causal, d=256) == AH.config_dict(64, 2, True)
     c = cfg(32, 512, 16, True)
     c.pop("PERSISTENT")  # a fresh dict each call: callers pop from it
-    assert cfg(32, 512, 16, True) == persistent
+    assert cfg(32, 512, 16, True) == short
 
 
 def test_configs_fit_shared_memory():
@@ -453,7 +460,7 @@ def _schedule_config(ws, d):
     if ws == "persistent":
         if (d, False) not in AH.PERSISTENT_RULES:
             pytest.skip(f"no persistent config fits at head dim {d}")
-        return AH.PERSISTENT_RULES[(d, False)].config()
+        return AH.PERSISTENT_RULES[(d, False)][0].config()
     return AH.config_dict(*AH.DEFAULTS[d][:2], ws)
 
 
@@ -582,17 +589,19 @@ def test_gpu_persistent_grid_and_graph_replay():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("d, causal", [(128, True), (64, False)])
-def test_gpu_flash_attention_takes_the_persistent_kernel(d, causal):
-    """tkit.flash_attention at a short prefill with many tiles (16 x 8 heads x 4 query blocks;
-    D=128 causal, D=64 without a mask) launches the persistent kernel (fwd_backend says so),
-    against the reference; the repeated calls that its eager plan serves (a fresh zeroed tile
-    counter a call) and a CUDA-graph replay give the same bits as the first call on the same
-    inputs. D=64 without a mask in one wave of tiles goes to the Triton kernel."""
+@pytest.mark.parametrize("d, causal, b, s", [(128, True, 16, 512), (64, False, 16, 512),
+                                             (128, True, 2, 2048)])
+def test_gpu_flash_attention_takes_the_persistent_kernel(d, causal, b, s):
+    """tkit.flash_attention with many tiles (b x 8 heads x s / 128 query blocks; D=128 causal
+    at short tiles (n64 s5) and long ones (n128 s2), D=64 without a mask) launches the
+    persistent kernel (fwd_backend says so), against the reference; the repeated calls that
+    its eager plan serves (a fresh zeroed tile counter a call) and a CUDA-graph replay give
+    the same bits as the first call on the same inputs. D=64 without a mask in one wave of
+    tiles goes to the Triton kernel."""
     import tkit
     from tkit.kernels import attention as A
 
-    q, k, v = _qkv(16, 512, 512, 8, 4, d, torch.bfloat16, "cuda", seed=51)
+    q, k, v = _qkv(b, s, s, 8, 4, d, torch.bfloat16, "cuda", seed=51)
     assert "persistent" in A.fwd_backend(q, k, v, causal=causal)
     with _launches() as seen:
         check_against_reference(lambda q, k, v: tkit.flash_attention(q, k, v, causal=causal,

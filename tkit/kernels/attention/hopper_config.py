@@ -69,26 +69,29 @@ DEFAULTS = {128: Candidate(128, 3, ws=True), 64: Candidate(64, 4),
 CAUSAL_DEFAULTS = {64: Candidate(64, 3, ws=True, ctas=2)}
 # The persistent warp-specialized kernel (PERSISTENT=True: CTAS CTAs an SM take the tiles from
 # a counter) is the default (``config_for``) in the cases of PERSISTENT_RULES (head dim, causal)
-# where a tile's work is short and there is more than one wave of tiles: with at most
-# ``max_keys`` keys a tile on average (causal: about (seqlen_k + BLOCK_M) / 2), where the
-# per-tile grid pays each CTA's start (Q and the first K/V blocks' latency, the first block
-# without overlap) and its epilogue with the tensor cores idle. Longer tiles measured faster on
-# the per-tile kernels. Its config per case: n64 s5 at D=128 causal; n128 s2 (all the ring
-# that fits beside two Q buffers) at D=128 without a mask, where it led n64 s5 and the
-# per-tile kernel by 4-7% up to 2048 keys once K's slots were handed back before V's; n128
-# s4 at D=64 without a mask, at every length since then (at 2048 and 4096 keys it led the
-# Triton kernel by 3-5%); D=64 causal led at two CTAs an SM (n64 s4) up to 1024 keys (576 a
-# tile) and lost at 2048 (1088 a tile), where every one-CTA persistent config lost to the
-# per-tile kernel too (docs/NOTES.md). D=64 without a mask takes the Gluon kernel only
-# there (TRITON_UNLESS_PERSISTENT): in one wave of tiles the Triton kernel stays.
+# where there is more than one wave of tiles, each rule up to ``max_keys`` keys a tile on
+# average (causal: about (seqlen_k + BLOCK_M) / 2; the first rule of a case that holds wins).
+# Short tiles are where the per-tile grid pays each CTA's start (Q and the first K/V blocks'
+# latency, the first block without overlap) and its epilogue with the tensor cores idle.
+# Since K's ring slots are handed back a block before V's, the two-stage n128 s2 (all the
+# ring that fits beside two Q buffers at D=128) also leads at long tiles: D=128 causal takes
+# n64 s5 up to 768 keys a tile (it led n128 s2 by 5-8% at 576, tied at 704) and n128 s2
+# beyond, at any length (2-8% ahead of n64 s5 and the per-tile kernel from 1088 keys, GQA
+# and 16K tokens included); without a mask n128 s2 up to 4096 keys (beyond, it tied the
+# per-tile kernel). D=64: n128 s4 without a mask at every length (at 2048 and 4096 keys it
+# led the Triton kernel by 3-5%); causal at two CTAs an SM (n64 s4) up to 1024 keys (576 a
+# tile), lost at 2048 (1088 a tile), where every one-CTA persistent config lost to the
+# per-tile kernel too. D=64 without a mask takes the Gluon kernel only there
+# (TRITON_UNLESS_PERSISTENT): in one wave of tiles the Triton kernel stays. Measurements in
+# docs/NOTES.md.
 
 
 @dataclass(frozen=True)
 class PersistentRule:
-    """The persistent default of one (head dim, causal) case: its :class:`Candidate` (a
+    """One persistent default of a (head dim, causal) case: its :class:`Candidate` (a
     persistent one) and the most keys a tile (on average) it takes (None: no limit)."""
     candidate: Candidate
-    max_keys: int | None = 1088
+    max_keys: int | None
 
     def config(self) -> dict:
         return config_dict(*self.candidate)
@@ -99,11 +102,12 @@ def _persistent(block_n: int, stages: int, ctas: int = 1) -> Candidate:
 
 
 PERSISTENT_RULES = {
-    (128, False): PersistentRule(_persistent(128, 2), max_keys=2048),
-    (128, True): PersistentRule(_persistent(64, 5)),
-    (64, False): PersistentRule(_persistent(128, 4), max_keys=None),
+    (128, False): (PersistentRule(_persistent(128, 2), max_keys=4096),),
+    (128, True): (PersistentRule(_persistent(64, 5), max_keys=768),
+                  PersistentRule(_persistent(128, 2), max_keys=None)),
+    (64, False): (PersistentRule(_persistent(128, 4), max_keys=None),),
     # a limit between the measured win (576 keys a tile) and loss (1088)
-    (64, True): PersistentRule(_persistent(64, 4, ctas=2), max_keys=768),
+    (64, True): (PersistentRule(_persistent(64, 4, ctas=2), max_keys=768),),
 }
 TRITON_UNLESS_PERSISTENT = frozenset({(64, False)})
 
@@ -214,17 +218,17 @@ def config_for(head_dim: int, itemsize: int, seqlen_q: int, seqlen_k: int, causa
 
 
 def _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms) -> PersistentRule | None:
-    """The :class:`PersistentRule` of this case where it holds, else None."""
-    rule = PERSISTENT_RULES.get((head_dim, bool(causal)))
-    if rule is None or tiles <= sms:
+    """The first :class:`PersistentRule` of this case that holds, else None."""
+    if tiles <= sms:
         return None
     keys = (seqlen_k + BLOCK_M) / 2 if causal else seqlen_k
-    if rule.max_keys is not None and keys > rule.max_keys:
-        return None
-    c = rule.candidate
-    if not _fits(c.block_n, c.stages, head_dim, itemsize, c.ws, c.persistent, c.ctas):
-        return None
-    return rule
+    for rule in PERSISTENT_RULES.get((head_dim, bool(causal)), ()):
+        if rule.max_keys is not None and keys > rule.max_keys:
+            continue
+        c = rule.candidate
+        if _fits(c.block_n, c.stages, head_dim, itemsize, c.ws, c.persistent, c.ctas):
+            return rule
+    return None
 
 
 def declines(head_dim: int, itemsize: int, seqlen_k: int, causal: bool, tiles: int,
@@ -235,7 +239,8 @@ def declines(head_dim: int, itemsize: int, seqlen_k: int, causal: bool, tiles: i
     case = (head_dim, bool(causal))
     if (case in TRITON_UNLESS_PERSISTENT
             and _persistent_rule(head_dim, itemsize, seqlen_k, causal, tiles, sms) is None):
-        limit = PERSISTENT_RULES[case].max_keys
+        limits = [r.max_keys for r in PERSISTENT_RULES[case]]
+        limit = None if None in limits else max(limits)
         return (f"head_dim {head_dim}{' causal' if causal else ''}: the Gluon kernel only "
                 f"where the persistent one applies (> {sms} tiles"
                 f"{'' if limit is None else f' of <= {limit} keys'}); the Triton kernel is "
