@@ -1432,39 +1432,13 @@ def sweep_attention_d128_rules(rows):
 
 
 def _named_config(name):
-    """A Gluon forward config from its sweep name ("[pp ][2cta ]plain|ws|persistent nN sS";
-    pp: the consumers issue their wgmmas in turns, PINGPONG)."""
+    """A Gluon forward config from its sweep name ("[2cta ]plain|ws|persistent nN sS")."""
     from tkit.kernels.attention import hopper as AH
 
-    pingpong = name.startswith("pp ")
-    name = name.removeprefix("pp ")
     ctas = 2 if name.startswith("2cta ") else 1
     kind, bn, st = name.removeprefix("2cta ").split()
-    cfg = AH.config_dict(int(bn[1:]), int(st[1:]), kind != "plain", kind == "persistent", ctas)
-    if pingpong:
-        cfg["PINGPONG"] = True
-    return cfg
-
-
-#: (B, S, Hq, Hkv, D, causal) and each case's default config by name, timed beside its
-#: PINGPONG form (the consumers issuing their wgmmas in turns, FlashAttention-3's ping-pong)
-ATTENTION_PINGPONG_CASES = [
-    ((4, 4096, 16, 16, 128, False), "ws n128 s3"),
-    ((16, 1024, 16, 16, 128, False), "persistent n128 s2"),
-    ((4, 4096, 16, 16, 128, True), "persistent n128 s2"),
-    ((8, 2048, 16, 16, 128, True), "persistent n128 s2"),
-    ((32, 512, 16, 16, 128, True), "persistent n64 s5"),
-    ((4, 4096, 16, 16, 256, True), "ws n64 s2"),
-    ((4, 4096, 16, 16, 64, True), "2cta ws n64 s3"),
-]
-
-
-def sweep_attention_pingpong(rows):
-    """:data:`ATTENTION_PINGPONG_CASES`: each default config and its ping-pong form forced,
-    beside ``tkit.flash_attention``, the Triton kernel and cuDNN."""
-    for (B, S, hq, hk, d, causal), name in ATTENTION_PINGPONG_CASES:
-        extra = {n: _named_config(n) for n in (name, "pp " + name)}
-        _attention_forward_case(rows, B, S, hq, hk, d, causal, extra=extra, persistent=False)
+    return AH.config_dict(int(bn[1:]), int(st[1:]), kind != "plain", kind == "persistent",
+                          ctas)
 
 
 def sweep_attention_ring(rows):
@@ -1871,8 +1845,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "attention_d64_2cta": sweep_attention_d64_2cta,
           "attention_d64_causal": sweep_attention_d64_causal,
           "attention_ring": sweep_attention_ring,
-          "attention_d128_rules": sweep_attention_d128_rules,
-          "attention_pingpong": sweep_attention_pingpong}
+          "attention_d128_rules": sweep_attention_d128_rules}
 
 
 def main(argv):

@@ -430,34 +430,6 @@ def test_compiled_two_ctas_an_sm(compiled, causal):
         assert len(loops) == 4 and not any(re.search(r"\b(ld|st)\.local", b) for b in loops)
 
 
-def _pingpong(cfg):
-    return {**cfg, "PINGPONG": True}
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_compiled_pingpong(compiled, causal):
-    """PINGPONG (the consumers issue their wgmmas in turns) at D=128: the per-tile default and
-    both persistent configs compile without spills, with the wgmmas and their waits of the
-    build without turns (ptxas serializes none), and in each key loop a turn taken before the
-    wgmmas and handed over after them: one more mbarrier wait and one more arrive a block
-    (the turn's arrive goes before the waits on the wgmmas, the slots' after them)."""
-    arrive = "mbarrier.arrive.shared::cta.b64"
-    for cfg in (AH.config_dict(128, 3, True), *(r.config() for r in
-                                                AH.PERSISTENT_RULES[(128, True)])):
-        k0, sass0, _ = compiled(128, causal, torch.bfloat16, cfg)
-        k, sass, usage = compiled(128, causal, torch.bfloat16, _pingpong(cfg))
-        assert re.search(r"LOCAL:0\b", usage) and not re.search(r"\b(LDL|STL)\b", sass)
-        for op in ("HGMMA", "WARPGROUP.DEPBAR", "WARPGROUP.ARRIVE"):
-            assert sass.count(op) == sass0.count(op), (cfg, op)
-        loops, loops0 = _inner_wgmma_loops(k.asm["ptx"]), _inner_wgmma_loops(k0.asm["ptx"])
-        assert len(loops) == len(loops0) == 4
-        for body, body0 in zip(loops, loops0):
-            assert body.count(arrive) == body0.count(arrive) + 1 == 3
-            assert body.count("mbarrier.try_wait") > body0.count("mbarrier.try_wait")
-            assert body.index(arrive) < body.index("wgmma.wait_group.sync.aligned 1;")
-        assert k.metadata.shared <= AH.SMEM_LIMIT
-
-
 # ---- GPU -----------------------------------------------------------------------------------
 def _fn(causal, config=None):
     def fn(q, k, v, **kw):
@@ -477,18 +449,10 @@ def _ref(causal):
 SCHEDULES = [pytest.param(False, id="plain"),
              pytest.param(True, id="ws"),
              pytest.param("persistent", id="persistent"),
-             pytest.param("persistent2", id="persistent2"),
-             pytest.param("pingpong", id="pingpong"),
-             pytest.param("pingpong-persistent", id="pingpong-persistent")]
+             pytest.param("persistent2", id="persistent2")]
 
 
 def _schedule_config(ws, d):
-    if ws == "pingpong":  # the per-tile warp-specialized kernel, consumers in turns
-        return _pingpong(AH.config_dict(*AH.DEFAULTS[d][:2], True))
-    if ws == "pingpong-persistent":  # the causal short-tile rule: one-CTA n64 s5 at D=128
-        if (d, True) not in AH.PERSISTENT_RULES:
-            pytest.skip(f"no persistent config fits at head dim {d}")
-        return _pingpong(AH.PERSISTENT_RULES[(d, True)][0].config())
     if ws == "persistent2":  # two CTAs an SM: the D=64 candidate
         if d != 64:
             pytest.skip("the two-CTA persistent config is D=64's")
@@ -567,19 +531,16 @@ def test_gpu_packed_qkv_and_fully_masked_rows(ws):
 def test_gpu_persistent_walks_many_tiles_a_cta(monkeypatch, sms, d):
     """The persistent kernel on grids of 1, 3 and 7 CTAs (the SM count stood in for), so each
     CTA walks many tiles: its ring and Q buffers wrap across tiles of different key ranges
-    (causal, seqlen_q != seqlen_k, rows that see no key, GQA), every persistent config, with
-    and without PINGPONG (whose turns run on across the tiles, with the warpgroups' key block
-    counts unequal where 64-key blocks lie above the first warpgroup's rows), against the
-    reference; outputs poisoned."""
+    (causal, seqlen_q != seqlen_k, rows that see no key, GQA), every persistent config,
+    against the reference; outputs poisoned."""
     monkeypatch.setattr(AH.D, "sm_count", lambda device=None: sms)
     cases = [(3, 300, 300, 4, 2, False), (2, 257, 700, 4, 1, True), (2, 700, 257, 2, 2, True),
              (1, 1000, 1000, 3, 3, True)]
     for i, (b, sq, sk, hq, hk, causal) in enumerate(cases):
         args = _qkv(b, sq, sk, hq, hk, d, torch.bfloat16, "cuda", seed=20 + i)
         for cfg in (c for c in AH.configs(d, ws=True) if c.get("PERSISTENT")):
-            for c in (cfg, _pingpong(cfg)):  # the turns carried across a CTA's tiles too
-                with poisoned_outputs():
-                    check_against_reference(_fn(causal, c), _ref(causal), args)
+            with poisoned_outputs():
+                check_against_reference(_fn(causal, cfg), _ref(causal), args)
 
 
 @contextlib.contextmanager

@@ -222,40 +222,18 @@ def _softmax_step(s, m_i, l_i, qk_scale, n0, rows, seqlen_k, shift,
 
 
 @gluon.jit
-def _turn_wait(turns, WG: gl.constexpr, t, PINGPONG: gl.constexpr):
-    """PINGPONG (the warp-specialized kernels' consumers issue their wgmmas in turns): wait
-    for this warpgroup's turn ``t`` (its t-th issue, counted from 0 over the CTA's life).
-    ``turns.index(w)`` completes a phase each time the other warpgroup has issued, so
-    warpgroup 0's turn t waits for phase t - 1 (a fresh barrier reads as if phase -1 had
-    completed: turn 0 passes at once) and warpgroup 1's for phase t. Neither gets two turns
-    ahead, so the parity never aliases."""
-    if PINGPONG:
-        mbarrier.wait(turns.index(WG), (t & 1) ^ (1 - WG))
-
-
-@gluon.jit
-def _turn_pass(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """PINGPONG: this warpgroup has issued its wgmmas; the other's turn."""
-    if PINGPONG:
-        mbarrier.arrive(turns.index(1 - WG), count=1)
-
-
-@gluon.jit
 def _overlapped_step(j, o, p, m_i, l_i, q_op, smem, qk_scale, rows, seqlen_k, shift, base,
                      q_bar, q_phase, s_layout: gl.constexpr, ROWS_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                     CAUSAL: gl.constexpr, MASKED: gl.constexpr, turns=None,
-                     WG: gl.constexpr = 0, t=0, PINGPONG: gl.constexpr = False):
+                     CAUSAL: gl.constexpr, MASKED: gl.constexpr):
     """Key block j >= 1, the part both schedules share: S_j issued, PV_{j-1} issued, the
     softmax of S_j under PV_{j-1}, then PV_{j-1} retired. Returns (o, p_j unconverted, m, l,
     alpha, the ring slot of block j-1, now free of this warpgroup's readers). ``q_op``: this
     warpgroup's Q rows, [ROWS_M, HEAD_DIM], the QK^T wgmma's A operand. Block j is the ring's
     block ``base + j`` (the persistent kernel numbers its blocks across its tiles), ``q_bar``
-    the mbarrier of this tile's Q, completed in phase ``q_phase``. PINGPONG: both wgmmas are
-    issued in this warpgroup's turn ``t`` (:func:`_turn_wait`)."""
+    the mbarrier of this tile's Q, completed in phase ``q_phase``."""
     g = base + j
     slot = g % STAGES
-    _turn_wait(turns, WG, t, PINGPONG)
     mbarrier.wait(smem.k_bars.index(slot), (g // STAGES) & 1)
     k_t = smem.k.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     s_zero = gl.zeros([ROWS_M, BLOCK_N], gl.float32, s_layout)
@@ -265,7 +243,6 @@ def _overlapped_step(j, o, p, m_i, l_i, q_op, smem, qk_scale, rows, seqlen_k, sh
     mbarrier.wait(smem.v_bars.index(pslot), (prev // STAGES) & 1)
     v_prev = smem.v.index(pslot).reshape([BLOCK_N, HEAD_DIM])
     o_tok = warpgroup_mma(p, v_prev, o, is_async=True)
-    _turn_pass(turns, WG, PINGPONG)
     s = warpgroup_mma_wait(1, deps=(s_tok, q_op, k_t))[0]
     p_new, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, j * BLOCK_N, rows, seqlen_k,
                                            shift, s_layout, BLOCK_N, CAUSAL, MASKED)
@@ -308,19 +285,16 @@ def _block_step(j, o, p, m_i, l_i, q_op, smem, k_desc, v_desc, qk_scale, rows, s
 def _first_block(q_op, smem, m_i, l_i, qk_scale, rows, seqlen_k, shift, base, q_bar, q_phase,
                  s_layout: gl.constexpr, p_layout: gl.constexpr, ROWS_M: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, turns=None, WG: gl.constexpr = 0, t=0,
-                 PINGPONG: gl.constexpr = False):
+                 CAUSAL: gl.constexpr):
     """Key block 0 (the ring's block ``base``): S_0 and its softmax (masked: it may be a
     diagonal or ragged block), P_0 in the wgmma A-operand layout; Q's mbarrier ``q_bar`` is
     waited for in phase ``q_phase``."""
     mbarrier.wait(q_bar, q_phase)
     slot = base % STAGES
-    _turn_wait(turns, WG, t, PINGPONG)
     mbarrier.wait(smem.k_bars.index(slot), (base // STAGES) & 1)
     k_t = smem.k.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     s_tok = warpgroup_mma(q_op, k_t, gl.zeros([ROWS_M, BLOCK_N], gl.float32, s_layout),
                           use_acc=False, is_async=True)
-    _turn_pass(turns, WG, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s_tok, q_op, k_t))[0]
     p0, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, 0, rows, seqlen_k, shift,
                                         s_layout, BLOCK_N, CAUSAL, True)
@@ -329,17 +303,14 @@ def _first_block(q_op, smem, m_i, l_i, qk_scale, rows, seqlen_k, shift, base, q_
 
 @gluon.jit
 def _last_pv(o, p, smem, n_tiles, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-             STAGES: gl.constexpr, base=0, turns=None, WG: gl.constexpr = 0, t=0,
-             PINGPONG: gl.constexpr = False):
+             STAGES: gl.constexpr, base=0):
     """O += P V of the last key block (the ring's block ``base + n_tiles - 1``), waited
     for."""
     last = base + n_tiles - 1
     lslot = last % STAGES
-    _turn_wait(turns, WG, t, PINGPONG)
     mbarrier.wait(smem.v_bars.index(lslot), (last // STAGES) & 1)
     v_last = smem.v.index(lslot).reshape([BLOCK_N, HEAD_DIM])
     o_tok = warpgroup_mma(p, v_last, o, is_async=True)
-    _turn_pass(turns, WG, PINGPONG)
     return warpgroup_mma_wait(0, deps=(o_tok, p, v_last))[0]
 
 
@@ -515,14 +486,13 @@ def _ws_block_step(j, o, p, m_i, l_i, q_op, smem, empty_bars, qk_scale, rows, se
                    base, q_bar, q_phase, s_layout: gl.constexpr, o_layout: gl.constexpr,
                    p_layout: gl.constexpr,
                    HALF_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr,
-                   turns, WG: gl.constexpr, t, PINGPONG: gl.constexpr):
-    """Key block j >= 1 for one consumer warpgroup: the overlapped step (in turn ``t`` with
-    PINGPONG), then V's slot of block j-1 and K's of block j (S_j has retired) handed back
-    to the loader by mbarrier arrives (no CTA barrier, no TMA here)."""
+                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+    """Key block j >= 1 for one consumer warpgroup: the overlapped step, then V's slot of
+    block j-1 and K's of block j (S_j has retired) handed back to the loader by mbarrier
+    arrives (no CTA barrier, no TMA here)."""
     o, p_new, m_i, l_i, alpha, pslot = _overlapped_step(
         j, o, p, m_i, l_i, q_op, smem, qk_scale, rows, seqlen_k, shift, base, q_bar, q_phase,
-        s_layout, HALF_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, MASKED, turns, WG, t, PINGPONG)
+        s_layout, HALF_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, MASKED)
     # PV_{j-1} (the V slot's last reader in this warpgroup) and S_j have retired
     mbarrier.arrive(empty_bars.index(STAGES + pslot), count=1)
     mbarrier.arrive(empty_bars.index((base + j) % STAGES), count=1)
@@ -534,7 +504,7 @@ def _ws_block_step(j, o, p, m_i, l_i, q_op, smem, empty_bars, qk_scale, rows, se
 def _ws_tile(WG: gl.constexpr, o_desc, smem, q4, q_bar, q_phase, empty_bars, q_free, release,
              LSE, slb, slh, b, h, m0, seqlen_q, seqlen_k, n_tiles, qk_scale, base,
              CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             PERSISTENT: gl.constexpr, turns, t, PINGPONG: gl.constexpr):
+             PERSISTENT: gl.constexpr):
     """One consumer warpgroup's work on one tile: query rows m0 + WG*HALF_M + [0, HALF_M)
     (Q in ``q4``, its mbarrier ``q_bar`` completing in phase ``q_phase``) against the tile's
     n_tiles key blocks (the ring's blocks ``base`` on), then its own epilogue (output
@@ -542,10 +512,7 @@ def _ws_tile(WG: gl.constexpr, o_desc, smem, q4, q_bar, q_phase, empty_bars, q_f
     this tile's first block is done the previous tile's store is waited for and its Q
     buffer handed back to the loader (``q_free``: its empty barrier; ``release``: whether
     there was a previous tile). No wgmma is issued under a branch (ptxas would serialize
-    every wgmma of the kernel). PINGPONG: the warpgroups issue their wgmmas in turns
-    (``turns``; this warpgroup's next turn is ``t``), n_tiles + 1 turns a tile each (a
-    warpgroup with fewer key blocks passes its remaining turns without a wgmma); returns the
-    turn after the tile's."""
+    every wgmma of the kernel)."""
     HALF_M: gl.constexpr = o_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = o_desc.block_type.shape[3]
     s_layout: gl.constexpr = _wgmma_acc_layout(gl.num_warps(), BLOCK_N)
@@ -578,7 +545,7 @@ def _ws_tile(WG: gl.constexpr, o_desc, smem, q4, q_bar, q_phase, empty_bars, q_f
     # ---- block 0 (masked)
     p, m_i, l_i = _first_block(q_half, smem, m_i, l_i, qk_scale, rows, seqlen_k, shift, base,
                                q_bar, q_phase, s_layout, p_layout, HALF_M, BLOCK_N, HEAD_DIM,
-                               STAGES, CAUSAL, turns, WG, t, PINGPONG)
+                               STAGES, CAUSAL)
     # S_0 has retired: K's slot of block 0 goes back
     mbarrier.arrive(empty_bars.index(base % STAGES), count=1)
     if PERSISTENT:
@@ -591,45 +558,40 @@ def _ws_tile(WG: gl.constexpr, o_desc, smem, q4, q_bar, q_phase, empty_bars, q_f
         o, p, m_i, l_i = _ws_block_step(j, o, p, m_i, l_i, q_half, smem, empty_bars, qk_scale,
                                         rows, seqlen_k, shift, base, q_bar, q_phase, s_layout,
                                         o_layout, p_layout, HALF_M, BLOCK_N, HEAD_DIM, STAGES,
-                                        CAUSAL, False, turns, WG, t + j, PINGPONG)
+                                        CAUSAL, False)
     for j in range(gl.maximum(n_full, 1), n_mine):
         o, p, m_i, l_i = _ws_block_step(j, o, p, m_i, l_i, q_half, smem, empty_bars, qk_scale,
                                         rows, seqlen_k, shift, base, q_bar, q_phase, s_layout,
                                         o_layout, p_layout, HALF_M, BLOCK_N, HEAD_DIM, STAGES,
-                                        CAUSAL, True, turns, WG, t + j, PINGPONG)
+                                        CAUSAL, True)
 
     # ---- last PV, then the epilogue through this warpgroup's half of the Q buffer (only its
     # own wgmmas read it)
-    o = _last_pv(o, p, smem, n_mine, BLOCK_N, HEAD_DIM, STAGES, base, turns, WG, t + n_mine,
-                 PINGPONG)
+    o = _last_pv(o, p, smem, n_mine, BLOCK_N, HEAD_DIM, STAGES, base)
     if PERSISTENT:  # the last block's V slot goes back to the loader too (the next tile's)
         mbarrier.arrive(empty_bars.index(STAGES + (base + n_mine - 1) % STAGES), count=1)
         # blocks above this warpgroup's rows: handed back unread, each slot once loaded (so
         # that the arrive counts toward this use of the slot, not the one before)
         for j in range(n_mine, n_tiles):
             g = base + j
-            _turn_wait(turns, WG, t + j + 1, PINGPONG)
-            _turn_pass(turns, WG, PINGPONG)
             mbarrier.wait(smem.k_bars.index(g % STAGES), (g // STAGES) & 1)
             mbarrier.arrive(empty_bars.index(g % STAGES), count=1)
             mbarrier.wait(smem.v_bars.index(g % STAGES), (g // STAGES) & 1)
             mbarrier.arrive(empty_bars.index(STAGES + g % STAGES), count=1)
     _epilogue(o, m_i, l_i, rows, q_half, q4, o_desc, LSE, slb, slh, b, h, mh, seqlen_q,
               o_layout, not PERSISTENT)
-    return t + n_tiles + 1
 
 
 @gluon.jit
 def _ws_consumer(WG: gl.constexpr, o_desc, smem, empty_bars, LSE, slb, slh, b, h, m0, seqlen_q,
                  seqlen_k, n_tiles, qk_scale,
-                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, turns,
-                 PINGPONG: gl.constexpr):
+                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """One consumer warpgroup (partition of 4 warps) of the one-tile kernel: :func:`_ws_tile`
     on its half of the CTA's tile (nothing waits for the last block's slot: the loader has
     issued its last block)."""
     _ws_tile(WG, o_desc, smem, smem.q.index(WG), smem.q_bar, 0, empty_bars, None, False, LSE,
              slb, slh, b, h, m0, seqlen_q, seqlen_k, n_tiles, qk_scale, 0, CAUSAL, BLOCK_N,
-             STAGES, False, turns, 0, PINGPONG)
+             STAGES, False)
 
 
 @gluon.jit
@@ -644,48 +606,29 @@ def _key_blocks(m0, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.const
     return gl.maximum((hi + BLOCK_N - 1) // BLOCK_N, 1)
 
 
-@gluon.jit
-def _turn_bars(PINGPONG: gl.constexpr, unused):
-    """PINGPONG: the two consumers' turn mbarriers (count 1, initialized and fenced). Else
-    ``unused`` comes back in their place (``gl.warp_specialize`` takes no None among the
-    partitions' arguments, and every use of the turns is under PINGPONG), so that the
-    kernel without turns allocates nothing more."""
-    if PINGPONG:
-        turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(turns.index(i), count=1)
-        fence_async_shared()
-    else:
-        turns = unused
-    return turns
-
-
 @gluon.jit(do_not_specialize=["slb", "slh", "seqlen_q", "seqlen_k", "H", "GROUP", "HEAD_GROUP"])
 def _attn_fwd_hopper_ws_kernel(
     q_desc, k_desc, v_desc, o_desc, LSE, slb, slh,
     seqlen_q, seqlen_k, H, GROUP, HEAD_GROUP, qk_scale,
     CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr = WS_CONSUMER_REGS, PINGPONG: gl.constexpr = False,
+    CONSUMER_REGS: gl.constexpr = WS_CONSUMER_REGS,
 ):
     """As _attn_fwd_hopper_kernel (same arguments), warp-specialized: q_desc and o_desc have
     blocks of HALF_M = BLOCK_M / 2 rows, one per consumer warpgroup. Launched with
     num_warps = 4 (the default partition, consumer warpgroup 0); a second 4-warp partition is
-    consumer warpgroup 1 and a 1-warp partition the loader. PINGPONG: the consumers issue
-    their wgmmas in turns (FlashAttention-3's ping-pong: one's softmax under the other's
-    wgmmas), through two more mbarriers."""
+    consumer warpgroup 1 and a 1-warp partition the loader."""
     HALF_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_M: gl.constexpr = 2 * HALF_M
     b, h, hk, m0 = _tile_origin(H, GROUP, HEAD_GROUP, BLOCK_M, CAUSAL)
     n_tiles = _key_blocks(m0, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
 
     smem, empty_bars = _allocate(q_desc, k_desc, v_desc, STAGES, True)
-    turns = _turn_bars(PINGPONG, empty_bars)
 
     gl.warp_specialize([
         (_ws_consumer, (0, o_desc, smem, empty_bars, LSE, slb, slh, b, h, m0, seqlen_q, seqlen_k,
-                        n_tiles, qk_scale, CAUSAL, BLOCK_N, STAGES, turns, PINGPONG)),
+                        n_tiles, qk_scale, CAUSAL, BLOCK_N, STAGES)),
         (_ws_consumer, (1, o_desc, smem, empty_bars, LSE, slb, slh, b, h, m0, seqlen_q, seqlen_k,
-                        n_tiles, qk_scale, CAUSAL, BLOCK_N, STAGES, turns, PINGPONG)),
+                        n_tiles, qk_scale, CAUSAL, BLOCK_N, STAGES)),
         (_ws_producer, (q_desc, k_desc, v_desc, smem, empty_bars, b, h, hk, m0, n_tiles, BLOCK_N,
                         STAGES)),
     ], [4, 1], [CONSUMER_REGS, WS_LOADER_REGS])
@@ -742,8 +685,7 @@ def _ps_next_tile(tile_ids, q_bars, it):
 @gluon.jit
 def _ps_consumer(WG: gl.constexpr, o_desc, smem, q_bars, q_empty, empty_bars, tile_ids, LSE,
                  slb, slh, n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, qk_scale,
-                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, turns,
-                 PINGPONG: gl.constexpr):
+                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """One consumer warpgroup of the persistent kernel: :func:`_ws_tile` on its half of each
     tile the loader hands over (its number beside its Q buffer), until the loader says there
     is none left; the Q buffers alternate between tiles."""
@@ -752,17 +694,15 @@ def _ps_consumer(WG: gl.constexpr, o_desc, smem, q_bars, q_empty, empty_bars, ti
     n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
     base = 0
     it = 0
-    t = 0
     tile = _ps_next_tile(tile_ids, q_bars, 0)
     while tile >= 0:
         b, h, hk, m0 = _tile_coords(tile, n_bh, n_m, H, GROUP, HEAD_GROUP, BLOCK_M, CAUSAL)
         n_tiles = _key_blocks(m0, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
         qs = it % 2
         # (the first tile has no store before it: nothing to hand back)
-        t = _ws_tile(WG, o_desc, smem, smem.q.index(2 * qs + WG), q_bars.index(qs),
-                     (it // 2) & 1, empty_bars, q_empty.index(1 - qs), it > 0, LSE, slb, slh, b,
-                     h, m0, seqlen_q, seqlen_k, n_tiles, qk_scale, base, CAUSAL, BLOCK_N,
-                     STAGES, True, turns, t, PINGPONG)
+        _ws_tile(WG, o_desc, smem, smem.q.index(2 * qs + WG), q_bars.index(qs), (it // 2) & 1,
+                 empty_bars, q_empty.index(1 - qs), it > 0, LSE, slb, slh, b, h, m0, seqlen_q,
+                 seqlen_k, n_tiles, qk_scale, base, CAUSAL, BLOCK_N, STAGES, True)
         base += n_tiles
         it += 1
         tile = _ps_next_tile(tile_ids, q_bars, it)
@@ -775,7 +715,7 @@ def _attn_fwd_hopper_persistent_kernel(
     q_desc, k_desc, v_desc, o_desc, LSE, slb, slh,
     seqlen_q, seqlen_k, H, GROUP, HEAD_GROUP, qk_scale, n_bh, TILE_CNT,
     CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr = WS_CONSUMER_REGS, PINGPONG: gl.constexpr = False,
+    CONSUMER_REGS: gl.constexpr = WS_CONSUMER_REGS,
 ):
     """As _attn_fwd_hopper_ws_kernel (same arguments, and n_bh = batch * query heads), but
     persistent: a grid of at most one CTA an SM (two with the two-CTA registers) takes the
@@ -795,15 +735,14 @@ def _attn_fwd_hopper_persistent_kernel(
     for i in gl.static_range(2):
         mbarrier.init(q_empty.index(i), count=2)
     fence_async_shared()
-    turns = _turn_bars(PINGPONG, empty_bars)
 
     gl.warp_specialize([
         (_ps_consumer, (0, o_desc, smem, q_bars, q_empty, empty_bars, tile_ids, LSE, slb, slh,
                         n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, qk_scale, CAUSAL,
-                        BLOCK_N, STAGES, turns, PINGPONG)),
+                        BLOCK_N, STAGES)),
         (_ps_consumer, (1, o_desc, smem, q_bars, q_empty, empty_bars, tile_ids, LSE, slb, slh,
                         n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, qk_scale, CAUSAL,
-                        BLOCK_N, STAGES, turns, PINGPONG)),
+                        BLOCK_N, STAGES)),
         (_ps_producer, (q_desc, k_desc, v_desc, smem, q_bars, q_empty, empty_bars, tile_ids,
                         TILE_CNT, n_bh, H, GROUP, HEAD_GROUP, seqlen_q, seqlen_k, CAUSAL,
                         BLOCK_N, STAGES)),

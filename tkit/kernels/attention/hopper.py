@@ -102,8 +102,7 @@ def forward(q, k, v, causal=False, scale=None, config=None):
     STAGES (WS, PERSISTENT, num_warps, maxnreg, CONSUMER_REGS, CTAS) from :func:`configs`,
     default :func:`config_for` the call, and optionally HEAD_GROUP (the tile order's section
     size). WS=True runs the warp-specialized kernel (CONSUMER_REGS: its consumer warpgroup
-    1's registers), PERSISTENT=True its persistent form on CTAS CTAs an SM; PINGPONG=True
-    (warp-specialized only) has its consumers issue their wgmmas in turns."""
+    1's registers), PERSISTENT=True its persistent form on CTAS CTAs an SM."""
     reason = supported(q, k, v, causal)
     if reason is not None:
         raise ValueError(f"the Hopper attention forward does not apply: {reason}")
@@ -126,8 +125,6 @@ def forward(q, k, v, causal=False, scale=None, config=None):
     head_group = max(1, min(int(head_group), batch * hq))
     ws = bool(cfg.pop("WS", False))
     persistent = bool(cfg.pop("PERSISTENT", False))
-    if cfg.get("PINGPONG") and not ws:
-        raise ValueError("PINGPONG is a config of the warp-specialized kernel (WS=True)")
     extra = {}
     grid = (batch * hq, triton.cdiv(sq, BLOCK_M))
     if ws:  # q and o tiles of one consumer warpgroup; the launch of config_dict
@@ -135,8 +132,6 @@ def forward(q, k, v, causal=False, scale=None, config=None):
         num_warps = cfg.pop("num_warps", 4)
         extra["maxnreg"] = cfg.pop("maxnreg", WS_MAXNREG)
         extra["CONSUMER_REGS"] = cfg.pop("CONSUMER_REGS", WS_CONSUMER_REGS)
-        if cfg.pop("PINGPONG", False):
-            extra["PINGPONG"] = True
         ctas = cfg.pop("CTAS", 1)
         if persistent:  # at most CTAS CTAs an SM, taking the tiles from a counter
             kernel = _attn_fwd_hopper_persistent_kernel
@@ -184,14 +179,13 @@ def compile_sm90(head_dim: int = 128, causal: bool = False, dtype: torch.dtype =
         seqlen_k="i32", H="i32", GROUP="i32", HEAD_GROUP="i32", qk_scale="fp32",
         **(dict(n_bh="i32", TILE_CNT="*i32") if persistent else {}),
         CAUSAL="constexpr", BLOCK_N="constexpr", STAGES="constexpr",
-        **(dict(CONSUMER_REGS="constexpr", PINGPONG="constexpr") if ws else {}),
+        **(dict(CONSUMER_REGS="constexpr") if ws else {}),
     )
     from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90
 
     consts = dict(CAUSAL=bool(causal), BLOCK_N=cfg["BLOCK_N"], STAGES=cfg["STAGES"])
     if ws:
         consts["CONSUMER_REGS"] = cfg.get("CONSUMER_REGS", WS_CONSUMER_REGS)
-        consts["PINGPONG"] = bool(cfg.get("PINGPONG", False))
     return gluon_compile_sm90(
         kernel, signature, consts,
         num_warps=cfg.get("num_warps", 4 if ws else NUM_WARPS),
