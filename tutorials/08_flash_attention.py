@@ -285,7 +285,8 @@ def test_gluon_kernel_keeps_one_wgmma_group_in_flight():
 # At D=128 the default ring has three stages, one block of lead already: there the change
 # measured within noise. The two-stage D=128 ring went from 0.71x to 1.00x, as the count
 # predicts. With its block of lead back, two stages of 128 keys then beat five of 64 on long
-# tiles (half the blocks, so half the softmax and barrier work a key): D=128 causal prefill
+# tiles (half the blocks, so half the per-block work: the O rescale, the row reductions'
+# shuffles, the waits and barriers): D=128 causal prefill
 # runs the persistent n128 s2 beyond 768 keys a tile, 1.04x / 1.09x cuDNN at 2048 / 4096 keys
 # against 0.98x / 0.95x for n64 s5 (run `h200-2026-12-04-zx-attention-d128-rules`). Counting
 # when each buffer is freed, not only how many there are, is the check to make whenever

@@ -76,11 +76,11 @@ CAUSAL_DEFAULTS = {64: Candidate(64, 3, ws=True, ctas=2)}
 # Since K's ring slots are handed back a block before V's, the two-stage n128 s2 (all the
 # ring that fits beside two Q buffers at D=128) also leads at long tiles: D=128 causal takes
 # n64 s5 up to 768 keys a tile (it led n128 s2 by 5-8% at 576, tied at 704) and n128 s2
-# beyond, at any length (2-8% ahead of n64 s5 and the per-tile kernel from 1088 keys, GQA
-# and 16K tokens included); without a mask n128 s2 up to 4096 keys (beyond, it tied the
-# per-tile kernel). D=64: n128 s4 without a mask at every length (at 2048 and 4096 keys it
-# led the Triton kernel by 3-5%); causal at two CTAs an SM (n64 s4) up to 1024 keys (576 a
-# tile), lost at 2048 (1088 a tile), where every one-CTA persistent config lost to the
+# beyond, at any length (2-7% ahead of the better of n64 s5 and the per-tile kernel from
+# 832 keys, GQA and 16K tokens included); without a mask n128 s2 up to 4096 keys (beyond, it
+# tied the per-tile kernel). D=64: n128 s4 without a mask at every length (at 2048 and 4096
+# keys it led the Triton kernel by 3-5%); causal at two CTAs an SM (n64 s4) up to 1024 keys
+# (576 a tile), lost at 2048 (1088 a tile), where every one-CTA persistent config lost to the
 # per-tile kernel too. D=64 without a mask takes the Gluon kernel only there
 # (TRITON_UNLESS_PERSISTENT): in one wave of tiles the Triton kernel stays. Measurements in
 # docs/NOTES.md.
