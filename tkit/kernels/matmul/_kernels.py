@@ -82,8 +82,8 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
     if a.dtype.is_fp8():
         # Hopper's fp8 tensor cores keep about 14 bits of a running sum that stays inside the
         # MMA chain, so over K = 8192 the error grew past one bf16 rounding of the result;
-        # each BLOCK_K step (128 elements) starts a fresh MMA sum, added to acc in float32
-        # (DeepSeek-V3's promotion interval).
+        # each BLOCK_K step starts a fresh MMA sum, added to acc in float32 (256 deep at the
+        # TMA kernel's fp8 tiles, half the drains of DeepSeek-V3's 128; config.py says why)
         acc += tl.dot(a, b)
     elif IEEE:
         acc = tl.dot(a, b, acc, input_precision="ieee")
