@@ -546,11 +546,14 @@ def test_glu_measured_against_prediction():
 # cuBLAS bf16 (34.1 us), 1.20x torch's own int4 kernel (`_weight_int4pack_mm`) and 1.45x
 # gemlite; at K=N=8192 18.9 us, 1.93x / 1.25x / 1.47x. That is under the bf16 floor but 1.6x
 # the conversion's estimate (10.5 us): the stream is the limit. Every variant tried holds
-# 1.2-1.9 TB/s with ~16 warps and 32-64 KB of codes in flight an SM, and on this GPU a plain
-# read of 31 MB takes 17.4 us (1.8 TB/s; the 1 GiB rate of 4.15 TB/s needs far more bytes in
-# flight than one 31 MB pass has time to ramp up), so 3x cuBLAS at this size would need the
-# weights faster than a read of their bytes. M=16 (the tensor-core kernel) is 1.18x cuBLAS,
-# 2.59x torch's int4 and 1.89x gemlite.
+# 1.2-1.9 TB/s with ~16 warps and 32-64 KB of codes in flight an SM. How fast can 31 MB be
+# read at all? A kernel that only sums the same bytes (run `h200-2026-12-02-zm-int4-floor`,
+# graph replays, L2 flushed) took 11.46 us at its best grid, 3808 programs of 8 warps (2.72
+# TB/s; a replayed empty kernel alone takes 3.5 us), 12.2 us at 952 programs and 31.3 us at
+# 132: one 31 MB pass is too short for the 4.15 TB/s of a 1 GiB copy to ramp up, and it needs
+# many programs in flight. 11.46 us is 2.92x cuBLAS's 33.5 us, so 3.5x at this size would need
+# the weights faster than a bare read of their bytes. M=16 (the tensor-core kernel) is 1.18x
+# cuBLAS, 2.59x torch's int4 and 1.89x gemlite.
 #
 # Where INT4 stops winning (run `h200-2026-12-02-ze-final`, K=4096 N=14336, x cuBLAS bf16):
 # M=1 1.84, 2-16 1.18-1.26, 32 0.69, 64 0.63, 128-4096 0.37-0.43. Section 2's models put the
