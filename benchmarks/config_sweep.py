@@ -1387,10 +1387,13 @@ ATTENTION_D64_CAUSAL_CASES = [(64, 256, 16, 16, 64, True), (32, 512, 16, 16, 64,
 def sweep_attention_d64_causal(rows):
     """``tkit.flash_attention`` at D=64 causal (the two-CTA persistent kernel at short tiles,
     the two-CTA per-tile kernel elsewhere) beside the one-partition n64 s4 (the per-tile
-    default before them), both two-CTA configs forced, the Triton kernel and SDPA's cuDNN
+    default before them), both two-CTA configs forced, the one-CTA persistent n128 s4 / s3
+    (at D=128 the two-stage n128 ring took the long causal tiles once K's slots came back
+    early; at D=64 these were last timed before that), the Triton kernel and SDPA's cuDNN
     backend."""
     extra = {n: _named_config(n)
-             for n in ("plain n64 s4", "2cta persistent n64 s4", "2cta ws n64 s3")}
+             for n in ("plain n64 s4", "2cta persistent n64 s4", "2cta ws n64 s3",
+                       "persistent n128 s4", "persistent n128 s3")}
     for B, S, hq, hk, d, causal in ATTENTION_D64_CAUSAL_CASES:
         _attention_forward_case(rows, B, S, hq, hk, d, causal, extra=extra, persistent=False)
 
