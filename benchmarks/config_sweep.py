@@ -1391,11 +1391,9 @@ def sweep_attention_d64_causal(rows):
     (at D=128 the two-stage n128 ring took the long causal tiles once K's slots came back
     early; at D=64 these were last timed before that), the Triton kernel and SDPA's cuDNN
     backend."""
-    extra = {n: _named_config(n)
-             for n in ("plain n64 s4", "2cta persistent n64 s4", "2cta ws n64 s3",
-                       "persistent n128 s4", "persistent n128 s3")}
-    for B, S, hq, hk, d, causal in ATTENTION_D64_CAUSAL_CASES:
-        _attention_forward_case(rows, B, S, hq, hk, d, causal, extra=extra, persistent=False)
+    _sweep_named(rows, ATTENTION_D64_CAUSAL_CASES,
+                 ("plain n64 s4", "2cta persistent n64 s4", "2cta ws n64 s3",
+                  "persistent n128 s4", "persistent n128 s3"))
 
 
 #: (B, S, Hq, Hkv, D, causal) and Gluon configs by name, with K's ring slots handed back
@@ -1429,9 +1427,7 @@ ATTENTION_D128_RULE_CASES = [(16, 1024, 16, 16, 128, True), (12, 1280, 16, 16, 1
 def sweep_attention_d128_rules(rows):
     """:data:`ATTENTION_D128_RULE_CASES`: the persistent n128 s2 and n64 s5 forced beside
     ``tkit.flash_attention``, the per-tile default, the Triton kernel and cuDNN."""
-    extra = {n: _named_config(n) for n in ("persistent n128 s2", "persistent n64 s5")}
-    for B, S, hq, hk, d, causal in ATTENTION_D128_RULE_CASES:
-        _attention_forward_case(rows, B, S, hq, hk, d, causal, extra=extra, persistent=False)
+    _sweep_named(rows, ATTENTION_D128_RULE_CASES, ("persistent n128 s2", "persistent n64 s5"))
 
 
 def _named_config(name):
@@ -1444,12 +1440,20 @@ def _named_config(name):
                           ctas)
 
 
+def _sweep_named(rows, cases, names):
+    """Each (B, S, Hq, Hkv, D, causal) of ``cases`` with the Gluon configs ``names`` (see
+    :func:`_named_config`) forced, beside ``tkit.flash_attention``, the Triton kernel, the
+    per-tile default and cuDNN."""
+    extra = {n: _named_config(n) for n in names}
+    for B, S, hq, hk, d, causal in cases:
+        _attention_forward_case(rows, B, S, hq, hk, d, causal, extra=extra, persistent=False)
+
+
 def sweep_attention_ring(rows):
     """:data:`ATTENTION_RING_CASES`: each named config forced, beside
     ``tkit.flash_attention``, the Triton kernel and cuDNN."""
-    for (B, S, hq, hk, d, causal), names in ATTENTION_RING_CASES:
-        extra = {n: _named_config(n) for n in names}
-        _attention_forward_case(rows, B, S, hq, hk, d, causal, extra=extra, persistent=False)
+    for case, names in ATTENTION_RING_CASES:
+        _sweep_named(rows, [case], names)
 
 
 def sweep_attention_d256(rows):

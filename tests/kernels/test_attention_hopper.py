@@ -212,6 +212,11 @@ def _bar_syncs(body: str) -> list[str]:
     return re.findall(r"\bbar\.sync\s+[^;]*;", body)
 
 
+def _warpgroup_local(bars: list[str]) -> bool:
+    """Every barrier a named one over one warpgroup's 128 threads."""
+    return all(re.fullmatch(r"bar\.sync\s+\d+,\s*128;", b) for b in bars)
+
+
 def _ex2_between_waits(sass: str) -> list[int]:
     """MUFU.EX2 count between each WARPGROUP.DEPBAR.LE gsb0, 0x1 and the next 0x0: the
     exponentials that run while the PV wgmma is in flight (ptxas may move the waits)."""
@@ -357,8 +362,7 @@ def test_compiled_warp_specialized(compiled, d, causal):
             # only warpgroup-local barriers: named barriers over 128 threads, Triton's
             # (WS_BARRIERS a block)
             bars = _bar_syncs(body)
-            assert len(bars) == WS_BARRIERS and all(re.fullmatch(r"bar\.sync\s+\d+,\s*128;", b)
-                                          for b in bars), bars
+            assert len(bars) == WS_BARRIERS and _warpgroup_local(bars), bars
         # the two consumers use different named barriers
         ids = {re.match(r"bar\.sync\s+(\d+)", b).group(1) for body in loops
                for b in _bar_syncs(body)}
@@ -406,8 +410,7 @@ def test_warp_specialized_key_loop_has_no_cta_barrier(compiled):
         assert base and all(len(b) == BASE_BARRIERS
                             and all(re.fullmatch(r"bar\.sync\s+0;", x) for x in b)
                             for b in base), base
-        assert ws and all(len(b) == WS_BARRIERS and all(re.fullmatch(r"bar\.sync\s+\d+,\s*128;", x)
-                                              for x in b) for b in ws), ws
+        assert ws and all(len(b) == WS_BARRIERS and _warpgroup_local(b) for b in ws), ws
 
 
 @pytest.mark.parametrize("causal", [False, True])
