@@ -634,8 +634,7 @@ def _fp8_block_cuda(fields):
 #: with one epilogue part 0.781 / 0.866, group_m 8 0.762 / 0.856, 3 slots 0.811 / 0.879; the
 #: removed tile shapes, CTA pairs, consumer turns, the 192-column one-sum tile and consumer 1
 #: started a sum or a group behind 0.69-0.81 / 0.69-0.87.
-FP8_BLOCK_CUDA = [{}, dict(patch="ffma_yield"), dict(patch="ffma_yield_half"), dict(stages=3),
-                  dict(stages=3, patch="ffma_yield")]
+FP8_BLOCK_CUDA = [{}, dict(stages=3), dict(group_m=8)]
 
 
 def sweep_matmul_fp8_block_cuda(rows):

@@ -195,40 +195,6 @@ def test_fp8_block_gemm_builds(cubin_dir, build):
 
 
 @pytest.mark.toolchain
-@pytest.mark.parametrize("patch,fraction", [("ffma_yield", 1.0), ("ffma_yield_half", 0.5)])
-@needs_cuobjdump
-def test_ffma_yield_patch_changes_only_control_bits(cubin_dir, patch, fraction):
-    """The cubin edit of the promotion's FFMA runs: the same instructions at the same
-    addresses (low words equal, the text equal but for `.reuse`), high words differing only
-    in the reuse flags and the hold bit, every FFMA of the edited part of each run left with
-    neither, and the rest of the kernel bit for bit the same."""
-    from tkit.cuda_ext import _sass_patch as P
-
-    plain = _loader.compile_cubin("gemm_fp8_block_sm90.cu", "90a", cache_dir=cubin_dir)
-    edited = _loader.compile_cubin("gemm_fp8_block_sm90.cu", "90a", cache_dir=cubin_dir,
-                                   patch=patch)
-    before, after = P.instructions(_loader.sass(plain)), P.instructions(_loader.sass(edited))
-    assert [len(f) for f in before] == [len(f) for f in after]
-    runs = [r for f in before for r in P._ffma_runs(f)]
-    assert len(runs) == 2 and all(len(r) == 64 for r in runs), [len(r) for r in runs]
-    edited_at = {a for r in runs for a, *_ in r[:int(len(r) * fraction)]}
-    held = 0
-    for fa, fb in zip(before, after):
-        for (addr, text, lo, hi), (addr2, text2, lo2, hi2) in zip(fa, fb):
-            assert (addr, lo, text.replace(".reuse", "")) == (addr2, lo2,
-                                                               text2.replace(".reuse", ""))
-            if addr in edited_at:
-                assert hi2 == hi & ~(P.REUSE_BITS | P.HOLD_BIT), text
-                held += bool(hi & P.HOLD_BIT)
-            else:
-                assert hi2 == hi, f"{addr:#x} {text}: changed outside the edited runs"
-    assert held >= 16 * fraction, "ptxas left no held FFMA: the patch changed nothing"
-    with pytest.raises(ValueError, match="unknown cubin patch"):
-        _loader.compile_cubin("gemm_fp8_block_sm90.cu", "90a", cache_dir=cubin_dir,
-                              patch="nope")
-
-
-@pytest.mark.toolchain
 def test_resource_usage_no_spills():
     """ptxas's own report agrees: 0 bytes spilled in every GEMM kernel."""
     for name, arch in (("gemm_mma_sm80.cu", "80"), ("gemm_wgmma_sm90.cu", "90a"),

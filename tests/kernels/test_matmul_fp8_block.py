@@ -810,7 +810,7 @@ def _cuda_or_skip():
     return GB
 
 
-_CUDA_BUILDS = [{}, dict(stages=3, epi_split=1), dict(group_m=1), dict(patch="ffma_yield")]
+_CUDA_BUILDS = [{}, dict(stages=3, epi_split=1), dict(group_m=1)]
 
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")

@@ -210,27 +210,11 @@ def compile_cubin(
     *,
     cache_dir: str | Path | None = None,
     cute: bool = False,
-    patch: str | None = None,
 ) -> Path:
     """``nvcc -cubin`` one source for one arch; cached on disk by (source, options, arch, nvcc).
-    ``patch`` names an edit of the compiled cubin's control bits (``_sass_patch.PATCHES``),
-    applied to a copy cached beside the plain cubin.
 
     Raises :class:`CompileError` with the compiler log, or ``FileNotFoundError`` without nvcc.
     """
-    if patch is not None:
-        from tkit.cuda_ext import _sass_patch
-
-        if patch not in _sass_patch.PATCHES:
-            raise ValueError(f"unknown cubin patch {patch!r}; known: "
-                             f"{sorted(_sass_patch.PATCHES)}")
-        plain = compile_cubin(name, arch, options, cache_dir=cache_dir, cute=cute)
-        out = plain.with_name(f"{plain.stem}-{patch}-{_sass_patch.editor_hash()}.cubin")
-        if not out.exists():
-            tmp = out.with_suffix(f".{os.getpid()}.tmp")
-            _sass_patch.PATCHES[patch](plain, tmp, sass(plain))
-            os.replace(tmp, out)
-        return out
     nvcc = nvcc_path()
     if nvcc is None:
         raise FileNotFoundError("nvcc is not on the PATH (nor under CUDA_HOME/CUDA_PATH)")
@@ -333,25 +317,21 @@ def device_arch(device: torch.device | int | None = None) -> str:
 
 
 def load_module(name: str, *, backend: str = "nvrtc", arch: str | None = None,
-                options: tuple[str, ...] = (), device: int | None = None,
-                patch: str | None = None):
+                options: tuple[str, ...] = (), device: int | None = None):
     """A ``cupy.RawModule`` for ``csrc/<name>`` built for the current device.
 
     ``backend="nvrtc"``: compiled by NVRTC for the device's own ``sm_XY``.
-    ``backend="nvcc"``: compiled by nvcc for ``arch`` (e.g. ``"90a"``) and loaded as a cubin,
-    edited by ``patch`` (see :func:`compile_cubin`) when given.
+    ``backend="nvcc"``: compiled by nvcc for ``arch`` (e.g. ``"90a"``) and loaded as a cubin.
     """
     cupy, why = import_cupy()
     if cupy is None:
         raise RuntimeError(why)
     if backend not in ("nvrtc", "nvcc"):
         raise ValueError(f"backend must be 'nvrtc' or 'nvcc', got {backend!r}")
-    if patch is not None and backend != "nvcc":
-        raise ValueError("a cubin patch needs backend='nvcc'")
     dev = torch.cuda.current_device() if device is None else device
     arch = arch or device_arch(dev)
     toolchain = _nvrtc_version() if backend == "nvrtc" else nvcc_version()
-    key = (source_hash(name), tuple(options), arch, toolchain, backend, dev, patch)
+    key = (source_hash(name), tuple(options), arch, toolchain, backend, dev)
     with _lock:
         mod = _modules.get(key)
         if mod is not None:
@@ -371,8 +351,7 @@ def load_module(name: str, *, backend: str = "nvrtc", arch: str | None = None,
                     mod = cupy.RawModule(path=str(compile_cubin(name, arch, tuple(options))))
             else:
                 cubin = compile_cubin(name, arch, tuple(options),
-                                      cute="cute" in name or "-DTKIT_CUTE" in options,
-                                      patch=patch)
+                                      cute="cute" in name or "-DTKIT_CUTE" in options)
                 mod = cupy.RawModule(path=str(cubin))
         _modules[key] = mod
         return mod
