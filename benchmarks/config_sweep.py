@@ -543,6 +543,26 @@ def sweep_matmul_fp8_block_dsv3(rows):
             _fp8_block_case(rows, M, N, K, f"DeepSeek-V3 M={M} N={N} K={K}", variants)
 
 
+#: ring depths at DeepSeek-V3's decode-sized M, where a tile's two consumers hold up to three
+#: of the ring's slots while they work (two groups a step, consumer 1 a group behind), so
+#: few slots are left loading: the default (5 slots) against 6 to 8 at 64 columns (8 fit:
+#: 24 KB a slot) and the deepest that fits at 128 (6)
+FP8_BLOCK_SMALL_M = [dict(block_n=64, stages=8), dict(block_n=64, stages=6),
+                     dict(block_n=128, stages=8)]
+
+
+def sweep_matmul_fp8_block_small_m(rows):
+    """DeepSeek-V3's GEMM shapes at M = 64 / 128 / 256, block-scaled: the Gluon kernel's
+    default beside deeper rings (FP8_BLOCK_SMALL_M), against torch._scaled_mm per tensor in
+    the same run."""
+    variants = [("gluon default", dict(kernel="gluon"), _fp8_block_gluon({}))]
+    variants += [("gluon " + " ".join(f"{k}={v}" for k, v in f.items()),
+                  dict(kernel="gluon", **f), _fp8_block_gluon(f)) for f in FP8_BLOCK_SMALL_M]
+    for N, K in DSV3_NK:
+        for M in (64, 128, 256):
+            _fp8_block_case(rows, M, N, K, f"DeepSeek-V3 M={M} N={N} K={K}", variants)
+
+
 #: the rescale schedule's variants (HopperBlockConfig fields; opt-in, fast-accumulation
 #: numerics: one accumulator across K, rescaled between groups, 128 x 256 tiles; pingpong and
 #: group_m 16 are what schedule="rescale" takes by itself) against the default (the promote
@@ -1834,6 +1854,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,
           "matmul_fp8_block": sweep_matmul_fp8_block,
           "matmul_fp8_block_dsv3": sweep_matmul_fp8_block_dsv3,
+          "matmul_fp8_block_small_m": sweep_matmul_fp8_block_small_m,
           "matmul_fp8_block_cuda": sweep_matmul_fp8_block_cuda,
           "matmul_fp8_block_rescale": sweep_matmul_fp8_block_rescale,
           "matmul_fp8_block_rescale_shared": sweep_matmul_fp8_block_rescale_shared,
