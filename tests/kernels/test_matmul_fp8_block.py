@@ -283,8 +283,6 @@ def test_gluon_config_validation():
         FH.HopperBlockConfig(schedule="fresh")
     with pytest.raises(ValueError, match="group_m"):
         FH.HopperBlockConfig(group_m=-1)
-    with pytest.raises(ValueError, match="scale_ahead"):
-        FH.HopperBlockConfig(scale_ahead=3)
     with pytest.raises(TypeError, match="unknown HopperBlockConfig"):
         with FH.hopper_block_config(block_k=64):
             pass
@@ -374,16 +372,15 @@ def gluon_compiled(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("scale_ahead", [1, 2])
 @pytest.mark.parametrize("block_n", [128, 64])
-def test_gluon_compiled_schedule(gluon_compiled, block_n, scale_ahead):
+def test_gluon_compiled_schedule(gluon_compiled, block_n):
     """sm_90a build: no local memory; the wgmmas are not serialized (ptxas does that to the
     whole kernel when an accumulator is read in flight: a wait after every QGMMA); in the
     paired loop the first group's promotion (64 FFMA at block_n 128, and the slot's release)
     sits between ``wait_group 1`` and ``wait_group 0``, after both groups' MMAs were issued;
     consumer 1's lead group and the odd group left over wait with ``wait_group 0``."""
     FH = _gluon_or_skip()
-    cfg = FH.HopperBlockConfig(block_n=block_n, scale_ahead=scale_ahead)
+    cfg = FH.HopperBlockConfig(block_n=block_n)
     k, sass = gluon_compiled(cfg)
     assert k.metadata.shared <= FH.smem_bytes(cfg, FH.stages_for(cfg, 2), 2)
     ops = _sass_ops(sass)
@@ -528,7 +525,6 @@ def test_rescale_model_matches_blockwise():
 
 
 _GLUON_VARIANTS = [{}, dict(block_n=128), dict(block_n=64), dict(stages=2), dict(stages=3),
-                   dict(scale_ahead=2), dict(scale_ahead=2, block_n=64, stages=8),
                    dict(group_m=1), dict(schedule="rescale", block_n=256, pingpong=False),
                    dict(schedule="rescale", block_n=256),
                    dict(schedule="rescale", block_n=256, stages=2, group_m=1),

@@ -259,9 +259,8 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
               stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias,
               HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr, SCALE_AHEAD: gl.constexpr):
-    """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every tile of this CTA; the scales
-    are loaded SCALE_AHEAD (1 or 2) steps of two groups before their promotion."""
+              GROUP_M: gl.constexpr):
+    """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every tile of this CTA."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BLOCK_N, 32])
     row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
@@ -297,29 +296,18 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
         n_steps = (k_groups - lead) // 2
         s_0 = _scales(sa_rows, sb_col, lead, k_last, stride_sak, stride_sbk)
         s_1 = _scales(sa_rows, sb_col, lead + 1, k_last, stride_sak, stride_sbk)
-        if SCALE_AHEAD == 2:
-            p_0 = _scales(sa_rows, sb_col, lead + 2, k_last, stride_sak, stride_sbk)
-            p_1 = _scales(sa_rows, sb_col, lead + 3, k_last, stride_sak, stride_sbk)
         for step in range(n_steps):
             g = lead + 2 * step
-            # the scales of SCALE_AHEAD steps on, in flight during this step's MMAs
-            n_0 = _scales(sa_rows, sb_col, g + 2 * SCALE_AHEAD, k_last, stride_sak,
-                          stride_sbk)
-            n_1 = _scales(sa_rows, sb_col, g + 2 * SCALE_AHEAD + 1, k_last, stride_sak,
-                          stride_sbk)
+            # the next step's scales, in flight during this step's MMAs
+            n_0 = _scales(sa_rows, sb_col, g + 2, k_last, stride_sak, stride_sbk)
+            n_1 = _scales(sa_rows, sb_col, g + 3, k_last, stride_sak, stride_sbk)
             i = base + g
             t0 = _issue(a_ring, b_ring, ready, i, zero, WG, STAGES)
             t1 = _issue(a_ring, b_ring, ready, i + 1, zero, WG, STAGES)
             acc, _ = _retire(t0, a_ring, b_ring, empty, i, acc, s_0, WG, STAGES, 1)
             acc, _ = _retire(t1, a_ring, b_ring, empty, i + 1, acc, s_1, WG, STAGES, 0)
-            if SCALE_AHEAD == 2:
-                s_0 = p_0
-                s_1 = p_1
-                p_0 = n_0
-                p_1 = n_1
-            else:
-                s_0 = n_0
-                s_1 = n_1
+            s_0 = n_0
+            s_1 = n_1
         # a group left over (an odd count after the lead), alone
         for g in range(lead + 2 * n_steps, k_groups):
             s = _scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk)
@@ -473,7 +461,7 @@ def _fp8_block_ws_kernel(
     stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias,
     HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
     STAGES: gl.constexpr, GROUP_M: gl.constexpr, RESCALE: gl.constexpr,
-    PINGPONG: gl.constexpr, SHARED_OUT: gl.constexpr, SCALE_AHEAD: gl.constexpr,
+    PINGPONG: gl.constexpr, SHARED_OUT: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -532,11 +520,11 @@ def _fp8_block_ws_kernel(
             (_consumer, (0, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(0), sa_ptr,
                          sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
                          stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
-                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M, SCALE_AHEAD)),
+                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M)),
             (_consumer, (1, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(1), sa_ptr,
                          sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
                          stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
-                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M, SCALE_AHEAD)),
+                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M)),
             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
                          BLOCK_N, STAGES, GROUP_M)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -62,8 +62,7 @@ class HopperBlockConfig:
     warpgroups issue their groups' MMAs in turn, so each one's rescale runs under the
     other's MMAs. ``shared_out`` (the rescale schedule's): one output staging tile that the
     consumers take in turn, each waiting for its TMA store to have read it, so that 4 ring
-    slots fit at 256 columns. ``scale_ahead`` (the promote schedule's): how many steps of
-    two groups before their promotion a consumer loads the scales (1 or 2)."""
+    slots fit at 256 columns."""
 
     block_n: int = 0
     stages: int = 5
@@ -71,7 +70,6 @@ class HopperBlockConfig:
     schedule: str = "promote"
     pingpong: bool = True
     shared_out: bool = False
-    scale_ahead: int = 1
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -85,8 +83,6 @@ class HopperBlockConfig:
                              f"got {self.block_n}")
         if not 0 <= self.stages <= MAX_STAGES or self.stages == 1:
             raise ValueError(f"stages must be 0 (auto) or 2..{MAX_STAGES}, got {self.stages}")
-        if self.scale_ahead not in (1, 2):
-            raise ValueError(f"scale_ahead must be 1 or 2, got {self.scale_ahead}")
         if self.group_m < 0:
             raise ValueError(f"group_m must be 0 (auto) or >= 1, got {self.group_m}")
 
@@ -251,8 +247,8 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
              **epilogue_args(scale_a, scale_b, bias, residual, activation), M=M, N=N, K=K,
              STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
              PINGPONG=_pingpong(cfg), SHARED_OUT=_shared_out(cfg),
-             SCALE_AHEAD=cfg.scale_ahead, CONSUMER_REGS=CONSUMER_REGS,
-             PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+             CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
+             num_warps=4, maxnreg=MAXNREG)
     return out
 
 
@@ -285,12 +281,12 @@ def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat
         stride_rm="i32", stride_rn="i32", stride_bias="i32",
         HAS_BIAS="constexpr", ACT="constexpr", HAS_RES="constexpr", STAGES="constexpr",
         GROUP_M="constexpr", RESCALE="constexpr", PINGPONG="constexpr", SHARED_OUT="constexpr",
-        SCALE_AHEAD="constexpr", CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
+        CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
     )
     values = dict(HAS_BIAS=bool(has_bias), ACT=activation or "", HAS_RES=bool(has_res),
                   STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
                   PINGPONG=_pingpong(cfg), SHARED_OUT=_shared_out(cfg),
-                  SCALE_AHEAD=cfg.scale_ahead, CONSUMER_REGS=CONSUMER_REGS,
+                  CONSUMER_REGS=CONSUMER_REGS,
                   PRODUCER_REGS=PRODUCER_REGS)
     return gluon_compile_sm90(_fp8_block_ws_kernel, signature, values, num_warps=4,
                               maxnreg=MAXNREG)
