@@ -67,8 +67,7 @@ for 3 ring slots, one for 4) the consumers share one staging tile, taken in turn
 consumer 1, next tile): each waits for its TMA store to have read the tile and hands it on
 through an mbarrier.
 Edges: TMA zero-fills the operands past M, N, K (their sums are 0 whatever the scale); the
-scale rows past M are not read (the rescale schedule clamps them to row M - 1), the store
-clips at M and N.
+scale rows past M are clamped to row M - 1, the store clips at M and N.
 """
 
 from triton.experimental import gluon
@@ -129,15 +128,11 @@ def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K,
 
 
 @gluon.jit
-def _scales(sa_rows, row_ok, sb_col, g, k_last, stride_sak, stride_sbk):
+def _scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk):
     """sa[rows, g] * sb[g, n-block] (g clamped to the last group: a prefetch past the tile's
-    last group is never used). Rows past M load nothing (their sums are TMA's zeros, any
-    scale does): clamped to row M - 1 instead, a consumer whose rows all lie past M (M <= 64)
-    had every thread of every CTA read one address a group, an L2 hot spot that ncu showed
-    as the call's main stall (docs/NOTES.md)."""
+    last group is never used)."""
     g = gl.minimum(g, k_last)
-    return gl.load(sa_rows + g * stride_sak, mask=row_ok, other=0.0) * gl.load(
-        sb_col + g * stride_sbk)
+    return gl.load(sa_rows + g * stride_sak) * gl.load(sb_col + g * stride_sbk)
 
 
 @gluon.jit
@@ -282,8 +277,7 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
         row0 = pid_m * BLOCK_M + WG * WG_M
         off_n = pid_n * BLOCK_N
         rows = row0 + gl.arange(0, WG_M, layout=row_layout)
-        row_ok = rows < M
-        sa_rows = sa_ptr + rows.to(gl.int64) * stride_sam
+        sa_rows = sa_ptr + gl.minimum(rows, M - 1).to(gl.int64) * stride_sam
         sb_col = sb_ptr + (off_n // GROUP_K) * stride_sbn
         acc = zero
         # Two groups a step, the first group's sum promoted while the second's MMAs run.
@@ -296,17 +290,17 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
         # second promotions at the same time).
         lead = WG  # 0 or 1; k_groups >= 1
         if WG == 1:
-            s = _scales(sa_rows, row_ok, sb_col, 0, k_last, stride_sak, stride_sbk)
+            s = _scales(sa_rows, sb_col, 0, k_last, stride_sak, stride_sbk)
             t0 = _issue(a_ring, b_ring, ready, base, zero, WG, STAGES)
             acc, _ = _retire(t0, a_ring, b_ring, empty, base, acc, s, WG, STAGES, 0)
         n_steps = (k_groups - lead) // 2
-        s_0 = _scales(sa_rows, row_ok, sb_col, lead, k_last, stride_sak, stride_sbk)
-        s_1 = _scales(sa_rows, row_ok, sb_col, lead + 1, k_last, stride_sak, stride_sbk)
+        s_0 = _scales(sa_rows, sb_col, lead, k_last, stride_sak, stride_sbk)
+        s_1 = _scales(sa_rows, sb_col, lead + 1, k_last, stride_sak, stride_sbk)
         for step in range(n_steps):
             g = lead + 2 * step
             # the next step's scales, in flight during this step's MMAs
-            n_0 = _scales(sa_rows, row_ok, sb_col, g + 2, k_last, stride_sak, stride_sbk)
-            n_1 = _scales(sa_rows, row_ok, sb_col, g + 3, k_last, stride_sak, stride_sbk)
+            n_0 = _scales(sa_rows, sb_col, g + 2, k_last, stride_sak, stride_sbk)
+            n_1 = _scales(sa_rows, sb_col, g + 3, k_last, stride_sak, stride_sbk)
             i = base + g
             t0 = _issue(a_ring, b_ring, ready, i, zero, WG, STAGES)
             t1 = _issue(a_ring, b_ring, ready, i + 1, zero, WG, STAGES)
@@ -316,7 +310,7 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
             s_1 = n_1
         # a group left over (an odd count after the lead), alone
         for g in range(lead + 2 * n_steps, k_groups):
-            s = _scales(sa_rows, row_ok, sb_col, g, k_last, stride_sak, stride_sbk)
+            s = _scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk)
             t0 = _issue(a_ring, b_ring, ready, base + g, zero, WG, STAGES)
             acc, _ = _retire(t0, a_ring, b_ring, empty, base + g, acc, s, WG, STAGES, 0)
         base += k_groups
