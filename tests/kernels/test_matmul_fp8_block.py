@@ -298,6 +298,14 @@ def test_gluon_config_validation():
     K = 7168
     assert FH.resolve(auto, 128, 4096, K, 132).block_n == 64  # 32 tiles
     assert FH.resolve(auto, 256, 7168, K, 132).block_n == 128  # 112 tiles
+    # rows for one consumer and long K: 128 columns, the deepest ring (an explicit one kept)
+    long_k = FH.ONE_CONSUMER_LONG_K
+    assert FH.resolve(auto, 64, 7168, long_k, 132) == dataclasses.replace(
+        auto, block_n=128, stages=0, group_m=8)
+    assert FH.resolve(dataclasses.replace(auto, stages=3), 64, 7168, long_k,
+                      132).stages == 3
+    assert FH.resolve(auto, 64, 7168, long_k - 128, 132).block_n == 64
+    assert FH.resolve(auto, 65, 7168, long_k, 132).block_n == 64
     assert FH.resolve(auto, 8192, 8192, K, 132) == dataclasses.replace(auto, block_n=128,
                                                                        group_m=8)
     assert FH.resolve(FH.HopperBlockConfig(block_n=128), 64, 256, K, 132).block_n == 128

@@ -32,6 +32,8 @@ PRODUCER_REGS = 24
 MAXNREG = 168
 MAX_STAGES = 8
 SCHEDULES = ("promote", "rescale")
+#: the shortest K at which rows for one consumer (M <= 64) take 128 columns (resolve)
+ONE_CONSUMER_LONG_K = 8192
 #: the longest K the rescale schedule takes by itself (resolve)
 RESCALE_MAX_K = 8192
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -119,7 +121,10 @@ def resolve(cfg: HopperBlockConfig, M: int, N: int, K: int, sms: int,
     most half the SMs (DeepSeek-V3's M <= 256 rows with N = 4096 or 2112, M = 128 with
     N = 7168: twice the programs; measured 0.64-0.87x of _scaled_mm per tensor there against
     0.50-0.74x), else 128 (M = 256 with N = 7168, 112 tiles: 0.53x at 64 columns against
-    0.74x)."""
+    0.74x). Except with rows for one consumer (M <= 64) and K >= :data:`ONE_CONSUMER_LONG_K`:
+    128 columns and the deepest ring (DeepSeek-V3's M=64 N=7168 K=16384: 0.61-0.63x against
+    0.46-0.47x at 64 columns in three runs; why 64 columns stall there, and not at M = 128 or
+    K = 7168, is not known: docs/NOTES.md)."""
     if cfg.schedule == "rescale":
         if has_res or (not cfg.block_n and (
                 out_dtype != torch.bfloat16 or K > RESCALE_MAX_K
@@ -134,6 +139,10 @@ def resolve(cfg: HopperBlockConfig, M: int, N: int, K: int, sms: int,
     if cfg.block_n:
         return cfg
     few = C.cdiv(M, 2 * WG_M) * C.cdiv(N, 128) <= sms // 2
+    if few and M <= WG_M and K >= ONE_CONSUMER_LONG_K:
+        # rows for one consumer, long K: 128 columns with the deepest ring that fits (6)
+        stages = 0 if cfg.stages == HopperBlockConfig.stages else cfg.stages
+        return dataclasses.replace(cfg, block_n=128, stages=stages)
     return dataclasses.replace(cfg, block_n=64 if few else 128)
 
 
