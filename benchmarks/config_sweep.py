@@ -543,8 +543,8 @@ def sweep_matmul_fp8_block_dsv3(rows):
             _fp8_block_case(rows, M, N, K, f"DeepSeek-V3 M={M} N={N} K={K}", variants)
 
 
-#: the Gluon kernel at DeepSeek-V3's decode-sized M (H200, runs h200-2026-12-04-zzb / zzc, x
-#: _scaled_mm per tensor; docs/NOTES.md): deeper rings at 64 columns (6 or 8 slots against
+#: the Gluon kernel at DeepSeek-V3's decode-sized M (H200, x _scaled_mm per tensor;
+#: docs/NOTES.md): deeper rings at 64 columns (6 or 8 slots against
 #: 5) within the runs' noise but at M=64 N=7168 K=2048 (0.74-0.78 against 0.70-0.72); 128
 #: columns at 6 slots ahead at M=64 N=7168 (K=16384: 0.61-0.63 against 0.47; K=2048:
 #: 0.77-0.80 against 0.70-0.72) and behind at M=128 N=7168 and every N=4096 / 2112 row;
