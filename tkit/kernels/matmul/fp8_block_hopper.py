@@ -123,8 +123,8 @@ def resolve(cfg: HopperBlockConfig, M: int, N: int, K: int, sms: int,
     0.50-0.74x), else 128 (M = 256 with N = 7168, 112 tiles: 0.53x at 64 columns against
     0.74x). Except with rows for one consumer (M <= 64) and K >= :data:`ONE_CONSUMER_LONG_K`:
     128 columns and the deepest ring (DeepSeek-V3's M=64 N=7168 K=16384, the one such shape
-    measured: 0.61-0.63x against 0.46-0.47x at 64 columns in three runs; why 64 columns stall there, and not at M = 128 or
-    K = 7168, is not known: docs/NOTES.md)."""
+    measured: 0.61-0.63x against 0.46-0.47x at 64 columns in three runs; why 64 columns
+    stall there, and not at M = 128 or K = 7168, is not known: docs/NOTES.md)."""
     if cfg.schedule == "rescale":
         if has_res or (not cfg.block_n and (
                 out_dtype != torch.bfloat16 or K > RESCALE_MAX_K
