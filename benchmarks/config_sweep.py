@@ -516,8 +516,7 @@ def sweep_matmul_fp8_block(rows):
     run."""
     from tkit.kernels.matmul.config import TmaConfig
 
-    variants = [("gluon " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
-                 dict(kernel="gluon", **f), _fp8_block_gluon(f)) for f in FP8_BLOCK_GLUON]
+    variants = _fp8_block_variants("gluon", FP8_BLOCK_GLUON)
     variants.append(("triton default", "triton default", _fp8_block_triton(None)))
     for bm, bn, bk, w, s, p in FP8_BLOCK_TILES:
         cfg = TmaConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=w, num_stages=s,
@@ -556,9 +555,7 @@ def sweep_matmul_fp8_block_small_m(rows):
     """DeepSeek-V3's GEMM shapes at M = 64 / 128 / 256, block-scaled: the Gluon kernel's
     default beside deeper rings (FP8_BLOCK_SMALL_M), against torch._scaled_mm per tensor in
     the same run."""
-    variants = [("gluon default", dict(kernel="gluon"), _fp8_block_gluon({}))]
-    variants += [("gluon " + " ".join(f"{k}={v}" for k, v in f.items()),
-                  dict(kernel="gluon", **f), _fp8_block_gluon(f)) for f in FP8_BLOCK_SMALL_M]
+    variants = _fp8_block_variants("gluon", [{}] + FP8_BLOCK_SMALL_M)
     for N, K in DSV3_NK:
         for M in (64, 128, 256):
             _fp8_block_case(rows, M, N, K, f"DeepSeek-V3 M={M} N={N} K={K}", variants)
@@ -608,9 +605,8 @@ def sweep_matmul_fp8_block_rescale_shared(rows):
     """The rescale schedule with one output staging tile for both consumers (``shared_out``:
     4 ring slots fit at 256 columns, each TMA store waited for before the tile is handed on)
     against it without (3 slots), at 8192^3 and DeepSeek-V3's expert gate_up at M = 4096."""
-    variants = [("gluon " + " ".join(f"{k}={v}" for k, v in f.items()),
-                 dict(kernel="gluon", **f), _fp8_block_gluon(f))
-                for f in (dict(schedule="rescale"), dict(schedule="rescale", shared_out=True))]
+    variants = _fp8_block_variants("gluon", [dict(schedule="rescale"),
+                                             dict(schedule="rescale", shared_out=True)])
     for M, N, K, label in ((8192, 8192, 8192, "8192^3 block"),
                            (4096, 4096, 7168, "DeepSeek-V3 gate_up M=4096")):
         _fp8_block_case(rows, M, N, K, label, variants, peer_rounds=1, time_failed=True)
@@ -627,9 +623,7 @@ def sweep_matmul_fp8_block_rescale(rows):
         _fp8_chain_numerics(rows)
     except Exception as e:  # the timings below must not be lost to it
         print(f"matmul_fp8_block numerics FAILED {type(e).__name__}: {str(e)[:200]}")
-    variants = [("gluon " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
-                 dict(kernel="gluon", **f), _fp8_block_gluon(f))
-                for f in [{}] + FP8_BLOCK_RESCALE]
+    variants = _fp8_block_variants("gluon", [{}] + FP8_BLOCK_RESCALE)
     for M, N, K, label in ((8192, 8192, 8192, "8192^3 block"),
                            (4096, 4096, 7168, "DeepSeek-V3 gate_up M=4096")):
         _fp8_block_case(rows, M, N, K, label, variants, time_failed=True)
@@ -638,6 +632,14 @@ def sweep_matmul_fp8_block_rescale(rows):
 def _fp8_block_dispatch(a, b, sa, sb):
     """What an unforced tkit.matmul_fp8 call with these block scales launches."""
     return lambda: tkit.matmul_fp8(a, b, sa, sb)
+
+
+def _fp8_block_variants(kernel, builds):
+    """(name, config, make) for each build (a dict of knobs) of the Gluon or CUDA kernel,
+    named "<kernel> k=v ..." ("<kernel> default" for {})."""
+    make = {"gluon": _fp8_block_gluon, "cuda": _fp8_block_cuda}[kernel]
+    return [(f"{kernel} " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
+             dict(kernel=kernel, **f), make(f)) for f in builds]
 
 
 def _fp8_block_cuda(fields):
@@ -663,11 +665,8 @@ def sweep_matmul_fp8_block_cuda(rows):
     sums; its builds FP8_BLOCK_CUDA) against the Gluon kernel's default and its opt-in
     rescale schedule, at 8192^3 and DeepSeek-V3's expert gate_up at M = 4096, with
     torch._scaled_mm per tensor in the same run."""
-    variants = [("cuda " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
-                 dict(kernel="cuda", **f), _fp8_block_cuda(f)) for f in FP8_BLOCK_CUDA]
-    variants += [("gluon " + (" ".join(f"{k}={v}" for k, v in f.items()) or "default"),
-                  dict(kernel="gluon", **f), _fp8_block_gluon(f))
-                 for f in [{}, dict(schedule="rescale")]]
+    variants = (_fp8_block_variants("cuda", FP8_BLOCK_CUDA)
+                + _fp8_block_variants("gluon", [{}, dict(schedule="rescale")]))
     for M, N, K, label in ((8192, 8192, 8192, "8192^3 block"),
                            (4096, 4096, 7168, "DeepSeek-V3 gate_up M=4096")):
         _fp8_block_case(rows, M, N, K, label, variants, time_failed=True)
