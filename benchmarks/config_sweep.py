@@ -657,7 +657,8 @@ def _fp8_block_cuda(fields):
 #: with one epilogue part 0.781 / 0.866, group_m 8 0.762 / 0.856, 3 slots 0.811 / 0.879; the
 #: removed tile shapes, CTA pairs, consumer turns, the 192-column one-sum tile and consumer 1
 #: started a sum or a group behind 0.69-0.81 / 0.69-0.87.
-FP8_BLOCK_CUDA = [{}, dict(stages=3), dict(group_m=8)]
+FP8_BLOCK_CUDA = [{}, dict(stages=3), dict(bn=144), dict(bn=144, cluster_m=2),
+                  dict(bn=144, stages=5), dict(bn=144, group_m=8)]
 
 
 def sweep_matmul_fp8_block_cuda(rows):
