@@ -195,33 +195,6 @@ def test_fp8_block_gemm_builds(cubin_dir, build):
 
 
 @pytest.mark.toolchain
-@pytest.mark.parametrize("cluster_m", [1, 2])
-@needs_cuobjdump
-def test_fp8_block_gemm_144_columns(cubin_dir, cluster_m):
-    """The 144-column build: one 64 x 144 sum a group, the next group's issued before this
-    one's is waited for (waits to one group in flight in the loop, to zero at the tail), a
-    K loop for each of the 8 places a tile can start in its block of b's scales (72 FFMAs a
-    promotion, the scale block switch at compile time: no FSEL among them), stores from
-    registers (no TMA store), no spills; in CTA pairs B comes multicast."""
-    from tkit.cuda_ext.gemm_fp8_block import config
-
-    cfg = config(bn=144, cluster_m=cluster_m)
-    sass = kernels_sass(_loader.compile_cubin("gemm_fp8_block_sm90.cu", "90a", cfg["options"],
-                                              cache_dir=cubin_dir))["gemm_fp8_block"]
-    ops = opcodes(sass)
-    # 8 loops x (2 issues in the loop body + 1 in the tail + the first) x 4 k32 steps
-    assert len(re.findall(r"QGMMA\.64x144x32\.F32\.E4M3\.E4M3 R\d+, gdesc", sass)) == 128
-    waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x\d)", sass)
-    assert sorted(set(waits)) == ["0x0", "0x1"] and waits.count("0x1") == 8 * 3, waits
-    # 5 promotions a loop: two in the body, two in the two-group tail, one in the last
-    assert len(re.findall(r"\bFFMA\b", sass)) == 8 * 5 * 72
-    assert "FSEL" not in ops
-    assert {"UTMALDG", "SYNCS", "USETMAXREG", "STG"} <= ops and "UTMASTG" not in ops, ops
-    assert not ops & {"LDL", "STL"}, "local memory traffic (spills)"
-    assert ("UTMALDG.2D.MULTICAST" in sass) == (cluster_m == 2)
-
-
-@pytest.mark.toolchain
 def test_resource_usage_no_spills():
     """ptxas's own report agrees: 0 bytes spilled in every GEMM kernel."""
     for name, arch in (("gemm_mma_sm80.cu", "80"), ("gemm_wgmma_sm90.cu", "90a"),

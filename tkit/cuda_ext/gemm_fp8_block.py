@@ -22,11 +22,9 @@ from tkit.kernels import _common
 
 SOURCE = "gemm_fp8_block_sm90.cu"
 BM, BK, THREADS = 128, 128, 384
-#: the source's macro defaults (the build with no -D options): 256-column tiles (``bn``),
-#: no CTA clusters (``cluster_m``)
-DEFAULTS = dict(stages=4, group_m=16, epi_split=2, bn=256, cluster_m=1)
-#: ring slots when ``stages`` is not given, by tile width (what fits beside the staging)
-DEFAULT_STAGES = {256: 4, 144: 6}
+BN = 256
+#: the source's macro defaults (the build with no -D options)
+DEFAULTS = dict(stages=4, group_m=16, epi_split=2)
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 SMEM_LIMIT = 227 * 1024
 
@@ -47,27 +45,18 @@ def config(**overrides) -> dict:
 @functools.cache
 def _config(out_dtype: torch.dtype, *values) -> dict:
     cfg = {k: (DEFAULTS[k] if v is None else v) for k, v in zip(DEFAULTS, values)}
-    bn = cfg["bn"]
-    if bn not in DEFAULT_STAGES:
-        raise ValueError(f"bn must be one of {sorted(DEFAULT_STAGES)}, got {bn}")
-    if values[list(DEFAULTS).index("stages")] is None:
-        cfg["stages"] = DEFAULT_STAGES[bn]
-    if cfg["cluster_m"] not in (1, 2) or (cfg["cluster_m"] == 2 and bn != 144):
-        raise ValueError(f"cluster_m must be 1, or 2 with bn=144, got {cfg['cluster_m']} "
-                         f"with bn={bn}")
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype must be bfloat16 or float16, got {out_dtype}")
     if cfg["epi_split"] not in (1, 2, 4):
-        raise ValueError(f"epi_split must split the 256 columns into whole 64-column boxes "
+        raise ValueError(f"epi_split must split the {BN} columns into whole 64-column boxes "
                          f"(1, 2 or 4), got {cfg['epi_split']}")
     if cfg["stages"] < 2:
         raise ValueError(f"stages must be >= 2, got {cfg['stages']}")
-    # the 144-column build stores from registers (no staging)
-    staging = 2 * 64 * (bn // cfg["epi_split"]) * 2 if bn == 256 else 0
-    cfg["smem"] = cfg["stages"] * (BM + bn) * BK + staging + 1024 + 16 * cfg["stages"]
+    cfg["smem"] = (cfg["stages"] * (BM + BN) * BK + 2 * 64 * (BN // cfg["epi_split"]) * 2
+                   + 1024 + 16 * cfg["stages"])
     if cfg["smem"] > SMEM_LIMIT:
         raise ValueError(f"stages={cfg['stages']} with epi_split={cfg['epi_split']} at "
-                         f"{bn} columns needs {cfg['smem']} bytes of shared memory, more than "
+                         f"{BN} columns needs {cfg['smem']} bytes of shared memory, more than "
                          f"{SMEM_LIMIT}")
     diff = {k: cfg[k] for k in DEFAULTS if cfg[k] != DEFAULTS[k]}
     cfg["options"] = _defines(**diff) + (("-DOUT_F16=1",) if out_dtype == torch.float16 else ())
@@ -131,20 +120,15 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                      scale_b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16, *,
                      out: torch.Tensor | None = None, check: bool = True,
                      stages: int | None = None, group_m: int | None = None,
-                     epi_split: int | None = None, bn: int | None = None,
-                     cluster_m: int | None = None, ctas: int | None = None) -> torch.Tensor:
+                     epi_split: int | None = None, ctas: int | None = None) -> torch.Tensor:
     """The block-scaled product (module docstring) by the CUDA kernel. The operands are
     assumed checked by the block mode (shapes, dtypes, TMA alignment: its ``supported``);
     ``out`` an (M, N) row-major output to write (else one is allocated); ``check`` runs
     the build's self-test first (once per machine). Build knobs: ``stages`` (ring slots of
-    one group), ``group_m`` (tile-row section height), ``epi_split`` (epilogue parts a
-    consumer, 256 columns), ``bn`` (tile width: 256, or 144 with the next group's sum in
-    flight), ``cluster_m`` (2: CTA pairs multicasting B, 144 columns); ``ctas`` the
-    persistent grid (None: one CTA an SM)."""
-    knobs = dict(stages=stages, group_m=group_m, epi_split=epi_split, bn=bn,
-                 cluster_m=cluster_m)
+    one group, 48 KiB each), ``group_m`` (tile-row section height), ``epi_split`` (epilogue
+    parts a consumer); ``ctas`` the persistent grid (None: one CTA an SM)."""
+    knobs = dict(stages=stages, group_m=group_m, epi_split=epi_split)
     cfg = config(**knobs, out_dtype=out_dtype)
-    bn, cm = cfg["bn"], cfg["cluster_m"]
     M, K = a.shape
     N = b.shape[1]
     c = out if out is not None else _common.empty((M, N), out_dtype, a.device)
@@ -158,11 +142,10 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
             raise RuntimeError(f"the CUDA block-scaled fp8 kernel is off on this machine: {why}")
     dev = a.device.index or 0
     func = _kernel(cfg["options"], dev)
-    maps = (tensor_map_2d(a, BK, BM), tensor_map_2d(b.t(), BK, bn // cm),
-            tensor_map_2d(c, 64, 64))
-    units = _common.cdiv(_common.cdiv(M, BM), cm) * _common.cdiv(N, bn)
-    grid = (cm * max(1, min(units, (ctas or _num_sms(dev)) // cm)),)
+    maps = (tensor_map_2d(a, BK, BM), tensor_map_2d(b.t(), BK, BN), tensor_map_2d(c, 64, 64))
+    tiles = _common.cdiv(M, BM) * _common.cdiv(N, BN)
+    grid = (max(1, min(tiles, ctas or _num_sms(dev))),)
     _loader.launch(func, grid, (THREADS,), (*maps, scale_a, scale_b, *_i32(
-        M, N, K, scale_a.stride(0), scale_a.stride(1), scale_b.stride(0), scale_b.stride(1)),
-        c, *_i32(c.stride(0))), smem=cfg["smem"])
+        M, N, K, scale_a.stride(0), scale_a.stride(1), scale_b.stride(0), scale_b.stride(1))),
+        smem=cfg["smem"])
     return c

@@ -22,7 +22,9 @@
 // CTA pairs; CTA pairs multicasting B; the consumers issuing their sums in turns; 128 x 192
 // tiles with one 192-column sum a group; consumer 1 started one sum or one group behind
 // consumer 0 (so that one promotes while the other's MMAs run: one consumer's dependent
-// chain alone keeps the tensor pipe about half busy, so the offset lost more than it hid).
+// chain alone keeps the tensor pipe about half busy, so the offset lost more than it hid);
+// cuBLAS's per-tensor tile, 128 x 144 with the next group's 144-column sum in flight (72 +
+// 2 x 72 registers), alone or in CTA pairs (the tensor pipe ~64% busy, below this kernel's).
 //
 // 384 threads = 3 warpgroups, persistent (one CTA an SM walking the tiles in GROUP_M
 // sections):
@@ -49,13 +51,7 @@
 // (wgmma and setmaxnreg need the "a").
 
 #define BM 128
-#ifndef BN  // 256, or 144: one 144-column sum a group, the next group's in flight (below)
 #define BN 256
-#endif
-#if BN != 256 && BN != 144
-#error "BN must be 256 or 144"
-#endif
-#define LOOKAHEAD (BN == 144)
 #define BK 128  // one scale group
 #ifndef STAGES
 #define STAGES 4
@@ -71,19 +67,14 @@
 #ifndef OUT_F16
 #define OUT_F16 0
 #endif
-#define SUM_N (LOOKAHEAD ? BN : BN / 2)  // columns of one MMA sum (two a group at 256)
-#ifndef CLUSTER_M  // 2 (144 columns): CTA pairs on consecutive tile-rows multicasting B halves
-#define CLUSTER_M 1
-#endif
-#if CLUSTER_M != 1 && !(CLUSTER_M == 2 && LOOKAHEAD)
-#error "CLUSTER_M must be 1, or 2 with 144 columns"
-#endif
-#define GROUP_MC (GROUP_M / CLUSTER_M > 0 ? GROUP_M / CLUSTER_M : 1)  // in cluster tile-rows
-#if !LOOKAHEAD && BN % (64 * EPI_SPLIT)
+#define SUM_N (BN / 2)  // columns of one MMA sum (two a group)
+#define CLUSTER_M 1  // no CTA clusters (the header's helpers take them)
+#define GROUP_MC GROUP_M
+#if BN % (64 * EPI_SPLIT)
 #error "EPI_SPLIT must split BN into whole 64-column boxes"
 #endif
 #define C_PART_COLS (BN / EPI_SPLIT)
-#define C_PART_BYTES (LOOKAHEAD ? 0 : 64 * C_PART_COLS * 2)  // a consumer's staging buffer
+#define C_PART_BYTES (64 * C_PART_COLS * 2)  // one consumer's staging buffer
 #define C_BYTES (CONSUMERS * C_PART_BYTES)
 #define A_STAGE_BYTES (BM * BK)
 #define B_STAGE_BYTES (BN * BK)
@@ -108,11 +99,8 @@ __device__ __forceinline__ u64 smem_desc(unsigned addr) {
             "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, " \
             "%62, %63"
 
-#define R72 R64 ", %64, %65, %66, %67, %68, %69, %70, %71"
-
 // d[SUM_N / 2] (+)= A(64x32 e4m3, K-major descriptor) @ B(32xSUM_N e4m3, K-major
 // descriptor); scale_d 0 overwrites d
-#if SUM_N == 128
 __device__ __forceinline__ void wgmma_sum(float* d, u64 desc_a, u64 desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
@@ -121,16 +109,6 @@ __device__ __forceinline__ void wgmma_sum(float* d, u64 desc_a, u64 desc_b, int 
       : F8(0), F8(8), F8(16), F8(24), F8(32), F8(40), F8(48), F8(56)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
-#else
-__device__ __forceinline__ void wgmma_sum(float* d, u64 desc_a, u64 desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %74, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n144k32.f32.e4m3.e4m3 {" R72 "}, %72, %73, p, 1, 1;\n"
-      "}\n"
-      : F8(0), F8(8), F8(16), F8(24), F8(32), F8(40), F8(48), F8(56), F8(64)
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-#endif
 
 // pins a register between two asm statements: no read or write of it moves across
 __device__ __forceinline__ void fence_operand(float& r) {
@@ -183,86 +161,11 @@ __device__ __forceinline__ void promote(float* acc, const float* sum, float sl0,
   }
 }
 
-#if LOOKAHEAD
-// The K loop of one tile at 144 columns, JL = the 8-column chunks of the tile in its first
-// column's block of b's scales (the rest lie in the next block). Group g's sum runs in one
-// register set while group g + 1's is issued into the other; then g's is waited for (to one
-// group in flight), its slot released and it is promoted, so a consumer's own wgmmas never
-// drain. Straight-line pairs, so every path into the loop's back edge has the same set in
-// flight (ptxas serializes the wgmmas where paths disagree). A group's scales load when its
-// sum is issued and are used when it is promoted.
-template <int JL>
-__device__ __forceinline__ void k_loop(float* acc, float* s0, float* s1, int it, int KG, int c,
-                                       int t, unsigned sA, unsigned sB, unsigned bars,
-                                       const float* sa0, const float* sa1, const float* sbl,
-                                       const float* sbr, int sak, int sbk) {
-  float a0 = 0.f, a1 = 0.f, bl = 0.f, br = 0.f;      // the group being promoted
-  float na0 = 0.f, na1 = 0.f, nbl = 0.f, nbr = 0.f;  // the group issued last
-  auto issue = [&](float* d, int g) {
-    const int i = it + g, s = i % STAGES;
-    na0 = __ldg(sa0 + (long long)g * sak);
-    na1 = __ldg(sa1 + (long long)g * sak);
-    nbl = __ldg(sbl + (long long)g * sbk);
-    nbr = __ldg(sbr + (long long)g * sbk);
-    mbar_wait(bars + 8u * s, (i / STAGES) & 1);
-    issue_sum(d, sA + s * A_STAGE_BYTES + c * (64 * BK), sB + s * B_STAGE_BYTES, 0);
-  };
-  auto next_scales = [&]() { a0 = na0, a1 = na1, bl = nbl, br = nbr; };
-  auto finish = [&](float* d, int g) {  // after the wait
-    fence_sum(d);
-    if (t == 0) release_slot(bars + 8u * (STAGES + (it + g) % STAGES));
-    promote<JL>(acc, d, a0 * bl, a1 * bl, a0 * br, a1 * br);
-    next_scales();
-  };
-  issue(s0, 0);
-  next_scales();
-  int g = 0;
-  for (; g + 2 < KG; g += 2) {
-    issue(s1, g + 1);
-    wgmma_wait1();
-    finish(s0, g);
-    issue(s0, g + 2);
-    wgmma_wait1();
-    finish(s1, g + 1);
-  }
-  if (g + 1 < KG) {  // two groups left, the first in flight
-    issue(s1, g + 1);
-    wgmma_wait1();
-    finish(s0, g);
-    wgmma_wait0();
-    finish(s1, g + 1);
-  } else {
-    wgmma_wait0();
-    finish(s0, g);
-  }
-}
-
-// A consumer's 64 x BN fragment (as store_tile_tma reads it) stored from registers, a 32-bit
-// pair of outputs a thread and row: rows past M and columns past N are skipped (N is a
-// multiple of 8: 16-byte rows)
-__device__ __forceinline__ void store_tile_direct(const float* d, unsigned* c, long long ldc,
-                                                  int row0, int col0, int M, int N, int warp,
-                                                  int lane) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = row0 + warp * 16 + lane / 4 + 8 * h;
-    if (row >= M) continue;
-    unsigned* crow = c + (row * ldc + col0) / 2;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      const int col = 8 * j + 2 * (lane % 4);
-      if (col0 + col < N) crow[col / 2] = pack_out(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-    }
-  }
-}
-#endif
-
-extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_block(
+extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_fp8_block(
     const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
     const __grid_constant__ TmaDesc tma_c,  // C, boxes of 64 x 64, 128-byte swizzle
     const float* __restrict__ sa, const float* __restrict__ sb, int M, int N, int K,
-    int stride_sam, int stride_sak, int stride_sbk, int stride_sbn,
-    unsigned* __restrict__ c_ptr, int ldc) {  // C itself, for the 144-column build's stores
+    int stride_sam, int stride_sak, int stride_sbk, int stride_sbn) {
   extern __shared__ unsigned char smem_raw[];
   unsigned sA = smem_aligned_1024(smem_raw);
   unsigned sB = sA + STAGES * A_STAGE_BYTES;
@@ -272,15 +175,10 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
   auto empty = [&](int s) { return bars + 8u * (STAGES + s); };
 
   int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-  init_ring(bars, STAGES, CONSUMERS * CLUSTER_M, CLUSTER_M);
-  const int rank = CLUSTER_M > 1 ? (int)cluster_rank() : 0;
+  init_ring(bars, STAGES, CONSUMERS, 1);
 
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-  // work units: CLUSTER_M consecutive tile-rows x one tile-column; CTA `rank` takes row
-  // `rank` (past the last tile-row it loads zeros and stores nothing)
-  const int units_m = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;
-  const int num_units = units_m * tiles_n;
-  const int unit0 = blockIdx.x / CLUSTER_M, unit_stride = gridDim.x / CLUSTER_M;
+  const int num_tiles = tiles_m * tiles_n;
   const int KG = (K + BK - 1) / BK;
   const int NB = (N + 127) / 128;  // column blocks of sb
 
@@ -291,24 +189,16 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_a)));
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_b)));
       int it = 0;
-      for (int unit = unit0; unit < num_units; unit += unit_stride) {
-        int um, tn;
-        tile_coords(unit, units_m, tiles_n, um, tn);
-        const int tm = um * CLUSTER_M + rank;
+      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+        int tm, tn;
+        tile_coords(tile, tiles_m, tiles_n, tm, tn);
         for (int g = 0; g < KG; ++g, ++it) {
           int s = it % STAGES;
           unsigned round = it / STAGES;
           mbar_wait(empty(s), (round & 1) ^ 1);  // round 0 passes: the slot starts free
           mbar_expect_tx(full(s), STAGE_BYTES);
           tma_load_2d(sA + s * A_STAGE_BYTES, &tma_a, g * BK, tm * BM, full(s));
-#if CLUSTER_M > 1
-          // this CTA's rows of the B tile, into the same slot of every CTA of the cluster
-          tma_load_2d_multicast(sB + s * B_STAGE_BYTES + rank * (BN / CLUSTER_M) * BK, &tma_b,
-                                g * BK, tn * BN + rank * (BN / CLUSTER_M), full(s),
-                                (unsigned short)((1u << CLUSTER_M) - 1));
-#else
           tma_load_2d(sB + s * B_STAGE_BYTES, &tma_b, g * BK, tn * BN, full(s));
-#endif
         }
       }
     }
@@ -319,45 +209,21 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
     const int warp = t / 32, lane = t % 32;
     float acc[BN / 2];
     float sum[SUM_REGS];
-#if LOOKAHEAD
-    float sum1[SUM_REGS];
-#endif
     int it = 0;
-    for (int unit = unit0; unit < num_units; unit += unit_stride) {
-      int um, tn;
-      tile_coords(unit, units_m, tiles_n, um, tn);
-      const int tm = um * CLUSTER_M + rank;
+    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+      int tm, tn;
+      tile_coords(tile, tiles_m, tiles_n, tm, tn);
       // this thread's two rows (clamped: rows past M have zero sums) and column blocks
       const int r0 = min(tm * BM + c * 64 + warp * 16 + lane / 4, M - 1);
       const int r1 = min(tm * BM + c * 64 + warp * 16 + lane / 4 + 8, M - 1);
       const float* sa0 = sa + (long long)r0 * stride_sam;
       const float* sa1 = sa + (long long)r1 * stride_sam;
-      // the blocks of b's scales under the tile's first column and the next one
-      const int b0 = tn * BN / 128;
-      const float* sbl = sb + (long long)min(b0, NB - 1) * stride_sbn;
-      const float* sbr = sb + (long long)min(b0 + 1, NB - 1) * stride_sbn;
+      // the tile's two column blocks (its halves)
+      const float* sbl = sb + (long long)min(2 * tn, NB - 1) * stride_sbn;
+      const float* sbr = sb + (long long)min(2 * tn + 1, NB - 1) * stride_sbn;
+      float a0 = __ldg(sa0), a1 = __ldg(sa1), bl = __ldg(sbl), br = __ldg(sbr);
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-#if LOOKAHEAD
-      // the tile's first column sits 16 * (tn % 8) columns into its block (144 = 128 + 16)
-      switch (tn % 8) {
-#define K_LOOP(JL) \
-  k_loop<JL>(acc, sum, sum1, it, KG, c, t, sA, sB, bars, sa0, sa1, sbl, sbr, stride_sak, \
-             stride_sbk)
-        case 0: K_LOOP(16); break;
-        case 1: K_LOOP(14); break;
-        case 2: K_LOOP(12); break;
-        case 3: K_LOOP(10); break;
-        case 4: K_LOOP(8); break;
-        case 5: K_LOOP(6); break;
-        case 6: K_LOOP(4); break;
-        default: K_LOOP(2); break;
-#undef K_LOOP
-      }
-      it += KG;
-      store_tile_direct(acc, c_ptr, ldc, tm * BM + c * 64, tn * BN, M, N, warp, lane);
-#else
-      float a0 = __ldg(sa0), a1 = __ldg(sa1), bl = __ldg(sbl), br = __ldg(sbr);
       for (int g = 0; g < KG; ++g, ++it) {
         // the next group's scales, under this group's MMAs (clamped at the last group)
         const int gn = min(g + 1, KG - 1);
@@ -385,12 +251,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_fp8_b
       store_tile_tma<BN, EPI_SPLIT>(acc, sC + c * C_PART_BYTES, &tma_c, tn * BN,
                                     tm * BM + c * 64, c, t, warp, lane,
                                     [](float lo, float hi) { return pack_out(lo, hi); });
-#endif
     }
     if (t == 0) bulk_wait0();  // the last stores are done before the CTA (and its smem) ends
   }
-#if CLUSTER_M > 1
-  // no CTA leaves while its peer may still arrive on its barriers or multicast into it
-  cluster_sync();
-#endif
 }
