@@ -547,16 +547,16 @@ def sweep_matmul_fp8_block_dsv3(rows):
 #: 5) within the runs' noise but at M=64 N=7168 K=2048 (0.74-0.78 against 0.70-0.72); 128
 #: columns at 6 slots ahead at M=64 N=7168 (K=16384: 0.61-0.63 against 0.47; K=2048:
 #: 0.77-0.80 against 0.70-0.72) and behind at M=128 N=7168 and every N=4096 / 2112 row;
-#: the scales loaded two steps ahead instead of one (a knob, removed): no change. K split
-#: in parts (split_k 0: resolve's count) against the whole K (split_k 1, the default before).
-FP8_BLOCK_SMALL_M = [dict(split_k=1), dict(block_n=128), dict(block_n=64),
-                     dict(block_n=64, stages=8), dict(block_n=128, split_k=1, stages=8)]
+#: the scales loaded two steps ahead instead of one (a knob, removed): no change; K split in
+#: 2-8 parts inside the launch (a workspace, the last part adding them up; removed): slower
+#: at every split row (M=64 N=4096 K=7168: 29.9 us against 22.2 unsplit).
+FP8_BLOCK_SMALL_M = [dict(block_n=64, stages=8), dict(block_n=128, stages=8)]
 
 
 def sweep_matmul_fp8_block_small_m(rows):
     """DeepSeek-V3's GEMM shapes at M = 64 / 128 / 256, block-scaled: the Gluon kernel's
-    default beside K unsplit, tile widths and deeper rings (FP8_BLOCK_SMALL_M), against
-    torch._scaled_mm per tensor in the same run."""
+    default beside deeper rings (FP8_BLOCK_SMALL_M), against torch._scaled_mm per tensor in
+    the same run."""
     variants = _fp8_block_variants("gluon", [{}] + FP8_BLOCK_SMALL_M)
     for N, K in DSV3_NK:
         for M in (64, 128, 256):

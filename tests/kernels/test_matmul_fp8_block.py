@@ -283,10 +283,6 @@ def test_gluon_config_validation():
         FH.HopperBlockConfig(schedule="fresh")
     with pytest.raises(ValueError, match="group_m"):
         FH.HopperBlockConfig(group_m=-1)
-    with pytest.raises(ValueError, match="split_k must be"):
-        FH.HopperBlockConfig(split_k=FH.MAX_SPLIT_K + 1)
-    with pytest.raises(ValueError, match="split_k is the promote schedule's"):
-        FH.HopperBlockConfig(split_k=2, schedule="rescale")
     with pytest.raises(TypeError, match="unknown HopperBlockConfig"):
         with FH.hopper_block_config(block_k=64):
             pass
@@ -305,41 +301,33 @@ def test_gluon_config_validation():
     # rows for one consumer and long K: 128 columns, the deepest ring (an explicit one kept)
     long_k = FH.ONE_CONSUMER_LONG_K
     assert FH.resolve(auto, 64, 7168, long_k, 132) == dataclasses.replace(
-        auto, block_n=128, stages=0, group_m=8, split_k=2)
+        auto, block_n=128, stages=0, group_m=8)
     assert FH.resolve(dataclasses.replace(auto, stages=3), 64, 7168, long_k,
                       132).stages == 3
     assert FH.resolve(auto, 64, 7168, long_k - 128, 132).block_n == 64
     assert FH.resolve(auto, 65, 7168, long_k, 132).block_n == 64
-    assert FH.resolve(auto, 8192, 8192, K, 132) == dataclasses.replace(
-        auto, block_n=128, group_m=8, split_k=1)
-    # split_k 0: tiles that leave half the SMs idle split K to fill them, each part 8
-    # groups or more, at most MAX_SPLIT_K parts; an explicit count is kept
-    for M, N, k, split in ((64, 4096, K, 2), (128, 2112, K, 4), (64, 2112, 512, 1),
-                           (64, 512, 16384, 8), (256, 4096, K, 1), (64, 2112, 2048, 2)):
-        assert FH.resolve(auto, M, N, k, 132).split_k == split, (M, N, k)
-    assert FH.resolve(dataclasses.replace(auto, split_k=1), 64, 4096, K, 132).split_k == 1
+    assert FH.resolve(auto, 8192, 8192, K, 132) == dataclasses.replace(auto, block_n=128,
+                                                                       group_m=8)
     assert FH.resolve(FH.HopperBlockConfig(block_n=128), 64, 256, K, 132).block_n == 128
     # the rescale schedule: 256 columns (group_m 16) where 128 x 256 tiles fill the SMs, the
     # output is bf16 and K <= RESCALE_MAX_K; else the promote schedule's choice; a residual
     # always takes the promote one
     rs = FH.HopperBlockConfig(schedule="rescale")
     for M, N in ((8192, 8192), (4096, 4096)):  # 256 / 512 tiles
-        assert FH.resolve(rs, M, N, K, 132) == dataclasses.replace(rs, block_n=256, group_m=16,
-                                                                   split_k=1)
+        assert FH.resolve(rs, M, N, K, 132) == dataclasses.replace(rs, block_n=256, group_m=16)
     assert FH.resolve(rs, 4096, 4096, FH.RESCALE_MAX_K, 132).schedule == "rescale"
     promote = dataclasses.replace(rs, schedule="promote", group_m=8)
     bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
-    for M, N, k, dt, res, bn, sk in ((1024, 4096, K, bf, False, 128, 1),  # 128 tiles: few
-                                     (128, 4096, K, bf, False, 64, 2),
-                                     (8192, 8192, FH.RESCALE_MAX_K + 128, bf, False, 128, 1),
-                                     (8192, 8192, K, f16, False, 128, 1),
-                                     (8192, 8192, K, f32, False, 128, 1),
-                                     (8192, 8192, K, bf, True, 128, 1)):
-        assert FH.resolve(rs, M, N, k, 132, dt, res) == dataclasses.replace(
-            promote, block_n=bn, split_k=sk)
+    for M, N, k, dt, res, bn in ((1024, 4096, K, bf, False, 128),  # 128 tiles: too few
+                                 (128, 4096, K, bf, False, 64),
+                                 (8192, 8192, FH.RESCALE_MAX_K + 128, bf, False, 128),
+                                 (8192, 8192, K, f16, False, 128),
+                                 (8192, 8192, K, f32, False, 128),
+                                 (8192, 8192, K, bf, True, 128)):
+        assert FH.resolve(rs, M, N, k, 132, dt, res) == dataclasses.replace(promote, block_n=bn)
     r256 = FH.HopperBlockConfig(schedule="rescale", block_n=256, group_m=4, shared_out=False)
     # asked for: even with few tiles, long K, other outputs; not with a residual
-    assert FH.resolve(r256, 64, 256, 16384, 132, f32) == dataclasses.replace(r256, split_k=1)
+    assert FH.resolve(r256, 64, 256, 16384, 132, f32) == r256
     assert FH.resolve(r256, 64, 256, K, 132, bf, True).schedule == "promote"
     # stages: lowered to what fits (48 KB a slot, 64 KB of bf16 output tiles: 3 slots)
     assert FH.stages_for(r256, 2) == 3 and FH.stages_for(r256, 4) == 2
@@ -548,8 +536,7 @@ _GLUON_VARIANTS = [{}, dict(block_n=128), dict(block_n=64), dict(stages=2), dict
                    dict(group_m=1), dict(schedule="rescale", block_n=256, pingpong=False),
                    dict(schedule="rescale", block_n=256),
                    dict(schedule="rescale", block_n=256, stages=2, group_m=1),
-                   dict(schedule="rescale", block_n=256, shared_out=True),
-                   dict(split_k=2), dict(block_n=128, split_k=3), dict(block_n=64, split_k=8)]
+                   dict(schedule="rescale", block_n=256, shared_out=True)]
 _RESCALE_VARIANTS = [v for v in _GLUON_VARIANTS if v.get("schedule") == "rescale"]
 
 
@@ -562,9 +549,8 @@ def test_gluon_against_float64(variant, M, N, K):
     """The Gluon kernel, forced, float32 output into poisoned memory: partial tiles along M, N
     and K (K = 320: a partial last group; K = 128: consumer 1's lead group alone, consumer 0's
     group left over; K = 256: one pair, or the lead and one left over; 1088: 9 groups),
-    several tiles a CTA (2048 x 2304: 288 tiles over 132 SMs), K split in parts (more parts
-    asked for than groups: as many as there are; 3 parts of 9 groups, 8 of 10), the
-    blockwise float64 reference."""
+    several tiles a CTA (2048 x 2304: 288 tiles over 132 SMs), the blockwise float64
+    reference."""
     from tkit.kernels import _common
     FH = _gluon_or_skip()
 
@@ -576,36 +562,6 @@ def test_gluon_against_float64(variant, M, N, K):
                                  config=cfg)
     floor = _chain_floor(ref, K) if cfg.schedule == "rescale" else _f32_floor(ref)
     assert_close_to_reference(out, ref, floor=floor)
-
-
-@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
-def test_gluon_split_k_default_and_graph_replays():
-    """Decode-sized rows take split K by default (64 x 2112 x 7168: 33 tiles, 4 parts of 14
-    groups); the result is within the rule against float64, equal to the unsplit kernel's
-    up to the parts' float32 sum order, and a CUDA graph of the call replays over new
-    operand values exactly (the counters go back to zero after each call, the workspace is
-    the graph's)."""
-    FH = _gluon_or_skip()
-    a, b, sa, sb = _operands(64, 2112, 7168, seed=31)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert FH.resolve(FH.current_config(), 64, 2112, 7168, sms).split_k > 1
-    ref = _blockwise_ref(a, b, sa, sb)
-    out = tkit.matmul_fp8(a, b, sa, sb)
-    assert_close_to_reference(out, ref, _bf16_peer(a, b, sa, sb), name="split K")
-    with FH.hopper_block_config(split_k=1):
-        whole = tkit.matmul_fp8(a, b, sa, sb)
-    torch.testing.assert_close(out.float(), whole.float(), rtol=2 ** -7, atol=1e-3)
-    for _ in range(3):  # the counters are back at zero after each call
-        torch.testing.assert_close(tkit.matmul_fp8(a, b, sa, sb), out, rtol=0, atol=0)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        gout = tkit.matmul_fp8(a, b, sa, sb)
-    a2, b2, sa2, sb2 = _operands(64, 2112, 7168, seed=32)
-    for x, y in ((a, a2), (b, b2), (sa, sa2), (sb, sb2)):
-        x.copy_(y)
-    g.replay()
-    g.replay()
-    torch.testing.assert_close(gout, tkit.matmul_fp8(a, b, sa, sb), rtol=0, atol=0)
 
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
@@ -751,22 +707,18 @@ def test_gluon_rescale_epilogue_256(res):
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("act", ["", "silu", "gelu", "gelu_tanh", "relu"])
-@pytest.mark.parametrize("split_k", [1, 3])
-def test_gluon_epilogue(out_dtype, act, split_k):
-    """Bias (strided), activation and a broadcast residual, 16-bit output, K whole or in 3
-    parts (the epilogue then runs on the parts' sum, in the part that finishes last): the
-    reference rule against the float64 product, its peer PyTorch's float32 result rounded
-    once."""
+def test_gluon_epilogue(out_dtype, act):
+    """Bias (strided), activation and a broadcast residual, 16-bit output: the reference
+    rule against the float64 product, its peer PyTorch's float32 result rounded once."""
     from tkit.kernels import _common
     from tkit.kernels.elementwise.ops import _torch_activation
-    FH = _gluon_or_skip()
 
     a, b, sa, sb = _operands(200, 400, 640, seed=21)
     g = torch.Generator().manual_seed(4)
     bias = torch.randn(800, generator=g).to(out_dtype).to(DEV)[::2]
     res = torch.randn(1, 400, generator=g).to(out_dtype).to(DEV)
     assert FB.backend(a, b, sa, sb, out_dtype, bias, res).startswith("gluon")
-    with _common.poisoned_outputs(), FH.hopper_block_config(split_k=split_k):
+    with _common.poisoned_outputs():
         out = tkit.matmul_fp8(a, b, sa, sb, out_dtype=out_dtype, bias=bias,
                               activation=act or None, residual=res)
     ks = torch.arange(a.shape[1]) // 128

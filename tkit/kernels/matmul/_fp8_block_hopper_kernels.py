@@ -32,7 +32,8 @@ carried there in flight is copied by the loop's phi and ptxas then serializes ev
 the kernel (C7514; docs/NOTES.md). Registers a consumer thread: the accumulator and the two
 sums, 64 each at BLOCK_N = 128. The scales of the next step's groups are loaded (plain loads,
 2 a thread for sa, a scalar for sb) during this step. Measured alternatives that lost are in
-docs/NOTES.md (one group at a time, three consumer warpgroups, split-K).
+docs/NOTES.md (one group at a time, three consumer warpgroups, split-K with a reduction
+launch and inside this one).
 
 The rescale schedule (``RESCALE``; ``_consumer_rescale``) keeps one accumulator that the
 wgmmas add into across all of K, in units of the current group's scales: with
@@ -100,42 +101,22 @@ def _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _unit(unit, k_groups, SPLIT_K: gl.constexpr):
-    """Work unit ``unit`` as (tile, split, first group, end group): SPLIT_K consecutive units
-    a tile, split s taking groups [s KG / SPLIT_K, (s + 1) KG / SPLIT_K) (never empty:
-    SPLIT_K <= KG)."""
-    if SPLIT_K == 1:
-        tile_id = unit
-        split = 0
-        g0 = 0
-        g1 = k_groups
-    else:
-        tile_id = unit // SPLIT_K
-        split = unit % SPLIT_K
-        g0 = split * k_groups // SPLIT_K
-        g1 = (split + 1) * k_groups // SPLIT_K
-    return tile_id, split, g0, g1
-
-
-@gluon.jit
 def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr, SPLIT_K: gl.constexpr = 1):
-    """The TMA partition (one warp): every K group of every work unit (a tile, or a split of
-    its K groups) of this CTA into the ring. Slot i % STAGES gets the i-th group once every
-    consumer has released its previous use."""
+              GROUP_M: gl.constexpr):
+    """The TMA partition (one warp): every K group of every tile of this CTA into the ring.
+    Slot i % STAGES gets the i-th group once every consumer has released its previous use."""
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
-    num_units = num_pid_m * num_pid_n * SPLIT_K
+    num_tiles = num_pid_m * num_pid_n
     k_groups = gl.cdiv(K, GROUP_K)
     nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     i = 0
-    for unit in range(gl.program_id(0), num_units, gl.num_programs(0)):
-        tile_id, _, g0, g1 = _unit(unit, k_groups, SPLIT_K)
+    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        for g in range(g0, g1):
+        for g in range(k_groups):
             slot = i % STAGES
             # a fresh mbarrier reads as if the phase before phase 0 had completed: the first
             # STAGES waits (parity 1) return at once
@@ -274,56 +255,25 @@ def _store_shared(out, c_desc, c_buf, c_free, k, row0, off_n):
 
 
 @gluon.jit
-def _split_epilogue(acc, ws_ptr, cnt_ptr, tile_id, split, c_desc, c_buf, bias_ptr, res_ptr,
-                    rows, row0, off_n, M, N, stride_rm, stride_rn, stride_bias,
-                    HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
-                    WG: gl.constexpr, SPLIT_K: gl.constexpr, col_layout: gl.constexpr):
-    """A split's 64 rows of a tile: its float32 partial into the workspace (SPLIT_K x M x N),
-    then the (tile, warpgroup) counter; the last split to arrive sums every split's partial
-    (its own included) and runs the epilogue, then puts the counter back to zero for the
-    next call. The partial stores come before the counter's release (the barrier, then the
-    acq_rel atomic); the last split's acquire orders the others' partials before its loads
-    (which skip L1)."""
-    BLOCK_N: gl.constexpr = acc.type.shape[1]
-    cols = off_n + gl.arange(0, BLOCK_N, layout=col_layout)
-    mask = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
-    offs = gl.expand_dims(rows.to(gl.int64) * N, 1) + gl.expand_dims(cols.to(gl.int64), 0)
-    plane = M.to(gl.int64) * N
-    gl.store(ws_ptr + split * plane + offs, acc, mask=mask)
-    cta_barrier()
-    cnt = cnt_ptr + tile_id * 2 + WG
-    done = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-    if done == SPLIT_K - 1:
-        total = gl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-        for s in gl.static_range(1, SPLIT_K):
-            total += gl.load(ws_ptr + s * plane + offs, mask=mask, other=0.0,
-                             cache_modifier=".cg")
-        _epilogue(total, c_desc, c_buf, bias_ptr, res_ptr, rows, row0, off_n, M, N,
-                  stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES, col_layout)
-        gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
-
-
-@gluon.jit
 def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
               sa_ptr, sb_ptr, bias_ptr, res_ptr, M, N, K,
               stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias,
               HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr, SPLIT_K: gl.constexpr = 1, ws_ptr=None, cnt_ptr=None):
-    """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every work unit of this CTA."""
+              GROUP_M: gl.constexpr):
+    """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every tile of this CTA."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BLOCK_N, 32])
     row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
-    num_units = num_pid_m * num_pid_n * SPLIT_K
+    num_tiles = num_pid_m * num_pid_n
     k_groups = gl.cdiv(K, GROUP_K)
     k_last = k_groups - 1
     zero = gl.zeros([WG_M, BLOCK_N], gl.float32, acc_layout)
-    base = 0  # ring index of the unit's first group
-    for unit in range(gl.program_id(0), num_units, gl.num_programs(0)):
-        tile_id, split, g0, g1 = _unit(unit, k_groups, SPLIT_K)
+    base = 0  # ring index of the tile's first group
+    for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
         row0 = pid_m * BLOCK_M + WG * WG_M
         off_n = pid_n * BLOCK_N
@@ -331,29 +281,27 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
         sa_rows = sa_ptr + gl.minimum(rows, M - 1).to(gl.int64) * stride_sam
         sb_col = sb_ptr + (off_n // GROUP_K) * stride_sbn
         acc = zero
-        n_groups = g1 - g0
         # Two groups a step, the first group's sum promoted while the second's MMAs run.
         # Nothing is in flight across the loop's back edge: a sum carried there in flight is
         # copied by the loop's phi, and ptxas then serializes every wgmma of the kernel
         # (C7514). Each step starts from fresh sums (use_acc=False: no zeroing). Consumer 1
-        # runs the unit's first group alone, so that its pairs (and the promotion it cannot
+        # runs the tile's first group alone, so that its pairs (and the promotion it cannot
         # hide, after wait_group 0) fall a group after consumer 0's, under consumer 0's MMAs
         # (both would otherwise be released by the same ready barriers and expose their
-        # second promotions at the same time). Groups are counted from the unit's first
-        # (g0); the scales are indexed by the absolute group.
-        lead = WG  # 0 or 1; a unit has >= 1 group
+        # second promotions at the same time).
+        lead = WG  # 0 or 1; k_groups >= 1
         if WG == 1:
-            s = _scales(sa_rows, sb_col, g0, k_last, stride_sak, stride_sbk)
+            s = _scales(sa_rows, sb_col, 0, k_last, stride_sak, stride_sbk)
             t0 = _issue(a_ring, b_ring, ready, base, zero, WG, STAGES)
             acc, _ = _retire(t0, a_ring, b_ring, empty, base, acc, s, WG, STAGES, 0)
-        n_steps = (n_groups - lead) // 2
-        s_0 = _scales(sa_rows, sb_col, g0 + lead, k_last, stride_sak, stride_sbk)
-        s_1 = _scales(sa_rows, sb_col, g0 + lead + 1, k_last, stride_sak, stride_sbk)
+        n_steps = (k_groups - lead) // 2
+        s_0 = _scales(sa_rows, sb_col, lead, k_last, stride_sak, stride_sbk)
+        s_1 = _scales(sa_rows, sb_col, lead + 1, k_last, stride_sak, stride_sbk)
         for step in range(n_steps):
             g = lead + 2 * step
             # the next step's scales, in flight during this step's MMAs
-            n_0 = _scales(sa_rows, sb_col, g0 + g + 2, k_last, stride_sak, stride_sbk)
-            n_1 = _scales(sa_rows, sb_col, g0 + g + 3, k_last, stride_sak, stride_sbk)
+            n_0 = _scales(sa_rows, sb_col, g + 2, k_last, stride_sak, stride_sbk)
+            n_1 = _scales(sa_rows, sb_col, g + 3, k_last, stride_sak, stride_sbk)
             i = base + g
             t0 = _issue(a_ring, b_ring, ready, i, zero, WG, STAGES)
             t1 = _issue(a_ring, b_ring, ready, i + 1, zero, WG, STAGES)
@@ -362,19 +310,14 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
             s_0 = n_0
             s_1 = n_1
         # a group left over (an odd count after the lead), alone
-        for g in range(lead + 2 * n_steps, n_groups):
-            s = _scales(sa_rows, sb_col, g0 + g, k_last, stride_sak, stride_sbk)
+        for g in range(lead + 2 * n_steps, k_groups):
+            s = _scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk)
             t0 = _issue(a_ring, b_ring, ready, base + g, zero, WG, STAGES)
             acc, _ = _retire(t0, a_ring, b_ring, empty, base + g, acc, s, WG, STAGES, 0)
-        base += n_groups
+        base += k_groups
 
-        if SPLIT_K == 1:
-            _epilogue(acc, c_desc, c_buf, bias_ptr, res_ptr, rows, row0, off_n, M, N,
-                      stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES, col_layout)
-        else:
-            _split_epilogue(acc, ws_ptr, cnt_ptr, tile_id, split, c_desc, c_buf, bias_ptr,
-                            res_ptr, rows, row0, off_n, M, N, stride_rm, stride_rn,
-                            stride_bias, HAS_BIAS, ACT, HAS_RES, WG, SPLIT_K, col_layout)
+        _epilogue(acc, c_desc, c_buf, bias_ptr, res_ptr, rows, row0, off_n, M, N,
+                  stride_rm, stride_rn, stride_bias, HAS_BIAS, ACT, HAS_RES, col_layout)
     tma.store_wait(0)
 
 
@@ -522,7 +465,6 @@ def _fp8_block_ws_kernel(
     PINGPONG: gl.constexpr, SHARED_OUT: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
-    SPLIT_K: gl.constexpr = 1, ws_ptr=None, cnt_ptr=None,
 ):
     """Persistent warp-specialized block-scaled GEMM (module docstring). a_desc: over a (M, K),
     block [BLOCK_M, 128]; b_desc: over b's K-major storage (N, K), block [BLOCK_N, 128]; c_desc:
@@ -579,13 +521,11 @@ def _fp8_block_ws_kernel(
             (_consumer, (0, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(0), sa_ptr,
                          sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
                          stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
-                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M, SPLIT_K, ws_ptr,
-                         cnt_ptr)),
+                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M)),
             (_consumer, (1, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(1), sa_ptr,
                          sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
                          stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
-                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M, SPLIT_K, ws_ptr,
-                         cnt_ptr)),
+                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M)),
             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
-                         BLOCK_N, STAGES, GROUP_M, SPLIT_K)),
+                         BLOCK_N, STAGES, GROUP_M)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -36,9 +36,6 @@ SCHEDULES = ("promote", "rescale")
 ONE_CONSUMER_LONG_K = 8192
 #: the longest K the rescale schedule takes by itself (resolve)
 RESCALE_MAX_K = 8192
-MAX_SPLIT_K = 8
-#: the fewest 128-deep groups a split takes by itself (resolve)
-MIN_SPLIT_GROUPS = 8
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -63,10 +60,6 @@ class HopperBlockConfig:
     use_fast_accum=True, several times the promote schedule's error (2e-3 of max |ref| at
     K = 1024, 5e-3 at 8192 on the H200), what the promotion exists to avoid; ~15% faster at
     8192^3. Where it does not apply (:func:`resolve`) the promote schedule runs.
-    ``split_k`` (the promote schedule's; 0: :func:`resolve` picks it, 1: none): each tile's K
-    groups in that many parts on different CTAs, each part's float32 sum into a workspace,
-    the last part of a tile to finish adding them up and running the epilogue (one launch;
-    for the decode-sized rows whose tiles leave most SMs idle).
     ``pingpong`` (the rescale schedule's; the promote schedule ignores it): the two consumer
     warpgroups issue their groups' MMAs in turn, so each one's rescale runs under the
     other's MMAs. ``shared_out`` (the rescale schedule's): one output staging tile that the
@@ -79,7 +72,6 @@ class HopperBlockConfig:
     schedule: str = "promote"
     pingpong: bool = True
     shared_out: bool = False
-    split_k: int = 0
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -95,11 +87,6 @@ class HopperBlockConfig:
             raise ValueError(f"stages must be 0 (auto) or 2..{MAX_STAGES}, got {self.stages}")
         if self.group_m < 0:
             raise ValueError(f"group_m must be 0 (auto) or >= 1, got {self.group_m}")
-        if not 0 <= self.split_k <= MAX_SPLIT_K:
-            raise ValueError(f"split_k must be 0 (auto) or 1..{MAX_SPLIT_K}, got "
-                             f"{self.split_k}")
-        if self.split_k > 1 and self.schedule != "promote":
-            raise ValueError("split_k is the promote schedule's")
 
     consumers = 2  # consumer warpgroups (not a field: one alone spilled at 255 registers)
 
@@ -146,28 +133,17 @@ def resolve(cfg: HopperBlockConfig, M: int, N: int, K: int, sms: int,
         else:
             # group_m 16: at 8192^3 a wave of 132 tiles then reads 33 MB of operands, 42 MB
             # at 8 (1345 against 1281 TFLOP/s)
-            return dataclasses.replace(cfg, block_n=256, group_m=cfg.group_m or 16,
-                                       split_k=1)
+            return dataclasses.replace(cfg, block_n=256, group_m=cfg.group_m or 16)
     if not cfg.group_m:
         cfg = dataclasses.replace(cfg, group_m=8)
-    if not cfg.block_n:
-        few = C.cdiv(M, 2 * WG_M) * C.cdiv(N, 128) <= sms // 2
-        if few and M <= WG_M and K >= ONE_CONSUMER_LONG_K:
-            # rows for one consumer, long K: 128 columns with the deepest ring that fits (6)
-            stages = 0 if cfg.stages == HopperBlockConfig.stages else cfg.stages
-            cfg = dataclasses.replace(cfg, block_n=128, stages=stages)
-        else:
-            cfg = dataclasses.replace(cfg, block_n=64 if few else 128)
-    if not cfg.split_k:
-        # tiles that leave half the SMs or more idle: split K so that the parts fill them,
-        # each part MIN_SPLIT_GROUPS groups or more
-        tiles = C.cdiv(M, cfg.block_m) * C.cdiv(N, cfg.block_n)
-        split = 1
-        if 2 * tiles <= sms:
-            split = max(1, min(sms // tiles, C.cdiv(K, GROUP_K) // MIN_SPLIT_GROUPS,
-                               MAX_SPLIT_K))
-        cfg = dataclasses.replace(cfg, split_k=split)
-    return cfg
+    if cfg.block_n:
+        return cfg
+    few = C.cdiv(M, 2 * WG_M) * C.cdiv(N, 128) <= sms // 2
+    if few and M <= WG_M and K >= ONE_CONSUMER_LONG_K:
+        # rows for one consumer, long K: 128 columns with the deepest ring that fits (6)
+        stages = 0 if cfg.stages == HopperBlockConfig.stages else cfg.stages
+        return dataclasses.replace(cfg, block_n=128, stages=stages)
+    return dataclasses.replace(cfg, block_n=64 if few else 128)
 
 
 def _pingpong(cfg: HopperBlockConfig) -> bool:
@@ -275,21 +251,12 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
     b_desc = _descriptor(bt, (N, K), (MC._lead_stride(b, True), 1), (cfg.block_n, GROUP_K))
     c_desc = _descriptor(out, (M, N), (MC._lead_stride(out, False), 1), (WG_M, cfg.block_n))
     tiles = C.cdiv(M, cfg.block_m) * C.cdiv(N, cfg.block_n)
-    split = min(cfg.split_k, C.cdiv(K, GROUP_K))  # every part has a group
-    split_args = {}
-    if split > 1:
-        # the parts' float32 sums, and a counter a (tile, consumer) that the last part puts
-        # back to zero (zeroed on this call's stream: a call in flight on another stream
-        # never shares them)
-        split_args = dict(SPLIT_K=split,
-                          ws_ptr=C.scratch((split, M, N), torch.float32, a.device),
-                          cnt_ptr=C.scratch((2 * tiles,), torch.int32, a.device, zero=True))
-    progs = max(1, min(sms, tiles * split))
+    progs = max(1, min(sms, tiles))
     C.launch(_fp8_block_ws_kernel, (progs,), a_desc=a_desc, b_desc=b_desc, c_desc=c_desc,
              **epilogue_args(scale_a, scale_b, bias, residual, activation), M=M, N=N, K=K,
              STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
              PINGPONG=_pingpong(cfg), SHARED_OUT=_shared_out(cfg),
-             CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, **split_args,
+             CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
              num_warps=4, maxnreg=MAXNREG)
     return out
 
@@ -323,17 +290,12 @@ def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat
         stride_rm="i32", stride_rn="i32", stride_bias="i32",
         HAS_BIAS="constexpr", ACT="constexpr", HAS_RES="constexpr", STAGES="constexpr",
         GROUP_M="constexpr", RESCALE="constexpr", PINGPONG="constexpr", SHARED_OUT="constexpr",
-        CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr", SPLIT_K="constexpr",
+        CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
     )
     values = dict(HAS_BIAS=bool(has_bias), ACT=activation or "", HAS_RES=bool(has_res),
                   STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
                   PINGPONG=_pingpong(cfg), SHARED_OUT=_shared_out(cfg),
                   CONSUMER_REGS=CONSUMER_REGS,
-                  PRODUCER_REGS=PRODUCER_REGS, SPLIT_K=cfg.split_k)
-    if cfg.split_k > 1:
-        signature.update(ws_ptr="*fp32", cnt_ptr="*i32")
-    else:
-        signature.update(ws_ptr="constexpr", cnt_ptr="constexpr")
-        values.update(ws_ptr=None, cnt_ptr=None)
+                  PRODUCER_REGS=PRODUCER_REGS)
     return gluon_compile_sm90(_fp8_block_ws_kernel, signature, values, num_warps=4,
                               maxnreg=MAXNREG)
