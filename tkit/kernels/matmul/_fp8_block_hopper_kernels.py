@@ -101,21 +101,9 @@ def _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _rotation(pid_n, num_pid_n, k_groups, ROTATE: gl.constexpr):
-    """The K group a tile starts at: 0, or (ROTATE) spread over K by the tile's column, so
-    that the CTAs, which move in step, do not all read the same K offset of b's rows at the
-    same time."""
-    if ROTATE:
-        rot = (pid_n * k_groups) // num_pid_n
-    else:
-        rot = 0
-    return rot
-
-
-@gluon.jit
 def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr, ROTATE: gl.constexpr = False):
+              GROUP_M: gl.constexpr):
     """The TMA partition (one warp): every K group of every tile of this CTA into the ring.
     Slot i % STAGES gets the i-th group once every consumer has released its previous use."""
     num_pid_m = gl.cdiv(M, BLOCK_M)
@@ -128,12 +116,7 @@ def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K,
         pid_m, pid_n = _tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        rot = _rotation(pid_n, num_pid_n, k_groups, ROTATE)
-        for j in range(k_groups):
-            if ROTATE:
-                g = (j + rot) % k_groups
-            else:
-                g = j
+        for g in range(k_groups):
             slot = i % STAGES
             # a fresh mbarrier reads as if the phase before phase 0 had completed: the first
             # STAGES waits (parity 1) return at once
@@ -146,14 +129,10 @@ def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K,
 
 
 @gluon.jit
-def _scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk, rot=0,
-            ROTATE: gl.constexpr = False):
+def _scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk):
     """sa[rows, g] * sb[g, n-block] (g clamped to the last group: a prefetch past the tile's
-    last group is never used); ROTATE: of the tile's g-th group, (g + rot) mod groups."""
-    if ROTATE:
-        g = (g + rot) % (k_last + 1)
-    else:
-        g = gl.minimum(g, k_last)
+    last group is never used)."""
+    g = gl.minimum(g, k_last)
     return gl.load(sa_rows + g * stride_sak) * gl.load(sb_col + g * stride_sbk)
 
 
@@ -281,7 +260,7 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
               stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias,
               HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr, ROTATE: gl.constexpr = False):
+              GROUP_M: gl.constexpr):
     """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every tile of this CTA."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BLOCK_N, 32])
@@ -301,7 +280,6 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
         rows = row0 + gl.arange(0, WG_M, layout=row_layout)
         sa_rows = sa_ptr + gl.minimum(rows, M - 1).to(gl.int64) * stride_sam
         sb_col = sb_ptr + (off_n // GROUP_K) * stride_sbn
-        rot = _rotation(pid_n, num_pid_n, k_groups, ROTATE)
         acc = zero
         # Two groups a step, the first group's sum promoted while the second's MMAs run.
         # Nothing is in flight across the loop's back edge: a sum carried there in flight is
@@ -313,20 +291,17 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
         # second promotions at the same time).
         lead = WG  # 0 or 1; k_groups >= 1
         if WG == 1:
-            s = _scales(sa_rows, sb_col, 0, k_last, stride_sak, stride_sbk, rot, ROTATE)
+            s = _scales(sa_rows, sb_col, 0, k_last, stride_sak, stride_sbk)
             t0 = _issue(a_ring, b_ring, ready, base, zero, WG, STAGES)
             acc, _ = _retire(t0, a_ring, b_ring, empty, base, acc, s, WG, STAGES, 0)
         n_steps = (k_groups - lead) // 2
-        s_0 = _scales(sa_rows, sb_col, lead, k_last, stride_sak, stride_sbk, rot, ROTATE)
-        s_1 = _scales(sa_rows, sb_col, lead + 1, k_last, stride_sak, stride_sbk, rot,
-                      ROTATE)
+        s_0 = _scales(sa_rows, sb_col, lead, k_last, stride_sak, stride_sbk)
+        s_1 = _scales(sa_rows, sb_col, lead + 1, k_last, stride_sak, stride_sbk)
         for step in range(n_steps):
             g = lead + 2 * step
             # the next step's scales, in flight during this step's MMAs
-            n_0 = _scales(sa_rows, sb_col, g + 2, k_last, stride_sak, stride_sbk, rot,
-                          ROTATE)
-            n_1 = _scales(sa_rows, sb_col, g + 3, k_last, stride_sak, stride_sbk, rot,
-                          ROTATE)
+            n_0 = _scales(sa_rows, sb_col, g + 2, k_last, stride_sak, stride_sbk)
+            n_1 = _scales(sa_rows, sb_col, g + 3, k_last, stride_sak, stride_sbk)
             i = base + g
             t0 = _issue(a_ring, b_ring, ready, i, zero, WG, STAGES)
             t1 = _issue(a_ring, b_ring, ready, i + 1, zero, WG, STAGES)
@@ -336,7 +311,7 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
             s_1 = n_1
         # a group left over (an odd count after the lead), alone
         for g in range(lead + 2 * n_steps, k_groups):
-            s = _scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk, rot, ROTATE)
+            s = _scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk)
             t0 = _issue(a_ring, b_ring, ready, base + g, zero, WG, STAGES)
             acc, _ = _retire(t0, a_ring, b_ring, empty, base + g, acc, s, WG, STAGES, 0)
         base += k_groups
@@ -490,7 +465,6 @@ def _fp8_block_ws_kernel(
     PINGPONG: gl.constexpr, SHARED_OUT: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
-    ROTATE: gl.constexpr = False,
 ):
     """Persistent warp-specialized block-scaled GEMM (module docstring). a_desc: over a (M, K),
     block [BLOCK_M, 128]; b_desc: over b's K-major storage (N, K), block [BLOCK_N, 128]; c_desc:
@@ -547,11 +521,11 @@ def _fp8_block_ws_kernel(
             (_consumer, (0, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(0), sa_ptr,
                          sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
                          stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
-                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M, ROTATE)),
+                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M)),
             (_consumer, (1, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(1), sa_ptr,
                          sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
                          stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
-                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M, ROTATE)),
+                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M)),
             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
-                         BLOCK_N, STAGES, GROUP_M, ROTATE)),
+                         BLOCK_N, STAGES, GROUP_M)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

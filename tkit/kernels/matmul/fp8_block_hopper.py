@@ -60,8 +60,6 @@ class HopperBlockConfig:
     use_fast_accum=True, several times the promote schedule's error (2e-3 of max |ref| at
     K = 1024, 5e-3 at 8192 on the H200), what the promotion exists to avoid; ~15% faster at
     8192^3. Where it does not apply (:func:`resolve`) the promote schedule runs.
-    ``rotate_k`` (the promote schedule's): each tile starts its K groups at an offset spread
-    over K by its column (the CTAs then read different K offsets of b at a time).
     ``pingpong`` (the rescale schedule's; the promote schedule ignores it): the two consumer
     warpgroups issue their groups' MMAs in turn, so each one's rescale runs under the
     other's MMAs. ``shared_out`` (the rescale schedule's): one output staging tile that the
@@ -74,7 +72,6 @@ class HopperBlockConfig:
     schedule: str = "promote"
     pingpong: bool = True
     shared_out: bool = False
-    rotate_k: bool = False
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -260,7 +257,7 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
              STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
              PINGPONG=_pingpong(cfg), SHARED_OUT=_shared_out(cfg),
              CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
-             ROTATE=cfg.rotate_k and cfg.schedule == "promote", num_warps=4, maxnreg=MAXNREG)
+             num_warps=4, maxnreg=MAXNREG)
     return out
 
 
@@ -293,13 +290,12 @@ def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat
         stride_rm="i32", stride_rn="i32", stride_bias="i32",
         HAS_BIAS="constexpr", ACT="constexpr", HAS_RES="constexpr", STAGES="constexpr",
         GROUP_M="constexpr", RESCALE="constexpr", PINGPONG="constexpr", SHARED_OUT="constexpr",
-        CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr", ROTATE="constexpr",
+        CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
     )
     values = dict(HAS_BIAS=bool(has_bias), ACT=activation or "", HAS_RES=bool(has_res),
                   STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
                   PINGPONG=_pingpong(cfg), SHARED_OUT=_shared_out(cfg),
                   CONSUMER_REGS=CONSUMER_REGS,
-                  PRODUCER_REGS=PRODUCER_REGS,
-                  ROTATE=cfg.rotate_k and cfg.schedule == "promote")
+                  PRODUCER_REGS=PRODUCER_REGS)
     return gluon_compile_sm90(_fp8_block_ws_kernel, signature, values, num_warps=4,
                               maxnreg=MAXNREG)
