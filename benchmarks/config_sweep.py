@@ -542,33 +542,6 @@ def sweep_matmul_fp8_block_dsv3(rows):
             _fp8_block_case(rows, M, N, K, f"DeepSeek-V3 M={M} N={N} K={K}", variants)
 
 
-def sweep_matmul_fp8_block_scale_pairs(rows):
-    """The Gluon kernel's promote schedule with its steps two at a time and the scales in two
-    register sets (fp8_block_hopper._SCALE_PAIRS, the default) against one step at a time
-    (the scales copied at the back edge), at DeepSeek-V3's shapes (M = 64 / 128 / 256 /
-    4096) and 8192^3, forced onto the Gluon kernel, against torch._scaled_mm per tensor."""
-    from tkit.kernels.matmul import fp8_block_hopper as FH
-
-    def build(pairs):
-        def make(a, b, sa, sb):
-            inner = _fp8_block_gluon({})(a, b, sa, sb)
-
-            def run():
-                FH._SCALE_PAIRS = pairs
-                try:
-                    return inner()
-                finally:
-                    FH._SCALE_PAIRS = True
-            return run
-        return make
-    variants = [("gluon scale pairs", dict(kernel="gluon", scale_pairs=True), build(True)),
-                ("gluon one step a time", dict(kernel="gluon", scale_pairs=False),
-                 build(False))]
-    shapes = [(M, N, K) for N, K in DSV3_NK for M in (64, 128, 256, 4096)]
-    for M, N, K in shapes + [(8192, 8192, 8192)]:
-        _fp8_block_case(rows, M, N, K, f"M={M} N={N} K={K}", variants)
-
-
 #: the Gluon kernel at DeepSeek-V3's decode-sized M (H200, x _scaled_mm per tensor;
 #: docs/NOTES.md): deeper rings at 64 columns (6 or 8 slots against
 #: 5) within the runs' noise but at M=64 N=7168 K=2048 (0.74-0.78 against 0.70-0.72); 128
@@ -577,7 +550,9 @@ def sweep_matmul_fp8_block_scale_pairs(rows):
 #: the scales loaded two steps ahead instead of one (a knob, removed): no change; K split in
 #: 2-8 parts inside the launch (a workspace, the last part adding them up; removed): slower
 #: at every split row (M=64 N=4096 K=7168: 29.9 us against 22.2 unsplit); each tile's K
-#: groups started at an offset spread over K (rotate_k; removed): 1-15% slower everywhere.
+#: groups started at an offset spread over K (rotate_k; removed): 1-15% slower everywhere;
+#: the scales' product taken at the promotion and, at 64 columns, steps two at a time with
+#: two scale register sets (removed): 1-8% slower at the 64-column rows.
 FP8_BLOCK_SMALL_M = [dict(block_n=64, stages=8), dict(block_n=128, stages=8)]
 
 
@@ -1961,7 +1936,6 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "matmul_fp8_block": sweep_matmul_fp8_block,
           "matmul_fp8_block_dsv3": sweep_matmul_fp8_block_dsv3,
           "matmul_fp8_block_small_m": sweep_matmul_fp8_block_small_m,
-          "matmul_fp8_block_scale_pairs": sweep_matmul_fp8_block_scale_pairs,
           "matmul_fp8_block_cuda": sweep_matmul_fp8_block_cuda,
           "matmul_fp8_block_rescale": sweep_matmul_fp8_block_rescale,
           "matmul_fp8_block_rescale_shared": sweep_matmul_fp8_block_rescale_shared,

@@ -130,12 +130,10 @@ def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K,
 
 @gluon.jit
 def _scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk):
-    """(sa[rows, g], sb[g, n-block]), loaded (g clamped to the last group: a prefetch past
-    the tile's last group is never used). Their product is taken where the promotion uses
-    it (:func:`_retire`): taken here, it made the warps wait for the loads right after
-    issuing them, a step before their use."""
+    """sa[rows, g] * sb[g, n-block] (g clamped to the last group: a prefetch past the tile's
+    last group is never used)."""
     g = gl.minimum(g, k_last)
-    return gl.load(sa_rows + g * stride_sak), gl.load(sb_col + g * stride_sbk)
+    return gl.load(sa_rows + g * stride_sak) * gl.load(sb_col + g * stride_sbk)
 
 
 @gluon.jit
@@ -153,27 +151,14 @@ def _issue(a_ring, b_ring, ready, i, d, WG: gl.constexpr, STAGES: gl.constexpr):
 def _retire(tok, a_ring, b_ring, empty, i, acc, s, WG: gl.constexpr, STAGES: gl.constexpr,
             PENDING: gl.constexpr):
     """Wait until at most PENDING wgmma groups are in flight (the i-th group's sum ``tok`` is
-    then complete), hand its slot back and promote it: acc += d * (sa * sb)[:, None] with
-    ``s`` = (sa, sb) of :func:`_scales`. Returns (acc, d)."""
+    then complete), hand its slot back and promote it: acc += d * s[:, None]. Returns
+    (acc, d)."""
     slot = i % STAGES
     a_s = a_ring.index(slot).slice(WG * WG_M, WG_M, 0)
     b_s = b_ring.index(slot).permute((1, 0))
     d = warpgroup_mma_wait(PENDING, deps=(tok, a_s, b_s))[0]
     mbarrier.arrive(empty.index(slot), count=1)
-    return acc + d * gl.expand_dims(s[0] * s[1], 1), d
-
-
-@gluon.jit
-def _step(a_ring, b_ring, ready, empty, i, zero, acc, s_0, s_1, WG: gl.constexpr,
-          STAGES: gl.constexpr):
-    """Groups i and i + 1 (ring indices): both sums issued, the first promoted while the
-    second's MMAs run, then the second; scales ``s_0`` / ``s_1`` as :func:`_scales` gives
-    them. Returns acc."""
-    t0 = _issue(a_ring, b_ring, ready, i, zero, WG, STAGES)
-    t1 = _issue(a_ring, b_ring, ready, i + 1, zero, WG, STAGES)
-    acc, _ = _retire(t0, a_ring, b_ring, empty, i, acc, s_0, WG, STAGES, 1)
-    acc, _ = _retire(t1, a_ring, b_ring, empty, i + 1, acc, s_1, WG, STAGES, 0)
-    return acc
+    return acc + d * gl.expand_dims(s, 1), d
 
 
 @gluon.jit
@@ -275,7 +260,7 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
               stride_sam, stride_sak, stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias,
               HAS_BIAS: gl.constexpr, ACT: gl.constexpr, HAS_RES: gl.constexpr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr, SCALE_PAIRS: gl.constexpr = True):
+              GROUP_M: gl.constexpr):
     """Consumer warpgroup WG: rows WG * 64 + [0, 64) of every tile of this CTA."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BLOCK_N, 32])
@@ -312,35 +297,18 @@ def _consumer(WG: gl.constexpr, a_ring, b_ring, ready, empty, c_desc, c_buf,
         n_steps = (k_groups - lead) // 2
         s_0 = _scales(sa_rows, sb_col, lead, k_last, stride_sak, stride_sbk)
         s_1 = _scales(sa_rows, sb_col, lead + 1, k_last, stride_sak, stride_sbk)
-        if SCALE_PAIRS and BLOCK_N == 64:
-            # Steps two at a time, each step's scales loaded into the set the step before
-            # it has just used: a load is read a whole step after it is issued, and no
-            # register copy at the back edge waits for it (a copy n -> s at the back edge
-            # waited for the next step's loads right after their issue). 64 columns only:
-            # at 128 the two steps' code spilled.
-            for pair in range(n_steps // 2):
-                g = lead + 4 * pair
-                n_0 = _scales(sa_rows, sb_col, g + 2, k_last, stride_sak, stride_sbk)
-                n_1 = _scales(sa_rows, sb_col, g + 3, k_last, stride_sak, stride_sbk)
-                acc = _step(a_ring, b_ring, ready, empty, base + g, zero, acc, s_0, s_1, WG,
-                            STAGES)
-                s_0 = _scales(sa_rows, sb_col, g + 4, k_last, stride_sak, stride_sbk)
-                s_1 = _scales(sa_rows, sb_col, g + 5, k_last, stride_sak, stride_sbk)
-                acc = _step(a_ring, b_ring, ready, empty, base + g + 2, zero, acc, n_0, n_1,
-                            WG, STAGES)
-            if n_steps % 2:
-                acc = _step(a_ring, b_ring, ready, empty, base + lead + 2 * (n_steps - 1),
-                            zero, acc, s_0, s_1, WG, STAGES)
-        else:
-            for step in range(n_steps):
-                g = lead + 2 * step
-                # the next step's scales, in flight during this step's MMAs
-                n_0 = _scales(sa_rows, sb_col, g + 2, k_last, stride_sak, stride_sbk)
-                n_1 = _scales(sa_rows, sb_col, g + 3, k_last, stride_sak, stride_sbk)
-                acc = _step(a_ring, b_ring, ready, empty, base + g, zero, acc, s_0, s_1, WG,
-                            STAGES)
-                s_0 = n_0
-                s_1 = n_1
+        for step in range(n_steps):
+            g = lead + 2 * step
+            # the next step's scales, in flight during this step's MMAs
+            n_0 = _scales(sa_rows, sb_col, g + 2, k_last, stride_sak, stride_sbk)
+            n_1 = _scales(sa_rows, sb_col, g + 3, k_last, stride_sak, stride_sbk)
+            i = base + g
+            t0 = _issue(a_ring, b_ring, ready, i, zero, WG, STAGES)
+            t1 = _issue(a_ring, b_ring, ready, i + 1, zero, WG, STAGES)
+            acc, _ = _retire(t0, a_ring, b_ring, empty, i, acc, s_0, WG, STAGES, 1)
+            acc, _ = _retire(t1, a_ring, b_ring, empty, i + 1, acc, s_1, WG, STAGES, 0)
+            s_0 = n_0
+            s_1 = n_1
         # a group left over (an odd count after the lead), alone
         for g in range(lead + 2 * n_steps, k_groups):
             s = _scales(sa_rows, sb_col, g, k_last, stride_sak, stride_sbk)
@@ -497,7 +465,6 @@ def _fp8_block_ws_kernel(
     PINGPONG: gl.constexpr, SHARED_OUT: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
-    SCALE_PAIRS: gl.constexpr = True,
 ):
     """Persistent warp-specialized block-scaled GEMM (module docstring). a_desc: over a (M, K),
     block [BLOCK_M, 128]; b_desc: over b's K-major storage (N, K), block [BLOCK_N, 128]; c_desc:
@@ -554,11 +521,11 @@ def _fp8_block_ws_kernel(
             (_consumer, (0, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(0), sa_ptr,
                          sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
                          stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
-                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M, SCALE_PAIRS)),
+                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M)),
             (_consumer, (1, a_ring, b_ring, ready, empty, c_desc, c_bufs.index(1), sa_ptr,
                          sb_ptr, bias_ptr, res_ptr, M, N, K, stride_sam, stride_sak,
                          stride_sbk, stride_sbn, stride_rm, stride_rn, stride_bias, HAS_BIAS,
-                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M, SCALE_PAIRS)),
+                         ACT, HAS_RES, BLOCK_M, BLOCK_N, STAGES, GROUP_M)),
             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, BLOCK_M,
                          BLOCK_N, STAGES, GROUP_M)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

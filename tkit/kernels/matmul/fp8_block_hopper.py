@@ -235,11 +235,6 @@ def epilogue_args(scale_a, scale_b, bias, residual, activation) -> dict:
                 HAS_BIAS=bias is not None, ACT=activation or "", HAS_RES=residual is not None)
 
 
-#: the promote schedule's steps two at a time with the scales in two sets (A/B switch for
-#: one timing run: config_sweep's matmul_fp8_block_small_m)
-_SCALE_PAIRS = True
-
-
 def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=None,
            config: HopperBlockConfig | None = None) -> torch.Tensor:
     """out = the block-scaled product of a and b with the epilogue, by the Gluon kernel
@@ -262,7 +257,7 @@ def launch(a, b, scale_a, scale_b, out, bias=None, residual=None, activation=Non
              STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
              PINGPONG=_pingpong(cfg), SHARED_OUT=_shared_out(cfg),
              CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
-             SCALE_PAIRS=_SCALE_PAIRS, num_warps=4, maxnreg=MAXNREG)
+             num_warps=4, maxnreg=MAXNREG)
     return out
 
 
@@ -295,12 +290,12 @@ def compile_sm90(config: HopperBlockConfig | None = None, out_dtype=torch.bfloat
         stride_rm="i32", stride_rn="i32", stride_bias="i32",
         HAS_BIAS="constexpr", ACT="constexpr", HAS_RES="constexpr", STAGES="constexpr",
         GROUP_M="constexpr", RESCALE="constexpr", PINGPONG="constexpr", SHARED_OUT="constexpr",
-        CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr", SCALE_PAIRS="constexpr",
+        CONSUMER_REGS="constexpr", PRODUCER_REGS="constexpr",
     )
     values = dict(HAS_BIAS=bool(has_bias), ACT=activation or "", HAS_RES=bool(has_res),
                   STAGES=stages, GROUP_M=cfg.group_m, RESCALE=cfg.schedule == "rescale",
                   PINGPONG=_pingpong(cfg), SHARED_OUT=_shared_out(cfg),
                   CONSUMER_REGS=CONSUMER_REGS,
-                  PRODUCER_REGS=PRODUCER_REGS, SCALE_PAIRS=_SCALE_PAIRS)
+                  PRODUCER_REGS=PRODUCER_REGS)
     return gluon_compile_sm90(_fp8_block_ws_kernel, signature, values, num_warps=4,
                               maxnreg=MAXNREG)
