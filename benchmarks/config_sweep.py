@@ -849,9 +849,8 @@ def _box_read_kernel(desc, out, K, STRIPS, SPLIT: tl.constexpr, BN: tl.constexpr
                      BK: tl.constexpr, STAGES: tl.constexpr):
     """Program p streams rows [s BN, (s + 1) BN) of a K-major (N, K) byte matrix, read as
     int32 words, over its part of K (s = p % STRIPS, part p // STRIPS of SPLIT) in [BN, BK]
-    byte TMA boxes, STAGES
-    deep, keeping an element-wise max in registers (one reduction at the end: the loop is
-    the loads) (:func:`sweep_fp8_block_read_probe`)."""
+    byte TMA boxes, STAGES deep, keeping an element-wise max in registers (one reduction at
+    the end, so that the loop is the loads; :func:`sweep_fp8_block_read_probe`)."""
     pid = tl.program_id(0)
     strip = pid % STRIPS
     part = pid // STRIPS
@@ -869,8 +868,9 @@ def sweep_fp8_block_read_probe(rows):
     b (N, K) fp8, K-major, 7168 deep, read in [BN, BK] TMA boxes by one program a BN-row strip
     (the Gluon kernel's grid: 33 / 64 programs at N = 2112 / 4096 with 64 rows) or by SPLIT
     programs a strip, each over a part of K; BK = 128 is one scale group a box (the kernel's
-    ring slot), 256 / 512 two or four. Against torch._scaled_mm per tensor at M = 64 on the
-    same weight and the block-scaled kernel's default, L2 read-flushed."""
+    ring slot), 256 two; 3 or 6 boxes in flight a program. Against torch._scaled_mm per
+    tensor at M = 64 on the same weight and the block-scaled kernel's default, L2
+    read-flushed: whether the weight stream or the kernel's own work sets its time."""
     for N in (4096, 2112):
         _fp8_block_read_case(rows, N, 7168)
 

@@ -31,9 +31,11 @@ are only coupled through the ring). Nothing is in flight across the loop's back 
 carried there in flight is copied by the loop's phi and ptxas then serializes every wgmma of
 the kernel (C7514; docs/NOTES.md). Registers a consumer thread: the accumulator and the two
 sums, 64 each at BLOCK_N = 128. The scales of the next step's groups are loaded (plain loads,
-2 a thread for sa, a scalar for sb) during this step. Measured alternatives that lost are in
-docs/NOTES.md (one group at a time, three consumer warpgroups, split-K with a reduction
-launch and inside this one).
+2 a thread for sa, a scalar for sb) during this step; their product follows the loads at
+once, so the warps wait for them there (taking it at the promotion, with two register sets
+so that no copy at the back edge waits either, measured slower). Measured alternatives that
+lost are in docs/NOTES.md (one group at a time, three consumer warpgroups, split-K with a
+reduction launch and inside this one, each tile's K groups rotated).
 
 The rescale schedule (``RESCALE``; ``_consumer_rescale``) keeps one accumulator that the
 wgmmas add into across all of K, in units of the current group's scales: with
