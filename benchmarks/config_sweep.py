@@ -844,80 +844,6 @@ def sweep_int4_floor(rows):
                          median_ms=v, tbps=nbytes / v / 1e9))
 
 
-@triton.jit
-def _box_read_kernel(desc, out, K, STRIPS, SPLIT: tl.constexpr, BN: tl.constexpr,
-                     BK: tl.constexpr, STAGES: tl.constexpr):
-    """Program p streams rows [s BN, (s + 1) BN) of a K-major (N, K) byte matrix, read as
-    int32 words, over its part of K (s = p % STRIPS, part p // STRIPS of SPLIT) in [BN, BK]
-    byte TMA boxes, STAGES deep, keeping an element-wise max in registers (one reduction at
-    the end, so that the loop is the loads; :func:`sweep_fp8_block_read_probe`)."""
-    pid = tl.program_id(0)
-    strip = pid % STRIPS
-    part = pid // STRIPS
-    k_steps = tl.cdiv(K, BK)
-    k0 = part * k_steps // SPLIT
-    k1 = (part + 1) * k_steps // SPLIT
-    acc = tl.zeros([BN, BK // 4], tl.int32)
-    for k in tl.range(k0, k1, num_stages=STAGES):
-        acc = tl.maximum(acc, desc.load([strip * BN, k * (BK // 4)]))
-    tl.store(out + pid, tl.max(tl.max(acc, 1), 0))
-
-
-def sweep_fp8_block_read_probe(rows):
-    """What a stream of the block-scaled GEMM's weight boxes reads at decode sizes (no MMA):
-    b (N, K) fp8, K-major, 7168 deep, read in [BN, BK] TMA boxes by one program a BN-row strip
-    (the Gluon kernel's grid: 33 / 64 programs at N = 2112 / 4096 with 64 rows) or by SPLIT
-    programs a strip, each over a part of K; BK = 128 is one scale group a box (the kernel's
-    ring slot), 256 two; 3 or 6 boxes in flight a program. Against torch._scaled_mm per
-    tensor at M = 64 on the same weight and the block-scaled kernel's default, L2
-    read-flushed: whether the weight stream or the kernel's own work sets its time."""
-    for N in (4096, 2112):
-        _fp8_block_read_case(rows, N, 7168)
-
-
-def _fp8_block_read_case(rows, N, K):
-    """:func:`sweep_fp8_block_read_probe` at one (N, K); a box shape that does not build is
-    reported and skipped."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    F8 = torch.float8_e4m3fn
-    w = torch.randn(N, K, device="cuda").to(F8)
-    wb = w.view(torch.int32)
-    a = torch.randn(64, K, device="cuda").to(F8)
-    one = torch.ones((), device="cuda")
-    sa = torch.rand(64, K // 128, device="cuda") + 0.5
-    sb = torch.rand(K // 128, triton.cdiv(N, 128), device="cuda") + 0.5
-    nbytes = N * K
-    res = {"torch._scaled_mm M=64": time_fn(
-               lambda: torch._scaled_mm(a, w.t(), one, one, out_dtype=torch.bfloat16)),
-           "tkit.matmul_fp8 block M=64": time_fn(lambda: tkit.matmul_fp8(a, w.t(), sa, sb))}
-    out = torch.empty(4096, dtype=torch.int32, device="cuda")
-    for bn in (64, 128):
-        for bk in (128, 256):
-            desc = TensorDescriptor.from_tensor(wb, [bn, bk // 4])
-            strips = triton.cdiv(N, bn)
-            for split in (1, 2, 4):
-                for stages in (3, 6):
-                    name = (f"boxes {bn}x{bk} {strips * split} programs ({split} a strip) "
-                            f"{stages} stages")
-                    try:
-                        res[name] = time_fn(
-                            lambda desc=desc, strips=strips, split=split, bn=bn, bk=bk,
-                            stages=stages: _box_read_kernel[(strips * split,)](
-                                desc, out, K, strips, SPLIT=split, BN=bn, BK=bk,
-                                STAGES=stages, num_warps=4))
-                    except Exception as e:  # a box Triton cannot build: say which
-                        print(f"fp8_block_read {name} FAILED {type(e).__name__}: "
-                              f"{str(e)[:120]}")
-    for k, v in res.items():
-        t = v.median_ms
-        print(f"fp8_block_read N={N} K={K} {k:52s} {t * 1e3:8.2f} us "
-              f"{nbytes / t / 1e9:6.2f} TB/s")
-        rows.append(dict(family="fp8-block-read-probe", op="matmul_fp8_block",
-                         case=f"b (N={N}, K={K}) fp8 read, M=64", provider=k,
-                         median_ms=t, tbps=nbytes / t / 1e9))
-
-
 def sweep_int4_prefill(rows):
     """matmul_int4 at prefill sizes of the registry's M sweep (K=4096, N=14336; M = 128, 512,
     4096): the default (the tile kernel, converting every code of the weight in each M tile)
@@ -1929,7 +1855,6 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "int4": sweep_int4, "int4_small_m": sweep_int4_small_m,
           "int4_8192": sweep_int4_8192,
           "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
-          "fp8_block_read_probe": sweep_fp8_block_read_probe,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,
