@@ -663,18 +663,20 @@ def _fp8_block_cuda(fields):
 #: removed tile shapes, CTA pairs, consumer turns, the 192-column one-sum tile, consumer 1
 #: started a sum or a group behind and the 144-column tile with two sums in flight
 #: 0.69-0.81 / 0.69-0.87.
-FP8_BLOCK_CUDA = [{}, dict(stages=3), dict(group_m=8)]
+FP8_BLOCK_CUDA = [{}, dict(yield_ffma=0.125), dict(yield_ffma=0.25), dict(hold_ffma=0.5),
+                  dict(hold_ffma=1.0)]
 
 
 def sweep_matmul_fp8_block_cuda(rows):
     """The block-scaled fp8 GEMM in CUDA (128 x 256 tiles, the promote schedule by half
-    sums; its builds FP8_BLOCK_CUDA) against the Gluon kernel's default and its opt-in
-    rescale schedule, at 8192^3 and DeepSeek-V3's expert gate_up at M = 4096, with
-    torch._scaled_mm per tensor in the same run."""
+    sums; its builds FP8_BLOCK_CUDA) against the Gluon kernel's default, at 8192^3 and three
+    DeepSeek-V3 shapes, with torch._scaled_mm per tensor in the same run."""
     variants = (_fp8_block_variants("cuda", FP8_BLOCK_CUDA)
-                + _fp8_block_variants("gluon", [{}, dict(schedule="rescale")]))
+                + _fp8_block_variants("gluon", [{}]))
     for M, N, K, label in ((8192, 8192, 8192, "8192^3 block"),
-                           (4096, 4096, 7168, "DeepSeek-V3 gate_up M=4096")):
+                           (4096, 4096, 7168, "DeepSeek-V3 gate_up M=4096"),
+                           (4096, 7168, 16384, "DeepSeek-V3 M=4096 N=7168 K=16384"),
+                           (1024, 7168, 2048, "DeepSeek-V3 M=1024 N=7168 K=2048")):
         _fp8_block_case(rows, M, N, K, label, variants, time_failed=True)
 
 
