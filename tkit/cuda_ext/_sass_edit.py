@@ -142,3 +142,36 @@ def _edit_ffma(cubin: bytes, sass: str, fraction: float, hold: bool) -> tuple[by
                     struct.pack_into("<Q", out, at + 8, hi & ~(REUSE_FLAGS | YIELD_BIT))
                     changed += 1
     return bytes(out), changed
+
+
+#: the L2 prefetch size field of LDGSTS (cp.async): bits 7-8 of the upper word
+L2_PREFETCH = {0: 0, 64: 0x80, 128: 0x100, 256: 0x180}
+_L2_FIELD = 0x180
+
+
+def l2_prefetch(cubin: bytes, sass: str, size: int, *, wide_only: bool = True
+                ) -> tuple[bytes, int]:
+    """``cubin`` with the L2 prefetch size of its cp.async copies (LDGSTS) set to ``size``
+    bytes (``cp.async...L2::128B`` / ``L2::256B`` in PTX: on a miss the L2 fetches that much
+    around the address instead of the 32-byte sectors asked for); ``wide_only``: only the
+    16-byte copies. Returns (new cubin, instructions changed)."""
+    if size not in L2_PREFETCH:
+        raise ValueError(f"size must be one of {sorted(L2_PREFETCH)}, got {size}")
+    sections = text_sections(cubin)
+    out = bytearray(cubin)
+    changed = 0
+    for name, instrs in parse_sass(sass).items():
+        base = sections[name]
+        for ins in instrs:
+            if not ins.opcode.startswith("LDGSTS") or (wide_only and
+                                                       not ins.opcode.endswith(".128")):
+                continue
+            at = base + ins.addr
+            lo, hi = struct.unpack_from("<QQ", out, at)
+            if (lo, hi) != (ins.lo, ins.hi):
+                raise ValueError(f"{name}+{ins.addr:#x}: the cubin and its disassembly differ")
+            new = (hi & ~_L2_FIELD) | L2_PREFETCH[size]
+            if new != hi:
+                struct.pack_into("<Q", out, at + 8, new)
+                changed += 1
+    return bytes(out), changed
