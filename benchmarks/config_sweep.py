@@ -663,20 +663,18 @@ def _fp8_block_cuda(fields):
 #: removed tile shapes, CTA pairs, consumer turns, the 192-column one-sum tile, consumer 1
 #: started a sum or a group behind and the 144-column tile with two sums in flight
 #: 0.69-0.81 / 0.69-0.87.
-FP8_BLOCK_CUDA = [{}, dict(yield_ffma=0.125), dict(yield_ffma=0.25), dict(hold_ffma=0.5),
-                  dict(hold_ffma=1.0)]
+FP8_BLOCK_CUDA = [{}, dict(stages=3), dict(group_m=8)]
 
 
 def sweep_matmul_fp8_block_cuda(rows):
     """The block-scaled fp8 GEMM in CUDA (128 x 256 tiles, the promote schedule by half
-    sums; its builds FP8_BLOCK_CUDA) against the Gluon kernel's default, at 8192^3 and three
-    DeepSeek-V3 shapes, with torch._scaled_mm per tensor in the same run."""
+    sums; its builds FP8_BLOCK_CUDA) against the Gluon kernel's default and its opt-in
+    rescale schedule, at 8192^3 and DeepSeek-V3's expert gate_up at M = 4096, with
+    torch._scaled_mm per tensor in the same run."""
     variants = (_fp8_block_variants("cuda", FP8_BLOCK_CUDA)
-                + _fp8_block_variants("gluon", [{}]))
+                + _fp8_block_variants("gluon", [{}, dict(schedule="rescale")]))
     for M, N, K, label in ((8192, 8192, 8192, "8192^3 block"),
-                           (4096, 4096, 7168, "DeepSeek-V3 gate_up M=4096"),
-                           (4096, 7168, 16384, "DeepSeek-V3 M=4096 N=7168 K=16384"),
-                           (1024, 7168, 2048, "DeepSeek-V3 M=1024 N=7168 K=2048")):
+                           (4096, 4096, 7168, "DeepSeek-V3 gate_up M=4096")):
         _fp8_block_case(rows, M, N, K, label, variants, time_failed=True)
 
 
@@ -1851,85 +1849,7 @@ def sweep_decode_wg(rows):
     sweep_decode_fp8(rows, DECODE_WG_RUNS, "decode_wg")
 
 
-_L2_EDIT: dict = {"size": 0, "wide_only": True}
-
-
-def _l2_edit_loader():
-    """Wrap Triton's module loader so that the decode split kernel's cubin is loaded with
-    its cp.async copies' L2 prefetch size set to ``_L2_EDIT`` (0: as compiled)."""
-    import tempfile
-
-    from triton.runtime import driver
-
-    from tkit.cuda_ext import _loader
-    from tkit.cuda_ext import _sass_edit as E
-
-    utils = driver.active.utils
-    if getattr(utils, "_tkit_l2_wrapped", False):
-        return
-    load = utils.load_binary
-
-    def load_binary(name, kernel, shared, device):
-        if _L2_EDIT["size"] and name == "_decode_split_kernel":
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(kernel)
-                f.flush()
-                kernel, n = E.l2_prefetch(kernel, _loader.sass(f.name), _L2_EDIT["size"],
-                                          wide_only=_L2_EDIT["wide_only"])
-            print(f"decode_l2: {name} loaded with {n} copies at L2::{_L2_EDIT['size']}B")
-        return load(name, kernel, shared, device)
-    utils.load_binary = load_binary
-    utils._tkit_l2_wrapped = True
-
-
-def sweep_decode_l2(rows):
-    """The L2 prefetch size of the decode kernel's cp.async copies (a cubin edit: Triton
-    emits them without ``.L2::128B``; :func:`tkit.cuda_ext._sass_edit.l2_prefetch`) on the
-    fp8 page-64 per-token case (6) and the bf16 page-64 case (2), whole calls (graph
-    replays, L2 read-flushed) in interleaved rounds; each edit's output checked equal to the
-    unedited one. Ratio: the fp8 call over the unedited bf16 page-64 call (issue #15's bar)."""
-    from tkit.kernels import _launch
-    from tkit.kernels.decode._kernels import _decode_split_kernel as kern
-
-    _l2_edit_loader()
-    spec = registry.get("decode_attention")
-    cases = list(spec.bench_cases())
-    inputs = {"bf16": _decode_inputs(cases, "bf16"), "fp8": _decode_inputs(cases, "token")}
-    edits = [(0, True), (128, True), (256, True), (256, False)]
-    want, times = {}, {}
-    for r in range(3):
-        for size, wide in (edits if r % 2 == 0 else edits[::-1]):
-            _L2_EDIT.update(size=size, wide_only=wide)
-            _launch.clear()
-            kern.device_caches.clear()
-            for lay, (args, kw) in inputs.items():
-                key = (lay, size, wide)
-                got = spec.fn(*args, **kw)
-                if size == 0:
-                    want.setdefault(lay, got)
-                elif not torch.equal(got, want[lay]):
-                    print(f"decode_l2 {key}: DIFFERENT OUTPUT")
-                    continue
-                t = time_fn(lambda a=args, k=kw: spec.fn(*a, **k), rep_ms=60,
-                            replay=True).median_ms
-                times.setdefault(key, []).append(t)
-    _L2_EDIT.update(size=0, wide_only=True)
-    _launch.clear()
-    kern.device_caches.clear()
-    bf16 = min(times[("bf16", 0, True)])
-    for (lay, size, wide), ts in times.items():
-        t = min(ts)
-        print(f"decode_l2 {lay:4s} L2::{size}B {'16-byte copies' if wide else 'all copies':14s} "
-              f"{t * 1e3:7.1f} us (rounds {', '.join(f'{x * 1e3:.1f}' for x in ts)}) "
-              f"{t / bf16:5.3f} of the unedited bf16 page 64")
-        rows.append(dict(family="decode_l2", op="decode_attention",
-                         case=cases[2 if lay == "bf16" else 6].label,
-                         config=dict(l2_prefetch=size, wide_only=wide), median_ms=t,
-                         vs_bf16_page64_default=t / bf16))
-
-
-SWEEPS = {"decode_splits": sweep_decode_splits, "decode_l2": sweep_decode_l2,
-          "decode_wg": sweep_decode_wg,
+SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "decode_fp8_batch": sweep_decode_fp8_batch,
           "decode_bar": sweep_decode_bar, "decode_fp8": sweep_decode_fp8,
           "int4": sweep_int4, "int4_small_m": sweep_int4_small_m,

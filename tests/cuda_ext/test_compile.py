@@ -195,49 +195,6 @@ def test_fp8_block_gemm_builds(cubin_dir, build):
 
 
 @pytest.mark.toolchain
-@pytest.mark.parametrize("kind,fraction", [("yield", 0.5625), ("yield", 1.0), ("hold", 0.5),
-                                           ("hold", 1.0)])
-@needs_cuobjdump
-def test_ffma_hint_edits_only_the_promotion_hints(cubin_dir, kind, fraction):
-    """The cubin edits of the block-scaled GEMM's promotion (_sass_edit): the disassembly of
-    the edited cubin is the same program, instruction for instruction, but for the FFMAs of
-    the first ``fraction`` of each 64-FFMA run: ``yield`` clears the reuse flags and yield bit
-    of those that had both, ``hold`` sets the yield bit of those without it; no other bit
-    and no other byte of the file changes."""
-    from pathlib import Path
-
-    from tkit.cuda_ext import _sass_edit as E
-    from tkit.cuda_ext.gemm_fp8_block import config
-
-    cubin = _loader.compile_cubin("gemm_fp8_block_sm90.cu", "90a", config()["options"],
-                                  cache_dir=cubin_dir)
-    edited = _loader.edited_cubin(Path(cubin), **{f"{kind}_ffma": fraction})
-    before = E.parse_sass(_loader.sass(cubin))["gemm_fp8_block"]
-    after = E.parse_sass(_loader.sass(edited))["gemm_fp8_block"]
-    assert len(before) == len(after)
-    runs = E.ffma_runs(before)
-    assert [len(r) for r in runs] == [64, 64]
-    head = [i for r in runs for i in r[:round(len(r) * fraction)]]
-    if kind == "yield":
-        expect = {i.addr: i.hi & ~(E.REUSE_FLAGS | E.YIELD_BIT) for i in head
-                  if i.hi & E.REUSE_FLAGS and i.hi & E.YIELD_BIT}
-    else:
-        expect = {i.addr: i.hi | E.YIELD_BIT for i in head if not i.hi & E.YIELD_BIT}
-    assert len(expect) >= 16
-    for b, a in zip(before, after):
-        if b.addr in expect:
-            assert (a.lo, a.hi) == (b.lo, expect[b.addr]), b.text
-            text = b.text.replace(".reuse", "") if kind == "yield" else b.text
-            assert a.text == text, (b.text, a.text)
-        else:
-            assert a == b
-    old, new = Path(cubin).read_bytes(), edited.read_bytes()
-    assert len(old) == len(new)
-    # at most two bytes an edited instruction: the yield bit's and the reuse flags'
-    assert sum(x != y for x, y in zip(old, new)) <= 2 * len(expect)
-
-
-@pytest.mark.toolchain
 def test_resource_usage_no_spills():
     """ptxas's own report agrees: 0 bytes spilled in every GEMM kernel."""
     for name, arch in (("gemm_mma_sm80.cu", "80"), ("gemm_wgmma_sm90.cu", "90a"),

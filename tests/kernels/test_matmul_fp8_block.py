@@ -846,23 +846,6 @@ def test_cuda_against_float64(build, out_dtype, M, N, K):
 
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("edit", [dict(yield_ffma=0.25), dict(yield_ffma=1.0),
-                                  dict(hold_ffma=0.5), dict(hold_ffma=1.0)],
-                         ids=lambda v: "-".join(f"{k}{v[k]}" for k in v))
-@pytest.mark.parametrize("M,N,K", [(300, 528, 1088), (2048, 2304, 8192)])
-def test_cuda_ffma_hint_builds_are_bitwise_the_default(edit, M, N, K):
-    """The cubin edits of the promotion's scheduling hints change no result: an edited
-    build's output equals the default build's bit for bit (and so is within the rule)."""
-    from tkit.kernels import _common
-    GB = _cuda_or_skip()
-
-    a, b, sa, sb = _operands(M, N, K, True, seed=M + K)
-    with _common.poisoned_outputs():
-        out = GB.matmul_fp8_block(a, b, sa, sb, **edit)
-    torch.testing.assert_close(out, GB.matmul_fp8_block(a, b, sa, sb), rtol=0, atol=0)
-
-
-@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
 def test_cuda_scales_with_any_strides_and_zero_groups():
     """Column-major scales of a (DeepGEMM's layout), transposed scales of b, a zero scale over
     zero codes and a whole zero group: the same result as contiguous scales, within the rule."""

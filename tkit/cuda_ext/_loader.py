@@ -292,29 +292,6 @@ def sass_by_function(cubin: str | Path) -> dict[str, str]:
     return out
 
 
-def edited_cubin(cubin: Path, yield_ffma: float = 0.0, hold_ffma: float = 0.0) -> Path:
-    """A copy of ``cubin`` beside it with :func:`tkit.cuda_ext._sass_edit.yield_ffma` (or
-    ``hold_ffma``) applied to that fraction of every long FFMA run (cached by the same name);
-    a cubin with no such FFMA is an error, so a build that lost its promotion runs is not
-    timed as edited."""
-    from tkit.cuda_ext import _sass_edit
-
-    if bool(yield_ffma) == bool(hold_ffma):
-        raise ValueError("give one of yield_ffma and hold_ffma")
-    kind, fraction = ("yield", yield_ffma) if yield_ffma else ("hold", hold_ffma)
-    out = cubin.with_name(f"{cubin.stem}-{kind}{fraction:g}.cubin")
-    if out.exists():
-        return out
-    edit = getattr(_sass_edit, f"{kind}_ffma")
-    data, changed = edit(cubin.read_bytes(), sass(cubin), fraction)
-    if changed == 0:
-        raise CompileError(f"{cubin.name}: no FFMA run to edit ({kind}_ffma={fraction})")
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, out)
-    return out
-
-
 def resource_usage(name: str, arch: str, options: tuple[str, ...] = ()) -> str:
     """ptxas's register / spill / shared-memory report for every kernel of a source."""
     nvcc = nvcc_path()
@@ -340,17 +317,12 @@ def device_arch(device: torch.device | int | None = None) -> str:
 
 
 def load_module(name: str, *, backend: str = "nvrtc", arch: str | None = None,
-                options: tuple[str, ...] = (), device: int | None = None,
-                yield_ffma: float = 0.0, hold_ffma: float = 0.0):
+                options: tuple[str, ...] = (), device: int | None = None):
     """A ``cupy.RawModule`` for ``csrc/<name>`` built for the current device.
 
     ``backend="nvrtc"``: compiled by NVRTC for the device's own ``sm_XY``.
-    ``backend="nvcc"``: compiled by nvcc for ``arch`` (e.g. ``"90a"``) and loaded as a cubin;
-    ``yield_ffma`` or ``hold_ffma`` > 0 loads it with that fraction of every long FFMA run
-    edited (:func:`edited_cubin`).
+    ``backend="nvcc"``: compiled by nvcc for ``arch`` (e.g. ``"90a"``) and loaded as a cubin.
     """
-    if (yield_ffma or hold_ffma) and backend != "nvcc":
-        raise ValueError("yield_ffma / hold_ffma edit a cubin: they need backend='nvcc'")
     cupy, why = import_cupy()
     if cupy is None:
         raise RuntimeError(why)
@@ -359,8 +331,7 @@ def load_module(name: str, *, backend: str = "nvrtc", arch: str | None = None,
     dev = torch.cuda.current_device() if device is None else device
     arch = arch or device_arch(dev)
     toolchain = _nvrtc_version() if backend == "nvrtc" else nvcc_version()
-    key = (source_hash(name), tuple(options), arch, toolchain, backend, dev, yield_ffma,
-           hold_ffma)
+    key = (source_hash(name), tuple(options), arch, toolchain, backend, dev)
     with _lock:
         mod = _modules.get(key)
         if mod is not None:
@@ -381,8 +352,6 @@ def load_module(name: str, *, backend: str = "nvrtc", arch: str | None = None,
             else:
                 cubin = compile_cubin(name, arch, tuple(options),
                                       cute="cute" in name or "-DTKIT_CUTE" in options)
-                if yield_ffma or hold_ffma:
-                    cubin = edited_cubin(cubin, yield_ffma, hold_ffma)
                 mod = cupy.RawModule(path=str(cubin))
         _modules[key] = mod
         return mod

@@ -24,9 +24,7 @@ SOURCE = "gemm_fp8_block_sm90.cu"
 BM, BK, THREADS = 128, 128, 384
 BN = 256
 #: the source's macro defaults (the build with no -D options)
-DEFAULTS = dict(stages=4, group_m=16, epi_split=2, yield_ffma=0.0, hold_ffma=0.0)
-#: knobs applied to the cubin after nvcc, not passed to it as -D options
-CUBIN_EDITS = ("yield_ffma", "hold_ffma")
+DEFAULTS = dict(stages=4, group_m=16, epi_split=2)
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 SMEM_LIMIT = 227 * 1024
 
@@ -52,11 +50,6 @@ def _config(out_dtype: torch.dtype, *values) -> dict:
     if cfg["epi_split"] not in (1, 2, 4):
         raise ValueError(f"epi_split must split the {BN} columns into whole 64-column boxes "
                          f"(1, 2 or 4), got {cfg['epi_split']}")
-    for k in CUBIN_EDITS:
-        if not 0.0 <= cfg[k] <= 1.0:
-            raise ValueError(f"{k} must be a fraction in [0, 1], got {cfg[k]}")
-    if cfg["yield_ffma"] and cfg["hold_ffma"]:
-        raise ValueError("yield_ffma and hold_ffma are opposite edits: give one")
     if cfg["stages"] < 2:
         raise ValueError(f"stages must be >= 2, got {cfg['stages']}")
     cfg["smem"] = (cfg["stages"] * (BM + BN) * BK + 2 * 64 * (BN // cfg["epi_split"]) * 2
@@ -65,7 +58,7 @@ def _config(out_dtype: torch.dtype, *values) -> dict:
         raise ValueError(f"stages={cfg['stages']} with epi_split={cfg['epi_split']} at "
                          f"{BN} columns needs {cfg['smem']} bytes of shared memory, more than "
                          f"{SMEM_LIMIT}")
-    diff = {k: cfg[k] for k in DEFAULTS if cfg[k] != DEFAULTS[k] and k not in CUBIN_EDITS}
+    diff = {k: cfg[k] for k in DEFAULTS if cfg[k] != DEFAULTS[k]}
     cfg["options"] = _defines(**diff) + (("-DOUT_F16=1",) if out_dtype == torch.float16 else ())
     cfg["out_dtype"] = out_dtype
     return cfg
@@ -101,8 +94,7 @@ def selftest(**kw) -> str | None:
     cfg = config(**kw)
     opts = {k: v for k, v in sorted(kw.items()) if v is not None and k != "out_dtype"}
     opts["out"] = str(cfg["out_dtype"]).removeprefix("torch.")
-    build = list(cfg["options"]) + [f"{k}={cfg[k]}" for k in CUBIN_EDITS if cfg[k]]
-    return build_selftest("fp8-block", SOURCE, _SELFTEST_CODE, opts, json.dumps(build))
+    return build_selftest("fp8-block", SOURCE, _SELFTEST_CODE, opts, json.dumps(cfg["options"]))
 
 
 def unavailable(out_dtype: torch.dtype = torch.bfloat16) -> str | None:
@@ -118,9 +110,9 @@ def unavailable(out_dtype: torch.dtype = torch.bfloat16) -> str | None:
 
 
 @functools.cache
-def _kernel(options: tuple[str, ...], device: int, yield_ffma: float, hold_ffma: float) -> int:
+def _kernel(options: tuple[str, ...], device: int) -> int:
     mod = _loader.load_module(SOURCE, backend="nvcc", arch="90a", options=options,
-                              device=device, yield_ffma=yield_ffma, hold_ffma=hold_ffma)
+                              device=device)
     return _loader.get_kernel(mod, "gemm_fp8_block")
 
 
@@ -128,19 +120,14 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                      scale_b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16, *,
                      out: torch.Tensor | None = None, check: bool = True,
                      stages: int | None = None, group_m: int | None = None,
-                     epi_split: int | None = None, yield_ffma: float | None = None,
-                     hold_ffma: float | None = None, ctas: int | None = None) -> torch.Tensor:
+                     epi_split: int | None = None, ctas: int | None = None) -> torch.Tensor:
     """The block-scaled product (module docstring) by the CUDA kernel. The operands are
     assumed checked by the block mode (shapes, dtypes, TMA alignment: its ``supported``);
     ``out`` an (M, N) row-major output to write (else one is allocated); ``check`` runs
     the build's self-test first (once per machine). Build knobs: ``stages`` (ring slots of
     one group, 48 KiB each), ``group_m`` (tile-row section height), ``epi_split`` (epilogue
-    parts a consumer), ``yield_ffma`` (the fraction of each promotion's FFMAs whose reuse
-    flags and yield hint are cleared in the cubin: :mod:`tkit.cuda_ext._sass_edit`),
-    ``hold_ffma`` (the fraction whose yield hint is set);
-    ``ctas`` the persistent grid (None: one CTA an SM)."""
-    knobs = dict(stages=stages, group_m=group_m, epi_split=epi_split, yield_ffma=yield_ffma,
-                 hold_ffma=hold_ffma)
+    parts a consumer); ``ctas`` the persistent grid (None: one CTA an SM)."""
+    knobs = dict(stages=stages, group_m=group_m, epi_split=epi_split)
     cfg = config(**knobs, out_dtype=out_dtype)
     M, K = a.shape
     N = b.shape[1]
@@ -154,7 +141,7 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
         if why is not None:
             raise RuntimeError(f"the CUDA block-scaled fp8 kernel is off on this machine: {why}")
     dev = a.device.index or 0
-    func = _kernel(cfg["options"], dev, cfg["yield_ffma"], cfg["hold_ffma"])
+    func = _kernel(cfg["options"], dev)
     maps = (tensor_map_2d(a, BK, BM), tensor_map_2d(b.t(), BK, BN), tensor_map_2d(c, 64, 64))
     tiles = _common.cdiv(M, BM) * _common.cdiv(N, BN)
     grid = (max(1, min(tiles, ctas or _num_sms(dev))),)

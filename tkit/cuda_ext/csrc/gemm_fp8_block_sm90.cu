@@ -24,7 +24,11 @@
 // consumer 0 (so that one promotes while the other's MMAs run: one consumer's dependent
 // chain alone keeps the tensor pipe about half busy, so the offset lost more than it hid);
 // cuBLAS's per-tensor tile, 128 x 144 with the next group's 144-column sum in flight (72 +
-// 2 x 72 registers), alone or in CTA pairs (the tensor pipe ~64% busy, below this kernel's).
+// 2 x 72 registers), alone or in CTA pairs (the tensor pipe ~64% busy, below this kernel's);
+// the promotion FFMAs' scheduling hints edited in the cubin: DeepGEMM's edit (reuse flags and
+// the yield bit cleared on a share of them) tied at an eighth or a quarter and lost from half
+// on, and the yield bit set on half or all of them (the promoting warp keeps the issue slot)
+// lost 6-15%, so ptxas's own alternation stands.
 //
 // 384 threads = 3 warpgroups, persistent (one CTA an SM walking the tiles in GROUP_M
 // sections):

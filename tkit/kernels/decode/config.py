@@ -96,7 +96,9 @@ class DecodeConfig:
         80-100% of one wave of 2 programs an SM: the fp8 wgmma scores, 128-key tiles (two
         pages at page 64), 4 warps, 5 stages (two tiles in flight, 89 KB), one split (the
         planner takes the word pipeline where it would split). Its time is set per program,
-        not by HBM (B33 took 1% longer than B32 for 3% more work): at B32 Hkv8 0.554-0.561x
+        not by HBM (B33 took 1% longer than B32 for 3% more work; an L2 prefetch size on
+        its cp.async copies, which Triton emits without one, gained nothing at 128 bytes and
+        cost 2% at 256): at B32 Hkv8 0.554-0.561x
         the bf16 page-64 time on the H200 against 0.568-0.580x for the word pipeline below;
         elsewhere it lost or tied, split or not (B24 0.549 unsplit / 0.577 in 4 splits, B16
         / B40 / B64 0.531 / 0.615 / 0.550, against the word pipeline's 0.555 and 0.530 /
