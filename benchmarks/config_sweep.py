@@ -844,75 +844,6 @@ def sweep_int4_floor(rows):
                          median_ms=v, tbps=nbytes / v / 1e9))
 
 
-@triton.jit
-def _slab_read_kernel(x, out, R, N, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-                      LANES: tl.constexpr):
-    """Program p sums columns [p BLOCK_N, +BLOCK_N) of all R rows of the row-major (R, N)
-    int32 x into out[p], as the INT4 GEMV reads its codes: LANES row blocks of BLOCK_R a
-    step (lane l taking blocks l, l + LANES, ...), the next step loaded before this one is
-    summed (:func:`sweep_int4_read_pattern`)."""
-    pid = tl.program_id(0)
-    lanes = tl.arange(0, LANES)[:, None, None]
-    rr = tl.arange(0, BLOCK_R)[None, :, None]
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)[None, None, :]
-    ptrs = x + (lanes * BLOCK_R + rr).to(tl.int64) * N + cols
-    step = LANES * BLOCK_R
-    acc = tl.zeros([LANES, BLOCK_R, BLOCK_N], tl.int32)
-    nxt = tl.load(ptrs, eviction_policy="evict_first")
-    for _r in range(step, R, step):
-        ptrs += step * N
-        cur = nxt
-        nxt = tl.load(ptrs, eviction_policy="evict_first")
-        acc += cur
-    acc += nxt
-    tl.store(out + pid, tl.sum(acc))
-
-
-def sweep_int4_read_pattern(rows):
-    """Whether the INT4 codes' layout costs read speed: the (K / 8, N) int32 codes of
-    K=4096 N=14336 (29.4 MB) read by column slabs as the GEMV reads them (32 columns a
-    program: 448 programs, 128-byte row segments 57 KB apart) against the same bytes read as
-    contiguous chunks by the same number of programs (what a layout with each program's slab
-    contiguous would read) and by the best grid; graph replays, L2 read-flushed, min of 3
-    medians; tkit.matmul_int4 M=1 beside them."""
-    K, N = 4096, 14336
-    R = K // 8
-    x = torch.ones(R, N, dtype=torch.int32, device="cuda")
-    n = x.numel()
-    nbytes = n * 4
-    out = torch.empty(100000, dtype=torch.int32, device="cuda")
-    a = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
-    q, s, z = tkit.quantize_int4(torch.randn(N, K, device="cuda", dtype=torch.bfloat16), 128)
-
-    def t(fn):
-        return min(time_fn(fn, replay=True, rep_ms=60).median_ms for _ in range(3))
-
-    res = {"tkit.matmul_int4 M=1 (codes + scales + zeros)":
-           t(lambda: tkit.matmul_int4(a, q, s, z, group_size=128))}
-    for block_n, warps in ((32, 4), (32, 8), (64, 4), (64, 8), (128, 8)):
-        for block_r, lanes in ((8, 4), (8, 8), (16, 4), (32, 2), (16, 16)):
-            g = N // block_n
-            if R % (block_r * lanes):
-                continue
-            res[f"slabs: {block_n} columns, {lanes} lanes x {block_r} rows, {warps} warps, "
-                f"{g} programs"] = t(
-                lambda block_n=block_n, block_r=block_r, lanes=lanes, warps=warps, g=g:
-                _slab_read_kernel[(g,)](x, out, R, N, BLOCK_R=block_r, BLOCK_N=block_n,
-                                        LANES=lanes, num_warps=warps))
-    for progs in (448, 224, 896, 3808):
-        for block, warps in ((2048, 4), (2048, 8), (4096, 8)):
-            chunk = triton.cdiv(triton.cdiv(n, progs), block) * block
-            g = triton.cdiv(n, chunk)
-            res[f"contiguous chunks: {g} programs, {warps} warps, {block} a step"] = t(
-                lambda chunk=chunk, g=g, warps=warps, block=block: _read_kernel[(g,)](
-                    x, out, n, CHUNK=chunk, BLOCK=block, num_warps=warps))
-    for k, v in res.items():
-        print(f"int4_read {k:70s} {v * 1e3:8.2f} us {nbytes / v / 1e9:6.2f} TB/s of the codes")
-        rows.append(dict(family="int4-probe", op="matmul_int4",
-                         case="codes of K=4096 N=14336 (29.4 MB)", provider=k, median_ms=v,
-                         tbps=nbytes / v / 1e9))
-
-
 def sweep_int4_prefill(rows):
     """matmul_int4 at prefill sizes of the registry's M sweep (K=4096, N=14336; M = 128, 512,
     4096): the default (the tile kernel, converting every code of the weight in each M tile)
@@ -1924,7 +1855,6 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "int4": sweep_int4, "int4_small_m": sweep_int4_small_m,
           "int4_8192": sweep_int4_8192,
           "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
-          "int4_read_pattern": sweep_int4_read_pattern,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,
