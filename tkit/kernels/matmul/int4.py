@@ -65,9 +65,9 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   bare read of the codes in the same slabs, grid and prefetch takes what contiguous chunks
   take (~12 us at K=4096 N=14336 on the H200, against ~17.7 for this kernel), so what is
   left above the read is the kernel's own work per step, not the layout. Dequantization
-  needs no int -> float convert (nibbles OR-ed into float mantissas, see the kernel), two instructions a weight plus 3/8 of a shift, and the
-  zero point and scale are applied once per word and step; sums over the step's packed rows
-  stay within the thread. A K split's float32 partials are summed in split order by
+  needs no int -> float convert (nibbles OR-ed into float mantissas, see the kernel), two
+  instructions a weight plus 3/8 of a shift, and the zero point and scale are applied once
+  per word and step; sums over the step's packed rows stay within the thread. A K split's float32 partials are summed in split order by
   matmul's ``_splitk_reduce_kernel`` (a second launch, which applies the bias) or, with
   ``fused_reduce``, by the last program of each slab to arrive (one launch, the same bits;
   per-device counters, opt-in).
