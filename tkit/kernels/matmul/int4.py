@@ -54,23 +54,23 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   (sum_k a_k (O + q_k) - (O + z) sum_k a_k)`` (exact for any z; the activations' K gather
   and their per-step sums cost the same at any M <= 16). K split into programs and summed
   by the reduce launch as below.
-* ``"gemv"`` (M = 1 by default, any M <= 16 on request):
-  ``_matmul_int4_gemv_kernel``, a memory-bound GEMV on the CUDA cores. program_id(0) a slab
-  of BLOCK_N columns, (1) a K split. At M = 1 (``k_lanes``): 32 columns a program and all
-  of K, walked by "K lanes" (the warps, and the threads the 32 columns leave over, take
-  interleaved 32-deep chunks) that sum once at the end: one launch, no partials, ~16 warps
-  an SM, 8 columns a thread (two 16-byte vectors) sharing the activations' 16-byte loads.
-  At M = 2 one warp a program and a K split. Every step's codes are loaded one step ahead,
-  straight into registers. The column-slab order of the reads costs nothing by itself: a
-  bare read of the codes in the same slabs, grid and prefetch takes what contiguous chunks
-  take (~12 us at K=4096 N=14336 on the H200, against ~17.7 for this kernel), so what is
-  left above the read is the kernel's own work per step, not the layout. Dequantization
-  needs no int -> float convert (nibbles OR-ed into float mantissas, see the kernel), two
-  instructions a weight plus 3/8 of a shift, and the zero point and scale are applied once
-  per word and step; sums over the step's packed rows stay within the thread. A K split's float32 partials are summed in split order by
-  matmul's ``_splitk_reduce_kernel`` (a second launch, which applies the bias) or, with
-  ``fused_reduce``, by the last program of each slab to arrive (one launch, the same bits;
-  per-device counters, opt-in).
+* ``"gemv"`` (M = 1 by default, any M <= 16 on request): ``_matmul_int4_gemv_kernel``, a
+  memory-bound GEMV on the CUDA cores. program_id(0) a slab of BLOCK_N columns, (1) a K
+  split. At M = 1 (``k_lanes``): 32 columns a program and all of K, walked by "K lanes" (the
+  warps, and the threads the 32 columns leave over, take interleaved 32-deep chunks) that
+  sum once at the end: one launch, no partials, ~16 warps an SM, 8 columns a thread (two
+  16-byte vectors) sharing the activations' 16-byte loads. At M = 2 one warp a program and a
+  K split. Every step's codes are loaded one step ahead, straight into registers. The
+  column-slab order of the reads costs nothing by itself: a bare read of the codes in the
+  same slabs, grid and prefetch takes what contiguous chunks take (~12 us at K=4096 N=14336
+  on the H200, against ~17.7 for this kernel), so what is left above the read is the
+  kernel's own work per step, not the layout. Dequantization needs no int -> float convert
+  (nibbles OR-ed into float mantissas, see the kernel), two instructions a weight plus 3/8
+  of a shift, and the zero point and scale are applied once per word and step; sums over the
+  step's packed rows stay within the thread. A K split's float32 partials are summed in
+  split order by matmul's ``_splitk_reduce_kernel`` (a second launch, which applies the
+  bias) or, with ``fused_reduce``, by the last program of each slab to arrive (one launch,
+  the same bits; per-device counters, opt-in).
 * ``"tile"`` (64 < M < 256 by default): ``_matmul_int4_kernel``, program_id(0) walks N
   tiles, (1) M tiles, (2) K splits. M <= 64 (on request): BLOCK_M = 16..64, BLOCK_N = 64,
   BLOCK_K = min(128, G), 3 stages, K split so that about four programs per SM stream the
