@@ -668,13 +668,15 @@ FP8_BLOCK_CUDA = [{}, dict(stages=3), dict(group_m=8)]
 
 def sweep_matmul_fp8_block_cuda(rows):
     """The block-scaled fp8 GEMM in CUDA (128 x 256 tiles, the promote schedule by half
-    sums; its builds FP8_BLOCK_CUDA) against the Gluon kernel's default and its opt-in
-    rescale schedule, at 8192^3 and DeepSeek-V3's expert gate_up at M = 4096, with
-    torch._scaled_mm per tensor in the same run."""
+    sums; its builds FP8_BLOCK_CUDA) against the Gluon kernel's default, at 8192^3, two of
+    DeepSeek-V3's shapes at M = 4096 and M=2048 N=4096 K=8192, with torch._scaled_mm per
+    tensor in the same run."""
     variants = (_fp8_block_variants("cuda", FP8_BLOCK_CUDA)
-                + _fp8_block_variants("gluon", [{}, dict(schedule="rescale")]))
+                + _fp8_block_variants("gluon", [{}]))
     for M, N, K, label in ((8192, 8192, 8192, "8192^3 block"),
-                           (4096, 4096, 7168, "DeepSeek-V3 gate_up M=4096")):
+                           (4096, 4096, 7168, "DeepSeek-V3 gate_up M=4096"),
+                           (4096, 7168, 16384, "DeepSeek-V3 M=4096 N=7168 K=16384"),
+                           (2048, 4096, 8192, "M=2048 N=4096 K=8192")):
         _fp8_block_case(rows, M, N, K, label, variants, time_failed=True)
 
 

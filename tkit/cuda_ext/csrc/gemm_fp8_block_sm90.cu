@@ -44,6 +44,13 @@
 //     idles then (busy ~71% of the time against ~92% for cuBLAS's per-tensor kernel), and
 //     taking turns made it worse (one consumer's dependent chain alone does not fill the
 //     pipe). The next group's scales are loaded (L2 hits) during this group.
+// A consumer's loop is ~200 instructions a warp a group, 128 of them the promotion's FFMAs: the
+// wgmma descriptors are made once, from warp-uniform values, and only the slot's offset is
+// added each group (in uniform registers), and the next group's scale pointers move a group
+// at a time. While one consumer promotes, the other's warps need issue slots for their wgmmas,
+// so instructions in this loop cost tensor-pipe time: making each wgmma's descriptor from its
+// address (286 instructions a group) was 9-14% slower at 8192^3 and ~12% at M=4096 N=4096
+// K=7168.
 // Epilogue through shared memory and TMA stores (EPI_SPLIT parts of 64 x BN / EPI_SPLIT a
 // consumer, swizzled as TMA reads them), overlapped with the next tile's K loop.
 //
@@ -131,15 +138,18 @@ __device__ __forceinline__ unsigned pack_out(float lo, float hi) {
 
 #define SUM_REGS (SUM_N / 2)
 
-// the sum of columns [part * SUM_N, +SUM_N) of the group's tile, fresh, issued and committed
-__device__ __forceinline__ void issue_sum(float* sum, unsigned a_base, unsigned b_base, int part) {
+// the sum of columns [part * SUM_N, +SUM_N) of the group's tile, fresh, issued and committed,
+// from the slot's descriptors: the k-step's and the half's offsets added to the start-address
+// field (bits 0-13, in 16-byte units; shared memory ends below 256 KB, so the sum never
+// carries out of it)
+__device__ __forceinline__ void issue_sum(float* sum, u64 a_desc, u64 b_desc, int part) {
 #pragma unroll
   for (int i = 0; i < SUM_REGS; ++i) fence_operand(sum[i]);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < BK / 32; ++kk) {
-    wgmma_sum(sum, smem_desc(a_base + kk * 32),
-              smem_desc(b_base + part * (SUM_N * BK) + kk * 32), kk > 0);
+    wgmma_sum(sum, a_desc + (kk * 32 >> 4),
+              b_desc + ((part * (SUM_N * BK) + kk * 32) >> 4), kk > 0);
   }
   wgmma_commit();
 }
@@ -213,7 +223,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_fp8_block(
     const int warp = t / 32, lane = t % 32;
     float acc[BN / 2];
     float sum[SUM_REGS];
-    int it = 0;
+    // slot 0's descriptors (this consumer's rows of A), made once from warp-uniform values
+    // (the shuffle tells the compiler so): they and the slot offsets added to them stay in
+    // uniform registers, where the wgmma reads its descriptors
+    const u64 a_desc0 = smem_desc(__shfl_sync(0xffffffffu, sA + c * (64 * BK), 0));
+    const u64 b_desc0 = smem_desc(__shfl_sync(0xffffffffu, sB, 0));
+    unsigned it = 0;
     for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
       int tm, tn;
       tile_coords(tile, tiles_m, tiles_n, tm, tn);
@@ -226,25 +241,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_fp8_block(
       const float* sbl = sb + (long long)min(2 * tn, NB - 1) * stride_sbn;
       const float* sbr = sb + (long long)min(2 * tn + 1, NB - 1) * stride_sbn;
       float a0 = __ldg(sa0), a1 = __ldg(sa1), bl = __ldg(sbl), br = __ldg(sbr);
+      // the next group's scales, a group further each step (the last group's kept)
+      const float *nsa0 = sa0, *nsa1 = sa1, *nsbl = sbl, *nsbr = sbr;
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
       for (int g = 0; g < KG; ++g, ++it) {
-        // the next group's scales, under this group's MMAs (clamped at the last group)
-        const int gn = min(g + 1, KG - 1);
-        float na0 = __ldg(sa0 + (long long)gn * stride_sak);
-        float na1 = __ldg(sa1 + (long long)gn * stride_sak);
-        float nbl = __ldg(sbl + (long long)gn * stride_sbk);
-        float nbr = __ldg(sbr + (long long)gn * stride_sbk);
-        const int s = it % STAGES;
+        // the next group's scales, under this group's MMAs (the last group's at the end)
+        if (g + 1 < KG) nsa0 += stride_sak, nsa1 += stride_sak, nsbl += stride_sbk,
+            nsbr += stride_sbk;
+        float na0 = __ldg(nsa0), na1 = __ldg(nsa1), nbl = __ldg(nsbl), nbr = __ldg(nsbr);
+        const unsigned s = it % STAGES;
         mbar_wait(full(s), (it / STAGES) & 1);
-        const unsigned a_base = sA + s * A_STAGE_BYTES + c * (64 * BK);
-        const unsigned b_base = sB + s * B_STAGE_BYTES;
         const float l0 = a0 * bl, l1 = a1 * bl, r0s = a0 * br, r1s = a1 * br;
-        issue_sum(sum, a_base, b_base, 0);
+        const u64 a_desc = a_desc0 + s * (A_STAGE_BYTES >> 4);
+        const u64 b_desc = b_desc0 + s * (B_STAGE_BYTES >> 4);
+        issue_sum(sum, a_desc, b_desc, 0);
         wgmma_wait0();
         fence_sum(sum);
         promote<16>(acc, sum, l0, l1, r0s, r1s);
-        issue_sum(sum, a_base, b_base, 1);
+        issue_sum(sum, a_desc, b_desc, 1);
         wgmma_wait0();
         fence_sum(sum);
         if (t == 0) release_slot(empty(s));
