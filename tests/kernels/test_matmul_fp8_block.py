@@ -775,6 +775,29 @@ def test_cuda_scope_reasons():
         assert "overrides" in why()
 
 
+@pytest.mark.parametrize("M,N,sms,cuda", [
+    (4096, 4096, 132, True),    # 512 tiles: 3 full waves and a last one 88% full
+    (1024, 2112, 132, True),    # 72 tiles: one wave, 55% full
+    (1024, 4096, 132, True),    # 128 tiles: one wave, 97% full
+    (1024, 7168, 132, True),    # 224 tiles: a full wave and one 70% full
+    (4096, 2112, 132, False),   # 288 tiles: two full waves and one 18% full
+    (128, 1024, 132, False),    # 4 tiles
+    (256, 4096, 132, False),    # 32 tiles: under half the SMs
+    (8192, 8192, 132, True),
+    (4608, 8192, 132, True),    # 1152 tiles: 8 full waves, the last 73% full
+    (4096, 2112, 114, True),    # the same 288 tiles on 114 SMs: the last wave half full
+])
+def test_cuda_grid_rule(M, N, sms, cuda):
+    """The unforced CUDA kernel's grid rule: it serves unless its tiles fill less than half
+    the SMs or leave a last wave under a quarter full after one or two full ones; the reason
+    names the tile count."""
+    why = FB.cuda_grid_reason(M, N, sms)
+    assert (why is None) == cuda, why
+    if why is not None:
+        tiles = -(-M // 128) * -(-N // 256)
+        assert f"{tiles} tiles" in why
+
+
 def test_cuda_build_reason_comes_through_the_hook(monkeypatch):
     """tkit.kernels reaches the CUDA kernel only through tkit._hooks (arrows point down): the
     hook's ``unavailable`` reason is reported, once a device and dtype; no hook, or one that
@@ -866,10 +889,10 @@ def test_cuda_scales_with_any_strides_and_zero_groups():
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
 def test_cuda_is_the_default_where_tiles_fill_the_sms():
-    """Unforced bf16 calls with K >= CUDA_MIN_K and 128 x 256 tiles enough to fill every SM
-    take the CUDA kernel (within the rule at K = 8192, on 256 rows); an epilogue, a float32
-    output, a shorter K or a small grid keep the Gluon kernel; path="cuda" where it cannot
-    serve is a ValueError with the reason."""
+    """Unforced bf16 calls whose 128 x 256 tiles fill the SMs well enough take the CUDA
+    kernel, at any K (within the rule at K = 8192, on 256 rows); an epilogue, a float32
+    output or a small grid keep the Gluon kernel; path="cuda" where it cannot serve is a
+    ValueError with the reason."""
     _cuda_or_skip()
     a, b, sa, sb = _operands(2048, 4096, 8192, seed=13)
     assert FB.backend(a, b, sa, sb).startswith("cuda"), FB.backend(a, b, sa, sb)
@@ -882,7 +905,7 @@ def test_cuda_is_the_default_where_tiles_fill_the_sms():
     assert FB.backend(a, b, sa, sb, bias=bias).startswith("gluon")
     assert FB.backend(a, b, sa, sb, out_dtype=torch.float32).startswith("gluon")
     assert FB.backend(a[:, :7168].contiguous(), b[:7168], sa[:, :56].contiguous(),
-                      sb[:56]).startswith("gluon")
+                      sb[:56]).startswith("cuda")
     small = _operands(128, 1024, 8192, seed=14)
     assert FB.backend(*small).startswith("gluon")
     with pytest.raises(ValueError, match="epilogue"):

@@ -331,14 +331,13 @@ def _fp8_block_status(source: str) -> dict:
     if torch.cuda.get_device_capability() != (9, 0):
         return {"path": "gluon/triton", "why": "sm_90a code needs compute capability 9.0"}
     from tkit.cuda_ext.gemm_fp8_block import unavailable
-    from tkit.kernels.matmul.fp8_block import CUDA_MIN_K
 
     why = unavailable()
     if why is not None:
         return {"path": "gluon", "why": why}
-    return {"path": source, "why": f"unforced calls with K >= {CUDA_MIN_K}, 128 x 256 tiles "
-            "filling the SMs, no epilogue and bf16/fp16 outputs (the Gluon kernel serves the "
-            "rest)"}
+    return {"path": source, "why": "unforced calls whose 128 x 256 tiles fill the SMs well "
+            "enough (fp8_block.cuda_grid_reason), no epilogue and bf16/fp16 outputs (the "
+            "Gluon kernel serves the rest)"}
 
 
 def cute_layouts() -> str:

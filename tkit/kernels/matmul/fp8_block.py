@@ -22,8 +22,8 @@ Measured (H200, docs/NOTES.md): 893 TFLOP/s at 8192^3, 0.69x ``torch._scaled_mm`
 every promotion still waits for the MMAs in flight (Triton puts a wgmma wait right after each
 dot whose result the loop reads), the bubble that keeps it under the per-tensor kernel.
 
-Kernels: on sm_90, for K >= 8192 with enough 128 x 256 tiles to fill the SMs, no epilogue
-and bf16/fp16 outputs, the CUDA kernel of ``tkit.cuda_ext.gemm_fp8_block`` (the promotion at
+Kernels: on sm_90, where 128 x 256 tiles fill the SMs well enough (:func:`cuda_grid_reason`),
+with no epilogue and bf16/fp16 outputs, the CUDA kernel of ``tkit.cuda_ext.gemm_fp8_block`` (the promotion at
 128 x 256 tiles, which Gluon's register allocation could not hold; see :func:`_cuda_choice`);
 otherwise the Gluon kernel of ``fp8_block_hopper.py`` (warp-specialized: a TMA
 producer warp, two consumer warpgroups that issue each group's wgmma asynchronously and promote
@@ -300,11 +300,22 @@ def _gluon_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, path, confi
     return (FH, None) if reason is None else (None, reason)
 
 
-#: the shortest K the CUDA kernel takes by itself: on the H200 it led the Gluon kernel at
-#: 8192^3 (0.81-0.82x _scaled_mm per tensor against 0.76-0.79x) and tied at K = 16384, but
-#: trailed at K <= 7168 (DeepSeek-V3's shapes: by up to 20% at K = 1536, where a tile's
-#: epilogue and pipeline fill weigh more against its few groups; docs/NOTES.md)
-CUDA_MIN_K = 8192
+def cuda_grid_reason(M: int, N: int, sms: int) -> str | None:
+    """Why an unforced call of this shape stays off the CUDA kernel's 128 x 256 tiles for
+    the Gluon kernel's narrower ones, else None. On the H200 the CUDA kernel led at every K
+    (DeepSeek-V3's shapes at M = 1024 / 4096: 0.92-1.06x _scaled_mm per tensor against
+    0.77-1.05x, K from 512 to 16384; docs/NOTES.md) but where its tiles left most SMs idle:
+    fewer tiles than half the SMs, or a last wave under a quarter full after one or two full
+    ones (M=4096 N=2112: 288 tiles on 132 SMs, 0.73x against 0.77x)."""
+    tiles = C.cdiv(M, 128) * C.cdiv(N, 256)
+    if 2 * tiles < sms:
+        return (f"{tiles} tiles of 128 x 256 fill less than half of the {sms} SMs (the Gluon "
+                f"kernel's narrower tiles spread wider)")
+    full, last = divmod(tiles, sms)
+    if 1 <= full < 3 and 0 < 4 * last < sms:
+        return (f"{tiles} tiles of 128 x 256 leave their last wave under a quarter full on "
+                f"{sms} SMs (the Gluon kernel's narrower tiles balance better)")
+    return None
 
 
 def _cuda_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, activation, path,
@@ -313,8 +324,8 @@ def _cuda_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, activation, 
     128-deep group as two 128-column sums, each promoted once its wgmmas are done) serves
     this call, else why not. It serves unforced calls and ``path="cuda"`` with no epilogue
     (bias, activation, residual: the Gluon kernel's), bf16 or fp16 outputs, the Gluon
-    kernel's operand scope, unforced only with K >= CUDA_MIN_K and enough 128 x 256 tiles to
-    fill every SM once, and a build that has passed its self-test on this machine."""
+    kernel's operand scope, unforced only where its tiles fill the SMs well enough
+    (:func:`cuda_grid_reason`), and a build that has passed its self-test on this machine."""
     if path not in (None, "cuda"):
         return f"path {path!r} forced"
     if config is not None:
@@ -334,12 +345,11 @@ def _cuda_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, activation, 
     reason = FH.supported(a, b, scale_a, scale_b, out_dtype)
     if reason is not None:
         return reason
-    (M, K), N = a.shape, b.shape[1]
-    if path is None and K < CUDA_MIN_K:
-        return (f"K = {K} < {CUDA_MIN_K} (the Gluon kernel's 128-column tiles measured even or "
-                f"ahead there)")
-    if path is None and C.cdiv(M, 128) * C.cdiv(N, 256) < D.sm_count(a.device):
-        return "fewer 128 x 256 tiles than SMs (the Gluon kernel's narrower tiles fill them)"
+    M, N = a.shape[0], b.shape[1]
+    if path is None:
+        why = cuda_grid_reason(M, N, D.sm_count(a.device))
+        if why is not None:
+            return why
     return _cuda_build_reason(a.device, out_dtype)
 
 
