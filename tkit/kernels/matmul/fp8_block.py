@@ -22,8 +22,8 @@ Measured (H200, docs/NOTES.md): 893 TFLOP/s at 8192^3, 0.69x ``torch._scaled_mm`
 every promotion still waits for the MMAs in flight (Triton puts a wgmma wait right after each
 dot whose result the loop reads), the bubble that keeps it under the per-tensor kernel.
 
-Kernels: on sm_90, where 128 x 256 tiles fill the SMs well enough (:func:`cuda_grid_reason`),
-with no epilogue and bf16/fp16 outputs, the CUDA kernel of ``tkit.cuda_ext.gemm_fp8_block`` (the promotion at
+Kernels: on sm_90, where 128 x 256 tiles fill the SMs well enough
+(:func:`cuda_grid_reason`), with no epilogue and bf16/fp16 outputs, the CUDA kernel of ``tkit.cuda_ext.gemm_fp8_block`` (the promotion at
 128 x 256 tiles, which Gluon's register allocation could not hold; see :func:`_cuda_choice`);
 otherwise the Gluon kernel of ``fp8_block_hopper.py`` (warp-specialized: a TMA
 producer warp, two consumer warpgroups that issue each group's wgmma asynchronously and promote
