@@ -23,9 +23,9 @@ every promotion still waits for the MMAs in flight (Triton puts a wgmma wait rig
 dot whose result the loop reads), the bubble that keeps it under the per-tensor kernel.
 
 Kernels: on sm_90, where 128 x 256 tiles fill the SMs well enough
-(:func:`cuda_grid_reason`), with no epilogue and bf16/fp16 outputs, the CUDA kernel of ``tkit.cuda_ext.gemm_fp8_block`` (the promotion at
-128 x 256 tiles, which Gluon's register allocation could not hold; see :func:`_cuda_choice`);
-otherwise the Gluon kernel of ``fp8_block_hopper.py`` (warp-specialized: a TMA
+(:func:`cuda_grid_reason`), with no epilogue and bf16/fp16 outputs, the CUDA kernel of
+``tkit.cuda_ext.gemm_fp8_block`` (the promotion at 128 x 256 tiles, which Gluon's register
+allocation could not hold; see :func:`_cuda_choice`); otherwise the Gluon kernel of ``fp8_block_hopper.py`` (warp-specialized: a TMA
 producer warp, two consumer warpgroups that issue each group's wgmma asynchronously and promote
 the previous group's sum while it runs; opt-in, ``HopperBlockConfig(schedule="rescale")``: 128 x
 256 tiles with one accumulator rescaled between groups, whose running sum stays in the fp8 MMA
