@@ -22,27 +22,26 @@ Measured (H200, docs/NOTES.md): 893 TFLOP/s at 8192^3, 0.69x ``torch._scaled_mm`
 every promotion still waits for the MMAs in flight (Triton puts a wgmma wait right after each
 dot whose result the loop reads), the bubble that keeps it under the per-tensor kernel.
 
-Kernels: on sm_90, where 128 x 256 tiles fill the SMs well enough
-(:func:`cuda_grid_reason`), with no epilogue and bf16/fp16 outputs, the CUDA kernel of
-``tkit.cuda_ext.gemm_fp8_block`` (the promotion at 128 x 256 tiles, which Gluon's register
-allocation could not hold; see :func:`_cuda_choice`); otherwise the Gluon kernel of ``fp8_block_hopper.py`` (warp-specialized: a TMA
-producer warp, two consumer warpgroups that issue each group's wgmma asynchronously and promote
-the previous group's sum while it runs; opt-in, ``HopperBlockConfig(schedule="rescale")``: 128 x
-256 tiles with one accumulator rescaled between groups, whose running sum stays in the fp8 MMA
-over all of K, the fast-accumulation numerics the promotion avoids) serves every call whose
-operands it takes (a row-major, b K-major, TMA-aligned rows, see its ``supported``;
-:func:`backend` says which kernel a call gets and why); the rest, forced paths
-(``path="tma"`` / ``"ptr"``), Triton configs and ``matmul_config`` overrides take the Triton
-kernels:
-``_fp8_block_tma_kernel`` (Hopper: persistent, TMA descriptors, the tile order and
-configs of matmul's TMA kernel) and ``_fp8_block_kernel`` (pointer-based, any strides, sm_80+
-and the interpreter); :func:`tkit.kernels.matmul.plan` picks between them as for matmul
-(shapes it would split along K take the pointer kernel with ``PtrConfig.for_shape``'s tile,
-unsplit: a block-scaled split-K is not written yet), with the ``matmul_config`` overrides
-(BLOCK_K 128 or 256 on the TMA kernel, 128 on the pointer kernel; ``programs_per_sm``
-launches two persistent programs an SM for one-warpgroup tiles). The kernels of the
-per-tensor and per-row/column modes are separate and unchanged.
-"""
+Kernels: on sm_90, where 128 x 256 tiles fill the SMs well enough (:func:`cuda_grid_reason`),
+with no epilogue and bf16/fp16 outputs, the CUDA kernel of ``tkit.cuda_ext.gemm_fp8_block``
+(the promotion at 128 x 256 tiles, which Gluon's register allocation could not hold; see
+:func:`_cuda_choice`); otherwise the Gluon kernel of ``fp8_block_hopper.py`` (warp-specialized:
+a TMA producer warp, two consumer warpgroups that issue each group's wgmma asynchronously and
+promote the previous group's sum while it runs; opt-in,
+``HopperBlockConfig(schedule="rescale")``: 128 x 256 tiles with one accumulator rescaled
+between groups, whose running sum stays in the fp8 MMA over all of K, the fast-accumulation
+numerics the promotion avoids) serves every call whose operands it takes (a row-major, b
+K-major, TMA-aligned rows, see its ``supported``; :func:`backend` says which kernel a call gets
+and why); the rest, forced paths (``path="tma"`` / ``"ptr"``), Triton configs and
+``matmul_config`` overrides take the Triton kernels: ``_fp8_block_tma_kernel`` (Hopper:
+persistent, TMA descriptors, the tile order and configs of matmul's TMA kernel) and
+``_fp8_block_kernel`` (pointer-based, any strides, sm_80+ and the interpreter);
+:func:`tkit.kernels.matmul.plan` picks between them as for matmul (shapes it would split along
+K take the pointer kernel with ``PtrConfig.for_shape``'s tile, unsplit: a block-scaled split-K
+is not written yet), with the ``matmul_config`` overrides (BLOCK_K 128 or 256 on the TMA
+kernel, 128 on the pointer kernel; ``programs_per_sm`` launches two persistent programs an SM
+for one-warpgroup tiles). The kernels of the per-tensor and per-row/column modes are separate
+and unchanged. """
 
 from __future__ import annotations
 
