@@ -41,7 +41,8 @@
 //     times sa[row, g] * sb[g, left block] into the accumulator (64 FFMA), the same for the
 //     right 128 columns, release the slot. Both consumers issue off the same full slot, so
 //     their sums run together and both promote at about the same time; the tensor pipe
-//     idles then (busy ~71% of the time against ~92% for cuBLAS's per-tensor kernel), and
+//     idles then (busy ~71% of the time with the loop's earlier, longer form, against ~92%
+//     for cuBLAS's per-tensor kernel), and
 //     taking turns made it worse (one consumer's dependent chain alone does not fill the
 //     pipe). The next group's scales are loaded (L2 hits) during this group.
 // A consumer's loop is ~200 instructions a warp a group, 128 of them the promotion's FFMAs: the
