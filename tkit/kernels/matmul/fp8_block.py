@@ -301,11 +301,12 @@ def _gluon_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, path, confi
 
 def cuda_grid_reason(M: int, N: int, sms: int) -> str | None:
     """Why an unforced call of this shape stays off the CUDA kernel's 128 x 256 tiles for
-    the Gluon kernel's narrower ones, else None. On the H200 the CUDA kernel led at every K
-    (DeepSeek-V3's shapes at M = 1024 / 4096: 0.92-1.06x _scaled_mm per tensor against
-    0.77-1.05x, K from 512 to 16384; docs/NOTES.md) but where its tiles left most SMs idle:
-    fewer tiles than half the SMs, or a last wave under a quarter full after one or two full
-    ones (M=4096 N=2112: 288 tiles on 132 SMs, 0.73x against 0.77x)."""
+    the Gluon kernel's narrower ones, else None. On the H200 the CUDA kernel led at 10 of
+    DeepSeek-V3's 12 shapes at M = 1024 / 4096 and tied at one (K from 512 to 16384;
+    0.62-1.06x _scaled_mm per tensor against 0.54-1.05x; docs/NOTES.md); it lost where its
+    tiles left a last wave nearly empty (M=4096 N=2112: 288 tiles on 132 SMs, two full waves
+    and one 18% full, 0.73x against 0.77x). Not measured below M = 1024, where fewer tiles
+    than half the SMs keep the Gluon kernel."""
     tiles = C.cdiv(M, 128) * C.cdiv(N, 256)
     if 2 * tiles < sms:
         return (f"{tiles} tiles of 128 x 256 fill less than half of the {sms} SMs (the Gluon "
