@@ -305,8 +305,10 @@ def cuda_grid_reason(M: int, N: int, sms: int) -> str | None:
     DeepSeek-V3's 12 shapes at M = 1024 / 4096 and tied at one (K from 512 to 16384;
     0.62-1.06x _scaled_mm per tensor against 0.54-1.05x; docs/NOTES.md); it lost where its
     tiles left a last wave nearly empty (M=4096 N=2112: 288 tiles on 132 SMs, two full waves
-    and one 18% full, 0.73x against 0.77x). Not measured below M = 1024, where fewer tiles
-    than half the SMs keep the Gluon kernel."""
+    and one 18% full, 0.73x against 0.77x), and led with 72 tiles on 132 SMs (M=1024
+    N=2112, 0.62x against 0.54x), hence the half-the-SMs floor. Shapes below M = 1024 were
+    not measured with it; the rule sends them to it wherever their tiles reach that floor
+    (M = 512 from N = 4224 on 132 SMs)."""
     tiles = C.cdiv(M, 128) * C.cdiv(N, 256)
     if 2 * tiles < sms:
         return (f"{tiles} tiles of 128 x 256 fill less than half of the {sms} SMs (the Gluon "
