@@ -308,7 +308,7 @@ def cuda_grid_reason(M: int, N: int, sms: int) -> str | None:
     and one 18% full, 0.73x against 0.77x), and led with 72 tiles on 132 SMs (M=1024
     N=2112, 0.62x against 0.54x), hence the half-the-SMs floor. Shapes below M = 1024 were
     not measured with it; the rule sends them to it wherever their tiles reach that floor
-    (M = 512 from N = 4224 on 132 SMs)."""
+    (M = 512 with N > 4096 on 132 SMs)."""
     tiles = C.cdiv(M, 128) * C.cdiv(N, 256)
     if 2 * tiles < sms:
         return (f"{tiles} tiles of 128 x 256 fill less than half of the {sms} SMs (the Gluon "
