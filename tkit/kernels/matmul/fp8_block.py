@@ -41,7 +41,8 @@ K take the pointer kernel with ``PtrConfig.for_shape``'s tile, unsplit: a block-
 is not written yet), with the ``matmul_config`` overrides (BLOCK_K 128 or 256 on the TMA
 kernel, 128 on the pointer kernel; ``programs_per_sm`` launches two persistent programs an SM
 for one-warpgroup tiles). The kernels of the per-tensor and per-row/column modes are separate
-and unchanged. """
+and unchanged.
+"""
 
 from __future__ import annotations
 
