@@ -536,6 +536,8 @@ def sweep_matmul_fp8_block_dsv3(rows):
     measured at these shapes before: docs/NOTES.md)."""
     variants = [("gluon default", dict(kernel="gluon"), _fp8_block_gluon({}))]
     variants.append(("cuda (forced)", dict(kernel="cuda"), _fp8_block_cuda({})))
+    variants.append(("cuda whole tiles", dict(kernel="cuda", stream_k=False),
+                     _fp8_block_cuda(dict(stream_k=False))))
     variants.append(("dispatch", "dispatch", _fp8_block_dispatch))
     for N, K in DSV3_NK:
         for M in DSV3_M:
@@ -664,7 +666,7 @@ def _fp8_block_cuda(fields):
 #: 3 slots 0.811 / 0.879; the removed tile shapes, CTA pairs, consumer turns, the 192-column
 #: one-sum tile, consumer 1 started a sum or a group behind and the 144-column tile with two
 #: sums in flight 0.69-0.81 / 0.69-0.87 (against the longer loop).
-FP8_BLOCK_CUDA = [{}, dict(stages=3), dict(group_m=8)]
+FP8_BLOCK_CUDA = [dict(stream_k=True), dict(stream_k=False)] * 3
 
 
 def sweep_matmul_fp8_block_cuda(rows):
@@ -672,11 +674,11 @@ def sweep_matmul_fp8_block_cuda(rows):
     sums; its builds FP8_BLOCK_CUDA) against the Gluon kernel's default, at 8192^3, two of
     DeepSeek-V3's shapes at M = 4096 and M=2048 N=4096 K=8192, with torch._scaled_mm per
     tensor in the same run."""
-    variants = (_fp8_block_variants("cuda", FP8_BLOCK_CUDA)
-                + _fp8_block_variants("gluon", [{}]))
+    variants = _fp8_block_variants("cuda", FP8_BLOCK_CUDA)
     for M, N, K, label in ((8192, 8192, 8192, "8192^3 block"),
-                           (4096, 4096, 7168, "DeepSeek-V3 gate_up M=4096"),
-                           (4096, 7168, 16384, "DeepSeek-V3 M=4096 N=7168 K=16384"),
+                           (4096, 2112, 7168, "DeepSeek-V3 M=4096 N=2112 K=7168"),
+                           (1024, 7168, 2048, "DeepSeek-V3 M=1024 N=7168 K=2048"),
+                           (4608, 8192, 8192, "M=4608 N=8192 K=8192"),
                            (2048, 4096, 8192, "M=2048 N=4096 K=8192")):
         _fp8_block_case(rows, M, N, K, label, variants, time_failed=True)
 

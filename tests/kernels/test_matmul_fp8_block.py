@@ -780,16 +780,18 @@ def test_cuda_scope_reasons():
     (1024, 2112, 132, True),    # 72 tiles: one wave, 55% full
     (1024, 4096, 132, True),    # 128 tiles: one wave, 97% full
     (1024, 7168, 132, True),    # 224 tiles: a full wave and one 70% full
-    (4096, 2112, 132, False),   # 288 tiles: two full waves and one 18% full
+    (4096, 2112, 132, True),    # 288 tiles: two full waves, the last 18% full (stream-K)
     (128, 1024, 132, False),    # 4 tiles
     (256, 4096, 132, False),    # 32 tiles: under half the SMs
     (8192, 8192, 132, True),
     (4608, 8192, 132, True),    # 1152 tiles: 8 full waves, the last 73% full
     (4096, 2112, 114, True),    # the same 288 tiles on 114 SMs: the last wave half full
+    (512, 4096, 132, False),    # 64 tiles
+    (512, 4352, 132, True),     # 68 tiles
 ])
 def test_cuda_grid_rule(M, N, sms, cuda):
     """The unforced CUDA kernel's grid rule: it serves unless its tiles fill less than half
-    the SMs or leave a last wave under a quarter full after one or two full ones; the reason
+    the SMs; the reason
     names the tile count."""
     why = FB.cuda_grid_reason(M, N, sms)
     assert (why is None) == cuda, why
@@ -841,7 +843,33 @@ def _cuda_or_skip():
     return GB
 
 
-_CUDA_BUILDS = [{}, dict(stages=3, epi_split=1), dict(group_m=1)]
+_CUDA_BUILDS = [{}, dict(stages=3, epi_split=1), dict(group_m=1), dict(stream_k=False),
+                dict(stream_k=True), dict(ctas=5, stream_k=True)]
+
+
+@pytest.mark.parametrize("M,N,K,sms,stream_k,expect", [
+    (8192, 8192, 8192, 132, True, (132, 1980, 132)),  # 15 waves, then 68 tiles over 132
+    (8192, 8192, 8192, 132, False, (132, 2048, 0)),
+    (4096, 2112, 7168, 132, None, (132, 264, 132)),    # the last wave 18% full
+    (1024, 7168, 2048, 132, None, (132, 224, 0)),      # the last wave 70% full
+    (1024, 4096, 8192, 128, True, (128, 128, 0)),      # whole waves: nothing to balance
+    (2048, 2304, 1024, 132, True, (132, 144, 0)),      # 12 tail tiles of 8 groups: 12 runs
+    (256, 512, 4096, 132, None, (16, 0, 16)),          # 4 tiles of 32 groups in runs of 8
+    (2048, 2304, 4096, 5, True, (5, 140, 5)),
+    (64, 256, 128, 132, True, (1, 1, 0)),              # one group: nothing to split
+])
+def test_cuda_stream_k_schedule(M, N, K, sms, stream_k, expect):
+    """The CUDA kernel's launch schedule (grid, whole-K tiles, stream-K CTAs): whole waves
+    of tiles, the rest split by groups over more CTAs than tail tiles, each run at least
+    the minimum, never more CTAs than SMs."""
+    from tkit.cuda_ext import gemm_fp8_block as GB
+
+    grid, dp, sk = GB.schedule(M, N, K, sms, stream_k)
+    assert (grid, dp, sk) == expect
+    tiles, groups = -(-M // 128) * -(-N // 256), -(-K // 128)
+    assert grid <= sms and dp % sms in (0, tiles % sms) and dp <= tiles
+    if sk:
+        assert tiles - dp < sk <= grid and (tiles - dp) * groups // sk >= GB.SK_MIN_GROUPS
 
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
@@ -850,13 +878,14 @@ _CUDA_BUILDS = [{}, dict(stages=3, epi_split=1), dict(group_m=1)]
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("M,N,K", [(300, 528, 1088), (2048, 2304, 1024), (64, 256, 128),
                                    (129, 144, 320), (1, 16, 256), (8, 7168, 512),
-                                   (1000, 8192, 144)])
+                                   (1000, 8192, 144), (1000, 2304, 4096)])
 def test_cuda_against_float64(build, out_dtype, M, N, K):
     """The CUDA kernel's builds into poisoned memory: partial tiles along M, N and K (K = 320
     and 144: a partial last group; N = 144 and 528: a tile's right half past N, its scale block
     clamped), one group (K = 128), several tiles a CTA (2048 x 2304: 144 tiles over 132 SMs,
-    1000 x 8192: 256), against the blockwise float64 reference with PyTorch's own rounding of
-    the dequantized product as the peer."""
+    1000 x 8192: 256), tiles split by stream-K (1000 x 2304 x 4096: 72 tiles over 132 CTAs,
+    or 70 whole and 2 split over 5), against the blockwise float64 reference with PyTorch's
+    own rounding of the dequantized product as the peer."""
     from tkit.kernels import _common
     GB = _cuda_or_skip()
 
@@ -929,3 +958,24 @@ def test_cuda_kernel_in_a_cuda_graph():
     sb.copy_(sb2)
     g.replay()
     torch.testing.assert_close(out, GB.matmul_fp8_block(a, b, sa, sb), rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+def test_cuda_stream_k_in_a_cuda_graph():
+    """Split tiles (4 tiles of 32 groups over 16 CTAs) captured once and replayed three times
+    over new values: each replay equals an eager call bit for bit (the pieces' flags are
+    back to 0 after every launch, their sums added in a fixed order)."""
+    GB = _cuda_or_skip()
+    a, b, sa, sb = _operands(256, 512, 4096, seed=23)
+    assert GB.schedule(256, 512, 4096, 132)[2] > 0
+    out = GB.matmul_fp8_block(a, b, sa, sb)
+    assert_close_to_reference(out, _blockwise_ref(a, b, sa, sb), _bf16_peer(a, b, sa, sb),
+                              name="stream-K")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = GB.matmul_fp8_block(a, b, sa, sb)
+    for seed in (24, 25, 26):
+        for x, y in zip((a, b, sa, sb), _operands(256, 512, 4096, seed=seed)):
+            x.copy_(y)
+        g.replay()
+        torch.testing.assert_close(out, GB.matmul_fp8_block(a, b, sa, sb), rtol=0, atol=0)

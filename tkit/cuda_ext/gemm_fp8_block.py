@@ -69,7 +69,7 @@ import json, sys, torch
 from tkit.cuda_ext.gemm_fp8_block import matmul_fp8_block
 kw = json.loads(sys.argv[1])
 out_dtype = getattr(torch, kw.pop("out", "bfloat16"))
-for M, N, K in ((129, 392, 208), (300, 520, 144), (1024, 1024, 1024)):
+for M, N, K in ((129, 392, 208), (300, 520, 144), (1024, 1024, 1024), (256, 512, 4096)):
     g = torch.Generator(device="cuda").manual_seed(M)
     a = torch.randn(M, K, device="cuda", generator=g).to(torch.float8_e4m3fn)
     w = torch.randn(N, K, device="cuda", generator=g).to(torch.float8_e4m3fn)
@@ -109,6 +109,48 @@ def unavailable(out_dtype: torch.dtype = torch.bfloat16) -> str | None:
     return why
 
 
+#: stream-K runs are at least this many 128-deep groups (a split tile costs its owner a
+#: wait and a read of each later piece's 128 KiB of sums)
+SK_MIN_GROUPS = 8
+
+
+def schedule(M: int, N: int, K: int, sms: int, stream_k: bool | None = None
+             ) -> tuple[int, int, int]:
+    """(grid, dp_tiles, sk_ctas) of a launch on ``sms`` SMs: whole waves of 128 x 256 tiles
+    go to the CTAs in turn; with ``stream_k``, the tiles left under one wave are split by
+    groups into runs of equal length (at least :data:`SK_MIN_GROUPS`) over up to ``sms``
+    CTAs, so no SM idles through a last, part-filled wave. None: stream-K where that last
+    wave would be at most half full (docs/NOTES.md: it lost where the wave was fuller)."""
+    tiles = _common.cdiv(M, BM) * _common.cdiv(N, BN)
+    grid, tail = min(tiles, sms), tiles % sms
+    if stream_k is None:
+        stream_k = 2 * tail <= sms
+    if not stream_k or tail == 0:
+        return grid, tiles, 0
+    dp = tiles - tail
+    groups = tail * _common.cdiv(K, BK)  # the kernel counts them in 32 bits
+    sk_ctas = min(sms, groups // SK_MIN_GROUPS)
+    if sk_ctas <= tail or groups >= 2**31:  # no run shorter than a tile: no gain
+        return grid, tiles, 0
+    return max(grid, sk_ctas), dp, sk_ctas
+
+
+_WORKSPACE: dict = {}
+
+
+def _workspace(device: torch.device, ctas: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stream-K partial sums and flags of this device and stream (kept: the flags are
+    all 0 between launches, each reset by the CTA that consumed it; one set a stream, so
+    launches on two streams never share one)."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    ws = _WORKSPACE.get(key)
+    if ws is None or ws[1].numel() < 2 * ctas:
+        ws = (torch.empty(ctas * BM * BN, dtype=torch.float32, device=device),
+              torch.zeros(ctas * 2, dtype=torch.int32, device=device))
+        _WORKSPACE[key] = ws
+    return ws
+
+
 @functools.cache
 def _kernel(options: tuple[str, ...], device: int) -> int:
     mod = _loader.load_module(SOURCE, backend="nvcc", arch="90a", options=options,
@@ -120,13 +162,15 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                      scale_b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16, *,
                      out: torch.Tensor | None = None, check: bool = True,
                      stages: int | None = None, group_m: int | None = None,
-                     epi_split: int | None = None, ctas: int | None = None) -> torch.Tensor:
+                     epi_split: int | None = None, ctas: int | None = None,
+                     stream_k: bool | int | None = None) -> torch.Tensor:
     """The block-scaled product (module docstring) by the CUDA kernel. The operands are
     assumed checked by the block mode (shapes, dtypes, TMA alignment: its ``supported``);
     ``out`` an (M, N) row-major output to write (else one is allocated); ``check`` runs
     the build's self-test first (once per machine). Build knobs: ``stages`` (ring slots of
     one group, 48 KiB each), ``group_m`` (tile-row section height), ``epi_split`` (epilogue
-    parts a consumer); ``ctas`` the persistent grid (None: one CTA an SM)."""
+    parts a consumer); ``ctas`` the SMs the persistent grid spreads over (None: all);
+    ``stream_k`` as :func:`schedule`'s."""
     knobs = dict(stages=stages, group_m=group_m, epi_split=epi_split)
     cfg = config(**knobs, out_dtype=out_dtype)
     M, K = a.shape
@@ -143,9 +187,10 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
     dev = a.device.index or 0
     func = _kernel(cfg["options"], dev)
     maps = (tensor_map_2d(a, BK, BM), tensor_map_2d(b.t(), BK, BN), tensor_map_2d(c, 64, 64))
-    tiles = _common.cdiv(M, BM) * _common.cdiv(N, BN)
-    grid = (max(1, min(tiles, ctas or _num_sms(dev))),)
-    _loader.launch(func, grid, (THREADS,), (*maps, scale_a, scale_b, *_i32(
-        M, N, K, scale_a.stride(0), scale_a.stride(1), scale_b.stride(0), scale_b.stride(1))),
-        smem=cfg["smem"])
+    sms = ctas or _num_sms(dev)
+    grid, dp_tiles, sk_ctas = schedule(M, N, K, sms, stream_k)
+    partial, flags = _workspace(a.device, max(sms, _num_sms(dev))) if sk_ctas else (c, c)
+    _loader.launch(func, (grid,), (THREADS,), (*maps, scale_a, scale_b, *_i32(
+        M, N, K, scale_a.stride(0), scale_a.stride(1), scale_b.stride(0), scale_b.stride(1),
+        dp_tiles, sk_ctas), partial, flags), smem=cfg["smem"])
     return c

@@ -28,10 +28,12 @@
 // the promotion FFMAs' scheduling hints edited in the cubin: DeepGEMM's edit (reuse flags and
 // the yield bit cleared on a share of them) tied at an eighth or a quarter and lost from half
 // on, and the yield bit set on half or all of them (the promoting warp keeps the issue slot)
-// lost 6-15%, so ptxas's own alternation stands.
+// lost 6-15%, so ptxas's own alternation stands; the group loop unrolled over the ring's slots
+// (constant slots and descriptors: 53 instructions a group besides the FFMAs, against 73)
+// lost 1-7%.
 //
 // 384 threads = 3 warpgroups, persistent (one CTA an SM walking the tiles in GROUP_M
-// sections):
+// sections; a last wave at most half full split by stream-K, see WorkList below):
 //   warpgroup 0, the producer: gives registers back (setmaxnreg.dec 24); one thread fills a
 //     ring of STAGES slots, one 128-deep group each (A 128 x 128 and B 256 x 128 fp8, 48 KiB),
 //     through TMA (cp.async.bulk.tensor, completing on full[s]) once empty[s] says both
@@ -176,11 +178,68 @@ __device__ __forceinline__ void promote(float* acc, const float* sum, float sl0,
   }
 }
 
+// ---- the work: whole tiles, then the stream-K tail -------------------------------------------
+// The first dp_tiles tiles (whole waves of the grid) go to the CTAs in turn, K whole. The rest
+// (under one wave: a last wave that would leave SMs idle) are laid end to end as
+// sk_tiles * KG groups and cut into sk_ctas runs of equal length (to a group), CTA c taking
+// the c-th: a run is one or more pieces, each the groups of one tile it touches. A tile split
+// between CTAs is finished by the CTA of its first piece (the owner: that piece is always the
+// last of its run) once the later pieces' partial sums have arrived; a CTA's only piece that
+// is not its tile's first is the first of its run, done before anything it could wait for,
+// so every wait is on a CTA of higher index that never waits before its partial is out. (All
+// CTAs of the grid are resident: one an SM, no more than the SMs.) Where the last wave was
+// fuller than half, splitting it lost: the pieces' sums through L2, and the runs' K offsets
+// spread, so tiles that share operands no longer load them together.
+struct Work {
+  int tile, g0, g1;  // the tile and its groups [g0, g1) in this piece
+};
+
+// where CTA `cta`'s run starts: runs of total / sk_ctas groups, the first total % sk_ctas one
+// longer (the launcher keeps sk_tiles * KG below 2^31: sk_tiles is under one wave)
+__device__ __forceinline__ int sk_begin(int cta, int sk_ctas, int total) {
+  if (sk_ctas == 0) return 0;
+  cta = min(cta, sk_ctas);
+  return cta * (total / sk_ctas) + min(cta, total % sk_ctas);
+}
+
+// this CTA's pieces as a counted sequence (a loop with a count keeps its counters in uniform
+// registers, where an iterator's data-dependent exit did not)
+struct WorkList {
+  int dp_tiles, KG, n_dp, pos, end, n;
+  __device__ __forceinline__ WorkList(int dp_tiles_, int sk_ctas, int sk_tiles, int KG_)
+      : dp_tiles(dp_tiles_), KG(KG_) {
+    const int total = sk_tiles * KG;
+    n_dp = (int)blockIdx.x < dp_tiles ? (dp_tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    pos = sk_begin(blockIdx.x, sk_ctas, total);
+    end = sk_begin(blockIdx.x + 1, sk_ctas, total);
+    n = n_dp + (pos < end ? (end - 1) / KG - pos / KG + 1 : 0);
+  }
+  __device__ __forceinline__ Work operator[](int u) const {
+    if (u < n_dp) return {(int)blockIdx.x + u * (int)gridDim.x, 0, KG};
+    const int lt = pos / KG + (u - n_dp);
+    return {dp_tiles + lt, max(pos - lt * KG, 0), min(KG, end - lt * KG)};
+  }
+};
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_fp8_block(
     const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
     const __grid_constant__ TmaDesc tma_c,  // C, boxes of 64 x 64, 128-byte swizzle
     const float* __restrict__ sa, const float* __restrict__ sb, int M, int N, int K,
-    int stride_sam, int stride_sak, int stride_sbk, int stride_sbn) {
+    int stride_sam, int stride_sak, int stride_sbk, int stride_sbn, int dp_tiles, int sk_ctas,
+    float* __restrict__ partial, int* __restrict__ flags) {
+  // partial: (sk_ctas, CONSUMERS, 128 x BN / 2) float32, a CTA's first stream-K piece's sums
+  // when that is not its tile's first piece (each thread's fragment as float4s, thread-minor);
+  // flags: (sk_ctas, CONSUMERS) int32, 1 while such a partial waits for its owner, which sets
+  // it back to 0 (all 0 between launches)
   extern __shared__ unsigned char smem_raw[];
   unsigned sA = smem_aligned_1024(smem_raw);
   unsigned sB = sA + STAGES * A_STAGE_BYTES;
@@ -196,6 +255,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_fp8_block(
   const int num_tiles = tiles_m * tiles_n;
   const int KG = (K + BK - 1) / BK;
   const int NB = (N + 127) / 128;  // column blocks of sb
+  const int sk_tiles = num_tiles - dp_tiles;
 
   if (wg == 0) {
     // ---- producer ----
@@ -204,10 +264,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_fp8_block(
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_a)));
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_b)));
       int it = 0;
-      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+      const WorkList work(dp_tiles, sk_ctas, sk_tiles, KG);
+      for (int u = 0; u < work.n; ++u) {
+        const Work w = work[u];
         int tm, tn;
-        tile_coords(tile, tiles_m, tiles_n, tm, tn);
-        for (int g = 0; g < KG; ++g, ++it) {
+        tile_coords(w.tile, tiles_m, tiles_n, tm, tn);
+        for (int g = w.g0; g < w.g1; ++g, ++it) {
           int s = it % STAGES;
           unsigned round = it / STAGES;
           mbar_wait(empty(s), (round & 1) ^ 1);  // round 0 passes: the slot starts free
@@ -230,25 +292,29 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_fp8_block(
     const u64 a_desc0 = smem_desc(__shfl_sync(0xffffffffu, sA + c * (64 * BK), 0));
     const u64 b_desc0 = smem_desc(__shfl_sync(0xffffffffu, sB, 0));
     unsigned it = 0;
-    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const WorkList work(dp_tiles, sk_ctas, sk_tiles, KG);
+    for (int u = 0; u < work.n; ++u) {
+      const Work w = work[u];
       int tm, tn;
-      tile_coords(tile, tiles_m, tiles_n, tm, tn);
+      tile_coords(w.tile, tiles_m, tiles_n, tm, tn);
       // this thread's two rows (clamped: rows past M have zero sums) and column blocks
       const int r0 = min(tm * BM + c * 64 + warp * 16 + lane / 4, M - 1);
       const int r1 = min(tm * BM + c * 64 + warp * 16 + lane / 4 + 8, M - 1);
-      const float* sa0 = sa + (long long)r0 * stride_sam;
-      const float* sa1 = sa + (long long)r1 * stride_sam;
+      const float* sa0 = sa + (long long)r0 * stride_sam + (long long)w.g0 * stride_sak;
+      const float* sa1 = sa + (long long)r1 * stride_sam + (long long)w.g0 * stride_sak;
       // the tile's two column blocks (its halves)
-      const float* sbl = sb + (long long)min(2 * tn, NB - 1) * stride_sbn;
-      const float* sbr = sb + (long long)min(2 * tn + 1, NB - 1) * stride_sbn;
+      const float* sbl = sb + (long long)min(2 * tn, NB - 1) * stride_sbn +
+                         (long long)w.g0 * stride_sbk;
+      const float* sbr = sb + (long long)min(2 * tn + 1, NB - 1) * stride_sbn +
+                         (long long)w.g0 * stride_sbk;
       float a0 = __ldg(sa0), a1 = __ldg(sa1), bl = __ldg(sbl), br = __ldg(sbr);
       // the next group's scales, a group further each step (the last group's kept)
       const float *nsa0 = sa0, *nsa1 = sa1, *nsbl = sbl, *nsbr = sbr;
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-      for (int g = 0; g < KG; ++g, ++it) {
+      for (int g = w.g0; g < w.g1; ++g, ++it) {
         // the next group's scales, under this group's MMAs (the last group's at the end)
-        if (g + 1 < KG) nsa0 += stride_sak, nsa1 += stride_sak, nsbl += stride_sbk,
+        if (g + 1 < w.g1) nsa0 += stride_sak, nsa1 += stride_sak, nsbl += stride_sbk,
             nsbr += stride_sbk;
         float na0 = __ldg(nsa0), na1 = __ldg(nsa1), nbl = __ldg(nsbl), nbr = __ldg(nsbr);
         const unsigned s = it % STAGES;
@@ -266,6 +332,43 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_fp8_block(
         if (t == 0) release_slot(empty(s));
         promote<0>(acc + 64, sum, l0, l1, r0s, r1s);
         a0 = na0, a1 = na1, bl = nbl, br = nbr;
+      }
+      if (w.g0 > 0) {
+        // a later piece of a split tile: the sums to the owner, through L2
+        float4* dst = reinterpret_cast<float4*>(partial) +
+                      ((long long)blockIdx.x * CONSUMERS + c) * (BN / 2 / 4) * 128 + t;
+#pragma unroll
+        for (int j = 0; j < BN / 2 / 4; ++j)
+          __stcg(dst + j * 128, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2],
+                                            acc[4 * j + 3]));
+        __threadfence();
+        named_bar(1 + c, 128);
+        if (t == 0) st_release(flags + blockIdx.x * CONSUMERS + c, 1);
+        continue;
+      }
+      if (w.g1 < KG) {
+        // the owner of a split tile: add the later pieces' sums, CTA by CTA (the CTAs whose
+        // runs start inside this tile)
+        const int total = sk_tiles * KG, tile_end = (w.tile - dp_tiles + 1) * KG;
+        for (int o = blockIdx.x + 1; o < sk_ctas && sk_begin(o, sk_ctas, total) < tile_end;
+             ++o) {
+          if (sk_begin(o + 1, sk_ctas, total) == sk_begin(o, sk_ctas, total)) continue;
+          int* flag = flags + o * CONSUMERS + c;
+          if (t == 0) {
+            while (ld_acquire(flag) == 0) {
+            }
+            *flag = 0;  // the partial is this owner's alone; no other launch runs meanwhile
+          }
+          named_bar(1 + c, 128);
+          const float4* src = reinterpret_cast<const float4*>(partial) +
+                              ((long long)o * CONSUMERS + c) * (BN / 2 / 4) * 128 + t;
+#pragma unroll
+          for (int j = 0; j < BN / 2 / 4; ++j) {
+            const float4 v = __ldcg(src + j * 128);
+            acc[4 * j] += v.x, acc[4 * j + 1] += v.y, acc[4 * j + 2] += v.z,
+                acc[4 * j + 3] += v.w;
+          }
+        }
       }
       // the two sums' fragments one after the other: together the m64nBN fragment
       store_tile_tma<BN, EPI_SPLIT>(acc, sC + c * C_PART_BYTES, &tma_c, tn * BN,

@@ -302,22 +302,16 @@ def _gluon_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, path, confi
 
 def cuda_grid_reason(M: int, N: int, sms: int) -> str | None:
     """Why an unforced call of this shape stays off the CUDA kernel's 128 x 256 tiles for
-    the Gluon kernel's narrower ones, else None. On the H200 the CUDA kernel led at 10 of
-    DeepSeek-V3's 12 shapes at M = 1024 / 4096 and tied at one (K from 512 to 16384;
-    0.62-1.06x _scaled_mm per tensor against 0.54-1.05x; docs/NOTES.md); it lost where its
-    tiles left a last wave nearly empty (M=4096 N=2112: 288 tiles on 132 SMs, two full waves
-    and one 18% full, 0.73x against 0.77x), and led with 72 tiles on 132 SMs (M=1024
-    N=2112, 0.62x against 0.54x), hence the half-the-SMs floor. Shapes below M = 1024 were
-    not measured with it; the rule sends them to it wherever their tiles reach that floor
-    (M = 512 with N > 4096 on 132 SMs)."""
+    the Gluon kernel's narrower ones, else None: where they fill less than half the SMs. On
+    the H200 the CUDA kernel led at 11 of DeepSeek-V3's 12 shapes at M = 1024 / 4096 in one
+    run (K from 512 to 16384; 0.61-1.02x _scaled_mm per tensor against 0.56-1.04x;
+    docs/NOTES.md), with 72 tiles on 132 SMs too (M=1024 N=2112), and with a last wave 18%
+    full (M=4096 N=2112: 288 tiles) once stream-K split that wave (0.80x against 0.76x). Shapes below M = 1024 were not measured with it; the rule sends them
+    to it wherever their tiles reach that floor (M = 512 with N > 4096 on 132 SMs)."""
     tiles = C.cdiv(M, 128) * C.cdiv(N, 256)
     if 2 * tiles < sms:
         return (f"{tiles} tiles of 128 x 256 fill less than half of the {sms} SMs (the Gluon "
                 f"kernel's narrower tiles spread wider)")
-    full, last = divmod(tiles, sms)
-    if 1 <= full < 3 and 0 < 4 * last < sms:
-        return (f"{tiles} tiles of 128 x 256 leave their last wave under a quarter full on "
-                f"{sms} SMs (the Gluon kernel's narrower tiles balance better)")
     return None
 
 
