@@ -665,14 +665,20 @@ def _fp8_block_cuda(fields):
 #: / 0.859-0.876, with 3 slots and one epilogue part 0.781 / 0.866, group_m 8 0.762 / 0.856,
 #: 3 slots 0.811 / 0.879; the removed tile shapes, CTA pairs, consumer turns, the 192-column
 #: one-sum tile, consumer 1 started a sum or a group behind and the 144-column tile with two
-#: sums in flight 0.69-0.81 / 0.69-0.87 (against the longer loop).
+#: sums in flight 0.69-0.81 / 0.69-0.87 (against the longer loop); the group loop unrolled
+#: over the ring's slots 0.853-0.878 / 0.952-0.961 against the default's 0.889-0.902 /
+#: 0.986-0.988. Launch knob stream_k (a last wave split by groups; the default only where
+#: that wave is at most half full), forced on / off in alternating rounds at last waves
+#: 18% to 94% full: 0.82 / 0.73 at 18% (M=4096 N=2112 K=7168), even at 52% and 73%, behind
+#: at 70% (0.78 / 0.89) and 94% (0.89 / 0.97).
 FP8_BLOCK_CUDA = [dict(stream_k=True), dict(stream_k=False)] * 3
 
 
 def sweep_matmul_fp8_block_cuda(rows):
     """The block-scaled fp8 GEMM in CUDA (128 x 256 tiles, the promote schedule by half
-    sums; its builds FP8_BLOCK_CUDA) against the Gluon kernel's default, at 8192^3, two of
-    DeepSeek-V3's shapes at M = 4096 and M=2048 N=4096 K=8192, with torch._scaled_mm per
+    sums; its builds and launch knobs FP8_BLOCK_CUDA) at shapes whose last wave of tiles is
+    18% to 94% full on 132 SMs (8192^3, DeepSeek-V3's M=4096 N=2112 K=7168 and M=1024
+    N=7168 K=2048, M=4608 N=8192 K=8192, M=2048 N=4096 K=8192), with torch._scaled_mm per
     tensor in the same run."""
     variants = _fp8_block_variants("cuda", FP8_BLOCK_CUDA)
     for M, N, K, label in ((8192, 8192, 8192, "8192^3 block"),
