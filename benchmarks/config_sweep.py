@@ -668,9 +668,10 @@ def _fp8_block_cuda(fields):
 #: sums in flight 0.69-0.81 / 0.69-0.87 (against the longer loop); the group loop unrolled
 #: over the ring's slots 0.853-0.878 / 0.952-0.961 against the default's 0.889-0.902 /
 #: 0.986-0.988. Launch knob stream_k (a last wave split by groups; the default only where
-#: that wave is at most half full), forced on / off in alternating rounds at last waves
+#: that wave is at most a quarter full), forced on / off in alternating rounds at last waves
 #: 18% to 94% full: 0.82 / 0.73 at 18% (M=4096 N=2112 K=7168), even at 52% and 73%, behind
-#: at 70% (0.78 / 0.89) and 94% (0.89 / 0.97).
+#: at 70% (0.78 / 0.89) and 94% (0.89 / 0.97); in another run 0.90 / 0.92 at 27% (M=4096
+#: N=24576 K=1536).
 FP8_BLOCK_CUDA = [dict(stream_k=True), dict(stream_k=False)] * 3
 
 

@@ -852,6 +852,7 @@ _CUDA_BUILDS = [{}, dict(stages=3, epi_split=1), dict(group_m=1), dict(stream_k=
     (8192, 8192, 8192, 132, False, (132, 2048, 0)),
     (4096, 2112, 7168, 132, None, (132, 264, 132)),    # the last wave 18% full
     (1024, 7168, 2048, 132, None, (132, 224, 0)),      # the last wave 70% full
+    (4096, 24576, 1536, 132, None, (132, 3072, 0)),    # 27% full
     (1024, 4096, 8192, 128, True, (128, 128, 0)),      # whole waves: nothing to balance
     (2048, 2304, 1024, 132, True, (132, 144, 0)),      # 12 tail tiles of 8 groups: 12 runs
     (256, 512, 4096, 132, None, (16, 0, 16)),          # 4 tiles of 32 groups in runs of 8

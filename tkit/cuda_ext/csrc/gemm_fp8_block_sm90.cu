@@ -33,7 +33,7 @@
 // lost 1-7%.
 //
 // 384 threads = 3 warpgroups, persistent (one CTA an SM walking the tiles in GROUP_M
-// sections; a last wave at most half full split by stream-K, see WorkList below):
+// sections; a last wave at most a quarter full split by stream-K, see WorkList below):
 //   warpgroup 0, the producer: gives registers back (setmaxnreg.dec 24); one thread fills a
 //     ring of STAGES slots, one 128-deep group each (A 128 x 128 and B 256 x 128 fp8, 48 KiB),
 //     through TMA (cp.async.bulk.tensor, completing on full[s]) once empty[s] says both
@@ -188,8 +188,8 @@ __device__ __forceinline__ void promote(float* acc, const float* sum, float sl0,
 // is not its tile's first is the first of its run, done before anything it could wait for,
 // so every wait is on a CTA of higher index that never waits before its partial is out. (All
 // CTAs of the grid are resident: one an SM, no more than the SMs.) Where the last wave was
-// fuller than half, splitting it lost: the pieces' sums through L2, and the runs' K offsets
-// spread, so tiles that share operands no longer load them together.
+// fuller than a quarter, splitting it lost or tied: the pieces' sums go through L2, and the
+// runs' K offsets spread, so tiles that share operands no longer load them together.
 struct Work {
   int tile, g0, g1;  // the tile and its groups [g0, g1) in this piece
 };

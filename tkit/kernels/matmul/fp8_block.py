@@ -306,8 +306,9 @@ def cuda_grid_reason(M: int, N: int, sms: int) -> str | None:
     the H200 the CUDA kernel led at 11 of DeepSeek-V3's 12 shapes at M = 1024 / 4096 in one
     run (K from 512 to 16384; 0.61-1.02x _scaled_mm per tensor against 0.56-1.04x;
     docs/NOTES.md), with 72 tiles on 132 SMs too (M=1024 N=2112), and with a last wave 18%
-    full (M=4096 N=2112: 288 tiles) once stream-K split that wave (0.80x against 0.76x). Shapes below M = 1024 were not measured with it; the rule sends them
-    to it wherever their tiles reach that floor (M = 512 with N > 4096 on 132 SMs)."""
+    full (M=4096 N=2112: 288 tiles) once stream-K split that wave (0.80x against 0.76x).
+    Shapes below M = 1024 were not measured with it; the rule sends them to it wherever
+    their tiles reach that floor (M = 512 with N > 4096 on 132 SMs)."""
     tiles = C.cdiv(M, 128) * C.cdiv(N, 256)
     if 2 * tiles < sms:
         return (f"{tiles} tiles of 128 x 256 fill less than half of the {sms} SMs (the Gluon "
