@@ -962,6 +962,18 @@ def test_cuda_kernel_in_a_cuda_graph():
 
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+def test_cuda_grid_larger_than_the_sms_is_refused():
+    """A grid of more CTAs than SMs could leave a split tile's owner waiting on a CTA that
+    is not resident: a ValueError naming ``ctas``, before any launch."""
+    GB = _cuda_or_skip()
+    a, b, sa, sb = _operands(256, 512, 4096, seed=27)
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    for bad in (0, sms + 1):
+        with pytest.raises(ValueError, match="ctas"):
+            GB.matmul_fp8_block(a, b, sa, sb, ctas=bad, check=False)
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
 def test_cuda_stream_k_in_a_cuda_graph():
     """Split tiles (4 tiles of 32 groups over 16 CTAs) captured once and replayed three times
     over new values: each replay equals an eager call bit for bit (the pieces' flags are

@@ -164,16 +164,20 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                      out: torch.Tensor | None = None, check: bool = True,
                      stages: int | None = None, group_m: int | None = None,
                      epi_split: int | None = None, ctas: int | None = None,
-                     stream_k: bool | int | None = None) -> torch.Tensor:
+                     stream_k: bool | None = None) -> torch.Tensor:
     """The block-scaled product (module docstring) by the CUDA kernel. The operands are
     assumed checked by the block mode (shapes, dtypes, TMA alignment: its ``supported``);
     ``out`` an (M, N) row-major output to write (else one is allocated); ``check`` runs
     the build's self-test first (once per machine). Build knobs: ``stages`` (ring slots of
     one group, 48 KiB each), ``group_m`` (tile-row section height), ``epi_split`` (epilogue
-    parts a consumer); ``ctas`` the SMs the persistent grid spreads over (None: all);
-    ``stream_k`` as :func:`schedule`'s."""
+    parts a consumer); ``ctas`` the SMs the persistent grid spreads over (None: all; no
+    more than the device has: a split tile's owner waits for CTAs of higher index, which
+    must be resident or come after it); ``stream_k`` as :func:`schedule`'s."""
     knobs = dict(stages=stages, group_m=group_m, epi_split=epi_split)
     cfg = config(**knobs, out_dtype=out_dtype)
+    sms = _num_sms(a.device.index or 0)
+    if ctas is not None and not 1 <= ctas <= sms:
+        raise ValueError(f"ctas must be from 1 to the device's {sms} SMs, got {ctas}")
     M, K = a.shape
     N = b.shape[1]
     c = out if out is not None else _common.empty((M, N), out_dtype, a.device)
@@ -188,9 +192,8 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
     dev = a.device.index or 0
     func = _kernel(cfg["options"], dev)
     maps = (tensor_map_2d(a, BK, BM), tensor_map_2d(b.t(), BK, BN), tensor_map_2d(c, 64, 64))
-    sms = ctas or _num_sms(dev)
-    grid, dp_tiles, sk_ctas = schedule(M, N, K, sms, stream_k)
-    partial, flags = _workspace(a.device, max(sms, _num_sms(dev))) if sk_ctas else (c, c)
+    grid, dp_tiles, sk_ctas = schedule(M, N, K, ctas or sms, stream_k)
+    partial, flags = _workspace(a.device, sms) if sk_ctas else (c, c)
     _loader.launch(func, (grid,), (THREADS,), (*maps, scale_a, scale_b, *_i32(
         M, N, K, scale_a.stride(0), scale_a.stride(1), scale_b.stride(0), scale_b.stride(1),
         dp_tiles, sk_ctas), partial, flags), smem=cfg["smem"])
