@@ -140,12 +140,12 @@ _WORKSPACE: dict = {}
 
 
 def _workspace(device: torch.device, ctas: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The stream-K partial sums and flags of this device and stream (kept: the flags are
-    all 0 between launches, each reset by the CTA that consumed it; one set a stream, so
-    launches on two streams never share one)."""
+    """The stream-K partial sums and flags of this device and stream, for ``ctas`` (the
+    device's SMs) CTAs (kept: the flags are all 0 between launches, each reset by the CTA
+    that consumed it; one set a stream, so launches on two streams never share one)."""
     key = (device, torch.cuda.current_stream(device).cuda_stream)
     ws = _WORKSPACE.get(key)
-    if ws is None or ws[1].numel() < 2 * ctas:
+    if ws is None:
         ws = (torch.empty(ctas * BM * BN, dtype=torch.float32, device=device),
               torch.zeros(ctas * 2, dtype=torch.int32, device=device))
         _WORKSPACE[key] = ws
