@@ -711,9 +711,9 @@ def sweep_int4(rows):
     """matmul_int4 at the registry's 'decode' cases (M = 1 and 16 at K=4096, N=14336 and at
     K=N=8192). M = 1: the default (the GEMV with K lanes: 32 columns a program, all of K, 4 or
     8 warps by N) against the GEMV without lanes (one warp a program, split 16 + the reduce
-    launch, the default before) and the lanes with the other warp count. M = 16: the tc
-    default against more programs, stages or narrower tiles. Every field given (a variant
-    does not inherit the other paths' defaults)."""
+    launch, the default before) and the lanes with the other warp count; the CUDA kernel.
+    M = 16: the default (the CUDA kernel) against its other ring depths and the tc kernel.
+    Every field given (a variant does not inherit the other paths' defaults)."""
     from tkit.kernels.matmul import int4 as I4
 
     gemv, tc, _ = _int4_variants()
@@ -722,8 +722,10 @@ def sweep_int4(rows):
           # more programs an SM: K split 2 merged in the kernel, or 16 columns on 2 warps
           dict(gemv(32, 32, 2, 4, lanes=32, vecs=2), fused_reduce=True),
           gemv(16, 32, 1, 2, lanes=32, vecs=2)]
-    m16 = [tc(128, 4, 4, 8), tc(128, 4, 3, 4), tc(128, 4, 6, 4), tc(64, 4, 4, 4),
-           tc(64, 4, 4, 8), tc(128, 8, 4, 4)]
+    # the CUDA kernel (tkit.cuda_ext.gemm_int4) with its ring's slots; and the tc kernel
+    cuda = [dict(path="cuda", num_stages=st) for st in (2, 3, 4)]
+    m1 = m1 + cuda
+    m16 = cuda + [tc(128, 4, 4, 8), tc(128, 4, 3, 4), tc(128, 4, 6, 4)]
     for idx in (0, 2):  # M = 1
         sweep("int4", I4.int4_config, m1, "matmul_int4", idx, rows, exact=False)
     for idx in (1, 3):  # M = 16

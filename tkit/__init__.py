@@ -86,6 +86,12 @@ def _cuda_fp8_block():
     return gemm_fp8_block
 
 
+def _cuda_int4():
+    from tkit.cuda_ext import gemm_int4
+
+    return gemm_int4
+
+
 @contextlib.contextmanager
 def _aot_compile_context(jit):
     from tkit.ir_tools.aot import _jit_language, _real_language
@@ -97,6 +103,7 @@ def _aot_compile_context(jit):
 # the layers above the kernels plug in here (tkit/_hooks.py), so the kernels import none of them
 _hooks.cuda_matmul = _cuda_matmul
 _hooks.cuda_fp8_block = _cuda_fp8_block
+_hooks.cuda_int4 = _cuda_int4
 _hooks.aot_compile_context = _aot_compile_context
 
 

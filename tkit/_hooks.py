@@ -9,6 +9,10 @@ cuda_fp8_block       () -> tkit.cuda_ext.gemm_fp8_block (its ``unavailable(out_d
                      ``matmul_fp8_block``): the block-scaled fp8 GEMM in CUDA that
                      ``tkit.kernels.matmul.fp8_block`` dispatches to; raises ImportError when
                      tkit.cuda_ext cannot give it.
+cuda_int4            () -> tkit.cuda_ext.gemm_int4 (its ``supported``, ``unavailable`` and
+                     ``matmul_int4_cuda``): the INT4 decode GEMM in CUDA that
+                     ``tkit.kernels.matmul.int4`` dispatches to; raises ImportError when
+                     tkit.cuda_ext cannot give it.
 aot_compile_context  (jit function) -> context manager under which an ahead-of-time compile
                      (``tkit.kernels.attention.hopper.compile_sm90``) sees the real
                      triton.language even under TRITON_INTERPRET=1 (tkit.ir_tools.aot's).
@@ -22,6 +26,7 @@ from typing import Any
 
 cuda_matmul: Callable[[], Callable] | None = None
 cuda_fp8_block: Callable[[], Any] | None = None
+cuda_int4: Callable[[], Any] | None = None
 aot_compile_context: Callable[[Any], contextlib.AbstractContextManager] | None = None
 
 

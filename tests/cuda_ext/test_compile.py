@@ -194,11 +194,39 @@ def test_fp8_block_gemm_builds(cubin_dir, build):
     assert not ops & {"LDL", "STL"}, f"{build}: local memory traffic (spills)"
 
 
+INT4_BUILDS = [(1, "bfloat16", "float16", 128), (16, "bfloat16", "float16", 128),
+               (16, "float16", "float32", 32), (3, "bfloat16", "bfloat16", 1024)]
+
+
+@pytest.mark.toolchain
+@pytest.mark.parametrize("build", INT4_BUILDS, ids=lambda v: "-".join(map(str, v)))
+@needs_cuobjdump
+def test_int4_gemm_builds(cubin_dir, build):
+    """The INT4 decode GEMM: per 512-deep step a consumer warp's 8 chunks each take two k16
+    steps of three m16n8k16 MMAs (two weight tiles and the all-ones row sums) for each n8
+    tile of a's rows, in the dtype of a; the dequantization is LOP3 with the mask and magic
+    in registers (0xEA: one instruction a pair); TMA in (3-d boxes), mbarriers, no spills."""
+    import torch
+
+    from tkit.cuda_ext.gemm_int4 import config
+
+    M, act, sdt, G = build
+    cfg = config(M, getattr(torch, act), getattr(torch, sdt), G)
+    sass = kernels_sass(_loader.compile_cubin("gemm_int4_sm90.cu", "90a", cfg["options"],
+                                              cache_dir=cubin_dir))["gemm_int4"]
+    ops = opcodes(sass)
+    kind = "" if act == "float16" else r"\.BF16"  # (fp16 operands carry no suffix)
+    assert len(re.findall(rf"HMMA\.16816\.F32{kind} ", sass)) == 8 * 2 * 3 * cfg["nt"]
+    assert len(re.findall(r"LOP3\.LUT R\d+, R\d+, 0xf000f, R\d+(?:\.reuse)?, 0xea", sass)) >= 8 * 16
+    assert {"UTMALDG", "SYNCS", "ATOMG"} <= ops, ops
+    assert not ops & {"LDL", "STL"}, f"{build}: local memory traffic (spills)"
+
+
 @pytest.mark.toolchain
 def test_resource_usage_no_spills():
     """ptxas's own report agrees: 0 bytes spilled in every GEMM kernel."""
     for name, arch in (("gemm_mma_sm80.cu", "80"), ("gemm_wgmma_sm90.cu", "90a"),
-                       ("gemm_fp8_block_sm90.cu", "90a")):
+                       ("gemm_fp8_block_sm90.cu", "90a"), ("gemm_int4_sm90.cu", "90a")):
         report = _loader.resource_usage(name, arch)
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
         assert spills and all(s == ("0", "0") for s in spills), report

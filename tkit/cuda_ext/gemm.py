@@ -266,32 +266,52 @@ def _libcuda():
 
 # CUtensorMapDataType of the element types the kernels here read and write (fp8 as bytes)
 _CU_TENSOR_MAP_DATA_TYPE = {torch.bfloat16: 9, torch.float16: 6, torch.float8_e4m3fn: 0,
-                            torch.uint8: 0}
+                            torch.uint8: 0, torch.int32: 3, torch.float32: 7}
+_CU_TENSOR_MAP_SWIZZLE_NONE = 0
 _CU_TENSOR_MAP_SWIZZLE_128B = 3
 _CU_TENSOR_MAP_L2_PROMOTION_256B = 3
 
 
-def tensor_map_2d(t: torch.Tensor, box_cols: int, box_rows: int) -> bytes:
-    """A 128-byte ``CUtensorMap`` for a row-major matrix (bf16, fp16 or fp8), 128-byte
-    swizzled boxes of ``box_rows`` x ``box_cols`` (``box_cols`` elements must be 128 bytes).
-    Built with the driver's ``cuTensorMapEncodeTiled`` through ctypes; passed to the kernel
-    by value."""
-    if box_cols * t.element_size() != 128:
-        raise ValueError(f"a 128-byte swizzled box needs 128-byte rows, got {box_cols} "
-                         f"elements of {t.element_size()} bytes")
+def tensor_map_2d(t: torch.Tensor, box_cols: int, box_rows: int, *, swizzle: bool = True
+                  ) -> bytes:
+    """A 128-byte ``CUtensorMap`` for a row-major matrix (bf16, fp16, fp8, int32 or fp32),
+    boxes of ``box_rows`` x ``box_cols``: 128-byte swizzled (``box_cols`` elements must be
+    128 bytes), or with ``swizzle=False`` dense (rows of a multiple of 16 bytes). Built with
+    the driver's ``cuTensorMapEncodeTiled`` through ctypes; passed to the kernel by value."""
     rows, cols = t.shape
+    return tensor_map(t, (cols, rows), (t.stride(0),), (box_cols, box_rows), swizzle=swizzle)
+
+
+def tensor_map(t: torch.Tensor, dims: tuple[int, ...], strides: tuple[int, ...],
+               box: tuple[int, ...], *, swizzle: bool = True) -> bytes:
+    """A ``CUtensorMap`` over ``t``'s memory seen as a tensor of ``dims`` (innermost first,
+    dimension 0 contiguous) with element ``strides`` for dimensions 1.. (any order: a view
+    the tensor's own strides do not give, such as 32-column slabs of a matrix as a third
+    dimension), boxes of ``box`` elements, 128-byte swizzled (``box[0]`` elements must be 128
+    bytes) or dense. Every box element outside ``dims`` reads as 0; the caller makes sure
+    ``dims`` stay within the tensor's memory."""
+    es = t.element_size()
+    row_bytes = box[0] * es
+    if swizzle and row_bytes != 128:
+        raise ValueError(f"a 128-byte swizzled box needs 128-byte rows, got {box[0]} "
+                         f"elements of {es} bytes")
+    if row_bytes % 16:
+        raise ValueError(f"a box's rows must be a multiple of 16 bytes, got {row_bytes}")
+    n = len(dims)
     buf = (ctypes.c_ubyte * 128)()
-    dims = (ctypes.c_uint64 * 2)(cols, rows)
-    strides = (ctypes.c_uint64 * 1)(t.stride(0) * t.element_size())
-    box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
-    estr = (ctypes.c_uint32 * 2)(1, 1)
+    cdims = (ctypes.c_uint64 * n)(*dims)
+    cstrides = (ctypes.c_uint64 * max(n - 1, 1))(*[st * es for st in strides])
+    cbox = (ctypes.c_uint32 * n)(*box)
+    estr = (ctypes.c_uint32 * n)(*([1] * n))
     err = _libcuda().cuTensorMapEncodeTiled(
-        ctypes.addressof(buf), _CU_TENSOR_MAP_DATA_TYPE[t.dtype], 2, ctypes.c_void_p(
-            t.data_ptr()), dims, strides, box, estr, 0, _CU_TENSOR_MAP_SWIZZLE_128B,
+        ctypes.addressof(buf), _CU_TENSOR_MAP_DATA_TYPE[t.dtype], n, ctypes.c_void_p(
+            t.data_ptr()), cdims, cstrides, cbox, estr, 0,
+        _CU_TENSOR_MAP_SWIZZLE_128B if swizzle else _CU_TENSOR_MAP_SWIZZLE_NONE,
         _CU_TENSOR_MAP_L2_PROMOTION_256B, 0)
     if err != 0:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {err} for a tensor of "
-                           f"shape {tuple(t.shape)}, strides {t.stride()}")
+                           f"shape {tuple(t.shape)}, strides {t.stride()} seen as dims {dims}, "
+                           f"strides {strides}, box {box}")
     return bytes(buf)
 
 

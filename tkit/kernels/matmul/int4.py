@@ -37,6 +37,15 @@ per weight element per M tile).
 
 Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` overrides):
 
+* ``"cuda"`` (2 <= M <= 16 on sm_90 by default, where :func:`cuda_reason` finds nothing in
+  the way): ``tkit.cuda_ext.gemm_int4``, a CUDA kernel for decode sizes: one producer warp
+  streams the codes, scales, zeros and a through a TMA ring of 512-deep K steps, eight
+  consumer warps dequantize as the tc kernel does into mma.sync's register operand, and the
+  K steps of all column tiles are dealt out in equal runs over one CTA an SM (stream-K; the
+  pieces of a shared tile added up in CTA order by the last to finish). Elsewhere (another
+  device, M = 1, operands outside its scope, no nvcc) the paths below, and
+  :func:`backend` says why.
+
 * ``"tc"`` (2 <= M <= 64 by default, any M on request): ``_matmul_int4_tc_kernel``, the decode
   kernel on the tensor cores with the operands swapped, ``out^T = W a^T``: the weight tile
   (BLOCK_N columns of the output, 128 at two warpgroups) is the MMA's first operand, which
@@ -92,7 +101,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tkit import _env
+from tkit import _env, _hooks
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
 from tkit.kernels import _plan as P
@@ -166,6 +175,11 @@ class Int4Config:
         if path is None:
             path = ("gemv" if M <= GEMV_MAX_M else "tc" if M <= TC_MAX_M
                     else "dequant" if M >= DEQUANT_MIN_M else "tile")
+        if path == "cuda":
+            # tkit.cuda_ext.gemm_int4: its own tiles (128 columns, 512-deep K steps); only
+            # num_stages (its ring's slots) is read
+            return Int4Config(min(16, C.next_power_of_2(M)), 128, bk, 1, num_warps=9,
+                              num_stages=3, path="cuda")
         if path == "dequant":
             # a program converts a 64 x 128 block of the weight (4 KB of codes, 16 KB out)
             return Int4Config(16, 64 if not _env.INTERPRET else 32, bk, 1, num_warps=4,
@@ -243,7 +257,11 @@ TC_MAX_M = 64
 #: kernel 1.05x faster; M=512: dequant 1.80x; M=4096: 2.48x; docs/NOTES.md). The (N, K) 16-bit
 #: weight is a temporary of each call (117 MB at N=14336 K=4096 in bf16).
 DEQUANT_MIN_M = 256
-PATHS = ("gemv", "tile", "tc", "dequant")
+PATHS = ("gemv", "tile", "tc", "dequant", "cuda")
+#: the rows of a for which unforced calls take the CUDA kernel where it serves: at M = 1 the
+#: GEMV (all of K a program, no split) tied with it on the H200 (docs/NOTES.md, "INT4 in
+#: CUDA"); from 2 to 16 it led the tc kernel by 1.1-1.2x
+CUDA_MIN_M, CUDA_MAX_M = 2, 16
 
 
 def _split_for(tiles: int, want_programs: int, k_steps: int, min_steps: int) -> int:
@@ -863,6 +881,15 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
             out += bias.to(out.dtype)
         return out
     cfg = config or current_config(M, N, K, group_size, D.sm_count(a.device))
+    forced = cfg.path == "cuda"
+    if forced or (config is None and not _OVERRIDES.active()):
+        why = cuda_reason(a, qweight, scales, zeros, group_size, bias, forced=forced)
+        if why is None:
+            return _hooks.cuda_int4().matmul_int4_cuda(
+                a, qweight, scales, zeros, group_size, bias, out=out, check=False,
+                stages=cfg.num_stages if forced else None)
+        if forced:
+            raise ValueError(f"path='cuda': the CUDA INT4 kernel does not apply: {why}")
     if cfg.path == "dequant":
         return _dequant_matmul(a, qweight, scales, zeros, group_size, bias, cfg)
     split = cfg.split_k
@@ -923,6 +950,49 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
     if split > 1 and not fused:
         _reduce_splits(ws, out, bias, M, N, split)
     return out
+
+
+_CUDA_BUILD: dict = {}
+
+
+def cuda_reason(a, qweight, scales, zeros, group_size, bias, forced=False) -> str | None:
+    """None when the CUDA kernel (``tkit.cuda_ext.gemm_int4``) serves this call, else why
+    not: unforced only for CUDA_MIN_M <= M <= CUDA_MAX_M; operands in its scope (its
+    ``supported``); a build that has passed its self-test on this machine (worked out once a
+    device, row tile, activation and scale dtype and group size)."""
+    M = a.shape[0]
+    if not forced and not CUDA_MIN_M <= M <= CUDA_MAX_M:
+        return (f"M={M} is outside {CUDA_MIN_M}..{CUDA_MAX_M}, the rows for which it is "
+                f"the default")
+    if a.device.type != "cuda":
+        return "not on a CUDA device"
+    try:  # tkit.cuda_ext's kernel, plugged in by the layer above (tkit/_hooks.py)
+        if _hooks.cuda_int4 is None:
+            raise ImportError("no CUDA INT4 kernel is registered in tkit._hooks")
+        mod = _hooks.cuda_int4()
+    except (ImportError, AttributeError) as e:
+        return f"tkit.cuda_ext unavailable: {e}"
+    why = mod.supported(a, qweight, scales, zeros, group_size, bias)
+    if why is not None:
+        return why
+    key = (a.device.index or 0, M <= 8, a.dtype, scales.dtype, group_size)
+    if key not in _CUDA_BUILD:
+        _CUDA_BUILD[key] = mod.unavailable(M, a.dtype, scales.dtype, group_size)
+    return _CUDA_BUILD[key]
+
+
+def backend(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+            zeros: torch.Tensor | None = None, *, group_size: int = 128,
+            bias: torch.Tensor | None = None) -> str:
+    """Which kernel an unforced ``matmul_int4`` call with these operands launches, and why
+    (a 2-d ``a``)."""
+    why = cuda_reason(a, qweight, scales, zeros, group_size, bias)
+    if why is None:
+        return ("cuda (sm_90a: TMA ring of 512-deep K steps, mma.sync on dequantized "
+                "registers, stream-K over one CTA an SM)")
+    M, K = a.shape
+    cfg = current_config(M, qweight.shape[1], K, group_size, D.sm_count(a.device))
+    return f"triton {cfg.path} (not cuda: {why})"
 
 
 def _dequant_matmul(a, qweight, scales, zeros, group_size, bias, cfg):

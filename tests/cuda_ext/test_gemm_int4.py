@@ -1,0 +1,165 @@
+"""The INT4 decode GEMM in CUDA (tkit.cuda_ext.gemm_int4, csrc/gemm_int4_sm90.cu) and its
+dispatch from tkit.matmul_int4: builds and their limits on any machine; on a GPU, against the
+float64 reference over rows of a, group sizes, dtypes, partial K steps and column tiles,
+stream-K splits (the same bits whoever finishes a tile), the counters back at zero, CUDA-graph
+replay, and the fall-back to the Triton kernels with the reason."""
+
+import pytest
+import torch
+
+import tkit
+from tkit import registry
+from tkit.cuda_ext import gemm_int4 as G4
+from tkit.kernels.matmul import int4 as I4
+from tkit.testing import check_against_reference, make_tensor, poisoned_outputs
+
+ON_GPU = torch.cuda.is_available()
+DEV = "cuda" if ON_GPU else "cpu"
+F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
+
+
+# ---- any machine ----------------------------------------------------------------------------
+def test_config_picks_the_build_and_checks_its_limits():
+    """Rows of a pick the n8 tiles (8 or 16 rows), the group size the scale rows a 512-deep
+    step holds; a group that straddles steps, too few stages or too much shared memory are
+    refused by name."""
+    c1 = G4.config(1, BF16, F16, 128)
+    assert (c1["nt"], c1["sr"]) == (1, 4) and "-DNT=1" in c1["options"]
+    c16 = G4.config(16, F16, F32, 32)
+    assert (c16["nt"], c16["sr"]) == (2, 16) and "-DACT_F16=1" in c16["options"]
+    assert G4.config(9, BF16, BF16, 1024)["sr"] == 1
+    assert c16["smem"] <= G4.SMEM_LIMIT
+    with pytest.raises(ValueError, match="group_size=384"):
+        G4.config(4, BF16, F16, 384)
+    with pytest.raises(ValueError, match="stages"):
+        G4.config(4, BF16, F16, 128, stages=1)
+    with pytest.raises(ValueError, match="shared memory"):
+        G4.config(16, BF16, F32, 32, stages=8)
+
+
+def _case(M, N, K, G, dtype=BF16, sym=False, scale_dtype=None, seed=0):
+    w = make_tensor((N, K), dtype, seed=2 + seed, device=DEV)
+    q, s, z = tkit.quantize_int4(w, G, symmetric=sym)
+    if scale_dtype is not None:
+        s = s.to(scale_dtype)
+        z = z.to(scale_dtype) if z is not None else None
+    a = make_tensor((M, K), dtype, seed=1 + seed, device=DEV)
+    return a, q, s, z
+
+
+def test_dispatch_off_gpu_says_why_and_forcing_it_fails_by_name():
+    """Off a CUDA device (or outside M = 2..16 unforced) the Triton kernels serve and
+    ``backend`` says why; ``path='cuda'`` where it cannot serve is a ValueError with the
+    reason, not a silent fall-back."""
+    a, q, s, z = _case(4, 64, 256, 128)
+    if not ON_GPU:
+        assert "not on a CUDA device" in I4.backend(a, q, s, z, group_size=128)
+        with I4.int4_config(path="cuda"), pytest.raises(ValueError, match="CUDA INT4"):
+            tkit.matmul_int4(a, q, s, z, group_size=128)
+    a1 = a[:1]
+    assert I4.cuda_reason(a1, q, s, z, 128, None).startswith("M=1 is outside")
+    assert I4.backend(a1, q, s, z, group_size=128).startswith("triton gemv")
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+def _forced(a, q, s, z, G, bias=None, **cfg):
+    with I4.int4_config(path="cuda", **cfg):
+        return tkit.matmul_int4(a, q, s, z, group_size=G, bias=bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,G,dtype,sym,sdt,bias", [
+    (1, 14336 // 4, 4096, 128, BF16, False, F16, False),
+    (2, 416, 576, 32, BF16, True, BF16, True),        # a partial last step (576 = 512 + 64)
+    (3, 2048, 1536, 64, F16, False, F32, True),
+    (8, 96, 2048, 256, BF16, False, BF16, False),     # one column tile, 32 columns short
+    (9, 4096, 1024, 512, F16, True, F16, False),      # 16 rows of a (one row past 8)
+    (16, 1056, 3072, 1024, BF16, False, F16, True),   # groups of two steps
+    (16, 8192, 8192, 128, F16, False, F16, False),
+])
+def test_against_reference(M, N, K, G, dtype, sym, sdt, bias):
+    """Forced onto the CUDA kernel: float64 reference (dequantize, then matmul), outputs
+    poisoned first; every group size it takes, fp16 / bf16 / fp32 scales, symmetric weights,
+    bias, N not a multiple of the 128-column tile, K not of the 512-deep step."""
+    a, q, s, z = _case(M, N, K, G, dtype, sym, sdt, seed=M)
+    b = make_tensor((N,), dtype, seed=7, device=DEV) if bias else None
+    spec = registry.get("matmul_int4")
+    assert I4.cuda_reason(a, q, s, z, G, b, forced=True) is None
+    with I4.int4_config(path="cuda"), poisoned_outputs():
+        check_against_reference(spec.fn, spec.reference, (a, q, s, z),
+                                dict(group_size=G, bias=b))
+
+
+@pytest.mark.gpu
+def test_every_code_in_every_nibble():
+    """Each of the 16 codes at each of the 8 nibbles of a word, against zero points 0..15 and
+    a fractional one: the LOP3 dequantization and the K permutation of the MMA operands."""
+    N, K, G = 128, 1024, 128
+    codes = torch.arange(N * K, device=DEV).view(N, K) % 16
+    codes = (codes + torch.arange(N, device=DEV)[:, None] // 8) % 16
+    q = I4.pack_int4(codes.to(torch.int32))
+    s = (torch.rand(K // G, N, device=DEV) + 0.5).half()
+    z = (torch.arange(K // G * N, device=DEV).view(K // G, N) % 16).half()
+    z[0, :7] = 7.5
+    a = make_tensor((3, K), BF16, seed=3, device=DEV)
+    spec = registry.get("matmul_int4")
+    with I4.int4_config(path="cuda"):
+        check_against_reference(spec.fn, spec.reference, (a, q, s, z), dict(group_size=G))
+
+
+@pytest.mark.gpu
+def test_stream_k_splits_are_deterministic_and_counters_rest_at_zero():
+    """Any number of CTAs gives the reference's result; a fixed grid gives the same bits every
+    call (the pieces of a tile are added in CTA order, whoever finishes); every tile's counter
+    is back at 0 after each launch."""
+    a, q, s, z = _case(5, 4096, 4096, 128, seed=11)
+    want = a.double() @ I4.dequantize_int4(q, s, z, group_size=128).double().t()
+    tol = 2.0 ** -7 * float(want.abs().max())  # bf16 outputs
+    for ctas in (1, 7, 64, 132, 300):
+        got = [G4.matmul_int4_cuda(a, q, s, z, 128, ctas=ctas) for _ in range(3)]
+        assert all(torch.equal(got[0], g) for g in got[1:]), ctas
+        assert float((got[0].double() - want).abs().max()) <= tol, ctas
+        counters = G4._WORKSPACE[(a.device, torch.cuda.current_stream().cuda_stream)][1]
+        assert int(counters.abs().sum()) == 0
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_with_new_inputs():
+    """Captured once, replayed after the activations change: the same bits as eager calls."""
+    a, q, s, z = _case(12, 2048, 2048, 128, seed=5)
+    torch.cuda.synchronize()
+    G4.matmul_int4_cuda(a, q, s, z, 128)  # the build and workspace before the capture
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        G4.matmul_int4_cuda(a, q, s, z, 128)
+        with torch.cuda.graph(graph, stream=stream):
+            out = G4.matmul_int4_cuda(a, q, s, z, 128)
+    torch.cuda.current_stream().wait_stream(stream)
+    for seed in (1, 2):
+        a.copy_(make_tensor(a.shape, a.dtype, seed=seed, device=DEV))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, G4.matmul_int4_cuda(a, q, s, z, 128))
+
+
+@pytest.mark.gpu
+def test_unforced_calls_take_it_and_fall_back_with_the_reason():
+    """M = 2..16 on an sm_90 device goes to the CUDA kernel; operands outside its scope
+    (N not a multiple of 32, strided rows of a) go to the Triton kernels, ``backend`` naming
+    the reason, and forcing the CUDA path there raises it."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the kernel is built for sm_90a")
+    a, q, s, z = _case(4, 512, 1024, 128)
+    assert I4.backend(a, q, s, z, group_size=128).startswith("cuda")
+    got = tkit.matmul_int4(a, q, s, z, group_size=128)
+    assert torch.equal(got, G4.matmul_int4_cuda(a, q, s, z, 128))
+    a2, q2, s2, z2 = _case(4, 520, 1024, 128)
+    assert "multiple of 32" in I4.backend(a2, q2, s2, z2, group_size=128)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        _forced(a2, q2, s2, z2, 128)
+    wide = make_tensor((4, 2048), BF16, seed=3, device=DEV)[:, ::2]
+    assert "contiguous" in I4.backend(wide, q, s, z, group_size=128)
+    spec = registry.get("matmul_int4")
+    check_against_reference(spec.fn, spec.reference, (wide, q, s, z), dict(group_size=128))

@@ -1,0 +1,241 @@
+"""Launcher of the INT4 weight-only GEMM at decode sizes in CUDA (csrc/gemm_int4_sm90.cu,
+sm_90a): ``a @ dequant(w).T + bias`` for M <= 16 rows of ``a``, the weight in tkit's layout
+(:mod:`tkit.kernels.matmul.int4`), streamed through a TMA ring by one producer warp, dealt out
+as equal runs of 512-deep K steps over one CTA an SM (stream-K), dequantized into mma.sync's
+register operand. ``tkit.kernels.matmul.int4`` dispatches to it where :func:`supported` says
+it serves (and its rule, ``cuda_reason``, prefers it) and reports why where it does not.
+
+Scope (:func:`supported`): a (M, K) fp16/bf16, M <= 16, rows contiguous and 16-byte aligned,
+K a multiple of 64; qweight int32 (K // 8, N) contiguous, N a multiple of 32; scales and
+zeros (K // G, N) fp16 / bf16 / fp32 with contiguous 16-byte aligned rows; G dividing 512 or
+a multiple of it; bias None or (N,) in a's dtype, contiguous. Cost: the weight's bytes once,
+a's once a column tile.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from tkit.cuda_ext import _loader
+from tkit.cuda_ext.gemm import _defines, _i32, _num_sms, build_selftest, tensor_map
+from tkit.kernels import _common
+
+SOURCE = "gemm_int4_sm90.cu"
+#: columns a tile, K a step (the source's BN and BKQ * 8)
+BN, KSTEP = 128, 512
+ACT_DTYPES = (torch.float16, torch.bfloat16)
+SCALE_T = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+#: the source's macro defaults (the build with no -D options)
+DEFAULTS = dict(stages=3)
+SMEM_LIMIT = 227 * 1024
+MAX_M = 16
+THREADS = 288
+
+
+def _rup(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+@functools.cache
+def config(M: int, act_dtype: torch.dtype, scale_dtype: torch.dtype, group_size: int,
+           stages: int | None = None) -> dict:
+    """One build for these operands: nt (n8 tiles of rows of a), sr (scale rows a K step),
+    smem (bytes) and options (-D...); ``stages``: ring slots of one 512-deep K step (48-56
+    KiB each). Shared between calls: do not modify it."""
+    stages = DEFAULTS["stages"] if stages is None else stages
+    if stages < 2:
+        raise ValueError(f"stages must be >= 2, got {stages}")
+    if KSTEP % group_size and group_size % KSTEP:
+        raise ValueError(f"group_size={group_size} neither divides nor is a multiple of the "
+                         f"{KSTEP}-deep K step")
+    nt = 1 if M <= 8 else 2
+    sr = max(1, KSTEP // group_size)
+    slot = (KSTEP // 2) * 128 + (KSTEP // 64) * 8 * nt * 128 + 2 * _rup(
+        4 * sr * 32 * scale_dtype.itemsize, 1024)
+    smem = stages * slot + 2048 + 128 * 8 * nt * 4
+    if smem > SMEM_LIMIT:
+        raise ValueError(f"stages={stages} needs {smem} bytes of shared memory, more than "
+                         f"{SMEM_LIMIT}")
+    opts = dict(nt=nt, sr=sr, scale_t=SCALE_T[scale_dtype])
+    if stages != DEFAULTS["stages"]:
+        opts["stages"] = stages
+    options = _defines(**opts) + (("-DACT_F16=1",) if act_dtype == torch.float16 else ())
+    return dict(nt=nt, sr=sr, smem=smem, options=options)
+
+
+def supported(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+              zeros: torch.Tensor | None, group_size: int, bias: torch.Tensor | None
+              ) -> str | None:
+    """None when the kernel serves these (checked) operands, else why not."""
+    M, K = a.shape
+    N = qweight.shape[1]
+    if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device) != (9, 0):
+        return "not an sm_90 device (the kernel is built for sm_90a)"
+    if M > MAX_M:
+        return f"M={M} rows of a: the kernel takes at most {MAX_M}"
+    if a.dtype not in ACT_DTYPES:
+        return f"a's dtype {a.dtype} is not fp16/bf16"
+    if KSTEP % group_size and group_size % KSTEP:
+        return f"group_size={group_size} neither divides nor is a multiple of {KSTEP}"
+    if a.stride(1) != 1 or (M > 1 and (a.stride(0) * 2) % 16) or a.data_ptr() % 16:
+        return "a's rows are not contiguous and 16-byte aligned (TMA)"
+    if N % 32 or K % 64:
+        return f"N={N} is not a multiple of 32 or K={K} not of 64 (the kernel's TMA boxes)"
+    if not qweight.is_contiguous() or qweight.data_ptr() % 16:
+        return "qweight is not contiguous and 16-byte aligned (TMA)"
+    for name, t in (("scales", scales), ("zeros", zeros)):
+        if t is None:
+            continue
+        if t.dtype not in SCALE_T:
+            return f"{name}' dtype {t.dtype} is not fp16/bf16/fp32"
+        if (t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16):
+            return f"{name}' rows are not contiguous and 16-byte aligned (TMA)"
+    if zeros is not None and zeros.dtype != scales.dtype:
+        return "zeros and scales differ in dtype"
+    if bias is not None and (bias.dtype != a.dtype or bias.stride(0) != 1):
+        return "bias is not contiguous in a's dtype"
+    if (N + BN - 1) // BN * ((K + KSTEP - 1) // KSTEP) >= 2**31:
+        return "too many (column tile, K step) pairs for 32-bit counts"
+    return None
+
+
+_SELFTEST_CODE = """
+import json, sys, torch
+from tkit.cuda_ext.gemm_int4 import matmul_int4_cuda
+from tkit.kernels.matmul.int4 import quantize_int4, dequantize_int4
+kw = json.loads(sys.argv[1])
+dt = getattr(torch, kw.pop("act"))
+sdt = getattr(torch, kw.pop("scale"))
+G = kw.pop("group")
+for M, N, K in ((kw.pop("m"), 416, 3 * 512 + max(G, 64)), (1, 1024, 2048), (3, 2048, 768)):
+    K = K // G * G
+    g = torch.Generator(device="cuda").manual_seed(N)
+    w = torch.randn(N, K, device="cuda", generator=g)
+    q, s, z = quantize_int4(w, group_size=G)
+    s, z = s.to(sdt), z.to(sdt)
+    a = torch.randn(M, K, device="cuda", generator=g).to(dt)
+    c = matmul_int4_cuda(a, q, s, z, G, None, check=False, **kw)
+    ref = a.double() @ dequantize_int4(q, s, z, group_size=G).double().t()
+    err = (c.double() - ref).abs().max().item()
+    assert err <= 0.02 * ref.abs().max().item(), f"{M}x{N}x{K}: max error {err}"
+print("SELFTEST OK")
+"""
+
+
+def selftest(M: int, act_dtype: torch.dtype, scale_dtype: torch.dtype, group_size: int,
+             stages: int | None = None) -> str | None:
+    """None when this build has run correctly on this machine (once per machine and source
+    version, in a subprocess: see :func:`tkit.cuda_ext.gemm.build_selftest`), else why not."""
+    import json
+
+    cfg = config(M, act_dtype, scale_dtype, group_size, stages)
+    opts = dict(m=8 * cfg["nt"], act=str(act_dtype).removeprefix("torch."),
+                scale=str(scale_dtype).removeprefix("torch."), group=min(group_size, KSTEP))
+    if stages is not None:
+        opts["stages"] = stages
+    return build_selftest("int4", SOURCE, _SELFTEST_CODE, opts, json.dumps(cfg["options"]))
+
+
+def unavailable(M: int, act_dtype: torch.dtype, scale_dtype: torch.dtype,
+                group_size: int) -> str | None:
+    """Why the default build for these operands cannot run here (cupy or nvcc missing, a
+    failed build or self-test), else None."""
+    why = _loader.missing(nvcc=True)
+    if why is None:
+        try:
+            why = selftest(M, act_dtype, scale_dtype, group_size)
+        except Exception as e:  # a compile error: report it, the caller falls back
+            why = f"build failed: {type(e).__name__}: {str(e)[:300]}"
+    return why
+
+
+_WORKSPACE: dict = {}
+
+
+def _workspace(device: torch.device, ctas: int, tiles: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stream-K partial sums (two slots of 128 threads x 16 floats a CTA) and the
+    per-tile arrival counters of this device and stream (kept: every counter is back at 0
+    when a launch ends; one set a stream, so launches on two streams never share one)."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    ws = _WORKSPACE.get(key)
+    if ws is None or ws[0].numel() < ctas * 2 * 128 * 16 or ws[1].numel() < tiles:
+        ws = (torch.empty(ctas * 2 * 128 * 16, dtype=torch.float32, device=device),
+              torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device))
+        _WORKSPACE[key] = ws
+    return ws
+
+
+_MAPS: dict = {}
+
+
+def _slab_map(t: torch.Tensor, rows: int, swizzle: bool) -> bytes:
+    """The (R, N) matrix ``t`` (codes, scales or zeros; N a multiple of 32) seen as (32
+    columns, R rows, N / 32 slabs), boxes of 32 x ``rows`` x 4 slabs (a tile's 128 columns);
+    kept per (address, shape, strides, dtype, box): a layer's weight, scales and zeros give
+    the same descriptors every call."""
+    key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, rows, swizzle)
+    m = _MAPS.get(key)
+    if m is None:
+        if len(_MAPS) >= 4096:
+            _MAPS.clear()
+        R, N = t.shape
+        m = _MAPS[key] = tensor_map(t, (32, R, N // 32), (t.stride(0), 32), (32, rows, 4),
+                                    swizzle=swizzle)
+    return m
+
+
+@functools.cache
+def _kernel(options: tuple[str, ...], device: int) -> int:
+    mod = _loader.load_module(SOURCE, backend="nvcc", arch="90a", options=options,
+                              device=device)
+    return _loader.get_kernel(mod, "gemm_int4")
+
+
+def matmul_int4_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                     zeros: torch.Tensor | None, group_size: int,
+                     bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
+                     check: bool = True, stages: int | None = None,
+                     ctas: int | None = None) -> torch.Tensor:
+    """The product (module docstring) by the CUDA kernel. The operands are assumed checked
+    (shapes, dtypes) by ``tkit.matmul_int4`` and in scope (:func:`supported`); ``out`` an
+    (M, N) row-major output to write (else one is allocated); ``check`` runs the build's
+    self-test first (once per machine). ``stages``: ring slots of one 512-deep K step;
+    ``ctas``: the CTAs the K steps are dealt over (None: one an SM)."""
+    M, K = a.shape
+    N = qweight.shape[1]
+    c = out if out is not None else _common.empty((M, N), a.dtype, a.device)
+    if M == 0 or N == 0:
+        return c
+    if K == 0:
+        c.zero_()
+        if bias is not None:
+            c += bias
+        return c
+    cfg = config(M, a.dtype, scales.dtype, group_size, stages)
+    if check:
+        why = selftest(M, a.dtype, scales.dtype, group_size, stages)
+        if why is not None:
+            raise RuntimeError(f"the CUDA INT4 kernel is off on this machine: {why}")
+    dev = a.device.index or 0
+    if ctas is not None and ctas < 1:
+        raise ValueError(f"ctas must be >= 1, got {ctas}")
+    tiles = _common.cdiv(N, BN)
+    steps = _common.cdiv(K, KSTEP)
+    grid = min(ctas or _num_sms(dev), tiles * steps)
+    ws, counters = _workspace(a.device, grid, tiles)
+    mpad = 8 * cfg["nt"]
+    z = zeros if zeros is not None else scales
+    # a as (64, M rows, K / 64 chunks), boxes of MPAD rows x 8 chunks (one 512-deep step;
+    # one row: its stride is never used, and TMA wants a 16-byte multiple)
+    amap = tensor_map(a, (64, M, K // 64), (a.stride(0) if M > 1 else K, 64),
+                      (64, mpad, KSTEP // 64))
+    maps = (_slab_map(qweight, KSTEP // 8, True), amap, _slab_map(scales, cfg["sr"], False),
+            _slab_map(z, cfg["sr"], False))
+    _loader.launch(_kernel(cfg["options"], dev), (grid,), (THREADS,), (
+        *maps, c, bias if bias is not None else np.int64(0), ws, counters,
+        *_i32(M, N, K, group_size, int(zeros is not None), steps)), smem=cfg["smem"])
+    return c
