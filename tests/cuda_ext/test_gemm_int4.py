@@ -75,6 +75,7 @@ def _forced(a, q, s, z, G, bias=None, **cfg):
     (8, 96, 2048, 256, BF16, False, BF16, False),     # one column tile, 32 columns short
     (9, 4096, 1024, 512, F16, True, F16, False),      # 16 rows of a (one row past 8)
     (16, 1056, 3072, 1024, BF16, False, F16, True),   # groups of two steps
+    (3, 2048, 512, 512, F16, False, F16, False),      # one group: scales of one row
     (16, 8192, 8192, 128, F16, False, F16, False),
 ])
 def test_against_reference(M, N, K, G, dtype, sym, sdt, bias):

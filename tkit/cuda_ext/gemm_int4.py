@@ -84,14 +84,15 @@ def supported(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         return "a's rows are not contiguous and 16-byte aligned (TMA)"
     if N % 32 or K % 64:
         return f"N={N} is not a multiple of 32 or K={K} not of 64 (the kernel's TMA boxes)"
-    if not qweight.is_contiguous() or qweight.data_ptr() % 16:
+    if qweight.stride(1) != 1 or qweight.stride(0) != N or qweight.data_ptr() % 16:
         return "qweight is not contiguous and 16-byte aligned (TMA)"
     for name, t in (("scales", scales), ("zeros", zeros)):
         if t is None:
             continue
         if t.dtype not in SCALE_T:
             return f"{name}' dtype {t.dtype} is not fp16/bf16/fp32"
-        if (t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16):
+        if (t.stride(1) != 1 or (t.shape[0] > 1 and (t.stride(0) * t.element_size()) % 16)
+                or t.data_ptr() % 16):
             return f"{name}' rows are not contiguous and 16-byte aligned (TMA)"
     if zeros is not None and zeros.dtype != scales.dtype:
         return "zeros and scales differ in dtype"
@@ -183,7 +184,10 @@ def _slab_map(t: torch.Tensor, rows: int, swizzle: bool) -> bytes:
         if len(_MAPS) >= 4096:
             _MAPS.clear()
         R, N = t.shape
-        m = _MAPS[key] = tensor_map(t, (32, R, N // 32), (t.stride(0), 32), (32, rows, 4),
+        # (one row: its stride is never stepped over, and may be anything; TMA wants a
+        # 16-byte multiple)
+        rs = t.stride(0) if R > 1 else N
+        m = _MAPS[key] = tensor_map(t, (32, R, N // 32), (rs, 32), (32, rows, 4),
                                     swizzle=swizzle)
     return m
 
