@@ -570,6 +570,18 @@ def test_glu_measured_against_prediction():
 # short of the models': the codes stream at 1.25-1.36 TB/s at M <= 16, a third of the copy
 # rate, so the kernel is bound by its latency, not by the bytes the roofline counts.
 #
+# That latency is what CUDA's escape hatch is for (`tkit.cuda_ext.gemm_int4`, chapter 06b's
+# tools): one producer warp per SM keeps three 512-deep K steps of codes, scales, zeros and
+# activations in flight through TMA (four boxes a step: small boxes cost the TMA unit per
+# operation, and 16 boxes a step had held the stream at ~2 TB/s), eight consumer warps
+# dequantize into mma.sync's register operand, and the K steps of all column tiles are dealt
+# out evenly over the 132 SMs (stream-K: the tiles are fewer than the SMs at N = 14336). A
+# trace of one launch (%globaltimer stamps per CTA) read ~2-3 us until a CTA's first slot
+# is full, the stream itself at ~3.1 TB/s, and ~2 us to add up the pieces of tiles that two
+# CTAs share. Run `h200-2026-12-04-zzzc-int4-cuda` (x cuBLAS bf16, K=4096 N=14336): M=2 1.80,
+# 4 1.95, 8 1.97, 16 1.59 (21.0 us; 3.41x torch's int4, 2.48x gemlite); K=N=8192 M=16 1.53.
+# M=1 stays on the GEMV (1.84x): the CUDA kernel tied it there (17.8 against 17.3 us).
+#
 # So from M = 256 rows `matmul_int4` does that: `_dequant_int4_kernel` writes the (N, K)
 # weight in bf16 once (a read of 29 MB of codes and a write of 117 MB, ~35 us at the copy
 # rate) and `tkit.matmul` runs the bf16 GEMM. Same run, L2 flushed (run
