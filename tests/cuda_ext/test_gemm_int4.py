@@ -20,7 +20,7 @@ F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 
 # ---- any machine ----------------------------------------------------------------------------
 def test_config_picks_the_build_and_checks_its_limits():
-    """Rows of a pick the n8 tiles (8 or 16 rows), the group size the scale rows a 512-deep
+    """Rows of a pick the n8 tiles (8, 16 or 32 rows), the group size the scale rows a 512-deep
     step holds; a group that straddles steps, too few stages or too much shared memory are
     refused by name."""
     c1 = G4.config(1, BF16, F16, 128)
@@ -28,6 +28,9 @@ def test_config_picks_the_build_and_checks_its_limits():
     c16 = G4.config(16, F16, F32, 32)
     assert (c16["nt"], c16["sr"]) == (2, 16) and "-DACT_F16=1" in c16["options"]
     assert G4.config(9, BF16, BF16, 1024)["sr"] == 1
+    c32 = G4.config(32, BF16, F16, 128)
+    assert c32["nt"] == 4 and "-DSTAGES" not in " ".join(c32["options"])  # 3 slots fit
+    assert "-DSTAGES=2" in G4.config(32, F16, F32, 32)["options"]  # as many as fit
     assert c16["smem"] <= G4.SMEM_LIMIT
     with pytest.raises(ValueError, match="group_size=384"):
         G4.config(4, BF16, F16, 384)
@@ -48,7 +51,7 @@ def _case(M, N, K, G, dtype=BF16, sym=False, scale_dtype=None, seed=0):
 
 
 def test_dispatch_off_gpu_says_why_and_forcing_it_fails_by_name():
-    """Off a CUDA device (or outside M = 2..16 unforced) the Triton kernels serve and
+    """Off a CUDA device (or outside M = 2..32 unforced) the Triton kernels serve and
     ``backend`` says why; ``path='cuda'`` where it cannot serve is a ValueError with the
     reason, not a silent fall-back."""
     a, q, s, z = _case(4, 64, 256, 128)
@@ -76,6 +79,8 @@ def _forced(a, q, s, z, G, bias=None, **cfg):
     (9, 4096, 1024, 512, F16, True, F16, False),      # 16 rows of a (one row past 8)
     (16, 1056, 3072, 1024, BF16, False, F16, True),   # groups of two steps
     (3, 2048, 512, 512, F16, False, F16, False),      # one group: scales of one row
+    (24, 1024, 2048, 128, BF16, False, BF16, True),   # four n8 tiles, 8 rows past M
+    (32, 4096, 1088, 32, F16, True, F32, False),      # 32 rows, fp32 scales: two stages
     (16, 8192, 8192, 128, F16, False, F16, False),
 ])
 def test_against_reference(M, N, K, G, dtype, sym, sdt, bias):
@@ -147,7 +152,7 @@ def test_cuda_graph_replay_with_new_inputs():
 
 @pytest.mark.gpu
 def test_unforced_calls_take_it_and_fall_back_with_the_reason():
-    """M = 2..16 on an sm_90 device goes to the CUDA kernel; operands outside its scope
+    """M = 2..32 on an sm_90 device goes to the CUDA kernel; operands outside its scope
     (N not a multiple of 32, strided rows of a) go to the Triton kernels, ``backend`` naming
     the reason, and forcing the CUDA path there raises it."""
     if torch.cuda.get_device_capability() != (9, 0):

@@ -1,11 +1,11 @@
 """Launcher of the INT4 weight-only GEMM at decode sizes in CUDA (csrc/gemm_int4_sm90.cu,
-sm_90a): ``a @ dequant(w).T + bias`` for M <= 16 rows of ``a``, the weight in tkit's layout
+sm_90a): ``a @ dequant(w).T + bias`` for M <= 32 rows of ``a``, the weight in tkit's layout
 (:mod:`tkit.kernels.matmul.int4`), streamed through a TMA ring by one producer warp, dealt out
 as equal runs of 512-deep K steps over one CTA an SM (stream-K), dequantized into mma.sync's
 register operand. ``tkit.kernels.matmul.int4`` dispatches to it where :func:`supported` says
 it serves (and its rule, ``cuda_reason``, prefers it) and reports why where it does not.
 
-Scope (:func:`supported`): a (M, K) fp16/bf16, M <= 16, rows contiguous and 16-byte aligned,
+Scope (:func:`supported`): a (M, K) fp16/bf16, M <= 32, rows contiguous and 16-byte aligned,
 K a multiple of 64; qweight int32 (K // 8, N) contiguous, N a multiple of 32; scales and
 zeros (K // G, N) fp16 / bf16 / fp32 with contiguous 16-byte aligned rows; G dividing 512 or
 a multiple of it; bias None or (N,) in a's dtype, contiguous. Cost: the weight's bytes once,
@@ -31,31 +31,48 @@ SCALE_T = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 #: the source's macro defaults (the build with no -D options)
 DEFAULTS = dict(stages=3)
 SMEM_LIMIT = 227 * 1024
-MAX_M = 16
+MAX_M = 32
 THREADS = 288
+#: floats a consumer thread parks in the stream-K workspace (its 8 NT sums, NT <= 4)
+WS_FLOATS = 32
 
 
 def _rup(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
+def _nt(M: int) -> int:
+    return 1 if M <= 8 else 2 if M <= 16 else 4
+
+
+def _smem(M: int, scale_dtype: torch.dtype, group_size: int, stages: int) -> int:
+    """Dynamic shared memory of a build: the ring's slots (codes, a, scales and zeros), the
+    alignment slack and barriers, and the buffer where the two halves of a step meet."""
+    nt, sr = _nt(M), max(1, KSTEP // group_size)
+    slot = (KSTEP // 2) * 128 + (KSTEP // 64) * 8 * nt * 128 + 2 * _rup(
+        4 * sr * 32 * scale_dtype.itemsize, 1024)
+    return stages * slot + 2048 + 128 * 8 * nt * 4
+
+
 @functools.cache
 def config(M: int, act_dtype: torch.dtype, scale_dtype: torch.dtype, group_size: int,
            stages: int | None = None) -> dict:
-    """One build for these operands: nt (n8 tiles of rows of a), sr (scale rows a K step),
+    """One build for these operands: nt (n8 tiles of rows of a: 1, 2 or 4), sr (scale rows a
+    K step),
     smem (bytes) and options (-D...); ``stages``: ring slots of one 512-deep K step (48-56
     KiB each). Shared between calls: do not modify it."""
-    stages = DEFAULTS["stages"] if stages is None else stages
+    if stages is None:  # the default, or as many as fit (32 rows of a with 32-wide groups)
+        for stages in range(DEFAULTS["stages"], 1, -1):
+            if _smem(M, scale_dtype, group_size, stages) <= SMEM_LIMIT:
+                break
     if stages < 2:
         raise ValueError(f"stages must be >= 2, got {stages}")
     if KSTEP % group_size and group_size % KSTEP:
         raise ValueError(f"group_size={group_size} neither divides nor is a multiple of the "
                          f"{KSTEP}-deep K step")
-    nt = 1 if M <= 8 else 2
+    nt = _nt(M)
     sr = max(1, KSTEP // group_size)
-    slot = (KSTEP // 2) * 128 + (KSTEP // 64) * 8 * nt * 128 + 2 * _rup(
-        4 * sr * 32 * scale_dtype.itemsize, 1024)
-    smem = stages * slot + 2048 + 128 * 8 * nt * 4
+    smem = _smem(M, scale_dtype, group_size, stages)
     if smem > SMEM_LIMIT:
         raise ValueError(f"stages={stages} needs {smem} bytes of shared memory, more than "
                          f"{SMEM_LIMIT}")
@@ -158,13 +175,13 @@ _WORKSPACE: dict = {}
 
 def _workspace(device: torch.device, ctas: int, tiles: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The stream-K partial sums (two slots of 128 threads x 16 floats a CTA) and the
+    """The stream-K partial sums (two slots of 128 threads x WS_FLOATS a CTA) and the
     per-tile arrival counters of this device and stream (kept: every counter is back at 0
     when a launch ends; one set a stream, so launches on two streams never share one)."""
     key = (device, torch.cuda.current_stream(device).cuda_stream)
     ws = _WORKSPACE.get(key)
-    if ws is None or ws[0].numel() < ctas * 2 * 128 * 16 or ws[1].numel() < tiles:
-        ws = (torch.empty(ctas * 2 * 128 * 16, dtype=torch.float32, device=device),
+    if ws is None or ws[0].numel() < ctas * 2 * 128 * WS_FLOATS or ws[1].numel() < tiles:
+        ws = (torch.empty(ctas * 2 * 128 * WS_FLOATS, dtype=torch.float32, device=device),
               torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device))
         _WORKSPACE[key] = ws
     return ws

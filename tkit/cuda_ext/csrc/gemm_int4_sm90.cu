@@ -1,4 +1,4 @@
-// INT4 weight-only GEMM at decode sizes (W4A16, M <= 16 rows of a), sm_90a:
+// INT4 weight-only GEMM at decode sizes (W4A16, M <= 32 rows of a), sm_90a:
 //
 //   out[m, n] = sum_k a[m, k] * (q[n, k] - z[k / G, n]) * s[k / G, n]  (+ bias[n])
 //
@@ -63,7 +63,7 @@
 #define CWARPS (4 * KW)
 #define THREADS (32 * (CWARPS + 1))
 #ifndef NT
-#define NT 2                // n8 tiles of rows of a: 8 NT rows (1: M <= 8, 2: M <= 16)
+#define NT 2                // n8 tiles of rows of a: 8 NT rows (1, 2 or 4: M <= 8, 16, 32)
 #endif
 #ifndef STAGES
 #define STAGES 3

@@ -37,7 +37,7 @@ per weight element per M tile).
 
 Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` overrides):
 
-* ``"cuda"`` (2 <= M <= 16 on sm_90 by default, where :func:`cuda_reason` finds nothing in
+* ``"cuda"`` (2 <= M <= 32 on sm_90 by default, where :func:`cuda_reason` finds nothing in
   the way): ``tkit.cuda_ext.gemm_int4``, a CUDA kernel for decode sizes: one producer warp
   streams the codes, scales, zeros and a through a TMA ring of 512-deep K steps, eight
   consumer warps dequantize as the tc kernel does into mma.sync's register operand, and the
@@ -261,7 +261,7 @@ PATHS = ("gemv", "tile", "tc", "dequant", "cuda")
 #: the rows of a for which unforced calls take the CUDA kernel where it serves: at M = 1 the
 #: GEMV (all of K a program, no split) tied with it on the H200 (docs/NOTES.md, "INT4 in
 #: CUDA"); from 2 to 16 it led the tc kernel by 1.1-1.2x
-CUDA_MIN_M, CUDA_MAX_M = 2, 16
+CUDA_MIN_M, CUDA_MAX_M = 2, 32
 
 
 def _split_for(tiles: int, want_programs: int, k_steps: int, min_steps: int) -> int:
