@@ -61,6 +61,10 @@ def test_dispatch_off_gpu_says_why_and_forcing_it_fails_by_name():
             tkit.matmul_int4(a, q, s, z, group_size=128)
     a1 = a[:1]
     assert I4.cuda_reason(a1, q, s, z, 128, None).startswith("M=1 is outside")
+    # forced, the ring's slots are the kernel's own choice unless num_stages is given (32
+    # rows with fp32 scales in groups of 32 fit two slots, not three)
+    with I4.int4_config(path="cuda"):
+        assert I4.current_config(32, 4096, 1088, 32, 132).num_stages == 0
     assert I4.backend(a1, q, s, z, group_size=128).startswith("triton gemv")
 
 

@@ -177,9 +177,10 @@ class Int4Config:
                     else "dequant" if M >= DEQUANT_MIN_M else "tile")
         if path == "cuda":
             # tkit.cuda_ext.gemm_int4: its own tiles (128 columns, 512-deep K steps); only
-            # num_stages (its ring's slots) is read
-            return Int4Config(min(16, C.next_power_of_2(M)), 128, bk, 1, num_warps=9,
-                              num_stages=3, path="cuda")
+            # num_stages (its ring's slots) is read, 0 meaning the kernel's own choice (3,
+            # or as many as fit in shared memory)
+            return Int4Config(min(32, C.next_power_of_2(M)), 128, bk, 1, num_warps=9,
+                              num_stages=0, path="cuda")
         if path == "dequant":
             # a program converts a 64 x 128 block of the weight (4 KB of codes, 16 KB out)
             return Int4Config(16, 64 if not _env.INTERPRET else 32, bk, 1, num_warps=4,
@@ -887,7 +888,7 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         if why is None:
             return _hooks.cuda_int4().matmul_int4_cuda(
                 a, qweight, scales, zeros, group_size, bias, out=out, check=False,
-                stages=cfg.num_stages if forced else None)
+                stages=(cfg.num_stages or None) if forced else None)
         if forced:
             raise ValueError(f"path='cuda': the CUDA INT4 kernel does not apply: {why}")
     if cfg.path == "dequant":
