@@ -578,9 +578,11 @@ def test_glu_measured_against_prediction():
 # out evenly over the 132 SMs (stream-K: the tiles are fewer than the SMs at N = 14336). A
 # trace of one launch (%globaltimer stamps per CTA) read ~2-3 us until a CTA's first slot
 # is full, the stream itself at ~3.1 TB/s, and ~2 us to add up the pieces of tiles that two
-# CTAs share. Run `h200-2026-12-04-zzzc-int4-cuda` (x cuBLAS bf16, K=4096 N=14336): M=2 1.80,
-# 4 1.95, 8 1.97, 16 1.59 (21.0 us; 3.41x torch's int4, 2.48x gemlite); K=N=8192 M=16 1.53.
-# M=1 stays on the GEMV (1.84x): the CUDA kernel tied it there (17.8 against 17.3 us).
+# CTAs share. Run `h200-2026-12-04-zzzd-int4-cuda-32` (x cuBLAS bf16, K=4096 N=14336): M=2
+# 1.90, 4 1.87, 8 1.86, 16 1.57 (21.1 us; 3.40x torch's int4, 2.48x gemlite), 32 1.09 (the
+# tc kernel: 0.96); K=N=8192 M=16 1.48. M=1 stays on the GEMV (1.92x): the CUDA kernel tied
+# it there (17.8 against 17.3 us). The crossover under cuBLAS moved from between 16 and 32
+# rows to between 32 and 64: the stream, not the conversion, was what ended INT4's lead.
 #
 # So from M = 256 rows `matmul_int4` does that: `_dequant_int4_kernel` writes the (N, K)
 # weight in bf16 once (a read of 29 MB of codes and a write of 117 MB, ~35 us at the copy

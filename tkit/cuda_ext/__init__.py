@@ -17,6 +17,10 @@ Public entry points:
 * :mod:`tkit.cuda_ext.gemm_fp8_block`: the block-scaled fp8 GEMM (DeepSeek-V3's 1x128 /
   128x128 scales) on 128 x 256 tiles, which ``tkit.matmul_fp8``'s block mode dispatches to
   on sm_90 (``tkit.kernels.matmul.fp8_block.backend`` says which kernel a call gets).
+* :mod:`tkit.cuda_ext.gemm_int4`: the INT4 weight-only GEMM at decode sizes (2..32 rows of
+  a: a TMA ring of the codes, mma.sync on registers dequantized in two instructions a pair,
+  stream-K over the SMs), which ``tkit.matmul_int4`` dispatches to on sm_90
+  (``tkit.kernels.matmul.int4.backend`` says which kernel a call gets).
 * :func:`status`: a dict (printed readably) of every op's path; ``tkit info`` prints it.
 * :func:`cute_layouts`: the CuTe printout of the tiled-MMA layouts (host program; tutorial 06b).
 * :func:`compile_cubin`, :func:`sass`, :func:`resource_usage`: nvcc ahead of time, no GPU
@@ -303,7 +307,7 @@ def status(compile: bool = True) -> Status:
     )
     env_why = _environment_reason()
     if env_why is not None:
-        for op in ("matmul", "sgemm", "matmul_fp8_block"):
+        for op in ("matmul", "sgemm", "matmul_fp8_block", "matmul_int4"):
             info["ops"][op] = {"path": "unavailable" if op == "sgemm" else "triton",
                                "why": f"CUDA paths off: {env_why}"}
         return info
@@ -315,6 +319,7 @@ def status(compile: bool = True) -> Status:
                                  "why": "not compiled yet (status(compile=True) checks)"}
         info["ops"]["sgemm"] = {"path": "sgemm.cu via NVRTC", "why": "not compiled yet"}
         info["ops"]["matmul_fp8_block"] = {"path": fp8_block, "why": "not compiled yet"}
+        info["ops"]["matmul_int4"] = {"path": "gemm_int4_sm90.cu", "why": "not compiled yet"}
         return info
     path, why = select_matmul_path()
     info["ops"]["matmul"] = {"path": path or "triton", "why": why}
@@ -322,7 +327,24 @@ def status(compile: bool = True) -> Status:
     info["ops"]["sgemm"] = {"path": "unavailable" if err else "sgemm.cu via NVRTC",
                             "why": err or f"steps: {', '.join(SGEMM_STEPS)}"}
     info["ops"]["matmul_fp8_block"] = _fp8_block_status(fp8_block)
+    info["ops"]["matmul_int4"] = _int4_status()
     return info
+
+
+def _int4_status() -> dict:
+    """The INT4 decode GEMM's CUDA kernel here: its sm_90a build (bf16 activations, fp16
+    scales, groups of 128, 16 rows) and self-test, and which calls it takes
+    (``tkit.kernels.matmul.int4.cuda_reason`` has the rule)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        return {"path": "triton", "why": "sm_90a code needs compute capability 9.0"}
+    from tkit.cuda_ext.gemm_int4 import unavailable
+
+    why = unavailable(16, torch.bfloat16, torch.float16, 128)
+    if why is not None:
+        return {"path": "triton", "why": why}
+    return {"path": "gemm_int4_sm90.cu", "why": "unforced calls with 2..32 rows of a whose "
+            "operands fit its TMA boxes (N a multiple of 32, K of 64, 16-byte rows); the "
+            "Triton kernels serve the rest"}
 
 
 def _fp8_block_status(source: str) -> dict:
