@@ -362,6 +362,15 @@ def get_kernel(module, kernel_name: str) -> int:
     return module.get_function(kernel_name).kernel.ptr
 
 
+@functools.cache
+def nvcc_kernel(name: str, kernel_name: str, options: tuple[str, ...], device: int,
+                arch: str = "90a") -> int:
+    """The ``CUfunction`` of ``kernel_name`` in source ``name`` built by nvcc with
+    ``options`` for ``arch``, loaded on ``device`` (once a process per build and device)."""
+    mod = load_module(name, backend="nvcc", arch=arch, options=options, device=device)
+    return get_kernel(mod, kernel_name)
+
+
 def _c_arg(x, i: int):
     if isinstance(x, torch.Tensor):
         return ctypes.c_uint64(x.data_ptr())

@@ -152,13 +152,6 @@ def _workspace(device: torch.device, ctas: int) -> tuple[torch.Tensor, torch.Ten
     return ws
 
 
-@functools.cache
-def _kernel(options: tuple[str, ...], device: int) -> int:
-    mod = _loader.load_module(SOURCE, backend="nvcc", arch="90a", options=options,
-                              device=device)
-    return _loader.get_kernel(mod, "gemm_fp8_block")
-
-
 def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                      scale_b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16, *,
                      out: torch.Tensor | None = None, check: bool = True,
@@ -190,7 +183,7 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
         if why is not None:
             raise RuntimeError(f"the CUDA block-scaled fp8 kernel is off on this machine: {why}")
     dev = a.device.index or 0
-    func = _kernel(cfg["options"], dev)
+    func = _loader.nvcc_kernel(SOURCE, "gemm_fp8_block", cfg["options"], dev)
     maps = (tensor_map_2d(a, BK, BM), tensor_map_2d(b.t(), BK, BN), tensor_map_2d(c, 64, 64))
     grid, dp_tiles, sk_ctas = schedule(M, N, K, ctas or sms, stream_k)
     partial, flags = _workspace(a.device, sms) if sk_ctas else (c, c)

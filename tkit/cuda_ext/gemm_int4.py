@@ -209,13 +209,6 @@ def _slab_map(t: torch.Tensor, rows: int, swizzle: bool) -> bytes:
     return m
 
 
-@functools.cache
-def _kernel(options: tuple[str, ...], device: int) -> int:
-    mod = _loader.load_module(SOURCE, backend="nvcc", arch="90a", options=options,
-                              device=device)
-    return _loader.get_kernel(mod, "gemm_int4")
-
-
 def matmul_int4_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                      zeros: torch.Tensor | None, group_size: int,
                      bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
@@ -256,7 +249,8 @@ def matmul_int4_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
                       (64, mpad, KSTEP // 64))
     maps = (_slab_map(qweight, KSTEP // 8, True), amap, _slab_map(scales, cfg["sr"], False),
             _slab_map(z, cfg["sr"], False))
-    _loader.launch(_kernel(cfg["options"], dev), (grid,), (THREADS,), (
+    func = _loader.nvcc_kernel(SOURCE, "gemm_int4", cfg["options"], dev)
+    _loader.launch(func, (grid,), (THREADS,), (
         *maps, c, bias if bias is not None else np.int64(0), ws, counters,
         *_i32(M, N, K, group_size, int(zeros is not None), steps)), smem=cfg["smem"])
     return c

@@ -347,7 +347,6 @@ gemm_int4(const __grid_constant__ TmaDesc q_map, const __grid_constant__ TmaDesc
       ++tile;
     }
     if (!piece_end) continue;
-#if KW > 1
     // ---- the K halves of this piece meet: warps 4-7 hand their sums to warps 0-3 ----
     named_bar(2, 256);  // (warps 0-3 have read the previous piece's)
     float* mine = merge + (threadIdx.x % 128) * (8 * NT);
@@ -370,7 +369,6 @@ gemm_int4(const __grid_constant__ TmaDesc q_map, const __grid_constant__ TmaDesc
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[u][nt][e] += mine[(u * NT + nt) * 4 + e];
-#endif
     // ---- the piece of this_tile this CTA holds is summed: store, or hand over ----
     const int t0 = this_tile * steps;
     const int first = owner_of(t0, total, P), last = owner_of(t0 + steps - 1, total, P);
