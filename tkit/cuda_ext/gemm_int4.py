@@ -209,6 +209,22 @@ def _slab_map(t: torch.Tensor, rows: int, swizzle: bool) -> bytes:
     return m
 
 
+def _act_map(a: torch.Tensor, mpad: int) -> bytes:
+    """a (M, K) as (64, M rows, K / 64 chunks), boxes of ``mpad`` rows x 8 chunks (one
+    512-deep step; one row: its stride is never used, and TMA wants a 16-byte multiple);
+    kept like the weight's (the caching allocator hands a decode loop's activations the
+    same addresses call after call, and a map costs a driver call)."""
+    key = (a.data_ptr(), tuple(a.shape), a.stride(), a.dtype, mpad)
+    m = _MAPS.get(key)
+    if m is None:
+        if len(_MAPS) >= 4096:
+            _MAPS.clear()
+        M, K = a.shape
+        m = _MAPS[key] = tensor_map(a, (64, M, K // 64), (a.stride(0) if M > 1 else K, 64),
+                                    (64, mpad, KSTEP // 64))
+    return m
+
+
 def matmul_int4_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                      zeros: torch.Tensor | None, group_size: int,
                      bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
@@ -243,11 +259,8 @@ def matmul_int4_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
     ws, counters = _workspace(a.device, grid, tiles)
     mpad = 8 * cfg["nt"]
     z = zeros if zeros is not None else scales
-    # a as (64, M rows, K / 64 chunks), boxes of MPAD rows x 8 chunks (one 512-deep step;
-    # one row: its stride is never used, and TMA wants a 16-byte multiple)
-    amap = tensor_map(a, (64, M, K // 64), (a.stride(0) if M > 1 else K, 64),
-                      (64, mpad, KSTEP // 64))
-    maps = (_slab_map(qweight, KSTEP // 8, True), amap, _slab_map(scales, cfg["sr"], False),
+    maps = (_slab_map(qweight, KSTEP // 8, True), _act_map(a, mpad),
+            _slab_map(scales, cfg["sr"], False),
             _slab_map(z, cfg["sr"], False))
     func = _loader.nvcc_kernel(SOURCE, "gemm_int4", cfg["options"], dev)
     _loader.launch(func, (grid,), (THREADS,), (
