@@ -260,8 +260,9 @@ TC_MAX_M = 64
 DEQUANT_MIN_M = 256
 PATHS = ("gemv", "tile", "tc", "dequant", "cuda")
 #: the rows of a for which unforced calls take the CUDA kernel where it serves: at M = 1 the
-#: GEMV (all of K a program, no split) tied with it on the H200 (docs/NOTES.md, "INT4 in
-#: CUDA"); from 2 to 16 it led the tc kernel by 1.1-1.2x
+#: GEMV (all of K a program, no split) tied with it on the H200 (docs/NOTES.md, "the INT4
+#: decode GEMM in CUDA"); from 2 to 32 rows it led the tc kernel's best by 1.1-1.3x (it
+#: holds at most 32 rows: four n8 tiles)
 CUDA_MIN_M, CUDA_MAX_M = 2, 32
 
 
