@@ -194,8 +194,9 @@ gemm_int4(const __grid_constant__ TmaDesc q_map, const __grid_constant__ TmaDesc
   // mbarrier waits' "memory" clobbers keep them after the waits)
   const unsigned char* gbase = smem_raw + (base - smem_u32(smem_raw));
   const unsigned bars = base + STAGES * SLOT_BYTES;
-  float* merge = reinterpret_cast<float*>(const_cast<unsigned char*>(gbase) + STAGES * SLOT_BYTES +
-                                          1024);
+  // where the two halves of a step meet (after the ring and its barriers)
+  float* merge = reinterpret_cast<float*>(const_cast<unsigned char*>(gbase) +
+                                          STAGES * SLOT_BYTES + 1024);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int P = gridDim.x;
   const int tiles = (N + BN - 1) / BN;
@@ -213,13 +214,15 @@ gemm_int4(const __grid_constant__ TmaDesc q_map, const __grid_constant__ TmaDesc
         if (i >= STAGES) mbar_wait(bars + 8u * (STAGES + s), ((i / STAGES) - 1) & 1);
         const unsigned full = bars + 8u * s, slot = base + s * SLOT_BYTES;
         mbar_expect_tx(full, tx);
-        // four TMA boxes a step, each over the tile's 4 slabs of 32 columns (the slab a
+        // four TMA boxes a step, three over the tile's 4 slabs of 32 columns (the slab a
         // third dimension): codes (32 x BKQ x 4), scale and zero rows (32 x SR x 4: the SR
-        // groups of this step (G < 256), or the one it lies in), a (64 x MPAD x 4 K-chunks)
+        // groups of this step (G < KSTEP), or the one it lies in); and a (64 x MPAD x 8
+        // chunks of 64 K)
         const int srow = ks * KSTEP / G;
         tma_load_3d(slot, &q_map, 0, ks * BKQ, 4 * tile, full);
         tma_load_3d(slot + W_BYTES + A_BYTES, &s_map, 0, srow, 4 * tile, full);
-        if (has_zeros) tma_load_3d(slot + W_BYTES + A_BYTES + S_BYTES, &z_map, 0, srow, 4 * tile, full);
+        if (has_zeros)
+          tma_load_3d(slot + W_BYTES + A_BYTES + S_BYTES, &z_map, 0, srow, 4 * tile, full);
         tma_load_3d(slot + W_BYTES, &a_map, 0, 0, ks * (KSTEP / 64), full);
         if (++ks == steps) {
           ks = 0;
@@ -276,7 +279,7 @@ gemm_int4(const __grid_constant__ TmaDesc q_map, const __grid_constant__ TmaDesc
   for (int x = x0, i = 0; x < x1; ++x, ++i) {
     const int s = i % STAGES;
     const bool piece_end = (x + 1 == x1) || (ks + 1 == steps);
-    // G >= 256 (SR 1): the step ends a group when (ks + 1) KSTEP is a multiple of G
+    // G >= KSTEP (SR 1): the step ends a group when (ks + 1) KSTEP is a multiple of G
     const bool step_promotes = SR > 1 || piece_end || ((ks + 1) * KSTEP) % G == 0;
     mbar_wait(bars + 8u * s, (i / STAGES) & 1);
     const unsigned char* sl = gbase + s * SLOT_BYTES;
