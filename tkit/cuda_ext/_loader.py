@@ -371,6 +371,18 @@ def nvcc_kernel(name: str, kernel_name: str, options: tuple[str, ...], device: i
     return get_kernel(mod, kernel_name)
 
 
+def per_stream(cache: dict, device: torch.device, make, fits=None):
+    """``make()``'s value kept in ``cache`` for this device and its current stream (launches
+    on two streams never share one), made again where ``fits(value)`` is false: the
+    workspaces that kernels leave as they found them (counters back at 0), so one set
+    serves every launch of a stream."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    v = cache.get(key)
+    if v is None or (fits is not None and not fits(v)):
+        v = cache[key] = make()
+    return v
+
+
 def _c_arg(x, i: int):
     if isinstance(x, torch.Tensor):
         return ctypes.c_uint64(x.data_ptr())

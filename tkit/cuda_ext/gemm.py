@@ -282,6 +282,9 @@ def tensor_map_2d(t: torch.Tensor, box_cols: int, box_rows: int, *, swizzle: boo
     return tensor_map(t, (cols, rows), (t.stride(0),), (box_cols, box_rows), swizzle=swizzle)
 
 
+_MAPS: dict = {}
+
+
 def tensor_map(t: torch.Tensor, dims: tuple[int, ...], strides: tuple[int, ...],
                box: tuple[int, ...], *, swizzle: bool = True) -> bytes:
     """A ``CUtensorMap`` over ``t``'s memory seen as a tensor of ``dims`` (innermost first,
@@ -289,7 +292,20 @@ def tensor_map(t: torch.Tensor, dims: tuple[int, ...], strides: tuple[int, ...],
     the tensor's own strides do not give, such as 32-column slabs of a matrix as a third
     dimension), boxes of ``box`` elements, 128-byte swizzled (``box[0]`` elements must be 128
     bytes) or dense. Every box element outside ``dims`` reads as 0; the caller makes sure
-    ``dims`` stay within the tensor's memory."""
+    ``dims`` stay within the tensor's memory. Kept per (address, dtype, dims, strides, box,
+    swizzle), everything the descriptor encodes: a layer's weights give the same ones every
+    call, and the caching allocator hands activations and outputs the same addresses call
+    after call, where each new one costs a driver call."""
+    key = (t.data_ptr(), t.dtype, tuple(dims), tuple(strides), tuple(box), swizzle)
+    m = _MAPS.get(key)
+    if m is None:
+        if len(_MAPS) >= 4096:
+            _MAPS.clear()
+        m = _MAPS[key] = _encode(t, dims, strides, box, swizzle)
+    return m
+
+
+def _encode(t, dims, strides, box, swizzle) -> bytes:
     es = t.element_size()
     row_bytes = box[0] * es
     if swizzle and row_bytes != 128:

@@ -143,13 +143,9 @@ def _workspace(device: torch.device, ctas: int) -> tuple[torch.Tensor, torch.Ten
     """The stream-K partial sums and flags of this device and stream, for ``ctas`` (the
     device's SMs) CTAs (kept: the flags are all 0 between launches, each reset by the CTA
     that consumed it; one set a stream, so launches on two streams never share one)."""
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
-    ws = _WORKSPACE.get(key)
-    if ws is None:
-        ws = (torch.empty(ctas * BM * BN, dtype=torch.float32, device=device),
-              torch.zeros(ctas * 2, dtype=torch.int32, device=device))
-        _WORKSPACE[key] = ws
-    return ws
+    return _loader.per_stream(_WORKSPACE, device, lambda: (
+        torch.empty(ctas * BM * BN, dtype=torch.float32, device=device),
+        torch.zeros(ctas * 2, dtype=torch.int32, device=device)))
 
 
 def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,

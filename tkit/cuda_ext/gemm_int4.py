@@ -178,51 +178,30 @@ def _workspace(device: torch.device, ctas: int, tiles: int
     """The stream-K partial sums (two slots of 128 threads x WS_FLOATS a CTA) and the
     per-tile arrival counters of this device and stream (kept: every counter is back at 0
     when a launch ends; one set a stream, so launches on two streams never share one)."""
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
-    ws = _WORKSPACE.get(key)
-    if ws is None or ws[0].numel() < ctas * 2 * 128 * WS_FLOATS or ws[1].numel() < tiles:
-        ws = (torch.empty(ctas * 2 * 128 * WS_FLOATS, dtype=torch.float32, device=device),
-              torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device))
-        _WORKSPACE[key] = ws
-    return ws
-
-
-_MAPS: dict = {}
+    floats = ctas * 2 * 128 * WS_FLOATS
+    return _loader.per_stream(
+        _WORKSPACE, device,
+        lambda: (torch.empty(floats, dtype=torch.float32, device=device),
+                 torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)),
+        lambda ws: ws[0].numel() >= floats and ws[1].numel() >= tiles)
 
 
 def _slab_map(t: torch.Tensor, rows: int, swizzle: bool) -> bytes:
     """The (R, N) matrix ``t`` (codes, scales or zeros; N a multiple of 32) seen as (32
-    columns, R rows, N / 32 slabs), boxes of 32 x ``rows`` x 4 slabs (a tile's 128 columns);
-    kept per (address, shape, strides, dtype, box): a layer's weight, scales and zeros give
-    the same descriptors every call."""
-    key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, rows, swizzle)
-    m = _MAPS.get(key)
-    if m is None:
-        if len(_MAPS) >= 4096:
-            _MAPS.clear()
-        R, N = t.shape
-        # (one row: its stride is never stepped over, and may be anything; TMA wants a
-        # 16-byte multiple)
-        rs = t.stride(0) if R > 1 else N
-        m = _MAPS[key] = tensor_map(t, (32, R, N // 32), (rs, 32), (32, rows, 4),
-                                    swizzle=swizzle)
-    return m
+    columns, R rows, N / 32 slabs), boxes of 32 x ``rows`` x 4 slabs (a tile's 128 columns).
+    One row: its stride is never stepped over and may be anything; TMA wants a 16-byte
+    multiple."""
+    R, N = t.shape
+    return tensor_map(t, (32, R, N // 32), (t.stride(0) if R > 1 else N, 32), (32, rows, 4),
+                      swizzle=swizzle)
 
 
 def _act_map(a: torch.Tensor, mpad: int) -> bytes:
     """a (M, K) as (64, M rows, K / 64 chunks), boxes of ``mpad`` rows x 8 chunks (one
-    512-deep step; one row: its stride is never used, and TMA wants a 16-byte multiple);
-    kept like the weight's (the caching allocator hands a decode loop's activations the
-    same addresses call after call, and a map costs a driver call)."""
-    key = (a.data_ptr(), tuple(a.shape), a.stride(), a.dtype, mpad)
-    m = _MAPS.get(key)
-    if m is None:
-        if len(_MAPS) >= 4096:
-            _MAPS.clear()
-        M, K = a.shape
-        m = _MAPS[key] = tensor_map(a, (64, M, K // 64), (a.stride(0) if M > 1 else K, 64),
-                                    (64, mpad, KSTEP // 64))
-    return m
+    512-deep step; one row: its stride is never used, and TMA wants a 16-byte multiple)."""
+    M, K = a.shape
+    return tensor_map(a, (64, M, K // 64), (a.stride(0) if M > 1 else K, 64),
+                      (64, mpad, KSTEP // 64))
 
 
 def matmul_int4_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
