@@ -173,3 +173,34 @@ def test_unforced_calls_take_it_and_fall_back_with_the_reason():
     assert "contiguous" in I4.backend(wide, q, s, z, group_size=128)
     spec = registry.get("matmul_int4")
     check_against_reference(spec.fn, spec.reference, (wide, q, s, z), dict(group_size=128))
+
+
+@pytest.mark.gpu
+def test_repeated_eager_calls_are_served_by_their_plan_on_their_stream():
+    """The second eager call of a signature is served by its C++ plan (no Python launcher:
+    the maps encoded over the call's tensors, the stream's workspace by address): the same bits
+    as the launcher for fresh activations and weights. A call on another stream takes the
+    launcher (that stream's workspace), the same bits again."""
+    from tkit.kernels import _cplan, _launch, _plan
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the kernel is built for sm_90a")
+    if not _plan.ON or _cplan.module() is None:
+        pytest.skip(f"no eager plans here: {_cplan.status()}")
+    with torch.no_grad():
+        a, q, s, z = _case(16, 4096, 2048, 128, seed=9)
+        tkit.matmul_int4(a, q, s, z, group_size=128)  # the recorded call
+        for seed in (1, 2):
+            a, q, s, z = _case(16, 4096, 2048, 128, seed=seed)
+            plans = _launch.stats["plan"]
+            got = tkit.matmul_int4(a, q, s, z, group_size=128)
+            assert _launch.stats["plan"] == plans + 1
+            assert torch.equal(got, G4.matmul_int4_cuda(a, q, s, z, 128))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        plans = _launch.stats["plan"]
+        with torch.cuda.stream(side):
+            got = tkit.matmul_int4(a, q, s, z, group_size=128)
+        torch.cuda.current_stream().wait_stream(side)
+        assert _launch.stats["plan"] == plans
+        assert torch.equal(got, G4.matmul_int4_cuda(a, q, s, z, 128))

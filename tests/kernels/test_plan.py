@@ -646,9 +646,9 @@ def _check_encoded_descriptors(monkeypatch, ck, args, oargs, ptrs, optrs):
     assert len(tmas) == len(descs) == len(filled) > 0
     for (_, t, shape, strides), (addr, swz, es, dtype, block, dshape, dstrides, pad), ex in zip(
             tmas, filled, expanded):
-        slot, ptr, cdtype, dims, bstrides, box, cswz, fill = t
+        slot, ptr, cdtype, dims, bstrides, box, cswz, fill, l2 = t
         assert ptrs[ptr] == optrs[addr]
-        assert (cdtype, cswz, fill) == (dtype, swz, pad)
+        assert (cdtype, cswz, fill, l2) == (dtype, swz, pad, 2)  # L2 promotion 128B, Triton's
         assert list(dims) == list(reversed(dshape)) and list(box) == list(reversed(block))
         assert list(bstrides) == [es * s for s in reversed(dstrides[:-1])]
         assert [shape, strides] == [list(ex[1:1 + len(shape)]), list(ex[1 + len(shape):])]
@@ -709,6 +709,128 @@ def test_jit_cplan_steps_aside_for_launch_hooks(cplans):
         finally:
             enter.pop()
         assert not launched and _launch.stats["slow"] == slow + 1
+
+
+@pytest.fixture
+def hatch(cplans, monkeypatch):
+    """cplans, with the CUDA INT4 launcher (tkit.cuda_ext) runnable here: stand-ins for the
+    driver's launch and map encoding, the nvcc build, the SM count and torch's current stream
+    (``stream[0]``, also the executor's); ``seen`` gets each launch the launcher makes itself,
+    as (function, grid, block, args, shared)."""
+    from types import SimpleNamespace
+
+    from cupy_backends.cuda.api import driver
+
+    from tkit.cuda_ext import _loader, gemm, gemm_int4
+
+    stream = [77]
+    monkeypatch.setattr(_launch, "_device_stream", lambda: (0, stream[0]))
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: SimpleNamespace(cuda_stream=stream[0]))
+    monkeypatch.setattr(driver, "launchKernel", lambda *a: None)
+    monkeypatch.setattr(driver, "funcSetAttribute", lambda *a: None)
+    monkeypatch.setattr(gemm, "_libcuda", lambda: SimpleNamespace(
+        cuTensorMapEncodeTiled=lambda *a: 0))
+    monkeypatch.setattr(gemm, "_MAPS", {})
+    monkeypatch.setattr(gemm_int4, "_WORKSPACE", {})
+    monkeypatch.setattr(gemm_int4, "_num_sms", lambda dev: 132)
+    monkeypatch.setattr(_loader, "nvcc_kernel", lambda *a, **k: 0x5000)
+    seen = []
+    real = _loader.launch
+
+    def spy(func, grid, block, args, *, smem=0, stream=None):
+        seen.append((func, grid, block, args, smem))
+        real(func, grid, block, args, smem=smem, stream=stream)
+
+    monkeypatch.setattr(_loader, "launch", spy)
+    cache = _plan.new_cache()
+
+    def slow(*x):
+        return gemm_int4.matmul_int4_cuda(*x, 128, None, check=False)
+
+    def op(a, q, s, z):  # as a public function serves its calls
+        if _plan.plannable(False, a, q, s, z):
+            return _plan.serve_fast(cache, (128,), (a, q, s, z), slow, (a, q, s, z))
+        return slow(a, q, s, z)
+
+    def make():
+        return (torch.randn(16, 1024).to(BF),
+                torch.randint(-2**31, 2**31 - 1, (128, 384), dtype=torch.int32),
+                torch.randn(8, 384).to(BF), torch.randn(8, 384).to(BF))
+
+    yield cplans[1], seen, stream, op, make
+
+
+@jit
+def test_jit_cplan_replays_a_cuda_hatch_launch(hatch):
+    """An eager call of a CUDA-hatch kernel (the INT4 launcher: cuLaunchKernel through the
+    loader, four tensor maps, a per-stream workspace) gets a C++ plan; for fresh tensors of the
+    signature it launches what the launcher launches for them: function, grid, block, shared
+    memory, this call's pointers, the integer arguments, each map encoded over this call's
+    tensor from the launcher's own spec (its 256-byte L2 promotion, not Triton's), the
+    stream's workspace by address."""
+    import struct
+
+    from tkit.cuda_ext import _loader
+
+    launched, seen, stream, op, make = hatch
+    with torch.no_grad():
+        op(*make())  # recorded
+        assert len(seen) == 1 and not launched
+        a, q, s, z = make()
+        seen.clear()
+        got = op(a, q, s, z)
+        assert not seen and len(launched) == 1, "the plan went through the launcher"
+        _plan.ON = False
+        try:
+            ref = op(a, q, s, z)
+        finally:
+            _plan.refresh()
+    (func, grid, block, args, smem), = seen
+    fn, gx, gy, gz, threads, shared, st, slots, tmas = launched[0]
+    assert (fn, (gx, gy, gz), threads, shared, st) == (func, (*grid, 1, 1), block[0], smem, 77)
+    assert len(slots) == len(args)
+    tmas = {t[0]: t for t in tmas}
+    out_ptrs = {ref.data_ptr(): got.data_ptr()}
+    kinds = []
+    for i, v in enumerate(args):
+        if isinstance(v, _loader.TensorMap):
+            assert tmas.pop(i)[1:] == (v.ptr, *v.spec)
+            assert v.spec[-1] == 3  # CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+            kinds.append("map")
+        elif isinstance(v, torch.Tensor):
+            assert slots[i] == out_ptrs.get(v.data_ptr(), v.data_ptr())
+            kinds.append("out" if v is ref else "ptr")
+        else:
+            assert slots[i] == int.from_bytes(struct.pack("<q" if v.dtype.itemsize == 8 else "<i",
+                                                          v.item()).ljust(8, b"\0"), "little")
+            kinds.append("int")
+    assert not tmas
+    assert kinds == ["map"] * 4 + ["out", "int", "ptr", "ptr"] + ["int"] * 6
+    assert [v.ptr for v in args[:4]] == [t.data_ptr() for t in (q, a, s, z)]
+    assert (got.shape, got.stride(), got.dtype) == (ref.shape, ref.stride(), ref.dtype)
+
+
+@jit
+def test_jit_cplan_of_a_stream_workspace_serves_that_stream_only(hatch):
+    """The plan of a launch with a stream's workspace (stream-K partials and counters, kept per
+    stream) serves calls on that stream; on another stream it steps aside, and the launcher
+    runs with that stream's own workspace."""
+    launched, seen, stream, op, make = hatch
+    with torch.no_grad():
+        op(*make())
+        op(*make())
+        assert len(launched) == 1 and len(seen) == 1
+        ws77 = [t.data_ptr() for t in seen[0][3][5:8] if isinstance(t, torch.Tensor)]
+        stream[0] = 78
+        op(*make())
+        assert len(launched) == 1 and len(seen) == 2
+        ws78 = [t.data_ptr() for t in seen[1][3][5:8] if isinstance(t, torch.Tensor)]
+        stream[0] = 77
+        op(*make())
+        assert len(launched) == 2 and len(seen) == 2
+    assert len(ws77) == len(ws78) == 2 and not set(ws77) & set(ws78)
+    assert set(ws77) <= set(launched[1][7])
 
 
 @jit

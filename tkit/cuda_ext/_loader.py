@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from tkit import _env
+from tkit.kernels import _launch
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 _lock = threading.Lock()
@@ -376,11 +377,25 @@ def per_stream(cache: dict, device: torch.device, make, fits=None):
     on two streams never share one), made again where ``fits(value)`` is false: the
     workspaces that kernels leave as they found them (counters back at 0), so one set
     serves every launch of a stream."""
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    stream = torch.cuda.current_stream(device).cuda_stream
+    key = (device, stream)
     v = cache.get(key)
     if v is None or (fits is not None and not fits(v)):
         v = cache[key] = make()
+    if _launch._recorders:  # an eager plan of this call keeps them and serves this stream
+        _launch.record_stream_buffers(stream, v if isinstance(v, tuple) else (v,))
     return v
+
+
+class TensorMap(bytes):
+    """A ``CUtensorMap`` (128 bytes, passed by value) with what encoded it: ``ptr``, the base
+    address, and ``spec``, the rest of ``cuTensorMapEncodeTiled``'s arguments (data type
+    code, dims innermost first, byte strides of dims 1.., box, swizzle, out-of-bounds fill and
+    L2 promotion codes), from which an eager plan encodes the same map over another call's
+    tensor."""
+
+    ptr: int
+    spec: tuple
 
 
 def _c_arg(x, i: int):
@@ -415,6 +430,31 @@ def launch(func: int, grid: tuple[int, ...], block: tuple[int, ...], args: tuple
         _smem_set[(func, smem)] = True
     cargs = [_c_arg(a, i) for i, a in enumerate(args)]
     params = (ctypes.c_void_p * len(cargs))(*[ctypes.addressof(c) for c in cargs])
+    if _launch._recorders:
+        _record(func, grid, block, smem, args, stream)
     if stream is None:
         stream = torch.cuda.current_stream().cuda_stream
     driver.launchKernel(func, *grid, *block, smem, stream, ctypes.addressof(params), 0)
+
+
+_CONST_FORMATS = {np.int32: "<i", np.int64: "<q", np.float32: "<f"}
+
+
+def _record(func, grid, block, smem, args, stream) -> None:
+    """A launch of the eager call being recorded, in the form its plan replays
+    (:class:`tkit.kernels._launch.RawLaunch`): tensors, typed scalars and tensor maps; any
+    other argument, a 2-d or 3-d block or a stream other than the current one makes the call
+    unplannable."""
+    out = []
+    ok = stream is None and block[1] == block[2] == 1
+    for a in args if ok else ():
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif type(a) in _CONST_FORMATS:
+            out.append(("const", _CONST_FORMATS[type(a)], a.item()))
+        elif isinstance(a, TensorMap):
+            out.append(("map", a.ptr, a.spec))
+        else:
+            ok = False
+            break
+    _launch.record_raw(int(func), grid, block[0], smem, tuple(out) if ok else None)

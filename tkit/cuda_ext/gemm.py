@@ -286,7 +286,7 @@ _MAPS: dict = {}
 
 
 def tensor_map(t: torch.Tensor, dims: tuple[int, ...], strides: tuple[int, ...],
-               box: tuple[int, ...], *, swizzle: bool = True) -> bytes:
+               box: tuple[int, ...], *, swizzle: bool = True) -> _loader.TensorMap:
     """A ``CUtensorMap`` over ``t``'s memory seen as a tensor of ``dims`` (innermost first,
     dimension 0 contiguous) with element ``strides`` for dimensions 1.. (any order: a view
     the tensor's own strides do not give, such as 32-column slabs of a matrix as a third
@@ -314,21 +314,25 @@ def _encode(t, dims, strides, box, swizzle) -> bytes:
     if row_bytes % 16:
         raise ValueError(f"a box's rows must be a multiple of 16 bytes, got {row_bytes}")
     n = len(dims)
+    spec = (_CU_TENSOR_MAP_DATA_TYPE[t.dtype], tuple(int(d) for d in dims),
+            tuple(int(st) * es for st in strides[:n - 1]), tuple(int(b) for b in box),
+            _CU_TENSOR_MAP_SWIZZLE_128B if swizzle else _CU_TENSOR_MAP_SWIZZLE_NONE, 0,
+            _CU_TENSOR_MAP_L2_PROMOTION_256B)
     buf = (ctypes.c_ubyte * 128)()
-    cdims = (ctypes.c_uint64 * n)(*dims)
-    cstrides = (ctypes.c_uint64 * max(n - 1, 1))(*[st * es for st in strides])
-    cbox = (ctypes.c_uint32 * n)(*box)
+    cdims = (ctypes.c_uint64 * n)(*spec[1])
+    cstrides = (ctypes.c_uint64 * max(n - 1, 1))(*spec[2])
+    cbox = (ctypes.c_uint32 * n)(*spec[3])
     estr = (ctypes.c_uint32 * n)(*([1] * n))
     err = _libcuda().cuTensorMapEncodeTiled(
-        ctypes.addressof(buf), _CU_TENSOR_MAP_DATA_TYPE[t.dtype], n, ctypes.c_void_p(
-            t.data_ptr()), cdims, cstrides, cbox, estr, 0,
-        _CU_TENSOR_MAP_SWIZZLE_128B if swizzle else _CU_TENSOR_MAP_SWIZZLE_NONE,
-        _CU_TENSOR_MAP_L2_PROMOTION_256B, 0)
+        ctypes.addressof(buf), spec[0], n, ctypes.c_void_p(t.data_ptr()), cdims, cstrides,
+        cbox, estr, 0, spec[4], spec[6], spec[5])
     if err != 0:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {err} for a tensor of "
                            f"shape {tuple(t.shape)}, strides {t.stride()} seen as dims {dims}, "
                            f"strides {strides}, box {box}")
-    return bytes(buf)
+    m = _loader.TensorMap(bytes(buf))
+    m.ptr, m.spec = t.data_ptr(), spec
+    return m
 
 
 @functools.cache

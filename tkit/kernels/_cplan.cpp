@@ -75,6 +75,7 @@ struct Tma {
   unsigned box[5];
   int swizzle;    // CUtensorMapSwizzle
   int fill;       // CUtensorMapFloatOOBfill
+  int l2;         // CUtensorMapL2promotion
 };
 
 struct Launch {
@@ -101,7 +102,7 @@ bool encode(Tma& t, uint64_t ptr) {
   t.encoded = false;
   int err = g_encode_tiled(t.map, t.dtype, t.rank, reinterpret_cast<void*>(ptr), t.dims,
                            t.strides, t.box, elem_strides, kInterleaveNone, t.swizzle,
-                           kL2Promotion128B, t.fill);
+                           t.l2, t.fill);
   if (err != 0) {
     const char* msg = nullptr;
     if (g_error_string) g_error_string(err, &msg);
@@ -116,7 +117,8 @@ bool encode(Tma& t, uint64_t ptr) {
 }
 
 PyObject* tma_record(const Tma& t, uint64_t ptr) {
-  // tests: what would be encoded, (slot, pointer, dtype, dims, strides, box, swizzle, fill)
+  // tests: what would be encoded, (slot, pointer, dtype, dims, strides, box, swizzle, fill,
+  // L2 promotion)
   PyObject* dims = PyTuple_New(t.rank);
   PyObject* strides = PyTuple_New(t.rank ? t.rank - 1 : 0);
   PyObject* box = PyTuple_New(t.rank);
@@ -131,9 +133,9 @@ PyObject* tma_record(const Tma& t, uint64_t ptr) {
     PyTuple_SET_ITEM(box, i, PyLong_FromUnsignedLong(t.box[i]));
     if (i + 1 < t.rank) PyTuple_SET_ITEM(strides, i, PyLong_FromUnsignedLongLong(t.strides[i]));
   }
-  return Py_BuildValue("(nKiNNNii)", static_cast<Py_ssize_t>(t.slot),
+  return Py_BuildValue("(nKiNNNiii)", static_cast<Py_ssize_t>(t.slot),
                        static_cast<unsigned long long>(ptr), t.dtype, dims, strides, box,
-                       t.swizzle, t.fill);
+                       t.swizzle, t.fill, t.l2);
 }
 
 struct Alloc {
@@ -154,6 +156,9 @@ struct PlanObject {
   PyObject* exit_;
   PyObject* stats;   // tkit's launch counters: stats["plan"] += 1 a call
   PyObject* plan_key;
+  PyObject* keep;    // buffers the launches use by address (a stream's workspace), or None
+  bool bound;        // the launches use `stream`'s workspace: a call on another steps aside
+  unsigned long long stream;
 };
 
 void plan_dealloc(PyObject* self) {
@@ -164,6 +169,7 @@ void plan_dealloc(PyObject* self) {
   Py_XDECREF(p->exit_);
   Py_XDECREF(p->stats);
   Py_XDECREF(p->plan_key);
+  Py_XDECREF(p->keep);
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -246,6 +252,7 @@ bool launch_one(Launch& L, uint64_t stream, const std::vector<uint64_t>& ptrs) {
 int run_plan_core(PlanObject* p, unsigned long long stream, const at::Tensor* const* inputs,
                   std::vector<at::Tensor>& outs) {
   if (PyList_GET_SIZE(p->enter) || PyList_GET_SIZE(p->exit_)) return 0;
+  if (p->bound && stream != p->stream) return 0;
   const size_t n_alloc = p->allocs->size();
   std::vector<uint64_t> ptrs(p->n_in + n_alloc, 0);
   std::vector<at::Tensor> made;
@@ -362,10 +369,10 @@ bool parse_tmas(PyObject* tmas, Launch& one, int n_tensors) {
   if (!ft) return false;
   for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(ft); ++k) {
     Py_ssize_t slot;
-    int idx, dtype, swizzle, fill;
+    int idx, dtype, swizzle, fill, l2 = kL2Promotion128B;
     PyObject *dims, *strides, *box;
-    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(ft, k), "niiOOOii", &slot, &idx, &dtype,
-                          &dims, &strides, &box, &swizzle, &fill)) {
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(ft, k), "niiOOOii|i", &slot, &idx, &dtype,
+                          &dims, &strides, &box, &swizzle, &fill, &l2)) {
       Py_DECREF(ft);
       return false;
     }
@@ -386,24 +393,33 @@ bool parse_tmas(PyObject* tmas, Launch& one, int n_tensors) {
     for (Py_ssize_t i = 0; i < rank; ++i) t.box[i] = static_cast<unsigned>(b[i]);
     t.swizzle = swizzle;
     t.fill = fill;
+    t.l2 = l2;
     one.tmas.push_back(t);
   }
   Py_DECREF(ft);
   return true;
 }
 
-// Plan(launches, allocs, n_in, n_out, enter, exit, stats)
+// Plan(launches, allocs, n_in, n_out, enter, exit, stats[, keep, stream])
 //   launches: [(function, (gx, gy, gz), threads, shared, slots, ((slot, tensor index), ...),
-//               ((slot, tensor index, dtype, dims, byte strides, box, swizzle, fill), ...))]
+//               ((slot, tensor index, dtype, dims, byte strides, box, swizzle, fill[, L2
+//                 promotion]), ...))]
 //   (the last: host TMA descriptors, dimensions innermost first; may be left out)
+//   keep, stream: objects the plan holds (buffers its launches use by address), and the one
+//   stream it serves (None: any)
 //   allocs: [(sizes, dtype code (c10::ScalarType), device index or -1, like input or -1,
 //            or -2: zeros)]
 PyObject* make_plan(PyObject*, PyObject* args) {
-  PyObject *launches, *allocs, *enter, *exit_, *stats;
+  PyObject *launches, *allocs, *enter, *exit_, *stats, *keep = Py_None, *bound = Py_None;
   int n_in, n_out;
-  if (!PyArg_ParseTuple(args, "OOiiO!O!O!", &launches, &allocs, &n_in, &n_out, &PyList_Type,
-                        &enter, &PyList_Type, &exit_, &PyDict_Type, &stats))
+  if (!PyArg_ParseTuple(args, "OOiiO!O!O!|OO", &launches, &allocs, &n_in, &n_out, &PyList_Type,
+                        &enter, &PyList_Type, &exit_, &PyDict_Type, &stats, &keep, &bound))
     return nullptr;
+  unsigned long long bound_stream = 0;
+  if (bound != Py_None) {
+    bound_stream = PyLong_AsUnsignedLongLong(bound);
+    if (PyErr_Occurred()) return nullptr;
+  }
   auto L = std::make_unique<std::vector<Launch>>();
   auto A = std::make_unique<std::vector<Alloc>>();
   PyObject* fl = PySequence_Fast(launches, "launches must be a sequence");
@@ -503,6 +519,10 @@ PyObject* make_plan(PyObject*, PyObject* args) {
   Py_INCREF(stats);
   p->stats = stats;
   p->plan_key = PyUnicode_FromString("plan");
+  Py_INCREF(keep);
+  p->keep = keep;
+  p->bound = bound != Py_None;
+  p->stream = bound_stream;
   return reinterpret_cast<PyObject*>(p);
 }
 

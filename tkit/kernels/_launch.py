@@ -279,13 +279,45 @@ _tls = threading.local()
 
 
 class Recording(list):
-    """The launches of one recorded call, and the scratch tensors it allocated
-    (:func:`record_scratch`)."""
+    """The launches of one recorded call, the scratch tensors it allocated
+    (:func:`record_scratch`) and the stream-bound buffers its launches used
+    (:func:`record_stream_buffers`)."""
 
     def __init__(self):
         super().__init__()
         self.scratch: list = []
         self.zeroed: list = []
+        self.stream: int | None = None
+        self.kept: list = []
+
+
+class RawLaunch(tuple):
+    """One launch of a CUDA-hatch kernel (``tkit.cuda_ext``'s loader) in a recording:
+    (CUfunction, (grid x, y, z), threads, dynamic shared bytes, arguments). Each argument is
+    a tensor (its pointer), a ``("const", struct format, value)`` scalar or a ``("map", base
+    address, spec)`` host TMA descriptor, ``spec`` being (data type code, dims innermost
+    first, byte strides of dims 1.., box, swizzle code, fill code, L2 promotion code)."""
+
+    __slots__ = ()
+
+
+def record_raw(function: int, grid: tuple, threads: int, shared: int, args: tuple) -> None:
+    """Note a CUDA-hatch launch on the current stream in the call being recorded, if any
+    (None: one a plan cannot replay)."""
+    rec = getattr(_tls, "rec", None)
+    if rec is not None:
+        rec.append(None if args is None else RawLaunch((function, grid, threads, shared, args)))
+
+
+def record_stream_buffers(stream: int, buffers) -> None:
+    """Note buffers kept per stream (workspaces a kernel leaves as it found them) that the
+    call being recorded launches with: its plan keeps them and serves this stream alone."""
+    rec = getattr(_tls, "rec", None)
+    if rec is not None:
+        if rec.stream is not None and rec.stream != stream:
+            rec.append(None)  # two streams in one call: never planned
+        rec.stream = stream
+        rec.kept.extend(buffers)
 
 
 def record_scratch(t, zero: bool = False) -> None:

@@ -59,6 +59,7 @@ implementation runs below autograd and serves from the op's plans).
 from __future__ import annotations
 
 import contextlib
+import struct
 import threading
 
 import torch
@@ -404,11 +405,19 @@ def build(rec: list, inputs: tuple, outputs: tuple):
         if o.data_ptr() % 16:
             return None
     ptrs = [t.data_ptr() if t is not None else None for t in tensors]
+    kept = {t.data_ptr() for t in getattr(rec, "kept", ())}
     launches = []
     cspecs = []  # the C++ executor's form of each launch (None: this launch needs Python)
+    raw_used: set = set()
     for item in rec:
         if item is None:  # Triton's own path (an argument the binder does not know, hooks)
             return False
+        if type(item) is _launch.RawLaunch:  # a CUDA-hatch kernel: the C++ executor's alone
+            spec = _raw_spec(item, ptrs, kept, raw_used)
+            if not spec:
+                return spec
+            cspecs.append(spec)
+            continue
         compiled, grid, args = item
         pattern = []
         consts = []
@@ -451,6 +460,7 @@ def build(rec: list, inputs: tuple, outputs: tuple):
                                           compiled.packed_metadata, *consts),
                          c_launch is not None))
     used = {s if s >= 0 else -2 - s for pattern, _, _ in launches for s in pattern if s != -1}
+    used |= raw_used
     if any(o.numel() and len(inputs) + j not in used for j, o in enumerate(outputs)):
         return False  # an output no launch writes (made by torch ops from a temporary)
     n_in = len(inputs)
@@ -466,11 +476,15 @@ def build(rec: list, inputs: tuple, outputs: tuple):
             allocs = [(s, mod.scalar_type_code(dt), -1 if dev.type == "cpu" else dev.index,
                        -3 - like if like <= -3 else like)
                       for (s, dt, dev), like in zip(shape, likes)]
+            # a stream's workspace (kept by the plan) binds the plan to that stream
+            bound = getattr(rec, "stream", None)
             try:
                 return mod.Plan(cspecs, allocs, n_in, len(outputs), *_launch.hook_lists(),
-                                stats)
+                                stats, tuple(rec.kept) if bound is not None else None, bound)
             except (ValueError, TypeError, OverflowError):
                 pass  # a value the executor cannot hold: the Python plan below serves
+    if len(launches) != len(cspecs) or getattr(rec, "stream", None) is not None:
+        return False  # CUDA-hatch launches or a stream's workspace: the executor's alone
     code_key = (n_in, len(outputs), len(scratch), tuple(p for p, _, _ in launches), likes,
                 tuple(d for _, _, d in launches))
     make = _codegen_cache.get(code_key)
@@ -482,6 +496,41 @@ def build(rec: list, inputs: tuple, outputs: tuple):
         values += [s, dt, dev]
     return make(torch.empty, torch.empty_like, torch.zeros, stats, _launch.hook_lists(),
                 _descriptor_for, *values)
+
+
+def _raw_spec(item, ptrs: list, kept: set, used: set):
+    """The C++ executor's launch of a recorded CUDA-hatch launch
+    (:class:`tkit.kernels._launch.RawLaunch`; :func:`tkit.kernels._cplan.launch_spec`'s form,
+    one 8-byte slot a parameter), its call tensors' slots added to ``used``; False when no call
+    of the signature can have a plan (an argument in no tensor of the call and in no buffer
+    the call keeps per stream), None when this call cannot (two call tensors share the
+    address)."""
+    function, grid, threads, shared, args = item
+    slots, patches, tmas = [], [], []
+    for a in args:
+        if isinstance(a, torch.Tensor) or a[0] == "map":
+            p = a.data_ptr() if isinstance(a, torch.Tensor) else a[1]
+            hit = [i for i, q in enumerate(ptrs) if q == p]
+            if len(hit) > 1:
+                return None
+            if not hit:
+                if isinstance(a, torch.Tensor) and p in kept:
+                    slots.append(p)  # the stream's workspace: the same every call
+                    continue
+                return False
+            used.add(hit[0])
+            if isinstance(a, torch.Tensor):
+                patches.append((len(slots), hit[0]))
+            else:  # a map over call tensor hit[0], encoded per call from the recorded spec
+                tmas.append((len(slots), hit[0], *a[2]))
+            slots.append(0)
+        else:
+            _, fmt, v = a
+            slots.append(int.from_bytes(struct.pack(fmt, v).ljust(8, b"\0"), "little"))
+    if len(slots) > 128:
+        return False
+    return (function, tuple(int(g) for g in grid), threads, shared, tuple(slots),
+            tuple(patches), tuple(tmas))
 
 
 def _like_slot(inputs: tuple, o) -> int:
