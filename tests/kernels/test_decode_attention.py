@@ -295,6 +295,11 @@ def test_choose_num_splits():
     assert splits(32, 8, 8192) == 2       # 512 programs, 1.94 waves of 264
     assert splits(128, 8, 1024) == 1      # 1024 programs already fill the machine
     assert splits(1, 8, 131072) == 32     # 256 programs for one long sequence
+    assert splits(1, 8, 4096) == 16       # few programs, short: one an SM, 4 tiles each
+    assert splits(1, 8, 16384) == 16      # 16 tiles a split: still one an SM
+    assert splits(1, 8, 16385) == 29      # 17 tiles: two an SM (the rule below)
+    assert splits(2, 8, 4096) == 8
+    assert splits(4, 8, 4096) == 8        # 32 programs: the rule below
     assert splits(32, 8, 32768) == 8      # the longest of a mixed batch in 4096-key runs
     assert DA.choose_num_splits(4, 3, 132) == 3  # never more splits than tiles
     assert DA.choose_num_splits(0, 10, 132) == 1

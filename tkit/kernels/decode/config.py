@@ -168,20 +168,37 @@ def current_config(head_dim: int, cache_itemsize: int, paged: bool = True,
     return _OVERRIDES.apply(cfg)
 
 
+#: the most key tiles a split of one program an SM may hold (:func:`choose_num_splits`)
+ONE_AN_SM_TILES = 16
+
+
 def choose_num_splits(work: int, n_tiles: int, sms: int, *, ctas_per_sm: int = 2,
                       min_splits: int = 1, max_splits: int = MAX_SPLITS) -> int:
     """Splits of each (sequence, kv head, M tile) program's keys.
 
     ``work``: programs without splitting (batch * kv heads * M tiles); ``n_tiles``: key tiles
-    of the longest possible sequence; ``min_splits``: the floor from ``split_bytes``. Among
-    ``min_splits .. max_splits`` (no more than there are tiles) take the smallest whose waves
-    over ``sms * ctas_per_sm`` slots are at least 85% as full as the best's (FlashAttention-2's
-    rule, with the floor added: its batch-wide wave count ignores that one long sequence of a
-    mixed batch would be a tail of few programs)."""
+    of the longest possible sequence; ``min_splits``: the floor from ``split_bytes``.
+
+    Few programs (at most an eighth of the SMs: one or two sequences) whose keys split one
+    program an SM leave each at most 16 tiles: that split (few short programs, each SM
+    streaming the same keys; their fixed cost a program is most of the call). H200, B1 Hq32
+    Hkv8 D128 bf16, graph replays, 16 splits against the rule below (28-29): L2048 14.2 /
+    16.6 us, L4096 16.2 / 19.1, L8192 20.5 / 22.6, L16384 29.0 / 29.5; B2 L4096 8 splits 20.4
+    against 15 splits 21.8. Longer splits stream faster two an SM (B1 L32768: 16 splits
+    45.5 us, 29 44.4; L131072 145.8 / 133.4; docs/NOTES.md, "thirty-first session").
+
+    Otherwise, among ``min_splits .. max_splits`` (no more than there are tiles) take the
+    smallest whose waves over ``sms * ctas_per_sm`` slots are at least 85% as full as the
+    best's (FlashAttention-2's rule, with the floor added: its batch-wide wave count ignores
+    that one long sequence of a mixed batch would be a tail of few programs)."""
     cap = max(1, min(max_splits, n_tiles))
     lo = max(1, min(min_splits, cap))
     if work <= 0:
         return 1
+    if 8 * work <= sms:
+        one = max(lo, min(cap, sms // work))
+        if math.ceil(n_tiles / one) <= ONE_AN_SM_TILES:
+            return one
     slots = max(1, sms * ctas_per_sm)
     if lo == 1 and work >= 0.8 * slots:
         return 1
