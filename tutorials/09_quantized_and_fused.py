@@ -583,6 +583,10 @@ def test_glu_measured_against_prediction():
 # tc kernel: 0.96); K=N=8192 M=16 1.48. M=1 stays on the GEMV (1.92x): the CUDA kernel tied
 # it there (17.8 against 17.3 us). The crossover under cuBLAS moved from between 16 and 32
 # rows to between 32 and 64: the stream, not the conversion, was what ended INT4's lead.
+# A kernel launched from Python pays Python per call: ~190 us an eager call on the H200's
+# host until the C++ executor replayed its launch (tensor maps encoded over the call's
+# tensors, the stream's workspace by address): 17.1 us a call at M=16, its kernel's time,
+# against F.linear's 32.3 (run `h200-2026-12-04-zzze-latency`).
 #
 # So from M = 256 rows `matmul_int4` does that: `_dequant_int4_kernel` writes the (N, K)
 # weight in bf16 once (a read of 29 MB of codes and a write of 117 MB, ~35 us at the copy
