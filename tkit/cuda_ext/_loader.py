@@ -383,7 +383,8 @@ def per_stream(cache: dict, device: torch.device, make, fits=None):
     if v is None or (fits is not None and not fits(v)):
         v = cache[key] = make()
     if _launch._recorders:  # an eager plan of this call keeps them and serves this stream
-        _launch.record_stream_buffers(stream, v if isinstance(v, tuple) else (v,))
+        _launch.record_stream_buffers(stream, [t for t in (v if isinstance(v, tuple) else (v,))
+                                               if isinstance(t, torch.Tensor)])
     return v
 
 
