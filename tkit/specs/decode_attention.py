@@ -184,7 +184,8 @@ def _decode_case(b, hq, hk, d, max_len, *, sq=1, page=None, lengths="full", fp8=
 def bench_cases():
     """The shapes decode attention is judged on: B=32 Hq=32 Hkv=8 D=128 L=8192 bf16 dense, paged
     with pages of 16 and 64 in shuffled order; one long sequence; many short ones; mixed
-    lengths; fp8 caches with per-token-head scales; 4 new tokens; D=64 and D=256."""
+    lengths; fp8 caches with per-token-head scales; 4 new tokens; D=64 and D=256; one short
+    sequence."""
     return [
         _decode_case(32, 32, 8, 128, 8192),
         _decode_case(32, 32, 8, 128, 8192, page=16, group="paged"),
@@ -197,6 +198,8 @@ def bench_cases():
         _decode_case(32, 32, 8, 128, 8192, sq=4, page=64, group="seqlen_q"),
         _decode_case(32, 32, 8, 64, 8192, group="head_dim"),
         _decode_case(32, 32, 8, 256, 8192, group="head_dim"),
+        # one short sequence (a local chat's step): launch and prologue costs, not HBM
+        _decode_case(1, 32, 8, 128, 4096, group="short"),
     ]
 
 
