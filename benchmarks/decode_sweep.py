@@ -1,7 +1,7 @@
 """Sweep the decode-attention kernel's launch configuration over its benchmark cases (GPU).
 
 For each chosen bench case of ``decode_attention`` (tkit/specs/decode_attention.py), every
-combination of keys per tile, warps and pipeline stages runs under
+combination of keys per tile, warps, pipeline stages, split counts and split merges runs under
 :func:`tkit.kernels.decode.decode_config`, is checked against the float32 reference
 once, and is timed as ``tkit bench`` times (L2 flushed, medians); SDPA's cuDNN backend on the
 same dense tensors is timed in the same run where it applies. Prints a table and appends
@@ -9,6 +9,8 @@ long-form rows (JSON lines) to ``--out``. The defaults in ``DecodeConfig.for_dev
 what this finds.
 
     python benchmarks/decode_sweep.py [--cases 0,1,3,6] [--out FILE]
+    python benchmarks/decode_sweep.py --cases 11 --block-n 64 --warps 8 --stages 3 \
+        --splits 0,8,16,32 --combine launch,fused        # one short sequence: splits, merges
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def main(argv=None) -> int:
     ap.add_argument("--block-n", default="32,64,128")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--stages", default="2,3")
+    ap.add_argument("--splits", default="0", help="num_splits values (0: the heuristic's)")
+    ap.add_argument("--combine", default="launch", help="split merges: launch, fused")
     ap.add_argument("--budget", type=float, default=120.0, help="seconds for the sweep")
     ap.add_argument("--out", default=None, help="JSON lines file to append rows to")
     args = ap.parse_args(argv)
@@ -40,7 +44,8 @@ def main(argv=None) -> int:
     cases = spec.bench_cases()
     env = environment()
     grid = list(itertools.product(*(map(int, a.split(",")) for a in
-                                    (args.block_n, args.warps, args.stages))))
+                                    (args.block_n, args.warps, args.stages, args.splits)),
+                                  args.combine.split(",")))
     baselines = spec.available_baselines()
     rows = []
     picked = [int(i) for i in args.cases.split(",")]
@@ -69,12 +74,15 @@ def _sweep_case(spec, case, grid, baselines, env, t_end) -> list[dict]:
             results.append(("sdpa_cudnn", t.median_ms, True))
         except Exception as e:  # noqa: BLE001 - a baseline that declines the case
             results.append(("sdpa_cudnn", None, type(e).__name__))
-    for block_n, warps, stages in grid:
+    for block_n, warps, stages, splits, combine in grid:
         if time.time() > t_end:
             break
-        label = f"block_n={block_n} warps={warps} stages={stages}"
+        label = (f"block_n={block_n} warps={warps} stages={stages}"
+                 + (f" splits={splits}" if splits else "")
+                 + (f" combine={combine}" if combine != "launch" else ""))
         try:
-            with DA.decode_config(block_n=block_n, num_warps=warps, num_stages=stages):
+            with DA.decode_config(block_n=block_n, num_warps=warps, num_stages=stages,
+                                  num_splits=splits or None, combine=combine):
                 ok, note = _verify(spec, a, kw)
                 t = time_fn(lambda: spec.fn(*a, **kw))
             results.append((label, t.median_ms, ok or note))
