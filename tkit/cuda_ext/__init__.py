@@ -22,14 +22,14 @@ Public entry points:
   stream-K over the SMs), which ``tkit.matmul_int4`` dispatches to on sm_90
   (``tkit.kernels.matmul.int4.backend`` says which kernel a call gets).
 * :func:`status`: a dict (printed readably) of every op's path; ``tkit info`` prints it.
+* :func:`cute_layouts`: the CuTe printout of the tiled-MMA layouts (host program; tutorial 06b).
+* :func:`compile_cubin`, :func:`sass`, :func:`resource_usage`: nvcc ahead of time, no GPU
+  needed: ``sass(compile_cubin("gemm_wgmma_sm90.cu", "90a"))``.
 
 A repeated eager call of a public op that reaches these kernels is served by its plan
 (:mod:`tkit.kernels._plan`) like a Triton launch: the loader records each launch (tensors,
 typed scalars, tensor maps with what encoded them), and the C++ executor replays it with the
 call's pointers and maps encoded over the call's tensors, without the launcher's Python.
-* :func:`cute_layouts`: the CuTe printout of the tiled-MMA layouts (host program; tutorial 06b).
-* :func:`compile_cubin`, :func:`sass`, :func:`resource_usage`: nvcc ahead of time, no GPU
-  needed: ``sass(compile_cubin("gemm_wgmma_sm90.cu", "90a"))``.
 """
 
 from __future__ import annotations

@@ -179,13 +179,11 @@ def choose_num_splits(work: int, n_tiles: int, sms: int, *, ctas_per_sm: int = 2
     ``work``: programs without splitting (batch * kv heads * M tiles); ``n_tiles``: key tiles
     of the longest possible sequence; ``min_splits``: the floor from ``split_bytes``.
 
-    Few programs (at most an eighth of the SMs: one or two sequences) whose keys split one
-    program an SM leave each at most 16 tiles: that split (few short programs, each SM
-    streaming the same keys; their fixed cost a program is most of the call). H200, B1 Hq32
-    Hkv8 D128 bf16, graph replays, 16 splits against the rule below (28-29): L2048 14.2 /
-    16.6 us, L4096 16.2 / 19.1, L8192 20.5 / 22.6, L16384 29.0 / 29.5; B2 L4096 8 splits 20.4
-    against 15 splits 21.8. Longer splits stream faster two an SM (B1 L32768: 16 splits
-    45.5 us, 29 44.4; L131072 145.8 / 133.4; docs/NOTES.md, "thirty-first session").
+    Few programs (at most an eighth of the SMs: one or two sequences): one program an SM,
+    where that leaves each split at most :data:`ONE_AN_SM_TILES` tiles. Short splits are
+    mostly a program's fixed cost, so fewer, longer ones win; longer splits stream faster two
+    an SM, as the rule below has them (the H200 figures are in docs/NOTES.md, "thirty-first
+    session").
 
     Otherwise, among ``min_splits .. max_splits`` (no more than there are tiles) take the
     smallest whose waves over ``sms * ctas_per_sm`` slots are at least 85% as full as the

@@ -961,7 +961,8 @@ def cuda_reason(a, qweight, scales, zeros, group_size, bias, forced=False) -> st
     """None when the CUDA kernel (``tkit.cuda_ext.gemm_int4``) serves this call, else why
     not: unforced only for CUDA_MIN_M <= M <= CUDA_MAX_M; operands in its scope (its
     ``supported``); a build that has passed its self-test on this machine (worked out once a
-    device, row tile, activation and scale dtype and group size)."""
+    device and build: the build's compile options follow from the rows of a, the dtypes and
+    the group size)."""
     M = a.shape[0]
     if not forced and not CUDA_MIN_M <= M <= CUDA_MAX_M:
         return (f"M={M} is outside {CUDA_MIN_M}..{CUDA_MAX_M}, the rows for which it is "
@@ -977,7 +978,7 @@ def cuda_reason(a, qweight, scales, zeros, group_size, bias, forced=False) -> st
     why = mod.supported(a, qweight, scales, zeros, group_size, bias)
     if why is not None:
         return why
-    key = (a.device.index or 0, M <= 8, a.dtype, scales.dtype, group_size)
+    key = (a.device.index or 0, mod.config(M, a.dtype, scales.dtype, group_size)["options"])
     if key not in _CUDA_BUILD:
         _CUDA_BUILD[key] = mod.unavailable(M, a.dtype, scales.dtype, group_size)
     return _CUDA_BUILD[key]
