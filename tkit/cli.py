@@ -197,7 +197,8 @@ def _bench_on_gpu(args, specs) -> int:
     reporter = Reporter(len(todo), "bench", bar=args.progress)
     rows = runner.bench_specs(specs, c, rounds=args.rounds, rep_ms=args.rep_ms,
                               baselines=not args.no_baselines, groups=args.group,
-                              cuda_graph=args.cuda_graph, l2=args.l2, quick=args.quick,
+                              cuda_graph=args.cuda_graph, l2=args.l2, timer=args.timer,
+                              quick=args.quick,
                               isolate=not args.in_process, case_timeout=args.case_timeout,
                               reporter=reporter, warm_jobs=args.warm_jobs)
     return _report(args, rows, c, out_dir)
@@ -261,6 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--l2", choices=("read", "write"), default="read",
                    help="make the L2 cold before each run by reading a 256 MB buffer (default) "
                         "or by zeroing it as triton's do_bench does (leaves it dirty)")
+    b.add_argument("--timer", choices=("events", "kernels"), default="events",
+                   help="what times a run: CUDA events around it (default), or its kernels' "
+                   "span on the device from the profiler's records, without the ~3.5 us a "
+                   "stream spends around any run")
     b.add_argument("--remeasure", action="store_true", help="measure the ceilings again")
     b.add_argument("--plot", action="store_true", help="write a roofline PNG (GPU runs)")
     b.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,

@@ -128,16 +128,17 @@ def test_splits_agree_with_one_split():
         torch.testing.assert_close(many[1], one[1], atol=1e-5, rtol=1e-5)
 
 
-def test_splits_merged_in_the_split_kernel():
+@pytest.mark.parametrize("d,splits", [(32, 3), (64, 7)])
+def test_splits_merged_in_the_split_kernel(d, splits):
     """The last split of each (sequence, kv head, M tile) to finish merges the partials (no
     combine launch): against the reference and the combine launch, with an empty sequence,
-    a window and two queries."""
-    q, k, v, table = _paged(3, 2, 8, 2, 32, 8, 6, torch.float16, seed=171)
-    lens = _lens(48, 0, 17)
-    kw = dict(block_table=table, return_lse=True, window_size=(20, -1))
-    with DA.decode_config(block_n=16, num_splits=3):
+    a window and two queries; at D=64, 7 splits take two steps of the merge."""
+    q, k, v, table = _paged(3, 2, 8, 2, d, 8, 14, torch.float16, seed=171)
+    lens = _lens(104, 0, 17)
+    kw = dict(block_table=table, return_lse=True, window_size=(20 * splits, -1))
+    with DA.decode_config(block_n=16, num_splits=splits):
         want, want_lse = tkit.decode_attention(q, k, v, lens, **kw)
-    with DA.decode_config(block_n=16, num_splits=3, combine="fused"), poisoned_outputs():
+    with DA.decode_config(block_n=16, num_splits=splits, combine="fused"), poisoned_outputs():
         got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                                [q, k, v, lens], kw)
     torch.testing.assert_close(got, want, atol=1e-3, rtol=0)

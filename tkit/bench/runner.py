@@ -116,6 +116,7 @@ def bench_specs(
     groups: list[str] | None = None,
     cuda_graph: bool = False,
     l2: str = "read",
+    timer: str = "events",
     verify: bool = True,
     progress: bool | None = None,
     quick: bool = False,
@@ -139,7 +140,7 @@ def bench_specs(
 
     todo = plan(specs, groups, quick)
     opts = dict(rounds=rounds, rep_ms=rep_ms, baselines=baselines, cuda_graph=cuda_graph,
-                l2=l2, verify=verify, device=device)
+                l2=l2, timer=timer, verify=verify, device=device)
     reporter = reporter or Reporter(len(todo), "bench", bar=progress)
     env = environment()
     warmed: dict[str, tuple] = {}
@@ -297,7 +298,8 @@ def failed_rows(spec, case, why: str, ceilings, env) -> list[dict]:
 
 
 def bench_case(spec, case, ceilings, env, cache=None, *, rounds=3, rep_ms=100, baselines=True,
-               cuda_graph=False, l2="read", verify=True, device="cuda") -> list[dict]:
+               cuda_graph=False, l2="read", timer="events", verify=True,
+               device="cuda") -> list[dict]:
     """Time one case: tkit and its baselines, interleaved; one row per provider. Raises when
     the case cannot run (its inputs, its verification, tkit itself) or when the CUDA context
     is lost, so that a supervising parent knows to start a new process."""
@@ -322,7 +324,8 @@ def bench_case(spec, case, ceilings, env, cache=None, *, rounds=3, rep_ms=100, b
                 continue
             try:
                 samples[name].append(time_fn(lambda fn=fn: fn(*args, **kwargs),
-                                             rep_ms=rep_ms, cuda_graph=cuda_graph, l2=l2))
+                                             rep_ms=rep_ms, cuda_graph=cuda_graph, l2=l2,
+                                             timer=timer))
             except Exception as e:  # a baseline that cannot run this case
                 if context_lost(e):
                     raise
@@ -344,8 +347,9 @@ def bench_case(spec, case, ceilings, env, cache=None, *, rounds=3, rep_ms=100, b
         p80 = statistics.median(t.p80_ms for t in ts)
         rows.append(_row(spec, case, name, cost, (med, p20, p80), ceilings, env,
                          ok=ok if name == "tkit" else True, note=note if name == "tkit" else ""))
-    for r in rows:  # how the L2 was made cold before each timed run (time_fn)
+    for r in rows:  # how the L2 was made cold before each timed run, what timed it (time_fn)
         r["l2_flush"] = "none (graph replays)" if cuda_graph else l2
+        r["timer"] = timer
     return rows
 
 
