@@ -8,9 +8,12 @@ from dataclasses import dataclass
 
 #: bytes read (or written) before each timed run: over 4x the H200's 60 MB L2
 FLUSH_BYTES = 256 * 1024 * 1024
-#: GPU clock cycles of the spin queued ahead of each run (~100 us at the H200's clocks), so
-#: that the host has enqueued the run before the device reaches it: device time only
-HEAD_START_CYCLES = 200_000
+#: GPU clock cycles of the spin queued ahead of each run (~400 us at the H200's clocks; with
+#: the flush, ~460 us before the run starts), so that the host has enqueued the run before
+#: the device reaches it: device time only. Eager calls whose host path is longer (a
+#: torch.compile'd layer, a library that builds its launch in Python) would otherwise show
+#: the host's time (docs/NOTES.md, thirty-second session)
+HEAD_START_CYCLES = 800_000
 L2_MODES = ("read", "write")
 #: "events": CUDA events around each run; "kernels": the span of the run's kernels on the
 #: device (first start to last end, from the profiler's CUPTI records)
@@ -47,7 +50,7 @@ def time_fn(fn: Callable[[], object], *, warmup_ms: int = 25, rep_ms: int = 100,
     dirty lines that the timed call's own reads evict, so a call that reads less than ~4x the
     L2 pays for writing up to 60 MB back to HBM on top of its own traffic (a 31 MB INT4 GEMV
     looks up to twice as slow; docs/NOTES.md has both modes measured side by side). Each run
-    is also queued behind a ~100 us spin of the GPU, so the host's launch path of ``fn`` does
+    is also queued behind a ~400 us spin of the GPU, so the host's launch path of ``fn`` does
     not show in the device time (``tkit bench --group latency`` measures that separately).
 
     With ``cuda_graph`` the calls are captured once and replayed back to back, which removes
