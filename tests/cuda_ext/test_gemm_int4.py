@@ -155,6 +155,33 @@ def test_cuda_graph_replay_with_new_inputs():
 
 
 @pytest.mark.gpu
+def test_graphs_captured_on_a_new_stream_replay_in_any_order():
+    """Two graphs captured one after the other on a stream that had no workspace: each call
+    captured gets a workspace of its own, zeroed in its graph, so the second graph replayed
+    before the first still starts from zeroed counters (stream-K: 7 CTAs); the same bits as
+    eager calls, and no workspace is kept for the capture stream."""
+    a1, q, s, z = _case(12, 2048, 2048, 128, seed=5)
+    a2 = make_tensor(a1.shape, a1.dtype, seed=6, device=DEV)
+    want1 = G4.matmul_int4_cuda(a1, q, s, z, 128, ctas=7)
+    want2 = G4.matmul_int4_cuda(a2, q, s, z, 128, ctas=7)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graphs, outs = [torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()], []
+    with torch.cuda.stream(stream):
+        for graph, a in zip(graphs, (a1, a2)):
+            with torch.cuda.graph(graph, stream=stream):
+                outs.append(G4.matmul_int4_cuda(a, q, s, z, 128, ctas=7))
+    torch.cuda.current_stream().wait_stream(stream)
+    assert (a1.device, stream.cuda_stream) not in G4._WORKSPACE
+    for _ in range(2):
+        graphs[1].replay()
+        graphs[0].replay()
+        torch.cuda.synchronize()
+        assert torch.equal(outs[1], want2) and torch.equal(outs[0], want1)
+
+
+@pytest.mark.gpu
 def test_unforced_calls_take_it_and_fall_back_with_the_reason():
     """M = 2..32 on an sm_90 device goes to the CUDA kernel; operands outside its scope
     (N not a multiple of 32, strided rows of a) go to the Triton kernels, ``backend`` naming

@@ -372,15 +372,29 @@ def nvcc_kernel(name: str, kernel_name: str, options: tuple[str, ...], device: i
     return get_kernel(mod, kernel_name)
 
 
+#: workspaces replaced by larger ones: a CUDA graph captured with one still points at it
+_retired: list = []
+
+
 def per_stream(cache: dict, device: torch.device, make, fits=None):
     """``make()``'s value kept in ``cache`` for this device and its current stream (launches
     on two streams never share one), made again where ``fits(value)`` is false: the
     workspaces that kernels leave as they found them (counters back at 0), so one set
-    serves every launch of a stream."""
+    serves every launch of a stream.
+
+    A replaced value is kept alive (graphs captured with it replay it). Under CUDA-graph
+    capture a value is not made for the stream: ``make()``'s zeroing would be a node of this
+    graph alone, and a later graph captured on the stream would get the value unzeroed if
+    replayed first; the call gets a value of its own, which the graph keeps and zeroes at
+    each replay (a stream's value made before the capture serves it as any call)."""
     stream = torch.cuda.current_stream(device).cuda_stream
     key = (device, stream)
     v = cache.get(key)
     if v is None or (fits is not None and not fits(v)):
+        if torch.cuda.is_current_stream_capturing():
+            return make()
+        if v is not None:
+            _retired.append(v)
         v = cache[key] = make()
     if _launch._recorders:  # an eager plan of this call keeps them and serves this stream
         _launch.record_stream_buffers(stream, [t for t in (v if isinstance(v, tuple) else (v,))
