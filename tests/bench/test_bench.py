@@ -312,18 +312,21 @@ def test_readme_table_shows_the_latest_row_of_each_op_case_and_provider(tmp_path
 
     lines = [row("h200-a", "2026-11-29", "tkit", 0.25), row("h200-a", "2026-11-29", "torch", 0.2),
              row("h200-b", "2026-11-30", "tkit", 0.19),
-             row("h200-s", "2026-11-30", "tkit 128x64", 0.3, source="script (sweep)")]
+             row("h200-s", "2026-11-30", "tkit 128x64", 0.3, source="script (sweep)"),
+             row("h200-k", "2026-12-01", "tkit", 0.15, timer="kernels")]
     (tmp_path / "h200.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     (tmp_path / "h200-2026-12-01-x-reliability.jsonl").write_text('{"run": "x", "op": "add"}\n')
     text = report.write_readme(tmp_path).read_text()
     table = [ln for ln in text.splitlines() if ln.startswith("| add")]
-    assert len(table) == 2  # tkit's newest row and torch's; the script's row is counted below
+    # tkit's newest event-timed row and torch's; the script's and the kernel timer's rows are
+    # counted below
+    assert len(table) == 2
     assert table[0].startswith("| add | 16384x8192 | elementwise | tkit | 0.19 |")
     assert "| h200-b | f00d |" in table[0] and "4.21 TB/s" in table[0]
     assert "| torch | 0.2 |" in table[1] and "| h200-a |" in table[1]
     assert "## NVIDIA H200 (`h200.jsonl`)" in text and "reliability" not in text
-    assert "1 rows from 1 runs of probe scripts and other benchmarks" in text
-    assert "`h200-s` (1)" in text
+    assert "2 rows from 2 runs of probe scripts, other benchmarks and kernel timers" in text
+    assert "`h200-s` (1)" in text and "`h200-k` (1)" in text
 
 
 def test_readme_report_counts_the_devices_checks_file_by_run_and_status(tmp_path):

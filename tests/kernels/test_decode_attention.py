@@ -132,7 +132,7 @@ def test_splits_agree_with_one_split():
 def test_splits_merged_in_the_split_kernel(d, splits):
     """The last split of each (sequence, kv head, M tile) to finish merges the partials (no
     combine launch): against the reference and the combine launch, with an empty sequence,
-    a window and two queries; at D=64, 7 splits take two steps of the merge."""
+    a window and two queries, at 3 and 7 splits."""
     q, k, v, table = _paged(3, 2, 8, 2, d, 8, 14, torch.float16, seed=171)
     lens = _lens(104, 0, 17)
     kw = dict(block_table=table, return_lse=True, window_size=(20 * splits, -1))

@@ -268,9 +268,10 @@ def readme_text(out_dir: str | Path) -> str:
           "hand: the history of the runs, what each measured and why, is in [RUNS.md](RUNS.md) "
           "and docs/NOTES.md, which name runs by their id.", "",
           "Below: the latest `tkit bench` row of each op, case and provider (median ms; TB/s or "
-          "TFLOP/s at that median; p20-p80 in ms). Rows converted from the probe scripts' "
-          "files (`source` other than `tkit bench`) stay in the long-form file and are counted "
-          "at the end of each device's section, and so are the runs of its checks file.", ""]
+          "TFLOP/s at that median; p20-p80 in ms), timed by CUDA events. Rows converted from "
+          "the probe scripts' files (`source` other than `tkit bench`) and rows timed by their "
+          "kernels (`timer` `kernels`) stay in the long-form file and are counted at the end of "
+          "each device's section, and so are the runs of its checks file.", ""]
     for path in sorted(out_dir.glob("*.jsonl")):
         if re.search(r"\d{4}-\d{2}-\d{2}", path.stem) or path.stem.endswith(CHECKS_SUFFIX):
             continue  # a run's own JSON-lines file (not kept), or a device's checks file
@@ -278,10 +279,13 @@ def readme_text(out_dir: str | Path) -> str:
         if not rows or "provider" not in rows[0]:
             continue
         device = rows[-1].get("device") or path.stem
-        bench = [r for r in rows if r.get("source", "tkit bench") == "tkit bench"]
+        # the tables hold event-timed rows alone: a kernel-timed row (``tkit bench --timer
+        # kernels``) leaves out what a stream spends around a run, and is counted below
+        bench = [r for r in rows if r.get("source", "tkit bench") == "tkit bench"
+                 and r.get("timer", "events") == "events"]
         ceils = [r for r in rows if r.get("op") == "ceilings"]
-        others = [r for r in rows if r.get("source", "tkit bench") != "tkit bench"
-                  and r.get("op") != "ceilings"]
+        others = [r for r in rows if r.get("op") != "ceilings" and (
+            r.get("source", "tkit bench") != "tkit bench" or r.get("timer", "events") != "events")]
         md += [f"## {device} (`{path.name}`)", ""]
         if ceils:
             c = ceils[-1]
@@ -305,8 +309,8 @@ def readme_text(out_dir: str | Path) -> str:
             runs: OrderedDict = OrderedDict()
             for r in others:
                 runs.setdefault(r["run"], [r.get("source"), 0])[1] += 1
-            md += [f"{len(others)} rows from {len(runs)} runs of probe scripts and other "
-                   "benchmarks (`source` in the file): "
+            md += [f"{len(others)} rows from {len(runs)} runs of probe scripts, other "
+                   "benchmarks and kernel timers (`source`, `timer` in the file): "
                    + ", ".join(f"`{run}` ({n})" for run, (_, n) in runs.items()) + ".", ""]
         md += _checks_lines(path.with_name(path.stem + CHECKS_SUFFIX + ".jsonl"))
     return "\n".join(md)
