@@ -16,6 +16,7 @@ def streams(monkeypatch):
     state = {"stream": 11, "capturing": False}
     monkeypatch.setattr(torch.cuda, "current_stream",
                         lambda device=None: SimpleNamespace(cuda_stream=state["stream"]))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: state["capturing"])
     monkeypatch.setattr(_loader, "_retired", [])
     made = []

@@ -391,7 +391,7 @@ def per_stream(cache: dict, device: torch.device, make, fits=None):
     key = (device, stream)
     v = cache.get(key)
     if v is None or (fits is not None and not fits(v)):
-        if torch.cuda.is_current_stream_capturing():
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return make()
         if v is not None:
             _retired.append(v)
