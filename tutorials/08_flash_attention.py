@@ -492,6 +492,15 @@ def test_decode_kernel_matches_reference():
 #   slower in every form tried. Its time is set per program rather than by HBM, so at
 #   other batches (a second, partial wave, or splits) the word pipeline ties or wins, and
 #   keeps them (docs/NOTES.md, "thirteenth session").
+# * One short sequence (B1 L4096: 16.8 MB, 3.9 us at the copy ceiling) is mostly fixed cost.
+#   By events it takes ~16 us, of which ~3.5 us are what the events add around any run; by
+#   its own kernels (`tkit bench --timer kernels`, run `h200-2026-12-04-zzzg-kernel-timer`)
+#   13.9 us, against 13.2 for cuDNN. Both run two kernels, a split kernel and a merge (tkit
+#   9.4 + 2.7 us, cuDNN 8.45 + 3.1); split-KV puts one program on each SM (16 splits of 4
+#   tiles), and what separates the two is how fast such a split streams: each 4096 more
+#   keys cost tkit ~4.2 us (4.0 TB/s) and cuDNN ~3.5 (4.8). Merging in the split kernel,
+#   launching the merge early (PDL) and deeper pipelines all lost (docs/NOTES.md,
+#   "thirty-second session").
 # * Host time: decode steps are captured in CUDA graphs or, eager, served by per-signature
 #   plans (15 us a call against SDPA's 29 in the latency group).
 
