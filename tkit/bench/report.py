@@ -281,11 +281,13 @@ def readme_text(out_dir: str | Path) -> str:
         device = rows[-1].get("device") or path.stem
         # the tables hold event-timed rows alone: a kernel-timed row (``tkit bench --timer
         # kernels``) leaves out what a stream spends around a run, and is counted below
-        bench = [r for r in rows if r.get("source", "tkit bench") == "tkit bench"
-                 and r.get("timer", "events") == "events"]
+        def tabled(r):
+            return (r.get("source", "tkit bench") == "tkit bench"
+                    and r.get("timer", "events") == "events")
+
+        bench = [r for r in rows if tabled(r)]
         ceils = [r for r in rows if r.get("op") == "ceilings"]
-        others = [r for r in rows if r.get("op") != "ceilings" and (
-            r.get("source", "tkit bench") != "tkit bench" or r.get("timer", "events") != "events")]
+        others = [r for r in rows if r.get("op") != "ceilings" and not tabled(r)]
         md += [f"## {device} (`{path.name}`)", ""]
         if ceils:
             c = ceils[-1]

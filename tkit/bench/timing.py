@@ -107,20 +107,19 @@ def time_fn(fn: Callable[[], object], *, warmup_ms: int = 25, rep_ms: int = 100,
     for _ in range(n_warmup):
         fn()
     if timer == "kernels":
-        spans = _kernel_spans(fn, flush, n_repeat)
-        times = torch.tensor(spans, dtype=torch.float64)
-        med, p20, p80 = torch.quantile(times, torch.tensor(q, dtype=torch.float64)).tolist()
-        return Timing(float(med), float(p20), float(p80))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
-    for i in range(n_repeat):
-        torch.cuda._sleep(HEAD_START_CYCLES)
-        flush()
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    times = torch.tensor([s.elapsed_time(e) for s, e in zip(starts, ends)], dtype=torch.float64)
+        ms = _kernel_spans(fn, flush, n_repeat)
+    else:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+        for i in range(n_repeat):
+            torch.cuda._sleep(HEAD_START_CYCLES)
+            flush()
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize()
+        ms = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    times = torch.tensor(ms, dtype=torch.float64)
     med, p20, p80 = torch.quantile(times, torch.tensor(q, dtype=torch.float64)).tolist()
     return Timing(float(med), float(p20), float(p80))
 
