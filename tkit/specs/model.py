@@ -5,7 +5,8 @@ between kernels add up, so it is measured as a whole against the same layer in t
 and under torch.compile. One layer: RMSNorm, the fused QKV projection, causal GQA attention,
 the output projection with the residual added in its epilogue, RMSNorm, the fused gate/up
 projection with SwiGLU in its epilogue (``tkit.matmul_glu``: the (tokens, 2 * mlp) product is
-never written), the down projection with the residual (no RoPE yet: it is not a tkit op).
+never written), the down projection with the residual. No RoPE: the case was defined before
+``tkit.rope`` existed and is kept as it is so that its runs stay comparable.
 Weights are in nn.Linear's (out, in) layout, passed to ``tkit.matmul`` transposed (no copy).
 """
 
