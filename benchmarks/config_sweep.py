@@ -1591,6 +1591,87 @@ def sweep_decode_splits(rows):
         sweep("decode", DA.decode_config, grid, "decode_attention", index, rows, exact=False)
 
 
+#: decode at head dims 64 and 256 (bench cases 9 and 10, B32 Hq32/Hkv8 L8192 dense bf16),
+#: as overrides of their defaults (K tiles of 16 KB: 128 keys at D=64, 32 at D=256; 4 warps,
+#: 3 stages; the split heuristic counting 2 programs an SM).
+DECODE_DIM_VARIANTS: dict = {
+    9: [dict(warp_keys=4, block_n=64), dict(warp_keys=4, block_n=128),
+        dict(num_splits=2), dict(num_splits=3), dict(num_warps=8), dict(num_stages=4),
+        dict(num_stages=2), dict(num_stages=2, num_splits=2),
+        dict(block_n=256, num_warps=8, num_stages=2), dict(block_n=64, num_stages=5),
+        dict(block_n=64, num_stages=5, num_splits=2)],
+    10: [dict(num_splits=1), dict(num_splits=2), dict(num_splits=3), dict(num_warps=8),
+         dict(num_warps=8, num_splits=1), dict(num_stages=4, num_splits=1),
+         dict(block_n=16, num_stages=5), dict(block_n=16, num_stages=5, num_splits=1),
+         dict(block_n=64, num_warps=8, num_stages=2, num_splits=1)],
+}
+
+
+#: key groups (``DecodeConfig.warp_keys``: a warp's own keys and softmax state, no barrier
+#: in the loop but the pipeline's) at D=128, as overrides of each case's default: B1 L4096
+#: (case 11, one program an SM), dense / page 16 / page 64 B32 (0-2), B128 L1024 (4),
+#: 4 queries (7). 64-key tiles of 4 warps: 238 registers (2 an SM), 17.3 instructions a key
+#: in the unmasked loop against the default's 28.6 (8 warps, 9 barriers a tile).
+DECODE_KEY_VARIANTS: list = [
+    dict(warp_keys=4, num_warps=4, block_n=64),
+    dict(warp_keys=4, num_warps=4, block_n=64, num_stages=4),
+    dict(warp_keys=4, num_warps=4, block_n=64, num_stages=2),
+    dict(warp_keys=8, num_warps=8, block_n=128),
+    dict(warp_keys=4, num_warps=4, block_n=128, sub_n=64),
+]
+
+
+def sweep_decode_keys(rows):
+    """decode_attention with key groups (:data:`DECODE_KEY_VARIANTS`) against each case's
+    default, whole calls (graph replays, L2 flushed), cases 11, 0, 1, 2, 4, 7."""
+    from tkit.kernels import decode as DA
+
+    cases = (11, 0, 1, 2, 4, 7)
+    try:
+        warm(DA.decode_config, [("decode_attention", i, v) for i in cases
+                                for v in [{}] + DECODE_KEY_VARIANTS])
+    except Exception as e:  # the sweep compiles what the warm-up did not
+        print(f"decode_keys warm-up: {type(e).__name__}: {str(e)[:200]}")
+    for index in cases:
+        try:
+            sweep("decode_keys", DA.decode_config, DECODE_KEY_VARIANTS, "decode_attention",
+                  index, rows, exact=False)
+        except Exception as e:  # one case's failure must not lose the others' rows
+            print(f"decode_keys case {index}: {type(e).__name__}: {str(e)[:200]}")
+
+
+def sweep_decode_dims(rows):
+    """decode_attention at head dims 64 and 256 (bench cases 9, 10), whose defaults were
+    never swept: :data:`DECODE_DIM_VARIANTS` around them, then SDPA's flash and cuDNN
+    backends on the same tensors, timed as the variants (graph replays, L2 flushed)."""
+    from tkit.kernels import decode as DA
+
+    try:
+        warm(DA.decode_config, [("decode_attention", i, v) for i, vs in
+                                DECODE_DIM_VARIANTS.items() for v in [{}] + vs])
+    except Exception as e:  # the sweep compiles what the warm-up did not
+        print(f"decode_dims warm-up: {type(e).__name__}: {str(e)[:200]}")
+    for index, variants in DECODE_DIM_VARIANTS.items():
+        try:
+            sweep("decode_dims", DA.decode_config, variants, "decode_attention", index, rows,
+                  exact=False)
+        except Exception as e:  # one case's failure must not lose the others' rows
+            print(f"decode_dims case {index}: {type(e).__name__}: {str(e)[:200]}")
+        spec, case, args, kwargs = _headline("decode_attention", index)
+        nbytes = _bytes(spec, args, kwargs)
+        for name, fn in spec.available_baselines().items():
+            try:
+                t = min(time_fn(lambda fn=fn, a=args, kw=kwargs: fn(*a, **kw), rep_ms=60,
+                                replay=True).median_ms for _ in range(ROUNDS))
+            except Exception as e:  # a backend that declines the case
+                print(f"decode_dims {case.label:44s} {name}: {type(e).__name__}")
+                continue
+            print(f"decode_dims  {case.label:44s} {name:60s} {t * 1e3:8.1f} us "
+                  f"{nbytes / t / 1e9:6.2f} TB/s")
+            rows.append(dict(family="decode_dims", op="decode_attention", case=case.label,
+                             config={"baseline": name}, median_ms=t, tbps=nbytes / t / 1e9))
+
+
 def sweep_decode_bar(rows):
     """decode_attention at issue #15's bars, whole calls (graph replays, L2 flushed): bf16
     page 16 shuffled (case 1: >= 0.95x the dense default's TB/s, case 0) around its default
@@ -1865,7 +1946,9 @@ def sweep_decode_wg(rows):
 
 SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "decode_fp8_batch": sweep_decode_fp8_batch,
-          "decode_bar": sweep_decode_bar, "decode_fp8": sweep_decode_fp8,
+          "decode_bar": sweep_decode_bar, "decode_dims": sweep_decode_dims,
+          "decode_keys": sweep_decode_keys,
+          "decode_fp8": sweep_decode_fp8,
           "int4": sweep_int4, "int4_small_m": sweep_int4_small_m,
           "int4_8192": sweep_int4_8192,
           "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,

@@ -62,6 +62,12 @@ class DecodeConfig:
         lo fp8 parts, ~8 significant bits as bfloat16 has; M tiles of 8 or 16 query rows
         (at most ``block_m``); wants 4 warps (a warpgroup) and 64 to 256 keys a tile).
         Elsewhere "mma" runs.
+    warp_keys: 0, or the key groups (a power of 2 >= 2; ``sub_n // warp_keys`` >= 16) of
+        the pipelined 16-bit (and byte-read fp8) loop: each sub-tile's keys are dealt out in
+        that many runs, each with its own softmax state, so that with one group a warp the
+        loop's reductions and P stay in the warp (no barrier but the pipeline's); the
+        groups are merged after the loop. Registers grow with the whole (rows, head dim)
+        accumulator a warp holds. Ignored by the fp8 word and wgmma loops.
     """
 
     block_n: int = 64
@@ -75,6 +81,7 @@ class DecodeConfig:
     max_registers: Optional[int] = None  # noqa: UP045
     combine: str = "launch"
     qk: str = "mma"
+    warp_keys: int = 0
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,
