@@ -1616,6 +1616,7 @@ DECODE_KEY_VARIANTS: list = [
     dict(warp_keys=4, num_warps=4, block_n=64),
     dict(warp_keys=4, num_warps=4, block_n=64, num_stages=4),
     dict(warp_keys=4, num_warps=4, block_n=64, num_stages=2),
+    dict(warp_keys=4, num_warps=4, block_n=64, num_stages=5),  # paged: 2 tiles in flight
     dict(warp_keys=8, num_warps=8, block_n=128),
     dict(warp_keys=4, num_warps=4, block_n=128, sub_n=64),
 ]
