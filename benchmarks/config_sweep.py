@@ -7,8 +7,8 @@ Each family's config is overridden through its scoped context (``quant_config``,
 ``TmaConfig`` given to the launcher), every variant is checked against the default's output
 (the same values, or the reference rule for the GEMM), and timed with
 ``tkit.bench.timing.time_fn`` (median; small kernels replayed from a CUDA graph with the L2
-flushed) interleaved with the default in rounds; quant and append by their kernel's device
-time instead (:func:`kernel_ms`), which leaves out the override's host path. The winners go
+flushed) interleaved with the default in rounds; quant and append by their own device work
+instead (:func:`kernel_ms`), which leaves out the override's host path. The winners go
 into the families' ``for_device`` tables; the figures into docs/NOTES.md. Output: a table on
 stdout and long-form rows in ``$OUT/config-sweep.jsonl``.
 """
@@ -63,24 +63,13 @@ def _close(a, b):
                                b if isinstance(b, (tuple, list)) else (b,)))
 
 
-def kernel_ms(fn, kernel, reps=30):
-    """Mean device time of the launches of ``kernel`` (a name part) in ``fn()``, from the torch
-    profiler, each call after a 256 MB write (a cold L2, as in ``time_fn``). The host path
-    does not count: a scoped override's slow path (validation, no eager plan) and this
-    machine's launch gaps otherwise dominate kernels of 10-100 us."""
-    from torch.profiler import ProfilerActivity, profile
-
-    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            flush.zero_()
-            fn()
-        torch.cuda.synchronize()
-    ev = [e for e in prof.key_averages() if kernel in e.key]
-    n = sum(e.count for e in ev)
-    return sum(e.device_time_total for e in ev) / max(1, n) / 1e3 if n else float("nan")
+def kernel_ms(fn):
+    """Median device time of ``fn()``'s own work by ``time_fn``'s kernel timer: a spin and
+    the read flush ahead of each run, then the span of the call's device records. That
+    leaves out the host path (a scoped override's slow path: validation, no eager plan),
+    which this machine's launch gaps make longer than kernels of 10-100 us, and the ~3.5 us
+    the events add around a run."""
+    return time_fn(fn, rep_ms=60, timer="kernels").median_ms
 
 
 def _first_call(job):
@@ -120,9 +109,10 @@ def _in_children(first_call, work, processes=8):
                 print(f"warm-up: {err}")
 
 
-def sweep(label, ctx, variants, name, index=0, rows=None, exact=True, kernel=None, check=None):
-    """``kernel``: time that kernel's launches with the profiler (:func:`kernel_ms`) instead of
-    the whole call with ``time_fn``. ``check(v)``: a variant's own check (None when it passes,
+def sweep(label, ctx, variants, name, index=0, rows=None, exact=True, kernels=False,
+          check=None):
+    """``kernels``: time the call's device work (:func:`kernel_ms`) instead of the whole
+    call replayed from a graph. ``check(v)``: a variant's own check (None when it passes,
     else what to print), instead of comparing its outputs with the default's (which compares
     an in-place op's inputs with themselves)."""
     spec, case, args, kwargs = _headline(name, index)
@@ -151,8 +141,8 @@ def sweep(label, ctx, variants, name, index=0, rows=None, exact=True, kernel=Non
                 elif r == 0 and v and not (_same if exact else _close)(got, want):
                     times[json.dumps(v)] = None
                     continue
-                if kernel:
-                    t = kernel_ms(lambda: spec.fn(*args, **kwargs), kernel)
+                if kernels:
+                    t = kernel_ms(lambda: spec.fn(*args, **kwargs))
                 else:
                     # replayed from a CUDA graph, L2 flushed: the kernels' time (a variant's
                     # call skips the eager plans; its host path would outlast a small kernel)
@@ -175,7 +165,6 @@ def sweep(label, ctx, variants, name, index=0, rows=None, exact=True, kernel=Non
 def sweep_quant(rows):
     from tkit.kernels import quant as Q
 
-    K = "_quant_kernel"  # kernel time (profiler): the 4096-wide cases take ~50 us
 
     # quantize_fp8 at K = 4096: the default is one row a program, 8 warps (16 values a
     # thread); more rows or fewer warps put more bytes in flight per thread and amortize the
@@ -188,9 +177,9 @@ def sweep_quant(rows):
                                                                    (2048, 8192, 8),
                                                                    (1024, 4096, 4))]
     for idx in (0, 2):  # 16384 x 4096 / 14336, per token
-        sweep("quant", Q.quant_config, rowish, "quantize_fp8", idx, rows, kernel=K)
+        sweep("quant", Q.quant_config, rowish, "quantize_fp8", idx, rows, kernels=True)
     for idx in (1, 3):  # 16384 x 4096 / 14336, 1x128
-        sweep("quant", Q.quant_config, rowish + split, "quantize_fp8", idx, rows, kernel=K)
+        sweep("quant", Q.quant_config, rowish + split, "quantize_fp8", idx, rows, kernels=True)
     # silu_mul_quant at K = 14336 pads the row to 16384 (128 groups of 128 for 112) in one
     # tile at 16 warps (32 values of each input a thread); 1x128 needs no row pass, and
     # max_tile = 2048 walks 7 unpadded chunks on grid axis 1
@@ -200,9 +189,9 @@ def sweep_quant(rows):
                 for m, t, w in ((2048, 2048, 4), (2048, 4096, 8), (2048, 8192, 8),
                                 (2048, 8192, 16), (1024, 4096, 8), (4096, 4096, 8))]
     silu_grp += [dict(num_warps=8)]
-    sweep("quant", Q.quant_config, silu_row, "silu_mul_quant", 0, rows, kernel=K)
+    sweep("quant", Q.quant_config, silu_row, "silu_mul_quant", 0, rows, kernels=True)
     for idx in (1, 2):  # 1x128, separate tensors and the chunked [gate | up] views
-        sweep("quant", Q.quant_config, silu_grp, "silu_mul_quant", idx, rows, kernel=K)
+        sweep("quant", Q.quant_config, silu_grp, "silu_mul_quant", idx, rows, kernels=True)
 
 
 def sweep_append(rows):
@@ -213,7 +202,7 @@ def sweep_append(rows):
                                                       (8, 8), (16, 8), (16, 4), (2, 2))]
     for idx in (0, 1):  # bf16 cache, fp8 cache with per-token scales
         sweep("append", DK.append_config, grid, "append_kv", idx, rows,
-              kernel="_append_kv_kernel")
+              kernels=True)
 
 
 #: rope at 16384 tokens x (32 + 8) x 128 bf16, in place and with the page-16 cache write:
