@@ -1613,18 +1613,23 @@ DECODE_KEY_VARIANTS: list = [
 
 def sweep_decode_keys(rows):
     """decode_attention with key groups (:data:`DECODE_KEY_VARIANTS`) against each case's
-    default, whole calls (graph replays, L2 flushed), cases 11, 0, 1, 2, 4, 7."""
+    default, whole calls (graph replays, L2 flushed), cases 11, 0, 1, 2, 4, 7; at B1 also
+    more splits."""
     from tkit.kernels import decode as DA
 
-    cases = (11, 0, 1, 2, 4, 7)
+    # B1 L4096: the default's 16 splits put one program on each of 128 SMs; key groups fit
+    # two an SM, so 32 splits (two tiles a split) are a candidate there
+    extra = {11: [dict(warp_keys=4, num_warps=4, block_n=64, num_splits=32),
+                  dict(warp_keys=2, num_warps=2, block_n=32, num_splits=32)]}
+    cases = {i: DECODE_KEY_VARIANTS + extra.get(i, []) for i in (11, 0, 1, 2, 4, 7)}
     try:
-        warm(DA.decode_config, [("decode_attention", i, v) for i in cases
-                                for v in [{}] + DECODE_KEY_VARIANTS])
+        warm(DA.decode_config, [("decode_attention", i, v) for i, vs in cases.items()
+                                for v in [{}] + vs])
     except Exception as e:  # the sweep compiles what the warm-up did not
         print(f"decode_keys warm-up: {type(e).__name__}: {str(e)[:200]}")
-    for index in cases:
+    for index, variants in cases.items():
         try:
-            sweep("decode_keys", DA.decode_config, DECODE_KEY_VARIANTS, "decode_attention",
+            sweep("decode_keys", DA.decode_config, variants, "decode_attention",
                   index, rows, exact=False)
         except Exception as e:  # one case's failure must not lose the others' rows
             print(f"decode_keys case {index}: {type(e).__name__}: {str(e)[:200]}")
