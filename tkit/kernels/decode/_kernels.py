@@ -146,6 +146,55 @@ def _decode_tiles(acc, l_i, m_i, q, K, V, KS, VS, BT, start, end, L, qpos, offs_
 
 
 @triton.jit
+def _group_rows(BT, start_n, local, L, b64, n_blocks, sbtn, PAGE_SIZE: tl.constexpr,
+                PAGED: tl.constexpr, SUB_N: tl.constexpr, PER_KEY: tl.constexpr):
+    """Where the keys ``start_n + local`` of a sub-tile of key groups are, as (blk, r0, rows):
+    a row's offset in a cache strided (block, row) = (sn, sp) is blk * sn + (r0 + rows) * sp.
+    PER_KEY (a masked sub-tile, or pages smaller than it): blk and rows per key, 64-bit, as
+    :func:`_key_rows` (positions clamped to the sequence, blocks to the cache), r0 = 0.
+    Otherwise the fully visible sub-tile is in one block (dense, or a page of SUB_N keys or
+    more): one block, its first row r0 and the 32-bit ``local`` as rows, the same offsets
+    from one 64-bit base every sub-tile (the launcher keeps SUB_N row strides below 2**31);
+    every row is below L."""
+    if PER_KEY:
+        blk, rows = _key_rows(BT, start_n, start_n + local, L, b64, n_blocks, sbtn, PAGE_SIZE,
+                              PAGED, SUB_N)
+        r0 = 0
+    else:
+        if PAGED:  # start_n >= 0: unsigned division and remainder by the power of 2
+            u = tl.cast(start_n, tl.uint32)
+            blk = tl.load(BT + (u // PAGE_SIZE).to(tl.int32) * sbtn)
+            blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
+            r0 = (u % PAGE_SIZE).to(tl.int64)
+        else:
+            blk = b64
+            r0 = tl.cast(start_n, tl.int64)
+        rows = local
+    return blk, r0, rows
+
+
+@triton.jit
+def _group_row_ptrs(X, blk, r0, rows, sn, sp, PER_KEY: tl.constexpr):
+    """Pointers to the rows of :func:`_group_rows` in X strided (block, row) = (sn, sp)."""
+    if PER_KEY:
+        p = X + (blk * sn + rows * sp)
+    else:
+        p = (X + (blk * sn + r0 * sp)) + rows * sp
+    return p
+
+
+@triton.jit
+def _group_ptrs(X, blk, r0, rows, sn, sp, col_off, PER_KEY: tl.constexpr):
+    """Pointers (W, NW, C) to the columns ``col_off`` (C,) of the rows of :func:`_group_rows`;
+    with one base a sub-tile, one 64-bit add of 32-bit offsets an address."""
+    if PER_KEY:
+        p = X + ((blk * sn + rows * sp)[:, :, None] + col_off[None, None, :])
+    else:
+        p = (X + (blk * sn + r0 * sp)) + ((rows * sp)[:, :, None] + col_off[None, None, :])
+    return p
+
+
+@triton.jit
 def _decode_tile_w(acc, l_i, m_i, q3, K, V, KS, VS, BT, start_n, L, qpos, offs_w, offs_nw,
                    offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale,
                    skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn,
@@ -162,32 +211,13 @@ def _decode_tile_w(acc, l_i, m_i, q3, K, V, KS, VS, BT, start_n, L, qpos, offs_w
     local = offs_w[:, None] * NW + offs_nw[None, :]
     cols = start_n + local
     dmask = (offs_d < HEAD_DIM)[None, None, :]
-    if MASKED or (PAGED and PAGE_SIZE < SUB_N):
-        # positions clamped to the sequence, blocks to the cache; 64-bit offsets per key
-        blk, row = _key_rows(BT, start_n, cols, L, b64, n_blocks, sbtn, PAGE_SIZE, PAGED,
-                             SUB_N)
-        k_ptrs = K + (blk * skn + row * skp)[:, :, None] + offs_d[None, None, :] * skd
-        v_ptrs = V + (blk * svn + row * svp)[:, :, None] + offs_d[None, None, :] * svd
-        ks_ptrs = KS + (blk * sksn + row * sksp)
-        vs_ptrs = VS + (blk * svsn + row * svsp)
-    else:
-        # a fully visible sub-tile in one block (dense, or a page of SUB_N keys or more):
-        # one 64-bit base a sub-tile, the same 32-bit offsets from it each time (the launcher
-        # keeps SUB_N row strides below 2**31); every row is below L
-        if PAGED:
-            u = tl.cast(start_n, tl.uint32)
-            blk = tl.load(BT + (u // PAGE_SIZE).to(tl.int32) * sbtn)
-            blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
-            r0 = (u % PAGE_SIZE).to(tl.int64)
-        else:
-            blk = b64
-            r0 = tl.cast(start_n, tl.int64)
-        k_ptrs = (K + (blk * skn + r0 * skp)) + (
-            (local * skp)[:, :, None] + (offs_d * skd)[None, None, :])
-        v_ptrs = (V + (blk * svn + r0 * svp)) + (
-            (local * svp)[:, :, None] + (offs_d * svd)[None, None, :])
-        ks_ptrs = (KS + (blk * sksn + r0 * sksp)) + local * sksp
-        vs_ptrs = (VS + (blk * svsn + r0 * svsp)) + local * svsp
+    PER_KEY: tl.constexpr = MASKED or (PAGED and PAGE_SIZE < SUB_N)
+    blk, r0, rows = _group_rows(BT, start_n, local, L, b64, n_blocks, sbtn, PAGE_SIZE, PAGED,
+                                SUB_N, PER_KEY)
+    k_ptrs = _group_ptrs(K, blk, r0, rows, skn, skp, offs_d * skd, PER_KEY)
+    v_ptrs = _group_ptrs(V, blk, r0, rows, svn, svp, offs_d * svd, PER_KEY)
+    ks_ptrs = _group_row_ptrs(KS, blk, r0, rows, sksn, sksp, PER_KEY)
+    vs_ptrs = _group_row_ptrs(VS, blk, r0, rows, svsn, svsp, PER_KEY)
     if HEAD_DIM == BLOCK_D:
         k = tl.load(k_ptrs)
     else:
