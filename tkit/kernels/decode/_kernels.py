@@ -228,22 +228,8 @@ def _decode_tile_w(acc, l_i, m_i, q3, K, V, KS, VS, BT, start_n, L, qpos, offs_w
     if SCALE_K == 2:
         qk = qk * tl.load(ks_ptrs)[:, None, :]
     s = _softcap(qk, qk_scale, cap_scale, SOFTCAP)
-    if MASKED:
-        c3 = cols[:, None, :]
-        ok = c3 < L
-        if MASK_HI:
-            ok = ok & (c3 <= qpos[None, :, None] + shift + wr)
-        if MASK_LO:
-            ok = ok & (c3 >= qpos[None, :, None] + shift - wl)
-        s = tl.where(ok, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 2))
-    if MASKED:
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_use = m_new
-    p = tl.exp2(s - m_use[:, :, None])
-    alpha = tl.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, 2)
+    p, alpha, l_i, m_new = _online_softmax_w(s, l_i, m_i, cols, L, qpos, shift, wl, wr, MASKED,
+                                             MASK_LO, MASK_HI)
     acc = acc * alpha[:, :, None]
     if HEAD_DIM == BLOCK_D:
         v = tl.load(v_ptrs)
@@ -278,12 +264,35 @@ def _decode_tiles_w(acc, l_i, m_i, q3, K, V, KS, VS, BT, start, end, L, qpos, of
 
 
 @triton.jit
-def _merge_groups(acc, l_i, m_i):
-    """One softmax state from the key groups' (acc (W, M, D), l_i and m_i (W, M))."""
+def _online_softmax_w(s, l_i, m_i, cols, L, qpos, shift, wl, wr, MASKED: tl.constexpr,
+                      MASK_LO: tl.constexpr, MASK_HI: tl.constexpr):
+    """:func:`_online_softmax` over key groups: scores ``s`` (W, M, NW) already scaled, in
+    base-2 units; ``cols`` (W, NW) the keys' positions."""
+    if MASKED:
+        c3 = cols[:, None, :]
+        ok = c3 < L
+        if MASK_HI:
+            ok = ok & (c3 <= qpos[None, :, None] + shift + wr)
+        if MASK_LO:
+            ok = ok & (c3 >= qpos[None, :, None] + shift - wl)
+        s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 2))
+    if MASKED:  # a group that has seen no visible key keeps m = -inf: subtract 0 instead
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.exp2(s - m_use[:, :, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 2)
+    return p, alpha, l_i, m_new
+
+
+@triton.jit
+def _group_weights(m_i):
+    """The key groups' weights (W, M) in one softmax state, and its max (M,)."""
     m = tl.max(m_i, 0)
     m_use = tl.where(m == float("-inf"), 0.0, m)
-    sc = tl.exp2(m_i - m_use[None, :])
-    return tl.sum(acc * sc[:, :, None], 0), tl.sum(l_i * sc, 0), m
+    return tl.exp2(m_i - m_use[None, :]), m
 
 
 @triton.jit
@@ -864,7 +873,9 @@ def _decode_split_kernel(
             b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd,
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
             True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
-        acc, l_i, m_i = _merge_groups(acc3, l3, m3)
+        sc, m_i = _group_weights(m3)
+        acc = tl.sum(acc3 * sc[:, :, None], 0)
+        l_i = tl.sum(l3 * sc, 0)
     else:
         acc, l_i, m_i = _decode_tiles(
             acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, t0, a, L, qpos, offs_n, offs_d, b64,
