@@ -1600,14 +1600,16 @@ DECODE_DIM_VARIANTS: dict = {
 #: in the loop but the pipeline's) at D=128, as overrides of each case's default: B1 L4096
 #: (case 11, one program an SM), dense / page 16 / page 64 B32 (0-2), B128 L1024 (4),
 #: 4 queries (7). 64-key tiles of 4 warps: 238 registers (2 an SM), 17.3 instructions a key
-#: in the unmasked loop against the default's 28.6 (8 warps, 9 barriers a tile).
+#: in the unmasked loop against the default's 28.6 (8 warps, 9 barriers a tile); each warp
+#: rescales its whole (16, 128) accumulator a tile, so more keys a warp cost fewer a key.
 DECODE_KEY_VARIANTS: list = [
     dict(warp_keys=4, num_warps=4, block_n=64),
     dict(warp_keys=4, num_warps=4, block_n=64, num_stages=4),
     dict(warp_keys=4, num_warps=4, block_n=64, num_stages=2),
     dict(warp_keys=4, num_warps=4, block_n=64, num_stages=5),  # paged: 2 tiles in flight
     dict(warp_keys=8, num_warps=8, block_n=128),
-    dict(warp_keys=4, num_warps=4, block_n=128, sub_n=64),
+    dict(warp_keys=4, num_warps=4, block_n=128),  # 13.1 instructions a key, one an SM
+    dict(warp_keys=2, num_warps=2, block_n=64),  # 12.9, three an SM
 ]
 
 
