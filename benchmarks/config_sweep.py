@@ -1585,6 +1585,7 @@ def sweep_decode_splits(rows):
 #: 3 stages; the split heuristic counting 2 programs an SM).
 DECODE_DIM_VARIANTS: dict = {
     9: [dict(warp_keys=4, block_n=64), dict(warp_keys=4, block_n=128),
+        dict(warp_keys=2, num_warps=2, block_n=64),
         dict(num_splits=2), dict(num_splits=3), dict(num_warps=8), dict(num_stages=4),
         dict(num_stages=2), dict(num_stages=2, num_splits=2),
         dict(block_n=256, num_warps=8, num_stages=2), dict(block_n=64, num_stages=5),
