@@ -1600,9 +1600,10 @@ DECODE_DIM_VARIANTS: dict = {
 #: key groups (``DecodeConfig.warp_keys``: a warp's own keys and softmax state, no barrier
 #: in the loop but the pipeline's) at D=128, as overrides of each case's default: B1 L4096
 #: (case 11, one program an SM), dense / page 16 / page 64 B32 (0-2), B128 L1024 (4),
-#: 4 queries (7). 64-key tiles of 4 warps: 238 registers (2 an SM), 17.3 instructions a key
-#: in the unmasked loop against the default's 28.6 (8 warps, 9 barriers a tile); each warp
-#: rescales its whole (16, 128) accumulator a tile, so more keys a warp cost fewer a key.
+#: mixed lengths (5), 4 queries (7). 64-key tiles of 4 warps: 238 registers (2 an SM), 17.3
+#: instructions a key in the unmasked loop against the default's 28.6 (8 warps, 9 barriers a
+#: tile); each warp rescales its whole (16, 128) accumulator a tile, so more keys a warp cost
+#: fewer a key.
 DECODE_KEY_VARIANTS: list = [
     dict(warp_keys=4, num_warps=4, block_n=64),
     dict(warp_keys=4, num_warps=4, block_n=64, num_stages=4),
@@ -1616,15 +1617,15 @@ DECODE_KEY_VARIANTS: list = [
 
 def sweep_decode_keys(rows):
     """decode_attention with key groups (:data:`DECODE_KEY_VARIANTS`) against each case's
-    default, whole calls (graph replays, L2 flushed), cases 11, 0, 1, 2, 4, 7; at B1 also
-    more splits."""
+    default, whole calls (graph replays, L2 flushed), cases 11, 0, 1, 2, 4, 5 (mixed lengths)
+    and 7; at B1 also more splits."""
     from tkit.kernels import decode as DA
 
     # B1 L4096: the default's 16 splits put one program on each of 128 SMs; key groups fit
     # two an SM, so 32 splits (two tiles a split) are a candidate there
     extra = {11: [dict(warp_keys=4, num_warps=4, block_n=64, num_splits=32),
                   dict(warp_keys=2, num_warps=2, block_n=32, num_splits=32)]}
-    cases = {i: DECODE_KEY_VARIANTS + extra.get(i, []) for i in (11, 0, 1, 2, 4, 7)}
+    cases = {i: DECODE_KEY_VARIANTS + extra.get(i, []) for i in (11, 0, 1, 2, 4, 5, 7)}
     try:
         warm(DA.decode_config, [("decode_attention", i, v) for i, vs in cases.items()
                                 for v in [{}] + vs])
