@@ -367,6 +367,19 @@ def _key_group_launches(monkeypatch):
     return seen
 
 
+def _check_key_groups(monkeypatch, cfg, args, kw, atol):
+    """The call under ``cfg`` (poisoned outputs) against the reference, launched with its
+    key groups, and against the default loop's output and lse."""
+    seen = _key_group_launches(monkeypatch)
+    with DA.decode_config(**cfg), poisoned_outputs():
+        got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                               args, kw)
+    assert seen == [cfg["warp_keys"]]
+    want, want_lse = tkit.decode_attention(*args, **kw)
+    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=0)
+    torch.testing.assert_close(got_lse, want_lse, atol=atol / 2, rtol=0)
+
+
 #: (cache layout: dense or the page size, config overrides)
 _KEY_GROUPS = [(None, dict(block_n=32, warp_keys=2)),
                (None, dict(block_n=64, warp_keys=4, num_splits=3)),
@@ -394,16 +407,8 @@ def test_key_groups(monkeypatch, page, cfg, opts):
     else:
         q, k, v, table = _paged(b, 2, 8, 2, 32, page, n // page, torch.float16, seed=94 + page,
                                 extra_blocks=3)
-    lens = _lens(0, 1, 65, n)
-    kw = dict(block_table=table, return_lse=True, **opts)
-    seen = _key_group_launches(monkeypatch)
-    with DA.decode_config(**cfg), poisoned_outputs():
-        got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
-                                               [q, k, v, lens], kw)
-    assert seen == [cfg["warp_keys"]]
-    want, want_lse = tkit.decode_attention(q, k, v, lens, **kw)
-    torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
-    torch.testing.assert_close(got_lse, want_lse, atol=1e-3, rtol=0)
+    _check_key_groups(monkeypatch, cfg, [q, k, v, _lens(0, 1, 65, n)],
+                      dict(block_table=table, return_lse=True, **opts), 2e-3)
 
 
 @pytest.mark.parametrize("mode", ["tensor", "token"])
@@ -448,16 +453,8 @@ def test_key_groups_compiled(monkeypatch, page, cfg):
     else:
         q, k, v, table = _paged(16, 1, 32, 8, 128, page, 2048 // page, torch.bfloat16,
                                 seed=102)
-    lens = _lens(*[2048, 1000, 37, 1531] * 4)
-    kw = dict(block_table=table, return_lse=True)
-    seen = _key_group_launches(monkeypatch)
-    with DA.decode_config(**cfg), poisoned_outputs():
-        got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
-                                               [q, k, v, lens], kw)
-    assert seen == [cfg["warp_keys"]]
-    want, want_lse = tkit.decode_attention(q, k, v, lens, **kw)
-    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=0)
-    torch.testing.assert_close(got_lse, want_lse, atol=1e-2, rtol=0)
+    _check_key_groups(monkeypatch, cfg, [q, k, v, _lens(*[2048, 1000, 37, 1531] * 4)],
+                      dict(block_table=table, return_lse=True), 2e-2)
 
 
 @pytest.mark.parametrize("mode, page", [("token", None), ("token", 4), ("tensor", 32)])

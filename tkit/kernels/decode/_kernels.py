@@ -195,6 +195,19 @@ def _group_ptrs(X, blk, r0, rows, sn, sp, col_off, PER_KEY: tl.constexpr):
 
 
 @triton.jit
+def _rows_as(ptrs, dmask, dtype: tl.constexpr, PAD_D: tl.constexpr):
+    """Cache rows at ``ptrs`` in ``dtype`` (an fp8 cache converted); PAD_D: the head dim
+    padded to a power of 2, the padding read as 0."""
+    if PAD_D:
+        x = tl.load(ptrs, mask=dmask, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    if x.dtype != dtype:
+        x = x.to(dtype)
+    return x
+
+
+@triton.jit
 def _decode_tile_w(acc, l_i, m_i, q3, K, V, KS, VS, BT, start_n, L, qpos, offs_w, offs_nw,
                    offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale,
                    skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn,
@@ -218,12 +231,7 @@ def _decode_tile_w(acc, l_i, m_i, q3, K, V, KS, VS, BT, start_n, L, qpos, offs_w
     v_ptrs = _group_ptrs(V, blk, r0, rows, svn, svp, offs_d * svd, PER_KEY)
     ks_ptrs = _group_row_ptrs(KS, blk, r0, rows, sksn, sksp, PER_KEY)
     vs_ptrs = _group_row_ptrs(VS, blk, r0, rows, svsn, svsp, PER_KEY)
-    if HEAD_DIM == BLOCK_D:
-        k = tl.load(k_ptrs)
-    else:
-        k = tl.load(k_ptrs, mask=dmask, other=0.0)
-    if k.dtype != q3.dtype:
-        k = k.to(q3.dtype)
+    k = _rows_as(k_ptrs, dmask, q3.dtype, HEAD_DIM != BLOCK_D)
     qk = _dot(q3, tl.permute(k, (0, 2, 1)), input_precision=PREC)
     if SCALE_K == 2:
         qk = qk * tl.load(ks_ptrs)[:, None, :]
@@ -231,12 +239,7 @@ def _decode_tile_w(acc, l_i, m_i, q3, K, V, KS, VS, BT, start_n, L, qpos, offs_w
     p, alpha, l_i, m_new = _online_softmax_w(s, l_i, m_i, cols, L, qpos, shift, wl, wr, MASKED,
                                              MASK_LO, MASK_HI)
     acc = acc * alpha[:, :, None]
-    if HEAD_DIM == BLOCK_D:
-        v = tl.load(v_ptrs)
-    else:
-        v = tl.load(v_ptrs, mask=dmask, other=0.0)
-    if v.dtype != q3.dtype:
-        v = v.to(q3.dtype)
+    v = _rows_as(v_ptrs, dmask, q3.dtype, HEAD_DIM != BLOCK_D)
     if SCALE_V == 2:
         p = p * tl.load(vs_ptrs)[:, None, :]
     acc = _dot(p.to(q3.dtype), v, acc, input_precision=PREC)
