@@ -7,8 +7,8 @@ Each family's config is overridden through its scoped context (``quant_config``,
 ``TmaConfig`` given to the launcher), every variant is checked against the default's output
 (the same values, or the reference rule for the GEMM), and timed with
 ``tkit.bench.timing.time_fn`` (median; small kernels replayed from a CUDA graph with the L2
-flushed) interleaved with the default in rounds; quant and append by their kernel's device
-time instead (:func:`kernel_ms`), which leaves out the override's host path. The winners go
+flushed) interleaved with the default in rounds; quant and append by their own device work
+instead (:func:`kernel_ms`), which leaves out the override's host path. The winners go
 into the families' ``for_device`` tables; the figures into docs/NOTES.md. Output: a table on
 stdout and long-form rows in ``$OUT/config-sweep.jsonl``.
 """
@@ -63,24 +63,13 @@ def _close(a, b):
                                b if isinstance(b, (tuple, list)) else (b,)))
 
 
-def kernel_ms(fn, kernel, reps=30):
-    """Mean device time of the launches of ``kernel`` (a name part) in ``fn()``, from the torch
-    profiler, each call after a 256 MB write (a cold L2, as in ``time_fn``). The host path
-    does not count: a scoped override's slow path (validation, no eager plan) and this
-    machine's launch gaps otherwise dominate kernels of 10-100 us."""
-    from torch.profiler import ProfilerActivity, profile
-
-    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            flush.zero_()
-            fn()
-        torch.cuda.synchronize()
-    ev = [e for e in prof.key_averages() if kernel in e.key]
-    n = sum(e.count for e in ev)
-    return sum(e.device_time_total for e in ev) / max(1, n) / 1e3 if n else float("nan")
+def kernel_ms(fn):
+    """Median device time of ``fn()``'s own work by ``time_fn``'s kernel timer: a spin and
+    the read flush ahead of each run, then the span of the call's device records. That
+    leaves out the host path (a scoped override's slow path: validation, no eager plan),
+    which this machine's launch gaps make longer than kernels of 10-100 us, and the ~3.5 us
+    the events add around a run."""
+    return time_fn(fn, rep_ms=60, timer="kernels").median_ms
 
 
 def _first_call(job):
@@ -120,9 +109,10 @@ def _in_children(first_call, work, processes=8):
                 print(f"warm-up: {err}")
 
 
-def sweep(label, ctx, variants, name, index=0, rows=None, exact=True, kernel=None, check=None):
-    """``kernel``: time that kernel's launches with the profiler (:func:`kernel_ms`) instead of
-    the whole call with ``time_fn``. ``check(v)``: a variant's own check (None when it passes,
+def sweep(label, ctx, variants, name, index=0, rows=None, exact=True, kernels=False,
+          check=None):
+    """``kernels``: time the call's device work (:func:`kernel_ms`) instead of the whole
+    call replayed from a graph. ``check(v)``: a variant's own check (None when it passes,
     else what to print), instead of comparing its outputs with the default's (which compares
     an in-place op's inputs with themselves)."""
     spec, case, args, kwargs = _headline(name, index)
@@ -151,8 +141,8 @@ def sweep(label, ctx, variants, name, index=0, rows=None, exact=True, kernel=Non
                 elif r == 0 and v and not (_same if exact else _close)(got, want):
                     times[json.dumps(v)] = None
                     continue
-                if kernel:
-                    t = kernel_ms(lambda: spec.fn(*args, **kwargs), kernel)
+                if kernels:
+                    t = kernel_ms(lambda: spec.fn(*args, **kwargs))
                 else:
                     # replayed from a CUDA graph, L2 flushed: the kernels' time (a variant's
                     # call skips the eager plans; its host path would outlast a small kernel)
@@ -175,7 +165,6 @@ def sweep(label, ctx, variants, name, index=0, rows=None, exact=True, kernel=Non
 def sweep_quant(rows):
     from tkit.kernels import quant as Q
 
-    K = "_quant_kernel"  # kernel time (profiler): the 4096-wide cases take ~50 us
 
     # quantize_fp8 at K = 4096: the default is one row a program, 8 warps (16 values a
     # thread); more rows or fewer warps put more bytes in flight per thread and amortize the
@@ -188,9 +177,9 @@ def sweep_quant(rows):
                                                                    (2048, 8192, 8),
                                                                    (1024, 4096, 4))]
     for idx in (0, 2):  # 16384 x 4096 / 14336, per token
-        sweep("quant", Q.quant_config, rowish, "quantize_fp8", idx, rows, kernel=K)
+        sweep("quant", Q.quant_config, rowish, "quantize_fp8", idx, rows, kernels=True)
     for idx in (1, 3):  # 16384 x 4096 / 14336, 1x128
-        sweep("quant", Q.quant_config, rowish + split, "quantize_fp8", idx, rows, kernel=K)
+        sweep("quant", Q.quant_config, rowish + split, "quantize_fp8", idx, rows, kernels=True)
     # silu_mul_quant at K = 14336 pads the row to 16384 (128 groups of 128 for 112) in one
     # tile at 16 warps (32 values of each input a thread); 1x128 needs no row pass, and
     # max_tile = 2048 walks 7 unpadded chunks on grid axis 1
@@ -200,9 +189,9 @@ def sweep_quant(rows):
                 for m, t, w in ((2048, 2048, 4), (2048, 4096, 8), (2048, 8192, 8),
                                 (2048, 8192, 16), (1024, 4096, 8), (4096, 4096, 8))]
     silu_grp += [dict(num_warps=8)]
-    sweep("quant", Q.quant_config, silu_row, "silu_mul_quant", 0, rows, kernel=K)
+    sweep("quant", Q.quant_config, silu_row, "silu_mul_quant", 0, rows, kernels=True)
     for idx in (1, 2):  # 1x128, separate tensors and the chunked [gate | up] views
-        sweep("quant", Q.quant_config, silu_grp, "silu_mul_quant", idx, rows, kernel=K)
+        sweep("quant", Q.quant_config, silu_grp, "silu_mul_quant", idx, rows, kernels=True)
 
 
 def sweep_append(rows):
@@ -213,7 +202,7 @@ def sweep_append(rows):
                                                       (8, 8), (16, 8), (16, 4), (2, 2))]
     for idx in (0, 1):  # bf16 cache, fp8 cache with per-token scales
         sweep("append", DK.append_config, grid, "append_kv", idx, rows,
-              kernel="_append_kv_kernel")
+              kernels=True)
 
 
 #: rope at 16384 tokens x (32 + 8) x 128 bf16, in place and with the page-16 cache write:
@@ -1591,6 +1580,97 @@ def sweep_decode_splits(rows):
         sweep("decode", DA.decode_config, grid, "decode_attention", index, rows, exact=False)
 
 
+#: decode at head dims 64 and 256 (bench cases 9 and 10, B32 Hq32/Hkv8 L8192 dense bf16),
+#: as overrides of their defaults (K tiles of 16 KB: 128 keys at D=64, 32 at D=256; 4 warps,
+#: 3 stages; the split heuristic counting 2 programs an SM).
+DECODE_DIM_VARIANTS: dict = {
+    9: [dict(warp_keys=4, block_n=64), dict(warp_keys=4, block_n=128),
+        dict(warp_keys=2, num_warps=2, block_n=64),
+        dict(num_splits=2), dict(num_splits=3), dict(num_warps=8), dict(num_stages=4),
+        dict(num_stages=2), dict(num_stages=2, num_splits=2),
+        dict(block_n=256, num_warps=8, num_stages=2), dict(block_n=64, num_stages=5),
+        dict(block_n=64, num_stages=5, num_splits=2)],
+    10: [dict(num_splits=1), dict(num_splits=2), dict(num_splits=3), dict(num_warps=8),
+         dict(num_warps=8, num_splits=1), dict(num_stages=4, num_splits=1),
+         dict(block_n=16, num_stages=5), dict(block_n=16, num_stages=5, num_splits=1),
+         dict(block_n=64, num_warps=8, num_stages=2, num_splits=1)],
+}
+
+
+#: key groups (``DecodeConfig.warp_keys``: a warp's own keys and softmax state, no barrier
+#: in the loop but the pipeline's) at D=128, as overrides of each case's default: B1 L4096
+#: (case 11, one program an SM), dense / page 16 / page 64 B32 (0-2), B128 L1024 (4),
+#: mixed lengths (5), 4 queries (7). 64-key tiles of 4 warps: 238 registers (2 an SM), 17.3
+#: instructions a key in the unmasked loop against the default's 28.6 (8 warps, 9 barriers a
+#: tile); each warp rescales its whole (16, 128) accumulator a tile, so more keys a warp cost
+#: fewer a key.
+DECODE_KEY_VARIANTS: list = [
+    dict(warp_keys=4, num_warps=4, block_n=64),
+    dict(warp_keys=4, num_warps=4, block_n=64, num_stages=4),
+    dict(warp_keys=4, num_warps=4, block_n=64, num_stages=2),
+    dict(warp_keys=4, num_warps=4, block_n=64, num_stages=5),  # paged: 2 tiles in flight
+    dict(warp_keys=8, num_warps=8, block_n=128),
+    dict(warp_keys=4, num_warps=4, block_n=128),  # 13.1 instructions a key, one an SM
+    dict(warp_keys=2, num_warps=2, block_n=64),  # 12.9, three an SM
+]
+
+
+def sweep_decode_keys(rows):
+    """decode_attention with key groups (:data:`DECODE_KEY_VARIANTS`) against each case's
+    default, whole calls (graph replays, L2 flushed), cases 11, 0, 1, 2, 4, 5 (mixed lengths)
+    and 7; at B1 also more splits."""
+    from tkit.kernels import decode as DA
+
+    # B1 L4096: the default's 16 splits put one program on each of 128 SMs; key groups fit
+    # two an SM, so 32 splits (two tiles a split) are a candidate there
+    extra = {11: [dict(warp_keys=4, num_warps=4, block_n=64, num_splits=32),
+                  dict(warp_keys=2, num_warps=2, block_n=32, num_splits=32)]}
+    cases = {i: DECODE_KEY_VARIANTS + extra.get(i, []) for i in (11, 0, 1, 2, 4, 5, 7)}
+    try:
+        warm(DA.decode_config, [("decode_attention", i, v) for i, vs in cases.items()
+                                for v in [{}] + vs])
+    except Exception as e:  # the sweep compiles what the warm-up did not
+        print(f"decode_keys warm-up: {type(e).__name__}: {str(e)[:200]}")
+    for index, variants in cases.items():
+        try:
+            sweep("decode_keys", DA.decode_config, variants, "decode_attention",
+                  index, rows, exact=False)
+        except Exception as e:  # one case's failure must not lose the others' rows
+            print(f"decode_keys case {index}: {type(e).__name__}: {str(e)[:200]}")
+
+
+def sweep_decode_dims(rows):
+    """decode_attention at head dims 64 and 256 (bench cases 9, 10), whose defaults were
+    never swept: :data:`DECODE_DIM_VARIANTS` around them, then SDPA's flash and cuDNN
+    backends on the same tensors, timed as the variants (graph replays, L2 flushed)."""
+    from tkit.kernels import decode as DA
+
+    try:
+        warm(DA.decode_config, [("decode_attention", i, v) for i, vs in
+                                DECODE_DIM_VARIANTS.items() for v in [{}] + vs])
+    except Exception as e:  # the sweep compiles what the warm-up did not
+        print(f"decode_dims warm-up: {type(e).__name__}: {str(e)[:200]}")
+    for index, variants in DECODE_DIM_VARIANTS.items():
+        try:
+            sweep("decode_dims", DA.decode_config, variants, "decode_attention", index, rows,
+                  exact=False)
+        except Exception as e:  # one case's failure must not lose the others' rows
+            print(f"decode_dims case {index}: {type(e).__name__}: {str(e)[:200]}")
+        spec, case, args, kwargs = _headline("decode_attention", index)
+        nbytes = _bytes(spec, args, kwargs)
+        for name, fn in spec.available_baselines().items():
+            try:
+                t = min(time_fn(lambda fn=fn, a=args, kw=kwargs: fn(*a, **kw), rep_ms=60,
+                                replay=True).median_ms for _ in range(ROUNDS))
+            except Exception as e:  # a backend that declines the case
+                print(f"decode_dims {case.label:44s} {name}: {type(e).__name__}")
+                continue
+            print(f"decode_dims  {case.label:44s} {name:60s} {t * 1e3:8.1f} us "
+                  f"{nbytes / t / 1e9:6.2f} TB/s")
+            rows.append(dict(family="decode_dims", op="decode_attention", case=case.label,
+                             config={"baseline": name}, median_ms=t, tbps=nbytes / t / 1e9))
+
+
 def sweep_decode_bar(rows):
     """decode_attention at issue #15's bars, whole calls (graph replays, L2 flushed): bf16
     page 16 shuffled (case 1: >= 0.95x the dense default's TB/s, case 0) around its default
@@ -1865,7 +1945,9 @@ def sweep_decode_wg(rows):
 
 SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "decode_fp8_batch": sweep_decode_fp8_batch,
-          "decode_bar": sweep_decode_bar, "decode_fp8": sweep_decode_fp8,
+          "decode_bar": sweep_decode_bar, "decode_dims": sweep_decode_dims,
+          "decode_keys": sweep_decode_keys,
+          "decode_fp8": sweep_decode_fp8,
           "int4": sweep_int4, "int4_small_m": sweep_int4_small_m,
           "int4_8192": sweep_int4_8192,
           "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,

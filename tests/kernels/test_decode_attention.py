@@ -352,6 +352,111 @@ def test_sub_tiles_match_whole_tiles(page):
     torch.testing.assert_close(sub, whole, atol=2e-3, rtol=0)
 
 
+def _key_group_launches(monkeypatch):
+    """The WARP_KEYS of the split-kernel launches that follow (0 where not given)."""
+    from tkit.kernels import _common
+
+    seen, launch = [], _common.launch
+
+    def spy(kernel, grid, **kw):
+        if "GROUP" in kw:
+            seen.append(kw.get("WARP_KEYS", 0))
+        return launch(kernel, grid, **kw)
+
+    monkeypatch.setattr(_common, "launch", spy)
+    return seen
+
+
+def _check_key_groups(monkeypatch, cfg, args, kw, atol):
+    """The call under ``cfg`` (poisoned outputs) against the reference, launched with its
+    key groups, and against the default loop's output and lse."""
+    seen = _key_group_launches(monkeypatch)
+    with DA.decode_config(**cfg), poisoned_outputs():
+        got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                               args, kw)
+    assert seen == [cfg["warp_keys"]]
+    want, want_lse = tkit.decode_attention(*args, **kw)
+    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=0)
+    torch.testing.assert_close(got_lse, want_lse, atol=atol / 2, rtol=0)
+
+
+#: (cache layout: dense or the page size, config overrides)
+_KEY_GROUPS = [(None, dict(block_n=32, warp_keys=2)),
+               (None, dict(block_n=64, warp_keys=4, num_splits=3)),
+               (8, dict(block_n=64, warp_keys=4)),
+               (8, dict(block_n=128, sub_n=64, warp_keys=2, num_splits=2)),
+               (64, dict(block_n=32, warp_keys=2, num_splits=2)),
+               (64, dict(block_n=128, sub_n=64, warp_keys=4))]
+
+
+@pytest.mark.parametrize("page, cfg", _KEY_GROUPS)
+@pytest.mark.parametrize("opts", [dict(), dict(window_size=(70, -1), softcap=4.0)])
+def test_key_groups(monkeypatch, page, cfg, opts):
+    """``warp_keys``: each sub-tile's keys in groups with their own softmax state, merged
+    after the loop. Dense and paged caches (pages smaller than a sub-tile, read a key at a
+    time, and larger ones, read from one base a sub-tile), lengths 0, 1, around tiles and
+    full, splits, two queries of GQA 4, a window with a softcap; poisoned outputs, against
+    the reference and against the default loop."""
+    dev = _dev()
+    b, n = 4, 192
+    if page is None:
+        q = make_tensor((b, 2, 8, 32), torch.float16, seed=91, device=dev)
+        k = make_tensor((b, n, 2, 32), torch.float16, seed=92, device=dev)
+        v = make_tensor((b, n, 2, 32), torch.float16, seed=93, device=dev)
+        table = None
+    else:
+        q, k, v, table = _paged(b, 2, 8, 2, 32, page, n // page, torch.float16, seed=94 + page,
+                                extra_blocks=3)
+    _check_key_groups(monkeypatch, cfg, [q, k, v, _lens(0, 1, 65, n)],
+                      dict(block_table=table, return_lse=True, **opts), 2e-3)
+
+
+@pytest.mark.parametrize("mode", ["tensor", "token"])
+def test_key_groups_fp8_bytes_and_odd_head_dim(monkeypatch, mode):
+    """Key groups over an fp8 cache read a byte at a time (head dim 24: under 64, no int32
+    words; padded to 32 in-kernel), scales per tensor or per token and head, paged by 16."""
+    dev = _dev()
+    q = make_tensor((3, 1, 4, 24), torch.float16, seed=95, device=dev)
+    kf = make_tensor((12, 16, 2, 24), torch.float32, seed=96, device=dev)
+    vf = make_tensor((12, 16, 2, 24), torch.float32, seed=97, device=dev)
+    table = S.paged_table(3, 4, 12, torch.Generator().manual_seed(9)).to(dev)
+    k, v, bt, ks, vs = S._fuzz_inputs(q, kf, vf, table, True, mode)
+    seen = _key_group_launches(monkeypatch)
+    with DA.decode_config(block_n=64, warp_keys=2), poisoned_outputs():
+        check_against_reference(tkit.decode_attention, S.ref_decode_attention,
+                                [q, k, v, _lens(64, 17, 50)],
+                                dict(block_table=bt, k_scale=ks, v_scale=vs, return_lse=True))
+    assert seen == [2]
+
+
+@pytest.mark.parametrize("wk", [1, 3, True, 8])
+def test_key_groups_errors(wk):
+    q, k, v, table = _paged(1, 1, 2, 1, 16, 8, 2, torch.float16, seed=98)
+    with pytest.raises(ValueError, match="warp_keys"), DA.decode_config(block_n=64,
+                                                                         warp_keys=wk):
+        tkit.decode_attention(q, k, v, _lens(9), block_table=table)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [None, 16, 64])
+@pytest.mark.parametrize("cfg", [dict(block_n=64, num_warps=4, warp_keys=4),
+                                 dict(block_n=128, num_warps=8, warp_keys=8, num_stages=3),
+                                 dict(block_n=128, num_warps=4, warp_keys=4, num_splits=3)])
+def test_key_groups_compiled(monkeypatch, page, cfg):
+    """Key groups compiled for the GPU at the bench's structure (GQA 4, D 128, bfloat16;
+    16 sequences up to 2048 keys): against the reference and the default loop."""
+    if page is None:
+        q = make_tensor((16, 1, 32, 128), torch.bfloat16, seed=99, device="cuda")
+        k, v = (make_tensor((16, 2048, 8, 128), torch.bfloat16, seed=s, device="cuda")
+                for s in (100, 101))
+        table = None
+    else:
+        q, k, v, table = _paged(16, 1, 32, 8, 128, page, 2048 // page, torch.bfloat16,
+                                seed=102)
+    _check_key_groups(monkeypatch, cfg, [q, k, v, _lens(*[2048, 1000, 37, 1531] * 4)],
+                      dict(block_table=table, return_lse=True), 2e-2)
+
+
 @pytest.mark.parametrize("mode, page", [("token", None), ("token", 4), ("tensor", 32)])
 def test_fp8_words_in_the_pipeline(mode, page):
     """The pipelined loops read an fp8 cache of head dim >= 64 as int32 words of 4 values

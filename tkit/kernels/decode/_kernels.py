@@ -46,21 +46,22 @@ def _softcap(qk, qk_scale, cap_scale, SOFTCAP: tl.constexpr):
 @triton.jit
 def _key_rows(BT, start_n, cols, L, b64, n_blocks, sbtn,
               PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(block index, row in block) of key positions ``cols`` (clamped to [0, L - 1]), as int64.
-    Paged: the block comes from the block table (row BT of it), clamped to [0, n_blocks - 1];
-    dense: the block is the sequence, the row the position."""
+    """(block index, row in block) of key positions ``cols`` (any shape; clamped to [0, L - 1]),
+    as int64; BLOCK_N keys from ``start_n`` in all. Paged: the block comes from the block
+    table (row BT of it), clamped to [0, n_blocks - 1]; dense: the block is the sequence,
+    the row the position."""
     c = tl.minimum(cols, L - 1)
     if PAGED:
         if PAGE_SIZE >= BLOCK_N:  # the whole tile is in one page: one table entry
             blk = tl.load(BT + (start_n // PAGE_SIZE) * sbtn)
             blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
-            blk = tl.broadcast_to(blk, [BLOCK_N])
+            blk = tl.broadcast_to(blk, c.shape)
         else:
             blk = tl.load(BT + (c // PAGE_SIZE) * sbtn)
             blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
         row = (c % PAGE_SIZE).to(tl.int64)
     else:
-        blk = tl.broadcast_to(b64, [BLOCK_N])
+        blk = tl.broadcast_to(b64, c.shape)
         row = c.to(tl.int64)
     return blk, row
 
@@ -142,6 +143,159 @@ def _decode_tiles(acc, l_i, m_i, q, K, V, KS, VS, BT, start, end, L, qpos, offs_
                 sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, SUB_N, PAGE_SIZE, PAGED, MASKED,
                 MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
     return acc, l_i, m_i
+
+
+@triton.jit
+def _group_rows(BT, start_n, local, L, b64, n_blocks, sbtn, PAGE_SIZE: tl.constexpr,
+                PAGED: tl.constexpr, SUB_N: tl.constexpr, PER_KEY: tl.constexpr):
+    """Where the keys ``start_n + local`` of a sub-tile of key groups are, as (blk, r0, rows):
+    a row's offset in a cache strided (block, row) = (sn, sp) is blk * sn + (r0 + rows) * sp.
+    PER_KEY (a masked sub-tile, or pages smaller than it): blk and rows per key, 64-bit, as
+    :func:`_key_rows` (positions clamped to the sequence, blocks to the cache), r0 = 0.
+    Otherwise the fully visible sub-tile is in one block (dense, or a page of SUB_N keys or
+    more): one block, its first row r0 and the 32-bit ``local`` as rows, the same offsets
+    from one 64-bit base every sub-tile (the launcher keeps SUB_N row strides below 2**31);
+    every row is below L."""
+    if PER_KEY:
+        blk, rows = _key_rows(BT, start_n, start_n + local, L, b64, n_blocks, sbtn, PAGE_SIZE,
+                              PAGED, SUB_N)
+        r0 = 0
+    else:
+        if PAGED:  # start_n >= 0: unsigned division and remainder by the power of 2
+            u = tl.cast(start_n, tl.uint32)
+            blk = tl.load(BT + (u // PAGE_SIZE).to(tl.int32) * sbtn)
+            blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
+            r0 = (u % PAGE_SIZE).to(tl.int64)
+        else:
+            blk = b64
+            r0 = tl.cast(start_n, tl.int64)
+        rows = local
+    return blk, r0, rows
+
+
+@triton.jit
+def _group_row_ptrs(X, blk, r0, rows, sn, sp, PER_KEY: tl.constexpr):
+    """Pointers to the rows of :func:`_group_rows` in X strided (block, row) = (sn, sp)."""
+    if PER_KEY:
+        p = X + (blk * sn + rows * sp)
+    else:
+        p = (X + (blk * sn + r0 * sp)) + rows * sp
+    return p
+
+
+@triton.jit
+def _group_ptrs(X, blk, r0, rows, sn, sp, col_off, PER_KEY: tl.constexpr):
+    """Pointers (W, NW, C) to the columns ``col_off`` (C,) of the rows of :func:`_group_rows`;
+    with one base a sub-tile, one 64-bit add of 32-bit offsets an address."""
+    if PER_KEY:
+        p = X + ((blk * sn + rows * sp)[:, :, None] + col_off[None, None, :])
+    else:
+        p = (X + (blk * sn + r0 * sp)) + ((rows * sp)[:, :, None] + col_off[None, None, :])
+    return p
+
+
+@triton.jit
+def _rows_as(ptrs, dmask, dtype: tl.constexpr, PAD_D: tl.constexpr):
+    """Cache rows at ``ptrs`` in ``dtype`` (an fp8 cache converted); PAD_D: the head dim
+    padded to a power of 2, the padding read as 0."""
+    if PAD_D:
+        x = tl.load(ptrs, mask=dmask, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    if x.dtype != dtype:
+        x = x.to(dtype)
+    return x
+
+
+@triton.jit
+def _decode_tile_w(acc, l_i, m_i, q3, K, V, KS, VS, BT, start_n, L, qpos, offs_w, offs_nw,
+                   offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale,
+                   skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
+                   PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
+                   MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+                   SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr):
+    """:func:`_decode_tile` with the sub-tile's SUB_N keys dealt out in W = len(offs_w)
+    consecutive runs of NW = len(offs_nw), one a key group: every value is batched over the
+    groups (q3, acc: (W, M, D); l_i, m_i: (W, M)), and the dots are batched dots whose batch
+    the compiler lays over the warps, so a group's softmax and P @ V stay in its warp: no
+    value crosses warps in the loop (the groups are merged once, after it)."""
+    NW: tl.constexpr = offs_nw.shape[0]
+    local = offs_w[:, None] * NW + offs_nw[None, :]
+    cols = start_n + local
+    dmask = (offs_d < HEAD_DIM)[None, None, :]
+    PER_KEY: tl.constexpr = MASKED or (PAGED and PAGE_SIZE < SUB_N)
+    blk, r0, rows = _group_rows(BT, start_n, local, L, b64, n_blocks, sbtn, PAGE_SIZE, PAGED,
+                                SUB_N, PER_KEY)
+    k_ptrs = _group_ptrs(K, blk, r0, rows, skn, skp, offs_d * skd, PER_KEY)
+    v_ptrs = _group_ptrs(V, blk, r0, rows, svn, svp, offs_d * svd, PER_KEY)
+    ks_ptrs = _group_row_ptrs(KS, blk, r0, rows, sksn, sksp, PER_KEY)
+    vs_ptrs = _group_row_ptrs(VS, blk, r0, rows, svsn, svsp, PER_KEY)
+    k = _rows_as(k_ptrs, dmask, q3.dtype, HEAD_DIM != BLOCK_D)
+    qk = _dot(q3, tl.permute(k, (0, 2, 1)), input_precision=PREC)
+    if SCALE_K == 2:
+        qk = qk * tl.load(ks_ptrs)[:, None, :]
+    s = _softcap(qk, qk_scale, cap_scale, SOFTCAP)
+    p, alpha, l_i, m_new = _online_softmax_w(s, l_i, m_i, cols, L, qpos, shift, wl, wr, MASKED,
+                                             MASK_LO, MASK_HI)
+    acc = acc * alpha[:, :, None]
+    v = _rows_as(v_ptrs, dmask, q3.dtype, HEAD_DIM != BLOCK_D)
+    if SCALE_V == 2:
+        p = p * tl.load(vs_ptrs)[:, None, :]
+    acc = _dot(p.to(q3.dtype), v, acc, input_precision=PREC)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _decode_tiles_w(acc, l_i, m_i, q3, K, V, KS, VS, BT, start, end, L, qpos, offs_w, offs_nw,
+                    offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale,
+                    skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                    SUB_N: tl.constexpr,
+                    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
+                    MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+                    SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr):
+    """:func:`_decode_tiles` over key groups (:func:`_decode_tile_w`)."""
+    for start_t in range(start, end, BLOCK_N):
+        for j in tl.static_range(BLOCK_N // SUB_N):
+            acc, l_i, m_i = _decode_tile_w(
+                acc, l_i, m_i, q3, K, V, KS, VS, BT, start_t + j * SUB_N, L, qpos, offs_w,
+                offs_nw, offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp,
+                skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, SUB_N,
+                PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _online_softmax_w(s, l_i, m_i, cols, L, qpos, shift, wl, wr, MASKED: tl.constexpr,
+                      MASK_LO: tl.constexpr, MASK_HI: tl.constexpr):
+    """:func:`_online_softmax` over key groups: scores ``s`` (W, M, NW) already scaled, in
+    base-2 units; ``cols`` (W, NW) the keys' positions."""
+    if MASKED:
+        c3 = cols[:, None, :]
+        ok = c3 < L
+        if MASK_HI:
+            ok = ok & (c3 <= qpos[None, :, None] + shift + wr)
+        if MASK_LO:
+            ok = ok & (c3 >= qpos[None, :, None] + shift - wl)
+        s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 2))
+    if MASKED:  # a group that has seen no visible key keeps m = -inf: subtract 0 instead
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.exp2(s - m_use[:, :, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 2)
+    return p, alpha, l_i, m_new
+
+
+@triton.jit
+def _group_weights(m_i):
+    """The key groups' weights (W, M) in one softmax state, and its max (M,)."""
+    m = tl.max(m_i, 0)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    return tl.exp2(m_i - m_use[None, :]), m
 
 
 @triton.jit
@@ -538,7 +692,7 @@ def _decode_split_kernel(
     MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
     FP8_WORDS: tl.constexpr = False, SAME_STRIDES: tl.constexpr = False,
-    QK_WG: tl.constexpr = False,
+    QK_WG: tl.constexpr = False, WARP_KEYS: tl.constexpr = 0,
     OUT=None, LOUT=None, CNT=None, sfb=0, sfs=0, sfh=0, sfd=0, sgb=0, sgh=0, sgs=0,
     FUSED: tl.constexpr = False,
 ):
@@ -557,7 +711,9 @@ def _decode_split_kernel(
     cap); ``wl``, ``wr`` the window (used when MASK_LO / MASK_HI; causal is wr = 0).
     FP8_WORDS: fp8 caches whose head dim is contiguous, in 4-byte-aligned rows, read as int32
     words of 4 values (:func:`_decode_tiles_words`); SAME_STRIDES (with FP8_WORDS): V and its
-    scales strided as K and its.
+    scales strided as K and its. WARP_KEYS > 1 (neither of those): each SUB_N-key sub-tile in
+    WARP_KEYS groups of consecutive keys, a group's softmax state its own until the end
+    (:func:`_decode_tile_w`).
     FUSED (several splits): O, LSE are the partials and OUT, LOUT (strides ``sf*``, ``sg*``)
     the final output; CNT holds one int32 counter a (sequence, kv head, M tile), zero at the
     launch: the last of its splits to finish merges the partials (:func:`_merge_tile`) and
@@ -698,6 +854,31 @@ def _decode_split_kernel(
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
             True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
         acc = _interleave4(acc0, acc1, acc2, acc3, BLOCK_M, BLOCK_D)
+    elif WARP_KEYS > 1:  # the tiles' keys in WARP_KEYS groups, a warp's each
+        offs_w = tl.arange(0, WARP_KEYS)
+        offs_nw = tl.arange(0, SUB_N // WARP_KEYS)
+        q3 = tl.broadcast_to(q[None, :, :], (WARP_KEYS, BLOCK_M, BLOCK_D))
+        acc3 = tl.zeros([WARP_KEYS, BLOCK_M, BLOCK_D], dtype=tl.float32)
+        l3 = tl.zeros([WARP_KEYS, BLOCK_M], dtype=tl.float32)
+        m3 = tl.full([WARP_KEYS, BLOCK_M], float("-inf"), dtype=tl.float32)
+        acc3, l3, m3 = _decode_tiles_w(
+            acc3, l3, m3, q3, Kh, Vh, KS, VS, BTb, t0, a, L, qpos, offs_w, offs_nw, offs_d,
+            b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd,
+            sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
+            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+        acc3, l3, m3 = _decode_tiles_w(
+            acc3, l3, m3, q3, Kh, Vh, KS, VS, BTb, a, c, L, qpos, offs_w, offs_nw, offs_d,
+            b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd,
+            sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
+            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+        acc3, l3, m3 = _decode_tiles_w(
+            acc3, l3, m3, q3, Kh, Vh, KS, VS, BTb, c, t1, L, qpos, offs_w, offs_nw, offs_d,
+            b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd,
+            sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
+            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+        sc, m_i = _group_weights(m3)
+        acc = tl.sum(acc3 * sc[:, :, None], 0)
+        l_i = tl.sum(l3 * sc, 0)
     else:
         acc, l_i, m_i = _decode_tiles(
             acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, t0, a, L, qpos, offs_n, offs_d, b64,
