@@ -68,7 +68,8 @@ class DecodeConfig:
         in the warp (no barrier but the pipeline's); the groups are merged after the loop.
         Registers grow with the whole (rows, head dim) accumulator a warp holds, and so
         does its rescale a tile: the fp8 word and wgmma loops ignore the field (groups in
-        the word loop compiled to 27.8 instructions a key against its 2-warp 19.8). No
+        the word loop compiled to 27.8 instructions a key against its 2-warp 19.8), as does
+        a cache whose sub-tile row offsets pass 2**31 elements (the default loop runs). No
         default takes it: for ``config_sweep.py decode_keys`` to decide (docs/NOTES.md).
     """
 
