@@ -165,7 +165,6 @@ def sweep(label, ctx, variants, name, index=0, rows=None, exact=True, kernels=Fa
 def sweep_quant(rows):
     from tkit.kernels import quant as Q
 
-
     # quantize_fp8 at K = 4096: the default is one row a program, 8 warps (16 values a
     # thread); more rows or fewer warps put more bytes in flight per thread and amortize the
     # row's reductions; 1x128 (no row statistic) can also split a row over grid axis 1
