@@ -352,29 +352,14 @@ def test_sub_tiles_match_whole_tiles(page):
     torch.testing.assert_close(sub, whole, atol=2e-3, rtol=0)
 
 
-def _key_group_launches(monkeypatch):
-    """The WARP_KEYS of the split-kernel launches that follow (0 where not given)."""
-    from tkit.kernels import _common
-
-    seen, launch = [], _common.launch
-
-    def spy(kernel, grid, **kw):
-        if "GROUP" in kw:
-            seen.append(kw.get("WARP_KEYS", 0))
-        return launch(kernel, grid, **kw)
-
-    monkeypatch.setattr(_common, "launch", spy)
-    return seen
-
-
 def _check_key_groups(monkeypatch, cfg, args, kw, atol):
     """The call under ``cfg`` (poisoned outputs) against the reference, launched with its
     key groups, and against the default loop's output and lse."""
-    seen = _key_group_launches(monkeypatch)
+    seen = _launches(monkeypatch, keep=lambda kw: "GROUP" in kw)
     with DA.decode_config(**cfg), poisoned_outputs():
         got, got_lse = check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                                args, kw)
-    assert seen == [cfg["warp_keys"]]
+    assert [x.get("WARP_KEYS", 0) for x in seen] == [cfg["warp_keys"]]
     want, want_lse = tkit.decode_attention(*args, **kw)
     torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=0)
     torch.testing.assert_close(got_lse, want_lse, atol=atol / 2, rtol=0)
@@ -421,12 +406,12 @@ def test_key_groups_fp8_bytes_and_odd_head_dim(monkeypatch, mode):
     vf = make_tensor((12, 16, 2, 24), torch.float32, seed=97, device=dev)
     table = S.paged_table(3, 4, 12, torch.Generator().manual_seed(9)).to(dev)
     k, v, bt, ks, vs = S._fuzz_inputs(q, kf, vf, table, True, mode)
-    seen = _key_group_launches(monkeypatch)
+    seen = _launches(monkeypatch, keep=lambda kw: "GROUP" in kw)
     with DA.decode_config(block_n=64, warp_keys=2), poisoned_outputs():
         check_against_reference(tkit.decode_attention, S.ref_decode_attention,
                                 [q, k, v, _lens(64, 17, 50)],
                                 dict(block_table=bt, k_scale=ks, v_scale=vs, return_lse=True))
-    assert seen == [2]
+    assert [x.get("WARP_KEYS", 0) for x in seen] == [2]
 
 
 @pytest.mark.parametrize("wk", [1, 3, True, 8])
@@ -532,14 +517,15 @@ def test_fp8_words_clamp_garbage():
     torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=0)
 
 
-def _launches(monkeypatch):
-    """The split kernel's launch arguments of the calls that follow (a spy on the launcher)."""
+def _launches(monkeypatch, keep=lambda kw: "QK_WG" in kw or "FP8_WORDS" in kw):
+    """The launch arguments of the calls that follow for which ``keep`` holds (a spy on the
+    launcher; by default the split kernel's fp8 word and wgmma launches)."""
     from tkit.kernels import _common
 
     seen, launch = [], _common.launch
 
     def spy(kernel, grid, **kw):
-        if "QK_WG" in kw or "FP8_WORDS" in kw:
+        if keep(kw):
             seen.append(kw)
         return launch(kernel, grid, **kw)
 

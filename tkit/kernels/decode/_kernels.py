@@ -129,19 +129,30 @@ def _decode_tiles(acc, l_i, m_i, q, K, V, KS, VS, BT, start, end, L, qpos, offs_
                   SUB_N: tl.constexpr,
                   PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
                   MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
-                  SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr):
+                  SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
+                  WARP_KEYS: tl.constexpr = 0):
     """Online softmax over the key tiles [start, end) (multiples of BLOCK_N); MASKED tiles
     evaluate visibility, the others are fully visible to every row. A tile is taken in
     BLOCK_N // SUB_N sub-tiles of SUB_N keys (``offs_n`` is SUB_N long): the loads of a whole
     tile are issued together (the pipeline streams tiles), but only one sub-tile's converted
-    operands are live in registers at a time (fp8 caches: see DecodeConfig)."""
+    operands are live in registers at a time (fp8 caches: see DecodeConfig). WARP_KEYS > 1:
+    a sub-tile in key groups (:func:`_decode_tile_w`; q, acc, l_i, m_i batched over the
+    groups, ``offs_n`` the SUB_N // WARP_KEYS keys of one group)."""
     for start_t in range(start, end, BLOCK_N):
         for j in tl.static_range(BLOCK_N // SUB_N):
-            acc, l_i, m_i = _decode_tile(
-                acc, l_i, m_i, q, K, V, KS, VS, BT, start_t + j * SUB_N, L, qpos, offs_n, offs_d,
-                b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd,
-                sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, SUB_N, PAGE_SIZE, PAGED, MASKED,
-                MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+            if WARP_KEYS > 1:
+                acc, l_i, m_i = _decode_tile_w(
+                    acc, l_i, m_i, q, K, V, KS, VS, BT, start_t + j * SUB_N, L, qpos,
+                    tl.arange(0, WARP_KEYS), offs_n, offs_d, b64, n_blocks, shift, wl, wr,
+                    qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp,
+                    sbtn, HEAD_DIM, BLOCK_D, SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI,
+                    SOFTCAP, SCALE_K, SCALE_V, PREC)
+            else:
+                acc, l_i, m_i = _decode_tile(
+                    acc, l_i, m_i, q, K, V, KS, VS, BT, start_t + j * SUB_N, L, qpos, offs_n,
+                    offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd,
+                    svn, svp, svd, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, SUB_N,
+                    PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
     return acc, l_i, m_i
 
 
@@ -197,7 +208,8 @@ def _group_ptrs(X, blk, r0, rows, sn, sp, col_off, PER_KEY: tl.constexpr):
 @triton.jit
 def _rows_as(ptrs, dmask, dtype: tl.constexpr, PAD_D: tl.constexpr):
     """Cache rows at ``ptrs`` in ``dtype`` (an fp8 cache converted); PAD_D: the head dim
-    padded to a power of 2, the padding read as 0."""
+    padded to a power of 2, the padding read as 0. (:func:`_decode_tile` keeps its own
+    loads: through this helper four of its measured builds compiled to other SASS.)"""
     if PAD_D:
         x = tl.load(ptrs, mask=dmask, other=0.0)
     else:
@@ -244,26 +256,6 @@ def _decode_tile_w(acc, l_i, m_i, q3, K, V, KS, VS, BT, start_n, L, qpos, offs_w
         p = p * tl.load(vs_ptrs)[:, None, :]
     acc = _dot(p.to(q3.dtype), v, acc, input_precision=PREC)
     return acc, l_i, m_new
-
-
-@triton.jit
-def _decode_tiles_w(acc, l_i, m_i, q3, K, V, KS, VS, BT, start, end, L, qpos, offs_w, offs_nw,
-                    offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale,
-                    skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                    SUB_N: tl.constexpr,
-                    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
-                    MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
-                    SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr):
-    """:func:`_decode_tiles` over key groups (:func:`_decode_tile_w`)."""
-    for start_t in range(start, end, BLOCK_N):
-        for j in tl.static_range(BLOCK_N // SUB_N):
-            acc, l_i, m_i = _decode_tile_w(
-                acc, l_i, m_i, q3, K, V, KS, VS, BT, start_t + j * SUB_N, L, qpos, offs_w,
-                offs_nw, offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp,
-                skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, SUB_N,
-                PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
-    return acc, l_i, m_i
 
 
 @triton.jit
@@ -713,7 +705,7 @@ def _decode_split_kernel(
     words of 4 values (:func:`_decode_tiles_words`); SAME_STRIDES (with FP8_WORDS): V and its
     scales strided as K and its. WARP_KEYS > 1 (neither of those): each SUB_N-key sub-tile in
     WARP_KEYS groups of consecutive keys, a group's softmax state its own until the end
-    (:func:`_decode_tile_w`).
+    (:func:`_decode_tiles`).
     FUSED (several splits): O, LSE are the partials and OUT, LOUT (strides ``sf*``, ``sg*``)
     the final output; CNT holds one int32 counter a (sequence, kv head, M tile), zero at the
     launch: the last of its splits to finish merges the partials (:func:`_merge_tile`) and
@@ -854,47 +846,33 @@ def _decode_split_kernel(
             sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
             True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
         acc = _interleave4(acc0, acc1, acc2, acc3, BLOCK_M, BLOCK_D)
-    elif WARP_KEYS > 1:  # the tiles' keys in WARP_KEYS groups, a warp's each
-        offs_w = tl.arange(0, WARP_KEYS)
-        offs_nw = tl.arange(0, SUB_N // WARP_KEYS)
-        q3 = tl.broadcast_to(q[None, :, :], (WARP_KEYS, BLOCK_M, BLOCK_D))
-        acc3 = tl.zeros([WARP_KEYS, BLOCK_M, BLOCK_D], dtype=tl.float32)
-        l3 = tl.zeros([WARP_KEYS, BLOCK_M], dtype=tl.float32)
-        m3 = tl.full([WARP_KEYS, BLOCK_M], float("-inf"), dtype=tl.float32)
-        acc3, l3, m3 = _decode_tiles_w(
-            acc3, l3, m3, q3, Kh, Vh, KS, VS, BTb, t0, a, L, qpos, offs_w, offs_nw, offs_d,
-            b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd,
-            sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
-        acc3, l3, m3 = _decode_tiles_w(
-            acc3, l3, m3, q3, Kh, Vh, KS, VS, BTb, a, c, L, qpos, offs_w, offs_nw, offs_d,
-            b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd,
-            sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            False, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
-        acc3, l3, m3 = _decode_tiles_w(
-            acc3, l3, m3, q3, Kh, Vh, KS, VS, BTb, c, t1, L, qpos, offs_w, offs_nw, offs_d,
-            b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd,
-            sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED,
-            True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
-        sc, m_i = _group_weights(m3)
-        acc = tl.sum(acc3 * sc[:, :, None], 0)
-        l_i = tl.sum(l3 * sc, 0)
     else:
+        offs_k = offs_n
+        if WARP_KEYS > 1:  # the tiles' keys in WARP_KEYS groups, a warp's each
+            offs_k = tl.arange(0, SUB_N // WARP_KEYS)
+            q = tl.broadcast_to(q[None, :, :], (WARP_KEYS, BLOCK_M, BLOCK_D))
+            acc = tl.zeros([WARP_KEYS, BLOCK_M, BLOCK_D], dtype=tl.float32)
+            l_i = tl.zeros([WARP_KEYS, BLOCK_M], dtype=tl.float32)
+            m_i = tl.full([WARP_KEYS, BLOCK_M], float("-inf"), dtype=tl.float32)
         acc, l_i, m_i = _decode_tiles(
-            acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, t0, a, L, qpos, offs_n, offs_d, b64,
+            acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, t0, a, L, qpos, offs_k, offs_d, b64,
             n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn,
             sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, True,
-            MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+            MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, WARP_KEYS)
         acc, l_i, m_i = _decode_tiles(
-            acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, a, c, L, qpos, offs_n, offs_d, b64,
+            acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, a, c, L, qpos, offs_k, offs_d, b64,
             n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn,
             sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, False,
-            MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+            MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, WARP_KEYS)
         acc, l_i, m_i = _decode_tiles(
-            acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, c, t1, L, qpos, offs_n, offs_d, b64,
+            acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, c, t1, L, qpos, offs_k, offs_d, b64,
             n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn,
             sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, True,
-            MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+            MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, WARP_KEYS)
+        if WARP_KEYS > 1:  # the groups' states merged
+            sc, m_i = _group_weights(m_i)
+            acc = tl.sum(acc * sc[:, :, None], 0)
+            l_i = tl.sum(l_i * sc, 0)
 
 
     empty = l_i == 0.0  # no visible key in this split: O = 0, lse = -inf
