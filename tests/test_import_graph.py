@@ -5,7 +5,8 @@ level and inside functions alike (a lazy import is still an arrow). Two rules:
 
 * no cycle among the tkit.kernels modules;
 * arrows point down: nothing in tkit.kernels imports tkit.ir_tools, tkit.cuda_ext, tkit.bench,
-  tkit.specs, tkit.registry or tkit.cli (a higher layer registers a hook with a lower one).
+  tkit.specs, tkit.registry, tkit.cli or tkit.models (a higher layer registers a hook with a
+  lower one).
 
 An import of ``a.b.c`` is an arrow to ``a.b.c`` only, not to the packages above it that Python
 also initializes: a package's ``__init__`` imports its rooms, and a room importing a sibling
@@ -20,7 +21,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "tkit"
-UP = ("tkit.ir_tools", "tkit.cuda_ext", "tkit.bench", "tkit.specs", "tkit.registry", "tkit.cli")
+UP = ("tkit.ir_tools", "tkit.cuda_ext", "tkit.bench", "tkit.specs", "tkit.registry", "tkit.cli",
+      "tkit.models")
 
 
 def _modules(root: Path = ROOT) -> dict[str, Path]:

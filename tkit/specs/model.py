@@ -1,13 +1,16 @@
-"""Model: a Llama-3-8B decoder layer assembled from tkit ops.
+"""Specs of the models (tkit/models/): a Llama-3-8B decoder layer from tkit ops, for a prompt
+and for a decode step.
 
-Not a kernel of its own: the layer is where per-call host cost (the eager tax) and the gaps
+Not kernels of their own: a layer is where per-call host cost (the eager tax) and the gaps
 between kernels add up, so it is measured as a whole against the same layer in torch, eager
-and under torch.compile. One layer: RMSNorm, the fused QKV projection, causal GQA attention,
-the output projection with the residual added in its epilogue, RMSNorm, the fused gate/up
-projection with SwiGLU in its epilogue (``tkit.matmul_glu``: the (tokens, 2 * mlp) product is
-never written), the down projection with the residual. No RoPE: the case was defined before
-``tkit.rope`` existed and is kept as it is so that its runs stay comparable.
-Weights are in nn.Linear's (out, in) layout, passed to ``tkit.matmul`` transposed (no copy).
+and under torch.compile.
+
+``llama_layer`` (a prompt): causal GQA attention between the projections, without RoPE: the
+case was defined before ``tkit.rope`` existed and is kept as it is so that its runs stay
+comparable. ``llama_decode_layer`` (one decode step of a batch of sequences over a KV cache):
+RoPE fused with the cache write and decode attention over the cache, dense or paged; its
+benchmark case is dense, the static cache a torch user decodes over (torch has no paged
+attention: its reference gathers the pages first).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import tkit
+from tkit.models.llama import EPS, LLAMA3_8B, head_dim, llama_decode_layer, llama_layer
 from tkit.registry import (
     Case,
     Cost,
@@ -25,33 +29,18 @@ from tkit.registry import (
     optional_module,
     torch_compile_baseline,
 )
+from tkit.specs.decode_attention import paged_table
+from tkit.specs.inference import ref_rope
 from tkit.testing import make_tensor
 
 st = optional_module("hypothesis.strategies")
 
-#: Llama-3-8B's layer; the check cases use a model small enough for the interpreter
-LLAMA3_8B = dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, mlp=14336)
+#: the check cases' model, small enough for the interpreter
 TINY = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, mlp=96)
-EPS = 1e-5
 
 
 def _dims(x, w_qkv, w_down, heads, kv_heads):
-    tokens = x.shape[0]
-    head_dim = w_qkv.shape[0] // (heads + 2 * kv_heads)
-    return tokens, head_dim, w_down.shape[1]
-
-
-def llama_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, *, heads, kv_heads, eps=EPS):
-    """One decoder layer over ``x`` (tokens, hidden) of one sequence, causal, from tkit ops."""
-    t, d, mlp = _dims(x, w_qkv, w_down, heads, kv_heads)
-    qkv = tkit.matmul(tkit.rms_norm(x, w_in, eps), w_qkv.t())
-    q = qkv[:, :heads * d].view(1, t, heads, d)
-    k = qkv[:, heads * d:(heads + kv_heads) * d].view(1, t, kv_heads, d)
-    v = qkv[:, (heads + kv_heads) * d:].view(1, t, kv_heads, d)
-    o = tkit.flash_attention(q, k, v, causal=True)
-    h = tkit.matmul(o.view(t, heads * d), w_o.t(), residual=x)
-    act = tkit.matmul_glu(tkit.rms_norm(h, w_post, eps), w_gu.t())  # SwiGLU in the GEMM
-    return tkit.matmul(act, w_down.t(), residual=h)
+    return x.shape[0], head_dim(w_qkv, heads, kv_heads), w_down.shape[1]
 
 
 def ref_llama_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, *, heads, kv_heads, eps=EPS):
@@ -148,6 +137,156 @@ def _tkit_compiled():
     return torch.compile(llama_layer, dynamic=False, fullgraph=True)
 
 
+# ---- the decode step ---------------------------------------------------------------------------
+def _dense_kv(cache, block_table):
+    """(batch, heads_kv, max_len, head_dim): a dense cache's view, or a paged cache's pages
+    gathered in each sequence's order (a copy)."""
+    if block_table is not None:
+        b, n = block_table.shape
+        cache = cache[block_table.long()].reshape(b, n * cache.shape[1], *cache.shape[2:])
+    return cache.transpose(1, 2)
+
+
+def ref_llama_decode_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cache,
+                           cos_sin, *, positions, slot_mapping, cache_seqlens, block_table=None,
+                           heads, kv_heads, eps=EPS):
+    """The same step in torch, as a torch user writes it over a static cache: RoPE in float32
+    (:func:`tkit.specs.inference.ref_rope`), k and v written by ``index_copy_`` (every slot
+    valid), and SDPA over the cache with the query heads of a kv head as its query rows (no
+    copy of K or V for GQA) and a mask of each sequence's length. A paged cache is gathered
+    into a dense one first (torch has no paged attention)."""
+    b = x.shape[0]
+    d = head_dim(w_qkv, heads, kv_heads)
+    qkv = F.linear(F.rms_norm(x, (x.shape[-1],), w_in, eps), w_qkv)
+    q = qkv[:, :heads * d].view(b, heads, d)
+    k = qkv[:, heads * d:(heads + kv_heads) * d].view(b, kv_heads, d)
+    v = qkv[:, (heads + kv_heads) * d:].view(b, kv_heads, d)
+    q, k = ref_rope(q, k, positions, cos_sin)
+    slots = slot_mapping.long()
+    k_cache.view(-1, kv_heads, d).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(-1, kv_heads, d).index_copy_(0, slots, v.to(v_cache.dtype))
+    kc, vc = _dense_kv(k_cache, block_table), _dense_kv(v_cache, block_table)
+    keys = torch.arange(kc.shape[2], device=x.device)
+    mask = (keys[None, :] < cache_seqlens.to(x.device)[:, None]).view(b, 1, 1, -1)
+    o = F.scaled_dot_product_attention(q.view(b, kv_heads, heads // kv_heads, d),
+                                       kc.to(q.dtype), vc.to(q.dtype), attn_mask=mask)
+    h = x + F.linear(o.reshape(b, heads * d), w_o)
+    gu = F.linear(F.rms_norm(h, (h.shape[-1],), w_post, eps), w_gu)
+    mlp = w_down.shape[1]
+    return h + F.linear(F.silu(gu[:, :mlp]) * gu[:, mlp:], w_down)
+
+
+def cost_llama_decode_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cache,
+                            cos_sin, *, positions, slot_mapping, cache_seqlens,
+                            block_table=None, heads, kv_heads, eps=EPS):
+    """Bytes: the weights, the cached K and V each sequence reads (its length), the new k
+    and v written, the activations (negligible beside them); FLOPs: the projections and
+    attention (QK^T and PV over each sequence's keys). One host read of the lengths (the
+    cost is computed once a case, not in the timed call)."""
+    b = x.shape[0]
+    d = head_dim(w_qkv, heads, kv_heads)
+    keys = int(cache_seqlens.long().sum().item())
+    weights = (w_in, w_qkv, w_o, w_post, w_gu, w_down)
+    kv = 2 * keys * kv_heads * d * k_cache.element_size()
+    acts = 4 * b * x.shape[1] * x.element_size()
+    gemm = 2 * b * sum(w.shape[0] * w.shape[1] for w in (w_qkv, w_o, w_gu, w_down))
+    return Cost(bytes=sum(w.numel() * w.element_size() for w in weights) + kv + acts,
+                flops=gemm + 4 * keys * heads * d)
+
+
+def _make_decode(batch, lengths, cfg, dtype, page=None, seed=0):
+    """A decode step: ``lengths`` (one a sequence, the new token included) over a cache of
+    ``max(lengths)`` positions a sequence rounded up to pages; dense when ``page`` is None,
+    else pages in a shuffled order."""
+    def make(device):
+        args, kw = _make(batch, cfg, dtype, seed)(device)
+        hk, d = cfg["kv_heads"], cfg["head_dim"]
+        max_len = max(lengths)
+        lens = torch.tensor(lengths, dtype=torch.int32)
+        pos = (lens - 1).long()
+        if page is None:
+            shape = (batch, max_len, hk, d)
+            table = None
+            slots = torch.arange(batch) * max_len + pos
+        else:
+            per_seq = -(-max_len // page)
+            shape = (batch * per_seq, page, hk, d)
+            table = paged_table(batch, per_seq, batch * per_seq,
+                                torch.Generator().manual_seed(seed + batch))
+            slots = table[torch.arange(batch), pos // page].long() * page + pos % page
+            table = table.to(device)
+        caches = tuple(make_tensor(shape, dtype, seed=seed + 7 + i, device=device)
+                       for i in range(2))
+        cos_sin = tkit.rope_cache(max_len, d, 500000.0, device=device)
+        kw.update(positions=pos.to(device), slot_mapping=slots.to(device),
+                  cache_seqlens=lens.to(device), block_table=table)
+        return args + caches + (cos_sin,), kw
+
+    return make
+
+
+def _decode_bench():
+    cfg = LLAMA3_8B
+    b, n = 32, 4096
+    return [Case(f"Llama-3-8B layer decode, B{b} L{n} dense bf16",
+                 _make_decode(b, [n] * b, cfg, torch.bfloat16), group="decode",
+                 meta={"batch": b, "max_len": n, **cfg})]
+
+
+def _decode_check():
+    return [
+        Case("tiny layer decode, B3 dense float32",
+             _make_decode(3, [24, 1, 11], TINY, torch.float32), group="decode"),
+        Case("tiny layer decode, B4 page 4 shuffled bfloat16",
+             _make_decode(4, [9, 16, 1, 30], TINY, torch.bfloat16, page=4), group="decode"),
+    ]
+
+
+def fuzz_decode_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cache, cos_sin,
+                      positions, slot_mapping, cache_seqlens, block_table, **kw):
+    """:func:`llama_decode_layer` with the step's integer tensors positional (the fuzz
+    recipe's ``extra_args`` appends them)."""
+    return llama_decode_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cache,
+                              cos_sin, positions=positions, slot_mapping=slot_mapping,
+                              cache_seqlens=cache_seqlens, block_table=block_table, **kw)
+
+
+def fuzz_decode_layer_ref(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cache,
+                          cos_sin, positions, slot_mapping, cache_seqlens, block_table, **kw):
+    return ref_llama_decode_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cache,
+                                  cos_sin, positions=positions, slot_mapping=slot_mapping,
+                                  cache_seqlens=cache_seqlens, block_table=block_table, **kw)
+
+
+def decode_layer_extra_args(tensors, dtype, device):
+    """The step around the drawn ``x``: lengths 1..29 and the cache's form (dense, or pages
+    of 1, 4 or 8) follow from the batch size."""
+    b = tensors[0].shape[0]
+    lens = [1 + (7 * i + 3 * b) % 29 for i in range(b)]
+    args, kw = _make_decode(b, lens, TINY, dtype, page=(None, 1, 4, 8)[b % 4], seed=b)(device)
+    return args[1:] + (kw["positions"], kw["slot_mapping"], kw["cache_seqlens"],
+                       kw["block_table"])
+
+
+def _decode_fuzz():
+    # batch sizes (and x's layout) only: the layer's parts are fuzzed as ops of their own
+    return dict(fn=fuzz_decode_layer, reference=fuzz_decode_layer_ref,
+                shapes=st.integers(1, 6).map(lambda b: ((b, TINY["hidden"]),)),
+                dtypes=(torch.float32, torch.bfloat16), extra_args=decode_layer_extra_args,
+                kwargs=st.just({"heads": TINY["heads"], "kv_heads": TINY["kv_heads"]}))
+
+
+def _tkit_decode_compiled():
+    """torch.compile (fullgraph) over the decode step of tkit ops (the in-place RoPE and cache
+    write included)."""
+    if not torch.cuda.is_available():
+        return None
+    import torch._dynamo as dynamo
+
+    dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 1024)
+    return torch.compile(llama_decode_layer, dynamic=False, fullgraph=True)
+
+
 SPECS = [
     OpSpec(name="llama_layer", family="model", fn=llama_layer, reference=ref_llama_layer,
            cost=cost_llama_layer, bench_cases=_bench, check_cases=_check, fuzz=_fuzz,
@@ -155,4 +294,11 @@ SPECS = [
                       "torch.compile": torch_compile_baseline(ref_llama_layer),
                       "tkit+torch.compile": _tkit_compiled},
            bound="compute", doc=__doc__.splitlines()[0]),
+    OpSpec(name="llama_decode_layer", family="model", fn=llama_decode_layer,
+           reference=ref_llama_decode_layer, cost=cost_llama_decode_layer,
+           bench_cases=_decode_bench, check_cases=_decode_check, fuzz=_decode_fuzz,
+           baselines={"torch": eager_baseline(ref_llama_decode_layer),
+                      "torch.compile": torch_compile_baseline(ref_llama_decode_layer),
+                      "tkit+torch.compile": _tkit_decode_compiled},
+           bound="memory", doc=llama_decode_layer.__doc__.splitlines()[0]),
 ]

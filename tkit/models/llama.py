@@ -1,0 +1,67 @@
+"""A Llama decoder layer from tkit ops, for a prompt (:func:`llama_layer`) and for one decode
+step of a batch of sequences over a KV cache (:func:`llama_decode_layer`).
+
+Weights are in nn.Linear's (out, in) layout, passed to ``tkit.matmul`` transposed (no copy);
+the QKV projection is fused (q, k, v rows stacked in that order) as is gate/up (gate rows
+first), whose SwiGLU runs in the GEMM's epilogue (``tkit.matmul_glu``: the (tokens, 2 * mlp)
+product is never written).
+"""
+
+from __future__ import annotations
+
+import tkit
+
+#: Llama-3-8B's layer sizes
+LLAMA3_8B = dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, mlp=14336)
+EPS = 1e-5
+
+
+def head_dim(w_qkv, heads: int, kv_heads: int) -> int:
+    """The head dim of a fused QKV weight ((heads + 2 kv_heads) * head_dim, hidden)."""
+    return w_qkv.shape[0] // (heads + 2 * kv_heads)
+
+
+def llama_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, *, heads, kv_heads, eps=EPS):
+    """One decoder layer over ``x`` (tokens, hidden) of one sequence, causal, from tkit ops:
+    RMSNorm, the QKV projection, causal GQA attention (no RoPE), the output projection with
+    the residual in its epilogue, RMSNorm, gate/up with SwiGLU, down with the residual."""
+    t = x.shape[0]
+    d = head_dim(w_qkv, heads, kv_heads)
+    qkv = tkit.matmul(tkit.rms_norm(x, w_in, eps), w_qkv.t())
+    q = qkv[:, :heads * d].view(1, t, heads, d)
+    k = qkv[:, heads * d:(heads + kv_heads) * d].view(1, t, kv_heads, d)
+    v = qkv[:, (heads + kv_heads) * d:].view(1, t, kv_heads, d)
+    o = tkit.flash_attention(q, k, v, causal=True)
+    h = tkit.matmul(o.view(t, heads * d), w_o.t(), residual=x)
+    act = tkit.matmul_glu(tkit.rms_norm(h, w_post, eps), w_gu.t())  # SwiGLU in the GEMM
+    return tkit.matmul(act, w_down.t(), residual=h)
+
+
+def llama_decode_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cache, cos_sin, *,
+                       positions, slot_mapping, cache_seqlens, block_table=None, heads,
+                       kv_heads, eps=EPS):
+    """One decode step of a layer from tkit ops.
+
+    ``x`` (batch, hidden) holds one new token of each sequence, at ``positions`` (batch,). The
+    token's q and k are rotated (neox RoPE of the whole head from ``cos_sin``, the table of
+    ``tkit.rope_cache``) and its k and v written into the cache at ``slot_mapping`` (batch,)
+    int64 (slot = block * page_size + offset) in one pass (``tkit.rope_append_kv``); then it
+    attends to the first ``cache_seqlens`` (batch,) int32 positions of its sequence, itself
+    the last of them (``tkit.decode_attention``). ``k_cache``, ``v_cache``: dense (batch,
+    max_len, heads_kv, head_dim), or pages (num_blocks, page_size, heads_kv, head_dim) with
+    ``block_table`` (batch, max_blocks) int32. Positions, slots and lengths are the caller's,
+    as a model runner computes them once a step for every layer. Nine launches, none of which
+    reads a value on the host: the step can be captured in a CUDA graph and replayed with
+    new tokens, positions, slots and lengths copied into the captured tensors."""
+    b = x.shape[0]
+    d = head_dim(w_qkv, heads, kv_heads)
+    qkv = tkit.matmul(tkit.rms_norm(x, w_in, eps), w_qkv.t())
+    q = qkv[:, :heads * d].view(b, heads, d)
+    k = qkv[:, heads * d:(heads + kv_heads) * d].view(b, kv_heads, d)
+    v = qkv[:, (heads + kv_heads) * d:].view(b, kv_heads, d)
+    tkit.rope_append_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)
+    o = tkit.decode_attention(q.view(b, 1, heads, d), k_cache, v_cache, cache_seqlens,
+                              block_table=block_table)
+    h = tkit.matmul(o.view(b, heads * d), w_o.t(), residual=x)
+    act = tkit.matmul_glu(tkit.rms_norm(h, w_post, eps), w_gu.t())
+    return tkit.matmul(act, w_down.t(), residual=h)
