@@ -1,0 +1,162 @@
+"""transformers' Llama with tkit inside (``tkit.models.hf.apply_tkit_to_llama``): a tiny random
+model's logits, greedy generation over HF's cache and gradients against the unpatched model,
+with a spy that fails a test whose tkit ops did not run (a patch that silently fell back)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import tkit  # noqa: E402
+from tkit.models import hf  # noqa: E402
+from tkit.testing.compare import assert_close_to_reference  # noqa: E402
+from tkit.testing.tensors import default_device  # noqa: E402
+
+OPS = ("rms_norm", "silu_mul", "rope", "flash_attention", "decode_attention")
+
+
+def _config(**kw):
+    cfg = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+               rope_theta=10000.0, attn_implementation="sdpa",
+               initializer_range=0.15)  # not HF's 0.02: attention and RoPE must move the logits
+    cfg.update(kw)
+    return transformers.LlamaConfig(**cfg)
+
+
+def _model(dtype=torch.float32, seed=0, **kw):
+    """The same weights (drawn in float32) in any dtype."""
+    torch.manual_seed(seed)
+    m = transformers.LlamaForCausalLM(_config(**kw))
+    with torch.no_grad():  # RMSNorm weights away from 1, so that a dropped weight shows
+        for mod in m.modules():
+            if isinstance(mod, transformers.models.llama.modeling_llama.LlamaRMSNorm):
+                mod.weight.uniform_(0.5, 1.5)
+    return m.to(default_device(), dtype).eval()
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    yield
+    hf.remove_tkit_from_llama()
+
+
+@contextlib.contextmanager
+def _spy():
+    """Counts the calls of tkit's public ops made inside."""
+    calls = dict.fromkeys(OPS, 0)
+    saved = {name: getattr(tkit, name) for name in OPS}
+
+    def wrap(name):
+        def f(*a, **k):
+            calls[name] += 1
+            return saved[name](*a, **k)
+        return f
+
+    for name in OPS:
+        setattr(tkit, name, wrap(name))
+    try:
+        yield calls
+    finally:
+        for name, fn in saved.items():
+            setattr(tkit, name, fn)
+
+
+def _ids(batch=2, seq=11, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 97, (batch, seq), generator=g).to(default_device())
+
+
+def test_logits_float32():
+    ids = _ids()
+    base = _model()
+    ref = base(ids).logits
+    patched = hf.apply_tkit_to_llama(_model())
+    with _spy() as calls, torch.no_grad():
+        out = patched(ids).logits
+    n = 2  # layers
+    assert calls == dict(rms_norm=2 * n + 1, silu_mul=n, rope=n, flash_attention=n,
+                         decode_attention=0)
+    torch.testing.assert_close(out, ref, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_logits_low_precision_under_the_reference_rule(dtype):
+    # HF's model in float64 is the reference, HF's own in dtype the peer
+    ids = _ids(seed=2)
+    with torch.no_grad():
+        ref = _model(torch.float64)(ids).logits
+        peer = _model(dtype)(ids).logits
+        out = hf.apply_tkit_to_llama(_model(dtype))(ids).logits
+    assert_close_to_reference(out, ref, peer)
+
+
+def _steps(model, ids, n):
+    """The prompt's logits, then ``n`` greedy steps' over HF's DynamicCache."""
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        out = model(ids, past_key_values=cache, use_cache=True)
+        logits = [out.logits]
+        for _ in range(n):
+            nxt = out.logits[:, -1:].argmax(-1)
+            out = model(nxt, past_key_values=out.past_key_values, use_cache=True)
+            logits.append(out.logits)
+    return logits
+
+
+def test_decode_steps_over_the_cache():
+    ids = _ids(batch=2, seq=7, seed=3)
+    ref = _steps(_model(), ids, 5)
+    patched = hf.apply_tkit_to_llama(_model())
+    with _spy() as calls:
+        out = _steps(patched, ids, 5)
+    for i, (o, r) in enumerate(zip(out, ref)):
+        torch.testing.assert_close(o, r, atol=2e-4, rtol=2e-4, msg=f"step {i}")
+    # the prompt through flash attention, each step after it through decode attention
+    assert calls["flash_attention"] == 2 and calls["decode_attention"] == 2 * 5
+    assert calls["rope"] == 2 * 6
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(patched.generate(ids, **kw), _model().generate(ids, **kw))
+
+
+def test_padding_goes_to_sdpa_and_matches():
+    ids = _ids(batch=2, seq=9, seed=4)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding of the second sequence
+    with torch.no_grad():
+        ref = _model()(ids, attention_mask=mask).logits
+        with _spy() as calls:
+            out = hf.apply_tkit_to_llama(_model())(ids, attention_mask=mask).logits
+    assert calls["flash_attention"] == 0 and calls["rms_norm"] > 0
+    keep = mask.bool()
+    torch.testing.assert_close(out[keep], ref[keep], atol=2e-4, rtol=2e-4)
+
+
+def test_gradients_float32():
+    # RMSNorm, SwiGLU and flash attention have backward passes; RoPE falls back to HF's own
+    ids = _ids(seed=5)
+    base, patched = _model(seed=6), hf.apply_tkit_to_llama(_model(seed=6))
+    for m in (base, patched):
+        m.train()
+        m(ids, labels=ids).loss.backward()
+    for (name, p), q in zip(base.named_parameters(), patched.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-4, rtol=1e-3, msg=name)
+
+
+def test_class_patch_reaches_models_built_later():
+    hf.apply_tkit_to_llama()
+    ids = _ids(seed=7)
+    m = _model()
+    m.set_attn_implementation("tkit")
+    with _spy() as calls, torch.no_grad():
+        m(ids)
+    assert calls["rms_norm"] == 5 and calls["silu_mul"] == 2 and calls["flash_attention"] == 2
+    hf.remove_tkit_from_llama()
+    m = _model()
+    with _spy() as calls, torch.no_grad():
+        m(ids)
+    assert not any(calls.values())
