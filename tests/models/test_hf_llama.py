@@ -160,3 +160,24 @@ def test_class_patch_reaches_models_built_later():
     with _spy() as calls, torch.no_grad():
         m(ids)
     assert not any(calls.values())
+
+
+def test_benchmark_script_runs(tmp_path, monkeypatch):
+    """benchmarks/hf_llama.py end to end on a tiny model: both providers timed, the patched
+    model's logits checked against HF's, rows written."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "hf_llama.py"
+    spec = importlib.util.spec_from_file_location("hf_llama_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "OUT", tmp_path)
+    monkeypatch.setattr(mod, "ROUNDS", 2)
+    rows = mod.main(["--tiny", "--layers", "1"])
+    assert {(r["case"], r["provider"]) for r in rows} == {
+        (c, p) for c in ("prompt B2 S12", "decode B2 L9") for p in ("hf", "hf+tkit")}
+    assert all(r["logits_rel_diff"] < 2 ** -6 for r in rows)
+    assert len((tmp_path / "hf-llama.jsonl").read_text().splitlines()) == 4
+    assert json.loads((tmp_path / "hf-llama.jsonl").read_text().splitlines()[0])["layers"] == 1

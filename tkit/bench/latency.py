@@ -191,16 +191,18 @@ def first_call_rows(env: dict, log=print) -> list[dict]:
 
 
 def wall_per_call_ms(fn: Callable[[], object], calls: int, rounds: int, warmup: int = 50):
-    """(median, p20, p80) over ``rounds`` bursts of wall time per call, in milliseconds."""
+    """(median, p20, p80) over ``rounds`` bursts of wall time per call, in milliseconds (on a
+    machine without CUDA, of the host's calls alone)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    sync()
     per = []
     for _ in range(rounds):
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
+        sync()
         per.append((time.perf_counter() - t0) / calls * 1e3)
     per.sort()
     q = statistics.quantiles(per, n=10) if len(per) > 1 else per * 9

@@ -1,0 +1,163 @@
+"""Hugging Face's Llama with and without tkit inside (``tkit.models.hf.apply_tkit_to_llama``): a
+randomly initialised model with Llama-3-8B's sizes (a few layers, bf16), its prompt forward
+and its decode steps over HF's DynamicCache, as a transformers user runs them.
+
+    python benchmarks/hf_llama.py [--layers N]     # rows to $OUT/hf-llama.jsonl
+
+Providers: ``hf`` (transformers' own: SDPA attention) and ``hf+tkit`` (the same weights, the
+model patched), interleaved in rounds with the order rotated. Cases: prompts of 1 x 4096 and
+8 x 512 tokens (the forward with ``logits_to_keep=1``, as ``generate`` runs it), and decode
+steps of batches of 1 and 32 sequences over 2048 cached tokens (one new token a sequence; the
+cache cropped back after each step so that every step sees the same length). Each case
+first checks the patched model's logits against HF's (same bf16 weights; the max difference
+over the logits' scale is printed and kept in the rows). Times are wall clock a call over
+back-to-back bursts (``tkit.bench.latency.wall_per_call_ms``): what HF's Python costs a call
+is in them, as it is in a user's loop. ``--tiny`` runs a tiny model on whatever device there
+is (a smoke test of this script; its times mean nothing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from tkit.bench.latency import wall_per_call_ms  # noqa: E402
+from tkit.bench.runner import environment  # noqa: E402
+from tkit.models import LLAMA3_8B, hf  # noqa: E402
+
+OUT = Path(os.environ.get("OUT", "out"))
+PROMPTS = ((1, 4096), (8, 512))
+DECODES = ((1, 2048), (32, 2048))
+ROUNDS = 4
+
+
+def config(layers: int, tiny: bool):
+    import transformers
+
+    if tiny:
+        dims = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=256)
+    else:
+        c = LLAMA3_8B
+        dims = dict(vocab_size=128256, hidden_size=c["hidden"], intermediate_size=c["mlp"],
+                    num_attention_heads=c["heads"], num_key_value_heads=c["kv_heads"],
+                    max_position_embeddings=8192, rope_theta=500000.0)
+    return transformers.LlamaConfig(num_hidden_layers=layers, attn_implementation="sdpa",
+                                    **dims)
+
+
+def models(cfg, device):
+    """HF's model and a patched one with the same weights."""
+    import transformers
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        base = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+        patched = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    patched.load_state_dict(base.state_dict())
+    return base, hf.apply_tkit_to_llama(patched)
+
+
+@contextlib.contextmanager
+def rope_for(provider: str):
+    """RoPE is a module-level function in transformers' Llama: HF's for ``hf``, tkit's for
+    ``hf+tkit`` (the patched model's other ops are its own modules)."""
+    if provider == "hf":
+        hf.remove_tkit_from_llama()
+    try:
+        yield
+    finally:
+        hf.apply_tkit_to_llama(rope=True, rms_norm=False, swiglu=False, attention=False)
+
+
+def check(name, base, patched, call):
+    with rope_for("hf"):
+        ref = call(base).float()
+    out = call(patched).float()
+    rel = ((out - ref).abs().max() / ref.abs().max()).item()
+    print(f"{name}: logits max |hf+tkit - hf| / max |hf| = {rel:.3g}")
+    return rel
+
+
+def time_case(name, fns, rows, env, extra, calls):
+    per = {p: [] for p in fns}
+    names = list(fns)
+    for r in range(ROUNDS):
+        for p in names[r % 2:] + names[:r % 2]:
+            with rope_for(p):
+                per[p].append(wall_per_call_ms(fns[p], calls, rounds=3, warmup=2)[0])
+    got = {p: sorted(v)[len(v) // 2] for p, v in per.items()}
+    for p, ms in got.items():
+        rows.append({"case": name, "provider": p, "median_ms": ms, **extra, **env})
+    print(f"{name}: hf {got['hf']:.3f} ms, hf+tkit {got['hf+tkit']:.3f} ms a call "
+          f"({got['hf'] / got['hf+tkit']:.2f}x)")
+
+
+def prompt_cases(base, patched, rows, env, tiny, device):
+    for b, s in ((2, 12),) if tiny else PROMPTS:
+        ids = torch.randint(0, base.config.vocab_size, (b, s), device=device)
+
+        def fwd(m, ids=ids):
+            return m(ids, logits_to_keep=1, use_cache=False).logits
+
+        name = f"prompt B{b} S{s}"
+        rel = check(name, base, patched, fwd)
+        time_case(name, {"hf": lambda: fwd(base), "hf+tkit": lambda: fwd(patched)}, rows, env,
+                  {"batch": b, "tokens": s, "logits_rel_diff": rel}, 1 if tiny else 5)
+
+
+def decode_cases(base, patched, rows, env, tiny, device):
+    import transformers
+
+    for b, n in ((2, 9),) if tiny else DECODES:
+        ids = torch.randint(0, base.config.vocab_size, (b, n), device=device)
+        nxt = torch.randint(0, base.config.vocab_size, (b, 1), device=device)
+        caches = {}
+        for p, m in (("hf", base), ("hf+tkit", patched)):
+            with rope_for(p):
+                caches[p] = transformers.DynamicCache(config=m.config)
+                m(ids, past_key_values=caches[p], use_cache=True, logits_to_keep=1)
+
+        def step(p, m, nxt=nxt, caches=caches):
+            out = m(nxt, past_key_values=caches[p], use_cache=True).logits
+            caches[p].crop(-1)  # back to n cached tokens
+            return out
+
+        name = f"decode B{b} L{n}"
+        rel = check(name, base, patched,
+                    lambda m: step("hf" if m is base else "hf+tkit", m))
+        time_case(name, {"hf": lambda: step("hf", base),
+                         "hf+tkit": lambda: step("hf+tkit", patched)}, rows, env,
+                  {"batch": b, "cached": n, "logits_rel_diff": rel}, 2 if tiny else 20)
+
+
+def main(argv):
+    tiny = "--tiny" in argv
+    layers = int(argv[argv.index("--layers") + 1]) if "--layers" in argv else 4
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    env = environment()
+    cfg = config(layers, tiny)
+    base, patched = models(cfg, device)
+    rows = []
+    extra = {"layers": layers, "model": "tiny" if tiny else "Llama-3-8B sizes, random"}
+    env = {**env, **extra}
+    with torch.no_grad():
+        prompt_cases(base, patched, rows, env, tiny, device)
+        decode_cases(base, patched, rows, env, tiny, device)
+    hf.remove_tkit_from_llama()
+    OUT.mkdir(parents=True, exist_ok=True)
+    with open(OUT / "hf-llama.jsonl", "a") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,248 @@
+"""A Llama model from tkit ops over a paged KV cache: :class:`LlamaModel` and :class:`PagedKVCache`.
+
+Prompts of different lengths are prefilled together as one packed batch (RoPE fused with the
+cache write, ``tkit.flash_attention_varlen`` over each prompt's own tokens); the batch then
+decodes one token a sequence a step (:func:`tkit.models.llama.llama_decode_layer` in every
+layer over the pages, ``tkit.sample`` to choose), optionally replayed from a CUDA graph
+captured once for the batch. Positions, slots, lengths and the block table are computed on
+the host a step and copied in; the kernels read them on the device, never the host.
+
+Weights come from a Hugging Face ``LlamaForCausalLM`` (:meth:`LlamaModel.from_hf`): q, k, v
+and gate, up fused into one weight each (one GEMM each), RoPE's table from the config's
+``rope_parameters`` (or ``rope_theta`` / ``rope_scaling``) by ``tkit.rope_cache``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import tkit
+from tkit.models.llama import llama_decode_layer
+
+
+@dataclass
+class LayerWeights:
+    """One layer's weights in nn.Linear's (out, in) layout: RMSNorm, [q; k; v], o, RMSNorm,
+    [gate; up], down."""
+
+    w_in: torch.Tensor
+    w_qkv: torch.Tensor
+    w_o: torch.Tensor
+    w_post: torch.Tensor
+    w_gu: torch.Tensor
+    w_down: torch.Tensor
+
+    def as_args(self) -> tuple:
+        return (self.w_in, self.w_qkv, self.w_o, self.w_post, self.w_gu, self.w_down)
+
+
+class PagedKVCache:
+    """K and V pages for every layer, (num_blocks, page_size, kv_heads, head_dim) each, and
+    the pages each sequence holds (allocated as it grows, from a free list)."""
+
+    def __init__(self, layers: int, num_blocks: int, page_size: int, kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device):
+        if page_size < 1 or page_size & (page_size - 1) or page_size > 256:
+            raise ValueError(f"page_size must be a power of 2 from 1 to 256, got {page_size}")
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        shape = (num_blocks, page_size, kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.page_size = page_size
+        self.free = list(range(num_blocks - 1, -1, -1))
+        self.blocks: dict[int, list[int]] = {}
+
+    def reserve(self, seq: int, length: int) -> None:
+        """Pages for the first ``length`` positions of sequence ``seq``."""
+        pages = self.blocks.setdefault(seq, [])
+        need = -(-length // self.page_size) - len(pages)
+        if need > len(self.free):
+            raise RuntimeError(f"the cache is full: sequence {seq} needs {need} more pages, "
+                               f"{len(self.free)} are free")
+        pages += [self.free.pop() for _ in range(max(0, need))]
+
+    def release(self, seq: int) -> None:
+        self.free += reversed(self.blocks.pop(seq, []))
+
+    def slot(self, seq: int, pos: int) -> int:
+        """Where position ``pos`` of ``seq`` lives: block * page_size + offset."""
+        return self.blocks[seq][pos // self.page_size] * self.page_size + pos % self.page_size
+
+    def table(self, seqs: list[int], width: int | None = None) -> torch.Tensor:
+        """(len(seqs), width) int32 block table on the host; entries past a sequence's pages
+        are 0 (a valid block, never read: lengths bound every read)."""
+        width = width or max(len(self.blocks[s]) for s in seqs)
+        t = torch.zeros((len(seqs), width), dtype=torch.int32)
+        for i, s in enumerate(seqs):
+            t[i, :len(self.blocks[s])] = torch.tensor(self.blocks[s], dtype=torch.int32)
+        return t
+
+
+class LlamaModel:
+    """Llama from tkit ops: embeddings, decoder layers, the final RMSNorm and the LM head.
+
+    ``heads``, ``kv_heads``: attention heads; ``eps``: RMSNorm's; ``cos_sin``:
+    ``tkit.rope_cache``'s table (neox rotation of the whole head) over the positions the model
+    may see."""
+
+    def __init__(self, embed, layers: list[LayerWeights], norm, lm_head, *, heads: int,
+                 kv_heads: int, eps: float, cos_sin: torch.Tensor):
+        self.embed, self.layers, self.norm, self.lm_head = embed, layers, norm, lm_head
+        self.heads, self.kv_heads, self.eps, self.cos_sin = heads, kv_heads, eps, cos_sin
+        self.head_dim = layers[0].w_qkv.shape[0] // (heads + 2 * kv_heads)
+
+    @classmethod
+    def from_hf(cls, model, max_position: int | None = None) -> LlamaModel:
+        """The weights of a transformers ``LlamaForCausalLM`` (shared, except the fused
+        [q; k; v] and [gate; up], which are new tensors)."""
+        cfg = model.config
+        if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
+            raise NotImplementedError("Llama with biases in its projections")
+        if cfg.hidden_act not in ("silu", "swish"):
+            raise NotImplementedError(f"hidden_act {cfg.hidden_act!r} (SwiGLU's silu only)")
+        heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        d = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        layers = []
+        for layer in model.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            layers.append(LayerWeights(
+                layer.input_layernorm.weight.detach(),
+                torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(),
+                a.o_proj.weight.detach(), layer.post_attention_layernorm.weight.detach(),
+                torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach(),
+                m.down_proj.weight.detach()))
+        params = dict(getattr(cfg, "rope_parameters", None) or {})
+        base = params.pop("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+        if not params:
+            params = dict(getattr(cfg, "rope_scaling", None) or {})
+        kind = params.get("rope_type", params.get("type", "default"))
+        n = max_position or cfg.max_position_embeddings
+        device = layers[0].w_qkv.device
+        cos_sin = tkit.rope_cache(n, d, base, None if kind == "default" else params,
+                                  device=device)
+        return cls(model.model.embed_tokens.weight.detach(), layers,
+                   model.model.norm.weight.detach(), model.lm_head.weight.detach(),
+                   heads=heads, kv_heads=kv_heads, eps=cfg.rms_norm_eps, cos_sin=cos_sin)
+
+    # ---- the two kinds of step ----------------------------------------------------------------
+    def new_cache(self, num_blocks: int, page_size: int = 16) -> PagedKVCache:
+        return PagedKVCache(len(self.layers), num_blocks, page_size, self.kv_heads,
+                            self.head_dim, self.embed.dtype, self.embed.device)
+
+    def _logits(self, x):
+        return tkit.matmul(tkit.rms_norm(x, self.norm, self.eps), self.lm_head.t())
+
+    def prefill(self, cache: PagedKVCache, seqs: list[int], prompts: list[list[int]]):
+        """Run ``prompts`` (token ids; sequence ``seqs[i]`` starts empty) through the model
+        as one packed batch, filling their pages; returns the logits of each prompt's last
+        token, (len(prompts), vocab)."""
+        dev = self.embed.device
+        lens = [len(p) for p in prompts]
+        if not lens or min(lens) < 1:
+            raise ValueError("prompts must be non-empty lists of token ids")
+        slots, positions = [], []
+        for s, n in zip(seqs, lens):
+            cache.reserve(s, n)
+            slots += [cache.slot(s, i) for i in range(n)]
+            positions += range(n)
+        cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        tokens = torch.tensor([t for p in prompts for t in p], device=dev)
+        positions = torch.tensor(positions, device=dev)
+        slots = torch.tensor(slots, device=dev)
+        cu_dev = cu.to(dev)
+        h, hk, d, t = self.heads, self.kv_heads, self.head_dim, tokens.shape[0]
+        x = F.embedding(tokens, self.embed)
+        for i, lw in enumerate(self.layers):
+            qkv = tkit.matmul(tkit.rms_norm(x, lw.w_in, self.eps), lw.w_qkv.t())
+            q = qkv[:, :h * d].view(t, h, d)
+            k = qkv[:, h * d:(h + hk) * d].view(t, hk, d)
+            v = qkv[:, (h + hk) * d:].view(t, hk, d)
+            tkit.rope_append_kv(q, k, v, positions, self.cos_sin, cache.k[i], cache.v[i], slots)
+            o = tkit.flash_attention_varlen(q, k, v, cu_dev, cu_dev, max(lens), max(lens),
+                                            causal=True)
+            hs = tkit.matmul(o.view(t, h * d), lw.w_o.t(), residual=x)
+            act = tkit.matmul_glu(tkit.rms_norm(hs, lw.w_post, self.eps), lw.w_gu.t())
+            x = tkit.matmul(act, lw.w_down.t(), residual=hs)
+        return self._logits(x[cu[1:].long().to(dev) - 1])
+
+    def decode(self, cache: PagedKVCache, tokens, positions, slot_mapping, cache_seqlens,
+               block_table):
+        """One step of the batch: ``tokens`` (batch,) at ``positions`` (batch,), written at
+        ``slot_mapping``, each attending to its first ``cache_seqlens`` positions through
+        ``block_table``; returns (batch, vocab) logits. All inputs on the device."""
+        x = F.embedding(tokens, self.embed)
+        for i, lw in enumerate(self.layers):
+            x = llama_decode_layer(x, *lw.as_args(), cache.k[i], cache.v[i], self.cos_sin,
+                                   positions=positions, slot_mapping=slot_mapping,
+                                   cache_seqlens=cache_seqlens, block_table=block_table,
+                                   heads=self.heads, kv_heads=self.kv_heads, eps=self.eps)
+        return self._logits(x)
+
+    # ---- generation ----------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, *, page_size: int = 16,
+                 num_blocks: int | None = None, temperature: float = 0.0, top_k=None,
+                 top_p=None, seed: int | None = None, cuda_graph: bool = False):
+        """``max_new_tokens`` tokens for each prompt (no stop token): the prompts prefilled
+        together, then decode steps of the whole batch. ``temperature`` 0 is greedy; with
+        ``cuda_graph`` (CUDA only) the decode step is captured once for this batch and
+        replayed. Returns the new tokens of each prompt."""
+        b = len(prompts)
+        longest = max(len(p) for p in prompts) + max_new_tokens
+        width = -(-longest // page_size)
+        cache = self.new_cache(num_blocks or b * width, page_size)
+        seqs = list(range(b))
+        dev = self.embed.device
+        opts = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+
+        def choose(logits):
+            s = None if gen is None else torch.randint(0, 2**62, (b,), generator=gen).to(dev)
+            return tkit.sample(logits, seed=s, **opts)
+
+        out = [[] for _ in range(b)]
+        nxt = choose(self.prefill(cache, seqs, prompts))
+        lens = [len(p) for p in prompts]
+        step = None
+        for _ in range(max_new_tokens - 1):
+            for i, t in enumerate(nxt.tolist()):
+                out[i].append(t)
+            for s in seqs:  # the new token takes the next position
+                cache.reserve(s, lens[s] + 1)
+            host = dict(positions=torch.tensor(lens), cache_seqlens=torch.tensor(
+                [n + 1 for n in lens], dtype=torch.int32),
+                slot_mapping=torch.tensor([cache.slot(s, lens[s]) for s in seqs]),
+                block_table=cache.table(seqs, width))
+            if cuda_graph:
+                step = step or self._graph_step(cache, nxt, host)
+                logits = step(nxt, host)
+            else:
+                logits = self.decode(cache, nxt, **{k: v.to(dev) for k, v in host.items()})
+            lens = [n + 1 for n in lens]
+            nxt = choose(logits)
+        for i, t in enumerate(nxt.tolist()):
+            out[i].append(t)
+        return out
+
+    def _graph_step(self, cache, tokens, host):
+        """The decode step captured in a CUDA graph over static input buffers; returns
+        ``step(tokens, host) -> logits`` that copies the inputs in and replays."""
+        static = {k: v.to(tokens.device) for k, v in host.items()}
+        static_tokens = tokens.clone()
+        self.decode(cache, static_tokens, **static)  # compiles and plans outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = self.decode(cache, static_tokens, **static)
+
+        def step(tokens, host):
+            static_tokens.copy_(tokens)
+            for k, v in host.items():
+                static[k].copy_(v, non_blocking=True)
+            graph.replay()
+            return logits
+
+        return step
