@@ -4,15 +4,18 @@ and its decode steps over HF's DynamicCache, as a transformers user runs them.
 
     python benchmarks/hf_llama.py [--layers N]     # rows to $OUT/hf-llama.jsonl
 
-Providers: ``hf`` (transformers' own: SDPA attention) and ``hf+tkit`` (the same weights, the
-model patched), interleaved in rounds with the order rotated. Cases: prompts of 1 x 4096 and
-8 x 512 tokens (the forward with ``logits_to_keep=1``, as ``generate`` runs it), and decode
-steps of batches of 1 and 32 sequences over 2048 cached tokens (one new token a sequence; the
-cache cropped back after each step so that every step sees the same length). Each case
-first checks the patched model's logits against HF's (same bf16 weights; the max difference
-over the logits' scale is printed and kept in the rows). Times are wall clock a call over
-back-to-back bursts (``tkit.bench.latency.wall_per_call_ms``): what HF's Python costs a call
-is in them, as it is in a user's loop. ``--tiny`` runs a tiny model on whatever device there
+Providers: ``hf`` (transformers' own: SDPA attention), ``hf+tkit`` (the same weights, the
+model patched) and, for decode steps, ``tkit paged (graph)`` (``tkit.models.paged.LlamaModel``
+from the same weights: its own prefill into pages of 16, then its decode step replayed from a
+CUDA graph with the step's inputs copied in), interleaved in rounds with the order rotated.
+Cases: prompts of 1 x 4096 and 8 x 512 tokens (the forward with ``logits_to_keep=1``, as
+``generate`` runs it), and decode steps of batches of 1 and 32 sequences over 2048 cached
+tokens (one new token a sequence; HF's cache cropped back after each step, the paged step
+writing the same slot again, so that every step sees the same length). Each case first checks
+every provider's logits against HF's (same bf16 weights; the max difference over the logits'
+scale is printed and kept in the rows). Times are wall clock a call over back-to-back bursts
+(``tkit.bench.latency.wall_per_call_ms``): what HF's Python costs a call is in them, as it is
+in a user's loop. ``--tiny`` runs a tiny model on whatever device there
 is (a smoke test of this script; its times mean nothing).
 """
 
@@ -31,11 +34,14 @@ import torch  # noqa: E402
 from tkit.bench.latency import wall_per_call_ms  # noqa: E402
 from tkit.bench.runner import environment  # noqa: E402
 from tkit.models import LLAMA3_8B, hf  # noqa: E402
+from tkit.models.paged import LlamaModel  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "out"))
 PROMPTS = ((1, 4096), (8, 512))
 DECODES = ((1, 2048), (32, 2048))
 ROUNDS = 4
+#: the third decode provider: tkit.models.paged's step over its own pages
+PAGED = "tkit paged (graph)"
 
 
 def config(layers: int, tiny: bool):
@@ -77,27 +83,33 @@ def rope_for(provider: str):
         hf.apply_tkit_to_llama(rope=True, rms_norm=False, swiglu=False, attention=False)
 
 
-def check(name, base, patched, call):
+def check(name, fns):
+    """The logits of each provider against HF's own (same weights)."""
     with rope_for("hf"):
-        ref = call(base).float()
-    out = call(patched).float()
-    rel = ((out - ref).abs().max() / ref.abs().max()).item()
-    print(f"{name}: logits max |hf+tkit - hf| / max |hf| = {rel:.3g}")
+        ref = fns["hf"]().float()
+    rel = {}
+    for p, fn in fns.items():
+        if p != "hf":
+            with rope_for(p):
+                out = fn().float()
+            rel[p] = ((out - ref).abs().max() / ref.abs().max()).item()
+            print(f"{name}: logits max |{p} - hf| / max |hf| = {rel[p]:.3g}")
     return rel
 
 
-def time_case(name, fns, rows, env, extra, calls):
+def time_case(name, fns, rows, env, extra, calls, rel):
     per = {p: [] for p in fns}
     names = list(fns)
     for r in range(ROUNDS):
-        for p in names[r % 2:] + names[:r % 2]:
+        for p in names[r % len(names):] + names[:r % len(names)]:
             with rope_for(p):
                 per[p].append(wall_per_call_ms(fns[p], calls, rounds=3, warmup=2)[0])
     got = {p: sorted(v)[len(v) // 2] for p, v in per.items()}
     for p, ms in got.items():
-        rows.append({"case": name, "provider": p, "median_ms": ms, **extra, **env})
-    print(f"{name}: hf {got['hf']:.3f} ms, hf+tkit {got['hf+tkit']:.3f} ms a call "
-          f"({got['hf'] / got['hf+tkit']:.2f}x)")
+        rows.append({"case": name, "provider": p, "median_ms": ms,
+                     "logits_rel_diff": rel.get(p, 0.0), **extra, **env})
+    print(f"{name}: " + ", ".join(f"{p} {ms:.3f} ms ({got['hf'] / ms:.2f}x)"
+                                  for p, ms in got.items()) + " a call")
 
 
 def prompt_cases(base, patched, rows, env, tiny, device):
@@ -108,12 +120,31 @@ def prompt_cases(base, patched, rows, env, tiny, device):
             return m(ids, logits_to_keep=1, use_cache=False).logits
 
         name = f"prompt B{b} S{s}"
-        rel = check(name, base, patched, fwd)
-        time_case(name, {"hf": lambda: fwd(base), "hf+tkit": lambda: fwd(patched)}, rows, env,
-                  {"batch": b, "tokens": s, "logits_rel_diff": rel}, 1 if tiny else 5)
+        fns = {"hf": lambda: fwd(base), "hf+tkit": lambda: fwd(patched)}
+        time_case(name, fns, rows, env, {"batch": b, "tokens": s}, 1 if tiny else 5,
+                  check(name, fns))
 
 
-def decode_cases(base, patched, rows, env, tiny, device):
+def paged_step(ours, ids, nxt, device):
+    """``tkit.models.paged``'s decode step over the same prompts (prefilled by it), replayed
+    from a CUDA graph where there is CUDA; the same step each call (same slots)."""
+    b, n = ids.shape
+    cache = ours.new_cache(num_blocks=b * -(-(n + 1) // 16), page_size=16)
+    ours.prefill(cache, list(range(b)), ids.tolist())
+    for s in range(b):
+        cache.reserve(s, n + 1)
+    host = dict(positions=torch.full((b,), n), slot_mapping=torch.tensor(
+        [cache.slot(s, n) for s in range(b)]), cache_seqlens=torch.full(
+        (b,), n + 1, dtype=torch.int32), block_table=cache.table(list(range(b))))
+    tok = nxt[:, 0].contiguous()
+    if torch.cuda.is_available():
+        step = ours._graph_step(cache, tok, host)
+        return lambda: step(tok, host)[:, None]
+    dev = {k: v.to(device) for k, v in host.items()}
+    return lambda: ours.decode(cache, tok, **dev)[:, None]
+
+
+def decode_cases(base, patched, ours, rows, env, tiny, device):
     import transformers
 
     for b, n in ((2, 9),) if tiny else DECODES:
@@ -131,11 +162,10 @@ def decode_cases(base, patched, rows, env, tiny, device):
             return out
 
         name = f"decode B{b} L{n}"
-        rel = check(name, base, patched,
-                    lambda m: step("hf" if m is base else "hf+tkit", m))
-        time_case(name, {"hf": lambda: step("hf", base),
-                         "hf+tkit": lambda: step("hf+tkit", patched)}, rows, env,
-                  {"batch": b, "cached": n, "logits_rel_diff": rel}, 2 if tiny else 20)
+        fns = {"hf": lambda: step("hf", base), "hf+tkit": lambda: step("hf+tkit", patched),
+               PAGED: paged_step(ours, ids, nxt, device)}
+        time_case(name, fns, rows, env, {"batch": b, "cached": n}, 2 if tiny else 20,
+                  check(name, fns))
 
 
 def main(argv):
@@ -150,7 +180,8 @@ def main(argv):
     env = {**env, **extra}
     with torch.no_grad():
         prompt_cases(base, patched, rows, env, tiny, device)
-        decode_cases(base, patched, rows, env, tiny, device)
+        ours = LlamaModel.from_hf(base)
+        decode_cases(base, patched, ours, rows, env, tiny, device)
     hf.remove_tkit_from_llama()
     OUT.mkdir(parents=True, exist_ok=True)
     with open(OUT / "hf-llama.jsonl", "a") as f:

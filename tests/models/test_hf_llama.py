@@ -177,7 +177,8 @@ def test_benchmark_script_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(mod, "ROUNDS", 2)
     rows = mod.main(["--tiny", "--layers", "1"])
     assert {(r["case"], r["provider"]) for r in rows} == {
-        (c, p) for c in ("prompt B2 S12", "decode B2 L9") for p in ("hf", "hf+tkit")}
+        ("prompt B2 S12", "hf"), ("prompt B2 S12", "hf+tkit"), ("decode B2 L9", "hf"),
+        ("decode B2 L9", "hf+tkit"), ("decode B2 L9", mod.PAGED)}
     assert all(r["logits_rel_diff"] < 2 ** -6 for r in rows)
-    assert len((tmp_path / "hf-llama.jsonl").read_text().splitlines()) == 4
+    assert len((tmp_path / "hf-llama.jsonl").read_text().splitlines()) == 5
     assert json.loads((tmp_path / "hf-llama.jsonl").read_text().splitlines()[0])["layers"] == 1
