@@ -58,11 +58,16 @@ _EXPORTS = {
     "quantize_int8": "tkit.kernels.quant",
     "rms_norm_quant": "tkit.kernels.quant",
     "silu_mul_quant": "tkit.kernels.quant",
+    # mixture of experts
+    "moe": "tkit.kernels.moe",
+    "moe_route": "tkit.kernels.moe",
+    "moe_align": "tkit.kernels.moe",
+    "moe_combine": "tkit.kernels.moe",
     # sampling
     "sample": "tkit.kernels.sampling",
     "speculative_accept": "tkit.kernels.sampling",
 }
-_SUBMODULES = {"registry", "testing", "bench", "ir", "cuda_ext", "kernels"}
+_SUBMODULES = {"registry", "testing", "bench", "ir", "cuda_ext", "kernels", "models"}
 # `tkit.ir` is the public face of tkit.ir_tools
 _ALIASES = {"ir": "tkit.ir_tools"}
 

@@ -29,6 +29,7 @@ SPEC_MODULES = (
     "tkit.specs.attention",
     "tkit.specs.decode_attention",
     "tkit.specs.inference",
+    "tkit.specs.moe",
     "tkit.specs.sampling",
     "tkit.specs.cuda_ext",
     "tkit.specs.model",
