@@ -15,7 +15,9 @@ writing the same slot again, so that every step sees the same length). Each case
 every provider's logits against HF's (same bf16 weights; the max difference over the logits'
 scale is printed and kept in the rows). Times are wall clock a call over back-to-back bursts
 (``tkit.bench.latency.wall_per_call_ms``): what HF's Python costs a call is in them, as it is
-in a user's loop. ``--tiny`` runs a tiny model on whatever device there
+in a user's loop. Then a Mixtral-8x7B-sized model (at most 2 layers): a prompt of 4096 tokens
+with transformers' default experts against ``experts_implementation="tkit"``
+(``tkit.models.hf.apply_tkit_experts``). ``--tiny`` runs tiny models on whatever device there
 is (a smoke test of this script; its times mean nothing).
 """
 
@@ -168,6 +170,40 @@ def decode_cases(base, patched, ours, rows, env, tiny, device):
                   check(name, fns))
 
 
+def moe_cases(layers, rows, env, tiny, device):
+    """A Mixtral-8x7B-sized model (random weights, ``layers`` layers): its prompt forward with
+    transformers' default experts (``grouped_mm``: torch._grouped_mm, or its eager loop where
+    that cannot run) against the same weights with ``experts_implementation="tkit"``."""
+    import transformers
+
+    if tiny:
+        dims = dict(vocab_size=97, hidden_size=64, intermediate_size=48, num_local_experts=4,
+                    num_attention_heads=4, num_key_value_heads=2)
+    else:
+        dims = dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                    num_local_experts=8, num_attention_heads=32, num_key_value_heads=8)
+    cfg = transformers.MixtralConfig(num_hidden_layers=layers, num_experts_per_tok=2,
+                                     attn_implementation="sdpa", **dims)
+    torch.manual_seed(0)
+    with torch.device(device):
+        base = transformers.MixtralForCausalLM(cfg).to(torch.bfloat16).eval()
+        ours = transformers.MixtralForCausalLM(cfg).to(torch.bfloat16).eval()
+    ours.load_state_dict(base.state_dict())
+    hf.apply_tkit_experts(ours)
+    for b, s in ((2, 12),) if tiny else ((1, 4096),):
+        ids = torch.randint(0, cfg.vocab_size, (b, s), device=device)
+
+        def fwd(m, ids=ids):
+            return m(ids, logits_to_keep=1, use_cache=False).logits
+
+        name = f"Mixtral experts, prompt B{b} S{s}"
+        fns = {"hf": lambda: fwd(base), "hf+tkit experts": lambda: fwd(ours)}
+        time_case(name, fns, rows, {**env, "model": "Mixtral-8x7B sizes, random"},
+                  {"batch": b, "tokens": s,
+                   "hf_experts": base.config._experts_implementation}, 1 if tiny else 5,
+                  check(name, fns))
+
+
 def main(argv):
     tiny = "--tiny" in argv
     layers = int(argv[argv.index("--layers") + 1]) if "--layers" in argv else 4
@@ -182,7 +218,9 @@ def main(argv):
         prompt_cases(base, patched, rows, env, tiny, device)
         ours = LlamaModel.from_hf(base)
         decode_cases(base, patched, ours, rows, env, tiny, device)
-    hf.remove_tkit_from_llama()
+        hf.remove_tkit_from_llama()
+        del base, patched, ours
+        moe_cases(min(layers, 2), rows, env, tiny, device)
     OUT.mkdir(parents=True, exist_ok=True)
     with open(OUT / "hf-llama.jsonl", "a") as f:
         for r in rows:

@@ -178,7 +178,41 @@ def test_benchmark_script_runs(tmp_path, monkeypatch):
     rows = mod.main(["--tiny", "--layers", "1"])
     assert {(r["case"], r["provider"]) for r in rows} == {
         ("prompt B2 S12", "hf"), ("prompt B2 S12", "hf+tkit"), ("decode B2 L9", "hf"),
-        ("decode B2 L9", "hf+tkit"), ("decode B2 L9", mod.PAGED)}
+        ("decode B2 L9", "hf+tkit"), ("decode B2 L9", mod.PAGED),
+        ("Mixtral experts, prompt B2 S12", "hf"),
+        ("Mixtral experts, prompt B2 S12", "hf+tkit experts")}
     assert all(r["logits_rel_diff"] < 2 ** -6 for r in rows)
-    assert len((tmp_path / "hf-llama.jsonl").read_text().splitlines()) == 5
+    assert len((tmp_path / "hf-llama.jsonl").read_text().splitlines()) == 7
     assert json.loads((tmp_path / "hf-llama.jsonl").read_text().splitlines()[0])["layers"] == 1
+
+
+def _mixtral(dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.MixtralConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=128, initializer_range=0.15,
+        attn_implementation="sdpa")
+    return transformers.MixtralForCausalLM(cfg).to(default_device(), dtype).eval()
+
+
+def test_mixtral_experts_through_tkit():
+    ids = _ids(seed=9)
+    with torch.no_grad():
+        ref = _mixtral()(ids).logits
+        model = hf.apply_tkit_experts(_mixtral())
+        with _spy() as calls:
+            spied = {"moe_combine": 0}
+            real = tkit.moe_combine
+
+            def combine(*a, **k):
+                spied["moe_combine"] += 1
+                return real(*a, **k)
+
+            tkit.moe_combine = combine
+            try:
+                out = model(ids).logits
+            finally:
+                tkit.moe_combine = real
+    assert spied["moe_combine"] == 2 and calls["silu_mul"] == 2
+    torch.testing.assert_close(out, ref, atol=2e-4, rtol=2e-4)

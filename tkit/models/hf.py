@@ -157,6 +157,59 @@ def register_attention(name: str = "tkit") -> str:
     return name
 
 
+# ---- experts (transformers' ExpertsInterface: Mixtral, Qwen-MoE, DeepSeek, ...) ---------------
+def tkit_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """transformers' experts interface over tkit: ``hidden_states`` (tokens, hidden), each
+    token's ``top_k_index`` experts and their ``top_k_weights`` -> (tokens, hidden). Gated
+    SiLU experts stored [gate; up] as (experts, 2I, hidden) and (experts, hidden, I) go through
+    ``tkit.moe_align``, two ``tkit.grouped_matmul``s around ``tkit.silu_mul`` and
+    ``tkit.moe_combine``; other layouts (biases, transposed or interleaved weights, a custom
+    gate, a post-expert norm, expert parallelism) take transformers' grouped (CUDA) or
+    batched implementation."""
+    from transformers.integrations import moe as hf_moe
+
+    cfg = getattr(self, "config", None)
+    plain = (getattr(self, "has_gate", True) and not getattr(self, "has_bias", False)
+             and not getattr(self, "is_transposed", False)
+             and getattr(self, "is_concatenated", True)
+             and not getattr(self, "has_post_expert_norm", False)
+             and not getattr(self, "_is_expert_parallel", False)
+             and type(self)._apply_gate is hf_moe._default_apply_gate
+             and getattr(cfg, "hidden_act", "silu") in _SILU
+             and hidden_states.ndim == 2 and _kernels_run_on(hidden_states)
+             and hidden_states.dtype in _FLOATS
+             and self.gate_up_proj.dtype == self.down_proj.dtype == hidden_states.dtype)
+    if not plain:
+        other = (hf_moe.grouped_mm_experts_forward if hidden_states.is_cuda
+                 else hf_moe.batched_mm_experts_forward)
+        return other(self, hidden_states, top_k_index, top_k_weights)
+    e, k = self.gate_up_proj.shape[0], top_k_index.shape[-1]
+    i = self.down_proj.shape[-1]
+    order, inv, offsets = tkit.moe_align(top_k_index, e)
+    xs = hidden_states.index_select(0, torch.div(order, k, rounding_mode="floor"))
+    gu = tkit.grouped_matmul(xs, self.gate_up_proj.transpose(1, 2), offsets)
+    act = tkit.silu_mul(gu[:, :i], gu[:, i:])
+    y = tkit.grouped_matmul(act, self.down_proj.transpose(1, 2), offsets)
+    return tkit.moe_combine(y, top_k_weights.float(), inv)
+
+
+def register_experts(name: str = "tkit") -> str:
+    """Register :func:`tkit_experts_forward` under ``name`` in transformers' experts interface;
+    ``experts_implementation=name`` (``from_pretrained``) or ``set_experts_implementation``
+    selects it."""
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(name, tkit_experts_forward)
+    return name
+
+
+def apply_tkit_experts(model):
+    """Run the experts of an HF mixture-of-experts model (any whose experts class carries
+    transformers' ``@use_experts_implementation``) through tkit. Returns ``model``."""
+    model.set_experts_implementation(register_experts())
+    return model
+
+
 # ---- the entry point ---------------------------------------------------------------------------
 def apply_tkit_to_llama(model=None, *, rope: bool = True, rms_norm: bool = True,
                         swiglu: bool = True, attention: bool = True):
