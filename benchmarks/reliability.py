@@ -115,8 +115,8 @@ FUZZ_EXCLUDED = {
                    "compiles; check cases and the sanitizer still run it",
 }
 #: heavier families first, so that lanes share them out
-FAMILY_WEIGHT = {"model": 0, "attention": 0, "matmul": 1, "moe": 1, "inference": 2, "sampling": 2,
-                 "cuda_ext": 3, "reductions": 3, "elementwise": 4}
+FAMILY_WEIGHT = {"model": 0, "attention": 0, "matmul": 1, "moe": 1, "losses": 2, "inference": 2,
+                 "sampling": 2, "cuda_ext": 3, "reductions": 3, "elementwise": 4}
 
 
 # ---- compute-sanitizer's output --------------------------------------------------------------

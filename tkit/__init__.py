@@ -63,6 +63,9 @@ _EXPORTS = {
     "moe_route": "tkit.kernels.moe",
     "moe_align": "tkit.kernels.moe",
     "moe_combine": "tkit.kernels.moe",
+    # losses
+    "cross_entropy": "tkit.kernels.losses",
+    "fused_linear_cross_entropy": "tkit.kernels.losses",
     # sampling
     "sample": "tkit.kernels.sampling",
     "speculative_accept": "tkit.kernels.sampling",

@@ -30,6 +30,7 @@ SPEC_MODULES = (
     "tkit.specs.decode_attention",
     "tkit.specs.inference",
     "tkit.specs.moe",
+    "tkit.specs.losses",
     "tkit.specs.sampling",
     "tkit.specs.cuda_ext",
     "tkit.specs.model",

@@ -1,0 +1,233 @@
+"""Losses for training: cross-entropy over logits, and fused with the LM head's GEMM.
+
+Math, per row of logits x (V classes) with target t (rows whose target is ``ignore_index``
+count 0 and are left out of the mean):
+
+    lse      = log sum_v exp(x_v)
+    loss     = lse - x_t                                  (label smoothing eps:
+               (1 - eps) (lse - x_t) + eps (lse - mean_v x_v), as torch's)
+               + z lse^2                                  (z-loss, PaLM's: keeps lse near 0)
+    d loss / d x_v = softmax(x)_v (1 + 2 z lse) - (1 - eps) [v = t] - eps / V
+
+Kernel (``_ce_kernel``): one row a program; a first pass over the row in chunks keeps an
+online max and sum of exponentials (float32), the target's logit and the row's sum; a second
+pass, when a gradient is wanted, writes d loss_row / d x, so the backward is one multiply by
+the upstream gradient (Liger-Kernel's arrangement: the softmax is never stored). Cost: the
+row read twice and the gradient written once, ~3 N V itemsize bytes; memory-bound.
+
+:func:`fused_linear_cross_entropy` never holds the (N, V) logits: rows are taken in chunks,
+each chunk's logits computed by ``tkit.matmul``, turned in place into their gradient by the
+kernel above, and multiplied back into the hidden states' and the weight's gradients before
+the next chunk; the backward only scales them. For LM heads of 128K classes the logits of
+8K tokens are 2 GB in bf16 (4 GB more for their float32 softmax in torch's backward).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import tkit
+from tkit.kernels import _common as C
+from tkit.kernels.losses.config import (  # noqa: F401  (public)
+    LossConfig,
+    current_config,
+    loss_config,
+)
+from tkit.kernels.losses.ops import (
+    REDUCTIONS,
+    _ce_op,
+    ce_launch,
+    check_ce,
+    check_options,
+    check_target,
+)
+
+
+def _reduce(rows, target, ignore_index, reduction):
+    if reduction == "none":
+        return rows.view(target.shape)
+    total = rows.sum()
+    if reduction == "sum":
+        return total
+    return total / (target != ignore_index).sum()
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
+                  label_smoothing: float = 0.0, z_loss: float = 0.0,
+                  reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of ``logits`` (..., V) against class indices ``target`` (...), as
+    ``torch.nn.functional.cross_entropy`` with the class dim last.
+
+    Parameters
+    ----------
+    logits : Tensor (..., V), float32/float16/bfloat16, any strides along V.
+    target : int32/int64 Tensor, logits' shape without V. Values in [0, V) or ignore_index
+        (checked when on the host; on the device out-of-range values are clamped, never read
+        outside the row).
+    ignore_index, label_smoothing, reduction
+        As torch's. ``mean`` divides by the rows not ignored (NaN when there are none).
+    z_loss : float
+        Adds ``z_loss * lse^2`` a row (PaLM's auxiliary loss); 0 leaves it out.
+
+    Returns
+    -------
+    float32 Tensor: a scalar, or target's shape for ``reduction="none"``. Differentiable in
+    logits; the gradient is computed in the forward pass (one more pass over the row, no
+    softmax stored), in logits' dtype.
+    """
+    check_ce(logits, target, ignore_index, label_smoothing, z_loss, reduction)
+    v = logits.shape[-1]
+    x = logits.reshape(-1, v)
+    t = target.reshape(-1)
+    with_grad = torch.is_grad_enabled() and logits.requires_grad
+    args = (x, t, int(ignore_index), float(label_smoothing), float(z_loss))
+    if torch.compiler.is_compiling():  # traced: the registered op and its autograd
+        rows, _ = _ce_op(*args, with_grad)
+    elif with_grad:  # eager: the same kernel and backward without the dispatcher
+        rows = _CrossEntropy.apply(*args)
+    else:
+        rows, _ = ce_launch(*args, False)
+    return _reduce(rows, target, ignore_index, reduction)
+
+
+class _CrossEntropy(torch.autograd.Function):
+    """Eager autograd of ``tkit::cross_entropy`` (the op's own rule, ops._ce_backward)."""
+
+    @staticmethod
+    def forward(ctx, x, t, ignore_index, smoothing, z):
+        rows, g = ce_launch(x, t, ignore_index, smoothing, z, True)
+        ctx.save_for_backward(g)
+        return rows
+
+    @staticmethod
+    def backward(ctx, grad_rows):
+        (g,) = ctx.saved_tensors
+        return g * grad_rows[:, None].to(g.dtype), None, None, None, None
+
+
+def chunk_rows(n: int, hidden: int, vocab: int) -> int:
+    """Rows a chunk of :func:`fused_linear_cross_entropy`: about as many logits as the hidden
+    states hold (N H), a power of 2 (Liger-Kernel's rule), at most n."""
+    cfg = current_config()
+    if cfg.fused_chunk_rows:
+        return max(1, min(n, cfg.fused_chunk_rows))
+    chunks = max(1, -(-vocab // max(1, hidden)))
+    return max(1, min(n, C.next_power_of_2(-(-n // chunks))))
+
+
+class _FusedLinearCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, weight, bias, target, ignore_index, smoothing, z, reduction):
+        n = h.shape[0]
+        need = ctx.needs_input_grad[0] or ctx.needs_input_grad[1] or (
+            bias is not None and ctx.needs_input_grad[2])
+        rows = torch.empty((n,), dtype=torch.float32, device=h.device)
+        gh = torch.empty_like(h) if need else None
+        gw = torch.zeros_like(weight) if need else None
+        gb = torch.zeros_like(bias, dtype=torch.float32) if need and bias is not None else None
+        step = chunk_rows(n, h.shape[1], weight.shape[0])
+        for s in range(0, n, step):
+            hc, tc = h[s:s + step], target[s:s + step]
+            logits = tkit.matmul(hc, weight.t(), bias)
+            if not need:
+                loss, _ = ce_launch(logits, tc, ignore_index, smoothing, z, False)
+            else:  # the chunk's gradient, in place of its logits
+                loss, g = _ce_grad_in_place(logits, tc, ignore_index, smoothing, z)
+                gh[s:s + step] = tkit.matmul(g, weight)
+                gw.addmm_(g.t(), hc)
+                if gb is not None:
+                    gb += g.float().sum(0)
+            rows[s:s + step] = loss
+        ctx.reduction = reduction
+        n_valid = (target != ignore_index).sum()
+        ctx.save_for_backward(gh, gw, gb, n_valid)
+        if reduction == "sum":
+            return rows.sum()
+        return rows.sum() / n_valid
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        gh, gw, gb, n_valid = ctx.saved_tensors
+        scale = grad_out.float() if ctx.reduction == "sum" else grad_out.float() / n_valid
+        out = [None] * 8
+        if gh is not None:
+            out[0] = gh * scale.to(gh.dtype)
+            out[1] = gw * scale.to(gw.dtype)
+            if gb is not None:
+                out[2] = (gb * scale).to(gb.dtype)
+        return tuple(out)
+
+
+def _ce_grad_in_place(logits, target, ignore_index, smoothing, z):
+    """The kernel with its gradient written over ``logits`` (each element read before it is
+    written, by the same program): (loss rows, the gradient = ``logits``'s storage)."""
+    n, v = logits.shape
+    loss = torch.empty((n,), dtype=torch.float32, device=logits.device)
+    if n == 0:
+        return loss, logits
+    from tkit.kernels.losses._kernels import _ce_kernel
+
+    cfg = current_config()
+    C.launch(_ce_kernel, (n,), X=logits, TGT=target, LOSS=loss, G=logits, V=v,
+             sxn=logits.stride(0), sxv=logits.stride(1), stn=target.stride(0),
+             sgn=logits.stride(0), sgv=logits.stride(1), ignore_index=int(ignore_index),
+             smoothing=float(smoothing), z_coef=float(z),
+             BLOCK_V=min(cfg.block_v, C.next_power_of_2(v)), SMOOTH=smoothing > 0.0,
+             ZLOSS=z > 0.0, HAS_GRAD=True, INT64=C.needs_int64(logits),
+             num_warps=cfg.num_warps)
+    return loss, logits
+
+
+def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor,
+                               target: torch.Tensor, bias: torch.Tensor | None = None, *,
+                               ignore_index: int = -100, label_smoothing: float = 0.0,
+                               z_loss: float = 0.0, reduction: str = "mean") -> torch.Tensor:
+    """``cross_entropy(hidden @ weight.T + bias, target)`` without the (N, V) logits in
+    memory (the module docstring says how).
+
+    Parameters
+    ----------
+    hidden : Tensor (..., H), float16/bfloat16/float32: the last hidden states.
+    weight : Tensor (V, H): the LM head (nn.Linear's layout), hidden's dtype.
+    target : int Tensor, hidden's shape without H.
+    bias : Tensor (V,), optional.
+    ignore_index, label_smoothing, z_loss : as :func:`cross_entropy`.
+    reduction : {"mean", "sum"}
+
+    Returns
+    -------
+    float32 scalar. Differentiable in hidden, weight and bias; their gradients are computed
+    in the forward (the weight's accumulated chunk by chunk in its dtype, as Liger-Kernel
+    does) and scaled by the upstream gradient in the backward.
+    """
+    C.check_tensor(hidden, "hidden", min_ndim=1)
+    C.check_tensor(weight, "weight", ndim=2)
+    h = hidden.reshape(-1, hidden.shape[-1])
+    if weight.shape[1] != h.shape[1]:
+        raise ValueError(f"weight has shape {tuple(weight.shape)}; it must be (classes, "
+                         f"{h.shape[1]}) for hidden states of width {h.shape[1]}")
+    if weight.dtype != h.dtype:
+        raise TypeError(f"weight has dtype {C.dtype_name(weight.dtype)} but hidden has "
+                        f"{C.dtype_name(h.dtype)}; they must match")
+    if bias is not None:
+        C.check_tensor(bias, "bias", ndim=1)
+        if bias.shape[0] != weight.shape[0]:
+            raise ValueError(f"bias has {bias.shape[0]} entries but weight has "
+                             f"{weight.shape[0]} classes")
+    if reduction not in REDUCTIONS[:2]:
+        raise ValueError(f"reduction must be 'mean' or 'sum' (the gradients are summed over "
+                         f"rows in the forward), got {reduction!r}")
+    check_options(ignore_index, label_smoothing, z_loss, reduction)
+    check_target(target, hidden.shape[:-1], weight.shape[0], ignore_index,
+                 "hidden's shape without the hidden dim")
+    C.check_same_device(hidden=hidden, weight=weight, target=target, bias=bias)
+    return _FusedLinearCE.apply(h, weight, bias, target.reshape(-1), int(ignore_index),
+                                float(label_smoothing), float(z_loss), reduction)
+
+
+def cost_cross_entropy(logits, target, **_):
+    from tkit._cost import Cost
+
+    n = logits.numel()
+    return Cost(2 * n * logits.element_size() + target.numel() * (target.element_size() + 4),
+                6 * n)

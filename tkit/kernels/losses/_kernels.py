@@ -1,0 +1,71 @@
+"""Triton kernel of the losses family: cross-entropy over a row of logits, with its gradient
+in the same launch (``_ce_kernel``)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _ce_kernel(X, TGT, LOSS, G, V, sxn, sxv, stn, sgn, sgv, ignore_index, smoothing, z_coef,
+               BLOCK_V: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr,
+               HAS_GRAD: tl.constexpr, INT64: tl.constexpr):
+    """One row a program. Pass 1 over V in BLOCK_V chunks: the online max and sum of
+    exponentials (lse), the target's logit, the row's sum (label smoothing). The row's loss
+    (0 for an ignored target). Pass 2 (HAS_GRAD): d loss_row / d logits, written to G in G's
+    dtype. Targets outside [0, V) that are not ``ignore_index`` are clamped (never read
+    outside the row; the host checks them where it can)."""
+    row = tl.program_id(0)
+    if INT64:
+        row = row.to(tl.int64)
+    t = tl.load(TGT + row * stn).to(tl.int32)
+    ignored = t == ignore_index
+    t = tl.minimum(tl.maximum(t, 0), V - 1)
+    x_row = X + row * sxn
+    x_t = tl.load(x_row + t * sxv).to(tl.float32)
+    cols = tl.arange(0, BLOCK_V)
+    m = tl.full([BLOCK_V], float("-inf"), dtype=tl.float32)
+    s = tl.zeros([BLOCK_V], dtype=tl.float32)
+    sum_x = tl.zeros([BLOCK_V], dtype=tl.float32)
+    for v0 in range(0, V, BLOCK_V):
+        c = v0 + cols
+        mask = c < V
+        x = tl.load(x_row + c * sxv, mask=mask, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp2((m - m_use) * LOG2E) + tl.exp2((x - m_use) * LOG2E)
+        m = m_new
+        if SMOOTH:
+            sum_x += tl.where(mask, x, 0.0)
+    mx = tl.max(m, 0)
+    # log sum exp(x - max) and the logits' distances to the max: no cancellation of the max
+    # where the loss is small (a confident, right prediction)
+    ls = tl.log2(tl.sum(s * tl.exp2((m - mx) * LOG2E), 0)) * LN2
+    lse = mx + ls
+    loss = ls + (mx - x_t)
+    if SMOOTH:
+        loss = (1.0 - smoothing) * loss + smoothing * (ls + (mx - tl.sum(sum_x, 0) / V))
+    if ZLOSS:
+        loss += z_coef * lse * lse
+    tl.store(LOSS + row, tl.where(ignored, 0.0, loss))
+    if HAS_GRAD:
+        g_row = G + row * sgn
+        keep = tl.where(ignored, 0.0, 1.0)
+        p_scale = keep
+        if ZLOSS:
+            p_scale = keep * (1.0 + 2.0 * z_coef * lse)
+        for v0 in range(0, V, BLOCK_V):
+            c = v0 + cols
+            mask = c < V
+            x = tl.load(x_row + c * sxv, mask=mask, other=0.0).to(tl.float32)
+            g = tl.exp2(((x - mx) - ls) * LOG2E) * p_scale
+            hit = tl.where(c == t, 1.0, 0.0)
+            if SMOOTH:
+                g -= keep * ((1.0 - smoothing) * hit + smoothing / V)
+            else:
+                g -= keep * hit
+            tl.store(g_row + c * sgv, g.to(G.dtype.element_ty), mask=mask)

@@ -1,0 +1,103 @@
+"""The losses family's launcher, argument checks and torch.library registration
+(``tkit::cross_entropy``) with its fake and autograd."""
+
+from __future__ import annotations
+
+import torch
+
+from tkit.kernels import _common as C
+from tkit.kernels import _register as R
+from tkit.kernels.losses._kernels import _ce_kernel
+from tkit.kernels.losses.config import current_config
+
+TARGET_DTYPES = (torch.int32, torch.int64)
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def check_options(ignore_index, label_smoothing, z_loss, reduction) -> None:
+    if type(ignore_index) is not int:
+        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+    if not 0.0 <= float(label_smoothing) <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    if float(z_loss) < 0.0:
+        raise ValueError(f"z_loss must be >= 0, got {z_loss}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+
+
+def check_target(target, shape, classes: int, ignore_index: int, what: str) -> None:
+    """``target`` of ``shape`` (``what`` says whose shape it must be) with class indices."""
+    C.check_tensor(target, "target", TARGET_DTYPES)
+    if tuple(target.shape) != tuple(shape):
+        raise ValueError(f"target has shape {tuple(target.shape)}; it must be {what}, "
+                         f"{tuple(shape)}")
+    if (target.device.type == "cpu" and target.numel()
+            and not torch.compiler.is_compiling()):
+        # host values are checked (no device sync; not while tracing)
+        flat = target.reshape(-1)
+        bad = (flat != ignore_index) & ((flat < 0) | (flat >= classes))
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(f"target holds {int(flat[i])} (flat index {i}): outside "
+                             f"[0, {classes}) and not ignore_index")
+
+
+def check_ce(logits, target, ignore_index, label_smoothing, z_loss, reduction) -> None:
+    C.check_tensor(logits, "logits", min_ndim=1)
+    C.check_same_device(logits=logits, target=target)
+    if logits.shape[-1] < 1:
+        raise ValueError("logits has no classes (its last dim is 0)")
+    check_options(ignore_index, label_smoothing, z_loss, reduction)
+    check_target(target, logits.shape[:-1], logits.shape[-1], ignore_index,
+                 "logits' shape without the class dim")
+
+
+def ce_launch(x, target, ignore_index: int, smoothing: float, z: float, with_grad: bool,
+              grad_dtype=None):
+    """(loss (N,) float32, grad (N, V) or an empty tensor) for logits x (N, V)."""
+    n, v = x.shape
+    loss = C.empty((n,), torch.float32, x.device)
+    g = (C.empty((n, v), grad_dtype or x.dtype, x.device) if with_grad
+         else x.new_empty((0,)))
+    if n == 0:
+        return loss, g
+    cfg = current_config()
+    block_v = min(cfg.block_v, C.next_power_of_2(v))
+    gs = g.stride() if with_grad else (0, 0)
+    C.launch(_ce_kernel, (n,), X=x, TGT=target, LOSS=loss, G=g if with_grad else x, V=v,
+             sxn=x.stride(0), sxv=x.stride(1), stn=target.stride(0), sgn=gs[0], sgv=gs[1],
+             ignore_index=int(ignore_index), smoothing=float(smoothing), z_coef=float(z),
+             BLOCK_V=block_v, SMOOTH=smoothing > 0.0, ZLOSS=z > 0.0, HAS_GRAD=with_grad,
+             INT64=C.needs_int64(x, g) if with_grad else C.needs_int64(x),
+             num_warps=cfg.num_warps)
+    return loss, g
+
+
+@R.custom_op("tkit::cross_entropy", mutates_args=())
+def _ce_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, smoothing: float,
+           z_loss: float, with_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return ce_launch(logits, target, ignore_index, smoothing, z_loss, with_grad)
+
+
+@_ce_op.register_fake
+def _(logits, target, ignore_index, smoothing, z_loss, with_grad):
+    n = logits.shape[0]
+    return (logits.new_empty((n,), dtype=torch.float32),
+            logits.new_empty(tuple(logits.shape) if with_grad else (0,)))
+
+
+def _ce_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[1])
+
+
+def _ce_backward(ctx, grad_loss, grad_g):
+    (g,) = ctx.saved_tensors
+    if g.numel() == 0 and grad_loss.numel():
+        raise RuntimeError("tkit::cross_entropy ran without its gradient (with_grad=False); "
+                           "call tkit.cross_entropy, which asks for it when logits need one")
+    # the upstream gradient a row in g's dtype: one rounding of a per-row scale (1 / rows for
+    # a mean), where a float32 product would hold a float32 copy of the (N, V) gradient
+    return (g * grad_loss[:, None].to(g.dtype)), None, None, None, None, None
+
+
+_ce_op.register_autograd(_ce_backward, setup_context=_ce_setup)
