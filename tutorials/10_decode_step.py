@@ -1,0 +1,255 @@
+# %% [markdown]
+# # 10. A decode step: from fast kernels to a fast model
+#
+# Chapters 01-09 made each kernel fast alone. A model generating text runs them in a fixed
+# order once a token: for Llama-3-8B, 32 layers of RMSNorm, QKV projection, RoPE and the KV
+# cache write, decode attention, output projection, RMSNorm, gate/up with SwiGLU, down
+# projection, then the LM head and a sampler. This chapter predicts the time of that step from
+# the bytes it must move, counts what the host adds (each launch costs microseconds of Python
+# and driver work, and a step makes hundreds), shows how a paged KV cache is addressed, works
+# out what a mixture of experts reads at a given batch, and on a GPU measures a step of
+# tkit's paged Llama (``tkit.models.paged``) eager and replayed from a CUDA graph.
+#
+# Run it: `python tutorials/10_decode_step.py`; `pytest tutorials/10_decode_step.py` checks
+# every claim on any machine (kernels in Triton's interpreter without a GPU).
+
+# %%
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # run kernels in Triton's interpreter on CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import tkit  # noqa: E402
+from tkit.models import LLAMA3_8B  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+HBM_TBPS = 4.24  # the H200's measured copy ceiling (chapter 01)
+LAYERS, VOCAB = 32, 128256
+#: tkit's eager host time a call at decode sizes on the H200, us (README: 6.2-15.5 a call)
+HOST_US_PER_LAUNCH = 8.0
+
+
+# %% [markdown]
+# ## 1. What one step must read
+#
+# Every weight is read once a step whatever the batch (a batch of B sequences multiplies the
+# FLOPs, not the weight bytes), and each sequence reads its own K and V: 2 x layers x kv_heads
+# x head_dim x 2 bytes a cached token, 128 KB for Llama-3-8B in bf16. So the step's floor is
+#
+#     t(B, L) = (W + B L kv_bytes_per_token) / HBM bandwidth
+#
+# At B = 1 the 16 GB of weights dominate (3.8 ms, 264 tokens/s at best); the cache catches up
+# with the weights at B L = W / 128 KB, ~120 K cached tokens (B = 32 at L = 4096); past that
+# the cache decides, which is why decode attention (chapter 08) had to stream at the copy
+# ceiling, and why fp8 caches (half the bytes) pay.
+
+# %%
+def llama_bytes(cfg=LLAMA3_8B, layers=LAYERS, vocab=VOCAB, itemsize=2) -> dict:
+    h, hq, hk, d, m = (cfg[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "mlp"))
+    layer = (h * (hq + 2 * hk) * d + hq * d * h + 3 * h * m + 2 * h) * itemsize
+    return dict(layer=layer, weights=layers * layer + 2 * vocab * h * itemsize + h * itemsize,
+                kv_per_token=2 * layers * hk * d * itemsize)
+
+
+def step_floor_ms(batch: int, context: int, **kw) -> float:
+    b = llama_bytes(**kw)
+    return (b["weights"] + batch * context * b["kv_per_token"]) / (HBM_TBPS * 1e12) * 1e3
+
+
+def test_llama3_8b_bytes():
+    b = llama_bytes()
+    assert abs(b["weights"] / 1e9 - 16.06) < 0.01  # 8.03 B parameters in bf16
+    assert b["kv_per_token"] == 128 * 1024
+    assert 3.7 < step_floor_ms(1, 1) < 3.9
+    # the cache equals the weights at ~120 K cached tokens
+    assert 110e3 < b["weights"] / b["kv_per_token"] < 130e3
+    assert step_floor_ms(32, 4096) / step_floor_ms(1, 4096) < 2.1  # 32x the tokens, ~2x time
+
+
+# %% [markdown]
+# ## 2. What the host adds
+#
+# A layer's decode step is nine launches in tkit (``tkit.models.llama.llama_decode_layer``):
+# norm, QKV GEMM, RoPE + cache write, decode attention, o-proj (+ residual), norm, gate/up
+# GEMM (+ SwiGLU), down GEMM (+ residual), and the attention's split merge when it splits.
+# 32 layers, the LM head, the final norm and the sampler make ~290 launches a step; at ~8 us of
+# host time each, 2.3 ms, over half the 3.8 ms floor of a B = 1 step. The launches overlap the
+# GPU's work only while the host keeps ahead; a transformers forward adds its own Python per
+# module (tens of microseconds a layer) and falls behind. A CUDA graph captures the step's
+# launches once and replays them with one call: the host cost becomes one launch, and the
+# step's inputs (tokens, positions, slots, lengths, block table) are copied into the captured
+# tensors first. Nothing in the step may read a device value on the host, or the capture
+# would break: tkit's decode ops take lengths and tables on the device and never sync.
+
+# %%
+def launches_per_step(layers=LAYERS, splits=True) -> int:
+    return layers * (8 + int(splits)) + 3  # + final norm, LM head, sampler
+
+
+def host_ms(launches: int) -> float:
+    return launches * HOST_US_PER_LAUNCH / 1e3
+
+
+def test_host_share_at_batch_one():
+    n = launches_per_step()
+    assert 280 < n < 300
+    assert host_ms(n) / step_floor_ms(1, 1) > 0.5  # the host alone is half the floor
+    # at B = 64, L = 4096 the GPU's floor is far above the host's cost
+    assert host_ms(n) / step_floor_ms(64, 4096) < 0.2
+
+
+# %% [markdown]
+# ## 3. A paged KV cache, addressed
+#
+# ``tkit.models.paged.PagedKVCache`` keeps K and V as pages (num_blocks, page_size, kv_heads,
+# head_dim) and hands a sequence a page from a free list each time it fills one: position p
+# of sequence s lives at slot ``block_table[s][p // page] * page + p % page``. Pages need not
+# be adjacent, so sequences of any length share one pool without copying or reserving the
+# longest length for everyone. The kernels read the block table on the device: decode
+# attention gathers a tile of keys across pages (chapter 08), ``rope_append_kv`` writes each
+# new token at its slot. ``LlamaModel`` (weights from a transformers Llama) prefills prompts of
+# different lengths as one packed batch, then steps the batch; its greedy tokens are the
+# transformers model's.
+
+# %%
+def test_slots_follow_the_block_table():
+    from tkit.models.paged import PagedKVCache
+
+    c = PagedKVCache(1, 8, 4, 1, 8, torch.float32, "cpu")
+    c.reserve(0, 6)  # two pages
+    c.reserve(1, 3)  # one page
+    c.reserve(0, 9)  # a third page for sequence 0, wherever the free list has one
+    t = c.table([0, 1])
+    for p in range(9):
+        assert c.slot(0, p) == int(t[0, p // 4]) * 4 + p % 4
+    assert len(set(c.blocks[0]) | set(c.blocks[1])) == 4
+
+
+def test_paged_llama_matches_transformers():
+    transformers = pytest.importorskip("transformers")
+    from tkit.models.paged import LlamaModel
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, initializer_range=0.15,
+                                   attn_implementation="sdpa")
+    hf = transformers.LlamaForCausalLM(cfg).to(DEVICE).eval()
+    prompts = [[5, 17, 3, 88], [9, 2, 60, 61, 62, 7, 30]]
+    ours = LlamaModel.from_hf(hf).generate(prompts, 5, page_size=4)
+    for p, got in zip(prompts, ours):
+        ids = torch.tensor([p], device=DEVICE)
+        ref = hf.generate(ids, max_new_tokens=5, min_new_tokens=5, do_sample=False,
+                          pad_token_id=0)[0, len(p):].tolist()
+        assert got == ref
+
+
+# %% [markdown]
+# ## 4. What a mixture of experts reads
+#
+# An MoE layer holds E experts and sends each token to k of them. At decode, a step reads the
+# weights of the experts its tokens chose, not all E: if tokens choose independently and
+# uniformly, an expert escapes all B tokens of a batch with probability (1 - k/E)^B, so
+#
+#     experts read = E (1 - (1 - k/E)^B)
+#
+# For Qwen3-30B-A3B's 128 experts with k = 8: 8 at B = 1, 52 at B = 8, 112 at B = 32 and 126
+# at B = 64. So an MoE's decode step costs about its active parameters at B = 1 and
+# its total parameters at a moderate batch: batching buys less than it does for a dense model
+# until every expert is busy. (Real routers are not uniform, which reads fewer.) The check
+# below routes random logits with ``tkit.moe_route`` and counts.
+
+# %%
+def experts_read(e: int, k: int, batch: int) -> float:
+    return e * (1 - (1 - k / e) ** batch)
+
+
+def test_expected_experts_read():
+    assert round(experts_read(128, 8, 1)) == 8
+    assert 51 < experts_read(128, 8, 8) < 52
+    assert 111 < experts_read(128, 8, 32) < 113 and 125 < experts_read(128, 8, 64) < 127
+    gen = torch.Generator().manual_seed(0)
+    for b in (1, 4, 16):
+        counts = []
+        for _ in range(20):
+            z = torch.randn(b, 32, generator=gen).to(DEVICE)
+            _, ids = tkit.moe_route(z, 4)
+            counts.append(len(set(ids.flatten().tolist())))
+        mean = sum(counts) / len(counts)
+        assert abs(mean - experts_read(32, 4, b)) < 0.15 * experts_read(32, 4, b) + 0.5
+
+
+# %% [markdown]
+# ## 5. Measured (GPU)
+#
+# A stack of Llama-3-8B-sized layers (random weights) decoding a batch over the paged cache:
+# the step eager, and replayed from its CUDA graph, against the byte floor of section 1 for
+# those layers. The eager step pays the host's launches; the graph's replay is the GPU's time.
+
+# %%
+def measure(layers=4, batch=8, context=1024):
+    """(name, ms a step, floor ms) rows for a ``layers``-layer stack."""
+    import transformers
+
+    from tkit.bench.latency import wall_per_call_ms
+    from tkit.models.paged import LlamaModel
+
+    c = LLAMA3_8B
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=c["hidden"], intermediate_size=c["mlp"],
+        num_hidden_layers=layers, num_attention_heads=c["heads"],
+        num_key_value_heads=c["kv_heads"], max_position_embeddings=2 * context,
+        attn_implementation="sdpa")
+    with torch.device(DEVICE):
+        hf = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    model = LlamaModel.from_hf(hf)
+    del hf
+    prompts = [[1] * context for _ in range(batch)]
+    cache = model.new_cache(num_blocks=batch * (context // 16 + 1), page_size=16)
+    seqs = list(range(batch))
+    with torch.no_grad():
+        tok = model.prefill(cache, seqs, prompts).argmax(-1)
+        for s in seqs:
+            cache.reserve(s, context + 1)
+        host = dict(positions=torch.full((batch,), context),
+                    slot_mapping=torch.tensor([cache.slot(s, context) for s in seqs]),
+                    cache_seqlens=torch.full((batch,), context + 1, dtype=torch.int32),
+                    block_table=cache.table(seqs))
+        dev = {k: v.to(DEVICE) for k, v in host.items()}
+        eager = wall_per_call_ms(lambda: model.decode(cache, tok, **dev), 20, 5)[0]
+        step = model._graph_step(cache, tok, host)
+        graph = wall_per_call_ms(lambda: step(tok, host), 20, 5)[0]
+    b = llama_bytes(layers=layers)
+    floor = (b["weights"] + batch * (context + 1) * b["kv_per_token"]) / (HBM_TBPS * 1e9)
+    return [("eager step", eager, floor), ("CUDA graph replay", graph, floor)]
+
+
+@pytest.mark.gpu
+def test_graph_replay_beats_eager_gpu():
+    t = {name: ms for name, ms, _ in measure()}
+    assert t["CUDA graph replay"] < t["eager step"]
+
+
+# %%
+if __name__ == "__main__":
+    b = llama_bytes()
+    print(f"Llama-3-8B: weights {b['weights'] / 1e9:.2f} GB, KV {b['kv_per_token'] / 1024:.0f} "
+          f"KB a token")
+    for batch, ctx in ((1, 1), (1, 4096), (32, 4096), (64, 8192)):
+        print(f"B={batch:3d} L={ctx:5d}: floor {step_floor_ms(batch, ctx):6.2f} ms a step, "
+              f"{batch / step_floor_ms(batch, ctx) * 1e3:8.0f} tokens/s at best")
+    n = launches_per_step()
+    print(f"{n} launches a step: ~{host_ms(n):.1f} ms of host time eager")
+    for batch in (1, 8, 32, 64):
+        print(f"Qwen3-30B-A3B experts read at B={batch}: {experts_read(128, 8, batch):.0f} "
+              "of 128")
+    if torch.cuda.is_available():
+        for name, ms, floor in measure():
+            print(f"{name:20s} {ms:7.3f} ms a step (floor {floor:.3f} ms)")
+    else:
+        print("the measurement (section 5) needs a CUDA GPU: skipped")
