@@ -221,6 +221,7 @@ def main(argv):
         hf.remove_tkit_from_llama()
         del base, patched, ours
         moe_cases(min(layers, 2), rows, env, tiny, device)
+    hf.remove_tkit_from_llama()  # rope_for put tkit's RoPE back after each round
     OUT.mkdir(parents=True, exist_ok=True)
     with open(OUT / "hf-llama.jsonl", "a") as f:
         for r in rows:
