@@ -370,6 +370,13 @@ CASES = {
                                 torch.randint(-2**31, 2**31 - 1, (256, 256), dtype=torch.int32),
                                 torch.rand(16, 256).to(BF), torch.rand(16, 256).to(BF)),
                        lambda a, q, s, z: _as_on_h200(lambda: tkit.matmul_int4(a, q, s, z))),
+    # MoE routing and combine; cross-entropy's loss rows (no gradient: the plan's path)
+    "moe_route_sigmoid": (lambda: (torch.randn(9, 12).to(BF),),
+                          lambda z: tkit.moe_route(z, 3, scoring="sigmoid")),
+    "moe_combine": (lambda: (torch.randn(12, 64).to(BF), torch.rand(4, 3),
+                             torch.randperm(12).view(4, 3)), tkit.moe_combine),
+    "cross_entropy_rows": (lambda: (torch.randn(5, 300).to(BF), torch.tensor([1, -100, 299, 0, 7])),
+                           lambda x, t: tkit.cross_entropy(x, t, reduction="none")),
     "merge_states_3d": (lambda: (torch.randn(5, 4, 64).to(BF), torch.randn(4, 5),
                                  torch.randn(5, 4, 64).to(BF), torch.randn(4, 5)),
                         tkit.merge_attention_states),

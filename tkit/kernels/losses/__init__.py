@@ -28,7 +28,9 @@ import torch
 
 import tkit
 from tkit.kernels import _common as C
+from tkit.kernels import _plan as P
 from tkit.kernels.losses.config import (  # noqa: F401  (public)
+    _OVERRIDES,
     LossConfig,
     current_config,
     loss_config,
@@ -75,6 +77,16 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     logits; the gradient is computed in the forward pass (one more pass over the row, no
     softmax stored), in logits' dtype.
     """
+    if (logits.ndim == 2 and type(ignore_index) is int and type(label_smoothing) is float
+            and type(z_loss) is float and reduction in REDUCTIONS
+            and P.plannable(_OVERRIDES.state.value, logits, target)):
+        # the eager plan of the loss rows (tkit.kernels._plan; host targets' values are still
+        # checked each call), the reduction after it
+        rows = P.serve_fast(_plans, ("ce", ignore_index, label_smoothing, z_loss),
+                            (logits, target), _ce_rows_slow,
+                            (logits, target, ignore_index, label_smoothing, z_loss),
+                            None if target.is_cuda else _ce_hit_check)
+        return _reduce(rows, target, ignore_index, reduction)
     check_ce(logits, target, ignore_index, label_smoothing, z_loss, reduction)
     v = logits.shape[-1]
     x = logits.reshape(-1, v)
@@ -88,6 +100,18 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
     else:
         rows, _ = ce_launch(*args, False)
     return _reduce(rows, target, ignore_index, reduction)
+
+
+_plans = P.new_cache()
+
+
+def _ce_hit_check(logits, target, ignore_index, smoothing, z):
+    check_target(target, target.shape, logits.shape[-1], ignore_index, "unchanged")
+
+
+def _ce_rows_slow(logits, target, ignore_index, smoothing, z):
+    check_ce(logits, target, ignore_index, smoothing, z, "none")
+    return ce_launch(logits, target, ignore_index, smoothing, z, False)[0]
 
 
 class _CrossEntropy(torch.autograd.Function):

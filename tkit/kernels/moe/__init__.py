@@ -31,7 +31,9 @@ import torch
 
 import tkit
 from tkit.kernels import _common as C
+from tkit.kernels import _plan as P
 from tkit.kernels.moe.config import (  # noqa: F401  (public)
+    _OVERRIDES,
     MAX_EXPERTS,
     MAX_TOP_K,
     MoeConfig,
@@ -68,6 +70,18 @@ def moe_route(router_logits: torch.Tensor, top_k: int, *, renormalize: bool = Tr
     (weights, ids): (tokens, top_k) float32 and int32, best first. Differentiable in
     ``router_logits`` through the weights (the choice has no gradient).
     """
+    if (type(top_k) is int and type(renormalize) is bool and type(scoring) is str
+            and P.plannable(_OVERRIDES.state.value, router_logits)):
+        # the eager plan (tkit.kernels._plan): the launch follows from the key
+        return P.serve_fast(_plans, ("route", top_k, renormalize, scoring), (router_logits,),
+                            _route_slow, (router_logits, top_k, renormalize, scoring))
+    return _route_slow(router_logits, top_k, renormalize, scoring)
+
+
+_plans = P.new_cache()
+
+
+def _route_slow(router_logits, top_k, renormalize, scoring):
     check_route(router_logits, top_k, scoring)
     renormalize, sigmoid = bool(renormalize), scoring == "sigmoid"
     if C.use_direct_path(router_logits):
@@ -105,6 +119,13 @@ def moe_combine(y: torch.Tensor, weights: torch.Tensor, inv: torch.Tensor) -> to
     :func:`moe_align`'s order; ``weights`` (tokens, top_k) float32; ``inv`` (tokens, top_k)
     int32/int64 (:func:`moe_align`'s). Rows of ``inv`` outside y are clamped to it (never read
     outside y). Returns (tokens, H) in y's dtype; differentiable in y and weights."""
+    if P.plannable(_OVERRIDES.state.value, y, weights, inv):
+        return P.serve_fast(_plans, ("combine",), (y, weights, inv), _combine_slow,
+                            (y, weights, inv))
+    return _combine_slow(y, weights, inv)
+
+
+def _combine_slow(y, weights, inv):
     check_combine(y, weights, inv)
     if C.use_direct_path(y, weights):
         return _combine_launch(y, weights, inv)
