@@ -16,7 +16,7 @@ from tkit.models import hf  # noqa: E402
 from tkit.testing.compare import assert_close_to_reference  # noqa: E402
 from tkit.testing.tensors import default_device  # noqa: E402
 
-OPS = ("rms_norm", "silu_mul", "rope", "flash_attention", "decode_attention")
+OPS = ("rms_norm", "silu_mul", "rope", "flash_attention", "decode_attention", "moe_combine")
 
 
 def _config(**kw):
@@ -80,7 +80,7 @@ def test_logits_float32():
         out = patched(ids).logits
     n = 2  # layers
     assert calls == dict(rms_norm=2 * n + 1, silu_mul=n, rope=n, flash_attention=n,
-                         decode_attention=0)
+                         decode_attention=0, moe_combine=0)
     torch.testing.assert_close(out, ref, atol=2e-4, rtol=2e-4)
 
 
@@ -216,3 +216,37 @@ def test_mixtral_experts_through_tkit():
                 tkit.moe_combine = real
     assert spied["moe_combine"] == 2 and calls["silu_mul"] == 2
     torch.testing.assert_close(out, ref, atol=2e-4, rtol=2e-4)
+
+
+_SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+              initializer_range=0.15, attn_implementation="sdpa")
+
+
+@pytest.mark.parametrize("family, extra", [
+    ("MistralConfig", dict(sliding_window=None)),
+    ("MistralConfig", dict(sliding_window=8)),  # shorter than the prompt: SDPA's path
+    ("Qwen2Config", dict()),
+    ("Qwen3Config", dict(head_dim=16)),
+    ("Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                            head_dim=16)),
+])
+def test_other_families(family, extra):
+    cfg = getattr(transformers, family)(**_SMALL, **extra)
+    ids = _ids(seq=11, seed=12)
+
+    def build():
+        torch.manual_seed(0)
+        return transformers.AutoModelForCausalLM.from_config(cfg).to(default_device()).eval()
+
+    with torch.no_grad():
+        ref = build()(ids).logits
+        model = hf.apply_tkit(build())
+        with _spy() as calls:
+            out = model(ids).logits
+    assert calls["rms_norm"] > 0 and calls["rope"] == 2
+    windowed = extra.get("sliding_window") is not None
+    assert calls["flash_attention"] == (0 if windowed else 2)
+    assert calls["moe_combine"] == (2 if "Moe" in family else 0)
+    torch.testing.assert_close(out, ref, atol=2e-4, rtol=2e-4)
+    hf.remove_tkit()

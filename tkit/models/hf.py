@@ -1,21 +1,25 @@
-"""Hugging Face transformers' Llama with tkit ops inside: :func:`apply_tkit_to_llama`.
+"""Hugging Face transformers' decoder models with tkit ops inside: :func:`apply_tkit` (Llama,
+Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE), :func:`apply_tkit_to_llama`, and the experts of any
+model that uses transformers' experts interface (:func:`apply_tkit_experts`).
 
 What is swapped, each with HF's own code as the fallback where a case is not covered:
 
-* ``LlamaRMSNorm`` -> ``tkit.rms_norm`` (float32 statistics, one rounding of the output where
-  HF rounds the normalized rows before the weight multiply);
-* ``LlamaMLP``'s ``act(gate(x)) * up(x)`` -> ``tkit.silu_mul`` (SiLU models only: the
+* the family's RMSNorm -> ``tkit.rms_norm`` (float32 statistics, one rounding of the output
+  where HF rounds the normalized rows before the weight multiply);
+* the family's dense MLP ``act(gate(x)) * up(x)`` -> ``tkit.silu_mul`` (SiLU models only: the
   projections stay ``nn.Linear``s, so biases, quantized or adapter-wrapped layers keep
   working);
-* ``apply_rotary_pos_emb`` -> ``tkit.rope`` on a table built from HF's own cos and sin (so every
-  ``rope_scaling`` of the config is honoured as HF computes it), without autograd: a call that
-  needs gradients takes HF's function;
+* the family's ``apply_rotary_pos_emb`` -> ``tkit.rope`` on a table built from HF's own cos and
+  sin (so every ``rope_scaling`` of the config is honoured as HF computes it), without
+  autograd: a call that needs gradients takes HF's function;
 * attention -> the ``"tkit"`` entry of transformers' ``AttentionInterface``:
   ``tkit.flash_attention`` for a prompt (causal, GQA without repeating K and V) and
   ``tkit.decode_attention`` for up to 16 new tokens over the cache; a call with an explicit mask
   (padding, packed sequences), dropout while training, a position bias, a softcap or a sliding
-  window goes to transformers' SDPA path. Its mask function is SDPA's, which gives no mask for
-  causal attention over unpadded sequences.
+  window shorter than the keys goes to transformers' SDPA path. Its mask function is SDPA's,
+  which gives no mask for causal attention over unpadded sequences;
+* mixture-of-experts blocks (Mixtral, Qwen3-MoE, ...) -> the ``"tkit"`` entry of the experts
+  interface (:func:`tkit_experts_forward`).
 
 ``transformers`` is imported when a function here is called, not when tkit is.
 """
@@ -34,10 +38,32 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 DECODE_MAX_Q = 16
 
 
-def _modeling():
-    from transformers.models.llama import modeling_llama
+#: model_type -> (transformers' modeling module, its RMSNorm class, its dense MLP class or None)
+FAMILIES = {
+    "llama": ("transformers.models.llama.modeling_llama", "LlamaRMSNorm", "LlamaMLP"),
+    "mistral": ("transformers.models.mistral.modeling_mistral", "MistralRMSNorm", "MistralMLP"),
+    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2RMSNorm", "Qwen2MLP"),
+    "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3RMSNorm", "Qwen3MLP"),
+    "mixtral": ("transformers.models.mixtral.modeling_mixtral", "MixtralRMSNorm", None),
+    "qwen3_moe": ("transformers.models.qwen3_moe.modeling_qwen3_moe", "Qwen3MoeRMSNorm",
+                  "Qwen3MoeMLP"),
+}
 
-    return modeling_llama
+
+def _family(name: str):
+    """(modeling module, RMSNorm class, MLP class or None) of a model type."""
+    import importlib
+
+    if name not in FAMILIES:
+        raise ValueError(f"model type {name!r} is not one tkit patches; supported: "
+                         f"{sorted(FAMILIES)}")
+    path, norm, mlp = FAMILIES[name]
+    m = importlib.import_module(path)
+    return m, getattr(m, norm), getattr(m, mlp) if mlp else None
+
+
+def _modeling():
+    return _family("llama")[0]
 
 
 def _kernels_run_on(x: torch.Tensor) -> bool:
@@ -115,9 +141,10 @@ def tkit_attention_forward(module, query, key, value, attention_mask, dropout=0.
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     q_len, kv_len, d = query.shape[2], key.shape[2], query.shape[3]
+    window = kwargs.get("sliding_window")
     other = (attention_mask is not None or (dropout and module.training)
              or kwargs.get("position_bias") is not None or kwargs.get("softcap")
-             or kwargs.get("sliding_window") or kwargs.get("output_attentions")
+             or (window is not None and kv_len > window) or kwargs.get("output_attentions")
              or not _kernels_run_on(query) or query.dtype not in _FLOATS
              or not (key.dtype == value.dtype == query.dtype) or d > 256
              or value.shape[3] != d or query.shape[1] % key.shape[1])
@@ -210,46 +237,72 @@ def apply_tkit_experts(model):
     return model
 
 
-# ---- the entry point ---------------------------------------------------------------------------
-def apply_tkit_to_llama(model=None, *, rope: bool = True, rms_norm: bool = True,
-                        swiglu: bool = True, attention: bool = True):
-    """Put tkit's ops into HF Llama models.
+# ---- the entry points -------------------------------------------------------------------------
+def apply_tkit(model=None, *, family: str | None = None, rope: bool = True,
+               rms_norm: bool = True, swiglu: bool = True, attention: bool = True,
+               experts: bool = True):
+    """Put tkit's ops into a transformers decoder of one of :data:`FAMILIES`.
 
-    With ``model`` (a ``LlamaModel`` / ``LlamaForCausalLM``, or any module holding Llama
-    layers), its own RMSNorm and MLP modules are patched and its attention implementation set
-    to ``"tkit"``; without it, the ``LlamaRMSNorm`` and ``LlamaMLP`` classes are (every model,
-    built before or after), and ``attn_implementation="tkit"`` is the caller's to pass to
-    ``from_pretrained`` or ``set_attn_implementation``. RoPE is patched in transformers' Llama
-    module either way (HF calls it as a module-level function). Returns ``model``."""
-    m = _modeling()
+    With ``model`` (``...ForCausalLM`` or its base model; the family from its
+    ``config.model_type`` unless ``family`` says it), its own RMSNorm and MLP modules are
+    patched, and its attention (and, for MoE families, experts) implementation set to
+    ``"tkit"``; without it, the ``family``'s RMSNorm and MLP classes are (every model, built
+    before or after), and ``attn_implementation="tkit"`` (``experts_implementation="tkit"``)
+    is the caller's to pass to ``from_pretrained``. RoPE is patched in the family's modeling
+    module either way (transformers calls it as a module-level function). Returns ``model``."""
+    name = family or (model.config.model_type if model is not None else None)
+    if name is None:
+        raise ValueError("family is required without a model")
+    m, norm_cls, mlp_cls = _family(name)
     if rope and not hasattr(m.apply_rotary_pos_emb, "tkit_original"):
         m.apply_rotary_pos_emb = _make_rope(m.apply_rotary_pos_emb)
     if attention:
         register_attention()
+    if experts:
+        register_experts()
     if model is None:
         if rms_norm:
-            _patch(m.LlamaRMSNorm, _rms_norm_forward)
-        if swiglu:
-            _patch(m.LlamaMLP, _mlp_forward)
+            _patch(norm_cls, _rms_norm_forward)
+        if swiglu and mlp_cls is not None:
+            _patch(mlp_cls, _mlp_forward)
         return None
     for mod in model.modules():
-        if rms_norm and isinstance(mod, m.LlamaRMSNorm):
+        if rms_norm and isinstance(mod, norm_cls):
             _patch(mod, _rms_norm_forward)
-        elif swiglu and isinstance(mod, m.LlamaMLP):
+        elif swiglu and mlp_cls is not None and isinstance(mod, mlp_cls):
             _patch(mod, _mlp_forward)
     if attention:
         model.set_attn_implementation("tkit")
+    if experts and hasattr(model, "set_experts_implementation") and any(
+            hasattr(mod, "gate_up_proj") for mod in model.modules()):
+        model.set_experts_implementation("tkit")
     return model
 
 
+def apply_tkit_to_llama(model=None, *, rope: bool = True, rms_norm: bool = True,
+                        swiglu: bool = True, attention: bool = True):
+    """:func:`apply_tkit` for the Llama family (``family="llama"``)."""
+    return apply_tkit(model, family="llama", rope=rope, rms_norm=rms_norm, swiglu=swiglu,
+                      attention=attention, experts=False)
+
+
+def remove_tkit(family: str | None = None) -> None:
+    """Undo the class and module patches of :func:`apply_tkit` for ``family`` (every family:
+    None). Models patched one by one keep theirs; the ``"tkit"`` entries stay registered."""
+    for name in ([family] if family else list(FAMILIES)):
+        try:
+            m, norm_cls, mlp_cls = _family(name)
+        except ImportError:  # an older transformers without this family
+            continue
+        original = getattr(m.apply_rotary_pos_emb, "tkit_original", None)
+        if original is not None:
+            m.apply_rotary_pos_emb = original
+        for cls in (norm_cls, mlp_cls):
+            if cls is not None and "_tkit_hf_forward" in vars(cls):
+                cls.forward = cls._tkit_hf_forward
+                del cls._tkit_hf_forward
+
+
 def remove_tkit_from_llama() -> None:
-    """Undo the class and module patches of :func:`apply_tkit_to_llama` (models patched one by
-    one keep theirs; the ``"tkit"`` attention stays registered)."""
-    m = _modeling()
-    original = getattr(m.apply_rotary_pos_emb, "tkit_original", None)
-    if original is not None:
-        m.apply_rotary_pos_emb = original
-    for cls in (m.LlamaRMSNorm, m.LlamaMLP):
-        if "_tkit_hf_forward" in vars(cls):
-            cls.forward = cls._tkit_hf_forward
-            del cls._tkit_hf_forward
+    """:func:`remove_tkit` for the Llama family."""
+    remove_tkit("llama")
