@@ -8,9 +8,8 @@ import pytest
 import torch
 
 import tkit
-from tkit import registry
 from tkit.specs import moe as S
-from tkit.testing import check_against_reference, fuzz, opcheck
+from tkit.testing import check_against_reference, check_spec, fuzz_spec, opcheck
 from tkit.testing.tensors import default_device, make_tensor
 
 ON_GPU = torch.cuda.is_available()
@@ -23,17 +22,12 @@ def _dev():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_check_cases(name):
-    spec = registry.get(name)
-    for case in spec.check_cases():
-        args, kwargs = case.make(_dev())
-        check_against_reference(spec.fn, spec.reference, args, kwargs, ulps=spec.ulps)
+    assert check_spec(name) > 0
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_fuzz(name):
-    recipe = dict(registry.get(name).fuzz())
-    fn, ref = recipe.pop("fn"), recipe.pop("reference")
-    fuzz(fn, ref, **recipe, max_examples=None if ON_GPU else 15)
+    fuzz_spec(name, max_examples=None if ON_GPU else 15)
 
 
 @pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])

@@ -14,8 +14,8 @@ from tkit.kernels import quant as Q
 from tkit.specs import inference as S
 from tkit.testing import (
     assert_close_to_reference,
-    check_against_reference,
-    fuzz,
+    check_spec,
+    fuzz_spec,
     make_tensor,
     opcheck,
     poisoned_outputs,
@@ -78,18 +78,12 @@ def _same_bits(a, b):
 # ---- registry: check cases and fuzzing ---------------------------------------------------------
 @pytest.mark.parametrize("name", NAMES)
 def test_check_cases(name):
-    spec = registry.get(name)
-    for case in spec.check_cases():
-        args, kwargs = case.make(_dev())
-        check_against_reference(spec.fn, spec.reference, args, kwargs, ulps=spec.ulps)
+    assert check_spec(name) > 0
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_fuzz(name):
-    spec = registry.get(name)
-    recipe = dict(spec.fuzz())
-    fn, ref = recipe.pop("fn", spec.fn), recipe.pop("reference", spec.reference)
-    fuzz(fn, ref, **recipe, max_examples=None if ON_GPU else 12)
+    fuzz_spec(name, max_examples=None if ON_GPU else 12)
 
 
 @pytest.mark.parametrize("name", NAMES)

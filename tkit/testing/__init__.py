@@ -5,6 +5,7 @@
   kernel that crashes its process is reported as a failure too (``KernelCrashed``).
 * :func:`assert_close_to_reference` is the comparison rule (kernel error <= 2x the error of PyTorch
   in the same precision + one unit of rounding).
+* :func:`check_spec` and :func:`fuzz_spec` run a registered op's check cases and fuzz recipe.
 * :func:`make_tensor` builds random inputs in any layout; :mod:`tkit.testing.strategies` has the
   hypothesis strategies; :func:`poisoned_outputs` NaN-fills every output tkit allocates.
 """
@@ -17,6 +18,7 @@ from tkit.testing.compare import (
     max_error,
 )
 from tkit.testing.fuzz import FuzzStats, KernelCrashed, check_against_reference, fuzz
+from tkit.testing.specs import check_spec, fuzz_spec
 from tkit.testing.tensors import LAYOUTS, default_device, make_tensor
 
 __all__ = [
@@ -26,9 +28,11 @@ __all__ = [
     "ReferenceMismatch",
     "assert_close_to_reference",
     "check_against_reference",
+    "check_spec",
     "default_device",
     "eps",
     "fuzz",
+    "fuzz_spec",
     "make_tensor",
     "max_error",
     "opcheck",
