@@ -145,14 +145,17 @@ class LlamaModel:
         if not lens or min(lens) < 1:
             raise ValueError("prompts must be non-empty lists of token ids")
         slots, positions = [], []
-        for s, n in zip(seqs, lens):
+        for s, n in zip(seqs, lens):  # a sequence's slots from its pages, on the host
             cache.reserve(s, n)
-            slots += [cache.slot(s, i) for i in range(n)]
-            positions += range(n)
+            pos = torch.arange(n)
+            pages = torch.tensor(cache.blocks[s])
+            slots.append(pages[pos // cache.page_size] * cache.page_size
+                         + pos % cache.page_size)
+            positions.append(pos)
         cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
         tokens = torch.tensor([t for p in prompts for t in p], device=dev)
-        positions = torch.tensor(positions, device=dev)
-        slots = torch.tensor(slots, device=dev)
+        positions = torch.cat(positions).to(dev)
+        slots = torch.cat(slots).to(dev)
         cu_dev = cu.to(dev)
         h, hk, d, t = self.heads, self.kv_heads, self.head_dim, tokens.shape[0]
         x = F.embedding(tokens, self.embed)
