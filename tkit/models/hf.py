@@ -258,7 +258,9 @@ def apply_tkit(model=None, *, family: str | None = None, rope: bool = True,
         m.apply_rotary_pos_emb = _make_rope(m.apply_rotary_pos_emb)
     if attention:
         register_attention()
-    if experts:
+    moe = name in ("mixtral", "qwen3_moe") or (model is not None and any(
+        hasattr(mod, "gate_up_proj") for mod in model.modules()))
+    if experts and moe:
         register_experts()
     if model is None:
         if rms_norm:
@@ -273,8 +275,7 @@ def apply_tkit(model=None, *, family: str | None = None, rope: bool = True,
             _patch(mod, _mlp_forward)
     if attention:
         model.set_attn_implementation("tkit")
-    if experts and hasattr(model, "set_experts_implementation") and any(
-            hasattr(mod, "gate_up_proj") for mod in model.modules()):
+    if experts and moe:
         model.set_experts_implementation("tkit")
     return model
 
