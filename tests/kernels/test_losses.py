@@ -121,3 +121,16 @@ def test_torch_compile_fullgraph():
                       backend="inductor" if ON_GPU else "aot_eager")
     for a, b in zip(S._step(f, x, t, n_grad=1), S.ce_step(x, t)):
         torch.testing.assert_close(a, b)
+
+
+def test_fused_form_traces_whole_and_passes_opcheck():
+    h = make_tensor((18, 16), torch.float32, seed=15, device=_dev())
+    w = make_tensor((40, 16), torch.float32, seed=16, device=_dev(), scale=0.3)
+    t = S._targets(18, 40, _dev(), 17)
+    f = torch.compile(tkit.fused_linear_cross_entropy, fullgraph=True,
+                      backend="inductor" if ON_GPU else "aot_eager")
+    for a, b in zip(S._step(f, h, w, t, n_grad=2), S.flce_step(h, w, t)):
+        torch.testing.assert_close(a, b)
+    opcheck(torch.ops.tkit.fused_linear_cross_entropy.default,
+            (h.clone().requires_grad_(), w.clone().requires_grad_(), None, t, -100, 0.0, 0.0,
+             True, True))

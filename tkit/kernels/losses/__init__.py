@@ -38,6 +38,7 @@ from tkit.kernels.losses.config import (  # noqa: F401  (public)
 from tkit.kernels.losses.ops import (
     REDUCTIONS,
     _ce_op,
+    _flce_op,
     ce_launch,
     check_ce,
     check_options,
@@ -139,47 +140,39 @@ def chunk_rows(n: int, hidden: int, vocab: int) -> int:
     return max(1, min(n, C.next_power_of_2(-(-n // chunks))))
 
 
-class _FusedLinearCE(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h, weight, bias, target, ignore_index, smoothing, z, reduction):
-        n = h.shape[0]
-        need = ctx.needs_input_grad[0] or ctx.needs_input_grad[1] or (
-            bias is not None and ctx.needs_input_grad[2])
-        rows = torch.empty((n,), dtype=torch.float32, device=h.device)
-        gh = torch.empty_like(h) if need else None
-        gw = torch.zeros_like(weight) if need else None
-        gb = torch.zeros_like(bias, dtype=torch.float32) if need and bias is not None else None
-        step = chunk_rows(n, h.shape[1], weight.shape[0])
-        for s in range(0, n, step):
-            hc, tc = h[s:s + step], target[s:s + step]
-            logits = tkit.matmul(hc, weight.t(), bias)
-            if not need:
-                loss, _ = ce_launch(logits, tc, ignore_index, smoothing, z, False)
-            else:  # the chunk's gradient, in place of its logits
-                loss, g = _ce_grad_in_place(logits, tc, ignore_index, smoothing, z)
-                gh[s:s + step] = tkit.matmul(g, weight)
-                gw.addmm_(g.t(), hc)
-                if gb is not None:
-                    gb += g.float().sum(0)
-            rows[s:s + step] = loss
-        ctx.reduction = reduction
-        n_valid = (target != ignore_index).sum()
-        ctx.save_for_backward(gh, gw, gb, n_valid)
-        if reduction == "sum":
-            return rows.sum()
-        return rows.sum() / n_valid
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        gh, gw, gb, n_valid = ctx.saved_tensors
-        scale = grad_out.float() if ctx.reduction == "sum" else grad_out.float() / n_valid
-        out = [None] * 8
-        if gh is not None:
-            out[0] = gh * scale.to(gh.dtype)
-            out[1] = gw * scale.to(gw.dtype)
-            if gb is not None:
-                out[2] = (gb * scale).to(gb.dtype)
-        return tuple(out)
+def flce_impl(h, weight, bias, target, ignore_index: int, smoothing: float, z: float,
+              mean: bool, with_grad: bool):
+    """(loss, d loss/d h, d loss/d weight, d loss/d bias) of the fused form, the gradients
+    (empty tensors without ``with_grad``) already divided by the rows kept for a mean."""
+    n = h.shape[0]
+    rows = torch.empty((n,), dtype=torch.float32, device=h.device)
+    empty = h.new_empty((0,))
+    gh = torch.empty_like(h) if with_grad else empty
+    gw = torch.zeros_like(weight) if with_grad else empty
+    gb = (torch.zeros(bias.shape, dtype=torch.float32, device=h.device)
+          if with_grad and bias is not None else empty)
+    step = chunk_rows(n, h.shape[1], weight.shape[0])
+    for s in range(0, n, step):
+        hc, tc = h[s:s + step], target[s:s + step]
+        logits = tkit.matmul(hc, weight.t(), bias)
+        if not with_grad:
+            loss, _ = ce_launch(logits, tc, ignore_index, smoothing, z, False)
+        else:  # the chunk's gradient, in place of its logits
+            loss, g = _ce_grad_in_place(logits, tc, ignore_index, smoothing, z)
+            gh[s:s + step] = tkit.matmul(g, weight)
+            gw.addmm_(g.t(), hc)
+            if bias is not None:
+                gb += g.float().sum(0)
+        rows[s:s + step] = loss
+    total = rows.sum()
+    if not mean:
+        return total, gh, gw, gb.to(bias.dtype) if gb.numel() else gb
+    n_valid = (target != ignore_index).sum()
+    if with_grad:
+        gh.div_(n_valid)
+        gw.div_(n_valid)
+        gb = (gb / n_valid).to(bias.dtype) if bias is not None else gb
+    return total / n_valid, gh, gw, gb
 
 
 def _ce_grad_in_place(logits, target, ignore_index, smoothing, z):
@@ -245,8 +238,33 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor,
     check_target(target, hidden.shape[:-1], weight.shape[0], ignore_index,
                  "hidden's shape without the hidden dim")
     C.check_same_device(hidden=hidden, weight=weight, target=target, bias=bias)
-    return _FusedLinearCE.apply(h, weight, bias, target.reshape(-1), int(ignore_index),
-                                float(label_smoothing), float(z_loss), reduction)
+    with_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (h, weight, bias))
+    args = (h, weight, bias, target.reshape(-1), int(ignore_index), float(label_smoothing),
+            float(z_loss), reduction == "mean")
+    if torch.compiler.is_compiling():  # traced: the registered op and its autograd
+        return _flce_op(*args, with_grad)[0]
+    if with_grad:  # eager: the same work and backward without the dispatcher
+        return _FusedLinearCrossEntropy.apply(*args)
+    return flce_impl(*args, False)[0]
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    """Eager autograd of ``tkit::fused_linear_cross_entropy`` (the op's own rule)."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        loss, gh, gw, gb = flce_impl(*args, True)
+        ctx.has_bias = args[2] is not None
+        ctx.save_for_backward(gh, gw, gb)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        gh, gw, gb = ctx.saved_tensors
+        g = grad_loss.float()
+        return (gh * g.to(gh.dtype), gw * g.to(gw.dtype),
+                gb * g.to(gb.dtype) if ctx.has_bias else None, None, None, None, None, None)
 
 
 def cost_cross_entropy(logits, target, **_):

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from tkit.kernels import _common as C
@@ -101,3 +103,42 @@ def _ce_backward(ctx, grad_loss, grad_g):
 
 
 _ce_op.register_autograd(_ce_backward, setup_context=_ce_setup)
+
+
+@R.custom_op("tkit::fused_linear_cross_entropy", mutates_args=())
+def _flce_op(h: torch.Tensor, weight: torch.Tensor,
+             bias: Optional[torch.Tensor],  # noqa: UP045 (schema parser)
+             target: torch.Tensor, ignore_index: int, smoothing: float, z_loss: float,
+             mean: bool, with_grad: bool
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    from tkit.kernels.losses import flce_impl
+
+    return flce_impl(h, weight, bias, target, ignore_index, smoothing, z_loss, mean,
+                     with_grad)
+
+
+@_flce_op.register_fake
+def _(h, weight, bias, target, ignore_index, smoothing, z_loss, mean, with_grad):
+    empty = h.new_empty((0,))
+    return (h.new_empty((), dtype=torch.float32),
+            h.new_empty(h.shape) if with_grad else empty,
+            weight.new_empty(weight.shape) if with_grad else empty,
+            bias.new_empty(bias.shape) if with_grad and bias is not None else empty)
+
+
+def _flce_setup(ctx, inputs, output):
+    ctx.has_bias = inputs[2] is not None
+    ctx.save_for_backward(*output[1:])
+
+
+def _flce_backward(ctx, grad_loss, *_):
+    gh, gw, gb = ctx.saved_tensors
+    if gh.numel() == 0 and gw.numel() == 0:
+        raise RuntimeError("tkit::fused_linear_cross_entropy ran without its gradients "
+                           "(with_grad=False); call tkit.fused_linear_cross_entropy")
+    g = grad_loss.float()
+    return (gh * g.to(gh.dtype), gw * g.to(gw.dtype),
+            gb * g.to(gb.dtype) if ctx.has_bias else None, None, None, None, None, None, None)
+
+
+_flce_op.register_autograd(_flce_backward, setup_context=_flce_setup)
