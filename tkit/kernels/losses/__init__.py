@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import torch
 
-import tkit
 from tkit.kernels import _common as C
 from tkit.kernels import _plan as P
 from tkit.kernels.losses.config import (  # noqa: F401  (public)
@@ -35,7 +34,7 @@ from tkit.kernels.losses.config import (  # noqa: F401  (public)
     current_config,
     loss_config,
 )
-from tkit.kernels.losses.ops import (
+from tkit.kernels.losses.ops import (  # noqa: F401  (chunk_rows: public)
     REDUCTIONS,
     _ce_op,
     _flce_op,
@@ -43,6 +42,8 @@ from tkit.kernels.losses.ops import (
     check_ce,
     check_options,
     check_target,
+    chunk_rows,
+    flce_impl,
 )
 
 
@@ -130,69 +131,7 @@ class _CrossEntropy(torch.autograd.Function):
         return g * grad_rows[:, None].to(g.dtype), None, None, None, None
 
 
-def chunk_rows(n: int, hidden: int, vocab: int) -> int:
-    """Rows a chunk of :func:`fused_linear_cross_entropy`: about as many logits as the hidden
-    states hold (N H), a power of 2 (Liger-Kernel's rule), at most n."""
-    cfg = current_config()
-    if cfg.fused_chunk_rows:
-        return max(1, min(n, cfg.fused_chunk_rows))
-    chunks = max(1, -(-vocab // max(1, hidden)))
-    return max(1, min(n, C.next_power_of_2(-(-n // chunks))))
 
-
-def flce_impl(h, weight, bias, target, ignore_index: int, smoothing: float, z: float,
-              mean: bool, with_grad: bool):
-    """(loss, d loss/d h, d loss/d weight, d loss/d bias) of the fused form, the gradients
-    (empty tensors without ``with_grad``) already divided by the rows kept for a mean."""
-    n = h.shape[0]
-    rows = torch.empty((n,), dtype=torch.float32, device=h.device)
-    empty = h.new_empty((0,))
-    gh = torch.empty_like(h) if with_grad else empty
-    gw = torch.zeros_like(weight) if with_grad else empty
-    gb = (torch.zeros(bias.shape, dtype=torch.float32, device=h.device)
-          if with_grad and bias is not None else empty)
-    step = chunk_rows(n, h.shape[1], weight.shape[0])
-    for s in range(0, n, step):
-        hc, tc = h[s:s + step], target[s:s + step]
-        logits = tkit.matmul(hc, weight.t(), bias)
-        if not with_grad:
-            loss, _ = ce_launch(logits, tc, ignore_index, smoothing, z, False)
-        else:  # the chunk's gradient, in place of its logits
-            loss, g = _ce_grad_in_place(logits, tc, ignore_index, smoothing, z)
-            gh[s:s + step] = tkit.matmul(g, weight)
-            gw.addmm_(g.t(), hc)
-            if bias is not None:
-                gb += g.float().sum(0)
-        rows[s:s + step] = loss
-    total = rows.sum()
-    if not mean:
-        return total, gh, gw, gb.to(bias.dtype) if gb.numel() else gb
-    n_valid = (target != ignore_index).sum()
-    if with_grad:
-        gh.div_(n_valid)
-        gw.div_(n_valid)
-        gb = (gb / n_valid).to(bias.dtype) if bias is not None else gb
-    return total / n_valid, gh, gw, gb
-
-
-def _ce_grad_in_place(logits, target, ignore_index, smoothing, z):
-    """The kernel with its gradient written over ``logits`` (each element read before it is
-    written, by the same program): (loss rows, the gradient = ``logits``'s storage)."""
-    n, v = logits.shape
-    loss = torch.empty((n,), dtype=torch.float32, device=logits.device)
-    if n == 0:
-        return loss, logits
-    from tkit.kernels.losses._kernels import _ce_kernel
-
-    cfg = current_config()
-    C.launch(_ce_kernel, (n,), X=logits, TGT=target, LOSS=loss, G=logits, V=v,
-             sxn=logits.stride(0), sxv=logits.stride(1), stn=target.stride(0),
-             sgn=logits.stride(0), sgv=logits.stride(1), ignore_index=int(ignore_index),
-             smoothing=float(smoothing), z_coef=float(z),
-             BLOCK_V=min(cfg.block_v, C.next_power_of_2(v)), SMOOTH=smoothing > 0.0,
-             ZLOSS=z > 0.0, HAS_GRAD=True, INT64=C.needs_int64(logits),
-             num_warps=cfg.num_warps)
-    return loss, logits
 
 
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor,

@@ -25,6 +25,7 @@ def _route_kernel(Z, W, IDS, T, E, szt, sze, swt, sit,
     emask = e < E
     z = tl.load(Z + t[:, None] * szt + e[None, :] * sze, mask=tmask[:, None] & emask[None, :],
                 other=float("-inf")).to(tl.float32)
+    z = tl.where(tmask[:, None], z, 0.0)  # rows past T: finite (never stored)
     if SIGMOID:
         p = 1.0 / (1.0 + tl.exp2(-z * LOG2E))
     else:
