@@ -140,7 +140,7 @@ def paged_step(ours, ids, nxt, device):
         (b,), n + 1, dtype=torch.int32), block_table=cache.table(list(range(b))))
     tok = nxt[:, 0].contiguous()
     if torch.cuda.is_available():
-        step = ours._graph_step(cache, tok, host)
+        step = ours.capture_step(cache, tok, host)
         return lambda: step(tok, host)[:, None]
     dev = {k: v.to(device) for k, v in host.items()}
     return lambda: ours.decode(cache, tok, **dev)[:, None]

@@ -222,7 +222,7 @@ def measure(layers=4, batch=8, context=1024):
                     block_table=cache.table(seqs))
         dev = {k: v.to(DEVICE) for k, v in host.items()}
         eager = wall_per_call_ms(lambda: model.decode(cache, tok, **dev), 20, 5)[0]
-        step = model._graph_step(cache, tok, host)
+        step = model.capture_step(cache, tok, host)
         graph = wall_per_call_ms(lambda: step(tok, host), 20, 5)[0]
     b = llama_bytes(layers=layers)
     floor = (b["weights"] + batch * (context + 1) * b["kv_per_token"]) / (HBM_TBPS * 1e9)

@@ -210,14 +210,10 @@ def tkit_experts_forward(self, hidden_states, top_k_index, top_k_weights):
         other = (hf_moe.grouped_mm_experts_forward if hidden_states.is_cuda
                  else hf_moe.batched_mm_experts_forward)
         return other(self, hidden_states, top_k_index, top_k_weights)
-    e, k = self.gate_up_proj.shape[0], top_k_index.shape[-1]
-    i = self.down_proj.shape[-1]
-    order, inv, offsets = tkit.moe_align(top_k_index, e)
-    xs = hidden_states.index_select(0, torch.div(order, k, rounding_mode="floor"))
-    gu = tkit.grouped_matmul(xs, self.gate_up_proj.transpose(1, 2), offsets)
-    act = tkit.silu_mul(gu[:, :i], gu[:, i:])
-    y = tkit.grouped_matmul(act, self.down_proj.transpose(1, 2), offsets)
-    return tkit.moe_combine(y, top_k_weights.float(), inv)
+    from tkit.kernels.moe import moe_experts
+
+    return moe_experts(hidden_states, top_k_weights, top_k_index, self.gate_up_proj,
+                       self.down_proj)
 
 
 def register_experts(name: str = "tkit") -> str:

@@ -21,6 +21,22 @@ def head_dim(w_qkv, heads: int, kv_heads: int) -> int:
     return w_qkv.shape[0] // (heads + 2 * kv_heads)
 
 
+def split_qkv(qkv, heads: int, kv_heads: int, d: int):
+    """q, k, v views (tokens, heads, d) of the fused QKV product (tokens, (h + 2 hk) d)."""
+    t = qkv.shape[0]
+    return (qkv[:, :heads * d].view(t, heads, d),
+            qkv[:, heads * d:(heads + kv_heads) * d].view(t, kv_heads, d),
+            qkv[:, (heads + kv_heads) * d:].view(t, kv_heads, d))
+
+
+def layer_tail(o, x, w_o, w_post, w_gu, w_down, eps):
+    """Everything after attention: the output projection with the residual ``x`` in its
+    epilogue, RMSNorm, gate/up with SwiGLU, down with the residual. ``o`` (tokens, heads d)."""
+    h = tkit.matmul(o, w_o.t(), residual=x)
+    act = tkit.matmul_glu(tkit.rms_norm(h, w_post, eps), w_gu.t())  # SwiGLU in the GEMM
+    return tkit.matmul(act, w_down.t(), residual=h)
+
+
 def llama_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, *, heads, kv_heads, eps=EPS):
     """One decoder layer over ``x`` (tokens, hidden) of one sequence, causal, from tkit ops:
     RMSNorm, the QKV projection, causal GQA attention (no RoPE), the output projection with
@@ -28,13 +44,9 @@ def llama_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, *, heads, kv_heads, e
     t = x.shape[0]
     d = head_dim(w_qkv, heads, kv_heads)
     qkv = tkit.matmul(tkit.rms_norm(x, w_in, eps), w_qkv.t())
-    q = qkv[:, :heads * d].view(1, t, heads, d)
-    k = qkv[:, heads * d:(heads + kv_heads) * d].view(1, t, kv_heads, d)
-    v = qkv[:, (heads + kv_heads) * d:].view(1, t, kv_heads, d)
-    o = tkit.flash_attention(q, k, v, causal=True)
-    h = tkit.matmul(o.view(t, heads * d), w_o.t(), residual=x)
-    act = tkit.matmul_glu(tkit.rms_norm(h, w_post, eps), w_gu.t())  # SwiGLU in the GEMM
-    return tkit.matmul(act, w_down.t(), residual=h)
+    q, k, v = split_qkv(qkv, heads, kv_heads, d)
+    o = tkit.flash_attention(q[None], k[None], v[None], causal=True)
+    return layer_tail(o.view(t, heads * d), x, w_o, w_post, w_gu, w_down, eps)
 
 
 def llama_decode_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cache, cos_sin, *,
@@ -56,12 +68,8 @@ def llama_decode_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cac
     b = x.shape[0]
     d = head_dim(w_qkv, heads, kv_heads)
     qkv = tkit.matmul(tkit.rms_norm(x, w_in, eps), w_qkv.t())
-    q = qkv[:, :heads * d].view(b, heads, d)
-    k = qkv[:, heads * d:(heads + kv_heads) * d].view(b, kv_heads, d)
-    v = qkv[:, (heads + kv_heads) * d:].view(b, kv_heads, d)
+    q, k, v = split_qkv(qkv, heads, kv_heads, d)
     tkit.rope_append_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)
     o = tkit.decode_attention(q.view(b, 1, heads, d), k_cache, v_cache, cache_seqlens,
                               block_table=block_table)
-    h = tkit.matmul(o.view(b, heads * d), w_o.t(), residual=x)
-    act = tkit.matmul_glu(tkit.rms_norm(h, w_post, eps), w_gu.t())
-    return tkit.matmul(act, w_down.t(), residual=h)
+    return layer_tail(o.view(b, heads * d), x, w_o, w_post, w_gu, w_down, eps)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import tkit
-from tkit.models.llama import llama_decode_layer
+from tkit.models.llama import layer_tail, llama_decode_layer, split_qkv
 
 
 @dataclass
@@ -157,19 +157,16 @@ class LlamaModel:
         positions = torch.cat(positions).to(dev)
         slots = torch.cat(slots).to(dev)
         cu_dev = cu.to(dev)
-        h, hk, d, t = self.heads, self.kv_heads, self.head_dim, tokens.shape[0]
+        h, d, t = self.heads, self.head_dim, tokens.shape[0]
         x = F.embedding(tokens, self.embed)
         for i, lw in enumerate(self.layers):
             qkv = tkit.matmul(tkit.rms_norm(x, lw.w_in, self.eps), lw.w_qkv.t())
-            q = qkv[:, :h * d].view(t, h, d)
-            k = qkv[:, h * d:(h + hk) * d].view(t, hk, d)
-            v = qkv[:, (h + hk) * d:].view(t, hk, d)
+            q, k, v = split_qkv(qkv, h, self.kv_heads, d)
             tkit.rope_append_kv(q, k, v, positions, self.cos_sin, cache.k[i], cache.v[i], slots)
             o = tkit.flash_attention_varlen(q, k, v, cu_dev, cu_dev, max(lens), max(lens),
                                             causal=True)
-            hs = tkit.matmul(o.view(t, h * d), lw.w_o.t(), residual=x)
-            act = tkit.matmul_glu(tkit.rms_norm(hs, lw.w_post, self.eps), lw.w_gu.t())
-            x = tkit.matmul(act, lw.w_down.t(), residual=hs)
+            x = layer_tail(o.view(t, h * d), x, lw.w_o, lw.w_post, lw.w_gu, lw.w_down,
+                           self.eps)
         return self._logits(x[cu[1:].long().to(dev) - 1])
 
     def decode(self, cache: PagedKVCache, tokens, positions, slot_mapping, cache_seqlens,
@@ -220,7 +217,7 @@ class LlamaModel:
                 slot_mapping=torch.tensor([cache.slot(s, lens[s]) for s in seqs]),
                 block_table=cache.table(seqs, width))
             if cuda_graph:
-                step = step or self._graph_step(cache, nxt, host)
+                step = step or self.capture_step(cache, nxt, host)
                 logits = step(nxt, host)
             else:
                 logits = self.decode(cache, nxt, **{k: v.to(dev) for k, v in host.items()})
@@ -230,7 +227,7 @@ class LlamaModel:
             out[i].append(t)
         return out
 
-    def _graph_step(self, cache, tokens, host):
+    def capture_step(self, cache, tokens, host):
         """The decode step captured in a CUDA graph over static input buffers; returns
         ``step(tokens, host) -> logits`` that copies the inputs in and replays."""
         static = {k: v.to(tokens.device) for k, v in host.items()}

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from tkit.kernels import _common as C
+from tkit.kernels import _offsets
 from tkit.kernels import _plan as P
 from tkit.kernels.losses.config import (  # noqa: F401  (public)
     _OVERRIDES,
@@ -38,11 +39,13 @@ from tkit.kernels.losses.ops import (  # noqa: F401  (chunk_rows: public)
     REDUCTIONS,
     _ce_op,
     _flce_op,
+    ce_backward,
     ce_launch,
     check_ce,
     check_options,
     check_target,
     chunk_rows,
+    flce_backward,
     flce_impl,
 )
 
@@ -87,7 +90,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
         rows = P.serve_fast(_plans, ("ce", ignore_index, label_smoothing, z_loss),
                             (logits, target), _ce_rows_slow,
                             (logits, target, ignore_index, label_smoothing, z_loss),
-                            None if target.is_cuda else _ce_hit_check)
+                            _ce_hit_check if _offsets.values_checked(target) else None)
         return _reduce(rows, target, ignore_index, reduction)
     check_ce(logits, target, ignore_index, label_smoothing, z_loss, reduction)
     v = logits.shape[-1]
@@ -128,7 +131,7 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_rows):
         (g,) = ctx.saved_tensors
-        return g * grad_rows[:, None].to(g.dtype), None, None, None, None
+        return ce_backward(g, grad_rows), None, None, None, None
 
 
 
@@ -200,10 +203,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss):
-        gh, gw, gb = ctx.saved_tensors
-        g = grad_loss.float()
-        return (gh * g.to(gh.dtype), gw * g.to(gw.dtype),
-                gb * g.to(gb.dtype) if ctx.has_bias else None, None, None, None, None, None)
+        return flce_backward(*ctx.saved_tensors, grad_loss, ctx.has_bias) + (None,) * 5
 
 
 def cost_cross_entropy(logits, target, **_):

@@ -10,6 +10,7 @@ import torch
 
 import tkit
 from tkit.kernels import _common as C
+from tkit.kernels import _offsets
 from tkit.kernels import _register as R
 from tkit.kernels.losses._kernels import _ce_kernel
 from tkit.kernels.losses.config import current_config
@@ -35,9 +36,8 @@ def check_target(target, shape, classes: int, ignore_index: int, what: str) -> N
     if tuple(target.shape) != tuple(shape):
         raise ValueError(f"target has shape {tuple(target.shape)}; it must be {what}, "
                          f"{tuple(shape)}")
-    if (target.device.type == "cpu" and target.numel()
-            and not torch.compiler.is_compiling()):
-        # host values are checked (no device sync; not while tracing)
+    if target.numel() and _offsets.values_checked(target):
+        # host values (and device ones under TKIT_CHECK=1), as index tensors are checked
         flat = target.reshape(-1)
         bad = (flat != ignore_index) & ((flat < 0) | (flat >= classes))
         if bool(bad.any()):
@@ -57,12 +57,16 @@ def check_ce(logits, target, ignore_index, label_smoothing, z_loss, reduction) -
 
 
 def ce_launch(x, target, ignore_index: int, smoothing: float, z: float, with_grad: bool,
-              grad_dtype=None):
-    """(loss (N,) float32, grad (N, V) or an empty tensor) for logits x (N, V)."""
+              grad_out=None):
+    """(loss (N,) float32, grad (N, V) or an empty tensor) for logits x (N, V). ``grad_out``:
+    where the gradient goes (``x`` itself: each element is read before it is written, by the
+    same program; the fused form's chunks), else a new tensor like x."""
     n, v = x.shape
     loss = C.empty((n,), torch.float32, x.device)
-    g = (C.empty((n, v), grad_dtype or x.dtype, x.device) if with_grad
-         else x.new_empty((0,)))
+    if not with_grad:
+        g = x.new_empty((0,))
+    else:
+        g = grad_out if grad_out is not None else C.empty((n, v), x.dtype, x.device)
     if n == 0:
         return loss, g
     cfg = current_config()
@@ -94,14 +98,20 @@ def _ce_setup(ctx, inputs, output):
     ctx.save_for_backward(output[1])
 
 
+def ce_backward(g, grad_rows):
+    """d loss / d logits from the forward's per-row gradient ``g`` and the upstream gradient
+    of each row's loss. The upstream gradient a row in g's dtype: one rounding of a per-row
+    scale (1 / rows for a mean), where a float32 product would hold a float32 copy of the
+    (N, V) gradient."""
+    return g * grad_rows[:, None].to(g.dtype)
+
+
 def _ce_backward(ctx, grad_loss, grad_g):
     (g,) = ctx.saved_tensors
     if g.numel() == 0 and grad_loss.numel():
         raise RuntimeError("tkit::cross_entropy ran without its gradient (with_grad=False); "
                            "call tkit.cross_entropy, which asks for it when logits need one")
-    # the upstream gradient a row in g's dtype: one rounding of a per-row scale (1 / rows for
-    # a mean), where a float32 product would hold a float32 copy of the (N, V) gradient
-    return (g * grad_loss[:, None].to(g.dtype)), None, None, None, None, None
+    return ce_backward(g, grad_loss), None, None, None, None, None
 
 
 _ce_op.register_autograd(_ce_backward, setup_context=_ce_setup)
@@ -136,7 +146,7 @@ def flce_impl(h, weight, bias, target, ignore_index: int, smoothing: float, z: f
         if not with_grad:
             loss, _ = ce_launch(logits, tc, ignore_index, smoothing, z, False)
         else:  # the chunk's gradient, in place of its logits
-            loss, g = _ce_grad_in_place(logits, tc, ignore_index, smoothing, z)
+            loss, g = ce_launch(logits, tc, ignore_index, smoothing, z, True, logits)
             gh[s:s + step] = tkit.matmul(g, weight)
             gw.addmm_(g.t(), hc)
             if bias is not None:
@@ -151,24 +161,6 @@ def flce_impl(h, weight, bias, target, ignore_index: int, smoothing: float, z: f
         gw.div_(n_valid)
         gb = (gb / n_valid).to(bias.dtype) if bias is not None else gb
     return total / n_valid, gh, gw, gb
-
-
-def _ce_grad_in_place(logits, target, ignore_index, smoothing, z):
-    """The kernel with its gradient written over ``logits`` (each element read before it is
-    written, by the same program): (loss rows, the gradient = ``logits``'s storage)."""
-    n, v = logits.shape
-    loss = torch.empty((n,), dtype=torch.float32, device=logits.device)
-    if n == 0:
-        return loss, logits
-    cfg = current_config()
-    C.launch(_ce_kernel, (n,), X=logits, TGT=target, LOSS=loss, G=logits, V=v,
-             sxn=logits.stride(0), sxv=logits.stride(1), stn=target.stride(0),
-             sgn=logits.stride(0), sgv=logits.stride(1), ignore_index=int(ignore_index),
-             smoothing=float(smoothing), z_coef=float(z),
-             BLOCK_V=min(cfg.block_v, C.next_power_of_2(v)), SMOOTH=smoothing > 0.0,
-             ZLOSS=z > 0.0, HAS_GRAD=True, INT64=C.needs_int64(logits),
-             num_warps=cfg.num_warps)
-    return loss, logits
 
 
 @R.custom_op("tkit::fused_linear_cross_entropy", mutates_args=())
@@ -200,9 +192,14 @@ def _flce_backward(ctx, grad_loss, *_):
     if gh.numel() == 0 and gw.numel() == 0:
         raise RuntimeError("tkit::fused_linear_cross_entropy ran without its gradients "
                            "(with_grad=False); call tkit.fused_linear_cross_entropy")
+    return flce_backward(gh, gw, gb, grad_loss, ctx.has_bias) + (None,) * 6
+
+
+def flce_backward(gh, gw, gb, grad_loss, has_bias: bool):
+    """The fused form's (d hidden, d weight, d bias): the forward's, scaled by the upstream
+    gradient of the loss."""
     g = grad_loss.float()
-    return (gh * g.to(gh.dtype), gw * g.to(gw.dtype),
-            gb * g.to(gb.dtype) if ctx.has_bias else None, None, None, None, None, None, None)
+    return (gh * g.to(gh.dtype), gw * g.to(gw.dtype), gb * g.to(gb.dtype) if has_bias else None)
 
 
 _flce_op.register_autograd(_flce_backward, setup_context=_flce_setup)

@@ -165,22 +165,31 @@ def moe(x: torch.Tensor, router_logits: torch.Tensor, w_gate_up: torch.Tensor,
     if hw != h or two_i % 2:
         raise ValueError(f"w_gate_up must be (experts, 2 * intermediate, {h}), got "
                          f"{tuple(w_gate_up.shape)}")
-    i = two_i // 2
-    if tuple(w_down.shape) != (e, h, i):
-        raise ValueError(f"w_down must be (experts, hidden, intermediate) = {(e, h, i)}, got "
-                         f"{tuple(w_down.shape)}")
+    if tuple(w_down.shape) != (e, h, two_i // 2):
+        raise ValueError(f"w_down must be (experts, hidden, intermediate) = "
+                         f"{(e, h, two_i // 2)}, got {tuple(w_down.shape)}")
     for name, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
         if w.dtype != x.dtype:
             raise TypeError(f"{name} has dtype {C.dtype_name(w.dtype)} but x has "
                             f"{C.dtype_name(x.dtype)}; they must match")
     C.check_same_device(x=x, router_logits=router_logits, w_gate_up=w_gate_up, w_down=w_down)
     weights, ids = moe_route(router_logits, top_k, renormalize=renormalize, scoring=scoring)
-    order, inv, offsets = moe_align(ids, e)
-    xs = x.index_select(0, torch.div(order, top_k, rounding_mode="floor"))
+    return moe_experts(x, weights, ids, w_gate_up, w_down)
+
+
+def moe_experts(x, topk_weights, topk_ids, w_gate_up, w_down):
+    """The experts' part of :func:`moe` for a routing already made: each token's ``topk_ids``
+    (tokens, top_k) experts weighted by ``topk_weights`` (align, gather, the two grouped GEMMs
+    around SwiGLU, combine). Shapes as :func:`moe`; not checked here."""
+    k = topk_ids.shape[-1]
+    i = w_down.shape[-1]
+    # through tkit's names, as every op of the pipeline (what wraps them sees all)
+    order, inv, offsets = tkit.moe_align(topk_ids, w_gate_up.shape[0])
+    xs = x.index_select(0, torch.div(order, k, rounding_mode="floor"))
     gu = tkit.grouped_matmul(xs, w_gate_up.transpose(1, 2), offsets)
     act = tkit.silu_mul(gu[:, :i], gu[:, i:])
     y = tkit.grouped_matmul(act, w_down.transpose(1, 2), offsets)
-    return moe_combine(y, weights, inv)
+    return tkit.moe_combine(y, topk_weights.float(), inv)
 
 
 def cost_route(router_logits, top_k, **_):
