@@ -204,6 +204,21 @@ def sweep_append(rows):
               kernels=True)
 
 
+def sweep_losses(rows):
+    """Cross-entropy's training step (loss and gradient) at N8192 V128256 bf16: chunk width,
+    warps and programs an SM (the rows in flight between a row's two passes); the fused LM
+    head + loss at N8192 H4096 V128256 by rows a chunk."""
+    from tkit.kernels import losses as L
+
+    grid = [dict(block_v=b, num_warps=w, programs_per_sm=p)
+            for b, w, p in ((4096, 8, 1), (4096, 8, 4), (4096, 8, 64), (4096, 16, 1),
+                            (4096, 16, 2), (8192, 16, 1), (8192, 16, 2), (8192, 32, 1),
+                            (16384, 32, 1), (2048, 4, 4), (2048, 8, 2), (4096, 4, 2))]
+    sweep("losses", L.loss_config, grid, "cross_entropy", 0, rows, exact=False, kernels=True)
+    sweep("losses", L.loss_config, [dict(fused_chunk_rows=r) for r in (256, 512, 2048, 4096)],
+          "fused_linear_cross_entropy", 0, rows, exact=False, kernels=True)
+
+
 #: rope at 16384 tokens x (32 + 8) x 128 bf16, in place and with the page-16 cache write:
 #: the default (1 token x 8 heads, 4 warps; in place it replaced 2 tokens x 16 heads) against
 #: its neighbours
@@ -1951,7 +1966,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "int4_8192": sweep_int4_8192,
           "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
           "quant": sweep_quant,
-          "append": sweep_append, "rope": sweep_rope,
+          "append": sweep_append, "rope": sweep_rope, "losses": sweep_losses,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,
           "matmul_fp8_block": sweep_matmul_fp8_block,
           "matmul_fp8_block_dsv3": sweep_matmul_fp8_block_dsv3,

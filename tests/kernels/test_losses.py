@@ -51,6 +51,35 @@ def _torch_ce(x, t, reduction):
     return F.cross_entropy(x.movedim(-1, 1), t, reduction=reduction)  # torch: classes at dim 1
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_upstream_factors_a_row_some_of_them_one(reduction):
+    # the backward scales the forward's gradient in place and leaves rows whose factor is
+    # exactly 1 alone (decided on the device): rows of 1 and of other factors side by side
+    x = make_tensor((6, 300), torch.float32, seed=21, device=_dev(), scale=2.0)
+    t = S._targets(6, 300, _dev(), 22)
+    up = (torch.ones(()) if reduction == "mean"
+          else torch.tensor([1.0, 2.5, 1.0, -0.5, 1.0, 0.0])).to(_dev())
+    grads = []
+    for fn, xx in ((tkit.cross_entropy, x), (_torch_ce, x.double())):
+        xx = xx.clone().requires_grad_()
+        (g,) = torch.autograd.grad(fn(xx, t, reduction=reduction), xx, up.to(xx.dtype))
+        grads.append(g)
+    torch.testing.assert_close(grads[0], grads[1].float(), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_second_backward_is_refused(fused):
+    # the gradient is scaled in place: a second backward would scale it twice
+    x = make_tensor((4, 16), torch.float32, seed=23, device=_dev()).requires_grad_()
+    w = make_tensor((30, 16), torch.float32, seed=24, device=_dev(), scale=0.3)
+    t = S._targets(4, 30, _dev(), 25)
+    loss = (tkit.fused_linear_cross_entropy(x, w, t) if fused
+            else tkit.cross_entropy(x @ w.t(), t))
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="one backward"):
+        loss.backward()
+
+
 def test_all_rows_ignored():
     x = make_tensor((4, 50), torch.float32, seed=2, device=_dev()).requires_grad_()
     t = torch.full((4,), -100, device=_dev())
@@ -110,7 +139,8 @@ def test_bad_inputs_name_the_argument(call, match):
 def test_opcheck():
     x = make_tensor((5, 40), torch.float32, seed=11, device=_dev()).requires_grad_()
     t = S._targets(5, 40, _dev(), 12, ignored=False)
-    opcheck(torch.ops.tkit.cross_entropy.default, (x, t, -100, 0.1, 0.0, True))
+    for reduction in ("mean", "none"):
+        opcheck(torch.ops.tkit.cross_entropy.default, (x, t, -100, 0.1, 0.0, reduction, True))
 
 
 def test_torch_compile_fullgraph():

@@ -9,6 +9,8 @@ product is never written).
 
 from __future__ import annotations
 
+import torch
+
 import tkit
 
 #: Llama-3-8B's layer sizes
@@ -29,12 +31,20 @@ def split_qkv(qkv, heads: int, kv_heads: int, d: int):
             qkv[:, (heads + kv_heads) * d:].view(t, kv_heads, d))
 
 
+def linear(x, w, **kw):
+    """``x @ w.T`` by ``tkit.matmul`` (``kw``: its epilogue). float32 takes tf32 tensor cores
+    only where torch's own matmuls would (``torch.set_float32_matmul_precision``), so that a
+    float32 model from tkit ops rounds as the same model in torch does."""
+    return tkit.matmul(x, w.t(), allow_tf32=torch.backends.cuda.matmul.allow_tf32, **kw)
+
+
 def layer_tail(o, x, w_o, w_post, w_gu, w_down, eps):
     """Everything after attention: the output projection with the residual ``x`` in its
     epilogue, RMSNorm, gate/up with SwiGLU, down with the residual. ``o`` (tokens, heads d)."""
-    h = tkit.matmul(o, w_o.t(), residual=x)
-    act = tkit.matmul_glu(tkit.rms_norm(h, w_post, eps), w_gu.t())  # SwiGLU in the GEMM
-    return tkit.matmul(act, w_down.t(), residual=h)
+    h = linear(o, w_o, residual=x)
+    act = tkit.matmul_glu(tkit.rms_norm(h, w_post, eps), w_gu.t(),  # SwiGLU in the GEMM
+                          allow_tf32=torch.backends.cuda.matmul.allow_tf32)
+    return linear(act, w_down, residual=h)
 
 
 def llama_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, *, heads, kv_heads, eps=EPS):
@@ -43,7 +53,7 @@ def llama_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, *, heads, kv_heads, e
     the residual in its epilogue, RMSNorm, gate/up with SwiGLU, down with the residual."""
     t = x.shape[0]
     d = head_dim(w_qkv, heads, kv_heads)
-    qkv = tkit.matmul(tkit.rms_norm(x, w_in, eps), w_qkv.t())
+    qkv = linear(tkit.rms_norm(x, w_in, eps), w_qkv)
     q, k, v = split_qkv(qkv, heads, kv_heads, d)
     o = tkit.flash_attention(q[None], k[None], v[None], causal=True)
     return layer_tail(o.view(t, heads * d), x, w_o, w_post, w_gu, w_down, eps)
@@ -67,7 +77,7 @@ def llama_decode_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cac
     new tokens, positions, slots and lengths copied into the captured tensors."""
     b = x.shape[0]
     d = head_dim(w_qkv, heads, kv_heads)
-    qkv = tkit.matmul(tkit.rms_norm(x, w_in, eps), w_qkv.t())
+    qkv = linear(tkit.rms_norm(x, w_in, eps), w_qkv)
     q, k, v = split_qkv(qkv, heads, kv_heads, d)
     tkit.rope_append_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)
     o = tkit.decode_attention(q.view(b, 1, heads, d), k_cache, v_cache, cache_seqlens,

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import tkit
-from tkit.models.llama import layer_tail, llama_decode_layer, split_qkv
+from tkit.models.llama import layer_tail, linear, llama_decode_layer, split_qkv
 
 
 @dataclass
@@ -134,7 +134,7 @@ class LlamaModel:
                             self.head_dim, self.embed.dtype, self.embed.device)
 
     def _logits(self, x):
-        return tkit.matmul(tkit.rms_norm(x, self.norm, self.eps), self.lm_head.t())
+        return linear(tkit.rms_norm(x, self.norm, self.eps), self.lm_head)
 
     def prefill(self, cache: PagedKVCache, seqs: list[int], prompts: list[list[int]]):
         """Run ``prompts`` (token ids; sequence ``seqs[i]`` starts empty) through the model
@@ -160,7 +160,7 @@ class LlamaModel:
         h, d, t = self.heads, self.head_dim, tokens.shape[0]
         x = F.embedding(tokens, self.embed)
         for i, lw in enumerate(self.layers):
-            qkv = tkit.matmul(tkit.rms_norm(x, lw.w_in, self.eps), lw.w_qkv.t())
+            qkv = linear(tkit.rms_norm(x, lw.w_in, self.eps), lw.w_qkv)
             q, k, v = split_qkv(qkv, h, self.kv_heads, d)
             tkit.rope_append_kv(q, k, v, positions, self.cos_sin, cache.k[i], cache.v[i], slots)
             o = tkit.flash_attention_varlen(q, k, v, cu_dev, cu_dev, max(lens), max(lens),

@@ -104,10 +104,10 @@ def _route_case(t, e, k, dtype=BF16, group="route", **kw):
 
 
 def _combine_inputs(t, e, k, h, dtype, device, seed=0):
-    w, ids = ref_moe_route(_logits(t, e, torch.float32, "cpu", seed + 1), k)
+    w, ids = ref_moe_route(_logits(t, e, torch.float32, device, seed + 1), k)
     order, inv, _ = MOE.moe_align(ids, e)
     y = make_tensor((t * k, h), dtype, seed=seed + 2, device=device)
-    return y, w.float().to(device), inv.to(device)
+    return y, w.float(), inv
 
 
 def _combine_case(t, e, k, h, dtype=BF16, group="combine"):
@@ -257,7 +257,7 @@ def _fuzz_moe():
 SPECS = [
     OpSpec(name="moe_route", family="moe", fn=tkit.moe_route, reference=ref_moe_route,
            cost=MOE.cost_route, bench_cases=route_bench_cases, check_cases=route_check_cases,
-           fuzz=_fuzz_route,
+           fuzz=_fuzz_route, ulps=4.0,  # a GPU's exp2 is within 2 units of float32's rounding
            baselines={"torch": eager_baseline(ref_moe_route),
                       "torch.compile": torch_compile_baseline(ref_moe_route)},
            bound="memory", doc="bytes: the logits read, weights and ids written"),

@@ -39,7 +39,8 @@ from tkit.kernels.losses.ops import (  # noqa: F401  (chunk_rows: public)
     REDUCTIONS,
     _ce_op,
     _flce_op,
-    ce_backward,
+    backward_once,
+    ce_forward,
     ce_launch,
     check_ce,
     check_options,
@@ -47,16 +48,9 @@ from tkit.kernels.losses.ops import (  # noqa: F401  (chunk_rows: public)
     chunk_rows,
     flce_backward,
     flce_impl,
+    reduce_rows,
+    scale_rows_,
 )
-
-
-def _reduce(rows, target, ignore_index, reduction):
-    if reduction == "none":
-        return rows.view(target.shape)
-    total = rows.sum()
-    if reduction == "sum":
-        return total
-    return total / (target != ignore_index).sum()
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
@@ -91,20 +85,20 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
                             (logits, target), _ce_rows_slow,
                             (logits, target, ignore_index, label_smoothing, z_loss),
                             _ce_hit_check if _offsets.values_checked(target) else None)
-        return _reduce(rows, target, ignore_index, reduction)
+        return reduce_rows(rows, target, ignore_index, reduction)
     check_ce(logits, target, ignore_index, label_smoothing, z_loss, reduction)
     v = logits.shape[-1]
     x = logits.reshape(-1, v)
     t = target.reshape(-1)
     with_grad = torch.is_grad_enabled() and logits.requires_grad
-    args = (x, t, int(ignore_index), float(label_smoothing), float(z_loss))
+    args = (x, t, int(ignore_index), float(label_smoothing), float(z_loss), reduction)
     if torch.compiler.is_compiling():  # traced: the registered op and its autograd
-        rows, _ = _ce_op(*args, with_grad)
-    elif with_grad:  # eager: the same kernel and backward without the dispatcher
-        rows = _CrossEntropy.apply(*args)
+        loss = _ce_op(*args, with_grad)[0]
+    elif with_grad:  # eager: the same kernel, the backward in place, no dispatcher
+        loss = _CrossEntropy.apply(*args)
     else:
-        rows, _ = ce_launch(*args, False)
-    return _reduce(rows, target, ignore_index, reduction)
+        loss = ce_forward(*args, False)[0]
+    return loss.view(target.shape) if reduction == "none" else loss
 
 
 _plans = P.new_cache()
@@ -120,18 +114,20 @@ def _ce_rows_slow(logits, target, ignore_index, smoothing, z):
 
 
 class _CrossEntropy(torch.autograd.Function):
-    """Eager autograd of ``tkit::cross_entropy`` (the op's own rule, ops._ce_backward)."""
+    """Eager autograd of ``tkit::cross_entropy``: the op's rule (ops._ce_backward), with the
+    forward's gradient scaled in place (not at all where the upstream gradient is 1)."""
 
     @staticmethod
-    def forward(ctx, x, t, ignore_index, smoothing, z):
-        rows, g = ce_launch(x, t, ignore_index, smoothing, z, True)
+    def forward(ctx, x, t, ignore_index, smoothing, z, reduction):
+        loss, g = ce_forward(x, t, ignore_index, smoothing, z, reduction, True)
         ctx.save_for_backward(g)
-        return rows
+        return loss
 
     @staticmethod
-    def backward(ctx, grad_rows):
+    def backward(ctx, grad_loss):
+        backward_once(ctx, "tkit.cross_entropy")
         (g,) = ctx.saved_tensors
-        return ce_backward(g, grad_rows), None, None, None, None
+        return scale_rows_(g, grad_loss.float()), None, None, None, None, None
 
 
 
@@ -203,7 +199,9 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss):
-        return flce_backward(*ctx.saved_tensors, grad_loss, ctx.has_bias) + (None,) * 5
+        backward_once(ctx, "tkit.fused_linear_cross_entropy")
+        return flce_backward(*ctx.saved_tensors, grad_loss, ctx.has_bias,
+                             in_place=True) + (None,) * 5
 
 
 def cost_cross_entropy(logits, target, **_):

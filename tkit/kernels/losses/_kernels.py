@@ -1,5 +1,6 @@
-"""Triton kernel of the losses family: cross-entropy over a row of logits, with its gradient
-in the same launch (``_ce_kernel``)."""
+"""Triton kernels of the losses family: cross-entropy over rows of logits with their gradient
+in the same launch (``_ce_kernel``), and the backward's scaling of that gradient by the
+upstream one (``_scale_rows_kernel``)."""
 
 from __future__ import annotations
 
@@ -11,61 +12,83 @@ LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _ce_kernel(X, TGT, LOSS, G, V, sxn, sxv, stn, sgn, sgv, ignore_index, smoothing, z_coef,
-               BLOCK_V: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr,
+def _ce_kernel(X, TGT, LOSS, G, GSCALE, N, V, sxn, sxv, stn, sgn, sgv, ignore_index, smoothing,
+               z_coef, BLOCK_V: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr,
                HAS_GRAD: tl.constexpr, INT64: tl.constexpr):
-    """One row a program. Pass 1 over V in BLOCK_V chunks: the online max and sum of
-    exponentials (lse), the target's logit, the row's sum (label smoothing). The row's loss
-    (0 for an ignored target). Pass 2 (HAS_GRAD): d loss_row / d logits, written to G in G's
-    dtype. Targets outside [0, V) that are not ``ignore_index`` are clamped (never read
-    outside the row; the host checks them where it can)."""
-    row = tl.program_id(0)
-    if INT64:
-        row = row.to(tl.int64)
-    t = tl.load(TGT + row * stn).to(tl.int32)
-    ignored = t == ignore_index
-    t = tl.minimum(tl.maximum(t, 0), V - 1)
-    x_row = X + row * sxn
-    x_t = tl.load(x_row + t * sxv).to(tl.float32)
+    """Rows pid, pid + programs, ... (a persistent grid: few rows in flight, so that the
+    second pass over a row finds it in L2). Pass 1 over V in BLOCK_V chunks: the online max
+    and sum of exponentials (lse), the target's logit, the row's sum (label smoothing). The
+    row's loss (0 for an ignored target). Pass 2 (HAS_GRAD): d loss_row / d logits times the
+    float32 scalar at GSCALE (the reduction's 1 / rows kept, or 1), written to G in G's dtype.
+    Targets outside [0, V) that are not ``ignore_index`` are clamped (never read outside the
+    row; the host checks them where it can)."""
     cols = tl.arange(0, BLOCK_V)
-    m = tl.full([BLOCK_V], float("-inf"), dtype=tl.float32)
-    s = tl.zeros([BLOCK_V], dtype=tl.float32)
-    sum_x = tl.zeros([BLOCK_V], dtype=tl.float32)
-    for v0 in range(0, V, BLOCK_V):
-        c = v0 + cols
-        mask = c < V
-        x = tl.load(x_row + c * sxv, mask=mask, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, x)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp2((m - m_use) * LOG2E) + tl.exp2((x - m_use) * LOG2E)
-        m = m_new
-        if SMOOTH:
-            sum_x += tl.where(mask, x, 0.0)
-    mx = tl.max(m, 0)
-    # log sum exp(x - max) and the logits' distances to the max: no cancellation of the max
-    # where the loss is small (a confident, right prediction)
-    ls = tl.log2(tl.sum(s * tl.exp2((m - mx) * LOG2E), 0)) * LN2
-    lse = mx + ls
-    loss = ls + (mx - x_t)
-    if SMOOTH:
-        loss = (1.0 - smoothing) * loss + smoothing * (ls + (mx - tl.sum(sum_x, 0) / V))
-    if ZLOSS:
-        loss += z_coef * lse * lse
-    tl.store(LOSS + row, tl.where(ignored, 0.0, loss))
     if HAS_GRAD:
-        g_row = G + row * sgn
-        keep = tl.where(ignored, 0.0, 1.0)
-        p_scale = keep
-        if ZLOSS:
-            p_scale = keep * (1.0 + 2.0 * z_coef * lse)
+        gscale = tl.load(GSCALE)
+    for r in range(tl.program_id(0), N, tl.num_programs(0)):
+        row = r
+        if INT64:
+            row = r.to(tl.int64)
+        t = tl.load(TGT + row * stn).to(tl.int32)
+        ignored = t == ignore_index
+        t = tl.minimum(tl.maximum(t, 0), V - 1)
+        x_row = X + row * sxn
+        x_t = tl.load(x_row + t * sxv).to(tl.float32)
+        m = tl.full([BLOCK_V], float("-inf"), dtype=tl.float32)
+        s = tl.zeros([BLOCK_V], dtype=tl.float32)
+        sum_x = tl.zeros([BLOCK_V], dtype=tl.float32)
         for v0 in range(0, V, BLOCK_V):
             c = v0 + cols
             mask = c < V
-            x = tl.load(x_row + c * sxv, mask=mask, other=0.0).to(tl.float32)
-            g = tl.exp2(((x - mx) - ls) * LOG2E) * p_scale
-            hit = tl.where(c == t, 1.0, 0.0)
+            x = tl.load(x_row + c * sxv, mask=mask, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, x)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            s = s * tl.exp2((m - m_use) * LOG2E) + tl.exp2((x - m_use) * LOG2E)
+            m = m_new
             if SMOOTH:
-                g -= keep * ((1.0 - smoothing) * hit + smoothing / V)
-            else:
-                g -= keep * hit
-            tl.store(g_row + c * sgv, g.to(G.dtype.element_ty), mask=mask)
+                sum_x += tl.where(mask, x, 0.0)
+        mx = tl.max(m, 0)
+        # log sum exp(x - max) and the logits' distances to the max: no cancellation of the
+        # max where the loss is small (a confident, right prediction)
+        ls = tl.log2(tl.sum(s * tl.exp2((m - mx) * LOG2E), 0)) * LN2
+        lse = mx + ls
+        loss = ls + (mx - x_t)
+        if SMOOTH:
+            loss = (1.0 - smoothing) * loss + smoothing * (ls + (mx - tl.sum(sum_x, 0) / V))
+        if ZLOSS:
+            loss += z_coef * lse * lse
+        tl.store(LOSS + row, tl.where(ignored, 0.0, loss))
+        if HAS_GRAD:
+            g_row = G + row * sgn
+            keep = tl.where(ignored, 0.0, gscale)
+            p_scale = keep
+            if ZLOSS:
+                p_scale = keep * (1.0 + 2.0 * z_coef * lse)
+            for v0 in range(0, V, BLOCK_V):
+                c = v0 + cols
+                mask = c < V
+                x = tl.load(x_row + c * sxv, mask=mask, other=0.0).to(tl.float32)
+                g = tl.exp2(((x - mx) - ls) * LOG2E) * p_scale
+                hit = tl.where(c == t, 1.0, 0.0)
+                if SMOOTH:
+                    g -= keep * ((1.0 - smoothing) * hit + smoothing / V)
+                else:
+                    g -= keep * hit
+                tl.store(g_row + c * sgv, g.to(G.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _scale_rows_kernel(G, S, V, sgn, sgv, ss, BLOCK: tl.constexpr, INT64: tl.constexpr):
+    """G[row, :] *= S[row * ss] in place (ss = 0: one scalar), in float32, rounded once; a
+    row whose factor is exactly 1 is neither read nor written (the usual upstream gradient of
+    a loss: ``loss.backward()``'s 1), decided on the device, so no host sync."""
+    row = tl.program_id(0)
+    if INT64:
+        row = row.to(tl.int64)
+    f = tl.load(S + row * ss).to(tl.float32)
+    if f != 1.0:
+        c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = c < V
+        p = G + row * sgn + c * sgv
+        g = tl.load(p, mask=mask).to(tl.float32)
+        tl.store(p, (g * f).to(G.dtype.element_ty), mask=mask)

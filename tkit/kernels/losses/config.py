@@ -11,17 +11,22 @@ from tkit.kernels import _common as C
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Launch parameters of ``_ce_kernel`` (one row a program, two passes over the row).
+    """Launch parameters of ``_ce_kernel`` (a persistent grid of programs walking rows, two
+    passes over each row).
 
     block_v: logits a chunk of the row (a power of 2); num_warps.
+    programs_per_sm: the grid is this many programs an SM (at most one a row): the rows in
+        flight, 256 KB each at 128K bf16 classes, must stay in L2 until the second pass.
     fused_chunk_rows: rows of hidden states a chunk of ``fused_linear_cross_entropy`` (0: the
         rule in :func:`tkit.kernels.losses.chunk_rows`).
-    Not swept on a GPU yet: 4096-wide chunks and 8 warps (16 values a thread, 16-byte
-    accesses) for vocabularies of 32K to 256K, as Liger-Kernel's cross-entropy takes.
+    Swept on the H200 (N8192 V128256 bf16, the training step; figures in docs/NOTES.md): what
+    counts is about 32 warps an SM (8 x 4, 16 x 2, 32 x 1 within 1.5% of each other, 1.34-1.40x
+    one program a row at 8 warps); 8192-wide chunks, 16 warps, two programs an SM.
     """
 
-    block_v: int = 4096
-    num_warps: int = 8
+    block_v: int = 8192
+    num_warps: int = 16
+    programs_per_sm: int = 2
     fused_chunk_rows: int = 0
 
     @classmethod
