@@ -67,10 +67,17 @@ def models(cfg, device):
 
     torch.manual_seed(0)
     with torch.device(device):
-        base = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-        patched = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+        base = _bf16(transformers.LlamaForCausalLM, cfg)
+        patched = _bf16(transformers.LlamaForCausalLM, cfg)
     patched.load_state_dict(base.state_dict())
     return base, hf.apply_tkit_to_llama(patched)
+
+
+def _bf16(cls, cfg):
+    """A bf16 model as ``from_pretrained(..., dtype=torch.bfloat16)`` makes it: RoPE's
+    frequencies stay float32 (``model.to(torch.bfloat16)`` would round them to bf16 too, and
+    HF's angles at position 2048 then miss by up to ~4 radians)."""
+    return cls._from_config(cfg, dtype=torch.bfloat16).eval()
 
 
 @contextlib.contextmanager
@@ -186,8 +193,8 @@ def moe_cases(layers, rows, env, tiny, device):
                                      attn_implementation="sdpa", **dims)
     torch.manual_seed(0)
     with torch.device(device):
-        base = transformers.MixtralForCausalLM(cfg).to(torch.bfloat16).eval()
-        ours = transformers.MixtralForCausalLM(cfg).to(torch.bfloat16).eval()
+        base = _bf16(transformers.MixtralForCausalLM, cfg)
+        ours = _bf16(transformers.MixtralForCausalLM, cfg)
     ours.load_state_dict(base.state_dict())
     hf.apply_tkit_experts(ours)
     for b, s in ((2, 12),) if tiny else ((1, 4096),):

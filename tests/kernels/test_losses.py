@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import tkit
+from tkit import _env
 from tkit.kernels.losses import loss_config
 from tkit.specs import losses as S
 from tkit.testing import check_against_reference, check_spec, fuzz_spec, opcheck
@@ -129,11 +130,13 @@ def test_fused_form_with_bias_and_no_gradient():
     (lambda x, t: tkit.fused_linear_cross_entropy(x[:, :8], x[:, :8], t, reduction="none"),
      "reduction"),
 ])
-def test_bad_inputs_name_the_argument(call, match):
+def test_bad_inputs_name_the_argument(call, match, monkeypatch):
     x = make_tensor((6, 10), torch.float32, seed=10, device=_dev())
-    t = torch.arange(6) % 10  # on the host: values are checked
+    t = (torch.arange(6) % 10).to(_dev())
+    # device values are read under TKIT_CHECK=1 (host ones always)
+    monkeypatch.setattr(_env, "CHECK", True)
     with pytest.raises((ValueError, TypeError), match=match):
-        call(x, t.to(_dev()) if ON_GPU and "outside" not in match else t)
+        call(x, t)
 
 
 def test_opcheck():

@@ -33,6 +33,14 @@ _capture: list | None = None
 _poison = 0
 
 
+def torch_tf32() -> bool:
+    """Whether torch's own float32 matmuls may take tf32 tensor cores
+    (``torch.set_float32_matmul_precision``): the composite ops and models built from tkit's
+    GEMMs (MoE, the fused loss, tkit.models) follow it, so that in float32 they round as the
+    same computation in torch does (tkit.matmul alone keeps its documented default)."""
+    return torch.backends.cuda.matmul.allow_tf32
+
+
 def _capturing() -> list | None:
     return _capture
 

@@ -9,9 +9,8 @@ product is never written).
 
 from __future__ import annotations
 
-import torch
-
 import tkit
+from tkit.kernels._common import torch_tf32
 
 #: Llama-3-8B's layer sizes
 LLAMA3_8B = dict(hidden=4096, heads=32, kv_heads=8, head_dim=128, mlp=14336)
@@ -32,10 +31,9 @@ def split_qkv(qkv, heads: int, kv_heads: int, d: int):
 
 
 def linear(x, w, **kw):
-    """``x @ w.T`` by ``tkit.matmul`` (``kw``: its epilogue). float32 takes tf32 tensor cores
-    only where torch's own matmuls would (``torch.set_float32_matmul_precision``), so that a
-    float32 model from tkit ops rounds as the same model in torch does."""
-    return tkit.matmul(x, w.t(), allow_tf32=torch.backends.cuda.matmul.allow_tf32, **kw)
+    """``x @ w.T`` by ``tkit.matmul`` (``kw``: its epilogue); float32 on tf32 tensor cores
+    only where torch's own matmuls would be (``_common.torch_tf32``)."""
+    return tkit.matmul(x, w.t(), allow_tf32=torch_tf32(), **kw)
 
 
 def layer_tail(o, x, w_o, w_post, w_gu, w_down, eps):
@@ -43,7 +41,7 @@ def layer_tail(o, x, w_o, w_post, w_gu, w_down, eps):
     epilogue, RMSNorm, gate/up with SwiGLU, down with the residual. ``o`` (tokens, heads d)."""
     h = linear(o, w_o, residual=x)
     act = tkit.matmul_glu(tkit.rms_norm(h, w_post, eps), w_gu.t(),  # SwiGLU in the GEMM
-                          allow_tf32=torch.backends.cuda.matmul.allow_tf32)
+                          allow_tf32=torch_tf32())
     return linear(act, w_down, residual=h)
 
 

@@ -9,17 +9,24 @@ count 0 and are left out of the mean):
                + z lse^2                                  (z-loss, PaLM's: keeps lse near 0)
     d loss / d x_v = softmax(x)_v (1 + 2 z lse) - (1 - eps) [v = t] - eps / V
 
-Kernel (``_ce_kernel``): one row a program; a first pass over the row in chunks keeps an
-online max and sum of exponentials (float32), the target's logit and the row's sum; a second
-pass, when a gradient is wanted, writes d loss_row / d x, so the backward is one multiply by
-the upstream gradient (Liger-Kernel's arrangement: the softmax is never stored). Cost: the
-row read twice and the gradient written once, ~3 N V itemsize bytes; memory-bound.
+Kernel (``_ce_kernel``): a persistent grid (two programs an SM) walks the rows; a first pass
+over a row in chunks keeps an online max and sum of exponentials (float32), the target's
+logit and the row's sum; a second pass, when a gradient is wanted, writes d loss / d x with
+the reduction's factor in it (the mean's 1 / rows kept, computed on the device first), so the
+softmax is never stored (Liger-Kernel's arrangement). Few rows are in flight so that the
+second pass can find its row in L2: at best the logits read once from HBM and the gradient
+written once, 2 N V itemsize bytes (the step measured at 54% of that, docs/NOTES.md). The
+backward multiplies that gradient in place by the upstream gradient (``_scale_rows_kernel``),
+reading and writing nothing where the factor is exactly 1 (the ``loss.backward()`` of a mean
+or a sum), decided on the device: no host sync.
 
 :func:`fused_linear_cross_entropy` never holds the (N, V) logits: rows are taken in chunks,
 each chunk's logits computed by ``tkit.matmul``, turned in place into their gradient by the
 kernel above, and multiplied back into the hidden states' and the weight's gradients before
-the next chunk; the backward only scales them. For LM heads of 128K classes the logits of
-8K tokens are 2 GB in bf16 (4 GB more for their float32 softmax in torch's backward).
+the next chunk (chunks of ~256 MB of logits: :func:`chunk_rows`); the backward only scales
+them, in place, and not at all for an upstream gradient of 1. For LM heads of 128K classes
+the logits of 8K tokens are 2 GB in bf16 (4 GB more for their float32 softmax in torch's
+backward).
 """
 
 from __future__ import annotations

@@ -186,9 +186,10 @@ def moe_experts(x, topk_weights, topk_ids, w_gate_up, w_down):
     # through tkit's names, as every op of the pipeline (what wraps them sees all)
     order, inv, offsets = tkit.moe_align(topk_ids, w_gate_up.shape[0])
     xs = x.index_select(0, torch.div(order, k, rounding_mode="floor"))
-    gu = tkit.grouped_matmul(xs, w_gate_up.transpose(1, 2), offsets)
+    tf32 = C.torch_tf32()
+    gu = tkit.grouped_matmul(xs, w_gate_up.transpose(1, 2), offsets, allow_tf32=tf32)
     act = tkit.silu_mul(gu[:, :i], gu[:, i:])
-    y = tkit.grouped_matmul(act, w_down.transpose(1, 2), offsets)
+    y = tkit.grouped_matmul(act, w_down.transpose(1, 2), offsets, allow_tf32=tf32)
     return tkit.moe_combine(y, topk_weights.float(), inv)
 
 
