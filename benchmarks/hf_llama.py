@@ -24,6 +24,7 @@ is (a smoke test of this script; its times mean nothing).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import sys
@@ -76,8 +77,10 @@ def models(cfg, device):
 def _bf16(cls, cfg):
     """A bf16 model as ``from_pretrained(..., dtype=torch.bfloat16)`` makes it: RoPE's
     frequencies stay float32 (``model.to(torch.bfloat16)`` would round them to bf16 too, and
-    HF's angles at position 2048 then miss by up to ~4 radians)."""
-    return cls._from_config(cfg, dtype=torch.bfloat16).eval()
+    HF's angles at position 2048 then miss by up to ~4 radians), and a config of its own (a
+    model shares the config object it is built from, and setting the patched model's
+    attention or experts implementation would set the baseline's too)."""
+    return cls._from_config(copy.deepcopy(cfg), dtype=torch.bfloat16).eval()
 
 
 @contextlib.contextmanager
