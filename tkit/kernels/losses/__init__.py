@@ -13,9 +13,9 @@ Kernel (``_ce_kernel``): a persistent grid (two programs an SM) walks the rows; 
 over a row in chunks keeps an online max and sum of exponentials (float32), the target's
 logit and the row's sum; a second pass, when a gradient is wanted, writes d loss / d x with
 the reduction's factor in it (the mean's 1 / rows kept, computed on the device first), so the
-softmax is never stored (Liger-Kernel's arrangement). Few rows are in flight so that the
-second pass can find its row in L2: at best the logits read once from HBM and the gradient
-written once, 2 N V itemsize bytes (the step measured at 54% of that, docs/NOTES.md). The
+softmax is never stored (Liger-Kernel's arrangement). At best the second pass finds its row
+in L2: the logits read once from HBM and the gradient written once, 2 N V itemsize bytes
+(the training step measured at 54% of that rate, docs/NOTES.md). The
 backward multiplies that gradient in place by the upstream gradient (``_scale_rows_kernel``),
 reading and writing nothing where the factor is exactly 1 (the ``loss.backward()`` of a mean
 or a sum), decided on the device: no host sync.

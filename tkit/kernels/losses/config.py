@@ -15,13 +15,14 @@ class LossConfig:
     passes over each row).
 
     block_v: logits a chunk of the row (a power of 2); num_warps.
-    programs_per_sm: the grid is this many programs an SM (at most one a row): the rows in
-        flight, 256 KB each at 128K bf16 classes, must stay in L2 until the second pass.
+    programs_per_sm: the grid is this many programs an SM (at most one a row).
     fused_chunk_rows: rows of hidden states a chunk of ``fused_linear_cross_entropy`` (0: the
         rule in :func:`tkit.kernels.losses.chunk_rows`).
     Swept on the H200 (N8192 V128256 bf16, the training step; figures in docs/NOTES.md): what
-    counts is about 32 warps an SM (8 x 4, 16 x 2, 32 x 1 within 1.5% of each other, 1.34-1.40x
-    one program a row at 8 warps); 8192-wide chunks, 16 warps, two programs an SM.
+    counts is 32 warps an SM (8 x 4, 16 x 2, 32 x 1 within 4% of each other; 16 warps an SM
+    10-20% slower, 8 warps 60-110% slower); one program a row at 8 warps is within 4% of the
+    default, so the rows in flight do not decide it. 8192-wide chunks, 16 warps, two programs
+    an SM.
     """
 
     block_v: int = 8192
