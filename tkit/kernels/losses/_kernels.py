@@ -19,8 +19,9 @@ def _ce_kernel(X, TGT, LOSS, G, GSCALE, N, V, sxn, sxv, stn, sgn, sgv, ignore_in
     over V in BLOCK_V chunks: the online max and sum of exponentials (lse), the target's
     logit, the row's sum (label smoothing). The row's loss (0 for an ignored target). Pass
     2 (HAS_GRAD): d loss_row / d logits times the float32 scalar at GSCALE (the reduction's
-    1 / rows kept, or 1), written to G in G's dtype. Targets outside [0, V) that are not ``ignore_index`` are clamped (never read outside the
-    row; the host checks them where it can)."""
+    1 / rows kept, or 1), written to G in G's dtype. Targets outside [0, V) that are not
+    ``ignore_index`` are clamped (never read outside the row; the host checks them where it
+    can)."""
     cols = tl.arange(0, BLOCK_V)
     if HAS_GRAD:
         gscale = tl.load(GSCALE)
