@@ -1,0 +1,172 @@
+"""tkit.fuse: functions of pointwise ops and last-dim reductions, compiled, against the same
+function in float64 (the reference) and in the inputs' precision (the peer) under the reference
+rule, outputs poisoned; the launches each plan makes; what stays in torch; the cache."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tkit.fuse as fuse
+from tkit.fuse import compiler
+from tkit.testing import check_against_reference
+from tkit.testing.tensors import default_device, make_tensor
+
+BF16 = torch.bfloat16
+
+
+def _dev():
+    return default_device()
+
+
+def rms_norm(x, w):
+    v = x.float()
+    return (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6) * w).to(x.dtype)
+
+
+def layer_norm(x, w, b):
+    mu = x.mean(-1, keepdim=True)
+    var = ((x - mu) * (x - mu)).mean(-1, keepdim=True)
+    return (x - mu) / torch.sqrt(var + 1e-5) * w + b
+
+
+def softmaxes(x):
+    return torch.softmax(x, -1), torch.log_softmax(x, -1)
+
+
+def swiglu(a, b):
+    return F.silu(a) * b
+
+
+def gelus(x):
+    return F.gelu(x, approximate="tanh") * torch.sigmoid(x) + F.gelu(x) - torch.tanh(x)
+
+
+def masked(x, y):
+    z = torch.where(x > 0.25, x * 2.0, y - 1.0).clamp(-1.5, 2.0)
+    return z, (x <= y), torch.maximum(x, y).abs().amin(-1)
+
+
+def row_stats(x):
+    # reductions without keepdim, returned; a per-row value combined with rows
+    s = x.sum(-1)
+    m = x.amax(-1, keepdim=True)
+    return s, s * 0.5 + 1.0, x - m, torch.exp(x - m).sum(-1, keepdim=True)
+
+
+CASES = [
+    ("rms_norm", rms_norm, [(6, 300), (300,)], [BF16, torch.float16, torch.float32], 1),
+    ("rms_norm 3-D", rms_norm, [(2, 3, 130), (130,)], [BF16], 1),
+    ("layer_norm", layer_norm, [(7, 129), (129,), (129,)], [torch.float32, torch.float16], 1),
+    ("softmax, log_softmax", softmaxes, [(5, 1000)], [torch.float32, BF16], 1),
+    ("swiglu, a per-batch row", swiglu, [(2, 3, 70), (2, 1, 70)], [BF16, torch.float32], 1),
+    ("gelu forms", gelus, [(4, 2500)], [torch.float32], 1),  # 3 column blocks
+    ("where, clamp, compare, amin", masked, [(9, 33), (9, 33)], [torch.float32], 1),
+    ("row statistics", row_stats, [(4, 5, 48)], [torch.float32, torch.float16], 1),
+    ("one dim", swiglu, [(3000,), (3000,)], [torch.float32], 1),
+    ("four dims", rms_norm, [(2, 2, 3, 40), (40,)], [torch.float32], 1),
+]
+
+
+@pytest.mark.parametrize("label, fn, shapes, dtypes, launches", CASES,
+                         ids=[c[0] for c in CASES])
+def test_against_the_reference(label, fn, shapes, dtypes, launches):
+    f = fuse.fuse(fn)
+    for dtype in dtypes:
+        ins = [make_tensor(s, dtype, seed=i + 3, device=_dev()) for i, s in enumerate(shapes)]
+        with _launch_count() as n:
+            check_against_reference(f, fn, ins, ulps=4)
+        assert n[0] == launches, f"{label} ({dtype}): {n[0]} launches"
+
+
+def test_ops_it_does_not_know_run_in_torch():
+    # a GEMM cuts the chain: a kernel before it, torch's mm, a kernel after it
+    def fn(x, w):
+        h = F.silu(x) * 2.0
+        return torch.softmax(h @ w, -1) + 1.0
+
+    x = make_tensor((5, 24), torch.float32, seed=1, device=_dev())
+    w = make_tensor((24, 40), torch.float32, seed=2, device=_dev())
+    f = fuse.fuse(fn)
+    with _launch_count() as n:
+        check_against_reference(f, fn, [x, w], ulps=4)
+    assert n[0] == 2
+    text = fuse.explain(f, x, w)
+    assert "torch: aten.mm.default" in text and text.count("kernel over") == 2
+
+
+def test_a_row_sum_against_rows_is_not_per_row():
+    # x.sum(-1) is (R,): torch aligns it with x's last dim, so at R == N it is a column
+    # vector, not a per-row value; the plan must keep torch's meaning
+    def fn(x):
+        return x - x.sum(-1)
+
+    x = make_tensor((8, 8), torch.float32, seed=4, device=_dev())
+    check_against_reference(fuse.fuse(fn), fn, [x], ulps=4)
+
+
+def test_rows_longer_than_a_kernel_holds_reduce_in_torch():
+    x = make_tensor((2, compiler.MAX_ROW + 5), torch.float32, seed=5, device=_dev())
+    f = fuse.fuse(softmaxes)
+    check_against_reference(f, softmaxes, [x], ulps=4)
+    assert "torch: aten._softmax.default" in fuse.explain(f, x)
+
+
+def test_plans_are_cached_per_signature(monkeypatch):
+    traced = []
+    real = compiler.trace
+    monkeypatch.setattr(compiler, "trace", lambda fn, args: traced.append(1) or real(fn, args))
+    f = fuse.fuse(swiglu)
+    a, b = (make_tensor((4, 64), torch.float32, seed=s, device=_dev()) for s in (6, 7))
+    f(a, b)
+    f(b, a)
+    assert len(traced) == 1
+    f(a[:3], b[:3])
+    assert len(traced) == 2
+
+
+def test_inputs_that_need_a_gradient_are_refused():
+    x = make_tensor((3, 8), torch.float32, seed=8, device=_dev()).requires_grad_()
+    with pytest.raises(ValueError, match="inference only"):
+        fuse.fuse(swiglu)(x, x)
+
+
+@contextlib.contextmanager
+def _launch_count():
+    from tkit.kernels import _common as C
+
+    n = [0]
+    real = C.launch
+
+    def counting(*a, **kw):
+        n[0] += 1
+        return real(*a, **kw)
+
+    C.launch = counting
+    try:
+        yield n
+    finally:
+        C.launch = real
+
+
+@pytest.mark.parametrize("fn, shapes", [(rms_norm, [(6, 300), (300,)]), (masked, [(9, 33)] * 2),
+                                        (softmaxes, [(5, 1000)])],
+                         ids=["rms_norm", "masked", "softmaxes"])
+def test_generated_kernels_compile_for_sm90(fn, shapes):
+    # the interpreter forgives what the compiler may not: every generated kernel compiled
+    # ahead of time for sm_90 from its recorded launch, with a row's loads and stores in it
+    from tkit.ir_tools.aot import compile_launch
+    from tkit.kernels import _common as C
+
+    ins = [make_tensor(s, BF16, seed=i, device="cpu") for i, s in enumerate(shapes)]
+    f = fuse.fuse(fn)
+    f(*ins)  # traced on real values; then the launches recorded
+    with C.capture_launches() as launches:
+        f(*ins)
+    assert launches
+    for lc in launches:
+        ptx = compile_launch(lc.kernel, dict(lc.kwargs), 90).asm["ptx"]
+        assert "ld.global" in ptx and "st.global" in ptx
