@@ -34,6 +34,7 @@ SPEC_MODULES = (
     "tkit.specs.sampling",
     "tkit.specs.cuda_ext",
     "tkit.specs.model",
+    "tkit.specs.fuse",
 )
 
 
