@@ -281,6 +281,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "warm-up; not with --in-process)")
     b.add_argument("--case-timeout", type=float, default=900.0,
                    help="seconds a case may take before its child is killed (default 900)")
+    pr = sub.add_parser(
+        "profile", help="an op's benchmark case under Nsight Compute, with a diagnosis",
+        description="Run one benchmark case of an op under ncu (the kernels of one warm call), "
+        "print each kernel's time and what bounds it (tkit.profile.diagnose).",
+        epilog="exit status: 0 profiled; 1 ncu missing or failed; 2 an unknown op.")
+    pr.add_argument("op", help="a registered op")
+    pr.add_argument("--case", type=int, default=0, help="which benchmark case (default 0)")
+    pr.add_argument("--kernel", default=None, help="only kernels whose name matches (regex)")
+    pr.add_argument("--ncu", default=None, help="the ncu executable (default: TKIT_NCU, PATH)")
     try:
         from tkit.ir_tools import cli as ir_cli
     except ImportError:
@@ -288,6 +297,25 @@ def build_parser() -> argparse.ArgumentParser:
     if ir_cli is not None:
         ir_cli.add_parser(sub)
     return p
+
+
+def cmd_profile(args) -> int:
+    from tkit import registry
+    from tkit.profile import profile, report
+
+    try:
+        registry.get(args.op)
+    except KeyError as e:
+        print(f"tkit profile: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
+    try:
+        kernels = profile(args.op, args.case, args.kernel, args.ncu)
+    except (RuntimeError, ValueError) as e:
+        print(f"tkit profile: {e}", file=sys.stderr)
+        return 1
+    for k in kernels:
+        print(report(k))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -301,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_info(args)
     if args.command == "bench":
         return cmd_bench(args)
+    if args.command == "profile":
+        return cmd_profile(args)
     if args.command == "ir":
         # no interpreter switch: tkit.ir compiles ahead of time, and under the interpreter the
         # autotuned kernels would only offer their interpreter config
