@@ -116,7 +116,7 @@ FUZZ_EXCLUDED = {
 }
 #: heavier families first, so that lanes share them out
 FAMILY_WEIGHT = {"model": 0, "attention": 0, "matmul": 1, "moe": 1, "losses": 2, "inference": 2,
-                 "sampling": 2, "cuda_ext": 3, "reductions": 3, "elementwise": 4}
+                 "sampling": 2, "cuda_ext": 3, "reductions": 3, "fuse": 3, "elementwise": 4}
 
 
 # ---- compute-sanitizer's output --------------------------------------------------------------
