@@ -14,16 +14,17 @@ LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 @triton.jit
 def _ce_kernel(X, TGT, LOSS, G, GSCALE, N, V, sxn, sxv, stn, sgn, sgv, ignore_index, smoothing,
                z_coef, BLOCK_V: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr,
-               HAS_GRAD: tl.constexpr, INT64: tl.constexpr):
+               HAS_GRAD: tl.constexpr, SCALED: tl.constexpr, INT64: tl.constexpr):
     """Rows pid, pid + programs, ... (a persistent grid of a few programs an SM). Pass 1
     over V in BLOCK_V chunks: the online max and sum of exponentials (lse), the target's
     logit, the row's sum (label smoothing). The row's loss (0 for an ignored target). Pass
-    2 (HAS_GRAD): d loss_row / d logits times the float32 scalar at GSCALE (the reduction's
-    1 / rows kept, or 1), written to G in G's dtype. Targets outside [0, V) that are not
+    2 (HAS_GRAD): d loss_row / d logits, times the float32 scalar at GSCALE where SCALED (the
+    mean's 1 / rows kept), written to G in G's dtype. Targets outside [0, V) that are not
     ``ignore_index`` are clamped (never read outside the row; the host checks them where it
     can)."""
     cols = tl.arange(0, BLOCK_V)
-    if HAS_GRAD:
+    gscale = 1.0
+    if SCALED:
         gscale = tl.load(GSCALE)
     for r in range(tl.program_id(0), N, tl.num_programs(0)):
         row = r

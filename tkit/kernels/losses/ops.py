@@ -75,29 +75,16 @@ def ce_launch(x, target, ignore_index: int, smoothing: float, z: float, with_gra
     cfg = current_config()
     block_v = min(cfg.block_v, C.next_power_of_2(v))
     gs = g.stride() if with_grad else (0, 0)
-    if with_grad and grad_scale is None:
-        grad_scale = _one(x.device)
     programs = min(n, cfg.programs_per_sm * sm_count(x.device))
     C.launch(_ce_kernel, (programs,), X=x, TGT=target, LOSS=loss, G=g if with_grad else x,
-             GSCALE=grad_scale if with_grad else loss, N=n, V=v, sxn=x.stride(0),
+             GSCALE=grad_scale if grad_scale is not None else loss, N=n, V=v, sxn=x.stride(0),
              sxv=x.stride(1), stn=target.stride(0), sgn=gs[0], sgv=gs[1],
              ignore_index=int(ignore_index), smoothing=float(smoothing), z_coef=float(z),
              BLOCK_V=block_v, SMOOTH=smoothing > 0.0, ZLOSS=z > 0.0, HAS_GRAD=with_grad,
+             SCALED=with_grad and grad_scale is not None,
              INT64=C.needs_int64(x, g) if with_grad else C.needs_int64(x),
              num_warps=cfg.num_warps)
     return loss, g
-
-
-_ONES: dict = {}
-
-
-def _one(device):
-    """A float32 1 on ``device``, made once (outside any graph capture: the first call per
-    device is the eager warm-up)."""
-    key = (device.type, device.index)
-    if key not in _ONES:
-        _ONES[key] = torch.ones((), dtype=torch.float32, device=device)
-    return _ONES[key]
 
 
 def mean_scale(target, ignore_index: int):
