@@ -170,3 +170,59 @@ def test_generated_kernels_compile_for_sm90(fn, shapes):
     for lc in launches:
         ptx = compile_launch(lc.kernel, dict(lc.kwargs), 90).asm["ptx"]
         assert "ld.global" in ptx and "st.global" in ptx
+
+
+# ---- random programs ---------------------------------------------------------------------------
+#: (name, arity, torch function): inputs kept in ranges where each is well-conditioned
+_RANDOM_OPS = [
+    ("add", 2, torch.add), ("sub", 2, torch.sub), ("mul", 2, torch.mul),
+    ("div", 2, lambda a, b: a / (1.0 + b.abs())), ("max", 2, torch.maximum),
+    ("min", 2, torch.minimum), ("where", 2, lambda a, b: torch.where(a > b, a, b * 0.5)),
+    ("exp", 1, lambda a: torch.exp(a.clamp(-4.0, 4.0))), ("sigmoid", 1, torch.sigmoid),
+    ("tanh", 1, torch.tanh), ("relu", 1, torch.relu), ("neg", 1, torch.neg),
+    ("gelu", 1, F.gelu), ("silu", 1, F.silu), ("square", 1, lambda a: a.pow(2)),
+    ("sqrt", 1, lambda a: torch.sqrt(a.abs() + 1.0)), ("scale", 1, lambda a: a * 0.75 + 0.25),
+    ("root", 1, lambda a: (a.abs() + 1.0).pow(0.5)),
+    ("inverse", 1, lambda a: (a * a + 1.0).pow(-2)),
+]
+_RANDOM_REDUCE = [None, ("sum", lambda a: a.sum(-1, keepdim=True) * 0.1),
+                  ("mean", lambda a: a.mean(-1, keepdim=True)),
+                  ("amax", lambda a: a.amax(-1, keepdim=True))]
+
+
+def _program(steps, reduce):
+    """A function of (x, y): each step applies an op to earlier values (x, y and results);
+    ``reduce`` folds a last-dim reduction of the last value back into it."""
+    def fn(x, y):
+        vals = [x, y]
+        for op, i, j in steps:
+            _, arity, f = _RANDOM_OPS[op]
+            a, b = vals[i % len(vals)], vals[j % len(vals)]
+            vals.append(f(a, b) if arity == 2 else f(a))
+        out = vals[-1]
+        if reduce is not None:
+            out = out - _RANDOM_REDUCE[reduce][1](out)
+        return out, vals[len(vals) // 2]
+
+    return fn
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_programs_under_the_reference_rule(seed):
+    # generated code's precedence, literals and broadcasting, over programs nobody wrote:
+    # chains of 3-6 ops drawn uniformly (every op appears in some program) on (rows, n) and
+    # (n,) / (rows, 1) / (rows, n) operands, with or without a reduction folded back
+    import random
+
+    rng = random.Random(seed)
+    for k in range(5):
+        steps = [(rng.randrange(len(_RANDOM_OPS)), rng.randrange(10), rng.randrange(10))
+                 for _ in range(rng.randint(3, 6))]
+        reduce = rng.randrange(len(_RANDOM_REDUCE))
+        fn = _program(steps, reduce or None)
+        n = rng.choice([1, 7, 64, 130])
+        dtype = rng.choice([torch.float32, BF16])
+        shape = rng.choice([(5, 1), (n,), (5, n)])
+        x = make_tensor((5, n), dtype, seed=seed * 10 + k, device=_dev())
+        y = make_tensor(shape, dtype, seed=seed * 10 + k + 100, device=_dev())
+        check_against_reference(fuse.fuse(fn), fn, [x, y], ulps=8)
