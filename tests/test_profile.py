@@ -99,6 +99,11 @@ def test_profile_runs_ncu_and_parses_it(tmp_path):
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     ks = profile("add", ncu=str(fake))
     assert [k["kernel"] for k in ks] == ["_ew_flat_kernel", "_splitk_reduce"]
+    # a metric this ncu does not know: named in its error, dropped, asked again
+    gmma = METRICS["gmma_pct"]
+    fake.write_text(f"#!/bin/sh\ncase \"$*\" in *{gmma}*) echo '==ERROR== Failed to find "
+                    f"metric {gmma}' >&2; exit 1;; esac\ncat {data}\n")
+    assert len(profile("add", ncu=str(fake))) == 2
     fake.write_text("#!/bin/sh\necho 'ERR: profiling is not supported' >&2\nexit 3\n")
     with pytest.raises(RuntimeError, match="ncu exited 3: ERR"):
         profile("add", ncu=str(fake))

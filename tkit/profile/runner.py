@@ -23,12 +23,15 @@ def find_ncu(path: str | None = None) -> str:
                        "ncu on the PATH (it ships with the CUDA toolkit)")
 
 
-def ncu_command(ncu: str, op: str, case: int = 0, kernel: str | None = None) -> list[str]:
+def ncu_command(ncu: str, op: str, case: int = 0, kernel: str | None = None,
+                metrics: list[str] | None = None) -> list[str]:
     """The command: the op's case under ncu, the kernels in the child's NVTX range only, the
     clocks left as they are (``--clock-control none``: the machine's measured ceilings hold),
-    the metrics of :func:`tkit.profile.metrics.all_metrics` as a raw CSV in base units."""
+    ``metrics`` (default :func:`tkit.profile.metrics.all_metrics`) as a raw CSV in base
+    units."""
+    metrics = all_metrics() if metrics is None else metrics
     cmd = [ncu, "--csv", "--page", "raw", "--print-units", "base", "--clock-control", "none",
-           "--nvtx", "--nvtx-include", f"{RANGE}/", "--metrics", ",".join(all_metrics())]
+           "--nvtx", "--nvtx-include", f"{RANGE}/", "--metrics", ",".join(metrics)]
     if kernel:
         cmd += ["--kernel-name", f"regex:{kernel}"]
     return cmd + [sys.executable, "-m", "tkit.profile.child", op, str(case)]
@@ -41,8 +44,17 @@ def profile(op: str, case: int = 0, kernel: str | None = None, ncu: str | None =
     from tkit import registry
 
     registry.get(op)  # an unknown op fails here, before ncu starts
-    cmd = ncu_command(find_ncu(ncu), op, case, kernel)
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"ncu exited {done.returncode}: {(done.stderr or done.stdout)[-2000:]}")
-    return parse_raw_csv(done.stdout)
+    exe, metrics = find_ncu(ncu), all_metrics()
+    for _ in range(4):
+        done = subprocess.run(ncu_command(exe, op, case, kernel, metrics), capture_output=True,
+                              text=True, timeout=timeout)
+        if done.returncode == 0:
+            return parse_raw_csv(done.stdout)
+        # ncu refuses the whole run over a metric this chip or version does not know: drop
+        # the ones its message names and ask again
+        said = done.stderr + done.stdout
+        unknown = [m for m in metrics if m in said]
+        if not unknown or len(unknown) == len(metrics):
+            break
+        metrics = [m for m in metrics if m not in unknown]
+    raise RuntimeError(f"ncu exited {done.returncode}: {(done.stderr or done.stdout)[-2000:]}")
