@@ -195,7 +195,9 @@ def varlen_check_cases():
 
 
 # ---- fuzz recipes ------------------------------------------------------------------------------
-HEAD_DIMS = (16, 32, 48, 64, 80) if not ON_GPU else (32, 64, 80, 96, 128, 192, 256)
+# 16 on the GPU too: small models (and tkit.models' tests) take it, and the paged model's
+# tiny bf16 benchmark disagreed with HF on the GPU where no GPU test drew it
+HEAD_DIMS = (16, 32, 48, 64, 80) if not ON_GPU else (16, 32, 64, 80, 96, 128, 192, 256)
 SEQLENS = (1, 2, 7, 17, 31, 32, 33, 63, 64, 65, 70) if not ON_GPU else (
     1, 7, 63, 64, 65, 127, 128, 129, 255, 300, 513)
 

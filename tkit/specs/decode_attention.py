@@ -284,7 +284,7 @@ def cost_decode(q, k_cache, v_cache, cache_seqlens=None, **kw):
 
 
 # ---- fuzz recipe -----------------------------------------------------------------------------
-HEAD_DIMS = (16, 32, 40, 64) if not ON_GPU else (64, 80, 128, 256)
+HEAD_DIMS = (16, 32, 40, 64) if not ON_GPU else (16, 64, 80, 128, 256)  # 16: see attention's
 PAGE_SIZES = (1, 2, 4, 8, 16) if not ON_GPU else (1, 8, 16, 64, 256)
 
 
