@@ -57,6 +57,13 @@ def row_stats(x):
     return s, s * 0.5 + 1.0, x - m, torch.exp(x - m).sum(-1, keepdim=True)
 
 
+def masked_softmax(x, y):
+    # an attention-style mask filled in, then the softmax; per-row views between forms
+    p = torch.softmax(x.masked_fill(y < -0.5, -1e4), -1)
+    s = x.sum(-1)
+    return p, x - s.unsqueeze(-1), x * s.view(*s.shape, 1).squeeze(-1).unsqueeze(-1)
+
+
 CASES = [
     ("rms_norm", rms_norm, [(6, 300), (300,)], [BF16, torch.float16, torch.float32], 1),
     ("rms_norm 3-D", rms_norm, [(2, 3, 130), (130,)], [BF16], 1),
@@ -68,6 +75,8 @@ CASES = [
     ("row statistics", row_stats, [(4, 5, 48)], [torch.float32, torch.float16], 1),
     ("one dim", swiglu, [(3000,), (3000,)], [torch.float32], 1),
     ("four dims", rms_norm, [(2, 2, 3, 40), (40,)], [torch.float32], 1),
+    ("masked softmax, per-row views", masked_softmax, [(6, 50), (6, 50)], [torch.float32, BF16],
+     1),
 ]
 
 

@@ -10,10 +10,11 @@ The stages, each a function of :mod:`tkit.fuse.compiler`:
 1. **Trace** (``torch.fx.experimental.proxy_tensor.make_fx`` on the first call's tensors): the
    function as ATen ops with concrete shapes and dtypes.
 2. **Group**: walking the ops in order, an op joins the open group when it is one the code
-   generator knows (pointwise math, casts, comparisons, ``where``; sum / mean / amax / amin
-   and softmax / log_softmax over the last dim) and its result has the group's shape, or
-   that shape with a last dim of 1 (a per-row value: a reduction's result and what is computed
-   from it). Any other op (a matmul, a view, a reduction over another dim) closes the group
+   generator knows (pointwise math, casts, comparisons, ``where``, ``masked_fill``; sum /
+   mean / amax / amin and softmax / log_softmax over the last dim; views that only move a
+   per-row value between its (..., 1) and (...) shapes) and its result has the group's
+   shape, or that shape with a last dim of 1 or without it (a per-row value: a reduction's
+   result and what is computed from it). Any other op (a matmul, a view, a reduction over another dim) closes the group
    and runs in torch. A group with a reduction holds whole rows in registers (up to
    :data:`compiler.MAX_ROW` elements); a group without one walks its rows in blocks.
 3. **Generate**: each group becomes one ``@triton.jit`` kernel, a program a row (and a block

@@ -53,6 +53,11 @@ _BINARY = {
 _REDUCE = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.default: "max",
            aten.amin.default: "min"}
 _ROW_OPS = {aten._softmax.default: "softmax", aten._log_softmax.default: "log_softmax"}
+#: views that a group takes when they only add or drop the last size-1 dim of a per-row value
+#: (``s.unsqueeze(-1)``, ``s.view(R, 1)``, ``s.squeeze(-1)``) or keep a shape: a value's name
+#: is unchanged, its form is the view's shape
+_VIEWS = (aten.unsqueeze.default, aten.squeeze.dim, aten.view.default,
+          aten._unsafe_view.default, aten.reshape.default)
 
 
 def _lit(v) -> str:
@@ -87,6 +92,8 @@ def _pointwise_expr(n: Node, ops: list[str]) -> str | None:
         return _BINARY[t].format(a=ops[0], b=ops[1])
     if t is aten.where.self and not kw:
         return f"tl.where({ops[0]}, {ops[1]}, {ops[2]})"
+    if t is aten.masked_fill.Scalar and not kw:
+        return f"tl.where({ops[1]}, {ops[2]}, {ops[0]})"
     if t is aten.pow.Tensor_Scalar and not kw:
         e = n.args[1]
         if e == 0.5:
@@ -177,7 +184,15 @@ def _try_join(g: Group, n: Node) -> bool:
     if len(full) > 4 or len(full) == 0 or full[-1] == 0:
         return False
     reduces = False
-    if n.target in _REDUCE or n.target in _ROW_OPS:
+    if n.target in _VIEWS:
+        x = n.args[0]
+        if x not in g.row_form or _val(x).dtype != v.dtype:
+            return False
+        f, form = g.row_form[x], _form(shape, full)
+        same = tuple(_val(x).shape) == shape
+        if form is False or not (same or (f is not None and form is not None)):
+            return False
+    elif n.target in _REDUCE or n.target in _ROW_OPS:
         x = n.args[0]
         xv = _val(x)
         if not isinstance(xv, torch.Tensor) or tuple(xv.shape) != full or xv.dtype not in FLOATS:
@@ -305,6 +320,9 @@ def generate(g: Group, name: str) -> str:
                 e = (f"tl.{kind}(tl.where(mask, {x}, float(\"{'-' if kind == 'max' else ''}inf\")),"
                      f" axis=0)")
             body.append(f"    {out} = {e}")
+        elif n.target in _VIEWS:
+            names[n] = names[n.args[0]]
+            continue
         elif n.target in _ROW_OPS:
             x = operand(n.args[0], None)
             body.append(f"    {out}_m = tl.max(tl.where(mask, {x}, float(\"-inf\")), axis=0)")
