@@ -14,9 +14,10 @@ The stages, each a function of :mod:`tkit.fuse.compiler`:
    mean / amax / amin and softmax / log_softmax over the last dim; views that only move a
    per-row value between its (..., 1) and (...) shapes) and its result has the group's
    shape, or that shape with a last dim of 1 or without it (a per-row value: a reduction's
-   result and what is computed from it). Any other op (a matmul, a view, a reduction over another dim) closes the group
-   and runs in torch. A group with a reduction holds whole rows in registers (up to
-   :data:`compiler.MAX_ROW` elements); a group without one walks its rows in blocks.
+   result and what is computed from it). Any other op (a matmul, any other view, a
+   reduction over another dim) closes the group and runs in torch. A group with a reduction
+   holds whole rows in registers (up to :data:`compiler.MAX_ROW` elements); a group without
+   one walks its rows in blocks.
 3. **Generate**: each group becomes one ``@triton.jit`` kernel, a program a row (and a block
    of columns without reductions), every input read through its own strides with broadcasting
    (0 strides, up to four dims), everything computed in float32 and rounded once at the

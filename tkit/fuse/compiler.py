@@ -163,12 +163,11 @@ def _form(shape: tuple, full: tuple):
 
 def _fits(t, form, full) -> bool:
     """Whether tensor value ``t`` (an external operand) broadcasts to the operand form."""
-    target = full if form is None else form
+    target = tuple(full if form is None else form)
     try:
-        torch.broadcast_shapes(tuple(t.shape), target)
+        return torch.broadcast_shapes(tuple(t.shape), target) == target
     except RuntimeError:
         return False
-    return torch.broadcast_shapes(tuple(t.shape), target) == tuple(target)
 
 
 def _operands(n: Node):

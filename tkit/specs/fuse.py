@@ -101,25 +101,12 @@ def _fuzz():
                 layouts=("contiguous", "transposed", "sliced"), ulps=4.0)
 
 
-def _compiled():
-    """The torch.compile baseline: each program compiled on its own (on a GPU only; the
-    shared factory also raises dynamo's recompile limits)."""
-    if torch_compile_baseline(reference)() is None:
-        return None
-    compiled = {}
-
-    def run(*tensors, program):
-        if program not in compiled:
-            compiled[program] = torch.compile(PROGRAMS[program])
-        return compiled[program](*tensors)
-
-    return run
-
-
 SPECS = [
     OpSpec(name="fuse", family="fuse", fn=fused, reference=reference, cost=cost,
            bench_cases=bench_cases, check_cases=check_cases, fuzz=_fuzz,
-           baselines={"torch": eager_baseline(reference), "torch.compile": _compiled},
+           # torch.compile: dynamo specializes on the program's name, a graph a program
+           baselines={"torch": eager_baseline(reference),
+                      "torch.compile": torch_compile_baseline(reference)},
            bound="memory", ulps=4.0,
            doc="programs in plain torch compiled by tkit.fuse; bytes: inputs read and the "
                "output written once"),
