@@ -330,6 +330,17 @@ def sweep_rope(rows):
               check=_rope_checker(RP.rope_config, name))
 
 
+def sweep_fuse(rows):
+    from tkit.fuse import fuse_config
+
+    # the generated kernels' warps (values a thread) and column blocks, at the spec's three
+    # programs (RMSNorm and the scaled softmax hold rows; the GeGLU gate walks blocks)
+    grid = [dict(values_per_thread=v) for v in (4, 16, 32, 64)] + [dict(max_warps=8)]
+    grid += [dict(block_cols=b) for b in (2048, 4096)]
+    for index in range(3):
+        sweep("fuse", fuse_config, grid, "fuse", index, rows, exact=False)
+
+
 def sweep_sample(rows):
     from tkit.kernels import sampling as SK
 
@@ -1966,7 +1977,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "int4_8192": sweep_int4_8192,
           "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
           "quant": sweep_quant,
-          "append": sweep_append, "rope": sweep_rope, "losses": sweep_losses,
+          "append": sweep_append, "rope": sweep_rope, "fuse": sweep_fuse, "losses": sweep_losses,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,
           "matmul_fp8_block": sweep_matmul_fp8_block,
           "matmul_fp8_block_dsv3": sweep_matmul_fp8_block_dsv3,

@@ -235,3 +235,36 @@ def test_random_programs_under_the_reference_rule(seed):
         x = make_tensor((5, n), dtype, seed=seed * 10 + k, device=_dev())
         y = make_tensor(shape, dtype, seed=seed * 10 + k + 100, device=_dev())
         check_against_reference(fuse.fuse(fn), fn, [x, y], ulps=8)
+
+
+# ---- the launch config ---------------------------------------------------------------------
+def test_fuse_config_sets_the_launch_and_keeps_the_values():
+    from tkit.kernels import _common as C
+
+    x = make_tensor((6, 2048), BF16, seed=3, device=_dev())
+    w = make_tensor((2048,), BF16, seed=4, device=_dev())
+    y = make_tensor((6, 3000), BF16, seed=5, device=_dev())
+    f, g = fuse.fuse(rms_norm), fuse.fuse(lambda a: F.silu(a) * 2.0)
+    want_f, want_g = f(x, w), g(y)
+    for over, warps_f, block_g, warps_g in ((dict(), 8, 1024, 4),
+                                            (dict(values_per_thread=32), 2, 1024, 1),
+                                            (dict(max_warps=4, block_cols=4096), 4, 4096, 4)):
+        with fuse.fuse_config(**over):
+            with C.capture_launches() as launches:
+                f(x, w)
+                g(y)
+            (lf,), (lg,) = [lc for lc in launches if lc.kwargs["N"] == 2048], \
+                [lc for lc in launches if lc.kwargs["N"] == 3000]
+            assert (lf.kwargs["num_warps"], lg.kwargs["BLOCK"], lg.kwargs["num_warps"]) == \
+                (warps_f, block_g, warps_g), over
+            assert lg.grid == (6, -(-3000 // block_g))
+            got_f, got_g = f(x, w), g(y)
+        # the same values under any config: a row's sum in another order within rounding
+        torch.testing.assert_close(got_f, want_f, rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(got_g, want_g, rtol=0, atol=0)
+    assert fuse.FuseConfig().warps(4096) == 16  # the default outside any scope again
+    with pytest.raises(TypeError, match="warps_per_row"):
+        with fuse.fuse_config(warps_per_row=4):
+            pass
+    with pytest.raises(ValueError, match="values_per_thread"):
+        fuse.FuseConfig(values_per_thread=12)

@@ -24,7 +24,9 @@ The stages, each a function of :mod:`tkit.fuse.compiler`:
    group's stores (as Inductor does; an explicit cast to a 16-bit dtype in the function is
    rounded where it stands). Only values read outside the group, or returned, are stored.
 4. **Launch** through ``tkit.kernels._common.launch`` (the one launch point: Triton's
-   interpreter on CPU, ``capture_launches`` for inspection).
+   interpreter on CPU, ``capture_launches`` for inspection), with the warps and column
+   blocks of :class:`FuseConfig` (``with tkit.fuse.fuse_config(values_per_thread=16): ...``
+   overrides them for the calls inside).
 
 The compiled plan is cached per signature of the inputs (shapes, dtypes, devices). Calls are
 for inference: a tensor that needs a gradient is refused (a ValueError) rather than silently
@@ -36,5 +38,6 @@ producers and consumers. This one is small enough to read in a sitting.
 from __future__ import annotations
 
 from tkit.fuse.compiler import Fused, explain, fuse
+from tkit.fuse.config import FuseConfig, fuse_config
 
-__all__ = ["Fused", "explain", "fuse"]
+__all__ = ["FuseConfig", "Fused", "explain", "fuse", "fuse_config"]

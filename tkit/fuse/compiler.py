@@ -13,14 +13,13 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx import Node
 
+from tkit.fuse.config import current_config
 from tkit.kernels import _common as C
 
 aten = torch.ops.aten
 
 #: the longest row a group with a reduction holds in registers; longer rows run in torch
 MAX_ROW = 16384
-#: columns a program of a group without a reduction
-BLOCK_COLS = 1024
 #: dtypes a group reads and writes (others, float64 and integers, run in torch)
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _TL = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16"}
@@ -419,13 +418,14 @@ def _run_group(g: Group, env: dict, device) -> None:
         kw[f"OUT{j}"] = raw
         for d, s in enumerate(_operand_view(out, g.row_form[node], full)):
             kw[f"o{j}_{d}"] = s
+    cfg = current_config()
     if g.reduces:
         block, cols = C.next_power_of_2(n), 1
     else:
-        block = min(BLOCK_COLS, C.next_power_of_2(n))
+        block = min(cfg.block_cols, C.next_power_of_2(n))
         cols = C.cdiv(n, block)
     C.launch(g.kernel, (rows, cols), D1=d1, D2=d2, N=n, BLOCK=block,
-             num_warps=max(1, min(16, block // 256)), **kw)
+             num_warps=cfg.warps(block), **kw)
 
 
 class Fused:
