@@ -33,6 +33,18 @@ def test_fuzz(name):
     fuzz_spec(name, max_examples=None if ON_GPU else 12)
 
 
+@pytest.mark.parametrize("v", [1, 2])
+def test_z_loss_gradient_of_confident_rows(v):
+    # one class (p = 1 exactly) or a confident one: the target's gradient is p - 1 plus
+    # z-loss's 2 z lse p, ~2 z lse; formed as p (1 + 2 z lse) - 1 it cancels to an ulp of 1
+    # (the GPU fuzz's (1, 1) example: 4.5e-8 off a gradient of 3.1e-3)
+    x = make_tensor((64, v), torch.float32, seed=7, device=_dev(), scale=3.0)
+    if v > 1:
+        x[:, 0] += 30.0  # p of class 0 within float32 rounding of 1
+    t = torch.zeros(64, dtype=torch.int64, device=_dev())
+    check_against_reference(S.ce_step, S.ref_ce_step, [x, t], dict(z_loss=1e-3))
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_reductions_and_upstream_gradient(reduction):
     # a 3-D input (batch, seq, classes), a non-unit upstream gradient

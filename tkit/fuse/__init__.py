@@ -22,7 +22,10 @@ The stages, each a function of :mod:`tkit.fuse.compiler`:
    of columns without reductions), every input read through its own strides with broadcasting
    (0 strides, up to four dims), everything computed in float32 and rounded once at the
    group's stores (as Inductor does; an explicit cast to a 16-bit dtype in the function is
-   rounded where it stands). Only values read outside the group, or returned, are stored.
+   rounded where it stands), without FMA contraction (each multiply and add rounds as
+   torch's do: contracted, ``v - v.amax(-1, keepdim=True)`` with ``v = x * y`` is the
+   product's rounding error at the max instead of 0). Only values read outside the group,
+   or returned, are stored.
 4. **Launch** through ``tkit.kernels._common.launch`` (the one launch point: Triton's
    interpreter on CPU, ``capture_launches`` for inspection), with the warps and column
    blocks of :class:`FuseConfig` (``with tkit.fuse.fuse_config(values_per_thread=16): ...``

@@ -62,19 +62,21 @@ def _ce_kernel(X, TGT, LOSS, G, GSCALE, N, V, sxn, sxv, stn, sgn, sgv, ignore_in
         if HAS_GRAD:
             g_row = G + row * sgn
             keep = tl.where(ignored, 0.0, gscale)
-            p_scale = keep
-            if ZLOSS:
-                p_scale = keep * (1.0 + 2.0 * z_coef * lse)
             for v0 in range(0, V, BLOCK_V):
                 c = v0 + cols
                 mask = c < V
                 x = tl.load(x_row + c * sxv, mask=mask, other=0.0).to(tl.float32)
-                g = tl.exp2(((x - mx) - ls) * LOG2E) * p_scale
+                p = tl.exp2(((x - mx) - ls) * LOG2E) * keep
                 hit = tl.where(c == t, 1.0, 0.0)
                 if SMOOTH:
-                    g -= keep * ((1.0 - smoothing) * hit + smoothing / V)
+                    g = p - keep * ((1.0 - smoothing) * hit + smoothing / V)
                 else:
-                    g -= keep * hit
+                    g = p - keep * hit
+                if ZLOSS:
+                    # p - hit first, then z-loss's 2 z lse p: as p (1 + 2 z lse) - hit, the
+                    # target's gradient of a confident row would cancel against 1 rounded
+                    # with the z term (an ulp of 1 where the gradient is ~2 z lse)
+                    g += p * (2.0 * z_coef * lse)
                 tl.store(g_row + c * sgv, g.to(G.dtype.element_ty), mask=mask)
 
 
