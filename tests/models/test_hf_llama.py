@@ -162,17 +162,54 @@ def test_class_patch_reaches_models_built_later():
     assert not any(calls.values())
 
 
-def test_benchmark_script_runs(tmp_path, monkeypatch):
-    """benchmarks/hf_llama.py end to end on a tiny model: both providers timed, the patched
-    model's logits checked against HF's, rows written."""
+def _bench_module():
     import importlib.util
-    import json
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "hf_llama.py"
     spec = importlib.util.spec_from_file_location("hf_llama_bench", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.gpu
+def test_benchmark_paged_step_from_its_graph():
+    # the benchmark's decode case at its tiny size, step by step: the paged model's step
+    # replayed from its CUDA graph against HF's logits for prompt + token, first right after
+    # the capture, then after the patched model (tkit ops, eager) prefilled and stepped over
+    # HF's cache, as the benchmark's check does; the benchmark put it 1.42 from HF on the GPU
+    # while the paged model's own tests pass there
+    from tkit.models.paged import LlamaModel
+
+    hb = _bench_module()
+    with torch.no_grad(), contextlib.ExitStack() as undo:
+        undo.callback(hf.remove_tkit_from_llama)  # the benchmark's patches are class-wide
+        base, patched = hb.models(hb.config(1, True), "cuda")
+        ours = LlamaModel.from_hf(base)
+        gen = torch.Generator().manual_seed(3)
+        ids = torch.randint(0, 97, (2, 9), generator=gen).cuda()
+        nxt = torch.randint(0, 97, (2, 1), generator=gen).cuda()
+        with hb.rope_for("hf"):
+            ref = base(torch.cat([ids, nxt], 1)).logits[:, -1:].float()
+        step = hb.paged_step(ours, ids, nxt, "cuda")
+        first = step().float()
+        err = ((first - ref).abs().max() / ref.abs().max()).item()
+        assert err < 2 ** -6, f"right after the capture: {err:.3g}"
+        cache = transformers.DynamicCache(config=patched.config)
+        with hb.rope_for("hf+tkit"):
+            patched(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            patched(nxt, past_key_values=cache, use_cache=True)
+        again = step().float()
+        assert torch.equal(again, first), "the replay changed after other tkit calls"
+
+
+def test_benchmark_script_runs(tmp_path, monkeypatch):
+    """benchmarks/hf_llama.py end to end on a tiny model: both providers timed, the patched
+    model's logits checked against HF's, rows written."""
+    import json
+
+    mod = _bench_module()
     monkeypatch.setattr(mod, "OUT", tmp_path)
     monkeypatch.setattr(mod, "ROUNDS", 2)
     rows = mod.main(["--tiny", "--layers", "1"])
