@@ -215,8 +215,15 @@ def moe_cases(layers, rows, env, tiny, device):
 
 
 def main(argv):
-    tiny = "--tiny" in argv
-    layers = int(argv[argv.index("--layers") + 1]) if "--layers" in argv else 4
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Hugging Face's Llama with and without tkit "
+                                 "inside; rows to $OUT/hf-llama.jsonl")
+    ap.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="tiny models on any device: a smoke test, its times mean nothing")
+    args = ap.parse_args(argv)
+    tiny, layers = args.tiny, args.layers
     device = "cuda" if torch.cuda.is_available() else "cpu"
     env = environment()
     cfg = config(layers, tiny)
