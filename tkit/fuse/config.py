@@ -38,13 +38,14 @@ class FuseConfig:
         (docs/NOTES.md): against 8 values a thread, Llama's RMSNorm 8192 x 4096 1.21x, the
         scaled softmax 4096 x 8192 1.07x, the GeGLU gate (no reduction) level (0.995x); 16 and
         64 values a thread, 8 warps at most and wider column blocks were level or slower."""
-        return cls()
+        return _DEFAULT
 
     def warps(self, block: int) -> int:
         """The warps of a program over ``block`` elements."""
         return max(1, min(self.max_warps, block // (32 * self.values_per_thread)))
 
 
+_DEFAULT = FuseConfig()  # made once: every launch asks for it
 _OVERRIDES = C.ConfigOverrides(FuseConfig)
 
 
