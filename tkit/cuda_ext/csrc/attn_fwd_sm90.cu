@@ -1,0 +1,418 @@
+// Hopper FlashAttention forward (sm_90a), FlashAttention-3 style: TMA -> mbarrier -> wgmma,
+// warp specialized, with the softmax of one key block overlapped with the P @ V product of
+// the block before it inside each consumer warpgroup.
+//
+// O = softmax(Q K^T * scale) V per (batch, query head), GQA by query-head groups; Q, K, V, O
+// in the flash-attn layout (batch, seq, heads, head_dim), bf16 or fp16 (ELEM_FP16=1), any
+// strides that are multiples of 16 bytes with a unit head_dim stride; the log-sum-exp of every
+// row goes to LSE (batch, heads, seq_q) float32. causal aligns the mask to the bottom-right
+// corner (query i sees keys j <= i + seq_k - seq_q); a row that sees no key gives 0 and -inf.
+//
+// A CTA takes BM = 128 query rows of one (batch, head) and walks the key blocks of BN = 128.
+// 384 threads = 3 warpgroups:
+//   warpgroup 0, the producer: gives registers back (setmaxnreg.dec 24); one thread loads the
+//     Q tile once, then K and V tiles into a ring of STAGES slots each (its own full / empty
+//     mbarriers for K and for V, so S = Q K^T starts before V lands).
+//   warpgroups 1 and 2, the consumers (setmaxnreg.inc 240): 64 query rows each. For key block
+//     j they issue S_j = Q K_j^T (wgmma.m64n128k16, both operands from shared memory), then
+//     O += P_{j-1} V_{j-1} (wgmma.m64nDk16 with P from registers), wait for S_j alone, run the
+//     online softmax of S_j while the P V product runs, then wait for it, rescale O and turn
+//     S_j into P_j (bf16 A fragments). INTRA_OVERLAP=0 runs the two products one after the
+//     other instead (S_j, softmax, P_j V_j).
+//
+// Tensor maps (host-encoded, passed by value): each of Q, K, V as a 4-d tensor (head_dim,
+// seq, heads, batch) with its own strides, boxes of 64 x 128 x 1 x 1 (128-byte rows, the
+// 128-byte swizzle); rows past seq read as 0 and are masked (keys) or not stored (queries).
+//
+// Shared memory, every tile 1024-byte aligned: a tile of 128 rows is HEAD_DIM / 64 column
+// atoms of 128 rows x 128 B (16 KiB), atom a holding columns 64a..64a+63.
+//   Q, K as K-major wgmma operands: SBO = 1024 B (8 rows), the 16-wide k slice kk at atom
+//     kk / 4, +32 B (kk % 4).
+//   V as the transposed (MN-major) B operand of P V: SBO = 1024 B (8 keys), LBO = 16 KiB (the
+//     next 64 head-dim columns: the next atom), the 16-key slice kk at +2048 B.
+// The wgmma accumulator fragment of m64nN: acc[4j + 2h + e] at row 16 warp + lane / 4 + 8h,
+// column 8j + 2 (lane % 4) + e; the A fragment of m64k16 from registers is the same layout
+// over 16 columns, so P_j's fragments are S_j's accumulators packed in pairs.
+// One local header (sm90_async.cuh, inlined by the loader); nvcc -arch sm_90a.
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#if HEAD_DIM != 64 && HEAD_DIM != 128
+#error "HEAD_DIM must be 64 or 128"
+#endif
+#ifndef STAGES
+#define STAGES 2
+#endif
+#ifndef ELEM_FP16
+#define ELEM_FP16 0
+#endif
+#ifndef INTRA_OVERLAP
+#define INTRA_OVERLAP 1
+#endif
+#define BM 128
+#define BN 128
+#define CONSUMERS 2
+#define THREADS (128 * (CONSUMERS + 1))
+#define ATOMS (HEAD_DIM / 64)
+#define TILE_BYTES (128 * HEAD_DIM * 2)  // BM = BN = 128 rows of HEAD_DIM 16-bit values
+#define GROUP_MC 1  // (sm90_async.cuh's tile order: unused here)
+#define CLUSTER_M 1
+#define LOG2E 1.4426950408889634f
+#define NEG_INF __int_as_float(0xff800000)
+
+#if ELEM_FP16
+#define ELEM_PTX "f16"
+#else
+#define ELEM_PTX "bf16"
+#endif
+typedef unsigned short elem_t;
+#include "sm90_async.cuh"
+
+#define ACC8(i) "+f"(acc[i]), "+f"(acc[i + 1]), "+f"(acc[i + 2]), "+f"(acc[i + 3]), \
+                "+f"(acc[i + 4]), "+f"(acc[i + 5]), "+f"(acc[i + 6]), "+f"(acc[i + 7])
+
+__device__ __forceinline__ u64 smem_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  u64 d = 0;
+  d |= (u64)((addr & 0x3FFFF) >> 4);
+  d |= (u64)((lbo & 0x3FFFF) >> 4) << 16;
+  d |= (u64)((sbo & 0x3FFFF) >> 4) << 32;
+  d |= 1ull << 62;  // 128-byte swizzle
+  return d;
+}
+
+// The compiler sees a wgmma's accumulators as written when the instruction is issued and its
+// register operands as read: these pin a register's value in place across the asynchronous
+// window (reads of an accumulator stay after the wait; an A fragment stays allocated, and is
+// not reused for temporaries, until the product that reads it is waited for).
+__device__ __forceinline__ void pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+__device__ __forceinline__ void pin(unsigned& x) { asm volatile("" : "+r"(x)::"memory"); }
+
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaDesc* map, int c0, int c1,
+                                            int c2, int c3, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+      ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+      "r"(bar)
+      : "memory");
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  unsigned r;
+#if ELEM_FP16
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+  return r;
+}
+
+// ---- wgmma (generated operand lists) -----------------------------------------------------
+// acc[64] (+)= A(64x16, K-major desc) @ B(16x128, K-major desc); scale_d 0 overwrites acc
+__device__ __forceinline__ void wgmma_ss_m64n128(float* acc, u64 desc_a, u64 desc_b,
+                                                 int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." ELEM_PTX "." ELEM_PTX " {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : ACC8(0), ACC8(8), ACC8(16), ACC8(24), ACC8(32), ACC8(40), ACC8(48), ACC8(56)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// acc[64] (+)= A(64x16 from registers a[0..3]: the m64k16 fragment) @ B(16x128, MN-major
+// desc, transposed); scale_d 0 overwrites acc
+__device__ __forceinline__ void wgmma_rs_m64n128(float* acc, const unsigned* a, u64 desc_b,
+                                                 int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." ELEM_PTX "." ELEM_PTX " {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
+      "}\n"
+      : ACC8(0), ACC8(8), ACC8(16), ACC8(24), ACC8(32), ACC8(40), ACC8(48), ACC8(56)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+// acc[32] (+)= A(64x16 from registers a[0..3]: the m64k16 fragment) @ B(16x64, MN-major
+// desc, transposed); scale_d 0 overwrites acc
+__device__ __forceinline__ void wgmma_rs_m64n64(float* acc, const unsigned* a, u64 desc_b,
+                                                 int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." ELEM_PTX "." ELEM_PTX " {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
+      "}\n"
+      : ACC8(0), ACC8(8), ACC8(16), ACC8(24)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+#if HEAD_DIM == 128
+#define WGMMA_PV wgmma_rs_m64n128
+#else
+#define WGMMA_PV wgmma_rs_m64n64
+#endif
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(
+    const __grid_constant__ TmaDesc tma_q, const __grid_constant__ TmaDesc tma_k,
+    const __grid_constant__ TmaDesc tma_v, elem_t* __restrict__ O, float* __restrict__ LSE,
+    long long so_b, long long so_s, long long so_h, int seq_q, int seq_k, int heads,
+    int group, int causal, float scale_log2) {
+  extern __shared__ unsigned char smem_raw[];
+  const unsigned sQ = smem_aligned_1024(smem_raw);
+  const unsigned sK = sQ + TILE_BYTES;
+  const unsigned sV = sK + STAGES * TILE_BYTES;
+  const unsigned bars = sV + STAGES * TILE_BYTES;
+  // bar_q, then full_k[STAGES], empty_k[STAGES], full_v[STAGES], empty_v[STAGES]
+  const unsigned bar_q = bars;
+  auto full_k = [&](int s) { return bars + 8u * (1 + s); };
+  auto empty_k = [&](int s) { return bars + 8u * (1 + STAGES + s); };
+  auto full_v = [&](int s) { return bars + 8u * (1 + 2 * STAGES + s); };
+  auto empty_v = [&](int s) { return bars + 8u * (1 + 3 * STAGES + s); };
+
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  // causal tiles heaviest first (the last query rows see the most keys)
+  const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+  const int m0 = m_block * BM;
+  const int head = blockIdx.y, batch = blockIdx.z, head_kv = head / group;
+  const int diag = seq_k - seq_q;  // with causal, query i sees keys j <= i + diag
+  int n_blocks = (seq_k + BN - 1) / BN;
+  if (causal) n_blocks = min(n_blocks, max(0, (m0 + BM + diag + BN - 1) / BN));
+
+  if (threadIdx.x == 0) {
+    mbar_init(bar_q, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full_k(s), 1);
+      mbar_init(empty_k(s), CONSUMERS);
+      mbar_init(full_v(s), 1);
+      mbar_init(empty_v(s), CONSUMERS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (t == 0) {
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_q)));
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_k)));
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_v)));
+      mbar_expect_tx(bar_q, TILE_BYTES);
+#pragma unroll
+      for (int a = 0; a < ATOMS; ++a)
+        tma_load_4d(sQ + a * (BM * 128), &tma_q, 64 * a, m0, head, batch, bar_q);
+      for (int j = 0; j < n_blocks; ++j) {
+        const int s = j % STAGES;
+        const unsigned free_parity = ((j / STAGES) & 1) ^ 1;  // round 0 passes: slots start free
+        mbar_wait(empty_k(s), free_parity);
+        mbar_expect_tx(full_k(s), TILE_BYTES);
+#pragma unroll
+        for (int a = 0; a < ATOMS; ++a)
+          tma_load_4d(sK + s * TILE_BYTES + a * (BN * 128), &tma_k, 64 * a, j * BN, head_kv,
+                      batch, full_k(s));
+        mbar_wait(empty_v(s), free_parity);
+        mbar_expect_tx(full_v(s), TILE_BYTES);
+#pragma unroll
+        for (int a = 0; a < ATOMS; ++a)
+          tma_load_4d(sV + s * TILE_BYTES + a * (BN * 128), &tma_v, 64 * a, j * BN, head_kv,
+                      batch, full_v(s));
+      }
+    }
+    return;  // the consumers wait for every load, so the CTA outlives them
+  }
+
+  // ---- consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  const int c = wg - 1, warp = t / 32, lane = t % 32;
+  const int row0 = c * 64 + warp * 16 + lane / 4;  // tile row of h = 0; h = 1 is 8 rows below
+  const unsigned q_base = sQ + c * (64 * 128);
+  float o[HEAD_DIM / 2], s[BN / 2], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+  float alpha[2];
+  unsigned p[BN / 4];
+#pragma unroll
+  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
+
+  auto issue_qk = [&](int st) {  // s = Q K^T of the key tile in slot st
+    const unsigned kb = sK + st * TILE_BYTES;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+      u64 da = smem_desc(q_base + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16, 1024);
+      u64 db = smem_desc(kb + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16, 1024);
+      wgmma_ss_m64n128(s, da, db, kk > 0);
+    }
+    wgmma_commit();
+  };
+  auto issue_pv = [&](int st) {  // o += P V of the value tile in slot st
+    const unsigned vb = sV + st * TILE_BYTES;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      WGMMA_PV(o, p + 4 * kk, smem_desc(vb + kk * 2048, BN * 128, 1024), 1);
+    wgmma_commit();
+  };
+  auto pin_s = [&]() {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) pin(s[i]);
+  };
+  auto pin_op = [&]() {
+#pragma unroll
+    for (int i = 0; i < HEAD_DIM / 2; ++i) pin(o[i]);
+#pragma unroll
+    for (int i = 0; i < BN / 4; ++i) pin(p[i]);
+  };
+  // The online softmax of key block j over s (raw scores): the masks where the block crosses
+  // the end of the keys or the causal diagonal, the new row maxima m (log2 domain, scaled),
+  // the unnormalised probabilities in s, the running sums l (this thread's columns) and
+  // alpha, the factor that rescales what o holds.
+  auto softmax = [&](int j) {
+    const int k0 = j * BN;
+    if (k0 + BN > seq_k || (causal && k0 + BN - 1 > m0 + c * 64 + diag)) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + row0 + 8 * h;
+        const int last = causal ? min(seq_k - 1, row + diag) : seq_k - 1;
+#pragma unroll
+        for (int jj = 0; jj < BN / 8; ++jj)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (k0 + 8 * jj + 2 * (lane % 4) + e > last) s[4 * jj + 2 * h + e] = NEG_INF;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = NEG_INF;
+#pragma unroll
+      for (int jj = 0; jj < BN / 8; ++jj)
+        mx = fmaxf(mx, fmaxf(s[4 * jj + 2 * h], s[4 * jj + 2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[h], mx * scale_log2);
+      const float m_use = m_new == NEG_INF ? 0.f : m_new;  // a row with nothing visible yet
+      alpha[h] = ex2(m[h] - m_use);
+      m[h] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int jj = 0; jj < BN / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float x = ex2(fmaf(s[4 * jj + 2 * h + e], scale_log2, -m_use));
+          s[4 * jj + 2 * h + e] = x;
+          sum += x;
+        }
+      l[h] = l[h] * alpha[h] + sum;
+    }
+  };
+  auto rescale = [&]() {
+#pragma unroll
+    for (int jj = 0; jj < HEAD_DIM / 8; ++jj)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        o[4 * jj + 2 * h] *= alpha[h];
+        o[4 * jj + 2 * h + 1] *= alpha[h];
+      }
+  };
+  auto to_p = [&]() {  // s's columns 16 kk.. as the A fragment of k-slice kk
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) p[4 * kk + i] = pack2(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+  };
+
+  mbar_wait(bar_q, 0);
+#if INTRA_OVERLAP
+  if (n_blocks > 0) {
+    mbar_wait(full_k(0), 0);
+    issue_qk(0);
+    wgmma_wait0();
+    pin_s();
+    if (t == 0) mbar_arrive(empty_k(0));
+    softmax(0);  // o is still 0: nothing to rescale
+    to_p();
+    for (int j = 1; j < n_blocks; ++j) {
+      const int st = j % STAGES, pst = (j - 1) % STAGES;
+      mbar_wait(full_k(st), (j / STAGES) & 1);
+      issue_qk(st);
+      mbar_wait(full_v(pst), ((j - 1) / STAGES) & 1);
+      issue_pv(pst);
+      wgmma_wait1();  // S_j is done (groups complete in order); P_{j-1} V_{j-1} may run on
+      pin_s();
+      if (t == 0) mbar_arrive(empty_k(st));
+      softmax(j);
+      wgmma_wait0();
+      pin_op();
+      if (t == 0) mbar_arrive(empty_v(pst));
+      rescale();
+      to_p();
+    }
+    const int lst = (n_blocks - 1) % STAGES;
+    mbar_wait(full_v(lst), ((n_blocks - 1) / STAGES) & 1);
+    issue_pv(lst);
+    wgmma_wait0();
+    pin_op();
+    if (t == 0) mbar_arrive(empty_v(lst));
+  }
+#else
+  for (int j = 0; j < n_blocks; ++j) {
+    const int st = j % STAGES;
+    const unsigned parity = (j / STAGES) & 1;
+    mbar_wait(full_k(st), parity);
+    issue_qk(st);
+    wgmma_wait0();
+    pin_s();
+    if (t == 0) mbar_arrive(empty_k(st));
+    softmax(j);
+    rescale();
+    to_p();
+    mbar_wait(full_v(st), parity);
+    issue_pv(st);
+    wgmma_wait0();
+    pin_op();
+    if (t == 0) mbar_arrive(empty_v(st));
+  }
+#endif
+
+  // ---- epilogue: o / l to O (rows past seq_q are not stored), the log-sum-exp to LSE ----
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int row = m0 + row0 + 8 * h;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    if (row < seq_q) {
+      elem_t* orow = O + batch * so_b + (long long)row * so_s + head * so_h;
+#pragma unroll
+      for (int jj = 0; jj < HEAD_DIM / 8; ++jj)
+        *reinterpret_cast<unsigned*>(orow + 8 * jj + 2 * (lane % 4)) =
+            pack2(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
+      if (lane % 4 == 0)
+        LSE[((long long)batch * heads + head) * seq_q + row] =
+            sum > 0.f ? (m[h] + log2f(sum)) * (1.f / LOG2E) : NEG_INF;
+    }
+  }
+}
