@@ -97,6 +97,8 @@ def check_inputs(q, k, v, softmax_scale) -> float:
         raise ValueError(f"q's heads ({hq}) must be a multiple of k's ({hk})")
     if d not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS} for this kernel, got {d}")
+    if b > 65535:  # the grid's z dimension
+        raise ValueError(f"batch must be at most 65535 for this kernel, got {b}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         # TMA: unit head_dim stride, 16-byte aligned base and strides (8 elements)
         if t.stride(3) != 1 or any(st % 8 for st in t.stride()[:3]) or t.data_ptr() % 16:
