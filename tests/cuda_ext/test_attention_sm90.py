@@ -56,7 +56,7 @@ def test_against_reference(shape, causal, d, dtype):
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("build", [dict(intra_overlap=False), dict(stages=3),
-                                   dict(stages=1)])
+                                   dict(stages=1), dict(pingpong=True)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_other_builds(build, causal):
     check_against_reference(_run(**build), S.ref_attention,
@@ -134,13 +134,16 @@ def test_config():
         CA.config(128, torch.bfloat16, stages=4)
     with pytest.raises(ValueError, match="head_dim"):
         CA.config(96, torch.bfloat16)
+    with pytest.raises(ValueError, match="needs intra_overlap"):
+        CA.config(128, torch.bfloat16, intra_overlap=False, pingpong=True)
 
 
 @pytest.mark.toolchain
 @needs_nvcc
 @pytest.mark.parametrize("opts", [CA.config(128, torch.bfloat16)["options"],
                                   CA.config(64, torch.float16)["options"],
-                                  CA.config(128, torch.bfloat16, intra_overlap=False)["options"]])
+                                  CA.config(128, torch.bfloat16, intra_overlap=False)["options"],
+                                  CA.config(128, torch.bfloat16, pingpong=True)["options"]])
 def test_build_has_no_spills_and_overlaps(opts, tmp_path):
     # the consumers' registers (o, s and P: 160 at head_dim 128) fit without local memory,
     # and the overlapped build keeps one wgmma group in flight (wait_group 1) while the

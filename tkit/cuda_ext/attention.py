@@ -36,23 +36,27 @@ THREADS = 384
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
 #: the source's defaults (a build with no -D options): K and V rings of 2 slots each, the
-#: softmax overlapped with the previous block's P @ V
-DEFAULTS = dict(stages=2, intra_overlap=True)
+#: softmax overlapped with the previous block's P @ V, the two consumers not taking turns
+DEFAULTS = dict(stages=2, intra_overlap=True, pingpong=False)
 _SMEM_LIMIT = 227 * 1024
 
 
 def config(head_dim: int, dtype: torch.dtype, *, stages: int | None = None,
-           intra_overlap: bool | None = None) -> dict:
-    """One build: ``stages`` (slots of each of the K and V rings), ``intra_overlap``; the -D
-    options (only what differs from the source's defaults, so the default build has none
-    beyond the head dim and dtype) and the dynamic shared memory it needs."""
+           intra_overlap: bool | None = None, pingpong: bool | None = None) -> dict:
+    """One build: ``stages`` (slots of each of the K and V rings), ``intra_overlap`` (the
+    softmax of a block under the previous block's P @ V), ``pingpong`` (the two consumer
+    warpgroups take turns issuing their products; needs ``intra_overlap``); the -D options
+    (only what differs from the source's defaults, so the default build has none beyond the
+    head dim and dtype) and the dynamic shared memory it needs."""
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
     if dtype not in DTYPES:
         raise TypeError(f"dtype must be bfloat16 or float16, got {dtype}")
     cfg = dict(DEFAULTS)
-    cfg.update({k: v for k, v in dict(stages=stages, intra_overlap=intra_overlap).items()
-                if v is not None})
+    cfg.update({k: v for k, v in dict(stages=stages, intra_overlap=intra_overlap,
+                                      pingpong=pingpong).items() if v is not None})
+    if cfg["pingpong"] and not cfg["intra_overlap"]:
+        raise ValueError("pingpong orders the overlapped schedule: it needs intra_overlap")
     if not isinstance(cfg["stages"], int) or isinstance(cfg["stages"], bool) \
             or cfg["stages"] < 1:
         raise ValueError(f"stages must be a positive int, got {cfg['stages']!r}")
@@ -69,6 +73,8 @@ def config(head_dim: int, dtype: torch.dtype, *, stages: int | None = None,
         opts.append(f"-DSTAGES={cfg['stages']}")
     if cfg["intra_overlap"] != DEFAULTS["intra_overlap"]:
         opts.append(f"-DINTRA_OVERLAP={int(bool(cfg['intra_overlap']))}")
+    if cfg["pingpong"] != DEFAULTS["pingpong"]:
+        opts.append(f"-DPINGPONG={int(bool(cfg['pingpong']))}")
     return dict(cfg, head_dim=head_dim, smem=smem, options=tuple(opts))
 
 
@@ -142,16 +148,17 @@ def unavailable_reason(q, k, v, softmax_scale=None) -> str | None:
 def flash_attention_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                          causal: bool = False, softmax_scale: float | None = None,
                          stages: int | None = None, intra_overlap: bool | None = None,
-                         check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                         pingpong: bool | None = None, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``softmax(q k^T * scale) v`` by the CUDA kernel: (out like q, contiguous; lse float32
     (batch, heads_q, seq_q)), as ``tkit.flash_attention(..., return_lse=True)`` returns them.
     A row that sees no key (causal with seq_q > seq_k, or seq_k = 0) gives 0 and -inf.
-    ``stages`` and ``intra_overlap`` pick a build (:func:`config`); ``check`` runs that
-    build's self-test first (once per machine)."""
+    ``stages``, ``intra_overlap`` and ``pingpong`` pick a build (:func:`config`); ``check``
+    runs that build's self-test first (once per machine)."""
     scale = check_inputs(q, k, v, softmax_scale)
     b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
-    cfg = config(d, q.dtype, stages=stages, intra_overlap=intra_overlap)
+    build = dict(stages=stages, intra_overlap=intra_overlap, pingpong=pingpong)
+    cfg = config(d, q.dtype, **build)
     out = _common.empty((b, sq, hq, d), q.dtype, q.device)
     lse = _common.empty((b, hq, sq), torch.float32, q.device)
     if out.numel() == 0:
@@ -159,7 +166,7 @@ def flash_attention_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     if sk == 0:  # no key: a tensor map needs every dim > 0
         return out.zero_(), lse.fill_(float("-inf"))
     if check:
-        why = selftest(d, q.dtype, stages=stages, intra_overlap=intra_overlap)
+        why = selftest(d, q.dtype, **build)
         if why is not None:
             raise RuntimeError(f"the CUDA attention kernel is off on this machine: {why}")
     dev = q.device.index or 0
@@ -208,13 +215,13 @@ print("SELFTEST OK")
 
 
 @functools.cache
-def selftest(head_dim: int, dtype: torch.dtype, *, stages=None, intra_overlap=None
-             ) -> str | None:
+def selftest(head_dim: int, dtype: torch.dtype, *, stages=None, intra_overlap=None,
+             pingpong=None) -> str | None:
     """None when this build has run three small calls correctly on this machine (once per
     machine and build, in a subprocess with a timeout: a barrier bug hangs), else why not."""
-    cfg = config(head_dim, dtype, stages=stages, intra_overlap=intra_overlap)
-    opts = {k: v for k, v in dict(stages=stages, intra_overlap=intra_overlap).items()
-            if v is not None}
+    build = dict(stages=stages, intra_overlap=intra_overlap, pingpong=pingpong)
+    cfg = config(head_dim, dtype, **build)
+    opts = {k: v for k, v in build.items() if v is not None}
     opts.update(head_dim=head_dim, dtype=str(dtype).replace("torch.", ""))
     return build_selftest("attn-sm90", SOURCE, _SELFTEST_CODE, opts,
                           json.dumps(cfg["options"]))

@@ -18,7 +18,9 @@
 //     O += P_{j-1} V_{j-1} (wgmma.m64nDk16 with P from registers), wait for S_j alone, run the
 //     online softmax of S_j while the P V product runs, then wait for it, rescale O and turn
 //     S_j into P_j (bf16 A fragments). INTRA_OVERLAP=0 runs the two products one after the
-//     other instead (S_j, softmax, P_j V_j).
+//     other instead (S_j, softmax, P_j V_j). PINGPONG=1 makes the two consumers take turns
+//     issuing their products (named barriers 1 and 2, consumer 0 first), so one's softmax
+//     runs while the other's products keep the tensor cores busy.
 //
 // Tensor maps (host-encoded, passed by value): each of Q, K, V as a 4-d tensor (head_dim,
 // seq, heads, batch) with its own strides, boxes of 64 x 128 x 1 x 1 (128-byte rows, the
@@ -49,6 +51,12 @@
 #endif
 #ifndef INTRA_OVERLAP
 #define INTRA_OVERLAP 1
+#endif
+#ifndef PINGPONG
+#define PINGPONG 0
+#endif
+#if PINGPONG && !INTRA_OVERLAP
+#error "PINGPONG orders the overlapped schedule's products: it needs INTRA_OVERLAP=1"
 #endif
 #define BM 128
 #define BN 128
@@ -96,6 +104,10 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaDesc* map, in
       ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
       "r"(bar)
       : "memory");
+}
+
+__device__ __forceinline__ void named_bar_arrive(unsigned id, unsigned count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 __device__ __forceinline__ float ex2(float x) {
@@ -343,11 +355,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(
       for (int i = 0; i < 4; ++i) p[4 * kk + i] = pack2(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
   };
 
+  // PINGPONG: consumer c issues its products after bar.sync 1 + c (256 threads: its own 128
+  // and the other consumer's 128 arrivals) and then lets the other go (bar.arrive 2 - c);
+  // consumer 1's first arrival lets consumer 0 start, and consumer 0 takes the last one.
+  auto my_turn = [&]() {
+    if (PINGPONG) named_bar(1 + c, 256);
+  };
+  auto your_turn = [&]() {
+    if (PINGPONG) named_bar_arrive(2 - c, 256);
+  };
+  if (PINGPONG && c == 1) named_bar_arrive(1, 256);
   mbar_wait(bar_q, 0);
 #if INTRA_OVERLAP
   if (n_blocks > 0) {
     mbar_wait(full_k(0), 0);
+    my_turn();
     issue_qk(0);
+    your_turn();
     wgmma_wait0();
     pin_s();
     if (t == 0) mbar_arrive(empty_k(0));
@@ -356,9 +380,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(
     for (int j = 1; j < n_blocks; ++j) {
       const int st = j % STAGES, pst = (j - 1) % STAGES;
       mbar_wait(full_k(st), (j / STAGES) & 1);
-      issue_qk(st);
       mbar_wait(full_v(pst), ((j - 1) / STAGES) & 1);
+      my_turn();
+      issue_qk(st);
       issue_pv(pst);
+      your_turn();
       wgmma_wait1();  // S_j is done (groups complete in order); P_{j-1} V_{j-1} may run on
       pin_s();
       if (t == 0) mbar_arrive(empty_k(st));
@@ -376,6 +402,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(
     pin_op();
     if (t == 0) mbar_arrive(empty_v(lst));
   }
+  if (PINGPONG && c == 0) named_bar(1, 256);  // consumer 1's last arrival
 #else
   for (int j = 0; j < n_blocks; ++j) {
     const int st = j % STAGES;
