@@ -148,7 +148,8 @@ def unavailable_reason(q, k, v, softmax_scale=None) -> str | None:
 def flash_attention_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                          causal: bool = False, softmax_scale: float | None = None,
                          stages: int | None = None, intra_overlap: bool | None = None,
-                         pingpong: bool | None = None, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                         pingpong: bool | None = None, check: bool = True
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """``softmax(q k^T * scale) v`` by the CUDA kernel: (out like q, contiguous; lse float32
     (batch, heads_q, seq_q)), as ``tkit.flash_attention(..., return_lse=True)`` returns them.
     A row that sees no key (causal with seq_q > seq_k, or seq_k = 0) gives 0 and -inf.
