@@ -80,22 +80,6 @@ typedef unsigned short elem_t;
 #define ACC8(i) "+f"(acc[i]), "+f"(acc[i + 1]), "+f"(acc[i + 2]), "+f"(acc[i + 3]), \
                 "+f"(acc[i + 4]), "+f"(acc[i + 5]), "+f"(acc[i + 6]), "+f"(acc[i + 7])
 
-__device__ __forceinline__ u64 smem_desc(unsigned addr, unsigned lbo, unsigned sbo) {
-  u64 d = 0;
-  d |= (u64)((addr & 0x3FFFF) >> 4);
-  d |= (u64)((lbo & 0x3FFFF) >> 4) << 16;
-  d |= (u64)((sbo & 0x3FFFF) >> 4) << 32;
-  d |= 1ull << 62;  // 128-byte swizzle
-  return d;
-}
-
-// The compiler sees a wgmma's accumulators as written when the instruction is issued and its
-// register operands as read: these pin a register's value in place across the asynchronous
-// window (reads of an accumulator stay after the wait; an A fragment stays allocated, and is
-// not reused for temporaries, until the product that reads it is waited for).
-__device__ __forceinline__ void pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
-__device__ __forceinline__ void pin(unsigned& x) { asm volatile("" : "+r"(x)::"memory"); }
-
 __device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaDesc* map, int c0, int c1,
                                             int c2, int c3, unsigned bar) {
   asm volatile(
@@ -273,8 +257,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-      u64 da = smem_desc(q_base + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16, 1024);
-      u64 db = smem_desc(kb + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16, 1024);
+      u64 da = sw128_desc(q_base + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16, 1024);
+      u64 db = sw128_desc(kb + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16, 1024);
       wgmma_ss_m64n128(s, da, db, kk > 0);
     }
     wgmma_commit();
@@ -284,18 +268,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
-      WGMMA_PV(o, p + 4 * kk, smem_desc(vb + kk * 2048, BN * 128, 1024), 1);
+      WGMMA_PV(o, p + 4 * kk, sw128_desc(vb + kk * 2048, BN * 128, 1024), 1);
     wgmma_commit();
   };
   auto pin_s = [&]() {
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) pin(s[i]);
+    for (int i = 0; i < BN / 2; ++i) fence_operand(s[i]);
   };
   auto pin_op = [&]() {
 #pragma unroll
-    for (int i = 0; i < HEAD_DIM / 2; ++i) pin(o[i]);
+    for (int i = 0; i < HEAD_DIM / 2; ++i) fence_operand(o[i]);
 #pragma unroll
-    for (int i = 0; i < BN / 4; ++i) pin(p[i]);
+    for (int i = 0; i < BN / 4; ++i) fence_operand(p[i]);
   };
   // The online softmax of key block j over s (raw scores): the masks where the block crosses
   // the end of the keys or the causal diagonal, the new row maxima m (log2 domain, scaled),

@@ -124,11 +124,6 @@ __device__ __forceinline__ void wgmma_sum(float* d, u64 desc_a, u64 desc_b, int 
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
-// pins a register between two asm statements: no read or write of it moves across
-__device__ __forceinline__ void fence_operand(float& r) {
-  asm volatile("" : "+f"(r)::"memory");
-}
-
 __device__ __forceinline__ unsigned pack_out(float lo, float hi) {
   unsigned r;
 #if OUT_F16

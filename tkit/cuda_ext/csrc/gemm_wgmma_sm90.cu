@@ -93,15 +93,6 @@ typedef unsigned short bf16_t;
 #include "sm90_async.cuh"
 
 // ---- wgmma ------------------------------------------------------------------------------------
-__device__ __forceinline__ u64 smem_desc(unsigned addr, unsigned lbo, unsigned sbo) {
-  u64 d = 0;
-  d |= (u64)((addr & 0x3FFFF) >> 4);
-  d |= (u64)((lbo & 0x3FFFF) >> 4) << 16;
-  d |= (u64)((sbo & 0x3FFFF) >> 4) << 32;
-  d |= 1ull << 62;  // 128-byte swizzle
-  return d;
-}
-
 // d[128] += A(64x16, K-major, descriptor) @ B(16x256, MN-major, descriptor)
 __device__ __forceinline__ void wgmma_m64n256k16(float* d, u64 desc_a, u64 desc_b) {
   asm volatile(
@@ -217,8 +208,8 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_wgmma
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
-          u64 da = smem_desc(a_base + kk * 32, 16, 1024);
-          u64 db = smem_desc(b_base + kk * 16 * 128, BK * 128, 1024);
+          u64 da = sw128_desc(a_base + kk * 32, 16, 1024);
+          u64 db = sw128_desc(b_base + kk * 16 * 128, BK * 128, 1024);
           wgmma_m64n256k16(d, da, db);
         }
         wgmma_commit();

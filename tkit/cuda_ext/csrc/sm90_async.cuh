@@ -142,6 +142,26 @@ __device__ __forceinline__ void wgmma_wait0() {
 __device__ __forceinline__ void wgmma_wait1() {
   asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
 }
+// A shared-memory matrix descriptor of the 128-byte swizzle: start address, leading and stride
+// byte offsets (each 16-byte granular).
+__device__ __forceinline__ u64 sw128_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  u64 d = 0;
+  d |= (u64)((addr & 0x3FFFF) >> 4);
+  d |= (u64)((lbo & 0x3FFFF) >> 4) << 16;
+  d |= (u64)((sbo & 0x3FFFF) >> 4) << 32;
+  d |= 1ull << 62;  // 128-byte swizzle
+  return d;
+}
+// Pins a register between two asm statements: no read or write of it moves across. A wgmma's
+// outputs look written at issue to the compiler and its register operands read: pinned after
+// the wait, an accumulator is read only once the product is done, and an A fragment keeps its
+// registers (none reused for temporaries) until the product that reads it is waited for.
+__device__ __forceinline__ void fence_operand(float& r) {
+  asm volatile("" : "+f"(r)::"memory");
+}
+__device__ __forceinline__ void fence_operand(unsigned& r) {
+  asm volatile("" : "+r"(r)::"memory");
+}
 
 // the grouped tile order: sections of GROUP_MC tile-rows, column-major inside a section
 __device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n, int& tm,
