@@ -155,3 +155,42 @@ def test_build_has_no_spills_and_overlaps(opts, tmp_path):
     assert "HGMMA.64x128x16.F32" in sass and "UTMALDG.4D" in sass
     overlapped = "-DINTRA_OVERLAP=0" not in opts
     assert ("WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass) == overlapped
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(causal=True, window_size=(8, 0)), "no window or softcap"),
+    (dict(causal=True, softcap=5.0), "no window or softcap"),
+    (dict(causal=True), "not on a CUDA device"),
+])
+def test_dispatch_says_why_the_cuda_kernel_declines(kw, words):
+    # tkit.flash_attention sends AttentionConfig.cuda_fwd_cases to this kernel where it takes
+    # the call; fwd_backend names the reason it does not (here: the options, or CPU tensors)
+    from tkit.kernels import attention as A
+
+    q, k, v = (torch.randn(1, 200, 2, 64, dtype=torch.bfloat16) for _ in range(3))
+    with A.attention_config(cuda_fwd_cases=frozenset({(64, True)})):
+        got = A.fwd_backend(q, k, v, **kw)
+        assert got.startswith("triton (") and "the CUDA kernel declines: " in got, got
+        assert words in got.split("declines: ")[1], got
+        # a case not asked of it (causal=False here) does not mention it
+        assert "CUDA kernel" not in A.fwd_backend(q, k, v, **dict(kw, causal=False))
+    assert "CUDA kernel" not in A.fwd_backend(q, k, v, **kw)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("d", CA.HEAD_DIMS)
+def test_flash_attention_dispatches_asked_cases(d):
+    # with the case asked, tkit.flash_attention's forward is this kernel's (bit for bit) and
+    # its backward (the Triton kernels, from the saved output and lse) is right
+    import tkit
+    from tkit.kernels import attention as A
+
+    q, k, v = _qkv(2, 300, 300, 4, 2, d, torch.bfloat16, seed=9)
+    with A.attention_config(cuda_fwd_cases=frozenset({(d, True)})):
+        assert A.fwd_backend(q, k, v, causal=True).startswith("cuda (")
+        out, lse = tkit.flash_attention(q, k, v, causal=True, return_lse=True)
+        check_against_reference(tkit.flash_attention, S.ref_attention, [q, k, v],
+                                dict(causal=True), grad=True)
+    want, want_lse = CA.flash_attention_sm90(q, k, v, causal=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
