@@ -132,3 +132,73 @@ def test_cuda_graph_generation_equals_eager():
     assert ours.generate(PROMPTS, 12, page_size=16, cuda_graph=True) == eager
     sampled = ours.generate(PROMPTS, 8, temperature=0.8, top_k=20, seed=5, cuda_graph=True)
     assert ours.generate(PROMPTS, 8, temperature=0.8, top_k=20, seed=5) == sampled
+
+
+def _family(kind, seed=0, **kw):
+    """A tiny transformers model of the Llama family ``kind`` with every norm weight and
+    every bias drawn away from HF's init (ones and zeros), so that a dropped one shows."""
+    names = {"mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "llama": "Llama"}
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+               attn_implementation="sdpa", initializer_range=0.15)
+    cfg.update(kw)
+    config = getattr(transformers, f"{names[kind]}Config")(**cfg)
+    m = getattr(transformers, f"{names[kind]}ForCausalLM")(config)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.3)
+    return m.to(default_device()).eval()
+
+
+FAMILY_CASES = [
+    ("mistral", dict(sliding_window=4)),  # every layer sees its last 4 positions
+    ("qwen2", {}),  # q, k, v biases
+    ("qwen2", dict(use_sliding_window=True, sliding_window=3, max_window_layers=1)),
+    ("qwen3", dict(head_dim=32)),  # q and k normalized per head; head_dim != hidden / heads
+]
+
+
+@pytest.mark.parametrize("kind,kw", FAMILY_CASES)
+def test_families_match_hf(kind, kw):
+    hf = _family(kind, seed=3, **kw)
+    ours = LlamaModel.from_hf(hf)
+    extras = ours.layers[0].extras()
+    assert (extras["qkv_bias"] is not None) == (kind == "qwen2")
+    assert (extras["q_norm"] is not None) == (kind == "qwen3")
+    assert [lw.window for lw in ours.layers] == {
+        "mistral": [3, 3], "qwen2": [-1, 2] if kw else [-1, -1], "qwen3": [-1, -1]}[kind]
+    # prefill and a decode step against HF's forward over the same tokens (windows bite:
+    # prompts of up to 9 tokens)
+    dev = default_device()
+    cache = ours.new_cache(num_blocks=16, page_size=4)
+    logits = ours.prefill(cache, [0, 1, 2], PROMPTS)
+    nxt = logits.argmax(-1)
+    lens = [len(p) for p in PROMPTS]
+    for s in range(3):
+        cache.reserve(s, lens[s] + 1)
+    step = ours.decode(
+        cache, nxt, torch.tensor(lens, device=dev),
+        torch.tensor([cache.slot(s, lens[s]) for s in range(3)], device=dev),
+        torch.tensor([n + 1 for n in lens], dtype=torch.int32, device=dev),
+        cache.table([0, 1, 2]).to(dev))
+    with torch.no_grad():
+        for i, p in enumerate(PROMPTS):
+            ref = hf(torch.tensor([p], device=dev)).logits[0, -1]
+            torch.testing.assert_close(logits[i], ref, atol=2e-4, rtol=2e-4)
+            ref = hf(torch.tensor([p + [int(nxt[i])]], device=dev)).logits[0, -1]
+            torch.testing.assert_close(step[i], ref, atol=2e-4, rtol=2e-4)
+    assert ours.generate(PROMPTS, 5, page_size=4) == [_hf_greedy(hf, p, 5) for p in PROMPTS]
+
+
+def test_from_hf_refuses_other_models():
+    hf = _family("llama")
+    hf.config.model_type = "gemma"
+    with pytest.raises(NotImplementedError, match="model_type 'gemma'"):
+        LlamaModel.from_hf(hf)
+    hf = _family("llama", mlp_bias=True)
+    with pytest.raises(NotImplementedError, match="MLP"):
+        LlamaModel.from_hf(hf)

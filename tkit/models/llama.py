@@ -36,13 +36,34 @@ def linear(x, w, **kw):
     return tkit.matmul(x, w.t(), allow_tf32=torch_tf32(), **kw)
 
 
-def layer_tail(o, x, w_o, w_post, w_gu, w_down, eps):
-    """Everything after attention: the output projection with the residual ``x`` in its
-    epilogue, RMSNorm, gate/up with SwiGLU, down with the residual. ``o`` (tokens, heads d)."""
-    h = linear(o, w_o, residual=x)
+def layer_tail(o, x, w_o, w_post, w_gu, w_down, eps, o_bias=None):
+    """Everything after attention: the output projection with the residual ``x`` (and the
+    projection's bias, where the model has one) in its epilogue, RMSNorm, gate/up with SwiGLU,
+    down with the residual. ``o`` (tokens, heads d)."""
+    h = linear(o, w_o, residual=x, bias=o_bias)
     act = tkit.matmul_glu(tkit.rms_norm(h, w_post, eps), w_gu.t(),  # SwiGLU in the GEMM
                           allow_tf32=torch_tf32())
     return linear(act, w_down, residual=h)
+
+
+def qkv_heads(x, w_in, w_qkv, *, heads, kv_heads, eps, qkv_bias=None, q_norm=None,
+              k_norm=None):
+    """RMSNorm and the fused QKV projection (with its bias: Qwen2's), split into q, k, v
+    (tokens, heads, head_dim) views; q and k each normalized over the head dim where the
+    model does (Qwen3's ``q_norm`` / ``k_norm``: RMSNorm weights (head_dim,), new tensors)."""
+    d = head_dim(w_qkv, heads, kv_heads)
+    qkv = linear(tkit.rms_norm(x, w_in, eps), w_qkv, bias=qkv_bias)
+    q, k, v = split_qkv(qkv, heads, kv_heads, d)
+    if q_norm is not None:
+        q = tkit.rms_norm(q, q_norm, eps)
+    if k_norm is not None:
+        k = tkit.rms_norm(k, k_norm, eps)
+    return q, k, v
+
+
+def window_size(window: int) -> tuple[int, int]:
+    """The attention ops' window of a causal layer that sees ``window`` keys back (-1: all)."""
+    return (window, 0) if window >= 0 else (-1, -1)
 
 
 def llama_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, *, heads, kv_heads, eps=EPS):
@@ -59,7 +80,8 @@ def llama_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, *, heads, kv_heads, e
 
 def llama_decode_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cache, cos_sin, *,
                        positions, slot_mapping, cache_seqlens, block_table=None, heads,
-                       kv_heads, eps=EPS):
+                       kv_heads, eps=EPS, qkv_bias=None, o_bias=None, q_norm=None,
+                       k_norm=None, window=-1):
     """One decode step of a layer from tkit ops.
 
     ``x`` (batch, hidden) holds one new token of each sequence, at ``positions`` (batch,). The
@@ -72,12 +94,17 @@ def llama_decode_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cac
     ``block_table`` (batch, max_blocks) int32. Positions, slots and lengths are the caller's,
     as a model runner computes them once a step for every layer. Nine launches, none of which
     reads a value on the host: the step can be captured in a CUDA graph and replayed with
-    new tokens, positions, slots and lengths copied into the captured tensors."""
+    new tokens, positions, slots and lengths copied into the captured tensors.
+
+    The Llama family's variations: ``qkv_bias`` ((heads + 2 kv_heads) head_dim,: Qwen2) and
+    ``o_bias`` in the projections' epilogues, ``q_norm`` / ``k_norm`` (head_dim,: Qwen3's
+    RMSNorm of each head before RoPE), ``window`` (a sliding-window layer sees its last
+    ``window`` + 1 positions: Mistral, Qwen2's sliding layers; -1 all)."""
     b = x.shape[0]
-    d = head_dim(w_qkv, heads, kv_heads)
-    qkv = linear(tkit.rms_norm(x, w_in, eps), w_qkv)
-    q, k, v = split_qkv(qkv, heads, kv_heads, d)
+    q, k, v = qkv_heads(x, w_in, w_qkv, heads=heads, kv_heads=kv_heads, eps=eps,
+                        qkv_bias=qkv_bias, q_norm=q_norm, k_norm=k_norm)
+    d = q.shape[-1]
     tkit.rope_append_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)
     o = tkit.decode_attention(q.view(b, 1, heads, d), k_cache, v_cache, cache_seqlens,
-                              block_table=block_table)
-    return layer_tail(o.view(b, heads * d), x, w_o, w_post, w_gu, w_down, eps)
+                              block_table=block_table, window_size=window_size(window))
+    return layer_tail(o.view(b, heads * d), x, w_o, w_post, w_gu, w_down, eps, o_bias)

@@ -1,4 +1,5 @@
-"""A Llama model from tkit ops over a paged KV cache: :class:`LlamaModel` and :class:`PagedKVCache`.
+"""A Llama-family model from tkit ops over a paged KV cache: :class:`LlamaModel` and
+:class:`PagedKVCache`.
 
 Prompts of different lengths are prefilled together as one packed batch (RoPE fused with the
 cache write, ``tkit.flash_attention_varlen`` over each prompt's own tokens); the batch then
@@ -7,9 +8,12 @@ layer over the pages, ``tkit.sample`` to choose), optionally replayed from a CUD
 captured once for the batch. Positions, slots, lengths and the block table are computed on
 the host a step and copied in; the kernels read them on the device, never the host.
 
-Weights come from a Hugging Face ``LlamaForCausalLM`` (:meth:`LlamaModel.from_hf`): q, k, v
-and gate, up fused into one weight each (one GEMM each), RoPE's table from the config's
-``rope_parameters`` (or ``rope_theta`` / ``rope_scaling``) by ``tkit.rope_cache``.
+Weights come from a Hugging Face model of the Llama family (:meth:`LlamaModel.from_hf`:
+Llama, Mistral, Qwen2, Qwen3): q, k, v and gate, up fused into one weight each (one GEMM
+each; Qwen2's q, k, v biases fused likewise, in the GEMM's epilogue), Qwen3's per-head
+RMSNorm of q and k, sliding-window layers (Mistral's, Qwen2's ``layer_types``), RoPE's table
+from the config's ``rope_parameters`` (or ``rope_theta`` / ``rope_scaling``) by
+``tkit.rope_cache``.
 """
 
 from __future__ import annotations
@@ -20,13 +24,18 @@ import torch
 import torch.nn.functional as F
 
 import tkit
-from tkit.models.llama import layer_tail, linear, llama_decode_layer, split_qkv
+from tkit.models.llama import layer_tail, linear, llama_decode_layer, qkv_heads, window_size
+
+#: ``config.model_type`` values :meth:`LlamaModel.from_hf` takes
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @dataclass
 class LayerWeights:
     """One layer's weights in nn.Linear's (out, in) layout: RMSNorm, [q; k; v], o, RMSNorm,
-    [gate; up], down."""
+    [gate; up], down; and the family's extras: the [q; k; v] and o biases (Qwen2: q, k, v),
+    q's and k's per-head RMSNorm weights (Qwen3), the sliding window (keys back a query
+    sees besides itself; -1: all)."""
 
     w_in: torch.Tensor
     w_qkv: torch.Tensor
@@ -34,9 +43,19 @@ class LayerWeights:
     w_post: torch.Tensor
     w_gu: torch.Tensor
     w_down: torch.Tensor
+    b_qkv: torch.Tensor | None = None
+    b_o: torch.Tensor | None = None
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    window: int = -1
 
     def as_args(self) -> tuple:
         return (self.w_in, self.w_qkv, self.w_o, self.w_post, self.w_gu, self.w_down)
+
+    def extras(self) -> dict:
+        """:func:`tkit.models.llama.llama_decode_layer`'s keywords for the extras."""
+        return dict(qkv_bias=self.b_qkv, o_bias=self.b_o, q_norm=self.q_norm,
+                    k_norm=self.k_norm, window=self.window)
 
 
 class PagedKVCache:
@@ -83,7 +102,8 @@ class PagedKVCache:
 
 
 class LlamaModel:
-    """Llama from tkit ops: embeddings, decoder layers, the final RMSNorm and the LM head.
+    """A Llama-family decoder from tkit ops: embeddings, decoder layers, the final RMSNorm and
+    the LM head.
 
     ``heads``, ``kv_heads``: attention heads; ``eps``: RMSNorm's; ``cos_sin``:
     ``tkit.rope_cache``'s table (neox rotation of the whole head) over the positions the model
@@ -97,24 +117,42 @@ class LlamaModel:
 
     @classmethod
     def from_hf(cls, model, max_position: int | None = None) -> LlamaModel:
-        """The weights of a transformers ``LlamaForCausalLM`` (shared, except the fused
-        [q; k; v] and [gate; up], which are new tensors)."""
+        """The weights of a transformers ``...ForCausalLM`` of :data:`FAMILIES` (shared,
+        except the fused [q; k; v], [gate; up] and q, k, v biases, which are new tensors)."""
         cfg = model.config
-        if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
-            raise NotImplementedError("Llama with biases in its projections")
+        kind = getattr(cfg, "model_type", None)
+        if kind not in FAMILIES:
+            raise NotImplementedError(f"model_type {kind!r}: tkit's paged model takes "
+                                      f"{', '.join(FAMILIES)}")
         if cfg.hidden_act not in ("silu", "swish"):
             raise NotImplementedError(f"hidden_act {cfg.hidden_act!r} (SwiGLU's silu only)")
         heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         d = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        types = getattr(cfg, "layer_types", None)
+        sliding = getattr(cfg, "sliding_window", None)
         layers = []
-        for layer in model.model.layers:
+        for i, layer in enumerate(model.model.layers):
             a, m = layer.self_attn, layer.mlp
+            if any(getattr(p, "bias", None) is not None
+                   for p in (m.gate_proj, m.up_proj, m.down_proj)):
+                raise NotImplementedError("biases in the MLP's projections")
+            biases = [getattr(p, "bias", None) for p in (a.q_proj, a.k_proj, a.v_proj)]
+            if any(b is None for b in biases) and any(b is not None for b in biases):
+                raise NotImplementedError("a bias on some of q, k, v and not the others")
+            # a sliding layer: every layer without layer_types (Mistral), else those so typed
+            slides = sliding and (types is None or types[i] == "sliding_attention")
+            norms = [getattr(getattr(a, n, None), "weight", None) for n in ("q_norm", "k_norm")]
             layers.append(LayerWeights(
                 layer.input_layernorm.weight.detach(),
                 torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(),
                 a.o_proj.weight.detach(), layer.post_attention_layernorm.weight.detach(),
                 torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach(),
-                m.down_proj.weight.detach()))
+                m.down_proj.weight.detach(),
+                b_qkv=None if biases[0] is None else torch.cat(biases).detach(),
+                b_o=None if a.o_proj.bias is None else a.o_proj.bias.detach(),
+                q_norm=None if norms[0] is None else norms[0].detach(),
+                k_norm=None if norms[1] is None else norms[1].detach(),
+                window=int(sliding) - 1 if slides else -1))
         params = dict(getattr(cfg, "rope_parameters", None) or {})
         base = params.pop("rope_theta", getattr(cfg, "rope_theta", 10000.0))
         if not params:
@@ -160,13 +198,14 @@ class LlamaModel:
         h, d, t = self.heads, self.head_dim, tokens.shape[0]
         x = F.embedding(tokens, self.embed)
         for i, lw in enumerate(self.layers):
-            qkv = linear(tkit.rms_norm(x, lw.w_in, self.eps), lw.w_qkv)
-            q, k, v = split_qkv(qkv, h, self.kv_heads, d)
+            q, k, v = qkv_heads(x, lw.w_in, lw.w_qkv, heads=h, kv_heads=self.kv_heads,
+                                eps=self.eps, qkv_bias=lw.b_qkv, q_norm=lw.q_norm,
+                                k_norm=lw.k_norm)
             tkit.rope_append_kv(q, k, v, positions, self.cos_sin, cache.k[i], cache.v[i], slots)
             o = tkit.flash_attention_varlen(q, k, v, cu_dev, cu_dev, max(lens), max(lens),
-                                            causal=True)
+                                            causal=True, window_size=window_size(lw.window))
             x = layer_tail(o.view(t, h * d), x, lw.w_o, lw.w_post, lw.w_gu, lw.w_down,
-                           self.eps)
+                           self.eps, lw.b_o)
         return self._logits(x[cu[1:].long().to(dev) - 1])
 
     def decode(self, cache: PagedKVCache, tokens, positions, slot_mapping, cache_seqlens,
@@ -179,7 +218,8 @@ class LlamaModel:
             x = llama_decode_layer(x, *lw.as_args(), cache.k[i], cache.v[i], self.cos_sin,
                                    positions=positions, slot_mapping=slot_mapping,
                                    cache_seqlens=cache_seqlens, block_table=block_table,
-                                   heads=self.heads, kv_heads=self.kv_heads, eps=self.eps)
+                                   heads=self.heads, kv_heads=self.kv_heads, eps=self.eps,
+                                   **lw.extras())
         return self._logits(x)
 
     # ---- generation ----------------------------------------------------------------------------
