@@ -137,7 +137,8 @@ def test_cuda_graph_generation_equals_eager():
 def _family(kind, seed=0, **kw):
     """A tiny transformers model of the Llama family ``kind`` with every norm weight and
     every bias drawn away from HF's init (ones and zeros), so that a dropped one shows."""
-    names = {"mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "llama": "Llama"}
+    names = {"mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "llama": "Llama",
+             "mixtral": "Mixtral", "qwen3_moe": "Qwen3Moe"}
     torch.manual_seed(seed)
     cfg = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
@@ -149,7 +150,7 @@ def _family(kind, seed=0, **kw):
         for name, p in m.named_parameters():
             if name.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5)
-            elif name.endswith(".bias"):
+            elif name.endswith(".bias") or name.endswith("mlp.gate.weight"):  # routers too
                 p.normal_(0.0, 0.3)
     return m.to(default_device()).eval()
 
@@ -159,6 +160,10 @@ FAMILY_CASES = [
     ("qwen2", {}),  # q, k, v biases
     ("qwen2", dict(use_sliding_window=True, sliding_window=3, max_window_layers=1)),
     ("qwen3", dict(head_dim=32)),  # q and k normalized per head; head_dim != hidden / heads
+    ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2)),  # top-2 of 4, renormalized
+    # a sparse layer (top-2 of 4, not renormalized) and a dense one
+    ("qwen3_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                       mlp_only_layers=[1], norm_topk_prob=False, head_dim=16)),
 ]
 
 
@@ -168,9 +173,11 @@ def test_families_match_hf(kind, kw):
     ours = LlamaModel.from_hf(hf)
     extras = ours.layers[0].extras()
     assert (extras["qkv_bias"] is not None) == (kind == "qwen2")
-    assert (extras["q_norm"] is not None) == (kind == "qwen3")
+    assert (extras["q_norm"] is not None) == kind.startswith("qwen3")
+    assert [lw.moe is not None for lw in ours.layers] == {
+        "mixtral": [True, True], "qwen3_moe": [True, False]}.get(kind, [False, False])
     assert [lw.window for lw in ours.layers] == {
-        "mistral": [3, 3], "qwen2": [-1, 2] if kw else [-1, -1], "qwen3": [-1, -1]}[kind]
+        "mistral": [3, 3], "qwen2": [-1, 2] if kw else [-1, -1]}.get(kind, [-1, -1])
     # prefill and a decode step against HF's forward over the same tokens (windows bite:
     # prompts of up to 9 tokens)
     dev = default_device()
@@ -202,3 +209,13 @@ def test_from_hf_refuses_other_models():
     hf = _family("llama", mlp_bias=True)
     with pytest.raises(NotImplementedError, match="MLP"):
         LlamaModel.from_hf(hf)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind,kw", FAMILY_CASES)
+def test_families_cuda_graph_generation_equals_eager(kind, kw):
+    # every family's decode step (biases, per-head norms, windows, tkit.moe) captured in a
+    # CUDA graph and replayed gives the eager step's tokens
+    ours = LlamaModel.from_hf(_family(kind, seed=4, **kw).to(torch.bfloat16))
+    eager = ours.generate(PROMPTS, 10, page_size=4)
+    assert ours.generate(PROMPTS, 10, page_size=4, cuda_graph=True) == eager

@@ -36,13 +36,19 @@ def linear(x, w, **kw):
     return tkit.matmul(x, w.t(), allow_tf32=torch_tf32(), **kw)
 
 
-def layer_tail(o, x, w_o, w_post, w_gu, w_down, eps, o_bias=None):
+def layer_tail(o, x, w_o, w_post, w_gu, w_down, eps, o_bias=None, moe=None):
     """Everything after attention: the output projection with the residual ``x`` (and the
     projection's bias, where the model has one) in its epilogue, RMSNorm, gate/up with SwiGLU,
-    down with the residual. ``o`` (tokens, heads d)."""
+    down with the residual. ``o`` (tokens, heads d). ``moe``: a sparse MLP instead of
+    gate/up and down, (w_router (E, H), w_gate_up (E, 2I, H), w_down (E, H, I), top_k,
+    renormalize): the router's logits by a GEMM, ``tkit.moe``, the residual added."""
     h = linear(o, w_o, residual=x, bias=o_bias)
-    act = tkit.matmul_glu(tkit.rms_norm(h, w_post, eps), w_gu.t(),  # SwiGLU in the GEMM
-                          allow_tf32=torch_tf32())
+    y = tkit.rms_norm(h, w_post, eps)
+    if moe is not None:
+        w_router, w_gate_up, w_experts_down, top_k, renormalize = moe
+        return tkit.add(h, tkit.moe(y, linear(y, w_router), w_gate_up, w_experts_down, top_k,
+                                    renormalize=renormalize))
+    act = tkit.matmul_glu(y, w_gu.t(), allow_tf32=torch_tf32())  # SwiGLU in the GEMM
     return linear(act, w_down, residual=h)
 
 
@@ -81,7 +87,7 @@ def llama_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, *, heads, kv_heads, e
 def llama_decode_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cache, cos_sin, *,
                        positions, slot_mapping, cache_seqlens, block_table=None, heads,
                        kv_heads, eps=EPS, qkv_bias=None, o_bias=None, q_norm=None,
-                       k_norm=None, window=-1):
+                       k_norm=None, window=-1, moe=None):
     """One decode step of a layer from tkit ops.
 
     ``x`` (batch, hidden) holds one new token of each sequence, at ``positions`` (batch,). The
@@ -99,7 +105,8 @@ def llama_decode_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cac
     The Llama family's variations: ``qkv_bias`` ((heads + 2 kv_heads) head_dim,: Qwen2) and
     ``o_bias`` in the projections' epilogues, ``q_norm`` / ``k_norm`` (head_dim,: Qwen3's
     RMSNorm of each head before RoPE), ``window`` (a sliding-window layer sees its last
-    ``window`` + 1 positions: Mistral, Qwen2's sliding layers; -1 all)."""
+    ``window`` + 1 positions: Mistral, Qwen2's sliding layers; -1 all), ``moe`` (a sparse MLP,
+    as :func:`layer_tail` takes it: Mixtral, Qwen3-MoE; ``w_gu`` and ``w_down`` unused)."""
     b = x.shape[0]
     q, k, v = qkv_heads(x, w_in, w_qkv, heads=heads, kv_heads=kv_heads, eps=eps,
                         qkv_bias=qkv_bias, q_norm=q_norm, k_norm=k_norm)
@@ -107,4 +114,4 @@ def llama_decode_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cac
     tkit.rope_append_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)
     o = tkit.decode_attention(q.view(b, 1, heads, d), k_cache, v_cache, cache_seqlens,
                               block_table=block_table, window_size=window_size(window))
-    return layer_tail(o.view(b, heads * d), x, w_o, w_post, w_gu, w_down, eps, o_bias)
+    return layer_tail(o.view(b, heads * d), x, w_o, w_post, w_gu, w_down, eps, o_bias, moe)

@@ -9,9 +9,10 @@ captured once for the batch. Positions, slots, lengths and the block table are c
 the host a step and copied in; the kernels read them on the device, never the host.
 
 Weights come from a Hugging Face model of the Llama family (:meth:`LlamaModel.from_hf`:
-Llama, Mistral, Qwen2, Qwen3): q, k, v and gate, up fused into one weight each (one GEMM
-each; Qwen2's q, k, v biases fused likewise, in the GEMM's epilogue), Qwen3's per-head
-RMSNorm of q and k, sliding-window layers (Mistral's, Qwen2's ``layer_types``), RoPE's table
+Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE): q, k, v and gate, up fused into one weight
+each (one GEMM each; Qwen2's q, k, v biases fused likewise, in the GEMM's epilogue), Qwen3's
+per-head RMSNorm of q and k, sliding-window layers (Mistral's, Qwen2's ``layer_types``),
+sparse MoE MLPs (the router's GEMM and ``tkit.moe``), RoPE's table
 from the config's ``rope_parameters`` (or ``rope_theta`` / ``rope_scaling``) by
 ``tkit.rope_cache``.
 """
@@ -27,7 +28,7 @@ import tkit
 from tkit.models.llama import layer_tail, linear, llama_decode_layer, qkv_heads, window_size
 
 #: ``config.model_type`` values :meth:`LlamaModel.from_hf` takes
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
 
 
 @dataclass
@@ -35,19 +36,22 @@ class LayerWeights:
     """One layer's weights in nn.Linear's (out, in) layout: RMSNorm, [q; k; v], o, RMSNorm,
     [gate; up], down; and the family's extras: the [q; k; v] and o biases (Qwen2: q, k, v),
     q's and k's per-head RMSNorm weights (Qwen3), the sliding window (keys back a query
-    sees besides itself; -1: all)."""
+    sees besides itself; -1: all), a sparse MLP instead of [gate; up] and down (Mixtral,
+    Qwen3-MoE: ``moe`` = (router (E, H), experts' [gate; up] (E, 2I, H), experts' down
+    (E, H, I), top_k, renormalize); ``w_gu`` and ``w_down`` None)."""
 
     w_in: torch.Tensor
     w_qkv: torch.Tensor
     w_o: torch.Tensor
     w_post: torch.Tensor
-    w_gu: torch.Tensor
-    w_down: torch.Tensor
+    w_gu: torch.Tensor | None
+    w_down: torch.Tensor | None
     b_qkv: torch.Tensor | None = None
     b_o: torch.Tensor | None = None
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
     window: int = -1
+    moe: tuple | None = None
 
     def as_args(self) -> tuple:
         return (self.w_in, self.w_qkv, self.w_o, self.w_post, self.w_gu, self.w_down)
@@ -55,7 +59,27 @@ class LayerWeights:
     def extras(self) -> dict:
         """:func:`tkit.models.llama.llama_decode_layer`'s keywords for the extras."""
         return dict(qkv_bias=self.b_qkv, o_bias=self.b_o, q_norm=self.q_norm,
-                    k_norm=self.k_norm, window=self.window)
+                    k_norm=self.k_norm, window=self.window, moe=self.moe)
+
+
+def _sparse_mlp(m, cfg) -> tuple | None:
+    """A transformers sparse MoE block's weights as :func:`tkit.models.llama.layer_tail`'s
+    ``moe`` (router, experts' [gate; up] and down, top_k, renormalize), or None for a dense
+    MLP. Experts laid out otherwise (biases, transposed or separate gate and up, a custom
+    gate) are refused: ``tkit.models.hf.apply_tkit_experts`` serves those models in HF."""
+    gate, experts = getattr(m, "gate", None), getattr(m, "experts", None)
+    if experts is None or not hasattr(experts, "gate_up_proj"):
+        return None
+    if (not getattr(experts, "has_gate", True) or getattr(experts, "has_bias", False)
+            or getattr(experts, "is_transposed", False)
+            or not getattr(experts, "is_concatenated", True)
+            or getattr(gate, "weight", None) is None or getattr(gate, "bias", None) is not None):
+        raise NotImplementedError("experts other than [gate; up] (E, 2I, H) and down (E, H, I) "
+                                  "with a bias-free linear router")
+    top_k = getattr(gate, "top_k", None) or cfg.num_experts_per_tok
+    renormalize = bool(getattr(gate, "norm_topk_prob", getattr(cfg, "norm_topk_prob", True)))
+    return (gate.weight.detach(), experts.gate_up_proj.detach(), experts.down_proj.detach(),
+            int(top_k), renormalize)
 
 
 class PagedKVCache:
@@ -133,8 +157,9 @@ class LlamaModel:
         layers = []
         for i, layer in enumerate(model.model.layers):
             a, m = layer.self_attn, layer.mlp
-            if any(getattr(p, "bias", None) is not None
-                   for p in (m.gate_proj, m.up_proj, m.down_proj)):
+            moe = _sparse_mlp(m, cfg)
+            if moe is None and any(getattr(p, "bias", None) is not None
+                                   for p in (m.gate_proj, m.up_proj, m.down_proj)):
                 raise NotImplementedError("biases in the MLP's projections")
             biases = [getattr(p, "bias", None) for p in (a.q_proj, a.k_proj, a.v_proj)]
             if any(b is None for b in biases) and any(b is not None for b in biases):
@@ -146,13 +171,13 @@ class LlamaModel:
                 layer.input_layernorm.weight.detach(),
                 torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(),
                 a.o_proj.weight.detach(), layer.post_attention_layernorm.weight.detach(),
-                torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach(),
-                m.down_proj.weight.detach(),
+                None if moe else torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach(),
+                None if moe else m.down_proj.weight.detach(),
                 b_qkv=None if biases[0] is None else torch.cat(biases).detach(),
                 b_o=None if a.o_proj.bias is None else a.o_proj.bias.detach(),
                 q_norm=None if norms[0] is None else norms[0].detach(),
                 k_norm=None if norms[1] is None else norms[1].detach(),
-                window=int(sliding) - 1 if slides else -1))
+                window=int(sliding) - 1 if slides else -1, moe=moe))
         params = dict(getattr(cfg, "rope_parameters", None) or {})
         base = params.pop("rope_theta", getattr(cfg, "rope_theta", 10000.0))
         if not params:
@@ -205,7 +230,7 @@ class LlamaModel:
             o = tkit.flash_attention_varlen(q, k, v, cu_dev, cu_dev, max(lens), max(lens),
                                             causal=True, window_size=window_size(lw.window))
             x = layer_tail(o.view(t, h * d), x, lw.w_o, lw.w_post, lw.w_gu, lw.w_down,
-                           self.eps, lw.b_o)
+                           self.eps, lw.b_o, lw.moe)
         return self._logits(x[cu[1:].long().to(dev) - 1])
 
     def decode(self, cache: PagedKVCache, tokens, positions, slot_mapping, cache_seqlens,
