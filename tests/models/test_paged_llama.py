@@ -132,6 +132,8 @@ def test_cuda_graph_generation_equals_eager():
     assert ours.generate(PROMPTS, 12, page_size=16, cuda_graph=True) == eager
     sampled = ours.generate(PROMPTS, 8, temperature=0.8, top_k=20, seed=5, cuda_graph=True)
     assert ours.generate(PROMPTS, 8, temperature=0.8, top_k=20, seed=5) == sampled
+    fp8 = dict(page_size=16, kv_dtype=torch.float8_e4m3fn)
+    assert ours.generate(PROMPTS, 12, cuda_graph=True, **fp8) == ours.generate(PROMPTS, 12, **fp8)
 
 
 def _family(kind, seed=0, **kw):
@@ -219,3 +221,47 @@ def test_families_cuda_graph_generation_equals_eager(kind, kw):
     ours = LlamaModel.from_hf(_family(kind, seed=4, **kw).to(torch.bfloat16))
     eager = ours.generate(PROMPTS, 10, page_size=4)
     assert ours.generate(PROMPTS, 10, page_size=4, cuda_graph=True) == eager
+
+
+def test_fp8_cache_decode_reads_its_pages():
+    # with an fp8 cache, prefill and decode write k and v quantized per token and head, and
+    # the decode step attends over them dequantized: the same step over a float32 copy of the
+    # dequantized pages (k8 * scale; its own write skipped: slot -1) gives the same logits,
+    # and both stay near the float32 cache's (fp8's rounding of k and v moves them a little)
+    hf = _hf(seed=5)
+    ours = LlamaModel.from_hf(hf)
+    dev = default_device()
+    caches = {kv: ours.new_cache(num_blocks=16, page_size=4, kv_dtype=kv)
+              for kv in (torch.float8_e4m3fn, None)}
+    logits = {kv: ours.prefill(c, [0, 1, 2], PROMPTS) for kv, c in caches.items()}
+    torch.testing.assert_close(logits[None], logits[torch.float8_e4m3fn])  # prefill: fresh k, v
+    c8 = caches[torch.float8_e4m3fn]
+    assert c8.k[0].dtype == torch.float8_e4m3fn and c8.k_scale[0].shape == c8.k[0].shape[:3]
+    for i in range(len(ours.layers)):  # each written token's scales: amax / 448
+        for s, p in enumerate(PROMPTS):
+            pos = torch.arange(len(p))
+            rows = torch.tensor(c8.blocks[s])[pos // 4] * 4 + pos % 4
+            assert (c8.k_scale[i].view(-1, 2)[rows] != 1).all()
+            assert (c8.v_scale[i].view(-1, 2)[rows] != 1).all()
+    nxt = logits[None].argmax(-1)
+    lens = [len(p) for p in PROMPTS]
+
+    def step(c, write=True):
+        for s in range(3):
+            c.reserve(s, lens[s] + 1)
+        slots = [c.slot(s, lens[s]) if write else -1 for s in range(3)]
+        return ours.decode(c, nxt, torch.tensor(lens, device=dev),
+                           torch.tensor(slots, device=dev),
+                           torch.tensor([n + 1 for n in lens], dtype=torch.int32, device=dev),
+                           c.table([0, 1, 2]).to(dev))
+
+    fp8, full = step(c8), step(caches[None])
+    deq = ours.new_cache(num_blocks=16, page_size=4)
+    deq.blocks = {s: list(b) for s, b in c8.blocks.items()}
+    for i in range(len(ours.layers)):
+        deq.k[i].copy_(c8.k[i].float() * c8.k_scale[i][..., None])
+        deq.v[i].copy_(c8.v[i].float() * c8.v_scale[i][..., None])
+    torch.testing.assert_close(fp8, step(deq, write=False), atol=1e-5, rtol=1e-5)
+    assert 0 < (fp8 - full).abs().max() < 0.05 * full.abs().max()
+    with pytest.raises(ValueError, match="kv_dtype"):
+        ours.new_cache(4, kv_dtype=torch.float16)

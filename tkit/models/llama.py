@@ -87,7 +87,7 @@ def llama_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, *, heads, kv_heads, e
 def llama_decode_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cache, cos_sin, *,
                        positions, slot_mapping, cache_seqlens, block_table=None, heads,
                        kv_heads, eps=EPS, qkv_bias=None, o_bias=None, q_norm=None,
-                       k_norm=None, window=-1, moe=None):
+                       k_norm=None, window=-1, moe=None, k_scale=None, v_scale=None):
     """One decode step of a layer from tkit ops.
 
     ``x`` (batch, hidden) holds one new token of each sequence, at ``positions`` (batch,). The
@@ -106,12 +106,15 @@ def llama_decode_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cac
     ``o_bias`` in the projections' epilogues, ``q_norm`` / ``k_norm`` (head_dim,: Qwen3's
     RMSNorm of each head before RoPE), ``window`` (a sliding-window layer sees its last
     ``window`` + 1 positions: Mistral, Qwen2's sliding layers; -1 all), ``moe`` (a sparse MLP,
-    as :func:`layer_tail` takes it: Mixtral, Qwen3-MoE; ``w_gu`` and ``w_down`` unused)."""
+    as :func:`layer_tail` takes it: Mixtral, Qwen3-MoE; ``w_gu`` and ``w_down`` unused).
+    ``k_scale``, ``v_scale``: an fp8 cache's scales (``tkit.append_kv``'s forms)."""
     b = x.shape[0]
     q, k, v = qkv_heads(x, w_in, w_qkv, heads=heads, kv_heads=kv_heads, eps=eps,
                         qkv_bias=qkv_bias, q_norm=q_norm, k_norm=k_norm)
     d = q.shape[-1]
-    tkit.rope_append_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)
+    tkit.rope_append_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping,
+                        k_scale=k_scale, v_scale=v_scale)
     o = tkit.decode_attention(q.view(b, 1, heads, d), k_cache, v_cache, cache_seqlens,
-                              block_table=block_table, window_size=window_size(window))
+                              block_table=block_table, window_size=window_size(window),
+                              k_scale=k_scale, v_scale=v_scale)
     return layer_tail(o.view(b, heads * d), x, w_o, w_post, w_gu, w_down, eps, o_bias, moe)

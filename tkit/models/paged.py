@@ -84,7 +84,10 @@ def _sparse_mlp(m, cfg) -> tuple | None:
 
 class PagedKVCache:
     """K and V pages for every layer, (num_blocks, page_size, kv_heads, head_dim) each, and
-    the pages each sequence holds (allocated as it grows, from a free list)."""
+    the pages each sequence holds (allocated as it grows, from a free list). A float8_e4m3fn
+    cache keeps a float32 scale per token and head beside each page (``k_scale``,
+    ``v_scale``: (num_blocks, page_size, kv_heads) a layer), written with the values by
+    ``tkit.rope_append_kv`` and read by ``tkit.decode_attention``; other caches have None."""
 
     def __init__(self, layers: int, num_blocks: int, page_size: int, kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device):
@@ -95,6 +98,11 @@ class PagedKVCache:
         shape = (num_blocks, page_size, kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        fp8 = dtype == torch.float8_e4m3fn
+        self.k_scale = [torch.ones(shape[:3], device=device) if fp8 else None
+                        for _ in range(layers)]
+        self.v_scale = [torch.ones(shape[:3], device=device) if fp8 else None
+                        for _ in range(layers)]
         self.page_size = page_size
         self.free = list(range(num_blocks - 1, -1, -1))
         self.blocks: dict[int, list[int]] = {}
@@ -192,9 +200,15 @@ class LlamaModel:
                    heads=heads, kv_heads=kv_heads, eps=cfg.rms_norm_eps, cos_sin=cos_sin)
 
     # ---- the two kinds of step ----------------------------------------------------------------
-    def new_cache(self, num_blocks: int, page_size: int = 16) -> PagedKVCache:
+    def new_cache(self, num_blocks: int, page_size: int = 16,
+                  kv_dtype: torch.dtype | None = None) -> PagedKVCache:
+        """A cache of ``num_blocks`` pages a layer in the model's dtype, or ``kv_dtype``
+        float8_e4m3fn (half the bytes a decode step reads: per-token-head scales)."""
+        if kv_dtype not in (None, self.embed.dtype, torch.float8_e4m3fn):
+            raise ValueError(f"kv_dtype must be the model's {self.embed.dtype} or "
+                             f"torch.float8_e4m3fn, got {kv_dtype}")
         return PagedKVCache(len(self.layers), num_blocks, page_size, self.kv_heads,
-                            self.head_dim, self.embed.dtype, self.embed.device)
+                            self.head_dim, kv_dtype or self.embed.dtype, self.embed.device)
 
     def _logits(self, x):
         return linear(tkit.rms_norm(x, self.norm, self.eps), self.lm_head)
@@ -226,7 +240,8 @@ class LlamaModel:
             q, k, v = qkv_heads(x, lw.w_in, lw.w_qkv, heads=h, kv_heads=self.kv_heads,
                                 eps=self.eps, qkv_bias=lw.b_qkv, q_norm=lw.q_norm,
                                 k_norm=lw.k_norm)
-            tkit.rope_append_kv(q, k, v, positions, self.cos_sin, cache.k[i], cache.v[i], slots)
+            tkit.rope_append_kv(q, k, v, positions, self.cos_sin, cache.k[i], cache.v[i], slots,
+                                k_scale=cache.k_scale[i], v_scale=cache.v_scale[i])
             o = tkit.flash_attention_varlen(q, k, v, cu_dev, cu_dev, max(lens), max(lens),
                                             causal=True, window_size=window_size(lw.window))
             x = layer_tail(o.view(t, h * d), x, lw.w_o, lw.w_post, lw.w_gu, lw.w_down,
@@ -244,21 +259,24 @@ class LlamaModel:
                                    positions=positions, slot_mapping=slot_mapping,
                                    cache_seqlens=cache_seqlens, block_table=block_table,
                                    heads=self.heads, kv_heads=self.kv_heads, eps=self.eps,
+                                   k_scale=cache.k_scale[i], v_scale=cache.v_scale[i],
                                    **lw.extras())
         return self._logits(x)
 
     # ---- generation ----------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int, *, page_size: int = 16,
+                 kv_dtype: torch.dtype | None = None,
                  num_blocks: int | None = None, temperature: float = 0.0, top_k=None,
                  top_p=None, seed: int | None = None, cuda_graph: bool = False):
         """``max_new_tokens`` tokens for each prompt (no stop token): the prompts prefilled
         together, then decode steps of the whole batch. ``temperature`` 0 is greedy; with
         ``cuda_graph`` (CUDA only) the decode step is captured once for this batch and
-        replayed. Returns the new tokens of each prompt."""
+        replayed; ``kv_dtype`` as :meth:`new_cache`'s. Returns the new tokens of each
+        prompt."""
         b = len(prompts)
         longest = max(len(p) for p in prompts) + max_new_tokens
         width = -(-longest // page_size)
-        cache = self.new_cache(num_blocks or b * width, page_size)
+        cache = self.new_cache(num_blocks or b * width, page_size, kv_dtype)
         seqs = list(range(b))
         dev = self.embed.device
         opts = dict(temperature=temperature, top_k=top_k, top_p=top_p)
