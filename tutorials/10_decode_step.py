@@ -7,8 +7,9 @@
 # projection, then the LM head and a sampler. This chapter predicts the time of that step from
 # the bytes it must move, counts what the host adds (each launch costs microseconds of Python
 # and driver work, and a step makes hundreds), shows how a paged KV cache is addressed, works
-# out what a mixture of experts reads at a given batch, and on a GPU measures a step of
-# tkit's paged Llama (``tkit.models.paged``) eager and replayed from a CUDA graph.
+# out what a mixture of experts reads at a given batch and what an fp8 KV cache saves, and on a
+# GPU measures a step of tkit's paged Llama (``tkit.models.paged``) eager and replayed from a
+# CUDA graph, over a 16-bit and an fp8 cache.
 #
 # Run it: `python tutorials/10_decode_step.py`; `pytest tutorials/10_decode_step.py` checks
 # every claim on any machine (kernels in Triton's interpreter without a GPU).
@@ -185,18 +186,82 @@ def test_expected_experts_read():
 
 
 # %% [markdown]
-# ## 5. Measured (GPU)
+# ## 5. An fp8 KV cache
+#
+# Past the batch where the cache outweighs the weights (section 1), the step is the cache's
+# bytes. Stored as float8_e4m3fn with a float32 scale per token and head (vLLM's and
+# FlashInfer's layout; ``tkit.rope_append_kv`` computes each scale as amax / 448 while it
+# writes, ``tkit.decode_attention`` dequantizes in registers), a token costs
+# 2 x layers x kv_heads x (head_dim + 4) bytes instead of 2 x layers x kv_heads x head_dim x 2:
+# 66 KB instead of 128 KB for Llama-3-8B. The floor of a step then falls by up to
+# 128 / 66 = 1.94x at long contexts, and by little at B = 1 where the weights dominate:
+# ``LlamaModel.new_cache(..., kv_dtype=torch.float8_e4m3fn)`` (or ``generate(...,
+# kv_dtype=...)``) is worth it for large batches and long contexts. The check below also
+# runs a tiny model's decode step over an fp8 cache and over its pages dequantized: the
+# kernels read exactly what was stored.
+
+# %%
+def kv_bytes_per_token(fp8: bool, cfg=LLAMA3_8B, layers=LAYERS) -> int:
+    hk, d = cfg["kv_heads"], cfg["head_dim"]
+    return 2 * layers * hk * ((d + 4) if fp8 else 2 * d)
+
+
+def fp8_floor_ratio(batch: int, context: int) -> float:
+    """The bf16 cache's step floor over the fp8 cache's."""
+    w = llama_bytes()["weights"]
+    return ((w + batch * context * kv_bytes_per_token(False))
+            / (w + batch * context * kv_bytes_per_token(True)))
+
+
+def test_fp8_cache_floor():
+    assert kv_bytes_per_token(False) == 128 * 1024
+    assert kv_bytes_per_token(True) == 66 * 1024
+    assert fp8_floor_ratio(1, 4096) < 1.02  # the weights dominate
+    assert 1.3 < fp8_floor_ratio(32, 4096) < 1.4
+    assert 1.75 < fp8_floor_ratio(64, 32768) < 1.94
+
+
+def test_fp8_cache_step_reads_what_was_stored():
+    import transformers
+
+    from tkit.models.paged import LlamaModel
+
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2)).to(DEVICE)
+    model = LlamaModel.from_hf(hf)
+    cache = model.new_cache(num_blocks=4, page_size=4, kv_dtype=torch.float8_e4m3fn)
+    model.prefill(cache, [0], [[3, 1, 4, 1, 5, 9]])
+    cache.reserve(0, 7)
+    inputs = dict(positions=torch.tensor([6]), cache_seqlens=torch.tensor([7], dtype=torch.int32),
+                  block_table=cache.table([0]))
+    inputs = {k: v.to(DEVICE) for k, v in inputs.items()}
+    tok = torch.tensor([2], device=DEVICE)
+    fp8 = model.decode(cache, tok, slot_mapping=torch.tensor([cache.slot(0, 6)], device=DEVICE),
+                       **inputs)
+    deq = model.new_cache(num_blocks=4, page_size=4)
+    deq.blocks = cache.blocks
+    deq.k[0].copy_(cache.k[0].float() * cache.k_scale[0][..., None])
+    deq.v[0].copy_(cache.v[0].float() * cache.v_scale[0][..., None])
+    again = model.decode(deq, tok, slot_mapping=torch.tensor([-1], device=DEVICE), **inputs)
+    torch.testing.assert_close(fp8, again, atol=1e-5, rtol=1e-5)
+
+
+# %% [markdown]
+# ## 6. Measured (GPU)
 #
 # A stack of Llama-3-8B-sized layers (random weights) decoding a batch over the paged cache:
 # the step eager, and replayed from its CUDA graph, against the byte floor of section 1 for
-# those layers. The eager step pays the host's launches; the graph's replay is the GPU's time.
+# those layers; then the graph's replay over an fp8 cache against section 5's floor. The eager
+# step pays the host's launches; the graph's replay is the GPU's time.
 
 # %%
 def measure(layers=4, batch=8, context=1024):
-    """(name, ms a step, floor ms) rows for a ``layers``-layer stack."""
+    """(name, ms a step, floor ms) rows for a ``layers``-layer stack: the 16-bit cache eager
+    and from its graph, the fp8 cache from its graph."""
     import transformers
 
-    from tkit.bench.latency import wall_per_call_ms
     from tkit.models.paged import LlamaModel
 
     c = LLAMA3_8B
@@ -209,11 +274,29 @@ def measure(layers=4, batch=8, context=1024):
         hf = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     model = LlamaModel.from_hf(hf)
     del hf
-    prompts = [[1] * context for _ in range(batch)]
-    cache = model.new_cache(num_blocks=batch * (context // 16 + 1), page_size=16)
+    rows = []
+    b = llama_bytes(layers=layers)
+    for kv_dtype in (None, torch.float8_e4m3fn):
+        eager, graph = _time_steps(model, batch, context, kv_dtype, eager=kv_dtype is None)
+        kv = kv_bytes_per_token(kv_dtype is not None, layers=layers)
+        floor = (b["weights"] + batch * (context + 1) * kv) / (HBM_TBPS * 1e9)
+        if kv_dtype is None:
+            rows += [("eager step", eager, floor), ("CUDA graph replay", graph, floor)]
+        else:
+            rows.append(("fp8 cache, graph replay", graph, floor))
+    return rows
+
+
+def _time_steps(model, batch, context, kv_dtype, eager=True):
+    """(eager ms or None, graph replay ms) of a decode step of ``batch`` prompts of
+    ``context`` tokens over a new cache of ``kv_dtype``."""
+    from tkit.bench.latency import wall_per_call_ms
+
     seqs = list(range(batch))
+    cache = model.new_cache(num_blocks=batch * (context // 16 + 1), page_size=16,
+                            kv_dtype=kv_dtype)
     with torch.no_grad():
-        tok = model.prefill(cache, seqs, prompts).argmax(-1)
+        tok = model.prefill(cache, seqs, [[1] * context for _ in seqs]).argmax(-1)
         for s in seqs:
             cache.reserve(s, context + 1)
         host = dict(positions=torch.full((batch,), context),
@@ -221,12 +304,10 @@ def measure(layers=4, batch=8, context=1024):
                     cache_seqlens=torch.full((batch,), context + 1, dtype=torch.int32),
                     block_table=cache.table(seqs))
         dev = {k: v.to(DEVICE) for k, v in host.items()}
-        eager = wall_per_call_ms(lambda: model.decode(cache, tok, **dev), 20, 5)[0]
+        t_eager = (wall_per_call_ms(lambda: model.decode(cache, tok, **dev), 20, 5)[0]
+                   if eager else None)
         step = model.capture_step(cache, tok, host)
-        graph = wall_per_call_ms(lambda: step(tok, host), 20, 5)[0]
-    b = llama_bytes(layers=layers)
-    floor = (b["weights"] + batch * (context + 1) * b["kv_per_token"]) / (HBM_TBPS * 1e9)
-    return [("eager step", eager, floor), ("CUDA graph replay", graph, floor)]
+        return t_eager, wall_per_call_ms(lambda: step(tok, host), 20, 5)[0]
 
 
 @pytest.mark.gpu
@@ -248,8 +329,11 @@ if __name__ == "__main__":
     for batch in (1, 8, 32, 64):
         print(f"Qwen3-30B-A3B experts read at B={batch}: {experts_read(128, 8, batch):.0f} "
               "of 128")
+    for batch, ctx in ((1, 4096), (32, 4096), (64, 32768)):
+        print(f"B={batch:3d} L={ctx:5d}: the bf16 cache's floor / the fp8 cache's = "
+              f"{fp8_floor_ratio(batch, ctx):.2f}")
     if torch.cuda.is_available():
         for name, ms, floor in measure():
             print(f"{name:20s} {ms:7.3f} ms a step (floor {floor:.3f} ms)")
     else:
-        print("the measurement (section 5) needs a CUDA GPU: skipped")
+        print("the measurement (section 6) needs a CUDA GPU: skipped")
