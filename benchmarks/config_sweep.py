@@ -1601,7 +1601,9 @@ def _attention_forward_case(rows, B, S, hq, hk, d, causal, every=False, extra=No
 ATTENTION_SM90_BUILDS = {"cuda": {}, "cuda no overlap": dict(intra_overlap=False),
                          "cuda pingpong": dict(pingpong=True), "cuda s3": dict(stages=3)}
 ATTENTION_SM90_CASES = [(4, 4096, 16, 16, 128, False), (4, 4096, 16, 16, 128, True),
-                        (4, 4096, 16, 16, 64, True), (4, 4096, 32, 8, 128, True),
+                        (4, 4096, 16, 16, 64, True), (4, 4096, 16, 16, 64, False),
+                        (4, 4096, 16, 16, 256, False), (4, 4096, 16, 16, 256, True),
+                        (4, 4096, 32, 8, 128, True),
                         (1, 16384, 16, 16, 128, True), (16, 1024, 16, 16, 128, True)]
 
 

@@ -143,7 +143,8 @@ def test_config():
 @pytest.mark.parametrize("opts", [CA.config(128, torch.bfloat16)["options"],
                                   CA.config(64, torch.float16)["options"],
                                   CA.config(128, torch.bfloat16, intra_overlap=False)["options"],
-                                  CA.config(128, torch.bfloat16, pingpong=True)["options"]])
+                                  CA.config(128, torch.bfloat16, pingpong=True)["options"],
+                                  CA.config(256, torch.bfloat16)["options"]])
 def test_build_has_no_spills_and_overlaps(opts, tmp_path):
     # the consumers' registers (o, s and P: 160 at head_dim 128) fit without local memory,
     # and the overlapped build keeps one wgmma group in flight (wait_group 1) while the
@@ -152,7 +153,11 @@ def test_build_has_no_spills_and_overlaps(opts, tmp_path):
     assert "0 bytes spill stores" in usage, usage
     sass = _loader.sass(_loader.compile_cubin(CA.SOURCE, "90a", opts, cache_dir=tmp_path))
     assert "LDL" not in sass and "STL" not in sass
-    assert "HGMMA.64x128x16.F32" in sass and "UTMALDG.4D" in sass
+    # S over 128 keys a block (80 at head_dim 256), P V over the head dim
+    n = 80 if "-DHEAD_DIM=256" in opts else 128
+    d = int(opts[0].split("=")[1])
+    assert f"HGMMA.64x{n}x16.F32" in sass and f"HGMMA.64x{d}x16.F32" in sass
+    assert "UTMALDG.4D" in sass
     overlapped = "-DINTRA_OVERLAP=0" not in opts
     assert ("WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass) == overlapped
 

@@ -23,7 +23,7 @@ Public entry points:
   (``tkit.kernels.matmul.int4.backend`` says which kernel a call gets).
 * :mod:`tkit.cuda_ext.attention`: a FlashAttention-3-style forward (TMA rings for K and V,
   two consumer warpgroups, the softmax of a key block overlapped with the previous block's
-  P @ V wgmma), opt-in through ``flash_attention_sm90`` (bf16/fp16, head_dim 64 or 128).
+  P @ V wgmma), opt-in through ``flash_attention_sm90`` (bf16/fp16, head_dim 64, 128 or 256).
 * :func:`status`: a dict (printed readably) of every op's path; ``tkit info`` prints it.
 * :func:`cute_layouts`: the CuTe printout of the tiled-MMA layouts (host program; tutorial 06b).
 * :func:`compile_cubin`, :func:`sass`, :func:`resource_usage`: nvcc ahead of time, no GPU

@@ -8,8 +8,9 @@ in registers), which a Triton program cannot schedule. The Triton/Gluon forward
 (:func:`flash_attention_sm90`, the ``flash_attention_sm90`` spec) until the H200 measures it
 ahead.
 
-Scope: forward only; bf16 or fp16; head_dim 64 or 128; GQA/MQA; causal (bottom-right aligned)
-or not; no window, softcap or varlen (:func:`unavailable_reason` names what a call lacks).
+Scope: forward only; bf16 or fp16; head_dim 64, 128 or 256 (blocks of 128 keys, 80 at 256);
+GQA/MQA; causal (bottom-right aligned) or not; no window, softcap or varlen
+(:func:`unavailable_reason` names what a call lacks).
 
 Cost: as ``tkit.flash_attention``'s (4 * batch * heads * seq_q * seq_k * head_dim flops,
 halved by a causal mask over a square; Q, K, V and O read or written once).
@@ -30,10 +31,16 @@ from tkit.kernels import _common
 
 SOURCE = "attn_fwd_sm90.cu"
 KERNEL = "attn_fwd_sm90"
-#: query rows a CTA (two consumer warpgroups of 64) and keys a block
-BM = BN = 128
+#: query rows a CTA (two consumer warpgroups of 64)
+BM = 128
 THREADS = 384
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
+
+
+def block_n(head_dim: int) -> int:
+    """Keys a block: 128, or 80 at head_dim 256 (registers: o is 128 a thread there)."""
+    return 80 if head_dim == 256 else 128
+
 DTYPES = (torch.bfloat16, torch.float16)
 #: the source's defaults (a build with no -D options): K and V rings of 2 slots each, the
 #: softmax overlapped with the previous block's P @ V, the two consumers not taking turns
@@ -60,9 +67,9 @@ def config(head_dim: int, dtype: torch.dtype, *, stages: int | None = None,
     if not isinstance(cfg["stages"], int) or isinstance(cfg["stages"], bool) \
             or cfg["stages"] < 1:
         raise ValueError(f"stages must be a positive int, got {cfg['stages']!r}")
-    tile = 128 * head_dim * 2  # a 128-row tile of 16-bit values
+    q_tile, kv_tile = BM * head_dim * 2, block_n(head_dim) * head_dim * 2  # 16-bit values
     # 1024-byte alignment slack, Q, the K and V rings, the mbarriers
-    smem = 1024 + tile * (1 + 2 * cfg["stages"]) + 8 * (1 + 4 * cfg["stages"])
+    smem = 1024 + q_tile + 2 * cfg["stages"] * kv_tile + 8 * (1 + 4 * cfg["stages"])
     if smem > _SMEM_LIMIT:
         raise ValueError(f"{cfg['stages']} stages at head_dim {head_dim} need {smem} bytes of "
                          f"shared memory, more than a block's {_SMEM_LIMIT}")
@@ -172,7 +179,8 @@ def flash_attention_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             raise RuntimeError(f"the CUDA attention kernel is off on this machine: {why}")
     dev = q.device.index or 0
     func = _loader.nvcc_kernel(SOURCE, KERNEL, cfg["options"], dev)
-    maps = tuple(_map(t) for t in (q, k, v))
+    bn = block_n(d)
+    maps = (_map(q, BM), _map(k, bn), _map(v, bn))
     so = out.stride()
     with torch.cuda.device(q.device):
         _loader.launch(func, (_common.cdiv(sq, BM), hq, b), (THREADS,), (
@@ -182,11 +190,12 @@ def flash_attention_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     return out, lse
 
 
-def _map(t: torch.Tensor):
+def _map(t: torch.Tensor, rows: int):
     """(batch, seq, heads, head_dim) as the 4-d tensor (head_dim, seq, heads, batch) with its
-    own strides, boxes of 64 columns x 128 rows of one head (128-byte swizzle)."""
+    own strides, boxes of 64 columns x ``rows`` rows of one head (128-byte swizzle)."""
     b, s, h, d = t.shape
-    return tensor_map(t, (d, s, h, b), (t.stride(1), t.stride(2), t.stride(0)), (64, 128, 1, 1))
+    return tensor_map(t, (d, s, h, b), (t.stride(1), t.stride(2), t.stride(0)),
+                      (64, rows, 1, 1))
 
 
 _SELFTEST_CODE = """

@@ -134,8 +134,10 @@ def _attention_cases(big: bool):
         return [SA._case(4, 4096, 4096, 16, 16, 128), SA._case(4, 4096, 4096, 16, 16, 128,
                                                                causal=True),
                 SA._case(4, 4096, 4096, 16, 16, 64, causal=True),
+                SA._case(4, 4096, 4096, 16, 16, 256, causal=True),
                 SA._case(4, 4096, 4096, 32, 8, 128, causal=True, group="gqa")]
     return [SA._case(2, 300, 300, 4, 2, 128), SA._case(1, 129, 257, 2, 1, 64, causal=True),
+            SA._case(1, 170, 250, 2, 2, 256, causal=True),
             SA._case(1, 200, 70, 2, 2, 128, torch.float16, causal=True)]
 
 
@@ -149,7 +151,8 @@ def _attention_sm90(q, k, v, *, causal=False, softmax_scale=None, return_lse=Fal
 def _fuzz_attention():
     from tkit.specs import attention as SA
 
-    return dict(shapes=SA.attention_shapes(head_dims=(64, 128)), dtypes=(BF16, torch.float16),
+    return dict(shapes=SA.attention_shapes(head_dims=(64, 128, 256)),
+                dtypes=(BF16, torch.float16),
                 layouts=("contiguous",),
                 kwargs=st.fixed_dictionaries({"causal": st.booleans(),
                                               "return_lse": st.booleans()}))
@@ -173,7 +176,7 @@ def _attention_spec():
                    "sdpa_cudnn": SA._sdpa("CUDNN_ATTENTION")},
         bound="compute", no_check_reason=GPU_ONLY,
         doc="attention forward, FlashAttention-3 style: TMA rings, two consumer warpgroups, "
-            "the softmax overlapped with the previous block's P V wgmma (sm_90a; D 64/128)")
+            "the softmax overlapped with the previous block's P V wgmma (sm_90a; D 64/128/256)")
 
 
 SPECS = [_sgemm_spec(step) for step in cuda_ext.SGEMM_STEPS] + [_attention_spec()] + [

@@ -8,7 +8,8 @@
 // row goes to LSE (batch, heads, seq_q) float32. causal aligns the mask to the bottom-right
 // corner (query i sees keys j <= i + seq_k - seq_q); a row that sees no key gives 0 and -inf.
 //
-// A CTA takes BM = 128 query rows of one (batch, head) and walks the key blocks of BN = 128.
+// A CTA takes BM = 128 query rows of one (batch, head) and walks the key blocks of BN = 128
+// (80 at head_dim 256).
 // 384 threads = 3 warpgroups:
 //   warpgroup 0, the producer: gives registers back (setmaxnreg.dec 24); one thread loads the
 //     Q tile once, then K and V tiles into a ring of STAGES slots each (its own full / empty
@@ -23,15 +24,16 @@
 //     runs while the other's products keep the tensor cores busy.
 //
 // Tensor maps (host-encoded, passed by value): each of Q, K, V as a 4-d tensor (head_dim,
-// seq, heads, batch) with its own strides, boxes of 64 x 128 x 1 x 1 (128-byte rows, the
-// 128-byte swizzle); rows past seq read as 0 and are masked (keys) or not stored (queries).
+// seq, heads, batch) with its own strides, boxes of 64 x rows x 1 x 1 (rows: BM for Q, BN for
+// K and V; 128-byte rows, the 128-byte swizzle); rows past seq read as 0 and are masked (keys)
+// or not stored (queries).
 //
-// Shared memory, every tile 1024-byte aligned: a tile of 128 rows is HEAD_DIM / 64 column
-// atoms of 128 rows x 128 B (16 KiB), atom a holding columns 64a..64a+63.
+// Shared memory, every tile 1024-byte aligned: a tile of R rows is HEAD_DIM / 64 column atoms
+// of R rows x 128 B, atom a holding columns 64a..64a+63.
 //   Q, K as K-major wgmma operands: SBO = 1024 B (8 rows), the 16-wide k slice kk at atom
 //     kk / 4, +32 B (kk % 4).
-//   V as the transposed (MN-major) B operand of P V: SBO = 1024 B (8 keys), LBO = 16 KiB (the
-//     next 64 head-dim columns: the next atom), the 16-key slice kk at +2048 B.
+//   V as the transposed (MN-major) B operand of P V: SBO = 1024 B (8 keys), LBO = BN x 128 B
+//     (the next 64 head-dim columns: the next atom), the 16-key slice kk at +2048 B.
 // The wgmma accumulator fragment of m64nN: acc[4j + 2h + e] at row 16 warp + lane / 4 + 8h,
 // column 8j + 2 (lane % 4) + e; the A fragment of m64k16 from registers is the same layout
 // over 16 columns, so P_j's fragments are S_j's accumulators packed in pairs.
@@ -40,8 +42,8 @@
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
 #endif
-#if HEAD_DIM != 64 && HEAD_DIM != 128
-#error "HEAD_DIM must be 64 or 128"
+#if HEAD_DIM != 64 && HEAD_DIM != 128 && HEAD_DIM != 256
+#error "HEAD_DIM must be 64, 128 or 256"
 #endif
 #ifndef STAGES
 #define STAGES 2
@@ -59,11 +61,18 @@
 #error "PINGPONG orders the overlapped schedule's products: it needs INTRA_OVERLAP=1"
 #endif
 #define BM 128
+// keys a block: 128, or 80 at head_dim 256 (a consumer's o is 64 x 256 floats, 128 registers
+// a thread, which leaves room for S and P of 80 keys; Q, two K and two V slots: 224 KiB)
+#if HEAD_DIM == 256
+#define BN 80
+#else
 #define BN 128
+#endif
 #define CONSUMERS 2
 #define THREADS (128 * (CONSUMERS + 1))
 #define ATOMS (HEAD_DIM / 64)
-#define TILE_BYTES (128 * HEAD_DIM * 2)  // BM = BN = 128 rows of HEAD_DIM 16-bit values
+#define Q_BYTES (BM * HEAD_DIM * 2)
+#define KV_BYTES (BN * HEAD_DIM * 2)
 #define GROUP_MC 1  // (sm90_async.cuh's tile order: unused here)
 #define CLUSTER_M 1
 #define LOG2E 1.4426950408889634f
@@ -165,10 +174,59 @@ __device__ __forceinline__ void wgmma_rs_m64n64(float* acc, const unsigned* a, u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
 
-#if HEAD_DIM == 128
+// acc[40] (+)= A(64x16, K-major desc) @ B(16x80, K-major desc); scale_d 0 overwrites acc
+__device__ __forceinline__ void wgmma_ss_m64n80(float* acc, u64 desc_a, u64 desc_b,
+                                                 int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %42, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n80k16.f32." ELEM_PTX "." ELEM_PTX " {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39"
+      "}, %40, %41, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : ACC8(0), ACC8(8), ACC8(16), ACC8(24), ACC8(32)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// acc[128] (+)= A(64x16 from registers a[0..3]: the m64k16 fragment) @ B(16x256, MN-major
+// desc, transposed); scale_d 0 overwrites acc
+__device__ __forceinline__ void wgmma_rs_m64n256(float* acc, const unsigned* a, u64 desc_b,
+                                                 int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." ELEM_PTX "." ELEM_PTX " {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n"
+      "}\n"
+      : ACC8(0), ACC8(8), ACC8(16), ACC8(24), ACC8(32), ACC8(40), ACC8(48), ACC8(56),
+        ACC8(64), ACC8(72), ACC8(80), ACC8(88), ACC8(96), ACC8(104), ACC8(112),
+        ACC8(120)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+#if HEAD_DIM == 256
+#define WGMMA_PV wgmma_rs_m64n256
+#elif HEAD_DIM == 128
 #define WGMMA_PV wgmma_rs_m64n128
 #else
 #define WGMMA_PV wgmma_rs_m64n64
+#endif
+#if BN == 80
+#define WGMMA_QK wgmma_ss_m64n80
+#else
+#define WGMMA_QK wgmma_ss_m64n128
 #endif
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(
@@ -178,9 +236,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(
     int group, int causal, float scale_log2) {
   extern __shared__ unsigned char smem_raw[];
   const unsigned sQ = smem_aligned_1024(smem_raw);
-  const unsigned sK = sQ + TILE_BYTES;
-  const unsigned sV = sK + STAGES * TILE_BYTES;
-  const unsigned bars = sV + STAGES * TILE_BYTES;
+  const unsigned sK = sQ + Q_BYTES;
+  const unsigned sV = sK + STAGES * KV_BYTES;
+  const unsigned bars = sV + STAGES * KV_BYTES;
   // bar_q, then full_k[STAGES], empty_k[STAGES], full_v[STAGES], empty_v[STAGES]
   const unsigned bar_q = bars;
   auto full_k = [&](int s) { return bars + 8u * (1 + s); };
@@ -217,7 +275,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_q)));
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_k)));
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_v)));
-      mbar_expect_tx(bar_q, TILE_BYTES);
+      mbar_expect_tx(bar_q, Q_BYTES);
 #pragma unroll
       for (int a = 0; a < ATOMS; ++a)
         tma_load_4d(sQ + a * (BM * 128), &tma_q, 64 * a, m0, head, batch, bar_q);
@@ -225,16 +283,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(
         const int s = j % STAGES;
         const unsigned free_parity = ((j / STAGES) & 1) ^ 1;  // round 0 passes: slots start free
         mbar_wait(empty_k(s), free_parity);
-        mbar_expect_tx(full_k(s), TILE_BYTES);
+        mbar_expect_tx(full_k(s), KV_BYTES);
 #pragma unroll
         for (int a = 0; a < ATOMS; ++a)
-          tma_load_4d(sK + s * TILE_BYTES + a * (BN * 128), &tma_k, 64 * a, j * BN, head_kv,
+          tma_load_4d(sK + s * KV_BYTES + a * (BN * 128), &tma_k, 64 * a, j * BN, head_kv,
                       batch, full_k(s));
         mbar_wait(empty_v(s), free_parity);
-        mbar_expect_tx(full_v(s), TILE_BYTES);
+        mbar_expect_tx(full_v(s), KV_BYTES);
 #pragma unroll
         for (int a = 0; a < ATOMS; ++a)
-          tma_load_4d(sV + s * TILE_BYTES + a * (BN * 128), &tma_v, 64 * a, j * BN, head_kv,
+          tma_load_4d(sV + s * KV_BYTES + a * (BN * 128), &tma_v, 64 * a, j * BN, head_kv,
                       batch, full_v(s));
       }
     }
@@ -253,18 +311,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(
   for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
 
   auto issue_qk = [&](int st) {  // s = Q K^T of the key tile in slot st
-    const unsigned kb = sK + st * TILE_BYTES;
+    const unsigned kb = sK + st * KV_BYTES;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
       u64 da = sw128_desc(q_base + (kk / 4) * (BM * 128) + (kk % 4) * 32, 16, 1024);
       u64 db = sw128_desc(kb + (kk / 4) * (BN * 128) + (kk % 4) * 32, 16, 1024);
-      wgmma_ss_m64n128(s, da, db, kk > 0);
+      WGMMA_QK(s, da, db, kk > 0);
     }
     wgmma_commit();
   };
   auto issue_pv = [&](int st) {  // o += P V of the value tile in slot st
-    const unsigned vb = sV + st * TILE_BYTES;
+    const unsigned vb = sV + st * KV_BYTES;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)

@@ -199,8 +199,8 @@ class AttentionConfig:
     Triton kernel.
 
     cuda_fwd_cases: the forward cases (head_dim, causal) that go to the FA3-style CUDA kernel
-    (``tkit.cuda_ext.attention``, sm_90a) where it takes the inputs (bf16/fp16, head_dim 64
-    or 128, no window, softcap or varlen, TMA-able strides) and its self-test passed here;
+    (``tkit.cuda_ext.attention``, sm_90a) where it takes the inputs (bf16/fp16, head_dim 64,
+    128 or 256, no window, softcap or varlen, TMA-able strides) and its self-test passed here;
     ahead of ``hopper_fwd_cases``. Empty: the kernel has not been measured on the H200 yet,
     so no call goes there unless asked
     (``with attention_config(cuda_fwd_cases=frozenset({(128, True)})): ...``)."""
