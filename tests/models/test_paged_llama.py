@@ -265,3 +265,20 @@ def test_fp8_cache_decode_reads_its_pages():
     assert 0 < (fp8 - full).abs().max() < 0.05 * full.abs().max()
     with pytest.raises(ValueError, match="kv_dtype"):
         ours.new_cache(4, kv_dtype=torch.float16)
+
+
+def test_generation_stops_at_eos():
+    # each sequence ends with the first eos it emits, as transformers' generate ends it (its
+    # padding after the eos dropped); a token that greedy decoding emits early serves as eos
+    hf = _hf(seed=6)
+    ours = LlamaModel.from_hf(hf)
+    free = ours.generate(PROMPTS, 8, page_size=4)
+    eos = free[1][2]  # the second prompt's third token: that sequence ends there
+    got = ours.generate(PROMPTS, 8, page_size=4, eos_token_id=eos)
+    for p, g, f in zip(PROMPTS, got, free):
+        ids = torch.tensor([p], device=default_device())
+        want = hf.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=eos,
+                           pad_token_id=eos)[0, len(p):].tolist()
+        want = want[:want.index(eos) + 1] if eos in want else want
+        assert g == want and g == (f[:f.index(eos) + 1] if eos in f else f)
+    assert len(got[1]) == 3

@@ -267,12 +267,15 @@ class LlamaModel:
     def generate(self, prompts: list[list[int]], max_new_tokens: int, *, page_size: int = 16,
                  kv_dtype: torch.dtype | None = None,
                  num_blocks: int | None = None, temperature: float = 0.0, top_k=None,
-                 top_p=None, seed: int | None = None, cuda_graph: bool = False):
-        """``max_new_tokens`` tokens for each prompt (no stop token): the prompts prefilled
-        together, then decode steps of the whole batch. ``temperature`` 0 is greedy; with
+                 top_p=None, seed: int | None = None, cuda_graph: bool = False,
+                 eos_token_id: int | None = None):
+        """Up to ``max_new_tokens`` tokens for each prompt: the prompts prefilled together,
+        then decode steps of the whole batch. ``temperature`` 0 is greedy; with
         ``cuda_graph`` (CUDA only) the decode step is captured once for this batch and
-        replayed; ``kv_dtype`` as :meth:`new_cache`'s. Returns the new tokens of each
-        prompt."""
+        replayed; ``kv_dtype`` as :meth:`new_cache`'s. A sequence that emits
+        ``eos_token_id`` ends there (its list ends with it; the batch steps on, unchanged in
+        shape, until every sequence has ended or the tokens run out). Returns the new tokens
+        of each prompt."""
         b = len(prompts)
         longest = max(len(p) for p in prompts) + max_new_tokens
         width = -(-longest // page_size)
@@ -287,12 +290,22 @@ class LlamaModel:
             return tkit.sample(logits, seed=s, **opts)
 
         out = [[] for _ in range(b)]
+        done = [False] * b
+
+        def emit(tokens) -> bool:
+            """Append each running sequence's token; whether every sequence has ended."""
+            for i, t in enumerate(tokens.tolist()):
+                if not done[i]:
+                    out[i].append(t)
+                    done[i] = t == eos_token_id
+            return all(done)
+
         nxt = choose(self.prefill(cache, seqs, prompts))
         lens = [len(p) for p in prompts]
         step = None
         for _ in range(max_new_tokens - 1):
-            for i, t in enumerate(nxt.tolist()):
-                out[i].append(t)
+            if emit(nxt):
+                return out
             for s in seqs:  # the new token takes the next position
                 cache.reserve(s, lens[s] + 1)
             host = dict(positions=torch.tensor(lens), cache_seqlens=torch.tensor(
@@ -306,8 +319,7 @@ class LlamaModel:
                 logits = self.decode(cache, nxt, **{k: v.to(dev) for k, v in host.items()})
             lens = [n + 1 for n in lens]
             nxt = choose(logits)
-        for i, t in enumerate(nxt.tolist()):
-            out[i].append(t)
+        emit(nxt)
         return out
 
     def capture_step(self, cache, tokens, host):
