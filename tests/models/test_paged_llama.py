@@ -282,3 +282,36 @@ def test_generation_stops_at_eos():
         want = want[:want.index(eos) + 1] if eos in want else want
         assert g == want and g == (f[:f.index(eos) + 1] if eos in f else f)
     assert len(got[1]) == 3
+
+
+@pytest.mark.parametrize("draft,k", [("target", 3), ("other", 2)])
+def test_speculative_greedy_equals_greedy(draft, k):
+    # greedy speculative decoding gives the target's own greedy tokens whatever the draft:
+    # the target itself (every draft token accepted) or another model (most rejected); and
+    # ends each sequence at eos as generate does
+    target = LlamaModel.from_hf(_hf(seed=0))
+    small = target if draft == "target" else LlamaModel.from_hf(_hf(seed=7, num_hidden_layers=1))
+    want = target.generate(PROMPTS, 7, page_size=4)
+    stats = {}
+    assert target.generate_speculative(small, PROMPTS, 7, num_draft=k, page_size=4,
+                                       stats=stats) == want
+    if draft == "target":  # every proposal accepted: 6 tokens after the first in 2 rounds
+        assert stats == dict(rounds=2, drafted=2 * 3 * k, accepted=2 * 3 * k)
+    else:
+        assert stats["accepted"] < stats["drafted"]
+    if draft == "other":
+        eos = want[0][3]
+        assert (target.generate_speculative(small, PROMPTS, 7, num_draft=k, page_size=4,
+                                            eos_token_id=eos)
+                == target.generate(PROMPTS, 7, page_size=4, eos_token_id=eos))
+
+
+def test_speculative_sampling_is_seeded():
+    target = LlamaModel.from_hf(_hf(seed=0))
+    draft = LlamaModel.from_hf(_hf(seed=7, num_hidden_layers=1))
+    kw = dict(num_draft=2, page_size=4, temperature=0.8, seed=11)
+    a = target.generate_speculative(draft, PROMPTS, 4, **kw)
+    assert a == target.generate_speculative(draft, PROMPTS, 4, **kw)
+    assert [len(x) for x in a] == [4, 4, 4]
+    with pytest.raises(ValueError, match="num_draft"):
+        target.generate_speculative(draft, PROMPTS, 6, num_draft=16)

@@ -90,7 +90,9 @@ def llama_decode_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cac
                        k_norm=None, window=-1, moe=None, k_scale=None, v_scale=None):
     """One decode step of a layer from tkit ops.
 
-    ``x`` (batch, hidden) holds one new token of each sequence, at ``positions`` (batch,). The
+    ``x`` (batch, hidden) holds one new token of each sequence, at ``positions`` (batch,)
+    (or (batch x T, hidden): T new tokens a sequence, sequence-major, with positions,
+    slots of that shape; speculative decoding's verification, T <= 16). The
     token's q and k are rotated (neox RoPE of the whole head from ``cos_sin``, the table of
     ``tkit.rope_cache``) and its k and v written into the cache at ``slot_mapping`` (batch,)
     int64 (slot = block * page_size + offset) in one pass (``tkit.rope_append_kv``); then it
@@ -108,13 +110,14 @@ def llama_decode_layer(x, w_in, w_qkv, w_o, w_post, w_gu, w_down, k_cache, v_cac
     ``window`` + 1 positions: Mistral, Qwen2's sliding layers; -1 all), ``moe`` (a sparse MLP,
     as :func:`layer_tail` takes it: Mixtral, Qwen3-MoE; ``w_gu`` and ``w_down`` unused).
     ``k_scale``, ``v_scale``: an fp8 cache's scales (``tkit.append_kv``'s forms)."""
-    b = x.shape[0]
+    n = x.shape[0]
+    b = cache_seqlens.shape[0]
     q, k, v = qkv_heads(x, w_in, w_qkv, heads=heads, kv_heads=kv_heads, eps=eps,
                         qkv_bias=qkv_bias, q_norm=q_norm, k_norm=k_norm)
     d = q.shape[-1]
     tkit.rope_append_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping,
                         k_scale=k_scale, v_scale=v_scale)
-    o = tkit.decode_attention(q.view(b, 1, heads, d), k_cache, v_cache, cache_seqlens,
+    o = tkit.decode_attention(q.view(b, n // b, heads, d), k_cache, v_cache, cache_seqlens,
                               block_table=block_table, window_size=window_size(window),
                               k_scale=k_scale, v_scale=v_scale)
-    return layer_tail(o.view(b, heads * d), x, w_o, w_post, w_gu, w_down, eps, o_bias, moe)
+    return layer_tail(o.view(n, heads * d), x, w_o, w_post, w_gu, w_down, eps, o_bias, moe)

@@ -252,8 +252,11 @@ class LlamaModel:
                block_table):
         """One step of the batch: ``tokens`` (batch,) at ``positions`` (batch,), written at
         ``slot_mapping``, each attending to its first ``cache_seqlens`` positions through
-        ``block_table``; returns (batch, vocab) logits. All inputs on the device."""
-        x = F.embedding(tokens, self.embed)
+        ``block_table``; returns (batch, vocab) logits. Or T tokens a sequence: ``tokens``,
+        ``positions`` and ``slot_mapping`` (batch, T) (the sequence's last T positions,
+        T <= 16), logits (batch, T, vocab). All inputs on the device."""
+        x = F.embedding(tokens.reshape(-1), self.embed)
+        positions, slot_mapping = positions.reshape(-1), slot_mapping.reshape(-1)
         for i, lw in enumerate(self.layers):
             x = llama_decode_layer(x, *lw.as_args(), cache.k[i], cache.v[i], self.cos_sin,
                                    positions=positions, slot_mapping=slot_mapping,
@@ -261,7 +264,7 @@ class LlamaModel:
                                    heads=self.heads, kv_heads=self.kv_heads, eps=self.eps,
                                    k_scale=cache.k_scale[i], v_scale=cache.v_scale[i],
                                    **lw.extras())
-        return self._logits(x)
+        return self._logits(x).view(*tokens.shape, -1)
 
     # ---- generation ----------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int, *, page_size: int = 16,
@@ -320,6 +323,99 @@ class LlamaModel:
             lens = [n + 1 for n in lens]
             nxt = choose(logits)
         emit(nxt)
+        return out
+
+    def generate_speculative(self, draft: LlamaModel, prompts: list[list[int]],
+                             max_new_tokens: int, *, num_draft: int = 4, page_size: int = 16,
+                             kv_dtype: torch.dtype | None = None, temperature: float = 0.0,
+                             seed: int | None = None, eos_token_id: int | None = None,
+                             stats: dict | None = None):
+        """Up to ``max_new_tokens`` tokens for each prompt by speculative decoding: a round
+        runs ``draft`` (a smaller model of the same vocabulary, over its own cache) for
+        ``num_draft`` tokens a sequence, then this model over all of them in one step (the
+        decode attention's queries are the sequence's last ``num_draft`` + 1 positions), and
+        ``tkit.speculative_accept`` keeps the longest accepted prefix and one token of this
+        model's: the tokens follow this model's distribution (with ``temperature`` 0, its
+        greedy tokens exactly; otherwise softmax(logits / temperature), seeded by ``seed``).
+        A round makes from 1 to ``num_draft`` + 1 tokens a sequence. Rejected tokens stay in
+        the caches past the sequence's length, where the next round writes over them.
+        ``eos_token_id`` and ``kv_dtype`` as in :meth:`generate`. ``stats``, a dict, gets the
+        rounds run and the draft tokens proposed and accepted (over the sequences still
+        running). Returns the new tokens of each prompt."""
+        k = num_draft
+        if not 1 <= k <= 15:
+            raise ValueError(f"num_draft must be from 1 to 15 (16 query tokens a sequence), "
+                             f"got {k}")
+        if draft.lm_head.shape[0] != self.lm_head.shape[0]:
+            raise ValueError(f"draft's vocabulary ({draft.lm_head.shape[0]}) must be this "
+                             f"model's ({self.lm_head.shape[0]})")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        b, dev = len(prompts), self.embed.device
+        width = -(-(max(len(p) for p in prompts) + max_new_tokens + k + 1) // page_size)
+        caches = (self.new_cache(b * width, page_size, kv_dtype),
+                  draft.new_cache(b * width, page_size, kv_dtype))
+        seqs = list(range(b))
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+
+        def probs(logits):  # float32 rows: one-hot at the argmax for greedy decoding
+            if temperature == 0:
+                return F.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+            return torch.softmax(logits.float() / temperature, -1)
+
+        def seeds():
+            return None if gen is None else torch.randint(0, 2**62, (b,), generator=gen).to(dev)
+
+        def pick(logits):
+            if temperature == 0:
+                return logits.argmax(-1)
+            return tkit.sample(logits, temperature=temperature, seed=seeds())
+
+        def step(model, cache, tokens, lens):  # tokens (b, t) at positions lens..lens + t - 1
+            t = tokens.shape[1]
+            for s in seqs:
+                cache.reserve(s, lens[s] + t)
+            pos = torch.tensor(lens)[:, None] + torch.arange(t)
+            slots = torch.tensor([[cache.slot(s, int(p)) for p in pos[s]] for s in seqs])
+            return model.decode(cache, tokens, pos.to(dev), slots.to(dev),
+                                (pos[:, -1] + 1).to(torch.int32).to(dev),
+                                cache.table(seqs, width).to(dev))
+
+        out, done = [[] for _ in range(b)], [False] * b
+
+        def emit(tokens):
+            for i, row in enumerate(tokens):
+                for t in row:
+                    if done[i]:
+                        break
+                    out[i].append(t)
+                    done[i] = t == eos_token_id or len(out[i]) == max_new_tokens
+
+        last = pick(self.prefill(caches[0], seqs, prompts))
+        draft.prefill(caches[1], seqs, prompts)
+        lens = [len(p) for p in prompts]
+        emit([[t] for t in last.tolist()])
+        while not all(done):
+            tok, drafted, dprobs = last, [], []
+            for i in range(k + 1):  # the last step only writes d_k into the draft's cache
+                logits = step(draft, caches[1], tok[:, None], [n + i for n in lens])[:, 0]
+                if i < k:
+                    tok = pick(logits)
+                    drafted.append(tok)
+                    dprobs.append(probs(logits))
+            drafted = torch.stack(drafted, 1)
+            logits = step(self, caches[0], torch.cat([last[:, None], drafted], 1), lens)
+            ids, n = tkit.speculative_accept(drafted, torch.stack(dprobs, 1), probs(logits),
+                                             seed=seeds())
+            n = n.tolist()
+            if stats is not None:
+                running = [i for i in seqs if not done[i]]
+                stats["rounds"] = stats.get("rounds", 0) + 1
+                stats["drafted"] = stats.get("drafted", 0) + k * len(running)
+                stats["accepted"] = stats.get("accepted", 0) + sum(n[i] for i in running)
+            emit([row[:a + 1] for row, a in zip(ids.tolist(), n)])
+            last = ids[torch.arange(b, device=ids.device), torch.tensor(n, device=ids.device)]
+            lens = [m + a + 1 for m, a in zip(lens, n)]
         return out
 
     def capture_step(self, cache, tokens, host):
