@@ -203,8 +203,8 @@ def test_descriptors_agree_with_cute():
     assert "desc A: LBO 16 B, SBO 1024 B, layout type 1" in out
     assert "desc B: LBO 8192 B, SBO 1024 B, layout type 1" in out
     src = (_loader.CSRC / "gemm_wgmma_sm90.cu").read_text()
-    assert "smem_desc(a_base + kk * 32, 16, 1024)" in src
-    assert "smem_desc(b_base + kk * 16 * 128, BK * 128, 1024)" in src
+    assert "sw128_desc(a_base + kk * 32, 16, 1024)" in src
+    assert "sw128_desc(b_base + kk * 16 * 128, BK * 128, 1024)" in src
 
 
 # %% [markdown]
