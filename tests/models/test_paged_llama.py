@@ -315,3 +315,38 @@ def test_speculative_sampling_is_seeded():
     assert [len(x) for x in a] == [4, 4, 4]
     with pytest.raises(ValueError, match="num_draft"):
         target.generate_speculative(draft, PROMPTS, 6, num_draft=16)
+
+
+def test_forked_samples_share_the_prompt():
+    # num_return_sequences samples of a prompt decode from one prefill: greedy samples all
+    # equal the greedy output; seeded sampling gives what the prompts repeated (no sharing)
+    # give; the prompt's full pages are held once
+    ours = LlamaModel.from_hf(_hf(seed=8))
+    greedy = ours.generate(PROMPTS, 5, page_size=4)
+    got = ours.generate(PROMPTS, 5, page_size=4, num_return_sequences=3)
+    assert got == [g for g in greedy for _ in range(3)]
+    kw = dict(page_size=4, temperature=1.0, seed=9)
+    shared = ours.generate(PROMPTS, 5, num_return_sequences=2, **kw)
+    assert shared == ours.generate([p for p in PROMPTS for _ in range(2)], 5, **kw)
+    assert shared[2] != shared[3]  # two samples of the second prompt
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        ours.generate(PROMPTS, 5, num_return_sequences=0)
+
+
+def test_fork_shares_full_pages_and_copies_the_last():
+    c = PagedKVCache(2, 8, 4, 1, 8, torch.float32, "cpu")
+    c.reserve(0, 6)  # a full page and half of another
+    for t in c.k + c.v:
+        t.normal_()
+    c.fork(0, 1, 6)
+    assert c.blocks[1][0] == c.blocks[0][0] and c.blocks[1][1] != c.blocks[0][1]
+    for t in c.k + c.v:
+        assert torch.equal(t[c.blocks[1][1]], t[c.blocks[0][1]])
+    assert len(c.free) == 5
+    c.release(0)  # the shared page stays held by sequence 1
+    assert len(c.free) == 6 and c.blocks[1][0] not in c.free
+    c.release(1)
+    assert len(c.free) == 8
+    c.reserve(2, 4)
+    with pytest.raises(ValueError, match="fewer than"):
+        c.fork(2, 3, 5)

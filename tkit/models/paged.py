@@ -84,7 +84,9 @@ def _sparse_mlp(m, cfg) -> tuple | None:
 
 class PagedKVCache:
     """K and V pages for every layer, (num_blocks, page_size, kv_heads, head_dim) each, and
-    the pages each sequence holds (allocated as it grows, from a free list). A float8_e4m3fn
+    the pages each sequence holds (allocated as it grows, from a free list; a page may be held
+    by several sequences after :meth:`fork`, and returns to the free list when the last one
+    releases it). A float8_e4m3fn
     cache keeps a float32 scale per token and head beside each page (``k_scale``,
     ``v_scale``: (num_blocks, page_size, kv_heads) a layer), written with the values by
     ``tkit.rope_append_kv`` and read by ``tkit.decode_attention``; other caches have None."""
@@ -105,19 +107,52 @@ class PagedKVCache:
                         for _ in range(layers)]
         self.page_size = page_size
         self.free = list(range(num_blocks - 1, -1, -1))
+        self.refs = [0] * num_blocks  # sequences holding each page
         self.blocks: dict[int, list[int]] = {}
+
+    def _take(self, n: int, seq: int) -> list[int]:
+        if n > len(self.free):
+            raise RuntimeError(f"the cache is full: sequence {seq} needs {n} more pages, "
+                               f"{len(self.free)} are free")
+        pages = [self.free.pop() for _ in range(n)]
+        for p in pages:
+            self.refs[p] = 1
+        return pages
 
     def reserve(self, seq: int, length: int) -> None:
         """Pages for the first ``length`` positions of sequence ``seq``."""
         pages = self.blocks.setdefault(seq, [])
-        need = -(-length // self.page_size) - len(pages)
-        if need > len(self.free):
-            raise RuntimeError(f"the cache is full: sequence {seq} needs {need} more pages, "
-                               f"{len(self.free)} are free")
-        pages += [self.free.pop() for _ in range(max(0, need))]
+        pages += self._take(max(0, -(-length // self.page_size) - len(pages)), seq)
 
     def release(self, seq: int) -> None:
-        self.free += reversed(self.blocks.pop(seq, []))
+        for p in reversed(self.blocks.pop(seq, [])):
+            self.refs[p] -= 1
+            if self.refs[p] == 0:
+                self.free.append(p)
+
+    def fork(self, src: int, dst: int, length: int) -> None:
+        """Sequence ``dst`` (new) starts as ``src``'s first ``length`` positions: the full
+        pages shared (never written again: a sequence only appends), a partly filled last
+        page copied into a page of its own (its K, V and scales, every layer). Parallel
+        samples of one prompt hold its prefill once."""
+        if dst in self.blocks:
+            raise ValueError(f"sequence {dst} already holds pages")
+        full, part = divmod(length, self.page_size)
+        src_pages = self.blocks[src]
+        if len(src_pages) < full + (part > 0):
+            raise ValueError(f"sequence {src} holds {len(src_pages)} pages, fewer than "
+                             f"{length} positions need")
+        shared = src_pages[:full]
+        for p in shared:
+            self.refs[p] += 1
+        self.blocks[dst] = list(shared)
+        if part:
+            (new,) = self._take(1, dst)
+            old = src_pages[full]
+            for t in (*self.k, *self.v, *self.k_scale, *self.v_scale):
+                if t is not None:
+                    t[new].copy_(t[old])
+            self.blocks[dst].append(new)
 
     def slot(self, seq: int, pos: int) -> int:
         """Where position ``pos`` of ``seq`` lives: block * page_size + offset."""
@@ -271,15 +306,20 @@ class LlamaModel:
                  kv_dtype: torch.dtype | None = None,
                  num_blocks: int | None = None, temperature: float = 0.0, top_k=None,
                  top_p=None, seed: int | None = None, cuda_graph: bool = False,
-                 eos_token_id: int | None = None):
+                 eos_token_id: int | None = None, num_return_sequences: int = 1):
         """Up to ``max_new_tokens`` tokens for each prompt: the prompts prefilled together,
         then decode steps of the whole batch. ``temperature`` 0 is greedy; with
         ``cuda_graph`` (CUDA only) the decode step is captured once for this batch and
         replayed; ``kv_dtype`` as :meth:`new_cache`'s. A sequence that emits
         ``eos_token_id`` ends there (its list ends with it; the batch steps on, unchanged in
-        shape, until every sequence has ended or the tokens run out). Returns the new tokens
-        of each prompt."""
-        b = len(prompts)
+        shape, until every sequence has ended or the tokens run out).
+        ``num_return_sequences`` samples of each prompt decode together from one prefill (the
+        prompt's full pages shared: :meth:`PagedKVCache.fork`). Returns the new tokens of each
+        sequence, prompt-major (as transformers' generate orders them)."""
+        n = num_return_sequences
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"num_return_sequences must be a positive int, got {n!r}")
+        b = len(prompts) * n
         longest = max(len(p) for p in prompts) + max_new_tokens
         width = -(-longest // page_size)
         cache = self.new_cache(num_blocks or b * width, page_size, kv_dtype)
@@ -303,8 +343,12 @@ class LlamaModel:
                     done[i] = t == eos_token_id
             return all(done)
 
-        nxt = choose(self.prefill(cache, seqs, prompts))
-        lens = [len(p) for p in prompts]
+        first = self.prefill(cache, seqs[::n], prompts)  # sample 0 of each prompt
+        for r in seqs:
+            if r % n:
+                cache.fork(r - r % n, r, len(prompts[r // n]))
+        nxt = choose(first.repeat_interleave(n, 0))
+        lens = [len(prompts[r // n]) for r in seqs]
         step = None
         for _ in range(max_new_tokens - 1):
             if emit(nxt):
