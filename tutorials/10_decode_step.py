@@ -245,7 +245,7 @@ def test_fp8_cache_step_reads_what_was_stored():
     deq.k[0].copy_(cache.k[0].float() * cache.k_scale[0][..., None])
     deq.v[0].copy_(cache.v[0].float() * cache.v_scale[0][..., None])
     again = model.decode(deq, tok, slot_mapping=torch.tensor([-1], device=DEVICE), **inputs)
-    torch.testing.assert_close(fp8, again, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fp8, again, atol=1e-4, rtol=1e-4)
 
 
 # %% [markdown]

@@ -261,7 +261,7 @@ def test_fp8_cache_decode_reads_its_pages():
     for i in range(len(ours.layers)):
         deq.k[i].copy_(c8.k[i].float() * c8.k_scale[i][..., None])
         deq.v[i].copy_(c8.v[i].float() * c8.v_scale[i][..., None])
-    torch.testing.assert_close(fp8, step(deq, write=False), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fp8, step(deq, write=False), atol=1e-4, rtol=1e-4)
     assert 0 < (fp8 - full).abs().max() < 0.05 * full.abs().max()
     with pytest.raises(ValueError, match="kv_dtype"):
         ours.new_cache(4, kv_dtype=torch.float16)
