@@ -1609,14 +1609,18 @@ ATTENTION_SM90_CASES = [(4, 4096, 16, 16, 128, False), (4, 4096, 16, 16, 128, Tr
 
 def sweep_attention_sm90(rows):
     """The FlashAttention-3-style CUDA forward (csrc/attn_fwd_sm90.cu) in each build of
-    :data:`ATTENTION_SM90_BUILDS` beside ``tkit.flash_attention``, the Triton kernel, the
-    per-tile Gluon default and cuDNN, at :data:`ATTENTION_SM90_CASES` (FA4 led tkit by 7-36%
-    at B4 S4096; docs/FACTS.md)."""
+    :data:`ATTENTION_SM90_BUILDS`, and persistent (a CTA an SM taking the tiles in turn), beside
+    ``tkit.flash_attention``, the Triton kernel, the per-tile Gluon default and cuDNN, at
+    :data:`ATTENTION_SM90_CASES` (FA4 led tkit by 7-36% at B4 S4096; docs/FACTS.md)."""
     from tkit.cuda_ext.attention import flash_attention_sm90
 
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+
     def more(q, k, v, causal):
+        builds = {**ATTENTION_SM90_BUILDS, "cuda persistent": dict(ctas=sms),
+                  "cuda persistent pingpong": dict(ctas=sms, pingpong=True)}
         return {name: (lambda b=b: flash_attention_sm90(q, k, v, causal=causal, **b)[0])
-                for name, b in ATTENTION_SM90_BUILDS.items()}
+                for name, b in builds.items()}
 
     for B, S, hq, hk, d, causal in ATTENTION_SM90_CASES:
         _attention_forward_case(rows, B, S, hq, hk, d, causal, persistent=False, more=more)

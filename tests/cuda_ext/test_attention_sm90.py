@@ -56,7 +56,10 @@ def test_against_reference(shape, causal, d, dtype):
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("build", [dict(intra_overlap=False), dict(stages=3),
-                                   dict(stages=1), dict(pingpong=True)])
+                                   dict(stages=1), dict(pingpong=True),
+                                   # persistent grids: each CTA takes several tiles
+                                   dict(ctas=3), dict(ctas=2, pingpong=True),
+                                   dict(ctas=5, intra_overlap=False)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_other_builds(build, causal):
     check_against_reference(_run(**build), S.ref_attention,

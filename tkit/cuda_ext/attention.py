@@ -110,8 +110,6 @@ def check_inputs(q, k, v, softmax_scale) -> float:
         raise ValueError(f"q's heads ({hq}) must be a multiple of k's ({hk})")
     if d not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS} for this kernel, got {d}")
-    if b > 65535:  # the grid's z dimension
-        raise ValueError(f"batch must be at most 65535 for this kernel, got {b}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         # TMA: unit head_dim stride, 16-byte aligned base and strides (8 elements)
         if t.stride(3) != 1 or any(st % 8 for st in t.stride()[:3]) or t.data_ptr() % 16:
@@ -155,16 +153,23 @@ def unavailable_reason(q, k, v, softmax_scale=None) -> str | None:
 def flash_attention_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                          causal: bool = False, softmax_scale: float | None = None,
                          stages: int | None = None, intra_overlap: bool | None = None,
-                         pingpong: bool | None = None, check: bool = True
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+                         pingpong: bool | None = None, ctas: int | None = None,
+                         check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``softmax(q k^T * scale) v`` by the CUDA kernel: (out like q, contiguous; lse float32
     (batch, heads_q, seq_q)), as ``tkit.flash_attention(..., return_lse=True)`` returns them.
     A row that sees no key (causal with seq_q > seq_k, or seq_k = 0) gives 0 and -inf.
-    ``stages``, ``intra_overlap`` and ``pingpong`` pick a build (:func:`config`); ``check``
-    runs that build's self-test first (once per machine)."""
+    ``stages``, ``intra_overlap`` and ``pingpong`` pick a build (:func:`config`); ``ctas``
+    launches a persistent grid of that many CTAs, which take the tiles (128 query rows of a
+    head) in turn, the next tile's Q and first K and V loaded under the last one's epilogue
+    (None: a CTA a tile); ``check`` runs that build's self-test first (once per machine)."""
     scale = check_inputs(q, k, v, softmax_scale)
     b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
+    tiles = _common.cdiv(sq, BM) * hq * b
+    if tiles >= 2**31:
+        raise ValueError(f"{tiles} tiles of {BM} query rows: more than this kernel indexes")
+    if ctas is not None and (isinstance(ctas, bool) or not isinstance(ctas, int) or ctas < 1):
+        raise ValueError(f"ctas must be a positive int, got {ctas!r}")
     build = dict(stages=stages, intra_overlap=intra_overlap, pingpong=pingpong)
     cfg = config(d, q.dtype, **build)
     out = _common.empty((b, sq, hq, d), q.dtype, q.device)
@@ -183,10 +188,10 @@ def flash_attention_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     maps = (_map(q, BM), _map(k, bn), _map(v, bn))
     so = out.stride()
     with torch.cuda.device(q.device):
-        _loader.launch(func, (_common.cdiv(sq, BM), hq, b), (THREADS,), (
+        _loader.launch(func, (min(tiles, ctas or tiles),), (THREADS,), (
             *maps, out, lse, np.int64(so[0]), np.int64(so[1]), np.int64(so[2]),
-            np.int32(sq), np.int32(sk), np.int32(hq), np.int32(hq // hk), np.int32(bool(causal)),
-            np.float32(scale * math.log2(math.e))), smem=cfg["smem"])
+            np.int32(sq), np.int32(sk), np.int32(hq), np.int32(b), np.int32(hq // hk),
+            np.int32(bool(causal)), np.float32(scale * math.log2(math.e))), smem=cfg["smem"])
     return out, lse
 
 
@@ -209,6 +214,9 @@ for b, sq, sk, hq, hk, causal in ((1, 300, 300, 2, 1, True), (2, 129, 257, 4, 2,
     q, k, v = (torch.randn(b, n, h, d, device="cuda", generator=g).to(dtype)
                for n, h in ((sq, hq), (sk, hk), (sk, hk)))
     o, lse = flash_attention_sm90(q, k, v, causal=causal, check=False, **kw)
+    o2, lse2 = flash_attention_sm90(q, k, v, causal=causal, check=False, ctas=2, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(o, o2) and torch.equal(lse, lse2), "two CTAs taking every tile differ"
     s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float().repeat_interleave(hq // hk, 2))
     s = s / d ** 0.5
     if causal:

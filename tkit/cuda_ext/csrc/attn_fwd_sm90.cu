@@ -233,30 +233,43 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(
     const __grid_constant__ TmaDesc tma_q, const __grid_constant__ TmaDesc tma_k,
     const __grid_constant__ TmaDesc tma_v, elem_t* __restrict__ O, float* __restrict__ LSE,
     long long so_b, long long so_s, long long so_h, int seq_q, int seq_k, int heads,
-    int group, int causal, float scale_log2) {
+    int batches, int group, int causal, float scale_log2) {
   extern __shared__ unsigned char smem_raw[];
   const unsigned sQ = smem_aligned_1024(smem_raw);
   const unsigned sK = sQ + Q_BYTES;
   const unsigned sV = sK + STAGES * KV_BYTES;
   const unsigned bars = sV + STAGES * KV_BYTES;
-  // bar_q, then full_k[STAGES], empty_k[STAGES], full_v[STAGES], empty_v[STAGES]
-  const unsigned bar_q = bars;
-  auto full_k = [&](int s) { return bars + 8u * (1 + s); };
-  auto empty_k = [&](int s) { return bars + 8u * (1 + STAGES + s); };
-  auto full_v = [&](int s) { return bars + 8u * (1 + 2 * STAGES + s); };
-  auto empty_v = [&](int s) { return bars + 8u * (1 + 3 * STAGES + s); };
+  // bar_q, q_free, then full_k[STAGES], empty_k[STAGES], full_v[STAGES], empty_v[STAGES]
+  const unsigned bar_q = bars, q_free = bars + 8u;
+  auto full_k = [&](int s) { return bars + 8u * (2 + s); };
+  auto empty_k = [&](int s) { return bars + 8u * (2 + STAGES + s); };
+  auto full_v = [&](int s) { return bars + 8u * (2 + 2 * STAGES + s); };
+  auto empty_v = [&](int s) { return bars + 8u * (2 + 3 * STAGES + s); };
 
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-  // causal tiles heaviest first (the last query rows see the most keys)
-  const int m_block = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-  const int m0 = m_block * BM;
-  const int head = blockIdx.y, batch = blockIdx.z, head_kv = head / group;
+  const int num_m = (seq_q + BM - 1) / BM;
+  const int num_tiles = num_m * heads * batches;
   const int diag = seq_k - seq_q;  // with causal, query i sees keys j <= i + diag
-  int n_blocks = (seq_k + BN - 1) / BN;
-  if (causal) n_blocks = min(n_blocks, max(0, (m0 + BM + diag + BN - 1) / BN));
+  // Tile `tile` (the CTAs take them in turn: one each when the grid has one a tile, several
+  // when it is persistent): query block m_block of (batch, head), the blocks of a head next
+  // to each other (their K and V shared in L2), causal ones heaviest first.
+  struct Tile {
+    int m0, head, batch, n_blocks;
+  };
+  auto tile_at = [&](int tile) {
+    Tile r;
+    const int mi = tile % num_m, hb = tile / num_m;
+    r.m0 = (causal ? num_m - 1 - mi : mi) * BM;
+    r.head = hb % heads;
+    r.batch = hb / heads;
+    r.n_blocks = (seq_k + BN - 1) / BN;
+    if (causal) r.n_blocks = min(r.n_blocks, max(0, (r.m0 + BM + diag + BN - 1) / BN));
+    return r;
+  };
 
   if (threadIdx.x == 0) {
     mbar_init(bar_q, 1);
+    mbar_init(q_free, CONSUMERS);
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full_k(s), 1);
       mbar_init(empty_k(s), CONSUMERS);
@@ -275,25 +288,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_q)));
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_k)));
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(&tma_v)));
-      mbar_expect_tx(bar_q, Q_BYTES);
-#pragma unroll
-      for (int a = 0; a < ATOMS; ++a)
-        tma_load_4d(sQ + a * (BM * 128), &tma_q, 64 * a, m0, head, batch, bar_q);
-      for (int j = 0; j < n_blocks; ++j) {
-        const int s = j % STAGES;
-        const unsigned free_parity = ((j / STAGES) & 1) ^ 1;  // round 0 passes: slots start free
-        mbar_wait(empty_k(s), free_parity);
-        mbar_expect_tx(full_k(s), KV_BYTES);
+      int it = 0, round = 0;  // K/V blocks loaded and tiles begun, over this CTA's tiles
+      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, ++round) {
+        const Tile w = tile_at(tile);
+        const int head_kv = w.head / group;
+        mbar_wait(q_free, (round & 1) ^ 1);  // the last tile's products are done with Q
+        mbar_expect_tx(bar_q, Q_BYTES);
 #pragma unroll
         for (int a = 0; a < ATOMS; ++a)
-          tma_load_4d(sK + s * KV_BYTES + a * (BN * 128), &tma_k, 64 * a, j * BN, head_kv,
-                      batch, full_k(s));
-        mbar_wait(empty_v(s), free_parity);
-        mbar_expect_tx(full_v(s), KV_BYTES);
+          tma_load_4d(sQ + a * (BM * 128), &tma_q, 64 * a, w.m0, w.head, w.batch, bar_q);
+        for (int j = 0; j < w.n_blocks; ++j, ++it) {
+          const int s = it % STAGES;
+          const unsigned free_parity = ((it / STAGES) & 1) ^ 1;  // round 0: slots start free
+          mbar_wait(empty_k(s), free_parity);
+          mbar_expect_tx(full_k(s), KV_BYTES);
 #pragma unroll
-        for (int a = 0; a < ATOMS; ++a)
-          tma_load_4d(sV + s * KV_BYTES + a * (BN * 128), &tma_v, 64 * a, j * BN, head_kv,
-                      batch, full_v(s));
+          for (int a = 0; a < ATOMS; ++a)
+            tma_load_4d(sK + s * KV_BYTES + a * (BN * 128), &tma_k, 64 * a, j * BN, head_kv,
+                        w.batch, full_k(s));
+          mbar_wait(empty_v(s), free_parity);
+          mbar_expect_tx(full_v(s), KV_BYTES);
+#pragma unroll
+          for (int a = 0; a < ATOMS; ++a)
+            tma_load_4d(sV + s * KV_BYTES + a * (BN * 128), &tma_v, 64 * a, j * BN, head_kv,
+                        w.batch, full_v(s));
+        }
       }
     }
     return;  // the consumers wait for every load, so the CTA outlives them
@@ -304,11 +323,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(
   const int c = wg - 1, warp = t / 32, lane = t % 32;
   const int row0 = c * 64 + warp * 16 + lane / 4;  // tile row of h = 0; h = 1 is 8 rows below
   const unsigned q_base = sQ + c * (64 * 128);
-  float o[HEAD_DIM / 2], s[BN / 2], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
-  float alpha[2];
+  float o[HEAD_DIM / 2], s[BN / 2], m[2], l[2], alpha[2];
   unsigned p[BN / 4];
-#pragma unroll
-  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
+  int m0 = 0;  // the current tile's first query row (the masks read it)
 
   auto issue_qk = [&](int st) {  // s = Q K^T of the key tile in slot st
     const unsigned kb = sK + st * KV_BYTES;
@@ -407,81 +424,92 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_fwd_sm90(
     if (PINGPONG) named_bar_arrive(2 - c, 256);
   };
   if (PINGPONG && c == 1) named_bar_arrive(1, 256);
-  mbar_wait(bar_q, 0);
+  int it = 0, round = 0;  // K/V blocks consumed and tiles done, over this CTA's tiles
+  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x, ++round) {
+    const Tile w = tile_at(tile);
+    const int n_blocks = w.n_blocks;
+    m0 = w.m0;
+#pragma unroll
+    for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
+    m[0] = m[1] = NEG_INF;
+    l[0] = l[1] = 0.f;
+    mbar_wait(bar_q, round & 1);
+    // the ring's slot and phase of this tile's block j
+    auto slot = [&](int j) { return (it + j) % STAGES; };
+    auto phase = [&](int j) { return (unsigned)(((it + j) / STAGES) & 1); };
 #if INTRA_OVERLAP
-  if (n_blocks > 0) {
-    mbar_wait(full_k(0), 0);
-    my_turn();
-    issue_qk(0);
-    your_turn();
-    wgmma_wait0();
-    pin_s();
-    if (t == 0) mbar_arrive(empty_k(0));
-    softmax(0);  // o is still 0: nothing to rescale
-    to_p();
-    for (int j = 1; j < n_blocks; ++j) {
-      const int st = j % STAGES, pst = (j - 1) % STAGES;
-      mbar_wait(full_k(st), (j / STAGES) & 1);
-      mbar_wait(full_v(pst), ((j - 1) / STAGES) & 1);
+    if (n_blocks > 0) {
+      mbar_wait(full_k(slot(0)), phase(0));
       my_turn();
-      issue_qk(st);
-      issue_pv(pst);
+      issue_qk(slot(0));
       your_turn();
-      wgmma_wait1();  // S_j is done (groups complete in order); P_{j-1} V_{j-1} may run on
+      wgmma_wait0();
       pin_s();
-      if (t == 0) mbar_arrive(empty_k(st));
-      softmax(j);
+      if (t == 0) mbar_arrive(empty_k(slot(0)));
+      softmax(0);  // o is still 0: nothing to rescale
+      to_p();
+      for (int j = 1; j < n_blocks; ++j) {
+        mbar_wait(full_k(slot(j)), phase(j));
+        mbar_wait(full_v(slot(j - 1)), phase(j - 1));
+        my_turn();
+        issue_qk(slot(j));
+        issue_pv(slot(j - 1));
+        your_turn();
+        wgmma_wait1();  // S_j is done (groups complete in order); P_{j-1} V_{j-1} may run on
+        pin_s();
+        if (t == 0) mbar_arrive(empty_k(slot(j)));
+        softmax(j);
+        wgmma_wait0();
+        pin_op();
+        if (t == 0) mbar_arrive(empty_v(slot(j - 1)));
+        rescale();
+        to_p();
+      }
+      mbar_wait(full_v(slot(n_blocks - 1)), phase(n_blocks - 1));
+      issue_pv(slot(n_blocks - 1));
       wgmma_wait0();
       pin_op();
-      if (t == 0) mbar_arrive(empty_v(pst));
+      if (t == 0) mbar_arrive(empty_v(slot(n_blocks - 1)));
+    }
+#else
+    for (int j = 0; j < n_blocks; ++j) {
+      mbar_wait(full_k(slot(j)), phase(j));
+      issue_qk(slot(j));
+      wgmma_wait0();
+      pin_s();
+      if (t == 0) mbar_arrive(empty_k(slot(j)));
+      softmax(j);
       rescale();
       to_p();
+      mbar_wait(full_v(slot(j)), phase(j));
+      issue_pv(slot(j));
+      wgmma_wait0();
+      pin_op();
+      if (t == 0) mbar_arrive(empty_v(slot(j)));
     }
-    const int lst = (n_blocks - 1) % STAGES;
-    mbar_wait(full_v(lst), ((n_blocks - 1) / STAGES) & 1);
-    issue_pv(lst);
-    wgmma_wait0();
-    pin_op();
-    if (t == 0) mbar_arrive(empty_v(lst));
+#endif
+    it += n_blocks;
+    if (t == 0) mbar_arrive(q_free);  // the producer may load the next tile's Q meanwhile
+
+    // ---- epilogue: o / l to O (rows past seq_q are not stored), the lse to LSE ----
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = l[h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = m0 + row0 + 8 * h;
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      if (row < seq_q) {
+        elem_t* orow = O + w.batch * so_b + (long long)row * so_s + w.head * so_h;
+#pragma unroll
+        for (int jj = 0; jj < HEAD_DIM / 8; ++jj)
+          *reinterpret_cast<unsigned*>(orow + 8 * jj + 2 * (lane % 4)) =
+              pack2(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
+        if (lane % 4 == 0)
+          LSE[((long long)w.batch * heads + w.head) * seq_q + row] =
+              sum > 0.f ? (m[h] + log2f(sum)) * (1.f / LOG2E) : NEG_INF;
+      }
+    }
   }
   if (PINGPONG && c == 0) named_bar(1, 256);  // consumer 1's last arrival
-#else
-  for (int j = 0; j < n_blocks; ++j) {
-    const int st = j % STAGES;
-    const unsigned parity = (j / STAGES) & 1;
-    mbar_wait(full_k(st), parity);
-    issue_qk(st);
-    wgmma_wait0();
-    pin_s();
-    if (t == 0) mbar_arrive(empty_k(st));
-    softmax(j);
-    rescale();
-    to_p();
-    mbar_wait(full_v(st), parity);
-    issue_pv(st);
-    wgmma_wait0();
-    pin_op();
-    if (t == 0) mbar_arrive(empty_v(st));
-  }
-#endif
-
-  // ---- epilogue: o / l to O (rows past seq_q are not stored), the log-sum-exp to LSE ----
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = l[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int row = m0 + row0 + 8 * h;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    if (row < seq_q) {
-      elem_t* orow = O + batch * so_b + (long long)row * so_s + head * so_h;
-#pragma unroll
-      for (int jj = 0; jj < HEAD_DIM / 8; ++jj)
-        *reinterpret_cast<unsigned*>(orow + 8 * jj + 2 * (lane % 4)) =
-            pack2(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
-      if (lane % 4 == 0)
-        LSE[((long long)batch * heads + head) * seq_q + row] =
-            sum > 0.f ? (m[h] + log2f(sum)) * (1.f / LOG2E) : NEG_INF;
-    }
-  }
 }
