@@ -12,9 +12,12 @@ Weights come from a Hugging Face model of the Llama family (:meth:`LlamaModel.fr
 Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE): q, k, v and gate, up fused into one weight
 each (one GEMM each; Qwen2's q, k, v biases fused likewise, in the GEMM's epilogue), Qwen3's
 per-head RMSNorm of q and k, sliding-window layers (Mistral's, Qwen2's ``layer_types``),
-sparse MoE MLPs (the router's GEMM and ``tkit.moe``), RoPE's table
-from the config's ``rope_parameters`` (or ``rope_theta`` / ``rope_scaling``) by
-``tkit.rope_cache``.
+sparse MoE MLPs (the router's GEMM and ``tkit.moe``), RoPE's table from the config's
+``rope_parameters`` (or ``rope_theta`` / ``rope_scaling``) by ``tkit.rope_cache``.
+
+Beyond the plain step: an fp8 cache (``kv_dtype``), sequences ended at an eos token,
+parallel samples of a prompt sharing its pages (:meth:`PagedKVCache.fork`), and speculative
+decoding with a draft model (:meth:`LlamaModel.generate_speculative`).
 """
 
 from __future__ import annotations
@@ -86,10 +89,10 @@ class PagedKVCache:
     """K and V pages for every layer, (num_blocks, page_size, kv_heads, head_dim) each, and
     the pages each sequence holds (allocated as it grows, from a free list; a page may be held
     by several sequences after :meth:`fork`, and returns to the free list when the last one
-    releases it). A float8_e4m3fn
-    cache keeps a float32 scale per token and head beside each page (``k_scale``,
-    ``v_scale``: (num_blocks, page_size, kv_heads) a layer), written with the values by
-    ``tkit.rope_append_kv`` and read by ``tkit.decode_attention``; other caches have None."""
+    releases it). A float8_e4m3fn cache keeps a float32 scale per token and head beside each
+    page (``k_scale``, ``v_scale``: (num_blocks, page_size, kv_heads) a layer), written with
+    the values by ``tkit.rope_append_kv`` and read by ``tkit.decode_attention``; other caches
+    have None."""
 
     def __init__(self, layers: int, num_blocks: int, page_size: int, kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device):
