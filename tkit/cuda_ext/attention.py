@@ -1,12 +1,15 @@
 """Launcher of the FlashAttention-3-style forward in csrc/attn_fwd_sm90.cu (sm_90a).
 
-What it is for: the attention path beyond what Triton and Gluon express on Hopper. Inside each
-consumer warpgroup, the softmax of key block j runs while the tensor cores compute
-``P_{j-1} @ V_{j-1}`` (the two products are separate wgmma groups, the second one's A operand
-in registers), which a Triton program cannot schedule. The Triton/Gluon forward
+What it is for: FlashAttention-3's Hopper schedule written out by hand, to see whether it
+closes the gap between tkit's Gluon forward and FA3/FA4. Like the Gluon kernel, it overlaps
+the softmax of key block j with the tensor cores' ``P_{j-1} @ V_{j-1}`` (two wgmma groups,
+``wait_group 1``) and loads through a producer warpgroup; beyond it, it splits the registers
+by ``setmaxnreg`` (producer 24, consumers 240), feeds P to the second product straight from
+the first one's accumulator registers, and can make the two consumer warpgroups take turns
+issuing their products (``pingpong``, named barriers). The Triton/Gluon forward
 (``tkit.flash_attention``) stays the reference and the portable path; this one is opt-in
-(:func:`flash_attention_sm90`, the ``flash_attention_sm90`` spec) until the H200 measures it
-ahead.
+(:func:`flash_attention_sm90`, the ``cuda_flash_attention_sm90`` spec,
+``AttentionConfig.cuda_fwd_cases``) until the H200 measures it ahead.
 
 Scope: forward only; bf16 or fp16; head_dim 64, 128 or 256 (blocks of 128 keys, 80 at 256);
 GQA/MQA; causal (bottom-right aligned) or not; no window, softcap or varlen
