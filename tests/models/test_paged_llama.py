@@ -38,6 +38,20 @@ def _hf_greedy(model, prompt, n):
     return out[0, len(prompt):].tolist()
 
 
+def _next_step(model, cache, nxt, write=True):
+    """The decode step of PROMPTS' sequences (0, 1, 2; prefilled) with tokens ``nxt`` at
+    their next positions (written to the cache, or with ``write`` False not: slot -1)."""
+    dev = default_device()
+    lens = [len(p) for p in PROMPTS]
+    for s in range(3):
+        cache.reserve(s, lens[s] + 1)
+    slots = [cache.slot(s, lens[s]) if write else -1 for s in range(3)]
+    return model.decode(cache, nxt, torch.tensor(lens, device=dev),
+                        torch.tensor(slots, device=dev),
+                        torch.tensor([n + 1 for n in lens], dtype=torch.int32, device=dev),
+                        cache.table([0, 1, 2]).to(dev))
+
+
 @pytest.mark.parametrize("page", [1, 4, 16])
 def test_greedy_tokens_equal_hf(page):
     hf = _hf()
@@ -59,15 +73,8 @@ def test_prefill_and_decode_logits_close_to_hf():
             torch.testing.assert_close(logits[i], ref, atol=2e-4, rtol=2e-4)
     # one decode step of the batch against HF's forward over prompt + token
     nxt = logits.argmax(-1)
-    lens = [len(p) for p in PROMPTS]
-    for s in range(3):
-        cache.reserve(s, lens[s] + 1)
     dev = default_device()
-    step = ours.decode(
-        cache, nxt, torch.tensor(lens, device=dev),
-        torch.tensor([cache.slot(s, lens[s]) for s in range(3)], device=dev),
-        torch.tensor([n + 1 for n in lens], dtype=torch.int32, device=dev),
-        cache.table([0, 1, 2]).to(dev))
+    step = _next_step(ours, cache, nxt)
     with torch.no_grad():
         for i, p in enumerate(PROMPTS):
             ref = hf(torch.tensor([p + [int(nxt[i])]], device=dev)).logits[0, -1]
@@ -89,14 +96,7 @@ def test_16_bit_logits_under_the_reference_rule(dtype):
     cache = ours.new_cache(num_blocks=16, page_size=4)
     got = [ours.prefill(cache, [0, 1, 2], PROMPTS)]
     nxt = got[0].argmax(-1)
-    lens = [len(p) for p in PROMPTS]
-    for s in range(3):
-        cache.reserve(s, lens[s] + 1)
-    got.append(ours.decode(
-        cache, nxt, torch.tensor(lens, device=dev),
-        torch.tensor([cache.slot(s, lens[s]) for s in range(3)], device=dev),
-        torch.tensor([n + 1 for n in lens], dtype=torch.int32, device=dev),
-        cache.table([0, 1, 2]).to(dev)))
+    got.append(_next_step(ours, cache, nxt))
     with torch.no_grad():
         for step, out in enumerate(got):
             for i, p in enumerate(PROMPTS):
@@ -186,14 +186,7 @@ def test_families_match_hf(kind, kw):
     cache = ours.new_cache(num_blocks=16, page_size=4)
     logits = ours.prefill(cache, [0, 1, 2], PROMPTS)
     nxt = logits.argmax(-1)
-    lens = [len(p) for p in PROMPTS]
-    for s in range(3):
-        cache.reserve(s, lens[s] + 1)
-    step = ours.decode(
-        cache, nxt, torch.tensor(lens, device=dev),
-        torch.tensor([cache.slot(s, lens[s]) for s in range(3)], device=dev),
-        torch.tensor([n + 1 for n in lens], dtype=torch.int32, device=dev),
-        cache.table([0, 1, 2]).to(dev))
+    step = _next_step(ours, cache, nxt)
     with torch.no_grad():
         for i, p in enumerate(PROMPTS):
             ref = hf(torch.tensor([p], device=dev)).logits[0, -1]
@@ -230,7 +223,6 @@ def test_fp8_cache_decode_reads_its_pages():
     # and both stay near the float32 cache's (fp8's rounding of k and v moves them a little)
     hf = _hf(seed=5)
     ours = LlamaModel.from_hf(hf)
-    dev = default_device()
     caches = {kv: ours.new_cache(num_blocks=16, page_size=4, kv_dtype=kv)
               for kv in (torch.float8_e4m3fn, None)}
     logits = {kv: ours.prefill(c, [0, 1, 2], PROMPTS) for kv, c in caches.items()}
@@ -244,24 +236,14 @@ def test_fp8_cache_decode_reads_its_pages():
             assert (c8.k_scale[i].view(-1, 2)[rows] != 1).all()
             assert (c8.v_scale[i].view(-1, 2)[rows] != 1).all()
     nxt = logits[None].argmax(-1)
-    lens = [len(p) for p in PROMPTS]
-
-    def step(c, write=True):
-        for s in range(3):
-            c.reserve(s, lens[s] + 1)
-        slots = [c.slot(s, lens[s]) if write else -1 for s in range(3)]
-        return ours.decode(c, nxt, torch.tensor(lens, device=dev),
-                           torch.tensor(slots, device=dev),
-                           torch.tensor([n + 1 for n in lens], dtype=torch.int32, device=dev),
-                           c.table([0, 1, 2]).to(dev))
-
-    fp8, full = step(c8), step(caches[None])
+    fp8, full = _next_step(ours, c8, nxt), _next_step(ours, caches[None], nxt)
     deq = ours.new_cache(num_blocks=16, page_size=4)
     deq.blocks = {s: list(b) for s, b in c8.blocks.items()}
     for i in range(len(ours.layers)):
         deq.k[i].copy_(c8.k[i].float() * c8.k_scale[i][..., None])
         deq.v[i].copy_(c8.v[i].float() * c8.v_scale[i][..., None])
-    torch.testing.assert_close(fp8, step(deq, write=False), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(fp8, _next_step(ours, deq, nxt, write=False), atol=1e-4,
+                               rtol=1e-4)
     assert 0 < (fp8 - full).abs().max() < 0.05 * full.abs().max()
     with pytest.raises(ValueError, match="kv_dtype"):
         ours.new_cache(4, kv_dtype=torch.float16)
