@@ -110,13 +110,7 @@ __device__ __forceinline__ float ex2(float x) {
 }
 
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
-  unsigned r;
-#if ELEM_FP16
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
-  return r;
+  return ELEM_FP16 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi);
 }
 
 // ---- wgmma (generated operand lists) -----------------------------------------------------

@@ -125,13 +125,7 @@ __device__ __forceinline__ void wgmma_sum(float* d, u64 desc_a, u64 desc_b, int 
 }
 
 __device__ __forceinline__ unsigned pack_out(float lo, float hi) {
-  unsigned r;
-#if OUT_F16
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
-  return r;
+  return OUT_F16 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi);
 }
 
 #define SUM_REGS (SUM_N / 2)

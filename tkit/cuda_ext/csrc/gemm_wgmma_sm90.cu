@@ -114,12 +114,6 @@ __device__ __forceinline__ void wgmma_m64n256k16(float* d, u64 desc_a, u64 desc_
       : "l"(desc_a), "l"(desc_b), "r"(1));
 }
 
-__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
-  unsigned r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
 extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(THREADS, 1) gemm_wgmma_bf16(
     const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
 #if EPI_TMA

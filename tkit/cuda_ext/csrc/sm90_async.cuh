@@ -162,6 +162,17 @@ __device__ __forceinline__ void fence_operand(float& r) {
 __device__ __forceinline__ void fence_operand(unsigned& r) {
   asm volatile("" : "+r"(r)::"memory");
 }
+// Two floats rounded to a pair of 16-bit values in one register, lo in the low half.
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
 
 // the grouped tile order: sections of GROUP_MC tile-rows, column-major inside a section
 __device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n, int& tm,
