@@ -143,11 +143,7 @@ def paged_step(ours, ids, nxt, device):
     b, n = ids.shape
     cache = ours.new_cache(num_blocks=b * -(-(n + 1) // 16), page_size=16)
     ours.prefill(cache, list(range(b)), ids.tolist())
-    for s in range(b):
-        cache.reserve(s, n + 1)
-    host = dict(positions=torch.full((b,), n), slot_mapping=torch.tensor(
-        [cache.slot(s, n) for s in range(b)]), cache_seqlens=torch.full(
-        (b,), n + 1, dtype=torch.int32), block_table=cache.table(list(range(b))))
+    host = cache.step_inputs(list(range(b)), [n] * b)
     tok = nxt[:, 0].contiguous()
     if torch.cuda.is_available():
         step = ours.capture_step(cache, tok, host)

@@ -14,7 +14,7 @@ cuda_int4            () -> tkit.cuda_ext.gemm_int4 (its ``supported``, ``unavail
                      ``tkit.kernels.matmul.int4`` dispatches to; raises ImportError when
                      tkit.cuda_ext cannot give it.
 cuda_attention       () -> tkit.cuda_ext.attention (its ``unavailable_reason`` and
-                     ``flash_attention_sm90``): the FA3-style forward in CUDA that
+                     ``forward``): the FA3-style forward in CUDA that
                      ``tkit.kernels.attention`` dispatches the cases of
                      ``AttentionConfig.cuda_fwd_cases`` to; raises ImportError when
                      tkit.cuda_ext cannot give it.

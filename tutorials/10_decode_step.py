@@ -335,12 +335,7 @@ def _time_steps(model, batch, context, kv_dtype, eager=True):
                             kv_dtype=kv_dtype)
     with torch.no_grad():
         tok = model.prefill(cache, seqs, [[1] * context for _ in seqs]).argmax(-1)
-        for s in seqs:
-            cache.reserve(s, context + 1)
-        host = dict(positions=torch.full((batch,), context),
-                    slot_mapping=torch.tensor([cache.slot(s, context) for s in seqs]),
-                    cache_seqlens=torch.full((batch,), context + 1, dtype=torch.int32),
-                    block_table=cache.table(seqs))
+        host = cache.step_inputs(seqs, [context] * batch)
         dev = {k: v.to(DEVICE) for k, v in host.items()}
         t_eager = (wall_per_call_ms(lambda: model.decode(cache, tok, **dev), 20, 5)[0]
                    if eager else None)

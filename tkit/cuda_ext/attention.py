@@ -166,6 +166,14 @@ def flash_attention_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     head) in turn, the next tile's Q and first K and V loaded under the last one's epilogue
     (None: a CTA a tile); ``check`` runs that build's self-test first (once per machine)."""
     scale = check_inputs(q, k, v, softmax_scale)
+    return forward(q, k, v, causal, scale, stages=stages, intra_overlap=intra_overlap,
+                   pingpong=pingpong, ctas=ctas, check=check)
+
+
+def forward(q, k, v, causal: bool, scale: float, *, stages=None, intra_overlap=None,
+            pingpong=None, ctas=None, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`flash_attention_sm90` for inputs already accepted (:func:`check_inputs` or
+    :func:`unavailable_reason`: ``tkit.flash_attention``'s dispatch), ``scale`` resolved."""
     b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     tiles = _common.cdiv(sq, BM) * hq * b
@@ -209,6 +217,7 @@ def _map(t: torch.Tensor, rows: int):
 _SELFTEST_CODE = """
 import json, sys, torch
 from tkit.cuda_ext.attention import flash_attention_sm90
+from tkit.specs.attention import ref_attention
 kw = json.loads(sys.argv[1])
 d, dtype = kw.pop("head_dim"), getattr(torch, kw.pop("dtype"))
 for b, sq, sk, hq, hk, causal in ((1, 300, 300, 2, 1, True), (2, 129, 257, 4, 2, False),
@@ -220,14 +229,7 @@ for b, sq, sk, hq, hk, causal in ((1, 300, 300, 2, 1, True), (2, 129, 257, 4, 2,
     o2, lse2 = flash_attention_sm90(q, k, v, causal=causal, check=False, ctas=2, **kw)
     torch.cuda.synchronize()
     assert torch.equal(o, o2) and torch.equal(lse, lse2), "two CTAs taking every tile differ"
-    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float().repeat_interleave(hq // hk, 2))
-    s = s / d ** 0.5
-    if causal:
-        i = torch.arange(sq, device="cuda")[:, None]
-        j = torch.arange(sk, device="cuda")[None, :]
-        s = s.masked_fill(j > i + sk - sq, float("-inf"))
-    ref = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1).nan_to_num(),
-                       v.float().repeat_interleave(hq // hk, 2))
+    ref = ref_attention(q.float(), k.float(), v.float(), causal=causal)
     torch.cuda.synchronize()
     err = (o.float() - ref).abs().max().item()
     assert err < 0.03, f"{(b, sq, sk, hq, hk, causal)}: max error {err}"

@@ -24,10 +24,7 @@ class FuseConfig:
     block_cols: int = 1024
 
     def __post_init__(self):
-        for name in ("values_per_thread", "max_warps", "block_cols"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
-                raise ValueError(f"FuseConfig.{name} must be a power of 2, got {v!r}")
+        C.check_power_of_2_fields(self, ("values_per_thread", "max_warps", "block_cols"))
         if self.max_warps > 32:
             raise ValueError(f"FuseConfig.max_warps must be at most 32, got {self.max_warps}")
 

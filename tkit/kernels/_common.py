@@ -282,6 +282,15 @@ def cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+def check_power_of_2_fields(cfg, names) -> None:
+    """ValueError naming ``type(cfg).name.field`` unless each of ``names`` is an int (not a
+    bool) that is a power of 2: the tile fields of the families' config dataclasses."""
+    for name in names:
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
+            raise ValueError(f"{type(cfg).__name__}.{name} must be a power of 2, got {v!r}")
+
+
 def next_power_of_2(n: int) -> int:
     """The smallest power of 2 >= n (1 for n <= 1), in plain Python: ``triton.next_power_of_2``
     is a ConstexprFunction whose host-side call costs microseconds."""

@@ -161,6 +161,21 @@ class PagedKVCache:
         """Where position ``pos`` of ``seq`` lives: block * page_size + offset."""
         return self.blocks[seq][pos // self.page_size] * self.page_size + pos % self.page_size
 
+    def step_inputs(self, seqs: list[int], lens: list[int], tokens: int = 1,
+                    width: int | None = None) -> dict:
+        """The host tensors of a decode step (:meth:`LlamaModel.decode`'s keywords) in which
+        each sequence ``seqs[i]``, holding ``lens[i]`` positions, takes ``tokens`` new ones:
+        pages reserved for them; positions and slot_mapping (batch, tokens), cache_seqlens
+        (batch,) int32, block_table (batch, ``width``)."""
+        for s, n in zip(seqs, lens):
+            self.reserve(s, n + tokens)
+        positions = torch.tensor(lens)[:, None] + torch.arange(tokens)
+        return dict(positions=positions,
+                    slot_mapping=torch.tensor([[self.slot(s, int(p)) for p in row]
+                                               for s, row in zip(seqs, positions)]),
+                    cache_seqlens=(positions[:, -1] + 1).to(torch.int32),
+                    block_table=self.table(seqs, width))
+
     def table(self, seqs: list[int], width: int | None = None) -> torch.Tensor:
         """(len(seqs), width) int32 block table on the host; entries past a sequence's pages
         are 0 (a valid block, never read: lengths bound every read)."""
@@ -356,12 +371,7 @@ class LlamaModel:
         for _ in range(max_new_tokens - 1):
             if emit(nxt):
                 return out
-            for s in seqs:  # the new token takes the next position
-                cache.reserve(s, lens[s] + 1)
-            host = dict(positions=torch.tensor(lens), cache_seqlens=torch.tensor(
-                [n + 1 for n in lens], dtype=torch.int32),
-                slot_mapping=torch.tensor([cache.slot(s, lens[s]) for s in seqs]),
-                block_table=cache.table(seqs, width))
+            host = cache.step_inputs(seqs, lens, width=width)  # the next position each
             if cuda_graph:
                 step = step or self.capture_step(cache, nxt, host)
                 logits = step(nxt, host)
@@ -419,14 +429,8 @@ class LlamaModel:
             return tkit.sample(logits, temperature=temperature, seed=seeds())
 
         def step(model, cache, tokens, lens):  # tokens (b, t) at positions lens..lens + t - 1
-            t = tokens.shape[1]
-            for s in seqs:
-                cache.reserve(s, lens[s] + t)
-            pos = torch.tensor(lens)[:, None] + torch.arange(t)
-            slots = torch.tensor([[cache.slot(s, int(p)) for p in pos[s]] for s in seqs])
-            return model.decode(cache, tokens, pos.to(dev), slots.to(dev),
-                                (pos[:, -1] + 1).to(torch.int32).to(dev),
-                                cache.table(seqs, width).to(dev))
+            host = cache.step_inputs(seqs, lens, tokens.shape[1], width)
+            return model.decode(cache, tokens, **{k: v.to(dev) for k, v in host.items()})
 
         out, done = [[] for _ in range(b)], [False] * b
 

@@ -242,7 +242,7 @@ def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
     if config is None and not varlen:
         cuda, _ = _cuda_choice(q, k, v, causal, (wl, wr), softcap, scale)
         if cuda is not None:
-            return cuda.flash_attention_sm90(q, k, v, causal=causal, softmax_scale=scale)
+            return cuda.forward(q, k, v, causal, scale)  # inputs checked by _cuda_choice
         hopper, _ = _hopper_choice(q, k, v, causal, (wl, wr), softcap)
         if hopper is not None:
             return hopper.forward(q, k, v, causal, scale)

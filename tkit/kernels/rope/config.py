@@ -31,10 +31,7 @@ class RopeConfig:
     num_warps: int = 4
 
     def __post_init__(self):
-        for name in ("block_t", "block_h", "num_warps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
-                raise ValueError(f"RopeConfig.{name} must be a power of 2, got {v!r}")
+        C.check_power_of_2_fields(self, ("block_t", "block_h", "num_warps"))
 
     @classmethod
     def for_device(cls, rotary_dim: int, max_heads: int, append: bool = False) -> RopeConfig:
