@@ -3,6 +3,10 @@ model with the same weights (greedy tokens equal, logits close), and the cache's
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -134,6 +138,55 @@ def test_cuda_graph_generation_equals_eager():
     assert ours.generate(PROMPTS, 8, temperature=0.8, top_k=20, seed=5) == sampled
     fp8 = dict(page_size=16, kv_dtype=torch.float8_e4m3fn)
     assert ours.generate(PROMPTS, 12, cuda_graph=True, **fp8) == ours.generate(PROMPTS, 12, **fp8)
+
+
+def _captured_step_without_its_cache(model):
+    """A step captured over PROMPTS' prefilled cache, the caller's reference to the cache
+    dropped (as a helper that returns only the step does); the eager logits of the same step
+    taken before, and a weak reference to the cache."""
+    cache = model.new_cache(num_blocks=6, page_size=16)
+    model.prefill(cache, [0, 1, 2], PROMPTS)
+    host = cache.step_inputs([0, 1, 2], [len(p) for p in PROMPTS])
+    tok = torch.tensor([3, 1, 4], device=default_device())
+    eager = model.decode(cache, tok, **{k: v.to(tok.device) for k, v in host.items()})
+    step = model.capture_step(cache, tok, host)
+    return step, tok, host, eager.clone(), weakref.ref(cache)
+
+
+def test_captured_step_holds_its_cache(monkeypatch):
+    # the graph reads the cache by address: a step that outlives the caller's reference must
+    # keep the cache (the HF benchmark's graph step read freed pages, reused by the next
+    # allocations, and its logits left HF's by 1.4). The capture path on the CPU, with the
+    # graph calls stubbed.
+    class Graph:
+        def replay(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    ours = LlamaModel.from_hf(_hf())
+    with torch.no_grad():
+        step, *_, cache = _captured_step_without_its_cache(ours)
+    gc.collect()
+    assert cache() is not None
+    del step
+    gc.collect()
+    assert cache() is None  # the step held it, nothing else
+
+
+@pytest.mark.gpu
+def test_captured_step_replays_after_the_cache_is_dropped():
+    hf = _hf(torch.bfloat16, seed=2, hidden_size=256, intermediate_size=512)
+    ours = LlamaModel.from_hf(hf)
+    with torch.no_grad():
+        step, tok, host, eager, _ = _captured_step_without_its_cache(ours)
+        gc.collect()
+        junk = ours.new_cache(num_blocks=6, page_size=16)  # a freed cache's blocks go here
+        for t in junk.k + junk.v:
+            t.fill_(7.0)
+        got = step(tok, host).float()
+    assert ((got - eager.float()).abs().max() / eager.float().abs().max()) < 2 ** -6
 
 
 def _family(kind, seed=0, **kw):

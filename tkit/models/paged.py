@@ -469,9 +469,10 @@ class LlamaModel:
             lens = [m + a + 1 for m, a in zip(lens, n)]
         return out
 
-    def capture_step(self, cache, tokens, host):
-        """The decode step captured in a CUDA graph over static input buffers; returns
-        ``step(tokens, host) -> logits`` that copies the inputs in and replays."""
+    def capture_step(self, cache, tokens, host) -> CapturedStep:
+        """The decode step captured in a CUDA graph over static input buffers; returns a
+        :class:`CapturedStep`, ``step(tokens, host) -> logits``, that copies the inputs in and
+        replays."""
         static = {k: v.to(tokens.device) for k, v in host.items()}
         static_tokens = tokens.clone()
         self.decode(cache, static_tokens, **static)  # compiles and plans outside the capture
@@ -479,12 +480,22 @@ class LlamaModel:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             logits = self.decode(cache, static_tokens, **static)
+        return CapturedStep(self, cache, graph, static_tokens, static, logits)
 
-        def step(tokens, host):
-            static_tokens.copy_(tokens)
-            for k, v in host.items():
-                static[k].copy_(v, non_blocking=True)
-            graph.replay()
-            return logits
 
-        return step
+class CapturedStep:
+    """A decode step in a CUDA graph (:meth:`LlamaModel.capture_step`). It holds the model and
+    the cache as well as the graph: the graph reads their memory by address, and a cache freed
+    while its graph lives hands its pages to the next allocation, which the replay would then
+    read as K and V. ``logits`` is the graph's output buffer, overwritten by each replay."""
+
+    def __init__(self, model, cache, graph, tokens, inputs, logits):
+        self.model, self.cache, self.graph = model, cache, graph
+        self._tokens, self._inputs, self.logits = tokens, inputs, logits
+
+    def __call__(self, tokens, host) -> torch.Tensor:
+        self._tokens.copy_(tokens)
+        for k, v in host.items():
+            self._inputs[k].copy_(v, non_blocking=True)
+        self.graph.replay()
+        return self.logits
