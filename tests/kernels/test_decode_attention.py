@@ -249,6 +249,29 @@ def test_fp8_default_takes_the_wgmma_where_it_applies(monkeypatch):
         assert other[1:4] == ("mma", 64, 2)
 
 
+def test_dense_head_dim_256_splits(monkeypatch):
+    """Outside the interpreter (meta tensors plan as the H200, 132 SMs): a dense 16-bit cache
+    at D=256 streams up to 8 MB a split, so B32 Hkv8 L8192 (256 programs, one wave of 2 an
+    SM) runs unsplit, as the D=128 dense default does; one long sequence still splits to
+    fill the SMs, and a paged cache keeps the 2 MB floor."""
+    from tkit.kernels.decode import config as DC
+
+    monkeypatch.setattr(DC._env, "INTERPRET", False)
+
+    def splits(b, n, d=256, paged=False):
+        q = torch.empty((b, 1, 32, d), dtype=torch.bfloat16, device="meta")
+        k = torch.empty((b, n, 8, d), dtype=torch.bfloat16, device="meta")
+        table = None
+        if paged:
+            k, table = k.reshape(b * n // 64, 64, 8, d), torch.empty((b, n // 64), dtype=I32,
+                                                                       device="meta")
+        return DA.plan_splits(q, k, table)[0]
+
+    assert splits(32, 8192) == 1 and splits(32, 8192, d=128) == 1
+    assert splits(32, 8192, paged=True) == 4  # 8 MB a program over the 2 MB floor
+    assert 16 <= splits(1, 131072) < splits(1, 131072, paged=True)
+
+
 @pytest.mark.parametrize("unaligned", [False, True])
 def test_fp8_wgmma_default_and_its_fallback(monkeypatch, unaligned):
     """The GPU default planned for the fp8 wgmma (made the default here: the H200's table and
