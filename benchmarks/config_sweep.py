@@ -1527,11 +1527,10 @@ def sweep_attention_persistent(rows):
 
 
 def _attention_forward_case(rows, B, S, hq, hk, d, causal, every=False, extra=None,
-                            persistent=True, more=None):
+                            persistent=True):
     """One attention shape: ``tkit.flash_attention``, the Triton kernel, the per-tile default,
-    every config (``every``) or the persistent ones (``persistent``), the ``extra`` configs,
-    ``more(q, k, v, causal)``'s calls (name -> callable) and cuDNN, interleaved graph
-    replays, each checked against SDPA once."""
+    every config (``every``) or the persistent ones (``persistent``), the ``extra`` configs
+    and cuDNN, interleaved graph replays, each checked against SDPA once."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from tkit.kernels import attention as A
@@ -1564,7 +1563,6 @@ def _attention_forward_case(rows, B, S, hq, hk, d, causal, every=False, extra=No
                 lambda cfg=cfg: AH.forward(q, k, v, causal=causal, config=cfg)[0])
     for name, cfg in (extra or {}).items():
         calls[name] = lambda cfg=cfg: AH.forward(q, k, v, causal=causal, config=cfg)[0]
-    calls.update(more(q, k, v, causal) if more else {})
 
     def cudnn():
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
@@ -1593,37 +1591,6 @@ def _attention_forward_case(rows, B, S, hq, hk, d, causal, every=False, extra=No
               f"{flops / t / 1e9:6.1f} TFLOP/s {t_cudnn / t:6.3f}x cuDNN")
         rows.append(dict(family="attention_persistent", case=case, config=name,
                          median_ms=t, tflops=flops / t / 1e9, vs_cudnn=t_cudnn / t))
-
-
-#: the CUDA forward's builds (tkit.cuda_ext.attention.config): the default (a ring of 2 K and
-#: 2 V slots, the softmax under the previous block's P V), without the overlap, with the two
-#: consumers taking turns, and a third slot where it fits (head dim 64)
-ATTENTION_SM90_BUILDS = {"cuda": {}, "cuda no overlap": dict(intra_overlap=False),
-                         "cuda pingpong": dict(pingpong=True), "cuda s3": dict(stages=3)}
-ATTENTION_SM90_CASES = [(4, 4096, 16, 16, 128, False), (4, 4096, 16, 16, 128, True),
-                        (4, 4096, 16, 16, 64, True), (4, 4096, 16, 16, 64, False),
-                        (4, 4096, 16, 16, 256, False), (4, 4096, 16, 16, 256, True),
-                        (4, 4096, 32, 8, 128, True),
-                        (1, 16384, 16, 16, 128, True), (16, 1024, 16, 16, 128, True)]
-
-
-def sweep_attention_sm90(rows):
-    """The FlashAttention-3-style CUDA forward (csrc/attn_fwd_sm90.cu) in each build of
-    :data:`ATTENTION_SM90_BUILDS`, and persistent (a CTA an SM taking the tiles in turn), beside
-    ``tkit.flash_attention``, the Triton kernel, the per-tile Gluon default and cuDNN, at
-    :data:`ATTENTION_SM90_CASES` (FA4 led tkit by 7-36% at B4 S4096; docs/FACTS.md)."""
-    from tkit.cuda_ext.attention import flash_attention_sm90
-
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-
-    def more(q, k, v, causal):
-        builds = {**ATTENTION_SM90_BUILDS, "cuda persistent": dict(ctas=sms),
-                  "cuda persistent pingpong": dict(ctas=sms, pingpong=True)}
-        return {name: (lambda b=b: flash_attention_sm90(q, k, v, causal=causal, **b)[0])
-                for name, b in builds.items()}
-
-    for B, S, hq, hk, d, causal in ATTENTION_SM90_CASES:
-        _attention_forward_case(rows, B, S, hq, hk, d, causal, persistent=False, more=more)
 
 
 def sweep_decode_splits(rows):
@@ -2033,8 +2000,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "attention_d64_2cta": sweep_attention_d64_2cta,
           "attention_d64_causal": sweep_attention_d64_causal,
           "attention_ring": sweep_attention_ring,
-          "attention_d128_rules": sweep_attention_d128_rules,
-          "attention_sm90": sweep_attention_sm90}
+          "attention_d128_rules": sweep_attention_d128_rules}
 
 
 def main(argv):

@@ -100,12 +100,6 @@ def _cuda_int4():
     return gemm_int4
 
 
-def _cuda_attention():
-    from tkit.cuda_ext import attention
-
-    return attention
-
-
 @contextlib.contextmanager
 def _aot_compile_context(jit):
     from tkit.ir_tools.aot import _jit_language, _real_language
@@ -118,7 +112,6 @@ def _aot_compile_context(jit):
 _hooks.cuda_matmul = _cuda_matmul
 _hooks.cuda_fp8_block = _cuda_fp8_block
 _hooks.cuda_int4 = _cuda_int4
-_hooks.cuda_attention = _cuda_attention
 _hooks.aot_compile_context = _aot_compile_context
 
 

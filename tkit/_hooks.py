@@ -13,11 +13,6 @@ cuda_int4            () -> tkit.cuda_ext.gemm_int4 (its ``supported``, ``unavail
                      ``matmul_int4_cuda``): the INT4 decode GEMM in CUDA that
                      ``tkit.kernels.matmul.int4`` dispatches to; raises ImportError when
                      tkit.cuda_ext cannot give it.
-cuda_attention       () -> tkit.cuda_ext.attention (its ``unavailable_reason`` and
-                     ``forward``): the FA3-style forward in CUDA that
-                     ``tkit.kernels.attention`` dispatches the cases of
-                     ``AttentionConfig.cuda_fwd_cases`` to; raises ImportError when
-                     tkit.cuda_ext cannot give it.
 aot_compile_context  (jit function) -> context manager under which an ahead-of-time compile
                      (``tkit.kernels.attention.hopper.compile_sm90``) sees the real
                      triton.language even under TRITON_INTERPRET=1 (tkit.ir_tools.aot's).
@@ -32,7 +27,6 @@ from typing import Any
 cuda_matmul: Callable[[], Callable] | None = None
 cuda_fp8_block: Callable[[], Any] | None = None
 cuda_int4: Callable[[], Any] | None = None
-cuda_attention: Callable[[], Any] | None = None
 aot_compile_context: Callable[[Any], contextlib.AbstractContextManager] | None = None
 
 

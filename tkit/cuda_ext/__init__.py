@@ -21,9 +21,6 @@ Public entry points:
   a: a TMA ring of the codes, mma.sync on registers dequantized in two instructions a pair,
   stream-K over the SMs), which ``tkit.matmul_int4`` dispatches to on sm_90
   (``tkit.kernels.matmul.int4.backend`` says which kernel a call gets).
-* :mod:`tkit.cuda_ext.attention`: a FlashAttention-3-style forward (TMA rings for K and V,
-  two consumer warpgroups, the softmax of a key block overlapped with the previous block's
-  P @ V wgmma), opt-in through ``flash_attention_sm90`` (bf16/fp16, head_dim 64, 128 or 256).
 * :func:`status`: a dict (printed readably) of every op's path; ``tkit info`` prints it.
 * :func:`cute_layouts`: the CuTe printout of the tiled-MMA layouts (host program; tutorial 06b).
 * :func:`compile_cubin`, :func:`sass`, :func:`resource_usage`: nvcc ahead of time, no GPU
@@ -315,7 +312,7 @@ def status(compile: bool = True) -> Status:
     )
     env_why = _environment_reason()
     if env_why is not None:
-        for op in ("matmul", "sgemm", "matmul_fp8_block", "matmul_int4", "flash_attention_sm90"):
+        for op in ("matmul", "sgemm", "matmul_fp8_block", "matmul_int4"):
             info["ops"][op] = {"path": "unavailable" if op == "sgemm" else "triton",
                                "why": f"CUDA paths off: {env_why}"}
         return info
@@ -328,8 +325,6 @@ def status(compile: bool = True) -> Status:
         info["ops"]["sgemm"] = {"path": "sgemm.cu via NVRTC", "why": "not compiled yet"}
         info["ops"]["matmul_fp8_block"] = {"path": fp8_block, "why": "not compiled yet"}
         info["ops"]["matmul_int4"] = {"path": "gemm_int4_sm90.cu", "why": "not compiled yet"}
-        info["ops"]["flash_attention_sm90"] = {"path": "attn_fwd_sm90.cu (opt-in)",
-                                               "why": "not compiled yet"}
         return info
     path, why = select_matmul_path()
     info["ops"]["matmul"] = {"path": path or "triton", "why": why}
@@ -338,24 +333,7 @@ def status(compile: bool = True) -> Status:
                             "why": err or f"steps: {', '.join(SGEMM_STEPS)}"}
     info["ops"]["matmul_fp8_block"] = _fp8_block_status(fp8_block)
     info["ops"]["matmul_int4"] = _int4_status()
-    info["ops"]["flash_attention_sm90"] = _attention_status()
     return info
-
-
-def _attention_status() -> dict:
-    """The FlashAttention-3-style forward here: its default sm_90a build (bf16, head_dim 128)
-    and self-test. Opt-in: ``tkit.flash_attention`` keeps its Triton/Gluon kernels until the
-    H200 measures this one ahead."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        return {"path": "triton", "why": "sm_90a code needs compute capability 9.0"}
-    from tkit.cuda_ext.attention import selftest
-
-    why = selftest(128, torch.bfloat16)
-    if why is not None:
-        return {"path": "triton", "why": why}
-    return {"path": "triton", "why": "attn_fwd_sm90.cu builds and passes its self-test here; "
-            "opt-in through tkit.cuda_ext.attention.flash_attention_sm90 (not measured ahead "
-            "of the Triton/Gluon forward yet)"}
 
 
 def _int4_status() -> dict:

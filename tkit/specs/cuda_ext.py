@@ -127,59 +127,7 @@ def _bf16_spec(name, fn, doc):
         bound="compute", doc=doc, no_check_reason=GPU_ONLY)
 
 
-def _attention_cases(big: bool):
-    from tkit.specs import attention as SA
-
-    if big:  # the flash_attention spec's shapes that this kernel takes
-        return [SA._case(4, 4096, 4096, 16, 16, 128), SA._case(4, 4096, 4096, 16, 16, 128,
-                                                               causal=True),
-                SA._case(4, 4096, 4096, 16, 16, 64, causal=True),
-                SA._case(4, 4096, 4096, 16, 16, 256, causal=True),
-                SA._case(4, 4096, 4096, 32, 8, 128, causal=True, group="gqa")]
-    return [SA._case(2, 300, 300, 4, 2, 128), SA._case(1, 129, 257, 2, 1, 64, causal=True),
-            SA._case(1, 170, 250, 2, 2, 256, causal=True),
-            SA._case(1, 200, 70, 2, 2, 128, torch.float16, causal=True)]
-
-
-def _attention_sm90(q, k, v, *, causal=False, softmax_scale=None, return_lse=False):
-    from tkit.cuda_ext.attention import flash_attention_sm90
-
-    out, lse = flash_attention_sm90(q, k, v, causal=causal, softmax_scale=softmax_scale)
-    return (out, lse) if return_lse else out
-
-
-def _fuzz_attention():
-    from tkit.specs import attention as SA
-
-    return dict(shapes=SA.attention_shapes(head_dims=(64, 128, 256)),
-                dtypes=(BF16, torch.float16),
-                layouts=("contiguous",),
-                kwargs=st.fixed_dictionaries({"causal": st.booleans(),
-                                              "return_lse": st.booleans()}))
-
-
-def _attention_spec():
-    from tkit.specs import attention as SA
-
-    def tkit_attention():
-        import tkit
-
-        return tkit.flash_attention
-
-    return OpSpec(
-        name="cuda_flash_attention_sm90", family="cuda_ext", fn=_attention_sm90,
-        reference=SA.ref_attention, cost=SA.cost_attention,
-        bench_cases=lambda: _attention_cases(True),
-        check_cases=lambda: _gpu_only(_attention_cases(False)),
-        fuzz=_fuzz_attention,
-        baselines={"tkit (triton/gluon)": tkit_attention,
-                   "sdpa_cudnn": SA._sdpa("CUDNN_ATTENTION")},
-        bound="compute", no_check_reason=GPU_ONLY,
-        doc="attention forward, FlashAttention-3 style: TMA rings, two consumer warpgroups, "
-            "the softmax overlapped with the previous block's P V wgmma (sm_90a; D 64/128/256)")
-
-
-SPECS = [_sgemm_spec(step) for step in cuda_ext.SGEMM_STEPS] + [_attention_spec()] + [
+SPECS = [_sgemm_spec(step) for step in cuda_ext.SGEMM_STEPS] + [
     _bf16_spec("cuda_matmul_mma", cuda_ext.matmul_mma,
                "bf16 GEMM, mma.sync + ldmatrix + 3-stage cp.async, 256x128x64 (sm_80 path)"),
     _bf16_spec("cuda_matmul_wgmma", cuda_ext.matmul_wgmma,

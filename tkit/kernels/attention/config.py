@@ -196,18 +196,10 @@ class AttentionConfig:
     Gluon / Triton): B4 x 4096 causal 847.7 / 1149.8, non-causal 1540.3 / 2249.0, B32 x 512
     causal 209.0 / 291.6, GQA 16/8 causal 839.8 / 1148.0 (docs/NOTES.md).
     ``with attention_config(hopper_fwd_cases=frozenset()): ...`` keeps every forward on the
-    Triton kernel.
-
-    cuda_fwd_cases: the forward cases (head_dim, causal) that go to the FA3-style CUDA kernel
-    (``tkit.cuda_ext.attention``, sm_90a) where it takes the inputs (bf16/fp16, head_dim 64,
-    128 or 256, no window, softcap or varlen, TMA-able strides) and its self-test passed here;
-    ahead of ``hopper_fwd_cases``. Empty: the kernel has not been measured on the H200 yet,
-    so no call goes there unless asked
-    (``with attention_config(cuda_fwd_cases=frozenset({(128, True)})): ...``)."""
+    Triton kernel."""
 
     hopper_fwd_cases: frozenset = frozenset({(128, False), (128, True), (64, True),
                                              (64, False), (256, False), (256, True)})
-    cuda_fwd_cases: frozenset = frozenset()
 
 
 _OVERRIDES = C.ConfigOverrides(AttentionConfig)

@@ -4,12 +4,10 @@ the launchers (forward, backward) and the torch.library registrations
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
 
-from tkit import _hooks
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
 from tkit.kernels import _plan as P
@@ -159,26 +157,6 @@ def _hopper_choice(q, k, v, causal, window, softcap):
     return (attention_hopper, None) if reason is None else (None, reason)
 
 
-def _cuda_choice(q, k, v, causal, window, softcap, scale):
-    """(tkit.cuda_ext.attention, None) when its FA3-style forward takes these inputs, else
-    (None, the reason it does not)."""
-    if (q.shape[-1], bool(causal)) not in AC.current_config().cuda_fwd_cases:
-        return None, (f"head_dim {q.shape[-1]}, causal={bool(causal)} not in "
-                      "AttentionConfig.cuda_fwd_cases")
-    if tuple(window) != (-1, -1) or softcap:
-        return None, "the CUDA forward has no window or softcap"
-    if q.device.type != "cuda":
-        return None, "not on a CUDA device"
-    try:
-        if _hooks.cuda_attention is None:
-            raise ImportError("no CUDA attention is registered in tkit._hooks")
-        cuda = _hooks.cuda_attention()
-    except ImportError as e:
-        return None, f"tkit.cuda_ext unavailable: {e}"
-    reason = cuda.unavailable_reason(q, k, v, scale)
-    return (cuda, None) if reason is None else (None, reason)
-
-
 def hopper_status(device=None) -> str:
     """Whether this machine's flash_attention forward can take the Gluon Hopper kernel, and
     for which cases (``tkit info`` prints it)."""
@@ -199,22 +177,13 @@ def hopper_status(device=None) -> str:
 
 def fwd_backend(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0) -> str:
     """Which forward kernel ``flash_attention`` launches for these inputs, and why:
-    "split-kv (...)", "cuda (sm_90a, ...)", "gluon (sm_90, ...)" or "triton (...)" (a case
-    of ``AttentionConfig.cuda_fwd_cases`` that the CUDA kernel declines says why)."""
+    "split-kv (...)", "gluon (sm_90, ...)" or "triton (...)"."""
     if _split_kv_serves(q, k, v):
         return (f"split-kv (seqlen_q {q.shape[1]} <= {DC.MAX_SEQLEN_Q}: the decode family's "
                 "kernel, keys split over programs)")
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    cuda, why_cuda = _cuda_choice(q, k, v, causal, window_size, softcap, scale)
-    if cuda is not None:
-        return ("cuda (sm_90a, FA3-style: TMA rings, the softmax under the previous block's "
-                "P V wgmma)")
-    # a case asked of the CUDA kernel that it declines says why
-    asked = (q.shape[-1], bool(causal)) in AC.current_config().cuda_fwd_cases
-    declined = f"; the CUDA kernel declines: {why_cuda}" if asked else ""
     hopper, reason = _hopper_choice(q, k, v, causal, window_size, softcap)
     if hopper is None:
-        return f"triton ({reason}{declined})"
+        return f"triton ({reason})"
     cfg = hopper.call_config(q, k, causal)
     if cfg.get("PERSISTENT"):
         ctas = cfg.get("CTAS", 1)
@@ -225,7 +194,7 @@ def fwd_backend(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0) -> str
                 + (f", {cfg['CTAS']} CTAs an SM)" if cfg.get("CTAS", 1) > 1 else ")"))
     else:
         tail = ")"
-    return "gluon (sm_90, wgmma overlapped with the softmax" + tail[:-1] + declined + ")"
+    return "gluon (sm_90, wgmma overlapped with the softmax" + tail
 
 
 def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
@@ -240,9 +209,6 @@ def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, softcap,
     if config is None and not varlen and _split_kv_serves(q, k, v):
         return _split_kv_forward(q, k, v, causal, scale, wl, wr, softcap)
     if config is None and not varlen:
-        cuda, _ = _cuda_choice(q, k, v, causal, (wl, wr), softcap, scale)
-        if cuda is not None:
-            return cuda.forward(q, k, v, causal, scale)  # inputs checked by _cuda_choice
         hopper, _ = _hopper_choice(q, k, v, causal, (wl, wr), softcap)
         if hopper is not None:
             return hopper.forward(q, k, v, causal, scale)
