@@ -1609,9 +1609,7 @@ def sweep_decode_splits(rows):
 #: as overrides of their defaults (K tiles of 16 KB: 128 keys at D=64, 32 at D=256; 4 warps,
 #: 3 stages; the split heuristic counting 2 programs an SM).
 DECODE_DIM_VARIANTS: dict = {
-    9: [dict(warp_keys=4, block_n=64), dict(warp_keys=4, block_n=128),
-        dict(warp_keys=2, num_warps=2, block_n=64),
-        dict(num_splits=2), dict(num_splits=3), dict(num_warps=8), dict(num_stages=4),
+    9: [dict(num_splits=2), dict(num_splits=3), dict(num_warps=8), dict(num_stages=4),
         dict(num_stages=2), dict(num_stages=2, num_splits=2),
         dict(block_n=256, num_warps=8, num_stages=2), dict(block_n=64, num_stages=5),
         dict(block_n=64, num_stages=5, num_splits=2)],
@@ -1620,48 +1618,6 @@ DECODE_DIM_VARIANTS: dict = {
          dict(block_n=16, num_stages=5), dict(block_n=16, num_stages=5, num_splits=1),
          dict(block_n=64, num_warps=8, num_stages=2, num_splits=1)],
 }
-
-
-#: key groups (``DecodeConfig.warp_keys``: a warp's own keys and softmax state, no barrier
-#: in the loop but the pipeline's) at D=128, as overrides of each case's default: B1 L4096
-#: (case 11, one program an SM), dense / page 16 / page 64 B32 (0-2), B128 L1024 (4),
-#: mixed lengths (5), 4 queries (7). 64-key tiles of 4 warps: 238 registers (2 an SM), 17.3
-#: instructions a key in the unmasked loop against the default's 28.6 (8 warps, 9 barriers a
-#: tile); each warp rescales its whole (16, 128) accumulator a tile, so more keys a warp cost
-#: fewer a key.
-DECODE_KEY_VARIANTS: list = [
-    dict(warp_keys=4, num_warps=4, block_n=64),
-    dict(warp_keys=4, num_warps=4, block_n=64, num_stages=4),
-    dict(warp_keys=4, num_warps=4, block_n=64, num_stages=2),
-    dict(warp_keys=4, num_warps=4, block_n=64, num_stages=5),  # paged: 2 tiles in flight
-    dict(warp_keys=8, num_warps=8, block_n=128),
-    dict(warp_keys=4, num_warps=4, block_n=128),  # 13.1 instructions a key, one an SM
-    dict(warp_keys=2, num_warps=2, block_n=64),  # 12.9, three an SM
-]
-
-
-def sweep_decode_keys(rows):
-    """decode_attention with key groups (:data:`DECODE_KEY_VARIANTS`) against each case's
-    default, whole calls (graph replays, L2 flushed), cases 11, 0, 1, 2, 4, 5 (mixed lengths)
-    and 7; at B1 also more splits."""
-    from tkit.kernels import decode as DA
-
-    # B1 L4096: the default's 16 splits put one program on each of 128 SMs; key groups fit
-    # two an SM, so 32 splits (two tiles a split) are a candidate there
-    extra = {11: [dict(warp_keys=4, num_warps=4, block_n=64, num_splits=32),
-                  dict(warp_keys=2, num_warps=2, block_n=32, num_splits=32)]}
-    cases = {i: DECODE_KEY_VARIANTS + extra.get(i, []) for i in (11, 0, 1, 2, 4, 5, 7)}
-    try:
-        warm(DA.decode_config, [("decode_attention", i, v) for i, vs in cases.items()
-                                for v in [{}] + vs])
-    except Exception as e:  # the sweep compiles what the warm-up did not
-        print(f"decode_keys warm-up: {type(e).__name__}: {str(e)[:200]}")
-    for index, variants in cases.items():
-        try:
-            sweep("decode_keys", DA.decode_config, variants, "decode_attention",
-                  index, rows, exact=False)
-        except Exception as e:  # one case's failure must not lose the others' rows
-            print(f"decode_keys case {index}: {type(e).__name__}: {str(e)[:200]}")
 
 
 def sweep_decode_dims(rows):
@@ -1971,7 +1927,6 @@ def sweep_decode_wg(rows):
 SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "decode_fp8_batch": sweep_decode_fp8_batch,
           "decode_bar": sweep_decode_bar, "decode_dims": sweep_decode_dims,
-          "decode_keys": sweep_decode_keys,
           "decode_fp8": sweep_decode_fp8,
           "int4": sweep_int4, "int4_small_m": sweep_int4_small_m,
           "int4_8192": sweep_int4_8192,

@@ -129,165 +129,20 @@ def _decode_tiles(acc, l_i, m_i, q, K, V, KS, VS, BT, start, end, L, qpos, offs_
                   SUB_N: tl.constexpr,
                   PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
                   MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
-                  SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
-                  WARP_KEYS: tl.constexpr = 0):
+                  SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr):
     """Online softmax over the key tiles [start, end) (multiples of BLOCK_N); MASKED tiles
     evaluate visibility, the others are fully visible to every row. A tile is taken in
     BLOCK_N // SUB_N sub-tiles of SUB_N keys (``offs_n`` is SUB_N long): the loads of a whole
     tile are issued together (the pipeline streams tiles), but only one sub-tile's converted
-    operands are live in registers at a time (fp8 caches: see DecodeConfig). WARP_KEYS > 1:
-    a sub-tile in key groups (:func:`_decode_tile_w`; q, acc, l_i, m_i batched over the
-    groups, ``offs_n`` the SUB_N // WARP_KEYS keys of one group)."""
+    operands are live in registers at a time (fp8 caches: see DecodeConfig)."""
     for start_t in range(start, end, BLOCK_N):
         for j in tl.static_range(BLOCK_N // SUB_N):
-            if WARP_KEYS > 1:
-                acc, l_i, m_i = _decode_tile_w(
-                    acc, l_i, m_i, q, K, V, KS, VS, BT, start_t + j * SUB_N, L, qpos,
-                    tl.arange(0, WARP_KEYS), offs_n, offs_d, b64, n_blocks, shift, wl, wr,
-                    qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp,
-                    sbtn, HEAD_DIM, BLOCK_D, SUB_N, PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI,
-                    SOFTCAP, SCALE_K, SCALE_V, PREC)
-            else:
-                acc, l_i, m_i = _decode_tile(
-                    acc, l_i, m_i, q, K, V, KS, VS, BT, start_t + j * SUB_N, L, qpos, offs_n,
-                    offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd,
-                    svn, svp, svd, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, SUB_N,
-                    PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
+            acc, l_i, m_i = _decode_tile(
+                acc, l_i, m_i, q, K, V, KS, VS, BT, start_t + j * SUB_N, L, qpos, offs_n,
+                offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd,
+                svn, svp, svd, sksn, sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, SUB_N,
+                PAGE_SIZE, PAGED, MASKED, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
     return acc, l_i, m_i
-
-
-@triton.jit
-def _group_rows(BT, start_n, local, L, b64, n_blocks, sbtn, PAGE_SIZE: tl.constexpr,
-                PAGED: tl.constexpr, SUB_N: tl.constexpr, PER_KEY: tl.constexpr):
-    """Where the keys ``start_n + local`` of a sub-tile of key groups are, as (blk, r0, rows):
-    a row's offset in a cache strided (block, row) = (sn, sp) is blk * sn + (r0 + rows) * sp.
-    PER_KEY (a masked sub-tile, or pages smaller than it): blk and rows per key, 64-bit, as
-    :func:`_key_rows` (positions clamped to the sequence, blocks to the cache), r0 = 0.
-    Otherwise the fully visible sub-tile is in one block (dense, or a page of SUB_N keys or
-    more): one block, its first row r0 and the 32-bit ``local`` as rows, the same offsets
-    from one 64-bit base every sub-tile (the launcher keeps SUB_N row strides below 2**31);
-    every row is below L."""
-    if PER_KEY:
-        blk, rows = _key_rows(BT, start_n, start_n + local, L, b64, n_blocks, sbtn, PAGE_SIZE,
-                              PAGED, SUB_N)
-        r0 = 0
-    else:
-        if PAGED:  # start_n >= 0: unsigned division and remainder by the power of 2
-            u = tl.cast(start_n, tl.uint32)
-            blk = tl.load(BT + (u // PAGE_SIZE).to(tl.int32) * sbtn)
-            blk = tl.minimum(tl.maximum(blk, 0), n_blocks - 1).to(tl.int64)
-            r0 = (u % PAGE_SIZE).to(tl.int64)
-        else:
-            blk = b64
-            r0 = tl.cast(start_n, tl.int64)
-        rows = local
-    return blk, r0, rows
-
-
-@triton.jit
-def _group_row_ptrs(X, blk, r0, rows, sn, sp, PER_KEY: tl.constexpr):
-    """Pointers to the rows of :func:`_group_rows` in X strided (block, row) = (sn, sp)."""
-    if PER_KEY:
-        p = X + (blk * sn + rows * sp)
-    else:
-        p = (X + (blk * sn + r0 * sp)) + rows * sp
-    return p
-
-
-@triton.jit
-def _group_ptrs(X, blk, r0, rows, sn, sp, col_off, PER_KEY: tl.constexpr):
-    """Pointers (W, NW, C) to the columns ``col_off`` (C,) of the rows of :func:`_group_rows`;
-    with one base a sub-tile, one 64-bit add of 32-bit offsets an address."""
-    if PER_KEY:
-        p = X + ((blk * sn + rows * sp)[:, :, None] + col_off[None, None, :])
-    else:
-        p = (X + (blk * sn + r0 * sp)) + ((rows * sp)[:, :, None] + col_off[None, None, :])
-    return p
-
-
-@triton.jit
-def _rows_as(ptrs, dmask, dtype: tl.constexpr, PAD_D: tl.constexpr):
-    """Cache rows at ``ptrs`` in ``dtype`` (an fp8 cache converted); PAD_D: the head dim
-    padded to a power of 2, the padding read as 0. (:func:`_decode_tile` keeps its own
-    loads: through this helper four of its measured builds compiled to other SASS.)"""
-    if PAD_D:
-        x = tl.load(ptrs, mask=dmask, other=0.0)
-    else:
-        x = tl.load(ptrs)
-    if x.dtype != dtype:
-        x = x.to(dtype)
-    return x
-
-
-@triton.jit
-def _decode_tile_w(acc, l_i, m_i, q3, K, V, KS, VS, BT, start_n, L, qpos, offs_w, offs_nw,
-                   offs_d, b64, n_blocks, shift, wl, wr, qk_scale, cap_scale,
-                   skn, skp, skd, svn, svp, svd, sksn, sksp, svsn, svsp, sbtn,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SUB_N: tl.constexpr,
-                   PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
-                   MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
-                   SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr):
-    """:func:`_decode_tile` with the sub-tile's SUB_N keys dealt out in W = len(offs_w)
-    consecutive runs of NW = len(offs_nw), one a key group: every value is batched over the
-    groups (q3, acc: (W, M, D); l_i, m_i: (W, M)), and the dots are batched dots whose batch
-    the compiler lays over the warps, so a group's softmax and P @ V stay in its warp: no
-    value crosses warps in the loop (the groups are merged once, after it)."""
-    NW: tl.constexpr = offs_nw.shape[0]
-    local = offs_w[:, None] * NW + offs_nw[None, :]
-    cols = start_n + local
-    dmask = (offs_d < HEAD_DIM)[None, None, :]
-    PER_KEY: tl.constexpr = MASKED or (PAGED and PAGE_SIZE < SUB_N)
-    blk, r0, rows = _group_rows(BT, start_n, local, L, b64, n_blocks, sbtn, PAGE_SIZE, PAGED,
-                                SUB_N, PER_KEY)
-    k_ptrs = _group_ptrs(K, blk, r0, rows, skn, skp, offs_d * skd, PER_KEY)
-    v_ptrs = _group_ptrs(V, blk, r0, rows, svn, svp, offs_d * svd, PER_KEY)
-    ks_ptrs = _group_row_ptrs(KS, blk, r0, rows, sksn, sksp, PER_KEY)
-    vs_ptrs = _group_row_ptrs(VS, blk, r0, rows, svsn, svsp, PER_KEY)
-    k = _rows_as(k_ptrs, dmask, q3.dtype, HEAD_DIM != BLOCK_D)
-    qk = _dot(q3, tl.permute(k, (0, 2, 1)), input_precision=PREC)
-    if SCALE_K == 2:
-        qk = qk * tl.load(ks_ptrs)[:, None, :]
-    s = _softcap(qk, qk_scale, cap_scale, SOFTCAP)
-    p, alpha, l_i, m_new = _online_softmax_w(s, l_i, m_i, cols, L, qpos, shift, wl, wr, MASKED,
-                                             MASK_LO, MASK_HI)
-    acc = acc * alpha[:, :, None]
-    v = _rows_as(v_ptrs, dmask, q3.dtype, HEAD_DIM != BLOCK_D)
-    if SCALE_V == 2:
-        p = p * tl.load(vs_ptrs)[:, None, :]
-    acc = _dot(p.to(q3.dtype), v, acc, input_precision=PREC)
-    return acc, l_i, m_new
-
-
-@triton.jit
-def _online_softmax_w(s, l_i, m_i, cols, L, qpos, shift, wl, wr, MASKED: tl.constexpr,
-                      MASK_LO: tl.constexpr, MASK_HI: tl.constexpr):
-    """:func:`_online_softmax` over key groups: scores ``s`` (W, M, NW) already scaled, in
-    base-2 units; ``cols`` (W, NW) the keys' positions."""
-    if MASKED:
-        c3 = cols[:, None, :]
-        ok = c3 < L
-        if MASK_HI:
-            ok = ok & (c3 <= qpos[None, :, None] + shift + wr)
-        if MASK_LO:
-            ok = ok & (c3 >= qpos[None, :, None] + shift - wl)
-        s = tl.where(ok, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 2))
-    if MASKED:  # a group that has seen no visible key keeps m = -inf: subtract 0 instead
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_use = m_new
-    p = tl.exp2(s - m_use[:, :, None])
-    alpha = tl.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, 2)
-    return p, alpha, l_i, m_new
-
-
-@triton.jit
-def _group_weights(m_i):
-    """The key groups' weights (W, M) in one softmax state, and its max (M,)."""
-    m = tl.max(m_i, 0)
-    m_use = tl.where(m == float("-inf"), 0.0, m)
-    return tl.exp2(m_i - m_use[None, :]), m
 
 
 @triton.jit
@@ -684,7 +539,7 @@ def _decode_split_kernel(
     MASK_LO: tl.constexpr, MASK_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     SCALE_K: tl.constexpr, SCALE_V: tl.constexpr, PREC: tl.constexpr,
     FP8_WORDS: tl.constexpr = False, SAME_STRIDES: tl.constexpr = False,
-    QK_WG: tl.constexpr = False, WARP_KEYS: tl.constexpr = 0,
+    QK_WG: tl.constexpr = False,
     OUT=None, LOUT=None, CNT=None, sfb=0, sfs=0, sfh=0, sfd=0, sgb=0, sgh=0, sgs=0,
     FUSED: tl.constexpr = False,
 ):
@@ -703,9 +558,7 @@ def _decode_split_kernel(
     cap); ``wl``, ``wr`` the window (used when MASK_LO / MASK_HI; causal is wr = 0).
     FP8_WORDS: fp8 caches whose head dim is contiguous, in 4-byte-aligned rows, read as int32
     words of 4 values (:func:`_decode_tiles_words`); SAME_STRIDES (with FP8_WORDS): V and its
-    scales strided as K and its. WARP_KEYS > 1 (neither of those): each SUB_N-key sub-tile in
-    WARP_KEYS groups of consecutive keys, a group's softmax state its own until the end
-    (:func:`_decode_tiles`).
+    scales strided as K and its.
     FUSED (several splits): O, LSE are the partials and OUT, LOUT (strides ``sf*``, ``sg*``)
     the final output; CNT holds one int32 counter a (sequence, kv head, M tile), zero at the
     launch: the last of its splits to finish merges the partials (:func:`_merge_tile`) and
@@ -847,33 +700,21 @@ def _decode_split_kernel(
             True, MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, SAME_STRIDES)
         acc = _interleave4(acc0, acc1, acc2, acc3, BLOCK_M, BLOCK_D)
     else:
-        offs_k = offs_n
-        if WARP_KEYS > 1:  # the tiles' keys in WARP_KEYS groups, a warp's each
-            offs_k = tl.arange(0, SUB_N // WARP_KEYS)
-            q = tl.broadcast_to(q[None, :, :], (WARP_KEYS, BLOCK_M, BLOCK_D))
-            acc = tl.zeros([WARP_KEYS, BLOCK_M, BLOCK_D], dtype=tl.float32)
-            l_i = tl.zeros([WARP_KEYS, BLOCK_M], dtype=tl.float32)
-            m_i = tl.full([WARP_KEYS, BLOCK_M], float("-inf"), dtype=tl.float32)
         acc, l_i, m_i = _decode_tiles(
-            acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, t0, a, L, qpos, offs_k, offs_d, b64,
+            acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, t0, a, L, qpos, offs_n, offs_d, b64,
             n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn,
             sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, True,
-            MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, WARP_KEYS)
+            MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
         acc, l_i, m_i = _decode_tiles(
-            acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, a, c, L, qpos, offs_k, offs_d, b64,
+            acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, a, c, L, qpos, offs_n, offs_d, b64,
             n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn,
             sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, False,
-            MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, WARP_KEYS)
+            MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
         acc, l_i, m_i = _decode_tiles(
-            acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, c, t1, L, qpos, offs_k, offs_d, b64,
+            acc, l_i, m_i, q, Kh, Vh, KS, VS, BTb, c, t1, L, qpos, offs_n, offs_d, b64,
             n_blocks, shift, wl, wr, qk_scale, cap_scale, skn, skp, skd, svn, svp, svd, sksn,
             sksp, svsn, svsp, sbtn, HEAD_DIM, BLOCK_D, BLOCK_N, SUB_N, PAGE_SIZE, PAGED, True,
-            MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC, WARP_KEYS)
-        if WARP_KEYS > 1:  # the groups' states merged
-            sc, m_i = _group_weights(m_i)
-            acc = tl.sum(acc * sc[:, :, None], 0)
-            l_i = tl.sum(l_i * sc, 0)
-
+            MASK_LO, MASK_HI, SOFTCAP, SCALE_K, SCALE_V, PREC)
 
     empty = l_i == 0.0  # no visible key in this split: O = 0, lse = -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]

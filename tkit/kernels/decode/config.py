@@ -62,15 +62,6 @@ class DecodeConfig:
         lo fp8 parts, ~8 significant bits as bfloat16 has; M tiles of 8 or 16 query rows
         (at most ``block_m``); wants 4 warps (a warpgroup) and 64 to 256 keys a tile).
         Elsewhere "mma" runs.
-    warp_keys: 0, or the key groups (a power of 2 >= 2; ``sub_n // warp_keys`` >= 16) of
-        the pipelined loop: each sub-tile's keys are dealt out in that many runs, each with
-        its own softmax state, so that with one group a warp the loop's reductions and P stay
-        in the warp (no barrier but the pipeline's); the groups are merged after the loop.
-        Registers grow with the whole (rows, head dim) accumulator a warp holds, and so
-        does its rescale a tile: the fp8 word and wgmma loops ignore the field (groups in
-        the word loop compiled to 27.8 instructions a key against its 2-warp 19.8), as does
-        a cache whose sub-tile row offsets pass 2**31 elements (the default loop runs). No
-        default takes it: for ``config_sweep.py decode_keys`` to decide (docs/NOTES.md).
     """
 
     block_n: int = 64
@@ -84,7 +75,6 @@ class DecodeConfig:
     max_registers: Optional[int] = None  # noqa: UP045
     combine: str = "launch"
     qk: str = "mma"
-    warp_keys: int = 0
 
     @classmethod
     def for_device(cls, head_dim: int, cache_itemsize: int, paged: bool = True,

@@ -243,14 +243,6 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
     if sub_n < 16 or cfg.block_n % sub_n or sub_n & (sub_n - 1):
         raise ValueError(f"DecodeConfig: sub_n = {cfg.sub_n} must be a power of 2 >= 16 that "
                          f"divides block_n = {cfg.block_n}")
-    wk = cfg.warp_keys
-    if wk and (isinstance(wk, bool) or not isinstance(wk, int) or wk < 2 or wk & (wk - 1)
-               or sub_n // wk < 16):
-        raise ValueError(f"DecodeConfig: warp_keys = {wk!r} must be 0 or a power of 2 >= 2 "
-                         f"with sub-tiles of sub_n // warp_keys >= 16 keys (sub_n = {sub_n})")
-    # the key groups' fully visible sub-tiles address rows by 32-bit offsets from a base
-    offsets32 = (row_stride * cfg.block_n
-                 + max(k_cache.stride(3), v_cache.stride(3)) * block_d) < 2**31
     if cfg.combine not in COMBINES:
         raise ValueError(f"DecodeConfig: combine = {cfg.combine!r} must be one of {COMBINES}")
     fused = splits > 1 and cfg.combine != "launch"
@@ -289,7 +281,6 @@ def _decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"FP8_WORDS": True, "SAME_STRIDES": same} if words else {}),
         **({"QK_WG": True} if qk_wg else {}),
-        **({"WARP_KEYS": wk} if wk and not (words or qk_wg) and offsets32 else {}),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}),
         **(_fused_args(out, lse, b * hk * n_m) if fused else {}),
     )
