@@ -254,6 +254,13 @@ def use_direct_path(*tensors: torch.Tensor | None) -> bool:
     return True
 
 
+def eager_autograd() -> bool:
+    """Whether an op that needs autograd may take its eager ``torch.autograd.Function`` (no
+    dispatcher) rather than the registered op: not while torch.compile traces, not with
+    TKIT_NO_DIRECT."""
+    return not (_env.NO_DIRECT or torch.compiler.is_compiling())
+
+
 def broadcast_shapes(*shapes) -> tuple[int, ...]:
     """torch.broadcast_shapes for concrete shapes in plain Python (torch's costs tens of
     microseconds a call, a visible part of a small op's eager latency); ValueError when they do

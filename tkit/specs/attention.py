@@ -6,7 +6,7 @@ import torch
 
 import tkit
 from tkit.kernels import attention as A
-from tkit.registry import Case, OpSpec, lazy_composite, optional_module
+from tkit.registry import Case, Cost, OpSpec, lazy_composite, optional_module
 from tkit.testing.tensors import make_tensor
 
 # hypothesis is a test dependency: imported when a fuzz recipe is first used
@@ -282,6 +282,92 @@ def _opcheck_varlen():
                                                    0.0), {}
 
 
+# ---- a training step: the forward, then the backward from a given output gradient ----------
+def _train(forward):
+    """``forward(q, k, v, **kw)``'s output and its gradients in q, k and v for the output
+    gradient ``dout``: what a training step asks of attention."""
+    def step(q, k, v, dout, **kw):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        with torch.enable_grad():
+            out = forward(*leaves, **kw)
+            return (out,) + torch.autograd.grad(out, leaves, dout)
+
+    return step
+
+
+def _tkit_attention(q, k, v, **kw):
+    return tkit.flash_attention(q, k, v, **kw)
+
+
+train_step = _train(_tkit_attention)
+ref_train_step = _train(ref_attention)
+
+
+def _sdpa_train(backend_name: str):
+    def factory():
+        fwd = _sdpa(backend_name)()
+        return None if fwd is None else _train(fwd)
+
+    return factory
+
+
+def cost_train(q, k, v, dout, *, causal=False, **kw):
+    """The forward's and the backward's (2.5x the forward's FLOPs; Q, K, V, O and dO read, dQ,
+    dK, dV written)."""
+    f = A.cost(q, k, v, causal=causal)
+    b = A.cost(q, k, v, causal=causal, backward=True)
+    return Cost(f.bytes + b.bytes, f.flops + b.flops)
+
+
+def _train_case(b, sq, sk, hq, hk, d, dtype=BF16, group="train", **kw):
+    build = _qkv(b, sq, sk, hq, hk, d, dtype)
+
+    def make(device):
+        q, k, v = build(device)
+        return (q, k, v, make_tensor(q.shape, dtype, seed=7, device=device)), dict(kw)
+
+    opts = "".join(f" {a}={c}" for a, c in kw.items())
+    return Case(f"B{b} Sq{sq} Sk{sk} H{hq}/{hk} D{d}{opts}", make, group,
+                meta=dict(batch=b, seqlen_q=sq, seqlen_k=sk, heads=hq, heads_kv=hk, head_dim=d))
+
+
+def train_bench_cases():
+    return [_train_case(4, 4096, 4096, 16, 16, 128),
+            _train_case(4, 4096, 4096, 16, 16, 128, causal=True),
+            _train_case(4, 4096, 4096, 16, 16, 64, causal=True),
+            _train_case(4, 4096, 4096, 32, 8, 128, causal=True)]
+
+
+def train_check_cases():
+    f16 = torch.float16
+    return [_train_case(2, 37, 37, 2, 2, 64, f16),
+            _train_case(1, 65, 33, 4, 2, 80, f16, causal=True),
+            _train_case(1, 33, 70, 2, 1, 32, f16, window_size=(9, 4)),
+            _train_case(1, 40, 40, 2, 2, 48, f16, causal=True, softcap=5.0)]
+
+
+@lazy_composite
+def _train_shapes(draw):
+    """q, k, v as :func:`attention_shapes` draws them, and dout shaped like q."""
+    qs, ks, vs = draw(attention_shapes())
+    return qs, ks, vs, qs
+
+
+#: an absolute floor for the gradients: where a row's softmax is one-hot (one visible key) the
+#: reference d q is exactly 0, while the kernel's dS = P (dP - delta) keeps the float32 rounding
+#: of two dot products that agree to ~1e-7 relative (tests/kernels/test_attention.py's too)
+GRAD_FLOOR = 1e-5
+
+
+def _fuzz_train():
+    dtypes = (torch.float16, torch.bfloat16) if ON_GPU else (torch.float16, torch.float32)
+    window = st.one_of(st.just((-1, -1)), st.tuples(st.integers(-1, 40), st.integers(-1, 40)))
+    return dict(shapes=_train_shapes(), dtypes=dtypes, layouts=("contiguous", "sliced"),
+                floor=GRAD_FLOOR,
+                kwargs=st.fixed_dictionaries({"causal": st.booleans(), "window_size": window,
+                                              "softcap": st.sampled_from((0.0, 0.0, 30.0))}))
+
+
 SPECS = [
     OpSpec(name="flash_attention", family="attention", fn=tkit.flash_attention,
            reference=ref_attention, cost=cost_attention, bench_cases=bench_cases,
@@ -293,4 +379,12 @@ SPECS = [
            reference=ref_attention_varlen, cost=cost_attention_varlen,
            bench_cases=varlen_bench_cases, check_cases=varlen_check_cases, fuzz=_fuzz_varlen,
            opcheck=_opcheck_varlen, bound="compute"),
+    OpSpec(name="flash_attention_train", family="attention", fn=train_step,
+           reference=ref_train_step, cost=cost_train, bench_cases=train_bench_cases,
+           check_cases=train_check_cases, fuzz=_fuzz_train,
+           baselines={"sdpa_flash": _sdpa_train("FLASH_ATTENTION"),
+                      "sdpa_cudnn": _sdpa_train("CUDNN_ATTENTION")},
+           bound="compute",
+           doc="a training step's attention: the output and d q, d k, d v for a given d out "
+               "(forward + backward)"),
 ]

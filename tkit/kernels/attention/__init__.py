@@ -70,6 +70,7 @@ from tkit.kernels.attention.config import (  # noqa: F401  (public)
     fwd_head_group,
 )
 from tkit.kernels.attention.ops import (  # noqa: F401  (public)
+    EagerAttention,
     _check_cu,
     _check_inputs,
     _check_sequence_spans,
@@ -141,6 +142,8 @@ def _flash_attention_slow(q, k, v, causal, softmax_scale, window_size, softcap):
     _check_sequence_spans(q, k, v, sq, sk)
     if C.use_direct_path(q, k, v):
         out, lse = _fwd_impl(q, k, v, None, None, sq, sk, causal, scale, wl, wr, softcap)
+    elif C.eager_autograd():
+        out, lse = EagerAttention.apply(q, k, v, sq, sk, causal, scale, wl, wr, softcap)
     else:
         out, lse = _fwd_op(q, k, v, None, None, sq, sk, causal, scale, wl, wr, softcap)
     return out, lse
