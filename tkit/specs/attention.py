@@ -295,11 +295,7 @@ def _train(forward):
     return step
 
 
-def _tkit_attention(q, k, v, **kw):
-    return tkit.flash_attention(q, k, v, **kw)
-
-
-train_step = _train(_tkit_attention)
+train_step = _train(tkit.flash_attention)
 ref_train_step = _train(ref_attention)
 
 

@@ -140,8 +140,8 @@ class DecodeConfig:
         if cache_itemsize == 2 and block_d == 128 and not paged and not programs > 3 * sms > 0:
             return cls(block_n=64, num_warps=8, num_stages=3, split_bytes=4 << 20)
         if cache_itemsize == 2 and block_d == 256 and not paged:
-            # a split streams up to 8 MB (8192 keys): B32 Hkv8 L8192 runs unsplit, one wave
-            # of 2 programs an SM, 1.06x the 4 splits of the 2 MB floor in three H200 rounds
+            # a split streams up to 8 MB (8192 keys): B32 Hkv8 L8192 fills one wave of 2
+            # programs an SM unsplit, with no combine launch (the 2 MB floor's 4 splits lost)
             return cls(block_n=block_n, num_stages=3, split_bytes=8 << 20)
         # 16-bit D=128, dense: two stages take 39 KB of shared memory and four programs fit an
         # SM (the register limit), three take 72 KB and three fit; the dense cache then read
