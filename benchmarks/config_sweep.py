@@ -15,6 +15,7 @@ stdout and long-form rows in ``$OUT/config-sweep.jsonl``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -110,12 +111,17 @@ def _in_children(first_call, work, processes=8):
 
 
 def sweep(label, ctx, variants, name, index=0, rows=None, exact=True, kernels=False,
-          check=None):
+          check=None, case=None):
     """``kernels``: time the call's device work (:func:`kernel_ms`) instead of the whole
     call replayed from a graph. ``check(v)``: a variant's own check (None when it passes,
     else what to print), instead of comparing its outputs with the default's (which compares
-    an in-place op's inputs with themselves)."""
-    spec, case, args, kwargs = _headline(name, index)
+    an in-place op's inputs with themselves). ``case``: a spec ``Case`` to sweep instead of
+    the op's bench case ``index``."""
+    if case is None:
+        spec, case, args, kwargs = _headline(name, index)
+    else:
+        spec = registry.get(name)
+        args, kwargs = case.make("cuda")
     nbytes = _bytes(spec, args, kwargs)
     want = spec.fn(*args, **kwargs)
     times, failed = {}, {}
@@ -1593,6 +1599,48 @@ def _attention_forward_case(rows, B, S, hq, hk, d, causal, every=False, extra=No
                          median_ms=t, tflops=flops / t / 1e9, vs_cudnn=t_cudnn / t))
 
 
+@contextlib.contextmanager
+def _attention_bwd(triton=False, stages=None):
+    """The attention backward's override as JSON-able keywords: ``triton`` the Triton kernels,
+    ``stages`` a HopperBwdConfig's fields (dkdv_stages, dq_block_n, dq_stages)."""
+    from tkit.kernels.attention import attention_config
+    from tkit.kernels.attention.hopper_config import HopperBwdConfig
+
+    over = {}
+    if triton:
+        over["hopper_bwd_cases"] = frozenset()
+    if stages:
+        over["hopper_bwd"] = HopperBwdConfig(*stages)
+    with attention_config(**over):
+        yield
+
+
+#: the Gluon backward's ring depths and dQ key block around its defaults (D=128: dK/dV 2
+#: stages, dQ 64 keys 3 stages; D=64: 3 and 64 x 4), and the Triton backward
+ATTENTION_BWD_VARIANTS = {
+    128: [dict(triton=True), dict(stages=(3, 64, 3)), dict(stages=(1, 64, 3)),
+          dict(stages=(2, 128, 2)), dict(stages=(2, 64, 4)), dict(stages=(2, 64, 2))],
+    64: [dict(triton=True), dict(stages=(2, 64, 4)), dict(stages=(4, 64, 4)),
+         dict(stages=(3, 128, 3)), dict(stages=(3, 64, 6))],
+}
+
+
+def sweep_attention_bwd(rows):
+    """A training step's attention (flash_attention_train's bench cases: the forward, then
+    dQ, dK, dV) with the Gluon backward's variants and the Triton backward, then SDPA's flash
+    and cuDNN backends on the same tensors (graph replays, L2 flushed)."""
+    spec = registry.get("flash_attention_train")
+    for index, case in enumerate(spec.bench_cases()):
+        variants = ATTENTION_BWD_VARIANTS[case.meta["head_dim"]]
+        try:
+            sweep("attention_bwd", _attention_bwd, variants, spec.name, index, rows,
+                  exact=False)
+        except Exception as e:  # one case's failure must not lose the others' rows
+            print(f"attention_bwd {case.label}: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        _baselines("attention_bwd", spec, case, *case.make("cuda"), rows)
+
+
 def sweep_decode_splits(rows):
     """decode_attention's split count (issue #15: dense >= 4.3 TB/s, mixed lengths >= 3.5):
     forced splits and the heuristic's slot count (ctas_per_sm) around the default, on the
@@ -1603,6 +1651,23 @@ def sweep_decode_splits(rows):
     grid += [dict(ctas_per_sm=c) for c in (3, 4)] + [dict(split_bytes=1 << 20)]
     for index in (0, 2, 5):
         sweep("decode", DA.decode_config, grid, "decode_attention", index, rows, exact=False)
+
+
+def _baselines(label, spec, case, args, kwargs, rows):
+    """The op's baselines on the case's tensors, timed as the sweeps' variants (graph
+    replays, L2 flushed), best of ROUNDS; rows beside the variants'."""
+    nbytes = _bytes(spec, args, kwargs)
+    for name, fn in spec.available_baselines().items():
+        try:
+            t = min(time_fn(lambda fn=fn, a=args, kw=kwargs: fn(*a, **kw), rep_ms=60,
+                            replay=True).median_ms for _ in range(ROUNDS))
+        except Exception as e:  # a backend that declines the case
+            print(f"{label:12s} {case.label:44s} {name}: {type(e).__name__}")
+            continue
+        print(f"{label:12s} {case.label:44s} {name:60s} {t * 1e3:8.1f} us "
+              f"{nbytes / t / 1e9:6.2f} TB/s")
+        rows.append(dict(family=label, op=spec.name, case=case.label,
+                         config={"baseline": name}, median_ms=t, tbps=nbytes / t / 1e9))
 
 
 #: decode at head dims 64 and 256 (bench cases 9 and 10, B32 Hq32/Hkv8 L8192 dense bf16),
@@ -1638,18 +1703,27 @@ def sweep_decode_dims(rows):
         except Exception as e:  # one case's failure must not lose the others' rows
             print(f"decode_dims case {index}: {type(e).__name__}: {str(e)[:200]}")
         spec, case, args, kwargs = _headline("decode_attention", index)
-        nbytes = _bytes(spec, args, kwargs)
-        for name, fn in spec.available_baselines().items():
-            try:
-                t = min(time_fn(lambda fn=fn, a=args, kw=kwargs: fn(*a, **kw), rep_ms=60,
-                                replay=True).median_ms for _ in range(ROUNDS))
-            except Exception as e:  # a backend that declines the case
-                print(f"decode_dims {case.label:44s} {name}: {type(e).__name__}")
-                continue
-            print(f"decode_dims  {case.label:44s} {name:60s} {t * 1e3:8.1f} us "
-                  f"{nbytes / t / 1e9:6.2f} TB/s")
-            rows.append(dict(family="decode_dims", op="decode_attention", case=case.label,
-                             config={"baseline": name}, median_ms=t, tbps=nbytes / t / 1e9))
+        _baselines("decode_dims", spec, case, args, kwargs, rows)
+
+
+def sweep_decode_d256(rows):
+    """The dense 16-bit D=256 default (up to 8 MB of K and V a split) at shapes other than the
+    bench's B32 L8192: against the 2 MB floor the other head dims keep, and one split, with
+    SDPA's flash and cuDNN backends on the same tensors (graph replays, L2 flushed)."""
+    from tkit.kernels import decode as DA
+    from tkit.specs.decode_attention import _decode_case
+
+    variants = [dict(split_bytes=2 << 20), dict(num_splits=1)]
+    spec = registry.get("decode_attention")
+    for b, length in ((1, 131072), (4, 8192), (8, 32768), (128, 1024)):
+        case = _decode_case(b, 32, 8, 256, length, group="head_dim")
+        try:
+            sweep("decode_d256", DA.decode_config, variants, "decode_attention", rows=rows,
+                  exact=False, case=case)
+        except Exception as e:  # one case's failure must not lose the others' rows
+            print(f"decode_d256 {case.label}: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        _baselines("decode_d256", spec, case, *case.make("cuda"), rows)
 
 
 def sweep_decode_bar(rows):
@@ -1927,6 +2001,7 @@ def sweep_decode_wg(rows):
 SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "decode_fp8_batch": sweep_decode_fp8_batch,
           "decode_bar": sweep_decode_bar, "decode_dims": sweep_decode_dims,
+          "decode_d256": sweep_decode_d256, "attention_bwd": sweep_attention_bwd,
           "decode_fp8": sweep_decode_fp8,
           "int4": sweep_int4, "int4_small_m": sweep_int4_small_m,
           "int4_8192": sweep_int4_8192,

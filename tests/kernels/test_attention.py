@@ -375,13 +375,13 @@ def test_attention_config_scopes_the_gluon_cases():
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hopper", [True, False], ids=["dispatch", "triton-only"])
 def test_gpu_bf16_head_dims(d, causal, hopper):
-    """Every head dim through the public function, with the Gluon Hopper forward where it is
-    dispatched (D=128, D=64 causal on sm_90) and with the Triton kernel for everything."""
+    """Every head dim through the public function, with the Gluon Hopper forward and backward
+    where they are dispatched (sm_90) and with the Triton kernels for everything."""
     over = {}
     if not hopper:
         if (d, causal) not in A.AttentionConfig().hopper_fwd_cases:
             pytest.skip("the Triton kernel serves this case either way")
-        over = dict(hopper_fwd_cases=frozenset())
+        over = dict(hopper_fwd_cases=frozenset(), hopper_bwd_cases=frozenset())
     args = _qkv(2, 300, 300, 4, 2, d, torch.bfloat16, "cuda")
     with A.attention_config(**over):
         check_against_reference(tkit.flash_attention, S.ref_attention, args,

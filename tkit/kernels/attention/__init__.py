@@ -76,6 +76,7 @@ from tkit.kernels.attention.ops import (  # noqa: F401  (public)
     _check_sequence_spans,
     _fwd_impl,
     _fwd_op,
+    bwd_backend,
     fwd_backend,
     hopper_status,
 )

@@ -8,12 +8,16 @@ order). Plain Python, no kernel."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
+
+if TYPE_CHECKING:  # the Gluon module imports this one
+    from tkit.kernels.attention.hopper_config import HopperBwdConfig
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -200,6 +204,13 @@ class AttentionConfig:
 
     hopper_fwd_cases: frozenset = frozenset({(128, False), (128, True), (64, True),
                                              (64, False), (256, False), (256, True)})
+    # the backward cases (head_dim, causal) that go to the Gluon kernels of
+    # :mod:`tkit.kernels.attention._hopper_bwd_kernels` on sm_90 when they support the inputs
+    hopper_bwd_cases: frozenset = frozenset({(128, False), (128, True), (64, True),
+                                             (64, False)})
+    # the Gluon backward's launch (a ``hopper_config.HopperBwdConfig``); None: its
+    # ``BWD_DEFAULTS`` entry for the head dim
+    hopper_bwd: HopperBwdConfig | None = None
 
 
 _OVERRIDES = C.ConfigOverrides(AttentionConfig)

@@ -20,6 +20,10 @@ from triton.experimental.gluon import language as gl
 
 from tkit.kernels import _common as C
 from tkit.kernels import _device as D
+from tkit.kernels.attention._hopper_bwd_kernels import (
+    _attn_bwd_dkdv_hopper_kernel,
+    _attn_bwd_dq_hopper_kernel,
+)
 from tkit.kernels.attention._hopper_kernels import (  # noqa: F401
     _attn_fwd_hopper_kernel,
     _attn_fwd_hopper_persistent_kernel,
@@ -28,6 +32,10 @@ from tkit.kernels.attention._hopper_kernels import (  # noqa: F401
 from tkit.kernels.attention.config import LOG2E, fwd_head_group
 from tkit.kernels.attention.hopper_config import (  # noqa: F401
     BLOCK_M,
+    BWD_DEFAULTS,
+    BWD_DKDV_BLOCK,
+    BWD_DQ_BLOCK_M,
+    BWD_NUM_WARPS,
     CAUSAL_DEFAULTS,
     CONFIGS,
     DEFAULTS,
@@ -43,11 +51,13 @@ from tkit.kernels.attention.hopper_config import (  # noqa: F401
     WS_TWO_CTA_CONSUMER_REGS,
     WS_TWO_CTA_MAXNREG,
     Candidate,
+    HopperBwdConfig,
     PersistentRule,
     _cfg_key,
     _smem_bytes,
     _tma_reason,
     _tma_strides,
+    bwd_supported,
     config_dict,
     config_for,
     configs,
@@ -153,6 +163,36 @@ def forward(q, k, v, causal=False, scale=None, config=None):
     return out, lse
 
 
+def backward(do, q, k, v, lse, delta, causal=False, scale=None, config=None):
+    """(dq, dk, dv) for inputs that :func:`bwd_supported` accepts, given the forward's lse and
+    delta = rowsum(dO * O) (float32, (batch, heads, seqlen_q), contiguous); ``config`` a
+    :class:`HopperBwdConfig` (default: ``BWD_DEFAULTS`` of the head dim). A ``do`` that TMA
+    cannot read (an expanded gradient, say) is copied to a contiguous one first."""
+    batch, sq, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    cfg = BWD_DEFAULTS[d] if config is None else config
+    if _tma_reason(do, "do") is not None:
+        do = do.contiguous()
+    dq = C.empty(q.shape, q.dtype, q.device)
+    dk = C.empty(k.shape, k.dtype, k.device)
+    dv = C.empty(v.shape, v.dtype, v.device)
+    bm, bn = BWD_DKDV_BLOCK
+    common = dict(LSE=lse, DELTA=delta, slb=lse.stride(0), slh=lse.stride(1), seqlen_q=sq,
+                  seqlen_k=sk, GROUP=hq // hk, sm_scale=scale, qk_scale=scale * LOG2E,
+                  CAUSAL=bool(causal), num_warps=BWD_NUM_WARPS)
+    C.launch(_attn_bwd_dkdv_hopper_kernel, (batch * hk, triton.cdiv(sk, bn)),
+             q_desc=_descriptor(q, bm), k_desc=_descriptor(k, bn), v_desc=_descriptor(v, bn),
+             do_desc=_descriptor(do, bm), dk_desc=_descriptor(dk, bn),
+             dv_desc=_descriptor(dv, bn), HK=hk, STAGES=cfg.dkdv_stages, **common)
+    C.launch(_attn_bwd_dq_hopper_kernel, (batch * hq, triton.cdiv(sq, BWD_DQ_BLOCK_M)),
+             q_desc=_descriptor(q, BWD_DQ_BLOCK_M), k_desc=_descriptor(k, cfg.dq_block_n),
+             v_desc=_descriptor(v, cfg.dq_block_n), do_desc=_descriptor(do, BWD_DQ_BLOCK_M),
+             dq_desc=_descriptor(dq, BWD_DQ_BLOCK_M), H=hq, STAGES=cfg.dq_stages, **common)
+    return dq, dk, dv
+
+
 # --------------------------------------------------------------------------------------------
 # Ahead-of-time compilation (no GPU needed): the IR, PTX and cubin for sm_90
 # --------------------------------------------------------------------------------------------
@@ -190,3 +230,37 @@ def compile_sm90(head_dim: int = 128, causal: bool = False, dtype: torch.dtype =
         kernel, signature, consts,
         num_warps=cfg.get("num_warps", 4 if ws else NUM_WARPS),
         maxnreg=cfg.get("maxnreg", WS_MAXNREG) if ws else None)
+
+
+def compile_bwd_sm90(kind: str, head_dim: int = 128, causal: bool = False,
+                     dtype: torch.dtype = torch.bfloat16, config: HopperBwdConfig | None = None):
+    """Compile one backward kernel (``kind`` "dkdv" or "dq") for sm_90 ahead of time, as
+    :func:`compile_sm90` does the forward."""
+    cfg = BWD_DEFAULTS[head_dim] if config is None else config
+    tname = "bf16" if dtype == torch.bfloat16 else "fp16"
+
+    def desc(rows):
+        layout = smem_layout(rows, head_dim, dtype)
+        return f"tensordesc<{tname}[1, {rows}, 1, {head_dim}],{layout!r}>"
+
+    bm, bn = BWD_DKDV_BLOCK
+    if kind == "dkdv":
+        kernel, stages = _attn_bwd_dkdv_hopper_kernel, cfg.dkdv_stages
+        descs = dict(q_desc=desc(bm), k_desc=desc(bn), v_desc=desc(bn), do_desc=desc(bm),
+                     dk_desc=desc(bn), dv_desc=desc(bn))
+        heads = dict(HK="i32")
+    elif kind == "dq":
+        kernel, stages = _attn_bwd_dq_hopper_kernel, cfg.dq_stages
+        m, n = BWD_DQ_BLOCK_M, cfg.dq_block_n
+        descs = dict(q_desc=desc(m), k_desc=desc(n), v_desc=desc(n), do_desc=desc(m),
+                     dq_desc=desc(m))
+        heads = dict(H="i32")
+    else:
+        raise ValueError(f"kind must be 'dkdv' or 'dq', got {kind!r}")
+    signature = dict(**descs, LSE="*fp32", DELTA="*fp32", slb="i32", slh="i32",
+                     seqlen_q="i32", seqlen_k="i32", **heads, GROUP="i32", sm_scale="fp32",
+                     qk_scale="fp32", CAUSAL="constexpr", STAGES="constexpr")
+    from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90
+
+    return gluon_compile_sm90(kernel, signature, dict(CAUSAL=bool(causal), STAGES=stages),
+                              num_warps=BWD_NUM_WARPS)

@@ -311,3 +311,57 @@ def supported(q, k, v, causal=False, window=(-1, -1), softcap=0.0, varlen=False)
     if tuple(cap) != (9, 0):
         return f"compute capability {tuple(cap)} is not (9, 0)"
     return None
+
+
+# --------------------------------------------------------------------------------------------
+# The backward (``_hopper_bwd_kernels.py``)
+# --------------------------------------------------------------------------------------------
+BWD_HEAD_DIMS = (64, 128)
+BWD_NUM_WARPS = 8
+BWD_DKDV_BLOCK = (64, 128)  # (query rows streamed, keys resident) of a dK/dV program
+BWD_DQ_BLOCK_M = 128  # query rows resident in a dQ program
+
+
+@dataclass(frozen=True)
+class HopperBwdConfig:
+    """One launch of the Gluon backward: the ring depth of the dK/dV kernel (Q and dO tiles of
+    64 query rows), and the key block and ring depth of the dQ kernel."""
+    dkdv_stages: int = 2
+    dq_block_n: int = 64
+    dq_stages: int = 3
+
+    def __post_init__(self):
+        for name in ("dkdv_stages", "dq_stages"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"HopperBwdConfig.{name} must be an int >= 1, got {v!r}")
+        if self.dq_block_n not in (32, 64, 128):
+            raise ValueError(f"HopperBwdConfig.dq_block_n must be 32, 64 or 128, "
+                             f"got {self.dq_block_n!r}")
+
+    def smem_bytes(self, head_dim: int, itemsize: int = 2) -> tuple[int, int]:
+        """Shared memory of (the dK/dV program, the dQ program), mbarriers included."""
+        bm, bn = BWD_DKDV_BLOCK
+        dkdv = (2 * bn + 2 * self.dkdv_stages * bm) * head_dim * itemsize
+        dq = (2 * BWD_DQ_BLOCK_M + 2 * self.dq_stages * self.dq_block_n) * head_dim * itemsize
+        bars = 8 * (self.dkdv_stages + 1)
+        return dkdv + bars, dq + 8 * (self.dq_stages + 1)
+
+
+BWD_DEFAULTS = {128: HopperBwdConfig(dkdv_stages=2, dq_stages=3),
+                64: HopperBwdConfig(dkdv_stages=3, dq_stages=4)}
+
+
+def bwd_supported(q, k, v, causal=False, window=(-1, -1), softcap=0.0, varlen=False,
+                  lse=None):
+    """None when :func:`hopper.backward` handles these inputs, else the reason it does not:
+    :func:`supported`'s checks, head_dim 64 or 128, sequences of at least one token and a
+    contiguous lse."""
+    shaped = all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in (q, k))
+    if shaped and q.shape[-1] not in BWD_HEAD_DIMS:
+        return f"head_dim {q.shape[-1]} is not one of {BWD_HEAD_DIMS} (backward)"
+    if shaped and (q.shape[1] == 0 or k.shape[1] == 0):
+        return "an empty sequence"
+    if lse is not None and not lse.is_contiguous():
+        return "lse is not contiguous"
+    return supported(q, k, v, causal, window, softcap, varlen)  # the device check last

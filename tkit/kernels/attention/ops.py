@@ -157,6 +157,31 @@ def _hopper_choice(q, k, v, causal, window, softcap):
     return (attention_hopper, None) if reason is None else (None, reason)
 
 
+def _hopper_bwd_choice(q, k, v, lse, causal, window, softcap, varlen):
+    """(the attention_hopper module, None) when its backward takes these inputs, else (None,
+    the reason it does not)."""
+    if (q.shape[-1], bool(causal)) not in AC.current_config().hopper_bwd_cases:
+        return None, (f"head_dim {q.shape[-1]}, causal={bool(causal)} not in "
+                      "AttentionConfig.hopper_bwd_cases")
+    if q.device.type != "cuda":
+        return None, "not on a CUDA device"
+    try:
+        from tkit.kernels.attention import hopper as attention_hopper
+    except ImportError as e:  # a Triton without Gluon's Hopper API: the Triton kernels serve
+        return None, f"Gluon unavailable: {e}"
+    reason = attention_hopper.bwd_supported(q, k, v, causal, window, softcap, varlen, lse)
+    return (attention_hopper, None) if reason is None else (None, reason)
+
+
+def bwd_backend(q, k, v, lse=None, causal=False, window_size=(-1, -1), softcap=0.0) -> str:
+    """Which backward kernels ``flash_attention``'s gradient launches for these inputs, and
+    why: "gluon (sm_90, ...)" or "triton (...)"."""
+    hopper, reason = _hopper_bwd_choice(q, k, v, lse, causal, window_size, softcap, False)
+    if hopper is None:
+        return f"triton ({reason})"
+    return "gluon (sm_90, asynchronous wgmmas, TMA rings; dK/dV and dQ kernels)"
+
+
 def hopper_status(device=None) -> str:
     """Whether this machine's flash_attention forward can take the Gluon Hopper kernel, and
     for which cases (``tkit info`` prints it)."""
@@ -171,8 +196,10 @@ def hopper_status(device=None) -> str:
     cap = D.capability(None if device is None else torch.device(device))
     if tuple(cap) != (9, 0):
         return f"Triton kernel (the Gluon kernel needs sm_90; this GPU is sm_{cap[0]}{cap[1]})"
-    return (f"Gluon sm_90 kernel for {cases} with 16-bit TMA-able inputs and no window, "
-            "softcap or varlen; the Triton kernel for the rest")
+    bwd = ", ".join(f"D={d}{' causal' if c else ''}"
+                    for d, c in sorted(AC.current_config().hopper_bwd_cases))
+    return (f"Gluon sm_90 kernel for {cases} (backward: {bwd}) with 16-bit TMA-able inputs "
+            "and no window, softcap or varlen; the Triton kernel for the rest")
 
 
 def fwd_backend(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0) -> str:
@@ -297,6 +324,9 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, causal, sca
         batch, sq, sk = q.shape[0], q.shape[1], k.shape[1]
     if batch == 0 or hq == 0 or (sq == 0 and sk == 0):
         return dq, dk, dv
+    hopper = None
+    if config is None:
+        hopper, _ = _hopper_bwd_choice(q, k, v, lse, causal, (wl, wr), softcap, varlen)
     flags, wl, wr = _flags(d, causal, (wl, wr), softcap, varlen, q.dtype)
     qk_scale, cap_scale = _scales(scale, softcap)
     delta = C.empty(lse.shape, torch.float32, q.device)
@@ -313,6 +343,9 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, causal, sca
                  CU_BLOCK=_varlen_args(q, k, batch, varlen)["CU_BLOCK"])
         if dlse is not None:  # d lse_i / d S_ij = P_ij: folds into delta
             delta = delta - dlse.to(torch.float32)
+    if hopper is not None:  # the Gluon kernels write every element of dq, dk, dv
+        return hopper.backward(do, q, k, v, lse, delta, causal, scale,
+                               AC.current_config().hopper_bwd)
     common = dict(
         Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, CU_Q=cu_q_arg, CU_K=cu_k_arg,
         **_named("sq", _strides4(q, varlen)), **_named("sk", _strides4(k, varlen)),

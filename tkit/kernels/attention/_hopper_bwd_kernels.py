@@ -1,0 +1,351 @@
+"""The Gluon kernels of the FlashAttention backward for Hopper (sm_90), launched by
+``hopper.py``'s :func:`backward`.
+
+Same math and conventions as the Triton backward of :mod:`tkit.kernels.attention._kernels`
+(``_attn_bwd_dkdv_kernel`` / ``_attn_bwd_dq_kernel``): P = exp2(qk_scale * Q K^T - lse *
+log2(e)), dS = P * (dP - delta) with dP = dO V^T and delta = rowsum(dO * O) (the Triton delta
+kernel's output), dV = P^T dO, dK = scale * dS^T Q, dQ = scale * dS K; bottom-right causal
+alignment when seqlen_q != seqlen_k. Scope (``hopper_config.bwd_supported``): sm_90, 16-bit
+inputs in the (batch, seqlen, heads, head_dim) layout with TMA-compatible strides, head_dim 64
+or 128, GQA/MQA, causal or not; no window, softcap or varlen.
+
+Why Gluon: Triton 3.6 issues each of a block's four wgmmas and waits for it before the next
+(its pipeliner only overlaps the loads), and reads Q transposed through pointers; here each
+wgmma is issued asynchronously and waited for only where its result is needed, and every
+tile arrives by TMA into a ring of shared-memory slots.
+
+dK/dV (:func:`_attn_bwd_dkdv_hopper_kernel`): a CTA of two warpgroups owns BLOCK_N = 128 keys
+of one (batch, key/value head) (each warpgroup 64 of them: the wgmma M of 128 is split over
+the 8 warps), K and V resident in shared memory, and streams the BLOCK_M = 64 query blocks of
+the GROUP query heads that share them (Q and dO by TMA through a ring of STAGES slots, lse and
+delta by plain loads issued ahead of the waits). Per query block, in program order:
+
+    wait Q_j, dO_j          S^T = K Q_j^T, dP^T = V dO_j^T       both issued async
+    wgmma.wait_group 1      S^T ready, dP^T may still run
+    P^T = exp2(S^T * qk_scale - lse_j)          (masked on the causal diagonal)
+                            dV += P^T dO_j        issued async (A = P^T from registers)
+    wgmma.wait_group 1      dP^T ready, dV may still run
+    dS^T = P^T * (dP^T - delta_j)
+                            dK += dS^T Q_j        issued async (A = dS^T from registers)
+    wgmma.wait_group 0      then a CTA barrier and the TMA refill of the slot
+
+dQ (:func:`_attn_bwd_dq_hopper_kernel`): the forward's shape: BLOCK_M = 128 query rows of one
+(batch, query head) (two warpgroups), Q and dO resident, K and V streamed in BLOCK_N-key
+blocks; per block S = Q K^T and dP = dO V^T issued together, P and dS as above, dQ += dS K
+with dS from registers.
+
+The ragged ends need no mask: TMA zero-fills rows past seqlen_q / seqlen_k, a zero query row
+gets lse = +inf (so P = 0) and a zero dO row, and a zero key row adds nothing to dQ (its dK and
+dV rows are never stored: the TMA store clips them). Rows that see no key (lse = -inf, causal
+with seqlen_q > seqlen_k) lie only in masked blocks, where the mask selects 0 before any use.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from tkit.kernels._gluon import cta_barrier, tma_load, tma_store
+
+_LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@gluon.constexpr_function
+def _acc_layout(num_warps, n):
+    """The register layout of a wgmma accumulator n columns wide, the warps stacked along the
+    rows (each warpgroup owns 64 of them)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                     instr_shape=[16, n, 16])
+
+
+# --------------------------------------------------------------------------------------------
+# dK, dV
+# --------------------------------------------------------------------------------------------
+@gluon.jit
+def _issue_qdo(q_desc, do_desc, q_s, do_s, bars, t, n_m, m_lo, b, hk, GROUP, n_total,
+               BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """TMA of step t's Q and dO tiles (query head hk * GROUP + t // n_m, rows m_lo + (t % n_m)
+    * BLOCK_M) into ring slot t % STAGES on its mbarrier; skipped past the last step."""
+    pred = t < n_total
+    slot = t % STAGES
+    g = t // gl.maximum(n_m, 1)
+    m0 = m_lo + (t - g * n_m) * BLOCK_M
+    h = hk * GROUP + g
+    bar = bars.index(slot)
+    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=pred)
+    tma_load(q_desc, [b, m0, h, 0], bar, q_s.index(slot), pred=pred)
+    tma_load(do_desc, [b, m0, h, 0], bar, do_s.index(slot), pred=pred)
+
+
+@gluon.jit
+def _dkdv_step(g, i, dk, dv, k_op, v_op, q_s, do_s, bars, LSE, DELTA, slb, slh, b, hk,
+               GROUP, n_m, m_lo, seqlen_q, shift, keys, qk_scale,
+               s_layout: gl.constexpr, a_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+               MASKED: gl.constexpr):
+    """Query block i of query head hk * GROUP + g (ring step t = g * n_m + i) of the dK/dV
+    kernel; returns (dk, dv) with every wgmma of the step retired."""
+    t = g * n_m + i
+    m0 = m_lo + i * BLOCK_M
+    h = hk * GROUP + g
+    slot = t % STAGES
+    mbarrier.wait(bars.index(slot), (t // STAGES) & 1)
+    q_j = q_s.index(slot).reshape([BLOCK_M, HEAD_DIM])
+    do_j = do_s.index(slot).reshape([BLOCK_M, HEAD_DIM])
+    s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    st_tok = warpgroup_mma(k_op, q_j.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    dpt_tok = warpgroup_mma(v_op, do_j.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    # lse and delta load under the two wgmmas
+    cols = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    row_off = b.to(gl.int64) * slb + h.to(gl.int64) * slh + cols
+    cmask = cols < seqlen_q
+    # a query row past the end: lse = +inf makes its P^T column 0 (its Q and dO rows are zero)
+    lse = gl.load(LSE + row_off, mask=cmask, other=float("inf")) * _LOG2E
+    delta = gl.load(DELTA + row_off, mask=cmask, other=0.0)
+    st = warpgroup_mma_wait(1, deps=(st_tok, k_op, q_j))[0]
+    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
+    if MASKED:  # key j is visible from query row i when j <= i + shift
+        ok = gl.expand_dims(keys, 1) <= gl.expand_dims(cols + shift, 0)
+        pt = gl.where(ok, pt, 0.0)
+    p16 = gl.convert_layout(pt.to(q_j.dtype), a_layout)
+    dv_tok = warpgroup_mma(p16, do_j, dv, is_async=True)
+    dpt = warpgroup_mma_wait(1, deps=(dpt_tok, v_op, do_j))[0]
+    dst = pt * (dpt - gl.expand_dims(delta, 0))
+    ds16 = gl.convert_layout(dst.to(q_j.dtype), a_layout)
+    dk_tok = warpgroup_mma(ds16, q_j, dk, is_async=True)
+    done = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p16, ds16, q_j, do_j))
+    return done[1], done[0]
+
+
+@gluon.jit(do_not_specialize=["slb", "slh", "seqlen_q", "seqlen_k", "HK", "GROUP"])
+def _attn_bwd_dkdv_hopper_kernel(
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, slb, slh,
+    seqlen_q, seqlen_k, HK, GROUP, sm_scale, qk_scale,
+    CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+):
+    """One program: BLOCK_N keys of one (batch, key/value head), summed over the GROUP query
+    heads that share it. Grid (batch * HK, key blocks): all heads of a key block before the
+    next block, the first (causal: the longest) first.
+
+    q_desc, do_desc: TMA descriptors over (batch, seqlen_q, heads, head_dim), block
+    [1, BLOCK_M, 1, head_dim]; k_desc, v_desc, dk_desc, dv_desc: over (batch, seqlen_k, kv
+    heads, head_dim), block [1, BLOCK_N, 1, head_dim]; LSE, DELTA: float32 at ``b*slb + h*slh
+    + row``."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = _acc_layout(gl.num_warps(), BLOCK_M)
+    o_layout: gl.constexpr = _acc_layout(gl.num_warps(), HEAD_DIM)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    pid_bh = gl.program_id(0)
+    b = pid_bh // HK
+    hk = pid_bh % HK
+    n0 = gl.program_id(1) * BLOCK_N
+    shift = seqlen_k - seqlen_q
+
+    # ---- query blocks: [m_lo, full_lo) on the causal diagonal (masked), [full_lo, m_hi) not
+    if CAUSAL:
+        m_lo = (gl.maximum(n0 - shift, 0) // BLOCK_M) * BLOCK_M
+        full_lo = gl.minimum(gl.maximum(n0 + BLOCK_N - 1 - shift + BLOCK_M - 1, 0) // BLOCK_M
+                             * BLOCK_M, gl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M)
+        full_lo = gl.maximum(full_lo, m_lo)
+    else:
+        m_lo = 0
+        full_lo = 0
+    m_hi = gl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M
+    n_m = gl.maximum(m_hi - m_lo, 0) // BLOCK_M
+    n_masked = (full_lo - m_lo) // BLOCK_M
+    n_total = GROUP * n_m
+
+    # ---- shared memory: K and V (later dK and dV's staging), the Q / dO ring, mbarriers
+    k_s = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_s = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_s = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_s = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape,
+                                     do_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma_load(k_desc, [b, n0, hk, 0], kv_bar, k_s)
+    tma_load(v_desc, [b, n0, hk, 0], kv_bar, v_s)
+    for i in gl.static_range(STAGES):
+        _issue_qdo(q_desc, do_desc, q_s, do_s, bars, i, n_m, m_lo, b, hk, GROUP, n_total,
+                   BLOCK_M, STAGES)
+
+    keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, o_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, o_layout)
+    k_op = k_s.reshape([BLOCK_N, HEAD_DIM])
+    v_op = v_s.reshape([BLOCK_N, HEAD_DIM])
+    mbarrier.wait(kv_bar, 0)
+
+    for g in range(GROUP):
+        for w in range(n_masked):
+            dk, dv = _dkdv_step(g, w, dk, dv, k_op, v_op, q_s, do_s, bars, LSE, DELTA, slb,
+                                slh, b, hk, GROUP, n_m, m_lo, seqlen_q, shift, keys, qk_scale,
+                                s_layout, a_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, True)
+            cta_barrier()  # both warpgroups are past the slot's readers
+            _issue_qdo(q_desc, do_desc, q_s, do_s, bars, g * n_m + w + STAGES, n_m, m_lo, b,
+                       hk, GROUP, n_total, BLOCK_M, STAGES)
+        for u in range(n_masked, n_m):
+            dk, dv = _dkdv_step(g, u, dk, dv, k_op, v_op, q_s, do_s, bars, LSE, DELTA, slb,
+                                slh, b, hk, GROUP, n_m, m_lo, seqlen_q, shift, keys, qk_scale,
+                                s_layout, a_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, False)
+            cta_barrier()
+            _issue_qdo(q_desc, do_desc, q_s, do_s, bars, g * n_m + u + STAGES, n_m, m_lo, b,
+                       hk, GROUP, n_total, BLOCK_M, STAGES)
+
+    # ---- dK (scaled) and dV through K's and V's buffers and TMA stores
+    cta_barrier()  # every wgmma reading K and V has retired in both warpgroups
+    k_op.store((dk * sm_scale).to(dtype))
+    v_op.store(dv.to(dtype))
+    fence_async_shared()
+    cta_barrier()
+    tma_store(dk_desc, [b, n0, hk, 0], k_s)
+    tma_store(dv_desc, [b, n0, hk, 0], v_s)
+    tma.store_wait(0)
+    mbarrier.invalidate(kv_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+
+
+# --------------------------------------------------------------------------------------------
+# dQ
+# --------------------------------------------------------------------------------------------
+@gluon.jit
+def _issue_kv(k_desc, v_desc, k_s, v_s, bars, j, b, hk, n_tiles,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """TMA of key block j's K and V into ring slot j % STAGES on its mbarrier; skipped past
+    the last block."""
+    pred = j < n_tiles
+    slot = j % STAGES
+    bar = bars.index(slot)
+    mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
+    tma_load(k_desc, [b, j * BLOCK_N, hk, 0], bar, k_s.index(slot), pred=pred)
+    tma_load(v_desc, [b, j * BLOCK_N, hk, 0], bar, v_s.index(slot), pred=pred)
+
+
+@gluon.jit
+def _dq_step(j, dq, q_op, do_op, k_s, v_s, bars, lse, delta, rows, shift, qk_scale,
+             s_layout: gl.constexpr, a_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+             BLOCK_N: gl.constexpr,
+             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr):
+    """Key block j of the dQ kernel; returns dq with every wgmma of the step retired."""
+    slot = j % STAGES
+    mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
+    k_j = k_s.index(slot).reshape([BLOCK_N, HEAD_DIM])
+    v_j = v_s.index(slot).reshape([BLOCK_N, HEAD_DIM])
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    s_tok = warpgroup_mma(q_op, k_j.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    dp_tok = warpgroup_mma(do_op, v_j.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(1, deps=(s_tok, q_op, k_j))[0]
+    p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))
+    if MASKED:
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        ok = gl.expand_dims(cols, 0) <= gl.expand_dims(rows + shift, 1)
+        p = gl.where(ok, p, 0.0)
+    dp = warpgroup_mma_wait(0, deps=(dp_tok, do_op, v_j))[0]
+    ds = p * (dp - gl.expand_dims(delta, 1))
+    ds16 = gl.convert_layout(ds.to(k_j.dtype), a_layout)
+    dq_tok = warpgroup_mma(ds16, k_j, dq, is_async=True)
+    return warpgroup_mma_wait(0, deps=(dq_tok, ds16, k_j))[0]
+
+
+@gluon.jit(do_not_specialize=["slb", "slh", "seqlen_q", "seqlen_k", "H", "GROUP"])
+def _attn_bwd_dq_hopper_kernel(
+    q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, slb, slh,
+    seqlen_q, seqlen_k, H, GROUP, sm_scale, qk_scale,
+    CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+):
+    """One program: dQ of BLOCK_M query rows of one (batch, query head). Grid (batch * H,
+    query blocks), causal: the last (longest) query blocks first. Descriptors: q_desc,
+    do_desc, dq_desc block [1, BLOCK_M, 1, head_dim]; k_desc, v_desc [1, BLOCK_N, 1,
+    head_dim]; the rest as in :func:`_attn_bwd_dkdv_hopper_kernel`."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = _acc_layout(gl.num_warps(), BLOCK_N)
+    o_layout: gl.constexpr = _acc_layout(gl.num_warps(), HEAD_DIM)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    pid_bh = gl.program_id(0)
+    pid_m = gl.program_id(1)
+    if CAUSAL:
+        pid_m = gl.num_programs(1) - 1 - pid_m
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUP
+    m0 = pid_m * BLOCK_M
+    shift = seqlen_k - seqlen_q
+
+    # ---- key blocks: [0, n_full) fully visible, [n_full, n_tiles) masked
+    if CAUSAL:
+        hi = gl.minimum(gl.maximum(m0 + BLOCK_M + shift, 0), seqlen_k)
+        full_end = gl.minimum(gl.maximum(m0 + shift + 1, 0), seqlen_k)
+    else:
+        hi = seqlen_k
+        full_end = seqlen_k
+    n_tiles = gl.cdiv(hi, BLOCK_N)
+    n_full = full_end // BLOCK_N
+
+    q_s = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    do_s = gl.allocate_shared_memory(dtype, do_desc.block_type.shape, do_desc.layout)
+    k_s = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_s = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    tma_load(q_desc, [b, m0, h, 0], q_bar, q_s)
+    tma_load(do_desc, [b, m0, h, 0], q_bar, do_s)
+    for i in gl.static_range(STAGES):
+        _issue_kv(k_desc, v_desc, k_s, v_s, bars, i, b, hk, n_tiles, BLOCK_N, STAGES)
+
+    rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    row_off = b.to(gl.int64) * slb + h.to(gl.int64) * slh + rows
+    rmask = rows < seqlen_q
+    lse = gl.load(LSE + row_off, mask=rmask, other=float("inf")) * _LOG2E
+    delta = gl.load(DELTA + row_off, mask=rmask, other=0.0)
+    dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    q_op = q_s.reshape([BLOCK_M, HEAD_DIM])
+    do_op = do_s.reshape([BLOCK_M, HEAD_DIM])
+    mbarrier.wait(q_bar, 0)
+
+    for j in range(0, n_full):
+        dq = _dq_step(j, dq, q_op, do_op, k_s, v_s, bars, lse, delta, rows, shift, qk_scale,
+                      s_layout, a_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, False)
+        cta_barrier()
+        _issue_kv(k_desc, v_desc, k_s, v_s, bars, j + STAGES, b, hk, n_tiles, BLOCK_N, STAGES)
+    for j in range(n_full, n_tiles):
+        dq = _dq_step(j, dq, q_op, do_op, k_s, v_s, bars, lse, delta, rows, shift, qk_scale,
+                      s_layout, a_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL)
+        cta_barrier()
+        _issue_kv(k_desc, v_desc, k_s, v_s, bars, j + STAGES, b, hk, n_tiles, BLOCK_N, STAGES)
+
+    # ---- dQ (scaled) through Q's buffer and a TMA store
+    cta_barrier()
+    q_op.store((dq * sm_scale).to(dtype))
+    fence_async_shared()
+    cta_barrier()
+    tma_store(dq_desc, [b, m0, h, 0], q_s)
+    tma.store_wait(0)
+    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
