@@ -1641,6 +1641,35 @@ def sweep_attention_bwd(rows):
         _baselines("attention_bwd", spec, case, *case.make("cuda"), rows)
 
 
+def sweep_attention_bwd_kernels(rows):
+    """Where a training step's attention spends its time: each kernel's mean device time
+    (torch.profiler, 10 steps after 3 warm ones) with the Gluon backward and with the Triton
+    one, at flash_attention_train's bench cases."""
+    from torch.profiler import ProfilerActivity, profile
+
+    spec = registry.get("flash_attention_train")
+    for case in spec.bench_cases():
+        args, kwargs = case.make("cuda")
+        for v in ({}, {"triton": True}):
+            with _attention_bwd(**v):
+                for _ in range(3):
+                    spec.fn(*args, **kwargs)
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(10):
+                        spec.fn(*args, **kwargs)
+                    torch.cuda.synchronize()
+            for ev in prof.key_averages():
+                if ev.device_type.name != "CUDA" or ev.count < 10:
+                    continue
+                us = ev.device_time_total / 10
+                print(f"bwd_kernels {case.label:44s} {json.dumps(v):16s} {ev.key[:60]:60s} "
+                      f"{us:9.1f} us x{ev.count // 10}")
+                rows.append(dict(family="attention_bwd_kernels", op=spec.name, case=case.label,
+                                 config=v, kernel=ev.key, us_per_step=us,
+                                 calls_per_step=ev.count // 10))
+
+
 def sweep_decode_splits(rows):
     """decode_attention's split count (issue #15: dense >= 4.3 TB/s, mixed lengths >= 3.5):
     forced splits and the heuristic's slot count (ctas_per_sm) around the default, on the
@@ -2002,6 +2031,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "decode_fp8_batch": sweep_decode_fp8_batch,
           "decode_bar": sweep_decode_bar, "decode_dims": sweep_decode_dims,
           "decode_d256": sweep_decode_d256, "attention_bwd": sweep_attention_bwd,
+          "attention_bwd_kernels": sweep_attention_bwd_kernels,
           "decode_fp8": sweep_decode_fp8,
           "int4": sweep_int4, "int4_small_m": sweep_int4_small_m,
           "int4_8192": sweep_int4_8192,

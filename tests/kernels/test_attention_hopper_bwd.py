@@ -180,3 +180,41 @@ def test_gpu_graph_capture():
     torch.cuda.synchronize()
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+def test_overrides_reach_a_backward_on_another_thread(monkeypatch):
+    """autograd runs a CUDA backward on its own thread: the attention_config overrides in
+    force at the forward must hold in its backward (eager Function and registered op)."""
+    import threading
+
+    from tkit.kernels.attention import config as AC
+    from tkit.kernels.attention import ops as AO
+
+    seen = []
+    real = AO._bwd_impl
+
+    def spy(*args, **kw):
+        seen.append(AC.current_config().hopper_bwd_cases)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(AO, "_bwd_impl", spy)
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 20, 20, 2, 2, 32, torch.float32, "cpu"))
+    from tkit import _env
+
+    for no_direct in (False, True):  # the eager Function, then the registered op
+        monkeypatch.setattr(_env, "NO_DIRECT", no_direct)
+        with A.attention_config(hopper_bwd_cases=frozenset({(7, True)})):
+            out = tkit.flash_attention(q, k, v, causal=True)
+        errors = []
+
+        def backward(o=out):
+            try:
+                o.sum().backward()
+            except Exception as e:  # noqa: BLE001 - reported below, not lost in the thread
+                errors.append(e)
+
+        t = threading.Thread(target=backward)
+        t.start()
+        t.join()
+        assert not errors, errors
+    assert seen == [frozenset({(7, True)})] * 2, seen

@@ -357,6 +357,15 @@ class ConfigOverrides:
     def active(self) -> bool:
         return bool(self.state.value)
 
+    def capture(self) -> dict:
+        """The overrides in force in this thread, for a backward: autograd runs a CUDA
+        backward on its own device thread, where this thread's overrides are not set."""
+        return self.state.value
+
+    def restored(self, captured: dict):
+        """A context with ``captured`` (from :meth:`capture`) in force again."""
+        return self.scope(**captured) if captured else contextlib.nullcontext()
+
     def apply(self, cfg):
         over = self.state.value
         return dataclasses.replace(cfg, **over) if over else cfg
