@@ -2,9 +2,10 @@
 ``hopper.py``'s :func:`backward`.
 
 Same math and conventions as the Triton backward of :mod:`tkit.kernels.attention._kernels`
-(``_attn_bwd_dkdv_kernel`` / ``_attn_bwd_dq_kernel``): P = exp2(qk_scale * Q K^T - lse *
-log2(e)), dS = P * (dP - delta) with dP = dO V^T and delta = rowsum(dO * O) (the Triton delta
-kernel's output), dV = P^T dO, dK = scale * dS^T Q, dQ = scale * dS K; bottom-right causal
+(``_attn_bwd_dkdv_kernel`` / ``_attn_bwd_dq_kernel``): P = exp2(qk_scale * Q K^T - lse2),
+dS = P * (dP - delta) with dP = dO V^T, dV = P^T dO, dK = scale * dS^T Q, dQ = scale * dS K,
+where lse2 = lse * log2(e) and delta = rowsum(dO * O) come from ``_attn_bwd_prep_kernel`` in
+rows padded to a multiple of 128 (+inf and 0 past seqlen_q); bottom-right causal
 alignment when seqlen_q != seqlen_k. Scope (``hopper_config.bwd_supported``): sm_90, 16-bit
 inputs in the (batch, seqlen, heads, head_dim) layout with TMA-compatible strides, head_dim 64
 or 128, GQA/MQA, causal or not; no window, softcap or varlen.
@@ -17,8 +18,9 @@ tile arrives by TMA into a ring of shared-memory slots.
 dK/dV (:func:`_attn_bwd_dkdv_hopper_kernel`): a CTA of two warpgroups owns BLOCK_N = 128 keys
 of one (batch, key/value head) (each warpgroup 64 of them: the wgmma M of 128 is split over
 the 8 warps), K and V resident in shared memory, and streams the BLOCK_M = 64 query blocks of
-the GROUP query heads that share them (Q and dO by TMA through a ring of STAGES slots, lse and
-delta by plain loads issued ahead of the waits). Per query block, in program order:
+the GROUP query heads that share them (Q, dO and their lse2 and delta rows by TMA through a
+ring of STAGES slots: the rows are read from shared memory where they are used, so they hold no
+registers across the wgmmas). Per query block, in program order:
 
     wait Q_j, dO_j          S^T = K Q_j^T, dP^T = V dO_j^T       both issued async
     wgmma.wait_group 1      S^T ready, dP^T may still run
@@ -34,8 +36,8 @@ dQ (:func:`_attn_bwd_dq_hopper_kernel`): the forward's shape: BLOCK_M = 128 quer
 blocks; per block S = Q K^T and dP = dO V^T issued together, P and dS as above, dQ += dS K
 with dS from registers.
 
-The ragged ends need no mask: TMA zero-fills rows past seqlen_q / seqlen_k, a zero query row
-gets lse = +inf (so P = 0) and a zero dO row, and a zero key row adds nothing to dQ (its dK and
+The ragged ends need no mask: TMA zero-fills rows past seqlen_q / seqlen_k, a padded query row
+has lse2 = +inf (so P = 0) and a zero dO row, and a zero key row adds nothing to dQ (its dK and
 dV rows are never stored: the TMA store clips them). Rows that see no key (lse = -inf, causal
 with seqlen_q > seqlen_k) lie only in masked blocks, where the mask selects 0 before any use.
 """
@@ -49,10 +51,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.language.core import _aggregate as aggregate
 
 from tkit.kernels._gluon import cta_barrier, tma_load, tma_store
-
-_LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @gluon.constexpr_function
@@ -67,53 +68,54 @@ def _acc_layout(num_warps, n):
 # dK, dV
 # --------------------------------------------------------------------------------------------
 @gluon.jit
-def _issue_qdo(q_desc, do_desc, q_s, do_s, bars, t, n_m, m_lo, b, hk, GROUP, n_total,
-               BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+def _issue_qdo(q_desc, do_desc, lse_desc, delta_desc, ring, t, n_m, m_lo, b, hk, GROUP, H,
+               PQ, n_total, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
     """TMA of step t's Q and dO tiles (query head hk * GROUP + t // n_m, rows m_lo + (t % n_m)
-    * BLOCK_M) into ring slot t % STAGES on its mbarrier; skipped past the last step."""
+    * BLOCK_M) and their lse2 and delta rows into ring slot t % STAGES on its mbarrier;
+    skipped past the last step."""
     pred = t < n_total
     slot = t % STAGES
     g = t // gl.maximum(n_m, 1)
     m0 = m_lo + (t - g * n_m) * BLOCK_M
     h = hk * GROUP + g
-    bar = bars.index(slot)
-    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=pred)
-    tma_load(q_desc, [b, m0, h, 0], bar, q_s.index(slot), pred=pred)
-    tma_load(do_desc, [b, m0, h, 0], bar, do_s.index(slot), pred=pred)
+    bar = ring.bars.index(slot)
+    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                    + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes, pred=pred)
+    tma_load(q_desc, [b, m0, h, 0], bar, ring.q.index(slot), pred=pred)
+    tma_load(do_desc, [b, m0, h, 0], bar, ring.do.index(slot), pred=pred)
+    row = (b * H + h) * PQ + m0
+    tma_load(lse_desc, [row], bar, ring.lse.index(slot), pred=pred)
+    tma_load(delta_desc, [row], bar, ring.delta.index(slot), pred=pred)
 
 
 @gluon.jit
-def _dkdv_step(g, i, dk, dv, k_op, v_op, q_s, do_s, bars, LSE, DELTA, slb, slh, b, hk,
-               GROUP, n_m, m_lo, seqlen_q, shift, keys, qk_scale,
+def _dkdv_step(g, i, dk, dv, k_op, v_op, ring, n_m, m_lo, shift, keys, qk_scale,
                s_layout: gl.constexpr, a_layout: gl.constexpr, BLOCK_M: gl.constexpr,
                BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                MASKED: gl.constexpr):
     """Query block i of query head hk * GROUP + g (ring step t = g * n_m + i) of the dK/dV
     kernel; returns (dk, dv) with every wgmma of the step retired."""
     t = g * n_m + i
-    m0 = m_lo + i * BLOCK_M
-    h = hk * GROUP + g
     slot = t % STAGES
-    mbarrier.wait(bars.index(slot), (t // STAGES) & 1)
-    q_j = q_s.index(slot).reshape([BLOCK_M, HEAD_DIM])
-    do_j = do_s.index(slot).reshape([BLOCK_M, HEAD_DIM])
+    mbarrier.wait(ring.bars.index(slot), (t // STAGES) & 1)
+    q_j = ring.q.index(slot).reshape([BLOCK_M, HEAD_DIM])
+    do_j = ring.do.index(slot).reshape([BLOCK_M, HEAD_DIM])
     s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     st_tok = warpgroup_mma(k_op, q_j.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     dpt_tok = warpgroup_mma(v_op, do_j.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    # lse and delta load under the two wgmmas
-    cols = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-    row_off = b.to(gl.int64) * slb + h.to(gl.int64) * slh + cols
-    cmask = cols < seqlen_q
-    # a query row past the end: lse = +inf makes its P^T column 0 (its Q and dO rows are zero)
-    lse = gl.load(LSE + row_off, mask=cmask, other=float("inf")) * _LOG2E
-    delta = gl.load(DELTA + row_off, mask=cmask, other=0.0)
+    # lse2 = lse * log2(e), +inf for a query row past the end (its P^T column is 0; its Q and
+    # dO rows are zero)
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    lse = ring.lse.index(slot).load(col_layout)
     st = warpgroup_mma_wait(1, deps=(st_tok, k_op, q_j))[0]
     pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
     if MASKED:  # key j is visible from query row i when j <= i + shift
+        cols = m_lo + i * BLOCK_M + gl.arange(0, BLOCK_M, layout=col_layout)
         ok = gl.expand_dims(keys, 1) <= gl.expand_dims(cols + shift, 0)
         pt = gl.where(ok, pt, 0.0)
     p16 = gl.convert_layout(pt.to(q_j.dtype), a_layout)
     dv_tok = warpgroup_mma(p16, do_j, dv, is_async=True)
+    delta = ring.delta.index(slot).load(col_layout)
     dpt = warpgroup_mma_wait(1, deps=(dpt_tok, v_op, do_j))[0]
     dst = pt * (dpt - gl.expand_dims(delta, 0))
     ds16 = gl.convert_layout(dst.to(q_j.dtype), a_layout)
@@ -122,10 +124,30 @@ def _dkdv_step(g, i, dk, dv, k_op, v_op, q_s, do_s, bars, LSE, DELTA, slb, slh, 
     return done[1], done[0]
 
 
-@gluon.jit(do_not_specialize=["slb", "slh", "seqlen_q", "seqlen_k", "HK", "GROUP"])
+@aggregate
+class QRing:
+    """The dK/dV kernel's ring of STAGES slots: Q and dO tiles, their lse2 and delta rows, and
+    one mbarrier a slot (all four loads of a slot complete on it)."""
+
+    q: gl.shared_memory_descriptor
+    do: gl.shared_memory_descriptor
+    lse: gl.shared_memory_descriptor
+    delta: gl.shared_memory_descriptor
+    bars: gl.shared_memory_descriptor
+
+    @gluon.constexpr_function
+    def __init__(self, q, do, lse, delta, bars):
+        self.q = q
+        self.do = do
+        self.lse = lse
+        self.delta = delta
+        self.bars = bars
+
+
+@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "HK", "GROUP", "PQ"])
 def _attn_bwd_dkdv_hopper_kernel(
-    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, slb, slh,
-    seqlen_q, seqlen_k, HK, GROUP, sm_scale, qk_scale,
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_desc, delta_desc,
+    seqlen_q, seqlen_k, HK, GROUP, PQ, sm_scale, qk_scale,
     CAUSAL: gl.constexpr, STAGES: gl.constexpr,
 ):
     """One program: BLOCK_N keys of one (batch, key/value head), summed over the GROUP query
@@ -134,8 +156,8 @@ def _attn_bwd_dkdv_hopper_kernel(
 
     q_desc, do_desc: TMA descriptors over (batch, seqlen_q, heads, head_dim), block
     [1, BLOCK_M, 1, head_dim]; k_desc, v_desc, dk_desc, dv_desc: over (batch, seqlen_k, kv
-    heads, head_dim), block [1, BLOCK_N, 1, head_dim]; LSE, DELTA: float32 at ``b*slb + h*slh
-    + row``."""
+    heads, head_dim), block [1, BLOCK_N, 1, head_dim]; lse_desc, delta_desc: 1-D over the
+    prep kernel's lse2 and delta, (batch, heads, PQ) flattened, block [BLOCK_M]."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
@@ -147,6 +169,7 @@ def _attn_bwd_dkdv_hopper_kernel(
     pid_bh = gl.program_id(0)
     b = pid_bh // HK
     hk = pid_bh % HK
+    H = HK * GROUP
     n0 = gl.program_id(1) * BLOCK_N
     shift = seqlen_k - seqlen_q
 
@@ -164,25 +187,27 @@ def _attn_bwd_dkdv_hopper_kernel(
     n_masked = (full_lo - m_lo) // BLOCK_M
     n_total = GROUP * n_m
 
-    # ---- shared memory: K and V (later dK and dV's staging), the Q / dO ring, mbarriers
+    # ---- shared memory: K and V (later dK and dV's staging), the ring, mbarriers
     k_s = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
     v_s = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
-    q_s = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
-    do_s = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape,
-                                     do_desc.layout)
+    ring = QRing(
+        gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout),
+        gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout),
+        gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], lse_desc.layout),
+        gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], delta_desc.layout),
+        gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()))
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=1)
+        mbarrier.init(ring.bars.index(i), count=1)
     fence_async_shared()
 
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma_load(k_desc, [b, n0, hk, 0], kv_bar, k_s)
     tma_load(v_desc, [b, n0, hk, 0], kv_bar, v_s)
     for i in gl.static_range(STAGES):
-        _issue_qdo(q_desc, do_desc, q_s, do_s, bars, i, n_m, m_lo, b, hk, GROUP, n_total,
-                   BLOCK_M, STAGES)
+        _issue_qdo(q_desc, do_desc, lse_desc, delta_desc, ring, i, n_m, m_lo, b, hk, GROUP, H,
+                   PQ, n_total, BLOCK_M, STAGES)
 
     keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, o_layout)
@@ -193,19 +218,19 @@ def _attn_bwd_dkdv_hopper_kernel(
 
     for g in range(GROUP):
         for w in range(n_masked):
-            dk, dv = _dkdv_step(g, w, dk, dv, k_op, v_op, q_s, do_s, bars, LSE, DELTA, slb,
-                                slh, b, hk, GROUP, n_m, m_lo, seqlen_q, shift, keys, qk_scale,
-                                s_layout, a_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, True)
+            dk, dv = _dkdv_step(g, w, dk, dv, k_op, v_op, ring, n_m, m_lo, shift, keys,
+                                qk_scale, s_layout, a_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                STAGES, True)
             cta_barrier()  # both warpgroups are past the slot's readers
-            _issue_qdo(q_desc, do_desc, q_s, do_s, bars, g * n_m + w + STAGES, n_m, m_lo, b,
-                       hk, GROUP, n_total, BLOCK_M, STAGES)
+            _issue_qdo(q_desc, do_desc, lse_desc, delta_desc, ring, g * n_m + w + STAGES, n_m,
+                       m_lo, b, hk, GROUP, H, PQ, n_total, BLOCK_M, STAGES)
         for u in range(n_masked, n_m):
-            dk, dv = _dkdv_step(g, u, dk, dv, k_op, v_op, q_s, do_s, bars, LSE, DELTA, slb,
-                                slh, b, hk, GROUP, n_m, m_lo, seqlen_q, shift, keys, qk_scale,
-                                s_layout, a_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, False)
+            dk, dv = _dkdv_step(g, u, dk, dv, k_op, v_op, ring, n_m, m_lo, shift, keys,
+                                qk_scale, s_layout, a_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                STAGES, False)
             cta_barrier()
-            _issue_qdo(q_desc, do_desc, q_s, do_s, bars, g * n_m + u + STAGES, n_m, m_lo, b,
-                       hk, GROUP, n_total, BLOCK_M, STAGES)
+            _issue_qdo(q_desc, do_desc, lse_desc, delta_desc, ring, g * n_m + u + STAGES, n_m,
+                       m_lo, b, hk, GROUP, H, PQ, n_total, BLOCK_M, STAGES)
 
     # ---- dK (scaled) and dV through K's and V's buffers and TMA stores
     cta_barrier()  # every wgmma reading K and V has retired in both warpgroups
@@ -218,7 +243,7 @@ def _attn_bwd_dkdv_hopper_kernel(
     tma.store_wait(0)
     mbarrier.invalidate(kv_bar)
     for i in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(i))
+        mbarrier.invalidate(ring.bars.index(i))
 
 
 # --------------------------------------------------------------------------------------------
@@ -263,16 +288,17 @@ def _dq_step(j, dq, q_op, do_op, k_s, v_s, bars, lse, delta, rows, shift, qk_sca
     return warpgroup_mma_wait(0, deps=(dq_tok, ds16, k_j))[0]
 
 
-@gluon.jit(do_not_specialize=["slb", "slh", "seqlen_q", "seqlen_k", "H", "GROUP"])
+@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "H", "GROUP", "PQ"])
 def _attn_bwd_dq_hopper_kernel(
-    q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, slb, slh,
-    seqlen_q, seqlen_k, H, GROUP, sm_scale, qk_scale,
+    q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DELTA,
+    seqlen_q, seqlen_k, H, GROUP, PQ, sm_scale, qk_scale,
     CAUSAL: gl.constexpr, STAGES: gl.constexpr,
 ):
     """One program: dQ of BLOCK_M query rows of one (batch, query head). Grid (batch * H,
     query blocks), causal: the last (longest) query blocks first. Descriptors: q_desc,
     do_desc, dq_desc block [1, BLOCK_M, 1, head_dim]; k_desc, v_desc [1, BLOCK_N, 1,
-    head_dim]; the rest as in :func:`_attn_bwd_dkdv_hopper_kernel`."""
+    head_dim]; LSE2, DELTA: the prep kernel's rows, (batch, heads, PQ) contiguous; the rest
+    as in :func:`_attn_bwd_dkdv_hopper_kernel`."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
@@ -319,10 +345,9 @@ def _attn_bwd_dq_hopper_kernel(
         _issue_kv(k_desc, v_desc, k_s, v_s, bars, i, b, hk, n_tiles, BLOCK_N, STAGES)
 
     rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    row_off = b.to(gl.int64) * slb + h.to(gl.int64) * slh + rows
-    rmask = rows < seqlen_q
-    lse = gl.load(LSE + row_off, mask=rmask, other=float("inf")) * _LOG2E
-    delta = gl.load(DELTA + row_off, mask=rmask, other=0.0)
+    row_off = pid_bh.to(gl.int64) * PQ + rows  # PQ is a multiple of BLOCK_M: no mask
+    lse = gl.load(LSE2 + row_off)
+    delta = gl.load(DELTA + row_off)
     dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     q_op = q_s.reshape([BLOCK_M, HEAD_DIM])
     do_op = do_s.reshape([BLOCK_M, HEAD_DIM])

@@ -390,6 +390,40 @@ def _attn_bwd_delta_kernel(
 
 
 @triton.jit
+def _attn_bwd_prep_kernel(
+    O, DO, LSE, DLSE, DELTA, LSE2, sob, sos, soh, sod, sdb, sds, sdh, sdd,
+    seqlen_q, padded_q, H, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
+):
+    """The Gluon backward's row vectors: delta = rowsum(dO * O) (minus dlse when given) and
+    lse2 = lse * log2(e), float32, contiguous (batch, heads, padded_q) with padded_q a multiple
+    of the kernels' query blocks; rows past seqlen_q get delta 0 and lse2 +inf (P = 0 there,
+    no mask needed). LSE and DLSE: contiguous (batch, heads, seqlen_q). Grid (batch * heads,
+    padded_q / BLOCK_M)."""
+    pid_bh = tl.program_id(0)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    rmask = offs_m < seqlen_q
+    mask = rmask[:, None] & (offs_d[None, :] < HEAD_DIM)
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+    o = tl.load(O + b64 * sob + h64 * soh + offs_m[:, None] * sos + offs_d[None, :] * sod,
+                mask=mask, other=0.0)
+    do = tl.load(DO + b64 * sdb + h64 * sdh + offs_m[:, None] * sds + offs_d[None, :] * sdd,
+                 mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    row = pid_bh.to(tl.int64) * seqlen_q + offs_m
+    lse = tl.load(LSE + row, mask=rmask, other=0.0)
+    if HAS_DLSE:  # d lse_i / d S_ij = P_ij: folds into delta
+        delta -= tl.load(DLSE + row, mask=rmask, other=0.0)
+    out = pid_bh.to(tl.int64) * padded_q + offs_m
+    tl.store(DELTA + out, delta)
+    tl.store(LSE2 + out, tl.where(rmask, lse * 1.4426950408889634, float("inf")))
+
+
+@triton.jit
 def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, sqs, sqd, sds, sdd, sls,
                     start, end, offs_n, offs_mb, offs_d, q_len, k_len, shift, wl, wr,
                     qk_scale, cap_scale,

@@ -320,6 +320,7 @@ BWD_HEAD_DIMS = (64, 128)
 BWD_NUM_WARPS = 8
 BWD_DKDV_BLOCK = (64, 128)  # (query rows streamed, keys resident) of a dK/dV program
 BWD_DQ_BLOCK_M = 128  # query rows resident in a dQ program
+BWD_ROW_PAD = 128  # lse2 and delta rows are padded to a multiple of both query blocks
 
 
 @dataclass(frozen=True)
@@ -342,7 +343,8 @@ class HopperBwdConfig:
     def smem_bytes(self, head_dim: int, itemsize: int = 2) -> tuple[int, int]:
         """Shared memory of (the dK/dV program, the dQ program), mbarriers included."""
         bm, bn = BWD_DKDV_BLOCK
-        dkdv = (2 * bn + 2 * self.dkdv_stages * bm) * head_dim * itemsize
+        dkdv = ((2 * bn + 2 * self.dkdv_stages * bm) * head_dim * itemsize
+                + 2 * self.dkdv_stages * bm * 4)  # and the lse2 and delta rows
         dq = (2 * BWD_DQ_BLOCK_M + 2 * self.dq_stages * self.dq_block_n) * head_dim * itemsize
         bars = 8 * (self.dkdv_stages + 1)
         return dkdv + bars, dq + 8 * (self.dq_stages + 1)
@@ -364,4 +366,6 @@ def bwd_supported(q, k, v, causal=False, window=(-1, -1), softcap=0.0, varlen=Fa
         return "an empty sequence"
     if lse is not None and not lse.is_contiguous():
         return "lse is not contiguous"
+    if shaped and q.shape[0] * q.shape[2] * -(-q.shape[1] // BWD_ROW_PAD) * BWD_ROW_PAD >= 2**31:
+        return "batch x heads x seqlen_q reaches 2**31 (the row vectors' 32-bit TMA coordinates)"
     return supported(q, k, v, causal, window, softcap, varlen)  # the device check last

@@ -324,9 +324,11 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, causal, sca
         batch, sq, sk = q.shape[0], q.shape[1], k.shape[1]
     if batch == 0 or hq == 0 or (sq == 0 and sk == 0):
         return dq, dk, dv
-    hopper = None
     if config is None:
         hopper, _ = _hopper_bwd_choice(q, k, v, lse, causal, (wl, wr), softcap, varlen)
+        if hopper is not None:  # its kernels write every element of dq, dk, dv
+            return hopper.backward(do, q, k, v, out, lse, dlse, causal, scale,
+                                   AC.current_config().hopper_bwd)
     flags, wl, wr = _flags(d, causal, (wl, wr), softcap, varlen, q.dtype)
     qk_scale, cap_scale = _scales(scale, softcap)
     delta = C.empty(lse.shape, torch.float32, q.device)
@@ -343,9 +345,6 @@ def _bwd_impl(do, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, causal, sca
                  CU_BLOCK=_varlen_args(q, k, batch, varlen)["CU_BLOCK"])
         if dlse is not None:  # d lse_i / d S_ij = P_ij: folds into delta
             delta = delta - dlse.to(torch.float32)
-    if hopper is not None:  # the Gluon kernels write every element of dq, dk, dv
-        return hopper.backward(do, q, k, v, lse, delta, causal, scale,
-                               AC.current_config().hopper_bwd)
     common = dict(
         Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, CU_Q=cu_q_arg, CU_K=cu_k_arg,
         **_named("sq", _strides4(q, varlen)), **_named("sk", _strides4(k, varlen)),
