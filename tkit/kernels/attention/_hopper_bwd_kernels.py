@@ -68,24 +68,28 @@ def _acc_layout(num_warps, n):
 # dK, dV
 # --------------------------------------------------------------------------------------------
 @gluon.jit
-def _issue_qdo(q_desc, do_desc, lse_desc, delta_desc, ring, t, n_m, m_lo, b, hk, GROUP, H,
-               PQ, n_total, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
-    """TMA of step t's Q and dO tiles (query head hk * GROUP + t // n_m, rows m_lo + (t % n_m)
-    * BLOCK_M) and their lse2 and delta rows into ring slot t % STAGES on its mbarrier;
-    skipped past the last step."""
+def _issue_qdo(q_desc, do_desc, rows_desc, ring, t, n_m, m_lo, b, hk, GROUP, H, PQ, n_total,
+               BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """After a CTA barrier, TMA of step t's Q and dO tiles (query head hk * GROUP + t // n_m,
+    rows m_lo + (t % n_m) * BLOCK_M) and their lse2 / delta rows into ring slot t % STAGES,
+    each on its own mbarrier (two copies completing on one mbarrier would make Triton put a
+    CTA barrier between them: see QRing); skipped past the last step."""
     pred = t < n_total
     slot = t % STAGES
     g = t // gl.maximum(n_m, 1)
     m0 = m_lo + (t - g * n_m) * BLOCK_M
     h = hk * GROUP + g
-    bar = ring.bars.index(slot)
-    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                    + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes, pred=pred)
-    tma_load(q_desc, [b, m0, h, 0], bar, ring.q.index(slot), pred=pred)
-    tma_load(do_desc, [b, m0, h, 0], bar, ring.do.index(slot), pred=pred)
-    row = (b * H + h) * PQ + m0
-    tma_load(lse_desc, [row], bar, ring.lse.index(slot), pred=pred)
-    tma_load(delta_desc, [row], bar, ring.delta.index(slot), pred=pred)
+    qb = ring.q_bars.index(slot)
+    dob = ring.do_bars.index(slot)
+    rb = ring.row_bars.index(slot)
+    mbarrier.expect(qb, q_desc.block_type.nbytes, pred=pred)
+    mbarrier.expect(dob, do_desc.block_type.nbytes, pred=pred)
+    mbarrier.expect(rb, rows_desc.block_type.nbytes, pred=pred)
+    cta_barrier()  # both warpgroups are past the slot's readers
+    tma_load(q_desc, [b, m0, h, 0], qb, ring.q.index(slot), pred=pred)
+    tma_load(do_desc, [b, m0, h, 0], dob, ring.do.index(slot), pred=pred)
+    # a query block's lse2 row then its delta row (the prep kernel's layout)
+    tma_load(rows_desc, [2 * ((b * H + h) * PQ + m0)], rb, ring.rows.index(slot), pred=pred)
 
 
 @gluon.jit
@@ -97,16 +101,20 @@ def _dkdv_step(g, i, dk, dv, k_op, v_op, ring, n_m, m_lo, shift, keys, qk_scale,
     kernel; returns (dk, dv) with every wgmma of the step retired."""
     t = g * n_m + i
     slot = t % STAGES
-    mbarrier.wait(ring.bars.index(slot), (t // STAGES) & 1)
+    phase = (t // STAGES) & 1
     q_j = ring.q.index(slot).reshape([BLOCK_M, HEAD_DIM])
     do_j = ring.do.index(slot).reshape([BLOCK_M, HEAD_DIM])
     s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    mbarrier.wait(ring.q_bars.index(slot), phase)
     st_tok = warpgroup_mma(k_op, q_j.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    mbarrier.wait(ring.do_bars.index(slot), phase)
     dpt_tok = warpgroup_mma(v_op, do_j.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     # lse2 = lse * log2(e), +inf for a query row past the end (its P^T column is 0; its Q and
     # dO rows are zero)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-    lse = ring.lse.index(slot).load(col_layout)
+    mbarrier.wait(ring.row_bars.index(slot), phase)
+    row = ring.rows.index(slot)
+    lse = row.slice(0, BLOCK_M).load(col_layout)
     st = warpgroup_mma_wait(1, deps=(st_tok, k_op, q_j))[0]
     pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
     if MASKED:  # key j is visible from query row i when j <= i + shift
@@ -115,7 +123,7 @@ def _dkdv_step(g, i, dk, dv, k_op, v_op, ring, n_m, m_lo, shift, keys, qk_scale,
         pt = gl.where(ok, pt, 0.0)
     p16 = gl.convert_layout(pt.to(q_j.dtype), a_layout)
     dv_tok = warpgroup_mma(p16, do_j, dv, is_async=True)
-    delta = ring.delta.index(slot).load(col_layout)
+    delta = row.slice(BLOCK_M, BLOCK_M).load(col_layout)
     dpt = warpgroup_mma_wait(1, deps=(dpt_tok, v_op, do_j))[0]
     dst = pt * (dpt - gl.expand_dims(delta, 0))
     ds16 = gl.convert_layout(dst.to(q_j.dtype), a_layout)
@@ -126,27 +134,31 @@ def _dkdv_step(g, i, dk, dv, k_op, v_op, ring, n_m, m_lo, shift, keys, qk_scale,
 
 @aggregate
 class QRing:
-    """The dK/dV kernel's ring of STAGES slots: Q and dO tiles, their lse2 and delta rows, and
-    one mbarrier a slot (all four loads of a slot complete on it)."""
+    """The dK/dV kernel's ring of STAGES slots: Q and dO tiles, their lse2 and delta rows (one
+    buffer of 2 x BLOCK_M), and an mbarrier a copy, each kind in its own allocation (Triton's
+    barrier analysis tracks an allocation as a whole: two mbarriers of one allocation, used one
+    after the other, get a CTA barrier between them)."""
 
     q: gl.shared_memory_descriptor
     do: gl.shared_memory_descriptor
-    lse: gl.shared_memory_descriptor
-    delta: gl.shared_memory_descriptor
-    bars: gl.shared_memory_descriptor
+    rows: gl.shared_memory_descriptor
+    q_bars: gl.shared_memory_descriptor
+    do_bars: gl.shared_memory_descriptor
+    row_bars: gl.shared_memory_descriptor
 
     @gluon.constexpr_function
-    def __init__(self, q, do, lse, delta, bars):
+    def __init__(self, q, do, rows, q_bars, do_bars, row_bars):
         self.q = q
         self.do = do
-        self.lse = lse
-        self.delta = delta
-        self.bars = bars
+        self.rows = rows
+        self.q_bars = q_bars
+        self.do_bars = do_bars
+        self.row_bars = row_bars
 
 
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "HK", "GROUP", "PQ"])
 def _attn_bwd_dkdv_hopper_kernel(
-    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_desc, delta_desc,
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, rows_desc,
     seqlen_q, seqlen_k, HK, GROUP, PQ, sm_scale, qk_scale,
     CAUSAL: gl.constexpr, STAGES: gl.constexpr,
 ):
@@ -156,8 +168,9 @@ def _attn_bwd_dkdv_hopper_kernel(
 
     q_desc, do_desc: TMA descriptors over (batch, seqlen_q, heads, head_dim), block
     [1, BLOCK_M, 1, head_dim]; k_desc, v_desc, dk_desc, dv_desc: over (batch, seqlen_k, kv
-    heads, head_dim), block [1, BLOCK_N, 1, head_dim]; lse_desc, delta_desc: 1-D over the
-    prep kernel's lse2 and delta, (batch, heads, PQ) flattened, block [BLOCK_M]."""
+    heads, head_dim), block [1, BLOCK_N, 1, head_dim]; rows_desc: 1-D over the prep kernel's
+    rows (each query block of each head: its 64 lse2 then its 64 delta values), block
+    [2 * BLOCK_M]."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
@@ -193,44 +206,50 @@ def _attn_bwd_dkdv_hopper_kernel(
     ring = QRing(
         gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout),
         gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout),
-        gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], lse_desc.layout),
-        gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], delta_desc.layout),
+        gl.allocate_shared_memory(gl.float32, [STAGES, 2 * BLOCK_M], rows_desc.layout),
+        gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
+        gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
         gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()))
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
+    k_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    v_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(k_bar, count=1)
+    mbarrier.init(v_bar, count=1)
     for i in gl.static_range(STAGES):
-        mbarrier.init(ring.bars.index(i), count=1)
+        mbarrier.init(ring.q_bars.index(i), count=1)
+        mbarrier.init(ring.do_bars.index(i), count=1)
+        mbarrier.init(ring.row_bars.index(i), count=1)
     fence_async_shared()
 
-    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma_load(k_desc, [b, n0, hk, 0], kv_bar, k_s)
-    tma_load(v_desc, [b, n0, hk, 0], kv_bar, v_s)
+    mbarrier.expect(k_bar, k_desc.block_type.nbytes)
+    mbarrier.expect(v_bar, v_desc.block_type.nbytes)
+    cta_barrier()
+    tma_load(k_desc, [b, n0, hk, 0], k_bar, k_s)
+    tma_load(v_desc, [b, n0, hk, 0], v_bar, v_s)
     for i in gl.static_range(STAGES):
-        _issue_qdo(q_desc, do_desc, lse_desc, delta_desc, ring, i, n_m, m_lo, b, hk, GROUP, H,
-                   PQ, n_total, BLOCK_M, STAGES)
+        _issue_qdo(q_desc, do_desc, rows_desc, ring, i, n_m, m_lo, b, hk, GROUP, H, PQ,
+                   n_total, BLOCK_M, STAGES)
 
     keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, o_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, o_layout)
     k_op = k_s.reshape([BLOCK_N, HEAD_DIM])
     v_op = v_s.reshape([BLOCK_N, HEAD_DIM])
-    mbarrier.wait(kv_bar, 0)
+    mbarrier.wait(k_bar, 0)
+    mbarrier.wait(v_bar, 0)
 
     for g in range(GROUP):
         for w in range(n_masked):
             dk, dv = _dkdv_step(g, w, dk, dv, k_op, v_op, ring, n_m, m_lo, shift, keys,
                                 qk_scale, s_layout, a_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
                                 STAGES, True)
-            cta_barrier()  # both warpgroups are past the slot's readers
-            _issue_qdo(q_desc, do_desc, lse_desc, delta_desc, ring, g * n_m + w + STAGES, n_m,
-                       m_lo, b, hk, GROUP, H, PQ, n_total, BLOCK_M, STAGES)
+            _issue_qdo(q_desc, do_desc, rows_desc, ring, g * n_m + w + STAGES, n_m, m_lo, b,
+                       hk, GROUP, H, PQ, n_total, BLOCK_M, STAGES)
         for u in range(n_masked, n_m):
             dk, dv = _dkdv_step(g, u, dk, dv, k_op, v_op, ring, n_m, m_lo, shift, keys,
                                 qk_scale, s_layout, a_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
                                 STAGES, False)
-            cta_barrier()
-            _issue_qdo(q_desc, do_desc, lse_desc, delta_desc, ring, g * n_m + u + STAGES, n_m,
-                       m_lo, b, hk, GROUP, H, PQ, n_total, BLOCK_M, STAGES)
+            _issue_qdo(q_desc, do_desc, rows_desc, ring, g * n_m + u + STAGES, n_m, m_lo, b,
+                       hk, GROUP, H, PQ, n_total, BLOCK_M, STAGES)
 
     # ---- dK (scaled) and dV through K's and V's buffers and TMA stores
     cta_barrier()  # every wgmma reading K and V has retired in both warpgroups
@@ -241,39 +260,46 @@ def _attn_bwd_dkdv_hopper_kernel(
     tma_store(dk_desc, [b, n0, hk, 0], k_s)
     tma_store(dv_desc, [b, n0, hk, 0], v_s)
     tma.store_wait(0)
-    mbarrier.invalidate(kv_bar)
+    mbarrier.invalidate(k_bar)
+    mbarrier.invalidate(v_bar)
     for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ring.bars.index(i))
+        mbarrier.invalidate(ring.q_bars.index(i))
+        mbarrier.invalidate(ring.do_bars.index(i))
+        mbarrier.invalidate(ring.row_bars.index(i))
 
 
 # --------------------------------------------------------------------------------------------
 # dQ
 # --------------------------------------------------------------------------------------------
 @gluon.jit
-def _issue_kv(k_desc, v_desc, k_s, v_s, bars, j, b, hk, n_tiles,
+def _issue_kv(k_desc, v_desc, k_s, v_s, k_bars, v_bars, j, b, hk, n_tiles,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """TMA of key block j's K and V into ring slot j % STAGES on its mbarrier; skipped past
-    the last block."""
+    """After a CTA barrier, TMA of key block j's K and V into ring slot j % STAGES, each on
+    its own mbarrier (from two allocations: see QRing); skipped past the last block."""
     pred = j < n_tiles
     slot = j % STAGES
-    bar = bars.index(slot)
-    mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
-    tma_load(k_desc, [b, j * BLOCK_N, hk, 0], bar, k_s.index(slot), pred=pred)
-    tma_load(v_desc, [b, j * BLOCK_N, hk, 0], bar, v_s.index(slot), pred=pred)
+    kb = k_bars.index(slot)
+    vb = v_bars.index(slot)
+    mbarrier.expect(kb, k_desc.block_type.nbytes, pred=pred)
+    mbarrier.expect(vb, v_desc.block_type.nbytes, pred=pred)
+    cta_barrier()  # both warpgroups are past the slot's readers
+    tma_load(k_desc, [b, j * BLOCK_N, hk, 0], kb, k_s.index(slot), pred=pred)
+    tma_load(v_desc, [b, j * BLOCK_N, hk, 0], vb, v_s.index(slot), pred=pred)
 
 
 @gluon.jit
-def _dq_step(j, dq, q_op, do_op, k_s, v_s, bars, lse, delta, rows, shift, qk_scale,
-             s_layout: gl.constexpr, a_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-             BLOCK_N: gl.constexpr,
-             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr):
+def _dq_step(j, dq, q_op, do_op, k_s, v_s, k_bars, v_bars, lse, delta, rows, shift,
+             qk_scale, s_layout: gl.constexpr, a_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+             BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+             MASKED: gl.constexpr):
     """Key block j of the dQ kernel; returns dq with every wgmma of the step retired."""
     slot = j % STAGES
-    mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
     k_j = k_s.index(slot).reshape([BLOCK_N, HEAD_DIM])
     v_j = v_s.index(slot).reshape([BLOCK_N, HEAD_DIM])
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
     s_tok = warpgroup_mma(q_op, k_j.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    mbarrier.wait(v_bars.index(slot), (j // STAGES) & 1)
     dp_tok = warpgroup_mma(do_op, v_j.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(1, deps=(s_tok, q_op, k_j))[0]
     p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))
@@ -290,15 +316,15 @@ def _dq_step(j, dq, q_op, do_op, k_s, v_s, bars, lse, delta, rows, shift, qk_sca
 
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "H", "GROUP", "PQ"])
 def _attn_bwd_dq_hopper_kernel(
-    q_desc, k_desc, v_desc, do_desc, dq_desc, LSE2, DELTA,
+    q_desc, k_desc, v_desc, do_desc, dq_desc, ROWS,
     seqlen_q, seqlen_k, H, GROUP, PQ, sm_scale, qk_scale,
     CAUSAL: gl.constexpr, STAGES: gl.constexpr,
 ):
     """One program: dQ of BLOCK_M query rows of one (batch, query head). Grid (batch * H,
     query blocks), causal: the last (longest) query blocks first. Descriptors: q_desc,
     do_desc, dq_desc block [1, BLOCK_M, 1, head_dim]; k_desc, v_desc [1, BLOCK_N, 1,
-    head_dim]; LSE2, DELTA: the prep kernel's rows, (batch, heads, PQ) contiguous; the rest
-    as in :func:`_attn_bwd_dkdv_hopper_kernel`."""
+    head_dim]; ROWS: the prep kernel's rows; the rest as in
+    :func:`_attn_bwd_dkdv_hopper_kernel`."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
@@ -332,37 +358,46 @@ def _attn_bwd_dq_hopper_kernel(
     k_s = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_s = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
+    mbarrier.init(do_bar, count=1)
     for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=1)
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
     fence_async_shared()
 
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    mbarrier.expect(do_bar, do_desc.block_type.nbytes)
+    cta_barrier()
     tma_load(q_desc, [b, m0, h, 0], q_bar, q_s)
-    tma_load(do_desc, [b, m0, h, 0], q_bar, do_s)
+    tma_load(do_desc, [b, m0, h, 0], do_bar, do_s)
     for i in gl.static_range(STAGES):
-        _issue_kv(k_desc, v_desc, k_s, v_s, bars, i, b, hk, n_tiles, BLOCK_N, STAGES)
+        _issue_kv(k_desc, v_desc, k_s, v_s, k_bars, v_bars, i, b, hk, n_tiles, BLOCK_N, STAGES)
 
     rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    row_off = pid_bh.to(gl.int64) * PQ + rows  # PQ is a multiple of BLOCK_M: no mask
-    lse = gl.load(LSE2 + row_off)
-    delta = gl.load(DELTA + row_off)
+    # the prep kernel's rows: each 64-row block's lse2 then its delta; PQ is a multiple of
+    # BLOCK_M, so no mask
+    row_off = pid_bh.to(gl.int64) * (2 * PQ) + (rows // 64) * 128 + rows % 64
+    lse = gl.load(ROWS + row_off)
+    delta = gl.load(ROWS + row_off + 64)
     dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     q_op = q_s.reshape([BLOCK_M, HEAD_DIM])
     do_op = do_s.reshape([BLOCK_M, HEAD_DIM])
     mbarrier.wait(q_bar, 0)
+    mbarrier.wait(do_bar, 0)
 
     for j in range(0, n_full):
-        dq = _dq_step(j, dq, q_op, do_op, k_s, v_s, bars, lse, delta, rows, shift, qk_scale,
-                      s_layout, a_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, False)
-        cta_barrier()
-        _issue_kv(k_desc, v_desc, k_s, v_s, bars, j + STAGES, b, hk, n_tiles, BLOCK_N, STAGES)
+        dq = _dq_step(j, dq, q_op, do_op, k_s, v_s, k_bars, v_bars, lse, delta, rows, shift,
+                      qk_scale, s_layout, a_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, False)
+        _issue_kv(k_desc, v_desc, k_s, v_s, k_bars, v_bars, j + STAGES, b, hk, n_tiles,
+                  BLOCK_N, STAGES)
     for j in range(n_full, n_tiles):
-        dq = _dq_step(j, dq, q_op, do_op, k_s, v_s, bars, lse, delta, rows, shift, qk_scale,
-                      s_layout, a_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL)
-        cta_barrier()
-        _issue_kv(k_desc, v_desc, k_s, v_s, bars, j + STAGES, b, hk, n_tiles, BLOCK_N, STAGES)
+        dq = _dq_step(j, dq, q_op, do_op, k_s, v_s, k_bars, v_bars, lse, delta, rows, shift,
+                      qk_scale, s_layout, a_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL)
+        _issue_kv(k_desc, v_desc, k_s, v_s, k_bars, v_bars, j + STAGES, b, hk, n_tiles,
+                  BLOCK_N, STAGES)
 
     # ---- dQ (scaled) through Q's buffer and a TMA store
     cta_barrier()
@@ -372,5 +407,7 @@ def _attn_bwd_dq_hopper_kernel(
     tma_store(dq_desc, [b, m0, h, 0], q_s)
     tma.store_wait(0)
     mbarrier.invalidate(q_bar)
+    mbarrier.invalidate(do_bar)
     for i in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(i))
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))

@@ -391,15 +391,16 @@ def _attn_bwd_delta_kernel(
 
 @triton.jit
 def _attn_bwd_prep_kernel(
-    O, DO, LSE, DLSE, DELTA, LSE2, sob, sos, soh, sod, sdb, sds, sdh, sdd,
+    O, DO, LSE, DLSE, ROWS, sob, sos, soh, sod, sdb, sds, sdh, sdd,
     seqlen_q, padded_q, H, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
 ):
     """The Gluon backward's row vectors: delta = rowsum(dO * O) (minus dlse when given) and
-    lse2 = lse * log2(e), float32, contiguous (batch, heads, padded_q) with padded_q a multiple
-    of the kernels' query blocks; rows past seqlen_q get delta 0 and lse2 +inf (P = 0 there,
-    no mask needed). LSE and DLSE: contiguous (batch, heads, seqlen_q). Grid (batch * heads,
-    padded_q / BLOCK_M)."""
+    lse2 = lse * log2(e), float32, for padded_q rows a head (a multiple of the kernels' query
+    blocks), laid out (batch, heads, padded_q / BLOCK_M, 2, BLOCK_M) in ROWS: each block's
+    lse2 then its delta, so that one TMA copy brings both; rows past seqlen_q get delta 0 and
+    lse2 +inf (P = 0 there, no mask needed). LSE and DLSE: contiguous (batch, heads,
+    seqlen_q). Grid (batch * heads, padded_q / BLOCK_M)."""
     pid_bh = tl.program_id(0)
     b = pid_bh // H
     h = pid_bh % H
@@ -418,9 +419,10 @@ def _attn_bwd_prep_kernel(
     lse = tl.load(LSE + row, mask=rmask, other=0.0)
     if HAS_DLSE:  # d lse_i / d S_ij = P_ij: folds into delta
         delta -= tl.load(DLSE + row, mask=rmask, other=0.0)
-    out = pid_bh.to(tl.int64) * padded_q + offs_m
-    tl.store(DELTA + out, delta)
-    tl.store(LSE2 + out, tl.where(rmask, lse * 1.4426950408889634, float("inf")))
+    out = pid_bh.to(tl.int64) * (2 * padded_q) + tl.program_id(1) * (2 * BLOCK_M) \
+        + tl.arange(0, BLOCK_M)
+    tl.store(ROWS + out, tl.where(rmask, lse * 1.4426950408889634, float("inf")))
+    tl.store(ROWS + out + BLOCK_M, delta)
 
 
 @triton.jit

@@ -170,7 +170,8 @@ def _row_layout():
 
 
 def _row_descriptor(t: torch.Tensor, block: int):
-    """A 1-D TMA descriptor over a flat float32 vector, block ``block`` (lse2 and delta)."""
+    """A 1-D TMA descriptor over a flat float32 vector, block ``block`` (the lse2 / delta
+    rows)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     return TensorDescriptor(t, [t.numel()], [1], [block], _row_layout())
@@ -194,29 +195,28 @@ def backward(do, q, k, v, out, lse, dlse=None, causal=False, scale=None, config=
     dk = C.empty(k.shape, k.dtype, k.device)
     dv = C.empty(v.shape, v.dtype, v.device)
     pq = triton.cdiv(sq, BWD_ROW_PAD) * BWD_ROW_PAD
-    lse2 = C.empty((batch * hq * pq,), torch.float32, q.device)
-    delta = C.empty((batch * hq * pq,), torch.float32, q.device)
+    bm, bn = BWD_DKDV_BLOCK
+    # lse2 and delta, each 64-row block's pair adjacent (one TMA copy of 2 x 64 floats)
+    rows = C.empty((batch * hq * 2 * pq,), torch.float32, q.device)
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
-    prep_m = 64
-    C.launch(_attn_bwd_prep_kernel, (batch * hq, pq // prep_m), O=out, DO=do, LSE=lse,
-             DLSE=lse if dlse is None else dlse, DELTA=delta, LSE2=lse2,
+    C.launch(_attn_bwd_prep_kernel, (batch * hq, pq // bm), O=out, DO=do, LSE=lse,
+             DLSE=lse if dlse is None else dlse, ROWS=rows,
              sob=out.stride(0), sos=out.stride(1), soh=out.stride(2), sod=out.stride(3),
              sdb=do.stride(0), sds=do.stride(1), sdh=do.stride(2), sdd=do.stride(3),
-             seqlen_q=sq, padded_q=pq, H=hq, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=prep_m,
+             seqlen_q=sq, padded_q=pq, H=hq, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=bm,
              HAS_DLSE=dlse is not None)
-    bm, bn = BWD_DKDV_BLOCK
     common = dict(seqlen_q=sq, seqlen_k=sk, GROUP=hq // hk, PQ=pq, sm_scale=scale,
                   qk_scale=scale * LOG2E, CAUSAL=bool(causal), num_warps=BWD_NUM_WARPS)
     C.launch(_attn_bwd_dkdv_hopper_kernel, (batch * hk, triton.cdiv(sk, bn)),
              q_desc=_descriptor(q, bm), k_desc=_descriptor(k, bn), v_desc=_descriptor(v, bn),
              do_desc=_descriptor(do, bm), dk_desc=_descriptor(dk, bn),
-             dv_desc=_descriptor(dv, bn), lse_desc=_row_descriptor(lse2, bm),
-             delta_desc=_row_descriptor(delta, bm), HK=hk, STAGES=cfg.dkdv_stages, **common)
+             dv_desc=_descriptor(dv, bn), rows_desc=_row_descriptor(rows, 2 * bm), HK=hk,
+             STAGES=cfg.dkdv_stages, **common)
     C.launch(_attn_bwd_dq_hopper_kernel, (batch * hq, triton.cdiv(sq, BWD_DQ_BLOCK_M)),
              q_desc=_descriptor(q, BWD_DQ_BLOCK_M), k_desc=_descriptor(k, cfg.dq_block_n),
              v_desc=_descriptor(v, cfg.dq_block_n), do_desc=_descriptor(do, BWD_DQ_BLOCK_M),
-             dq_desc=_descriptor(dq, BWD_DQ_BLOCK_M), LSE2=lse2, DELTA=delta, H=hq,
+             dq_desc=_descriptor(dq, BWD_DQ_BLOCK_M), ROWS=rows, H=hq,
              STAGES=cfg.dq_stages, **common)
     return dq, dk, dv
 
@@ -277,15 +277,14 @@ def compile_bwd_sm90(kind: str, head_dim: int = 128, causal: bool = False,
         descs = dict(q_desc=desc(bm), k_desc=desc(bn), v_desc=desc(bn), do_desc=desc(bm),
                      dk_desc=desc(bn), dv_desc=desc(bn))
         heads = dict(HK="i32")
-        row = f"tensordesc<fp32[{bm}],{_row_layout()!r}>"
-        rows = dict(lse_desc=row, delta_desc=row)
+        rows = dict(rows_desc=f"tensordesc<fp32[{2 * bm}],{_row_layout()!r}>")
     elif kind == "dq":
         kernel, stages = _attn_bwd_dq_hopper_kernel, cfg.dq_stages
         m, n = BWD_DQ_BLOCK_M, cfg.dq_block_n
         descs = dict(q_desc=desc(m), k_desc=desc(n), v_desc=desc(n), do_desc=desc(m),
                      dq_desc=desc(m))
         heads = dict(H="i32")
-        rows = dict(LSE2="*fp32", DELTA="*fp32")
+        rows = dict(ROWS="*fp32")
     else:
         raise ValueError(f"kind must be 'dkdv' or 'dq', got {kind!r}")
     signature = dict(**descs, **rows, seqlen_q="i32", seqlen_k="i32", **heads, GROUP="i32",

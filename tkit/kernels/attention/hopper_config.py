@@ -345,9 +345,9 @@ class HopperBwdConfig:
         bm, bn = BWD_DKDV_BLOCK
         dkdv = ((2 * bn + 2 * self.dkdv_stages * bm) * head_dim * itemsize
                 + 2 * self.dkdv_stages * bm * 4)  # and the lse2 and delta rows
+        bars = 8 * (3 * self.dkdv_stages + 2)
         dq = (2 * BWD_DQ_BLOCK_M + 2 * self.dq_stages * self.dq_block_n) * head_dim * itemsize
-        bars = 8 * (self.dkdv_stages + 1)
-        return dkdv + bars, dq + 8 * (self.dq_stages + 1)
+        return dkdv + bars, dq + 8 * (2 * self.dq_stages + 2)
 
 
 BWD_DEFAULTS = {128: HopperBwdConfig(dkdv_stages=2, dq_stages=3),
@@ -366,6 +366,7 @@ def bwd_supported(q, k, v, causal=False, window=(-1, -1), softcap=0.0, varlen=Fa
         return "an empty sequence"
     if lse is not None and not lse.is_contiguous():
         return "lse is not contiguous"
-    if shaped and q.shape[0] * q.shape[2] * -(-q.shape[1] // BWD_ROW_PAD) * BWD_ROW_PAD >= 2**31:
+    padded = -(-q.shape[1] // BWD_ROW_PAD) * BWD_ROW_PAD if shaped else 0
+    if shaped and 2 * q.shape[0] * q.shape[2] * padded >= 2**31:
         return "batch x heads x seqlen_q reaches 2**31 (the row vectors' 32-bit TMA coordinates)"
     return supported(q, k, v, causal, window, softcap, varlen)  # the device check last
