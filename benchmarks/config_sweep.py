@@ -1618,9 +1618,9 @@ def _attention_bwd(triton=False, stages=None):
 #: the Gluon backward's ring depths and dQ key block around its defaults (D=128: dK/dV 2
 #: stages, dQ 64 keys 3 stages; D=64: 3 and 64 x 4), and the Triton backward
 ATTENTION_BWD_VARIANTS = {
-    128: [dict(triton=True), dict(stages=(3, 64, 3)), dict(stages=(1, 64, 3)),
-          dict(stages=(2, 128, 2)), dict(stages=(2, 64, 4)), dict(stages=(2, 64, 2))],
-    64: [dict(triton=True), dict(stages=(2, 64, 4)), dict(stages=(4, 64, 4)),
+    128: [dict(triton=True), dict(stages=(3, 64, 3)), dict(stages=(4, 64, 3)),
+          dict(stages=(1, 64, 3)), dict(stages=(2, 128, 2)), dict(stages=(2, 64, 4))],
+    64: [dict(triton=True), dict(stages=(2, 64, 4)), dict(stages=(6, 64, 4)),
          dict(stages=(3, 128, 3)), dict(stages=(3, 64, 6))],
 }
 
