@@ -16,6 +16,15 @@ from tkit.testing import check_against_reference, make_tensor
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 GRAD_FLOOR = S.GRAD_FLOOR
+# every case the Gluon backward supports (the default dispatches only those measured faster
+# than the Triton backward: AttentionConfig.hopper_bwd_cases)
+EVERY_CASE = frozenset({(64, False), (64, True), (128, False), (128, True)})
+
+
+@pytest.fixture
+def every_case():
+    with A.attention_config(hopper_bwd_cases=EVERY_CASE):
+        yield
 
 
 def _qkv(b, sq, sk, hq, hk, d, dtype, device, seed=0):
@@ -85,7 +94,7 @@ def _grads(fn, q, k, v, do, **kw):
 @pytest.mark.parametrize("s", [1, 63, 64, 65, 127, 128, 129, 1000])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_gpu_seqlens(s, causal, d):
+def test_gpu_seqlens(s, causal, d, every_case):
     args = _qkv(2, s, s, 4, 2, d, torch.bfloat16, "cuda", seed=s)
     assert A.bwd_backend(*args, causal=causal).startswith("gluon")
     check_against_reference(tkit.flash_attention, S.ref_attention, args, dict(causal=causal),
@@ -97,7 +106,7 @@ def test_gpu_seqlens(s, causal, d):
 @pytest.mark.parametrize("sq, sk", [(100, 300), (300, 100), (1, 257), (257, 1), (65, 200),
                                     (200, 65)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_unequal_lengths(sq, sk, causal):
+def test_gpu_unequal_lengths(sq, sk, causal, every_case):
     # causal with seqlen_q > seqlen_k: the first sq - sk rows see no key (zero gradients)
     args = _qkv(2, sq, sk, 4, 4, 64, torch.float16, "cuda", seed=3)
     check_against_reference(tkit.flash_attention, S.ref_attention, args, dict(causal=causal),
@@ -109,7 +118,7 @@ def test_gpu_unequal_lengths(sq, sk, causal):
 @pytest.mark.parametrize("hq, hk", [(16, 4), (8, 1), (4, 4)])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_gqa_head_dims_dtypes(hq, hk, d, dtype):
+def test_gpu_gqa_head_dims_dtypes(hq, hk, d, dtype, every_case):
     args = _qkv(2, 333, 333, hq, hk, d, dtype, "cuda", seed=5)
     for causal in (False, True):
         check_against_reference(tkit.flash_attention, S.ref_attention, args,
@@ -181,7 +190,7 @@ def test_gpu_graph_capture():
         assert torch.equal(a, b)
 
 
-def test_overrides_reach_a_backward_on_another_thread(monkeypatch):
+def test_overrides_reach_a_backward_on_another_thread(monkeypatch, device):
     """autograd runs a CUDA backward on its own thread: the attention_config overrides in
     force at the forward must hold in its backward (eager Function and registered op)."""
     import threading
