@@ -206,7 +206,7 @@ def test_overrides_reach_a_backward_on_another_thread(monkeypatch, device):
         return real(*args, **kw)
 
     monkeypatch.setattr(AO, "_bwd_impl", spy)
-    q, k, v = (t.requires_grad_() for t in _qkv(1, 20, 20, 2, 2, 32, torch.float32, "cpu"))
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 20, 20, 2, 2, 32, torch.float32, device))
     from tkit import _env
 
     for no_direct in (False, True):  # the eager Function, then the registered op
