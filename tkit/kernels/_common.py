@@ -338,6 +338,7 @@ class ConfigOverrides:
     def __init__(self, cls):
         self._cls, self.state = cls, self._State()
         self._fields = tuple(f.name for f in dataclasses.fields(cls))
+        R.OVERRIDE_SCOPES.append(self)  # a backward restores the forward's (capture_overrides)
 
     @contextlib.contextmanager
     def scope(self, **overrides):
@@ -357,14 +358,6 @@ class ConfigOverrides:
     def active(self) -> bool:
         return bool(self.state.value)
 
-    def capture(self) -> dict:
-        """The overrides in force in this thread, for a backward: autograd runs a CUDA
-        backward on its own device thread, where this thread's overrides are not set."""
-        return self.state.value
-
-    def restored(self, captured: dict):
-        """A context with ``captured`` (from :meth:`capture`) in force again."""
-        return self.scope(**captured) if captured else contextlib.nullcontext()
 
     def apply(self, cfg):
         over = self.state.value

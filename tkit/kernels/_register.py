@@ -88,6 +88,29 @@ def fast_ops_held():
             _held -= 1
 
 
+#: every family's override state (tkit.kernels._common.ConfigOverrides registers each)
+OVERRIDE_SCOPES: list = []
+
+
+def capture_overrides():
+    """The config overrides in force in this thread, every family's (None without any), for a
+    backward to restore: autograd runs a CUDA backward on its own device thread, where the
+    thread-local overrides of the forward's thread are not set."""
+    if not _held:  # no override scope is active in any thread
+        return None
+    return [(o, o.state.value) for o in OVERRIDE_SCOPES if o.state.value] or None
+
+
+def restored_overrides(captured):
+    """A context with the overrides of :func:`capture_overrides` in force again."""
+    if not captured:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    for o, value in captured:
+        stack.enter_context(o.scope(**value))
+    return stack
+
+
 def _lib(ns: str) -> torch.library.Library:
     lib = _LIBS.get(ns)
     if lib is None:
@@ -153,10 +176,16 @@ class Op:
 
         def setup(ctx, inputs, output):
             setup_context(ctx, inputs, output)
+            ctx.tkit_overrides = capture_overrides()
+
+        def backward_with_overrides(ctx, *grads):
+            # the forward's config overrides, on autograd's thread too
+            with restored_overrides(ctx.tkit_overrides):
+                return backward(ctx, *grads)
 
         return type("Backward_" + self._qualname.replace("::", "_"), (torch.autograd.Function,),
                     {"forward": staticmethod(forward), "setup_context": staticmethod(setup),
-                     "backward": staticmethod(backward)})
+                     "backward": staticmethod(backward_with_overrides)})
 
     def register_fake(self, fn: Callable) -> Callable:
         torch.library.register_fake(self._qualname, fn, lib=self._lib)

@@ -429,14 +429,11 @@ def _fwd_setup(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
     ctx.opts = (max_q, max_k, causal, scale, wl, wr, softcap)
-    ctx.overrides = AC._OVERRIDES.capture()
 
 
 def _fwd_backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-    # the forward's attention_config overrides (autograd's device thread has none of its own)
-    with AC._OVERRIDES.restored(ctx.overrides):
-        dq, dk, dv = _bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, *ctx.opts)
+    dq, dk, dv = _bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, *ctx.opts)
     return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
@@ -456,7 +453,7 @@ class EagerAttention(torch.autograd.Function):
         out, lse = _fwd_impl(*args) if AC.overridden() else P.serve_op(_fwd_op, _fwd_impl, args)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.opts = (sq, sk, causal, scale, wl, wr, softcap)
-        ctx.overrides = AC._OVERRIDES.capture()
+        ctx.overrides = R.capture_overrides()
         ctx.set_materialize_grads(False)  # an unused lse gives None, not a tensor of zeros
         return out, lse
 
@@ -465,8 +462,8 @@ class EagerAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:  # only lse was used
             dout = torch.zeros_like(out)
-        # the forward's attention_config overrides (autograd's device thread has none)
-        with AC._OVERRIDES.restored(ctx.overrides):
+        # the forward's config overrides (autograd's device thread has none of its own)
+        with R.restored_overrides(ctx.overrides):
             dq, dk, dv = _bwd_impl(dout, q, k, v, out, lse, dlse, None, None, *ctx.opts)
         return dq, dk, dv, None, None, None, None, None, None, None
 
