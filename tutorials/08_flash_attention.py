@@ -329,6 +329,67 @@ def test_two_stages_need_k_back_early():
 
 
 # %% [markdown]
+# ## The backward in Gluon (`tkit/kernels/attention/_hopper_bwd_kernels.py`)
+#
+# Predict first. The backward recomputes P from Q, K and the saved lse, then needs dV = P^T dO,
+# dP = dO V^T, dS = P * (dP - delta) and dK = dS^T Q, dQ = dS K: five products the size of
+# one of the forward's two, so 2.5x the forward's FLOPs (how every tkit benchmark counts it).
+# Split as FlashAttention-2 and tkit's Triton backward do, one kernel owns a key block (S^T,
+# dP^T, dV, dK: four products) and another a query block (S, dP, dQ: three), so 7 products are
+# computed for 5 counted: at best 5/7 of the tensor cores' rate, before any stall.
+#
+# The Gluon kernels keep that split and write the schedule out. The dK/dV kernel's two
+# warpgroups hold 128 keys (K and V resident) and stream 64-query blocks: S^T and dP^T are
+# issued together, P^T's exponentials run under dP^T, dV += P^T dO is issued as soon as P^T is
+# in registers (as the A operand: no trip through shared memory), dS^T is computed under it,
+# then dK += dS^T Q. Q, dO and each block's lse and delta rows arrive by TMA through a ring;
+# the rows are read from shared memory where they are used, so they hold no registers across
+# the products (both accumulators already take 128 of a thread's 255 at D=128).
+#
+# One thing the compiler did that the source does not say: Triton's barrier analysis tracks a
+# shared-memory allocation as a whole, mbarriers included. With one mbarrier a ring slot for
+# all of a slot's copies, or every slot's mbarriers in one array, each copy and each expect
+# came after a CTA-wide `bar.sync`: 7 barriers a block. An mbarrier a copy, each kind in its
+# own allocation (as the forward's K and V rings have), leaves 3. With that and the rows by
+# TMA, the dK/dV kernel took 0.79-0.91x the time of its first version (the rows by pointer
+# loads, a few registers spilled, 7 barriers a block); the two changes were not timed apart.
+#
+# Measured on an H100 (run `h100-2026-12-05-a-attention-bwd`, B4 S4096 H16 bf16, the
+# backward's kernels a step): D=128 3389 us against 5232 for the Triton backward at its
+# default tiles (406 against 263 TFLOP/s), causal 1792 against 2729, D=64 causal 1064 against
+# 1070. A whole training step (forward and backward): 0.87x cuDNN at D=128, 0.82x causal.
+# What is left is the two extra products of the split (FlashAttention-3 adds dQ from the
+# dK/dV kernel with TMA reduce-adds instead) and the end of each block, where the four
+# products are waited for and a barrier is met before the next block's S^T is issued.
+
+
+def barriers_in_loops(ptx: str) -> list[int]:
+    """`bar.sync` count of each innermost loop with wgmmas in a PTX listing."""
+    lines = ptx.splitlines()
+    counts = []
+    for i, line in enumerate(lines):
+        label = re.match(r"^(\$L__BB\d+_\d+):", line)
+        if label is None:
+            continue
+        back = [j for j in range(i + 1, len(lines))
+                if re.search(r"\bbra(\.uni)?\s+" + re.escape(label.group(1)) + ";", lines[j])]
+        if back:
+            body = "\n".join(lines[i:back[-1] + 1])
+            if "wgmma.mma_async" in body:
+                counts.append(body.count("bar.sync"))
+    return counts
+
+
+def test_backward_block_meets_three_barriers():
+    from tkit.kernels.attention import hopper as AH
+
+    ptx = AH.compile_bwd_sm90("dkdv", 128, causal=False).asm["ptx"]
+    assert "wgmma.wait_group.sync.aligned 1;" in ptx  # P^T's exponentials under dP^T
+    counts = barriers_in_loops(ptx)
+    assert counts and min(counts) <= 3, counts
+
+
+# %% [markdown]
 # ## Decode: one new token against a long KV cache (`tkit.decode_attention`)
 #
 # Generating a token runs attention with seqlen_q = 1 (a few with speculative decoding) over
