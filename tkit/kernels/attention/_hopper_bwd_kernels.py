@@ -54,14 +54,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.language.core import _aggregate as aggregate
 
 from tkit.kernels._gluon import cta_barrier, tma_load, tma_store
-
-
-@gluon.constexpr_function
-def _acc_layout(num_warps, n):
-    """The register layout of a wgmma accumulator n columns wide, the warps stacked along the
-    rows (each warpgroup owns 64 of them)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                     instr_shape=[16, n, 16])
+from tkit.kernels.attention._hopper_kernels import _wgmma_acc_layout
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,8 +168,8 @@ def _attn_bwd_dkdv_hopper_kernel(
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     dtype: gl.constexpr = q_desc.dtype
-    s_layout: gl.constexpr = _acc_layout(gl.num_warps(), BLOCK_M)
-    o_layout: gl.constexpr = _acc_layout(gl.num_warps(), HEAD_DIM)
+    s_layout: gl.constexpr = _wgmma_acc_layout(gl.num_warps(), BLOCK_M)
+    o_layout: gl.constexpr = _wgmma_acc_layout(gl.num_warps(), HEAD_DIM)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
 
     pid_bh = gl.program_id(0)
@@ -329,8 +322,8 @@ def _attn_bwd_dq_hopper_kernel(
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     dtype: gl.constexpr = q_desc.dtype
-    s_layout: gl.constexpr = _acc_layout(gl.num_warps(), BLOCK_N)
-    o_layout: gl.constexpr = _acc_layout(gl.num_warps(), HEAD_DIM)
+    s_layout: gl.constexpr = _wgmma_acc_layout(gl.num_warps(), BLOCK_N)
+    o_layout: gl.constexpr = _wgmma_acc_layout(gl.num_warps(), HEAD_DIM)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
 
     pid_bh = gl.program_id(0)

@@ -139,38 +139,40 @@ def _split_kv_forward(q, k, v, causal, scale, wl, wr, softcap):
     return _decode_impl(q, k, v, None, None, None, None, scale, wl, wr, softcap)
 
 
-def _hopper_choice(q, k, v, causal, window, softcap):
-    """(the attention_hopper module, None) when its forward takes these inputs, else (None,
-    the reason it does not)."""
-    if (q.shape[-1], bool(causal)) not in AC.current_config().hopper_fwd_cases:
-        return None, (f"head_dim {q.shape[-1]}, causal={bool(causal)} not in "
-                      "AttentionConfig.hopper_fwd_cases")
-    if q.device.type != "cuda":
-        return None, "not on a CUDA device"
-    try:
-        from tkit.kernels.attention import hopper as attention_hopper
-    except ImportError as e:  # a Triton without Gluon's Hopper API: the Triton kernel serves
-        return None, f"Gluon unavailable: {e}"
-    reason = attention_hopper.supported(q, k, v, causal, window, softcap)
-    if reason is None:
-        reason = attention_hopper.call_declines(q, k, causal)
-    return (attention_hopper, None) if reason is None else (None, reason)
-
-
-def _hopper_bwd_choice(q, k, v, lse, causal, window, softcap, varlen):
-    """(the attention_hopper module, None) when its backward takes these inputs, else (None,
-    the reason it does not)."""
-    if (q.shape[-1], bool(causal)) not in AC.current_config().hopper_bwd_cases:
-        return None, (f"head_dim {q.shape[-1]}, causal={bool(causal)} not in "
-                      "AttentionConfig.hopper_bwd_cases")
+def _hopper_module(q, causal, cases, field):
+    """(the attention_hopper module, None) when the case (head dim, causal) is in ``cases``
+    (AttentionConfig.``field``), q is on a GPU and Gluon imports; else (None, why not)."""
+    if (q.shape[-1], bool(causal)) not in cases:
+        return None, f"head_dim {q.shape[-1]}, causal={bool(causal)} not in AttentionConfig.{field}"
     if q.device.type != "cuda":
         return None, "not on a CUDA device"
     try:
         from tkit.kernels.attention import hopper as attention_hopper
     except ImportError as e:  # a Triton without Gluon's Hopper API: the Triton kernels serve
         return None, f"Gluon unavailable: {e}"
-    reason = attention_hopper.bwd_supported(q, k, v, causal, window, softcap, varlen, lse)
-    return (attention_hopper, None) if reason is None else (None, reason)
+    return attention_hopper, None
+
+
+def _hopper_choice(q, k, v, causal, window, softcap):
+    """(the attention_hopper module, None) when its forward takes these inputs, else (None,
+    the reason it does not)."""
+    hopper, reason = _hopper_module(q, causal, AC.current_config().hopper_fwd_cases,
+                                    "hopper_fwd_cases")
+    if hopper is not None:
+        reason = hopper.supported(q, k, v, causal, window, softcap)
+        if reason is None:
+            reason = hopper.call_declines(q, k, causal)
+    return (hopper, None) if reason is None else (None, reason)
+
+
+def _hopper_bwd_choice(q, k, v, lse, causal, window, softcap, varlen):
+    """(the attention_hopper module, None) when its backward takes these inputs, else (None,
+    the reason it does not)."""
+    hopper, reason = _hopper_module(q, causal, AC.current_config().hopper_bwd_cases,
+                                    "hopper_bwd_cases")
+    if hopper is not None:
+        reason = hopper.bwd_supported(q, k, v, causal, window, softcap, varlen, lse)
+    return (hopper, None) if reason is None else (None, reason)
 
 
 def bwd_backend(q, k, v, lse=None, causal=False, window_size=(-1, -1), softcap=0.0) -> str:
