@@ -1602,7 +1602,7 @@ def _attention_forward_case(rows, B, S, hq, hk, d, causal, every=False, extra=No
 @contextlib.contextmanager
 def _attention_bwd(triton=False, stages=None):
     """The attention backward's override as JSON-able keywords: ``triton`` the Triton kernels,
-    ``stages`` a HopperBwdConfig's fields (dkdv_stages, dq_block_n, dq_stages)."""
+    ``stages`` a HopperBwdConfig's fields (dkdv_stages, dq_block_n, dq_stages[, fused_dq])."""
     from tkit.kernels.attention import attention_config
     from tkit.kernels.attention.hopper_config import HopperBwdConfig
 
@@ -1616,12 +1616,13 @@ def _attention_bwd(triton=False, stages=None):
 
 
 #: the Gluon backward's ring depths and dQ key block around its defaults (D=128: dK/dV 2
-#: stages, dQ 64 keys 3 stages; D=64: 3 and 64 x 4), and the Triton backward
+#: stages, dQ 64 keys 3 stages; D=64: 3 and 64 x 4), its fused dQ (a fourth field True),
+#: and the Triton backward
 ATTENTION_BWD_VARIANTS = {
-    128: [dict(triton=True), dict(stages=(3, 64, 3)), dict(stages=(4, 64, 3)),
-          dict(stages=(1, 64, 3)), dict(stages=(2, 128, 2)), dict(stages=(2, 64, 4))],
-    64: [dict(triton=True), dict(stages=(2, 64, 4)), dict(stages=(6, 64, 4)),
-         dict(stages=(3, 128, 3)), dict(stages=(3, 64, 6))],
+    128: [dict(triton=True), dict(stages=(2, 64, 3, True)), dict(stages=(3, 64, 3)),
+          dict(stages=(4, 64, 3)), dict(stages=(2, 128, 2))],
+    64: [dict(triton=True), dict(stages=(3, 64, 4, True)), dict(stages=(6, 64, 4)),
+         dict(stages=(3, 128, 3))],
 }
 
 
