@@ -10,10 +10,12 @@ alignment when seqlen_q != seqlen_k. Scope (``hopper_config.bwd_supported``): sm
 inputs in the (batch, seqlen, heads, head_dim) layout with TMA-compatible strides, head_dim 64
 or 128, GQA/MQA, causal or not; no window, softcap or varlen.
 
-Why Gluon: Triton 3.6 issues each of a block's four wgmmas and waits for it before the next
-(its pipeliner only overlaps the loads), and reads Q transposed through pointers; here each
-wgmma is issued asynchronously and waited for only where its result is needed, and every
-tile arrives by TMA into a ring of shared-memory slots.
+Why Gluon: in the Triton dK/dV kernel, Triton 3.6 empties the wgmma queue three times a block
+(`wgmma.wait_group 0` after S^T, after dV and dP^T, after dK; `tkit ir flash_attention_train
+--arch sm_90 --launch 2 --stage ptx`), so the exponentials and dS run with the tensor cores
+idle, and Q comes in transposed through pointer loads. Here each wgmma is issued
+asynchronously and waited for only where its result is needed, and every tile arrives by TMA
+into a ring of shared-memory slots.
 
 dK/dV (:func:`_attn_bwd_dkdv_hopper_kernel`): a CTA of two warpgroups owns BLOCK_N = 128 keys
 of one (batch, key/value head) (each warpgroup 64 of them: the wgmma M of 128 is split over
