@@ -358,7 +358,6 @@ class ConfigOverrides:
     def active(self) -> bool:
         return bool(self.state.value)
 
-
     def apply(self, cfg):
         over = self.state.value
         return dataclasses.replace(cfg, **over) if over else cfg
