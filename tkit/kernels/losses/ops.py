@@ -205,6 +205,7 @@ def flce_impl(h, weight, bias, target, ignore_index: int, smoothing: float, z: f
           if with_grad and bias is not None else empty)
     step = chunk_rows(n, h.shape[1], weight.shape[0], h.element_size())
     tf32 = C.torch_tf32()  # float32 as torch's own GEMMs (the weight's gradient is torch's)
+    planning = C._capturing() is not None  # capture_launches: benchmark sizes on a CPU
     for s in range(0, n, step):
         hc, tc = h[s:s + step], target[s:s + step]
         logits = tkit.matmul(hc, weight.t(), bias, allow_tf32=tf32)
@@ -213,11 +214,13 @@ def flce_impl(h, weight, bias, target, ignore_index: int, smoothing: float, z: f
         else:  # the chunk's gradient (the mean's 1 / rows in it), in place of its logits
             loss, g = ce_launch(logits, tc, ignore_index, smoothing, z, True, logits, inv)
             gh[s:s + step] = tkit.matmul(g, weight, allow_tf32=tf32)
-            if s == 0:  # the first chunk writes the weight's gradient: no zeros read
+            if planning:  # launches recorded, none run: nor do torch's GEMMs
+                pass
+            elif s == 0:  # the first chunk writes the weight's gradient: no zeros read
                 torch.mm(g.t(), hc, out=gw)
             else:
                 gw.addmm_(g.t(), hc)
-            if bias is not None:
+            if bias is not None and not planning:
                 gb += g.float().sum(0)
         rows[s:s + step] = loss
     total = rows.sum()
