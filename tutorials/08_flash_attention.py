@@ -295,6 +295,21 @@ def test_gluon_kernel_keeps_one_wgmma_group_in_flight():
 # shared memory caps the stages.
 
 
+def ptx_loops(ptx: str) -> list[tuple[str, str]]:
+    """(label, body) of each loop of a PTX listing: a label and the last branch back to it."""
+    lines = ptx.splitlines()
+    loops = []
+    for i, line in enumerate(lines):
+        label = re.match(r"^(\$L__BB\d+_\d+):", line)
+        if label is None:
+            continue
+        back = [j for j in range(i + 1, len(lines))
+                if re.search(r"\bbra(\.uni)?\s+" + re.escape(label.group(1)) + ";", lines[j])]
+        if back:
+            loops.append((label.group(1), "\n".join(lines[i:back[-1] + 1])))
+    return loops
+
+
 def load_lead(stages: int, apart: bool) -> int:
     """Whole key blocks between the issue of a block's K load and its use, in the schedule
     above (PV_{j-1} issued beside S_j), with K's slot handed back after S (``apart``) or after
@@ -312,16 +327,7 @@ def test_two_stages_need_k_back_early():
     ptx = AH.compile_sm90(256, causal=False).asm["ptx"]
     # each consumer's key loops (a label and the last branch back to it, with the wgmmas
     # inside) hand back two slots a block: V's of block j-1, K's of block j
-    lines = ptx.splitlines()
-    loops = []
-    for i, line in enumerate(lines):
-        label = re.match(r"^(\$L__BB\d+_\d+):", line)
-        if label is None:
-            continue
-        back = [j for j in range(i + 1, len(lines))
-                if re.search(r"\bbra(\.uni)?\s+" + re.escape(label.group(1)) + ";", lines[j])]
-        if back:
-            loops.append((label.group(1), "\n".join(lines[i:back[-1] + 1])))
+    loops = ptx_loops(ptx)
     # the innermost loops with the wgmmas (the warp-specialized region's dispatch loop holds
     # the others)
     loops = [body for lab, body in loops if "wgmma.mma_async" in body
@@ -367,20 +373,8 @@ def test_two_stages_need_k_back_early():
 
 
 def barriers_in_loops(ptx: str) -> list[int]:
-    """`bar.sync` count of each innermost loop with wgmmas in a PTX listing."""
-    lines = ptx.splitlines()
-    counts = []
-    for i, line in enumerate(lines):
-        label = re.match(r"^(\$L__BB\d+_\d+):", line)
-        if label is None:
-            continue
-        back = [j for j in range(i + 1, len(lines))
-                if re.search(r"\bbra(\.uni)?\s+" + re.escape(label.group(1)) + ";", lines[j])]
-        if back:
-            body = "\n".join(lines[i:back[-1] + 1])
-            if "wgmma.mma_async" in body:
-                counts.append(body.count("bar.sync"))
-    return counts
+    """`bar.sync` count of each loop with wgmmas in a PTX listing (outer loops included)."""
+    return [body.count("bar.sync") for _, body in ptx_loops(ptx) if "wgmma.mma_async" in body]
 
 
 def test_backward_block_meets_three_barriers():
