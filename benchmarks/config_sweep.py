@@ -1600,15 +1600,19 @@ def _attention_forward_case(rows, B, S, hq, hk, d, causal, every=False, extra=No
 
 
 @contextlib.contextmanager
-def _attention_bwd(triton=False, stages=None):
+def _attention_bwd(triton=False, stages=None, gluon=False):
     """The attention backward's override as JSON-able keywords: ``triton`` the Triton kernels,
-    ``stages`` a HopperBwdConfig's fields (dkdv_stages, dq_block_n, dq_stages[, fused_dq])."""
+    ``gluon`` the Gluon kernels for every head dim and mask they cover (D=64 non-causal is not
+    dispatched by default), ``stages`` a HopperBwdConfig's fields (dkdv_stages, dq_block_n,
+    dq_stages[, fused_dq])."""
     from tkit.kernels.attention import attention_config
     from tkit.kernels.attention.hopper_config import HopperBwdConfig
 
     over = {}
     if triton:
         over["hopper_bwd_cases"] = frozenset()
+    if gluon:
+        over["hopper_bwd_cases"] = frozenset({(d, c) for d in (64, 128) for c in (False, True)})
     if stages:
         over["hopper_bwd"] = HopperBwdConfig(*stages)
     with attention_config(**over):
@@ -1629,13 +1633,21 @@ ATTENTION_BWD_VARIANTS = {
 def sweep_attention_bwd(rows):
     """A training step's attention (flash_attention_train's bench cases: the forward, then
     dQ, dK, dV) with the Gluon backward's variants and the Triton backward, then SDPA's flash
-    and cuDNN backends on the same tensors (graph replays, L2 flushed)."""
+    and cuDNN backends on the same tensors (graph replays, L2 flushed). Then D=64 non-causal,
+    which the Triton backward serves by default, against the Gluon kernels forced."""
+    from tkit.specs.attention import _train_case
+
     spec = registry.get("flash_attention_train")
-    for index, case in enumerate(spec.bench_cases()):
-        variants = ATTENTION_BWD_VARIANTS[case.meta["head_dim"]]
+    extra = _train_case(4, 4096, 4096, 16, 16, 64)
+    for case in spec.bench_cases() + [extra]:
+        if case is extra:
+            variants = [dict(gluon=True), dict(gluon=True, stages=(3, 64, 4, True)),
+                        dict(gluon=True, stages=(2, 64, 3))]
+        else:
+            variants = ATTENTION_BWD_VARIANTS[case.meta["head_dim"]]
         try:
-            sweep("attention_bwd", _attention_bwd, variants, spec.name, index, rows,
-                  exact=False)
+            sweep("attention_bwd", _attention_bwd, variants, spec.name, rows=rows,
+                  exact=False, case=case)
         except Exception as e:  # one case's failure must not lose the others' rows
             print(f"attention_bwd {case.label}: {type(e).__name__}: {str(e)[:200]}")
             continue
