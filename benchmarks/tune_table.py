@@ -64,10 +64,12 @@ def cases(quick: bool):
                lambda q=q, k=k, v=v, c=causal: tkit.flash_attention(q, k, v, causal=c))
     # the Triton backward (its tuning key holds the lengths, head dim and mask, not the
     # heads), forced where sm_90 takes the Gluon backward: the cases it serves on sm_90 (D=64
-    # non-causal, D=256) and, for other GPUs and layouts TMA cannot read, D=128 causal
+    # non-causal, D=256) and, for other GPUs and layouts TMA cannot read (and for a fair
+    # comparison with the Gluon kernels), D=128 either way and D=64 causal
     from tkit.kernels.attention import attention_config
 
-    for d, causal in ((128, True), (64, False), (256, True))[:1 if quick else 3]:
+    bwd_cases = ((128, True), (64, False), (256, True), (128, False), (64, True))
+    for d, causal in bwd_cases[:1 if quick else len(bwd_cases)]:
         q, k, v = (torch.randn(4, 4096, 16, d, device=dev, dtype=bf, requires_grad=True)
                    for _ in range(3))
 
