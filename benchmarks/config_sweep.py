@@ -1604,7 +1604,7 @@ def _attention_bwd(triton=False, stages=None, gluon=False):
     """The attention backward's override as JSON-able keywords: ``triton`` the Triton kernels,
     ``gluon`` the Gluon kernels for every head dim and mask they cover (D=64 non-causal is not
     dispatched by default), ``stages`` a HopperBwdConfig's fields (dkdv_stages, dq_block_n,
-    dq_stages[, fused_dq])."""
+    dq_stages)."""
     from tkit.kernels.attention import attention_config
     from tkit.kernels.attention.hopper_config import HopperBwdConfig
 
@@ -1620,13 +1620,11 @@ def _attention_bwd(triton=False, stages=None, gluon=False):
 
 
 #: the Gluon backward's ring depths and dQ key block around its defaults (D=128: dK/dV 2
-#: stages, dQ 64 keys 3 stages; D=64: 3 and 64 x 4), its fused dQ (a fourth field True),
-#: and the Triton backward
+#: stages, dQ 64 keys 3 stages; D=64: 3 and 64 x 4), and the Triton backward
 ATTENTION_BWD_VARIANTS = {
-    128: [dict(triton=True), dict(stages=(2, 64, 3, True)), dict(stages=(3, 64, 3)),
-          dict(stages=(4, 64, 3)), dict(stages=(2, 128, 2))],
-    64: [dict(triton=True), dict(stages=(3, 64, 4, True)), dict(stages=(6, 64, 4)),
-         dict(stages=(3, 128, 3))],
+    128: [dict(triton=True), dict(stages=(3, 64, 3)), dict(stages=(4, 64, 3)),
+          dict(stages=(2, 128, 2))],
+    64: [dict(triton=True), dict(stages=(6, 64, 4)), dict(stages=(3, 128, 3))],
 }
 
 
@@ -1641,8 +1639,7 @@ def sweep_attention_bwd(rows):
     extra = _train_case(4, 4096, 4096, 16, 16, 64)
     for case in spec.bench_cases() + [extra]:
         if case is extra:
-            variants = [dict(gluon=True), dict(gluon=True, stages=(3, 64, 4, True)),
-                        dict(gluon=True, stages=(2, 64, 3))]
+            variants = [dict(gluon=True), dict(gluon=True, stages=(2, 64, 3))]
         else:
             variants = ATTENTION_BWD_VARIANTS[case.meta["head_dim"]]
         try:

@@ -367,9 +367,11 @@ def test_two_stages_need_k_back_early():
 # backward's kernels a step): D=128 3389 us against 5232 for the Triton backward at its
 # default tiles (406 against 263 TFLOP/s), causal 1792 against 2729, D=64 causal 1064 against
 # 1070. A whole training step (forward and backward): 0.87x cuDNN at D=128, 0.82x causal.
-# What is left is the two extra products of the split (FlashAttention-3 adds dQ from the
-# dK/dV kernel with TMA reduce-adds instead) and the end of each block, where the four
-# products are waited for and a barrier is met before the next block's S^T is issued.
+# What is left is the two extra products of the split and the end of each block, where the
+# four products are waited for and a barrier is met before the next block's S^T is issued.
+# FlashAttention-3 avoids the two products by adding dQ from the dK/dV kernel with TMA
+# reduce-adds; built here, that was slower (a training step at 0.67-0.89x the split's speed
+# on an H100), so the split stays.
 
 
 def barriers_in_loops(ptx: str) -> list[int]:

@@ -55,8 +55,6 @@ def test_config_is_validated():
         AH.HopperBwdConfig(dkdv_stages=0)
     with pytest.raises(ValueError, match="dq_block_n"):
         AH.HopperBwdConfig(dq_block_n=48)
-    with pytest.raises(ValueError, match="fused_dq"):
-        AH.HopperBwdConfig(fused_dq=1)
     for d, cfg in AH.BWD_DEFAULTS.items():
         assert all(n <= AH.SMEM_LIMIT for n in cfg.smem_bytes(d))
 
@@ -86,23 +84,6 @@ def test_compiled(kind, d, causal):
     if TRITON == (3, 6):  # the GPU machine's Triton: no spills (3.9 spills the causal D=128
         # dK/dV kernel, ~50 stores, holding both accumulators; not timed under 3.9)
         assert not re.search(r"\bSTL", sass)
-
-
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("causal", [False, True])
-def test_compiled_fused_dq(d, causal):
-    """The opt-in fused dQ: one TMA reduce-add a block (two block loops when causal), and the
-    dK/dV kernel's shared memory still fits."""
-    from tkit.ir_tools.aot import cubin_sass
-
-    cfg = AH.HopperBwdConfig(fused_dq=True)
-    k = AH.compile_bwd_sm90("dkdv", d, causal, config=cfg)
-    ptx = k.asm["ptx"]
-    assert ptx.count("cp.reduce.async.bulk.tensor") == (2 if causal else 1)
-    assert k.metadata.shared <= AH.SMEM_LIMIT
-    assert cfg.smem_bytes(d)[0] <= AH.SMEM_LIMIT
-    if d == 64 and TRITON == (3, 6):  # D=128 holds dK, dV and dQ's accumulators: it spills
-        assert not re.search(r"\bSTL", cubin_sass(k.asm["cubin"]))
 
 
 # ---- H200 ----------------------------------------------------------------------------------
@@ -166,22 +147,6 @@ def test_gpu_every_stage_count(d):
         for a, b in zip(got[1:], want[1:]):  # dK, dV: the same sums in the same order
             assert torch.equal(a, b), cfg
         torch.testing.assert_close(got[0].float(), want[0].float(), atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("hq, hk", [(4, 4), (8, 2)])
-def test_gpu_fused_dq(d, hq, hk):
-    """The opt-in fused dQ (reduce-adds from the dK/dV kernel) against the reference, at
-    ragged lengths both ways and causal or not."""
-    cfg = AH.HopperBwdConfig(AH.BWD_DEFAULTS[d].dkdv_stages, fused_dq=True)
-    with A.attention_config(hopper_bwd_cases=EVERY_CASE, hopper_bwd=cfg):
-        for sq, sk in ((333, 333), (100, 300), (300, 100)):
-            args = _qkv(2, sq, sk, hq, hk, d, torch.bfloat16, "cuda", seed=sq + sk)
-            for causal in (False, True):
-                check_against_reference(tkit.flash_attention, S.ref_attention, args,
-                                        dict(causal=causal), grad=True, floor=GRAD_FLOOR)
 
 
 @pytest.mark.gpu

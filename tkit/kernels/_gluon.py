@@ -14,19 +14,6 @@ else:
 cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
 
-@gl._core.builtin
-def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
-    """TMA reduce-add of shared memory ``src`` into the global tile of ``tensor_desc`` at
-    ``coord`` (``cp.reduce.async.bulk.tensor``; wait for it with ``tma.store_wait``). The
-    builder has the op in the Triton versions tkit supports; Gluon's Python API does not
-    expose it."""
-    from triton._C.libtriton import ir
-
-    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle,
-                                              coord, src.handle)
-
-
 def compile_sm90(kernel, signature: dict, constexprs: dict, num_warps: int, maxnreg=None):
     """Compile a Gluon kernel for sm_90 ahead of time (no GPU needed): ``signature`` names
     every argument's type in order ("constexpr" for the compile-time ones), ``constexprs``

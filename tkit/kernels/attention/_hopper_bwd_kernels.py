@@ -55,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.language.core import _aggregate as aggregate
 
-from tkit.kernels._gluon import cta_barrier, tma_load, tma_reduce_add, tma_store
+from tkit.kernels._gluon import cta_barrier, tma_load, tma_store
 from tkit.kernels.attention._hopper_kernels import _wgmma_acc_layout
 
 
@@ -89,14 +89,11 @@ def _issue_qdo(q_desc, do_desc, rows_desc, ring, t, n_m, m_lo, b, hk, GROUP, H, 
 
 @gluon.jit
 def _dkdv_step(g, i, dk, dv, k_op, v_op, ring, n_m, m_lo, shift, keys, qk_scale,
-               dq_desc, ds_s, dq_s, b, hk, GROUP,
                s_layout: gl.constexpr, a_layout: gl.constexpr, BLOCK_M: gl.constexpr,
                BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-               MASKED: gl.constexpr, FUSED_DQ: gl.constexpr):
+               MASKED: gl.constexpr):
     """Query block i of query head hk * GROUP + g (ring step t = g * n_m + i) of the dK/dV
-    kernel; returns (dk, dv) with every wgmma of the step retired. FUSED_DQ: also dQ of the
-    block's rows from these keys, dS (through ``ds_s``) times K, added into the float32 dQ
-    of ``dq_desc`` by a TMA reduce-add from ``dq_s``."""
+    kernel; returns (dk, dv) with every wgmma of the step retired."""
     t = g * n_m + i
     slot = t % STAGES
     phase = (t // STAGES) & 1
@@ -125,27 +122,8 @@ def _dkdv_step(g, i, dk, dv, k_op, v_op, ring, n_m, m_lo, shift, keys, qk_scale,
     dpt = warpgroup_mma_wait(1, deps=(dpt_tok, v_op, do_j))[0]
     dst = pt * (dpt - gl.expand_dims(delta, 0))
     ds16 = gl.convert_layout(dst.to(q_j.dtype), a_layout)
-    if FUSED_DQ:
-        ds_s.store(dst.to(q_j.dtype))  # dS^T for this block's dQ (below)
     dk_tok = warpgroup_mma(ds16, q_j, dk, is_async=True)
     done = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p16, ds16, q_j, do_j))
-    if FUSED_DQ:
-        # dQ_j = dS_j K over this CTA's keys, once dK and dV have retired (their operands'
-        # registers free): dS^T (both warpgroups' halves) read transposed from shared memory
-        # as the A operand; the accumulator's 64 rows split by columns over the warpgroups
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, HEAD_DIM // 2, 16])
-        fence_async_shared()
-        cta_barrier()
-        dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
-        dq_tok = warpgroup_mma(ds_s.permute((1, 0)), k_op, dq_zero, use_acc=False,
-                               is_async=True)
-        dq = warpgroup_mma_wait(0, deps=(dq_tok, ds_s, k_op))[0]
-        tma.store_wait(0)  # the previous block's reduce-add has read dq_s
-        dq_s.reshape([BLOCK_M, HEAD_DIM]).store(dq)
-        fence_async_shared()
-        cta_barrier()
-        tma_reduce_add(dq_desc, [b, m_lo + i * BLOCK_M, hk * GROUP + g, 0], dq_s)
     return done[1], done[0]
 
 
@@ -175,9 +153,9 @@ class QRing:
 
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "HK", "GROUP", "PQ"])
 def _attn_bwd_dkdv_hopper_kernel(
-    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, rows_desc, dq_desc,
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, rows_desc,
     seqlen_q, seqlen_k, HK, GROUP, PQ, sm_scale, qk_scale,
-    CAUSAL: gl.constexpr, STAGES: gl.constexpr, FUSED_DQ: gl.constexpr = False,
+    CAUSAL: gl.constexpr, STAGES: gl.constexpr,
 ):
     """One program: BLOCK_N keys of one (batch, key/value head), summed over the GROUP query
     heads that share it. Grid (batch * HK, key blocks): all heads of a key block before the
@@ -187,9 +165,7 @@ def _attn_bwd_dkdv_hopper_kernel(
     [1, BLOCK_M, 1, head_dim]; k_desc, v_desc, dk_desc, dv_desc: over (batch, seqlen_k, kv
     heads, head_dim), block [1, BLOCK_N, 1, head_dim]; rows_desc: 1-D over the prep kernel's
     rows (each query block of each head: its 64 lse2 then its 64 delta values), block
-    [2 * BLOCK_M]. FUSED_DQ: dQ too, added unscaled into dq_desc's float32 (batch, seqlen_q,
-    heads, head_dim) tensor (block [1, BLOCK_M, 1, head_dim]) by TMA reduce-adds, in no fixed
-    order (not bit-reproducible); otherwise dq_desc is not read."""
+    [2 * BLOCK_M]."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
@@ -229,14 +205,6 @@ def _attn_bwd_dkdv_hopper_kernel(
         gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
         gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
         gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()))
-    if FUSED_DQ:
-        ds_s = gl.allocate_shared_memory(
-            dtype, [BLOCK_N, BLOCK_M], gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M],
-                                                                           dtype))
-        dq_s = gl.allocate_shared_memory(gl.float32, dq_desc.block_type.shape, dq_desc.layout)
-    else:
-        ds_s = k_s
-        dq_s = k_s
     k_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     v_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(k_bar, count=1)
@@ -267,14 +235,14 @@ def _attn_bwd_dkdv_hopper_kernel(
     for g in range(GROUP):
         for w in range(n_masked):
             dk, dv = _dkdv_step(g, w, dk, dv, k_op, v_op, ring, n_m, m_lo, shift, keys,
-                                qk_scale, dq_desc, ds_s, dq_s, b, hk, GROUP, s_layout,
-                                a_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, True, FUSED_DQ)
+                                qk_scale, s_layout, a_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                STAGES, True)
             _issue_qdo(q_desc, do_desc, rows_desc, ring, g * n_m + w + STAGES, n_m, m_lo, b,
                        hk, GROUP, H, PQ, n_total, BLOCK_M, STAGES)
         for u in range(n_masked, n_m):
             dk, dv = _dkdv_step(g, u, dk, dv, k_op, v_op, ring, n_m, m_lo, shift, keys,
-                                qk_scale, dq_desc, ds_s, dq_s, b, hk, GROUP, s_layout,
-                                a_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, False, FUSED_DQ)
+                                qk_scale, s_layout, a_layout, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                STAGES, False)
             _issue_qdo(q_desc, do_desc, rows_desc, ring, g * n_m + u + STAGES, n_m, m_lo, b,
                        hk, GROUP, H, PQ, n_total, BLOCK_M, STAGES)
 

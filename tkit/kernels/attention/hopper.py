@@ -79,8 +79,7 @@ def _gl_dtype(dtype: torch.dtype):
 def smem_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
     """The shared layout of a [1, block_rows, 1, head_dim] TMA tile: the widest swizzle.
     Cached: Gluon derives it in Python (tens of microseconds), four times a call."""
-    gl_dtype = gl.float32 if dtype == torch.float32 else _gl_dtype(dtype)
-    return gl.NVMMASharedLayout.get_default_for([1, block_rows, 1, head_dim], gl_dtype)
+    return gl.NVMMASharedLayout.get_default_for([1, block_rows, 1, head_dim], _gl_dtype(dtype))
 
 
 def _descriptor(t: torch.Tensor, block_rows: int):
@@ -209,20 +208,11 @@ def backward(do, q, k, v, out, lse, dlse=None, causal=False, scale=None, config=
              HAS_DLSE=dlse is not None)
     common = dict(seqlen_q=sq, seqlen_k=sk, GROUP=hq // hk, PQ=pq, sm_scale=scale,
                   qk_scale=scale * LOG2E, CAUSAL=bool(causal), num_warps=BWD_NUM_WARPS)
-    dk_desc = _descriptor(dk, bn)
-    if cfg.fused_dq:  # dQ added up in float32 by the dK/dV kernel's reduce-adds
-        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        dq_desc = _descriptor(dq_acc, bm)
     C.launch(_attn_bwd_dkdv_hopper_kernel, (batch * hk, triton.cdiv(sk, bn)),
              q_desc=_descriptor(q, bm), k_desc=_descriptor(k, bn), v_desc=_descriptor(v, bn),
-             do_desc=_descriptor(do, bm), dk_desc=dk_desc, dv_desc=_descriptor(dv, bn),
-             rows_desc=_row_descriptor(rows, 2 * bm),
-             dq_desc=dq_desc if cfg.fused_dq else dk_desc, HK=hk, STAGES=cfg.dkdv_stages,
-             FUSED_DQ=cfg.fused_dq, **common)
-    if cfg.fused_dq:
-        torch.mul(dq_acc, scale, out=dq_acc)
-        dq.copy_(dq_acc)
-        return dq, dk, dv
+             do_desc=_descriptor(do, bm), dk_desc=_descriptor(dk, bn),
+             dv_desc=_descriptor(dv, bn), rows_desc=_row_descriptor(rows, 2 * bm), HK=hk,
+             STAGES=cfg.dkdv_stages, **common)
     C.launch(_attn_bwd_dq_hopper_kernel, (batch * hq, triton.cdiv(sq, BWD_DQ_BLOCK_M)),
              q_desc=_descriptor(q, BWD_DQ_BLOCK_M), k_desc=_descriptor(k, cfg.dq_block_n),
              v_desc=_descriptor(v, cfg.dq_block_n), do_desc=_descriptor(do, BWD_DQ_BLOCK_M),
@@ -287,10 +277,7 @@ def compile_bwd_sm90(kind: str, head_dim: int = 128, causal: bool = False,
         descs = dict(q_desc=desc(bm), k_desc=desc(bn), v_desc=desc(bn), do_desc=desc(bm),
                      dk_desc=desc(bn), dv_desc=desc(bn))
         heads = dict(HK="i32")
-        dq_layout = smem_layout(bm, head_dim, torch.float32)
-        rows = dict(rows_desc=f"tensordesc<fp32[{2 * bm}],{_row_layout()!r}>",
-                    dq_desc=(f"tensordesc<fp32[1, {bm}, 1, {head_dim}],{dq_layout!r}>"
-                             if cfg.fused_dq else desc(bn)))
+        rows = dict(rows_desc=f"tensordesc<fp32[{2 * bm}],{_row_layout()!r}>")
     elif kind == "dq":
         kernel, stages = _attn_bwd_dq_hopper_kernel, cfg.dq_stages
         m, n = BWD_DQ_BLOCK_M, cfg.dq_block_n
@@ -305,8 +292,5 @@ def compile_bwd_sm90(kind: str, head_dim: int = 128, causal: bool = False,
                      STAGES="constexpr")
     from tkit.kernels._gluon import compile_sm90 as gluon_compile_sm90
 
-    consts = dict(CAUSAL=bool(causal), STAGES=stages)
-    if kind == "dkdv":
-        signature["FUSED_DQ"] = "constexpr"
-        consts["FUSED_DQ"] = cfg.fused_dq
-    return gluon_compile_sm90(kernel, signature, consts, num_warps=BWD_NUM_WARPS)
+    return gluon_compile_sm90(kernel, signature, dict(CAUSAL=bool(causal), STAGES=stages),
+                              num_warps=BWD_NUM_WARPS)

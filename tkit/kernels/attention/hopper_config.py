@@ -326,22 +326,16 @@ BWD_ROW_PAD = 128  # lse2 and delta rows are padded to a multiple of both query 
 @dataclass(frozen=True)
 class HopperBwdConfig:
     """One launch of the Gluon backward: the ring depth of the dK/dV kernel (Q and dO tiles of
-    64 query rows), and the key block and ring depth of the dQ kernel. ``fused_dq``: no dQ
-    kernel; the dK/dV kernel also computes each block's dQ from its keys and adds it into a
-    float32 dQ by TMA reduce-adds (5 products a block pair instead of 7, as FlashAttention-3;
-    dQ is then not bit-reproducible). Opt-in: not yet timed."""
+    64 query rows), and the key block and ring depth of the dQ kernel."""
     dkdv_stages: int = 2
     dq_block_n: int = 64
     dq_stages: int = 3
-    fused_dq: bool = False
 
     def __post_init__(self):
         for name in ("dkdv_stages", "dq_stages"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"HopperBwdConfig.{name} must be an int >= 1, got {v!r}")
-        if not isinstance(self.fused_dq, bool):
-            raise ValueError(f"HopperBwdConfig.fused_dq must be a bool, got {self.fused_dq!r}")
         if self.dq_block_n not in (32, 64, 128):
             raise ValueError(f"HopperBwdConfig.dq_block_n must be 32, 64 or 128, "
                              f"got {self.dq_block_n!r}")
@@ -351,8 +345,6 @@ class HopperBwdConfig:
         bm, bn = BWD_DKDV_BLOCK
         dkdv = ((2 * bn + 2 * self.dkdv_stages * bm) * head_dim * itemsize
                 + 2 * self.dkdv_stages * bm * 4)  # and the lse2 and delta rows
-        if self.fused_dq:  # dS^T (16-bit) and dQ's float32 staging tile
-            dkdv += bn * bm * itemsize + bm * head_dim * 4
         bars = 8 * (3 * self.dkdv_stages + 2)
         dq = (2 * BWD_DQ_BLOCK_M + 2 * self.dq_stages * self.dq_block_n) * head_dim * itemsize
         return dkdv + bars, dq + 8 * (2 * self.dq_stages + 2)
