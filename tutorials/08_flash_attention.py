@@ -367,6 +367,12 @@ def test_two_stages_need_k_back_early():
 # backward's kernels a step): D=128 3389 us against 5232 for the Triton backward at its
 # default tiles (406 against 263 TFLOP/s), causal 1792 against 2729, D=64 causal 1064 against
 # 1070. A whole training step (forward and backward): 0.87x cuDNN at D=128, 0.82x causal.
+# The Triton backward's default tiles are not its best: tuned on the same GPU
+# (`benchmarks/tune_table.py`, run `h100-2026-12-05-c-bwd-tuned`), whole steps took 4768 us
+# against the Gluon kernels' 4178 at D=128 (1.14x), 2503 against 2389 causal (1.05x), 1457
+# against 1432 at D=64 causal (1.02x) and 5027 against 4588 for GQA 32/8 causal (1.10x);
+# cuDNN 3544 / 1969 / 1261 / 3917. Hand-scheduling bought 2-14% over a tuned Triton kernel,
+# not the 1.5x its default tiles suggest: compare against the tuned baseline.
 # What is left is the two extra products of the split and the end of each block, where the
 # four products are waited for and a barrier is met before the next block's S^T is issued.
 # FlashAttention-3 avoids the two products by adding dQ from the dK/dV kernel with TMA

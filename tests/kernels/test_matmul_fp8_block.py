@@ -992,3 +992,57 @@ def test_cuda_stream_k_in_a_cuda_graph():
             x.copy_(y)
         g.replay()
         torch.testing.assert_close(out, GB.matmul_fp8_block(a, b, sa, sb), rtol=0, atol=0)
+
+
+def test_per_tensor_scales_as_block_views(monkeypatch):
+    """Per-tensor scales, and per-row scales of a with one scale for b, as block scales:
+    stride-0 views holding each block's scale (nothing copied), which ``tkit.matmul_fp8``
+    hands to the block mode where the CUDA kernel serves them; per-column scales of b have no
+    block form, and a call the CUDA kernel does not serve (here: no CUDA device) keeps the
+    per-tensor kernel."""
+    from tkit.kernels import matmul as mm
+
+    a, b, _, _ = _operands(300, 392, 520, seed=3)
+    sa, sb = torch.rand(300, device=DEV) + 0.5, torch.tensor([0.25], device=DEV)
+    if not ON_GPU:
+        assert FB.per_tensor_as_block(a, b, sa, sb, torch.bfloat16) is None
+    monkeypatch.setattr(FB, "_cuda_choice", lambda *args: None)
+    blk_a, blk_b = FB.per_tensor_as_block(a, b, sa, sb, torch.bfloat16)
+    assert blk_a.shape == (300, 5) and blk_b.shape == (5, 4)
+    assert blk_a.stride() == (1, 0) and blk_b.stride() == (0, 0)
+    assert torch.equal(blk_a, sa[:, None].expand(300, 5)) and bool((blk_b == 0.25).all())
+    one_a, _ = FB.per_tensor_as_block(a, b, sa[:1], sb, torch.bfloat16)
+    assert one_a.shape == (300, 5) and bool((one_a == sa[0]).all())
+    assert FB.per_tensor_as_block(a, b, sa, torch.rand(392, device=DEV), torch.bfloat16) is None
+
+    seen = []
+    monkeypatch.setattr(FB, "matmul_fp8_block", lambda *args: seen.append(args) or "block")
+    monkeypatch.setattr(mm.P, "plannable", lambda *args: False)
+    assert tkit.matmul_fp8(a, b, sa.reshape(300, 1), sb) == "block"
+    got_a, got_b = seen[0][2], seen[0][3]
+    assert torch.equal(got_a, blk_a) and torch.equal(got_b, blk_b)
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("per_row", [False, True])
+@pytest.mark.parametrize("M,N,K", [(1000, 2304, 4096), (2048, 4096, 8192)])
+def test_cuda_serves_per_tensor_scales(per_row, M, N, K):
+    """Per-tensor scales (and per-row scales of a) take the CUDA block kernel where its tiles
+    fill the SMs (a partial row tile at M = 1000, stream-K there too), under the reference
+    rule, equal to the same call with the block scales written out."""
+    _cuda_or_skip()
+    a, b, _, _ = _operands(M, N, K, seed=M + K)
+    sa = torch.rand(M, 1, device=DEV) + 0.5 if per_row else torch.tensor(0.7, device=DEV)
+    sb = torch.tensor(0.3, device=DEV) * K ** -0.5
+    assert FB.per_tensor_as_block(a, b, sa.reshape(-1), sb.reshape(1),
+                                  torch.bfloat16) is not None
+    spec = registry.get("matmul_fp8")
+    check_against_reference(spec.fn, spec.reference, [a, b, sa, sb], ref_dtype=torch.float32)
+    kb, nb = -(-K // 128), -(-N // 128)
+    full = tkit.matmul_fp8(a, b, sa.reshape(-1, 1).expand(M, kb).contiguous(),
+                           sb.reshape(1, 1).expand(kb, nb).contiguous())
+    out = tkit.matmul_fp8(a, b, sa, sb)
+    torch.testing.assert_close(out, full, rtol=0, atol=0)
+    # new scale values through the same call (an eager plan's replay): twice the scale of a,
+    # exactly twice the output
+    torch.testing.assert_close(tkit.matmul_fp8(a, b, sa * 2, sb), out * 2, rtol=0, atol=0)

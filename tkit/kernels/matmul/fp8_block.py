@@ -470,6 +470,26 @@ def is_block_scaled(a, b, scale_a, scale_b) -> bool:
         and tuple(scale_a.shape) == sa_blk)
 
 
+def per_tensor_as_block(a, b, scale_a, scale_b, out_dtype, bias=None, residual=None,
+                        activation=None):
+    """Block scales that equal a per-tensor scaling, or per-row scales of a with one scale
+    for b (stride-0 views of ``scale_a`` (1,) or (M,) and ``scale_b`` (1,): nothing is
+    copied), when the CUDA block kernel serves the call with them (:func:`_cuda_choice`),
+    else None. There they run faster than the per-tensor Triton kernel: a per-tensor product
+    needs each K step's MMA sum added in float32 as the block recipe does (the fp8 MMA's own
+    running sum misses the reference rule at long K), and the CUDA kernel's promotion is the
+    faster of the two. Per-column scales of b have no block form and keep the Triton kernel."""
+    if scale_b.numel() != 1:
+        return None
+    M, K = a.shape
+    N = b.shape[1]
+    sa = scale_a.reshape(-1, 1).expand(M, C.cdiv(K, BLOCK))
+    sb = scale_b.reshape(1, 1).expand(C.cdiv(K, BLOCK), C.cdiv(N, BLOCK))
+    if _cuda_choice(a, b, sa, sb, out_dtype, bias, residual, activation, None, None):
+        return None
+    return sa, sb
+
+
 def matmul_fp8_block(a, b, scale_a, scale_b, out_dtype, bias, activation, residual):
     """The block mode of :func:`tkit.matmul_fp8` (a, b, the epilogue already validated there)."""
     M, K = a.shape
