@@ -1014,6 +1014,9 @@ def test_per_tensor_scales_as_block_views(monkeypatch):
     one_a, _ = FB.per_tensor_as_block(a, b, sa[:1], sb, torch.bfloat16)
     assert one_a.shape == (300, 5) and bool((one_a == sa[0]).all())
     assert FB.per_tensor_as_block(a, b, sa, torch.rand(392, device=DEV), torch.bfloat16) is None
+    with monkeypatch.context() as m:  # torch.compile's fake tensors keep the registered op
+        m.setattr(torch.compiler, "is_compiling", lambda: True)
+        assert FB.per_tensor_as_block(a, b, sa, sb, torch.bfloat16) is None
 
     seen = []
     monkeypatch.setattr(FB, "matmul_fp8_block", lambda *args: seen.append(args) or "block")

@@ -478,8 +478,10 @@ def per_tensor_as_block(a, b, scale_a, scale_b, out_dtype, bias=None, residual=N
     else None. There they run faster than the per-tensor Triton kernel: a per-tensor product
     needs each K step's MMA sum added in float32 as the block recipe does (the fp8 MMA's own
     running sum misses the reference rule at long K), and the CUDA kernel's promotion is the
-    faster of the two. Per-column scales of b have no block form and keep the Triton kernel."""
-    if scale_b.numel() != 1:
+    faster of the two. Per-column scales of b have no block form and keep the Triton kernel.
+    While torch.compile traces (fake tensors: no addresses to check for TMA) the call keeps
+    the registered per-tensor op."""
+    if scale_b.numel() != 1 or torch.compiler.is_compiling():
         return None
     M, K = a.shape
     N = b.shape[1]
