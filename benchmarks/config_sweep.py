@@ -883,6 +883,54 @@ def sweep_int4_floor(rows):
                              median_ms=v, tbps=nbytes / v / 1e9, timer=timer))
 
 
+def sweep_fp8_row_col(rows):
+    """Row scales of a with column scales of b (per-token activations, per-channel weights):
+    tkit.matmul_fp8's default (the Triton kernel), the CUDA block kernel's ``col_scale`` build
+    (per-row scales as block scales, ones for b's blocks, the column scales multiplied in
+    before the store) and torch._scaled_mm's rowwise mode, graph replays, L2 read-flushed,
+    best of ROUNDS interleaved rounds; outputs checked against each other first."""
+    for M, N, K in ((4096, 4096, 4096), (8192, 8192, 8192), (4096, 14336, 4096),
+                    (4096, 4096, 14336), (1024, 7168, 2048)):
+        _fp8_row_col_case(M, N, K, rows)
+
+
+def _fp8_row_col_case(M, N, K, rows):
+    from tkit.cuda_ext import gemm_fp8_block as GB
+
+    g = torch.Generator(device="cuda").manual_seed(M + N + K)
+    a = torch.randn(M, K, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn(N, K, device="cuda", generator=g).to(torch.float8_e4m3fn).t()
+    sa = torch.rand(M, 1, device="cuda", generator=g) + 0.5
+    sb = (torch.rand(1, N, device="cuda", generator=g) + 0.5) * K ** -0.5
+    kb, nb = -(-K // 128), -(-N // 128)
+    sa_blk, ones = sa.expand(M, kb), torch.ones(1, 1, device="cuda").expand(kb, nb)
+    cs = sb.reshape(-1).contiguous()
+    fns = {"tkit.matmul_fp8 (default)": lambda: tkit.matmul_fp8(a, b, sa, sb),
+           "cuda block kernel, col_scale build": lambda: GB.matmul_fp8_block(
+               a, b, sa_blk, ones, scale_n=cs),
+           "torch._scaled_mm rowwise": lambda: torch._scaled_mm(
+               a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)}
+    want = fns["torch._scaled_mm rowwise"]().float()
+    tol = 2e-2 * float(want.abs().max())
+    for name, fn in fns.items():
+        err = float((fn().float() - want).abs().max())
+        if err > tol:
+            print(f"fp8_row_col {M}x{N}x{K} {name}: DIFFERENT OUTPUT (max |diff| {err:.3g})")
+    times = {}
+    for _ in range(ROUNDS):
+        for name, fn in fns.items():
+            t = time_fn(fn, replay=True, rep_ms=60).median_ms
+            times[name] = min(t, times.get(name, t))
+    flops = 2.0 * M * N * K
+    for name, t in times.items():
+        ratio = times["torch._scaled_mm rowwise"] / t
+        print(f"fp8_row_col {M}x{N}x{K:<6d} {name:36s} {t * 1e3:9.1f} us "
+              f"{flops / t / 1e9:7.1f} TFLOP/s x{ratio:.3f} _scaled_mm")
+        rows.append(dict(family="fp8_row_col", op="matmul_fp8", case=f"{M}x{N}x{K}",
+                         provider=name, median_ms=t, tflops=flops / t / 1e9,
+                         vs_scaled_mm=ratio))
+
+
 def sweep_int4_prefill(rows):
     """matmul_int4 at prefill sizes of the registry's M sweep (K=4096, N=14336; M = 128, 512,
     4096): the default (the tile kernel, converting every code of the weight in each M tile)
@@ -2051,6 +2099,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "int4": sweep_int4, "int4_small_m": sweep_int4_small_m,
           "int4_8192": sweep_int4_8192,
           "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
+          "fp8_row_col": sweep_fp8_row_col,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope, "fuse": sweep_fuse, "losses": sweep_losses,
           "sample": sweep_sample, "matmul_fp8": sweep_matmul_fp8,

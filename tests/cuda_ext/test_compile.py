@@ -164,7 +164,7 @@ def test_wgmma_gemm(build, cubin_dir, options):
         assert "UTMASTG" in ops, "no TMA stores (UTMASTG) in the epilogue"
 
 
-FP8_BLOCK_BUILDS = [{}, dict(stages=3, epi_split=1), dict(out_dtype="float16")]
+FP8_BLOCK_BUILDS = [{}, dict(stages=3, epi_split=1), dict(out_dtype="float16"), dict(col_scale=1)]
 
 
 @pytest.mark.toolchain

@@ -1049,3 +1049,26 @@ def test_cuda_serves_per_tensor_scales(per_row, M, N, K):
     # new scale values through the same call (an eager plan's replay): twice the scale of a,
     # exactly twice the output
     torch.testing.assert_close(tkit.matmul_fp8(a, b, sa * 2, sb), out * 2, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("M,N,K,stream_k", [(300, 392, 1088, None), (1000, 2304, 4096, True),
+                                            (2048, 4096, 8192, False)])
+def test_cuda_column_scales_build(M, N, K, stream_k):
+    """The CUDA kernel's ``col_scale`` build (not dispatched yet): per-row scales of a as
+    block scales, ones for b's blocks and per-column scales of b multiplied in before the
+    store, against the float64 reference of row/column scaling (a partial last column tile at
+    N = 392, whose clamped scale reads stay inside the vector; a split tile's partial sums
+    added before the column scale)."""
+    GB = _cuda_or_skip()
+    a, b, _, _ = _operands(M, N, K, seed=M + N)
+    sa = torch.rand(M, 1, device=DEV) + 0.5
+    sb = (torch.rand(1, N, device=DEV) + 0.5) * K ** -0.5
+    kb, nb = -(-K // 128), -(-N // 128)
+
+    def fn(a, b, sa, sb):
+        return GB.matmul_fp8_block(a, b, sa.expand(M, kb), torch.ones(1, 1, device=DEV).expand(
+            kb, nb), scale_n=sb.reshape(-1).contiguous(), stream_k=stream_k)
+
+    spec = registry.get("matmul_fp8")
+    check_against_reference(fn, spec.reference, [a, b, sa, sb], ref_dtype=torch.float32)

@@ -24,7 +24,7 @@ SOURCE = "gemm_fp8_block_sm90.cu"
 BM, BK, THREADS = 128, 128, 384
 BN = 256
 #: the source's macro defaults (the build with no -D options)
-DEFAULTS = dict(stages=4, group_m=16, epi_split=2)
+DEFAULTS = dict(stages=4, group_m=16, epi_split=2, col_scale=0)
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 SMEM_LIMIT = 227 * 1024
 
@@ -50,6 +50,8 @@ def _config(out_dtype: torch.dtype, *values) -> dict:
     if cfg["epi_split"] not in (1, 2, 4):
         raise ValueError(f"epi_split must split the {BN} columns into whole 64-column boxes "
                          f"(1, 2 or 4), got {cfg['epi_split']}")
+    if cfg["col_scale"] not in (0, 1):
+        raise ValueError(f"col_scale must be 0 or 1, got {cfg['col_scale']}")
     if cfg["stages"] < 2:
         raise ValueError(f"stages must be >= 2, got {cfg['stages']}")
     cfg["smem"] = (cfg["stages"] * (BM + BN) * BK + 2 * 64 * (BN // cfg["epi_split"]) * 2
@@ -76,10 +78,14 @@ for M, N, K in ((129, 392, 208), (300, 520, 144), (1024, 1024, 1024), (256, 512,
     kb, nb = (K + 127) // 128, (N + 127) // 128
     sa = torch.rand(M, kb, device="cuda", generator=g) + 0.5
     sb = torch.rand(kb, nb, device="cuda", generator=g) + 0.5
-    c = matmul_fp8_block(a, w.t(), sa, sb, out_dtype, check=False, **kw)
+    cs = torch.rand(N, device="cuda", generator=g) + 0.5 if kw.get("col_scale") else None
+    c = matmul_fp8_block(a, w.t(), sa, sb, out_dtype, check=False, scale_n=cs,
+                         **{k: v for k, v in kw.items() if k != "col_scale"})
     ks = torch.arange(K, device="cuda") // 128
     ref = (a.double() * sa.double()[:, ks]) @ (w.double() * sb.double()[ks][:, torch.arange(
         N, device="cuda") // 128].t()).t()
+    if cs is not None:
+        ref = ref * cs.double()
     err = (c.double() - ref).abs().max().item()
     assert err <= 0.02 * ref.abs().max().item(), f"{M}x{N}x{K}: max error {err}"
 print("SELFTEST OK")
@@ -153,7 +159,8 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                      out: torch.Tensor | None = None, check: bool = True,
                      stages: int | None = None, group_m: int | None = None,
                      epi_split: int | None = None, ctas: int | None = None,
-                     stream_k: bool | None = None) -> torch.Tensor:
+                     stream_k: bool | None = None,
+                     scale_n: torch.Tensor | None = None) -> torch.Tensor:
     """The block-scaled product (module docstring) by the CUDA kernel. The operands are
     assumed checked by the block mode (shapes, dtypes, TMA alignment: its ``supported``);
     ``out`` an (M, N) row-major output to write (else one is allocated); ``check`` runs
@@ -161,8 +168,11 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
     one group, 48 KiB each), ``group_m`` (tile-row section height), ``epi_split`` (epilogue
     parts a consumer); ``ctas`` the SMs the persistent grid spreads over (None: all; no
     more than the device has: a split tile's owner waits for CTAs of higher index, which
-    must be resident or come after it); ``stream_k`` as :func:`schedule`'s."""
-    knobs = dict(stages=stages, group_m=group_m, epi_split=epi_split)
+    must be resident or come after it); ``stream_k`` as :func:`schedule`'s. ``scale_n``:
+    (N,) float32 contiguous per-column scales multiplied into the output before the store (the
+    ``col_scale`` build), for column scales of b, which have no 128-column block form."""
+    knobs = dict(stages=stages, group_m=group_m, epi_split=epi_split,
+                 col_scale=None if scale_n is None else 1)
     cfg = config(**knobs, out_dtype=out_dtype)
     sms = _num_sms(a.device.index or 0)
     if ctas is not None and not 1 <= ctas <= sms:
@@ -183,7 +193,8 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
     maps = (tensor_map_2d(a, BK, BM), tensor_map_2d(b.t(), BK, BN), tensor_map_2d(c, 64, 64))
     grid, dp_tiles, sk_ctas = schedule(M, N, K, ctas or sms, stream_k)
     partial, flags = _workspace(a.device, sms) if sk_ctas else (c, c)
-    _loader.launch(func, (grid,), (THREADS,), (*maps, scale_a, scale_b, *_i32(
+    cs = scale_b if scale_n is None else scale_n  # not read without the col_scale build
+    _loader.launch(func, (grid,), (THREADS,), (*maps, scale_a, scale_b, cs, *_i32(
         M, N, K, scale_a.stride(0), scale_a.stride(1), scale_b.stride(0), scale_b.stride(1),
         dp_tiles, sk_ctas), partial, flags), smem=cfg["smem"])
     return c

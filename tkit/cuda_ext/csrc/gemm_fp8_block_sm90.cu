@@ -81,6 +81,12 @@
 #ifndef OUT_F16
 #define OUT_F16 0
 #endif
+// COL_SCALE=1: the output's column n is multiplied by cs[n] before the store (per-column
+// scales of b, which have no 128-column block form: the W8A8 recipe's per-channel weight
+// scales, with sa holding per-row scales and sb ones)
+#ifndef COL_SCALE
+#define COL_SCALE 0
+#endif
 #define SUM_N (BN / 2)  // columns of one MMA sum (two a group)
 #define CLUSTER_M 1  // no CTA clusters (the header's helpers take them)
 #define GROUP_MC GROUP_M
@@ -222,7 +228,9 @@ __device__ __forceinline__ void st_release(int* p, int v) {
 extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_fp8_block(
     const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
     const __grid_constant__ TmaDesc tma_c,  // C, boxes of 64 x 64, 128-byte swizzle
-    const float* __restrict__ sa, const float* __restrict__ sb, int M, int N, int K,
+    const float* __restrict__ sa, const float* __restrict__ sb,
+    const float* __restrict__ cs,  // (N,) float32, read only with COL_SCALE
+    int M, int N, int K,
     int stride_sam, int stride_sak, int stride_sbk, int stride_sbn, int dp_tiles, int sk_ctas,
     float* __restrict__ partial, int* __restrict__ flags) {
   // partial: (sk_ctas, CONSUMERS, 128 x BN / 2) float32, a CTA's first stream-K piece's sums
@@ -359,6 +367,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_fp8_block(
           }
         }
       }
+#if COL_SCALE
+      {
+        // acc[64 h + 4 j + 2 r + e] is column 128 h + 8 j + 2 (lane % 4) + e of the tile
+        const int c0 = tn * BN + 2 * (lane % 4);
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) {
+          const int col = c0 + (i / 64) * 128 + 8 * ((i % 64) / 4) + (i % 2);
+          acc[i] *= __ldg(cs + min(col, N - 1));
+        }
+      }
+#endif
       // the two sums' fragments one after the other: together the m64nBN fragment
       store_tile_tma<BN, EPI_SPLIT>(acc, sC + c * C_PART_BYTES, &tma_c, tn * BN,
                                     tm * BM + c * 64, c, t, warp, lane,
