@@ -206,9 +206,8 @@ class AttentionConfig:
                                              (64, False), (256, False), (256, True)})
     # the backward cases (head_dim, causal) that go to the Gluon kernels of
     # :mod:`tkit.kernels.attention._hopper_bwd_kernels` on sm_90 when they support the inputs:
-    # where they measured faster than the Triton backward (H100, B4 S4096 bf16, the backward's
-    # kernels, us, Gluon / Triton: D=128 3388 / 5232, causal 1792 / 2729, GQA 32/8 causal
-    # 3394 / 6045; D=64 causal 1063 / 1071; docs/NOTES.md). D=64 non-causal was not measured.
+    # where whole training steps measured faster than the Triton backward at its tuned configs
+    # (docs/NOTES.md); D=64 non-causal tied and keeps the Triton backward.
     hopper_bwd_cases: frozenset = frozenset({(128, False), (128, True), (64, True)})
     # the Gluon backward's launch (a ``hopper_config.HopperBwdConfig``); None: its
     # ``BWD_DEFAULTS`` entry for the head dim

@@ -214,14 +214,13 @@ def flce_impl(h, weight, bias, target, ignore_index: int, smoothing: float, z: f
         else:  # the chunk's gradient (the mean's 1 / rows in it), in place of its logits
             loss, g = ce_launch(logits, tc, ignore_index, smoothing, z, True, logits, inv)
             gh[s:s + step] = tkit.matmul(g, weight, allow_tf32=tf32)
-            if planning:  # launches recorded, none run: nor do torch's GEMMs
-                pass
-            elif s == 0:  # the first chunk writes the weight's gradient: no zeros read
-                torch.mm(g.t(), hc, out=gw)
-            else:
-                gw.addmm_(g.t(), hc)
-            if bias is not None and not planning:
-                gb += g.float().sum(0)
+            if not planning:  # (launches recorded, none run: nor do torch's GEMMs)
+                if s == 0:  # the first chunk writes the weight's gradient: no zeros read
+                    torch.mm(g.t(), hc, out=gw)
+                else:
+                    gw.addmm_(g.t(), hc)
+                if bias is not None:
+                    gb += g.float().sum(0)
         rows[s:s + step] = loss
     total = rows.sum()
     return (total * inv if mean else total), gh, gw, gb.to(bias.dtype) if gb.numel() else gb
