@@ -752,6 +752,58 @@ def sweep_int4(rows):
         sweep("int4", I4.int4_config, m16, "matmul_int4", idx, rows, exact=False)
 
 
+def sweep_int4_gemv(rows):
+    """The M=1 GEMV's variants at K=4096 N=14336 and K=N=8192 (group 128), by both timers
+    (graph replays, L2 read-flushed, min of 3 interleaved rounds' medians): the default (the
+    scales and zeros by inline loads in the codes' layout, 128 registers), the same with
+    the scales by tl.load (a layout conversion through shared memory every step, the
+    previous default), uncapped registers, the other warp count; cuBLAS bf16 beside them.
+    Outputs checked against a float64 product first."""
+    import torch.nn.functional as F
+
+    from tkit.kernels.matmul import int4 as I4
+
+    gemv, _, _ = _int4_variants()
+    for K, N in ((4096, 14336), (8192, 8192)):
+        g = torch.Generator(device="cuda").manual_seed(K + N)
+        a = torch.randn(1, K, device="cuda", dtype=torch.bfloat16, generator=g)
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g) * K ** -0.5
+        q, s, z = tkit.quantize_int4(w, 128)
+        wd = tkit.dequantize_int4(q, s, z, group_size=128, dtype=torch.float64)
+        want = a.double() @ wd.t()
+        tol = 1e-2 * float(want.abs().max())
+        other = 8 if I4.Int4Config.for_shape(1, N, K, 128).num_warps == 4 else 4
+        variants = {"default": {}, "scales by tl.load (before)": dict(nc_scales=False),
+                    "no register cap": dict(maxnreg=0),
+                    f"{other} warps": gemv(32, 32, 1, other, lanes=8 * other, vecs=2)}
+        times = {}
+        for _ in range(3):
+            for name, v in variants.items():
+                with I4.int4_config(**v):
+                    got = tkit.matmul_int4(a, q, s, z, group_size=128)
+                    err = float((got.double() - want).abs().max())
+                    for timer in ("events", "kernels"):
+                        t = time_fn(lambda a=a, q=q, s=s, z=z: tkit.matmul_int4(
+                            a, q, s, z, group_size=128), replay=True, rep_ms=60,
+                            timer=timer).median_ms
+                        key = (name, timer)
+                        times[key] = (min(t, times.get(key, (t, 0))[0]), err)
+        for timer in ("events", "kernels"):
+            tc = min(time_fn(lambda a=a, w=w: F.linear(a, w), replay=True, rep_ms=60,
+                             timer=timer).median_ms for _ in range(3))
+            base = times[("default", timer)][0]
+            for name in variants:
+                t, err = times[(name, timer)]
+                bad = "" if err <= tol else f" WRONG (max |err| {err:.3g} > {tol:.3g})"
+                print(f"int4_gemv K={K} N={N} {timer:7s} {name:28s} {t * 1e3:7.2f} us "
+                      f"{t / base:5.3f}x default's time, {tc / t:5.2f}x cuBLAS bf16{bad}")
+                rows.append(dict(family="int4_gemv", op="matmul_int4",
+                                 case=f"M=1 K={K} N={N} g128", provider=name, timer=timer,
+                                 median_ms=t, vs_cublas_bf16=tc / t, correct=not bad))
+            print(f"int4_gemv K={K} N={N} {timer:7s} {'cuBLAS bf16 F.linear':28s} "
+                  f"{tc * 1e3:7.2f} us")
+
+
 def sweep_int4_small_m(rows):
     """matmul_int4 at K=4096 N=14336 (the registry's M sweep) for M = 2..128, the default
     against the tensor-core decode kernel at other row tiles and splits,
@@ -2099,6 +2151,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "int4": sweep_int4, "int4_small_m": sweep_int4_small_m,
           "int4_8192": sweep_int4_8192,
           "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
+          "int4_gemv": sweep_int4_gemv,
           "fp8_row_col": sweep_fp8_row_col,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope, "fuse": sweep_fuse, "losses": sweep_losses,

@@ -157,6 +157,13 @@ class Int4Config:
     #: global scratch, so the eager plans rebuild them over each call's tensors, as the
     #: Gluon GEMM's, and the C++ executor encodes them)
     q_tma: bool = False
+    #: the launch's register cap (0: the compiler's choice). The M = 1 GEMV holds its next
+    #: step's codes, scales and zeros in registers; uncapped, ptxas takes ~254 a thread and
+    #: one or two programs fit an SM, where 128 fit four with no spills
+    maxnreg: int = 0
+    #: gemv path: the scales and zeros by elementwise inline loads (``_ld_nc``) in the codes'
+    #: layout (True), or by tl.load in their own coalesced layout, converted every step
+    nc_scales: bool = True
 
     @staticmethod
     def for_shape(M: int, N: int, K: int, group_size: int, num_sms: int = 132,
@@ -217,7 +224,7 @@ class Int4Config:
             gbk = min(32, bk)
             warps = 8 if C.cdiv(N, 32) * 8 <= 16 * num_sms else 4
             return Int4Config(1, 32, gbk, 1, num_warps=warps, num_stages=1, path="gemv",
-                              k_lanes=8 * warps, n_vecs=2)
+                              k_lanes=8 * warps, n_vecs=2, maxnreg=128)
         if path == "gemv":
             # one warp a program; more rows of a hold more partial sums: smaller steps (M = 2:
             # 256 x 32, 168 registers; M = 4: 128 x 32, 168). K split so that ~10 programs per
@@ -491,6 +498,36 @@ def _a_half(w, HI: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
+def _ld_nc(ptrs):
+    """``*ptrs`` (16- or 32-bit floats) by one non-coherent load each, as float32. An
+    elementwise inline load takes the layout its users want, where ``tl.load`` anchors the
+    coalesced layout of its pointer tile: the GEMV's scales and zeros then share the codes'
+    layout, so the step's sums need no layout conversion (a shared-memory round trip and
+    barriers every step)."""
+    ty = ptrs.dtype.element_ty
+    if INTERPRET:
+        v = tl.load(ptrs).to(tl.float32)
+    elif ty.primitive_bitwidth == 16:
+        v = tl.inline_asm_elementwise("ld.global.nc.b16 $0, [$1];", "=h,l", [ptrs],
+                                      dtype=tl.int16, is_pure=True, pack=1)
+        v = v.to(ty, bitcast=True).to(tl.float32)
+    else:
+        v = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs],
+                                      dtype=tl.int32, is_pure=True, pack=1)
+        v = v.to(tl.float32, bitcast=True)
+    return v
+
+
+@triton.jit
+def _ld_scale(ptrs, NC: tl.constexpr):
+    if NC:
+        v = _ld_nc(ptrs)
+    else:
+        v = tl.load(ptrs)
+    return v
+
+
+@triton.jit
 def _matmul_int4_gemv_kernel(
     a_ptr, q_ptr, s_ptr, z_ptr, c_ptr, ws_ptr, bias_ptr, M, N, K,
     stride_am, stride_ak, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn,
@@ -499,7 +536,7 @@ def _matmul_int4_gemv_kernel(
     SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr, FUSED_REDUCE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     K_LANES: tl.constexpr = 1, A_VEC: tl.constexpr = False, EVEN: tl.constexpr = False,
-    N_VECS: tl.constexpr = 1,
+    N_VECS: tl.constexpr = 1, NC_SCALES: tl.constexpr = True,
 ):
     """All M (<= BLOCK_M) rows of ``a`` times BLOCK_N columns over this program's K range, on
     the CUDA cores: a memory-bound GEMV that streams (BLOCK_K // 8, BLOCK_N) int32 tiles of
@@ -573,10 +610,10 @@ def _matmul_int4_gemv_kernel(
     # the scales and zeros of a step come with its codes, a step ahead (their group's row;
     # chunks past the end read the last one, unused)
     g = ((tl.minimum(k_begin + lanes, k_end - 1) * BLOCK_K) // GROUP)[:, None, None]
-    s_next = tl.load(s_ptrs + g * stride_sg)  # (WK, NH, BNH)
+    s_next = _ld_scale(s_ptrs + g * stride_sg, NC_SCALES)  # (WK, NH, BNH)
     z_next = s_next
     if HAS_ZEROS:
-        z_next = tl.load(z_ptrs + g * stride_zg)
+        z_next = _ld_scale(z_ptrs + g * stride_zg, NC_SCALES)
     for st in tl.range(0, n_steps, num_stages=1):
         c = k_begin + st * WK + lanes  # this step's chunk of each lane
         live = c < k_end
@@ -590,9 +627,9 @@ def _matmul_int4_gemv_kernel(
         ahead = _lane_mask(c + WK < k_end, st + 1 < n_steps, q_tile, EVEN)
         q_next = tl.load(q_ptrs, mask=ahead, other=0, eviction_policy="evict_first")
         g = ((tl.minimum(c + WK, k_end - 1) * BLOCK_K) // GROUP)[:, None, None]
-        s_next = tl.load(s_ptrs + g * stride_sg)
+        s_next = _ld_scale(s_ptrs + g * stride_sg, NC_SCALES)
         if HAS_ZEROS:
-            z_next = tl.load(z_ptrs + g * stride_zg)
+            z_next = _ld_scale(z_ptrs + g * stride_zg, NC_SCALES)
         # derived from s, so that z is brought to s's layout (not s and z to two layouts)
         ca = (z + 128.0) * s
         cb = (z + 2048.0) * s
@@ -908,7 +945,10 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         k_tiles = K // cfg.block_k
         even = k_tiles % split == 0 and (k_tiles // split) % cfg.k_lanes == 0
         extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused,
-                     K_LANES=cfg.k_lanes, A_VEC=a_vec, EVEN=even, N_VECS=cfg.n_vecs)
+                     K_LANES=cfg.k_lanes, A_VEC=a_vec, EVEN=even, N_VECS=cfg.n_vecs,
+                     NC_SCALES=cfg.nc_scales)
+        if cfg.maxnreg:
+            extra.update(maxnreg=cfg.maxnreg)
     elif cfg.path == "tc":
         kernel, grid = _matmul_int4_tc_kernel, (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m),
                                                 split)
