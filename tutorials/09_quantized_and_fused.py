@@ -553,10 +553,25 @@ def test_glu_measured_against_prediction():
 # 132: one 31 MB pass is too short for the 4.15 TB/s of a 1 GiB copy to ramp up, and it needs
 # many programs in flight. 11.46 us is 2.92x cuBLAS's 33.5 us, so in this harness 3.5x at this
 # size would need the weights faster than a bare read of their bytes. Both times hold the
-# replay's 3.5 us floor, though: taken out of both, the read is ~7.9 us of device time against
-# cuBLAS's ~30, a bound of ~3.8x, which a GEMV within ~10% of a bare read would reach (an
-# estimate, not a kernel-timer measurement). M=16 (the tensor-core kernel) is 1.18x
-# cuBLAS, 2.59x torch's int4 and 1.89x gemlite.
+# replay's 3.5 us floor, though. Timed by the span of each call's own device records instead
+# (run `h200-2026-12-05-m-int4-floor`, both timers in one run, min of 3 medians): an empty
+# kernel 0.58 us (3.09 by events), the best read 8.26 us (3.78 TB/s, 3808 programs of 8
+# warps; 12.00 by events), cuBLAS 29.66 us (33.47), tkit's GEMV 14.62 us (18.40). So at zero
+# arithmetic the bound is 3.59x cuBLAS of device time (2.79x by events): a 3.5x GEMV would
+# have to stream its weights within 2.6% of a bare read's time, a 3.0x one (the bar at M=16)
+# within 20%; tkit's GEMV, at 2.03x, takes 1.77x the read's time. M=16 (the tensor-core
+# kernel) is 1.18x cuBLAS, 2.59x torch's int4 and 1.89x gemlite.
+#
+# Reading the compiler (tutorial 07) finds one cause of that 1.77x. `tkit ir matmul_int4
+# --case "M=1 K=4096 N=14336" --stage ttgir` shows the scales and zeros loaded by `tl.load`
+# in a layout of their own (8 contiguous bf16 a thread, the coalescing pass's choice for
+# their pointer tile) while the codes' tile has 4 words a thread: the step's sums meet the
+# scales through a `convert_layout`, and the activations' sums through a reduction split over
+# warps, each a shared-memory round trip between CTA barriers: 7 barriers in every step of
+# the loop's SASS. Loaded instead by an elementwise inline load (`_ld_nc`: one `ld.global.nc`
+# an element), the scales take the layout their users want and the step has no barrier and
+# no shared memory (`Int4Config(nc_scales=True)`, capped at 128 registers). That is a compile
+# fact; whether it buys time waits for a GPU run (docs/NOTES.md, forty-second session).
 #
 # Where INT4 stops winning (run `h200-2026-12-02-ze-final`, K=4096 N=14336, x cuBLAS bf16):
 # M=1 1.84, 2-16 1.18-1.26, 32 0.69, 64 0.63, 128-4096 0.37-0.43. Section 2's models put the

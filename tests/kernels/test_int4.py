@@ -286,6 +286,25 @@ def test_gemv_k_lanes(M, K, lanes, warps, bk, split, vecs, dtype, strided):
                                 dict(group_size=G, bias=bias))
 
 
+@pytest.mark.parametrize("sdtype", [BF16, F16, torch.float32])
+@pytest.mark.parametrize("M,K,lanes,sym", [(1, 576, 4, False), (1, 512, 8, True),
+                                           (3, 320, 1, False)])
+def test_gemv_inline_scale_loads(sdtype, M, K, lanes, sym):
+    """``nc_scales``: the scales and zeros by elementwise inline loads (16- and 32-bit), with
+    the register cap; lanes live and past the end, fractional zero points, bias, odd N."""
+    N, G = 37, 64
+    a, q, s, z = _gemv_case(M, N, K, G, BF16, sym, seed=31 + lanes)
+    s = s.to(sdtype)
+    if z is not None:
+        z = (z.float() + 0.25).to(sdtype)
+    bias = make_tensor((N,), BF16, seed=5)
+    spec = registry.get("matmul_int4")
+    with I4.int4_config(path="gemv", block_n=32, block_k=32, k_lanes=lanes, n_vecs=2,
+                        nc_scales=True, maxnreg=128), poisoned_outputs():
+        check_against_reference(spec.fn, spec.reference, (a, q, s, z),
+                                dict(group_size=G, bias=bias))
+
+
 def test_gemv_k_lanes_fused_reduce_and_checks():
     """Lanes with the one-launch split-K sum (the same bits as the reduce launch), and the
     override's checks on k_lanes and n_vecs."""
@@ -554,16 +573,18 @@ def _loop_body(sass: str) -> list[str]:
 
 @pytest.mark.parametrize("K, N", [(4096, 14336), (8192, 8192)])
 def test_gemv_loop_has_no_barrier_or_shared_round_trip(K, N):
-    """The M=1 GEMV's step is the threads' own work: its scales and zeros are loaded in the
-    codes' layout, so no layout conversion (shared-memory stores, loads and CTA barriers) runs
-    every step, and its register cap leaves four 4-warp programs an SM without spills. A
-    tl.load of the scales put 7 barriers and 2 shared round trips in every step."""
+    """With ``nc_scales`` the M=1 GEMV's step is the threads' own work: its scales and zeros
+    are loaded in the codes' layout, so no layout conversion (shared-memory stores, loads and
+    CTA barriers) runs every step, and the register cap leaves four 4-warp programs an SM
+    without spills. A tl.load of the scales (the default until timed) puts 7 barriers and 2
+    shared round trips in every step."""
     from tkit import ir
 
     a = torch.empty(1, K, dtype=torch.bfloat16, device="meta")
     q = torch.empty(K // 8, N, dtype=torch.int32, device="meta")
     s = torch.empty(K // 128, N, dtype=torch.bfloat16, device="meta")
-    c = ir.compile("matmul_int4", a, q, s, s, group_size=128, arch="sm_90")
+    with I4.int4_config(nc_scales=True, maxnreg=128):
+        c = ir.compile("matmul_int4", a, q, s, s, group_size=128, arch="sm_90")
     assert c.name == "_matmul_int4_gemv_kernel"
     body = _loop_body(c.sass())
     assert len(body) > 300, "the step loop was not found"

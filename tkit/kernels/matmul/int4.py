@@ -157,13 +157,16 @@ class Int4Config:
     #: global scratch, so the eager plans rebuild them over each call's tensors, as the
     #: Gluon GEMM's, and the C++ executor encodes them)
     q_tma: bool = False
-    #: the launch's register cap (0: the compiler's choice). The M = 1 GEMV holds its next
-    #: step's codes, scales and zeros in registers; uncapped, ptxas takes ~254 a thread and
-    #: one or two programs fit an SM, where 128 fit four with no spills
+    #: the launch's register cap (0: the compiler's choice). With ``nc_scales`` the M = 1
+    #: GEMV's build takes ~254 registers uncapped (one or two programs an SM); capped at 128
+    #: four 4-warp programs fit, with no spills (sm_90a compile facts)
     maxnreg: int = 0
-    #: gemv path: the scales and zeros by elementwise inline loads (``_ld_nc``) in the codes'
-    #: layout (True), or by tl.load in their own coalesced layout, converted every step
-    nc_scales: bool = True
+    #: gemv path: the scales and zeros by elementwise inline loads (``_ld_nc``), which take
+    #: the codes' layout, instead of tl.load, which anchors its own coalesced layout: the
+    #: step's sums then need a layout conversion every step (at M = 1, K=4096 N=14336: 7 CTA
+    #: barriers and two shared-memory round trips a step; none with the inline loads).
+    #: Opt-in until timed on a GPU (docs/NOTES.md, forty-second session)
+    nc_scales: bool = False
 
     @staticmethod
     def for_shape(M: int, N: int, K: int, group_size: int, num_sms: int = 132,
@@ -224,7 +227,7 @@ class Int4Config:
             gbk = min(32, bk)
             warps = 8 if C.cdiv(N, 32) * 8 <= 16 * num_sms else 4
             return Int4Config(1, 32, gbk, 1, num_warps=warps, num_stages=1, path="gemv",
-                              k_lanes=8 * warps, n_vecs=2, maxnreg=128)
+                              k_lanes=8 * warps, n_vecs=2)
         if path == "gemv":
             # one warp a program; more rows of a hold more partial sums: smaller steps (M = 2:
             # 256 x 32, 168 registers; M = 4: 128 x 32, 168). K split so that ~10 programs per
@@ -536,7 +539,7 @@ def _matmul_int4_gemv_kernel(
     SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr, FUSED_REDUCE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     K_LANES: tl.constexpr = 1, A_VEC: tl.constexpr = False, EVEN: tl.constexpr = False,
-    N_VECS: tl.constexpr = 1, NC_SCALES: tl.constexpr = True,
+    N_VECS: tl.constexpr = 1, NC_SCALES: tl.constexpr = False,
 ):
     """All M (<= BLOCK_M) rows of ``a`` times BLOCK_N columns over this program's K range, on
     the CUDA cores: a memory-bound GEMV that streams (BLOCK_K // 8, BLOCK_N) int32 tiles of
