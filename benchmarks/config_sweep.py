@@ -756,9 +756,11 @@ def sweep_int4_gemv(rows):
     """The M=1 GEMV's variants at K=4096 N=14336 and K=N=8192 (group 128), by both timers
     (graph replays, L2 read-flushed, min of 3 interleaved rounds' medians): the default (the
     scales and zeros by tl.load, converted to the codes' layout through shared memory every
-    step) against the scales and zeros by inline loads in the codes' layout (no conversion)
-    at 128 registers, the same uncapped, and at the other warp count; cuBLAS bf16 beside
-    them. Each variant's output checked against a float64 product."""
+    step) against the scales and zeros by inline loads in the codes' layout (no conversion):
+    4 columns a vector at 128 registers (ptxas keeps ~112 bytes on the stack), uncapped (~168
+    registers: 3 programs an SM, so the 448 programs take a second wave), one an element at
+    128, and 4 a vector at the other warp count; cuBLAS bf16 beside them. Each variant's
+    output checked against a float64 product."""
     import torch.nn.functional as F
 
     from tkit.kernels.matmul import int4 as I4
@@ -773,11 +775,12 @@ def sweep_int4_gemv(rows):
         want = a.double() @ wd.t()
         tol = 1e-2 * float(want.abs().max())
         other = 8 if I4.Int4Config.for_shape(1, N, K, 128).num_warps == 4 else 4
-        nc = dict(nc_scales=True, maxnreg=128)
-        variants = {"default": {}, "inline scale loads, 128 regs": nc,
-                    "inline scale loads, uncapped": dict(nc_scales=True),
-                    f"inline, {other} warps": dict(
-                        gemv(32, 32, 1, other, lanes=8 * other, vecs=2), **nc)}
+        nc4 = dict(scale_loads="nc4", maxnreg=128)
+        variants = {"default": {}, "inline x4 scale loads, 128 regs": nc4,
+                    "inline x4, uncapped": dict(scale_loads="nc4"),
+                    "inline x1, 128 regs": dict(scale_loads="nc", maxnreg=128),
+                    f"inline x4, {other} warps": dict(
+                        gemv(32, 32, 1, other, lanes=8 * other, vecs=2), **nc4)}
         times = {}
         for _ in range(3):
             for name, v in variants.items():

@@ -567,11 +567,12 @@ def test_glu_measured_against_prediction():
 # in a layout of their own (8 contiguous bf16 a thread, the coalescing pass's choice for
 # their pointer tile) while the codes' tile has 4 words a thread: the step's sums meet the
 # scales through a `convert_layout`, and the activations' sums through a reduction split over
-# warps, each a shared-memory round trip between CTA barriers: 7 barriers in every step of
-# the loop's SASS. Loaded instead by an elementwise inline load (`_ld_nc`: one `ld.global.nc`
-# an element), the scales take the layout their users want and the step has no barrier and
-# no shared memory (`Int4Config(nc_scales=True)`, capped at 128 registers). That is a compile
-# fact; whether it buys time waits for a GPU run (docs/NOTES.md, forty-second session).
+# warps, each a shared-memory round trip between CTA barriers: 8 barriers in every step of
+# the loop's SASS. Loaded instead by an elementwise inline load (`_ld_nc`: an `ld.global.nc`
+# of each thread's 4 columns), the scales take the layout their users want and the step has
+# no barrier and no shared memory (`Int4Config(scale_loads="nc4", maxnreg=128)`). Those are
+# compile facts; whether they buy time waits for a GPU run (docs/NOTES.md, forty-second
+# session).
 #
 # Where INT4 stops winning (run `h200-2026-12-02-ze-final`, K=4096 N=14336, x cuBLAS bf16):
 # M=1 1.84, 2-16 1.18-1.26, 32 0.69, 64 0.63, 128-4096 0.37-0.43. Section 2's models put the

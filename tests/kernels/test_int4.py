@@ -287,22 +287,39 @@ def test_gemv_k_lanes(M, K, lanes, warps, bk, split, vecs, dtype, strided):
 
 
 @pytest.mark.parametrize("sdtype", [BF16, F16, torch.float32])
-@pytest.mark.parametrize("M,K,lanes,sym", [(1, 576, 4, False), (1, 512, 8, True),
-                                           (3, 320, 1, False)])
-def test_gemv_inline_scale_loads(sdtype, M, K, lanes, sym):
-    """``nc_scales``: the scales and zeros by elementwise inline loads (16- and 32-bit), with
-    the register cap; lanes live and past the end, fractional zero points, bias, odd N."""
-    N, G = 37, 64
+@pytest.mark.parametrize("mode", ["nc", "nc4"])
+@pytest.mark.parametrize("M,N,K,lanes,sym", [(1, 64, 576, 4, False), (1, 37, 512, 8, True),
+                                             (3, 96, 320, 1, False)])
+def test_gemv_inline_scale_loads(sdtype, mode, M, N, K, lanes, sym):
+    """``scale_loads``: the scales and zeros by elementwise inline loads (16- and 32-bit, one
+    an element or 4 columns a vector; N = 37 takes the element form), with the register cap;
+    lanes live and past the end, fractional zero points, bias, odd N."""
+    G = 64
     a, q, s, z = _gemv_case(M, N, K, G, BF16, sym, seed=31 + lanes)
     s = s.to(sdtype)
     if z is not None:
         z = (z.float() + 0.25).to(sdtype)
+    assert I4._scale_vec(mode, s, z, N) == (4 if mode == "nc4" and N % 4 == 0 else 1)
     bias = make_tensor((N,), BF16, seed=5)
     spec = registry.get("matmul_int4")
     with I4.int4_config(path="gemv", block_n=32, block_k=32, k_lanes=lanes, n_vecs=2,
-                        nc_scales=True, maxnreg=128), poisoned_outputs():
+                        scale_loads=mode, maxnreg=128), poisoned_outputs():
         check_against_reference(spec.fn, spec.reference, (a, q, s, z),
                                 dict(group_size=G, bias=bias))
+
+
+def test_scale_vectors_only_where_aligned():
+    """4-column vectors of scales only where every run of 4 is aligned and inside its row;
+    an unknown mode is refused naming the field."""
+    s = torch.zeros(4, 64, dtype=BF16)
+    assert I4._scale_vec("nc4", s, s, 64) == 4
+    assert I4._scale_vec("nc4", s, None, 64) == 4
+    assert I4._scale_vec("nc4", s[:, 1:61], None, 60) == 1    # base off by 2 bytes
+    assert I4._scale_vec("nc4", s[:, :62], None, 62) == 1     # N not a multiple of 4
+    assert I4._scale_vec("nc4", s.t().contiguous().t(), None, 64) == 1  # columns strided
+    assert I4._scale_vec("nc", s, s, 64) == 1 and I4._scale_vec("tl", s, s, 64) == 0
+    with I4.int4_config(scale_loads="vec"), pytest.raises(ValueError, match="scale_loads"):
+        I4.current_config(1, 64, 512, 64, 4)
 
 
 def test_gemv_k_lanes_fused_reduce_and_checks():
@@ -573,22 +590,24 @@ def _loop_body(sass: str) -> list[str]:
 
 @pytest.mark.parametrize("K, N", [(4096, 14336), (8192, 8192)])
 def test_gemv_loop_has_no_barrier_or_shared_round_trip(K, N):
-    """With ``nc_scales`` the M=1 GEMV's step is the threads' own work: its scales and zeros
-    are loaded in the codes' layout, so no layout conversion (shared-memory stores, loads and
-    CTA barriers) runs every step, and the register cap leaves four 4-warp programs an SM
-    without spills. A tl.load of the scales (the default until timed) puts 7 barriers and 2
-    shared round trips in every step."""
+    """With the inline scale loads (4 columns a vector) the M=1 GEMV's step is the threads'
+    own work: its scales and zeros are loaded in the codes' layout, so no layout conversion
+    (shared-memory stores, loads and CTA barriers) runs every step, two 8-byte loads bring
+    the scales and two the zeros, and the register cap leaves four 4-warp programs an SM. A
+    tl.load of the scales (the default until timed) puts 8 barriers and shared round trips
+    in every step."""
     from tkit import ir
 
     a = torch.empty(1, K, dtype=torch.bfloat16, device="meta")
     q = torch.empty(K // 8, N, dtype=torch.int32, device="meta")
     s = torch.empty(K // 128, N, dtype=torch.bfloat16, device="meta")
-    with I4.int4_config(nc_scales=True, maxnreg=128):
+    with I4.int4_config(scale_loads="nc4", maxnreg=128):
         c = ir.compile("matmul_int4", a, q, s, s, group_size=128, arch="sm_90")
     assert c.name == "_matmul_int4_gemv_kernel"
     body = _loop_body(c.sass())
     assert len(body) > 300, "the step loop was not found"
     ops = [t.split()[1] if t.startswith("@") else t.split()[0] for t in body]
     assert not [o for o in ops if o.startswith(("BAR", "STS", "LDS"))], sorted(set(ops))
+    assert sum(o.startswith("LDG.E.64") for o in ops) == 4
     assert sum(o.startswith("FFMA") for o in ops) >= 200  # the step's weights, unrolled
     assert c.n_spills == 0 and c.n_regs <= 128

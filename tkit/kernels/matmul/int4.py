@@ -157,16 +157,18 @@ class Int4Config:
     #: global scratch, so the eager plans rebuild them over each call's tensors, as the
     #: Gluon GEMM's, and the C++ executor encodes them)
     q_tma: bool = False
-    #: the launch's register cap (0: the compiler's choice). With ``nc_scales`` the M = 1
+    #: the launch's register cap (0: the compiler's choice). With inline scale loads the M = 1
     #: GEMV's build takes ~254 registers uncapped (one or two programs an SM); capped at 128
     #: four 4-warp programs fit, with no spills (sm_90a compile facts)
     maxnreg: int = 0
-    #: gemv path: the scales and zeros by elementwise inline loads (``_ld_nc``), which take
-    #: the codes' layout, instead of tl.load, which anchors its own coalesced layout: the
-    #: step's sums then need a layout conversion every step (at M = 1, K=4096 N=14336: 7 CTA
-    #: barriers and two shared-memory round trips a step; none with the inline loads).
-    #: Opt-in until timed on a GPU (docs/NOTES.md, forty-second session)
-    nc_scales: bool = False
+    #: gemv path: how the scales and zeros are loaded. "tl": tl.load, which anchors its own
+    #: coalesced layout, so the step's sums meet them through a layout conversion every step
+    #: (at M = 1, K=4096 N=14336: 8 CTA barriers and shared-memory round trips a step).
+    #: "nc": elementwise inline loads (``_ld_nc``), one an element, in the codes' layout (no
+    #: conversion); "nc4": the same, one 8- or 16-byte vector for each thread's 4 consecutive
+    #: columns (where N and the rows' strides keep them aligned; else "nc"). Opt-in until
+    #: timed on a GPU (docs/NOTES.md, forty-second session)
+    scale_loads: str = "tl"
 
     @staticmethod
     def for_shape(M: int, N: int, K: int, group_size: int, num_sms: int = 132,
@@ -269,6 +271,23 @@ TC_MAX_M = 64
 #: weight is a temporary of each call (117 MB at N=14336 K=4096 in bf16).
 DEQUANT_MIN_M = 256
 PATHS = ("gemv", "tile", "tc", "dequant", "cuda")
+SCALE_LOADS = ("tl", "nc", "nc4")
+
+
+def _scale_vec(mode: str, scales: torch.Tensor, zeros, N: int) -> int:
+    """The GEMV's NC_SCALES for ``Int4Config.scale_loads``: 0 (tl.load), 1 (inline, an
+    element) or 4 (inline, 4 columns a vector: the thread's 4 columns are consecutive and the
+    vector aligned only if N, every row's start and the base pointer are multiples of 4
+    elements / the vector's bytes; a column group never wraps past N then)."""
+    if mode == "tl":
+        return 0
+    if mode == "nc4" and N % 4 == 0:
+        ts = [scales] + ([zeros] if zeros is not None else [])
+        vec_bytes = 4 * scales.element_size()
+        if all(t.stride(1) == 1 and t.stride(0) % 4 == 0 and t.data_ptr() % vec_bytes == 0
+               for t in ts):
+            return 4
+    return 1
 #: the rows of a for which unforced calls take the CUDA kernel where it serves: at M = 1 the
 #: GEMV (all of K a program, no split) tied with it on the H200 (docs/NOTES.md, "the INT4
 #: decode GEMM in CUDA"); from 2 to 32 rows it led the tc kernel's best by 1.1-1.3x (it
@@ -314,6 +333,8 @@ def current_config(M: int, N: int, K: int, group_size: int, num_sms: int) -> Int
             raise ValueError(f"path='gemv' takes all M={M} rows in one program: M <= 16")
         if cfg.k_lanes < 1 or cfg.k_lanes & (cfg.k_lanes - 1):
             raise ValueError(f"k_lanes={cfg.k_lanes} must be a power of 2")
+        if cfg.scale_loads not in SCALE_LOADS:
+            raise ValueError(f"scale_loads={cfg.scale_loads!r} must be one of {SCALE_LOADS}")
         if cfg.n_vecs not in (1, 2) or cfg.block_n < 4 * cfg.n_vecs:
             raise ValueError(f"n_vecs={cfg.n_vecs} must be 1 or 2 with block_n >= 4 * n_vecs")
         # one program's rows: all of them on the gemv path, >= 16 for tl.dot on the tile path,
@@ -501,32 +522,45 @@ def _a_half(w, HI: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
-def _ld_nc(ptrs):
-    """``*ptrs`` (16- or 32-bit floats) by one non-coherent load each, as float32. An
-    elementwise inline load takes the layout its users want, where ``tl.load`` anchors the
-    coalesced layout of its pointer tile: the GEMV's scales and zeros then share the codes'
-    layout, so the step's sums need no layout conversion (a shared-memory round trip and
-    barriers every step)."""
+def _ld_nc(ptrs, VEC: tl.constexpr):
+    """``*ptrs`` (16- or 32-bit floats) by non-coherent inline loads: one an
+    element (VEC = 1), or one 8- / 16-byte vector for each run of 4 elements a thread holds
+    (VEC = 4: the runs must be 4 consecutive, aligned addresses; only the first pointer of a
+    run is read). An elementwise inline load takes the layout its users want, where
+    ``tl.load`` anchors the coalesced layout of its pointer tile: the GEMV's scales and zeros
+    then share the codes' layout, so the step's sums need no layout conversion (a
+    shared-memory round trip and barriers every step)."""
     ty = ptrs.dtype.element_ty
     if INTERPRET:
-        v = tl.load(ptrs).to(tl.float32)
+        v = tl.load(ptrs)
     elif ty.primitive_bitwidth == 16:
-        v = tl.inline_asm_elementwise("ld.global.nc.b16 $0, [$1];", "=h,l", [ptrs],
-                                      dtype=tl.int16, is_pure=True, pack=1)
-        v = v.to(ty, bitcast=True).to(tl.float32)
+        if VEC == 4:
+            v = tl.inline_asm_elementwise("ld.global.nc.v2.b32 {$0, $1}, [$2];",
+                                          "=r,=r,l,l,l,l", [ptrs], dtype=tl.int16,
+                                          is_pure=True, pack=4)
+        else:
+            v = tl.inline_asm_elementwise("ld.global.nc.b16 $0, [$1];", "=h,l", [ptrs],
+                                          dtype=tl.int16, is_pure=True, pack=1)
+        v = v.to(ty, bitcast=True)
     else:
-        v = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs],
-                                      dtype=tl.int32, is_pure=True, pack=1)
+        if VEC == 4:
+            v = tl.inline_asm_elementwise("ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];",
+                                          "=r,=r,=r,=r,l,l,l,l", [ptrs], dtype=tl.int32,
+                                          is_pure=True, pack=4)
+        else:
+            v = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs],
+                                          dtype=tl.int32, is_pure=True, pack=1)
         v = v.to(tl.float32, bitcast=True)
     return v
 
 
 @triton.jit
 def _ld_scale(ptrs, NC: tl.constexpr):
-    if NC:
-        v = _ld_nc(ptrs)
-    else:
+    """The GEMV's scales or zeros: NC = 0 tl.load, 1 or 4 :func:`_ld_nc` with VEC = NC."""
+    if NC == 0:
         v = tl.load(ptrs)
+    else:
+        v = _ld_nc(ptrs, NC)
     return v
 
 
@@ -539,7 +573,7 @@ def _matmul_int4_gemv_kernel(
     SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr, FUSED_REDUCE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     K_LANES: tl.constexpr = 1, A_VEC: tl.constexpr = False, EVEN: tl.constexpr = False,
-    N_VECS: tl.constexpr = 1, NC_SCALES: tl.constexpr = False,
+    N_VECS: tl.constexpr = 1, NC_SCALES: tl.constexpr = 0,
 ):
     """All M (<= BLOCK_M) rows of ``a`` times BLOCK_N columns over this program's K range, on
     the CUDA cores: a memory-bound GEMV that streams (BLOCK_K // 8, BLOCK_N) int32 tiles of
@@ -949,7 +983,7 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         even = k_tiles % split == 0 and (k_tiles // split) % cfg.k_lanes == 0
         extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused,
                      K_LANES=cfg.k_lanes, A_VEC=a_vec, EVEN=even, N_VECS=cfg.n_vecs,
-                     NC_SCALES=cfg.nc_scales)
+                     NC_SCALES=_scale_vec(cfg.scale_loads, scales, zeros, N))
         if cfg.maxnreg:
             extra.update(maxnreg=cfg.maxnreg)
     elif cfg.path == "tc":
