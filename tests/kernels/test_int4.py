@@ -317,6 +317,9 @@ def test_scale_vectors_only_where_aligned():
     assert I4._scale_vec("nc4", s[:, 1:61], None, 60) == 1    # base off by 2 bytes
     assert I4._scale_vec("nc4", s[:, :62], None, 62) == 1     # N not a multiple of 4
     assert I4._scale_vec("nc4", s.t().contiguous().t(), None, 64) == 1  # columns strided
+    z32 = torch.zeros(4, 68, dtype=torch.float32)[:, 2:66]  # 8-byte aligned, not 16
+    assert I4._scale_vec("nc4", s, z32, 64) == 1
+    assert I4._scale_vec("nc4", s, z32.contiguous(), 64) == 4
     assert I4._scale_vec("nc", s, s, 64) == 1 and I4._scale_vec("tl", s, s, 64) == 0
     with I4.int4_config(scale_loads="vec"), pytest.raises(ValueError, match="scale_loads"):
         I4.current_config(1, 64, 512, 64, 4)

@@ -283,9 +283,8 @@ def _scale_vec(mode: str, scales: torch.Tensor, zeros, N: int) -> int:
         return 0
     if mode == "nc4" and N % 4 == 0:
         ts = [scales] + ([zeros] if zeros is not None else [])
-        vec_bytes = 4 * scales.element_size()
-        if all(t.stride(1) == 1 and t.stride(0) % 4 == 0 and t.data_ptr() % vec_bytes == 0
-               for t in ts):
+        if all(t.stride(1) == 1 and t.stride(0) % 4 == 0
+               and t.data_ptr() % (4 * t.element_size()) == 0 for t in ts):
             return 4
     return 1
 #: the rows of a for which unforced calls take the CUDA kernel where it serves: at M = 1 the
