@@ -114,6 +114,12 @@ def compile_mm(arch="sm_90", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, 
 #   and the occupancy they allow.
 # * **instructions**: `wgmma.mma_async` in PTX, `HGMMA` in SASS, `LDGSTS` (the SASS of
 #   cp.async) for the loads.
+# * **main loop**: the same count for the K loop alone (the SASS's longest backward branch):
+#   every HGMMA of the kernel, the copies of the next stages, and no layout conversion (the
+#   TTGIR's `convert_layout`s inside `scf.for`). A whole-kernel count hides what runs every
+#   iteration: tkit's M=1 INT4 GEMV once had 8 CTA barriers and 6 shared-memory stores and
+#   loads in every step, because `tl.load` gave its scales a layout the step's sums did not
+#   use (tutorial 09, "Reading the compiler").
 
 # %%
 def show_hopper():
@@ -205,6 +211,13 @@ def test_matmul_is_correct():
     c = matmul(a, b, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, num_warps=4)  # one program
     ref = a.float() @ b.float()
     torch.testing.assert_close(c.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_the_main_loop_holds_every_mma():
+    s = ir.summary(compile_mm("sm_90"), echo=False)
+    mma = [k for k in s.sass if k.startswith("HGMMA")]
+    assert mma and all(s.main_loop["histogram"][k] == s.sass[k] for k in mma)
+    assert s.main_loop["conversions"] == 0
 
 
 def test_hopper_uses_wgmma_and_ampere_mma_sync():

@@ -119,6 +119,67 @@ def test_num_stages_changes_the_reported_pipelining(dot90):
     assert "3x128x64xf16" in d.unified and "2x128x64xf16" in d.unified
 
 
+def test_main_loop_holds_the_pipelined_mmas(dot90, dot80):
+    """The summary's main loop is the K loop: every MMA of the kernel, the cp.async copies of
+    the next stages, no layout conversion in it; the text names it."""
+    for k, mma in ((dot90, "HGMMA.64x128x16"), (dot80, "HMMA.16816")):
+        s = ir.summary(k, echo=False)
+        lp = s.main_loop
+        assert lp["histogram"][mma] == s.sass[mma] > 0
+        assert lp["histogram"]["LDGSTS"] >= 2 and lp["conversions"] == 0
+        assert 0 < lp["instructions"] < s.sass["(all instructions)"]
+        assert f"main loop (SASS {lp['start']:#06x}" in str(s)
+    assert ir.summary(ir.compile("add", arch="sm_90"), echo=False).main_loop == {}
+
+
+def test_sass_loops_and_loop_conversions_on_hand_written_text():
+    """Loops are backward branches (predicated or not; forward branches are not loops),
+    longest first; convert_layout counts only inside scf.for bodies."""
+    from tkit.ir_tools.summary import loop_conversions, sass_loops
+
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0020*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0030*/                   LDS.128 R8, [R0] ;
+        /*0040*/              @!P0 BRA 0x20 ;
+        /*0050*/                   STL [R1], R8 ;
+        /*0060*/               @P1 BRA 0x10 ;
+        /*0070*/              @!P2 BRA 0x90 ;
+        /*0080*/                   EXIT ;
+        /*0090*/                   BRA 0x90;
+    """
+    loops = sass_loops(sass)
+    assert [(lp["start"], lp["end"], lp["instructions"]) for lp in loops] == [
+        (0x10, 0x60, 6), (0x20, 0x40, 3)]
+    assert loops[0]["histogram"] == {"BAR": 1, "LDG.128": 1, "LDS.128": 1, "STL": 1}
+    assert loops[1]["histogram"] == {"BAR": 1, "LDS.128": 1}
+    ttgir = """
+module attributes {"ttg.num-warps" = 4 : i32} {
+  tt.func public @k(%arg0: !tt.ptr<f32>) {
+    %0 = ttg.convert_layout %a : tensor<4xf32, #b0> -> tensor<4xf32, #b1>
+    %1 = scf.for %i = %c0 to %c4 step %c1 iter_args(%x = %0) -> (tensor<4xf32, #b1>) : i32 {
+      %2 = "tt.reduce"(%x) <{axis = 0 : i32}> ({
+      ^bb0(%p: f32, %q: f32):
+        tt.reduce.return %p : f32
+      }) : (tensor<4xf32, #b1>) -> f32
+      %3 = scf.if %c -> (tensor<4xf32, #b1>) {
+        %4 = ttg.convert_layout %x : tensor<4xf32, #b1> -> tensor<4xf32, #b0>
+        scf.yield %x : tensor<4xf32, #b1>
+      } else {
+        scf.yield %x : tensor<4xf32, #b1>
+      }
+      %5 = ttg.convert_layout %x : tensor<4xf32, #b1> -> tensor<4xf32, #b0>
+      scf.yield %x : tensor<4xf32, #b1>
+    }
+    %6 = ttg.convert_layout %1 : tensor<4xf32, #b1> -> tensor<4xf32, #b0>
+    tt.return
+  }
+}
+"""
+    assert loop_conversions(ttgir) == 2
+
+
 def _ptxas_v(ptx: str, arch: str, cap: int) -> dict:
     # the ptxas Triton assembled this PTX with: the wheel's other one may be of an older CUDA
     # and reject the PTX's .version (triton 3.9 at sm_90: exit 255, "Unsupported .version")

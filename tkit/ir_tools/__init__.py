@@ -70,7 +70,10 @@ def summary(target, *args, arch=None, config=None, echo: bool = True, file=None,
             **kwargs) -> Summary:
     """A structured report of what the compiler decided (printed readably unless
     ``echo=False``): layouts in words, num_warps/num_stages and the evidence of pipelining,
-    registers/spills/shared memory and the occupancy they allow, PTX and SASS histograms."""
+    registers/spills/stack/shared memory and the occupancy they allow, PTX and SASS
+    histograms, and the main loop (the longest backward branch of the SASS): its instruction
+    count and histogram (barriers, shared and local memory, MMAs) with the TTGIR's layout
+    conversions inside loops, the per-iteration costs a whole-kernel count hides."""
     ir = compile(target, *args, arch=arch, config=config, **kwargs)
     s = summarize(ir)
     if echo:

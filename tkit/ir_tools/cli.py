@@ -18,7 +18,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "ir", help="show what the compiler did for an op (TTGIR/PTX/SASS, layouts, registers)",
         description="Compile a tkit op ahead of time (no GPU needed) and show one stage of its "
                     "IR or a summary: layouts in words, pipelining, registers, shared memory, "
-                    "occupancy and instruction histograms.")
+                    "occupancy, instruction histograms and the main loop's own (its barriers, "
+                    "shared and local memory, layout conversions).")
     p.add_argument("op", help="registered op name, e.g. add, rms_norm, matmul")
     p.add_argument("--arch", default=None,
                    help="target: sm_80, sm_90 (sm_90a)...; default: the local GPU, else sm_90")

@@ -165,6 +165,8 @@ def _sass_category(op: str) -> str | None:
         return f"{base}.{mods[0]}" if mods else base
     if base in ("HGMMA", "QGMMA", "IGMMA", "BGMMA"):
         return f"{base}.{mods[0]}" if mods else base
+    if base in ("LDL", "STL"):  # local memory: spills and the stack frame
+        return base
     if base in ("LDSM", "STSM", "LDGSTS", "UTMALDG", "UTMASTG", "UTMAPF", "UBLKCP", "SYNCS",
                 "SHFL", "BAR", "WARPGROUP", "DEPBAR", "LDGDEPBAR", "ARRIVES", "UTCMMA",
                 "MEMBAR", "RED", "ATOM", "ATOMG", "REDG", "WARPSYNC"):
@@ -183,6 +185,43 @@ def sass_histogram(sass: str) -> dict[str, int]:
     out = dict(sorted(c.items()))
     out["(all instructions)"] = total
     return out
+
+
+_SASS_AT = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+_BRA_TO = re.compile(r"\bBRA(?:\.[A-Z.]+)?\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)")
+
+
+def sass_loops(sass: str) -> list[dict]:
+    """Every loop of the SASS, found as a backward branch: its first and last offsets, its
+    instruction count and its :func:`sass_histogram`; longest first (an outer loop contains
+    its inner ones)."""
+    lines = [(int(m.group(1), 16), m.group(2)) for m in _SASS_AT.finditer(sass)]
+    loops = []
+    for at, text in lines:
+        b = _BRA_TO.search(text)
+        if b and int(b.group(1), 16) < at:
+            start = int(b.group(1), 16)
+            body = "\n".join(f"/*{a:04x}*/ {t};" for a, t in lines if start <= a <= at)
+            hist = sass_histogram(body)
+            loops.append(dict(start=start, end=at, instructions=hist.pop("(all instructions)"),
+                              histogram=hist))
+    return sorted(loops, key=lambda d: -d["instructions"])
+
+
+def loop_conversions(ttgir: str) -> int:
+    """The ``ttg.convert_layout`` ops inside ``scf.for`` bodies of the TTGIR: a layout change
+    every iteration (through shared memory or shuffles, often with CTA barriers)."""
+    stack: list[bool] = []  # the open regions: is each an scf.for body
+    n = 0
+    for line in ttgir.splitlines():
+        s = line.strip()
+        if s.startswith("}") and stack:
+            stack.pop()
+        if "ttg.convert_layout" in s and any(stack):
+            n += 1
+        if s.endswith("{"):
+            stack.append("scf.for" in s)
+    return n
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,6 +285,9 @@ class Summary:
     ptx: dict
     sass: dict
     signature: dict = field(default_factory=dict)
+    #: the longest SASS loop (:func:`sass_loops`; {} if none) with the TTGIR's layout
+    #: conversions inside loops (:func:`loop_conversions`)
+    main_loop: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return dict(name=self.name, arch=self.arch, config=self.config, note=self.note,
@@ -253,7 +295,7 @@ class Summary:
                     num_stages=self.num_stages, layouts=self.layouts,
                     pipelining=self.pipelining, resources=self.resources,
                     occupancy=self.occupancy, ptx=self.ptx, sass=self.sass,
-                    signature=self.signature)
+                    signature=self.signature, main_loop=self.main_loop)
 
     def __str__(self) -> str:
         L = [f"{self.name} for {self.arch}"]
@@ -282,12 +324,22 @@ class Summary:
         r, o = self.resources, self.occupancy
         L.append("")
         L.append(f"resources: {r['n_regs']} registers/thread, {r['n_spills']} spilled "
-                 f"(local {r['local_bytes']} B), shared {r['shared']} B")
+                 f"(local {r['local_bytes']} B), stack {r.get('stack', 0)} B, shared "
+                 f"{r['shared']} B")
         L.append(f"occupancy on {self.arch}: {o['blocks_per_sm']} blocks/SM = "
                  f"{o['warps_per_sm']}/{o['max_warps_per_sm']} warps "
                  f"({o['occupancy']:.0%}), limited by {o['limited_by']}"
                  + ("" if o["fits_shared"] else
                     f"; DOES NOT FIT: needs more than {o['shared_limit_per_block']} B shared"))
+        lp = self.main_loop
+        if lp:
+            L.append("")
+            L.append(f"main loop (SASS {lp['start']:#06x}-{lp['end']:#06x}, the longest "
+                     f"backward branch): {lp['instructions']} instructions; layout "
+                     f"conversions inside loops (TTGIR): {lp['conversions']}")
+            items = [f"{k}: {v}" for k, v in lp["histogram"].items()]
+            for i in range(0, len(items), 4):
+                L.append("  " + "   ".join(items[i:i + 4]))
         for title, hist in (("PTX", self.ptx), ("SASS", self.sass)):
             L.append("")
             L.append(f"{title} instructions (static counts):")
@@ -309,12 +361,15 @@ def summarize(ir: CompiledIR) -> Summary:
         layouts.append(d)
     occ = occupancy(ir.cap, ir.num_warps, res["n_regs"],
                     counted_shared(ir.cap, ir.shared, res["static_shared"]))
+    sass = ir.sass()
+    loops = sass_loops(sass)
+    main_loop = dict(loops[0], conversions=loop_conversions(ttgir)) if loops else {}
     return Summary(name=ir.name, arch=ir.arch, config=dict(ir.config), note=ir.note,
                    launches=list(ir.launches), num_warps=ir.num_warps,
                    num_stages=ir.num_stages, layouts=layouts,
                    pipelining=pipelining(ttgir, ptx, ir.num_stages), resources=res,
-                   occupancy=occ, ptx=ptx_histogram(ptx), sass=sass_histogram(ir.sass()),
-                   signature=dict(ir.signature.signature))
+                   occupancy=occ, ptx=ptx_histogram(ptx), sass=sass_histogram(sass),
+                   signature=dict(ir.signature.signature), main_loop=main_loop)
 
 
 # --------------------------------------------------------------------------------------------
