@@ -759,7 +759,8 @@ def sweep_int4_gemv(rows):
     step) against the scales and zeros by inline loads in the codes' layout (no conversion):
     4 columns a vector at 128 registers (ptxas keeps ~112 bytes on the stack), uncapped (~168
     registers: 3 programs an SM, so the 448 programs take a second wave), one an element at
-    128, and 4 a vector at the other warp count; cuBLAS bf16 beside them. Each variant's
+    128, 4 a vector with 16-deep chunks (two packed rows a step: 96 registers, no stack, 5
+    programs an SM) and at the other warp count; cuBLAS bf16 beside them. Each variant's
     output checked against a float64 product."""
     import torch.nn.functional as F
 
@@ -779,6 +780,7 @@ def sweep_int4_gemv(rows):
         variants = {"default": {}, "inline x4 scale loads, 128 regs": nc4,
                     "inline x4, uncapped": dict(scale_loads="nc4"),
                     "inline x1, 128 regs": dict(scale_loads="nc", maxnreg=128),
+                    "inline x4, 16-deep chunks": dict(scale_loads="nc4", block_k=16),
                     f"inline x4, {other} warps": dict(
                         gemv(32, 32, 1, other, lanes=8 * other, vecs=2), **nc4)}
         times = {}

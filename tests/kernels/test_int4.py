@@ -286,9 +286,11 @@ def test_gemv_k_lanes(M, K, lanes, warps, bk, split, vecs, dtype, strided):
 
 @pytest.mark.parametrize("sdtype", [BF16, F16, torch.float32])
 @pytest.mark.parametrize("mode", ["nc", "nc4"])
-@pytest.mark.parametrize("M,N,K,lanes,sym", [(1, 64, 576, 4, False), (1, 37, 512, 8, True),
-                                             (3, 96, 320, 1, False)])
-def test_gemv_inline_scale_loads(sdtype, mode, M, N, K, lanes, sym):
+@pytest.mark.parametrize("M,N,K,lanes,bk,sym", [(1, 64, 576, 4, 32, False),
+                                                (1, 37, 512, 8, 32, True),
+                                                (1, 64, 512, 8, 16, False),
+                                                (3, 96, 320, 1, 32, False)])
+def test_gemv_inline_scale_loads(sdtype, mode, M, N, K, lanes, bk, sym):
     """``scale_loads``: the scales and zeros by elementwise inline loads (16- and 32-bit, one
     an element or 4 columns a vector; N = 37 takes the element form), with the register cap;
     lanes live and past the end, fractional zero points, bias, odd N."""
@@ -300,7 +302,7 @@ def test_gemv_inline_scale_loads(sdtype, mode, M, N, K, lanes, sym):
     assert I4._scale_vec(mode, s, z, N) == (4 if mode == "nc4" and N % 4 == 0 else 1)
     bias = make_tensor((N,), BF16, seed=5)
     spec = registry.get("matmul_int4")
-    with I4.int4_config(path="gemv", block_n=32, block_k=32, k_lanes=lanes, n_vecs=2,
+    with I4.int4_config(path="gemv", block_n=32, block_k=bk, k_lanes=lanes, n_vecs=2,
                         scale_loads=mode, maxnreg=128), poisoned_outputs():
         check_against_reference(spec.fn, spec.reference, (a, q, s, z),
                                 dict(group_size=G, bias=bias))
