@@ -288,18 +288,19 @@ def test_gemv_k_lanes(M, K, lanes, warps, bk, split, vecs, dtype, strided):
 @pytest.mark.parametrize("mode", ["nc", "nc4"])
 @pytest.mark.parametrize("M,N,K,lanes,bk,sym", [(1, 64, 576, 4, 32, False),
                                                 (1, 37, 512, 8, 32, True),
+                                                (1, 100, 512, 4, 32, False),
                                                 (1, 64, 512, 8, 16, False),
                                                 (3, 96, 320, 1, 32, False)])
 def test_gemv_inline_scale_loads(sdtype, mode, M, N, K, lanes, bk, sym):
     """``scale_loads``: the scales and zeros by elementwise inline loads (16- and 32-bit, one
-    an element or 4 columns a vector; N = 37 takes the element form), with the register cap;
+    an element or 4 columns a vector; N = 37 and 100 take the element form), with the cap;
     lanes live and past the end, fractional zero points, bias, odd N."""
     G = 64
     a, q, s, z = _gemv_case(M, N, K, G, BF16, sym, seed=31 + lanes)
     s = s.to(sdtype)
     if z is not None:
         z = (z.float() + 0.25).to(sdtype)
-    assert I4._scale_vec(mode, s, z, N) == (4 if mode == "nc4" and N % 4 == 0 else 1)
+    assert I4._scale_vec(mode, q, s, z, N) == (4 if mode == "nc4" and N % 16 == 0 else 1)
     bias = make_tensor((N,), BF16, seed=5)
     spec = registry.get("matmul_int4")
     with I4.int4_config(path="gemv", block_n=32, block_k=bk, k_lanes=lanes, n_vecs=2,
@@ -309,18 +310,21 @@ def test_gemv_inline_scale_loads(sdtype, mode, M, N, K, lanes, bk, sym):
 
 
 def test_scale_vectors_only_where_aligned():
-    """4-column vectors of scales only where every run of 4 is aligned and inside its row;
-    an unknown mode is refused naming the field."""
+    """4-column vectors of scales only where the codes' tile gives a thread 4 consecutive
+    columns (qweight's rows provably 16-byte aligned) and every run of 4 scales is aligned and
+    inside its row; an unknown mode is refused naming the field."""
+    q = torch.zeros(8, 64, dtype=torch.int32)
     s = torch.zeros(4, 64, dtype=BF16)
-    assert I4._scale_vec("nc4", s, s, 64) == 4
-    assert I4._scale_vec("nc4", s, None, 64) == 4
-    assert I4._scale_vec("nc4", s[:, 1:61], None, 60) == 1    # base off by 2 bytes
-    assert I4._scale_vec("nc4", s[:, :62], None, 62) == 1     # N not a multiple of 4
-    assert I4._scale_vec("nc4", s.t().contiguous().t(), None, 64) == 1  # columns strided
+    vec = I4._scale_vec
+    assert vec("nc4", q, s, s, 64) == 4 and vec("nc4", q, s, None, 64) == 4
+    assert vec("nc4", q[:, :60], s[:, :60], None, 60) == 1   # N = 60: rows not 16-aligned
+    q100 = torch.zeros(8, 112, dtype=torch.int32)[:, :100]   # stride 112, N = 100
+    assert vec("nc4", q100, s.new_zeros(4, 100), None, 100) == 1
+    assert vec("nc4", q, s.new_zeros(4, 66)[:, 2:], None, 64) == 1  # base off by 4 bytes
+    assert vec("nc4", q, s.t().contiguous().t(), None, 64) == 1     # columns strided
     z32 = torch.zeros(4, 68, dtype=torch.float32)[:, 2:66]  # 8-byte aligned, not 16
-    assert I4._scale_vec("nc4", s, z32, 64) == 1
-    assert I4._scale_vec("nc4", s, z32.contiguous(), 64) == 4
-    assert I4._scale_vec("nc", s, s, 64) == 1 and I4._scale_vec("tl", s, s, 64) == 0
+    assert vec("nc4", q, s, z32, 64) == 1 and vec("nc4", q, s, z32.contiguous(), 64) == 4
+    assert vec("nc", q, s, s, 64) == 1 and vec("tl", q, s, s, 64) == 0
     with I4.int4_config(scale_loads="vec"), pytest.raises(ValueError, match="scale_loads"):
         I4.current_config(1, 64, 512, 64, 4)
 
@@ -600,3 +604,19 @@ def test_gemv_loop_has_no_barrier_or_shared_round_trip(K, N):
     assert not [k for k in hist if k.startswith(("BAR", "STS", "LDS"))], hist
     assert hist["LDG.64"] == 4 and loop["conversions"] == 0
     assert c.n_spills == 0 and c.n_regs <= 128
+
+
+def test_gemv_scale_vectors_follow_the_codes_columns():
+    """Where the codes' rows are not provably 16-byte aligned (N = 100) Triton gives a thread
+    one column of the codes, so "nc4" must take the element form: 16-bit scale loads in the
+    loop, no 8-byte ones (those would pack unrelated elements)."""
+    from tkit import ir
+
+    K, N = 4096, 100
+    a = torch.empty(1, K, dtype=torch.bfloat16, device="meta")
+    q = torch.empty(K // 8, N, dtype=torch.int32, device="meta")
+    s = torch.empty(K // 128, N, dtype=torch.bfloat16, device="meta")
+    with I4.int4_config(scale_loads="nc4", maxnreg=128):
+        hist = ir.summary(ir.compile("matmul_int4", a, q, s, s, group_size=128, arch="sm_90"),
+                          echo=False).main_loop["histogram"]
+    assert "LDG.64" not in hist and hist["LDG.U16"] > 0, hist

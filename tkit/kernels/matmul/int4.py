@@ -157,16 +157,18 @@ class Int4Config:
     #: global scratch, so the eager plans rebuild them over each call's tensors, as the
     #: Gluon GEMM's, and the C++ executor encodes them)
     q_tma: bool = False
-    #: the launch's register cap (0: the compiler's choice). With inline scale loads the M = 1
-    #: GEMV's build takes ~254 registers uncapped (one or two programs an SM); capped at 128
-    #: four 4-warp programs fit, with no spills (sm_90a compile facts)
+    #: gemv path: the launch's register cap (0: the compiler's choice). With inline scale
+    #: loads the M = 1 GEMV (32-deep chunks) takes 168-254 registers uncapped, too many for
+    #: its 448 programs to fit at once at K=4096 N=14336; at 128 four 4-warp programs fit an
+    #: SM and ptxas keeps the rest on the stack (sm_90a compile facts, docs/NOTES.md)
     maxnreg: int = 0
     #: gemv path: how the scales and zeros are loaded. "tl": tl.load, which anchors its own
     #: coalesced layout, so the step's sums meet them through a layout conversion every step
     #: (at M = 1, K=4096 N=14336: 8 CTA barriers and shared-memory round trips a step).
     #: "nc": elementwise inline loads (``_ld_nc``), one an element, in the codes' layout (no
     #: conversion); "nc4": the same, one 8- or 16-byte vector for each thread's 4 consecutive
-    #: columns (where N and the rows' strides keep them aligned; else "nc"). Opt-in until
+    #: columns (where the codes' and scales' strides keep them so, :func:`_scale_vec`; else
+    #: "nc"). Opt-in until
     #: timed on a GPU (docs/NOTES.md, forty-second session)
     scale_loads: str = "tl"
 
@@ -274,19 +276,26 @@ PATHS = ("gemv", "tile", "tc", "dequant", "cuda")
 SCALE_LOADS = ("tl", "nc", "nc4")
 
 
-def _scale_vec(mode: str, scales: torch.Tensor, zeros, N: int) -> int:
+def _scale_vec(mode: str, qweight: torch.Tensor, scales: torch.Tensor, zeros, N: int) -> int:
     """The GEMV's NC_SCALES for ``Int4Config.scale_loads``: 0 (tl.load), 1 (inline, an
-    element) or 4 (inline, 4 columns a vector: the thread's 4 columns are consecutive and the
-    vector aligned only if N, every row's start and the base pointer are multiples of 4
-    elements / the vector's bytes; a column group never wraps past N then)."""
+    element) or 4 (inline, 4 columns a vector). The vector form packs each run of 4 elements
+    a thread holds, which are 4 consecutive columns only where the codes' tile gives a thread
+    4 columns: where Triton can prove their rows 16-byte aligned (qweight's row stride a
+    multiple of 16, as Triton specializes integer arguments; at N = 36 or 100 it gives a
+    thread one column, and the runs would be unrelated elements). And each vector must be
+    aligned and inside its row: N, the rows' starts and the base pointers multiples of 4
+    elements / the vector's bytes."""
     if mode == "tl":
         return 0
-    if mode == "nc4" and N % 4 == 0:
+    if (mode == "nc4" and N % 16 == 0 and qweight.stride(1) == 1
+            and qweight.stride(0) % 16 == 0 and qweight.data_ptr() % 16 == 0):
         ts = [scales] + ([zeros] if zeros is not None else [])
         if all(t.stride(1) == 1 and t.stride(0) % 4 == 0
                and t.data_ptr() % (4 * t.element_size()) == 0 for t in ts):
             return 4
     return 1
+
+
 #: the rows of a for which unforced calls take the CUDA kernel where it serves: at M = 1 the
 #: GEMV (all of K a program, no split) tied with it on the H200 (docs/NOTES.md, "the INT4
 #: decode GEMM in CUDA"); from 2 to 32 rows it led the tc kernel's best by 1.1-1.3x (it
@@ -591,6 +600,9 @@ def _matmul_int4_gemv_kernel(
     N_VECS apart): the activations' loads, converts and sums serve 4 N_VECS columns.
     EVEN: every split has the same number of chunks, a multiple of K_LANES (the launcher
     checks): no lane is ever past its range's end, only the loads ahead are masked.
+    NC_SCALES: the scales and zeros by tl.load (0) or by :func:`_ld_nc`'s inline loads in the
+    codes' layout, one an element (1) or 4 columns a vector (4; the launcher checks the
+    alignment): see ``Int4Config.scale_loads``.
 
     Dequantization without an int -> float convert, two instructions a weight: the word and
     its rotations by 8, 16 and 24 bits put every nibble once at bits 16..19 (nibbles 4, 2, 0,
@@ -982,7 +994,7 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         even = k_tiles % split == 0 and (k_tiles // split) % cfg.k_lanes == 0
         extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused,
                      K_LANES=cfg.k_lanes, A_VEC=a_vec, EVEN=even, N_VECS=cfg.n_vecs,
-                     NC_SCALES=_scale_vec(cfg.scale_loads, scales, zeros, N))
+                     NC_SCALES=_scale_vec(cfg.scale_loads, qweight, scales, zeros, N))
         if cfg.maxnreg:
             extra.update(maxnreg=cfg.maxnreg)
     elif cfg.path == "tc":
