@@ -283,15 +283,16 @@ def _scale_vec(mode: str, qweight: torch.Tensor, scales: torch.Tensor, zeros, N:
     4 columns: where Triton can prove their rows 16-byte aligned (qweight's row stride a
     multiple of 16, as Triton specializes integer arguments; at N = 36 or 100 it gives a
     thread one column, and the runs would be unrelated elements). And each vector must be
-    aligned and inside its row: N, the rows' starts and the base pointers multiples of 4
-    elements / the vector's bytes."""
+    aligned and inside its row: N and the rows' starts multiples of 4 elements, the base
+    pointers 16-byte aligned (the eager plans key on that bit, so a plan made here is
+    replayed only for pointers that keep the vectors aligned)."""
     if mode == "tl":
         return 0
     if (mode == "nc4" and N % 16 == 0 and qweight.stride(1) == 1
             and qweight.stride(0) % 16 == 0 and qweight.data_ptr() % 16 == 0):
         ts = [scales] + ([zeros] if zeros is not None else [])
-        if all(t.stride(1) == 1 and t.stride(0) % 4 == 0
-               and t.data_ptr() % (4 * t.element_size()) == 0 for t in ts):
+        if all(t.stride(1) == 1 and t.stride(0) % 4 == 0 and t.data_ptr() % 16 == 0
+               for t in ts):
             return 4
     return 1
 
