@@ -757,10 +757,10 @@ def sweep_int4_gemv(rows):
     (graph replays, L2 read-flushed, min of 3 interleaved rounds' medians): the default (the
     scales and zeros by tl.load, converted to the codes' layout through shared memory every
     step) against the scales and zeros by inline loads in the codes' layout (no conversion):
-    4 columns a vector at 128 registers (ptxas keeps ~112 bytes on the stack), uncapped (~168
-    registers: 3 programs an SM, so the 448 programs take a second wave), one an element at
-    128, 4 a vector with 16-deep chunks (two packed rows a step: 96 registers, no stack, 5
-    programs an SM) and at the other warp count; cuBLAS bf16 beside them. Each variant's
+    two 16-bit columns a word with 16-deep chunks (two packed rows a step: 128 registers, no
+    stack), with 32-deep chunks at 128 registers (~136 bytes of stack) and uncapped (~166:
+    3 programs an SM, so the 448 programs take a second wave), one an element at 128 and
+    16-deep, and words at the other warp count; cuBLAS bf16 beside them. Each variant's
     output checked against a float64 product."""
     import torch.nn.functional as F
 
@@ -776,13 +776,14 @@ def sweep_int4_gemv(rows):
         want = a.double() @ wd.t()
         tol = 1e-2 * float(want.abs().max())
         other = 8 if I4.Int4Config.for_shape(1, N, K, 128).num_warps == 4 else 4
-        nc4 = dict(scale_loads="nc4", maxnreg=128)
-        variants = {"default": {}, "inline x4 scale loads, 128 regs": nc4,
-                    "inline x4, uncapped": dict(scale_loads="nc4"),
+        w128 = dict(scale_loads="nc2", maxnreg=128)
+        variants = {"default": {}, "inline words, 16-deep": dict(scale_loads="nc2", block_k=16),
+                    "inline words, 128 regs": w128,
+                    "inline words, uncapped": dict(scale_loads="nc2"),
                     "inline x1, 128 regs": dict(scale_loads="nc", maxnreg=128),
-                    "inline x4, 16-deep chunks": dict(scale_loads="nc4", block_k=16),
-                    f"inline x4, {other} warps": dict(
-                        gemv(32, 32, 1, other, lanes=8 * other, vecs=2), **nc4)}
+                    "inline x1, 16-deep": dict(scale_loads="nc", block_k=16),
+                    f"inline words, {other} warps": dict(
+                        gemv(32, 32, 1, other, lanes=8 * other, vecs=2), **w128)}
         times = {}
         for _ in range(3):
             for name, v in variants.items():

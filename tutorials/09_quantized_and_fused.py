@@ -568,11 +568,12 @@ def test_glu_measured_against_prediction():
 # their pointer tile) while the codes' tile has 4 words a thread: the step's sums meet the
 # scales through a `convert_layout`, and the activations' sums through a reduction split over
 # warps, each a shared-memory round trip between CTA barriers: 8 barriers in every step of
-# the loop's SASS. Loaded instead by an elementwise inline load (`_ld_nc`: an `ld.global.nc`
-# of each thread's 4 columns), the scales take the layout their users want and the step has
-# no barrier and no shared memory (`Int4Config(scale_loads="nc4", maxnreg=128)`). Those are
-# compile facts; whether they buy time waits for a GPU run (docs/NOTES.md, forty-second
-# session).
+# the loop's SASS. Loaded instead by elementwise inline loads (an `ld.global.nc` of each
+# int32 word of two scales, the halves joined back into columns), the scales take the layout
+# their users want and the step has no barrier and no shared memory
+# (`Int4Config(scale_loads="nc2", block_k=16)`; `tkit ir ... --summary` shows the main loop).
+# Those are compile facts; whether they buy time waits for a GPU run (docs/NOTES.md,
+# forty-second session).
 #
 # Where INT4 stops winning (run `h200-2026-12-02-ze-final`, K=4096 N=14336, x cuBLAS bf16):
 # M=1 1.84, 2-16 1.18-1.26, 32 0.69, 64 0.63, 128-4096 0.37-0.43. Section 2's models put the

@@ -166,10 +166,9 @@ class Int4Config:
     #: coalesced layout, so the step's sums meet them through a layout conversion every step
     #: (at M = 1, K=4096 N=14336: 8 CTA barriers and shared-memory round trips a step).
     #: "nc": elementwise inline loads (``_ld_nc``), one an element, in the codes' layout (no
-    #: conversion); "nc4": the same, one 8- or 16-byte vector for each thread's 4 consecutive
-    #: columns (where the codes' and scales' strides keep them so, :func:`_scale_vec`; else
-    #: "nc"). Opt-in until
-    #: timed on a GPU (docs/NOTES.md, forty-second session)
+    #: conversion); "nc2": one inline load an int32 word of two 16-bit columns, the halves
+    #: joined back into columns (``_ld_pairs``; where :func:`_scale_vec` allows, else "nc").
+    #: Opt-in until timed on a GPU (docs/NOTES.md, forty-second session)
     scale_loads: str = "tl"
 
     @staticmethod
@@ -273,27 +272,21 @@ TC_MAX_M = 64
 #: weight is a temporary of each call (117 MB at N=14336 K=4096 in bf16).
 DEQUANT_MIN_M = 256
 PATHS = ("gemv", "tile", "tc", "dequant", "cuda")
-SCALE_LOADS = ("tl", "nc", "nc4")
+SCALE_LOADS = ("tl", "nc", "nc2")
 
 
-def _scale_vec(mode: str, qweight: torch.Tensor, scales: torch.Tensor, zeros, N: int) -> int:
+def _scale_vec(mode: str, scales: torch.Tensor, zeros, N: int) -> int:
     """The GEMV's NC_SCALES for ``Int4Config.scale_loads``: 0 (tl.load), 1 (inline, an
-    element) or 4 (inline, 4 columns a vector). The vector form packs each run of 4 elements
-    a thread holds, which are 4 consecutive columns only where the codes' tile gives a thread
-    4 columns: where Triton can prove their rows 16-byte aligned (qweight's row stride a
-    multiple of 16, as Triton specializes integer arguments; at N = 36 or 100 it gives a
-    thread one column, and the runs would be unrelated elements). And each vector must be
-    aligned and inside its row: N and the rows' starts multiples of 4 elements, the base
-    pointers 16-byte aligned (the eager plans key on that bit, so a plan made here is
-    replayed only for pointers that keep the vectors aligned)."""
+    element) or 2 (inline, an int32 word of two 16-bit columns: 16-bit scales and zeros, N
+    and the rows' starts even, the bases 16-byte aligned, which is the bit the eager plans
+    key on, so a plan is never replayed with a pointer its words cannot take; else 1)."""
     if mode == "tl":
         return 0
-    if (mode == "nc4" and N % 16 == 0 and qweight.stride(1) == 1
-            and qweight.stride(0) % 16 == 0 and qweight.data_ptr() % 16 == 0):
-        ts = [scales] + ([zeros] if zeros is not None else [])
-        if all(t.stride(1) == 1 and t.stride(0) % 4 == 0 and t.data_ptr() % 16 == 0
-               for t in ts):
-            return 4
+    ts = [scales] + ([zeros] if zeros is not None else [])
+    if mode == "nc2" and N % 2 == 0 and all(
+            t.element_size() == 2 and t.stride(1) == 1 and t.stride(0) % 2 == 0
+            and t.data_ptr() % 16 == 0 for t in ts):
+        return 2
     return 1
 
 
@@ -531,45 +524,53 @@ def _a_half(w, HI: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
-def _ld_nc(ptrs, VEC: tl.constexpr):
-    """``*ptrs`` (16- or 32-bit floats) by non-coherent inline loads: one an
-    element (VEC = 1), or one 8- / 16-byte vector for each run of 4 elements a thread holds
-    (VEC = 4: the runs must be 4 consecutive, aligned addresses; only the first pointer of a
-    run is read). An elementwise inline load takes the layout its users want, where
-    ``tl.load`` anchors the coalesced layout of its pointer tile: the GEMV's scales and zeros
-    then share the codes' layout, so the step's sums need no layout conversion (a
-    shared-memory round trip and barriers every step)."""
+def _ld_nc(ptrs):
+    """``*ptrs`` (16- or 32-bit floats) by one non-coherent inline load an element. An
+    elementwise inline load takes the layout its users want, where ``tl.load`` anchors the
+    coalesced layout of its pointer tile: the GEMV's scales and zeros then share the codes'
+    layout, so the step's sums need no layout conversion (a shared-memory round trip and
+    barriers every step)."""
     ty = ptrs.dtype.element_ty
     if INTERPRET:
         v = tl.load(ptrs)
     elif ty.primitive_bitwidth == 16:
-        if VEC == 4:
-            v = tl.inline_asm_elementwise("ld.global.nc.v2.b32 {$0, $1}, [$2];",
-                                          "=r,=r,l,l,l,l", [ptrs], dtype=tl.int16,
-                                          is_pure=True, pack=4)
-        else:
-            v = tl.inline_asm_elementwise("ld.global.nc.b16 $0, [$1];", "=h,l", [ptrs],
-                                          dtype=tl.int16, is_pure=True, pack=1)
+        v = tl.inline_asm_elementwise("ld.global.nc.b16 $0, [$1];", "=h,l", [ptrs],
+                                      dtype=tl.int16, is_pure=True, pack=1)
         v = v.to(ty, bitcast=True)
     else:
-        if VEC == 4:
-            v = tl.inline_asm_elementwise("ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];",
-                                          "=r,=r,=r,=r,l,l,l,l", [ptrs], dtype=tl.int32,
-                                          is_pure=True, pack=4)
-        else:
-            v = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs],
-                                          dtype=tl.int32, is_pure=True, pack=1)
+        v = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs],
+                                      dtype=tl.int32, is_pure=True, pack=1)
         v = v.to(tl.float32, bitcast=True)
     return v
 
 
 @triton.jit
+def _ld_pairs(ptrs, DT: tl.constexpr, WK: tl.constexpr, NH: tl.constexpr, BNH: tl.constexpr):
+    """The (WK, NH, BNH) 16-bit scales (or zeros) of ``DT`` at the int32 words ``ptrs``
+    (WK, NH, BNH // 2), two columns a word, as float32: one inline 32-bit load a word (no
+    layout of its own), its halves joined back into columns 2j, 2j + 1. The columns come
+    from the values' own positions, whatever layout the compiler gives the tile."""
+    if INTERPRET:
+        w = tl.load(ptrs)
+    else:
+        w = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs],
+                                      dtype=tl.int32, is_pure=True, pack=1)
+    if DT == tl.bfloat16:
+        lo = (w << 16).to(tl.float32, bitcast=True)
+        hi = (w & -65536).to(tl.float32, bitcast=True)
+    else:
+        lo = w.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return tl.reshape(tl.join(lo, hi), (WK, NH, BNH))
+
+
+@triton.jit
 def _ld_scale(ptrs, NC: tl.constexpr):
-    """The GEMV's scales or zeros: NC = 0 tl.load, 1 or 4 :func:`_ld_nc` with VEC = NC."""
+    """The GEMV's scales or zeros by tl.load (NC = 0) or :func:`_ld_nc` (NC = 1)."""
     if NC == 0:
         v = tl.load(ptrs)
     else:
-        v = _ld_nc(ptrs, NC)
+        v = _ld_nc(ptrs)
     return v
 
 
@@ -601,9 +602,9 @@ def _matmul_int4_gemv_kernel(
     N_VECS apart): the activations' loads, converts and sums serve 4 N_VECS columns.
     EVEN: every split has the same number of chunks, a multiple of K_LANES (the launcher
     checks): no lane is ever past its range's end, only the loads ahead are masked.
-    NC_SCALES: the scales and zeros by tl.load (0) or by :func:`_ld_nc`'s inline loads in the
-    codes' layout, one an element (1) or 4 columns a vector (4; the launcher checks the
-    alignment): see ``Int4Config.scale_loads``.
+    NC_SCALES: the scales and zeros by tl.load (0), by :func:`_ld_nc`'s inline loads in the
+    codes' layout (1), or two 16-bit columns a word by :func:`_ld_pairs` (2; the launcher
+    checks the words' alignment): see ``Int4Config.scale_loads``.
 
     Dequantization without an int -> float convert, two instructions a weight: the word and
     its rotations by 8, 16 and 24 bits put every nibble once at bits 16..19 (nibbles 4, 2, 0,
@@ -659,10 +660,23 @@ def _matmul_int4_gemv_kernel(
     # the scales and zeros of a step come with its codes, a step ahead (their group's row;
     # chunks past the end read the last one, unused)
     g = ((tl.minimum(k_begin + lanes, k_end - 1) * BLOCK_K) // GROUP)[:, None, None]
-    s_next = _ld_scale(s_ptrs + g * stride_sg, NC_SCALES)  # (WK, NH, BNH)
+    if NC_SCALES == 2:
+        # int32 words of two 16-bit columns: word (c mod N) / 2 of each even column c
+        BNW: tl.constexpr = BNH // 2
+        offs_w = (pid_n * BLOCK_N + (tl.arange(0, NH)[:, None] * BNH
+                                     + tl.arange(0, BNW)[None, :] * 2)) % N // 2
+        sw_ptrs = s_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :, :]
+        zw_ptrs = z_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :, :]
+        s_next = _ld_pairs(sw_ptrs + g * (stride_sg // 2), s_ptr.dtype.element_ty, WK, NH, BNH)
+    else:
+        s_next = _ld_scale(s_ptrs + g * stride_sg, NC_SCALES)  # (WK, NH, BNH)
     z_next = s_next
     if HAS_ZEROS:
-        z_next = _ld_scale(z_ptrs + g * stride_zg, NC_SCALES)
+        if NC_SCALES == 2:
+            z_next = _ld_pairs(zw_ptrs + g * (stride_zg // 2), z_ptr.dtype.element_ty, WK, NH,
+                               BNH)
+        else:
+            z_next = _ld_scale(z_ptrs + g * stride_zg, NC_SCALES)
     for st in tl.range(0, n_steps, num_stages=1):
         c = k_begin + st * WK + lanes  # this step's chunk of each lane
         live = c < k_end
@@ -676,9 +690,17 @@ def _matmul_int4_gemv_kernel(
         ahead = _lane_mask(c + WK < k_end, st + 1 < n_steps, q_tile, EVEN)
         q_next = tl.load(q_ptrs, mask=ahead, other=0, eviction_policy="evict_first")
         g = ((tl.minimum(c + WK, k_end - 1) * BLOCK_K) // GROUP)[:, None, None]
-        s_next = _ld_scale(s_ptrs + g * stride_sg, NC_SCALES)
+        if NC_SCALES == 2:
+            s_next = _ld_pairs(sw_ptrs + g * (stride_sg // 2), s_ptr.dtype.element_ty, WK, NH,
+                               BNH)
+        else:
+            s_next = _ld_scale(s_ptrs + g * stride_sg, NC_SCALES)
         if HAS_ZEROS:
-            z_next = _ld_scale(z_ptrs + g * stride_zg, NC_SCALES)
+            if NC_SCALES == 2:
+                z_next = _ld_pairs(zw_ptrs + g * (stride_zg // 2), z_ptr.dtype.element_ty, WK,
+                                   NH, BNH)
+            else:
+                z_next = _ld_scale(z_ptrs + g * stride_zg, NC_SCALES)
         # derived from s, so that z is brought to s's layout (not s and z to two layouts)
         ca = (z + 128.0) * s
         cb = (z + 2048.0) * s
@@ -995,7 +1017,7 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         even = k_tiles % split == 0 and (k_tiles // split) % cfg.k_lanes == 0
         extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused,
                      K_LANES=cfg.k_lanes, A_VEC=a_vec, EVEN=even, N_VECS=cfg.n_vecs,
-                     NC_SCALES=_scale_vec(cfg.scale_loads, qweight, scales, zeros, N))
+                     NC_SCALES=_scale_vec(cfg.scale_loads, scales, zeros, N))
         if cfg.maxnreg:
             extra.update(maxnreg=cfg.maxnreg)
     elif cfg.path == "tc":
