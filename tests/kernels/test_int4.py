@@ -301,7 +301,7 @@ def test_gemv_inline_scale_loads(sdtype, mode, M, N, K, lanes, bk, sym):
     if z is not None:
         z = (z.float() + 0.25).to(sdtype)
     words = mode == "nc2" and N % 2 == 0 and sdtype != torch.float32
-    assert I4._scale_vec(mode, s, z, N) == (2 if words else 1)
+    assert I4._nc_scales(mode, s, z, N) == (2 if words else 1)
     bias = make_tensor((N,), BF16, seed=5)
     spec = registry.get("matmul_int4")
     with I4.int4_config(path="gemv", block_n=32, block_k=bk, k_lanes=lanes, n_vecs=2,
@@ -315,7 +315,7 @@ def test_scale_words_only_where_aligned():
     16-byte aligned bases (what the eager plans' keys tell apart); an unknown mode is refused
     naming the field."""
     s = torch.zeros(4, 64, dtype=BF16)
-    vec = I4._scale_vec
+    vec = I4._nc_scales
     assert vec("nc2", s, s, 64) == 2 and vec("nc2", s, None, 64) == 2
     assert vec("nc2", s[:, :63], None, 63) == 1                  # N odd
     assert vec("nc2", s.new_zeros(4, 66)[:, 2:], None, 64) == 1  # base off by 4 bytes

@@ -167,7 +167,7 @@ class Int4Config:
     #: (at M = 1, K=4096 N=14336: 8 CTA barriers and shared-memory round trips a step).
     #: "nc": elementwise inline loads (``_ld_nc``), one an element, in the codes' layout (no
     #: conversion); "nc2": one inline load an int32 word of two 16-bit columns, the halves
-    #: joined back into columns (``_ld_pairs``; where :func:`_scale_vec` allows, else "nc").
+    #: joined back into columns (``_ld_pairs``; where :func:`_nc_scales` allows, else "nc").
     #: Opt-in until timed on a GPU (docs/NOTES.md, forty-second session)
     scale_loads: str = "tl"
 
@@ -275,7 +275,7 @@ PATHS = ("gemv", "tile", "tc", "dequant", "cuda")
 SCALE_LOADS = ("tl", "nc", "nc2")
 
 
-def _scale_vec(mode: str, scales: torch.Tensor, zeros, N: int) -> int:
+def _nc_scales(mode: str, scales: torch.Tensor, zeros, N: int) -> int:
     """The GEMV's NC_SCALES for ``Int4Config.scale_loads``: 0 (tl.load), 1 (inline, an
     element) or 2 (inline, an int32 word of two 16-bit columns: 16-bit scales and zeros, N
     and the rows' starts even, the bases 16-byte aligned, which is the bit the eager plans
@@ -1017,7 +1017,7 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         even = k_tiles % split == 0 and (k_tiles // split) % cfg.k_lanes == 0
         extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused,
                      K_LANES=cfg.k_lanes, A_VEC=a_vec, EVEN=even, N_VECS=cfg.n_vecs,
-                     NC_SCALES=_scale_vec(cfg.scale_loads, scales, zeros, N))
+                     NC_SCALES=_nc_scales(cfg.scale_loads, scales, zeros, N))
         if cfg.maxnreg:
             extra.update(maxnreg=cfg.maxnreg)
     elif cfg.path == "tc":
