@@ -760,7 +760,9 @@ def sweep_int4_gemv(rows):
     two 16-bit columns a word with 16-deep chunks (two packed rows a step: 128 registers, no
     stack), with 32-deep chunks at 128 registers (~136 bytes of stack) and uncapped (~166:
     3 programs an SM, so the 448 programs take a second wave), one an element at 128 and
-    16-deep, and words at the other warp count; cuBLAS bf16 beside them. Each variant's
+    16-deep, and words at the other warp count; and 16 columns a program with one vector of
+    4 columns a thread (n_vecs 1: there tl.load's layout of the scales is the codes' own, no
+    conversion either; 95 registers) on 4 and 2 warps. cuBLAS bf16 beside them. Each variant's
     output checked against a float64 product."""
     import torch.nn.functional as F
 
@@ -783,7 +785,10 @@ def sweep_int4_gemv(rows):
                     "inline x1, 128 regs": dict(scale_loads="nc", maxnreg=128),
                     "inline x1, 16-deep": dict(scale_loads="nc", block_k=16),
                     f"inline words, {other} warps": dict(
-                        gemv(32, 32, 1, other, lanes=8 * other, vecs=2), **w128)}
+                        gemv(32, 32, 1, other, lanes=8 * other, vecs=2), **w128),
+                    # 4 columns a thread: tl.load's own layout is the codes' already
+                    "tl.load, 16 columns, 4 warps": gemv(16, 32, 1, 4, lanes=32, vecs=1),
+                    "tl.load, 16 columns, 2 warps": gemv(16, 32, 1, 2, lanes=16, vecs=1)}
         times = {}
         for _ in range(3):
             for name, v in variants.items():
