@@ -711,10 +711,10 @@ def sweep_matmul_fp8_block_cuda(rows):
 
 
 def _int4_variants():
-    def gemv(bn, bk, split, warps, lanes=1, vecs=1):
+    def gemv(bn, bk, split, warps, lanes=1, vecs=1, loads="tl"):
         return dict(path="gemv", block_m=16, block_n=bn, block_k=bk, split_k=split,
                     num_warps=warps, num_stages=1, fused_reduce=False, k_lanes=lanes,
-                    n_vecs=vecs)
+                    n_vecs=vecs, scale_loads=loads)
 
     def tc(bn, warps, stages, split, bm=16):
         return dict(path="tc", block_m=bm, block_n=bn, block_k=128, split_k=split,
@@ -754,16 +754,12 @@ def sweep_int4(rows):
 
 def sweep_int4_gemv(rows):
     """The M=1 GEMV's variants at K=4096 N=14336 and K=N=8192 (group 128), by both timers
-    (graph replays, L2 read-flushed, min of 3 interleaved rounds' medians): the default (the
-    scales and zeros by tl.load, converted to the codes' layout through shared memory every
-    step) against the scales and zeros by inline loads in the codes' layout (no conversion):
-    two 16-bit columns a word with 16-deep chunks (two packed rows a step: 128 registers, no
-    stack), with 32-deep chunks at 128 registers (~136 bytes of stack) and uncapped (~166:
-    3 programs an SM, so the 448 programs take a second wave), one an element at 128 and
-    16-deep, and words at the other warp count; and 16 columns a program with one vector of
-    4 columns a thread (n_vecs 1: there tl.load's layout of the scales is the codes' own, no
-    conversion either; 95 registers) on 4 and 2 warps. cuBLAS bf16 beside them. Each variant's
-    output checked against a float64 product."""
+    (graph replays, L2 read-flushed, min of 3 interleaved rounds' medians): the default (4
+    warps at N=14336: tl.load, 32-deep chunks; 8 warps at N=8192: 16-deep chunks, the scales
+    by inline word loads in the codes' layout) against the other form at the same warps, the
+    word loads at the other warp count, and 16 columns a program with one vector of 4
+    columns a thread (tl.load's layout is then the codes' own); cuBLAS bf16 beside them.
+    Each variant's output checked against a float64 product."""
     import torch.nn.functional as F
 
     from tkit.kernels.matmul import int4 as I4
@@ -778,17 +774,13 @@ def sweep_int4_gemv(rows):
         want = a.double() @ wd.t()
         tol = 1e-2 * float(want.abs().max())
         other = 8 if I4.Int4Config.for_shape(1, N, K, 128).num_warps == 4 else 4
-        w128 = dict(scale_loads="nc2", maxnreg=128)
-        variants = {"default": {}, "inline words, 16-deep": dict(scale_loads="nc2", block_k=16),
-                    "inline words, 128 regs": w128,
-                    "inline words, uncapped": dict(scale_loads="nc2"),
-                    "inline x1, 128 regs": dict(scale_loads="nc", maxnreg=128),
-                    "inline x1, 16-deep": dict(scale_loads="nc", block_k=16),
-                    f"inline words, {other} warps": dict(
-                        gemv(32, 32, 1, other, lanes=8 * other, vecs=2), **w128),
+        variants = {"default": {},
+                    "tl.load, 32-deep": dict(scale_loads="tl", block_k=32),
+                    "words, 16-deep": dict(scale_loads="nc2", block_k=16),
+                    f"words, 16-deep, {other} warps": gemv(
+                        32, 16, 1, other, lanes=8 * other, vecs=2, loads="nc2"),
                     # 4 columns a thread: tl.load's own layout is the codes' already
-                    "tl.load, 16 columns, 4 warps": gemv(16, 32, 1, 4, lanes=32, vecs=1),
-                    "tl.load, 16 columns, 2 warps": gemv(16, 32, 1, 2, lanes=16, vecs=1)}
+                    "tl.load, 16 columns, 4 warps": gemv(16, 32, 1, 4, lanes=32, vecs=1)}
         times = {}
         for _ in range(3):
             for name, v in variants.items():

@@ -169,7 +169,8 @@ def test_config_heuristic():
     # prefill: the weight dequantized once, then the 16-bit GEMM
     assert I4.Int4Config.for_shape(I4.DEQUANT_MIN_M, 14336, 4096, 128, 132).path == "dequant"
     assert I4.Int4Config.for_shape(4096, 14336, 4096, 128, 132).path == "dequant"
-    assert I4.Int4Config.for_shape(1, 4096, 4096, 32, 132).block_k == 32
+    assert I4.Int4Config.for_shape(1, 14336, 4096, 32, 132).block_k == 32
+    assert I4.Int4Config.for_shape(1, 4096, 4096, 32, 132).block_k == 16  # 8 warps: 16-deep
     assert I4.Int4Config.for_shape(32, 4096, 4096, 32, 132).block_k == 32
 
 
@@ -285,29 +286,37 @@ def test_gemv_k_lanes(M, K, lanes, warps, bk, split, vecs, dtype, strided):
 
 
 @pytest.mark.parametrize("sdtype", [BF16, F16, torch.float32])
-@pytest.mark.parametrize("mode", ["nc", "nc2"])
 @pytest.mark.parametrize("M,N,K,lanes,bk,sym", [(1, 64, 576, 4, 32, False),
                                                 (1, 37, 512, 8, 32, True),
-                                                (1, 100, 512, 4, 32, False),
+                                                (1, 100, 512, 4, 16, False),
                                                 (1, 64, 512, 8, 16, False),
                                                 (3, 96, 320, 1, 32, False)])
-def test_gemv_inline_scale_loads(sdtype, mode, M, N, K, lanes, bk, sym):
-    """``scale_loads``: the scales and zeros by elementwise inline loads (16- and 32-bit one
-    an element, or 16-bit two columns a word; odd N and float32 take the element form), with
-    the register cap; lanes live and past the end, fractional zero points, bias, odd N."""
+def test_gemv_scale_words(sdtype, M, N, K, lanes, bk, sym):
+    """``scale_loads="nc2"``: the scales and zeros as int32 words of two 16-bit columns by
+    inline loads (odd N and float32 scales take tl.load); lanes live and past the end,
+    fractional zero points, bias, odd N, 16- and 32-deep chunks."""
     G = 64
     a, q, s, z = _gemv_case(M, N, K, G, BF16, sym, seed=31 + lanes)
     s = s.to(sdtype)
     if z is not None:
         z = (z.float() + 0.25).to(sdtype)
-    words = mode == "nc2" and N % 2 == 0 and sdtype != torch.float32
-    assert I4._nc_scales(mode, s, z, N) == (2 if words else 1)
+    words = N % 2 == 0 and sdtype != torch.float32
+    assert I4._nc_scales("nc2", s, z, N) == (2 if words else 0)
     bias = make_tensor((N,), BF16, seed=5)
     spec = registry.get("matmul_int4")
     with I4.int4_config(path="gemv", block_n=32, block_k=bk, k_lanes=lanes, n_vecs=2,
-                        scale_loads=mode, maxnreg=128), poisoned_outputs():
+                        scale_loads="nc2"), poisoned_outputs():
         check_against_reference(spec.fn, spec.reference, (a, q, s, z),
                                 dict(group_size=G, bias=bias))
+
+
+def test_gemv_m1_heuristic_takes_words_with_8_warps():
+    """M = 1: 8 warps (N up to ~8K columns) take 16-deep chunks and the word loads, 4 warps
+    32-deep chunks and tl.load."""
+    wide = I4.Int4Config.for_shape(1, 14336, 4096, 128, 132)
+    narrow = I4.Int4Config.for_shape(1, 8192, 8192, 128, 132)
+    assert (wide.num_warps, wide.block_k, wide.scale_loads) == (4, 32, "tl")
+    assert (narrow.num_warps, narrow.block_k, narrow.scale_loads) == (8, 16, "nc2")
 
 
 def test_scale_words_only_where_aligned():
@@ -315,16 +324,16 @@ def test_scale_words_only_where_aligned():
     16-byte aligned bases (what the eager plans' keys tell apart); an unknown mode is refused
     naming the field."""
     s = torch.zeros(4, 64, dtype=BF16)
-    vec = I4._nc_scales
-    assert vec("nc2", s, s, 64) == 2 and vec("nc2", s, None, 64) == 2
-    assert vec("nc2", s[:, :63], None, 63) == 1                  # N odd
-    assert vec("nc2", s.new_zeros(4, 66)[:, 2:], None, 64) == 1  # base off by 4 bytes
-    assert vec("nc2", s.new_zeros(4, 66)[:, :64], None, 64) == 2  # rows 132 bytes apart: even
-    assert vec("nc2", s.new_zeros(4, 65)[:, :64], None, 64) == 1  # odd row stride
-    assert vec("nc2", s.t().contiguous().t(), None, 64) == 1     # columns strided
-    assert vec("nc2", s.float(), None, 64) == 1 and vec("nc2", s, s.float(), 64) == 1
-    assert vec("nc", s, s, 64) == 1 and vec("tl", s, s, 64) == 0
-    with I4.int4_config(scale_loads="vec"), pytest.raises(ValueError, match="scale_loads"):
+    words = I4._nc_scales
+    assert words("nc2", s, s, 64) == 2 and words("nc2", s, None, 64) == 2
+    assert words("nc2", s[:, :63], None, 63) == 0                  # N odd
+    assert words("nc2", s.new_zeros(4, 66)[:, 2:], None, 64) == 0  # base off by 4 bytes
+    assert words("nc2", s.new_zeros(4, 66)[:, :64], None, 64) == 2  # rows 132 bytes apart
+    assert words("nc2", s.new_zeros(4, 65)[:, :64], None, 64) == 0  # odd row stride
+    assert words("nc2", s.t().contiguous().t(), None, 64) == 0     # columns strided
+    assert words("nc2", s.float(), None, 64) == 0 and words("nc2", s, s.float(), 64) == 0
+    assert words("tl", s, s, 64) == 0
+    with I4.int4_config(scale_loads="nc"), pytest.raises(ValueError, match="scale_loads"):
         I4.current_config(1, 64, 512, 64, 4)
 
 
@@ -581,21 +590,19 @@ def test_opcheck():
     opcheck(op, args, kwargs)
 
 
-@pytest.mark.parametrize("K, N", [(4096, 14336), (8192, 8192)])
-def test_gemv_loop_has_no_barrier_or_shared_round_trip(K, N):
-    """With the inline scale loads (two columns a word, 16-deep chunks) the M=1 GEMV's step
-    is the threads' own work: its scales and zeros are loaded in the codes' layout, so no
-    layout conversion (shared-memory stores, loads and CTA barriers) runs every step, and the
-    build fits 128 registers without a stack (four 4-warp programs an SM), under both
-    Triton versions CI runs. A tl.load of the scales (the default until timed) puts 8
-    barriers and shared round trips in every step under triton 3.6."""
+def test_gemv_loop_has_no_barrier_or_shared_round_trip():
+    """The M=1 GEMV with word loads of its scales (the 8-warp default, K=N=8192): its step is
+    the threads' own work, no layout conversion (shared-memory stores, loads and CTA
+    barriers) every step, 128 registers without a stack, under both Triton versions CI runs;
+    forced to tl.load with 32-deep chunks (the 4-warp default's form), the same shape's loop
+    has the conversion (8 barriers a step under triton 3.6)."""
     from tkit import ir
 
+    K, N = 8192, 8192
     a = torch.empty(1, K, dtype=torch.bfloat16, device="meta")
     q = torch.empty(K // 8, N, dtype=torch.int32, device="meta")
     s = torch.empty(K // 128, N, dtype=torch.bfloat16, device="meta")
-    with I4.int4_config(scale_loads="nc2", block_k=16):
-        c = ir.compile("matmul_int4", a, q, s, s, group_size=128, arch="sm_90")
+    c = ir.compile("matmul_int4", a, q, s, s, group_size=128, arch="sm_90")
     assert c.name == "_matmul_int4_gemv_kernel"
     loop = ir.summary(c, echo=False).main_loop
     assert loop["instructions"] > 300, "the step loop was not found"  # 128 weights a thread
@@ -603,3 +610,7 @@ def test_gemv_loop_has_no_barrier_or_shared_round_trip(K, N):
     assert not [k for k in hist if k.startswith(("BAR", "STS", "LDS", "STL", "LDL"))], hist
     assert hist["LDG.32"] >= 8 and loop["conversions"] == 0  # the words of scales and zeros
     assert c.n_spills == 0 and c.n_regs <= 128 and c.resources()["stack"] == 0
+    with I4.int4_config(scale_loads="tl", block_k=32):
+        tl_hist = ir.summary(ir.compile("matmul_int4", a, q, s, s, group_size=128,
+                                        arch="sm_90"), echo=False).main_loop["histogram"]
+    assert tl_hist.get("BAR", 0) > 0, tl_hist

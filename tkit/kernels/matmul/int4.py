@@ -68,8 +68,11 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   split. At M = 1 (``k_lanes``): 32 columns a program and all of K, walked by "K lanes" (the
   warps, and the threads the 32 columns leave over, take interleaved 32-deep chunks) that
   sum once at the end: one launch, no partials, ~16 warps an SM, 8 columns a thread (two
-  16-byte vectors) sharing the activations' 16-byte loads. At M = 2 one warp a program and a
-  K split. Every step's codes are loaded one step ahead, straight into registers. The
+  16-byte vectors) sharing the activations' 16-byte loads; with 8 warps (N up to ~8K on
+  132 SMs) 16-deep chunks and the scales and zeros by inline loads of int32 words in the
+  codes' layout (``scale_loads="nc2"``: a tl.load of them takes a layout of its own, and the
+  step's sums then cross layouts through shared memory every step). At M = 2 one warp a
+  program and a K split. Every step's codes are loaded one step ahead, straight into registers. The
   column-slab order of the reads costs nothing by itself: a bare read of the codes in the
   same slabs, grid and prefetch takes what contiguous chunks take (~12 us at K=4096 N=14336
   on the H200, against ~17.7 for this kernel), so what is left above the read is the
@@ -157,18 +160,12 @@ class Int4Config:
     #: global scratch, so the eager plans rebuild them over each call's tensors, as the
     #: Gluon GEMM's, and the C++ executor encodes them)
     q_tma: bool = False
-    #: gemv path: the launch's register cap (0: the compiler's choice). With inline scale
-    #: loads the M = 1 GEMV (32-deep chunks) takes 168-254 registers uncapped, too many for
-    #: its 448 programs to fit at once at K=4096 N=14336; at 128 four 4-warp programs fit an
-    #: SM and ptxas keeps the rest on the stack (sm_90a compile facts, docs/NOTES.md)
-    maxnreg: int = 0
     #: gemv path: how the scales and zeros are loaded. "tl": tl.load, which anchors its own
-    #: coalesced layout, so the step's sums meet them through a layout conversion every step
-    #: (at M = 1, K=4096 N=14336: 8 CTA barriers and shared-memory round trips a step).
-    #: "nc": elementwise inline loads (``_ld_nc``), one an element, in the codes' layout (no
-    #: conversion); "nc2": one inline load an int32 word of two 16-bit columns, the halves
-    #: joined back into columns (``_ld_pairs``; where :func:`_nc_scales` allows, else "nc").
-    #: Opt-in until timed on a GPU (docs/NOTES.md, forty-second session)
+    #: coalesced layout (8 bf16 a thread), so where a thread holds 8 columns of the codes
+    #: the step's sums meet the scales through a layout conversion every step (at M = 1:
+    #: 8 CTA barriers and shared-memory round trips a step). "nc2": one inline load an int32
+    #: word of two 16-bit columns (``_ld_pairs``), which takes the codes' layout: no
+    #: conversion (16-bit scales and zeros where :func:`_nc_scales` allows, else "tl")
     scale_loads: str = "tl"
 
     @staticmethod
@@ -226,11 +223,16 @@ class Int4Config:
             # all of K in one program (no split, no reduce launch), 4 or 8 warps so that the
             # SMs hold ~16 warps each: the warp count that was faster at each shape on the
             # H200, and faster than one warp a program with split-K and a reduce launch
-            # (docs/NOTES.md, "INT4 decode")
-            gbk = min(32, bk)
+            # (docs/NOTES.md, "INT4 decode"). With 8 warps (fewer columns than 16 warps an
+            # SM of 32-column programs), 16-deep chunks and the scales by inline word loads
+            # in the codes' layout: 0.96-0.98x the time of 32-deep chunks with tl.load at
+            # K=N=8192 in two rounds, by events and by kernel time (H100); with 4 warps
+            # (K=4096 N=14336) they tied or lost, so those keep tl.load (docs/NOTES.md,
+            # forty-second session)
             warps = 8 if C.cdiv(N, 32) * 8 <= 16 * num_sms else 4
+            gbk, loads = (min(16, bk), "nc2") if warps == 8 else (min(32, bk), "tl")
             return Int4Config(1, 32, gbk, 1, num_warps=warps, num_stages=1, path="gemv",
-                              k_lanes=8 * warps, n_vecs=2)
+                              k_lanes=8 * warps, n_vecs=2, scale_loads=loads)
         if path == "gemv":
             # one warp a program; more rows of a hold more partial sums: smaller steps (M = 2:
             # 256 x 32, 168 registers; M = 4: 128 x 32, 168). K split so that ~10 programs per
@@ -272,22 +274,21 @@ TC_MAX_M = 64
 #: weight is a temporary of each call (117 MB at N=14336 K=4096 in bf16).
 DEQUANT_MIN_M = 256
 PATHS = ("gemv", "tile", "tc", "dequant", "cuda")
-SCALE_LOADS = ("tl", "nc", "nc2")
+SCALE_LOADS = ("tl", "nc2")
 
 
 def _nc_scales(mode: str, scales: torch.Tensor, zeros, N: int) -> int:
-    """The GEMV's NC_SCALES for ``Int4Config.scale_loads``: 0 (tl.load), 1 (inline, an
-    element) or 2 (inline, an int32 word of two 16-bit columns: 16-bit scales and zeros, N
-    and the rows' starts even, the bases 16-byte aligned, which is the bit the eager plans
-    key on, so a plan is never replayed with a pointer its words cannot take; else 1)."""
-    if mode == "tl":
-        return 0
+    """The GEMV's NC_SCALES for ``Int4Config.scale_loads``: 2 (an int32 word of two 16-bit
+    columns by an inline load) for "nc2" where every word is aligned and inside its row:
+    16-bit scales and zeros, N and the rows' starts even, the bases 16-byte aligned (the bit
+    the eager plans key on, so a plan is never replayed with a pointer its words cannot
+    take); else 0 (tl.load)."""
     ts = [scales] + ([zeros] if zeros is not None else [])
     if mode == "nc2" and N % 2 == 0 and all(
             t.element_size() == 2 and t.stride(1) == 1 and t.stride(0) % 2 == 0
             and t.data_ptr() % 16 == 0 for t in ts):
         return 2
-    return 1
+    return 0
 
 
 #: the rows of a for which unforced calls take the CUDA kernel where it serves: at M = 1 the
@@ -524,27 +525,6 @@ def _a_half(w, HI: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
-def _ld_nc(ptrs):
-    """``*ptrs`` (16- or 32-bit floats) by one non-coherent inline load an element. An
-    elementwise inline load takes the layout its users want, where ``tl.load`` anchors the
-    coalesced layout of its pointer tile: the GEMV's scales and zeros then share the codes'
-    layout, so the step's sums need no layout conversion (a shared-memory round trip and
-    barriers every step)."""
-    ty = ptrs.dtype.element_ty
-    if INTERPRET:
-        v = tl.load(ptrs)
-    elif ty.primitive_bitwidth == 16:
-        v = tl.inline_asm_elementwise("ld.global.nc.b16 $0, [$1];", "=h,l", [ptrs],
-                                      dtype=tl.int16, is_pure=True, pack=1)
-        v = v.to(ty, bitcast=True)
-    else:
-        v = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs],
-                                      dtype=tl.int32, is_pure=True, pack=1)
-        v = v.to(tl.float32, bitcast=True)
-    return v
-
-
-@triton.jit
 def _ld_pairs(ptrs, DT: tl.constexpr, WK: tl.constexpr, NH: tl.constexpr, BNH: tl.constexpr):
     """The (WK, NH, BNH) 16-bit scales (or zeros) of ``DT`` at the int32 words ``ptrs``
     (WK, NH, BNH // 2), two columns a word, as float32: one inline 32-bit load a word (no
@@ -562,16 +542,6 @@ def _ld_pairs(ptrs, DT: tl.constexpr, WK: tl.constexpr, NH: tl.constexpr, BNH: t
         lo = w.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     return tl.reshape(tl.join(lo, hi), (WK, NH, BNH))
-
-
-@triton.jit
-def _ld_scale(ptrs, NC: tl.constexpr):
-    """The GEMV's scales or zeros by tl.load (NC = 0) or :func:`_ld_nc` (NC = 1)."""
-    if NC == 0:
-        v = tl.load(ptrs)
-    else:
-        v = _ld_nc(ptrs)
-    return v
 
 
 @triton.jit
@@ -602,9 +572,9 @@ def _matmul_int4_gemv_kernel(
     N_VECS apart): the activations' loads, converts and sums serve 4 N_VECS columns.
     EVEN: every split has the same number of chunks, a multiple of K_LANES (the launcher
     checks): no lane is ever past its range's end, only the loads ahead are masked.
-    NC_SCALES: the scales and zeros by tl.load (0), by :func:`_ld_nc`'s inline loads in the
-    codes' layout (1), or two 16-bit columns a word by :func:`_ld_pairs` (2; the launcher
-    checks the words' alignment): see ``Int4Config.scale_loads``.
+    NC_SCALES: the scales and zeros by tl.load (0) or two 16-bit columns a word by
+    :func:`_ld_pairs`'s inline loads in the codes' layout (2; the launcher checks the words'
+    alignment): see ``Int4Config.scale_loads``.
 
     Dequantization without an int -> float convert, two instructions a weight: the word and
     its rotations by 8, 16 and 24 bits put every nibble once at bits 16..19 (nibbles 4, 2, 0,
@@ -669,14 +639,14 @@ def _matmul_int4_gemv_kernel(
         zw_ptrs = z_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :, :]
         s_next = _ld_pairs(sw_ptrs + g * (stride_sg // 2), s_ptr.dtype.element_ty, WK, NH, BNH)
     else:
-        s_next = _ld_scale(s_ptrs + g * stride_sg, NC_SCALES)  # (WK, NH, BNH)
+        s_next = tl.load(s_ptrs + g * stride_sg)  # (WK, NH, BNH)
     z_next = s_next
     if HAS_ZEROS:
         if NC_SCALES == 2:
             z_next = _ld_pairs(zw_ptrs + g * (stride_zg // 2), z_ptr.dtype.element_ty, WK, NH,
                                BNH)
         else:
-            z_next = _ld_scale(z_ptrs + g * stride_zg, NC_SCALES)
+            z_next = tl.load(z_ptrs + g * stride_zg)
     for st in tl.range(0, n_steps, num_stages=1):
         c = k_begin + st * WK + lanes  # this step's chunk of each lane
         live = c < k_end
@@ -694,13 +664,13 @@ def _matmul_int4_gemv_kernel(
             s_next = _ld_pairs(sw_ptrs + g * (stride_sg // 2), s_ptr.dtype.element_ty, WK, NH,
                                BNH)
         else:
-            s_next = _ld_scale(s_ptrs + g * stride_sg, NC_SCALES)
+            s_next = tl.load(s_ptrs + g * stride_sg)
         if HAS_ZEROS:
             if NC_SCALES == 2:
                 z_next = _ld_pairs(zw_ptrs + g * (stride_zg // 2), z_ptr.dtype.element_ty, WK,
                                    NH, BNH)
             else:
-                z_next = _ld_scale(z_ptrs + g * stride_zg, NC_SCALES)
+                z_next = tl.load(z_ptrs + g * stride_zg)
         # derived from s, so that z is brought to s's layout (not s and z to two layouts)
         ca = (z + 128.0) * s
         cb = (z + 2048.0) * s
@@ -1018,8 +988,6 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused,
                      K_LANES=cfg.k_lanes, A_VEC=a_vec, EVEN=even, N_VECS=cfg.n_vecs,
                      NC_SCALES=_nc_scales(cfg.scale_loads, scales, zeros, N))
-        if cfg.maxnreg:
-            extra.update(maxnreg=cfg.maxnreg)
     elif cfg.path == "tc":
         kernel, grid = _matmul_int4_tc_kernel, (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m),
                                                 split)
