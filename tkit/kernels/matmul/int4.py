@@ -70,19 +70,19 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   sum once at the end: one launch, no partials, ~16 warps an SM, 8 columns a thread (two
   16-byte vectors) sharing the activations' 16-byte loads; with 8 warps (N up to ~8K on
   132 SMs) 16-deep chunks and the scales and zeros by inline loads of int32 words in the
-  codes' layout (``scale_loads="nc2"``: a tl.load of them takes a layout of its own, and the
-  step's sums then cross layouts through shared memory every step). At M = 2 one warp a
-  program and a K split. Every step's codes are loaded one step ahead, straight into registers. The
-  column-slab order of the reads costs nothing by itself: a bare read of the codes in the
-  same slabs, grid and prefetch takes what contiguous chunks take (~12 us at K=4096 N=14336
-  on the H200, against ~17.7 for this kernel), so what is left above the read is the
-  kernel's own work per step, not the layout. Dequantization needs no int -> float convert
-  (nibbles OR-ed into float mantissas, see the kernel), two instructions a weight plus 3/8
-  of a shift, and the zero point and scale are applied once per word and step; sums over the
-  step's packed rows stay within the thread. A K split's float32 partials are summed in
-  split order by matmul's ``_splitk_reduce_kernel`` (a second launch, which applies the
-  bias) or, with ``fused_reduce``, by the last program of each slab to arrive (one launch,
-  the same bits; per-device counters, opt-in).
+  codes' layout (``scale_loads="nc2"``: a tl.load of them takes a layout of its own, and
+  the step's sums then cross layouts through shared memory every step). At M = 2 one warp
+  a program and a K split. Every step's codes are loaded one step ahead, straight into
+  registers. The column-slab order of the reads costs nothing by itself: a bare read of
+  the codes in the same slabs, grid and prefetch takes what contiguous chunks take (~12 us
+  at K=4096 N=14336 on the H200, against ~17.7 for this kernel), so what is left above the
+  read is the kernel's own work per step, not the layout. Dequantization needs no int ->
+  float convert (nibbles OR-ed into float mantissas, see the kernel), two instructions a
+  weight plus 3/8 of a shift, and the zero point and scale are applied once per word and
+  step; sums over the step's packed rows stay within the thread. A K split's float32
+  partials are summed in split order by matmul's ``_splitk_reduce_kernel`` (a second
+  launch, which applies the bias) or, with ``fused_reduce``, by the last program of each
+  slab to arrive (one launch, the same bits; per-device counters, opt-in).
 * ``"tile"`` (64 < M < 256 by default): ``_matmul_int4_kernel``, program_id(0) walks N
   tiles, (1) M tiles, (2) K splits. M <= 64 (on request): BLOCK_M = 16..64, BLOCK_N = 64,
   BLOCK_K = min(128, G), 3 stages, K split so that about four programs per SM stream the
@@ -223,12 +223,10 @@ class Int4Config:
             # all of K in one program (no split, no reduce launch), 4 or 8 warps so that the
             # SMs hold ~16 warps each: the warp count that was faster at each shape on the
             # H200, and faster than one warp a program with split-K and a reduce launch
-            # (docs/NOTES.md, "INT4 decode"). With 8 warps (fewer columns than 16 warps an
-            # SM of 32-column programs), 16-deep chunks and the scales by inline word loads
-            # in the codes' layout: 0.96-0.98x the time of 32-deep chunks with tl.load at
-            # K=N=8192 in two rounds, by events and by kernel time (H100); with 4 warps
-            # (K=4096 N=14336) they tied or lost, so those keep tl.load (docs/NOTES.md,
-            # forty-second session)
+            # (docs/NOTES.md, "INT4 decode"). Either way tl.load gives the scales a layout
+            # of their own (a conversion through shared memory every step); loading them as
+            # words in the codes' layout, with 16-deep chunks to stay within 128 registers,
+            # was faster with 8 warps and not with 4 (docs/NOTES.md, forty-second session)
             warps = 8 if C.cdiv(N, 32) * 8 <= 16 * num_sms else 4
             gbk, loads = (min(16, bk), "nc2") if warps == 8 else (min(32, bk), "tl")
             return Int4Config(1, 32, gbk, 1, num_warps=warps, num_stages=1, path="gemv",
