@@ -175,11 +175,15 @@ def _sass_category(op: str) -> str | None:
 
 
 def sass_histogram(sass: str) -> dict[str, int]:
+    return _histogram(m.group(1) for m in _SASS_RE.finditer(sass))
+
+
+def _histogram(ops) -> dict[str, int]:
     c = Counter()
     total = 0
-    for m in _SASS_RE.finditer(sass):
+    for op in ops:
         total += 1
-        cat = _sass_category(m.group(1))
+        cat = _sass_category(op)
         if cat:
             c[cat] += 1
     out = dict(sorted(c.items()))
@@ -187,22 +191,22 @@ def sass_histogram(sass: str) -> dict[str, int]:
     return out
 
 
-_SASS_AT = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
-_BRA_TO = re.compile(r"\bBRA(?:\.[A-Z.]+)?\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)")
+_SASS_AT = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T\d]+\s+)?"
+                      r"([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)([^;]*);")
+_BRA_TO = re.compile(r"^\s*(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)")
 
 
 def sass_loops(sass: str) -> list[dict]:
     """Every loop of the SASS, found as a backward branch: its first and last offsets, its
     instruction count and its :func:`sass_histogram`; longest first (an outer loop contains
     its inner ones)."""
-    lines = [(int(m.group(1), 16), m.group(2)) for m in _SASS_AT.finditer(sass)]
+    lines = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _SASS_AT.finditer(sass)]
     loops = []
-    for at, text in lines:
-        b = _BRA_TO.search(text)
+    for at, op, rest in lines:
+        b = _BRA_TO.match(rest) if op.split(".")[0] == "BRA" else None
         if b and int(b.group(1), 16) < at:
             start = int(b.group(1), 16)
-            body = "\n".join(f"/*{a:04x}*/ {t};" for a, t in lines if start <= a <= at)
-            hist = sass_histogram(body)
+            hist = _histogram(o for a, o, _ in lines if start <= a <= at)
             loops.append(dict(start=start, end=at, instructions=hist.pop("(all instructions)"),
                               histogram=hist))
     return sorted(loops, key=lambda d: -d["instructions"])

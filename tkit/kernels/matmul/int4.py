@@ -543,6 +543,18 @@ def _ld_pairs(ptrs, DT: tl.constexpr, WK: tl.constexpr, NH: tl.constexpr, BNH: t
 
 
 @triton.jit
+def _group_row(ptrs, wptrs, g, stride_g, NC: tl.constexpr, WK: tl.constexpr,
+               NH: tl.constexpr, BNH: tl.constexpr):
+    """Row ``g`` of the GEMV's scales or zeros at the columns of ``ptrs``: by tl.load (NC =
+    0), or (NC = 2) as two columns a word from ``wptrs`` by :func:`_ld_pairs`."""
+    if NC == 2:
+        v = _ld_pairs(wptrs + g * (stride_g // 2), ptrs.dtype.element_ty, WK, NH, BNH)
+    else:
+        v = tl.load(ptrs + g * stride_g)
+    return v
+
+
+@triton.jit
 def _matmul_int4_gemv_kernel(
     a_ptr, q_ptr, s_ptr, z_ptr, c_ptr, ws_ptr, bias_ptr, M, N, K,
     stride_am, stride_ak, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn,
@@ -628,23 +640,17 @@ def _matmul_int4_gemv_kernel(
     # the scales and zeros of a step come with its codes, a step ahead (their group's row;
     # chunks past the end read the last one, unused)
     g = ((tl.minimum(k_begin + lanes, k_end - 1) * BLOCK_K) // GROUP)[:, None, None]
-    if NC_SCALES == 2:
-        # int32 words of two 16-bit columns: word (c mod N) / 2 of each even column c
-        BNW: tl.constexpr = BNH // 2
-        offs_w = (pid_n * BLOCK_N + (tl.arange(0, NH)[:, None] * BNH
-                                     + tl.arange(0, BNW)[None, :] * 2)) % N // 2
-        sw_ptrs = s_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :, :]
-        zw_ptrs = z_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :, :]
-        s_next = _ld_pairs(sw_ptrs + g * (stride_sg // 2), s_ptr.dtype.element_ty, WK, NH, BNH)
-    else:
-        s_next = tl.load(s_ptrs + g * stride_sg)  # (WK, NH, BNH)
+    # NC_SCALES == 2: int32 words of two 16-bit columns, word (c mod N) / 2 of each even
+    # column c
+    BNW: tl.constexpr = BNH // 2
+    offs_w = (pid_n * BLOCK_N + (tl.arange(0, NH)[:, None] * BNH
+                                 + tl.arange(0, BNW)[None, :] * 2)) % N // 2
+    sw_ptrs = s_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :, :]
+    zw_ptrs = z_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :, :]
+    s_next = _group_row(s_ptrs, sw_ptrs, g, stride_sg, NC_SCALES, WK, NH, BNH)  # (WK, NH, BNH)
     z_next = s_next
     if HAS_ZEROS:
-        if NC_SCALES == 2:
-            z_next = _ld_pairs(zw_ptrs + g * (stride_zg // 2), z_ptr.dtype.element_ty, WK, NH,
-                               BNH)
-        else:
-            z_next = tl.load(z_ptrs + g * stride_zg)
+        z_next = _group_row(z_ptrs, zw_ptrs, g, stride_zg, NC_SCALES, WK, NH, BNH)
     for st in tl.range(0, n_steps, num_stages=1):
         c = k_begin + st * WK + lanes  # this step's chunk of each lane
         live = c < k_end
@@ -658,17 +664,9 @@ def _matmul_int4_gemv_kernel(
         ahead = _lane_mask(c + WK < k_end, st + 1 < n_steps, q_tile, EVEN)
         q_next = tl.load(q_ptrs, mask=ahead, other=0, eviction_policy="evict_first")
         g = ((tl.minimum(c + WK, k_end - 1) * BLOCK_K) // GROUP)[:, None, None]
-        if NC_SCALES == 2:
-            s_next = _ld_pairs(sw_ptrs + g * (stride_sg // 2), s_ptr.dtype.element_ty, WK, NH,
-                               BNH)
-        else:
-            s_next = tl.load(s_ptrs + g * stride_sg)
+        s_next = _group_row(s_ptrs, sw_ptrs, g, stride_sg, NC_SCALES, WK, NH, BNH)
         if HAS_ZEROS:
-            if NC_SCALES == 2:
-                z_next = _ld_pairs(zw_ptrs + g * (stride_zg // 2), z_ptr.dtype.element_ty, WK,
-                                   NH, BNH)
-            else:
-                z_next = tl.load(z_ptrs + g * stride_zg)
+            z_next = _group_row(z_ptrs, zw_ptrs, g, stride_zg, NC_SCALES, WK, NH, BNH)
         # derived from s, so that z is brought to s's layout (not s and z to two layouts)
         ca = (z + 128.0) * s
         cb = (z + 2048.0) * s
