@@ -915,35 +915,28 @@ def sweep_int4_floor(rows):
     x = torch.ones(n, dtype=torch.int32, device="cuda")
     out = torch.empty(100000, dtype=torch.int32, device="cuda")
 
-    res = {"empty triton kernel": _both_timers(lambda: _empty_kernel[(1,)](x)),
-           "torch.sum 31 MB": _both_timers(lambda: x.sum()),
-           "cuBLAS bf16 F.linear M=1": _both_timers(lambda: F.linear(a, w)),
-           "tkit.matmul_int4 M=1": _both_timers(
-               lambda: tkit.matmul_int4(a, q, s, z, group_size=128))}
+    def t(fn):
+        return tuple(min(time_fn(fn, replay=True, rep_ms=60, timer=timer).median_ms
+                         for _ in range(3)) for timer in ("events", "kernels"))
+
+    res = {"empty triton kernel": t(lambda: _empty_kernel[(1,)](x)),
+           "torch.sum 31 MB": t(lambda: x.sum()),
+           "cuBLAS bf16 F.linear M=1": t(lambda: F.linear(a, w)),
+           "tkit.matmul_int4 M=1": t(lambda: tkit.matmul_int4(a, q, s, z, group_size=128))}
     for block in (2048, 4096):
         for progs in (132, 264, 528, 1056, 2112, 4224):
             chunk = triton.cdiv(triton.cdiv(n, progs), block) * block
             g = triton.cdiv(n, chunk)
             for warps in (4, 8):
-                res[f"triton read BLOCK {block} programs {g} warps {warps}"] = _both_timers(
+                res[f"triton read BLOCK {block} programs {g} warps {warps}"] = t(
                     lambda chunk=chunk, g=g, warps=warps, block=block: _read_kernel[(g,)](
                         x, out, n, CHUNK=chunk, BLOCK=block, num_warps=warps))
-    _read_rows(rows, "int4_floor", "M=1 K=4096 N=14336 g128 bytes (31.2 MB)", res, nbytes)
-
-
-def _both_timers(fn):
-    """(events, kernel timer) medians of ``fn``'s graph replays, each the min of 3."""
-    return tuple(min(time_fn(fn, replay=True, rep_ms=60, timer=timer).median_ms
-                     for _ in range(3)) for timer in ("events", "kernels"))
-
-
-def _read_rows(rows, label, case, res, nbytes):
-    """Print and keep the INT4 read probes' {provider: (events, kernel timer)} results."""
     for k, (ev, kern) in res.items():
-        print(f"{label} {k:52s} events {ev * 1e3:8.2f} us {nbytes / ev / 1e9:6.2f} TB/s; "
+        print(f"int4_floor {k:52s} events {ev * 1e3:8.2f} us {nbytes / ev / 1e9:6.2f} TB/s; "
               f"kernels {kern * 1e3:8.2f} us {nbytes / kern / 1e9:6.2f} TB/s")
         for timer, v in (("events", ev), ("kernels", kern)):
-            rows.append(dict(family="int4-probe", op="matmul_int4", case=case, provider=k,
+            rows.append(dict(family="int4-probe", op="matmul_int4",
+                             case="M=1 K=4096 N=14336 g128 bytes (31.2 MB)", provider=k,
                              median_ms=v, tbps=nbytes / v / 1e9, timer=timer))
 
 
@@ -974,6 +967,10 @@ def sweep_int4_tiles(rows):
     out = torch.empty(1 << 17, dtype=torch.int32, device="cuda")
     nbytes = x.numel() * 4
 
+    def t(fn):
+        return tuple(min(time_fn(fn, replay=True, rep_ms=60, timer=timer).median_ms
+                         for _ in range(3)) for timer in ("events", "kernels"))
+
     res = {}
     for C, Rs in ((32, (512, 128, 64)), (128, (512, 128, 32)), (512, (128, 32, 8)),
                   (2048, (32, 8, 2))):
@@ -981,7 +978,7 @@ def sweep_int4_tiles(rows):
             g = (N // C) * (rows_k // R)
             BR = min(R, max(1, 4096 // C))
             for warps in (4, 8):
-                res[f"tiles C {C} R {R} programs {g} warps {warps}"] = _both_timers(
+                res[f"tiles C {C} R {R} programs {g} warps {warps}"] = t(
                     lambda C=C, R=R, g=g, BR=BR, warps=warps: _read_tile_kernel[(g,)](
                         x, out, N, R=R, C=C, BR=BR, num_warps=warps))
     n = x.numel()
@@ -989,10 +986,16 @@ def sweep_int4_tiles(rows):
         chunk = triton.cdiv(triton.cdiv(n, progs), 4096) * 4096
         g = triton.cdiv(n, chunk)
         for warps in (4, 8):
-            res[f"contiguous programs {g} warps {warps}"] = _both_timers(
+            res[f"contiguous programs {g} warps {warps}"] = t(
                 lambda chunk=chunk, g=g, warps=warps: _read_kernel[(g,)](
                     x, out, n, CHUNK=chunk, BLOCK=4096, num_warps=warps))
-    _read_rows(rows, "int4_tiles", "K=4096 N=14336 codes (29.4 MB)", res, nbytes)
+    for k, (ev, kern) in res.items():
+        print(f"int4_tiles {k:44s} events {ev * 1e3:8.2f} us {nbytes / ev / 1e9:6.2f} TB/s; "
+              f"kernels {kern * 1e3:8.2f} us {nbytes / kern / 1e9:6.2f} TB/s")
+        for timer, v in (("events", ev), ("kernels", kern)):
+            rows.append(dict(family="int4-probe", op="matmul_int4",
+                             case="K=4096 N=14336 codes (29.4 MB)", provider=k,
+                             median_ms=v, tbps=nbytes / v / 1e9, timer=timer))
 
 
 def sweep_fp8_row_col(rows):
