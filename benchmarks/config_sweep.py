@@ -940,64 +940,6 @@ def sweep_int4_floor(rows):
                              median_ms=v, tbps=nbytes / v / 1e9, timer=timer))
 
 
-@triton.jit
-def _read_tile_kernel(x, out, N, R: tl.constexpr, C: tl.constexpr, BR: tl.constexpr):
-    """Program p sums an R x C tile of the row-major (rows, N) int32 matrix x into out[p],
-    BR rows a step (:func:`sweep_int4_tiles`): runs of C elements at a row stride of N, the
-    access pattern of a kernel that takes C columns of the codes over R packed rows."""
-    pid = tl.program_id(0)
-    tiles_n = N // C
-    r0 = (pid // tiles_n).to(tl.int64) * R
-    c0 = (pid % tiles_n) * C
-    acc = tl.zeros([BR, C], tl.int32)
-    for r in range(0, R, BR):
-        rr = r0 + r + tl.arange(0, BR)
-        acc += tl.load(x + rr[:, None] * N + c0 + tl.arange(0, C)[None, :])
-    tl.store(out + pid, tl.sum(acc))
-
-
-def sweep_int4_tiles(rows):
-    """Does the codes' layout cost bandwidth? The INT4 codes of K=4096 N=14336 (a (512, 14336)
-    int32 matrix, 29.4 MB) read in tiles of C columns x R packed rows a program (runs of 4 C
-    bytes at a 57 KB row stride; the M=1 GEMV takes C = 32 over all 512 rows, the CUDA kernel
-    C = 128 in 64-row steps) against contiguous chunks over as many programs; graph replays,
-    L2 read-flushed, min of 3 medians, by events and by the kernel timer."""
-    rows_k, N = 512, 14336
-    x = torch.ones(rows_k * N, dtype=torch.int32, device="cuda")
-    out = torch.empty(1 << 17, dtype=torch.int32, device="cuda")
-    nbytes = x.numel() * 4
-
-    def t(fn):
-        return tuple(min(time_fn(fn, replay=True, rep_ms=60, timer=timer).median_ms
-                         for _ in range(3)) for timer in ("events", "kernels"))
-
-    res = {}
-    for C, Rs in ((32, (512, 128, 64)), (128, (512, 128, 32)), (512, (128, 32, 8)),
-                  (2048, (32, 8, 2))):
-        for R in Rs:
-            g = (N // C) * (rows_k // R)
-            BR = min(R, max(1, 4096 // C))
-            for warps in (4, 8):
-                res[f"tiles C {C} R {R} programs {g} warps {warps}"] = t(
-                    lambda C=C, R=R, g=g, BR=BR, warps=warps: _read_tile_kernel[(g,)](
-                        x, out, N, R=R, C=C, BR=BR, num_warps=warps))
-    n = x.numel()
-    for progs in (112, 448, 1792, 3584):
-        chunk = triton.cdiv(triton.cdiv(n, progs), 4096) * 4096
-        g = triton.cdiv(n, chunk)
-        for warps in (4, 8):
-            res[f"contiguous programs {g} warps {warps}"] = t(
-                lambda chunk=chunk, g=g, warps=warps: _read_kernel[(g,)](
-                    x, out, n, CHUNK=chunk, BLOCK=4096, num_warps=warps))
-    for k, (ev, kern) in res.items():
-        print(f"int4_tiles {k:44s} events {ev * 1e3:8.2f} us {nbytes / ev / 1e9:6.2f} TB/s; "
-              f"kernels {kern * 1e3:8.2f} us {nbytes / kern / 1e9:6.2f} TB/s")
-        for timer, v in (("events", ev), ("kernels", kern)):
-            rows.append(dict(family="int4-probe", op="matmul_int4",
-                             case="K=4096 N=14336 codes (29.4 MB)", provider=k,
-                             median_ms=v, tbps=nbytes / v / 1e9, timer=timer))
-
-
 def sweep_fp8_row_col(rows):
     """Row scales of a with column scales of b (per-token activations, per-channel weights):
     tkit.matmul_fp8's default (the Triton kernel), the CUDA block kernel's ``col_scale`` build
@@ -2215,7 +2157,6 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "int4_8192": sweep_int4_8192,
           "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
           "int4_gemv": sweep_int4_gemv,
-          "int4_tiles": sweep_int4_tiles,
           "fp8_row_col": sweep_fp8_row_col,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope, "fuse": sweep_fuse, "losses": sweep_losses,
