@@ -802,8 +802,9 @@ def test_cuda_grid_rule(M, N, sms, cuda):
 
 def test_cuda_build_reason_comes_through_the_hook(monkeypatch):
     """tkit.kernels reaches the CUDA kernel only through tkit._hooks (arrows point down): the
-    hook's ``unavailable`` reason is reported, once a device and dtype; no hook, or one that
-    cannot import, is a reason too, never an exception."""
+    hook's ``unavailable`` reason is reported, once a device, dtype and build (the column
+    scale build asked for by name); no hook, or one that cannot import, is a reason too,
+    never an exception."""
     from types import SimpleNamespace
 
     from tkit import _hooks
@@ -811,13 +812,16 @@ def test_cuda_build_reason_comes_through_the_hook(monkeypatch):
     calls = []
 
     def fake():
-        return SimpleNamespace(unavailable=lambda out_dtype: calls.append(out_dtype) or "nope")
+        return SimpleNamespace(unavailable=lambda out_dtype, col_scale=False: calls.append(
+            (out_dtype, col_scale)) or ("nope" if not col_scale else None))
 
     dev = torch.device("cuda", 0)
     monkeypatch.setattr(FB, "_CUDA_BUILD", {})
     monkeypatch.setattr(_hooks, "cuda_fp8_block", fake)
     assert FB._cuda_build_reason(dev, torch.bfloat16) == "nope"
     assert FB._cuda_build_reason(dev, torch.bfloat16) == "nope" and len(calls) == 1
+    assert FB._cuda_build_reason(dev, torch.bfloat16, True) is None
+    assert calls == [(torch.bfloat16, False), (torch.bfloat16, True)]
     monkeypatch.setattr(FB, "_CUDA_BUILD", {})
     monkeypatch.setattr(_hooks, "cuda_fp8_block", None)
     assert "tkit._hooks" in FB._cuda_build_reason(dev, torch.float16)
@@ -994,36 +998,46 @@ def test_cuda_stream_k_in_a_cuda_graph():
         torch.testing.assert_close(out, GB.matmul_fp8_block(a, b, sa, sb), rtol=0, atol=0)
 
 
-def test_per_tensor_scales_as_block_views(monkeypatch):
+def test_scales_as_block_views(monkeypatch):
     """Per-tensor scales, and per-row scales of a with one scale for b, as block scales:
     stride-0 views holding each block's scale (nothing copied), which ``tkit.matmul_fp8``
-    hands to the block mode where the CUDA kernel serves them; per-column scales of b have no
-    block form, and a call the CUDA kernel does not serve (here: no CUDA device) keeps the
-    per-tensor kernel."""
+    hands to the block mode where the CUDA kernel serves them; per-column scales of b go as
+    ``scale_n`` (the column scales themselves, a view) to the kernel's ``col_scale`` build,
+    asked for by name in the dispatch check; a call the CUDA kernel does not serve (here: no
+    CUDA device) keeps the Triton kernel."""
     from tkit.kernels import matmul as mm
 
     a, b, _, _ = _operands(300, 392, 520, seed=3)
     sa, sb = torch.rand(300, device=DEV) + 0.5, torch.tensor([0.25], device=DEV)
+    cols = torch.rand(392, device=DEV) + 0.5
     if not ON_GPU:
-        assert FB.per_tensor_as_block(a, b, sa, sb, torch.bfloat16) is None
-    monkeypatch.setattr(FB, "_cuda_choice", lambda *args: None)
-    blk_a, blk_b = FB.per_tensor_as_block(a, b, sa, sb, torch.bfloat16)
+        assert FB.scales_as_block(a, b, sa, sb, torch.bfloat16) is None
+        assert FB.scales_as_block(a, b, sa, cols, torch.bfloat16) is None
+    builds = []
+    monkeypatch.setattr(FB, "_cuda_choice",
+                        lambda *args, col_scale=False: builds.append(col_scale))
+    blk_a, blk_b, none = FB.scales_as_block(a, b, sa, sb, torch.bfloat16)
+    assert none is None and builds == [False]
     assert blk_a.shape == (300, 5) and blk_b.shape == (5, 4)
     assert blk_a.stride() == (1, 0) and blk_b.stride() == (0, 0)
     assert torch.equal(blk_a, sa[:, None].expand(300, 5)) and bool((blk_b == 0.25).all())
-    one_a, _ = FB.per_tensor_as_block(a, b, sa[:1], sb, torch.bfloat16)
+    one_a, _, _ = FB.scales_as_block(a, b, sa[:1], sb, torch.bfloat16)
     assert one_a.shape == (300, 5) and bool((one_a == sa[0]).all())
-    assert FB.per_tensor_as_block(a, b, sa, torch.rand(392, device=DEV), torch.bfloat16) is None
+    col_a, col_b, scale_n = FB.scales_as_block(a, b, sa, cols, torch.bfloat16)
+    assert builds[-1] is True and torch.equal(col_a, blk_a) and col_b.shape == (5, 4)
+    assert scale_n.data_ptr() == cols.data_ptr() and torch.equal(scale_n, cols)
     with monkeypatch.context() as m:  # torch.compile's fake tensors keep the registered op
         m.setattr(torch.compiler, "is_compiling", lambda: True)
-        assert FB.per_tensor_as_block(a, b, sa, sb, torch.bfloat16) is None
+        assert FB.scales_as_block(a, b, sa, sb, torch.bfloat16) is None
 
     seen = []
     monkeypatch.setattr(FB, "matmul_fp8_block", lambda *args: seen.append(args) or "block")
     monkeypatch.setattr(mm.P, "plannable", lambda *args: False)
     assert tkit.matmul_fp8(a, b, sa.reshape(300, 1), sb) == "block"
-    got_a, got_b = seen[0][2], seen[0][3]
-    assert torch.equal(got_a, blk_a) and torch.equal(got_b, blk_b)
+    got_a, got_b, got_n = seen[0][2], seen[0][3], seen[0][8]
+    assert torch.equal(got_a, blk_a) and torch.equal(got_b, blk_b) and got_n is None
+    assert tkit.matmul_fp8(a, b, sa.reshape(300, 1), cols.reshape(1, 392)) == "block"
+    assert torch.equal(seen[1][8], cols)
 
 
 @pytest.mark.skipif(not _on_h100_class(), reason="needs an sm_90 GPU")
@@ -1037,8 +1051,8 @@ def test_cuda_serves_per_tensor_scales(per_row, M, N, K):
     a, b, _, _ = _operands(M, N, K, seed=M + K)
     sa = torch.rand(M, 1, device=DEV) + 0.5 if per_row else torch.tensor(0.7, device=DEV)
     sb = torch.tensor(0.3, device=DEV) * K ** -0.5
-    assert FB.per_tensor_as_block(a, b, sa.reshape(-1), sb.reshape(1),
-                                  torch.bfloat16) is not None
+    assert FB.scales_as_block(a, b, sa.reshape(-1), sb.reshape(1),
+                              torch.bfloat16) is not None
     spec = registry.get("matmul_fp8")
     check_against_reference(spec.fn, spec.reference, [a, b, sa, sb], ref_dtype=torch.float32)
     kb, nb = -(-K // 128), -(-N // 128)
@@ -1055,20 +1069,32 @@ def test_cuda_serves_per_tensor_scales(per_row, M, N, K):
 @pytest.mark.parametrize("M,N,K,stream_k", [(300, 392, 1088, None), (1000, 2304, 4096, True),
                                             (2048, 4096, 8192, False)])
 def test_cuda_column_scales_build(M, N, K, stream_k):
-    """The CUDA kernel's ``col_scale`` build (not dispatched yet): per-row scales of a as
-    block scales, ones for b's blocks and per-column scales of b multiplied in before the
-    store, against the float64 reference of row/column scaling (a partial last column tile at
+    """The CUDA kernel's ``col_scale`` build: per-row scales of a as block scales and
+    per-column scales of b multiplied in before the store (b's block scales not read: NaN
+    here), against the float64 reference of row/column scaling (a partial last column tile at
     N = 392, whose clamped scale reads stay inside the vector; a split tile's partial sums
-    added before the column scale)."""
+    added before the column scale); ``tkit.matmul_fp8`` with row/column scales takes it (the
+    same bits), and a second call with twice the column scales (an eager plan's replay where
+    plans run) gives exactly twice the output."""
     GB = _cuda_or_skip()
     a, b, _, _ = _operands(M, N, K, seed=M + N)
     sa = torch.rand(M, 1, device=DEV) + 0.5
     sb = (torch.rand(1, N, device=DEV) + 0.5) * K ** -0.5
     kb, nb = -(-K // 128), -(-N // 128)
+    nan = torch.full((1, 1), float("nan"), device=DEV).expand(kb, nb)
 
     def fn(a, b, sa, sb):
-        return GB.matmul_fp8_block(a, b, sa.expand(M, kb), torch.ones(1, 1, device=DEV).expand(
-            kb, nb), scale_n=sb.reshape(-1).contiguous(), stream_k=stream_k)
+        return GB.matmul_fp8_block(a, b, sa.expand(M, kb), nan,
+                                   scale_n=sb.reshape(-1).contiguous(), stream_k=stream_k)
 
     spec = registry.get("matmul_fp8")
     check_against_reference(fn, spec.reference, [a, b, sa, sb], ref_dtype=torch.float32)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    serves = FB.scales_as_block(a, b, sa.reshape(-1), sb.reshape(-1), torch.bfloat16)
+    assert (serves is not None) == (FB.cuda_grid_reason(M, N, sms) is None)
+    if serves is None:  # too few tiles to fill the SMs: the Triton kernel's call
+        return
+    out = tkit.matmul_fp8(a, b, sa, sb)
+    if stream_k is None:
+        torch.testing.assert_close(out, fn(a, b, sa, sb), rtol=0, atol=0)
+    torch.testing.assert_close(tkit.matmul_fp8(a, b, sa, sb * 2), out * 2, rtol=0, atol=0)

@@ -82,10 +82,11 @@ for M, N, K in ((129, 392, 208), (300, 520, 144), (1024, 1024, 1024), (256, 512,
     c = matmul_fp8_block(a, w.t(), sa, sb, out_dtype, check=False, scale_n=cs,
                          **{k: v for k, v in kw.items() if k != "col_scale"})
     ks = torch.arange(K, device="cuda") // 128
-    ref = (a.double() * sa.double()[:, ks]) @ (w.double() * sb.double()[ks][:, torch.arange(
-        N, device="cuda") // 128].t()).t()
-    if cs is not None:
-        ref = ref * cs.double()
+    if cs is not None:  # the col_scale build reads cs in place of sb
+        ref = ((a.double() * sa.double()[:, ks]) @ w.double().t()) * cs.double()
+    else:
+        ref = (a.double() * sa.double()[:, ks]) @ (w.double() * sb.double()[ks][
+            :, torch.arange(N, device="cuda") // 128].t()).t()
     err = (c.double() - ref).abs().max().item()
     assert err <= 0.02 * ref.abs().max().item(), f"{M}x{N}x{K}: max error {err}"
 print("SELFTEST OK")
@@ -103,13 +104,14 @@ def selftest(**kw) -> str | None:
     return build_selftest("fp8-block", SOURCE, _SELFTEST_CODE, opts, json.dumps(cfg["options"]))
 
 
-def unavailable(out_dtype: torch.dtype = torch.bfloat16) -> str | None:
-    """Why the default build for this output dtype cannot run here (cupy or nvcc missing, a
-    failed build or self-test), else None."""
+def unavailable(out_dtype: torch.dtype = torch.bfloat16, col_scale: bool = False
+                ) -> str | None:
+    """Why the default build for this output dtype (with ``col_scale``: the per-column scale
+    build) cannot run here (cupy or nvcc missing, a failed build or self-test), else None."""
     why = _loader.missing(nvcc=True)
     if why is None:
         try:
-            why = selftest(out_dtype=out_dtype)
+            why = selftest(out_dtype=out_dtype, col_scale=1 if col_scale else None)
         except Exception as e:  # a compile error: report it, the caller falls back
             why = f"build failed: {type(e).__name__}: {str(e)[:300]}"
     return why
@@ -169,8 +171,9 @@ def matmul_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
     parts a consumer); ``ctas`` the SMs the persistent grid spreads over (None: all; no
     more than the device has: a split tile's owner waits for CTAs of higher index, which
     must be resident or come after it); ``stream_k`` as :func:`schedule`'s. ``scale_n``:
-    (N,) float32 contiguous per-column scales multiplied into the output before the store (the
-    ``col_scale`` build), for column scales of b, which have no 128-column block form."""
+    (N,) float32 contiguous per-column scales of b in place of ``scale_b`` (then not read: any
+    tensor), multiplied into the output before the store (the ``col_scale`` build): the
+    per-channel weight scales, which have no 128-column block form."""
     knobs = dict(stages=stages, group_m=group_m, epi_split=epi_split,
                  col_scale=None if scale_n is None else 1)
     cfg = config(**knobs, out_dtype=out_dtype)

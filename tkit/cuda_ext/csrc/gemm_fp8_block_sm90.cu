@@ -81,11 +81,16 @@
 #ifndef OUT_F16
 #define OUT_F16 0
 #endif
-// COL_SCALE=1: the output's column n is multiplied by cs[n] before the store (per-column
-// scales of b, which have no 128-column block form: the W8A8 recipe's per-channel weight
-// scales, with sa holding per-row scales and sb ones)
+// COL_SCALE=1: b's scales are per column instead of per block: sb is not read, and the
+// output's column n is multiplied by cs[n] before the store (the W8A8 recipe's per-channel
+// weight scales, which have no 128-column block form, with sa holding per-row scales)
 #ifndef COL_SCALE
 #define COL_SCALE 0
+#endif
+#if COL_SCALE
+#define LOAD_SB(p) 1.f
+#else
+#define LOAD_SB(p) __ldg(p)
 #endif
 #define SUM_N (BN / 2)  // columns of one MMA sum (two a group)
 #define CLUSTER_M 1  // no CTA clusters (the header's helpers take them)
@@ -304,7 +309,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_fp8_block(
                          (long long)w.g0 * stride_sbk;
       const float* sbr = sb + (long long)min(2 * tn + 1, NB - 1) * stride_sbn +
                          (long long)w.g0 * stride_sbk;
-      float a0 = __ldg(sa0), a1 = __ldg(sa1), bl = __ldg(sbl), br = __ldg(sbr);
+      float a0 = __ldg(sa0), a1 = __ldg(sa1), bl = LOAD_SB(sbl), br = LOAD_SB(sbr);
       // the next group's scales, a group further each step (the last group's kept)
       const float *nsa0 = sa0, *nsa1 = sa1, *nsbl = sbl, *nsbr = sbr;
 #pragma unroll
@@ -313,7 +318,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) gemm_fp8_block(
         // the next group's scales, under this group's MMAs (the last group's at the end)
         if (g + 1 < w.g1) nsa0 += stride_sak, nsa1 += stride_sak, nsbl += stride_sbk,
             nsbr += stride_sbk;
-        float na0 = __ldg(nsa0), na1 = __ldg(nsa1), nbl = __ldg(nsbl), nbr = __ldg(nsbr);
+        float na0 = __ldg(nsa0), na1 = __ldg(nsa1), nbl = LOAD_SB(nsbl), nbr = LOAD_SB(nsbr);
         const unsigned s = it % STAGES;
         mbar_wait(full(s), (it / STAGES) & 1);
         const float l0 = a0 * bl, l1 = a1 * bl, r0s = a0 * br, r1s = a1 * br;

@@ -332,10 +332,10 @@ def matmul_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
         opt-in faster schedule, ``fp8_block_hopper.hopper_block_config(schedule="rescale")``,
         keeps one accumulator in the fp8 MMA over all of K instead: the numerics of
         ``torch._scaled_mm(..., use_fast_accum=True)``, several times the default's error.
-        On sm_90, per-tensor scales (and per-row scales of a with one scale for b) run the
-        block mode's CUDA kernel where it serves, with each block's scale the one value
-        (``fp8_block.per_tensor_as_block``): the same 128-deep float32 promotion, faster
-        than the per-tensor Triton kernel.
+        On sm_90, per-tensor, per-row and per-column scales run the block mode's CUDA
+        kernel where it serves (``fp8_block.scales_as_block``: each block's scale the one
+        value or the row's, the column scales multiplied in before the store): the same
+        128-deep float32 promotion, faster than the Triton kernel.
     out_dtype : torch.dtype
         bfloat16 (default), float16 or float32.
     bias, activation, residual
@@ -366,10 +366,11 @@ def _matmul_fp8_slow(a, b, scale_a, scale_b, out_dtype, bias, activation, residu
     scale_a = _check_scale(scale_a, "scale_a", a.shape[0], "per row of a")
     scale_b = _check_scale(scale_b, "scale_b", b.shape[1], "per column of b")
     C.check_same_device(a=a, scale_a=scale_a, scale_b=scale_b)
-    as_block = _block.per_tensor_as_block(a, b, scale_a, scale_b, out_dtype, bias, residual,
-                                          activation)
-    if as_block is not None:  # sm_90: the CUDA block kernel, its scales one value each
-        return _block.matmul_fp8_block(a, b, *as_block, out_dtype, None, None, None)
+    as_block = _block.scales_as_block(a, b, scale_a, scale_b, out_dtype, bias, residual,
+                                      activation)
+    if as_block is not None:  # sm_90: the CUDA block kernel (per-column scales: its build)
+        sa, sb, scale_n = as_block
+        return _block.matmul_fp8_block(a, b, sa, sb, out_dtype, None, None, None, scale_n)
     if C.use_direct_path(a, b, bias, residual):
         return _matmul_impl(a, b, bias, residual, scale_a, scale_b, activation, out_dtype)
     return _matmul_op(a, b, bias, residual, scale_a, scale_b, activation or "", out_dtype, True,

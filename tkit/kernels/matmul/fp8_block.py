@@ -317,13 +317,14 @@ def cuda_grid_reason(M: int, N: int, sms: int) -> str | None:
 
 
 def _cuda_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, activation, path,
-                 config):
+                 config, col_scale=False):
     """None when the CUDA kernel (``tkit.cuda_ext.gemm_fp8_block``: 128 x 256 tiles, each
     128-deep group as two 128-column sums, each promoted once its wgmmas are done) serves
     this call, else why not. It serves unforced calls and ``path="cuda"`` with no epilogue
     (bias, activation, residual: the Gluon kernel's), bf16 or fp16 outputs, the Gluon
     kernel's operand scope, unforced only where its tiles fill the SMs well enough
-    (:func:`cuda_grid_reason`), and a build that has passed its self-test on this machine."""
+    (:func:`cuda_grid_reason`), and a build (``col_scale``: the per-column scale build) that
+    has passed its self-test on this machine."""
     if path not in (None, "cuda"):
         return f"path {path!r} forced"
     if config is not None:
@@ -348,22 +349,22 @@ def _cuda_choice(a, b, scale_a, scale_b, out_dtype, bias, residual, activation, 
         why = cuda_grid_reason(M, N, D.sm_count(a.device))
         if why is not None:
             return why
-    return _cuda_build_reason(a.device, out_dtype)
+    return _cuda_build_reason(a.device, out_dtype, col_scale)
 
 
 _CUDA_BUILD: dict = {}
 
 
-def _cuda_build_reason(device, out_dtype) -> str | None:
-    """Why the CUDA kernel's build for this output dtype cannot run on this device (no
-    tkit.cuda_ext hook, no cupy, no nvcc, a failed build or self-test), worked out once a
-    device and dtype."""
-    key = (device.index or 0, out_dtype)
+def _cuda_build_reason(device, out_dtype, col_scale=False) -> str | None:
+    """Why the CUDA kernel's build for this output dtype (``col_scale``: the per-column scale
+    build) cannot run on this device (no tkit.cuda_ext hook, no cupy, no nvcc, a failed build
+    or self-test), worked out once a device, dtype and build."""
+    key = (device.index or 0, out_dtype, col_scale)
     if key not in _CUDA_BUILD:
         try:  # tkit.cuda_ext's kernel, plugged in by the layer above (tkit/_hooks.py)
             if _hooks.cuda_fp8_block is None:
                 raise ImportError("no CUDA block-scaled kernel is registered in tkit._hooks")
-            why = _hooks.cuda_fp8_block().unavailable(out_dtype)
+            why = _hooks.cuda_fp8_block().unavailable(out_dtype, col_scale=col_scale)
         except (ImportError, AttributeError) as e:
             why = f"tkit.cuda_ext unavailable: {e}"
         _CUDA_BUILD[key] = why
@@ -393,12 +394,14 @@ def backend(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, bias=None, residua
 
 
 def _fp8_block_impl(a, b, scale_a, scale_b, bias=None, residual=None, activation=None,
-                    out_dtype=torch.bfloat16, path=None, config=None):
+                    out_dtype=torch.bfloat16, path=None, config=None, scale_n=None):
     """The block mode's launch. ``path``: None (the CUDA kernel where it serves, see
     :func:`_cuda_choice`, else the Gluon Hopper kernel where it serves, see
     :func:`_gluon_choice`, else :func:`tkit.kernels.matmul.plan`'s choice), "cuda" or
     "gluon" (forced: a ValueError with the reason where it cannot serve), "tma" or "ptr" (the
-    Triton kernels). ``config``: a HopperBlockConfig, TmaConfig or PtrConfig for that kernel."""
+    Triton kernels). ``config``: a HopperBlockConfig, TmaConfig or PtrConfig for that kernel.
+    ``scale_n``: (N,) per-column scales of b in place of ``scale_b``'s blocks (the CUDA
+    kernel's ``col_scale`` build only; from :func:`scales_as_block`)."""
     M, K = a.shape
     N = b.shape[1]
     out = C.empty((M, N), out_dtype, a.device)
@@ -406,12 +409,12 @@ def _fp8_block_impl(a, b, scale_a, scale_b, bias=None, residual=None, activation
         return out
     res = residual.expand(M, N) if residual is not None else None
     why_cuda = _cuda_choice(a, b, scale_a, scale_b, out_dtype, bias, res, activation, path,
-                            config)
+                            config, col_scale=scale_n is not None)
     if why_cuda is None:
-        # the build's self-test ran in _cuda_choice (once a device and output dtype)
+        # the build's self-test ran in _cuda_choice (once a device, output dtype and build)
         return _hooks.cuda_fp8_block().matmul_fp8_block(a, b, scale_a, scale_b, out_dtype,
-                                                         out=out, check=False)
-    if path == "cuda":
+                                                         out=out, check=False, scale_n=scale_n)
+    if path == "cuda" or scale_n is not None:
         raise ValueError(f"the CUDA block-scaled kernel does not apply: {why_cuda}")
     fh, reason = _gluon_choice(a, b, scale_a, scale_b, out_dtype, bias, res, path, config)
     if fh is not None:
@@ -448,12 +451,14 @@ def _fp8_block_impl(a, b, scale_a, scale_b, bias=None, residual=None, activation
 def _fp8_block_op(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
                   scale_b: torch.Tensor, bias: Optional[torch.Tensor],  # noqa: UP045
                   residual: Optional[torch.Tensor], activation: str,  # noqa: UP045
-                  out_dtype: torch.dtype) -> torch.Tensor:
-    return _fp8_block_impl(a, b, scale_a, scale_b, bias, residual, activation or None, out_dtype)
+                  out_dtype: torch.dtype,
+                  scale_n: Optional[torch.Tensor] = None) -> torch.Tensor:  # noqa: UP045
+    return _fp8_block_impl(a, b, scale_a, scale_b, bias, residual, activation or None, out_dtype,
+                           scale_n=scale_n)
 
 
 @_fp8_block_op.register_fake
-def _(a, b, scale_a, scale_b, bias, residual, activation, out_dtype):
+def _(a, b, scale_a, scale_b, bias, residual, activation, out_dtype, scale_n=None):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
 
 
@@ -470,30 +475,40 @@ def is_block_scaled(a, b, scale_a, scale_b) -> bool:
         and tuple(scale_a.shape) == sa_blk)
 
 
-def per_tensor_as_block(a, b, scale_a, scale_b, out_dtype, bias=None, residual=None,
-                        activation=None):
-    """Block scales that equal a per-tensor scaling, or per-row scales of a with one scale
-    for b (stride-0 views of ``scale_a`` (1,) or (M,) and ``scale_b`` (1,): nothing is
-    copied), when the CUDA block kernel serves the call with them (:func:`_cuda_choice`),
-    else None. There they run faster than the per-tensor Triton kernel: a per-tensor product
+def scales_as_block(a, b, scale_a, scale_b, out_dtype, bias=None, residual=None,
+                    activation=None):
+    """(scale_a, scale_b, scale_n) for the CUDA block kernel from per-tensor, per-row (of a)
+    or per-column (of b) scales (``scale_a`` (1,) or (M,), ``scale_b`` (1,) or (N,), as
+    checked by :func:`tkit.matmul_fp8`), when that kernel serves the call with them
+    (:func:`_cuda_choice`), else None. Per-tensor and per-row scales become stride-0 block
+    views (nothing is copied) and scale_n None; per-column scales of b, which have no
+    128-column block form, go as scale_n = scale_b to the kernel's ``col_scale`` build (which
+    multiplies them in before the store and does not read the block view of b's scales it
+    gets). There they run faster than the Triton kernel: a per-tensor or row/column product
     needs each K step's MMA sum added in float32 as the block recipe does (the fp8 MMA's own
     running sum misses the reference rule at long K), and the CUDA kernel's promotion is the
-    faster of the two. Per-column scales of b have no block form and keep the Triton kernel.
-    While torch.compile traces (fake tensors: no addresses to check for TMA) the call keeps
-    the registered per-tensor op."""
-    if scale_b.numel() != 1 or torch.compiler.is_compiling():
+    faster of the two (docs/NOTES.md: 0.92-1.04x torch._scaled_mm rowwise in two runs on an
+    H100, against the Triton kernel's 0.75-0.82x). While torch.compile traces (fake tensors:
+    no addresses to check for TMA) the call keeps the registered op."""
+    if torch.compiler.is_compiling():
         return None
     M, K = a.shape
     N = b.shape[1]
-    sa = scale_a.reshape(-1, 1).expand(M, C.cdiv(K, BLOCK))
-    sb = scale_b.reshape(1, 1).expand(C.cdiv(K, BLOCK), C.cdiv(N, BLOCK))
-    if _cuda_choice(a, b, sa, sb, out_dtype, bias, residual, activation, None, None):
+    kb, nb = C.cdiv(K, BLOCK), C.cdiv(N, BLOCK)
+    sa = scale_a.reshape(-1, 1).expand(M, kb)
+    scale_n = None if scale_b.numel() == 1 else scale_b.reshape(-1)
+    # per column: a view of b's first scale, of the shape the block mode checks (not read)
+    sb = scale_b.reshape(-1)[:1].reshape(1, 1).expand(kb, nb)
+    if _cuda_choice(a, b, sa, sb, out_dtype, bias, residual, activation, None, None,
+                    col_scale=scale_n is not None):
         return None
-    return sa, sb
+    return sa, sb, scale_n
 
 
-def matmul_fp8_block(a, b, scale_a, scale_b, out_dtype, bias, activation, residual):
-    """The block mode of :func:`tkit.matmul_fp8` (a, b, the epilogue already validated there)."""
+def matmul_fp8_block(a, b, scale_a, scale_b, out_dtype, bias, activation, residual,
+                     scale_n=None):
+    """The block mode of :func:`tkit.matmul_fp8` (a, b, the epilogue already validated there);
+    ``scale_n`` from :func:`scales_as_block` only."""
     M, K = a.shape
     N = b.shape[1]
     kb, nb = C.cdiv(K, BLOCK), C.cdiv(N, BLOCK)
@@ -508,5 +523,7 @@ def matmul_fp8_block(a, b, scale_a, scale_b, out_dtype, bias, activation, residu
                          f"{tuple(scale_b.shape)}")
     C.check_same_device(a=a, scale_a=scale_a, scale_b=scale_b)
     if C.use_direct_path(a, b, bias, residual):
-        return _fp8_block_impl(a, b, scale_a, scale_b, bias, residual, activation, out_dtype)
-    return _fp8_block_op(a, b, scale_a, scale_b, bias, residual, activation or "", out_dtype)
+        return _fp8_block_impl(a, b, scale_a, scale_b, bias, residual, activation, out_dtype,
+                               scale_n=scale_n)
+    return _fp8_block_op(a, b, scale_a, scale_b, bias, residual, activation or "", out_dtype,
+                         scale_n)
