@@ -1026,6 +1026,9 @@ def test_scales_as_block_views(monkeypatch):
     col_a, col_b, scale_n = FB.scales_as_block(a, b, sa, cols, torch.bfloat16)
     assert builds[-1] is True and torch.equal(col_a, blk_a) and col_b.shape == (5, 4)
     assert scale_n.data_ptr() == cols.data_ptr() and torch.equal(scale_n, cols)
+    every_other = torch.rand(1, 784, device=DEV)[:, ::2]  # the kernel reads them at stride 1
+    _, _, packed = FB.scales_as_block(a, b, sa, every_other.reshape(392), torch.bfloat16)
+    assert packed.is_contiguous() and torch.equal(packed, every_other.reshape(392))
     with monkeypatch.context() as m:  # torch.compile's fake tensors keep the registered op
         m.setattr(torch.compiler, "is_compiling", lambda: True)
         assert FB.scales_as_block(a, b, sa, sb, torch.bfloat16) is None

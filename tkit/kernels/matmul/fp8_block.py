@@ -487,9 +487,9 @@ def scales_as_block(a, b, scale_a, scale_b, out_dtype, bias=None, residual=None,
     gets). There they run faster than the Triton kernel: a per-tensor or row/column product
     needs each K step's MMA sum added in float32 as the block recipe does (the fp8 MMA's own
     running sum misses the reference rule at long K), and the CUDA kernel's promotion is the
-    faster of the two (docs/NOTES.md: 0.92-1.04x torch._scaled_mm rowwise in two runs on an
-    H100, against the Triton kernel's 0.75-0.82x). While torch.compile traces (fake tensors:
-    no addresses to check for TMA) the call keeps the registered op."""
+    faster of the two (docs/NOTES.md, forty-first and forty-third sessions). While
+    torch.compile traces (fake tensors: no addresses to check for TMA) the call keeps the
+    registered op."""
     if torch.compiler.is_compiling():
         return None
     M, K = a.shape
@@ -497,6 +497,8 @@ def scales_as_block(a, b, scale_a, scale_b, out_dtype, bias=None, residual=None,
     kb, nb = C.cdiv(K, BLOCK), C.cdiv(N, BLOCK)
     sa = scale_a.reshape(-1, 1).expand(M, kb)
     scale_n = None if scale_b.numel() == 1 else scale_b.reshape(-1)
+    if scale_n is not None and scale_n.stride(0) != 1:  # the kernel reads cs[n] at stride 1
+        scale_n = scale_n.contiguous()
     # per column: a view of b's first scale, of the shape the block mode checks (not read)
     sb = scale_b.reshape(-1)[:1].reshape(1, 1).expand(kb, nb)
     if _cuda_choice(a, b, sa, sb, out_dtype, bias, residual, activation, None, None,
