@@ -499,7 +499,8 @@ def scales_as_block(a, b, scale_a, scale_b, out_dtype, bias=None, residual=None,
     scale_n = None if scale_b.numel() == 1 else scale_b.reshape(-1)
     if scale_n is not None and scale_n.stride(0) != 1:  # the kernel reads cs[n] at stride 1
         scale_n = scale_n.contiguous()
-    # per column: a view of b's first scale, of the shape the block mode checks (not read)
+    # b's one scale as every block's; per column, a view of the first of them in the shape
+    # the block mode checks, which the col_scale build does not read
     sb = scale_b.reshape(-1)[:1].reshape(1, 1).expand(kb, nb)
     if _cuda_choice(a, b, sa, sb, out_dtype, bias, residual, activation, None, None,
                     col_scale=scale_n is not None):
