@@ -711,10 +711,10 @@ def sweep_matmul_fp8_block_cuda(rows):
 
 
 def _int4_variants():
-    def gemv(bn, bk, split, warps, lanes=1, vecs=1, loads="tl"):
+    def gemv(bn, bk, split, warps, lanes=1, vecs=1):
         return dict(path="gemv", block_m=16, block_n=bn, block_k=bk, split_k=split,
                     num_warps=warps, num_stages=1, fused_reduce=False, k_lanes=lanes,
-                    n_vecs=vecs, scale_loads=loads)
+                    n_vecs=vecs)
 
     def tc(bn, warps, stages, split, bm=16):
         return dict(path="tc", block_m=bm, block_n=bn, block_k=128, split_k=split,
@@ -755,11 +755,9 @@ def sweep_int4(rows):
 def sweep_int4_gemv(rows):
     """The M=1 GEMV's variants at K=4096 N=14336 and K=N=8192 (group 128), by both timers
     (graph replays, L2 read-flushed, min of 3 interleaved rounds' medians): the default (4
-    warps at N=14336: tl.load, 32-deep chunks; 8 warps at N=8192: 16-deep chunks, the scales
-    by inline word loads in the codes' layout) against the other form at the same warps, the
-    word loads at the other warp count, and 16 columns a program with one vector of 4
-    columns a thread (tl.load's layout is then the codes' own); cuBLAS bf16 beside them.
-    Each variant's output checked against a float64 product."""
+    warps, 32-deep chunks; 32 columns a program at N=14336, 16 at N=8192) against the other
+    column tile and 32 columns on 8 warps; cuBLAS bf16 beside them. Each variant's output
+    checked against a float64 product."""
     import torch.nn.functional as F
 
     from tkit.kernels.matmul import int4 as I4
@@ -773,14 +771,11 @@ def sweep_int4_gemv(rows):
         wd = tkit.dequantize_int4(q, s, z, group_size=128, dtype=torch.float64)
         want = a.double() @ wd.t()
         tol = 1e-2 * float(want.abs().max())
-        other = 8 if I4.Int4Config.for_shape(1, N, K, 128).num_warps == 4 else 4
+        other = 32 if I4.Int4Config.for_shape(1, N, K, 128).block_n == 16 else 16
         variants = {"default": {},
-                    "tl.load, 32-deep": dict(scale_loads="tl", block_k=32),
-                    "words, 16-deep": dict(scale_loads="nc2", block_k=16),
-                    f"words, 16-deep, {other} warps": gemv(
-                        32, 16, 1, other, lanes=8 * other, vecs=2, loads="nc2"),
-                    # 4 columns a thread: tl.load's own layout is the codes' already
-                    "tl.load, 16 columns, 4 warps": gemv(16, 32, 1, 4, lanes=32, vecs=1)}
+                    f"{other} columns, 4 warps": gemv(other, 32, 1, 4, lanes=32,
+                                                      vecs=other // 16),
+                    "32 columns, 8 warps": gemv(32, 32, 1, 8, lanes=64, vecs=2)}
         times = {}
         for _ in range(3):
             for name, v in variants.items():

@@ -570,13 +570,16 @@ def test_glu_measured_against_prediction():
 # warps, each a shared-memory round trip between CTA barriers: 8 barriers in every step of
 # the loop's SASS. Loaded instead by elementwise inline loads (an `ld.global.nc` of each
 # int32 word of two scales, the halves joined back into columns), the scales take the layout
-# their users want and the step has no barrier and no shared memory
-# (`Int4Config(scale_loads="nc2", block_k=16)`; `tkit ir ... --summary` shows the main loop).
-# Timed on an H100 (two runs, both timers), that bought 2.4-3.8% at K=N=8192 and nothing at
-# K=4096 N=14336, and every form that spent registers to keep the 32-deep steps lost 11-39%:
-# the barriers were a real cost but not the bound. The lesson is the ordinary one: a compile
-# fact names a suspect, only the clock convicts it. The 8-warp shapes now take the word
-# loads (docs/NOTES.md, forty-second session).
+# their users want and the step has no barrier and no shared memory. Timed on an H100 (two
+# runs, both timers), that bought 2.4-3.8% at K=N=8192 and nothing at K=4096 N=14336, and
+# every form that spent registers to keep the 32-deep steps lost 11-39%: the barriers were a
+# real cost but not the bound. On the H200 the word loads then tied with `tl.load` at
+# K=N=8192, and a third form beat both by 2.3-4.6% in five runs: 16 columns a program, one
+# vector of 4 columns a thread, which makes the coalesced layout of the scales the codes'
+# own, so `tl.load` needs no conversion and the program count doubles (512 at N=8192). That
+# is the default there now, and the word loads are gone (docs/NOTES.md, forty-fourth
+# session). The lesson is the ordinary one: a compile fact names a suspect, only the clock
+# convicts it, and only on the machine the number is for.
 #
 # Where INT4 stops winning (run `h200-2026-12-02-ze-final`, K=4096 N=14336, x cuBLAS bf16):
 # M=1 1.84, 2-16 1.18-1.26, 32 0.69, 64 0.63, 128-4096 0.37-0.43. Section 2's models put the

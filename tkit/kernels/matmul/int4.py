@@ -65,18 +65,17 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   by the reduce launch as below.
 * ``"gemv"`` (M = 1 by default, any M <= 16 on request): ``_matmul_int4_gemv_kernel``, a
   memory-bound GEMV on the CUDA cores. program_id(0) a slab of BLOCK_N columns, (1) a K
-  split. At M = 1 (``k_lanes``): 32 columns a program and all of K, walked by "K lanes" (the
-  warps, and the threads the 32 columns leave over, take interleaved 32-deep chunks) that
-  sum once at the end: one launch, no partials, ~16 warps an SM, 8 columns a thread (two
-  16-byte vectors) sharing the activations' 16-byte loads; with 8 warps (N up to ~8K on
-  132 SMs) 16-deep chunks and the scales and zeros by inline loads of int32 words in the
-  codes' layout (``scale_loads="nc2"``: a tl.load of them takes a layout of its own, and
-  the step's sums then cross layouts through shared memory every step). At M = 2 one warp
-  a program and a K split. Every step's codes are loaded one step ahead, straight into
-  registers. The column-slab order of the reads costs nothing by itself: a bare read of
-  the codes in the same slabs, grid and prefetch takes what contiguous chunks take (~12 us
-  at K=4096 N=14336 on the H200, against ~17.7 for this kernel), so what is left above the
-  read is the kernel's own work per step, not the layout. Dequantization needs no int ->
+  split. At M = 1 (``k_lanes``): all of K in one program, walked by "K lanes" (4 warps,
+  and the threads the columns leave over, take interleaved 32-deep chunks) that sum once at
+  the end: one launch, no partials, ~16 warps an SM; 32 columns a program (8 a thread, two
+  16-byte vectors sharing the activations' 16-byte loads), or 16 (one vector of 4 a thread,
+  twice the programs) where 32 would give the SMs fewer than ~2 programs each (N up to
+  ~8K on 132 SMs). At M = 2 one warp a program and a K split. Every step's codes are
+  loaded one step ahead, straight into registers. The column-slab order of the reads costs
+  nothing by itself: a bare read of the codes in the same slabs, grid and prefetch takes
+  what contiguous chunks take (~12 us at K=4096 N=14336 on the H200, against ~17.7 for this
+  kernel), so what is left above the read is the kernel's own work per step, not the
+  layout. Dequantization needs no int ->
   float convert (nibbles OR-ed into float mantissas, see the kernel), two instructions a
   weight plus 3/8 of a shift, and the zero point and scale are applied once per word and
   step; sums over the step's packed rows stay within the thread. A K split's float32
@@ -160,13 +159,6 @@ class Int4Config:
     #: global scratch, so the eager plans rebuild them over each call's tensors, as the
     #: Gluon GEMM's, and the C++ executor encodes them)
     q_tma: bool = False
-    #: gemv path: how the scales and zeros are loaded. "tl": tl.load, which anchors its own
-    #: coalesced layout (8 bf16 a thread), so where a thread holds 8 columns of the codes
-    #: the step's sums meet the scales through a layout conversion every step (at M = 1:
-    #: 8 CTA barriers and shared-memory round trips a step). "nc2": one inline load an int32
-    #: word of two 16-bit columns (``_ld_pairs``), which takes the codes' layout: no
-    #: conversion (16-bit scales and zeros where :func:`_nc_scales` allows, else "tl")
-    scale_loads: str = "tl"
 
     @staticmethod
     def for_shape(M: int, N: int, K: int, group_size: int, num_sms: int = 132,
@@ -219,18 +211,18 @@ class Int4Config:
             return Int4Config(bm, tbn, bk, split, num_warps=warps, num_stages=stages,
                               path="tc", q_tma=True)
         if path == "gemv" and M == 1:
-            # K lanes: 32 columns a program (two 16-byte vectors a thread), 32-deep chunks,
-            # all of K in one program (no split, no reduce launch), 4 or 8 warps so that the
-            # SMs hold ~16 warps each: the warp count that was faster at each shape on the
-            # H200, and faster than one warp a program with split-K and a reduce launch
-            # (docs/NOTES.md, "INT4 decode"). Either way tl.load gives the scales a layout
-            # of their own (a conversion through shared memory every step); loading them as
-            # words in the codes' layout, with 16-deep chunks to stay within 128 registers,
-            # was faster with 8 warps and not with 4 (docs/NOTES.md, forty-second session)
-            warps = 8 if C.cdiv(N, 32) * 8 <= 16 * num_sms else 4
-            gbk, loads = (min(16, bk), "nc2") if warps == 8 else (min(32, bk), "tl")
-            return Int4Config(1, 32, gbk, 1, num_warps=warps, num_stages=1, path="gemv",
-                              k_lanes=8 * warps, n_vecs=2, scale_loads=loads)
+            # K lanes: all of K in one program (no split, no reduce launch), 4 warps, 32-deep
+            # chunks; 32 columns a program (two 16-byte vectors a thread), or 16 (one vector)
+            # where 32 would leave the SMs under ~2 programs each. H200, five runs, both
+            # timers: at K=N=8192 16 columns took 0.954-0.977x the time of 32 on 8 warps (the
+            # default then, with either scale load); at K=4096 N=14336 they were level with
+            # 32 (0.987-0.994x by the kernel timer, 1.009-1.022x by events, where the same
+            # build timed twice read 0.994-1.006x and 1.018-1.026x). With one vector a
+            # thread, tl.load's layout of the scales is the codes' own: no layout conversion
+            # in the step (docs/NOTES.md, forty-second and forty-fourth sessions)
+            bn, vecs = (16, 1) if C.cdiv(N, 32) <= 2 * num_sms else (32, 2)
+            return Int4Config(1, bn, min(32, bk), 1, num_warps=4, num_stages=1, path="gemv",
+                              k_lanes=32, n_vecs=vecs)
         if path == "gemv":
             # one warp a program; more rows of a hold more partial sums: smaller steps (M = 2:
             # 256 x 32, 168 registers; M = 4: 128 x 32, 168). K split so that ~10 programs per
@@ -272,21 +264,6 @@ TC_MAX_M = 64
 #: weight is a temporary of each call (117 MB at N=14336 K=4096 in bf16).
 DEQUANT_MIN_M = 256
 PATHS = ("gemv", "tile", "tc", "dequant", "cuda")
-SCALE_LOADS = ("tl", "nc2")
-
-
-def _nc_scales(mode: str, scales: torch.Tensor, zeros, N: int) -> int:
-    """The GEMV's NC_SCALES for ``Int4Config.scale_loads``: 2 (an int32 word of two 16-bit
-    columns by an inline load) for "nc2" where every word is aligned and inside its row:
-    16-bit scales and zeros, N and the rows' starts even, the bases 16-byte aligned (the bit
-    the eager plans key on, so a plan is never replayed with a pointer its words cannot
-    take); else 0 (tl.load)."""
-    ts = [scales] + ([zeros] if zeros is not None else [])
-    if mode == "nc2" and N % 2 == 0 and all(
-            t.element_size() == 2 and t.stride(1) == 1 and t.stride(0) % 2 == 0
-            and t.data_ptr() % 16 == 0 for t in ts):
-        return 2
-    return 0
 
 
 #: the rows of a for which unforced calls take the CUDA kernel where it serves: at M = 1 the
@@ -334,8 +311,6 @@ def current_config(M: int, N: int, K: int, group_size: int, num_sms: int) -> Int
             raise ValueError(f"path='gemv' takes all M={M} rows in one program: M <= 16")
         if cfg.k_lanes < 1 or cfg.k_lanes & (cfg.k_lanes - 1):
             raise ValueError(f"k_lanes={cfg.k_lanes} must be a power of 2")
-        if cfg.scale_loads not in SCALE_LOADS:
-            raise ValueError(f"scale_loads={cfg.scale_loads!r} must be one of {SCALE_LOADS}")
         if cfg.n_vecs not in (1, 2) or cfg.block_n < 4 * cfg.n_vecs:
             raise ValueError(f"n_vecs={cfg.n_vecs} must be 1 or 2 with block_n >= 4 * n_vecs")
         # one program's rows: all of them on the gemv path, >= 16 for tl.dot on the tile path,
@@ -523,38 +498,6 @@ def _a_half(w, HI: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
-def _ld_pairs(ptrs, DT: tl.constexpr, WK: tl.constexpr, NH: tl.constexpr, BNH: tl.constexpr):
-    """The (WK, NH, BNH) 16-bit scales (or zeros) of ``DT`` at the int32 words ``ptrs``
-    (WK, NH, BNH // 2), two columns a word, as float32: one inline 32-bit load a word (no
-    layout of its own), its halves joined back into columns 2j, 2j + 1. The columns come
-    from the values' own positions, whatever layout the compiler gives the tile."""
-    if INTERPRET:
-        w = tl.load(ptrs)
-    else:
-        w = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs],
-                                      dtype=tl.int32, is_pure=True, pack=1)
-    if DT == tl.bfloat16:
-        lo = (w << 16).to(tl.float32, bitcast=True)
-        hi = (w & -65536).to(tl.float32, bitcast=True)
-    else:
-        lo = w.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return tl.reshape(tl.join(lo, hi), (WK, NH, BNH))
-
-
-@triton.jit
-def _group_row(ptrs, wptrs, g, stride_g, NC: tl.constexpr, WK: tl.constexpr,
-               NH: tl.constexpr, BNH: tl.constexpr):
-    """Row ``g`` of the GEMV's scales or zeros at the columns of ``ptrs``: by tl.load (NC =
-    0), or (NC = 2) as two columns a word from ``wptrs`` by :func:`_ld_pairs`."""
-    if NC == 2:
-        v = _ld_pairs(wptrs + g * (stride_g // 2), ptrs.dtype.element_ty, WK, NH, BNH)
-    else:
-        v = tl.load(ptrs + g * stride_g)
-    return v
-
-
-@triton.jit
 def _matmul_int4_gemv_kernel(
     a_ptr, q_ptr, s_ptr, z_ptr, c_ptr, ws_ptr, bias_ptr, M, N, K,
     stride_am, stride_ak, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn,
@@ -563,7 +506,7 @@ def _matmul_int4_gemv_kernel(
     SPLIT_K: tl.constexpr, NUM_STAGES: tl.constexpr, FUSED_REDUCE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     K_LANES: tl.constexpr = 1, A_VEC: tl.constexpr = False, EVEN: tl.constexpr = False,
-    N_VECS: tl.constexpr = 1, NC_SCALES: tl.constexpr = 0,
+    N_VECS: tl.constexpr = 1,
 ):
     """All M (<= BLOCK_M) rows of ``a`` times BLOCK_N columns over this program's K range, on
     the CUDA cores: a memory-bound GEMV that streams (BLOCK_K // 8, BLOCK_N) int32 tiles of
@@ -582,9 +525,6 @@ def _matmul_int4_gemv_kernel(
     N_VECS apart): the activations' loads, converts and sums serve 4 N_VECS columns.
     EVEN: every split has the same number of chunks, a multiple of K_LANES (the launcher
     checks): no lane is ever past its range's end, only the loads ahead are masked.
-    NC_SCALES: the scales and zeros by tl.load (0) or two 16-bit columns a word by
-    :func:`_ld_pairs`'s inline loads in the codes' layout (2; the launcher checks the words'
-    alignment): see ``Int4Config.scale_loads``.
 
     Dequantization without an int -> float convert, two instructions a weight: the word and
     its rotations by 8, 16 and 24 bits put every nibble once at bits 16..19 (nibbles 4, 2, 0,
@@ -640,17 +580,10 @@ def _matmul_int4_gemv_kernel(
     # the scales and zeros of a step come with its codes, a step ahead (their group's row;
     # chunks past the end read the last one, unused)
     g = ((tl.minimum(k_begin + lanes, k_end - 1) * BLOCK_K) // GROUP)[:, None, None]
-    # NC_SCALES == 2: int32 words of two 16-bit columns, word (c mod N) / 2 of each even
-    # column c
-    BNW: tl.constexpr = BNH // 2
-    offs_w = (pid_n * BLOCK_N + (tl.arange(0, NH)[:, None] * BNH
-                                 + tl.arange(0, BNW)[None, :] * 2)) % N // 2
-    sw_ptrs = s_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :, :]
-    zw_ptrs = z_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_w[None, :, :]
-    s_next = _group_row(s_ptrs, sw_ptrs, g, stride_sg, NC_SCALES, WK, NH, BNH)  # (WK, NH, BNH)
+    s_next = tl.load(s_ptrs + g * stride_sg)  # (WK, NH, BNH)
     z_next = s_next
     if HAS_ZEROS:
-        z_next = _group_row(z_ptrs, zw_ptrs, g, stride_zg, NC_SCALES, WK, NH, BNH)
+        z_next = tl.load(z_ptrs + g * stride_zg)
     for st in tl.range(0, n_steps, num_stages=1):
         c = k_begin + st * WK + lanes  # this step's chunk of each lane
         live = c < k_end
@@ -664,9 +597,9 @@ def _matmul_int4_gemv_kernel(
         ahead = _lane_mask(c + WK < k_end, st + 1 < n_steps, q_tile, EVEN)
         q_next = tl.load(q_ptrs, mask=ahead, other=0, eviction_policy="evict_first")
         g = ((tl.minimum(c + WK, k_end - 1) * BLOCK_K) // GROUP)[:, None, None]
-        s_next = _group_row(s_ptrs, sw_ptrs, g, stride_sg, NC_SCALES, WK, NH, BNH)
+        s_next = tl.load(s_ptrs + g * stride_sg)
         if HAS_ZEROS:
-            z_next = _group_row(z_ptrs, zw_ptrs, g, stride_zg, NC_SCALES, WK, NH, BNH)
+            z_next = tl.load(z_ptrs + g * stride_zg)
         # derived from s, so that z is brought to s's layout (not s and z to two layouts)
         ca = (z + 128.0) * s
         cb = (z + 2048.0) * s
@@ -982,8 +915,7 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
         k_tiles = K // cfg.block_k
         even = k_tiles % split == 0 and (k_tiles // split) % cfg.k_lanes == 0
         extra.update(magic_a=MAGIC_A, magic_b=MAGIC_B, cnt_ptr=cnt, FUSED_REDUCE=fused,
-                     K_LANES=cfg.k_lanes, A_VEC=a_vec, EVEN=even, N_VECS=cfg.n_vecs,
-                     NC_SCALES=_nc_scales(cfg.scale_loads, scales, zeros, N))
+                     K_LANES=cfg.k_lanes, A_VEC=a_vec, EVEN=even, N_VECS=cfg.n_vecs)
     elif cfg.path == "tc":
         kernel, grid = _matmul_int4_tc_kernel, (C.cdiv(N, cfg.block_n), C.cdiv(M, cfg.block_m),
                                                 split)
