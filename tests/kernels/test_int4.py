@@ -307,7 +307,7 @@ def test_gemv_m1_column_tiles(sdtype, N, K, bn, vecs, lanes, sym):
 
 def test_gemv_m1_heuristic_columns():
     """M = 1: 4 warps of K lanes over all of K, 32-deep chunks; 16 columns a program (one
-    vector a thread) where 32 would leave the SMs under ~2 programs each, else 32."""
+    vector a thread) where 32 would leave the SMs at most 2 programs each, else 32."""
     wide = I4.Int4Config.for_shape(1, 14336, 4096, 128, 132)
     narrow = I4.Int4Config.for_shape(1, 8192, 8192, 128, 132)
     for cfg in (wide, narrow):

@@ -69,19 +69,19 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   and the threads the columns leave over, take interleaved 32-deep chunks) that sum once at
   the end: one launch, no partials, ~16 warps an SM; 32 columns a program (8 a thread, two
   16-byte vectors sharing the activations' 16-byte loads), or 16 (one vector of 4 a thread,
-  twice the programs) where 32 would give the SMs fewer than ~2 programs each (N up to
-  ~8K on 132 SMs). At M = 2 one warp a program and a K split. Every step's codes are
-  loaded one step ahead, straight into registers. The column-slab order of the reads costs
-  nothing by itself: a bare read of the codes in the same slabs, grid and prefetch takes
-  what contiguous chunks take (~12 us at K=4096 N=14336 on the H200, against ~17.7 for this
+  twice the programs) where 32 would give the SMs at most 2 programs each (N up to 8448
+  on 132 SMs). At M = 2 one warp a program and a K split. Every step's codes are loaded
+  one step ahead, straight into registers. The column-slab order of the reads costs nothing
+  by itself: a bare read of the codes in the same slabs, grid and prefetch takes what
+  contiguous chunks take (~12 us at K=4096 N=14336 on the H200, against ~17.7 for this
   kernel), so what is left above the read is the kernel's own work per step, not the
-  layout. Dequantization needs no int ->
-  float convert (nibbles OR-ed into float mantissas, see the kernel), two instructions a
-  weight plus 3/8 of a shift, and the zero point and scale are applied once per word and
-  step; sums over the step's packed rows stay within the thread. A K split's float32
-  partials are summed in split order by matmul's ``_splitk_reduce_kernel`` (a second
-  launch, which applies the bias) or, with ``fused_reduce``, by the last program of each
-  slab to arrive (one launch, the same bits; per-device counters, opt-in).
+  layout. Dequantization needs no int -> float convert (nibbles OR-ed into float
+  mantissas, see the kernel), two instructions a weight plus 3/8 of a shift, and the zero
+  point and scale are applied once per word and step; sums over the step's packed rows
+  stay within the thread. A K split's float32 partials are summed in split order by
+  matmul's ``_splitk_reduce_kernel`` (a second launch, which applies the bias) or, with
+  ``fused_reduce``, by the last program of each slab to arrive (one launch, the same bits;
+  per-device counters, opt-in).
 * ``"tile"`` (64 < M < 256 by default): ``_matmul_int4_kernel``, program_id(0) walks N
   tiles, (1) M tiles, (2) K splits. M <= 64 (on request): BLOCK_M = 16..64, BLOCK_N = 64,
   BLOCK_K = min(128, G), 3 stages, K split so that about four programs per SM stream the
@@ -213,7 +213,7 @@ class Int4Config:
         if path == "gemv" and M == 1:
             # K lanes: all of K in one program (no split, no reduce launch), 4 warps, 32-deep
             # chunks; 32 columns a program (two 16-byte vectors a thread), or 16 (one vector)
-            # where 32 would leave the SMs under ~2 programs each. H200, five runs, both
+            # where 32 would leave the SMs at most 2 programs each. H200, five runs, both
             # timers: at K=N=8192 16 columns took 0.954-0.977x the time of 32 on 8 warps (the
             # default then, with either scale load); at K=4096 N=14336 they were level with
             # 32 (0.987-0.994x by the kernel timer, 1.009-1.022x by events, where the same
