@@ -574,7 +574,7 @@ def test_glu_measured_against_prediction():
 # runs, both timers), that bought 2.4-3.8% at K=N=8192 and nothing at K=4096 N=14336, and
 # every form that spent registers to keep the 32-deep steps lost 11-39%: the barriers were a
 # real cost but not the bound. On the H200 the word loads then tied with `tl.load` at
-# K=N=8192, and a third form beat both by 2.3-4.6% in five runs: 16 columns a program, one
+# K=N=8192, and a third form beat both by 1.4-4.6% in five runs: 16 columns a program, one
 # vector of 4 columns a thread, which makes the coalesced layout of the scales the codes'
 # own, so `tl.load` needs no conversion and the program count doubles (512 at N=8192). That
 # is the default there now, and the word loads are gone (docs/NOTES.md, forty-fourth
