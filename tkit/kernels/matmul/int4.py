@@ -212,14 +212,11 @@ class Int4Config:
                               path="tc", q_tma=True)
         if path == "gemv" and M == 1:
             # K lanes: all of K in one program (no split, no reduce launch), 4 warps, 32-deep
-            # chunks; 32 columns a program (two 16-byte vectors a thread), or 16 (one vector)
-            # where 32 would leave the SMs at most 2 programs each. H200, five runs, both
-            # timers: at K=N=8192 16 columns took 0.954-0.977x the time of 32 on 8 warps (the
-            # default then, with either scale load); at K=4096 N=14336 they were level with
-            # 32 (0.987-0.994x by the kernel timer, 1.009-1.022x by events, where the same
-            # build timed twice read 0.994-1.006x and 1.018-1.026x). With one vector a
-            # thread, tl.load's layout of the scales is the codes' own: no layout conversion
-            # in the step (docs/NOTES.md, forty-second and forty-fourth sessions)
+            # chunks; 32 columns a program (two 16-byte vectors a thread), or 16 (one vector,
+            # twice the programs) where 32 would leave the SMs at most 2 programs each: on
+            # the H200 16 columns were faster at K=N=8192 and level at K=4096 N=14336. With
+            # one vector a thread, tl.load's layout of the scales is the codes' own, so the
+            # step needs no layout conversion (docs/NOTES.md, forty-fourth session)
             bn, vecs = (16, 1) if C.cdiv(N, 32) <= 2 * num_sms else (32, 2)
             return Int4Config(1, bn, min(32, bk), 1, num_warps=4, num_stages=1, path="gemv",
                               k_lanes=32, n_vecs=vecs)
