@@ -983,76 +983,6 @@ def _fp8_row_col_case(M, N, K, rows):
                          vs_scaled_mm=ratio))
 
 
-def sweep_fp8_cutlass_probe(rows):
-    """PROBE (deleted once read): CUTLASS's own sm90 fp8 GEMMs from the nvidia-cutlass wheel
-    (probe_cutlass/libprobe.so, built by probe_cutlass/build.sh) beside tkit.matmul_fp8 with
-    block scales and torch._scaled_mm per tensor; graph replays, L2 read-flushed, best of 3
-    interleaved rounds."""
-    import ctypes
-    lib = ctypes.CDLL(str(Path(__file__).resolve().parent.parent / "probe_cutlass" / "libprobe.so"))
-    names = ["bw_coop_c12", "bw_coop_c21", "bw_coop_c11", "bw_pp_c12", "pt_coop_c21", "pt_pp_c12"]
-    for n in names:
-        getattr(lib, n).restype = ctypes.c_int
-        getattr(lib, n + "_workspace").restype = ctypes.c_size_t
-    for M, N, K in ((8192, 8192, 8192), (4096, 4096, 4096), (4096, 7168, 16384),
-                    (4096, 24576, 1536), (4096, 4096, 7168)):
-        _fp8_cutlass_case(lib, names, M, N, K, rows)
-
-
-def _fp8_cutlass_case(lib, names, M, N, K, rows):
-    import ctypes
-    a, b, sa, sb = _block_operands(M, N, K)
-    w = b.t()  # (N, K) row-major: CUTLASS's column-major B
-    sa_mn = sa.t().contiguous()  # SFA M-major: (K / 128, M)
-    one = torch.ones((), device="cuda")
-    fns = {"tkit.matmul_fp8 block": lambda: tkit.matmul_fp8(a, b, sa, sb),
-           "torch._scaled_mm per tensor": lambda: torch._scaled_mm(
-               a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)}
-    for n in names:
-        fn = getattr(lib, n)
-        ws = torch.empty(max(1, getattr(lib, n + "_workspace")(M, N, K)), dtype=torch.uint8,
-                         device="cuda")
-        out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
-
-        def run(fn=fn, ws=ws, out=out, n=n):
-            rc = fn(ctypes.c_void_p(a.data_ptr()), ctypes.c_void_p(w.data_ptr()),
-                    ctypes.c_void_p(sa_mn.data_ptr()), ctypes.c_void_p(sb.data_ptr()),
-                    ctypes.c_void_p(out.data_ptr()), M, N, K, ctypes.c_void_p(ws.data_ptr()),
-                    ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
-            if rc:
-                raise RuntimeError(f"{n}: rc {rc}")
-            return out
-        fns["cutlass " + n] = run
-    want_bw = fns["tkit.matmul_fp8 block"]().float()
-    want_pt = fns["torch._scaled_mm per tensor"]().float()
-    ok = {}
-    for name, fn in fns.items():
-        try:
-            got = fn().float()
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001
-            print(f"fp8_cutlass {M}x{N}x{K} {name}: FAILED {type(e).__name__}: {e}"[:300])
-            continue
-        want = want_pt if ("pt_" in name or "per tensor" in name) else want_bw
-        err = float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
-        ok[name] = fn
-        if err > 2e-2:
-            print(f"fp8_cutlass {M}x{N}x{K} {name}: DIFFERENT OUTPUT (max rel {err:.3g})")
-    times = {}
-    for _ in range(3):
-        for name, fn in ok.items():
-            t = time_fn(fn, replay=True, rep_ms=80).median_ms
-            times[name] = min(t, times.get(name, t))
-    flops = 2.0 * M * N * K
-    ref = times.get("torch._scaled_mm per tensor")
-    for name, t in times.items():
-        print(f"fp8_cutlass {M}x{N}x{K:<6d} {name:32s} {t * 1e3:9.1f} us "
-              f"{flops / t / 1e9:7.1f} TFLOP/s x{ref / t:.3f} _scaled_mm")
-        rows.append(dict(family="fp8_cutlass_probe", op="matmul_fp8", case=f"{M}x{N}x{K}",
-                         provider=name, median_ms=t, tflops=flops / t / 1e9,
-                         vs_scaled_mm=ref / t))
-
-
 def sweep_int4_prefill(rows):
     """matmul_int4 at prefill sizes of the registry's M sweep (K=4096, N=14336; M = 128, 512,
     4096): the default (the tile kernel, converting every code of the weight in each M tile)
@@ -2222,7 +2152,6 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "int4_8192": sweep_int4_8192,
           "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
           "int4_gemv": sweep_int4_gemv,
-          "fp8_cutlass_probe": sweep_fp8_cutlass_probe,
           "fp8_row_col": sweep_fp8_row_col,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope, "fuse": sweep_fuse, "losses": sweep_losses,

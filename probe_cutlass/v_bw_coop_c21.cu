@@ -1,4 +1,0 @@
-#include "fp8.cuh"
-TKIT_PROBE_ENTRY(bw_coop_c21, Shape<_128, _128, _128>, Shape<_2, _1, _1>,
-                 cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise,
-                 cutlass::epilogue::TmaWarpSpecializedCooperative, true)

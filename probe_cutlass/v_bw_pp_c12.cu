@@ -1,4 +1,0 @@
-#include "fp8.cuh"
-TKIT_PROBE_ENTRY(bw_pp_c12, Shape<_64, _128, _128>, Shape<_1, _2, _1>,
-                 cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8Blockwise,
-                 cutlass::epilogue::TmaWarpSpecialized, true)
