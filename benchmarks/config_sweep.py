@@ -804,6 +804,83 @@ def sweep_int4_gemv(rows):
                   f"{tc * 1e3:7.2f} us")
 
 
+def sweep_int4_gemv_cuda(rows):
+    """The CUDA GEMV (``tkit.cuda_ext.gemm_int4.matmul_int4_gemv_cuda``) at K=4096 N=14336 and
+    K=N=8192 (group 128): at M=1 its K lanes, ring depths and the codes' L2 hint against the
+    Triton GEMV; at M = 2, 4, 8 and 16 against the stream-K CUDA kernel (the default there);
+    cuBLAS bf16 beside them. Graph replays, L2 read-flushed, min of 3 interleaved rounds'
+    medians, by events and by the kernel timer; each output checked against a float64
+    product."""
+    import torch.nn.functional as F
+
+    from tkit.cuda_ext import gemm_int4 as G4
+    from tkit.kernels.matmul import int4 as I4
+
+    def triton_gemv(a, q, s, z):
+        with I4.int4_config(path="gemv"):
+            return tkit.matmul_int4(a, q, s, z, group_size=128)
+
+    for K, N in ((4096, 14336), (8192, 8192)):
+        g = torch.Generator(device="cuda").manual_seed(K + N)
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g) * K ** -0.5
+        q, s, z = tkit.quantize_int4(w, 128)
+        wd = tkit.dequantize_int4(q, s, z, group_size=128, dtype=torch.float64)
+        kl = G4.gemv_config(1, N, K, torch.bfloat16, s.dtype, 128, 132)["kl"]
+        for M in (1, 2, 4, 8, 16):
+            a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
+            want = a.double() @ wd.t()
+            tol = 1e-2 * float(want.abs().max())
+
+            def cuda_gemv(a, q, s, z, **kw):
+                return G4.matmul_int4_gemv_cuda(a, q, s, z, 128, **kw)
+
+            variants = {"default": lambda a, q, s, z: tkit.matmul_int4(a, q, s, z,
+                                                                        group_size=128)}
+            if M == 1:
+                variants["triton gemv"] = triton_gemv
+                variants[f"cuda gemv (lanes {kl}, pf 8)"] = cuda_gemv
+                for lanes in sorted({max(1, kl // 2), min(16, kl * 2)} - {kl}):
+                    variants[f"cuda gemv lanes {lanes}"] = (
+                        lambda a, q, s, z, lanes=lanes: cuda_gemv(a, q, s, z, lanes=lanes))
+                for pf in (4, 12):
+                    variants[f"cuda gemv pf {pf}"] = (
+                        lambda a, q, s, z, pf=pf: cuda_gemv(a, q, s, z, pf=pf))
+                variants["cuda gemv L2 256B hint"] = (
+                    lambda a, q, s, z: cuda_gemv(a, q, s, z, l2_hint=True))
+            else:
+                variants["cuda stream-K"] = (
+                    lambda a, q, s, z: G4.matmul_int4_cuda(a, q, s, z, 128, check=False))
+                variants["cuda gemv"] = cuda_gemv
+            times, errs = {}, {}
+            for _ in range(3):
+                for name, fn in variants.items():
+                    got = fn(a, q, s, z)
+                    errs[name] = max(errs.get(name, 0.0), float((got.double() - want).abs().max()))
+                    for timer in ("events", "kernels"):
+                        t = time_fn(lambda fn=fn, a=a, q=q, s=s, z=z: fn(a, q, s, z), replay=True,
+                                    rep_ms=60, timer=timer).median_ms
+                        times[(name, timer)] = min(t, times.get((name, timer), t))
+            for timer in ("events", "kernels"):
+                tc = min(time_fn(lambda a=a, w=w: F.linear(a, w), replay=True, rep_ms=60,
+                                 timer=timer).median_ms for _ in range(3))
+                base = times[("default", timer)]
+                for name in variants:
+                    t = times[(name, timer)]
+                    bad = "" if errs[name] <= tol else f" WRONG (max |err| {errs[name]:.3g})"
+                    print(f"int4_gemv_cuda M={M} K={K} N={N} {timer:7s} {name:28s} "
+                          f"{t * 1e3:7.2f} us {t / base:5.3f}x default's time, "
+                          f"{tc / t:5.2f}x cuBLAS bf16{bad}")
+                    rows.append(dict(family="int4_gemv_cuda", op="matmul_int4",
+                                     case=f"M={M} K={K} N={N} g128", provider=name,
+                                     timer=timer, median_ms=t, vs_cublas_bf16=tc / t,
+                                     correct=not bad))
+                print(f"int4_gemv_cuda M={M} K={K} N={N} {timer:7s} {'cuBLAS bf16 F.linear':28s}"
+                      f" {tc * 1e3:7.2f} us")
+                rows.append(dict(family="int4_gemv_cuda", op="matmul_int4",
+                                 case=f"M={M} K={K} N={N} g128", provider="cuBLAS bf16",
+                                 timer=timer, median_ms=tc))
+
+
 def sweep_int4_small_m(rows):
     """matmul_int4 at K=4096 N=14336 (the registry's M sweep) for M = 2..128, the default
     against the tensor-core decode kernel at other row tiles and splits,
@@ -2151,7 +2228,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "int4": sweep_int4, "int4_small_m": sweep_int4_small_m,
           "int4_8192": sweep_int4_8192,
           "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
-          "int4_gemv": sweep_int4_gemv,
+          "int4_gemv": sweep_int4_gemv, "int4_gemv_cuda": sweep_int4_gemv_cuda,
           "fp8_row_col": sweep_fp8_row_col,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope, "fuse": sweep_fuse, "losses": sweep_losses,

@@ -222,11 +222,57 @@ def test_int4_gemm_builds(cubin_dir, build):
     assert not ops & {"LDL", "STL"}, f"{build}: local memory traffic (spills)"
 
 
+GEMV_INT4_BUILDS = [(1, 14336, 4096, "bfloat16", "float16", 128),
+                    (1, 8192, 8192, "bfloat16", "bfloat16", 128),
+                    (16, 4096, 4096, "float16", "float32", 32),
+                    (5, 1024, 2048, "bfloat16", "float16", 512)]
+
+
+@pytest.mark.toolchain
+@pytest.mark.parametrize("build", GEMV_INT4_BUILDS, ids=lambda v: "-".join(map(str, v)))
+@needs_cuobjdump
+def test_int4_gemv_builds(cubin_dir, build):
+    """The INT4 GEMV: the codes read by 16-byte loads that skip L1, straight into registers
+    (no TMA, no mbarrier, no cp.async in the K loop: LDGSTS only stages a and the scales
+    before it); each 32-deep chunk dequantized by 16 LOP3s (mask and magic in registers)
+    into two k16 steps of two m16n8k16 MMAs an n8 tile of a's rows, in a's dtype; a K loop
+    with no barrier, and no spills."""
+    import torch
+
+    from tkit.cuda_ext.gemm_int4 import gemv_config
+
+    M, N, K, act, sdt, G = build
+    cfg = gemv_config(M, N, K, getattr(torch, act), getattr(torch, sdt), G, 132)
+    sass = kernels_sass(_loader.compile_cubin("gemv_int4.cu", "90a", cfg["options"],
+                                              cache_dir=cubin_dir))["gemv_int4"]
+    ops = opcodes(sass)
+    kind = "" if act == "float16" else r"\.BF16"
+    pf = int(next(o for o in cfg["options"] if o.startswith("-DPF=")).split("=")[1])
+    hmma = len(re.findall(rf"HMMA\.16816\.F32{kind} ", sass))
+    assert hmma >= pf * 4 * cfg["nt"], hmma  # the main loop's pass, and the tail's
+    assert len(re.findall(r"LOP3\.LUT R\d+, R\d+, 0xf000f, R\d+(?:\.reuse)?, 0xea",
+                          sass)) >= pf * 16
+    assert re.search(r"LDG\.E\.NA\.128\.CONSTANT", sass)
+    assert not ops & {"UTMALDG", "SYNCS", "LDL", "STL"}, ops
+    # the K loop: the shortest backward branch around MMAs; no barrier or shared stores
+    lines = sass.splitlines()
+    addr = {int(m.group(1), 16): i for i, ln in enumerate(lines)
+            if (m := re.search(r"/\*([0-9a-f]{4,})\*/", ln))}
+    loops = [(addr[int(t, 16)], i) for i, ln in enumerate(lines)
+             if (m := re.search(r"BRA (?:`\()?0x([0-9a-f]+)", ln)) and (t := m.group(1))
+             and int(t, 16) in addr and addr[int(t, 16)] < i]
+    start, end = min((x for x in loops if "HMMA" in "\n".join(lines[x[0]:x[1]])),
+                     key=lambda x: x[1] - x[0])
+    body = "\n".join(lines[start:end])
+    assert "BAR" not in body and "STS" not in body
+
+
 @pytest.mark.toolchain
 def test_resource_usage_no_spills():
     """ptxas's own report agrees: 0 bytes spilled in every GEMM kernel."""
     for name, arch in (("gemm_mma_sm80.cu", "80"), ("gemm_wgmma_sm90.cu", "90a"),
-                       ("gemm_fp8_block_sm90.cu", "90a"), ("gemm_int4_sm90.cu", "90a")):
+                       ("gemm_fp8_block_sm90.cu", "90a"), ("gemm_int4_sm90.cu", "90a"),
+                       ("gemv_int4.cu", "90a")):
         report = _loader.resource_usage(name, arch)
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
         assert spills and all(s == ("0", "0") for s in spills), report

@@ -231,3 +231,162 @@ def test_repeated_eager_calls_are_served_by_their_plan_on_their_stream():
         torch.cuda.current_stream().wait_stream(side)
         assert _launch.stats["plan"] == plans
         assert torch.equal(got, G4.matmul_int4_cuda(a, q, s, z, 128))
+
+
+# ---- the GEMV (csrc/gemv_int4.cu) -----------------------------------------------------------
+def test_gemv_config_picks_lanes_and_refuses_by_name():
+    """K lanes give the SMs about 16 warps each (fewer slabs, more lanes), never more lanes
+    than groups; M picks the n8 tiles; lanes, pf and M outside their ranges are ValueErrors
+    naming them."""
+    cfg = G4.gemv_config(1, 14336, 4096, BF16, F16, 128, 132)
+    assert (cfg["nt"], cfg["kl"]) == (1, 4) and "-DGROUP=128" in cfg["options"]
+    assert G4.gemv_config(1, 8192, 8192, BF16, F16, 128, 132)["kl"] == 8
+    assert G4.gemv_config(1, 1024, 4096, BF16, F16, 128, 132)["kl"] == 16
+    assert G4.gemv_config(1, 1024, 256, BF16, F16, 128, 132)["kl"] == 2  # two groups
+    c16 = G4.gemv_config(16, 4096, 4096, F16, F32, 32, 132)
+    assert c16["nt"] == 2 and "-DACT_F16=1" in c16["options"] and "-DSCALE_T=2" in c16["options"]
+    # rows of a, the slab's scales and zeros, the group sums, the other lanes' sums
+    assert cfg["smem"] == 1 * (2 * 4096 + 64) + 2 * 32 * 32 * 2 + 32 * 8 * 4 + 3 * 32 * 8 * 4
+    with pytest.raises(ValueError, match="lanes"):
+        G4.gemv_config(1, 4096, 4096, BF16, F16, 128, 132, lanes=3)
+    with pytest.raises(ValueError, match="pf"):
+        G4.gemv_config(1, 4096, 4096, BF16, F16, 128, 132, pf=0)
+    with pytest.raises(ValueError, match="M=17"):
+        G4.gemv_config(17, 4096, 4096, BF16, F16, 128, 132)
+
+
+def test_gemv_scope_names_what_is_out_of_it():
+    """The operands the GEMV does not take, each refused with its reason (on any machine:
+    the device is checked last)."""
+    a, q, s, z = _case(1, 512, 1024, 128)
+    assert "not an sm_90 device" in G4.gemv_supported(a, q, s, z, 128, None) or ON_GPU
+    a2, q2, s2, z2 = _case(1, 520, 1024, 128)
+    assert "multiple of 32" in G4.gemv_supported(a2, q2, s2, z2, 128, None)
+    assert "M=17" in G4.gemv_supported(make_tensor((17, 1024), BF16, device=DEV), q, s, z,
+                                       128, None)
+    assert "group_size=48" in G4.gemv_supported(a, q, s, z, 48, None)
+    strided = make_tensor((2, 2048), BF16, device=DEV)[:, ::2]
+    assert "contiguous" in G4.gemv_supported(strided, q, s, z, 128, None)
+    assert "differ in dtype" in G4.gemv_supported(a, q, s, z.float(), 128, None)
+    big = make_tensor((16, 65536), BF16, device=DEV)
+    qb = torch.zeros(65536 // 8, 64, dtype=torch.int32, device=DEV)
+    sb = torch.ones(65536 // 128, 64, dtype=F16, device=DEV)
+    assert "shared memory" in G4.gemv_supported(big, qb, sb, None, 128, None)
+    if not ON_GPU:
+        assert "not on a CUDA device" in I4.cuda_gemv_reason(a, q, s, z, 128, None)
+        assert I4.cuda_gemv_reason(a.expand(2, -1), q, s, z, 128, None).startswith(
+            "M=2 is outside")
+        with I4.int4_config(path="cuda_gemv"), pytest.raises(ValueError, match="CUDA INT4 GEMV"):
+            tkit.matmul_int4(a, q, s, z, group_size=128)
+
+
+def _gemv(a, q, s, z, G, bias=None, **cfg):
+    with I4.int4_config(path="cuda_gemv", **cfg):
+        return tkit.matmul_int4(a, q, s, z, group_size=G, bias=bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,G,dtype,sym,sdt,bias", [
+    (1, 14336, 4096, 128, BF16, False, F16, False),
+    (1, 8192, 8192, 128, BF16, False, BF16, True),
+    (1, 96, 2048, 32, F16, True, F32, True),          # 3 slabs, 16 lanes, fp32 scales
+    (1, 4096, 384, 128, BF16, False, F16, False),     # 3 groups over 2 lanes (1 + 2)
+    (2, 416, 576, 64, BF16, True, BF16, True),
+    (3, 2048, 1536, 512, F16, False, F32, False),     # 3 groups, 2 lanes of 1 / 2
+    (8, 1024, 2048, 256, BF16, False, BF16, False),   # one full n8 tile
+    (9, 4096, 1024, 128, F16, True, F16, True),       # two n8 tiles, one row in the second
+    (16, 1056, 3072, 128, BF16, False, F16, True),
+])
+def test_gemv_against_reference(M, N, K, G, dtype, sym, sdt, bias):
+    """Forced onto the CUDA GEMV: float64 reference, outputs poisoned first; group sizes 32
+    to 512, fp16 / bf16 / fp32 scales, symmetric weights, bias, 1 to 16 rows of a, K lanes
+    holding unequal runs of groups."""
+    a, q, s, z = _case(M, N, K, G, dtype, sym, sdt, seed=M + 20)
+    b = make_tensor((N,), dtype, seed=7, device=DEV) if bias else None
+    spec = registry.get("matmul_int4")
+    assert I4.cuda_gemv_reason(a, q, s, z, G, b, forced=True) is None
+    with I4.int4_config(path="cuda_gemv"), poisoned_outputs():
+        check_against_reference(spec.fn, spec.reference, (a, q, s, z),
+                                dict(group_size=G, bias=b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lanes,pf", [(1, 1), (2, 3), (4, 8), (16, 5), (8, 12)])
+def test_gemv_lanes_and_ring_depths(lanes, pf):
+    """Every K-lane count and ring depth (runs shorter than the ring, a ring that is not a
+    multiple of the group's chunks) gives the reference's result."""
+    a, q, s, z = _case(1, 2048, 4096, 128, seed=31)
+    want = a.double() @ I4.dequantize_int4(q, s, z, group_size=128).double().t()
+    tol = 2.0 ** -7 * float(want.abs().max())
+    got = G4.matmul_int4_gemv_cuda(a, q, s, z, 128, lanes=lanes, pf=pf)
+    assert float((got.double() - want).abs().max()) <= tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 3])
+def test_gemv_every_code_in_every_nibble(M):
+    """Each of the 16 codes at each of the 8 nibbles of a word, against zero points 0..15 and
+    a fractional one."""
+    N, K, G = 128, 1024, 128
+    codes = torch.arange(N * K, device=DEV).view(N, K) % 16
+    codes = (codes + torch.arange(N, device=DEV)[:, None] // 8) % 16
+    q = I4.pack_int4(codes.to(torch.int32))
+    s = (torch.rand(K // G, N, device=DEV) + 0.5).half()
+    z = (torch.arange(K // G * N, device=DEV).view(K // G, N) % 16).half()
+    z[0, :7] = 7.5
+    a = make_tensor((M, K), BF16, seed=3, device=DEV)
+    spec = registry.get("matmul_int4")
+    with I4.int4_config(path="cuda_gemv"):
+        check_against_reference(spec.fn, spec.reference, (a, q, s, z), dict(group_size=G))
+
+
+@pytest.mark.gpu
+def test_gemv_unforced_m1_takes_it_and_falls_back_with_the_reason():
+    """M = 1 on an sm_90 device goes to the CUDA GEMV, deterministic call to call; operands
+    outside its scope go to the Triton GEMV with the reason; a CUDA graph replays it with new
+    activations to the same bits as eager calls."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the kernel is built for sm_90a")
+    a, q, s, z = _case(1, 4096, 4096, 128, seed=4)
+    assert I4.backend(a, q, s, z, group_size=128).startswith("cuda gemv")
+    got = tkit.matmul_int4(a, q, s, z, group_size=128)
+    assert torch.equal(got, G4.matmul_int4_gemv_cuda(a, q, s, z, 128))
+    assert torch.equal(got, tkit.matmul_int4(a, q, s, z, group_size=128))
+    a2, q2, s2, z2 = _case(1, 520, 1024, 128)
+    assert "multiple of 32" in I4.backend(a2, q2, s2, z2, group_size=128)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        _gemv(a2, q2, s2, z2, 128)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        tkit.matmul_int4(a, q, s, z, group_size=128)
+        with torch.cuda.graph(graph, stream=stream):
+            out = tkit.matmul_int4(a, q, s, z, group_size=128)
+    torch.cuda.current_stream().wait_stream(stream)
+    for seed in (1, 2):
+        a.copy_(make_tensor(a.shape, a.dtype, seed=seed, device=DEV))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, G4.matmul_int4_gemv_cuda(a, q, s, z, 128))
+
+
+@pytest.mark.gpu
+def test_gemv_repeated_eager_calls_are_served_by_their_plan():
+    """The second eager M=1 call of a signature is served by its plan: the same bits as the
+    launcher for fresh activations and weights."""
+    from tkit.kernels import _cplan, _launch, _plan
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the kernel is built for sm_90a")
+    if not _plan.ON or _cplan.module() is None:
+        pytest.skip(f"no eager plans here: {_cplan.status()}")
+    with torch.no_grad():
+        a, q, s, z = _case(1, 4096, 2048, 128, seed=9)
+        tkit.matmul_int4(a, q, s, z, group_size=128)  # the recorded call
+        for seed in (1, 2):
+            a, q, s, z = _case(1, 4096, 2048, 128, seed=seed)
+            plans = _launch.stats["plan"]
+            got = tkit.matmul_int4(a, q, s, z, group_size=128)
+            assert _launch.stats["plan"] == plans + 1
+            assert torch.equal(got, G4.matmul_int4_gemv_cuda(a, q, s, z, 128))

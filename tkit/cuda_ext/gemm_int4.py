@@ -246,3 +246,142 @@ def matmul_int4_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
         *maps, c, bias if bias is not None else np.int64(0), ws, counters,
         *_i32(M, N, K, group_size, int(zeros is not None), steps)), smem=cfg["smem"])
     return c
+
+
+# ---- the GEMV (csrc/gemv_int4.cu): M <= 16 rows, no TMA, no stream-K -----------------------
+GEMV_SOURCE = "gemv_int4.cu"
+GEMV_MAX_M = 16
+#: the builds' defaults: 32-deep chunks of codes in flight a thread; the K lanes (warps a
+#: 32-column slab) follow from the shape (:func:`gemv_config`)
+GEMV_PF = 8
+#: shared memory a CTA may take (rows of a, the slab's scales and zeros, the K lanes' sums):
+#: past it the CTAs an SM would hold get too few to keep the codes in flight
+GEMV_SMEM_LIMIT = 96 * 1024
+
+
+def _gemv_lanes(N: int, K: int, group_size: int, num_sms: int) -> int:
+    """Warps a 32-column slab: the power of 2 that gives the SMs about 16 warps each (all
+    CTAs resident at once, ~64 KB of codes in flight an SM), at most 16 and at most the
+    groups of K (a warp takes whole groups)."""
+    slabs = max(1, N // 32)
+    kl = 1
+    while kl < 16 and kl * 2 <= 16 * num_sms / slabs * 1.41:
+        kl *= 2
+    while kl > 1 and kl > K // group_size:
+        kl //= 2
+    return kl
+
+
+def _gemv_smem(M: int, K: int, group_size: int, scale_dtype: torch.dtype, nt: int,
+               kl: int) -> int:
+    ng = K // group_size
+    return (M * (2 * K + 64) + 2 * ng * 32 * scale_dtype.itemsize + ng * 8 * nt * 4
+            + (kl - 1) * 32 * 8 * nt * 4)
+
+
+def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: torch.dtype,
+                group_size: int, num_sms: int, *, lanes: int | None = None,
+                pf: int | None = None, l2_hint: bool = False) -> dict:
+    """One GEMV build and launch for these operands: nt (n8 tiles of rows of a), kl (warps a
+    CTA), smem (bytes) and options (-D...). ``lanes`` / ``pf`` / ``l2_hint`` override the
+    K lanes, the chunks in flight a thread and the codes' L2 prefetch hint (sweeps)."""
+    if not 1 <= M <= GEMV_MAX_M:
+        raise ValueError(f"the INT4 GEMV takes 1..{GEMV_MAX_M} rows of a, got M={M}")
+    nt = 1 if M <= 8 else 2
+    kl = lanes if lanes is not None else _gemv_lanes(N, K, group_size, num_sms)
+    if kl not in (1, 2, 4, 8, 16):
+        raise ValueError(f"lanes must be 1, 2, 4, 8 or 16, got {kl}")
+    pf = GEMV_PF if pf is None else pf
+    if not 1 <= pf <= 16:
+        raise ValueError(f"pf must be in 1..16, got {pf}")
+    options = _defines(nt=nt, kl=kl, pf=pf, group=group_size, scale_t=SCALE_T[scale_dtype],
+                       act_f16=int(act_dtype == torch.float16), l2_hint=int(l2_hint))
+    return dict(nt=nt, kl=kl, smem=_gemv_smem(M, K, group_size, scale_dtype, nt, kl),
+                options=("-std=c++17",) + options)
+
+
+def gemv_supported(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                   zeros: torch.Tensor | None, group_size: int, bias: torch.Tensor | None
+                   ) -> str | None:
+    """None when the GEMV serves these (checked) operands, else why not (the device last:
+    the operands' own limits are the same on any machine)."""
+    M, K = a.shape
+    N = qweight.shape[1]
+    if M > GEMV_MAX_M:
+        return f"M={M} rows of a: the GEMV takes at most {GEMV_MAX_M}"
+    if a.dtype not in ACT_DTYPES:
+        return f"a's dtype {a.dtype} is not fp16/bf16"
+    if group_size % 32 or K % group_size:
+        return f"group_size={group_size} is not a multiple of 32 dividing K={K}"
+    if N % 32:
+        return f"N={N} is not a multiple of 32 (the GEMV's column slabs)"
+    if a.stride(1) != 1 or (M > 1 and a.stride(0) % 8) or a.data_ptr() % 16:
+        return "a's rows are not contiguous and 16-byte aligned"
+    if qweight.stride(1) != 1 or qweight.stride(0) != N or qweight.data_ptr() % 16:
+        return "qweight is not contiguous and 16-byte aligned"
+    for name, t in (("scales", scales), ("zeros", zeros)):
+        if t is None:
+            continue
+        if t.dtype not in SCALE_T:
+            return f"{name}' dtype {t.dtype} is not fp16/bf16/fp32"
+        if (t.stride(1) != 1 or (t.shape[0] > 1 and (t.stride(0) * t.element_size()) % 16)
+                or t.data_ptr() % 16):
+            return f"{name}' rows are not contiguous and 16-byte aligned"
+    if zeros is not None and zeros.dtype != scales.dtype:
+        return "zeros and scales differ in dtype"
+    if bias is not None and (bias.dtype != a.dtype or bias.stride(0) != 1):
+        return "bias is not contiguous in a's dtype"
+    nt = 1 if M <= 8 else 2
+    smem = _gemv_smem(M, K, group_size, scales.dtype, nt, 16)
+    if smem > GEMV_SMEM_LIMIT:
+        return (f"{smem} bytes of shared memory a CTA (rows of a, scales, zeros) is more "
+                f"than the GEMV's {GEMV_SMEM_LIMIT}")
+    if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device) != (9, 0):
+        return "not an sm_90 device (the kernel is built for sm_90a)"
+    return None
+
+
+def gemv_unavailable(options: tuple[str, ...], device: int) -> str | None:
+    """Why a GEMV build cannot run here (cupy or nvcc missing, a failed build), else None.
+    The kernel waits on no barrier a bug could leave unreleased, so a build needs no
+    self-test in a subprocess; the GPU tests check its numbers."""
+    why = _loader.missing(nvcc=True)
+    if why is None:
+        try:
+            _loader.nvcc_kernel(GEMV_SOURCE, "gemv_int4", options, device)
+        except Exception as e:  # a compile error: report it, the caller falls back
+            why = f"build failed: {type(e).__name__}: {str(e)[:300]}"
+    return why
+
+
+def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                          zeros: torch.Tensor | None, group_size: int,
+                          bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
+                          lanes: int | None = None, pf: int | None = None,
+                          l2_hint: bool = False) -> torch.Tensor:
+    """The product (module docstring) by the GEMV. The operands are assumed checked by
+    ``tkit.matmul_int4`` and in scope (:func:`gemv_supported`); ``out`` an (M, N) row-major
+    output to write (else one is allocated). ``lanes``, ``pf``, ``l2_hint``: see
+    :func:`gemv_config`."""
+    M, K = a.shape
+    N = qweight.shape[1]
+    c = out if out is not None else _common.empty((M, N), a.dtype, a.device)
+    if M == 0 or N == 0:
+        return c
+    if K == 0:
+        c.zero_()
+        if bias is not None:
+            c += bias
+        return c
+    dev = a.device.index or 0
+    cfg = gemv_config(M, N, K, a.dtype, scales.dtype, group_size, _num_sms(dev), lanes=lanes,
+                      pf=pf, l2_hint=l2_hint)
+    func = _loader.nvcc_kernel(GEMV_SOURCE, "gemv_int4", cfg["options"], dev)
+    z = zeros if zeros is not None else scales
+    lds = scales.stride(0) if scales.shape[0] > 1 else N
+    ldz = z.stride(0) if z.shape[0] > 1 else N
+    _loader.launch(func, (N // 32,), (32 * cfg["kl"],), (
+        qweight, a, scales, z, c, bias if bias is not None else np.int64(0),
+        *_i32(M, N, K, a.stride(0) if M > 1 else K, lds, ldz, int(zeros is not None))),
+        smem=cfg["smem"])
+    return c

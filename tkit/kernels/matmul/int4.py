@@ -177,6 +177,12 @@ class Int4Config:
         if path is None:
             path = ("gemv" if M <= GEMV_MAX_M else "tc" if M <= TC_MAX_M
                     else "dequant" if M >= DEQUANT_MIN_M else "tile")
+        if path == "cuda_gemv":
+            # tkit.cuda_ext.gemm_int4's GEMV: 32-column slabs; num_warps is its K lanes (warps
+            # a slab) and num_stages the chunks of codes in flight a thread, 0 meaning the
+            # kernel's own choice
+            return Int4Config(min(16, C.next_power_of_2(M)), 32, bk, 1, num_warps=0,
+                              num_stages=0, path="cuda_gemv")
         if path == "cuda":
             # tkit.cuda_ext.gemm_int4: its own tiles (128 columns, 512-deep K steps); only
             # num_stages (its ring's slots) is read, 0 meaning the kernel's own choice (3,
@@ -260,7 +266,7 @@ TC_MAX_M = 64
 #: kernel 1.05x faster; M=512: dequant 1.80x; M=4096: 2.48x; docs/NOTES.md). The (N, K) 16-bit
 #: weight is a temporary of each call (117 MB at N=14336 K=4096 in bf16).
 DEQUANT_MIN_M = 256
-PATHS = ("gemv", "tile", "tc", "dequant", "cuda")
+PATHS = ("gemv", "tile", "tc", "dequant", "cuda", "cuda_gemv")
 
 
 #: the rows of a for which unforced calls take the CUDA kernel where it serves: at M = 1 the
@@ -268,6 +274,10 @@ PATHS = ("gemv", "tile", "tc", "dequant", "cuda")
 #: decode GEMM in CUDA"); from 2 to 32 rows it led the tc kernel's best by 1.1-1.3x (it
 #: holds at most 32 rows: four n8 tiles)
 CUDA_MIN_M, CUDA_MAX_M = 2, 32
+#: the rows of a for which unforced calls take the CUDA GEMV (``tkit.cuda_ext.gemm_int4``'s
+#: ``matmul_int4_gemv_cuda``: the codes straight into registers, mma.sync on dequantized
+#: registers, no TMA ring or stream-K) where it serves
+CUDA_GEMV_MIN_M, CUDA_GEMV_MAX_M = 1, 1
 
 
 def _split_for(tiles: int, want_programs: int, k_steps: int, min_steps: int) -> int:
@@ -887,8 +897,19 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
             out += bias.to(out.dtype)
         return out
     cfg = config or current_config(M, N, K, group_size, D.sm_count(a.device))
+    unforced = config is None and not _OVERRIDES.active()
+    if cfg.path == "cuda_gemv" or unforced:
+        forced = cfg.path == "cuda_gemv"
+        why = cuda_gemv_reason(a, qweight, scales, zeros, group_size, bias, forced=forced)
+        if why is None:
+            return _hooks.cuda_int4().matmul_int4_gemv_cuda(
+                a, qweight, scales, zeros, group_size, bias, out=out,
+                lanes=(cfg.num_warps or None) if forced else None,
+                pf=(cfg.num_stages or None) if forced else None)
+        if forced:
+            raise ValueError(f"path='cuda_gemv': the CUDA INT4 GEMV does not apply: {why}")
     forced = cfg.path == "cuda"
-    if forced or (config is None and not _OVERRIDES.active()):
+    if forced or unforced:
         why = cuda_reason(a, qweight, scales, zeros, group_size, bias, forced=forced)
         if why is None:
             return _hooks.cuda_int4().matmul_int4_cuda(
@@ -988,17 +1009,53 @@ def cuda_reason(a, qweight, scales, zeros, group_size, bias, forced=False) -> st
     return _CUDA_BUILD[key]
 
 
+def cuda_gemv_reason(a, qweight, scales, zeros, group_size, bias, forced=False
+                     ) -> str | None:
+    """None when the CUDA GEMV (``tkit.cuda_ext.gemm_int4.matmul_int4_gemv_cuda``) serves
+    this call, else why not: unforced only for CUDA_GEMV_MIN_M <= M <= CUDA_GEMV_MAX_M;
+    operands in its scope (``gemv_supported``); a build that compiles here (worked out once
+    a device and build)."""
+    M, K = a.shape
+    if not forced and not CUDA_GEMV_MIN_M <= M <= CUDA_GEMV_MAX_M:
+        return (f"M={M} is outside {CUDA_GEMV_MIN_M}..{CUDA_GEMV_MAX_M}, the rows for which "
+                f"the CUDA GEMV is the default")
+    if a.device.type != "cuda":
+        return "not on a CUDA device"
+    try:
+        if _hooks.cuda_int4 is None:
+            raise ImportError("no CUDA INT4 kernel is registered in tkit._hooks")
+        mod = _hooks.cuda_int4()
+    except (ImportError, AttributeError) as e:
+        return f"tkit.cuda_ext unavailable: {e}"
+    why = mod.gemv_supported(a, qweight, scales, zeros, group_size, bias)
+    if why is not None:
+        return why
+    dev = a.device.index or 0
+    cfg = mod.gemv_config(M, qweight.shape[1], K, a.dtype, scales.dtype, group_size,
+                          D.sm_count(a.device))
+    key = ("gemv", dev, cfg["options"])
+    if key not in _CUDA_BUILD:
+        _CUDA_BUILD[key] = mod.gemv_unavailable(cfg["options"], dev)
+    return _CUDA_BUILD[key]
+
+
 def backend(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             zeros: torch.Tensor | None = None, *, group_size: int = 128,
             bias: torch.Tensor | None = None) -> str:
     """Which kernel an unforced ``matmul_int4`` call with these operands launches, and why
     (a 2-d ``a``)."""
+    why_gemv = cuda_gemv_reason(a, qweight, scales, zeros, group_size, bias)
+    if why_gemv is None:
+        return ("cuda gemv (sm_90a: the codes straight into registers, mma.sync on "
+                "dequantized registers, a 32-column slab a CTA)")
     why = cuda_reason(a, qweight, scales, zeros, group_size, bias)
     if why is None:
         return ("cuda (sm_90a: TMA ring of 512-deep K steps, mma.sync on dequantized "
                 "registers, stream-K over one CTA an SM)")
     M, K = a.shape
     cfg = current_config(M, qweight.shape[1], K, group_size, D.sm_count(a.device))
+    if CUDA_GEMV_MIN_M <= M <= CUDA_GEMV_MAX_M:
+        why = why_gemv
     return f"triton {cfg.path} (not cuda: {why})"
 
 

@@ -1,0 +1,357 @@
+// INT4 weight-only GEMV at decode sizes (W4A16, M <= 8 NT rows of a), sm_80+ (built for
+// sm_90a here):
+//
+//   out[m, n] = sum_k a[m, k] * (q[n, k] - z[k / G, n]) * s[k / G, n]  (+ bias[n])
+//
+// Operands as gemm_int4_sm90.cu takes them (tkit's layout: qweight int32 (K / 8, N), word
+// [i, n] holding q[n, 8 i + j] in bits 4 j .. 4 j + 3; scales and zeros (K / G, N) float16 /
+// bfloat16 / float32, SCALE_T 0 / 1 / 2; zeros in code units, none: z = 8); a (M, K) bf16
+// (fp16 with -DACT_F16=1) with 16-byte aligned rows; out (M, N) row-major in a's dtype.
+// N a multiple of 32, G = GROUP a multiple of 32 dividing K (the launcher checks).
+//
+// Why a second kernel: at M = 1 the work is a read of the weight (31 MB at K=4096 N=14336)
+// and the Triton GEMV does it on the CUDA cores at ~3.5 instructions a weight (a FMA a
+// weight and the nibble's unpacking): its schedulers are busy long before DRAM is. Here a
+// weight costs ~1 instruction: the codes go from global memory straight into registers
+// (PF 32-deep chunks in flight a thread, a ring in registers), and each 32-bit word is
+// dequantized two weights a LOP3 into mma.sync m16n8k16's register operand (the weight as A:
+// out^T = W a^T, the rows of a the MMA's 8 columns), the numerics of gemm_int4_sm90.cu:
+//   sum_k a_k (q_k - z) s = s (sum_k a_k (O + q_k)) - s (O + z) (sum_k a_k),
+// nibbles OR-ed into the mantissa of O = 128 (bf16) / 1024 (fp16), offset and zero point
+// off once a group in float32 (sum_k a_k a group and row worked out once, in shared
+// memory). No TMA, no producer
+// warp, no stream-K: a CTA is one 32-column slab with KL warps ("K lanes") on equal runs of
+// whole groups, summed once at the end through shared memory (deterministic). Rows of a and
+// the CTA's scales and zeros are staged in shared memory by cp.async at the start, while the
+// first PF chunks of codes are already on their way.
+//
+// Warp w's lane 4 g + t holds columns 4 g .. 4 g + 3 of the slab (tile 0: MMA rows g, g + 8
+// = columns 4 g, 4 g + 1; tile 1: 4 g + 2, 4 g + 3) and, in chunk c (32 K), packed row
+// r = 4 c + t: one 16-byte load of 4 words. In k16 step e the MMA's K slots 2t / 2t+1 /
+// 2t+8 / 2t+9 are K = 8 r + 2 e + {0, 4, 1, 5}, so (w >> 4 i) & 0x000F000F is one register of
+// the operand. B's column j is row 8 nt + j of a (rows past M are zeros, never stored).
+//
+// Memory safety: every code, scale and zero index lies inside (K / 8, N) / (K / G, N) by the
+// launcher's checks (N % 32, K % G, G % 32); a is read at rows < M and K < K only; stores
+// masked by M. Offsets into qweight and out are 64-bit.
+#ifndef NT
+#define NT 1  // n8 tiles of rows of a: M <= 8 NT
+#endif
+#ifndef KL
+#define KL 4  // warps (K lanes) a CTA
+#endif
+#ifndef PF
+#define PF 8  // 32-deep chunks of codes in flight a thread
+#endif
+#ifndef GROUP
+#define GROUP 128
+#endif
+#ifndef SCALE_T
+#define SCALE_T 0  // 0 float16, 1 bfloat16, 2 float32
+#endif
+#ifndef ACT_F16
+#define ACT_F16 0
+#endif
+#ifndef L2_HINT
+#define L2_HINT 0  // 1: the codes' loads ask L2 to fetch 256-byte sectors ahead
+#endif
+#define THREADS (32 * KL)
+#define MIN_BLOCKS (KL >= 16 ? 1 : 16 / KL)  // 128 registers a thread
+#define GC (GROUP / 32)                     // chunks a group
+#if SCALE_T == 2
+#define SBYTES 4
+#else
+#define SBYTES 2
+#endif
+#define APAD 64  // bytes after each staged row of a (rows g, g + 1 on other banks)
+
+#if ACT_F16
+#define MAGIC 0x64006400u
+#define MMA_TYPE "f16"
+#define OFFSET_F 1024.0f
+#else
+#define MAGIC 0x43004300u
+#define MMA_TYPE "bf16"
+#define OFFSET_F 128.0f
+#endif
+
+typedef unsigned long long u64;
+template <bool B>
+struct Flag {
+  static constexpr bool value = B;
+};
+
+__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
+  unsigned r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// (O + q_j, O + q_j+4) of the nibbles at bits 4 i .. and 16 + 4 i .. of w, as one register
+__device__ __forceinline__ unsigned pair(unsigned w, int i, unsigned mask, unsigned magic) {
+  unsigned r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(w >> (4 * i)), "r"(mask), "r"(magic));
+  return r;
+}
+
+__device__ __forceinline__ void mma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                    unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 16 bytes of streamed codes: read once, not kept in L1
+__device__ __forceinline__ uint4 ld_codes(const unsigned* p) {
+  uint4 v;
+#if L2_HINT
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#else
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#endif
+  return v;
+}
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ float half_to_f32(unsigned short h) {
+#if SCALE_T == 1
+  return __uint_as_float(((unsigned)h) << 16);
+#else
+  float f;
+  asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(h));
+  return f;
+#endif
+}
+
+// the 4 consecutive scales (or zeros) at p (8- or 16-byte aligned shared memory) as floats
+__device__ __forceinline__ void scale4(const unsigned char* p, float* v) {
+#if SCALE_T == 2
+  const float4 f = *reinterpret_cast<const float4*>(p);
+  v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+#else
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  v[0] = half_to_f32(u.x & 0xFFFF), v[1] = half_to_f32(u.x >> 16);
+  v[2] = half_to_f32(u.y & 0xFFFF), v[3] = half_to_f32(u.y >> 16);
+#endif
+}
+
+__device__ __forceinline__ unsigned short to_act(float v) {
+  unsigned short h;
+#if ACT_F16
+  asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
+#else
+  asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
+#endif
+  return h;
+}
+
+__device__ __forceinline__ float act_to_f32(unsigned short h) {
+#if ACT_F16
+  float f;
+  asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(h));
+  return f;
+#else
+  return __uint_as_float(((unsigned)h) << 16);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
+          const unsigned char* __restrict__ s, const unsigned char* __restrict__ z,
+          unsigned short* __restrict__ out, const unsigned short* __restrict__ bias,
+          int M, int N, int K, int lda, int lds, int ldz, int has_zeros) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int slab = blockIdx.x;
+  const int col0 = 32 * slab + 4 * g;  // this thread's 4 columns
+  const int ng = K / GROUP;
+  // this warp's groups (a contiguous run: it promotes once a group) and chunks
+  const int g0 = warp * ng / KL, g1 = (warp + 1) * ng / KL;
+  const int c0 = g0 * GC, c1 = g1 * GC;
+
+  // ---- the first PF chunks of codes, before anything waits ----
+  const u64 qstep = (u64)4 * N;  // one chunk: 4 packed rows
+  const unsigned* qp = q + (u64)(4 * c0 + t) * N + col0;
+  uint4 ring[PF];
+#pragma unroll
+  for (int i = 0; i < PF; ++i)
+    if (c0 + i < c1) ring[i] = ld_codes(qp + i * qstep);
+  qp += PF * qstep;
+
+  // ---- stage the M rows of a and the slab's scale and zero rows in shared memory ----
+  const int arow = 2 * K + APAD;  // bytes a staged row
+  unsigned char* s_sm = smem + M * arow;
+  unsigned char* z_sm = s_sm + ng * 32 * SBYTES;
+  const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem);
+  {
+    const int per_row = K / 8;  // 16-byte pieces a row of a
+    for (int i = threadIdx.x; i < M * per_row; i += THREADS) {
+      const int m = i / per_row, p = i % per_row;
+      cp_async16(sbase + m * arow + 16 * p, a + (u64)m * lda + 8 * p);
+    }
+    constexpr int SP = 32 * SBYTES / 16;  // 16-byte pieces of a row's 32 scales
+    const unsigned s_off = (unsigned)(s_sm - smem), z_off = (unsigned)(z_sm - smem);
+    for (int i = threadIdx.x; i < ng * SP; i += THREADS) {
+      const int r = i / SP, p = i % SP;
+      cp_async16(sbase + s_off + 16 * i, s + ((u64)r * lds + 32 * slab) * SBYTES + 16 * p);
+      if (has_zeros)
+        cp_async16(sbase + z_off + 16 * i, z + ((u64)r * ldz + 32 * slab) * SBYTES + 16 * p);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();
+  }
+
+  // ---- this warp's sum_k a_k of each of its groups, rows 0 .. 8 NT - 1 (past M: 0) ----
+  float* asum_sm = reinterpret_cast<float*>(z_sm + ng * 32 * SBYTES);  // (ng, 8 NT)
+  for (int grp = g0; grp < g1; ++grp)
+    for (int m = 0; m < 8 * NT; ++m) {
+      float v = 0.f;
+      if (m < M) {
+        const unsigned short* row = reinterpret_cast<const unsigned short*>(smem + m * arow);
+#pragma unroll
+        for (int j = 0; j < GROUP / 32; ++j) v += act_to_f32(row[grp * GROUP + 32 * j + lane]);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+      if (lane == 0) asum_sm[grp * 8 * NT + m] = v;
+    }
+  __syncwarp();
+
+  float acc[2][NT][4], sum[2][NT][4];
+#pragma unroll
+  for (int u = 0; u < 2; ++u)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[u][nt][e] = sum[u][nt][e] = 0.f;
+
+  const unsigned mask = 0x000F000Fu, magic = MAGIC;
+  // row 8 nt + g of a at K = 8 r (chunk c adds 64 bytes). Rows past M read row M - 1: B's
+  // column g then only feeds C's column g, which is never stored, so no mask is needed
+  const unsigned char* ap[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) ap[nt] = smem + min(8 * nt + g, M - 1) * arow + 16 * t;
+  const unsigned char* sp = s_sm + 4 * g * SBYTES;
+  const unsigned char* zp = z_sm + 4 * g * SBYTES;
+
+  // one ring pass: chunks c .. c + PF - 1 (TAIL: some of them, or their successors' loads,
+  // past this warp's run)
+  auto pass = [&](int c, auto tail) {
+    constexpr bool TAIL = decltype(tail)::value;
+#pragma unroll
+    for (int i = 0; i < PF; ++i) {
+      const int cc = c + i;
+      if (TAIL && cc >= c1) break;
+      // the 16 operand registers of the chunk's 4 words first, then the ring slot's next
+      // load (into the same registers: no copies of the ring at the loop's back edge)
+      const uint4 w = ring[i];
+      unsigned p[4][4];  // [word][nibble pair]
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const unsigned wj = j == 0 ? w.x : j == 1 ? w.y : j == 2 ? w.z : w.w;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) p[j][k] = pair(wj, k, mask, magic);
+      }
+      if (!TAIL || cc + PF < c1) ring[i] = ld_codes(qp);
+      qp += qstep;
+      unsigned b[NT][2][2];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint4 v = *reinterpret_cast<const uint4*>(ap[nt] + 64 * cc);
+        b[nt][0][0] = prmt(v.x, v.z, 0x5410);
+        b[nt][0][1] = prmt(v.x, v.z, 0x7632);
+        b[nt][1][0] = prmt(v.y, v.w, 0x5410);
+        b[nt][1][1] = prmt(v.y, v.w, 0x7632);
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          mma(sum[0][nt], p[0][2 * e], p[1][2 * e], p[0][2 * e + 1], p[1][2 * e + 1],
+              b[nt][e][0], b[nt][e][1]);
+          mma(sum[1][nt], p[2][2 * e], p[3][2 * e], p[2][2 * e + 1], p[3][2 * e + 1],
+              b[nt][e][0], b[nt][e][1]);
+        }
+      // the group ends (runs start at a group: with PF a multiple of GC, a fixed i)
+      const bool ends = (PF % GC == 0) ? ((i + 1) % GC == 0) : ((cc + 1) % GC == 0);
+      if (ends) {  // scale, zero point, offset
+        const int grp = cc / GC;
+        float sc[4], zs[4], cz[4];
+        scale4(sp + grp * 32 * SBYTES, sc);
+        if (has_zeros) {
+          scale4(zp + grp * 32 * SBYTES, zs);
+        } else {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) zs[k] = 8.f;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) cz[k] = (OFFSET_F + zs[k]) * sc[k];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          // C column 2 t + e is row 8 nt + 2 t + e of a
+          const float2 as = *reinterpret_cast<const float2*>(asum_sm + grp * 8 * NT + 8 * nt + 2 * t);
+#pragma unroll
+          for (int u = 0; u < 2; ++u)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int k = 2 * u + e / 2;  // column col0 + k
+              acc[u][nt][e] = fmaf(-cz[k], (e & 1) ? as.y : as.x,
+                                   fmaf(sc[k], sum[u][nt][e], acc[u][nt][e]));
+              sum[u][nt][e] = 0.f;
+            }
+        }
+      }
+    }
+  };
+  int c = c0;
+  for (; c + 2 * PF <= c1; c += PF) pass(c, Flag<false>{});
+  for (; c < c1; c += PF) pass(c, Flag<true>{});
+
+  // ---- the K lanes meet: warps 1.. hand their sums to warp 0, added in warp order ----
+  float* red = asum_sm + ng * 8 * NT;  // 16-byte aligned
+  constexpr int PER = 8 * NT;  // floats a thread
+  if (KL > 1) {
+    if (warp > 0) {
+      float* dst = red + ((warp - 1) * 32 + lane) * PER;
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+          *reinterpret_cast<float4*>(dst + (u * NT + nt) * 4) =
+              make_float4(acc[u][nt][0], acc[u][nt][1], acc[u][nt][2], acc[u][nt][3]);
+    }
+    __syncthreads();
+    if (warp > 0) return;
+    for (int k = 1; k < KL; ++k) {
+      const float* src = red + ((k - 1) * 32 + lane) * PER;
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const float4 v = *reinterpret_cast<const float4*>(src + (u * NT + nt) * 4);
+          acc[u][nt][0] += v.x, acc[u][nt][1] += v.y, acc[u][nt][2] += v.z, acc[u][nt][3] += v.w;
+        }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < 2; ++u)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = col0 + 2 * u + h;  // < N: N is a multiple of 32
+      const float bv = bias != nullptr ? act_to_f32(bias[n]) : 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int m = 8 * nt + 2 * t + e;  // C column 2 t + e: row 8 nt + 2 t + e of a
+          if (m < M) out[(u64)m * N + n] = to_act(acc[u][nt][2 * h + e] + bv);
+        }
+    }
+}
