@@ -842,7 +842,7 @@ def sweep_int4_gemv_cuda(rows):
                 for lanes in sorted({max(1, kl // 2), min(16, kl * 2)} - {kl}):
                     variants[f"cuda gemv lanes {lanes}"] = (
                         lambda a, q, s, z, lanes=lanes: cuda_gemv(a, q, s, z, lanes=lanes))
-                for pf in (4, 12):
+                for pf in (4,):
                     variants[f"cuda gemv pf {pf}"] = (
                         lambda a, q, s, z, pf=pf: cuda_gemv(a, q, s, z, pf=pf))
                 variants["cuda gemv L2 256B hint"] = (

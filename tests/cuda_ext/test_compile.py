@@ -247,7 +247,7 @@ def test_int4_gemv_builds(cubin_dir, build):
                                               cache_dir=cubin_dir))["gemv_int4"]
     ops = opcodes(sass)
     kind = "" if act == "float16" else r"\.BF16"
-    pf = int(next(o for o in cfg["options"] if o.startswith("-DPF=")).split("=")[1])
+    pf = cfg["pf"]
     hmma = len(re.findall(rf"HMMA\.16816\.F32{kind} ", sass))
     assert hmma >= pf * 4 * cfg["nt"], hmma  # the main loop's pass, and the tail's
     assert len(re.findall(r"LOP3\.LUT R\d+, R\d+, 0xf000f, R\d+(?:\.reuse)?, 0xea",

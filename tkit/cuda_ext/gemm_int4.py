@@ -251,12 +251,13 @@ def matmul_int4_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
 # ---- the GEMV (csrc/gemv_int4.cu): M <= 16 rows, no TMA, no stream-K -----------------------
 GEMV_SOURCE = "gemv_int4.cu"
 GEMV_MAX_M = 16
-#: the builds' defaults: 32-deep chunks of codes in flight a thread; the K lanes (warps a
-#: 32-column slab) follow from the shape (:func:`gemv_config`)
-GEMV_PF = 8
-#: shared memory a CTA may take (rows of a, the slab's scales and zeros, the K lanes' sums):
-#: past it the CTAs an SM would hold get too few to keep the codes in flight
-GEMV_SMEM_LIMIT = 96 * 1024
+#: the builds' defaults: 32-deep chunks of codes in flight a thread (8 rows of a or fewer /
+#: 16), at most; the K lanes (warps a 32-column slab) follow from the shape
+#: (:func:`gemv_config`)
+GEMV_PF = {1: 8, 2: 4}
+#: registers the ring may take (8 rows of a or fewer / 16) under the 128 a thread that 16
+#: warps an SM leave: past them ptxas spills (sm_90a builds, nvcc 13.0)
+GEMV_RING_REGS = {1: 52, 2: 36}
 
 
 def _gemv_lanes(N: int, K: int, group_size: int, num_sms: int) -> int:
@@ -272,32 +273,41 @@ def _gemv_lanes(N: int, K: int, group_size: int, num_sms: int) -> int:
     return kl
 
 
-def _gemv_smem(M: int, K: int, group_size: int, scale_dtype: torch.dtype, nt: int,
-               kl: int) -> int:
-    ng = K // group_size
-    return (M * (2 * K + 64) + 2 * ng * 32 * scale_dtype.itemsize + ng * 8 * nt * 4
-            + (kl - 1) * 32 * 8 * nt * 4)
+def _pf_fits(pf: int, gc: int) -> bool:
+    """The ring's chunks and a group's (gc) line up: one a multiple of the other."""
+    return pf % gc == 0 or gc % pf == 0
 
 
 def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: torch.dtype,
                 group_size: int, num_sms: int, *, lanes: int | None = None,
                 pf: int | None = None, l2_hint: bool = False) -> dict:
     """One GEMV build and launch for these operands: nt (n8 tiles of rows of a), kl (warps a
-    CTA), smem (bytes) and options (-D...). ``lanes`` / ``pf`` / ``l2_hint`` override the
-    K lanes, the chunks in flight a thread and the codes' L2 prefetch hint (sweeps)."""
+    CTA), pf (chunks of codes in flight a thread) and options (-D...). ``lanes`` / ``pf`` /
+    ``l2_hint`` override the K lanes, the ring's depth (a multiple or a divisor of the
+    group's 32-deep chunks) and the codes' L2 prefetch hint (sweeps)."""
     if not 1 <= M <= GEMV_MAX_M:
         raise ValueError(f"the INT4 GEMV takes 1..{GEMV_MAX_M} rows of a, got M={M}")
     nt = 1 if M <= 8 else 2
     kl = lanes if lanes is not None else _gemv_lanes(N, K, group_size, num_sms)
     if kl not in (1, 2, 4, 8, 16):
         raise ValueError(f"lanes must be 1, 2, 4, 8 or 16, got {kl}")
-    pf = GEMV_PF if pf is None else pf
-    if not 1 <= pf <= 16:
-        raise ValueError(f"pf must be in 1..16, got {pf}")
-    options = _defines(nt=nt, kl=kl, pf=pf, group=group_size, scale_t=SCALE_T[scale_dtype],
-                       act_f16=int(act_dtype == torch.float16), l2_hint=int(l2_hint))
-    return dict(nt=nt, kl=kl, smem=_gemv_smem(M, K, group_size, scale_dtype, nt, kl),
-                options=("-std=c++17",) + options)
+    gc = group_size // 32
+    if pf is None:
+        # the deepest ring that lines up with the groups, ends at most two of them (each
+        # group it ends holds its scale and zero words, and its promotion's temporaries),
+        # and whose registers (codes, a's two chunks, those words) fit beside the sums
+        words = scale_dtype.itemsize * 2
+        pf = GEMV_PF[nt]
+        while pf > 1 and (not _pf_fits(pf, gc) or pf > 2 * gc or 4 * pf + 8 * nt + words * (
+                pf // gc if pf % gc == 0 else 1) > GEMV_RING_REGS[nt]):
+            pf -= 1
+    if not 1 <= pf <= 16 or not _pf_fits(pf, gc):
+        raise ValueError(f"pf must be in 1..16, a multiple or a divisor of the group's {gc} "
+                         f"32-deep chunks; got {pf}")
+    options = _defines(nt=nt, kl=kl, pf=pf, pa=2 if pf % 2 == 0 else 1, group=group_size,
+                       scale_t=SCALE_T[scale_dtype], act_f16=int(act_dtype == torch.float16),
+                       l2_hint=int(l2_hint))
+    return dict(nt=nt, kl=kl, pf=pf, options=("-std=c++17",) + options)
 
 
 def gemv_supported(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
@@ -331,11 +341,6 @@ def gemv_supported(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         return "zeros and scales differ in dtype"
     if bias is not None and (bias.dtype != a.dtype or bias.stride(0) != 1):
         return "bias is not contiguous in a's dtype"
-    nt = 1 if M <= 8 else 2
-    smem = _gemv_smem(M, K, group_size, scales.dtype, nt, 16)
-    if smem > GEMV_SMEM_LIMIT:
-        return (f"{smem} bytes of shared memory a CTA (rows of a, scales, zeros) is more "
-                f"than the GEMV's {GEMV_SMEM_LIMIT}")
     if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device) != (9, 0):
         return "not an sm_90 device (the kernel is built for sm_90a)"
     return None
@@ -382,6 +387,5 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
     ldz = z.stride(0) if z.shape[0] > 1 else N
     _loader.launch(func, (N // 32,), (32 * cfg["kl"],), (
         qweight, a, scales, z, c, bias if bias is not None else np.int64(0),
-        *_i32(M, N, K, a.stride(0) if M > 1 else K, lds, ldz, int(zeros is not None))),
-        smem=cfg["smem"])
+        *_i32(M, N, K, a.stride(0) if M > 1 else K, lds, ldz, int(zeros is not None))))
     return c

@@ -43,6 +43,9 @@
 #ifndef PF
 #define PF 8  // 32-deep chunks of codes in flight a thread
 #endif
+#ifndef PA
+#define PA 2  // 32-deep chunks of a in flight a thread (from L1 / L2); PF a multiple of it
+#endif
 #ifndef GROUP
 #define GROUP 128
 #endif
@@ -63,16 +66,17 @@
 #else
 #define SBYTES 2
 #endif
-#define APAD 64  // bytes after each staged row of a (rows g, g + 1 on other banks)
 
 #if ACT_F16
 #define MAGIC 0x64006400u
 #define MMA_TYPE "f16"
 #define OFFSET_F 1024.0f
+#define ONES 0x3C003C00u
 #else
 #define MAGIC 0x43004300u
 #define MMA_TYPE "bf16"
 #define OFFSET_F 128.0f
+#define ONES 0x3F803F80u
 #endif
 
 typedef unsigned long long u64;
@@ -115,10 +119,6 @@ __device__ __forceinline__ uint4 ld_codes(const unsigned* p) {
   return v;
 }
 
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
 __device__ __forceinline__ float half_to_f32(unsigned short h) {
 #if SCALE_T == 1
   return __uint_as_float(((unsigned)h) << 16);
@@ -126,18 +126,6 @@ __device__ __forceinline__ float half_to_f32(unsigned short h) {
   float f;
   asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(h));
   return f;
-#endif
-}
-
-// the 4 consecutive scales (or zeros) at p (8- or 16-byte aligned shared memory) as floats
-__device__ __forceinline__ void scale4(const unsigned char* p, float* v) {
-#if SCALE_T == 2
-  const float4 f = *reinterpret_cast<const float4*>(p);
-  v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-#else
-  const uint2 u = *reinterpret_cast<const uint2*>(p);
-  v[0] = half_to_f32(u.x & 0xFFFF), v[1] = half_to_f32(u.x >> 16);
-  v[2] = half_to_f32(u.y & 0xFFFF), v[3] = half_to_f32(u.y >> 16);
 #endif
 }
 
@@ -161,85 +149,97 @@ __device__ __forceinline__ float act_to_f32(unsigned short h) {
 #endif
 }
 
+// PF 32-deep chunks a ring in registers, and scale rows: where PF is a multiple of the
+// group's chunks (GC), the scales of each group ending in the ring (PF / GC slots, loaded PF
+// chunks ahead like the codes); where GC is a multiple of PF, one slot loaded as its group
+// starts (at least GC - 1 >= PF chunks ahead of its use)
+#define SCALES_AHEAD (PF % GC == 0)
+#define SLOTS (SCALES_AHEAD ? PF / GC : 1)
+#define SW (SBYTES)  // 32-bit words of 4 scales
+
+__device__ __forceinline__ void ld_scales(const unsigned char* p, unsigned* r) {
+#if SCALE_T == 2
+  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(p));
+#else
+  asm("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "l"(p));
+#endif
+}
+
+// the 4 scales (or zeros) of ld_scales' words as floats
+__device__ __forceinline__ void unpack4(const unsigned* r, float* v) {
+#if SCALE_T == 2
+  v[0] = __uint_as_float(r[0]), v[1] = __uint_as_float(r[1]);
+  v[2] = __uint_as_float(r[2]), v[3] = __uint_as_float(r[3]);
+#else
+  v[0] = half_to_f32(r[0] & 0xFFFF), v[1] = half_to_f32(r[0] >> 16);
+  v[2] = half_to_f32(r[1] & 0xFFFF), v[3] = half_to_f32(r[1] >> 16);
+#endif
+}
+
+__device__ __forceinline__ uint4 ld_act(const unsigned short* p) {
+  uint4 v;
+  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
           const unsigned char* __restrict__ s, const unsigned char* __restrict__ z,
           unsigned short* __restrict__ out, const unsigned short* __restrict__ bias,
           int M, int N, int K, int lda, int lds, int ldz, int has_zeros) {
-  extern __shared__ __align__(16) unsigned char smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int slab = blockIdx.x;
-  const int col0 = 32 * slab + 4 * g;  // this thread's 4 columns
+  const int col0 = 32 * blockIdx.x + 4 * g;  // this thread's 4 columns
   const int ng = K / GROUP;
   // this warp's groups (a contiguous run: it promotes once a group) and chunks
   const int g0 = warp * ng / KL, g1 = (warp + 1) * ng / KL;
   const int c0 = g0 * GC, c1 = g1 * GC;
 
-  // ---- the first PF chunks of codes, before anything waits ----
-  const u64 qstep = (u64)4 * N;  // one chunk: 4 packed rows
+  // chunk c: packed row r = 4 c + t of the codes (4 columns), and a's row 8 nt + g at K = 8 r
+  // (rows past M read row M - 1: B's column g then only feeds C's column g, never stored)
+  const u64 qstep = (u64)4 * N;
   const unsigned* qp = q + (u64)(4 * c0 + t) * N + col0;
-  uint4 ring[PF];
+  const unsigned short* ap[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) ap[nt] = a + (u64)min(8 * nt + g, M - 1) * lda + 8 * (4 * c0 + t);
+  const unsigned char* sp = s + (u64)col0 * SBYTES;
+  const unsigned char* zp = z + (u64)col0 * SBYTES;
+  const u64 srow = (u64)lds * SBYTES, zrow = (u64)ldz * SBYTES;
+
+  uint4 ring[PF], aring[PA][NT];
+  unsigned sraw[SLOTS][SW], zraw[SLOTS][SW];
+  auto load_scales = [&](int slot, int grp) {
+    ld_scales(sp + grp * srow, sraw[slot]);
+    if (has_zeros) ld_scales(zp + grp * zrow, zraw[slot]);
+  };
+  // ---- the ring's first PF chunks (and the scales of the groups they end) ----
 #pragma unroll
   for (int i = 0; i < PF; ++i)
-    if (c0 + i < c1) ring[i] = ld_codes(qp + i * qstep);
+    if (c0 + i < c1) {
+      ring[i] = ld_codes(qp + i * qstep);
+      if (i < PA)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) aring[i][nt] = ld_act(ap[nt] + 32 * i);
+      if (SCALES_AHEAD && (i + 1) % GC == 0) load_scales(i / GC, (c0 + i) / GC);
+    }
   qp += PF * qstep;
-
-  // ---- stage the M rows of a and the slab's scale and zero rows in shared memory ----
-  const int arow = 2 * K + APAD;  // bytes a staged row
-  unsigned char* s_sm = smem + M * arow;
-  unsigned char* z_sm = s_sm + ng * 32 * SBYTES;
-  const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem);
-  {
-    const int per_row = K / 8;  // 16-byte pieces a row of a
-    for (int i = threadIdx.x; i < M * per_row; i += THREADS) {
-      const int m = i / per_row, p = i % per_row;
-      cp_async16(sbase + m * arow + 16 * p, a + (u64)m * lda + 8 * p);
-    }
-    constexpr int SP = 32 * SBYTES / 16;  // 16-byte pieces of a row's 32 scales
-    const unsigned s_off = (unsigned)(s_sm - smem), z_off = (unsigned)(z_sm - smem);
-    for (int i = threadIdx.x; i < ng * SP; i += THREADS) {
-      const int r = i / SP, p = i % SP;
-      cp_async16(sbase + s_off + 16 * i, s + ((u64)r * lds + 32 * slab) * SBYTES + 16 * p);
-      if (has_zeros)
-        cp_async16(sbase + z_off + 16 * i, z + ((u64)r * ldz + 32 * slab) * SBYTES + 16 * p);
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-    __syncthreads();
-  }
-
-  // ---- this warp's sum_k a_k of each of its groups, rows 0 .. 8 NT - 1 (past M: 0) ----
-  float* asum_sm = reinterpret_cast<float*>(z_sm + ng * 32 * SBYTES);  // (ng, 8 NT)
-  for (int grp = g0; grp < g1; ++grp)
-    for (int m = 0; m < 8 * NT; ++m) {
-      float v = 0.f;
-      if (m < M) {
-        const unsigned short* row = reinterpret_cast<const unsigned short*>(smem + m * arow);
 #pragma unroll
-        for (int j = 0; j < GROUP / 32; ++j) v += act_to_f32(row[grp * GROUP + 32 * j + lane]);
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-      if (lane == 0) asum_sm[grp * 8 * NT + m] = v;
-    }
-  __syncwarp();
+  for (int nt = 0; nt < NT; ++nt) ap[nt] += 32 * PA;
 
-  float acc[2][NT][4], sum[2][NT][4];
+  float acc[2][NT][4], sum[2][NT][4], asum[NT][4];
 #pragma unroll
   for (int u = 0; u < 2; ++u)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[u][nt][e] = sum[u][nt][e] = 0.f;
-
-  const unsigned mask = 0x000F000Fu, magic = MAGIC;
-  // row 8 nt + g of a at K = 8 r (chunk c adds 64 bytes). Rows past M read row M - 1: B's
-  // column g then only feeds C's column g, which is never stored, so no mask is needed
-  const unsigned char* ap[NT];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) ap[nt] = smem + min(8 * nt + g, M - 1) * arow + 16 * t;
-  const unsigned char* sp = s_sm + 4 * g * SBYTES;
-  const unsigned char* zp = z_sm + 4 * g * SBYTES;
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asum[nt][e] = 0.f;
+  const unsigned mask = 0x000F000Fu, magic = MAGIC, ones = ONES;
 
   // one ring pass: chunks c .. c + PF - 1 (TAIL: some of them, or their successors' loads,
   // past this warp's run)
@@ -249,8 +249,9 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
     for (int i = 0; i < PF; ++i) {
       const int cc = c + i;
       if (TAIL && cc >= c1) break;
-      // the 16 operand registers of the chunk's 4 words first, then the ring slot's next
-      // load (into the same registers: no copies of the ring at the loop's back edge)
+      if (!SCALES_AHEAD && i == 0 && cc % GC == 0) load_scales(0, cc / GC);
+      // the chunk's operands first, then the slot's next loads (into the same registers:
+      // no copies of the ring at the loop's back edge)
       const uint4 w = ring[i];
       unsigned p[4][4];  // [word][nibble pair]
 #pragma unroll
@@ -259,17 +260,22 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
 #pragma unroll
         for (int k = 0; k < 4; ++k) p[j][k] = pair(wj, k, mask, magic);
       }
-      if (!TAIL || cc + PF < c1) ring[i] = ld_codes(qp);
-      qp += qstep;
       unsigned b[NT][2][2];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const uint4 v = *reinterpret_cast<const uint4*>(ap[nt] + 64 * cc);
+        const uint4 v = aring[i % PA][nt];
         b[nt][0][0] = prmt(v.x, v.z, 0x5410);
         b[nt][0][1] = prmt(v.x, v.z, 0x7632);
         b[nt][1][0] = prmt(v.y, v.w, 0x5410);
         b[nt][1][1] = prmt(v.y, v.w, 0x7632);
       }
+      if (!TAIL || cc + PF < c1) ring[i] = ld_codes(qp);
+      if (!TAIL || cc + PA < c1)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) aring[i % PA][nt] = ld_act(ap[nt]);
+      qp += qstep;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) ap[nt] += 32;
 #pragma unroll
       for (int e = 0; e < 2; ++e)
 #pragma unroll
@@ -278,15 +284,16 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
               b[nt][e][0], b[nt][e][1]);
           mma(sum[1][nt], p[2][2 * e], p[3][2 * e], p[2][2 * e + 1], p[3][2 * e + 1],
               b[nt][e][0], b[nt][e][1]);
+          mma(asum[nt], ones, ones, ones, ones, b[nt][e][0], b[nt][e][1]);
         }
-      // the group ends (runs start at a group: with PF a multiple of GC, a fixed i)
-      const bool ends = (PF % GC == 0) ? ((i + 1) % GC == 0) : ((cc + 1) % GC == 0);
-      if (ends) {  // scale, zero point, offset
-        const int grp = cc / GC;
+      // the group ends (runs start at a group: with PF a multiple of GC, at a fixed i)
+      const bool ends = SCALES_AHEAD ? ((i + 1) % GC == 0) : (i == PF - 1 && (cc + 1) % GC == 0);
+      if (ends) {  // scale, zero point, offset; then the scales PF chunks ahead
+        const int slot = SCALES_AHEAD ? i / GC : 0;
         float sc[4], zs[4], cz[4];
-        scale4(sp + grp * 32 * SBYTES, sc);
+        unpack4(sraw[slot], sc);
         if (has_zeros) {
-          scale4(zp + grp * 32 * SBYTES, zs);
+          unpack4(zraw[slot], zs);
         } else {
 #pragma unroll
           for (int k = 0; k < 4; ++k) zs[k] = 8.f;
@@ -294,19 +301,20 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
 #pragma unroll
         for (int k = 0; k < 4; ++k) cz[k] = (OFFSET_F + zs[k]) * sc[k];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          // C column 2 t + e is row 8 nt + 2 t + e of a
-          const float2 as = *reinterpret_cast<const float2*>(asum_sm + grp * 8 * NT + 8 * nt + 2 * t);
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int u = 0; u < 2; ++u)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const int k = 2 * u + e / 2;  // column col0 + k
-              acc[u][nt][e] = fmaf(-cz[k], (e & 1) ? as.y : as.x,
-                                   fmaf(sc[k], sum[u][nt][e], acc[u][nt][e]));
+              acc[u][nt][e] = fmaf(-cz[k], asum[nt][e], fmaf(sc[k], sum[u][nt][e], acc[u][nt][e]));
               sum[u][nt][e] = 0.f;
             }
-        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) asum[nt][e] = 0.f;
+        if (SCALES_AHEAD && (!TAIL || cc + PF < c1)) load_scales(slot, (cc + PF) / GC);
       }
     }
   };
@@ -315,9 +323,9 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
   for (; c < c1; c += PF) pass(c, Flag<true>{});
 
   // ---- the K lanes meet: warps 1.. hand their sums to warp 0, added in warp order ----
-  float* red = asum_sm + ng * 8 * NT;  // 16-byte aligned
   constexpr int PER = 8 * NT;  // floats a thread
   if (KL > 1) {
+    __shared__ __align__(16) float red[(KL > 1 ? KL - 1 : 1) * 32 * PER];
     if (warp > 0) {
       float* dst = red + ((warp - 1) * 32 + lane) * PER;
 #pragma unroll
