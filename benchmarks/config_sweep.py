@@ -838,19 +838,24 @@ def sweep_int4_gemv_cuda(rows):
                                                                         group_size=128)}
             if M == 1:
                 variants["triton gemv"] = triton_gemv
-                variants[f"cuda gemv (lanes {kl}, pf 8)"] = cuda_gemv
+                variants[f"cuda gemv (lanes {kl}, pf 4)"] = cuda_gemv
                 for lanes in sorted({max(1, kl // 2), min(16, kl * 2)} - {kl}):
                     variants[f"cuda gemv lanes {lanes}"] = (
                         lambda a, q, s, z, lanes=lanes: cuda_gemv(a, q, s, z, lanes=lanes))
-                for pf in (4,):
+                for pf in (2, 8):
                     variants[f"cuda gemv pf {pf}"] = (
                         lambda a, q, s, z, pf=pf: cuda_gemv(a, q, s, z, pf=pf))
+                for pf in (8, 16, 24):
+                    variants[f"cuda gemv smem ring pf {pf}"] = (
+                        lambda a, q, s, z, pf=pf: cuda_gemv(a, q, s, z, pf=pf, ring="smem"))
                 variants["cuda gemv L2 256B hint"] = (
                     lambda a, q, s, z: cuda_gemv(a, q, s, z, l2_hint=True))
             else:
                 variants["cuda stream-K"] = (
                     lambda a, q, s, z: G4.matmul_int4_cuda(a, q, s, z, 128, check=False))
                 variants["cuda gemv"] = cuda_gemv
+                variants["cuda gemv smem ring pf 16"] = (
+                    lambda a, q, s, z: cuda_gemv(a, q, s, z, pf=16, ring="smem"))
             times, errs = {}, {}
             for _ in range(3):
                 for name, fn in variants.items():

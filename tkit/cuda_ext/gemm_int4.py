@@ -254,7 +254,9 @@ GEMV_MAX_M = 16
 #: the builds' defaults: 32-deep chunks of codes in flight a thread (8 rows of a or fewer /
 #: 16), at most; the K lanes (warps a 32-column slab) follow from the shape
 #: (:func:`gemv_config`)
-GEMV_PF = {1: 8, 2: 4}
+GEMV_PF = {1: 4, 2: 4}
+#: chunks in flight a thread through the shared-memory rings (``ring="smem"``)
+GEMV_SMEM_PF = 16
 #: registers the ring may take (8 rows of a or fewer / 16) under the 128 a thread that 16
 #: warps an SM leave: past them ptxas spills (sm_90a builds, nvcc 13.0)
 GEMV_RING_REGS = {1: 52, 2: 36}
@@ -280,11 +282,13 @@ def _pf_fits(pf: int, gc: int) -> bool:
 
 def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: torch.dtype,
                 group_size: int, num_sms: int, *, lanes: int | None = None,
-                pf: int | None = None, l2_hint: bool = False) -> dict:
+                pf: int | None = None, l2_hint: bool = False, ring: str = "regs") -> dict:
     """One GEMV build and launch for these operands: nt (n8 tiles of rows of a), kl (warps a
-    CTA), pf (chunks of codes in flight a thread) and options (-D...). ``lanes`` / ``pf`` /
-    ``l2_hint`` override the K lanes, the ring's depth (a multiple or a divisor of the
-    group's 32-deep chunks) and the codes' L2 prefetch hint (sweeps)."""
+    CTA), pf (chunks of codes in flight a thread), smem (dynamic shared memory, bytes) and
+    options (-D...). ``lanes`` / ``pf`` / ``l2_hint`` override the K lanes, the ring's depth
+    (a multiple or a divisor of the group's 32-deep chunks) and the codes' L2 prefetch hint;
+    ``ring="smem"`` takes the codes and scales through cp.async rings in shared memory
+    instead of registers (sweeps)."""
     if not 1 <= M <= GEMV_MAX_M:
         raise ValueError(f"the INT4 GEMV takes 1..{GEMV_MAX_M} rows of a, got M={M}")
     nt = 1 if M <= 8 else 2
@@ -292,6 +296,18 @@ def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: tor
     if kl not in (1, 2, 4, 8, 16):
         raise ValueError(f"lanes must be 1, 2, 4, 8 or 16, got {kl}")
     gc = group_size // 32
+    if ring not in ("regs", "smem"):
+        raise ValueError(f"ring must be 'regs' or 'smem', got {ring!r}")
+    if ring == "smem":
+        pf = GEMV_SMEM_PF if pf is None else pf
+        if not 2 <= pf <= 32:
+            raise ValueError(f"pf must be in 2..32 with ring='smem', got {pf}")
+        ns = (pf - 2) // gc + 2
+        smem = kl * (pf * 512 + ns * 64 * 4 * scale_dtype.itemsize)
+        options = _defines(nt=nt, kl=kl, pf=pf, pa=1, group=group_size, smem_ring=1,
+                           scale_t=SCALE_T[scale_dtype],
+                           act_f16=int(act_dtype == torch.float16), l2_hint=int(l2_hint))
+        return dict(nt=nt, kl=kl, pf=pf, smem=smem, options=("-std=c++17",) + options)
     if pf is None:
         # the deepest ring that lines up with the groups, ends at most two of them (each
         # group it ends holds its scale and zero words, and its promotion's temporaries),
@@ -307,7 +323,7 @@ def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: tor
     options = _defines(nt=nt, kl=kl, pf=pf, pa=2 if pf % 2 == 0 else 1, group=group_size,
                        scale_t=SCALE_T[scale_dtype], act_f16=int(act_dtype == torch.float16),
                        l2_hint=int(l2_hint))
-    return dict(nt=nt, kl=kl, pf=pf, options=("-std=c++17",) + options)
+    return dict(nt=nt, kl=kl, pf=pf, smem=0, options=("-std=c++17",) + options)
 
 
 def gemv_supported(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
@@ -363,7 +379,7 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
                           zeros: torch.Tensor | None, group_size: int,
                           bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                           lanes: int | None = None, pf: int | None = None,
-                          l2_hint: bool = False) -> torch.Tensor:
+                          l2_hint: bool = False, ring: str = "regs") -> torch.Tensor:
     """The product (module docstring) by the GEMV. The operands are assumed checked by
     ``tkit.matmul_int4`` and in scope (:func:`gemv_supported`); ``out`` an (M, N) row-major
     output to write (else one is allocated). ``lanes``, ``pf``, ``l2_hint``: see
@@ -380,12 +396,13 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
         return c
     dev = a.device.index or 0
     cfg = gemv_config(M, N, K, a.dtype, scales.dtype, group_size, _num_sms(dev), lanes=lanes,
-                      pf=pf, l2_hint=l2_hint)
+                      pf=pf, l2_hint=l2_hint, ring=ring)
     func = _loader.nvcc_kernel(GEMV_SOURCE, "gemv_int4", cfg["options"], dev)
     z = zeros if zeros is not None else scales
     lds = scales.stride(0) if scales.shape[0] > 1 else N
     ldz = z.stride(0) if z.shape[0] > 1 else N
     _loader.launch(func, (N // 32,), (32 * cfg["kl"],), (
         qweight, a, scales, z, c, bias if bias is not None else np.int64(0),
-        *_i32(M, N, K, a.stride(0) if M > 1 else K, lds, ldz, int(zeros is not None))))
+        *_i32(M, N, K, a.stride(0) if M > 1 else K, lds, ldz, int(zeros is not None))),
+        smem=cfg["smem"])
     return c
