@@ -256,7 +256,7 @@ GEMV_MAX_M = 16
 #: (:func:`gemv_config`)
 GEMV_PF = {1: 4, 2: 4}
 #: chunks in flight a thread through the shared-memory rings (``ring="smem"``)
-GEMV_SMEM_PF = 16
+GEMV_SMEM_PF = 8
 #: registers the ring may take (8 rows of a or fewer / 16) under the 128 a thread that 16
 #: warps an SM leave: past them ptxas spills (sm_90a builds, nvcc 13.0)
 GEMV_RING_REGS = {1: 52, 2: 36}
@@ -300,10 +300,15 @@ def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: tor
         raise ValueError(f"ring must be 'regs' or 'smem', got {ring!r}")
     if ring == "smem":
         pf = GEMV_SMEM_PF if pf is None else pf
-        if not 2 <= pf <= 32:
-            raise ValueError(f"pf must be in 2..32 with ring='smem', got {pf}")
-        ns = (pf - 2) // gc + 2
-        smem = kl * (pf * 512 + ns * 64 * 4 * scale_dtype.itemsize)
+        if pf not in (2, 4, 8, 16, 32):
+            raise ValueError(f"pf must be a power of 2 in 2..32 with ring='smem', got {pf}")
+        ns = 2
+        while ns < (pf - 2) // gc + 2:
+            ns *= 2
+        smem = kl * (pf * 512 * (1 + nt) + ns * 64 * 4 * scale_dtype.itemsize)
+        if smem > SMEM_LIMIT:
+            raise ValueError(f"ring='smem' with pf={pf} and {kl} lanes needs {smem} bytes of "
+                             f"shared memory, more than {SMEM_LIMIT}")
         options = _defines(nt=nt, kl=kl, pf=pf, pa=1, group=group_size, smem_ring=1,
                            scale_t=SCALE_T[scale_dtype],
                            act_f16=int(act_dtype == torch.float16), l2_hint=int(l2_hint))

@@ -225,41 +225,50 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
   const u64 srow = (u64)lds * SBYTES, zrow = (u64)ldz * SBYTES;
 
 #if SMEM_RING
-  // ---- codes and scales through cp.async into this warp's rings in shared memory: every
-  // copy a thread makes is read back by that thread alone, so cp.async.wait_group orders it
-  // (no barrier), and the copies in flight are not held by registers or scoreboards ----
+  // ---- codes, rows of a and scales through cp.async into this warp's rings in shared
+  // memory: every copy a thread makes is read back by that thread alone, so
+  // cp.async.wait_group orders it (no barrier), and the copies in flight hold no registers
+  // or scoreboards (a ring in registers waits on one scoreboard for all its loads) ----
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int NS = (PF - 2) / GC + 2;  // group slots: none refilled before it is read
-  constexpr int SB4 = 4 * SBYTES;        // a thread's 4 scales (or zeros)
-  constexpr int WARP_BYTES = PF * 512 + NS * 64 * SB4;
+  constexpr int NS_MIN = (PF - 2) / GC + 2;  // group slots: none refilled before it is read
+  constexpr int NS = NS_MIN <= 2 ? 2 : NS_MIN <= 4 ? 4 : NS_MIN <= 8 ? 8 : 16;
+  constexpr int SB4 = 4 * SBYTES;  // a thread's 4 scales (or zeros)
+  constexpr int SLOT = 512 * (1 + NT);  // a chunk: codes, then a's n8 tiles
+  constexpr int WARP_BYTES = PF * SLOT + NS * 64 * SB4;
+  static_assert((PF & (PF - 1)) == 0, "the shared-memory ring's depth is a power of 2");
   const unsigned wbase = (unsigned)__cvta_generic_to_shared(smem) + warp * WARP_BYTES;
-  const unsigned cslot0 = wbase + 16 * lane, sslot0 = wbase + PF * 512 + SB4 * lane;
+  const unsigned cslot0 = wbase + 16 * lane, sslot0 = wbase + PF * SLOT + SB4 * lane;
   const unsigned char* wsm = smem + warp * WARP_BYTES + 16 * lane;
-  const unsigned char* ssm = smem + warp * WARP_BYTES + PF * 512 + SB4 * lane;
-  uint4 aring[PA][NT];
-  // chunk k's copies (a group's first chunk brings the group's scales and zeros): one commit
-  // group a chunk, empty past the run, so wait_group counts chunks
-  auto issue = [&](int k) {
-    if (k < c1) {
-      cp_async16(cslot0 + (k % PF) * 512, qp + (u64)(k - c0) * qstep);
-      if (k % GC == 0) {
-        const int grp = k / GC;
-        const unsigned dst = sslot0 + (grp % NS) * 64 * SB4;
-        cp_async_scales(dst, sp + grp * srow);
-        if (has_zeros) cp_async_scales(dst + 32 * SB4, zp + grp * zrow);
+  const unsigned char* ssm = smem + warp * WARP_BYTES + PF * SLOT + SB4 * lane;
+  bool a_row[NT];  // this thread's rows of a exist (the others' B columns are never stored)
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) a_row[nt] = 8 * nt + g < M;
+  // chunk iss's copies (a group's first chunk brings the group's scales and zeros): one
+  // commit group a chunk, empty past the run, so wait_group counts chunks
+  int iss = c0;
+  const unsigned* qsrc = qp;
+  auto issue = [&]() {
+    if (iss < c1) {
+      const unsigned dst = cslot0 + (iss & (PF - 1)) * SLOT;
+      cp_async16(dst, qsrc);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        if (a_row[nt]) cp_async16(dst + 512 * (1 + nt), ap[nt]);
+      if (iss % GC == 0) {
+        const int grp = iss / GC;
+        const unsigned sdst = sslot0 + (grp & (NS - 1)) * 64 * SB4;
+        cp_async_scales(sdst, sp + grp * srow);
+        if (has_zeros) cp_async_scales(sdst + 32 * SB4, zp + grp * zrow);
       }
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
+    ++iss;
+    qsrc += qstep;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) ap[nt] += 32;
   };
 #pragma unroll
-  for (int k = 0; k < PF - 1; ++k) issue(c0 + k);
-#pragma unroll
-  for (int i = 0; i < PA; ++i)
-    if (c0 + i < c1)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) aring[i][nt] = ld_act(ap[nt] + 32 * i);
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) ap[nt] += 32 * PA;
+  for (int k = 0; k < PF - 1; ++k) issue();
 
   float acc[2][NT][4], sum[2][NT][4], asum[NT][4];
 #pragma unroll
@@ -277,9 +286,13 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
 #pragma unroll 2
   for (int cc = c0; cc < c1; ++cc) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(PF - 2) : "memory");  // chunk cc is in
-    const uint4 w = *reinterpret_cast<const uint4*>(wsm + (cc % PF) * 512);
+    const unsigned char* slot = wsm + (cc & (PF - 1)) * SLOT;
+    const uint4 w = *reinterpret_cast<const uint4*>(slot);
+    uint4 av[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) av[nt] = *reinterpret_cast<const uint4*>(slot + 512 * (1 + nt));
     // chunk cc + PF - 1 into the slot chunk cc - 1 left (read, and used, last iteration)
-    issue(cc + PF - 1);
+    issue();
     unsigned p[4][4];  // [word][nibble pair]
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -288,20 +301,14 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
       for (int k = 0; k < 4; ++k) p[j][k] = pair(wj, k, mask, magic);
     }
     unsigned b[NT][2][2];
-    const int ai = (cc - c0) % PA;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const uint4 v = aring[ai][nt];
+      const uint4 v = av[nt];
       b[nt][0][0] = prmt(v.x, v.z, 0x5410);
       b[nt][0][1] = prmt(v.x, v.z, 0x7632);
       b[nt][1][0] = prmt(v.y, v.w, 0x5410);
       b[nt][1][1] = prmt(v.y, v.w, 0x7632);
     }
-    if (cc + PA < c1)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) aring[ai][nt] = ld_act(ap[nt]);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) ap[nt] += 32;
 #pragma unroll
     for (int e = 0; e < 2; ++e)
 #pragma unroll
@@ -314,7 +321,7 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
       }
     if ((cc + 1) % GC == 0) {  // the group ends: scale, zero point, offset
       const int grp = cc / GC;
-      const unsigned char* sl = ssm + (grp % NS) * 64 * SB4;
+      const unsigned char* sl = ssm + (grp & (NS - 1)) * 64 * SB4;
       unsigned sraw[SW], zraw[SW];
 #pragma unroll
       for (int k = 0; k < SW; ++k) sraw[k] = reinterpret_cast<const unsigned*>(sl)[k];
