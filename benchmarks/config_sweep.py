@@ -845,17 +845,12 @@ def sweep_int4_gemv_cuda(rows):
                 for pf in (2, 8):
                     variants[f"cuda gemv pf {pf}"] = (
                         lambda a, q, s, z, pf=pf: cuda_gemv(a, q, s, z, pf=pf))
-                for pf in (4, 8):
-                    variants[f"cuda gemv smem ring pf {pf}"] = (
-                        lambda a, q, s, z, pf=pf: cuda_gemv(a, q, s, z, pf=pf, ring="smem"))
                 variants["cuda gemv L2 256B hint"] = (
                     lambda a, q, s, z: cuda_gemv(a, q, s, z, l2_hint=True))
             else:
                 variants["cuda stream-K"] = (
                     lambda a, q, s, z: G4.matmul_int4_cuda(a, q, s, z, 128, check=False))
                 variants["cuda gemv"] = cuda_gemv
-                variants["cuda gemv smem ring pf 8"] = (
-                    lambda a, q, s, z: cuda_gemv(a, q, s, z, pf=8, ring="smem"))
             times, errs = {}, {}
             for _ in range(3):
                 for name, fn in variants.items():

@@ -10,9 +10,10 @@ cuda_fp8_block       () -> tkit.cuda_ext.gemm_fp8_block (its ``unavailable(out_d
                      ``tkit.kernels.matmul.fp8_block`` dispatches to; raises ImportError when
                      tkit.cuda_ext cannot give it.
 cuda_int4            () -> tkit.cuda_ext.gemm_int4 (its ``supported``, ``unavailable`` and
-                     ``matmul_int4_cuda``): the INT4 decode GEMM in CUDA that
-                     ``tkit.kernels.matmul.int4`` dispatches to; raises ImportError when
-                     tkit.cuda_ext cannot give it.
+                     ``matmul_int4_cuda``; ``gemv_supported``, ``gemv_config``,
+                     ``gemv_unavailable`` and ``matmul_int4_gemv_cuda``): the INT4 decode
+                     GEMM and GEMV in CUDA that ``tkit.kernels.matmul.int4`` dispatches to;
+                     raises ImportError when tkit.cuda_ext cannot give it.
 aot_compile_context  (jit function) -> context manager under which an ahead-of-time compile
                      (``tkit.kernels.attention.hopper.compile_sm90``) sees the real
                      triton.language even under TRITON_INTERPRET=1 (tkit.ir_tools.aot's).

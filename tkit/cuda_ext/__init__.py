@@ -17,10 +17,11 @@ Public entry points:
 * :mod:`tkit.cuda_ext.gemm_fp8_block`: the block-scaled fp8 GEMM (DeepSeek-V3's 1x128 /
   128x128 scales) on 128 x 256 tiles, which ``tkit.matmul_fp8``'s block mode dispatches to
   on sm_90 (``tkit.kernels.matmul.fp8_block.backend`` says which kernel a call gets).
-* :mod:`tkit.cuda_ext.gemm_int4`: the INT4 weight-only GEMM at decode sizes (2..32 rows of
-  a: a TMA ring of the codes, mma.sync on registers dequantized in two instructions a pair,
-  stream-K over the SMs), which ``tkit.matmul_int4`` dispatches to on sm_90
-  (``tkit.kernels.matmul.int4.backend`` says which kernel a call gets).
+* :mod:`tkit.cuda_ext.gemm_int4`: the INT4 weight-only GEMV and GEMM at decode sizes (the
+  GEMV for 1..16 rows of a: the codes straight into a register ring, a 32-column slab a CTA;
+  the GEMM for up to 32: a TMA ring of the codes, stream-K over the SMs; both mma.sync on
+  registers dequantized in two instructions a pair), which ``tkit.matmul_int4`` dispatches
+  to on sm_90 (``tkit.kernels.matmul.int4.backend`` says which kernel a call gets).
 * :func:`status`: a dict (printed readably) of every op's path; ``tkit info`` prints it.
 * :func:`cute_layouts`: the CuTe printout of the tiled-MMA layouts (host program; tutorial 06b).
 * :func:`compile_cubin`, :func:`sass`, :func:`resource_usage`: nvcc ahead of time, no GPU
@@ -337,19 +338,30 @@ def status(compile: bool = True) -> Status:
 
 
 def _int4_status() -> dict:
-    """The INT4 decode GEMM's CUDA kernel here: its sm_90a build (bf16 activations, fp16
-    scales, groups of 128, 16 rows) and self-test, and which calls it takes
-    (``tkit.kernels.matmul.int4.cuda_reason`` has the rule)."""
+    """The INT4 decode kernels in CUDA here: the GEMV's sm_90a build (one row of a, bf16
+    activations, fp16 scales, groups of 128) and the stream-K GEMM's (16 rows) with its
+    self-test, and which calls they take (``tkit.kernels.matmul.int4.cuda_gemv_reason`` and
+    ``cuda_reason`` have the rules)."""
     if torch.cuda.get_device_capability() != (9, 0):
         return {"path": "triton", "why": "sm_90a code needs compute capability 9.0"}
-    from tkit.cuda_ext.gemm_int4 import unavailable
+    from tkit.cuda_ext.gemm_int4 import gemv_config, gemv_unavailable, unavailable
 
+    dev = torch.cuda.current_device()
+    cfg = gemv_config(1, 4096, 4096, torch.bfloat16, torch.float16, 128,
+                      torch.cuda.get_device_properties(dev).multi_processor_count)
+    why_gemv = gemv_unavailable(cfg["options"], dev)
     why = unavailable(16, torch.bfloat16, torch.float16, 128)
-    if why is not None:
-        return {"path": "triton", "why": why}
-    return {"path": "gemm_int4_sm90.cu", "why": "unforced calls with 2..32 rows of a whose "
-            "operands fit its TMA boxes (N a multiple of 32, K of 64, 16-byte rows); the "
-            "Triton kernels serve the rest"}
+    if why_gemv is not None and why is not None:
+        return {"path": "triton", "why": f"GEMV: {why_gemv}; GEMM: {why}"}
+    parts = []
+    if why_gemv is None:
+        parts.append("gemv_int4.cu: unforced calls with 1..16 rows of a (N a multiple of 32, "
+                     "groups of a multiple of 32 dividing K, 16-byte rows)")
+    if why is None:
+        parts.append("gemm_int4_sm90.cu: the other calls with 2..32 rows whose operands fit "
+                     "its TMA boxes (N a multiple of 32, K of 64)")
+    return {"path": " + ".join(p.split(":")[0] for p in parts),
+            "why": "; ".join(parts) + "; the Triton kernels serve the rest"}
 
 
 def _fp8_block_status(source: str) -> dict:

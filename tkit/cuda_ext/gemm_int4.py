@@ -1,9 +1,13 @@
-"""Launcher of the INT4 weight-only GEMM at decode sizes in CUDA (csrc/gemm_int4_sm90.cu,
-sm_90a): ``a @ dequant(w).T + bias`` for M <= 32 rows of ``a``, the weight in tkit's layout
-(:mod:`tkit.kernels.matmul.int4`), streamed through a TMA ring by one producer warp, dealt out
-as equal runs of 512-deep K steps over one CTA an SM (stream-K), dequantized into mma.sync's
-register operand. ``tkit.kernels.matmul.int4`` dispatches to it where :func:`supported` says
-it serves (and its rule, ``cuda_reason``, prefers it) and reports why where it does not.
+"""Launchers of the INT4 weight-only GEMMs at decode sizes in CUDA, sm_90a: the GEMV
+(csrc/gemv_int4.cu, :func:`matmul_int4_gemv_cuda`, M <= 16: the codes straight into a register
+ring, a 32-column slab a CTA) and the stream-K GEMM (csrc/gemm_int4_sm90.cu, below).
+
+The stream-K GEMM: ``a @ dequant(w).T + bias`` for M <= 32 rows of ``a``, the weight in
+tkit's layout (:mod:`tkit.kernels.matmul.int4`), streamed through a TMA ring by one producer
+warp, dealt out as equal runs of 512-deep K steps over one CTA an SM (stream-K), dequantized
+into mma.sync's register operand. ``tkit.kernels.matmul.int4`` dispatches to either where
+its ``*supported`` function says it serves (and its rule, ``cuda_gemv_reason`` /
+``cuda_reason``, prefers it) and reports why where it does not.
 
 Scope (:func:`supported`): a (M, K) fp16/bf16, M <= 32, rows contiguous and 16-byte aligned,
 K a multiple of 64; qweight int32 (K // 8, N) contiguous, N a multiple of 32; scales and
@@ -255,8 +259,6 @@ GEMV_MAX_M = 16
 #: 16), at most; the K lanes (warps a 32-column slab) follow from the shape
 #: (:func:`gemv_config`)
 GEMV_PF = {1: 4, 2: 4}
-#: chunks in flight a thread through the shared-memory rings (``ring="smem"``)
-GEMV_SMEM_PF = 8
 #: registers the ring may take (8 rows of a or fewer / 16) under the 128 a thread that 16
 #: warps an SM leave: past them ptxas spills (sm_90a builds, nvcc 13.0)
 GEMV_RING_REGS = {1: 52, 2: 36}
@@ -282,13 +284,11 @@ def _pf_fits(pf: int, gc: int) -> bool:
 
 def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: torch.dtype,
                 group_size: int, num_sms: int, *, lanes: int | None = None,
-                pf: int | None = None, l2_hint: bool = False, ring: str = "regs") -> dict:
+                pf: int | None = None, l2_hint: bool = False) -> dict:
     """One GEMV build and launch for these operands: nt (n8 tiles of rows of a), kl (warps a
-    CTA), pf (chunks of codes in flight a thread), smem (dynamic shared memory, bytes) and
-    options (-D...). ``lanes`` / ``pf`` / ``l2_hint`` override the K lanes, the ring's depth
-    (a multiple or a divisor of the group's 32-deep chunks) and the codes' L2 prefetch hint;
-    ``ring="smem"`` takes the codes and scales through cp.async rings in shared memory
-    instead of registers (sweeps)."""
+    CTA), pf (chunks of codes in flight a thread) and options (-D...). ``lanes`` / ``pf`` /
+    ``l2_hint`` override the K lanes, the ring's depth (a multiple or a divisor of the
+    group's 32-deep chunks) and the codes' L2 prefetch hint (sweeps)."""
     if not 1 <= M <= GEMV_MAX_M:
         raise ValueError(f"the INT4 GEMV takes 1..{GEMV_MAX_M} rows of a, got M={M}")
     nt = 1 if M <= 8 else 2
@@ -296,23 +296,6 @@ def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: tor
     if kl not in (1, 2, 4, 8, 16):
         raise ValueError(f"lanes must be 1, 2, 4, 8 or 16, got {kl}")
     gc = group_size // 32
-    if ring not in ("regs", "smem"):
-        raise ValueError(f"ring must be 'regs' or 'smem', got {ring!r}")
-    if ring == "smem":
-        pf = GEMV_SMEM_PF if pf is None else pf
-        if pf not in (2, 4, 8, 16, 32):
-            raise ValueError(f"pf must be a power of 2 in 2..32 with ring='smem', got {pf}")
-        ns = 2
-        while ns < (pf - 2) // gc + 2:
-            ns *= 2
-        smem = kl * (pf * 512 * (1 + nt) + ns * 64 * 4 * scale_dtype.itemsize)
-        if smem > SMEM_LIMIT:
-            raise ValueError(f"ring='smem' with pf={pf} and {kl} lanes needs {smem} bytes of "
-                             f"shared memory, more than {SMEM_LIMIT}")
-        options = _defines(nt=nt, kl=kl, pf=pf, pa=1, group=group_size, smem_ring=1,
-                           scale_t=SCALE_T[scale_dtype],
-                           act_f16=int(act_dtype == torch.float16), l2_hint=int(l2_hint))
-        return dict(nt=nt, kl=kl, pf=pf, smem=smem, options=("-std=c++17",) + options)
     if pf is None:
         # the deepest ring that lines up with the groups, ends at most two of them (each
         # group it ends holds its scale and zero words, and its promotion's temporaries),
@@ -328,7 +311,7 @@ def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: tor
     options = _defines(nt=nt, kl=kl, pf=pf, pa=2 if pf % 2 == 0 else 1, group=group_size,
                        scale_t=SCALE_T[scale_dtype], act_f16=int(act_dtype == torch.float16),
                        l2_hint=int(l2_hint))
-    return dict(nt=nt, kl=kl, pf=pf, smem=0, options=("-std=c++17",) + options)
+    return dict(nt=nt, kl=kl, pf=pf, options=("-std=c++17",) + options)
 
 
 def gemv_supported(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
@@ -384,7 +367,7 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
                           zeros: torch.Tensor | None, group_size: int,
                           bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                           lanes: int | None = None, pf: int | None = None,
-                          l2_hint: bool = False, ring: str = "regs") -> torch.Tensor:
+                          l2_hint: bool = False) -> torch.Tensor:
     """The product (module docstring) by the GEMV. The operands are assumed checked by
     ``tkit.matmul_int4`` and in scope (:func:`gemv_supported`); ``out`` an (M, N) row-major
     output to write (else one is allocated). ``lanes``, ``pf``, ``l2_hint``: see
@@ -401,13 +384,12 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
         return c
     dev = a.device.index or 0
     cfg = gemv_config(M, N, K, a.dtype, scales.dtype, group_size, _num_sms(dev), lanes=lanes,
-                      pf=pf, l2_hint=l2_hint, ring=ring)
+                      pf=pf, l2_hint=l2_hint)
     func = _loader.nvcc_kernel(GEMV_SOURCE, "gemv_int4", cfg["options"], dev)
     z = zeros if zeros is not None else scales
     lds = scales.stride(0) if scales.shape[0] > 1 else N
     ldz = z.stride(0) if z.shape[0] > 1 else N
     _loader.launch(func, (N // 32,), (32 * cfg["kl"],), (
         qweight, a, scales, z, c, bias if bias is not None else np.int64(0),
-        *_i32(M, N, K, a.stride(0) if M > 1 else K, lds, ldz, int(zeros is not None))),
-        smem=cfg["smem"])
+        *_i32(M, N, K, a.stride(0) if M > 1 else K, lds, ldz, int(zeros is not None))))
     return c

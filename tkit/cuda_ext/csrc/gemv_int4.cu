@@ -41,7 +41,10 @@
 #define KL 4  // warps (K lanes) a CTA
 #endif
 #ifndef PF
-#define PF 8  // 32-deep chunks of codes in flight a thread
+// 32-deep chunks of codes in flight a thread. Deeper rings lose: ptxas hoists a ring pass's
+// loads to the pass's top and waits for them on one scoreboard (a wait takes every load on
+// it), so a pass hides one pass of work behind its loads whatever the depth; 4 was fastest
+#define PF 4
 #endif
 #ifndef PA
 #define PA 2  // 32-deep chunks of a in flight a thread (from L1 / L2); PF a multiple of it
@@ -54,9 +57,6 @@
 #endif
 #ifndef ACT_F16
 #define ACT_F16 0
-#endif
-#ifndef SMEM_RING
-#define SMEM_RING 0  // 1: the codes and scales through cp.async rings in shared memory
 #endif
 #ifndef L2_HINT
 #define L2_HINT 0  // 1: the codes' loads ask L2 to fetch 256-byte sectors ahead
@@ -120,19 +120,6 @@ __device__ __forceinline__ uint4 ld_codes(const unsigned* p) {
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
 #endif
   return v;
-}
-
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
-// a thread's 4 scales (or zeros): 8 or 16 bytes
-__device__ __forceinline__ void cp_async_scales(unsigned dst, const void* src) {
-#if SCALE_T == 2
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-#else
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
-#endif
 }
 
 __device__ __forceinline__ float half_to_f32(unsigned short h) {
@@ -224,137 +211,6 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
   const unsigned char* zp = z + (u64)col0 * SBYTES;
   const u64 srow = (u64)lds * SBYTES, zrow = (u64)ldz * SBYTES;
 
-#if SMEM_RING
-  // ---- codes, rows of a and scales through cp.async into this warp's rings in shared
-  // memory: every copy a thread makes is read back by that thread alone, so
-  // cp.async.wait_group orders it (no barrier), and the copies in flight hold no registers
-  // or scoreboards (a ring in registers waits on one scoreboard for all its loads) ----
-  extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int NS_MIN = (PF - 2) / GC + 2;  // group slots: none refilled before it is read
-  constexpr int NS = NS_MIN <= 2 ? 2 : NS_MIN <= 4 ? 4 : NS_MIN <= 8 ? 8 : 16;
-  constexpr int SB4 = 4 * SBYTES;  // a thread's 4 scales (or zeros)
-  constexpr int SLOT = 512 * (1 + NT);  // a chunk: codes, then a's n8 tiles
-  constexpr int WARP_BYTES = PF * SLOT + NS * 64 * SB4;
-  static_assert((PF & (PF - 1)) == 0, "the shared-memory ring's depth is a power of 2");
-  const unsigned wbase = (unsigned)__cvta_generic_to_shared(smem) + warp * WARP_BYTES;
-  const unsigned cslot0 = wbase + 16 * lane, sslot0 = wbase + PF * SLOT + SB4 * lane;
-  const unsigned char* wsm = smem + warp * WARP_BYTES + 16 * lane;
-  const unsigned char* ssm = smem + warp * WARP_BYTES + PF * SLOT + SB4 * lane;
-  bool a_row[NT];  // this thread's rows of a exist (the others' B columns are never stored)
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) a_row[nt] = 8 * nt + g < M;
-  // chunk iss's copies (a group's first chunk brings the group's scales and zeros): one
-  // commit group a chunk, empty past the run, so wait_group counts chunks
-  int iss = c0;
-  const unsigned* qsrc = qp;
-  auto issue = [&]() {
-    if (iss < c1) {
-      const unsigned dst = cslot0 + (iss & (PF - 1)) * SLOT;
-      cp_async16(dst, qsrc);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-        if (a_row[nt]) cp_async16(dst + 512 * (1 + nt), ap[nt]);
-      if (iss % GC == 0) {
-        const int grp = iss / GC;
-        const unsigned sdst = sslot0 + (grp & (NS - 1)) * 64 * SB4;
-        cp_async_scales(sdst, sp + grp * srow);
-        if (has_zeros) cp_async_scales(sdst + 32 * SB4, zp + grp * zrow);
-      }
-    }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-    ++iss;
-    qsrc += qstep;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) ap[nt] += 32;
-  };
-#pragma unroll
-  for (int k = 0; k < PF - 1; ++k) issue();
-
-  float acc[2][NT][4], sum[2][NT][4], asum[NT][4];
-#pragma unroll
-  for (int u = 0; u < 2; ++u)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[u][nt][e] = sum[u][nt][e] = 0.f;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asum[nt][e] = 0.f;
-  const unsigned mask = 0x000F000Fu, magic = MAGIC, ones = ONES;
-
-#pragma unroll 2
-  for (int cc = c0; cc < c1; ++cc) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(PF - 2) : "memory");  // chunk cc is in
-    const unsigned char* slot = wsm + (cc & (PF - 1)) * SLOT;
-    const uint4 w = *reinterpret_cast<const uint4*>(slot);
-    uint4 av[NT];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) av[nt] = *reinterpret_cast<const uint4*>(slot + 512 * (1 + nt));
-    // chunk cc + PF - 1 into the slot chunk cc - 1 left (read, and used, last iteration)
-    issue();
-    unsigned p[4][4];  // [word][nibble pair]
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const unsigned wj = j == 0 ? w.x : j == 1 ? w.y : j == 2 ? w.z : w.w;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) p[j][k] = pair(wj, k, mask, magic);
-    }
-    unsigned b[NT][2][2];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const uint4 v = av[nt];
-      b[nt][0][0] = prmt(v.x, v.z, 0x5410);
-      b[nt][0][1] = prmt(v.x, v.z, 0x7632);
-      b[nt][1][0] = prmt(v.y, v.w, 0x5410);
-      b[nt][1][1] = prmt(v.y, v.w, 0x7632);
-    }
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        mma(sum[0][nt], p[0][2 * e], p[1][2 * e], p[0][2 * e + 1], p[1][2 * e + 1],
-            b[nt][e][0], b[nt][e][1]);
-        mma(sum[1][nt], p[2][2 * e], p[3][2 * e], p[2][2 * e + 1], p[3][2 * e + 1],
-            b[nt][e][0], b[nt][e][1]);
-        mma(asum[nt], ones, ones, ones, ones, b[nt][e][0], b[nt][e][1]);
-      }
-    if ((cc + 1) % GC == 0) {  // the group ends: scale, zero point, offset
-      const int grp = cc / GC;
-      const unsigned char* sl = ssm + (grp & (NS - 1)) * 64 * SB4;
-      unsigned sraw[SW], zraw[SW];
-#pragma unroll
-      for (int k = 0; k < SW; ++k) sraw[k] = reinterpret_cast<const unsigned*>(sl)[k];
-      float sc[4], zs[4], cz[4];
-      unpack4(sraw, sc);
-      if (has_zeros) {
-#pragma unroll
-        for (int k = 0; k < SW; ++k) zraw[k] = reinterpret_cast<const unsigned*>(sl + 32 * SB4)[k];
-        unpack4(zraw, zs);
-      } else {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) zs[k] = 8.f;
-      }
-#pragma unroll
-      for (int k = 0; k < 4; ++k) cz[k] = (OFFSET_F + zs[k]) * sc[k];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int u = 0; u < 2; ++u)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int k = 2 * u + e / 2;  // column col0 + k
-            acc[u][nt][e] = fmaf(-cz[k], asum[nt][e], fmaf(sc[k], sum[u][nt][e], acc[u][nt][e]));
-            sum[u][nt][e] = 0.f;
-          }
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) asum[nt][e] = 0.f;
-    }
-  }
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-#else
   uint4 ring[PF], aring[PA][NT];
   unsigned sraw[SLOTS][SW], zraw[SLOTS][SW];
   auto load_scales = [&](int slot, int grp) {
@@ -468,7 +324,6 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
   int c = c0;
   for (; c + 2 * PF <= c1; c += PF) pass(c, Flag<false>{});
   for (; c < c1; c += PF) pass(c, Flag<true>{});
-#endif
 
   // ---- the K lanes meet: warps 1.. hand their sums to warp 0, added in warp order ----
   constexpr int PER = 8 * NT;  // floats a thread

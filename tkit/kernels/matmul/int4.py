@@ -37,8 +37,16 @@ per weight element per M tile).
 
 Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` overrides):
 
-* ``"cuda"`` (2 <= M <= 32 on sm_90 by default, where :func:`cuda_reason` finds nothing in
-  the way): ``tkit.cuda_ext.gemm_int4``, a CUDA kernel for decode sizes: one producer warp
+* ``"cuda_gemv"`` (1 <= M <= 16 on sm_90 by default, where :func:`cuda_gemv_reason` finds
+  nothing in the way): ``tkit.cuda_ext.gemm_int4.matmul_int4_gemv_cuda``, a CUDA GEMV: a CTA
+  is a 32-column slab whose warps ("K lanes") walk equal runs of whole groups; each thread
+  loads its 16-byte words of codes straight into a register ring (4 chunks of 32 K ahead),
+  dequantizes them as the tc kernel does into mma.sync m16n8k16's register operand (the
+  weight as A, the rows of ``a`` the MMA's 8 or 16 columns) and the lanes meet once at the
+  end. About 1.9 instructions a weight (the Triton GEMV's FMAs take ~3.5), no TMA ring, no
+  stream-K hand-over.
+* ``"cuda"`` (2 <= M <= 32 on sm_90 where the GEMV does not serve): ``tkit.cuda_ext.gemm_int4``,
+  a CUDA kernel for decode sizes: one producer warp
   streams the codes, scales, zeros and a through a TMA ring of 512-deep K steps, eight
   consumer warps dequantize as the tc kernel does into mma.sync's register operand, and the
   K steps of all column tiles are dealt out in equal runs over one CTA an SM (stream-K; the
@@ -269,15 +277,16 @@ DEQUANT_MIN_M = 256
 PATHS = ("gemv", "tile", "tc", "dequant", "cuda", "cuda_gemv")
 
 
-#: the rows of a for which unforced calls take the CUDA kernel where it serves: at M = 1 the
-#: GEMV (all of K a program, no split) tied with it on the H200 (docs/NOTES.md, "the INT4
-#: decode GEMM in CUDA"); from 2 to 32 rows it led the tc kernel's best by 1.1-1.3x (it
-#: holds at most 32 rows: four n8 tiles)
+#: the rows of a for which unforced calls take the stream-K CUDA kernel where it serves and
+#: the CUDA GEMV (below) does not: from 2 to 32 rows it led the tc kernel's best by 1.1-1.3x
+#: (docs/NOTES.md, "the INT4 decode GEMM in CUDA"; it holds at most 32 rows: four n8 tiles)
 CUDA_MIN_M, CUDA_MAX_M = 2, 32
 #: the rows of a for which unforced calls take the CUDA GEMV (``tkit.cuda_ext.gemm_int4``'s
 #: ``matmul_int4_gemv_cuda``: the codes straight into registers, mma.sync on dequantized
-#: registers, no TMA ring or stream-K) where it serves
-CUDA_GEMV_MIN_M, CUDA_GEMV_MAX_M = 1, 1
+#: registers, a 32-column slab a CTA, no TMA ring or stream-K) where it serves: on the H100
+#: it took 0.91x the Triton GEMV's time at M = 1 and 0.77-0.85x the stream-K kernel's at
+#: M = 2..16 (docs/NOTES.md, forty-sixth session)
+CUDA_GEMV_MIN_M, CUDA_GEMV_MAX_M = 1, 16
 
 
 def _split_for(tiles: int, want_programs: int, k_steps: int, min_steps: int) -> int:
