@@ -147,6 +147,9 @@ def cases(device="cpu", torch_calls=False):
     xm, wm, rm = r(512, 4096), r(4096, 4096), r(512, 4096)
     # the layer's gate/up projection with SwiGLU at 512 tokens (matmul_glu's Gluon build)
     wgu = r(2 * 14336, 4096)
+    # a decode step's INT4 gate/up-sized projection (the CUDA GEMV on sm_90)
+    qi, si, zi = tkit.quantize_int4(r(14336, 4096), 128)
+    wi = r(14336, 4096)
     ops = torch.ops.tkit
     if torch_calls:
         F = torch.nn.functional
@@ -160,6 +163,7 @@ def cases(device="cpu", torch_calls=False):
             "matmul M=1 4096x4096": lambda: torch.matmul(x1, W),
             "matmul M=512 4096x4096 + residual": lambda: torch.addmm(rm, xm, wm.t()),
             "matmul_glu M=512 gate_up 14336": lambda: _torch_glu(xm, wgu),
+            "matmul_int4 M=1 4096x14336": lambda: F.linear(x1, wi),
             "flash_attention decode 4096 GQA4": lambda: F.scaled_dot_product_attention(
                 qt, kt, vt, enable_gqa=True),
             "flash_attention prefill 512 causal": lambda: F.scaled_dot_product_attention(
@@ -182,6 +186,9 @@ def cases(device="cpu", torch_calls=False):
         "matmul_glu M=512 gate_up 14336": (
             lambda: tkit.matmul_glu(xm, wgu.t()),
             lambda: ops.matmul_glu(xm, wgu.t(), None, "silu", None, True)),
+        "matmul_int4 M=1 4096x14336": (
+            lambda: tkit.matmul_int4(x1, qi, si, zi, group_size=128),
+            lambda: ops.matmul_int4(x1, qi, si, zi, 128, None)),
         "flash_attention decode 4096 GQA4": (lambda: tkit.flash_attention(q, k, v), lambda: (
             ops.flash_attn_fwd(q, k, v, None, None, 1, 4096, False, 128 ** -0.5, -1, -1, 0.0))),
         "flash_attention prefill 512 causal": (
@@ -227,7 +234,8 @@ def _set_plans(on: bool) -> None:
 
 
 def floor_fn(fn):
-    """``torch.empty`` of fn's outputs + each recorded launch's launcher call, or None."""
+    """``torch.empty`` of fn's outputs + each recorded launch's launcher call, or None (also
+    for calls with a CUDA-hatch launch, whose launcher this floor does not model)."""
     if _plan is None:
         return None
     on = _plan.ON
@@ -237,7 +245,7 @@ def floor_fn(fn):
             out = fn()
     finally:
         _plan.ON = on
-    if not rec or any(r is None for r in rec):
+    if not rec or any(r is None or isinstance(r, _launch.RawLaunch) for r in rec):
         return None
     outs = out if isinstance(out, tuple) else (out,)
     specs = [(tuple(o.shape), o.dtype, o.device) for o in outs + tuple(rec.scratch)]
