@@ -614,6 +614,24 @@ def test_glu_measured_against_prediction():
 # tensors, the stream's workspace by address): 17.1 us a call at M=16, its kernel's time,
 # against F.linear's 32.3 (run `h200-2026-12-04-zzze-latency`).
 #
+# Counting instructions finds the GEMV's other bound. Its FMAs cost ~3.5 instructions a weight:
+# 6.4 M warp instructions at K=4096 N=14336, ~6 us of issue on the H200 with every scheduler
+# busy. The CUDA kernel's dequantization into mma.sync's operand costs ~0.9. So
+# `csrc/gemv_int4.cu` uses that dequantization with a GEMV's schedule: a 32-column slab a CTA,
+# its warps on whole groups of K, and each thread's 16-byte words of codes loaded straight
+# into a register ring. It takes ~1.9 instructions a weight in the loop, with no TMA and no
+# stream-K.
+#
+# On an H100 (runs `h100-2026-12-06-e/f/g-int4-gemv-cuda`, kernel timer) it took 0.91-0.92x
+# the Triton GEMV's time at M=1, and 0.76-0.85x the stream-K kernel's at M = 2..16. It is the
+# default for M <= 16 now. The bench there (run `h100-2026-12-06-h-matmul-int4`, events) reads
+# M=1 2.80x cuBLAS bf16 and M=16 2.49x, against 2.35x and 2.06x before.
+#
+# Its ring depth was settled by the SASS's control bits, not by the source. ptxas hoists a
+# ring pass's loads to the pass's top and tracks all of them on one scoreboard, and a wait
+# takes every load on it. So 4 chunks in flight beat 8: with 8, the first wait also took the
+# loads just issued.
+#
 # So from M = 256 rows `matmul_int4` does that: `_dequant_int4_kernel` writes the (N, K)
 # weight in bf16 once (a read of 29 MB of codes and a write of 117 MB, ~35 us at the copy
 # rate) and `tkit.matmul` runs the bf16 GEMM. Same run, L2 flushed (run

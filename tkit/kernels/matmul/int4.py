@@ -284,7 +284,7 @@ CUDA_MIN_M, CUDA_MAX_M = 2, 32
 #: the rows of a for which unforced calls take the CUDA GEMV (``tkit.cuda_ext.gemm_int4``'s
 #: ``matmul_int4_gemv_cuda``: the codes straight into registers, mma.sync on dequantized
 #: registers, a 32-column slab a CTA, no TMA ring or stream-K) where it serves: on the H100
-#: it took 0.91x the Triton GEMV's time at M = 1 and 0.77-0.85x the stream-K kernel's at
+#: it took 0.91-0.92x the Triton GEMV's time at M = 1 and 0.76-0.85x the stream-K kernel's at
 #: M = 2..16 (docs/NOTES.md, forty-sixth session)
 CUDA_GEMV_MIN_M, CUDA_GEMV_MAX_M = 1, 16
 
