@@ -806,9 +806,9 @@ def sweep_int4_gemv(rows):
 
 def sweep_int4_gemv_cuda(rows):
     """The CUDA GEMV (``tkit.cuda_ext.gemm_int4.matmul_int4_gemv_cuda``) at K=4096 N=14336 and
-    K=N=8192 (group 128): at M=1 its K lanes, ring depths and the codes' L2 hint against the
-    Triton GEMV; at M = 2, 4, 8 and 16 against the stream-K CUDA kernel (the default there);
-    cuBLAS bf16 beside them. Graph replays, L2 read-flushed, min of 3 interleaved rounds'
+    K=N=8192 (group 128): at M=1 its K lanes and ring depths against the Triton GEMV; at
+    M = 2, 4, 8 and 16 against the stream-K CUDA kernel (the default there before it); cuBLAS
+    bf16 beside them. Graph replays, L2 read-flushed, min of 3 interleaved rounds'
     medians, by events and by the kernel timer; each output checked against a float64
     product."""
     import torch.nn.functional as F
@@ -845,8 +845,6 @@ def sweep_int4_gemv_cuda(rows):
                 for pf in (2, 8):
                     variants[f"cuda gemv pf {pf}"] = (
                         lambda a, q, s, z, pf=pf: cuda_gemv(a, q, s, z, pf=pf))
-                variants["cuda gemv L2 256B hint"] = (
-                    lambda a, q, s, z: cuda_gemv(a, q, s, z, l2_hint=True))
             else:
                 variants["cuda stream-K"] = (
                     lambda a, q, s, z: G4.matmul_int4_cuda(a, q, s, z, 128, check=False))

@@ -284,11 +284,11 @@ def _pf_fits(pf: int, gc: int) -> bool:
 
 def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: torch.dtype,
                 group_size: int, num_sms: int, *, lanes: int | None = None,
-                pf: int | None = None, l2_hint: bool = False) -> dict:
+                pf: int | None = None) -> dict:
     """One GEMV build and launch for these operands: nt (n8 tiles of rows of a), kl (warps a
-    CTA), pf (chunks of codes in flight a thread) and options (-D...). ``lanes`` / ``pf`` /
-    ``l2_hint`` override the K lanes, the ring's depth (a multiple or a divisor of the
-    group's 32-deep chunks) and the codes' L2 prefetch hint (sweeps)."""
+    CTA), pf (chunks of codes in flight a thread) and options (-D...). ``lanes`` / ``pf``
+    override the K lanes and the ring's depth (a multiple or a divisor of the group's 32-deep
+    chunks), for sweeps."""
     if not 1 <= M <= GEMV_MAX_M:
         raise ValueError(f"the INT4 GEMV takes 1..{GEMV_MAX_M} rows of a, got M={M}")
     nt = 1 if M <= 8 else 2
@@ -309,8 +309,7 @@ def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: tor
         raise ValueError(f"pf must be in 1..16, a multiple or a divisor of the group's {gc} "
                          f"32-deep chunks; got {pf}")
     options = _defines(nt=nt, kl=kl, pf=pf, pa=2 if pf % 2 == 0 else 1, group=group_size,
-                       scale_t=SCALE_T[scale_dtype], act_f16=int(act_dtype == torch.float16),
-                       l2_hint=int(l2_hint))
+                       scale_t=SCALE_T[scale_dtype], act_f16=int(act_dtype == torch.float16))
     return dict(nt=nt, kl=kl, pf=pf, options=("-std=c++17",) + options)
 
 
@@ -366,12 +365,10 @@ def gemv_unavailable(options: tuple[str, ...], device: int) -> str | None:
 def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                           zeros: torch.Tensor | None, group_size: int,
                           bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
-                          lanes: int | None = None, pf: int | None = None,
-                          l2_hint: bool = False) -> torch.Tensor:
+                          lanes: int | None = None, pf: int | None = None) -> torch.Tensor:
     """The product (module docstring) by the GEMV. The operands are assumed checked by
     ``tkit.matmul_int4`` and in scope (:func:`gemv_supported`); ``out`` an (M, N) row-major
-    output to write (else one is allocated). ``lanes``, ``pf``, ``l2_hint``: see
-    :func:`gemv_config`."""
+    output to write (else one is allocated). ``lanes``, ``pf``: see :func:`gemv_config`."""
     M, K = a.shape
     N = qweight.shape[1]
     c = out if out is not None else _common.empty((M, N), a.dtype, a.device)
@@ -384,7 +381,7 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
         return c
     dev = a.device.index or 0
     cfg = gemv_config(M, N, K, a.dtype, scales.dtype, group_size, _num_sms(dev), lanes=lanes,
-                      pf=pf, l2_hint=l2_hint)
+                      pf=pf)
     func = _loader.nvcc_kernel(GEMV_SOURCE, "gemv_int4", cfg["options"], dev)
     z = zeros if zeros is not None else scales
     lds = scales.stride(0) if scales.shape[0] > 1 else N

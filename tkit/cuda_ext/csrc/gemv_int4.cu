@@ -1,5 +1,4 @@
-// INT4 weight-only GEMV at decode sizes (W4A16, M <= 8 NT rows of a), sm_80+ (built for
-// sm_90a here):
+// INT4 weight-only GEMV at decode sizes (W4A16, M <= 8 NT rows of a), sm_90a:
 //
 //   out[m, n] = sum_k a[m, k] * (q[n, k] - z[k / G, n]) * s[k / G, n]  (+ bias[n])
 //
@@ -9,31 +8,31 @@
 // (fp16 with -DACT_F16=1) with 16-byte aligned rows; out (M, N) row-major in a's dtype.
 // N a multiple of 32, G = GROUP a multiple of 32 dividing K (the launcher checks).
 //
-// Why a second kernel: at M = 1 the work is a read of the weight (31 MB at K=4096 N=14336)
-// and the Triton GEMV does it on the CUDA cores at ~3.5 instructions a weight (a FMA a
-// weight and the nibble's unpacking): its schedulers are busy long before DRAM is. Here a
-// weight costs ~1 instruction: the codes go from global memory straight into registers
-// (PF 32-deep chunks in flight a thread, a ring in registers), and each 32-bit word is
-// dequantized two weights a LOP3 into mma.sync m16n8k16's register operand (the weight as A:
-// out^T = W a^T, the rows of a the MMA's 8 columns), the numerics of gemm_int4_sm90.cu:
+// Why a second kernel: at M = 1 the work is a read of the weight (31 MB at K=4096 N=14336),
+// and the Triton GEMV's FMAs take ~3.5 instructions a weight, enough to make issue a large
+// share of its time. Here a 32-bit word is dequantized two weights a LOP3 into mma.sync
+// m16n8k16's register operand (the weight as A: out^T = W a^T, the rows of a the MMA's 8
+// columns), the numerics of gemm_int4_sm90.cu:
 //   sum_k a_k (q_k - z) s = s (sum_k a_k (O + q_k)) - s (O + z) (sum_k a_k),
-// nibbles OR-ed into the mantissa of O = 128 (bf16) / 1024 (fp16), offset and zero point
-// off once a group in float32 (sum_k a_k a group and row worked out once, in shared
-// memory). No TMA, no producer
-// warp, no stream-K: a CTA is one 32-column slab with KL warps ("K lanes") on equal runs of
-// whole groups, summed once at the end through shared memory (deterministic). Rows of a and
-// the CTA's scales and zeros are staged in shared memory by cp.async at the start, while the
-// first PF chunks of codes are already on their way.
+// nibbles OR-ed into the mantissa of O = 128 (bf16) / 1024 (fp16), sum_k a_k from an MMA by
+// an all-ones A, offset and zero point off once a group in float32: ~1.9 instructions a
+// weight in the K loop. That kernel's TMA ring and stream-K cost fixed time at these sizes
+// (~2-3 us to the first slot, ~2 us of hand-over); this one has none: a CTA is one
+// 32-column slab with KL warps ("K lanes") on equal runs of whole groups, each thread loading
+// its codes straight into a register ring (PF chunks ahead), a and the scales into smaller
+// rings beside it; the lanes are summed once at the end through shared memory, in warp
+// order (deterministic).
 //
 // Warp w's lane 4 g + t holds columns 4 g .. 4 g + 3 of the slab (tile 0: MMA rows g, g + 8
 // = columns 4 g, 4 g + 1; tile 1: 4 g + 2, 4 g + 3) and, in chunk c (32 K), packed row
 // r = 4 c + t: one 16-byte load of 4 words. In k16 step e the MMA's K slots 2t / 2t+1 /
 // 2t+8 / 2t+9 are K = 8 r + 2 e + {0, 4, 1, 5}, so (w >> 4 i) & 0x000F000F is one register of
-// the operand. B's column j is row 8 nt + j of a (rows past M are zeros, never stored).
+// the operand. B's column j is row 8 nt + j of a.
 //
 // Memory safety: every code, scale and zero index lies inside (K / 8, N) / (K / G, N) by the
-// launcher's checks (N % 32, K % G, G % 32); a is read at rows < M and K < K only; stores
-// masked by M. Offsets into qweight and out are 64-bit.
+// launcher's checks (N % 32, K % G, G % 32); a is read at rows < M (rows past M read row
+// M - 1: their B columns only feed C columns that are never stored) and K < K; stores masked
+// by M. Offsets into qweight, a, the scales and out are 64-bit.
 #ifndef NT
 #define NT 1  // n8 tiles of rows of a: M <= 8 NT
 #endif
@@ -57,9 +56,6 @@
 #endif
 #ifndef ACT_F16
 #define ACT_F16 0
-#endif
-#ifndef L2_HINT
-#define L2_HINT 0  // 1: the codes' loads ask L2 to fetch 256-byte sectors ahead
 #endif
 #define THREADS (32 * KL)
 #define MIN_BLOCKS (KL >= 16 ? 1 : 16 / KL)  // 128 registers a thread
@@ -112,13 +108,8 @@ __device__ __forceinline__ void mma(float* d, unsigned a0, unsigned a1, unsigned
 // 16 bytes of streamed codes: read once, not kept in L1
 __device__ __forceinline__ uint4 ld_codes(const unsigned* p) {
   uint4 v;
-#if L2_HINT
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-#else
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-#endif
   return v;
 }
 
