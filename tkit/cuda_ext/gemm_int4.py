@@ -282,13 +282,14 @@ def _pf_fits(pf: int, gc: int) -> bool:
     return pf % gc == 0 or gc % pf == 0
 
 
+@functools.cache
 def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: torch.dtype,
                 group_size: int, num_sms: int, *, lanes: int | None = None,
                 pf: int | None = None) -> dict:
     """One GEMV build and launch for these operands: nt (n8 tiles of rows of a), kl (warps a
     CTA), pf (chunks of codes in flight a thread) and options (-D...). ``lanes`` / ``pf``
     override the K lanes and the ring's depth (a multiple or a divisor of the group's 32-deep
-    chunks), for sweeps."""
+    chunks), for sweeps. Shared between calls: do not modify it."""
     if not 1 <= M <= GEMV_MAX_M:
         raise ValueError(f"the INT4 GEMV takes 1..{GEMV_MAX_M} rows of a, got M={M}")
     nt = 1 if M <= 8 else 2
