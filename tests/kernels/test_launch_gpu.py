@@ -37,6 +37,8 @@ def _offsets(T, G):
     return torch.cat([z, cuts, z + T]).to(torch.int32)
 
 
+_int4 = tkit.matmul_int4  # its module defines tkit::matmul_int4 (imported on first use)
+
 # name -> (make inputs(offset) -> tuple, call(*inputs) -> tensor or tuple)
 CASES = {
     "add": (lambda o: (_r(1, 4096, offset=o), _r(1, 4096)), tkit.add),
@@ -109,6 +111,13 @@ CASES = {
                                                                  "auto")),
     "op_matmul_glu": (lambda o: (_r(256, 1024, offset=o), _r(1536, 1024).t()),
                       lambda a, b: torch.ops.tkit.matmul_glu(a, b, None, "silu", None, True)),
+    # the CUDA GEMV on sm_90 (a raw launch in the plan; a at offset 1 takes the Triton GEMV)
+    "op_matmul_int4": (lambda o: (_r(1, 4096, offset=o),
+                                  torch.randint(-2**31, 2**31 - 1, (512, 14336), device=DEV,
+                                                dtype=torch.int32),
+                                  _r(32, 14336, dtype=torch.float16).abs(),
+                                  (_r(32, 14336, dtype=torch.float16).abs() * 8).round()),
+                       lambda a, q, s, z: torch.ops.tkit.matmul_int4(a, q, s, z, 128, None)),
     "op_attn_decode": (lambda o: (_r(1, 1, 32, 128, offset=o), _r(1, 4096, 8, 128),
                                   _r(1, 4096, 8, 128)),
                        lambda q, k, v: torch.ops.tkit.flash_attn_fwd(

@@ -172,6 +172,12 @@ def _buf(n, dtype=BF, offset=0):
 
 
 _ops = torch.ops.tkit
+_int4 = tkit.matmul_int4  # its module defines tkit::matmul_int4 (imported on first use)
+
+
+def _codes(K, N):
+    """Random packed INT4 codes of a (N, K) weight in tkit's layout: int32 (K // 8, N)."""
+    return torch.randint(-2**31, 2**31 - 1, (K // 8, N), dtype=torch.int32)
 
 # the registered ops whose implementations serve from plans, each as a torch.compile graph (or
 # the autograd path) calls it: name -> ((make inputs, call), make inputs of another signature)
@@ -222,6 +228,11 @@ OP_CASES = {
                             lambda a, b, c: _ops.matmul_glu(a, b, c, "gelu", None, False)),
                            lambda: (torch.randn(2, 6, 64), torch.randn(96, 64).t(),
                                     torch.randn(96))),
+    "op_matmul_int4": ((lambda: (torch.randn(1, 256).to(BF), _codes(256, 96),
+                                 torch.rand(2, 96).half(), torch.rand(2, 96).half() * 15),
+                        lambda a, q, s, z: _ops.matmul_int4(a, q, s, z, 128, None)),
+                       lambda: (torch.randn(3, 256).to(BF), _codes(256, 96),
+                                torch.rand(2, 96).half(), torch.rand(2, 96).half() * 15)),
     "op_attn_decode": ((lambda: (torch.randn(1, 1, 8, 64).to(BF),
                                  torch.randn(1, 300, 2, 64).to(BF),
                                  torch.randn(1, 300, 2, 64).to(BF)),
