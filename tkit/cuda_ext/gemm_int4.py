@@ -256,8 +256,8 @@ def matmul_int4_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
 GEMV_SOURCE = "gemv_int4.cu"
 GEMV_MAX_M = 16
 #: the builds' defaults: 32-deep chunks of codes in flight a thread (8 rows of a or fewer /
-#: 16), at most; the K lanes (warps a 32-column slab) follow from the shape
-#: (:func:`gemv_config`)
+#: 16), at most (2 and 8 took 1.06-1.12x the time of 4 on the H100); the K lanes (warps a
+#: 32-column slab) follow from the shape (:func:`gemv_config`)
 GEMV_PF = {1: 4, 2: 4}
 #: registers the ring may take (8 rows of a or fewer / 16) under the 128 a thread that 16
 #: warps an SM leave: past them ptxas spills (sm_90a builds, nvcc 13.0)
@@ -266,8 +266,9 @@ GEMV_RING_REGS = {1: 52, 2: 36}
 
 def _gemv_lanes(N: int, K: int, group_size: int, num_sms: int) -> int:
     """Warps a 32-column slab: the power of 2 that gives the SMs about 16 warps each (all
-    CTAs resident at once, ~64 KB of codes in flight an SM), at most 16 and at most the
-    groups of K (a warp takes whole groups)."""
+    CTAs resident at once at 128 registers a thread), at most 16 and at most the groups of K
+    (a warp takes whole groups). The H100 sweeps timed the other powers of 2 at 1.11-1.26x
+    this one's time (docs/NOTES.md, forty-sixth session)."""
     slabs = max(1, N // 32)
     kl = 1
     while kl < 16 and kl * 2 <= 16 * num_sms / slabs * 1.41:
