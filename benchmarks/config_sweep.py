@@ -825,7 +825,8 @@ def sweep_int4_gemv_cuda(rows):
         w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g) * K ** -0.5
         q, s, z = tkit.quantize_int4(w, 128)
         wd = tkit.dequantize_int4(q, s, z, group_size=128, dtype=torch.float64)
-        kl = G4.gemv_config(1, N, K, torch.bfloat16, s.dtype, 128, 132)["kl"]
+        cfg = G4.gemv_config(1, N, K, torch.bfloat16, s.dtype, 128, 132)
+        kl = cfg["kl"]
         for M in (1, 2, 4, 8, 16):
             a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
             want = a.double() @ wd.t()
@@ -838,7 +839,7 @@ def sweep_int4_gemv_cuda(rows):
                                                                         group_size=128)}
             if M == 1:
                 variants["triton gemv"] = triton_gemv
-                variants[f"cuda gemv (lanes {kl}, pf 4)"] = cuda_gemv
+                variants[f"cuda gemv (lanes {kl}, pf {cfg['pf']})"] = cuda_gemv
                 for lanes in sorted({max(1, kl // 2), min(16, kl * 2)} - {kl}):
                     variants[f"cuda gemv lanes {lanes}"] = (
                         lambda a, q, s, z, lanes=lanes: cuda_gemv(a, q, s, z, lanes=lanes))

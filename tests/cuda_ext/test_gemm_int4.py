@@ -100,10 +100,9 @@ def test_against_reference(M, N, K, G, dtype, sym, sdt, bias):
                                 dict(group_size=G, bias=b))
 
 
-@pytest.mark.gpu
-def test_every_code_in_every_nibble():
-    """Each of the 16 codes at each of the 8 nibbles of a word, against zero points 0..15 and
-    a fractional one: the LOP3 dequantization and the K permutation of the MMA operands."""
+def _every_code_case(M):
+    """Each of the 16 codes at each of the 8 nibbles of a word over 128 columns, zero points
+    0..15 and a fractional one, M rows of a: (a, qweight, scales, zeros, group size)."""
     N, K, G = 128, 1024, 128
     codes = torch.arange(N * K, device=DEV).view(N, K) % 16
     codes = (codes + torch.arange(N, device=DEV)[:, None] // 8) % 16
@@ -111,7 +110,14 @@ def test_every_code_in_every_nibble():
     s = (torch.rand(K // G, N, device=DEV) + 0.5).half()
     z = (torch.arange(K // G * N, device=DEV).view(K // G, N) % 16).half()
     z[0, :7] = 7.5
-    a = make_tensor((3, K), BF16, seed=3, device=DEV)
+    return make_tensor((M, K), BF16, seed=3, device=DEV), q, s, z, G
+
+
+@pytest.mark.gpu
+def test_every_code_in_every_nibble():
+    """Each of the 16 codes at each of the 8 nibbles of a word, against zero points 0..15 and
+    a fractional one: the LOP3 dequantization and the K permutation of the MMA operands."""
+    a, q, s, z, G = _every_code_case(3)
     spec = registry.get("matmul_int4")
     with I4.int4_config(path="cuda"):
         check_against_reference(spec.fn, spec.reference, (a, q, s, z), dict(group_size=G))
@@ -203,27 +209,37 @@ def test_unforced_calls_take_it_and_fall_back_with_the_reason():
     check_against_reference(spec.fn, spec.reference, (wide, q, s, z), dict(group_size=128))
 
 
-@pytest.mark.gpu
-def test_repeated_eager_calls_are_served_by_their_plan_on_their_stream():
-    """The second eager call of a signature is served by its C++ plan (no Python launcher:
-    the maps encoded over the call's tensors, the stream's workspace by address): the same bits
-    as the launcher for fresh activations and weights. A call on another stream takes the
-    launcher (that stream's workspace), the same bits again."""
+def _plans_serve_repeats(M, kernel):
+    """An eager call of M rows at K=2048 N=4096 recorded, then two of fresh inputs of its
+    signature: each served by its plan (one plan hit), the same bits as ``kernel`` (the
+    launcher) gives. Skips off sm_90 and without the C++ plans. The last inputs."""
     from tkit.kernels import _cplan, _launch, _plan
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the kernel is built for sm_90a")
     if not _plan.ON or _cplan.module() is None:
         pytest.skip(f"no eager plans here: {_cplan.status()}")
+    a, q, s, z = _case(M, 4096, 2048, 128, seed=9)
+    tkit.matmul_int4(a, q, s, z, group_size=128)  # the recorded call
+    for seed in (1, 2):
+        a, q, s, z = _case(M, 4096, 2048, 128, seed=seed)
+        plans = _launch.stats["plan"]
+        got = tkit.matmul_int4(a, q, s, z, group_size=128)
+        assert _launch.stats["plan"] == plans + 1
+        assert torch.equal(got, kernel(a, q, s, z, 128))
+    return a, q, s, z
+
+
+@pytest.mark.gpu
+def test_repeated_eager_calls_are_served_by_their_plan_on_their_stream():
+    """The second eager call of a signature is served by its C++ plan (no Python launcher:
+    the maps encoded over the call's tensors, the stream's workspace by address): the same bits
+    as the launcher for fresh activations and weights. A call on another stream takes the
+    launcher (that stream's workspace), the same bits again."""
+    from tkit.kernels import _launch
+
     with torch.no_grad():
-        a, q, s, z = _case(24, 4096, 2048, 128, seed=9)
-        tkit.matmul_int4(a, q, s, z, group_size=128)  # the recorded call
-        for seed in (1, 2):
-            a, q, s, z = _case(24, 4096, 2048, 128, seed=seed)
-            plans = _launch.stats["plan"]
-            got = tkit.matmul_int4(a, q, s, z, group_size=128)
-            assert _launch.stats["plan"] == plans + 1
-            assert torch.equal(got, G4.matmul_int4_cuda(a, q, s, z, 128))
+        a, q, s, z = _plans_serve_repeats(24, G4.matmul_int4_cuda)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         plans = _launch.stats["plan"]
@@ -246,7 +262,7 @@ def test_gemv_config_picks_lanes_and_refuses_by_name():
     assert G4.gemv_config(1, 1024, 256, BF16, F16, 128, 132)["kl"] == 2  # two groups
     c16 = G4.gemv_config(16, 4096, 4096, F16, F32, 32, 132)
     assert c16["nt"] == 2 and "-DACT_F16=1" in c16["options"] and "-DSCALE_T=2" in c16["options"]
-    # the ring: 8 chunks (4 with two n8 tiles), or what lines up with the group's chunks
+    # the ring: 4 chunks, or fewer where that lines up with the group's chunks or fits
     assert cfg["pf"] == 4 and G4.gemv_config(16, 4096, 4096, BF16, F16, 128, 132)["pf"] == 4
     assert c16["pf"] == 1  # fp32 scales of 32-wide groups: one group's words a chunk
     assert G4.gemv_config(1, 4096, 4096 * 3, BF16, F16, 96, 132)["pf"] == 3
@@ -331,14 +347,7 @@ def test_gemv_lanes_and_ring_depths(lanes, pf):
 def test_gemv_every_code_in_every_nibble(M):
     """Each of the 16 codes at each of the 8 nibbles of a word, against zero points 0..15 and
     a fractional one."""
-    N, K, G = 128, 1024, 128
-    codes = torch.arange(N * K, device=DEV).view(N, K) % 16
-    codes = (codes + torch.arange(N, device=DEV)[:, None] // 8) % 16
-    q = I4.pack_int4(codes.to(torch.int32))
-    s = (torch.rand(K // G, N, device=DEV) + 0.5).half()
-    z = (torch.arange(K // G * N, device=DEV).view(K // G, N) % 16).half()
-    z[0, :7] = 7.5
-    a = make_tensor((M, K), BF16, seed=3, device=DEV)
+    a, q, s, z, G = _every_code_case(M)
     spec = registry.get("matmul_int4")
     with I4.int4_config(path="cuda_gemv"):
         check_against_reference(spec.fn, spec.reference, (a, q, s, z), dict(group_size=G))
@@ -383,18 +392,5 @@ def test_gemv_unforced_m1_takes_it_and_falls_back_with_the_reason():
 def test_gemv_repeated_eager_calls_are_served_by_their_plan():
     """The second eager M=1 call of a signature is served by its plan: the same bits as the
     launcher for fresh activations and weights."""
-    from tkit.kernels import _cplan, _launch, _plan
-
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the kernel is built for sm_90a")
-    if not _plan.ON or _cplan.module() is None:
-        pytest.skip(f"no eager plans here: {_cplan.status()}")
     with torch.no_grad():
-        a, q, s, z = _case(1, 4096, 2048, 128, seed=9)
-        tkit.matmul_int4(a, q, s, z, group_size=128)  # the recorded call
-        for seed in (1, 2):
-            a, q, s, z = _case(1, 4096, 2048, 128, seed=seed)
-            plans = _launch.stats["plan"]
-            got = tkit.matmul_int4(a, q, s, z, group_size=128)
-            assert _launch.stats["plan"] == plans + 1
-            assert torch.equal(got, G4.matmul_int4_gemv_cuda(a, q, s, z, 128))
+        _plans_serve_repeats(1, G4.matmul_int4_gemv_cuda)

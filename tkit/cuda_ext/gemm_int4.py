@@ -87,6 +87,25 @@ def config(M: int, act_dtype: torch.dtype, scale_dtype: torch.dtype, group_size:
     return dict(nt=nt, sr=sr, smem=smem, options=options)
 
 
+def _scales_bias_reason(a, scales, zeros, bias, note: str = "") -> str | None:
+    """Why the scales, zeros or bias are outside both kernels' scope (16-bit or fp32 scales
+    and zeros of one dtype, contiguous 16-byte aligned rows; bias contiguous in a's dtype),
+    else None; ``note`` ends the alignment reason."""
+    for name, t in (("scales", scales), ("zeros", zeros)):
+        if t is None:
+            continue
+        if t.dtype not in SCALE_T:
+            return f"{name}' dtype {t.dtype} is not fp16/bf16/fp32"
+        if (t.stride(1) != 1 or (t.shape[0] > 1 and (t.stride(0) * t.element_size()) % 16)
+                or t.data_ptr() % 16):
+            return f"{name}' rows are not contiguous and 16-byte aligned{note}"
+    if zeros is not None and zeros.dtype != scales.dtype:
+        return "zeros and scales differ in dtype"
+    if bias is not None and (bias.dtype != a.dtype or bias.stride(0) != 1):
+        return "bias is not contiguous in a's dtype"
+    return None
+
+
 def supported(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
               zeros: torch.Tensor | None, group_size: int, bias: torch.Tensor | None
               ) -> str | None:
@@ -107,18 +126,9 @@ def supported(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         return f"N={N} is not a multiple of 32 or K={K} not of 64 (the kernel's TMA boxes)"
     if qweight.stride(1) != 1 or qweight.stride(0) != N or qweight.data_ptr() % 16:
         return "qweight is not contiguous and 16-byte aligned (TMA)"
-    for name, t in (("scales", scales), ("zeros", zeros)):
-        if t is None:
-            continue
-        if t.dtype not in SCALE_T:
-            return f"{name}' dtype {t.dtype} is not fp16/bf16/fp32"
-        if (t.stride(1) != 1 or (t.shape[0] > 1 and (t.stride(0) * t.element_size()) % 16)
-                or t.data_ptr() % 16):
-            return f"{name}' rows are not contiguous and 16-byte aligned (TMA)"
-    if zeros is not None and zeros.dtype != scales.dtype:
-        return "zeros and scales differ in dtype"
-    if bias is not None and (bias.dtype != a.dtype or bias.stride(0) != 1):
-        return "bias is not contiguous in a's dtype"
+    why = _scales_bias_reason(a, scales, zeros, bias, " (TMA)")
+    if why is not None:
+        return why
     if (N + BN - 1) // BN * ((K + KSTEP - 1) // KSTEP) >= 2**31:
         return "too many (column tile, K step) pairs for 32-bit counts"
     return None
@@ -334,18 +344,9 @@ def gemv_supported(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         return "a's rows are not contiguous and 16-byte aligned"
     if qweight.stride(1) != 1 or qweight.stride(0) != N or qweight.data_ptr() % 16:
         return "qweight is not contiguous and 16-byte aligned"
-    for name, t in (("scales", scales), ("zeros", zeros)):
-        if t is None:
-            continue
-        if t.dtype not in SCALE_T:
-            return f"{name}' dtype {t.dtype} is not fp16/bf16/fp32"
-        if (t.stride(1) != 1 or (t.shape[0] > 1 and (t.stride(0) * t.element_size()) % 16)
-                or t.data_ptr() % 16):
-            return f"{name}' rows are not contiguous and 16-byte aligned"
-    if zeros is not None and zeros.dtype != scales.dtype:
-        return "zeros and scales differ in dtype"
-    if bias is not None and (bias.dtype != a.dtype or bias.stride(0) != 1):
-        return "bias is not contiguous in a's dtype"
+    why = _scales_bias_reason(a, scales, zeros, bias)
+    if why is not None:
+        return why
     if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device) != (9, 0):
         return "not an sm_90 device (the kernel is built for sm_90a)"
     return None

@@ -88,38 +88,7 @@
 #define S_BYTES ((4 * S_WARP + 1023) / 1024 * 1024)
 #define SLOT_BYTES (W_BYTES + A_BYTES + 2 * S_BYTES)
 
-#if ACT_F16
-#define MAGIC 0x64006400u
-#define ONES 0x3C003C00u
-#define MMA_TYPE "f16"
-#else
-#define MAGIC 0x43004300u
-#define ONES 0x3F803F80u
-#define MMA_TYPE "bf16"
-#endif
-#define OFFSET_F (ACT_F16 ? 1024.0f : 128.0f)
-
-__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
-  unsigned r;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
-}
-
-// (O + q_j, O + q_j+4) of the nibbles at bits 4 i .. and 16 + 4 i .. of w, as one register:
-// one LOP3 (mask and magic in registers: LOP3 takes one immediate) after the shift
-__device__ __forceinline__ unsigned pair(unsigned w, int i, unsigned mask, unsigned magic) {
-  unsigned r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(w >> (4 * i)), "r"(mask), "r"(magic));
-  return r;
-}
-
-__device__ __forceinline__ void mma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                    unsigned b0, unsigned b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "
-               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+#include "int4_mma.cuh"
 
 // a 3-d box (c0 innermost) into shared memory, completing on the mbarrier
 __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaDesc* map, int c0, int c1,
@@ -131,16 +100,6 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaDesc* map, in
       : "memory");
 }
 
-__device__ __forceinline__ float half_to_f32(unsigned short h) {
-#if SCALE_T == 1
-  return __uint_as_float(((unsigned)h) << 16);
-#else
-  float f;
-  asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(h));
-  return f;
-#endif
-}
-
 // the 4 consecutive scales (or zeros) at p (8- or 16-byte aligned) as floats: one load
 __device__ __forceinline__ void scale4(const unsigned char* p, float* v) {
 #if SCALE_T == 2
@@ -150,26 +109,6 @@ __device__ __forceinline__ void scale4(const unsigned char* p, float* v) {
   const uint2 u = *reinterpret_cast<const uint2*>(p);
   v[0] = half_to_f32(u.x & 0xFFFF), v[1] = half_to_f32(u.x >> 16);
   v[2] = half_to_f32(u.y & 0xFFFF), v[3] = half_to_f32(u.y >> 16);
-#endif
-}
-
-__device__ __forceinline__ unsigned short to_act(float v) {
-  unsigned short h;
-#if ACT_F16
-  asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
-#else
-  asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(h) : "f"(v));
-#endif
-  return h;
-}
-
-__device__ __forceinline__ float act_to_f32(unsigned short h) {
-#if ACT_F16
-  float f;
-  asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(h));
-  return f;
-#else
-  return __uint_as_float(((unsigned)h) << 16);
 #endif
 }
 

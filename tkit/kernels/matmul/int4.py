@@ -991,6 +991,19 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
 _CUDA_BUILD: dict = {}
 
 
+def _cuda_module(a):
+    """(tkit.cuda_ext.gemm_int4, None) for a call on a's device, or (None, why not): the
+    CUDA kernels are plugged in by the layer above (tkit/_hooks.py)."""
+    if a.device.type != "cuda":
+        return None, "not on a CUDA device"
+    try:
+        if _hooks.cuda_int4 is None:
+            raise ImportError("no CUDA INT4 kernel is registered in tkit._hooks")
+        return _hooks.cuda_int4(), None
+    except (ImportError, AttributeError) as e:
+        return None, f"tkit.cuda_ext unavailable: {e}"
+
+
 def cuda_reason(a, qweight, scales, zeros, group_size, bias, forced=False) -> str | None:
     """None when the CUDA kernel (``tkit.cuda_ext.gemm_int4``) serves this call, else why
     not: unforced only for CUDA_MIN_M <= M <= CUDA_MAX_M; operands in its scope (its
@@ -1001,14 +1014,9 @@ def cuda_reason(a, qweight, scales, zeros, group_size, bias, forced=False) -> st
     if not forced and not CUDA_MIN_M <= M <= CUDA_MAX_M:
         return (f"M={M} is outside {CUDA_MIN_M}..{CUDA_MAX_M}, the rows for which it is "
                 f"the default")
-    if a.device.type != "cuda":
-        return "not on a CUDA device"
-    try:  # tkit.cuda_ext's kernel, plugged in by the layer above (tkit/_hooks.py)
-        if _hooks.cuda_int4 is None:
-            raise ImportError("no CUDA INT4 kernel is registered in tkit._hooks")
-        mod = _hooks.cuda_int4()
-    except (ImportError, AttributeError) as e:
-        return f"tkit.cuda_ext unavailable: {e}"
+    mod, why = _cuda_module(a)
+    if why is not None:
+        return why
     why = mod.supported(a, qweight, scales, zeros, group_size, bias)
     if why is not None:
         return why
@@ -1028,14 +1036,9 @@ def cuda_gemv_reason(a, qweight, scales, zeros, group_size, bias, forced=False
     if not forced and not CUDA_GEMV_MIN_M <= M <= CUDA_GEMV_MAX_M:
         return (f"M={M} is outside {CUDA_GEMV_MIN_M}..{CUDA_GEMV_MAX_M}, the rows for which "
                 f"the CUDA GEMV is the default")
-    if a.device.type != "cuda":
-        return "not on a CUDA device"
-    try:
-        if _hooks.cuda_int4 is None:
-            raise ImportError("no CUDA INT4 kernel is registered in tkit._hooks")
-        mod = _hooks.cuda_int4()
-    except (ImportError, AttributeError) as e:
-        return f"tkit.cuda_ext unavailable: {e}"
+    mod, why = _cuda_module(a)
+    if why is not None:
+        return why
     why = mod.gemv_supported(a, qweight, scales, zeros, group_size, bias)
     if why is not None:
         return why
