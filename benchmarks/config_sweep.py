@@ -806,8 +806,9 @@ def sweep_int4_gemv(rows):
 
 def sweep_int4_gemv_cuda(rows):
     """The CUDA GEMV (``tkit.cuda_ext.gemm_int4.matmul_int4_gemv_cuda``) at K=4096 N=14336 and
-    K=N=8192 (group 128): at M=1 its K lanes and ring depths against the Triton GEMV; at
-    M = 2, 4, 8 and 16 against the stream-K CUDA kernel (the default there before it); cuBLAS
+    K=N=8192 (group 128): at M=1 against the Triton GEMV, at M = 2, 4, 8 and 16 against the
+    stream-K CUDA kernel (the default there before it); at every M the GEMV's other ring
+    form (one ring or two); cuBLAS
     bf16 beside them. Graph replays, L2 read-flushed, min of 3 interleaved rounds'
     medians, by events and by the kernel timer; each output checked against a float64
     product."""
@@ -825,8 +826,6 @@ def sweep_int4_gemv_cuda(rows):
         w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g) * K ** -0.5
         q, s, z = tkit.quantize_int4(w, 128)
         wd = tkit.dequantize_int4(q, s, z, group_size=128, dtype=torch.float64)
-        cfg = G4.gemv_config(1, N, K, torch.bfloat16, s.dtype, 128, 132)
-        kl = cfg["kl"]
         for M in (1, 2, 4, 8, 16):
             a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
             want = a.double() @ wd.t()
@@ -839,17 +838,13 @@ def sweep_int4_gemv_cuda(rows):
                                                                         group_size=128)}
             if M == 1:
                 variants["triton gemv"] = triton_gemv
-                variants[f"cuda gemv (lanes {kl}, pf {cfg['pf']})"] = cuda_gemv
-                for lanes in sorted({max(1, kl // 2), min(16, kl * 2)} - {kl}):
-                    variants[f"cuda gemv lanes {lanes}"] = (
-                        lambda a, q, s, z, lanes=lanes: cuda_gemv(a, q, s, z, lanes=lanes))
-                for pf in (2, 8):
-                    variants[f"cuda gemv pf {pf}"] = (
-                        lambda a, q, s, z, pf=pf: cuda_gemv(a, q, s, z, pf=pf))
             else:
                 variants["cuda stream-K"] = (
                     lambda a, q, s, z: G4.matmul_int4_cuda(a, q, s, z, 128, check=False))
-                variants["cuda gemv"] = cuda_gemv
+            # the rings' other form: one ring of 4 at 8 rows or fewer, two of 2 at 16
+            other = dict(rb=1, pf=4) if M <= 8 else dict(rb=2, pf=2)
+            variants["cuda gemv " + " ".join(f"{k} {v}" for k, v in other.items())] = (
+                lambda a, q, s, z, other=other: cuda_gemv(a, q, s, z, **other))
             times, errs = {}, {}
             for _ in range(3):
                 for name, fn in variants.items():

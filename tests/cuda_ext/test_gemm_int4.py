@@ -262,12 +262,17 @@ def test_gemv_config_picks_lanes_and_refuses_by_name():
     assert G4.gemv_config(1, 1024, 256, BF16, F16, 128, 132)["kl"] == 2  # two groups
     c16 = G4.gemv_config(16, 4096, 4096, F16, F32, 32, 132)
     assert c16["nt"] == 2 and "-DACT_F16=1" in c16["options"] and "-DSCALE_T=2" in c16["options"]
-    # the ring: 4 chunks, or fewer where that lines up with the group's chunks or fits
-    assert cfg["pf"] == 4 and G4.gemv_config(16, 4096, 4096, BF16, F16, 128, 132)["pf"] == 4
-    assert c16["pf"] == 1  # fp32 scales of 32-wide groups: one group's words a chunk
-    assert G4.gemv_config(1, 4096, 4096 * 3, BF16, F16, 96, 132)["pf"] == 3
-    assert G4.gemv_config(1, 4096, 4096, BF16, F16, 512, 132)["pf"] == 4
-    assert G4.gemv_config(1, 4096, 4096, BF16, F16, 64, 132)["pf"] == 4
+    # the rings: two of 2 chunks at 8 rows or fewer, one of 4 at 16; fewer chunks where that
+    # lines up with the group's chunks or fits
+    assert (cfg["rb"], cfg["pf"]) == (2, 2) and "-DRB=2" in cfg["options"]
+    c16b = G4.gemv_config(16, 4096, 4096, BF16, F16, 128, 132)
+    assert (c16b["rb"], c16b["pf"]) == (1, 4)
+    assert (c16["rb"], c16["pf"]) == (1, 1)  # fp32 scales of 32-wide groups: a group a chunk
+    assert G4.gemv_config(1, 4096, 4096, F16, F32, 32, 132)["pf"] == 1  # two rings' words
+    assert G4.gemv_config(1, 4096, 4096 * 3, BF16, F16, 96, 132)["pf"] == 1  # 3 chunks a group
+    assert G4.gemv_config(1, 4096, 4096, BF16, F16, 512, 132)["pf"] == 2
+    assert G4.gemv_config(16, 4096, 4096 * 3, BF16, F16, 96, 132)["pf"] == 3
+    assert G4.gemv_config(1, 4096, 4096, BF16, F16, 128, 132, rb=1)["pf"] == 4
     with pytest.raises(ValueError, match="lanes"):
         G4.gemv_config(1, 4096, 4096, BF16, F16, 128, 132, lanes=3)
     with pytest.raises(ValueError, match="pf"):
@@ -276,6 +281,8 @@ def test_gemv_config_picks_lanes_and_refuses_by_name():
         G4.gemv_config(1, 4096, 4096, BF16, F16, 128, 132, pf=6)  # 4 chunks a group
     with pytest.raises(ValueError, match="M=17"):
         G4.gemv_config(17, 4096, 4096, BF16, F16, 128, 132)
+    with pytest.raises(ValueError, match="rb"):
+        G4.gemv_config(1, 4096, 4096, BF16, F16, 128, 132, rb=3)
 
 
 def test_gemv_scope_names_what_is_out_of_it():
@@ -339,6 +346,30 @@ def test_gemv_lanes_and_ring_depths(lanes, pf):
     want = a.double() @ I4.dequantize_int4(q, s, z, group_size=128).double().t()
     tol = 2.0 ** -7 * float(want.abs().max())
     got = G4.matmul_int4_gemv_cuda(a, q, s, z, 128, lanes=lanes, pf=pf)
+    assert float((got.double() - want).abs().max()) <= tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,G,sdt,lanes,pf,rb", [
+    (1, 2048, 4096, 128, F16, 4, 4, 2),    # 8 passes a lane: the paired loop only
+    (1, 2048, 4096, 128, BF16, 8, 2, 2),   # 8 passes of 2
+    (1, 4096, 384, 128, F16, 2, 4, 2),     # runs of 1 and 2 passes: a lone pass in the tail
+    (2, 416, 576, 64, BF16, 1, 4, 2),      # 18 chunks: a partial last pass, 2 scale slots
+    (1, 96, 2048, 32, F32, 16, 2, 2),      # a group a chunk: 2 scale slots a ring
+    (3, 2048, 1536, 512, F16, 2, 2, 2),    # groups longer than the ring (scales at its start)
+    (7, 1024, 640, 128, BF16, 1, 1, 2),    # 5 groups of single-chunk passes
+    (9, 4096, 1024, 128, F16, 4, 2, 2),    # two n8 tiles
+    (16, 1056, 3072, 128, BF16, 4, 2, 2),
+    (8, 1024, 2048, 128, BF16, 2, 4, 1),   # one ring at 8 rows
+])
+def test_gemv_two_rings(M, N, K, G, sdt, lanes, pf, rb):
+    """The two-ring form (rb=2: the next pass's codes and scales loaded at a pass's top) and
+    one ring where two are the default give the reference's result: pass counts even and
+    odd, partial last passes, groups shorter and longer than the ring, both n8-tile counts."""
+    a, q, s, z = _case(M, N, K, G, BF16, False, sdt, seed=M + K)
+    want = a.double() @ I4.dequantize_int4(q, s, z, group_size=G).double().t()
+    tol = 2.0 ** -7 * float(want.abs().max())
+    got = G4.matmul_int4_gemv_cuda(a, q, s, z, G, lanes=lanes, pf=pf, rb=rb)
     assert float((got.double() - want).abs().max()) <= tol
 
 

@@ -265,10 +265,13 @@ def matmul_int4_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
 # ---- the GEMV (csrc/gemv_int4.cu): M <= 16 rows, no TMA, no stream-K -----------------------
 GEMV_SOURCE = "gemv_int4.cu"
 GEMV_MAX_M = 16
-#: the builds' defaults: 32-deep chunks of codes in flight a thread (8 rows of a or fewer /
-#: 16), at most (2 and 8 took 1.06-1.12x the time of 4 on the H100); the K lanes (warps a
-#: 32-column slab) follow from the shape (:func:`gemv_config`)
-GEMV_PF = {1: 4, 2: 4}
+#: the builds' defaults (8 rows of a or fewer / 16): rings of 32-deep chunks of codes (2: the
+#: next pass's codes loaded at a pass's top, where a single ring reloads each slot as it is
+#: read), and their depth for one ring / two; the K lanes (warps a 32-column slab) follow from
+#: the shape (:func:`gemv_config`). Two rings of 2 took 0.93-0.97x one ring of 4's time at
+#: M <= 8 on the H100 and were level at 16 rows, where deeper pairs spill.
+GEMV_RB = {1: 2, 2: 1}
+GEMV_PF = {1: 4, 2: 2}
 #: registers the ring may take (8 rows of a or fewer / 16) under the 128 a thread that 16
 #: warps an SM leave: past them ptxas spills (sm_90a builds, nvcc 13.0)
 GEMV_RING_REGS = {1: 52, 2: 36}
@@ -296,33 +299,39 @@ def _pf_fits(pf: int, gc: int) -> bool:
 @functools.cache
 def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: torch.dtype,
                 group_size: int, num_sms: int, *, lanes: int | None = None,
-                pf: int | None = None) -> dict:
+                pf: int | None = None, rb: int | None = None) -> dict:
     """One GEMV build and launch for these operands: nt (n8 tiles of rows of a), kl (warps a
     CTA), pf (chunks of codes in flight a thread) and options (-D...). ``lanes`` / ``pf``
     override the K lanes and the ring's depth (a multiple or a divisor of the group's 32-deep
-    chunks), for sweeps. Shared between calls: do not modify it."""
+    chunks), ``rb`` the rings (1 or 2, :data:`GEMV_RB`), for sweeps.
+    Shared between calls: do not modify it."""
     if not 1 <= M <= GEMV_MAX_M:
         raise ValueError(f"the INT4 GEMV takes 1..{GEMV_MAX_M} rows of a, got M={M}")
     nt = 1 if M <= 8 else 2
     kl = lanes if lanes is not None else _gemv_lanes(N, K, group_size, num_sms)
     if kl not in (1, 2, 4, 8, 16):
         raise ValueError(f"lanes must be 1, 2, 4, 8 or 16, got {kl}")
+    rb = GEMV_RB[nt] if rb is None else rb
+    if rb not in (1, 2):
+        raise ValueError(f"rb must be 1 or 2, got {rb}")
     gc = group_size // 32
     if pf is None:
         # the deepest ring that lines up with the groups, ends at most two of them (each
         # group it ends holds its scale and zero words, and its promotion's temporaries),
-        # and whose registers (codes, a's two chunks, those words) fit beside the sums
+        # and whose registers (codes, a's two chunks, those words; each ring its own) fit
+        # beside the sums
         words = scale_dtype.itemsize * 2
-        pf = GEMV_PF[nt]
-        while pf > 1 and (not _pf_fits(pf, gc) or pf > 2 * gc or 4 * pf + 8 * nt + words * (
-                pf // gc if pf % gc == 0 else 1) > GEMV_RING_REGS[nt]):
+        pf = GEMV_PF[rb]
+        while pf > 1 and (not _pf_fits(pf, gc) or pf > 2 * gc or rb * 4 * pf + 8 * nt + rb * words
+                          * (pf // gc if pf % gc == 0 else 1) > GEMV_RING_REGS[nt]):
             pf -= 1
     if not 1 <= pf <= 16 or not _pf_fits(pf, gc):
         raise ValueError(f"pf must be in 1..16, a multiple or a divisor of the group's {gc} "
                          f"32-deep chunks; got {pf}")
-    options = _defines(nt=nt, kl=kl, pf=pf, pa=2 if pf % 2 == 0 else 1, group=group_size,
-                       scale_t=SCALE_T[scale_dtype], act_f16=int(act_dtype == torch.float16))
-    return dict(nt=nt, kl=kl, pf=pf, options=("-std=c++17",) + options)
+    options = _defines(nt=nt, kl=kl, pf=pf, rb=rb, pa=2 if pf % 2 == 0 else 1,
+                       group=group_size, scale_t=SCALE_T[scale_dtype],
+                       act_f16=int(act_dtype == torch.float16))
+    return dict(nt=nt, kl=kl, pf=pf, rb=rb, options=("-std=c++17",) + options)
 
 
 def gemv_supported(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
@@ -368,10 +377,12 @@ def gemv_unavailable(options: tuple[str, ...], device: int) -> str | None:
 def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                           zeros: torch.Tensor | None, group_size: int,
                           bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
-                          lanes: int | None = None, pf: int | None = None) -> torch.Tensor:
+                          lanes: int | None = None, pf: int | None = None,
+                          rb: int | None = None) -> torch.Tensor:
     """The product (module docstring) by the GEMV. The operands are assumed checked by
     ``tkit.matmul_int4`` and in scope (:func:`gemv_supported`); ``out`` an (M, N) row-major
-    output to write (else one is allocated). ``lanes``, ``pf``: see :func:`gemv_config`."""
+    output to write (else one is allocated). ``lanes``, ``pf``, ``rb``: see
+    :func:`gemv_config`."""
     M, K = a.shape
     N = qweight.shape[1]
     c = out if out is not None else _common.empty((M, N), a.dtype, a.device)
@@ -384,7 +395,7 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
         return c
     dev = a.device.index or 0
     cfg = gemv_config(M, N, K, a.dtype, scales.dtype, group_size, _num_sms(dev), lanes=lanes,
-                      pf=pf)
+                      pf=pf, rb=rb)
     func = _loader.nvcc_kernel(GEMV_SOURCE, "gemv_int4", cfg["options"], dev)
     z = zeros if zeros is not None else scales
     lds = scales.stride(0) if scales.shape[0] > 1 else N

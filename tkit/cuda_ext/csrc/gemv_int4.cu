@@ -19,7 +19,7 @@
 // weight in the K loop. That kernel's TMA ring and stream-K cost fixed time at these sizes
 // (~2-3 us to the first slot, ~2 us of hand-over); this one has none: a CTA is one
 // 32-column slab with KL warps ("K lanes") on equal runs of whole groups, each thread loading
-// its codes straight into a register ring (PF chunks ahead), a and the scales into smaller
+// its codes straight into register rings (PF chunks a pass), a and the scales into smaller
 // rings beside it; the lanes are summed once at the end through shared memory, in warp
 // order (deterministic).
 //
@@ -40,10 +40,16 @@
 #define KL 4  // warps (K lanes) a CTA
 #endif
 #ifndef PF
-// 32-deep chunks of codes in flight a thread. Deeper rings lose: ptxas hoists a ring pass's
-// loads to the pass's top and waits for them on one scoreboard (a wait takes every load on
-// it), so a pass hides one pass of work behind its loads whatever the depth; 4 was fastest
+// 32-deep chunks of codes a ring pass. A single ring (RB 1) reloads each slot as it reads it,
+// and ptxas issues those loads a third of the way into the pass and waits for all of them on
+// one scoreboard at the next pass's top, so deeper single rings hide no more: 4 was fastest
 #define PF 4
+#endif
+#ifndef RB
+// rings: with 2, a pass first loads the next pass's codes (and scales) into the other ring,
+// so they have the whole pass in flight (the launcher's default at 8 rows of a or fewer, with
+// PF 2; at 16 rows the pairs' registers spill past PF 2, and PF 2 was level with one ring)
+#define RB 1
 #endif
 #ifndef PA
 #define PA 2  // 32-deep chunks of a in flight a thread (from L1 / L2); PF a multiple of it
@@ -72,6 +78,10 @@ typedef unsigned long long u64;
 template <bool B>
 struct Flag {
   static constexpr bool value = B;
+};
+template <int B>
+struct Buf {
+  static constexpr int value = B;
 };
 
 // 16 bytes of streamed codes: read once, not kept in L1
@@ -141,8 +151,8 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
   const unsigned char* zp = z + (u64)col0 * SBYTES;
   const u64 srow = (u64)lds * SBYTES, zrow = (u64)ldz * SBYTES;
 
-  uint4 ring[PF], aring[PA][NT];
-  unsigned sraw[SLOTS][SW], zraw[SLOTS][SW];
+  uint4 ring[RB][PF], aring[PA][NT];
+  unsigned sraw[RB * SLOTS][SW], zraw[RB * SLOTS][SW];
   auto load_scales = [&](int slot, int grp) {
     ld_scales(sp + grp * srow, sraw[slot]);
     if (has_zeros) ld_scales(zp + grp * zrow, zraw[slot]);
@@ -151,7 +161,7 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
 #pragma unroll
   for (int i = 0; i < PF; ++i)
     if (c0 + i < c1) {
-      ring[i] = ld_codes(qp + i * qstep);
+      ring[0][i] = ld_codes(qp + i * qstep);
       if (i < PA)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) aring[i][nt] = ld_act(ap[nt] + 32 * i);
@@ -176,8 +186,19 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
 
   // one ring pass: chunks c .. c + PF - 1 (TAIL: some of them, or their successors' loads,
   // past this warp's run)
-  auto pass = [&](int c, auto tail) {
+  auto pass = [&](int c, auto tail, auto buf) {
     constexpr bool TAIL = decltype(tail)::value;
+    constexpr int B = decltype(buf)::value, NB = (B + 1) % RB;
+    if constexpr (RB == 2) {  // the next pass's codes and scales, a whole pass ahead
+#pragma unroll
+      for (int i = 0; i < PF; ++i)
+        if (!TAIL || c + PF + i < c1) {
+          ring[NB][i] = ld_codes(qp + i * qstep);
+          if (SCALES_AHEAD && (i + 1) % GC == 0)
+            load_scales(NB * SLOTS + i / GC, (c + PF + i) / GC);
+        }
+      qp += PF * qstep;
+    }
 #pragma unroll
     for (int i = 0; i < PF; ++i) {
       const int cc = c + i;
@@ -185,7 +206,7 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
       if (!SCALES_AHEAD && i == 0 && cc % GC == 0) load_scales(0, cc / GC);
       // the chunk's operands first, then the slot's next loads (into the same registers:
       // no copies of the ring at the loop's back edge)
-      const uint4 w = ring[i];
+      const uint4 w = ring[B][i];
       unsigned p[4][4];  // [word][nibble pair]
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -202,11 +223,11 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
         b[nt][1][0] = prmt(v.y, v.w, 0x5410);
         b[nt][1][1] = prmt(v.y, v.w, 0x7632);
       }
-      if (!TAIL || cc + PF < c1) ring[i] = ld_codes(qp);
+      if (RB == 1 && (!TAIL || cc + PF < c1)) ring[0][i] = ld_codes(qp);
       if (!TAIL || cc + PA < c1)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) aring[i % PA][nt] = ld_act(ap[nt]);
-      qp += qstep;
+      if (RB == 1) qp += qstep;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) ap[nt] += 32;
 #pragma unroll
@@ -222,7 +243,7 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
       // the group ends (runs start at a group: with PF a multiple of GC, at a fixed i)
       const bool ends = SCALES_AHEAD ? ((i + 1) % GC == 0) : (i == PF - 1 && (cc + 1) % GC == 0);
       if (ends) {  // scale, zero point, offset; then the scales PF chunks ahead
-        const int slot = SCALES_AHEAD ? i / GC : 0;
+        const int slot = SCALES_AHEAD ? B * SLOTS + i / GC : 0;
         float sc[4], zs[4], cz[4];
         unpack4(sraw[slot], sc);
         if (has_zeros) {
@@ -247,13 +268,24 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) asum[nt][e] = 0.f;
-        if (SCALES_AHEAD && (!TAIL || cc + PF < c1)) load_scales(slot, (cc + PF) / GC);
+        if (RB == 1 && SCALES_AHEAD && (!TAIL || cc + PF < c1)) load_scales(slot, (cc + PF) / GC);
       }
     }
   };
   int c = c0;
-  for (; c + 2 * PF <= c1; c += PF) pass(c, Flag<false>{});
-  for (; c < c1; c += PF) pass(c, Flag<true>{});
+  if constexpr (RB == 1) {
+    for (; c + 2 * PF <= c1; c += PF) pass(c, Flag<false>{}, Buf<0>{});
+    for (; c < c1; c += PF) pass(c, Flag<true>{}, Buf<0>{});
+  } else {  // passes in pairs: the buffers' roles are fixed in the code
+    for (; c + 3 * PF <= c1; c += 2 * PF) {
+      pass(c, Flag<false>{}, Buf<0>{});
+      pass(c + PF, Flag<false>{}, Buf<1>{});
+    }
+    for (; c < c1; c += 2 * PF) {
+      pass(c, Flag<true>{}, Buf<0>{});
+      if (c + PF < c1) pass(c + PF, Flag<true>{}, Buf<1>{});
+    }
+  }
 
   // ---- the K lanes meet: warps 1.. hand their sums to warp 0, added in warp order ----
   constexpr int PER = 8 * NT;  // floats a thread
