@@ -1006,6 +1006,60 @@ def sweep_int4_floor(rows):
                              median_ms=v, tbps=nbytes / v / 1e9, timer=timer))
 
 
+@triton.jit
+def _slab_read_kernel(q, out, N, ROWS: tl.constexpr, COLS: tl.constexpr, R: tl.constexpr):
+    """Program (x, l) sums rows [l ROWS, (l + 1) ROWS) of columns [x COLS, (x + 1) COLS) of
+    the (rows, N) int32 q into out, R rows a step (:func:`sweep_int4_read_pattern`): the
+    GEMV's reads of the codes where COLS = 32 (each warp load 4 rows of 128 bytes)."""
+    x = tl.program_id(0)
+    lane = tl.program_id(1)
+    cols = x * COLS + tl.arange(0, COLS)
+    acc = tl.zeros([R, COLS], tl.int32)
+    for r in range(lane * ROWS, (lane + 1) * ROWS, R):
+        rows = r + tl.arange(0, R)
+        acc += tl.load(q + rows[:, None].to(tl.int64) * N + cols[None, :])
+    tl.store(out + x * tl.num_programs(1) + lane, tl.sum(acc))
+
+
+def sweep_int4_read_pattern(rows):
+    """Does the codes' layout cost bandwidth? A read of the codes of K=4096 N=14336 (the
+    (K / 8, N) int32 qweight, 29.4 MB) by column slabs as the GEMV reads them (32 columns:
+    each warp load covers 4 rows of 128 bytes, 57 KB apart) against wider slabs (128 and
+    512 columns: one row of 512 bytes a warp load) and a contiguous stream of the same
+    bytes; graph replays, L2 read-flushed, min of 3 medians, by both timers."""
+    q = torch.randint(-2 ** 31, 2 ** 31 - 1, (512, 14336), dtype=torch.int32, device="cuda")
+    nbytes = q.numel() * 4
+    out = torch.empty(100000, dtype=torch.int32, device="cuda")
+    flat = q.view(-1)
+    n = flat.numel()
+
+    def t(fn):
+        return tuple(min(time_fn(fn, replay=True, rep_ms=60, timer=timer).median_ms
+                         for _ in range(3)) for timer in ("events", "kernels"))
+
+    res = {}
+    for progs in (1792, 3584):
+        chunk = triton.cdiv(triton.cdiv(n, progs), 2048) * 2048
+        g = triton.cdiv(n, chunk)
+        res[f"contiguous, {g} programs of 8 warps"] = t(
+            lambda chunk=chunk, g=g: _read_kernel[(g,)](flat, out, n, CHUNK=chunk, BLOCK=2048,
+                                                        num_warps=8))
+    for cols, lanes, r, warps in ((32, 4, 32, 4), (32, 4, 64, 4), (32, 8, 64, 4),
+                                  (32, 16, 32, 1), (128, 16, 16, 4), (128, 16, 32, 4),
+                                  (512, 64, 8, 4), (512, 64, 4, 4)):
+        grid = (14336 // cols, lanes)
+        res[f"{cols}-column slabs x {lanes} lanes, {r} rows a step, {warps} warps"] = t(
+            lambda cols=cols, lanes=lanes, r=r, warps=warps, grid=grid: _slab_read_kernel[grid](
+                q, out, 14336, ROWS=512 // lanes, COLS=cols, R=r, num_warps=warps))
+    for k, (ev, kern) in res.items():
+        print(f"int4_read_pattern {k:52s} events {ev * 1e3:7.2f} us {nbytes / ev / 1e9:5.2f} "
+              f"TB/s; kernels {kern * 1e3:7.2f} us {nbytes / kern / 1e9:5.2f} TB/s")
+        for timer, v in (("events", ev), ("kernels", kern)):
+            rows.append(dict(family="int4-probe", op="matmul_int4",
+                             case="K=4096 N=14336 codes (29.4 MB)", provider=k, median_ms=v,
+                             tbps=nbytes / v / 1e9, timer=timer))
+
+
 def sweep_fp8_row_col(rows):
     """Row scales of a with column scales of b (per-token activations, per-channel weights):
     tkit.matmul_fp8's default (the Triton kernel), the CUDA block kernel's ``col_scale`` build
@@ -2222,6 +2276,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "int4": sweep_int4, "int4_small_m": sweep_int4_small_m,
           "int4_8192": sweep_int4_8192,
           "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
+          "int4_read_pattern": sweep_int4_read_pattern,
           "int4_gemv": sweep_int4_gemv, "int4_gemv_cuda": sweep_int4_gemv_cuda,
           "fp8_row_col": sweep_fp8_row_col,
           "quant": sweep_quant,
