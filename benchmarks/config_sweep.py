@@ -875,6 +875,32 @@ def sweep_int4_gemv_cuda(rows):
                                  timer=timer, median_ms=tc))
 
 
+def sweep_int4_gemv_waves(rows):
+    """The CUDA GEMV's time at M=1 K=4096 against N: its CTAs (32 columns each, 4 warps from
+    N = 12672 on) number 3, 3.39, 4 and 5 an SM of 132 at N = 12672, 14336, 16896 and 21120
+    (the last in two waves: 4 fit an SM). Constant while a CTA's time is its own loads'
+    latency, proportional to N where bandwidth binds: what balancing the CTAs over the SMs
+    could gain at N=14336. The default build, graph replays, L2 read-flushed, min of 3
+    medians, both timers."""
+    for N in (4224, 8448, 12672, 14336, 16896, 21120):
+        g = torch.Generator(device="cuda").manual_seed(N)
+        w = torch.randn(N, 4096, device="cuda", dtype=torch.bfloat16, generator=g) * 64 ** -1
+        q, s, z = tkit.quantize_int4(w, 128)
+        a = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+        nbytes = sum(t.numel() * t.element_size() for t in (q, s, z))
+
+        def fn(a=a, q=q, s=s, z=z):
+            return tkit.matmul_int4(a, q, s, z, group_size=128)
+
+        for timer in ("events", "kernels"):
+            t = min(time_fn(fn, replay=True, rep_ms=60, timer=timer).median_ms for _ in range(3))
+            print(f"int4_gemv_waves N={N:5d} ({N // 32 / 132:4.2f} CTAs an SM) {timer:7s} "
+                  f"{t * 1e3:7.2f} us {nbytes / t / 1e9:5.2f} TB/s")
+            rows.append(dict(family="int4_gemv_waves", op="matmul_int4",
+                             case=f"M=1 K=4096 N={N} g128", provider="default", timer=timer,
+                             median_ms=t, tbps=nbytes / t / 1e9))
+
+
 def sweep_int4_small_m(rows):
     """matmul_int4 at K=4096 N=14336 (the registry's M sweep) for M = 2..128, the default
     against the tensor-core decode kernel at other row tiles and splits,
@@ -2276,6 +2302,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "int4": sweep_int4, "int4_small_m": sweep_int4_small_m,
           "int4_8192": sweep_int4_8192,
           "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
+          "int4_gemv_waves": sweep_int4_gemv_waves,
           "int4_read_pattern": sweep_int4_read_pattern,
           "int4_gemv": sweep_int4_gemv, "int4_gemv_cuda": sweep_int4_gemv_cuda,
           "fp8_row_col": sweep_fp8_row_col,
