@@ -624,13 +624,26 @@ def test_glu_measured_against_prediction():
 #
 # On an H100 (runs `h100-2026-12-06-e/f/g-int4-gemv-cuda`, kernel timer) it took 0.91-0.92x
 # the Triton GEMV's time at M=1, and 0.76-0.85x the stream-K kernel's at M = 2..16. It is the
-# default for M <= 16 now. The bench there (run `h100-2026-12-06-h-matmul-int4`, events) reads
-# M=1 2.80x cuBLAS bf16 and M=16 2.49x, against 2.35x and 2.06x before.
+# default for M <= 16 now. With the two rings below, the bench there (run
+# `h100-2026-12-06-l-matmul-int4`, events) reads M=1 2.92x cuBLAS bf16 and M=16 2.50x
+# (3.32x and 2.78x by the kernel timer), against 2.35x and 2.06x before the CUDA GEMV.
 #
-# Its ring depth was settled by the SASS's control bits, not by the source. ptxas hoists a
-# ring pass's loads to the pass's top and tracks all of them on one scoreboard, and a wait
-# takes every load on it. So 4 chunks in flight beat 8: with 8, the first wait also took the
-# loads just issued.
+# Its ring was settled by the SASS's control bits, not by the source. With one ring, each
+# slot is reloaded as it is read; ptxas issues a pass's loads about a third of the way into
+# the pass and waits for all of them, on one scoreboard, at the next pass's top. So 4 chunks
+# beat 8: with 8, the loads went to the pass's end and the wait took them at once. Two rings
+# of 2 chunks fix the order in the source: a pass first loads the next pass's codes into the
+# other ring, so they have the whole pass in flight. That took 0.93-0.97x one ring's time at
+# M <= 8 (runs `h100-2026-12-06-j/k/o-int4-gemv-cuda`); three rings, two passes ahead, took
+# 1.17-1.27x.
+#
+# How far from the floor? A bare read of the same codes takes ~10.6 us on the H100 by the
+# kernel timer, however it is laid out (32-column slabs as the GEMV reads them, wider slabs,
+# or a contiguous stream: run `h100-2026-12-06-m-int4-read-pattern`), so ~11.3 us for the
+# 31.2 MB with scales and zeros; the GEMV takes 13.0. ncu finds it latency-bound: 13 of 64
+# warps an SM (128 registers a thread), and with one ring 59% of a warp's cycles waiting on
+# its loads. More warps at fewer registers (more K lanes at 96, 80 and 64 registers) took
+# 1.01-1.17x the two rings' time, so the loads in flight a warp are what is left to raise.
 #
 # So from M = 256 rows `matmul_int4` does that: `_dequant_int4_kernel` writes the (N, K)
 # weight in bf16 once (a read of 29 MB of codes and a write of 117 MB, ~35 us at the copy
