@@ -265,12 +265,13 @@ def matmul_int4_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
 # ---- the GEMV (csrc/gemv_int4.cu): M <= 16 rows, no TMA, no stream-K -----------------------
 GEMV_SOURCE = "gemv_int4.cu"
 GEMV_MAX_M = 16
-#: the builds' defaults (8 rows of a or fewer / 16): rings of 32-deep chunks of codes (2: the
-#: next pass's codes loaded at a pass's top, where a single ring reloads each slot as it is
-#: read), and their depth for one ring / two; the K lanes (warps a 32-column slab) follow from
-#: the shape (:func:`gemv_config`). Two rings of 2 took 0.93-0.97x one ring of 4's time at
-#: M <= 8 on the H100 and were level at 16 rows, where deeper pairs spill.
+#: rings of 32-deep chunks of codes, 8 rows of a or fewer / 16: with 2, a pass loads the next
+#: pass's codes into the other ring before its own work (a single ring reloads each slot as it
+#: is read). Two rings of 2 took 0.93-0.98x one ring of 4's time at M <= 8 on the H100 and
+#: were level at 16 rows, where deeper pairs spill. The K lanes (warps a 32-column slab)
+#: follow from the shape (:func:`gemv_config`).
 GEMV_RB = {1: 2, 2: 1}
+#: chunks a ring pass, for one ring / two
 GEMV_PF = {1: 4, 2: 2}
 #: registers the ring may take (8 rows of a or fewer / 16) under the 128 a thread that 16
 #: warps an SM leave: past them ptxas spills (sm_90a builds, nvcc 13.0)

@@ -184,8 +184,8 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
     for (int e = 0; e < 4; ++e) asum[nt][e] = 0.f;
   const unsigned mask = 0x000F000Fu, magic = MAGIC, ones = ONES;
 
-  // one ring pass: chunks c .. c + PF - 1 (TAIL: some of them, or their successors' loads,
-  // past this warp's run)
+  // one ring pass: chunks c .. c + PF - 1 from ring B (TAIL: some of them, or their
+  // successors' loads, past this warp's run)
   auto pass = [&](int c, auto tail, auto buf) {
     constexpr bool TAIL = decltype(tail)::value;
     constexpr int B = decltype(buf)::value, NB = (B + 1) % RB;
@@ -204,8 +204,8 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
       const int cc = c + i;
       if (TAIL && cc >= c1) break;
       if (!SCALES_AHEAD && i == 0 && cc % GC == 0) load_scales(0, cc / GC);
-      // the chunk's operands first, then the slot's next loads (into the same registers:
-      // no copies of the ring at the loop's back edge)
+      // the chunk's operands first, then (one ring) the slot's next loads into the same
+      // registers: no copies of the ring at the loop's back edge
       const uint4 w = ring[B][i];
       unsigned p[4][4];  // [word][nibble pair]
 #pragma unroll
@@ -242,7 +242,7 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
         }
       // the group ends (runs start at a group: with PF a multiple of GC, at a fixed i)
       const bool ends = SCALES_AHEAD ? ((i + 1) % GC == 0) : (i == PF - 1 && (cc + 1) % GC == 0);
-      if (ends) {  // scale, zero point, offset; then the scales PF chunks ahead
+      if (ends) {  // scale, zero point, offset; then (one ring) the scales PF chunks ahead
         const int slot = SCALES_AHEAD ? B * SLOTS + i / GC : 0;
         float sc[4], zs[4], cz[4];
         unpack4(sraw[slot], sc);
@@ -276,7 +276,7 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
   if constexpr (RB == 1) {
     for (; c + 2 * PF <= c1; c += PF) pass(c, Flag<false>{}, Buf<0>{});
     for (; c < c1; c += PF) pass(c, Flag<true>{}, Buf<0>{});
-  } else {  // passes in pairs: the buffers' roles are fixed in the code
+  } else {  // passes in pairs: the rings' roles are fixed in the code
     for (; c + 3 * PF <= c1; c += 2 * PF) {
       pass(c, Flag<false>{}, Buf<0>{});
       pass(c + PF, Flag<false>{}, Buf<1>{});

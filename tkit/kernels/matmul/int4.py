@@ -40,7 +40,8 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
 * ``"cuda_gemv"`` (1 <= M <= 16 on sm_90 by default, where :func:`cuda_gemv_reason` finds
   nothing in the way): ``tkit.cuda_ext.gemm_int4.matmul_int4_gemv_cuda``, a CUDA GEMV: a CTA
   is a 32-column slab whose warps ("K lanes") walk equal runs of whole groups; each thread
-  loads its 16-byte words of codes straight into a register ring (4 chunks of 32 K ahead),
+  loads its 16-byte words of codes straight into register rings (at M <= 8 two rings of 2
+  chunks of 32 K, a pass loading the next pass's codes first; one ring of 4 at 9..16 rows),
   dequantizes them as the tc kernel does into mma.sync m16n8k16's register operand (the
   weight as A, the rows of ``a`` the MMA's 8 or 16 columns) and the lanes meet once at the
   end. About 1.9 instructions a weight (the Triton GEMV's FMAs take ~3.5), no TMA ring, no
@@ -187,8 +188,8 @@ class Int4Config:
                     else "dequant" if M >= DEQUANT_MIN_M else "tile")
         if path == "cuda_gemv":
             # tkit.cuda_ext.gemm_int4's GEMV: 32-column slabs; num_warps is its K lanes (warps
-            # a slab) and num_stages the chunks of codes in flight a thread, 0 meaning the
-            # kernel's own choice
+            # a slab) and num_stages the chunks of codes a ring pass, 0 meaning the kernel's
+            # own choice
             return Int4Config(min(16, C.next_power_of_2(M)), 32, bk, 1, num_warps=0,
                               num_stages=0, path="cuda_gemv")
         if path == "cuda":
