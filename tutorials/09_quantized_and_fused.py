@@ -633,7 +633,7 @@ def test_glu_measured_against_prediction():
 # the pass and waits for all of them, on one scoreboard, at the next pass's top. So 4 chunks
 # beat 8: with 8, the loads went to the pass's end and the wait took them at once. Two rings
 # of 2 chunks fix the order in the source: a pass first loads the next pass's codes into the
-# other ring, so they have the whole pass in flight. That took 0.93-0.97x one ring's time at
+# other ring, so they have the whole pass in flight. That took 0.92-0.98x one ring's time at
 # M <= 8 (runs `h100-2026-12-06-j/k/o-int4-gemv-cuda`); three rings, two passes ahead, took
 # 1.17-1.27x.
 #

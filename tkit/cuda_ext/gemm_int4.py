@@ -267,7 +267,7 @@ GEMV_SOURCE = "gemv_int4.cu"
 GEMV_MAX_M = 16
 #: rings of 32-deep chunks of codes, 8 rows of a or fewer / 16: with 2, a pass loads the next
 #: pass's codes into the other ring before its own work (a single ring reloads each slot as it
-#: is read). Two rings of 2 took 0.93-0.98x one ring of 4's time at M <= 8 on the H100 and
+#: is read). Two rings of 2 took 0.92-0.98x one ring of 4's time at M <= 8 on the H100 and
 #: were level at 16 rows, where deeper pairs spill. The K lanes (warps a 32-column slab)
 #: follow from the shape (:func:`gemv_config`).
 GEMV_RB = {1: 2, 2: 1}
