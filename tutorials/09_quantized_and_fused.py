@@ -643,7 +643,9 @@ def test_glu_measured_against_prediction():
 # 31.2 MB with scales and zeros; the GEMV takes 13.0. ncu finds it latency-bound: 13 of 64
 # warps an SM (128 registers a thread), and with one ring 59% of a warp's cycles waiting on
 # its loads. More warps at fewer registers (more K lanes at 96, 80 and 64 registers) took
-# 1.01-1.17x the two rings' time, so the loads in flight a warp are what is left to raise.
+# 1.01-1.17x the two rings' time, so the loads in flight a warp are what is left to raise,
+# and three rings show the limit: ptxas put their loads on the one scoreboard and waited on
+# it right after issuing the loads two passes ahead, the single ring of 8's failure again.
 #
 # So from M = 256 rows `matmul_int4` does that: `_dequant_int4_kernel` writes the (N, K)
 # weight in bf16 once (a read of 29 MB of codes and a write of 117 MB, ~35 us at the copy
