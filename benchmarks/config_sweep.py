@@ -808,10 +808,9 @@ def sweep_int4_gemv_cuda(rows):
     """The CUDA GEMV (``tkit.cuda_ext.gemm_int4.matmul_int4_gemv_cuda``) at K=4096 N=14336 and
     K=N=8192 (group 128): at M=1 against the Triton GEMV, at M = 2, 4, 8 and 16 against the
     stream-K CUDA kernel (the default there before it); at every M the GEMV's other ring
-    form (one ring or two); cuBLAS
-    bf16 beside them. Graph replays, L2 read-flushed, min of 3 interleaved rounds'
-    medians, by events and by the kernel timer; each output checked against a float64
-    product."""
+    form (one ring or two); cuBLAS bf16 beside them. Graph replays, L2 read-flushed, min of 3
+    interleaved rounds' medians, by events and by the kernel timer; each output checked
+    against a float64 product."""
     import torch.nn.functional as F
 
     from tkit.cuda_ext import gemm_int4 as G4
@@ -873,32 +872,6 @@ def sweep_int4_gemv_cuda(rows):
                 rows.append(dict(family="int4_gemv_cuda", op="matmul_int4",
                                  case=f"M={M} K={K} N={N} g128", provider="cuBLAS bf16",
                                  timer=timer, median_ms=tc))
-
-
-def sweep_int4_gemv_waves(rows):
-    """The CUDA GEMV's time at M=1 K=4096 against N: its CTAs (32 columns each, 4 warps from
-    N = 12672 on) number 3, 3.39, 4 and 5 an SM of 132 at N = 12672, 14336, 16896 and 21120
-    (the last in two waves: 4 fit an SM). Constant while a CTA's time is its own loads'
-    latency, proportional to N where bandwidth binds: what balancing the CTAs over the SMs
-    could gain at N=14336. The default build, graph replays, L2 read-flushed, min of 3
-    medians, both timers."""
-    for N in (4224, 8448, 12672, 14336, 16896, 21120):
-        g = torch.Generator(device="cuda").manual_seed(N)
-        w = torch.randn(N, 4096, device="cuda", dtype=torch.bfloat16, generator=g) * 64 ** -1
-        q, s, z = tkit.quantize_int4(w, 128)
-        a = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
-        nbytes = sum(t.numel() * t.element_size() for t in (q, s, z))
-
-        def fn(a=a, q=q, s=s, z=z):
-            return tkit.matmul_int4(a, q, s, z, group_size=128)
-
-        for timer in ("events", "kernels"):
-            t = min(time_fn(fn, replay=True, rep_ms=60, timer=timer).median_ms for _ in range(3))
-            print(f"int4_gemv_waves N={N:5d} ({N // 32 / 132:4.2f} CTAs an SM) {timer:7s} "
-                  f"{t * 1e3:7.2f} us {nbytes / t / 1e9:5.2f} TB/s")
-            rows.append(dict(family="int4_gemv_waves", op="matmul_int4",
-                             case=f"M=1 K=4096 N={N} g128", provider="default", timer=timer,
-                             median_ms=t, tbps=nbytes / t / 1e9))
 
 
 def sweep_int4_small_m(rows):
@@ -1030,60 +1003,6 @@ def sweep_int4_floor(rows):
             rows.append(dict(family="int4-probe", op="matmul_int4",
                              case="M=1 K=4096 N=14336 g128 bytes (31.2 MB)", provider=k,
                              median_ms=v, tbps=nbytes / v / 1e9, timer=timer))
-
-
-@triton.jit
-def _slab_read_kernel(q, out, N, ROWS: tl.constexpr, COLS: tl.constexpr, R: tl.constexpr):
-    """Program (x, l) sums rows [l ROWS, (l + 1) ROWS) of columns [x COLS, (x + 1) COLS) of
-    the (rows, N) int32 q into out, R rows a step (:func:`sweep_int4_read_pattern`): the
-    GEMV's reads of the codes where COLS = 32 (each warp load 4 rows of 128 bytes)."""
-    x = tl.program_id(0)
-    lane = tl.program_id(1)
-    cols = x * COLS + tl.arange(0, COLS)
-    acc = tl.zeros([R, COLS], tl.int32)
-    for r in range(lane * ROWS, (lane + 1) * ROWS, R):
-        rows = r + tl.arange(0, R)
-        acc += tl.load(q + rows[:, None].to(tl.int64) * N + cols[None, :])
-    tl.store(out + x * tl.num_programs(1) + lane, tl.sum(acc))
-
-
-def sweep_int4_read_pattern(rows):
-    """Does the codes' layout cost bandwidth? A read of the codes of K=4096 N=14336 (the
-    (K / 8, N) int32 qweight, 29.4 MB) by column slabs as the GEMV reads them (32 columns:
-    each warp load covers 4 rows of 128 bytes, 57 KB apart) against wider slabs (128 and
-    512 columns: one row of 512 bytes a warp load) and a contiguous stream of the same
-    bytes; graph replays, L2 read-flushed, min of 3 medians, by both timers."""
-    q = torch.randint(-2 ** 31, 2 ** 31 - 1, (512, 14336), dtype=torch.int32, device="cuda")
-    nbytes = q.numel() * 4
-    out = torch.empty(100000, dtype=torch.int32, device="cuda")
-    flat = q.view(-1)
-    n = flat.numel()
-
-    def t(fn):
-        return tuple(min(time_fn(fn, replay=True, rep_ms=60, timer=timer).median_ms
-                         for _ in range(3)) for timer in ("events", "kernels"))
-
-    res = {}
-    for progs in (1792, 3584):
-        chunk = triton.cdiv(triton.cdiv(n, progs), 2048) * 2048
-        g = triton.cdiv(n, chunk)
-        res[f"contiguous, {g} programs of 8 warps"] = t(
-            lambda chunk=chunk, g=g: _read_kernel[(g,)](flat, out, n, CHUNK=chunk, BLOCK=2048,
-                                                        num_warps=8))
-    for cols, lanes, r, warps in ((32, 4, 32, 4), (32, 4, 64, 4), (32, 8, 64, 4),
-                                  (32, 16, 32, 1), (128, 16, 16, 4), (128, 16, 32, 4),
-                                  (512, 64, 8, 4), (512, 64, 4, 4)):
-        grid = (14336 // cols, lanes)
-        res[f"{cols}-column slabs x {lanes} lanes, {r} rows a step, {warps} warps"] = t(
-            lambda cols=cols, lanes=lanes, r=r, warps=warps, grid=grid: _slab_read_kernel[grid](
-                q, out, 14336, ROWS=512 // lanes, COLS=cols, R=r, num_warps=warps))
-    for k, (ev, kern) in res.items():
-        print(f"int4_read_pattern {k:52s} events {ev * 1e3:7.2f} us {nbytes / ev / 1e9:5.2f} "
-              f"TB/s; kernels {kern * 1e3:7.2f} us {nbytes / kern / 1e9:5.2f} TB/s")
-        for timer, v in (("events", ev), ("kernels", kern)):
-            rows.append(dict(family="int4-probe", op="matmul_int4",
-                             case="K=4096 N=14336 codes (29.4 MB)", provider=k, median_ms=v,
-                             tbps=nbytes / v / 1e9, timer=timer))
 
 
 def sweep_fp8_row_col(rows):
@@ -2302,8 +2221,6 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "int4": sweep_int4, "int4_small_m": sweep_int4_small_m,
           "int4_8192": sweep_int4_8192,
           "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
-          "int4_gemv_waves": sweep_int4_gemv_waves,
-          "int4_read_pattern": sweep_int4_read_pattern,
           "int4_gemv": sweep_int4_gemv, "int4_gemv_cuda": sweep_int4_gemv_cuda,
           "fp8_row_col": sweep_fp8_row_col,
           "quant": sweep_quant,

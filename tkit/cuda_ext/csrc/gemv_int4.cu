@@ -72,17 +72,13 @@
 #define SBYTES 2
 #endif
 
+#include <type_traits>
+
 #include "int4_mma.cuh"
 
 typedef unsigned long long u64;
-template <bool B>
-struct Flag {
-  static constexpr bool value = B;
-};
 template <int B>
-struct Buf {
-  static constexpr int value = B;
-};
+using Ring = std::integral_constant<int, B>;  // a ring index the code fixes
 
 // 16 bytes of streamed codes: read once, not kept in L1
 __device__ __forceinline__ uint4 ld_codes(const unsigned* p) {
@@ -274,16 +270,16 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
   };
   int c = c0;
   if constexpr (RB == 1) {
-    for (; c + 2 * PF <= c1; c += PF) pass(c, Flag<false>{}, Buf<0>{});
-    for (; c < c1; c += PF) pass(c, Flag<true>{}, Buf<0>{});
+    for (; c + 2 * PF <= c1; c += PF) pass(c, std::false_type{}, Ring<0>{});
+    for (; c < c1; c += PF) pass(c, std::true_type{}, Ring<0>{});
   } else {  // passes in pairs: the rings' roles are fixed in the code
     for (; c + 3 * PF <= c1; c += 2 * PF) {
-      pass(c, Flag<false>{}, Buf<0>{});
-      pass(c + PF, Flag<false>{}, Buf<1>{});
+      pass(c, std::false_type{}, Ring<0>{});
+      pass(c + PF, std::false_type{}, Ring<1>{});
     }
     for (; c < c1; c += 2 * PF) {
-      pass(c, Flag<true>{}, Buf<0>{});
-      if (c + PF < c1) pass(c + PF, Flag<true>{}, Buf<1>{});
+      pass(c, std::true_type{}, Ring<0>{});
+      if (c + PF < c1) pass(c + PF, std::true_type{}, Ring<1>{});
     }
   }
 
