@@ -222,10 +222,12 @@ def test_int4_gemm_builds(cubin_dir, build):
     assert not ops & {"LDL", "STL"}, f"{build}: local memory traffic (spills)"
 
 
-GEMV_INT4_BUILDS = [(1, 14336, 4096, "bfloat16", "float16", 128),
-                    (1, 8192, 8192, "bfloat16", "bfloat16", 128),
-                    (16, 4096, 4096, "float16", "float32", 32),
-                    (5, 1024, 2048, "bfloat16", "float16", 512)]
+GEMV_INT4_BUILDS = [(1, 14336, 4096, "bfloat16", "float16", 128, False),
+                    (1, 8192, 8192, "bfloat16", "bfloat16", 128, False),
+                    (16, 4096, 4096, "float16", "float32", 32, False),
+                    (5, 1024, 2048, "bfloat16", "float16", 512, False),
+                    (1, 14336, 4096, "bfloat16", "float16", 128, True),
+                    (16, 14336, 4096, "bfloat16", "float16", 128, True)]
 
 
 @pytest.mark.toolchain
@@ -235,14 +237,16 @@ def test_int4_gemv_builds(cubin_dir, build):
     """The INT4 GEMV: the codes read by 16-byte loads that skip L1, straight into registers
     (no TMA, no mbarrier, no cp.async in the K loop: LDGSTS only stages a and the scales
     before it); each 32-deep chunk dequantized by 16 LOP3s (mask and magic in registers)
-    into two k16 steps of two m16n8k16 MMAs an n8 tile of a's rows, in a's dtype; a K loop
-    with no barrier, and no spills."""
+    into two k16 steps of two m16n8k16 MMAs an n8 tile of a's rows, in a's dtype, beside
+    the groups' sums of a (an all-ones MMA a k16 step and tile, or the stacked form's one a
+    chunk / k16 step and a shuffle a group); a K loop with no barrier, and no spills."""
     import torch
 
     from tkit.cuda_ext.gemm_int4 import gemv_config
 
-    M, N, K, act, sdt, G = build
-    cfg = gemv_config(M, N, K, getattr(torch, act), getattr(torch, sdt), G, 132)
+    M, N, K, act, sdt, G, stacked = build
+    cfg = gemv_config(M, N, K, getattr(torch, act), getattr(torch, sdt), G, 132,
+                      stacked=stacked)
     sass = kernels_sass(_loader.compile_cubin("gemv_int4.cu", "90a", cfg["options"],
                                               cache_dir=cubin_dir))["gemv_int4"]
     ops = opcodes(sass)
@@ -265,6 +269,12 @@ def test_int4_gemv_builds(cubin_dir, build):
                      key=lambda x: x[1] - x[0])
     body = "\n".join(lines[start:end])
     assert "BAR" not in body and "STS" not in body
+    # MMAs a chunk: 4 a tile for the product, and the sums of a
+    nt = cfg["nt"]
+    per_chunk = 4 * nt + ((1 if nt == 1 else 2) if stacked else 2 * nt)
+    body_hmma = len(re.findall(r"HMMA\.16816", body))
+    assert body_hmma and body_hmma % per_chunk == 0, (body_hmma, per_chunk)
+    assert ("SHFL.IDX" in body) == (stacked and G // 32 <= cfg["pf"] * cfg["rb"]), body_hmma
 
 
 @pytest.mark.toolchain

@@ -265,6 +265,9 @@ def test_gemv_config_picks_lanes_and_refuses_by_name():
     # the rings: two of 2 chunks at 8 rows or fewer, one of 4 at 16; fewer chunks where that
     # lines up with the group's chunks or fits
     assert (cfg["rb"], cfg["pf"]) == (2, 2) and "-DRB=2" in cfg["options"]
+    st = G4.gemv_config(16, 4096, 4096, BF16, F16, 128, 132, stacked=True)
+    assert st["stacked"] and "-DAS=1" in st["options"]
+    assert "-DAS=0" in G4.gemv_config(16, 4096, 4096, BF16, F16, 128, 132, stacked=False)["options"]
     c16b = G4.gemv_config(16, 4096, 4096, BF16, F16, 128, 132)
     assert (c16b["rb"], c16b["pf"]) == (1, 4)
     assert (c16["rb"], c16["pf"]) == (1, 1)  # fp32 scales of 32-wide groups: a group a chunk
@@ -371,6 +374,30 @@ def test_gemv_two_rings(M, N, K, G, sdt, lanes, pf, rb):
     tol = 2.0 ** -7 * float(want.abs().max())
     got = G4.matmul_int4_gemv_cuda(a, q, s, z, G, lanes=lanes, pf=pf, rb=rb)
     assert float((got.double() - want).abs().max()) <= tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,G,dt,sdt,sym,rb", [
+    (1, 2048, 4096, 128, BF16, F16, False, 2),  # one tile: k16 steps stacked
+    (3, 416, 576, 64, F16, F16, False, 1),      # fp16 a, partial passes
+    (8, 1024, 2048, 32, BF16, F32, True, 2),    # a group a chunk, no zeros
+    (9, 4096, 1024, 128, F16, BF16, False, 1),  # two tiles: rows 9.. from the stacked tile
+    (16, 1056, 3072, 512, BF16, F16, False, 2),  # groups longer than the ring
+    (16, 2048, 4096, 128, BF16, BF16, True, 1),
+])
+def test_gemv_stacked_sums_of_a(M, N, K, G, dt, sdt, sym, rb):
+    """The groups' sums of a by the stacked MMA (``stacked``: two B fragments as one A, a
+    0/1 B, shuffled to their threads) give the reference's result, and the same as the
+    all-ones MMA's form to the reference's tolerance, at both tile counts, both rings, fp16
+    and bf16 a, every scale dtype, with and without zero points."""
+    a, q, s, z = _case(M, N, K, G, dt, sym, sdt, seed=M + G)
+    a = a * torch.linspace(0.5, 4.0, K, device=DEV, dtype=dt)  # sums that differ by row and K
+    want = a.double() @ I4.dequantize_int4(q, s, z, group_size=G).double().t()
+    tol = 2.0 ** -7 * float(want.abs().max())
+    got = G4.matmul_int4_gemv_cuda(a, q, s, z, G, rb=rb, stacked=True)
+    assert float((got.double() - want).abs().max()) <= tol
+    ones = G4.matmul_int4_gemv_cuda(a, q, s, z, G, rb=rb, stacked=False)
+    assert float((got.double() - ones.double()).abs().max()) <= tol
 
 
 @pytest.mark.gpu

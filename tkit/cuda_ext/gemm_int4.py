@@ -276,6 +276,10 @@ GEMV_PF = {1: 4, 2: 2}
 #: registers the ring may take (8 rows of a or fewer / 16) under the 128 a thread that 16
 #: warps an SM leave: past them ptxas spills (sm_90a builds, nvcc 13.0)
 GEMV_RING_REGS = {1: 52, 2: 36}
+#: the groups' sums of a by one MMA with a's rows as A a chunk (8 rows or fewer) or a k16 step
+#: (16 rows), moved to their threads by shuffles once a group, instead of one MMA by an
+#: all-ones A each k16 step and n8 tile (csrc/gemv_int4.cu, ``AS``)
+GEMV_STACKED = False
 
 
 def _gemv_lanes(N: int, K: int, group_size: int, num_sms: int) -> int:
@@ -300,11 +304,13 @@ def _pf_fits(pf: int, gc: int) -> bool:
 @functools.cache
 def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: torch.dtype,
                 group_size: int, num_sms: int, *, lanes: int | None = None,
-                pf: int | None = None, rb: int | None = None) -> dict:
+                pf: int | None = None, rb: int | None = None,
+                stacked: bool | None = None) -> dict:
     """One GEMV build and launch for these operands: nt (n8 tiles of rows of a), kl (warps a
     CTA), pf (chunks of codes in flight a thread) and options (-D...). ``lanes`` / ``pf``
     override the K lanes and the ring's depth (a multiple or a divisor of the group's 32-deep
-    chunks), ``rb`` the rings (1 or 2, :data:`GEMV_RB`), for sweeps.
+    chunks), ``rb`` the rings (1 or 2, :data:`GEMV_RB`), ``stacked`` the form of the groups'
+    sums of a (:data:`GEMV_STACKED`), for sweeps.
     Shared between calls: do not modify it."""
     if not 1 <= M <= GEMV_MAX_M:
         raise ValueError(f"the INT4 GEMV takes 1..{GEMV_MAX_M} rows of a, got M={M}")
@@ -329,10 +335,11 @@ def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: tor
     if not 1 <= pf <= 16 or not _pf_fits(pf, gc):
         raise ValueError(f"pf must be in 1..16, a multiple or a divisor of the group's {gc} "
                          f"32-deep chunks; got {pf}")
+    stacked = GEMV_STACKED if stacked is None else bool(stacked)
     options = _defines(nt=nt, kl=kl, pf=pf, rb=rb, pa=2 if pf % 2 == 0 else 1,
                        group=group_size, scale_t=SCALE_T[scale_dtype],
-                       act_f16=int(act_dtype == torch.float16))
-    return dict(nt=nt, kl=kl, pf=pf, rb=rb, options=("-std=c++17",) + options)
+                       act_f16=int(act_dtype == torch.float16), **{"as": stacked})
+    return dict(nt=nt, kl=kl, pf=pf, rb=rb, stacked=stacked, options=("-std=c++17",) + options)
 
 
 def gemv_supported(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
@@ -379,10 +386,10 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
                           zeros: torch.Tensor | None, group_size: int,
                           bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                           lanes: int | None = None, pf: int | None = None,
-                          rb: int | None = None) -> torch.Tensor:
+                          rb: int | None = None, stacked: bool | None = None) -> torch.Tensor:
     """The product (module docstring) by the GEMV. The operands are assumed checked by
     ``tkit.matmul_int4`` and in scope (:func:`gemv_supported`); ``out`` an (M, N) row-major
-    output to write (else one is allocated). ``lanes``, ``pf``, ``rb``: see
+    output to write (else one is allocated). ``lanes``, ``pf``, ``rb``, ``stacked``: see
     :func:`gemv_config`."""
     M, K = a.shape
     N = qweight.shape[1]
@@ -396,7 +403,7 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
         return c
     dev = a.device.index or 0
     cfg = gemv_config(M, N, K, a.dtype, scales.dtype, group_size, _num_sms(dev), lanes=lanes,
-                      pf=pf, rb=rb)
+                      pf=pf, rb=rb, stacked=stacked)
     func = _loader.nvcc_kernel(GEMV_SOURCE, "gemv_int4", cfg["options"], dev)
     z = zeros if zeros is not None else scales
     lds = scales.stride(0) if scales.shape[0] > 1 else N

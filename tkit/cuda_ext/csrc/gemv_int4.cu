@@ -54,6 +54,15 @@
 #ifndef PA
 #define PA 2  // 32-deep chunks of a in flight a thread (from L1 / L2); PF a multiple of it
 #endif
+#ifndef AS
+// the groups' sums of a: 0, an MMA by an all-ones A each k16 step and n8 tile (B the rows of
+// a, so each thread's C holds the sums of the rows its sums need); 1, one MMA a k16 step
+// (NT 2) or a chunk (NT 1) with two of those B fragments side by side as A (the registers
+// they are in) and a 0/1 B that sums each fragment's K slots into its own C column: half or
+// a third of those MMAs, the sums then in row order (thread 4 g + t holds row g's), moved to
+// the threads that need them by 2 NT shuffles a group
+#define AS 0
+#endif
 #ifndef GROUP
 #define GROUP 128
 #endif
@@ -167,7 +176,7 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) ap[nt] += 32 * PA;
 
-  float acc[2][NT][4], sum[2][NT][4], asum[NT][4];
+  float acc[2][NT][4], sum[2][NT][4], asum[NT][4], asx[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
   for (int u = 0; u < 2; ++u)
 #pragma unroll
@@ -179,6 +188,7 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
 #pragma unroll
     for (int e = 0; e < 4; ++e) asum[nt][e] = 0.f;
   const unsigned mask = 0x000F000Fu, magic = MAGIC, ones = ONES;
+  const unsigned bsel0 = g % 2 ? 0u : ONES, bsel1 = g % 2 ? ONES : 0u;  // AS's B
 
   // one ring pass: chunks c .. c + PF - 1 from ring B (TAIL: some of them, or their
   // successors' loads, past this warp's run)
@@ -234,12 +244,34 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
               b[nt][e][0], b[nt][e][1]);
           mma(sum[1][nt], p[2][2 * e], p[3][2 * e], p[2][2 * e + 1], p[3][2 * e + 1],
               b[nt][e][0], b[nt][e][1]);
-          mma(asum[nt], ones, ones, ones, ones, b[nt][e][0], b[nt][e][1]);
+          if (!AS) mma(asum[nt], ones, ones, ones, ones, b[nt][e][0], b[nt][e][1]);
         }
+      // A rows g / g + 8 = fragments X / Y's pairs; B column g = 1 on K slots 0..7 (g even)
+      // or 8..15 (g odd): C (g, 2t) / (g, 2t + 1) / (g + 8, 2t) / (g + 8, 2t + 1) = the sums
+      // of X's first pair / Y's first / X's second / Y's second
+      if (AS && NT == 1) {  // X, Y: row g at k16 steps 0, 1
+        mma(asx, b[0][0][0], b[0][0][1], b[0][1][0], b[0][1][1], bsel0, bsel1);
+      } else if (AS) {  // X, Y: rows g, 8 + g
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          mma(asx, b[0][e][0], b[0][e][1], b[NT - 1][e][0], b[NT - 1][e][1], bsel0, bsel1);
+      }
       // the group ends (runs start at a group: with PF a multiple of GC, at a fixed i)
       const bool ends = SCALES_AHEAD ? ((i + 1) % GC == 0) : (i == PF - 1 && (cc + 1) % GC == 0);
       if (ends) {  // scale, zero point, offset; then (one ring) the scales PF chunks ahead
         const int slot = SCALES_AHEAD ? B * SLOTS + i / GC : 0;
+        if (AS) {  // C column 2 t + e of tile nt needs row 8 nt + 2 t + e's sum: lane 8 t + 4 e's
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const float v = NT == 1 ? (asx[0] + asx[2]) + (asx[1] + asx[3])
+                                    : nt == 0 ? asx[0] + asx[2] : asx[1] + asx[3];
+            const float s0 = __shfl_sync(0xFFFFFFFFu, v, 8 * t);
+            const float s1 = __shfl_sync(0xFFFFFFFFu, v, 8 * t + 4);
+            asum[nt][0] = asum[nt][2] = s0, asum[nt][1] = asum[nt][3] = s1;
+          }
+#pragma unroll
+          for (int e = 0; e < 4; ++e) asx[e] = 0.f;
+        }
         float sc[4], zs[4], cz[4];
         unpack4(sraw[slot], sc);
         if (has_zeros) {
