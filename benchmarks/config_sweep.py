@@ -807,9 +807,9 @@ def sweep_int4_gemv(rows):
 def sweep_int4_gemv_cuda(rows):
     """The CUDA GEMV (``tkit.cuda_ext.gemm_int4.matmul_int4_gemv_cuda``) at K=4096 N=14336 and
     K=N=8192 (group 128): at M=1 against the Triton GEMV, at M = 2, 4, 8 and 16 against the
-    stream-K CUDA kernel (the default there before it); at every M the GEMV's other ring
-    form (one ring or two) and both forms with the groups' sums of a by the stacked MMA
-    (``stacked``); cuBLAS bf16 beside them. Graph replays, L2 read-flushed, min of 3
+    stream-K CUDA kernel (the default there before it); at every M the GEMV with one ring of
+    4 and the all-ones sums of a (the default before two rings and the stacked sums), and the
+    default with its sums in the other form (``stacked``); cuBLAS bf16 beside them. Graph replays, L2 read-flushed, min of 3
     interleaved rounds' medians, by events and by the kernel timer; each output checked
     against a float64 product."""
     import torch.nn.functional as F
@@ -841,12 +841,8 @@ def sweep_int4_gemv_cuda(rows):
             else:
                 variants["cuda stream-K"] = (
                     lambda a, q, s, z: G4.matmul_int4_cuda(a, q, s, z, 128, check=False))
-            # the rings' other form (one ring of 4 at 8 rows or fewer, two of 2 at 16), and
-            # the groups' sums of a by the stacked MMA in both forms
-            other = dict(rb=1, pf=4) if M <= 8 else dict(rb=2, pf=2)
-            forms = [other, dict(stacked=True), dict(other, stacked=True)]
-            if M > 8:  # stacked, two rings of 4 fit without spills
-                forms.append(dict(rb=2, pf=4, stacked=True))
+            # one ring of 4, and the groups' sums of a in the default's other form
+            forms = [dict(rb=1, pf=4, stacked=False), dict(stacked=M <= 8)]
             for kw in forms:
                 variants["cuda gemv " + " ".join(f"{k} {v}" for k, v in kw.items())] = (
                     lambda a, q, s, z, kw=kw: cuda_gemv(a, q, s, z, **kw))

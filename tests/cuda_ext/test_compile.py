@@ -222,12 +222,14 @@ def test_int4_gemm_builds(cubin_dir, build):
     assert not ops & {"LDL", "STL"}, f"{build}: local memory traffic (spills)"
 
 
-GEMV_INT4_BUILDS = [(1, 14336, 4096, "bfloat16", "float16", 128, False),
-                    (1, 8192, 8192, "bfloat16", "bfloat16", 128, False),
-                    (16, 4096, 4096, "float16", "float32", 32, False),
-                    (5, 1024, 2048, "bfloat16", "float16", 512, False),
+# (M, N, K, a's dtype, the scales', group, the sums' form: None the default's)
+GEMV_INT4_BUILDS = [(1, 14336, 4096, "bfloat16", "float16", 128, None),
+                    (1, 8192, 8192, "bfloat16", "bfloat16", 128, None),
+                    (16, 4096, 4096, "float16", "float32", 32, None),
+                    (5, 1024, 2048, "bfloat16", "float16", 512, None),
+                    (16, 14336, 4096, "bfloat16", "float16", 128, None),
                     (1, 14336, 4096, "bfloat16", "float16", 128, True),
-                    (16, 14336, 4096, "bfloat16", "float16", 128, True)]
+                    (16, 14336, 4096, "bfloat16", "float16", 128, False)]
 
 
 @pytest.mark.toolchain
@@ -270,7 +272,7 @@ def test_int4_gemv_builds(cubin_dir, build):
     body = "\n".join(lines[start:end])
     assert "BAR" not in body and "STS" not in body
     # MMAs a chunk: 4 a tile for the product, and the sums of a
-    nt = cfg["nt"]
+    nt, stacked = cfg["nt"], cfg["stacked"]
     per_chunk = 4 * nt + ((1 if nt == 1 else 2) if stacked else 2 * nt)
     body_hmma = len(re.findall(r"HMMA\.16816", body))
     assert body_hmma and body_hmma % per_chunk == 0, (body_hmma, per_chunk)

@@ -262,19 +262,23 @@ def test_gemv_config_picks_lanes_and_refuses_by_name():
     assert G4.gemv_config(1, 1024, 256, BF16, F16, 128, 132)["kl"] == 2  # two groups
     c16 = G4.gemv_config(16, 4096, 4096, F16, F32, 32, 132)
     assert c16["nt"] == 2 and "-DACT_F16=1" in c16["options"] and "-DSCALE_T=2" in c16["options"]
-    # the rings: two of 2 chunks at 8 rows or fewer, one of 4 at 16; fewer chunks where that
-    # lines up with the group's chunks or fits
+    # the rings: two of 2 chunks; fewer chunks where that lines up with the group's chunks or
+    # fits; the stacked sums of a at 16 rows
     assert (cfg["rb"], cfg["pf"]) == (2, 2) and "-DRB=2" in cfg["options"]
+    assert not cfg["stacked"] and "-DAS=0" in cfg["options"]
     st = G4.gemv_config(16, 4096, 4096, BF16, F16, 128, 132, stacked=True)
     assert st["stacked"] and "-DAS=1" in st["options"]
     assert "-DAS=0" in G4.gemv_config(16, 4096, 4096, BF16, F16, 128, 132, stacked=False)["options"]
     c16b = G4.gemv_config(16, 4096, 4096, BF16, F16, 128, 132)
-    assert (c16b["rb"], c16b["pf"]) == (1, 4)
-    assert (c16["rb"], c16["pf"]) == (1, 1)  # fp32 scales of 32-wide groups: a group a chunk
+    assert (c16b["rb"], c16b["pf"], c16b["stacked"]) == (2, 2, True)
+    assert (c16["rb"], c16["pf"]) == (2, 1)  # fp32 scales of 32-wide groups: a group a chunk
+    assert G4.gemv_config(16, 4096, 4096, BF16, F16, 128, 132, rb=1)["pf"] == 4
+    assert G4.gemv_config(16, 4096, 4096, BF16, F16, 128, 132, rb=1, stacked=False)["pf"] == 4
     assert G4.gemv_config(1, 4096, 4096, F16, F32, 32, 132)["pf"] == 1  # two rings' words
     assert G4.gemv_config(1, 4096, 4096 * 3, BF16, F16, 96, 132)["pf"] == 1  # 3 chunks a group
     assert G4.gemv_config(1, 4096, 4096, BF16, F16, 512, 132)["pf"] == 2
-    assert G4.gemv_config(16, 4096, 4096 * 3, BF16, F16, 96, 132)["pf"] == 3
+    assert G4.gemv_config(16, 4096, 4096 * 3, BF16, F16, 96, 132)["pf"] == 1  # 2 does not fit 3
+    assert G4.gemv_config(16, 4096, 4096 * 3, BF16, F16, 96, 132, rb=1)["pf"] == 3
     assert G4.gemv_config(1, 4096, 4096, BF16, F16, 128, 132, rb=1)["pf"] == 4
     with pytest.raises(ValueError, match="lanes"):
         G4.gemv_config(1, 4096, 4096, BF16, F16, 128, 132, lanes=3)

@@ -267,19 +267,23 @@ GEMV_SOURCE = "gemv_int4.cu"
 GEMV_MAX_M = 16
 #: rings of 32-deep chunks of codes, 8 rows of a or fewer / 16: with 2, a pass loads the next
 #: pass's codes into the other ring before its own work (a single ring reloads each slot as it
-#: is read). Two rings of 2 took 0.92-0.98x one ring of 4's time at M <= 8 on the H100 and
-#: were level at 16 rows, where deeper pairs spill. The K lanes (warps a 32-column slab)
-#: follow from the shape (:func:`gemv_config`).
-GEMV_RB = {1: 2, 2: 1}
+#: is read). Two rings of 2 took 0.92-0.98x one ring of 4's time at M <= 8 on the H100; at 16
+#: rows, with the stacked sums of a (:data:`GEMV_STACKED`), 0.97-0.99x at K=4096 N=14336 and
+#: level at K=N=8192. The K lanes (warps a 32-column slab) follow from the shape
+#: (:func:`gemv_config`).
+GEMV_RB = {1: 2, 2: 2}
 #: chunks a ring pass, for one ring / two
 GEMV_PF = {1: 4, 2: 2}
-#: registers the ring may take (8 rows of a or fewer / 16) under the 128 a thread that 16
-#: warps an SM leave: past them ptxas spills (sm_90a builds, nvcc 13.0)
-GEMV_RING_REGS = {1: 52, 2: 36}
-#: the groups' sums of a by one MMA with a's rows as A a chunk (8 rows or fewer) or a k16 step
-#: (16 rows), moved to their threads by shuffles once a group, instead of one MMA by an
-#: all-ones A each k16 step and n8 tile (csrc/gemv_int4.cu, ``AS``)
-GEMV_STACKED = False
+#: the groups' sums of a, 8 rows of a or fewer / 16: True, one MMA with a's rows as A a chunk
+#: (8 rows) or a k16 step (16 rows), moved to their threads by shuffles once a group; False,
+#: an all-ones A each k16 step and n8 tile (csrc/gemv_int4.cu, ``AS``). Stacked took
+#: 0.97-1.00x the all-ones form's time at 16 rows in two rings of 2, and 1.00-1.05x at 8 rows
+#: or fewer (H100)
+GEMV_STACKED = {1: False, 2: True}
+#: registers the ring may take (by n8 tiles and the sums' form) under the 128 a thread that 16
+#: warps an SM leave: past them ptxas spilled (sm_90a builds, nvcc 13.0; the stacked form at
+#: 16 rows holds 4 fewer sums, and ptxas fit rings to 56 there and spilled from 64)
+GEMV_RING_REGS = {(1, False): 52, (1, True): 52, (2, False): 36, (2, True): 56}
 
 
 def _gemv_lanes(N: int, K: int, group_size: int, num_sms: int) -> int:
@@ -319,6 +323,7 @@ def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: tor
     if kl not in (1, 2, 4, 8, 16):
         raise ValueError(f"lanes must be 1, 2, 4, 8 or 16, got {kl}")
     rb = GEMV_RB[nt] if rb is None else rb
+    stacked = GEMV_STACKED[nt] if stacked is None else bool(stacked)
     if rb not in (1, 2):
         raise ValueError(f"rb must be 1 or 2, got {rb}")
     gc = group_size // 32
@@ -330,12 +335,11 @@ def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: tor
         words = scale_dtype.itemsize * 2
         pf = GEMV_PF[rb]
         while pf > 1 and (not _pf_fits(pf, gc) or pf > 2 * gc or rb * 4 * pf + 8 * nt + rb * words
-                          * (pf // gc if pf % gc == 0 else 1) > GEMV_RING_REGS[nt]):
+                          * (pf // gc if pf % gc == 0 else 1) > GEMV_RING_REGS[nt, stacked]):
             pf -= 1
     if not 1 <= pf <= 16 or not _pf_fits(pf, gc):
         raise ValueError(f"pf must be in 1..16, a multiple or a divisor of the group's {gc} "
                          f"32-deep chunks; got {pf}")
-    stacked = GEMV_STACKED if stacked is None else bool(stacked)
     options = _defines(nt=nt, kl=kl, pf=pf, rb=rb, pa=2 if pf % 2 == 0 else 1,
                        group=group_size, scale_t=SCALE_T[scale_dtype],
                        act_f16=int(act_dtype == torch.float16), **{"as": stacked})

@@ -47,8 +47,8 @@
 #endif
 #ifndef RB
 // rings: with 2, a pass first loads the next pass's codes (and scales) into the other ring,
-// so they have the whole pass in flight (the launcher's default at 8 rows of a or fewer, with
-// PF 2; at 16 rows the pairs' registers spill past PF 2, and PF 2 was level with one ring)
+// so they have the whole pass in flight (the launcher's default, with PF 2: two rings of 4
+// were slower at 8 rows and at 16, where they fit only with AS 1)
 #define RB 1
 #endif
 #ifndef PA
@@ -60,7 +60,8 @@
 // (NT 2) or a chunk (NT 1) with two of those B fragments side by side as A (the registers
 // they are in) and a 0/1 B that sums each fragment's K slots into its own C column: half or
 // a third of those MMAs, the sums then in row order (thread 4 g + t holds row g's), moved to
-// the threads that need them by 2 NT shuffles a group
+// the threads that need them by 2 NT shuffles a group (the launcher's default at 16 rows,
+// where it freed 4 registers and took 0.97-1.00x the time; level or slower at 8 rows or fewer)
 #define AS 0
 #endif
 #ifndef GROUP

@@ -40,11 +40,11 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
 * ``"cuda_gemv"`` (1 <= M <= 16 on sm_90 by default, where :func:`cuda_gemv_reason` finds
   nothing in the way): ``tkit.cuda_ext.gemm_int4.matmul_int4_gemv_cuda``, a CUDA GEMV: a CTA
   is a 32-column slab whose warps ("K lanes") walk equal runs of whole groups; each thread
-  loads its 16-byte words of codes straight into register rings (at M <= 8 two rings of 2
-  chunks of 32 K, a pass loading the next pass's codes first; one ring of 4 at 9..16 rows),
-  dequantizes them as the tc kernel does into mma.sync m16n8k16's register operand (the
-  weight as A, the rows of ``a`` the MMA's 8 or 16 columns) and the lanes meet once at the
-  end. About 1.9 instructions a weight (the Triton GEMV's FMAs take ~3.5), no TMA ring, no
+  loads its 16-byte words of codes straight into register rings (two rings of 2 chunks of
+  32 K, a pass loading the next pass's codes first), dequantizes them as the tc kernel does
+  into mma.sync m16n8k16's register operand (the weight as A, the rows of ``a`` the MMA's 8
+  or 16 columns; at 9..16 rows the groups' sums of ``a`` by one stacked MMA a k16 step) and
+  the lanes meet once at the end. About 1.9 instructions a weight (the Triton GEMV's FMAs take ~3.5), no TMA ring, no
   stream-K hand-over.
 * ``"cuda"`` (2 <= M <= 32 on sm_90 where the GEMV does not serve): ``tkit.cuda_ext.gemm_int4``,
   a CUDA kernel for decode sizes: one producer warp
