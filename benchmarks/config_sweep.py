@@ -809,9 +809,9 @@ def sweep_int4_gemv_cuda(rows):
     K=N=8192 (group 128): at M=1 against the Triton GEMV, at M = 2, 4, 8 and 16 against the
     stream-K CUDA kernel (the default there before it); at every M the GEMV with one ring of
     4 and the all-ones sums of a (the default before two rings and the stacked sums), and the
-    default with its sums in the other form (``stacked``); cuBLAS bf16 beside them. Graph replays, L2 read-flushed, min of 3
-    interleaved rounds' medians, by events and by the kernel timer; each output checked
-    against a float64 product."""
+    default with its sums in the other form (``stacked``); cuBLAS bf16 beside them. Graph
+    replays, L2 read-flushed, min of 3 interleaved rounds' medians, by events and by the
+    kernel timer; each output checked against a float64 product."""
     import torch.nn.functional as F
 
     from tkit.cuda_ext import gemm_int4 as G4
@@ -841,8 +841,9 @@ def sweep_int4_gemv_cuda(rows):
             else:
                 variants["cuda stream-K"] = (
                     lambda a, q, s, z: G4.matmul_int4_cuda(a, q, s, z, 128, check=False))
-            # one ring of 4, and the groups' sums of a in the default's other form
-            forms = [dict(rb=1, pf=4, stacked=False), dict(stacked=M <= 8)]
+            # one ring of 4, and the groups' sums of a in the default's other form (in the
+            # default's two rings of 2: at 16 rows the all-ones form's own default is 2 of 1)
+            forms = [dict(rb=1, pf=4, stacked=False), dict(rb=2, pf=2, stacked=M <= 8)]
             for kw in forms:
                 variants["cuda gemv " + " ".join(f"{k} {v}" for k, v in kw.items())] = (
                     lambda a, q, s, z, kw=kw: cuda_gemv(a, q, s, z, **kw))

@@ -624,9 +624,9 @@ def test_glu_measured_against_prediction():
 #
 # On an H100 (runs `h100-2026-12-06-e/f/g-int4-gemv-cuda`, kernel timer) it took 0.91-0.92x
 # the Triton GEMV's time at M=1, and 0.76-0.85x the stream-K kernel's at M = 2..16. It is the
-# default for M <= 16 now. With the two rings below, the bench there (run
-# `h100-2026-12-06-l-matmul-int4`, events) reads M=1 2.92x cuBLAS bf16 and M=16 2.50x
-# (3.32x and 2.78x by the kernel timer), against 2.35x and 2.06x before the CUDA GEMV.
+# default for M <= 16 now. With the two rings and the stacked sums below, the bench there
+# (run `h100-2026-12-06-s-matmul-int4`, events) reads M=1 2.93x cuBLAS bf16 and M=16 2.58x
+# (3.34x and 2.89x by the kernel timer), against 2.35x and 2.06x before the CUDA GEMV.
 #
 # Its ring was settled by the SASS's control bits, not by the source. With one ring, each
 # slot is reloaded as it is read; ptxas issues a pass's loads about a third of the way into
@@ -636,6 +636,17 @@ def test_glu_measured_against_prediction():
 # other ring, so they have the whole pass in flight. That took 0.92-0.98x one ring's time at
 # M <= 8 (runs `h100-2026-12-06-j/k/o-int4-gemv-cuda`); three rings, two passes ahead, took
 # 1.17-1.27x.
+#
+# The offset and zero point come off once a group, so the kernel needs each group's sum of
+# each row of a. An MMA with an all-ones A and a's fragment as B gives it in the order the
+# promotion reads, but costs one MMA a k16 step and tile: 4 of the 12 a chunk at 16 rows.
+# Two B fragments side by side are a valid A, and a B of ones over K slots 0..7 in even
+# columns and 8..15 in odd ones sums each fragment's halves into its own column: one MMA a
+# k16 step for both tiles, then two shuffles a group to hand each thread the rows it needs.
+# At 16 rows that freed 4 registers, enough for two rings of 2, and took 0.97-0.99x the time
+# at K=4096 N=14336 (level at K=N=8192; runs `h100-2026-12-06-p/q/r-int4-gemv-cuda`). At
+# M <= 8 it was level, since the tensor pipe is far from full: the 16-row loop's 12 MMAs a
+# chunk are ~4 us of it in a 16 us kernel.
 #
 # How far from the floor? A bare read of the same codes takes ~10.6 us on the H100 by the
 # kernel timer, however it is laid out (32-column slabs as the GEMV reads them, wider slabs,

@@ -44,8 +44,8 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   32 K, a pass loading the next pass's codes first), dequantizes them as the tc kernel does
   into mma.sync m16n8k16's register operand (the weight as A, the rows of ``a`` the MMA's 8
   or 16 columns; at 9..16 rows the groups' sums of ``a`` by one stacked MMA a k16 step) and
-  the lanes meet once at the end. About 1.9 instructions a weight (the Triton GEMV's FMAs take ~3.5), no TMA ring, no
-  stream-K hand-over.
+  the lanes meet once at the end. About 1.9 instructions a weight (the Triton GEMV's FMAs
+  take ~3.5), no TMA ring, no stream-K hand-over.
 * ``"cuda"`` (2 <= M <= 32 on sm_90 where the GEMV does not serve): ``tkit.cuda_ext.gemm_int4``,
   a CUDA kernel for decode sizes: one producer warp
   streams the codes, scales, zeros and a through a TMA ring of 512-deep K steps, eight
