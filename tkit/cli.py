@@ -225,6 +225,10 @@ def _report(args, rows, c, out_dir) -> int:
           f"{len(wrong)} timed but wrong, {len(failed)} failed")
     for r in failed + wrong:
         print(f"  {r['op']} {r['case']}: {r['note'][:300]}")
+    if not getattr(args, "no_baselines", False):
+        for op, names in report.missing_baselines(rows).items():
+            print(f"  {op}: no rows for {', '.join(names)}: not available here (not installed "
+                  "in this Python, or its probe failed)")
     return 1 if failed or wrong else 0
 
 

@@ -265,6 +265,34 @@ def test_cli_bench_gpu_path_reports_failures_and_writes_everything(monkeypatch, 
     assert "3 timed by earlier runs" in capsys.readouterr().out
 
 
+def test_cli_bench_names_baselines_that_are_not_available(monkeypatch, tmp_path, capsys):
+    """A declared baseline whose factory returns None here (a library not installed, a failed
+    probe) has no rows, and the run says so by name instead of dropping it silently."""
+    import dataclasses
+
+    import fake_specs
+
+    from tkit.bench import ceilings
+
+    spec = dataclasses.replace(fake_specs.SPECS[0], bench_cases=lambda: [fake_specs._case("ok")],
+                               baselines={**fake_specs.SPECS[0].baselines,
+                                          "absent lib": lambda: None})
+    monkeypatch.setattr(cli, "_prepare_backend", lambda: True)
+    monkeypatch.setattr(registry, "_SPECS", {spec.name: spec})
+    monkeypatch.setattr(ceilings, "get", lambda remeasure=False: CEIL)
+    monkeypatch.setattr(runner, "time_fn", fake_specs.fake_time_fn)
+    env = runner.environment()
+    monkeypatch.setattr(runner, "environment", lambda: {**env, "device": CEIL.device})
+    assert cli.main(["bench", "fake_a", "--in-process", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "fake_a: no rows for absent lib: not available here" in out
+    rows = json.loads(next(tmp_path.glob("*.json")).read_text())["rows"]
+    assert {r["provider"] for r in rows} == {"tkit", "torch"}
+    assert cli.main(["bench", "fake_a", "--in-process", "--no-baselines", "--out",
+                     str(tmp_path)]) == 0
+    assert "not available here" not in capsys.readouterr().out
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="drives the GPU path of the CLI on a CPU")
 def test_cli_bench_appends_long_form_rows_to_the_devices_file(monkeypatch, tmp_path, capsys):
     """tkit bench (GPU path faked) appends its rows to <out>/<device>.jsonl with the run id, the

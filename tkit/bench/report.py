@@ -89,6 +89,25 @@ def check_line(rows: list[dict]) -> str:
     return f"{r['op']} {r['case']}: {verdict} ({r['seconds']:.1f} s)"
 
 
+def missing_baselines(rows: list[dict]) -> dict[str, list[str]]:
+    """Each op's declared baselines that have no row in ``rows`` (their factories returned
+    None here: a library not installed, or a probe that failed), by op."""
+    from tkit import registry
+
+    seen: dict[str, set] = {}
+    for r in rows:
+        seen.setdefault(r["op"], set()).add(r["provider"])
+    out = {}
+    for op, providers in seen.items():
+        try:
+            declared = registry.get(op).baselines
+        except KeyError:  # rows of a spec no longer registered
+            continue
+        if missing := [name for name in declared if name not in providers]:
+            out[op] = missing
+    return out
+
+
 def _baseline_names(lines):
     names: list[str] = []
     for ln in lines:
