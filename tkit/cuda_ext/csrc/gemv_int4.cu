@@ -58,8 +58,8 @@
 // the groups' sums of a: 0, an MMA by an all-ones A each k16 step and n8 tile (B the rows of
 // a, so each thread's C holds the sums of the rows its sums need); 1, one MMA a k16 step
 // (NT 2) or a chunk (NT 1) with two of those B fragments side by side as A (the registers
-// they are in) and a 0/1 B that sums each fragment's K slots into its own C column: half or
-// a third of those MMAs, the sums then in row order (thread 4 g + t holds row g's), moved to
+// they are in) and a 0/1 B that sums each fragment's K slots into its own C column: half
+// those MMAs, the sums then in row order (thread 4 g + t holds row g's), moved to
 // the threads that need them by 2 NT shuffles a group (the launcher's default at 16 rows,
 // where it freed 4 registers and took 0.97-1.00x the time; level or slower at 8 rows or fewer)
 #define AS 0
@@ -247,9 +247,10 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
               b[nt][e][0], b[nt][e][1]);
           if (!AS) mma(asum[nt], ones, ones, ones, ones, b[nt][e][0], b[nt][e][1]);
         }
-      // A rows g / g + 8 = fragments X / Y's pairs; B column g = 1 on K slots 0..7 (g even)
-      // or 8..15 (g odd): C (g, 2t) / (g, 2t + 1) / (g + 8, 2t) / (g + 8, 2t + 1) = the sums
-      // of X's first pair / Y's first / X's second / Y's second
+      // A = {X0, X1, Y0, Y1}: row g holds X's first pair (K slots 0..7) and Y's first (8..15),
+      // row g + 8 their second pairs; B column g = 1 on K slots 0..7 (g even) or 8..15 (g
+      // odd): C (g, 2t) / (g, 2t + 1) / (g + 8, 2t) / (g + 8, 2t + 1) = the sums of X's first
+      // pair / Y's first / X's second / Y's second
       if (AS && NT == 1) {  // X, Y: row g at k16 steps 0, 1
         mma(asx, b[0][0][0], b[0][0][1], b[0][1][0], b[0][1][1], bsel0, bsel1);
       } else if (AS) {  // X, Y: rows g, 8 + g
