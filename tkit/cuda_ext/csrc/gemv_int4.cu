@@ -184,10 +184,11 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[u][nt][e] = sum[u][nt][e] = 0.f;
+  if (!AS)  // (AS fills asum from asx at each group's end)
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) asum[nt][e] = 0.f;
+      for (int e = 0; e < 4; ++e) asum[nt][e] = 0.f;
   const unsigned mask = 0x000F000Fu, magic = MAGIC, ones = ONES;
   const unsigned bsel0 = g % 2 ? 0u : ONES, bsel1 = g % 2 ? ONES : 0u;  // AS's B
 
@@ -294,10 +295,11 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
               acc[u][nt][e] = fmaf(-cz[k], asum[nt][e], fmaf(sc[k], sum[u][nt][e], acc[u][nt][e]));
               sum[u][nt][e] = 0.f;
             }
+        if (!AS)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+          for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) asum[nt][e] = 0.f;
+            for (int e = 0; e < 4; ++e) asum[nt][e] = 0.f;
         if (RB == 1 && SCALES_AHEAD && (!TAIL || cc + PF < c1)) load_scales(slot, (cc + PF) / GC);
       }
     }
