@@ -804,49 +804,23 @@ def sweep_int4_gemv(rows):
                   f"{tc * 1e3:7.2f} us")
 
 
-def sweep_int4_gemv_cuda(rows):
-    """The CUDA GEMV (``tkit.cuda_ext.gemm_int4.matmul_int4_gemv_cuda``) at K=4096 N=14336 and
-    K=N=8192 (group 128): at M=1 against the Triton GEMV, at M = 2, 4, 8 and 16 against the
-    stream-K CUDA kernel (the default there before it); at every M the GEMV with one ring of
-    4 and the all-ones sums of a (the default before two rings and the stacked sums), and the
-    default with its sums in the other form (``stacked``); cuBLAS bf16 beside them. Graph
-    replays, L2 read-flushed, min of 3 interleaved rounds' medians, by events and by the
-    kernel timer; each output checked against a float64 product."""
+def _int4_gemv_rounds(rows, family, Ms, variants_for):
+    """Time ``variants_for(M)`` (name -> fn(a, q, s, z)) and cuBLAS bf16 at K=4096 N=14336 and
+    K=N=8192 (group 128) for each M in ``Ms``: graph replays, L2 read-flushed, min of 3
+    interleaved rounds' medians, by events and by the kernel timer; each output checked
+    against a float64 product. The variant named "default" is the ratios' base."""
     import torch.nn.functional as F
-
-    from tkit.cuda_ext import gemm_int4 as G4
-    from tkit.kernels.matmul import int4 as I4
-
-    def triton_gemv(a, q, s, z):
-        with I4.int4_config(path="gemv"):
-            return tkit.matmul_int4(a, q, s, z, group_size=128)
 
     for K, N in ((4096, 14336), (8192, 8192)):
         g = torch.Generator(device="cuda").manual_seed(K + N)
         w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g) * K ** -0.5
         q, s, z = tkit.quantize_int4(w, 128)
         wd = tkit.dequantize_int4(q, s, z, group_size=128, dtype=torch.float64)
-        for M in (1, 2, 4, 8, 16):
+        for M in Ms:
             a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
             want = a.double() @ wd.t()
             tol = 1e-2 * float(want.abs().max())
-
-            def cuda_gemv(a, q, s, z, **kw):
-                return G4.matmul_int4_gemv_cuda(a, q, s, z, 128, **kw)
-
-            variants = {"default": lambda a, q, s, z: tkit.matmul_int4(a, q, s, z,
-                                                                        group_size=128)}
-            if M == 1:
-                variants["triton gemv"] = triton_gemv
-            else:
-                variants["cuda stream-K"] = (
-                    lambda a, q, s, z: G4.matmul_int4_cuda(a, q, s, z, 128, check=False))
-            # one ring of 4, and the groups' sums of a in the default's other form (in the
-            # default's two rings of 2: at 16 rows the all-ones form's own default is 2 of 1)
-            forms = [dict(rb=1, pf=4, stacked=False), dict(rb=2, pf=2, stacked=M <= 8)]
-            for kw in forms:
-                variants["cuda gemv " + " ".join(f"{k} {v}" for k, v in kw.items())] = (
-                    lambda a, q, s, z, kw=kw: cuda_gemv(a, q, s, z, **kw))
+            variants = variants_for(M)
             times, errs = {}, {}
             for _ in range(3):
                 for name, fn in variants.items():
@@ -863,18 +837,84 @@ def sweep_int4_gemv_cuda(rows):
                 for name in variants:
                     t = times[(name, timer)]
                     bad = "" if errs[name] <= tol else f" WRONG (max |err| {errs[name]:.3g})"
-                    print(f"int4_gemv_cuda M={M} K={K} N={N} {timer:7s} {name:28s} "
+                    print(f"{family} M={M} K={K} N={N} {timer:7s} {name:28s} "
                           f"{t * 1e3:7.2f} us {t / base:5.3f}x default's time, "
                           f"{tc / t:5.2f}x cuBLAS bf16{bad}")
-                    rows.append(dict(family="int4_gemv_cuda", op="matmul_int4",
+                    rows.append(dict(family=family, op="matmul_int4",
                                      case=f"M={M} K={K} N={N} g128", provider=name,
                                      timer=timer, median_ms=t, vs_cublas_bf16=tc / t,
                                      correct=not bad))
-                print(f"int4_gemv_cuda M={M} K={K} N={N} {timer:7s} {'cuBLAS bf16 F.linear':28s}"
+                print(f"{family} M={M} K={K} N={N} {timer:7s} {'cuBLAS bf16 F.linear':28s}"
                       f" {tc * 1e3:7.2f} us")
-                rows.append(dict(family="int4_gemv_cuda", op="matmul_int4",
+                rows.append(dict(family=family, op="matmul_int4",
                                  case=f"M={M} K={K} N={N} g128", provider="cuBLAS bf16",
                                  timer=timer, median_ms=tc))
+
+
+def _cuda_gemv(**kw):
+    from tkit.cuda_ext import gemm_int4 as G4
+
+    return lambda a, q, s, z: G4.matmul_int4_gemv_cuda(a, q, s, z, 128, **kw)
+
+
+def _matmul_int4_default(a, q, s, z):
+    return tkit.matmul_int4(a, q, s, z, group_size=128)
+
+
+def sweep_int4_gemv_cuda(rows):
+    """The CUDA GEMV (``tkit.cuda_ext.gemm_int4.matmul_int4_gemv_cuda``) at M = 1..16: at M=1
+    against the Triton GEMV, at M = 2, 4, 8 and 16 against the stream-K CUDA kernel (the
+    default there before it); at every M the GEMV with one ring of 4 and the all-ones sums of
+    a (the default before two rings and the stacked sums), and the default with its sums in
+    the other form (``stacked``); cuBLAS bf16 beside them (:func:`_int4_gemv_rounds`)."""
+    from tkit.cuda_ext import gemm_int4 as G4
+    from tkit.kernels.matmul import int4 as I4
+
+    def triton_gemv(a, q, s, z):
+        with I4.int4_config(path="gemv"):
+            return _matmul_int4_default(a, q, s, z)
+
+    def variants_for(M):
+        variants = {"default": _matmul_int4_default}
+        if M == 1:
+            variants["triton gemv"] = triton_gemv
+        else:
+            variants["cuda stream-K"] = (
+                lambda a, q, s, z: G4.matmul_int4_cuda(a, q, s, z, 128, check=False))
+        # one ring of 4, and the groups' sums of a in the default's other form (in the
+        # default's two rings of 2: at 16 rows the all-ones form's own default is 2 of 1)
+        for kw in (dict(rb=1, pf=4, stacked=False), dict(rb=2, pf=2, stacked=M <= 8)):
+            variants["cuda gemv " + " ".join(f"{k} {v}" for k, v in kw.items())] = (
+                _cuda_gemv(**kw))
+        return variants
+
+    _int4_gemv_rounds(rows, "int4_gemv_cuda", (1, 2, 4, 8, 16), variants_for)
+
+
+def sweep_int4_gemv_rows(rows):
+    """The CUDA GEMV past 16 rows: 32 rows a CTA (four n8 tiles, 8 warps an SM) and more rows
+    in more CTAs a slab, at M = 24..128 against the default there (the stream-K kernel to 32
+    rows, the tc kernel to 64, the tile kernel to 255): the GEMV's own default, its sums in the
+    all-ones form, one ring of 4, twice the K lanes, and 16-row blocks (two n8 tiles a CTA,
+    16 warps an SM); cuBLAS bf16 beside them (:func:`_int4_gemv_rounds`)."""
+    from tkit.cuda_ext import gemm_int4 as G4
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def variants_for(M):
+        lanes = {N: 2 * G4.gemv_config(M, N, K, torch.bfloat16, torch.float16, 128, sms)["kl"]
+                 for K, N in ((4096, 14336), (8192, 8192))}
+
+        def twice_the_lanes(a, q, s, z):
+            return G4.matmul_int4_gemv_cuda(a, q, s, z, 128, lanes=lanes[q.shape[1]])
+
+        return {"default": _matmul_int4_default, "cuda gemv": _cuda_gemv(),
+                "cuda gemv stacked False": _cuda_gemv(stacked=False),
+                "cuda gemv rb 1 pf 4": _cuda_gemv(rb=1, pf=4),
+                "cuda gemv lanes x2": twice_the_lanes,
+                "cuda gemv nt 2": _cuda_gemv(nt=2)}
+
+    _int4_gemv_rounds(rows, "int4_gemv_rows", (24, 32, 48, 64, 96, 128), variants_for)
 
 
 def sweep_int4_small_m(rows):
@@ -2225,6 +2265,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "int4_8192": sweep_int4_8192,
           "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
           "int4_gemv": sweep_int4_gemv, "int4_gemv_cuda": sweep_int4_gemv_cuda,
+          "int4_gemv_rows": sweep_int4_gemv_rows,
           "fp8_row_col": sweep_fp8_row_col,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope, "fuse": sweep_fuse, "losses": sweep_losses,

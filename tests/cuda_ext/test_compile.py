@@ -229,7 +229,9 @@ GEMV_INT4_BUILDS = [(1, 14336, 4096, "bfloat16", "float16", 128, None),
                     (5, 1024, 2048, "bfloat16", "float16", 512, None),
                     (16, 14336, 4096, "bfloat16", "float16", 128, None),
                     (1, 14336, 4096, "bfloat16", "float16", 128, True),
-                    (16, 14336, 4096, "bfloat16", "float16", 128, False)]
+                    (16, 14336, 4096, "bfloat16", "float16", 128, False),
+                    (32, 14336, 4096, "bfloat16", "float16", 128, None),
+                    (64, 8192, 8192, "float16", "float32", 32, False)]
 
 
 @pytest.mark.toolchain
@@ -241,7 +243,8 @@ def test_int4_gemv_builds(cubin_dir, build):
     before it); each 32-deep chunk dequantized by 16 LOP3s (mask and magic in registers)
     into two k16 steps of two m16n8k16 MMAs an n8 tile of a's rows, in a's dtype, beside
     the groups' sums of a (an all-ones MMA a k16 step and tile, or the stacked form's one a
-    chunk / k16 step and a shuffle a group); a K loop with no barrier, and no spills."""
+    chunk / k16 step and pair of tiles, and shuffles a group); a K loop with no barrier, and
+    no spills (at 32 rows a CTA too, under its 8 warps an SM)."""
     import torch
 
     from tkit.cuda_ext.gemm_int4 import gemv_config
@@ -273,7 +276,7 @@ def test_int4_gemv_builds(cubin_dir, build):
     assert "BAR" not in body and "STS" not in body
     # MMAs a chunk: 4 a tile for the product, and the sums of a
     nt, stacked = cfg["nt"], cfg["stacked"]
-    per_chunk = 4 * nt + ((1 if nt == 1 else 2) if stacked else 2 * nt)
+    per_chunk = 4 * nt + ((1 if nt == 1 else nt) if stacked else 2 * nt)
     body_hmma = len(re.findall(r"HMMA\.16816", body))
     assert body_hmma and body_hmma % per_chunk == 0, (body_hmma, per_chunk)
     assert ("SHFL.IDX" in body) == (stacked and G // 32 <= cfg["pf"] * cfg["rb"]), body_hmma

@@ -286,8 +286,21 @@ def test_gemv_config_picks_lanes_and_refuses_by_name():
         G4.gemv_config(1, 4096, 4096, BF16, F16, 128, 132, pf=0)
     with pytest.raises(ValueError, match="pf"):
         G4.gemv_config(1, 4096, 4096, BF16, F16, 128, 132, pf=6)  # 4 chunks a group
-    with pytest.raises(ValueError, match="M=17"):
-        G4.gemv_config(17, 4096, 4096, BF16, F16, 128, 132)
+    # past 16 rows: four n8 tiles a CTA (8 warps an SM), more rows in more CTAs a slab, and
+    # the lanes count them (448 slabs, 1 / 2 / 4 CTAs each)
+    c32 = G4.gemv_config(32, 14336, 4096, BF16, F16, 128, 132)
+    assert (c32["nt"], c32["rbs"], c32["kl"]) == (4, 1, 2) and "-DWS=8" in c32["options"]
+    assert G4.gemv_config(17, 14336, 4096, BF16, F16, 128, 132)["rbs"] == 1
+    c64 = G4.gemv_config(64, 14336, 4096, BF16, F16, 128, 132)
+    assert (c64["nt"], c64["rbs"], c64["kl"]) == (4, 2, 1)
+    assert G4.gemv_config(100, 14336, 4096, BF16, F16, 128, 132)["rbs"] == 4
+    n2 = G4.gemv_config(40, 14336, 4096, BF16, F16, 128, 132, nt=2)
+    assert (n2["nt"], n2["rbs"]) == (2, 3) and "-DWS" not in " ".join(n2["options"])
+    assert G4.gemv_config(8, 1024, 4096, BF16, F16, 128, 132, nt=4)["kl"] <= 8  # WS caps it
+    with pytest.raises(ValueError, match="nt"):
+        G4.gemv_config(16, 4096, 4096, BF16, F16, 128, 132, nt=8)
+    with pytest.raises(ValueError, match=f"M={G4.GEMV_MAX_M + 1}"):
+        G4.gemv_config(G4.GEMV_MAX_M + 1, 4096, 4096, BF16, F16, 128, 132)
     with pytest.raises(ValueError, match="rb"):
         G4.gemv_config(1, 4096, 4096, BF16, F16, 128, 132, rb=3)
 
@@ -300,8 +313,9 @@ def test_gemv_scope_names_what_is_out_of_it():
     assert (why is None or "sm_90" in why) if ON_GPU else "not an sm_90 device" in why
     a2, q2, s2, z2 = _case(1, 520, 1024, 128)
     assert "multiple of 32" in G4.gemv_supported(a2, q2, s2, z2, 128, None)
-    assert "M=17" in G4.gemv_supported(make_tensor((17, 1024), BF16, device=DEV), q, s, z,
-                                       128, None)
+    big = G4.GEMV_MAX_M + 1
+    assert f"M={big}" in G4.gemv_supported(make_tensor((big, 1024), BF16, device=DEV), q, s, z,
+                                           128, None)
     assert "group_size=48" in G4.gemv_supported(a, q, s, z, 48, None)
     strided = make_tensor((2, 2048), BF16, device=DEV)[:, ::2]
     assert "contiguous" in G4.gemv_supported(strided, q, s, z, 128, None)
@@ -402,6 +416,36 @@ def test_gemv_stacked_sums_of_a(M, N, K, G, dt, sdt, sym, rb):
     assert float((got.double() - want).abs().max()) <= tol
     ones = G4.matmul_int4_gemv_cuda(a, q, s, z, G, rb=rb, stacked=False)
     assert float((got.double() - ones.double()).abs().max()) <= tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,G,dt,sdt,sym,bias,kw", [
+    (17, 1024, 2048, 128, BF16, F16, False, False, {}),          # 32 rows a CTA, 17 used
+    (32, 4096, 1024, 64, F16, BF16, True, True, {}),             # one full block, fp16 a
+    (33, 1056, 3072, 512, BF16, F32, False, False, {}),          # a second block of one row
+    (64, 2048, 4096, 128, BF16, F16, False, True, dict(stacked=False)),
+    (100, 512, 1024, 32, BF16, BF16, False, False, dict(rb=1, pf=4)),  # 4 blocks, the last 4 rows
+    (40, 1024, 2048, 128, F16, F16, True, False, dict(nt=2)),     # 16-row blocks
+    (5, 1024, 2048, 128, BF16, F16, False, False, dict(nt=4)),     # 32-row block, 5 rows
+    (128, 1024, 4096, 128, BF16, F16, False, False, dict(lanes=8)),
+])
+def test_gemv_row_blocks(M, N, K, G, dt, sdt, sym, bias, kw):
+    """Past 16 rows: 32 rows a CTA (four n8 tiles, the stacked sums in two pairs of tiles),
+    and more rows in more CTAs a slab (each reading its own rows of a and storing only rows
+    < M): the reference's result, outputs poisoned first, with partial last blocks, 16-row
+    blocks, bias, both sums forms, one and two rings."""
+    a, q, s, z = _case(M, N, K, G, dt, sym, sdt, seed=M + N)
+    a = a * torch.linspace(0.5, 4.0, K, device=DEV, dtype=dt)  # sums that differ by row and K
+    b = make_tensor((N,), dt, seed=5, device=DEV) if bias else None
+    want = a.double() @ I4.dequantize_int4(q, s, z, group_size=G).double().t()
+    if b is not None:
+        want += b.double()
+    tol = 2.0 ** -7 * float(want.abs().max())
+    out = torch.full((M + 1, N), float("nan"), device=DEV, dtype=dt)  # a row past M, poisoned
+    got = G4.matmul_int4_gemv_cuda(a, q, s, z, G, b, out=out[:M], **kw)
+    assert got.data_ptr() == out.data_ptr()
+    assert float((got.double() - want).abs().max()) <= tol
+    assert out[M].isnan().all()  # nothing stored past row M - 1
 
 
 @pytest.mark.gpu

@@ -262,16 +262,17 @@ def matmul_int4_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
     return c
 
 
-# ---- the GEMV (csrc/gemv_int4.cu): M <= 16 rows, no TMA, no stream-K -----------------------
+# ---- the GEMV (csrc/gemv_int4.cu): no TMA, no stream-K; up to 32 rows a CTA -----------------
 GEMV_SOURCE = "gemv_int4.cu"
-GEMV_MAX_M = 16
+#: rows of a the launcher takes: 8 * nt a CTA, more rows in more CTAs a slab (row blocks)
+GEMV_MAX_M = 128
 #: rings of 32-deep chunks of codes, 8 rows of a or fewer / 16: with 2, a pass loads the next
 #: pass's codes into the other ring before its own work (a single ring reloads each slot as it
 #: is read). Two rings of 2 took 0.92-0.98x one ring of 4's time at M <= 8 on the H100; at 16
 #: rows, with the stacked sums of a (:data:`GEMV_STACKED`), 0.97-0.99x at K=4096 N=14336 and
 #: level at K=N=8192. The K lanes (warps a 32-column slab) follow from the shape
 #: (:func:`gemv_config`).
-GEMV_RB = {1: 2, 2: 2}
+GEMV_RB = {1: 2, 2: 2, 4: 2}
 #: chunks a ring pass, for one ring / two
 GEMV_PF = {1: 4, 2: 2}
 #: the groups' sums of a, 8 rows of a or fewer / 16: True, one MMA with a's rows as A a chunk
@@ -279,21 +280,28 @@ GEMV_PF = {1: 4, 2: 2}
 #: an all-ones A each k16 step and n8 tile (csrc/gemv_int4.cu, ``AS``). Stacked took
 #: 0.97-1.00x the all-ones form's time at 16 rows in two rings of 2, and 1.00-1.05x at 8 rows
 #: or fewer (H100)
-GEMV_STACKED = {1: False, 2: True}
+GEMV_STACKED = {1: False, 2: True, 4: True}
+#: warps an SM the build's launch bounds leave registers for, by n8 tiles: 16 (128 registers a
+#: thread) up to 16 rows; at 32 rows the sums and a's chunks alone take ~100 and ptxas spilled
+#: under 128 and 168, not under 255 (8 warps)
+GEMV_WS = {1: 16, 2: 16, 4: 8}
 #: registers the ring may take (by n8 tiles and the sums' form) under the 128 a thread that 16
 #: warps an SM leave: past them ptxas spilled (sm_90a builds, nvcc 13.0; the stacked form at
 #: 16 rows holds 4 fewer sums, and ptxas fit rings to 56 there and spilled from 64)
-GEMV_RING_REGS = {(1, False): 52, (1, True): 52, (2, False): 36, (2, True): 56}
+GEMV_RING_REGS = {(1, False): 52, (1, True): 52, (2, False): 36, (2, True): 56,
+                  (4, False): 64, (4, True): 64}
 
 
-def _gemv_lanes(N: int, K: int, group_size: int, num_sms: int) -> int:
-    """Warps a 32-column slab: the power of 2 that gives the SMs about 16 warps each (all
-    CTAs resident at once at 128 registers a thread), at most 16 and at most the groups of K
-    (a warp takes whole groups). The H100 sweeps timed the other powers of 2 at 1.11-1.26x
-    this one's time (docs/NOTES.md, forty-sixth session)."""
-    slabs = max(1, N // 32)
+def _gemv_lanes(N: int, K: int, group_size: int, num_sms: int, ctas_a_slab: int = 1,
+                warps_sm: int = 16) -> int:
+    """Warps a CTA: the power of 2 that gives the SMs about ``warps_sm`` warps each (all CTAs
+    resident at once: 16 at 128 registers a thread), at most 16 and at most the groups of K
+    (a warp takes whole groups); ``ctas_a_slab``: the row blocks of a 32-column slab. The H100
+    sweeps timed the other powers of 2 at 1.11-1.26x this one's time at M <= 16 (docs/NOTES.md,
+    forty-sixth session)."""
+    ctas = max(1, N // 32) * ctas_a_slab
     kl = 1
-    while kl < 16 and kl * 2 <= 16 * num_sms / slabs * 1.41:
+    while kl < min(16, warps_sm) and kl * 2 <= warps_sm * num_sms / ctas * 1.41:
         kl *= 2
     while kl > 1 and kl > K // group_size:
         kl //= 2
@@ -309,17 +317,23 @@ def _pf_fits(pf: int, gc: int) -> bool:
 def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: torch.dtype,
                 group_size: int, num_sms: int, *, lanes: int | None = None,
                 pf: int | None = None, rb: int | None = None,
-                stacked: bool | None = None) -> dict:
-    """One GEMV build and launch for these operands: nt (n8 tiles of rows of a), kl (warps a
-    CTA), pf (chunks of codes in flight a thread) and options (-D...). ``lanes`` / ``pf``
-    override the K lanes and the ring's depth (a multiple or a divisor of the group's 32-deep
-    chunks), ``rb`` the rings (1 or 2, :data:`GEMV_RB`), ``stacked`` the form of the groups'
-    sums of a (:data:`GEMV_STACKED`), for sweeps.
+                stacked: bool | None = None, nt: int | None = None) -> dict:
+    """One GEMV build and launch for these operands: nt (n8 tiles of rows of a a CTA), rbs
+    (CTAs a 32-column slab, each 8 nt rows), kl (warps a CTA), pf (chunks of codes in flight a
+    thread) and options (-D...). ``lanes`` / ``pf`` override the K lanes and the ring's depth
+    (a multiple or a divisor of the group's 32-deep chunks), ``rb`` the rings (1 or 2,
+    :data:`GEMV_RB`), ``stacked`` the form of the groups' sums of a (:data:`GEMV_STACKED`),
+    ``nt`` the row tiles a CTA (1, 2 or 4), for sweeps.
     Shared between calls: do not modify it."""
     if not 1 <= M <= GEMV_MAX_M:
         raise ValueError(f"the INT4 GEMV takes 1..{GEMV_MAX_M} rows of a, got M={M}")
-    nt = 1 if M <= 8 else 2
-    kl = lanes if lanes is not None else _gemv_lanes(N, K, group_size, num_sms)
+    if nt is None:
+        nt = 1 if M <= 8 else 2 if M <= 16 else 4
+    if nt not in (1, 2, 4):
+        raise ValueError(f"nt must be 1, 2 or 4, got {nt}")
+    rbs = -(-M // (8 * nt))
+    ws = GEMV_WS[nt]
+    kl = lanes if lanes is not None else _gemv_lanes(N, K, group_size, num_sms, rbs, ws)
     if kl not in (1, 2, 4, 8, 16):
         raise ValueError(f"lanes must be 1, 2, 4, 8 or 16, got {kl}")
     rb = GEMV_RB[nt] if rb is None else rb
@@ -342,8 +356,10 @@ def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: tor
                          f"32-deep chunks; got {pf}")
     options = _defines(nt=nt, kl=kl, pf=pf, rb=rb, pa=2 if pf % 2 == 0 else 1,
                        group=group_size, scale_t=SCALE_T[scale_dtype],
-                       act_f16=int(act_dtype == torch.float16), **{"as": stacked})
-    return dict(nt=nt, kl=kl, pf=pf, rb=rb, stacked=stacked, options=("-std=c++17",) + options)
+                       act_f16=int(act_dtype == torch.float16), ws=ws if ws != 16 else None,
+                       **{"as": stacked})
+    return dict(nt=nt, rbs=rbs, kl=kl, pf=pf, rb=rb, stacked=stacked,
+                options=("-std=c++17",) + options)
 
 
 def gemv_supported(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
@@ -390,11 +406,12 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
                           zeros: torch.Tensor | None, group_size: int,
                           bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                           lanes: int | None = None, pf: int | None = None,
-                          rb: int | None = None, stacked: bool | None = None) -> torch.Tensor:
+                          rb: int | None = None, stacked: bool | None = None,
+                          nt: int | None = None) -> torch.Tensor:
     """The product (module docstring) by the GEMV. The operands are assumed checked by
     ``tkit.matmul_int4`` and in scope (:func:`gemv_supported`); ``out`` an (M, N) row-major
-    output to write (else one is allocated). ``lanes``, ``pf``, ``rb``, ``stacked``: see
-    :func:`gemv_config`."""
+    output to write (else one is allocated). ``lanes``, ``pf``, ``rb``, ``stacked``, ``nt``:
+    see :func:`gemv_config`."""
     M, K = a.shape
     N = qweight.shape[1]
     c = out if out is not None else _common.empty((M, N), a.dtype, a.device)
@@ -407,12 +424,12 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
         return c
     dev = a.device.index or 0
     cfg = gemv_config(M, N, K, a.dtype, scales.dtype, group_size, _num_sms(dev), lanes=lanes,
-                      pf=pf, rb=rb, stacked=stacked)
+                      pf=pf, rb=rb, stacked=stacked, nt=nt)
     func = _loader.nvcc_kernel(GEMV_SOURCE, "gemv_int4", cfg["options"], dev)
     z = zeros if zeros is not None else scales
     lds = scales.stride(0) if scales.shape[0] > 1 else N
     ldz = z.stride(0) if z.shape[0] > 1 else N
-    _loader.launch(func, (N // 32,), (32 * cfg["kl"],), (
+    _loader.launch(func, (N // 32 * cfg["rbs"],), (32 * cfg["kl"],), (
         qweight, a, scales, z, c, bias if bias is not None else np.int64(0),
         *_i32(M, N, K, a.stride(0) if M > 1 else K, lds, ldz, int(zeros is not None))))
     return c

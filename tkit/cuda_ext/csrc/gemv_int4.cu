@@ -34,7 +34,10 @@
 // M - 1: their B columns only feed C columns that are never stored) and K < K; stores masked
 // by M. Offsets into qweight, a, the scales and out are 64-bit.
 #ifndef NT
-#define NT 1  // n8 tiles of rows of a: M <= 8 NT
+#define NT 1  // n8 tiles of rows of a a CTA: 1, 2 or 4 (8 NT rows; more rows: more CTAs a slab)
+#endif
+#if NT != 1 && NT != 2 && NT != 4
+#error "NT must be 1, 2 or 4"
 #endif
 #ifndef KL
 #define KL 4  // warps (K lanes) a CTA
@@ -73,8 +76,13 @@
 #ifndef ACT_F16
 #define ACT_F16 0
 #endif
+#ifndef WS
+// warps an SM the launch bounds leave room for: 16 (128 registers a thread) up to 16 rows;
+// 32 rows hold twice the sums and a's chunks
+#define WS 16
+#endif
 #define THREADS (32 * KL)
-#define MIN_BLOCKS (KL >= 16 ? 1 : 16 / KL)  // 128 registers a thread
+#define MIN_BLOCKS (KL >= WS ? 1 : WS / KL)
 #define GC (GROUP / 32)                     // chunks a group
 #if SCALE_T == 2
 #define SBYTES 4
@@ -140,7 +148,12 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
           int M, int N, int K, int lda, int lds, int ldz, int has_zeros) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int col0 = 32 * blockIdx.x + 4 * g;  // this thread's 4 columns
+  // CTA b: slab b / RBS, rows 8 NT (b % RBS) ..; a slab's row blocks are neighbours in the
+  // grid, so they run at once and all but the first read its codes from L2 (the block's
+  // row offset is worked out again for the stores: kept live, out's would cost registers)
+  const int rbs = (M + 8 * NT - 1) / (8 * NT), slab = blockIdx.x / rbs;
+  const int row0 = 8 * NT * (blockIdx.x % rbs), rows = min(M - row0, 8 * NT);
+  const int col0 = 32 * slab + 4 * g;  // this thread's 4 columns
   const int ng = K / GROUP;
   // this warp's groups (a contiguous run: it promotes once a group) and chunks
   const int g0 = warp * ng / KL, g1 = (warp + 1) * ng / KL;
@@ -152,7 +165,8 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
   const unsigned* qp = q + (u64)(4 * c0 + t) * N + col0;
   const unsigned short* ap[NT];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) ap[nt] = a + (u64)min(8 * nt + g, M - 1) * lda + 8 * (4 * c0 + t);
+  for (int nt = 0; nt < NT; ++nt)
+    ap[nt] = a + (u64)(row0 + min(8 * nt + g, rows - 1)) * lda + 8 * (4 * c0 + t);
   const unsigned char* sp = s + (u64)col0 * SBYTES;
   const unsigned char* zp = z + (u64)col0 * SBYTES;
   const u64 srow = (u64)lds * SBYTES, zrow = (u64)ldz * SBYTES;
@@ -177,7 +191,13 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) ap[nt] += 32 * PA;
 
-  float acc[2][NT][4], sum[2][NT][4], asum[NT][4], asx[4] = {0.f, 0.f, 0.f, 0.f};
+  // AS: tiles 2 p and 2 p + 1 (NT >= 2) sum into asx[p]
+  constexpr int NP = NT == 1 ? 1 : NT / 2;
+  float acc[2][NT][4], sum[2][NT][4], asum[NT][4], asx[NP][4];
+#pragma unroll
+  for (int p = 0; p < NP; ++p)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asx[p][e] = 0.f;
 #pragma unroll
   for (int u = 0; u < 2; ++u)
 #pragma unroll
@@ -253,11 +273,14 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
       // odd): C (g, 2t) / (g, 2t + 1) / (g + 8, 2t) / (g + 8, 2t + 1) = the sums of X's first
       // pair / Y's first / X's second / Y's second
       if (AS && NT == 1) {  // X, Y: row g at k16 steps 0, 1
-        mma(asx, b[0][0][0], b[0][0][1], b[0][1][0], b[0][1][1], bsel0, bsel1);
-      } else if (AS) {  // X, Y: rows g, 8 + g
+        mma(asx[0], b[0][0][0], b[0][0][1], b[0][1][0], b[0][1][1], bsel0, bsel1);
+      } else if (AS) {  // X, Y: rows 16 p + g, 16 p + 8 + g
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          mma(asx, b[0][e][0], b[0][e][1], b[NT - 1][e][0], b[NT - 1][e][1], bsel0, bsel1);
+#pragma unroll
+          for (int q2 = 0; q2 < NP; ++q2)
+            mma(asx[q2], b[2 * q2][e][0], b[2 * q2][e][1], b[2 * q2 + 1][e][0],
+                b[2 * q2 + 1][e][1], bsel0, bsel1);
       }
       // the group ends (runs start at a group: with PF a multiple of GC, at a fixed i)
       const bool ends = SCALES_AHEAD ? ((i + 1) % GC == 0) : (i == PF - 1 && (cc + 1) % GC == 0);
@@ -266,14 +289,17 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
         if (AS) {  // C column 2 t + e of tile nt needs row 8 nt + 2 t + e's sum: lane 8 t + 4 e's
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
-            const float v = NT == 1 ? (asx[0] + asx[2]) + (asx[1] + asx[3])
-                                    : nt == 0 ? asx[0] + asx[2] : asx[1] + asx[3];
+            const float* x = asx[nt / 2];
+            const float v = NT == 1 ? (x[0] + x[2]) + (x[1] + x[3])
+                                    : nt % 2 == 0 ? x[0] + x[2] : x[1] + x[3];
             const float s0 = __shfl_sync(0xFFFFFFFFu, v, 8 * t);
             const float s1 = __shfl_sync(0xFFFFFFFFu, v, 8 * t + 4);
             asum[nt][0] = asum[nt][2] = s0, asum[nt][1] = asum[nt][3] = s1;
           }
 #pragma unroll
-          for (int e = 0; e < 4; ++e) asx[e] = 0.f;
+          for (int p = 0; p < NP; ++p)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) asx[p][e] = 0.f;
         }
         float sc[4], zs[4], cz[4];
         unpack4(sraw[slot], sc);
@@ -345,6 +371,7 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
         }
     }
   }
+  const int r0 = 8 * NT * (blockIdx.x % ((M + 8 * NT - 1) / (8 * NT)));
 #pragma unroll
   for (int u = 0; u < 2; ++u)
 #pragma unroll
@@ -355,7 +382,7 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int m = 8 * nt + 2 * t + e;  // C column 2 t + e: row 8 nt + 2 t + e of a
+          const int m = r0 + 8 * nt + 2 * t + e;  // C column 2 t + e: block row 8 nt + 2 t + e
           if (m < M) out[(u64)m * N + n] = to_act(acc[u][nt][2 * h + e] + bv);
         }
     }
