@@ -892,11 +892,13 @@ def sweep_int4_gemv_cuda(rows):
 
 
 def sweep_int4_gemv_rows(rows):
-    """The CUDA GEMV past 16 rows: 32 rows a CTA (four n8 tiles, 8 warps an SM) and more rows
-    in more CTAs a slab, at M = 24..128 against the default there (the stream-K kernel to 32
-    rows, the tc kernel to 64, the tile kernel to 255): the GEMV's own default, its sums in the
-    all-ones form, one ring of 4, twice the K lanes, and 16-row blocks (two n8 tiles a CTA,
-    16 warps an SM); cuBLAS bf16 beside them (:func:`_int4_gemv_rounds`)."""
+    """The CUDA GEMV from 16 rows: 32 rows a CTA (four n8 tiles, 8 warps an SM) and more rows
+    in more CTAs a slab, at M = 32..512 against the default there (the stream-K kernel to 32
+    rows, the tc kernel to 64, the tile kernel to 255, then dequantize + GEMM): the GEMV's own
+    default, 2 and 4 slabs a CTA (``cw``), twice the K lanes, and to 64 rows its sums in the
+    all-ones form, one ring of 4 and 16-row blocks (two n8 tiles a CTA, 16 warps an SM); at
+    M=16 (the GEMV's default there) its slabs a CTA; cuBLAS bf16 beside them
+    (:func:`_int4_gemv_rounds`)."""
     from tkit.cuda_ext import gemm_int4 as G4
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -908,13 +910,19 @@ def sweep_int4_gemv_rows(rows):
         def twice_the_lanes(a, q, s, z):
             return G4.matmul_int4_gemv_cuda(a, q, s, z, 128, lanes=lanes[q.shape[1]])
 
-        return {"default": _matmul_int4_default, "cuda gemv": _cuda_gemv(),
-                "cuda gemv stacked False": _cuda_gemv(stacked=False),
-                "cuda gemv rb 1 pf 4": _cuda_gemv(rb=1, pf=4),
-                "cuda gemv lanes x2": twice_the_lanes,
-                "cuda gemv nt 2": _cuda_gemv(nt=2)}
+        variants = {"default": _matmul_int4_default}
+        if M > 16:
+            variants["cuda gemv"] = _cuda_gemv()
+        variants.update({"cuda gemv cw 2": _cuda_gemv(cw=2), "cuda gemv cw 4": _cuda_gemv(cw=4)})
+        if M > 16:
+            variants["cuda gemv lanes x2"] = twice_the_lanes
+        if 16 < M <= 64:
+            variants.update({"cuda gemv stacked False": _cuda_gemv(stacked=False),
+                             "cuda gemv rb 1 pf 4": _cuda_gemv(rb=1, pf=4),
+                             "cuda gemv nt 2": _cuda_gemv(nt=2)})
+        return variants
 
-    _int4_gemv_rounds(rows, "int4_gemv_rows", (24, 32, 48, 64, 96, 128), variants_for)
+    _int4_gemv_rounds(rows, "int4_gemv_rows", (16, 32, 64, 128, 256, 512), variants_for)
 
 
 def sweep_int4_small_m(rows):
