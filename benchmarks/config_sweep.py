@@ -904,25 +904,25 @@ def sweep_int4_gemv_rows(rows):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def variants_for(M):
-        lanes = {N: 2 * G4.gemv_config(M, N, K, torch.bfloat16, torch.float16, 128, sms)["kl"]
-                 for K, N in ((4096, 14336), (8192, 8192))}
+        def lanes(factor):
+            kl = {N: G4.gemv_config(M, N, K, torch.bfloat16, torch.bfloat16, 128, sms)["kl"]
+                  for K, N in ((4096, 14336), (8192, 8192))}
 
-        def twice_the_lanes(a, q, s, z):
-            return G4.matmul_int4_gemv_cuda(a, q, s, z, 128, lanes=lanes[q.shape[1]])
+            def fn(a, q, s, z):
+                return G4.matmul_int4_gemv_cuda(a, q, s, z, 128,
+                                                lanes=max(1, int(kl[q.shape[1]] * factor)))
+            return fn
 
-        variants = {"default": _matmul_int4_default}
-        if M > 16:
-            variants["cuda gemv"] = _cuda_gemv()
-        variants.update({"cuda gemv cw 2": _cuda_gemv(cw=2), "cuda gemv cw 4": _cuda_gemv(cw=4)})
-        if M > 16:
-            variants["cuda gemv lanes x2"] = twice_the_lanes
-        if 16 < M <= 64:
-            variants.update({"cuda gemv stacked False": _cuda_gemv(stacked=False),
-                             "cuda gemv rb 1 pf 4": _cuda_gemv(rb=1, pf=4),
-                             "cuda gemv nt 2": _cuda_gemv(nt=2)})
+        variants = {"default": _matmul_int4_default, "cuda gemv": _cuda_gemv()}
+        if M in (32, 64, 128):
+            variants.update({"cuda gemv rb 2 pf 2": _cuda_gemv(rb=2, pf=2),
+                             "cuda gemv pf 8": _cuda_gemv(rb=1, pf=8),
+                             "cuda gemv rb 2 pf 4": _cuda_gemv(rb=2, pf=4),
+                             "cuda gemv cw 2": _cuda_gemv(cw=2),
+                             "cuda gemv lanes /2": lanes(0.5)})
         return variants
 
-    _int4_gemv_rounds(rows, "int4_gemv_rows", (16, 32, 64, 128, 256, 512), variants_for)
+    _int4_gemv_rounds(rows, "int4_gemv_rows", (24, 32, 48, 64, 96, 128), variants_for)
 
 
 def sweep_int4_small_m(rows):

@@ -330,8 +330,9 @@ def test_gemv_scope_names_what_is_out_of_it():
     assert "differ in dtype" in G4.gemv_supported(a, q, s, z.float(), 128, None)
     if not ON_GPU:
         assert "not on a CUDA device" in I4.cuda_gemv_reason(a, q, s, z, 128, None)
-        assert I4.cuda_gemv_reason(a.expand(17, -1), q, s, z, 128, None).startswith(
-            "M=17 is outside")
+        past = I4.CUDA_GEMV_MAX_M + 1
+        assert I4.cuda_gemv_reason(a.expand(past, -1), q, s, z, 128, None).startswith(
+            f"M={past} is outside")
         with I4.int4_config(path="cuda_gemv"), pytest.raises(ValueError, match="CUDA INT4 GEMV"):
             tkit.matmul_int4(a, q, s, z, group_size=128)
 

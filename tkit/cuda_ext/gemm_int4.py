@@ -272,7 +272,7 @@ GEMV_MAX_M = 1024
 #: rows, with the stacked sums of a (:data:`GEMV_STACKED`), 0.97-0.99x at K=4096 N=14336 and
 #: level at K=N=8192. The K lanes (warps a 32-column slab) follow from the shape
 #: (:func:`gemv_config`).
-GEMV_RB = {1: 2, 2: 2, 4: 2}
+GEMV_RB = {1: 2, 2: 2, 4: 1}
 #: chunks a ring pass, for one ring / two
 GEMV_PF = {1: 4, 2: 2}
 #: the groups' sums of a, 8 rows of a or fewer / 16: True, one MMA with a's rows as A a chunk

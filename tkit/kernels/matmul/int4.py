@@ -37,15 +37,17 @@ per weight element per M tile).
 
 Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` overrides):
 
-* ``"cuda_gemv"`` (1 <= M <= 16 on sm_90 by default, where :func:`cuda_gemv_reason` finds
+* ``"cuda_gemv"`` (1 <= M <= 64 on sm_90 by default, where :func:`cuda_gemv_reason` finds
   nothing in the way): ``tkit.cuda_ext.gemm_int4.matmul_int4_gemv_cuda``, a CUDA GEMV: a CTA
   is a 32-column slab whose warps ("K lanes") walk equal runs of whole groups; each thread
-  loads its 16-byte words of codes straight into register rings (two rings of 2 chunks of
-  32 K, a pass loading the next pass's codes first), dequantizes them as the tc kernel does
-  into mma.sync m16n8k16's register operand (the weight as A, the rows of ``a`` the MMA's 8
-  or 16 columns; at 9..16 rows the groups' sums of ``a`` by one stacked MMA a k16 step) and
-  the lanes meet once at the end. About 1.9 instructions a weight (the Triton GEMV's FMAs
-  take ~3.5), no TMA ring, no stream-K hand-over.
+  loads its 16-byte words of codes straight into register rings (to 16 rows two rings of 2
+  chunks of 32 K, a pass loading the next pass's codes first; one ring of 4 at 32),
+  dequantizes them as the tc kernel does into mma.sync m16n8k16's register operand (the
+  weight as A, the rows of ``a`` the MMA's n8 tiles: 1, 2 or 4 of them, 8 to 32 rows a CTA;
+  from 9 rows the groups' sums of ``a`` by one stacked MMA a k16 step and pair of tiles) and
+  the lanes meet once at the end. About 1.9 instructions a weight at M = 1 (the Triton
+  GEMV's FMAs take ~3.5), no TMA ring, no stream-K hand-over. Past 32 rows, more CTAs a
+  slab (neighbours in the grid, so all but the first read the slab's codes from L2).
 * ``"cuda"`` (2 <= M <= 32 on sm_90 where the GEMV does not serve): ``tkit.cuda_ext.gemm_int4``,
   a CUDA kernel for decode sizes: one producer warp
   streams the codes, scales, zeros and a through a TMA ring of 512-deep K steps, eight
@@ -190,7 +192,7 @@ class Int4Config:
             # tkit.cuda_ext.gemm_int4's GEMV: 32-column slabs; num_warps is its K lanes (warps
             # a slab) and num_stages the chunks of codes a ring pass, 0 meaning the kernel's
             # own choice
-            return Int4Config(min(16, C.next_power_of_2(M)), 32, bk, 1, num_warps=0,
+            return Int4Config(min(32, C.next_power_of_2(M)), 32, bk, 1, num_warps=0,
                               num_stages=0, path="cuda_gemv")
         if path == "cuda":
             # tkit.cuda_ext.gemm_int4: its own tiles (128 columns, 512-deep K steps); only
@@ -284,10 +286,11 @@ PATHS = ("gemv", "tile", "tc", "dequant", "cuda", "cuda_gemv")
 CUDA_MIN_M, CUDA_MAX_M = 2, 32
 #: the rows of a for which unforced calls take the CUDA GEMV (``tkit.cuda_ext.gemm_int4``'s
 #: ``matmul_int4_gemv_cuda``: the codes straight into registers, mma.sync on dequantized
-#: registers, a 32-column slab a CTA, no TMA ring or stream-K) where it serves: on the H100
-#: it took 0.91-0.92x the Triton GEMV's time at M = 1 and 0.76-0.85x the stream-K kernel's at
-#: M = 2..16 (docs/NOTES.md, forty-sixth session)
-CUDA_GEMV_MIN_M, CUDA_GEMV_MAX_M = 1, 16
+#: registers, a 32-column slab and up to 32 rows a CTA, no TMA ring or stream-K) where it
+#: serves: on the H100 it took 0.91-0.92x the Triton GEMV's time at M = 1, 0.76-0.85x the
+#: stream-K kernel's at M = 2..16 (docs/NOTES.md, forty-sixth session), 0.72-0.81x at 32 and
+#: 0.87-0.95x the tc kernel's at 64 (two 32-row CTAs a slab; forty-ninth session)
+CUDA_GEMV_MIN_M, CUDA_GEMV_MAX_M = 1, 64
 
 
 def _split_for(tiles: int, want_programs: int, k_steps: int, min_steps: int) -> int:
