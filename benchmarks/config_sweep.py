@@ -892,16 +892,19 @@ def sweep_int4_gemv_cuda(rows):
 
 
 def sweep_int4_gemv_rows(rows):
-    """The CUDA GEMV from 16 rows: 32 rows a CTA (four n8 tiles, 8 warps an SM) and more rows
-    in more CTAs a slab, at M = 32..512 against the default there (the stream-K kernel to 32
-    rows, the tc kernel to 64, the tile kernel to 255, then dequantize + GEMM): the GEMV's own
-    default, 2 and 4 slabs a CTA (``cw``), twice the K lanes, and to 64 rows its sums in the
-    all-ones form, one ring of 4 and 16-row blocks (two n8 tiles a CTA, 16 warps an SM); at
-    M=16 (the GEMV's default there) its slabs a CTA; cuBLAS bf16 beside them
-    (:func:`_int4_gemv_rounds`)."""
+    """The CUDA GEMV past 16 rows (32 rows a CTA, more rows in more CTAs a slab) at M = 24..128
+    against the default there (the GEMV itself from this session to 64 rows; the tile kernel
+    above) and the previous defaults (the stream-K kernel to 32 rows, the tc kernel to 64):
+    at 32, 64 and 128 rows also two rings of 2 and of 4, one ring of 8, 2 slabs a CTA
+    (``cw``) and half the K lanes; cuBLAS bf16 beside them (:func:`_int4_gemv_rounds`)."""
     from tkit.cuda_ext import gemm_int4 as G4
+    from tkit.kernels.matmul import int4 as I4
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def tc_kernel(a, q, s, z):
+        with I4.int4_config(path="tc"):
+            return _matmul_int4_default(a, q, s, z)
 
     def variants_for(M):
         def lanes(factor):
@@ -914,6 +917,11 @@ def sweep_int4_gemv_rows(rows):
             return fn
 
         variants = {"default": _matmul_int4_default, "cuda gemv": _cuda_gemv()}
+        if M <= 32:  # the previous defaults
+            variants["cuda stream-K"] = (
+                lambda a, q, s, z: G4.matmul_int4_cuda(a, q, s, z, 128, check=False))
+        elif M <= 64:
+            variants["triton tc"] = tc_kernel
         if M in (32, 64, 128):
             variants.update({"cuda gemv rb 2 pf 2": _cuda_gemv(rb=2, pf=2),
                              "cuda gemv pf 8": _cuda_gemv(rb=1, pf=8),
