@@ -624,9 +624,16 @@ def test_glu_measured_against_prediction():
 #
 # On an H100 (runs `h100-2026-12-06-e/f/g-int4-gemv-cuda`, kernel timer) it took 0.91-0.92x
 # the Triton GEMV's time at M=1, and 0.76-0.85x the stream-K kernel's at M = 2..16. It is the
-# default for M <= 16 now. With the two rings and the stacked sums below, the bench there
+# default for M <= 16 then. With the two rings and the stacked sums below, the bench there
 # (run `h100-2026-12-06-s-matmul-int4`, events) reads M=1 2.93x cuBLAS bf16 and M=16 2.58x
 # (3.34x and 2.89x by the kernel timer), against 2.35x and 2.06x before the CUDA GEMV.
+# Four n8 tiles of rows make a 32-row CTA, and past that a slab gets one CTA per 32 rows,
+# neighbours in the grid so that all but the first read its codes from L2. That made the
+# GEMV the default to 64 rows: 0.72-0.81x the stream-K kernel's time at M=32 and 0.87-0.95x
+# the tc kernel's at 64 (run `h100-2026-12-06-u-int4-gemv-rows`). Each 32-row block costs
+# about what the first does, latency at 8 warps an SM (their sums and a's chunks take ~200
+# registers a thread): at M=128 the GEMV took 1.11x the tile kernel's time at K=4096
+# N=14336 and 0.71x at K=N=8192, so the default stops at 64 rows.
 #
 # Its ring was settled by the SASS's control bits, not by the source. With one ring, each
 # slot is reloaded as it is read; ptxas issues a pass's loads about a third of the way into
