@@ -188,12 +188,15 @@ def test_graphs_captured_on_a_new_stream_replay_in_any_order():
 
 
 @pytest.mark.gpu
-def test_unforced_calls_take_it_and_fall_back_with_the_reason():
-    """M = 17..32 on an sm_90 device goes to the CUDA kernel (fewer rows to the CUDA GEMV);
-    operands outside its scope (N not a multiple of 32, strided rows of a) go to the Triton
-    kernels, ``backend`` naming the reason, and forcing the CUDA path there raises it."""
+def test_unforced_calls_take_it_and_fall_back_with_the_reason(monkeypatch):
+    """Where the CUDA GEMV does not serve (here: its unforced rows cut to 16), M = 17..32 on
+    an sm_90 device goes to the stream-K CUDA kernel (fewer rows to the GEMV); operands
+    outside its scope (N not a multiple of 32, strided rows of a) go to the Triton kernels,
+    ``backend`` naming the reason, and forcing the CUDA path there raises it."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the kernel is built for sm_90a")
+    assert I4.backend(*_case(20, 512, 1024, 128), group_size=128).startswith("cuda gemv")
+    monkeypatch.setattr(I4, "CUDA_GEMV_MAX_M", 16)
     a, q, s, z = _case(20, 512, 1024, 128)
     assert I4.backend(a, q, s, z, group_size=128).startswith("cuda (")
     got = tkit.matmul_int4(a, q, s, z, group_size=128)
@@ -231,13 +234,15 @@ def _plans_serve_repeats(M, kernel):
 
 
 @pytest.mark.gpu
-def test_repeated_eager_calls_are_served_by_their_plan_on_their_stream():
+def test_repeated_eager_calls_are_served_by_their_plan_on_their_stream(monkeypatch):
     """The second eager call of a signature is served by its C++ plan (no Python launcher:
     the maps encoded over the call's tensors, the stream's workspace by address): the same bits
     as the launcher for fresh activations and weights. A call on another stream takes the
-    launcher (that stream's workspace), the same bits again."""
+    launcher (that stream's workspace), the same bits again. (24 rows go to the stream-K
+    kernel where the GEMV does not serve: here its unforced rows cut to 16.)"""
     from tkit.kernels import _launch
 
+    monkeypatch.setattr(I4, "CUDA_GEMV_MAX_M", 16)
     with torch.no_grad():
         a, q, s, z = _plans_serve_repeats(24, G4.matmul_int4_cuda)
         side = torch.cuda.Stream()
@@ -509,7 +514,8 @@ def test_gemv_unforced_m1_takes_it_and_falls_back_with_the_reason():
 
 @pytest.mark.gpu
 def test_gemv_repeated_eager_calls_are_served_by_their_plan():
-    """The second eager M=1 call of a signature is served by its plan: the same bits as the
-    launcher for fresh activations and weights."""
+    """The second eager call of a signature (M=1; M=40, two 32-row CTAs a slab) is served by
+    its plan: the same bits as the launcher for fresh activations and weights."""
     with torch.no_grad():
         _plans_serve_repeats(1, G4.matmul_int4_gemv_cuda)
+        _plans_serve_repeats(40, G4.matmul_int4_gemv_cuda)

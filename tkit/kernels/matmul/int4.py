@@ -37,7 +37,7 @@ per weight element per M tile).
 
 Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` overrides):
 
-* ``"cuda_gemv"`` (1 <= M <= 64 on sm_90 by default, where :func:`cuda_gemv_reason` finds
+* ``"cuda_gemv"`` (1 <= M <= 128 on sm_90 by default, where :func:`cuda_gemv_reason` finds
   nothing in the way): ``tkit.cuda_ext.gemm_int4.matmul_int4_gemv_cuda``, a CUDA GEMV: a CTA
   is a 32-column slab whose warps ("K lanes") walk equal runs of whole groups; each thread
   loads its 16-byte words of codes straight into register rings (to 16 rows two rings of 2
@@ -288,9 +288,10 @@ CUDA_MIN_M, CUDA_MAX_M = 2, 32
 #: ``matmul_int4_gemv_cuda``: the codes straight into registers, mma.sync on dequantized
 #: registers, a 32-column slab and up to 32 rows a CTA, no TMA ring or stream-K) where it
 #: serves: on the H100 it took 0.91-0.92x the Triton GEMV's time at M = 1, 0.76-0.85x the
-#: stream-K kernel's at M = 2..16 (docs/NOTES.md, forty-sixth session), 0.72-0.81x at 32 and
-#: 0.87-0.95x the tc kernel's at 64 (two 32-row CTAs a slab; forty-ninth session)
-CUDA_GEMV_MIN_M, CUDA_GEMV_MAX_M = 1, 64
+#: stream-K kernel's at M = 2..16 (docs/NOTES.md, forty-sixth session), 0.72-0.81x at 24..32,
+#: 0.87-0.95x the tc kernel's at 48..64 (two 32-row CTAs a slab), and against the tile kernel
+#: 0.68-0.88x at 96 and 0.67x / 1.04x at 128 (K=N=8192 / K=4096 N=14336; forty-ninth session)
+CUDA_GEMV_MIN_M, CUDA_GEMV_MAX_M = 1, 128
 
 
 def _split_for(tiles: int, want_programs: int, k_steps: int, min_steps: int) -> int:
