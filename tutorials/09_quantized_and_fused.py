@@ -629,11 +629,12 @@ def test_glu_measured_against_prediction():
 # (3.34x and 2.89x by the kernel timer), against 2.35x and 2.06x before the CUDA GEMV.
 # Four n8 tiles of rows make a 32-row CTA, and past that a slab gets one CTA per 32 rows,
 # neighbours in the grid so that all but the first read its codes from L2. That made the
-# GEMV the default to 64 rows: 0.72-0.81x the stream-K kernel's time at M=32 and 0.87-0.95x
-# the tc kernel's at 64 (run `h100-2026-12-06-u-int4-gemv-rows`). Each 32-row block costs
-# about what the first does, latency at 8 warps an SM (their sums and a's chunks take ~200
-# registers a thread): at M=128 the GEMV took 1.11x the tile kernel's time at K=4096
-# N=14336 and 0.71x at K=N=8192, so the default stops at 64 rows.
+# GEMV the default to 128 rows: 0.73-0.81x the stream-K kernel's time at M = 24..32,
+# 0.87-0.93x the tc kernel's at 48..64, 0.67-0.88x the tile kernel's at 96..128 (run
+# `h100-2026-12-06-v-int4-gemv-rows`). Each 32-row block costs about what the first does,
+# latency at 8 warps an SM (their sums and a's chunks take ~200 registers a thread), so
+# INT4 stops beating cuBLAS bf16 near M=64 (1.04-1.18x there, 0.65-0.67x at 96), well
+# before the roofline's M ~ 200: past 64 rows the dequantization is paid again per block.
 #
 # Its ring was settled by the SASS's control bits, not by the source. With one ring, each
 # slot is reloaded as it is read; ptxas issues a pass's loads about a third of the way into
