@@ -892,19 +892,22 @@ def sweep_int4_gemv_cuda(rows):
 
 
 def sweep_int4_gemv_rows(rows):
-    """The CUDA GEMV past 16 rows (32 rows a CTA, more rows in more CTAs a slab) at M = 24..128
-    against the default there (the GEMV itself from this session to 64 rows; the tile kernel
-    above) and the previous defaults (the stream-K kernel to 32 rows, the tc kernel to 64):
-    at 32, 64 and 128 rows also two rings of 2 and of 4, one ring of 8, 2 slabs a CTA
-    (``cw``) and half the K lanes; cuBLAS bf16 beside them (:func:`_int4_gemv_rounds`)."""
+    """The CUDA GEMV past 16 rows (32 rows a CTA, one more CTA a slab for each 32 rows past
+    that; the default to 128 rows) at M = 24..128 against the previous defaults (the stream-K
+    kernel to 32 rows, the tc kernel to 64, the tile kernel above); at 32, 64 and 128 rows also
+    two rings of 2 and half the K lanes; cuBLAS bf16 beside them (:func:`_int4_gemv_rounds`).
+    One ring of 8 and two rings of 4 took 1.07-1.29x the default's time (docs/NOTES.md,
+    forty-ninth session)."""
     from tkit.cuda_ext import gemm_int4 as G4
     from tkit.kernels.matmul import int4 as I4
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
-    def tc_kernel(a, q, s, z):
-        with I4.int4_config(path="tc"):
-            return _matmul_int4_default(a, q, s, z)
+    def triton_path(path):
+        def fn(a, q, s, z):
+            with I4.int4_config(path=path):
+                return _matmul_int4_default(a, q, s, z)
+        return fn
 
     def variants_for(M):
         def lanes(factor):
@@ -916,17 +919,15 @@ def sweep_int4_gemv_rows(rows):
                                                 lanes=max(1, int(kl[q.shape[1]] * factor)))
             return fn
 
-        variants = {"default": _matmul_int4_default, "cuda gemv": _cuda_gemv()}
+        variants = {"default": _matmul_int4_default}
         if M <= 32:  # the previous defaults
             variants["cuda stream-K"] = (
                 lambda a, q, s, z: G4.matmul_int4_cuda(a, q, s, z, 128, check=False))
-        elif M <= 64:
-            variants["triton tc"] = tc_kernel
+        else:
+            variants["triton " + ("tc" if M <= 64 else "tile")] = (
+                triton_path("tc" if M <= 64 else "tile"))
         if M in (32, 64, 128):
             variants.update({"cuda gemv rb 2 pf 2": _cuda_gemv(rb=2, pf=2),
-                             "cuda gemv pf 8": _cuda_gemv(rb=1, pf=8),
-                             "cuda gemv rb 2 pf 4": _cuda_gemv(rb=2, pf=4),
-                             "cuda gemv cw 2": _cuda_gemv(cw=2),
                              "cuda gemv lanes /2": lanes(0.5)})
         return variants
 

@@ -304,14 +304,6 @@ def test_gemv_config_picks_lanes_and_refuses_by_name():
     assert G4.gemv_config(8, 1024, 4096, BF16, F16, 128, 132, nt=4)["kl"] <= 8  # WS caps it
     with pytest.raises(ValueError, match="nt"):
         G4.gemv_config(16, 4096, 4096, BF16, F16, 128, 132, nt=8)
-    # slabs a CTA: the K lanes shrink to keep the warps a CTA; cw must divide the slabs
-    cw = G4.gemv_config(1, 1024, 4096, BF16, F16, 128, 132, cw=4)
-    assert (cw["cw"], cw["kl"]) == (4, 4) and "-DCW=4" in cw["options"]
-    assert "-DCW" not in " ".join(G4.gemv_config(1, 1024, 4096, BF16, F16, 128, 132)["options"])
-    with pytest.raises(ValueError, match="cw"):
-        G4.gemv_config(1, 96, 4096, BF16, F16, 128, 132, cw=2)  # 3 slabs
-    with pytest.raises(ValueError, match="cw"):
-        G4.gemv_config(1, 1024, 4096, BF16, F16, 128, 132, cw=3)
     with pytest.raises(ValueError, match=f"M={G4.GEMV_MAX_M + 1}"):
         G4.gemv_config(G4.GEMV_MAX_M + 1, 4096, 4096, BF16, F16, 128, 132)
     with pytest.raises(ValueError, match="rb"):
@@ -442,15 +434,12 @@ def test_gemv_stacked_sums_of_a(M, N, K, G, dt, sdt, sym, rb):
     (40, 1024, 2048, 128, F16, F16, True, False, dict(nt=2)),     # 16-row blocks
     (5, 1024, 2048, 128, BF16, F16, False, False, dict(nt=4)),     # 32-row block, 5 rows
     (128, 1024, 4096, 128, BF16, F16, False, False, dict(lanes=8)),
-    (16, 2048, 4096, 128, BF16, F16, False, True, dict(cw=2)),   # two slabs a CTA
-    (70, 1024, 2048, 64, F16, F32, False, False, dict(cw=4)),    # four, in 3 row blocks
-    (1, 4096, 1024, 32, BF16, BF16, True, False, dict(cw=4, lanes=4)),
+    (70, 1024, 2048, 64, F16, F32, False, False, {}),  # 3 row blocks, fp32 scales
 ])
 def test_gemv_row_blocks(M, N, K, G, dt, sdt, sym, bias, kw):
     """Past 16 rows: 32 rows a CTA (four n8 tiles, the stacked sums in two pairs of tiles),
     and more rows in more CTAs a slab (each reading its own rows of a and storing only rows
-    < M); and 2 or 4 slabs a CTA (``cw``, each its own K lanes and share of the reduction):
-    the reference's result, outputs poisoned first, with partial last blocks, 16-row
+    < M): the reference's result, outputs poisoned first, with partial last blocks, 16-row
     blocks, bias, both sums forms, one and two rings."""
     a, q, s, z = _case(M, N, K, G, dt, sym, sdt, seed=M + N)
     a = a * torch.linspace(0.5, 4.0, K, device=DEV, dtype=dt)  # sums that differ by row and K

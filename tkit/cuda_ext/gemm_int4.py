@@ -285,8 +285,6 @@ GEMV_STACKED = {1: False, 2: True, 4: True}
 #: thread) up to 16 rows; at 32 rows the sums and a's chunks alone take ~100 and ptxas spilled
 #: under 128 and 168, not under 255 (8 warps)
 GEMV_WS = {1: 16, 2: 16, 4: 8}
-#: 32-column slabs a CTA, by n8 tiles (each KL warps; halved until it divides N / 32)
-GEMV_CW = {1: 1, 2: 1, 4: 1}
 #: registers the ring may take (by n8 tiles and the sums' form) under the 128 a thread that 16
 #: warps an SM leave: past them ptxas spilled (sm_90a builds, nvcc 13.0; the stacked form at
 #: 16 rows holds 4 fewer sums, and ptxas fit rings to 56 there and spilled from 64)
@@ -295,16 +293,15 @@ GEMV_RING_REGS = {(1, False): 52, (1, True): 52, (2, False): 36, (2, True): 56,
 
 
 def _gemv_lanes(N: int, K: int, group_size: int, num_sms: int, ctas_a_slab: int = 1,
-                warps_sm: int = 16, cw: int = 1) -> int:
+                warps_sm: int = 16) -> int:
     """Warps a CTA: the power of 2 that gives the SMs about ``warps_sm`` warps each (all CTAs
     resident at once: 16 at 128 registers a thread), at most 16 and at most the groups of K
-    (a warp takes whole groups); ``ctas_a_slab``: the row blocks of a 32-column slab, ``cw``
-    the slabs a CTA (KL warps each). The H100
+    (a warp takes whole groups); ``ctas_a_slab``: the row blocks of a 32-column slab. The H100
     sweeps timed the other powers of 2 at 1.11-1.26x this one's time at M <= 16 (docs/NOTES.md,
     forty-sixth session)."""
-    slabs = max(1, N // 32) * ctas_a_slab
+    ctas = max(1, N // 32) * ctas_a_slab
     kl = 1
-    while kl * cw < min(16, warps_sm) and kl * 2 <= warps_sm * num_sms / slabs * 1.41:
+    while kl < min(16, warps_sm) and kl * 2 <= warps_sm * num_sms / ctas * 1.41:
         kl *= 2
     while kl > 1 and kl > K // group_size:
         kl //= 2
@@ -320,15 +317,13 @@ def _pf_fits(pf: int, gc: int) -> bool:
 def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: torch.dtype,
                 group_size: int, num_sms: int, *, lanes: int | None = None,
                 pf: int | None = None, rb: int | None = None,
-                stacked: bool | None = None, nt: int | None = None,
-                cw: int | None = None) -> dict:
+                stacked: bool | None = None, nt: int | None = None) -> dict:
     """One GEMV build and launch for these operands: nt (n8 tiles of rows of a a CTA), rbs
     (CTAs a 32-column slab, each 8 nt rows), kl (warps a CTA), pf (chunks of codes in flight a
     thread) and options (-D...). ``lanes`` / ``pf`` override the K lanes and the ring's depth
     (a multiple or a divisor of the group's 32-deep chunks), ``rb`` the rings (1 or 2,
     :data:`GEMV_RB`), ``stacked`` the form of the groups' sums of a (:data:`GEMV_STACKED`),
-    ``nt`` the row tiles a CTA (1, 2 or 4), ``cw`` the 32-column slabs a CTA (1, 2 or 4,
-    dividing N / 32; :data:`GEMV_CW`), for sweeps.
+    ``nt`` the row tiles a CTA (1, 2 or 4), for sweeps.
     Shared between calls: do not modify it."""
     if not 1 <= M <= GEMV_MAX_M:
         raise ValueError(f"the INT4 GEMV takes 1..{GEMV_MAX_M} rows of a, got M={M}")
@@ -338,17 +333,9 @@ def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: tor
         raise ValueError(f"nt must be 1, 2 or 4, got {nt}")
     rbs = -(-M // (8 * nt))
     ws = GEMV_WS[nt]
-    if cw is None:
-        cw = GEMV_CW[nt]
-        while cw > 1 and (N // 32) % cw:
-            cw //= 2
-    if cw not in (1, 2, 4) or (N // 32) % cw:
-        raise ValueError(f"cw must be 1, 2 or 4 and divide the {N // 32} column slabs, got {cw}")
-    kl = lanes if lanes is not None else _gemv_lanes(N, K, group_size, num_sms, rbs, ws, cw)
+    kl = lanes if lanes is not None else _gemv_lanes(N, K, group_size, num_sms, rbs, ws)
     if kl not in (1, 2, 4, 8, 16):
         raise ValueError(f"lanes must be 1, 2, 4, 8 or 16, got {kl}")
-    if kl * cw > 32:
-        raise ValueError(f"lanes * cw must be at most 32 warps a CTA, got {kl} * {cw}")
     rb = GEMV_RB[nt] if rb is None else rb
     stacked = GEMV_STACKED[nt] if stacked is None else bool(stacked)
     if rb not in (1, 2):
@@ -370,8 +357,8 @@ def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: tor
     options = _defines(nt=nt, kl=kl, pf=pf, rb=rb, pa=2 if pf % 2 == 0 else 1,
                        group=group_size, scale_t=SCALE_T[scale_dtype],
                        act_f16=int(act_dtype == torch.float16), ws=ws if ws != 16 else None,
-                       cw=cw if cw != 1 else None, **{"as": stacked})
-    return dict(nt=nt, rbs=rbs, cw=cw, kl=kl, pf=pf, rb=rb, stacked=stacked,
+                       **{"as": stacked})
+    return dict(nt=nt, rbs=rbs, kl=kl, pf=pf, rb=rb, stacked=stacked,
                 options=("-std=c++17",) + options)
 
 
@@ -420,11 +407,11 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
                           bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                           lanes: int | None = None, pf: int | None = None,
                           rb: int | None = None, stacked: bool | None = None,
-                          nt: int | None = None, cw: int | None = None) -> torch.Tensor:
+                          nt: int | None = None) -> torch.Tensor:
     """The product (module docstring) by the GEMV. The operands are assumed checked by
     ``tkit.matmul_int4`` and in scope (:func:`gemv_supported`); ``out`` an (M, N) row-major
-    output to write (else one is allocated). ``lanes``, ``pf``, ``rb``, ``stacked``, ``nt``,
-    ``cw``: see :func:`gemv_config`."""
+    output to write (else one is allocated). ``lanes``, ``pf``, ``rb``, ``stacked``, ``nt``:
+    see :func:`gemv_config`."""
     M, K = a.shape
     N = qweight.shape[1]
     c = out if out is not None else _common.empty((M, N), a.dtype, a.device)
@@ -437,12 +424,12 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
         return c
     dev = a.device.index or 0
     cfg = gemv_config(M, N, K, a.dtype, scales.dtype, group_size, _num_sms(dev), lanes=lanes,
-                      pf=pf, rb=rb, stacked=stacked, nt=nt, cw=cw)
+                      pf=pf, rb=rb, stacked=stacked, nt=nt)
     func = _loader.nvcc_kernel(GEMV_SOURCE, "gemv_int4", cfg["options"], dev)
     z = zeros if zeros is not None else scales
     lds = scales.stride(0) if scales.shape[0] > 1 else N
     ldz = z.stride(0) if z.shape[0] > 1 else N
-    _loader.launch(func, (N // 32 // cfg["cw"] * cfg["rbs"],), (32 * cfg["kl"] * cfg["cw"],), (
+    _loader.launch(func, (N // 32 * cfg["rbs"],), (32 * cfg["kl"],), (
         qweight, a, scales, z, c, bias if bias is not None else np.int64(0),
         *_i32(M, N, K, a.stride(0) if M > 1 else K, lds, ldz, int(zeros is not None))))
     return c

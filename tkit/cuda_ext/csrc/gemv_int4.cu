@@ -6,7 +6,7 @@
 // [i, n] holding q[n, 8 i + j] in bits 4 j .. 4 j + 3; scales and zeros (K / G, N) float16 /
 // bfloat16 / float32, SCALE_T 0 / 1 / 2; zeros in code units, none: z = 8); a (M, K) bf16
 // (fp16 with -DACT_F16=1) with 16-byte aligned rows; out (M, N) row-major in a's dtype.
-// N a multiple of 32 CW, G = GROUP a multiple of 32 dividing K (the launcher checks).
+// N a multiple of 32, G = GROUP a multiple of 32 dividing K (the launcher checks).
 //
 // Why a second kernel: at M = 1 the work is a read of the weight (31 MB at K=4096 N=14336),
 // and the Triton GEMV's FMAs take ~3.5 instructions a weight, enough to make issue a large
@@ -30,8 +30,8 @@
 // the operand. B's column j is row 8 nt + j of a.
 //
 // Memory safety: every code, scale and zero index lies inside (K / 8, N) / (K / G, N) by the
-// launcher's checks (N % (32 CW), K % G, G % 32; the grid's CTAs N / (32 CW) times the row
-// blocks); a is read at its block's rows < M (rows past M read the last one: their B columns
+// launcher's checks (N % 32, K % G, G % 32; the grid's CTAs N / 32 times the row blocks); a
+// is read at its block's rows < M (rows past M read the last one: their B columns
 // only feed C columns that are never stored) and K < K; stores masked by M. Offsets into
 // qweight, a, the scales and out are 64-bit.
 #ifndef NT
@@ -41,13 +41,7 @@
 #error "NT must be 1, 2 or 4"
 #endif
 #ifndef KL
-#define KL 4  // warps (K lanes) a slab
-#endif
-#ifndef CW
-// slabs a CTA (KL warps each): their warps of one K lane read the same chunks of a at about
-// the same time, so all but the first find them in L1 (a's bytes from L2 are M / 8 times the
-// codes' at one slab a CTA)
-#define CW 1
+#define KL 4  // warps (K lanes) a CTA
 #endif
 #ifndef PF
 // 32-deep chunks of codes a ring pass. A single ring (RB 1) reloads each slot as it reads it,
@@ -88,8 +82,8 @@
 // 32 rows hold twice the sums and a's chunks
 #define WS 16
 #endif
-#define THREADS (32 * KL * CW)
-#define MIN_BLOCKS (KL * CW >= WS ? 1 : WS / (KL * CW))
+#define THREADS (32 * KL)
+#define MIN_BLOCKS (KL >= WS ? 1 : WS / KL)
 #define GC (GROUP / 32)                     // chunks a group
 #if SCALE_T == 2
 #define SBYTES 4
@@ -153,12 +147,12 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
           const unsigned char* __restrict__ s, const unsigned char* __restrict__ z,
           unsigned short* __restrict__ out, const unsigned short* __restrict__ bias,
           int M, int N, int K, int lda, int lds, int ldz, int has_zeros) {
-  const int warp = threadIdx.x / 32 % KL, cw = threadIdx.x / (32 * KL), lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  // CTA b: slabs CW (b / RBS) .., rows 8 NT (b % RBS) ..; a slab's row blocks are neighbours in the
-  // grid, so they run at once and all but the first read its codes from L2 (the block's
-  // row offset is worked out again for the stores: kept live, out's would cost registers)
-  const int rbs = (M + 8 * NT - 1) / (8 * NT), slab = blockIdx.x / rbs * CW + cw;
+  // CTA b: slab b / RBS, rows 8 NT (b % RBS) ..; a slab's row blocks are neighbours in the
+  // grid, so they run at once and all but the first read its codes from L2 (the block's row
+  // offset is worked out again for the stores: kept live, out's would cost registers)
+  const int rbs = (M + 8 * NT - 1) / (8 * NT), slab = blockIdx.x / rbs;
   const int row0 = 8 * NT * (blockIdx.x % rbs), rows = min(M - row0, 8 * NT);
   const int col0 = 32 * slab + 4 * g;  // this thread's 4 columns
   const int ng = K / GROUP;
@@ -355,9 +349,9 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
   // ---- the K lanes meet: warps 1.. hand their sums to warp 0, added in warp order ----
   constexpr int PER = 8 * NT;  // floats a thread
   if (KL > 1) {
-    __shared__ __align__(16) float red[CW * (KL > 1 ? KL - 1 : 1) * 32 * PER];
+    __shared__ __align__(16) float red[(KL > 1 ? KL - 1 : 1) * 32 * PER];
     if (warp > 0) {
-      float* dst = red + ((cw * (KL - 1) + warp - 1) * 32 + lane) * PER;
+      float* dst = red + ((warp - 1) * 32 + lane) * PER;
 #pragma unroll
       for (int u = 0; u < 2; ++u)
 #pragma unroll
@@ -368,7 +362,7 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
     __syncthreads();
     if (warp > 0) return;
     for (int k = 1; k < KL; ++k) {
-      const float* src = red + ((cw * (KL - 1) + k - 1) * 32 + lane) * PER;
+      const float* src = red + ((k - 1) * 32 + lane) * PER;
 #pragma unroll
       for (int u = 0; u < 2; ++u)
 #pragma unroll
