@@ -1,6 +1,7 @@
 """Launchers of the INT4 weight-only GEMMs at decode sizes in CUDA, sm_90a: the GEMV
-(csrc/gemv_int4.cu, :func:`matmul_int4_gemv_cuda`, M <= 16: the codes straight into a register
-ring, a 32-column slab a CTA) and the stream-K GEMM (csrc/gemm_int4_sm90.cu, below).
+(csrc/gemv_int4.cu, :func:`matmul_int4_gemv_cuda`: the codes straight into a register ring, a
+32-column slab and up to 32 rows a CTA, one more CTA a slab for each 32 rows past that) and the
+stream-K GEMM (csrc/gemm_int4_sm90.cu, below).
 
 The stream-K GEMM: ``a @ dequant(w).T + bias`` for M <= 32 rows of ``a``, the weight in
 tkit's layout (:mod:`tkit.kernels.matmul.int4`), streamed through a TMA ring by one producer
@@ -266,20 +267,22 @@ def matmul_int4_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
 GEMV_SOURCE = "gemv_int4.cu"
 #: rows of a the launcher takes: 8 * nt a CTA, more rows in more CTAs a slab (row blocks)
 GEMV_MAX_M = 1024
-#: rings of 32-deep chunks of codes, 8 rows of a or fewer / 16: with 2, a pass loads the next
-#: pass's codes into the other ring before its own work (a single ring reloads each slot as it
-#: is read). Two rings of 2 took 0.92-0.98x one ring of 4's time at M <= 8 on the H100; at 16
-#: rows, with the stacked sums of a (:data:`GEMV_STACKED`), 0.97-0.99x at K=4096 N=14336 and
-#: level at K=N=8192. The K lanes (warps a 32-column slab) follow from the shape
+#: rings of 32-deep chunks of codes, by n8 tiles a CTA (8 rows of a or fewer / 16 / 32): with
+#: 2, a pass loads the next pass's codes into the other ring before its own work (a single ring
+#: reloads each slot as it is read). Two rings of 2 took 0.92-0.98x one ring of 4's time at
+#: M <= 8 on the H100; at 16 rows, with the stacked sums of a (:data:`GEMV_STACKED`),
+#: 0.97-0.99x at K=4096 N=14336 and level at K=N=8192. At 32 rows a CTA one ring of 4 won:
+#: two rings of 2 took 1.05-1.13x its time, two of 4 1.07-1.17x, one of 8 1.10-1.29x (H100,
+#: 32 to 128 rows). The K lanes (warps a 32-column slab) follow from the shape
 #: (:func:`gemv_config`).
 GEMV_RB = {1: 2, 2: 2, 4: 1}
 #: chunks a ring pass, for one ring / two
 GEMV_PF = {1: 4, 2: 2}
-#: the groups' sums of a, 8 rows of a or fewer / 16: True, one MMA with a's rows as A a chunk
-#: (8 rows) or a k16 step (16 rows), moved to their threads by shuffles once a group; False,
-#: an all-ones A each k16 step and n8 tile (csrc/gemv_int4.cu, ``AS``). Stacked took
-#: 0.97-1.00x the all-ones form's time at 16 rows in two rings of 2, and 1.00-1.05x at 8 rows
-#: or fewer (H100)
+#: the groups' sums of a, 8 rows of a or fewer / 16 / 32: True, one MMA with a's rows as A a
+#: chunk (8 rows) or a k16 step and pair of n8 tiles, moved to their threads by shuffles once a
+#: group; False, an all-ones A each k16 step and n8 tile (csrc/gemv_int4.cu, ``AS``). Stacked
+#: took 0.97-1.00x the all-ones form's time at 16 rows in two rings of 2, 1.00-1.05x at 8 rows
+#: or fewer, and 0.95-1.00x at 32 rows a CTA (H100)
 GEMV_STACKED = {1: False, 2: True, 4: True}
 #: warps an SM the build's launch bounds leave registers for, by n8 tiles: 16 (128 registers a
 #: thread) up to 16 rows; at 32 rows the sums and a's chunks alone take ~100 and ptxas spilled
