@@ -265,7 +265,9 @@ def matmul_int4_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
 
 # ---- the GEMV (csrc/gemv_int4.cu): no TMA, no stream-K; up to 32 rows a CTA -----------------
 GEMV_SOURCE = "gemv_int4.cu"
-#: rows of a the launcher takes: 8 * nt a CTA, more rows in more CTAs a slab (row blocks)
+#: rows of a the launcher takes (8 * nt a CTA, more rows in more CTAs a slab): forced calls
+#: and sweeps may go past the default's 128 rows (``tkit.kernels.matmul.int4``), where each
+#: 32-row block costs about what the first does and dequantize + GEMM wins
 GEMV_MAX_M = 1024
 #: rings of 32-deep chunks of codes, by n8 tiles a CTA (8 rows of a or fewer / 16 / 32): with
 #: 2, a pass loads the next pass's codes into the other ring before its own work (a single ring
@@ -290,7 +292,8 @@ GEMV_STACKED = {1: False, 2: True, 4: True}
 GEMV_WS = {1: 16, 2: 16, 4: 8}
 #: registers the ring may take (by n8 tiles and the sums' form) under the 128 a thread that 16
 #: warps an SM leave: past them ptxas spilled (sm_90a builds, nvcc 13.0; the stacked form at
-#: 16 rows holds 4 fewer sums, and ptxas fit rings to 56 there and spilled from 64)
+#: 16 rows holds 4 fewer sums, and ptxas fit rings to 56 there and spilled from 64). At 32 rows
+#: (255 registers, :data:`GEMV_WS`) one ring of 4 and of 8 fit without spills
 GEMV_RING_REGS = {(1, False): 52, (1, True): 52, (2, False): 36, (2, True): 56,
                   (4, False): 64, (4, True): 64}
 
