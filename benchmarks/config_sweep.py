@@ -857,8 +857,24 @@ def _cuda_gemv(**kw):
     return lambda a, q, s, z: G4.matmul_int4_gemv_cuda(a, q, s, z, 128, **kw)
 
 
+def _cuda_stream_k(a, q, s, z):
+    from tkit.cuda_ext import gemm_int4 as G4
+
+    return G4.matmul_int4_cuda(a, q, s, z, 128, check=False)
+
+
 def _matmul_int4_default(a, q, s, z):
     return tkit.matmul_int4(a, q, s, z, group_size=128)
+
+
+def _triton_path(path):
+    """matmul_int4 with its Triton ``path`` forced (``int4_config``)."""
+    from tkit.kernels.matmul import int4 as I4
+
+    def fn(a, q, s, z):
+        with I4.int4_config(path=path):
+            return _matmul_int4_default(a, q, s, z)
+    return fn
 
 
 def sweep_int4_gemv_cuda(rows):
@@ -867,20 +883,12 @@ def sweep_int4_gemv_cuda(rows):
     default there before it); at every M the GEMV with one ring of 4 and the all-ones sums of
     a (the default before two rings and the stacked sums), and the default with its sums in
     the other form (``stacked``); cuBLAS bf16 beside them (:func:`_int4_gemv_rounds`)."""
-    from tkit.cuda_ext import gemm_int4 as G4
-    from tkit.kernels.matmul import int4 as I4
-
-    def triton_gemv(a, q, s, z):
-        with I4.int4_config(path="gemv"):
-            return _matmul_int4_default(a, q, s, z)
-
     def variants_for(M):
         variants = {"default": _matmul_int4_default}
         if M == 1:
-            variants["triton gemv"] = triton_gemv
+            variants["triton gemv"] = _triton_path("gemv")
         else:
-            variants["cuda stream-K"] = (
-                lambda a, q, s, z: G4.matmul_int4_cuda(a, q, s, z, 128, check=False))
+            variants["cuda stream-K"] = _cuda_stream_k
         # one ring of 4, and the groups' sums of a in the default's other form (in the
         # default's two rings of 2: at 16 rows the all-ones form's own default is 2 of 1)
         for kw in (dict(rb=1, pf=4, stacked=False), dict(rb=2, pf=2, stacked=M <= 8)):
@@ -899,36 +907,25 @@ def sweep_int4_gemv_rows(rows):
     One ring of 8 and two rings of 4 took 1.07-1.29x the default's time (docs/NOTES.md,
     forty-ninth session)."""
     from tkit.cuda_ext import gemm_int4 as G4
-    from tkit.kernels.matmul import int4 as I4
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
-    def triton_path(path):
-        def fn(a, q, s, z):
-            with I4.int4_config(path=path):
-                return _matmul_int4_default(a, q, s, z)
-        return fn
-
     def variants_for(M):
-        def lanes(factor):
-            kl = {N: G4.gemv_config(M, N, K, torch.bfloat16, torch.bfloat16, 128, sms)["kl"]
-                  for K, N in ((4096, 14336), (8192, 8192))}
+        kl = {N: G4.gemv_config(M, N, K, torch.bfloat16, torch.bfloat16, 128, sms)["kl"]
+              for K, N in ((4096, 14336), (8192, 8192))}
 
-            def fn(a, q, s, z):
-                return G4.matmul_int4_gemv_cuda(a, q, s, z, 128,
-                                                lanes=max(1, int(kl[q.shape[1]] * factor)))
-            return fn
+        def half_the_lanes(a, q, s, z):
+            return G4.matmul_int4_gemv_cuda(a, q, s, z, 128, lanes=max(1, kl[q.shape[1]] // 2))
 
         variants = {"default": _matmul_int4_default}
         if M <= 32:  # the previous defaults
-            variants["cuda stream-K"] = (
-                lambda a, q, s, z: G4.matmul_int4_cuda(a, q, s, z, 128, check=False))
+            variants["cuda stream-K"] = _cuda_stream_k
         else:
             variants["triton " + ("tc" if M <= 64 else "tile")] = (
-                triton_path("tc" if M <= 64 else "tile"))
+                _triton_path("tc" if M <= 64 else "tile"))
         if M in (32, 64, 128):
             variants.update({"cuda gemv rb 2 pf 2": _cuda_gemv(rb=2, pf=2),
-                             "cuda gemv lanes /2": lanes(0.5)})
+                             "cuda gemv lanes /2": half_the_lanes})
         return variants
 
     _int4_gemv_rounds(rows, "int4_gemv_rows", (24, 32, 48, 64, 96, 128), variants_for)

@@ -50,6 +50,15 @@ def _case(M, N, K, G, dtype=BF16, sym=False, scale_dtype=None, seed=0):
     return a, q, s, z
 
 
+def _want(a, q, s, z, G, bias=None):
+    """The float64 product a @ dequant(w).T (+ bias) and the tolerance of a 16-bit output
+    against it: 2^-7 of its largest value."""
+    want = a.double() @ I4.dequantize_int4(q, s, z, group_size=G).double().t()
+    if bias is not None:
+        want += bias.double()
+    return want, 2.0 ** -7 * float(want.abs().max())
+
+
 def test_dispatch_off_gpu_says_why_and_forcing_it_fails_by_name():
     """Off a CUDA device (or outside M = 2..32 unforced) the Triton kernels serve and
     ``backend`` says why; ``path='cuda'`` where it cannot serve is a ValueError with the
@@ -129,8 +138,7 @@ def test_stream_k_splits_are_deterministic_and_counters_rest_at_zero():
     call (the pieces of a tile are added in CTA order, whoever finishes); every tile's counter
     is back at 0 after each launch."""
     a, q, s, z = _case(5, 4096, 4096, 128, seed=11)
-    want = a.double() @ I4.dequantize_int4(q, s, z, group_size=128).double().t()
-    tol = 2.0 ** -7 * float(want.abs().max())  # bf16 outputs
+    want, tol = _want(a, q, s, z, 128)  # bf16 outputs
     for ctas in (1, 7, 64, 132, 300):
         got = [G4.matmul_int4_cuda(a, q, s, z, 128, ctas=ctas) for _ in range(3)]
         assert all(torch.equal(got[0], g) for g in got[1:]), ctas
@@ -370,8 +378,7 @@ def test_gemv_lanes_and_ring_depths(lanes, pf):
     """Every K-lane count and ring depth (runs shorter than the ring, a ring that is not a
     multiple of the group's chunks) gives the reference's result."""
     a, q, s, z = _case(1, 2048, 4096, 128, seed=31)
-    want = a.double() @ I4.dequantize_int4(q, s, z, group_size=128).double().t()
-    tol = 2.0 ** -7 * float(want.abs().max())
+    want, tol = _want(a, q, s, z, 128)
     got = G4.matmul_int4_gemv_cuda(a, q, s, z, 128, lanes=lanes, pf=pf)
     assert float((got.double() - want).abs().max()) <= tol
 
@@ -394,8 +401,7 @@ def test_gemv_two_rings(M, N, K, G, sdt, lanes, pf, rb):
     one ring where two are the default give the reference's result: pass counts even and
     odd, partial last passes, groups shorter and longer than the ring, both n8-tile counts."""
     a, q, s, z = _case(M, N, K, G, BF16, False, sdt, seed=M + K)
-    want = a.double() @ I4.dequantize_int4(q, s, z, group_size=G).double().t()
-    tol = 2.0 ** -7 * float(want.abs().max())
+    want, tol = _want(a, q, s, z, G)
     got = G4.matmul_int4_gemv_cuda(a, q, s, z, G, lanes=lanes, pf=pf, rb=rb)
     assert float((got.double() - want).abs().max()) <= tol
 
@@ -416,8 +422,7 @@ def test_gemv_stacked_sums_of_a(M, N, K, G, dt, sdt, sym, rb):
     and bf16 a, every scale dtype, with and without zero points."""
     a, q, s, z = _case(M, N, K, G, dt, sym, sdt, seed=M + G)
     a = a * torch.linspace(0.5, 4.0, K, device=DEV, dtype=dt)  # sums that differ by row and K
-    want = a.double() @ I4.dequantize_int4(q, s, z, group_size=G).double().t()
-    tol = 2.0 ** -7 * float(want.abs().max())
+    want, tol = _want(a, q, s, z, G)
     got = G4.matmul_int4_gemv_cuda(a, q, s, z, G, rb=rb, stacked=True)
     assert float((got.double() - want).abs().max()) <= tol
     ones = G4.matmul_int4_gemv_cuda(a, q, s, z, G, rb=rb, stacked=False)
@@ -444,10 +449,7 @@ def test_gemv_row_blocks(M, N, K, G, dt, sdt, sym, bias, kw):
     a, q, s, z = _case(M, N, K, G, dt, sym, sdt, seed=M + N)
     a = a * torch.linspace(0.5, 4.0, K, device=DEV, dtype=dt)  # sums that differ by row and K
     b = make_tensor((N,), dt, seed=5, device=DEV) if bias else None
-    want = a.double() @ I4.dequantize_int4(q, s, z, group_size=G).double().t()
-    if b is not None:
-        want += b.double()
-    tol = 2.0 ** -7 * float(want.abs().max())
+    want, tol = _want(a, q, s, z, G, b)
     out = torch.full((M + 1, N), float("nan"), device=DEV, dtype=dt)  # a row past M, poisoned
     got = G4.matmul_int4_gemv_cuda(a, q, s, z, G, b, out=out[:M], **kw)
     assert got.data_ptr() == out.data_ptr()
