@@ -931,6 +931,32 @@ def sweep_int4_gemv_rows(rows):
     _int4_gemv_rounds(rows, "int4_gemv_rows", (24, 32, 48, 64, 96, 128), variants_for)
 
 
+def _cuda_wgmma(**kw):
+    from tkit.cuda_ext import gemm_int4 as G4
+
+    return lambda a, q, s, z: G4.matmul_int4_wgmma(a, q, s, z, 128, **kw)
+
+
+def sweep_int4_wgmma(rows):
+    """The wgmma GEMM (``tkit.cuda_ext.gemm_int4.matmul_int4_wgmma``: each weight element
+    dequantized once a CTA into wgmma's register operand, up to 256 rows of a a CTA) at M =
+    1..512 against the default there (the GEMV to 128 rows, dequantize + GEMM from 256), with
+    its K split off and, from 64 rows, half the rows a CTA; cuBLAS bf16 beside them
+    (:func:`_int4_gemv_rounds`)."""
+    from tkit.cuda_ext import gemm_int4 as G4
+
+    def variants_for(M):
+        variants = {"default": _matmul_int4_default, "cuda wgmma": _cuda_wgmma(),
+                    "cuda wgmma split 1": _cuda_wgmma(split=1)}
+        if M >= 64:
+            variants["cuda wgmma bt /2"] = _cuda_wgmma(bt=G4._w4_bt(M) // 2)
+        if M == 128:
+            variants["triton dequant"] = _triton_path("dequant")
+        return variants
+
+    _int4_gemv_rounds(rows, "int4_wgmma", (1, 16, 32, 64, 128, 256, 512), variants_for)
+
+
 def sweep_int4_small_m(rows):
     """matmul_int4 at K=4096 N=14336 (the registry's M sweep) for M = 2..128, the default
     against the tensor-core decode kernel at other row tiles and splits,
@@ -2280,6 +2306,7 @@ SWEEPS = {"decode_splits": sweep_decode_splits, "decode_wg": sweep_decode_wg,
           "int4_prefill": sweep_int4_prefill, "int4_floor": sweep_int4_floor,
           "int4_gemv": sweep_int4_gemv, "int4_gemv_cuda": sweep_int4_gemv_cuda,
           "int4_gemv_rows": sweep_int4_gemv_rows,
+          "int4_wgmma": sweep_int4_wgmma,
           "fp8_row_col": sweep_fp8_row_col,
           "quant": sweep_quant,
           "append": sweep_append, "rope": sweep_rope, "fuse": sweep_fuse, "losses": sweep_losses,

@@ -282,12 +282,48 @@ def test_int4_gemv_builds(cubin_dir, build):
     assert ("SHFL.IDX" in body) == (stacked and G // 32 <= cfg["pf"] * cfg["rb"]), body_hmma
 
 
+# (M, a's dtype, the scales', group): one build of each row tile
+W4_BUILDS = [(1, "bfloat16", "float16", 128), (16, "bfloat16", "bfloat16", 128),
+             (32, "float16", "float32", 32), (64, "bfloat16", "float16", 256),
+             (128, "bfloat16", "float16", 128), (256, "float16", "bfloat16", 64)]
+
+
+@pytest.mark.toolchain
+@pytest.mark.parametrize("build", W4_BUILDS, ids=lambda v: "-".join(map(str, v)))
+@needs_cuobjdump
+def test_int4_wgmma_builds(cubin_dir, build):
+    """The wgmma INT4 GEMM: per 64-deep step four m64nBTk16 wgmmas with the weight from
+    registers, in a's dtype; 16 LOP3s a step (one a pair of weights: mask and magic in
+    registers) on 8-bit shared loads; TMA in; no spills, and ptxas does not serialize the
+    wgmmas (the next step's fragments are written while a group runs, and fed to wgmmas only
+    after it retires)."""
+    import torch
+
+    from tkit.cuda_ext.gemm_int4 import W4_SOURCE, w4_config
+
+    M, act, sdt, G = build
+    cfg = w4_config(M, 14336, 4096, getattr(torch, act), getattr(torch, sdt), G, 132)
+    sass = kernels_sass(_loader.compile_cubin(W4_SOURCE, "90a", cfg["options"],
+                                              cache_dir=cubin_dir))["gemm_w4a16"]
+    ops = opcodes(sass)
+    kind = "" if act == "float16" else r"\.BF16"  # (fp16 operands carry no suffix)
+    hgmma = re.findall(rf"HGMMA\.64x{cfg['bt']}x16\.F32{kind} R\d+, R\d+, gdesc", sass)
+    assert len(hgmma) % 4 == 0 and len(hgmma) >= 8, len(hgmma)  # two fragment sets a loop
+    assert len(re.findall(r"LOP3\.LUT R\d+, R\d+, 0xf000f, R\d+(?:\.reuse)?, 0xea",
+                          sass)) >= 32
+    assert "LDS.U8" in sass
+    assert {"UTMALDG", "SYNCS"} <= ops, ops
+    assert not ops & {"LDL", "STL"}, f"{build}: local memory traffic (spills)"
+    report = _loader.resource_usage(W4_SOURCE, "90a", cfg["options"])
+    assert "serialized" not in report, report
+
+
 @pytest.mark.toolchain
 def test_resource_usage_no_spills():
     """ptxas's own report agrees: 0 bytes spilled in every GEMM kernel."""
     for name, arch in (("gemm_mma_sm80.cu", "80"), ("gemm_wgmma_sm90.cu", "90a"),
                        ("gemm_fp8_block_sm90.cu", "90a"), ("gemm_int4_sm90.cu", "90a"),
-                       ("gemv_int4.cu", "90a")):
+                       ("gemv_int4.cu", "90a"), ("gemm_w4a16_sm90.cu", "90a")):
         report = _loader.resource_usage(name, arch)
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
         assert spills and all(s == ("0", "0") for s in spills), report

@@ -510,3 +510,97 @@ def test_gemv_repeated_eager_calls_are_served_by_their_plan():
     with torch.no_grad():
         _plans_serve_repeats(1, G4.matmul_int4_gemv_cuda)
         _plans_serve_repeats(40, G4.matmul_int4_gemv_cuda)
+
+
+# ---- the wgmma GEMM (csrc/gemm_w4a16_sm90.cu) -----------------------------------------------
+def test_wgmma_config_picks_tiles_and_refuses_by_name():
+    """Rows of a pick the tile (the smallest of 8..256 that holds them; more rows, more
+    tiles), 256 rows one consumer warpgroup, two CTAs an SM up to 32 rows; K split to fill
+    the SMs' CTAs, each split >= 8 steps; bad knobs are refused by name."""
+    c1 = G4.w4_config(1, 14336, 4096, BF16, F16, 128, 132)
+    assert (c1["bt"], c1["cw"], c1["minb"]) == (8, 2, 2)
+    assert c1["split"] == 2 and c1["tiles_n"] == 112  # 224 CTAs on 264 places
+    c64 = G4.w4_config(64, 8192, 8192, BF16, F16, 128, 132)
+    assert (c64["bt"], c64["minb"], c64["split"], c64["tiles_n"]) == (64, 1, 2, 64)
+    c300 = G4.w4_config(300, 14336, 4096, F16, F32, 32, 132)
+    assert (c300["bt"], c300["cw"], c300["tiles_m"], c300["split"]) == (256, 1, 2, 1)
+    assert "-DACT_F16=1" in c300["options"] and "-DGROUP=32" in c300["options"]
+    assert all(G4.w4_config(M, 4096, 4096, BF16, F32, 32, 132)["smem"] <= G4.SMEM_LIMIT
+               for M in (1, 16, 64, 128, 256))
+    assert G4.w4_config(16, 4096, 256, BF16, F16, 128, 132)["split"] == 1  # 4 steps: no split
+    with pytest.raises(ValueError, match="bt must be"):
+        G4.w4_config(16, 4096, 4096, BF16, F16, 128, 132, bt=48)
+    with pytest.raises(ValueError, match="cw must be"):
+        G4.w4_config(256, 4096, 4096, BF16, F16, 128, 132, cw=2)
+    with pytest.raises(ValueError, match="group_size=96"):
+        G4.w4_config(16, 4096, 4032, BF16, F16, 96, 132)
+    with pytest.raises(ValueError, match="stages"):
+        G4.w4_config(128, 4096, 4096, BF16, F32, 32, 132, stages=20)
+    with pytest.raises(ValueError, match="split"):
+        G4.w4_config(16, 4096, 256, BF16, F16, 128, 132, split=5)
+
+
+def test_wgmma_scope_names_what_is_out_of_it():
+    a, q, s, z = _case(4, 64, 256, 128)
+    assert "group_size=96" in G4.w4_supported(a[:, :192], q[:24], s, z, 96, None)
+    assert "a's rows" in G4.w4_supported(a[:, 1:129], q[:16], s[:1], z[:1], 128, None)
+    assert "bias" in G4.w4_supported(a, q, s, z, 128, torch.zeros(64, dtype=F32, device=DEV))
+    if not ON_GPU:
+        assert "sm_90" in G4.w4_supported(a, q, s, z, 128, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,G,dt,sdt,sym,bias,kw", [
+    (1, 4096, 4096, 128, BF16, F16, False, False, {}),            # 8-row tile, split 2
+    (5, 520, 2048, 64, F16, F16, True, True, {}),                 # N not a 128-column multiple
+    (16, 1024, 96, 32, BF16, BF16, False, False, {}),             # K = 1.5 steps, groups of 32
+    (24, 2048, 4096, 256, BF16, F32, False, True, dict(split=3)),  # uneven splits
+    (33, 1056, 3072, 512, F16, F32, False, False, {}),            # 64-row tile, 31 rows unused
+    (64, 2048, 2048, 128, BF16, F16, False, True, dict(stages=2)),
+    (100, 4096, 1024, 32, BF16, BF16, True, False, dict(cw=1)),
+    (128, 1024, 4096, 128, F16, BF16, False, False, dict(split=2)),
+    (200, 768, 2048, 128, BF16, F16, False, True, {}),            # 256 rows, one warpgroup
+    (300, 1024, 1024, 64, BF16, F16, False, False, dict(bt=128)),  # 3 row tiles
+    (40, 4096, 8192, 128, BF16, BF16, False, False, dict(split=8)),
+])
+def test_wgmma_against_reference(M, N, K, G, dt, sdt, sym, bias, kw):
+    """Float64 reference, outputs poisoned and a row past M too: row tiles of 8 to 256 (one
+    or two consumer warpgroups), several row tiles, partial ones, N not a multiple of the
+    column tile, K not of the step, every scale dtype, groups of 32 to 512, K splits (even and
+    not), two ring slots."""
+    a, q, s, z = _case(M, N, K, G, dt, sym, sdt, seed=M + N)
+    a = a * torch.linspace(0.5, 4.0, K, device=DEV, dtype=dt)
+    b = make_tensor((N,), dt, seed=5, device=DEV) if bias else None
+    assert G4.w4_supported(a, q, s, z, G, b) is None
+    want, tol = _want(a, q, s, z, G, b)
+    out = torch.full((M + 1, N), float("nan"), device=DEV, dtype=dt)
+    got = G4.matmul_int4_wgmma(a, q, s, z, G, b, out=out[:M], **kw)
+    assert got.data_ptr() == out.data_ptr()
+    assert float((got.double() - want).abs().max()) <= tol
+    assert out[M].isnan().all()  # nothing stored past row M - 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [3, 130])
+def test_wgmma_every_code_in_every_nibble(M):
+    """Each of the 16 codes at each of the 8 nibbles of a word, against zero points 0..15
+    (exact: O + z in the 16-bit type) and a fractional one (-z s rounded)."""
+    a, q, s, z, G = _every_code_case(M)
+    want, tol = _want(a, q, s, z, G)
+    got = G4.matmul_int4_wgmma(a, q, s, z, G)
+    assert float((got.double() - want).abs().max()) <= tol
+
+
+@pytest.mark.gpu
+def test_wgmma_splits_are_deterministic_and_counters_rest_at_zero():
+    """Split-K: the last split to arrive adds the partial tiles in split order, so repeated
+    calls give the same bits, and every tile's counter is back at 0 after a launch."""
+    a, q, s, z = _case(16, 2048, 8192, 128, seed=4)
+    first = G4.matmul_int4_wgmma(a, q, s, z, 128, split=6)
+    for _ in range(3):
+        assert torch.equal(G4.matmul_int4_wgmma(a, q, s, z, 128, split=6), first)
+    ws, counters = G4._w4_workspace(a.device, 0, 0)
+    torch.cuda.synchronize()
+    assert int(counters.abs().sum()) == 0
+    want, tol = _want(a, q, s, z, 128)
+    assert float((first.double() - want).abs().max()) <= tol

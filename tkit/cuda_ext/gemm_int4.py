@@ -439,3 +439,168 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
         qweight, a, scales, z, c, bias if bias is not None else np.int64(0),
         *_i32(M, N, K, a.stride(0) if M > 1 else K, lds, ldz, int(zeros is not None))))
     return c
+
+
+# ---- the wgmma GEMM (csrc/gemm_w4a16_sm90.cu): any rows, each weight element dequantized
+# once a CTA into wgmma's register operand -----------------------------------------------------
+W4_SOURCE = "gemm_w4a16_sm90.cu"
+#: K a step, rows of a a CTA (the wgmma's N) the source builds
+W4_BK = 64
+W4_BTS = (8, 16, 32, 64, 128, 256)
+W4_THREADS_PER_WG = 128
+
+
+def _w4_bt(M: int) -> int:
+    """Rows of a a CTA: the smallest tile that holds M, at most 256 (more rows: more tiles)."""
+    for bt in W4_BTS:
+        if M <= bt:
+            return bt
+    return W4_BTS[-1]
+
+
+def _w4_slot(bt: int, cw: int, scale_dtype: torch.dtype, group_size: int) -> int:
+    sr = 1 if group_size >= W4_BK else W4_BK // group_size
+    raw = bt * 128 + 8 * 64 * cw * 4 + 2 * sr * 64 * cw * scale_dtype.itemsize
+    return _rup(raw, 1024)
+
+
+@functools.cache
+def w4_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: torch.dtype,
+              group_size: int, num_sms: int, *, bt: int | None = None, cw: int | None = None,
+              stages: int | None = None, split: int | None = None) -> dict:
+    """One build and launch of the wgmma GEMM: bt (rows of a a CTA), cw (consumer
+    warpgroups, 64 weight columns each), minb (CTAs an SM its launch bounds allow), stages
+    (ring slots of a 64-deep K step), split (K splits), tiles_m / tiles_n, smem and options.
+    Defaults: the smallest bt that holds M; two consumers (one at bt 256, whose 128
+    accumulators a thread need the registers of a lone warpgroup); two CTAs an SM up to 32
+    rows; as many slots as fit, at most 8; K split so that the tiles fill the SMs' CTAs, each
+    split at least 8 steps. Shared between calls: do not modify it."""
+    bt = _w4_bt(M) if bt is None else bt
+    if bt not in W4_BTS:
+        raise ValueError(f"bt must be one of {W4_BTS}, got {bt}")
+    cw = (1 if bt == 256 else 2) if cw is None else cw
+    if cw not in (1, 2) or (bt == 256 and cw != 1):
+        raise ValueError(f"cw must be 1 or 2 (1 at bt=256: its accumulators), got {cw}")
+    if group_size % W4_BK and group_size != 32:
+        raise ValueError(f"group_size={group_size} must be 32 or a multiple of {W4_BK}")
+    minb = 2 if bt <= 32 else 1
+    slot = _w4_slot(bt, cw, scale_dtype, group_size)
+    fit = (SMEM_LIMIT // minb - 2048) // slot
+    if stages is None:
+        stages = max(2, min(8, fit))
+    if stages < 2 or stages > fit:
+        raise ValueError(f"stages must be from 2 to the {fit} slots of {slot} bytes that fit "
+                         f"in shared memory, got {stages}")
+    tiles_n = -(-N // (64 * cw))
+    tiles_m = -(-M // bt)
+    steps = -(-K // W4_BK)
+    if split is None:
+        split = max(1, min(num_sms * minb // (tiles_n * tiles_m), steps // 8))
+    if not 1 <= split <= steps:
+        raise ValueError(f"split must be from 1 to the {steps} K steps, got {split}")
+    smem = stages * slot + 1024 + 16 * stages
+    options = _defines(bt=bt, cw=cw, stages=stages, group=group_size, minb=minb,
+                       scale_t=SCALE_T[scale_dtype], act_f16=int(act_dtype == torch.float16))
+    return dict(bt=bt, cw=cw, minb=minb, stages=stages, split=split, tiles_m=tiles_m,
+                tiles_n=tiles_n, smem=smem, options=("-std=c++17",) + options)
+
+
+def w4_supported(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                 zeros: torch.Tensor | None, group_size: int, bias: torch.Tensor | None
+                 ) -> str | None:
+    """None when the wgmma GEMM serves these (checked) operands, else why not (the device
+    last: the operands' own limits are the same on any machine)."""
+    M, K = a.shape
+    N = qweight.shape[1]
+    if a.dtype not in ACT_DTYPES:
+        return f"a's dtype {a.dtype} is not fp16/bf16"
+    if group_size % W4_BK and group_size != 32:
+        return f"group_size={group_size} is not 32 or a multiple of {W4_BK}"
+    if N % 8:
+        return f"N={N} is not a multiple of 8 (TMA's 16-byte rows of scales)"
+    if a.stride(1) != 1 or (M > 1 and (a.stride(0) * 2) % 16) or a.data_ptr() % 16:
+        return "a's rows are not contiguous and 16-byte aligned (TMA)"
+    if qweight.stride(1) != 1 or qweight.stride(0) != N or qweight.data_ptr() % 16:
+        return "qweight is not contiguous and 16-byte aligned (TMA)"
+    why = _scales_bias_reason(a, scales, zeros, bias, " (TMA)")
+    if why is not None:
+        return why
+    if -(-M // 256) * -(-N // 64) * -(-K // W4_BK) >= 2**31:
+        return "too many tiles for 32-bit counts"
+    if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device) != (9, 0):
+        return "not an sm_90 device (the kernel is built for sm_90a)"
+    return None
+
+
+def w4_unavailable(options: tuple[str, ...], device: int) -> str | None:
+    """Why a wgmma GEMM build cannot run here (cupy or nvcc missing, a failed build), else
+    None (its numbers are the GPU tests')."""
+    why = _loader.missing(nvcc=True)
+    if why is None:
+        try:
+            _loader.nvcc_kernel(W4_SOURCE, "gemm_w4a16", options, device)
+        except Exception as e:  # a compile error: report it, the caller falls back
+            why = f"build failed: {type(e).__name__}: {str(e)[:300]}"
+    return why
+
+
+_W4_WORKSPACE: dict = {}
+
+
+def _w4_workspace(device: torch.device, floats: int, tiles: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split-K partial tiles and the per-tile arrival counters of this device and stream
+    (kept: every counter is back at 0 when a launch ends)."""
+    return _loader.per_stream(
+        _W4_WORKSPACE, device,
+        lambda: (torch.empty(max(floats, 1 << 16), dtype=torch.float32, device=device),
+                 torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)),
+        lambda ws: ws[0].numel() >= floats and ws[1].numel() >= tiles)
+
+
+def matmul_int4_wgmma(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                      zeros: torch.Tensor | None, group_size: int,
+                      bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
+                      bt: int | None = None, cw: int | None = None,
+                      stages: int | None = None, split: int | None = None) -> torch.Tensor:
+    """The product (module docstring) by the wgmma GEMM. The operands are assumed checked by
+    ``tkit.matmul_int4`` and in scope (:func:`w4_supported`); ``out`` an (M, N) row-major
+    output to write (else one is allocated). ``bt``, ``cw``, ``stages``, ``split``: see
+    :func:`w4_config`."""
+    M, K = a.shape
+    N = qweight.shape[1]
+    c = out if out is not None else _common.empty((M, N), a.dtype, a.device)
+    if M == 0 or N == 0:
+        return c
+    if K == 0:
+        c.zero_()
+        if bias is not None:
+            c += bias
+        return c
+    dev = a.device.index or 0
+    cfg = w4_config(M, N, K, a.dtype, scales.dtype, group_size, _num_sms(dev), bt=bt, cw=cw,
+                    stages=stages, split=split)
+    func = _loader.nvcc_kernel(W4_SOURCE, "gemm_w4a16", cfg["options"], dev)
+    bt, cw, sp = cfg["bt"], cfg["cw"], cfg["split"]
+    tiles = cfg["tiles_m"] * cfg["tiles_n"]
+    if sp > 1:
+        ws, counters = _w4_workspace(a.device, tiles * sp * W4_THREADS_PER_WG * cw * bt // 2,
+                                     tiles)
+    else:
+        ws, counters = c, c  # not read
+    z = zeros if zeros is not None else scales
+    sr = 1 if group_size >= W4_BK else W4_BK // group_size
+    maps = (tensor_map(a, (K, M), (a.stride(0) if M > 1 else K,), (W4_BK, bt)),
+            tensor_map(qweight, (N, K // 8), (N,), (64 * cw, 8), swizzle=False),
+            _w4_rows_map(scales, 64 * cw, sr), _w4_rows_map(z, 64 * cw, sr))
+    _loader.launch(func, (tiles * sp,), (W4_THREADS_PER_WG * cw + 32,), (
+        *maps, c, bias if bias is not None else np.int64(0), ws, counters,
+        *_i32(M, N, K, int(zeros is not None), cfg["tiles_m"], sp)), smem=cfg["smem"])
+    return c
+
+
+def _w4_rows_map(t: torch.Tensor, cols: int, rows: int) -> bytes:
+    """Scales or zeros (R, N), dense boxes of ``rows`` x ``cols`` (one row: its stride is
+    never stepped over, and TMA wants a 16-byte multiple)."""
+    R, N = t.shape
+    return tensor_map(t, (N, R), (t.stride(0) if R > 1 else N,), (cols, rows), swizzle=False)

@@ -194,6 +194,12 @@ class Int4Config:
             # own choice
             return Int4Config(min(32, C.next_power_of_2(M)), 32, bk, 1, num_warps=0,
                               num_stages=0, path="cuda_gemv")
+        if path == "cuda_wgmma":
+            # tkit.cuda_ext.gemm_int4's wgmma GEMM: its own tiles (64-column warpgroups, up to
+            # 256 rows of a a CTA, 64-deep K steps); num_stages is its ring's slots and
+            # split_k its K splits, 0 meaning the kernel's own choice
+            return Int4Config(min(256, max(8, C.next_power_of_2(M))), 128, bk, 0,
+                              num_warps=9, num_stages=0, path="cuda_wgmma")
         if path == "cuda":
             # tkit.cuda_ext.gemm_int4: its own tiles (128 columns, 512-deep K steps); only
             # num_stages (its ring's slots) is read, 0 meaning the kernel's own choice (3,
@@ -277,7 +283,7 @@ TC_MAX_M = 64
 #: kernel 1.05x faster; M=512: dequant 1.80x; M=4096: 2.48x; docs/NOTES.md). The (N, K) 16-bit
 #: weight is a temporary of each call (117 MB at N=14336 K=4096 in bf16).
 DEQUANT_MIN_M = 256
-PATHS = ("gemv", "tile", "tc", "dequant", "cuda", "cuda_gemv")
+PATHS = ("gemv", "tile", "tc", "dequant", "cuda", "cuda_gemv", "cuda_wgmma")
 
 
 #: the rows of a for which unforced calls take the stream-K CUDA kernel where it serves and
@@ -292,6 +298,10 @@ CUDA_MIN_M, CUDA_MAX_M = 2, 32
 #: 0.87-0.95x the tc kernel's at 48..64 (two 32-row CTAs a slab), and against the tile kernel
 #: 0.68-0.88x at 96 and 0.67x / 1.04x at 128 (K=N=8192 / K=4096 N=14336; forty-ninth session)
 CUDA_GEMV_MIN_M, CUDA_GEMV_MAX_M = 1, 128
+#: the rows of a for which unforced calls take the CUDA wgmma GEMM (``tkit.cuda_ext.gemm_int4``'s
+#: ``matmul_int4_wgmma``: each weight element dequantized once a CTA into wgmma's register
+#: operand, up to 256 rows of a at once) where it serves and the GEMV does not
+CUDA_WGMMA_MIN_M, CUDA_WGMMA_MAX_M = 129, 128
 
 
 def _split_for(tiles: int, want_programs: int, k_steps: int, min_steps: int) -> int:
@@ -922,6 +932,17 @@ def _matmul_int4_impl(a, qweight, scales, zeros, group_size, bias, config=None):
                 pf=(cfg.num_stages or None) if forced else None)
         if forced:
             raise ValueError(f"path='cuda_gemv': the CUDA INT4 GEMV does not apply: {why}")
+    if cfg.path == "cuda_wgmma" or unforced:
+        forced = cfg.path == "cuda_wgmma"
+        why = cuda_wgmma_reason(a, qweight, scales, zeros, group_size, bias, forced=forced)
+        if why is None:
+            return _hooks.cuda_int4().matmul_int4_wgmma(
+                a, qweight, scales, zeros, group_size, bias, out=out,
+                stages=(cfg.num_stages or None) if forced else None,
+                split=(cfg.split_k or None) if forced else None)
+        if forced:
+            raise ValueError(f"path='cuda_wgmma': the CUDA INT4 wgmma GEMM does not apply: "
+                             f"{why}")
     forced = cfg.path == "cuda"
     if forced or unforced:
         why = cuda_reason(a, qweight, scales, zeros, group_size, bias, forced=forced)
@@ -1056,6 +1077,31 @@ def cuda_gemv_reason(a, qweight, scales, zeros, group_size, bias, forced=False
     return _CUDA_BUILD[key]
 
 
+def cuda_wgmma_reason(a, qweight, scales, zeros, group_size, bias, forced=False
+                      ) -> str | None:
+    """None when the CUDA wgmma GEMM (``tkit.cuda_ext.gemm_int4.matmul_int4_wgmma``) serves
+    this call, else why not: unforced only for CUDA_WGMMA_MIN_M <= M <= CUDA_WGMMA_MAX_M;
+    operands in its scope (``w4_supported``); a build that compiles here (worked out once a
+    device and build)."""
+    M, K = a.shape
+    if not forced and not CUDA_WGMMA_MIN_M <= M <= CUDA_WGMMA_MAX_M:
+        return (f"M={M} is outside {CUDA_WGMMA_MIN_M}..{CUDA_WGMMA_MAX_M}, the rows for "
+                f"which the CUDA wgmma GEMM is the default")
+    mod, why = _cuda_module(a)
+    if why is not None:
+        return why
+    why = mod.w4_supported(a, qweight, scales, zeros, group_size, bias)
+    if why is not None:
+        return why
+    dev = a.device.index or 0
+    cfg = mod.w4_config(M, qweight.shape[1], K, a.dtype, scales.dtype, group_size,
+                        D.sm_count(a.device))
+    key = ("wgmma", dev, cfg["options"])
+    if key not in _CUDA_BUILD:
+        _CUDA_BUILD[key] = mod.w4_unavailable(cfg["options"], dev)
+    return _CUDA_BUILD[key]
+
+
 def backend(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             zeros: torch.Tensor | None = None, *, group_size: int = 128,
             bias: torch.Tensor | None = None) -> str:
@@ -1065,6 +1111,10 @@ def backend(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if why_gemv is None:
         return ("cuda gemv (sm_90a: the codes straight into registers, mma.sync on "
                 "dequantized registers, a 32-column slab a CTA)")
+    why_wgmma = cuda_wgmma_reason(a, qweight, scales, zeros, group_size, bias)
+    if why_wgmma is None:
+        return ("cuda wgmma (sm_90a: TMA ring of 64-deep K steps, the weight dequantized once "
+                "a CTA into wgmma's register operand, up to 256 rows of a a CTA)")
     why = cuda_reason(a, qweight, scales, zeros, group_size, bias)
     if why is None:
         return ("cuda (sm_90a: TMA ring of 512-deep K steps, mma.sync on dequantized "
