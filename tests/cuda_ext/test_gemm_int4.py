@@ -604,3 +604,29 @@ def test_wgmma_splits_are_deterministic_and_counters_rest_at_zero():
     assert int(counters.abs().sum()) == 0
     want, tol = _want(a, q, s, z, 128)
     assert float((first.double() - want).abs().max()) <= tol
+
+
+@pytest.mark.gpu
+def test_wgmma_unforced_dispatch_forced_path_and_plans(monkeypatch):
+    """In its unforced rows (here set to 17..512, the GEMV's cut to 16) calls take the wgmma
+    GEMM, the same bits as its launcher, also when a repeated signature is served by its C++
+    plan; ``path='cuda_wgmma'`` forces it with the ring's slots and K splits as num_stages and
+    split_k (the reference's result), and where it cannot serve raises the reason."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the kernel is built for sm_90a")
+    monkeypatch.setattr(I4, "CUDA_GEMV_MAX_M", 16)
+    monkeypatch.setattr(I4, "CUDA_WGMMA_MIN_M", 17)
+    monkeypatch.setattr(I4, "CUDA_WGMMA_MAX_M", 512)
+    a, q, s, z = _case(40, 1024, 2048, 128)
+    assert I4.backend(a, q, s, z, group_size=128).startswith("cuda wgmma")
+    assert torch.equal(tkit.matmul_int4(a, q, s, z, group_size=128),
+                       G4.matmul_int4_wgmma(a, q, s, z, 128))
+    assert I4.backend(a[:8], q, s, z, group_size=128).startswith("cuda gemv")
+    spec = registry.get("matmul_int4")
+    with I4.int4_config(path="cuda_wgmma", num_stages=3, split_k=2), poisoned_outputs():
+        check_against_reference(spec.fn, spec.reference, (a, q, s, z), dict(group_size=128))
+    with I4.int4_config(path="cuda_wgmma"), pytest.raises(ValueError, match="group_size=96"):
+        a3, q3, s3, z3 = _case(4, 64, 192, 96)
+        tkit.matmul_int4(a3, q3, s3, z3, group_size=96)
+    with torch.no_grad():
+        _plans_serve_repeats(200, G4.matmul_int4_wgmma)
