@@ -300,7 +300,9 @@ CUDA_MIN_M, CUDA_MAX_M = 2, 32
 CUDA_GEMV_MIN_M, CUDA_GEMV_MAX_M = 1, 128
 #: the rows of a for which unforced calls take the CUDA wgmma GEMM (``tkit.cuda_ext.gemm_int4``'s
 #: ``matmul_int4_wgmma``: each weight element dequantized once a CTA into wgmma's register
-#: operand, up to 256 rows of a at once) where it serves and the GEMV does not
+#: operand, up to 256 rows of a at once) where it serves and the GEMV does not. Empty until
+#: it is timed against the GEMV and dequantize + GEMM (docs/NOTES.md, fiftieth session: built,
+#: not yet run on a GPU): ``path='cuda_wgmma'`` alone reaches it
 CUDA_WGMMA_MIN_M, CUDA_WGMMA_MAX_M = 129, 128
 
 
