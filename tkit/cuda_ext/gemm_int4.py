@@ -46,6 +46,35 @@ def _rup(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
+def _out_or_done(a: torch.Tensor, N: int, bias: torch.Tensor | None,
+                 out: torch.Tensor | None) -> tuple[torch.Tensor, bool]:
+    """The (M, N) output (``out`` or a new one) and whether it is already complete without a
+    launch: empty, or K == 0 (bias alone, else zeros)."""
+    M, K = a.shape
+    c = out if out is not None else _common.empty((M, N), a.dtype, a.device)
+    if M == 0 or N == 0:
+        return c, True
+    if K == 0:
+        c.zero_()
+        if bias is not None:
+            c += bias
+        return c, True
+    return c, False
+
+
+def _build_unavailable(source: str, kernel: str, options: tuple[str, ...], device: int
+                       ) -> str | None:
+    """Why a build of ``kernel`` in ``source`` cannot run here (cupy or nvcc missing, a
+    failed build), else None."""
+    why = _loader.missing(nvcc=True)
+    if why is None:
+        try:
+            _loader.nvcc_kernel(source, kernel, options, device)
+        except Exception as e:  # a compile error: report it, the caller falls back
+            why = f"build failed: {type(e).__name__}: {str(e)[:300]}"
+    return why
+
+
 def _nt(M: int) -> int:
     return 1 if M <= 8 else 2 if M <= 16 else 4
 
@@ -231,13 +260,8 @@ def matmul_int4_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
     ``ctas``: the CTAs the K steps are dealt over (None: one an SM)."""
     M, K = a.shape
     N = qweight.shape[1]
-    c = out if out is not None else _common.empty((M, N), a.dtype, a.device)
-    if M == 0 or N == 0:
-        return c
-    if K == 0:
-        c.zero_()
-        if bias is not None:
-            c += bias
+    c, done = _out_or_done(a, N, bias, out)
+    if done:
         return c
     cfg = config(M, a.dtype, scales.dtype, group_size, stages)
     if check:
@@ -399,13 +423,7 @@ def gemv_unavailable(options: tuple[str, ...], device: int) -> str | None:
     """Why a GEMV build cannot run here (cupy or nvcc missing, a failed build), else None.
     The kernel waits on no barrier a bug could leave unreleased, so a build needs no
     self-test in a subprocess; the GPU tests check its numbers."""
-    why = _loader.missing(nvcc=True)
-    if why is None:
-        try:
-            _loader.nvcc_kernel(GEMV_SOURCE, "gemv_int4", options, device)
-        except Exception as e:  # a compile error: report it, the caller falls back
-            why = f"build failed: {type(e).__name__}: {str(e)[:300]}"
-    return why
+    return _build_unavailable(GEMV_SOURCE, "gemv_int4", options, device)
 
 
 def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
@@ -420,13 +438,8 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
     see :func:`gemv_config`."""
     M, K = a.shape
     N = qweight.shape[1]
-    c = out if out is not None else _common.empty((M, N), a.dtype, a.device)
-    if M == 0 or N == 0:
-        return c
-    if K == 0:
-        c.zero_()
-        if bias is not None:
-            c += bias
+    c, done = _out_or_done(a, N, bias, out)
+    if done:
         return c
     dev = a.device.index or 0
     cfg = gemv_config(M, N, K, a.dtype, scales.dtype, group_size, _num_sms(dev), lanes=lanes,
@@ -535,13 +548,7 @@ def w4_supported(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 def w4_unavailable(options: tuple[str, ...], device: int) -> str | None:
     """Why a wgmma GEMM build cannot run here (cupy or nvcc missing, a failed build), else
     None (its numbers are the GPU tests')."""
-    why = _loader.missing(nvcc=True)
-    if why is None:
-        try:
-            _loader.nvcc_kernel(W4_SOURCE, "gemm_w4a16", options, device)
-        except Exception as e:  # a compile error: report it, the caller falls back
-            why = f"build failed: {type(e).__name__}: {str(e)[:300]}"
-    return why
+    return _build_unavailable(W4_SOURCE, "gemm_w4a16", options, device)
 
 
 _W4_WORKSPACE: dict = {}
@@ -569,13 +576,8 @@ def matmul_int4_wgmma(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     :func:`w4_config`."""
     M, K = a.shape
     N = qweight.shape[1]
-    c = out if out is not None else _common.empty((M, N), a.dtype, a.device)
-    if M == 0 or N == 0:
-        return c
-    if K == 0:
-        c.zero_()
-        if bias is not None:
-            c += bias
+    c, done = _out_or_done(a, N, bias, out)
+    if done:
         return c
     dev = a.device.index or 0
     cfg = w4_config(M, N, K, a.dtype, scales.dtype, group_size, _num_sms(dev), bt=bt, cw=cw,

@@ -158,16 +158,6 @@
 __device__ __forceinline__ void wgmma_rs(float* d, const unsigned* a, u64 desc) { WG_ASM; }
 
 
-__device__ __forceinline__ u64 smem_desc(unsigned addr) {
-  // K-major, 128-byte swizzle: SBO 1024 B between 8-row core groups, LBO unused (16)
-  u64 d = 0;
-  d |= (u64)((addr & 0x3FFFF) >> 4);
-  d |= (u64)(16 >> 4) << 16;
-  d |= (u64)(1024 >> 4) << 32;
-  d |= 1ull << 62;
-  return d;
-}
-
 __device__ __forceinline__ unsigned hfma2(unsigned a, unsigned b, unsigned c) {
   unsigned d;
 #if ACT_F16
@@ -299,7 +289,8 @@ gemm_w4a16(const __grid_constant__ TmaDesc a_map, const __grid_constant__ TmaDes
   auto step = [&](int i, unsigned (&A)[4][4], unsigned (&N)[4][4]) {
     const int s = i % STAGES;
     wgmma_fence();
-    const u64 desc = smem_desc(base + s * SLOT);
+    // K-major a tile: SBO 1024 B between 8-row core groups, LBO unused (16)
+    const u64 desc = sw128_desc(base + s * SLOT, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_rs(acc, A[kk], desc + (kk * 32 >> 4));
     wgmma_commit();

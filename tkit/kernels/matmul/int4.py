@@ -1054,54 +1054,48 @@ def cuda_reason(a, qweight, scales, zeros, group_size, bias, forced=False) -> st
     return _CUDA_BUILD[key]
 
 
+def _hatch_reason(name, tag, lo, hi, a, qweight, scales, zeros, group_size, bias, forced,
+                  supported, config, unavailable) -> str | None:
+    """None when a CUDA hatch kernel of ``tkit.cuda_ext.gemm_int4`` (its ``supported``,
+    ``config`` and ``unavailable`` functions, by name) serves this call, else why not:
+    unforced only for lo <= M <= hi; operands in its scope; a build that compiles here
+    (worked out once a device and build, under ``tag``)."""
+    M, K = a.shape
+    if not forced and not lo <= M <= hi:
+        return f"M={M} is outside {lo}..{hi}, the rows for which the {name} is the default"
+    mod, why = _cuda_module(a)
+    if why is not None:
+        return why
+    why = getattr(mod, supported)(a, qweight, scales, zeros, group_size, bias)
+    if why is not None:
+        return why
+    dev = a.device.index or 0
+    cfg = getattr(mod, config)(M, qweight.shape[1], K, a.dtype, scales.dtype, group_size,
+                               D.sm_count(a.device))
+    key = (tag, dev, cfg["options"])
+    if key not in _CUDA_BUILD:
+        _CUDA_BUILD[key] = getattr(mod, unavailable)(cfg["options"], dev)
+    return _CUDA_BUILD[key]
+
+
 def cuda_gemv_reason(a, qweight, scales, zeros, group_size, bias, forced=False
                      ) -> str | None:
     """None when the CUDA GEMV (``tkit.cuda_ext.gemm_int4.matmul_int4_gemv_cuda``) serves
     this call, else why not: unforced only for CUDA_GEMV_MIN_M <= M <= CUDA_GEMV_MAX_M;
-    operands in its scope (``gemv_supported``); a build that compiles here (worked out once
-    a device and build)."""
-    M, K = a.shape
-    if not forced and not CUDA_GEMV_MIN_M <= M <= CUDA_GEMV_MAX_M:
-        return (f"M={M} is outside {CUDA_GEMV_MIN_M}..{CUDA_GEMV_MAX_M}, the rows for which "
-                f"the CUDA GEMV is the default")
-    mod, why = _cuda_module(a)
-    if why is not None:
-        return why
-    why = mod.gemv_supported(a, qweight, scales, zeros, group_size, bias)
-    if why is not None:
-        return why
-    dev = a.device.index or 0
-    cfg = mod.gemv_config(M, qweight.shape[1], K, a.dtype, scales.dtype, group_size,
-                          D.sm_count(a.device))
-    key = ("gemv", dev, cfg["options"])
-    if key not in _CUDA_BUILD:
-        _CUDA_BUILD[key] = mod.gemv_unavailable(cfg["options"], dev)
-    return _CUDA_BUILD[key]
+    operands in its scope (``gemv_supported``); a build that compiles here."""
+    return _hatch_reason("CUDA GEMV", "gemv", CUDA_GEMV_MIN_M, CUDA_GEMV_MAX_M, a, qweight,
+                         scales, zeros, group_size, bias, forced, "gemv_supported",
+                         "gemv_config", "gemv_unavailable")
 
 
 def cuda_wgmma_reason(a, qweight, scales, zeros, group_size, bias, forced=False
                       ) -> str | None:
     """None when the CUDA wgmma GEMM (``tkit.cuda_ext.gemm_int4.matmul_int4_wgmma``) serves
     this call, else why not: unforced only for CUDA_WGMMA_MIN_M <= M <= CUDA_WGMMA_MAX_M;
-    operands in its scope (``w4_supported``); a build that compiles here (worked out once a
-    device and build)."""
-    M, K = a.shape
-    if not forced and not CUDA_WGMMA_MIN_M <= M <= CUDA_WGMMA_MAX_M:
-        return (f"M={M} is outside {CUDA_WGMMA_MIN_M}..{CUDA_WGMMA_MAX_M}, the rows for "
-                f"which the CUDA wgmma GEMM is the default")
-    mod, why = _cuda_module(a)
-    if why is not None:
-        return why
-    why = mod.w4_supported(a, qweight, scales, zeros, group_size, bias)
-    if why is not None:
-        return why
-    dev = a.device.index or 0
-    cfg = mod.w4_config(M, qweight.shape[1], K, a.dtype, scales.dtype, group_size,
-                        D.sm_count(a.device))
-    key = ("wgmma", dev, cfg["options"])
-    if key not in _CUDA_BUILD:
-        _CUDA_BUILD[key] = mod.w4_unavailable(cfg["options"], dev)
-    return _CUDA_BUILD[key]
+    operands in its scope (``w4_supported``); a build that compiles here."""
+    return _hatch_reason("CUDA wgmma GEMM", "wgmma", CUDA_WGMMA_MIN_M, CUDA_WGMMA_MAX_M, a,
+                         qweight, scales, zeros, group_size, bias, forced, "w4_supported",
+                         "w4_config", "w4_unavailable")
 
 
 def backend(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
