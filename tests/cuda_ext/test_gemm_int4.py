@@ -514,8 +514,8 @@ def test_gemv_repeated_eager_calls_are_served_by_their_plan():
 
 # ---- the wgmma GEMM (csrc/gemm_w4a16_sm90.cu) -----------------------------------------------
 def test_wgmma_config_picks_tiles_and_refuses_by_name():
-    """Rows of a pick the tile (the smallest of 8..256 that holds them; more rows, more
-    tiles), 256 rows one consumer warpgroup, two CTAs an SM up to 32 rows; K split to fill
+    """Rows of a pick the tile (the smallest of 8..128 that holds them; more rows, more
+    tiles), a forced 256 rows one consumer warpgroup, two CTAs an SM up to 32 rows; K split to fill
     the SMs' CTAs, each split >= 8 steps; bad knobs are refused by name."""
     c1 = G4.w4_config(1, 14336, 4096, BF16, F16, 128, 132)
     assert (c1["bt"], c1["cw"], c1["minb"]) == (8, 2, 2)
@@ -523,7 +523,8 @@ def test_wgmma_config_picks_tiles_and_refuses_by_name():
     c64 = G4.w4_config(64, 8192, 8192, BF16, F16, 128, 132)
     assert (c64["bt"], c64["minb"], c64["split"], c64["tiles_n"]) == (64, 1, 2, 64)
     c300 = G4.w4_config(300, 14336, 4096, F16, F32, 32, 132)
-    assert (c300["bt"], c300["cw"], c300["tiles_m"], c300["split"]) == (256, 1, 2, 1)
+    assert (c300["bt"], c300["cw"], c300["tiles_m"], c300["split"]) == (128, 2, 3, 1)
+    assert G4.w4_config(300, 14336, 4096, F16, F32, 32, 132, bt=256)["cw"] == 1
     assert "-DACT_F16=1" in c300["options"] and "-DGROUP=32" in c300["options"]
     assert all(G4.w4_config(M, 4096, 4096, BF16, F32, 32, 132)["smem"] <= G4.SMEM_LIMIT
                for M in (1, 16, 64, 128, 256))
@@ -531,7 +532,7 @@ def test_wgmma_config_picks_tiles_and_refuses_by_name():
     with pytest.raises(ValueError, match="bt must be"):
         G4.w4_config(16, 4096, 4096, BF16, F16, 128, 132, bt=48)
     with pytest.raises(ValueError, match="cw must be"):
-        G4.w4_config(256, 4096, 4096, BF16, F16, 128, 132, cw=2)
+        G4.w4_config(256, 4096, 4096, BF16, F16, 128, 132, bt=256, cw=2)
     with pytest.raises(ValueError, match="group_size=96"):
         G4.w4_config(16, 4096, 4032, BF16, F16, 96, 132)
     with pytest.raises(ValueError, match="stages"):

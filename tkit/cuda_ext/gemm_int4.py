@@ -464,11 +464,12 @@ W4_THREADS_PER_WG = 128
 
 
 def _w4_bt(M: int) -> int:
-    """Rows of a a CTA: the smallest tile that holds M, at most 256 (more rows: more tiles)."""
-    for bt in W4_BTS:
+    """Rows of a a CTA: the smallest tile that holds M, at most 128 (more rows: more tiles;
+    256 rows take one warpgroup a CTA, whose dequantization then waits on its own wgmmas)."""
+    for bt in W4_BTS[:-1]:
         if M <= bt:
             return bt
-    return W4_BTS[-1]
+    return 128
 
 
 def _w4_slot(bt: int, cw: int, scale_dtype: torch.dtype, group_size: int) -> int:

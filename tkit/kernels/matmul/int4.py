@@ -37,7 +37,7 @@ per weight element per M tile).
 
 Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` overrides):
 
-* ``"cuda_gemv"`` (1 <= M <= 128 on sm_90 by default, where :func:`cuda_gemv_reason` finds
+* ``"cuda_gemv"`` (1 <= M <= 32 on sm_90 by default, where :func:`cuda_gemv_reason` finds
   nothing in the way): ``tkit.cuda_ext.gemm_int4.matmul_int4_gemv_cuda``, a CUDA GEMV: a CTA
   is a 32-column slab whose warps ("K lanes") walk equal runs of whole groups; each thread
   loads its 16-byte words of codes straight into register rings (to 16 rows two rings of 2
@@ -48,6 +48,16 @@ Kernels (``Int4Config.path``; the heuristic picks, ``int4_config(path=...)`` ove
   the lanes meet once at the end. About 1.9 instructions a weight at M = 1 (the Triton
   GEMV's FMAs take ~3.5), no TMA ring, no stream-K hand-over. Past 32 rows, more CTAs a
   slab (neighbours in the grid, so all but the first read the slab's codes from L2).
+* ``"cuda_wgmma"`` (33 <= M <= 512 on sm_90 by default): ``tkit.cuda_ext.gemm_int4``'s
+  ``matmul_int4_wgmma``, the product transposed on wgmma, ``out^T tile = W tile @ a^T
+  tile``: one producer warp streams 64-deep K steps of a (128-byte swizzle), the codes and
+  the scale and zero rows through a TMA ring; each consumer warpgroup dequantizes 64 weight
+  columns once a CTA straight into wgmma's register A operand (an 8-bit shared load, an
+  IMAD and a LOP3 a pair, two 16-bit FMAs) while the previous step's wgmmas run, with up to
+  128 rows of a as the wgmma's N. K split where the tiles leave SMs idle (the last split to
+  arrive adds the float32 tiles in split order). Past 32 rows the GEMV repeats its work for
+  each 32-row block; past ~512 dequantize + GEMM's one pass over the weight costs less than
+  dequantizing it once per 128-row tile.
 * ``"cuda"`` (2 <= M <= 32 on sm_90 where the GEMV does not serve): ``tkit.cuda_ext.gemm_int4``,
   a CUDA kernel for decode sizes: one producer warp
   streams the codes, scales, zeros and a through a TMA ring of 512-deep K steps, eight
@@ -294,16 +304,17 @@ CUDA_MIN_M, CUDA_MAX_M = 2, 32
 #: ``matmul_int4_gemv_cuda``: the codes straight into registers, mma.sync on dequantized
 #: registers, a 32-column slab and up to 32 rows a CTA, no TMA ring or stream-K) where it
 #: serves: on the H100 it took 0.91-0.92x the Triton GEMV's time at M = 1, 0.76-0.85x the
-#: stream-K kernel's at M = 2..16 (docs/NOTES.md, forty-sixth session), 0.72-0.81x at 24..32,
-#: 0.87-0.95x the tc kernel's at 48..64 (two 32-row CTAs a slab), and against the tile kernel
-#: 0.68-0.88x at 96 and 0.67x / 1.04x at 128 (K=N=8192 / K=4096 N=14336; forty-ninth session)
-CUDA_GEMV_MIN_M, CUDA_GEMV_MAX_M = 1, 128
+#: stream-K kernel's at M = 2..16 (docs/NOTES.md, forty-sixth session), 0.72-0.81x at 24..32
+#: and 0.70-0.87x the wgmma GEMM's at 16..32 (fifty-first session). Past 32 rows it repeats
+#: all of its work for each 32-row block, and the wgmma GEMM (below) takes over
+CUDA_GEMV_MIN_M, CUDA_GEMV_MAX_M = 1, 32
 #: the rows of a for which unforced calls take the CUDA wgmma GEMM (``tkit.cuda_ext.gemm_int4``'s
 #: ``matmul_int4_wgmma``: each weight element dequantized once a CTA into wgmma's register
-#: operand, up to 256 rows of a at once) where it serves and the GEMV does not. Empty until
-#: it is timed against the GEMV and dequantize + GEMM (docs/NOTES.md, fiftieth session: built,
-#: not yet run on a GPU): ``path='cuda_wgmma'`` alone reaches it
-CUDA_WGMMA_MIN_M, CUDA_WGMMA_MAX_M = 129, 128
+#: operand, up to 128 rows of a at once) where it serves and the GEMV does not: on the H100
+#: it took 0.45-0.93x the GEMV's time at 48..128 rows and 0.54-0.84x dequantize + GEMM's at
+#: 192..512, and 1.06-1.47x the latter's at 1024..2048, where dequantize + GEMM keeps the
+#: rows (docs/NOTES.md, fifty-first session)
+CUDA_WGMMA_MIN_M, CUDA_WGMMA_MAX_M = 33, 512
 
 
 def _split_for(tiles: int, want_programs: int, k_steps: int, min_steps: int) -> int:
@@ -1110,7 +1121,7 @@ def backend(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     why_wgmma = cuda_wgmma_reason(a, qweight, scales, zeros, group_size, bias)
     if why_wgmma is None:
         return ("cuda wgmma (sm_90a: TMA ring of 64-deep K steps, the weight dequantized once "
-                "a CTA into wgmma's register operand, up to 256 rows of a a CTA)")
+                "a CTA into wgmma's register operand, up to 128 rows of a a CTA)")
     why = cuda_reason(a, qweight, scales, zeros, group_size, bias)
     if why is None:
         return ("cuda (sm_90a: TMA ring of 512-deep K steps, mma.sync on dequantized "
