@@ -938,23 +938,26 @@ def _cuda_wgmma(**kw):
 
 
 def sweep_int4_wgmma(rows):
-    """The wgmma GEMM (``tkit.cuda_ext.gemm_int4.matmul_int4_wgmma``: each weight element
-    dequantized once a CTA into wgmma's register operand, up to 256 rows of a a CTA) at M =
-    1..512 against the default there (the GEMV to 128 rows, dequantize + GEMM from 256), with
-    its K split off and, from 64 rows, half the rows a CTA; cuBLAS bf16 beside them
+    """The default (the CUDA GEMV to 32 rows, the wgmma GEMM ``tkit.cuda_ext.gemm_int4.
+    matmul_int4_wgmma`` at 33..512, dequantize + GEMM above) at M = 16..1024 against the
+    paths beside its cuts: the GEMV to 128 rows, dequantize + GEMM from 128, the wgmma GEMM
+    with its K split off and, from 64 rows, half the rows a CTA; cuBLAS bf16 beside them
     (:func:`_int4_gemv_rounds`)."""
     from tkit.cuda_ext import gemm_int4 as G4
 
     def variants_for(M):
         variants = {"default": _matmul_int4_default, "cuda wgmma": _cuda_wgmma(),
                     "cuda wgmma split 1": _cuda_wgmma(split=1)}
+        if M <= 128:
+            variants["cuda gemv"] = _cuda_gemv()
         if M >= 64:
             variants["cuda wgmma bt /2"] = _cuda_wgmma(bt=G4._w4_bt(M) // 2)
-        if M == 128:
+        if M >= 128:
             variants["triton dequant"] = _triton_path("dequant")
         return variants
 
-    _int4_gemv_rounds(rows, "int4_wgmma", (1, 16, 32, 64, 128, 256, 512), variants_for)
+    _int4_gemv_rounds(rows, "int4_wgmma", (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768,
+                                           1024), variants_for)
 
 
 def sweep_int4_small_m(rows):

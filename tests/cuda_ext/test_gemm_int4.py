@@ -504,9 +504,11 @@ def test_gemv_unforced_m1_takes_it_and_falls_back_with_the_reason():
 
 
 @pytest.mark.gpu
-def test_gemv_repeated_eager_calls_are_served_by_their_plan():
-    """The second eager call of a signature (M=1; M=40, two 32-row CTAs a slab) is served by
-    its plan: the same bits as the launcher for fresh activations and weights."""
+def test_gemv_repeated_eager_calls_are_served_by_their_plan(monkeypatch):
+    """The second eager call of a signature (M=1; M=40, two 32-row CTAs a slab, with the
+    GEMV's unforced rows widened past the wgmma GEMM's start) is served by its plan: the same
+    bits as the launcher for fresh activations and weights."""
+    monkeypatch.setattr(I4, "CUDA_GEMV_MAX_M", 128)
     with torch.no_grad():
         _plans_serve_repeats(1, G4.matmul_int4_gemv_cuda)
         _plans_serve_repeats(40, G4.matmul_int4_gemv_cuda)
@@ -515,8 +517,8 @@ def test_gemv_repeated_eager_calls_are_served_by_their_plan():
 # ---- the wgmma GEMM (csrc/gemm_w4a16_sm90.cu) -----------------------------------------------
 def test_wgmma_config_picks_tiles_and_refuses_by_name():
     """Rows of a pick the tile (the smallest of 8..128 that holds them; more rows, more
-    tiles), a forced 256 rows one consumer warpgroup, two CTAs an SM up to 32 rows; K split to fill
-    the SMs' CTAs, each split >= 8 steps; bad knobs are refused by name."""
+    tiles), two consumer warpgroups, two CTAs an SM up to 32 rows; K split to fill the SMs'
+    CTAs, each split >= 8 steps; bad knobs are refused by name."""
     c1 = G4.w4_config(1, 14336, 4096, BF16, F16, 128, 132)
     assert (c1["bt"], c1["cw"], c1["minb"]) == (8, 2, 2)
     assert c1["split"] == 2 and c1["tiles_n"] == 112  # 224 CTAs on 264 places
@@ -524,15 +526,14 @@ def test_wgmma_config_picks_tiles_and_refuses_by_name():
     assert (c64["bt"], c64["minb"], c64["split"], c64["tiles_n"]) == (64, 1, 2, 64)
     c300 = G4.w4_config(300, 14336, 4096, F16, F32, 32, 132)
     assert (c300["bt"], c300["cw"], c300["tiles_m"], c300["split"]) == (128, 2, 3, 1)
-    assert G4.w4_config(300, 14336, 4096, F16, F32, 32, 132, bt=256)["cw"] == 1
     assert "-DACT_F16=1" in c300["options"] and "-DGROUP=32" in c300["options"]
     assert all(G4.w4_config(M, 4096, 4096, BF16, F32, 32, 132)["smem"] <= G4.SMEM_LIMIT
                for M in (1, 16, 64, 128, 256))
     assert G4.w4_config(16, 4096, 256, BF16, F16, 128, 132)["split"] == 1  # 4 steps: no split
     with pytest.raises(ValueError, match="bt must be"):
-        G4.w4_config(16, 4096, 4096, BF16, F16, 128, 132, bt=48)
+        G4.w4_config(16, 4096, 4096, BF16, F16, 128, 132, bt=256)
     with pytest.raises(ValueError, match="cw must be"):
-        G4.w4_config(256, 4096, 4096, BF16, F16, 128, 132, bt=256, cw=2)
+        G4.w4_config(256, 4096, 4096, BF16, F16, 128, 132, cw=3)
     with pytest.raises(ValueError, match="group_size=96"):
         G4.w4_config(16, 4096, 4032, BF16, F16, 96, 132)
     with pytest.raises(ValueError, match="stages"):
@@ -560,12 +561,12 @@ def test_wgmma_scope_names_what_is_out_of_it():
     (64, 2048, 2048, 128, BF16, F16, False, True, dict(stages=2)),
     (100, 4096, 1024, 32, BF16, BF16, True, False, dict(cw=1)),
     (128, 1024, 4096, 128, F16, BF16, False, False, dict(split=2)),
-    (200, 768, 2048, 128, BF16, F16, False, True, {}),            # 256 rows, one warpgroup
+    (200, 768, 2048, 128, BF16, F16, False, True, {}),            # 128-row tiles, one partial
     (300, 1024, 1024, 64, BF16, F16, False, False, dict(bt=128)),  # 3 row tiles
     (40, 4096, 8192, 128, BF16, BF16, False, False, dict(split=8)),
 ])
 def test_wgmma_against_reference(M, N, K, G, dt, sdt, sym, bias, kw):
-    """Float64 reference, outputs poisoned and a row past M too: row tiles of 8 to 256 (one
+    """Float64 reference, outputs poisoned and a row past M too: row tiles of 8 to 128 (one
     or two consumer warpgroups), several row tiles, partial ones, N not a multiple of the
     column tile, K not of the step, every scale dtype, groups of 32 to 512, K splits (even and
     not), two ring slots."""

@@ -459,17 +459,16 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
 W4_SOURCE = "gemm_w4a16_sm90.cu"
 #: K a step, rows of a a CTA (the wgmma's N) the source builds
 W4_BK = 64
-W4_BTS = (8, 16, 32, 64, 128, 256)
+W4_BTS = (8, 16, 32, 64, 128)
 W4_THREADS_PER_WG = 128
 
 
 def _w4_bt(M: int) -> int:
-    """Rows of a a CTA: the smallest tile that holds M, at most 128 (more rows: more tiles;
-    256 rows take one warpgroup a CTA, whose dequantization then waits on its own wgmmas)."""
-    for bt in W4_BTS[:-1]:
+    """Rows of a a CTA: the smallest tile that holds M, at most 128 (more rows: more tiles)."""
+    for bt in W4_BTS:
         if M <= bt:
             return bt
-    return 128
+    return W4_BTS[-1]
 
 
 def _w4_slot(bt: int, cw: int, scale_dtype: torch.dtype, group_size: int) -> int:
@@ -485,16 +484,15 @@ def w4_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: torch
     """One build and launch of the wgmma GEMM: bt (rows of a a CTA), cw (consumer
     warpgroups, 64 weight columns each), minb (CTAs an SM its launch bounds allow), stages
     (ring slots of a 64-deep K step), split (K splits), tiles_m / tiles_n, smem and options.
-    Defaults: the smallest bt that holds M; two consumers (one at bt 256, whose 128
-    accumulators a thread need the registers of a lone warpgroup); two CTAs an SM up to 32
-    rows; as many slots as fit, at most 8; K split so that the tiles fill the SMs' CTAs, each
+    Defaults: the smallest bt that holds M (at most 128); two consumers; two CTAs an SM up
+    to 32 rows; as many slots as fit, at most 8; K split so that the tiles fill the SMs' CTAs, each
     split at least 8 steps. Shared between calls: do not modify it."""
     bt = _w4_bt(M) if bt is None else bt
     if bt not in W4_BTS:
         raise ValueError(f"bt must be one of {W4_BTS}, got {bt}")
-    cw = (1 if bt == 256 else 2) if cw is None else cw
-    if cw not in (1, 2) or (bt == 256 and cw != 1):
-        raise ValueError(f"cw must be 1 or 2 (1 at bt=256: its accumulators), got {cw}")
+    cw = 2 if cw is None else cw
+    if cw not in (1, 2):
+        raise ValueError(f"cw must be 1 or 2, got {cw}")
     if group_size % W4_BK and group_size != 32:
         raise ValueError(f"group_size={group_size} must be 32 or a multiple of {W4_BK}")
     minb = 2 if bt <= 32 else 1
@@ -539,7 +537,7 @@ def w4_supported(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     why = _scales_bias_reason(a, scales, zeros, bias, " (TMA)")
     if why is not None:
         return why
-    if -(-M // 256) * -(-N // 64) * -(-K // W4_BK) >= 2**31:
+    if -(-M // 8) * -(-N // 64) * -(-K // W4_BK) >= 2**31:
         return "too many tiles for 32-bit counts"
     if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device) != (9, 0):
         return "not an sm_90 device (the kernel is built for sm_90a)"

@@ -14,10 +14,11 @@
 // Why: past ~32 rows the GEMV's cost grows with each 32-row block (mma.sync on every block,
 // latency-bound at 8 warps an SM), and dequantize + GEMM writes and reads the 16-bit weight.
 // Here each weight element is dequantized once a CTA, into wgmma's register operand, and one
-// m64nBTk16 wgmma multiplies it by BT rows of a (up to 256) at once:
+// m64nBTk16 wgmma multiplies it by BT rows of a (up to 128) at once:
 //   out^T tile (BW weight columns x BT rows of a) = W tile @ a^T tile,
 // the weight as A (registers, 64 columns a consumer warpgroup), a's rows as B (the N of the
-// wgmma, K-major in shared memory through TMA's 128-byte swizzle).
+// wgmma, K-major in shared memory through TMA's 128-byte swizzle). (256 rows a CTA, on one
+// warpgroup since two would spill, lost to two 128-row tiles: docs/NOTES.md.)
 //
 // THREADS = 128 CW + 32: CW consumer warpgroups, then one producer warp (one thread issues
 // TMA: a's BT x 64 box, the codes' BW x 8 packed rows, the scale and zero rows of the step)
@@ -134,26 +135,8 @@
       "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n" \
       : F8(0), F8(8), F8(16), F8(24), F8(32), F8(40), F8(48), F8(56) \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1))
-#elif BT == 256
-#define WG_N "256"
-#define WG_ASM asm volatile( \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n" WG_N "k16.f32." MMA_TYPE "." MMA_TYPE " {" \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
-      "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, " \
-      "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
-      "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, " \
-      "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, " \
-      "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, " \
-      "%98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, " \
-      "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, " \
-      "%124, %125, %126, %127" \
-      "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n" \
-      : F8(0), F8(8), F8(16), F8(24), F8(32), F8(40), F8(48), F8(56), \
-        F8(64), F8(72), F8(80), F8(88), F8(96), F8(104), F8(112), F8(120) \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1))
 #else
-#error "BT must be 8, 16, 32, 64, 128 or 256"
+#error "BT must be 8, 16, 32, 64 or 128"
 #endif
 __device__ __forceinline__ void wgmma_rs(float* d, const unsigned* a, u64 desc) { WG_ASM; }
 
