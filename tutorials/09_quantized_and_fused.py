@@ -675,6 +675,24 @@ def test_glu_measured_against_prediction():
 # what the 16-bit GEMM costs plus one pass over the weight: the bytes it saved no longer
 # matter once the GEMM is compute-bound, which is the roofline's answer to the chapter's
 # question.
+#
+# Between the GEMV and the prefill path, the roofline says INT4 should still win: at M=128,
+# K=4096 N=14336 the product is 15 GFLOP (~23 us of tensor time on an H100) over 29 MB of
+# codes (~10 us), against cuBLAS bf16's ~43 us on its 117 MB. What stood in the way was the
+# conversion paid per row block (the GEMV's 32-row blocks, the tile kernel's row tiles).
+# `csrc/gemm_w4a16_sm90.cu` pays it once per 128 rows: the product is taken transposed on
+# wgmma, the weight as its register A operand (each consumer warpgroup dequantizes 64 columns
+# of a 64-deep K step straight into the fragment's layout, an 8-bit shared load, an IMAD, a
+# LOP3 and two 16-bit FMAs a pair), and up to 128 rows of a as its N from shared memory,
+# while the previous step's wgmmas run. On the H100 (runs `h100-2026-12-06-x/y/z-int4-wgmma`,
+# kernel timer, x cuBLAS bf16 at K=4096 N=14336 / K=N=8192) it reads M=48 1.50 / 1.29, 64
+# 1.45 / 1.28, 96 1.26 / 0.97, 128 1.23 / 0.98 (the GEMV: 0.57 / 0.65 there), 256 0.68 /
+# 0.80 and 512 0.66 / 0.68, and it is the default from 33 to 512 rows. The GEMV keeps 1..32
+# (the wgmma GEMM took 1.15-1.43x its time there) and dequantize + GEMM the rows from 1024
+# (the wgmma GEMM 1.06-1.47x its time). The crossover under cuBLAS moved to ~128 rows at
+# K=4096 N=14336, still short of the roofline's ~200: ncu at M=128 finds the tensor pipe busy
+# 54% of the time and issue 39%, the warps waiting on the dequantization's dependent chain at
+# two warps a scheduler, so a step costs ~960 cycles against ~512 of tensor work.
 
 # %%
 MEASURED_H200 = {  # docs/NOTES.md and benchmarks/results/h200.jsonl, run j, 2026-12-01

@@ -311,9 +311,9 @@ CUDA_GEMV_MIN_M, CUDA_GEMV_MAX_M = 1, 32
 #: the rows of a for which unforced calls take the CUDA wgmma GEMM (``tkit.cuda_ext.gemm_int4``'s
 #: ``matmul_int4_wgmma``: each weight element dequantized once a CTA into wgmma's register
 #: operand, up to 128 rows of a at once) where it serves and the GEMV does not: on the H100
-#: it took 0.45-0.93x the GEMV's time at 48..128 rows and 0.54-0.84x dequantize + GEMM's at
-#: 192..512, and 1.06-1.47x the latter's at 1024..2048, where dequantize + GEMM keeps the
-#: rows (docs/NOTES.md, fifty-first session)
+#: it took 0.45-0.93x the GEMV's time at 48..128 rows and 0.49-0.93x the paths before it at
+#: 192..512 (the Triton tile kernel, dequantize + GEMM from 256), and 1.06-1.47x dequantize +
+#: GEMM's at 1024..2048, where that keeps the rows (docs/NOTES.md, fifty-first session)
 CUDA_WGMMA_MIN_M, CUDA_WGMMA_MAX_M = 33, 512
 
 
