@@ -206,9 +206,9 @@ class Int4Config:
                               num_stages=0, path="cuda_gemv")
         if path == "cuda_wgmma":
             # tkit.cuda_ext.gemm_int4's wgmma GEMM: its own tiles (64-column warpgroups, up to
-            # 256 rows of a a CTA, 64-deep K steps); num_stages is its ring's slots and
+            # 128 rows of a a CTA, 64-deep K steps); num_stages is its ring's slots and
             # split_k its K splits, 0 meaning the kernel's own choice
-            return Int4Config(min(256, max(8, C.next_power_of_2(M))), 128, bk, 0,
+            return Int4Config(min(128, max(8, C.next_power_of_2(M))), 128, bk, 0,
                               num_warps=9, num_stages=0, path="cuda_wgmma")
         if path == "cuda":
             # tkit.cuda_ext.gemm_int4: its own tiles (128 columns, 512-deep K steps); only
