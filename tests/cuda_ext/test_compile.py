@@ -282,10 +282,12 @@ def test_int4_gemv_builds(cubin_dir, build):
     assert ("SHFL.IDX" in body) == (stacked and G // 32 <= cfg["pf"] * cfg["rb"]), body_hmma
 
 
-# (M, a's dtype, the scales', group): one build of each row tile
-W4_BUILDS = [(1, "bfloat16", "float16", 128), (16, "bfloat16", "bfloat16", 128),
-             (32, "float16", "float32", 32), (64, "bfloat16", "float16", 256),
-             (128, "bfloat16", "float16", 128), (256, "float16", "bfloat16", 64)]
+# (M, a's dtype, the scales', group, consumer warpgroups): one build of each row tile, and
+# three consumer warpgroups at the largest
+W4_BUILDS = [(1, "bfloat16", "float16", 128, 2), (16, "bfloat16", "bfloat16", 128, 2),
+             (32, "float16", "float32", 32, 2), (64, "bfloat16", "float16", 256, 2),
+             (128, "bfloat16", "float16", 128, 2), (256, "float16", "bfloat16", 64, 2),
+             (128, "bfloat16", "float16", 128, 3), (64, "float16", "float32", 32, 3)]
 
 
 @pytest.mark.toolchain
@@ -301,8 +303,8 @@ def test_int4_wgmma_builds(cubin_dir, build):
 
     from tkit.cuda_ext.gemm_int4 import W4_SOURCE, w4_config
 
-    M, act, sdt, G = build
-    cfg = w4_config(M, 14336, 4096, getattr(torch, act), getattr(torch, sdt), G, 132)
+    M, act, sdt, G, cw = build
+    cfg = w4_config(M, 14336, 4096, getattr(torch, act), getattr(torch, sdt), G, 132, cw=cw)
     sass = kernels_sass(_loader.compile_cubin(W4_SOURCE, "90a", cfg["options"],
                                               cache_dir=cubin_dir))["gemm_w4a16"]
     ops = opcodes(sass)

@@ -527,13 +527,16 @@ def test_wgmma_config_picks_tiles_and_refuses_by_name():
     c300 = G4.w4_config(300, 14336, 4096, F16, F32, 32, 132)
     assert (c300["bt"], c300["cw"], c300["tiles_m"], c300["split"]) == (128, 2, 3, 1)
     assert "-DACT_F16=1" in c300["options"] and "-DGROUP=32" in c300["options"]
+    c3 = G4.w4_config(128, 14336, 4096, BF16, F16, 128, 132, cw=3)
+    assert (c3["tiles_n"], c3["split"]) == (75, 1) and "-DCW=3" in c3["options"]
+    assert G4.w4_config(16, 14336, 4096, BF16, F16, 128, 132, cw=3)["minb"] == 1
     assert all(G4.w4_config(M, 4096, 4096, BF16, F32, 32, 132)["smem"] <= G4.SMEM_LIMIT
                for M in (1, 16, 64, 128, 256))
     assert G4.w4_config(16, 4096, 256, BF16, F16, 128, 132)["split"] == 1  # 4 steps: no split
     with pytest.raises(ValueError, match="bt must be"):
         G4.w4_config(16, 4096, 4096, BF16, F16, 128, 132, bt=256)
     with pytest.raises(ValueError, match="cw must be"):
-        G4.w4_config(256, 4096, 4096, BF16, F16, 128, 132, cw=3)
+        G4.w4_config(256, 4096, 4096, BF16, F16, 128, 132, cw=4)
     with pytest.raises(ValueError, match="group_size=96"):
         G4.w4_config(16, 4096, 4032, BF16, F16, 96, 132)
     with pytest.raises(ValueError, match="stages"):
@@ -564,6 +567,8 @@ def test_wgmma_scope_names_what_is_out_of_it():
     (200, 768, 2048, 128, BF16, F16, False, True, {}),            # 128-row tiles, one partial
     (300, 1024, 1024, 64, BF16, F16, False, False, dict(bt=128)),  # 3 row tiles
     (40, 4096, 8192, 128, BF16, BF16, False, False, dict(split=8)),
+    (150, 1000, 2048, 128, BF16, F16, False, True, dict(cw=3)),     # 192-column tiles, partial
+    (24, 3072, 4096, 64, F16, F32, True, False, dict(cw=3, split=4)),
 ])
 def test_wgmma_against_reference(M, N, K, G, dt, sdt, sym, bias, kw):
     """Float64 reference, outputs poisoned and a row past M too: row tiles of 8 to 128 (one

@@ -484,18 +484,21 @@ def w4_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: torch
     """One build and launch of the wgmma GEMM: bt (rows of a a CTA), cw (consumer
     warpgroups, 64 weight columns each), minb (CTAs an SM its launch bounds allow), stages
     (ring slots of a 64-deep K step), split (K splits), tiles_m / tiles_n, smem and options.
-    Defaults: the smallest bt that holds M (at most 128); two consumers; two CTAs an SM up
-    to 32 rows; as many slots as fit, at most 8; K split so that the tiles fill the SMs' CTAs, each
-    split at least 8 steps. Shared between calls: do not modify it."""
+    Defaults: the smallest bt that holds M (at most 128); two consumers (three: a third
+    warp a scheduler to hide the dequantization's latency, 192-column tiles); two CTAs an SM
+    up to 32 rows with two warpgroups; as many slots as fit, at most 8; K split so that the
+    tiles fill the SMs' CTAs, each split at least 8 steps. Shared between calls: do not
+    modify it."""
     bt = _w4_bt(M) if bt is None else bt
     if bt not in W4_BTS:
         raise ValueError(f"bt must be one of {W4_BTS}, got {bt}")
     cw = 2 if cw is None else cw
-    if cw not in (1, 2):
-        raise ValueError(f"cw must be 1 or 2, got {cw}")
+    if cw not in (1, 2, 3):
+        raise ValueError(f"cw must be 1, 2 or 3, got {cw}")
     if group_size % W4_BK and group_size != 32:
         raise ValueError(f"group_size={group_size} must be 32 or a multiple of {W4_BK}")
-    minb = 2 if bt <= 32 else 1
+    # (three warpgroups twice an SM would spill)
+    minb = 2 if bt <= 32 and cw <= 2 else 1
     slot = _w4_slot(bt, cw, scale_dtype, group_size)
     fit = (SMEM_LIMIT // minb - 2048) // slot
     if stages is None:
