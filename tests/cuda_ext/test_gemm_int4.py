@@ -571,8 +571,8 @@ def test_wgmma_scope_names_what_is_out_of_it():
     (24, 3072, 4096, 64, F16, F32, True, False, dict(cw=3, split=4)),
 ])
 def test_wgmma_against_reference(M, N, K, G, dt, sdt, sym, bias, kw):
-    """Float64 reference, outputs poisoned and a row past M too: row tiles of 8 to 128 (one
-    or two consumer warpgroups), several row tiles, partial ones, N not a multiple of the
+    """Float64 reference, outputs poisoned and a row past M too: row tiles of 8 to 128 (one,
+    two or three consumer warpgroups), several row tiles, partial ones, N not a multiple of the
     column tile, K not of the step, every scale dtype, groups of 32 to 512, K splits (even and
     not), two ring slots."""
     a, q, s, z = _case(M, N, K, G, dt, sym, sdt, seed=M + N)
