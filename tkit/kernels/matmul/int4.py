@@ -303,17 +303,16 @@ CUDA_MIN_M, CUDA_MAX_M = 2, 32
 #: the rows of a for which unforced calls take the CUDA GEMV (``tkit.cuda_ext.gemm_int4``'s
 #: ``matmul_int4_gemv_cuda``: the codes straight into registers, mma.sync on dequantized
 #: registers, a 32-column slab and up to 32 rows a CTA, no TMA ring or stream-K) where it
-#: serves: on the H100 it took 0.91-0.92x the Triton GEMV's time at M = 1, 0.76-0.85x the
-#: stream-K kernel's at M = 2..16 (docs/NOTES.md, forty-sixth session), 0.72-0.81x at 24..32
-#: and 0.70-0.87x the wgmma GEMM's at 16..32 (fifty-first session). Past 32 rows it repeats
-#: all of its work for each 32-row block, and the wgmma GEMM (below) takes over
+#: serves: a stream of the weight, faster than the Triton GEMV, the stream-K kernel and the
+#: wgmma GEMM there. Past 32 rows it repeats all of its work for each 32-row block, and the
+#: wgmma GEMM (below) takes over (figures: docs/NOTES.md)
 CUDA_GEMV_MIN_M, CUDA_GEMV_MAX_M = 1, 32
 #: the rows of a for which unforced calls take the CUDA wgmma GEMM (``tkit.cuda_ext.gemm_int4``'s
 #: ``matmul_int4_wgmma``: each weight element dequantized once a CTA into wgmma's register
-#: operand, up to 128 rows of a at once) where it serves and the GEMV does not: on the H100
-#: it took 0.45-0.93x the GEMV's time at 48..128 rows and 0.49-0.93x the paths before it at
-#: 192..512 (the Triton tile kernel, dequantize + GEMM from 256), and 1.06-1.47x dequantize +
-#: GEMM's at 1024..2048, where that keeps the rows (docs/NOTES.md, fifty-first session)
+#: operand, up to 128 rows of a at once) where it serves and the GEMV does not: it pays the
+#: conversion once per 128 rows where the GEMV pays it per 32 and the Triton tile kernel per
+#: row tile; past ~512 rows dequantize + GEMM's one pass over the weight costs less than the
+#: conversion once per 128-row tile (figures: docs/NOTES.md)
 CUDA_WGMMA_MIN_M, CUDA_WGMMA_MAX_M = 33, 512
 
 
