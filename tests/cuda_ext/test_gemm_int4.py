@@ -537,6 +537,9 @@ def test_wgmma_config_picks_tiles_and_refuses_by_name():
         G4.w4_config(16, 4096, 4096, BF16, F16, 128, 132, bt=256)
     with pytest.raises(ValueError, match="cw must be"):
         G4.w4_config(256, 4096, 4096, BF16, F16, 128, 132, cw=4)
+    assert "-DPIPE=1" in G4.w4_config(64, 4096, 4096, BF16, F16, 128, 132, pipe=1)["options"]
+    with pytest.raises(ValueError, match="pipe must be"):
+        G4.w4_config(64, 4096, 4096, BF16, F16, 128, 132, pipe=2)
     with pytest.raises(ValueError, match="group_size=96"):
         G4.w4_config(16, 4096, 4032, BF16, F16, 96, 132)
     with pytest.raises(ValueError, match="stages"):
@@ -569,6 +572,14 @@ def test_wgmma_scope_names_what_is_out_of_it():
     (40, 4096, 8192, 128, BF16, BF16, False, False, dict(split=8)),
     (150, 1000, 2048, 128, BF16, F16, False, True, dict(cw=3)),     # 192-column tiles, partial
     (24, 3072, 4096, 64, F16, F32, True, False, dict(cw=3, split=4)),
+    # a wgmma group a k16 slice, three in flight
+    (1, 4096, 4096, 128, BF16, F16, False, False, dict(pipe=1)),
+    (16, 1024, 96, 32, BF16, BF16, False, False, dict(pipe=1)),
+    (64, 2048, 2048, 128, BF16, F16, False, True, dict(stages=2, pipe=1)),
+    (128, 1024, 4096, 128, F16, BF16, False, False, dict(split=2, pipe=1)),
+    (300, 1024, 1024, 64, BF16, F16, False, False, dict(bt=128, pipe=1)),
+    (150, 1000, 2048, 128, BF16, F16, False, True, dict(cw=3, pipe=1)),
+    (24, 3072, 4096, 64, F16, F32, True, False, dict(cw=3, split=4, pipe=1)),
 ])
 def test_wgmma_against_reference(M, N, K, G, dt, sdt, sym, bias, kw):
     """Float64 reference, outputs poisoned and a row past M too: row tiles of 8 to 128 (one,
@@ -588,13 +599,14 @@ def test_wgmma_against_reference(M, N, K, G, dt, sdt, sym, bias, kw):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("pipe", [0, 1])
 @pytest.mark.parametrize("M", [3, 130])
-def test_wgmma_every_code_in_every_nibble(M):
+def test_wgmma_every_code_in_every_nibble(M, pipe):
     """Each of the 16 codes at each of the 8 nibbles of a word, against zero points 0..15
-    (exact: O + z in the 16-bit type) and a fractional one (-z s rounded)."""
+    (exact: O + z in the 16-bit type) and a fractional one (-z s rounded), in both pipelines."""
     a, q, s, z, G = _every_code_case(M)
     want, tol = _want(a, q, s, z, G)
-    got = G4.matmul_int4_wgmma(a, q, s, z, G)
+    got = G4.matmul_int4_wgmma(a, q, s, z, G, pipe=pipe)
     assert float((got.double() - want).abs().max()) <= tol
 
 
