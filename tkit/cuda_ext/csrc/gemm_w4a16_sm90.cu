@@ -350,6 +350,12 @@ gemm_w4a16(const __grid_constant__ TmaDesc a_map, const __grid_constant__ TmaDes
       }
     }
   }
+  // the last slices' fragments stay theirs until every group is done
+  wgmma_wait0();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) fence_operand(A[kk][e]);
 #endif
   wgmma_wait0();
 #pragma unroll
