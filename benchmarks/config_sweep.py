@@ -941,8 +941,7 @@ def sweep_int4_wgmma(rows):
     """The default (the CUDA GEMV to 32 rows, the wgmma GEMM ``tkit.cuda_ext.gemm_int4.
     matmul_int4_wgmma`` at 33..512, dequantize + GEMM above) at M = 16..1024 against the
     paths beside its cuts: the GEMV to 128 rows, dequantize + GEMM from 128, the wgmma GEMM
-    with its K split off, from 32 rows with three consumer warpgroups and from 64 half the
-    rows a CTA; cuBLAS bf16 beside them
+    with its K split off and from 64 rows half the rows a CTA; cuBLAS bf16 beside them
     (:func:`_int4_gemv_rounds`)."""
     from tkit.cuda_ext import gemm_int4 as G4
 
@@ -953,8 +952,6 @@ def sweep_int4_wgmma(rows):
             variants["cuda gemv"] = _cuda_gemv()
         if M >= 64:
             variants["cuda wgmma bt /2"] = _cuda_wgmma(bt=G4._w4_bt(M) // 2)
-        if M >= 32:
-            variants["cuda wgmma 3 warpgroups"] = _cuda_wgmma(cw=3)
         if M >= 128:
             variants["triton dequant"] = _triton_path("dequant")
         return variants

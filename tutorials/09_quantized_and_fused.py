@@ -692,7 +692,19 @@ def test_glu_measured_against_prediction():
 # (the wgmma GEMM 1.06-1.47x its time). The crossover under cuBLAS moved to ~128 rows at
 # K=4096 N=14336, still short of the roofline's ~200: ncu at M=128 finds the tensor pipe busy
 # 54% of the time and issue 39%, the warps waiting on the dequantization's dependent chain at
-# two warps a scheduler, so a step costs ~960 cycles against ~512 of tensor work.
+# two warps a scheduler, so a step costs ~960 cycles against ~512 of tensor work. Neither
+# remedy tried helped on the H200 (runs `h200-2026-12-06-k/l`): one wgmma group a k16 slice
+# with three kept in flight took 1.04-1.13x the time, and three consumer warpgroups
+# (192-column tiles: 75 of them at N=14336) 1.14-1.29x.
+#
+# On the H200 the GEMV and the wgmma GEMM run about as fast as on the H100 while cuBLAS bf16
+# reads its 117 MB faster, so the ratios fall (run `h200-2026-12-06-j`, kernel timer, x cuBLAS
+# bf16 at K=4096 N=14336 / K=N=8192): M=1 2.44 / 2.71, M=16 1.84 / 2.02; and from run
+# `h200-2026-12-06-k`, M=64 1.08 / 0.99, M=128 0.91 / 0.73. The GEMV's 12.2 us at M=1 is
+# 1.48x the H200's bare read of the same bytes (8.26 us, run `h200-2026-12-05-m-int4-floor`),
+# against 1.16x on the H100. The likely reason: the faster memory wants more bytes in flight
+# than 16 warps an SM with their register rings hold; but neither more K lanes (1.06-1.25x
+# the time at M = 1 and 16) nor one ring of 4 (1.03-1.09x) helped (run `h200-2026-12-06-m`).
 
 # %%
 MEASURED_H200 = {  # docs/NOTES.md and benchmarks/results/h200.jsonl, run j, 2026-12-01
@@ -700,6 +712,9 @@ MEASURED_H200 = {  # docs/NOTES.md and benchmarks/results/h200.jsonl, run j, 202
     "matmul_int4_m1": (45.5e-6, None), "f_linear_bf16_m1": (41.1e-6, None),
     # the K-lanes GEMV and cuBLAS bf16 in one run, 2026-12-02 (h200-2026-12-02-zf-int4)
     "matmul_int4_m1_lanes": (17.3e-6, None), "f_linear_bf16_m1_later": (34.1e-6, None),
+    # the CUDA GEMV (csrc/gemv_int4.cu) and cuBLAS bf16 in one run, 2026-12-06
+    # (h200-2026-12-06-i-int4-decode, K=4096 N=14336, events)
+    "matmul_int4_m1_cuda": (15.49e-6, None), "f_linear_bf16_m1_cuda_run": (32.64e-6, None),
 }
 
 
@@ -717,6 +732,10 @@ def test_measured_figures_against_prediction():
     lanes = MEASURED_H200["matmul_int4_m1_lanes"][0] * 1e6
     assert p["t_int4_overlap_us"] < lanes < min(2 * p["t_int4_overlap_us"], p["t_bf16_us"])
     assert 1.9 < MEASURED_H200["f_linear_bf16_m1_later"][0] * 1e6 / lanes < 2.1
+    # the CUDA GEMV: 1.5x its prediction (the read floor's ramp and the launch), 2.1x cuBLAS
+    cuda = MEASURED_H200["matmul_int4_m1_cuda"][0] * 1e6
+    assert p["t_int4_overlap_us"] < cuda < min(lanes, 1.6 * p["t_int4_overlap_us"])
+    assert 2.0 < MEASURED_H200["f_linear_bf16_m1_cuda_run"][0] * 1e6 / cuda < 2.2
 
 
 def unfused_rms_quant(x, r, w, eps=1e-6):

@@ -86,3 +86,17 @@ def test_references_to_result_files_and_runs_resolve():
                 bad.append(f"{rel}: run {ref}")
     assert not bad, ("references to result files or run ids that the long-form files in "
                      f"benchmarks/results do not hold: {bad}")
+
+
+def test_readme_heads_each_device_by_the_name_its_rows_give(tmp_path):
+    """A device's section is named by the newest row that names a device, even where the rows
+    after it (a probe's, ingested without one) do not."""
+    from tkit.bench.report import readme_text
+
+    rows = [dict(run="h200-2026-01-01-a-x", device="NVIDIA H200", op="add", case="c",
+                 provider="tkit", median_ms=1.0),
+            dict(run="h200-2026-01-01-b-probe", op="add", case="c", provider="tkit",
+                 median_ms=1.0, source="a probe")]
+    (tmp_path / "h200.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = readme_text(tmp_path)
+    assert "## NVIDIA H200 (`h200.jsonl`)" in text, text

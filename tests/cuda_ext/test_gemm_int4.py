@@ -527,19 +527,15 @@ def test_wgmma_config_picks_tiles_and_refuses_by_name():
     c300 = G4.w4_config(300, 14336, 4096, F16, F32, 32, 132)
     assert (c300["bt"], c300["cw"], c300["tiles_m"], c300["split"]) == (128, 2, 3, 1)
     assert "-DACT_F16=1" in c300["options"] and "-DGROUP=32" in c300["options"]
-    c3 = G4.w4_config(128, 14336, 4096, BF16, F16, 128, 132, cw=3)
-    assert (c3["tiles_n"], c3["split"]) == (75, 1) and "-DCW=3" in c3["options"]
-    assert G4.w4_config(16, 14336, 4096, BF16, F16, 128, 132, cw=3)["minb"] == 1
+    c1w = G4.w4_config(128, 14336, 4096, BF16, F16, 128, 132, cw=1)
+    assert (c1w["tiles_n"], c1w["split"]) == (224, 1) and "-DCW=1" in c1w["options"]
     assert all(G4.w4_config(M, 4096, 4096, BF16, F32, 32, 132)["smem"] <= G4.SMEM_LIMIT
                for M in (1, 16, 64, 128, 256))
     assert G4.w4_config(16, 4096, 256, BF16, F16, 128, 132)["split"] == 1  # 4 steps: no split
     with pytest.raises(ValueError, match="bt must be"):
         G4.w4_config(16, 4096, 4096, BF16, F16, 128, 132, bt=256)
     with pytest.raises(ValueError, match="cw must be"):
-        G4.w4_config(256, 4096, 4096, BF16, F16, 128, 132, cw=4)
-    assert "-DPIPE=1" in G4.w4_config(64, 4096, 4096, BF16, F16, 128, 132, pipe=1)["options"]
-    with pytest.raises(ValueError, match="pipe must be"):
-        G4.w4_config(64, 4096, 4096, BF16, F16, 128, 132, pipe=2)
+        G4.w4_config(256, 4096, 4096, BF16, F16, 128, 132, cw=3)
     with pytest.raises(ValueError, match="group_size=96"):
         G4.w4_config(16, 4096, 4032, BF16, F16, 96, 132)
     with pytest.raises(ValueError, match="stages"):
@@ -570,20 +566,10 @@ def test_wgmma_scope_names_what_is_out_of_it():
     (200, 768, 2048, 128, BF16, F16, False, True, {}),            # 128-row tiles, one partial
     (300, 1024, 1024, 64, BF16, F16, False, False, dict(bt=128)),  # 3 row tiles
     (40, 4096, 8192, 128, BF16, BF16, False, False, dict(split=8)),
-    (150, 1000, 2048, 128, BF16, F16, False, True, dict(cw=3)),     # 192-column tiles, partial
-    (24, 3072, 4096, 64, F16, F32, True, False, dict(cw=3, split=4)),
-    # a wgmma group a k16 slice, three in flight
-    (1, 4096, 4096, 128, BF16, F16, False, False, dict(pipe=1)),
-    (16, 1024, 96, 32, BF16, BF16, False, False, dict(pipe=1)),
-    (64, 2048, 2048, 128, BF16, F16, False, True, dict(stages=2, pipe=1)),
-    (128, 1024, 4096, 128, F16, BF16, False, False, dict(split=2, pipe=1)),
-    (300, 1024, 1024, 64, BF16, F16, False, False, dict(bt=128, pipe=1)),
-    (150, 1000, 2048, 128, BF16, F16, False, True, dict(cw=3, pipe=1)),
-    (24, 3072, 4096, 64, F16, F32, True, False, dict(cw=3, split=4, pipe=1)),
 ])
 def test_wgmma_against_reference(M, N, K, G, dt, sdt, sym, bias, kw):
-    """Float64 reference, outputs poisoned and a row past M too: row tiles of 8 to 128 (one,
-    two or three consumer warpgroups), several row tiles, partial ones, N not a multiple of the
+    """Float64 reference, outputs poisoned and a row past M too: row tiles of 8 to 128 (one
+    or two consumer warpgroups), several row tiles, partial ones, N not a multiple of the
     column tile, K not of the step, every scale dtype, groups of 32 to 512, K splits (even and
     not), two ring slots."""
     a, q, s, z = _case(M, N, K, G, dt, sym, sdt, seed=M + N)
@@ -599,14 +585,13 @@ def test_wgmma_against_reference(M, N, K, G, dt, sdt, sym, bias, kw):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pipe", [0, 1])
 @pytest.mark.parametrize("M", [3, 130])
-def test_wgmma_every_code_in_every_nibble(M, pipe):
+def test_wgmma_every_code_in_every_nibble(M):
     """Each of the 16 codes at each of the 8 nibbles of a word, against zero points 0..15
-    (exact: O + z in the 16-bit type) and a fractional one (-z s rounded), in both pipelines."""
+    (exact: O + z in the 16-bit type) and a fractional one (-z s rounded)."""
     a, q, s, z, G = _every_code_case(M)
     want, tol = _want(a, q, s, z, G)
-    got = G4.matmul_int4_wgmma(a, q, s, z, G, pipe=pipe)
+    got = G4.matmul_int4_wgmma(a, q, s, z, G)
     assert float((got.double() - want).abs().max()) <= tol
 
 

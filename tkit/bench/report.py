@@ -297,7 +297,8 @@ def readme_text(out_dir: str | Path) -> str:
         rows = [r for r in read_long_form(path) if isinstance(r, dict) and "run" in r]
         if not rows or "provider" not in rows[0]:
             continue
-        device = rows[-1].get("device") or path.stem
+        # the newest row that names its device (a probe's rows may not)
+        device = next((r["device"] for r in reversed(rows) if r.get("device")), path.stem)
         # the tables hold event-timed rows alone: a kernel-timed row (``tkit bench --timer
         # kernels``) leaves out what a stream spends around a run, and is counted below
         def tabled(r):

@@ -480,31 +480,23 @@ def _w4_slot(bt: int, cw: int, scale_dtype: torch.dtype, group_size: int) -> int
 @functools.cache
 def w4_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: torch.dtype,
               group_size: int, num_sms: int, *, bt: int | None = None, cw: int | None = None,
-              stages: int | None = None, split: int | None = None, pipe: int | None = None
-              ) -> dict:
+              stages: int | None = None, split: int | None = None) -> dict:
     """One build and launch of the wgmma GEMM: bt (rows of a a CTA), cw (consumer
     warpgroups, 64 weight columns each), minb (CTAs an SM its launch bounds allow), stages
-    (ring slots of a 64-deep K step), split (K splits), pipe (0: a step's wgmmas one group,
-    waited for before the next; 1: a group a k16 slice, three in flight), tiles_m / tiles_n,
-    smem and options.
-    Defaults: the smallest bt that holds M (at most 128); two consumers (three: a third
-    warp a scheduler to hide the dequantization's latency, 192-column tiles); two CTAs an SM
-    up to 32 rows with two warpgroups; as many slots as fit, at most 8; K split so that the
-    tiles fill the SMs' CTAs, each split at least 8 steps. Shared between calls: do not
-    modify it."""
+    (ring slots of a 64-deep K step), split (K splits), tiles_m / tiles_n, smem and options.
+    Defaults: the smallest bt that holds M (at most 128); two consumers (three, with
+    192-column tiles, were slower: 75 or 43 column tiles leave SMs idle; docs/NOTES.md); two
+    CTAs an SM up to 32 rows; as many slots as fit, at most 8; K split so that the tiles fill
+    the SMs' CTAs, each split at least 8 steps. Shared between calls: do not modify it."""
     bt = _w4_bt(M) if bt is None else bt
     if bt not in W4_BTS:
         raise ValueError(f"bt must be one of {W4_BTS}, got {bt}")
     cw = 2 if cw is None else cw
-    if cw not in (1, 2, 3):
-        raise ValueError(f"cw must be 1, 2 or 3, got {cw}")
-    pipe = 0 if pipe is None else pipe
-    if pipe not in (0, 1):
-        raise ValueError(f"pipe must be 0 or 1, got {pipe}")
+    if cw not in (1, 2):
+        raise ValueError(f"cw must be 1 or 2, got {cw}")
     if group_size % W4_BK and group_size != 32:
         raise ValueError(f"group_size={group_size} must be 32 or a multiple of {W4_BK}")
-    # (three warpgroups twice an SM would spill)
-    minb = 2 if bt <= 32 and cw <= 2 else 1
+    minb = 2 if bt <= 32 else 1
     slot = _w4_slot(bt, cw, scale_dtype, group_size)
     fit = (SMEM_LIMIT // minb - 2048) // slot
     if stages is None:
@@ -521,9 +513,8 @@ def w4_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: torch
         raise ValueError(f"split must be from 1 to the {steps} K steps, got {split}")
     smem = stages * slot + 1024 + 16 * stages
     options = _defines(bt=bt, cw=cw, stages=stages, group=group_size, minb=minb,
-                       scale_t=SCALE_T[scale_dtype], act_f16=int(act_dtype == torch.float16),
-                       pipe=pipe or None)
-    return dict(bt=bt, cw=cw, minb=minb, stages=stages, split=split, pipe=pipe, tiles_m=tiles_m,
+                       scale_t=SCALE_T[scale_dtype], act_f16=int(act_dtype == torch.float16))
+    return dict(bt=bt, cw=cw, minb=minb, stages=stages, split=split, tiles_m=tiles_m,
                 tiles_n=tiles_n, smem=smem, options=("-std=c++17",) + options)
 
 
@@ -578,12 +569,11 @@ def matmul_int4_wgmma(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
                       zeros: torch.Tensor | None, group_size: int,
                       bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                       bt: int | None = None, cw: int | None = None,
-                      stages: int | None = None, split: int | None = None,
-                      pipe: int | None = None) -> torch.Tensor:
+                      stages: int | None = None, split: int | None = None) -> torch.Tensor:
     """The product (module docstring) by the wgmma GEMM. The operands are assumed checked by
     ``tkit.matmul_int4`` and in scope (:func:`w4_supported`); ``out`` an (M, N) row-major
-    output to write (else one is allocated). ``bt``, ``cw``, ``stages``, ``split``, ``pipe``:
-    see :func:`w4_config`."""
+    output to write (else one is allocated). ``bt``, ``cw``, ``stages``, ``split``: see
+    :func:`w4_config`."""
     M, K = a.shape
     N = qweight.shape[1]
     c, done = _out_or_done(a, N, bias, out)
@@ -591,7 +581,7 @@ def matmul_int4_wgmma(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
         return c
     dev = a.device.index or 0
     cfg = w4_config(M, N, K, a.dtype, scales.dtype, group_size, _num_sms(dev), bt=bt, cw=cw,
-                    stages=stages, split=split, pipe=pipe)
+                    stages=stages, split=split)
     func = _loader.nvcc_kernel(W4_SOURCE, "gemm_w4a16", cfg["options"], dev)
     bt, cw, sp = cfg["bt"], cfg["cw"], cfg["split"]
     tiles = cfg["tiles_m"] * cfg["tiles_n"]

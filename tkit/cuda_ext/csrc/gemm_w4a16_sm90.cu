@@ -64,12 +64,6 @@
 #ifndef MINB
 #define MINB 1              // CTAs an SM the launch bounds leave registers for
 #endif
-#ifndef PIPE
-// 0: a step's four wgmmas one group, the next step's fragments made while it runs, waited for
-// before the next issue (two fragment sets); 1: one group a k16 slice, up to three in flight,
-// each slice's fragment made as the group three back retires (one fragment set)
-#define PIPE 0
-#endif
 #define BK 64
 #define BW (64 * CW)
 #define CTHREADS (128 * CW)
@@ -145,9 +139,6 @@
 #error "BT must be 8, 16, 32, 64 or 128"
 #endif
 __device__ __forceinline__ void wgmma_rs(float* d, const unsigned* a, u64 desc) { WG_ASM; }
-__device__ __forceinline__ void wgmma_wait3() {
-  asm volatile("wgmma.wait_group.sync.aligned 3;\n" ::: "memory");
-}
 
 
 __device__ __forceinline__ unsigned hfma2(unsigned a, unsigned b, unsigned c) {
@@ -256,7 +247,6 @@ gemm_w4a16(const __grid_constant__ TmaDesc a_map, const __grid_constant__ TmaDes
         make_consts(s, z, cs[sr][h], cz[sr][h], cb[sr][h]);
       }
   };
-#if PIPE == 0
   auto dequant = [&](unsigned off, unsigned (&A)[4][4]) {
     const unsigned char* q = gbase + off + A_BYTES + col * 4 + t;
 #pragma unroll
@@ -278,7 +268,8 @@ gemm_w4a16(const __grid_constant__ TmaDesc a_map, const __grid_constant__ TmaDes
   // step i's wgmmas on fragments A; the next step's fragments (N) are made while they run,
   // and they are waited for before the next issue (ptxas serializes wgmmas whose register
   // operands are written while an earlier group is in flight and feed a wgmma before it
-  // retires)
+  // retires). A group a k16 slice with three kept in flight, each slice's fragment made as
+  // the group three back retires, builds without that and was slower (docs/NOTES.md)
   auto step = [&](int i, unsigned (&A)[4][4], unsigned (&N)[4][4]) {
     const int s = i % STAGES;
     wgmma_fence();
@@ -302,61 +293,6 @@ gemm_w4a16(const __grid_constant__ TmaDesc a_map, const __grid_constant__ TmaDes
     step(i, A0, A1);
     if (i + 1 < nsteps) step(i + 1, A1, A0);
   }
-#else
-  // k16 slice kk of the step at slot offset off into F
-  auto dequant_kk = [&](unsigned off, int kk, unsigned (&F)[4]) {
-    const unsigned char* q = gbase + off + A_BYTES + col * 4 + t;
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const int r = 2 * kk + rr, gr = SR == 1 ? 0 : r * 8 / GROUP;
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        F[rr * 2 + h] = deq(q[r * (BW * 4) + 32 * h], cz[gr][h], cs[gr][h], cb[gr][h]);
-    }
-  };
-  auto wait_full = [&](int i) {
-    const int s = i % STAGES;
-    mbar_wait(bars + 8u * s, (i / STAGES) & 1);
-    if (SR > 1 || i == 0 || ((kb0 + i) * BK) % GROUP == 0) consts(s * SLOT);
-  };
-  // A[kk] feeds slice kk's wgmma; the wait after issuing slice j retires slice j - 3, the last
-  // reader of the fragment made next (A[(kk + 1) % 4]) and, at kk = 3, of the previous step's
-  // slot; ptxas sees each fragment's registers written only after their reader's wait
-  unsigned A[4][4];
-  if (nsteps > 0) {
-    wait_full(0);
-    dequant_kk(0, 0, A[0]);
-  }
-  for (int i = 0; i < nsteps; ++i) {
-    const int s = i % STAGES;
-    const u64 desc = sw128_desc(base + s * SLOT, 16, 1024);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      wgmma_fence();
-      wgmma_rs(acc, A[kk], desc + (kk * 32 >> 4));
-      wgmma_commit();
-      wgmma_wait3();
-      unsigned (&F)[4] = A[(kk + 1) & 3];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) fence_operand(F[e]);
-      if (kk < 3) {
-        dequant_kk(s * SLOT, kk + 1, F);
-      } else {
-        if (i > 0 && lane == 0) mbar_arrive(bars + 8u * (STAGES + (i - 1) % STAGES));
-        if (i + 1 < nsteps) {
-          wait_full(i + 1);
-          dequant_kk(((i + 1) % STAGES) * SLOT, 0, F);
-        }
-      }
-    }
-  }
-  // the last slices' fragments stay theirs until every group is done
-  wgmma_wait0();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) fence_operand(A[kk][e]);
-#endif
   wgmma_wait0();
 #pragma unroll
   for (int e = 0; e < BT / 2; ++e) fence_operand(acc[e]);
