@@ -695,7 +695,8 @@ def test_glu_measured_against_prediction():
 # two warps a scheduler, so a step costs ~960 cycles against ~512 of tensor work. Neither
 # remedy tried helped on the H200 (runs `h200-2026-12-06-k/l`): one wgmma group a k16 slice
 # with three kept in flight took 1.04-1.13x the time, and three consumer warpgroups
-# (192-column tiles: 75 of them at N=14336) 1.14-1.29x.
+# (192-column tiles: 75 of them at N=14336) 1.14-1.29x (level, 0.98x, only at 512 rows and
+# N=14336).
 #
 # On the H200 the GEMV and the wgmma GEMM run about as fast as on the H100 while cuBLAS bf16
 # reads its 117 MB faster, so the ratios fall (run `h200-2026-12-06-j`, kernel timer, x cuBLAS
