@@ -373,7 +373,7 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
     }
   }
   // the CTA index read again (volatile: not the one row0 came from, which the compiler would
-  // otherwise keep live through the K loop, and spill at 16 rows with 16-bit scales)
+  // otherwise keep live through the K loop, and spill at 16 rows with bf16 scales)
   unsigned cta;
   asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(cta));
   const int r0 = 8 * NT * ((int)cta % ((M + 8 * NT - 1) / (8 * NT)));
