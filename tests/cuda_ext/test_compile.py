@@ -284,8 +284,10 @@ def test_int4_gemv_builds(cubin_dir, build):
 
 
 @pytest.mark.toolchain
-@pytest.mark.parametrize("build", [(1, 14336, 4096, "bfloat16", 16), (1, 8192, 8192, "float16", 8),
-                                   (16, 14336, 4096, "bfloat16", 16), (32, 8192, 8192, "bfloat16", 4)],
+@pytest.mark.parametrize("build", [(1, 14336, 4096, "bfloat16", 16),
+                                   (1, 8192, 8192, "float16", 8),
+                                   (16, 14336, 4096, "bfloat16", 16),
+                                   (32, 8192, 8192, "bfloat16", 4)],
                          ids=lambda v: "-".join(map(str, v)))
 @needs_cuobjdump
 def test_int4_gemv_smem_ring_builds(cubin_dir, build):
