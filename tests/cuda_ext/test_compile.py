@@ -283,46 +283,6 @@ def test_int4_gemv_builds(cubin_dir, build):
     assert ("SHFL.IDX" in body) == (stacked and G // 32 <= cfg["pf"] * cfg["rb"]), body_hmma
 
 
-@pytest.mark.toolchain
-@pytest.mark.parametrize("build", [(1, 14336, 4096, "bfloat16", 16),
-                                   (1, 8192, 8192, "float16", 8),
-                                   (16, 14336, 4096, "bfloat16", 16),
-                                   (32, 8192, 8192, "bfloat16", 4)],
-                         ids=lambda v: "-".join(map(str, v)))
-@needs_cuobjdump
-def test_int4_gemv_smem_ring_builds(cubin_dir, build):
-    """The GEMV with its codes' ring in shared memory (``smr``): in the K loop each chunk's
-    codes come by a 16-byte cp.async that skips L1 (LDGSTS.BYPASS) and one shared load, the
-    wait lets smr - 2 later chunks stay in flight, no barrier; no register-ring LDG of codes
-    and no spills."""
-    import torch
-
-    from tkit.cuda_ext.gemm_int4 import gemv_config
-
-    M, N, K, sdt, smr = build
-    cfg = gemv_config(M, N, K, torch.bfloat16, getattr(torch, sdt), 128, 132, smr=smr)
-    sass = kernels_sass(_loader.compile_cubin("gemv_int4.cu", "90a", cfg["options"],
-                                              cache_dir=cubin_dir))["gemv_int4"]
-    ops = opcodes(sass)
-    assert not ops & {"LDL", "STL", "UTMALDG", "SYNCS"}, ops
-    assert not re.search(r"LDG\.E\.NA\.128", sass)  # the codes no longer load to registers
-    lines = sass.splitlines()
-    addr = {int(m.group(1), 16): i for i, ln in enumerate(lines)
-            if (m := re.search(r"/\*([0-9a-f]{4,})\*/", ln))}
-    loops = [(addr[int(t, 16)], i) for i, ln in enumerate(lines)
-             if (m := re.search(r"BRA (?:`\()?0x([0-9a-f]+)", ln)) and (t := m.group(1))
-             and int(t, 16) in addr and addr[int(t, 16)] < i]
-    start, end = min((x for x in loops if "HMMA" in "\n".join(lines[x[0]:x[1]])),
-                     key=lambda x: x[1] - x[0])
-    body = "\n".join(lines[start:end])
-    assert "BAR.SYNC" not in body
-    pf = cfg["pf"]
-    assert len(re.findall(r"LDGSTS\.E\.BYPASS\.128", body)) == pf, body.count("LDGSTS")
-    assert len(re.findall(r"LDS\.128", body)) >= pf
-    waits = re.findall(r"DEPBAR\.LE SB0, 0x([0-9a-f]+)", body)
-    assert waits and {int(w, 16) for w in waits} == {smr - 2}, waits
-
-
 # (M, a's dtype, the scales', group, consumer warpgroups): one build of each row tile, and
 # one consumer warpgroup
 W4_BUILDS = [(1, "bfloat16", "float16", 128, 2), (16, "bfloat16", "bfloat16", 128, 2),

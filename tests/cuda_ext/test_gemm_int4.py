@@ -316,12 +316,6 @@ def test_gemv_config_picks_lanes_and_refuses_by_name():
         G4.gemv_config(G4.GEMV_MAX_M + 1, 4096, 4096, BF16, F16, 128, 132)
     with pytest.raises(ValueError, match="rb"):
         G4.gemv_config(1, 4096, 4096, BF16, F16, 128, 132, rb=3)
-    sm = G4.gemv_config(1, 14336, 4096, BF16, F16, 128, 132, smr=16)
-    assert (sm["rb"], sm["pf"], sm["smr"]) == (1, 4, 16) and "-DSMR=16" in sm["options"]
-    assert "-DSMR" not in " ".join(cfg["options"])
-    for bad in (dict(smr=1), dict(smr=16, rb=2), dict(smr=16, lanes=8), dict(smr=-2)):
-        with pytest.raises(ValueError, match="smr"):
-            G4.gemv_config(1, 14336, 4096, BF16, F16, 128, 132, **bad)
 
 
 def test_gemv_scope_names_what_is_out_of_it():
@@ -461,33 +455,6 @@ def test_gemv_row_blocks(M, N, K, G, dt, sdt, sym, bias, kw):
     assert got.data_ptr() == out.data_ptr()
     assert float((got.double() - want).abs().max()) <= tol
     assert out[M].isnan().all()  # nothing stored past row M - 1
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("M,N,K,G,dt,sdt,sym,bias,kw", [
-    (1, 2048, 4096, 128, BF16, F16, False, False, dict(lanes=4, smr=16)),  # runs shorter than it
-    (1, 2048, 8192, 128, BF16, BF16, False, True, dict(lanes=2, smr=8)),   # whole passes, tail
-    (1, 4096, 384, 128, F16, F32, True, False, dict(lanes=2, smr=4)),      # runs of 1 and 2 groups
-    (3, 2048, 1536, 512, BF16, F16, False, False, dict(lanes=2, smr=2)),   # groups past the ring
-    (2, 416, 576, 64, BF16, BF16, True, True, dict(lanes=1, smr=8)),       # 18 chunks, odd tail
-    (1, 96, 2048, 32, BF16, F32, False, False, dict(lanes=16, smr=4)),     # a group a chunk
-    (16, 1056, 3072, 128, BF16, F16, False, True, dict(lanes=4, smr=16)),
-    (9, 4096, 1024, 128, F16, BF16, False, False, dict(lanes=4, smr=8, stacked=False)),
-    (40, 1024, 2048, 64, BF16, F16, False, False, dict(lanes=4, smr=8)),   # 32-row blocks
-])
-def test_gemv_codes_ring_in_shared_memory(M, N, K, G, dt, sdt, sym, bias, kw):
-    """The codes' ring in shared memory (``smr``: cp.async a chunk ahead by smr - 1, one wait
-    a chunk, the slot read last refilled): the reference's result, outputs poisoned, with
-    runs shorter than the ring, partial last passes, groups shorter and longer than a pass,
-    every scale dtype, bias, one to three n8 tiles and row blocks."""
-    a, q, s, z = _case(M, N, K, G, dt, sym, sdt, seed=M + K + 3)
-    a = a * torch.linspace(0.5, 4.0, K, device=DEV, dtype=dt)
-    b = make_tensor((N,), dt, seed=9, device=DEV) if bias else None
-    want, tol = _want(a, q, s, z, G, b)
-    out = torch.full((M + 1, N), float("nan"), device=DEV, dtype=dt)
-    got = G4.matmul_int4_gemv_cuda(a, q, s, z, G, b, out=out[:M], **kw)
-    assert float((got.double() - want).abs().max()) <= tol
-    assert out[M].isnan().all()
 
 
 @pytest.mark.gpu

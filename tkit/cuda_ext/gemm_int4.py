@@ -318,9 +318,6 @@ GEMV_WS = {1: 16, 2: 16, 4: 8}
 #: warps an SM leave: past them ptxas spilled (sm_90a builds, nvcc 13.0; the stacked form at
 #: 16 rows holds 4 fewer sums, and ptxas fit rings to 56 there and spilled from 64). At 32 rows
 #: (255 registers, :data:`GEMV_WS`) one ring of 4 and of 8 fit without spills
-#: static shared memory the codes' ring in shared memory may take (``smr``): its slots and the
-#: K lanes' hand-over must stay under the 48 KB a static allocation allows
-GEMV_SMR_BYTES = 32 * 1024
 GEMV_RING_REGS = {(1, False): 52, (1, True): 52, (2, False): 36, (2, True): 56,
                   (4, False): 64, (4, True): 64}
 
@@ -350,14 +347,13 @@ def _pf_fits(pf: int, gc: int) -> bool:
 def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: torch.dtype,
                 group_size: int, num_sms: int, *, lanes: int | None = None,
                 pf: int | None = None, rb: int | None = None,
-                stacked: bool | None = None, nt: int | None = None, smr: int = 0) -> dict:
+                stacked: bool | None = None, nt: int | None = None) -> dict:
     """One GEMV build and launch for these operands: nt (n8 tiles of rows of a a CTA), rbs
     (CTAs a 32-column slab, each 8 nt rows), kl (warps a CTA), pf (chunks of codes in flight a
     thread) and options (-D...). ``lanes`` / ``pf`` override the K lanes and the ring's depth
     (a multiple or a divisor of the group's 32-deep chunks), ``rb`` the rings (1 or 2,
     :data:`GEMV_RB`), ``stacked`` the form of the groups' sums of a (:data:`GEMV_STACKED`),
-    ``nt`` the row tiles a CTA (1, 2 or 4), ``smr`` the codes' ring in shared memory (0: in
-    registers; n: n 32-deep chunks a thread by cp.async, one register ring), for sweeps.
+    ``nt`` the row tiles a CTA (1, 2 or 4), for sweeps.
     Shared between calls: do not modify it."""
     if not 1 <= M <= GEMV_MAX_M:
         raise ValueError(f"the INT4 GEMV takes 1..{GEMV_MAX_M} rows of a, got M={M}")
@@ -370,14 +366,10 @@ def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: tor
     kl = lanes if lanes is not None else _gemv_lanes(N, K, group_size, num_sms, rbs, ws)
     if kl not in (1, 2, 4, 8, 16):
         raise ValueError(f"lanes must be 1, 2, 4, 8 or 16, got {kl}")
-    rb = (1 if smr else GEMV_RB[nt]) if rb is None else rb
+    rb = GEMV_RB[nt] if rb is None else rb
     stacked = GEMV_STACKED[nt] if stacked is None else bool(stacked)
     if rb not in (1, 2):
         raise ValueError(f"rb must be 1 or 2, got {rb}")
-    if smr and (rb != 1 or not 2 <= smr <= 32 or smr * kl * 512 > GEMV_SMR_BYTES):
-        raise ValueError(f"smr must be 0, or 2..32 slots with one register ring (rb=1) and "
-                         f"smr * lanes * 512 <= {GEMV_SMR_BYTES} bytes; got smr={smr} rb={rb} "
-                         f"lanes={kl}")
     gc = group_size // 32
     if pf is None:
         # the deepest ring that lines up with the groups, ends at most two of them (each
@@ -386,8 +378,7 @@ def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: tor
         # beside the sums
         words = scale_dtype.itemsize * 2
         pf = GEMV_PF[rb]
-        while pf > 1 and (not _pf_fits(pf, gc) or pf > 2 * gc or (0 if smr else rb * 4 * pf)
-                          + 8 * nt + rb * words
+        while pf > 1 and (not _pf_fits(pf, gc) or pf > 2 * gc or rb * 4 * pf + 8 * nt + rb * words
                           * (pf // gc if pf % gc == 0 else 1) > GEMV_RING_REGS[nt, stacked]):
             pf -= 1
     if not 1 <= pf <= 16 or not _pf_fits(pf, gc):
@@ -396,9 +387,8 @@ def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: tor
     options = _defines(nt=nt, kl=kl, pf=pf, rb=rb, pa=2 if pf % 2 == 0 else 1,
                        group=group_size, scale_t=SCALE_T[scale_dtype],
                        act_f16=int(act_dtype == torch.float16), ws=ws if ws != 16 else None,
-                       smr=smr or None,
                        **{"as": stacked})
-    return dict(nt=nt, rbs=rbs, kl=kl, pf=pf, rb=rb, stacked=stacked, smr=smr,
+    return dict(nt=nt, rbs=rbs, kl=kl, pf=pf, rb=rb, stacked=stacked,
                 options=("-std=c++17",) + options)
 
 
@@ -441,11 +431,11 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
                           bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                           lanes: int | None = None, pf: int | None = None,
                           rb: int | None = None, stacked: bool | None = None,
-                          nt: int | None = None, smr: int = 0) -> torch.Tensor:
+                          nt: int | None = None) -> torch.Tensor:
     """The product (module docstring) by the GEMV. The operands are assumed checked by
     ``tkit.matmul_int4`` and in scope (:func:`gemv_supported`); ``out`` an (M, N) row-major
-    output to write (else one is allocated). ``lanes``, ``pf``, ``rb``, ``stacked``, ``nt``,
-    ``smr``: see :func:`gemv_config`."""
+    output to write (else one is allocated). ``lanes``, ``pf``, ``rb``, ``stacked``, ``nt``:
+    see :func:`gemv_config`."""
     M, K = a.shape
     N = qweight.shape[1]
     c, done = _out_or_done(a, N, bias, out)
@@ -453,7 +443,7 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
         return c
     dev = a.device.index or 0
     cfg = gemv_config(M, N, K, a.dtype, scales.dtype, group_size, _num_sms(dev), lanes=lanes,
-                      pf=pf, rb=rb, stacked=stacked, nt=nt, smr=smr)
+                      pf=pf, rb=rb, stacked=stacked, nt=nt)
     func = _loader.nvcc_kernel(GEMV_SOURCE, "gemv_int4", cfg["options"], dev)
     z = zeros if zeros is not None else scales
     lds = scales.stride(0) if scales.shape[0] > 1 else N

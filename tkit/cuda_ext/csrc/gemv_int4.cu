@@ -19,9 +19,10 @@
 // weight in the K loop. That kernel's TMA ring and stream-K cost fixed time at these sizes
 // (~2-3 us to the first slot, ~2 us of hand-over); this one has none: a CTA is one
 // 32-column slab with KL warps ("K lanes") on equal runs of whole groups, each thread loading
-// its codes straight into register rings (PF chunks a pass), a and the scales into smaller
-// rings beside it; the lanes are summed once at the end through shared memory, in warp
-// order (deterministic).
+// its codes straight into register rings (PF chunks a pass; a ring in shared memory filled by
+// cp.async, 1 to 15 chunks ahead, took 1.5-1.8x their time, see docs/NOTES.md), a and the
+// scales into smaller rings beside it; the lanes are summed once at the end through shared
+// memory, in warp order (deterministic).
 //
 // Warp w's lane 4 g + t holds columns 4 g .. 4 g + 3 of the slab (tile 0: MMA rows g, g + 8
 // = columns 4 g, 4 g + 1; tile 1: 4 g + 2, 4 g + 3) and, in chunk c (32 K), packed row
@@ -54,16 +55,6 @@
 // so they have the whole pass in flight (the launcher's default, with PF 2: two rings of 4
 // were slower at 8 rows and at 16, where they fit only with AS 1)
 #define RB 1
-#endif
-#ifndef SMR
-// 0: the codes into register rings (RB, PF). n > 0: into a ring of n 32-deep chunks in shared
-// memory by cp.async (16 bytes a thread and chunk, each thread its own slots, so no barrier),
-// n - 1 chunks in flight a thread without the registers to hold them; one register ring's
-// pass structure (RB 1) for the scales and a
-#define SMR 0
-#endif
-#if SMR != 0 && (RB != 1 || SMR < 2)
-#error "SMR takes one register ring (RB 1) and at least 2 slots"
 #endif
 #ifndef PA
 #define PA 2  // 32-deep chunks of a in flight a thread (from L1 / L2); PF a multiple of it
@@ -145,25 +136,6 @@ __device__ __forceinline__ void unpack4(const unsigned* r, float* v) {
 #endif
 }
 
-#if SMR
-__device__ __forceinline__ void cp_codes(unsigned dst, const unsigned* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// the slot read next has landed: at most SMR - 2 later chunks' groups still pending
-__device__ __forceinline__ void cp_wait_slot() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(SMR - 2) : "memory");
-}
-__device__ __forceinline__ uint4 lds_codes(unsigned addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
-  return v;
-}
-#endif
-
 __device__ __forceinline__ uint4 ld_act(const unsigned short* p) {
   uint4 v;
   asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -207,30 +179,17 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
     ld_scales(sp + grp * srow, sraw[slot]);
     if (has_zeros) ld_scales(zp + grp * zrow, zraw[slot]);
   };
-#if SMR
-  // thread-private slots of 16 bytes, slot j at j * THREADS: a warp's LDS.128 reads 512
-  // contiguous bytes; the slot written next is the one read last (its value already used)
-  constexpr unsigned SLOT = THREADS * 16;
-  __shared__ __align__(16) uint4 cring[SMR * THREADS];
-  const unsigned cbase = (unsigned)__cvta_generic_to_shared(cring) + threadIdx.x * 16;
-  unsigned rd = 0, wr = (SMR - 1) * SLOT;
-#pragma unroll
-  for (int i = 0; i < SMR - 1; ++i) {
-    if (c0 + i < c1) cp_codes(cbase + i * SLOT, qp + i * qstep);
-    cp_commit();
-  }
-#endif
   // ---- the ring's first PF chunks (and the scales of the groups they end) ----
 #pragma unroll
   for (int i = 0; i < PF; ++i)
     if (c0 + i < c1) {
-      if (!SMR) ring[0][i] = ld_codes(qp + i * qstep);
+      ring[0][i] = ld_codes(qp + i * qstep);
       if (i < PA)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) aring[i][nt] = ld_act(ap[nt] + 32 * i);
       if (SCALES_AHEAD && (i + 1) % GC == 0) load_scales(i / GC, (c0 + i) / GC);
     }
-  qp += (SMR ? SMR - 1 : PF) * qstep;
+  qp += PF * qstep;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) ap[nt] += 32 * PA;
 
@@ -277,16 +236,7 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
       if (!SCALES_AHEAD && i == 0 && cc % GC == 0) load_scales(0, cc / GC);
       // the chunk's operands first, then (one ring) the slot's next loads into the same
       // registers: no copies of the ring at the loop's back edge
-#if SMR
-      cp_wait_slot();
-      const uint4 w = lds_codes(cbase + rd);
-      if (!TAIL || cc + SMR - 1 < c1) cp_codes(cbase + wr, qp);
-      cp_commit();  // empty past the run: the wait counts one group a chunk
-      wr = rd;
-      rd = rd + SLOT == SMR * SLOT ? 0 : rd + SLOT;
-#else
       const uint4 w = ring[B][i];
-#endif
       unsigned p[4][4];  // [word][nibble pair]
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -303,7 +253,7 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
         b[nt][1][0] = prmt(v.y, v.w, 0x5410);
         b[nt][1][1] = prmt(v.y, v.w, 0x7632);
       }
-      if (!SMR && RB == 1 && (!TAIL || cc + PF < c1)) ring[0][i] = ld_codes(qp);
+      if (RB == 1 && (!TAIL || cc + PF < c1)) ring[0][i] = ld_codes(qp);
       if (!TAIL || cc + PA < c1)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) aring[i % PA][nt] = ld_act(ap[nt]);
@@ -383,9 +333,8 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
     }
   };
   int c = c0;
-  if constexpr (RB == 1) {  // a pass is whole when its chunks' loads ahead all lie in the run
-    constexpr int AHEAD = SMR > PF + 1 ? SMR - 1 : PF;
-    for (; c + PF + AHEAD <= c1; c += PF) pass(c, std::false_type{}, Ring<0>{});
+  if constexpr (RB == 1) {
+    for (; c + 2 * PF <= c1; c += PF) pass(c, std::false_type{}, Ring<0>{});
     for (; c < c1; c += PF) pass(c, std::true_type{}, Ring<0>{});
   } else {  // passes in pairs: the rings' roles are fixed in the code
     for (; c + 3 * PF <= c1; c += 2 * PF) {
