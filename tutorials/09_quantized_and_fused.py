@@ -706,6 +706,19 @@ def test_glu_measured_against_prediction():
 # against 1.16x on the H100. The likely reason: the faster memory wants more bytes in flight
 # than 16 warps an SM with their register rings hold; but neither more K lanes (1.06-1.25x
 # the time at M = 1 and 16) nor one ring of 4 (1.03-1.09x) helped (run `h200-2026-12-06-m`).
+# Nor did taking the ring out of the registers: codes staged in shared memory by cp.async,
+# each thread 1 to 15 chunks ahead in its own slots, ran at 5 CTAs an SM and took 1.50-1.82x
+# the register rings' time on an H100 at every depth (run `h100-2026-12-06-za`), so the
+# depth was not what it lacked.
+#
+# The whole sweep with today's dispatch, on an H100 (run `h100-2026-12-06-zb-int4-m-sweep`,
+# `tkit bench matmul_int4 --group "M sweep"`, events, K=4096 N=14336, x cuBLAS bf16): M = 1..8
+# 2.85-2.95 (the GEMV, 1.92 TB/s, 63% of the roofline), 16 2.56, 32 1.70, 64 1.36 and 128
+# 1.20 (the wgmma GEMM), 256 and 512 0.66, 1024 0.79, 2048 0.85, 4096 0.92 (dequantize +
+# GEMM, which approaches the bf16 GEMM as the one pass over the weight is amortized). The
+# crossover is between 128 and 256 rows, against the roofline's ~200: at 256 rows cuBLAS is
+# compute-bound (30 GFLOP in 47.7 us) while the wgmma GEMM dequantizes every weight once per
+# 128-row tile, twice here, and runs at 413 TFLOP/s.
 
 # %%
 MEASURED_H200 = {  # docs/NOTES.md and benchmarks/results/h200.jsonl, run j, 2026-12-01
