@@ -222,6 +222,18 @@ def test_int4_gemm_builds(cubin_dir, build):
     assert not ops & {"LDL", "STL"}, f"{build}: local memory traffic (spills)"
 
 
+def _k_loop(sass: str) -> str:
+    """The text of a kernel's K loop: the shortest loop (``tkit.ir_tools``' backward
+    branches) around MMAs."""
+    from tkit.ir_tools.summary import sass_loops
+
+    lp = min((lp for lp in sass_loops(sass) if any(k.startswith("HMMA") for k in lp["histogram"])),
+             key=lambda lp: lp["instructions"])
+    return "\n".join(ln for ln in sass.splitlines()
+                     if (m := re.search(r"/\*([0-9a-f]{4,})\*/", ln))
+                     and lp["start"] <= int(m.group(1), 16) <= lp["end"])
+
+
 # (M, N, K, a's dtype, the scales', group, the sums' form: None the default's)
 GEMV_INT4_BUILDS = [(1, 14336, 4096, "bfloat16", "float16", 128, None),
                     (1, 8192, 8192, "bfloat16", "bfloat16", 128, None),
@@ -264,16 +276,7 @@ def test_int4_gemv_builds(cubin_dir, build):
                           sass)) >= pf * 16
     assert re.search(r"LDG\.E\.NA\.128\.CONSTANT", sass)
     assert not ops & {"UTMALDG", "SYNCS", "LDL", "STL"}, ops
-    # the K loop: the shortest backward branch around MMAs; no barrier or shared stores
-    lines = sass.splitlines()
-    addr = {int(m.group(1), 16): i for i, ln in enumerate(lines)
-            if (m := re.search(r"/\*([0-9a-f]{4,})\*/", ln))}
-    loops = [(addr[int(t, 16)], i) for i, ln in enumerate(lines)
-             if (m := re.search(r"BRA (?:`\()?0x([0-9a-f]+)", ln)) and (t := m.group(1))
-             and int(t, 16) in addr and addr[int(t, 16)] < i]
-    start, end = min((x for x in loops if "HMMA" in "\n".join(lines[x[0]:x[1]])),
-                     key=lambda x: x[1] - x[0])
-    body = "\n".join(lines[start:end])
+    body = _k_loop(sass)  # no barrier or shared stores
     assert "BAR" not in body and "STS" not in body
     # MMAs a chunk: 4 a tile for the product, and the sums of a
     nt, stacked = cfg["nt"], cfg["stacked"]
@@ -300,15 +303,7 @@ def test_int4_gemv_l2_prefetch_builds(cubin_dir, build):
     sass = kernels_sass(_loader.compile_cubin("gemv_int4.cu", "90a", cfg["options"],
                                               cache_dir=cubin_dir))["gemv_int4"]
     assert not opcodes(sass) & {"LDL", "STL"}
-    lines = sass.splitlines()
-    addr = {int(m.group(1), 16): i for i, ln in enumerate(lines)
-            if (m := re.search(r"/\*([0-9a-f]{4,})\*/", ln))}
-    loops = [(addr[int(t, 16)], i) for i, ln in enumerate(lines)
-             if (m := re.search(r"BRA (?:`\()?0x([0-9a-f]+)", ln)) and (t := m.group(1))
-             and int(t, 16) in addr and addr[int(t, 16)] < i]
-    start, end = min((x for x in loops if "HMMA" in "\n".join(lines[x[0]:x[1]])),
-                     key=lambda x: x[1] - x[0])
-    body = "\n".join(lines[start:end])
+    body = _k_loop(sass)
     chunks = cfg["pf"] * cfg["rb"]  # a loop trip: one pass, or two with two rings
     assert len(re.findall(r"CCTL\.E\.PF2", body)) == chunks
     assert len(re.findall(r"LDG\.E\.NA\.128", body)) == chunks

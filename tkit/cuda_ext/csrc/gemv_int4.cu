@@ -200,7 +200,7 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
       if (SCALES_AHEAD && (i + 1) % GC == 0) load_scales(i / GC, (c0 + i) / GC);
     }
 #if L2PF
-  // chunks PF .. L2PF - 1 now (the ring holds the first PF), then chunk c + L2PF as chunk c is
+  // chunks PF .. L2PF - 1 now (the first PF are loaded above), then chunk c + L2PF as chunk c is
   // read; only chunks inside this warp's run
   const unsigned* pq = qp;
 #pragma unroll
