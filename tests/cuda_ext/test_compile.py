@@ -286,29 +286,6 @@ def test_int4_gemv_builds(cubin_dir, build):
     assert ("SHFL.IDX" in body) == (stacked and G // 32 <= cfg["pf"] * cfg["rb"]), body_hmma
 
 
-@pytest.mark.toolchain
-@pytest.mark.parametrize("build", [(1, 14336, 4096, 16), (16, 8192, 8192, 8),
-                                   (32, 14336, 4096, 16)],
-                         ids=lambda v: "-".join(map(str, v)))
-@needs_cuobjdump
-def test_int4_gemv_l2_prefetch_builds(cubin_dir, build):
-    """The GEMV with its codes prefetched into L2 (``l2pf``): one L2 prefetch (CCTL.E.PF2) a
-    chunk in the K loop beside the ring's loads, and no spills at any row tile."""
-    import torch
-
-    from tkit.cuda_ext.gemm_int4 import gemv_config
-
-    M, N, K, l2pf = build
-    cfg = gemv_config(M, N, K, torch.bfloat16, torch.bfloat16, 128, 132, l2pf=l2pf)
-    sass = kernels_sass(_loader.compile_cubin("gemv_int4.cu", "90a", cfg["options"],
-                                              cache_dir=cubin_dir))["gemv_int4"]
-    assert not opcodes(sass) & {"LDL", "STL"}
-    body = _k_loop(sass)
-    chunks = cfg["pf"] * cfg["rb"]  # a loop trip: one pass, or two with two rings
-    assert len(re.findall(r"CCTL\.E\.PF2", body)) == chunks
-    assert len(re.findall(r"LDG\.E\.NA\.128", body)) == chunks
-
-
 # (M, a's dtype, the scales', group, consumer warpgroups): one build of each row tile, and
 # one consumer warpgroup
 W4_BUILDS = [(1, "bfloat16", "float16", 128, 2), (16, "bfloat16", "bfloat16", 128, 2),

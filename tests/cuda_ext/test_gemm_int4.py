@@ -316,12 +316,6 @@ def test_gemv_config_picks_lanes_and_refuses_by_name():
         G4.gemv_config(G4.GEMV_MAX_M + 1, 4096, 4096, BF16, F16, 128, 132)
     with pytest.raises(ValueError, match="rb"):
         G4.gemv_config(1, 4096, 4096, BF16, F16, 128, 132, rb=3)
-    pf = G4.gemv_config(1, 14336, 4096, BF16, F16, 128, 132, l2pf=16)
-    assert pf["l2pf"] == 16 and "-DL2PF=16" in pf["options"]
-    assert "-DL2PF" not in " ".join(cfg["options"])
-    for bad in (4, 33, -1):  # not past the two rings of 2, past 32, negative
-        with pytest.raises(ValueError, match="l2pf"):
-            G4.gemv_config(1, 14336, 4096, BF16, F16, 128, 132, l2pf=bad)
 
 
 def test_gemv_scope_names_what_is_out_of_it():
@@ -461,27 +455,6 @@ def test_gemv_row_blocks(M, N, K, G, dt, sdt, sym, bias, kw):
     assert got.data_ptr() == out.data_ptr()
     assert float((got.double() - want).abs().max()) <= tol
     assert out[M].isnan().all()  # nothing stored past row M - 1
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("M,N,K,G,sdt,kw", [
-    (1, 2048, 4096, 128, F16, dict(lanes=16, l2pf=16)),  # runs of 8 chunks, shorter than it
-    (1, 2048, 8192, 128, BF16, dict(lanes=2, l2pf=8)),   # runs of 128 chunks
-    (3, 2048, 1536, 512, F32, dict(lanes=2, l2pf=5)),    # groups past the ring
-    (2, 416, 576, 64, BF16, dict(lanes=1, l2pf=32, rb=1, pf=4)),  # 18 chunks, one ring
-    (16, 1056, 3072, 128, BF16, dict(lanes=4, l2pf=12)),
-    (40, 1024, 2048, 64, F16, dict(lanes=4, l2pf=8)),    # 32-row blocks (one ring of 4)
-])
-def test_gemv_l2_prefetch(M, N, K, G, sdt, kw):
-    """The codes prefetched into L2 ahead of the rings (``l2pf``): the reference's result,
-    outputs poisoned, with runs shorter than the prefetch distance, one ring and two, every
-    scale dtype and row tiles."""
-    a, q, s, z = _case(M, N, K, G, BF16, False, sdt, seed=M + K + 5)
-    want, tol = _want(a, q, s, z, G)
-    out = torch.full((M + 1, N), float("nan"), device=DEV, dtype=BF16)
-    got = G4.matmul_int4_gemv_cuda(a, q, s, z, G, out=out[:M], **kw)
-    assert float((got.double() - want).abs().max()) <= tol
-    assert out[M].isnan().all()
 
 
 @pytest.mark.gpu

@@ -347,14 +347,13 @@ def _pf_fits(pf: int, gc: int) -> bool:
 def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: torch.dtype,
                 group_size: int, num_sms: int, *, lanes: int | None = None,
                 pf: int | None = None, rb: int | None = None,
-                stacked: bool | None = None, nt: int | None = None, l2pf: int = 0) -> dict:
+                stacked: bool | None = None, nt: int | None = None) -> dict:
     """One GEMV build and launch for these operands: nt (n8 tiles of rows of a a CTA), rbs
     (CTAs a 32-column slab, each 8 nt rows), kl (warps a CTA), pf (chunks of codes in flight a
     thread) and options (-D...). ``lanes`` / ``pf`` override the K lanes and the ring's depth
     (a multiple or a divisor of the group's 32-deep chunks), ``rb`` the rings (1 or 2,
     :data:`GEMV_RB`), ``stacked`` the form of the groups' sums of a (:data:`GEMV_STACKED`),
-    ``nt`` the row tiles a CTA (1, 2 or 4), ``l2pf`` the chunks ahead each thread prefetches
-    its codes into L2 (0: none; else more than the ring's chunks, at most 32), for sweeps.
+    ``nt`` the row tiles a CTA (1, 2 or 4), for sweeps.
     Shared between calls: do not modify it."""
     if not 1 <= M <= GEMV_MAX_M:
         raise ValueError(f"the INT4 GEMV takes 1..{GEMV_MAX_M} rows of a, got M={M}")
@@ -385,15 +384,11 @@ def gemv_config(M: int, N: int, K: int, act_dtype: torch.dtype, scale_dtype: tor
     if not 1 <= pf <= 16 or not _pf_fits(pf, gc):
         raise ValueError(f"pf must be in 1..16, a multiple or a divisor of the group's {gc} "
                          f"32-deep chunks; got {pf}")
-    if l2pf and not rb * pf < l2pf <= 32:
-        raise ValueError(f"l2pf must be 0 or more than the rings' {rb * pf} chunks, at most 32; "
-                         f"got {l2pf}")
     options = _defines(nt=nt, kl=kl, pf=pf, rb=rb, pa=2 if pf % 2 == 0 else 1,
                        group=group_size, scale_t=SCALE_T[scale_dtype],
                        act_f16=int(act_dtype == torch.float16), ws=ws if ws != 16 else None,
-                       l2pf=l2pf or None,
                        **{"as": stacked})
-    return dict(nt=nt, rbs=rbs, kl=kl, pf=pf, rb=rb, stacked=stacked, l2pf=l2pf,
+    return dict(nt=nt, rbs=rbs, kl=kl, pf=pf, rb=rb, stacked=stacked,
                 options=("-std=c++17",) + options)
 
 
@@ -436,11 +431,11 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
                           bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
                           lanes: int | None = None, pf: int | None = None,
                           rb: int | None = None, stacked: bool | None = None,
-                          nt: int | None = None, l2pf: int = 0) -> torch.Tensor:
+                          nt: int | None = None) -> torch.Tensor:
     """The product (module docstring) by the GEMV. The operands are assumed checked by
     ``tkit.matmul_int4`` and in scope (:func:`gemv_supported`); ``out`` an (M, N) row-major
-    output to write (else one is allocated). ``lanes``, ``pf``, ``rb``, ``stacked``, ``nt``,
-    ``l2pf``: see :func:`gemv_config`."""
+    output to write (else one is allocated). ``lanes``, ``pf``, ``rb``, ``stacked``, ``nt``:
+    see :func:`gemv_config`."""
     M, K = a.shape
     N = qweight.shape[1]
     c, done = _out_or_done(a, N, bias, out)
@@ -448,7 +443,7 @@ def matmul_int4_gemv_cuda(a: torch.Tensor, qweight: torch.Tensor, scales: torch.
         return c
     dev = a.device.index or 0
     cfg = gemv_config(M, N, K, a.dtype, scales.dtype, group_size, _num_sms(dev), lanes=lanes,
-                      pf=pf, rb=rb, stacked=stacked, nt=nt, l2pf=l2pf)
+                      pf=pf, rb=rb, stacked=stacked, nt=nt)
     func = _loader.nvcc_kernel(GEMV_SOURCE, "gemv_int4", cfg["options"], dev)
     z = zeros if zeros is not None else scales
     lds = scales.stride(0) if scales.shape[0] > 1 else N

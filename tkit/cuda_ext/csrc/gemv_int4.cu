@@ -20,7 +20,8 @@
 // (~2-3 us to the first slot, ~2 us of hand-over); this one has none: a CTA is one
 // 32-column slab with KL warps ("K lanes") on equal runs of whole groups, each thread loading
 // its codes straight into register rings (PF chunks a pass; a ring in shared memory filled by
-// cp.async, 1 to 15 chunks ahead, took 1.5-1.8x their time, see docs/NOTES.md), a and the
+// cp.async, 1 to 15 chunks ahead, took 1.5-1.8x their time, and an L2 prefetch of the codes
+// 8 to 32 chunks ahead 1.04-1.25x, the more the further: see docs/NOTES.md), a and the
 // scales into smaller rings beside it; the lanes are summed once at the end through shared
 // memory, in warp order (deterministic).
 //
@@ -55,12 +56,6 @@
 // so they have the whole pass in flight (the launcher's default, with PF 2: two rings of 4
 // were slower at 8 rows and at 16, where they fit only with AS 1)
 #define RB 1
-#endif
-#ifndef L2PF
-// chunks ahead of the one being read whose codes each thread prefetches into L2 (0: none):
-// bytes in flight from DRAM beyond what the register rings hold, at no register cost; the
-// rings' loads then wait on L2 rather than on DRAM
-#define L2PF 0
 #endif
 #ifndef PA
 #define PA 2  // 32-deep chunks of a in flight a thread (from L1 / L2); PF a multiple of it
@@ -142,10 +137,6 @@ __device__ __forceinline__ void unpack4(const unsigned* r, float* v) {
 #endif
 }
 
-__device__ __forceinline__ void prefetch_l2(const unsigned* p) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-}
-
 __device__ __forceinline__ uint4 ld_act(const unsigned short* p) {
   uint4 v;
   asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -199,15 +190,6 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
         for (int nt = 0; nt < NT; ++nt) aring[i][nt] = ld_act(ap[nt] + 32 * i);
       if (SCALES_AHEAD && (i + 1) % GC == 0) load_scales(i / GC, (c0 + i) / GC);
     }
-#if L2PF
-  // chunks PF .. L2PF - 1 now (the first PF are loaded above), then chunk c + L2PF as chunk c is
-  // read; only chunks inside this warp's run
-  const unsigned* pq = qp;
-#pragma unroll
-  for (int i = PF; i < L2PF; ++i)
-    if (c0 + i < c1) prefetch_l2(pq + i * qstep);
-  pq += L2PF * qstep;
-#endif
   qp += PF * qstep;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) ap[nt] += 32 * PA;
@@ -256,10 +238,6 @@ gemv_int4(const unsigned* __restrict__ q, const unsigned short* __restrict__ a,
       // the chunk's operands first, then (one ring) the slot's next loads into the same
       // registers: no copies of the ring at the loop's back edge
       const uint4 w = ring[B][i];
-#if L2PF
-      if (cc + L2PF < c1) prefetch_l2(pq);
-      pq += qstep;
-#endif
       unsigned p[4][4];  // [word][nibble pair]
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
