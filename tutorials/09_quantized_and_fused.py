@@ -709,7 +709,9 @@ def test_glu_measured_against_prediction():
 # Nor did taking the ring out of the registers: codes staged in shared memory by cp.async,
 # each thread 1 to 15 chunks ahead in its own slots, ran at 5 CTAs an SM and took 1.50-1.82x
 # the register rings' time on an H100 at every depth (run `h100-2026-12-06-za`), so the
-# depth was not what it lacked.
+# depth was not what it lacked. Nor did prefetching the codes into L2 8 to 32 chunks ahead of
+# the rings: 1.04-1.29x the time on an H100, the further ahead the slower (run
+# `h100-2026-12-07-a`). Two ways of putting more of the weight in flight lost on the H100.
 #
 # The whole sweep with today's dispatch, on an H100 (run `h100-2026-12-06-zb-int4-m-sweep`,
 # `tkit bench matmul_int4 --group "M sweep"`, events, K=4096 N=14336, x cuBLAS bf16): M = 1..8
