@@ -720,7 +720,11 @@ def test_glu_measured_against_prediction():
 # GEMM, which approaches the bf16 GEMM as the one pass over the weight is amortized). The
 # crossover is between 128 and 256 rows, against the roofline's ~200: at 256 rows cuBLAS is
 # compute-bound (30 GFLOP in 47.7 us) while the wgmma GEMM dequantizes every weight once per
-# 128-row tile, twice here, and runs at 413 TFLOP/s.
+# 128-row tile, twice here, and runs at 413 TFLOP/s. Each of the dispatch's cuts was timed
+# against the paths beside it on an H100 (run `h100-2026-12-07-b`): at 32 rows the GEMV
+# leads the wgmma GEMM by 15-16%, at 512 the wgmma GEMM leads dequantize + GEMM by 7-19%, and
+# at 1024 dequantize + GEMM leads the wgmma GEMM by 10-14%. At K=N=8192 INT4 stops winning
+# earlier, between 32 and 128 rows (0.92x cuBLAS at 128).
 
 # %%
 MEASURED_H200 = {  # docs/NOTES.md and benchmarks/results/h200.jsonl, run j, 2026-12-01
