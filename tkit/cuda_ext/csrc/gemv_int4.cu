@@ -21,7 +21,7 @@
 // 32-column slab with KL warps ("K lanes") on equal runs of whole groups, each thread loading
 // its codes straight into register rings (PF chunks a pass; a ring in shared memory filled by
 // cp.async, 1 to 15 chunks ahead, took 1.5-1.8x their time, and an L2 prefetch of the codes
-// 8 to 32 chunks ahead 1.04-1.25x, the more the further: see docs/NOTES.md), a and the
+// 8 to 32 chunks ahead 1.04-1.29x, the more the further: see docs/NOTES.md), a and the
 // scales into smaller rings beside it; the lanes are summed once at the end through shared
 // memory, in warp order (deterministic).
 //
